@@ -1,0 +1,68 @@
+// Shared device helpers for the kernels in this folder.
+//
+// Half types are kept as raw 16-bit storage and converted with PTX, so the
+// kernels need no CUDA toolkit headers at run time (NVRTC through CuPy finds
+// them on some installs and not on others). bfloat16 conversion needs sm_80+.
+#pragma once
+
+typedef unsigned short lig_half;  // IEEE binary16 bits
+typedef unsigned short lig_bf16;  // bfloat16 bits
+
+struct __align__(8) lig_half4 { lig_half x, y, z, w; };
+struct __align__(8) lig_bf16_4 { lig_bf16 x, y, z, w; };
+
+__device__ __forceinline__ float lig_to_float(float v) { return v; }
+
+__device__ __forceinline__ float lig_half_to_float(lig_half h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float lig_bf16_to_float(lig_bf16 b) {
+    return __uint_as_float(static_cast<unsigned int>(b) << 16);
+}
+
+__device__ __forceinline__ lig_half lig_float_to_half(float f) {
+    lig_half h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ lig_bf16 lig_float_to_bf16(float f) {
+    lig_bf16 b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+    return b;
+}
+
+// Load/store one element of storage type T as float. T is float, lig_half or
+// lig_bf16; the tag selects the conversion because lig_half and lig_bf16 are
+// the same C type.
+struct lig_f32_tag {};
+struct lig_f16_tag {};
+struct lig_bf16_tag {};
+
+template <typename Tag> struct lig_storage;
+template <> struct lig_storage<lig_f32_tag> {
+    typedef float type;
+    static __device__ __forceinline__ float load(float v) { return v; }
+    static __device__ __forceinline__ float store(float v) { return v; }
+};
+template <> struct lig_storage<lig_f16_tag> {
+    typedef lig_half type;
+    static __device__ __forceinline__ float load(lig_half v) { return lig_half_to_float(v); }
+    static __device__ __forceinline__ lig_half store(float v) { return lig_float_to_half(v); }
+};
+template <> struct lig_storage<lig_bf16_tag> {
+    typedef lig_bf16 type;
+    static __device__ __forceinline__ float load(lig_bf16 v) { return lig_bf16_to_float(v); }
+    static __device__ __forceinline__ lig_bf16 store(float v) { return lig_float_to_bf16(v); }
+};
+
+// Sum over a warp with shuffles; the order of additions is fixed, so the result
+// is the same on every run.
+__device__ __forceinline__ float lig_warp_sum(float v) {
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}

@@ -1,0 +1,66 @@
+"""lightning-ig: training-time Integrated Gradients for PyTorch Lightning.
+
+The public API, nothing else. Names are imported on first use so that
+``import lightning_ig`` stays cheap (the engine does not pull in Lightning,
+TensorBoard or matplotlib until a part that needs them is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # the engine
+    "integrated_gradients": "lightning_ig.attribution",
+    "IGResult": "lightning_ig.attribution",
+    "IntegratedGradients": "lightning_ig.attribution",
+    "target_forward": "lightning_ig.attribution",
+    "quadrature": "lightning_ig.quadrature",
+    # noise
+    "NoisyLinear": "lightning_ig.noise",
+    "noise_disabled": "lightning_ig.noise",
+    # the callback and what it produces
+    "IntegratedGradientsCallback": "lightning_ig.callback",
+    "build_report": "lightning_ig.report",
+    "feature_statistics": "lightning_ig.report",
+    "completeness_summary": "lightning_ig.report",
+    "SCHEMA_VERSION": "lightning_ig.report",
+    # the fused loss
+    "soft_margin_loss": "lightning_ig.losses",
+    "SoftMarginLoss": "lightning_ig.losses",
+    "swap_soft_margin": "lightning_ig.losses",
+    # checkpoints and models
+    "save_checkpoint": "lightning_ig.checkpoint",
+    "load_checkpoint": "lightning_ig.checkpoint",
+    "DuelingQNetwork": "lightning_ig.models",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
+    from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
+    from lightning_ig.callback import IntegratedGradientsCallback
+    from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+    from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
+    from lightning_ig.models import DuelingQNetwork
+    from lightning_ig.noise import NoisyLinear, noise_disabled
+    from lightning_ig.quadrature import quadrature
+    from lightning_ig.report import SCHEMA_VERSION, build_report, completeness_summary, feature_statistics

@@ -1,0 +1,289 @@
+"""The one place that knows CuPy: find, compile and cache kernels, launch them on torch's stream.
+
+Rules this module enforces for every kernel in ``kernels/*.cu`` (shared/DESIGN.md, "Backends"):
+
+* All memory is torch's. Callers allocate outputs and scratch with torch and pass
+  ``tensor.data_ptr()``; CuPy never allocates, so there is one memory pool and
+  ``torch.cuda.graph`` can capture the launches.
+* Launches go to ``torch.cuda.current_stream(device)``, looked up at every call.
+  The CuPy wrapper of a stream is cached by the stream's handle (building one
+  costs ~10 us of host time), never without it.
+* Each ``.cu`` file is compiled once per (device, options) and cached; the
+  source is prefixed with ``#line 1 "<path>"`` so compiler errors name the real file.
+* Scalars are passed as numpy scalars of the kernel's exact C type.
+
+CuPy is imported lazily, so the package imports and runs (on its torch path)
+where CuPy is not installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CUPY_INSTALL_HINT",
+    "cupy_available",
+    "require_cupy",
+    "kernel_dir",
+    "kernel_source",
+    "get_kernel",
+    "launch",
+    "pointer",
+    "int32",
+    "int64",
+    "float32",
+    "check_cuda_tensor",
+    "resolve_backend",
+    "dtype_suffix",
+]
+
+CUPY_INSTALL_HINT = (
+    "install CuPy for your CUDA version: `pip install 'lightning-ig[cuda12]'` "
+    "(cupy-cuda12x) or `pip install 'lightning-ig[cuda13]'` (cupy-cuda13x)"
+)
+
+# Kernel entry points are named <op>_<suffix>; these are the suffixes per torch dtype.
+_DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+_lock = threading.Lock()
+_cupy: ModuleType | None = None
+_cupy_error: BaseException | None = None
+
+
+def _import_cupy() -> ModuleType | None:
+    global _cupy, _cupy_error
+    if _cupy is None and _cupy_error is None:
+        with _lock:
+            if _cupy is None and _cupy_error is None:
+                try:
+                    import cupy  # noqa: PLC0415 - lazy on purpose
+
+                    _cupy = cupy
+                except Exception as error:  # ImportError, or a CUDA library that fails to load
+                    _cupy_error = error
+    return _cupy
+
+
+def cupy_available() -> bool:
+    """Whether CuPy imports on this machine (it says nothing about a CUDA device)."""
+    return _import_cupy() is not None
+
+
+def require_cupy() -> ModuleType:
+    """Return the ``cupy`` module or raise a :class:`RuntimeError` that says how to install it.
+
+    Raises:
+        RuntimeError: CuPy is not installed or fails to import.
+    """
+    cupy = _import_cupy()
+    if cupy is None:
+        raise RuntimeError(f"the CUDA backend needs CuPy, which failed to import ({_cupy_error!r}); {CUPY_INSTALL_HINT}")
+    return cupy
+
+
+def kernel_dir() -> Path:
+    """The folder holding the ``.cu`` sources.
+
+    In an installed wheel the kernels travel inside the package
+    (``lightning_ig/kernels``); in a source checkout or an editable install they
+    are the repository's top-level ``kernels/`` folder.
+
+    Raises:
+        FileNotFoundError: neither location holds the kernels.
+    """
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"the CUDA kernel sources were not found next to {here} (looked in {here / 'kernels'} "
+        f"and {here.parent / 'kernels'}); reinstall lightning-ig"
+    )
+
+
+def kernel_source(filename: str) -> str:
+    """The source of ``kernels/<filename>`` with a ``#line`` directive so errors point at the file."""
+    path = kernel_dir() / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"no kernel source {filename!r} in {path.parent}")
+    return f'#line 1 "{path.as_posix()}"\n' + path.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=None)
+def _module(filename: str, device_index: int, options: tuple[str, ...]) -> Any:
+    cupy = require_cupy()
+    source = kernel_source(filename)
+    all_options = ("-std=c++17", f"-I{kernel_dir().as_posix()}", *options)
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=source, options=all_options)
+        module.compile()  # compile now, for this device, so errors surface here and not at launch
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(filename: str, name: str, device_index: int, options: tuple[str, ...]) -> Any:
+    return _module(filename, device_index, options).get_function(name)
+
+
+def get_kernel(filename: str, name: str, device: torch.device, options: Sequence[str] = ()) -> Any:
+    """The compiled kernel ``name`` from ``kernels/<filename>`` for ``device`` (cached).
+
+    Args:
+        filename: the ``.cu`` file inside ``kernels/``, e.g. ``"ig.cu"``.
+        name: the ``extern "C"`` entry point, e.g. ``"ig_interpolate_f32"``.
+        device: a CUDA device.
+        options: extra NVRTC options (part of the cache key).
+    """
+    index = _device_index(device)
+    return _kernel(filename, name, index, tuple(options))
+
+
+@functools.lru_cache(maxsize=64)
+def _external_stream(handle: int, device_index: int) -> Any:
+    cupy = require_cupy()
+    return cupy.cuda.ExternalStream(handle, device_index)
+
+
+def _device_index(device: torch.device) -> int:
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def launch(
+    kernel: Any,
+    grid: int | tuple[int, ...],
+    block: int | tuple[int, ...],
+    args: Iterable[Any],
+    *,
+    device: torch.device,
+    shared_mem: int = 0,
+) -> None:
+    """Launch ``kernel`` on torch's current stream of ``device``.
+
+    Args:
+        kernel: from :func:`get_kernel`.
+        grid: blocks per grid (an int or a tuple of up to three).
+        block: threads per block (an int or a tuple of up to three).
+        args: kernel arguments: :func:`pointer` for tensors, :func:`int32`,
+            :func:`int64` or :func:`float32` for scalars.
+        device: the CUDA device the tensors live on.
+        shared_mem: dynamic shared memory in bytes.
+    """
+    index = _device_index(device)
+    stream = torch.cuda.current_stream(index)
+    cupy_stream = _external_stream(stream.cuda_stream, index)
+    grid = grid if isinstance(grid, tuple) else (int(grid),)
+    block = block if isinstance(block, tuple) else (int(block),)
+    if any(g <= 0 for g in grid):
+        return  # nothing to do; CUDA rejects empty grids
+    cupy = require_cupy()
+    with cupy.cuda.Device(index):
+        kernel(grid, block, tuple(args), stream=cupy_stream, shared_mem=shared_mem)
+
+
+def pointer(tensor: torch.Tensor) -> np.uint64:
+    """A tensor's device address as the 64-bit value a ``T*`` kernel parameter takes."""
+    return np.uint64(tensor.data_ptr())
+
+
+def int32(value: int) -> np.int32:
+    """``value`` as a C ``int``; raises :class:`OverflowError` when it does not fit."""
+    if not -(2**31) <= int(value) < 2**31:
+        raise OverflowError(f"{value} does not fit a 32-bit kernel argument")
+    return np.int32(value)
+
+
+def int64(value: int) -> np.int64:
+    """``value`` as a C ``long long``."""
+    return np.int64(value)
+
+
+def float32(value: float) -> np.float32:
+    """``value`` as a C ``float``."""
+    return np.float32(value)
+
+
+def dtype_suffix(dtype: torch.dtype) -> str:
+    """The kernel-name suffix for ``dtype`` (``f32``, ``f16``, ``bf16``).
+
+    Raises:
+        TypeError: the kernels have no entry point for ``dtype``.
+    """
+    try:
+        return _DTYPE_SUFFIX[dtype]
+    except KeyError:
+        supported = ", ".join(str(d) for d in _DTYPE_SUFFIX)
+        raise TypeError(f"the CUDA kernels take {supported}; got {dtype}") from None
+
+
+def check_cuda_tensor(
+    name: str,
+    tensor: Any,
+    *,
+    device: torch.device | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    numel: int | None = None,
+    contiguous: bool = True,
+) -> None:
+    """Check a tensor before its pointer goes to a kernel.
+
+    Args:
+        name: the argument's name, used in the message.
+        tensor: the value to check.
+        device: the device it must be on.
+        dtypes: the dtypes it may have.
+        numel: the number of elements it must have.
+        contiguous: whether it must be contiguous.
+
+    Raises:
+        TypeError: not a tensor, or a dtype outside ``dtypes``.
+        ValueError: not on a CUDA device, on another device than ``device``,
+            not contiguous, or of the wrong size.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {tensor.device}")
+    if device is not None and tensor.device != torch.device(device):
+        raise ValueError(f"{name} is on {tensor.device} but the other arguments are on {device}; move them together")
+    if dtypes is not None and tensor.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {tensor.dtype}")
+    if contiguous and not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    if numel is not None and tensor.numel() != numel:
+        raise ValueError(f"{name} must have {numel} elements, got {tensor.numel()} (shape {tuple(tensor.shape)})")
+
+
+def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
+    """Turn ``"auto"``/``"cuda"``/``"torch"`` into the backend that will run.
+
+    ``"auto"`` picks ``"cuda"`` when every tensor is on a CUDA device and CuPy
+    imports, and ``"torch"`` otherwise. ``"cuda"`` never falls back silently.
+
+    Raises:
+        ValueError: an unknown backend name, or ``"cuda"`` with tensors off the GPU.
+        RuntimeError: ``"cuda"`` where CuPy cannot be imported.
+    """
+    if backend not in ("auto", "cuda", "torch"):
+        raise ValueError(f"backend must be 'auto', 'cuda' or 'torch', got {backend!r}")
+    on_cuda = bool(tensors) and all(t.device.type == "cuda" for t in tensors)
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        return "cuda" if on_cuda and cupy_available() else "torch"
+    if not torch.cuda.is_available():
+        raise ValueError("backend='cuda' needs a CUDA device, and torch sees none; use backend='auto' or 'torch'")
+    if not on_cuda:
+        where = sorted({str(t.device) for t in tensors}) or ["no tensors"]
+        raise ValueError(f"backend='cuda' needs the tensors on a CUDA device, got {', '.join(where)}; move them with .cuda()")
+    require_cupy()
+    return "cuda"

@@ -1,0 +1,36 @@
+"""Shared pytest set-up: the `gpu` marker skips where there is no CUDA device or no CuPy."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def _gpu_ready() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    from lightning_ig import _cuda
+
+    if not _cuda.cupy_available():
+        return False, "CuPy is not installed"
+    return True, ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ready, why = _gpu_ready()
+    if ready:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {why}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cuda_device() -> torch.device:
+    """The CUDA device for `gpu` tests."""
+    return torch.device("cuda", torch.cuda.current_device())
