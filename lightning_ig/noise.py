@@ -1,0 +1,391 @@
+"""NoisyNet exploration layers, and a way to switch their noise off for attribution.
+
+:class:`NoisyLinear` is the factorised Gaussian layer of Fortunato et al.,
+"Noisy Networks for Exploration" (ICLR 2018):
+
+``y = (mu_w + sigma_w * eps_w) x + (mu_b + sigma_b * eps_b)``, with
+``eps_w = f(e_out) outer f(e_in)``, ``eps_b = f(e_out)``, ``f(x) = sign(x) sqrt(|x|)``
+and ``e_in``, ``e_out`` standard normal. Only ``in + out`` random numbers are drawn
+per :meth:`NoisyLinear.reset_noise`, which is what "factorised" means.
+
+Attributions of a noisy network are only meaningful with the noise off: the
+same state must give the same output at every point of the IG path.
+:func:`noise_disabled` makes every noisy layer inside a model deterministic
+for the length of a ``with`` block and puts back exactly what was there
+afterwards, for this package's layers and for the conventions used elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+__all__ = ["NoisyLinear", "noise_disabled", "is_noisy_layer"]
+
+
+def _scale_noise(noise: Tensor) -> Tensor:
+    """``f(x) = sign(x) sqrt(|x|)``, the factorised-noise transform."""
+    return noise.sign() * noise.abs().sqrt()
+
+
+class NoisyLinear(nn.Module):
+    """A linear layer with learnt, factorised Gaussian noise on its weights and bias.
+
+    The noise is used only while the layer is in training mode **and** its
+    noise is enabled; in eval mode, or after :meth:`disable_noise`, the layer
+    computes with the mean weights ``mu`` (the NoisyNet convention for
+    evaluation). The current epsilon lives in the buffers ``weight_epsilon``
+    ``(out_features, in_features)`` and ``bias_epsilon`` ``(out_features,)``,
+    drawn again only by :meth:`reset_noise`, never by ``forward``.
+
+    Args:
+        in_features: Size of each input sample, ``>= 1``.
+        out_features: Size of each output sample, ``>= 1``.
+        sigma0: Initial noise scale; ``sigma`` starts at ``sigma0 / sqrt(in_features)``
+            (Fortunato et al. use 0.5). Default ``0.5``. Must be ``>= 0``.
+        bias: Whether the layer has a (noisy) bias. Default ``True``.
+
+    Raises:
+        TypeError: If ``in_features``/``out_features`` are not ints or ``bias`` is not a bool.
+        ValueError: If a size is below 1 or ``sigma0`` is negative or not finite.
+
+    Example::
+
+        >>> layer = NoisyLinear(4, 2)
+        >>> layer.reset_noise(torch.Generator().manual_seed(0))
+        >>> with noise_disabled(layer):
+        ...     y = layer(torch.ones(3, 4))  # mean weights, deterministic
+        >>> y.shape
+        torch.Size([3, 2])
+    """
+
+    weight_epsilon: Tensor
+    bias_epsilon: Tensor | None
+
+    def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5, bias: bool = True) -> None:
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
+            raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__} ({bias!r})")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.sigma0 = float(sigma0)
+        self._noise_enabled = True
+
+        self.weight_mu = nn.Parameter(torch.empty(out_features, in_features))
+        self.weight_sigma = nn.Parameter(torch.empty(out_features, in_features))
+        self.register_buffer("weight_epsilon", torch.zeros(out_features, in_features))
+        if bias:
+            self.bias_mu: nn.Parameter | None = nn.Parameter(torch.empty(out_features))
+            self.bias_sigma: nn.Parameter | None = nn.Parameter(torch.empty(out_features))
+            self.register_buffer("bias_epsilon", torch.zeros(out_features))
+        else:
+            self.register_parameter("bias_mu", None)
+            self.register_parameter("bias_sigma", None)
+            self.register_buffer("bias_epsilon", None)
+        self.reset_parameters()
+        self.reset_noise()
+
+    def reset_parameters(self) -> None:
+        """Initialise as in Fortunato et al. (factorised case).
+
+        ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)``
+        for the weights and the bias alike.
+        """
+        bound = 1.0 / math.sqrt(self.in_features)
+        sigma = self.sigma0 / math.sqrt(self.in_features)
+        with torch.no_grad():
+            self.weight_mu.uniform_(-bound, bound)
+            self.weight_sigma.fill_(sigma)
+            if self.bias_mu is not None and self.bias_sigma is not None:
+                self.bias_mu.uniform_(-bound, bound)
+                self.bias_sigma.fill_(sigma)
+
+    @torch.no_grad()
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        """Draw a new epsilon: ``in_features + out_features`` standard normals.
+
+        Args:
+            generator: Where the random numbers come from; default ``None`` uses
+                torch's global generator for the layer's device (as ``nn.Linear``'s
+                initialisation does). Pass your own generator to keep the global
+                stream untouched. It must live on the layer's device.
+        """
+        device, dtype = self.weight_mu.device, self.weight_mu.dtype
+        noise_in = _scale_noise(torch.randn(self.in_features, generator=generator, device=device, dtype=dtype))
+        noise_out = _scale_noise(torch.randn(self.out_features, generator=generator, device=device, dtype=dtype))
+        # eps_w[j, i] = f(e_out[j]) f(e_in[i]): (out_features, in_features)
+        self.weight_epsilon.copy_(torch.outer(noise_out, noise_in))
+        if self.bias_epsilon is not None:
+            self.bias_epsilon.copy_(noise_out)
+
+    def disable_noise(self) -> None:
+        """Compute with the mean weights from now on, in any mode."""
+        self._noise_enabled = False
+
+    def enable_noise(self) -> None:
+        """Use the noise again whenever the layer is in training mode."""
+        self._noise_enabled = True
+
+    @property
+    def noise_enabled(self) -> bool:
+        """Whether the noise is switched on (it is applied only in training mode)."""
+        return self._noise_enabled
+
+    @property
+    def noise_active(self) -> bool:
+        """Whether ``forward`` uses the noise right now (noise enabled and training mode)."""
+        return self._noise_enabled and self.training
+
+    def effective_weight(self) -> tuple[Tensor, Tensor | None]:
+        """The weight and bias ``forward`` uses right now."""
+        if self.noise_active:
+            weight = self.weight_mu + self.weight_sigma * self.weight_epsilon
+            bias = None
+            if self.bias_mu is not None and self.bias_sigma is not None and self.bias_epsilon is not None:
+                bias = self.bias_mu + self.bias_sigma * self.bias_epsilon
+            return weight, bias
+        return self.weight_mu, self.bias_mu
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(..., in_features) -> (..., out_features)``."""
+        weight, bias = self.effective_weight()
+        return F.linear(x, weight, bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, sigma0={self.sigma0}, "
+            f"bias={self.bias_mu is not None}, noise_enabled={self._noise_enabled}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# noise_disabled
+
+# Names of tensors that hold the noise sample of a noisy layer elsewhere: weight_epsilon,
+# bias_epsilon (TorchRL, Tianshou, Kaixhin's Rainbow), epsilon_weight, eps_in, eps_out, noise_w, ...
+_EPSILON_NAME = re.compile(r"(^|_)(eps|epsilon|noise)(_|$|[0-9])", re.IGNORECASE)
+# ... and of the learnt noise scales: weight_sigma, sigma_weight, sigma_w, ...
+_SIGMA_NAME = re.compile(r"(^|_)sigma(_|$|[0-9])", re.IGNORECASE)
+
+
+def _is_ours(module: nn.Module) -> bool:
+    return isinstance(module, NoisyLinear)
+
+
+def _has_switch(module: nn.Module) -> bool:
+    return callable(getattr(module, "disable_noise", None)) and callable(getattr(module, "enable_noise", None))
+
+
+def _direct_tensor_names(module: nn.Module) -> list[str]:
+    return [name for name, value in module._parameters.items() if value is not None] + [
+        name for name, value in module._buffers.items() if value is not None
+    ]
+
+
+def is_noisy_layer(module: nn.Module) -> bool:
+    """Whether ``module`` looks like a NoisyNet layer that :func:`noise_disabled` should switch.
+
+    A module counts as a noisy layer when it is this package's :class:`NoisyLinear`;
+    when it has ``disable_noise()`` and ``enable_noise()`` methods; or when it
+    owns parameters or buffers itself (it is a layer, not a container) and
+    either its class name contains ``"noisy"`` or it owns a tensor named like a
+    noise sample or scale (``weight_epsilon``, ``eps_in``, ``weight_sigma``, ...).
+
+    Args:
+        module: Any module.
+
+    Returns:
+        ``True`` for a noisy layer.
+    """
+    if _is_ours(module) or _has_switch(module):
+        return True
+    names = _direct_tensor_names(module)
+    if not names:
+        return False  # a container: its children are looked at one by one
+    if "noisy" in type(module).__name__.lower():
+        return True
+    return any(_EPSILON_NAME.search(name) or _SIGMA_NAME.search(name) for name in names)
+
+
+@dataclass
+class _LayerSnapshot:
+    """Everything about one noisy layer that ``noise_disabled`` may change, to put back bit-exactly."""
+
+    module: nn.Module
+    training: bool
+    attributes: dict[str, Any]  # plain (non-tensor) attributes in the module's __dict__
+    parameters: dict[str, Any]  # name -> the Parameter object (identity restored)
+    buffers: dict[str, Any]  # name -> the buffer object (identity restored)
+    buffer_values: dict[str, Tensor]  # name -> a copy of its values
+    tensor_attributes: dict[str, Tensor] = field(default_factory=dict)  # plain tensor attributes
+    tensor_attribute_values: dict[str, Tensor] = field(default_factory=dict)
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, tuple):
+        return all(_is_plain(item) for item in value)
+    return False
+
+
+def _snapshot(module: nn.Module) -> _LayerSnapshot:
+    # Values are copied without autograd history: the snapshot is a copy of state, not part of a graph.
+    with torch.no_grad():
+        attributes = {name: value for name, value in vars(module).items() if name != "training" and _is_plain(value)}
+        buffers = dict(module._buffers)
+        buffer_values = {name: value.detach().clone() for name, value in buffers.items() if isinstance(value, Tensor)}
+        tensor_attributes = {
+            name: value
+            for name, value in vars(module).items()
+            if isinstance(value, Tensor) and not isinstance(value, nn.Parameter)
+        }
+        tensor_attribute_values = {name: value.detach().clone() for name, value in tensor_attributes.items()}
+    return _LayerSnapshot(
+        module=module,
+        training=module.training,
+        attributes=attributes,
+        parameters=dict(module._parameters),
+        buffers=buffers,
+        buffer_values=buffer_values,
+        tensor_attributes=tensor_attributes,
+        tensor_attribute_values=tensor_attribute_values,
+    )
+
+
+def _restore(snapshot: _LayerSnapshot) -> None:
+    module = snapshot.module
+    with torch.no_grad():
+        # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit.
+        module._parameters.clear()
+        module._parameters.update(snapshot.parameters)
+        module._buffers.clear()
+        module._buffers.update(snapshot.buffers)
+        for name, value in snapshot.buffer_values.items():
+            snapshot.buffers[name].copy_(value)
+        for name, value in snapshot.tensor_attributes.items():
+            object.__setattr__(module, name, value)
+            value.copy_(snapshot.tensor_attribute_values[name])
+        # A noise flag a switch added is removed; every flag it changed is put back.
+        added = [name for name, value in vars(module).items() if _is_plain(value) and name not in snapshot.attributes]
+        for name in added:
+            if "noise" in name.lower() or "noisy" in name.lower():
+                delattr(module, name)
+        for name, value in snapshot.attributes.items():
+            object.__setattr__(module, name, value)
+        # Only this layer's own mode: its children (if any) keep theirs.
+        module.training = snapshot.training
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """Put every random generator back as it was: other libraries' switches may draw noise."""
+    python_state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+def _zero_epsilon(module: nn.Module) -> None:
+    # A layer that adds `sigma * eps` whatever its mode computes with its mean weights when eps = 0.
+    with torch.no_grad():
+        for name, buffer in module._buffers.items():
+            if isinstance(buffer, Tensor) and buffer.is_floating_point() and _EPSILON_NAME.search(name):
+                buffer.zero_()
+
+
+@contextlib.contextmanager
+def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
+    """Make every noisy layer inside ``module`` deterministic; put everything back on exit.
+
+    Inside the block each noisy layer computes with its mean weights:
+
+    * this package's :class:`NoisyLinear`: :meth:`~NoisyLinear.disable_noise`;
+    * any other module with ``disable_noise()`` / ``enable_noise()``: ``disable_noise()``;
+    * layers that gate their noise on ``self.training`` (the TorchRL, Tianshou
+      and CleanRL convention; found by a class name containing ``"Noisy"`` or
+      tensors named like ``weight_epsilon`` / ``weight_sigma``): that layer alone,
+      not the model, is put in eval mode, and its epsilon buffers are zeroed
+      so that layers which add noise in every mode are covered too.
+
+    On exit, also when the block raises, each layer's training flag, noise
+    switch, plain attributes and buffers are restored exactly (buffers bit for
+    bit, the same tensor objects). Nothing else in the model is touched:
+    dropout and batch-norm layers keep their mode. No random generator (torch
+    CPU and CUDA, numpy, python) is advanced by entering or leaving, even when a
+    third-party ``disable_noise()`` draws random numbers.
+
+    Blocks nest: an inner block restores the state the outer one set.
+
+    Args:
+        module: The model (or a single layer). Wrappers such as DDP or
+            ``torch.compile`` are looked through, as ``module.modules()`` does.
+
+    Yields:
+        ``module`` itself.
+
+    Raises:
+        TypeError: If ``module`` is not a ``torch.nn.Module``.
+
+    Example::
+
+        >>> model = torch.nn.Sequential(NoisyLinear(4, 8), torch.nn.ReLU(), NoisyLinear(8, 2))
+        >>> with noise_disabled(model):
+        ...     q1 = model(torch.ones(1, 4))
+        ...     q2 = model(torch.ones(1, 4))
+        >>> bool(torch.equal(q1, q2)) and model[0].noise_enabled
+        True
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    layers = [layer for layer in module.modules() if is_noisy_layer(layer)]
+    snapshots: list[_LayerSnapshot] = []
+    try:
+        # Snapshot everything before changing anything: a failure half-way still restores all.
+        snapshots = [_snapshot(layer) for layer in layers]
+        foreign_switches = [layer for layer in layers if _has_switch(layer) and not _is_ours(layer)]
+        for layer in layers:
+            if _is_ours(layer):
+                layer.disable_noise()
+        if foreign_switches:
+            with _random_state_kept():
+                for layer in foreign_switches:
+                    layer.disable_noise()
+        for layer in layers:
+            if not _is_ours(layer) and not _has_switch(layer):
+                layer.training = False  # this layer only: children keep their mode
+                _zero_epsilon(layer)
+        yield module
+    finally:
+        # Reverse order, so that a layer reached twice ends as it first was.
+        for snapshot in reversed(snapshots):
+            _restore(snapshot)
