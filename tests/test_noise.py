@@ -1,0 +1,274 @@
+"""NoisyLinear (factorised Gaussian noise) and noise_disabled() across the NoisyNet conventions in use."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from lightning_ig.noise import NoisyLinear, is_noisy_layer, noise_disabled
+
+
+def _f(x: torch.Tensor) -> torch.Tensor:
+    return x.sign() * x.abs().sqrt()
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# NoisyLinear
+
+
+def test_initialisation_follows_fortunato() -> None:
+    torch.manual_seed(0)
+    layer = NoisyLinear(16, 5, sigma0=0.4)
+    bound = 1 / math.sqrt(16)
+    assert layer.weight_mu.abs().max() <= bound and layer.bias_mu.abs().max() <= bound
+    # the uniform init spreads over most of its range, it is not a constant
+    assert layer.weight_mu.max() - layer.weight_mu.min() > bound
+    torch.testing.assert_close(layer.weight_sigma, torch.full((5, 16), 0.4 / 4.0))
+    torch.testing.assert_close(layer.bias_sigma, torch.full((5,), 0.4 / 4.0))
+
+
+def test_noise_is_factorised_and_drawn_from_the_given_generator() -> None:
+    layer = NoisyLinear(6, 3)
+    global_state = torch.get_rng_state()
+    layer.reset_noise(torch.Generator().manual_seed(123))
+    assert torch.equal(torch.get_rng_state(), global_state), "a private generator must leave the global one alone"
+    reference = torch.Generator().manual_seed(123)
+    e_in, e_out = torch.randn(6, generator=reference), torch.randn(3, generator=reference)
+    torch.testing.assert_close(layer.weight_epsilon, torch.outer(_f(e_out), _f(e_in)), rtol=0, atol=0)
+    torch.testing.assert_close(layer.bias_epsilon, _f(e_out), rtol=0, atol=0)
+    assert torch.linalg.matrix_rank(layer.weight_epsilon) == 1
+
+
+def test_noise_applies_only_in_training_mode_with_noise_enabled() -> None:
+    torch.manual_seed(1)
+    layer = NoisyLinear(4, 3)
+    x = torch.randn(8, 4)
+    mean_output = F.linear(x, layer.weight_mu, layer.bias_mu)
+    noisy_output = F.linear(
+        x, layer.weight_mu + layer.weight_sigma * layer.weight_epsilon, layer.bias_mu + layer.bias_sigma * layer.bias_epsilon
+    )
+    assert layer.noise_active
+    torch.testing.assert_close(layer(x), noisy_output)
+    assert not torch.allclose(layer(x), mean_output)
+    layer.eval()
+    torch.testing.assert_close(layer(x), mean_output, rtol=0, atol=0)
+    layer.train()
+    layer.disable_noise()
+    assert not layer.noise_enabled and not layer.noise_active
+    torch.testing.assert_close(layer(x), mean_output, rtol=0, atol=0)
+    layer.enable_noise()
+    torch.testing.assert_close(layer(x), noisy_output)
+
+
+def test_forward_draws_no_random_numbers_and_gradients_reach_mu_and_sigma() -> None:
+    layer = NoisyLinear(3, 2, bias=False)
+    assert layer.bias_epsilon is None and "bias=False" in repr(layer)
+    state = torch.get_rng_state()
+    layer(torch.ones(2, 3)).sum().backward()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert layer.weight_mu.grad is not None and layer.weight_sigma.grad is not None
+    assert layer.weight_sigma.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"in_features": 0, "out_features": 2}, ValueError, "in_features"),
+        ({"in_features": 2.0, "out_features": 2}, TypeError, "in_features"),
+        ({"in_features": 2, "out_features": -1}, ValueError, "out_features"),
+        ({"in_features": 2, "out_features": 2, "sigma0": -0.1}, ValueError, "sigma0"),
+        ({"in_features": 2, "out_features": 2, "sigma0": float("nan")}, ValueError, "sigma0"),
+        ({"in_features": 2, "out_features": 2, "bias": 1}, TypeError, "bias"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict, error: type[Exception], words: str) -> None:
+    with pytest.raises(error, match=words):
+        NoisyLinear(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Look-alike layers for the conventions noise_disabled() must handle
+
+
+class TrainingGatedNoisyLinear(nn.Module):
+    """TorchRL / Tianshou / Kaixhin style: noise iff self.training, epsilon in buffers."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight_mu = nn.Parameter(torch.randn(n_out, n_in))
+        self.weight_sigma = nn.Parameter(torch.full((n_out, n_in), 0.5))
+        self.bias_mu = nn.Parameter(torch.randn(n_out))
+        self.bias_sigma = nn.Parameter(torch.full((n_out,), 0.5))
+        self.register_buffer("weight_epsilon", torch.randn(n_out, n_in))
+        self.register_buffer("bias_epsilon", torch.randn(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return F.linear(x, self.weight_mu + self.weight_sigma * self.weight_epsilon, self.bias_mu + self.bias_sigma * self.bias_epsilon)
+        return F.linear(x, self.weight_mu, self.bias_mu)
+
+    def mean_output(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight_mu, self.bias_mu)
+
+
+class CleanRLStyleLayer(nn.Module):
+    """Found by a name-only match: sigma_w / eps_w tensors, gated on self.training."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.mu_w = nn.Parameter(torch.randn(n_out, n_in))
+        self.sigma_w = nn.Parameter(torch.full((n_out, n_in), 0.3))
+        self.register_buffer("eps_w", torch.randn(n_out, n_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.mu_w + self.sigma_w * self.eps_w if self.training else self.mu_w)
+
+
+class AlwaysNoisyLayer(nn.Module):
+    """Adds sigma * epsilon in every mode: only zeroing the epsilon buffer makes it deterministic."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_out, n_in))
+        self.weight_sigma = nn.Parameter(torch.full((n_out, n_in), 0.2))
+        self.register_buffer("weight_epsilon", torch.randn(n_out, n_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight + self.weight_sigma * self.weight_epsilon)
+
+
+class SwitchedLayer(nn.Module):
+    """A foreign layer with disable_noise()/enable_noise(); its switch draws random numbers."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n_in, n_out)
+        self.use_noise = True
+        self.register_buffer("noise", torch.randn(n_out))
+
+    def disable_noise(self) -> None:
+        self.use_noise = False
+        torch.randn(3)  # e.g. a library that resamples on every switch
+        random.random()
+        np.random.rand()
+
+    def enable_noise(self) -> None:
+        self.use_noise = True
+        self.noise.normal_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        return out + self.noise if self.use_noise else out
+
+
+class NoisyDuelingNet(nn.Module):
+    """A container whose class name says 'Noisy': it must not be switched to eval as a whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ours = NoisyLinear(4, 6)
+        self.dropout = nn.Dropout(0.5)
+        self.norm = nn.BatchNorm1d(6)
+        self.gated = TrainingGatedNoisyLinear(6, 5)
+        self.cleanrl = CleanRLStyleLayer(5, 5)
+        self.always = AlwaysNoisyLayer(5, 4)
+        self.switched = SwitchedLayer(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.switched(self.always(self.cleanrl(self.gated(self.norm(self.dropout(self.ours(x)))))))
+
+
+def _full_state(model: nn.Module) -> dict[str, object]:
+    """Everything noise_disabled() could disturb, as comparable values (bit patterns for tensors)."""
+    state: dict[str, object] = {}
+    for name, module in model.named_modules():
+        state[f"{name}.training"] = module.training
+        state[f"{name}.vars"] = {k: v for k, v in vars(module).items() if isinstance(v, (bool, int, float, str, type(None)))}
+        for key, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+            if tensor is not None:
+                state[f"{name}.{key}"] = (id(tensor), _bits(tensor))
+    return state
+
+
+def _rng_states() -> tuple[object, ...]:
+    return (random.getstate(), repr(np.random.get_state()), _bits(torch.get_rng_state()))
+
+
+def test_detection_covers_each_convention_and_skips_containers() -> None:
+    model = NoisyDuelingNet()
+    found = {name for name, module in model.named_modules() if is_noisy_layer(module)}
+    assert found == {"ours", "gated", "cleanrl", "always", "switched"}
+    assert not is_noisy_layer(nn.Linear(2, 2)) and not is_noisy_layer(nn.BatchNorm1d(2))
+
+
+def test_every_convention_is_deterministic_inside_and_restored_exactly_after() -> None:
+    torch.manual_seed(0)
+    model = NoisyDuelingNet()
+    x = torch.randn(7, 4)
+    before, rng_before = _full_state(model), _rng_states()
+    with noise_disabled(model) as inside:
+        assert inside is model
+        assert _rng_states() == rng_before, "entering must not advance any random generator"
+        # only the training-gated foreign layers go to eval; dropout and batch norm keep training mode
+        assert model.training and model.dropout.training and model.norm.training and model.ours.training
+        assert not model.gated.training and not model.cleanrl.training and not model.always.training
+        assert not model.ours.noise_enabled and not model.switched.use_noise
+        h = torch.randn(7, 5)
+        torch.testing.assert_close(model.gated(torch.ones(2, 6)), model.gated.mean_output(torch.ones(2, 6)))
+        torch.testing.assert_close(model.cleanrl(h), F.linear(h, model.cleanrl.mu_w))
+        torch.testing.assert_close(model.always(h), F.linear(h, model.always.weight))
+        torch.testing.assert_close(model.ours(x), F.linear(x, model.ours.weight_mu, model.ours.bias_mu))
+        model.ours.reset_noise()  # the block may even draw new noise: it is undone on exit
+        rng_inside = _rng_states()
+    assert _rng_states() == rng_inside, "leaving must not advance any random generator"
+    assert _full_state(model) == before
+
+
+def test_restored_after_an_exception_and_when_nested() -> None:
+    torch.manual_seed(2)
+    model = NoisyDuelingNet()
+    model.switched.use_noise = False  # already off before: must stay off, not be "re-enabled"
+    model.gated.eval()
+    before = _full_state(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with noise_disabled(model):
+            with noise_disabled(model):
+                model.gated.weight_epsilon.fill_(float("nan"))
+            assert not model.ours.noise_enabled, "the inner block restores the outer block's state"
+            model.gated.train()
+            raise RuntimeError("boom")
+    assert _full_state(model) == before
+
+
+def test_buffers_with_odd_values_come_back_bit_for_bit() -> None:
+    layer = TrainingGatedNoisyLinear(3, 2)
+    layer.weight_epsilon.copy_(torch.tensor([[-0.0, float("nan"), float("inf")], [1e-45, -1e38, 0.0]]))
+    original = layer.weight_epsilon
+    before = _bits(layer.weight_epsilon)
+    with noise_disabled(layer):
+        assert torch.count_nonzero(layer.weight_epsilon) == 0
+        layer.weight_epsilon = torch.ones(2, 3)  # re-assigned, not just overwritten
+    assert layer.weight_epsilon is original and _bits(layer.weight_epsilon) == before
+
+
+def test_works_under_inference_mode_and_keeps_autograd_out_of_the_state() -> None:
+    model = nn.Sequential(NoisyLinear(3, 4), nn.Tanh(), TrainingGatedNoisyLinear(4, 2))
+    before = _full_state(model)
+    x = torch.randn(5, 3)
+    with torch.inference_mode(), noise_disabled(model):
+        first, second = model(x), model(x)
+    assert torch.equal(first, second)
+    assert _full_state(model) == before
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        with noise_disabled("not a model"):  # type: ignore[arg-type]
+            pass
