@@ -269,7 +269,7 @@ def completeness_summary(result: _ResultLike) -> dict[str, Any]:
     difference = f_input - f_baseline  # (B,)
     absolute = np.abs(_as_float64(result.delta, "delta"))  # Captum's signed delta, as the engine computed it
     relative = _as_float64(result.relative_error, "relative_error")
-    degenerate = result.degenerate.detach().cpu().numpy().astype(bool)
+    degenerate = _as_float64(result.degenerate, "degenerate").reshape(-1) != 0  # (B,) bool
     regular = relative[~degenerate]
     regular = regular[~np.isnan(regular)]
     per_state = [
