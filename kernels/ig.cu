@@ -1,0 +1,201 @@
+// Integrated Gradients kernels: path interpolation, finite-difference probes,
+// central-difference gradients and the attribution accumulation.
+//
+// Every kernel has a plain-torch twin in lightning_ig/attribution.py (the
+// `_*_torch` functions) that performs the same operations in the same order
+// with the same rounding, so the two agree bit for bit on float32. Arithmetic
+// uses the explicitly rounded intrinsics (__fadd_rn, __fmul_rn, ...) so the
+// compiler cannot contract a multiply and an add into an FMA, which torch's
+// separate elementwise ops never do.
+//
+// Storage types: float (f32), IEEE half (f16), bfloat16 (bf16) and double
+// (f64). Half types are loaded into float and every sum runs in float (double
+// for f64). There are no atomics: each output element is produced by one
+// thread, and sums over quadrature steps run in step order.
+//
+// Layouts (row-major, all contiguous unless a stride is passed):
+//   x, b      (B, F)                     inputs and baselines, F = features per state
+//   alphas    (n_steps,)                 path positions, accumulate type
+//   points    (n_steps [+ 2], B, F)      path points; with ends: then x, then b
+//   h         (B, F)                     finite-difference step per state and feature
+//   probes    (P, 2, F, F)               point p, sign s (0: +h, 1: -h), feature i, value j
+//   f         (P, 2, F, T)               forward values of the probes for T targets
+//   grads     (T, n_steps, B, F)         gradients along the path, accumulate type
+//   attr      (T, B, F)                  attributions, storage type
+#include "common.cuh"
+
+struct lig_f64_tag {};
+
+// Storage and accumulate types per tag, with exactly rounded arithmetic.
+template <typename Tag> struct ig_traits {
+    typedef typename lig_storage<Tag>::type T;
+    typedef float Acc;
+    static __device__ __forceinline__ float load(T v) { return lig_storage<Tag>::load(v); }
+    static __device__ __forceinline__ T store(float v) { return lig_storage<Tag>::store(v); }
+};
+template <> struct ig_traits<lig_f64_tag> {
+    typedef double T;
+    typedef double Acc;
+    static __device__ __forceinline__ double load(double v) { return v; }
+    static __device__ __forceinline__ double store(double v) { return v; }
+};
+
+__device__ __forceinline__ float ig_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float ig_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float ig_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float ig_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double ig_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double ig_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ double ig_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double ig_div(double a, double b) { return __ddiv_rn(a, b); }
+
+__device__ __forceinline__ long long ig_first_index() {
+    return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long ig_grid_stride() {
+    return static_cast<long long>(gridDim.x) * blockDim.x;
+}
+
+// (a) points[k, j] = b[j] + alphas[k] * (x[j] - b[j]) for k < n_steps; with
+// ends, points[n_steps] = x and points[n_steps + 1] = b, copied bit for bit so
+// the forward values at the ends are F(x) and F(b) exactly.
+template <typename Tag>
+__device__ __forceinline__ void ig_interpolate(const typename ig_traits<Tag>::T* __restrict__ x,
+                                               const typename ig_traits<Tag>::T* __restrict__ b,
+                                               const typename ig_traits<Tag>::Acc* __restrict__ alphas,
+                                               typename ig_traits<Tag>::T* __restrict__ points,
+                                               long long n_steps, long long row_numel, int with_ends) {
+    typedef ig_traits<Tag> tr;
+    const long long total = (n_steps + (with_ends ? 2 : 0)) * row_numel;
+    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+        const long long k = idx / row_numel;
+        const long long j = idx - k * row_numel;
+        if (k < n_steps) {
+            const typename tr::Acc xv = tr::load(x[j]);
+            const typename tr::Acc bv = tr::load(b[j]);
+            points[idx] = tr::store(ig_add(bv, ig_mul(alphas[k], ig_sub(xv, bv))));
+        } else if (k == n_steps) {
+            points[idx] = x[j];
+        } else {
+            points[idx] = b[j];
+        }
+    }
+}
+
+// (b) probes[p, s, i, j] = points[p, j] + (i == j ? (s == 0 ? h : -h) : 0) for
+// the n_points path points starting at global point index point_offset; the
+// state of point g is g % B (points are laid out (n_steps, B)).
+template <typename Tag>
+__device__ __forceinline__ void ig_fd_probes(const typename ig_traits<Tag>::T* __restrict__ points,
+                                             const typename ig_traits<Tag>::Acc* __restrict__ h,
+                                             typename ig_traits<Tag>::T* __restrict__ probes,
+                                             long long n_points, int features, int batch,
+                                             long long point_offset) {
+    typedef ig_traits<Tag> tr;
+    const long long F = features;
+    const long long total = n_points * 2 * F * F;
+    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+        const long long j = idx % F;
+        long long rest = idx / F;
+        const long long i = rest % F;
+        rest /= F;
+        const int sign = static_cast<int>(rest & 1);
+        const long long p = rest >> 1;
+        const typename tr::T value = points[p * F + j];
+        if (i != j) {
+            probes[idx] = value;
+        } else {
+            const long long state = (point_offset + p) % batch;
+            const typename tr::Acc step = h[state * F + i];
+            const typename tr::Acc v = tr::load(value);
+            probes[idx] = tr::store(sign == 0 ? ig_add(v, step) : ig_sub(v, step));
+        }
+    }
+}
+
+// (c) grads[t, p, i] = (f[p, 0, i, t] - f[p, 1, i, t]) / (p_i^+ - p_i^-), where
+// p_i^+/- are the probe coordinates as stored (rounded to the storage type), so
+// the divisor is the step the forward really saw. A step that rounds away
+// (p^+ == p^-) gives 0. grads_target_stride is the distance between targets in
+// the output, which lets a chunk write straight into the (T, n_steps * B, F) buffer.
+template <typename Tag>
+__device__ __forceinline__ void ig_fd_gradient(const typename ig_traits<Tag>::T* __restrict__ points,
+                                               const typename ig_traits<Tag>::Acc* __restrict__ h,
+                                               const typename ig_traits<Tag>::Acc* __restrict__ f,
+                                               typename ig_traits<Tag>::Acc* __restrict__ grads,
+                                               long long n_points, int features, int batch, int n_targets,
+                                               long long point_offset, long long grads_target_stride) {
+    typedef ig_traits<Tag> tr;
+    typedef typename tr::Acc Acc;
+    const long long F = features;
+    const long long total = static_cast<long long>(n_targets) * n_points * F;
+    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+        const long long i = idx % F;
+        const long long rest = idx / F;
+        const long long p = rest % n_points;
+        const long long t = rest / n_points;
+        const long long state = (point_offset + p) % batch;
+        const Acc step = h[state * F + i];
+        const Acc v = tr::load(points[p * F + i]);
+        const Acc plus = tr::load(tr::store(ig_add(v, step)));
+        const Acc minus = tr::load(tr::store(ig_sub(v, step)));
+        const Acc denominator = ig_sub(plus, minus);
+        const Acc f_plus = f[((p * 2 + 0) * F + i) * n_targets + t];
+        const Acc f_minus = f[((p * 2 + 1) * F + i) * n_targets + t];
+        grads[t * grads_target_stride + p * F + i] =
+            denominator != Acc(0) ? ig_div(ig_sub(f_plus, f_minus), denominator) : Acc(0);
+    }
+}
+
+// (d) attr[t, j] = (x[j] - b[j]) * sum_k weights[k] * grads[t, k, j], the sum
+// taken in step order k = 0, 1, ... by one thread: deterministic, no atomics.
+template <typename Tag>
+__device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* __restrict__ x,
+                                              const typename ig_traits<Tag>::T* __restrict__ b,
+                                              const typename ig_traits<Tag>::Acc* __restrict__ weights,
+                                              const typename ig_traits<Tag>::Acc* __restrict__ grads,
+                                              typename ig_traits<Tag>::T* __restrict__ attr,
+                                              int n_steps, long long row_numel, int n_targets) {
+    typedef ig_traits<Tag> tr;
+    typedef typename tr::Acc Acc;
+    const long long total = static_cast<long long>(n_targets) * row_numel;
+    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+        const long long t = idx / row_numel;
+        const long long j = idx - t * row_numel;
+        const Acc* g = grads + t * static_cast<long long>(n_steps) * row_numel + j;
+        Acc sum = Acc(0);
+        for (int k = 0; k < n_steps; ++k) sum = ig_add(sum, ig_mul(weights[k], g[k * row_numel]));
+        attr[idx] = tr::store(ig_mul(ig_sub(tr::load(x[j]), tr::load(b[j])), sum));
+    }
+}
+
+#define IG_ENTRY_POINTS(SUFFIX, TAG)                                                                      \
+    extern "C" __global__ void ig_interpolate_##SUFFIX(                                                   \
+        const ig_traits<TAG>::T* x, const ig_traits<TAG>::T* b, const ig_traits<TAG>::Acc* alphas,        \
+        ig_traits<TAG>::T* points, long long n_steps, long long row_numel, int with_ends) {               \
+        ig_interpolate<TAG>(x, b, alphas, points, n_steps, row_numel, with_ends);                         \
+    }                                                                                                     \
+    extern "C" __global__ void ig_fd_probes_##SUFFIX(const ig_traits<TAG>::T* points,                     \
+                                                     const ig_traits<TAG>::Acc* h, ig_traits<TAG>::T* probes, \
+                                                     long long n_points, int features, int batch,         \
+                                                     long long point_offset) {                            \
+        ig_fd_probes<TAG>(points, h, probes, n_points, features, batch, point_offset);                    \
+    }                                                                                                     \
+    extern "C" __global__ void ig_fd_gradient_##SUFFIX(                                                   \
+        const ig_traits<TAG>::T* points, const ig_traits<TAG>::Acc* h, const ig_traits<TAG>::Acc* f,      \
+        ig_traits<TAG>::Acc* grads, long long n_points, int features, int batch, int n_targets,           \
+        long long point_offset, long long grads_target_stride) {                                          \
+        ig_fd_gradient<TAG>(points, h, f, grads, n_points, features, batch, n_targets, point_offset,      \
+                            grads_target_stride);                                                         \
+    }                                                                                                     \
+    extern "C" __global__ void ig_accumulate_##SUFFIX(                                                    \
+        const ig_traits<TAG>::T* x, const ig_traits<TAG>::T* b, const ig_traits<TAG>::Acc* weights,       \
+        const ig_traits<TAG>::Acc* grads, ig_traits<TAG>::T* attr, int n_steps, long long row_numel,      \
+        int n_targets) {                                                                                  \
+        ig_accumulate<TAG>(x, b, weights, grads, attr, n_steps, row_numel, n_targets);                    \
+    }
+
+IG_ENTRY_POINTS(f32, lig_f32_tag)
+IG_ENTRY_POINTS(f16, lig_f16_tag)
+IG_ENTRY_POINTS(bf16, lig_bf16_tag)
+IG_ENTRY_POINTS(f64, lig_f64_tag)

@@ -1,0 +1,1211 @@
+"""The Integrated Gradients engine: :func:`integrated_gradients`, :class:`IGResult`, :class:`IntegratedGradients`.
+
+Integrated Gradients (Sundararajan et al., 2017) attributes ``F(x) - F(b)`` to
+the input features by integrating the gradient of ``F`` along the straight
+path ``b + alpha (x - b)``, ``alpha`` in ``[0, 1]``::
+
+    attributions_i = (x_i - b_i) * integral_0^1 dF/dx_i(b + alpha (x - b)) d alpha
+                  ~= (x_i - b_i) * sum_k w_k g_k,i
+
+with the quadrature ``(alpha_k, w_k)`` of :mod:`lightning_ig.quadrature`.
+
+How it runs (shared/DESIGN.md, "Integrated Gradients engine"):
+
+* all ``n_steps x B`` path points, plus the two ends ``x`` and ``b``, are built
+  by one interpolation (kernel (a) of ``kernels/ig.cu``) and evaluated in one
+  batched forward (chunked by ``internal_batch_size``), so ``F(x)`` and
+  ``F(b)`` for the completeness check cost no extra pass;
+* ``gradient="autograd"``: one ``torch.autograd.grad`` w.r.t. the path points
+  only; never ``.backward()``, never a parameter's ``.grad``;
+* ``gradient="finite_difference"``: central differences
+  ``(F(p + h e_i) - F(p - h e_i)) / 2h`` for every feature ``i`` of every path
+  point, all probes built by one kernel launch per chunk (kernel (b)) and
+  evaluated in batched forwards; the differences by kernel (c);
+* ``attributions = (x - b) * sum_k w_k g_k`` summed in step order (kernel (d)).
+
+Every kernel has a torch twin here (``_interpolate_torch`` and friends) with
+the same operations in the same order: the reference in tests and the path
+where there is no CUDA device or no CuPy.
+
+The finite-difference step
+    For a state with input ``x`` and baseline ``b`` the step of feature ``i`` is
+    ``h_i = fd_step * max(1, |x_i|, |b_i|)``, the relative step scaled to the
+    size of the coordinate along the whole path (every path point lies between
+    ``b_i`` and ``x_i``), with a floor of 1 so features near zero still get a
+    step the forward can resolve. ``fd_step`` defaults to ``eps ** (1/3)`` of the
+    input dtype (float32: 4.9e-3, float64: 6.1e-6, float16: 0.099, bfloat16:
+    0.198), the step that balances the central difference's truncation error
+    ``O(h^2)`` against rounding error ``O(eps / h)``. The divisor is the step the
+    forward really saw, ``(p_i + h_i) - (p_i - h_i)`` after rounding to the
+    input dtype, not ``2 h_i``.
+
+Completeness and degenerate states
+    ``delta = sum(attributions) - (F(x) - F(b))`` (Captum's sign) and the relative
+    error ``|delta| / |F(x) - F(b)|``. A state is *degenerate* when
+    ``|F(x) - F(b)| <= sqrt(eps) * max(1, |F(x)|, |F(b)|)`` with ``eps`` the
+    machine epsilon of the accumulation dtype (float32: 3.5e-4 x scale; float64:
+    1.5e-8 x scale): then ``F(x) - F(b)`` is within the rounding noise of the
+    forward and the ratio means nothing. Its ``relative_error`` is NaN, it is
+    kept out of :attr:`IGResult.worst_relative_error`, and its absolute error
+    stays in ``delta``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Union
+
+import torch
+from torch import Tensor
+
+from lightning_ig import _cuda
+from lightning_ig.quadrature import METHODS, nests_on_doubling, quadrature
+
+__all__ = ["IGResult", "integrated_gradients", "IntegratedGradients", "target_forward"]
+
+Target = Union[None, str, int, Tensor, Callable[[Tensor], Tensor]]
+Baselines = Union[None, str, float, int, Tensor]
+GradientMode = Literal["autograd", "finite_difference"]
+
+_KERNEL_FILE = "ig.cu"
+_KERNEL_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_THREADS = 256
+_MAX_BLOCKS = 1 << 20
+_DEFAULT_MAX_STEPS = 512
+_AUTO_FIRST_STEPS = 16
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass(frozen=True)
+class IGResult:
+    """What one Integrated Gradients run produced.
+
+    Tensors stay on the inputs' device; nothing is copied to the host until a
+    property such as :attr:`worst_relative_error` is read.
+
+    Attributes:
+        attributions: ``(B, *feature_shape)``, or ``(A, B, *feature_shape)`` for
+            ``target="each"``; the inputs' dtype.
+        f_input: ``(B,)`` (``(A, B)`` for ``"each"``) the target at the inputs.
+        f_baseline: ``(B,)`` (``(A, B)``) the target at the baselines.
+        delta: ``sum(attributions) - (f_input - f_baseline)`` per state (Captum's sign).
+        relative_error: ``|delta| / |f_input - f_baseline|``; NaN where degenerate.
+        degenerate: bool, ``|f_input - f_baseline|`` too small for a ratio (see the
+            module docstring for the threshold).
+        baselines: ``(B, *feature_shape)`` as used.
+        n_steps: the quadrature points used (for ``n_steps="auto"``, where it stopped).
+        method: the quadrature rule.
+        gradient: ``"autograd"`` or ``"finite_difference"``.
+        backend: ``"cuda"`` (the kernels of ``kernels/ig.cu``) or ``"torch"``.
+        target: what was attributed: ``"output"``, ``"mean"``, ``"index:<k>"``,
+            ``"per_row"``, ``"each"`` or ``"callable:<name>"``.
+        fd_step: the relative finite-difference step (``None`` for autograd).
+        internal_batch_size: rows per forward in the last chunk run.
+        cuda_graph: whether the result came from a replayed CUDA graph.
+    """
+
+    attributions: Tensor
+    f_input: Tensor
+    f_baseline: Tensor
+    delta: Tensor
+    relative_error: Tensor
+    degenerate: Tensor
+    baselines: Tensor
+    n_steps: int
+    method: str
+    gradient: str
+    backend: str
+    target: str
+    fd_step: float | None = None
+    internal_batch_size: int | None = None
+    cuda_graph: bool = False
+
+    @property
+    def worst_relative_error(self) -> float:
+        """The largest relative completeness error over non-degenerate states (0.0 when all are degenerate)."""
+        kept = self.relative_error[~self.degenerate]
+        if kept.numel() == 0:
+            return 0.0
+        return float(kept.max())
+
+    @property
+    def mean_abs_error(self) -> float:
+        """The mean ``|delta|`` over all states, degenerate ones included."""
+        return float(self.delta.abs().mean())
+
+    @property
+    def num_degenerate(self) -> int:
+        """How many states were too degenerate for a relative error."""
+        return int(self.degenerate.sum())
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class _TargetSpec:
+    kind: str  # "output", "mean", "index", "per_row", "each", "callable"
+    index: int | None = None
+    rows: Tensor | None = None  # (B,) int64 on the inputs' device for "per_row"
+    rows_max: int = 0  # the largest index in rows, checked against the forward's A on the host
+    fn: Callable[[Tensor], Tensor] | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "index":
+            return f"index:{self.index}"
+        if self.kind == "callable":
+            return f"callable:{getattr(self.fn, '__name__', type(self.fn).__name__)}"
+        return self.kind
+
+    def key(self) -> tuple[Any, ...]:
+        if self.kind == "per_row":
+            assert self.rows is not None  # internal invariant
+            return ("per_row", tuple(self.rows.shape))
+        if self.kind == "callable":
+            return ("callable", id(self.fn))
+        return (self.kind, self.index)
+
+
+def _target_spec(target: Target, batch: int, device: torch.device) -> _TargetSpec:
+    if target is None:
+        return _TargetSpec("output")
+    if isinstance(target, str):
+        if target == "mean":
+            return _TargetSpec("mean")
+        if target == "each":
+            return _TargetSpec("each")
+        raise ValueError(
+            f"target must be None, 'mean', 'each', an int, a LongTensor of shape (B,) or a callable, got {target!r}; "
+            "use 'mean' for V(s) of a dueling network or an int for one action"
+        )
+    if isinstance(target, bool):
+        raise TypeError(f"target must be an int action index, not a bool ({target!r})")
+    if isinstance(target, int):
+        if target < 0:
+            raise ValueError(f"target must be a non-negative action index, got {target}")
+        return _TargetSpec("index", index=int(target))
+    if isinstance(target, Tensor):
+        if target.dtype.is_floating_point or target.dtype == torch.bool or target.dtype.is_complex:
+            raise TypeError(f"a target tensor must hold integer action indices, got dtype {target.dtype}")
+        if target.dim() == 0:
+            return _target_spec(int(target), batch, device)
+        if tuple(target.shape) != (batch,):
+            raise ValueError(
+                f"a target tensor must have shape (B,) = ({batch},), one action per state, got {tuple(target.shape)}"
+            )
+        rows = target.detach().to(device=device, dtype=torch.int64)
+        if rows.is_inference():
+            rows = rows.clone()
+        low, high = (int(v) for v in torch.stack([rows.min(), rows.max()]).tolist())  # one host sync
+        if low < 0:
+            raise ValueError(f"target indices must be >= 0, got {low}")
+        return _TargetSpec("per_row", rows=rows, rows_max=high)
+    if callable(target):
+        return _TargetSpec("callable", fn=target)
+    raise TypeError(f"target must be None, 'mean', 'each', an int, a LongTensor or a callable, got {type(target).__name__}")
+
+
+def _select(outputs: Any, spec: _TargetSpec, n_rows: int, first_row: int, batch: int) -> Tensor:
+    """The target values of one chunk as ``(n_rows, T)``; rows ``first_row...`` of the ``(*, B)`` layout."""
+    if not isinstance(outputs, Tensor):
+        raise TypeError(f"forward must return a torch.Tensor, got {type(outputs).__name__}")
+    if not outputs.dtype.is_floating_point:
+        raise TypeError(f"forward must return floating-point values, got dtype {outputs.dtype}")
+    shape = tuple(outputs.shape)
+    if spec.kind == "output":
+        if shape == (n_rows,):
+            return outputs.unsqueeze(1)
+        if shape == (n_rows, 1):
+            return outputs
+        hint = "; it returns several columns, so pass target='mean', an int, 'each' or a callable" if len(shape) == 2 else ""
+        raise ValueError(f"forward must return one value per row, shape ({n_rows},), for {n_rows} rows; got {shape}{hint}")
+    if spec.kind == "callable":
+        assert spec.fn is not None
+        values = spec.fn(outputs)
+        if not isinstance(values, Tensor) or tuple(values.shape) not in ((n_rows,), (n_rows, 1)):
+            seen = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"the target callable must map the forward's output to shape ({n_rows},), got {seen}")
+        return values.reshape(n_rows, 1)
+    if len(shape) != 2 or shape[0] != n_rows:
+        raise ValueError(
+            f"with target={spec.label!r} forward must return (N, A) values, one row per input row ({n_rows} rows); got {shape}"
+        )
+    actions = shape[1]
+    if spec.kind == "mean":
+        return outputs.mean(dim=1, keepdim=True)
+    if spec.kind == "each":
+        return outputs
+    if spec.kind == "index":
+        assert spec.index is not None
+        if spec.index >= actions:
+            raise ValueError(f"target={spec.index} is out of range for a forward with {actions} outputs; use 0..{actions - 1}")
+        return outputs[:, spec.index : spec.index + 1]
+    # per_row: row r of the (*, B) layout belongs to state r % B.
+    assert spec.rows is not None
+    if spec.rows_max >= actions:
+        raise ValueError(f"target holds index {spec.rows_max}, out of range for a forward with {actions} outputs; use 0..{actions - 1}")
+    states = torch.arange(first_row, first_row + n_rows, device=outputs.device) % batch
+    return outputs.gather(1, spec.rows[states].unsqueeze(1))
+
+
+def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -> Callable[[Tensor], Tensor]:
+    """Turn a multi-output model into a forward that returns one value per row.
+
+    Args:
+        model: maps ``(N, *feature_shape)`` to ``(N, A)``, e.g. Q-values.
+        target: ``"mean"`` (default; the mean over the ``A`` outputs, which is
+            ``V(s)`` for a dueling network whose advantages are mean-centred),
+            an int (one output column), or a callable mapping ``(N, A)`` to ``(N,)``.
+            Per-state indices and ``"each"`` need the engine: pass them as
+            ``integrated_gradients(model, x, target=...)`` instead.
+
+    Returns:
+        A callable ``(N, *feature_shape) -> (N,)``.
+
+    Raises:
+        ValueError: ``target`` is ``"each"``, a tensor, or an unknown name.
+        TypeError: ``target`` has an unsupported type.
+
+    Example::
+
+        value = target_forward(q_network, "mean")
+        result = integrated_gradients(value, states)
+    """
+    if target is None:
+        return model
+    if isinstance(target, Tensor) or target == "each":
+        raise ValueError(
+            f"target_forward cannot express target={'a tensor' if isinstance(target, Tensor) else repr(target)}; "
+            "pass it to integrated_gradients(model, inputs, target=...) instead"
+        )
+    spec = _target_spec(target, 1, torch.device("cpu"))
+
+    def forward(inputs: Tensor) -> Tensor:
+        return _select(model(inputs), spec, inputs.shape[0], 0, inputs.shape[0]).squeeze(1)
+
+    forward.__name__ = f"{getattr(model, '__name__', type(model).__name__)}[{spec.label}]"
+    return forward
+
+
+# --------------------------------------------------------------------------- kernels and their torch twins
+
+
+def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _launch(op: str, dtype: torch.dtype, device: torch.device, total: int, args: list[Any]) -> None:
+    kernel = _cuda.get_kernel(_KERNEL_FILE, f"ig_{op}_{_KERNEL_SUFFIX[dtype]}", device)
+    blocks = max(1, min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS))
+    _cuda.launch(kernel, blocks, _THREADS, args, device=device)
+
+
+def _interpolate_torch(x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+    """Twin of kernel (a): ``(n [+ 2], B, F)`` path points from ``x, b (B, F)`` and ``alphas (n,)``."""
+    acc = alphas.dtype
+    xa, ba = x.to(acc), b.to(acc)
+    path = (ba.unsqueeze(0) + alphas.view(-1, 1, 1) * (xa - ba).unsqueeze(0)).to(x.dtype)  # (n, B, F)
+    if with_ends:
+        path = torch.cat([path, x.unsqueeze(0), b.unsqueeze(0)])  # (n + 2, B, F)
+    return path
+
+
+def _interpolate_cuda(x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+    n_steps = alphas.shape[0]
+    batch, features = x.shape
+    points = torch.empty((n_steps + (2 if with_ends else 0), batch, features), dtype=x.dtype, device=x.device)
+    _launch(
+        "interpolate", x.dtype, x.device, points.numel(),
+        [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(alphas), _cuda.pointer(points),
+         _cuda.int64(n_steps), _cuda.int64(batch * features), _cuda.int32(int(with_ends))],
+    )  # fmt: skip
+    return points
+
+
+def _fd_probes_torch(points: Tensor, h: Tensor, point_offset: int) -> Tensor:
+    """Twin of kernel (b): ``(P, 2, F, F)`` probes ``p +/- h e_i`` of ``points (P, F)``."""
+    n_points, features = points.shape
+    acc = h.dtype
+    states = torch.arange(point_offset, point_offset + n_points, device=points.device) % h.shape[0]
+    step = h[states]  # (P, F)
+    values = points.to(acc)
+    probes = points.view(n_points, 1, 1, features).expand(n_points, 2, features, features).clone()
+    diagonal = torch.arange(features, device=points.device)
+    probes[:, 0, diagonal, diagonal] = (values + step).to(points.dtype)
+    probes[:, 1, diagonal, diagonal] = (values - step).to(points.dtype)
+    return probes
+
+
+def _fd_probes_cuda(points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+    n_points, features = points.shape
+    numel = n_points * 2 * features * features
+    probes = out if out is not None else torch.empty((n_points, 2, features, features), dtype=points.dtype, device=points.device)
+    _launch(
+        "fd_probes", points.dtype, points.device, numel,
+        [_cuda.pointer(points), _cuda.pointer(h), _cuda.pointer(probes), _cuda.int64(n_points),
+         _cuda.int32(features), _cuda.int32(h.shape[0]), _cuda.int64(point_offset)],
+    )  # fmt: skip
+    return probes
+
+
+def _fd_gradient_torch(points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+    """Twin of kernel (c): writes ``out (T, P, F)`` from the probe values ``f (P, 2, F, T)``."""
+    n_points, features = points.shape
+    states = torch.arange(point_offset, point_offset + n_points, device=points.device) % h.shape[0]
+    step = h[states]  # (P, F)
+    values = points.to(h.dtype)
+    plus = (values + step).to(points.dtype).to(h.dtype)
+    minus = (values - step).to(points.dtype).to(h.dtype)
+    denominator = plus - minus  # (P, F)
+    difference = (f[:, 0] - f[:, 1]).permute(2, 0, 1)  # (T, P, F)
+    gradient = difference / denominator
+    out.copy_(torch.where(denominator != 0, gradient, torch.zeros_like(gradient)))
+
+
+def _fd_gradient_cuda(points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+    n_points, features = points.shape
+    n_targets = f.shape[-1]
+    _launch(
+        "fd_gradient", points.dtype, points.device, n_targets * n_points * features,
+        [_cuda.pointer(points), _cuda.pointer(h), _cuda.pointer(f), _cuda.pointer(out), _cuda.int64(n_points),
+         _cuda.int32(features), _cuda.int32(h.shape[0]), _cuda.int32(n_targets), _cuda.int64(point_offset),
+         _cuda.int64(out.stride(0))],
+    )  # fmt: skip
+
+
+def _accumulate_torch(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+    """Twin of kernel (d): ``(T, B, F)`` attributions from ``grads (T, n, B, F)``, summed in step order."""
+    total = torch.zeros_like(grads[:, 0])  # (T, B, F)
+    for k in range(grads.shape[1]):
+        # Multiply, then add: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
+        total = total + weights[k] * grads[:, k]
+    acc = grads.dtype
+    return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
+
+
+def _accumulate_cuda(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+    n_targets, n_steps, batch, features = grads.shape
+    attributions = torch.empty((n_targets, batch, features), dtype=x.dtype, device=x.device)
+    _launch(
+        "accumulate", x.dtype, x.device, attributions.numel(),
+        [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(weights), _cuda.pointer(grads), _cuda.pointer(attributions),
+         _cuda.int32(n_steps), _cuda.int64(batch * features), _cuda.int32(n_targets)],
+    )  # fmt: skip
+    return attributions
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class _Settings:
+    target: Target
+    n_steps: int | str
+    method: str
+    gradient: str
+    internal_batch_size: int | None
+    backend: str
+    completeness_tol: float
+    max_steps: int
+    fd_step: float | None
+    check_finite: bool
+    cuda_graph: bool | str
+
+
+_DEFAULTS: dict[str, Any] = {
+    "target": None,
+    "n_steps": 50,
+    "method": "gausslegendre",
+    "gradient": "autograd",
+    "internal_batch_size": None,
+    "backend": "auto",
+    "completeness_tol": 0.01,
+    "max_steps": _DEFAULT_MAX_STEPS,
+    "fd_step": None,
+    "check_finite": True,
+    "cuda_graph": "auto",
+}
+
+
+def _settings(options: dict[str, Any]) -> _Settings:
+    unknown = sorted(set(options) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; the engine takes {', '.join(_DEFAULTS)}")
+    merged = {**_DEFAULTS, **options}
+    n_steps = merged["n_steps"]
+    if isinstance(n_steps, str):
+        if n_steps != "auto":
+            raise ValueError(f"n_steps must be an int >= 1 or 'auto', got {n_steps!r}")
+    elif isinstance(n_steps, bool) or not isinstance(n_steps, int):
+        raise TypeError(f"n_steps must be an int >= 1 or 'auto', got {type(n_steps).__name__} ({n_steps!r})")
+    elif n_steps < 1:
+        raise ValueError(f"n_steps must be >= 1, got {n_steps}; 50 is a good default")
+    method = merged["method"]
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "riemann_trapezoid" and isinstance(n_steps, int) and n_steps < 2:
+        raise ValueError(f"method='riemann_trapezoid' needs n_steps >= 2 (both ends of the path), got {n_steps}")
+    if merged["gradient"] not in ("autograd", "finite_difference"):
+        raise ValueError(f"gradient must be 'autograd' or 'finite_difference', got {merged['gradient']!r}")
+    ibs = merged["internal_batch_size"]
+    if ibs is not None and (isinstance(ibs, bool) or not isinstance(ibs, int) or ibs < 1):
+        raise ValueError(f"internal_batch_size must be None (automatic) or an int >= 1, got {ibs!r}")
+    if merged["backend"] not in ("auto", "cuda", "torch"):
+        raise ValueError(f"backend must be 'auto', 'cuda' or 'torch', got {merged['backend']!r}")
+    tol = merged["completeness_tol"]
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
+        raise ValueError(f"completeness_tol must be a positive number, got {tol!r}")
+    max_steps = merged["max_steps"]
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+    fd_step = merged["fd_step"]
+    if fd_step is not None and (isinstance(fd_step, bool) or not isinstance(fd_step, (int, float)) or not 0 < fd_step < 1):
+        raise ValueError(f"fd_step must be None (automatic) or a relative step in (0, 1), got {fd_step!r}")
+    if merged["cuda_graph"] not in (True, False, "auto"):
+        raise ValueError(f"cuda_graph must be True, False or 'auto', got {merged['cuda_graph']!r}")
+    return _Settings(**merged)
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _check_forward(forward: Any) -> None:
+    if not callable(forward):
+        raise TypeError(f"forward must be callable (a model or a function of the inputs), got {type(forward).__name__}")
+
+
+def _check_inputs(inputs: Any) -> None:
+    if not isinstance(inputs, Tensor):
+        raise TypeError(f"inputs must be a torch.Tensor of shape (B, *feature_shape), got {type(inputs).__name__}")
+    if inputs.dtype not in _FLOATING:
+        raise TypeError(
+            f"inputs must be floating point (float16, bfloat16, float32 or float64), got {inputs.dtype}; "
+            "convert them with inputs.float()"
+        )
+    if inputs.dim() < 1 or inputs.shape[0] == 0:
+        raise ValueError(f"inputs must have shape (B, *feature_shape) with B >= 1, got {tuple(inputs.shape)}")
+
+
+def _check_finite(name: str, tensor: Tensor) -> None:
+    # One host sync; the slow path (count and first index) only runs when something is wrong.
+    if bool(torch.isfinite(tensor).all()):
+        return
+    bad = ~torch.isfinite(tensor)
+    count = int(bad.sum())
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    raise ValueError(
+        f"{name} holds {count} NaN/Inf value(s), the first at index {first} (value {float(tensor[first])}); "
+        f"IG needs finite {name}: clean or drop those states"
+    )
+
+
+def _resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
+    """The baselines as a ``(B, *feature_shape)`` tensor of the inputs' dtype and device."""
+    if baselines is None or (isinstance(baselines, str) and baselines == "zeros"):
+        return torch.zeros_like(inputs)
+    if isinstance(baselines, str):
+        if baselines == "mean":
+            return inputs.to(_accumulate_dtype(inputs.dtype)).mean(dim=0, keepdim=True).to(inputs.dtype).expand_as(inputs).clone()
+        raise ValueError(f"baselines must be None, 'zeros', 'mean', a number or a tensor, got {baselines!r}")
+    if isinstance(baselines, bool):
+        raise TypeError(f"baselines must be None, 'zeros', 'mean', a number or a tensor, got a bool ({baselines!r})")
+    if isinstance(baselines, (int, float)):
+        if not math.isfinite(baselines):
+            raise ValueError(f"baselines must be finite, got {baselines!r}")
+        return torch.full_like(inputs, float(baselines))
+    if not isinstance(baselines, Tensor):
+        raise TypeError(f"baselines must be None, 'zeros', 'mean', a number or a tensor, got {type(baselines).__name__}")
+    if not baselines.dtype.is_floating_point:
+        raise TypeError(f"baselines must be floating point, got dtype {baselines.dtype}; convert them with .float()")
+    feature_shape = tuple(inputs.shape[1:])
+    shape = tuple(baselines.shape)
+    if shape not in ((), feature_shape, tuple(inputs.shape)):
+        raise ValueError(
+            f"baselines of shape {shape} do not match inputs of shape {tuple(inputs.shape)}; "
+            f"pass a scalar, one baseline of shape {feature_shape} or one per state of shape {tuple(inputs.shape)}"
+        )
+    return baselines.detach().to(device=inputs.device, dtype=inputs.dtype).expand_as(inputs).clone()
+
+
+def _default_fd_step(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) ** (1.0 / 3.0)
+
+
+def _default_chunk_rows(device: torch.device, row_bytes: int) -> int:
+    """Rows per forward from the free memory: a quarter of it, guessing 32 row copies plus 16 KiB of activations a row."""
+    per_row = 32 * row_bytes + 16 * 1024
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        budget = (free + max(cached, 0)) // 4
+    else:
+        budget = 1 << 30  # 1 GiB on the host: the torch path is the reference, not the fast path
+    return max(1, int(budget // per_row))
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
+# --------------------------------------------------------------------------- the computation
+
+
+class _Run:
+    """One attribution problem with its inputs flattened to ``(B, F)``; the same code runs eagerly and under capture."""
+
+    def __init__(
+        self,
+        forward: Callable[[Tensor], Tensor],
+        x: Tensor,
+        b: Tensor,
+        feature_shape: tuple[int, ...],
+        spec: _TargetSpec,
+        settings: _Settings,
+        backend: str,
+        chunk_rows: int,
+    ) -> None:
+        self.forward = forward
+        self.x = x  # (B, F)
+        self.b = b  # (B, F)
+        self.feature_shape = feature_shape
+        self.spec = spec
+        self.settings = settings
+        self.backend = backend
+        self.chunk_rows = chunk_rows
+        self.acc = _accumulate_dtype(x.dtype)
+        self.batch, self.features = x.shape
+        self.fd_step = (settings.fd_step or _default_fd_step(x.dtype)) if settings.gradient == "finite_difference" else None
+        self.allow_oom_retry = True
+
+    # -- kernels or twins
+    def interpolate(self, alphas: Tensor, with_ends: bool) -> Tensor:
+        fn = _interpolate_cuda if self.backend == "cuda" else _interpolate_torch
+        return fn(self.x, self.b, alphas, with_ends)
+
+    def accumulate(self, weights: Tensor, grads: Tensor) -> Tensor:
+        fn = _accumulate_cuda if self.backend == "cuda" else _accumulate_torch
+        return fn(self.x, self.b, weights, grads)
+
+    # -- the forward on a chunk of rows
+    def _evaluate(self, rows: Tensor, first_row: int) -> Tensor:
+        n_rows = rows.shape[0]
+        outputs = self.forward(rows.view(n_rows, *self.feature_shape))
+        return _select(outputs, self.spec, n_rows, first_row, self.batch)
+
+    def _chunked(self, total: int, unit: int, body: Callable[[int, int], None]) -> None:
+        """Run ``body(start, stop)`` over ``[0, total)`` in chunks of whole ``unit``s; halve on CUDA OOM."""
+        size = max(1, self.chunk_rows // unit)
+        start = 0
+        while start < total:
+            stop = min(total, start + size)
+            try:
+                body(start, stop)
+            except Exception as error:  # noqa: BLE001 - only out-of-memory is retried
+                if not (self.allow_oom_retry and _is_oom(error)) or size == 1:
+                    raise
+                size = max(1, size // 2)
+                warnings.warn(
+                    f"CUDA ran out of memory with {(stop - start) * unit} rows per forward; retrying with "
+                    f"internal_batch_size={size * unit} (pass a smaller internal_batch_size to skip this)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                if self.x.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            start = stop
+        self.chunk_rows = size * unit
+
+    # -- gradients along the path
+    def gradients(self, alphas: Tensor, with_ends: bool) -> tuple[Tensor, Tensor | None]:
+        """``grads (T, m, B, F)`` at ``alphas (m,)`` and, with ends, the target values ``(2, B, T)`` at x and b."""
+        points = self.interpolate(alphas, with_ends).view(-1, self.features)  # ((m [+ 2]) * B, F)
+        if self.settings.gradient == "autograd":
+            return self._autograd(points, alphas.shape[0], with_ends)
+        return self._finite_difference(points, alphas.shape[0], with_ends)
+
+    def _autograd(self, points: Tensor, n_alphas: int, with_ends: bool) -> tuple[Tensor, Tensor | None]:
+        path_rows = n_alphas * self.batch
+        total_rows = points.shape[0]
+        state: dict[str, Any] = {"grads": None, "ends": None, "single": None}
+
+        def body(start: int, stop: int) -> None:
+            rows = points[start:stop].detach().requires_grad_(stop <= path_rows or start < path_rows)
+            if not rows.requires_grad:  # only end points here: values, no gradient
+                with torch.no_grad():
+                    values = self._evaluate(rows, start)
+            else:
+                values = self._evaluate(rows, start)
+                if not values.requires_grad:
+                    raise ValueError(
+                        "gradient='autograd' needs a forward that autograd can differentiate, but its output has no "
+                        "grad_fn (it was computed outside autograd: numpy, .detach(), torch.no_grad inside the forward, ...); "
+                        "pass gradient='finite_difference' for such forwards"
+                    )
+            n_targets = values.shape[1]
+            if with_ends and stop > path_rows:
+                if state["ends"] is None:
+                    state["ends"] = torch.empty((2 * self.batch, n_targets), dtype=self.acc, device=points.device)
+                lo = max(start, path_rows)
+                state["ends"][lo - path_rows : stop - path_rows] = values[lo - start :].detach()
+            if not rows.requires_grad:
+                return
+            path_stop = min(stop, path_rows)
+            for t in range(n_targets):
+                (grad,) = torch.autograd.grad(
+                    values[:, t].sum(), rows, retain_graph=t + 1 < n_targets, allow_unused=True
+                )
+                if grad is None:
+                    raise ValueError(
+                        "gradient='autograd' could not differentiate the forward's output w.r.t. its input (the input "
+                        "does not reach the output through autograd); pass gradient='finite_difference' for such forwards"
+                    )
+                grad = grad[: path_stop - start]  # (rows on the path, F)
+                if start == 0 and path_stop == path_rows and n_targets == 1 and grad.dtype == self.acc:
+                    state["single"] = grad  # the whole path in one chunk: no copy
+                    continue
+                if state["grads"] is None:
+                    state["grads"] = torch.empty((n_targets, path_rows, self.features), dtype=self.acc, device=points.device)
+                state["grads"][t, start:path_stop] = grad
+
+        self._chunked(total_rows, 1, body)
+        grads = state["single"].unsqueeze(0) if state["single"] is not None else state["grads"]
+        grads = grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
+        ends = state["ends"].view(2, self.batch, -1) if with_ends else None  # (2, B, T)
+        return grads, ends
+
+    def _finite_difference(self, points: Tensor, n_alphas: int, with_ends: bool) -> tuple[Tensor, Tensor | None]:
+        assert self.fd_step is not None
+        path_points = n_alphas * self.batch
+        features = self.features
+        probe_rows = 2 * features  # forward rows per path point
+        xa, ba = self.x.to(self.acc), self.b.to(self.acc)
+        h = self.fd_step * torch.maximum(torch.maximum(xa.abs(), ba.abs()), torch.ones_like(xa))  # (B, F)
+        ends_rows = 2 * self.batch if with_ends else 0
+        state: dict[str, Any] = {"grads": None, "ends": None}
+        use_cuda = self.backend == "cuda"
+
+        def body(start: int, stop: int) -> None:
+            count = stop - start
+            last = stop == path_points
+            extra = ends_rows if last else 0
+            buffer = torch.empty((count * probe_rows + extra, features), dtype=self.x.dtype, device=self.x.device)
+            chunk_points = points[start:stop]
+            if use_cuda:
+                _fd_probes_cuda(chunk_points, h, start, out=buffer)
+            else:
+                buffer[: count * probe_rows] = _fd_probes_torch(chunk_points, h, start).view(-1, features)
+            if extra:
+                buffer[count * probe_rows :] = points[path_points:]  # x then b, evaluated in the same forward
+            with torch.no_grad():
+                values = self._evaluate(buffer, 0).to(self.acc)
+            n_targets = values.shape[1]
+            if state["grads"] is None:
+                state["grads"] = torch.empty((n_targets, path_points, features), dtype=self.acc, device=self.x.device)
+            f = values[: count * probe_rows].view(count, 2, features, n_targets)  # (P, 2, F, T)
+            out = state["grads"][:, start:stop]
+            (_fd_gradient_cuda if use_cuda else _fd_gradient_torch)(chunk_points, h, f.contiguous(), start, out)
+            if extra:
+                state["ends"] = values[count * probe_rows :].contiguous()
+
+        # per_row targets index rows by state; the probe buffer breaks the (*, B) layout, so map them here.
+        if self.spec.kind == "per_row":
+            self._fd_rows_spec()
+        try:
+            if path_points == 0:
+                raise AssertionError("no path points")
+            self._chunked(path_points, probe_rows, body)
+        finally:
+            if self.spec.kind == "per_row":
+                self._restore_spec()
+        grads = state["grads"].view(-1, n_alphas, self.batch, features)  # (T, m, B, F)
+        ends = state["ends"].view(2, self.batch, -1) if with_ends else None  # (2, B, T)
+        return grads, ends
+
+    # The probe rows of point p (global index g) belong to state g % B; per_row
+    # selection needs that mapping, so finite differences select all actions
+    # ("each") and pick the state's column afterwards.
+    def _fd_rows_spec(self) -> None:
+        self._saved_spec = self.spec
+        self.spec = _TargetSpec("each")
+
+    def _restore_spec(self) -> None:
+        self.spec = self._saved_spec
+
+    # -- the whole attribution
+    def attribute(self, n_steps: int) -> dict[str, Tensor]:
+        alphas_list, weights_list = quadrature(self.settings.method, n_steps)
+        device = self.x.device
+        alphas = torch.tensor(alphas_list, dtype=self.acc, device=device)
+        weights = torch.tensor(weights_list, dtype=self.acc, device=device)
+        grads, ends = self.gradients(alphas, with_ends=True)
+        assert ends is not None
+        grads, ends = self._per_row_fd(grads, ends)
+        return self.finish(weights, grads, ends)
+
+    def _per_row_fd(self, grads: Tensor, ends: Tensor) -> tuple[Tensor, Tensor]:
+        """With per-row targets under finite differences, keep each state's own column of the ``"each"`` values."""
+        if self.spec.kind != "per_row" or self.settings.gradient != "finite_difference":
+            return grads, ends
+        assert self.spec.rows is not None
+        rows = self.spec.rows  # (B,)
+        states = torch.arange(self.batch, device=rows.device)
+        grads = grads[rows, :, states]  # (A, m, B, F) -> (B, m, F)
+        grads = grads.transpose(0, 1).unsqueeze(0).contiguous()  # (1, m, B, F)
+        ends = ends[:, states, rows].unsqueeze(-1)  # (2, B, A) -> (2, B, 1)
+        return grads, ends
+
+    def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
+        attributions = self.accumulate(weights, grads.contiguous())  # (T, B, F)
+        f_input = ends[0].t()  # (T, B)
+        f_baseline = ends[1].t()  # (T, B)
+        return _completeness(attributions, f_input, f_baseline)
+
+
+def _completeness(attributions: Tensor, f_input: Tensor, f_baseline: Tensor) -> dict[str, Tensor]:
+    acc = f_input.dtype
+    difference = f_input - f_baseline  # (T, B)
+    delta = attributions.to(acc).sum(dim=-1) - difference
+    eps = torch.finfo(acc).eps
+    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
+    degenerate = difference.abs() <= math.sqrt(eps) * scale
+    relative = torch.where(degenerate, torch.full_like(delta, float("nan")), delta.abs() / difference.abs())
+    return {
+        "attributions": attributions,
+        "f_input": f_input,
+        "f_baseline": f_baseline,
+        "delta": delta,
+        "relative_error": relative,
+        "degenerate": degenerate,
+    }
+
+
+# --------------------------------------------------------------------------- front doors
+
+
+def _prepare(
+    forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: _Settings
+) -> tuple[Tensor, Tensor, Tensor, _TargetSpec, str]:
+    """Checks and normalisations shared by every call: ``(x (B, F), b (B, F), b as given shape, spec, backend)``."""
+    _check_forward(forward)
+    _check_inputs(inputs)
+    if inputs.is_inference():
+        inputs = inputs.clone()  # inference tensors cannot be saved for autograd
+    inputs = inputs.detach()
+    resolved = _resolve_baselines(baselines, inputs)
+    backend = _resolve_backend(settings.backend, inputs)
+    spec = _target_spec(settings.target, inputs.shape[0], inputs.device)
+    batch = inputs.shape[0]
+    x = inputs.reshape(batch, -1).contiguous()  # (B, F)
+    b = resolved.reshape(batch, -1).contiguous()  # (B, F)
+    return x, b, resolved, spec, backend
+
+
+def _resolve_backend(backend: str, inputs: Tensor) -> str:
+    if backend == "cuda" and inputs.dtype not in _KERNEL_SUFFIX:
+        raise TypeError(f"backend='cuda' has kernels for {', '.join(map(str, _KERNEL_SUFFIX))}; got {inputs.dtype}")
+    return _cuda.resolve_backend(backend, inputs)
+
+
+def _chunk_rows(settings: _Settings, x: Tensor) -> int:
+    if settings.internal_batch_size is not None:
+        return settings.internal_batch_size
+    return _default_chunk_rows(x.device, x.shape[1] * x.element_size())
+
+
+def _result(
+    out: dict[str, Tensor],
+    inputs_shape: torch.Size,
+    resolved: Tensor,
+    spec: _TargetSpec,
+    settings: _Settings,
+    backend: str,
+    n_steps: int,
+    run: _Run,
+    graph: bool,
+) -> IGResult:
+    attributions = out["attributions"].view(-1, *resolved.shape)  # (T, B, F) -> (T, B, *feature_shape)
+    fields = {k: out[k] for k in ("f_input", "f_baseline", "delta", "relative_error", "degenerate")}
+    if spec.kind != "each":
+        attributions = attributions[0]
+        fields = {k: v[0] for k, v in fields.items()}
+    return IGResult(
+        attributions=attributions,
+        baselines=resolved,
+        n_steps=n_steps,
+        method=settings.method,
+        gradient=settings.gradient,
+        backend=backend,
+        target=spec.label,
+        fd_step=run.fd_step,
+        internal_batch_size=run.chunk_rows,
+        cuda_graph=graph,
+        **fields,
+    )
+
+
+def _attribute_eager(
+    forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: _Settings
+) -> IGResult:
+    x, b, resolved, spec, backend = _prepare(forward, inputs, baselines, settings)
+    if settings.check_finite:
+        _check_finite("inputs", x)
+        if isinstance(baselines, Tensor):
+            _check_finite("baselines", b)
+    run = _Run(forward, x, b, tuple(inputs.shape[1:]), spec, settings, backend, _chunk_rows(settings, x))
+    if settings.n_steps == "auto":
+        out, n_steps = _attribute_auto(run, settings)
+    else:
+        n_steps = int(settings.n_steps)
+        out = run.attribute(n_steps)
+    return _result(out, inputs.shape[1:], resolved, spec, settings, backend, n_steps, run, graph=False)
+
+
+def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], int]:
+    """Refine ``n`` until the worst relative completeness error is <= completeness_tol or ``max_steps`` is reached.
+
+    Rules that nest (riemann_left/right on doubling, riemann_trapezoid on ``2n - 1``)
+    reuse every gradient already evaluated; the others evaluate the new rule anew.
+    The forward values at the ends are evaluated once.
+    """
+    method = settings.method
+    minimum = 2 if method == "riemann_trapezoid" else 1
+    n = max(minimum, min(_AUTO_FIRST_STEPS, settings.max_steps))
+    acc, device = run.acc, run.x.device
+    alphas_list, weights_list = quadrature(method, n)
+    alphas = torch.tensor(alphas_list, dtype=acc, device=device)
+    grads, ends = run.gradients(alphas, with_ends=True)
+    assert ends is not None
+    grads, ends = run._per_row_fd(grads, ends)
+    while True:
+        weights = torch.tensor(weights_list, dtype=acc, device=device)
+        out = run.finish(weights, grads, ends)
+        worst = _worst(out)
+        if worst <= settings.completeness_tol or n >= settings.max_steps:
+            return out, n
+        nested = n * 2 - 1 if method == "riemann_trapezoid" else n * 2
+        refined = min(nested, settings.max_steps)
+        new_alphas_list, weights_list = quadrature(method, refined)
+        if nests_on_doubling(method) and refined == nested:
+            # Old points sit at every other index of the refined rule: even for left and
+            # trapezoid, odd for right. Evaluate only the new ones.
+            old_index = list(range(0, refined, 2)) if method != "riemann_right" else list(range(1, refined, 2))
+            new_index = sorted(set(range(refined)) - set(old_index))
+            fresh_alphas = torch.tensor([new_alphas_list[i] for i in new_index], dtype=acc, device=device)
+            fresh, _ = run.gradients(fresh_alphas, with_ends=False)
+            fresh, _ = run._per_row_fd(fresh, ends)
+            merged = torch.empty((grads.shape[0], refined, *grads.shape[2:]), dtype=grads.dtype, device=device)
+            merged[:, old_index] = grads
+            merged[:, new_index] = fresh
+            grads = merged
+        else:
+            alphas = torch.tensor(new_alphas_list, dtype=acc, device=device)
+            grads, _ = run.gradients(alphas, with_ends=False)
+            grads, _ = run._per_row_fd(grads, ends)
+        n = refined
+
+
+def _worst(out: dict[str, Tensor]) -> float:
+    kept = out["relative_error"][~out["degenerate"]]
+    return float(kept.max()) if kept.numel() else 0.0
+
+
+def integrated_gradients(
+    forward: Callable[[Tensor], Tensor],
+    inputs: Tensor,
+    baselines: Baselines = None,
+    *,
+    target: Target = None,
+    n_steps: int | Literal["auto"] = 50,
+    method: str = "gausslegendre",
+    gradient: GradientMode = "autograd",
+    internal_batch_size: int | None = None,
+    backend: Literal["auto", "cuda", "torch"] = "auto",
+    completeness_tol: float = 0.01,
+    max_steps: int = _DEFAULT_MAX_STEPS,
+    fd_step: float | None = None,
+    check_finite: bool = True,
+) -> IGResult:
+    """Integrated Gradients of ``forward`` at ``inputs`` against ``baselines``.
+
+    The call runs eagerly (no CUDA graph); for repeated calls on the same shapes
+    use :class:`IntegratedGradients`, which captures and replays the work.
+    Works under ``torch.no_grad()`` and ``torch.inference_mode()``, leaves the
+    model as it was (parameters, their ``.grad`` and ``requires_grad``, training
+    mode) and draws no random numbers. The forward is called as it is: put the
+    model in the mode you want attributed (``eval()``, noise off) first.
+
+    Args:
+        forward: maps ``(N, *feature_shape)`` to ``(N,)``, or to ``(N, A)`` with
+            ``target`` choosing what to attribute. Rows must be independent.
+        inputs: ``(B, *feature_shape)`` floating-point states.
+        baselines: ``None`` or ``"zeros"`` (default: zeros), ``"mean"`` (the batch
+            mean), a number, one baseline ``(*feature_shape)`` or one per state
+            ``(B, *feature_shape)``.
+        target: ``None`` (forward returns ``(N,)``), ``"mean"`` (mean over ``A``:
+            ``V(s)`` under the dueling identity), an int (one column), a
+            LongTensor ``(B,)`` (one column per state), ``"each"`` (every column:
+            attributions ``(A, B, *feature_shape)``) or a callable ``(N, A) -> (N,)``.
+        n_steps: quadrature points (default 50), or ``"auto"``: start at 16 and
+            refine until the worst relative completeness error is at most
+            ``completeness_tol`` or ``max_steps`` is reached, reusing gradients
+            where the rule nests; the result says how many were used.
+        method: ``"gausslegendre"`` (default), ``"riemann_left"``,
+            ``"riemann_right"``, ``"riemann_middle"`` or ``"riemann_trapezoid"``.
+        gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards
+            autograd cannot go through (see the module docstring for the step).
+        internal_batch_size: rows per forward (path points for autograd, probes
+            for finite differences); ``None`` picks it from the free device memory.
+            On CUDA out-of-memory the chunk is halved and retried, with a warning.
+        backend: ``"auto"`` (the CUDA kernels when the inputs are on a CUDA
+            device and CuPy imports, else torch), ``"cuda"`` or ``"torch"``.
+        completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
+        max_steps: the most points ``n_steps="auto"`` may use (default 512).
+        fd_step: relative finite-difference step; ``None`` is ``eps ** (1/3)`` of
+            the inputs' dtype.
+        check_finite: check inputs and baselines for NaN/Inf first (one host sync).
+
+    Returns:
+        An :class:`IGResult`.
+
+    Raises:
+        TypeError: a non-callable forward, non-floating inputs or baselines, a
+            bad type for an option, or a forward that returns no tensor.
+        ValueError: baselines that do not match the inputs, NaN/Inf inputs,
+            ``n_steps < 1``, an unknown method, a forward returning the wrong
+            shape, ``gradient="autograd"`` on a forward autograd cannot
+            differentiate, or ``backend="cuda"`` without a CUDA device.
+        RuntimeError: ``backend="cuda"`` where CuPy is not installed.
+
+    Example::
+
+        model = DuelingQNetwork(4, 2).eval()
+        result = integrated_gradients(model, states, target="mean", n_steps=50)
+        result.attributions        # (B, 4)
+        result.worst_relative_error
+    """
+    settings = _settings(
+        {
+            "target": target,
+            "n_steps": n_steps,
+            "method": method,
+            "gradient": gradient,
+            "internal_batch_size": internal_batch_size,
+            "backend": backend,
+            "completeness_tol": completeness_tol,
+            "max_steps": max_steps,
+            "fd_step": fd_step,
+            "check_finite": check_finite,
+            "cuda_graph": False,
+        }
+    )
+    with torch.inference_mode(False), torch.enable_grad():
+        return _attribute_eager(forward, inputs, baselines, settings)
+
+
+# --------------------------------------------------------------------------- the reusable engine
+
+
+class _GraphPlan:
+    """A captured attribution for one key: static inputs, the graph, static outputs."""
+
+    def __init__(self, graph: Any, static_x: Tensor, static_b: Tensor | None, static_rows: Tensor | None,
+                 outputs: dict[str, Tensor], run: _Run, keep: Any) -> None:  # fmt: skip
+        self.graph = graph
+        self.static_x = static_x
+        self.static_b = static_b
+        self.static_rows = static_rows
+        self.outputs = outputs
+        self.run = run
+        self.keep = keep  # objects whose id() is part of the key (a target callable)
+
+
+class IntegratedGradients:
+    """A reusable Integrated Gradients engine for one forward.
+
+    Holds default settings and, for repeated calls on the same shapes (what the
+    training callback does), captures the whole autograd computation
+    (interpolation kernel, batched forward, ``torch.autograd.grad``,
+    accumulation kernel, completeness) in a ``torch.cuda.CUDAGraph`` on first
+    use, keyed on shapes, dtype, device and settings. Later calls copy the new
+    inputs into the graph's buffers and replay it: a handful of launches.
+
+    The graph reads the model's parameters where they live, so in-place updates
+    (an optimizer step, ``load_state_dict``) are seen by the next replay;
+    replacing a parameter tensor object is not: call :meth:`clear` after that.
+    Finite differences, ``n_steps="auto"``, CPU tensors and forwards that cannot
+    be captured (host syncs, data-dependent shapes) run eagerly; a failed
+    capture falls back to eager with one warning per key.
+
+    Args:
+        forward: as for :func:`integrated_gradients`.
+        **defaults: any keyword option of :func:`integrated_gradients`, plus
+            ``cuda_graph``: ``"auto"`` (default: capture on CUDA devices), ``True``
+            (capture, warn and fall back when it fails) or ``False`` (always eager).
+
+    Raises:
+        TypeError: a non-callable forward or an unknown option.
+        ValueError: a bad option value (checked here, not at the first call).
+
+    Example::
+
+        engine = IntegratedGradients(q_network, target="mean", n_steps=50)
+        for states in batches:
+            result = engine.attribute(states)   # replays a CUDA graph after the first call
+    """
+
+    def __init__(self, forward: Callable[[Tensor], Tensor], **defaults: Any) -> None:
+        _check_forward(forward)
+        _settings(defaults)  # reject bad defaults now
+        self.forward = forward
+        self.defaults = dict(defaults)
+        self._plans: dict[tuple[Any, ...], _GraphPlan | None] = {}
+        self._checked: dict[str, tuple[weakref.ref[Tensor], int]] = {}
+        self.last_mode: str | None = None  # "graph", "capture" or "eager": how the last call ran
+
+    def clear(self) -> None:
+        """Drop every captured graph (they are captured again on next use)."""
+        self._plans.clear()
+        self._checked.clear()
+
+    def attribute(self, inputs: Tensor, baselines: Baselines = None, **overrides: Any) -> IGResult:
+        """Attribute ``inputs``; ``overrides`` replace the defaults for this call.
+
+        Args:
+            inputs: ``(B, *feature_shape)``.
+            baselines: as for :func:`integrated_gradients`.
+            **overrides: options of :func:`integrated_gradients` and ``cuda_graph``.
+
+        Returns:
+            An :class:`IGResult` (its tensors are fresh, not the graph's buffers).
+
+        Raises:
+            The errors of :func:`integrated_gradients`.
+        """
+        settings = _settings({**self.defaults, **overrides} if overrides else self.defaults)
+        with torch.inference_mode(False), torch.enable_grad():
+            if not self._graph_wanted(settings, inputs):
+                self.last_mode = "eager"
+                return _attribute_eager(self.forward, inputs, baselines, settings)
+            return self._attribute_graph(inputs, baselines, settings)
+
+    # -- CUDA graphs
+    @staticmethod
+    def _graph_wanted(settings: _Settings, inputs: Any) -> bool:
+        return (
+            settings.cuda_graph is not False
+            and isinstance(inputs, Tensor)
+            and inputs.device.type == "cuda"
+            and settings.n_steps != "auto"
+            and settings.gradient == "autograd"
+            and hasattr(torch.cuda, "CUDAGraph")
+        )
+
+    def _check_once(self, name: str, tensor: Tensor, given: Any) -> None:
+        # The same tensor object, unmodified since it was checked (its version counter), is not checked again:
+        # the callback passes the same held-out states every time, and the check is a host sync.
+        seen = self._checked.get(name)
+        if seen is not None and seen[0]() is given and seen[1] == given._version:
+            return
+        _check_finite(name, tensor)
+        self._checked[name] = (weakref.ref(given), given._version)
+
+    def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: _Settings) -> IGResult:
+        x, b, resolved, spec, backend = _prepare(self.forward, inputs, baselines, settings)
+        if settings.check_finite:
+            self._check_once("inputs", x, inputs)
+            if isinstance(baselines, Tensor):
+                self._check_once("baselines", b, baselines)
+        baseline_key: tuple[Any, ...]
+        if isinstance(baselines, Tensor):
+            baseline_key = ("tensor",)
+        elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
+            baseline_key = ("scalar", float(baselines))
+        else:
+            baseline_key = (baselines or "zeros",)
+        key = (tuple(inputs.shape), inputs.dtype, inputs.device, baseline_key, spec.key(), backend,
+               dataclasses.replace(settings, target=None, check_finite=True))  # fmt: skip
+        plan = self._plans.get(key, _MISSING)
+        if plan is None:  # capture failed before: eager
+            self.last_mode = "eager"
+            return _attribute_eager(self.forward, inputs, baselines, settings)
+        if plan is _MISSING:
+            plan = self._capture(key, x, b, baselines, spec, settings, backend, inputs.shape[1:])
+            if plan is None:
+                self.last_mode = "eager"
+                return _attribute_eager(self.forward, inputs, baselines, settings)
+            self.last_mode = "capture"
+        else:
+            self.last_mode = "graph"
+        assert isinstance(plan, _GraphPlan)
+        plan.static_x.copy_(x)
+        if plan.static_b is not None:
+            plan.static_b.copy_(b)
+        if plan.static_rows is not None:
+            assert spec.rows is not None
+            plan.static_rows.copy_(spec.rows)
+        plan.graph.replay()
+        out = {name: value.clone() for name, value in plan.outputs.items()}
+        return _result(out, inputs.shape[1:], resolved, spec, settings, backend, int(settings.n_steps), plan.run, graph=True)
+
+    def _capture(self, key: tuple[Any, ...], x: Tensor, b: Tensor, baselines: Baselines, spec: _TargetSpec,
+                 settings: _Settings, backend: str, feature_shape: torch.Size) -> _GraphPlan | None:  # fmt: skip
+        static_x = x.clone()
+        computed_baseline = not isinstance(baselines, Tensor)
+        static_b = None if computed_baseline else b.clone()
+        static_rows = spec.rows.clone() if spec.rows is not None else None
+        graph_spec = dataclasses.replace(spec, rows=static_rows) if static_rows is not None else spec
+        n_steps = int(settings.n_steps)
+        acc = _accumulate_dtype(x.dtype)
+        alphas_list, weights_list = quadrature(settings.method, n_steps)
+        alphas = torch.tensor(alphas_list, dtype=acc, device=x.device)
+        weights = torch.tensor(weights_list, dtype=acc, device=x.device)
+        batch = x.shape[0]
+        run = _Run(self.forward, static_x, b, tuple(feature_shape), graph_spec, settings, backend, _chunk_rows(settings, x))
+
+        def compute() -> dict[str, Tensor]:
+            if computed_baseline:
+                # The baseline comes from the inputs inside the graph ("zeros", "mean" or a number).
+                run.b = _resolve_baselines(baselines, static_x.view(batch, *feature_shape)).reshape(batch, -1)
+            else:
+                run.b = static_b
+            grads, ends = run.gradients(alphas, with_ends=True)
+            assert ends is not None
+            return run.finish(weights, grads, ends)
+
+        try:
+            compute()  # eager first: shape and autograd errors surface as they would without a graph
+            run.allow_oom_retry = False  # a retry cannot happen inside a capture
+            side = torch.cuda.Stream(device=x.device)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                compute()  # warm-up on a side stream, as torch.cuda.graph's documentation asks
+            torch.cuda.current_stream(x.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = compute()
+        except (ValueError, TypeError):
+            raise
+        except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
+            warnings.warn(
+                f"CUDA graph capture of the attribution failed ({type(error).__name__}: {error}); running eagerly "
+                "for these shapes (pass cuda_graph=False to skip the attempt)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self._plans[key] = None
+            return None
+        plan = _GraphPlan(graph, static_x, static_b, static_rows, outputs, run, spec.fn)
+        self._plans[key] = plan
+        return plan
+
+
+_MISSING: Any = object()
