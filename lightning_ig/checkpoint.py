@@ -574,12 +574,18 @@ def load_checkpoint(
     except Exception as error:
         raise _open_error(file, error) from error
 
-    result = model.load_state_dict(weights, strict=False)
+    where = f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''}"
+    try:
+        result = model.load_state_dict(weights, strict=False)
+    except RuntimeError as error:  # shapes that do not match
+        mismatch = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line), str(error))
+        raise CheckpointError(
+            f"{where} do not fit {architecture} with config {dict(config)} ({mismatch}); check --model/--model-kwargs or the head"
+        ) from error
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(
-            f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''} do not fit {architecture} "
-            f"with config {dict(config)}: missing {_few(result.missing_keys)}, unexpected {_few(result.unexpected_keys)}; "
-            "check --model/--model-kwargs or the head"
+            f"{where} do not fit {architecture} with config {dict(config)}: missing {_few(result.missing_keys)}, "
+            f"unexpected {_few(result.unexpected_keys)}; check --model/--model-kwargs or the head"
         )
     model.to(device).eval()
     if states is not None:
