@@ -388,7 +388,8 @@ def log_tensorboard_extras(
         tags: from :func:`feature_tags`.
         attributions: ``(num_states, F)`` for the per-feature histograms, or ``None`` to skip them.
         markdown: the ``ig/report`` text, or ``None`` to skip it.
-        figures: ``{"top_features": Figure, "heatmap": Figure}`` (any subset) to write as images.
+        figures: ``{"top_features": ..., "heatmap": ...}`` (any subset) to write as images: matplotlib
+            figures, or ``(H, W, 3)`` uint8 arrays already rendered with :func:`figure_to_array`.
         layout: a custom-scalars layout to write (pass it on the first run only).
     """
     if layout is not None:
@@ -400,6 +401,7 @@ def log_tensorboard_extras(
             if finite.size:  # a histogram of nothing is an error in TensorBoard
                 writer.add_histogram(f"{TAG_PREFIX}/attributions/{tag}", finite, step)
     for name, figure in (figures or {}).items():
-        writer.add_image(f"{TAG_PREFIX}/{name}", figure_to_array(figure), step, dataformats="HWC")
+        pixels = figure if isinstance(figure, np.ndarray) else figure_to_array(figure)
+        writer.add_image(f"{TAG_PREFIX}/{name}", pixels, step, dataformats="HWC")
     if markdown is not None:
         writer.add_text(f"{TAG_PREFIX}/report", markdown, step)
