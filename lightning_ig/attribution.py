@@ -595,10 +595,10 @@ class _Run:
         return fn(self.x, self.b, weights, grads)
 
     # -- the forward on a chunk of rows
-    def _evaluate(self, rows: Tensor, first_row: int) -> Tensor:
+    def _evaluate(self, rows: Tensor, first_row: int, spec: _TargetSpec | None = None) -> Tensor:
         n_rows = rows.shape[0]
         outputs = self.forward(rows.view(n_rows, *self.feature_shape))
-        return _select(outputs, self.spec, n_rows, first_row, self.batch)
+        return _select(outputs, spec or self.spec, n_rows, first_row, self.batch)
 
     def _chunked(self, total: int, unit: int, body: Callable[[int, int], None]) -> None:
         """Run ``body(start, stop)`` over ``[0, total)`` in chunks of whole ``unit``s; halve on CUDA OOM."""
@@ -692,6 +692,9 @@ class _Run:
         ends_rows = 2 * self.batch if with_ends else 0
         state: dict[str, Any] = {"grads": None, "ends": None}
         use_cuda = self.backend == "cuda"
+        # Per-row targets pick a column by state, but probe rows do not follow the (*, B) layout:
+        # evaluate every column ("each") and keep each state's own afterwards (_per_row_fd).
+        probe_spec = _TargetSpec("each") if self.spec.kind == "per_row" else self.spec
 
         def body(start: int, stop: int) -> None:
             count = stop - start
@@ -706,7 +709,7 @@ class _Run:
             if extra:
                 buffer[count * probe_rows :] = points[path_points:]  # x then b, evaluated in the same forward
             with torch.no_grad():
-                values = self._evaluate(buffer, 0).to(self.acc)
+                values = self._evaluate(buffer, 0, probe_spec).to(self.acc)
             n_targets = values.shape[1]
             if state["grads"] is None:
                 state["grads"] = torch.empty((n_targets, path_points, features), dtype=self.acc, device=self.x.device)
@@ -716,29 +719,10 @@ class _Run:
             if extra:
                 state["ends"] = values[count * probe_rows :].contiguous()
 
-        # per_row targets index rows by state; the probe buffer breaks the (*, B) layout, so map them here.
-        if self.spec.kind == "per_row":
-            self._fd_rows_spec()
-        try:
-            if path_points == 0:
-                raise AssertionError("no path points")
-            self._chunked(path_points, probe_rows, body)
-        finally:
-            if self.spec.kind == "per_row":
-                self._restore_spec()
+        self._chunked(path_points, probe_rows, body)
         grads = state["grads"].view(-1, n_alphas, self.batch, features)  # (T, m, B, F)
         ends = state["ends"].view(2, self.batch, -1) if with_ends else None  # (2, B, T)
         return grads, ends
-
-    # The probe rows of point p (global index g) belong to state g % B; per_row
-    # selection needs that mapping, so finite differences select all actions
-    # ("each") and pick the state's column afterwards.
-    def _fd_rows_spec(self) -> None:
-        self._saved_spec = self.spec
-        self.spec = _TargetSpec("each")
-
-    def _restore_spec(self) -> None:
-        self.spec = self._saved_spec
 
     # -- the whole attribution
     def attribute(self, n_steps: int) -> dict[str, Tensor]:
