@@ -1,0 +1,397 @@
+"""The fused soft-margin loss on CPU: the torch twin, the module, swap_soft_margin, the checks.
+
+The CUDA kernels are exercised in tests/test_losses_gpu.py; here the autograd
+Function's own logic (in-place scaling, retained graphs, double backward) runs
+with its launchers replaced by plain torch.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_ig import losses
+from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
+
+REDUCTIONS = ("none", "mean", "sum")
+# dtype -> (rtol, atol) of the twin against torch on moderate inputs. The half
+# types round every intermediate, and the stable form rounds differently.
+TOLERANCES = {
+    torch.float64: (1e-12, 1e-14),
+    torch.float32: (1e-6, 1e-7),
+    torch.bfloat16: (2e-2, 1e-2),
+    torch.float16: (2e-3, 1e-3),
+}
+
+
+def _reference(x: torch.Tensor, y: torch.Tensor, reduction: str) -> tuple[np.ndarray, np.ndarray]:
+    """Loss and dL/dx in float64 numpy, independent of torch's and our formulas."""
+    x64 = x.detach().double().numpy()
+    y64 = np.broadcast_to(y.detach().double().numpy(), x64.shape)
+    z = -y64 * x64
+    loss = np.logaddexp(0.0, z)
+    sigmoid = np.exp(z - loss)  # exp(z - softplus(z)) = sigmoid(z), without overflow
+    grad = -y64 * sigmoid
+    if reduction == "mean":
+        return np.asarray(loss.mean()), grad / x64.size
+    if reduction == "sum":
+        return np.asarray(loss.sum()), grad
+    return loss, grad
+
+
+def _labels(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 2, shape, generator=generator).float() * 2 - 1
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", list(TOLERANCES))
+def test_twin_matches_torch(reduction: str, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(0)
+    # |x| stays below ~10: float16's exp overflows past 11, and torch computes exp(-y x) in the input's dtype
+    x = (torch.randn(37, 11, generator=generator) * 2).to(dtype)
+    y = _labels((37, 11), generator).to(dtype)
+    ours = soft_margin_loss(x, y, reduction)
+    theirs = F.soft_margin_loss(x, y, reduction=reduction)
+    assert ours.dtype == theirs.dtype == dtype
+    assert ours.shape == theirs.shape
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_twin_gradient_matches_torch(reduction: str, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = (torch.randn(5, 7, generator=generator) * 3).to(dtype)
+    x[0, 0] = 0.0  # the kink of max(z, 0): the gradient there is -y/2
+    y = _labels((5, 7), generator).to(dtype)
+    weights = torch.rand(5, 7, generator=generator, dtype=dtype) if reduction == "none" else None
+    grads = []
+    for fn in (soft_margin_loss, F.soft_margin_loss):
+        leaf = x.clone().requires_grad_()
+        loss = fn(leaf, y, reduction=reduction)
+        (loss * weights).sum().backward() if weights is not None else (loss * 3.0).backward()
+        grads.append(leaf.grad)
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(grads[0], grads[1], rtol=rtol, atol=atol)
+    expected_at_zero = -y[0, 0] * 0.5 * (weights[0, 0] if weights is not None else 3.0)
+    if reduction == "mean":
+        expected_at_zero = expected_at_zero / x.numel()
+    torch.testing.assert_close(grads[0][0, 0], expected_at_zero, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finite_and_exact_where_torch_overflows(reduction: str, dtype: torch.dtype) -> None:
+    magnitudes = torch.tensor([0.0, 1e-3, 1.0, 20.0, 88.0, 89.0, 700.0, 1e4, 1e6, 1e30, 1e38], dtype=torch.float64)
+    x = torch.cat([magnitudes, -magnitudes]).repeat(2).to(dtype)  # (44,)
+    y = torch.cat([torch.ones(22), -torch.ones(22)]).to(dtype)
+    assert not torch.isfinite(F.soft_margin_loss(x, y, reduction="none")).all()  # the case is real
+
+    leaf = x.clone().requires_grad_()
+    loss = soft_margin_loss(leaf, y, reduction)
+    loss.sum().backward()
+    expected_loss, expected_grad = _reference(x, y, reduction)
+    assert torch.isfinite(loss).all() and torch.isfinite(leaf.grad).all()
+    rtol = 1e-6 if dtype == torch.float32 else 1e-13
+    atol = 2 * torch.finfo(dtype).tiny  # exp(-89) and smaller are subnormal in float32
+    np.testing.assert_allclose(loss.detach().double().numpy(), expected_loss, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(leaf.grad.double().numpy(), expected_grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_stay_finite_at_their_largest_values(dtype: torch.dtype) -> None:
+    largest = torch.finfo(dtype).max
+    x = torch.tensor([largest, -largest, 1e3, -1e3, 0.0], dtype=dtype)
+    y = torch.tensor([-1.0, 1.0, -1.0, -1.0, 1.0], dtype=dtype)
+    loss = soft_margin_loss(x, y, "none")
+    expected, _ = _reference(x, y, "none")
+    assert torch.isfinite(loss).all()
+    np.testing.assert_allclose(loss.double().numpy(), expected, rtol=1e-2)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradcheck_and_gradgradcheck_in_float64(reduction: str) -> None:
+    generator = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 4, generator=generator, dtype=torch.float64) * 2).requires_grad_()
+    y = _labels((3, 4), generator).double()
+    assert torch.autograd.gradcheck(lambda t: soft_margin_loss(t, y, reduction), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: soft_margin_loss(t, y, reduction), (x,))
+
+
+def test_empty_input_gives_what_torch_gives() -> None:
+    empty = torch.empty(0, 3)
+    assert torch.isnan(soft_margin_loss(empty, empty, "mean"))
+    assert torch.isnan(F.soft_margin_loss(empty, empty, reduction="mean"))
+    assert soft_margin_loss(empty, empty, "sum").item() == 0.0
+    assert soft_margin_loss(empty, empty, "none").shape == (0, 3)
+
+
+@pytest.mark.parametrize("target_shape", [(4,), (3, 1), (1, 4), ()])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_target_broadcasts_like_torch(target_shape: tuple[int, ...], reduction: str) -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, generator=generator)
+    y = torch.randn(target_shape, generator=generator).sign()
+    torch.testing.assert_close(soft_margin_loss(x, y, reduction), F.soft_margin_loss(x, y, reduction=reduction))
+
+
+@pytest.mark.parametrize("target_shape", [(2, 4), (1, 3, 4), (5,)])
+def test_target_that_torch_rejects_is_rejected_with_the_same_kind_of_error(target_shape: tuple[int, ...]) -> None:
+    x = torch.randn(3, 4)
+    y = torch.ones(target_shape)
+    with pytest.raises(RuntimeError):
+        F.soft_margin_loss(x, y)
+    with pytest.raises(RuntimeError, match=re.escape(f"target of shape {tuple(target_shape)} does not broadcast")):
+        soft_margin_loss(x, y)
+
+
+@pytest.mark.parametrize("target_dtype", [torch.float64, torch.float16, torch.int64, torch.bool])
+def test_target_dtype_is_handled_like_torch(target_dtype: torch.dtype) -> None:
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(4))
+    y = (torch.arange(12).reshape(6, 2) % 2).to(target_dtype)
+    if target_dtype != torch.bool:
+        y = y * 2 - 1
+    ours, theirs = soft_margin_loss(x, y, "none"), F.soft_margin_loss(x, y, reduction="none")
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_complex_target_fails_like_torch() -> None:
+    x = torch.randn(3)
+    y = torch.ones(3, dtype=torch.complex64)
+    with pytest.raises(RuntimeError):
+        F.soft_margin_loss(x, y)
+    with pytest.raises(RuntimeError, match="cannot be cast"):
+        soft_margin_loss(x, y)
+
+
+def test_target_requiring_grad_fails_like_torch_but_not_under_no_grad() -> None:
+    x = torch.randn(4, requires_grad=True)
+    y = torch.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        F.soft_margin_loss(x, y)
+    with pytest.raises(RuntimeError, match="not differentiable with respect to target"):
+        soft_margin_loss(x, y)
+    with torch.no_grad():
+        torch.testing.assert_close(soft_margin_loss(x, y), F.soft_margin_loss(x, y))
+
+
+def test_non_contiguous_input() -> None:
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 5, generator=generator).t()
+    y = torch.randn(8, 5, generator=generator).sign().t()
+    assert not x.is_contiguous()
+    torch.testing.assert_close(soft_margin_loss(x, y, "none"), F.soft_margin_loss(x, y, reduction="none"))
+
+
+def test_autocast_computes_half_inputs_in_float32_like_torch() -> None:
+    x = torch.randn(16).bfloat16()
+    y = torch.ones(16).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, theirs = soft_margin_loss(x, y), F.soft_margin_loss(x, y)
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_bad_arguments_are_named() -> None:
+    x = torch.randn(3)
+    with pytest.raises(TypeError, match="input must be a torch.Tensor, got list"):
+        soft_margin_loss([1.0, 2.0], x)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="target must be a torch.Tensor, got float"):
+        soft_margin_loss(x, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+        soft_margin_loss(x, x, "avg")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="input must be a floating-point tensor, got torch.int64"):
+        soft_margin_loss(torch.ones(3, dtype=torch.long), x)
+    with pytest.raises(ValueError, match="backend must be 'auto', 'cuda' or 'torch', got 'triton'"):
+        soft_margin_loss(x, x, backend="triton")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_backend_without_a_gpu_never_falls_back() -> None:
+    x = torch.randn(3)
+    with pytest.raises(ValueError, match="backend='cuda' needs a CUDA device"):
+        soft_margin_loss(x, x.sign(), backend="cuda")
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        SoftMarginLoss(backend="cuda")(x, x.sign())
+
+
+# --------------------------------------------------------------------------- the module
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_module_is_a_drop_in(reduction: str) -> None:
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 9, generator=generator)
+    y = _labels((4, 9), generator)
+    ours = SoftMarginLoss(reduction=reduction)
+    assert isinstance(ours, nn.SoftMarginLoss)
+    torch.testing.assert_close(ours(x, y), nn.SoftMarginLoss(reduction=reduction)(x, y))
+    assert repr(ours) == f"SoftMarginLoss(reduction='{reduction}', backend='auto')"
+
+
+@pytest.mark.parametrize(
+    ("size_average", "reduce", "expected"),
+    [(False, None, "sum"), (None, False, "none"), (True, True, "mean"), (False, True, "sum")],
+)
+def test_deprecated_arguments_follow_torch(size_average: bool | None, reduce: bool | None, expected: str) -> None:
+    with warnings.catch_warnings(record=True) as ours_warnings:
+        warnings.simplefilter("always")
+        ours = SoftMarginLoss(size_average, reduce)
+    with warnings.catch_warnings(record=True) as torch_warnings:
+        warnings.simplefilter("always")
+        theirs = nn.SoftMarginLoss(size_average, reduce)
+    assert ours.reduction == theirs.reduction == expected
+    assert [str(w.message) for w in ours_warnings] == [str(w.message) for w in torch_warnings]
+    assert ours_warnings  # torch warns about the deprecation; so do we
+
+
+def test_module_rejects_bad_settings_at_construction() -> None:
+    with pytest.raises(ValueError, match="reduction must be 'none', 'mean' or 'sum', got 'max'"):
+        SoftMarginLoss(reduction="max")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="backend must be 'auto', 'cuda' or 'torch', got 'cupy'"):
+        SoftMarginLoss(backend="cupy")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- swap_soft_margin
+
+
+class _CustomLoss(nn.SoftMarginLoss):
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        return super().forward(input, target) * 2
+
+
+class _Head(nn.Module):
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+        self.criterion = shared
+        self.extra = nn.Sequential(nn.ReLU(), nn.SoftMarginLoss(reduction="none"))
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.SoftMarginLoss(reduction="sum")
+        self.loss = shared  # the same instance twice in the tree
+        self.heads = nn.ModuleList([_Head(shared), nn.SoftMarginLoss()])
+        self.by_name = nn.ModuleDict({"aux": nn.SoftMarginLoss(reduction="none"), "keep": _CustomLoss()})
+        self.already = SoftMarginLoss(reduction="mean", backend="torch")
+
+
+def test_swap_soft_margin_replaces_every_torch_loss_in_a_nested_tree() -> None:
+    model = _Model()
+    model.eval()
+    model.heads[1].train()  # a loss in training mode stays in training mode
+    assert swap_soft_margin(model, backend="torch") == 4
+
+    assert type(model.loss) is SoftMarginLoss and model.loss.reduction == "sum"
+    assert model.heads[0].criterion is model.loss  # still shared
+    assert type(model.heads[0].extra[1]) is SoftMarginLoss and model.heads[0].extra[1].reduction == "none"
+    assert type(model.heads[1]) is SoftMarginLoss and model.heads[1].training
+    assert model.heads[1].reduction == "mean" and not model.loss.training
+    assert type(model.by_name["aux"]) is SoftMarginLoss and model.by_name["aux"].reduction == "none"
+    assert type(model.by_name["keep"]) is _CustomLoss  # a subclass may have its own forward
+    assert model.loss.backend == "torch"
+    assert not any(type(m) is nn.SoftMarginLoss for m in model.modules())
+    assert swap_soft_margin(model) == 0  # nothing left to replace
+
+    x, y = torch.randn(5, 3), torch.ones(5, 3)
+    torch.testing.assert_close(model.by_name["aux"](x, y), F.soft_margin_loss(x, y, reduction="none"))
+
+
+def test_swap_soft_margin_rejects_what_it_cannot_swap() -> None:
+    with pytest.raises(ValueError, match=r"lightning_ig.SoftMarginLoss\(reduction='sum'\)"):
+        swap_soft_margin(nn.SoftMarginLoss(reduction="sum"))
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got dict"):
+        swap_soft_margin({"loss": nn.SoftMarginLoss()})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="backend must be"):
+        swap_soft_margin(nn.Sequential(nn.SoftMarginLoss()), backend="gpu")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the autograd Function
+
+
+@pytest.fixture
+def torch_launchers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Replace the kernel launchers by torch with the same contracts; record the calls."""
+    calls: list[str] = []
+
+    def reduce_(input, target, reduction, *, with_grad):  # noqa: A002
+        calls.append(f"reduce(grad={with_grad})")
+        loss = losses._soft_margin_torch(input, target, reduction).detach()
+        gradient = -target * torch.sigmoid(-target * input) / (input.numel() if reduction == "mean" else 1)
+        return loss, (gradient if with_grad else None)
+
+    def none(input, target):  # noqa: A002
+        calls.append("none")
+        return losses._soft_margin_torch(input, target, "none").detach()
+
+    def none_backward(input, target, grad_output):  # noqa: A002
+        calls.append("none_backward")
+        return grad_output * -target * torch.sigmoid(-target * input)
+
+    def scale_(gradient, grad_output):
+        calls.append("scale_")
+        gradient.mul_(grad_output)
+
+    monkeypatch.setattr(losses, "_launch_reduce", reduce_)
+    monkeypatch.setattr(losses, "_launch_none", none)
+    monkeypatch.setattr(losses, "_launch_none_backward", none_backward)
+    monkeypatch.setattr(losses, "_launch_scale_", scale_)
+    return calls
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_function_scales_its_saved_gradient_and_recomputes_for_a_retained_graph(
+    torch_launchers: list[str], reduction: str
+) -> None:
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 4, generator=generator, dtype=torch.float64)
+    y = _labels((6, 4), generator).double()
+    leaf = x.clone().requires_grad_()
+    loss = losses._SoftMarginFunction.apply(leaf, y, reduction)
+    (loss * 2.5).backward(retain_graph=True)  # not the last op: grad_output = 2.5
+    first = leaf.grad.clone()
+    (loss * -1.0).backward()  # again through the retained graph
+    assert torch_launchers == ["reduce(grad=True)", "scale_", "reduce(grad=True)", "scale_"]
+
+    expected_loss, expected_grad = _reference(x, y, reduction)
+    np.testing.assert_allclose(loss.detach().numpy(), expected_loss, rtol=1e-13)
+    np.testing.assert_allclose(first.numpy(), 2.5 * expected_grad, rtol=1e-13)
+    np.testing.assert_allclose(leaf.grad.numpy(), 1.5 * expected_grad, rtol=1e-13)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_function_double_backward_goes_through_torch(torch_launchers: list[str], reduction: str) -> None:
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(5, generator=generator, dtype=torch.float64)
+    y = _labels((5,), generator).double()
+
+    def second_derivative(fn) -> tuple[torch.Tensor, torch.Tensor]:
+        leaf = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(fn(leaf).sum(), leaf, create_graph=True)
+        (grad_of_grad,) = torch.autograd.grad((grad**2).sum(), leaf)
+        return grad.detach(), grad_of_grad
+
+    ours = second_derivative(lambda t: losses._SoftMarginFunction.apply(t, y, reduction))
+    reference = second_derivative(lambda t: losses._soft_margin_torch(t, y, reduction))
+    assert "scale_" not in torch_launchers and "none_backward" not in torch_launchers
+    torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-15)
+
+
+def test_function_none_backward_uses_the_elementwise_launcher(torch_launchers: list[str]) -> None:
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64)
+    y = torch.ones(7, dtype=torch.float64)
+    leaf = x.clone().requires_grad_()
+    weights = torch.arange(7, dtype=torch.float64)
+    (losses._SoftMarginFunction.apply(leaf, y, "none") * weights).sum().backward()
+    assert torch_launchers == ["none", "none_backward"]
+    np.testing.assert_allclose(leaf.grad.numpy(), weights.numpy() * _reference(x, y, "none")[1], rtol=1e-13)
