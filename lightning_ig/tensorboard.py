@@ -276,7 +276,7 @@ def top_features_figure(
 
     order = np.argsort(-np.nan_to_num(mean_abs, nan=-np.inf), kind="stable")[:top_k]
     count = len(order)
-    figure = _new_figure(7.5, 1.5 + 0.38 * count)
+    figure = _new_figure(8.0, 1.8 + 0.38 * count)
     axes = figure.add_subplot()
     positions = np.arange(count)[::-1]  # largest on top
     values = np.nan_to_num(mean_abs[order])
@@ -300,23 +300,27 @@ def top_features_figure(
     states = f" over {num_states} states" if num_states else ""
     axes.set_xlabel(f"mean |attribution|{states}  (whiskers: std of attribution)", fontsize=10)
     title = f"Top {count} features by mean |IG attribution|"
-    axes.set_title(title + ("" if step is None else f"  (step {step})"), fontsize=12, loc="left")
+    figure.suptitle(title + ("" if step is None else f"  (step {step})"), fontsize=12, x=0.02, ha="left")
     axes.spines[["top", "right"]].set_visible(False)
     axes.grid(axis="x", color="#dddddd", linewidth=0.8)
     axes.set_axisbelow(True)
+    # Above the axes, so it never hides a bar or a whisker.
     axes.legend(
         handles=[
             Patch(color=_POSITIVE, label="mean attribution > 0 (raises the target)"),
             Patch(color=_NEGATIVE, label="mean attribution < 0 (lowers the target)"),
         ],
         loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=2,
         fontsize=8,
         frameon=False,
+        borderaxespad=0.2,
     )
     figure.subplots_adjust(
         left=2.0 / figure.get_figwidth(),
-        right=0.97,
-        top=1 - 0.55 / figure.get_figheight(),
+        right=0.96,
+        top=1 - 0.85 / figure.get_figheight(),
         bottom=0.7 / figure.get_figheight(),
     )
     return figure

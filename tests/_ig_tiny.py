@@ -1,0 +1,110 @@
+"""A tiny Q-network LightningModule for the callback tests, and the DDP run they launch as a script.
+
+As a script (``python tests/_ig_tiny.py --devices 2 --out DIR``) it trains the
+tiny module with the callback under ``strategy="ddp"`` on the CPU (gloo) and
+writes the callback's JSON reports to ``DIR/reports``; with ``--devices 1`` it
+runs the same training in one process. The test compares the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+# Runnable as a script from anywhere in the checkout (the DDP launcher re-runs this file for rank 1).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lightning_ig.noise import NoisyLinear  # noqa: E402
+
+FEATURES = ["cart_x", "cart_v", "pole_theta", "pole_omega"]
+
+
+class TinyQNet(pl.LightningModule):
+    """4 inputs -> 2 Q-values, with the layers that make side effects likely.
+
+    Dropout and a NoisyLinear draw random numbers in training mode, BatchNorm
+    updates running statistics in training mode: a callback that left any of
+    them switched on, or drew random numbers, would change training.
+    """
+
+    def __init__(self, lr: float = 0.05, noisy: bool = True, dropout: float = 0.1, batchnorm: bool = True) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        layers: list[torch.nn.Module] = [torch.nn.Linear(4, 16)]
+        if batchnorm:
+            layers.append(torch.nn.BatchNorm1d(16))
+        layers += [torch.nn.Tanh(), torch.nn.Dropout(dropout)]
+        layers.append(NoisyLinear(16, 2, sigma0=0.3) if noisy else torch.nn.Linear(16, 2))
+        self.body = torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)  # (N, 2)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        head = self.body[-1]
+        if isinstance(head, NoisyLinear):
+            head.reset_noise()  # consumes the global torch generator, as NoisyNet training does
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=generator)
+    y = torch.stack([2.0 * x[:, 2] + x[:, 3], -x[:, 0] + 0.5 * x[:, 1]], dim=1)  # (n, 2)
+    return TensorDataset(x, y)
+
+
+def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
+
+
+def run_ddp_comparison(devices: int, out: Path, batch_size: int) -> None:
+    """Train a deterministic (no dropout, no noise draw) module; the callback writes reports to ``out/reports``."""
+    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415
+
+    from lightning_ig.callback import IntegratedGradientsCallback  # noqa: PLC0415
+
+    pl.seed_everything(0)
+    # No BatchNorm: its statistics are per rank under DDP; no dropout/noise draws: ranks draw differently.
+    model = TinyQNet(lr=0.01, noisy=False, dropout=0.0, batchnorm=False)
+    callback = IntegratedGradientsCallback(
+        held_out_states(),  # 37 states: an uneven split over 2 ranks (19 + 18, padded to 19)
+        every_n_steps=2,
+        feature_names=FEATURES,
+        n_steps=16,
+        baseline="mean",
+        report_dir=out / "reports",
+        figure_every_n_runs=None,
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_steps=4,
+        logger=TensorBoardLogger(out, name="tb"),
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    loader = DataLoader(dataset(), batch_size=batch_size, shuffle=False)
+    trainer.fit(model, loader)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch-size", type=int, default=16)
+    arguments = parser.parse_args()
+    run_ddp_comparison(arguments.devices, arguments.out, arguments.batch_size)

@@ -1,0 +1,464 @@
+"""Tests for IntegratedGradientsCallback on the CPU: what it logs, that it changes nothing, resume, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from safetensors.torch import save_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states  # noqa: E402
+
+from lightning_ig.attribution import integrated_gradients  # noqa: E402
+from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+from lightning_ig.noise import noise_disabled  # noqa: E402
+from lightning_ig.report import load_schema, spearman, topk_jaccard  # noqa: E402
+
+SCALAR_TAGS = [
+    "ig/completeness/worst_relative_error",
+    "ig/completeness/mean_abs_error",
+    *[f"ig/mean_abs/{name}" for name in FEATURES],
+    *[f"ig/mean_signed/{name}" for name in FEATURES],
+    "ig/drift/spearman_prev",
+    "ig/drift/spearman_first",
+    "ig/drift/topk_jaccard_prev",
+    "ig/time_ms",
+]
+
+
+def make_trainer(tmp_path: Path, callbacks: list[Callback], max_steps: int = 30, **kwargs: Any) -> pl.Trainer:
+    options: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_steps": max_steps,
+        "default_root_dir": tmp_path,
+        "logger": False,
+        "callbacks": callbacks,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "num_sanity_val_steps": 0,
+    }
+    options.update(kwargs)
+    return pl.Trainer(**options)
+
+
+def loader(shuffle: bool = True) -> DataLoader:
+    return DataLoader(dataset(), batch_size=16, shuffle=shuffle)
+
+
+def direct_ig(model: TinyQNet, states: torch.Tensor, **options: Any):
+    """IG computed without the callback: the model as the callback sees it (eval, noise off)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with noise_disabled(model):
+            return integrated_gradients(model, states, **options)
+    finally:
+        model.train(was_training)
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One training run with the callback, a TensorBoard and a CSV logger; shared by several tests."""
+    root = tmp_path_factory.mktemp("logged")
+    pl.seed_everything(0)
+    model = TinyQNet()
+    states = held_out_states()
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=10, feature_names=FEATURES, n_steps=16, report_dir=root / "reports", top_k=3
+    )
+    tensorboard = TensorBoardLogger(root, name="tb")
+    csv_logger = CSVLogger(root, name="csv")
+    trainer = make_trainer(root, [callback], max_steps=30, logger=[tensorboard, csv_logger])
+    trainer.fit(model, loader())
+    checkpoint = root / "final.ckpt"
+    trainer.save_checkpoint(checkpoint)
+    accumulator = EventAccumulator(
+        tensorboard.log_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+    )
+    accumulator.Reload()
+    return {
+        "root": root,
+        "callback": callback,
+        "states": states,
+        "checkpoint": checkpoint,
+        "events": accumulator,
+        "csv": Path(csv_logger.log_dir) / "metrics.csv",
+    }
+
+
+def test_every_tag_is_in_the_event_files(logged_run):
+    events = logged_run["events"]
+    tags = events.Tags()
+    assert set(SCALAR_TAGS) <= set(tags["scalars"])
+    assert {f"ig/attributions/{name}" for name in FEATURES} <= set(tags["histograms"])
+    assert {"ig/top_features", "ig/heatmap"} <= set(tags["images"])
+    assert "ig/report/text_summary" in tags["tensors"]
+    assert "custom_scalars__config__" in tags["tensors"]
+    # runs at steps 10, 20, 30 (the train-end run is skipped: step 30 already ran)
+    assert [event.step for event in events.Scalars("ig/mean_abs/pole_theta")] == [10, 20, 30]
+    assert [event.step for event in events.Scalars("ig/drift/spearman_prev")] == [20, 30]
+    # figures at the first and the last run at least, and they are real pictures
+    image_steps = [event.step for event in events.Images("ig/heatmap")]
+    assert image_steps[0] == 10 and image_steps[-1] == 30
+    top = events.Images("ig/top_features")[-1]
+    assert top.width > 300 and top.height > 150
+    text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert "| rank | feature |" in text and "Completeness" in text and "Drift" in text
+
+
+def test_custom_scalars_layout_groups_features(logged_run):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    event = logged_run["events"].Tensors("custom_scalars__config__")[0]
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(event.tensor_proto.string_val[0])
+    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+    assert charts["mean |attribution| per feature"] == [r"ig/mean_abs/.*"]
+    assert charts["mean attribution per feature (signed)"] == [r"ig/mean_signed/.*"]
+    assert any("drift" in tag for tags in charts.values() for tag in tags)
+    assert any("completeness" in tag for tags in charts.values() for tag in tags)
+
+
+def test_logged_values_equal_ig_on_the_checkpoint(logged_run):
+    model = TinyQNet.load_from_checkpoint(logged_run["checkpoint"])
+    result = direct_ig(model, logged_run["states"], target="mean", n_steps=16)
+    attributions = result.attributions.double()
+    events = logged_run["events"]
+    for index, name in enumerate(FEATURES):
+        logged = events.Scalars(f"ig/mean_abs/{name}")[-1]
+        assert logged.step == 30
+        assert logged.value == pytest.approx(attributions[:, index].abs().mean().item(), rel=1e-6)
+        signed = events.Scalars(f"ig/mean_signed/{name}")[-1].value
+        assert signed == pytest.approx(attributions[:, index].mean().item(), rel=1e-5, abs=1e-7)
+    worst = events.Scalars("ig/completeness/worst_relative_error")[-1].value
+    assert worst == pytest.approx(result.worst_relative_error, rel=1e-5, abs=1e-9)
+    # the JSON report holds the same numbers at full precision
+    report = json.loads((logged_run["root"] / "reports" / "ig_report_step=00000030.json").read_text())
+    np.testing.assert_allclose(
+        [feature["mean_abs"] for feature in report["features"]], attributions.abs().mean(0).numpy(), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        [state["sum_attributions"] for state in report["completeness"]["per_state"]],
+        attributions.sum(1).numpy(),
+        rtol=1e-5,
+        atol=1e-7,
+    )
+    # histograms hold every state's attribution
+    histogram = events.Histograms("ig/attributions/pole_theta")[-1].histogram_value
+    assert histogram.num == len(logged_run["states"])
+    assert histogram.min == pytest.approx(attributions[:, 2].min().item(), rel=1e-6)
+
+
+def test_drift_scalars_match_the_history(logged_run):
+    history = logged_run["callback"].history
+    assert [entry["global_step"] for entry in history] == [10, 20, 30]
+    events = logged_run["events"]
+    expected_prev = spearman(history[2]["mean_abs"], history[1]["mean_abs"])
+    expected_first = spearman(history[2]["mean_abs"], history[0]["mean_abs"])
+    expected_jaccard = topk_jaccard(history[2]["mean_abs"], history[1]["mean_abs"], 3)
+    assert events.Scalars("ig/drift/spearman_prev")[-1].value == pytest.approx(expected_prev, rel=1e-6)
+    assert events.Scalars("ig/drift/spearman_first")[-1].value == pytest.approx(expected_first, rel=1e-6)
+    assert events.Scalars("ig/drift/topk_jaccard_prev")[-1].value == pytest.approx(expected_jaccard, rel=1e-6)
+
+
+def test_reports_are_schema_v1_and_csv_logger_gets_the_scalars(logged_run):
+    reports = sorted((logged_run["root"] / "reports").glob("*.json"))
+    assert [path.name for path in reports] == [f"ig_report_step={step:08d}.json" for step in (10, 20, 30)]
+    schema = load_schema()
+    for path in reports:
+        document = json.loads(path.read_text())
+        jsonschema.validate(document, schema, cls=jsonschema.Draft202012Validator)
+        assert document["num_states"] == 37 and document["state_dim"] == 4 and document["num_steps"] == 16
+        assert [feature["name"] for feature in document["features"]] == FEATURES
+        assert len(document["top_10_by_mean_abs"]) == 3
+    with open(logged_run["csv"], newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    column = "ig/mean_abs/pole_theta"
+    values = [(int(row["step"]), float(row[column])) for row in rows if row.get(column)]
+    tb_values = [(event.step, event.value) for event in logged_run["events"].Scalars(column)]
+    assert [step for step, _ in values] == [10, 20, 30]
+    np.testing.assert_allclose([v for _, v in values], [v for _, v in tb_values], rtol=1e-6)
+
+
+class _Recorder(Callback):
+    """Records the gradients at the end of each training batch, to compare before / after the IG callback."""
+
+    def __init__(self) -> None:
+        self.grads: list[list[torch.Tensor | None]] = []
+        self.grad_objects: list[list[int | None]] = []
+        self.modes: list[list[bool]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        params = list(pl_module.parameters())
+        self.grads.append([None if p.grad is None else p.grad.clone() for p in params])
+        self.grad_objects.append([None if p.grad is None else id(p.grad) for p in params])
+        self.modes.append([module.training for module in pl_module.modules()])
+
+
+def _train(tmp_path: Path, with_callback: bool, recorders: bool = False) -> tuple[TinyQNet, pl.Trainer, list]:
+    pl.seed_everything(123)
+    model = TinyQNet()
+    callbacks: list[Callback] = []
+    before, after = _Recorder(), _Recorder()
+    if recorders:
+        callbacks.append(before)
+    if with_callback:
+        callbacks.append(
+            IntegratedGradientsCallback(held_out_states(), every_n_steps=3, n_steps=8, figure_every_n_runs=None)
+        )
+    if recorders:
+        callbacks.append(after)
+    trainer = make_trainer(tmp_path, callbacks, max_steps=12)
+    trainer.fit(model, loader(shuffle=True))
+    return model, trainer, [before, after]
+
+
+def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
+    without, trainer_without, _ = _train(tmp_path / "a", with_callback=False)
+    with_ig, trainer_with, (before, after) = _train(tmp_path / "b", with_callback=True, recorders=True)
+    assert trainer_with.callbacks[1].history, "the callback never ran"
+    for (name, a), (_, b) in zip(without.state_dict().items(), with_ig.state_dict().items()):
+        assert torch.equal(a, b), f"{name} differs"  # weights, BatchNorm statistics, noise buffers
+    optimizer_a = trainer_without.optimizers[0].state_dict()
+    optimizer_b = trainer_with.optimizers[0].state_dict()
+    assert optimizer_a["param_groups"] == optimizer_b["param_groups"]
+    for key, state in optimizer_a["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(optimizer_b["state"][key][name])), name
+    # .grad (values and tensor objects) and every module's mode as they were before the callback ran
+    assert len(before.grads) == len(after.grads) == 12
+    for grads_before, grads_after in zip(before.grads, after.grads):
+        for g_before, g_after in zip(grads_before, grads_after):
+            assert (g_before is None and g_after is None) or torch.equal(g_before, g_after)
+    assert before.grad_objects == after.grad_objects
+    assert before.modes == after.modes and all(all(mode) for mode in after.modes)
+
+
+def test_run_leaves_random_generators_and_works_under_inference_mode(tmp_path):
+    import random
+
+    pl.seed_everything(7)
+    model = TinyQNet()
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, n_steps=8, figure_every_n_runs=None)
+    trainer = make_trainer(tmp_path, [callback], max_steps=5)
+    trainer.fit(model, loader())
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    with torch.inference_mode():  # as in a validation hook of Trainer(inference_mode=True)
+        callback._run(trainer, model, final=False)
+    assert torch.equal(states[0], torch.get_rng_state())
+    assert np.array_equal(states[1], np.random.get_state()[1])
+    assert states[2] == random.getstate()
+    assert len(callback.history) == 2  # step 5 (cadence; no train-end run at the same step) + the manual run
+    assert callback.history[-1]["mean_abs"] == callback.history[-2]["mean_abs"]  # same weights, same IG
+
+
+def test_resume_keeps_the_history(tmp_path):
+    pl.seed_everything(0)
+    first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, feature_names=FEATURES, n_steps=8)
+    trainer = make_trainer(tmp_path, [first], max_steps=20)
+    trainer.fit(TinyQNet(), loader())
+    checkpoint = tmp_path / "half.ckpt"
+    trainer.save_checkpoint(checkpoint)
+    assert [entry["global_step"] for entry in first.history] == [10, 20]
+
+    resumed = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, feature_names=FEATURES, n_steps=8)
+    logger = TensorBoardLogger(tmp_path, name="resumed")
+    trainer = make_trainer(tmp_path, [resumed], max_steps=40, logger=logger)
+    trainer.fit(TinyQNet(), loader(), ckpt_path=checkpoint)
+    assert [entry["global_step"] for entry in resumed.history] == [10, 20, 30, 40]
+    assert resumed.history[:2] == first.history
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    first_drift = {event.step: event.value for event in events.Scalars("ig/drift/spearman_first")}
+    assert sorted(first_drift) == [30, 40]  # the first run after resuming already has drift
+    expected = spearman(resumed.history[2]["mean_abs"], first.history[0]["mean_abs"])
+    assert first_drift[30] == pytest.approx(expected, rel=1e-6)
+
+
+def test_state_keys_let_two_callbacks_coexist():
+    a = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target="mean")
+    b = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target=1)
+    assert a.state_key != b.state_key
+
+
+def test_no_logger_still_writes_reports_and_says_so(tmp_path, caplog):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=4, n_steps=4)
+    trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=False)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(TinyQNet(), loader())
+    messages = [record.getMessage() for record in caplog.records if "no logger" in record.getMessage()]
+    assert len(messages) == 1 and "ig_reports" in messages[0]
+    written = sorted(path.name for path in (tmp_path / "ig_reports").glob("*.json"))
+    assert written == ["ig_report_step=00000004.json", "ig_report_step=00000006.json"]  # cadence + train end
+
+
+def test_completeness_warning_fires_once(tmp_path):
+    # one left-Riemann point on a curved model: the attributions cannot add up
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=2, n_steps=1, method="riemann_left", completeness_tol=1e-6
+    )
+    trainer = make_trainer(tmp_path, [callback], max_steps=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(TinyQNet(), loader())
+    completeness = [w for w in caught if "completeness error" in str(w.message)]
+    assert len(callback.history) == 3
+    assert len(completeness) == 1 and "completeness_tol=1e-06" in str(completeness[0].message)
+
+
+@pytest.mark.parametrize("kind", ["npy", "json", "safetensors", "callable"])
+def test_states_from_files_and_callables(tmp_path, kind):
+    states = held_out_states(9)
+    if kind == "npy":
+        source: Any = tmp_path / "states.npy"
+        np.save(source, states.numpy())
+    elif kind == "json":
+        source = tmp_path / "states.json"
+        source.write_text(json.dumps({"states": states.tolist()}))
+    elif kind == "safetensors":
+        source = tmp_path / "states.safetensors"
+        save_file({"__states__": states}, str(source))
+    else:
+        source = lambda trainer, pl_module: states  # noqa: E731
+    callback = IntegratedGradientsCallback(source, every_n_steps=3, n_steps=4, report_dir=tmp_path / "r")
+    make_trainer(tmp_path, [callback], max_steps=3).fit(TinyQNet(), loader())
+    report = json.loads((tmp_path / "r" / "ig_report_step=00000003.json").read_text())
+    assert report["num_states"] == 9
+    model_states = callback._held_out
+    assert torch.equal(model_states, states)
+
+
+def test_targets_and_baselines(tmp_path):
+    states = held_out_states(11)
+    pl.seed_everything(3)
+    model = TinyQNet()
+
+    def advantage_gap(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
+        q = pl_module(x)
+        return q[:, 1] - q[:, 0]
+
+    cases = [
+        ({"target": 1, "baseline": "zeros"}, {"target": 1, "baselines": "zeros"}),
+        ({"target": "mean", "baseline": "mean"}, {"target": "mean", "baselines": states.mean(0)}),
+        ({"target": "mean", "baseline": torch.full((4,), 0.5)}, {"target": "mean", "baselines": torch.full((4,), 0.5)}),
+        ({"target": advantage_gap}, {"target": None}),
+    ]
+    for index, (options, direct) in enumerate(cases):
+        callback = IntegratedGradientsCallback(
+            states, every_n_steps=100, n_steps=8, report_dir=tmp_path / str(index), **options
+        )
+        make_trainer(tmp_path, [callback], max_steps=2).fit(model, loader())
+        forward = (lambda x: advantage_gap(model, x)) if callable(options.get("target")) else model
+        expected = direct_ig(model, states, n_steps=8, **direct) if forward is model else _direct_fn(model, forward, states)
+        report = json.loads(next((tmp_path / str(index)).glob("*.json")).read_text())
+        np.testing.assert_allclose(
+            [f["mean_signed"] for f in report["features"]], expected.attributions.double().mean(0).numpy(), rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            [f["mean_abs"] for f in report["features"]], expected.attributions.double().abs().mean(0).numpy(), rtol=1e-5
+        )
+
+
+def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
+    model.eval()
+    try:
+        with noise_disabled(model):
+            return integrated_gradients(forward, states, n_steps=8)
+    finally:
+        model.train()
+
+
+def test_figure_cadence(tmp_path):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, n_steps=4, figure_every_n_runs=3)
+    logger = TensorBoardLogger(tmp_path, name="figures")
+    make_trainer(tmp_path, [callback], max_steps=7, logger=logger).fit(TinyQNet(), loader())
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    # runs 0..6 at steps 1..7: every third run (0, 3, 6) -> steps 1, 4, 7; the last run is also step 7
+    assert [event.step for event in events.Images("ig/top_features")] == [1, 4, 7]
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"every_n_steps": 0}, MisconfigurationException, "every_n_steps must be a positive int or None, got 0"),
+        ({"every_n_steps": -5}, MisconfigurationException, "every_n_steps must be a positive int"),
+        ({"every_n_epochs": 0}, MisconfigurationException, "every_n_epochs must be a positive int or None, got 0"),
+        ({"every_n_steps": None}, MisconfigurationException, "needs a cadence"),
+        ({"target": -1}, ValueError, "target must be an output index >= 0, got -1"),
+        ({"n_steps": 0}, ValueError, "n_steps must be >= 1"),
+        ({"method": "simpson"}, ValueError, "method must be one of"),
+        ({"top_k": 0}, ValueError, "top_k must be an int >= 1, got 0"),
+        ({"baseline": "ones"}, ValueError, "baseline must be 'zeros', 'mean' or a tensor"),
+        ({"feature_names": "abcd"}, TypeError, "feature_names must be a sequence of strings"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(options, error, match):
+    with pytest.raises(error, match=match):
+        IntegratedGradientsCallback(held_out_states(), **options)
+
+
+def test_nan_states_fail_at_construction_and_at_setup(tmp_path):
+    states = held_out_states(5)
+    states[3, 2] = math.nan
+    with pytest.raises(ValueError, match=r"states hold 1 NaN/Inf value\(s\), the first at index \(3, 2\)"):
+        IntegratedGradientsCallback(states)
+    path = tmp_path / "bad.npy"
+    np.save(path, states.numpy())
+    callback = IntegratedGradientsCallback(path, every_n_steps=1)
+    with pytest.raises(ValueError, match=r"NaN/Inf value\(s\), the first at index \(3, 2\)"):
+        make_trainer(tmp_path, [callback], max_steps=1).fit(TinyQNet(), loader())
+
+
+class _NoTraining(Callback):
+    def on_train_batch_start(self, *args: Any) -> None:
+        raise AssertionError("training started before the bad input was reported")
+
+
+@pytest.mark.parametrize(
+    ("states", "options", "match"),
+    [
+        (torch.randn(6, 5), {}, r"model failed on the held-out states \(feature shape \(5,\)"),
+        (torch.randn(6, 4), {"feature_names": ["a", "b", "c"]}, "feature_names has 3 names but the states have 4"),
+        (torch.randn(6, 4), {"target": 2}, r"target=2 is out of range: the model returns 2 outputs per state"),
+        (torch.randn(6, 4), {"baseline": torch.zeros(3)}, r"baseline has shape \(3,\) but the states have shape"),
+        (
+            lambda trainer, pl_module: [[1.0, 2.0]],
+            {},
+            "the states callable <lambda> must return a tensor",
+        ),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, states, options, match):
+    callback = IntegratedGradientsCallback(states, every_n_steps=1, **options)
+    trainer = make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2)
+    with pytest.raises((ValueError, TypeError), match=match):
+        trainer.fit(TinyQNet(), loader())
+
+
+def test_target_callable_must_return_one_value_per_state(tmp_path):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, target=lambda module, x: module(x))
+    with pytest.raises(ValueError, match=r"must return one value per state, shape \(2,\), got \(2, 2\)"):
+        make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
