@@ -22,6 +22,8 @@
 //   f         (P, 2, F, T)               forward values of the probes for T targets
 //   grads     (T, n_steps, B, F)         gradients along the path, accumulate type
 //   attr      (T, B, F)                  attributions, storage type
+//   ends      (2, B, T)                  forward values at x (0) and b (1), accumulate type
+//   stats     (5, T, B)                  f_input, f_baseline, delta, relative error, degenerate (0/1)
 #include "common.cuh"
 
 struct lig_f64_tag {};
@@ -169,6 +171,59 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
     }
 }
 
+__device__ __forceinline__ float ig_nan(float) { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ double ig_nan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
+__device__ __forceinline__ float ig_abs(float v) { return fabsf(v); }
+__device__ __forceinline__ double ig_abs(double v) { return fabs(v); }
+__device__ __forceinline__ float ig_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double ig_max(double a, double b) { return fmax(a, b); }
+
+template <typename Acc>
+__device__ __forceinline__ Acc ig_warp_sum(Acc v) {
+    // Fixed shuffle tree: the same order of additions on every run.
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = ig_add(v, __shfl_down_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// (e) completeness per (target t, state s), one warp each: the sum of the
+// attributions over the F features (lane-strided partial sums, then a fixed
+// shuffle tree), delta = sum - (F(x) - F(b)), the relative error and the
+// degenerate flag |F(x) - F(b)| <= threshold * max(1, |F(x)|, |F(b)|).
+// Launched with blockDim.x a multiple of 32; warps past the last row exit.
+template <typename Tag>
+__device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T* __restrict__ attr,
+                                                const typename ig_traits<Tag>::Acc* __restrict__ ends,
+                                                typename ig_traits<Tag>::Acc* __restrict__ stats,
+                                                int batch, long long features, int n_targets, double threshold) {
+    typedef ig_traits<Tag> tr;
+    typedef typename tr::Acc Acc;
+    const long long rows = static_cast<long long>(n_targets) * batch;
+    const int lane = threadIdx.x & 31;
+    const long long warps = ig_grid_stride() >> 5;
+    for (long long row = ig_first_index() >> 5; row < rows; row += warps) {
+        const long long t = row / batch;
+        const long long s = row - t * batch;
+        const typename tr::T* a = attr + row * features;
+        Acc partial = Acc(0);
+        for (long long j = lane; j < features; j += 32) partial = ig_add(partial, tr::load(a[j]));
+        const Acc total = ig_warp_sum(partial);
+        if (lane == 0) {
+            const Acc f_input = ends[s * n_targets + t];
+            const Acc f_baseline = ends[(static_cast<long long>(batch) + s) * n_targets + t];
+            const Acc difference = ig_sub(f_input, f_baseline);
+            const Acc delta = ig_sub(total, difference);
+            const Acc scale = ig_max(ig_max(ig_abs(f_input), ig_abs(f_baseline)), Acc(1));
+            const bool degenerate = ig_abs(difference) <= ig_mul(static_cast<Acc>(threshold), scale);
+            stats[0 * rows + row] = f_input;
+            stats[1 * rows + row] = f_baseline;
+            stats[2 * rows + row] = delta;
+            stats[3 * rows + row] = degenerate ? ig_nan(Acc(0)) : ig_div(ig_abs(delta), ig_abs(difference));
+            stats[4 * rows + row] = degenerate ? Acc(1) : Acc(0);
+        }
+    }
+}
+
 #define IG_ENTRY_POINTS(SUFFIX, TAG)                                                                      \
     extern "C" __global__ void ig_interpolate_##SUFFIX(                                                   \
         const ig_traits<TAG>::T* x, const ig_traits<TAG>::T* b, const ig_traits<TAG>::Acc* alphas,        \
@@ -193,6 +248,12 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
         const ig_traits<TAG>::Acc* grads, ig_traits<TAG>::T* attr, int n_steps, long long row_numel,      \
         int n_targets) {                                                                                  \
         ig_accumulate<TAG>(x, b, weights, grads, attr, n_steps, row_numel, n_targets);                    \
+    }                                                                                                     \
+    extern "C" __global__ void ig_completeness_##SUFFIX(const ig_traits<TAG>::T* attr,                    \
+                                                        const ig_traits<TAG>::Acc* ends,                  \
+                                                        ig_traits<TAG>::Acc* stats, int batch,            \
+                                                        long long features, int n_targets, double threshold) { \
+        ig_completeness<TAG>(attr, ends, stats, batch, features, n_targets, threshold);                   \
     }
 
 IG_ENTRY_POINTS(f32, lig_f32_tag)

@@ -59,6 +59,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -402,6 +403,52 @@ def _accumulate_cuda(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Te
     return attributions
 
 
+def _degenerate_threshold(dtype: torch.dtype) -> float:
+    return math.sqrt(float(torch.finfo(dtype).eps))
+
+
+def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
+    """Twin of kernel (e): ``stats (5, T, B)`` = f_input, f_baseline, delta, relative error, degenerate (0/1).
+
+    ``attributions`` is ``(T, B, F)``, ``ends`` the target values ``(2, B, T)`` at x and b.
+    """
+    acc = ends.dtype
+    f_input = ends[0].t()  # (T, B)
+    f_baseline = ends[1].t()  # (T, B)
+    difference = f_input - f_baseline
+    delta = attributions.to(acc).sum(dim=-1) - difference
+    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
+    degenerate = difference.abs() <= _degenerate_threshold(acc) * scale
+    relative = torch.where(degenerate, torch.full_like(delta, float("nan")), delta.abs() / difference.abs())
+    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc)])
+
+
+def _completeness_cuda(attributions: Tensor, ends: Tensor) -> Tensor:
+    n_targets, batch, features = attributions.shape
+    stats = torch.empty((5, n_targets, batch), dtype=ends.dtype, device=ends.device)
+    _launch(
+        "completeness", attributions.dtype, attributions.device, n_targets * batch * 32,
+        [_cuda.pointer(attributions), _cuda.pointer(ends), _cuda.pointer(stats), _cuda.int32(batch),
+         _cuda.int64(features), _cuda.int32(n_targets), np.float64(_degenerate_threshold(ends.dtype))],
+    )  # fmt: skip
+    return stats
+
+
+_RULE_CACHE: dict[tuple[str, int, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
+
+
+def _rule_tensors(method: str, n_steps: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(alphas, weights)`` as tensors on ``device``, cached: a host-to-device copy per call is a sync we skip."""
+    key = (method, n_steps, dtype, device)
+    cached = _RULE_CACHE.get(key)
+    if cached is None:
+        alphas, weights = quadrature(method, n_steps)
+        cached = (torch.tensor(alphas, dtype=dtype, device=device), torch.tensor(weights, dtype=dtype, device=device))
+        if len(_RULE_CACHE) < 256:
+            _RULE_CACHE[key] = cached
+    return cached
+
+
 # --------------------------------------------------------------------------- settings
 
 
@@ -726,10 +773,7 @@ class _Run:
 
     # -- the whole attribution
     def attribute(self, n_steps: int) -> dict[str, Tensor]:
-        alphas_list, weights_list = quadrature(self.settings.method, n_steps)
-        device = self.x.device
-        alphas = torch.tensor(alphas_list, dtype=self.acc, device=device)
-        weights = torch.tensor(weights_list, dtype=self.acc, device=device)
+        alphas, weights = _rule_tensors(self.settings.method, n_steps, self.acc, self.x.device)
         grads, ends = self.gradients(alphas, with_ends=True)
         assert ends is not None
         grads, ends = self._per_row_fd(grads, ends)
@@ -748,28 +792,10 @@ class _Run:
         return grads, ends
 
     def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
+        """Attributions ``(T, B, F)`` and the completeness ``stats (5, T, B)`` (see ``_completeness_torch``)."""
         attributions = self.accumulate(weights, grads.contiguous())  # (T, B, F)
-        f_input = ends[0].t()  # (T, B)
-        f_baseline = ends[1].t()  # (T, B)
-        return _completeness(attributions, f_input, f_baseline)
-
-
-def _completeness(attributions: Tensor, f_input: Tensor, f_baseline: Tensor) -> dict[str, Tensor]:
-    acc = f_input.dtype
-    difference = f_input - f_baseline  # (T, B)
-    delta = attributions.to(acc).sum(dim=-1) - difference
-    eps = torch.finfo(acc).eps
-    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
-    degenerate = difference.abs() <= math.sqrt(eps) * scale
-    relative = torch.where(degenerate, torch.full_like(delta, float("nan")), delta.abs() / difference.abs())
-    return {
-        "attributions": attributions,
-        "f_input": f_input,
-        "f_baseline": f_baseline,
-        "delta": delta,
-        "relative_error": relative,
-        "degenerate": degenerate,
-    }
+        completeness = _completeness_cuda if self.backend == "cuda" else _completeness_torch
+        return {"attributions": attributions, "stats": completeness(attributions, ends.contiguous())}
 
 
 # --------------------------------------------------------------------------- front doors
@@ -817,7 +843,14 @@ def _result(
     graph: bool,
 ) -> IGResult:
     attributions = out["attributions"].view(-1, *resolved.shape)  # (T, B, F) -> (T, B, *feature_shape)
-    fields = {k: out[k] for k in ("f_input", "f_baseline", "delta", "relative_error", "degenerate")}
+    stats = out["stats"]  # (5, T, B)
+    fields = {
+        "f_input": stats[0],
+        "f_baseline": stats[1],
+        "delta": stats[2],
+        "relative_error": stats[3],
+        "degenerate": stats[4] != 0,
+    }
     if spec.kind != "each":
         attributions = attributions[0]
         fields = {k: v[0] for k, v in fields.items()}
@@ -898,7 +931,8 @@ def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], 
 
 
 def _worst(out: dict[str, Tensor]) -> float:
-    kept = out["relative_error"][~out["degenerate"]]
+    stats = out["stats"]  # (5, T, B)
+    kept = stats[3][stats[4] == 0]
     return float(kept.max()) if kept.numel() else 0.0
 
 
@@ -1048,7 +1082,7 @@ class IntegratedGradients:
 
     def __init__(self, forward: Callable[[Tensor], Tensor], **defaults: Any) -> None:
         _check_forward(forward)
-        _settings(defaults)  # reject bad defaults now
+        self._default_settings = _settings(defaults)  # rejects bad defaults now
         self.forward = forward
         self.defaults = dict(defaults)
         self._plans: dict[tuple[Any, ...], _GraphPlan | None] = {}
@@ -1074,7 +1108,7 @@ class IntegratedGradients:
         Raises:
             The errors of :func:`integrated_gradients`.
         """
-        settings = _settings({**self.defaults, **overrides} if overrides else self.defaults)
+        settings = _settings({**self.defaults, **overrides}) if overrides else self._default_settings
         with torch.inference_mode(False), torch.enable_grad():
             if not self._graph_wanted(settings, inputs):
                 self.last_mode = "eager"
@@ -1149,9 +1183,7 @@ class IntegratedGradients:
         graph_spec = dataclasses.replace(spec, rows=static_rows) if static_rows is not None else spec
         n_steps = int(settings.n_steps)
         acc = _accumulate_dtype(x.dtype)
-        alphas_list, weights_list = quadrature(settings.method, n_steps)
-        alphas = torch.tensor(alphas_list, dtype=acc, device=x.device)
-        weights = torch.tensor(weights_list, dtype=acc, device=x.device)
+        alphas, weights = _rule_tensors(settings.method, n_steps, acc, x.device)
         batch = x.shape[0]
         run = _Run(self.forward, static_x, b, tuple(feature_shape), graph_spec, settings, backend, _chunk_rows(settings, x))
 
