@@ -1130,6 +1130,9 @@ class IntegratedGradients:
     def _check_once(self, name: str, tensor: Tensor, given: Any) -> None:
         # The same tensor object, unmodified since it was checked (its version counter), is not checked again:
         # the callback passes the same held-out states every time, and the check is a host sync.
+        if given.is_inference():  # no version counter to tell whether it changed: check every time
+            _check_finite(name, tensor)
+            return
         seen = self._checked.get(name)
         if seen is not None and seen[0]() is given and seen[1] == given._version:
             return
@@ -1220,8 +1223,11 @@ class IntegratedGradients:
             self._plans[key] = None
             return None
         plan = _GraphPlan(graph, static_x, static_b, static_rows, outputs, run, spec.fn)
+        if len(self._plans) >= _MAX_GRAPHS:  # each graph holds its memory pool: keep the most recent few
+            self._plans.pop(next(iter(self._plans)))
         self._plans[key] = plan
         return plan
 
 
 _MISSING: Any = object()
+_MAX_GRAPHS = 8

@@ -1,0 +1,306 @@
+"""The IG engine on a CUDA device: each kernel of kernels/ig.cu against its torch twin, both gradient modes,
+half precision, determinism, n_steps="auto", the CUDA-graph path of IntegratedGradients, and backend errors.
+
+Run with ``pytest -m gpu tests/test_attribution_gpu.py``; skipped where there is no CUDA device or no CuPy.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_ig import attribution
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+SIZES = [(1, 1), (1, 3), (3, 1), (1, 1000), (5, 3), (2, 1000)]  # (B, F): odd sizes on purpose
+
+
+def _generator(seed: int, device: torch.device) -> torch.Generator:
+    # A private generator: tests draw fresh inputs without touching the global RNG.
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=_generator(seed, device), device=device, dtype=torch.float32).to(dtype)
+
+
+def _dueling(features: int, actions: int, device: torch.device, *, seed: int, hidden: int = 64) -> torch.nn.Module:
+    class Dueling(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU()
+            )
+            self.value = torch.nn.Linear(hidden, 1)
+            self.advantage = torch.nn.Linear(hidden, actions)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.body(x)
+            a = self.advantage(h)
+            return self.value(h) + a - a.mean(dim=1, keepdim=True)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Dueling()
+    return model.to(device).eval()
+
+
+def _tanh_mlp(features: int, device: torch.device, *, seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(features, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    return model.to(device=device, dtype=dtype).eval()
+
+
+# --------------------------------------------------------------------------- each kernel vs its twin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,features", SIZES)
+def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+    acc = attribution._accumulate_dtype(dtype)
+    x = _randn((batch, features), dtype, cuda_device, 1)
+    b = _randn((batch, features), dtype, cuda_device, 2)
+    alphas = torch.rand(7, generator=_generator(3, cuda_device), device=cuda_device).to(acc)
+    for with_ends in (True, False):
+        ours = attribution._interpolate_cuda(x, b, alphas, with_ends)
+        twin = attribution._interpolate_torch(x, b, alphas, with_ends)
+        assert ours.shape == twin.shape == (7 + 2 * with_ends, batch, features)
+        assert torch.equal(ours, twin)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,features", [(1, 1), (1, 3), (3, 1), (2, 5), (1, 1000)])
+def test_probe_and_gradient_kernels_match_their_twins(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+    acc = attribution._accumulate_dtype(dtype)
+    n_points = 3 if features == 1000 else 7
+    points = _randn((n_points, features), dtype, cuda_device, 4)
+    h = (torch.rand((batch, features), generator=_generator(5, cuda_device), device=cuda_device) * 0.1 + 1e-3).to(acc)
+    for offset in (0, 1, 5):
+        ours = attribution._fd_probes_cuda(points, h, offset)
+        twin = attribution._fd_probes_torch(points, h, offset)
+        assert torch.equal(ours, twin)
+        n_targets = 3
+        f = torch.randn((n_points, 2, features, n_targets), generator=_generator(6, cuda_device), device=cuda_device).to(acc)
+        # Write into the middle of a larger buffer, as a chunk does: the target stride must be honoured.
+        out_ours = torch.full((n_targets, n_points + 4, features), -7.0, dtype=acc, device=cuda_device)
+        out_twin = out_ours.clone()
+        attribution._fd_gradient_cuda(points, h, f, offset, out_ours[:, 2 : 2 + n_points])
+        attribution._fd_gradient_torch(points, h, f, offset, out_twin[:, 2 : 2 + n_points])
+        assert torch.equal(out_ours, out_twin)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,features", SIZES)
+def test_accumulation_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+    acc = attribution._accumulate_dtype(dtype)
+    x = _randn((batch, features), dtype, cuda_device, 7)
+    b = _randn((batch, features), dtype, cuda_device, 8)
+    for n_targets in (1, 4):
+        grads = _randn((n_targets, 9, batch, features), acc, cuda_device, 9)
+        weights = torch.rand(9, generator=_generator(10, cuda_device), device=cuda_device).to(acc)
+        ours = attribution._accumulate_cuda(x, b, weights, grads)
+        twin = attribution._accumulate_torch(x, b, weights, grads)
+        assert torch.equal(ours, twin)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,features", SIZES + [(300, 37)])
+def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+    acc = attribution._accumulate_dtype(dtype)
+    for n_targets in (1, 3):
+        attributions = _randn((n_targets, batch, features), dtype, cuda_device, 11)
+        ends = _randn((2, batch, n_targets), acc, cuda_device, 12) * 5
+        ends[1, 0, 0] = ends[0, 0, 0]  # one degenerate state
+        ours = attribution._completeness_cuda(attributions, ends)
+        twin = attribution._completeness_torch(attributions, ends)
+        assert torch.equal(ours[4], twin[4])  # the degenerate flags
+        assert torch.equal(ours[:2], twin[:2])  # f_input, f_baseline are copies
+        # The feature sum runs in a different (fixed) order than torch's: close, not equal.
+        tol = 1e-12 if acc == torch.float64 else 1e-5
+        torch.testing.assert_close(ours[2], twin[2], rtol=tol, atol=tol * features)
+        torch.testing.assert_close(ours[3], twin[3], rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+# --------------------------------------------------------------------------- the engine on the GPU
+
+
+@pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
+@pytest.mark.parametrize("target", ["mean", "each", 2, "per_row"])
+def test_cuda_backend_matches_torch_backend(cuda_device: torch.device, gradient: str, target: object) -> None:
+    model = _dueling(6, 4, cuda_device, seed=13)
+    x = _randn((5, 6), torch.float32, cuda_device, 14)
+    if target == "per_row":
+        target = torch.tensor([0, 3, 1, 2, 2], device=cuda_device)
+    ours = integrated_gradients(model, x, target=target, gradient=gradient, n_steps=12, backend="cuda")
+    twin = integrated_gradients(model, x, target=target, gradient=gradient, n_steps=12, backend="torch")
+    assert ours.backend == "cuda" and twin.backend == "torch"
+    torch.testing.assert_close(ours.attributions, twin.attributions, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.f_input, twin.f_input, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours.delta, twin.delta, rtol=1e-4, atol=1e-5)
+
+
+def test_agrees_with_captum_on_the_gpu(cuda_device: torch.device) -> None:
+    captum_ig = pytest.importorskip("captum.attr").IntegratedGradients
+    model = _dueling(16, 4, cuda_device, seed=15)
+    x = _randn((8, 16), torch.float32, cuda_device, 16)
+    mean_value = lambda z: model(z).mean(dim=1)  # noqa: E731
+    ours = integrated_gradients(model, x, target="mean", n_steps=50, backend="cuda")
+    theirs = captum_ig(mean_value).attribute(x, n_steps=50, method="gausslegendre")
+    assert float((ours.attributions - theirs).abs().max() / theirs.abs().max()) <= 1e-4
+
+
+def test_finite_differences_match_autograd_on_the_gpu(cuda_device: torch.device) -> None:
+    model = _tanh_mlp(10, cuda_device, seed=17)
+    x = _randn((4, 10), torch.float32, cuda_device, 18)
+    exact = integrated_gradients(model, x, target=0, n_steps=20, backend="cuda")
+    fd = integrated_gradients(model, x, target=0, n_steps=20, gradient="finite_difference", backend="cuda")
+    assert float((fd.attributions - exact.attributions).abs().max() / exact.attributions.abs().max()) <= 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
+def test_half_precision_models(cuda_device: torch.device, dtype: torch.dtype, gradient: str) -> None:
+    model32 = _tanh_mlp(6, cuda_device, seed=19)
+    model16 = _tanh_mlp(6, cuda_device, seed=19, dtype=dtype)
+    x = _randn((4, 6), torch.float32, cuda_device, 20)
+    reference = integrated_gradients(model32, x, target=1, n_steps=16, backend="cuda")
+    half = integrated_gradients(model16, x.to(dtype), target=1, n_steps=16, gradient=gradient, backend="cuda")
+    assert half.attributions.dtype == dtype and half.f_input.dtype == torch.float32
+    # FD in half precision is coarse (step ~0.1-0.2 of the coordinate, outputs rounded to 8-11 bits).
+    tolerance = 5e-2 if gradient == "autograd" else 2.5e-1
+    scale = float(reference.attributions.abs().max())
+    assert float((half.attributions.float() - reference.attributions).abs().max()) <= tolerance * scale
+    assert torch.isfinite(half.delta).all()
+
+
+@pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
+def test_repeats_are_bit_identical_on_the_gpu(cuda_device: torch.device, gradient: str) -> None:
+    model = _dueling(12, 4, cuda_device, seed=21)
+    x = _randn((16, 12), torch.float32, cuda_device, 22)
+    runs = [integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=25, backend="cuda") for _ in range(3)]
+    for other in runs[1:]:
+        assert torch.equal(other.attributions, runs[0].attributions)
+        assert torch.equal(other.delta, runs[0].delta)
+
+
+@pytest.mark.parametrize("method", ["riemann_trapezoid", "gausslegendre"])
+def test_auto_steps_on_the_gpu(cuda_device: torch.device, method: str) -> None:
+    model = _tanh_mlp(5, cuda_device, seed=23, dtype=torch.float64)
+    x = _randn((6, 5), torch.float64, cuda_device, 24) * 2
+    result = integrated_gradients(model, x, target=0, n_steps="auto", method=method, completeness_tol=1e-4, backend="cuda")
+    assert result.worst_relative_error <= 1e-4
+    fixed = integrated_gradients(model, x, target=0, n_steps=result.n_steps, method=method, backend="cuda")
+    torch.testing.assert_close(result.attributions, fixed.attributions, rtol=1e-10, atol=1e-12)
+
+
+def test_model_is_left_as_it_was_on_the_gpu(cuda_device: torch.device) -> None:
+    model = _dueling(5, 3, cuda_device, seed=25).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cpu_rng, cuda_rng = torch.get_rng_state(), torch.cuda.get_rng_state(cuda_device)
+    x = _randn((4, 5), torch.float32, cuda_device, 26)
+    with torch.inference_mode():
+        integrated_gradients(model, x, target="mean", backend="cuda")
+        IntegratedGradients(model, target="mean").attribute(x)
+    assert model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), cpu_rng) and torch.equal(torch.cuda.get_rng_state(cuda_device), cuda_rng)
+
+
+# --------------------------------------------------------------------------- the CUDA-graph path
+
+
+def test_graph_path_equals_eager_and_follows_weight_updates(cuda_device: torch.device) -> None:
+    model = _dueling(32, 4, cuda_device, seed=27, hidden=256)
+    engine = IntegratedGradients(model, target="mean", n_steps=50)
+    x = _randn((16, 32), torch.float32, cuda_device, 28)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed capture warns: that is a failure here
+        first = engine.attribute(x)
+    assert engine.last_mode == "capture" and first.cuda_graph
+    eager = integrated_gradients(model, x, target="mean", n_steps=50)
+    torch.testing.assert_close(first.attributions, eager.attributions, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(first.delta, eager.delta, rtol=1e-5, atol=1e-6)
+    assert torch.equal(first.degenerate, eager.degenerate)
+
+    second = engine.attribute(x)
+    assert engine.last_mode == "graph"
+    assert torch.equal(second.attributions, first.attributions)  # replays are bit-identical
+    assert second.attributions.data_ptr() != first.attributions.data_ptr()  # results are copies, not the graph's buffers
+
+    fresh = _randn((16, 32), torch.float32, cuda_device, 29)
+    replayed = engine.attribute(fresh)
+    torch.testing.assert_close(replayed.attributions, integrated_gradients(model, fresh, target="mean").attributions,
+                               rtol=1e-6, atol=1e-7)  # fmt: skip
+
+    with torch.no_grad():  # what an optimizer step does: update the weights in place
+        for parameter in model.parameters():
+            parameter.mul_(0.9).add_(0.01)
+    updated = engine.attribute(x)
+    assert engine.last_mode == "graph"
+    expected = integrated_gradients(model, x, target="mean", n_steps=50)
+    torch.testing.assert_close(updated.attributions, expected.attributions, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(updated.attributions, first.attributions)
+
+
+@pytest.mark.parametrize("baseline_form", ["zeros", "mean", "scalar", "tensor"])
+def test_graph_path_with_every_baseline_and_per_row_targets(cuda_device: torch.device, baseline_form: str) -> None:
+    model = _dueling(7, 3, cuda_device, seed=30)
+    engine = IntegratedGradients(model, n_steps=20)
+    for seed in (31, 32):
+        x = _randn((5, 7), torch.float32, cuda_device, seed)
+        baselines = {"zeros": "zeros", "mean": "mean", "scalar": 0.5, "tensor": _randn((7,), torch.float32, cuda_device, seed + 10)}[baseline_form]
+        rows = torch.tensor([seed % 3, 1, 2, 0, 1], device=cuda_device)
+        result = engine.attribute(x, baselines, target=rows)
+        expected = integrated_gradients(model, x, baselines, target=rows, n_steps=20)
+        torch.testing.assert_close(result.attributions, expected.attributions, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(result.baselines, expected.baselines)
+    assert engine.last_mode == "graph"
+
+
+def test_graph_capture_failure_falls_back_to_eager(cuda_device: torch.device) -> None:
+    model = _dueling(4, 2, cuda_device, seed=33)
+
+    def syncing_forward(z: torch.Tensor) -> torch.Tensor:
+        scale = float(z.abs().max())  # a host sync: cannot be captured
+        return model(z).mean(dim=1) * (1.0 + 0.0 * scale)
+
+    engine = IntegratedGradients(syncing_forward, n_steps=8)
+    x = _randn((3, 4), torch.float32, cuda_device, 34)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the attribution failed"):
+        result = engine.attribute(x)
+    assert engine.last_mode == "eager" and not result.cuda_graph
+    expected = integrated_gradients(syncing_forward, x, n_steps=8)
+    torch.testing.assert_close(result.attributions, expected.attributions)
+    engine.attribute(x)  # no second warning: the key is remembered as eager
+    assert engine.last_mode == "eager"
+
+
+def test_graph_off_and_finite_differences_run_eagerly(cuda_device: torch.device) -> None:
+    model = _dueling(4, 2, cuda_device, seed=35)
+    x = _randn((3, 4), torch.float32, cuda_device, 36)
+    engine = IntegratedGradients(model, target="mean", cuda_graph=False)
+    assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
+    engine = IntegratedGradients(model, target="mean", gradient="finite_difference")
+    assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
+    engine = IntegratedGradients(model, target="mean", n_steps="auto")
+    assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
+
+
+# --------------------------------------------------------------------------- backend errors
+
+
+def test_cuda_backend_errors(cuda_device: torch.device) -> None:
+    forward = lambda z: z.sum(1)  # noqa: E731
+    with pytest.raises(ValueError, match="backend='cuda' needs the tensors on a CUDA device, got cpu"):
+        integrated_gradients(forward, torch.randn(2, 3), backend="cuda")
+    result = integrated_gradients(forward, torch.randn(2, 3, device=cuda_device), backend="cuda")
+    assert result.backend == "cuda"
+    auto = integrated_gradients(forward, torch.randn(2, 3, device=cuda_device))
+    assert auto.backend == "cuda"
