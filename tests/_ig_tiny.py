@@ -9,12 +9,13 @@ runs the same training in one process. The test compares the two.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 # Runnable as a script from anywhere in the checkout (the DDP launcher re-runs this file for rank 1).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -96,9 +97,16 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int) -> None:
         enable_model_summary=False,
         enable_checkpointing=False,
         num_sanity_val_steps=0,
+        use_distributed_sampler=False,
     )
-    loader = DataLoader(dataset(), batch_size=batch_size, shuffle=False)
-    trainer.fit(model, loader)
+    data = dataset()
+    if devices > 1:
+        # Rank r trains on samples r, r + devices, ...: its batch k and the other ranks' together are exactly
+        # the one-process run's batch k (of devices x batch_size samples), so DDP's averaged gradient is that
+        # run's gradient and the weights agree up to rounding. (Lightning's DistributedSampler would reorder.)
+        rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
+        data = Subset(data, list(range(rank, len(data), devices)))
+    trainer.fit(model, DataLoader(data, batch_size=batch_size, shuffle=False))
 
 
 if __name__ == "__main__":
