@@ -7,7 +7,8 @@
 // lightning_ig.losses._soft_margin_torch.
 //
 // Entry points (<sfx> is f32, f16 or bf16; every pointer is a contiguous torch
-// tensor of the storage type except `partials` and `counter`):
+// tensor of the storage type except `partials` (double[grid]) and `counter`
+// (one unsigned int)):
 //   soft_margin_reduce_<sfx>       mean/sum in ONE launch, loss only
 //   soft_margin_reduce_grad_<sfx>  the same pass also writes dL/dx = -y sigmoid(z) / divisor
 //   soft_margin_none_<sfx>         elementwise loss (reduction="none")
@@ -16,12 +17,13 @@
 //
 // Launch contract (lightning_ig/losses.py): blockDim.x == LIG_SM_THREADS, a
 // grid of at most LIG_SM_MAX_GRID blocks. The reduction is deterministic: each
-// thread visits a fixed set of elements in a fixed order (Kahan-compensated
-// float32), warps reduce with shuffles, blocks through shared memory, each block
-// writes its partial, and the last block to finish (a __threadfence and an
-// integer ticket; no floating-point atomics) sums the partials in index order
-// in double. The order depends only on n and the grid size, so the same input
-// on the same device gives bit-identical results.
+// thread sums a fixed set of elements in a fixed order (float32: pairwise
+// within an iteration, Kahan-compensated across iterations), the block sums
+// its threads' sums in double (warp shuffles, then shared memory), writes that
+// partial, and the last block to finish (a __threadfence and an integer ticket;
+// no floating-point atomics) sums the partials in index order, in double. The
+// order depends only on n and the grid size, so the same input on the same
+// device gives bit-identical results.
 //
 // The ticket counter must be zero before a launch; the last block sets it back
 // to zero, so consecutive launches on one stream and CUDA-graph replays reuse
@@ -75,12 +77,33 @@ __device__ __forceinline__ bool lig_sm_aligned(const void* a, const void* b, con
     return (bits & (sizeof(typename lig_sm_vec<Tag>::type) - 1)) == 0;
 }
 
+// log1p(e) for e in [0, 1], as e * P(e) with P a degree-9 minimax fit of
+// log1p(e) / e: relative error below 2.2 ulp in float32 (1.3e-7), and half the
+// instructions of the library log1pf. The forward must issue fewer than ~50
+// instructions per element to keep up with HBM at 8 bytes per element.
+__device__ __forceinline__ float lig_sm_log1p_unit(float e) {
+    float p = -0.0033381960820406675f;
+    p = fmaf(p, e, 0.020274842157959938f);
+    p = fmaf(p, e, -0.05775256082415581f);
+    p = fmaf(p, e, 0.1068374514579773f);
+    p = fmaf(p, e, -0.15352721512317657f);
+    p = fmaf(p, e, 0.19692224264144897f);
+    p = fmaf(p, e, -0.24957291781902313f);
+    p = fmaf(p, e, 0.33330267667770386f);
+    p = fmaf(p, e, -0.49999913573265076f);
+    p = fmaf(p, e, 1.0f);
+    return e * p;
+}
+
 // Loss and sigmoid(z) of one element, from one exponential that cannot overflow.
+// sigmoid only feeds the gradient, where the approximate division (2 ulp for a
+// divisor in [1, 2]) is plenty; the compiler drops it when no gradient is written.
 __device__ __forceinline__ void lig_sm_eval(float x, float y, float& loss, float& sigmoid) {
-    const float z = -y * x;
+    // explicitly rounded ops: no FMA contraction, so every kernel variant rounds alike
+    const float z = __fmul_rn(-y, x);
     const float e = expf(-fabsf(z));
-    loss = fmaxf(z, 0.0f) + log1pf(e);
-    const float r = __frcp_rn(1.0f + e);
+    loss = __fadd_rn(fmaxf(z, 0.0f), lig_sm_log1p_unit(e));
+    const float r = __fdividef(1.0f, 1.0f + e);
     sigmoid = z >= 0.0f ? r : e * r;  // NaN input: the comparison fails and e * r is NaN
 }
 
@@ -105,21 +128,8 @@ __device__ __forceinline__ double lig_sm_warp_sum_double(double v) {
     return v;
 }
 
-// Block sums in a fixed order; the result is valid in thread 0. `scratch`
-// holds one slot per warp and may be reused after a __syncthreads().
-__device__ __forceinline__ float lig_sm_block_sum(float v, float* scratch) {
-    v = lig_warp_sum(v);
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < LIG_SM_THREADS / 32 ? scratch[lane] : 0.0f;
-        v = lig_warp_sum(v);
-    }
-    return v;
-}
-
+// Block sum in a fixed order; the result is valid in thread 0. `scratch` holds
+// one slot per warp; a second call needs a __syncthreads() or its own scratch.
 __device__ __forceinline__ double lig_sm_block_sum_double(double v, double* scratch) {
     v = lig_sm_warp_sum_double(v);
     const int lane = threadIdx.x & 31;
@@ -148,7 +158,7 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
                                               const typename lig_storage<Tag>::type* __restrict__ y,
                                               typename lig_storage<Tag>::type* __restrict__ out,
                                               typename lig_storage<Tag>::type* __restrict__ grad,
-                                              float* __restrict__ partials, unsigned int* __restrict__ counter,
+                                              double* __restrict__ partials, unsigned int* __restrict__ counter,
                                               long long n, double divisor) {
     typedef typename lig_storage<Tag>::type T;
     typedef lig_sm_vec<Tag> V;
@@ -176,23 +186,27 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
                     yr[u] = yv[i];
                 }
             }
+            // this iteration's (up to) 4 x LIG_SM_UNROLL losses, summed pairwise, then
+            // one compensated add: cheaper than compensating every element
+            float chunk = 0.0f;
             #pragma unroll
             for (int u = 0; u < LIG_SM_UNROLL; ++u) {
                 const long long i = base + u * stride;
                 if (i < n_vec) {
-                    float xf[4], yf[4], gf[4];
+                    float xf[4], yf[4], lf[4], gf[4];
                     V::unpack(xr[u], xf);
                     V::unpack(yr[u], yf);
                     #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        float loss, sigmoid;
-                        lig_sm_eval(xf[k], yf[k], loss, sigmoid);
-                        sum.add(loss);
+                        float sigmoid;
+                        lig_sm_eval(xf[k], yf[k], lf[k], sigmoid);
                         gf[k] = -yf[k] * sigmoid * grad_scale;
                     }
+                    chunk += (lf[0] + lf[1]) + (lf[2] + lf[3]);
                     if (kGrad) gv[i] = V::pack(gf);
                 }
             }
+            sum.add(chunk);
         }
         scalar_begin = n_vec * 4;
     }
@@ -204,10 +218,12 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
         if (kGrad) grad[i] = lig_storage<Tag>::store(-yf * sigmoid * grad_scale);
     }
 
-    __shared__ float warp_sums[LIG_SM_THREADS / 32];
-    __shared__ double warp_sums_double[LIG_SM_THREADS / 32];
+    // Across threads the sums are in double: a few instructions per thread, and
+    // the result's rounding error stays that of the per-thread float32 sums.
+    __shared__ double warp_sums[LIG_SM_THREADS / 32];
+    __shared__ double warp_sums_last[LIG_SM_THREADS / 32];
     __shared__ bool is_last;
-    const float block_total = lig_sm_block_sum(sum.value(), warp_sums);
+    const double block_total = lig_sm_block_sum_double(static_cast<double>(sum.value()), warp_sums);
     if (threadIdx.x == 0) {
         partials[blockIdx.x] = block_total;
         __threadfence();  // the partial is visible device-wide before this block takes its ticket
@@ -220,10 +236,10 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
     // The last block: every other partial was written before its ticket was
     // taken. Volatile loads bypass L1, which may not be coherent with them.
     __threadfence();
-    const volatile float* visible = partials;
+    const volatile double* visible = partials;
     double total = 0.0;
-    for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x) total += static_cast<double>(visible[b]);
-    total = lig_sm_block_sum_double(total, warp_sums_double);
+    for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x) total += visible[b];
+    total = lig_sm_block_sum_double(total, warp_sums_last);
     if (threadIdx.x == 0) {
         out[0] = lig_storage<Tag>::store(static_cast<float>(total / divisor));
         *counter = 0u;  // ready for the next launch on this stream, and for graph replays
@@ -348,12 +364,12 @@ __device__ __forceinline__ void lig_sm_scale(typename lig_storage<Tag>::type* __
 #define LIG_SM_ENTRY_POINTS(SFX, TAG)                                                                              \
     extern "C" __global__ void __launch_bounds__(LIG_SM_THREADS, LIG_SM_MIN_BLOCKS) soft_margin_reduce_##SFX(     \
         const lig_storage<TAG>::type* x, const lig_storage<TAG>::type* y, lig_storage<TAG>::type* out,          \
-        float* partials, unsigned int* counter, long long n, double divisor) {                                   \
+        double* partials, unsigned int* counter, long long n, double divisor) {                                   \
         lig_sm_reduce<TAG, false>(x, y, out, (lig_storage<TAG>::type*)0, partials, counter, n, divisor);          \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(LIG_SM_THREADS, LIG_SM_MIN_BLOCKS) soft_margin_reduce_grad_##SFX( \
         const lig_storage<TAG>::type* x, const lig_storage<TAG>::type* y, lig_storage<TAG>::type* out,          \
-        lig_storage<TAG>::type* grad, float* partials, unsigned int* counter, long long n, double divisor) {     \
+        lig_storage<TAG>::type* grad, double* partials, unsigned int* counter, long long n, double divisor) {     \
         lig_sm_reduce<TAG, true>(x, y, out, grad, partials, counter, n, divisor);                                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(LIG_SM_THREADS, LIG_SM_MIN_BLOCKS) soft_margin_none_##SFX(       \

@@ -382,17 +382,17 @@ def _workspace(device: torch.device, grid: int) -> tuple[Tensor, np.uint64, np.u
     progress is asked of the current device's current stream.)
     """
     if torch.cuda.is_current_stream_capturing():
-        # float32 zeros: `grid` partials, then the counter (0.0f has the bits of 0u)
-        scratch = torch.zeros(grid + 1, dtype=torch.float32, device=device)
+        # float64 zeros: `grid` partial sums, then the counter (the low word of 0.0 is 0u)
+        scratch = torch.zeros(grid + 1, dtype=torch.float64, device=device)
         base = scratch.data_ptr()
-        return scratch, np.uint64(base), np.uint64(base + 4 * grid)
+        return scratch, np.uint64(base), np.uint64(base + 8 * grid)
     index = device.index
     key = (index, torch.cuda.current_stream(index).cuda_stream)
     scratch = _workspaces.get(key)
     if scratch is None:
-        scratch = _workspaces[key] = torch.zeros(_MAX_GRID + 1, dtype=torch.float32, device=device)
+        scratch = _workspaces[key] = torch.zeros(_MAX_GRID + 1, dtype=torch.float64, device=device)
     base = scratch.data_ptr()
-    return scratch, np.uint64(base), np.uint64(base + 4 * _MAX_GRID)
+    return scratch, np.uint64(base), np.uint64(base + 8 * _MAX_GRID)
 
 
 def _launch_reduce(input: Tensor, target: Tensor, reduction: str, *, with_grad: bool) -> tuple[Tensor, Tensor | None]:  # noqa: A002
