@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line is one line on stderr (with the usual exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}; see `{self.prog} --help`")
+        raise UsageError(f"{self.prog}: error: {message}; see `{self.prog} --help`")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -539,7 +539,7 @@ def _run_diag(args: argparse.Namespace, progress: _Progress) -> int:
     if output.is_dir():
         raise UsageError(f"--output {args.output!r} is a directory; give a file name such as {str(output / 'ig_report.json')!r}")
     if args.model_kwargs is not None and args.model is None:
-        raise UsageError("--model-kwargs needs --model package.module:Class (the checkpoint's own config is used otherwise)")
+        raise UsageError("--model-kwargs needs --model package.module:Class; add --model, or drop --model-kwargs to use the checkpoint's own config")
     if args.lightning_module and (args.head or args.prefix or args.all_heads):
         raise UsageError("--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them")
     device = _device(args.device)
