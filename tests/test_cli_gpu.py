@@ -1,0 +1,105 @@
+"""GPU: `lightning-ig diag --device cuda` agrees with the CPU report and repeats bit for bit.
+
+Also the CUDA side of the noise layer: reset_noise with a CUDA generator, and
+noise_disabled leaving the CUDA random generators alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+from lightning_ig.models import DuelingQNetwork
+from lightning_ig.noise import NoisyLinear, noise_disabled
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[1]
+RELATIVE_TOLERANCE = 1e-5
+
+
+def _diag(workspace: Path, *args: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_ig.cli", "diag", "--checkpoint", "q.safetensors", "--quiet", *args],
+        cwd=workspace, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, f"diag {args} failed with {done.returncode}: {done.stderr}"
+    output = args[args.index("--output") + 1]
+    return json.loads((workspace / output).read_text())
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli_gpu")
+    torch.manual_seed(0)
+    net = DuelingQNetwork(8, 4, hidden_sizes=(64, 64), activation="tanh", stream_hidden_size=32)
+    net.reset_noise()
+    states = torch.randn(128, 8, generator=torch.Generator().manual_seed(1))
+    save_checkpoint(net, root / "q.safetensors", feature_names=[f"s{i}" for i in range(8)], states=states)
+    return root
+
+
+def _close(a: float | None, b: float | None, scale: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    # relative, with a floor at the report's scale so that values near zero compare sensibly
+    return math.isclose(a, b, rel_tol=RELATIVE_TOLERANCE, abs_tol=RELATIVE_TOLERANCE * scale)
+
+
+def test_cuda_report_matches_cpu_and_repeats_bit_for_bit(workspace: Path) -> None:
+    common = ("--auto-samples", "64", "--num-steps", "50")
+    cpu = _diag(workspace, *common, "--device", "cpu", "--output", "cpu.json")
+    cuda = _diag(workspace, *common, "--device", "cuda", "--output", "cuda.json")
+    again = _diag(workspace, *common, "--device", "cuda", "--output", "cuda_again.json")
+
+    assert cpu["backend"] == "torch" and cuda["backend"] == "cuda", "on a CUDA device the CUDA kernels run by default"
+    assert cuda["state_indices"] == cpu["state_indices"]
+    scale = max(abs(f[key]) for f in cpu["features"] for key in ("mean_abs", "stddev", "mean_signed"))
+    mismatches = [
+        (f_cpu["name"], key, f_cpu[key], f_cuda[key])
+        for f_cpu, f_cuda in zip(cpu["features"], cuda["features"])
+        for key in ("mean_abs", "stddev", "mean_signed")
+        if not _close(f_cpu[key], f_cuda[key], scale)
+    ]
+    assert not mismatches, f"CUDA and CPU reports differ beyond {RELATIVE_TOLERANCE} relative: {mismatches}"
+    assert [f["name"] for f in cuda["features"]] == [f["name"] for f in cpu["features"]]
+    for s_cpu, s_cuda in zip(cpu["completeness"]["per_state"], cuda["completeness"]["per_state"]):
+        state_scale = abs(s_cpu["f_input_minus_f_baseline"])
+        assert _close(s_cpu["sum_attributions"], s_cuda["sum_attributions"], state_scale), (s_cpu, s_cuda)
+    assert cuda["completeness"]["worst_relative_error"] < 0.01
+
+    assert json.dumps(again["features"]) == json.dumps(cuda["features"]), "a repeat on the GPU must be bit-identical"
+    assert json.dumps(again["completeness"]) == json.dumps(cuda["completeness"])
+
+
+def test_cuda_auto_steps_and_backend_cuda(workspace: Path) -> None:
+    report = _diag(workspace, "--device", "cuda", "--backend", "cuda", "--num-steps", "auto", "--output", "auto.json")
+    assert report["backend"] == "cuda" and report["num_steps_requested"] == "auto"
+    assert report["completeness"]["worst_relative_error"] < 0.01
+
+
+def test_checkpoint_loads_onto_cuda_and_noise_switch_leaves_cuda_rng_alone(workspace: Path, cuda_device: torch.device) -> None:
+    loaded = load_checkpoint(workspace / "q.safetensors", device=cuda_device)
+    assert loaded.states is not None and loaded.states.device.type == "cuda"
+    assert all(p.device.type == "cuda" for p in loaded.model.parameters())
+    model = loaded.model.train()
+    layer = next(m for m in model.modules() if isinstance(m, NoisyLinear))
+    layer.reset_noise(torch.Generator(device=cuda_device).manual_seed(5))
+    epsilon = layer.weight_epsilon.clone()
+    cuda_state = torch.cuda.get_rng_state(cuda_device)
+    with noise_disabled(model):
+        first, second = model(loaded.states), model(loaded.states)
+    assert torch.equal(first, second)
+    assert torch.equal(torch.cuda.get_rng_state(cuda_device), cuda_state)
+    assert torch.equal(layer.weight_epsilon, epsilon) and layer.noise_enabled and model.training
+    assert not torch.equal(model(loaded.states), first), "noise is back on after the block"
