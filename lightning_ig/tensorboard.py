@@ -408,4 +408,30 @@ def log_tensorboard_extras(
         pixels = figure if isinstance(figure, np.ndarray) else figure_to_array(figure)
         writer.add_image(f"{TAG_PREFIX}/{name}", pixels, step, dataformats="HWC")
     if markdown is not None:
-        writer.add_text(f"{TAG_PREFIX}/report", markdown, step)
+        _add_text(writer, f"{TAG_PREFIX}/report", markdown, step)
+
+
+def _text_summary(tag: str, text: str) -> Any:
+    """A text-plugin summary under exactly ``tag`` (``SummaryWriter.add_text`` appends ``/text_summary``)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata  # noqa: PLC0415
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto  # noqa: PLC0415
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto  # noqa: PLC0415
+    from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData  # noqa: PLC0415
+
+    metadata = SummaryMetadata(
+        plugin_data=SummaryMetadata.PluginData(plugin_name="text", content=TextPluginData(version=0).SerializeToString())
+    )
+    tensor = TensorProto(
+        dtype="DT_STRING",
+        string_val=[text.encode("utf-8")],
+        tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
+    )
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
+
+
+def _add_text(writer: Any, tag: str, text: str, step: int) -> None:
+    file_writer = getattr(writer, "_get_file_writer", None)  # torch's and tensorboardX's SummaryWriter
+    if file_writer is None:
+        writer.add_text(tag, text, step)  # another writer: its own tag convention
+        return
+    file_writer().add_summary(_text_summary(tag, text), step)

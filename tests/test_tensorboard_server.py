@@ -1,0 +1,137 @@
+"""A real TensorBoard server, started on 127.0.0.1, lists the callback's tags through its HTTP API."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states  # noqa: E402
+
+from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+
+STARTUP_SECONDS = 90
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read().decode())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("tb_server")
+    pl.seed_everything(0)
+    logger = TensorBoardLogger(root, name="tiny")
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, feature_names=FEATURES, n_steps=8)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=10,
+        logger=logger,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16, shuffle=True))
+    run = Path(logger.log_dir).relative_to(root).as_posix()  # the run's name in TensorBoard: "tiny/version_0"
+
+    port = _free_port()
+    log = open(root / "tensorboard.log", "w")  # noqa: SIM115 - closed below, after the process
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(root),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",  # the pure-Python loader: the Rust data server is an optional extra
+            "--reload_interval",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"tensorboard exited with {process.returncode}: {(root / 'tensorboard.log').read_text()[-3000:]}")
+            try:
+                tags = _get(f"{base}/data/plugin/scalars/tags")
+                if run in tags and any(tag.startswith("ig/") for tag in tags[run]):
+                    break  # up, and the run is loaded
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"tensorboard did not serve the run within {STARTUP_SECONDS} s: {(root / 'tensorboard.log').read_text()[-3000:]}"
+                )
+            time.sleep(0.5)
+        yield base, run
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()
+
+
+def test_scalar_tags(server):
+    base, run = server
+    tags = _get(f"{base}/data/plugin/scalars/tags")[run]
+    expected = {
+        "ig/completeness/worst_relative_error",
+        "ig/completeness/mean_abs_error",
+        "ig/drift/spearman_prev",
+        "ig/drift/spearman_first",
+        "ig/drift/topk_jaccard_prev",
+        "ig/time_ms",
+        *(f"ig/mean_abs/{name}" for name in FEATURES),
+        *(f"ig/mean_signed/{name}" for name in FEATURES),
+    }
+    assert expected <= set(tags)
+    values = _get(f"{base}/data/plugin/scalars/scalars?run={run}&tag=ig/mean_abs/pole_theta")
+    assert [step for _, step, _ in values] == [5, 10]
+
+
+def test_histogram_image_and_text_tags(server):
+    base, run = server
+    histograms = _get(f"{base}/data/plugin/histograms/tags")[run]
+    assert {f"ig/attributions/{name}" for name in FEATURES} <= set(histograms)
+    images = _get(f"{base}/data/plugin/images/tags")[run]
+    assert {"ig/top_features", "ig/heatmap"} <= set(images)
+    text = _get(f"{base}/data/plugin/text/tags")[run]
+    assert "ig/report" in text
+    # the text plugin renders the markdown: the top-k table arrives as an HTML table
+    rendered = _get(f"{base}/data/plugin/text/text?run={run}&tag=ig/report")
+    assert rendered[-1]["step"] == 10
+    assert "<table>" in rendered[-1]["text"] and "pole_theta" in rendered[-1]["text"]
