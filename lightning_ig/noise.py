@@ -235,6 +235,14 @@ class _LayerSnapshot:
     buffer_values: dict[str, Tensor]  # name -> a copy of its values
     tensor_attributes: dict[str, Tensor] = field(default_factory=dict)  # plain tensor attributes
     tensor_attribute_values: dict[str, Tensor] = field(default_factory=dict)
+    # in-place version counters at snapshot time: an untouched tensor is not written back, so a
+    # block that changed nothing bumps no version (an autograd graph that saved it stays valid)
+    versions: dict[int, int | None] = field(default_factory=dict)
+
+
+def _version(tensor: Tensor) -> int | None:
+    """The tensor's in-place version counter; ``None`` for inference tensors, which keep none."""
+    return None if tensor.is_inference() else tensor._version
 
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -260,6 +268,9 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
             if isinstance(value, Tensor) and not isinstance(value, nn.Parameter)
         }
         tensor_attribute_values = {name: value.detach().clone() for name, value in tensor_attributes.items()}
+        versions = {
+            id(value): _version(value) for value in [*buffers.values(), *tensor_attributes.values()] if isinstance(value, Tensor)
+        }
     return _LayerSnapshot(
         module=module,
         training=module.training,
@@ -269,6 +280,7 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
         buffer_values=buffer_values,
         tensor_attributes=tensor_attributes,
         tensor_attribute_values=tensor_attribute_values,
+        versions=versions,
     )
 
 
@@ -281,10 +293,13 @@ def _restore(snapshot: _LayerSnapshot) -> None:
         module._buffers.clear()
         module._buffers.update(snapshot.buffers)
         for name, value in snapshot.buffer_values.items():
-            snapshot.buffers[name].copy_(value)
+            buffer = snapshot.buffers[name]
+            if _version(buffer) is None or _version(buffer) != snapshot.versions[id(buffer)]:
+                buffer.copy_(value)
         for name, value in snapshot.tensor_attributes.items():
             object.__setattr__(module, name, value)
-            value.copy_(snapshot.tensor_attribute_values[name])
+            if _version(value) is None or _version(value) != snapshot.versions[id(value)]:
+                value.copy_(snapshot.tensor_attribute_values[name])
         # A noise flag a switch added is removed; every flag it changed is put back.
         added = [name for name, value in vars(module).items() if _is_plain(value) and name not in snapshot.attributes]
         for name in added:

@@ -272,3 +272,23 @@ def test_works_under_inference_mode_and_keeps_autograd_out_of_the_state() -> Non
     with pytest.raises(TypeError, match="torch.nn.Module"):
         with noise_disabled("not a model"):  # type: ignore[arg-type]
             pass
+
+
+def test_a_block_that_changes_nothing_leaves_saved_autograd_tensors_valid() -> None:
+    # The training step's graph saved weight_epsilon (for d/d sigma); running IG in between must not
+    # bump its version, or the step's backward would fail with "modified by an inplace operation".
+    layer = NoisyLinear(3, 2)
+    loss = layer(torch.ones(4, 3)).square().sum()
+    with noise_disabled(layer):
+        layer(torch.ones(4, 3))
+    loss.backward()
+    assert layer.weight_sigma.grad is not None and layer.weight_sigma.grad.abs().sum() > 0
+
+
+def test_layers_built_under_inference_mode_are_restored_too() -> None:
+    with torch.inference_mode():
+        layer = TrainingGatedNoisyLinear(3, 2)
+        before = _bits(layer.weight_epsilon)
+        with noise_disabled(layer):
+            assert torch.count_nonzero(layer.weight_epsilon) == 0
+        assert _bits(layer.weight_epsilon) == before and layer.training
