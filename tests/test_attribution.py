@@ -547,3 +547,117 @@ def test_target_forward_rejects_what_it_cannot_express() -> None:
         warnings.simplefilter("error")
         forward = target_forward(lambda z: z * 2, 1)
         torch.testing.assert_close(forward(torch.ones(2, 3)), torch.full((2,), 2.0))
+
+
+# --------------------------------------------------------------------------- the graph cache's plumbing, emulated on the CPU
+
+
+class _EmulatedGraph:
+    """Stands in for a captured CUDA graph: replay reruns the computation into the captured output tensors."""
+
+    def __init__(self, compute, outputs, packed) -> None:  # type: ignore[no-untyped-def]
+        self.compute, self.outputs, self.packed = compute, outputs, packed
+        self.replays = 0
+
+    def replay(self) -> None:
+        fresh = self.compute()
+        for name, tensor in self.outputs.items():
+            tensor.copy_(fresh[name])
+        if self.packed is not None:
+            self.packed.copy_(attribution._pack(fresh))
+        self.replays += 1
+
+
+@pytest.fixture
+def emulated_graphs(monkeypatch: pytest.MonkeyPatch) -> list[_EmulatedGraph]:
+    graphs: list[_EmulatedGraph] = []
+
+    def capture(compute, device):  # type: ignore[no-untyped-def]
+        compute()  # the warm-up
+        outputs = compute()
+        packed = attribution._pack(outputs)
+        graphs.append(_EmulatedGraph(compute, outputs, packed))
+        return graphs[-1], outputs, packed
+
+    monkeypatch.setattr(attribution, "_capture_graph", capture)
+    monkeypatch.setattr(
+        IntegratedGradients, "_graph_wanted",
+        staticmethod(lambda s, inputs: s.cuda_graph is not False and s.n_steps != "auto" and s.gradient == "autograd"),
+    )  # fmt: skip
+    return graphs
+
+
+def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates(emulated_graphs: list[_EmulatedGraph]) -> None:
+    model = _dueling(5, 3, seed=40)
+    engine = IntegratedGradients(model, target="mean", n_steps=10)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    first = engine.attribute(x)
+    assert engine.last_mode == "capture" and first.cuda_graph and len(emulated_graphs) == 1
+    torch.testing.assert_close(first.attributions, integrated_gradients(model, x, target="mean", n_steps=10).attributions)
+    second = engine.attribute(x)  # the fast path
+    assert engine.last_mode == "graph" and emulated_graphs[0].replays == 2
+    assert torch.equal(second.attributions, first.attributions)
+    second.attributions.zero_()  # results are copies: the next replay is unaffected
+    fresh = torch.randn(4, 5, dtype=torch.float64)
+    replayed = engine.attribute(fresh)
+    expected = integrated_gradients(model, fresh, target="mean", n_steps=10)
+    torch.testing.assert_close(replayed.attributions, expected.attributions, rtol=0, atol=0)
+    torch.testing.assert_close(replayed.delta, expected.delta, rtol=0, atol=0)
+    assert torch.equal(replayed.degenerate, expected.degenerate) and torch.equal(replayed.baselines, expected.baselines)
+    with torch.no_grad():
+        model.body[0].weight.mul_(1.5)
+    updated = engine.attribute(fresh)
+    torch.testing.assert_close(updated.attributions, integrated_gradients(model, fresh, target="mean", n_steps=10).attributions)
+    engine.attribute(torch.randn(6, 5, dtype=torch.float64))  # a new shape: a second capture
+    assert len(emulated_graphs) == 2 and engine.last_mode == "capture"
+
+
+@pytest.mark.parametrize("baselines", ["mean", 0.5, "tensor"])
+def test_graph_cache_with_baselines_and_per_row_targets(emulated_graphs: list[_EmulatedGraph], baselines: object) -> None:
+    model = _dueling(5, 3, seed=41)
+    engine = IntegratedGradients(model, n_steps=7)
+    for seed in range(3):
+        generator = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 5, generator=generator, dtype=torch.float64)
+        given = torch.randn(5, generator=generator, dtype=torch.float64) if baselines == "tensor" else baselines
+        rows = torch.tensor([seed % 3, 2, 0, 1])
+        result = engine.attribute(x, given, target=rows)
+        expected = integrated_gradients(model, x, given, target=rows, n_steps=7)
+        torch.testing.assert_close(result.attributions, expected.attributions, rtol=0, atol=0)
+        torch.testing.assert_close(result.baselines, expected.baselines, rtol=0, atol=0)
+    assert len(emulated_graphs) == 1 and engine.last_mode == "graph"
+
+
+def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice(
+    emulated_graphs: list[_EmulatedGraph], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _dueling(3, 2, seed=42)
+    engine = IntegratedGradients(model, target=1, n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    checks: list[str] = []
+    real_check = attribution._check_finite
+    monkeypatch.setattr(attribution, "_check_finite", lambda name, t: (checks.append(name), real_check(name, t)))
+    engine.attribute(x)
+    engine.attribute(x)
+    assert checks == ["inputs"]  # the same, unmodified tensor: one host sync in all
+    x[0, 0] = float("nan")  # modified in place: its version counter moved
+    with pytest.raises(ValueError, match="inputs holds 1 NaN/Inf"):
+        engine.attribute(x)
+
+
+def test_graph_capture_failure_falls_back_to_eager_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(compute, device):  # type: ignore[no-untyped-def]
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(attribution, "_capture_graph", failing)
+    monkeypatch.setattr(IntegratedGradients, "_graph_wanted", staticmethod(lambda s, inputs: True))
+    model = _dueling(3, 2, seed=43)
+    engine = IntegratedGradients(model, target="mean", n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the attribution failed"):
+        result = engine.attribute(x)
+    assert engine.last_mode == "eager" and not result.cuda_graph
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.attribute(x)  # remembered: no second attempt, no second warning
+    torch.testing.assert_close(result.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions)
