@@ -17,7 +17,7 @@
 //
 // Launch contract (lightning_ig/losses.py): blockDim.x == LIG_SM_THREADS, a
 // grid of at most LIG_SM_MAX_GRID blocks. The reduction is deterministic: each
-// thread sums a fixed set of elements in a fixed order (float32: pairwise
+// thread sums a fixed set of elements in a fixed order (float32: plain sums
 // within an iteration, Kahan-compensated across iterations), the block sums
 // its threads' sums in double (warp shuffles, then shared memory), writes that
 // partial, and the last block to finish (a __threadfence and an integer ticket;
@@ -38,7 +38,7 @@
 
 #define LIG_SM_THREADS 256
 #define LIG_SM_MIN_BLOCKS 4
-#define LIG_SM_UNROLL 2
+#define LIG_SM_UNROLL 4
 #define LIG_SM_MAX_GRID 4096
 
 // Four consecutive elements as one aligned load or store.
@@ -186,8 +186,8 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
                     yr[u] = yv[i];
                 }
             }
-            // this iteration's (up to) 4 x LIG_SM_UNROLL losses, summed pairwise, then
-            // one compensated add: cheaper than compensating every element
+            // this iteration's (up to) 4 x LIG_SM_UNROLL losses in a fixed order, then one
+            // compensated add: cheaper than compensating every element
             float chunk = 0.0f;
             #pragma unroll
             for (int u = 0; u < LIG_SM_UNROLL; ++u) {

@@ -11,9 +11,11 @@ Three layers with one stem, as in Liger-Kernel:
   ``_SoftMarginFunction``, an :class:`torch.autograd.Function`. For
   ``mean``/``sum`` the forward is ONE launch that also writes ``dL/dx`` (the
   reduction's scale folded in) when the input needs a gradient; the backward
-  only scales that by ``grad_output``, read on the device (no host sync), and
-  does nothing at all when ``grad_output`` is 1. ``reduction="none"`` is one
-  elementwise launch forward and one backward.
+  only scales that by ``grad_output``, read on the device (no host sync): for
+  large inputs with a kernel that does nothing at all when ``grad_output`` is 1
+  (the usual ``loss.backward()``), for small ones with torch's ``mul_``, which is
+  cheaper to launch. ``reduction="none"`` is one elementwise launch forward and
+  one backward.
 * :class:`SoftMarginLoss`, a thin ``nn.Module`` with torch's constructor;
 * :func:`soft_margin_loss`, the functional form;
 
@@ -56,8 +58,10 @@ _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KERNEL_FILE = "soft_margin.cu"
 _THREADS = 256  # LIG_SM_THREADS
 _BLOCKS_PER_SM = 4  # LIG_SM_MIN_BLOCKS: the grid fills every SM once, no tail wave
-_UNROLL = 2  # LIG_SM_UNROLL: 4-element vectors per thread per iteration in the reduction
+_UNROLL = 4  # LIG_SM_UNROLL: 4-element vectors per thread per iteration in the reduction
 _MAX_GRID = 4096  # LIG_SM_MAX_GRID: partial sums a workspace holds
+# Up to this many elements the mean/sum backward scales with torch's mul_ (see _launch_scale_).
+_TORCH_SCALE_MAX_ELEMENTS = 1 << 22
 
 
 # --------------------------------------------------------------------------- public API
@@ -387,12 +391,23 @@ def _workspace(device: torch.device, grid: int) -> tuple[Tensor, np.uint64, np.u
         base = scratch.data_ptr()
         return scratch, np.uint64(base), np.uint64(base + 8 * grid)
     index = device.index
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    key = (index, _current_stream_handle(index))
     scratch = _workspaces.get(key)
     if scratch is None:
         scratch = _workspaces[key] = torch.zeros(_MAX_GRID + 1, dtype=torch.float64, device=device)
     base = scratch.data_ptr()
     return scratch, np.uint64(base), np.uint64(base + 8 * _MAX_GRID)
+
+
+def _current_stream_handle(device_index: int) -> int:
+    # torch's raw-handle getter skips building a Stream object (~1 us per call);
+    # CPU-only builds lack it, hence the public fallback
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _launch_reduce(input: Tensor, target: Tensor, reduction: str, *, with_grad: bool) -> tuple[Tensor, Tensor | None]:  # noqa: A002
@@ -461,12 +476,22 @@ def _launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) ->
 
 
 def _launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
-    """``gradient *= grad_output`` in place, the scalar read on the device (a no-op when it is 1)."""
+    """``gradient *= grad_output`` in place, the scalar read on the device.
+
+    Large gradients go through our kernel, which returns at once when
+    ``grad_output`` is 1 (the usual ``loss.backward()``), so the backward costs
+    no pass over memory. Small ones (where host time, not memory, is the cost)
+    take torch's ``mul_``: one full pass, but cheaper to launch than CuPy.
+    Both read the scalar on the device and round identically (x * 1 == x).
+    """
     n = gradient.numel()
     if not n:
         return
     if grad_output.dtype != gradient.dtype:
         grad_output = grad_output.to(gradient.dtype)
+    if n <= _TORCH_SCALE_MAX_ELEMENTS:
+        gradient.mul_(grad_output)
+        return
     index = gradient.device.index
     kernel = _kernel("soft_margin_scale", gradient.dtype, index)
     args = (_cuda.pointer(gradient), _cuda.pointer(grad_output), np.int64(n))

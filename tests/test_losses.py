@@ -492,8 +492,13 @@ def emulated_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     return kernels
 
 
+@pytest.mark.parametrize("scale_by_kernel", [True, False], ids=["scale-kernel", "scale-torch"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_launchers_pass_what_the_kernels_expect(emulated_device: _EmulatedKernels, reduction: str) -> None:
+def test_launchers_pass_what_the_kernels_expect(
+    emulated_device: _EmulatedKernels, reduction: str, scale_by_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if scale_by_kernel:
+        monkeypatch.setattr(losses, "_TORCH_SCALE_MAX_ELEMENTS", 0)
     dtype = emulated_device.dtype
     rtol, atol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(9)
@@ -519,7 +524,7 @@ def test_launchers_pass_what_the_kernels_expect(emulated_device: _EmulatedKernel
     if reduction == "none":
         assert ops == ["soft_margin_none", "soft_margin_none_backward", "soft_margin_none_backward"]
     else:
-        assert ops == ["soft_margin_reduce_grad", "soft_margin_scale"]
+        assert ops == (["soft_margin_reduce_grad", "soft_margin_scale"] if scale_by_kernel else ["soft_margin_reduce_grad"])
         grid = emulated_device.calls[0][1]
         assert grid == min(3 * losses._BLOCKS_PER_SM, -(-x.numel() // (losses._THREADS * 4 * losses._UNROLL)))
         # the eager workspace (one per device and stream) is reused and its counter is back at zero
