@@ -452,7 +452,7 @@ def list_heads(path: str | os.PathLike[str]) -> list[str]:
         path: A safetensors checkpoint.
 
     Returns:
-        Head names, without the ``"__"`` that ends their prefix, in file order.
+        Head names, without the ``"__"`` that ends their prefix, in the order the file lists them.
 
     Raises:
         CheckpointError: If the file is missing, unreadable or not safetensors.
@@ -515,6 +515,8 @@ def load_checkpoint(
     keys = _keys(file)
     heads = _heads_from(metadata, keys, file)
     head_meta: dict[str, Any] = {}
+    if prefix is not None and not prefix.endswith(HEAD_SEPARATOR) and prefix in heads:
+        prefix += HEAD_SEPARATOR  # a head's name given as its prefix: "trending" means "trending__"
     if prefix is None and heads:
         raise CheckpointError(
             f"{str(file)!r} holds several heads ({', '.join(heads)}); choose one with --head NAME "

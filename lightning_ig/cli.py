@@ -427,7 +427,7 @@ def _prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | 
     model = loaded.model
     model.eval()
     model.requires_grad_(False)  # gradients are taken w.r.t. the inputs only
-    extra: dict[str, Any] = {"architecture": loaded.architecture, "prefix": prefix, "device": str(device), "command": "diag"}
+    extra: dict[str, Any] = {"architecture": loaded.architecture, "prefix": loaded.prefix, "device": str(device), "command": "diag"}
     what = f"head {label!r} of {args.checkpoint}" if label else args.checkpoint
 
     if args.states == "auto":

@@ -151,6 +151,7 @@ def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Pa
     assert loaded.model(own).shape == (2, 4)
     torch.testing.assert_close(loaded.model(own), ranging.eval()(own), rtol=0, atol=0)
     assert load_checkpoint(path, prefix="trending__").states is None
+    assert load_checkpoint(path, prefix="ranging").prefix == "ranging__", "a head's bare name works as its prefix"
 
     a = save_checkpoint(trending, tmp_path / "a.safetensors", states=shared)
     b = save_checkpoint(ranging, tmp_path / "b.safetensors")
