@@ -436,7 +436,7 @@ class IntegratedGradientsCallback(Callback):
         if not trainer.is_global_zero:
             return
 
-        completeness = reports.completeness_summary(gathered)
+        completeness = reports.completeness_summary(gathered, per_state=False)
         worst = completeness["worst_relative_error"]
         if not self._warned_completeness and worst is not None and worst > self.completeness_tol:
             self._warned_completeness = True
@@ -456,12 +456,14 @@ class IntegratedGradientsCallback(Callback):
         )
         tb.log_scalars(trainer.loggers, metrics, step)
 
-        report = self._report(gathered, step, trainer, time_ms, drift)
+        # The full report (one entry per state) only when it is written; the text needs the summary alone.
+        report = self._report(gathered, step, trainer, time_ms, drift) if self._report_dir is not None else None
         writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
         if writers:
             figures = self._figures(mean_abs, stddev, mean_signed, step, final=final)
             layout = None if self._layout_written else tb.custom_scalars_layout()
-            markdown = tb.report_markdown(report, drift)
+            summary = report or self._summary(gathered, step, completeness, mean_abs, stddev, mean_signed)
+            markdown = tb.report_markdown(summary, drift)
             for writer in writers:
                 tb.log_tensorboard_extras(
                     writer,
@@ -473,7 +475,7 @@ class IntegratedGradientsCallback(Callback):
                     layout=layout,
                 )
             self._layout_written = True
-        if self._report_dir is not None:
+        if report is not None and self._report_dir is not None:
             reports.write_report(report, self._report_dir / f"ig_report_step={step:08d}.json")
 
     def _gather(self, trainer: "pl.Trainer", result: Any) -> _HostResult:
@@ -511,10 +513,40 @@ class IntegratedGradientsCallback(Callback):
             target=result.target,
         )
 
+    def _summary(
+        self,
+        gathered: _HostResult,
+        step: int,
+        completeness: dict[str, Any],
+        mean_abs: np.ndarray,
+        stddev: np.ndarray,
+        mean_signed: np.ndarray,
+    ) -> dict[str, Any]:
+        """What :func:`~lightning_ig.tensorboard.report_markdown` reads, without the per-state lists."""
+        order = np.argsort(-np.nan_to_num(mean_abs, nan=-np.inf), kind="stable")[: self.top_k]
+        top = [
+            {"name": self._names[i], "mean_abs": mean_abs[i], "stddev": stddev[i], "mean_signed": mean_signed[i]}
+            for i in order.tolist()
+        ]
+        return {
+            "num_states": int(gathered.attributions.shape[0]),
+            "num_steps": gathered.n_steps,
+            "forward_target": str(gathered.target),
+            "top_10_by_mean_abs": top,
+            "completeness": completeness,
+            "method": gathered.method,
+            "gradient": gathered.gradient,
+            "backend": gathered.backend,
+            "baseline": self._baseline_description(),
+            "global_step": int(step),
+        }
+
+    def _baseline_description(self) -> str:
+        return self.baseline if isinstance(self.baseline, str) else f"tensor{tuple(self.baseline.shape)}"
+
     def _report(
         self, gathered: _HostResult, step: int, trainer: "pl.Trainer", time_ms: float, drift: dict[str, float]
     ) -> dict[str, Any]:
-        baseline = self.baseline if isinstance(self.baseline, str) else f"tensor{tuple(self.baseline.shape)}"
         return reports.build_report(
             gathered,
             feature_names=self._names,
@@ -523,7 +555,7 @@ class IntegratedGradientsCallback(Callback):
             regime_head=None,
             top_k=self.top_k,
             extra={
-                "baseline": baseline,
+                "baseline": self._baseline_description(),
                 "global_step": int(step),
                 "epoch": int(trainer.current_epoch),
                 "run_index": len(self.history) - 1,
@@ -535,7 +567,7 @@ class IntegratedGradientsCallback(Callback):
 
     def _figures(
         self, mean_abs: np.ndarray, stddev: np.ndarray, mean_signed: np.ndarray, step: int, *, final: bool
-    ) -> dict[str, Any]:
+    ) -> dict[str, tb.RenderedFigure]:
         if not self._figures_due(final):
             return {}
         started = time.perf_counter()
@@ -546,7 +578,7 @@ class IntegratedGradientsCallback(Callback):
             ),
             "heatmap": self._heatmap(),
         }
-        pixels = {name: tb.figure_to_array(figure) for name, figure in figures.items()}  # render now: time it
+        pixels = {name: tb.figure_to_png(figure) for name, figure in figures.items()}  # render now: time it
         cost = time.perf_counter() - started
         self._figure_seconds += cost
         self._last_figure_cost = cost

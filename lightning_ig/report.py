@@ -233,7 +233,7 @@ def _check_positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def completeness_summary(result: _ResultLike) -> dict[str, Any]:
+def completeness_summary(result: _ResultLike, *, per_state: bool = True) -> dict[str, Any]:
     """Completeness of an IG run: how far ``sum(attr)`` is from ``F(x) - F(b)`` per state.
 
     Degenerate states (``|F(x) - F(b)|`` too small for a ratio, as flagged by
@@ -244,6 +244,8 @@ def completeness_summary(result: _ResultLike) -> dict[str, Any]:
     Args:
         result: an :class:`~lightning_ig.attribution.IGResult` with one
             attribution per state (not ``target="each"``).
+        per_state: include the per-state lists (default ``True``); ``False``
+            gives the summary numbers only, which is much cheaper for many states.
 
     Returns:
         A dict with ``worst_relative_error`` (max over non-degenerate states;
@@ -272,26 +274,40 @@ def completeness_summary(result: _ResultLike) -> dict[str, Any]:
     degenerate = _as_float64(result.degenerate, "degenerate").reshape(-1) != 0  # (B,) bool
     regular = relative[~degenerate]
     regular = regular[~np.isnan(regular)]
-    per_state = [
-        {
-            "state_idx": i,
-            "sum_attributions": _json_float(sums[i]),
-            "f_input_minus_f_baseline": _json_float(difference[i]),
-            "relative_error": None if degenerate[i] else _json_float(relative[i]),
-            "absolute_error": _json_float(absolute[i]),
-            "degenerate": bool(degenerate[i]),
-        }
-        for i in range(flat.shape[0])
-    ]
-    return {
+    summary: dict[str, Any] = {
         "worst_relative_error": _json_float(regular.max()) if regular.size else 0.0,
         "mean_abs_error": _json_float(absolute.mean()) if absolute.size else 0.0,
         "num_degenerate": int(degenerate.sum()),
-        "per_state": per_state,
-        "degenerate_states": [
-            {"state_idx": i, "absolute_error": _json_float(absolute[i])} for i in np.flatnonzero(degenerate).tolist()
-        ],
     }
+    if not per_state:
+        return summary
+    relative = np.where(degenerate, np.nan, relative)  # degenerate: no ratio, whatever the engine stored
+    columns = zip(
+        _json_floats(sums), _json_floats(difference), _json_floats(relative), _json_floats(absolute), degenerate.tolist()
+    )
+    summary["per_state"] = [
+        {
+            "state_idx": i,
+            "sum_attributions": total,
+            "f_input_minus_f_baseline": change,
+            "relative_error": ratio,
+            "absolute_error": error,
+            "degenerate": flag,
+        }
+        for i, (total, change, ratio, error, flag) in enumerate(columns)
+    ]
+    summary["degenerate_states"] = [
+        {"state_idx": i, "absolute_error": _json_float(absolute[i])} for i in np.flatnonzero(degenerate).tolist()
+    ]
+    return summary
+
+
+def _json_floats(values: np.ndarray) -> list[float | None]:
+    """``values.tolist()`` with non-finite entries as ``None`` (vectorised check: one pass for the common case)."""
+    listed = values.tolist()
+    if np.isfinite(values).all():
+        return listed
+    return [value if math.isfinite(value) else None for value in listed]
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:

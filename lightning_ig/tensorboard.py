@@ -31,8 +31,10 @@ state, nothing left open) and written as RGB images.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,9 @@ __all__ = [
     "top_features_figure",
     "heatmap_figure",
     "figure_to_array",
+    "figure_to_png",
+    "RenderedFigure",
+    "histogram_proto",
     "log_tensorboard_extras",
     "is_tensorboard_logger",
 ]
@@ -374,6 +379,72 @@ def heatmap_figure(
     return figure
 
 
+@dataclass(frozen=True)
+class RenderedFigure:
+    """A figure already encoded as PNG (see :func:`figure_to_png`)."""
+
+    png: bytes
+    height: int
+    width: int
+
+
+def figure_to_png(figure: Any, dpi: int = 100) -> RenderedFigure:
+    """Render a matplotlib figure on the Agg canvas straight to PNG bytes.
+
+    Args:
+        figure: a ``matplotlib.figure.Figure`` (freed with its last reference: nothing to close).
+        dpi: pixels per inch (default 100).
+
+    Returns:
+        The PNG and its size in pixels.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+
+    FigureCanvasAgg(figure)  # attach the Agg canvas (a pyplot-free figure has none that renders)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    png = buffer.getvalue()
+    # The PNG header (IHDR) holds the size: width then height, big-endian, at bytes 16..24.
+    return RenderedFigure(png, height=int.from_bytes(png[20:24], "big"), width=int.from_bytes(png[16:20], "big"))
+
+
+def histogram_proto(values: np.ndarray, bins: int = 30) -> Any:
+    """A TensorBoard ``HistogramProto`` of ``values`` with ``bins`` equal-width buckets.
+
+    Fewer buckets than ``SummaryWriter.add_histogram``'s default (hundreds of
+    exponential ones) keep this cheap; TensorBoard re-buckets for display anyway.
+
+    Args:
+        values: finite numbers, at least one.
+        bins: number of buckets (default 30).
+
+    Returns:
+        A ``tensorboard.compat.proto.summary_pb2.HistogramProto``.
+
+    Raises:
+        ValueError: ``values`` is empty.
+    """
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto  # noqa: PLC0415
+
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        raise ValueError("histogram_proto needs at least one value, got none")
+    low, high = float(values.min()), float(values.max())
+    if low == high:  # one bucket around a constant
+        low, high = low - 0.5, high + 0.5
+    counts, edges = np.histogram(values, bins=bins, range=(low, high))
+    # TensorBoard stores right edges only; a leading empty bucket carries the left edge.
+    return HistogramProto(
+        min=float(values.min()),
+        max=float(values.max()),
+        num=int(values.size),
+        sum=float(values.sum()),
+        sum_squares=float(values @ values),
+        bucket_limit=edges.tolist(),
+        bucket=[0, *counts.tolist()],
+    )
+
+
 def log_tensorboard_extras(
     writer: Any,
     *,
@@ -386,29 +457,59 @@ def log_tensorboard_extras(
 ) -> None:
     """Write histograms, figures, text and (once) the custom-scalars layout to a ``SummaryWriter``.
 
+    Everything of one run goes into one event (one summary with many values),
+    so the writer's queue sees one item per run, not one per tag.
+
     Args:
         writer: ``TensorBoardLogger.experiment`` (a ``SummaryWriter``).
         step: the global step.
         tags: from :func:`feature_tags`.
         attributions: ``(num_states, F)`` for the per-feature histograms, or ``None`` to skip them.
         markdown: the ``ig/report`` text, or ``None`` to skip it.
-        figures: ``{"top_features": ..., "heatmap": ...}`` (any subset) to write as images: matplotlib
-            figures, or ``(H, W, 3)`` uint8 arrays already rendered with :func:`figure_to_array`.
+        figures: ``{"top_features": ..., "heatmap": ...}`` (any subset) to write as images:
+            matplotlib figures or :class:`RenderedFigure`.
         layout: a custom-scalars layout to write (pass it on the first run only).
     """
+    from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415
+
     if layout is not None:
         writer.add_custom_scalars(dict(layout))
+    values: list[Any] = []
     if attributions is not None:
         for index, tag in enumerate(tags):
             column = attributions[:, index]
             finite = column[np.isfinite(column)]
             if finite.size:  # a histogram of nothing is an error in TensorBoard
-                writer.add_histogram(f"{TAG_PREFIX}/attributions/{tag}", finite, step)
+                values.append(Summary.Value(tag=f"{TAG_PREFIX}/attributions/{tag}", histo=histogram_proto(finite)))
     for name, figure in (figures or {}).items():
-        pixels = figure if isinstance(figure, np.ndarray) else figure_to_array(figure)
-        writer.add_image(f"{TAG_PREFIX}/{name}", pixels, step, dataformats="HWC")
+        rendered = figure if isinstance(figure, RenderedFigure) else figure_to_png(figure)
+        image = Summary.Image(
+            height=rendered.height, width=rendered.width, colorspace=4, encoded_image_string=rendered.png
+        )
+        values.append(Summary.Value(tag=f"{TAG_PREFIX}/{name}", image=image))
     if markdown is not None:
-        _add_text(writer, f"{TAG_PREFIX}/report", markdown, step)
+        values.extend(_text_summary(f"{TAG_PREFIX}/report", markdown).value)
+    if not values:
+        return
+    file_writer = getattr(writer, "_get_file_writer", None)  # torch's and tensorboardX's SummaryWriter
+    if file_writer is not None:
+        file_writer().add_summary(Summary(value=values), step)
+        return
+    for value in values:  # another writer: one public call per value
+        if value.HasField("histo"):
+            column = attributions[:, list(tags).index(value.tag.rsplit("/", 1)[1])]  # type: ignore[index]
+            writer.add_histogram(value.tag, column[np.isfinite(column)], step)
+        elif value.HasField("image"):
+            writer.add_image(value.tag, _png_to_array(value.image.encoded_image_string), step, dataformats="HWC")
+        else:
+            writer.add_text(value.tag, markdown, step)
+
+
+def _png_to_array(png: bytes) -> np.ndarray:
+    from matplotlib.image import imread  # noqa: PLC0415
+
+    pixels = imread(io.BytesIO(png), format="png")  # (H, W, 4) floats in [0, 1]
+    return (pixels[..., :3] * 255).round().astype(np.uint8)
 
 
 def _text_summary(tag: str, text: str) -> Any:
@@ -427,11 +528,3 @@ def _text_summary(tag: str, text: str) -> Any:
         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
     )
     return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
-
-
-def _add_text(writer: Any, tag: str, text: str, step: int) -> None:
-    file_writer = getattr(writer, "_get_file_writer", None)  # torch's and tensorboardX's SummaryWriter
-    if file_writer is None:
-        writer.add_text(tag, text, step)  # another writer: its own tag convention
-        return
-    file_writer().add_summary(_text_summary(tag, text), step)
