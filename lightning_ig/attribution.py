@@ -774,12 +774,11 @@ class _Run:
     # -- the whole attribution
     def attribute(self, n_steps: int) -> dict[str, Tensor]:
         alphas, weights = _rule_tensors(self.settings.method, n_steps, self.acc, self.x.device)
-        grads, ends = self.gradients(alphas, with_ends=True)
+        grads, ends = self._per_row_fd(*self.gradients(alphas, with_ends=True))
         assert ends is not None
-        grads, ends = self._per_row_fd(grads, ends)
         return self.finish(weights, grads, ends)
 
-    def _per_row_fd(self, grads: Tensor, ends: Tensor) -> tuple[Tensor, Tensor]:
+    def _per_row_fd(self, grads: Tensor, ends: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """With per-row targets under finite differences, keep each state's own column of the ``"each"`` values."""
         if self.spec.kind != "per_row" or self.settings.gradient != "finite_difference":
             return grads, ends
@@ -788,7 +787,8 @@ class _Run:
         states = torch.arange(self.batch, device=rows.device)
         grads = grads[rows, :, states]  # (A, m, B, F) -> (B, m, F)
         grads = grads.transpose(0, 1).unsqueeze(0).contiguous()  # (1, m, B, F)
-        ends = ends[:, states, rows].unsqueeze(-1)  # (2, B, A) -> (2, B, 1)
+        if ends is not None:
+            ends = ends[:, states, rows].unsqueeze(-1)  # (2, B, A) -> (2, B, 1)
         return grads, ends
 
     def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
@@ -899,9 +899,8 @@ def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], 
     acc, device = run.acc, run.x.device
     alphas_list, weights_list = quadrature(method, n)
     alphas = torch.tensor(alphas_list, dtype=acc, device=device)
-    grads, ends = run.gradients(alphas, with_ends=True)
+    grads, ends = run._per_row_fd(*run.gradients(alphas, with_ends=True))
     assert ends is not None
-    grads, ends = run._per_row_fd(grads, ends)
     while True:
         weights = torch.tensor(weights_list, dtype=acc, device=device)
         out = run.finish(weights, grads, ends)
@@ -917,16 +916,14 @@ def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], 
             old_index = list(range(0, refined, 2)) if method != "riemann_right" else list(range(1, refined, 2))
             new_index = sorted(set(range(refined)) - set(old_index))
             fresh_alphas = torch.tensor([new_alphas_list[i] for i in new_index], dtype=acc, device=device)
-            fresh, _ = run.gradients(fresh_alphas, with_ends=False)
-            fresh, _ = run._per_row_fd(fresh, ends)
+            fresh, _ = run._per_row_fd(*run.gradients(fresh_alphas, with_ends=False))
             merged = torch.empty((grads.shape[0], refined, *grads.shape[2:]), dtype=grads.dtype, device=device)
             merged[:, old_index] = grads
             merged[:, new_index] = fresh
             grads = merged
         else:
             alphas = torch.tensor(new_alphas_list, dtype=acc, device=device)
-            grads, _ = run.gradients(alphas, with_ends=False)
-            grads, _ = run._per_row_fd(grads, ends)
+            grads, _ = run._per_row_fd(*run.gradients(alphas, with_ends=False))
         n = refined
 
 

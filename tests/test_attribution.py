@@ -661,3 +661,15 @@ def test_graph_capture_failure_falls_back_to_eager_once(monkeypatch: pytest.Monk
         warnings.simplefilter("error")
         engine.attribute(x)  # remembered: no second attempt, no second warning
     torch.testing.assert_close(result.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions)
+
+
+@pytest.mark.parametrize("method", ["riemann_trapezoid", "gausslegendre"])
+def test_auto_steps_with_per_row_targets_in_both_modes(method: str) -> None:
+    model = _dueling(4, 3, seed=44)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    rows = torch.tensor([2, 0, 1])
+    autograd = integrated_gradients(model, x, target=rows, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=64)
+    fd = integrated_gradients(model, x, target=rows, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=64,
+                              gradient="finite_difference")  # fmt: skip
+    assert fd.n_steps == autograd.n_steps and fd.attributions.shape == (3, 4)
+    torch.testing.assert_close(fd.attributions, autograd.attributions, rtol=1e-5, atol=1e-7)
