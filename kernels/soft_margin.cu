@@ -31,7 +31,7 @@
 // not share a counter: the launcher keeps one workspace per (device, stream)
 // and gives a launch captured into a CUDA graph its own.
 //
-// Loads are 16 bytes (float4) for float32 and 8 bytes (4 x 16 bit) for the
+// Loads are 16 bytes (4 x float) for float32 and 8 bytes (4 x 16 bit) for the
 // half types when every pointer involved is aligned to that width; the last
 // n % 4 elements (and everything, when unaligned) take the scalar path.
 #include "common.cuh"
@@ -41,15 +41,18 @@
 #define LIG_SM_UNROLL 4
 #define LIG_SM_MAX_GRID 4096
 
-// Four consecutive elements as one aligned load or store.
+// Four consecutive elements as one aligned load or store. Our own 16-byte type
+// rather than float4, so nothing depends on which headers NVRTC provides.
+struct __align__(16) lig_sm_float4 { float x, y, z, w; };
+
 template <typename Tag> struct lig_sm_vec;
 template <> struct lig_sm_vec<lig_f32_tag> {
-    typedef float4 type;
-    static __device__ __forceinline__ void unpack(const float4& v, float (&f)[4]) {
+    typedef lig_sm_float4 type;
+    static __device__ __forceinline__ void unpack(const lig_sm_float4& v, float (&f)[4]) {
         f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
     }
-    static __device__ __forceinline__ float4 pack(const float (&f)[4]) {
-        float4 v;
+    static __device__ __forceinline__ lig_sm_float4 pack(const float (&f)[4]) {
+        lig_sm_float4 v;
         v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
         return v;
     }
