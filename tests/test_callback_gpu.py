@@ -1,0 +1,153 @@
+"""The callback on a CUDA model with backend="cuda" (CuPy kernels, CUDA-graph replay). Needs a GPU and CuPy."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states  # noqa: E402
+
+from lightning_ig.attribution import integrated_gradients  # noqa: E402
+from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+from lightning_ig.noise import noise_disabled  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: Any) -> pl.Trainer:
+    options: dict[str, Any] = {
+        "accelerator": "gpu",
+        "devices": 1,
+        "max_steps": max_steps,
+        "default_root_dir": tmp_path,
+        "logger": False,
+        "callbacks": callbacks,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "num_sanity_val_steps": 0,
+    }
+    options.update(kwargs)
+    return pl.Trainer(**options)
+
+
+def _direct(model: TinyQNet, states: torch.Tensor, device: torch.device, **options: Any):
+    model = model.to(device).eval()
+    with noise_disabled(model):
+        return integrated_gradients(model, states.to(device), **options)
+
+
+def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_device):
+    pl.seed_everything(0)
+    model = TinyQNet()
+    states = held_out_states(256)
+    callback = IntegratedGradientsCallback(
+        states,
+        every_n_steps=5,
+        feature_names=FEATURES,
+        n_steps=50,
+        backend="cuda",
+        report_dir=tmp_path / "reports",
+    )
+    logger = TensorBoardLogger(tmp_path, name="gpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, [callback], max_steps=15, logger=logger).fit(model, DataLoader(dataset(), batch_size=32))
+    capture_failures = [str(w.message) for w in caught if "CUDA graph capture" in str(w.message)]
+    assert not capture_failures, capture_failures
+    assert [entry["global_step"] for entry in callback.history] == [5, 10, 15]
+    # the engine captured on the first run and replayed its CUDA graph on the later ones
+    assert callback._engine is not None and callback._engine.last_mode == "graph"
+
+    report = json.loads((tmp_path / "reports" / "ig_report_step=00000015.json").read_text())
+    assert report["backend"] == "cuda" and report["num_states"] == 256 and report["num_steps"] == 50
+    reference = _direct(model, states, cuda_device, target="mean", n_steps=50, backend="torch")
+    attributions = reference.attributions.double().cpu()
+    np.testing.assert_allclose(
+        [f["mean_abs"] for f in report["features"]], attributions.abs().mean(0).numpy(), rtol=1e-4, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        [s["sum_attributions"] for s in report["completeness"]["per_state"]],
+        attributions.sum(1).numpy(),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    assert report["completeness"]["worst_relative_error"] < 1e-2
+
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "images": 0, "histograms": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {f"ig/mean_abs/{name}" for name in FEATURES} <= set(tags["scalars"])
+    assert {"ig/top_features", "ig/heatmap"} <= set(tags["images"])
+    assert {f"ig/attributions/{name}" for name in FEATURES} <= set(tags["histograms"])
+
+
+def _train(tmp_path: Path, with_callback: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    pl.seed_everything(5)
+    model = TinyQNet()
+    callbacks = (
+        [IntegratedGradientsCallback(held_out_states(64), every_n_steps=3, n_steps=16, backend="cuda")]
+        if with_callback
+        else []
+    )
+    trainer = _trainer(tmp_path, callbacks, max_steps=12)
+    trainer.fit(model, DataLoader(dataset(), batch_size=32, shuffle=True))
+    weights = {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
+    optimizer = trainer.optimizers[0].state_dict()
+    state = {
+        key: {name: torch.as_tensor(value).cpu().clone() for name, value in entry.items()}
+        for key, entry in optimizer["state"].items()
+    }
+    return weights, state
+
+
+def _same(a: tuple[dict, dict], b: tuple[dict, dict]) -> bool:
+    weights = all(torch.equal(a[0][name], b[0][name]) for name in a[0])
+    optimizer = all(torch.equal(a[1][k][n], b[1][k][n]) for k in a[1] for n in a[1][k])
+    return weights and optimizer
+
+
+def test_training_on_the_gpu_is_bit_identical_with_the_callback(tmp_path, cuda_device):
+    first = _train(tmp_path / "a", with_callback=False)
+    second = _train(tmp_path / "b", with_callback=False)
+    if not _same(first, second):
+        pytest.skip("training alone is not bit-reproducible on this device, so there is nothing to compare against")
+    with_callback = _train(tmp_path / "c", with_callback=True)
+    for name in first[0]:
+        assert torch.equal(first[0][name], with_callback[0][name]), f"{name} differs with the callback"
+    assert _same(first, with_callback)
+
+
+def test_a_run_leaves_the_cuda_generator_and_grads_alone(tmp_path, cuda_device):
+    pl.seed_everything(1)
+    model = TinyQNet()
+    callback = IntegratedGradientsCallback(held_out_states(64), every_n_steps=2, n_steps=16, backend="cuda")
+    trainer = _trainer(tmp_path, [callback], max_steps=2)
+    trainer.fit(model, DataLoader(dataset(), batch_size=32))
+    model.to(cuda_device).train()
+    # The callback caches its states on the fit's device; run it again by hand on the CUDA model.
+    callback.on_fit_start(trainer, model)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    grads = [parameter.grad.clone() for parameter in model.parameters()]
+    cuda_state = torch.cuda.get_rng_state()
+    cpu_state = torch.get_rng_state()
+    callback._run(trainer, model, final=False)
+    callback._run(trainer, model, final=False)  # the replay path too
+    assert torch.equal(cuda_state, torch.cuda.get_rng_state())
+    assert torch.equal(cpu_state, torch.get_rng_state())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert all(module.training for module in model.modules())
+    assert callback.history[-1]["mean_abs"] == pytest.approx(callback.history[-2]["mean_abs"], rel=1e-6)
