@@ -186,10 +186,14 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
                     extra={"worst_relative_error": ours.worst_relative_error}))  # fmt: skip
 
     engine = IntegratedGradients(model, target="mean", n_steps=N_STEPS, method=METHOD)
+    torch.cuda.synchronize()
+    before_capture = torch.cuda.memory_allocated()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         replayed = engine.attribute(x)
-    capture_note = "; ".join(str(w.message) for w in caught) or ""
+    torch.cuda.synchronize()
+    pool_mib = (torch.cuda.memory_allocated() - before_capture) / 2**20
+    capture_note = "; ".join(str(w.message) for w in caught) or f"graph pool {pool_mib:.1f} MiB (held between calls)"
     repeat_ms, repeat_mib = _time(lambda: engine.attribute(x), repeats * 3, warmup=3)
     rows.append(Row(case, "ours, autograd, repeated (CUDA graph)" if replayed.cuda_graph else "ours, autograd, repeated (eager: capture failed)",
                     repeat_ms, repeat_mib, note=capture_note,
