@@ -221,17 +221,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Progress:
-    """Says on stderr what is running once a stage takes more than a few seconds; silent otherwise."""
+    """Says on stderr what is running once a stage takes more than a few seconds; silent otherwise.
+
+    On a terminal it is one line, rewritten in place and erased before an error
+    is printed, so a failed run still ends with exactly one line of stderr. In a
+    log (stderr not a terminal) it prints a line every few seconds, but only for
+    stages that start after every input was checked (``checked=True``), for the
+    same reason.
+    """
 
     def __init__(self, stream: TextIO, enabled: bool) -> None:
         self._stream = stream
         self._enabled = enabled
+        self._interactive = bool(getattr(stream, "isatty", lambda: False)())
         self._stage = ""
+        self._checked = False
         self._started = time.monotonic()
         self._stage_started = self._started
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._spoke = False
+        self._line_open = False
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> _Progress:
@@ -244,25 +254,34 @@ class _Progress:
         self._done.set()
         if self._thread is not None:
             self._thread.join()
+        if self._line_open:
+            self._stream.write("\r\033[K")  # erase the progress line
+            self._stream.flush()
         if self._spoke and exc[0] is None:
-            self._say(f"done in {time.monotonic() - self._started:.0f} s")
+            print(f"{PROG}: done in {time.monotonic() - self._started:.0f} s", file=self._stream, flush=True)
 
-    def stage(self, text: str) -> None:
+    def stage(self, text: str, *, checked: bool = True) -> None:
+        """Start a stage; ``checked=False`` while user input may still be found wrong."""
         with self._lock:
-            self._stage, self._stage_started = text, time.monotonic()
+            self._stage, self._checked, self._stage_started = text, checked, time.monotonic()
 
     def _say(self, text: str) -> None:
-        print(f"{PROG}: {text}", file=self._stream, flush=True)
+        if self._interactive:
+            self._stream.write(f"\r{PROG}: {text}\033[K")
+            self._stream.flush()
+            self._line_open = True
+        else:
+            print(f"{PROG}: {text}", file=self._stream, flush=True)
 
     def _watch(self) -> None:
         wait = _PROGRESS_AFTER_S
         while not self._done.wait(wait):
             with self._lock:
-                stage, elapsed = self._stage, time.monotonic() - self._stage_started
-            if stage and elapsed >= _PROGRESS_AFTER_S:
+                stage, checked, elapsed = self._stage, self._checked, time.monotonic() - self._stage_started
+            if stage and elapsed >= _PROGRESS_AFTER_S and (checked or self._interactive):
                 self._spoke = True
                 self._say(f"{stage} ... {elapsed:.0f} s")
-                wait = _PROGRESS_EVERY_S
+                wait = 1.0 if self._interactive else _PROGRESS_EVERY_S
             else:
                 wait = max(0.1, _PROGRESS_AFTER_S - elapsed)
 
@@ -546,7 +565,7 @@ def _run_diag(args: argparse.Namespace, progress: _Progress) -> int:
     if args.backend == "cuda" and device.type != "cuda":
         raise UsageError("--backend cuda runs on a CUDA device; add --device cuda (or use --backend auto)")
 
-    progress.stage(f"loading {args.checkpoint}")
+    progress.stage(f"loading {args.checkpoint}", checked=False)
     if args.all_heads:
         try:
             heads = list_heads(args.checkpoint)

@@ -317,6 +317,26 @@ def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> 
     with cli._Progress(quiet, enabled=True) as progress:
         progress.stage("quick")
     assert quiet.getvalue() == ""
+    # in a log, a stage whose inputs may still be wrong stays silent: a failure prints one line only
+    unchecked = io.StringIO()
+    with cli._Progress(unchecked, enabled=True) as progress:
+        progress.stage("loading q.safetensors", checked=False)
+        time.sleep(0.3)
+    assert unchecked.getvalue() == ""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    with pytest.raises(RuntimeError):
+        with cli._Progress(terminal, enabled=True) as progress:
+            progress.stage("loading q.safetensors", checked=False)
+            time.sleep(0.3)
+            raise RuntimeError("a user error follows")
+    text = terminal.getvalue()
+    assert "\rlightning-ig: loading q.safetensors ..." in text and "\n" not in text
+    assert text.endswith("\r\033[K"), "the progress line is erased before the error is printed"
 
 
 def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) -> None:
