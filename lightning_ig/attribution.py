@@ -21,7 +21,8 @@ How it runs (shared/DESIGN.md, "Integrated Gradients engine"):
   ``(F(p + h e_i) - F(p - h e_i)) / 2h`` for every feature ``i`` of every path
   point, all probes built by one kernel launch per chunk (kernel (b)) and
   evaluated in batched forwards; the differences by kernel (c);
-* ``attributions = (x - b) * sum_k w_k g_k`` summed in step order (kernel (d)).
+* ``attributions = (x - b) * sum_k w_k g_k`` summed in step order (kernel (d));
+* the completeness statistics per state in one launch (kernel (e)).
 
 Every kernel has a torch twin here (``_interpolate_torch`` and friends) with
 the same operations in the same order: the reference in tests and the path
@@ -1072,7 +1073,14 @@ class IntegratedGradients:
     replacing a parameter tensor object is not: call :meth:`clear` after that.
     Finite differences, ``n_steps="auto"``, CPU tensors and forwards that cannot
     be captured (host syncs, data-dependent shapes) run eagerly; a failed
-    capture falls back to eager with one warning per key.
+    capture falls back to eager with one warning per key. The forward must be
+    deterministic and free of side effects for a replay to mean the same as a
+    call (no dropout in training mode, no noise drawn inside the forward).
+
+    The NaN/Inf check of the inputs (``check_finite``) is a host sync; the
+    engine skips it for a tensor it has already checked and that has not been
+    modified since (same object, same version counter), which is what a
+    callback passing the same held-out states sees.
 
     Args:
         forward: as for :func:`integrated_gradients`.
