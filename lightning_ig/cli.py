@@ -6,6 +6,22 @@ Integrated Gradients on held-out states and writes the schema-version-1 JSON
 report (see :mod:`lightning_ig.report`). ``lightning-ig show`` prints a report
 as a table. Run ``lightning-ig diag --help`` for every flag.
 
+Where the states come from: ``--states auto`` samples ``--auto-samples`` (16)
+states without replacement, with a private generator seeded by ``--seed`` (42),
+from the states stored in the checkpoint (``__states__``, or the head's own
+``<head>____states__``), else from ``<name>.states.{safetensors,npy,json}`` or
+``states.{...}`` beside it; the report records the indices drawn
+(``state_indices``). ``--states PATH`` uses every state in the file.
+
+Merged files: ``--head NAME`` (or ``--prefix NAME__``) attributes one head;
+``--all-heads`` attributes each head and writes **one report per head**, named
+after ``--output`` with the head before the suffix (``ig_report.json`` ->
+``ig_report.trending.json``, ``ig_report.ranging.json``). One file per head
+keeps every report a plain schema-version-1 document (``regime_head`` names its
+head), so consumers of single reports read them unchanged. Every head is
+checked before the first IG run and all reports are written at the end: a
+mistake in any head writes none.
+
 Exit status: 0 on success, 2 for a mistake in the command line or its inputs
 (one line on stderr says what was wrong and what to do; no output file is
 written), 1 for an unexpected failure (rerun with ``--debug`` for the traceback).

@@ -196,6 +196,7 @@ ERRORS_IN_SUBPROCESS = [
 ]
 ERRORS_IN_PROCESS = [
     (["--checkpoint", "junk.safetensors"], "not a readable safetensors file"),
+    (["--checkpoint", "errors"], "is a directory"),
     (["--checkpoint", "model.ckpt"], "--lightning-module"),
     (["--checkpoint", "heads.safetensors"], "several heads (ranging, trending)"),
     (["--checkpoint", "heads.safetensors", "--prefix", "up__"], "heads in it are: ranging, trending"),
@@ -245,12 +246,15 @@ def test_every_other_user_error_exits_2_with_one_line_and_no_output(
     workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(workspace)
+    (workspace / "errors").mkdir(exist_ok=True)
     problems = []
     for number, (args, words) in enumerate(ERRORS_IN_PROCESS):
         output = workspace / "errors" / f"in-process-{number}.json"
         code = cli.main(["diag", *args, "--output", str(output)])
         problems += _check_error(args, code, capsys.readouterr().err, words, output)
     assert not problems, "\n".join(problems)
+    code = cli.main(["diag", "--checkpoint", "q.safetensors", "--output", "errors"])
+    assert code == 2 and "is a directory" in capsys.readouterr().err
 
 
 def test_installed_console_script(workspace: Path, runs: dict[str, Run]) -> None:
