@@ -246,6 +246,9 @@ def _version(tensor: Tensor) -> int | None:
 
 
 _PLAIN = (bool, int, float, str, type(None))
+# nn.Module's own bookkeeping (training flag, hook flags): never a layer's noise switch, and code in
+# the block (a hook registered by an attribution library) may change it legitimately
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
 
 def _is_plain(value: Any) -> bool:
@@ -259,7 +262,7 @@ def _is_plain(value: Any) -> bool:
 def _snapshot(module: nn.Module) -> _LayerSnapshot:
     # Values are copied without autograd history: the snapshot is a copy of state, not part of a graph.
     with torch.no_grad():
-        attributes = {name: value for name, value in vars(module).items() if name != "training" and _is_plain(value)}
+        attributes = {name: value for name, value in vars(module).items() if name not in _MODULE_INTERNALS and _is_plain(value)}
         buffers = dict(module._buffers)
         buffer_values = {name: value.detach().clone() for name, value in buffers.items() if isinstance(value, Tensor)}
         tensor_attributes = {
@@ -301,7 +304,11 @@ def _restore(snapshot: _LayerSnapshot) -> None:
             if _version(value) is None or _version(value) != snapshot.versions[id(value)]:
                 value.copy_(snapshot.tensor_attribute_values[name])
         # A noise flag a switch added is removed; every flag it changed is put back.
-        added = [name for name, value in vars(module).items() if _is_plain(value) and name not in snapshot.attributes]
+        added = [
+            name
+            for name, value in vars(module).items()
+            if _is_plain(value) and name not in snapshot.attributes and name not in _MODULE_INTERNALS
+        ]
         for name in added:
             if "noise" in name.lower() or "noisy" in name.lower():
                 delattr(module, name)
