@@ -673,3 +673,141 @@ def test_auto_steps_with_per_row_targets_in_both_modes(method: str) -> None:
                               gradient="finite_difference")  # fmt: skip
     assert fd.n_steps == autograd.n_steps and fd.attributions.shape == (3, 4)
     torch.testing.assert_close(fd.attributions, autograd.attributions, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- kernels/ig.cu compiled for the host
+
+
+_HOST_SHIM = r"""
+// Host stand-ins for kernels/common.cuh and the CUDA intrinsics ig.cu uses, so its
+// kernels run on the CPU one emulated thread at a time (grid-stride loops included).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+struct lig_dim3 { unsigned x, y, z; };
+extern "C" { lig_dim3 blockIdx, threadIdx, gridDim, blockDim; }
+extern "C" void lig_set_thread(int block, int thread, int blocks, int threads) {
+    blockIdx.x = block; threadIdx.x = thread; gridDim.x = blocks; blockDim.x = threads;
+}
+typedef unsigned short lig_half;
+typedef unsigned short lig_bf16;
+static inline float lig_half_to_float(lig_half h) { _Float16 f; std::memcpy(&f, &h, 2); return (float)f; }
+static inline lig_half lig_float_to_half(float v) { _Float16 f = (_Float16)v; lig_half h; std::memcpy(&h, &f, 2); return h; }
+static inline float lig_bf16_to_float(lig_bf16 b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline lig_bf16 lig_float_to_bf16(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    if (std::isnan(f)) return 0x7fc0;
+    return (lig_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even, as cvt.rn.bf16.f32
+}
+struct lig_f32_tag {}; struct lig_f16_tag {}; struct lig_bf16_tag {};
+template <typename Tag> struct lig_storage;
+template <> struct lig_storage<lig_f32_tag> { typedef float type; static float load(float v) { return v; } static float store(float v) { return v; } };
+template <> struct lig_storage<lig_f16_tag> { typedef lig_half type; static float load(lig_half v) { return lig_half_to_float(v); } static lig_half store(float v) { return lig_float_to_half(v); } };
+template <> struct lig_storage<lig_bf16_tag> { typedef lig_bf16 type; static float load(lig_bf16 v) { return lig_bf16_to_float(v); } static lig_bf16 store(float v) { return lig_float_to_bf16(v); } };
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline double __longlong_as_double(long long v) { double f; std::memcpy(&f, &v, 8); return f; }
+template <typename T> static inline T __shfl_down_sync(unsigned, T, int) { return T(0); }  // lanes run one by one
+"""
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """kernels/ig.cu built as a host library (g++), with launches emulated thread by thread; skipped without g++."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from lightning_ig import _cuda
+
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("g++ is not installed")
+    folder = tmp_path_factory.mktemp("ig_host")
+    (folder / "common.cuh").write_text(_HOST_SHIM)
+    source = (_cuda.kernel_dir() / "ig.cu").read_text()
+    (folder / "ig_host.cpp").write_text(source)
+    library = folder / "libig_host.so"
+    build = subprocess.run(
+        [compiler, "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC", "-shared", f"-I{folder}", "-o", str(library),
+         str(folder / "ig_host.cpp")],  # fmt: skip
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if build.returncode != 0:
+        if "_Float16" in build.stderr:
+            pytest.skip("this g++ has no _Float16")
+        pytest.fail(f"ig.cu does not build for the host:\n{build.stderr[-3000:]}")
+    native = ctypes.CDLL(str(library))
+    state = {"grid": (2, 3)}
+
+    def argument(value):  # type: ignore[no-untyped-def]
+        kinds = {np.uint64: ctypes.c_void_p, np.int32: ctypes.c_int, np.int64: ctypes.c_longlong,
+                 np.float32: ctypes.c_float, np.float64: ctypes.c_double}  # fmt: skip
+        return kinds[type(value)](value.item())
+
+    def get_kernel(filename, name, device, options=()):  # type: ignore[no-untyped-def]
+        assert filename == "ig.cu"
+        return getattr(native, name)
+
+    def launch(kernel, grid, block, args, *, device, shared_mem=0):  # type: ignore[no-untyped-def]
+        converted = [argument(a) for a in args]
+        blocks, threads = state["grid"]
+        for block_index in range(blocks):
+            for thread_index in range(threads):
+                native.lig_set_thread(block_index, thread_index, blocks, threads)
+                kernel(*converted)
+
+    return state, get_kernel, launch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_kernels, monkeypatch: pytest.MonkeyPatch,
+                                                                dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+    state, get_kernel, launch = host_kernels
+    from lightning_ig import _cuda
+
+    monkeypatch.setattr(_cuda, "get_kernel", get_kernel)
+    monkeypatch.setattr(_cuda, "launch", launch)
+    acc = attribution._accumulate_dtype(dtype)
+    generator = torch.Generator().manual_seed(50)
+    for batch, features in [(1, 1), (3, 5), (2, 7)]:
+        for grid in [(1, 1), (2, 3), (3, 32)]:
+            state["grid"] = grid
+            x = torch.randn(batch, features, generator=generator).to(dtype)
+            b = torch.randn(batch, features, generator=generator).to(dtype)
+            alphas = torch.rand(4, generator=generator).to(acc)
+            for ends in (True, False):
+                assert torch.equal(attribution._interpolate_cuda(x, b, alphas, ends), attribution._interpolate_torch(x, b, alphas, ends))
+            points = attribution._interpolate_torch(x, b, alphas, False)[:3].reshape(-1, features).contiguous()
+            h = (torch.rand(batch, features, generator=generator) * 0.1 + 0.01).to(acc)
+            for offset in (0, 1, 5):
+                assert torch.equal(attribution._fd_probes_cuda(points, h, offset), attribution._fd_probes_torch(points, h, offset))
+                f = torch.randn(points.shape[0], 2, features, 3, generator=generator).to(acc)
+                ours = torch.full((3, points.shape[0] + 4, features), -7.0, dtype=acc)
+                twin = ours.clone()
+                attribution._fd_gradient_cuda(points, h, f, offset, ours[:, 2 : 2 + points.shape[0]])
+                attribution._fd_gradient_torch(points, h, f, offset, twin[:, 2 : 2 + points.shape[0]])
+                assert torch.equal(ours, twin)
+            grads = torch.randn(2, 5, batch, features, generator=generator).to(acc)
+            weights = torch.rand(5, generator=generator).to(acc)
+            assert torch.equal(attribution._accumulate_cuda(x, b, weights, grads), attribution._accumulate_torch(x, b, weights, grads))
+            # Completeness: one feature, so the emulated warp needs no shuffles; checks the index arithmetic.
+            single = torch.randn(2, batch, 1, generator=generator).to(dtype)
+            ends_values = torch.randn(2, batch, 2, generator=generator).to(acc)
+            ends_values[1, 0, 1] = ends_values[0, 0, 1]  # one degenerate state
+            state["grid"] = (grid[0], 32 * max(1, grid[1] // 32))
+            assert torch.equal(
+                attribution._completeness_cuda(single, ends_values).nan_to_num(-1.0),
+                attribution._completeness_torch(single, ends_values).nan_to_num(-1.0),
+            )
