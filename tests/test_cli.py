@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -105,6 +104,13 @@ def runs(workspace: Path) -> dict[str, Run]:
     return dict(zip(jobs, results))
 
 
+def _validate(report: dict) -> None:
+    # imported here, so that collecting this file (e.g. for `pytest -m gpu`) needs no jsonschema
+    import jsonschema
+
+    jsonschema.validate(report, load_schema())
+
+
 def _report(workspace: Path, name: str) -> dict:
     return json.loads((workspace / "out" / name).read_text())
 
@@ -114,7 +120,7 @@ def test_diag_writes_a_valid_report_whose_attributions_are_the_engines(workspace
     assert run.returncode == 0, run.stderr
     assert "wrote out/default.json" in run.stdout and "16 states" in run.stdout
     report = _report(workspace, "default.json")
-    jsonschema.validate(report, load_schema())
+    _validate(report)
     assert report["schema_version"] == 1 and report["checkpoint"] == "q.safetensors" and report["regime_head"] is None
     assert report["num_steps"] == 50 and report["num_states"] == 16 and report["state_dim"] == 4
     assert report["forward_target"] == "mean" and report["seed"] == 42 and report["method"] == "gausslegendre"
@@ -146,7 +152,7 @@ def test_auto_steps_states_file_feature_names_and_action_target(workspace: Path,
     run = runs["auto"]
     assert run.returncode == 0, run.stderr
     report = _report(workspace, "auto.json")
-    jsonschema.validate(report, load_schema())
+    _validate(report)
     assert report["num_states"] == 6 and report["states_source"] == "path"
     assert [feature["name"] for feature in report["features"]] == ["w", "x", "y", "z"]
     assert report["forward_target"] == "action:2" and report["num_steps_requested"] == "auto"
@@ -164,7 +170,7 @@ def test_merged_file_one_head_and_all_heads(workspace: Path, runs: dict[str, Run
     assert run.stdout == "" and not (workspace / "out" / "all.json").exists()
     reports = {name: _report(workspace, f"all.{name}.json") for name in ("trending", "ranging")}
     for name, report in reports.items():
-        jsonschema.validate(report, load_schema())
+        _validate(report)
         assert report["regime_head"] == name
     # each head is its own model: the ranging report of --all-heads is the --head one with the default sample
     assert reports["trending"]["features"] != reports["ranging"]["features"]
@@ -303,7 +309,7 @@ def test_user_architecture_by_import_path_and_lightning_checkpoint(
     assert code == 0, capsys.readouterr().err
     report = _report(workspace, "lightning.json")
     assert [f["name"] for f in report["features"]] == ["a", "b", "c", "d"] and report["num_states"] == 10
-    jsonschema.validate(report, load_schema())
+    _validate(report)
 
 
 def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> None:
