@@ -61,6 +61,16 @@ class UsageError(Exception):
     """A user mistake: the CLI prints its message as one line and exits with status 2."""
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: ...)`` where there is a default worth showing (not None, not an off switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line is one line on stderr (with the usual exit status 2)."""
 
@@ -169,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
             "on held-out states and write the schema-version-1 JSON report. The same checkpoint, states and "
             "settings give a bit-identical report."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     source = diag.add_argument_group("model")
     source.add_argument("--checkpoint", required=True, metavar="PATH", help="safetensors checkpoint (or a Lightning .ckpt with --lightning-module)")
@@ -208,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--baseline", default="zeros", metavar="zeros|mean|NUMBER|PATH", help="zeros, the mean of the states, a constant, or a states file with one baseline (or one per state)")
     ig.add_argument("--target", type=_target, default="mean", metavar="mean|N", help="the scalar attributed: mean Q over actions (V(s) for a dueling network) or action N")
     ig.add_argument("--completeness-tol", type=_positive_float, default=0.01, metavar="TOL", help="relative completeness error --num-steps auto aims for; larger ones are warned about")
-    ig.add_argument("--internal-batch-size", type=_positive_int, default=None, metavar="N", help="rows per forward pass (default: chosen from free memory)")
+    ig.add_argument("--internal-batch-size", type=_positive_int, default=None, metavar="N", help="rows per forward pass (default: chosen from the free memory)")
     ig.add_argument("--device", default="cpu", help="where to run: cpu, cuda, cuda:1, ...")
     ig.add_argument("--backend", choices=("auto", "cuda", "torch"), default="auto", help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device")
 
@@ -222,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser(
         "show", help="print a report as a table",
         description="Print the top features and the completeness figures of lightning-ig JSON reports.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     show.add_argument("reports", nargs="+", metavar="REPORT.json", help="reports written by lightning-ig diag (or the callback)")
     show.add_argument("--top", type=_positive_int, default=10, metavar="K", help="how many features to list")
