@@ -62,6 +62,11 @@ TAG_PREFIX = "ig"
 _POSITIVE = "#2166ac"
 _NEGATIVE = "#b2182b"
 _HEATMAP_MAX_FEATURES = 40
+_DRIFT_LABELS = {
+    "spearman_prev": "Spearman rank correlation with the previous run",
+    "spearman_first": "with the first run",
+    "topk_jaccard_prev": "top-k Jaccard overlap with the previous run",
+}
 
 
 def feature_tags(feature_names: Sequence[str]) -> list[str]:
@@ -224,7 +229,7 @@ def report_markdown(report: Mapping[str, Any], drift: Mapping[str, float] | None
         + ".",
     ]
     if drift:
-        parts = [f"{name.replace('_', ' ')} {_format(value, '.3f')}" for name, value in drift.items()]
+        parts = [f"{_DRIFT_LABELS.get(name, name)} {_format(value, '.3f')}" for name, value in drift.items()]
         lines += ["", f"**Drift**: {', '.join(parts)}."]
     return head + settings + "\n".join(rows) + "\n".join(lines) + "\n"
 
@@ -233,6 +238,11 @@ def _new_figure(width: float, height: float) -> Any:
     from matplotlib.figure import Figure  # noqa: PLC0415 - matplotlib only when figures are drawn
 
     return Figure(figsize=(width, height), dpi=100, facecolor="white")
+
+
+def _label_margin(labels: Sequence[str]) -> float:
+    """Inches left of the axes for tick labels of this length (about 0.075 in per character at 9-10 pt)."""
+    return 0.5 + 0.075 * max((min(len(label), 28) for label in labels), default=4)
 
 
 def figure_to_array(figure: Any) -> np.ndarray:
@@ -323,7 +333,7 @@ def top_features_figure(
         borderaxespad=0.2,
     )
     figure.subplots_adjust(
-        left=2.0 / figure.get_figwidth(),
+        left=_label_margin(labels) / figure.get_figwidth(),
         right=0.96,
         top=1 - 0.85 / figure.get_figheight(),
         bottom=0.7 / figure.get_figheight(),
@@ -361,7 +371,8 @@ def heatmap_figure(
     figure = _new_figure(float(np.clip(5.0 + 0.1 * runs, 7.5, 14.0)), 1.6 + 0.3 * rows)
     axes = figure.add_subplot()
     image = axes.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0)
-    axes.set_yticks(np.arange(rows), [str(feature_names[i])[:28] for i in order], fontsize=9)
+    labels = [str(feature_names[i])[:28] for i in order]
+    axes.set_yticks(np.arange(rows), labels, fontsize=9)
     ticks = np.unique(np.linspace(0, runs - 1, num=min(runs, 8)).round().astype(int))
     axes.set_xticks(ticks, [str(steps[i]) for i in ticks], fontsize=8)
     axes.set_xlabel("global step of the IG run", fontsize=10)
@@ -371,7 +382,7 @@ def heatmap_figure(
     colourbar.set_label("share of the run's mean |attr|" if normalise else "mean |attr|", fontsize=9)
     colourbar.ax.tick_params(labelsize=8)
     figure.subplots_adjust(
-        left=1.9 / figure.get_figwidth(),
+        left=_label_margin(labels) / figure.get_figwidth(),
         right=1 - 0.9 / figure.get_figwidth(),
         top=1 - 0.5 / figure.get_figheight(),
         bottom=0.65 / figure.get_figheight(),

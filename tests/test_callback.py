@@ -462,3 +462,44 @@ def test_target_callable_must_return_one_value_per_state(tmp_path):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, target=lambda module, x: module(x))
     with pytest.raises(ValueError, match=r"must return one value per state, shape \(2,\), got \(2, 2\)"):
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
+
+
+# ---------------------------------------------------------------------- tensorboard helpers
+
+
+def test_feature_tags_are_safe_and_unique():
+    from lightning_ig.tensorboard import feature_tags
+
+    assert feature_tags(["cart position", "pole/angle", "x[0,1]", "cart position"]) == [
+        "cart_position",
+        "pole_angle",
+        "x_0_1_",
+        "cart_position_3",
+    ]
+
+
+def test_histogram_proto_counts_every_value():
+    from lightning_ig.tensorboard import histogram_proto
+
+    values = np.random.default_rng(0).normal(size=101)
+    proto = histogram_proto(values, bins=7)
+    assert proto.num == 101 and sum(proto.bucket) == 101
+    assert len(proto.bucket) == len(proto.bucket_limit) == 8  # a leading empty bucket carries the left edge
+    assert proto.min == values.min() and proto.max == values.max()
+    assert proto.sum_squares == pytest.approx(float(values @ values))
+    constant = histogram_proto(np.full(5, 2.0))
+    assert sum(constant.bucket) == 5 and constant.min == constant.max == 2.0
+    with pytest.raises(ValueError, match="at least one value"):
+        histogram_proto(np.array([]))
+
+
+def test_figures_render_to_png_with_their_size():
+    from lightning_ig.tensorboard import figure_to_png, heatmap_figure, top_features_figure
+
+    names = ["a", "b", "c"]
+    bar = figure_to_png(
+        top_features_figure(names, np.array([1.0, 3.0, 2.0]), np.ones(3), np.array([1.0, -1.0, 0.5]), step=3)
+    )
+    assert bar.png[:8] == b"\x89PNG\r\n\x1a\n" and bar.width == 800 and bar.height > 150
+    heat = figure_to_png(heatmap_figure(names, [1, 2], np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])))
+    assert heat.png[:8] == b"\x89PNG\r\n\x1a\n" and heat.width >= 750
