@@ -834,7 +834,6 @@ def _chunk_rows(settings: _Settings, x: Tensor) -> int:
 
 def _result(
     out: dict[str, Tensor],
-    inputs_shape: torch.Size,
     resolved: Tensor,
     spec: _TargetSpec,
     settings: _Settings,
@@ -843,20 +842,21 @@ def _result(
     run: _Run,
     graph: bool,
 ) -> IGResult:
-    attributions = out["attributions"].view(-1, *resolved.shape)  # (T, B, F) -> (T, B, *feature_shape)
-    stats = out["stats"]  # (5, T, B)
-    fields = {
-        "f_input": stats[0],
-        "f_baseline": stats[1],
-        "delta": stats[2],
-        "relative_error": stats[3],
-        "degenerate": stats[4] != 0,
-    }
-    if spec.kind != "each":
-        attributions = attributions[0]
-        fields = {k: v[0] for k, v in fields.items()}
+    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(5, T, B)``), with views only."""
+    stats = out["stats"]
+    if spec.kind == "each":
+        attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
+    else:
+        attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
+        stats = stats.view(5, -1)  # (5, 1, B) -> (5, B)
+    f_input, f_baseline, delta, relative_error, degenerate = stats.unbind(0)
     return IGResult(
         attributions=attributions,
+        f_input=f_input,
+        f_baseline=f_baseline,
+        delta=delta,
+        relative_error=relative_error,
+        degenerate=degenerate != 0,
         baselines=resolved,
         n_steps=n_steps,
         method=settings.method,
@@ -866,7 +866,6 @@ def _result(
         fd_step=run.fd_step,
         internal_batch_size=run.chunk_rows,
         cuda_graph=graph,
-        **fields,
     )
 
 
@@ -884,7 +883,7 @@ def _attribute_eager(
     else:
         n_steps = int(settings.n_steps)
         out = run.attribute(n_steps)
-    return _result(out, inputs.shape[1:], resolved, spec, settings, backend, n_steps, run, graph=False)
+    return _result(out, resolved, spec, settings, backend, n_steps, run, graph=False)
 
 
 def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], int]:
@@ -1043,19 +1042,18 @@ class _GraphPlan:
         self.packed = packed  # both flattened into one buffer when their dtypes agree: one copy per replay
         self.run = run
         self.keep = keep  # objects whose id() is part of the key (a target callable)
-        self.attribution_numel = outputs["attributions"].numel()
+        self.attribution_shape = outputs["attributions"].shape
+        self.stats_shape = outputs["stats"].shape
+        self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
         self.zero_baselines: Tensor | None = None  # set by the fast path: a read-only expanded zero
+        self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
 
     def results(self) -> dict[str, Tensor]:
         """Fresh copies of the outputs of the last replay."""
         if self.packed is None:
             return {name: value.clone() for name, value in self.outputs.items()}
-        flat = self.packed.clone()
-        split = self.attribution_numel
-        return {
-            "attributions": flat[:split].view(self.outputs["attributions"].shape),
-            "stats": flat[split:].view(self.outputs["stats"].shape),
-        }
+        attributions, stats = self.packed.clone().split(self.split_sizes)
+        return {"attributions": attributions.view(self.attribution_shape), "stats": stats.view(self.stats_shape)}
 
 
 class IntegratedGradients:
@@ -1157,17 +1155,25 @@ class IntegratedGradients:
         ):
             return None
         settings = self._default_settings
-        with torch.inference_mode(False):
-            if settings.check_finite:
-                self._check_once("inputs", inputs, inputs)
-            plan.static_x.copy_(inputs.reshape(plan.static_x.shape))
-            plan.graph.replay()
-            out = plan.results()
+        if torch.is_inference_mode_enabled():  # entering the context costs more than the check
+            with torch.inference_mode(False):
+                out = self._replay_fast(plan, inputs, settings.check_finite)
+        else:
+            out = self._replay_fast(plan, inputs, settings.check_finite)
         self.last_mode = "graph"
         if plan.zero_baselines is None:
             plan.zero_baselines = torch.zeros((1,) * inputs.dim(), dtype=dtype, device=device).expand(shape)
-        return _result(out, shape[1:], plan.zero_baselines, plan.run.spec, settings, plan.run.backend,
-                       int(settings.n_steps), plan.run, graph=True)  # fmt: skip
+        return _result(out, plan.zero_baselines, plan.run.spec, settings, plan.run.backend, int(settings.n_steps),
+                       plan.run, graph=True)  # fmt: skip
+
+    def _replay_fast(self, plan: _GraphPlan, inputs: Tensor, check_finite: bool) -> dict[str, Tensor]:
+        if check_finite:
+            self._check_once("inputs", inputs, inputs)
+        if plan.static_x_view is None or plan.static_x_view.shape != inputs.shape:
+            plan.static_x_view = plan.static_x.view(inputs.shape)
+        plan.static_x_view.copy_(inputs)
+        plan.graph.replay()
+        return plan.results()
 
     @staticmethod
     def _graph_wanted(settings: _Settings, inputs: Any) -> bool:
@@ -1231,7 +1237,7 @@ class IntegratedGradients:
         if (settings is self._default_settings and baseline_key == ("zeros",) and spec.kind != "per_row"
                 and spec.kind != "callable"):  # fmt: skip
             self._fast = (inputs.shape, inputs.dtype, inputs.device, plan, spec.label)
-        return _result(out, inputs.shape[1:], resolved, spec, settings, backend, int(settings.n_steps), plan.run, graph=True)
+        return _result(out, resolved, spec, settings, backend, int(settings.n_steps), plan.run, graph=True)
 
     def _capture(self, key: tuple[Any, ...], x: Tensor, b: Tensor, baselines: Baselines, spec: _TargetSpec,
                  settings: _Settings, backend: str, feature_shape: torch.Size) -> _GraphPlan | None:  # fmt: skip
