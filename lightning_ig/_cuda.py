@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Sequence
@@ -148,7 +149,13 @@ def get_kernel(filename: str, name: str, device: torch.device, options: Sequence
 @functools.lru_cache(maxsize=64)
 def _external_stream(handle: int, device_index: int) -> Any:
     cupy = require_cupy()
-    return cupy.cuda.ExternalStream(handle, device_index)
+    # CuPy 14 deprecates ExternalStream in favour of Stream.from_external(), which
+    # wants an object with __cuda_stream__; a raw handle is all we keep, and the
+    # wrapper is built once per handle, so the warning is silenced here only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
 
 
 def _device_index(device: torch.device) -> int:
