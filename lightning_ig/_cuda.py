@@ -153,8 +153,7 @@ def _external_stream(handle: int, device_index: int) -> Any:
     # wants an object with __cuda_stream__; a raw handle is all we keep, and the
     # wrapper is built once per handle, so the warning is silenced here only.
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore")
         return cupy.cuda.ExternalStream(handle, device_index)
 
 
