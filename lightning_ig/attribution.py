@@ -632,6 +632,7 @@ class _Run:
         self.batch, self.features = x.shape
         self.fd_step = (settings.fd_step or _default_fd_step(x.dtype)) if settings.gradient == "finite_difference" else None
         self.allow_oom_retry = True
+        self.output_width = 0
 
     # -- kernels or twins
     def interpolate(self, alphas: Tensor, with_ends: bool) -> Tensor:
@@ -646,7 +647,9 @@ class _Run:
     def _evaluate(self, rows: Tensor, first_row: int, spec: _TargetSpec | None = None) -> Tensor:
         n_rows = rows.shape[0]
         outputs = self.forward(rows.view(n_rows, *self.feature_shape))
-        return _select(outputs, spec or self.spec, n_rows, first_row, self.batch)
+        selected = _select(outputs, spec or self.spec, n_rows, first_row, self.batch)
+        self.output_width = outputs.shape[1] if outputs.dim() == 2 else 1  # A, for per-row checks on replay
+        return selected
 
     def _chunked(self, total: int, unit: int, body: Callable[[int, int], None]) -> None:
         """Run ``body(start, stop)`` over ``[0, total)`` in chunks of whole ``unit``s; halve on CUDA OOM."""
@@ -1231,6 +1234,9 @@ class IntegratedGradients:
             plan.static_b.copy_(b)
         if plan.static_rows is not None:
             assert spec.rows is not None
+            if spec.rows_max >= plan.run.output_width:  # checked here: a replay's gather has no bounds check
+                actions = plan.run.output_width
+                raise ValueError(f"target holds index {spec.rows_max}, out of range for a forward with {actions} outputs; use 0..{actions - 1}")
             plan.static_rows.copy_(spec.rows)
         plan.graph.replay()
         out = plan.results()

@@ -811,3 +811,12 @@ def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_kernels, mo
                 attribution._completeness_cuda(single, ends_values).nan_to_num(-1.0),
                 attribution._completeness_torch(single, ends_values).nan_to_num(-1.0),
             )
+
+
+def test_graph_cache_rejects_per_row_targets_out_of_range(emulated_graphs: list[_EmulatedGraph]) -> None:
+    model = _dueling(3, 2, seed=45)
+    engine = IntegratedGradients(model, n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    engine.attribute(x, target=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="target holds index 2, out of range for a forward with 2 outputs"):
+        engine.attribute(x, target=torch.tensor([2, 1]))
