@@ -47,9 +47,10 @@ __all__ = ["IntegratedGradientsCallback"]
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[["pl.Trainer", "pl.LightningModule"], Tensor]]
 TargetSpec = Union[Literal["mean"], int, Callable[["pl.LightningModule", Tensor], Tensor]]
 
-# "auto" figures: drawn at the first and the last run, and in between only while the time spent
-# drawing them stays under this share of the training's wall time.
+# "auto" figures: drawn at the last run, and before it only while the time spent drawing them stays
+# under this share of the training's wall time; the first drawing is assumed to cost this much.
 _FIGURE_TIME_SHARE = 0.01
+_FIRST_FIGURE_SECONDS = 0.25
 
 
 class IntegratedGradientsCallback(Callback):
@@ -118,10 +119,12 @@ class IntegratedGradientsCallback(Callback):
             ``<default_root_dir>/ig_reports`` so the results are not lost.
         log_histograms: Log per-feature histograms to TensorBoard (default ``True``).
         figure_every_n_runs: Draw ``ig/top_features`` and ``ig/heatmap`` every
-            this many runs (and at the first and last run); ``"auto"`` (default)
-            draws them at the first and last run and in between as often as
-            keeps the drawing under 1% of training time (matplotlib costs tens
-            of milliseconds per figure); ``None`` draws none.
+            this many runs, counting from the first, and at the last run.
+            ``"auto"`` (default) draws them at the last run and, before it, as
+            often as keeps the drawing under 1% of the training's wall time
+            (matplotlib takes tens of milliseconds per figure, a few hundred
+            for the first): in a long run about every few dozen seconds, in a
+            run of seconds only at the end. ``None`` draws none.
 
     Raises:
         MisconfigurationException: No cadence at all, or a non-positive cadence.
@@ -595,12 +598,15 @@ class IntegratedGradientsCallback(Callback):
         if every is None:
             return False
         run_index = len(self.history) - 1
-        if final or run_index == 0:
+        if final:
             return True
         if every != "auto":
             return run_index % every == 0
+        # Draw when the drawing so far plus the next one stays within the share of the elapsed training time;
+        # the first one is gated too (matplotlib's import and first figure take a few hundred milliseconds).
+        expected = self._last_figure_cost or _FIRST_FIGURE_SECONDS
         elapsed = time.perf_counter() - self._fit_started_at
-        return (self._figure_seconds + self._last_figure_cost) <= _FIGURE_TIME_SHARE * elapsed
+        return self._figure_seconds + expected <= _FIGURE_TIME_SHARE * elapsed
 
     def _final_figures(self, trainer: "pl.Trainer") -> None:
         """The last cadence run fell on the final step (so no train-end run): draw its figures if it did not."""

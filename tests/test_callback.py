@@ -83,7 +83,13 @@ def logged_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model = TinyQNet()
     states = held_out_states()
     callback = IntegratedGradientsCallback(
-        states, every_n_steps=10, feature_names=FEATURES, n_steps=16, report_dir=root / "reports", top_k=3
+        states,
+        every_n_steps=10,
+        feature_names=FEATURES,
+        n_steps=16,
+        report_dir=root / "reports",
+        top_k=3,
+        figure_every_n_runs=1,
     )
     tensorboard = TensorBoardLogger(root, name="tb")
     csv_logger = CSVLogger(root, name="csv")
@@ -116,9 +122,8 @@ def test_every_tag_is_in_the_event_files(logged_run):
     # runs at steps 10, 20, 30 (the train-end run is skipped: step 30 already ran)
     assert [event.step for event in events.Scalars("ig/mean_abs/pole_theta")] == [10, 20, 30]
     assert [event.step for event in events.Scalars("ig/drift/spearman_prev")] == [20, 30]
-    # figures at the first and the last run at least, and they are real pictures
-    image_steps = [event.step for event in events.Images("ig/heatmap")]
-    assert image_steps[0] == 10 and image_steps[-1] == 30
+    # figures at every run (figure_every_n_runs=1), and they are real pictures
+    assert [event.step for event in events.Images("ig/heatmap")] == [10, 20, 30]
     top = events.Images("ig/top_features")[-1]
     assert top.width > 300 and top.height > 150
     text = events.Tensors("ig/report")[-1].tensor_proto.string_val[0].decode()
@@ -387,14 +392,22 @@ def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
         model.train()
 
 
-def test_figure_cadence(tmp_path):
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, n_steps=4, figure_every_n_runs=3)
+@pytest.mark.parametrize(
+    ("every", "max_steps", "expected"),
+    [
+        (3, 7, [1, 4, 7]),  # runs 0..6 at steps 1..7: runs 0, 3, 6; the last run is also step 7
+        (3, 6, [1, 4, 6]),  # the last run (step 6) always gets figures
+        ("auto", 7, [7]),  # a run of seconds: drawing earlier would cost more than 1% of it
+    ],
+)
+def test_figure_cadence(tmp_path, every, max_steps, expected):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, n_steps=4, figure_every_n_runs=every)
     logger = TensorBoardLogger(tmp_path, name="figures")
-    make_trainer(tmp_path, [callback], max_steps=7, logger=logger).fit(TinyQNet(), loader())
+    make_trainer(tmp_path, [callback], max_steps=max_steps, logger=logger).fit(TinyQNet(), loader())
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
     events.Reload()
-    # runs 0..6 at steps 1..7: every third run (0, 3, 6) -> steps 1, 4, 7; the last run is also step 7
-    assert [event.step for event in events.Images("ig/top_features")] == [1, 4, 7]
+    assert [event.step for event in events.Images("ig/top_features")] == expected
+    assert [event.step for event in events.Images("ig/heatmap")] == expected
 
 
 # ---------------------------------------------------------------------- bad input
