@@ -165,9 +165,20 @@ def _check_user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return dict(metadata)
 
 
-def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside ``torch.compile`` / DDP / DataParallel wrappers, whose keys and class are the real ones."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
     # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
     return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
 
@@ -214,7 +225,7 @@ def save_checkpoint(
     """Write ``model`` to a safetensors file that :func:`load_checkpoint` rebuilds without user code.
 
     Args:
-        model: The model. Its class should be registered (:func:`~lightning_ig.models.register_model`)
+        model: The model (``torch.compile`` and DDP wrappers are looked through). Its class should be registered (:func:`~lightning_ig.models.register_model`)
             or importable as ``package.module:Class``, with a ``config()`` method returning its
             constructor's keyword arguments (or pass ``config``).
         path: Where to write (parents are created). Written atomically.
@@ -242,6 +253,7 @@ def save_checkpoint(
         >>> loaded.feature_names, tuple(loaded.states.shape)
         (['x', 'v', 'theta', 'omega'], (3, 4))
     """
+    model = _unwrap(model)
     tensors = _model_tensors(model)
     names = _check_feature_names(feature_names)
     stored_states = _check_states(states)
@@ -299,6 +311,7 @@ def save_merged_checkpoint(
             raise ValueError(f"{what} names heads {sorted(unknown)} that are not in heads {sorted(heads)}")
     for head, model in heads.items():
         prefix = head_prefix(head)
+        model = _unwrap(model)
         architecture, model_kwargs = _architecture(model, None)
         info: dict[str, Any] = {"architecture": architecture}
         if model_kwargs is not None:

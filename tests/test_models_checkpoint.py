@@ -133,6 +133,21 @@ def test_save_and_load_rebuild_the_same_function(tmp_path: Path) -> None:
     torch.testing.assert_close(loaded.model(loaded.states), net(states.float()), rtol=0, atol=0)
 
 
+def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) -> None:
+    class OptimizedModuleLookAlike(nn.Module):  # torch.compile's wrapper keeps the model as _orig_mod
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self._orig_mod = inner
+
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    path = save_checkpoint(OptimizedModuleLookAlike(net), tmp_path / "compiled.safetensors")
+    assert read_metadata(path)[ARCHITECTURE_KEY] == "DuelingQNetwork"
+    with safe_open(str(path), framework="pt") as handle:
+        assert set(handle.keys()) == set(net.state_dict())
+    path = save_checkpoint(nn.DataParallel(net), tmp_path / "parallel.safetensors")
+    assert load_checkpoint(path).config == net.config()
+
+
 def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Path) -> None:
     torch.manual_seed(3)
     trending, ranging = DuelingQNetwork(3, 2, hidden_sizes=(8,)), DuelingQNetwork(3, 4, hidden_sizes=(6,), noisy=False)
