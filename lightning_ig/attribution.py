@@ -587,9 +587,14 @@ def _default_fd_step(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps) ** (1.0 / 3.0)
 
 
-def _default_chunk_rows(device: torch.device, row_bytes: int) -> int:
-    """Rows per forward from the free memory: a quarter of it, guessing 32 row copies plus 16 KiB of activations a row."""
+def _default_chunk_rows(device: torch.device, row_bytes: int, rows_needed: int) -> int:
+    """Rows per forward from the free memory: a quarter of it, guessing 32 row copies plus 16 KiB of activations a row.
+
+    Work that needs at most 256 MiB by that guess runs in one chunk without asking the device.
+    """
     per_row = 32 * row_bytes + 16 * 1024
+    if rows_needed * per_row <= _SMALL_WORK_BYTES:
+        return max(1, rows_needed)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -597,6 +602,9 @@ def _default_chunk_rows(device: torch.device, row_bytes: int) -> int:
     else:
         budget = 1 << 30  # 1 GiB on the host: the torch path is the reference, not the fast path
     return max(1, int(budget // per_row))
+
+
+_SMALL_WORK_BYTES = 256 << 20
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -832,7 +840,11 @@ def _resolve_backend(backend: str, inputs: Tensor) -> str:
 def _chunk_rows(settings: _Settings, x: Tensor) -> int:
     if settings.internal_batch_size is not None:
         return settings.internal_batch_size
-    return _default_chunk_rows(x.device, x.shape[1] * x.element_size())
+    batch, features = x.shape
+    steps = settings.max_steps if settings.n_steps == "auto" else int(settings.n_steps)
+    per_point = 2 * features if settings.gradient == "finite_difference" else 1
+    rows_needed = steps * batch * per_point + 2 * batch  # the path (or its probes) and the two ends
+    return _default_chunk_rows(x.device, features * x.element_size(), rows_needed)
 
 
 def _result(

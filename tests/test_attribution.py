@@ -820,3 +820,19 @@ def test_graph_cache_rejects_per_row_targets_out_of_range(emulated_graphs: list[
     engine.attribute(x, target=torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="target holds index 2, out of range for a forward with 2 outputs"):
         engine.attribute(x, target=torch.tensor([2, 1]))
+
+
+def test_default_chunk_holds_small_work_in_one_forward() -> None:
+    rows: list[int] = []
+    weight = torch.randn(5, dtype=torch.float64)
+
+    def forward(z: torch.Tensor) -> torch.Tensor:
+        rows.append(z.shape[0])
+        return z @ weight
+
+    x = torch.randn(4, 5, dtype=torch.float64)
+    result = integrated_gradients(forward, x, n_steps=10)
+    assert rows == [(10 + 2) * 4] and result.internal_batch_size == (10 + 2) * 4
+    rows.clear()
+    integrated_gradients(forward, x, n_steps=10, gradient="finite_difference")
+    assert rows == [10 * 4 * 2 * 5 + 2 * 4]  # every probe and both ends in one forward
