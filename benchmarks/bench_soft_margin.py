@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 from lightning_ig.losses import soft_margin_loss
 
 MiB = 1 << 20
+DEVICE = "cuda"  # a module constant so that a CPU smoke test of this script can swap it
 ROTATION_BYTES = 256 * MiB
 TARGETS = {  # float32, from issue 3
     "fwd_pct": 90.0,
@@ -76,8 +78,10 @@ def _eager(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _compiled() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    # a fresh wrapper per case, so one case's recompilations never evict another's
-    return torch.compile(lambda x, y: F.soft_margin_loss(x, y, reduction="mean"), dynamic=False)
+    # Dynamo caches per code object, not per wrapper: start each case from a clean
+    # cache so 8 cases (shape x dtype x grad) never hit its recompile limit.
+    torch._dynamo.reset()
+    return torch.compile(_eager, dynamic=False)
 
 
 # --------------------------------------------------------------------------- timing helpers
@@ -202,7 +206,7 @@ def _safe(label: str, thunk: Callable[[], object], notes: list[str]) -> object:
 
 
 def run_big(settings: Settings, dtype: torch.dtype, bandwidth: float, notes: list[str]) -> list[dict]:
-    device = torch.device("cuda")
+    device = torch.device(DEVICE)
     itemsize = torch.finfo(dtype).bits // 8
     numel = math.prod(settings.big_shape)
     rows = []
@@ -241,7 +245,7 @@ def run_big(settings: Settings, dtype: torch.dtype, bandwidth: float, notes: lis
 
 
 def run_small(settings: Settings, dtype: torch.dtype, notes: list[str]) -> list[dict]:
-    device = torch.device("cuda")
+    device = torch.device(DEVICE)
     rows = []
     for backward in (False, True):
         sets = _input_sets(settings.small_shape, dtype, device, grad=backward)
@@ -273,10 +277,57 @@ def run_small(settings: Settings, dtype: torch.dtype, notes: list[str]) -> list[
 
 def lone_add(settings: Settings, notes: list[str]) -> None:
     """A lone torch.add timed like one call, for scale: the events and the sync cost something too."""
-    a = torch.randn(settings.small_shape, device="cuda")
+    a = torch.randn(settings.small_shape, device=DEVICE)
     add_us = _safe("torch.add one call", lambda: _one_call(lambda x, y: torch.add(x, y), [(a, a)], False, 200), notes)
     if add_us is not None:
         notes.append(f"a lone torch.add on {settings.small_shape} float32, one call with events: {add_us:.1f} us")
+
+
+def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, float]]:
+    """Host microseconds per call of the pieces of our 512x4096 call path (no syncs inside)."""
+    from lightning_ig import _cuda, losses  # noqa: PLC0415 - only this part looks inside
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(settings.small_shape, device=device)
+    y = torch.ones(settings.small_shape, device=device)
+    g = torch.ones((), device=device)  # grad_output == 1: the scale kernel returns at once
+    scale = losses._kernel("soft_margin_scale", torch.float32, device.index)
+    scale_args = (_cuda.pointer(x), _cuda.pointer(g), _cuda.int64(x.numel()))
+    x_grad = x.clone().requires_grad_()
+
+    def fwd_bwd() -> None:
+        soft_margin_loss(x_grad, y, backend="cuda").backward()
+        x_grad.grad = None
+
+    pieces: list[tuple[str, Callable[[], object]]] = [
+        ("_cuda.launch (one tiny kernel, args ready)", lambda: _cuda.launch(scale, 1, 256, scale_args, device=device)),
+        ("torch.cuda.current_stream(index)", lambda: torch.cuda.current_stream(device.index)),
+        ("torch.cuda.is_current_stream_capturing()", torch.cuda.is_current_stream_capturing),
+        ("torch.empty((), device) (the loss)", lambda: torch.empty((), device=device)),
+        ("torch.empty_like(x) (the gradient)", lambda: torch.empty_like(x)),
+        ("_cuda.resolve_backend('cuda', x, y)", lambda: _cuda.resolve_backend("cuda", x, y)),
+        ("torch.add(x, y) (one torch kernel, for scale)", lambda: torch.add(x, y)),
+        ("soft_margin_loss(x, y) forward, no grad", lambda: soft_margin_loss(x, y, backend="cuda")),
+        ("soft_margin_loss(x, y).backward(), x needs grad", fwd_bwd),
+    ]
+    rows = []
+    for label, thunk in pieces:
+        def timed(thunk=thunk) -> float:
+            for _ in range(50):
+                thunk()
+            torch.cuda.synchronize()
+            calls = 500 if settings.loop_calls >= 1000 else 100
+            start = time.perf_counter()
+            for _ in range(calls):
+                thunk()
+            host = (time.perf_counter() - start) * 1e6 / calls
+            torch.cuda.synchronize()
+            return host
+
+        value = _safe(f"host breakdown: {label}", timed, notes)
+        if value is not None:
+            rows.append((label, value))
+    return rows
 
 
 # --------------------------------------------------------------------------- the report
@@ -290,7 +341,14 @@ def _fmt(value: object, digits: int = 1) -> str:
     return str(value)
 
 
-def render(big: list[dict], small: list[dict], bandwidth: float, settings: Settings, notes: list[str]) -> str:
+def render(
+    big: list[dict],
+    small: list[dict],
+    bandwidth: float,
+    settings: Settings,
+    notes: list[str],
+    host: list[tuple[str, float]] | None = None,
+) -> str:
     props = torch.cuda.get_device_properties(0)
     try:
         import cupy
@@ -335,6 +393,9 @@ def render(big: list[dict], small: list[dict], bandwidth: float, settings: Setti
         )
     lines += ["", "## Targets (float32, issue 3)", "", "| target | measured | met |", "|---|---:|---|"]
     lines += _targets(big, small, eager_loop)
+    if host:
+        lines += ["", "## Host time of the pieces of one 512x4096 call", "", "| piece | host us / call |", "|---|---:|"]
+        lines += [f"| {label} | {value:.1f} |" for label, value in host]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
@@ -390,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         time_budget_s=args.time_budget,
     )
     notes: list[str] = []
-    bandwidth = copy_bandwidth(torch.device("cuda"), args.quick)
+    bandwidth = copy_bandwidth(torch.device(DEVICE), args.quick)
     print(f"copy bandwidth: {bandwidth:.0f} GB/s", flush=True)
     lone_add(settings, notes)
     big: list[dict] = []
@@ -398,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in dtypes:
         small += run_small(settings, dtype, notes)
         big += run_big(settings, dtype, bandwidth, notes)
-    table = render(big, small, bandwidth, settings, notes)
+    host = _safe("host breakdown", lambda: host_breakdown(settings, notes), notes)
+    table = render(big, small, bandwidth, settings, notes, host)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(table, encoding="utf-8")
     print()
