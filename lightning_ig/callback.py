@@ -345,6 +345,16 @@ class IntegratedGradientsCallback(Callback):
             internal_batch_size=self.internal_batch_size,
             completeness_tol=self.completeness_tol,
         )
+        # A two-state trial through the engine, eagerly: a backend, gradient mode or forward that cannot work
+        # fails here, before training, not at the first run (and CUDA kernels compile now, not mid-training).
+        trial_baselines = self._local_baselines_for(torch.arange(min(2, self._held_out.shape[0])), device, dtype)
+        with _isolated(pl_module):
+            self._engine.attribute(
+                self._held_out[:2].to(device=device, dtype=dtype),
+                baselines=trial_baselines,
+                n_steps=2,
+                cuda_graph=False,
+            )
         # This rank's share of the states, padded to ceil(B / world) rows by repeating the last state so that
         # every rank attributes (and all-gathers) the same shape.
         num_states = self._held_out.shape[0]
@@ -352,17 +362,7 @@ class IntegratedGradientsCallback(Callback):
         share = -(-num_states // world)
         rows = torch.arange(rank * share, (rank + 1) * share).clamp_(max=num_states - 1)  # (share,)
         self._local_states = self._held_out[rows].to(device=device, dtype=dtype).contiguous()
-        if isinstance(self.baseline, Tensor):
-            baseline = self.baseline.detach().to("cpu", torch.float32)
-            if baseline.shape == self._held_out.shape:
-                baseline = baseline[rows]
-            self._local_baselines = baseline.to(device=device, dtype=dtype).contiguous()
-        elif self.baseline == "mean":
-            # The mean over all held-out states (not over this rank's share), in float64 for a rank-independent value.
-            mean = self._held_out.double().mean(dim=0)  # (*feature_shape)
-            self._local_baselines = mean.to(device=device, dtype=dtype).contiguous()
-        else:
-            self._local_baselines = "zeros"
+        self._local_baselines = self._local_baselines_for(rows, device, dtype)
         if self.history and len(self.history[0]["mean_abs"]) != len(self._names):
             rank_zero_warn(
                 "IntegratedGradientsCallback: the restored history has "
@@ -371,6 +371,20 @@ class IntegratedGradientsCallback(Callback):
             self.history = []
         self._fit_started_at = time.perf_counter()
         self._figure_seconds = 0.0
+
+    def _local_baselines_for(self, rows: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor | str:
+        """The baselines of the held-out states ``rows``, as the engine takes them."""
+        assert self._held_out is not None
+        if isinstance(self.baseline, Tensor):
+            baseline = self.baseline.detach().to("cpu", torch.float32)
+            if baseline.shape == self._held_out.shape:
+                baseline = baseline[rows]  # one baseline per state: this rank's rows
+            return baseline.to(device=device, dtype=dtype).contiguous()
+        if self.baseline == "mean":
+            # The mean over all held-out states (not this rank's share), in float64: the same on every rank.
+            mean = self._held_out.double().mean(dim=0)  # (*feature_shape)
+            return mean.to(device=device, dtype=dtype).contiguous()
+        return "zeros"
 
     @override
     def on_train_batch_end(
@@ -638,7 +652,8 @@ class IntegratedGradientsCallback(Callback):
                     f"got {type(states).__name__}"
                 )
         _check_states(states, "states")
-        return states.detach().to("cpu", torch.float32).contiguous()
+        # A copy made here is a normal tensor even when the states were made under torch.inference_mode().
+        return states.detach().to("cpu", torch.float32).clone(memory_format=torch.contiguous_format)
 
     def _check_model(
         self, pl_module: "pl.LightningModule", device: torch.device, dtype: torch.dtype

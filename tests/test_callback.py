@@ -457,6 +457,12 @@ class _NoTraining(Callback):
         (torch.randn(6, 4), {"feature_names": ["a", "b", "c"]}, "feature_names has 3 names but the states have 4"),
         (torch.randn(6, 4), {"target": 2}, r"target=2 is out of range: the model returns 2 outputs per state"),
         (torch.randn(6, 4), {"baseline": torch.zeros(3)}, r"baseline has shape \(3,\) but the states have shape"),
+        (torch.randn(6, 4), {"backend": "cuda"}, "backend='cuda' needs a CUDA device"),
+        (
+            torch.randn(6, 4),
+            {"target": lambda module, x: (module(x) > 0).float().sum(1)},  # no gradient flows through a comparison
+            "autograd",
+        ),
         (
             lambda trainer, pl_module: [[1.0, 2.0]],
             {},
@@ -469,6 +475,14 @@ def test_bad_input_fails_before_training(tmp_path, states, options, match):
     trainer = make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2)
     with pytest.raises((ValueError, TypeError), match=match):
         trainer.fit(TinyQNet(), loader())
+
+
+def test_states_made_under_inference_mode(tmp_path):
+    with torch.inference_mode():
+        states = held_out_states(8) * 1.0  # an inference tensor
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=4)
+    make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
+    assert len(callback.history) == 1
 
 
 def test_target_callable_must_return_one_value_per_state(tmp_path):
