@@ -36,7 +36,13 @@ _EXPORTS: dict[str, str] = {
     # checkpoints and models
     "save_checkpoint": "lightning_ig.checkpoint",
     "load_checkpoint": "lightning_ig.checkpoint",
+    "LoadedCheckpoint": "lightning_ig.checkpoint",
+    "list_heads": "lightning_ig.checkpoint",
+    "load_states": "lightning_ig.checkpoint",
+    "save_merged_checkpoint": "lightning_ig.checkpoint",
     "DuelingQNetwork": "lightning_ig.models",
+    "register_model": "lightning_ig.models",
+    "build_model": "lightning_ig.models",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -58,9 +64,16 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
     from lightning_ig.callback import IntegratedGradientsCallback
-    from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+    from lightning_ig.checkpoint import (
+        LoadedCheckpoint,
+        list_heads,
+        load_checkpoint,
+        load_states,
+        save_checkpoint,
+        save_merged_checkpoint,
+    )
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
-    from lightning_ig.models import DuelingQNetwork
+    from lightning_ig.models import DuelingQNetwork, build_model, register_model
     from lightning_ig.noise import NoisyLinear, noise_disabled
     from lightning_ig.quadrature import quadrature
     from lightning_ig.report import SCHEMA_VERSION, build_report, completeness_summary, feature_statistics
