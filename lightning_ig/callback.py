@@ -201,7 +201,8 @@ class IntegratedGradientsCallback(Callback):
             raise TypeError(f"baseline must be 'zeros', 'mean' or a tensor, got {type(baseline).__name__}")
         if isinstance(target, bool) or not (target == "mean" or isinstance(target, int) or callable(target)):
             raise ValueError(
-                f"target must be 'mean', an output index (int >= 0) or a callable (pl_module, x) -> (N,), got {target!r}"
+                "target must be 'mean', an output index (int >= 0) or a callable (pl_module, x) -> (N,), "
+                f"got {target!r}"
             )
         if isinstance(target, int) and target < 0:
             raise ValueError(f"target must be an output index >= 0, got {target}")
@@ -221,7 +222,8 @@ class IntegratedGradientsCallback(Callback):
             raise ValueError(f"internal_batch_size must be None or an int >= 1, got {internal_batch_size!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
-        if isinstance(completeness_tol, bool) or not isinstance(completeness_tol, (int, float)) or not completeness_tol > 0:
+        tol_is_number = isinstance(completeness_tol, (int, float)) and not isinstance(completeness_tol, bool)
+        if not tol_is_number or not completeness_tol > 0:
             raise ValueError(f"completeness_tol must be a positive number, got {completeness_tol!r}")
         if report_dir is not None and not isinstance(report_dir, (str, os.PathLike)):
             raise TypeError(f"report_dir must be a path or None, got {type(report_dir).__name__}")
@@ -314,6 +316,7 @@ class IntegratedGradientsCallback(Callback):
         if isinstance(self.baseline, Tensor):
             _check_states(self.baseline.reshape(-1, *feature_shape), "baseline")
         self._held_out = states
+        self._last_run_step = None  # a new fit counts steps from zero; a resumed one gets it back from the checkpoint
         self._names = list(self.feature_names) if self.feature_names is not None else reports.default_feature_names(
             feature_shape
         )
@@ -366,7 +369,8 @@ class IntegratedGradientsCallback(Callback):
         if self.history and len(self.history[0]["mean_abs"]) != len(self._names):
             rank_zero_warn(
                 "IntegratedGradientsCallback: the restored history has "
-                f"{len(self.history[0]['mean_abs'])} features, the states have {len(self._names)}; starting a new history"
+                f"{len(self.history[0]['mean_abs'])} features, the states have {len(self._names)}; "
+                "starting a new history"
             )
             self.history = []
         self._fit_started_at = time.perf_counter()
@@ -591,7 +595,13 @@ class IntegratedGradientsCallback(Callback):
         assert self._held_out is not None
         figures = {
             "top_features": tb.top_features_figure(
-                self._names, mean_abs, stddev, mean_signed, top_k=self.top_k, step=step, num_states=self._held_out.shape[0]
+                self._names,
+                mean_abs,
+                stddev,
+                mean_signed,
+                top_k=self.top_k,
+                step=step,
+                num_states=self._held_out.shape[0],
             ),
             "heatmap": self._heatmap(),
         }
@@ -741,7 +751,9 @@ class _HostResult:
 class _TargetForward:
     """``x -> target(pl_module, x)``: created once, so the engine's graph cache sees the same forward every run."""
 
-    def __init__(self, pl_module: "pl.LightningModule", target: Callable[["pl.LightningModule", Tensor], Tensor]) -> None:
+    def __init__(
+        self, pl_module: "pl.LightningModule", target: Callable[["pl.LightningModule", Tensor], Tensor]
+    ) -> None:
         self.pl_module = pl_module
         self.target = target
         self.__name__ = _callable_name(target)
@@ -802,7 +814,9 @@ def _check_cadence(value: int | None, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise MisconfigurationException(f"{name} must be a positive int or None, got {type(value).__name__} ({value!r})")
+        raise MisconfigurationException(
+            f"{name} must be a positive int or None, got {type(value).__name__} ({value!r})"
+        )
     if value < 1:
         raise MisconfigurationException(f"{name} must be a positive int or None, got {value}; e.g. {name}=100")
     return value

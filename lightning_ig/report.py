@@ -283,7 +283,11 @@ def completeness_summary(result: _ResultLike, *, per_state: bool = True) -> dict
         return summary
     relative = np.where(degenerate, np.nan, relative)  # degenerate: no ratio, whatever the engine stored
     columns = zip(
-        _json_floats(sums), _json_floats(difference), _json_floats(relative), _json_floats(absolute), degenerate.tolist()
+        _json_floats(sums),
+        _json_floats(difference),
+        _json_floats(relative),
+        _json_floats(absolute),
+        degenerate.tolist(),
     )
     summary["per_state"] = [
         {

@@ -530,9 +530,8 @@ def _text_summary(tag: str, text: str) -> Any:
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto  # noqa: PLC0415
     from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData  # noqa: PLC0415
 
-    metadata = SummaryMetadata(
-        plugin_data=SummaryMetadata.PluginData(plugin_name="text", content=TextPluginData(version=0).SerializeToString())
-    )
+    content = TextPluginData(version=0).SerializeToString()
+    metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text", content=content))
     tensor = TensorProto(
         dtype="DT_STRING",
         string_val=[text.encode("utf-8")],

@@ -373,10 +373,16 @@ def test_targets_and_baselines(tmp_path):
         )
         make_trainer(tmp_path, [callback], max_steps=2).fit(model, loader())
         forward = (lambda x: advantage_gap(model, x)) if callable(options.get("target")) else model
-        expected = direct_ig(model, states, n_steps=8, **direct) if forward is model else _direct_fn(model, forward, states)
+        if forward is model:
+            expected = direct_ig(model, states, n_steps=8, **direct)
+        else:
+            expected = _direct_fn(model, forward, states)
         report = json.loads(next((tmp_path / str(index)).glob("*.json")).read_text())
         np.testing.assert_allclose(
-            [f["mean_signed"] for f in report["features"]], expected.attributions.double().mean(0).numpy(), rtol=1e-5, atol=1e-7
+            [f["mean_signed"] for f in report["features"]],
+            expected.attributions.double().mean(0).numpy(),
+            rtol=1e-5,
+            atol=1e-7,
         )
         np.testing.assert_allclose(
             [f["mean_abs"] for f in report["features"]], expected.attributions.double().abs().mean(0).numpy(), rtol=1e-5

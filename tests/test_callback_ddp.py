@@ -29,7 +29,8 @@ def _run(devices: int, out: Path, batch_size: int) -> None:
         timeout=240,
     )
     if completed.returncode != 0:
-        raise AssertionError(f"the {devices}-process run failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}")
+        output = f"{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}"
+        raise AssertionError(f"the {devices}-process run failed:\n{output}")
 
 
 @pytest.fixture(scope="module")

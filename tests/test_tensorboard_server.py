@@ -82,7 +82,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:
             if process.poll() is not None:
-                raise AssertionError(f"tensorboard exited with {process.returncode}: {(root / 'tensorboard.log').read_text()[-3000:]}")
+                output = (root / "tensorboard.log").read_text()[-3000:]
+                raise AssertionError(f"tensorboard exited with {process.returncode}: {output}")
             try:
                 tags = _get(f"{base}/data/plugin/scalars/tags")
                 if run in tags and any(tag.startswith("ig/") for tag in tags[run]):
@@ -90,9 +91,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
             except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"tensorboard did not serve the run within {STARTUP_SECONDS} s: {(root / 'tensorboard.log').read_text()[-3000:]}"
-                )
+                output = (root / "tensorboard.log").read_text()[-3000:]
+                raise AssertionError(f"tensorboard did not serve the run within {STARTUP_SECONDS} s: {output}")
             time.sleep(0.5)
         yield base, run
     finally:
