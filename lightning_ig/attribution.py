@@ -1255,7 +1255,7 @@ class IntegratedGradients:
         if (settings is self._default_settings and baseline_key == ("zeros",) and spec.kind != "per_row"
                 and spec.kind != "callable"):  # fmt: skip
             self._fast = (inputs.shape, inputs.dtype, inputs.device, plan, spec.label)
-        return _result(out, resolved, spec, settings, backend, int(settings.n_steps), plan.run, graph=True)
+        return _result(out, resolved, spec, settings, plan.run.backend, int(settings.n_steps), plan.run, graph=True)
 
     def _capture(self, key: tuple[Any, ...], x: Tensor, b: Tensor, baselines: Baselines, spec: _TargetSpec,
                  settings: _Settings, backend: str, feature_shape: torch.Size) -> _GraphPlan | None:  # fmt: skip
@@ -1280,21 +1280,32 @@ class IntegratedGradients:
             assert ends is not None
             return run.finish(weights, grads, ends)
 
-        try:
-            compute()  # eager first: shape and autograd errors surface as they would without a graph
-            run.allow_oom_retry = False  # a retry cannot happen inside a capture
-            graph, outputs, packed = _capture_graph(compute, x.device)
-        except (ValueError, TypeError):
-            raise
-        except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
+        compute()  # eager first: shape and autograd errors surface as they would without a graph
+        run.allow_oom_retry = False  # a retry cannot happen inside a capture
+        # With the CUDA kernels first; should their capture fail, the torch twins (same arithmetic) still beat eager.
+        failures: list[str] = []
+        for attempt in [backend, "torch"] if backend == "cuda" else [backend]:
+            run.backend = attempt
+            try:
+                graph, outputs, packed = _capture_graph(compute, x.device)
+                break
+            except Exception as error:  # noqa: BLE001 - any capture failure means: try the next way, then eager
+                failures.append(f"backend={attempt!r}: {type(error).__name__}: {error}")
+        else:
             warnings.warn(
-                f"CUDA graph capture of the attribution failed ({type(error).__name__}: {error}); running eagerly "
+                f"CUDA graph capture of the attribution failed ({'; '.join(failures)}); running eagerly "
                 "for these shapes (pass cuda_graph=False to skip the attempt)",
                 RuntimeWarning,
                 stacklevel=4,
             )
             self._plans[key] = None
             return None
+        if failures:
+            warnings.warn(
+                f"CUDA graph capture with the CuPy kernels failed ({failures[0]}); captured the torch twins instead",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         plan = _GraphPlan(graph, static_x, static_b, static_rows, outputs, packed, run, spec.fn)
         if len(self._plans) >= _MAX_GRAPHS:  # each graph holds its memory pool: keep the most recent few
             evicted = self._plans.pop(next(iter(self._plans)))

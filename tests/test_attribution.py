@@ -645,6 +645,45 @@ def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice(
         engine.attribute(x)
 
 
+def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    capturing = [False]
+    attempts: list[bool] = []
+    graphs: list[_EmulatedGraph] = []
+
+    def interpolate_kernel(*args):  # type: ignore[no-untyped-def]
+        if capturing[0]:  # as a CuPy launch would fail inside a capture on a broken set-up
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return attribution._interpolate_torch(*args)
+
+    def capture(compute, device):  # type: ignore[no-untyped-def]
+        capturing[0] = True
+        try:
+            attempts.append(True)
+            outputs = compute()
+        finally:
+            capturing[0] = False
+        graphs.append(_EmulatedGraph(compute, outputs, attribution._pack(outputs)))
+        return graphs[-1], outputs, graphs[-1].packed
+
+    monkeypatch.setattr(attribution, "_capture_graph", capture)
+    monkeypatch.setattr(attribution, "_resolve_backend", lambda backend, inputs: "cuda")
+    monkeypatch.setattr(attribution, "_completeness_cuda", attribution._completeness_torch)
+    monkeypatch.setattr(attribution, "_interpolate_cuda", interpolate_kernel)
+    monkeypatch.setattr(attribution, "_accumulate_cuda", attribution._accumulate_torch)
+    monkeypatch.setattr(IntegratedGradients, "_graph_wanted", staticmethod(lambda s, inputs: True))
+    model = _dueling(3, 2, seed=46)
+    engine = IntegratedGradients(model, target="mean", n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="captured the torch twins instead"):
+        result = engine.attribute(x)
+    assert len(attempts) == 2 and result.cuda_graph and result.backend == "torch"
+    again = engine.attribute(x)
+    assert engine.last_mode == "graph" and again.backend == "torch" and len(graphs) == 1
+    torch.testing.assert_close(again.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions)
+
+
 def test_graph_capture_failure_falls_back_to_eager_once(monkeypatch: pytest.MonkeyPatch) -> None:
     def failing(compute, device):  # type: ignore[no-untyped-def]
         raise RuntimeError("operation not permitted when stream is capturing")
