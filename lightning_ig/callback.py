@@ -49,7 +49,7 @@ TargetSpec = Union[Literal["mean"], int, Callable[["pl.LightningModule", Tensor]
 
 # "auto" figures: drawn at the last run, and before it only while the time spent drawing them stays
 # under this share of the training's wall time; the first drawing is assumed to cost this much.
-_FIGURE_TIME_SHARE = 0.01
+_FIGURE_TIME_SHARE = 0.005
 _FIRST_FIGURE_SECONDS = 0.25
 
 
@@ -121,9 +121,9 @@ class IntegratedGradientsCallback(Callback):
         figure_every_n_runs: Draw ``ig/top_features`` and ``ig/heatmap`` every
             this many runs, counting from the first, and at the last run.
             ``"auto"`` (default) draws them at the last run and, before it, as
-            often as keeps the drawing under 1% of the training's wall time
+            often as keeps the drawing under 0.5% of the training's wall time
             (matplotlib takes tens of milliseconds per figure, a few hundred
-            for the first): in a long run about every few dozen seconds, in a
+            for the first): in a long run every half minute or so, in a
             run of seconds only at the end. ``None`` draws none.
 
     Raises:

@@ -403,7 +403,7 @@ def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
     [
         (3, 7, [1, 4, 7]),  # runs 0..6 at steps 1..7: runs 0, 3, 6; the last run is also step 7
         (3, 6, [1, 4, 6]),  # the last run (step 6) always gets figures
-        ("auto", 7, [7]),  # a run of seconds: drawing earlier would cost more than 1% of it
+        ("auto", 7, [7]),  # a run of seconds: drawing earlier would cost more than 0.5% of it
     ],
 )
 def test_figure_cadence(tmp_path, every, max_steps, expected):
