@@ -52,6 +52,7 @@ Backend = Literal["auto", "cuda", "torch"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 _BACKENDS = ("auto", "cuda", "torch")
+_KERNEL_BACKENDS = ("auto", "cuda")
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Launch geometry; it must match the constants at the top of kernels/soft_margin.cu.
@@ -127,7 +128,10 @@ def soft_margin_loss(
             "soft_margin_loss is not differentiable with respect to target, which requires grad; "
             "pass target.detach()"
         )
-    resolved = _cuda.resolve_backend(backend, input, target)
+    if backend in _KERNEL_BACKENDS and input.is_cuda and target.is_cuda and _cuda.cupy_available():
+        resolved = "cuda"  # what resolve_backend answers here, without its general checks (host time)
+    else:
+        resolved = _cuda.resolve_backend(backend, input, target)
 
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
         # torch's autocast runs soft_margin_loss in float32; do the same, so swapping is invisible
@@ -290,7 +294,8 @@ def _gradient_torch(input: Tensor, target: Tensor, grad_output: Tensor, reductio
 
 
 def _soft_margin_cuda(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
-    if input.device != target.device:
+    # The path from here to the launch is kept short: at 512 x 4096 host time is the cost.
+    if input.get_device() != target.get_device():
         raise ValueError(
             f"input is on {input.device} and target on {target.device}; move them to one device"
         )
@@ -326,16 +331,18 @@ class _SoftMarginFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None]:
-        input, target = ctx.saved_tensors
         if torch.is_grad_enabled():
             # create_graph=True: build the gradient from differentiable ops so that
             # second derivatives are right (the kernels' output is a constant to autograd)
+            input, target = ctx.saved_tensors
             return _gradient_torch(input, target, grad_output, ctx.reduction), None, None
         if ctx.reduction == "none":
+            input, target = ctx.saved_tensors
             return _launch_none_backward(input, target, grad_output), None, None
         gradient = ctx.gradient
         if gradient is None:
             # a second backward through a retained graph: the first one handed the buffer out
+            input, target = ctx.saved_tensors
             gradient = _launch_reduce(input, target, ctx.reduction, with_grad=True)[1]
         ctx.gradient = None  # ours alone from here, so scaling in place is safe
         _launch_scale_(gradient, grad_output)
@@ -343,10 +350,24 @@ class _SoftMarginFunction(torch.autograd.Function):
 
 
 # Caches that keep the per-call host path short: kernels per (entry point, dtype,
-# device), grid limits per device, and workspaces per (device, stream).
+# device), grid limits per device, workspaces per (device, stream), device objects,
+# and the grid and scalar arguments per reduction size.
 _kernels: dict[tuple[str, torch.dtype, int], Any] = {}
 _grid_limits: dict[int, int] = {}
-_workspaces: dict[tuple[int, int], Tensor] = {}
+_workspaces: dict[tuple[int, int], tuple[Tensor, tuple[np.uint64, np.uint64]]] = {}
+_plans: dict[tuple[int, str, int], tuple[int, tuple[np.int64, np.float64]]] = {}
+_devices: dict[int, torch.device] = {}
+
+
+def _pointer(tensor: Tensor) -> np.uint64:
+    return np.uint64(tensor.data_ptr())  # _cuda.pointer, without a call's overhead in the hot path
+
+
+def _device(index: int) -> torch.device:
+    device = _devices.get(index)
+    if device is None:
+        device = _devices[index] = torch.device("cuda", index)
+    return device
 
 
 def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
@@ -354,7 +375,7 @@ def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
     kernel = _kernels.get(key)
     if kernel is None:
         name = f"{op}_{_cuda.dtype_suffix(dtype)}"
-        kernel = _cuda.get_kernel(_KERNEL_FILE, name, torch.device("cuda", device_index))
+        kernel = _cuda.get_kernel(_KERNEL_FILE, name, _device(device_index))
         _kernels[key] = kernel
     return kernel
 
@@ -373,30 +394,44 @@ def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
     return max(1, min(limit, -(-n // per_block)))
 
 
-def _workspace(device: torch.device, grid: int) -> tuple[Tensor, np.uint64, np.uint64]:
+def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.uint64, np.uint64]]:
     """Partial sums and the ticket counter for one reduction launch.
 
-    Returns ``(tensor to keep alive, partials pointer, counter pointer)``. The
-    counter must be zero before a launch (the kernel's last block puts it back
-    to zero), and two launches that may overlap must not share it. Launches on
-    one stream never overlap, so eager calls share one zeroed workspace per
-    (device, stream). A launch being captured into a CUDA graph gets its own,
-    zeroed from the graph's memory pool as part of the graph, so replays of
-    different graphs never share a counter either. (Whether a capture is in
-    progress is asked of the current device's current stream.)
+    Returns ``(the workspace tensor, (partials pointer, counter pointer))``. The counter must be zero before a launch (the kernel's
+    last block puts it back to zero), and two launches that may overlap must not
+    share it. Launches on one stream never overlap, so eager calls share one
+    zeroed workspace per (device, stream), allocated once. A launch being
+    captured into a CUDA graph gets its own, zeroed from the graph's memory pool
+    as part of the graph, so replays of different graphs never share a counter
+    either. (Whether a capture is in progress is asked of the current device's
+    current stream.)
     """
     if torch.cuda.is_current_stream_capturing():
         # float64 zeros: `grid` partial sums, then the counter (the low word of 0.0 is 0u)
-        scratch = torch.zeros(grid + 1, dtype=torch.float64, device=device)
+        scratch = like.new_zeros(grid + 1, dtype=torch.float64)
         base = scratch.data_ptr()
-        return scratch, np.uint64(base), np.uint64(base + 8 * grid)
-    index = device.index
+        return scratch, (np.uint64(base), np.uint64(base + 8 * grid))
     key = (index, _current_stream_handle(index))
-    scratch = _workspaces.get(key)
-    if scratch is None:
-        scratch = _workspaces[key] = torch.zeros(_MAX_GRID + 1, dtype=torch.float64, device=device)
-    base = scratch.data_ptr()
-    return scratch, np.uint64(base), np.uint64(base + 8 * _MAX_GRID)
+    cached = _workspaces.get(key)
+    if cached is None:
+        # kept for the life of the process: 32 KiB per stream that ran a reduction
+        scratch = like.new_zeros(_MAX_GRID + 1, dtype=torch.float64)
+        base = scratch.data_ptr()
+        cached = _workspaces[key] = (scratch, (np.uint64(base), np.uint64(base + 8 * _MAX_GRID)))
+    return cached
+
+
+def _reduce_plan(n: int, reduction: str, index: int) -> tuple[int, tuple[np.int64, np.float64]]:
+    """The grid and the scalar arguments for a mean/sum of ``n`` elements (cached per size)."""
+    key = (n, reduction, index)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 1024:  # many distinct sizes: start over rather than grow without bound
+            _plans.clear()
+        # mean of nothing is 0 / 0 = NaN in the kernel, as in torch; sum of nothing is 0
+        divisor = float(n) if reduction == "mean" else 1.0
+        plan = _plans[key] = (_grid(n, index, 4 * _UNROLL), (np.int64(n), np.float64(divisor)))
+    return plan
 
 
 def _current_stream_handle(device_index: int) -> int:
@@ -412,29 +447,19 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def _launch_reduce(input: Tensor, target: Tensor, reduction: str, *, with_grad: bool) -> tuple[Tensor, Tensor | None]:  # noqa: A002
     """mean/sum in one launch; with ``with_grad`` also ``dL/dx`` (for grad_output == 1)."""
-    device = input.device
-    index = device.index
-    n = input.numel()
-    # mean of nothing is 0 / 0 = NaN in the kernel, as in torch; sum of nothing is 0
-    divisor = float(n) if reduction == "mean" else 1.0
-    grid = _grid(n, index, 4 * _UNROLL)
-    scratch, partials, counter = _workspace(device, grid)
-    loss = torch.empty((), dtype=input.dtype, device=device)
+    index = input.get_device()
+    grid, scalars = _reduce_plan(input.numel(), reduction, index)
+    scratch, workspace = _workspace(input, index, grid)
+    loss = input.new_empty(())
     if with_grad:
         gradient = torch.empty_like(input)
         kernel = _kernel("soft_margin_reduce_grad", input.dtype, index)
-        args = (
-            _cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), _cuda.pointer(gradient),
-            partials, counter, np.int64(n), np.float64(divisor),
-        )  # fmt: skip
+        pointers = (_pointer(input), _pointer(target), _pointer(loss), _pointer(gradient))
     else:
         gradient = None
         kernel = _kernel("soft_margin_reduce", input.dtype, index)
-        args = (
-            _cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss),
-            partials, counter, np.int64(n), np.float64(divisor),
-        )  # fmt: skip
-    _cuda.launch(kernel, grid, _THREADS, args, device=device)
+        pointers = (_pointer(input), _pointer(target), _pointer(loss))
+    _cuda.launch(kernel, grid, _THREADS, pointers + workspace + scalars, device=_device(index))
     del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
     return loss, gradient
 
@@ -443,10 +468,10 @@ def _launch_none(input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
     loss = torch.empty_like(input)
     n = input.numel()
     if n:
-        index = input.device.index
+        index = input.get_device()
         kernel = _kernel("soft_margin_none", input.dtype, index)
         args = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), np.int64(n))
-        _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=input.device)
+        _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=_device(index))
     return loss
 
 
@@ -465,13 +490,13 @@ def _launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) ->
     else:
         grad_output = grad_output.contiguous()
         g_is_scalar = 0
-    index = input.device.index
+    index = input.get_device()
     kernel = _kernel("soft_margin_none_backward", input.dtype, index)
     args = (
         _cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(grad_output),
         np.int32(g_is_scalar), _cuda.pointer(gradient), np.int64(n),
     )  # fmt: skip
-    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=input.device)
+    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=_device(index))
     return gradient
 
 
@@ -492,10 +517,10 @@ def _launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
     if n <= _TORCH_SCALE_MAX_ELEMENTS:
         gradient.mul_(grad_output)
         return
-    index = gradient.device.index
+    index = gradient.get_device()
     kernel = _kernel("soft_margin_scale", gradient.dtype, index)
     args = (_cuda.pointer(gradient), _cuda.pointer(grad_output), np.int64(n))
-    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=gradient.device)
+    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=_device(index))
 
 
 # --------------------------------------------------------------------------- helpers

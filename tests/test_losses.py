@@ -487,7 +487,8 @@ def emulated_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=3)
     )
-    for cache in ("_kernels", "_grid_limits", "_workspaces"):
+    monkeypatch.setattr(losses, "_device", lambda index: torch.device("cpu"))
+    for cache in ("_kernels", "_grid_limits", "_workspaces", "_plans"):
         monkeypatch.setattr(losses, cache, {})
     return kernels
 
@@ -528,7 +529,7 @@ def test_launchers_pass_what_the_kernels_expect(
         grid = emulated_device.calls[0][1]
         assert grid == min(3 * losses._BLOCKS_PER_SM, -(-x.numel() // (losses._THREADS * 4 * losses._UNROLL)))
         # the eager workspace (one per device and stream) is reused and its counter is back at zero
-        (workspace,) = losses._workspaces.values()
+        ((workspace, _),) = losses._workspaces.values()
         assert workspace.view(torch.int32)[2 * losses._MAX_GRID].item() == 0
         forward_only = losses._soft_margin_cuda(x, y.expand(40, 70), reduction)
         assert emulated_device.calls[-1][0] == "soft_margin_reduce"
