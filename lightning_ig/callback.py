@@ -259,6 +259,7 @@ class IntegratedGradientsCallback(Callback):
         self._local_states: Tensor | None = None  # this rank's share, on the model's device
         self._local_baselines: Tensor | str = "zeros"
         self._report_dir: Path | None = None
+        self._target_label = "mean"
         self._warned_completeness = False
         self._layout_written = False
         self._fit_started_at = 0.0
@@ -338,6 +339,11 @@ class IntegratedGradientsCallback(Callback):
         device = pl_module.device
         dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
         forward, engine_target = self._check_model(pl_module, device, dtype)
+        # The report's forward_target, named as the lightning-ig command names it.
+        if engine_target is None:
+            self._target_label = "output" if forward is pl_module else f"callable:{_callable_name(self.target)}"
+        else:
+            self._target_label = "mean" if engine_target == "mean" else f"action:{engine_target}"
         self._engine = IntegratedGradients(
             forward,
             target=engine_target,
@@ -552,7 +558,7 @@ class IntegratedGradientsCallback(Callback):
         return {
             "num_states": int(gathered.attributions.shape[0]),
             "num_steps": gathered.n_steps,
-            "forward_target": str(gathered.target),
+            "forward_target": self._target_label,
             "top_10_by_mean_abs": top,
             "completeness": completeness,
             "method": gathered.method,
@@ -572,7 +578,7 @@ class IntegratedGradientsCallback(Callback):
             gathered,
             feature_names=self._names,
             checkpoint=None,
-            forward_target=str(gathered.target),
+            forward_target=self._target_label,
             regime_head=None,
             top_k=self.top_k,
             extra={

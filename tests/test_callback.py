@@ -378,6 +378,7 @@ def test_targets_and_baselines(tmp_path):
         else:
             expected = _direct_fn(model, forward, states)
         report = json.loads(next((tmp_path / str(index)).glob("*.json")).read_text())
+        assert report["forward_target"] == ["action:1", "mean", "mean", "callable:" + advantage_gap.__qualname__][index]
         np.testing.assert_allclose(
             [f["mean_signed"] for f in report["features"]],
             expected.attributions.double().mean(0).numpy(),
