@@ -32,7 +32,15 @@ loss.
 
 Second derivatives (``create_graph=True``) are supported: when autograd records
 the backward, it is computed with differentiable torch operations from the
-saved input and target, so ``torch.autograd.grad`` of a gradient is correct.
+saved input and target, so ``torch.autograd.grad`` of a gradient is correct. A
+second ``backward`` through a retained graph recomputes the gradient.
+
+The CUDA path is deterministic: the same input on the same device gives
+bit-identical results (the reduction order depends only on the size). Each
+(device, stream) gets a small reduction workspace once; a launch captured into
+a CUDA graph gets its own, so a training step that uses the loss can be
+captured with ``torch.cuda.graph`` and replayed (warm it up first, as torch's
+documentation asks: the first call compiles the kernels).
 """
 
 from __future__ import annotations
@@ -81,7 +89,9 @@ def soft_margin_loss(
     are finite, and finite where torch's overflow.
 
     Args:
-        input: Scores (logits) of any shape; floating point.
+        input: Scores (logits) of any shape; floating point. The kernels read a
+            contiguous buffer: a non-contiguous input is copied once (and its
+            gradient comes back through that copy).
         target: Labels, usually ``-1``/``+1``; the input's shape or one that
             broadcasts to it (a broadcast target is materialised for the kernels).
             Converted to the input's dtype; must not require a gradient.
