@@ -360,7 +360,8 @@ def render(
         "# Fused SoftMarginLoss benchmark",
         "",
         f"- device: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)",
-        f"- torch {torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy_version}, python {sys.version.split()[0]}",
+        f"- torch {torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy_version}, "
+        f"python {sys.version.split()[0]}",
         f"- device-to-device copy bandwidth (read + write): **{bandwidth:.0f} GB/s**",
         f"- input sets rotated per timed loop: >= {ROTATION_BYTES // MiB} MiB in all"
         + (" (quick mode: smaller sizes, fewer calls)" if settings.big_shape != (16384, 16384) else ""),

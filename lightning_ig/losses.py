@@ -407,14 +407,14 @@ def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
 def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.uint64, np.uint64]]:
     """Partial sums and the ticket counter for one reduction launch.
 
-    Returns ``(the workspace tensor, (partials pointer, counter pointer))``. The counter must be zero before a launch (the kernel's
-    last block puts it back to zero), and two launches that may overlap must not
-    share it. Launches on one stream never overlap, so eager calls share one
-    zeroed workspace per (device, stream), allocated once. A launch being
-    captured into a CUDA graph gets its own, zeroed from the graph's memory pool
-    as part of the graph, so replays of different graphs never share a counter
-    either. (Whether a capture is in progress is asked of the current device's
-    current stream.)
+    Returns ``(the workspace tensor, (partials pointer, counter pointer))``.
+    The counter must be zero before a launch (the kernel's last block puts it
+    back to zero), and two launches that may overlap must not share it. Launches
+    on one stream never overlap, so eager calls share one zeroed workspace per
+    (device, stream), allocated once. A launch being captured into a CUDA graph
+    gets its own, zeroed from the graph's memory pool as part of the graph, so
+    replays of different graphs never share a counter either. (Whether a capture
+    is in progress is asked of the current device's current stream.)
     """
     if torch.cuda.is_current_stream_capturing():
         # float64 zeros: `grid` partial sums, then the counter (the low word of 0.0 is 0u)
@@ -455,7 +455,13 @@ def _current_stream_handle(device_index: int) -> int:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _launch_reduce(input: Tensor, target: Tensor, reduction: str, *, with_grad: bool) -> tuple[Tensor, Tensor | None]:  # noqa: A002
+def _launch_reduce(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    reduction: str,
+    *,
+    with_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
     """mean/sum in one launch; with ``with_grad`` also ``dL/dx`` (for grad_output == 1)."""
     index = input.get_device()
     grid, scalars = _reduce_plan(input.numel(), reduction, index)

@@ -525,7 +525,7 @@ def test_launchers_pass_what_the_kernels_expect(
     if reduction == "none":
         assert ops == ["soft_margin_none", "soft_margin_none_backward", "soft_margin_none_backward"]
     else:
-        assert ops == (["soft_margin_reduce_grad", "soft_margin_scale"] if scale_by_kernel else ["soft_margin_reduce_grad"])
+        assert ops == ["soft_margin_reduce_grad"] + (["soft_margin_scale"] if scale_by_kernel else [])
         grid = emulated_device.calls[0][1]
         assert grid == min(3 * losses._BLOCKS_PER_SM, -(-x.numel() // (losses._THREADS * 4 * losses._UNROLL)))
         # the eager workspace (one per device and stream) is reused and its counter is back at zero
