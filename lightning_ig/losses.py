@@ -163,6 +163,10 @@ def soft_margin_loss(
         resolved = "torch"
     if resolved == "torch":
         return _soft_margin_torch(input, target, reduction)
+    if torch.compiler.is_compiling():
+        # raw pointers and CuPy launches cannot be traced: torch.compile runs this part
+        # eagerly (wrapped here, not at import, since the wrapper imports torch._dynamo)
+        return torch.compiler.disable(_soft_margin_cuda)(input, target, reduction)
     return _soft_margin_cuda(input, target, reduction)
 
 

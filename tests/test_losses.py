@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
@@ -547,3 +548,24 @@ def test_launchers_handle_empty_inputs(emulated_device: _EmulatedKernels) -> Non
     assert losses._soft_margin_cuda(empty.detach(), empty.detach(), "none").shape == (0, 5)
     # mean and sum still launch once (the last block writes the NaN or the 0); none launches nothing
     assert [op for op, _ in emulated_device.calls] == ["soft_margin_reduce_grad", "soft_margin_reduce"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_torch_compile_runs_the_kernel_path_eagerly(
+    emulated_device: _EmulatedKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if emulated_device.dtype != torch.float32:
+        pytest.skip("one dtype is enough to check the compile path")
+    monkeypatch.setattr(losses._cuda, "resolve_backend", lambda backend, *tensors: "cuda")
+    torch._dynamo.reset()
+    linear = nn.Linear(5, 1)
+    step = torch.compile(lambda x, y: soft_margin_loss(linear(x), y, "mean"))
+    x = torch.randn(16, 5, generator=torch.Generator().manual_seed(10))
+    y = torch.ones(16, 1)
+    loss = step(x, y)
+    loss.backward()
+    reference = F.soft_margin_loss(linear(x), y)
+    torch.testing.assert_close(loss.detach(), reference.detach())
+    assert ("soft_margin_reduce_grad", 1) in emulated_device.calls  # the kernels ran, not a traced twin
+    (expected_grad,) = torch.autograd.grad(reference, linear.weight)
+    torch.testing.assert_close(linear.weight.grad, expected_grad)
