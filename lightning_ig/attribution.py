@@ -1323,8 +1323,18 @@ def _capture_graph(compute: Callable[[], dict[str, Tensor]], device: torch.devic
     """
     side = torch.cuda.Stream(device=device)
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        compute()  # warm-up on a side stream, as torch.cuda.graph's documentation asks
+    # The warm-up runs with torch's sync debug mode set to "error", so a forward
+    # that synchronises with the host (.item(), .cpu(), data-dependent shapes)
+    # fails here, before any capture begins. A capture that fails part-way
+    # leaves the CUDA generator in its capture state, and every later random
+    # draw on the device raises "Offset increment outside graph capture".
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(side):
+            compute()  # warm-up on a side stream, as torch.cuda.graph's documentation asks
+    finally:
+        torch.cuda.set_sync_debug_mode(previous_mode)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     rng_state = torch.cuda.get_rng_state(device)

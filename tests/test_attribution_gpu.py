@@ -283,6 +283,8 @@ def test_graph_capture_failure_falls_back_to_eager(cuda_device: torch.device) ->
     torch.testing.assert_close(result.attributions, expected.attributions)
     engine.attribute(x)  # no second warning: the key is remembered as eager
     assert engine.last_mode == "eager"
+    # The sync is caught before a capture starts, so the device generator still works.
+    torch.randn(3, device=cuda_device)
 
 
 def test_graph_off_and_finite_differences_run_eagerly(cuda_device: torch.device) -> None:
