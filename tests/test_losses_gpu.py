@@ -105,7 +105,11 @@ def test_loss_and_gradient_match_torch(cuda_device: torch.device, dtype: torch.d
         values.append(loss.detach())
         grads.append(leaf.grad)
     torch.testing.assert_close(values[0], values[1], rtol=rtol, atol=rtol * 1e-3)
-    torch.testing.assert_close(grads[0], grads[1], rtol=rtol, atol=rtol * grads[1].abs().max().item())
+    # a mean over 2M elements puts half-precision gradients among the subnormals: allow one step there
+    finfo = torch.finfo(dtype)
+    subnormal_step = finfo.smallest_normal * finfo.eps
+    atol = max(rtol * grads[1].abs().max().item(), subnormal_step)
+    torch.testing.assert_close(grads[0], grads[1], rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
