@@ -281,6 +281,15 @@ def lone_add(settings: Settings, notes: list[str]) -> None:
     add_us = _safe("torch.add one call", lambda: _one_call(lambda x, y: torch.add(x, y), [(a, a)], False, 200), notes)
     if add_us is not None:
         notes.append(f"a lone torch.add on {settings.small_shape} float32, one call with events: {add_us:.1f} us")
+    # The floor of any forward + backward through autograd: one reduction and the engine's backward pass
+    # (on CUDA it runs on the engine's device thread, so it includes two thread hand-offs).
+    leaf = torch.randn(settings.small_shape, device=DEVICE, requires_grad=True)
+    floor_us = _safe("x.sum().backward() one call", lambda: _one_call(lambda x, y: x.sum(), [(leaf, leaf)], True, 200), notes)
+    if floor_us is not None:
+        notes.append(
+            f"autograd floor: x.sum().backward() on {settings.small_shape} float32, one call with events: {floor_us:.1f} us "
+            "(no fused loss's forward + backward can take less)"
+        )
 
 
 def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, float]]:
