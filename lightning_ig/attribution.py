@@ -542,9 +542,10 @@ def _check_inputs(inputs: Any) -> None:
         raise ValueError(f"inputs must have shape (B, *feature_shape) with B >= 1, got {tuple(inputs.shape)}")
 
 
-def _check_finite(name: str, tensor: Tensor) -> None:
+def _check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
     # One host sync; the slow path (count and first index) only runs when something is wrong.
-    if bool(torch.isfinite(tensor).all()):
+    # ``flag`` is ``isfinite(tensor).all()`` queued earlier, so the sync finds it long done.
+    if bool(torch.isfinite(tensor).all() if flag is None else flag):
         return
     bad = ~torch.isfinite(tensor)
     count = int(bad.sum())
@@ -888,16 +889,24 @@ def _attribute_eager(
     forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: _Settings
 ) -> IGResult:
     x, b, resolved, spec, backend = _prepare(forward, inputs, baselines, settings)
+    checks = [("inputs", x)] + ([("baselines", b)] if isinstance(baselines, Tensor) else [])
+    deferred: list[tuple[str, Tensor, Tensor]] = []
     if settings.check_finite:
-        _check_finite("inputs", x)
-        if isinstance(baselines, Tensor):
-            _check_finite("baselines", b)
+        if settings.n_steps == "auto" or x.device.type != "cuda":
+            for name, tensor in checks:  # "auto" reads errors on the host as it goes: check first
+                _check_finite(name, tensor)
+        else:
+            # Queue the checks now and read them after the work is queued: the host waits for
+            # nothing, and nothing the work does depends on them (no state changes, no side effects).
+            deferred = [(name, tensor, torch.isfinite(tensor).all()) for name, tensor in checks]
     run = _Run(forward, x, b, tuple(inputs.shape[1:]), spec, settings, backend, _chunk_rows(settings, x))
     if settings.n_steps == "auto":
         out, n_steps = _attribute_auto(run, settings)
     else:
         n_steps = int(settings.n_steps)
         out = run.attribute(n_steps)
+    for name, tensor, flag in deferred:
+        _check_finite(name, tensor, flag)
     return _result(out, resolved, spec, settings, backend, n_steps, run, graph=False)
 
 

@@ -309,3 +309,17 @@ def test_cuda_backend_errors(cuda_device: torch.device) -> None:
     assert result.backend == "cuda"
     auto = integrated_gradients(forward, torch.randn(2, 3, device=cuda_device))
     assert auto.backend == "cuda"
+
+
+def test_nan_and_inf_inputs_are_reported_after_the_queued_work(cuda_device: torch.device) -> None:
+    # On CUDA the finite check is queued with the work and read at the end: the error is the same.
+    model = _dueling(4, 2, cuda_device, seed=40)
+    x = _randn((3, 4), torch.float32, cuda_device, 41)
+    x[1, 2] = float("nan")
+    x[2, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"inputs holds 2 NaN/Inf value\(s\), the first at index \(1, 2\)"):
+        integrated_gradients(model, x, target="mean")
+    baselines = torch.zeros(4, device=cuda_device)
+    baselines[3] = float("-inf")
+    with pytest.raises(ValueError, match=r"baselines holds 3 NaN/Inf value\(s\)"):
+        integrated_gradients(model, x.nan_to_num(0.0, 0.0, 0.0), baselines, target="mean")
