@@ -1,0 +1,206 @@
+"""End to end: examples/dqn_cartpole.py with tiny settings, through a subprocess as a user runs it.
+
+One short training run (a few hundred steps, the IG callback on) is shared by
+the tests: it must exit 0, leave the ``ig/`` tags in its TensorBoard folder,
+and a checkpoint that :func:`lightning_ig.checkpoint.load_checkpoint` rebuilds
+and ``lightning-ig diag --states auto`` turns into a valid report. A second run
+with the same seed and the callback off must give bit-identical weights
+(seeded CPU runs repeat, and the callback leaves training alone).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip install 'lightning-ig[examples]')")
+
+from lightning_ig.checkpoint import load_checkpoint  # noqa: E402
+from lightning_ig.models import DuelingQNetwork  # noqa: E402
+from lightning_ig.report import load_schema  # noqa: E402
+from lightning_ig.tensorboard import feature_tags  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
+FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
+NUM_HELD_OUT = 32
+TINY = [
+    "--total-timesteps", "500", "--learning-starts", "200", "--batch-size", "32",
+    "--ig-every-n-steps", "100", "--ig-n-steps", "16", "--num-held-out", str(NUM_HELD_OUT),
+    "--eval-episodes", "2", "--no-progress-bar", "--accelerator", "cpu", "--seed", "3",
+]  # fmt: skip
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["MPLBACKEND"] = "Agg"
+    # The package may be installed or only on the path of a checkout.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _only_run_dir(runs: Path) -> Path:
+    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(run_dirs) == 1, f"expected one run folder in {runs}, found {run_dirs}"
+    return run_dirs[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    workdir = tmp_path_factory.mktemp("example")
+    proc = _run([str(EXAMPLE), *TINY, "--runs-dir", "runs"], cwd=workdir)
+    return proc, workdir / "runs"
+
+
+def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, runs = tiny_run
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "eval return         mean" in proc.stdout
+    assert "top features by mean |attribution|" in proc.stdout
+    for name in FEATURE_NAMES:
+        assert name in proc.stdout
+    run_dir = _only_run_dir(runs)
+    assert run_dir.name.startswith("CartPole-v1__dqn_cartpole__3__")
+
+
+def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accumulator = EventAccumulator(str(_only_run_dir(runs)), size_guidance={"scalars": 0, "images": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    scalars = set(tags["scalars"])
+    expected = {"ig/completeness/worst_relative_error", "ig/completeness/mean_abs_error", "ig/time_ms",
+                "charts/episodic_return", "losses/td_loss", "eval/mean_return"}  # fmt: skip
+    for tag in feature_tags(FEATURE_NAMES):
+        expected |= {f"ig/mean_abs/{tag}", f"ig/mean_signed/{tag}"}
+    assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
+    # 300 gradient steps, a run every 100 steps (the one at the end is the run at step 300)
+    assert [e.step for e in accumulator.Scalars("ig/completeness/worst_relative_error")] == [100, 200, 300]
+    assert {f"ig/attributions/{tag}" for tag in feature_tags(FEATURE_NAMES)} <= set(tags["histograms"])
+    assert "ig/top_features" in tags["images"]
+    assert "hyperparameters/text_summary" in tags["tensors"]
+
+
+def test_checkpoint_loads_with_states_and_names(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    assert isinstance(loaded.model, DuelingQNetwork)
+    assert loaded.feature_names == FEATURE_NAMES
+    assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4)
+    assert torch.isfinite(loaded.states).all()
+    assert loaded.metadata["env_id"] == "CartPole-v1"
+    assert float(loaded.metadata["eval_mean_return"]) >= 8  # CartPole's shortest possible episode
+    q_values = loaded.model.eval()(loaded.states)
+    assert q_values.shape == (NUM_HELD_OUT, 2) and torch.isfinite(q_values).all()
+
+
+def test_diag_on_the_checkpoint_writes_a_valid_report(
+    tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = tmp_path / "report.json"
+    checkpoint = _only_run_dir(runs) / "q_network.safetensors"
+    diag = _run(
+        ["-m", "lightning_ig.cli", "diag", "--checkpoint", str(checkpoint), "--states", "auto",
+         "--auto-samples", "8", "--output", str(output)],
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert diag.returncode == 0, f"stdout:\n{diag.stdout[-2000:]}\nstderr:\n{diag.stderr[-2000:]}"
+    report = json.loads(output.read_text())
+    jsonschema.validate(report, load_schema())
+    assert report["schema_version"] == 1
+    assert report["num_states"] == 8 and report["state_dim"] == 4
+    assert [feature["name"] for feature in report["features"]] == FEATURE_NAMES
+
+
+def test_same_seed_same_weights_with_or_without_the_callback(
+    tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = _run([str(EXAMPLE), *TINY, "--no-ig", "--runs-dir", "runs"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    second = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
+    first_state, second_state = first.model.state_dict(), second.model.state_dict()
+    assert first_state.keys() == second_state.keys()
+    for name, tensor in first_state.items():
+        assert torch.equal(tensor, second_state[name]), f"{name} differs between two runs with seed 3"
+    assert torch.equal(first.states, second.states)
+    assert first.metadata["eval_mean_return"] == second.metadata["eval_mean_return"]
+
+
+def test_help_shows_the_field_docs(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert "--fused-loss, --no-fused-loss" in text
+    # the docstring under the dataclass field is its help text, with the default
+    assert "--learning-starts INT environment steps with random actions that fill the replay buffer" in text
+    assert "(default: 1000)" in text
+
+
+def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--no-such-flag"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr
+    assert not (tmp_path / "runs").exists(), "a rejected command line must not start a run"
+
+
+@pytest.fixture(scope="module")
+def example_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dqn_cartpole_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--total-timesteps", "lots"], "--total-timesteps: invalid int value: 'lots'"),
+        (["--accelerator", "tpu"], "--accelerator: invalid choice: 'tpu'"),
+        (["--learning-starts", "900", "--total-timesteps", "500"], "--learning-starts must be in [0, --total-timesteps)"),
+        (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
+    ],
+)
+def test_bad_value_exits_2_with_a_message(
+    example_module: ModuleType, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_defaults_parse_to_the_dataclass(example_module: ModuleType) -> None:
+    args = example_module.parse_args([])
+    assert args == example_module.Args()
+    assert args.fused_loss is None  # fused on a CUDA device, torch's loss on the CPU
+    assert example_module.parse_args(["--fused-loss"]).fused_loss is True
+    assert example_module.parse_args(["--no-fused-loss", "--seed", "7"]) == example_module.Args(fused_loss=False, seed=7)
