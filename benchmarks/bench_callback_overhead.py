@@ -102,7 +102,12 @@ class TimedIntegratedGradientsCallback(IntegratedGradientsCallback):
         super().__init__(*args, **kwargs)
         self.run_ms: list[float] = []
 
-    def _timed(self, hook: Any, pl_module: L.LightningModule, *args: Any) -> None:
+    def _timed(self, hook: Any, pl_module: L.LightningModule, due: bool, *args: Any) -> None:
+        # Synchronise only around hooks that run IG: a sync at every step would stop the
+        # device's work from overlapping the next environment step and slow training itself.
+        if not due:
+            hook(*args)
+            return
         runs_before = len(self.history)
         _synchronize(pl_module.device)
         started = time.perf_counter()
@@ -112,10 +117,11 @@ class TimedIntegratedGradientsCallback(IntegratedGradientsCallback):
             self.run_ms.append((time.perf_counter() - started) * 1e3)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self._timed(super().on_train_batch_end, pl_module, trainer, pl_module, *args)
+        due = trainer.global_step > 0 and trainer.global_step % IG_EVERY_N_STEPS == 0
+        self._timed(super().on_train_batch_end, pl_module, due, trainer, pl_module, *args)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._timed(super().on_train_end, pl_module, trainer, pl_module)
+        self._timed(super().on_train_end, pl_module, True, trainer, pl_module)
 
 
 def train_once(
