@@ -106,8 +106,8 @@ class Args:
     """clip gradients to this global norm (0: no clipping)"""
     hidden_size: int = 128
     """width of the Q-network's two hidden layers"""
-    activation: Literal["relu", "tanh", "softplus", "silu", "gelu"] = "relu"
-    """the Q-network's activation; a smooth one (tanh, silu, ...) makes IG's completeness converge in fewer steps"""
+    activation: Literal["relu", "tanh", "softplus", "silu", "gelu"] = "tanh"
+    """the Q-network's activation; a smooth one keeps IG's completeness error near 1e-4 at 50 steps, where ReLU's kinks leave it at 0.1-0.5"""
     sigma0: float = 0.5
     """NoisyNet's initial noise scale (exploration comes from the noise, not from epsilon-greedy)"""
 
@@ -122,8 +122,8 @@ class Args:
     """run the IntegratedGradientsCallback during training"""
     num_held_out: int = 256
     """held-out states, from random-policy rollouts in an environment of their own, never trained on"""
-    ig_every_n_steps: int = 250
-    """gradient steps between IG runs"""
+    ig_every_n_steps: int = 500
+    """gradient steps between IG runs (one run on 256 states costs ~0.1 s on a CPU core)"""
     ig_n_steps: int = 50
     """quadrature points along the IG path"""
     top_k: int = 4
