@@ -90,8 +90,8 @@ class Args:
     """replay buffer capacity (transitions)"""
     batch_size: int = 128
     """transitions per gradient step"""
-    learning_rate: float = 1e-3
-    """Adam's learning rate"""
+    learning_rate: float = 2e-3
+    """Adam's (initial) learning rate"""
     anneal_lr: bool = True
     """decay the learning rate linearly to zero, so the final policy settles instead of drifting"""
     gamma: float = 0.99
