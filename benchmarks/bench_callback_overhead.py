@@ -158,7 +158,7 @@ def train_once(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--accelerator", choices=("gpu", "cpu"), default="gpu", help="where training and IG run")
-    parser.add_argument("--steps", type=int, default=None, help="gradient steps per timed run (default 4000, 500 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="gradient steps per timed run (default 3000, 500 with --quick)")
     parser.add_argument("--pairs", type=int, default=None, help="off/on pairs, in ABBA order (default 2, 1 with --quick)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every run")
     parser.add_argument("--quick", action="store_true", help="short runs, one pair: a smoke run")
@@ -166,7 +166,7 @@ def main() -> None:
         "--output", type=Path, default=Path("benchmarks/results/bench_callback_overhead.md"), help="where the markdown goes"
     )
     options = parser.parse_args()
-    steps = options.steps if options.steps is not None else (500 if options.quick else 4000)
+    steps = options.steps if options.steps is not None else (500 if options.quick else 3000)
     pairs = options.pairs if options.pairs is not None else (1 if options.quick else 2)
     if steps < IG_EVERY_N_STEPS or pairs < 1:
         parser.error(f"--steps must be >= {IG_EVERY_N_STEPS} and --pairs >= 1, got {steps} and {pairs}")
