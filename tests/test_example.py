@@ -36,6 +36,7 @@ TINY = [
     "--total-timesteps", "500", "--learning-starts", "200", "--batch-size", "32",
     "--ig-every-n-steps", "100", "--ig-n-steps", "16", "--num-held-out", str(NUM_HELD_OUT),
     "--eval-episodes", "2", "--no-progress-bar", "--accelerator", "cpu", "--seed", "3",
+    "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
 ]  # fmt: skip
 
 pytestmark = pytest.mark.slow
@@ -73,6 +74,7 @@ def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedP
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert "eval return         mean" in proc.stdout
     assert "top features by mean |attribution|" in proc.stdout
+    assert "auxiliary loss      lightning-ig fused soft-margin" in proc.stdout
     for name in FEATURE_NAMES:
         assert name in proc.stdout
     run_dir = _only_run_dir(runs)
