@@ -336,14 +336,13 @@ class DQNAgent(L.LightningModule):
         """Q-values ``(N, state_dim) -> (N, num_actions)``; their mean over actions is V(s), what IG attributes."""
         return self.q_network(x)
 
-    def setup(self, stage: str) -> None:
+    def on_fit_start(self) -> None:
+        # Here, not in setup(): Lightning moves the model to its device between the two.
         if self.args.fused_loss is None:
             self.use_fused_loss = self.device.type == "cuda"
         # NoisyNet draws from a generator of its own, on the model's device: the noise sequence does not
         # depend on who else uses torch's global generator.
         self._noise_generator = torch.Generator(device=self.device).manual_seed(self.args.seed + 1)
-
-    def on_fit_start(self) -> None:
         for _ in range(self.args.learning_starts):
             self.play_step(random_action=True)
 
