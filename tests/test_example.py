@@ -206,3 +206,15 @@ def test_defaults_parse_to_the_dataclass(example_module: ModuleType) -> None:
     assert args.fused_loss is None  # fused on a CUDA device, torch's loss on the CPU
     assert example_module.parse_args(["--fused-loss"]).fused_loss is True
     assert example_module.parse_args(["--no-fused-loss", "--seed", "7"]) == example_module.Args(fused_loss=False, seed=7)
+
+
+@pytest.mark.gpu
+def test_runs_on_the_gpu_with_the_fused_loss_by_default(tmp_path: Path) -> None:
+    # the tiny run on the GPU, with the loss left at its default
+    gpu_flags = ["gpu" if flag == "cpu" else flag for flag in TINY if flag != "--fused-loss"]
+    proc = _run([str(EXAMPLE), *gpu_flags, "--runs-dir", "runs"], cwd=tmp_path)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "auxiliary loss      lightning-ig fused soft-margin" in proc.stdout  # the default on a CUDA device
+    loaded = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
+    assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4)
+    assert all(tensor.device.type == "cpu" for tensor in loaded.model.state_dict().values())
