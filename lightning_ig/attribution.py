@@ -1338,12 +1338,16 @@ def _capture_graph(compute: Callable[[], dict[str, Tensor]], device: torch.devic
     # leaves the CUDA generator in its capture state, and every later random
     # draw on the device raises "Offset increment outside graph capture".
     previous_mode = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sync debug mode is a prototype feature": ours, not the user's
+        torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.stream(side):
             compute()  # warm-up on a side stream, as torch.cuda.graph's documentation asks
     finally:
-        torch.cuda.set_sync_debug_mode(previous_mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode(previous_mode)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     rng_state = torch.cuda.get_rng_state(device)
