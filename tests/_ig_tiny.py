@@ -64,6 +64,26 @@ def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def make_trainer(
+    tmp_path: Path, callbacks: list, max_steps: int = 30, *, accelerator: str = "cpu", **kwargs: object
+) -> pl.Trainer:
+    """A quiet single-device Trainer for the tests; ``kwargs`` override the defaults."""
+    options: dict = {
+        "accelerator": accelerator,
+        "devices": 1,
+        "max_steps": max_steps,
+        "default_root_dir": tmp_path,
+        "logger": False,
+        "callbacks": callbacks,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "num_sanity_val_steps": 0,
+    }
+    options.update(kwargs)
+    return pl.Trainer(**options)
+
+
 def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
 

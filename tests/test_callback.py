@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states  # noqa: E402
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer  # noqa: E402
 
 from lightning_ig.attribution import integrated_gradients  # noqa: E402
 from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
@@ -41,23 +41,6 @@ SCALAR_TAGS = [
     "ig/drift/topk_jaccard_prev",
     "ig/time_ms",
 ]
-
-
-def make_trainer(tmp_path: Path, callbacks: list[Callback], max_steps: int = 30, **kwargs: Any) -> pl.Trainer:
-    options: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "max_steps": max_steps,
-        "default_root_dir": tmp_path,
-        "logger": False,
-        "callbacks": callbacks,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "num_sanity_val_steps": 0,
-    }
-    options.update(kwargs)
-    return pl.Trainer(**options)
 
 
 def loader(shuffle: bool = True) -> DataLoader:

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states  # noqa: E402
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer  # noqa: E402
 
 from lightning_ig.attribution import integrated_gradients  # noqa: E402
 from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
@@ -36,20 +36,7 @@ HAS_TENSORBOARD = _importable("tensorboard", "matplotlib")
 
 
 def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: Any) -> pl.Trainer:
-    options: dict[str, Any] = {
-        "accelerator": "gpu",
-        "devices": 1,
-        "max_steps": max_steps,
-        "default_root_dir": tmp_path,
-        "logger": False,
-        "callbacks": callbacks,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "num_sanity_val_steps": 0,
-    }
-    options.update(kwargs)
-    return pl.Trainer(**options)
+    return make_trainer(tmp_path, callbacks, max_steps, accelerator="gpu", **kwargs)
 
 
 def _direct(model: TinyQNet, states: torch.Tensor, device: torch.device, **options: Any):
