@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -658,7 +657,7 @@ def _format_report(report: dict[str, Any], path: str, top: int, worst_states: in
         f"states {report['num_states']}   features {report['state_dim']}"
         + (f"   method {report['method']}" if "method" in report else ""),
         "",
-        f"  top features by mean |attribution|",
+        "  top features by mean |attribution|",
         f"  {'rank':>4}  {'feature':<24} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}",
     ]
     features = report["features"]
