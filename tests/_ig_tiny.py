@@ -88,7 +88,7 @@ def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
 
 
-def run_ddp_comparison(devices: int, out: Path, batch_size: int) -> None:
+def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: str = "cpu") -> None:
     """Train a deterministic (no dropout, no noise draw) module; the callback writes reports to ``out/reports``."""
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415
 
@@ -107,7 +107,7 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int) -> None:
         figure_every_n_runs=None,
     )
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_steps=4,
@@ -134,5 +134,6 @@ if __name__ == "__main__":
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--accelerator", default="cpu", help="cpu (gloo) or gpu (NCCL, the CUDA kernels)")
     arguments = parser.parse_args()
-    run_ddp_comparison(arguments.devices, arguments.out, arguments.batch_size)
+    run_ddp_comparison(arguments.devices, arguments.out, arguments.batch_size, arguments.accelerator)
