@@ -36,6 +36,7 @@ __all__ = [
     "kernel_source",
     "get_kernel",
     "launch",
+    "current_stream_handle",
     "pointer",
     "int32",
     "int64",
@@ -133,13 +134,13 @@ def _kernel(filename: str, name: str, device_index: int, options: tuple[str, ...
     return _module(filename, device_index, options).get_function(name)
 
 
-def get_kernel(filename: str, name: str, device: torch.device, options: Sequence[str] = ()) -> Any:
+def get_kernel(filename: str, name: str, device: torch.device | int, options: Sequence[str] = ()) -> Any:
     """The compiled kernel ``name`` from ``kernels/<filename>`` for ``device`` (cached).
 
     Args:
         filename: the ``.cu`` file inside ``kernels/``, e.g. ``"ig.cu"``.
         name: the ``extern "C"`` entry point, e.g. ``"ig_interpolate_f32"``.
-        device: a CUDA device.
+        device: a CUDA device (or its index).
         options: extra NVRTC options (part of the cache key).
     """
     index = _device_index(device)
@@ -157,7 +158,9 @@ def _external_stream(handle: int, device_index: int) -> Any:
         return cupy.cuda.ExternalStream(handle, device_index)
 
 
-def _device_index(device: torch.device) -> int:
+def _device_index(device: torch.device | int) -> int:
+    if type(device) is int:
+        return device  # a CUDA device index, as tensor.get_device() gives it
     if type(device) is torch.device and device.type == "cuda" and device.index is not None:
         return device.index  # the common case, without building a new torch.device
     device = torch.device(device)
@@ -172,7 +175,7 @@ def launch(
     block: int | tuple[int, ...],
     args: Iterable[Any],
     *,
-    device: torch.device,
+    device: torch.device | int,
     shared_mem: int = 0,
 ) -> None:
     """Launch ``kernel`` on torch's current stream of ``device``.
@@ -183,7 +186,7 @@ def launch(
         block: threads per block (an int or a tuple of up to three).
         args: kernel arguments: :func:`pointer` for tensors, :func:`int32`,
             :func:`int64` or :func:`float32` for scalars.
-        device: the CUDA device the tensors live on.
+        device: the CUDA device the tensors live on (or its index).
         shared_mem: dynamic shared memory in bytes.
     """
     index = _device_index(device)
@@ -192,7 +195,7 @@ def launch(
     if any(g <= 0 for g in grid):
         return  # nothing to do; CUDA rejects empty grids
     args = tuple(args)
-    handle = _current_stream_handle(index)
+    handle = current_stream_handle(index)
     cupy = require_cupy()
     same_device = cupy.cuda.runtime.getDevice() == index
     prepared = _prepared(kernel, index) if same_device else None
@@ -272,7 +275,7 @@ def _prepared(kernel: Any, device_index: int) -> _PreparedKernel | None:
     return prepared
 
 
-def _current_stream_handle(device_index: int) -> int:
+def current_stream_handle(device_index: int) -> int:
     """The raw ``cudaStream_t`` of torch's current stream on ``device_index``.
 
     Looked up at every launch (never cached) so launches follow ``torch.cuda.stream``

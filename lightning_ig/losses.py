@@ -364,24 +364,12 @@ class _SoftMarginFunction(torch.autograd.Function):
 
 
 # Caches that keep the per-call host path short: kernels per (entry point, dtype,
-# device), grid limits per device, workspaces per (device, stream), device objects,
-# and the grid and scalar arguments per reduction size.
+# device), grid limits per device, workspaces per (device, stream), and the grid
+# and scalar arguments per reduction size.
 _kernels: dict[tuple[str, torch.dtype, int], Any] = {}
 _grid_limits: dict[int, int] = {}
 _workspaces: dict[tuple[int, int], tuple[Tensor, tuple[np.uint64, np.uint64]]] = {}
 _plans: dict[tuple[int, str, int], tuple[int, tuple[np.int64, np.float64]]] = {}
-_devices: dict[int, torch.device] = {}
-
-
-def _pointer(tensor: Tensor) -> np.uint64:
-    return np.uint64(tensor.data_ptr())  # _cuda.pointer, without a call's overhead in the hot path
-
-
-def _device(index: int) -> torch.device:
-    device = _devices.get(index)
-    if device is None:
-        device = _devices[index] = torch.device("cuda", index)
-    return device
 
 
 def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
@@ -389,7 +377,7 @@ def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
     kernel = _kernels.get(key)
     if kernel is None:
         name = f"{op}_{_cuda.dtype_suffix(dtype)}"
-        kernel = _cuda.get_kernel(_KERNEL_FILE, name, _device(device_index))
+        kernel = _cuda.get_kernel(_KERNEL_FILE, name, device_index)
         _kernels[key] = kernel
     return kernel
 
@@ -425,7 +413,7 @@ def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.ui
         scratch = like.new_zeros(grid + 1, dtype=torch.float64)
         base = scratch.data_ptr()
         return scratch, (np.uint64(base), np.uint64(base + 8 * grid))
-    key = (index, _current_stream_handle(index))
+    key = (index, _cuda.current_stream_handle(index))
     cached = _workspaces.get(key)
     if cached is None:
         # kept for the life of the process: 32 KiB per stream that ran a reduction
@@ -448,15 +436,6 @@ def _reduce_plan(n: int, reduction: str, index: int) -> tuple[int, tuple[np.int6
     return plan
 
 
-def _current_stream_handle(device_index: int) -> int:
-    # torch's raw-handle getter skips building a Stream object (~1 us per call);
-    # CPU-only builds lack it, hence the public fallback
-    if _raw_stream is not None:
-        return _raw_stream(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
-
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _launch_reduce(
@@ -474,12 +453,12 @@ def _launch_reduce(
     if with_grad:
         gradient = torch.empty_like(input)
         kernel = _kernel("soft_margin_reduce_grad", input.dtype, index)
-        pointers = (_pointer(input), _pointer(target), _pointer(loss), _pointer(gradient))
+        pointers = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), _cuda.pointer(gradient))
     else:
         gradient = None
         kernel = _kernel("soft_margin_reduce", input.dtype, index)
-        pointers = (_pointer(input), _pointer(target), _pointer(loss))
-    _cuda.launch(kernel, grid, _THREADS, pointers + workspace + scalars, device=_device(index))
+        pointers = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss))
+    _cuda.launch(kernel, grid, _THREADS, pointers + workspace + scalars, device=index)
     del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
     return loss, gradient
 
@@ -491,7 +470,7 @@ def _launch_none(input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         index = input.get_device()
         kernel = _kernel("soft_margin_none", input.dtype, index)
         args = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), np.int64(n))
-        _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=_device(index))
+        _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=index)
     return loss
 
 
@@ -516,7 +495,7 @@ def _launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) ->
         _cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(grad_output),
         np.int32(g_is_scalar), _cuda.pointer(gradient), np.int64(n),
     )  # fmt: skip
-    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=_device(index))
+    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=index)
     return gradient
 
 
@@ -540,7 +519,7 @@ def _launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
     index = gradient.get_device()
     kernel = _kernel("soft_margin_scale", gradient.dtype, index)
     args = (_cuda.pointer(gradient), _cuda.pointer(grad_output), np.int64(n))
-    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=_device(index))
+    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=index)
 
 
 # --------------------------------------------------------------------------- helpers

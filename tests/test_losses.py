@@ -472,23 +472,22 @@ def emulated_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     kernels = _EmulatedKernels(np.float32 if request.param == torch.float32 else np.float16)
     kernels.dtype = request.param
 
-    def get_kernel(filename: str, name: str, device: torch.device, options=()) -> str:
+    def get_kernel(filename: str, name: str, device: torch.device | int, options=()) -> str:
         assert filename == "soft_margin.cu"
         op, suffix = name.rsplit("_", 1)
         assert f"{op}_##SFX(" in source and f"LIG_SM_ENTRY_POINTS({suffix}," in source, name
         return name
 
-    def launch(kernel: str, grid: int, block: int, args, *, device: torch.device, shared_mem: int = 0) -> None:
+    def launch(kernel: str, grid: int, block: int, args, *, device: torch.device | int, shared_mem: int = 0) -> None:
         kernels(kernel, grid, block, tuple(args))
 
     monkeypatch.setattr(losses._cuda, "get_kernel", get_kernel)
     monkeypatch.setattr(losses._cuda, "launch", launch)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=7))
+    monkeypatch.setattr(losses._cuda, "current_stream_handle", lambda device_index: 7)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=3)
     )
-    monkeypatch.setattr(losses, "_device", lambda index: torch.device("cpu"))
     for cache in ("_kernels", "_grid_limits", "_workspaces", "_plans"):
         monkeypatch.setattr(losses, cache, {})
     return kernels
