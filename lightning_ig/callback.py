@@ -441,7 +441,7 @@ class IntegratedGradientsCallback(Callback):
         time_ms = (time.perf_counter() - started) * 1e3
         self._last_run_step = step
 
-        mean_abs, stddev, mean_signed = _moments(gathered.attributions)
+        mean_abs, stddev, mean_signed = reports.feature_moments(gathered.attributions)
         self._last_stats = (mean_abs, stddev, mean_signed)
         drift: dict[str, float] = {}
         if self.history:
@@ -550,7 +550,7 @@ class IntegratedGradientsCallback(Callback):
         mean_signed: np.ndarray,
     ) -> dict[str, Any]:
         """What :func:`~lightning_ig.tensorboard.report_markdown` reads, without the per-state lists."""
-        order = np.argsort(-np.nan_to_num(mean_abs, nan=-np.inf), kind="stable")[: self.top_k]
+        order = reports.rank_order(mean_abs)[: self.top_k]
         top = [
             {"name": self._names[i], "mean_abs": mean_abs[i], "stddev": stddev[i], "mean_signed": mean_signed[i]}
             for i in order.tolist()
@@ -766,12 +766,6 @@ class _TargetForward:
 
     def __call__(self, inputs: Tensor) -> Tensor:
         return self.target(self.pl_module, inputs)
-
-
-def _moments(attributions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # attributions: (B, F) float64
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.abs(attributions).mean(axis=0), attributions.std(axis=0), attributions.mean(axis=0)
 
 
 @contextlib.contextmanager

@@ -152,8 +152,11 @@ def _json_float(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _moments(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # flat: (B, F). Population standard deviation (ddof=0), so one state gives 0, not NaN.
+def feature_moments(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean |attr|, stddev, mean attr)`` per feature of ``flat (B, F)``, over the states.
+
+    Population standard deviation (ddof=0), so one state gives 0, not NaN.
+    """
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs give non-finite stats -> null
         return np.abs(flat).mean(axis=0), flat.std(axis=0), flat.mean(axis=0)
 
@@ -188,7 +191,7 @@ def feature_statistics(
     flat = _flat_attributions(attributions)
     feature_shape = tuple(attributions.shape[1:])
     names = _check_names(feature_names, flat.shape[1], feature_shape)
-    mean_abs, stddev, mean_signed = _moments(flat)
+    mean_abs, stddev, mean_signed = feature_moments(flat)
     return [
         {
             "name": name,
@@ -200,8 +203,12 @@ def feature_statistics(
     ]
 
 
-def _rank_order(values: np.ndarray) -> np.ndarray:
-    """Indices of ``values`` by decreasing value; ties keep feature order; NaN last."""
+def rank_order(values: np.ndarray) -> np.ndarray:
+    """Indices of ``values`` by decreasing value; ties keep feature order; NaN last.
+
+    The one ordering of features used everywhere: the report's top-k, the
+    Jaccard drift, the text table and the figures.
+    """
     keys = np.where(np.isnan(values), -np.inf, values)
     return np.argsort(-keys, kind="stable")
 
@@ -222,7 +229,7 @@ def top_features(features: Sequence[Mapping[str, Any]], k: int = 10) -> list[dic
     """
     _check_positive_int(k, "k")
     values = np.array([np.nan if f["mean_abs"] is None else f["mean_abs"] for f in features], dtype=np.float64)
-    return [dict(features[i]) for i in _rank_order(values)[:k]]
+    return [dict(features[i]) for i in rank_order(values)[:k]]
 
 
 def _check_positive_int(value: Any, name: str) -> int:
@@ -395,8 +402,8 @@ def topk_jaccard(
     if x.shape != y.shape or x.size == 0:
         raise ValueError(f"topk_jaccard needs two non-empty vectors of one length, got lengths {x.size} and {y.size}")
     k = min(int(k), x.size)
-    top_a = set(_rank_order(x)[:k].tolist())
-    top_b = set(_rank_order(y)[:k].tolist())
+    top_a = set(rank_order(x)[:k].tolist())
+    top_b = set(rank_order(y)[:k].tolist())
     return len(top_a & top_b) / len(top_a | top_b)
 
 

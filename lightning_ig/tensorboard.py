@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from lightning_ig.report import rank_order
+
 __all__ = [
     "TAG_PREFIX",
     "feature_tags",
@@ -289,7 +291,7 @@ def top_features_figure(
     """
     from matplotlib.patches import Patch  # noqa: PLC0415
 
-    order = np.argsort(-np.nan_to_num(mean_abs, nan=-np.inf), kind="stable")[:top_k]
+    order = rank_order(mean_abs)[:top_k]
     count = len(order)
     figure = _new_figure(8.0, 1.8 + 0.38 * count)
     axes = figure.add_subplot()
@@ -362,7 +364,7 @@ def heatmap_figure(
     """
     history = np.asarray(mean_abs_history, dtype=np.float64)  # (R, F)
     runs, features = history.shape
-    order = np.argsort(-np.nan_to_num(history[-1], nan=-np.inf), kind="stable")[:_HEATMAP_MAX_FEATURES]
+    order = rank_order(history[-1])[:_HEATMAP_MAX_FEATURES]
     values = history[:, order].T  # (F_shown, R): features down, runs across
     if normalise:
         totals = np.nansum(np.abs(history), axis=1)  # (R,)
