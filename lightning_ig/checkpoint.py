@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -42,6 +41,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from lightning_ig._files import atomic_path
 from lightning_ig.models import build_model, model_config, model_name, resolve_model_class
 
 __all__ = [
@@ -201,15 +201,8 @@ def _atomic_save(tensors: dict[str, Tensor], path: str | os.PathLike[str], metad
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"checkpoint path {str(target)!r} is a directory; give a file name ending in .safetensors")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(handle)
-    try:
-        save_file(tensors, temporary, metadata=metadata)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_path(target) as temporary:
+        save_file(tensors, os.fspath(temporary), metadata=metadata)
     return target
 
 

@@ -17,17 +17,17 @@ the same inputs give a byte-identical JSON document.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from lightning_ig._files import atomic_path
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -531,17 +531,9 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> Pat
     """
     text = report_to_json(report)  # serialise first: a bad report leaves no file behind
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    with atomic_path(target) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     return target
 
