@@ -373,11 +373,15 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     """
     if backend not in ("auto", "cuda", "torch"):
         raise ValueError(f"backend must be 'auto', 'cuda' or 'torch', got {backend!r}")
-    on_cuda = bool(tensors) and all(t.device.type == "cuda" for t in tensors)
     if backend == "torch":
         return "torch"
+    # The common answer first, and cheaply (this runs on every loss call): Tensor.is_cuda
+    # builds no torch.device, and cupy_available() reads a cached import.
+    on_cuda = bool(tensors) and all(t.is_cuda for t in tensors)
+    if on_cuda and cupy_available():
+        return "cuda"
     if backend == "auto":
-        return "cuda" if on_cuda and cupy_available() else "torch"
+        return "torch"
     if not torch.cuda.is_available():
         raise ValueError("backend='cuda' needs a CUDA device, and torch sees none; use backend='auto' or 'torch'")
     if not on_cuda:

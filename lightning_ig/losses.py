@@ -60,7 +60,6 @@ Backend = Literal["auto", "cuda", "torch"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 _BACKENDS = ("auto", "cuda", "torch")
-_KERNEL_BACKENDS = ("auto", "cuda")
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Launch geometry; it must match the constants at the top of kernels/soft_margin.cu.
@@ -138,10 +137,7 @@ def soft_margin_loss(
             "soft_margin_loss is not differentiable with respect to target, which requires grad; "
             "pass target.detach()"
         )
-    if backend in _KERNEL_BACKENDS and input.is_cuda and target.is_cuda and _cuda.cupy_available():
-        resolved = "cuda"  # what resolve_backend answers here, without its general checks (host time)
-    else:
-        resolved = _cuda.resolve_backend(backend, input, target)
+    resolved = _cuda.resolve_backend(backend, input, target)
 
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
         # torch's autocast runs soft_margin_loss in float32; do the same, so swapping is invisible
