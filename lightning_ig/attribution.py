@@ -542,7 +542,11 @@ def _check_inputs(inputs: Any) -> None:
         raise ValueError(f"inputs must have shape (B, *feature_shape) with B >= 1, got {tuple(inputs.shape)}")
 
 
-def _check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
+def check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
+    """Raise a :class:`ValueError` naming ``name``, the count and the first index of NaN/Inf values.
+
+    Shared by the engine and the callback's set-up checks, so both say the same.
+    """
     # One host sync; the slow path (count and first index) only runs when something is wrong.
     # ``flag`` is ``isfinite(tensor).all()`` queued earlier, so the sync finds it long done.
     if bool(torch.isfinite(tensor).all() if flag is None else flag):
@@ -894,7 +898,7 @@ def _attribute_eager(
     if settings.check_finite:
         if settings.n_steps == "auto" or x.device.type != "cuda":
             for name, tensor in checks:  # "auto" reads errors on the host as it goes: check first
-                _check_finite(name, tensor)
+                check_finite(name, tensor)
         else:
             # Queue the checks now and read them after the work is queued: the host waits for
             # nothing, and nothing the work does depends on them (no state changes, no side effects).
@@ -906,7 +910,7 @@ def _attribute_eager(
         n_steps = int(settings.n_steps)
         out = run.attribute(n_steps)
     for name, tensor, flag in deferred:
-        _check_finite(name, tensor, flag)
+        check_finite(name, tensor, flag)
     return _result(out, resolved, spec, settings, backend, n_steps, run, graph=False)
 
 
@@ -1214,12 +1218,12 @@ class IntegratedGradients:
         # The same tensor object, unmodified since it was checked (its version counter), is not checked again:
         # the callback passes the same held-out states every time, and the check is a host sync.
         if given.is_inference():  # no version counter to tell whether it changed: check every time
-            _check_finite(name, tensor)
+            check_finite(name, tensor)
             return
         seen = self._checked.get(name)
         if seen is not None and seen[0]() is given and seen[1] == given._version:
             return
-        _check_finite(name, tensor)
+        check_finite(name, tensor)
         self._checked[name] = (weakref.ref(given), given._version)
 
     def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: _Settings) -> IGResult:

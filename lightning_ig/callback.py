@@ -38,7 +38,7 @@ from typing_extensions import override
 import lightning.pytorch as pl
 from lightning_ig import report as reports
 from lightning_ig import tensorboard as tb
-from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution import IntegratedGradients, check_finite
 from lightning_ig.noise import noise_disabled
 from lightning_ig.quadrature import METHODS
 
@@ -800,14 +800,7 @@ def _check_states(states: Tensor, name: str) -> None:
         )
     if not states.is_floating_point():
         raise TypeError(f"{name} must be floating point, got {states.dtype}; convert with .float()")
-    finite = torch.isfinite(states)
-    if not bool(finite.all()):
-        bad = (~finite).nonzero()
-        first = tuple(int(i) for i in bad[0])
-        raise ValueError(
-            f"{name} hold {bad.shape[0]} NaN/Inf value(s), the first at index {first} "
-            f"({float(states[first])}); IG needs finite states: clean or drop those rows"
-        )
+    check_finite(name, states)
 
 
 def _check_cadence(value: int | None, name: str) -> int | None:

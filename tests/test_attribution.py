@@ -635,8 +635,8 @@ def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice(
     engine = IntegratedGradients(model, target=1, n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     checks: list[str] = []
-    real_check = attribution._check_finite
-    monkeypatch.setattr(attribution, "_check_finite", lambda name, t: (checks.append(name), real_check(name, t)))
+    real_check = attribution.check_finite
+    monkeypatch.setattr(attribution, "check_finite", lambda name, t: (checks.append(name), real_check(name, t)))
     engine.attribute(x)
     engine.attribute(x)
     assert checks == ["inputs"]  # the same, unmodified tensor: one host sync in all

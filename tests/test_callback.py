@@ -426,7 +426,7 @@ def test_bad_arguments_fail_at_construction(options, error, match):
 def test_nan_states_fail_at_construction_and_at_setup(tmp_path):
     states = held_out_states(5)
     states[3, 2] = math.nan
-    with pytest.raises(ValueError, match=r"states hold 1 NaN/Inf value\(s\), the first at index \(3, 2\)"):
+    with pytest.raises(ValueError, match=r"states holds 1 NaN/Inf value\(s\), the first at index \(3, 2\)"):
         IntegratedGradientsCallback(states)
     path = tmp_path / "bad.npy"
     np.save(path, states.numpy())
