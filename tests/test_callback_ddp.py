@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+from _tolerance import assert_close_scaled, eps
 
 SCRIPT = Path(__file__).with_name("_ig_tiny.py")
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -51,8 +54,13 @@ def _reports(folder: Path) -> dict[str, dict]:
     return {path.name: json.loads(path.read_text()) for path in sorted((folder / "reports").glob("*.json"))}
 
 
+# Both runs train 4 Adam steps in float32 and sum the same gradients in another order: their weights, and so
+# every number in the reports, agree up to a few hundred float32 roundings of the numbers' own size.
+_CPU_ULPS = 256
+
+
 def test_ddp_reports_equal_the_single_process_reports(runs):
-    _assert_reports_agree(runs, rtol=1e-6)
+    _assert_reports_agree(runs, ulps=_CPU_ULPS)
 
 
 @pytest.mark.gpu
@@ -66,14 +74,14 @@ def test_ddp_on_two_gpus_equals_one_gpu(tmp_path: Path) -> None:
     double.mkdir()
     _run(1, single, batch_size=32, accelerator="gpu")
     _run(2, double, batch_size=16, accelerator="gpu")
-    # cuBLAS may sum in another order for batches of 16 and 32: allow float32 rounding of the training.
-    _assert_reports_agree({1: single, 2: double}, rtol=1e-5)
+    # cuBLAS may sum in another order for batches of 16 and 32: allow more float32 rounding of the training.
+    _assert_reports_agree({1: single, 2: double}, ulps=4 * _CPU_ULPS)
     reports = _reports(double)
     assert all(report["backend"] == "cuda" for report in reports.values())
     assert len(list((double / "tb").rglob("events.out.tfevents.*"))) == 1
 
 
-def _assert_reports_agree(runs: dict[int, Path], rtol: float) -> None:
+def _assert_reports_agree(runs: dict[int, Path], ulps: float) -> None:
     single, double = _reports(runs[1]), _reports(runs[2])
     assert list(single) == list(double) == [f"ig_report_step={step:08d}.json" for step in (2, 4)]
     for name in single:
@@ -81,23 +89,26 @@ def _assert_reports_agree(runs: dict[int, Path], rtol: float) -> None:
         assert b["world_size"] == 2 and a["world_size"] == 1
         assert a["num_states"] == b["num_states"] == 37  # padding rows of the uneven split are dropped
         for key in ("mean_abs", "stddev", "mean_signed"):
-            np.testing.assert_allclose(
-                [f[key] for f in b["features"]], [f[key] for f in a["features"]], rtol=rtol, atol=rtol
-            )
+            assert_close_scaled([f[key] for f in b["features"]], [f[key] for f in a["features"]], ulps=ulps)
+        states_a, states_b = a["completeness"]["per_state"], b["completeness"]["per_state"]
+        assert [s["state_idx"] for s in states_b] == list(range(37))
         for field in ("sum_attributions", "f_input_minus_f_baseline"):
-            np.testing.assert_allclose(
-                [s[field] for s in b["completeness"]["per_state"]],
-                [s[field] for s in a["completeness"]["per_state"]],
-                rtol=rtol,
-                atol=rtol,
-            )
-        assert [s["state_idx"] for s in b["completeness"]["per_state"]] == list(range(37))
-        assert b["completeness"]["worst_relative_error"] == pytest.approx(
-            a["completeness"]["worst_relative_error"], abs=rtol
-        )
+            assert_close_scaled([s[field] for s in states_b], [s[field] for s in states_a], ulps=ulps)
+        # A relative completeness error is itself rounding noise here (~1e-6): compare it as such. Its rounding
+        # is that of delta (a difference of numbers of size |sum| + |F(x) - F(b)|) over |F(x) - F(b)|.
+        bounds = [
+            ulps * eps(torch.float32) * (abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]))
+            / abs(s["f_input_minus_f_baseline"])
+            for s in states_a
+        ]
+        for s_a, s_b, bound in zip(states_a, states_b, bounds):
+            assert abs(s_b["relative_error"] - s_a["relative_error"]) <= bound, (s_a, s_b, bound)
+        worst_a, worst_b = a["completeness"]["worst_relative_error"], b["completeness"]["worst_relative_error"]
+        assert abs(worst_b - worst_a) <= max(bounds), (worst_a, worst_b, max(bounds))
         assert [f["name"] for f in b["top_10_by_mean_abs"]] == [f["name"] for f in a["top_10_by_mean_abs"]]
+    # Spearman over 4 features is a ratio of small integers: equal unless the ranking moved.
     assert double[f"ig_report_step={4:08d}.json"]["drift"]["spearman_prev"] == pytest.approx(
-        single[f"ig_report_step={4:08d}.json"]["drift"]["spearman_prev"], abs=rtol
+        single[f"ig_report_step={4:08d}.json"]["drift"]["spearman_prev"], rel=ulps * eps(np.float64)
     )
 
 
