@@ -35,7 +35,7 @@ NUM_HELD_OUT = 32
 TINY = [
     "--total-timesteps", "500", "--learning-starts", "200", "--batch-size", "32",
     "--ig-every-n-steps", "100", "--ig-n-steps", "16", "--num-held-out", str(NUM_HELD_OUT),
-    "--eval-episodes", "2", "--no-progress-bar", "--accelerator", "cpu", "--seed", "3",
+    "--eval-episodes", "2", "--no-progress-bar", "--seed", "3",  # no --accelerator: the example picks the CPU
     "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
 ]  # fmt: skip
 
@@ -75,6 +75,7 @@ def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedP
     assert "eval return         mean" in proc.stdout
     assert "top features by mean |attribution|" in proc.stdout
     assert "auxiliary loss      lightning-ig fused soft-margin" in proc.stdout
+    assert "device              cpu" in proc.stdout
     for name in FEATURE_NAMES:
         assert name in proc.stdout
     run_dir = _only_run_dir(runs)
@@ -154,14 +155,16 @@ def test_same_seed_same_weights_with_or_without_the_callback(
     assert first.metadata["eval_mean_return"] == second.metadata["eval_mean_return"]
 
 
-def test_help_shows_the_field_docs(tmp_path: Path) -> None:
+def test_help_shows_each_flag_with_its_help_and_default(tmp_path: Path) -> None:
     proc = _run([str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # argparse wraps lines
     assert "--fused-loss, --no-fused-loss" in text
-    # the docstring under the dataclass field is its help text, with the default
-    assert "--learning-starts INT environment steps with random actions that fill the replay buffer" in text
-    assert "(default: 1000)" in text
+    assert (
+        "--learning-starts LEARNING_STARTS environment steps with random actions that fill the replay buffer first "
+        "(default: 1000)"
+    ) in text
+    assert "--accelerator {cpu,gpu,auto}" in text
 
 
 def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:
@@ -176,7 +179,7 @@ def example_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("dqn_cartpole_example", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -184,8 +187,9 @@ def example_module() -> ModuleType:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-        (["--total-timesteps", "lots"], "--total-timesteps: invalid int value: 'lots'"),
+        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
+        (["--total-timesteps", "lots"], "argument --total-timesteps: invalid int value: 'lots'"),
         (["--accelerator", "tpu"], "--accelerator: invalid choice: 'tpu'"),
         (["--learning-starts", "900", "--total-timesteps", "500"], "--learning-starts must be in [0, --total-timesteps)"),
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
@@ -200,19 +204,49 @@ def test_bad_value_exits_2_with_a_message(
     assert message in capsys.readouterr().err
 
 
-def test_defaults_parse_to_the_dataclass(example_module: ModuleType) -> None:
+def test_defaults_and_boolean_flags(example_module: ModuleType) -> None:
     args = example_module.parse_args([])
-    assert args == example_module.Args()
+    assert (args.seed, args.total_timesteps, args.batch_size, args.n_step) == (1, 25_000, 128, 3)
+    assert args.accelerator is None  # not asked: the example chooses (the CPU)
     assert args.fused_loss is None  # fused on a CUDA device, torch's loss on the CPU
     assert example_module.parse_args(["--fused-loss"]).fused_loss is True
-    assert example_module.parse_args(["--no-fused-loss", "--seed", "7"]) == example_module.Args(fused_loss=False, seed=7)
+    changed = example_module.parse_args(["--no-fused-loss", "--no-ig", "--seed", "7"])
+    assert (changed.fused_loss, changed.ig, changed.seed) == (False, False, 7)
+
+
+@pytest.mark.parametrize(
+    ("requested", "cuda_available", "accelerator", "said"),
+    [
+        (None, True, "cpu", "a GPU is visible, but this small network trains faster on the CPU"),
+        (None, False, "cpu", "cpu"),
+        ("gpu", True, "gpu", "gpu (--accelerator gpu)"),
+        ("cpu", True, "cpu", "cpu (--accelerator cpu)"),
+        ("auto", True, "auto", "auto (--accelerator auto)"),
+    ],
+)
+def test_the_cpu_is_chosen_unless_a_device_is_asked_for(
+    example_module: ModuleType, requested: str | None, cuda_available: bool, accelerator: str, said: str
+) -> None:
+    chosen, line = example_module.choose_accelerator(requested, cuda_available)
+    assert chosen == accelerator
+    assert line.startswith(accelerator) and said in line
+
+
+def test_trainer_uses_the_cpu_by_default_even_with_a_gpu_visible(
+    example_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    trainer = example_module.make_trainer(example_module.parse_args(["--no-progress-bar"]), False, [])
+    assert isinstance(trainer.accelerator, CPUAccelerator)
 
 
 @pytest.mark.gpu
 def test_runs_on_the_gpu_with_the_fused_loss_by_default(tmp_path: Path) -> None:
     # the tiny run on the GPU, with the loss left at its default
-    gpu_flags = ["gpu" if flag == "cpu" else flag for flag in TINY if flag != "--fused-loss"]
-    proc = _run([str(EXAMPLE), *gpu_flags, "--runs-dir", "runs"], cwd=tmp_path)
+    gpu_flags = [flag for flag in TINY if flag != "--fused-loss"]
+    proc = _run([str(EXAMPLE), *gpu_flags, "--accelerator", "gpu", "--runs-dir", "runs"], cwd=tmp_path)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert "auxiliary loss      lightning-ig fused soft-margin" in proc.stdout  # the default on a CUDA device
     loaded = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
