@@ -41,6 +41,9 @@ _EXPORTS: dict[str, str] = {
     "load_states": "lightning_ig.checkpoint",
     "save_merged_checkpoint": "lightning_ig.checkpoint",
     "DuelingQNetwork": "lightning_ig.models",
+    "ConvDuelingQNetwork": "lightning_ig.models",
+    "MinAtarQNetwork": "lightning_ig.models",
+    "NatureQNetwork": "lightning_ig.models",
     "register_model": "lightning_ig.models",
     "build_model": "lightning_ig.models",
 }
@@ -73,7 +76,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
         save_merged_checkpoint,
     )
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
-    from lightning_ig.models import DuelingQNetwork, build_model, register_model
+    from lightning_ig.models import (
+        ConvDuelingQNetwork,
+        DuelingQNetwork,
+        MinAtarQNetwork,
+        NatureQNetwork,
+        build_model,
+        register_model,
+    )
     from lightning_ig.noise import NoisyLinear, noise_disabled
     from lightning_ig.quadrature import quadrature
     from lightning_ig.report import SCHEMA_VERSION, build_report, completeness_summary, feature_statistics

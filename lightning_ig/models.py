@@ -22,6 +22,9 @@ from lightning_ig.noise import NoisyLinear
 __all__ = [
     "ACTIVATIONS",
     "DuelingQNetwork",
+    "ConvDuelingQNetwork",
+    "MinAtarQNetwork",
+    "NatureQNetwork",
     "register_model",
     "build_model",
     "model_name",
@@ -318,3 +321,144 @@ def _check_size(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+
+@register_model("ConvDuelingQNetwork")
+class ConvDuelingQNetwork(nn.Module):
+    """A convolutional dueling Q-network with NoisyNet streams, for channels-first frames ``(C, H, W)``.
+
+    Convolutions (no padding, each followed by the activation) turn a frame into
+    a flat vector that a :class:`DuelingQNetwork` head reads, so the mean of the
+    Q-values over actions is ``V(s)``, the target lightning-ig attributes by
+    default. :class:`MinAtarQNetwork` and :class:`NatureQNetwork` are its two usual shapes.
+
+    Args:
+        input_shape: ``(channels, height, width)`` of one frame, each ``>= 1``.
+        num_actions: Number of actions, ``>= 1``.
+        conv_layers: ``(out_channels, kernel_size, stride)`` per convolution; default ``((16, 3, 1),)``.
+        hidden_sizes: Widths of the head's deterministic hidden layers; default ``(128,)``.
+        noisy, sigma0, activation, stream_hidden_size: As for :class:`DuelingQNetwork`
+            (defaults ``True``, ``0.5``, ``"relu"``, ``None``).
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a size is below 1, a convolution does not fit the frame, or ``activation`` is unknown.
+
+    Example::
+
+        >>> net = ConvDuelingQNetwork((4, 10, 10), 3)
+        >>> net(torch.zeros(2, 4, 10, 10)).shape
+        torch.Size([2, 3])
+        >>> build_model(model_name(net), net.config()).config() == net.config()
+        True
+    """
+
+    def __init__(
+        self, input_shape: Sequence[int], num_actions: int, conv_layers: Sequence[Sequence[int]] = ((16, 3, 1),),
+        hidden_sizes: Sequence[int] = (128,), noisy: bool = True, sigma0: float = 0.5,
+        activation: Activation = "relu", stream_hidden_size: int | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.input_shape = _check_sizes("input_shape", input_shape, length=3)
+        if isinstance(conv_layers, (str, bytes)) or not isinstance(conv_layers, Sequence):
+            raise TypeError(f"conv_layers must be a sequence of (out_channels, kernel, stride), got {conv_layers!r}")
+        self.conv_layers = tuple(_check_sizes(f"conv_layers[{i}]", conv, length=3) for i, conv in enumerate(conv_layers))
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        channels, height, width = self.input_shape
+        layers: list[nn.Module] = []
+        for index, (out_channels, kernel_size, stride) in enumerate(self.conv_layers):
+            height, width = (height - kernel_size) // stride + 1, (width - kernel_size) // stride + 1
+            if height < 1 or width < 1:
+                raise ValueError(
+                    f"conv_layers[{index}] (kernel {kernel_size}, stride {stride}) does not fit a frame of "
+                    f"input_shape {self.input_shape}; use smaller kernels or a larger frame"
+                )
+            layers += [nn.Conv2d(channels, out_channels, kernel_size, stride), ACTIVATIONS[activation]()]
+            channels = out_channels
+        self.encoder = nn.Sequential(*layers, nn.Flatten())
+        self.head = DuelingQNetwork(
+            channels * height * width, num_actions, hidden_sizes, noisy, sigma0, activation, stream_hidden_size
+        )
+
+    def features(self, x: Tensor) -> Tensor:
+        """What the streams read: ``(N, C, H, W) -> (N, width)`` (an auxiliary head can read it too)."""
+        return self.head.features(self.encoder(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Q-values: ``(N, C, H, W) -> (N, num_actions)``."""
+        return self.head(self.encoder(x))
+
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        """Draw new noise in every NoisyLinear layer (no-op when ``noisy=False``)."""
+        self.head.reset_noise(generator)
+
+    def config(self) -> dict[str, Any]:
+        """The constructor's arguments, JSON-serialisable."""
+        head = self.head.config()
+        del head["state_dim"]
+        return {"input_shape": list(self.input_shape), "conv_layers": [list(conv) for conv in self.conv_layers], **head}
+
+
+@register_model("MinAtarQNetwork")
+class MinAtarQNetwork(ConvDuelingQNetwork):
+    """MinAtar's network (Young & Tian, 2019) as a dueling NoisyNet, for ``(C, 10, 10)`` frames.
+
+    16 filters 3x3 (stride 1), then value and advantage streams with a hidden
+    layer of ``hidden_size`` units each (NoisyLinear layers when ``noisy``).
+    ``in_channels``: Breakout 4, Asterix 4, Freeway 7, Seaquest 10, Space Invaders 6.
+
+    Example::
+
+        >>> MinAtarQNetwork(in_channels=4, num_actions=3)(torch.zeros(5, 4, 10, 10)).shape
+        torch.Size([5, 3])
+    """
+
+    def __init__(
+        self, in_channels: int = 4, num_actions: int = 6, hidden_size: int = 128, noisy: bool = True,
+        sigma0: float = 0.5, activation: Activation = "relu",
+    ) -> None:  # fmt: skip
+        super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (), noisy, sigma0, activation, hidden_size)
+
+    def config(self) -> dict[str, Any]:
+        head = self.head.config()
+        return {"in_channels": self.input_shape[0], "num_actions": head["num_actions"],
+                "hidden_size": head["stream_hidden_size"], "noisy": head["noisy"], "sigma0": head["sigma0"],
+                "activation": head["activation"]}  # fmt: skip
+
+
+@register_model("NatureQNetwork")
+class NatureQNetwork(ConvDuelingQNetwork):
+    """The Nature DQN network (Mnih et al., 2015) as a dueling NoisyNet (Wang et al., 2016), for ``(C, 84, 84)`` frames.
+
+    Convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1, then value and advantage streams
+    with a hidden layer of 512 units each. Frames are floats: scale uint8 pixels to ``[0, 1]`` first.
+
+    Example::
+
+        >>> NatureQNetwork(num_actions=6)(torch.zeros(2, 4, 84, 84)).shape
+        torch.Size([2, 6])
+    """
+
+    def __init__(
+        self, in_channels: int = 4, num_actions: int = 18, noisy: bool = True, sigma0: float = 0.5,
+        activation: Activation = "relu",
+    ) -> None:  # fmt: skip
+        convs = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+        super().__init__((in_channels, 84, 84), num_actions, convs, (), noisy, sigma0, activation, 512)
+
+    def config(self) -> dict[str, Any]:
+        head = self.head.config()
+        return {"in_channels": self.input_shape[0], "num_actions": head["num_actions"], "noisy": head["noisy"],
+                "sigma0": head["sigma0"], "activation": head["activation"]}  # fmt: skip
+
+
+def _check_sizes(name: str, value: Any, length: int) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of {length} ints, got {value!r}")
+    if len(value) != length:
+        raise ValueError(f"{name} must have {length} entries, got {value!r}")
+    for index, size in enumerate(value):
+        _check_size(f"{name}[{index}]", size)
+    return tuple(int(size) for size in value)
