@@ -1,0 +1,427 @@
+"""Dueling NoisyNet DQN on MinAtar Breakout from pixels, on the GPU, watched by Integrated Gradients per object.
+
+MinAtar (Young & Tian, 2019; the `minatar` package, GPL-3.0, imported here as a
+separate optional package) shows a 10x10 frame with one channel per object:
+Breakout's are paddle, ball, trail (where the ball was) and brick. While the
+agent learns, lightning-ig's IntegratedGradientsCallback attributes V(s) (the
+mean of the dueling Q-values) to every pixel of held-out frames with the
+NoisyNet noise off, sums the attributions per channel (so TensorBoard shows how
+much the value looks at the ball, the paddle, the bricks) and draws saliency
+grids of the frames. An auxiliary head learns a +/-1 label (does a reward come
+within the next n steps?) with a soft-margin loss. At the end the network and
+the held-out frames go to a safetensors checkpoint that
+`lightning-ig diag --states auto` reads.
+
+Made for a GPU: several games stepped as one batch, the replay buffer and the
+n-step targets on the device, and one transfer to the host per vector step
+(the actions). Runs on a CPU too, more slowly.
+
+Run::
+
+    python examples/dqn_minatar.py                  # a GPU: a few minutes
+    python examples/dqn_minatar.py --total-timesteps 3000 --accelerator cpu   # a smoke run
+    tensorboard --logdir runs
+    lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from minatar import Environment
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_ig import (
+    IntegratedGradientsCallback,
+    MinAtarQNetwork,
+    feature_statistics,
+    integrated_gradients,
+    noise_disabled,
+    save_checkpoint,
+    soft_margin_loss,
+)
+
+
+def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channel_names: list[str]) -> IntegratedGradientsCallback:
+    """What lightning-ig adds to a training run: IG of V(s) on held-out frames, per channel, logged to TensorBoard."""
+    return IntegratedGradientsCallback(
+        held_out,  # (num_held_out, C, 10, 10), never trained on
+        every_n_steps=args.ig_every_n_steps,
+        target="mean",  # V(s): the mean of the dueling Q-values
+        n_steps=args.ig_n_steps,
+        top_k=len(channel_names),
+    )
+
+
+def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse ``type`` that rejects values below ``minimum`` (the message names the value)."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
+    return parse
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line; a bad flag or value exits with status 2 and a message, before anything runs."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add = parser.add_argument
+    add("--exp-name", default=Path(__file__).stem, help="the name of this experiment (part of the run folder's name)")
+    add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the games")
+    add("--game", default="breakout", choices=("breakout", "asterix", "freeway", "seaquest", "space_invaders"),
+        help="the MinAtar game (the defaults are tuned on breakout)")
+    add("--accelerator", choices=("cpu", "gpu", "auto"), default="auto", help="where the network trains (auto: a GPU if any)")
+    add("--num-threads", type=at_least(1), default=1, help="torch CPU threads (on a CPU run; 1 is fastest for this small network)")
+    add("--runs-dir", default="runs", help="parent folder of the TensorBoard run folder and the checkpoint")
+    add("--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show Lightning's progress bar")
+    # DQN
+    add("--total-timesteps", type=at_least(1), default=400_000, help="environment steps over all games, warm-up included")
+    add("--num-envs", type=at_least(1), default=16, help="games stepped as one batch; one gradient step per batch step")
+    add("--learning-starts", type=at_least(0), default=5_000, help="random-action environment steps before learning")
+    add("--buffer-size", type=at_least(1), default=200_000, help="replay buffer capacity (environment steps)")
+    add("--batch-size", type=at_least(1), default=128, help="transitions per gradient step")
+    add("--learning-rate", type=float, default=5e-4, help="Adam's initial learning rate")
+    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True, help="decay the learning rate linearly to 0")
+    add("--gamma", type=float, default=0.99, help="discount factor, in (0, 1]")
+    add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
+    add("--target-network-frequency", type=at_least(1), default=500, help="gradient steps between target updates")
+    add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
+    add("--hidden-size", type=at_least(1), default=128, help="units of the value and advantage streams' hidden layers")
+    add("--activation", choices=("relu", "tanh", "softplus", "silu", "gelu"), default="relu",
+        help="the network's activation (a smooth one makes IG's completeness converge at fewer steps)")
+    add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
+    # auxiliary head
+    add("--aux-coef", type=at_least(0.0, float), default=0.1, help="weight of the auxiliary soft-margin loss")
+    add("--fused-loss", action=argparse.BooleanOptionalAction, default=None,
+        help="lightning-ig's fused soft-margin loss (CUDA kernel, torch twin on the CPU) or torch's; "
+        "default: fused on a GPU")
+    # Integrated Gradients
+    add("--ig", action=argparse.BooleanOptionalAction, default=True, help="run the IntegratedGradientsCallback")
+    add("--num-held-out", type=at_least(1), default=64, help="held-out frames for IG, from random play, never trained on")
+    add("--ig-every-n-steps", type=at_least(1), default=1_000, help="gradient steps between IG runs")
+    add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
+    # evaluation
+    add("--eval-episodes", type=at_least(1), default=10, help="greedy evaluation episodes (noise off) at the end")
+    add("--random-episodes", type=at_least(1), default=100, help="episodes of the uniformly random policy, for comparison")
+    add("--eval-max-steps", type=at_least(1), default=10_000, help="an evaluation episode stops after this many steps")
+    args = parser.parse_args(argv)
+    if args.learning_starts >= args.total_timesteps:
+        parser.error(f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
+                     f"--total-timesteps {args.total_timesteps}; lower it or train longer")  # fmt: skip
+    if not args.learning_rate > 0:
+        parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if not 0 < args.gamma <= 1:
+        parser.error(f"--gamma must be in (0, 1], got {args.gamma}")
+    if args.buffer_size < 2 * args.num_envs * (args.n_step + 1):
+        parser.error(f"--buffer-size {args.buffer_size} is too small for --num-envs {args.num_envs}: "
+                     f"use at least {2 * args.num_envs * (args.n_step + 1)}")  # fmt: skip
+    return args
+
+
+class MinAtarVectorEnv:
+    """``num_envs`` MinAtar games stepped together; finished games restart at once.
+
+    Observations are one ``(num_envs, C, 10, 10)`` uint8 array (channels first),
+    rewards and terminals one ``(2, num_envs)`` float32 array, both rewritten in
+    place by every step: two host-to-device copies per vector step.
+    """
+
+    def __init__(self, game: str, num_envs: int, seed: int) -> None:
+        self.games = [Environment(game) for _ in range(num_envs)]
+        for index, env in enumerate(self.games):
+            env.seed(seed + index)
+        self.action_set = self.games[0].minimal_action_set()  # Breakout: no-op, left, right
+        channels = self.games[0].env.channels  # name -> index
+        self.channel_names = sorted(channels, key=channels.get)
+        self.observations = np.zeros((num_envs, len(self.channel_names), 10, 10), dtype=np.uint8)
+        self.rewards_terminals = np.zeros((2, num_envs), dtype=np.float32)
+
+    def reset(self) -> np.ndarray:
+        for index, env in enumerate(self.games):
+            env.reset()
+            self.observations[index] = env.state().transpose(2, 0, 1)
+        return self.observations
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Play ``actions`` (indices into the minimal action set); returns the observations and
+        ``(rewards, terminals)``, a ``(2, num_envs)`` array."""
+        for index, (env, action) in enumerate(zip(self.games, actions)):
+            reward, terminal = env.act(self.action_set[action])
+            self.rewards_terminals[:, index] = reward, terminal
+            if terminal:
+                env.reset()
+            self.observations[index] = env.state().transpose(2, 0, 1)
+        return self.observations, self.rewards_terminals
+
+
+def collect_held_out_states(game: str, num_states: int, seed: int) -> Tensor:
+    """``(num_states, C, 10, 10)`` float frames from uniformly random play in games of their own."""
+    envs, rng = MinAtarVectorEnv(game, 8, seed), np.random.default_rng(seed)
+    frames = [envs.reset().copy()]
+    while sum(len(f) for f in frames) < num_states:
+        frames.append(envs.step(rng.integers(len(envs.action_set), size=8))[0].copy())  # (8, C, 10, 10)
+    return torch.from_numpy(np.concatenate(frames)[:num_states]).float()
+
+
+class ReplayBuffer(IterableDataset):
+    """Per-step observations, actions, rewards and terminals of every game in device tensors, a ring in time.
+
+    n-step returns are computed at sampling time on the device, so adding a
+    step is four copies and sampling needs nothing from the host. Iterating
+    yields sampled batches forever.
+    """
+
+    def __init__(self, args: argparse.Namespace, frame_shape: Sequence[int], device: torch.device) -> None:
+        self.capacity, self.num_envs = max(args.buffer_size // args.num_envs, args.n_step + 2), args.num_envs
+        self.batch_size, self.n_step, self.size, self.next = args.batch_size, args.n_step, 0, 0
+        steps = (self.capacity, self.num_envs)
+        self.observations = torch.zeros(*steps, *frame_shape, dtype=torch.uint8, device=device)
+        self.actions = torch.zeros(steps, dtype=torch.long, device=device)
+        self.rewards = torch.zeros(steps, device=device)
+        self.terminals = torch.zeros(steps, device=device)
+        self.discounts = args.gamma ** torch.arange(args.n_step + 1, device=device, dtype=torch.float32)
+        self.offsets = torch.arange(args.n_step, device=device)
+        self.generator = torch.Generator(device=device).manual_seed(args.seed)
+
+    def add(self, observations: Tensor, actions: Tensor, rewards: Tensor, terminals: Tensor) -> None:
+        """One vector step: what each game saw, did and got (a terminal game's next frame is a new game)."""
+        for store, value in ((self.observations, observations), (self.actions, actions),
+                             (self.rewards, rewards), (self.terminals, terminals)):  # fmt: skip
+            store[self.next].copy_(value)
+        self.next = (self.next + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self) -> tuple[Tensor, ...]:
+        device = self.rewards.device
+        # start steps with n later steps stored: the oldest size - n of the ring
+        age = torch.randint(self.size - self.n_step, (self.batch_size,), device=device, generator=self.generator)
+        start = (self.next - self.size + age) % self.capacity  # (B,)
+        game = torch.randint(self.num_envs, (self.batch_size,), device=device, generator=self.generator)
+        steps = (start[:, None] + self.offsets) % self.capacity  # (B, n)
+        rewards, terminals = self.rewards[steps, game[:, None]], self.terminals[steps, game[:, None]]  # (B, n)
+        alive = torch.cumprod(1.0 - terminals, dim=1)  # the game still runs after step k
+        alive_before = torch.cat([torch.ones_like(alive[:, :1]), alive[:, :-1]], dim=1)
+        returns = (rewards * alive_before * self.discounts[:-1]).sum(dim=1)
+        discounts = self.discounts[-1] * alive[:, -1]  # 0 where the game ended within the n steps
+        next_observations = self.observations[(start + self.n_step) % self.capacity, game]
+        reward_soon = torch.where((rewards * alive_before).sum(dim=1) > 0, 1.0, -1.0)  # the auxiliary label
+        return self.observations[start, game], self.actions[start, game], returns, next_observations, discounts, reward_soon
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        while True:
+            yield self.sample()
+
+
+class DQNAgent(L.LightningModule):
+    """Double DQN, dueling NoisyNet CNN, n-step returns, an auxiliary soft-margin head.
+
+    Every training step plays one step of every game with the current (noisy)
+    network, then takes one gradient step on a replay batch.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.args = args
+        self.envs = MinAtarVectorEnv(args.game, args.num_envs, args.seed)
+        channels, num_actions = len(self.envs.channel_names), len(self.envs.action_set)
+        config = {"in_channels": channels, "num_actions": num_actions, "hidden_size": args.hidden_size,
+                  "sigma0": args.sigma0, "activation": args.activation}  # fmt: skip
+        self.q_network = MinAtarQNetwork(**config)
+        self.target_network = MinAtarQNetwork(**config).requires_grad_(False)
+        self.target_network.load_state_dict(self.q_network.state_dict())
+        width = self.q_network.features(torch.zeros(1, channels, 10, 10)).shape[1]
+        self.aux_head = nn.Linear(width, 1)  # logit of "does a reward come within the next n steps?"
+        self.use_fused_loss = bool(args.fused_loss)
+        self.episode_returns = np.zeros(args.num_envs)
+        self.env_steps, self.warm_up_env_steps, self.train_started = 0, 0, 0.0
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.q_network(x)  # (N, C, 10, 10) -> (N, A) Q-values; their mean is V(s)
+
+    def on_fit_start(self) -> None:  # not setup(): Lightning moves the model to its device between the two
+        if self.args.fused_loss is None:
+            self.use_fused_loss = self.device.type == "cuda"
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(self.args.seed + 1)
+        self.buffer = ReplayBuffer(self.args, self.envs.observations.shape[1:], self.device)
+        self.observations = torch.from_numpy(self.envs.reset()).to(self.device, copy=True)
+        random_actions = np.random.default_rng(self.args.seed)
+        while self.env_steps < self.args.learning_starts:
+            self.play_step(random_actions.integers(len(self.envs.action_set), size=self.args.num_envs))
+        self.warm_up_env_steps, self.train_started = self.env_steps, time.perf_counter()
+
+    @torch.no_grad()
+    def play_step(self, actions: np.ndarray | None = None) -> None:
+        """One step of every game (the noisy network's choice unless ``actions`` are given) into the buffer."""
+        if actions is None:
+            device_actions = self.q_network(self.observations.float()).argmax(dim=1)
+            actions = device_actions.cpu().numpy()  # the one host transfer per vector step: the games need it
+        else:
+            device_actions = torch.from_numpy(actions).to(self.device)
+        next_observations, rewards_terminals = self.envs.step(actions)
+        # copies (copy=True: the arrays are rewritten by the next step, and .to("cpu") would not copy)
+        device_rewards, device_terminals = torch.from_numpy(rewards_terminals).to(self.device, copy=True)
+        self.buffer.add(self.observations, device_actions, device_rewards, device_terminals)
+        self.observations = torch.from_numpy(next_observations).to(self.device, copy=True)
+        self.env_steps += self.args.num_envs
+        self.episode_returns += rewards_terminals[0]
+        for game in np.flatnonzero(rewards_terminals[1]):
+            for logger in self.loggers:
+                logger.log_metrics({"charts/episodic_return": self.episode_returns[game]}, step=self.global_step)
+            self.episode_returns[game] = 0.0
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        self.play_step()
+        # Fresh noise for this update and the acting that follows it (Fortunato et al.).
+        self.q_network.reset_noise(self.noise_generator)
+        self.target_network.reset_noise(self.noise_generator)
+
+        observations, actions, returns, next_observations, discounts, reward_soon = batch
+        observations, next_observations = observations.float(), next_observations.float()  # (B, C, 10, 10)
+        q_both = self.q_network(torch.cat([observations, next_observations]))  # (2B, A): one forward for both ends
+        q_values, next_q_online = q_both[: len(actions)], q_both[len(actions) :].detach()
+        with torch.no_grad():  # Double DQN: the online network picks the next action, the target network values it
+            next_q = self.target_network(next_observations).gather(1, next_q_online.argmax(dim=1, keepdim=True))
+            td_target = returns + discounts * next_q.squeeze(1)
+        q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
+        td_loss = F.smooth_l1_loss(q_taken, td_target)
+        logits = self.aux_head(self.q_network.features(observations)).squeeze(1)
+        soft_margin = soft_margin_loss if self.use_fused_loss else F.soft_margin_loss
+        aux_loss = soft_margin(logits, reward_soon)
+
+        if self.global_step % self.args.target_network_frequency == 0:
+            self.target_network.load_state_dict(self.q_network.state_dict())
+        if self.global_step % 500 == 0:  # .item() waits for the device: only now and then
+            metrics = {"losses/td_loss": td_loss.item(), "losses/aux_soft_margin": aux_loss.item(),
+                       "losses/q_values": q_taken.mean().item(), "charts/env_steps": float(self.env_steps),
+                       "charts/learning_rate": self.optimizers().param_groups[0]["lr"]}  # fmt: skip
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=self.global_step)
+        return td_loss + self.args.aux_coef * aux_loss
+
+    def configure_optimizers(self) -> Any:
+        parameters = [p for p in self.parameters() if p.requires_grad]
+        try:  # fused: one kernel for all parameters
+            optimizer = torch.optim.Adam(parameters, lr=self.args.learning_rate, fused=True)
+        except RuntimeError:  # torch < 2.4 has no fused CPU Adam
+            optimizer = torch.optim.Adam(parameters, lr=self.args.learning_rate)
+        if not self.args.anneal_lr:
+            return optimizer
+        total = max(self.trainer.max_steps, 1)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(1.0 - step / total, 0.0))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.buffer, batch_size=None)  # the buffer yields whole batches, already on the device
+
+
+def evaluate(policy: Callable[[Tensor], np.ndarray], game: str, episodes: int, seed: int, max_steps: int,
+             device: torch.device) -> np.ndarray:  # fmt: skip
+    """Returns of ``episodes`` games played side by side (game ``i`` seeded ``seed + i``) until each first ends."""
+    envs = MinAtarVectorEnv(game, episodes, seed)
+    observations, returns, running = envs.reset(), np.zeros(episodes), np.ones(episodes, dtype=bool)
+    for _ in range(max_steps):
+        observations, (rewards, terminals) = envs.step(policy(torch.from_numpy(observations).to(device).float()))
+        returns += rewards * running
+        running &= terminals == 0
+        if not running.any():
+            break
+    return returns
+
+
+def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) -> L.Trainer:
+    """One device, one gradient step per vector step after the warm-up, in one endless epoch."""
+    progress = [TQDMProgressBar(refresh_rate=500)] if args.progress_bar else []
+    learning_steps = (args.total_timesteps - args.learning_starts) // args.num_envs
+    return L.Trainer(
+        accelerator=args.accelerator, devices=1, max_epochs=-1, max_steps=max(learning_steps, 1), logger=logger,
+        callbacks=[*callbacks, *progress], gradient_clip_val=args.max_grad_norm or None, enable_checkpointing=False,
+        enable_progress_bar=args.progress_bar, log_every_n_steps=500,
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    torch.set_num_threads(args.num_threads)
+    L.seed_everything(args.seed, workers=True, verbose=False)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # the replay is on the device
+    warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")  # the replay stream has no length
+    run_name = f"MinAtar-{args.game}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    logger = TensorBoardLogger(save_dir=args.runs_dir, name=run_name, version="", default_hp_metric=False)
+    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    logger.experiment.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    run_dir = Path(logger.log_dir)
+
+    held_out = collect_held_out_states(args.game, args.num_held_out, seed=args.seed + 2_000)
+    agent = DQNAgent(args)
+    channel_names = agent.envs.channel_names
+    trainer = make_trainer(args, logger, [make_ig_callback(args, held_out, channel_names)] if args.ig else [])
+    trainer.fit(agent)
+    train_seconds = time.perf_counter() - agent.train_started
+    env_steps_per_second = (agent.env_steps - agent.warm_up_env_steps) / train_seconds
+    gradient_steps_per_second = trainer.global_step / train_seconds
+
+    q_network, device = agent.q_network.eval(), agent.device
+    with noise_disabled(q_network), torch.no_grad():
+        returns = evaluate(lambda x: q_network(x).argmax(dim=1).cpu().numpy(), args.game, args.eval_episodes,
+                           seed=args.seed + 1_000, max_steps=args.eval_max_steps, device=device)  # fmt: skip
+    random_actions = np.random.default_rng(args.seed + 3_000)
+    random_returns = evaluate(lambda x: random_actions.integers(len(agent.envs.action_set), size=len(x)), args.game,
+                              args.random_episodes, seed=args.seed + 4_000, max_steps=args.eval_max_steps, device=device)  # fmt: skip
+    mean_return, random_return = float(returns.mean()), float(random_returns.mean())
+    logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, step=trainer.global_step)
+    with noise_disabled(q_network):
+        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
+    per_channel = result.attributions.sum(dim=(2, 3)).cpu()  # (num_held_out, C): completeness holds per channel too
+    channels = feature_statistics(per_channel, channel_names)
+    checkpoint = save_checkpoint(
+        q_network, run_dir / "q_network.safetensors", states=held_out,
+        metadata={"game": args.game, "channel_names": json.dumps(channel_names), "run_name": run_name,
+                  "global_step": str(trainer.global_step), "eval_mean_return": f"{mean_return:.2f}",
+                  "random_mean_return": f"{random_return:.2f}", "args": json.dumps(vars(args))},
+    )  # fmt: skip
+    logger.finalize("success")
+
+    loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
+    print(f"\nrun folder          {run_dir}")
+    print(f"checkpoint          {checkpoint}")
+    print(f"device              {device}; auxiliary loss {loss_name}")
+    print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
+          f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up")  # fmt: skip
+    print(f"speed               {env_steps_per_second:.0f} env steps/s, {gradient_steps_per_second:.1f} gradient "
+          f"steps/s (IG callback {'on' if args.ig else 'off'})")
+    print(f"eval return         mean {mean_return:.2f} over {len(returns)} episodes (min {returns.min():.0f}, "
+          f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(random_returns)} episodes: "
+          f"{mean_return / max(random_return, 1e-9):.1f}x")  # fmt: skip
+    print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({args.ig_n_steps} steps)")
+    print("attribution of V(s) per channel (sum over the channel's pixels) on the held-out frames:")
+    for channel in sorted(channels, key=lambda c: -c["mean_abs"]):
+        name, mean_abs, mean_signed = channel["name"], channel["mean_abs"], channel["mean_signed"]
+        print(f"  {name:<8} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
+    print(f"wall time           {time.perf_counter() - started:.1f} s")
+    return {"run_dir": str(run_dir), "checkpoint": str(checkpoint), "mean_return": mean_return,
+            "random_return": random_return, "train_seconds": train_seconds, "env_steps_per_second": env_steps_per_second,
+            "gradient_steps_per_second": gradient_steps_per_second, "channels": channels}  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

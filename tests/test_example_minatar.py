@@ -1,0 +1,215 @@
+"""End to end: examples/dqn_minatar.py with tiny settings on the CPU, through a subprocess as a user runs it.
+
+One short training run (the IG callback on) is shared by the tests: it must
+exit 0, leave the ``ig/`` tags in its TensorBoard folder, and a checkpoint that
+:func:`lightning_ig.load_checkpoint` rebuilds as a MinAtar network with its
+held-out frames, which ``lightning-ig diag --states auto`` turns into a valid
+report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip install 'lightning-ig[examples]')")
+
+from lightning_ig import MinAtarQNetwork, load_checkpoint  # noqa: E402
+from lightning_ig.report import load_schema  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "dqn_minatar.py"
+CHANNEL_NAMES = ["paddle", "ball", "trail", "brick"]  # MinAtar Breakout's channels, in order
+NUM_HELD_OUT = 8
+TINY = [
+    "--total-timesteps", "1200", "--learning-starts", "400", "--num-envs", "4", "--batch-size", "32",
+    "--ig-every-n-steps", "100", "--ig-n-steps", "8", "--num-held-out", str(NUM_HELD_OUT),
+    "--eval-episodes", "2", "--random-episodes", "4", "--no-progress-bar", "--accelerator", "cpu", "--seed", "3",
+    "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
+]  # fmt: skip
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["MPLBACKEND"] = "Agg"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _only_run_dir(runs: Path) -> Path:
+    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(run_dirs) == 1, f"expected one run folder in {runs}, found {run_dirs}"
+    return run_dirs[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    workdir = tmp_path_factory.mktemp("minatar")
+    proc = _run([str(EXAMPLE), *TINY, "--runs-dir", "runs"], cwd=workdir)
+    return proc, workdir / "runs"
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def test_exits_zero_and_prints_return_against_random_and_channels(tiny_run) -> None:
+    proc, runs = tiny_run
+    _ok(proc)
+    out = proc.stdout
+    assert "gradient steps/s" in out and "env steps/s" in out
+    assert "random policy" in out and "over 4 episodes" in out
+    assert "auxiliary loss lightning-ig fused soft-margin" in out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("attribution of V(s) per channel"))
+    printed = [line.split()[0] for line in lines[start + 1 : start + 5]]
+    assert sorted(printed) == sorted(CHANNEL_NAMES)
+    assert _only_run_dir(runs).name.startswith("MinAtar-breakout__dqn_minatar__3__")
+
+
+def test_tensorboard_folder_holds_the_ig_tags(tiny_run) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc, runs = tiny_run
+    _ok(proc)
+    accumulator = EventAccumulator(str(_only_run_dir(runs)), size_guidance={"scalars": 0, "images": 0})
+    accumulator.Reload()
+    scalars = set(accumulator.Tags()["scalars"])
+    expected = {"ig/completeness/worst_relative_error", "ig/time_ms", "charts/episodic_return", "losses/td_loss",
+                "eval/mean_return", "eval/random_mean_return"}  # fmt: skip
+    assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
+    # (1200 - 400) / 4 = 200 gradient steps, a run every 100
+    assert [e.step for e in accumulator.Scalars("ig/completeness/worst_relative_error")] == [100, 200]
+
+
+def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> None:
+    proc, runs = tiny_run
+    _ok(proc)
+    loaded = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    assert isinstance(loaded.model, MinAtarQNetwork)
+    assert loaded.model.config()["in_channels"] == 4 and loaded.model.config()["num_actions"] == 3
+    assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4, 10, 10)
+    assert set(torch.unique(loaded.states).tolist()) <= {0.0, 1.0}  # MinAtar frames are 0/1
+    assert json.loads(loaded.metadata["channel_names"]) == CHANNEL_NAMES
+    assert float(loaded.metadata["random_mean_return"]) >= 0
+    q_values = loaded.model.eval()(loaded.states)
+    assert q_values.shape == (NUM_HELD_OUT, 3) and torch.isfinite(q_values).all()
+
+
+def test_diag_on_the_checkpoint_writes_a_valid_report(tiny_run, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    proc, runs = tiny_run
+    _ok(proc)
+    output = tmp_path / "report.json"
+    checkpoint = _only_run_dir(runs) / "q_network.safetensors"
+    diag = _run(
+        ["-m", "lightning_ig.cli", "diag", "--checkpoint", str(checkpoint), "--states", "auto",
+         "--auto-samples", "4", "--output", str(output)],
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    _ok(diag)
+    report = json.loads(output.read_text())
+    jsonschema.validate(report, load_schema())
+    assert report["num_states"] == 4 and report["state_dim"] == 4 * 10 * 10
+
+
+def test_help_lists_the_flags(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--num-envs NUM_ENVS games stepped as one batch" in text
+    assert "--fused-loss, --no-fused-loss" in text
+    assert "{breakout,asterix,freeway,seaquest,space_invaders}" in text
+
+
+def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--no-such-flag"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr
+    assert not (tmp_path / "runs").exists(), "a rejected command line must not start a run"
+
+
+@pytest.fixture(scope="module")
+def example_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dqn_minatar_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-envs", "0"], "argument --num-envs: must be >= 1, got 0"),
+        (["--game", "pong"], "argument --game: invalid choice: 'pong'"),
+        (["--learning-starts", "900", "--total-timesteps", "500"], "--learning-starts must be in [0, --total-timesteps)"),
+        (["--buffer-size", "10", "--num-envs", "8"], "--buffer-size 10 is too small for --num-envs 8"),
+        (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
+    ],
+)
+def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replay_n_step_returns_stop_at_the_end_of_a_game(example_module) -> None:
+    args = example_module.parse_args(["--num-envs", "1", "--buffer-size", "64", "--n-step", "3", "--gamma", "0.5",
+                                      "--batch-size", "256"])  # fmt: skip
+    buffer = example_module.ReplayBuffer(args, (1, 10, 10), torch.device("cpu"))
+    rewards, terminals = [1.0, 2.0, 4.0, 8.0, 16.0], [0.0, 1.0, 0.0, 0.0, 0.0]  # the first game ends at step 1
+    for step, (reward, terminal) in enumerate(zip(rewards, terminals)):
+        frame = torch.full((1, 1, 10, 10), step, dtype=torch.uint8)
+        buffer.add(frame, torch.tensor([step]), torch.tensor([reward]), torch.tensor([terminal]))
+    observations, actions, returns, next_observations, discounts, reward_soon = buffer.sample()
+    starts = actions.tolist()
+    assert set(starts) == {0, 1}  # only starts with 3 later steps stored
+    expected = {0: (1 + 0.5 * 2, 0.0), 1: (2.0, 0.0)}  # both windows hold the game's end: no bootstrap
+    for row, start in enumerate(starts):
+        assert observations[row, 0, 0, 0].item() == start
+        assert next_observations[row, 0, 0, 0].item() == start + 3
+        assert (returns[row].item(), discounts[row].item()) == expected[start]
+        assert reward_soon[row].item() == 1.0
+    # a window without an end bootstraps with gamma^n
+    for step, reward in enumerate([0.0, 0.0, 0.0, 0.0], start=5):
+        buffer.add(torch.full((1, 1, 10, 10), step, dtype=torch.uint8), torch.tensor([step]), torch.tensor([reward]),
+                   torch.tensor([0.0]))  # fmt: skip
+    _, actions, returns, _, discounts, reward_soon = buffer.sample()
+    by_start = {int(a): (float(r), float(d), float(s)) for a, r, d, s in zip(actions, returns, discounts, reward_soon)}
+    assert by_start[2] == (4 + 0.5 * 8 + 0.25 * 16, 0.125, 1.0)
+    assert by_start[4] == (16.0, 0.125, 1.0)
+    assert by_start[5] == (0.0, 0.125, -1.0)
+
+
+def test_vector_env_gives_channels_first_frames_and_restarts_finished_games(example_module) -> None:
+    envs = example_module.MinAtarVectorEnv("breakout", 3, seed=0)
+    assert envs.channel_names == CHANNEL_NAMES and len(envs.action_set) == 3
+    observations = envs.reset()
+    assert observations.shape == (3, 4, 10, 10) and observations.dtype == np.uint8
+    assert (observations[:, CHANNEL_NAMES.index("paddle"), 9].sum(axis=1) == 1).all()  # the paddle is on the last row
+    ended = 0
+    for _ in range(200):
+        observations, (rewards, terminals) = envs.step(np.zeros(3, dtype=np.int64))  # no-op: the ball falls
+        ended += int(terminals.sum())
+        assert (observations[:, CHANNEL_NAMES.index("ball")].reshape(3, -1).sum(axis=1) == 1).all()
+    assert ended > 3  # games ended and restarted with a ball
