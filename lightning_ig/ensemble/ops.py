@@ -140,8 +140,9 @@ def reduce_cuda(rows_members_logits: Tensor, weights: Tensor, needs_grad: bool) 
 
 
 def _weights32(weights: Tensor) -> Tensor:
+    """The weights as the kernels read them (float32, contiguous); only their address is used."""
     if weights.dtype == torch.float32 and weights.is_contiguous():
-        return weights.detach()
+        return weights
     return weights.detach().to(torch.float32).contiguous()
 
 
