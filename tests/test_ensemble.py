@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -306,8 +307,9 @@ def test_ensemble_config_rebuilds_it_and_a_checkpoint_loads_without_importing_it
         "print(type(loaded.model).__name__, loaded.model.weights.tolist(), loaded.model(loaded.states).tolist())"
     )
     root = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "PYTHONPATH": str(root)}
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
-                            env={"PYTHONPATH": str(root), "PATH": ""}).stdout.split(" ", 1)  # fmt: skip
+                            env=environment).stdout.split(" ", 1)  # fmt: skip
     assert output[0] == "Ensemble"
     assert output[1].strip() == f"{[0.5, 0.25, 0.25]} {ensemble(states).tolist()}"
 

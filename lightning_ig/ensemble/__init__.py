@@ -20,14 +20,13 @@ Example::
 
 from lightning_ig.ensemble.agreement import agreement_scalars, ensemble_summary, mean_abs_per_feature, member_agreement
 from lightning_ig.ensemble.module import Ensemble, is_ensemble
-from lightning_ig.ensemble.reduce import REDUCE_DIMS, EnsembleReduce, ensemble_reduce, member_means, weights_tensor
+from lightning_ig.ensemble.reduce import REDUCE_DIMS, EnsembleReduce, ensemble_reduce, member_means
 
 __all__ = [
     "REDUCE_DIMS",
     "ensemble_reduce",
     "member_means",
     "EnsembleReduce",
-    "weights_tensor",
     "Ensemble",
     "is_ensemble",
     "mean_abs_per_feature",

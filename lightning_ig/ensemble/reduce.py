@@ -174,7 +174,7 @@ class EnsembleReduce(nn.Module):
         super().__init__()
         _check_reduce_dim(reduce_dim)
         check_choice(backend, BACKENDS, "backend")
-        values = weights_tensor(weights)
+        values = _weights_tensor(weights)
         if learnable:
             self.weights = nn.Parameter(values)
         else:
@@ -196,7 +196,7 @@ class EnsembleReduce(nn.Module):
         return f"num_members={self.num_members}, reduce_dim={self.reduce_dim}, backend={self.backend!r}"
 
 
-def weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
+def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
     """Members' weights as a new 1-D float32 CPU tensor, checked: at least one, all finite.
 
     Args:
