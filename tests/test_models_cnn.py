@@ -102,7 +102,7 @@ def test_noise_off_gives_a_deterministic_forward_for_integrated_gradients() -> N
     with noise_disabled(net):
         result = integrated_gradients(net, frames, target="mean", n_steps=32)
     assert result.attributions.shape == (4, 4, 10, 10)
-    assert torch.isfinite(result.attributions).all()
+    assert not result.stochastic and result.num_non_finite == 0  # noise off: the same state, the same value
     assert result.worst_relative_error < 1e-2  # a smooth network: completeness holds at 32 steps
 
 
