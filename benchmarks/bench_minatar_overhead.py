@@ -49,13 +49,16 @@ def load_example() -> ModuleType:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--accelerator", choices=("gpu", "cpu"), default="gpu", help="where training and IG run")
     parser.add_argument("--total-timesteps", type=int, default=96_000, help="environment steps per timed run")
     parser.add_argument("--pairs", type=int, default=1, help="off/on pairs, in ABBA order")
     parser.add_argument("--seed", type=int, default=1, help="seed of every run")
     parser.add_argument(
-        "--output", type=Path, default=Path("benchmarks/results/bench_minatar_overhead.md"), help="where the markdown goes"
+        "--output", type=Path, default=Path("benchmarks/results/bench_minatar_overhead.md"),
+        help="where the markdown goes",
     )
     options = parser.parse_args()
     if options.pairs < 1:
@@ -94,11 +97,13 @@ def main() -> None:
     lines = [
         "## bench_minatar_overhead",
         "",
-        f"examples/dqn_minatar.py on {device_name} ({options.accelerator}), torch {torch.__version__}; "
-        f"{options.total_timesteps} env steps per run ({gradient_steps} gradient steps, {base.num_envs} games, "
-        f"batch {base.batch_size}), seed {options.seed}; {options.pairs} off/on pair(s) in ABBA order after a warm-up; "
-        f"callback: IG on {base.num_held_out} held-out frames, n_steps={base.ig_n_steps}, every "
-        f"{base.ig_every_n_steps} steps; benchmark wall time {time.perf_counter() - started:.0f} s.",
+        (
+            f"examples/dqn_minatar.py on {device_name} ({options.accelerator}), torch {torch.__version__}; "
+            f"{options.total_timesteps} env steps per run ({gradient_steps} gradient steps, {base.num_envs} games, "
+            f"batch {base.batch_size}), seed {options.seed}; {options.pairs} off/on pair(s) in ABBA order after a "
+            f"warm-up; callback: IG on {base.num_held_out} held-out frames, n_steps={base.ig_n_steps}, every "
+            f"{base.ig_every_n_steps} steps; benchmark wall time {time.perf_counter() - started:.0f} s."
+        ),
         "",
         "| case | training loop (s, median) | env steps/s | gradient steps/s |",
         "|---|---:|---:|---:|",

@@ -55,14 +55,14 @@ from lightning_ig import (
 )
 
 
-def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channel_names: list[str]) -> IntegratedGradientsCallback:
-    """What lightning-ig adds to a training run: IG of V(s) on held-out frames, per channel, logged to TensorBoard."""
+def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channels: list[str]) -> IntegratedGradientsCallback:
+    """What lightning-ig adds to training: IG of V(s) on held-out frames, per channel, logged to TensorBoard."""
     return IntegratedGradientsCallback(
         held_out,  # (num_held_out, C, 10, 10), never trained on
         every_n_steps=args.ig_every_n_steps,
         target="mean",  # V(s): the mean of the dueling Q-values
         n_steps=args.ig_n_steps,
-        top_k=len(channel_names),
+        top_k=len(channels),
     )
 
 
@@ -89,18 +89,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the games")
     add("--game", default="breakout", choices=("breakout", "asterix", "freeway", "seaquest", "space_invaders"),
         help="the MinAtar game (the defaults are tuned on breakout)")
-    add("--accelerator", choices=("cpu", "gpu", "auto"), default="auto", help="where the network trains (auto: a GPU if any)")
-    add("--num-threads", type=at_least(1), default=1, help="torch CPU threads (on a CPU run; 1 is fastest for this small network)")
+    add("--accelerator", choices=("cpu", "gpu", "auto"), default="auto",
+        help="where the network trains (auto: a GPU if there is one)")
+    add("--num-threads", type=at_least(1), default=1, help="torch CPU threads; 1 is fastest for this small network")
     add("--runs-dir", default="runs", help="parent folder of the TensorBoard run folder and the checkpoint")
     add("--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show Lightning's progress bar")
     # DQN
-    add("--total-timesteps", type=at_least(1), default=400_000, help="environment steps over all games, warm-up included")
+    add("--total-timesteps", type=at_least(1), default=400_000,
+        help="environment steps over all games, warm-up included")
     add("--num-envs", type=at_least(1), default=16, help="games stepped as one batch; one gradient step per batch step")
     add("--learning-starts", type=at_least(0), default=5_000, help="random-action environment steps before learning")
     add("--buffer-size", type=at_least(1), default=200_000, help="replay buffer capacity (environment steps)")
     add("--batch-size", type=at_least(1), default=128, help="transitions per gradient step")
     add("--learning-rate", type=float, default=5e-4, help="Adam's initial learning rate")
-    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True, help="decay the learning rate linearly to 0")
+    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True,
+        help="decay the learning rate linearly to 0")
     add("--gamma", type=float, default=0.99, help="discount factor, in (0, 1]")
     add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
     add("--target-network-frequency", type=at_least(1), default=500, help="gradient steps between target updates")
@@ -117,12 +120,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "default: fused on a GPU")
     # Integrated Gradients
     add("--ig", action=argparse.BooleanOptionalAction, default=True, help="run the IntegratedGradientsCallback")
-    add("--num-held-out", type=at_least(1), default=64, help="held-out frames for IG, from random play, never trained on")
+    add("--num-held-out", type=at_least(1), default=64,
+        help="held-out frames for IG, from random play, never trained on")
     add("--ig-every-n-steps", type=at_least(1), default=1_000, help="gradient steps between IG runs")
     add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
     # evaluation
     add("--eval-episodes", type=at_least(1), default=10, help="greedy evaluation episodes (noise off) at the end")
-    add("--random-episodes", type=at_least(1), default=100, help="episodes of the uniformly random policy, for comparison")
+    add("--random-episodes", type=at_least(1), default=100,
+        help="episodes of the uniformly random policy, for comparison")
     add("--eval-max-steps", type=at_least(1), default=10_000, help="an evaluation episode stops after this many steps")
     args = parser.parse_args(argv)
     if args.learning_starts >= args.total_timesteps:
@@ -225,7 +230,8 @@ class ReplayBuffer(IterableDataset):
         discounts = self.discounts[-1] * alive[:, -1]  # 0 where the game ended within the n steps
         next_observations = self.observations[(start + self.n_step) % self.capacity, game]
         reward_soon = torch.where((rewards * alive_before).sum(dim=1) > 0, 1.0, -1.0)  # the auxiliary label
-        return self.observations[start, game], self.actions[start, game], returns, next_observations, discounts, reward_soon
+        observations, actions = self.observations[start, game], self.actions[start, game]
+        return observations, actions, returns, next_observations, discounts, reward_soon
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         while True:
@@ -334,12 +340,12 @@ class DQNAgent(L.LightningModule):
         return DataLoader(self.buffer, batch_size=None)  # the buffer yields whole batches, already on the device
 
 
-def evaluate(policy: Callable[[Tensor], np.ndarray], game: str, episodes: int, seed: int, max_steps: int,
+def evaluate(policy: Callable[[Tensor], np.ndarray], args: argparse.Namespace, episodes: int,
              device: torch.device) -> np.ndarray:  # fmt: skip
-    """Returns of ``episodes`` games played side by side (game ``i`` seeded ``seed + i``) until each first ends."""
-    envs = MinAtarVectorEnv(game, episodes, seed)
+    """Returns of ``episodes`` games played side by side until each ends; game ``i`` is seeded ``seed + 1000 + i``."""
+    envs = MinAtarVectorEnv(args.game, episodes, args.seed + 1_000)
     observations, returns, running = envs.reset(), np.zeros(episodes), np.ones(episodes, dtype=bool)
-    for _ in range(max_steps):
+    for _ in range(args.eval_max_steps):
         observations, (rewards, terminals) = envs.step(policy(torch.from_numpy(observations).to(device).float()))
         returns += rewards * running
         running &= terminals == 0
@@ -383,13 +389,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     q_network, device = agent.q_network.eval(), agent.device
     with noise_disabled(q_network), torch.no_grad():
-        returns = evaluate(lambda x: q_network(x).argmax(dim=1).cpu().numpy(), args.game, args.eval_episodes,
-                           seed=args.seed + 1_000, max_steps=args.eval_max_steps, device=device)  # fmt: skip
-    random_actions = np.random.default_rng(args.seed + 3_000)
-    random_returns = evaluate(lambda x: random_actions.integers(len(agent.envs.action_set), size=len(x)), args.game,
-                              args.random_episodes, seed=args.seed + 4_000, max_steps=args.eval_max_steps, device=device)  # fmt: skip
-    mean_return, random_return = float(returns.mean()), float(random_returns.mean())
-    logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, step=trainer.global_step)
+        returns = evaluate(lambda x: q_network(x).argmax(dim=1).cpu().numpy(), args, args.eval_episodes, device)
+    random_actions, num_actions = np.random.default_rng(args.seed + 3_000), len(agent.envs.action_set)
+    uniform = evaluate(lambda x: random_actions.integers(num_actions, size=len(x)), args, args.random_episodes, device)
+    mean_return, random_return = float(returns.mean()), float(uniform.mean())
+    logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, trainer.global_step)
     with noise_disabled(q_network):
         result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
     per_channel = result.attributions.sum(dim=(2, 3)).cpu()  # (num_held_out, C): completeness holds per channel too
@@ -411,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"speed               {env_steps_per_second:.0f} env steps/s, {gradient_steps_per_second:.1f} gradient "
           f"steps/s (IG callback {'on' if args.ig else 'off'})")
     print(f"eval return         mean {mean_return:.2f} over {len(returns)} episodes (min {returns.min():.0f}, "
-          f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(random_returns)} episodes: "
+          f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(uniform)} episodes: "
           f"{mean_return / max(random_return, 1e-9):.1f}x")  # fmt: skip
     print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({args.ig_n_steps} steps)")
     print("attribution of V(s) per channel (sum over the channel's pixels) on the held-out frames:")
@@ -420,8 +424,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"  {name:<8} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
     return {"run_dir": str(run_dir), "checkpoint": str(checkpoint), "mean_return": mean_return,
-            "random_return": random_return, "train_seconds": train_seconds, "env_steps_per_second": env_steps_per_second,
-            "gradient_steps_per_second": gradient_steps_per_second, "channels": channels}  # fmt: skip
+            "random_return": random_return, "train_seconds": train_seconds, "channels": channels,
+            "env_steps_per_second": env_steps_per_second,
+            "gradient_steps_per_second": gradient_steps_per_second}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ import torch
 
 pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip install 'lightning-ig[examples]')")
 
-from lightning_ig.checkpoint import load_checkpoint  # noqa: E402
-from lightning_ig.models import DuelingQNetwork  # noqa: E402
-from lightning_ig.report import load_schema  # noqa: E402
-from lightning_ig.tensorboard import feature_tags  # noqa: E402
+from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.models import DuelingQNetwork
+from lightning_ig.report import load_schema
+from lightning_ig.tensorboard import feature_tags
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
@@ -52,7 +52,7 @@ def _env() -> dict[str, str]:
 
 def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 

@@ -23,8 +23,8 @@ import torch
 
 pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip install 'lightning-ig[examples]')")
 
-from lightning_ig import MinAtarQNetwork, load_checkpoint  # noqa: E402
-from lightning_ig.report import load_schema  # noqa: E402
+from lightning_ig import MinAtarQNetwork, load_checkpoint
+from lightning_ig.report import load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "dqn_minatar.py"
@@ -49,7 +49,7 @@ def _env() -> dict[str, str]:
 
 def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -209,7 +209,7 @@ def test_vector_env_gives_channels_first_frames_and_restarts_finished_games(exam
     assert (observations[:, CHANNEL_NAMES.index("paddle"), 9].sum(axis=1) == 1).all()  # the paddle is on the last row
     ended = 0
     for _ in range(200):
-        observations, (rewards, terminals) = envs.step(np.zeros(3, dtype=np.int64))  # no-op: the ball falls
+        observations, (_, terminals) = envs.step(np.zeros(3, dtype=np.int64))  # no-op: the ball falls
         ended += int(terminals.sum())
         assert (observations[:, CHANNEL_NAMES.index("ball")].reshape(3, -1).sum(axis=1) == 1).all()
     assert ended > 3  # games ended and restarted with a ball
