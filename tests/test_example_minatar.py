@@ -4,7 +4,8 @@ One short training run (the IG callback on) is shared by the tests: it must
 exit 0, leave the ``ig/`` tags in its TensorBoard folder, and a checkpoint that
 :func:`lightning_ig.load_checkpoint` rebuilds as a MinAtar network with its
 held-out frames, which ``lightning-ig diag --states auto`` turns into a valid
-report.
+report. A second run with the same seed and the callback off must give
+bit-identical weights.
 """
 
 from __future__ import annotations
@@ -128,6 +129,20 @@ def test_diag_on_the_checkpoint_writes_a_valid_report(tiny_run, tmp_path: Path) 
     report = json.loads(output.read_text())
     jsonschema.validate(report, load_schema())
     assert report["num_states"] == 4 and report["state_dim"] == 4 * 10 * 10
+
+
+def test_same_seed_same_weights_with_or_without_the_callback(tiny_run, tmp_path: Path) -> None:
+    proc, runs = tiny_run
+    _ok(proc)
+    again = _run([str(EXAMPLE), *TINY, "--no-ig", "--runs-dir", "runs"], cwd=tmp_path)
+    _ok(again)
+    first = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    second = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
+    first_state, second_state = first.model.state_dict(), second.model.state_dict()
+    assert first_state.keys() == second_state.keys()
+    for name, tensor in first_state.items():
+        assert torch.equal(tensor, second_state[name]), f"{name} differs between two runs with seed 3"
+    assert torch.equal(first.states, second.states)
 
 
 def test_help_lists_the_flags(tmp_path: Path) -> None:
