@@ -108,7 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
     add("--target-network-frequency", type=at_least(1), default=500, help="gradient steps between target updates")
     add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
-    add("--hidden-size", type=at_least(1), default=128, help="units of the value and advantage streams' hidden layers")
+    add("--hidden-size", type=at_least(1), default=128, help="units of the hidden layer after the convolution")
     add("--activation", choices=("relu", "tanh", "softplus", "silu", "gelu"), default="silu",
         help="the network's activation; a smooth one keeps IG's completeness error near 1e-6 at 50 steps "
         "(ReLU: about 0.06)")

@@ -409,8 +409,8 @@ class ConvDuelingQNetwork(nn.Module):
 class MinAtarQNetwork(ConvDuelingQNetwork):
     """MinAtar's network (Young & Tian, 2019) as a dueling NoisyNet, for ``(C, 10, 10)`` frames.
 
-    16 filters 3x3 (stride 1), then value and advantage streams with a hidden
-    layer of ``hidden_size`` units each (NoisyLinear layers when ``noisy``).
+    16 filters 3x3 (stride 1) and a hidden layer of ``hidden_size`` units, then
+    value and advantage streams of one layer each (NoisyLinear when ``noisy``).
     ``in_channels``: Breakout 4, Asterix 4, Freeway 7, Seaquest 10, Space Invaders 6.
 
     Example::
@@ -423,12 +423,12 @@ class MinAtarQNetwork(ConvDuelingQNetwork):
         self, in_channels: int = 4, num_actions: int = 6, hidden_size: int = 128, noisy: bool = True,
         sigma0: float = 0.5, activation: Activation = "relu",
     ) -> None:  # fmt: skip
-        super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (), noisy, sigma0, activation, hidden_size)
+        super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (hidden_size,), noisy, sigma0, activation)
 
     def config(self) -> dict[str, Any]:
         head = self.head.config()
         return {"in_channels": self.input_shape[0], "num_actions": head["num_actions"],
-                "hidden_size": head["stream_hidden_size"], "noisy": head["noisy"], "sigma0": head["sigma0"],
+                "hidden_size": head["hidden_sizes"][0], "noisy": head["noisy"], "sigma0": head["sigma0"],
                 "activation": head["activation"]}  # fmt: skip
 
 

@@ -68,7 +68,8 @@ def test_presets_are_the_published_shapes() -> None:
                                 "sigma0": 0.5, "activation": "relu"}  # fmt: skip
     conv = minatar.encoder[0]
     assert (conv.out_channels, conv.kernel_size, conv.stride) == (16, (3, 3), (1, 1))
-    assert minatar.head.state_dim == 16 * 8 * 8
+    assert minatar.head.state_dim == 16 * 8 * 8 and minatar.head.hidden_sizes == (128,)  # the paper's network
+    assert minatar.features(torch.zeros(1, 4, 10, 10)).shape == (1, 128)
     nature = NatureQNetwork(num_actions=6)
     assert [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in nature.encoder if isinstance(c, torch.nn.Conv2d)] == [
         (32, 8, 4), (64, 4, 2), (64, 3, 1)
