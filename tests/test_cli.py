@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from lightning_ig import cli
+from lightning_ig.cli import progress as progress_module
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint, save_merged_checkpoint
 from lightning_ig.models import DuelingQNetwork
@@ -70,6 +71,8 @@ def _smooth_network(state_dim: int, actions: int, seed: int) -> DuelingQNetwork:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cli")
+    (root / "out").mkdir()  # an output's folder must exist: diag checks it before any work
+    (root / "errors").mkdir()
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(40, 4, generator=generator)
     trending, ranging = _smooth_network(4, 3, seed=1), _smooth_network(4, 2, seed=2)
@@ -207,9 +210,9 @@ ERRORS_IN_PROCESS = [
     (["--checkpoint", "heads.safetensors"], "several heads (ranging, trending)"),
     (["--checkpoint", "heads.safetensors", "--prefix", "up__"], "heads in it are: ranging, trending"),
     (["--checkpoint", "q.safetensors", "--all-heads"], "single model"),
-    (["--checkpoint", "q.safetensors", "--states", "nan.npy"], "NaN or Inf values (state 2)"),
+    (["--checkpoint", "q.safetensors", "--states", "nan.npy"], "1 NaN/Inf value(s), the first at index (2, 1)"),
     (["--checkpoint", "q.safetensors", "--states", "nowhere.json"], "does not exist"),
-    (["--checkpoint", "q.safetensors", "--feature-names", "three_names.json"], "3 names but the states have 4"),
+    (["--checkpoint", "q.safetensors", "--feature-names", "three_names.json"], "3 names but there are 4 features"),
     (["--checkpoint", "q.safetensors", "--auto-samples", "41"], "more than the 40 states"),
     (["--checkpoint", "bare.safetensors"], "no states are stored"),
     (["--checkpoint", "q.safetensors", "--target", "3"], "out of range for a model with 3 actions"),
@@ -260,7 +263,7 @@ def test_every_other_user_error_exits_2_with_one_line_and_no_output(
         problems += _check_error(args, code, capsys.readouterr().err, words, output)
     assert not problems, "\n".join(problems)
     code = cli.main(["diag", "--checkpoint", "q.safetensors", "--output", "errors"])
-    assert code == 2 and "is a directory" in capsys.readouterr().err
+    assert code == 2 and "is a folder" in capsys.readouterr().err
 
 
 def test_installed_console_script(workspace: Path, runs: dict[str, Run]) -> None:
@@ -316,20 +319,20 @@ def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> 
     import io
     import time
 
-    monkeypatch.setattr(cli, "_PROGRESS_AFTER_S", 0.05)
-    monkeypatch.setattr(cli, "_PROGRESS_EVERY_S", 0.05)
+    monkeypatch.setattr(progress_module, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(progress_module, "PROGRESS_EVERY_S", 0.05)
     stream = io.StringIO()
-    with cli._Progress(stream, enabled=True) as progress:
+    with progress_module.Progress(stream, enabled=True) as progress:
         progress.stage("integrated gradients on 16 states")
         time.sleep(0.3)
     assert "integrated gradients on 16 states ..." in stream.getvalue() and "done in" in stream.getvalue()
     quiet = io.StringIO()
-    with cli._Progress(quiet, enabled=True) as progress:
+    with progress_module.Progress(quiet, enabled=True) as progress:
         progress.stage("quick")
     assert quiet.getvalue() == ""
     # in a log, a stage whose inputs may still be wrong stays silent: a failure prints one line only
     unchecked = io.StringIO()
-    with cli._Progress(unchecked, enabled=True) as progress:
+    with progress_module.Progress(unchecked, enabled=True) as progress:
         progress.stage("loading q.safetensors", checked=False)
         time.sleep(0.3)
     assert unchecked.getvalue() == ""
@@ -340,7 +343,7 @@ def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> 
 
     terminal = Terminal()
     with pytest.raises(RuntimeError):
-        with cli._Progress(terminal, enabled=True) as progress:
+        with progress_module.Progress(terminal, enabled=True) as progress:
             progress.stage("loading q.safetensors", checked=False)
             time.sleep(0.3)
             raise RuntimeError("a user error follows")
