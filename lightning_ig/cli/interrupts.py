@@ -80,4 +80,4 @@ class Interrupts:
         finally:
             if self._installed:
                 signal.signal(signal.SIGINT, _exit_now)
-            self.writing = False
+        self.writing = False  # not reached when the block raised: main still knows it was writing

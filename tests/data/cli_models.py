@@ -16,3 +16,11 @@ class TinyQ(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.tanh(self.hidden(x)))
+
+
+class TinyQ64(TinyQ):
+    """TinyQ in float64: diag converts the (float32) states to the model's dtype."""
+
+    def __init__(self, width: int, actions: int = 2) -> None:
+        super().__init__(width, actions)
+        self.double()
