@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled
 
 from lightning_ig import cli
-from lightning_ig.cli import progress as progress_module
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint, save_merged_checkpoint
+from lightning_ig.cli import progress as progress_module
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.noise import noise_disabled
 from lightning_ig.report import load_schema
@@ -138,7 +139,8 @@ def test_diag_writes_a_valid_report_whose_attributions_are_the_engines(workspace
     with noise_disabled(loaded.model):
         expected = integrated_gradients(loaded.model, loaded.states[indices], target="mean", n_steps=50)
     mean_abs = expected.attributions.abs().mean(dim=0).double()
-    torch.testing.assert_close(torch.tensor([f["mean_abs"] for f in report["features"]], dtype=torch.float64), mean_abs)
+    # float32 work in another process (whose thread count may differ): rounding of the size of the values
+    assert_close_scaled([f["mean_abs"] for f in report["features"]], mean_abs.numpy(), ulps=64, dtype=torch.float32)
     top = [feature["name"] for feature in report["top_10_by_mean_abs"]]
     assert top == [FEATURES[i] for i in torch.argsort(mean_abs, descending=True, stable=True).tolist()]
 
