@@ -1,4 +1,4 @@
-"""GPU: `lightning-ig diag --device cuda` agrees with the CPU report and repeats bit for bit.
+"""GPU: `lightning-ig diag --device cuda` agrees with the CPU report, repeats bit for bit, and flags NaN weights.
 
 Also the CUDA side of the noise layer: reset_noise with a CUDA generator, and
 noise_disabled leaving the CUDA random generators alone.
@@ -107,3 +107,26 @@ def test_checkpoint_loads_onto_cuda_and_noise_switch_leaves_cuda_rng_alone(works
     assert torch.equal(torch.cuda.get_rng_state(cuda_device), cuda_state)
     assert torch.equal(layer.weight_epsilon, epsilon) and layer.noise_enabled and model.training
     assert not torch.equal(model(loaded.states), first), "noise is back on after the block"
+
+
+def test_cuda_kernels_flag_a_nan_checkpoint_exit_3_with_the_report(workspace: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(workspace / "q.safetensors"), framework="pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        metadata = handle.metadata()
+    first_weight = next(key for key in tensors if key.endswith("weight"))
+    tensors[first_weight][0, 0] = float("nan")  # one diverged weight
+    save_file(tensors, str(workspace / "nan.safetensors"), metadata=metadata)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_ig.cli", "diag", "--checkpoint", "nan.safetensors", "--device", "cuda",
+         "--backend", "cuda", "--output", "nan.json"],
+        cwd=workspace, env=env, capture_output=True, text=True, timeout=600,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and len(lines) == 1 and "NaN/Inf on 16 of 16 states" in lines[0], done.stderr
+    report = json.loads((workspace / "nan.json").read_text())
+    assert report["backend"] == "cuda" and report["non_finite_states"] == list(range(16))

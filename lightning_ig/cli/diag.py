@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lightning_ig._files import OutputPathError, check_output_file
 from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
-from lightning_ig.cli.exits import EXIT_OK, PROG, UsageError
+from lightning_ig.cli.exits import EXIT_OK, PROG, NonFiniteError, UsageError
 from lightning_ig.cli.head_inputs import HeadRun, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
 from lightning_ig.cli.progress import Progress
@@ -49,11 +52,13 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
         which = f" head {run.label} ({number}/{len(runs)})" if len(runs) > 1 else ""
         progress.stage(f"integrated gradients on {run.states.shape[0]} states, {args.num_steps} steps{which}")
         attributed.append(_attribute(run, args))
+    _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
     with interrupts.raising():
         for head in attributed:
             _write(head)
     _summarise(attributed, args)
+    _raise_if_non_finite(attributed)  # after writing: a user debugging a diverged run wants the reports
     return EXIT_OK
 
 
@@ -129,11 +134,13 @@ def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
 
 
 def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
-    from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
+    from lightning_ig.attribution import StochasticForwardWarning, integrated_gradients  # noqa: PLC0415
     from lightning_ig.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.report import build_report  # noqa: PLC0415
 
-    with noise_disabled(run.model):
+    # A stochastic forward is said once, in this command's words (_refuse_stochastic), not as a warning too.
+    with noise_disabled(run.model), warnings.catch_warnings():
+        warnings.simplefilter("ignore", StochasticForwardWarning)
         result = integrated_gradients(
             run.model,
             run.states,
@@ -156,7 +163,35 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         top_k=args.top_k,
         extra=extra,
     )
+    # the documented extra key, beside the schema-v1 keys (the report module may write it already)
+    report.setdefault("non_finite_states", torch.nonzero(result.non_finite).flatten().tolist())
     return _Attributed(run, result, report)
+
+
+def _refuse_stochastic(attributed: Sequence[_Attributed]) -> None:
+    stochastic = [head for head in attributed if head.result.stochastic]
+    if stochastic:
+        which = f" (head {stochastic[0].run.label})" if stochastic[0].run.label else ""
+        raise UsageError(
+            f"the model's forward gives different values for the same state{which} even in eval mode with NoisyNet "
+            "noise off: likely randomness in its forward that neither reaches (F.dropout(..., training=True), "
+            "torch.randn, a noise layer without disable_noise()); its attributions would not be reproducible, so "
+            "no report was written: make the forward deterministic"
+        )
+
+
+def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
+    broken = [head for head in attributed if head.result.num_non_finite]
+    if not broken:
+        return
+    head, result = broken[0], broken[0].result
+    which = f"head {head.run.label}: " if head.run.label else ""
+    more = f" (and {len(broken) - 1} more head(s))" if len(broken) > 1 else ""
+    raise NonFiniteError(
+        f"{which}the model produced NaN/Inf on {result.num_non_finite} of {head.run.states.shape[0]} states "
+        f"(first: state_idx {result.first_non_finite}){more}; the report {str(head.run.output)!r} lists them in "
+        "non_finite_states: check the checkpoint's weights (a diverged run?) and the states"
+    )
 
 
 def _write(head: _Attributed) -> None:
