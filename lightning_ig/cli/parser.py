@@ -14,7 +14,9 @@ __all__ = ["EXIT_STATUS_HELP", "build_parser"]
 
 EXIT_STATUS_HELP = """\
 exit status:
-  0    every report written; the model's outputs were finite
+  0    every report written; the model's outputs were finite (where every state is
+       degenerate, |F(x) - F(b)| too small for a ratio, it says "no state could be
+       checked", never 0%)
   1    an unexpected failure (a bug): rerun with --debug for the traceback
   2    a mistake in the command line or its inputs, or a forward that gives different
        values for the same state (dropout, batch-norm in train mode, noise left on):
