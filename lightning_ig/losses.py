@@ -182,7 +182,9 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
     The one-line loss option for an existing model or LightningModule: it walks
     the whole module tree (nested modules, ``ModuleList``, ``ModuleDict``,
     ``Sequential``), keeps each loss's ``reduction`` and training flag, and keeps
-    a loss shared by several parents shared. Only modules whose type is exactly
+    aliases aliased: every name of one loss (``m.criterion = m.aux = loss``, a loss
+    shared by several parents or listed twice in a container) gets the same new
+    loss. Only modules whose type is exactly
     ``torch.nn.SoftMarginLoss`` are replaced: a user subclass may have changed
     ``forward``, and losses already fused are left alone. Hooks registered on an
     old loss do not move to its replacement; a loss held outside the module tree
@@ -193,7 +195,7 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
         backend: The ``backend`` of the new losses. Default ``"auto"``.
 
     Returns:
-        How many distinct losses were replaced.
+        How many distinct losses were replaced (a loss with several names counts once).
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``.
