@@ -109,7 +109,7 @@ def _states(
     if args.states != "auto":
         if not Path(args.states).exists():
             raise UsageError(f"--states {args.states!r} does not exist; give a .json, .npy or .safetensors file, or 'auto'")
-        states = _checked_states(load_states(args.states, prefix=prefix, dtype=dtype).to(device), args.states, "write at least one state")
+        states = _checked_states(load_states(args.states, prefix=prefix, dtype=dtype).to(device), args.states, "write at least one state of at least one feature")
         return states, {"states_source": "path", "states_from": args.states}
     pool, where = loaded.states, what
     if pool is None:
