@@ -30,7 +30,6 @@ __all__ = [
     "model_name",
     "model_config",
     "resolve_model_class",
-    "registered_models",
 ]
 
 Activation = Literal["relu", "tanh", "softplus", "silu", "gelu"]
@@ -93,11 +92,6 @@ def register_model(name: str) -> Callable[[ModelT], ModelT]:
         return cls
 
     return decorator
-
-
-def registered_models() -> dict[str, type[nn.Module]]:
-    """A copy of the registry: name -> class."""
-    return dict(_REGISTRY)
 
 
 def _import_path(cls: type) -> str:
@@ -240,22 +234,13 @@ class DuelingQNetwork(nn.Module):
     """
 
     def __init__(
-        self,
-        state_dim: int,
-        num_actions: int,
-        hidden_sizes: Sequence[int] = (256, 256),
-        noisy: bool = True,
-        sigma0: float = 0.5,
-        activation: Activation = "relu",
-        stream_hidden_size: int | None = None,
-    ) -> None:
+        self, state_dim: int, num_actions: int, hidden_sizes: Sequence[int] = (256, 256), noisy: bool = True,
+        sigma0: float = 0.5, activation: Activation = "relu", stream_hidden_size: int | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         _check_size("state_dim", state_dim)
         _check_size("num_actions", num_actions)
-        if isinstance(hidden_sizes, (str, bytes)) or not isinstance(hidden_sizes, Sequence):
-            raise TypeError(f"hidden_sizes must be a sequence of ints, got {hidden_sizes!r}")
-        for index, size in enumerate(hidden_sizes):
-            _check_size(f"hidden_sizes[{index}]", size)
+        self.hidden_sizes = _check_sizes("hidden_sizes", hidden_sizes)
         if stream_hidden_size is not None:
             _check_size("stream_hidden_size", stream_hidden_size)
         if not isinstance(noisy, bool):
@@ -266,7 +251,6 @@ class DuelingQNetwork(nn.Module):
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}")
         self.state_dim = state_dim
         self.num_actions = num_actions
-        self.hidden_sizes = tuple(int(size) for size in hidden_sizes)
         self.noisy = noisy
         self.sigma0 = float(sigma0)
         self.activation = activation
@@ -367,7 +351,7 @@ class ConvDuelingQNetwork(nn.Module):
         self.input_shape = _check_sizes("input_shape", input_shape, length=3)
         if isinstance(conv_layers, (str, bytes)) or not isinstance(conv_layers, Sequence):
             raise TypeError(f"conv_layers must be a sequence of (out_channels, kernel, stride), got {conv_layers!r}")
-        self.conv_layers = tuple(_check_sizes(f"conv_layers[{i}]", conv, length=3) for i, conv in enumerate(conv_layers))
+        self.conv_layers = tuple(_check_sizes(f"conv_layers[{i}]", conv, 3) for i, conv in enumerate(conv_layers))
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         channels, height, width = self.input_shape
@@ -404,6 +388,11 @@ class ConvDuelingQNetwork(nn.Module):
         del head["state_dim"]
         return {"input_shape": list(self.input_shape), "conv_layers": [list(conv) for conv in self.conv_layers], **head}
 
+    def _preset_config(self, **extra: Any) -> dict[str, Any]:  # the config of a subclass with fixed convolutions
+        head = self.head.config()
+        keys = ("num_actions", "noisy", "sigma0", "activation")
+        return {"in_channels": self.input_shape[0], **{key: head[key] for key in keys}, **extra}
+
 
 @register_model("MinAtarQNetwork")
 class MinAtarQNetwork(ConvDuelingQNetwork):
@@ -426,18 +415,15 @@ class MinAtarQNetwork(ConvDuelingQNetwork):
         super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (hidden_size,), noisy, sigma0, activation)
 
     def config(self) -> dict[str, Any]:
-        head = self.head.config()
-        return {"in_channels": self.input_shape[0], "num_actions": head["num_actions"],
-                "hidden_size": head["hidden_sizes"][0], "noisy": head["noisy"], "sigma0": head["sigma0"],
-                "activation": head["activation"]}  # fmt: skip
+        return self._preset_config(hidden_size=self.head.hidden_sizes[0])
 
 
 @register_model("NatureQNetwork")
 class NatureQNetwork(ConvDuelingQNetwork):
     """The Nature DQN network (Mnih et al., 2015) as a dueling NoisyNet (Wang et al., 2016), for ``(C, 84, 84)`` frames.
 
-    Convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1, then value and advantage streams
-    with a hidden layer of 512 units each. Frames are floats: scale uint8 pixels to ``[0, 1]`` first.
+    Convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1, then value and advantage streams with a hidden
+    layer of 512 units each. Frames are floats: scale uint8 pixels to ``[0, 1]`` first.
 
     Example::
 
@@ -453,15 +439,13 @@ class NatureQNetwork(ConvDuelingQNetwork):
         super().__init__((in_channels, 84, 84), num_actions, convs, (), noisy, sigma0, activation, 512)
 
     def config(self) -> dict[str, Any]:
-        head = self.head.config()
-        return {"in_channels": self.input_shape[0], "num_actions": head["num_actions"], "noisy": head["noisy"],
-                "sigma0": head["sigma0"], "activation": head["activation"]}  # fmt: skip
+        return self._preset_config()
 
 
-def _check_sizes(name: str, value: Any, length: int) -> tuple[int, ...]:
+def _check_sizes(name: str, value: Any, length: int | None = None) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a sequence of {length} ints, got {value!r}")
-    if len(value) != length:
+        raise TypeError(f"{name} must be a sequence of ints, got {value!r}")
+    if length is not None and len(value) != length:
         raise ValueError(f"{name} must have {length} entries, got {value!r}")
     for index, size in enumerate(value):
         _check_size(f"{name}[{index}]", size)
