@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--accelerator", choices=("gpu", "cpu"), default="gpu", help="where training and IG run")
     parser.add_argument("--total-timesteps", type=int, default=96_000, help="environment steps per timed run")
     parser.add_argument("--pairs", type=int, default=1, help="off/on pairs, in ABBA order")
+    parser.add_argument("--warm-up-timesteps", type=int, default=None,
+                        help="environment steps of the warm-up run (default: two IG runs' worth of learning)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every run")
     parser.add_argument(
         "--output", type=Path, default=Path("benchmarks/results/bench_minatar_overhead.md"),
@@ -80,7 +82,8 @@ def main() -> None:
                 return example.main(flags)
 
         base = example.parse_args([])
-        train(base.learning_starts + 2 * base.ig_every_n_steps * base.num_envs, ig=True)  # warm-up
+        warm_up = options.warm_up_timesteps or base.learning_starts + 2 * base.ig_every_n_steps * base.num_envs
+        train(warm_up, ig=True)
         order = [False, True, True, False] * ((options.pairs + 1) // 2)
         for index, ig in enumerate(order[: 2 * options.pairs]):
             result = train(options.total_timesteps, ig)

@@ -11,7 +11,8 @@
 # Wheels of pure-Python packages missing there (minatar, gymnasium) may be put in .whl/; they are
 # installed to /tmp/site first (minatar needs only numpy at run time: --no-deps is enough).
 set -uo pipefail
-# A dry run on a CPU: ACCELERATOR=cpu MINATAR_STEPS=3000 OVERHEAD_STEPS=3000 CARTPOLE_STEPS=1500 OUT=/tmp/x bash ...
+# A dry run on a CPU: ACCELERATOR=cpu MINATAR_STEPS=8000 OVERHEAD_STEPS=8000 WARM_UP_STEPS=6000 CARTPOLE_STEPS=1500 \
+#   OUT=/tmp/x bash benchmarks/examples_gpu.sh
 OUT=${OUT:-benchmarks/results}
 ACCELERATOR=${ACCELERATOR:-gpu}
 MINATAR_STEPS=${MINATAR_STEPS:+--total-timesteps $MINATAR_STEPS}  # empty: the example's default
@@ -46,7 +47,8 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log with its wall time, kee
 run minatar_gpu 300 python3 examples/dqn_minatar.py --accelerator "$ACCELERATOR" --seed 1 --no-progress-bar \
     --runs-dir "$OUT/runs" $MINATAR_STEPS
 run minatar_overhead 110 python3 benchmarks/bench_minatar_overhead.py --accelerator "$ACCELERATOR" \
-    --total-timesteps "$OVERHEAD_STEPS" --pairs 1 --output "$OUT/bench_minatar_overhead.md"
+    --total-timesteps "$OVERHEAD_STEPS" --pairs 1 ${WARM_UP_STEPS:+--warm-up-timesteps $WARM_UP_STEPS} \
+    --output "$OUT/bench_minatar_overhead.md"
 for accelerator in "$ACCELERATOR" cpu; do
     flag=()
     [ "$accelerator" = gpu ] && flag=(--accelerator gpu)  # the CPU is the example's own choice: no flag
@@ -68,7 +70,7 @@ echo "| MinAtar: speed | $(field minatar_gpu speed) |"
 echo "| MinAtar: eval return | $(field minatar_gpu 'eval return') |"
 echo "| MinAtar: per channel | $(grep -a -A4 '^attribution of V' "$OUT/minatar_gpu.log" | tail -4 | awk '{print $1, $4}' | paste -sd ' ') |"
 echo "| MinAtar: whole script | $(tail -1 "$OUT/minatar_gpu.log") |"
-for accelerator in gpu cpu; do
+for accelerator in "$ACCELERATOR" cpu; do
     echo "| CartPole $CARTPOLE_STEPS steps, $accelerator: device | $(field "cartpole_$accelerator" device) |"
     echo "| CartPole $CARTPOLE_STEPS steps, $accelerator: training | $(field "cartpole_$accelerator" training) |"
     echo "| CartPole $CARTPOLE_STEPS steps, $accelerator: whole script | $(tail -1 "$OUT/cartpole_$accelerator.log") |"
