@@ -111,14 +111,17 @@ def test_scalar_tags(server):
     expected = {
         "ig/completeness/worst_relative_error",
         "ig/completeness/mean_abs_error",
+        "ig/completeness/non_finite_states",
+        "ig/completeness/degenerate_states",
+        "ig/concentration/top1pct_share",
         "ig/drift/spearman_prev",
         "ig/drift/spearman_first",
-        "ig/drift/topk_jaccard_prev",
         "ig/time_ms",
         *(f"ig/mean_abs/{name}" for name in FEATURES),
         *(f"ig/mean_signed/{name}" for name in FEATURES),
     }
     assert expected <= set(tags)
+    assert "ig/drift/topk_jaccard_prev" not in tags  # 4 features, top_k=10: the overlap is 1 by construction
     values = _get(f"{base}/data/plugin/scalars/scalars?run={run}&tag=ig/mean_abs/pole_theta")
     assert [step for _, step, _ in values] == [5, 10]
 
@@ -130,8 +133,9 @@ def test_histogram_image_and_text_tags(server):
     images = _get(f"{base}/data/plugin/images/tags")[run]
     assert {"ig/top_features", "ig/heatmap"} <= set(images)
     text = _get(f"{base}/data/plugin/text/tags")[run]
-    assert "ig/report" in text
-    # the text plugin renders the markdown: the top-k table arrives as an HTML table
-    rendered = _get(f"{base}/data/plugin/text/text?run={run}&tag=ig/report")
+    assert "ig/report/text_summary" in text  # SummaryWriter.add_text("ig/report")
+    # the text plugin renders the markdown; the top-k table is a fixed-width block with right-aligned numbers
+    rendered = _get(f"{base}/data/plugin/text/text?run={run}&tag=ig/report/text_summary")
     assert rendered[-1]["step"] == 10
-    assert "<table>" in rendered[-1]["text"] and "pole_theta" in rendered[-1]["text"]
+    assert "<pre>" in rendered[-1]["text"] and "pole_theta" in rendered[-1]["text"]
+    assert "Completeness passes" in rendered[-1]["text"]
