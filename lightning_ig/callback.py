@@ -408,7 +408,7 @@ def _check_unique_names(trainer: pl.Trainer) -> None:
     repeated = sorted({str(name) for name in names if names.count(name) > 1})
     if repeated:
         raise MisconfigurationException(
-            f"{names.count(None) if 'None' in repeated else len(names)} IntegratedGradientsCallbacks would write the "
+            f"{sum(str(name) in repeated for name in names)} IntegratedGradientsCallbacks would write the "
             f"same tags (name={', '.join(repeated)}): give each its own name=, e.g. name='value' and name='action_1', "
             "so that their tags go under ig/<name>/"
         )
