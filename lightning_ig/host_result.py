@@ -31,7 +31,7 @@ from torch import Tensor
 
 from lightning_ig.groups import FeatureGroups
 
-__all__ = ["HostResult", "Moments"]
+__all__ = ["HostResult", "Moments", "pack"]
 
 # The per-state columns packed after the attributions, in this order.
 _COLUMNS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "n_steps", "stochastic")
@@ -176,7 +176,7 @@ class HostResult:
         """
         if isinstance(result, HostResult):
             return result
-        packed, feature_shape = _pack(result)
+        packed, feature_shape = pack(result)
         if gather is not None:
             packed = gather(packed).reshape(-1, packed.shape[-1])  # (world * share, F + 8): rank-major = state order
         if num_states is not None:
@@ -239,8 +239,14 @@ class HostResult:
         )
 
 
-def _pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
-    """``(B, F + 8)``: each state's flattened attributions, then its per-state columns (see ``_COLUMNS``)."""
+def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
+    """One rank's result as the single tensor that is gathered, and the feature shape.
+
+    Returns:
+        ``(B, F + 8)`` in the attributions' dtype (at least float32): each state's flattened
+        attributions, then ``f_input``, ``f_baseline``, ``delta``, ``relative_error``,
+        ``degenerate``, ``non_finite``, ``n_steps``, ``stochastic``; and ``feature_shape``.
+    """
     attributions = result.attributions
     f_input = torch.as_tensor(result.f_input)
     if attributions.ndim < 2 or f_input.ndim != 1 or f_input.shape[0] != attributions.shape[0]:
