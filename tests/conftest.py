@@ -9,6 +9,11 @@ import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+# LIGHTNING_IG_TEST_THREADS=1 (or 2, ...) runs the suite with that many torch threads, to flush out results that
+# depend on how a CPU splits its reductions: `LIGHTNING_IG_TEST_THREADS=1 python -m pytest`.
+if os.environ.get("LIGHTNING_IG_TEST_THREADS"):
+    torch.set_num_threads(int(os.environ["LIGHTNING_IG_TEST_THREADS"]))
+
 
 def _gpu_ready() -> tuple[bool, str]:
     if not torch.cuda.is_available():
