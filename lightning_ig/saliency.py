@@ -36,7 +36,9 @@ __all__ = ["SaliencyImage", "mean_abs_image", "saliency_grid", "saliency_kind", 
 _DIVERGING = ["#67001f", "#b2182b", "#d6604d", "#f4a582", "#fddbc7", "#f7f7f7",
               "#d1e5f0", "#92c5de", "#4393c3", "#2166ac", "#053061"]  # fmt: skip
 _SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
-_TILE_PIXELS = 128  # small observations are enlarged by whole pixels up to about this size
+# Small observations are enlarged by whole pixels up to about this size (captions stay in proportion); larger
+# ones are stored as they are: TensorBoard scales images up to its card without smoothing ("pixelated").
+_TILE_PIXELS = 84
 _STRIP_WIDTH = 384
 _GAP = 4
 _TEXT_ROW = 14
@@ -45,11 +47,11 @@ _ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not 
 
 
 def _lut(anchors: list[str]) -> np.ndarray:
-    """A (256, 3) float table interpolated between the anchor colours."""
+    """A (256, 3) float32 table interpolated between the anchor colours."""
     colours = np.array([[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in anchors], dtype=np.float64)
     positions = np.linspace(0.0, 1.0, len(anchors))
     grid = np.linspace(0.0, 1.0, 256)
-    return np.stack([np.interp(grid, positions, colours[:, k]) for k in range(3)], axis=1)
+    return np.stack([np.interp(grid, positions, colours[:, k]) for k in range(3)], axis=1).astype(np.float32)
 
 
 _DIVERGING_LUT = _lut(_DIVERGING)
@@ -85,7 +87,8 @@ def _robust_max(values: np.ndarray) -> float:
 
 
 def _enlarge(image: np.ndarray, factor: int) -> np.ndarray:
-    return image if factor == 1 else image.repeat(factor, axis=0).repeat(factor, axis=1)
+    pixels = np.clip(image, 0, 255).astype(np.uint8)
+    return pixels if factor == 1 else pixels.repeat(factor, axis=0).repeat(factor, axis=1)
 
 
 def _tile_factor(height: int, width: int) -> int:
@@ -134,8 +137,8 @@ def saliency_grid(
     Raises:
         ValueError: shapes that differ or have no spatial dimension, or a channel out of range.
     """
-    states = np.asarray(states, dtype=np.float64)
-    attributions = np.asarray(attributions, dtype=np.float64)
+    states = np.asarray(states, dtype=np.float32)
+    attributions = np.asarray(attributions, dtype=np.float32)
     kind = saliency_kind(tuple(states.shape[1:]))
     if states.shape != attributions.shape or kind is None:
         raise ValueError(
@@ -157,8 +160,8 @@ def saliency_grid(
     factor = _tile_factor(*maps.shape[1:])
     tiles = [_enlarge(tile, factor) for tile in blended]
     body = _grid(tiles, [f"state {i}" for i in range(len(tiles))], columns)
-    shown = "channel mean" if channel is None else f"channel {channel}"
-    legend = f"attribution per pixel (sum over channels) over the observation ({shown}, grey)"
+    shown = "the channel mean" if channel is None else f"channel {channel}"
+    legend = f"attribution (sum over channels) on {shown}"
     return SaliencyImage(_with_legend(body, scale, signed=True, what=legend), scale)
 
 
@@ -172,7 +175,7 @@ def mean_abs_image(mean_abs: np.ndarray, num_states: int | None = None) -> Salie
     Returns:
         The picture and its scale (the value at the top of the colour scale; shared by all channels).
     """
-    values = np.asarray(mean_abs, dtype=np.float64)
+    values = np.asarray(mean_abs, dtype=np.float32)
     scale = _robust_max(values)
     over = "" if num_states is None else f" over {num_states} states"
     if saliency_kind(values.shape) == "strip":
@@ -190,11 +193,11 @@ def _strip(colours: np.ndarray, opacity: np.ndarray | None) -> np.ndarray:
     if opacity is not None:  # a signed strip: blend over white, so that small values fade
         colours = (1.0 - opacity[..., None]) * 255.0 + opacity[..., None] * colours
     factor = max(1, math.ceil(_STRIP_WIDTH / colours.shape[1]))
-    return colours.repeat(6, axis=0).repeat(factor, axis=1)
+    return np.clip(colours, 0, 255).astype(np.uint8).repeat(6, axis=0).repeat(factor, axis=1)
 
 
 def _canvas(height: int, width: int) -> np.ndarray:
-    return np.full((height, width, 3), 255.0)
+    return np.full((height, width, 3), 255, dtype=np.uint8)
 
 
 def _grid(tiles: list[np.ndarray], captions: list[str], columns: int) -> np.ndarray:
@@ -222,11 +225,11 @@ def _stack(strips: list[np.ndarray], captions: list[str]) -> np.ndarray:
 def _caption(canvas: np.ndarray, texts: list[tuple[int, int, str]]) -> np.ndarray:
     from PIL import Image, ImageDraw  # noqa: PLC0415 - Pillow comes with matplotlib and TensorBoard's images
 
-    image = Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8))
+    image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
     for top, left, text in texts:
         draw.text((left + 1, top + 1), text, fill=(40, 40, 40))
-    return np.asarray(image, dtype=np.float64)
+    return np.asarray(image)
 
 
 def _with_legend(body: np.ndarray, scale: float, *, signed: bool, what: str) -> np.ndarray:
@@ -236,14 +239,14 @@ def _with_legend(body: np.ndarray, scale: float, *, signed: bool, what: str) -> 
     legend = _canvas(2 * _TEXT_ROW + 10, width)
     ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
     colours = _DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
-    legend[4:14, 60 : 60 + bar_width] = colours[None, :, :]
+    legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
     low = f"{-scale:+.2e}" if signed else "0"
     texts = [(2, 2, low), (2, 64 + bar_width, f"{scale:+.2e}" if signed else f"{scale:.2e}"), (_TEXT_ROW + 4, 2, what)]
     legend = _caption(legend, texts)
     canvas = _canvas(body.shape[0] + legend.shape[0] + _GAP, width)
     canvas[: body.shape[0], : body.shape[1]] = body
     canvas[body.shape[0] + _GAP :] = legend
-    return np.clip(canvas, 0, 255).astype(np.uint8)
+    return canvas
 
 
 def write_png(pixels: np.ndarray, path: str | os.PathLike[str]) -> Path:

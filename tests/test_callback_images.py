@@ -105,7 +105,7 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
         assert decoded.dtype == np.uint8 and decoded.shape == pixels.shape
         # the same picture up to a colour step where the float32 run and the float64 reference round apart
         assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01
-    assert expected.shape[1] == 4 * 128 + 3 * 4  # 4 tiles across, 16 px frames enlarged 8x
+    assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "**Saliency** (`ig/saliency`): colour scale ±" in text
 

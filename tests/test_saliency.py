@@ -25,11 +25,11 @@ def test_grid_of_atari_frames_is_small_and_symmetric():
     attributions[:, :, 30, 40] = -2.0  # -8
     grid = saliency_grid(states, attributions)
     assert grid.pixels.dtype == np.uint8 and grid.pixels.ndim == 3 and grid.pixels.shape[2] == 3
-    assert grid.pixels.shape[1] == 4 * 168 + 3 * 4  # 4 tiles across, 84 px frames enlarged 2x
+    assert grid.pixels.shape[1] == 4 * 84 + 3 * 4  # 4 tiles across, 84 px frames as they are
     assert grid.scale == pytest.approx(8.0)  # the largest |map| (robust percentile of a sparse map: its maximum)
     # state 0's tile starts under a 14 px caption; the -8 pixel is full red, the +4 pixel half-way to blue
-    negative = grid.pixels[14 + 2 * 30, 2 * 40].astype(float)
-    positive = grid.pixels[14 + 2 * 10, 2 * 20].astype(float)
+    negative = grid.pixels[14 + 30, 40].astype(float)
+    positive = grid.pixels[14 + 10, 20].astype(float)
     assert negative[0] > 100 and negative[2] < 60  # red
     assert positive[2] > positive[0]  # blue
     assert np.allclose(negative, 0.1 * grey_at(states, 0, 30, 40) + 0.9 * np.array([0x67, 0x00, 0x1F]), atol=1.0)  # RdBu's darkest red
@@ -43,7 +43,7 @@ def grey_at(states: np.ndarray, index: int, row: int, column: int) -> float:
 def test_a_chosen_channel_and_fewer_states():
     rng = np.random.default_rng(1)
     grid = saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel=1)
-    assert grid.pixels.shape[1] == 3 * 130 + 2 * 4  # 10 px frames enlarged 13x, 3 tiles in one row
+    assert grid.pixels.shape[:2] == (80 + 14 + 4 + 38, 320)  # 3 tiles of 10 px frames enlarged 8x in one row; the colour bar is 320 wide
     with pytest.raises(ValueError, match="saliency_channel=2 is out of range for 2 channels"):
         saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel=2)
     with pytest.raises(ValueError, match="one shape"):
@@ -55,7 +55,7 @@ def test_mean_abs_tiles_share_one_scale():
     values[2] = 1.0
     image = mean_abs_image(values, num_states=5)
     assert image.scale == pytest.approx(1.0)
-    assert image.pixels.shape[1] == 3 * 128 + 2 * 4
+    assert image.pixels.shape[:2] == (80 + 14 + 4 + 38, 320)  # 3 tiles of 80 px (8x8 enlarged 10x), caption, colour bar
 
 
 def test_write_png_round_trips_and_follows_the_umask(tmp_path):
