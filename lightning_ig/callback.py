@@ -1,11 +1,5 @@
 """Training-time Integrated Gradients: a Lightning callback that watches what the model relies on.
 
-:class:`IntegratedGradientsCallback` periodically runs Integrated Gradients on
-a fixed batch of held-out states, with NoisyNet noise off and the model in
-eval mode, and logs what the model relies on, whether the attributions add up
-(completeness) and how they drift. Every run leaves training exactly as it
-found it.
-
 The callback orchestrates: :mod:`lightning_ig.heldout` prepares the states and
 the target, the engine (:class:`~lightning_ig.attribution.IntegratedGradients`)
 attributes, :class:`~lightning_ig.host_result.HostResult` gathers,
@@ -110,8 +104,7 @@ class IntegratedGradientsCallback(Callback):
             produces NaN/Inf on the held-out states.
 
     Raises:
-        MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with
-            one ``name``.
+        MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
         TypeError, ValueError: A bad argument (the message names it). At set-up: states that do
             not fit the model, NaN/Inf in the states, names or groups of the wrong size, a bad
             ``baseline``, ``target`` or ``report_dir`` (an existing file, or not writable).
@@ -329,23 +322,14 @@ class IntegratedGradientsCallback(Callback):
 
     def _log_tensorboard(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, *, final: bool) -> None:
         writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
-        if not writers:
-            return
-        every = self.figure_every_n_runs
-        draw = every is not None and (final or summary.run_index % every == 0)
-        figures = tb.draw_figures(summary, self._tags, self.history) if draw else {}
-        sample = self._held_out[: len(host.sample_attributions)] if host is not None and self._saliency else None
-        images, scale = tb.saliency_images(host, sample, self.saliency_channel) if sample is not None else ({}, None)
-        text = tb.report_markdown(summary, self._tags, saliency_scale=scale)
-        layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if draw or summary.run_index == 0 else None  # fmt: skip
-        for writer in writers:
-            if host is not None:
-                tb.write_extras(writer, summary, self._tags, histograms=self.log_histograms, images=images, figures={}, text=text)  # fmt: skip
-            for tag, figure in figures.items():  # a figure is rendered (and closed) once per writer
-                writer.add_figure(f"{self._tags.prefix}/{tag}", figure, summary.step, close=False)
-            if layout is not None:
-                writer.add_custom_scalars(layout)
-        self._figures_step = summary.step if draw else self._figures_step
+        draw = self.figure_every_n_runs is not None and (final or summary.run_index % self.figure_every_n_runs == 0)
+        if writers:
+            states = self._held_out if self._saliency else None
+            extras = tb.run_extras(summary, self._tags, host, states, self.saliency_channel, self.history if draw else None)
+            layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if draw or summary.run_index == 0 else None  # fmt: skip
+            for writer in writers:
+                tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None, layout=layout)  # fmt: skip
+            self._figures_step = summary.step if draw else self._figures_step
 
     def _layout_entry(self) -> tuple[str, tb.TagNames, int, list[str] | None]:
         """This callback's part of the Custom Scalars page (which holds every IG callback of the trainer)."""

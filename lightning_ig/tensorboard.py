@@ -39,6 +39,8 @@ __all__ = [
     "is_tensorboard_logger",
     "log_scalars",
     "report_markdown",
+    "run_extras",
+    "RunExtras",
     "saliency_images",
     "scalar_metrics",
     "target_unit",
@@ -183,27 +185,52 @@ def is_tensorboard_logger(logger: Any) -> bool:
     return isinstance(logger, TensorBoardLogger)
 
 
-def write_extras(
-    writer: Any,
+@dataclass(frozen=True)
+class RunExtras:
+    """What a run shows in TensorBoard besides scalars: images, figures and the text (any may be empty)."""
+
+    images: dict[str, np.ndarray]
+    figures: dict[str, Any]
+    text: str | None
+
+
+def run_extras(
     summary: RunSummary,
     tags: TagNames,
-    *,
-    histograms: bool,
-    images: Mapping[str, np.ndarray],
-    figures: Mapping[str, Any],
-    text: str,
+    host: HostResult | None,
+    states: Any | None,
+    channel: int | None,
+    history: Sequence[Mapping[str, Any]] | None,
+) -> RunExtras:
+    """Build one run's pictures and text.
+
+    Args:
+        summary: the run.
+        tags: the callback's tags.
+        host: the run's host result, or ``None`` (figures only: the last run's, drawn at the end of training).
+        states: the held-out states, for saliency maps of spatial states; ``None``: no saliency images.
+        channel: the channel drawn under the saliency maps (``None``: the channel mean).
+        history: the runs so far, when the figures are due; else ``None``.
+    """
+    images, scale = ({}, None) if host is None or states is None else saliency_images(host, states[: len(host.sample_attributions)], channel)
+    figures = {} if history is None else draw_figures(summary, tags, history)
+    text = None if host is None else report_markdown(summary, tags, saliency_scale=scale)
+    return RunExtras(images, figures, text)
+
+
+def write_extras(
+    writer: Any, summary: RunSummary, tags: TagNames, extras: RunExtras, *, histograms: bool, layout: Mapping[str, Any] | None
 ) -> None:
-    """Write one run's histograms, images, figures and text to a ``SummaryWriter`` (public API only).
+    """Write one run's histograms, images, figures, text and layout to a ``SummaryWriter`` (public API only).
 
     Args:
         writer: ``TensorBoardLogger.experiment``.
         summary: the run.
         tags: the callback's tags.
+        extras: from :func:`run_extras`.
         histograms: write ``<prefix>/attributions/<feature>`` (features logged one by one) and
             ``<prefix>/group/attributions/<group>`` histograms of the per-state attributions.
-        images: ``{"saliency": pixels, "saliency/mean_abs": pixels}`` (``(H, W, 3)`` uint8), any subset.
-        figures: ``{"top_features": figure, "heatmap": figure}`` (matplotlib), any subset.
-        text: the ``<prefix>/report`` markdown (TensorBoard lists it as ``<prefix>/report/text_summary``).
+        layout: a Custom Scalars layout to write (the latest one written is the one TensorBoard shows), or ``None``.
     """
     step = summary.step
     if histograms:
@@ -214,11 +241,14 @@ def write_extras(
                 finite = column[np.isfinite(column)]
                 if finite.size:  # a histogram of nothing is an error in TensorBoard
                     writer.add_histogram(f"{tags.prefix}/{group}attributions/{label}", finite, step, bins=_HISTOGRAM_BINS)
-    for name, pixels in images.items():
+    for name, pixels in extras.images.items():
         writer.add_image(f"{tags.prefix}/{name}", pixels, step, dataformats="HWC")
-    for name, figure in figures.items():
-        writer.add_figure(f"{tags.prefix}/{name}", figure, step, close=True)
-    writer.add_text(f"{tags.prefix}/report", text, step)
+    for name, figure in extras.figures.items():  # rendered once per writer; matplotlib frees it with its last reference
+        writer.add_figure(f"{tags.prefix}/{name}", figure, step, close=False)
+    if extras.text is not None:
+        writer.add_text(f"{tags.prefix}/report", extras.text, step)  # listed as <prefix>/report/text_summary
+    if layout is not None:
+        writer.add_custom_scalars(dict(layout))
 
 
 def target_unit(target: str) -> str:
