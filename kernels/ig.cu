@@ -23,7 +23,8 @@
 //   grads     (T, n_steps, B, F)         gradients along the path, accumulate type
 //   attr      (T, B, F)                  attributions, storage type
 //   ends      (2, B, T)                  forward values at x (0) and b (1), accumulate type
-//   stats     (5, T, B)                  f_input, f_baseline, delta, relative error, degenerate (0/1)
+//   stats     (6, T, B)                  f_input, f_baseline, delta, relative error, degenerate (0/1),
+//                                        non-finite (0/1)
 #include "common.cuh"
 
 struct lig_f64_tag {};
@@ -56,6 +57,15 @@ __device__ __forceinline__ long long ig_first_index() {
 }
 __device__ __forceinline__ long long ig_grid_stride() {
     return static_cast<long long>(gridDim.x) * blockDim.x;
+}
+
+// Sum over a warp in a fixed shuffle tree (offsets 16, 8, 4, 2, 1): the same order of additions on every
+// run, with the exactly rounded add of the accumulate type.
+template <typename Acc>
+__device__ __forceinline__ Acc ig_warp_sum(Acc v) {
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = ig_add(v, __shfl_down_sync(0xffffffffu, v, offset));
+    return v;
 }
 
 // (a) points[k, j] = b[j] + alphas[k] * (x[j] - b[j]) for k < n_steps; with
@@ -173,23 +183,25 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
 
 __device__ __forceinline__ float ig_nan(float) { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double ig_nan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
+__device__ __forceinline__ float ig_inf(float) { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double ig_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ float ig_abs(float v) { return fabsf(v); }
 __device__ __forceinline__ double ig_abs(double v) { return fabs(v); }
 __device__ __forceinline__ float ig_max(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double ig_max(double a, double b) { return fmax(a, b); }
-
-template <typename Acc>
-__device__ __forceinline__ Acc ig_warp_sum(Acc v) {
-    // Fixed shuffle tree: the same order of additions on every run.
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = ig_add(v, __shfl_down_sync(0xffffffffu, v, offset));
-    return v;
-}
+// Finite: neither NaN (every comparison fails) nor +/-Inf (above the largest finite value).
+__device__ __forceinline__ bool ig_finite(float v) { return fabsf(v) <= 3.40282346638528859812e+38f; }
+__device__ __forceinline__ bool ig_finite(double v) { return fabs(v) <= 1.79769313486231570815e+308; }
 
 // (e) completeness per (target t, state s), one warp each: the sum of the
 // attributions over the F features (lane-strided partial sums, then a fixed
-// shuffle tree), delta = sum - (F(x) - F(b)), the relative error and the
-// degenerate flag |F(x) - F(b)| <= threshold * max(1, |F(x)|, |F(b)|).
+// shuffle tree; the twin sums in this order too), delta = sum - (F(x) - F(b)),
+// and what the state is:
+//   non-finite  F(x), F(b) or delta is NaN/Inf (an attribution NaN/Inf makes the sum, and so delta, so):
+//               relative error +Inf, never a clean score;
+//   degenerate  finite and |F(x) - F(b)| <= threshold * max(1, |F(x)|, |F(b)|): too small for a ratio,
+//               relative error NaN;
+//   checked     otherwise: relative error |delta| / |F(x) - F(b)|.
 // Launched with blockDim.x a multiple of 32; warps past the last row exit.
 template <typename Tag>
 __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T* __restrict__ attr,
@@ -214,12 +226,16 @@ __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T
             const Acc difference = ig_sub(f_input, f_baseline);
             const Acc delta = ig_sub(total, difference);
             const Acc scale = ig_max(ig_max(ig_abs(f_input), ig_abs(f_baseline)), Acc(1));
-            const bool degenerate = ig_abs(difference) <= ig_mul(static_cast<Acc>(threshold), scale);
+            const bool non_finite = !(ig_finite(f_input) && ig_finite(f_baseline) && ig_finite(delta));
+            const bool degenerate = !non_finite && ig_abs(difference) <= ig_mul(static_cast<Acc>(threshold), scale);
             stats[0 * rows + row] = f_input;
             stats[1 * rows + row] = f_baseline;
             stats[2 * rows + row] = delta;
-            stats[3 * rows + row] = degenerate ? ig_nan(Acc(0)) : ig_div(ig_abs(delta), ig_abs(difference));
+            stats[3 * rows + row] = non_finite   ? ig_inf(Acc(0))
+                                    : degenerate ? ig_nan(Acc(0))
+                                                 : ig_div(ig_abs(delta), ig_abs(difference));
             stats[4 * rows + row] = degenerate ? Acc(1) : Acc(0);
+            stats[5 * rows + row] = non_finite ? Acc(1) : Acc(0);
         }
     }
 }

@@ -35,6 +35,11 @@ _EXPORTS: dict[str, str] = {
     "soft_margin_loss": "lightning_ig.losses",
     "SoftMarginLoss": "lightning_ig.losses",
     "swap_soft_margin": "lightning_ig.losses",
+    # ensembles
+    "ensemble_reduce": "lightning_ig.ensemble",
+    "EnsembleReduce": "lightning_ig.ensemble",
+    "Ensemble": "lightning_ig.ensemble",
+    "ensemble_summary": "lightning_ig.ensemble",
     # checkpoints and models
     "save_checkpoint": "lightning_ig.checkpoint",
     "load_checkpoint": "lightning_ig.checkpoint",
@@ -75,6 +80,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
         save_checkpoint,
         save_merged_checkpoint,
     )
+    from lightning_ig.ensemble import Ensemble, EnsembleReduce, ensemble_reduce, ensemble_summary
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
     from lightning_ig.models import DuelingQNetwork, build_model, register_model
     from lightning_ig.noise import NoisyLinear, noise_disabled

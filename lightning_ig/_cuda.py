@@ -1,6 +1,6 @@
 """The one place that knows CuPy: find, compile and cache kernels, launch them on torch's stream.
 
-Rules this module enforces for every kernel in ``kernels/*.cu`` (shared/DESIGN.md, "Backends"):
+Rules this module enforces for every kernel in ``kernels/*.cu``:
 
 * All memory is torch's. Callers allocate outputs and scratch with torch and pass
   ``tensor.data_ptr()``; CuPy never allocates, so there is one memory pool and

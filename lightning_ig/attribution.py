@@ -9,7 +9,7 @@ path ``b + alpha (x - b)``, ``alpha`` in ``[0, 1]``::
 
 with the quadrature ``(alpha_k, w_k)`` of :mod:`lightning_ig.quadrature`.
 
-How it runs (shared/DESIGN.md, "Integrated Gradients engine"):
+How it runs:
 
 * all ``n_steps x B`` path points, plus the two ends ``x`` and ``b``, are built
   by one interpolation (kernel (a) of ``kernels/ig.cu``) and evaluated in one
@@ -48,7 +48,23 @@ Completeness and degenerate states
     1.5e-8 x scale): then ``F(x) - F(b)`` is within the rounding noise of the
     forward and the ratio means nothing. Its ``relative_error`` is NaN, it is
     kept out of :attr:`IGResult.worst_relative_error`, and its absolute error
-    stays in ``delta``.
+    stays in ``delta``. ``n_steps="auto"`` judges it by that absolute error
+    against ``completeness_tol * max(1, |F(x)|, |F(b)|)``.
+
+Non-finite states
+    A state whose ``F(x)``, ``F(b)`` or attributions hold NaN/Inf (a diverged
+    model, an overflowing forward) is *non-finite*: flagged in
+    :attr:`IGResult.non_finite`, relative error ``inf``, and it makes
+    :attr:`IGResult.worst_relative_error` ``inf``; it is never counted as
+    degenerate or clean. The flags are computed on the device in the
+    completeness step; NaN/Inf *inputs* still raise.
+
+Stochastic forwards
+    Every eager call (and each CUDA-graph capture) evaluates the forward a
+    second time on the path's two ends ``x`` and ``b`` and compares; values that
+    differ beyond rounding (dropout or batch-norm in train mode, noise drawn in
+    the forward) set :attr:`IGResult.stochastic` and raise a
+    :class:`StochasticForwardWarning`. It costs one forward of ``2 B`` rows.
 """
 
 from __future__ import annotations
@@ -65,9 +81,18 @@ import torch
 from torch import Tensor
 
 from lightning_ig import _cuda
-from lightning_ig.quadrature import METHODS, nests_on_doubling, quadrature
+from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule, nests_on_doubling, quadrature
+from lightning_ig.vocabulary import check_finite
 
-__all__ = ["IGResult", "integrated_gradients", "IntegratedGradients", "target_forward"]
+__all__ = [
+    "IGResult",
+    "IntegratedGradients",
+    "StochasticForwardWarning",
+    "check_finite",
+    "integrated_gradients",
+    "target_forward",
+    "worst_relative_error",
+]
 
 Target = Union[None, str, int, Tensor, Callable[[Tensor], Tensor]]
 Baselines = Union[None, str, float, int, Tensor]
@@ -85,6 +110,16 @@ _AUTO_FIRST_STEPS = 16
 # --------------------------------------------------------------------------- result
 
 
+class StochasticForwardWarning(RuntimeWarning):
+    """The forward gave different values on the same rows within one call.
+
+    Dropout or batch-norm in train mode, or NoisyNet noise left on: the
+    attributions of such a forward are not reproducible and completeness does
+    not hold. Put the model in ``eval()`` mode and switch its noise off
+    (:func:`lightning_ig.noise_disabled`) before attributing.
+    """
+
+
 @dataclass(frozen=True)
 class IGResult:
     """What one Integrated Gradients run produced.
@@ -92,15 +127,23 @@ class IGResult:
     Tensors stay on the inputs' device; nothing is copied to the host until a
     property such as :attr:`worst_relative_error` is read.
 
+    Each state is exactly one of: *non-finite* (``F(x)``, ``F(b)`` or an
+    attribution is NaN/Inf: it cannot be checked and is never clean),
+    *degenerate* (``|F(x) - F(b)|`` too small for a ratio, see the module
+    docstring) or *checked*.
+
     Attributes:
         attributions: ``(B, *feature_shape)``, or ``(A, B, *feature_shape)`` for
             ``target="each"``; the inputs' dtype.
         f_input: ``(B,)`` (``(A, B)`` for ``"each"``) the target at the inputs.
         f_baseline: ``(B,)`` (``(A, B)``) the target at the baselines.
         delta: ``sum(attributions) - (f_input - f_baseline)`` per state (Captum's sign).
-        relative_error: ``|delta| / |f_input - f_baseline|``; NaN where degenerate.
+        relative_error: ``|delta| / |f_input - f_baseline|`` for a checked state;
+            NaN for a degenerate state, ``inf`` for a non-finite one.
         degenerate: bool, ``|f_input - f_baseline|`` too small for a ratio (see the
-            module docstring for the threshold).
+            module docstring for the threshold); never set on a non-finite state.
+        non_finite: bool, ``f_input``, ``f_baseline``, ``delta`` or any attribution
+            of the state is NaN/Inf.
         baselines: ``(B, *feature_shape)`` as used.
         n_steps: the quadrature points used (for ``n_steps="auto"``, where it stopped).
         method: the quadrature rule.
@@ -111,6 +154,10 @@ class IGResult:
         fd_step: the relative finite-difference step (``None`` for autograd).
         internal_batch_size: rows per forward in the last chunk run.
         cuda_graph: whether the result came from a replayed CUDA graph.
+        stochastic: the forward gave different values when the path's two ends
+            were evaluated a second time in the same call (checked on every
+            eager call and when a CUDA graph is captured; a replay reports what
+            its capture found). A :class:`StochasticForwardWarning` said so.
     """
 
     attributions: Tensor
@@ -119,6 +166,7 @@ class IGResult:
     delta: Tensor
     relative_error: Tensor
     degenerate: Tensor
+    non_finite: Tensor
     baselines: Tensor
     n_steps: int
     method: str
@@ -128,24 +176,64 @@ class IGResult:
     fd_step: float | None = None
     internal_batch_size: int | None = None
     cuda_graph: bool = False
+    stochastic: bool = False
 
     @property
     def worst_relative_error(self) -> float:
-        """The largest relative completeness error over non-degenerate states (0.0 when all are degenerate)."""
-        kept = self.relative_error[~self.degenerate]
-        if kept.numel() == 0:
-            return 0.0
-        return float(kept.max())
+        """The result's completeness in one number; never ``0.0`` for "nothing was checked".
+
+        ``inf`` when any state is non-finite; NaN when no state could be checked
+        (every state degenerate); otherwise the largest relative error over the
+        checked states.
+        """
+        return worst_relative_error(self.relative_error, self.degenerate, self.non_finite)
 
     @property
     def mean_abs_error(self) -> float:
-        """The mean ``|delta|`` over all states, degenerate ones included."""
+        """The mean ``|delta|`` over all states, degenerate ones included (NaN/Inf with a non-finite state)."""
         return float(self.delta.abs().mean())
 
     @property
     def num_degenerate(self) -> int:
-        """How many states were too degenerate for a relative error."""
+        """How many states were too degenerate for a relative error (per action for ``"each"``)."""
         return int(self.degenerate.sum())
+
+    @property
+    def num_non_finite(self) -> int:
+        """How many states had a NaN/Inf forward value or attribution (per action for ``"each"``)."""
+        return int(self.non_finite.sum())
+
+    @property
+    def num_checked(self) -> int:
+        """How many states had a relative error to check: neither degenerate nor non-finite."""
+        return self.non_finite.numel() - self.num_degenerate - self.num_non_finite
+
+    @property
+    def first_non_finite(self) -> int | None:
+        """The index (0 to B - 1) of the first state with a NaN/Inf value (in any action for ``"each"``), or None."""
+        per_state = self.non_finite.reshape(-1, self.non_finite.shape[-1]).any(dim=0)  # (B,)
+        found = per_state.nonzero()
+        return int(found[0, 0]) if found.numel() else None
+
+
+def worst_relative_error(relative_error: Tensor, degenerate: Tensor, non_finite: Tensor) -> float:
+    """``inf`` if any state is non-finite, NaN if none was checked, else the largest checked relative error.
+
+    The one definition of the worst completeness error (:attr:`IGResult.worst_relative_error`).
+    """
+    checked = ~(degenerate | non_finite)
+    # One host sync: both answers come back together.
+    any_non_finite, any_checked, largest = torch.stack([
+        non_finite.any().to(relative_error.dtype),
+        checked.any().to(relative_error.dtype),
+        torch.where(checked, relative_error, torch.zeros_like(relative_error)).max() if relative_error.numel() else
+        relative_error.new_zeros(()),
+    ]).tolist()  # fmt: skip
+    if any_non_finite:
+        return math.inf
+    if not any_checked:
+        return math.nan
+    return largest
 
 
 # --------------------------------------------------------------------------- targets
@@ -294,6 +382,7 @@ def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -
         return _select(model(inputs), spec, inputs.shape[0], 0, inputs.shape[0]).squeeze(1)
 
     forward.__name__ = f"{getattr(model, '__name__', type(model).__name__)}[{spec.label}]"
+    forward.__wrapped__ = model  # type: ignore[attr-defined]  # the engine's error messages look through it
     return forward
 
 
@@ -408,25 +497,57 @@ def _degenerate_threshold(dtype: torch.dtype) -> float:
     return math.sqrt(float(torch.finfo(dtype).eps))
 
 
+_STATS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")  # the rows of stats
+
+
+def _warp_order_sum(values: Tensor) -> Tensor:
+    """``values (T, B, F)`` summed over ``F`` in kernel (e)'s order: 32 lane-strided partial sums, then a tree.
+
+    Lane ``l`` adds ``values[..., l], values[..., l + 32], ...`` to ``+0`` in turn;
+    the 32 partials are then added pairwise at offsets 16, 8, 4, 2, 1, as the
+    warp's shuffles do. Every addition is one exactly rounded elementwise add, so
+    the sum is bit-identical to the kernel's and does not depend on torch's
+    reduction order or thread count.
+    """
+    n_targets, batch, features = values.shape
+    chunks = -(-features // 32)
+    padded = values.new_zeros((n_targets, batch, chunks * 32))  # +0 pads: x + 0 == x
+    padded[..., :features] = values
+    padded = padded.view(n_targets, batch, chunks, 32)
+    partial = values.new_zeros((n_targets, batch, 32))
+    for chunk in range(chunks):
+        partial = partial + padded[:, :, chunk]
+    width = 16
+    while width:
+        partial = partial[..., :width] + partial[..., width : 2 * width]
+        width //= 2
+    return partial[..., 0]
+
+
 def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
-    """Twin of kernel (e): ``stats (5, T, B)`` = f_input, f_baseline, delta, relative error, degenerate (0/1).
+    """Twin of kernel (e): ``stats (6, T, B)``, the rows named in ``_STATS``.
 
     ``attributions`` is ``(T, B, F)``, ``ends`` the target values ``(2, B, T)`` at x and b.
+    A state is *non-finite* when ``F(x)``, ``F(b)`` or ``delta`` is NaN/Inf (any
+    NaN/Inf attribution makes the sum, and so ``delta``, non-finite): relative
+    error ``inf``. Otherwise *degenerate* (relative error NaN) or checked.
     """
     acc = ends.dtype
     f_input = ends[0].t()  # (T, B)
     f_baseline = ends[1].t()  # (T, B)
     difference = f_input - f_baseline
-    delta = attributions.to(acc).sum(dim=-1) - difference
+    delta = _warp_order_sum(attributions.to(acc)) - difference
     scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
-    degenerate = difference.abs() <= _degenerate_threshold(acc) * scale
+    non_finite = ~(torch.isfinite(f_input) & torch.isfinite(f_baseline) & torch.isfinite(delta))
+    degenerate = ~non_finite & (difference.abs() <= _degenerate_threshold(acc) * scale)
     relative = torch.where(degenerate, torch.full_like(delta, float("nan")), delta.abs() / difference.abs())
-    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc)])
+    relative = torch.where(non_finite, torch.full_like(delta, float("inf")), relative)
+    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc), non_finite.to(acc)])
 
 
 def _completeness_cuda(attributions: Tensor, ends: Tensor) -> Tensor:
     n_targets, batch, features = attributions.shape
-    stats = torch.empty((5, n_targets, batch), dtype=ends.dtype, device=ends.device)
+    stats = torch.empty((len(_STATS), n_targets, batch), dtype=ends.dtype, device=ends.device)
     _launch(
         "completeness", attributions.dtype, attributions.device, n_targets * batch * 32,
         [_cuda.pointer(attributions), _cuda.pointer(ends), _cuda.pointer(stats), _cuda.int32(batch),
@@ -497,10 +618,7 @@ def _settings(options: dict[str, Any]) -> _Settings:
     elif n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}; 50 is a good default")
     method = merged["method"]
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method == "riemann_trapezoid" and isinstance(n_steps, int) and n_steps < 2:
-        raise ValueError(f"method='riemann_trapezoid' needs n_steps >= 2 (both ends of the path), got {n_steps}")
+    check_rule(method, n_steps if isinstance(n_steps, int) else 2)  # unknown names, too few or too many steps
     if merged["gradient"] not in ("autograd", "finite_difference"):
         raise ValueError(f"gradient must be 'autograd' or 'finite_difference', got {merged['gradient']!r}")
     ibs = merged["internal_batch_size"]
@@ -514,6 +632,11 @@ def _settings(options: dict[str, Any]) -> _Settings:
     max_steps = merged["max_steps"]
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+    if n_steps == "auto" and method == "gausslegendre" and max_steps > MAX_GAUSS_LEGENDRE_STEPS:
+        raise ValueError(
+            f"max_steps={max_steps} is more than the {MAX_GAUSS_LEGENDRE_STEPS} points a Gauss-Legendre rule is "
+            f"built with; pass max_steps <= {MAX_GAUSS_LEGENDRE_STEPS}"
+        )
     fd_step = merged["fd_step"]
     if fd_step is not None and (isinstance(fd_step, bool) or not isinstance(fd_step, (int, float)) or not 0 < fd_step < 1):
         raise ValueError(f"fd_step must be None (automatic) or a relative step in (0, 1), got {fd_step!r}")
@@ -538,25 +661,63 @@ def _check_inputs(inputs: Any) -> None:
             f"inputs must be floating point (float16, bfloat16, float32 or float64), got {inputs.dtype}; "
             "convert them with inputs.float()"
         )
-    if inputs.dim() < 1 or inputs.shape[0] == 0:
-        raise ValueError(f"inputs must have shape (B, *feature_shape) with B >= 1, got {tuple(inputs.shape)}")
+    if inputs.dim() < 1 or inputs.shape[0] == 0 or math.prod(inputs.shape[1:]) == 0:
+        raise ValueError(
+            f"inputs must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
+            f"{tuple(inputs.shape)}; add the state dimension (inputs.unsqueeze(0)) for a single state"
+        )
 
 
-def check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
-    """Raise a :class:`ValueError` naming ``name``, the count and the first index of NaN/Inf values.
+_DTYPE_METHOD = {torch.float16: "half()", torch.bfloat16: "bfloat16()", torch.float32: "float()", torch.float64: "double()"}
 
-    Shared by the engine and the callback's set-up checks, so both say the same.
-    """
-    # One host sync; the slow path (count and first index) only runs when something is wrong.
-    # ``flag`` is ``isfinite(tensor).all()`` queued earlier, so the sync finds it long done.
-    if bool(torch.isfinite(tensor).all() if flag is None else flag):
+
+def _module_of(forward: Any) -> torch.nn.Module | None:
+    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, or what a wrapper names in ``__wrapped__``."""
+    for candidate in (forward, getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)):
+        if isinstance(candidate, torch.nn.Module):
+            return candidate
+    return None
+
+
+def _raise_if_dtype_mismatch(forward: Any, dtype: torch.dtype, error: BaseException) -> None:
+    """Turn torch's error for inputs of another dtype than the model's parameters into one that says what to do."""
+    module = _module_of(forward)
+    if module is None:
         return
-    bad = ~torch.isfinite(tensor)
-    count = int(bad.sum())
-    first = tuple(int(i) for i in bad.nonzero()[0])
-    raise ValueError(
-        f"{name} holds {count} NaN/Inf value(s), the first at index {first} (value {float(tensor[first])}); "
-        f"IG needs finite {name}: clean or drop those states"
+    parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if parameter is None or parameter.dtype == dtype:
+        return
+    fix = " or ".join(
+        f"{what}.{_DTYPE_METHOD[target]}" for what, target in (("inputs", parameter.dtype), ("model", dtype)) if target in _DTYPE_METHOD
+    )
+    raise TypeError(
+        f"inputs are {dtype} but the model's parameters are {parameter.dtype}; convert one to match the other: {fix}"
+    ) from error
+
+
+def _warn_stochastic(forward: Any, stacklevel: int) -> None:
+    """Warn that the forward is stochastic, naming the modules that likely make it so."""
+    module = _module_of(forward)
+    suspects: list[str] = []
+    if module is not None:
+        for name, child in module.named_modules():
+            if not child.training:
+                continue
+            if isinstance(child, (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)):
+                suspects.append(f"{name or type(child).__name__} ({type(child).__name__} in train mode)")
+            elif hasattr(child, "reset_noise"):
+                suspects.append(f"{name or type(child).__name__} ({type(child).__name__}: noise on)")
+    cause = (
+        f"likely cause: {', '.join(suspects[:5])}{' ...' if len(suspects) > 5 else ''}"
+        if suspects
+        else "likely cause: dropout or batch-norm in train mode, or NoisyNet noise left on"
+    )
+    warnings.warn(
+        f"the forward gave different values for the same inputs within one call ({cause}); its attributions are "
+        "not reproducible and completeness does not hold: call model.eval() and switch noise off "
+        "(lightning_ig.noise_disabled(model)) before attributing",
+        StochasticForwardWarning,
+        stacklevel=stacklevel,
     )
 
 
@@ -646,6 +807,10 @@ class _Run:
         self.fd_step = (settings.fd_step or _default_fd_step(x.dtype)) if settings.gradient == "finite_difference" else None
         self.allow_oom_retry = True
         self.output_width = 0
+        # Evaluate the path's two ends a second time and compare (eager calls and the eager run before a
+        # capture; never inside a capture). The answer stays on the device until the caller reads it.
+        self.check_stochastic = True
+        self.stochastic: Tensor | None = None  # 0-dim bool once checked
 
     # -- kernels or twins
     def interpolate(self, alphas: Tensor, with_ends: bool) -> Tensor:
@@ -659,7 +824,11 @@ class _Run:
     # -- the forward on a chunk of rows
     def _evaluate(self, rows: Tensor, first_row: int, spec: _TargetSpec | None = None) -> Tensor:
         n_rows = rows.shape[0]
-        outputs = self.forward(rows.view(n_rows, *self.feature_shape))
+        try:
+            outputs = self.forward(rows.view(n_rows, *self.feature_shape))
+        except RuntimeError as error:
+            _raise_if_dtype_mismatch(self.forward, rows.dtype, error)
+            raise
         selected = _select(outputs, spec or self.spec, n_rows, first_row, self.batch)
         self.output_width = outputs.shape[1] if outputs.dim() == 2 else 1  # A, for per-row checks on replay
         return selected
@@ -693,8 +862,46 @@ class _Run:
         """``grads (T, m, B, F)`` at ``alphas (m,)`` and, with ends, the target values ``(2, B, T)`` at x and b."""
         points = self.interpolate(alphas, with_ends).view(-1, self.features)  # ((m [+ 2]) * B, F)
         if self.settings.gradient == "autograd":
-            return self._autograd(points, alphas.shape[0], with_ends)
-        return self._finite_difference(points, alphas.shape[0], with_ends)
+            grads, ends = self._autograd(points, alphas.shape[0], with_ends)
+            end_spec = self.spec
+        else:
+            grads, ends = self._finite_difference(points, alphas.shape[0], with_ends)
+            end_spec = self._probe_spec()
+        if ends is not None and self.check_stochastic:
+            end_rows = points[alphas.shape[0] * self.batch :]  # (2 B, F): x then b, as evaluated the first time
+            self.stochastic = self._differs_when_repeated(end_rows, ends.view(2 * self.batch, -1), end_spec)
+        return grads, ends
+
+    def stochastic_flag(self) -> Tensor:
+        """The 0-dim bool of the repeated-ends check (False where it did not run)."""
+        if self.stochastic is None:
+            return torch.zeros((), dtype=torch.bool, device=self.x.device)
+        return self.stochastic
+
+    def _probe_spec(self) -> _TargetSpec:
+        # Per-row targets pick a column by state, but probe rows do not follow the (*, B) layout:
+        # finite differences evaluate every column ("each") and keep each state's own afterwards (_per_row_fd).
+        return _TargetSpec("each") if self.spec.kind == "per_row" else self.spec
+
+    def _differs_when_repeated(self, end_rows: Tensor, first: Tensor, spec: _TargetSpec) -> Tensor:
+        """Evaluate the ends ``(2 B, F)`` again and compare with ``first (2 B, T)``: a 0-dim bool on the device.
+
+        A deterministic forward repeats its values up to rounding: a batch of
+        another size may take another GEMM blocking or summation order. The bound
+        is ``sqrt(eps) * max(1, |F|)`` per value, with ``eps`` that of the inputs'
+        dtype but no finer than float32's (forwards compute in float32 or coarser
+        more often than not: TF32, autocast, a cast inside the model): the same
+        bound below which ``F(x) - F(b)`` counts as noise (degenerate states).
+        Dropout, batch-norm statistics of another batch and exploration noise
+        move values by far more. Equal values, and NaN where both are NaN, agree.
+        """
+        with torch.no_grad():
+            again = self._evaluate(end_rows, 0, spec)  # row 0 is state 0, as row m * B was the first time
+        again = again.detach().to(first.dtype)
+        eps = max(float(torch.finfo(end_rows.dtype).eps), float(torch.finfo(torch.float32).eps))
+        scale = torch.maximum(torch.maximum(first.abs(), again.abs()), torch.ones_like(first))
+        agree = (again == first) | (again.isnan() & first.isnan()) | ((again - first).abs() <= math.sqrt(eps) * scale)
+        return ~agree.all()
 
     def _autograd(self, points: Tensor, n_alphas: int, with_ends: bool) -> tuple[Tensor, Tensor | None]:
         path_rows = n_alphas * self.batch
@@ -756,9 +963,7 @@ class _Run:
         ends_rows = 2 * self.batch if with_ends else 0
         state: dict[str, Any] = {"grads": None, "ends": None}
         use_cuda = self.backend == "cuda"
-        # Per-row targets pick a column by state, but probe rows do not follow the (*, B) layout:
-        # evaluate every column ("each") and keep each state's own afterwards (_per_row_fd).
-        probe_spec = _TargetSpec("each") if self.spec.kind == "per_row" else self.spec
+        probe_spec = self._probe_spec()
 
         def body(start: int, stop: int) -> None:
             count = stop - start
@@ -809,7 +1014,7 @@ class _Run:
         return grads, ends
 
     def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
-        """Attributions ``(T, B, F)`` and the completeness ``stats (5, T, B)`` (see ``_completeness_torch``)."""
+        """Attributions ``(T, B, F)`` and the completeness ``stats (6, T, B)`` (see ``_completeness_torch``)."""
         attributions = self.accumulate(weights, grads.contiguous())  # (T, B, F)
         completeness = _completeness_cuda if self.backend == "cuda" else _completeness_torch
         return {"attributions": attributions, "stats": completeness(attributions, ends.contiguous())}
@@ -861,15 +1066,16 @@ def _result(
     n_steps: int,
     run: _Run,
     graph: bool,
+    stochastic: bool,
 ) -> IGResult:
-    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(5, T, B)``), with views only."""
+    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(6, T, B)``), with views only."""
     stats = out["stats"]
     if spec.kind == "each":
         attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
     else:
         attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
-        stats = stats.view(5, -1)  # (5, 1, B) -> (5, B)
-    f_input, f_baseline, delta, relative_error, degenerate = stats.unbind(0)
+        stats = stats.view(len(_STATS), -1)  # (6, 1, B) -> (6, B)
+    f_input, f_baseline, delta, relative_error, degenerate, non_finite = stats.unbind(0)
     return IGResult(
         attributions=attributions,
         f_input=f_input,
@@ -877,6 +1083,7 @@ def _result(
         delta=delta,
         relative_error=relative_error,
         degenerate=degenerate != 0,
+        non_finite=non_finite != 0,
         baselines=resolved,
         n_steps=n_steps,
         method=settings.method,
@@ -886,6 +1093,7 @@ def _result(
         fd_step=run.fd_step,
         internal_batch_size=run.chunk_rows,
         cuda_graph=graph,
+        stochastic=stochastic,
     )
 
 
@@ -909,9 +1117,14 @@ def _attribute_eager(
     else:
         n_steps = int(settings.n_steps)
         out = run.attribute(n_steps)
-    for name, tensor, flag in deferred:
+    # One host sync reads every flag queued above: the inputs' finite checks and the repeated ends.
+    flags = torch.stack([flag for _, _, flag in deferred] + [run.stochastic_flag()]).tolist()
+    for (name, tensor, _), flag in zip(deferred, flags):
         check_finite(name, tensor, flag)
-    return _result(out, resolved, spec, settings, backend, n_steps, run, graph=False)
+    stochastic = bool(flags[-1])
+    if stochastic:
+        _warn_stochastic(forward, stacklevel=4)
+    return _result(out, resolved, spec, settings, backend, n_steps, run, graph=False, stochastic=stochastic)
 
 
 def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], int]:
@@ -932,8 +1145,7 @@ def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], 
     while True:
         weights = torch.tensor(weights_list, dtype=acc, device=device)
         out = run.finish(weights, grads, ends)
-        worst = _worst(out)
-        if worst <= settings.completeness_tol or n >= settings.max_steps:
+        if n >= settings.max_steps or _auto_done(out["stats"], settings.completeness_tol):
             return out, n
         nested = n * 2 - 1 if method == "riemann_trapezoid" else n * 2
         refined = min(nested, settings.max_steps)
@@ -955,10 +1167,20 @@ def _attribute_auto(run: _Run, settings: _Settings) -> tuple[dict[str, Tensor], 
         n = refined
 
 
-def _worst(out: dict[str, Tensor]) -> float:
-    stats = out["stats"]  # (5, T, B)
-    kept = stats[3][stats[4] == 0]
-    return float(kept.max()) if kept.numel() else 0.0
+def _auto_done(stats: Tensor, tolerance: float) -> bool:
+    """Whether ``n_steps="auto"`` stops here: every state within ``tolerance``, or a state non-finite.
+
+    A checked state is judged by its relative error; a degenerate one (no ratio
+    to form) by its absolute error ``|delta| <= tolerance * max(1, |F(x)|, |F(b)|)``,
+    so a batch of degenerate states is refined like any other and never stops on
+    a NaN. A non-finite state stops the refinement at once: more steps cannot
+    repair NaN/Inf weights or outputs, and the result says so.
+    """
+    f_input, f_baseline, delta, relative, degenerate, non_finite = stats  # each (T, B)
+    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
+    within = torch.where(degenerate != 0, delta.abs() <= tolerance * scale, relative <= tolerance)
+    any_non_finite, all_within = torch.stack([(non_finite != 0).any(), within.all()]).tolist()  # one host sync
+    return bool(any_non_finite or all_within)
 
 
 def integrated_gradients(
@@ -1066,7 +1288,7 @@ class _GraphPlan:
         self.static_x = static_x
         self.static_b = static_b
         self.static_rows = static_rows
-        self.outputs = outputs  # "attributions" (T, B, F), "stats" (5, T, B)
+        self.outputs = outputs  # "attributions" (T, B, F), "stats" (6, T, B)
         self.packed = packed  # both flattened into one buffer when their dtypes agree: one copy per replay
         self.run = run
         self.keep = keep  # objects whose id() is part of the key (a target callable)
@@ -1075,6 +1297,7 @@ class _GraphPlan:
         self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
         self.zero_baselines: Tensor | None = None  # set by the fast path: a read-only expanded zero
         self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
+        self.stochastic = False  # what the eager run before the capture found (replays repeat the capture)
 
     def results(self) -> dict[str, Tensor]:
         """Fresh copies of the outputs of the last replay."""
@@ -1192,7 +1415,7 @@ class IntegratedGradients:
         if plan.zero_baselines is None:
             plan.zero_baselines = torch.zeros((1,) * inputs.dim(), dtype=dtype, device=device).expand(shape)
         return _result(out, plan.zero_baselines, plan.run.spec, settings, plan.run.backend, int(settings.n_steps),
-                       plan.run, graph=True)  # fmt: skip
+                       plan.run, graph=True, stochastic=plan.stochastic)  # fmt: skip
 
     def _replay_fast(self, plan: _GraphPlan, inputs: Tensor, check_finite: bool) -> dict[str, Tensor]:
         if check_finite:
@@ -1268,7 +1491,8 @@ class IntegratedGradients:
         if (settings is self._default_settings and baseline_key == ("zeros",) and spec.kind != "per_row"
                 and spec.kind != "callable"):  # fmt: skip
             self._fast = (inputs.shape, inputs.dtype, inputs.device, plan, spec.label)
-        return _result(out, resolved, spec, settings, plan.run.backend, int(settings.n_steps), plan.run, graph=True)
+        return _result(out, resolved, spec, settings, plan.run.backend, int(settings.n_steps), plan.run, graph=True,
+                       stochastic=plan.stochastic)  # fmt: skip
 
     def _capture(self, key: tuple[Any, ...], x: Tensor, b: Tensor, baselines: Baselines, spec: _TargetSpec,
                  settings: _Settings, backend: str, feature_shape: torch.Size) -> _GraphPlan | None:  # fmt: skip
@@ -1294,6 +1518,10 @@ class IntegratedGradients:
             return run.finish(weights, grads, ends)
 
         compute()  # eager first: shape and autograd errors surface as they would without a graph
+        stochastic = bool(run.stochastic_flag())  # the ends evaluated twice, as on every eager call
+        if stochastic:
+            _warn_stochastic(self.forward, stacklevel=5)
+        run.check_stochastic = False  # not in the warm-up nor the capture: its answer needs a host read
         run.allow_oom_retry = False  # a retry cannot happen inside a capture
         # With the CUDA kernels first; should their capture fail, the torch twins (same arithmetic) still beat eager.
         failures: list[str] = []
@@ -1320,6 +1548,7 @@ class IntegratedGradients:
                 stacklevel=4,
             )
         plan = _GraphPlan(graph, static_x, static_b, static_rows, outputs, packed, run, spec.fn)
+        plan.stochastic = stochastic
         if len(self._plans) >= _MAX_GRAPHS:  # each graph holds its memory pool: keep the most recent few
             evicted = self._plans.pop(next(iter(self._plans)))
             if self._fast is not None and self._fast[3] is evicted:
@@ -1370,7 +1599,7 @@ def _pack(outputs: dict[str, Tensor]) -> Tensor | None:
     attributions, stats = outputs["attributions"], outputs["stats"]
     if attributions.dtype != stats.dtype:
         return None
-    return torch.cat([attributions.reshape(-1), stats.reshape(-1)])  # (T * B * F + 5 * T * B,)
+    return torch.cat([attributions.reshape(-1), stats.reshape(-1)])  # (T * B * F + 6 * T * B,)
 
 
 _MISSING: Any = object()

@@ -43,6 +43,8 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 }
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
+# Registered names whose classes live in modules imported on first use (they import this one).
+_REGISTERED_ELSEWHERE = {"Ensemble": "lightning_ig.ensemble"}
 ModelT = TypeVar("ModelT", bound=type[nn.Module])
 
 
@@ -114,6 +116,8 @@ def resolve_model_class(name: str) -> type[nn.Module]:
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a model name must be a non-empty string, got {name!r}")
+    if name not in _REGISTRY and name in _REGISTERED_ELSEWHERE:
+        importlib.import_module(_REGISTERED_ELSEWHERE[name])  # registers the class
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" not in name:

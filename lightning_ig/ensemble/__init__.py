@@ -1,0 +1,36 @@
+"""Ensembles: a fused, differentiable ensemble reduce and ensembles as attribution targets.
+
+* :func:`ensemble_reduce` / :class:`EnsembleReduce`: ``out[b] = sum_m w[m] * mean_k
+  sigmoid(logits[b, m, k])`` in one deterministic CUDA launch (one more for the
+  backward), with a torch twin (:mod:`lightning_ig.ensemble.ops`);
+  :func:`member_means`: each member's own ``mean_k sigmoid``.
+* :class:`Ensemble`: members mapping states to ``(N, K)``, whose forward is the
+  aggregate ``(N,)`` and whose ``member_signals`` is ``(N, M)``; registered as
+  ``"Ensemble"`` so checkpoints rebuild it.
+* :func:`member_agreement`, :func:`ensemble_summary`, :func:`agreement_scalars`:
+  whether the members rely on the same features as the aggregate.
+
+Example::
+
+    ensemble = Ensemble([DuelingQNetwork(4, 2) for _ in range(5)]).eval()
+    aggregate = integrated_gradients(ensemble, states)
+    members = integrated_gradients(ensemble.member_signals, states, target="each")
+    summary = ensemble_summary(aggregate, members, weights=ensemble.weights)
+"""
+
+from lightning_ig.ensemble.agreement import agreement_scalars, ensemble_summary, mean_abs_per_feature, member_agreement
+from lightning_ig.ensemble.module import Ensemble, is_ensemble
+from lightning_ig.ensemble.reduce import REDUCE_DIMS, EnsembleReduce, ensemble_reduce, member_means
+
+__all__ = [
+    "REDUCE_DIMS",
+    "ensemble_reduce",
+    "member_means",
+    "EnsembleReduce",
+    "Ensemble",
+    "is_ensemble",
+    "mean_abs_per_feature",
+    "member_agreement",
+    "ensemble_summary",
+    "agreement_scalars",
+]

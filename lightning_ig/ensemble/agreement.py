@@ -1,0 +1,268 @@
+"""Do the members of an ensemble rely on the same features as the aggregate?
+
+Pure host-side functions over the attributions of two IG runs on an
+:class:`~lightning_ig.ensemble.Ensemble`: the aggregate's (``target`` the
+ensemble's forward, attributions ``(B, *feature_shape)``) and every member's
+(``ensemble.member_signals`` with ``target="each"``, attributions
+``(M, B, *feature_shape)``). The callback logs :func:`agreement_scalars` as
+``ig/ensemble/<key>``; ``lightning-ig diag`` writes :func:`ensemble_summary`
+under the report's ``"ensemble"`` key. Everything runs in float64 on a host
+copy, so the numbers do not depend on the device.
+
+Definitions, over ``F`` flattened features:
+
+* a run's per-feature *mean |attribution|* is the mean over the ``B`` states of
+  ``|attr|`` (the report's ``mean_abs``);
+* ``spearman[m]``: the Spearman rank correlation (average ranks for ties) of
+  member ``m``'s mean |attribution| with the aggregate's: 1 when the member
+  orders the features as the aggregate does; NaN when either vector is
+  constant (e.g. a member whose signal is saturated everywhere);
+* ``spread``: the mean over features of the population standard deviation
+  (ddof 0: the members are the whole ensemble) across members of mean
+  |attribution|; 0 when all members agree exactly. ``relative_spread`` divides
+  it by the mean of the members' mean |attribution| over members and features,
+  a scale-free number comparable across runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
+
+__all__ = ["mean_abs_per_feature", "member_agreement", "ensemble_summary", "agreement_scalars"]
+
+
+class _AttributionRun(Protocol):
+    """The fields of an :class:`~lightning_ig.attribution.IGResult` read here."""
+
+    attributions: torch.Tensor
+    relative_error: torch.Tensor
+    degenerate: torch.Tensor
+
+
+def _host(values: Any, name: str) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().to("cpu", torch.float64).numpy()
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be a tensor or an array of numbers, got {type(values).__name__}") from error
+
+
+def mean_abs_per_feature(attributions: Any, *, members: bool = False) -> np.ndarray:
+    """Mean over the states of ``|attr|`` per flattened feature, in float64.
+
+    Args:
+        attributions: ``(B, *feature_shape)``, or ``(M, B, *feature_shape)`` with ``members=True``.
+        members: whether the first axis is the members.
+
+    Returns:
+        ``(F,)``, or ``(M, F)`` with ``members=True``.
+
+    Raises:
+        ValueError: no state axis (or no member axis), or no states.
+    """
+    values = _host(attributions, "attributions")
+    leading = 2 if members else 1
+    if values.ndim < leading + 1 or values.shape[leading - 1] == 0:
+        what = "(M, B, *feature_shape)" if members else "(B, *feature_shape)"
+        raise ValueError(f"attributions must be {what} with at least one state, got shape {values.shape}")
+    flat = values.reshape(*values.shape[:leading], -1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.abs(flat).mean(axis=leading - 1)
+
+
+def member_agreement(aggregate_mean_abs: Any, member_mean_abs: Any) -> dict[str, Any]:
+    """How far each member's feature ranking is from the aggregate's, and how much the members differ.
+
+    Args:
+        aggregate_mean_abs: ``(F,)``, the aggregate's mean |attribution| per feature.
+        member_mean_abs: ``(M, F)``, each member's.
+
+    Returns:
+        ``{"spearman": [M floats], "spearman_mean", "spearman_min", "spearman_undefined",
+        "spread", "relative_spread"}``: ``spearman_mean``/``spearman_min`` over the
+        members whose correlation is defined (NaN if none is), ``spearman_undefined``
+        how many are not (an int); see the module docstring for the rest.
+
+    Raises:
+        ValueError: the shapes do not fit (``F`` differs, no features, no members).
+
+    Example::
+
+        >>> agreement = member_agreement([3.0, 2.0, 1.0], [[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]])
+        >>> agreement["spearman"], agreement["spread"]
+        ([1.0, -1.0], 0.6666666666666666)
+    """
+    from lightning_ig.report import spearman  # noqa: PLC0415 - keeps the report's imports off this path
+
+    aggregate = _host(aggregate_mean_abs, "aggregate_mean_abs").reshape(-1)
+    each = _host(member_mean_abs, "member_mean_abs")
+    if aggregate.size == 0 or each.ndim != 2 or each.shape[0] == 0 or each.shape[1] != aggregate.size:
+        raise ValueError(
+            f"member_mean_abs must be (M >= 1, F) with F = {aggregate.size} (the aggregate's features), "
+            f"got shape {each.shape}; pass one row per member"
+        )
+    correlations = [spearman(row, aggregate) for row in each]
+    defined = [value for value in correlations if not math.isnan(value)]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        spread = float(np.std(each, axis=0).mean())
+        scale = float(each.mean())
+        relative = spread / scale if scale != 0.0 else math.nan
+    return {
+        "spearman": correlations,
+        "spearman_mean": float(np.mean(defined)) if defined else math.nan,
+        "spearman_min": float(np.min(defined)) if defined else math.nan,
+        "spearman_undefined": len(correlations) - len(defined),
+        "spread": spread,
+        "relative_spread": relative,
+    }
+
+
+def agreement_scalars(agreement: dict[str, Any]) -> dict[str, float]:
+    """The scalars to log, keyed by tag suffix: ``ig/ensemble/<key>``.
+
+    Args:
+        agreement: from :func:`member_agreement` (or the ``"agreement"`` of :func:`ensemble_summary`).
+
+    Returns:
+        ``spearman_mean``, ``spearman_min``, ``spread``, ``relative_spread`` and
+        ``spearman/member_<m>`` for each member, as floats (NaN where undefined;
+        a JSON ``None`` is read back as NaN).
+
+    Example::
+
+        >>> agreement_scalars(member_agreement([2.0, 1.0], [[2.0, 1.0]]))
+        {'spearman_mean': 1.0, 'spearman_min': 1.0, 'spread': 0.0, 'relative_spread': 0.0, 'spearman/member_0': 1.0}
+    """
+
+    def number(value: Any) -> float:
+        return math.nan if value is None else float(value)
+
+    scalars = {key: number(agreement[key]) for key in ("spearman_mean", "spearman_min", "spread", "relative_spread")}
+    scalars.update({f"spearman/member_{index}": number(value) for index, value in enumerate(agreement["spearman"])})
+    return scalars
+
+
+def ensemble_summary(
+    aggregate: _AttributionRun,
+    members: _AttributionRun,
+    *,
+    weights: Any = None,
+    feature_names: Sequence[str] | None = None,
+    top_k: int = 10,
+) -> dict[str, Any]:
+    """Per-member summaries beside the aggregate's report: the ``"ensemble"`` key of a diag report.
+
+    Args:
+        aggregate: the IG result of the ensemble's forward (attributions ``(B, *feature_shape)``).
+        members: the IG result of ``ensemble.member_signals`` with ``target="each"``
+            (attributions ``(M, B, *feature_shape)``, ``relative_error`` and
+            ``degenerate`` ``(M, B)``), on the same states and baselines.
+        weights: the members' weights (``ensemble.weights``), or ``None``.
+        feature_names: one per flattened feature; ``None`` names them ``x0, x1, ...``.
+        top_k: how many features each member lists (default 10; clipped to ``F``).
+
+    Returns:
+        A JSON-ready dict (non-finite numbers as ``None``)::
+
+            {"num_members": M, "weights": [M floats] | None,
+             "agreement": member_agreement(...),
+             "members": [{"member": m, "weight": float | None,
+                          "spearman_vs_aggregate": float | None,
+                          "worst_relative_error": float | None,  # IG completeness of member m
+                          "num_degenerate": int,
+                          "top_features": [{"name", "mean_abs", "mean_signed"}, ...]}, ...]}
+
+        ``worst_relative_error`` is the largest over the member's checked states
+        (degenerate states are kept out; ``None`` when none could be checked or
+        a state is non-finite; ``num_degenerate`` says how many were left out).
+
+    Raises:
+        ValueError: the two runs' shapes do not fit, weights of the wrong length,
+            bad ``feature_names`` or ``top_k``.
+    """
+    from lightning_ig.report import rank_order  # noqa: PLC0415 - the report's one feature ordering
+
+    check_positive_int(top_k, "top_k")
+    aggregate_mean_abs = mean_abs_per_feature(aggregate.attributions)
+    member_values = _host(members.attributions, "members.attributions")
+    if member_values.ndim < 3 or tuple(member_values.shape[1:]) != tuple(aggregate.attributions.shape):
+        raise ValueError(
+            f"members.attributions must be (M, *aggregate shape) = (M, {', '.join(map(str, aggregate.attributions.shape))}), "
+            f"got {member_values.shape}; attribute ensemble.member_signals with target='each' on the same states"
+        )
+    count = member_values.shape[0]
+    flat = member_values.reshape(count, member_values.shape[1], -1)  # (M, B, F)
+    member_mean_abs = np.abs(flat).mean(axis=1)  # (M, F)
+    member_mean_signed = flat.mean(axis=1)
+    names = _feature_names(feature_names, aggregate.attributions.shape[1:])
+    weight_list = _weight_list(weights, count)
+    agreement = member_agreement(aggregate_mean_abs, member_mean_abs)
+    relative_error = _host(members.relative_error, "members.relative_error").reshape(count, -1)
+    degenerate = _host(members.degenerate, "members.degenerate").reshape(count, -1)
+    summaries = []
+    for m in range(count):
+        top = rank_order(member_mean_abs[m])[: min(top_k, len(names))]
+        summaries.append(
+            {
+                "member": m,
+                "weight": None if weight_list is None else weight_list[m],
+                "spearman_vs_aggregate": _json_float(agreement["spearman"][m]),
+                "worst_relative_error": _json_float(_worst(relative_error[m])),
+                "num_degenerate": int(degenerate[m].sum()),
+                "top_features": [
+                    {"name": names[i], "mean_abs": _json_float(member_mean_abs[m, i]), "mean_signed": _json_float(member_mean_signed[m, i])}
+                    for i in top.tolist()
+                ],
+            }
+        )
+    return {
+        "num_members": count,
+        "weights": weight_list,
+        "agreement": {key: (_json_list(value) if isinstance(value, list) else _json_value(value)) for key, value in agreement.items()},
+        "members": summaries,
+    }
+
+
+def _worst(relative_error: np.ndarray) -> float:
+    """The IG contract's worst relative error: inf if any state is non-finite, NaN if none was checked."""
+    if np.isinf(relative_error).any():
+        return math.inf
+    checked = relative_error[~np.isnan(relative_error)]
+    return float(checked.max()) if checked.size else math.nan
+
+
+def _feature_names(feature_names: Sequence[str] | None, feature_shape: Sequence[int]) -> list[str]:
+    count = int(np.prod(feature_shape)) if len(feature_shape) else 1
+    if feature_names is None:
+        return default_feature_names(feature_shape)
+    return check_feature_names(feature_names, count)
+
+
+def _weight_list(weights: Any, count: int) -> list[float] | None:
+    if weights is None:
+        return None
+    values = _host(weights, "weights").reshape(-1)
+    if values.size != count:
+        raise ValueError(f"weights has {values.size} entries for {count} members; pass ensemble.weights")
+    return [float(value) for value in values]
+
+
+def _json_float(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _json_value(value: Any) -> Any:
+    return _json_float(value) if isinstance(value, float) else value
+
+
+def _json_list(values: list[float]) -> list[float | None]:
+    return [_json_float(value) for value in values]
