@@ -232,15 +232,11 @@ class IntegratedGradientsCallback(Callback):
         states = self._held_out
         device = pl_module.device
         dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
-        sample = states[:2].to(device=device, dtype=dtype)
-        forward, engine_target, self._target_label = heldout.probe_target(pl_module, self.target, sample, len(states))
-        self._engine = IntegratedGradients(forward, target=engine_target, n_steps=self.n_steps, method=self.method,
-                                           gradient=self.gradient, backend=self.backend, completeness_tol=self.completeness_tol,
-                                           internal_batch_size=self.internal_batch_size)  # fmt: skip
-        # A two-state trial, eagerly: a backend or forward that cannot work fails now, and kernels compile now.
-        trial = heldout.baselines_for(self.baseline, states, torch.arange(len(sample)), device, dtype)
-        with attribution_mode(pl_module):
-            self._engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
+        self._engine, self._target_label = heldout.prepare_engine(
+            pl_module, self.target, states, self.baseline, dtype, n_steps=self.n_steps, method=self.method,
+            gradient=self.gradient, backend=self.backend, completeness_tol=self.completeness_tol,
+            internal_batch_size=self.internal_batch_size,
+        )  # fmt: skip
         rows = heldout.rank_rows(len(states), trainer.world_size, trainer.global_rank)
         self._local_states = states[rows].to(device=device, dtype=dtype).contiguous()
         self._local_baselines = heldout.baselines_for(self.baseline, states, rows, device, dtype)
@@ -280,7 +276,7 @@ class IntegratedGradientsCallback(Callback):
         """Attribute, gather, summarise; on rank zero warn, log and write the report; then check for NaN/Inf."""
         assert self._engine is not None  # noqa: S101 - _should_run checked it
         started = time.perf_counter()
-        with attribution_mode(pl_module):
+        with attribution_mode(pl_module), heldout.engine_warnings_once():
             result = self._engine.attribute(self._local_states, baselines=self._local_baselines)
         host = HostResult.from_result(
             result,

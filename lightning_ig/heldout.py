@@ -6,18 +6,22 @@ done once before training so that a bad input fails before the first step:
 * :func:`load_states`: a tensor, a file or a callable, checked and copied to the CPU;
 * :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"`` or a tensor, per rank;
 * :func:`check_target` / :func:`probe_target`: what is attributed, tried on two states;
+* :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then);
 * :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any, Union
 
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning
 from lightning_ig.noise import attribution_mode
 from lightning_ig.vocabulary import callable_name, check_states, target_label
 
@@ -30,7 +34,9 @@ __all__ = [
     "check_baseline_shape",
     "check_states_source",
     "check_target",
+    "engine_warnings_once",
     "load_states",
+    "prepare_engine",
     "probe_target",
     "rank_rows",
 ]
@@ -202,3 +208,36 @@ def _output_target(target: Any, shape: tuple[int, ...]) -> Any:
             )
         return target
     return "mean"
+
+
+@contextlib.contextmanager
+def engine_warnings_once() -> Iterator[None]:
+    """Quiet the engine's stochastic-forward warning, which comes at every call: the callback says it once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StochasticForwardWarning)
+        yield
+
+
+def prepare_engine(
+    pl_module: Any, target: Any, states: Tensor, baseline: Any, dtype: torch.dtype, **options: Any
+) -> tuple[IntegratedGradients, str]:
+    """The engine for ``target`` on ``pl_module``, after a two-state trial; and the target label.
+
+    The trial runs eagerly before training: a target, backend or gradient mode
+    that cannot work fails now, not at the first run, and CUDA kernels compile now.
+
+    Args:
+        pl_module: the model, on its training device.
+        target: from :func:`check_target`.
+        states: the held-out states (CPU).
+        baseline: from :func:`check_baseline`.
+        dtype: the model's floating-point dtype.
+        options: the engine's settings (``n_steps``, ``method``, ...).
+    """
+    sample = states[:2].to(device=pl_module.device, dtype=dtype)
+    forward, engine_target, label = probe_target(pl_module, target, sample, len(states))
+    engine = IntegratedGradients(forward, target=engine_target, **options)
+    trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
+    with attribution_mode(pl_module), engine_warnings_once():
+        engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
+    return engine, label

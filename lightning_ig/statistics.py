@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_ig.attribution import worst_relative_error
 from lightning_ig.host_result import HostResult, Moments
 from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
 
@@ -179,17 +180,11 @@ class Completeness:
 def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
     """The :class:`Completeness` of a result (an IGResult or a :class:`~lightning_ig.host_result.HostResult`)."""
     host = HostResult.from_result(result)
-    checked = ~host.degenerate & ~host.non_finite
     finite = np.abs(host.delta[~host.non_finite])
-    if host.non_finite.any():
-        worst = math.inf
-    elif checked.any():
-        worst = float(np.max(host.relative_error[checked]))
-    else:
-        worst = math.nan
     first = np.flatnonzero(host.non_finite)
+    flags = (torch.from_numpy(host.relative_error), torch.from_numpy(host.degenerate), torch.from_numpy(host.non_finite))
     return Completeness(
-        worst_relative_error=worst,
+        worst_relative_error=worst_relative_error(*flags),  # the engine's one definition, on the gathered states
         mean_abs_error=float(finite.mean()) if finite.size else math.nan,
         num_states=host.num_states,
         num_degenerate=int(host.degenerate.sum()),

@@ -124,3 +124,23 @@ def test_report_files_are_readable_by_others_under_the_usual_umask(tmp_path):
         os.umask(previous)
     (report,) = (tmp_path / "r").glob("*.json")
     assert stat.S_IMODE(report.stat().st_mode) == 0o644
+
+
+def _with_dropout(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(pl_module(x), 0.5, training=True).mean(1)  # random even in eval mode
+
+
+def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
+    # was: attributed silently (a 326% completeness error and no word why)
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=2, n_steps=8, target=_with_dropout, report_dir=tmp_path / "r"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger = _fit(tmp_path, callback, max_steps=4)
+    messages = [str(w.message) for w in caught if "different values" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("IntegratedGradientsCallback: the forward gave different values")
+    report = json.loads((tmp_path / "r" / "ig_report_step=00000004.json").read_text())
+    assert report["stochastic_forward"] is True
+    text = _events(logger).Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert "**The forward is random**" in text
