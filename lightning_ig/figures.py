@@ -61,7 +61,7 @@ def top_features_figure(
         title: the title (the step is part of it).
         value_label: the x-axis label, with the unit of the target.
         verdict: ``(kind, text)``: the completeness verdict (``"pass"``, ``"fail"``,
-            ``"non-finite"``, ``"unchecked"``) and its sentence, written under the chart.
+            ``"non-finite"``, ``"unchecked"``) and a short sentence, written under the chart.
 
     Returns:
         A ``matplotlib.figure.Figure``.
@@ -70,7 +70,7 @@ def top_features_figure(
 
     order = rank_order(moments.mean_abs)[:top_k]
     count = len(order)
-    figure = _new_figure(8.0, 2.0 + 0.34 * count)
+    figure = _new_figure(6.4, 2.0 + 0.34 * count)
     axes = figure.add_subplot()
     positions = np.arange(count)[::-1]  # largest on top
     values = np.nan_to_num(moments.mean_abs[order], nan=0.0, posinf=0.0)
@@ -78,15 +78,16 @@ def top_features_figure(
     colours = [POSITIVE if moments.mean_signed[i] >= 0 else NEGATIVE for i in order]
     axes.barh(positions, values, color=colours, edgecolor="none", height=0.7)
     limit = float(values.max()) * _AXIS_HEADROOM if count and values.max() > 0 else 1.0
-    low, high = np.maximum(values - spread, 0.0), values + spread
-    axes.hlines(positions, low, np.minimum(high, limit), color="#444444", linewidth=1.0)
-    cut = high > limit
-    axes.plot(np.full(int(cut.sum()), limit), positions[cut], ">", color="#444444", markersize=4, clip_on=False)
+    left = np.minimum(spread, values)  # |attr| >= 0: the whisker stops at 0
+    right = np.minimum(spread, limit - values)  # and at the axis' end, where an arrow says it goes on
+    axes.errorbar(values, positions, xerr=[left, right], fmt="none", ecolor="#444444", elinewidth=1.0, capsize=3)
+    cut = values + spread > limit
+    axes.plot(np.full(int(cut.sum()), limit), positions[cut], ">", color="#444444", markersize=5, clip_on=False)
     axes.set_xlim(0.0, limit)
     axes.set_yticks(positions, [_short(str(labels[i])) for i in order], fontsize=9)
     for position, value in zip(positions, values):
         axes.annotate(f"{value:.3g}", (value, position), xytext=(3, 6), textcoords="offset points", fontsize=7.5)
-    axes.set_xlabel(f"{value_label}   (whiskers: ± std of |attribution| over the states)", fontsize=9)
+    axes.set_xlabel(f"{value_label}\nwhiskers: ± std of |attribution| over the states", fontsize=8.5)
     figure.suptitle(title, fontsize=11, x=0.02, ha="left")
     axes.spines[["top", "right"]].set_visible(False)
     axes.grid(axis="x", color="#dddddd", linewidth=0.8)
@@ -96,10 +97,11 @@ def top_features_figure(
                  Patch(color=NEGATIVE, label="< 0 (lowers it)")],
         loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7.5, frameon=False, borderaxespad=0.2,
     )  # fmt: skip
-    bottom = 0.65
+    bottom = 0.8
     if verdict is not None:
         kind, text = verdict
-        figure.text(0.02, 0.02, text, fontsize=8.5, color=_VERDICT_COLOURS.get(kind, "#222222"), ha="left", va="bottom")
+        figure.text(0.02, 0.03, text, fontsize=8.5, color=_VERDICT_COLOURS.get(kind, "#222222"), ha="left", va="bottom",
+                    fontweight="bold", wrap=True)  # fmt: skip
         bottom += 0.25
     height = figure.get_figheight()
     figure.subplots_adjust(
@@ -139,7 +141,7 @@ def heatmap_figure(
     values = history[:, order].T / np.where(totals > 0, totals, 1.0)[None, :]  # (rows, R): units down, runs across
     rows = len(order)
     shown = [_short(str(labels[i])) for i in order]
-    figure = _new_figure(float(np.clip(5.0 + 0.1 * runs, 7.5, 12.0)), 1.5 + 0.24 * rows)
+    figure = _new_figure(float(np.clip(4.5 + 0.1 * runs, 6.4, 10.0)), 1.5 + 0.24 * rows)
     axes = figure.add_subplot()
     image = axes.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0)
     axes.set_yticks(np.arange(rows), shown, fontsize=8 if rows > 20 else 9)

@@ -290,7 +290,7 @@ def custom_scalars_layout(
         grouped = tags.group_labels is not None
         units = tags.group_labels if grouped else tags.feature_labels or []
         for name in drift_tags(len(units), top_k):
-            words = _DRIFT_WORDS[name].format(k=top_k)
+            words = _DRIFT_WORDS[name].format(k=top_k).replace("with the first run", "Spearman rank correlation with the first run")
             charts[f"drift: {words}"] = ["Multiline", [rf"^{prefix}/drift/{name}$"]]
         quantity = "group/mean_abs" if grouped else "mean_abs"
         for rank, label in enumerate(list(ranked or units)[:_LAYOUT_UNIT_CHARTS], start=1):
@@ -309,8 +309,21 @@ def _number(value: float, spec: str = ".4g") -> str:
     return "nan" if value != value else format(value, spec)
 
 
+def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
+    """``(verdict, one short line)`` for the bar chart."""
+    numbers = summary.completeness
+    worst, tolerance = numbers.worst_relative_error, numbers.tolerance
+    line = {
+        "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
+        "unchecked": f"completeness not checked: F(x) ≈ F(b) in all {numbers.num_states} states",
+        "pass": f"completeness passes: worst error {worst:.2%} <= {tolerance:.2%}",
+        "fail": f"completeness FAILS: worst error {worst:.2%} > {tolerance:.2%}; use n_steps='auto'",
+    }[numbers.verdict]
+    return numbers.verdict, line
+
+
 def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, sentence)`` in plain words, for the chart and the text."""
+    """``(verdict, sentence)`` in plain words, for the text."""
     numbers, target = summary.completeness, summary.settings.target
     total = numbers.num_states
     if numbers.verdict == "non-finite":
@@ -393,7 +406,7 @@ def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[
         "top_features": top_features_figure(
             labels, summary.units.moments, top_k=summary.settings.top_k, value_label=unit,
             title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
-            verdict=completeness_sentence(summary),
+            verdict=completeness_verdict(summary),
         ),
         "heatmap": heatmap_figure(labels, steps, np.asarray([entry["mean_abs"] for entry in history]),
                                   title=f"{noun.capitalize()}{name}: share of mean |attribution| over training"),
