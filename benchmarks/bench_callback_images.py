@@ -126,10 +126,11 @@ class HookClock(Callback):
         self.sizes.append(sum(path.stat().st_size for path in Path(trainer.logger.log_dir).glob("events.out.tfevents.*")))
 
 
-def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, **options: Any) -> float:
-    engine = IntegratedGradients(network, target="mean", n_steps=50, **options)
+def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, n_steps: Any = 50, warm: int = 3) -> tuple[float, Any]:
+    """Median ms of ``repeats`` IG calls after ``warm`` ones, and the last result."""
+    engine = IntegratedGradients(network, target="mean", n_steps=n_steps, completeness_tol=0.01)
     times = []
-    for _ in range(repeats + 3):
+    for _ in range(repeats + warm):
         _sync(states.device)
         started = time.perf_counter()
         with attribution_mode(network):
@@ -137,7 +138,19 @@ def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, **options: 
         float(result.f_input.sum())  # the callback's run ends with the host copy
         _sync(states.device)
         times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times[3:])
+    return statistics.median(times[warm:]), result
+
+
+def completeness_costs(device: torch.device, repeats: int) -> list[str]:
+    """What a trustworthy completeness error costs on the ReLU Nature-CNN: 50 steps, "auto", fewer states at more steps."""
+    torch.manual_seed(0)
+    network, states = nature_network().to(device), torch.rand(32, 4, 84, 84, device=device)
+    rows = ["| setting | states | steps used | worst relative error | IG time (ms) |", "|---|---:|---:|---:|---:|"]
+    for label, count, n_steps in (("50 steps (default)", 32, 50), ('n_steps="auto" (tol 0.01)', 32, "auto"),
+                                  ("fewer states, more steps", 8, 256), ("fewer states, more steps", 4, 512)):  # fmt: skip
+        ms, result = ig_alone(network, states[:count], repeats, n_steps=n_steps, warm=1)
+        rows.append(f"| {label} | {count} | {result.n_steps} | {result.worst_relative_error:.3g} | {ms:.1f} |")
+    return rows
 
 
 def measure(case: str, device: torch.device, runs: int) -> dict[str, Any]:
@@ -150,7 +163,7 @@ def measure(case: str, device: torch.device, runs: int) -> dict[str, Any]:
         options = {"feature_groups": {f"family {k}": list(range(16 * k, 16 * k + 16)) for k in range(8)},
                    "feature_names": [f"f{k}.{i}" for k in range(8) for i in range(16)]}  # fmt: skip
     network = network.to(device)
-    ig_ms = ig_alone(network, states.to(device), repeats=max(5, runs // 2))
+    ig_ms, _ = ig_alone(network, states.to(device), repeats=max(5, runs // 2))
     with tempfile.TemporaryDirectory(prefix="bench_images_") as folder:
         starts: list[float] = []
         before, after = HookClock(starts), HookClock(None)
@@ -187,6 +200,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=21, help="callback runs per case (the first is left out)")
     parser.add_argument("--cases", default="atari,wide")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
     options = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(options.device)
@@ -210,6 +224,9 @@ def main() -> None:
             f"| {row['figure_ms']:.1f} | {row['mean_ms']:.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
             f"| {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / {tags.get('images', 0)} / {tags.get('tensors', 0)} |"
         )
+    if options.completeness:
+        lines += ["", "Completeness on the ReLU Nature-CNN (random weights, random frames):", "",
+                  *completeness_costs(device, repeats=3)]  # fmt: skip
     table = "\n".join(lines)
     if options.output is not None:
         options.output.parent.mkdir(parents=True, exist_ok=True)

@@ -221,9 +221,13 @@ def _encode(value: Any, indent: str) -> str:
     return _scalar(value)
 
 
+# One encoder for every line (json.dumps with options builds a new one per call). Python writes floats with
+# repr(): the shortest text that reads back to the same double.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(", ", ": "))
+
+
 def _scalar(value: Any) -> str:
-    # Python writes floats with repr(): the shortest text that reads back to the same double.
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(", ", ": "))
+    return _ENCODER.encode(value)
 
 
 def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:

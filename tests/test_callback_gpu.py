@@ -74,15 +74,13 @@ def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_devi
     assert report["backend"] == "cuda" and report["num_states"] == 256 and report["num_steps"] == 50
     reference = _direct(model, states, cuda_device, target="mean", n_steps=50, backend="torch")
     attributions = reference.attributions.double().cpu()
-    np.testing.assert_allclose(
-        [f["mean_abs"] for f in report["features"]], attributions.abs().mean(0).numpy(), rtol=1e-4, atol=1e-7
-    )
-    np.testing.assert_allclose(
-        [s["sum_attributions"] for s in report["completeness"]["per_state"]],
-        attributions.sum(1).numpy(),
-        rtol=1e-4,
-        atol=1e-5,
-    )
+    # The kernels and their torch twins differ by float32 rounding of sums over 50 steps and 4 features at most.
+    from _tolerance import assert_close_scaled  # noqa: PLC0415
+
+    scale = float(attributions.abs().sum(1).max())
+    assert_close_scaled([f["mean_abs"] for f in report["features"]], attributions.abs().mean(0).numpy(), ulps=1024, scale=scale)
+    assert_close_scaled([s["sum_attributions"] for s in report["completeness"]["per_state"]], attributions.sum(1).numpy(),
+                        ulps=1024, scale=scale)  # fmt: skip
     assert report["completeness"]["worst_relative_error"] < 1e-2
 
     metrics = (Path(csv_logger.log_dir) / "metrics.csv").read_text()
@@ -155,7 +153,7 @@ def test_a_run_leaves_the_cuda_generator_and_grads_alone(tmp_path, cuda_device):
     assert torch.equal(cpu_state, torch.get_rng_state())
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     assert all(module.training for module in model.modules())
-    assert callback.history[-1]["mean_abs"] == pytest.approx(callback.history[-2]["mean_abs"], rel=1e-6)
+    assert callback.history[-1]["mean_abs"] == pytest.approx(callback.history[-2]["mean_abs"], rel=16 * float(torch.finfo(torch.float32).eps))
 
 
 def _atari_report(tmp_path: Path, backend: str, states: torch.Tensor) -> tuple[dict, Any]:
