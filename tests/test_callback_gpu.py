@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
