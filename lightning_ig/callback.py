@@ -208,19 +208,20 @@ class IntegratedGradientsCallback(Callback):
         states = heldout.load_states(self.states, trainer, pl_module)
         shape = tuple(states.shape[1:])
         heldout.check_baseline_shape(self.baseline, states)
-        self._names = self.feature_names or default_feature_names(shape)
+        self._names = default_feature_names(shape) if self.feature_names is None else self.feature_names
         check_feature_names(self._names, states[0].numel())
         self._groups = choose_groups(self.feature_groups, shape, group_names=self.group_names,
                                      feature_names=self.feature_names, max_features=self.max_logged_features)  # fmt: skip
-        if self.feature_groups is None and self._groups is not None:
-            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: the states have {states[0].numel()} features, more than "
-                           f"max_logged_features={self.max_logged_features}: logging {len(self._groups)} groups "
-                           f"({self._groups.names[0]}, ...) under ig/group/ instead; choose them with feature_groups=")  # fmt: skip
         self._log_features = states[0].numel() <= self.max_logged_features
+        automatic = self.feature_groups is None and self._groups is not None
         self._tags = tb.TagNames.build(self.name, self._names if self._log_features else None,
                                        None if self._groups is None else self._groups.names,
                                        generated_features=self.feature_names is None,
-                                       generated_groups=self.group_names is None and not isinstance(self.feature_groups, dict))  # fmt: skip
+                                       generated_groups=self._groups is not None and self._groups.generated_names)  # fmt: skip
+        if automatic:
+            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: the states have {states[0].numel()} features, more than "
+                           f"max_logged_features={self.max_logged_features}: logging {len(self._groups)} groups "
+                           f"({self._groups.names[0]}, ...) under {self._tags.prefix}/group/ instead; choose them with feature_groups=")  # fmt: skip
         self._saliency = saliency_kind(shape) is not None and self.saliency_states is not None
         self._report_dir = self._resolve_report_dir(trainer)
         self._held_out, self._last_run_step = states, None  # a new fit counts steps from zero; a resume restores it

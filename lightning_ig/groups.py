@@ -59,6 +59,7 @@ class FeatureGroups:
         ids: ``(F,)`` int64 on the CPU: the group index ``0..G-1`` of each flattened feature.
         sizes: ``(G,)`` int64 on the CPU: how many features each group holds (all >= 1).
         feature_shape: the shape of one state.
+        generated_names: the names were made here (``channel 0``, ``group 3``, ``x0..x7``), not given.
 
     Example::
 
@@ -69,7 +70,10 @@ class FeatureGroups:
         torch.Size([2, 4])
     """
 
-    def __init__(self, ids: Tensor, names: Sequence[str], feature_shape: Sequence[int]) -> None:
+    def __init__(
+        self, ids: Tensor, names: Sequence[str], feature_shape: Sequence[int], *, generated_names: bool = False
+    ) -> None:
+        self.generated_names = generated_names
         self.feature_shape = tuple(int(size) for size in feature_shape)
         self.ids = ids.to("cpu", torch.int64).reshape(-1)  # (F,)
         self.sizes = torch.bincount(self.ids, minlength=len(names))  # (G,)
@@ -144,7 +148,9 @@ class FeatureGroups:
         """One group per feature, named by ``names`` (default ``x0, x1, ...``)."""
         shape = tuple(int(size) for size in feature_shape)
         count = math.prod(shape)
-        return cls(torch.arange(count), list(names) if names is not None else default_feature_names(shape), shape)
+        if names is None:
+            return cls(torch.arange(count), default_feature_names(shape), shape, generated_names=True)
+        return cls(torch.arange(count), list(names), shape)
 
     @classmethod
     def channels(cls, feature_shape: Sequence[int]) -> FeatureGroups:
@@ -161,7 +167,7 @@ class FeatureGroups:
             )
         per_channel = math.prod(shape[1:])
         ids = torch.arange(shape[0]).repeat_interleave(per_channel)
-        return cls(ids, [f"channel {c}" for c in range(shape[0])], shape)
+        return cls(ids, [f"channel {c}" for c in range(shape[0])], shape, generated_names=True)
 
     @classmethod
     def blocks(cls, feature_shape: Sequence[int], size: int, names: Sequence[str] | None = None) -> FeatureGroups:
@@ -179,7 +185,7 @@ class FeatureGroups:
             f"{feature_names[start]}..{feature_names[min(start + size, count) - 1]}"
             for start in starts
         ]  # fmt: skip
-        return cls(ids, labels, shape)
+        return cls(ids, labels, shape, generated_names=names is None)
 
     @classmethod
     def _from_mask(cls, mask: Tensor | np.ndarray, shape: tuple[int, ...], names: Sequence[str] | None) -> FeatureGroups:
@@ -193,8 +199,9 @@ class FeatureGroups:
         if ids.numel() and int(ids.min()) < 0:
             raise ValueError(f"feature_groups mask ids must be >= 0, got {int(ids.min())}; number the groups 0, 1, ...")
         present, ids = torch.unique(ids, sorted=True, return_inverse=True)  # renumber: ids need not be contiguous
-        default = [f"group {int(value)}" for value in present]
-        return cls(ids, default if names is None else names, shape)
+        if names is None:
+            return cls(ids, [f"group {int(value)}" for value in present], shape, generated_names=True)
+        return cls(ids, names, shape)
 
     @classmethod
     def _from_dict(cls, groups: Mapping[Any, Any], shape: tuple[int, ...], names: Sequence[str] | None) -> FeatureGroups:
@@ -362,7 +369,7 @@ def choose_groups(
         ValueError: ``group_names`` without ``groups``, or a bad ``groups`` (see :meth:`FeatureGroups.resolve`).
     """
     if groups is not None:
-        names = feature_names if groups == "features" and group_names is None else group_names
+        names = feature_names if isinstance(groups, str) and groups == "features" and group_names is None else group_names
         return FeatureGroups.resolve(groups, feature_shape, names)
     if group_names is not None:
         raise ValueError("group_names needs feature_groups=...; pass the groups they name")

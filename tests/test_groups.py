@@ -126,3 +126,13 @@ def test_bad_names_and_channels_without_channels():
         FeatureGroups.resolve(built, (3, 2))
     with pytest.raises(ValueError, match="do not match the groups' feature shape"):
         built.sum(torch.zeros(4, 5))
+
+
+def test_groups_know_whether_they_named_themselves():
+    assert FeatureGroups.resolve("channels", (2, 3)).generated_names
+    assert FeatureGroups.resolve(torch.tensor([0, 1, 1]), (3,)).generated_names
+    assert FeatureGroups.blocks((8,), 4).generated_names
+    assert not FeatureGroups.blocks((8,), 4, [f"f{i}" for i in range(8)]).generated_names
+    assert not FeatureGroups.resolve({"a": [0]}, (3,)).generated_names
+    assert not FeatureGroups.resolve("channels", (2, 3), names=["left", "right"]).generated_names
+    assert not FeatureGroups.resolve("features", (2,), names=["joint 1", "joint 10"]).generated_names
