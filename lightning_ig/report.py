@@ -36,7 +36,7 @@ from lightning_ig._files import atomic_path
 from lightning_ig.drift import spearman, topk_jaccard
 from lightning_ig.groups import FeatureGroups, GroupSpec
 from lightning_ig.host_result import HostResult
-from lightning_ig.statistics import completeness_summary, feature_statistics, statistics_rows, top_features
+from lightning_ig.statistics import completeness_summary, feature_statistics, rank_order, statistics_rows, top_features
 from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "spearman",
     "topk_jaccard",
     "default_feature_names",
+    "rank_order",
 ]
 
 SCHEMA_VERSION = 1
