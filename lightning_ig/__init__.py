@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "IGResult": "lightning_ig.attribution",
     "IntegratedGradients": "lightning_ig.attribution",
     "target_forward": "lightning_ig.attribution",
+    "StochasticForwardWarning": "lightning_ig.attribution",
     "quadrature": "lightning_ig.quadrature",
     # noise
     "NoisyLinear": "lightning_ig.noise",
@@ -69,7 +70,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
-    from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
+    from lightning_ig.attribution import IGResult, IntegratedGradients, StochasticForwardWarning, integrated_gradients, target_forward
     from lightning_ig.callback import IntegratedGradientsCallback, NonFiniteAttributionError
     from lightning_ig.groups import FeatureGroups
     from lightning_ig.checkpoint import (
