@@ -9,6 +9,7 @@ and :mod:`lightning_ig.report` writes the JSON report.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -28,12 +29,12 @@ from lightning_ig import heldout
 from lightning_ig import tensorboard as tb
 from lightning_ig._files import check_output_dir
 from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
 from lightning_ig.groups import GroupSpec, check_group_spec, choose_groups
-from lightning_ig.host_result import HostResult
+from lightning_ig.host_result import HostResult, JointGather
 from lightning_ig.noise import attribution_mode
 from lightning_ig.report import build_report, write_report
 from lightning_ig.saliency import saliency_kind
-from lightning_ig.statistics import json_float
 from lightning_ig.summary import RunSettings, RunSummary, summarize
 from lightning_ig.vocabulary import (
     BACKENDS, GRADIENTS, METHODS, check_choice, check_feature_names, check_n_steps, check_optional_positive_int,
@@ -179,6 +180,7 @@ class IntegratedGradientsCallback(Callback):
         self._last_run_step: int | None = None
         self._held_out: Tensor | None = None  # (B, *feature_shape) float32 on the CPU, set at set-up
         self._engine: IntegratedGradients | None = None  # set at fit start
+        self._members: MemberAttribution | None = None  # set at fit start when the model is an ensemble
         self._warned: set[str] = set()
         self._last: RunSummary | None = None
         self._figures_step: int | None = None
@@ -233,11 +235,10 @@ class IntegratedGradientsCallback(Callback):
         states = self._held_out
         device = pl_module.device
         dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
-        self._engine, self._target_label = heldout.prepare_engine(
-            pl_module, self.target, states, self.baseline, dtype, n_steps=self.n_steps, method=self.method,
-            gradient=self.gradient, backend=self.backend, completeness_tol=self.completeness_tol,
-            internal_batch_size=self.internal_batch_size,
-        )  # fmt: skip
+        options = {"n_steps": self.n_steps, "method": self.method, "gradient": self.gradient, "backend": self.backend,
+                   "completeness_tol": self.completeness_tol, "internal_batch_size": self.internal_batch_size}  # fmt: skip
+        self._engine, self._target_label, self._members = heldout.prepare_engine(pl_module, self.target, states, self.baseline, dtype, **options)  # fmt: skip
+        self._tags = dataclasses.replace(self._tags, ensemble_members=None if self._members is None else self._members.num_members)
         rows = heldout.rank_rows(len(states), trainer.world_size, trainer.global_rank)
         self._local_states = states[rows].to(device=device, dtype=dtype).contiguous()
         self._local_baselines = heldout.baselines_for(self.baseline, states, rows, device, dtype)
@@ -279,15 +280,19 @@ class IntegratedGradientsCallback(Callback):
         started = time.perf_counter()
         with attribution_mode(pl_module), heldout.engine_warnings_once():
             result = self._engine.attribute(self._local_states, baselines=self._local_baselines)
+            members = None if self._members is None else self._members.attribute(self._local_states, self._local_baselines)
+        riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
+        gather = JointGather(trainer.strategy.all_gather if trainer.world_size > 1 else None, riders)
         host = HostResult.from_result(
             result,
-            gather=trainer.strategy.all_gather if trainer.world_size > 1 else None,
+            gather=gather,
             num_states=len(self._held_out),
             groups=self._groups,
             keep_attributions=self._log_features and self.log_histograms,
             sample_states=self.saliency_states if self._saliency else 0,
         )
-        summary = self._summarize(host, trainer.global_step, (time.perf_counter() - started) * 1e3)
+        member_run = None if members is None else self._members.host_run(gather.riders[0], len(self._held_out))
+        summary = self._summarize(host, member_run, trainer.global_step, (time.perf_counter() - started) * 1e3)
         self._remember(summary, trainer)
         if trainer.is_global_zero:
             self._warn(summary)
@@ -298,11 +303,11 @@ class IntegratedGradientsCallback(Callback):
             message = summary.troubles()["non-finite"]
             raise NonFiniteAttributionError(f"IntegratedGradientsCallback{_named(self.name)}: {message}; training stopped (on_non_finite='raise')")  # fmt: skip
 
-    def _summarize(self, host: HostResult, step: int, time_ms: float) -> RunSummary:
+    def _summarize(self, host: HostResult, members: MemberRun | None, step: int, time_ms: float) -> RunSummary:
         settings = RunSettings(self._target_label, heldout.baseline_label(self.baseline), self.completeness_tol, self.top_k, self.name)  # fmt: skip
         previous, first = (self.history[-1]["mean_abs"], self.history[0]["mean_abs"]) if self.history else (None, None)
-        return summarize(host, feature_names=self._names, log_features=self._log_features, settings=settings,
-                         step=step, run_index=len(self.history), previous=previous, first=first, time_ms=time_ms)  # fmt: skip
+        return summarize(host, feature_names=self._names, log_features=self._log_features, settings=settings, step=step,
+                         run_index=len(self.history), previous=previous, first=first, time_ms=time_ms, members=members)  # fmt: skip
 
     def _remember(self, summary: RunSummary, trainer: pl.Trainer) -> None:
         units = summary.units.moments
@@ -336,11 +341,7 @@ class IntegratedGradientsCallback(Callback):
     def _write_report(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult) -> None:
         if self._report_dir is None:
             return
-        extra = {"baseline": summary.settings.baseline, "global_step": summary.step, "epoch": int(trainer.current_epoch),
-                 "run_index": summary.run_index, "world_size": int(trainer.world_size), "callback_name": self.name,
-                 "drift": {key: json_float(value) for key, value in summary.drift.items()},
-                 "concentration": {key: json_float(value) for key, value in summary.concentration.items()},
-                 "timings": {"ig_ms": summary.time_ms}}  # fmt: skip
+        extra = summary.report_extra(epoch=trainer.current_epoch, world_size=trainer.world_size)
         report = build_report(host, feature_names=self._names, forward_target=self._target_label, top_k=self.top_k, extra=extra)
         write_report(report, self._report_dir / f"ig_report{'' if self.name is None else '_' + self.name}_step={summary.step:08d}.json")
 

@@ -6,7 +6,8 @@ done once before training so that a bad input fails before the first step:
 * :func:`load_states`: a tensor, a file or a callable, checked and copied to the CPU;
 * :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"`` or a tensor, per rank;
 * :func:`check_target` / :func:`probe_target`: what is attributed, tried on two states;
-* :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then);
+* :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then),
+  and, for an ensemble, the engine of its members;
 * :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
 """
 
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning
+from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.noise import attribution_mode
 from lightning_ig.vocabulary import callable_name, check_states, target_label
 
@@ -220,11 +222,14 @@ def engine_warnings_once() -> Iterator[None]:
 
 def prepare_engine(
     pl_module: Any, target: Any, states: Tensor, baseline: Any, dtype: torch.dtype, **options: Any
-) -> tuple[IntegratedGradients, str]:
-    """The engine for ``target`` on ``pl_module``, after a two-state trial; and the target label.
+) -> tuple[IntegratedGradients, str, MemberAttribution | None]:
+    """The engine for ``target`` on ``pl_module``, after a two-state trial; the target label; the members' engine.
 
     The trial runs eagerly before training: a target, backend or gradient mode
     that cannot work fails now, not at the first run, and CUDA kernels compile now.
+    When what is attributed is an ensemble's aggregate
+    (:func:`~lightning_ig.ensemble.members.find_ensemble`), a second engine
+    attributes every member in one batched run (tried the same way); else ``None``.
 
     Args:
         pl_module: the model, on its training device.
@@ -240,4 +245,5 @@ def prepare_engine(
     trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
     with attribution_mode(pl_module), engine_warnings_once():
         engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
-    return engine, label
+    members = MemberAttribution.prepare(pl_module, label, sample, trial, **options) if forward is pl_module else None
+    return engine, label, members

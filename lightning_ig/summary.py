@@ -9,16 +9,20 @@ report's keys, so the file format and the pictures can change apart.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from lightning_ig.drift import drift
+from lightning_ig.ensemble.agreement import agreement_scalars, completeness_scalars, member_summary
+from lightning_ig.ensemble.members import MemberRun
 from lightning_ig.host_result import HostResult, Moments
-from lightning_ig.statistics import Completeness, completeness, concentration
+from lightning_ig.statistics import Completeness, completeness, concentration, json_float
 
-__all__ = ["RunSettings", "RunSummary", "Units", "summarize"]
+__all__ = ["EnsembleSummary", "RunSettings", "RunSummary", "Units", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,28 @@ class Units:
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+@dataclass(frozen=True)
+class EnsembleSummary:
+    """The members of an ensemble beside the aggregate: what is logged and what the report holds.
+
+    Attributes:
+        report: the report's ``"ensemble"`` key (:func:`~lightning_ig.ensemble.member_summary`).
+        scalars: ``{tag suffix: value}`` logged as ``<prefix>/ensemble/<suffix>``: agreement
+            (``spearman_mean``, ``spearman_min``, ``spread``, ``relative_spread``,
+            ``spearman/member_<m>``) and completeness (``completeness/worst_relative_error``,
+            ``completeness/member_<m>``; ``inf`` for NaN/Inf, NaN when nothing was checked).
+    """
+
+    report: dict[str, Any]
+    scalars: dict[str, float]
+
+    @classmethod
+    def of(cls, aggregate_mean_abs: np.ndarray, members: MemberRun, *, feature_names: Sequence[str],
+           feature_shape: tuple[int, ...], top_k: int) -> EnsembleSummary:  # fmt: skip
+        report = member_summary(aggregate_mean_abs, members, feature_names=feature_names, top_k=top_k, feature_shape=feature_shape)
+        return cls(report, {**agreement_scalars(report["agreement"]), **completeness_scalars(members)})
 
 
 @dataclass(frozen=True)
@@ -74,6 +100,7 @@ class RunSummary:
         concentration: share of the mass held by the top features.
         stochastic: the forward gave different values on the same rows.
         time_ms: wall time of the IG computation and the gather.
+        ensemble: the members of an ensemble model, or ``None``.
     """
 
     step: int
@@ -93,9 +120,28 @@ class RunSummary:
     concentration: dict[str, float] = field(default_factory=dict)
     stochastic: bool = False
     time_ms: float = 0.0
+    ensemble: EnsembleSummary | None = None
+
+    def report_extra(self, *, epoch: int, world_size: int) -> dict[str, Any]:
+        """The keys a training run's JSON report holds beside the contract keys (and ``"ensemble"`` for an ensemble)."""
+        extra: dict[str, Any] = {
+            "baseline": self.settings.baseline, "global_step": self.step, "epoch": int(epoch), "run_index": self.run_index,
+            "world_size": int(world_size), "callback_name": self.settings.name,
+            "drift": {key: json_float(value) for key, value in self.drift.items()},
+            "concentration": {key: json_float(value) for key, value in self.concentration.items()},
+            "timings": {"ig_ms": self.time_ms},
+        }  # fmt: skip
+        if self.ensemble is not None:
+            extra["ensemble"] = self.ensemble.report
+        return extra
 
     def troubles(self) -> dict[str, str]:
-        """What is wrong with this run, in words: ``{"non-finite" | "unchecked" | "fail" | "stochastic": message}``."""
+        """What is wrong with this run, in words.
+
+        Returns:
+            ``{kind: message}`` for the kinds that apply: ``"non-finite"``, ``"unchecked"``, ``"fail"``,
+            ``"stochastic"``, ``"members-fail"`` (an ensemble member's attributions do not add up).
+        """
         numbers, step = self.completeness, self.step
         messages = {}
         if numbers.verdict == "non-finite":
@@ -119,6 +165,12 @@ class RunSummary:
                 f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train mode, "
                 "noise drawn inside forward?): the attributions are not reproducible"
             )
+        member_worst = math.nan if self.ensemble is None else self.ensemble.scalars["completeness/worst_relative_error"]
+        if math.isfinite(member_worst) and member_worst > numbers.tolerance:
+            messages["members-fail"] = (
+                f"the worst relative completeness error of an ensemble member is {member_worst:.3g} at step {step}, above "
+                f"completeness_tol={numbers.tolerance:g} (ig/ensemble/completeness/...); use n_steps='auto' or more steps"
+            )
         return messages
 
     @property
@@ -141,6 +193,7 @@ def summarize(
     previous: Sequence[float] | None = None,
     first: Sequence[float] | None = None,
     time_ms: float = 0.0,
+    members: MemberRun | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of one run.
 
@@ -155,6 +208,7 @@ def summarize(
         previous: the previous run's unit mean ``|attr|`` (for drift), or ``None``.
         first: the first run's, or ``None``.
         time_ms: wall time of the IG computation.
+        members: the members' numbers when the model is an ensemble, else ``None``.
 
     Returns:
         The summary.
@@ -196,4 +250,7 @@ def summarize(
         concentration=concentration(host.features.mean_abs),
         stochastic=host.stochastic,
         time_ms=float(time_ms),
-    )
+        ensemble=None if members is None else EnsembleSummary.of(
+            host.features.mean_abs, members, feature_names=feature_names, feature_shape=host.feature_shape, top_k=settings.top_k
+        ),
+    )  # fmt: skip

@@ -23,8 +23,11 @@ from typing import Any
 import numpy as np
 
 from lightning_ig.drift import drift_tags
+from lightning_ig.ensemble.agreement import ensemble_scalar_names
 from lightning_ig.figures import heatmap_figure, top_features_figure
 from lightning_ig.host_result import HostResult
+from lightning_ig.run_text import DRIFT_WORDS, completeness_verdict, target_unit
+from lightning_ig.run_text import report_markdown as _markdown
 from lightning_ig.saliency import mean_abs_image, saliency_grid
 from lightning_ig.statistics import CONCENTRATION_SHARES, rank_order
 from lightning_ig.summary import RunSummary, Units
@@ -50,10 +53,10 @@ __all__ = [
 TAG_ROOT = "ig"
 _HISTOGRAM_BINS = 30
 _LAYOUT_UNIT_CHARTS = 12
-_DRIFT_WORDS = {
-    "spearman_prev": "Spearman rank correlation with the previous run",
-    "spearman_first": "with the first run",
-    "topk_jaccard_prev": "top-{k} overlap (Jaccard) with the previous run",
+_ENSEMBLE_CHARTS = {
+    "spearman_min": "lowest Spearman correlation of a member's ranking with the aggregate's",
+    "relative_spread": "spread of mean |attribution| across members (relative)",
+    "completeness/worst_relative_error": "worst relative completeness error of a member",
 }
 
 
@@ -107,11 +110,13 @@ class TagNames:
         prefix: ``"ig"`` or ``"ig/<name>"``.
         feature_labels: labels of the features logged one by one (``None``: too many to log).
         group_labels: labels of the groups (``None``: no groups).
+        ensemble_members: the members of an ensemble model (``<prefix>/ensemble/...`` tags), or ``None``.
     """
 
     prefix: str
     feature_labels: list[str] | None
     group_labels: list[str] | None
+    ensemble_members: int | None = None
 
     @classmethod
     def build(
@@ -141,6 +146,8 @@ class TagNames:
         tags += [f"{self.prefix}/concentration/{name}" for name in CONCENTRATION_SHARES]
         units = len(self.group_labels if self.group_labels is not None else self.feature_labels or [])
         tags += [f"{self.prefix}/drift/{name}" for name in drift_tags(units, top_k)]
+        if self.ensemble_members is not None:
+            tags += [f"{self.prefix}/ensemble/{name}" for name in ensemble_scalar_names(self.ensemble_members)]
         return [*tags, f"{self.prefix}/time_ms"]
 
 
@@ -148,7 +155,7 @@ _COMPLETENESS = ("worst_relative_error", "mean_abs_error", "non_finite_states", 
 
 
 def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
-    """The scalars of one run, keyed by tag: completeness, per feature and group, concentration, drift, time.
+    """The scalars of one run, keyed by tag: completeness, per feature and group, concentration, drift, ensemble, time.
 
     ``worst_relative_error`` is logged as it is: ``inf`` when the model produced
     NaN/Inf, ``nan`` when no state could be checked.
@@ -168,6 +175,8 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         metrics.update(zip((f"{prefix}/{group}mean_signed/{label}" for label in labels), units.moments.mean_signed.tolist()))
     metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
+    if summary.ensemble is not None:
+        metrics.update((f"{prefix}/ensemble/{name}", value) for name, value in summary.ensemble.scalars.items())
     metrics[f"{prefix}/time_ms"] = summary.time_ms
     return {tag: float(value) for tag, value in metrics.items()}
 
@@ -251,17 +260,6 @@ def write_extras(
         writer.add_custom_scalars(dict(layout))
 
 
-def target_unit(target: str) -> str:
-    """The unit of the attributions, from the target label: attributions add up to a change of the target."""
-    if target == "mean":
-        return "mean output = V(s)"
-    if target.startswith("action:"):
-        return f"Q(s, {target.split(':', 1)[1]})"
-    if target.startswith("callable:"):
-        return target.split(":", 1)[1]
-    return "model output"
-
-
 def custom_scalars_layout(
     tag_sets: Sequence[tuple[str, TagNames, int, Sequence[str] | None]],
 ) -> dict[str, dict[str, list[Any]]]:
@@ -269,7 +267,8 @@ def custom_scalars_layout(
 
     TensorBoard draws the lines of one run in one colour, so every chart holds one
     quantity: completeness's relative and absolute errors apart, each meaningful
-    drift measure, and the most important units (features or groups) one chart each.
+    drift measure, an ensemble's agreement and member completeness, and the most
+    important units (features or groups) one chart each.
 
     Args:
         tag_sets: per callback ``(title, tags, top_k, units_by_importance)``; the last is
@@ -290,8 +289,10 @@ def custom_scalars_layout(
         grouped = tags.group_labels is not None
         units = tags.group_labels if grouped else tags.feature_labels or []
         for name in drift_tags(len(units), top_k):
-            words = _DRIFT_WORDS[name].format(k=top_k).replace("with the first run", "Spearman rank correlation with the first run")
+            words = DRIFT_WORDS[name].format(k=top_k).replace("with the first run", "Spearman rank correlation with the first run")
             charts[f"drift: {words}"] = ["Multiline", [rf"^{prefix}/drift/{name}$"]]
+        if tags.ensemble_members is not None:
+            charts.update({f"ensemble: {words}": ["Multiline", [rf"^{prefix}/ensemble/{name}$"]] for name, words in _ENSEMBLE_CHARTS.items()})
         quantity = "group/mean_abs" if grouped else "mean_abs"
         for rank, label in enumerate(list(ranked or units)[:_LAYOUT_UNIT_CHARTS], start=1):
             charts[f"#{rank} {label}: mean |attribution|"] = ["Multiline", [rf"^{prefix}/{quantity}/{re.escape(label)}$"]]
@@ -305,93 +306,9 @@ def ranked_labels(summary: RunSummary, tags: TagNames) -> list[str]:
     return [labels[i] for i in rank_order(summary.units.moments.mean_abs)]
 
 
-def _number(value: float, spec: str = ".4g") -> str:
-    return "nan" if value != value else format(value, spec)
-
-
-def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, one short line)`` for the bar chart."""
-    numbers = summary.completeness
-    worst, tolerance = numbers.worst_relative_error, numbers.tolerance
-    line = {
-        "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
-        "unchecked": f"completeness not checked: F(x) ≈ F(b) in all {numbers.num_states} states",
-        "pass": f"completeness passes: worst error {worst:.2%} <= {tolerance:.2%}",
-        "fail": f"completeness FAILS: worst error {worst:.2%} > {tolerance:.2%}; use n_steps='auto'",
-    }[numbers.verdict]
-    return numbers.verdict, line
-
-
-def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, sentence)`` in plain words, for the text."""
-    numbers, target = summary.completeness, summary.settings.target
-    total = numbers.num_states
-    if numbers.verdict == "non-finite":
-        first = numbers.first_non_finite
-        return "non-finite", (f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} states (first: state "
-                              f"{first}): these attributions cannot be trusted.")  # fmt: skip
-    if numbers.verdict == "unchecked":
-        return "unchecked", (f"Completeness not checked: in all {total} states F(x) and F(b) are too close for a relative "
-                             f"error (mean absolute error {_number(numbers.mean_abs_error, '.3g')}, target {target}).")  # fmt: skip
-    worst, tolerance = numbers.worst_relative_error, numbers.tolerance
-    skipped = ""
-    if numbers.num_degenerate:
-        skipped = (f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio; "
-                   "their absolute error is in the JSON report.")  # fmt: skip
-    if numbers.verdict == "pass":
-        return "pass", (f"Completeness passes: worst relative error {worst:.2%} <= tolerance {tolerance:.2%} over "
-                        f"{numbers.num_checked} states.{skipped}")  # fmt: skip
-    return "fail", (f"Completeness FAILS: worst relative error {worst:.2%} > tolerance {tolerance:.2%}: the attributions "
-                    f"do not add up to F(x) - F(b). Use n_steps='auto' or more steps.{skipped}")  # fmt: skip
-
-
 def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
-    """The ``<prefix>/report`` text: settings, the completeness verdict, the top-k table, drift and concentration.
-
-    The table is a fixed-width block: TensorBoard's markdown drops table alignment, and numbers read best
-    right-aligned.
-    """
-    settings = summary.settings
-    units = summary.units
-    noun = "groups" if units.kind == "groups" else "features"
-    name = "" if settings.name is None else f" ({settings.name})"
-    lines = [
-        f"### Integrated Gradients{name} at step {summary.step}",
-        "",
-        f"{summary.num_states} states, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
-        f"{summary.backend} backend), target `{settings.target}` ({target_unit(settings.target)}), baseline "
-        f"`{settings.baseline}`.",
-        "",
-        f"**{completeness_sentence(summary)[1]}**",
-    ]
-    if summary.stochastic:
-        lines += ["", "**The forward is random**: it gave different values on the same rows (dropout or batch-norm "
-                      "in train mode, noise left on); the attributions are not reproducible."]  # fmt: skip
-    labels = tags.unit_labels(units)
-    order = rank_order(units.moments.mean_abs)[: settings.top_k]
-    width = max([len(noun) - 1, *(len(labels[i]) for i in order)])
-    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std':>9}  {'mean attr':>10}"]
-    for rank, index in enumerate(order, start=1):
-        moments = units.moments
-        rows.append(
-            f"{rank:>4}  {labels[index]:<{width}}  {_number(moments.mean_abs[index], '11.4g')}  "
-            f"{_number(moments.stddev[index], '9.3g')}  {_number(moments.mean_signed[index], '+10.3g')}"
-        )
-    lines += ["", f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}):", "",
-              "```", *rows, "```"]  # fmt: skip
-    if summary.drift:
-        words = [f"{_DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
-        lines += ["", f"**Drift**: {', '.join(words)}."]
-    shares = summary.concentration
-    if shares:
-        features = int(np.prod(summary.feature_shape))
-        lines += ["", f"**Concentration**: the top 1% of the {features} features hold "
-                      f"{_number(100 * shares['top1pct_share'], '.3g')}% of the mean |attribution|, the top 10% hold "
-                      f"{_number(100 * shares['top10pct_share'], '.3g')}%."]  # fmt: skip
-    if saliency_scale is not None:
-        lines += ["", f"**Saliency** (`{tags.prefix}/saliency`): colour scale ±{saliency_scale:.3g} per feature; blue "
-                      "raises the target, red lowers it."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    """The ``<prefix>/report`` text of a run (see :func:`lightning_ig.run_text.report_markdown`)."""
+    return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
 
 
 def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

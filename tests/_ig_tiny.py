@@ -9,6 +9,7 @@ runs the same training in one process. The test compares the two.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 # Runnable as a script from anywhere in the checkout (the DDP launcher re-runs this file for rank 1).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lightning_ig.ensemble import Ensemble  # noqa: E402
+from lightning_ig.models import DuelingQNetwork  # noqa: E402
 from lightning_ig.noise import NoisyLinear  # noqa: E402
 
 FEATURES = ["cart_x", "cart_v", "pole_theta", "pole_omega"]
@@ -107,6 +110,40 @@ class NatureDuelingQNet(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class EnsembleQNet(pl.LightningModule):
+    """An ensemble of small dueling Q-networks: its forward is the ensemble's aggregate ``(N,)``.
+
+    ``input_shape`` ``(4,)`` feeds the members directly; a frame shape such as
+    ``(2, 4, 4)`` is flattened first (a saliency map needs spatial states). The
+    callback finds the ensemble (``self.ensemble``, whose output the forward is)
+    and attributes each member as well.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...] = (4,), members: int = 3, noisy: bool = True, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        features = math.prod(input_shape)
+
+        def member() -> torch.nn.Module:
+            network = DuelingQNetwork(features, 2, hidden_sizes=(16,), noisy=noisy, activation="tanh")
+            return network if len(input_shape) == 1 else torch.nn.Sequential(torch.nn.Flatten(), network)
+
+        weights = torch.arange(members, 0, -1, dtype=torch.float32)
+        self.ensemble = Ensemble([member() for _ in range(members)], weights=weights / weights.sum())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ensemble(x)  # (N,)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.hparams.noisy:
+            self.ensemble.reset_noise()  # draws from the global torch generator, as NoisyNet training does
+        return torch.nn.functional.mse_loss(self(x), torch.sigmoid(y.reshape(len(y), -1)[:, 0]))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
 def frames(n: int, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
