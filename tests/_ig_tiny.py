@@ -1,9 +1,11 @@
 """A tiny Q-network LightningModule for the callback tests, and the DDP run they launch as a script.
 
-As a script (``python tests/_ig_tiny.py --devices 2 --out DIR``) it trains the
-tiny module with the callback under ``strategy="ddp"`` on the CPU (gloo) and
-writes the callback's JSON reports to ``DIR/reports``; with ``--devices 1`` it
-runs the same training in one process. The test compares the two.
+As a script (``python tests/_ig_tiny.py --devices 2 --out DIR``) it trains a
+small ensemble on image-shaped states with the callback under ``strategy="ddp"``
+on the CPU (gloo; ``--accelerator gpu``: NCCL and the CUDA kernels), rank r
+writing its JSON reports to ``DIR/reports_rank<r>`` and its event files to
+``DIR/tb_rank<r>``; with ``--devices 1`` it runs the same training in one
+process. tests/test_callback_ddp.py compares the two.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 # Runnable as a script from anywhere in the checkout (the DDP launcher re-runs this file for rank 1).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -192,45 +194,56 @@ def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
 
 
+DDP_SHAPE = (2, 4, 4)  # frames small enough for a quick run, with the spatial dims that saliency maps need
+
+
+def ddp_held_out_states() -> torch.Tensor:
+    return frames(37, DDP_SHAPE, seed=1)  # 37 states: an uneven split over 2 ranks (19 + 18, padded to 19)
+
+
 def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: str = "cpu") -> None:
-    """Train a deterministic (no dropout, no noise draw) module; the callback writes reports to ``out/reports``."""
+    """Train an ensemble on ``DDP_SHAPE`` frames twice, with the callback and without it, in each process.
+
+    With the callback: per-feature and per-channel statistics, saliency images of 24 states (both ranks' shares),
+    the ensemble's members; rank r writes its reports to ``out/reports_rank<r>`` and its TensorBoard logger to
+    ``out/tb_rank<r>``, so the test can see that only rank zero writes. Rank zero saves the final weights of both
+    fits to ``out/weights.pt``.
+    """
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415
 
     from lightning_ig.callback import IntegratedGradientsCallback  # noqa: PLC0415
 
-    pl.seed_everything(0)
-    # No BatchNorm: its statistics are per rank under DDP; no dropout/noise draws: ranks draw differently.
-    model = TinyQNet(lr=0.01, noisy=False, dropout=0.0, batchnorm=False)
-    callback = IntegratedGradientsCallback(
-        held_out_states(),  # 37 states: an uneven split over 2 ranks (19 + 18, padded to 19)
-        every_n_steps=2,
-        feature_names=FEATURES,
-        n_steps=16,
-        baseline="mean",
-        report_dir=out / "reports",
-        figure_every_n_runs=None,
-    )
-    trainer = pl.Trainer(
-        accelerator=accelerator,
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        max_steps=4,
-        logger=TensorBoardLogger(out, name="tb"),
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        use_distributed_sampler=False,
-    )
-    data = dataset()
-    if devices > 1:
-        # Rank r trains on samples r, r + devices, ...: its batch k and the other ranks' together are exactly
-        # the one-process run's batch k (of devices x batch_size samples), so DDP's averaged gradient is that
-        # run's gradient and the weights agree up to rounding. (Lightning's DistributedSampler would reorder.)
-        rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
-        data = Subset(data, list(range(rank, len(data), devices)))
-    trainer.fit(model, DataLoader(data, batch_size=batch_size, shuffle=False))
+    rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
+    weights = {}
+    for with_callback in (True, False):
+        pl.seed_everything(0)
+        # No BatchNorm (its statistics are per rank under DDP), no noise draws (ranks would draw differently).
+        model = EnsembleQNet(DDP_SHAPE, members=3, noisy=False, lr=0.01)
+        callback = IntegratedGradientsCallback(
+            ddp_held_out_states(), every_n_steps=2, n_steps=16, baseline="mean", feature_groups="channels",
+            saliency_states=24, top_k=32, backend="cuda" if accelerator == "gpu" else "torch",
+            report_dir=out / f"reports_rank{rank}", figure_every_n_runs=None,
+        )  # fmt: skip
+        trainer = pl.Trainer(
+            accelerator=accelerator,
+            devices=devices,
+            strategy="ddp" if devices > 1 else "auto",
+            max_steps=4,
+            logger=TensorBoardLogger(out, name=f"tb_rank{rank}") if with_callback else False,
+            callbacks=[callback] if with_callback else [],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=False,
+        )
+        # Every rank trains on the very batches of the one-process run: DDP's averaged gradient (g + g) / 2 is
+        # that run's gradient g exactly, so the weights agree bit for bit and any difference left is the callback's.
+        data = DataLoader(frame_dataset(128, DDP_SHAPE, seed=2), batch_size=batch_size, shuffle=False)
+        trainer.fit(model, data)
+        weights["with" if with_callback else "without"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(weights, out / "weights.pt")
 
 
 if __name__ == "__main__":
