@@ -194,6 +194,13 @@ def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
 
 
+def has_tensorboard() -> bool:
+    """The GPU machine may run from the tree without TensorBoard: then the runs write reports only."""
+    import importlib.util  # noqa: PLC0415
+
+    return all(importlib.util.find_spec(name) is not None for name in ("tensorboard", "PIL"))
+
+
 DDP_SHAPE = (2, 4, 4)  # frames small enough for a quick run, with the spatial dims that saliency maps need
 
 
@@ -229,7 +236,7 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
             devices=devices,
             strategy="ddp" if devices > 1 else "auto",
             max_steps=4,
-            logger=TensorBoardLogger(out, name=f"tb_rank{rank}") if with_callback else False,
+            logger=TensorBoardLogger(out, name=f"tb_rank{rank}") if with_callback and has_tensorboard() else False,
             callbacks=[callback] if with_callback else [],
             enable_progress_bar=False,
             enable_model_summary=False,

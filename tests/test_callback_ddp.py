@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from _ig_tiny import has_tensorboard
 from _tolerance import assert_close_scaled, eps
 
 SCRIPT = Path(__file__).with_name("_ig_tiny.py")
@@ -128,6 +129,8 @@ def _statistics_and_completeness(runs: dict[int, Path], ulps: float) -> None:
 
 
 def _saliency_images(runs: dict[int, Path], ulps: float) -> None:
+    if not has_tensorboard():
+        pytest.skip("the runs log images only where TensorBoard and Pillow are installed")
     from PIL import Image  # noqa: PLC0415
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
 
@@ -174,25 +177,32 @@ def _ensemble_summaries(runs: dict[int, Path], ulps: float) -> None:
 
 
 def _only_rank_zero_writes(runs: dict[int, Path], ulps: float) -> None:
+    logged = has_tensorboard()  # the runs log to TensorBoard where it is installed
     for folder in runs.values():
-        assert len(list((folder / "tb_rank0").rglob("events.out.tfevents.*"))) == 1
+        assert len(list((folder / "tb_rank0").rglob("events.out.tfevents.*"))) == int(logged)
         assert len(list((folder / "reports_rank0").glob("*.json"))) == len(STEPS)
     double = runs[2]
     assert not list((double / "tb_rank1").rglob("*")), "rank 1 wrote TensorBoard files"
     assert not (double / "reports_rank1").exists() or not list((double / "reports_rank1").iterdir()), "rank 1 wrote reports"
 
 
-def _weights_untouched(runs: dict[int, Path], ulps: float) -> None:
-    fits = {world: torch.load(folder / "weights.pt") for world, folder in runs.items()}
-    for world, weights in fits.items():
+def _callback_leaves_the_weights(runs: dict[int, Path], ulps: float) -> None:
+    for world, folder in runs.items():
+        weights = torch.load(folder / "weights.pt")
         for key, value in weights["with"].items():
             assert torch.equal(value, weights["without"][key]), f"{world} process(es): the callback changed {key}"
-    for key, value in fits[1]["with"].items():  # and DDP trained exactly as one process (the same batches)
-        assert torch.equal(fits[2]["with"][key], value), key
+
+
+def _ddp_trains_as_one_process(runs: dict[int, Path], ulps: float) -> None:
+    """The premise of the bit-for-bit comparisons above: the same batches on every rank train the same weights."""
+    single, double = (torch.load(runs[world] / "weights.pt")["with"] for world in (1, 2))
+    for key, value in single.items():
+        assert torch.equal(double[key], value), key
 
 
 CHECKS: list[Callable[[dict[int, Path], float], None]] = [
-    _statistics_and_completeness, _saliency_images, _ensemble_summaries, _only_rank_zero_writes, _weights_untouched,
+    _statistics_and_completeness, _saliency_images, _ensemble_summaries, _only_rank_zero_writes,
+    _callback_leaves_the_weights, _ddp_trains_as_one_process,
 ]  # fmt: skip
 
 
