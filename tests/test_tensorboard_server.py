@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, ConvQNet, TinyQNet, dataset, frame_dataset, frames, held_out_states  # noqa: E402
+from _ig_tiny import FEATURES, ConvQNet, EnsembleQNet, TinyQNet, dataset, frame_dataset, frames, held_out_states  # noqa: E402
 
 from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
 
@@ -61,6 +61,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                enable_model_summary=False, enable_checkpointing=False).fit(
         ConvQNet((3, 16, 16)), DataLoader(frame_dataset(32, (3, 16, 16)), batch_size=16))  # fmt: skip
     image_run = Path(image_logger.log_dir).relative_to(root).as_posix()
+    # a third run of an ensemble: its members' agreement and completeness
+    ensemble_logger = TensorBoardLogger(root, name="ensemble")
+    pl.Trainer(accelerator="cpu", max_steps=2, logger=ensemble_logger, enable_progress_bar=False, enable_model_summary=False,
+               callbacks=[IntegratedGradientsCallback(held_out_states(6), every_n_steps=2, n_steps=8)],
+               enable_checkpointing=False).fit(EnsembleQNet(), DataLoader(dataset(32), batch_size=16))  # fmt: skip
+    ensemble_run = Path(ensemble_logger.log_dir).relative_to(root).as_posix()
 
     port = _free_port()
     log = open(root / "tensorboard.log", "w")  # noqa: SIM115 - closed below, after the process
@@ -93,7 +99,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                 raise AssertionError(f"tensorboard exited with {process.returncode}: {output}")
             try:
                 tags = _get(f"{base}/data/plugin/scalars/tags")
-                if all(name in tags and any(tag.startswith("ig/") for tag in tags[name]) for name in (run, image_run)):
+                if all(name in tags and any(tag.startswith("ig/") for tag in tags[name]) for name in (run, image_run, ensemble_run)):
                     break  # up, and the runs are loaded
             except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
                 pass
@@ -101,7 +107,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                 output = (root / "tensorboard.log").read_text()[-3000:]
                 raise AssertionError(f"tensorboard did not serve the run within {STARTUP_SECONDS} s: {output}")
             time.sleep(0.5)
-        yield base, run, image_run
+        yield base, run, image_run, ensemble_run
     finally:
         process.terminate()
         try:
@@ -113,7 +119,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 def test_scalar_tags(server):
-    base, run, _ = server
+    base, run, *_ = server
     tags = _get(f"{base}/data/plugin/scalars/tags")[run]
     expected = {
         "ig/completeness/worst_relative_error",
@@ -134,7 +140,7 @@ def test_scalar_tags(server):
 
 
 def test_histogram_image_and_text_tags(server):
-    base, run, _ = server
+    base, run, *_ = server
     histograms = _get(f"{base}/data/plugin/histograms/tags")[run]
     assert {f"ig/attributions/{name}" for name in FEATURES} <= set(histograms)
     images = _get(f"{base}/data/plugin/images/tags")[run]
@@ -149,7 +155,7 @@ def test_histogram_image_and_text_tags(server):
 
 
 def test_saliency_images_and_group_tags_of_an_image_run(server):
-    base, _, run = server
+    base, _, run, _ = server
     images = _get(f"{base}/data/plugin/images/tags")[run]
     assert {"ig/saliency", "ig/saliency/mean_abs"} <= set(images)
     listed = _get(f"{base}/data/plugin/images/images?run={run}&tag=ig/saliency")
@@ -160,3 +166,13 @@ def test_saliency_images_and_group_tags_of_an_image_run(server):
     assert {f"ig/group/mean_abs/channel {c}" for c in range(3)} <= set(scalars)
     histograms = _get(f"{base}/data/plugin/histograms/tags")[run]
     assert {f"ig/group/attributions/channel {c}" for c in range(3)} <= set(histograms)
+
+
+def test_ensemble_tags_of_an_ensemble_run(server):
+    base, *_, run = server
+    scalars = set(_get(f"{base}/data/plugin/scalars/tags")[run])
+    members = [f"member_{m}" for m in range(3)]
+    assert {"ig/ensemble/spearman_mean", "ig/ensemble/relative_spread", "ig/ensemble/completeness/worst_relative_error",
+            *(f"ig/ensemble/spearman/{m}" for m in members), *(f"ig/ensemble/completeness/{m}" for m in members)} <= scalars  # fmt: skip
+    values = _get(f"{base}/data/plugin/scalars/scalars?run={run}&tag=ig/ensemble/completeness/worst_relative_error")
+    assert [step for _, step, _ in values] == [2] and 0 <= values[0][2] < 1e-2
