@@ -59,6 +59,8 @@ class IntegratedGradientsCallback(Callback):
     groups are in use, where the mass sits (``concentration``), drift between runs and the time.
     Scalars go to every logger; a ``TensorBoardLogger`` also gets histograms, the saliency images
     of spatial states, the bar chart and heatmap figures, a text report and a Custom Scalars layout.
+    When the attributed output is an ensemble's aggregate (:class:`~lightning_ig.ensemble.Ensemble`),
+    every member is attributed too (one batched run) and ``ig/ensemble/...`` says how far they agree.
 
     Runs happen every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, and
     once more when training ends. The model, its noise, parameters and ``.grad``, the optimizer and

@@ -234,6 +234,13 @@ def test_good_group_files_of_every_form(workspace, capsys):
         report = json.loads(output.read_text())
         _validate(report)
         assert [(g["name"], g["members"]) for g in report["groups"]] == expected[name]
+    output = workspace / "out" / "good_features.json"
+    code = cli.main(["diag", "--checkpoint", str(workspace / "flat.safetensors"), "--auto-samples", "3", "--num-steps", "4",
+                     "--feature-groups", "features", "--output", str(output), "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(output.read_text())
+    assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"x{i}", 1) for i in range(4)]
+    assert [g["mean_abs"] for g in report["groups"]] == [f["mean_abs"] for f in report["features"]]
 
 
 def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, capsys):
