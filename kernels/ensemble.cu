@@ -41,20 +41,58 @@
 // resets the ticket counter for the next launch or graph replay. The result is
 // the exactly rounded float64 sum up to reassociation, rounded once to float.
 //
-// Launch contract (lightning_ig/ensemble.py): blockDim.x == LIG_ENS_THREADS,
+// Launch contract (lightning_ig/ensemble/ops.py): blockDim.x == LIG_ENS_THREADS,
 // any grid >= 1. `vectorized` may be 1 only when stride_logit == 1, K % 4 == 0,
 // stride_member and stride_row are multiples of 4, and logits (and, in the
 // backward, grad_logits) are aligned to 4 elements: then a member's K logits
 // are read (and its gradient written) as 16-byte (float) or 8-byte (half) vectors.
 // The backward's `partials` holds gridDim.x * M doubles and `counter` one
 // unsigned int that is zero before the launch (the launch leaves it zero).
+//
+// Tuning knobs (compile-time; the launcher passes them as -D options from its
+// variant table in lightning_ig/ensemble/ops.py). None of them changes a single
+// rounding: each row's operations and their order are the ones documented above,
+// only the scheduling (which loads are in flight together, how many threads share
+// an SM) and the instruction sequences that produce the same bits differ.
+//   LIG_ENS_FORWARD_ROWS        rows a forward thread works on at once (R).
+//   LIG_ENS_FORWARD_MIN_BLOCKS  the forward's __launch_bounds__ minimum blocks per SM
+//                               (its register budget: 65536 / (256 * this)); the
+//                               launcher's grid is this many blocks per SM.
+//   LIG_ENS_FORWARD_DEPTH       0: the forward reads one 16-byte vector per row of one
+//                               member at a time and computes it before the next load.
+//                               D > 0 (vectorized layout only): a lane's vectors of a row
+//                               (member j: k = 0..K-1 in fours, then member j + G, ...)
+//                               are loaded D at a time for all R rows, R * D loads in
+//                               flight, before any of them is computed.
+//   LIG_ENS_LEAN_MATH           1: the float32 reciprocal 1 / (1 + e), whose argument
+//                               is in [1, 2] (or NaN), is the fast path of __frcp_rn
+//                               written out (MUFU.RCP and one Newton step, the exact
+//                               sequence __frcp_rn runs for every normal argument of
+//                               moderate size), without the range check and branch to
+//                               its slow path; and mean = sum / K becomes sum * (1 / K)
+//                               when K is a power of two (1 / K is exact, so both are
+//                               the correctly rounded sum / K). Same bits, about half
+//                               the instructions per element, no branch per element.
+//   LIG_ENS_ONE_DTYPE with LIG_ENS_DTYPE_f32 / _f16 / _bf16: compile only those entry
+//                               points (the launcher compiles one dtype at a time).
 #include "common.cuh"
 
 #define LIG_ENS_THREADS 256
-#define LIG_ENS_MIN_BLOCKS 4
-// Rows a thread works on at once (their loads are in flight together): the most
-// that fit in LIG_ENS_MIN_BLOCKS' register budget without spilling on sm_80/sm_90.
+#define LIG_ENS_MIN_BLOCKS 4  // the backward's; the launcher's grid is this many blocks per SM
+// The defaults are the launcher's "baseline" variant: 3 rows, the most whose loads
+// fit in 4 blocks' register budget without spilling on sm_80/sm_90 in that layout.
+#ifndef LIG_ENS_FORWARD_MIN_BLOCKS
+#define LIG_ENS_FORWARD_MIN_BLOCKS LIG_ENS_MIN_BLOCKS
+#endif
+#ifndef LIG_ENS_FORWARD_ROWS
 #define LIG_ENS_FORWARD_ROWS 3
+#endif
+#ifndef LIG_ENS_FORWARD_DEPTH
+#define LIG_ENS_FORWARD_DEPTH 0
+#endif
+#ifndef LIG_ENS_LEAN_MATH
+#define LIG_ENS_LEAN_MATH 0
+#endif
 #define LIG_ENS_BACKWARD_ROWS 2
 
 // Four consecutive elements as one aligned load/store. Our own 16-byte type
@@ -97,10 +135,41 @@ template <typename Tag> struct lig_ens_math {
         r = __fdividef(1.0f, 1.0f + e);
     }
 };
+// 1 / y rounded to nearest for y in [1, 2] (and NaN for NaN): the sequence
+// __frcp_rn runs for every argument outside its slow path (zero, subnormal,
+// |y| >= 2^126, inf, NaN): an approximate reciprocal, then one Newton step with
+// two fused multiply-adds, t = y r - 1 and r - r t. Written out it needs no
+// range check and no branch, so the compiler can interleave elements.
+__device__ __forceinline__ float lig_ens_reciprocal_1_to_2(float y) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+    const float t = __fmaf_rn(y, r, -1.0f);
+    return __fmaf_rn(r, -t, r);
+}
+
 template <> struct lig_ens_math<lig_f32_tag> {
     static __device__ __forceinline__ void parts(float x, float& e, float& r) {
         e = expf(-fabsf(x));
+#if LIG_ENS_LEAN_MATH
+        r = lig_ens_reciprocal_1_to_2(__fadd_rn(1.0f, e));  // 1 + e is in [1, 2]
+#else
         r = __frcp_rn(__fadd_rn(1.0f, e));
+#endif
+    }
+};
+
+// x / K, correctly rounded (the twin divides by a tensor of K). With
+// LIG_ENS_LEAN_MATH and K a power of two, x * (1 / K): 1 / K is exact, so the
+// product is the correctly rounded x / K as well (subnormal results included).
+struct lig_ens_divisor {
+    float k;
+    float inverse;
+    bool power_of_two;
+    __device__ __forceinline__ explicit lig_ens_divisor(int K)
+        : k(static_cast<float>(K)), inverse(__frcp_rn(static_cast<float>(K))),
+          power_of_two(LIG_ENS_LEAN_MATH && K > 0 && (K & (K - 1)) == 0) {}
+    __device__ __forceinline__ float operator()(float x) const {
+        return power_of_two ? __fmul_rn(x, inverse) : __fdiv_rn(x, k);
     }
 };
 
@@ -210,6 +279,121 @@ __device__ __forceinline__ void lig_ens_member_sums(const lig_ens_rows<Tag, R>& 
     }
 }
 
+// partial[r] = the lane's share of row r: over its members m = lane, lane + G, ...
+// in order, partial += w[m] * mean_k sigmoid(logits[row r, m, k]), from 0.0f.
+// One member at a time for all R rows (LIG_ENS_FORWARD_DEPTH 0, and any layout).
+template <typename Tag, int R>
+__device__ __forceinline__ void lig_ens_lane_partials(const typename lig_storage<Tag>::type* __restrict__ logits,
+                                                      const float* __restrict__ weights, long long first,
+                                                      long long row_step, long long rows, int lane, int members,
+                                                      int K, long long stride_row, long long stride_member,
+                                                      long long stride_logit, int group_size, int vectorized,
+                                                      const lig_ens_divisor& per_k, float (&partial)[R]) {
+    #pragma unroll
+    for (int r = 0; r < R; ++r) partial[r] = 0.0f;
+    for (int m = lane; m < members; m += group_size) {
+        const lig_ens_rows<Tag, R> block_rows(logits, first, row_step, rows, stride_row, m * stride_member);
+        float sum[R];
+        lig_ens_member_sums<Tag, R>(block_rows, K, stride_logit, vectorized, sum);
+        const float w = weights[m];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) partial[r] = __fadd_rn(partial[r], __fmul_rn(w, per_k(sum[r])));
+    }
+}
+
+// The same partials, LIG_ENS_FORWARD_DEPTH = D > 0, vectorized layout only, for
+// the `active` rows first + r * row_step (r < active) of the R. A lane's vectors of
+// a row form one sequence, member by member and within a member k = 0, 4, 8, ...;
+// it is read D vectors at a time for all R rows (R * D loads in flight), then those
+// are computed in the same order, so every sum runs exactly as in
+// lig_ens_lane_partials. Rows r >= active read the first row again (never stored),
+// which keeps the loads free of predicates and the values free of zeroing.
+template <typename Tag, int R, int D>
+__device__ __forceinline__ void lig_ens_lane_partials_batched(
+    const typename lig_storage<Tag>::type* __restrict__ logits, const float* __restrict__ weights, long long first,
+    long long row_step, int active, int lane, int members, int K, long long stride_row, long long stride_member,
+    int group_size, const lig_ens_divisor& per_k, float (&partial)[R]) {
+    typedef typename lig_storage<Tag>::type T;
+    typedef lig_ens_vec<Tag> V;
+    typedef typename V::type T4;
+    #pragma unroll
+    for (int r = 0; r < R; ++r) partial[r] = 0.0f;
+    if (active <= 0 || lane >= members) return;
+    const T* row_start[R];
+    #pragma unroll
+    for (int r = 0; r < R; ++r) row_start[r] = logits + (first + (r < active ? r : 0) * row_step) * stride_row;
+    const int quads = K >> 2;  // vectors per member
+    const int slots = ((members - 1 - lane) / group_size + 1) * quads;
+    const long long to_next_member = group_size * stride_member - K;  // from past a member's last vector
+    long long load_offset = lane * stride_member;  // the next vector to load
+    int load_quad = 0;
+    int load_member = lane;
+    int quad = 0;  // the next vector to compute
+    float sum[R];
+    #pragma unroll
+    for (int r = 0; r < R; ++r) sum[r] = 0.0f;
+    for (int batch = 0; batch < slots; batch += D) {
+        T4 raw[D][R];
+        float w[D];
+        #pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (batch + d < slots) {
+                #pragma unroll
+                for (int r = 0; r < R; ++r) raw[d][r] = *reinterpret_cast<const T4*>(row_start[r] + load_offset);
+                w[d] = weights[load_member];
+                load_offset += 4;
+                if (++load_quad == quads) {
+                    load_quad = 0;
+                    load_offset += to_next_member;
+                    load_member += group_size;
+                }
+            }
+        }
+        #pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (batch + d < slots) {
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float x[4];
+                    V::unpack(raw[d][r], x);
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) sum[r] = __fadd_rn(sum[r], lig_ens_sigmoid_of<Tag>(x[j]));
+                }
+                if (++quad == quads) {  // the member is complete
+                    quad = 0;
+                    #pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        partial[r] = __fadd_rn(partial[r], __fmul_rn(w[d], per_k(sum[r])));
+                        sum[r] = 0.0f;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// lig_ens_lane_partials_batched for `active` rows of R, by the smallest of R, R / 2,
+// R / 4, ..., 1 that covers them: few rows (a small batch, the last pass over a
+// large one) are not computed R times over.
+template <typename Tag, int R, int D>
+__device__ __forceinline__ void lig_ens_lane_partials_fitted(
+    const typename lig_storage<Tag>::type* __restrict__ logits, const float* __restrict__ weights, long long first,
+    long long row_step, int active, int lane, int members, int K, long long stride_row, long long stride_member,
+    int group_size, const lig_ens_divisor& per_k, float (&partial)[R]) {
+    if constexpr (R > 1) {
+        if (active <= R / 2) {
+            float fewer[R / 2];
+            lig_ens_lane_partials_fitted<Tag, R / 2, D>(logits, weights, first, row_step, active, lane, members, K,
+                                                        stride_row, stride_member, group_size, per_k, fewer);
+            #pragma unroll
+            for (int r = 0; r < R; ++r) partial[r] = r < R / 2 ? fewer[r] : 0.0f;
+            return;
+        }
+    }
+    lig_ens_lane_partials_batched<Tag, R, D>(logits, weights, first, row_step, active, lane, members, K, stride_row,
+                                             stride_member, group_size, per_k, partial);
+}
+
 template <typename Tag>
 __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>::type* __restrict__ logits,
                                                 const float* __restrict__ weights,
@@ -218,21 +402,26 @@ __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>:
                                                 long long stride_logit, int group_size, int vectorized) {
     const int R = LIG_ENS_FORWARD_ROWS;
     const lig_ens_groups groups(group_size);
-    const float k_count = static_cast<float>(K);
+    const lig_ens_divisor per_k(K);
     const long long own = groups.group - groups.warp_first;  // this group's place in its warp
     // Uniform across the warp (bounded by the warp's first row): every lane reaches every shuffle.
     for (long long warp_row = groups.warp_first; warp_row < rows; warp_row += groups.count * R) {
         const long long first = warp_row + own;
         float partial[R];
-        #pragma unroll
-        for (int r = 0; r < R; ++r) partial[r] = 0.0f;
-        for (int m = groups.lane; m < members; m += group_size) {
-            const lig_ens_rows<Tag, R> block_rows(logits, first, groups.count, rows, stride_row, m * stride_member);
-            float sum[R];
-            lig_ens_member_sums<Tag, R>(block_rows, K, stride_logit, vectorized, sum);
-            const float w = weights[m];
+#if LIG_ENS_FORWARD_DEPTH > 0
+        if (vectorized) {
+            int active = 0;  // rows first + r * count that exist (a prefix of the R)
             #pragma unroll
-            for (int r = 0; r < R; ++r) partial[r] = __fadd_rn(partial[r], __fmul_rn(w, __fdiv_rn(sum[r], k_count)));
+            for (int r = 0; r < R; ++r) active += first + r * groups.count < rows ? 1 : 0;
+            lig_ens_lane_partials_fitted<Tag, R, LIG_ENS_FORWARD_DEPTH>(logits, weights, first, groups.count, active,
+                                                                      groups.lane, members, K, stride_row,
+                                                                      stride_member, group_size, per_k, partial);
+        } else
+#endif
+        {
+            lig_ens_lane_partials<Tag, R>(logits, weights, first, groups.count, rows, groups.lane, members, K,
+                                          stride_row, stride_member, stride_logit, group_size, vectorized, per_k,
+                                          partial);
         }
         #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -352,7 +541,7 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                                                  long long stride_logit, int group_size, int vectorized) {
     const int R = LIG_ENS_BACKWARD_ROWS;
     const lig_ens_groups groups(group_size);
-    const float k_count = static_cast<float>(K);
+    const lig_ens_divisor per_k(K);
     const int chunks = (members + group_size - 1) / group_size;
     for (int chunk = 0; chunk < chunks; ++chunk) {  // uniform across the block
         const int m = chunk * group_size + groups.lane;
@@ -368,7 +557,7 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                 for (int r = 0; r < R; ++r) {
                     const long long row = first + r * groups.count;
                     g[r] = block_rows.is_active(r) ? lig_storage<Tag>::load(grad_out[row * grad_out_stride]) : 0.0f;
-                    coefficient[r] = __fdiv_rn(__fmul_rn(g[r], w), k_count);
+                    coefficient[r] = per_k(__fmul_rn(g[r], w));
                     grad_offset[r] = (row * members + m) * static_cast<long long>(K);
                 }
                 lig_ens_member_backward<Tag, R>(block_rows, grad_logits, coefficient, grad_offset, K, stride_logit,
@@ -376,7 +565,7 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     // the product of two floats is exact in double; inactive rows add 0 * 0
-                    accumulated += static_cast<double>(g[r]) * static_cast<double>(__fdiv_rn(sum[r], k_count));
+                    accumulated += static_cast<double>(g[r]) * static_cast<double>(per_k(sum[r]));
                 }
             }
         }
@@ -386,7 +575,8 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
 }
 
 #define LIG_ENS_ENTRY_POINTS(SFX, TAG)                                                                           \
-    extern "C" __global__ void __launch_bounds__(LIG_ENS_THREADS, LIG_ENS_MIN_BLOCKS) ensemble_forward_##SFX(     \
+    extern "C" __global__ void __launch_bounds__(LIG_ENS_THREADS, LIG_ENS_FORWARD_MIN_BLOCKS)                \
+    ensemble_forward_##SFX(                                                                                     \
         const lig_storage<TAG>::type* logits, const float* weights, lig_storage<TAG>::type* out, long long rows, \
         int members, int K, long long stride_row, long long stride_member, long long stride_logit,              \
         int group_size, int vectorized) {                                                                       \
@@ -403,6 +593,12 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                               vectorized);                                                                      \
     }
 
+#if !defined(LIG_ENS_ONE_DTYPE) || defined(LIG_ENS_DTYPE_f32)
 LIG_ENS_ENTRY_POINTS(f32, lig_f32_tag)
+#endif
+#if !defined(LIG_ENS_ONE_DTYPE) || defined(LIG_ENS_DTYPE_f16)
 LIG_ENS_ENTRY_POINTS(f16, lig_f16_tag)
+#endif
+#if !defined(LIG_ENS_ONE_DTYPE) || defined(LIG_ENS_DTYPE_bf16)
 LIG_ENS_ENTRY_POINTS(bf16, lig_bf16_tag)
+#endif
