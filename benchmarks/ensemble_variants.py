@@ -184,7 +184,7 @@ def render(names, times, identical, big_copy: float, best: str | None, twin_ok: 
     for name in names:
         v = ops.VARIANTS[name]
         cells = [name + (" (default)" if name == ops.DEFAULT_VARIANT else ""), str(v.forward_rows), str(v.forward_depth),
-                 str(v.forward_min_blocks), "yes" if v.lean_math else "no"]  # fmt: skip
+                 str(v.forward_min_blocks), "yes" if v.lean else "no"]  # fmt: skip
         for shape in SHAPES:
             us = times[(shape, False)][name]
             gbs = moved(shape, False) / (us * 1e-6) / 1e9

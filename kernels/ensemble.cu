@@ -64,15 +64,17 @@
 //                               (member j: k = 0..K-1 in fours, then member j + G, ...)
 //                               are loaded D at a time for all R rows, R * D loads in
 //                               flight, before any of them is computed.
-//   LIG_ENS_LEAN_MATH           1: the float32 reciprocal 1 / (1 + e), whose argument
+//   LIG_ENS_LEAN                1: the float32 reciprocal 1 / (1 + e), whose argument
 //                               is in [1, 2] (or NaN), is the fast path of __frcp_rn
 //                               written out (MUFU.RCP and one Newton step, the exact
 //                               sequence __frcp_rn runs for every normal argument of
 //                               moderate size), without the range check and branch to
 //                               its slow path; and mean = sum / K becomes sum * (1 / K)
 //                               when K is a power of two (1 / K is exact, so both are
-//                               the correctly rounded sum / K). Same bits, about half
-//                               the instructions per element, no branch per element.
+//                               the correctly rounded sum / K); and the forward's shuffle
+//                               tree is unrolled over offsets 16, 8, ..., 1 (those below G)
+//                               with the R rows side by side. Same bits, about half the
+//                               instructions per element, no branch per element.
 //   LIG_ENS_ONE_DTYPE with LIG_ENS_DTYPE_f32 / _f16 / _bf16: compile only those entry
 //                               points (the launcher compiles one dtype at a time).
 #include "common.cuh"
@@ -90,8 +92,8 @@
 #ifndef LIG_ENS_FORWARD_DEPTH
 #define LIG_ENS_FORWARD_DEPTH 0
 #endif
-#ifndef LIG_ENS_LEAN_MATH
-#define LIG_ENS_LEAN_MATH 0
+#ifndef LIG_ENS_LEAN
+#define LIG_ENS_LEAN 0
 #endif
 #define LIG_ENS_BACKWARD_ROWS 2
 
@@ -150,7 +152,7 @@ __device__ __forceinline__ float lig_ens_reciprocal_1_to_2(float y) {
 template <> struct lig_ens_math<lig_f32_tag> {
     static __device__ __forceinline__ void parts(float x, float& e, float& r) {
         e = expf(-fabsf(x));
-#if LIG_ENS_LEAN_MATH
+#if LIG_ENS_LEAN
         r = lig_ens_reciprocal_1_to_2(__fadd_rn(1.0f, e));  // 1 + e is in [1, 2]
 #else
         r = __frcp_rn(__fadd_rn(1.0f, e));
@@ -159,7 +161,7 @@ template <> struct lig_ens_math<lig_f32_tag> {
 };
 
 // x / K, correctly rounded (the twin divides by a tensor of K). With
-// LIG_ENS_LEAN_MATH and K a power of two, x * (1 / K): 1 / K is exact, so the
+// LIG_ENS_LEAN and K a power of two, x * (1 / K): 1 / K is exact, so the
 // product is the correctly rounded x / K as well (subnormal results included).
 struct lig_ens_divisor {
     float k;
@@ -167,7 +169,7 @@ struct lig_ens_divisor {
     bool power_of_two;
     __device__ __forceinline__ explicit lig_ens_divisor(int K)
         : k(static_cast<float>(K)), inverse(__frcp_rn(static_cast<float>(K))),
-          power_of_two(LIG_ENS_LEAN_MATH && K > 0 && (K & (K - 1)) == 0) {}
+          power_of_two(LIG_ENS_LEAN && K > 0 && (K & (K - 1)) == 0) {}
     __device__ __forceinline__ float operator()(float x) const {
         return power_of_two ? __fmul_rn(x, inverse) : __fdiv_rn(x, k);
     }
@@ -319,13 +321,14 @@ __device__ __forceinline__ void lig_ens_lane_partials_batched(
     #pragma unroll
     for (int r = 0; r < R; ++r) partial[r] = 0.0f;
     if (active <= 0 || lane >= members) return;
-    const T* row_start[R];
+    const T* next[R];  // each row's next vector to load
     #pragma unroll
-    for (int r = 0; r < R; ++r) row_start[r] = logits + (first + (r < active ? r : 0) * row_step) * stride_row;
+    for (int r = 0; r < R; ++r) {
+        next[r] = logits + (first + (r < active ? r : 0) * row_step) * stride_row + lane * stride_member;
+    }
     const int quads = K >> 2;  // vectors per member
     const int slots = ((members - 1 - lane) / group_size + 1) * quads;
-    const long long to_next_member = group_size * stride_member - K;  // from past a member's last vector
-    long long load_offset = lane * stride_member;  // the next vector to load
+    const long long to_next_member = group_size * stride_member - K + 4;  // from a member's last vector
     int load_quad = 0;
     int load_member = lane;
     int quad = 0;  // the next vector to compute
@@ -339,14 +342,16 @@ __device__ __forceinline__ void lig_ens_lane_partials_batched(
         for (int d = 0; d < D; ++d) {
             if (batch + d < slots) {
                 #pragma unroll
-                for (int r = 0; r < R; ++r) raw[d][r] = *reinterpret_cast<const T4*>(row_start[r] + load_offset);
+                for (int r = 0; r < R; ++r) raw[d][r] = *reinterpret_cast<const T4*>(next[r]);
                 w[d] = weights[load_member];
-                load_offset += 4;
+                long long step = 4;
                 if (++load_quad == quads) {
                     load_quad = 0;
-                    load_offset += to_next_member;
+                    step = to_next_member;
                     load_member += group_size;
                 }
+                #pragma unroll
+                for (int r = 0; r < R; ++r) next[r] += step;
             }
         }
         #pragma unroll
@@ -423,6 +428,23 @@ __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>:
                                           stride_row, stride_member, stride_logit, group_size, vectorized, per_k,
                                           partial);
         }
+#if LIG_ENS_LEAN
+        // Each row's tree (offsets G / 2, ..., 1), the R rows' shuffles interleaved.
+        #pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            if (offset < group_size) {  // uniform
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    partial[r] = __fadd_rn(partial[r], __shfl_down_sync(0xffffffffu, partial[r], offset, group_size));
+                }
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long long row = first + r * groups.count;
+            if (groups.lane == 0 && row < rows) out[row] = lig_storage<Tag>::store(partial[r]);
+        }
+#else
         #pragma unroll
         for (int r = 0; r < R; ++r) {
             for (int offset = group_size >> 1; offset > 0; offset >>= 1) {
@@ -431,6 +453,7 @@ __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>:
             const long long row = first + r * groups.count;
             if (groups.lane == 0 && row < rows) out[row] = lig_storage<Tag>::store(partial[r]);
         }
+#endif
     }
 }
 

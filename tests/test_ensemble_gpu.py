@@ -362,14 +362,14 @@ extern "C" __global__ void probe_divisor(const unsigned int* bits, long long n, 
 """
 
 
-def test_lean_math_gives_the_exactly_rounded_bits(cuda_device) -> None:
-    """LIG_ENS_LEAN_MATH's reciprocal on every float in [1, 2], and its power-of-two division on random bit patterns
+def test_lean_gives_the_exactly_rounded_bits(cuda_device) -> None:
+    """LIG_ENS_LEAN's reciprocal on every float in [1, 2], and its power-of-two division on random bit patterns
     (subnormal, infinite and NaN ones included), against __frcp_rn and __fdiv_rn."""
     from lightning_ig import _cuda
 
     cupy = _cuda.require_cupy()
     source = _cuda.kernel_source("ensemble.cu") + _PROBE
-    options = ("-std=c++17", f"-I{_cuda.kernel_dir().as_posix()}", "-DLIG_ENS_LEAN_MATH=1", "-DLIG_ENS_ONE_DTYPE")
+    options = ("-std=c++17", f"-I{_cuda.kernel_dir().as_posix()}", "-DLIG_ENS_LEAN=1", "-DLIG_ENS_ONE_DTYPE")
     with cupy.cuda.Device(cuda_device.index):
         module = cupy.RawModule(code=source, options=options)
         mismatches = cupy.zeros(2, dtype=cupy.uint32)

@@ -41,7 +41,7 @@ def test_the_variant_table_names_the_kernels_knobs() -> None:
     assert defaults["LIG_ENS_FORWARD_ROWS"] == str(baseline.forward_rows)
     assert defaults["LIG_ENS_MIN_BLOCKS"] == str(baseline.forward_min_blocks)
     assert defaults["LIG_ENS_FORWARD_DEPTH"] == str(baseline.forward_depth)
-    assert defaults["LIG_ENS_LEAN_MATH"] == str(int(baseline.lean_math))
+    assert defaults["LIG_ENS_LEAN"] == str(int(baseline.lean))
 
 
 def test_use_variant_rejects_unknown_names_and_restores_the_default() -> None:
@@ -91,7 +91,7 @@ def test_the_batched_forward_computes_what_the_member_loop_computes(tmp_path: Pa
     binary = tmp_path / "ensemble_host_check"
     build = [
         "g++", "-std=c++17", "-O1", "-ffp-contract=off", f"-I{KERNELS}", "-DLIG_ENS_ONE_DTYPE", "-DLIG_ENS_DTYPE_f32",
-        "-DLIG_ENS_LEAN_MATH=0", "-o", str(binary), str(HOST_CHECK),
+        "-DLIG_ENS_LEAN=0", "-o", str(binary), str(HOST_CHECK),
     ]  # fmt: skip
     compiled = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
     assert compiled.returncode == 0, compiled.stderr[-2000:]

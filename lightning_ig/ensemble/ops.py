@@ -63,7 +63,7 @@ class KernelVariant(NamedTuple):
     forward_rows: int  # LIG_ENS_FORWARD_ROWS: rows a forward thread works on at once
     forward_min_blocks: int  # LIG_ENS_FORWARD_MIN_BLOCKS: register budget; the forward grid is this many blocks per SM
     forward_depth: int  # LIG_ENS_FORWARD_DEPTH: 0 one member at a time; D: D vectors per row loaded before computing
-    lean_math: bool  # LIG_ENS_LEAN_MATH: branch-free reciprocal on [1, 2], power-of-two K divides by multiplying
+    lean: bool  # LIG_ENS_LEAN: branch-free reciprocal on [1, 2], power-of-two K divides by multiplying
 
     def options(self) -> tuple[str, ...]:
         """The NVRTC ``-D`` options that select this variant."""
@@ -71,24 +71,24 @@ class KernelVariant(NamedTuple):
             f"-DLIG_ENS_FORWARD_ROWS={self.forward_rows}",
             f"-DLIG_ENS_FORWARD_MIN_BLOCKS={self.forward_min_blocks}",
             f"-DLIG_ENS_FORWARD_DEPTH={self.forward_depth}",
-            f"-DLIG_ENS_LEAN_MATH={int(self.lean_math)}",
+            f"-DLIG_ENS_LEAN={int(self.lean)}",
         )
 
 
 # Each compiles without register spills for sm_80 and sm_90 (tests/test_ensemble.py checks
 # where nvcc exists); `benchmarks/bench_ensemble.py --variants` times them all on one device.
 VARIANTS: dict[str, KernelVariant] = {
-    "baseline": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean_math=False),
-    "lean": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean_math=True),
-    "lean-r4-d1": KernelVariant(forward_rows=4, forward_min_blocks=4, forward_depth=1, lean_math=True),
-    "lean-r2-d2": KernelVariant(forward_rows=2, forward_min_blocks=4, forward_depth=2, lean_math=True),
-    "lean-r1-d4": KernelVariant(forward_rows=1, forward_min_blocks=4, forward_depth=4, lean_math=True),
-    "lean-r2-d1-mb5": KernelVariant(forward_rows=2, forward_min_blocks=5, forward_depth=1, lean_math=True),
-    "lean-r3-d2-mb3": KernelVariant(forward_rows=3, forward_min_blocks=3, forward_depth=2, lean_math=True),
-    "exact-r3-d2-mb3": KernelVariant(forward_rows=3, forward_min_blocks=3, forward_depth=2, lean_math=False),
-    "lean-r4-d2-mb2": KernelVariant(forward_rows=4, forward_min_blocks=2, forward_depth=2, lean_math=True),
-    "lean-r8-d1-mb2": KernelVariant(forward_rows=8, forward_min_blocks=2, forward_depth=1, lean_math=True),
-    "lean-r2-d4-mb2": KernelVariant(forward_rows=2, forward_min_blocks=2, forward_depth=4, lean_math=True),
+    "baseline": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean=False),
+    "lean": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean=True),
+    "lean-r4-d1": KernelVariant(forward_rows=4, forward_min_blocks=4, forward_depth=1, lean=True),
+    "lean-r2-d2": KernelVariant(forward_rows=2, forward_min_blocks=4, forward_depth=2, lean=True),
+    "lean-r1-d4": KernelVariant(forward_rows=1, forward_min_blocks=4, forward_depth=4, lean=True),
+    "lean-r2-d1-mb5": KernelVariant(forward_rows=2, forward_min_blocks=5, forward_depth=1, lean=True),
+    "lean-r3-d2-mb3": KernelVariant(forward_rows=3, forward_min_blocks=3, forward_depth=2, lean=True),
+    "exact-r3-d2-mb3": KernelVariant(forward_rows=3, forward_min_blocks=3, forward_depth=2, lean=False),
+    "lean-r4-d2-mb2": KernelVariant(forward_rows=4, forward_min_blocks=2, forward_depth=2, lean=True),
+    "lean-r8-d1-mb2": KernelVariant(forward_rows=8, forward_min_blocks=2, forward_depth=1, lean=True),
+    "lean-r2-d4-mb2": KernelVariant(forward_rows=2, forward_min_blocks=2, forward_depth=4, lean=True),
 }
 
 DEFAULT_VARIANT = "baseline"  # the variant every launch uses; set it from the H200's `--variants` table

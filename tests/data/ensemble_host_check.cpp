@@ -7,7 +7,7 @@
 // row's lane partial bit for bit as lig_ens_lane_partials (the member loop of
 // depth 0), over shapes, padded strides, group counts, R and D: that the batching
 // changes only which loads are in flight together, never an operation or its order.
-// Build with -DLIG_ENS_ONE_DTYPE -DLIG_ENS_DTYPE_f32 -DLIG_ENS_LEAN_MATH=0.
+// Build with -DLIG_ENS_ONE_DTYPE -DLIG_ENS_DTYPE_f32 -DLIG_ENS_LEAN=0.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
