@@ -63,7 +63,7 @@ class KernelVariant(NamedTuple):
     forward_rows: int  # LIG_ENS_FORWARD_ROWS: rows a forward thread works on at once
     forward_min_blocks: int  # LIG_ENS_FORWARD_MIN_BLOCKS: register budget; the forward grid is this many blocks per SM
     forward_depth: int  # LIG_ENS_FORWARD_DEPTH: 0 one member at a time; D: D vectors per row loaded before computing
-    lean: bool  # LIG_ENS_LEAN: branch-free reciprocal on [1, 2], power-of-two K divides by multiplying
+    lean: bool  # LIG_ENS_LEAN: branch-free exact reciprocal on [1, 2], / K as * (1 / K) for K = 2^n, unrolled tree
 
     def options(self) -> tuple[str, ...]:
         """The NVRTC ``-D`` options that select this variant."""
@@ -75,8 +75,8 @@ class KernelVariant(NamedTuple):
         )
 
 
-# Each compiles without register spills for sm_80 and sm_90 (tests/test_ensemble.py checks
-# where nvcc exists); `benchmarks/bench_ensemble.py --variants` times them all on one device.
+# Each compiles without register spills for sm_80 and sm_90 (tests/test_ensemble_variants.py
+# checks where nvcc exists); `benchmarks/bench_ensemble.py --variants` times them all on one device.
 VARIANTS: dict[str, KernelVariant] = {
     "baseline": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean=False),
     "lean": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean=True),
