@@ -34,7 +34,7 @@ It prints a markdown table last and writes it to ``--output``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import copy
 import importlib.util
 import platform
 import statistics
@@ -128,7 +128,8 @@ def train_once(
     example: ModuleType, base: Any, held_out: torch.Tensor, *, with_callback: bool, steps: int, log_root: Path, label: str
 ) -> tuple[float, list[float]]:
     """One training run of ``steps`` gradient steps; returns (loop seconds, per-run callback ms)."""
-    args = dataclasses.replace(base, total_timesteps=base.learning_starts + steps * base.train_frequency)
+    args = copy.copy(base)  # the example's settings (a dataclass or an argparse.Namespace)
+    args.total_timesteps = base.learning_starts + steps * base.train_frequency
     torch.set_num_threads(args.num_threads)
     L.seed_everything(args.seed, verbose=False)
     logger = TensorBoardLogger(save_dir=str(log_root), name=label, version="", default_hp_metric=False)
@@ -177,10 +178,10 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*completeness.*")
 
     example = load_example()
-    base = example.Args(
-        seed=options.seed, accelerator=options.accelerator, progress_bar=False,
-        num_held_out=NUM_HELD_OUT, ig_every_n_steps=IG_EVERY_N_STEPS, ig_n_steps=IG_N_STEPS,
-    )  # fmt: skip
+    base = example.parse_args(["--seed", str(options.seed)])
+    for name, value in (("accelerator", options.accelerator), ("progress_bar", False), ("num_held_out", NUM_HELD_OUT),
+                        ("ig_every_n_steps", IG_EVERY_N_STEPS), ("ig_n_steps", IG_N_STEPS)):  # fmt: skip
+        setattr(base, name, value)
     held_out = example.collect_held_out_states(base.env_id, NUM_HELD_OUT, seed=base.seed + 2_000)
     device_name = torch.cuda.get_device_name() if options.accelerator == "gpu" else platform.processor() or "CPU"
 

@@ -3,6 +3,10 @@
 // Half types are kept as raw 16-bit storage and converted with PTX, so the
 // kernels need no CUDA toolkit headers at run time (NVRTC through CuPy finds
 // them on some installs and not on others). bfloat16 conversion needs sm_80+.
+//
+// Outside a CUDA compiler (the engine's tests build ig.cu for the host with a
+// header of CUDA built-ins and g++), the conversions are plain C++ with the
+// same round-to-nearest-even results.
 #pragma once
 
 typedef unsigned short lig_half;  // IEEE binary16 bits
@@ -11,7 +15,7 @@ typedef unsigned short lig_bf16;  // bfloat16 bits
 struct __align__(8) lig_half4 { lig_half x, y, z, w; };
 struct __align__(8) lig_bf16_4 { lig_bf16 x, y, z, w; };
 
-__device__ __forceinline__ float lig_to_float(float v) { return v; }
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 __device__ __forceinline__ float lig_half_to_float(lig_half h) {
     float f;
@@ -34,6 +38,24 @@ __device__ __forceinline__ lig_bf16 lig_float_to_bf16(float f) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
     return b;
 }
+
+#else  // a host build
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+inline float lig_half_to_float(lig_half h) { _Float16 f; std::memcpy(&f, &h, 2); return static_cast<float>(f); }
+inline lig_half lig_float_to_half(float v) { _Float16 f = static_cast<_Float16>(v); lig_half h; std::memcpy(&h, &f, 2); return h; }
+inline float lig_bf16_to_float(lig_bf16 b) { std::uint32_t u = static_cast<std::uint32_t>(b) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline lig_bf16 lig_float_to_bf16(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (std::isnan(f)) return 0x7fc0;
+    return static_cast<lig_bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even, as cvt.rn.bf16.f32
+}
+
+#endif
 
 // Load/store one element of storage type T as float. T is float, lig_half or
 // lig_bf16; the tag selects the conversion because lig_half and lig_bf16 are
@@ -59,9 +81,20 @@ template <> struct lig_storage<lig_bf16_tag> {
     static __device__ __forceinline__ lig_bf16 store(float v) { return lig_float_to_bf16(v); }
 };
 
-// Sum over a warp with shuffles; the order of additions is fixed, so the result
-// is the same on every run.
-__device__ __forceinline__ float lig_warp_sum(float v) {
+// Grid-stride loops: for (i = lig_first_index(); i < n; i += lig_grid_stride()).
+__device__ __forceinline__ long long lig_first_index() {
+    return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long lig_grid_stride() {
+    return static_cast<long long>(gridDim.x) * blockDim.x;
+}
+
+// Sum over a warp with shuffles (lane l adds lane l + 16, then l + 8, ..., l + 1);
+// the order of additions is fixed, so the result (valid in lane 0) is the same on
+// every run. An addition alone cannot be contracted into an FMA: `+` rounds
+// exactly as __fadd_rn/__dadd_rn.
+template <typename T>
+__device__ __forceinline__ T lig_warp_sum(T v) {
     #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
     return v;

@@ -1,9 +1,10 @@
 // Integrated Gradients kernels: path interpolation, finite-difference probes,
 // central-difference gradients and the attribution accumulation.
 //
-// Every kernel has a plain-torch twin in lightning_ig/attribution.py (the
-// `_*_torch` functions) that performs the same operations in the same order
-// with the same rounding, so the two agree bit for bit on float32. Arithmetic
+// Every kernel has a plain-torch twin in lightning_ig/attribution/backends.py
+// (the `_*_torch` functions beside their launchers) that performs the same
+// operations in the same order with the same rounding, so the two agree bit for
+// bit. Arithmetic
 // uses the explicitly rounded intrinsics (__fadd_rn, __fmul_rn, ...) so the
 // compiler cannot contract a multiply and an add into an FMA, which torch's
 // separate elementwise ops never do.
@@ -52,22 +53,6 @@ __device__ __forceinline__ double ig_sub(double a, double b) { return __dsub_rn(
 __device__ __forceinline__ double ig_mul(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double ig_div(double a, double b) { return __ddiv_rn(a, b); }
 
-__device__ __forceinline__ long long ig_first_index() {
-    return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ long long ig_grid_stride() {
-    return static_cast<long long>(gridDim.x) * blockDim.x;
-}
-
-// Sum over a warp in a fixed shuffle tree (offsets 16, 8, 4, 2, 1): the same order of additions on every
-// run, with the exactly rounded add of the accumulate type.
-template <typename Acc>
-__device__ __forceinline__ Acc ig_warp_sum(Acc v) {
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = ig_add(v, __shfl_down_sync(0xffffffffu, v, offset));
-    return v;
-}
-
 // (a) points[k, j] = b[j] + alphas[k] * (x[j] - b[j]) for k < n_steps; with
 // ends, points[n_steps] = x and points[n_steps + 1] = b, copied bit for bit so
 // the forward values at the ends are F(x) and F(b) exactly.
@@ -79,7 +64,7 @@ __device__ __forceinline__ void ig_interpolate(const typename ig_traits<Tag>::T*
                                                long long n_steps, long long row_numel, int with_ends) {
     typedef ig_traits<Tag> tr;
     const long long total = (n_steps + (with_ends ? 2 : 0)) * row_numel;
-    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+    for (long long idx = lig_first_index(); idx < total; idx += lig_grid_stride()) {
         const long long k = idx / row_numel;
         const long long j = idx - k * row_numel;
         if (k < n_steps) {
@@ -106,7 +91,7 @@ __device__ __forceinline__ void ig_fd_probes(const typename ig_traits<Tag>::T* _
     typedef ig_traits<Tag> tr;
     const long long F = features;
     const long long total = n_points * 2 * F * F;
-    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+    for (long long idx = lig_first_index(); idx < total; idx += lig_grid_stride()) {
         const long long j = idx % F;
         long long rest = idx / F;
         const long long i = rest % F;
@@ -141,7 +126,7 @@ __device__ __forceinline__ void ig_fd_gradient(const typename ig_traits<Tag>::T*
     typedef typename tr::Acc Acc;
     const long long F = features;
     const long long total = static_cast<long long>(n_targets) * n_points * F;
-    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+    for (long long idx = lig_first_index(); idx < total; idx += lig_grid_stride()) {
         const long long i = idx % F;
         const long long rest = idx / F;
         const long long p = rest % n_points;
@@ -171,7 +156,7 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
     typedef ig_traits<Tag> tr;
     typedef typename tr::Acc Acc;
     const long long total = static_cast<long long>(n_targets) * row_numel;
-    for (long long idx = ig_first_index(); idx < total; idx += ig_grid_stride()) {
+    for (long long idx = lig_first_index(); idx < total; idx += lig_grid_stride()) {
         const long long t = idx / row_numel;
         const long long j = idx - t * row_numel;
         const Acc* g = grads + t * static_cast<long long>(n_steps) * row_numel + j;
@@ -212,14 +197,14 @@ __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T
     typedef typename tr::Acc Acc;
     const long long rows = static_cast<long long>(n_targets) * batch;
     const int lane = threadIdx.x & 31;
-    const long long warps = ig_grid_stride() >> 5;
-    for (long long row = ig_first_index() >> 5; row < rows; row += warps) {
+    const long long warps = lig_grid_stride() >> 5;
+    for (long long row = lig_first_index() >> 5; row < rows; row += warps) {
         const long long t = row / batch;
         const long long s = row - t * batch;
         const typename tr::T* a = attr + row * features;
         Acc partial = Acc(0);
         for (long long j = lane; j < features; j += 32) partial = ig_add(partial, tr::load(a[j]));
-        const Acc total = ig_warp_sum(partial);
+        const Acc total = lig_warp_sum(partial);
         if (lane == 0) {
             const Acc f_input = ends[s * n_targets + t];
             const Acc f_baseline = ends[(static_cast<long long>(batch) + s) * n_targets + t];

@@ -125,32 +125,19 @@ struct lig_sm_sum {
     __device__ __forceinline__ float value() const { return __fsub_rn(total, carry); }
 };
 
-__device__ __forceinline__ double lig_sm_warp_sum_double(double v) {
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
-    return v;
-}
-
 // Block sum in a fixed order; the result is valid in thread 0. `scratch` holds
 // one slot per warp; a second call needs a __syncthreads() or its own scratch.
 __device__ __forceinline__ double lig_sm_block_sum_double(double v, double* scratch) {
-    v = lig_sm_warp_sum_double(v);
+    v = lig_warp_sum(v);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     if (warp == 0) {
         v = lane < LIG_SM_THREADS / 32 ? scratch[lane] : 0.0;
-        v = lig_sm_warp_sum_double(v);
+        v = lig_warp_sum(v);
     }
     return v;
-}
-
-__device__ __forceinline__ long long lig_sm_first() {
-    return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ long long lig_sm_stride() {
-    return static_cast<long long>(gridDim.x) * blockDim.x;
 }
 
 // mean/sum: out[0] = sum(loss) / divisor (divisor = n for mean, 1 for sum; for
@@ -167,8 +154,8 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
     typedef lig_sm_vec<Tag> V;
     typedef typename V::type T4;
     const float grad_scale = static_cast<float>(1.0 / divisor);
-    const long long first = lig_sm_first();
-    const long long stride = lig_sm_stride();
+    const long long first = lig_first_index();
+    const long long stride = lig_grid_stride();
     lig_sm_sum sum = {0.0f, 0.0f};
 
     long long scalar_begin = 0;
@@ -256,8 +243,8 @@ __device__ __forceinline__ void lig_sm_none(const typename lig_storage<Tag>::typ
                                             typename lig_storage<Tag>::type* __restrict__ loss_out, long long n) {
     typedef lig_sm_vec<Tag> V;
     typedef typename V::type T4;
-    const long long first = lig_sm_first();
-    const long long stride = lig_sm_stride();
+    const long long first = lig_first_index();
+    const long long stride = lig_grid_stride();
     long long scalar_begin = 0;
     if (lig_sm_aligned<Tag>(x, y, loss_out, x)) {
         const long long n_vec = n / 4;
@@ -295,8 +282,8 @@ __device__ __forceinline__ void lig_sm_none_backward(const typename lig_storage<
                                                      typename lig_storage<Tag>::type* __restrict__ grad, long long n) {
     typedef lig_sm_vec<Tag> V;
     typedef typename V::type T4;
-    const long long first = lig_sm_first();
-    const long long stride = lig_sm_stride();
+    const long long first = lig_first_index();
+    const long long stride = lig_grid_stride();
     const float g_scalar = g_is_scalar ? lig_storage<Tag>::load(g[0]) : 0.0f;
     long long scalar_begin = 0;
     if (lig_sm_aligned<Tag>(x, y, grad, g_is_scalar ? static_cast<const void*>(x) : g)) {
@@ -344,8 +331,8 @@ __device__ __forceinline__ void lig_sm_scale(typename lig_storage<Tag>::type* __
     typedef typename V::type T4;
     const float scale = lig_storage<Tag>::load(g[0]);
     if (scale == 1.0f) return;  // x * 1 == x exactly, NaN payloads included
-    const long long first = lig_sm_first();
-    const long long stride = lig_sm_stride();
+    const long long first = lig_first_index();
+    const long long stride = lig_grid_stride();
     long long scalar_begin = 0;
     if (lig_sm_aligned<Tag>(grad, grad, grad, grad)) {
         const long long n_vec = n / 4;

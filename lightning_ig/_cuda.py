@@ -11,6 +11,11 @@ Rules this module enforces for every kernel in ``kernels/*.cu``:
 * Each ``.cu`` file is compiled once per (device, options) and cached; the
   source is prefixed with ``#line 1 "<path>"`` so compiler errors name the real file.
 * Scalars are passed as numpy scalars of the kernel's exact C type.
+* A launch fills reusable argument slots and calls ``cuLaunchKernel`` directly
+  (:class:`_PreparedKernel`), which costs less host time than CuPy's own
+  launch; ``LIGHTNING_IG_PLAIN_LAUNCH=1`` in the environment (read at import;
+  :data:`use_prepared_launch`) makes every launch CuPy's, for benchmarks
+  (``benchmarks/bench_ig.py`` times both) and as a way out.
 
 CuPy is imported lazily, so the package imports and runs (on its torch path)
 where CuPy is not installed.
@@ -19,6 +24,8 @@ where CuPy is not installed.
 from __future__ import annotations
 
 import functools
+import importlib
+import os
 import threading
 import warnings
 from pathlib import Path
@@ -28,8 +35,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from lightning_ig.vocabulary import BACKENDS
+
 __all__ = [
     "CUPY_INSTALL_HINT",
+    "CupyImport",
     "cupy_available",
     "require_cupy",
     "kernel_dir",
@@ -40,42 +50,59 @@ __all__ = [
     "pointer",
     "int32",
     "int64",
-    "float32",
-    "check_cuda_tensor",
     "resolve_backend",
     "dtype_suffix",
 ]
 
 CUPY_INSTALL_HINT = (
-    "install CuPy for your CUDA version: `pip install 'lightning-ig[cuda12]'` "
-    "(cupy-cuda12x) or `pip install 'lightning-ig[cuda13]'` (cupy-cuda13x)"
+    "install CuPy for your CUDA version: `pip install cupy-cuda12x` (CUDA 12) or `pip install cupy-cuda13x` "
+    "(CUDA 13); in a clone of lightning-ig, `pip install -e '.[cuda12]'` or `'.[cuda13]'` does the same"
 )
+
+use_prepared_launch = os.environ.get("LIGHTNING_IG_PLAIN_LAUNCH", "") != "1"
+"""Launch through reusable argument slots and ``cuLaunchKernel`` (default) or, when False, through CuPy's own call."""
 
 # Kernel entry points are named <op>_<suffix>; these are the suffixes per torch dtype.
 _DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
-_lock = threading.Lock()
-_cupy: ModuleType | None = None
-_cupy_error: BaseException | None = None
+class CupyImport:
+    """CuPy, imported on first use (once, thread-safely); the error is kept when the import fails.
+
+    Args:
+        import_module: how a module is imported (``importlib.import_module``; tests pass one that fails).
+    """
+
+    def __init__(self, import_module: Callable[[str], ModuleType] = importlib.import_module) -> None:
+        self._import_module = import_module
+        self._lock = threading.Lock()
+        self._module: ModuleType | None = None
+        self.error: BaseException | None = None
+
+    def module(self) -> ModuleType | None:
+        """The ``cupy`` module, or ``None`` where it does not import."""
+        if self._module is None and self.error is None:
+            with self._lock:
+                if self._module is None and self.error is None:
+                    try:
+                        self._module = self._import_module("cupy")
+                    except Exception as error:  # noqa: BLE001 - ImportError, or a CUDA library that fails to load
+                        self.error = error
+        return self._module
+
+    def require(self) -> ModuleType:
+        """The ``cupy`` module, or a :class:`RuntimeError` that says how to install it."""
+        module = self.module()
+        if module is None:
+            raise RuntimeError(f"the CUDA backend needs CuPy, which failed to import ({self.error!r}); {CUPY_INSTALL_HINT}")
+        return module
 
 
-def _import_cupy() -> ModuleType | None:
-    global _cupy, _cupy_error
-    if _cupy is None and _cupy_error is None:
-        with _lock:
-            if _cupy is None and _cupy_error is None:
-                try:
-                    import cupy  # noqa: PLC0415 - lazy on purpose
-
-                    _cupy = cupy
-                except Exception as error:  # ImportError, or a CUDA library that fails to load
-                    _cupy_error = error
-    return _cupy
+_CUPY = CupyImport()
 
 
 def cupy_available() -> bool:
     """Whether CuPy imports on this machine (it says nothing about a CUDA device)."""
-    return _import_cupy() is not None
+    return _CUPY.module() is not None
 
 
 def require_cupy() -> ModuleType:
@@ -84,10 +111,7 @@ def require_cupy() -> ModuleType:
     Raises:
         RuntimeError: CuPy is not installed or fails to import.
     """
-    cupy = _import_cupy()
-    if cupy is None:
-        raise RuntimeError(f"the CUDA backend needs CuPy, which failed to import ({_cupy_error!r}); {CUPY_INSTALL_HINT}")
-    return cupy
+    return _CUPY.require()
 
 
 def kernel_dir() -> Path:
@@ -184,8 +208,8 @@ def launch(
         kernel: from :func:`get_kernel`.
         grid: blocks per grid (an int or a tuple of up to three).
         block: threads per block (an int or a tuple of up to three).
-        args: kernel arguments: :func:`pointer` for tensors, :func:`int32`,
-            :func:`int64` or :func:`float32` for scalars.
+        args: kernel arguments: :func:`pointer` for tensors, :func:`int32` or
+            :func:`int64` for integers, ``np.float32``/``np.float64`` for floating scalars.
         device: the CUDA device the tensors live on (or its index).
         shared_mem: dynamic shared memory in bytes.
     """
@@ -198,7 +222,7 @@ def launch(
     handle = current_stream_handle(index)
     cupy = require_cupy()
     same_device = cupy.cuda.runtime.getDevice() == index
-    prepared = _prepared(kernel, index) if same_device else None
+    prepared = _prepared(kernel, index) if same_device and use_prepared_launch else None
     if prepared is not None and prepared.launch(grid, block, args, handle, shared_mem):
         return
     # CuPy's own launch: converts every argument per call (~10 us of host time).
@@ -305,11 +329,6 @@ def int64(value: int) -> np.int64:
     return np.int64(value)
 
 
-def float32(value: float) -> np.float32:
-    """``value`` as a C ``float``."""
-    return np.float32(value)
-
-
 def dtype_suffix(dtype: torch.dtype) -> str:
     """The kernel-name suffix for ``dtype`` (``f32``, ``f16``, ``bf16``).
 
@@ -323,44 +342,6 @@ def dtype_suffix(dtype: torch.dtype) -> str:
         raise TypeError(f"the CUDA kernels take {supported}; got {dtype}") from None
 
 
-def check_cuda_tensor(
-    name: str,
-    tensor: Any,
-    *,
-    device: torch.device | None = None,
-    dtypes: Sequence[torch.dtype] | None = None,
-    numel: int | None = None,
-    contiguous: bool = True,
-) -> None:
-    """Check a tensor before its pointer goes to a kernel.
-
-    Args:
-        name: the argument's name, used in the message.
-        tensor: the value to check.
-        device: the device it must be on.
-        dtypes: the dtypes it may have.
-        numel: the number of elements it must have.
-        contiguous: whether it must be contiguous.
-
-    Raises:
-        TypeError: not a tensor, or a dtype outside ``dtypes``.
-        ValueError: not on a CUDA device, on another device than ``device``,
-            not contiguous, or of the wrong size.
-    """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {tensor.device}")
-    if device is not None and tensor.device != torch.device(device):
-        raise ValueError(f"{name} is on {tensor.device} but the other arguments are on {device}; move them together")
-    if dtypes is not None and tensor.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {tensor.dtype}")
-    if contiguous and not tensor.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
-    if numel is not None and tensor.numel() != numel:
-        raise ValueError(f"{name} must have {numel} elements, got {tensor.numel()} (shape {tuple(tensor.shape)})")
-
-
 def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     """Turn ``"auto"``/``"cuda"``/``"torch"`` into the backend that will run.
 
@@ -371,7 +352,9 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
         ValueError: an unknown backend name, or ``"cuda"`` with tensors off the GPU.
         RuntimeError: ``"cuda"`` where CuPy cannot be imported.
     """
-    if backend not in ("auto", "cuda", "torch"):
+    if backend not in BACKENDS:
+        # The engine and the loss check their names with lightning_ig.vocabulary first; this message is kept for
+        # callers that reach here directly (the loss on main until it does so too).
         raise ValueError(f"backend must be 'auto', 'cuda' or 'torch', got {backend!r}")
     if backend == "torch":
         return "torch"

@@ -51,24 +51,27 @@ def check_output_file(
             another non-regular file, names a missing folder, or is not writable.
     """
     target = Path(path)
+    shown = os.fspath(path)  # the user's spelling, for the messages
     real = _resolved(target)
     for source in inputs:
         if source is not None and _resolved(Path(source)) == real:
             raise OutputPathError(
-                f"{what} {str(target)!r} is also an input of this run ({str(source)!r}); "
+                f"{what} {shown!r} is also an input of this run ({os.fspath(source)!r}); "
                 "writing the output there would destroy it: choose another file name"
             )
-    if str(path).endswith(os.sep) or real.is_dir():
-        raise OutputPathError(f"{what} {str(target)!r} is a folder; give a file name inside it")
+    if real.is_dir():
+        raise OutputPathError(f"{what} {shown!r} is a folder; give a file name inside it")
+    if shown.endswith(os.sep):
+        raise OutputPathError(f"{what} {shown!r} is a folder name (it ends with {os.sep!r}); give a file name")
     if real.exists() and not stat.S_ISREG(real.stat().st_mode):
         raise OutputPathError(
-            f"{what} {str(target)!r} is not a regular file (a device, FIFO or socket); give a plain file name"
+            f"{what} {shown!r} is not a regular file (a device, FIFO or socket); give a plain file name"
         )
     folder = real.parent
     if not folder.is_dir():
-        raise OutputPathError(f"{what} {str(target)!r}: the folder {str(folder)!r} does not exist; create it first")
+        raise OutputPathError(f"{what} {shown!r}: the folder {str(folder)!r} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (real.exists() and not os.access(real, os.W_OK)):
-        raise OutputPathError(f"{what} {str(target)!r} is not writable; choose a folder you can write to")
+        raise OutputPathError(f"{what} {shown!r} is not writable; choose a folder you can write to")
     return target
 
 

@@ -7,8 +7,8 @@ float32, and its gradient turns into NaN there).
 
 Three layers with one stem, as in Liger-Kernel:
 
-* the kernels (``kernels/soft_margin.cu``), their launchers and
-  ``_SoftMarginFunction``, an :class:`torch.autograd.Function`. For
+* the kernels (``kernels/soft_margin.cu``), their launchers and an
+  :class:`torch.autograd.Function`, in :mod:`lightning_ig._soft_margin_cuda`. For
   ``mean``/``sum`` the forward is ONE launch that also writes ``dL/dx`` (the
   reduction's scale folded in) when the input needs a gradient; the backward
   only scales that by ``grad_output``, read on the device (no host sync): for
@@ -17,7 +17,8 @@ Three layers with one stem, as in Liger-Kernel:
   cheaper to launch. ``reduction="none"`` is one elementwise launch forward and
   one backward.
 * :class:`SoftMarginLoss`, a thin ``nn.Module`` with torch's constructor;
-* :func:`soft_margin_loss`, the functional form;
+* :func:`soft_margin_loss`, the functional form, which checks the arguments and
+  picks the path;
 
 plus :func:`swap_soft_margin`, which switches an existing model over in one
 line, and ``_soft_margin_torch``, the same math in plain torch: the path for
@@ -45,31 +46,22 @@ documentation asks: the first call compiles the kernels).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from lightning_ig import _cuda
+from lightning_ig._soft_margin_cuda import soft_margin_cuda
+from lightning_ig.vocabulary import BACKENDS, check_choice
 
-__all__ = ["soft_margin_loss", "SoftMarginLoss", "swap_soft_margin"]
+__all__ = ["SoftMarginLoss", "soft_margin_loss", "swap_soft_margin"]
 
 Reduction = Literal["none", "mean", "sum"]
 Backend = Literal["auto", "cuda", "torch"]
 
-_REDUCTIONS = ("none", "mean", "sum")
-_BACKENDS = ("auto", "cuda", "torch")
+REDUCTIONS = ("none", "mean", "sum")
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-# Launch geometry; it must match the constants at the top of kernels/soft_margin.cu.
-_KERNEL_FILE = "soft_margin.cu"
-_THREADS = 256  # LIG_SM_THREADS
-_BLOCKS_PER_SM = 4  # LIG_SM_MIN_BLOCKS: the grid fills every SM once, no tail wave
-_UNROLL = 4  # LIG_SM_UNROLL: 4-element vectors per thread per iteration in the reduction
-_MAX_GRID = 4096  # LIG_SM_MAX_GRID: partial sums a workspace holds
-# Up to this many elements the mean/sum backward scales with torch's mul_ (see _launch_scale_).
-_TORCH_SCALE_MAX_ELEMENTS = 1 << 22
 
 
 # --------------------------------------------------------------------------- public API
@@ -123,47 +115,20 @@ def soft_margin_loss(
         33.8134
         >>> loss.backward()
     """
-    if not isinstance(input, Tensor):
-        raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
-    if not isinstance(target, Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if not input.is_floating_point():
-        raise TypeError(f"input must be a floating-point tensor, got {input.dtype}; convert it with .float()")
-    if target.requires_grad and torch.is_grad_enabled():
-        # torch's soft_margin_loss has no derivative for the target either; same kind of error
-        raise RuntimeError(
-            "soft_margin_loss is not differentiable with respect to target, which requires grad; "
-            "pass target.detach()"
-        )
+    _check_arguments(input, target, reduction)
+    check_choice(backend, BACKENDS, "backend")
     resolved = _cuda.resolve_backend(backend, input, target)
-
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
         # torch's autocast runs soft_margin_loss in float32; do the same, so swapping is invisible
         input = input.float()
-    if target.shape != input.shape:
-        target = _broadcast_target(target, input)
-    if target.dtype != input.dtype and not torch.can_cast(torch.promote_types(input.dtype, target.dtype), input.dtype):
-        raise RuntimeError(
-            f"soft_margin_loss computes in the input's dtype {input.dtype}, and a target of dtype "
-            f"{target.dtype} cannot be cast to it (torch refuses the same); pass a real-valued target"
-        )
-
-    if resolved == "cuda" and input.dtype not in _CUDA_DTYPES:
-        if backend == "cuda":
-            raise TypeError(
-                f"backend='cuda': the fused kernels take float32, float16 and bfloat16, got {input.dtype}; "
-                "use backend='auto' or 'torch' for it"
-            )
-        resolved = "torch"
-    if resolved == "torch":
-        return _soft_margin_torch(input, target, reduction)
-    if torch.compiler.is_compiling():
-        # raw pointers and CuPy launches cannot be traced: torch.compile runs this part
-        # eagerly (wrapped here, not at import, since the wrapper imports torch._dynamo)
-        return torch.compiler.disable(_soft_margin_cuda)(input, target, reduction)
-    return _soft_margin_cuda(input, target, reduction)
+    target = _target_like(target, input)
+    if _use_kernels(resolved, backend, input):
+        if torch.compiler.is_compiling():
+            # raw pointers and CuPy launches cannot be traced: torch.compile runs this part
+            # eagerly (wrapped here, not at import, since the wrapper imports torch._dynamo)
+            return torch.compiler.disable(soft_margin_cuda)(input, target, reduction)
+        return soft_margin_cuda(input, target, reduction)
+    return _soft_margin_torch(input, target, reduction)
 
 
 class SoftMarginLoss(nn.SoftMarginLoss):
@@ -200,10 +165,8 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         backend: Backend = "auto",
     ) -> None:
         super().__init__(size_average, reduce, reduction)
-        if self.reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {self.reduction!r}")
-        _check_backend_name(backend)
-        self.backend = backend
+        check_choice(self.reduction, REDUCTIONS, "reduction")
+        self.backend = check_choice(backend, BACKENDS, "backend")
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
         """The loss of ``input`` against ``target``; see :func:`soft_margin_loss`."""
@@ -219,7 +182,9 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
     The one-line loss option for an existing model or LightningModule: it walks
     the whole module tree (nested modules, ``ModuleList``, ``ModuleDict``,
     ``Sequential``), keeps each loss's ``reduction`` and training flag, and keeps
-    a loss shared by several parents shared. Only modules whose type is exactly
+    aliases aliased: every name of one loss (``m.criterion = m.aux = loss``, a loss
+    shared by several parents or listed twice in a container) gets the same new
+    loss. Only modules whose type is exactly
     ``torch.nn.SoftMarginLoss`` are replaced: a user subclass may have changed
     ``forward``, and losses already fused are left alone. Hooks registered on an
     old loss do not move to its replacement; a loss held outside the module tree
@@ -230,7 +195,7 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
         backend: The ``backend`` of the new losses. Default ``"auto"``.
 
     Returns:
-        How many distinct losses were replaced.
+        How many distinct losses were replaced (a loss with several names counts once).
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``.
@@ -253,18 +218,20 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
             "module tree and cannot rebind your reference: use "
             f"lightning_ig.SoftMarginLoss(reduction={module.reduction!r}) instead"
         )
-    _check_backend_name(backend)
+    check_choice(backend, BACKENDS, "backend")
     replacements: dict[int, SoftMarginLoss] = {}
-    for parent in list(module.modules()):  # a list: the tree changes under the loop
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.SoftMarginLoss:
-                continue
-            fused = replacements.get(id(child))
-            if fused is None:
-                fused = SoftMarginLoss(reduction=child.reduction, backend=backend)  # type: ignore[arg-type]
-                fused.train(child.training)
-                replacements[id(child)] = fused
-            setattr(parent, name, fused)
+    # Every name of every loss, aliases included: named_children() and modules() skip a
+    # module already seen, so `m.criterion = m.aux = loss` would leave m.aux behind.
+    # A list first: the tree changes under the loop.
+    found = [(name, child) for name, child in module.named_modules(remove_duplicate=False) if type(child) is nn.SoftMarginLoss]
+    for qualified_name, child in found:
+        fused = replacements.get(id(child))
+        if fused is None:
+            fused = SoftMarginLoss(reduction=child.reduction, backend=backend)  # type: ignore[arg-type]
+            fused.train(child.training)
+            replacements[id(child)] = fused
+        parent_name, _, name = qualified_name.rpartition(".")
+        setattr(module.get_submodule(parent_name), name, fused)
     return len(replacements)
 
 
@@ -291,233 +258,6 @@ def _soft_margin_torch(input: Tensor, target: Tensor, reduction: str) -> Tensor:
     return loss
 
 
-def _gradient_torch(input: Tensor, target: Tensor, grad_output: Tensor, reduction: str) -> Tensor:  # noqa: A002
-    """``grad_output * dL/dx`` from differentiable torch ops, for ``create_graph=True``."""
-    # d/dx log(1 + exp(-y x)) = -y sigmoid(-y x); torch.sigmoid is stable at both ends
-    gradient = -target * torch.sigmoid(-target * input)
-    if reduction == "mean":
-        gradient = gradient / input.numel()
-    return gradient * grad_output
-
-
-# --------------------------------------------------------------------------- CUDA path
-
-
-def _soft_margin_cuda(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
-    # The path from here to the launch is kept short: at 512 x 4096 host time is the cost.
-    if input.get_device() != target.get_device():
-        raise ValueError(
-            f"input is on {input.device} and target on {target.device}; move them to one device"
-        )
-    if target.dtype != input.dtype:
-        target = target.to(input.dtype)
-    # The kernels read flat buffers. A non-contiguous input (or a broadcast target)
-    # is copied once; autograd routes the gradient back through that copy.
-    if not input.is_contiguous():
-        input = input.contiguous()
-    if not target.is_contiguous():
-        target = target.contiguous()
-    if input.requires_grad and torch.is_grad_enabled():
-        return _SoftMarginFunction.apply(input, target, reduction)
-    # Nothing will differentiate this call: skip autograd and the gradient write.
-    if reduction == "none":
-        return _launch_none(input, target)
-    return _launch_reduce(input, target, reduction, with_grad=False)[0]
-
-
-class _SoftMarginFunction(torch.autograd.Function):
-    """Autograd over the fused kernels. ``input`` and ``target`` are contiguous, same dtype and device."""
-
-    @staticmethod
-    def forward(ctx: Any, input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
-        ctx.reduction = reduction
-        ctx.save_for_backward(input, target)
-        if reduction == "none":
-            return _launch_none(input, target)
-        loss, gradient = _launch_reduce(input, target, reduction, with_grad=True)
-        # dL/dx for grad_output == 1, handed out (and scaled in place) by the first backward
-        ctx.gradient = gradient
-        return loss
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None]:
-        if torch.is_grad_enabled():
-            # create_graph=True: build the gradient from differentiable ops so that
-            # second derivatives are right (the kernels' output is a constant to autograd)
-            input, target = ctx.saved_tensors
-            return _gradient_torch(input, target, grad_output, ctx.reduction), None, None
-        if ctx.reduction == "none":
-            input, target = ctx.saved_tensors
-            return _launch_none_backward(input, target, grad_output), None, None
-        gradient = ctx.gradient
-        if gradient is None:
-            # a second backward through a retained graph: the first one handed the buffer out
-            input, target = ctx.saved_tensors
-            gradient = _launch_reduce(input, target, ctx.reduction, with_grad=True)[1]
-        ctx.gradient = None  # ours alone from here, so scaling in place is safe
-        _launch_scale_(gradient, grad_output)
-        return gradient, None, None
-
-
-# Caches that keep the per-call host path short: kernels per (entry point, dtype,
-# device), grid limits per device, workspaces per (device, stream), and the grid
-# and scalar arguments per reduction size.
-_kernels: dict[tuple[str, torch.dtype, int], Any] = {}
-_grid_limits: dict[int, int] = {}
-_workspaces: dict[tuple[int, int], tuple[Tensor, tuple[np.uint64, np.uint64]]] = {}
-_plans: dict[tuple[int, str, int], tuple[int, tuple[np.int64, np.float64]]] = {}
-
-
-def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
-    key = (op, dtype, device_index)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        name = f"{op}_{_cuda.dtype_suffix(dtype)}"
-        kernel = _cuda.get_kernel(_KERNEL_FILE, name, device_index)
-        _kernels[key] = kernel
-    return kernel
-
-
-def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
-    """Blocks for ``n`` elements: enough to cover them, at most ``_BLOCKS_PER_SM`` per SM.
-
-    A fixed grid for a given ``n`` and device is what makes the reduction order,
-    hence the result, the same on every call.
-    """
-    limit = _grid_limits.get(device_index)
-    if limit is None:
-        sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
-        limit = _grid_limits[device_index] = max(1, min(_MAX_GRID, sm_count * _BLOCKS_PER_SM))
-    per_block = _THREADS * elements_per_thread
-    return max(1, min(limit, -(-n // per_block)))
-
-
-def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.uint64, np.uint64]]:
-    """Partial sums and the ticket counter for one reduction launch.
-
-    Returns ``(the workspace tensor, (partials pointer, counter pointer))``.
-    The counter must be zero before a launch (the kernel's last block puts it
-    back to zero), and two launches that may overlap must not share it. Launches
-    on one stream never overlap, so eager calls share one zeroed workspace per
-    (device, stream), allocated once. A launch being captured into a CUDA graph
-    gets its own, zeroed from the graph's memory pool as part of the graph, so
-    replays of different graphs never share a counter either. (Whether a capture
-    is in progress is asked of the current device's current stream.)
-    """
-    if torch.cuda.is_current_stream_capturing():
-        # float64 zeros: `grid` partial sums, then the counter (the low word of 0.0 is 0u)
-        scratch = like.new_zeros(grid + 1, dtype=torch.float64)
-        base = scratch.data_ptr()
-        return scratch, (np.uint64(base), np.uint64(base + 8 * grid))
-    key = (index, _cuda.current_stream_handle(index))
-    cached = _workspaces.get(key)
-    if cached is None:
-        # kept for the life of the process: 32 KiB per stream that ran a reduction
-        scratch = like.new_zeros(_MAX_GRID + 1, dtype=torch.float64)
-        base = scratch.data_ptr()
-        cached = _workspaces[key] = (scratch, (np.uint64(base), np.uint64(base + 8 * _MAX_GRID)))
-    return cached
-
-
-def _reduce_plan(n: int, reduction: str, index: int) -> tuple[int, tuple[np.int64, np.float64]]:
-    """The grid and the scalar arguments for a mean/sum of ``n`` elements (cached per size)."""
-    key = (n, reduction, index)
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 1024:  # many distinct sizes: start over rather than grow without bound
-            _plans.clear()
-        # mean of nothing is 0 / 0 = NaN in the kernel, as in torch; sum of nothing is 0
-        divisor = float(n) if reduction == "mean" else 1.0
-        plan = _plans[key] = (_grid(n, index, 4 * _UNROLL), (np.int64(n), np.float64(divisor)))
-    return plan
-
-
-
-
-def _launch_reduce(
-    input: Tensor,  # noqa: A002
-    target: Tensor,
-    reduction: str,
-    *,
-    with_grad: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """mean/sum in one launch; with ``with_grad`` also ``dL/dx`` (for grad_output == 1)."""
-    index = input.get_device()
-    grid, scalars = _reduce_plan(input.numel(), reduction, index)
-    scratch, workspace = _workspace(input, index, grid)
-    loss = input.new_empty(())
-    if with_grad:
-        gradient = torch.empty_like(input)
-        kernel = _kernel("soft_margin_reduce_grad", input.dtype, index)
-        pointers = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), _cuda.pointer(gradient))
-    else:
-        gradient = None
-        kernel = _kernel("soft_margin_reduce", input.dtype, index)
-        pointers = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss))
-    _cuda.launch(kernel, grid, _THREADS, pointers + workspace + scalars, device=index)
-    del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
-    return loss, gradient
-
-
-def _launch_none(input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-    loss = torch.empty_like(input)
-    n = input.numel()
-    if n:
-        index = input.get_device()
-        kernel = _kernel("soft_margin_none", input.dtype, index)
-        args = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), np.int64(n))
-        _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=index)
-    return loss
-
-
-def _launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) -> Tensor:  # noqa: A002
-    gradient = torch.empty_like(input)
-    n = input.numel()
-    if not n:
-        return gradient
-    if grad_output.dtype != input.dtype:
-        grad_output = grad_output.to(input.dtype)
-    if grad_output.is_contiguous():
-        g_is_scalar = 0
-    elif all(step == 0 for step in grad_output.stride()):
-        # an expanded scalar (what `loss.sum().backward()` sends): read one value, copy nothing
-        g_is_scalar = 1
-    else:
-        grad_output = grad_output.contiguous()
-        g_is_scalar = 0
-    index = input.get_device()
-    kernel = _kernel("soft_margin_none_backward", input.dtype, index)
-    args = (
-        _cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(grad_output),
-        np.int32(g_is_scalar), _cuda.pointer(gradient), np.int64(n),
-    )  # fmt: skip
-    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=index)
-    return gradient
-
-
-def _launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
-    """``gradient *= grad_output`` in place, the scalar read on the device.
-
-    Large gradients go through our kernel, which returns at once when
-    ``grad_output`` is 1 (the usual ``loss.backward()``), so the backward costs
-    no pass over memory. Small ones (where host time, not memory, is the cost)
-    take torch's ``mul_``: one full pass, but cheaper to launch than CuPy.
-    Both read the scalar on the device and round identically (x * 1 == x).
-    """
-    n = gradient.numel()
-    if not n:
-        return
-    if grad_output.dtype != gradient.dtype:
-        grad_output = grad_output.to(gradient.dtype)
-    if n <= _TORCH_SCALE_MAX_ELEMENTS:
-        gradient.mul_(grad_output)
-        return
-    index = gradient.get_device()
-    kernel = _kernel("soft_margin_scale", gradient.dtype, index)
-    args = (_cuda.pointer(gradient), _cuda.pointer(grad_output), np.int64(n))
-    _cuda.launch(kernel, _grid(n, index, 4), _THREADS, args, device=index)
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -533,6 +273,43 @@ def _broadcast_target(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
         ) from None
 
 
-def _check_backend_name(backend: object) -> None:
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be 'auto', 'cuda' or 'torch', got {backend!r}")
+def _check_arguments(input: Tensor, target: Tensor, reduction: str) -> None:  # noqa: A002
+    if not isinstance(input, Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
+    if not isinstance(target, Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_choice(reduction, REDUCTIONS, "reduction")
+    if not input.is_floating_point():
+        raise TypeError(f"input must be a floating-point tensor, got {input.dtype}; convert it with .float()")
+    if target.requires_grad and torch.is_grad_enabled():
+        # torch's soft_margin_loss has no derivative for the target either; same kind of error
+        raise RuntimeError(
+            "soft_margin_loss is not differentiable with respect to target, which requires grad; "
+            "pass target.detach()"
+        )
+
+
+def _target_like(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
+    """``target`` broadcast to the input's shape, refused where torch refuses its dtype."""
+    if target.shape != input.shape:
+        target = _broadcast_target(target, input)
+    if target.dtype != input.dtype and not torch.can_cast(torch.promote_types(input.dtype, target.dtype), input.dtype):
+        raise RuntimeError(
+            f"soft_margin_loss computes in the input's dtype {input.dtype}, and a target of dtype "
+            f"{target.dtype} cannot be cast to it (torch refuses the same); pass a real-valued target"
+        )
+    return target
+
+
+def _use_kernels(resolved: str, backend: str, input: Tensor) -> bool:  # noqa: A002
+    """Whether the fused kernels run: the resolved backend is CUDA and they take the dtype."""
+    if resolved != "cuda":
+        return False
+    if input.dtype in _CUDA_DTYPES:
+        return True
+    if backend == "cuda":
+        raise TypeError(
+            f"backend='cuda': the fused kernels take float32, float16 and bfloat16, got {input.dtype}; "
+            "use backend='auto' or 'torch' for it"
+        )
+    return False  # float64 on a CUDA device: the torch twin

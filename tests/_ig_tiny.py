@@ -57,6 +57,73 @@ class TinyQNet(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class ConvQNet(pl.LightningModule):
+    """(C, H, W) or (C, L) frames (or flat vectors) -> 2 Q-values: a small smooth conv net for the image tests."""
+
+    def __init__(self, input_shape: tuple[int, ...] = (3, 16, 16), lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        channels = input_shape[0]
+        if len(input_shape) == 3:
+            self.encoder = torch.nn.Sequential(torch.nn.Conv2d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten())
+        elif len(input_shape) == 2:
+            self.encoder = torch.nn.Sequential(torch.nn.Conv1d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten())
+        else:
+            self.encoder = torch.nn.Sequential(torch.nn.Linear(channels, 16), torch.nn.Tanh())
+        width = self.encoder(torch.zeros(1, *input_shape)).shape[1]
+        self.head = torch.nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))  # (N, 2)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class NatureDuelingQNet(pl.LightningModule):
+    """The Nature-DQN convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1) with dueling streams, for (4, 84, 84) frames."""
+
+    def __init__(self, actions: int = 6, activation: type[torch.nn.Module] = torch.nn.ReLU) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 32, 8, 4), activation(), torch.nn.Conv2d(32, 64, 4, 2), activation(),
+            torch.nn.Conv2d(64, 64, 3, 1), activation(), torch.nn.Flatten(),
+        )  # fmt: skip
+        self.value = torch.nn.Sequential(torch.nn.Linear(3136, 512), activation(), torch.nn.Linear(512, 1))
+        self.advantage = torch.nn.Sequential(torch.nn.Linear(3136, 512), activation(), torch.nn.Linear(512, actions))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.encoder(x)
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(1, keepdim=True)  # (N, A); mean over A = V(s)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x).mean(1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def frames(n: int, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """``n`` random frames of ``shape`` in [0, 1] with a bright square (some structure for the saliency maps)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, *shape, generator=generator) * 0.3
+    if len(shape) == 3:
+        x[:, :, shape[1] // 4 : shape[1] // 2, shape[2] // 4 : shape[2] // 2] += 0.6
+    return x
+
+
+def frame_dataset(n: int, shape: tuple[int, ...], outputs: int = 2, seed: int = 0) -> TensorDataset:
+    x = frames(n, shape, seed)
+    y = x.reshape(n, -1)[:, :outputs] * 2.0 - 1.0
+    return TensorDataset(x, y if outputs > 1 else y[:, 0])
+
+
 def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=generator)

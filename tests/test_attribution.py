@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from _tolerance import assert_close_scaled, eps, rounding_bound
 from hypothesis import strategies as st
 
-from lightning_ig import attribution
 from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
+from lightning_ig.attribution.backends import TorchBackend
 from lightning_ig.quadrature import METHODS
 
 ALL_METHODS = list(METHODS)
+TWINS = TorchBackend()
 CAPTUM_SAME = ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle"]
 F64 = torch.float64
 
@@ -186,7 +187,7 @@ def test_targets_mean_index_per_row_each_and_callable() -> None:
     for action in range(4):
         one = integrated_gradients(model, x, target=action, n_steps=8)
         assert_close_scaled(one.attributions, each.attributions[action], ulps=8, dtype=F64)
-        assert one.target == f"index:{action}"
+        assert one.target == f"action:{action}"  # vocabulary.target_label, as in the report
     rows = torch.tensor([0, 3, 1, 2, 2, 0])
     per_row = integrated_gradients(model, x, target=rows, n_steps=8)
     assert_close_scaled(per_row.attributions, each.attributions[rows, torch.arange(6)], ulps=8, dtype=F64)
@@ -421,26 +422,28 @@ def test_interpolation_twin_layout_and_exact_ends() -> None:
     x = torch.randn(3, 5)
     b = torch.randn(3, 5)
     alphas = torch.tensor([0.0, 0.25, 1.0])
-    points = attribution._interpolate_torch(x, b, alphas, with_ends=True)
+    points = TWINS.interpolate(x, b, alphas, with_ends=True)
     assert points.shape == (5, 3, 5)
     assert torch.equal(points[0], b) and torch.equal(points[3], x) and torch.equal(points[4], b)
-    torch.testing.assert_close(points[1], b + 0.25 * (x - b))
+    assert torch.equal(points[1], b + 0.25 * (x - b))  # the same float32 operations
 
 
 def test_probe_and_gradient_twins() -> None:
     points = torch.randn(4, 3, dtype=torch.float64)
     h = torch.rand(2, 3, dtype=torch.float64) + 0.1  # (B=2, F)
-    probes = attribution._fd_probes_torch(points, h, point_offset=1)
+    probes = TWINS.fd_probes(points, h, point_offset=1)
     assert probes.shape == (4, 2, 3, 3)
     for p in range(4):
         state = (1 + p) % 2
         expected_plus = points[p].expand(3, 3) + torch.diag(h[state])
-        torch.testing.assert_close(probes[p, 0], expected_plus)
-        torch.testing.assert_close(probes[p, 1], points[p].expand(3, 3) - torch.diag(h[state]))
+        assert torch.equal(probes[p, 0], expected_plus)  # one float64 addition on the diagonal, none elsewhere
+        assert torch.equal(probes[p, 1], points[p].expand(3, 3) - torch.diag(h[state]))
+    into = torch.full((4 * 2 * 3, 3), -1.0, dtype=torch.float64)  # a chunk's forward buffer, (P 2 F, F)
+    assert TWINS.fd_probes(points, h, 1, out=into) is into and torch.equal(into.view(4, 2, 3, 3), probes)
     slope = torch.tensor([[1.0, -2.0], [0.5, 3.0], [2.0, 0.0]], dtype=torch.float64)  # (F, T)
     f = probes @ slope  # (P, 2, F, T): a linear forward, so central differences are exact
     out = torch.empty(2, 4, 3, dtype=torch.float64)
-    attribution._fd_gradient_torch(points, h, f, 1, out)
+    TWINS.fd_gradient(points, h, f, 1, out)
     # The differences of f round at f's size; divided by the step 2 h >= 0.2.
     bound = 4 * eps(F64) * float(f.abs().max()) / float(2 * h.min())
     assert float((out - slope.T.unsqueeze(1).expand(2, 4, 3)).abs().max()) <= bound
@@ -451,8 +454,10 @@ def test_accumulation_twin_sums_in_step_order() -> None:
     b = torch.randn(2, 3)
     weights = torch.tensor([0.1, 0.7, 0.2])
     grads = torch.randn(2, 3, 2, 3)  # (T, n, B, F)
-    attr = attribution._accumulate_torch(x, b, weights, grads)
-    torch.testing.assert_close(attr, (x - b) * torch.einsum("k,tkbf->tbf", weights, grads))
+    attr = TWINS.accumulate(x, b, weights, grads)
+    # Three products and sums in step order against einsum's order: a few float32 roundings.
+    expected = (x - b) * torch.einsum("k,tkbf->tbf", weights, grads)
+    assert_close_scaled(attr, expected, ulps=8, dtype=torch.float32, scale=float(((x - b).abs() * grads.abs().sum(1)).max()))
 
 
 # --------------------------------------------------------------------------- property tests
@@ -548,18 +553,25 @@ def test_error_forward_returning_the_wrong_shape() -> None:
 
 def test_error_n_steps_method_and_options() -> None:
     x = torch.randn(2, 3)
-    with pytest.raises(ValueError, match="n_steps must be >= 1, got 0"):
+    # The words of lightning_ig.vocabulary, as the callback and the command line say them.
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=50"):
         integrated_gradients(_forward, x, n_steps=0)
-    with pytest.raises(TypeError, match="n_steps must be an int >= 1 or 'auto', got float"):
+    with pytest.raises(TypeError, match="n_steps must be an int >= 1, got float"):
         integrated_gradients(_forward, x, n_steps=2.5)
-    with pytest.raises(ValueError, match="unknown method 'simpson'; choose one of"):
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1 or 'auto', got 'many'"):
+        integrated_gradients(_forward, x, n_steps="many")
+    with pytest.raises(ValueError, match="method must be one of 'riemann_left', .*'gausslegendre'; got 'simpson'"):
         integrated_gradients(_forward, x, method="simpson")
     with pytest.raises(ValueError, match="riemann_trapezoid' needs n_steps >= 2"):
         integrated_gradients(_forward, x, method="riemann_trapezoid", n_steps=1)
-    with pytest.raises(ValueError, match="gradient must be 'autograd' or 'finite_difference', got 'numeric'"):
+    with pytest.raises(ValueError, match="gradient must be one of 'autograd', 'finite_difference'; got 'numeric'"):
         integrated_gradients(_forward, x, gradient="numeric")
-    with pytest.raises(ValueError, match="internal_batch_size must be None"):
+    with pytest.raises(ValueError, match="internal_batch_size must be an int >= 1, got 0"):
         integrated_gradients(_forward, x, internal_batch_size=0)
+    with pytest.raises(ValueError, match="completeness_tol must be a finite number > 0, got 0"):
+        integrated_gradients(_forward, x, completeness_tol=0)
+    with pytest.raises(TypeError, match="check_finite must be True or False, got str"):
+        integrated_gradients(_forward, x, check_finite="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="target must be None, 'mean', 'each'"):
         integrated_gradients(_forward, x, target="max")
     with pytest.raises(ValueError, match="a target tensor must have shape \\(B,\\) = \\(2,\\)"):
@@ -578,7 +590,7 @@ def test_error_autograd_on_a_forward_autograd_cannot_differentiate() -> None:
 def test_error_cuda_backend_without_a_device() -> None:
     with pytest.raises(ValueError, match="backend='cuda' needs a CUDA device"):
         integrated_gradients(_forward, torch.randn(2, 3), backend="cuda")
-    with pytest.raises(ValueError, match="backend must be 'auto', 'cuda' or 'torch'"):
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'cuda', 'torch'; got 'triton'"):
         integrated_gradients(_forward, torch.randn(2, 3), backend="triton")
 
 
@@ -593,159 +605,6 @@ def test_target_forward_rejects_what_it_cannot_express() -> None:
         torch.testing.assert_close(forward(torch.ones(2, 3)), torch.full((2,), 2.0))
 
 
-# --------------------------------------------------------------------------- the graph cache's plumbing, emulated on the CPU
-
-
-class _EmulatedGraph:
-    """Stands in for a captured CUDA graph: replay reruns the computation into the captured output tensors."""
-
-    def __init__(self, compute, outputs, packed) -> None:  # type: ignore[no-untyped-def]
-        self.compute, self.outputs, self.packed = compute, outputs, packed
-        self.replays = 0
-
-    def replay(self) -> None:
-        fresh = self.compute()
-        for name, tensor in self.outputs.items():
-            tensor.copy_(fresh[name])
-        if self.packed is not None:
-            self.packed.copy_(attribution._pack(fresh))
-        self.replays += 1
-
-
-@pytest.fixture
-def emulated_graphs(monkeypatch: pytest.MonkeyPatch) -> list[_EmulatedGraph]:
-    graphs: list[_EmulatedGraph] = []
-
-    def capture(compute, device):  # type: ignore[no-untyped-def]
-        compute()  # the warm-up
-        outputs = compute()
-        packed = attribution._pack(outputs)
-        graphs.append(_EmulatedGraph(compute, outputs, packed))
-        return graphs[-1], outputs, packed
-
-    monkeypatch.setattr(attribution, "_capture_graph", capture)
-    monkeypatch.setattr(
-        IntegratedGradients, "_graph_wanted",
-        staticmethod(lambda s, inputs: s.cuda_graph is not False and s.n_steps != "auto" and s.gradient == "autograd"),
-    )  # fmt: skip
-    return graphs
-
-
-def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates(emulated_graphs: list[_EmulatedGraph]) -> None:
-    model = _dueling(5, 3, seed=40)
-    engine = IntegratedGradients(model, target="mean", n_steps=10)
-    x = torch.randn(4, 5, dtype=torch.float64)
-    first = engine.attribute(x)
-    assert engine.last_mode == "capture" and first.cuda_graph and len(emulated_graphs) == 1
-    torch.testing.assert_close(first.attributions, integrated_gradients(model, x, target="mean", n_steps=10).attributions)
-    second = engine.attribute(x)  # the fast path
-    assert engine.last_mode == "graph" and emulated_graphs[0].replays == 2
-    assert torch.equal(second.attributions, first.attributions)
-    second.attributions.zero_()  # results are copies: the next replay is unaffected
-    fresh = torch.randn(4, 5, dtype=torch.float64)
-    replayed = engine.attribute(fresh)
-    expected = integrated_gradients(model, fresh, target="mean", n_steps=10)
-    torch.testing.assert_close(replayed.attributions, expected.attributions, rtol=0, atol=0)
-    torch.testing.assert_close(replayed.delta, expected.delta, rtol=0, atol=0)
-    assert torch.equal(replayed.degenerate, expected.degenerate) and torch.equal(replayed.baselines, expected.baselines)
-    with torch.no_grad():
-        model.body[0].weight.mul_(1.5)
-    updated = engine.attribute(fresh)
-    torch.testing.assert_close(updated.attributions, integrated_gradients(model, fresh, target="mean", n_steps=10).attributions)
-    engine.attribute(torch.randn(6, 5, dtype=torch.float64))  # a new shape: a second capture
-    assert len(emulated_graphs) == 2 and engine.last_mode == "capture"
-
-
-@pytest.mark.parametrize("baselines", ["mean", 0.5, "tensor"])
-def test_graph_cache_with_baselines_and_per_row_targets(emulated_graphs: list[_EmulatedGraph], baselines: object) -> None:
-    model = _dueling(5, 3, seed=41)
-    engine = IntegratedGradients(model, n_steps=7)
-    for seed in range(3):
-        generator = torch.Generator().manual_seed(seed)
-        x = torch.randn(4, 5, generator=generator, dtype=torch.float64)
-        given = torch.randn(5, generator=generator, dtype=torch.float64) if baselines == "tensor" else baselines
-        rows = torch.tensor([seed % 3, 2, 0, 1])
-        result = engine.attribute(x, given, target=rows)
-        expected = integrated_gradients(model, x, given, target=rows, n_steps=7)
-        torch.testing.assert_close(result.attributions, expected.attributions, rtol=0, atol=0)
-        torch.testing.assert_close(result.baselines, expected.baselines, rtol=0, atol=0)
-    assert len(emulated_graphs) == 1 and engine.last_mode == "graph"
-
-
-def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice(
-    emulated_graphs: list[_EmulatedGraph], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = _dueling(3, 2, seed=42)
-    engine = IntegratedGradients(model, target=1, n_steps=4)
-    x = torch.randn(2, 3, dtype=torch.float64)
-    checks: list[str] = []
-    real_check = attribution.check_finite
-    monkeypatch.setattr(attribution, "check_finite", lambda name, t: (checks.append(name), real_check(name, t)))
-    engine.attribute(x)
-    engine.attribute(x)
-    assert checks == ["inputs"]  # the same, unmodified tensor: one host sync in all
-    x[0, 0] = float("nan")  # modified in place: its version counter moved
-    with pytest.raises(ValueError, match="inputs holds 1 NaN/Inf"):
-        engine.attribute(x)
-
-
-def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    capturing = [False]
-    attempts: list[bool] = []
-    graphs: list[_EmulatedGraph] = []
-
-    def interpolate_kernel(*args):  # type: ignore[no-untyped-def]
-        if capturing[0]:  # as a CuPy launch would fail inside a capture on a broken set-up
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        return attribution._interpolate_torch(*args)
-
-    def capture(compute, device):  # type: ignore[no-untyped-def]
-        capturing[0] = True
-        try:
-            attempts.append(True)
-            outputs = compute()
-        finally:
-            capturing[0] = False
-        graphs.append(_EmulatedGraph(compute, outputs, attribution._pack(outputs)))
-        return graphs[-1], outputs, graphs[-1].packed
-
-    monkeypatch.setattr(attribution, "_capture_graph", capture)
-    monkeypatch.setattr(attribution, "_resolve_backend", lambda backend, inputs: "cuda")
-    monkeypatch.setattr(attribution, "_completeness_cuda", attribution._completeness_torch)
-    monkeypatch.setattr(attribution, "_interpolate_cuda", interpolate_kernel)
-    monkeypatch.setattr(attribution, "_accumulate_cuda", attribution._accumulate_torch)
-    monkeypatch.setattr(IntegratedGradients, "_graph_wanted", staticmethod(lambda s, inputs: True))
-    model = _dueling(3, 2, seed=46)
-    engine = IntegratedGradients(model, target="mean", n_steps=4)
-    x = torch.randn(2, 3, dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match="captured the torch twins instead"):
-        result = engine.attribute(x)
-    assert len(attempts) == 2 and result.cuda_graph and result.backend == "torch"
-    again = engine.attribute(x)
-    assert engine.last_mode == "graph" and again.backend == "torch" and len(graphs) == 1
-    torch.testing.assert_close(again.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions)
-
-
-def test_graph_capture_failure_falls_back_to_eager_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing(compute, device):  # type: ignore[no-untyped-def]
-        raise RuntimeError("operation not permitted when stream is capturing")
-
-    monkeypatch.setattr(attribution, "_capture_graph", failing)
-    monkeypatch.setattr(IntegratedGradients, "_graph_wanted", staticmethod(lambda s, inputs: True))
-    model = _dueling(3, 2, seed=43)
-    engine = IntegratedGradients(model, target="mean", n_steps=4)
-    x = torch.randn(2, 3, dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the attribution failed"):
-        result = engine.attribute(x)
-    assert engine.last_mode == "eager" and not result.cuda_graph
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        engine.attribute(x)  # remembered: no second attempt, no second warning
-    torch.testing.assert_close(result.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions)
-
-
 @pytest.mark.parametrize("method", ["riemann_trapezoid", "gausslegendre"])
 def test_auto_steps_with_per_row_targets_in_both_modes(method: str) -> None:
     model = _dueling(4, 3, seed=44)
@@ -756,153 +615,6 @@ def test_auto_steps_with_per_row_targets_in_both_modes(method: str) -> None:
                               gradient="finite_difference")  # fmt: skip
     assert fd.n_steps == autograd.n_steps and fd.attributions.shape == (3, 4)
     assert_close_scaled(fd.attributions, autograd.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
-
-
-# --------------------------------------------------------------------------- kernels/ig.cu compiled for the host
-
-
-_HOST_SHIM = r"""
-// Host stand-ins for kernels/common.cuh and the CUDA intrinsics ig.cu uses, so its
-// kernels run on the CPU one emulated thread at a time (grid-stride loops included).
-#pragma once
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-struct lig_dim3 { unsigned x, y, z; };
-extern "C" { lig_dim3 blockIdx, threadIdx, gridDim, blockDim; }
-extern "C" void lig_set_thread(int block, int thread, int blocks, int threads) {
-    blockIdx.x = block; threadIdx.x = thread; gridDim.x = blocks; blockDim.x = threads;
-}
-typedef unsigned short lig_half;
-typedef unsigned short lig_bf16;
-static inline float lig_half_to_float(lig_half h) { _Float16 f; std::memcpy(&f, &h, 2); return (float)f; }
-static inline lig_half lig_float_to_half(float v) { _Float16 f = (_Float16)v; lig_half h; std::memcpy(&h, &f, 2); return h; }
-static inline float lig_bf16_to_float(lig_bf16 b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
-static inline lig_bf16 lig_float_to_bf16(float f) {
-    uint32_t u; std::memcpy(&u, &f, 4);
-    if (std::isnan(f)) return 0x7fc0;
-    return (lig_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even, as cvt.rn.bf16.f32
-}
-struct lig_f32_tag {}; struct lig_f16_tag {}; struct lig_bf16_tag {};
-template <typename Tag> struct lig_storage;
-template <> struct lig_storage<lig_f32_tag> { typedef float type; static float load(float v) { return v; } static float store(float v) { return v; } };
-template <> struct lig_storage<lig_f16_tag> { typedef lig_half type; static float load(lig_half v) { return lig_half_to_float(v); } static lig_half store(float v) { return lig_float_to_half(v); } };
-template <> struct lig_storage<lig_bf16_tag> { typedef lig_bf16 type; static float load(lig_bf16 v) { return lig_bf16_to_float(v); } static lig_bf16 store(float v) { return lig_float_to_bf16(v); } };
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline double __dadd_rn(double a, double b) { return a + b; }
-static inline double __dsub_rn(double a, double b) { return a - b; }
-static inline double __dmul_rn(double a, double b) { return a * b; }
-static inline double __ddiv_rn(double a, double b) { return a / b; }
-static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
-static inline double __longlong_as_double(long long v) { double f; std::memcpy(&f, &v, 8); return f; }
-template <typename T> static inline T __shfl_down_sync(unsigned, T, int) { return T(0); }  // lanes run one by one
-"""
-
-
-@pytest.fixture(scope="module")
-def host_kernels(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """kernels/ig.cu built as a host library (g++), with launches emulated thread by thread; skipped without g++."""
-    import ctypes
-    import shutil
-    import subprocess
-
-    from lightning_ig import _cuda
-
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ is not installed")
-    folder = tmp_path_factory.mktemp("ig_host")
-    (folder / "common.cuh").write_text(_HOST_SHIM)
-    source = (_cuda.kernel_dir() / "ig.cu").read_text()
-    (folder / "ig_host.cpp").write_text(source)
-    library = folder / "libig_host.so"
-    build = subprocess.run(
-        [compiler, "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC", "-shared", f"-I{folder}", "-o", str(library),
-         str(folder / "ig_host.cpp")],  # fmt: skip
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if build.returncode != 0:
-        if "_Float16" in build.stderr:
-            pytest.skip("this g++ has no _Float16")
-        pytest.fail(f"ig.cu does not build for the host:\n{build.stderr[-3000:]}")
-    native = ctypes.CDLL(str(library))
-    state = {"grid": (2, 3)}
-
-    def argument(value):  # type: ignore[no-untyped-def]
-        kinds = {np.uint64: ctypes.c_void_p, np.int32: ctypes.c_int, np.int64: ctypes.c_longlong,
-                 np.float32: ctypes.c_float, np.float64: ctypes.c_double}  # fmt: skip
-        return kinds[type(value)](value.item())
-
-    def get_kernel(filename, name, device, options=()):  # type: ignore[no-untyped-def]
-        assert filename == "ig.cu"
-        return getattr(native, name)
-
-    def launch(kernel, grid, block, args, *, device, shared_mem=0):  # type: ignore[no-untyped-def]
-        converted = [argument(a) for a in args]
-        blocks, threads = state["grid"]
-        for block_index in range(blocks):
-            for thread_index in range(threads):
-                native.lig_set_thread(block_index, thread_index, blocks, threads)
-                kernel(*converted)
-
-    return state, get_kernel, launch
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_kernels, monkeypatch: pytest.MonkeyPatch,
-                                                                dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
-    state, get_kernel, launch = host_kernels
-    from lightning_ig import _cuda
-
-    monkeypatch.setattr(_cuda, "get_kernel", get_kernel)
-    monkeypatch.setattr(_cuda, "launch", launch)
-    acc = attribution._accumulate_dtype(dtype)
-    generator = torch.Generator().manual_seed(50)
-    for batch, features in [(1, 1), (3, 5), (2, 7)]:
-        for grid in [(1, 1), (2, 3), (3, 32)]:
-            state["grid"] = grid
-            x = torch.randn(batch, features, generator=generator).to(dtype)
-            b = torch.randn(batch, features, generator=generator).to(dtype)
-            alphas = torch.rand(4, generator=generator).to(acc)
-            for ends in (True, False):
-                assert torch.equal(attribution._interpolate_cuda(x, b, alphas, ends), attribution._interpolate_torch(x, b, alphas, ends))
-            points = attribution._interpolate_torch(x, b, alphas, False)[:3].reshape(-1, features).contiguous()
-            h = (torch.rand(batch, features, generator=generator) * 0.1 + 0.01).to(acc)
-            for offset in (0, 1, 5):
-                assert torch.equal(attribution._fd_probes_cuda(points, h, offset), attribution._fd_probes_torch(points, h, offset))
-                f = torch.randn(points.shape[0], 2, features, 3, generator=generator).to(acc)
-                ours = torch.full((3, points.shape[0] + 4, features), -7.0, dtype=acc)
-                twin = ours.clone()
-                attribution._fd_gradient_cuda(points, h, f, offset, ours[:, 2 : 2 + points.shape[0]])
-                attribution._fd_gradient_torch(points, h, f, offset, twin[:, 2 : 2 + points.shape[0]])
-                assert torch.equal(ours, twin)
-            grads = torch.randn(2, 5, batch, features, generator=generator).to(acc)
-            weights = torch.rand(5, generator=generator).to(acc)
-            assert torch.equal(attribution._accumulate_cuda(x, b, weights, grads), attribution._accumulate_torch(x, b, weights, grads))
-            # Completeness: one feature, so the emulated warp needs no shuffles; checks the index arithmetic.
-            single = torch.randn(2, batch, 1, generator=generator).to(dtype)
-            ends_values = torch.randn(2, batch, 2, generator=generator).to(acc)
-            ends_values[1, 0, 1] = ends_values[0, 0, 1]  # one degenerate state
-            state["grid"] = (grid[0], 32 * max(1, grid[1] // 32))
-            assert torch.equal(
-                attribution._completeness_cuda(single, ends_values).nan_to_num(-1.0),
-                attribution._completeness_torch(single, ends_values).nan_to_num(-1.0),
-            )
-
-
-def test_graph_cache_rejects_per_row_targets_out_of_range(emulated_graphs: list[_EmulatedGraph]) -> None:
-    model = _dueling(3, 2, seed=45)
-    engine = IntegratedGradients(model, n_steps=4)
-    x = torch.randn(2, 3, dtype=torch.float64)
-    engine.attribute(x, target=torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match="target holds index 2, out of range for a forward with 2 outputs"):
-        engine.attribute(x, target=torch.tensor([2, 1]))
 
 
 def test_default_chunk_holds_small_work_in_one_forward() -> None:

@@ -1,5 +1,6 @@
-"""The IG engine on a CUDA device: each kernel of kernels/ig.cu against its torch twin, both gradient modes,
-half precision, determinism, n_steps="auto", the CUDA-graph path of IntegratedGradients, and backend errors.
+"""The IG engine on a CUDA device: each kernel of kernels/ig.cu (CudaBackend) against its torch twin (TorchBackend),
+the non-finite flags, both gradient modes, half precision, determinism, n_steps="auto", the CUDA-graph path of
+IntegratedGradients (stochastic forwards caught at capture), the launch paths, and backend errors.
 
 Run with ``pytest -m gpu tests/test_attribution_gpu.py``; skipped where there is no CUDA device or no CuPy.
 """
@@ -12,13 +13,14 @@ import pytest
 import torch
 from _tolerance import assert_close_scaled, eps, rounding_bound
 
-from lightning_ig import attribution
 from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning, integrated_gradients
+from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 F32 = torch.float32
+KERNELS, TWINS = CudaBackend(), TorchBackend()
 # Central differences with the default step h = eps^(1/3): truncation O(h^2) and rounding O(eps / h), both
 # eps^(2/3) of the attributions' size (times the model's smoothness).
 FD_TOLERANCE_F32 = 32 * eps(F32) ** (2 / 3)
@@ -68,13 +70,13 @@ def _tanh_mlp(features: int, device: torch.device, *, seed: int, dtype: torch.dt
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,features", SIZES)
 def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
-    acc = attribution._accumulate_dtype(dtype)
+    acc = accumulate_dtype(dtype)
     x = _randn((batch, features), dtype, cuda_device, 1)
     b = _randn((batch, features), dtype, cuda_device, 2)
     alphas = torch.rand(7, generator=_generator(3, cuda_device), device=cuda_device).to(acc)
     for with_ends in (True, False):
-        ours = attribution._interpolate_cuda(x, b, alphas, with_ends)
-        twin = attribution._interpolate_torch(x, b, alphas, with_ends)
+        ours = KERNELS.interpolate(x, b, alphas, with_ends)
+        twin = TWINS.interpolate(x, b, alphas, with_ends)
         assert ours.shape == twin.shape == (7 + 2 * with_ends, batch, features)
         assert torch.equal(ours, twin)
 
@@ -82,48 +84,54 @@ def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,features", [(1, 1), (1, 3), (3, 1), (2, 5), (1, 1000)])
 def test_probe_and_gradient_kernels_match_their_twins(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
-    acc = attribution._accumulate_dtype(dtype)
+    acc = accumulate_dtype(dtype)
     n_points = 3 if features == 1000 else 7
     points = _randn((n_points, features), dtype, cuda_device, 4)
     h = (torch.rand((batch, features), generator=_generator(5, cuda_device), device=cuda_device) * 0.1 + 1e-3).to(acc)
     for offset in (0, 1, 5):
-        ours = attribution._fd_probes_cuda(points, h, offset)
-        twin = attribution._fd_probes_torch(points, h, offset)
+        ours = KERNELS.fd_probes(points, h, offset)
+        twin = TWINS.fd_probes(points, h, offset)
         assert torch.equal(ours, twin)
+        # Into a chunk's forward buffer (P 2 F, F), as the engine asks for them.
+        into_ours = torch.full((n_points * 2 * features, features), -1.0, dtype=dtype, device=cuda_device)
+        into_twin = into_ours.clone()
+        KERNELS.fd_probes(points, h, offset, out=into_ours)
+        TWINS.fd_probes(points, h, offset, out=into_twin)
+        assert torch.equal(into_ours, into_twin) and torch.equal(into_ours.view_as(ours), ours)
         n_targets = 3
         f = torch.randn((n_points, 2, features, n_targets), generator=_generator(6, cuda_device), device=cuda_device).to(acc)
         # Write into the middle of a larger buffer, as a chunk does: the target stride must be honoured.
         out_ours = torch.full((n_targets, n_points + 4, features), -7.0, dtype=acc, device=cuda_device)
         out_twin = out_ours.clone()
-        attribution._fd_gradient_cuda(points, h, f, offset, out_ours[:, 2 : 2 + n_points])
-        attribution._fd_gradient_torch(points, h, f, offset, out_twin[:, 2 : 2 + n_points])
+        KERNELS.fd_gradient(points, h, f, offset, out_ours[:, 2 : 2 + n_points])
+        TWINS.fd_gradient(points, h, f, offset, out_twin[:, 2 : 2 + n_points])
         assert torch.equal(out_ours, out_twin)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,features", SIZES)
 def test_accumulation_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
-    acc = attribution._accumulate_dtype(dtype)
+    acc = accumulate_dtype(dtype)
     x = _randn((batch, features), dtype, cuda_device, 7)
     b = _randn((batch, features), dtype, cuda_device, 8)
     for n_targets in (1, 4):
         grads = _randn((n_targets, 9, batch, features), acc, cuda_device, 9)
         weights = torch.rand(9, generator=_generator(10, cuda_device), device=cuda_device).to(acc)
-        ours = attribution._accumulate_cuda(x, b, weights, grads)
-        twin = attribution._accumulate_torch(x, b, weights, grads)
+        ours = KERNELS.accumulate(x, b, weights, grads)
+        twin = TWINS.accumulate(x, b, weights, grads)
         assert torch.equal(ours, twin)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,features", SIZES + [(300, 37), (2, 33), (3, 64), (1, 65)])
 def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
-    acc = attribution._accumulate_dtype(dtype)
+    acc = accumulate_dtype(dtype)
     for n_targets in (1, 3):
         attributions = _randn((n_targets, batch, features), dtype, cuda_device, 11)
         ends = _randn((2, batch, n_targets), acc, cuda_device, 12) * 5
         ends[1, 0, 0] = ends[0, 0, 0]  # one degenerate state
-        ours = attribution._completeness_cuda(attributions, ends)
-        twin = attribution._completeness_torch(attributions, ends)
+        ours = KERNELS.completeness(attributions, ends)
+        twin = TWINS.completeness(attributions, ends)
         assert ours.shape == twin.shape == (6, n_targets, batch)
         assert torch.equal(ours[4], twin[4])  # the degenerate flags
         assert torch.equal(ours[5], twin[5]) and not ours[5].any()  # nothing non-finite here
@@ -142,7 +150,7 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_completeness_kernel_flags_nan_and_inf_like_its_twin(cuda_device: torch.device, dtype: torch.dtype) -> None:
-    acc = attribution._accumulate_dtype(dtype)
+    acc = accumulate_dtype(dtype)
     batch, features, n_targets = 8, 70, 2
     attributions = _randn((n_targets, batch, features), dtype, cuda_device, 13)
     ends = _randn((2, batch, n_targets), acc, cuda_device, 14) * 5
@@ -154,8 +162,8 @@ def test_completeness_kernel_flags_nan_and_inf_like_its_twin(cuda_device: torch.
     ends[1, 5, 1] = float("-inf")  # F(b) -Inf
     ends[0, 6, 0] = ends[1, 6, 0] = float("inf")  # F(x) = F(b) = Inf: non-finite, not degenerate
     ends[1, 7, 1] = ends[0, 7, 1]  # a degenerate state beside them
-    ours = attribution._completeness_cuda(attributions, ends)
-    twin = attribution._completeness_torch(attributions, ends)
+    ours = KERNELS.completeness(attributions, ends)
+    twin = TWINS.completeness(attributions, ends)
     torch.testing.assert_close(ours, twin, rtol=0, atol=0, equal_nan=True)  # all six rows, bit for bit
     non_finite = torch.zeros((n_targets, batch), dtype=torch.bool, device=cuda_device)
     for t, s in [(0, 1), (1, 2), (0, 3), (0, 4), (1, 5), (0, 6)]:
@@ -381,6 +389,29 @@ def test_graph_off_and_finite_differences_run_eagerly(cuda_device: torch.device)
     assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
     engine = IntegratedGradients(model, target="mean", n_steps="auto")
     assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
+
+
+# --------------------------------------------------------------------------- launch paths
+
+
+def test_both_launch_paths_give_the_same_bits(cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_ig import _cuda
+
+    model = _dueling(9, 3, cuda_device, seed=42)
+    x = _randn((6, 9), torch.float32, cuda_device, 43)
+    reference = integrated_gradients(model, x, target="mean", n_steps=20, backend="torch")
+    results = {}
+    for prepared in (True, False):  # LIGHTNING_IG_PLAIN_LAUNCH=1 sets use_prepared_launch False at import
+        monkeypatch.setattr(_cuda, "use_prepared_launch", prepared)
+        eager = integrated_gradients(model, x, target="mean", n_steps=20, backend="cuda")
+        engine = IntegratedGradients(model, target="mean", n_steps=20)
+        captured, replayed = engine.attribute(x), engine.attribute(x)
+        assert engine.last_mode == "graph" and replayed.backend == "cuda"
+        results[prepared] = (eager, replayed)
+        for result in (eager, captured, replayed):
+            assert_close_scaled(result.attributions.cpu(), reference.attributions.cpu(), ulps=16, dtype=F32)
+    for ours, theirs in zip(results[True], results[False]):  # the same kernels and arguments, launched two ways
+        assert torch.equal(ours.attributions, theirs.attributions) and torch.equal(ours.delta, theirs.delta)
 
 
 # --------------------------------------------------------------------------- backend errors

@@ -1,6 +1,10 @@
-"""The CuPy loader's CPU-side behaviour: kernel discovery, backend choice, argument checks."""
+"""The CuPy loader's CPU-side behaviour: kernel discovery, backend choice, argument types, the launch switch."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -41,7 +45,7 @@ def test_cuda_backend_without_a_device_never_falls_back() -> None:
 def test_scalar_arguments_have_the_kernels_exact_types() -> None:
     assert isinstance(_cuda.int32(7), np.int32)
     assert isinstance(_cuda.int64(2**40), np.int64)
-    assert isinstance(_cuda.float32(0.5), np.float32)
+    assert isinstance(_cuda.pointer(torch.zeros(1)), np.uint64)
     with pytest.raises(OverflowError, match="does not fit a 32-bit"):
         _cuda.int32(2**31)
 
@@ -53,16 +57,30 @@ def test_dtype_suffixes_and_unsupported_dtypes() -> None:
         _cuda.dtype_suffix(torch.float64)
 
 
-def test_tensor_checks_name_the_argument() -> None:
-    with pytest.raises(TypeError, match="inputs must be a torch.Tensor, got list"):
-        _cuda.check_cuda_tensor("inputs", [1.0])
-    with pytest.raises(ValueError, match="inputs must be on a CUDA device, got cpu"):
-        _cuda.check_cuda_tensor("inputs", torch.zeros(3))
+def test_missing_cupy_gives_the_install_hint() -> None:
+    def no_cupy(name: str):  # type: ignore[no-untyped-def]
+        raise ImportError(f"No module named {name!r}")
+
+    cupy = _cuda.CupyImport(import_module=no_cupy)
+    assert cupy.module() is None and isinstance(cupy.error, ImportError)
+    with pytest.raises(RuntimeError, match=r"needs CuPy, which failed to import.*pip install cupy-cuda12x.*cupy-cuda13x"):
+        cupy.require()
 
 
-def test_missing_cupy_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_cuda, "_cupy", None)
-    monkeypatch.setattr(_cuda, "_cupy_error", ImportError("No module named 'cupy'"))
-    assert not _cuda.cupy_available()
-    with pytest.raises(RuntimeError, match=r"pip install 'lightning-ig\[cuda12\]'"):
-        _cuda.require_cupy()
+def test_cupy_is_imported_once() -> None:
+    imported: list[str] = []
+
+    def fake(name: str):  # type: ignore[no-untyped-def]
+        imported.append(name)
+        return np  # any module stands in
+
+    cupy = _cuda.CupyImport(import_module=fake)
+    assert cupy.require() is np and cupy.module() is np and imported == ["cupy"]
+
+
+@pytest.mark.parametrize("value,prepared", [("1", False), ("0", True), ("", True)])
+def test_the_plain_launch_switch_is_read_from_the_environment_at_import(value: str, prepared: bool) -> None:
+    environment = {**os.environ, "LIGHTNING_IG_PLAIN_LAUNCH": value}
+    code = "from lightning_ig import _cuda; print(_cuda.use_prepared_launch)"
+    run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == str(prepared)

@@ -8,15 +8,16 @@ import warnings
 
 import pytest
 import torch
+from _graph_emulation import EmulatedCapture
 from _tolerance import eps
 
-from lightning_ig import attribution
 from lightning_ig.attribution import (
     IntegratedGradients,
     StochasticForwardWarning,
     integrated_gradients,
     target_forward,
 )
+from lightning_ig.attribution.backends import warp_order_sum
 from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS
 
 
@@ -91,7 +92,7 @@ def test_the_completeness_sum_is_in_a_fixed_order_whatever_the_thread_count() ->
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            sums.append(attribution._warp_order_sum(values))
+            sums.append(warp_order_sum(values))
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(sums[0], sums[1])
@@ -181,28 +182,10 @@ def test_deterministic_models_never_flag(threads: int) -> None:
         torch.set_num_threads(previous)
 
 
-def test_graph_capture_checks_once_and_replays_repeat_the_finding(monkeypatch: pytest.MonkeyPatch) -> None:
-    captured: list[int] = []
-
-    class Graph:
-        def __init__(self, compute, outputs) -> None:  # type: ignore[no-untyped-def]
-            self.compute, self.outputs = compute, outputs
-
-        def replay(self) -> None:
-            fresh = self.compute()
-            for name, tensor in self.outputs.items():
-                tensor.copy_(fresh[name])
-
-    def capture(compute, device):  # type: ignore[no-untyped-def]
-        compute()
-        outputs = compute()
-        captured.append(1)
-        return Graph(compute, outputs), outputs, None
-
-    monkeypatch.setattr(attribution, "_capture_graph", capture)
-    monkeypatch.setattr(IntegratedGradients, "_graph_wanted", staticmethod(lambda s, inputs: True))
+def test_graph_capture_checks_once_and_replays_repeat_the_finding() -> None:
+    capture = EmulatedCapture()
     model = _mlp(4, 2, seed=6, extra=[torch.nn.Dropout(0.3)]).train()
-    engine = IntegratedGradients(model, target="mean", n_steps=6)
+    engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=6)
     x = torch.randn(3, 4, dtype=torch.float64)
     with pytest.warns(StochasticForwardWarning):
         first = engine.attribute(x)
@@ -210,11 +193,12 @@ def test_graph_capture_checks_once_and_replays_repeat_the_finding(monkeypatch: p
     with warnings.catch_warnings():
         warnings.simplefilter("error", StochasticForwardWarning)  # warned at capture, not at every replay
         again = engine.attribute(x)
-    assert engine.last_mode == "graph" and again.stochastic and len(captured) == 1
-    clean = IntegratedGradients(model.eval(), target="mean", n_steps=6)
+    assert engine.last_mode == "graph" and again.stochastic and len(capture.graphs) == 1
+    clean = IntegratedGradients(model.eval(), graph_capture=EmulatedCapture(), target="mean", n_steps=6)
     with warnings.catch_warnings():
         warnings.simplefilter("error", StochasticForwardWarning)
         assert not clean.attribute(x).stochastic and not clean.attribute(x).stochastic
+    assert clean.last_mode == "graph"
 
 
 # --------------------------------------------------------------------------- inputs the engine cannot attribute
@@ -271,3 +255,21 @@ def test_too_many_gauss_legendre_steps_fail_before_any_forward() -> None:
     with pytest.raises(ValueError, match=rf"max_steps={2 * MAX_GAUSS_LEGENDRE_STEPS} is more than"):
         integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", max_steps=2 * MAX_GAUSS_LEGENDRE_STEPS)
     assert calls == []
+
+
+# --------------------------------------------------------------------------- feature groups (lightning_ig/groups.py)
+
+
+def test_grouped_attributions_keep_completeness_per_state() -> None:
+    pytest.importorskip("lightning_ig.groups")  # the callback's module: present once its branch is merged
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 3 * 3, 4)).double().eval()
+    x = torch.randn(5, 2, 3, 3, dtype=torch.float64)
+    result = integrated_gradients(model, x, target="mean", n_steps=8)
+    channels = result.grouped("channels")
+    assert channels.shape == (5, 2)
+    assert torch.equal(channels, result.attributions.sum(dim=(2, 3)))  # contiguous groups: a reshape and a sum
+    each = integrated_gradients(model, x, target="each", n_steps=8)
+    per_action = each.grouped({"left": [0, 1, 2], "right": [3, 4, 5]})
+    assert per_action.shape == (4, 5, 3)  # two named groups and "other"
+    size = float(each.attributions.abs().sum(dim=(2, 3, 4)).max())
+    assert (per_action.sum(-1) - each.attributions.sum(dim=(2, 3, 4))).abs().max() <= 64 * eps(torch.float64) * size

@@ -1,26 +1,32 @@
 """The fused soft-margin kernels on a CUDA device, against a float64 reference and against torch.
 
-Tolerances (relative, on top of rounding the float64 reference to the dtype):
+Tolerances are roundings of the dtype (ulps, times its eps), relative to each value,
+on top of rounding the float64 reference to the dtype (see tests/_tolerance.py):
 
-=========  ==============  ==============  ==========================================
-dtype      vs float64      vs torch         why
-=========  ==============  ==============  ==========================================
-float32    1e-6            1e-5            ~4 ulp per element; torch rounds differently
-float16    2 ulp (2e-3)    5e-3            output rounding; torch rounds each step in half
-bfloat16   2 ulp (1.6e-2)  3e-2            output rounding; torch rounds each step in bf16
-=========  ==============  ==============  ==========================================
+=========  ==========  ========  ==========================================
+dtype      vs float64  vs torch  why
+=========  ==========  ========  ==========================================
+float32    9 ulps      84 ulps   ~4 ulp per element; torch rounds differently
+float16    2.5 ulps    5.2 ulps  output rounding; torch rounds each step in half
+bfloat16   2.5 ulps    3.9 ulps  output rounding; torch rounds each step in bf16
+=========  ==========  ========  ==========================================
 
-Absolute floors are tiny and only cover values that round to zero or to a
-subnormal (a mean's gradient in float16 is subnormal for n >~ 16k).
+The absolute floor is the dtype's smallest normal number times those ulps: it only
+covers values that round to a subnormal (a mean's gradient in float16 is subnormal
+for n >~ 16k), where the spacing is ``eps * tiny``. Where the result is a
+difference of larger terms (second derivatives, parameters after training steps),
+the scale is the size of those terms, as the test says.
 """
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _tolerance import assert_close_scaled
 from torch import nn
 
 from lightning_ig.losses import SoftMarginLoss, _soft_margin_torch, soft_margin_loss, swap_soft_margin
@@ -29,12 +35,10 @@ pytestmark = pytest.mark.gpu
 
 REDUCTIONS = ("none", "mean", "sum")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# dtype -> (rtol vs the float64 reference, absolute floor, rtol vs torch)
-TOLERANCES = {
-    torch.float32: (1e-6, 1e-30, 1e-5),
-    torch.float16: (2e-3, 1e-7, 5e-3),
-    torch.bfloat16: (1.6e-2, 1e-30, 3e-2),
-}
+# dtype -> ulps against the float64 reference (rounded to the dtype)
+ULPS_VS_REFERENCE = {torch.float32: 9, torch.float16: 2.5, torch.bfloat16: 2.5}
+# dtype -> ulps against torch's own loss, which rounds its intermediate steps differently
+ULPS_VS_TORCH = {torch.float32: 84, torch.float16: 5.2, torch.bfloat16: 3.9}
 SIZES = [(0,), (1,), (3,), (1023,), (4097,), (512, 4096)]
 
 
@@ -58,11 +62,22 @@ def _reference(x: torch.Tensor, y: torch.Tensor, reduction: str) -> tuple[torch.
     return loss, grad
 
 
-def _assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dtype, rtol: float, atol: float) -> None:
+def _assert_ulps(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, ulps: float, scale: float | None = None) -> None:
+    """Within ``ulps`` roundings of ``dtype`` at ``scale`` (default: each value's own size, floored at
+    the dtype's smallest normal number); equal values (infinities) and NaN against NaN pass."""
+    actual64 = actual.detach().double().cpu().numpy().reshape(-1)
+    expected64 = expected.detach().double().cpu().numpy().reshape(-1)
+    assert actual64.shape == expected64.shape, (actual.shape, expected.shape)
+    same = (actual64 == expected64) | (np.isnan(actual64) & np.isnan(expected64))
+    floor = torch.finfo(dtype).tiny if scale is None else scale
+    assert_close_scaled(actual64[~same], expected64[~same], ulps=ulps, dtype=dtype, scale=floor)
+
+
+def _assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dtype) -> None:
     """``actual`` (in ``dtype``) against a float64 value, allowing the rounding to ``dtype``."""
     assert actual.dtype == dtype
-    rounded = expected64.to(dtype).double()  # overflow to inf in a half type is what torch gives too
-    torch.testing.assert_close(actual.double(), rounded, rtol=rtol, atol=atol, equal_nan=True)
+    rounded = expected64.to(dtype)  # overflow to inf in a half type is what torch gives too
+    _assert_ulps(actual, rounded, dtype, ULPS_VS_REFERENCE[dtype])
 
 
 @pytest.mark.parametrize("shape", SIZES, ids=lambda s: "x".join(map(str, s)))
@@ -71,7 +86,6 @@ def _assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.d
 def test_loss_and_gradient_match_the_float64_reference(
     cuda_device: torch.device, dtype: torch.dtype, reduction: str, shape: tuple[int, ...]
 ) -> None:
-    rtol, atol, _ = TOLERANCES[dtype]
     x, y = _data(shape, dtype, cuda_device)
     leaf = x.clone().requires_grad_()
     loss = soft_margin_loss(leaf, y, reduction, backend="cuda")
@@ -85,16 +99,15 @@ def test_loss_and_gradient_match_the_float64_reference(
     if weights is not None:
         expected_grad = expected_grad * weights.double()
     assert loss.shape == expected_loss.shape
-    _assert_close(loss.detach(), expected_loss, dtype, rtol, atol)
-    _assert_close(leaf.grad, expected_grad, dtype, rtol, atol)
+    _assert_close(loss.detach(), expected_loss, dtype)
+    _assert_close(leaf.grad, expected_grad, dtype)
     # without a gradient the forward takes its own (cheaper) kernels: same values
-    _assert_close(soft_margin_loss(x, y, reduction, backend="cuda"), expected_loss, dtype, rtol, atol)
+    _assert_close(soft_margin_loss(x, y, reduction, backend="cuda"), expected_loss, dtype)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_loss_and_gradient_match_torch(cuda_device: torch.device, dtype: torch.dtype, reduction: str) -> None:
-    _, _, rtol = TOLERANCES[dtype]
     # moderate values: torch's half types overflow exp(-y x) past |x| ~ 11
     x, y = _data((512, 4096), dtype, cuda_device, seed=1, scale=2.0)
     grads, values = [], []
@@ -104,17 +117,15 @@ def test_loss_and_gradient_match_torch(cuda_device: torch.device, dtype: torch.d
         (loss.sum() if reduction == "none" else loss).backward()
         values.append(loss.detach())
         grads.append(leaf.grad)
-    torch.testing.assert_close(values[0], values[1], rtol=rtol, atol=rtol * 1e-3)
-    # a mean over 2M elements puts half-precision gradients among the subnormals: allow one step there
-    finfo = torch.finfo(dtype)
-    subnormal_step = finfo.smallest_normal * finfo.eps
-    atol = max(rtol * grads[1].abs().max().item(), subnormal_step)
-    torch.testing.assert_close(grads[0], grads[1], rtol=rtol, atol=atol)
+    _assert_ulps(values[0], values[1], dtype, ULPS_VS_TORCH[dtype])
+    # gradients at the size of the largest one; a mean over 2M elements puts half-precision
+    # gradients among the subnormals, where the dtype's smallest normal number is the floor
+    scale = max(grads[1].abs().max().item(), torch.finfo(dtype).tiny)
+    _assert_ulps(grads[0], grads[1], dtype, ULPS_VS_TORCH[dtype], scale=scale)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_large_input(cuda_device: torch.device, dtype: torch.dtype) -> None:
-    rtol, atol, _ = TOLERANCES[dtype]
     shape = (2**26 + 3,)  # ~67M elements, and not a multiple of the vector width
     x, y = _data(shape, dtype, cuda_device, seed=2)
     # large gradients are scaled by the kernel: grad_output == 1 (it returns at once) and 0.5
@@ -123,16 +134,15 @@ def test_large_input(cuda_device: torch.device, dtype: torch.dtype) -> None:
         loss = soft_margin_loss(leaf, y, reduction, backend="cuda")
         (loss * grad_output).backward()
         expected_loss, expected_grad = _reference(x, y, reduction)
-        _assert_close(loss.detach(), expected_loss, dtype, rtol, atol)
-        _assert_close(leaf.grad, expected_grad * grad_output, dtype, rtol, atol)
+        _assert_close(loss.detach(), expected_loss, dtype)
+        _assert_close(leaf.grad, expected_grad * grad_output, dtype)
         del leaf, loss, expected_grad
     expected_none, _ = _reference(x, y, "none")
-    _assert_close(soft_margin_loss(x, y, "none", backend="cuda"), expected_none, dtype, rtol, atol)
+    _assert_close(soft_margin_loss(x, y, "none", backend="cuda"), expected_none, dtype)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_non_contiguous_input_and_broadcast_target(cuda_device: torch.device, reduction: str) -> None:
-    rtol, atol, _ = TOLERANCES[torch.float32]
     base, _ = _data((300, 514), torch.float32, cuda_device, seed=3)
     x = base[:, 1::2].t()  # (257, 300), strided and transposed
     y = (torch.arange(300, device=cuda_device) % 2 * 2 - 1).float()  # (300,) broadcasts over rows
@@ -142,15 +152,14 @@ def test_non_contiguous_input_and_broadcast_target(cuda_device: torch.device, re
     loss = soft_margin_loss(leaf, y, reduction, backend="cuda")
     (loss.sum() if reduction == "none" else loss).backward()
     expected_loss, expected_grad = _reference(x, y, reduction)
-    _assert_close(loss.detach(), expected_loss, torch.float32, rtol, atol)
+    _assert_close(loss.detach(), expected_loss, torch.float32)
     assert leaf.grad.shape == leaf.shape
-    _assert_close(leaf.grad, expected_grad, torch.float32, rtol, atol)
+    _assert_close(leaf.grad, expected_grad, torch.float32)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_unaligned_pointers_take_the_scalar_path(cuda_device: torch.device, dtype: torch.dtype, reduction: str) -> None:
-    rtol, atol, _ = TOLERANCES[dtype]
     x_buffer, y_buffer = _data((4099,), dtype, cuda_device, seed=4)
     x, y = x_buffer[1:], y_buffer[1:]  # contiguous views one element past an aligned start
     assert x.data_ptr() % 16 != 0
@@ -158,8 +167,8 @@ def test_unaligned_pointers_take_the_scalar_path(cuda_device: torch.device, dtyp
     loss = soft_margin_loss(leaf_buffer[1:], y, reduction, backend="cuda")
     (loss.sum() if reduction == "none" else loss).backward()
     expected_loss, expected_grad = _reference(x, y, reduction)
-    _assert_close(loss.detach(), expected_loss, dtype, rtol, atol)
-    _assert_close(leaf_buffer.grad[1:], expected_grad, dtype, rtol, atol)
+    _assert_close(loss.detach(), expected_loss, dtype)
+    _assert_close(leaf_buffer.grad[1:], expected_grad, dtype)
     assert leaf_buffer.grad[0].item() == 0.0
 
 
@@ -167,7 +176,6 @@ def test_unaligned_pointers_take_the_scalar_path(cuda_device: torch.device, dtyp
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_not_the_last_op(cuda_device: torch.device, dtype: torch.dtype, reduction: str) -> None:
     """grad_output != 1: the loss is scaled, and mixed with another differentiable tensor."""
-    rtol, atol, _ = TOLERANCES[dtype]
     x, y = _data((33, 129), dtype, cuda_device, seed=5)
     leaf = x.clone().requires_grad_()
     coefficient = torch.tensor(0.75, device=cuda_device, dtype=dtype, requires_grad=True)
@@ -181,15 +189,14 @@ def test_not_the_last_op(cuda_device: torch.device, dtype: torch.dtype, reductio
         total = loss * coefficient * 2.0 - 1.0
         grad_output = torch.tensor(1.5, dtype=torch.float64, device=cuda_device)
     total.backward()
-    expected_loss, expected_grad = _reference(x, y, reduction)
-    _assert_close(leaf.grad, expected_grad * grad_output, dtype, rtol, atol)
+    _, expected_grad = _reference(x, y, reduction)
+    _assert_close(leaf.grad, expected_grad * grad_output, dtype)
     assert coefficient.grad is not None
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_extreme_values_stay_finite(cuda_device: torch.device, dtype: torch.dtype, reduction: str) -> None:
-    rtol, atol, _ = TOLERANCES[dtype]
     # so that the sum of the (at most 32) losses stays representable in the dtype: float16's
     # max is 65504, and a true sum beyond it is inf in float16 for torch and for us alike
     largest = torch.finfo(dtype).max / 64
@@ -204,9 +211,17 @@ def test_extreme_values_stay_finite(cuda_device: torch.device, dtype: torch.dtyp
     (loss.sum() if reduction == "none" else loss).backward()
     assert torch.isfinite(loss).all() and torch.isfinite(leaf.grad).all()
     expected_loss, expected_grad = _reference(x, y, reduction)
-    floor = max(atol, 2 * torch.finfo(dtype).tiny)  # exp(-89) is subnormal in float32
-    _assert_close(loss.detach(), expected_loss, dtype, rtol, floor)
-    _assert_close(leaf.grad, expected_grad, dtype, rtol, floor)
+    _assert_normal_or_flushed(loss.detach(), expected_loss, dtype)
+    _assert_normal_or_flushed(leaf.grad, expected_grad, dtype)
+
+
+def _assert_normal_or_flushed(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dtype) -> None:
+    """Normal values within ULPS_VS_REFERENCE; a subnormal one (exp(-89) in float32) may be flushed to zero."""
+    tiny = torch.finfo(dtype).tiny
+    rounded = expected64.to(dtype).double()
+    normal = rounded.abs() >= tiny
+    _assert_ulps(actual.double()[normal], rounded[normal], dtype, ULPS_VS_REFERENCE[dtype])
+    assert bool((actual.double()[~normal].abs() <= tiny).all()), actual[~normal]
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -259,7 +274,7 @@ def test_retained_graph_and_double_backward(cuda_device: torch.device, reduction
     total.backward(retain_graph=True)
     (total * 2.0).backward()  # through the retained graph: 1 + 2 times the gradient
     _, expected_grad = _reference(x, y, reduction)
-    _assert_close(leaf.grad, 3.0 * expected_grad, torch.float32, 1e-6, 1e-30)
+    _assert_close(leaf.grad, 3.0 * expected_grad, torch.float32)
 
     def second_derivative(fn) -> torch.Tensor:
         leaf = x.double().requires_grad_()
@@ -269,9 +284,9 @@ def test_retained_graph_and_double_backward(cuda_device: torch.device, reduction
     # float32 kernels vs the float64 twin: the create_graph backward runs in the input's dtype
     ours = second_derivative(lambda t: soft_margin_loss(t.float(), y, reduction, backend="cuda"))
     reference = second_derivative(lambda t: _soft_margin_torch(t, y.double(), reduction))
-    # sigmoid'(z) = s (1 - s) loses relative precision in float32 where s ~ 1; hence an
-    # absolute floor relative to the largest entry
-    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5 * reference.abs().max().item())
+    # sigmoid'(z) = s (1 - s) loses relative precision in float32 where s ~ 1 (1 - s is
+    # rounded at the size of s): the scale is the size of the terms, the largest entry
+    _assert_ulps(ours, reference, torch.float32, ULPS_VS_TORCH[torch.float32], scale=reference.abs().max().item())
 
 
 def test_backward_does_not_synchronise(cuda_device: torch.device) -> None:
@@ -327,9 +342,12 @@ def test_training_step_captured_in_a_cuda_graph_replays_correctly(cuda_device: t
         reference_loss = F.soft_margin_loss(reference_model(x), y)
         reference_loss.backward()
         reference_optimizer.step()
-        torch.testing.assert_close(static_loss, reference_loss.detach(), rtol=1e-5, atol=1e-6)
+        _assert_ulps(static_loss, reference_loss, torch.float32, ULPS_VS_TORCH[torch.float32])
+    # six SGD steps carry the loss's rounding into every parameter: each at the size of the
+    # model's parameters, ten times the one-step ulps
+    scale = max(p.abs().max().item() for p in reference_model.parameters())
     for ours, theirs in zip(model.parameters(), reference_model.parameters()):
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+        _assert_ulps(ours, theirs, torch.float32, 10 * ULPS_VS_TORCH[torch.float32], scale=scale)
 
 
 def test_module_swap_and_backends_on_the_gpu(cuda_device: torch.device) -> None:
@@ -337,9 +355,9 @@ def test_module_swap_and_backends_on_the_gpu(cuda_device: torch.device) -> None:
     assert swap_soft_margin(model, backend="cuda") == 1
     x, y = _data((64, 3), torch.float32, cuda_device, seed=12)
     expected, _ = _reference(x, y, "sum")
-    _assert_close(model["criterion"](x, y), expected, torch.float32, 1e-6, 1e-30)
+    _assert_close(model["criterion"](x, y), expected, torch.float32)
     # float64 is the torch twin's under "auto", and refused by "cuda" (never a silent fallback)
-    torch.testing.assert_close(soft_margin_loss(x.double(), y.double(), "sum"), expected, rtol=1e-12, atol=0)
+    _assert_ulps(soft_margin_loss(x.double(), y.double(), "sum"), expected, torch.float64, 64)
     with pytest.raises(TypeError, match="backend='cuda': the fused kernels take float32"):
         soft_margin_loss(x.double(), y.double(), backend="cuda")
 
@@ -349,4 +367,4 @@ def test_autocast_runs_half_inputs_in_float32(cuda_device: torch.device) -> None
     with torch.autocast("cuda", dtype=torch.float16):
         ours, theirs = soft_margin_loss(x, y), F.soft_margin_loss(x, y)
     assert ours.dtype == theirs.dtype == torch.float32
-    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    _assert_ulps(ours, theirs, torch.float32, ULPS_VS_TORCH[torch.float32])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from _tolerance import assert_close_scaled
 from torch import nn
 
 from lightning_ig.checkpoint import (
@@ -52,7 +55,9 @@ def test_dueling_identity_mean_q_is_the_value_stream() -> None:
     x = torch.randn(7, 5)
     q = net(x)
     assert q.shape == (7, 3) and net.features(x).shape == (7, 8)
-    torch.testing.assert_close(q.mean(dim=1, keepdim=True), net.value(net.features(x)))
+    # mean over actions of V + A - mean(A) is V up to the rounding of those sums, at the size of Q
+    assert_close_scaled(q.mean(dim=1, keepdim=True).detach(), net.value(net.features(x)).detach(), ulps=8,
+                        scale=float(q.detach().abs().max()))
     noisy_layers = [m for m in net.modules() if isinstance(m, NoisyLinear)]
     assert len(noisy_layers) == 4 and not any(isinstance(m, NoisyLinear) for m in net.body.modules())
     assert not any(isinstance(m, NoisyLinear) for m in DuelingQNetwork(5, 3, noisy=False).modules())
@@ -162,7 +167,7 @@ def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Pa
     assert list_heads(path) == ["ranging", "trending"]
     loaded = load_checkpoint(path, head="ranging")
     assert loaded.prefix == "ranging__" and loaded.head == "ranging" and loaded.feature_names == ["p", "q", "r"]
-    torch.testing.assert_close(loaded.states, own)
+    torch.testing.assert_close(loaded.states, own, rtol=0, atol=0)  # stored and read back: exact
     assert loaded.model(own).shape == (2, 4)
     torch.testing.assert_close(loaded.model(own), ranging.eval()(own), rtol=0, atol=0)
     assert load_checkpoint(path, prefix="trending__").states is None
@@ -172,7 +177,7 @@ def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Pa
     b = save_checkpoint(ranging, tmp_path / "b.safetensors")
     merged = merge_checkpoints({"up": a, "down": b}, tmp_path / "merged.safetensors")
     assert json.loads(read_metadata(merged)[HEADS_KEY])["down"]["architecture"] == "DuelingQNetwork"
-    torch.testing.assert_close(load_checkpoint(merged, head="up").states, shared)
+    torch.testing.assert_close(load_checkpoint(merged, head="up").states, shared, rtol=0, atol=0)
     torch.testing.assert_close(load_checkpoint(merged, head="up").model(shared), trending.eval()(shared), rtol=0, atol=0)
 
     with pytest.raises(CheckpointError, match="holds several heads .*--head"):
@@ -190,8 +195,8 @@ def test_foreign_merged_file_heads_are_inferred_from_keys(tmp_path: Path) -> Non
     with pytest.raises(CheckpointError, match="--model package.module:Class"):
         load_checkpoint(tmp_path / "foreign.safetensors", head="x")
     loaded = load_checkpoint(tmp_path / "foreign.safetensors", head="y", architecture="test_models_checkpoint:PlainMLP")
-    torch.testing.assert_close(loaded.model.layer.weight, net.layer.weight)
-    torch.testing.assert_close(loaded.states, torch.ones(2, 3))
+    torch.testing.assert_close(loaded.model.layer.weight, net.layer.weight, rtol=0, atol=0)  # stored and read back: exact
+    torch.testing.assert_close(loaded.states, torch.ones(2, 3), rtol=0, atol=0)
 
 
 def test_load_errors_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path) -> None:
@@ -207,7 +212,7 @@ def test_load_errors_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path) -
         load_checkpoint(path, head="trending")
     with pytest.raises(ValueError, match="reserved prefix"):
         save_checkpoint(DuelingQNetwork(4, 2), tmp_path / "x.safetensors", metadata={"lightning_ig.format": "2"})
-    with pytest.raises(ValueError, match="3 names but the states have 4"):
+    with pytest.raises(ValueError, match="3 names but there are 4 features"):
         save_checkpoint(DuelingQNetwork(4, 2), tmp_path / "x.safetensors", feature_names=list("abc"), states=torch.zeros(1, 4))
     assert not (tmp_path / "x.safetensors").exists()
 
@@ -218,7 +223,7 @@ def test_states_files_in_every_format(tmp_path: Path) -> None:
     np.save(tmp_path / "s.npy", states.double().numpy())
     save_file({"states": states}, str(tmp_path / "s.safetensors"))
     for name in ("s.json", "s.npy", "s.safetensors"):
-        torch.testing.assert_close(load_states(tmp_path / name), states)
+        torch.testing.assert_close(load_states(tmp_path / name), states, rtol=0, atol=0)
     (tmp_path / "one.json").write_text(json.dumps({"states": [1.0, 2.0]}))
     with pytest.raises(CheckpointError, match=r"wrap one state as \[\[\.\.\.\]\]"):
         load_states(tmp_path / "one.json")
@@ -235,3 +240,85 @@ def test_states_files_in_every_format(tmp_path: Path) -> None:
     assert states_beside(tmp_path / "other.safetensors") is None
     (tmp_path / "states.json").write_text(json.dumps({"states": [[0.0, 1.0, 2.0]]}))
     assert states_beside(tmp_path / "other.safetensors") == tmp_path / "states.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# where checkpoints are written, and what a head prefix may be
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test and put the old one back."""
+    previous = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+def test_checkpoints_get_the_modes_any_program_output_gets(tmp_path: Path, umask) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    umask(0o022)
+    assert stat.S_IMODE(save_checkpoint(net, tmp_path / "shared.safetensors").stat().st_mode) == 0o644
+    umask(0o077)
+    assert stat.S_IMODE(save_checkpoint(net, tmp_path / "private.safetensors").stat().st_mode) == 0o600
+    # an overwritten checkpoint keeps its mode, whatever the umask
+    (tmp_path / "shared.safetensors").chmod(0o664)
+    path = save_merged_checkpoint({"a": net}, tmp_path / "shared.safetensors")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o664 and list_heads(path) == ["a"]
+
+
+def test_checkpoint_paths_are_checked_and_links_written_through(tmp_path: Path) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    with pytest.raises(ValueError, match="is a folder"):
+        save_checkpoint(net, tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        save_checkpoint(net, fifo)
+    assert stat.S_ISFIFO(fifo.stat().st_mode), "the FIFO is still there"
+    target = save_checkpoint(net, tmp_path / "real.safetensors")
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(target.name)
+    save_checkpoint(net, link, states=torch.zeros(2, 3))
+    assert link.is_symlink() and load_checkpoint(target).states.shape == (2, 3), "the link's target was replaced"
+    a = save_checkpoint(net, tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match="also an input"):
+        merge_checkpoints({"a": a}, a)
+    assert list_heads(a) == [], "the source is intact"
+
+
+def test_saved_states_and_names_are_checked_once_with_the_shared_words(tmp_path: Path) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    nan_states = torch.zeros(2, 3)
+    nan_states[1, 2] = float("nan")
+    cases = [
+        ({"states": nan_states}, "NaN/Inf"),
+        ({"states": torch.zeros(0, 3)}, "num_states >= 1"),
+        ({"feature_names": ["a", " ", "c"]}, "is blank"),
+        ({"feature_names": ["a", "b\nc", "d"]}, "line break"),
+        ({"feature_names": ["a", "a", "c"]}, "repeats"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ValueError, match=words):
+            save_checkpoint(net, tmp_path / "x.safetensors", **kwargs)
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_prefix_must_be_a_whole_head(tmp_path: Path) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    path = save_merged_checkpoint({"trending": net, "ranging": net}, tmp_path / "heads.safetensors")
+    for prefix in ("tre", "trend__", "trending_", "up__"):
+        with pytest.raises(CheckpointError, match="heads in it are: ranging, trending"):
+            load_checkpoint(path, prefix=prefix)
+    assert load_checkpoint(path, prefix="trending__").head == "trending"
+
+
+def test_states_files_keep_their_precision_on_request(tmp_path: Path) -> None:
+    states = np.array([[0.1, 1 / 3], [2.0, -1e-9]])
+    np.save(tmp_path / "s.npy", states)
+    (tmp_path / "s.json").write_text(json.dumps({"states": states.tolist()}))
+    for name in ("s.npy", "s.json"):
+        loaded = load_states(tmp_path / name, dtype=torch.float64)
+        assert loaded.dtype == torch.float64 and np.array_equal(loaded.numpy(), states)
+        assert load_states(tmp_path / name).dtype == torch.float32
+    np.save(tmp_path / "big_endian.npy", states.astype(">f8"))
+    assert load_states(tmp_path / "big_endian.npy", dtype=torch.float64).numpy().tolist() == states.tolist()

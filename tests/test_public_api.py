@@ -27,3 +27,25 @@ def test_importing_the_package_does_not_import_lightning_or_cupy() -> None:
     code = "import sys, lightning_ig; print(any(m.split('.')[0] in ('lightning', 'cupy', 'matplotlib') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_command_answers_help_and_bad_flags_without_importing_torch() -> None:
+    code = (
+        "import sys\n"
+        "from lightning_ig.cli import build_parser, main\n"
+        "parser = build_parser()\n"
+        "parser.format_help()\n"
+        "assert main(['diag']) == 2\n"  # a missing --checkpoint: one line, no torch
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False" and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_command_and_checkpoints_keep_their_import_paths() -> None:
+    from lightning_ig import checkpoint, cli
+
+    assert callable(cli.main) and callable(cli.build_parser)
+    for name in ("save_checkpoint", "load_checkpoint", "list_heads", "load_states", "states_beside", "CheckpointError"):
+        assert hasattr(checkpoint, name), name
+    assert lightning_ig.load_checkpoint is checkpoint.load_checkpoint

@@ -16,3 +16,41 @@ class TinyQ(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.tanh(self.hidden(x)))
+
+
+class TinyQ64(TinyQ):
+    """TinyQ in float64: diag converts the (float32) states to the model's dtype."""
+
+    def __init__(self, width: int, actions: int = 2) -> None:
+        super().__init__(width, actions)
+        self.double()
+
+
+class Overflow(nn.Module):
+    """One output per state, ``sum(1e38 * x)``: infinite where ``|sum(x)|`` passes ~3.4, finite elsewhere."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((width,), 1e38))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.scale).sum(-1)
+
+
+class Flat(nn.Module):
+    """Q-values that do not depend on the state: every state is degenerate (F(x) - F(b) = 0)."""
+
+    def __init__(self, width: int, actions: int = 2) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.arange(actions, dtype=torch.float32))
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :1] * 0 + self.bias
+
+
+class Jittery(TinyQ):
+    """TinyQ with noise drawn in its forward whatever the mode: a forward diag cannot make deterministic."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + 0.1 * torch.randn(x.shape[0], 1)

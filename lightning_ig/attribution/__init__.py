@@ -1,0 +1,59 @@
+"""The Integrated Gradients engine: :func:`integrated_gradients`, :class:`IntegratedGradients`, :class:`IGResult`.
+
+Integrated Gradients (Sundararajan et al., 2017) attributes ``F(x) - F(b)`` to
+the input features by integrating the gradient of ``F`` along the straight
+path ``b + alpha (x - b)``, ``alpha`` in ``[0, 1]``::
+
+    attributions_i = (x_i - b_i) * integral_0^1 dF/dx_i(b + alpha (x - b)) d alpha
+                  ~= (x_i - b_i) * sum_k w_k g_k,i
+
+with the quadrature ``(alpha_k, w_k)`` of :mod:`lightning_ig.quadrature`.
+
+The parts, in the order a call runs through them:
+
+* :mod:`~lightning_ig.attribution.options` checks the keyword options once;
+  :mod:`~lightning_ig.attribution.inputs` checks and flattens the tensors;
+  :mod:`~lightning_ig.attribution.targets` says what to attribute;
+* :mod:`~lightning_ig.attribution.backends` holds the five operations of
+  ``kernels/ig.cu`` (interpolation, finite-difference probes and gradients,
+  accumulation, completeness), each CUDA launcher beside its bit-identical
+  torch twin, as a ``CudaBackend`` and a ``TorchBackend`` chosen once per run;
+* :mod:`~lightning_ig.attribution.path` runs the path: chunked batched
+  forwards, autograd or finite differences, the stochastic-forward check, and
+  the refinement of ``n_steps="auto"``;
+* :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
+  CUDA graph and caches the plans;
+* :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`).
+
+The front doors are :func:`integrated_gradients` (one eager call) and
+:class:`IntegratedGradients` (defaults, and graph replay for repeated shapes).
+
+Completeness and what a result says about itself
+    ``delta = sum(attributions) - (F(x) - F(b))`` (Captum's sign) and the relative
+    error ``|delta| / |F(x) - F(b)|``. A state is *degenerate* when
+    ``|F(x) - F(b)| <= sqrt(eps) * max(1, |F(x)|, |F(b)|)`` with ``eps`` the
+    machine epsilon of the accumulation dtype (float32: 3.5e-4 x scale; float64:
+    1.5e-8 x scale): its relative error is NaN and ``n_steps="auto"`` judges it
+    by ``|delta|``. A state whose ``F(x)``, ``F(b)`` or attributions hold NaN/Inf
+    is *non-finite*: relative error ``inf``, never clean. Every eager call (and
+    each graph capture) evaluates the two path ends a second time and flags a
+    forward whose values moved (:class:`StochasticForwardWarning`).
+"""
+
+from __future__ import annotations
+
+from lightning_ig.attribution.eager import integrated_gradients
+from lightning_ig.attribution.engine import IntegratedGradients
+from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
+from lightning_ig.attribution.targets import target_forward
+from lightning_ig.vocabulary import check_finite  # where the callback has imported it from
+
+__all__ = [
+    "IGResult",
+    "IntegratedGradients",
+    "StochasticForwardWarning",
+    "check_finite",
+    "integrated_gradients",
+    "target_forward",
+    "worst_relative_error",
+]

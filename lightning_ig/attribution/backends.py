@@ -1,0 +1,340 @@
+"""The five operations of ``kernels/ig.cu``, each CUDA launcher beside its plain-torch twin, as two backends.
+
+============  ==========================================================  ==============================
+operation     what it computes                                            layouts
+============  ==========================================================  ==============================
+interpolate   ``b + alpha_k (x - b)`` for every step, then ``x`` and ``b``  ``(n [+ 2], B, F)``
+fd_probes     ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)``
+fd_gradient   ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)``
+accumulate    ``(x - b) * sum_k w_k g_k``, summed in step order            ``(T, B, F)``
+completeness  F(x), F(b), delta, relative error, degenerate, non-finite    ``(6, T, B)`` (:data:`STATS`)
+============  ==========================================================  ==============================
+
+Each twin performs the kernel's operations in the kernel's order with the same
+rounding (the kernels use explicitly rounded intrinsics, so the compiler cannot
+contract a multiply and an add into an FMA, which torch's separate elementwise
+ops never do), so :class:`CudaBackend` and :class:`TorchBackend` agree bit for
+bit. The twins are the reference in tests and the path where there is no CUDA
+device or no CuPy. A backend is chosen once per run (:func:`resolve_backend`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_ig import _cuda
+from lightning_ig.vocabulary import BACKENDS, check_choice
+
+__all__ = [
+    "STATS",
+    "Backend",
+    "TorchBackend",
+    "CudaBackend",
+    "KernelLaunch",
+    "resolve_backend",
+    "accumulate_dtype",
+    "degenerate_threshold",
+    "warp_order_sum",
+]
+
+STATS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
+"""The rows of the completeness statistics ``(6, T, B)``; the flags are 0/1 in the accumulation dtype."""
+
+_KERNEL_FILE = "ig.cu"
+_KERNEL_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+_THREADS = 256
+_MAX_BLOCKS = 1 << 20
+
+KernelLaunch = Callable[[str, torch.dtype, torch.device, int, list], None]
+"""``launch(op, dtype, device, total_threads, args)``: run ``ig_<op>_<dtype suffix>`` over ``total_threads``."""
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums run in: float64 for float64 inputs, float32 for every other."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def degenerate_threshold(dtype: torch.dtype) -> float:
+    """``sqrt(eps)`` of the accumulation dtype: below it (relative), ``F(x) - F(b)`` is rounding noise."""
+    return math.sqrt(float(torch.finfo(dtype).eps))
+
+
+def _launch_with_cupy(op: str, dtype: torch.dtype, device: torch.device, total: int, args: list) -> None:
+    kernel = _cuda.get_kernel(_KERNEL_FILE, f"ig_{op}_{_KERNEL_SUFFIX[dtype]}", device)
+    blocks = max(1, min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS))
+    _cuda.launch(kernel, blocks, _THREADS, args, device=device)
+
+
+# --------------------------------------------------------------------------- (a) interpolation
+
+
+def _interpolate_torch(x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+    """``(n [+ 2], B, F)`` path points from ``x, b (B, F)`` and ``alphas (n,)``; with ends, then ``x`` and ``b``."""
+    acc = alphas.dtype
+    xa, ba = x.to(acc), b.to(acc)
+    path = (ba.unsqueeze(0) + alphas.view(-1, 1, 1) * (xa - ba).unsqueeze(0)).to(x.dtype)  # (n, B, F)
+    if with_ends:
+        path = torch.cat([path, x.unsqueeze(0), b.unsqueeze(0)])  # (n + 2, B, F)
+    return path
+
+
+def _interpolate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+    n_steps = alphas.shape[0]
+    batch, features = x.shape
+    points = torch.empty((n_steps + (2 if with_ends else 0), batch, features), dtype=x.dtype, device=x.device)
+    launch("interpolate", x.dtype, x.device, points.numel(),
+           [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(alphas), _cuda.pointer(points),
+            _cuda.int64(n_steps), _cuda.int64(batch * features), _cuda.int32(int(with_ends))])  # fmt: skip
+    return points
+
+
+# --------------------------------------------------------------------------- (b) finite-difference probes
+
+
+def _probe_steps(points: Tensor, h: Tensor, point_offset: int) -> Tensor:
+    """``h (B, F)`` of each point's state: point ``g`` (global index ``point_offset + p``) is state ``g % B``."""
+    states = torch.arange(point_offset, point_offset + points.shape[0], device=points.device) % h.shape[0]
+    return h[states]  # (P, F)
+
+
+def _fd_probes_torch(points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+    """``(P, 2, F, F)`` probes ``p +/- h e_i`` of ``points (P, F)`` (into ``out``, any shape of that size)."""
+    n_points, features = points.shape
+    step = _probe_steps(points, h, point_offset)
+    values = points.to(h.dtype)
+    probes = points.view(n_points, 1, 1, features).expand(n_points, 2, features, features).clone()
+    diagonal = torch.arange(features, device=points.device)
+    probes[:, 0, diagonal, diagonal] = (values + step).to(points.dtype)
+    probes[:, 1, diagonal, diagonal] = (values - step).to(points.dtype)
+    if out is None:
+        return probes
+    out.view(probes.shape).copy_(probes)
+    return out
+
+
+def _fd_probes_cuda(launch: KernelLaunch, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+    n_points, features = points.shape
+    probes = out if out is not None else torch.empty((n_points, 2, features, features), dtype=points.dtype, device=points.device)
+    launch("fd_probes", points.dtype, points.device, n_points * 2 * features * features,
+           [_cuda.pointer(points), _cuda.pointer(h), _cuda.pointer(probes), _cuda.int64(n_points),
+            _cuda.int32(features), _cuda.int32(h.shape[0]), _cuda.int64(point_offset)])  # fmt: skip
+    return probes
+
+
+# --------------------------------------------------------------------------- (c) central-difference gradients
+
+
+def _fd_gradient_torch(points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+    """Write ``out (T, P, F)`` from the probe values ``f (P, 2, F, T)``; the divisor is the step as stored."""
+    step = _probe_steps(points, h, point_offset)
+    values = points.to(h.dtype)
+    plus = (values + step).to(points.dtype).to(h.dtype)
+    minus = (values - step).to(points.dtype).to(h.dtype)
+    denominator = plus - minus  # (P, F)
+    difference = (f[:, 0] - f[:, 1]).permute(2, 0, 1)  # (T, P, F)
+    gradient = difference / denominator
+    out.copy_(torch.where(denominator != 0, gradient, torch.zeros_like(gradient)))  # a step that rounds away: 0
+
+
+def _fd_gradient_cuda(launch: KernelLaunch, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+    n_points, features = points.shape
+    n_targets = f.shape[-1]
+    launch("fd_gradient", points.dtype, points.device, n_targets * n_points * features,
+           [_cuda.pointer(points), _cuda.pointer(h), _cuda.pointer(f), _cuda.pointer(out), _cuda.int64(n_points),
+            _cuda.int32(features), _cuda.int32(h.shape[0]), _cuda.int32(n_targets), _cuda.int64(point_offset),
+            _cuda.int64(out.stride(0))])  # fmt: skip
+
+
+# --------------------------------------------------------------------------- (d) accumulation
+
+
+def _accumulate_torch(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+    """``(T, B, F)`` attributions from ``grads (T, n, B, F)``, summed in step order."""
+    total = torch.zeros_like(grads[:, 0])  # (T, B, F)
+    for k in range(grads.shape[1]):
+        # Multiply, then add: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
+        total = total + weights[k] * grads[:, k]
+    acc = grads.dtype
+    return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
+
+
+def _accumulate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+    n_targets, n_steps, batch, features = grads.shape
+    attributions = torch.empty((n_targets, batch, features), dtype=x.dtype, device=x.device)
+    launch("accumulate", x.dtype, x.device, attributions.numel(),
+           [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(weights), _cuda.pointer(grads), _cuda.pointer(attributions),
+            _cuda.int32(n_steps), _cuda.int64(batch * features), _cuda.int32(n_targets)])  # fmt: skip
+    return attributions
+
+
+# --------------------------------------------------------------------------- (e) completeness
+
+
+def warp_order_sum(values: Tensor) -> Tensor:
+    """``values (T, B, F)`` summed over ``F`` in kernel (e)'s order: 32 lane-strided partial sums, then a tree.
+
+    Lane ``l`` adds ``values[..., l], values[..., l + 32], ...`` to ``+0`` in turn;
+    the 32 partials are then added pairwise at offsets 16, 8, 4, 2, 1, as the
+    warp's shuffles do. Every addition is one exactly rounded elementwise add, so
+    the sum is bit-identical to the kernel's and does not depend on torch's
+    reduction order or thread count.
+    """
+    n_targets, batch, features = values.shape
+    chunks = -(-features // 32)
+    padded = values.new_zeros((n_targets, batch, chunks * 32))  # +0 pads: x + 0 == x
+    padded[..., :features] = values
+    padded = padded.view(n_targets, batch, chunks, 32)
+    partial = values.new_zeros((n_targets, batch, 32))
+    for chunk in range(chunks):
+        partial = partial + padded[:, :, chunk]
+    width = 16
+    while width:
+        partial = partial[..., :width] + partial[..., width : 2 * width]
+        width //= 2
+    return partial[..., 0]
+
+
+def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
+    """``stats (6, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2, B, T)`` at x and b.
+
+    A state is *non-finite* when ``F(x)``, ``F(b)`` or ``delta`` is NaN/Inf (any
+    NaN/Inf attribution makes the sum, and so ``delta``, non-finite): relative
+    error ``inf``. Otherwise *degenerate* (relative error NaN) or checked.
+    """
+    acc = ends.dtype
+    f_input = ends[0].t()  # (T, B)
+    f_baseline = ends[1].t()  # (T, B)
+    difference = f_input - f_baseline
+    delta = warp_order_sum(attributions.to(acc)) - difference
+    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
+    non_finite = ~(torch.isfinite(f_input) & torch.isfinite(f_baseline) & torch.isfinite(delta))
+    degenerate = ~non_finite & (difference.abs() <= degenerate_threshold(acc) * scale)
+    relative = torch.where(degenerate, torch.full_like(delta, math.nan), delta.abs() / difference.abs())
+    relative = torch.where(non_finite, torch.full_like(delta, math.inf), relative)
+    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc), non_finite.to(acc)])
+
+
+def _completeness_cuda(launch: KernelLaunch, attributions: Tensor, ends: Tensor) -> Tensor:
+    n_targets, batch, features = attributions.shape
+    stats = torch.empty((len(STATS), n_targets, batch), dtype=ends.dtype, device=ends.device)
+    launch("completeness", attributions.dtype, attributions.device, n_targets * batch * 32,  # one warp per state
+           [_cuda.pointer(attributions), _cuda.pointer(ends), _cuda.pointer(stats), _cuda.int32(batch),
+            _cuda.int64(features), _cuda.int32(n_targets), np.float64(degenerate_threshold(ends.dtype))])  # fmt: skip
+    return stats
+
+
+# --------------------------------------------------------------------------- the backends
+
+
+class Backend:
+    """The five operations on flattened states ``x, b (B, F)`` (see the module docstring for shapes).
+
+    Attributes:
+        name: what :attr:`IGResult.backend` reports.
+        twin: a backend with the same arithmetic to fall back on (the CUDA
+            kernels' torch twins), or ``None``.
+    """
+
+    name = "base"
+    twin: Backend | None = None
+
+    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+        raise NotImplementedError
+
+    def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+        raise NotImplementedError
+
+    def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class TorchBackend(Backend):
+    """The torch twins: any device, any floating dtype; the reference for the kernels."""
+
+    name = "torch"
+
+    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+        return _interpolate_torch(x, b, alphas, with_ends)
+
+    def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+        return _fd_probes_torch(points, h, point_offset, out)
+
+    def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+        _fd_gradient_torch(points, h, f, point_offset, out)
+
+    def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+        return _accumulate_torch(x, b, weights, grads)
+
+    def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
+        return _completeness_torch(attributions, ends)
+
+
+class CudaBackend(Backend):
+    """The kernels of ``kernels/ig.cu`` through CuPy, on torch's current stream; torch twins as :attr:`twin`.
+
+    Args:
+        launch: how a kernel runs (default: compiled with NVRTC and launched through
+            :mod:`lightning_ig._cuda`); tests pass a host build of ``ig.cu``.
+    """
+
+    name = "cuda"
+
+    def __init__(self, launch: KernelLaunch | None = None) -> None:
+        self.launch = launch or _launch_with_cupy
+        self.twin = TorchBackend()
+
+    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+        return _interpolate_cuda(self.launch, x, b, alphas, with_ends)
+
+    def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+        return _fd_probes_cuda(self.launch, points, h, point_offset, out)
+
+    def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+        _fd_gradient_cuda(self.launch, points, h, f, point_offset, out)
+
+    def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+        return _accumulate_cuda(self.launch, x, b, weights, grads)
+
+    def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
+        return _completeness_cuda(self.launch, attributions, ends)
+
+
+_TORCH = TorchBackend()
+_CUDA = CudaBackend()
+
+
+def resolve_backend(backend: str | Backend, inputs: Tensor) -> Backend:
+    """The backend a run uses: a :class:`Backend` as given, or the one ``"auto"``/``"cuda"``/``"torch"`` names.
+
+    ``"auto"`` picks the kernels when the inputs are on a CUDA device and CuPy
+    imports, else the twins; ``"cuda"`` never falls back silently.
+
+    Raises:
+        ValueError: an unknown name, or ``"cuda"`` without a CUDA device or with CPU inputs.
+        TypeError: ``"cuda"`` with a dtype the kernels do not take.
+        RuntimeError: ``"cuda"`` where CuPy is not installed.
+    """
+    if isinstance(backend, Backend):
+        return backend
+    check_choice(backend, BACKENDS, "backend")
+    if backend == "cuda" and inputs.dtype not in _KERNEL_SUFFIX:
+        raise TypeError(f"backend='cuda' has kernels for {', '.join(map(str, _KERNEL_SUFFIX))}; got {inputs.dtype}")
+    return _CUDA if _cuda.resolve_backend(backend, inputs) == "cuda" else _TORCH
+
+
+def backend_option(value: Any) -> str | Backend:
+    """Check the ``backend`` option: a name of :data:`lightning_ig.vocabulary.BACKENDS` or a :class:`Backend`."""
+    if isinstance(value, Backend):
+        return value
+    return check_choice(value, BACKENDS, "backend")

@@ -1,0 +1,175 @@
+"""The one-call front door, :func:`integrated_gradients`: every step run eagerly, no graph."""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor
+
+from lightning_ig.attribution.backends import STATS, Backend
+from lightning_ig.attribution.inputs import Baselines, prepare, warn_stochastic
+from lightning_ig.attribution.options import DEFAULT_MAX_STEPS, Settings, parse_settings
+from lightning_ig.attribution.path import PathRun, chunk_rows, refine
+from lightning_ig.attribution.result import IGResult
+from lightning_ig.attribution.targets import Target, TargetSpec
+from lightning_ig.vocabulary import check_finite
+
+__all__ = ["integrated_gradients", "attribute_eager", "build_result"]
+
+
+def integrated_gradients(
+    forward: Callable[[Tensor], Tensor],
+    inputs: Tensor,
+    baselines: Baselines = None,
+    *,
+    target: Target = None,
+    n_steps: int | Literal["auto"] = 50,
+    method: str = "gausslegendre",
+    gradient: Literal["autograd", "finite_difference"] = "autograd",
+    internal_batch_size: int | None = None,
+    backend: Literal["auto", "cuda", "torch"] | Backend = "auto",
+    completeness_tol: float = 0.01,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    fd_step: float | None = None,
+    check_finite: bool = True,
+) -> IGResult:
+    """Integrated Gradients of ``forward`` at ``inputs`` against ``baselines``.
+
+    The call runs eagerly (no CUDA graph); for repeated calls on the same shapes
+    use :class:`~lightning_ig.attribution.IntegratedGradients`, which captures
+    and replays the work. Works under ``torch.no_grad()`` and
+    ``torch.inference_mode()``, leaves the model as it was (parameters, their
+    ``.grad`` and ``requires_grad``, training mode) and draws no random numbers.
+    The forward is called as it is: put the model in the mode you want
+    attributed (``eval()``, noise off) first; a forward that gives different
+    values for the same rows within the call is reported
+    (:attr:`IGResult.stochastic`, :class:`~lightning_ig.attribution.StochasticForwardWarning`).
+
+    Args:
+        forward: maps ``(N, *feature_shape)`` to ``(N,)``, or to ``(N, A)`` with
+            ``target`` choosing what to attribute. Rows must be independent.
+        inputs: ``(B, *feature_shape)`` floating-point states, at least one feature.
+        baselines: ``None`` or ``"zeros"`` (default: zeros), ``"mean"`` (the batch
+            mean), a number, one baseline ``(*feature_shape)`` or one per state
+            ``(B, *feature_shape)``.
+        target: ``None`` (forward returns ``(N,)``), ``"mean"`` (mean over ``A``:
+            ``V(s)`` under the dueling identity), an int (one column), a
+            LongTensor ``(B,)`` (one column per state), ``"each"`` (every column:
+            attributions ``(A, B, *feature_shape)``) or a callable ``(N, A) -> (N,)``.
+        n_steps: quadrature points (default 50), or ``"auto"``: start at 16 and
+            refine until every state is within ``completeness_tol`` (relative
+            error; absolute error against ``max(1, |F(x)|, |F(b)|)`` for a
+            degenerate state) or ``max_steps`` is reached, reusing gradients where
+            the rule nests; it stops at once on a non-finite state.
+        method: ``"gausslegendre"`` (default, at most 100000 points),
+            ``"riemann_left"``, ``"riemann_right"``, ``"riemann_middle"`` or
+            ``"riemann_trapezoid"``.
+        gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards
+            autograd cannot go through (step: see :mod:`lightning_ig.attribution.path`).
+        internal_batch_size: rows per forward (path points for autograd, probes
+            for finite differences); ``None`` picks it from the free device memory.
+            On CUDA out-of-memory the chunk is halved and retried, with a warning.
+        backend: ``"auto"`` (the CUDA kernels when the inputs are on a CUDA
+            device and CuPy imports, else torch), ``"cuda"``, ``"torch"``, or a
+            :class:`~lightning_ig.attribution.backends.Backend` object.
+        completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
+        max_steps: the most points ``n_steps="auto"`` may use (default 512).
+        fd_step: relative finite-difference step; ``None`` is ``eps ** (1/3)`` of
+            the inputs' dtype.
+        check_finite: check inputs and baselines for NaN/Inf first (one host sync).
+            NaN/Inf *outputs* never raise: they are flagged in :attr:`IGResult.non_finite`.
+
+    Returns:
+        An :class:`IGResult`.
+
+    Raises:
+        TypeError: a non-callable forward, non-floating inputs or baselines,
+            inputs of another dtype than the model's parameters, a bad type for
+            an option, or a forward that returns no tensor.
+        ValueError: inputs without states or features, baselines that do not
+            match the inputs, NaN/Inf inputs, ``n_steps < 1`` (or past the rule's
+            largest), an unknown method, a forward returning the wrong shape,
+            ``gradient="autograd"`` on a forward autograd cannot differentiate,
+            or ``backend="cuda"`` without a CUDA device.
+        RuntimeError: ``backend="cuda"`` where CuPy is not installed.
+
+    Example::
+
+        model = DuelingQNetwork(4, 2).eval()
+        result = integrated_gradients(model, states, target="mean", n_steps=50)
+        result.attributions        # (B, 4)
+        result.worst_relative_error
+    """
+    settings = parse_settings({
+        "target": target, "n_steps": n_steps, "method": method, "gradient": gradient,
+        "internal_batch_size": internal_batch_size, "backend": backend, "completeness_tol": completeness_tol,
+        "max_steps": max_steps, "fd_step": fd_step, "check_finite": check_finite, "cuda_graph": False,
+    })  # fmt: skip
+    with torch.inference_mode(False), torch.enable_grad():
+        return attribute_eager(forward, inputs, baselines, settings)
+
+
+def attribute_eager(forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: Settings) -> IGResult:
+    """One eager attribution with checked ``settings`` (the work of :func:`integrated_gradients`)."""
+    prepared = prepare(forward, inputs, baselines, settings)
+    x = prepared.x
+    checks = [("inputs", x)] + ([("baselines", prepared.b)] if isinstance(baselines, Tensor) else [])
+    deferred: list[tuple[str, Tensor, Tensor]] = []
+    if settings.check_finite:
+        if settings.n_steps == "auto" or x.device.type != "cuda":
+            for name, tensor in checks:  # "auto" reads errors on the host as it goes: check first
+                check_finite(name, tensor)
+        else:
+            # Queue the checks now and read them after the work is queued: the host waits for
+            # nothing, and nothing the work does depends on them (no state changes, no side effects).
+            deferred = [(name, tensor, torch.isfinite(tensor).all()) for name, tensor in checks]
+    run = PathRun(forward, x, prepared.b, prepared.feature_shape, prepared.spec, settings, prepared.backend,
+                  chunk_rows(settings, x))  # fmt: skip
+    if settings.n_steps == "auto":
+        out, n_steps = refine(run, settings)
+    else:
+        n_steps = int(settings.n_steps)
+        out = run.attribute(n_steps)
+    # One host sync reads every flag queued above: the inputs' finite checks and the repeated ends.
+    flags = torch.stack([flag for _, _, flag in deferred] + [run.stochastic_flag()]).tolist()
+    for (name, tensor, _), flag in zip(deferred, flags):
+        check_finite(name, tensor, flag)
+    stochastic = bool(flags[-1])
+    if stochastic:
+        warn_stochastic(forward, stacklevel=3)  # the caller of integrated_gradients or IntegratedGradients.attribute
+    return build_result(out, prepared.resolved, prepared.spec, settings, run, n_steps, graph=False, stochastic=stochastic)
+
+
+def build_result(out: dict[str, Tensor], resolved: Tensor, spec: TargetSpec, settings: Settings, run: PathRun,
+                 n_steps: int, *, graph: bool, stochastic: bool) -> IGResult:  # fmt: skip
+    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(6, T, B)``), with views only.
+
+    ``resolved`` is the baselines in the inputs' shape.
+    """
+    stats = out["stats"]
+    if spec.kind == "each":
+        attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
+    else:
+        attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
+        stats = stats.view(len(STATS), -1)  # (6, 1, B) -> (6, B)
+    f_input, f_baseline, delta, relative_error, degenerate, non_finite = stats.unbind(0)
+    return IGResult(
+        attributions=attributions,
+        f_input=f_input,
+        f_baseline=f_baseline,
+        delta=delta,
+        relative_error=relative_error,
+        degenerate=degenerate != 0,
+        non_finite=non_finite != 0,
+        baselines=resolved,
+        n_steps=n_steps,
+        method=settings.method,
+        gradient=settings.gradient,
+        backend=run.backend.name,
+        target=spec.label,
+        fd_step=run.fd_step,
+        internal_batch_size=run.chunk_rows,
+        cuda_graph=graph,
+        stochastic=stochastic,
+    )

@@ -1,0 +1,222 @@
+"""The reusable front door, :class:`IntegratedGradients`: default settings, and CUDA graphs for repeated shapes."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from lightning_ig.attribution.eager import attribute_eager, build_result
+from lightning_ig.attribution.graphs import GraphCapture, GraphPlan, PlanCache, capture_plan
+from lightning_ig.attribution.inputs import Baselines, Prepared, check_forward, prepare
+from lightning_ig.attribution.options import Settings, parse_settings
+from lightning_ig.attribution.result import IGResult
+from lightning_ig.attribution.targets import check_rows_in_range
+from lightning_ig.vocabulary import check_finite
+
+__all__ = ["IntegratedGradients"]
+
+
+class IntegratedGradients:
+    """A reusable Integrated Gradients engine for one forward.
+
+    Holds default settings and, for repeated calls on the same shapes (what the
+    training callback does), captures the whole autograd computation
+    (interpolation kernel, batched forward, ``torch.autograd.grad``,
+    accumulation kernel, completeness) in a ``torch.cuda.CUDAGraph`` on first
+    use, keyed on shapes, dtype, device and settings. Later calls copy the new
+    inputs into the graph's buffers and replay it: a handful of launches.
+
+    The graph reads the model's parameters where they live, so in-place updates
+    (an optimizer step, ``load_state_dict``) are seen by the next replay;
+    replacing a parameter tensor object is not: call :meth:`clear` after that.
+    Finite differences, ``n_steps="auto"``, CPU tensors and forwards that cannot
+    be captured (host syncs, data-dependent shapes) run eagerly; a failed
+    capture falls back to eager with one warning per key. The forward must be
+    deterministic and free of side effects for a replay to mean the same as a
+    call: the run before a capture checks it (:attr:`IGResult.stochastic`).
+
+    The NaN/Inf check of the inputs (``check_finite``) is a host sync; the
+    engine skips it for a tensor it has already checked and that has not been
+    modified since (same object, same version counter), which is what a
+    callback passing the same held-out states sees (:attr:`finite_checks` counts
+    the checks that ran).
+
+    Args:
+        forward: as for :func:`~lightning_ig.attribution.integrated_gradients`.
+        graph_capture: how graphs are captured (default: a
+            :class:`~lightning_ig.attribution.graphs.GraphCapture` on
+            ``torch.cuda.graph``); tests pass an emulation.
+        **defaults: any keyword option of
+            :func:`~lightning_ig.attribution.integrated_gradients`, plus
+            ``cuda_graph``: ``"auto"`` (default: capture on CUDA devices), ``True``
+            (capture, warn and fall back when it fails) or ``False`` (always eager).
+
+    Raises:
+        TypeError: a non-callable forward or an unknown option.
+        ValueError: a bad option value (checked here, not at the first call).
+
+    Example::
+
+        engine = IntegratedGradients(q_network, target="mean", n_steps=50)
+        for states in batches:
+            result = engine.attribute(states)   # replays a CUDA graph after the first call
+    """
+
+    def __init__(self, forward: Callable[[Tensor], Tensor], *, graph_capture: GraphCapture | None = None,
+                 **defaults: Any) -> None:  # fmt: skip
+        check_forward(forward)
+        self._default_settings = parse_settings(defaults)  # rejects bad defaults now
+        self.forward = forward
+        self.defaults = dict(defaults)
+        self.graph_capture = graph_capture or GraphCapture()
+        self._plans = PlanCache()
+        self._checked: dict[str, tuple[weakref.ref[Tensor], int]] = {}
+        self.finite_checks = 0  # NaN/Inf checks of new inputs that ran (each one host sync)
+        self.last_mode: str | None = None  # "graph", "capture" or "eager": how the last call ran
+        # (shape, dtype, device, plan) of the last default-settings, zero-baseline replay
+        self._fast: tuple[torch.Size, torch.dtype, torch.device, GraphPlan] | None = None
+
+    def clear(self) -> None:
+        """Drop every captured graph (they are captured again on next use)."""
+        self._plans.clear()
+        self._checked.clear()
+        self._fast = None
+
+    def attribute(self, inputs: Tensor, baselines: Baselines = None, **overrides: Any) -> IGResult:
+        """Attribute ``inputs``; ``overrides`` replace the defaults for this call.
+
+        Args:
+            inputs: ``(B, *feature_shape)``.
+            baselines: as for :func:`~lightning_ig.attribution.integrated_gradients`.
+            **overrides: options of :func:`~lightning_ig.attribution.integrated_gradients` and ``cuda_graph``.
+
+        Returns:
+            An :class:`IGResult` (its tensors are fresh, not the graph's buffers).
+
+        Raises:
+            The errors of :func:`~lightning_ig.attribution.integrated_gradients`.
+        """
+        if not overrides and self._fast is not None:
+            result = self._attribute_fast(inputs, baselines)
+            if result is not None:
+                return result
+        settings = parse_settings({**self.defaults, **overrides}) if overrides else self._default_settings
+        with torch.inference_mode(False), torch.enable_grad():
+            if not self._graph_wanted(settings, inputs):
+                self.last_mode = "eager"
+                return attribute_eager(self.forward, inputs, baselines, settings)
+            return self._attribute_graph(inputs, baselines, settings)
+
+    # -- the callback's case, kept lean
+    def _attribute_fast(self, inputs: Any, baselines: Baselines) -> IGResult | None:
+        """Default settings, zero baselines, same shapes as the last replay; ``None`` when the call is not that case."""
+        assert self._fast is not None  # checked by the caller
+        shape, dtype, device, plan = self._fast
+        if not (
+            isinstance(inputs, Tensor)
+            and (baselines is None or (isinstance(baselines, str) and baselines == "zeros"))
+            and inputs.shape == shape
+            and inputs.dtype == dtype
+            and inputs.device == device
+        ):
+            return None
+        settings = self._default_settings
+        if torch.is_inference_mode_enabled():  # entering the context costs more than the check
+            with torch.inference_mode(False):
+                out = self._replay_fast(plan, inputs, settings.check_finite)
+        else:
+            out = self._replay_fast(plan, inputs, settings.check_finite)
+        self.last_mode = "graph"
+        if plan.zero_baselines is None:
+            plan.zero_baselines = torch.zeros((1,) * inputs.dim(), dtype=dtype, device=device).expand(shape)
+        return build_result(out, plan.zero_baselines, plan.run.spec, settings, plan.run, int(settings.n_steps),
+                            graph=True, stochastic=plan.stochastic)  # fmt: skip
+
+    def _replay_fast(self, plan: GraphPlan, inputs: Tensor, check_inputs: bool) -> dict[str, Tensor]:
+        if check_inputs:
+            self._check_once("inputs", inputs, inputs)
+        if plan.static_x_view is None or plan.static_x_view.shape != inputs.shape:
+            plan.static_x_view = plan.static_x.view(inputs.shape)
+        plan.static_x_view.copy_(inputs)
+        return plan.replay()
+
+    # -- graphs
+    def _graph_wanted(self, settings: Settings, inputs: Any) -> bool:
+        return (
+            settings.cuda_graph is not False
+            and isinstance(inputs, Tensor)
+            and settings.n_steps != "auto"
+            and settings.gradient == "autograd"
+            and self.graph_capture.available(inputs.device)
+        )
+
+    def _check_once(self, name: str, tensor: Tensor, given: Any) -> None:
+        # The same tensor object, unmodified since it was checked (its version counter), is not checked again:
+        # the callback passes the same held-out states every time, and the check is a host sync.
+        if not given.is_inference():  # an inference tensor has no version counter: check every time
+            seen = self._checked.get(name)
+            if seen is not None and seen[0]() is given and seen[1] == given._version:
+                return
+        self.finite_checks += 1
+        check_finite(name, tensor)
+        if not given.is_inference():
+            self._checked[name] = (weakref.ref(given), given._version)
+
+    def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: Settings) -> IGResult:
+        prepared = prepare(self.forward, inputs, baselines, settings)
+        if settings.check_finite:
+            self._check_once("inputs", prepared.x, inputs)
+            if isinstance(baselines, Tensor):
+                self._check_once("baselines", prepared.b, baselines)
+        key = _graph_key(inputs, baselines, prepared, settings)
+        if key in self._plans and self._plans.get(key) is None:  # capture failed before: eager
+            self.last_mode = "eager"
+            return attribute_eager(self.forward, inputs, baselines, settings)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = capture_plan(self.forward, prepared, baselines, settings, self.graph_capture)
+            self._remember(key, plan)
+            if plan is None:
+                self.last_mode = "eager"
+                return attribute_eager(self.forward, inputs, baselines, settings)
+            self.last_mode = "capture"
+        else:
+            self.last_mode = "graph"
+        out = _replay(plan, prepared)
+        if settings is self._default_settings and key[3] == ("zeros",) and prepared.spec.kind not in ("per_row", "callable"):
+            self._fast = (inputs.shape, inputs.dtype, inputs.device, plan)
+        return build_result(out, prepared.resolved, prepared.spec, settings, plan.run, int(settings.n_steps),
+                            graph=True, stochastic=plan.stochastic)  # fmt: skip
+
+    def _remember(self, key: tuple[Any, ...], plan: GraphPlan | None) -> None:
+        evicted = self._plans.put(key, plan)
+        if evicted is not None and self._fast is not None and self._fast[3] is evicted:
+            self._fast = None
+
+
+def _graph_key(inputs: Tensor, baselines: Baselines, prepared: Prepared, settings: Settings) -> tuple[Any, ...]:
+    """What a captured graph depends on: shapes, dtype, device, the baseline's form, the target, the settings."""
+    baseline_key: tuple[Any, ...]
+    if isinstance(baselines, Tensor):
+        baseline_key = ("tensor",)
+    elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
+        baseline_key = ("scalar", float(baselines))
+    else:
+        baseline_key = (baselines or "zeros",)
+    return (tuple(inputs.shape), inputs.dtype, inputs.device, baseline_key, prepared.spec.key(), prepared.backend,
+            settings.n_steps, settings.method, settings.internal_batch_size, settings.fd_step)  # fmt: skip
+
+
+def _replay(plan: GraphPlan, prepared: Prepared) -> dict[str, Tensor]:
+    """Copy this call's inputs into the plan's static buffers and replay it."""
+    plan.static_x.copy_(prepared.x)
+    if plan.static_b is not None:
+        plan.static_b.copy_(prepared.b)
+    if plan.static_rows is not None:
+        assert prepared.spec.rows is not None  # a plan with static rows was captured for a per-row target
+        check_rows_in_range(prepared.spec, plan.run.output_width)  # here: a replay's gather has no bounds check
+        plan.static_rows.copy_(prepared.spec.rows)
+    return plan.replay()

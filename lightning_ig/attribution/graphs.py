@@ -1,0 +1,218 @@
+"""CUDA-graph capture of a whole attribution, and the cache of captured plans.
+
+For repeated calls on the same shapes (what the training callback does),
+:class:`~lightning_ig.attribution.IntegratedGradients` captures the autograd
+computation (interpolation, batched forward, ``torch.autograd.grad``,
+accumulation, completeness) once per key in a :class:`GraphPlan`; later calls
+copy the new inputs into the plan's static buffers and replay it.
+
+* The run before the capture is eager: shape and autograd errors surface as
+  they would without a graph, and the path's ends are evaluated twice there
+  (the stochastic-forward check; a replay reports what its capture found).
+* Capture is tried with the run's backend and then with its twin (the CUDA
+  kernels, then their torch twins: same arithmetic, still faster than eager);
+  when both fail the key runs eagerly from then on, after one warning.
+* How a computation is captured is a :class:`GraphCapture`; tests pass one
+  that emulates a graph on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from lightning_ig.attribution.inputs import Baselines, Prepared, resolve_baselines, warn_stochastic
+from lightning_ig.attribution.options import Settings
+from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
+
+__all__ = ["GraphCapture", "GraphPlan", "PlanCache", "capture_plan"]
+
+Compute = Callable[[], "dict[str, Tensor]"]
+
+
+class GraphCapture:
+    """Captures a computation in a ``torch.cuda.CUDAGraph`` (the default :class:`GraphCapture`).
+
+    A replacement (a test's emulation, say) provides the same two methods.
+    """
+
+    def available(self, device: torch.device) -> bool:
+        """Whether computations on ``device`` can be captured."""
+        return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
+
+    def capture(self, compute: Compute, device: torch.device) -> tuple[Any, dict[str, Tensor]]:
+        """Warm ``compute`` up on a side stream, then capture it; return the graph (``replay()``) and its outputs.
+
+        The warm-up runs with torch's sync debug mode set to ``"error"``, so a
+        forward that synchronises with the host (``.item()``, ``.cpu()``,
+        data-dependent shapes) fails there, before a capture begins: a capture
+        that fails part-way leaves the CUDA generator in its capture state, and
+        every later random draw on the device raises.
+        """
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        previous_mode = torch.cuda.get_sync_debug_mode()
+        _set_sync_debug_mode("error")
+        try:
+            with torch.cuda.stream(side):
+                compute()  # warm-up on a side stream, as torch.cuda.graph's documentation asks
+        finally:
+            _set_sync_debug_mode(previous_mode)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        rng_state = torch.cuda.get_rng_state(device)
+        try:
+            with torch.cuda.graph(graph):
+                outputs = compute()
+        finally:
+            # Capture registers the device's generator with the graph; the training run's RNG stream must not
+            # notice (nothing here draws random numbers).
+            torch.cuda.set_rng_state(rng_state, device)
+        return graph, outputs
+
+
+def _set_sync_debug_mode(mode: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sync debug mode is a prototype feature": ours, not the user's
+        torch.cuda.set_sync_debug_mode(mode)
+
+
+class GraphPlan:
+    """A captured attribution for one key: static inputs, the graph, and its outputs.
+
+    When attributions and statistics share a dtype the graph also packs both
+    into one flat buffer, so a replay's results cost one copy.
+    """
+
+    def __init__(self, graph: Any, static_x: Tensor, static_b: Tensor | None, static_rows: Tensor | None,
+                 outputs: dict[str, Tensor], run: PathRun, keep: Any, stochastic: bool) -> None:  # fmt: skip
+        self.graph = graph
+        self.static_x = static_x  # (B, F)
+        self.static_b = static_b  # (B, F), or None where the baseline is computed inside the graph
+        self.static_rows = static_rows  # (B,) per-row target indices, or None
+        self.outputs = outputs  # "attributions" (T, B, F), "stats" (6, T, B) [, "packed"]
+        self.run = run
+        self.keep = keep  # objects whose id() is part of the key (a target callable)
+        self.stochastic = stochastic  # what the eager run before the capture found
+        self.attribution_shape = outputs["attributions"].shape
+        self.stats_shape = outputs["stats"].shape
+        self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
+        self.zero_baselines: Tensor | None = None  # set by the engine's fast path: a read-only expanded zero
+        self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
+
+    def replay(self) -> dict[str, Tensor]:
+        """Replay the graph; fresh copies of its outputs."""
+        self.graph.replay()
+        packed = self.outputs.get("packed")
+        if packed is None:
+            return {name: self.outputs[name].clone() for name in ("attributions", "stats")}
+        attributions, stats = packed.clone().split(self.split_sizes)
+        return {"attributions": attributions.view(self.attribution_shape), "stats": stats.view(self.stats_shape)}
+
+
+class PlanCache:
+    """Plans by key; a key whose capture failed maps to ``None``. Keeps the most recent ``limit`` plans.
+
+    Each captured graph holds its own memory pool, so old plans are dropped.
+    """
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        self.plans: dict[tuple[Any, ...], GraphPlan | None] = {}
+
+    def __contains__(self, key: tuple[Any, ...]) -> bool:
+        return key in self.plans
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def get(self, key: tuple[Any, ...]) -> GraphPlan | None:
+        return self.plans.get(key)
+
+    def put(self, key: tuple[Any, ...], plan: GraphPlan | None) -> GraphPlan | None:
+        """Store ``plan``; return the plan evicted to make room, if any."""
+        evicted = None
+        if plan is not None and len(self.plans) >= self.limit:
+            evicted = self.plans.pop(next(iter(self.plans)))
+        self.plans[key] = plan
+        return evicted
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+
+def _pack(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    attributions, stats = outputs["attributions"], outputs["stats"]
+    if attributions.dtype != stats.dtype:
+        return outputs
+    return {**outputs, "packed": torch.cat([attributions.reshape(-1), stats.reshape(-1)])}  # (T B F + 6 T B,)
+
+
+def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baselines: Baselines, settings: Settings,
+                 capturer: GraphCapture) -> GraphPlan | None:  # fmt: skip
+    """Run the attribution eagerly once, then capture it; ``None`` (after one warning) when capture fails."""
+    x = prepared.x
+    static_x = x.clone()
+    computed_baseline = not isinstance(baselines, Tensor)
+    static_b = None if computed_baseline else prepared.b.clone()
+    spec = prepared.spec
+    static_rows = spec.rows.clone() if spec.rows is not None else None
+    graph_spec = dataclasses.replace(spec, rows=static_rows) if static_rows is not None else spec
+    run = PathRun(forward, static_x, prepared.b, prepared.feature_shape, graph_spec, settings, prepared.backend,
+                  chunk_rows(settings, x))  # fmt: skip
+    alphas, weights = rule_tensors(settings.method, int(settings.n_steps), run.acc, x.device)
+    batch = x.shape[0]
+
+    def compute() -> dict[str, Tensor]:
+        if computed_baseline:
+            # The baseline comes from the inputs inside the graph ("zeros", "mean" or a number).
+            run.b = resolve_baselines(baselines, static_x.view(batch, *prepared.feature_shape)).reshape(batch, -1)
+        else:
+            run.b = static_b
+        grads, ends = run.gradients(alphas, with_ends=True)
+        assert ends is not None  # with_ends=True
+        return _pack(run.finish(weights, grads, ends))
+
+    compute()  # eager first: shape and autograd errors surface as they would without a graph
+    stochastic = bool(run.stochastic_flag())  # the ends evaluated twice, as on every eager call
+    if stochastic:
+        warn_stochastic(forward, stacklevel=4)  # the caller of IntegratedGradients.attribute
+    run.check_stochastic = False  # not in the warm-up nor the capture: its answer needs a host read
+    run.allow_oom_retry = False  # a retry cannot happen inside a capture
+    captured = _capture_with_fallback(run, compute, capturer, x.device)
+    if captured is None:
+        return None
+    graph, outputs = captured
+    return GraphPlan(graph, static_x, static_b, static_rows, outputs, run, spec.fn, stochastic)
+
+
+def _capture_with_fallback(run: PathRun, compute: Compute, capturer: GraphCapture,
+                           device: torch.device) -> tuple[Any, dict[str, Tensor]] | None:  # fmt: skip
+    failures: list[str] = []
+    attempt = run.backend
+    while attempt is not None:
+        run.backend = attempt
+        try:
+            captured = capturer.capture(compute, device)
+        except Exception as error:  # noqa: BLE001 - any capture failure means: try the twin, then eager
+            failures.append(f"backend={attempt.name!r}: {type(error).__name__}: {error}")
+            attempt = attempt.twin
+            continue
+        if failures:
+            warnings.warn(
+                f"CUDA graph capture with the CuPy kernels failed ({failures[0]}); captured the torch twins instead",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return captured
+    warnings.warn(
+        f"CUDA graph capture of the attribution failed ({'; '.join(failures)}); running eagerly "
+        "for these shapes (pass cuda_graph=False to skip the attempt)",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+    return None

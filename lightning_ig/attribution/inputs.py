@@ -1,0 +1,187 @@
+"""The tensors of one call, checked and flattened; the model behind a forward, for messages that say what to do.
+
+Every call starts with :func:`prepare`: the forward is callable, the inputs are
+a floating tensor ``(B >= 1, *feature_shape)`` with at least one feature, the
+baselines resolve to the inputs' shape, the target and the backend are chosen.
+Inputs and baselines are flattened to ``(B, F)`` for the path.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+import torch
+from torch import Tensor
+
+from lightning_ig.attribution.backends import Backend, accumulate_dtype, resolve_backend
+from lightning_ig.attribution.options import Settings
+from lightning_ig.attribution.result import StochasticForwardWarning
+from lightning_ig.attribution.targets import TargetSpec, target_spec
+
+__all__ = ["Baselines", "Prepared", "prepare", "check_forward", "resolve_baselines", "module_of",
+           "raise_if_dtype_mismatch", "warn_stochastic"]  # fmt: skip
+
+Baselines = Union[None, str, float, int, Tensor]
+
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_DTYPE_METHOD = {torch.float16: "half()", torch.bfloat16: "bfloat16()", torch.float32: "float()", torch.float64: "double()"}
+_BASELINE_FORMS = "None, 'zeros', 'mean', a number or a tensor"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One call's tensors: ``x``, ``b`` flattened to ``(B, F)``; ``resolved`` baselines in the inputs' shape."""
+
+    x: Tensor
+    b: Tensor
+    resolved: Tensor
+    spec: TargetSpec
+    backend: Backend
+    feature_shape: tuple[int, ...]
+
+
+def prepare(forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselines, settings: Settings) -> Prepared:
+    """Check and normalise what every call shares.
+
+    Raises:
+        TypeError: a non-callable forward; inputs or baselines of the wrong type or dtype.
+        ValueError: inputs without states or features; baselines that do not fit; a bad target or backend.
+    """
+    check_forward(forward)
+    _check_inputs(inputs)
+    if inputs.is_inference():
+        inputs = inputs.clone()  # inference tensors cannot be saved for autograd
+    inputs = inputs.detach()
+    resolved = resolve_baselines(baselines, inputs)
+    batch = inputs.shape[0]
+    return Prepared(
+        x=inputs.reshape(batch, -1).contiguous(),  # (B, F)
+        b=resolved.reshape(batch, -1).contiguous(),  # (B, F)
+        resolved=resolved,
+        spec=target_spec(settings.target, batch, inputs.device),
+        backend=resolve_backend(settings.backend, inputs),
+        feature_shape=tuple(inputs.shape[1:]),
+    )
+
+
+def check_forward(forward: Any) -> None:
+    """Raise a :class:`TypeError` unless ``forward`` is callable."""
+    if not callable(forward):
+        raise TypeError(f"forward must be callable (a model or a function of the inputs), got {type(forward).__name__}")
+
+
+def _check_inputs(inputs: Any) -> None:
+    if not isinstance(inputs, Tensor):
+        raise TypeError(f"inputs must be a torch.Tensor of shape (B, *feature_shape), got {type(inputs).__name__}")
+    if inputs.dtype not in _FLOATING:
+        raise TypeError(
+            f"inputs must be floating point (float16, bfloat16, float32 or float64), got {inputs.dtype}; "
+            "convert them with inputs.float()"
+        )
+    # vocabulary.check_states' words, for inputs that may also be (B,): one scalar feature per state
+    if inputs.dim() < 1 or inputs.shape[0] == 0 or math.prod(inputs.shape[1:]) == 0:
+        raise ValueError(
+            f"inputs must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
+            f"{tuple(inputs.shape)}; add the state dimension (inputs.unsqueeze(0)) for a single state"
+        )
+
+
+def resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
+    """The baselines as a ``(B, *feature_shape)`` tensor of the inputs' dtype and device.
+
+    Raises:
+        TypeError: a bool, a non-floating tensor, or an unsupported type.
+        ValueError: an unknown name, a non-finite number, or a tensor of another shape.
+    """
+    if baselines is None or (isinstance(baselines, str) and baselines == "zeros"):
+        return torch.zeros_like(inputs)
+    if isinstance(baselines, str):
+        if baselines == "mean":
+            mean = inputs.to(accumulate_dtype(inputs.dtype)).mean(dim=0, keepdim=True)
+            return mean.to(inputs.dtype).expand_as(inputs).clone()
+        raise ValueError(f"baselines must be {_BASELINE_FORMS}, got {baselines!r}")
+    if isinstance(baselines, bool):
+        raise TypeError(f"baselines must be {_BASELINE_FORMS}, got a bool ({baselines!r})")
+    if isinstance(baselines, (int, float)):
+        if not math.isfinite(baselines):
+            raise ValueError(f"baselines must be finite, got {baselines!r}")
+        return torch.full_like(inputs, float(baselines))
+    if not isinstance(baselines, Tensor):
+        raise TypeError(f"baselines must be {_BASELINE_FORMS}, got {type(baselines).__name__}")
+    return _baseline_tensor(baselines, inputs)
+
+
+def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
+    if not baselines.dtype.is_floating_point:
+        raise TypeError(f"baselines must be floating point, got dtype {baselines.dtype}; convert them with .float()")
+    feature_shape = tuple(inputs.shape[1:])
+    shape = tuple(baselines.shape)
+    if shape not in ((), feature_shape, tuple(inputs.shape)):
+        raise ValueError(
+            f"baselines of shape {shape} do not match inputs of shape {tuple(inputs.shape)}; "
+            f"pass a scalar, one baseline of shape {feature_shape} or one per state of shape {tuple(inputs.shape)}"
+        )
+    return baselines.detach().to(device=inputs.device, dtype=inputs.dtype).expand_as(inputs).clone()
+
+
+def module_of(forward: Any) -> torch.nn.Module | None:
+    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, or what a wrapper names in ``__wrapped__``."""
+    for candidate in (forward, getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)):
+        if isinstance(candidate, torch.nn.Module):
+            return candidate
+    return None
+
+
+def raise_if_dtype_mismatch(forward: Any, dtype: torch.dtype, error: BaseException) -> None:
+    """Turn torch's error for inputs of another dtype than the model's parameters into one that says what to do.
+
+    Returns quietly when that is not the cause (the caller re-raises the original error).
+
+    Raises:
+        TypeError: ``forward``'s module holds floating parameters of another dtype than ``dtype``.
+    """
+    module = module_of(forward)
+    if module is None:
+        return
+    parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if parameter is None or parameter.dtype == dtype:
+        return
+    fixes = [f"{what}.{_DTYPE_METHOD[to]}" for what, to in (("inputs", parameter.dtype), ("model", dtype)) if to in _DTYPE_METHOD]
+    raise TypeError(
+        f"inputs are {dtype} but the model's parameters are {parameter.dtype}; convert one to match the other: "
+        f"{' or '.join(fixes)}"
+    ) from error
+
+
+def warn_stochastic(forward: Any, stacklevel: int) -> None:
+    """Warn (:class:`StochasticForwardWarning`) that the forward is stochastic, naming the modules that likely are."""
+    suspects = _stochastic_modules(module_of(forward))
+    if suspects:
+        cause = ", ".join(suspects[:5]) + (" ..." if len(suspects) > 5 else "")
+    else:
+        cause = "dropout or batch-norm in train mode, or NoisyNet noise left on"
+    warnings.warn(
+        f"the forward gave different values for the same inputs within one call (likely cause: {cause}); its "
+        "attributions are not reproducible and completeness does not hold: call model.eval() and switch noise off "
+        "(lightning_ig.noise_disabled(model)) before attributing",
+        StochasticForwardWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:
+    if module is None:
+        return []
+    found = []
+    random_in_train = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+    for name, child in module.named_modules():
+        if not child.training:
+            continue
+        if isinstance(child, random_in_train):
+            found.append(f"{name or type(child).__name__} ({type(child).__name__} in train mode)")
+        elif hasattr(child, "reset_noise"):
+            found.append(f"{name or type(child).__name__} ({type(child).__name__}: noise on)")
+    return found

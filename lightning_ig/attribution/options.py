@@ -1,0 +1,123 @@
+"""The engine's keyword options, checked once where they come in (:func:`parse_settings`).
+
+Names and checks shared with the callback and the command line come from
+:mod:`lightning_ig.vocabulary`; the quadrature's limits from
+:mod:`lightning_ig.quadrature`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_ig.attribution.backends import Backend, backend_option
+from lightning_ig.attribution.targets import Target
+from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule
+from lightning_ig.vocabulary import (
+    GRADIENTS,
+    METHODS,
+    check_choice,
+    check_n_steps,
+    check_optional_positive_int,
+    check_positive_float,
+    check_positive_int,
+)
+
+__all__ = ["Settings", "DEFAULTS", "DEFAULT_MAX_STEPS", "parse_settings"]
+
+DEFAULT_MAX_STEPS = 512
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option of one attribution, checked (see :func:`lightning_ig.attribution.integrated_gradients`)."""
+
+    target: Target
+    n_steps: int | str
+    method: str
+    gradient: str
+    internal_batch_size: int | None
+    backend: str | Backend
+    completeness_tol: float
+    max_steps: int
+    fd_step: float | None
+    check_finite: bool
+    cuda_graph: bool | str
+
+
+DEFAULTS: dict[str, Any] = {
+    "target": None,
+    "n_steps": 50,
+    "method": "gausslegendre",
+    "gradient": "autograd",
+    "internal_batch_size": None,
+    "backend": "auto",
+    "completeness_tol": 0.01,
+    "max_steps": DEFAULT_MAX_STEPS,
+    "fd_step": None,
+    "check_finite": True,
+    "cuda_graph": "auto",
+}
+
+
+def parse_settings(options: dict[str, Any]) -> Settings:
+    """The :class:`Settings` of ``options`` (missing ones take :data:`DEFAULTS`).
+
+    The target is checked where the batch is known (:func:`lightning_ig.attribution.targets.target_spec`).
+
+    Raises:
+        TypeError: an unknown option, or a value of the wrong kind.
+        ValueError: a value out of range; ``n_steps`` (or ``max_steps`` for
+            ``"auto"``) past what the quadrature rule is built for.
+    """
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; the engine takes {', '.join(DEFAULTS)}")
+    merged = {**DEFAULTS, **options}
+    n_steps = check_n_steps(merged["n_steps"])
+    method = check_choice(merged["method"], METHODS, "method")
+    max_steps = check_positive_int(merged["max_steps"], "max_steps", example=DEFAULT_MAX_STEPS)
+    _check_rule_size(method, n_steps, max_steps)
+    return Settings(
+        target=merged["target"],
+        n_steps=n_steps,
+        method=method,
+        gradient=check_choice(merged["gradient"], GRADIENTS, "gradient"),
+        internal_batch_size=check_optional_positive_int(merged["internal_batch_size"], "internal_batch_size"),
+        backend=backend_option(merged["backend"]),
+        completeness_tol=check_positive_float(merged["completeness_tol"], "completeness_tol"),
+        max_steps=max_steps,
+        fd_step=_check_fd_step(merged["fd_step"]),
+        check_finite=_check_flag(merged["check_finite"], "check_finite"),
+        cuda_graph=_check_cuda_graph(merged["cuda_graph"]),
+    )
+
+
+def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
+    if isinstance(n_steps, int):
+        check_rule(method, n_steps)  # riemann_trapezoid needs 2; gausslegendre has a largest n
+    elif method == "gausslegendre" and max_steps > MAX_GAUSS_LEGENDRE_STEPS:
+        raise ValueError(
+            f"max_steps={max_steps} is more than the {MAX_GAUSS_LEGENDRE_STEPS} points a Gauss-Legendre rule is "
+            f"built with; pass max_steps <= {MAX_GAUSS_LEGENDRE_STEPS}"
+        )
+
+
+def _check_fd_step(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"fd_step must be None (automatic) or a relative step in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def _check_cuda_graph(value: Any) -> bool | str:
+    if value is True or value is False or (isinstance(value, str) and value == "auto"):
+        return value
+    raise ValueError(f"cuda_graph must be True, False or 'auto', got {value!r}")

@@ -1,0 +1,106 @@
+"""Merged files: which heads a file holds, and which one a head name or key prefix selects."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from lightning_ig.checkpoint.layout import (
+    FORMAT_KEY,
+    HEAD_SEPARATOR,
+    HEADS_KEY,
+    STATES_KEY,
+    CheckpointError,
+    existing_file,
+    head_prefix,
+    json_metadata,
+    read_metadata,
+    tensor_keys,
+)
+
+__all__ = ["head_entry", "heads_in", "list_heads", "select_prefix"]
+
+
+def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> list[str]:
+    """The head names of a file from its metadata and keys (``[]`` for a single model)."""
+    if HEADS_KEY in metadata:
+        heads = json_metadata(metadata, HEADS_KEY, path)
+        if not isinstance(heads, dict):
+            raise CheckpointError(f"metadata {HEADS_KEY!r} of {str(path)!r} must be a JSON object of heads")
+        return list(heads)
+    if FORMAT_KEY in metadata:
+        return []  # written by save_checkpoint: a single model
+    # Files merged by other tools: every key is "<head>__<rest>" with a non-empty head.
+    heads: list[str] = []
+    for key in keys:
+        if key == STATES_KEY:
+            continue
+        head, separator, rest = key.partition(HEAD_SEPARATOR)
+        if not separator or not head or not rest:
+            return []
+        if head not in heads:
+            heads.append(head)
+    return heads
+
+
+def list_heads(path: str | os.PathLike[str]) -> list[str]:
+    """The head names in a merged checkpoint (``[]`` for a single-model file).
+
+    Args:
+        path: A safetensors checkpoint.
+
+    Returns:
+        Head names, without the ``"__"`` that ends their prefix, in the order the file lists them.
+
+    Raises:
+        CheckpointError: If the file is missing, unreadable or not safetensors.
+
+    Example::
+
+        >>> list_heads("heads.safetensors")  # doctest: +SKIP
+        ['ranging', 'trending']
+    """
+    file = existing_file(path)
+    return heads_in(read_metadata(file), tensor_keys(file), file)
+
+
+def select_prefix(requested: str | None, heads: Sequence[str], keys: Sequence[str], path: Path) -> str | None:
+    """The key prefix to load: a whole head of a merged file, or a raw prefix of a file without heads.
+
+    ``requested`` is a prefix (``"trending__"``) or a head's name (``"trending"``). In a
+    file with heads it must name one of them, so a part of a name (``"tre"``) is refused
+    with the list of heads rather than loading a fragment.
+
+    Raises:
+        CheckpointError: No head chosen in a merged file, an unknown head, or a prefix no key starts with.
+    """
+    listing = f"the heads in it are: {', '.join(heads)}"
+    if requested is None:
+        if heads:
+            raise CheckpointError(
+                f"{str(path)!r} holds several heads ({', '.join(heads)}); choose one with --head NAME "
+                "(prefix=NAME__) or run each with --all-heads"
+            )
+        return None
+    if heads:
+        name = requested[: -len(HEAD_SEPARATOR)] if requested.endswith(HEAD_SEPARATOR) else requested
+        if name not in heads:
+            raise CheckpointError(f"no head {name!r} (prefix {requested!r}) in {str(path)!r}; {listing}: give one of them")
+        return head_prefix(name)
+    if not any(key.startswith(requested) for key in keys):
+        raise CheckpointError(
+            f"no tensors under prefix {requested!r} in {str(path)!r}; it is a single-model file: drop the head/prefix"
+        )
+    return requested
+
+
+def head_entry(metadata: Mapping[str, str], prefix: str | None, path: Path) -> dict[str, Any]:
+    """A head's own entry in ``lightning_ig.heads`` (architecture, config, feature names), or ``{}``."""
+    if prefix is None or HEADS_KEY not in metadata:
+        return {}
+    name = prefix[: -len(HEAD_SEPARATOR)] if prefix.endswith(HEAD_SEPARATOR) else prefix
+    entry = json_metadata(metadata, HEADS_KEY, path).get(name)
+    if entry is not None and not isinstance(entry, dict):
+        raise CheckpointError(f"the entry of head {name!r} in {HEADS_KEY!r} of {str(path)!r} must be a JSON object, got {entry!r}")
+    return dict(entry or {})

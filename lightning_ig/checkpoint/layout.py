@@ -1,0 +1,162 @@
+"""The checkpoint file's layout: metadata keys, the error type, what a load returns, and reading a file's header.
+
+Shared by :mod:`.writing`, :mod:`.heads`, :mod:`.reading` and :mod:`.states`; see
+:mod:`lightning_ig.checkpoint` for the layout itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from torch import Tensor, nn
+
+__all__ = [
+    "ARCHITECTURE_KEY",
+    "CONFIG_KEY",
+    "FEATURE_NAMES_KEY",
+    "FORMAT_KEY",
+    "FORMAT_VERSION",
+    "HEADS_KEY",
+    "HEAD_SEPARATOR",
+    "RESERVED_PREFIX",
+    "STATES_KEY",
+    "CheckpointError",
+    "LoadedCheckpoint",
+    "existing_file",
+    "few",
+    "head_prefix",
+    "json_metadata",
+    "open_error",
+    "read_metadata",
+    "tensor_keys",
+]
+
+FORMAT_VERSION = "1"
+FORMAT_KEY = "lightning_ig.format"
+ARCHITECTURE_KEY = "lightning_ig.architecture"
+CONFIG_KEY = "lightning_ig.config"
+FEATURE_NAMES_KEY = "lightning_ig.feature_names"
+HEADS_KEY = "lightning_ig.heads"
+#: tensor key of the held-out states in a checkpoint (a head's are ``<head>__`` + this)
+STATES_KEY = "__states__"
+#: what separates a head's name from its tensor keys in a merged file
+HEAD_SEPARATOR = "__"
+#: metadata keys under this prefix belong to the format, not to the user
+RESERVED_PREFIX = "lightning_ig."
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or states file that cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What :func:`~lightning_ig.checkpoint.load_checkpoint` returns.
+
+    Attributes:
+        model: The rebuilt model with the weights loaded, in eval mode, on the requested device.
+        feature_names: Names of the input features from the metadata, or ``None``.
+        states: Held-out states stored in the file ``(num_states, *feature_shape)``, or ``None``.
+        metadata: The file's metadata (``str -> str``), all of it.
+        prefix: The head prefix loaded (``"trending__"``), or ``None`` for a single-model file.
+        architecture: The architecture name the model was built from.
+        config: The config the model was built with.
+        path: The file read.
+    """
+
+    model: nn.Module
+    feature_names: list[str] | None
+    states: Tensor | None
+    metadata: dict[str, str]
+    prefix: str | None = None
+    architecture: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def head(self) -> str | None:
+        """The head's name (the prefix without its trailing ``__``), or ``None``."""
+        if self.prefix is None:
+            return None
+        return self.prefix[: -len(HEAD_SEPARATOR)] if self.prefix.endswith(HEAD_SEPARATOR) else self.prefix
+
+
+def head_prefix(head: str) -> str:
+    """The tensor-key prefix of a head: ``"trending" -> "trending__"``.
+
+    Raises:
+        ValueError: If ``head`` is empty or contains the separator ``"__"``.
+    """
+    if not isinstance(head, str) or not head or HEAD_SEPARATOR in head:
+        raise ValueError(f"a head name must be a non-empty string without {HEAD_SEPARATOR!r}, got {head!r}")
+    return head + HEAD_SEPARATOR
+
+
+def few(keys: Sequence[str], limit: int = 4) -> str:
+    """A short listing of ``keys`` for a message: ``[a, b, c, d, ...] (9)``."""
+    if not keys:
+        return "none"
+    shown = ", ".join(keys[:limit])
+    return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)})"
+
+
+def open_error(path: Path, error: BaseException) -> CheckpointError:
+    """The error for a file safetensors cannot read."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return CheckpointError(
+        f"{str(path)!r} is not a readable safetensors file ({type(error).__name__}: {first_line}); "
+        "give a checkpoint written by lightning_ig.save_checkpoint or safetensors"
+    )
+
+
+def existing_file(path: str | os.PathLike[str], what: str = "checkpoint") -> Path:
+    """``path`` as a :class:`Path` if it is a readable file; a :class:`CheckpointError` saying what is wrong otherwise."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} path must be a str or os.PathLike, got {type(path).__name__}")
+    file = Path(path)
+    if not file.exists():
+        raise CheckpointError(f"{what} {str(file)!r} does not exist; check the path")
+    if file.is_dir():
+        raise CheckpointError(f"{what} {str(file)!r} is a directory; give the file itself")
+    if not os.access(file, os.R_OK):
+        raise CheckpointError(f"{what} {str(file)!r} is not readable (permission denied); check its permissions")
+    return file
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The metadata of a safetensors file (``{}`` when it has none).
+
+    Raises:
+        CheckpointError: If the file is missing, unreadable or not safetensors.
+    """
+    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
+
+    file = existing_file(path)
+    try:
+        with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
+            return dict(handle.metadata() or {})
+    except Exception as error:  # safetensors raises its own SafetensorError, or OSError
+        raise open_error(file, error) from error
+
+
+def tensor_keys(path: Path) -> list[str]:
+    """The tensor names in a safetensors file, in the file's order."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    try:
+        with safe_open(os.fspath(path), framework="pt", device="cpu") as handle:
+            return list(handle.keys())
+    except Exception as error:
+        raise open_error(path, error) from error
+
+
+def json_metadata(metadata: Mapping[str, str], key: str, path: Any) -> Any:
+    """The JSON value stored under ``key``; a :class:`CheckpointError` if it does not parse."""
+    try:
+        return json.loads(metadata[key])
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"metadata {key!r} of {os.fspath(path)!r} is not valid JSON ({error}); rewrite the checkpoint") from error

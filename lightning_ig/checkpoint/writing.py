@@ -1,0 +1,308 @@
+"""Writing checkpoints: one model, several heads, or single-model files merged into one.
+
+Every write checks its path first (a folder, a device or a FIFO is refused), goes to
+a temporary file beside the target and is renamed over it (readers never see half
+a checkpoint), and leaves the file with the mode any program's output gets: the old
+file's mode when it is overwritten, else ``0o666 & ~umask`` (see
+:func:`lightning_ig._files.atomic_path`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lightning_ig._files import atomic_path, check_output_file
+from lightning_ig.checkpoint.layout import (
+    ARCHITECTURE_KEY,
+    CONFIG_KEY,
+    FEATURE_NAMES_KEY,
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    HEADS_KEY,
+    RESERVED_PREFIX,
+    STATES_KEY,
+    CheckpointError,
+    head_prefix,
+    json_metadata,
+    read_metadata,
+)
+from lightning_ig.models import model_config, model_name
+from lightning_ig.vocabulary import check_feature_names, check_states
+
+__all__ = ["merge_checkpoints", "save_checkpoint", "save_merged_checkpoint"]
+
+
+def save_checkpoint(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    feature_names: Sequence[str] | None = None,
+    states: Tensor | None = None,
+    metadata: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` to a safetensors file that :func:`~lightning_ig.checkpoint.load_checkpoint` rebuilds without user code.
+
+    Args:
+        model: The model (``torch.compile`` and DDP wrappers are looked through). Its class should be
+            registered (:func:`~lightning_ig.models.register_model`) or importable as
+            ``package.module:Class``, with a ``config()`` method returning its constructor's
+            keyword arguments (or pass ``config``).
+        path: Where to write (parents are created). Written atomically; a new file gets
+            ``0o666 & ~umask``, an overwritten one keeps its mode; a symbolic link is written through.
+        feature_names: One printable, distinct name per input feature, stored in the metadata. Default ``None``.
+        states: Held-out states ``(num_states, *feature_shape)``, finite, stored as ``__states__`` (float32).
+            Default ``None``.
+        metadata: Extra ``str -> str`` metadata. Keys may not start with ``"lightning_ig."``.
+        config: The constructor's keyword arguments when the model has no ``config()``. Default ``None``.
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: If an argument has the wrong type or the config is not JSON-serialisable.
+        ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or
+            do not match the states' width, ``metadata`` uses a reserved key, or ``path`` is a folder,
+            a device or a FIFO.
+
+    Example::
+
+        >>> from lightning_ig.models import DuelingQNetwork
+        >>> from lightning_ig.checkpoint import load_checkpoint
+        >>> import tempfile, os
+        >>> net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+        >>> path = os.path.join(tempfile.mkdtemp(), "q.safetensors")
+        >>> _ = save_checkpoint(net, path, feature_names=["x", "v", "theta", "omega"], states=torch.zeros(3, 4))
+        >>> loaded = load_checkpoint(path)
+        >>> loaded.feature_names, tuple(loaded.states.shape)
+        (['x', 'v', 'theta', 'omega'], (3, 4))
+    """
+    model = _unwrap(model)
+    tensors = _model_tensors(model)
+    stored_states = _stored_states(states)
+    width = None if stored_states is None else int(stored_states[0].numel())
+    names = _checked_names(feature_names, width)
+    architecture, model_kwargs = _architecture(model, config)
+    meta = _user_metadata(metadata)
+    meta[FORMAT_KEY] = FORMAT_VERSION
+    meta[ARCHITECTURE_KEY] = architecture
+    if model_kwargs is not None:
+        meta[CONFIG_KEY] = json.dumps(model_kwargs, sort_keys=True)
+    if names is not None:
+        meta[FEATURE_NAMES_KEY] = json.dumps(names)
+    if stored_states is not None:
+        if STATES_KEY in tensors:
+            raise ValueError(f"the model has a tensor named {STATES_KEY!r}, which is reserved for the states; rename it")
+        tensors[STATES_KEY] = stored_states
+    return _atomic_save(tensors, path, meta)
+
+
+def save_merged_checkpoint(
+    heads: Mapping[str, nn.Module],
+    path: str | os.PathLike[str],
+    *,
+    feature_names: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    states: Tensor | Mapping[str, Tensor] | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write several models ("heads") into one file, each under the prefix ``<head>__``.
+
+    Args:
+        heads: Head name -> model, e.g. ``{"trending": net_a, "ranging": net_b}``. Names may not contain ``"__"``.
+        path: Where to write (atomically, modes as :func:`save_checkpoint`).
+        feature_names: Names shared by every head (stored at file level), or head -> names.
+        states: States shared by every head (stored as ``__states__``), or head -> states
+            (stored as ``<head>____states__``).
+        metadata: Extra ``str -> str`` metadata.
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If there is no head, a head name is invalid, a mapping names an unknown head,
+            or states or names are not usable (as in :func:`save_checkpoint`).
+
+    Example::
+
+        >>> save_merged_checkpoint({"trending": net_a, "ranging": net_b}, "heads.safetensors")  # doctest: +SKIP
+    """
+    if not isinstance(heads, Mapping) or not heads:
+        raise ValueError(f"heads must be a non-empty mapping of head name -> model, got {heads!r}")
+    per_head_names = feature_names if isinstance(feature_names, Mapping) else {}
+    per_head_states = states if isinstance(states, Mapping) else {}
+    for mapping, what in ((per_head_names, "feature_names"), (per_head_states, "states")):
+        unknown = set(mapping) - set(heads)
+        if unknown:
+            raise ValueError(f"{what} names heads {sorted(unknown)} that are not in heads {sorted(heads)}")
+    tensors: dict[str, Tensor] = {}
+    head_info: dict[str, dict[str, Any]] = {}
+    for head, model in heads.items():
+        prefix = head_prefix(head)
+        model = _unwrap(model)
+        head_info[head] = _head_info(model, per_head_names.get(head))
+        tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
+        if head in per_head_states:
+            tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")  # type: ignore[assignment]
+    meta = _user_metadata(metadata)
+    meta[FORMAT_KEY] = FORMAT_VERSION
+    meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
+    if feature_names is not None and not isinstance(feature_names, Mapping):
+        meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(feature_names, None))
+    if states is not None and not isinstance(states, Mapping):
+        tensors[STATES_KEY] = _stored_states(states)  # type: ignore[assignment]
+    return _atomic_save(tensors, path, meta)
+
+
+def merge_checkpoints(
+    sources: Mapping[str, str | os.PathLike[str]], path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+) -> Path:
+    """Merge single-model checkpoint files into one multi-head file.
+
+    Each source's tensors (its states included) go under ``<head>__``; its
+    architecture, config and feature names go into ``lightning_ig.heads``.
+
+    Args:
+        sources: Head name -> path of a checkpoint written by :func:`save_checkpoint`.
+        path: The merged file to write (atomically); it may not be one of the sources.
+        metadata: Extra ``str -> str`` metadata for the merged file.
+
+    Returns:
+        The path written.
+
+    Raises:
+        CheckpointError: If a source cannot be read or is itself a merged file.
+        ValueError: If there is no source, a head name is invalid, or ``path`` is a source.
+
+    Example::
+
+        >>> merge_checkpoints({"trending": "a.safetensors", "ranging": "b.safetensors"}, "heads.safetensors")  # doctest: +SKIP
+    """
+    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
+
+    if not isinstance(sources, Mapping) or not sources:
+        raise ValueError(f"sources must be a non-empty mapping of head name -> checkpoint path, got {sources!r}")
+    _check_path(path, inputs=list(sources.values()))
+    tensors: dict[str, Tensor] = {}
+    head_info: dict[str, dict[str, Any]] = {}
+    for head, source in sources.items():
+        prefix = head_prefix(head)
+        source_meta = read_metadata(source)
+        if HEADS_KEY in source_meta:
+            raise CheckpointError(f"{os.fspath(source)!r} is already a merged file; merge single-model checkpoints")
+        head_info[head] = _source_info(source_meta, source)
+        with safe_open(os.fspath(source), framework="pt", device="cpu") as handle:
+            for key in handle.keys():
+                tensors[prefix + key] = handle.get_tensor(key)
+    meta = _user_metadata(metadata)
+    meta[FORMAT_KEY] = FORMAT_VERSION
+    meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
+    return _atomic_save(tensors, path, meta)
+
+
+# --------------------------------------------------------------------------------------------------
+# the pieces
+
+
+def _checked_names(feature_names: Sequence[str] | None, width: int | None) -> list[str] | None:
+    if feature_names is None:
+        return None
+    if isinstance(feature_names, (str, bytes)) or not isinstance(feature_names, Sequence):
+        raise TypeError(f"feature_names must be a sequence of strings, got {feature_names!r}")
+    return check_feature_names(feature_names, len(feature_names) if width is None else width)
+
+
+def _stored_states(states: Tensor | None, what: str = "states") -> Tensor | None:
+    """``states`` checked and copied as stored: float32, contiguous, on the CPU."""
+    if states is None:
+        return None
+    return check_states(states, what).detach().to("cpu", torch.float32).contiguous().clone()
+
+
+def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"metadata must map str to str (safetensors' rule), got {key!r}: {value!r}; json.dumps other values")
+        if key.startswith(RESERVED_PREFIX):
+            raise ValueError(f"metadata key {key!r} uses the reserved prefix {RESERVED_PREFIX!r}; rename it")
+    return dict(metadata)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside ``torch.compile`` / DDP / DataParallel wrappers, whose keys and class are the real ones."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
+    # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
+    return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
+
+
+def _architecture(model: nn.Module, config: Mapping[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+    if config is None:
+        config = model_config(model)
+    if config is not None:
+        try:
+            json.dumps(dict(config))
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"the model config must be JSON-serialisable: {error}") from error
+        config = dict(config)
+    return model_name(model), config
+
+
+def _head_info(model: nn.Module, names: Sequence[str] | None) -> dict[str, Any]:
+    architecture, model_kwargs = _architecture(model, None)
+    info: dict[str, Any] = {"architecture": architecture}
+    if model_kwargs is not None:
+        info["config"] = model_kwargs
+    if names is not None:
+        info["feature_names"] = _checked_names(names, None)
+    return info
+
+
+def _source_info(source_meta: Mapping[str, str], source: str | os.PathLike[str]) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    if ARCHITECTURE_KEY in source_meta:
+        info["architecture"] = source_meta[ARCHITECTURE_KEY]
+    if CONFIG_KEY in source_meta:
+        info["config"] = json_metadata(source_meta, CONFIG_KEY, source)
+    if FEATURE_NAMES_KEY in source_meta:
+        info["feature_names"] = json_metadata(source_meta, FEATURE_NAMES_KEY, source)
+    return info
+
+
+def _check_path(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]] = ()) -> Path:
+    """Refuse a folder, a device, a FIFO or an input before writing; missing parent folders are created later."""
+    target = Path(path)
+    if Path(os.path.realpath(target)).parent.is_dir():
+        check_output_file(target, what="checkpoint path", inputs=inputs)
+    elif os.fspath(path).endswith(os.sep):
+        raise ValueError(f"checkpoint path {os.fspath(path)!r} names a folder; give a file name ending in .safetensors")
+    return target
+
+
+def _atomic_save(tensors: dict[str, Tensor], path: str | os.PathLike[str], metadata: dict[str, str]) -> Path:
+    from safetensors.torch import save_file  # noqa: PLC0415 - keeps `import lightning_ig` light
+
+    target = _check_path(path)
+    with atomic_path(target) as temporary:
+        save_file(tensors, os.fspath(temporary), metadata=metadata)
+    return target

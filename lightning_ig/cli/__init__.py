@@ -1,0 +1,169 @@
+"""The ``lightning-ig`` command: Integrated Gradients reports for saved Q-networks.
+
+``lightning-ig diag`` rebuilds a model from a safetensors checkpoint (see
+:mod:`lightning_ig.checkpoint`), switches its NoisyNet noise off, runs
+Integrated Gradients on held-out states and writes the schema-version-1 JSON
+report (see :mod:`lightning_ig.report`). ``lightning-ig show`` prints a report
+as a table. Run ``lightning-ig diag --help`` for every flag.
+
+Where the states come from: ``--states auto`` samples ``--auto-samples`` (16)
+states without replacement, with a private generator seeded by ``--seed`` (42),
+from the states stored in the checkpoint (``__states__``, or the head's own
+``<head>____states__``), else from ``<name>.states.{safetensors,npy,json}`` or
+``states.{...}`` beside it; the report records the indices drawn
+(``state_indices``). ``--states PATH`` uses every state in the file. States are
+converted to the model's dtype (float64 states for a float32 model work).
+
+Merged files: ``--head NAME`` (or ``--prefix NAME__``) attributes one head; a
+prefix must name a whole head (the error lists the heads). ``--all-heads``
+attributes each head and writes **one report per head**, named after
+``--output`` with the head before the suffix (``ig_report.json`` ->
+``ig_report.trending.json``, ``ig_report.ranging.json``). One file per head
+keeps every report a plain schema-version-1 document (``regime_head`` names its
+head), so consumers of single reports read them unchanged. Every head is
+checked before the first IG run and all reports are written at the end: a
+mistake in any head writes none.
+
+Outputs are checked before anything is loaded: ``--output`` (and each
+``--all-heads`` report) may not be the checkpoint, a states, baseline or
+feature-names file, a folder (``dir/`` included), a device or a FIFO, and its
+folder must exist and be writable. A symbolic link is written through to its
+target. Reports are written atomically (readers never see half of one) with the
+mode any program's output gets: ``0o666 & ~umask`` for a new file, the old mode
+for an overwritten one.
+
+Trust: a model whose forward or attributions are NaN/Inf on some states is never
+reported as clean. The reports are still written (a user debugging a diverged run
+wants them): the extra key ``non_finite_states`` lists those states, beside the
+schema-v1 keys, and the command exits with status 3 and one line saying how many
+states and the first. When every state is degenerate (``|F(x) - F(b)|`` too small
+for a ratio) the summary says "no state could be checked", never "0%". A forward
+that gives different values for the same state (dropout or batch-norm in train
+mode, noise the CLI cannot switch off) is refused: status 2, one line naming the
+likely cause, no report.
+
+Exit status:
+
+=====  ========================================================================
+0      every report written; the model's outputs and attributions were finite
+1      an unexpected failure (a bug): rerun with ``--debug`` for the traceback
+2      a mistake in the command line or its inputs, or a stochastic forward:
+       one line on stderr says what was wrong and what to do; no report written
+3      the model produced NaN/Inf on some states: reports written (with
+       ``non_finite_states``), one line on stderr
+130    interrupted (Ctrl-C), at any moment: one line on stderr; a report is
+       complete or absent, never half-written
+=====  ========================================================================
+
+The parts: :mod:`.parser` (flags and help), :mod:`.diag` (the diag command's
+steps), :mod:`.head_inputs` (one head's checked inputs), :mod:`.show` (reading
+and printing reports), :mod:`.progress`, :mod:`.interrupts` (Ctrl-C),
+:mod:`.exits` (statuses and the user-mistake error).
+
+Example::
+
+    lightning-ig diag --checkpoint q.safetensors --states auto --output ig_report.json
+    lightning-ig show ig_report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from lightning_ig.cli.exits import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_NON_FINITE,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    NonFiniteError,
+    UsageError,
+    one_line,
+)
+from lightning_ig.cli.interrupts import INTERRUPTED, INTERRUPTED_WHILE_WRITING, Interrupts
+from lightning_ig.cli.parser import build_parser
+from lightning_ig.cli.progress import Progress
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_NON_FINITE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "main",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``lightning-ig`` command.
+
+    Args:
+        argv: The arguments after the program name; default ``None`` reads ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 ok, 1 an unexpected failure, 2 a user mistake or a stochastic
+        forward (one line on stderr), 3 NaN/Inf from the model (reports written, one line),
+        130 interrupted.
+
+    Example::
+
+        >>> main(["show", "ig_report.json"])  # doctest: +SKIP
+        0
+    """
+    interrupts = Interrupts.install()  # first: from here on Ctrl-C is one line and status 130
+    try:
+        return _main(argv, interrupts)
+    finally:
+        interrupts.restore()
+
+
+def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        print(one_line(error), file=sys.stderr)
+        return EXIT_USAGE
+    progress = Progress(sys.stderr, enabled=not getattr(args, "quiet", False))
+    try:
+        with progress:
+            return _run_command(args, progress, interrupts)
+    except KeyboardInterrupt:  # only while writing (see interrupts), or where no handler could be installed
+        print(INTERRUPTED_WHILE_WRITING if interrupts.writing else INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        status, line = _failure(error, args.command)
+        if args.debug and not isinstance(error, (UsageError, NonFiniteError)):
+            raise
+        print(line, file=sys.stderr)
+        return status
+
+
+def _run_command(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
+    # imported here: diag pulls in torch, and `--help` or a bad flag should not wait for it
+    if args.command == "show":
+        from lightning_ig.cli.show import run_show  # noqa: PLC0415
+
+        return run_show(args)
+    from lightning_ig.cli.diag import run_diag  # noqa: PLC0415
+
+    return run_diag(args, progress, interrupts)
+
+
+def _failure(error: Exception, command: str) -> tuple[int, str]:
+    """The exit status and the one line for a failure."""
+    message = one_line(error) or type(error).__name__
+    prefix = f"{PROG} {command}"
+    if isinstance(error, NonFiniteError):
+        return EXIT_NON_FINITE, f"{prefix}: error: {message}"
+    if isinstance(error, (UsageError, ValueError, TypeError, OSError)) or "CuPy" in message:
+        # Library argument checks (checkpoint, engine, report) say what was wrong and what to do;
+        # backend='cuda' without CuPy is the user's set-up, not a bug.
+        return EXIT_USAGE, f"{prefix}: error: {message}"
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return EXIT_USAGE, f"{prefix}: error: out of memory ({message}); lower --num-steps or pass --internal-batch-size N"
+    return EXIT_FAILURE, f"{prefix}: unexpected {type(error).__name__}: {message} (rerun with --debug for the traceback)"

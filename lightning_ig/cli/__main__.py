@@ -1,0 +1,7 @@
+"""``python -m lightning_ig.cli``: the ``lightning-ig`` command."""
+
+import sys
+
+from lightning_ig.cli import main
+
+sys.exit(main())

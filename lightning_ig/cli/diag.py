@@ -1,0 +1,223 @@
+"""``lightning-ig diag``: check every output, prepare every head, attribute, write, say how it went.
+
+The steps run in that order so that a mistake costs nothing: the output paths are
+checked before anything is loaded, every head's inputs before the first IG run,
+and the reports are written only once every head has run (all or none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_ig._files import OutputPathError, check_output_file
+from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
+from lightning_ig.cli.exits import EXIT_OK, PROG, NonFiniteError, UsageError
+from lightning_ig.cli.head_inputs import HeadRun, parse_device, prepare_head
+from lightning_ig.cli.interrupts import Interrupts
+from lightning_ig.cli.progress import Progress
+from lightning_ig.cli.show import completeness_words
+
+__all__ = ["run_diag"]
+
+
+@dataclass
+class _Attributed:
+    """One head after its IG run."""
+
+    run: HeadRun
+    result: Any  # IGResult
+    report: dict[str, Any]
+
+
+def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
+    """Run ``diag``; the exit status (see the module docstring of :mod:`lightning_ig.cli`)."""
+    _check_flag_combinations(args)
+    plan = _plan(args)  # every output checked before anything is loaded
+    device = parse_device(args.device)
+    if args.backend == "cuda" and device.type != "cuda":
+        raise UsageError("--backend cuda runs on a CUDA device; add --device cuda (or use --backend auto)")
+
+    progress.stage(f"loading {args.checkpoint}", checked=False)
+    runs = [prepare_head(args, device, prefix, label, output) for prefix, label, output in plan]
+    attributed = []
+    for number, run in enumerate(runs, start=1):
+        which = f" head {run.label} ({number}/{len(runs)})" if len(runs) > 1 else ""
+        progress.stage(f"integrated gradients on {run.states.shape[0]} states, {args.num_steps} steps{which}")
+        attributed.append(_attribute(run, args))
+    _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
+    progress.stage("writing the report")
+    with interrupts.raising():
+        for head in attributed:
+            _write(head)
+    _summarise(attributed, args)
+    _raise_if_non_finite(attributed)  # after writing: a user debugging a diverged run wants the reports
+    return EXIT_OK
+
+
+def _check_flag_combinations(args: argparse.Namespace) -> None:
+    if args.model_kwargs is not None and args.model is None:
+        raise UsageError("--model-kwargs needs --model package.module:Class; add --model, or drop --model-kwargs to use the checkpoint's own config")
+    if args.lightning_module and (args.head or args.prefix or args.all_heads):
+        raise UsageError("--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them")
+
+
+# --------------------------------------------------------------------------------------------------
+# outputs, checked first
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path]]:
+    """(prefix, head label, output) per head to run; every output path checked against every input."""
+    inputs = _inputs(args)
+    output = _checked_output(args.output, "--output", inputs)
+    if args.all_heads:
+        heads = _heads(args.checkpoint)
+        outputs = [_checked_output(path, f"--output of head {head!r}", inputs) for head, path in zip(heads, _head_outputs(output, heads))]
+        return [(head_prefix(head), head, path) for head, path in zip(heads, outputs)]
+    if args.head is not None:
+        try:
+            return [(head_prefix(args.head), args.head, output)]
+        except ValueError as error:
+            raise UsageError(f"--head {args.head!r}: {error}") from None
+    if args.prefix is not None:
+        return [(args.prefix, args.prefix.removesuffix("__"), output)]
+    return [(None, None, output)]
+
+
+def _inputs(args: argparse.Namespace) -> list[str | Path]:
+    """Every file this run may read; an output may be none of them."""
+    inputs: list[str | Path] = [args.checkpoint]
+    if args.states == "auto":
+        beside = states_beside(args.checkpoint)
+        inputs += [beside] if beside is not None else []
+    else:
+        inputs.append(args.states)
+    if args.feature_names:
+        inputs.append(args.feature_names)
+    if args.baseline not in ("zeros", "mean") and Path(args.baseline).exists():
+        inputs.append(args.baseline)
+    return inputs
+
+
+def _checked_output(path: str | Path, what: str, inputs: Sequence[str | Path]) -> Path:
+    try:
+        return check_output_file(path, what=what, inputs=inputs)
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
+
+
+def _heads(checkpoint: str) -> list[str]:
+    try:
+        heads = list_heads(checkpoint)
+    except CheckpointError as error:
+        raise UsageError(str(error)) from None
+    if not heads:
+        raise UsageError(f"{checkpoint} holds a single model, not several heads; drop --all-heads")
+    return heads
+
+
+def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
+    suffix = output.suffix or ".json"
+    stem = output.name[: -len(output.suffix)] if output.suffix else output.name
+    return [output.with_name(f"{stem}.{head}{suffix}") for head in heads]
+
+
+# --------------------------------------------------------------------------------------------------
+# the IG run, the writes, the words
+
+
+def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
+    from lightning_ig.attribution import StochasticForwardWarning, integrated_gradients  # noqa: PLC0415
+    from lightning_ig.noise import noise_disabled  # noqa: PLC0415
+    from lightning_ig.report import build_report  # noqa: PLC0415
+
+    # A stochastic forward is said once, in this command's words (_refuse_stochastic), not as a warning too.
+    with noise_disabled(run.model), warnings.catch_warnings():
+        warnings.simplefilter("ignore", StochasticForwardWarning)
+        result = integrated_gradients(
+            run.model,
+            run.states,
+            run.baselines,
+            target=run.target,
+            n_steps=args.num_steps,
+            method=args.method,
+            gradient=args.gradient,
+            internal_batch_size=args.internal_batch_size,
+            backend=args.backend,
+            completeness_tol=args.completeness_tol,
+        )
+    extra = {**run.extra, "num_steps_requested": args.num_steps}
+    report = build_report(
+        result,
+        feature_names=run.feature_names,
+        checkpoint=args.checkpoint,
+        forward_target=run.forward_target,
+        regime_head=run.label,
+        top_k=args.top_k,
+        extra=extra,
+    )
+    # the documented extra key, beside the schema-v1 keys (the report module may write it already)
+    report.setdefault("non_finite_states", torch.nonzero(result.non_finite).flatten().tolist())
+    return _Attributed(run, result, report)
+
+
+def _refuse_stochastic(attributed: Sequence[_Attributed]) -> None:
+    stochastic = [head for head in attributed if head.result.stochastic]
+    if stochastic:
+        which = f" (head {stochastic[0].run.label})" if stochastic[0].run.label else ""
+        raise UsageError(
+            f"the model's forward gives different values for the same state{which} even in eval mode with NoisyNet "
+            "noise off: likely randomness in its forward that neither reaches (F.dropout(..., training=True), "
+            "torch.randn, a noise layer without disable_noise()); its attributions would not be reproducible, so "
+            "no report was written: make the forward deterministic"
+        )
+
+
+def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
+    broken = [head for head in attributed if head.result.num_non_finite]
+    if not broken:
+        return
+    head, result = broken[0], broken[0].result
+    which = f"head {head.run.label}: " if head.run.label else ""
+    more = f" (and {len(broken) - 1} more head(s))" if len(broken) > 1 else ""
+    raise NonFiniteError(
+        f"{which}the model produced NaN/Inf on {result.num_non_finite} of {head.run.states.shape[0]} states "
+        f"(first: state_idx {result.first_non_finite}){more}; the report {str(head.run.output)!r} lists them in "
+        "non_finite_states: check the checkpoint's weights (a diverged run?) and the states"
+    )
+
+
+def _write(head: _Attributed) -> None:
+    from lightning_ig.report import write_report  # noqa: PLC0415
+
+    try:
+        write_report(head.report, head.run.output)
+    except OSError as error:  # checked before the run; the disk or the folder changed since
+        raise UsageError(
+            f"cannot write --output {str(head.run.output)!r} ({error.strerror or error}); check the folder's space and permissions"
+        ) from None
+
+
+def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:
+    for head in attributed:
+        report = head.report
+        if not args.quiet:
+            print(
+                f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
+                f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
+            )
+        worst = report["completeness"]["worst_relative_error"]
+        if not args.quiet and worst is not None and worst > args.completeness_tol:
+            print(
+                f"{PROG}: warning: worst relative completeness error {100 * worst:.3g}% exceeds "
+                f"--completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
+                file=sys.stderr,
+            )
+

@@ -1,0 +1,256 @@
+"""One head's inputs for ``lightning-ig diag``, loaded and checked before any IG work starts.
+
+The model (from the checkpoint, by prefix, or a Lightning ``.ckpt``), the states
+(sampled from those stored, or a file; converted to the model's dtype), the
+feature names, the target and the baseline. Every mistake is a
+:class:`~lightning_ig.cli.exits.UsageError` naming the input and what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_ig.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint, load_lightning_checkpoint, load_states, states_beside
+from lightning_ig.cli.exits import UsageError
+from lightning_ig.vocabulary import check_feature_names, check_finite, check_states, default_feature_names, target_label
+
+__all__ = ["HeadRun", "parse_device", "prepare_head"]
+
+
+@dataclass
+class HeadRun:
+    """One head's inputs, prepared and checked before any IG run."""
+
+    label: str | None  # head name for the report's regime_head, None for a single model
+    prefix: str | None
+    output: Path
+    model: nn.Module
+    states: Tensor  # (num_states, *feature_shape), the model's dtype and device
+    feature_names: list[str]
+    target: Any  # None (one output), "mean" or an action index, as integrated_gradients takes it
+    forward_target: str  # vocabulary.target_label(target)
+    baselines: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_device(text: str) -> torch.device:
+    """The ``--device`` as a torch device that exists here."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: torch sees no CUDA device here; use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device {text}: there are {count} CUDA devices; use cuda:0..cuda:{count - 1}")
+    elif device.type != "cpu":
+        raise UsageError(f"--device {text}: only cpu and cuda devices are supported")
+    return device
+
+
+def prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | None, label: str | None, output: Path) -> HeadRun:
+    """Load and check one head's model, states, names, target and baseline."""
+    loaded = _load(args, prefix, device)
+    model = loaded.model
+    model.eval()
+    model.requires_grad_(False)  # gradients are taken w.r.t. the inputs only
+    what = f"head {label!r} of {args.checkpoint}" if label else args.checkpoint
+    dtype = _model_dtype(model)
+    states, extra = _states(args, loaded, prefix, device, dtype, what)
+    target = _target(args.target, _probe(model, states, extra["states_from"]))  # the width first: the root of most mismatches
+    names = _feature_names(args, loaded, states, what)
+    baselines, baseline_label = _baseline(args.baseline, states)
+    extra = {
+        "architecture": loaded.architecture, "prefix": loaded.prefix, "device": str(device), "command": "diag",
+        **extra, "baseline": baseline_label,
+    }  # fmt: skip
+    return HeadRun(label, prefix, output, model, states, names, target, target_label(target), baselines, extra)
+
+
+def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) -> LoadedCheckpoint:
+    try:
+        if args.lightning_module:
+            return load_lightning_checkpoint(args.checkpoint, args.lightning_module, device=device)
+        return load_checkpoint(args.checkpoint, prefix=prefix, device=device, architecture=args.model, config=args.model_kwargs)
+    except CheckpointError as error:
+        message = str(error)
+        if Path(args.checkpoint).suffix == ".ckpt" and not args.lightning_module and "safetensors" in message:
+            message += "; for a Lightning .ckpt pass --lightning-module package.module:Class"
+        raise UsageError(message) from None
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model computes in: its first floating-point parameter's (or buffer's), else float32."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.float32
+
+
+# --------------------------------------------------------------------------------------------------
+# states
+
+
+def _states(
+    args: argparse.Namespace, loaded: LoadedCheckpoint, prefix: str | None, device: torch.device, dtype: torch.dtype, what: str
+) -> tuple[Tensor, dict[str, Any]]:
+    """The states to attribute, and what the report says about where they came from."""
+    if args.states != "auto":
+        if not Path(args.states).exists():
+            raise UsageError(f"--states {args.states!r} does not exist; give a .json, .npy or .safetensors file, or 'auto'")
+        states = _checked_states(load_states(args.states, prefix=prefix, dtype=dtype).to(device), args.states, "write at least one state of at least one feature")
+        return states, {"states_source": "path", "states_from": args.states}
+    pool, where = loaded.states, what
+    if pool is None:
+        beside = states_beside(args.checkpoint)
+        if beside is None:
+            raise UsageError(
+                f"no states are stored in {what} nor beside it (<name>.states.json/.npy/.safetensors); "
+                "pass --states PATH or save the checkpoint with states="
+            )
+        pool, where = load_states(beside, prefix=prefix, dtype=dtype), str(beside)
+    pool = _checked_states(pool.to(device=device, dtype=dtype), where, "save the checkpoint with states=, or pass --states PATH")
+    states, indices = _sample(pool, args.auto_samples, args.seed, args.replace, where)
+    return states, {"states_source": "auto", "states_from": where, "seed": args.seed, "state_indices": indices, "replace": args.replace}
+
+
+def _checked_states(states: Tensor, where: str, fix: str) -> Tensor:
+    if states.ndim < 2 or states.shape[0] == 0 or math.prod(states.shape[1:]) == 0:
+        raise UsageError(
+            f"the states from {where} have shape {tuple(states.shape)}: expected (num_states >= 1, *feature_shape) "
+            f"with at least one state and one feature; {fix}"
+        )
+    try:
+        return check_states(states, f"states of {where}")
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _sample(pool: Tensor, count: int, seed: int, replace: bool, where: str) -> tuple[Tensor, list[int]]:
+    available = pool.shape[0]
+    generator = torch.Generator().manual_seed(seed)  # private: the global generators are left alone
+    if count > available and not replace:
+        raise UsageError(
+            f"--auto-samples {count} is more than the {available} states stored in {where}; "
+            f"pass --auto-samples {available} or fewer, or --replace to sample with replacement"
+        )
+    if replace:
+        indices = torch.randint(available, (count,), generator=generator)
+    else:
+        # sorted, so that state_idx in the report follows the stored order
+        indices = torch.randperm(available, generator=generator)[:count].sort().values
+    return pool[indices.to(pool.device)], indices.tolist()
+
+
+# --------------------------------------------------------------------------------------------------
+# names, target, baseline
+
+
+def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: Tensor, what: str) -> list[str]:
+    count = int(states[0].numel())
+    try:
+        if args.feature_names:
+            return check_feature_names(_read_names_file(args.feature_names), count, f"--feature-names {args.feature_names}")
+        if loaded.feature_names is not None:
+            return check_feature_names(loaded.feature_names, count, f"the feature names stored in {what}")
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{error} (give a JSON array of names with --feature-names PATH)") from None
+    return default_feature_names(states.shape[1:])
+
+
+def _read_names_file(path: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--feature-names {path!r} does not exist; give a JSON file holding an array of names")
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UsageError(f"--feature-names {path!r} is not readable JSON ({error}); write a JSON array of names") from None
+    return value.get("feature_names") if isinstance(value, dict) else value
+
+
+def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
+    """One forward on one state: the output's layout, and a model that rejects the states caught early."""
+    try:
+        with torch.no_grad():
+            output = model(states[:1])
+    except Exception as error:  # the model's own error: shapes, dtypes
+        width = _expected_width(model)
+        if states.ndim == 2 and width is not None and states.shape[1] != width:
+            raise UsageError(
+                f"the states from {where} have {states.shape[1]} features but the model takes {width}; "
+                f"give states with {width} columns (or the matching checkpoint/head)"
+            ) from None
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"the model rejects the states of shape {tuple(states.shape)} ({first_line}); check the states' width") from None
+    if not isinstance(output, Tensor):
+        raise UsageError(f"the model returns {type(output).__name__}, not a tensor of Q-values; wrap it to return (N, A)")
+    return output
+
+
+def _expected_width(model: nn.Module) -> int | None:
+    """The input width the model says it takes (``state_dim``), or its first linear layer's."""
+    width = getattr(model, "state_dim", None)
+    if isinstance(width, int) and not isinstance(width, bool):
+        return width
+    for module in model.modules():
+        in_features = getattr(module, "in_features", None)
+        if isinstance(in_features, int) and not isinstance(in_features, bool):
+            return in_features
+    return None
+
+
+def _target(requested: str | int, probe: Tensor) -> Any:
+    """What integrated_gradients attributes: None (one output per state), "mean" or an action index."""
+    if probe.ndim == 1 or (probe.ndim == 2 and probe.shape[1] == 1):
+        if requested not in ("mean", 0):
+            raise UsageError(f"--target {requested} needs a model with several outputs; this one returns one value per state")
+        return None
+    if probe.ndim != 2:
+        raise UsageError(f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A)")
+    actions = probe.shape[1]
+    if requested == "mean":
+        return "mean"
+    if int(requested) >= actions:
+        raise UsageError(f"--target {requested} is out of range for a model with {actions} actions; use mean or 0..{actions - 1}")
+    return int(requested)
+
+
+def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
+    """The baseline as integrated_gradients takes it, and its label in the report."""
+    if text in ("zeros", "mean"):
+        return text, text
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not math.isfinite(value):
+            raise UsageError(f"--baseline {text!r} is not finite; give zeros, mean, a finite number or a states file")
+        return value, f"constant:{value!r}"
+    if not Path(text).exists():
+        raise UsageError(f"--baseline {text!r} is neither zeros, mean, a number nor an existing file; give one of those")
+    baselines = load_states(text, dtype=states.dtype).to(states.device)
+    if baselines.shape[0] == 1:
+        baselines = baselines[0]
+    if baselines.shape not in (states.shape, states.shape[1:]):
+        raise UsageError(
+            f"--baseline {text!r} has shape {tuple(baselines.shape)}; give one baseline of shape {tuple(states.shape[1:])} "
+            f"or one per state, {tuple(states.shape)}"
+        )
+    try:
+        check_finite(f"--baseline {text}", baselines)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return baselines, f"file:{text}"

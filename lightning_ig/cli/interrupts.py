@@ -1,0 +1,83 @@
+"""Ctrl-C: one line on stderr and exit status 130, at any moment of a command.
+
+Until the reports are being written there is nothing to clean up, so the handler
+ends the process at once (``os._exit``). Nothing can then swallow the interrupt or
+turn it into another error: not an import that catches ``BaseException`` (heavy
+libraries are imported lazily, during the command), not a thread join, not a long
+kernel (the handler runs as soon as the main thread is back in Python).
+
+While reports are written (:meth:`Interrupts.raising`) Ctrl-C raises
+``KeyboardInterrupt`` instead, so the atomic writer removes its temporary file and
+a report is either complete or absent; ``main`` turns it into the same one line.
+
+A process started with Ctrl-C ignored (a background job of a non-interactive
+shell) keeps ignoring it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from lightning_ig.cli.exits import EXIT_INTERRUPTED, PROG
+
+__all__ = ["INTERRUPTED", "INTERRUPTED_WHILE_WRITING", "Interrupts"]
+
+INTERRUPTED = f"{PROG}: interrupted (Ctrl-C); nothing was written"
+INTERRUPTED_WHILE_WRITING = f"{PROG}: interrupted (Ctrl-C) while writing the reports; each is complete or absent, never half-written"
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    erase = "\r\033[K" if _is_terminal(sys.stderr) else ""  # a progress line may be open
+    os.write(2, f"{erase}{INTERRUPTED}\n".encode())
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class Interrupts:
+    """The SIGINT handler of one command run; :meth:`restore` puts the previous one back."""
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._installed = False
+        self.writing = False  # inside raising(): a KeyboardInterrupt then means "while writing"
+
+    @classmethod
+    def install(cls) -> Interrupts:
+        """Handle Ctrl-C from now on (only in the main thread, and not where it is ignored)."""
+        interrupts = cls()
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            interrupts._previous = signal.signal(signal.SIGINT, _exit_now)
+            interrupts._installed = True
+        return interrupts
+
+    def restore(self) -> None:
+        """Put back the handler that was there before :meth:`install`."""
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        """Inside the block Ctrl-C raises ``KeyboardInterrupt``, so that writers can clean up."""
+        self.writing = True
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            yield
+        finally:
+            if self._installed:
+                signal.signal(signal.SIGINT, _exit_now)
+        self.writing = False  # not reached when the block raised: main still knows it was writing

@@ -1,0 +1,260 @@
+"""The ``lightning-ig`` command line: sub-commands, flags, their types and help."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+from lightning_ig.cli.exits import PROG, UsageError
+
+__all__ = ["EXIT_STATUS_HELP", "build_parser"]
+
+EXIT_STATUS_HELP = """\
+exit status:
+  0    every report written; the model's outputs were finite (where every state is
+       degenerate, |F(x) - F(b)| too small for a ratio, it says "no state could be
+       checked", never 0%)
+  1    an unexpected failure (a bug): rerun with --debug for the traceback
+  2    a mistake in the command line or its inputs, or a forward that gives different
+       values for the same state (dropout, batch-norm in train mode, noise left on):
+       one line on stderr, no report written
+  3    the model produced NaN/Inf on some states: the reports are still written (their
+       "non_finite_states" lists those states) and one line on stderr says how many
+       and the first
+  130  interrupted (Ctrl-C): one line on stderr; no report is left half-written
+
+outputs: --output (and each --all-heads report) is checked before anything is loaded:
+it may not be the checkpoint, a states, baseline or feature-names file, a folder,
+a device or a FIFO, and its folder must exist. A symbolic link is written through to
+its target. A new report gets the usual mode (0666 minus the umask), an overwritten
+one keeps its mode; a report is written atomically, so readers never see half of one."""
+
+
+class _VocabularyChoices(Sequence[str]):
+    """The names of ``lightning_ig.vocabulary.<name>``, read on first use.
+
+    argparse reads choices only to validate a given flag or to print help, so the
+    parser is built (and ``lightning-ig --help`` answers) without importing torch.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _names(self) -> tuple[str, ...]:
+        from lightning_ig import vocabulary  # noqa: PLC0415 - imports torch
+
+        return tuple(getattr(vocabulary, self._name))
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows ``(default: ...)`` where there is a default worth showing (not None, not an off switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line on stderr (with the usual exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}; see `{self.prog} --help`")
+
+
+# --------------------------------------------------------------------------------------------------
+# argument types: each raises ArgumentTypeError, which argparse turns into a one-line error
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _num_steps(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63), got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _target(text: str) -> str | int:
+    if text == "mean":
+        return "mean"
+    body = text[len("action:") :] if text.startswith("action:") else text
+    try:
+        index = int(body)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'mean', an action index N or 'action:N', got {text!r}") from None
+    if index < 0:
+        raise argparse.ArgumentTypeError(f"an action index must be >= 0, got {index}")
+    return index
+
+
+def _model_kwargs(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error.msg} at column {error.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"state_dim\": 4}}', got {text!r}")
+    return value
+
+
+def _import_path(text: str) -> str:
+    module, colon, name = text.partition(":")
+    if not colon or not module or not name:
+        raise argparse.ArgumentTypeError(f"expected package.module:Class, got {text!r}")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lightning-ig`` argument parser (``diag`` and ``show`` sub-commands).
+
+    Returns:
+        The parser; each sub-command sets ``command`` to its name (``"diag"`` or ``"show"``).
+
+    Example::
+
+        >>> args = build_parser().parse_args(["show", "ig_report.json"])
+        >>> args.command, args.reports
+        ('show', ['ig_report.json'])
+    """
+    from lightning_ig import __version__  # noqa: PLC0415
+
+    parser = _Parser(
+        prog=PROG,
+        description="Integrated Gradients reports for saved Q-networks (lightning-ig).",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_diag(commands)
+    _add_show(commands)
+    return parser
+
+
+def _add_diag(commands: Any) -> None:
+    diag = commands.add_parser(
+        "diag",
+        help="run IG on a checkpoint and write a JSON report",
+        description=(
+            "Rebuild the model of a safetensors checkpoint, switch NoisyNet noise off, run Integrated\n"
+            "Gradients on held-out states and write the schema-version-1 JSON report. The same checkpoint,\n"
+            "states and settings give a bit-identical report."
+        ),
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=_HelpFormatter,
+    )
+    source = diag.add_argument_group("model")
+    source.add_argument("--checkpoint", required=True, metavar="PATH", help="safetensors checkpoint (or a Lightning .ckpt with --lightning-module)")
+    heads = source.add_mutually_exclusive_group()
+    heads.add_argument("--head", metavar="NAME", help="in a merged file, the head to load (its tensors are under NAME__)")
+    heads.add_argument("--prefix", metavar="STR", help="in a merged file, the key prefix of a head to load (e.g. trending__)")
+    heads.add_argument(
+        "--all-heads",
+        action="store_true",
+        help="run every head of a merged file; writes one schema-v1 report per head, OUTPUT with .<head> before its "
+        "suffix (ig_report.trending.json, ...), all or none",
+    )
+    kinds = source.add_mutually_exclusive_group()
+    kinds.add_argument("--model", type=_import_path, metavar="package.module:Class", help="architecture, for files that do not name theirs (or to override it)")
+    kinds.add_argument(
+        "--lightning-module", type=_import_path, metavar="package.module:Class",
+        help="read CHECKPOINT as a Lightning .ckpt through this LightningModule's load_from_checkpoint",
+    )
+    source.add_argument("--model-kwargs", type=_model_kwargs, metavar="JSON", help="constructor keyword arguments for --model (a JSON object)")
+
+    data = diag.add_argument_group("states")
+    data.add_argument(
+        "--states", default="auto", metavar="auto|PATH",
+        help="'auto' samples --auto-samples states from those stored in the checkpoint (or in <name>.states.* / "
+        "states.* beside it); PATH is .json {\"states\": [[...], ...]}, .npy or .safetensors, used whole; "
+        "states are converted to the model's dtype",
+    )
+    data.add_argument("--auto-samples", type=_positive_int, default=16, metavar="N", help="how many states --states auto samples")
+    data.add_argument("--replace", action="store_true", help="let --states auto sample with replacement when N exceeds the stored states")
+    data.add_argument("--seed", type=_seed, default=42, help="seed of the --states auto sample (a private generator)")
+    data.add_argument(
+        "--feature-names", metavar="PATH",
+        help="JSON array of one distinct, printable name per feature (default: the checkpoint's, else x0, x1, ...)",
+    )
+
+    ig = diag.add_argument_group("integrated gradients")
+    ig.add_argument("--num-steps", type=_num_steps, default=50, metavar="N|auto", help="quadrature steps, or 'auto' to refine until --completeness-tol is met")
+    ig.add_argument("--method", choices=_VocabularyChoices("METHODS"), default="gausslegendre", help="quadrature rule (Captum's names)")
+    ig.add_argument("--gradient", choices=_VocabularyChoices("GRADIENTS"), default="autograd", help="how path gradients are computed")
+    ig.add_argument("--baseline", default="zeros", metavar="zeros|mean|NUMBER|PATH", help="zeros, the mean of the states, a constant, or a states file with one baseline (or one per state)")
+    ig.add_argument("--target", type=_target, default="mean", metavar="mean|N", help="the scalar attributed: mean Q over actions (V(s) for a dueling network) or action N")
+    ig.add_argument("--completeness-tol", type=_positive_float, default=0.01, metavar="TOL", help="relative completeness error --num-steps auto aims for; larger ones are warned about")
+    ig.add_argument("--internal-batch-size", type=_positive_int, default=None, metavar="N", help="rows per forward pass (default: chosen from the free memory)")
+    ig.add_argument("--device", default="cpu", help="where to run: cpu, cuda, cuda:1, ...")
+    ig.add_argument("--backend", choices=_VocabularyChoices("BACKENDS"), default="auto", help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device")
+
+    out = diag.add_argument_group("output")
+    out.add_argument("--output", default="ig_report.json", metavar="PATH", help="the JSON report (checked first, written atomically)")
+    out.add_argument("--top-k", type=_positive_int, default=10, metavar="K", help="features listed in top_10_by_mean_abs")
+    out.add_argument("--quiet", action="store_true", help="no progress or summary lines")
+    out.add_argument("--debug", action="store_true", help="show the traceback of an unexpected failure")
+
+
+def _add_show(commands: Any) -> None:
+    show = commands.add_parser(
+        "show", help="print a report as a table",
+        description="Print the top features and the completeness figures of lightning-ig JSON reports.",
+        epilog="exit status: 0 printed (a part missing from a report is said, not fatal), "
+        "2 a file that is not a readable lightning-ig report (one line on stderr), 130 interrupted.",
+        formatter_class=_HelpFormatter,
+    )
+    show.add_argument("reports", nargs="+", metavar="REPORT.json", help="reports written by lightning-ig diag (or the callback)")
+    show.add_argument("--top", type=_positive_int, default=10, metavar="K", help="how many features to list")
+    show.add_argument("--worst-states", type=int, default=5, metavar="N", help="how many states with the largest completeness error to list")
+    show.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

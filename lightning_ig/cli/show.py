@@ -1,0 +1,158 @@
+"""``lightning-ig show``: a report as a table, and the words for its completeness that ``diag`` prints too.
+
+A report is read tolerantly: a missing or odd part (``"completeness": null``, a
+feature without numbers) is said in the table, not fatal. Only a file that is not a
+JSON object of schema version 1 is refused (exit status 2, one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from lightning_ig.cli.exits import EXIT_OK, UsageError
+
+__all__ = ["completeness_words", "format_report", "run_show"]
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Print every report named on the command line."""
+    texts = [format_report(_read_report(path), path, args.top, args.worst_states) for path in args.reports]
+    print("\n\n".join(texts))
+    return EXIT_OK
+
+
+def _read_report(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"report {path!r} does not exist; give a JSON file written by lightning-ig diag")
+    try:
+        report = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UsageError(f"report {path!r} is not readable JSON ({error}); give a file written by lightning-ig diag") from None
+    if not isinstance(report, dict):
+        raise UsageError(f"{path!r} holds a JSON {type(report).__name__}, not a lightning-ig report; give a file written by lightning-ig diag")
+    if "schema_version" not in report:
+        raise UsageError(f"{path!r} is not a lightning-ig report (no schema_version); give a file written by lightning-ig diag")
+    if report["schema_version"] != 1:
+        raise UsageError(f"{path!r} has schema_version {report['schema_version']!r}; this lightning-ig reads version 1")
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# tolerant access: a part of the wrong type reads as missing
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _records(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _real(value: Any) -> float | None:
+    """A finite number, or ``None`` (missing, null, text, bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _text(value: Any, width: int | None = None) -> str:
+    text = "-" if value is None else " ".join(str(value).split())
+    return text if width is None else text[:width]
+
+
+def _number(value: Any, width: int = 11) -> str:
+    real = _real(value)
+    return "n/a".rjust(width) if real is None else f"{real:{width}.4g}"
+
+
+# --------------------------------------------------------------------------------------------------
+# the words
+
+
+def completeness_words(report: Mapping[str, Any]) -> str:
+    """How far the report's attributions can be trusted, in one phrase.
+
+    NaN/Inf outputs come first (``non_finite_states``), then "no state could be checked"
+    when every state was degenerate, else the worst relative completeness error.
+    """
+    completeness = _mapping(report.get("completeness"))
+    num_states = _real(report.get("num_states"))
+    non_finite = report.get("non_finite_states")
+    if isinstance(non_finite, list) and non_finite:
+        of = f" of {num_states:.0f}" if num_states is not None else ""
+        return f"NaN/Inf on {len(non_finite)}{of} states (first: state {_text(non_finite[0])})"
+    worst = _real(completeness.get("worst_relative_error"))
+    degenerate = _real(completeness.get("num_degenerate")) or 0
+    if num_states is not None and degenerate >= num_states > 0:  # whatever number a report holds as the worst
+        return f"no state could be checked ({degenerate:.0f} degenerate: |F(x) - F(b)| too small for a ratio)"
+    if worst is None:
+        return "worst relative error n/a"
+    unchecked = f" ({degenerate:.0f} degenerate state(s) not checked)" if degenerate else ""
+    return f"worst relative error {100 * worst:.4g}%{unchecked}"
+
+
+def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: int) -> str:
+    """The table ``show`` prints for one report."""
+    lines = [path, _header(report), ""]
+    lines += _feature_lines(report, top)
+    lines += ["", "  completeness: " + completeness_words(report) + _mean_abs_error(report)]
+    if report.get("stochastic_forward") is True:
+        lines.append("  warning: the forward gave different values for the same state; these attributions are not reproducible")
+    lines += _worst_state_lines(report, worst_states)
+    return "\n".join(lines)
+
+
+def _header(report: Mapping[str, Any]) -> str:
+    method = f"   method {_text(report['method'])}" if "method" in report else ""
+    return (
+        f"  checkpoint {_text(report.get('checkpoint'))}   head {_text(report.get('regime_head'))}   "
+        f"target {_text(report.get('forward_target'))}   steps {_text(report.get('num_steps'))}   "
+        f"states {_text(report.get('num_states'))}   features {_text(report.get('state_dim'))}{method}"
+    )
+
+
+def _feature_lines(report: Mapping[str, Any], top: int) -> list[str]:
+    features = _records(report.get("features"))
+    if not features:
+        return ["  features: not in the report"]
+    ranked = _records(report.get("top_10_by_mean_abs"))
+    if top > len(ranked):  # the report lists top_k; rank the full list when more are asked for
+        ranked = sorted(features, key=lambda feature: -(_real(feature.get("mean_abs")) or -math.inf))
+    lines = [
+        "  top features by mean |attribution|",
+        f"  {'rank':>4}  {'feature':<24} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}",
+    ]
+    for rank, feature in enumerate(ranked[:top], start=1):
+        lines.append(
+            f"  {rank:>4}  {_text(feature.get('name'), 24):<24} {_number(feature.get('mean_abs'))} "
+            f"{_number(feature.get('stddev'))} {_number(feature.get('mean_signed'))}"
+        )
+    return lines
+
+
+def _mean_abs_error(report: Mapping[str, Any]) -> str:
+    error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
+    return "" if error is None else f", mean |delta| {error:.3g}"
+
+
+def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:
+    completeness = report.get("completeness")
+    if not isinstance(completeness, dict):
+        return ["  (the report holds no completeness figures)"]
+    rated = [state for state in _records(completeness.get("per_state")) if _real(state.get("relative_error")) is not None]
+    rated.sort(key=lambda state: -_real(state["relative_error"]))  # type: ignore[operator]
+    if not rated or count <= 0:
+        return []
+    lines = [f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11} {'rel.error':>11}"]
+    for state in rated[:count]:
+        lines.append(
+            f"  {_text(state.get('state_idx'), 6):>6} {_number(state.get('sum_attributions'))} "
+            f"{_number(state.get('f_input_minus_f_baseline'))} {_number(state.get('relative_error'))}"
+        )
+    return lines
