@@ -77,6 +77,7 @@
 //                               instructions per element, no branch per element.
 //   LIG_ENS_ONE_DTYPE with LIG_ENS_DTYPE_f32 / _f16 / _bf16: compile only those entry
 //                               points (the launcher compiles one dtype at a time).
+// The element math is in ensemble_math.cuh, the batched forward in ensemble_batched.cuh.
 #include "common.cuh"
 
 #define LIG_ENS_THREADS 256
@@ -97,95 +98,7 @@
 #endif
 #define LIG_ENS_BACKWARD_ROWS 2
 
-// Four consecutive elements as one aligned load/store. Our own 16-byte type
-// rather than float4, so nothing depends on which headers NVRTC provides.
-struct __align__(16) lig_ens_float4 { float x, y, z, w; };
-
-template <typename Tag> struct lig_ens_vec;
-template <> struct lig_ens_vec<lig_f32_tag> {
-    typedef lig_ens_float4 type;
-    static __device__ __forceinline__ void unpack(const type& v, float (&f)[4]) {
-        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
-    }
-    static __device__ __forceinline__ type pack(const float (&f)[4]) {
-        type v;
-        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
-        return v;
-    }
-};
-template <typename Tag, typename V4> struct lig_ens_vec16 {
-    typedef V4 type;
-    static __device__ __forceinline__ void unpack(const V4& v, float (&f)[4]) {
-        f[0] = lig_storage<Tag>::load(v.x); f[1] = lig_storage<Tag>::load(v.y);
-        f[2] = lig_storage<Tag>::load(v.z); f[3] = lig_storage<Tag>::load(v.w);
-    }
-    static __device__ __forceinline__ V4 pack(const float (&f)[4]) {
-        V4 v;
-        v.x = lig_storage<Tag>::store(f[0]); v.y = lig_storage<Tag>::store(f[1]);
-        v.z = lig_storage<Tag>::store(f[2]); v.w = lig_storage<Tag>::store(f[3]);
-        return v;
-    }
-};
-template <> struct lig_ens_vec<lig_f16_tag> : lig_ens_vec16<lig_f16_tag, lig_half4> {};
-template <> struct lig_ens_vec<lig_bf16_tag> : lig_ens_vec16<lig_bf16_tag, lig_bf16_4> {};
-
-// e = exp(-|x|) and r = 1 / (1 + e): exactly rounded for float32 (the twin's
-// torch.exp and torch.reciprocal give the same bits), fast for the half types.
-template <typename Tag> struct lig_ens_math {
-    static __device__ __forceinline__ void parts(float x, float& e, float& r) {
-        e = __expf(-fabsf(x));
-        r = __fdividef(1.0f, 1.0f + e);
-    }
-};
-// 1 / y rounded to nearest for y in [1, 2] (and NaN for NaN): the sequence
-// __frcp_rn runs for every argument outside its slow path (zero, subnormal,
-// |y| >= 2^126, inf, NaN): an approximate reciprocal, then one Newton step with
-// two fused multiply-adds, t = y r - 1 and r - r t. Written out it needs no
-// range check and no branch, so the compiler can interleave elements.
-__device__ __forceinline__ float lig_ens_reciprocal_1_to_2(float y) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
-    const float t = __fmaf_rn(y, r, -1.0f);
-    return __fmaf_rn(r, -t, r);
-}
-
-template <> struct lig_ens_math<lig_f32_tag> {
-    static __device__ __forceinline__ void parts(float x, float& e, float& r) {
-        e = expf(-fabsf(x));
-#if LIG_ENS_LEAN
-        r = lig_ens_reciprocal_1_to_2(__fadd_rn(1.0f, e));  // 1 + e is in [1, 2]
-#else
-        r = __frcp_rn(__fadd_rn(1.0f, e));
-#endif
-    }
-};
-
-// x / K, correctly rounded (the twin divides by a tensor of K). With
-// LIG_ENS_LEAN and K a power of two, x * (1 / K): 1 / K is exact, so the
-// product is the correctly rounded x / K as well (subnormal results included).
-struct lig_ens_divisor {
-    float k;
-    float inverse;
-    bool power_of_two;
-    __device__ __forceinline__ explicit lig_ens_divisor(int K)
-        : k(static_cast<float>(K)), inverse(__frcp_rn(static_cast<float>(K))),
-          power_of_two(LIG_ENS_LEAN && K > 0 && (K & (K - 1)) == 0) {}
-    __device__ __forceinline__ float operator()(float x) const {
-        return power_of_two ? __fmul_rn(x, inverse) : __fdiv_rn(x, k);
-    }
-};
-
-// sigmoid(x) from its parts; a NaN x fails the comparison and e * r is NaN.
-__device__ __forceinline__ float lig_ens_sigmoid(float x, float e, float r) {
-    return x >= 0.0f ? r : __fmul_rn(e, r);
-}
-
-template <typename Tag>
-__device__ __forceinline__ float lig_ens_sigmoid_of(float x) {
-    float e, r;
-    lig_ens_math<Tag>::parts(x, e, r);
-    return lig_ens_sigmoid(x, e, r);
-}
+#include "ensemble_math.cuh"
 
 // The group layout shared by both kernels: lane within the group, the global
 // group index, the number of groups in the grid, and the group index of the
@@ -303,101 +216,7 @@ __device__ __forceinline__ void lig_ens_lane_partials(const typename lig_storage
     }
 }
 
-// The same partials, LIG_ENS_FORWARD_DEPTH = D > 0, vectorized layout only, for
-// the `active` rows first + r * row_step (r < active) of the R. A lane's vectors of
-// a row form one sequence, member by member and within a member k = 0, 4, 8, ...;
-// it is read D vectors at a time for all R rows (R * D loads in flight), then those
-// are computed in the same order, so every sum runs exactly as in
-// lig_ens_lane_partials. Rows r >= active read the first row again (never stored),
-// which keeps the loads free of predicates and the values free of zeroing.
-template <typename Tag, int R, int D>
-__device__ __forceinline__ void lig_ens_lane_partials_batched(
-    const typename lig_storage<Tag>::type* __restrict__ logits, const float* __restrict__ weights, long long first,
-    long long row_step, int active, int lane, int members, int K, long long stride_row, long long stride_member,
-    int group_size, const lig_ens_divisor& per_k, float (&partial)[R]) {
-    typedef typename lig_storage<Tag>::type T;
-    typedef lig_ens_vec<Tag> V;
-    typedef typename V::type T4;
-    #pragma unroll
-    for (int r = 0; r < R; ++r) partial[r] = 0.0f;
-    if (active <= 0 || lane >= members) return;
-    const T* next[R];  // each row's next vector to load
-    #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        next[r] = logits + (first + (r < active ? r : 0) * row_step) * stride_row + lane * stride_member;
-    }
-    const int quads = K >> 2;  // vectors per member
-    const int slots = ((members - 1 - lane) / group_size + 1) * quads;
-    const long long to_next_member = group_size * stride_member - K + 4;  // from a member's last vector
-    int load_quad = 0;
-    int load_member = lane;
-    int quad = 0;  // the next vector to compute
-    float sum[R];
-    #pragma unroll
-    for (int r = 0; r < R; ++r) sum[r] = 0.0f;
-    for (int batch = 0; batch < slots; batch += D) {
-        T4 raw[D][R];
-        float w[D];
-        #pragma unroll
-        for (int d = 0; d < D; ++d) {
-            if (batch + d < slots) {
-                #pragma unroll
-                for (int r = 0; r < R; ++r) raw[d][r] = *reinterpret_cast<const T4*>(next[r]);
-                w[d] = weights[load_member];
-                long long step = 4;
-                if (++load_quad == quads) {
-                    load_quad = 0;
-                    step = to_next_member;
-                    load_member += group_size;
-                }
-                #pragma unroll
-                for (int r = 0; r < R; ++r) next[r] += step;
-            }
-        }
-        #pragma unroll
-        for (int d = 0; d < D; ++d) {
-            if (batch + d < slots) {
-                #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float x[4];
-                    V::unpack(raw[d][r], x);
-                    #pragma unroll
-                    for (int j = 0; j < 4; ++j) sum[r] = __fadd_rn(sum[r], lig_ens_sigmoid_of<Tag>(x[j]));
-                }
-                if (++quad == quads) {  // the member is complete
-                    quad = 0;
-                    #pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        partial[r] = __fadd_rn(partial[r], __fmul_rn(w[d], per_k(sum[r])));
-                        sum[r] = 0.0f;
-                    }
-                }
-            }
-        }
-    }
-}
-
-// lig_ens_lane_partials_batched for `active` rows of R, by the smallest of R, R / 2,
-// R / 4, ..., 1 that covers them: few rows (a small batch, the last pass over a
-// large one) are not computed R times over.
-template <typename Tag, int R, int D>
-__device__ __forceinline__ void lig_ens_lane_partials_fitted(
-    const typename lig_storage<Tag>::type* __restrict__ logits, const float* __restrict__ weights, long long first,
-    long long row_step, int active, int lane, int members, int K, long long stride_row, long long stride_member,
-    int group_size, const lig_ens_divisor& per_k, float (&partial)[R]) {
-    if constexpr (R > 1) {
-        if (active <= R / 2) {
-            float fewer[R / 2];
-            lig_ens_lane_partials_fitted<Tag, R / 2, D>(logits, weights, first, row_step, active, lane, members, K,
-                                                        stride_row, stride_member, group_size, per_k, fewer);
-            #pragma unroll
-            for (int r = 0; r < R; ++r) partial[r] = r < R / 2 ? fewer[r] : 0.0f;
-            return;
-        }
-    }
-    lig_ens_lane_partials_batched<Tag, R, D>(logits, weights, first, row_step, active, lane, members, K, stride_row,
-                                             stride_member, group_size, per_k, partial);
-}
+#include "ensemble_batched.cuh"
 
 template <typename Tag>
 __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>::type* __restrict__ logits,
