@@ -15,7 +15,9 @@ document. Its contract keys are fixed; the JSON Schema in
 More keys sit beside them (documented in the schema): the run's settings,
 ``non_finite_states`` (states whose forward or attributions were NaN/Inf),
 ``num_degenerate``, ``stochastic_forward`` and, when groups are in use,
-``groups``. Strict JSON: a number that is not finite is written as ``null``.
+``groups``; for an ensemble, ``ensemble`` (the members beside the aggregate,
+:func:`lightning_ig.ensemble.member_summary`, passed in ``extra``). Strict JSON:
+a number that is not finite is written as ``null``.
 The same inputs give a byte-identical document.
 
 The statistics come from :mod:`lightning_ig.statistics` and drift from

@@ -66,6 +66,14 @@ def test_every_ensemble_tag_is_logged_and_listed(ensemble_run):
     assert {"ig/ensemble/spearman/member_2", "ig/ensemble/completeness/member_0", "ig/ensemble/relative_spread"} <= expected
     assert expected <= scalars
     assert {tag for tag in scalars if tag.startswith("ig/")} == set(ensemble_run["callback"]._tags.scalar_tags(10))
+    from tensorboard.plugins.custom_scalar import layout_pb2  # noqa: PLC0415
+
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(ensemble_run["events"].Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+    ensemble_charts = {title: tags for title, tags in charts.items() if title.startswith("ensemble: ")}
+    assert sorted(tag for tags in ensemble_charts.values() for tag in tags) == [
+        r"^ig/ensemble/completeness/worst_relative_error$", r"^ig/ensemble/relative_spread$", r"^ig/ensemble/spearman_min$"]  # fmt: skip
     text = ensemble_run["events"].Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "**Ensemble** (3 members" in text and "Member completeness passes" in text
     documented = (Path(__file__).resolve().parents[1] / "docs" / "tensorboard-tags.md").read_text()
