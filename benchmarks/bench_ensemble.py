@@ -28,6 +28,14 @@ Run from the repository root (about a minute on an H200, most of it torch.compil
     PYTHONPATH=. python3 benchmarks/bench_ensemble.py [--quick] [--output PATH]
 
 The markdown table is printed last and written to ``--output``.
+
+``--variants [NAME,...]`` (all when no names are given) instead times the kernel
+variants of ``lightning_ig.ensemble.ops.VARIANTS`` against each other at
+(65536, 64, 4) and (4096, 32, 16) float32, checks that each gives the default
+variant's bits, and names the fastest (``benchmarks/ensemble_variants.py``; about
+30 s on an H200):
+
+    PYTHONPATH=. python3 benchmarks/bench_ensemble.py --variants [--output PATH]
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ LAUNCH_BOUND = (16, 8, 1)  # the one-call target's problem
 ROTATION_BYTES = 256 * MiB
 MAX_SETS = 64
 TARGET_PCT = 85.0
+DEFAULT_OUTPUT = Path("benchmarks/results/bench_ensemble.md")
 
 SEED_SOURCE = r"""
 // The seed's design: ONE block, one thread per member, rows one after another;
@@ -337,14 +346,25 @@ def render(rows: list[dict], big_copy: float, notes: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls: a smoke run")
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/bench_ensemble.md"))
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, default float32,bfloat16")
     parser.add_argument("--compile-dtypes", default="float32", help="dtypes torch.compile runs for ('' for none)")
     parser.add_argument("--time-budget", type=float, default=80.0, help="seconds; later torch.compile rows are skipped")
+    parser.add_argument("--variants", nargs="?", const="all", default=None, metavar="NAME,...",
+                        help="time the kernel variants (all, or these) against each other instead")  # fmt: skip
+    parser.add_argument("--replays", type=int, default=30, help="--variants: graph replays per variant and problem")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_ensemble: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.variants is not None:
+        import ensemble_variants  # beside this file; only this mode needs it
+
+        from lightning_ig.ensemble import ops
+
+        names = list(ops.VARIANTS) if args.variants == "all" else [n.strip() for n in args.variants.split(",") if n.strip()]
+        output = args.output if args.output != DEFAULT_OUTPUT else DEFAULT_OUTPUT.with_name("bench_ensemble_variants.md")
+        return ensemble_variants.run(names, output, args.replays, copy_gbs, input_sets, call)
     names = lambda text: [getattr(torch, n.strip()) for n in text.split(",") if n.strip()]  # noqa: E731
     settings = Settings(
         dtypes=names(args.dtypes),

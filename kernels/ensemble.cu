@@ -41,80 +41,64 @@
 // resets the ticket counter for the next launch or graph replay. The result is
 // the exactly rounded float64 sum up to reassociation, rounded once to float.
 //
-// Launch contract (lightning_ig/ensemble.py): blockDim.x == LIG_ENS_THREADS,
+// Launch contract (lightning_ig/ensemble/ops.py): blockDim.x == LIG_ENS_THREADS,
 // any grid >= 1. `vectorized` may be 1 only when stride_logit == 1, K % 4 == 0,
 // stride_member and stride_row are multiples of 4, and logits (and, in the
 // backward, grad_logits) are aligned to 4 elements: then a member's K logits
 // are read (and its gradient written) as 16-byte (float) or 8-byte (half) vectors.
 // The backward's `partials` holds gridDim.x * M doubles and `counter` one
 // unsigned int that is zero before the launch (the launch leaves it zero).
+//
+// Tuning knobs (compile-time; the launcher passes them as -D options from its
+// variant table in lightning_ig/ensemble/ops.py). None of them changes a single
+// rounding: each row's operations and their order are the ones documented above,
+// only the scheduling (which loads are in flight together, how many threads share
+// an SM) and the instruction sequences that produce the same bits differ.
+//   LIG_ENS_FORWARD_ROWS        rows a forward thread works on at once (R).
+//   LIG_ENS_FORWARD_MIN_BLOCKS  the forward's __launch_bounds__ minimum blocks per SM
+//                               (its register budget: 65536 / (256 * this)); the
+//                               launcher's grid is this many blocks per SM.
+//   LIG_ENS_FORWARD_DEPTH       0: the forward reads one 16-byte vector per row of one
+//                               member at a time and computes it before the next load.
+//                               D > 0 (vectorized layout only): a lane's vectors of a row
+//                               (member j: k = 0..K-1 in fours, then member j + G, ...)
+//                               are loaded D at a time for all R rows, R * D loads in
+//                               flight, before any of them is computed.
+//   LIG_ENS_LEAN                1: the float32 reciprocal 1 / (1 + e), whose argument
+//                               is in [1, 2] (or NaN), is the fast path of __frcp_rn
+//                               written out (MUFU.RCP and one Newton step, the exact
+//                               sequence __frcp_rn runs for every normal argument of
+//                               moderate size), without the range check and branch to
+//                               its slow path; and mean = sum / K becomes sum * (1 / K)
+//                               when K is a power of two (1 / K is exact, so both are
+//                               the correctly rounded sum / K); and the forward's shuffle
+//                               tree is unrolled over offsets 16, 8, ..., 1 (those below G)
+//                               with the R rows side by side. Same bits, about half the
+//                               instructions per element, no branch per element.
+//   LIG_ENS_ONE_DTYPE with LIG_ENS_DTYPE_f32 / _f16 / _bf16: compile only those entry
+//                               points (the launcher compiles one dtype at a time).
+// The element math is in ensemble_math.cuh, the batched forward in ensemble_batched.cuh.
 #include "common.cuh"
 
 #define LIG_ENS_THREADS 256
-#define LIG_ENS_MIN_BLOCKS 4
-// Rows a thread works on at once (their loads are in flight together): the most
-// that fit in LIG_ENS_MIN_BLOCKS' register budget without spilling on sm_80/sm_90.
+#define LIG_ENS_MIN_BLOCKS 4  // the backward's; the launcher's grid is this many blocks per SM
+// The defaults are the launcher's "baseline" variant: 3 rows, the most whose loads
+// fit in 4 blocks' register budget without spilling on sm_80/sm_90 in that layout.
+#ifndef LIG_ENS_FORWARD_MIN_BLOCKS
+#define LIG_ENS_FORWARD_MIN_BLOCKS LIG_ENS_MIN_BLOCKS
+#endif
+#ifndef LIG_ENS_FORWARD_ROWS
 #define LIG_ENS_FORWARD_ROWS 3
+#endif
+#ifndef LIG_ENS_FORWARD_DEPTH
+#define LIG_ENS_FORWARD_DEPTH 0
+#endif
+#ifndef LIG_ENS_LEAN
+#define LIG_ENS_LEAN 0
+#endif
 #define LIG_ENS_BACKWARD_ROWS 2
 
-// Four consecutive elements as one aligned load/store. Our own 16-byte type
-// rather than float4, so nothing depends on which headers NVRTC provides.
-struct __align__(16) lig_ens_float4 { float x, y, z, w; };
-
-template <typename Tag> struct lig_ens_vec;
-template <> struct lig_ens_vec<lig_f32_tag> {
-    typedef lig_ens_float4 type;
-    static __device__ __forceinline__ void unpack(const type& v, float (&f)[4]) {
-        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
-    }
-    static __device__ __forceinline__ type pack(const float (&f)[4]) {
-        type v;
-        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
-        return v;
-    }
-};
-template <typename Tag, typename V4> struct lig_ens_vec16 {
-    typedef V4 type;
-    static __device__ __forceinline__ void unpack(const V4& v, float (&f)[4]) {
-        f[0] = lig_storage<Tag>::load(v.x); f[1] = lig_storage<Tag>::load(v.y);
-        f[2] = lig_storage<Tag>::load(v.z); f[3] = lig_storage<Tag>::load(v.w);
-    }
-    static __device__ __forceinline__ V4 pack(const float (&f)[4]) {
-        V4 v;
-        v.x = lig_storage<Tag>::store(f[0]); v.y = lig_storage<Tag>::store(f[1]);
-        v.z = lig_storage<Tag>::store(f[2]); v.w = lig_storage<Tag>::store(f[3]);
-        return v;
-    }
-};
-template <> struct lig_ens_vec<lig_f16_tag> : lig_ens_vec16<lig_f16_tag, lig_half4> {};
-template <> struct lig_ens_vec<lig_bf16_tag> : lig_ens_vec16<lig_bf16_tag, lig_bf16_4> {};
-
-// e = exp(-|x|) and r = 1 / (1 + e): exactly rounded for float32 (the twin's
-// torch.exp and torch.reciprocal give the same bits), fast for the half types.
-template <typename Tag> struct lig_ens_math {
-    static __device__ __forceinline__ void parts(float x, float& e, float& r) {
-        e = __expf(-fabsf(x));
-        r = __fdividef(1.0f, 1.0f + e);
-    }
-};
-template <> struct lig_ens_math<lig_f32_tag> {
-    static __device__ __forceinline__ void parts(float x, float& e, float& r) {
-        e = expf(-fabsf(x));
-        r = __frcp_rn(__fadd_rn(1.0f, e));
-    }
-};
-
-// sigmoid(x) from its parts; a NaN x fails the comparison and e * r is NaN.
-__device__ __forceinline__ float lig_ens_sigmoid(float x, float e, float r) {
-    return x >= 0.0f ? r : __fmul_rn(e, r);
-}
-
-template <typename Tag>
-__device__ __forceinline__ float lig_ens_sigmoid_of(float x) {
-    float e, r;
-    lig_ens_math<Tag>::parts(x, e, r);
-    return lig_ens_sigmoid(x, e, r);
-}
+#include "ensemble_math.cuh"
 
 // The group layout shared by both kernels: lane within the group, the global
 // group index, the number of groups in the grid, and the group index of the
@@ -210,6 +194,30 @@ __device__ __forceinline__ void lig_ens_member_sums(const lig_ens_rows<Tag, R>& 
     }
 }
 
+// partial[r] = the lane's share of row r: over its members m = lane, lane + G, ...
+// in order, partial += w[m] * mean_k sigmoid(logits[row r, m, k]), from 0.0f.
+// One member at a time for all R rows (LIG_ENS_FORWARD_DEPTH 0, and any layout).
+template <typename Tag, int R>
+__device__ __forceinline__ void lig_ens_lane_partials(const typename lig_storage<Tag>::type* __restrict__ logits,
+                                                      const float* __restrict__ weights, long long first,
+                                                      long long row_step, long long rows, int lane, int members,
+                                                      int K, long long stride_row, long long stride_member,
+                                                      long long stride_logit, int group_size, int vectorized,
+                                                      const lig_ens_divisor& per_k, float (&partial)[R]) {
+    #pragma unroll
+    for (int r = 0; r < R; ++r) partial[r] = 0.0f;
+    for (int m = lane; m < members; m += group_size) {
+        const lig_ens_rows<Tag, R> block_rows(logits, first, row_step, rows, stride_row, m * stride_member);
+        float sum[R];
+        lig_ens_member_sums<Tag, R>(block_rows, K, stride_logit, vectorized, sum);
+        const float w = weights[m];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) partial[r] = __fadd_rn(partial[r], __fmul_rn(w, per_k(sum[r])));
+    }
+}
+
+#include "ensemble_batched.cuh"
+
 template <typename Tag>
 __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>::type* __restrict__ logits,
                                                 const float* __restrict__ weights,
@@ -218,22 +226,44 @@ __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>:
                                                 long long stride_logit, int group_size, int vectorized) {
     const int R = LIG_ENS_FORWARD_ROWS;
     const lig_ens_groups groups(group_size);
-    const float k_count = static_cast<float>(K);
+    const lig_ens_divisor per_k(K);
     const long long own = groups.group - groups.warp_first;  // this group's place in its warp
     // Uniform across the warp (bounded by the warp's first row): every lane reaches every shuffle.
     for (long long warp_row = groups.warp_first; warp_row < rows; warp_row += groups.count * R) {
         const long long first = warp_row + own;
         float partial[R];
-        #pragma unroll
-        for (int r = 0; r < R; ++r) partial[r] = 0.0f;
-        for (int m = groups.lane; m < members; m += group_size) {
-            const lig_ens_rows<Tag, R> block_rows(logits, first, groups.count, rows, stride_row, m * stride_member);
-            float sum[R];
-            lig_ens_member_sums<Tag, R>(block_rows, K, stride_logit, vectorized, sum);
-            const float w = weights[m];
+#if LIG_ENS_FORWARD_DEPTH > 0
+        if (vectorized) {
+            int active = 0;  // rows first + r * count that exist (a prefix of the R)
             #pragma unroll
-            for (int r = 0; r < R; ++r) partial[r] = __fadd_rn(partial[r], __fmul_rn(w, __fdiv_rn(sum[r], k_count)));
+            for (int r = 0; r < R; ++r) active += first + r * groups.count < rows ? 1 : 0;
+            lig_ens_lane_partials_fitted<Tag, R, LIG_ENS_FORWARD_DEPTH>(logits, weights, first, groups.count, active,
+                                                                      groups.lane, members, K, stride_row,
+                                                                      stride_member, group_size, per_k, partial);
+        } else
+#endif
+        {
+            lig_ens_lane_partials<Tag, R>(logits, weights, first, groups.count, rows, groups.lane, members, K,
+                                          stride_row, stride_member, stride_logit, group_size, vectorized, per_k,
+                                          partial);
         }
+#if LIG_ENS_LEAN
+        // Each row's tree (offsets G / 2, ..., 1), the R rows' shuffles interleaved.
+        #pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            if (offset < group_size) {  // uniform
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    partial[r] = __fadd_rn(partial[r], __shfl_down_sync(0xffffffffu, partial[r], offset, group_size));
+                }
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long long row = first + r * groups.count;
+            if (groups.lane == 0 && row < rows) out[row] = lig_storage<Tag>::store(partial[r]);
+        }
+#else
         #pragma unroll
         for (int r = 0; r < R; ++r) {
             for (int offset = group_size >> 1; offset > 0; offset >>= 1) {
@@ -242,6 +272,7 @@ __device__ __forceinline__ void lig_ens_forward(const typename lig_storage<Tag>:
             const long long row = first + r * groups.count;
             if (groups.lane == 0 && row < rows) out[row] = lig_storage<Tag>::store(partial[r]);
         }
+#endif
     }
 }
 
@@ -352,7 +383,7 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                                                  long long stride_logit, int group_size, int vectorized) {
     const int R = LIG_ENS_BACKWARD_ROWS;
     const lig_ens_groups groups(group_size);
-    const float k_count = static_cast<float>(K);
+    const lig_ens_divisor per_k(K);
     const int chunks = (members + group_size - 1) / group_size;
     for (int chunk = 0; chunk < chunks; ++chunk) {  // uniform across the block
         const int m = chunk * group_size + groups.lane;
@@ -368,7 +399,7 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                 for (int r = 0; r < R; ++r) {
                     const long long row = first + r * groups.count;
                     g[r] = block_rows.is_active(r) ? lig_storage<Tag>::load(grad_out[row * grad_out_stride]) : 0.0f;
-                    coefficient[r] = __fdiv_rn(__fmul_rn(g[r], w), k_count);
+                    coefficient[r] = per_k(__fmul_rn(g[r], w));
                     grad_offset[r] = (row * members + m) * static_cast<long long>(K);
                 }
                 lig_ens_member_backward<Tag, R>(block_rows, grad_logits, coefficient, grad_offset, K, stride_logit,
@@ -376,7 +407,7 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     // the product of two floats is exact in double; inactive rows add 0 * 0
-                    accumulated += static_cast<double>(g[r]) * static_cast<double>(__fdiv_rn(sum[r], k_count));
+                    accumulated += static_cast<double>(g[r]) * static_cast<double>(per_k(sum[r]));
                 }
             }
         }
@@ -386,7 +417,8 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
 }
 
 #define LIG_ENS_ENTRY_POINTS(SFX, TAG)                                                                           \
-    extern "C" __global__ void __launch_bounds__(LIG_ENS_THREADS, LIG_ENS_MIN_BLOCKS) ensemble_forward_##SFX(     \
+    extern "C" __global__ void __launch_bounds__(LIG_ENS_THREADS, LIG_ENS_FORWARD_MIN_BLOCKS)                \
+    ensemble_forward_##SFX(                                                                                     \
         const lig_storage<TAG>::type* logits, const float* weights, lig_storage<TAG>::type* out, long long rows, \
         int members, int K, long long stride_row, long long stride_member, long long stride_logit,              \
         int group_size, int vectorized) {                                                                       \
@@ -403,6 +435,12 @@ __device__ __forceinline__ void lig_ens_backward(const typename lig_storage<Tag>
                               vectorized);                                                                      \
     }
 
+#if !defined(LIG_ENS_ONE_DTYPE) || defined(LIG_ENS_DTYPE_f32)
 LIG_ENS_ENTRY_POINTS(f32, lig_f32_tag)
+#endif
+#if !defined(LIG_ENS_ONE_DTYPE) || defined(LIG_ENS_DTYPE_f16)
 LIG_ENS_ENTRY_POINTS(f16, lig_f16_tag)
+#endif
+#if !defined(LIG_ENS_ONE_DTYPE) || defined(LIG_ENS_DTYPE_bf16)
 LIG_ENS_ENTRY_POINTS(bf16, lig_bf16_tag)
+#endif

@@ -26,9 +26,11 @@ _EXPORTS: dict[str, str] = {
     "noise_disabled": "lightning_ig.noise",
     # the callback and what it produces
     "IntegratedGradientsCallback": "lightning_ig.callback",
+    "NonFiniteAttributionError": "lightning_ig.callback",
     "build_report": "lightning_ig.report",
     "feature_statistics": "lightning_ig.report",
     "completeness_summary": "lightning_ig.report",
+    "FeatureGroups": "lightning_ig.groups",
     "SCHEMA_VERSION": "lightning_ig.report",
     # the fused loss
     "soft_margin_loss": "lightning_ig.losses",
@@ -72,7 +74,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.attribution import IGResult, IntegratedGradients, StochasticForwardWarning, integrated_gradients, target_forward
-    from lightning_ig.callback import IntegratedGradientsCallback
+    from lightning_ig.callback import IntegratedGradientsCallback, NonFiniteAttributionError
+    from lightning_ig.groups import FeatureGroups
     from lightning_ig.checkpoint import (
         LoadedCheckpoint,
         list_heads,

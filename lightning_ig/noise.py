@@ -13,6 +13,8 @@ same state must give the same output at every point of the IG path.
 :func:`noise_disabled` makes every noisy layer inside a model deterministic
 for the length of a ``with`` block and puts back exactly what was there
 afterwards, for this package's layers and for the conventions used elsewhere.
+:func:`attribution_mode` adds what a run during training needs on top: eval
+mode, gradients on, and every random generator left as it was.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["NoisyLinear", "noise_disabled", "is_noisy_layer"]
+__all__ = ["NoisyLinear", "noise_disabled", "is_noisy_layer", "attribution_mode"]
 
 
 def _scale_noise(noise: Tensor) -> Tensor:
@@ -411,3 +413,34 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
         # Reverse order, so that a layer reached twice ends as it first was.
         for snapshot in reversed(snapshots):
             _restore(snapshot)
+
+
+@contextlib.contextmanager
+def attribution_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """The model as attribution needs it, and training's state untouched: everything put back on exit.
+
+    Inside the block: every submodule in eval mode, noise off (:func:`noise_disabled`),
+    gradients on even under ``torch.inference_mode()`` or ``torch.no_grad()``. On exit,
+    also when the block raises: each submodule's training flag, the noise state and the
+    random generators (python, numpy, torch CPU and CUDA) are as they were, so a run in
+    the middle of training changes nothing that training would see.
+
+    Args:
+        module: The model.
+
+    Yields:
+        ``module`` itself.
+
+    Example::
+
+        with attribution_mode(pl_module):
+            result = integrated_gradients(pl_module, states)
+    """
+    modes = [(submodule, submodule.training) for submodule in module.modules()]
+    try:
+        with _random_state_kept(), noise_disabled(module), torch.inference_mode(False), torch.enable_grad():
+            module.train(False)
+            yield module
+    finally:
+        for submodule, training in modes:
+            submodule.training = training

@@ -1,542 +1,343 @@
-"""What goes to TensorBoard and the other loggers, and the figures.
+"""What one IG run sends to the loggers: scalars to every logger, and to TensorBoard also histograms, images and text.
 
 Scalars reach every Lightning logger through ``logger.log_metrics`` (CSV,
-MLflow, W&B and TensorBoard alike). A :class:`~lightning.pytorch.loggers.TensorBoardLogger`
-also gets the extras, written to its ``SummaryWriter``:
+MLflow, W&B and TensorBoard alike). A ``TensorBoardLogger`` also gets the
+extras through its ``SummaryWriter``'s public API (``add_histogram``,
+``add_image``, ``add_figure``, ``add_text``, ``add_custom_scalars``). The tags
+are listed, once, in ``docs/tensorboard-tags.md``.
 
-============================================  ==========================================
-tag                                           what
-============================================  ==========================================
-``ig/completeness/worst_relative_error``      scalar: worst completeness error (non-degenerate states)
-``ig/completeness/mean_abs_error``            scalar: mean ``|sum(attr) - (F(x) - F(b))|``
-``ig/mean_abs/<feature>``                     scalar per feature: mean ``|attr|`` over states
-``ig/mean_signed/<feature>``                  scalar per feature: mean ``attr`` over states
-``ig/drift/spearman_prev``                    scalar: rank correlation of mean ``|attr|`` with the previous run
-``ig/drift/spearman_first``                   scalar: ... with the first run
-``ig/drift/topk_jaccard_prev``                scalar: overlap of the top-k features with the previous run
-``ig/time_ms``                                scalar: wall time of the IG computation
-``ig/attributions/<feature>``                 histogram per feature over states
-``ig/top_features``                           image: bar chart of mean ``|attr|`` with spread, coloured by sign
-``ig/heatmap``                                image: features x IG runs over training
-``ig/report``                                 text: markdown top-k table and completeness
-============================================  ==========================================
-
-plus a custom-scalars layout (the "Custom Scalars" tab) that draws all
-``ig/mean_abs/*`` lines in one chart, all ``ig/mean_signed/*`` in another, and
-the drift and completeness scalars in one chart each.
-
-Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot
-state, nothing left open) and written as RGB images.
+This module reads a :class:`~lightning_ig.summary.RunSummary`, never the JSON
+report. Names are shown the same way in tags, figures and text
+(:func:`display_labels`): a user's names as given (a ``/`` would nest the tag,
+so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their
+numbers zero-padded so that they sort numerically.
 """
 
 from __future__ import annotations
 
-import io
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lightning_ig.report import rank_order
+from lightning_ig.drift import drift_tags
+from lightning_ig.ensemble.agreement import ensemble_scalar_names
+from lightning_ig.figures import heatmap_figure, top_features_figure
+from lightning_ig.host_result import HostResult
+from lightning_ig.run_text import DRIFT_WORDS, completeness_verdict, target_unit
+from lightning_ig.run_text import report_markdown as _markdown
+from lightning_ig.saliency import mean_abs_image, saliency_grid
+from lightning_ig.statistics import CONCENTRATION_SHARES, rank_order
+from lightning_ig.summary import RunSummary, Units
 
 __all__ = [
-    "TAG_PREFIX",
-    "feature_tags",
-    "scalar_metrics",
-    "log_scalars",
+    "TAG_ROOT",
+    "TagNames",
     "custom_scalars_layout",
-    "report_markdown",
-    "top_features_figure",
-    "heatmap_figure",
-    "figure_to_array",
-    "figure_to_png",
-    "RenderedFigure",
-    "histogram_proto",
-    "log_tensorboard_extras",
+    "display_labels",
+    "draw_figures",
+    "feature_tags",
     "is_tensorboard_logger",
+    "log_scalars",
+    "report_markdown",
+    "run_extras",
+    "RunExtras",
+    "saliency_images",
+    "scalar_metrics",
+    "target_unit",
+    "write_extras",
 ]
 
-TAG_PREFIX = "ig"
-
-# Colours for the sign of the mean attribution (ColorBrewer RdBu ends: readable for most colour-blind viewers).
-_POSITIVE = "#2166ac"
-_NEGATIVE = "#b2182b"
-_HEATMAP_MAX_FEATURES = 40
-_DRIFT_LABELS = {
-    "spearman_prev": "Spearman rank correlation with the previous run",
-    "spearman_first": "with the first run",
-    "topk_jaccard_prev": "top-k Jaccard overlap with the previous run",
+TAG_ROOT = "ig"
+_HISTOGRAM_BINS = 30
+_LAYOUT_UNIT_CHARTS = 12
+_ENSEMBLE_CHARTS = {
+    "spearman_min": "lowest Spearman correlation of a member's ranking with the aggregate's",
+    "relative_spread": "spread of mean |attribution| across members (relative)",
+    "completeness/worst_relative_error": "worst relative completeness error of a member",
 }
 
 
-def feature_tags(feature_names: Sequence[str]) -> list[str]:
-    """TensorBoard-safe, unique tag suffixes for feature names.
-
-    Characters outside ``[A-Za-z0-9_.-]`` (spaces, ``/`` that would nest tags,
-    brackets) become ``_``; a name that collides with an earlier one gets
-    ``_<index>`` appended.
+def display_labels(names: Sequence[str], *, generated: bool = False) -> list[str]:
+    """How names appear in tags, figures and text.
 
     Args:
-        feature_names: one name per feature.
+        names: feature or group names (distinct).
+        generated: the names were made up by lightning-ig (``x[0,3,9]``, ``channel 3``,
+            ``x0..x7``): their numbers are zero-padded to one width so that
+            ``x[0,03,09]`` sorts before ``x[0,10,02]`` as text.
 
     Returns:
-        One tag suffix per feature, in order.
+        One distinct label per name.
 
     Example::
 
-        >>> feature_tags(["cart position", "pole/angle", "x[0,1]"])
-        ['cart_position', 'pole_angle', 'x_0_1_']
+        >>> display_labels(["pole/angle", "cart x"])
+        ['pole∕angle', 'cart x']
+        >>> display_labels(["x[0,3]", "x[0,10]"], generated=True)
+        ['x[00,03]', 'x[00,10]']
     """
-    tags: list[str] = []
+    labels = [str(name).replace("/", "∕") for name in names]
+    if generated:
+        width = max((len(run) for label in labels for run in re.findall(r"\d+", label)), default=1)
+        labels = [re.sub(r"\d+", lambda match: match.group().zfill(width), label) for label in labels]
     seen: set[str] = set()
-    for index, name in enumerate(feature_names):
-        tag = re.sub(r"[^A-Za-z0-9_.\-]", "_", str(name)) or f"feature_{index}"
-        if tag in seen:
-            tag = f"{tag}_{index}"
-        seen.add(tag)
-        tags.append(tag)
-    return tags
+    for index, label in enumerate(labels):
+        if label in seen:
+            labels[index] = f"{label} ({index})"
+        seen.add(labels[index])
+    return labels
 
 
-def scalar_metrics(
-    *,
-    tags: Sequence[str],
-    mean_abs: np.ndarray,
-    mean_signed: np.ndarray,
-    worst_relative_error: float | None,
-    mean_abs_error: float | None,
-    drift: Mapping[str, float],
-    time_ms: float,
-) -> dict[str, float]:
-    """The scalars of one IG run, keyed by their tags.
+def feature_tags(feature_names: Sequence[str]) -> list[str]:
+    """The tag suffix of each user-named feature: ``ig/mean_abs/<suffix>`` (the names as shown everywhere).
 
-    Args:
-        tags: from :func:`feature_tags`.
-        mean_abs: ``(F,)`` mean ``|attr|`` per feature.
-        mean_signed: ``(F,)`` mean ``attr`` per feature.
-        worst_relative_error: the completeness summary's worst relative error (``None`` is logged as NaN).
-        mean_abs_error: the mean absolute completeness error.
-        drift: ``spearman_prev``, ``spearman_first``, ``topk_jaccard_prev`` (any subset; the first run has none).
-        time_ms: wall time of the IG computation.
+    Example::
 
-    Returns:
-        ``{tag: value}`` with plain Python floats.
+        >>> feature_tags(["cart position", "pole/angle"])
+        ['cart position', 'pole∕angle']
     """
-    metrics: dict[str, float] = {
-        f"{TAG_PREFIX}/completeness/worst_relative_error": _float(worst_relative_error),
-        f"{TAG_PREFIX}/completeness/mean_abs_error": _float(mean_abs_error),
+    return display_labels(feature_names)
+
+
+@dataclass(frozen=True)
+class TagNames:
+    """The tags of one callback: ``ig/...``, or ``ig/<name>/...`` for a named callback.
+
+    Attributes:
+        prefix: ``"ig"`` or ``"ig/<name>"``.
+        feature_labels: labels of the features logged one by one (``None``: too many to log).
+        group_labels: labels of the groups (``None``: no groups).
+        ensemble_members: the members of an ensemble model (``<prefix>/ensemble/...`` tags), or ``None``.
+    """
+
+    prefix: str
+    feature_labels: list[str] | None
+    group_labels: list[str] | None
+    ensemble_members: int | None = None
+
+    @classmethod
+    def build(
+        cls,
+        name: str | None,
+        feature_names: Sequence[str] | None,
+        group_names: Sequence[str] | None,
+        *,
+        generated_features: bool,
+        generated_groups: bool,
+    ) -> TagNames:
+        prefix = TAG_ROOT if name is None else f"{TAG_ROOT}/{display_labels([name])[0]}"
+        features = None if feature_names is None else display_labels(feature_names, generated=generated_features)
+        groups = None if group_names is None else display_labels(group_names, generated=generated_groups)
+        return cls(prefix, features, groups)
+
+    def unit_labels(self, units: Units) -> list[str]:
+        labels = self.group_labels if units.kind == "groups" else self.feature_labels
+        return list(labels or units.names)
+
+    def scalar_tags(self, top_k: int) -> list[str]:
+        """Every scalar tag a run logs from the second run on (the first has no drift)."""
+        tags = [f"{self.prefix}/completeness/{name}" for name in _COMPLETENESS]
+        for labels, group in ((self.feature_labels, ""), (self.group_labels, "group/")):
+            for quantity in ("mean_abs", "mean_signed"):
+                tags += [f"{self.prefix}/{group}{quantity}/{label}" for label in labels or []]
+        tags += [f"{self.prefix}/concentration/{name}" for name in CONCENTRATION_SHARES]
+        units = len(self.group_labels if self.group_labels is not None else self.feature_labels or [])
+        tags += [f"{self.prefix}/drift/{name}" for name in drift_tags(units, top_k)]
+        if self.ensemble_members is not None:
+            tags += [f"{self.prefix}/ensemble/{name}" for name in ensemble_scalar_names(self.ensemble_members)]
+        return [*tags, f"{self.prefix}/time_ms"]
+
+
+_COMPLETENESS = ("worst_relative_error", "mean_abs_error", "non_finite_states", "degenerate_states")
+
+
+def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
+    """The scalars of one run, keyed by tag: completeness, per feature and group, concentration, drift, ensemble, time.
+
+    ``worst_relative_error`` is logged as it is: ``inf`` when the model produced
+    NaN/Inf, ``nan`` when no state could be checked.
+    """
+    prefix, completeness = tags.prefix, summary.completeness
+    metrics = {
+        f"{prefix}/completeness/worst_relative_error": completeness.worst_relative_error,
+        f"{prefix}/completeness/mean_abs_error": completeness.mean_abs_error,
+        f"{prefix}/completeness/non_finite_states": float(completeness.num_non_finite),
+        f"{prefix}/completeness/degenerate_states": float(completeness.num_degenerate),
     }
-    for tag, value in zip(tags, mean_abs.tolist()):
-        metrics[f"{TAG_PREFIX}/mean_abs/{tag}"] = value
-    for tag, value in zip(tags, mean_signed.tolist()):
-        metrics[f"{TAG_PREFIX}/mean_signed/{tag}"] = value
-    for name, value in drift.items():
-        metrics[f"{TAG_PREFIX}/drift/{name}"] = _float(value)
-    metrics[f"{TAG_PREFIX}/time_ms"] = float(time_ms)
-    return metrics
+    for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
+        if units is None:
+            continue
+        labels = tags.unit_labels(units)
+        metrics.update(zip((f"{prefix}/{group}mean_abs/{label}" for label in labels), units.moments.mean_abs.tolist()))
+        metrics.update(zip((f"{prefix}/{group}mean_signed/{label}" for label in labels), units.moments.mean_signed.tolist()))
+    metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
+    metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
+    if summary.ensemble is not None:
+        metrics.update((f"{prefix}/ensemble/{name}", value) for name, value in summary.ensemble.scalars.items())
+    metrics[f"{prefix}/time_ms"] = summary.time_ms
+    return {tag: float(value) for tag, value in metrics.items()}
 
 
-def _float(value: float | None) -> float:
-    return float("nan") if value is None else float(value)
-
-
-def log_scalars(loggers: Sequence[Any], metrics: Mapping[str, float], step: int) -> None:
-    """Send scalars to every logger through ``log_metrics`` (call on global rank zero).
-
-    Args:
-        loggers: ``trainer.loggers``.
-        metrics: from :func:`scalar_metrics`.
-        step: the global step to log at.
-    """
+def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int) -> None:
+    """Send the scalars to every logger through ``log_metrics`` (call on global rank zero only)."""
     for logger in loggers:
         logger.log_metrics(dict(metrics), step=step)
 
 
 def is_tensorboard_logger(logger: Any) -> bool:
-    """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which gets histograms, figures and text)."""
-    try:
-        from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
-    except ImportError:  # pragma: no cover - lightning is a dependency
-        return False
+    """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which also gets histograms, images and text)."""
+    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
+
     return isinstance(logger, TensorBoardLogger)
 
 
-def custom_scalars_layout(title: str = "Integrated Gradients") -> dict[str, dict[str, list[Any]]]:
-    """The custom-scalars layout that groups the per-feature lines into one chart each.
-
-    Args:
-        title: the category name shown in TensorBoard's "Custom Scalars" tab.
-
-    Returns:
-        A layout for ``SummaryWriter.add_custom_scalars``: charts of regular
-        expressions over the tags (``Multiline`` charts).
-    """
-    prefix = re.escape(TAG_PREFIX)
-    return {
-        title: {
-            "mean |attribution| per feature": ["Multiline", [rf"{prefix}/mean_abs/.*"]],
-            "mean attribution per feature (signed)": ["Multiline", [rf"{prefix}/mean_signed/.*"]],
-            "drift between IG runs": ["Multiline", [rf"{prefix}/drift/.*"]],
-            "completeness error": ["Multiline", [rf"{prefix}/completeness/.*"]],
-        }
-    }
-
-
-def _format(value: Any, spec: str = ".4g") -> str:
-    if value is None:
-        return "n/a"
-    value = float(value)
-    return "nan" if value != value else format(value, spec)
-
-
-def report_markdown(report: Mapping[str, Any], drift: Mapping[str, float] | None = None) -> str:
-    """A markdown summary of a report: the top-k table, completeness and drift.
-
-    Args:
-        report: from :func:`lightning_ig.report.build_report`.
-        drift: the run's drift scalars, if any.
-
-    Returns:
-        Markdown that TensorBoard's text plugin renders (tables included).
-    """
-    completeness = report["completeness"]
-    step = report.get("global_step")
-    head = f"### Integrated Gradients{'' if step is None else f' at step {step}'}\n\n"
-    settings = (
-        f"{report['num_states']} states, {report['num_steps']} steps ({report.get('method', '?')}, "
-        f"{report.get('gradient', '?')} gradients, {report.get('backend', '?')} backend), "
-        f"target `{report['forward_target']}`, baseline `{report.get('baseline', '?')}`\n\n"
-    )
-    rows = ["| rank | feature | mean \\|attr\\| | std | mean attr |", "|---:|:---|---:|---:|---:|"]
-    for rank, feature in enumerate(report["top_10_by_mean_abs"], start=1):
-        name = str(feature["name"]).replace("|", "\\|")
-        rows.append(
-            f"| {rank} | {name} | {_format(feature['mean_abs'])} | {_format(feature['stddev'])} "
-            f"| {_format(feature['mean_signed'], '+.4g')} |"
-        )
-    degenerate = completeness.get("num_degenerate", 0)
-    regular = report["num_states"] - degenerate
-    lines = [
-        "",
-        "",
-        f"**Completeness**: worst relative error {_format(completeness['worst_relative_error'])} over "
-        f"{regular} states; mean absolute error {_format(completeness.get('mean_abs_error'))}"
-        + (
-            f"; {degenerate} degenerate state(s) (|F(x) - F(b)| too small for a ratio) kept apart"
-            if degenerate
-            else ""
-        )
-        + ".",
-    ]
-    if drift:
-        parts = [f"{_DRIFT_LABELS.get(name, name)} {_format(value, '.3f')}" for name, value in drift.items()]
-        lines += ["", f"**Drift**: {', '.join(parts)}."]
-    return head + settings + "\n".join(rows) + "\n".join(lines) + "\n"
-
-
-def _new_figure(width: float, height: float) -> Any:
-    from matplotlib.figure import Figure  # noqa: PLC0415 - matplotlib only when figures are drawn
-
-    return Figure(figsize=(width, height), dpi=100, facecolor="white")
-
-
-def _label_margin(labels: Sequence[str]) -> float:
-    """Inches left of the axes for tick labels of this length (about 0.075 in per character at 9-10 pt)."""
-    return 0.5 + 0.075 * max((min(len(label), 28) for label in labels), default=4)
-
-
-def figure_to_array(figure: Any) -> np.ndarray:
-    """Render a matplotlib figure on the Agg canvas and return it as ``(H, W, 3)`` uint8 RGB.
-
-    Args:
-        figure: a ``matplotlib.figure.Figure``; it holds no reference to pyplot,
-            so it is freed with its last reference (nothing to close).
-
-    Returns:
-        The pixels, for ``SummaryWriter.add_image(..., dataformats="HWC")``.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-
-    canvas = FigureCanvasAgg(figure)
-    canvas.draw()
-    rgba = np.asarray(canvas.buffer_rgba())  # (H, W, 4)
-    return np.ascontiguousarray(rgba[..., :3])
-
-
-def top_features_figure(
-    feature_names: Sequence[str],
-    mean_abs: np.ndarray,
-    stddev: np.ndarray,
-    mean_signed: np.ndarray,
-    *,
-    top_k: int = 10,
-    step: int | None = None,
-    num_states: int | None = None,
-) -> Any:
-    """Bar chart of the top-k features by mean ``|attr|``, whiskers the spread, colour the sign.
-
-    Args:
-        feature_names: one name per feature.
-        mean_abs: ``(F,)`` mean ``|attr|`` per feature.
-        stddev: ``(F,)`` standard deviation of ``attr`` over states (the whiskers).
-        mean_signed: ``(F,)`` mean ``attr``; its sign picks the bar's colour.
-        top_k: how many features to draw (default 10).
-        step: the global step, for the title.
-        num_states: number of states, for the axis label.
-
-    Returns:
-        A ``matplotlib.figure.Figure``.
-    """
-    from matplotlib.patches import Patch  # noqa: PLC0415
-
-    order = rank_order(mean_abs)[:top_k]
-    count = len(order)
-    figure = _new_figure(8.0, 1.8 + 0.38 * count)
-    axes = figure.add_subplot()
-    positions = np.arange(count)[::-1]  # largest on top
-    values = np.nan_to_num(mean_abs[order])
-    colours = [_POSITIVE if mean_signed[i] >= 0 else _NEGATIVE for i in order]
-    axes.barh(
-        positions,
-        values,
-        xerr=np.nan_to_num(stddev[order]),
-        color=colours,
-        edgecolor="none",
-        height=0.7,
-        error_kw={"ecolor": "#444444", "elinewidth": 1.0, "capsize": 3},
-    )
-    labels = [str(feature_names[i]) for i in order]
-    axes.set_yticks(positions, [label if len(label) <= 28 else label[:27] + "..." for label in labels], fontsize=10)
-    axes.set_xlim(left=0.0)
-    for position, value in zip(positions, values):
-        axes.annotate(
-            f"{value:.3g}", (value, position), xytext=(3, 7), textcoords="offset points", fontsize=8, color="#222222"
-        )
-    states = f" over {num_states} states" if num_states else ""
-    axes.set_xlabel(f"mean |attribution|{states}  (whiskers: std of attribution)", fontsize=10)
-    title = f"Top {count} features by mean |IG attribution|"
-    figure.suptitle(title + ("" if step is None else f"  (step {step})"), fontsize=12, x=0.02, ha="left")
-    axes.spines[["top", "right"]].set_visible(False)
-    axes.grid(axis="x", color="#dddddd", linewidth=0.8)
-    axes.set_axisbelow(True)
-    # Above the axes, so it never hides a bar or a whisker.
-    axes.legend(
-        handles=[
-            Patch(color=_POSITIVE, label="mean attribution > 0 (raises the target)"),
-            Patch(color=_NEGATIVE, label="mean attribution < 0 (lowers the target)"),
-        ],
-        loc="lower right",
-        bbox_to_anchor=(1.0, 1.0),
-        ncol=2,
-        fontsize=8,
-        frameon=False,
-        borderaxespad=0.2,
-    )
-    figure.subplots_adjust(
-        left=_label_margin(labels) / figure.get_figwidth(),
-        right=0.96,
-        top=1 - 0.85 / figure.get_figheight(),
-        bottom=0.7 / figure.get_figheight(),
-    )
-    return figure
-
-
-def heatmap_figure(
-    feature_names: Sequence[str], steps: Sequence[int], mean_abs_history: np.ndarray, *, normalise: bool = True
-) -> Any:
-    """Heatmap of feature importance (rows) over IG runs (columns).
-
-    Each column is one run's mean ``|attr|`` per feature, divided by the
-    column's sum when ``normalise`` (the share of the total, so runs with
-    different value scales compare). Rows are ordered by the last run's value;
-    with more than 40 features only the 40 largest are shown.
-
-    Args:
-        feature_names: one name per feature.
-        steps: the global step of each run (column labels).
-        mean_abs_history: ``(num_runs, F)`` mean ``|attr|`` per run.
-        normalise: divide each run by its total (default ``True``).
-
-    Returns:
-        A ``matplotlib.figure.Figure``.
-    """
-    history = np.asarray(mean_abs_history, dtype=np.float64)  # (R, F)
-    runs, features = history.shape
-    order = rank_order(history[-1])[:_HEATMAP_MAX_FEATURES]
-    values = history[:, order].T  # (F_shown, R): features down, runs across
-    if normalise:
-        totals = np.nansum(np.abs(history), axis=1)  # (R,)
-        values = values / np.where(totals > 0, totals, 1.0)[None, :]
-    rows = len(order)
-    figure = _new_figure(float(np.clip(5.0 + 0.1 * runs, 7.5, 14.0)), 1.6 + 0.3 * rows)
-    axes = figure.add_subplot()
-    image = axes.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0)
-    labels = [str(feature_names[i])[:28] for i in order]
-    axes.set_yticks(np.arange(rows), labels, fontsize=9)
-    ticks = np.unique(np.linspace(0, runs - 1, num=min(runs, 8)).round().astype(int))
-    axes.set_xticks(ticks, [str(steps[i]) for i in ticks], fontsize=8)
-    axes.set_xlabel("global step of the IG run", fontsize=10)
-    shown = "" if rows == features else f" (top {rows} of {features})"
-    axes.set_title(f"Feature importance over training{shown}", fontsize=12, loc="left")
-    colourbar = figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02)
-    colourbar.set_label("share of the run's mean |attr|" if normalise else "mean |attr|", fontsize=9)
-    colourbar.ax.tick_params(labelsize=8)
-    figure.subplots_adjust(
-        left=_label_margin(labels) / figure.get_figwidth(),
-        right=1 - 0.9 / figure.get_figwidth(),
-        top=1 - 0.5 / figure.get_figheight(),
-        bottom=0.65 / figure.get_figheight(),
-    )
-    return figure
-
-
 @dataclass(frozen=True)
-class RenderedFigure:
-    """A figure already encoded as PNG (see :func:`figure_to_png`)."""
+class RunExtras:
+    """What a run shows in TensorBoard besides scalars: images, figures and the text (any may be empty)."""
 
-    png: bytes
-    height: int
-    width: int
-
-
-def figure_to_png(figure: Any, dpi: int = 100) -> RenderedFigure:
-    """Render a matplotlib figure on the Agg canvas straight to PNG bytes.
-
-    Args:
-        figure: a ``matplotlib.figure.Figure`` (freed with its last reference: nothing to close).
-        dpi: pixels per inch (default 100).
-
-    Returns:
-        The PNG and its size in pixels.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-
-    FigureCanvasAgg(figure)  # attach the Agg canvas (a pyplot-free figure has none that renders)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
-    png = buffer.getvalue()
-    # The PNG header (IHDR) holds the size: width then height, big-endian, at bytes 16..24.
-    return RenderedFigure(png, height=int.from_bytes(png[20:24], "big"), width=int.from_bytes(png[16:20], "big"))
+    images: dict[str, np.ndarray]
+    figures: dict[str, Any]
+    text: str | None
 
 
-def histogram_proto(values: np.ndarray, bins: int = 30) -> Any:
-    """A TensorBoard ``HistogramProto`` of ``values`` with ``bins`` equal-width buckets.
-
-    Fewer buckets than ``SummaryWriter.add_histogram``'s default (hundreds of
-    exponential ones) keep this cheap; TensorBoard re-buckets for display anyway.
+def run_extras(
+    summary: RunSummary,
+    tags: TagNames,
+    host: HostResult | None,
+    states: Any | None,
+    channel: int | None,
+    history: Sequence[Mapping[str, Any]] | None,
+) -> RunExtras:
+    """Build one run's pictures and text.
 
     Args:
-        values: finite numbers, at least one.
-        bins: number of buckets (default 30).
-
-    Returns:
-        A ``tensorboard.compat.proto.summary_pb2.HistogramProto``.
-
-    Raises:
-        ValueError: ``values`` is empty.
+        summary: the run.
+        tags: the callback's tags.
+        host: the run's host result, or ``None`` (figures only: the last run's, drawn at the end of training).
+        states: the held-out states, for saliency maps of spatial states; ``None``: no saliency images.
+        channel: the channel drawn under the saliency maps (``None``: the channel mean).
+        history: the runs so far, when the figures are due; else ``None``.
     """
-    from tensorboard.compat.proto.summary_pb2 import HistogramProto  # noqa: PLC0415
-
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    if values.size == 0:
-        raise ValueError("histogram_proto needs at least one value, got none")
-    low, high = float(values.min()), float(values.max())
-    if low == high:  # one bucket around a constant
-        low, high = low - 0.5, high + 0.5
-    counts, edges = np.histogram(values, bins=bins, range=(low, high))
-    # TensorBoard stores right edges only; a leading empty bucket carries the left edge.
-    return HistogramProto(
-        min=float(values.min()),
-        max=float(values.max()),
-        num=int(values.size),
-        sum=float(values.sum()),
-        sum_squares=float(values @ values),
-        bucket_limit=edges.tolist(),
-        bucket=[0, *counts.tolist()],
-    )
+    images, scale = ({}, None) if host is None or states is None else saliency_images(host, states[: len(host.sample_attributions)], channel)
+    figures = {} if history is None else draw_figures(summary, tags, history)
+    text = None if host is None else report_markdown(summary, tags, saliency_scale=scale)
+    return RunExtras(images, figures, text)
 
 
-def log_tensorboard_extras(
-    writer: Any,
-    *,
-    step: int,
-    tags: Sequence[str],
-    attributions: np.ndarray | None,
-    markdown: str | None,
-    figures: Mapping[str, Any] | None = None,
-    layout: Mapping[str, Any] | None = None,
+def write_extras(
+    writer: Any, summary: RunSummary, tags: TagNames, extras: RunExtras, *, histograms: bool, layout: Mapping[str, Any] | None
 ) -> None:
-    """Write histograms, figures, text and (once) the custom-scalars layout to a ``SummaryWriter``.
-
-    Everything of one run goes into one event (one summary with many values),
-    so the writer's queue sees one item per run, not one per tag.
+    """Write one run's histograms, images, figures, text and layout to a ``SummaryWriter`` (public API only).
 
     Args:
-        writer: ``TensorBoardLogger.experiment`` (a ``SummaryWriter``).
-        step: the global step.
-        tags: from :func:`feature_tags`.
-        attributions: ``(num_states, F)`` for the per-feature histograms, or ``None`` to skip them.
-        markdown: the ``ig/report`` text, or ``None`` to skip it.
-        figures: ``{"top_features": ..., "heatmap": ...}`` (any subset) to write as images:
-            matplotlib figures or :class:`RenderedFigure`.
-        layout: a custom-scalars layout to write (pass it on the first run only).
+        writer: ``TensorBoardLogger.experiment``.
+        summary: the run.
+        tags: the callback's tags.
+        extras: from :func:`run_extras`.
+        histograms: write ``<prefix>/attributions/<feature>`` (features logged one by one) and
+            ``<prefix>/group/attributions/<group>`` histograms of the per-state attributions.
+        layout: a Custom Scalars layout to write (the latest one written is the one TensorBoard shows), or ``None``.
     """
-    from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415
-
+    step = summary.step
+    if histograms:
+        for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
+            if units is None or units.values is None:
+                continue
+            for label, column in zip(tags.unit_labels(units), units.values.T):
+                finite = column[np.isfinite(column)]
+                if finite.size:  # a histogram of nothing is an error in TensorBoard
+                    writer.add_histogram(f"{tags.prefix}/{group}attributions/{label}", finite, step, bins=_HISTOGRAM_BINS)
+    for name, pixels in extras.images.items():
+        writer.add_image(f"{tags.prefix}/{name}", pixels, step, dataformats="HWC")
+    for name, figure in extras.figures.items():  # rendered once per writer; matplotlib frees it with its last reference
+        writer.add_figure(f"{tags.prefix}/{name}", figure, step, close=False)
+    if extras.text is not None:
+        writer.add_text(f"{tags.prefix}/report", extras.text, step)  # listed as <prefix>/report/text_summary
     if layout is not None:
         writer.add_custom_scalars(dict(layout))
-    values: list[Any] = []
-    if attributions is not None:
-        for index, tag in enumerate(tags):
-            column = attributions[:, index]
-            finite = column[np.isfinite(column)]
-            if finite.size:  # a histogram of nothing is an error in TensorBoard
-                values.append(Summary.Value(tag=f"{TAG_PREFIX}/attributions/{tag}", histo=histogram_proto(finite)))
-    for name, figure in (figures or {}).items():
-        rendered = figure if isinstance(figure, RenderedFigure) else figure_to_png(figure)
-        image = Summary.Image(
-            height=rendered.height, width=rendered.width, colorspace=4, encoded_image_string=rendered.png
-        )
-        values.append(Summary.Value(tag=f"{TAG_PREFIX}/{name}", image=image))
-    if markdown is not None:
-        values.extend(_text_summary(f"{TAG_PREFIX}/report", markdown).value)
-    if not values:
-        return
-    file_writer = getattr(writer, "_get_file_writer", None)  # torch's and tensorboardX's SummaryWriter
-    if file_writer is not None:
-        file_writer().add_summary(Summary(value=values), step)
-        return
-    for value in values:  # another writer: one public call per value
-        if value.HasField("histo"):
-            column = attributions[:, list(tags).index(value.tag.rsplit("/", 1)[1])]  # type: ignore[index]
-            writer.add_histogram(value.tag, column[np.isfinite(column)], step)
-        elif value.HasField("image"):
-            writer.add_image(value.tag, _png_to_array(value.image.encoded_image_string), step, dataformats="HWC")
-        else:
-            writer.add_text(value.tag, markdown, step)
 
 
-def _png_to_array(png: bytes) -> np.ndarray:
-    from matplotlib.image import imread  # noqa: PLC0415
+def custom_scalars_layout(
+    tag_sets: Sequence[tuple[str, TagNames, int, Sequence[str] | None]],
+) -> dict[str, dict[str, list[Any]]]:
+    """The Custom Scalars layout of every IG callback in the trainer: one chart per quantity.
 
-    pixels = imread(io.BytesIO(png), format="png")  # (H, W, 4) floats in [0, 1]
-    return (pixels[..., :3] * 255).round().astype(np.uint8)
+    TensorBoard draws the lines of one run in one colour, so every chart holds one
+    quantity: completeness's relative and absolute errors apart, each meaningful
+    drift measure, an ensemble's agreement and member completeness, and the most
+    important units (features or groups) one chart each.
+
+    Args:
+        tag_sets: per callback ``(title, tags, top_k, units_by_importance)``; the last is
+            the unit labels, most important first (``None``: by name).
+
+    Returns:
+        A layout for ``SummaryWriter.add_custom_scalars``.
+    """
+    layout: dict[str, dict[str, list[Any]]] = {}
+    for title, tags, top_k, ranked in tag_sets:
+        prefix = re.escape(tags.prefix)
+        charts: dict[str, list[Any]] = {
+            "completeness: worst relative error": ["Multiline", [rf"^{prefix}/completeness/worst_relative_error$"]],
+            "completeness: mean absolute error": ["Multiline", [rf"^{prefix}/completeness/mean_abs_error$"]],
+            "states that could not be checked (NaN/Inf)": ["Multiline", [rf"^{prefix}/completeness/non_finite_states$"]],
+            "share of |attribution| in the top 1% of features": ["Multiline", [rf"^{prefix}/concentration/top1pct_share$"]],
+        }
+        grouped = tags.group_labels is not None
+        units = tags.group_labels if grouped else tags.feature_labels or []
+        for name in drift_tags(len(units), top_k):
+            words = DRIFT_WORDS[name].format(k=top_k).replace("with the first run", "Spearman rank correlation with the first run")
+            charts[f"drift: {words}"] = ["Multiline", [rf"^{prefix}/drift/{name}$"]]
+        if tags.ensemble_members is not None:
+            charts.update({f"ensemble: {words}": ["Multiline", [rf"^{prefix}/ensemble/{name}$"]] for name, words in _ENSEMBLE_CHARTS.items()})
+        quantity = "group/mean_abs" if grouped else "mean_abs"
+        for rank, label in enumerate(list(ranked or units)[:_LAYOUT_UNIT_CHARTS], start=1):
+            charts[f"#{rank} {label}: mean |attribution|"] = ["Multiline", [rf"^{prefix}/{quantity}/{re.escape(label)}$"]]
+        layout[title] = charts
+    return layout
 
 
-def _text_summary(tag: str, text: str) -> Any:
-    """A text-plugin summary under exactly ``tag`` (``SummaryWriter.add_text`` appends ``/text_summary``)."""
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata  # noqa: PLC0415
-    from tensorboard.compat.proto.tensor_pb2 import TensorProto  # noqa: PLC0415
-    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto  # noqa: PLC0415
-    from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData  # noqa: PLC0415
+def ranked_labels(summary: RunSummary, tags: TagNames) -> list[str]:
+    """The unit labels, most important (mean ``|attr|``) first."""
+    labels = tags.unit_labels(summary.units)
+    return [labels[i] for i in rank_order(summary.units.moments.mean_abs)]
 
-    content = TextPluginData(version=0).SerializeToString()
-    metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text", content=content))
-    tensor = TensorProto(
-        dtype="DT_STRING",
-        string_val=[text.encode("utf-8")],
-        tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
-    )
-    return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
+
+def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
+    """The ``<prefix>/report`` text of a run (see :func:`lightning_ig.run_text.report_markdown`)."""
+    return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
+
+
+def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``top_features`` bar chart of this run and the ``heatmap`` of ``history`` (runs with ``global_step``, ``mean_abs``)."""
+    labels = tags.unit_labels(summary.units)
+    noun = "groups" if summary.units.kind == "groups" else "features"
+    name = "" if summary.settings.name is None else f" '{summary.settings.name}'"
+    top = min(summary.settings.top_k, len(labels))
+    unit = f"mean |attribution| over {summary.num_states} states ({target_unit(summary.settings.target)})"
+    steps = [entry["global_step"] for entry in history]
+    return {
+        "top_features": top_features_figure(
+            labels, summary.units.moments, top_k=summary.settings.top_k, value_label=unit,
+            title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
+            verdict=completeness_verdict(summary),
+        ),
+        "heatmap": heatmap_figure(labels, steps, np.asarray([entry["mean_abs"] for entry in history]),
+                                  title=f"{noun.capitalize()}{name}: share of mean |attribution| over training"),
+    }  # fmt: skip
+
+
+def saliency_images(host: HostResult, states: Any, channel: int | None) -> tuple[dict[str, np.ndarray], float]:
+    """``{"saliency": grid, "saliency/mean_abs": picture}`` of a run with spatial states, and the grid's scale.
+
+    Args:
+        host: the run (``sample_attributions`` of the first states, per-feature ``mean_abs``).
+        states: the first held-out states, as many as ``host.sample_attributions`` (tensor or array).
+        channel: the channel drawn in grey, or ``None`` for the channel mean.
+    """
+    grid = saliency_grid(np.asarray(states), host.sample_attributions, channel=channel)
+    mean_abs = mean_abs_image(host.features.mean_abs.reshape(host.feature_shape), host.num_states)
+    return {"saliency": grid.pixels, "saliency/mean_abs": mean_abs.pixels}, grid.scale

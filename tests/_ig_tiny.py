@@ -1,25 +1,30 @@
 """A tiny Q-network LightningModule for the callback tests, and the DDP run they launch as a script.
 
-As a script (``python tests/_ig_tiny.py --devices 2 --out DIR``) it trains the
-tiny module with the callback under ``strategy="ddp"`` on the CPU (gloo) and
-writes the callback's JSON reports to ``DIR/reports``; with ``--devices 1`` it
-runs the same training in one process. The test compares the two.
+As a script (``python tests/_ig_tiny.py --devices 2 --out DIR``) it trains a
+small ensemble on image-shaped states with the callback under ``strategy="ddp"``
+on the CPU (gloo; ``--accelerator gpu``: NCCL and the CUDA kernels), rank r
+writing its JSON reports to ``DIR/reports_rank<r>`` and its event files to
+``DIR/tb_rank<r>``; with ``--devices 1`` it runs the same training in one
+process. tests/test_callback_ddp.py compares the two.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 # Runnable as a script from anywhere in the checkout (the DDP launcher re-runs this file for rank 1).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lightning_ig.ensemble import Ensemble  # noqa: E402
+from lightning_ig.models import DuelingQNetwork  # noqa: E402
 from lightning_ig.noise import NoisyLinear  # noqa: E402
 
 FEATURES = ["cart_x", "cart_v", "pole_theta", "pole_omega"]
@@ -57,6 +62,107 @@ class TinyQNet(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class ConvQNet(pl.LightningModule):
+    """(C, H, W) or (C, L) frames (or flat vectors) -> 2 Q-values: a small smooth conv net for the image tests."""
+
+    def __init__(self, input_shape: tuple[int, ...] = (3, 16, 16), lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        channels = input_shape[0]
+        if len(input_shape) == 3:
+            self.encoder = torch.nn.Sequential(torch.nn.Conv2d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten())
+        elif len(input_shape) == 2:
+            self.encoder = torch.nn.Sequential(torch.nn.Conv1d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten())
+        else:
+            self.encoder = torch.nn.Sequential(torch.nn.Linear(channels, 16), torch.nn.Tanh())
+        width = self.encoder(torch.zeros(1, *input_shape)).shape[1]
+        self.head = torch.nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))  # (N, 2)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class NatureDuelingQNet(pl.LightningModule):
+    """The Nature-DQN convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1) with dueling streams, for (4, 84, 84) frames."""
+
+    def __init__(self, actions: int = 6, activation: type[torch.nn.Module] = torch.nn.ReLU) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 32, 8, 4), activation(), torch.nn.Conv2d(32, 64, 4, 2), activation(),
+            torch.nn.Conv2d(64, 64, 3, 1), activation(), torch.nn.Flatten(),
+        )  # fmt: skip
+        self.value = torch.nn.Sequential(torch.nn.Linear(3136, 512), activation(), torch.nn.Linear(512, 1))
+        self.advantage = torch.nn.Sequential(torch.nn.Linear(3136, 512), activation(), torch.nn.Linear(512, actions))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.encoder(x)
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(1, keepdim=True)  # (N, A); mean over A = V(s)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x).mean(1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class EnsembleQNet(pl.LightningModule):
+    """An ensemble of small dueling Q-networks: its forward is the ensemble's aggregate ``(N,)``.
+
+    ``input_shape`` ``(4,)`` feeds the members directly; a frame shape such as
+    ``(2, 4, 4)`` is flattened first (a saliency map needs spatial states). The
+    callback finds the ensemble (``self.ensemble``, whose output the forward is)
+    and attributes each member as well.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...] = (4,), members: int = 3, noisy: bool = True, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        features = math.prod(input_shape)
+
+        def member() -> torch.nn.Module:
+            network = DuelingQNetwork(features, 2, hidden_sizes=(16,), noisy=noisy, activation="tanh")
+            return network if len(input_shape) == 1 else torch.nn.Sequential(torch.nn.Flatten(), network)
+
+        weights = torch.arange(members, 0, -1, dtype=torch.float32)
+        self.ensemble = Ensemble([member() for _ in range(members)], weights=weights / weights.sum())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ensemble(x)  # (N,)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.hparams.noisy:
+            self.ensemble.reset_noise()  # draws from the global torch generator, as NoisyNet training does
+        return torch.nn.functional.mse_loss(self(x), torch.sigmoid(y.reshape(len(y), -1)[:, 0]))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+def frames(n: int, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """``n`` random frames of ``shape`` in [0, 1] with a bright square (some structure for the saliency maps)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, *shape, generator=generator) * 0.3
+    if len(shape) == 3:
+        x[:, :, shape[1] // 4 : shape[1] // 2, shape[2] // 4 : shape[2] // 2] += 0.6
+    return x
+
+
+def frame_dataset(n: int, shape: tuple[int, ...], outputs: int = 2, seed: int = 0) -> TensorDataset:
+    x = frames(n, shape, seed)
+    y = x.reshape(n, -1)[:, :outputs] * 2.0 - 1.0
+    return TensorDataset(x, y if outputs > 1 else y[:, 0])
+
+
 def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=generator)
@@ -88,45 +194,63 @@ def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
 
 
+def has_tensorboard() -> bool:
+    """The GPU machine may run from the tree without TensorBoard: then the runs write reports only."""
+    import importlib.util  # noqa: PLC0415
+
+    return all(importlib.util.find_spec(name) is not None for name in ("tensorboard", "PIL"))
+
+
+DDP_SHAPE = (2, 4, 4)  # frames small enough for a quick run, with the spatial dims that saliency maps need
+
+
+def ddp_held_out_states() -> torch.Tensor:
+    return frames(37, DDP_SHAPE, seed=1)  # 37 states: an uneven split over 2 ranks (19 + 18, padded to 19)
+
+
 def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: str = "cpu") -> None:
-    """Train a deterministic (no dropout, no noise draw) module; the callback writes reports to ``out/reports``."""
+    """Train an ensemble on ``DDP_SHAPE`` frames twice, with the callback and without it, in each process.
+
+    With the callback: per-feature and per-channel statistics, saliency images of 24 states (both ranks' shares),
+    the ensemble's members; rank r writes its reports to ``out/reports_rank<r>`` and its TensorBoard logger to
+    ``out/tb_rank<r>``, so the test can see that only rank zero writes. Rank zero saves the final weights of both
+    fits to ``out/weights.pt``.
+    """
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415
 
     from lightning_ig.callback import IntegratedGradientsCallback  # noqa: PLC0415
 
-    pl.seed_everything(0)
-    # No BatchNorm: its statistics are per rank under DDP; no dropout/noise draws: ranks draw differently.
-    model = TinyQNet(lr=0.01, noisy=False, dropout=0.0, batchnorm=False)
-    callback = IntegratedGradientsCallback(
-        held_out_states(),  # 37 states: an uneven split over 2 ranks (19 + 18, padded to 19)
-        every_n_steps=2,
-        feature_names=FEATURES,
-        n_steps=16,
-        baseline="mean",
-        report_dir=out / "reports",
-        figure_every_n_runs=None,
-    )
-    trainer = pl.Trainer(
-        accelerator=accelerator,
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        max_steps=4,
-        logger=TensorBoardLogger(out, name="tb"),
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        use_distributed_sampler=False,
-    )
-    data = dataset()
-    if devices > 1:
-        # Rank r trains on samples r, r + devices, ...: its batch k and the other ranks' together are exactly
-        # the one-process run's batch k (of devices x batch_size samples), so DDP's averaged gradient is that
-        # run's gradient and the weights agree up to rounding. (Lightning's DistributedSampler would reorder.)
-        rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
-        data = Subset(data, list(range(rank, len(data), devices)))
-    trainer.fit(model, DataLoader(data, batch_size=batch_size, shuffle=False))
+    rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
+    weights = {}
+    for with_callback in (True, False):
+        pl.seed_everything(0)
+        # No BatchNorm (its statistics are per rank under DDP), no noise draws (ranks would draw differently).
+        model = EnsembleQNet(DDP_SHAPE, members=3, noisy=False, lr=0.01)
+        callback = IntegratedGradientsCallback(
+            ddp_held_out_states(), every_n_steps=2, n_steps=16, baseline="mean", feature_groups="channels",
+            saliency_states=24, top_k=32, backend="cuda" if accelerator == "gpu" else "torch",
+            report_dir=out / f"reports_rank{rank}", figure_every_n_runs=None,
+        )  # fmt: skip
+        trainer = pl.Trainer(
+            accelerator=accelerator,
+            devices=devices,
+            strategy="ddp" if devices > 1 else "auto",
+            max_steps=4,
+            logger=TensorBoardLogger(out, name=f"tb_rank{rank}") if with_callback and has_tensorboard() else False,
+            callbacks=[callback] if with_callback else [],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=False,
+        )
+        # Every rank trains on the very batches of the one-process run: DDP's averaged gradient (g + g) / 2 is
+        # that run's gradient g exactly, so the weights agree bit for bit and any difference left is the callback's.
+        data = DataLoader(frame_dataset(128, DDP_SHAPE, seed=2), batch_size=batch_size, shuffle=False)
+        trainer.fit(model, data)
+        weights["with" if with_callback else "without"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(weights, out / "weights.pt")
 
 
 if __name__ == "__main__":

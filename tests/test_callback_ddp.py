@@ -1,117 +1,220 @@
-"""DDP with 2 processes (gloo on the CPU; NCCL on 2 GPUs where present): the gathered attributions equal the
-one-process run's, and rank zero alone writes."""
+"""DDP with 2 processes (gloo on the CPU; NCCL and the CUDA kernels on 2 GPUs) against one process.
+
+One pair of runs (tests/_ig_tiny.py as a script: an ensemble on (2, 4, 4) frames, 37 held-out states split
+19 + 18 over the ranks) is compared on everything the callback gathers: per-feature and per-group statistics,
+completeness per state, the saliency images, the ensemble's member summaries; and on who writes (rank zero
+alone) and on training (the callback leaves the weights as they would be without it).
+
+Both runs train on the same batches (every rank sees the one-process run's batch; DDP's mean of two equal
+gradients is that gradient exactly), so their weights agree bit for bit and every difference left comes from the
+IG runs on the ranks' shares and the gather. The GPU variant runs the same checks:
+
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=. python -m pytest -m gpu tests/test_callback_ddp.py
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 
+from _ig_tiny import has_tensorboard
 from _tolerance import assert_close_scaled, eps
 
 SCRIPT = Path(__file__).with_name("_ig_tiny.py")
 REPOSITORY = Path(__file__).resolve().parents[1]
+NUM_STATES, SALIENCY_STATES, STEPS = 37, 24, (2, 4)
+# The per-state numbers of one state come from the same weights through the same operations on both sides; they
+# may still round apart where a batched kernel sums in another order for a share of 19 rows than for 37.
+_CPU_ULPS = 64
+_GPU_ULPS = 256
 
 
-def _run(devices: int, out: Path, batch_size: int, accelerator: str = "cpu") -> None:
+def _run(devices: int, out: Path, accelerator: str) -> None:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), environment.get("PYTHONPATH")]))
     environment.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"})
     if accelerator == "cpu":
         environment.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        environment.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
     completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--devices", str(devices), "--out", str(out), "--batch-size", str(batch_size),
+        [sys.executable, str(SCRIPT), "--devices", str(devices), "--out", str(out), "--batch-size", "16",
          "--accelerator", accelerator],  # fmt: skip
         cwd=out,
         env=environment,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
     if completed.returncode != 0:
         output = f"{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}"
         raise AssertionError(f"the {devices}-process run failed:\n{output}")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    single = tmp_path_factory.mktemp("single")
-    double = tmp_path_factory.mktemp("ddp")
-    # One process with batches of 32 sees what two ranks with batches of 16 see together (the
-    # DistributedSampler interleaves the unshuffled indices), so the weights agree up to rounding.
-    _run(1, single, batch_size=32)
-    _run(2, double, batch_size=16)
+def _pair(tmp_path_factory: pytest.TempPathFactory, accelerator: str) -> dict[int, Path]:
+    single, double = tmp_path_factory.mktemp(f"single_{accelerator}"), tmp_path_factory.mktemp(f"ddp_{accelerator}")
+    _run(1, single, accelerator)
+    _run(2, double, accelerator)
     return {1: single, 2: double}
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    return _pair(tmp_path_factory, "cpu")
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices (nvidia-h200-x2)")
+    return _pair(tmp_path_factory, "gpu")
+
+
 def _reports(folder: Path) -> dict[str, dict]:
-    return {path.name: json.loads(path.read_text()) for path in sorted((folder / "reports").glob("*.json"))}
+    return {path.name: json.loads(path.read_text()) for path in sorted((folder / "reports_rank0").glob("*.json"))}
 
 
-# Both runs train 4 Adam steps in float32 and sum the same gradients in another order: their weights, and so
-# every number in the reports, agree up to a few hundred float32 roundings of the numbers' own size.
-_CPU_ULPS = 256
+def _stable_order(values: list[float], ulps: float) -> bool:
+    """No two values are within rounding of each other: their ranking cannot move when they round apart."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    return bool(np.all(np.diff(ordered) > 2 * ulps * eps(torch.float32) * np.abs(ordered).max()))
 
 
-def test_ddp_reports_equal_the_single_process_reports(runs):
-    _assert_reports_agree(runs, ulps=_CPU_ULPS)
+def _assert_completeness_agrees(states_a: list[dict], states_b: list[dict], ulps: float) -> float:
+    """Per-state sums and F(x) - F(b) within rounding; relative errors within the rounding of delta. Returns the bound."""
+    assert [s["state_idx"] for s in states_b] == [s["state_idx"] for s in states_a] == list(range(NUM_STATES))
+    for field in ("sum_attributions", "f_input_minus_f_baseline"):
+        assert_close_scaled([s[field] for s in states_b], [s[field] for s in states_a], ulps=ulps)
+    # A relative completeness error is itself rounding noise here: its rounding is that of delta (a difference of
+    # numbers of size |sum| + |F(x) - F(b)|) over |F(x) - F(b)|.
+    # A degenerate state (|F(x) - F(b)| too small for a ratio) has none, on both sides.
+    assert [s["relative_error"] is None for s in states_b] == [s["relative_error"] is None for s in states_a]
+    checked = [(s_a, s_b) for s_a, s_b in zip(states_a, states_b) if s_a["relative_error"] is not None]
+    bounds = [ulps * eps(torch.float32) * (abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]))
+              / abs(s["f_input_minus_f_baseline"]) for s, _ in checked]  # fmt: skip
+    for (s_a, s_b), bound in zip(checked, bounds):
+        assert abs(s_b["relative_error"] - s_a["relative_error"]) <= bound, (s_a, s_b, bound)
+    return max(bounds)
+
+
+# ---------------------------------------------------------------------------- the checks, on CPU and GPU pairs
+
+
+def _statistics_and_completeness(runs: dict[int, Path], ulps: float) -> None:
+    single, double = _reports(runs[1]), _reports(runs[2])
+    assert list(single) == list(double) == [f"ig_report_step={step:08d}.json" for step in STEPS]
+    for name in single:
+        a, b = single[name], double[name]
+        assert (a["world_size"], b["world_size"]) == (1, 2)
+        assert a["num_states"] == b["num_states"] == NUM_STATES  # the padding row of the uneven split is dropped
+        for unit in ("features", "groups"):
+            assert [u["name"] for u in b[unit]] == [u["name"] for u in a[unit]]
+            for key in ("mean_abs", "stddev", "mean_signed"):
+                assert_close_scaled([u[key] for u in b[unit]], [u[key] for u in a[unit]], ulps=ulps)
+        assert [g["name"] for g in a["groups"]] == ["channel 0", "channel 1"]
+        bound = _assert_completeness_agrees(a["completeness"]["per_state"], b["completeness"]["per_state"], ulps)
+        worst_a, worst_b = a["completeness"]["worst_relative_error"], b["completeness"]["worst_relative_error"]
+        assert abs(worst_b - worst_a) <= bound, (worst_a, worst_b, bound)
+        if _stable_order([f["mean_abs"] for f in a["features"]], ulps):
+            assert [f["name"] for f in b["top_10_by_mean_abs"]] == [f["name"] for f in a["top_10_by_mean_abs"]]
+
+
+def _saliency_images(runs: dict[int, Path], ulps: float) -> None:
+    if not has_tensorboard():
+        pytest.skip("the runs log images only where TensorBoard and Pillow are installed")
+    from PIL import Image  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+
+    pictures = {}
+    for world, folder in runs.items():
+        (log_dir,) = {path.parent for path in (folder / "tb_rank0").rglob("events.out.tfevents.*")}
+        events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
+        events.Reload()
+        pictures[world] = {
+            (tag, event.step): np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB"))
+            for tag in ("ig/saliency", "ig/saliency/mean_abs") for event in events.Images(tag)
+        }  # fmt: skip
+    assert sorted(pictures[1]) == sorted(pictures[2]) == sorted((tag, step) for tag in ("ig/saliency", "ig/saliency/mean_abs") for step in STEPS)
+    for key, pixels in pictures[1].items():
+        assert pixels.shape == pictures[2][key].shape and pixels.dtype == np.uint8
+        differ = (pictures[2][key] != pixels).any(-1)
+        largest = int(np.abs(pictures[2][key].astype(int) - pixels.astype(int)).max())
+        assert not differ.any(), f"{key}: {int(differ.sum())} of {differ.size} pixels differ, by up to {largest} levels"
+    # 24 states in the grid: both ranks' shares (rank 1 holds states 19..36), 6 rows of 4 tiles, 4 px frames enlarged 21x
+    assert pictures[1][("ig/saliency", STEPS[-1])].shape[1] == 4 * 84 + 3 * 4
+
+
+def _ensemble_summaries(runs: dict[int, Path], ulps: float) -> None:
+    single, double = _reports(runs[1]), _reports(runs[2])
+    for name in single:
+        a, b = single[name]["ensemble"], double[name]["ensemble"]
+        assert a["num_members"] == b["num_members"] == 3 and a["weights"] == b["weights"]
+        for key in ("spread", "relative_spread"):
+            assert_close_scaled(b["agreement"][key], a["agreement"][key], ulps=ulps)
+        for member_a, member_b, spearman_a, spearman_b in zip(a["members"], b["members"], a["agreement"]["spearman"], b["agreement"]["spearman"]):
+            bound = _assert_completeness_agrees(member_a["per_state"], member_b["per_state"], ulps)
+            worst_a, worst_b = member_a["worst_relative_error"], member_b["worst_relative_error"]
+            assert (worst_a is None and worst_b is None) or abs(worst_b - worst_a) <= bound, (worst_a, worst_b, bound)
+            assert member_a["num_degenerate"] == member_b["num_degenerate"] and member_b["num_non_finite"] == 0
+            # top_k=32: every feature is listed, so each member's full ranking is compared
+            by_name = {f["name"]: f for f in member_b["top_features"]}
+            assert sorted(by_name) == sorted(f["name"] for f in member_a["top_features"]) and len(by_name) == 32
+            for key in ("mean_abs", "mean_signed"):
+                assert_close_scaled([by_name[f["name"]][key] for f in member_a["top_features"]],
+                                    [f[key] for f in member_a["top_features"]], ulps=ulps)  # fmt: skip
+            aggregate = [f["mean_abs"] for f in single[name]["features"]]
+            if _stable_order([f["mean_abs"] for f in member_a["top_features"]], ulps) and _stable_order(aggregate, ulps):
+                # Spearman of two rankings is a ratio of integers: equal unless a ranking moved
+                assert spearman_b == pytest.approx(spearman_a, rel=4 * eps(np.float64))
+                assert [f["name"] for f in member_b["top_features"]] == [f["name"] for f in member_a["top_features"]]
+
+
+def _only_rank_zero_writes(runs: dict[int, Path], ulps: float) -> None:
+    logged = has_tensorboard()  # the runs log to TensorBoard where it is installed
+    for folder in runs.values():
+        assert len(list((folder / "tb_rank0").rglob("events.out.tfevents.*"))) == int(logged)
+        assert len(list((folder / "reports_rank0").glob("*.json"))) == len(STEPS)
+    double = runs[2]
+    assert not list((double / "tb_rank1").rglob("*")), "rank 1 wrote TensorBoard files"
+    assert not (double / "reports_rank1").exists() or not list((double / "reports_rank1").iterdir()), "rank 1 wrote reports"
+
+
+def _callback_leaves_the_weights(runs: dict[int, Path], ulps: float) -> None:
+    for world, folder in runs.items():
+        weights = torch.load(folder / "weights.pt")
+        for key, value in weights["with"].items():
+            assert torch.equal(value, weights["without"][key]), f"{world} process(es): the callback changed {key}"
+
+
+def _ddp_trains_as_one_process(runs: dict[int, Path], ulps: float) -> None:
+    """The premise of the bit-for-bit comparisons above: the same batches on every rank train the same weights."""
+    single, double = (torch.load(runs[world] / "weights.pt")["with"] for world in (1, 2))
+    for key, value in single.items():
+        assert torch.equal(double[key], value), key
+
+
+CHECKS: list[Callable[[dict[int, Path], float], None]] = [
+    _statistics_and_completeness, _saliency_images, _ensemble_summaries, _only_rank_zero_writes,
+    _callback_leaves_the_weights, _ddp_trains_as_one_process,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[check.__name__.strip("_") for check in CHECKS])
+def test_two_processes_equal_one(runs: dict[int, Path], check: Callable[[dict[int, Path], float], None]) -> None:
+    check(runs, _CPU_ULPS)
 
 
 @pytest.mark.gpu
-def test_ddp_on_two_gpus_equals_one_gpu(tmp_path: Path) -> None:
-    import torch  # noqa: PLC0415
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    single, double = tmp_path / "single", tmp_path / "ddp"
-    single.mkdir()
-    double.mkdir()
-    _run(1, single, batch_size=32, accelerator="gpu")
-    _run(2, double, batch_size=16, accelerator="gpu")
-    # cuBLAS may sum in another order for batches of 16 and 32: allow more float32 rounding of the training.
-    _assert_reports_agree({1: single, 2: double}, ulps=4 * _CPU_ULPS)
-    reports = _reports(double)
-    assert all(report["backend"] == "cuda" for report in reports.values())
-    assert len(list((double / "tb").rglob("events.out.tfevents.*"))) == 1
-
-
-def _assert_reports_agree(runs: dict[int, Path], ulps: float) -> None:
-    single, double = _reports(runs[1]), _reports(runs[2])
-    assert list(single) == list(double) == [f"ig_report_step={step:08d}.json" for step in (2, 4)]
-    for name in single:
-        a, b = single[name], double[name]
-        assert b["world_size"] == 2 and a["world_size"] == 1
-        assert a["num_states"] == b["num_states"] == 37  # padding rows of the uneven split are dropped
-        for key in ("mean_abs", "stddev", "mean_signed"):
-            assert_close_scaled([f[key] for f in b["features"]], [f[key] for f in a["features"]], ulps=ulps)
-        states_a, states_b = a["completeness"]["per_state"], b["completeness"]["per_state"]
-        assert [s["state_idx"] for s in states_b] == list(range(37))
-        for field in ("sum_attributions", "f_input_minus_f_baseline"):
-            assert_close_scaled([s[field] for s in states_b], [s[field] for s in states_a], ulps=ulps)
-        # A relative completeness error is itself rounding noise here (~1e-6): compare it as such. Its rounding
-        # is that of delta (a difference of numbers of size |sum| + |F(x) - F(b)|) over |F(x) - F(b)|.
-        bounds = [
-            ulps * eps(torch.float32) * (abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]))
-            / abs(s["f_input_minus_f_baseline"])
-            for s in states_a
-        ]
-        for s_a, s_b, bound in zip(states_a, states_b, bounds):
-            assert abs(s_b["relative_error"] - s_a["relative_error"]) <= bound, (s_a, s_b, bound)
-        worst_a, worst_b = a["completeness"]["worst_relative_error"], b["completeness"]["worst_relative_error"]
-        assert abs(worst_b - worst_a) <= max(bounds), (worst_a, worst_b, max(bounds))
-        assert [f["name"] for f in b["top_10_by_mean_abs"]] == [f["name"] for f in a["top_10_by_mean_abs"]]
-    # Spearman over 4 features is a ratio of small integers: equal unless the ranking moved.
-    assert double[f"ig_report_step={4:08d}.json"]["drift"]["spearman_prev"] == pytest.approx(
-        single[f"ig_report_step={4:08d}.json"]["drift"]["spearman_prev"], rel=ulps * eps(np.float64)
-    )
-
-
-def test_only_rank_zero_logs(runs):
-    event_files = list((runs[2] / "tb").rglob("events.out.tfevents.*"))
-    assert len(event_files) == 1, event_files
+@pytest.mark.parametrize("check", CHECKS, ids=[check.__name__.strip("_") for check in CHECKS])
+def test_two_gpus_equal_one(gpu_runs: dict[int, Path], check: Callable[[dict[int, Path], float], None]) -> None:
+    check(gpu_runs, _GPU_ULPS)
+    assert all(report["backend"] == "cuda" for report in _reports(gpu_runs[2]).values())

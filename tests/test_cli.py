@@ -361,7 +361,7 @@ def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) ->
     text = " ".join(capsys.readouterr().out.split())  # help wraps lines
     for flag in ("--checkpoint", "--states", "--auto-samples", "--seed", "--feature-names", "--num-steps", "--output",
                  "--head", "--prefix", "--all-heads", "--method", "--gradient", "--baseline", "--target", "--device",
-                 "--backend", "--model", "--model-kwargs", "--lightning-module"):
+                 "--backend", "--model", "--model-kwargs", "--lightning-module", "--feature-groups", "--saliency"):
         assert flag in text, flag
     for default in ("default: 16", "default: 42", "default: 50", "default: ig_report.json", "default: auto"):
         assert default in text, default

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from _tolerance import assert_close_scaled
+from _tolerance import assert_close_scaled, eps
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
 from lightning_ig.ensemble import (
@@ -377,7 +377,17 @@ def test_ensemble_summary_is_json_and_says_what_each_member_relies_on() -> None:
     assert summary["num_members"] == 3 and summary["weights"] == pytest.approx([0.2, 0.5, 0.3])
     assert set(summary["agreement"]) == {"spearman", "spearman_mean", "spearman_min", "spearman_undefined", "spread", "relative_spread"}
     first = summary["members"][0]
-    assert set(first) == {"member", "weight", "spearman_vs_aggregate", "worst_relative_error", "num_degenerate", "top_features"}
+    assert set(first) == {"member", "weight", "spearman_vs_aggregate", "worst_relative_error", "num_degenerate",
+                          "num_non_finite", "mean_abs_error", "top_features", "per_state"}  # fmt: skip
+    for m, member in enumerate(summary["members"]):  # each member's completeness, as the engine computed it
+        assert [s["state_idx"] for s in member["per_state"]] == list(range(5))
+        sums = members.attributions[m].double().reshape(5, -1).sum(1)
+        assert_close_scaled([s["sum_attributions"] for s in member["per_state"]], sums, ulps=4, dtype=torch.float64)
+        assert_close_scaled([s["f_input_minus_f_baseline"] for s in member["per_state"]],
+                            (members.f_input[m].double() - members.f_baseline[m].double()), ulps=0, dtype=torch.float64)  # fmt: skip
+        assert member["worst_relative_error"] == pytest.approx(float(members.relative_error[m].max()), rel=4 * eps(torch.float32))
+        assert member["mean_abs_error"] == pytest.approx(float(members.delta[m].double().abs().mean()), rel=4 * eps(torch.float32))
+        assert member["num_non_finite"] == 0 and member["worst_relative_error"] < 1e-3
     assert len(first["top_features"]) == 2 and first["top_features"][0]["name"] in "abcd"
     assert first["top_features"][0]["mean_abs"] >= first["top_features"][1]["mean_abs"]
     expected = member_agreement(mean_abs_per_feature(aggregate.attributions), mean_abs_per_feature(members.attributions, members=True))

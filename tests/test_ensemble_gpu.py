@@ -313,3 +313,81 @@ def test_ig_of_an_ensemble_on_the_gpu_matches_the_cpu(cuda_device) -> None:
     assert_close_scaled(gpu_members.attributions.cpu(), cpu_members.attributions, ulps=256,
                         scale=float(cpu_members.attributions.abs().max()))  # fmt: skip
     assert gpu.worst_relative_error < 1e-3 and gpu_members.worst_relative_error < 1e-3
+
+
+# --------------------------------------------------------------------------- kernel variants
+
+VARIANT_SHAPES = [(1, 1, 4), (3, 1, 8), (257, 7, 3), (1000, 33, 4), (4096, 32, 16), (5, 2, 1000), (70_001, 5, 8)]
+
+
+@pytest.mark.parametrize("name", sorted(ops.VARIANTS))
+def test_every_variant_is_bit_identical_to_the_twin_and_the_default(cuda_device, name) -> None:
+    for shape in VARIANT_SHAPES:
+        logits, weights = _data(shape, torch.float32, cuda_device, seed=20)
+        logits.view(-1)[:: max(1, logits.numel() // 7)] = torch.tensor(1e4, device=cuda_device)  # saturated members too
+        grad_output = torch.randn(shape[0], device=cuda_device)
+        twin = ops.forward_torch(logits, weights)
+        twin_logits, _ = ops.backward_torch(logits, weights, grad_output, True, False)
+        with ops.use_variant(name):
+            for _, layout, reduce_dim in _layouts(logits):
+                leaf = layout.detach().requires_grad_()  # the same strides and offset (clone() would realign)
+                out = ensemble_reduce(leaf, weights, reduce_dim=reduce_dim, backend="cuda")
+                _assert_same_bits(out, twin)
+                (grad,) = torch.autograd.grad(out, leaf, grad_output)
+                _assert_same_bits(_as_rows_members_logits(grad, reduce_dim), twin_logits)
+            for dtype in HALF_TYPES:  # the knobs apply to the half types too: same bits as the default variant
+                half = logits.to(dtype)
+                got = ensemble_reduce(half, weights, backend="cuda")
+                with ops.use_variant(ops.DEFAULT_VARIANT):
+                    expected = ensemble_reduce(half, weights, backend="cuda")
+                assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), (name, shape, dtype)
+
+
+_PROBE = r"""
+extern "C" __global__ void probe_reciprocal(unsigned int* mismatches) {
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i > (1u << 23)) return;
+    const float y = __uint_as_float(0x3f800000u + i);  // every float in [1, 2]
+    if (__float_as_uint(lig_ens_reciprocal_1_to_2(y)) != __float_as_uint(__frcp_rn(y))) atomicAdd(mismatches, 1u);
+}
+extern "C" __global__ void probe_divisor(const unsigned int* bits, long long n, unsigned int* mismatches) {
+    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = __uint_as_float(bits[i]);
+    for (int K = 1; K <= (1 << 20); K *= 2) {
+        const float lean = lig_ens_divisor(K)(x), exact = __fdiv_rn(x, static_cast<float>(K));
+        if (__float_as_uint(lean) != __float_as_uint(exact) && !(lean != lean && exact != exact)) atomicAdd(mismatches, 1u);
+    }
+}
+"""
+
+
+def test_lean_gives_the_exactly_rounded_bits(cuda_device) -> None:
+    """LIG_ENS_LEAN's reciprocal on every float in [1, 2], and its power-of-two division on random bit patterns
+    (subnormal, infinite and NaN ones included), against __frcp_rn and __fdiv_rn."""
+    from lightning_ig import _cuda
+
+    cupy = _cuda.require_cupy()
+    source = _cuda.kernel_source("ensemble.cu") + _PROBE
+    options = ("-std=c++17", f"-I{_cuda.kernel_dir().as_posix()}", "-DLIG_ENS_LEAN=1", "-DLIG_ENS_ONE_DTYPE")
+    with cupy.cuda.Device(cuda_device.index):
+        module = cupy.RawModule(code=source, options=options)
+        mismatches = cupy.zeros(2, dtype=cupy.uint32)
+        count = (1 << 23) + 1
+        module.get_function("probe_reciprocal")(((count + 255) // 256,), (256,), (mismatches[0:1],))
+        generator = torch.Generator(device=cuda_device).manual_seed(21)
+        bits = torch.randint(-(2**31), 2**31, (1 << 20,), device=cuda_device, generator=generator, dtype=torch.int64)
+        bits = torch.cat([bits, torch.arange(0, 1 << 16, device=cuda_device) * 3]).to(torch.int32)  # subnormals
+        words = cupy.asarray(bits).view(cupy.uint32)
+        module.get_function("probe_divisor")(((words.size + 255) // 256,), (256,), (words, cupy.int64(words.size), mismatches[1:2]))
+        assert mismatches.get().tolist() == [0, 0]
+
+
+def test_use_variant_switches_and_restores(cuda_device) -> None:
+    logits, weights = _data((100, 9, 4), torch.float32, cuda_device, seed=22)
+    other = next(name for name in ops.VARIANTS if name != ops.DEFAULT_VARIANT)
+    with ops.use_variant(other) as variant:
+        assert variant == ops.VARIANTS[other] and ops._active_variant == other
+        ensemble_reduce(logits, weights, backend="cuda")
+    assert ops._active_variant == ops.DEFAULT_VARIANT
+    assert {key[3] for key in ops._kernels if key[0] == "ensemble_forward"} >= {other}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lightning_ig import report as report_module
+from lightning_ig.statistics import completeness
 from lightning_ig.report import (
     SCHEMA_VERSION,
     build_report,
@@ -98,9 +99,9 @@ def test_feature_statistics_flatten_multidimensional_inputs():
 
 
 def test_feature_names_checked():
-    with pytest.raises(ValueError, match="feature_names has 2 names but the attributions have 3 features"):
+    with pytest.raises(ValueError, match="feature_names has 2 names but there are 3 features"):
         feature_statistics(torch.zeros(2, 3), ["a", "b"])
-    with pytest.raises(TypeError, match="feature_names must be a sequence of strings"):
+    with pytest.raises(TypeError, match="feature_names must be a list of strings"):
         feature_statistics(torch.zeros(2, 3), "abc")
     with pytest.raises(ValueError, match="num_states"):
         feature_statistics(torch.zeros(3), None)
@@ -110,7 +111,7 @@ def test_top_features_order_and_ties():
     stats = feature_statistics(torch.tensor([[1.0, 3.0, 3.0, 2.0]]), ["a", "b", "c", "d"])
     assert [f["name"] for f in top_features(stats, 3)] == ["b", "c", "d"]
     assert [f["name"] for f in top_features(stats, 10)] == ["b", "c", "d", "a"]
-    with pytest.raises(ValueError, match="k must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
         top_features(stats, 0)
 
 
@@ -127,18 +128,43 @@ def test_completeness_summary_keeps_degenerate_states_apart(result):
     assert summary["per_state"][2]["relative_error"] is None
     assert summary["per_state"][2]["degenerate"] is True
     assert summary["mean_abs_error"] == pytest.approx(result.delta.abs().double().mean().item())
-    for i in regular:
+    for i in regular:  # delta was computed in float32 from numbers of this size
         state = summary["per_state"][i]
-        assert state["sum_attributions"] - state["f_input_minus_f_baseline"] == pytest.approx(
-            result.delta[i].item(), abs=1e-5
-        )
+        size = abs(state["sum_attributions"]) + abs(state["f_input_minus_f_baseline"])
+        gap = state["sum_attributions"] - state["f_input_minus_f_baseline"]
+        assert abs(gap - result.delta[i].item()) <= 4 * float(torch.finfo(torch.float32).eps) * size
 
 
-def test_completeness_all_degenerate_gives_zero_worst():
+def test_completeness_all_degenerate_reads_as_nothing_checked():
+    # was: worst_relative_error 0.0, a perfect score for "no state could be checked"
     attributions = torch.zeros(3, 2)
-    summary = completeness_summary(make_result(attributions, torch.zeros(3), torch.zeros(3)))
-    assert summary["worst_relative_error"] == 0.0
-    assert summary["num_degenerate"] == 3
+    result = make_result(attributions, torch.zeros(3), torch.zeros(3))
+    summary = completeness_summary(result)
+    assert summary["worst_relative_error"] is None
+    assert summary["num_degenerate"] == 3 and summary["num_checked"] == 0
+    numbers = completeness(result)
+    assert math.isnan(numbers.worst_relative_error) and numbers.verdict == "unchecked"
+    report = build_report(result, feature_names=None, forward_target="mean")
+    assert report["num_degenerate"] == 3 and report["non_finite_states"] == []
+    jsonschema.validate(json.loads(report_to_json(report)), load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_a_non_finite_state_is_never_clean():
+    # was: an infinite output counted as "degenerate" and skipped, worst_relative_error 0.0
+    attributions = torch.ones(3, 2)
+    f_input = torch.tensor([2.0, math.inf, 2.0])
+    result = make_result(attributions, f_input, torch.zeros(3))
+    result = dataclasses.replace(result, degenerate=torch.tensor([False, True, False]))  # what the old engine said
+    numbers = completeness(result)
+    assert numbers.worst_relative_error == math.inf and numbers.verdict == "non-finite"
+    assert numbers.num_non_finite == 1 and numbers.first_non_finite == 1 and numbers.num_degenerate == 0
+    report = build_report(result, feature_names=None, forward_target="mean")
+    assert report["non_finite_states"] == [1]
+    assert report["completeness"]["worst_relative_error"] is None
+    assert report["completeness"]["per_state"][1]["non_finite"] is True
+    nan_attribution = dataclasses.replace(make_result(attributions, torch.full((3,), 2.0), torch.zeros(3)))
+    nan_attribution.attributions[2, 0] = math.nan
+    assert build_report(nan_attribution, feature_names=None, forward_target="mean")["non_finite_states"] == [2]
 
 
 def test_spearman_matches_definition_with_ties():
@@ -176,7 +202,7 @@ def test_topk_jaccard():
     assert topk_jaccard([3.0, 2.0, 1.0, 0.0], [3.0, 0.0, 1.0, 2.0], 2) == pytest.approx(1 / 3)
     assert topk_jaccard([3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0], 2) == 0.0
     assert topk_jaccard([1.0, 2.0], [2.0, 1.0], 10) == 1.0  # k clipped to the number of features
-    with pytest.raises(ValueError, match="k must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
         topk_jaccard([1.0], [1.0], 0)
 
 
@@ -220,7 +246,7 @@ def test_schema_rejects_a_report_missing_a_contract_key(result):
 def test_build_report_argument_errors(result):
     with pytest.raises(ValueError, match="contract keys"):
         build_report(result, feature_names=None, forward_target="mean", extra={"features": []})
-    with pytest.raises(ValueError, match="top_k must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="top_k must be an int >= 1, got 0"):
         build_report(result, feature_names=None, forward_target="mean", top_k=0)
     with pytest.raises(ValueError, match="feature_names has 3 names"):
         build_report(result, feature_names=["a", "b", "c"], forward_target="mean")
@@ -259,3 +285,46 @@ def test_non_finite_values_become_null(result):
     assert report["features"][1]["mean_abs"] is None
     document = json.loads(report_to_json(report))
     jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_groups_and_the_new_keys_validate_against_the_schema(result):
+    report = build_report(result, feature_names=["a", "b", "c", "d"], forward_target="mean", groups={"ab": [0, 1], "c": [2]})
+    groups = report["groups"]
+    assert [(g["name"], g["members"]) for g in groups] == [("ab", 2), ("c", 1), ("other", 1)]
+    flat = result.attributions.double()
+    ab = flat[:, 0] + flat[:, 1]
+    assert groups[0]["mean_abs"] == pytest.approx(ab.abs().mean().item(), rel=1e-12)
+    assert groups[0]["mean_signed"] == pytest.approx(ab.mean().item(), rel=1e-12)
+    assert groups[0]["stddev"] == pytest.approx(ab.std(unbiased=False).item(), rel=1e-12)
+    assert report["stochastic_forward"] is False and report["non_finite_states"] == [] and report["num_degenerate"] == 1
+    schema = load_schema()
+    jsonschema.validate(json.loads(report_to_json(report)), schema, cls=jsonschema.Draft202012Validator)
+    for key in ("groups", "non_finite_states", "num_degenerate", "stochastic_forward"):
+        assert key in schema["properties"] and schema["properties"][key]["description"]
+    broken = json.loads(report_to_json(report))
+    broken["groups"][0]["members"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_large_reports_are_written_one_feature_per_line(tmp_path):
+    attributions = torch.randn(4, 3, 20, 20, generator=torch.Generator().manual_seed(3))
+    result = make_result(attributions, attributions.reshape(4, -1).sum(1), torch.zeros(4))
+    report = build_report(result, feature_names=None, forward_target="mean", groups="channels")
+    text = report_to_json(report)
+    assert json.loads(text) == json.loads(json.dumps(report))  # the same document as json.dumps writes
+    lines = text.splitlines()
+    assert sum(line.lstrip().startswith('{"name": "x[') for line in lines) == 1200 + 10  # features + top 10
+    assert len(lines) < 1400
+
+
+def test_report_files_follow_the_umask(result, tmp_path):
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        path = write_report(build_report(result, feature_names=None, forward_target="mean"), tmp_path / "r.json")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

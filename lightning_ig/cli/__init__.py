@@ -24,6 +24,19 @@ head), so consumers of single reports read them unchanged. Every head is
 checked before the first IG run and all reports are written at the end: a
 mistake in any head writes none.
 
+Images, wide vectors and ensembles: ``--feature-groups channels|features|PATH``
+adds the report's ``groups`` (a group's attribution is the sum of its members',
+so completeness holds per group too); PATH is a JSON file holding
+``{"name": [flat indices], ...}``, ``{"name": nested true/false mask, ...}`` or an
+integer mask shaped like one state (Captum's ``feature_mask``).
+``--saliency DIR`` also writes ``saliency.png`` (the report's states with their
+signed attributions blended over them) and ``saliency_mean_abs.png`` for states
+with spatial dimensions, ``(C, H, W)`` or ``(C, L)``. A checkpoint of an
+:class:`~lightning_ig.ensemble.Ensemble` is attributed as its aggregate (target
+``output``); every member's own signal is attributed too, in one batched run,
+and summarised under the report's ``ensemble`` key (agreement with the
+aggregate, per-member completeness and top features).
+
 Outputs are checked before anything is loaded: ``--output`` (and each
 ``--all-heads`` report) may not be the checkpoint, a states, baseline or
 feature-names file, a folder (``dir/`` included), a device or a FIFO, and its
@@ -56,13 +69,15 @@ Exit status:
 =====  ========================================================================
 
 The parts: :mod:`.parser` (flags and help), :mod:`.diag` (the diag command's
-steps), :mod:`.head_inputs` (one head's checked inputs), :mod:`.show` (reading
+steps), :mod:`.head_inputs` (one head's checked inputs), :mod:`.feature_groups`
+(``--feature-groups``), :mod:`.show` (reading
 and printing reports), :mod:`.progress`, :mod:`.interrupts` (Ctrl-C),
 :mod:`.exits` (statuses and the user-mistake error).
 
 Example::
 
     lightning-ig diag --checkpoint q.safetensors --states auto --output ig_report.json
+    lightning-ig diag --checkpoint minatar.safetensors --feature-groups channels --saliency saliency/
     lightning-ig show ig_report.json
 """
 

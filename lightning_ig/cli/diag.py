@@ -11,15 +11,16 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lightning_ig._files import OutputPathError, check_output_file
+from lightning_ig._files import OutputPathError, check_output_dir, check_output_file
 from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
 from lightning_ig.cli.exits import EXIT_OK, PROG, NonFiniteError, UsageError
+from lightning_ig.cli.feature_groups import is_named_form
 from lightning_ig.cli.head_inputs import HeadRun, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
 from lightning_ig.cli.progress import Progress
@@ -35,12 +36,15 @@ class _Attributed:
     run: HeadRun
     result: Any  # IGResult
     report: dict[str, Any]
+    members: Any = None  # the IGResult of an ensemble's members (target="each"), or None
+    saliency: list[Path] = field(default_factory=list)  # the PNGs written for this head
 
 
 def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
     """Run ``diag``; the exit status (see the module docstring of :mod:`lightning_ig.cli`)."""
     _check_flag_combinations(args)
     plan = _plan(args)  # every output checked before anything is loaded
+    saliency = None if args.saliency is None else _checked_folder(args.saliency)
     device = parse_device(args.device)
     if args.backend == "cuda" and device.type != "cuda":
         raise UsageError("--backend cuda runs on a CUDA device; add --device cuda (or use --backend auto)")
@@ -57,6 +61,8 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     with interrupts.raising():
         for head in attributed:
             _write(head)
+            if saliency is not None:
+                head.saliency = _write_saliency(head, saliency, suffix=f".{head.run.label}" if args.all_heads else "")
     _summarise(attributed, args)
     _raise_if_non_finite(attributed)  # after writing: a user debugging a diverged run wants the reports
     return EXIT_OK
@@ -103,7 +109,16 @@ def _inputs(args: argparse.Namespace) -> list[str | Path]:
         inputs.append(args.feature_names)
     if args.baseline not in ("zeros", "mean") and Path(args.baseline).exists():
         inputs.append(args.baseline)
+    if args.feature_groups is not None and not is_named_form(args.feature_groups):
+        inputs.append(args.feature_groups)
     return inputs
+
+
+def _checked_folder(path: str) -> Path:
+    try:
+        return check_output_dir(path, what="--saliency")
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
 
 
 def _checked_output(path: str | Path, what: str, inputs: Sequence[str | Path]) -> Path:
@@ -138,22 +153,17 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     from lightning_ig.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.report import build_report  # noqa: PLC0415
 
+    options = {"n_steps": args.num_steps, "method": args.method, "gradient": args.gradient, "backend": args.backend,
+               "internal_batch_size": args.internal_batch_size, "completeness_tol": args.completeness_tol}  # fmt: skip
     # A stochastic forward is said once, in this command's words (_refuse_stochastic), not as a warning too.
     with noise_disabled(run.model), warnings.catch_warnings():
         warnings.simplefilter("ignore", StochasticForwardWarning)
-        result = integrated_gradients(
-            run.model,
-            run.states,
-            run.baselines,
-            target=run.target,
-            n_steps=args.num_steps,
-            method=args.method,
-            gradient=args.gradient,
-            internal_batch_size=args.internal_batch_size,
-            backend=args.backend,
-            completeness_tol=args.completeness_tol,
-        )
+        result = integrated_gradients(run.model, run.states, run.baselines, target=run.target, **options)
+        # An ensemble: every member's own signal too, all members in one run, on the same states and baselines.
+        members = integrated_gradients(run.model.member_signals, run.states, run.baselines, target="each", **options) if _is_ensemble(run) else None  # fmt: skip
     extra = {**run.extra, "num_steps_requested": args.num_steps}
+    if members is not None:
+        extra["ensemble"] = _ensemble_key(run, result, members, args.top_k)
     report = build_report(
         result,
         feature_names=run.feature_names,
@@ -162,14 +172,29 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         regime_head=run.label,
         top_k=args.top_k,
         extra=extra,
+        groups=run.groups,
     )
     # the documented extra key, beside the schema-v1 keys (the report module may write it already)
     report.setdefault("non_finite_states", torch.nonzero(result.non_finite).flatten().tolist())
-    return _Attributed(run, result, report)
+    return _Attributed(run, result, report, members)
+
+
+def _is_ensemble(run: HeadRun) -> bool:
+    """The model is an ensemble whose aggregate (one value per state) is what the report attributes."""
+    from lightning_ig.ensemble import is_ensemble  # noqa: PLC0415
+
+    return run.target is None and is_ensemble(run.model)
+
+
+def _ensemble_key(run: HeadRun, result: Any, members: Any, top_k: int) -> dict[str, Any]:
+    from lightning_ig.ensemble import ensemble_summary  # noqa: PLC0415
+
+    weights = getattr(run.model, "weights", None)
+    return ensemble_summary(result, members, weights=weights, feature_names=run.feature_names, top_k=top_k)
 
 
 def _refuse_stochastic(attributed: Sequence[_Attributed]) -> None:
-    stochastic = [head for head in attributed if head.result.stochastic]
+    stochastic = [head for head in attributed if head.result.stochastic or (head.members is not None and head.members.stochastic)]
     if stochastic:
         which = f" (head {stochastic[0].run.label})" if stochastic[0].run.label else ""
         raise UsageError(
@@ -205,6 +230,22 @@ def _write(head: _Attributed) -> None:
         ) from None
 
 
+def _write_saliency(head: _Attributed, folder: Path, *, suffix: str) -> list[Path]:
+    """The report's states with their attributions blended over them, and the mean |attribution| per channel."""
+    import numpy as np  # noqa: PLC0415
+
+    from lightning_ig.saliency import mean_abs_image, saliency_grid, write_png  # noqa: PLC0415
+
+    states = head.run.states.detach().to("cpu", torch.float64).numpy()
+    attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()
+    grid = saliency_grid(states, attributions)
+    mean_abs = mean_abs_image(np.abs(attributions).mean(axis=0), len(states))
+    try:
+        return [write_png(grid.pixels, folder / f"saliency{suffix}.png"), write_png(mean_abs.pixels, folder / f"saliency_mean_abs{suffix}.png")]
+    except OSError as error:  # checked before the run; the disk or the folder changed since
+        raise UsageError(f"cannot write --saliency {str(folder)!r} ({error.strerror or error}); check the folder's space and permissions") from None
+
+
 def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:
     for head in attributed:
         report = head.report
@@ -213,11 +254,20 @@ def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> N
                 f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
                 f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
             )
+            if head.saliency:
+                print(f"wrote {', '.join(map(str, head.saliency))}")
         worst = report["completeness"]["worst_relative_error"]
         if not args.quiet and worst is not None and worst > args.completeness_tol:
             print(
                 f"{PROG}: warning: worst relative completeness error {100 * worst:.3g}% exceeds "
                 f"--completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
+                file=sys.stderr,
+            )
+        member_worst = max((m["worst_relative_error"] or 0.0 for m in report.get("ensemble", {}).get("members", [])), default=0.0)
+        if not args.quiet and member_worst > args.completeness_tol:
+            print(
+                f"{PROG}: warning: an ensemble member's worst relative completeness error {100 * member_worst:.3g}% "
+                f"exceeds --completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
                 file=sys.stderr,
             )
 

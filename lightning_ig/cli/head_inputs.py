@@ -2,7 +2,7 @@
 
 The model (from the checkpoint, by prefix, or a Lightning ``.ckpt``), the states
 (sampled from those stored, or a file; converted to the model's dtype), the
-feature names, the target and the baseline. Every mistake is a
+feature names, the feature groups, the target and the baseline. Every mistake is a
 :class:`~lightning_ig.cli.exits.UsageError` naming the input and what to do.
 """
 
@@ -21,6 +21,9 @@ from torch import Tensor, nn
 
 from lightning_ig.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint, load_lightning_checkpoint, load_states, states_beside
 from lightning_ig.cli.exits import UsageError
+from lightning_ig.cli.feature_groups import resolve_feature_groups
+from lightning_ig.groups import FeatureGroups
+from lightning_ig.saliency import saliency_kind
 from lightning_ig.vocabulary import check_feature_names, check_finite, check_states, default_feature_names, target_label
 
 __all__ = ["HeadRun", "parse_device", "prepare_head"]
@@ -40,6 +43,7 @@ class HeadRun:
     forward_target: str  # vocabulary.target_label(target)
     baselines: Any
     extra: dict[str, Any] = field(default_factory=dict)
+    groups: FeatureGroups | None = None  # --feature-groups, resolved against the states' feature shape
 
 
 def parse_device(text: str) -> torch.device:
@@ -70,12 +74,18 @@ def prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | N
     states, extra = _states(args, loaded, prefix, device, dtype, what)
     target = _target(args.target, _probe(model, states, extra["states_from"]))  # the width first: the root of most mismatches
     names = _feature_names(args, loaded, states, what)
+    groups = resolve_feature_groups(args.feature_groups, states.shape[1:], names)
+    if args.saliency is not None and saliency_kind(tuple(states.shape[1:])) is None:
+        raise UsageError(
+            f"--saliency draws states with spatial dimensions, (C, H, W) or (C, L); the states of {what} have feature "
+            f"shape {tuple(states.shape[1:])}: drop --saliency (the report has every feature's attribution)"
+        )
     baselines, baseline_label = _baseline(args.baseline, states)
     extra = {
         "architecture": loaded.architecture, "prefix": loaded.prefix, "device": str(device), "command": "diag",
         **extra, "baseline": baseline_label,
     }  # fmt: skip
-    return HeadRun(label, prefix, output, model, states, names, target, target_label(target), baselines, extra)
+    return HeadRun(label, prefix, output, model, states, names, target, target_label(target), baselines, extra, groups)
 
 
 def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) -> LoadedCheckpoint:

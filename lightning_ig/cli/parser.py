@@ -242,6 +242,19 @@ def _add_diag(commands: Any) -> None:
     out = diag.add_argument_group("output")
     out.add_argument("--output", default="ig_report.json", metavar="PATH", help="the JSON report (checked first, written atomically)")
     out.add_argument("--top-k", type=_positive_int, default=10, metavar="K", help="features listed in top_10_by_mean_abs")
+    out.add_argument(
+        "--feature-groups", metavar="channels|features|PATH",
+        help="also report feature groups (the report's 'groups': a group's attribution is the sum of its members'): "
+        "'channels' (dim 0 of (C, H, W) or (C, L) states), 'features', or a JSON file holding {\"name\": [flat "
+        "indices], ...}, {\"name\": nested true/false mask shaped like a state, ...} or an integer mask shaped "
+        "like a state (equal ids form a group)",
+    )
+    out.add_argument(
+        "--saliency", metavar="DIR",
+        help="also write saliency PNGs of the report's states to DIR (created if missing, checked first): "
+        "saliency.png (each state with its signed attribution over it) and saliency_mean_abs.png (mean |attribution| "
+        "per channel); with --all-heads, saliency.<head>.png, ...; needs states with spatial dims, (C, H, W) or (C, L)",
+    )
     out.add_argument("--quiet", action="store_true", help="no progress or summary lines")
     out.add_argument("--debug", action="store_true", help="show the traceback of an unexpected failure")
 

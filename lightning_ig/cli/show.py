@@ -1,5 +1,10 @@
 """``lightning-ig show``: a report as a table, and the words for its completeness that ``diag`` prints too.
 
+The table lists the top features, the feature groups (when the report has
+``groups``), completeness, the members of an ensemble (when it has ``ensemble``:
+their agreement with the aggregate and their completeness) and the states with
+the largest completeness error.
+
 A report is read tolerantly: a missing or odd part (``"completeness": null``, a
 feature without numbers) is said in the table, not fatal. Only a file that is not a
 JSON object of schema version 1 is refused (exit status 2, one line).
@@ -67,7 +72,10 @@ def _text(value: Any, width: int | None = None) -> str:
 
 
 def _number(value: Any, width: int = 11) -> str:
+    """``value`` in ``width`` characters (``0``: as wide as it needs), or ``n/a``."""
     real = _real(value)
+    if width == 0:
+        return "n/a" if real is None else f"{real:.4g}"
     return "n/a".rjust(width) if real is None else f"{real:{width}.4g}"
 
 
@@ -101,7 +109,9 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     """The table ``show`` prints for one report."""
     lines = [path, _header(report), ""]
     lines += _feature_lines(report, top)
+    lines += _group_lines(report, top)
     lines += ["", "  completeness: " + completeness_words(report) + _mean_abs_error(report)]
+    lines += _ensemble_lines(report)
     if report.get("stochastic_forward") is True:
         lines.append("  warning: the forward gave different values for the same state; these attributions are not reproducible")
     lines += _worst_state_lines(report, worst_states)
@@ -132,6 +142,42 @@ def _feature_lines(report: Mapping[str, Any], top: int) -> list[str]:
         lines.append(
             f"  {rank:>4}  {_text(feature.get('name'), 24):<24} {_number(feature.get('mean_abs'))} "
             f"{_number(feature.get('stddev'))} {_number(feature.get('mean_signed'))}"
+        )
+    return lines
+
+
+def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
+    """The groups (``--feature-groups``, or the callback's), largest mean |attribution| first; nothing without groups."""
+    groups = _records(report.get("groups"))
+    if not groups:
+        return []
+    ranked = sorted(groups, key=lambda group: -(_real(group.get("mean_abs")) or -math.inf))
+    lines = ["", f"  groups by mean |attribution| ({len(groups)} groups; a group's attribution is the sum of its members')",
+             f"  {'rank':>4}  {'group':<24} {'members':>8} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}"]  # fmt: skip
+    for rank, group in enumerate(ranked[:top], start=1):
+        members = group.get("members")
+        lines.append(
+            f"  {rank:>4}  {_text(group.get('name'), 24):<24} {_text(members):>8} {_number(group.get('mean_abs'))} "
+            f"{_number(group.get('stddev'))} {_number(group.get('mean_signed'))}"
+        )
+    return lines
+
+
+def _ensemble_lines(report: Mapping[str, Any]) -> list[str]:
+    """How far the members of an ensemble agree with the aggregate, and each member's completeness."""
+    ensemble = report.get("ensemble")
+    if not isinstance(ensemble, dict):
+        return []
+    agreement, members = _mapping(ensemble.get("agreement")), _records(ensemble.get("members"))
+    lines = ["", f"  ensemble of {_text(ensemble.get('num_members'))} members: Spearman of each member's feature ranking "
+                 f"with the aggregate's: mean {_number(agreement.get('spearman_mean'), 0)}, lowest "
+                 f"{_number(agreement.get('spearman_min'), 0)}; relative spread {_number(agreement.get('relative_spread'), 0)}",
+             f"  {'member':>6} {'weight':>11} {'spearman':>11} {'rel.error':>11}  top features"]  # fmt: skip
+    for member in members:
+        top = ", ".join(_text(feature.get("name"), 16) for feature in _records(member.get("top_features"))[:3])
+        lines.append(
+            f"  {_text(member.get('member'), 6):>6} {_number(member.get('weight'))} {_number(member.get('spearman_vs_aggregate'))} "
+            f"{_number(member.get('worst_relative_error'))}  {top}"
         )
     return lines
 

@@ -9,6 +9,8 @@
   ``"Ensemble"`` so checkpoints rebuild it.
 * :func:`member_agreement`, :func:`ensemble_summary`, :func:`agreement_scalars`:
   whether the members rely on the same features as the aggregate.
+* :class:`MemberAttribution`, :class:`MemberRun`: each member attributed in one
+  batched run beside the aggregate, gathered across ranks with it (the callback).
 
 Example::
 
@@ -18,7 +20,15 @@ Example::
     summary = ensemble_summary(aggregate, members, weights=ensemble.weights)
 """
 
-from lightning_ig.ensemble.agreement import agreement_scalars, ensemble_summary, mean_abs_per_feature, member_agreement
+from lightning_ig.ensemble.agreement import (
+    agreement_scalars,
+    completeness_scalars,
+    ensemble_summary,
+    mean_abs_per_feature,
+    member_agreement,
+    member_summary,
+)
+from lightning_ig.ensemble.members import MemberAttribution, MemberRun, find_ensemble, pack_members
 from lightning_ig.ensemble.module import Ensemble, is_ensemble
 from lightning_ig.ensemble.reduce import REDUCE_DIMS, EnsembleReduce, ensemble_reduce, member_means
 
@@ -32,5 +42,11 @@ __all__ = [
     "mean_abs_per_feature",
     "member_agreement",
     "ensemble_summary",
+    "member_summary",
     "agreement_scalars",
+    "completeness_scalars",
+    "find_ensemble",
+    "MemberAttribution",
+    "MemberRun",
+    "pack_members",
 ]

@@ -4,10 +4,11 @@ Pure host-side functions over the attributions of two IG runs on an
 :class:`~lightning_ig.ensemble.Ensemble`: the aggregate's (``target`` the
 ensemble's forward, attributions ``(B, *feature_shape)``) and every member's
 (``ensemble.member_signals`` with ``target="each"``, attributions
-``(M, B, *feature_shape)``). The callback logs :func:`agreement_scalars` as
-``ig/ensemble/<key>``; ``lightning-ig diag`` writes :func:`ensemble_summary`
-under the report's ``"ensemble"`` key. Everything runs in float64 on a host
-copy, so the numbers do not depend on the device.
+``(M, B, *feature_shape)``). The callback logs :func:`agreement_scalars` and
+:func:`completeness_scalars` as ``ig/ensemble/<key>``; the callback's reports
+and ``lightning-ig diag`` write :func:`member_summary` (:func:`ensemble_summary`
+on two IG results) under the report's ``"ensemble"`` key. Everything runs in
+float64 on a host copy, so the numbers do not depend on the device.
 
 Definitions, over ``F`` flattened features:
 
@@ -33,17 +34,31 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from lightning_ig.ensemble.members import MemberRun
 from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
 
-__all__ = ["mean_abs_per_feature", "member_agreement", "ensemble_summary", "agreement_scalars"]
+__all__ = [
+    "agreement_scalars",
+    "completeness_scalars",
+    "ensemble_scalar_names",
+    "ensemble_summary",
+    "mean_abs_per_feature",
+    "member_agreement",
+    "member_label",
+    "member_summary",
+]
 
 
 class _AttributionRun(Protocol):
     """The fields of an :class:`~lightning_ig.attribution.IGResult` read here."""
 
     attributions: torch.Tensor
+    f_input: torch.Tensor
+    f_baseline: torch.Tensor
+    delta: torch.Tensor
     relative_error: torch.Tensor
     degenerate: torch.Tensor
+    non_finite: torch.Tensor
 
 
 def _host(values: Any, name: str) -> np.ndarray:
@@ -125,6 +140,17 @@ def member_agreement(aggregate_mean_abs: Any, member_mean_abs: Any) -> dict[str,
     }
 
 
+def member_label(index: int, num_members: int) -> str:
+    """``member_<m>``, with ``m`` zero-padded to the width of ``num_members - 1`` so that tags sort as numbers.
+
+    Example::
+
+        >>> member_label(3, 12)
+        'member_03'
+    """
+    return f"member_{index:0{len(str(max(0, num_members - 1)))}d}"
+
+
 def agreement_scalars(agreement: dict[str, Any]) -> dict[str, float]:
     """The scalars to log, keyed by tag suffix: ``ig/ensemble/<key>``.
 
@@ -133,8 +159,8 @@ def agreement_scalars(agreement: dict[str, Any]) -> dict[str, float]:
 
     Returns:
         ``spearman_mean``, ``spearman_min``, ``spread``, ``relative_spread`` and
-        ``spearman/member_<m>`` for each member, as floats (NaN where undefined;
-        a JSON ``None`` is read back as NaN).
+        ``spearman/member_<m>`` for each member (see :func:`member_label`), as floats
+        (NaN where undefined; a JSON ``None`` is read back as NaN).
 
     Example::
 
@@ -146,8 +172,39 @@ def agreement_scalars(agreement: dict[str, Any]) -> dict[str, float]:
         return math.nan if value is None else float(value)
 
     scalars = {key: number(agreement[key]) for key in ("spearman_mean", "spearman_min", "spread", "relative_spread")}
-    scalars.update({f"spearman/member_{index}": number(value) for index, value in enumerate(agreement["spearman"])})
+    count = len(agreement["spearman"])
+    scalars.update({f"spearman/{member_label(index, count)}": number(value) for index, value in enumerate(agreement["spearman"])})
     return scalars
+
+
+def ensemble_scalar_names(num_members: int) -> list[str]:
+    """Every key of :func:`agreement_scalars` and :func:`completeness_scalars` for ``num_members`` members.
+
+    Example::
+
+        >>> ensemble_scalar_names(2)[-3:]
+        ['completeness/worst_relative_error', 'completeness/member_0', 'completeness/member_1']
+    """
+    members = [member_label(m, num_members) for m in range(num_members)]
+    agreement = ["spearman_mean", "spearman_min", "spread", "relative_spread", *(f"spearman/{m}" for m in members)]
+    return [*agreement, "completeness/worst_relative_error", *(f"completeness/{m}" for m in members)]
+
+
+def completeness_scalars(run: MemberRun) -> dict[str, float]:
+    """Each member's worst relative completeness error, keyed ``completeness/member_<m>``, and the worst of all.
+
+    ``inf`` where a member's forward or attributions were NaN/Inf, NaN where none of
+    its states could be checked (the same rules as the aggregate's
+    ``completeness/worst_relative_error``).
+    """
+    worst = run.worst_relative_errors()
+    scalars = {f"completeness/{member_label(m, len(worst))}": float(value) for m, value in enumerate(worst)}
+    if np.isinf(worst).any():
+        overall = math.inf
+    else:
+        checked = worst[~np.isnan(worst)]
+        overall = float(checked.max()) if checked.size else math.nan
+    return {"completeness/worst_relative_error": overall, **scalars}
 
 
 def ensemble_summary(
@@ -158,16 +215,54 @@ def ensemble_summary(
     feature_names: Sequence[str] | None = None,
     top_k: int = 10,
 ) -> dict[str, Any]:
-    """Per-member summaries beside the aggregate's report: the ``"ensemble"`` key of a diag report.
+    """Per-member summaries beside the aggregate's report: the ``"ensemble"`` key of a report.
 
     Args:
         aggregate: the IG result of the ensemble's forward (attributions ``(B, *feature_shape)``).
         members: the IG result of ``ensemble.member_signals`` with ``target="each"``
-            (attributions ``(M, B, *feature_shape)``, ``relative_error`` and
-            ``degenerate`` ``(M, B)``), on the same states and baselines.
+            (attributions ``(M, B, *feature_shape)``; ``f_input``, ``f_baseline``,
+            ``delta``, ``relative_error``, ``degenerate``, ``non_finite`` ``(M, B)``),
+            on the same states and baselines.
         weights: the members' weights (``ensemble.weights``), or ``None``.
         feature_names: one per flattened feature; ``None`` names them ``x0, x1, ...``.
         top_k: how many features each member lists (default 10; clipped to ``F``).
+
+    Returns:
+        A JSON-ready dict (non-finite numbers as ``None``); see :func:`member_summary`.
+
+    Raises:
+        ValueError: the two runs' shapes do not fit, weights of the wrong length,
+            bad ``feature_names`` or ``top_k``.
+    """
+    check_positive_int(top_k, "top_k")
+    aggregate_mean_abs = mean_abs_per_feature(aggregate.attributions)
+    shape = tuple(members.attributions.shape)
+    if len(shape) < 3 or shape[1:] != tuple(aggregate.attributions.shape):
+        raise ValueError(
+            f"members.attributions must be (M, *aggregate shape) = (M, {', '.join(map(str, aggregate.attributions.shape))}), "
+            f"got {shape}; attribute ensemble.member_signals with target='each' on the same states"
+        )
+    run = MemberRun.from_result(members, weights=_weight_list(weights, shape[0]))
+    return member_summary(aggregate_mean_abs, run, feature_names=feature_names, top_k=top_k,
+                          feature_shape=tuple(aggregate.attributions.shape[1:]))  # fmt: skip
+
+
+def member_summary(
+    aggregate_mean_abs: Any,
+    run: MemberRun,
+    *,
+    feature_names: Sequence[str] | None = None,
+    top_k: int = 10,
+    feature_shape: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The ``"ensemble"`` key of a report, from the aggregate's mean |attribution| and the members' host numbers.
+
+    Args:
+        aggregate_mean_abs: ``(F,)`` the aggregate's mean |attribution| per feature.
+        run: the members' :class:`~lightning_ig.ensemble.members.MemberRun` (gathered over ranks).
+        feature_names: one per flattened feature; ``None``: the default names of ``feature_shape``.
+        top_k: how many features each member lists (clipped to ``F``).
+        feature_shape: the shape of one state (for the default names); default ``(F,)``.
 
     Returns:
         A JSON-ready dict (non-finite numbers as ``None``)::
@@ -177,66 +272,58 @@ def ensemble_summary(
              "members": [{"member": m, "weight": float | None,
                           "spearman_vs_aggregate": float | None,
                           "worst_relative_error": float | None,  # IG completeness of member m
-                          "num_degenerate": int,
-                          "top_features": [{"name", "mean_abs", "mean_signed"}, ...]}, ...]}
+                          "num_degenerate": int, "num_non_finite": int,
+                          "mean_abs_error": float | None,
+                          "top_features": [{"name", "mean_abs", "mean_signed"}, ...],
+                          "per_state": [{"state_idx", "sum_attributions",
+                                         "f_input_minus_f_baseline", "relative_error"}, ...]}, ...]}
 
         ``worst_relative_error`` is the largest over the member's checked states
-        (degenerate states are kept out; ``None`` when none could be checked or
-        a state is non-finite; ``num_degenerate`` says how many were left out).
-
-    Raises:
-        ValueError: the two runs' shapes do not fit, weights of the wrong length,
-            bad ``feature_names`` or ``top_k``.
+        (``None`` when none could be checked or a state is non-finite;
+        ``num_degenerate`` and ``num_non_finite`` say how many were left out).
     """
     from lightning_ig.report import rank_order  # noqa: PLC0415 - the report's one feature ordering
 
     check_positive_int(top_k, "top_k")
-    aggregate_mean_abs = mean_abs_per_feature(aggregate.attributions)
-    member_values = _host(members.attributions, "members.attributions")
-    if member_values.ndim < 3 or tuple(member_values.shape[1:]) != tuple(aggregate.attributions.shape):
-        raise ValueError(
-            f"members.attributions must be (M, *aggregate shape) = (M, {', '.join(map(str, aggregate.attributions.shape))}), "
-            f"got {member_values.shape}; attribute ensemble.member_signals with target='each' on the same states"
-        )
-    count = member_values.shape[0]
-    flat = member_values.reshape(count, member_values.shape[1], -1)  # (M, B, F)
-    member_mean_abs = np.abs(flat).mean(axis=1)  # (M, F)
-    member_mean_signed = flat.mean(axis=1)
-    names = _feature_names(feature_names, aggregate.attributions.shape[1:])
-    weight_list = _weight_list(weights, count)
-    agreement = member_agreement(aggregate_mean_abs, member_mean_abs)
-    relative_error = _host(members.relative_error, "members.relative_error").reshape(count, -1)
-    degenerate = _host(members.degenerate, "members.degenerate").reshape(count, -1)
+    count = run.num_members
+    names = _feature_names(feature_names, feature_shape if feature_shape is not None else (run.mean_abs.shape[1],))
+    agreement = member_agreement(aggregate_mean_abs, run.mean_abs)
+    worst, mean_abs_error = run.worst_relative_errors(), run.mean_abs_errors()
     summaries = []
     for m in range(count):
-        top = rank_order(member_mean_abs[m])[: min(top_k, len(names))]
+        top = rank_order(run.mean_abs[m])[: min(top_k, len(names))]
         summaries.append(
             {
                 "member": m,
-                "weight": None if weight_list is None else weight_list[m],
+                "weight": None if run.weights is None else run.weights[m],
                 "spearman_vs_aggregate": _json_float(agreement["spearman"][m]),
-                "worst_relative_error": _json_float(_worst(relative_error[m])),
-                "num_degenerate": int(degenerate[m].sum()),
+                "worst_relative_error": _json_float(worst[m]),
+                "num_degenerate": int(run.degenerate[m].sum()),
+                "num_non_finite": int(run.non_finite[m].sum()),
+                "mean_abs_error": _json_float(mean_abs_error[m]),
                 "top_features": [
-                    {"name": names[i], "mean_abs": _json_float(member_mean_abs[m, i]), "mean_signed": _json_float(member_mean_signed[m, i])}
+                    {"name": names[i], "mean_abs": _json_float(run.mean_abs[m, i]), "mean_signed": _json_float(run.mean_signed[m, i])}
                     for i in top.tolist()
                 ],
+                "per_state": _per_state(run, m),
             }
         )
     return {
         "num_members": count,
-        "weights": weight_list,
+        "weights": run.weights,
         "agreement": {key: (_json_list(value) if isinstance(value, list) else _json_value(value)) for key, value in agreement.items()},
         "members": summaries,
     }
 
 
-def _worst(relative_error: np.ndarray) -> float:
-    """The IG contract's worst relative error: inf if any state is non-finite, NaN if none was checked."""
-    if np.isinf(relative_error).any():
-        return math.inf
-    checked = relative_error[~np.isnan(relative_error)]
-    return float(checked.max()) if checked.size else math.nan
+def _per_state(run: MemberRun, member: int) -> list[dict[str, Any]]:
+    difference = run.f_input[member] - run.f_baseline[member]
+    relative = np.where(run.degenerate[member] | run.non_finite[member], math.nan, run.relative_error[member])
+    return [
+        {"state_idx": index, "sum_attributions": _json_float(total), "f_input_minus_f_baseline": _json_float(diff),
+         "relative_error": _json_float(error)}
+        for index, (total, diff, error) in enumerate(zip(run.sum_attributions[member].tolist(), difference.tolist(), relative.tolist()))
+    ]  # fmt: skip
 
 
 def _feature_names(feature_names: Sequence[str] | None, feature_shape: Sequence[int]) -> list[str]:

@@ -15,6 +15,13 @@ and the twin agree bit for bit (``torch.exp`` on CUDA is the same libdevice
 ``expf`` the kernel calls; every other step is one exactly rounded operation);
 the twin is also the CPU and float64 path and the reference in tests.
 
+The kernels' tuning (rows per thread, loads in flight, register budget, the
+instruction sequences of the reciprocal and of ``/ K``) is chosen at compile time
+from :data:`VARIANTS`; :data:`DEFAULT_VARIANT` names the one every launch uses.
+All variants give the same bits; ``benchmarks/bench_ensemble.py --variants``
+times them on a device, and :func:`use_variant` switches for a ``with`` block.
+Each (variant, dtype) compiles once per device, with only that dtype's entry points.
+
 Everything here takes logits already checked and viewed as ``(B, M, K)`` and
 weights of length ``M`` on the same device (:mod:`lightning_ig.ensemble.reduce`
 checks them).
@@ -22,6 +29,8 @@ checks them).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,12 +39,80 @@ from torch import Tensor, nn
 
 from lightning_ig import _cuda
 
-__all__ = ["group_size", "member_means_torch", "forward_torch", "backward_torch", "TorchReduce", "reduce_cuda"]
+__all__ = [
+    "DEFAULT_VARIANT", "VARIANTS", "KernelVariant", "TorchReduce", "backward_torch", "forward_torch", "group_size",
+    "member_means_torch", "reduce_cuda", "use_variant",
+]  # fmt: skip
 
 # Launch geometry; it must match the constants at the top of kernels/ensemble.cu.
 _KERNEL_FILE = "ensemble.cu"
 _THREADS = 256  # LIG_ENS_THREADS
-_BLOCKS_PER_SM = 4  # LIG_ENS_MIN_BLOCKS: the grid fills every SM once
+_BACKWARD_BLOCKS_PER_SM = 4  # LIG_ENS_MIN_BLOCKS: the backward's grid fills every SM once
+
+
+# --------------------------------------------------------------------------- kernel variants
+
+
+class KernelVariant(NamedTuple):
+    """Compile-time tuning of ``kernels/ensemble.cu`` (the knobs documented at its top).
+
+    No knob changes a rounding: every variant gives the same bits as every other
+    (and as the twin in float32); they differ in speed only.
+    """
+
+    forward_rows: int  # LIG_ENS_FORWARD_ROWS: rows a forward thread works on at once
+    forward_min_blocks: int  # LIG_ENS_FORWARD_MIN_BLOCKS: register budget; the forward grid is this many blocks per SM
+    forward_depth: int  # LIG_ENS_FORWARD_DEPTH: 0 one member at a time; D: D vectors per row loaded before computing
+    lean: bool  # LIG_ENS_LEAN: branch-free exact reciprocal on [1, 2], / K as * (1 / K) for K = 2^n, unrolled tree
+
+    def options(self) -> tuple[str, ...]:
+        """The NVRTC ``-D`` options that select this variant."""
+        return (
+            f"-DLIG_ENS_FORWARD_ROWS={self.forward_rows}",
+            f"-DLIG_ENS_FORWARD_MIN_BLOCKS={self.forward_min_blocks}",
+            f"-DLIG_ENS_FORWARD_DEPTH={self.forward_depth}",
+            f"-DLIG_ENS_LEAN={int(self.lean)}",
+        )
+
+
+# Each compiles without register spills for sm_80 and sm_90 (tests/test_ensemble_variants.py
+# checks where nvcc exists); `benchmarks/bench_ensemble.py --variants` times them all on one device.
+VARIANTS: dict[str, KernelVariant] = {
+    "baseline": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean=False),
+    "lean": KernelVariant(forward_rows=3, forward_min_blocks=4, forward_depth=0, lean=True),
+    "lean-r4-d1": KernelVariant(forward_rows=4, forward_min_blocks=4, forward_depth=1, lean=True),
+    "lean-r2-d2": KernelVariant(forward_rows=2, forward_min_blocks=4, forward_depth=2, lean=True),
+    "lean-r1-d4": KernelVariant(forward_rows=1, forward_min_blocks=4, forward_depth=4, lean=True),
+    "lean-r2-d1-mb5": KernelVariant(forward_rows=2, forward_min_blocks=5, forward_depth=1, lean=True),
+    "lean-r3-d2-mb3": KernelVariant(forward_rows=3, forward_min_blocks=3, forward_depth=2, lean=True),
+    "exact-r3-d2-mb3": KernelVariant(forward_rows=3, forward_min_blocks=3, forward_depth=2, lean=False),
+    "lean-r4-d2-mb2": KernelVariant(forward_rows=4, forward_min_blocks=2, forward_depth=2, lean=True),
+    "lean-r8-d1-mb2": KernelVariant(forward_rows=8, forward_min_blocks=2, forward_depth=1, lean=True),
+    "lean-r2-d4-mb2": KernelVariant(forward_rows=2, forward_min_blocks=2, forward_depth=4, lean=True),
+}
+
+DEFAULT_VARIANT = "baseline"  # the variant every launch uses; set it from the H200's `--variants` table
+
+_active_variant = DEFAULT_VARIANT
+
+
+@contextlib.contextmanager
+def use_variant(name: str) -> Iterator[KernelVariant]:
+    """Launch the kernels of variant ``name`` inside the ``with`` block (benchmarks and tests).
+
+    Not thread-safe: it switches a module-level setting for every caller.
+
+    Raises:
+        ValueError: ``name`` is not in :data:`VARIANTS`.
+    """
+    global _active_variant
+    if name not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
+    previous, _active_variant = _active_variant, name
+    try:
+        yield VARIANTS[name]
+    finally:
+        _active_variant = previous
 
 
 # --------------------------------------------------------------------------- torch twin
@@ -170,30 +247,33 @@ class _CudaReduce(torch.autograd.Function):
 
 
 class _Plan(NamedTuple):
-    """What one (shape, strides, dtype, device) needs for a launch, computed once."""
+    """What one (shape, strides, dtype, device, variant) needs for a launch, computed once."""
 
-    grid: int  # blocks: enough for one row per group, at most _BLOCKS_PER_SM per SM
+    forward_grid: int  # blocks: enough for one row per group, at most the variant's blocks per SM
+    backward_grid: int  # the same with _BACKWARD_BLOCKS_PER_SM
     shape_args: tuple[Any, ...]  # rows, members, K, three strides, group size (the kernels' C types)
     vector_alignment: int  # bytes the logits' address must be a multiple of for vector loads; 0: never
 
 
 # Caches that keep the per-call host path short (the (16, 8, 1) call is host-bound).
-_kernels: dict[tuple[str, torch.dtype, int], Any] = {}
+_kernels: dict[tuple[str, torch.dtype, int, str], Any] = {}
 _plans: dict[tuple[Any, ...], _Plan] = {}
-_grid_limits: dict[int, int] = {}
+_sm_counts: dict[int, int] = {}
 _workspaces: dict[tuple[int, int], Tensor] = {}
 
 
 def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
-    key = (op, dtype, device_index)
+    key = (op, dtype, device_index, _active_variant)
     kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _kernels[key] = _cuda.get_kernel(_KERNEL_FILE, f"{op}_{_cuda.dtype_suffix(dtype)}", device_index)
+        suffix = _cuda.dtype_suffix(dtype)
+        options = (*VARIANTS[_active_variant].options(), "-DLIG_ENS_ONE_DTYPE", f"-DLIG_ENS_DTYPE_{suffix}")
+        kernel = _kernels[key] = _cuda.get_kernel(_KERNEL_FILE, f"{op}_{suffix}", device_index, options)
     return kernel
 
 
 def _plan(x: Tensor, device_index: int) -> _Plan:
-    key = (x.shape, x.stride(), x.dtype, device_index)
+    key = (x.shape, x.stride(), x.dtype, device_index, _active_variant)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 1024:  # many distinct shapes: start over rather than grow without bound
@@ -201,17 +281,21 @@ def _plan(x: Tensor, device_index: int) -> _Plan:
         rows, members, per_member = x.shape
         stride_row, stride_member, stride_logit = x.stride()
         lanes = group_size(members)
-        limit = _grid_limits.get(device_index)
-        if limit is None:
-            sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
-            limit = _grid_limits[device_index] = max(1, sm_count * _BLOCKS_PER_SM)
-        grid = max(1, min(limit, -(-rows // (_THREADS // lanes))))
+        sm_count = _sm_counts.get(device_index)
+        if sm_count is None:
+            sm_count = _sm_counts[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+        needed = -(-rows // (_THREADS // lanes))  # one row per group
+        forward_limit = max(1, sm_count * VARIANTS[_active_variant].forward_min_blocks)
+        backward_limit = max(1, sm_count * _BACKWARD_BLOCKS_PER_SM)
         vector = stride_logit == 1 and per_member % 4 == 0 and stride_member % 4 == 0 and stride_row % 4 == 0
         shape_args = (
             _cuda.int64(rows), _cuda.int32(members), _cuda.int32(per_member), _cuda.int64(stride_row),
             _cuda.int64(stride_member), _cuda.int64(stride_logit), _cuda.int32(lanes),
         )  # fmt: skip
-        plan = _plans[key] = _Plan(grid, shape_args, 4 * x.element_size() if vector else 0)
+        plan = _plans[key] = _Plan(
+            max(1, min(forward_limit, needed)), max(1, min(backward_limit, needed)), shape_args,
+            4 * x.element_size() if vector else 0,
+        )  # fmt: skip
     return plan
 
 
@@ -227,7 +311,7 @@ def _launch_forward(x: Tensor, weights32: Tensor) -> Tensor:
     index = x.get_device()
     plan = _plan(x, index)
     args = (_cuda.pointer(x), _cuda.pointer(weights32), _cuda.pointer(out), *plan.shape_args, _vectorized(x, plan))
-    _cuda.launch(_kernel("ensemble_forward", x.dtype, index), plan.grid, _THREADS, args, device=index)
+    _cuda.launch(_kernel("ensemble_forward", x.dtype, index), plan.forward_grid, _THREADS, args, device=index)
     return out
 
 
@@ -267,7 +351,7 @@ def _launch_backward(
     scratch = None
     partials = counter = np.uint64(0)
     if need_weights:
-        scratch, partials, counter = _workspace(x, index, plan.grid * members)
+        scratch, partials, counter = _workspace(x, index, plan.backward_grid * members)
     null = np.uint64(0)
     args = (
         _cuda.pointer(x), _cuda.pointer(weights32), _cuda.pointer(grad_output), _cuda.int64(grad_output.stride(0)),
@@ -275,7 +359,7 @@ def _launch_backward(
         _cuda.pointer(grad_weights) if grad_weights is not None else null,
         partials, counter, *plan.shape_args, _vectorized(x, plan),
     )  # fmt: skip
-    _cuda.launch(_kernel("ensemble_backward", x.dtype, index), plan.grid, _THREADS, args, device=index)
+    _cuda.launch(_kernel("ensemble_backward", x.dtype, index), plan.backward_grid, _THREADS, args, device=index)
     del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
     return grad_logits, grad_weights
 

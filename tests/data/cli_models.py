@@ -54,3 +54,19 @@ class Jittery(TinyQ):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) + 0.1 * torch.randn(x.shape[0], 1)
+
+
+class MinAtarShaped(nn.Module):
+    """(C, 10, 10) frames -> Q-values: a stand-in for models.MinAtarQNetwork on a tree that does not have it yet."""
+
+    def __init__(self, in_channels: int = 4, num_actions: int = 3) -> None:
+        super().__init__()
+        self.in_channels, self.num_actions = in_channels, num_actions
+        self.encoder = nn.Sequential(nn.Conv2d(in_channels, 16, 3), nn.Tanh(), nn.Flatten())
+        self.head = nn.Linear(16 * 8 * 8, num_actions)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+    def config(self) -> dict:
+        return {"in_channels": self.in_channels, "num_actions": self.num_actions}

@@ -1,0 +1,239 @@
+"""What one callback run costs on image and wide-vector states, beside the IG alone; event-file growth; tags.
+
+Two cases, default callback options (50 steps, figures every 10 runs, saliency images, groups):
+
+* ``atari``: a Nature-CNN dueling Q-network, 32 held-out states of shape (4, 84, 84);
+* ``wide``: a dueling MLP on 256 states of 128 features in 8 named groups of 16.
+
+For each case: the IG alone (the engine, the same settings, timed with the device
+synchronised, median of repeated calls), then a training whose callback runs at every
+step. Two timing callbacks sit before and after the IG callback, synchronise the
+device and read the clock around its ``on_train_batch_end``, so a run's time holds
+the IG, the gather, the statistics and all the logging; the run's own ``ig/time_ms``
+(IG, gather, host copy) subtracted from it gives the logging alone, a number that
+does not depend on a second timing of the IG. After each run the writer
+is flushed (outside the timed span) and the event file's growth recorded. The first
+run (kernel compilation, the first figure draw, matplotlib's import) is left out.
+
+Usage (repository root; an H200 in the lead's runs)::
+
+    PYTHONPATH=. python benchmarks/bench_callback_images.py [--device cuda] [--runs 21] [--output FILE]
+
+It prints a markdown table (and writes it to ``--output`` when given). Targets
+(issue 11): one run <= IG + 30 ms, event file <= 1 MB per run, a few hundred tags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ig import IntegratedGradientsCallback
+from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.noise import attribution_mode
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class NatureDuelingQ(nn.Module):
+    """Nature-DQN convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1), dueling streams of 512; mean over actions = V(s)."""
+
+    def __init__(self, actions: int = 6) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
+                                     nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())  # fmt: skip
+        self.value = nn.Sequential(nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 1))
+        self.advantage = nn.Sequential(nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, actions))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.encoder(x)
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(1, keepdim=True)
+
+
+class DuelingMLP(nn.Module):
+    def __init__(self, features: int = 128, actions: int = 6, hidden: int = 256) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.value, self.advantage = nn.Linear(hidden, 1), nn.Linear(hidden, actions)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.body(x)
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(1, keepdim=True)
+
+
+def nature_network() -> nn.Module:
+    try:  # the registered model, where models.py has it
+        from lightning_ig.models import NatureQNetwork  # noqa: PLC0415
+
+        return NatureQNetwork(in_channels=4, num_actions=6, noisy=True)
+    except ImportError:
+        return NatureDuelingQ()
+
+
+class Module(pl.LightningModule):
+    """A LightningModule around a Q-network; its training step is one small regression step."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self(x).mean(1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+class HookClock(Callback):
+    """Reads the clock in ``on_train_batch_end`` (device synchronised); the second one also flushes and sizes the log."""
+
+    def __init__(self, starts: list[float] | None, log_dir: Path | None = None) -> None:
+        self.starts, self.log_dir = starts, log_dir
+        self.ends: list[float] = []
+        self.sizes: list[int] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        _sync(pl_module.device)
+        now = time.perf_counter()
+        if self.starts is not None:
+            self.starts.append(now)
+            return
+        self.ends.append(now)
+        trainer.logger.experiment.flush()
+        self.sizes.append(sum(path.stat().st_size for path in Path(trainer.logger.log_dir).glob("events.out.tfevents.*")))
+
+
+def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, n_steps: Any = 50, warm: int = 3) -> tuple[float, Any]:
+    """Median ms of ``repeats`` IG calls after ``warm`` ones, and the last result."""
+    engine = IntegratedGradients(network, target="mean", n_steps=n_steps, completeness_tol=0.01)
+    times = []
+    for _ in range(repeats + warm):
+        _sync(states.device)
+        started = time.perf_counter()
+        with attribution_mode(network):
+            result = engine.attribute(states)
+        float(result.f_input.sum())  # the callback's run ends with the host copy
+        _sync(states.device)
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times[warm:]), result
+
+
+def completeness_costs(device: torch.device, repeats: int) -> list[str]:
+    """What a trustworthy completeness error costs on the ReLU Nature-CNN: 50 steps, "auto", fewer states at more steps."""
+    torch.manual_seed(0)
+    network, states = nature_network().to(device), torch.rand(32, 4, 84, 84, device=device)
+    rows = ["| setting | states | steps used | worst relative error | IG time (ms) |", "|---|---:|---:|---:|---:|"]
+    for label, count, n_steps in (("50 steps (default)", 32, 50), ('n_steps="auto" (tol 0.01)', 32, "auto"),
+                                  ("fewer states, more steps", 8, 256), ("fewer states, more steps", 4, 512)):  # fmt: skip
+        ms, result = ig_alone(network, states[:count], repeats, n_steps=n_steps, warm=1)
+        rows.append(f"| {label} | {count} | {result.n_steps} | {result.worst_relative_error:.3g} | {ms:.1f} |")
+    return rows
+
+
+def measure(case: str, device: torch.device, runs: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    if case == "atari":
+        network, states = nature_network(), torch.rand(32, 4, 84, 84)
+        options: dict[str, Any] = {}
+    else:
+        network, states = DuelingMLP(), torch.randn(256, 128)
+        options = {"feature_groups": {f"family {k}": list(range(16 * k, 16 * k + 16)) for k in range(8)},
+                   "feature_names": [f"f{k}.{i}" for k in range(8) for i in range(16)]}  # fmt: skip
+    network = network.to(device)
+    ig_ms, _ = ig_alone(network, states.to(device), repeats=max(5, runs // 2))
+    with tempfile.TemporaryDirectory(prefix="bench_images_") as folder:
+        starts: list[float] = []
+        before, after = HookClock(starts), HookClock(None)
+        callback = IntegratedGradientsCallback(states, every_n_steps=1, run_at_train_end=False, **options)
+        logger = TensorBoardLogger(folder, name=case, default_hp_metric=False)
+        trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs, logger=logger,
+                             callbacks=[before, callback, after], enable_progress_bar=False, enable_model_summary=False,
+                             enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=10**9)  # fmt: skip
+        data = TensorDataset(states[:8], torch.zeros(8))
+        trainer.fit(Module(network), DataLoader(data, batch_size=8))
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+
+        events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0})
+        events.Reload()
+        tags = {kind: len([t for t in names if t.startswith("ig/")]) for kind, names in events.Tags().items()
+                if kind in ("scalars", "histograms", "images", "tensors")}  # fmt: skip
+        inside = [event.value for event in events.Scalars("ig/time_ms")]  # the IG, gather and host copy of each run
+    run_ms = [(end - start) * 1e3 for start, end in zip(starts, after.ends)]
+    growth = [b - a for a, b in zip(after.sizes, after.sizes[1:])]  # bytes written by runs 1, 2, ...
+    figure_runs = [i for i in range(1, runs) if i % 10 == 0]
+    plain = [run_ms[i] for i in range(1, runs) if i not in figure_runs]
+    logging_ms = [run_ms[i] - inside[i] for i in range(1, runs) if i not in figure_runs]
+    return {
+        "case": case, "ig_ms": ig_ms, "run_ms": statistics.median(plain), "logging_ms": statistics.median(logging_ms), "mean_ms": statistics.mean(run_ms[1:]),
+        "figure_ms": statistics.median([run_ms[i] for i in figure_runs]) if figure_runs else float("nan"),
+        "growth_kb": statistics.median([growth[i - 1] for i in range(1, runs) if i not in figure_runs]) / 1024,
+        "growth_mean_kb": statistics.mean(growth) / 1024, "tags": tags, "runs": runs,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--runs", type=int, default=21, help="callback runs per case (the first is left out)")
+    parser.add_argument("--cases", default="atari,wide")
+    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
+    options = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    device = torch.device(options.device)
+    rows = [measure(case, device, options.runs) for case in options.cases.split(",")]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    lines = [
+        f"## bench_callback_images on {name} ({device.type}), torch {torch.__version__}, lightning {pl.__version__}",
+        "",
+        f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options, 50 steps; "
+        "figures every 10 runs.",
+        "",
+        "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) | run with figures (ms) "
+        "| mean run (ms) | event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        tags = row["tags"]
+        lines.append(
+            f"| {row['case']} | {row['ig_ms']:.1f} | {row['run_ms']:.1f} | {row['run_ms'] - row['ig_ms']:+.1f} "
+            f"| {row['logging_ms']:+.1f} "
+            f"| {row['figure_ms']:.1f} | {row['mean_ms']:.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
+            f"| {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / {tags.get('images', 0)} / {tags.get('tensors', 0)} |"
+        )
+    if options.completeness:
+        lines += ["", "Completeness on the ReLU Nature-CNN (random weights, random frames):", "",
+                  *completeness_costs(device, repeats=3)]  # fmt: skip
+    table = "\n".join(lines)
+    if options.output is not None:
+        options.output.parent.mkdir(parents=True, exist_ok=True)
+        options.output.write_text(table + "\n", encoding="utf-8")
+    print(table)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

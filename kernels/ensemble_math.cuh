@@ -1,0 +1,93 @@
+// Part of kernels/ensemble.cu (included there, after its tuning macros): the
+// vector types, the sigmoid's parts in each dtype and the division by K.
+#pragma once
+
+// Four consecutive elements as one aligned load/store. Our own 16-byte type
+// rather than float4, so nothing depends on which headers NVRTC provides.
+struct __align__(16) lig_ens_float4 { float x, y, z, w; };
+
+template <typename Tag> struct lig_ens_vec;
+template <> struct lig_ens_vec<lig_f32_tag> {
+    typedef lig_ens_float4 type;
+    static __device__ __forceinline__ void unpack(const type& v, float (&f)[4]) {
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+    }
+    static __device__ __forceinline__ type pack(const float (&f)[4]) {
+        type v;
+        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
+        return v;
+    }
+};
+template <typename Tag, typename V4> struct lig_ens_vec16 {
+    typedef V4 type;
+    static __device__ __forceinline__ void unpack(const V4& v, float (&f)[4]) {
+        f[0] = lig_storage<Tag>::load(v.x); f[1] = lig_storage<Tag>::load(v.y);
+        f[2] = lig_storage<Tag>::load(v.z); f[3] = lig_storage<Tag>::load(v.w);
+    }
+    static __device__ __forceinline__ V4 pack(const float (&f)[4]) {
+        V4 v;
+        v.x = lig_storage<Tag>::store(f[0]); v.y = lig_storage<Tag>::store(f[1]);
+        v.z = lig_storage<Tag>::store(f[2]); v.w = lig_storage<Tag>::store(f[3]);
+        return v;
+    }
+};
+template <> struct lig_ens_vec<lig_f16_tag> : lig_ens_vec16<lig_f16_tag, lig_half4> {};
+template <> struct lig_ens_vec<lig_bf16_tag> : lig_ens_vec16<lig_bf16_tag, lig_bf16_4> {};
+
+// e = exp(-|x|) and r = 1 / (1 + e): exactly rounded for float32 (the twin's
+// torch.exp and torch.reciprocal give the same bits), fast for the half types.
+template <typename Tag> struct lig_ens_math {
+    static __device__ __forceinline__ void parts(float x, float& e, float& r) {
+        e = __expf(-fabsf(x));
+        r = __fdividef(1.0f, 1.0f + e);
+    }
+};
+// 1 / y rounded to nearest for y in [1, 2] (and NaN for NaN): the sequence
+// __frcp_rn runs for every argument outside its slow path (zero, subnormal,
+// |y| >= 2^126, inf, NaN): an approximate reciprocal, then one Newton step with
+// two fused multiply-adds, t = y r - 1 and r - r t. Written out it needs no
+// range check and no branch, so the compiler can interleave elements.
+__device__ __forceinline__ float lig_ens_reciprocal_1_to_2(float y) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+    const float t = __fmaf_rn(y, r, -1.0f);
+    return __fmaf_rn(r, -t, r);
+}
+
+template <> struct lig_ens_math<lig_f32_tag> {
+    static __device__ __forceinline__ void parts(float x, float& e, float& r) {
+        e = expf(-fabsf(x));
+#if LIG_ENS_LEAN
+        r = lig_ens_reciprocal_1_to_2(__fadd_rn(1.0f, e));  // 1 + e is in [1, 2]
+#else
+        r = __frcp_rn(__fadd_rn(1.0f, e));
+#endif
+    }
+};
+
+// x / K, correctly rounded (the twin divides by a tensor of K). With
+// LIG_ENS_LEAN and K a power of two, x * (1 / K): 1 / K is exact, so the
+// product is the correctly rounded x / K as well (subnormal results included).
+struct lig_ens_divisor {
+    float k;
+    float inverse;
+    bool power_of_two;
+    __device__ __forceinline__ explicit lig_ens_divisor(int K)
+        : k(static_cast<float>(K)), inverse(__frcp_rn(static_cast<float>(K))),
+          power_of_two(LIG_ENS_LEAN && K > 0 && (K & (K - 1)) == 0) {}
+    __device__ __forceinline__ float operator()(float x) const {
+        return power_of_two ? __fmul_rn(x, inverse) : __fdiv_rn(x, k);
+    }
+};
+
+// sigmoid(x) from its parts; a NaN x fails the comparison and e * r is NaN.
+__device__ __forceinline__ float lig_ens_sigmoid(float x, float e, float r) {
+    return x >= 0.0f ? r : __fmul_rn(e, r);
+}
+
+template <typename Tag>
+__device__ __forceinline__ float lig_ens_sigmoid_of(float x) {
+    float e, r;
+    lig_ens_math<Tag>::parts(x, e, r);
+    return lig_ens_sigmoid(x, e, r);
+}

@@ -1,0 +1,129 @@
+"""``--feature-groups``: ``channels``, ``features`` or a JSON file, read into :class:`~lightning_ig.groups.FeatureGroups`.
+
+A file holds one of
+
+* an object ``{"name": [flat feature indices], ...}`` (0-based indices into the
+  flattened state; features in no group form one more group, ``other``);
+* an object ``{"name": bool mask, ...}``: each mask a nested list of
+  ``true``/``false`` shaped like one state (or broadcastable to it);
+* an integer mask: a nested list of whole numbers shaped like one state (Captum's
+  ``feature_mask``: equal ids form one group, named ``group <id>``).
+
+Each mistake is one :class:`~lightning_ig.cli.exits.UsageError` line naming the
+file, what was wrong and what to write instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_ig.cli.exits import UsageError
+from lightning_ig.groups import FeatureGroups
+
+__all__ = ["FORMS", "is_named_form", "resolve_feature_groups"]
+
+FORMS = ("channels", "features")
+"""The groupings named on the command line rather than read from a file."""
+
+_FIX = (
+    'write {"name": [flat indices], ...}, {"name": nested true/false mask, ...} or an integer mask shaped like one '
+    "state (nested lists)"
+)
+
+
+def is_named_form(text: str | None) -> bool:
+    """Whether ``--feature-groups`` names a grouping (``channels``, ``features``) rather than a file."""
+    return text in FORMS
+
+
+def resolve_feature_groups(text: str | None, feature_shape: Sequence[int], feature_names: Sequence[str]) -> FeatureGroups | None:
+    """The groups ``--feature-groups`` asks for, checked against the states' feature shape.
+
+    Args:
+        text: the flag's value (``None``: no groups).
+        feature_shape: the shape of one state.
+        feature_names: the feature names (the names of ``features`` groups).
+
+    Returns:
+        The groups, or ``None``.
+
+    Raises:
+        UsageError: a missing or unreadable file, a JSON value of none of the forms, or
+            groups that do not fit the states (wrong shape, negative id, empty group, ...).
+    """
+    if text is None:
+        return None
+    shape = tuple(int(size) for size in feature_shape)
+    spec = text if is_named_form(text) else _read(text)
+    names = list(feature_names) if text == "features" else None
+    try:
+        return FeatureGroups.resolve(spec, shape, names)
+    except (TypeError, ValueError) as error:
+        where = f"--feature-groups {text}" if is_named_form(text) else f"--feature-groups {text!r}"
+        raise UsageError(f"{where}: {error} (the states have feature shape {shape})") from None
+
+
+def _read(path: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}")
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys(path))
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # a repeated name is a UsageError already
+        raise UsageError(f"--feature-groups {path!r} is not readable JSON ({error}); {_FIX}") from None
+    if isinstance(value, dict):
+        return {name: _members(members, path, name) for name, members in value.items()}
+    if isinstance(value, list):
+        return _array(value, f"--feature-groups {path!r}", integers_only=True)
+    raise UsageError(f"--feature-groups {path!r} holds a JSON {type(value).__name__}; {_FIX}")
+
+
+def _unique_keys(path: str) -> Any:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in items]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise UsageError(f"--feature-groups {path!r} names the group {repeated[0]!r} twice; give each group one entry")
+        return dict(items)
+
+    return pairs
+
+
+def _members(members: Any, path: str, name: str) -> np.ndarray:
+    what = f"--feature-groups {path!r}: group {name!r}"
+    if not isinstance(members, list):
+        raise UsageError(f"{what} is a JSON {type(members).__name__}, not a list; {_FIX}")
+    array = _array(members, what, integers_only=False)
+    if array.dtype != np.bool_ and array.ndim != 1:
+        raise UsageError(f"{what} is a nested list of numbers; list flat feature indices, or give a true/false mask")
+    return array
+
+
+def _array(value: list[Any], what: str, *, integers_only: bool) -> np.ndarray:
+    """A nested JSON list as an int64 array (whole numbers) or a bool array (``true``/``false``)."""
+    leaves = list(_leaves(value))
+    if leaves and all(isinstance(leaf, bool) for leaf in leaves) and not integers_only:
+        dtype: Any = np.bool_
+    elif all(isinstance(leaf, int) and not isinstance(leaf, bool) for leaf in leaves):
+        dtype = np.int64
+    else:
+        bad = next(leaf for leaf in leaves if isinstance(leaf, bool) == integers_only or not isinstance(leaf, int))
+        kinds = "whole numbers (group ids)" if integers_only else "whole numbers (indices) or only true/false"
+        raise UsageError(f"{what} must hold only {kinds}, found {bad!r}; {_FIX}")
+    try:
+        return np.array(value, dtype=dtype)
+    except ValueError:
+        raise UsageError(f"{what} is a ragged nested list (rows of different lengths); shape it like one state") from None
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, list):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value

@@ -1,0 +1,249 @@
+"""The held-out states of the training callback: where they come from, what is attributed, each rank's share.
+
+Set-up work of :class:`~lightning_ig.callback.IntegratedGradientsCallback`,
+done once before training so that a bad input fails before the first step:
+
+* :func:`load_states`: a tensor, a file or a callable, checked and copied to the CPU;
+* :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"`` or a tensor, per rank;
+* :func:`check_target` / :func:`probe_target`: what is attributed, tried on two states;
+* :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then),
+  and, for an ensemble, the engine of its members;
+* :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Union
+
+import torch
+from torch import Tensor
+
+from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning
+from lightning_ig.ensemble.members import MemberAttribution
+from lightning_ig.noise import attribution_mode
+from lightning_ig.vocabulary import callable_name, check_states, target_label
+
+__all__ = [
+    "StatesSource",
+    "TargetSpec",
+    "baseline_label",
+    "baselines_for",
+    "check_baseline",
+    "check_baseline_shape",
+    "check_states_source",
+    "check_target",
+    "engine_warnings_once",
+    "load_states",
+    "prepare_engine",
+    "probe_target",
+    "rank_rows",
+]
+
+StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
+TargetSpec = Union[str, int, Callable[[Any, Tensor], Tensor]]
+
+
+def check_states_source(states: Any) -> Any:
+    """A tensor (checked now), a path, or a callable ``(trainer, pl_module) -> Tensor`` (checked at set-up)."""
+    if isinstance(states, Tensor):
+        return check_states(states, "states")
+    if isinstance(states, (str, os.PathLike)) or callable(states):
+        return states
+    raise TypeError(
+        "states must be a tensor (num_states, *feature_shape), a path to a .safetensors/.npy/.json file, "
+        f"or a callable (trainer, pl_module) -> Tensor; got {type(states).__name__}"
+    )
+
+
+def load_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
+    """The held-out states as a float32 CPU tensor (a normal tensor even if made under inference mode)."""
+    if isinstance(source, Tensor):
+        states = source
+    elif isinstance(source, (str, os.PathLike)):
+        from lightning_ig.checkpoint import load_states as load_file  # noqa: PLC0415 - safetensors only when needed
+
+        states = load_file(source)
+    else:
+        states = source(trainer, pl_module)
+        if not isinstance(states, Tensor):
+            raise TypeError(
+                f"the states callable {callable_name(source)} must return a tensor (num_states, *feature_shape), "
+                f"got {type(states).__name__}"
+            )
+    check_states(states, "states")
+    return states.detach().to("cpu", torch.float32).clone(memory_format=torch.contiguous_format)
+
+
+def check_baseline(baseline: Any) -> Any:
+    """``"zeros"``, ``"mean"`` (of the held-out states) or a floating-point tensor (shape checked at set-up)."""
+    if isinstance(baseline, str) and baseline in ("zeros", "mean"):
+        return baseline
+    if isinstance(baseline, Tensor):
+        if not baseline.is_floating_point():
+            raise TypeError(f"baseline must be a floating-point tensor, got dtype {baseline.dtype}")
+        return baseline
+    raise ValueError(f"baseline must be 'zeros', 'mean' or a tensor, got {baseline!r:.60}")
+
+
+def baseline_label(baseline: Any) -> str:
+    return baseline if isinstance(baseline, str) else f"tensor{tuple(baseline.shape)}"
+
+
+def check_baseline_shape(baseline: Any, states: Tensor) -> None:
+    """A tensor baseline has the states' feature shape (one for all) or their shape (one per state)."""
+    if not isinstance(baseline, Tensor):
+        return
+    feature_shape = tuple(states.shape[1:])
+    if tuple(baseline.shape) not in (feature_shape, tuple(states.shape)):
+        raise ValueError(
+            f"baseline has shape {tuple(baseline.shape)} but the states have shape {tuple(states.shape)}; "
+            f"pass one baseline of shape {feature_shape} or one per state of shape {tuple(states.shape)}"
+        )
+    check_states(baseline.reshape(-1, *feature_shape), "baseline")
+
+
+def baselines_for(baseline: Any, states: Tensor, rows: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor | str:
+    """The baselines of the held-out states ``rows``, as the engine takes them."""
+    if isinstance(baseline, Tensor):
+        values = baseline.detach().to("cpu", torch.float32)
+        if values.shape == states.shape:
+            values = values[rows]  # one baseline per state: these rows
+        return values.to(device=device, dtype=dtype).contiguous()
+    if baseline == "mean":
+        # The mean over all held-out states (not one rank's share), in float64: the same on every rank.
+        return states.double().mean(dim=0).to(device=device, dtype=dtype).contiguous()
+    return "zeros"
+
+
+def rank_rows(num_states: int, world: int, rank: int) -> Tensor:
+    """This rank's rows: ``ceil(B / world)`` of them, the last rank's share padded by repeating the last state."""
+    share = -(-num_states // max(1, world))
+    return torch.arange(rank * share, (rank + 1) * share).clamp_(max=num_states - 1)  # (share,)
+
+
+def check_target(target: Any) -> Any:
+    """``"mean"``, an output index ``>= 0`` or a callable ``(pl_module, x) -> (N,)``."""
+    if isinstance(target, bool) or not (target == "mean" or isinstance(target, int) or callable(target)):
+        raise ValueError(
+            f"target must be 'mean', an output index (int >= 0) or a callable (pl_module, x) -> (N,), got {target!r}"
+        )
+    if isinstance(target, int) and target < 0:
+        raise ValueError(f"target must be an output index >= 0, got {target}")
+    return target
+
+
+class TargetForward:
+    """``x -> target(pl_module, x)``: created once, so the engine's graph cache sees the same forward every run."""
+
+    def __init__(self, pl_module: Any, target: Callable[[Any, Tensor], Tensor]) -> None:
+        self.pl_module = pl_module
+        self.target = target
+        self.__name__ = callable_name(target)
+
+    def __call__(self, inputs: Tensor) -> Tensor:
+        return self.target(self.pl_module, inputs)
+
+
+def probe_target(pl_module: Any, target: Any, sample: Tensor, num_states: int) -> tuple[Callable[[Tensor], Tensor], Any, str]:
+    """Try the model on ``sample`` (two states); return the forward, the engine's target and the target label.
+
+    Raises:
+        ValueError: the model fails on the states, returns no row per state, or has no output ``target``.
+        TypeError: the model returns something other than a tensor.
+    """
+    forward = TargetForward(pl_module, target) if callable(target) and not isinstance(target, (str, int)) else pl_module
+    feature_shape = tuple(sample.shape[1:])
+    try:
+        with attribution_mode(pl_module), torch.no_grad():
+            output = forward(sample)
+    except Exception as error:  # noqa: BLE001 - re-raised with what the user can change
+        raise ValueError(
+            f"IntegratedGradientsCallback: the model failed on the held-out states (feature shape {feature_shape}, "
+            f"{num_states} states): {type(error).__name__}: {error}. Pass states whose feature shape matches the "
+            "model's input"
+        ) from error
+    if not isinstance(output, Tensor):
+        raise TypeError(
+            f"IntegratedGradientsCallback: the model returned {type(output).__name__} on the held-out states; "
+            "IG needs a tensor (N,) or (N, A), or pass target=callable(pl_module, x) -> (N,)"
+        )
+    rows = sample.shape[0]
+    if output.ndim == 0 or output.shape[0] != rows:
+        raise ValueError(
+            f"IntegratedGradientsCallback: on {rows} states of feature shape {feature_shape} the model returned "
+            f"shape {tuple(output.shape)}, not one row per state; check the states' feature shape"
+        )
+    if forward is not pl_module:
+        if output.shape != (rows,):
+            raise ValueError(
+                f"the target callable {callable_name(target)} must return one value per state, shape ({rows},), "
+                f"got {tuple(output.shape)}"
+            )
+        return forward, None, target_label(target)
+    engine_target = _output_target(target, tuple(output.shape))
+    return forward, engine_target, target_label(engine_target)
+
+
+def _output_target(target: Any, shape: tuple[int, ...]) -> Any:
+    """The engine's target for a model returning ``shape`` per batch: ``None`` (one value per state), "mean" or k."""
+    if len(shape) > 2:
+        raise ValueError(
+            f"IntegratedGradientsCallback: the model returns shape {shape} per batch; the target needs (N,) or "
+            "(N, A): pass target=callable(pl_module, x) -> (N,)"
+        )
+    if len(shape) == 1:
+        if isinstance(target, int) and target != 0:
+            raise ValueError(
+                f"target={target} is out of range: the model returns one value per state (shape {shape}); use "
+                "target='mean' or 0"
+            )
+        return None
+    if isinstance(target, int):
+        if target >= shape[1]:
+            raise ValueError(
+                f"target={target} is out of range: the model returns {shape[1]} outputs per state (shape {shape}); "
+                f"pass an index in [0, {shape[1] - 1}]"
+            )
+        return target
+    return "mean"
+
+
+@contextlib.contextmanager
+def engine_warnings_once() -> Iterator[None]:
+    """Quiet the engine's stochastic-forward warning, which comes at every call: the callback says it once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StochasticForwardWarning)
+        yield
+
+
+def prepare_engine(
+    pl_module: Any, target: Any, states: Tensor, baseline: Any, dtype: torch.dtype, **options: Any
+) -> tuple[IntegratedGradients, str, MemberAttribution | None]:
+    """The engine for ``target`` on ``pl_module``, after a two-state trial; the target label; the members' engine.
+
+    The trial runs eagerly before training: a target, backend or gradient mode
+    that cannot work fails now, not at the first run, and CUDA kernels compile now.
+    When what is attributed is an ensemble's aggregate
+    (:func:`~lightning_ig.ensemble.members.find_ensemble`), a second engine
+    attributes every member in one batched run (tried the same way); else ``None``.
+
+    Args:
+        pl_module: the model, on its training device.
+        target: from :func:`check_target`.
+        states: the held-out states (CPU).
+        baseline: from :func:`check_baseline`.
+        dtype: the model's floating-point dtype.
+        options: the engine's settings (``n_steps``, ``method``, ...).
+    """
+    sample = states[:2].to(device=pl_module.device, dtype=dtype)
+    forward, engine_target, label = probe_target(pl_module, target, sample, len(states))
+    engine = IntegratedGradients(forward, target=engine_target, **options)
+    trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
+    with attribution_mode(pl_module), engine_warnings_once():
+        engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
+    members = MemberAttribution.prepare(pl_module, label, sample, trial, **options) if forward is pl_module else None
+    return engine, label, members

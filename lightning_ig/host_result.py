@@ -1,0 +1,302 @@
+"""An IG result brought to the host: gathered over ranks, reduced on the device, copied once.
+
+:class:`HostResult` is what the report, the statistics and the TensorBoard
+side read. :meth:`HostResult.from_result` takes an
+:class:`~lightning_ig.attribution.IGResult` (or anything with its fields) and
+
+1. packs each state's row, its attributions and its per-state numbers
+   (``f_input``, ``f_baseline``, ``delta``, ``relative_error``, ``degenerate``,
+   ``non_finite``, ``n_steps``, ``stochastic``), into one tensor ``(B, F + 8)``;
+2. under DDP, passes it to ``gather`` once (``trainer.strategy.all_gather``:
+   every rank makes the same single collective call with the same shape;
+   the states are split with the last rank's share padded, and the padding
+   rows are dropped here by ``num_states``);
+3. reduces on the device, in float64: per-feature moments, per-state sums,
+   group sums; and copies to the host in one transfer only what is needed,
+   so the host work grows with the number of features, not with
+   states x features.
+
+Everything is float64 numpy on the host; the same result gives the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_ig.groups import FeatureGroups
+
+__all__ = ["HostResult", "JointGather", "Moments", "pack"]
+
+# The per-state columns packed after the attributions, in this order.
+_COLUMNS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "n_steps", "stochastic")
+
+
+class _ResultLike(Protocol):
+    """The fields of :class:`~lightning_ig.attribution.IGResult` read here (``non_finite``, ``stochastic`` optional)."""
+
+    attributions: Tensor
+    f_input: Tensor
+    f_baseline: Tensor
+    delta: Tensor
+    relative_error: Tensor
+    degenerate: Tensor
+    n_steps: int
+    method: str
+    gradient: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Statistics over the states of each of ``U`` units (features or groups), float64 ``(U,)`` each.
+
+    Attributes:
+        mean_abs: mean of ``|attr|``.
+        stddev: population standard deviation of ``attr`` (the report's ``stddev``).
+        mean_signed: mean of ``attr``.
+        stddev_abs: population standard deviation of ``|attr|``: the spread around ``mean_abs``.
+    """
+
+    mean_abs: np.ndarray
+    stddev: np.ndarray
+    mean_signed: np.ndarray
+    stddev_abs: np.ndarray
+
+    @staticmethod
+    def rows(values: Tensor) -> Tensor:
+        """``(4, U)`` float64: mean |v|, std v, mean v, std |v| over the rows of ``values (B, U)`` (ddof 0)."""
+        values = values.to(torch.float64)
+        magnitude = values.abs()
+        mean_abs, mean_signed = magnitude.mean(0), values.mean(0)
+        # Two passes (deviations from the mean), written out: torch's std over dim 0 is several times slower on CPUs.
+        spread = (values - mean_signed).square_().mean(0).sqrt_()
+        spread_abs = (magnitude - mean_abs).square_().mean(0).sqrt_()
+        return torch.stack([mean_abs, spread, mean_signed, spread_abs])
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray) -> Moments:
+        return cls(*(np.ascontiguousarray(row) for row in rows))
+
+    @classmethod
+    def of(cls, values: Tensor | np.ndarray) -> Moments:
+        """The moments of ``values (B, U)`` (a tensor on any device or an array)."""
+        tensor = torch.as_tensor(values)
+        return cls.from_rows(cls.rows(tensor.reshape(tensor.shape[0], -1)).cpu().numpy())
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """One IG run on the host, all states gathered (float64 numpy).
+
+    Attributes:
+        feature_shape: the shape of one state.
+        f_input, f_baseline, delta, relative_error: ``(B,)`` as the engine computed them.
+        degenerate: ``(B,)`` bool: ``|F(x) - F(b)|`` too small for a relative error.
+        non_finite: ``(B,)`` bool: ``F(x)``, ``F(b)`` or an attribution of the state is NaN/Inf.
+        sum_attributions: ``(B,)`` the sum of each state's attributions.
+        features: per-feature :class:`Moments`, ``(F,)`` each.
+        attributions: ``(B, F)`` when kept (``keep_attributions``), else ``None``.
+        sample_attributions: ``(S, *feature_shape)``: the first ``sample_states`` states' attributions.
+        groups: the :class:`~lightning_ig.groups.FeatureGroups`, or ``None``.
+        group_attributions: ``(B, G)`` per-state group sums, or ``None``.
+        n_steps, method, gradient, backend, target: the run's settings.
+        stochastic: the forward gave different values on the same rows (any rank).
+    """
+
+    feature_shape: tuple[int, ...]
+    f_input: np.ndarray
+    f_baseline: np.ndarray
+    delta: np.ndarray
+    relative_error: np.ndarray
+    degenerate: np.ndarray
+    non_finite: np.ndarray
+    sum_attributions: np.ndarray
+    features: Moments
+    attributions: np.ndarray | None
+    sample_attributions: np.ndarray
+    groups: FeatureGroups | None
+    group_attributions: np.ndarray | None
+    n_steps: int
+    method: str
+    gradient: str
+    backend: str
+    target: str
+    stochastic: bool
+
+    @property
+    def num_states(self) -> int:
+        return int(self.f_input.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.mean_abs.shape[0])
+
+    @property
+    def group_moments(self) -> Moments | None:
+        """Per-group :class:`Moments` of the group attributions (a group read as one feature)."""
+        return None if self.group_attributions is None else Moments.of(self.group_attributions)
+
+    @classmethod
+    def from_result(
+        cls,
+        result: _ResultLike | HostResult,
+        *,
+        gather: Callable[[Tensor], Tensor] | None = None,
+        num_states: int | None = None,
+        groups: FeatureGroups | None = None,
+        keep_attributions: bool = False,
+        sample_states: int = 0,
+    ) -> HostResult:
+        """Gather ``result`` (when ``gather`` is given), reduce it on its device and copy it to the host once.
+
+        Args:
+            result: an :class:`~lightning_ig.attribution.IGResult` with one
+                attribution per state (not ``target="each"``), or a ``HostResult`` (returned as is).
+            gather: ``trainer.strategy.all_gather`` under DDP: called once with this
+                rank's packed ``(share, F + 8)`` tensor, returns ``(world, share, F + 8)``.
+            num_states: keep the first this many gathered rows (drops the padding of an uneven split).
+            groups: also sum the attributions per group (``group_attributions``).
+            keep_attributions: also copy all ``(B, F)`` attributions (for histograms).
+            sample_states: also copy the attributions of the first this many states (for saliency maps).
+
+        Returns:
+            The host result.
+
+        Raises:
+            ValueError: the result holds one attribution set per action (``target="each"``).
+        """
+        if isinstance(result, HostResult):
+            return result
+        packed, feature_shape = pack(result)
+        if gather is not None:
+            packed = gather(packed).reshape(-1, packed.shape[-1])  # (world * share, F + 8): rank-major = state order
+        if num_states is not None:
+            packed = packed[:num_states]
+        count = packed.shape[1] - len(_COLUMNS)
+        values = packed[:, :count].to(torch.float64)  # (B, F)
+        columns = packed[:, count:].to(torch.float64)  # (B, 8)
+        sums = values.sum(1)  # (B,)
+        pieces = [columns.T.reshape(-1), sums, Moments.rows(values).reshape(-1)]
+        group_values = None if groups is None else groups.sum(values)  # (B, G) float64
+        samples = values[: max(0, int(sample_states))]
+        pieces += [samples.reshape(-1)]
+        if group_values is not None:
+            pieces.append(group_values.reshape(-1))
+        if keep_attributions:
+            pieces.append(values.reshape(-1))
+        host = torch.cat(pieces).cpu().numpy()  # the one device-to-host copy
+        return cls._unpack(host, result, feature_shape, packed.shape[0], count, samples.shape[0], groups)
+
+    @classmethod
+    def _unpack(
+        cls,
+        host: np.ndarray,
+        result: Any,
+        feature_shape: tuple[int, ...],
+        rows: int,
+        count: int,
+        samples: int,
+        groups: FeatureGroups | None,
+    ) -> HostResult:
+        sizes = [len(_COLUMNS) * rows, rows, 4 * count, samples * count, 0 if groups is None else rows * len(groups)]
+        offsets = np.cumsum([0, *sizes])
+        columns = dict(zip(_COLUMNS, host[: offsets[1]].reshape(len(_COLUMNS), rows)))
+        sums = host[offsets[1] : offsets[2]]
+        kept = host[offsets[5] :]
+        # A state is non-finite when the engine says so or its numbers are (either way: never a clean state).
+        non_finite = (columns["non_finite"] != 0) | ~(
+            np.isfinite(columns["f_input"]) & np.isfinite(columns["f_baseline"]) & np.isfinite(sums)
+        )
+        return cls(
+            feature_shape=feature_shape,
+            f_input=columns["f_input"],
+            f_baseline=columns["f_baseline"],
+            delta=columns["delta"],
+            relative_error=columns["relative_error"],
+            degenerate=(columns["degenerate"] != 0) & ~non_finite,
+            non_finite=non_finite,
+            sum_attributions=sums,
+            features=Moments.from_rows(host[offsets[2] : offsets[3]].reshape(4, count)),
+            attributions=kept.reshape(rows, count) if kept.size else None,
+            sample_attributions=host[offsets[3] : offsets[4]].reshape(samples, *feature_shape),
+            groups=groups,
+            group_attributions=None if groups is None else host[offsets[4] : offsets[5]].reshape(rows, len(groups)),
+            n_steps=int(columns["n_steps"].max()) if rows else int(result.n_steps),
+            method=str(result.method),
+            gradient=str(result.gradient),
+            backend=str(result.backend),
+            target=str(getattr(result, "target", "")),
+            stochastic=bool((columns["stochastic"] != 0).any()),
+        )
+
+
+class JointGather:
+    """One collective for a run's result and its riders (per-state rows of another result, e.g. an ensemble's members).
+
+    Pass it as the ``gather`` of :meth:`HostResult.from_result`: it concatenates
+    the packed result and every rider along the columns, makes the one
+    ``gather`` call (every rank the same call with the same shape), and splits
+    the gathered rows again. Afterwards :attr:`riders` holds each rider gathered,
+    ``(world * share, W_i)`` in state order, padding rows included.
+
+    Args:
+        gather: ``trainer.strategy.all_gather``, or ``None`` in a single process (nothing to gather:
+            the result and the riders stay as they are).
+        riders: ``(share, W_i)`` tensors, one row per state of this rank, on the result's device.
+    """
+
+    def __init__(self, gather: Callable[[Tensor], Tensor] | None, riders: list[Tensor]) -> None:
+        self._gather = gather
+        self.riders = list(riders)
+
+    def __call__(self, packed: Tensor) -> Tensor:
+        if self._gather is None:
+            return packed
+        if not self.riders:
+            return self._gather(packed)
+        widths = [packed.shape[1], *(rider.shape[1] for rider in self.riders)]
+        joint = torch.cat([packed, *(rider.to(packed.dtype) for rider in self.riders)], dim=1)  # (share, sum(widths))
+        gathered = self._gather(joint).reshape(-1, joint.shape[1])  # (world * share, sum(widths))
+        main, *self.riders = gathered.split(widths, dim=1)
+        return main
+
+
+def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
+    """One rank's result as the single tensor that is gathered, and the feature shape.
+
+    Returns:
+        ``(B, F + 8)`` in the attributions' dtype (at least float32): each state's flattened
+        attributions, then ``f_input``, ``f_baseline``, ``delta``, ``relative_error``,
+        ``degenerate``, ``non_finite``, ``n_steps``, ``stochastic``; and ``feature_shape``.
+    """
+    attributions = result.attributions
+    f_input = torch.as_tensor(result.f_input)
+    if attributions.ndim < 2 or f_input.ndim != 1 or f_input.shape[0] != attributions.shape[0]:
+        raise ValueError(
+            f"expected one forward value per state, got f_input of shape {tuple(f_input.shape)} for attributions "
+            f"of shape {tuple(attributions.shape)}; for target='each' build one report per action "
+            "(index the result's tensors)"
+        )
+    share = attributions.shape[0]
+    dtype = torch.promote_types(attributions.dtype, torch.float32)
+    non_finite = getattr(result, "non_finite", None)
+    flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
+    columns = [
+        result.f_input,
+        result.f_baseline,
+        result.delta,
+        result.relative_error,
+        result.degenerate,
+        flags,
+        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device),
+        torch.full((share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device),
+    ]
+    per_state = torch.stack([torch.as_tensor(c, device=attributions.device).reshape(share).to(dtype) for c in columns], 1)
+    packed = torch.cat([attributions.reshape(share, -1).to(dtype), per_state], dim=1)  # (B, F + 8)
+    return packed, tuple(int(size) for size in attributions.shape[1:])

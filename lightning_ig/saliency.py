@@ -1,0 +1,267 @@
+"""Saliency pictures of held-out observations, built with numpy (no matplotlib per image).
+
+For states with spatial dimensions, ``(C, H, W)`` (more leading dimensions are
+read as channels):
+
+* :func:`saliency_grid`: up to 8 observations side by side, each the
+  observation in grey (one channel or frame, or the channel mean) with its
+  signed attribution (summed over channels) blended over it: blue where the
+  attribution raises the target, red where it lowers it, more opaque where it
+  is larger. One symmetric scale for the whole grid, written under it;
+* :func:`mean_abs_image`: the mean ``|attribution|`` over all states, one tile
+  per channel side by side, one scale for all channels.
+
+For ``(C, L)`` states (1-d signals with channels) both are heat strips:
+channels down, positions across.
+
+Each image is a ``(H, W, 3)`` uint8 array for ``SummaryWriter.add_image(...,
+dataformats="HWC")`` or :func:`write_png`; small tiles are enlarged by whole
+pixels so that they stay sharp.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lightning_ig._files import atomic_path
+
+__all__ = ["SaliencyImage", "mean_abs_image", "saliency_grid", "saliency_kind", "write_png"]
+
+# ColorBrewer RdBu (11 classes), negative (red) to positive (blue); viridis for magnitudes.
+_DIVERGING = ["#67001f", "#b2182b", "#d6604d", "#f4a582", "#fddbc7", "#f7f7f7",
+              "#d1e5f0", "#92c5de", "#4393c3", "#2166ac", "#053061"]  # fmt: skip
+_SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
+# Small observations are enlarged by whole pixels up to about this size (captions stay in proportion); larger
+# ones are stored as they are: TensorBoard scales images up to its card without smoothing ("pixelated").
+_TILE_PIXELS = 84
+_STRIP_WIDTH = 384
+_GAP = 4
+_TEXT_ROW = 14
+_MAX_OPACITY = 0.9
+_ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not wash out the rest
+
+
+def _lut(anchors: list[str]) -> np.ndarray:
+    """A (256, 3) float32 table interpolated between the anchor colours."""
+    colours = np.array([[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in anchors], dtype=np.float64)
+    positions = np.linspace(0.0, 1.0, len(anchors))
+    grid = np.linspace(0.0, 1.0, 256)
+    return np.stack([np.interp(grid, positions, colours[:, k]) for k in range(3)], axis=1).astype(np.float32)
+
+
+_DIVERGING_LUT = _lut(_DIVERGING)
+_SEQUENTIAL_LUT = _lut(_SEQUENTIAL)
+
+
+@dataclass(frozen=True)
+class SaliencyImage:
+    """An RGB picture and the value its colour scale ends at.
+
+    Attributes:
+        pixels: ``(H, W, 3)`` uint8.
+        scale: the colour scale is ``[-scale, +scale]`` (signed maps) or ``[0, scale]`` (magnitudes).
+    """
+
+    pixels: np.ndarray
+    scale: float
+
+
+def saliency_kind(feature_shape: tuple[int, ...]) -> str | None:
+    """``"image"`` for ``(C, H, W)`` (or more dims), ``"strip"`` for ``(C, L)``, ``None`` for flat vectors."""
+    if len(feature_shape) >= 3:
+        return "image"
+    return "strip" if len(feature_shape) == 2 else None
+
+
+def _robust_max(values: np.ndarray) -> float:
+    finite = np.abs(values[np.isfinite(values)])
+    if finite.size == 0:
+        return 1.0
+    top = float(np.percentile(finite, _ROBUST_PERCENTILE))
+    return top if top > 0 else (float(finite.max()) or 1.0)
+
+
+def _enlarge(image: np.ndarray, factor: int) -> np.ndarray:
+    pixels = np.clip(image, 0, 255).astype(np.uint8)
+    return pixels if factor == 1 else pixels.repeat(factor, axis=0).repeat(factor, axis=1)
+
+
+def _tile_factor(height: int, width: int) -> int:
+    return max(1, round(_TILE_PIXELS / max(height, width)))
+
+
+def _as_images(values: np.ndarray) -> np.ndarray:
+    """``(S, *shape)`` -> ``(S, C, H, W)``: leading feature dims folded into channels."""
+    return values.reshape(values.shape[0], -1, *values.shape[-2:])
+
+
+def _diverging(signed: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Colours ``(..., 3)`` and opacities ``(...)`` of signed values on ``[-scale, scale]``."""
+    unit = np.clip(np.nan_to_num(signed / scale), -1.0, 1.0)
+    colours = _DIVERGING_LUT[np.round((unit + 1.0) * 127.5).astype(np.intp)]
+    return colours, _MAX_OPACITY * np.abs(unit)
+
+
+def _sequential(values: np.ndarray, scale: float) -> np.ndarray:
+    unit = np.clip(np.nan_to_num(values / scale), 0.0, 1.0)
+    return _SEQUENTIAL_LUT[np.round(unit * 255.0).astype(np.intp)]
+
+
+def _grey(observations: np.ndarray) -> np.ndarray:
+    """``(S, H, W)`` -> grey levels in ``[0, 255]``, each observation stretched to its own range."""
+    low = observations.min(axis=(1, 2), keepdims=True)
+    high = observations.max(axis=(1, 2), keepdims=True)
+    span = np.where(high > low, high - low, 1.0)
+    return np.where(high > low, (observations - low) / span, 0.5) * 255.0
+
+
+def saliency_grid(
+    states: np.ndarray, attributions: np.ndarray, *, channel: int | None = None, columns: int = 4
+) -> SaliencyImage:
+    """The observations with their signed attributions blended over them, in a grid (a strip per state for 1-d).
+
+    Args:
+        states: ``(S, *feature_shape)`` the observations.
+        attributions: ``(S, *feature_shape)`` their attributions.
+        channel: the channel (or frame) drawn in grey; ``None`` (default) for the channel mean.
+        columns: tiles per row (default 4).
+
+    Returns:
+        The picture and its scale (the attribution at which the colour is full).
+
+    Raises:
+        ValueError: shapes that differ or have no spatial dimension, or a channel out of range.
+    """
+    states = np.asarray(states, dtype=np.float32)
+    attributions = np.asarray(attributions, dtype=np.float32)
+    kind = saliency_kind(tuple(states.shape[1:]))
+    if states.shape != attributions.shape or kind is None:
+        raise ValueError(
+            f"saliency needs states and attributions of one shape (S, C, H, W) or (S, C, L), got "
+            f"{tuple(states.shape)} and {tuple(attributions.shape)}"
+        )
+    if kind == "strip":
+        scale = _robust_max(attributions)
+        strips = [_strip(*_diverging(a, scale)) for a in attributions]
+        body = _stack(strips, [f"state {i}" for i in range(len(strips))])
+        return SaliencyImage(_with_legend(body, scale, signed=True, what="attribution per channel and position"), scale)
+    images, maps = _as_images(states), _as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
+    if channel is not None and not 0 <= channel < images.shape[1]:
+        raise ValueError(f"saliency_channel={channel} is out of range for {images.shape[1]} channels")
+    grey = _grey(images.mean(axis=1) if channel is None else images[:, channel])[..., None]  # (S, H, W, 1)
+    scale = _robust_max(maps)
+    colours, opacity = _diverging(maps, scale)
+    blended = (1.0 - opacity[..., None]) * grey + opacity[..., None] * colours  # (S, H, W, 3)
+    factor = _tile_factor(*maps.shape[1:])
+    tiles = [_enlarge(tile, factor) for tile in blended]
+    body = _grid(tiles, [f"state {i}" for i in range(len(tiles))], columns)
+    shown = "the channel mean" if channel is None else f"channel {channel}"
+    legend = f"attribution (sum over channels) on {shown}"
+    return SaliencyImage(_with_legend(body, scale, signed=True, what=legend), scale)
+
+
+def mean_abs_image(mean_abs: np.ndarray, num_states: int | None = None) -> SaliencyImage:
+    """Mean ``|attribution|`` per feature as a picture: one tile per channel (or a heat strip for ``(C, L)``).
+
+    Args:
+        mean_abs: ``feature_shape`` array of mean ``|attr|`` over the states.
+        num_states: how many states it is the mean over (for the legend).
+
+    Returns:
+        The picture and its scale (the value at the top of the colour scale; shared by all channels).
+    """
+    values = np.asarray(mean_abs, dtype=np.float32)
+    scale = _robust_max(values)
+    over = "" if num_states is None else f" over {num_states} states"
+    if saliency_kind(values.shape) == "strip":
+        body = _stack([_strip(_sequential(values, scale), None)], ["all channels"])
+        return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution|{over}"), scale)
+    channels = values.reshape(-1, *values.shape[-2:])  # (C, H, W)
+    factor = _tile_factor(*channels.shape[1:])
+    tiles = [_enlarge(_sequential(tile, scale), factor) for tile in channels]
+    body = _grid(tiles, [f"channel {c}" for c in range(len(tiles))], columns=len(tiles))
+    return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution| per pixel{over}"), scale)
+
+
+def _strip(colours: np.ndarray, opacity: np.ndarray | None) -> np.ndarray:
+    """``(C, L, 3)`` colours -> a strip, rows 6 px high, columns stretched to about ``_STRIP_WIDTH``."""
+    if opacity is not None:  # a signed strip: blend over white, so that small values fade
+        colours = (1.0 - opacity[..., None]) * 255.0 + opacity[..., None] * colours
+    factor = max(1, math.ceil(_STRIP_WIDTH / colours.shape[1]))
+    return np.clip(colours, 0, 255).astype(np.uint8).repeat(6, axis=0).repeat(factor, axis=1)
+
+
+def _canvas(height: int, width: int) -> np.ndarray:
+    return np.full((height, width, 3), 255, dtype=np.uint8)
+
+
+def _grid(tiles: list[np.ndarray], captions: list[str], columns: int) -> np.ndarray:
+    height, width = tiles[0].shape[:2]
+    columns = max(1, min(columns, len(tiles)))
+    rows = math.ceil(len(tiles) / columns)
+    cell_height, cell_width = height + _TEXT_ROW, width + _GAP
+    canvas = _canvas(rows * cell_height, columns * cell_width - _GAP)
+    for index, tile in enumerate(tiles):
+        top, left = (index // columns) * cell_height + _TEXT_ROW, (index % columns) * cell_width
+        canvas[top : top + height, left : left + width] = tile
+    return _caption(canvas, [((index // columns) * cell_height, (index % columns) * cell_width, text)
+                             for index, text in enumerate(captions)])  # fmt: skip
+
+
+def _stack(strips: list[np.ndarray], captions: list[str]) -> np.ndarray:
+    height, width = strips[0].shape[:2]
+    cell = height + _TEXT_ROW + _GAP
+    canvas = _canvas(len(strips) * cell, width)
+    for index, strip in enumerate(strips):
+        canvas[index * cell + _TEXT_ROW : index * cell + _TEXT_ROW + height] = strip
+    return _caption(canvas, [(index * cell, 0, text) for index, text in enumerate(captions)])
+
+
+def _caption(canvas: np.ndarray, texts: list[tuple[int, int, str]]) -> np.ndarray:
+    from PIL import Image, ImageDraw  # noqa: PLC0415 - Pillow comes with matplotlib and TensorBoard's images
+
+    image = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(image)
+    for top, left, text in texts:
+        draw.text((left + 1, top + 1), text, fill=(40, 40, 40))
+    return np.asarray(image)
+
+
+def _with_legend(body: np.ndarray, scale: float, *, signed: bool, what: str) -> np.ndarray:
+    """``body`` above a colour bar with its ends written out, as uint8."""
+    width = max(body.shape[1], 320)
+    bar_width = min(width - 120, 256)
+    legend = _canvas(2 * _TEXT_ROW + 10, width)
+    ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
+    colours = _DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
+    legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
+    low = f"{-scale:+.2e}" if signed else "0"
+    texts = [(2, 2, low), (2, 64 + bar_width, f"{scale:+.2e}" if signed else f"{scale:.2e}"), (_TEXT_ROW + 4, 2, what)]
+    legend = _caption(legend, texts)
+    canvas = _canvas(body.shape[0] + legend.shape[0] + _GAP, width)
+    canvas[: body.shape[0], : body.shape[1]] = body
+    canvas[body.shape[0] + _GAP :] = legend
+    return canvas
+
+
+def write_png(pixels: np.ndarray, path: str | os.PathLike[str]) -> Path:
+    """Write an ``(H, W, 3)`` uint8 picture as a PNG, atomically, with the umask's mode.
+
+    Args:
+        pixels: from :func:`saliency_grid` or :func:`mean_abs_image` (``.pixels``).
+        path: the file to write.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    from PIL import Image  # noqa: PLC0415
+
+    target = Path(path)
+    with atomic_path(target) as temporary:
+        Image.fromarray(np.asarray(pixels, dtype=np.uint8)).save(temporary, format="PNG")
+    return target

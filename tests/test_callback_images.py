@@ -1,0 +1,167 @@
+"""Images and wide vectors: bounded tags, groups, saliency images, several callbacks in one Trainer."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _ig_tiny import ConvQNet, frame_dataset, frames, make_trainer  # noqa: E402
+from _tolerance import assert_close_scaled  # noqa: E402
+
+from lightning_ig.attribution import integrated_gradients  # noqa: E402
+from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+from lightning_ig.report import load_schema  # noqa: E402
+from lightning_ig.saliency import mean_abs_image, saliency_grid  # noqa: E402
+
+ALL = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+
+
+def _fit(root: Path, shape: tuple[int, ...], callbacks: list, max_steps: int = 4, seed: int = 0) -> tuple[ConvQNet, TensorBoardLogger]:
+    torch.manual_seed(seed)
+    model = ConvQNet(shape)
+    logger = TensorBoardLogger(root, name="tb")
+    data = DataLoader(frame_dataset(64, shape), batch_size=16)
+    make_trainer(root, callbacks, max_steps=max_steps, logger=logger).fit(model, data)
+    return model, logger
+
+
+def _events(logger: TensorBoardLogger) -> EventAccumulator:
+    events = EventAccumulator(logger.log_dir, size_guidance=ALL)
+    events.Reload()
+    return events
+
+
+def _direct(model: ConvQNet, states: torch.Tensor, n_steps: int):
+    model.eval()
+    return integrated_gradients(model, states, target="mean", n_steps=n_steps)
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("images")
+    states = frames(10, (3, 16, 16), seed=1)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=16, report_dir=root / "reports")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, logger = _fit(root, (3, 16, 16), [callback])
+    return {"root": root, "states": states, "model": model, "events": _events(logger), "warnings": caught, "callback": callback}
+
+
+def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(image_run):
+    tags = image_run["events"].Tags()
+    scalars, histograms, images = set(tags["scalars"]), set(tags["histograms"]), set(tags["images"])
+    channels = [f"channel {c}" for c in range(3)]
+    assert {f"ig/group/mean_abs/{name}" for name in channels} <= scalars
+    assert {f"ig/group/mean_signed/{name}" for name in channels} <= scalars
+    assert {f"ig/group/attributions/{name}" for name in channels} == histograms
+    assert not any(tag.startswith(("ig/mean_abs/", "ig/mean_signed/")) for tag in scalars)  # 768 features: none
+    assert {"ig/concentration/top1pct_share", "ig/concentration/top10pct_share"} <= scalars
+    assert "ig/drift/topk_jaccard_prev" not in scalars  # 3 channels <= top_k: the overlap is 1 by construction
+    assert len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40  # was 1,542 scalar tags
+    assert {tag for tag in scalars if tag.startswith("ig/")} == set(image_run["callback"]._tags.scalar_tags(10))
+    grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]
+    assert len(grouping) == 1 and "768 features" in grouping[0] and "3 groups (channel 0, ...)" in grouping[0]
+
+
+def test_group_scalars_are_the_sums_of_their_members(image_run):
+    events, states = image_run["events"], image_run["states"]
+    result = _direct(image_run["model"], states, n_steps=16)
+    per_channel = result.attributions.double().sum((2, 3))  # (B, 3)
+    logged = [events.Scalars(f"ig/group/mean_abs/channel {c}")[-1].value for c in range(3)]
+    assert_close_scaled(logged, per_channel.abs().mean(0), ulps=64, scale=float(result.attributions.abs().sum((1, 2, 3)).max()))
+    report = json.loads((image_run["root"] / "reports" / "ig_report_step=00000004.json").read_text())
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"channel {c}", 256) for c in range(3)]
+    assert_close_scaled([g["mean_signed"] for g in report["groups"]], per_channel.mean(0), ulps=64,
+                        scale=float(result.attributions.abs().sum((1, 2, 3)).max()))  # fmt: skip
+    assert report["state_dim"] == 768 and len(report["features"]) == 768
+
+
+def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
+    events, states = image_run["events"], image_run["states"]
+    result = _direct(image_run["model"], states, n_steps=16)
+    expected = saliency_grid(states[:8].numpy(), result.attributions[:8].double().numpy()).pixels
+    expected_mean = mean_abs_image(result.attributions.double().abs().mean(0).numpy(), 10).pixels
+    for tag, pixels in (("ig/saliency", expected), ("ig/saliency/mean_abs", expected_mean)):
+        logged = events.Images(tag)
+        assert [event.step for event in logged] == [2, 4]
+        assert (logged[-1].height, logged[-1].width) == pixels.shape[:2]
+        decoded = np.asarray(Image.open(io.BytesIO(logged[-1].encoded_image_string)).convert("RGB"))
+        assert decoded.dtype == np.uint8 and decoded.shape == pixels.shape
+        # the same picture up to a colour step where the float32 run and the float64 reference round apart
+        assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01
+    assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
+    text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert "**Saliency** (`ig/saliency`): colour scale ±" in text
+
+
+def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
+    states = frames(12, (256,), seed=2)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, logger = _fit(tmp_path / "blocks", (256,), [callback])
+    tags = _events(logger).Tags()
+    scalars = set(tags["scalars"])
+    assert "ig/group/mean_abs/x000..x003" in scalars and "ig/group/mean_abs/x252..x255" in scalars  # sort as numbers
+    assert len(scalars) + len(tags["histograms"]) <= 3 * 64 + 12
+    assert any("64 groups (x0..x3, ...)" in str(w.message) for w in caught)
+
+    named = {f"family {k}": list(range(32 * k, 32 * k + 32)) for k in range(8)}
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, feature_groups=named, top_k=3)
+    _, logger = _fit(tmp_path / "named", (256,), [callback])
+    scalars = set(_events(logger).Tags()["scalars"])
+    assert {f"ig/group/mean_abs/family {k}" for k in range(8)} <= scalars
+    assert "ig/drift/topk_jaccard_prev" in scalars and len(scalars) <= 2 * 8 + 12
+
+
+def test_one_dimensional_signals_get_heat_strips(tmp_path):
+    states = frames(6, (2, 40), seed=3)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, saliency_states=3)
+    _, logger = _fit(tmp_path, (2, 40), [callback], max_steps=2)
+    events = _events(logger)
+    strip = events.Images("ig/saliency")[-1]
+    assert strip.width >= 384 and strip.height < 200  # 3 strips of 2 channels, 6 px each, captions and a colour bar
+
+
+def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):
+    states = frames(6, (3, 16, 16), seed=4)
+    value = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, name="value", report_dir=tmp_path / "r")
+    action = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, name="action 1", target=1,
+                                         report_dir=tmp_path / "r", feature_groups="channels")  # fmt: skip
+    _, logger = _fit(tmp_path, (3, 16, 16), [value, action], max_steps=2)
+    events = _events(logger)
+    scalars = set(events.Tags()["scalars"])
+    assert "ig/value/group/mean_abs/channel 0" in scalars and "ig/action 1/group/mean_abs/channel 0" in scalars
+    assert not any(tag.startswith("ig/group/") for tag in scalars)
+    assert sorted(path.name for path in (tmp_path / "r").iterdir()) == [
+        "ig_report_action 1_step=00000002.json", "ig_report_value_step=00000002.json"]  # fmt: skip
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(events.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    assert [category.title for category in layout.category] == [
+        "Integrated Gradients 'value'", "Integrated Gradients 'action 1'"]  # fmt: skip
+    assert value.state_key != action.state_key
+
+
+def test_two_callbacks_with_one_name_fail_before_training(tmp_path):
+    states = frames(6, (3, 16, 16))
+    callbacks = [IntegratedGradientsCallback(states, every_n_steps=2), IntegratedGradientsCallback(states, every_n_steps=2, target=1)]
+    with pytest.raises(MisconfigurationException, match="2 IntegratedGradientsCallbacks would write the same tags"):
+        _fit(tmp_path, (3, 16, 16), callbacks)

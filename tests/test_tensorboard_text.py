@@ -1,0 +1,62 @@
+"""The names, scalars and text TensorBoard shows, read from a typed run summary (never the JSON report)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lightning_ig.host_result import Moments
+from lightning_ig.statistics import Completeness
+from lightning_ig.summary import RunSettings, RunSummary, Units
+from lightning_ig.tensorboard import TagNames, display_labels, report_markdown, scalar_metrics
+
+
+def _summary(worst: float = 0.004, non_finite: int = 0, degenerate: int = 0, groups: bool = False) -> RunSummary:
+    moments = Moments.of(np.array([[1.0, -20.0, 3.0], [2.0, -30.0, 5.0]]))
+    names = ["cart position", "pole/angle", "x2"]
+    units = Units("groups" if groups else "features", names, moments, None, np.array([2, 2, 2]) if groups else None)
+    return RunSummary(
+        step=300, run_index=2, settings=RunSettings("mean", "zeros", 0.01, 10), num_states=2, feature_shape=(3,),
+        n_steps=50, method="gausslegendre", gradient="autograd", backend="torch", features=moments,
+        logged_features=None if groups else units, groups=units if groups else None,
+        completeness=Completeness(worst, 1e-4, 2, degenerate, non_finite, 0 if non_finite else None, 0.01),
+        drift={"spearman_prev": 0.5}, concentration={"top1pct_share": 0.8, "top10pct_share": 0.8},
+    )  # fmt: skip
+
+
+def test_labels_are_readable_and_generated_ones_sort_numerically():
+    assert display_labels(["cart position", "pole/angle"]) == ["cart position", "pole∕angle"]
+    labels = display_labels(["x[0,3,9]", "x[0,10,2]", "x[1,0,0]"], generated=True)
+    assert labels == ["x[00,03,09]", "x[00,10,02]", "x[01,00,00]"] and sorted(labels) == labels
+    assert display_labels(["channel 0", "channel 10", "channel 2"], generated=True) == ["channel 00", "channel 10", "channel 02"]
+
+
+def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
+    tags = TagNames.build(None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False)
+    metrics = scalar_metrics(_summary(worst=math.inf, non_finite=2), tags)
+    assert metrics["ig/completeness/worst_relative_error"] == math.inf
+    assert metrics["ig/completeness/non_finite_states"] == 2.0
+    assert metrics["ig/mean_abs/pole∕angle"] == 25.0 and metrics["ig/mean_signed/pole∕angle"] == -25.0
+    assert metrics["ig/drift/spearman_prev"] == 0.5
+    assert set(metrics) - {"ig/drift/spearman_prev"} <= set(tags.scalar_tags(top_k=10))
+    named = TagNames.build("value", None, ["a", "b", "c"], generated_features=False, generated_groups=False)
+    assert scalar_metrics(_summary(groups=True), named)["ig/value/group/mean_abs/b"] == 25.0
+
+
+def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
+    tags = TagNames.build(None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False)
+    text = report_markdown(_summary(), tags)
+    assert "Completeness passes: worst relative error 0.40% <= tolerance 1.00% over 2 states." in text
+    table = text.split("```")[1].strip("\n").splitlines()
+    assert table[0].split()[:2] == ["rank", "feature"]
+    assert table[1].split()[1] == "pole∕angle"  # the most important first
+    # every number column ends at the same place: right-aligned
+    assert len({len(line) for line in table}) == 1
+    failing = report_markdown(_summary(worst=0.2, degenerate=1), tags)
+    assert "Completeness FAILS: worst relative error 20.00% > tolerance 1.00%" in failing and "n_steps='auto'" in failing
+    assert "1 state(s) had F(x) and F(b) too close to judge by a ratio" in failing
+    assert "degenerate" not in failing and "kept apart" not in failing
+    unchecked = report_markdown(_summary(worst=math.nan, degenerate=2), tags)
+    assert "Completeness not checked: in all 2 states" in unchecked
+    assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in report_markdown(_summary(worst=math.inf, non_finite=1), tags)
