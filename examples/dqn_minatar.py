@@ -62,6 +62,9 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channels: list[
         every_n_steps=args.ig_every_n_steps,
         target="mean",  # V(s): the mean of the dueling Q-values
         n_steps=args.ig_n_steps,
+        feature_groups="channels",  # one group per object: the attributions of its pixels summed
+        group_names=channels,
+        saliency_states=8,  # ig/saliency: 8 held-out frames with the signed attribution over them
         top_k=len(channels),
     )
 
@@ -396,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, trainer.global_step)
     with noise_disabled(q_network):
         result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
-    per_channel = result.attributions.sum(dim=(2, 3)).cpu()  # (num_held_out, C): completeness holds per channel too
+    per_channel = result.grouped("channels").cpu()  # (num_held_out, C): completeness holds per channel too
     channels = feature_statistics(per_channel, channel_names)
     checkpoint = save_checkpoint(
         q_network, run_dir / "q_network.safetensors", states=held_out,

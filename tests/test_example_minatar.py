@@ -92,12 +92,20 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run) -> None:
     _ok(proc)
     accumulator = EventAccumulator(str(_only_run_dir(runs)), size_guidance={"scalars": 0, "images": 0})
     accumulator.Reload()
-    scalars = set(accumulator.Tags()["scalars"])
+    tags = accumulator.Tags()
+    scalars = set(tags["scalars"])
     expected = {"ig/completeness/worst_relative_error", "ig/time_ms", "charts/episodic_return", "losses/td_loss",
                 "eval/mean_return", "eval/random_mean_return"}  # fmt: skip
+    for channel in CHANNEL_NAMES:  # one curve per object, not one per pixel
+        expected |= {f"ig/group/mean_abs/{channel}", f"ig/group/mean_signed/{channel}"}
     assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
+    assert not any(tag.startswith("ig/mean_abs/") for tag in scalars), "400 pixels must not get a curve each"
     # (1200 - 400) / 4 = 200 gradient steps, a run every 100
     assert [e.step for e in accumulator.Scalars("ig/completeness/worst_relative_error")] == [100, 200]
+    saliency = accumulator.Images("ig/saliency")
+    assert [image.step for image in saliency] == [100, 200]
+    assert saliency[-1].width > 0 and saliency[-1].height > 0 and saliency[-1].encoded_image_string[:4] == b"\x89PNG"
+    assert "ig/saliency/mean_abs" in tags["images"]
 
 
 def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> None:
