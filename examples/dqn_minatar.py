@@ -1,6 +1,6 @@
 """Dueling NoisyNet DQN on MinAtar Breakout from pixels, on the GPU, watched by Integrated Gradients per object.
 
-MinAtar (Young & Tian, 2019; the `minatar` package, GPL-3.0, imported here as a
+MinAtar (Young & Tian, 2019; the `minatar` package, GPL-3.0-or-later, imported as a
 separate optional package) shows a 10x10 frame with one channel per object:
 Breakout's are paddle, ball, trail (where the ball was) and brick. While the
 agent learns, lightning-ig's IntegratedGradientsCallback attributes V(s) (the
@@ -18,10 +18,11 @@ n-step targets on the device, and one transfer to the host per vector step
 
 Run::
 
-    python examples/dqn_minatar.py                  # a GPU: a few minutes
-    python examples/dqn_minatar.py --total-timesteps 3000 --accelerator cpu   # a smoke run
-    tensorboard --logdir runs
-    lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto
+    python examples/dqn_minatar.py                  # a GPU: a few minutes; 2 CPU cores: 4-10 minutes
+    python examples/dqn_minatar.py --total-timesteps 8000 --accelerator cpu   # a smoke run
+    tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/saliency
+    lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto \
+        --feature-groups runs/<run>/channel_groups.json --saliency runs/<run>/saliency
 """
 
 from __future__ import annotations
@@ -407,11 +408,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                   "global_step": str(trainer.global_step), "eval_mean_return": f"{mean_return:.2f}",
                   "random_mean_return": f"{random_return:.2f}", "args": json.dumps(vars(args))},
     )  # fmt: skip
+    # The channels by name for `lightning-ig diag --feature-groups`: one (C, 1, 1) mask per channel (broadcast).
+    groups_file = run_dir / "channel_groups.json"
+    groups_file.write_text(json.dumps({name: [[[other == name]] for other in channel_names] for name in channel_names}))
     logger.finalize("success")
 
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"\nrun folder          {run_dir}")
     print(f"checkpoint          {checkpoint}")
+    print(f"diagnose it with    lightning-ig diag --checkpoint {checkpoint} --states auto --feature-groups {groups_file}")
     print(f"device              {device}; auxiliary loss {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
           f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up")  # fmt: skip

@@ -122,21 +122,30 @@ def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> No
     assert q_values.shape == (NUM_HELD_OUT, 3) and torch.isfinite(q_values).all()
 
 
-def test_diag_on_the_checkpoint_writes_a_valid_report(tiny_run, tmp_path: Path) -> None:
+def test_diag_reports_the_channels_by_name_with_saliency_images(tiny_run, tmp_path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     proc, runs = tiny_run
     _ok(proc)
+    run_dir = _only_run_dir(runs)
+    groups_file = run_dir / "channel_groups.json"
+    assert f"--feature-groups {Path('runs', run_dir.name, groups_file.name)}" in proc.stdout  # it prints the command
     output = tmp_path / "report.json"
-    checkpoint = _only_run_dir(runs) / "q_network.safetensors"
     diag = _run(
-        ["-m", "lightning_ig.cli", "diag", "--checkpoint", str(checkpoint), "--states", "auto",
-         "--auto-samples", "4", "--output", str(output)],
+        ["-m", "lightning_ig.cli", "diag", "--checkpoint", str(run_dir / "q_network.safetensors"), "--states", "auto",
+         "--auto-samples", "4", "--feature-groups", str(groups_file), "--saliency", str(tmp_path / "saliency"),
+         "--output", str(output)],
         cwd=tmp_path, timeout=120,
     )  # fmt: skip
     _ok(diag)
     report = json.loads(output.read_text())
     jsonschema.validate(report, load_schema())
     assert report["num_states"] == 4 and report["state_dim"] == 4 * 10 * 10
+    assert [(group["name"], group["members"]) for group in report["groups"]] == [(name, 100) for name in CHANNEL_NAMES]
+    # a group's attribution is the sum of its pixels': the groups' signed means add up to the features'
+    total = sum(feature["mean_signed"] for feature in report["features"])
+    assert sum(group["mean_signed"] for group in report["groups"]) == pytest.approx(total, rel=1e-5, abs=1e-9)
+    for png in ("saliency.png", "saliency_mean_abs.png"):
+        assert (tmp_path / "saliency" / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_same_seed_same_weights_with_or_without_the_callback(tiny_run, tmp_path: Path) -> None:
