@@ -208,7 +208,7 @@ class ReplayBuffer(IterableDataset):
         self.actions = torch.zeros(steps, dtype=torch.long, device=device)
         self.rewards = torch.zeros(steps, device=device)
         self.terminals = torch.zeros(steps, device=device)
-        self.discounts = args.gamma ** torch.arange(args.n_step + 1, device=device, dtype=torch.float32)
+        self.gamma_powers = args.gamma ** torch.arange(args.n_step + 1, device=device, dtype=torch.float32)
         self.offsets = torch.arange(args.n_step, device=device)
         self.generator = torch.Generator(device=device).manual_seed(args.seed)
 
@@ -230,8 +230,8 @@ class ReplayBuffer(IterableDataset):
         rewards, terminals = self.rewards[steps, game[:, None]], self.terminals[steps, game[:, None]]  # (B, n)
         alive = torch.cumprod(1.0 - terminals, dim=1)  # the game still runs after step k
         alive_before = torch.cat([torch.ones_like(alive[:, :1]), alive[:, :-1]], dim=1)
-        returns = (rewards * alive_before * self.discounts[:-1]).sum(dim=1)
-        discounts = self.discounts[-1] * alive[:, -1]  # 0 where the game ended within the n steps
+        returns = (rewards * alive_before * self.gamma_powers[:-1]).sum(dim=1)
+        discounts = self.gamma_powers[-1] * alive[:, -1]  # 0 where the game ended within the n steps
         next_observations = self.observations[(start + self.n_step) % self.capacity, game]
         reward_soon = torch.where((rewards * alive_before).sum(dim=1) > 0, 1.0, -1.0)  # the auxiliary label
         observations, actions = self.observations[start, game], self.actions[start, game]
