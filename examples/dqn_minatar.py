@@ -416,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"\nrun folder          {run_dir}")
     print(f"checkpoint          {checkpoint}")
-    print(f"diagnose it with    lightning-ig diag --checkpoint {checkpoint} --states auto --feature-groups {groups_file}")
+    print(f"diagnose it with    lightning-ig diag --checkpoint {checkpoint} --states auto "
+          f"--feature-groups {groups_file}")
     print(f"device              {device}; auxiliary loss {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
           f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up")  # fmt: skip
