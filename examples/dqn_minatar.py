@@ -184,12 +184,17 @@ class MinAtarVectorEnv:
 
 
 def collect_held_out_states(game: str, num_states: int, seed: int) -> Tensor:
-    """``(num_states, C, 10, 10)`` float frames from uniformly random play in games of their own."""
+    """``(num_states, C, 10, 10)`` float frames from uniformly random play in games of their own.
+
+    Drawn from a pool four times larger, so that the frames (and the saliency grid) are not
+    the first steps of a few games side by side.
+    """
     envs, rng = MinAtarVectorEnv(game, 8, seed), np.random.default_rng(seed)
     frames = [envs.reset().copy()]
-    while sum(len(f) for f in frames) < num_states:
+    while len(frames) * 8 < 4 * num_states:
         frames.append(envs.step(rng.integers(len(envs.action_set), size=8))[0].copy())  # (8, C, 10, 10)
-    return torch.from_numpy(np.concatenate(frames)[:num_states]).float()
+    pool = np.concatenate(frames)
+    return torch.from_numpy(pool[rng.choice(len(pool), num_states, replace=False)]).float()
 
 
 class ReplayBuffer(IterableDataset):
