@@ -283,6 +283,7 @@ class DQNAgent(L.LightningModule):
         while self.env_steps < self.args.learning_starts:
             self.play_step(random_actions.integers(len(self.envs.action_set), size=self.args.num_envs))
         self.warm_up_env_steps, self.train_started = self.env_steps, time.perf_counter()
+        self.trained_on = self.device  # Lightning moves the module back to the CPU when fit ends
 
     @torch.no_grad()
     def play_step(self, actions: np.ndarray | None = None) -> None:
@@ -423,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"checkpoint          {checkpoint}")
     print(f"diagnose it with    lightning-ig diag --checkpoint {checkpoint} --states auto "
           f"--feature-groups {groups_file}")
-    print(f"device              {device}; auxiliary loss {loss_name}")
+    print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
           f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up")  # fmt: skip
     print(f"speed               {env_steps_per_second:.0f} env steps/s, {gradient_steps_per_second:.1f} gradient "

@@ -78,6 +78,7 @@ def test_exits_zero_and_prints_return_against_random_and_channels(tiny_run) -> N
     assert "gradient steps/s" in out and "env steps/s" in out
     assert "random policy" in out and "over 4 episodes" in out
     assert "auxiliary loss lightning-ig fused soft-margin" in out
+    assert "trained on cpu" in out  # the device of the fit, not where Lightning leaves the module afterwards
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("attribution of V(s) per channel"))
     printed = [line.split()[0] for line in lines[start + 1 : start + 5]]
