@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 from _tolerance import assert_close_scaled, eps, rounding_bound
+from test_engine_host_kernels import repeated_ends
 
 from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning, integrated_gradients
 from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype
@@ -74,10 +75,10 @@ def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype:
     x = _randn((batch, features), dtype, cuda_device, 1)
     b = _randn((batch, features), dtype, cuda_device, 2)
     alphas = torch.rand(7, generator=_generator(3, cuda_device), device=cuda_device).to(acc)
-    for with_ends in (True, False):
-        ours = KERNELS.interpolate(x, b, alphas, with_ends)
-        twin = TWINS.interpolate(x, b, alphas, with_ends)
-        assert ours.shape == twin.shape == (7 + 2 * with_ends, batch, features)
+    for end_copies in (0, 1, 2):
+        ours = KERNELS.interpolate(x, b, alphas, end_copies)
+        twin = TWINS.interpolate(x, b, alphas, end_copies)
+        assert ours.shape == twin.shape == (7 + 2 * end_copies, batch, features)
         assert torch.equal(ours, twin)
 
 
@@ -132,7 +133,8 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
         ends[1, 0, 0] = ends[0, 0, 0]  # one degenerate state
         ours = KERNELS.completeness(attributions, ends)
         twin = TWINS.completeness(attributions, ends)
-        assert ours.shape == twin.shape == (6, n_targets, batch)
+        assert ours.shape == twin.shape == (7, n_targets, batch)
+        assert not ours[6].any() and not twin[6].any()  # one copy of the ends: nothing to compare
         assert torch.equal(ours[4], twin[4])  # the degenerate flags
         assert torch.equal(ours[5], twin[5]) and not ours[5].any()  # nothing non-finite here
         assert torch.equal(ours[:2], twin[:2])  # f_input, f_baseline are copies
@@ -146,6 +148,15 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
         # The relative error is |delta| / |f_input - f_baseline| of the kernel's own delta; NaN where degenerate.
         expected = (ours[2].abs() / (ours[0] - ours[1]).abs()).masked_fill(ours[4] != 0, float("nan"))
         torch.testing.assert_close(ours[3], expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_completeness_kernel_compares_repeated_ends_like_its_twin(cuda_device: torch.device, dtype: torch.dtype) -> None:
+    attributions, ends, expected = repeated_ends(dtype)
+    attributions, ends = attributions.to(cuda_device), ends.to(cuda_device)
+    ours = KERNELS.completeness(attributions, ends)
+    torch.testing.assert_close(ours, TWINS.completeness(attributions, ends), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(ours[6].cpu() != 0, expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -164,7 +175,7 @@ def test_completeness_kernel_flags_nan_and_inf_like_its_twin(cuda_device: torch.
     ends[1, 7, 1] = ends[0, 7, 1]  # a degenerate state beside them
     ours = KERNELS.completeness(attributions, ends)
     twin = TWINS.completeness(attributions, ends)
-    torch.testing.assert_close(ours, twin, rtol=0, atol=0, equal_nan=True)  # all six rows, bit for bit
+    torch.testing.assert_close(ours, twin, rtol=0, atol=0, equal_nan=True)  # every row, bit for bit
     non_finite = torch.zeros((n_targets, batch), dtype=torch.bool, device=cuda_device)
     for t, s in [(0, 1), (1, 2), (0, 3), (0, 4), (1, 5), (0, 6)]:
         non_finite[t, s] = True
