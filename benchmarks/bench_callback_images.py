@@ -1,6 +1,6 @@
 """What one callback run costs on image and wide-vector states, beside the IG alone; event-file growth; tags.
 
-Two cases, default callback options (50 steps, figures every 10 runs, saliency images, groups):
+Two cases, default callback options (50 steps, figures and saliency images every 10 runs, groups):
 
 * ``atari``: a Nature-CNN dueling Q-network, 32 held-out states of shape (4, 84, 84);
 * ``wide``: a dueling MLP on 256 states of 128 features in 8 named groups of 16.
@@ -13,11 +13,19 @@ the IG, the gather, the statistics and all the logging; the run's own ``ig/time_
 (IG, gather, host copy) subtracted from it gives the logging alone, a number that
 does not depend on a second timing of the IG. After each run the writer
 is flushed (outside the timed span) and the event file's growth recorded. The first
-run (kernel compilation, the first figure draw, matplotlib's import) is left out.
+run (kernel compilation, the first figure draw, matplotlib's import) is left out;
+the runs that draw the pictures (every 10th) are reported apart from the others.
+
+``--profile`` also prints, for the ``atari`` case, the top entries (cumulative time)
+of cProfile over the part of one run after the IG and the gather (summary,
+scalars, text, histograms, pictures, event-file writes): run 1 (no pictures) and
+run 10 (figures and saliency images; with ``--runs`` of 11 or more). TensorBoard's
+event writer checksums every event in pure Python on its own thread (about 0.1 ms
+per KB here, holding the GIL), which this thread's profile shows only as waiting.
 
 Usage (repository root; an H200 in the lead's runs)::
 
-    PYTHONPATH=. python benchmarks/bench_callback_images.py [--device cuda] [--runs 21] [--output FILE]
+    PYTHONPATH=. python benchmarks/bench_callback_images.py [--device cuda] [--runs 21] [--output FILE] [--profile]
 
 It prints a markdown table (and writes it to ``--output`` when given). Targets
 (issue 11): one run <= IG + 30 ms, event file <= 1 MB per run, a few hundred tags.
@@ -26,7 +34,10 @@ It prints a markdown table (and writes it to ``--output`` when given). Targets
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import platform
+import pstats
 import statistics
 import sys
 import tempfile
@@ -153,7 +164,35 @@ def completeness_costs(device: torch.device, repeats: int) -> list[str]:
     return rows
 
 
-def measure(case: str, device: torch.device, runs: int) -> dict[str, Any]:
+class RunProfile:
+    """cProfile of chosen callback runs, from the end of the IG and gather (``_summarize``) to the end of ``_run``."""
+
+    def __init__(self, callback: IntegratedGradientsCallback, runs: tuple[int, ...], top: int = 15) -> None:
+        self.runs, self.top, self.index = runs, top, 0
+        self.reports: dict[int, str] = {}
+        self.profiler: cProfile.Profile | None = None
+        summarize, run = callback._summarize, callback._run
+
+        def profiled_summarize(*args: Any, **kwargs: Any) -> Any:
+            if self.index in self.runs:
+                self.profiler = cProfile.Profile()
+                self.profiler.enable()
+            return summarize(*args, **kwargs)
+
+        def profiled_run(*args: Any, **kwargs: Any) -> None:
+            run(*args, **kwargs)
+            if self.profiler is not None:
+                self.profiler.disable()
+                out = io.StringIO()
+                pstats.Stats(self.profiler, stream=out).sort_stats("cumulative").print_stats(self.top)
+                self.reports[self.index] = out.getvalue()
+                self.profiler = None
+            self.index += 1
+
+        callback._summarize, callback._run = profiled_summarize, profiled_run  # a benchmark's instrument, nothing more
+
+
+def measure(case: str, device: torch.device, runs: int, profile: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     if case == "atari":
         network, states = nature_network(), torch.rand(32, 4, 84, 84)
@@ -168,6 +207,7 @@ def measure(case: str, device: torch.device, runs: int) -> dict[str, Any]:
         starts: list[float] = []
         before, after = HookClock(starts), HookClock(None)
         callback = IntegratedGradientsCallback(states, every_n_steps=1, run_at_train_end=False, **options)
+        profiler = RunProfile(callback, (1, 10)) if profile else None
         logger = TensorBoardLogger(folder, name=case, default_hp_metric=False)
         trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs, logger=logger,
                              callbacks=[before, callback, after], enable_progress_bar=False, enable_model_summary=False,
@@ -191,6 +231,7 @@ def measure(case: str, device: torch.device, runs: int) -> dict[str, Any]:
         "figure_ms": statistics.median([run_ms[i] for i in figure_runs]) if figure_runs else float("nan"),
         "growth_kb": statistics.median([growth[i - 1] for i in range(1, runs) if i not in figure_runs]) / 1024,
         "growth_mean_kb": statistics.mean(growth) / 1024, "tags": tags, "runs": runs,
+        "profiles": {} if profiler is None else profiler.reports,
     }  # fmt: skip
 
 
@@ -201,18 +242,19 @@ def main() -> None:
     parser.add_argument("--cases", default="atari,wide")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
+    parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1 and 10 after the IG")
     options = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(options.device)
-    rows = [measure(case, device, options.runs) for case in options.cases.split(",")]
+    rows = [measure(case, device, options.runs, profile=options.profile and case == "atari") for case in options.cases.split(",")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     lines = [
         f"## bench_callback_images on {name} ({device.type}), torch {torch.__version__}, lightning {pl.__version__}",
         "",
         f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options, 50 steps; "
-        "figures every 10 runs.",
+        "figures and saliency images every 10 runs (the runs with them reported apart).",
         "",
-        "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) | run with figures (ms) "
+        "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) | run with pictures (ms) "
         "| mean run (ms) | event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -227,6 +269,10 @@ def main() -> None:
     if options.completeness:
         lines += ["", "Completeness on the ReLU Nature-CNN (random weights, random frames):", "",
                   *completeness_costs(device, repeats=3)]  # fmt: skip
+    for row in rows:
+        for index, report in row["profiles"].items():
+            what = "figures and saliency images" if index % 10 == 0 else "no pictures"
+            lines += ["", f"cProfile of {row['case']} run {index} ({what}) after the IG and the gather:", "", "```", report.strip(), "```"]
     table = "\n".join(lines)
     if options.output is not None:
         options.output.parent.mkdir(parents=True, exist_ok=True)

@@ -53,17 +53,18 @@ __device__ __forceinline__ double ig_sub(double a, double b) { return __dsub_rn(
 __device__ __forceinline__ double ig_mul(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double ig_div(double a, double b) { return __ddiv_rn(a, b); }
 
-// (a) points[k, j] = b[j] + alphas[k] * (x[j] - b[j]) for k < n_steps; with
-// ends, points[n_steps] = x and points[n_steps + 1] = b, copied bit for bit so
-// the forward values at the ends are F(x) and F(b) exactly.
+// (a) points[k, j] = b[j] + alphas[k] * (x[j] - b[j]) for k < n_steps, then
+// end_copies pairs of ends: points[n_steps + 2c] = x and points[n_steps + 2c + 1]
+// = b, copied bit for bit so the forward values at the ends are F(x) and F(b)
+// exactly (a second pair lets one forward check that it repeats its values).
 template <typename Tag>
 __device__ __forceinline__ void ig_interpolate(const typename ig_traits<Tag>::T* __restrict__ x,
                                                const typename ig_traits<Tag>::T* __restrict__ b,
                                                const typename ig_traits<Tag>::Acc* __restrict__ alphas,
                                                typename ig_traits<Tag>::T* __restrict__ points,
-                                               long long n_steps, long long row_numel, int with_ends) {
+                                               long long n_steps, long long row_numel, int end_copies) {
     typedef ig_traits<Tag> tr;
-    const long long total = (n_steps + (with_ends ? 2 : 0)) * row_numel;
+    const long long total = (n_steps + 2LL * end_copies) * row_numel;
     for (long long idx = lig_first_index(); idx < total; idx += lig_grid_stride()) {
         const long long k = idx / row_numel;
         const long long j = idx - k * row_numel;
@@ -71,7 +72,7 @@ __device__ __forceinline__ void ig_interpolate(const typename ig_traits<Tag>::T*
             const typename tr::Acc xv = tr::load(x[j]);
             const typename tr::Acc bv = tr::load(b[j]);
             points[idx] = tr::store(ig_add(bv, ig_mul(alphas[k], ig_sub(xv, bv))));
-        } else if (k == n_steps) {
+        } else if (((k - n_steps) & 1) == 0) {
             points[idx] = x[j];
         } else {
             points[idx] = b[j];
@@ -178,6 +179,14 @@ __device__ __forceinline__ double ig_max(double a, double b) { return fmax(a, b)
 __device__ __forceinline__ bool ig_finite(float v) { return fabsf(v) <= 3.40282346638528859812e+38f; }
 __device__ __forceinline__ bool ig_finite(double v) { return fabs(v) <= 1.79769313486231570815e+308; }
 
+// Whether a second evaluation `again` of a forward value `first` differs from it: NaN against a number, or
+// |again - first| > tolerance * max(1, |first|, |again|) (a NaN difference, of one infinity twice, never is).
+template <typename Acc>
+__device__ __forceinline__ bool ig_repeat_differs(Acc first, Acc again, Acc tolerance) {
+    const Acc scale = ig_max(ig_max(ig_abs(first), ig_abs(again)), Acc(1));
+    return (first != first) != (again != again) || ig_abs(ig_sub(again, first)) > ig_mul(tolerance, scale);
+}
+
 // (e) completeness per (target t, state s), one warp each: the sum of the
 // attributions over the F features (lane-strided partial sums, then a fixed
 // shuffle tree; the twin sums in this order too), delta = sum - (F(x) - F(b)),
@@ -187,12 +196,16 @@ __device__ __forceinline__ bool ig_finite(double v) { return fabs(v) <= 1.797693
 //   degenerate  finite and |F(x) - F(b)| <= threshold * max(1, |F(x)|, |F(b)|): too small for a ratio,
 //               relative error NaN;
 //   checked     otherwise: relative error |delta| / |F(x) - F(b)|.
+// With end_copies == 2, ends holds a second evaluation of F(x) and F(b) (rows 2B..4B) and the last row of
+// stats is 1 where either differs from the first: NaN against a number, or by more than
+// repeat_threshold * max(1, |first|, |second|) (NaN twice, or one infinity twice, agree); else 0.
 // Launched with blockDim.x a multiple of 32; warps past the last row exit.
 template <typename Tag>
 __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T* __restrict__ attr,
                                                 const typename ig_traits<Tag>::Acc* __restrict__ ends,
                                                 typename ig_traits<Tag>::Acc* __restrict__ stats,
-                                                int batch, long long features, int n_targets, double threshold) {
+                                                int batch, long long features, int n_targets, double threshold,
+                                                int end_copies, double repeat_threshold) {
     typedef ig_traits<Tag> tr;
     typedef typename tr::Acc Acc;
     const long long rows = static_cast<long long>(n_targets) * batch;
@@ -221,6 +234,15 @@ __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T
                                                  : ig_div(ig_abs(delta), ig_abs(difference));
             stats[4 * rows + row] = degenerate ? Acc(1) : Acc(0);
             stats[5 * rows + row] = non_finite ? Acc(1) : Acc(0);
+            bool differs = false;
+            if (end_copies == 2) {
+                const Acc* again = ends + 2LL * batch * n_targets;
+                const Acc tolerance = static_cast<Acc>(repeat_threshold);
+                differs = ig_repeat_differs(f_input, again[s * n_targets + t], tolerance) ||
+                          ig_repeat_differs(f_baseline, again[(static_cast<long long>(batch) + s) * n_targets + t],
+                                            tolerance);
+            }
+            stats[6 * rows + row] = differs ? Acc(1) : Acc(0);
         }
     }
 }
@@ -228,8 +250,8 @@ __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T
 #define IG_ENTRY_POINTS(SUFFIX, TAG)                                                                      \
     extern "C" __global__ void ig_interpolate_##SUFFIX(                                                   \
         const ig_traits<TAG>::T* x, const ig_traits<TAG>::T* b, const ig_traits<TAG>::Acc* alphas,        \
-        ig_traits<TAG>::T* points, long long n_steps, long long row_numel, int with_ends) {               \
-        ig_interpolate<TAG>(x, b, alphas, points, n_steps, row_numel, with_ends);                         \
+        ig_traits<TAG>::T* points, long long n_steps, long long row_numel, int end_copies) {              \
+        ig_interpolate<TAG>(x, b, alphas, points, n_steps, row_numel, end_copies);                        \
     }                                                                                                     \
     extern "C" __global__ void ig_fd_probes_##SUFFIX(const ig_traits<TAG>::T* points,                     \
                                                      const ig_traits<TAG>::Acc* h, ig_traits<TAG>::T* probes, \
@@ -253,8 +275,10 @@ __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T
     extern "C" __global__ void ig_completeness_##SUFFIX(const ig_traits<TAG>::T* attr,                    \
                                                         const ig_traits<TAG>::Acc* ends,                  \
                                                         ig_traits<TAG>::Acc* stats, int batch,            \
-                                                        long long features, int n_targets, double threshold) { \
-        ig_completeness<TAG>(attr, ends, stats, batch, features, n_targets, threshold);                   \
+                                                        long long features, int n_targets, double threshold, \
+                                                        int end_copies, double repeat_threshold) {        \
+        ig_completeness<TAG>(attr, ends, stats, batch, features, n_targets, threshold, end_copies,        \
+                             repeat_threshold);                                                           \
     }
 
 IG_ENTRY_POINTS(f32, lig_f32_tag)

@@ -102,6 +102,8 @@ class IntegratedGradientsCallback(Callback):
         saliency_states: Held-out states in the ``ig/saliency`` grid of spatial states (default 8;
             ``None``: no saliency images).
         saliency_channel: The channel drawn under the attribution (default ``None``: channel mean).
+        saliency_every_n_runs: Log the saliency images every this many runs and always at the end
+            (default 10, as the figures; 1: every run); TensorBoard shows 10 per tag by default.
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.
@@ -148,6 +150,7 @@ class IntegratedGradientsCallback(Callback):
         max_logged_features: int = 64,
         saliency_states: int | None = 8,
         saliency_channel: int | None = None,
+        saliency_every_n_runs: int = 10,
         on_non_finite: Literal["warn", "raise"] = "warn",
     ) -> None:
         super().__init__()
@@ -174,6 +177,7 @@ class IntegratedGradientsCallback(Callback):
         self.max_logged_features = check_positive_int(max_logged_features, "max_logged_features", example=64)
         self.saliency_states = check_optional_positive_int(saliency_states, "saliency_states")
         self.saliency_channel = _channel(saliency_channel)
+        self.saliency_every_n_runs = check_positive_int(saliency_every_n_runs, "saliency_every_n_runs", example=10)
         self.on_non_finite = check_choice(on_non_finite, ("warn", "raise"), "on_non_finite")
         if self.every_n_steps is None and self.every_n_epochs is None:
             raise MisconfigurationException("IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. 1); both are None")  # fmt: skip
@@ -185,7 +189,8 @@ class IntegratedGradientsCallback(Callback):
         self._members: MemberAttribution | None = None  # set at fit start when the model is an ensemble
         self._warned: set[str] = set()
         self._last: RunSummary | None = None
-        self._figures_step: int | None = None
+        self._last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
+        self._drawn_steps: dict[str, int | None] = {"figures": None, "saliency": None}
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -266,8 +271,8 @@ class IntegratedGradientsCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
-        elif self._last is not None and self._figures_step != self._last.step and trainer.is_global_zero:
-            self._log_tensorboard(trainer, self._last, None, final=True)  # the last run's figures, always drawn
+        elif self._last is not None and trainer.is_global_zero:
+            self._log_tensorboard(trainer, self._last, None, final=True)  # the last run's pictures, always drawn
 
     def _should_run(self, trainer: pl.Trainer) -> bool:
         """Fitting, not sanity checking, set up, and no run yet at this global step."""
@@ -285,20 +290,16 @@ class IntegratedGradientsCallback(Callback):
             members = None if self._members is None else self._members.attribute(self._local_states, self._local_baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         gather = JointGather(trainer.strategy.all_gather if trainer.world_size > 1 else None, riders)
-        host = HostResult.from_result(
-            result,
-            gather=gather,
-            num_states=len(self._held_out),
-            groups=self._groups,
-            keep_attributions=self._log_features and self.log_histograms,
-            sample_states=self.saliency_states if self._saliency else 0,
-        )
+        host = HostResult.from_result(result, gather=gather, num_states=len(self._held_out), groups=self._groups,
+                                      keep_attributions=self._log_features and self.log_histograms,
+                                      sample_states=self.saliency_states if self._saliency else 0)  # fmt: skip
         member_run = None if members is None else self._members.host_run(gather.riders[0], len(self._held_out))
         summary = self._summarize(host, member_run, trainer.global_step, (time.perf_counter() - started) * 1e3)
         self._remember(summary, trainer)
         if trainer.is_global_zero:
             self._warn(summary)
             tb.log_scalars(trainer.loggers, tb.scalar_metrics(summary, self._tags), summary.step)
+            self._last_host = host
             self._log_tensorboard(trainer, summary, host, final=final)
             self._write_report(trainer, summary, host)
         if summary.completeness.num_non_finite and self.on_non_finite == "raise":  # on every rank: none waits
@@ -325,15 +326,19 @@ class IntegratedGradientsCallback(Callback):
                 rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: {message} (warned once)")
 
     def _log_tensorboard(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, *, final: bool) -> None:
+        """Histograms, text, and the pictures when due; ``host`` ``None``: the last run's missing pictures, at the end."""
         writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
-        draw = self.figure_every_n_runs is not None and (final or summary.run_index % self.figure_every_n_runs == 0)
-        if writers:
-            states = self._held_out if self._saliency else None
-            extras = tb.run_extras(summary, self._tags, host, states, self.saliency_channel, self.history if draw else None)
-            layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if draw or summary.run_index == 0 else None  # fmt: skip
-            for writer in writers:
-                tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None, layout=layout)  # fmt: skip
-            self._figures_step = summary.step if draw else self._figures_step
+        cadences = {"figures": self.figure_every_n_runs, "saliency": self.saliency_every_n_runs if self._saliency else None}
+        due = tb.pictures_due(cadences, self._drawn_steps, summary, final=final)
+        if not writers or (host is None and not any(due.values())):
+            return
+        states = self._held_out if due["saliency"] else None
+        extras = tb.run_extras(summary, self._tags, host or self._last_host, states, self.saliency_channel,
+                               self.history if due["figures"] else None, text=host is not None)  # fmt: skip
+        layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["figures"] or summary.run_index == 0 else None  # fmt: skip
+        for writer in writers:
+            tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None, layout=layout)  # fmt: skip
+        self._drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
 
     def _layout_entry(self) -> tuple[str, tb.TagNames, int, list[str] | None]:
         """This callback's part of the Custom Scalars page (which holds every IG callback of the trainer)."""

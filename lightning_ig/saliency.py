@@ -16,11 +16,14 @@ channels down, positions across.
 
 Each image is a ``(H, W, 3)`` uint8 array for ``SummaryWriter.add_image(...,
 dataformats="HWC")`` or :func:`write_png`; small tiles are enlarged by whole
-pixels so that they stay sharp.
+pixels so that they stay sharp. Captions and colour bars are drawn once per
+layout and kept (text is the slowest part of a picture); a run draws only
+its two scale numbers.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ _TILE_PIXELS = 84
 _STRIP_WIDTH = 384
 _GAP = 4
 _TEXT_ROW = 14
+_NUMBER_ROWS = _TEXT_ROW + 4  # the legend rows above its description: the colour bar and the scale numbers
 _MAX_OPACITY = 0.9
 _ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not wash out the rest
 
@@ -205,47 +209,73 @@ def _grid(tiles: list[np.ndarray], captions: list[str], columns: int) -> np.ndar
     columns = max(1, min(columns, len(tiles)))
     rows = math.ceil(len(tiles) / columns)
     cell_height, cell_width = height + _TEXT_ROW, width + _GAP
-    canvas = _canvas(rows * cell_height, columns * cell_width - _GAP)
+    texts = tuple(((index // columns) * cell_height, (index % columns) * cell_width, text) for index, text in enumerate(captions))
+    canvas = _captioned(rows * cell_height, columns * cell_width - _GAP, texts).copy()
     for index, tile in enumerate(tiles):
         top, left = (index // columns) * cell_height + _TEXT_ROW, (index % columns) * cell_width
         canvas[top : top + height, left : left + width] = tile
-    return _caption(canvas, [((index // columns) * cell_height, (index % columns) * cell_width, text)
-                             for index, text in enumerate(captions)])  # fmt: skip
+    return canvas
 
 
 def _stack(strips: list[np.ndarray], captions: list[str]) -> np.ndarray:
     height, width = strips[0].shape[:2]
     cell = height + _TEXT_ROW + _GAP
-    canvas = _canvas(len(strips) * cell, width)
+    canvas = _captioned(len(strips) * cell, width, tuple((index * cell, 0, text) for index, text in enumerate(captions))).copy()
     for index, strip in enumerate(strips):
         canvas[index * cell + _TEXT_ROW : index * cell + _TEXT_ROW + height] = strip
-    return _caption(canvas, [(index * cell, 0, text) for index, text in enumerate(captions)])
+    return canvas
 
 
-def _caption(canvas: np.ndarray, texts: list[tuple[int, int, str]]) -> np.ndarray:
-    from PIL import Image, ImageDraw  # noqa: PLC0415 - Pillow comes with matplotlib and TensorBoard's images
+@functools.lru_cache(maxsize=1)
+def _font() -> object:
+    from PIL import ImageFont  # noqa: PLC0415 - Pillow comes with matplotlib and TensorBoard's images
+
+    return ImageFont.load_default()  # what ImageDraw.text uses without a font, loaded once
+
+
+def _caption(canvas: np.ndarray, texts: tuple[tuple[int, int, str], ...]) -> np.ndarray:
+    from PIL import Image, ImageDraw  # noqa: PLC0415
 
     image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
     for top, left, text in texts:
-        draw.text((left + 1, top + 1), text, fill=(40, 40, 40))
+        draw.text((left + 1, top + 1), text, fill=(40, 40, 40), font=_font())
     return np.asarray(image)
+
+
+@functools.lru_cache(maxsize=32)
+def _captioned(height: int, width: int, texts: tuple[tuple[int, int, str], ...]) -> np.ndarray:
+    """A white canvas with ``texts`` (top, left, text) written on it; kept per layout, read-only: copy it."""
+    canvas = _caption(_canvas(height, width), texts)
+    canvas.flags.writeable = False
+    return canvas
+
+
+@functools.lru_cache(maxsize=32)
+def _legend(width: int, signed: bool, what: str) -> np.ndarray:
+    """The colour bar and its description, without the scale's numbers; kept per layout, read-only."""
+    bar_width = min(width - 120, 256)
+    legend = _canvas(2 * _TEXT_ROW + 10, width)
+    ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
+    colours = _DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
+    legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
+    legend = _caption(legend, ((_TEXT_ROW + 4, 2, what),))
+    legend.flags.writeable = False
+    return legend
 
 
 def _with_legend(body: np.ndarray, scale: float, *, signed: bool, what: str) -> np.ndarray:
     """``body`` above a colour bar with its ends written out, as uint8."""
     width = max(body.shape[1], 320)
     bar_width = min(width - 120, 256)
-    legend = _canvas(2 * _TEXT_ROW + 10, width)
-    ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
-    colours = _DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
-    legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
+    legend = _legend(width, signed, what)
     low = f"{-scale:+.2e}" if signed else "0"
-    texts = [(2, 2, low), (2, 64 + bar_width, f"{scale:+.2e}" if signed else f"{scale:.2e}"), (_TEXT_ROW + 4, 2, what)]
-    legend = _caption(legend, texts)
+    high = f"{scale:+.2e}" if signed else f"{scale:.2e}"
+    numbers = _caption(legend[:_NUMBER_ROWS].copy(), ((2, 2, low), (2, 64 + bar_width, high)))  # above the description
     canvas = _canvas(body.shape[0] + legend.shape[0] + _GAP, width)
     canvas[: body.shape[0], : body.shape[1]] = body
     canvas[body.shape[0] + _GAP :] = legend
+    canvas[body.shape[0] + _GAP : body.shape[0] + _GAP + _NUMBER_ROWS] = numbers
     return canvas
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "is_tensorboard_logger",
     "log_scalars",
     "report_markdown",
+    "pictures_due",
     "run_extras",
     "RunExtras",
     "saliency_images",
@@ -210,21 +211,35 @@ def run_extras(
     states: Any | None,
     channel: int | None,
     history: Sequence[Mapping[str, Any]] | None,
+    *,
+    text: bool = True,
 ) -> RunExtras:
     """Build one run's pictures and text.
 
     Args:
         summary: the run.
         tags: the callback's tags.
-        host: the run's host result, or ``None`` (figures only: the last run's, drawn at the end of training).
-        states: the held-out states, for saliency maps of spatial states; ``None``: no saliency images.
+        host: the run's host result, or ``None`` (figures only).
+        states: the held-out states, when the saliency images of spatial states are due; else ``None``.
         channel: the channel drawn under the saliency maps (``None``: the channel mean).
         history: the runs so far, when the figures are due; else ``None``.
+        text: build the ``<prefix>/report`` text (``False``: pictures only, e.g. the last run's at the end of training).
     """
     images, scale = ({}, None) if host is None or states is None else saliency_images(host, states[: len(host.sample_attributions)], channel)
     figures = {} if history is None else draw_figures(summary, tags, history)
-    text = None if host is None else report_markdown(summary, tags, saliency_scale=scale)
-    return RunExtras(images, figures, text)
+    markdown = report_markdown(summary, tags, saliency_scale=scale) if text and host is not None else None
+    return RunExtras(images, figures, markdown)
+
+
+def pictures_due(
+    cadences: Mapping[str, int | None], drawn_steps: Mapping[str, int | None], summary: RunSummary, *, final: bool
+) -> dict[str, bool]:
+    """Which pictures (``"figures"``, ``"saliency"``) a run draws: every ``cadences[kind]`` runs (``None``: never)
+    and at the end of training (``final``), but never twice at one step (``drawn_steps[kind]``)."""
+    return {
+        kind: every is not None and (final or summary.run_index % every == 0) and drawn_steps.get(kind) != summary.step
+        for kind, every in cadences.items()
+    }
 
 
 def write_extras(
@@ -250,14 +265,16 @@ def write_extras(
                 finite = column[np.isfinite(column)]
                 if finite.size:  # a histogram of nothing is an error in TensorBoard
                     writer.add_histogram(f"{tags.prefix}/{group}attributions/{label}", finite, step, bins=_HISTOGRAM_BINS)
-    for name, pixels in extras.images.items():
-        writer.add_image(f"{tags.prefix}/{name}", pixels, step, dataformats="HWC")
-    for name, figure in extras.figures.items():  # rendered once per writer; matplotlib frees it with its last reference
-        writer.add_figure(f"{tags.prefix}/{name}", figure, step, close=False)
     if extras.text is not None:
         writer.add_text(f"{tags.prefix}/report", extras.text, step)  # listed as <prefix>/report/text_summary
     if layout is not None:
         writer.add_custom_scalars(dict(layout))
+    # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the GIL),
+    # so the large ones are queued when this thread has little Python work left.
+    for name, figure in extras.figures.items():  # rendered once per writer; matplotlib frees it with its last reference
+        writer.add_figure(f"{tags.prefix}/{name}", figure, step, close=False)
+    for name, pixels in extras.images.items():
+        writer.add_image(f"{tags.prefix}/{name}", pixels, step, dataformats="HWC")
 
 
 def custom_scalars_layout(

@@ -66,7 +66,7 @@ class KernelsThatCannotBeCaptured(TorchBackend):
         self.capture = capture
         self.twin = TorchBackend()
 
-    def interpolate(self, x: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor, with_ends: bool) -> torch.Tensor:
+    def interpolate(self, x: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor, end_copies: int) -> torch.Tensor:
         if self.capture.capturing:  # as a CuPy launch would fail inside a capture on a broken set-up
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        return super().interpolate(x, b, alphas, with_ends)
+        return super().interpolate(x, b, alphas, end_copies)

@@ -368,8 +368,8 @@ def test_auto_steps_refine_until_the_tolerance(method: str) -> None:
     fixed = integrated_gradients(lambda z: model(z).squeeze(1), x, n_steps=result.n_steps, method=method)
     assert_close_scaled(result.attributions, fixed.attributions, ulps=16, dtype=F64)  # other chunks, same sums
     if method in ("riemann_trapezoid", "riemann_left", "riemann_right"):
-        # Nested rules evaluate each path point once: n_final points plus the two ends per state, and
-        # the two ends once more (the stochastic-forward check).
+        # Nested rules evaluate each path point once: n_final points plus the two ends per state, twice
+        # (the stochastic-forward check).
         assert sum(rows) == (result.n_steps + 2 + 2) * 3
 
 
@@ -422,9 +422,10 @@ def test_interpolation_twin_layout_and_exact_ends() -> None:
     x = torch.randn(3, 5)
     b = torch.randn(3, 5)
     alphas = torch.tensor([0.0, 0.25, 1.0])
-    points = TWINS.interpolate(x, b, alphas, with_ends=True)
-    assert points.shape == (5, 3, 5)
+    points = TWINS.interpolate(x, b, alphas, end_copies=2)
+    assert points.shape == (7, 3, 5)
     assert torch.equal(points[0], b) and torch.equal(points[3], x) and torch.equal(points[4], b)
+    assert torch.equal(points[5], x) and torch.equal(points[6], b)  # the second pair: the stochastic-forward check
     assert torch.equal(points[1], b + 0.25 * (x - b))  # the same float32 operations
 
 
@@ -627,8 +628,8 @@ def test_default_chunk_holds_small_work_in_one_forward() -> None:
 
     x = torch.randn(4, 5, dtype=torch.float64)
     result = integrated_gradients(forward, x, n_steps=10)
-    # The path and both ends in one forward, then the ends again (the stochastic-forward check).
-    assert rows == [(10 + 2) * 4, 2 * 4] and result.internal_batch_size == (10 + 2) * 4
+    # The path and both ends, twice (the stochastic-forward check), in one forward.
+    assert rows == [(10 + 4) * 4] and result.internal_batch_size == (10 + 4) * 4
     rows.clear()
     integrated_gradients(forward, x, n_steps=10, gradient="finite_difference")
-    assert rows == [10 * 4 * 2 * 5 + 2 * 4, 2 * 4]  # every probe and both ends in one forward; the ends again
+    assert rows == [10 * 4 * 2 * 5 + 4 * 4]  # every probe and both ends, twice, in one forward

@@ -1,6 +1,6 @@
 """The IG engine on a CUDA device: each kernel of kernels/ig.cu (CudaBackend) against its torch twin (TorchBackend),
 the non-finite flags, both gradient modes, half precision, determinism, n_steps="auto", the CUDA-graph path of
-IntegratedGradients (stochastic forwards caught at capture), the launch paths, and backend errors.
+IntegratedGradients (stochastic forwards caught at capture), kernels on torch's current stream, and backend errors.
 
 Run with ``pytest -m gpu tests/test_attribution_gpu.py``; skipped where there is no CUDA device or no CuPy.
 """
@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 from _tolerance import assert_close_scaled, eps, rounding_bound
+from test_engine_host_kernels import repeated_ends
 
 from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning, integrated_gradients
 from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype
@@ -74,10 +75,10 @@ def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype:
     x = _randn((batch, features), dtype, cuda_device, 1)
     b = _randn((batch, features), dtype, cuda_device, 2)
     alphas = torch.rand(7, generator=_generator(3, cuda_device), device=cuda_device).to(acc)
-    for with_ends in (True, False):
-        ours = KERNELS.interpolate(x, b, alphas, with_ends)
-        twin = TWINS.interpolate(x, b, alphas, with_ends)
-        assert ours.shape == twin.shape == (7 + 2 * with_ends, batch, features)
+    for end_copies in (0, 1, 2):
+        ours = KERNELS.interpolate(x, b, alphas, end_copies)
+        twin = TWINS.interpolate(x, b, alphas, end_copies)
+        assert ours.shape == twin.shape == (7 + 2 * end_copies, batch, features)
         assert torch.equal(ours, twin)
 
 
@@ -132,7 +133,8 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
         ends[1, 0, 0] = ends[0, 0, 0]  # one degenerate state
         ours = KERNELS.completeness(attributions, ends)
         twin = TWINS.completeness(attributions, ends)
-        assert ours.shape == twin.shape == (6, n_targets, batch)
+        assert ours.shape == twin.shape == (7, n_targets, batch)
+        assert not ours[6].any() and not twin[6].any()  # one copy of the ends: nothing to compare
         assert torch.equal(ours[4], twin[4])  # the degenerate flags
         assert torch.equal(ours[5], twin[5]) and not ours[5].any()  # nothing non-finite here
         assert torch.equal(ours[:2], twin[:2])  # f_input, f_baseline are copies
@@ -146,6 +148,15 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
         # The relative error is |delta| / |f_input - f_baseline| of the kernel's own delta; NaN where degenerate.
         expected = (ours[2].abs() / (ours[0] - ours[1]).abs()).masked_fill(ours[4] != 0, float("nan"))
         torch.testing.assert_close(ours[3], expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_completeness_kernel_compares_repeated_ends_like_its_twin(cuda_device: torch.device, dtype: torch.dtype) -> None:
+    attributions, ends, expected = repeated_ends(dtype)
+    attributions, ends = attributions.to(cuda_device), ends.to(cuda_device)
+    ours = KERNELS.completeness(attributions, ends)
+    torch.testing.assert_close(ours, TWINS.completeness(attributions, ends), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(ours[6].cpu() != 0, expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -164,7 +175,7 @@ def test_completeness_kernel_flags_nan_and_inf_like_its_twin(cuda_device: torch.
     ends[1, 7, 1] = ends[0, 7, 1]  # a degenerate state beside them
     ours = KERNELS.completeness(attributions, ends)
     twin = TWINS.completeness(attributions, ends)
-    torch.testing.assert_close(ours, twin, rtol=0, atol=0, equal_nan=True)  # all six rows, bit for bit
+    torch.testing.assert_close(ours, twin, rtol=0, atol=0, equal_nan=True)  # every row, bit for bit
     non_finite = torch.zeros((n_targets, batch), dtype=torch.bool, device=cuda_device)
     for t, s in [(0, 1), (1, 2), (0, 3), (0, 4), (1, 5), (0, 6)]:
         non_finite[t, s] = True
@@ -391,27 +402,25 @@ def test_graph_off_and_finite_differences_run_eagerly(cuda_device: torch.device)
     assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
 
 
-# --------------------------------------------------------------------------- launch paths
+# --------------------------------------------------------------------------- the launch path
 
 
-def test_both_launch_paths_give_the_same_bits(cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_ig import _cuda
-
+def test_kernels_launch_on_torchs_current_stream(cuda_device: torch.device) -> None:
     model = _dueling(9, 3, cuda_device, seed=42)
     x = _randn((6, 9), torch.float32, cuda_device, 43)
     reference = integrated_gradients(model, x, target="mean", n_steps=20, backend="torch")
-    results = {}
-    for prepared in (True, False):  # LIGHTNING_IG_PLAIN_LAUNCH=1 sets use_prepared_launch False at import
-        monkeypatch.setattr(_cuda, "use_prepared_launch", prepared)
-        eager = integrated_gradients(model, x, target="mean", n_steps=20, backend="cuda")
+    on_default = integrated_gradients(model, x, target="mean", n_steps=20, backend="cuda")
+    side = torch.cuda.Stream(cuda_device)
+    side.wait_stream(torch.cuda.current_stream(cuda_device))
+    with torch.cuda.stream(side):  # every kernel must follow torch onto the side stream, or results race
+        on_side = integrated_gradients(model, x, target="mean", n_steps=20, backend="cuda")
         engine = IntegratedGradients(model, target="mean", n_steps=20)
         captured, replayed = engine.attribute(x), engine.attribute(x)
-        assert engine.last_mode == "graph" and replayed.backend == "cuda"
-        results[prepared] = (eager, replayed)
-        for result in (eager, captured, replayed):
-            assert_close_scaled(result.attributions.cpu(), reference.attributions.cpu(), ulps=16, dtype=F32)
-    for ours, theirs in zip(results[True], results[False]):  # the same kernels and arguments, launched two ways
-        assert torch.equal(ours.attributions, theirs.attributions) and torch.equal(ours.delta, theirs.delta)
+    torch.cuda.current_stream(cuda_device).wait_stream(side)
+    assert engine.last_mode == "graph" and replayed.backend == "cuda"
+    for result in (on_side, captured, replayed):
+        assert torch.equal(result.attributions, on_default.attributions) and torch.equal(result.delta, on_default.delta)
+    assert_close_scaled(on_default.attributions.cpu(), reference.attributions.cpu(), ulps=16, dtype=F32)
 
 
 # --------------------------------------------------------------------------- backend errors

@@ -433,6 +433,8 @@ def test_figure_cadence(tmp_path, every, max_steps, expected):
         ({"name": "a/b"}, ValueError, "name must be a short label without '/'"),
         ({"saliency_channel": -1}, ValueError, "saliency_channel must be None"),
         ({"figure_every_n_runs": "auto"}, TypeError, "figure_every_n_runs must be an int >= 1"),
+        ({"saliency_every_n_runs": 0}, ValueError, "saliency_every_n_runs must be an int >= 1"),
+        ({"saliency_every_n_runs": None}, TypeError, "saliency_every_n_runs must be an int >= 1"),
     ],
 )
 def test_bad_arguments_fail_at_construction(options, error, match):

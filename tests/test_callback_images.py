@@ -106,8 +106,33 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
         # the same picture up to a colour step where the float32 run and the float64 reference round apart
         assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01
     assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
-    text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
-    assert "**Saliency** (`ig/saliency`): colour scale ±" in text
+    texts = {event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors("ig/report/text_summary")}
+    assert "**Saliency** (`ig/saliency`): colour scale ±" in texts[2]  # the first run draws them (every 10 runs)
+    assert "**Saliency**" not in texts[4]  # the second run does not: its pictures come at the end of training
+
+
+@pytest.mark.parametrize(
+    "every,at_end,expected",
+    [
+        (3, True, [1, 4, 7]),  # runs 0..6 at steps 1..7: runs 0, 3, 6
+        (10, True, [1, 7]),  # the default: the first run and the end
+        (10, False, [1, 7]),  # no run at the end: the last run's pictures are drawn then
+        (1, True, [1, 2, 3, 4, 5, 6, 7]),
+    ],
+)
+def test_saliency_cadence(tmp_path, every, at_end, expected):
+    states = frames(4, (2, 8, 8), seed=5)
+    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=every,
+                                           run_at_train_end=at_end, figure_every_n_runs=None)  # fmt: skip
+    model, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=7)
+    events = _events(logger)
+    for tag in ("ig/saliency", "ig/saliency/mean_abs"):
+        assert [event.step for event in events.Images(tag)] == expected
+    assert [event.step for event in events.Tensors("ig/report/text_summary")] == list(range(1, 8))  # text every run
+    last = np.asarray(Image.open(io.BytesIO(events.Images("ig/saliency")[-1].encoded_image_string)).convert("RGB"))
+    result = _direct(model, states, n_steps=4)  # the model as trained: the pictures at the end are the last run's
+    expected_last = saliency_grid(states.numpy(), result.attributions.double().numpy()).pixels
+    assert last.shape == expected_last.shape and np.mean(np.abs(last.astype(int) - expected_last.astype(int)) > 3) < 0.01
 
 
 def test_wide_vectors_log_blocks_and_named_groups(tmp_path):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from lightning_ig import _cuda
-from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype
+from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype, repeat_threshold
 
 _CUDA_BUILTINS = r"""
 // CUDA built-ins for a host build of kernels/ig.cu (the kernels' own headers are used as they are).
@@ -127,9 +127,11 @@ def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_launch: Hos
             x = torch.randn(batch, features, generator=generator).to(dtype)
             b = torch.randn(batch, features, generator=generator).to(dtype)
             alphas = torch.rand(4, generator=generator).to(acc)
-            for ends in (True, False):
-                assert torch.equal(kernels.interpolate(x, b, alphas, ends), twins.interpolate(x, b, alphas, ends))
-            points = twins.interpolate(x, b, alphas, False)[:3].reshape(-1, features).contiguous()
+            for end_copies in (0, 1, 2):
+                points = kernels.interpolate(x, b, alphas, end_copies)
+                assert points.shape == (4 + 2 * end_copies, batch, features)
+                assert torch.equal(points, twins.interpolate(x, b, alphas, end_copies))
+            points = twins.interpolate(x, b, alphas, 0)[:3].reshape(-1, features).contiguous()
             h = (torch.rand(batch, features, generator=generator) * 0.1 + 0.01).to(acc)
             for offset in (0, 1, 5):
                 assert torch.equal(kernels.fd_probes(points, h, offset), twins.fd_probes(points, h, offset))
@@ -158,9 +160,45 @@ def test_host_built_completeness_matches_its_twin_with_full_warps(host_launch: H
         ends[1, 0, 1] = ends[0, 0, 1]  # one degenerate state
         ours = kernels.completeness(attributions, ends)
         twin = twins.completeness(attributions, ends)
-        assert ours.shape == (6, 3, 4)
+        assert ours.shape == (7, 3, 4)
         torch.testing.assert_close(ours, twin, rtol=0, atol=0, equal_nan=True)  # the sums too: same order
         assert ours[4, 1, 0] == 1 and torch.isnan(ours[3, 1, 0])
+        assert not ours[6].any()  # one copy of the ends: nothing to compare
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_host_built_repeat_check_matches_its_twin(host_launch: HostLaunch, dtype: torch.dtype) -> None:
+    kernels, twins = CudaBackend(launch=host_launch), TorchBackend()
+    host_launch.grid = (2, 64)
+    attributions, ends, expected = repeated_ends(dtype)
+    ours = kernels.completeness(attributions, ends)
+    torch.testing.assert_close(ours, twins.completeness(attributions, ends), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(ours[6] != 0, expected)
+    alone = kernels.completeness(attributions, ends[:2].contiguous())
+    torch.testing.assert_close(ours[:6], alone[:6], rtol=0, atol=0, equal_nan=True)  # the rest as with one copy
+
+
+def repeated_ends(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attributions ``(2, 8, 5)``, ends ``(4, 8, 2)`` (x, b, then x, b again) and which states' repeat differs."""
+    acc = accumulate_dtype(dtype)
+    generator = torch.Generator().manual_seed(54)
+    attributions = torch.randn(2, 8, 5, generator=generator).to(dtype)
+    first = (torch.randn(2, 8, 2, generator=generator) * 50).to(acc)
+    first[0, 5, 0] = first[1, 6, 1] = float("nan")
+    first[0, 7, 0] = float("inf")
+    again = first.clone()
+    tolerance = repeat_threshold(dtype)
+    scale = torch.maximum(first.abs(), torch.ones_like(first))
+    # ends are (end, state, target): x's value of state 1, target 0 moves within the bound (GEMM tiling, say)
+    again[0, 1, 0] += 0.1 * tolerance * scale[0, 1, 0]
+    again[1, 2, 1] -= 10 * tolerance * scale[1, 2, 1]  # b's value, far past it (dropout, say)
+    again[0, 3, 1] *= 1.5
+    again[1, 4, 0] = float("nan")  # NaN against a number
+    # states 5 and 6: NaN twice agrees; state 7: the same infinity twice agrees
+    expected = torch.zeros(2, 8, dtype=torch.bool)  # (T, B)
+    for t, s in [(1, 2), (1, 3), (0, 4)]:
+        expected[t, s] = True
+    return attributions, torch.cat([first, again]), expected
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

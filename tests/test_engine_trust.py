@@ -39,6 +39,7 @@ def test_an_infinite_forward_is_flagged_and_never_scores_zero() -> None:
     assert torch.isinf(result.relative_error).all()
     assert result.num_non_finite == 3 and result.first_non_finite == 0
     assert result.num_checked == 0 and result.num_degenerate == 0
+    assert not result.stochastic  # the same infinity twice is a repeat, not a random forward
 
 
 def test_one_nan_state_among_clean_ones() -> None:
@@ -49,6 +50,7 @@ def test_one_nan_state_among_clean_ones() -> None:
     assert result.relative_error[1] == math.inf
     assert math.isfinite(float(result.relative_error[0])) and math.isfinite(float(result.relative_error[2]))
     assert result.worst_relative_error == math.inf
+    assert not result.stochastic  # NaN twice on the same row is a repeat
 
 
 def test_a_nan_weight_makes_every_state_non_finite() -> None:
@@ -126,7 +128,7 @@ def test_auto_stops_at_once_on_a_non_finite_state() -> None:
 
     result = integrated_gradients(forward, torch.ones(3, 4), n_steps="auto", method="riemann_trapezoid")
     assert result.n_steps == 16 and result.worst_relative_error == math.inf
-    assert calls == [(16 + 2) * 3, 2 * 3]  # the first rule and the ends, the ends again; no refinement
+    assert calls == [(16 + 4) * 3]  # the first rule and the ends (twice: the stochastic check); no refinement
 
 
 # --------------------------------------------------------------------------- stochastic forwards
@@ -150,6 +152,27 @@ def test_batch_norm_in_train_mode_warns_and_flags() -> None:
     x = torch.randn(6, 5, dtype=torch.float64)
     with pytest.warns(StochasticForwardWarning, match="BatchNorm1d in train mode"):
         result = integrated_gradients(target_forward(model, 0), x, n_steps=8)
+    assert result.stochastic
+
+
+def test_batch_statistics_in_eval_mode_are_flagged_too() -> None:
+    # Without running statistics, batch-norm normalises with the batch's even in eval mode; identical rows in one
+    # batch still agree, so this is found by looking at the module.
+    model = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16, track_running_stats=False)]).eval()
+    with pytest.warns(StochasticForwardWarning):
+        assert integrated_gradients(target_forward(model, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=8).stochastic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StochasticForwardWarning)
+        clean = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16)]).eval()  # running statistics: a function of the row
+        assert not integrated_gradients(target_forward(clean, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=8).stochastic
+
+
+@pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
+def test_dropout_is_caught_when_the_ends_fall_in_different_chunks(gradient: str) -> None:
+    model = _mlp(5, 3, seed=4, extra=[torch.nn.Dropout(0.5)]).train()
+    x = torch.randn(4, 5, dtype=torch.float64)
+    with pytest.warns(StochasticForwardWarning):
+        result = integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=8, internal_batch_size=3)
     assert result.stochastic
 
 

@@ -36,8 +36,9 @@ Completeness and what a result says about itself
     1.5e-8 x scale): its relative error is NaN and ``n_steps="auto"`` judges it
     by ``|delta|``. A state whose ``F(x)``, ``F(b)`` or attributions hold NaN/Inf
     is *non-finite*: relative error ``inf``, never clean. Every eager call (and
-    each graph capture) evaluates the two path ends a second time and flags a
-    forward whose values moved (:class:`StochasticForwardWarning`).
+    each graph capture) evaluates the two path ends twice, in the path's own
+    batched forward, and flags a forward whose values moved, or one that
+    normalises with batch statistics (:class:`StochasticForwardWarning`).
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 ============  ==========================================================  ==============================
 operation     what it computes                                            layouts
 ============  ==========================================================  ==============================
-interpolate   ``b + alpha_k (x - b)`` for every step, then ``x`` and ``b``  ``(n [+ 2], B, F)``
+interpolate   ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)``
 fd_probes     ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)``
 fd_gradient   ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)``
 accumulate    ``(x - b) * sum_k w_k g_k``, summed in step order            ``(T, B, F)``
-completeness  F(x), F(b), delta, relative error, degenerate, non-finite    ``(6, T, B)`` (:data:`STATS`)
+completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`)
+              repeat differs
 ============  ==========================================================  ==============================
 
 Each twin performs the kernel's operations in the kernel's order with the same
@@ -39,11 +40,17 @@ __all__ = [
     "resolve_backend",
     "accumulate_dtype",
     "degenerate_threshold",
+    "repeat_threshold",
     "warp_order_sum",
 ]
 
-STATS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
-"""The rows of the completeness statistics ``(6, T, B)``; the flags are 0/1 in the accumulation dtype."""
+STATS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "repeat_differs")
+"""The rows of the completeness statistics ``(7, T, B)``; the flags are 0/1 in the accumulation dtype.
+
+``repeat_differs`` is the stochastic-forward check: 1 where the second evaluation
+of ``F(x)`` or ``F(b)`` (``ends`` with two copies) differs from the first (see
+:func:`repeat_threshold`); always 0 with one copy.
+"""
 
 _KERNEL_FILE = "ig.cu"
 _KERNEL_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
@@ -64,6 +71,16 @@ def degenerate_threshold(dtype: torch.dtype) -> float:
     return math.sqrt(float(torch.finfo(dtype).eps))
 
 
+def repeat_threshold(dtype: torch.dtype) -> float:
+    """How far (relative to ``max(1, |F|)``) two evaluations of one row may differ: ``sqrt(eps)`` of the inputs' dtype.
+
+    No finer than float32's: forwards often compute in float32 or coarser whatever
+    the inputs (TF32, autocast, a cast inside the model), and a GEMM may tile
+    identical rows differently. Dropout and noise move values by far more.
+    """
+    return math.sqrt(max(float(torch.finfo(dtype).eps), float(torch.finfo(torch.float32).eps)))
+
+
 def _launch_with_cupy(op: str, dtype: torch.dtype, device: torch.device, total: int, args: list) -> None:
     kernel = _cuda.get_kernel(_KERNEL_FILE, f"ig_{op}_{_KERNEL_SUFFIX[dtype]}", device)
     blocks = max(1, min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS))
@@ -73,23 +90,23 @@ def _launch_with_cupy(op: str, dtype: torch.dtype, device: torch.device, total: 
 # --------------------------------------------------------------------------- (a) interpolation
 
 
-def _interpolate_torch(x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
-    """``(n [+ 2], B, F)`` path points from ``x, b (B, F)`` and ``alphas (n,)``; with ends, then ``x`` and ``b``."""
+def _interpolate_torch(x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
+    """``(n + 2 c, B, F)`` path points from ``x, b (B, F)`` and ``alphas (n,)``, then ``c`` pairs ``x, b``."""
     acc = alphas.dtype
     xa, ba = x.to(acc), b.to(acc)
     path = (ba.unsqueeze(0) + alphas.view(-1, 1, 1) * (xa - ba).unsqueeze(0)).to(x.dtype)  # (n, B, F)
-    if with_ends:
-        path = torch.cat([path, x.unsqueeze(0), b.unsqueeze(0)])  # (n + 2, B, F)
+    if end_copies:
+        path = torch.cat([path, *[x.unsqueeze(0), b.unsqueeze(0)] * end_copies])  # (n + 2 c, B, F)
     return path
 
 
-def _interpolate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+def _interpolate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
     n_steps = alphas.shape[0]
     batch, features = x.shape
-    points = torch.empty((n_steps + (2 if with_ends else 0), batch, features), dtype=x.dtype, device=x.device)
+    points = torch.empty((n_steps + 2 * end_copies, batch, features), dtype=x.dtype, device=x.device)
     launch("interpolate", x.dtype, x.device, points.numel(),
            [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(alphas), _cuda.pointer(points),
-            _cuda.int64(n_steps), _cuda.int64(batch * features), _cuda.int32(int(with_ends))])  # fmt: skip
+            _cuda.int64(n_steps), _cuda.int64(batch * features), _cuda.int32(end_copies)])  # fmt: skip
     return points
 
 
@@ -199,8 +216,14 @@ def warp_order_sum(values: Tensor) -> Tensor:
     return partial[..., 0]
 
 
+def _repeat_differs_torch(first: Tensor, again: Tensor, tolerance: float) -> Tensor:
+    """Twin of ``ig_repeat_differs``: NaN against a number, or ``|again - first| > tolerance * max(1, |first|, |again|)``."""
+    scale = torch.maximum(torch.maximum(first.abs(), again.abs()), torch.ones_like(first))
+    return (first.isnan() != again.isnan()) | ((again - first).abs() > tolerance * scale)
+
+
 def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
-    """``stats (6, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2, B, T)`` at x and b.
+    """``stats (7, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2 c, B, T)``: x, b, c times.
 
     A state is *non-finite* when ``F(x)``, ``F(b)`` or ``delta`` is NaN/Inf (any
     NaN/Inf attribution makes the sum, and so ``delta``, non-finite): relative
@@ -216,7 +239,13 @@ def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
     degenerate = ~non_finite & (difference.abs() <= degenerate_threshold(acc) * scale)
     relative = torch.where(degenerate, torch.full_like(delta, math.nan), delta.abs() / difference.abs())
     relative = torch.where(non_finite, torch.full_like(delta, math.inf), relative)
-    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc), non_finite.to(acc)])
+    if ends.shape[0] == 4:
+        tolerance = repeat_threshold(attributions.dtype)
+        repeated = ends[2:].transpose(1, 2)  # (2, T, B)
+        differs = _repeat_differs_torch(f_input, repeated[0], tolerance) | _repeat_differs_torch(f_baseline, repeated[1], tolerance)
+    else:
+        differs = torch.zeros_like(degenerate)
+    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc), non_finite.to(acc), differs.to(acc)])
 
 
 def _completeness_cuda(launch: KernelLaunch, attributions: Tensor, ends: Tensor) -> Tensor:
@@ -224,7 +253,8 @@ def _completeness_cuda(launch: KernelLaunch, attributions: Tensor, ends: Tensor)
     stats = torch.empty((len(STATS), n_targets, batch), dtype=ends.dtype, device=ends.device)
     launch("completeness", attributions.dtype, attributions.device, n_targets * batch * 32,  # one warp per state
            [_cuda.pointer(attributions), _cuda.pointer(ends), _cuda.pointer(stats), _cuda.int32(batch),
-            _cuda.int64(features), _cuda.int32(n_targets), np.float64(degenerate_threshold(ends.dtype))])  # fmt: skip
+            _cuda.int64(features), _cuda.int32(n_targets), np.float64(degenerate_threshold(ends.dtype)),
+            _cuda.int32(ends.shape[0] // 2), np.float64(repeat_threshold(attributions.dtype))])  # fmt: skip
     return stats
 
 
@@ -243,7 +273,8 @@ class Backend:
     name = "base"
     twin: Backend | None = None
 
-    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
+    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
+        """``(n + 2 end_copies, B, F)``: the path points, then ``end_copies`` pairs of ends ``x, b``."""
         raise NotImplementedError
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
@@ -256,6 +287,7 @@ class Backend:
         raise NotImplementedError
 
     def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
+        """``stats (7, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2 c, B, T)``."""
         raise NotImplementedError
 
 
@@ -264,8 +296,8 @@ class TorchBackend(Backend):
 
     name = "torch"
 
-    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
-        return _interpolate_torch(x, b, alphas, with_ends)
+    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
+        return _interpolate_torch(x, b, alphas, end_copies)
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
         return _fd_probes_torch(points, h, point_offset, out)
@@ -294,8 +326,8 @@ class CudaBackend(Backend):
         self.launch = launch or _launch_with_cupy
         self.twin = TorchBackend()
 
-    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, with_ends: bool) -> Tensor:
-        return _interpolate_cuda(self.launch, x, b, alphas, with_ends)
+    def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
+        return _interpolate_cuda(self.launch, x, b, alphas, end_copies)
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
         return _fd_probes_cuda(self.launch, points, h, point_offset, out)

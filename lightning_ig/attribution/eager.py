@@ -143,7 +143,7 @@ def attribute_eager(forward: Callable[[Tensor], Tensor], inputs: Tensor, baselin
 
 def build_result(out: dict[str, Tensor], resolved: Tensor, spec: TargetSpec, settings: Settings, run: PathRun,
                  n_steps: int, *, graph: bool, stochastic: bool) -> IGResult:  # fmt: skip
-    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(6, T, B)``), with views only.
+    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``), with views only.
 
     ``resolved`` is the baselines in the inputs' shape.
     """
@@ -152,16 +152,17 @@ def build_result(out: dict[str, Tensor], resolved: Tensor, spec: TargetSpec, set
         attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
     else:
         attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
-        stats = stats.view(len(STATS), -1)  # (6, 1, B) -> (6, B)
-    f_input, f_baseline, delta, relative_error, degenerate, non_finite = stats.unbind(0)
+        stats = stats.view(len(STATS), -1)  # (7, 1, B) -> (7, B)
+    f_input, f_baseline, delta, relative_error = stats[:4].unbind(0)
+    degenerate, non_finite = (stats[4:6] != 0).unbind(0)  # both flags in one comparison
     return IGResult(
         attributions=attributions,
         f_input=f_input,
         f_baseline=f_baseline,
         delta=delta,
         relative_error=relative_error,
-        degenerate=degenerate != 0,
-        non_finite=non_finite != 0,
+        degenerate=degenerate,
+        non_finite=non_finite,
         baselines=resolved,
         n_steps=n_steps,
         method=settings.method,

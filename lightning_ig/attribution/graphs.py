@@ -7,8 +7,9 @@ accumulation, completeness) once per key in a :class:`GraphPlan`; later calls
 copy the new inputs into the plan's static buffers and replay it.
 
 * The run before the capture is eager: shape and autograd errors surface as
-  they would without a graph, and the path's ends are evaluated twice there
-  (the stochastic-forward check; a replay reports what its capture found).
+  they would without a graph, and the path's ends ride twice in its forward
+  there (the stochastic-forward check; a replay reports what its capture found,
+  and the captured graph evaluates them once).
 * Capture is tried with the run's backend and then with its twin (the CUDA
   kernels, then their torch twins: same arithmetic, still faster than eager);
   when both fail the key runs eagerly from then on, after one warning.
@@ -94,7 +95,7 @@ class GraphPlan:
         self.static_x = static_x  # (B, F)
         self.static_b = static_b  # (B, F), or None where the baseline is computed inside the graph
         self.static_rows = static_rows  # (B,) per-row target indices, or None
-        self.outputs = outputs  # "attributions" (T, B, F), "stats" (6, T, B) [, "packed"]
+        self.outputs = outputs  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
         self.run = run
         self.keep = keep  # objects whose id() is part of the key (a target callable)
         self.stochastic = stochastic  # what the eager run before the capture found

@@ -22,7 +22,7 @@ from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.targets import TargetSpec, target_spec
 
 __all__ = ["Baselines", "Prepared", "prepare", "check_forward", "resolve_baselines", "module_of",
-           "raise_if_dtype_mismatch", "warn_stochastic"]  # fmt: skip
+           "raise_if_dtype_mismatch", "uses_batch_statistics", "warn_stochastic"]  # fmt: skip
 
 Baselines = Union[None, str, float, int, Tensor]
 
@@ -129,7 +129,9 @@ def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
 
 def module_of(forward: Any) -> torch.nn.Module | None:
     """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, or what a wrapper names in ``__wrapped__``."""
-    for candidate in (forward, getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)):
+    if isinstance(forward, torch.nn.Module):
+        return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
+    for candidate in (getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)):
         if isinstance(candidate, torch.nn.Module):
             return candidate
     return None
@@ -170,6 +172,27 @@ def warn_stochastic(forward: Any, stacklevel: int) -> None:
         StochasticForwardWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def uses_batch_statistics(forward: Any) -> bool:
+    """Whether ``forward``'s module normalises with the statistics of its batch (batch-norm in train mode).
+
+    Its values for a state then depend on the other rows of the batch, which a
+    repeat inside the same batch cannot see. Only a module that :func:`module_of`
+    finds is inspected.
+    """
+    module = module_of(forward)
+    pending = [module] if module is not None else []
+    seen: set[int] = set()
+    while pending:  # Module.modules() without its name strings: this runs on every eager call
+        child = pending.pop()
+        if child is None or id(child) in seen:
+            continue
+        seen.add(id(child))
+        if isinstance(child, torch.nn.modules.batchnorm._BatchNorm) and (child.training or child.running_mean is None):
+            return True
+        pending.extend(child._modules.values())
+    return False
 
 
 def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:

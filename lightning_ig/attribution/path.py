@@ -3,10 +3,11 @@
 A :class:`PathRun` holds one attribution problem with its states flattened to
 ``(B, F)``. The same code runs eagerly and under CUDA-graph capture:
 
-* all ``n_steps x B`` path points, plus the two ends ``x`` and ``b``, come from
-  one interpolation and are evaluated in batched forwards of at most
-  ``chunk_rows`` rows, so ``F(x)`` and ``F(b)`` for completeness cost no extra
-  pass; a CUDA out-of-memory halves the chunk and retries (eager runs only);
+* all ``n_steps x B`` path points, plus the two ends ``x`` and ``b`` (twice:
+  the stochastic-forward check), come from one interpolation and are evaluated
+  in batched forwards of at most ``chunk_rows`` rows, so ``F(x)`` and ``F(b)``
+  for completeness and their repeat cost no extra pass; a CUDA out-of-memory
+  halves the chunk and retries (eager runs only);
 * ``gradient="autograd"``: one ``torch.autograd.grad`` per chunk and target
   w.r.t. the path points only; never ``.backward()``, never a parameter's ``.grad``;
 * ``gradient="finite_difference"``: central differences ``(F(p + h e_i) -
@@ -15,25 +16,27 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
   ``h_i = fd_step * max(1, |x_i|, |b_i|)`` with ``fd_step = eps ** (1/3)`` of the
   inputs' dtype by default (truncation ``O(h^2)`` against rounding ``O(eps/h)``),
   and the divisor is the step as stored in the inputs' dtype;
-* the two ends are evaluated a second time and compared (the stochastic-forward
-  check; skipped inside a capture, where its answer could not be read);
 * ``attributions = (x - b) * sum_k w_k g_k`` and the completeness statistics,
-  both by the backend.
+  both by the backend; the completeness operation also compares the two copies
+  of the ends (the stochastic-forward check, a flag on the device that the
+  caller reads where it syncs anyway; skipped inside a capture, where its
+  answer could not be read). Identical rows of one batch agree even under
+  batch-norm in train mode, so batch statistics are found by looking at the
+  forward's module (:func:`~lightning_ig.attribution.inputs.uses_batch_statistics`).
 
 :func:`refine` is ``n_steps="auto"``.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.backends import Backend, accumulate_dtype
-from lightning_ig.attribution.inputs import raise_if_dtype_mismatch
+from lightning_ig.attribution.backends import STATS, Backend, accumulate_dtype
+from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
 from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.targets import TargetSpec, select
 from lightning_ig.quadrature import nests_on_doubling, quadrature
@@ -42,6 +45,7 @@ __all__ = ["PathRun", "refine", "rule_tensors", "chunk_rows", "AUTO_FIRST_STEPS"
 
 AUTO_FIRST_STEPS = 16
 _SMALL_WORK_BYTES = 256 << 20
+_REPEAT_DIFFERS = STATS.index("repeat_differs")
 _RULE_CACHE: dict[tuple[str, int, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
 
 
@@ -68,7 +72,7 @@ def chunk_rows(settings: Settings, x: Tensor) -> int:
     batch, features = x.shape
     steps = settings.max_steps if settings.n_steps == "auto" else int(settings.n_steps)
     per_point = 2 * features if settings.gradient == "finite_difference" else 1
-    rows_needed = steps * batch * per_point + 2 * batch  # the path (or its probes) and the two ends
+    rows_needed = steps * batch * per_point + 4 * batch  # the path (or its probes) and the two ends, twice
     per_row = 32 * features * x.element_size() + 16 * 1024
     if rows_needed * per_row <= _SMALL_WORK_BYTES:
         return max(1, rows_needed)
@@ -90,7 +94,7 @@ class PathRun:
 
     Attributes:
         backend: the operations' implementation (swapped for its twin when a capture fails).
-        check_stochastic: evaluate the ends a second time (off inside a capture).
+        check_stochastic: evaluate the ends twice and compare (off inside a capture).
         stochastic: the 0-dim bool device tensor of that check, once run.
         allow_oom_retry: halve the chunk on out-of-memory (off inside a capture).
         output_width: the forward's ``A`` seen last (per-row targets are checked against it on replay).
@@ -117,16 +121,24 @@ class PathRun:
 
     # -- the whole attribution
     def attribute(self, n_steps: int) -> dict[str, Tensor]:
-        """Attributions ``(T, B, F)`` and completeness ``stats (6, T, B)`` with ``n_steps`` points."""
+        """Attributions ``(T, B, F)`` and completeness ``stats (7, T, B)`` with ``n_steps`` points."""
         alphas, weights = rule_tensors(self.settings.method, n_steps, self.acc, self.x.device)
         grads, ends = self.gradients(alphas, with_ends=True)
         assert ends is not None  # with_ends=True
         return self.finish(weights, grads, ends)
 
     def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
-        """Attributions ``(T, B, F)`` and the completeness ``stats (6, T, B)`` (rows ``backends.STATS``)."""
+        """Attributions ``(T, B, F)`` and the completeness ``stats (7, T, B)`` (rows ``backends.STATS``).
+
+        ``ends (2 c, B, T)``: with two copies, :attr:`stochastic` becomes whether they differ.
+        """
         attributions = self.backend.accumulate(self.x, self.b, weights, grads.contiguous())  # (T, B, F)
-        return {"attributions": attributions, "stats": self.backend.completeness(attributions, ends.contiguous())}
+        stats = self.backend.completeness(attributions, ends.contiguous())
+        if ends.shape[0] == 4:
+            self.stochastic = stats[_REPEAT_DIFFERS].any()
+            if uses_batch_statistics(self.forward):  # identical rows of one batch agree then: found by looking
+                self.stochastic = torch.ones_like(self.stochastic)
+        return {"attributions": attributions, "stats": stats}
 
     def stochastic_flag(self) -> Tensor:
         """The 0-dim bool of the repeated-ends check (False where it did not run)."""
@@ -136,17 +148,17 @@ class PathRun:
 
     # -- gradients along the path
     def gradients(self, alphas: Tensor, with_ends: bool) -> tuple[Tensor, Tensor | None]:
-        """``grads (T, m, B, F)`` at ``alphas (m,)`` and, with ends, the target values ``(2, B, T)`` at x and b."""
-        points = self.backend.interpolate(self.x, self.b, alphas, with_ends).view(-1, self.features)  # ((m [+ 2]) B, F)
+        """``grads (T, m, B, F)`` at ``alphas (m,)`` and, with ends, the target values ``(2 c, B, T)`` at x and b.
+
+        With ends and :attr:`check_stochastic`, the ends ride twice (``c = 2``) in
+        the same forwards, for :meth:`finish` to compare.
+        """
+        end_copies = (2 if self.check_stochastic else 1) if with_ends else 0
+        points = self.backend.interpolate(self.x, self.b, alphas, end_copies).view(-1, self.features)  # ((m + 2c) B, F)
         if self.settings.gradient == "autograd":
-            grads, ends = self._autograd(points, alphas.shape[0], with_ends)
-            end_spec = self.spec
+            grads, ends = self._autograd(points, alphas.shape[0])
         else:
-            grads, ends = self._finite_difference(points, alphas.shape[0], with_ends)
-            end_spec = self._probe_spec()
-        if ends is not None and self.check_stochastic:
-            end_rows = points[alphas.shape[0] * self.batch :]  # (2 B, F): x then b, as evaluated the first time
-            self.stochastic = self._differs_when_repeated(end_rows, ends.reshape(2 * self.batch, -1), end_spec)
+            grads, ends = self._finite_difference(points, alphas.shape[0])
         return self._own_columns(grads, ends)
 
     def _evaluate(self, rows: Tensor, first_row: int, spec: TargetSpec | None = None) -> Tensor:
@@ -185,14 +197,14 @@ class PathRun:
             start = stop
         self.chunk_rows = size * unit
 
-    def _autograd(self, points: Tensor, n_alphas: int, with_ends: bool) -> tuple[Tensor, Tensor | None]:
+    def _autograd(self, points: Tensor, n_alphas: int) -> tuple[Tensor, Tensor | None]:
         path_rows = n_alphas * self.batch
         collected = _Collected()
         self._chunked(points.shape[0], 1, lambda start, stop: self._autograd_chunk(points, start, stop, path_rows, collected))
         grads = collected.single.unsqueeze(0) if collected.single is not None else collected.grads
         grads = grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
-        ends = collected.ends.view(2, self.batch, -1) if with_ends else None  # (2, B, T)
-        return grads, ends
+        ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
+        return grads, ends  # ends (2 c, B, T)
 
     def _autograd_chunk(self, points: Tensor, start: int, stop: int, path_rows: int, collected: _Collected) -> None:
         on_path = start < path_rows  # rows past the path are the two ends: values only
@@ -208,7 +220,7 @@ class PathRun:
         n_targets = values.shape[1]
         if stop > path_rows:
             if collected.ends is None:
-                collected.ends = torch.empty((2 * self.batch, n_targets), dtype=self.acc, device=points.device)
+                collected.ends = torch.empty((points.shape[0] - path_rows, n_targets), dtype=self.acc, device=points.device)
             first_end = max(start, path_rows)
             collected.ends[first_end - path_rows : stop - path_rows] = values[first_end - start :].detach()
         if on_path:
@@ -232,7 +244,7 @@ class PathRun:
                 collected.grads = torch.empty((n_targets, path_rows, self.features), dtype=self.acc, device=rows.device)
             collected.grads[t, start:path_stop] = grad
 
-    def _finite_difference(self, points: Tensor, n_alphas: int, with_ends: bool) -> tuple[Tensor, Tensor | None]:
+    def _finite_difference(self, points: Tensor, n_alphas: int) -> tuple[Tensor, Tensor | None]:
         assert self.fd_step is not None  # set for gradient="finite_difference"
         path_points = n_alphas * self.batch
         xa, ba = self.x.to(self.acc), self.b.to(self.acc)
@@ -240,23 +252,23 @@ class PathRun:
         collected = _Collected()
 
         def body(start: int, stop: int) -> None:
-            self._finite_difference_chunk(points, h, start, stop, path_points, 2 * self.batch if with_ends else 0, collected)
+            self._finite_difference_chunk(points, h, start, stop, path_points, points.shape[0] - path_points, collected)
 
         self._chunked(path_points, 2 * self.features, body)  # 2 F probe rows per path point
         grads = collected.grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
-        ends = collected.ends.view(2, self.batch, -1) if with_ends else None  # (2, B, T)
-        return grads, ends
+        ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
+        return grads, ends  # ends (2 c, B, T)
 
     def _finite_difference_chunk(self, points: Tensor, h: Tensor, start: int, stop: int, path_points: int,
                                  end_rows: int, collected: _Collected) -> None:  # fmt: skip
         count, features = stop - start, self.features
         probe_rows = count * 2 * features
-        extra = end_rows if stop == path_points else 0  # the ends ride with the last chunk's probes
+        extra = end_rows if stop == path_points else 0  # the ends (all copies) ride with the last chunk's probes
         buffer = torch.empty((probe_rows + extra, features), dtype=self.x.dtype, device=self.x.device)
         chunk_points = points[start:stop]
         self.backend.fd_probes(chunk_points, h, start, out=buffer[:probe_rows])
         if extra:
-            buffer[probe_rows:] = points[path_points:]  # x then b
+            buffer[probe_rows:] = points[path_points:]  # x then b, c times
         with torch.no_grad():
             values = self._evaluate(buffer, 0, self._probe_spec()).to(self.acc)
         n_targets = values.shape[1]
@@ -286,25 +298,6 @@ class PathRun:
         if ends is not None:
             ends = ends[:, states, rows].unsqueeze(-1)  # (2, B, A) -> (2, B, 1)
         return grads, ends
-
-    def _differs_when_repeated(self, end_rows: Tensor, first: Tensor, spec: TargetSpec) -> Tensor:
-        """Evaluate the ends ``(2 B, F)`` again and compare with ``first (2 B, T)``: a 0-dim bool on the device.
-
-        A deterministic forward repeats its values up to rounding (a batch of
-        another size may take another GEMM blocking). The bound is
-        ``sqrt(eps) * max(1, |F|)`` per value, ``eps`` that of the inputs' dtype
-        but no finer than float32's (forwards often compute in float32 or coarser
-        whatever the inputs: TF32, autocast, a cast inside the model): the bound
-        below which ``F(x) - F(b)`` is noise (degenerate states). Dropout,
-        batch-norm statistics of another batch and noise move values by far
-        more. Equal values, and NaN against NaN, agree.
-        """
-        with torch.no_grad():
-            again = self._evaluate(end_rows, 0, spec).detach().to(first.dtype)  # row 0 is state 0, as row m B was
-        eps = max(float(torch.finfo(end_rows.dtype).eps), float(torch.finfo(torch.float32).eps))
-        scale = torch.maximum(torch.maximum(first.abs(), again.abs()), torch.ones_like(first))
-        agree = (again == first) | (again.isnan() & first.isnan()) | ((again - first).abs() <= math.sqrt(eps) * scale)
-        return ~agree.all()
 
 
 class _Collected:
@@ -365,7 +358,7 @@ def _done(stats: Tensor, tolerance: float) -> bool:
     a NaN. A non-finite state stops the refinement at once: more steps cannot
     repair NaN/Inf weights or outputs, and the result says so.
     """
-    f_input, f_baseline, delta, relative, degenerate, non_finite = stats  # each (T, B)
+    f_input, f_baseline, delta, relative, degenerate, non_finite, _ = stats  # each (T, B)
     scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
     within = torch.where(degenerate != 0, delta.abs() <= tolerance * scale, relative <= tolerance)
     any_non_finite, all_within = torch.stack([(non_finite != 0).any(), within.all()]).tolist()  # one host sync

@@ -68,9 +68,10 @@ class IGResult:
         fd_step: the relative finite-difference step (``None`` for autograd).
         internal_batch_size: rows per forward in the last chunk run.
         cuda_graph: whether the result came from a replayed CUDA graph.
-        stochastic: the forward gave different values when the path's two ends
-            were evaluated a second time in the same call (checked on every
-            eager call and when a CUDA graph is captured; a replay reports what
+        stochastic: the forward gave different values to the two copies of the
+            path's ends evaluated in the same batch, or its module normalises
+            with batch statistics (batch-norm in train mode); checked on every
+            eager call and when a CUDA graph is captured (a replay reports what
             its capture found). A :class:`StochasticForwardWarning` said so.
 
     Example::
