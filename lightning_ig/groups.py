@@ -240,6 +240,16 @@ class FeatureGroups:
         shown = ", ".join(self.names[:4]) + (", ..." if len(self.names) > 4 else "")
         return f"FeatureGroups({len(self)} groups [{shown}] of feature shape {self.feature_shape})"
 
+    def channel_names(self) -> list[str] | None:
+        """The group names, one per channel, when the groups are exactly the channels (dim 0) in order; else ``None``.
+
+        Pictures with one tile per channel label their tiles with these (``paddle``, ``ball``, ...).
+        """
+        if len(self.feature_shape) < 2 or len(self) != self.feature_shape[0]:
+            return None
+        channel_of_feature = torch.arange(self.feature_shape[0]).repeat_interleave(self.ids.numel() // len(self))
+        return list(self.names) if torch.equal(self.ids, channel_of_feature) else None
+
     def members(self, group: int) -> Tensor:
         """Flat indices ``(sizes[group],)`` of the features of group ``group``, in feature order."""
         start = int(self.sizes[:group].sum())

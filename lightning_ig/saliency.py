@@ -27,6 +27,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -169,12 +170,15 @@ def saliency_grid(
     return SaliencyImage(_with_legend(body, scale, signed=True, what=legend), scale)
 
 
-def mean_abs_image(mean_abs: np.ndarray, num_states: int | None = None) -> SaliencyImage:
+def mean_abs_image(
+    mean_abs: np.ndarray, num_states: int | None = None, channel_names: Sequence[str] | None = None
+) -> SaliencyImage:
     """Mean ``|attribution|`` per feature as a picture: one tile per channel (or a heat strip for ``(C, L)``).
 
     Args:
         mean_abs: ``feature_shape`` array of mean ``|attr|`` over the states.
         num_states: how many states it is the mean over (for the legend).
+        channel_names: one label per channel tile (default ``channel 0``, ``channel 1``, ...).
 
     Returns:
         The picture and its scale (the value at the top of the colour scale; shared by all channels).
@@ -188,7 +192,10 @@ def mean_abs_image(mean_abs: np.ndarray, num_states: int | None = None) -> Salie
     channels = values.reshape(-1, *values.shape[-2:])  # (C, H, W)
     factor = _tile_factor(*channels.shape[1:])
     tiles = [_enlarge(_sequential(tile, scale), factor) for tile in channels]
-    body = _grid(tiles, [f"channel {c}" for c in range(len(tiles))], columns=len(tiles))
+    labels = list(channel_names) if channel_names is not None else [f"channel {c}" for c in range(len(tiles))]
+    if len(labels) != len(tiles):
+        raise ValueError(f"channel_names has {len(labels)} names for {len(tiles)} channels; give one per channel")
+    body = _grid(tiles, labels, columns=len(tiles))
     return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution| per pixel{over}"), scale)
 
 

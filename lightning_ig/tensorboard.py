@@ -356,5 +356,6 @@ def saliency_images(host: HostResult, states: Any, channel: int | None) -> tuple
         channel: the channel drawn in grey, or ``None`` for the channel mean.
     """
     grid = saliency_grid(np.asarray(states), host.sample_attributions, channel=channel)
-    mean_abs = mean_abs_image(host.features.mean_abs.reshape(host.feature_shape), host.num_states)
+    channel_names = host.groups.channel_names() if host.groups is not None else None
+    mean_abs = mean_abs_image(host.features.mean_abs.reshape(host.feature_shape), host.num_states, channel_names)
     return {"saliency": grid.pixels, "saliency/mean_abs": mean_abs.pixels}, grid.scale

@@ -136,3 +136,14 @@ def test_groups_know_whether_they_named_themselves():
     assert not FeatureGroups.resolve({"a": [0]}, (3,)).generated_names
     assert not FeatureGroups.resolve("channels", (2, 3), names=["left", "right"]).generated_names
     assert not FeatureGroups.resolve("features", (2,), names=["joint 1", "joint 10"]).generated_names
+
+
+def test_channel_names_only_when_the_groups_are_the_channels() -> None:
+    named = FeatureGroups.resolve("channels", (3, 2, 2), names=["paddle", "ball", "brick"])
+    assert named.channel_names() == ["paddle", "ball", "brick"]
+    by_dict = FeatureGroups.resolve({"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}, (2, 2, 2))
+    assert by_dict.channel_names() == ["a", "b"]  # the same partition, by indices
+    swapped = FeatureGroups.resolve({"b": [4, 5, 6, 7], "a": [0, 1, 2, 3]}, (2, 2, 2))
+    assert swapped.channel_names() is None  # group 0 is channel 1: tiles would be mislabelled
+    assert FeatureGroups.resolve("features", (2, 2, 2)).channel_names() is None
+    assert FeatureGroups.resolve("features", (4,)).channel_names() is None  # a flat vector has no channels

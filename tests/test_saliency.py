@@ -58,6 +58,17 @@ def test_mean_abs_tiles_share_one_scale():
     assert image.pixels.shape[:2] == (80 + 14 + 4 + 38, 320)  # 3 tiles of 80 px (8x8 enlarged 10x), caption, colour bar
 
 
+def test_mean_abs_tiles_carry_the_channel_names():
+    values = np.random.default_rng(3).random((3, 8, 8))
+    default = mean_abs_image(values).pixels
+    named = mean_abs_image(values, channel_names=["paddle", "ball", "brick"]).pixels
+    assert named.shape == default.shape and not np.array_equal(named, default)  # the captions differ
+    body = slice(14, 14 + 80)  # below the captions the tiles are the same pixels
+    assert np.array_equal(named[body], default[body])
+    with pytest.raises(ValueError, match="2 names for 3 channels"):
+        mean_abs_image(values, channel_names=["a", "b"])
+
+
 def test_write_png_round_trips_and_follows_the_umask(tmp_path):
     pixels = np.random.default_rng(2).integers(0, 256, size=(20, 30, 3), dtype=np.uint8)
     previous = os.umask(0o022)

@@ -239,7 +239,8 @@ def _write_saliency(head: _Attributed, folder: Path, *, suffix: str) -> list[Pat
     states = head.run.states.detach().to("cpu", torch.float64).numpy()
     attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()
     grid = saliency_grid(states, attributions)
-    mean_abs = mean_abs_image(np.abs(attributions).mean(axis=0), len(states))
+    channel_names = head.run.groups.channel_names() if head.run.groups is not None else None
+    mean_abs = mean_abs_image(np.abs(attributions).mean(axis=0), len(states), channel_names)
     try:
         return [write_png(grid.pixels, folder / f"saliency{suffix}.png"), write_png(mean_abs.pixels, folder / f"saliency_mean_abs{suffix}.png")]
     except OSError as error:  # checked before the run; the disk or the folder changed since
