@@ -294,13 +294,13 @@ def lone_add(settings: Settings, notes: list[str]) -> None:
 
 def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, float]]:
     """Host microseconds per call of the pieces of our 512x4096 call path (no syncs inside)."""
-    from lightning_ig import _cuda, losses  # noqa: PLC0415 - only this part looks inside
+    from lightning_ig import _cuda, _soft_margin_cuda  # noqa: PLC0415 - only this part looks inside
 
     device = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(settings.small_shape, device=device)
     y = torch.ones(settings.small_shape, device=device)
     g = torch.ones((), device=device)  # grad_output == 1: the scale kernel returns at once
-    scale = losses._kernel("soft_margin_scale", torch.float32, device.index)
+    scale = _soft_margin_cuda._kernel("soft_margin_scale", torch.float32, device.index)
     scale_args = (_cuda.pointer(x), _cuda.pointer(g), _cuda.int64(x.numel()))
     x_grad = x.clone().requires_grad_()
 
