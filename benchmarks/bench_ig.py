@@ -21,12 +21,6 @@ Rows, all in the same process on the same device:
   ours in finite-difference mode, with the same step.
 * the limit probe: one CUDA-graph replay of a single batched forward plus
   input-gradient over all ``B x n_steps`` points, the floor for any IG.
-* the launch path: a single eager call and a graph replay with the kernels
-  launched through ``lightning_ig._cuda``'s prepared ``cuLaunchKernel`` path
-  (the default) and through CuPy's own ``RawKernel.__call__``
-  (``LIGHTNING_IG_PLAIN_LAUNCH=1``), side by side in one process, and their
-  ratio: the evidence for keeping the prepared path or not. A replay does not
-  go through Python launches at all, so its two rows should agree.
 
 Times are medians over repetitions, each call bracketed by CUDA events and
 synchronised, so they are per-call latencies including host launch overhead.
@@ -41,7 +35,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import functools
 import platform
 import statistics
 import time
@@ -248,31 +241,6 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
     replay = _limit_probe(model, points)
     limit_ms, limit_mib = _time(replay, repeats * 3, warmup=3)
     rows.append(Row(case, "limit probe (graph: forward + input-gradient)", limit_ms, limit_mib))
-    if backend == "cuda":
-        rows += _launch_path_rows(case, model, x, repeats)
-    return rows
-
-
-def _launch_path_rows(case: str, model: torch.nn.Module, x: torch.Tensor, repeats: int) -> list[Row]:
-    """Single eager call and graph replay, kernels launched the prepared way and CuPy's way, in this process."""
-    timings: dict[tuple[str, bool], float] = {}
-    default = _cuda.use_prepared_launch
-    try:
-        for prepared in (True, False):
-            _cuda.use_prepared_launch = prepared
-            single = lambda: integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD)  # noqa: E731
-            timings["single", prepared], _ = _time(single, repeats * 2, warmup=3)
-            engine = IntegratedGradients(model, target="mean", n_steps=N_STEPS, method=METHOD)
-            engine.attribute(x)  # captured with this launch path
-            timings["replay", prepared], _ = _time(functools.partial(engine.attribute, x), repeats * 3, warmup=3)
-    finally:
-        _cuda.use_prepared_launch = default
-    rows = []
-    for what, label in (("single", "single call"), ("replay", "graph replay")):
-        prepared_ms, plain_ms = timings[what, True], timings[what, False]
-        rows.append(Row(case, f"launch path: {label}, prepared cuLaunchKernel", prepared_ms, None))
-        rows.append(Row(case, f"launch path: {label}, CuPy's launch (LIGHTNING_IG_PLAIN_LAUNCH=1)", plain_ms, None,
-                        extra={"plain / prepared": plain_ms / prepared_ms}))  # fmt: skip
     return rows
 
 

@@ -11,11 +11,9 @@ Rules this module enforces for every kernel in ``kernels/*.cu``:
 * Each ``.cu`` file is compiled once per (device, options) and cached; the
   source is prefixed with ``#line 1 "<path>"`` so compiler errors name the real file.
 * Scalars are passed as numpy scalars of the kernel's exact C type.
-* A launch fills reusable argument slots and calls ``cuLaunchKernel`` directly
-  (:class:`_PreparedKernel`), which costs less host time than CuPy's own
-  launch; ``LIGHTNING_IG_PLAIN_LAUNCH=1`` in the environment (read at import;
-  :data:`use_prepared_launch`) makes every launch CuPy's, for benchmarks
-  (``benchmarks/bench_ig.py`` times both) and as a way out.
+* Launches are CuPy's own (``RawKernel.__call__``). A hand-prepared
+  ``cuLaunchKernel`` path was measured on an H200 and was no faster, so there
+  is one launch path.
 
 CuPy is imported lazily, so the package imports and runs (on its torch path)
 where CuPy is not installed.
@@ -25,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -58,9 +55,6 @@ CUPY_INSTALL_HINT = (
     "install CuPy for your CUDA version: `pip install cupy-cuda12x` (CUDA 12) or `pip install cupy-cuda13x` "
     "(CUDA 13); in a clone of lightning-ig, `pip install -e '.[cuda12]'` or `'.[cuda13]'` does the same"
 )
-
-use_prepared_launch = os.environ.get("LIGHTNING_IG_PLAIN_LAUNCH", "") != "1"
-"""Launch through reusable argument slots and ``cuLaunchKernel`` (default) or, when False, through CuPy's own call."""
 
 # Kernel entry points are named <op>_<suffix>; these are the suffixes per torch dtype.
 _DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -218,85 +212,15 @@ def launch(
     block = block if isinstance(block, tuple) else (int(block),)
     if any(g <= 0 for g in grid):
         return  # nothing to do; CUDA rejects empty grids
-    args = tuple(args)
-    handle = current_stream_handle(index)
     cupy = require_cupy()
-    same_device = cupy.cuda.runtime.getDevice() == index
-    prepared = _prepared(kernel, index) if same_device and use_prepared_launch else None
-    if prepared is not None and prepared.launch(grid, block, args, handle, shared_mem):
-        return
-    # CuPy's own launch: converts every argument per call (~10 us of host time).
+    cupy_stream = _external_stream(current_stream_handle(index), index)
     # CuPy picks the kernel's per-device binary from the current device; entering
     # a Device context costs microseconds, so only do it when the device differs.
-    cupy_stream = _external_stream(handle, index)
-    if same_device:
-        kernel(grid, block, args, stream=cupy_stream, shared_mem=shared_mem)
+    if cupy.cuda.runtime.getDevice() == index:
+        kernel(grid, block, tuple(args), stream=cupy_stream, shared_mem=shared_mem)
     else:
         with cupy.cuda.Device(index):
-            kernel(grid, block, args, stream=cupy_stream, shared_mem=shared_mem)
-
-
-class _PreparedKernel:
-    """A kernel launched straight through ``cuLaunchKernel`` with reusable parameter slots.
-
-    CuPy's ``RawKernel.__call__`` converts each argument on every call. Here each
-    argument type signature gets numpy slots of the exact C type once, and a
-    launch only writes the values and passes the slots' addresses (the driver
-    copies them at launch, also under graph capture). Any failure turns the
-    fast path off for this kernel and the caller falls back to CuPy's launch.
-    """
-
-    _SLOT_TYPES = (np.uint64, np.int64, np.int32, np.float32, np.float64)
-
-    def __init__(self, function_pointer: int, launch_kernel: Callable[..., None]) -> None:
-        self.function_pointer = function_pointer
-        self.launch_kernel = launch_kernel
-        self.layouts: dict[tuple[type, ...], tuple[list[np.ndarray], np.ndarray]] = {}
-        self.lock = threading.Lock()  # the slots are shared: one launch fills them at a time
-        self.enabled = True
-
-    def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], handle: int, shared_mem: int) -> bool:
-        if not self.enabled:
-            return False
-        signature = tuple(map(type, args))
-        layout = self.layouts.get(signature)
-        if layout is None:
-            if not all(t in self._SLOT_TYPES for t in signature):
-                return False  # e.g. a CuPy array or a Python scalar: CuPy's launch knows those
-            slots = [np.zeros(1, dtype=t) for t in signature]
-            addresses = np.array([slot.ctypes.data for slot in slots], dtype=np.uint64)
-            layout = self.layouts[signature] = (slots, addresses)
-        slots, addresses = layout
-        gx, gy, gz = (*grid, 1, 1)[:3]
-        bx, by, bz = (*block, 1, 1)[:3]
-        with self.lock:
-            for slot, value in zip(slots, args):
-                slot[0] = value
-            try:
-                self.launch_kernel(self.function_pointer, gx, gy, gz, bx, by, bz, shared_mem, handle, int(addresses.ctypes.data), 0)
-            except Exception:  # noqa: BLE001 - e.g. no current context on this thread: CuPy's path handles it
-                self.enabled = False
-                return False
-        return True
-
-
-_prepared_kernels: dict[tuple[int, int], _PreparedKernel | None] = {}
-
-
-def _prepared(kernel: Any, device_index: int) -> _PreparedKernel | None:
-    key = (id(kernel), device_index)
-    if key in _prepared_kernels:
-        return _prepared_kernels[key]
-    prepared: _PreparedKernel | None
-    try:
-        cupy = require_cupy()
-        with cupy.cuda.Device(device_index):
-            function_pointer = int(kernel.kernel.ptr)  # loads the module on this device if needed
-        prepared = _PreparedKernel(function_pointer, cupy.cuda.driver.launchKernel)
-    except Exception:  # noqa: BLE001 - an older CuPy without these attributes: use its own launch
-        prepared = None
-    _prepared_kernels[key] = prepared  # kernels are cached for the process, so their ids stay unique
-    return prepared
+            kernel(grid, block, tuple(args), stream=cupy_stream, shared_mem=shared_mem)
 
 
 def current_stream_handle(device_index: int) -> int:

@@ -1,7 +1,6 @@
 """The IG engine on a CUDA device: each kernel of kernels/ig.cu (CudaBackend) against its torch twin (TorchBackend),
 the non-finite flags, both gradient modes, half precision, determinism, n_steps="auto", the CUDA-graph path of
-IntegratedGradients (stochastic forwards caught at capture), kernels on torch's current stream, the launch paths,
-and backend errors.
+IntegratedGradients (stochastic forwards caught at capture), kernels on torch's current stream, and backend errors.
 
 Run with ``pytest -m gpu tests/test_attribution_gpu.py``; skipped where there is no CUDA device or no CuPy.
 """
@@ -403,27 +402,7 @@ def test_graph_off_and_finite_differences_run_eagerly(cuda_device: torch.device)
     assert not engine.attribute(x).cuda_graph and engine.last_mode == "eager"
 
 
-# --------------------------------------------------------------------------- launch paths
-
-
-def test_both_launch_paths_give_the_same_bits(cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_ig import _cuda
-
-    model = _dueling(9, 3, cuda_device, seed=42)
-    x = _randn((6, 9), torch.float32, cuda_device, 43)
-    reference = integrated_gradients(model, x, target="mean", n_steps=20, backend="torch")
-    results = {}
-    for prepared in (True, False):  # LIGHTNING_IG_PLAIN_LAUNCH=1 sets use_prepared_launch False at import
-        monkeypatch.setattr(_cuda, "use_prepared_launch", prepared)
-        eager = integrated_gradients(model, x, target="mean", n_steps=20, backend="cuda")
-        engine = IntegratedGradients(model, target="mean", n_steps=20)
-        captured, replayed = engine.attribute(x), engine.attribute(x)
-        assert engine.last_mode == "graph" and replayed.backend == "cuda"
-        results[prepared] = (eager, replayed)
-        for result in (eager, captured, replayed):
-            assert_close_scaled(result.attributions.cpu(), reference.attributions.cpu(), ulps=16, dtype=F32)
-    for ours, theirs in zip(results[True], results[False]):  # the same kernels and arguments, launched two ways
-        assert torch.equal(ours.attributions, theirs.attributions) and torch.equal(ours.delta, theirs.delta)
+# --------------------------------------------------------------------------- the launch path
 
 
 def test_kernels_launch_on_torchs_current_stream(cuda_device: torch.device) -> None:

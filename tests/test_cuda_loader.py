@@ -1,10 +1,7 @@
-"""The CuPy loader's CPU-side behaviour: kernel discovery, backend choice, argument types, the launch switch."""
+"""The CuPy loader's CPU-side behaviour: kernel discovery, backend choice, argument types."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -76,11 +73,3 @@ def test_cupy_is_imported_once() -> None:
 
     cupy = _cuda.CupyImport(import_module=fake)
     assert cupy.require() is np and cupy.module() is np and imported == ["cupy"]
-
-
-@pytest.mark.parametrize("value,prepared", [("1", False), ("0", True), ("", True)])
-def test_the_plain_launch_switch_is_read_from_the_environment_at_import(value: str, prepared: bool) -> None:
-    environment = {**os.environ, "LIGHTNING_IG_PLAIN_LAUNCH": value}
-    code = "from lightning_ig import _cuda; print(_cuda.use_prepared_launch)"
-    run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
-    assert run.stdout.strip() == str(prepared)
