@@ -81,6 +81,39 @@ template <> struct lig_storage<lig_bf16_tag> {
     static __device__ __forceinline__ lig_bf16 store(float v) { return lig_float_to_bf16(v); }
 };
 
+// Four consecutive elements as one aligned load or store (16 bytes of float, 8 of
+// a half type), unpacked to and packed from float[4]. Our own 16-byte type rather
+// than float4, so nothing depends on which headers NVRTC provides.
+struct __align__(16) lig_float4 { float x, y, z, w; };
+
+template <typename Tag> struct lig_vec4;
+template <> struct lig_vec4<lig_f32_tag> {
+    typedef lig_float4 type;
+    static __device__ __forceinline__ void unpack(const lig_float4& v, float (&f)[4]) {
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+    }
+    static __device__ __forceinline__ lig_float4 pack(const float (&f)[4]) {
+        lig_float4 v;
+        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
+        return v;
+    }
+};
+template <typename Tag, typename V4> struct lig_vec4_of_half {
+    typedef V4 type;
+    static __device__ __forceinline__ void unpack(const V4& v, float (&f)[4]) {
+        f[0] = lig_storage<Tag>::load(v.x); f[1] = lig_storage<Tag>::load(v.y);
+        f[2] = lig_storage<Tag>::load(v.z); f[3] = lig_storage<Tag>::load(v.w);
+    }
+    static __device__ __forceinline__ V4 pack(const float (&f)[4]) {
+        V4 v;
+        v.x = lig_storage<Tag>::store(f[0]); v.y = lig_storage<Tag>::store(f[1]);
+        v.z = lig_storage<Tag>::store(f[2]); v.w = lig_storage<Tag>::store(f[3]);
+        return v;
+    }
+};
+template <> struct lig_vec4<lig_f16_tag> : lig_vec4_of_half<lig_f16_tag, lig_half4> {};
+template <> struct lig_vec4<lig_bf16_tag> : lig_vec4_of_half<lig_bf16_tag, lig_bf16_4> {};
+
 // Grid-stride loops: for (i = lig_first_index(); i < n; i += lig_grid_stride()).
 __device__ __forceinline__ long long lig_first_index() {
     return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -125,7 +125,7 @@ struct lig_ens_groups {
 template <typename Tag, int R>
 struct lig_ens_rows {
     typedef typename lig_storage<Tag>::type T;
-    typedef lig_ens_vec<Tag> V;
+    typedef lig_vec4<Tag> V;
     typedef typename V::type T4;
 
     const T* member;      // logits[row[0], m, 0]

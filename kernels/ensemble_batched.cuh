@@ -15,7 +15,7 @@ __device__ __forceinline__ void lig_ens_lane_partials_batched(
     long long row_step, int active, int lane, int members, int K, long long stride_row, long long stride_member,
     int group_size, const lig_ens_divisor& per_k, float (&partial)[R]) {
     typedef typename lig_storage<Tag>::type T;
-    typedef lig_ens_vec<Tag> V;
+    typedef lig_vec4<Tag> V;
     typedef typename V::type T4;
     #pragma unroll
     for (int r = 0; r < R; ++r) partial[r] = 0.0f;

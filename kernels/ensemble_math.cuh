@@ -1,38 +1,6 @@
 // Part of kernels/ensemble.cu (included there, after its tuning macros): the
-// vector types, the sigmoid's parts in each dtype and the division by K.
+// sigmoid's parts in each dtype and the division by K (the vector types are common.cuh's).
 #pragma once
-
-// Four consecutive elements as one aligned load/store. Our own 16-byte type
-// rather than float4, so nothing depends on which headers NVRTC provides.
-struct __align__(16) lig_ens_float4 { float x, y, z, w; };
-
-template <typename Tag> struct lig_ens_vec;
-template <> struct lig_ens_vec<lig_f32_tag> {
-    typedef lig_ens_float4 type;
-    static __device__ __forceinline__ void unpack(const type& v, float (&f)[4]) {
-        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
-    }
-    static __device__ __forceinline__ type pack(const float (&f)[4]) {
-        type v;
-        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
-        return v;
-    }
-};
-template <typename Tag, typename V4> struct lig_ens_vec16 {
-    typedef V4 type;
-    static __device__ __forceinline__ void unpack(const V4& v, float (&f)[4]) {
-        f[0] = lig_storage<Tag>::load(v.x); f[1] = lig_storage<Tag>::load(v.y);
-        f[2] = lig_storage<Tag>::load(v.z); f[3] = lig_storage<Tag>::load(v.w);
-    }
-    static __device__ __forceinline__ V4 pack(const float (&f)[4]) {
-        V4 v;
-        v.x = lig_storage<Tag>::store(f[0]); v.y = lig_storage<Tag>::store(f[1]);
-        v.z = lig_storage<Tag>::store(f[2]); v.w = lig_storage<Tag>::store(f[3]);
-        return v;
-    }
-};
-template <> struct lig_ens_vec<lig_f16_tag> : lig_ens_vec16<lig_f16_tag, lig_half4> {};
-template <> struct lig_ens_vec<lig_bf16_tag> : lig_ens_vec16<lig_bf16_tag, lig_bf16_4> {};
 
 // e = exp(-|x|) and r = 1 / (1 + e): exactly rounded for float32 (the twin's
 // torch.exp and torch.reciprocal give the same bits), fast for the half types.

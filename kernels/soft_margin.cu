@@ -41,43 +41,11 @@
 #define LIG_SM_UNROLL 4
 #define LIG_SM_MAX_GRID 4096
 
-// Four consecutive elements as one aligned load or store. Our own 16-byte type
-// rather than float4, so nothing depends on which headers NVRTC provides.
-struct __align__(16) lig_sm_float4 { float x, y, z, w; };
-
-template <typename Tag> struct lig_sm_vec;
-template <> struct lig_sm_vec<lig_f32_tag> {
-    typedef lig_sm_float4 type;
-    static __device__ __forceinline__ void unpack(const lig_sm_float4& v, float (&f)[4]) {
-        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
-    }
-    static __device__ __forceinline__ lig_sm_float4 pack(const float (&f)[4]) {
-        lig_sm_float4 v;
-        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
-        return v;
-    }
-};
-template <typename Tag, typename V4> struct lig_sm_vec16 {
-    typedef V4 type;
-    static __device__ __forceinline__ void unpack(const V4& v, float (&f)[4]) {
-        f[0] = lig_storage<Tag>::load(v.x); f[1] = lig_storage<Tag>::load(v.y);
-        f[2] = lig_storage<Tag>::load(v.z); f[3] = lig_storage<Tag>::load(v.w);
-    }
-    static __device__ __forceinline__ V4 pack(const float (&f)[4]) {
-        V4 v;
-        v.x = lig_storage<Tag>::store(f[0]); v.y = lig_storage<Tag>::store(f[1]);
-        v.z = lig_storage<Tag>::store(f[2]); v.w = lig_storage<Tag>::store(f[3]);
-        return v;
-    }
-};
-template <> struct lig_sm_vec<lig_f16_tag> : lig_sm_vec16<lig_f16_tag, lig_half4> {};
-template <> struct lig_sm_vec<lig_bf16_tag> : lig_sm_vec16<lig_bf16_tag, lig_bf16_4> {};
-
 template <typename Tag>
 __device__ __forceinline__ bool lig_sm_aligned(const void* a, const void* b, const void* c, const void* d) {
     const unsigned long long bits = reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(b) |
                                     reinterpret_cast<unsigned long long>(c) | reinterpret_cast<unsigned long long>(d);
-    return (bits & (sizeof(typename lig_sm_vec<Tag>::type) - 1)) == 0;
+    return (bits & (sizeof(typename lig_vec4<Tag>::type) - 1)) == 0;
 }
 
 // log1p(e) for e in [0, 1], as e * P(e) with P a degree-9 minimax fit of
@@ -151,7 +119,7 @@ __device__ __forceinline__ void lig_sm_reduce(const typename lig_storage<Tag>::t
                                               double* __restrict__ partials, unsigned int* __restrict__ counter,
                                               long long n, double divisor) {
     typedef typename lig_storage<Tag>::type T;
-    typedef lig_sm_vec<Tag> V;
+    typedef lig_vec4<Tag> V;
     typedef typename V::type T4;
     const float grad_scale = static_cast<float>(1.0 / divisor);
     const long long first = lig_first_index();
@@ -241,7 +209,7 @@ template <typename Tag>
 __device__ __forceinline__ void lig_sm_none(const typename lig_storage<Tag>::type* __restrict__ x,
                                             const typename lig_storage<Tag>::type* __restrict__ y,
                                             typename lig_storage<Tag>::type* __restrict__ loss_out, long long n) {
-    typedef lig_sm_vec<Tag> V;
+    typedef lig_vec4<Tag> V;
     typedef typename V::type T4;
     const long long first = lig_first_index();
     const long long stride = lig_grid_stride();
@@ -280,7 +248,7 @@ __device__ __forceinline__ void lig_sm_none_backward(const typename lig_storage<
                                                      const typename lig_storage<Tag>::type* __restrict__ g,
                                                      int g_is_scalar,
                                                      typename lig_storage<Tag>::type* __restrict__ grad, long long n) {
-    typedef lig_sm_vec<Tag> V;
+    typedef lig_vec4<Tag> V;
     typedef typename V::type T4;
     const long long first = lig_first_index();
     const long long stride = lig_grid_stride();
@@ -327,7 +295,7 @@ __device__ __forceinline__ void lig_sm_none_backward(const typename lig_storage<
 template <typename Tag>
 __device__ __forceinline__ void lig_sm_scale(typename lig_storage<Tag>::type* __restrict__ grad,
                                              const typename lig_storage<Tag>::type* __restrict__ g, long long n) {
-    typedef lig_sm_vec<Tag> V;
+    typedef lig_vec4<Tag> V;
     typedef typename V::type T4;
     const float scale = lig_storage<Tag>::load(g[0]);
     if (scale == 1.0f) return;  // x * 1 == x exactly, NaN payloads included
