@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from _models import DuelingMLP
 from _tolerance import assert_close_scaled, eps, rounding_bound
 from hypothesis import strategies as st
 
@@ -55,20 +56,8 @@ def _mlp(features: int, outputs: int, *, seed: int, hidden: int = 16, act: type[
 
 
 def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    class Dueling(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = torch.nn.Sequential(torch.nn.Linear(features, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU())
-            self.value = torch.nn.Linear(32, 1)
-            self.advantage = torch.nn.Linear(32, actions)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = self.body(x)
-            a = self.advantage(h)
-            return self.value(h) + a - a.mean(dim=1, keepdim=True)
-
     torch.manual_seed(seed)
-    return Dueling().double().eval()
+    return DuelingMLP(features, actions).double().eval()
 
 
 # --------------------------------------------------------------------------- exactness

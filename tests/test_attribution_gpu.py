@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from _models import DuelingMLP
 from _tolerance import assert_close_scaled, eps, rounding_bound
 from test_engine_host_kernels import repeated_ends
 
@@ -38,23 +39,9 @@ def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, see
 
 
 def _dueling(features: int, actions: int, device: torch.device, *, seed: int, hidden: int = 64) -> torch.nn.Module:
-    class Dueling(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = torch.nn.Sequential(
-                torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU()
-            )
-            self.value = torch.nn.Linear(hidden, 1)
-            self.advantage = torch.nn.Linear(hidden, actions)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = self.body(x)
-            a = self.advantage(h)
-            return self.value(h) + a - a.mean(dim=1, keepdim=True)
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Dueling()
+        model = DuelingMLP(features, actions, hidden)
     return model.to(device).eval()
 
 

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from _models import DuelingMLP
 from _graph_emulation import EmulatedCapture, FailingCapture, KernelsThatCannotBeCaptured
 from _tolerance import assert_close_scaled
 
@@ -14,20 +15,8 @@ from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 
 
 def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    class Dueling(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = torch.nn.Sequential(torch.nn.Linear(features, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU())
-            self.value = torch.nn.Linear(32, 1)
-            self.advantage = torch.nn.Linear(32, actions)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = self.body(x)
-            a = self.advantage(h)
-            return self.value(h) + a - a.mean(dim=1, keepdim=True)
-
     torch.manual_seed(seed)
-    return Dueling().double().eval()
+    return DuelingMLP(features, actions).double().eval()
 
 
 def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> None:
