@@ -53,6 +53,8 @@ from typing import Callable
 import torch
 import torch._dynamo
 
+import ensemble_variants  # beside this file: the graph capture and the --variants mode
+
 from lightning_ig import _cuda
 from lightning_ig.ensemble import ensemble_reduce
 
@@ -185,16 +187,7 @@ def one_call_us(fn, sets, backward: bool, samples: int) -> float:
 
 def graph_loop_us(fn, sets, backward: bool, replays: int, calls_per_graph: int) -> float:
     """Device microseconds per call: a CUDA graph of back-to-back calls over the sets, replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up on a side stream, as torch.cuda.graph asks
-        for i in range(3):
-            call(fn, *sets[i % len(sets)], backward)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls_per_graph):
-            call(fn, *sets[i % len(sets)], backward)
+    graph = ensemble_variants.capture_graph(fn, sets, backward, calls_per_graph, call)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -358,7 +351,6 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_ensemble: needs a CUDA device", file=sys.stderr)
         return 2
     if args.variants is not None:
-        import ensemble_variants  # beside this file; only this mode needs it
 
         from lightning_ig.ensemble import ops
 

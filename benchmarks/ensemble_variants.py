@@ -103,7 +103,8 @@ def twin_identity(seed: int) -> bool:
     return ok
 
 
-def _graph(fn, sets, backward: bool, calls: int, call) -> torch.cuda.CUDAGraph:
+def capture_graph(fn, sets, backward: bool, calls: int, call) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back ``call(fn, *set, backward)`` over the input sets, warmed up first."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up on a side stream, as torch.cuda.graph asks
@@ -127,7 +128,7 @@ def time_variants(names: list[str], sets, backward: bool, replays: int, call) ->
     graphs = {}
     for name in names:
         with ops.use_variant(name):
-            graphs[name] = _graph(ours, sets, backward, calls, call)
+            graphs[name] = capture_graph(ours, sets, backward, calls, call)
     for graph in graphs.values():
         graph.replay()
     torch.cuda.synchronize()
