@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,9 @@ from lightning_ig.models import DuelingQNetwork
 from lightning_ig.report import load_schema
 from lightning_ig.tensorboard import feature_tags
 
-REPO = Path(__file__).resolve().parents[1]
+from _examples import REPO
+from _examples import only_run_dir as _only_run_dir
+from _examples import run_python as _run
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
 NUM_HELD_OUT = 32
@@ -40,26 +41,6 @@ TINY = [
 ]  # fmt: skip
 
 pytestmark = pytest.mark.slow
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["MPLBACKEND"] = "Agg"
-    # The package may be installed or only on the path of a checkout.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def _only_run_dir(runs: Path) -> Path:
-    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
-    assert len(run_dirs) == 1, f"expected one run folder in {runs}, found {run_dirs}"
-    return run_dirs[0]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,33 @@
+"""Running the examples as a user does: a subprocess with this checkout on the path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def example_env() -> dict[str, str]:
+    """The environment of an example run: headless matplotlib, the checkout first on the path."""
+    env = dict(os.environ)
+    env["MPLBACKEND"] = "Agg"
+    # The package may be installed or only on the path of a checkout.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_python(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd``; the caller checks the return code."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=example_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def only_run_dir(runs: Path) -> Path:
+    """The one run folder an example wrote under ``runs``."""
+    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(run_dirs) == 1, f"expected one run folder in {runs}, found {run_dirs}"
+    return run_dirs[0]
