@@ -33,34 +33,20 @@ from pathlib import Path
 import numpy as np
 
 from lightning_ig._files import atomic_path
+from lightning_ig.raster import DIVERGING_LUT, SEQUENTIAL_LUT, font
 
 __all__ = ["SaliencyImage", "mean_abs_image", "saliency_grid", "saliency_kind", "write_png"]
 
-# ColorBrewer RdBu (11 classes), negative (red) to positive (blue); viridis for magnitudes.
-_DIVERGING = ["#67001f", "#b2182b", "#d6604d", "#f4a582", "#fddbc7", "#f7f7f7",
-              "#d1e5f0", "#92c5de", "#4393c3", "#2166ac", "#053061"]  # fmt: skip
-_SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 # Small observations are enlarged by whole pixels up to about this size (captions stay in proportion); larger
 # ones are stored as they are: TensorBoard scales images up to its card without smoothing ("pixelated").
 _TILE_PIXELS = 84
 _STRIP_WIDTH = 384
 _GAP = 4
 _TEXT_ROW = 14
+_CAPTION_SIZE = 10
 _NUMBER_ROWS = _TEXT_ROW + 4  # the legend rows above its description: the colour bar and the scale numbers
 _MAX_OPACITY = 0.9
 _ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not wash out the rest
-
-
-def _lut(anchors: list[str]) -> np.ndarray:
-    """A (256, 3) float32 table interpolated between the anchor colours."""
-    colours = np.array([[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in anchors], dtype=np.float64)
-    positions = np.linspace(0.0, 1.0, len(anchors))
-    grid = np.linspace(0.0, 1.0, 256)
-    return np.stack([np.interp(grid, positions, colours[:, k]) for k in range(3)], axis=1).astype(np.float32)
-
-
-_DIVERGING_LUT = _lut(_DIVERGING)
-_SEQUENTIAL_LUT = _lut(_SEQUENTIAL)
 
 
 @dataclass(frozen=True)
@@ -108,13 +94,13 @@ def _as_images(values: np.ndarray) -> np.ndarray:
 def _diverging(signed: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """Colours ``(..., 3)`` and opacities ``(...)`` of signed values on ``[-scale, scale]``."""
     unit = np.clip(np.nan_to_num(signed / scale), -1.0, 1.0)
-    colours = _DIVERGING_LUT[np.round((unit + 1.0) * 127.5).astype(np.intp)]
+    colours = DIVERGING_LUT[np.round((unit + 1.0) * 127.5).astype(np.intp)]
     return colours, _MAX_OPACITY * np.abs(unit)
 
 
 def _sequential(values: np.ndarray, scale: float) -> np.ndarray:
     unit = np.clip(np.nan_to_num(values / scale), 0.0, 1.0)
-    return _SEQUENTIAL_LUT[np.round(unit * 255.0).astype(np.intp)]
+    return SEQUENTIAL_LUT[np.round(unit * 255.0).astype(np.intp)]
 
 
 def _grey(observations: np.ndarray) -> np.ndarray:
@@ -233,20 +219,13 @@ def _stack(strips: list[np.ndarray], captions: list[str]) -> np.ndarray:
     return canvas
 
 
-@functools.lru_cache(maxsize=1)
-def _font() -> object:
-    from PIL import ImageFont  # noqa: PLC0415 - Pillow comes with matplotlib and TensorBoard's images
-
-    return ImageFont.load_default()  # what ImageDraw.text uses without a font, loaded once
-
-
 def _caption(canvas: np.ndarray, texts: tuple[tuple[int, int, str], ...]) -> np.ndarray:
     from PIL import Image, ImageDraw  # noqa: PLC0415
 
     image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
     for top, left, text in texts:
-        draw.text((left + 1, top + 1), text, fill=(40, 40, 40), font=_font())
+        draw.text((left + 1, top + 1), text, fill=(40, 40, 40), font=font(_CAPTION_SIZE))
     return np.asarray(image)
 
 
@@ -264,7 +243,7 @@ def _legend(width: int, signed: bool, what: str) -> np.ndarray:
     bar_width = min(width - 120, 256)
     legend = _canvas(2 * _TEXT_ROW + 10, width)
     ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
-    colours = _DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
+    colours = DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
     legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
     legend = _caption(legend, ((_TEXT_ROW + 4, 2, what),))
     legend.flags.writeable = False

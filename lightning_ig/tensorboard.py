@@ -2,9 +2,9 @@
 
 Scalars reach every Lightning logger through ``logger.log_metrics`` (CSV,
 MLflow, W&B and TensorBoard alike). A ``TensorBoardLogger`` also gets the
-extras through its ``SummaryWriter``'s public API (``add_histogram``,
-``add_image``, ``add_figure``, ``add_text``, ``add_custom_scalars``). The tags
-are listed, once, in ``docs/tensorboard-tags.md``.
+extras through its ``SummaryWriter`` (``add_histogram``, ``add_text``,
+``add_custom_scalars``; pictures as palette PNGs through its file writer, see
+:func:`add_picture`). The tags are listed, once, in ``docs/tensorboard-tags.md``.
 
 This module reads a :class:`~lightning_ig.summary.RunSummary`, never the JSON
 report. Names are shown the same way in tags, figures and text
@@ -24,10 +24,11 @@ import numpy as np
 
 from lightning_ig.drift import drift_tags
 from lightning_ig.ensemble.agreement import ensemble_scalar_names
-from lightning_ig.figures import heatmap_figure, top_features_figure
+from lightning_ig.figures import Chart, heatmap_figure, top_features_figure
 from lightning_ig.host_result import HostResult
 from lightning_ig.run_text import DRIFT_WORDS, completeness_verdict, target_unit
 from lightning_ig.run_text import report_markdown as _markdown
+from lightning_ig.raster import png_bytes
 from lightning_ig.saliency import mean_abs_image, saliency_grid
 from lightning_ig.statistics import CONCENTRATION_SHARES, rank_order
 from lightning_ig.summary import RunSummary, Units
@@ -35,6 +36,7 @@ from lightning_ig.summary import RunSummary, Units
 __all__ = [
     "TAG_ROOT",
     "TagNames",
+    "add_picture",
     "custom_scalars_layout",
     "display_labels",
     "draw_figures",
@@ -197,10 +199,10 @@ def is_tensorboard_logger(logger: Any) -> bool:
 
 @dataclass(frozen=True)
 class RunExtras:
-    """What a run shows in TensorBoard besides scalars: images, figures and the text (any may be empty)."""
+    """What a run shows in TensorBoard besides scalars: saliency images, charts and the text (any may be empty)."""
 
     images: dict[str, np.ndarray]
-    figures: dict[str, Any]
+    figures: dict[str, Chart]
     text: str | None
 
 
@@ -245,7 +247,7 @@ def pictures_due(
 def write_extras(
     writer: Any, summary: RunSummary, tags: TagNames, extras: RunExtras, *, histograms: bool, layout: Mapping[str, Any] | None
 ) -> None:
-    """Write one run's histograms, images, figures, text and layout to a ``SummaryWriter`` (public API only).
+    """Write one run's histograms, images, figures, text and layout to a ``SummaryWriter``.
 
     Args:
         writer: ``TensorBoardLogger.experiment``.
@@ -271,10 +273,36 @@ def write_extras(
         writer.add_custom_scalars(dict(layout))
     # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the GIL),
     # so the large ones are queued when this thread has little Python work left.
-    for name, figure in extras.figures.items():  # rendered once per writer; matplotlib frees it with its last reference
-        writer.add_figure(f"{tags.prefix}/{name}", figure, step, close=False)
+    for name, chart in extras.figures.items():
+        add_picture(writer, f"{tags.prefix}/{name}", chart.pixels, step)
     for name, pixels in extras.images.items():
-        writer.add_image(f"{tags.prefix}/{name}", pixels, step, dataformats="HWC")
+        add_picture(writer, f"{tags.prefix}/{name}", pixels, step)
+
+
+def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
+    """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.raster.png_bytes`).
+
+    ``SummaryWriter.add_image`` stores RGB PNGs, three times the bytes, and
+    TensorBoard's event writer checksums every byte in Python on a thread that
+    holds the GIL; so the image summary is built here and handed to the
+    writer's file writer, as ``add_image`` itself does. A writer without one
+    (not PyTorch's ``SummaryWriter``) gets ``add_image``.
+
+    Args:
+        writer: ``TensorBoardLogger.experiment``.
+        tag: the image tag.
+        pixels: ``(H, W, 3)`` uint8.
+        step: the global step.
+    """
+    file_writer = getattr(writer, "_get_file_writer", None)
+    if file_writer is None:
+        writer.add_image(tag, pixels, step, dataformats="HWC")
+        return
+    from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
+
+    height, width = pixels.shape[:2]
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png_bytes(pixels))
+    file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 def custom_scalars_layout(
@@ -328,7 +356,7 @@ def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: floa
     return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
 
 
-def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> dict[str, Chart]:
     """The ``top_features`` bar chart of this run and the ``heatmap`` of ``history`` (runs with ``global_step``, ``mean_abs``)."""
     labels = tags.unit_labels(summary.units)
     noun = "groups" if summary.units.kind == "groups" else "features"

@@ -506,21 +506,44 @@ def test_target_callable_must_return_one_value_per_state(tmp_path):
 # ---------------------------------------------------------------------- figures
 
 
-def test_figures_render_with_their_size_and_readable_at_4_and_400_groups():
+def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
+    """``(colour, width in pixels)`` of each bar, top to bottom, found by their colours in a drawn chart."""
+    from lightning_ig.figures import NEGATIVE, POSITIVE
+
+    colours = {name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)]) for name, code in (("+", POSITIVE), ("-", NEGATIVE))}
+    masks = {name: (pixels == rgb).all(axis=-1) for name, rgb in colours.items()}
+    coloured = masks["+"] | masks["-"]
+    rows, bars, previous = np.flatnonzero(coloured.sum(axis=1) > 0), [], -10
+    for row in rows[rows > 50]:  # below the title and the legend's swatches
+        if row > previous + 3:  # a new bar starts (its whisker crosses it at the middle): read it on its first row
+            sign = "+" if masks["+"][row].sum() > masks["-"][row].sum() else "-"
+            bars.append((sign, int(coloured[row].sum())))
+        previous = row
+    return bars
+
+
+def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
     from lightning_ig.figures import heatmap_figure, top_features_figure
     from lightning_ig.host_result import Moments
+    from lightning_ig.statistics import rank_order
 
     rng = np.random.default_rng(0)
     for units in (4, 400):
-        values = rng.normal(size=(16, units)) * np.linspace(3.0, 0.1, units)
+        values = rng.normal(size=(16, units)) * np.linspace(3.0, 0.1, units) + np.linspace(1.0, -1.0, units)
         moments = Moments.of(values)
         labels = [f"group {i:03d}" for i in range(units)]
         bar = top_features_figure(labels, moments, top_k=10, verdict=("pass", "Completeness passes"))
-        axes = bar.axes[0]
-        assert len(axes.get_yticklabels()) == min(units, 10)
+        order = rank_order(moments.mean_abs)[: min(units, 10)]
+        assert bar.labels == tuple(labels[i] for i in order)
+        assert bar.pixels.dtype == np.uint8 and bar.pixels.shape[1] == 640 and bar.pixels.shape[0] < 600
         # the axis is set by the bars, never stretched by a whisker: the top bar fills most of it
-        assert axes.get_xlim()[1] <= 1.31 * moments.mean_abs.max()
-        assert bar.get_size_inches()[1] < 6.0
+        assert moments.mean_abs.max() < bar.axis_limit <= 1.31 * moments.mean_abs.max()
+        # one bar per unit, most important on top, coloured by the sign of the mean, long in proportion
+        drawn = _bar_rows(bar.pixels)
+        assert [sign for sign, _ in drawn] == ["+" if moments.mean_signed[i] >= 0 else "-" for i in order]
+        widths = np.array([width for _, width in drawn], dtype=float)
+        expected = moments.mean_abs[order] / moments.mean_abs[order[0]] * widths[0]
+        np.testing.assert_allclose(widths, expected, atol=2.0)  # a bar's ends are whole pixels
         heat = heatmap_figure(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
-        assert len(heat.axes[0].get_yticklabels()) == min(units, 40)
-        assert heat.get_size_inches()[1] < 12.0
+        assert len(heat.labels) == min(units, 40)
+        assert heat.pixels.shape[0] < 1200

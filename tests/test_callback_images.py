@@ -92,6 +92,18 @@ def test_group_scalars_are_the_sums_of_their_members(image_run):
     assert report["state_dim"] == 768 and len(report["features"]) == 768
 
 
+def assert_same_picture(logged: np.ndarray, expected: np.ndarray) -> None:
+    """The logged picture is the expected one, up to its palette of 256 colours (lightning_ig.raster.png_bytes).
+
+    A picture of other attributions or states is tens of levels off on average; the palette costs about 2.5
+    (of 255) and at most a few tens on rare pixels; the float32 run and the float64 reference round a few
+    pixels one colour step apart.
+    """
+    assert logged.shape == expected.shape
+    error = np.abs(logged.astype(int) - expected.astype(int))
+    assert error.mean() <= 4.0 and np.mean(error > 32) < 0.002
+
+
 def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
     events, states = image_run["events"], image_run["states"]
     result = _direct(image_run["model"], states, n_steps=16)
@@ -103,8 +115,7 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
         assert (logged[-1].height, logged[-1].width) == pixels.shape[:2]
         decoded = np.asarray(Image.open(io.BytesIO(logged[-1].encoded_image_string)).convert("RGB"))
         assert decoded.dtype == np.uint8 and decoded.shape == pixels.shape
-        # the same picture up to a colour step where the float32 run and the float64 reference round apart
-        assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01
+        assert_same_picture(decoded, pixels)
     assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
     texts = {event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors("ig/report/text_summary")}
     assert "**Saliency** (`ig/saliency`): colour scale ±" in texts[2]  # the first run draws them (every 10 runs)
@@ -132,7 +143,7 @@ def test_saliency_cadence(tmp_path, every, at_end, expected):
     last = np.asarray(Image.open(io.BytesIO(events.Images("ig/saliency")[-1].encoded_image_string)).convert("RGB"))
     result = _direct(model, states, n_steps=4)  # the model as trained: the pictures at the end are the last run's
     expected_last = saliency_grid(states.numpy(), result.attributions.double().numpy()).pixels
-    assert last.shape == expected_last.shape and np.mean(np.abs(last.astype(int) - expected_last.astype(int)) > 3) < 0.01
+    assert_same_picture(last, expected_last)
 
 
 def test_wide_vectors_log_blocks_and_named_groups(tmp_path):

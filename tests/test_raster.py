@@ -1,0 +1,70 @@
+"""Drawing primitives: round ticks, their labels, and palette PNGs that decode to the picture drawn."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+
+PIL = pytest.importorskip("PIL")
+
+from PIL import Image  # noqa: E402
+
+from lightning_ig.raster import Canvas, format_tick, nice_ticks, png_bytes  # noqa: E402
+
+
+@pytest.mark.parametrize("limit", [1e-7, 0.013, 0.999, 1.0, 2.6, 3.08, 7.0, 260.0, 5e6])
+def test_nice_ticks_are_round_steps_from_zero_that_cover_most_of_the_axis(limit):
+    ticks = nice_ticks(limit)
+    step = ticks[1] - ticks[0]
+    mantissa = step / 10 ** math.floor(math.log10(step) + 1e-9)
+    assert ticks[0] == 0 and 2 <= len(ticks) <= 7
+    assert any(math.isclose(mantissa, m, rel_tol=1e-9) for m in (1.0, 2.0, 2.5, 5.0))
+    np.testing.assert_allclose(np.diff(ticks), step, rtol=1e-9)
+    assert ticks[-1] <= limit * (1 + 1e-9) and ticks[-1] + step > limit  # no room left for another tick
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.0, float("nan"), float("inf")])
+def test_nice_ticks_of_an_empty_or_broken_axis_is_zero_alone(limit):
+    assert nice_ticks(limit).tolist() == [0.0]
+
+
+def test_tick_labels_carry_the_decimals_their_step_needs():
+    assert [format_tick(v, 0.25) for v in (0.0, 0.25, 0.5)] == ["0", "0.25", "0.50"]
+    assert [format_tick(v, 0.5) for v in (0.5, 1.0)] == ["0.5", "1.0"]
+    assert [format_tick(v, 2.5) for v in (2.5, 5.0)] == ["2.5", "5.0"]
+    assert [format_tick(v, 25.0) for v in (25.0, 50.0)] == ["25", "50"]
+    assert format_tick(2e-5, 2e-5) == "2e-05"
+
+
+def _decode(data: bytes) -> tuple[str, np.ndarray]:
+    image = Image.open(io.BytesIO(data))
+    return image.mode, np.asarray(image.convert("RGB"))
+
+
+def test_png_of_few_colours_is_a_palette_png_that_decodes_exactly():
+    canvas = Canvas(120, 40)
+    canvas.rectangle((10, 10, 60, 30), "#2166ac")
+    canvas.text((65, 20), "x 0.5", anchor="lm")  # anti-aliased: a few dozen greys
+    pixels = canvas.pixels
+    mode, decoded = _decode(png_bytes(pixels))
+    assert mode == "P"
+    np.testing.assert_array_equal(decoded, pixels)
+
+
+def test_png_of_a_saliency_picture_keeps_its_colours_close_in_a_third_of_the_bytes():
+    from lightning_ig.saliency import saliency_grid
+
+    rng = np.random.default_rng(0)  # noise frames and attributions: the most colours a saliency grid has
+    states, attributions = rng.random((8, 4, 84, 84)), rng.standard_normal((8, 4, 84, 84))
+    pixels = saliency_grid(states, attributions).pixels
+    data = png_bytes(pixels)
+    mode, decoded = _decode(data)
+    assert mode == "P" and decoded.shape == pixels.shape
+    error = np.abs(decoded.astype(int) - pixels.astype(int))
+    assert error.mean() <= 4.0 and error.max() <= 32  # of 255 levels; the octree alone is 2.7 and 42 here
+    rgb = io.BytesIO()
+    Image.fromarray(pixels).save(rgb, format="PNG")
+    assert len(data) < 0.5 * len(rgb.getvalue())
