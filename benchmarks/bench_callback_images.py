@@ -1,6 +1,7 @@
 """What one callback run costs on image and wide-vector states, beside the IG alone; event-file growth; tags.
 
-Two cases, default callback options (50 steps, figures and saliency images every 10 runs, groups):
+Two cases, default callback options (50 steps, figures every 10 runs, saliency pictures
+half a cadence later, groups):
 
 * ``atari``: a Nature-CNN dueling Q-network, 32 held-out states of shape (4, 84, 84);
 * ``wide``: a dueling MLP on 256 states of 128 features in 8 named groups of 16.
@@ -13,15 +14,18 @@ the IG, the gather, the statistics and all the logging; the run's own ``ig/time_
 (IG, gather, host copy) subtracted from it gives the logging alone, a number that
 does not depend on a second timing of the IG. After each run the writer
 is flushed (outside the timed span) and the event file's growth recorded. The first
-run (kernel compilation, the first figure draw, matplotlib's import) is left out;
-the runs that draw the pictures (every 10th) are reported apart from the others.
+run (kernel compilation, the first pictures, fonts loaded) is left out; the runs
+that draw pictures (read back from the event file) are reported apart, figures and
+saliency pictures each by their worst run.
 
 ``--profile`` also prints, for the ``atari`` case, the top entries (cumulative time)
 of cProfile over the part of one run after the IG and the gather (summary,
-scalars, text, histograms, pictures, event-file writes): run 1 (no pictures) and
-run 10 (figures and saliency images; with ``--runs`` of 11 or more). TensorBoard's
+scalars, text, histograms, pictures, event-file writes): run 1 (no pictures), run 5
+(saliency pictures) and run 10 (figures; with ``--runs`` of 11 or more). TensorBoard's
 event writer checksums every event in pure Python on its own thread (about 0.1 ms
-per KB here, holding the GIL), which this thread's profile shows only as waiting.
+per KB, holding the GIL), which this thread's profile shows only as waiting; what
+is left of that work when a run ends shows as the writer's catch-up, the time the
+flush after the run waits for it.
 
 Usage (repository root; an H200 in the lead's runs)::
 
@@ -125,6 +129,7 @@ class HookClock(Callback):
         self.starts, self.log_dir = starts, log_dir
         self.ends: list[float] = []
         self.sizes: list[int] = []
+        self.flush_ms: list[float] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         _sync(pl_module.device)
@@ -133,7 +138,8 @@ class HookClock(Callback):
             self.starts.append(now)
             return
         self.ends.append(now)
-        trainer.logger.experiment.flush()
+        trainer.logger.experiment.flush()  # waits for the writer's thread to checksum and write what the run queued
+        self.flush_ms.append((time.perf_counter() - now) * 1e3)
         self.sizes.append(sum(path.stat().st_size for path in Path(trainer.logger.log_dir).glob("events.out.tfevents.*")))
 
 
@@ -207,9 +213,9 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         starts: list[float] = []
         before, after = HookClock(starts), HookClock(None)
         callback = IntegratedGradientsCallback(states, every_n_steps=1, run_at_train_end=False, **options)
-        profiler = RunProfile(callback, (1, 10)) if profile else None
+        profiler = RunProfile(callback, (1, 5, 10)) if profile else None
         logger = TensorBoardLogger(folder, name=case, default_hp_metric=False)
-        trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs, logger=logger,
+        trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs + 1, logger=logger,
                              callbacks=[before, callback, after], enable_progress_bar=False, enable_model_summary=False,
                              enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=10**9)  # fmt: skip
         data = TensorDataset(states[:8], torch.zeros(8))
@@ -221,16 +227,28 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         tags = {kind: len([t for t in names if t.startswith("ig/")]) for kind, names in events.Tags().items()
                 if kind in ("scalars", "histograms", "images", "tensors")}  # fmt: skip
         inside = [event.value for event in events.Scalars("ig/time_ms")]  # the IG, gather and host copy of each run
+        # run i is at global step i + 1 (every_n_steps=1); which runs drew which pictures, as logged
+        drawn = {kind: {event.step - 1 for event in events.Images(tag)} if tag in events.Tags()["images"] else set()
+                 for kind, tag in (("figures", "ig/top_features"), ("saliency", "ig/saliency"))}  # fmt: skip
     run_ms = [(end - start) * 1e3 for start, end in zip(starts, after.ends)]
+    logging_ms = [run - own for run, own in zip(run_ms, inside)]  # the run less its own IG, gather and host copy
     growth = [b - a for a, b in zip(after.sizes, after.sizes[1:])]  # bytes written by runs 1, 2, ...
-    figure_runs = [i for i in range(1, runs) if i % 10 == 0]
-    plain = [run_ms[i] for i in range(1, runs) if i not in figure_runs]
-    logging_ms = [run_ms[i] - inside[i] for i in range(1, runs) if i not in figure_runs]
+    later = range(1, runs)  # run 0 left out; one more run was trained, whose missing pictures are drawn at the end
+    picture_runs = {i for i in later if i in drawn["figures"] | drawn["saliency"]}
+    plain = [i for i in later if i not in picture_runs]
+
+    def worst(kind: str) -> float:
+        chosen = [logging_ms[i] for i in later if i in drawn[kind]]
+        return max(chosen) if chosen else float("nan")
+
     return {
-        "case": case, "ig_ms": ig_ms, "run_ms": statistics.median(plain), "logging_ms": statistics.median(logging_ms), "mean_ms": statistics.mean(run_ms[1:]),
-        "figure_ms": statistics.median([run_ms[i] for i in figure_runs]) if figure_runs else float("nan"),
-        "growth_kb": statistics.median([growth[i - 1] for i in range(1, runs) if i not in figure_runs]) / 1024,
-        "growth_mean_kb": statistics.mean(growth) / 1024, "tags": tags, "runs": runs,
+        "case": case, "ig_ms": ig_ms, "run_ms": statistics.median(run_ms[i] for i in plain),
+        "logging_ms": statistics.median(logging_ms[i] for i in plain), "figures_ms": worst("figures"),
+        "saliency_ms": worst("saliency"), "both": sorted(i for i in later if i in drawn["figures"] and i in drawn["saliency"]),
+        "catch_up_ms": max((after.flush_ms[i] for i in picture_runs), default=float("nan")),
+        "mean_logging_ms": statistics.mean(logging_ms[i] for i in later),
+        "growth_kb": statistics.median(growth[i - 1] for i in plain) / 1024,
+        "growth_mean_kb": statistics.mean(growth[i - 1] for i in later) / 1024, "tags": tags, "runs": runs,
         "profiles": {} if profiler is None else profiler.reports,
     }  # fmt: skip
 
@@ -242,7 +260,7 @@ def main() -> None:
     parser.add_argument("--cases", default="atari,wide")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
-    parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1 and 10 after the IG")
+    parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 5 and 10 after the IG")
     options = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(options.device)
@@ -252,26 +270,33 @@ def main() -> None:
         f"## bench_callback_images on {name} ({device.type}), torch {torch.__version__}, lightning {pl.__version__}",
         "",
         f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options, 50 steps; "
-        "figures and saliency images every 10 runs (the runs with them reported apart).",
+        "figures every 10 runs, saliency pictures half a cadence later (runs 5, 15, ...). "
+        "\"- its own IG\": the run's wall time less its own `ig/time_ms` (IG, gather, host copy). "
+        "The writer's catch-up: how long the flush after a picture run waits for TensorBoard's writer thread.",
         "",
-        "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) | run with pictures (ms) "
-        "| mean run (ms) | event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) "
+        "| run with figures - its own IG (ms, worst) | run with saliency pictures - its own IG (ms, worst) "
+        "| writer's catch-up after a picture run (ms, worst) | mean run - its own IG (ms) "
+        "| event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         tags = row["tags"]
         lines.append(
             f"| {row['case']} | {row['ig_ms']:.1f} | {row['run_ms']:.1f} | {row['run_ms'] - row['ig_ms']:+.1f} "
-            f"| {row['logging_ms']:+.1f} "
-            f"| {row['figure_ms']:.1f} | {row['mean_ms']:.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
+            f"| {row['logging_ms']:+.1f} | {row['figures_ms']:+.1f} | {row['saliency_ms']:+.1f} | {row['catch_up_ms']:.1f} "
+            f"| {row['mean_logging_ms']:+.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
             f"| {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / {tags.get('images', 0)} / {tags.get('tensors', 0)} |"
         )
+    both = {row["case"]: row["both"] for row in rows if row["both"]}
+    if both:
+        lines += ["", f"Runs after run 0 that drew figures and saliency pictures both (there should be none): {both}"]
     if options.completeness:
         lines += ["", "Completeness on the ReLU Nature-CNN (random weights, random frames):", "",
                   *completeness_costs(device, repeats=3)]  # fmt: skip
     for row in rows:
         for index, report in row["profiles"].items():
-            what = "figures and saliency images" if index % 10 == 0 else "no pictures"
+            what = {0: "the figures", 5: "the saliency pictures"}.get(index % 10, "no pictures")
             lines += ["", f"cProfile of {row['case']} run {index} ({what}) after the IG and the gather:", "", "```", report.strip(), "```"]
     table = "\n".join(lines)
     if options.output is not None:

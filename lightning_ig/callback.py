@@ -89,8 +89,8 @@ class IntegratedGradientsCallback(Callback):
         report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a
             logger (``<default_root_dir>/ig_reports``). Checked at set-up.
         log_histograms: Log per-feature / per-group histograms (default ``True``).
-        figure_every_n_runs: Draw the figures every this many runs and always at the end
-            (default 10); ``None``: never.
+        figure_every_n_runs: Draw the figures at the first run, every this many runs and always
+            at the end (default 10); ``None``: never.
         name: Tags under ``ig/<name>/`` and reports ``ig_report_<name>_step=...``; needed when two
             callbacks share a Trainer (default ``None``: ``ig/``).
         feature_groups: ``"channels"``, ``"features"``, an integer mask or a dict
@@ -102,8 +102,10 @@ class IntegratedGradientsCallback(Callback):
         saliency_states: Held-out states in the ``ig/saliency`` grid of spatial states (default 8;
             ``None``: no saliency images).
         saliency_channel: The channel drawn under the attribution (default ``None``: channel mean).
-        saliency_every_n_runs: Log the saliency images every this many runs and always at the end
-            (default 10, as the figures; 1: every run); TensorBoard shows 10 per tag by default.
+        saliency_every_n_runs: Log the saliency images at the first run, every this many runs and
+            always at the end (default 10, as the figures; 1: every run); at the figures' cadence
+            they come half a cadence after them (runs 0, 5, 15, ...), so that a run draws one kind.
+            TensorBoard shows 10 per tag by default.
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.

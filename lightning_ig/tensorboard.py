@@ -236,10 +236,23 @@ def run_extras(
 def pictures_due(
     cadences: Mapping[str, int | None], drawn_steps: Mapping[str, int | None], summary: RunSummary, *, final: bool
 ) -> dict[str, bool]:
-    """Which pictures (``"figures"``, ``"saliency"``) a run draws: every ``cadences[kind]`` runs (``None``: never)
-    and at the end of training (``final``), but never twice at one step (``drawn_steps[kind]``)."""
+    """Which pictures (``"figures"``, ``"saliency"``) a run draws.
+
+    Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at
+    the end of training (``final``), but never twice at one step (``drawn_steps[kind]``). When both
+    kinds come at the same cadence, the saliency pictures come half a cadence after the figures
+    (runs 0, 5, 15, 25, ... against 0, 10, 20, ... at 10), so that besides the first and the last
+    no run draws both: a run's cost stays near that of one kind.
+    """
+    shifts = dict.fromkeys(cadences, 0)
+    every = cadences.get("saliency")
+    if every is not None and every > 1 and every == cadences.get("figures"):
+        shifts["saliency"] = every // 2
+    index = summary.run_index
     return {
-        kind: every is not None and (final or summary.run_index % every == 0) and drawn_steps.get(kind) != summary.step
+        kind: every is not None
+        and (final or index == 0 or (index - shifts[kind]) % every == 0)
+        and drawn_steps.get(kind) != summary.step
         for kind, every in cadences.items()
     }
 

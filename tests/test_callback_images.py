@@ -122,6 +122,18 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
     assert "**Saliency**" not in texts[4]  # the second run does not: its pictures come at the end of training
 
 
+def test_saliency_pictures_come_between_the_figures_when_both_share_a_cadence(tmp_path):
+    states = frames(4, (2, 8, 8), seed=6)
+    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=4, figure_every_n_runs=4)
+    _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=12)  # runs 0..11 at steps 1..12
+    events = _events(logger)
+    figures = [event.step for event in events.Images("ig/top_features")]
+    saliency = [event.step for event in events.Images("ig/saliency")]
+    assert figures == [1, 5, 9, 12]  # runs 0, 4, 8 and the end
+    assert saliency == [1, 3, 7, 11, 12]  # runs 0, 2, 6, 10 (half a cadence later) and the end
+    assert set(figures) & set(saliency) == {1, 12}  # only the first and the last run draw both
+
+
 @pytest.mark.parametrize(
     "every,at_end,expected",
     [
