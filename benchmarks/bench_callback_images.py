@@ -253,6 +253,10 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
     }  # fmt: skip
 
 
+def _ms(value: float) -> str:
+    return "n/a" if value != value else f"{value:+.1f}"  # NaN: no such run (flat states have no saliency pictures)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -284,7 +288,7 @@ def main() -> None:
         tags = row["tags"]
         lines.append(
             f"| {row['case']} | {row['ig_ms']:.1f} | {row['run_ms']:.1f} | {row['run_ms'] - row['ig_ms']:+.1f} "
-            f"| {row['logging_ms']:+.1f} | {row['figures_ms']:+.1f} | {row['saliency_ms']:+.1f} | {row['catch_up_ms']:.1f} "
+            f"| {row['logging_ms']:+.1f} | {_ms(row['figures_ms'])} | {_ms(row['saliency_ms'])} | {row['catch_up_ms']:.1f} "
             f"| {row['mean_logging_ms']:+.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
             f"| {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / {tags.get('images', 0)} / {tags.get('tensors', 0)} |"
         )
