@@ -102,10 +102,11 @@ class IntegratedGradientsCallback(Callback):
         saliency_states: Held-out states in the ``ig/saliency`` grid of spatial states (default 8;
             ``None``: no saliency images).
         saliency_channel: The channel drawn under the attribution (default ``None``: channel mean).
-        saliency_every_n_runs: Log the saliency images at the first run, every this many runs and
+        saliency_every_n_runs: Log the saliency grid at the first run, every this many runs and
             always at the end (default 10, as the figures; 1: every run); at the figures' cadence
-            they come half a cadence after them (runs 0, 5, 15, ...), so that a run draws one kind.
-            TensorBoard shows 10 per tag by default.
+            it comes half a cadence after them (runs 0, 5, 15, ...), so that a run draws one kind.
+            The mean ``|attr|`` map (``saliency/mean_abs``) comes with the figures (with the grid
+            when ``figure_every_n_runs`` is ``None``). TensorBoard shows 10 per tag by default.
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.
@@ -335,8 +336,12 @@ class IntegratedGradientsCallback(Callback):
         if not writers or (host is None and not any(due.values())):
             return
         states = self._held_out if due["saliency"] else None
+        # the mean |attr| map summarises all states, as the figures do, and comes with them: a run then draws
+        # either the figures and that map or the saliency grid, never all (see tb.pictures_due)
+        summary_map = self._saliency and (due["figures"] or (due["saliency"] and self.figure_every_n_runs is None))
         extras = tb.run_extras(summary, self._tags, host or self._last_host, states, self.saliency_channel,
-                               self.history if due["figures"] else None, text=host is not None)  # fmt: skip
+                               self.history if due["figures"] else None, mean_abs_map=summary_map,
+                               text=host is not None)  # fmt: skip
         layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["figures"] or summary.run_index == 0 else None  # fmt: skip
         for writer in writers:
             tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None, layout=layout)  # fmt: skip

@@ -75,8 +75,8 @@ def font(size: int, bold: bool = False) -> Any:
 
     path = _dejavu(bold)
     if path is not None:
-        try:
-            return ImageFont.truetype(str(path), size)
+        try:  # the basic layout: plain left-to-right labels need no shaping engine, which costs more per string
+            return ImageFont.truetype(str(path), size, layout_engine=ImageFont.Layout.BASIC)
         except (OSError, ImportError):  # a Pillow built without FreeType
             pass
     try:
@@ -132,7 +132,10 @@ class Canvas:
     def text(self, xy: tuple[float, float], text: str, *, size: int = 12, colour: str = "#222222",
              anchor: str = "la", bold: bool = False) -> None:  # fmt: skip
         """Write ``text`` at ``xy``; ``anchor`` is Pillow's (``"la"``: left, ascender; ``"rm"``: right, middle; ...)."""
-        self.draw.text(xy, text, fill=colour, font=font(size, bold), anchor=anchor)
+        mask, left, top = _text_mask(text, size, bold, anchor)
+        if mask is not None:
+            x, y = int(round(xy[0])) + left, int(round(xy[1])) + top
+            self.image.paste(colour, (x, y, x + mask.width, y + mask.height), mask)
 
     def text_width(self, text: str, *, size: int = 12, bold: bool = False) -> float:
         """How wide ``text`` is in pixels."""
@@ -166,6 +169,22 @@ class Canvas:
         from PIL import Image  # noqa: PLC0415
 
         self.image.paste(Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)), (int(left), int(top)))
+
+
+@functools.lru_cache(maxsize=2048)
+def _text_mask(text: str, size: int, bold: bool, anchor: str) -> tuple[Any, int, int]:
+    """The anti-aliased coverage of ``text`` (a Pillow "L" image, or ``None`` if empty) and its offset from the anchor.
+
+    Rendered once per string and kept: a chart's labels, ticks and captions recur from run to run.
+    """
+    from PIL import Image, ImageDraw  # noqa: PLC0415
+
+    left, top, right, bottom = font(size, bold).getbbox(text, anchor=anchor)
+    if right <= left or bottom <= top:
+        return None, 0, 0
+    mask = Image.new("L", (right - left, bottom - top), 0)
+    ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font(size, bold), anchor=anchor)
+    return mask, left, top
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:

@@ -47,7 +47,8 @@ __all__ = [
     "pictures_due",
     "run_extras",
     "RunExtras",
-    "saliency_images",
+    "mean_abs_picture",
+    "saliency_grid_image",
     "scalar_metrics",
     "target_unit",
     "write_extras",
@@ -214,6 +215,7 @@ def run_extras(
     channel: int | None,
     history: Sequence[Mapping[str, Any]] | None,
     *,
+    mean_abs_map: bool = False,
     text: bool = True,
 ) -> RunExtras:
     """Build one run's pictures and text.
@@ -222,12 +224,18 @@ def run_extras(
         summary: the run.
         tags: the callback's tags.
         host: the run's host result, or ``None`` (figures only).
-        states: the held-out states, when the saliency images of spatial states are due; else ``None``.
+        states: the held-out states, when the saliency grid of spatial states is due; else ``None``.
         channel: the channel drawn under the saliency maps (``None``: the channel mean).
         history: the runs so far, when the figures are due; else ``None``.
+        mean_abs_map: draw ``saliency/mean_abs``, the mean ``|attr|`` per pixel (spatial states only).
         text: build the ``<prefix>/report`` text (``False``: pictures only, e.g. the last run's at the end of training).
     """
-    images, scale = ({}, None) if host is None or states is None else saliency_images(host, states[: len(host.sample_attributions)], channel)
+    images: dict[str, np.ndarray] = {}
+    scale = None
+    if host is not None and states is not None:
+        images["saliency"], scale = saliency_grid_image(host, states[: len(host.sample_attributions)], channel)
+    if host is not None and mean_abs_map:
+        images["saliency/mean_abs"] = mean_abs_picture(host)
     figures = {} if history is None else draw_figures(summary, tags, history)
     markdown = report_markdown(summary, tags, saliency_scale=scale) if text and host is not None else None
     return RunExtras(images, figures, markdown)
@@ -388,15 +396,19 @@ def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[
     }  # fmt: skip
 
 
-def saliency_images(host: HostResult, states: Any, channel: int | None) -> tuple[dict[str, np.ndarray], float]:
-    """``{"saliency": grid, "saliency/mean_abs": picture}`` of a run with spatial states, and the grid's scale.
+def saliency_grid_image(host: HostResult, states: Any, channel: int | None) -> tuple[np.ndarray, float]:
+    """The ``saliency`` grid of a run with spatial states, and its colour scale.
 
     Args:
-        host: the run (``sample_attributions`` of the first states, per-feature ``mean_abs``).
+        host: the run (``sample_attributions`` of the first states).
         states: the first held-out states, as many as ``host.sample_attributions`` (tensor or array).
         channel: the channel drawn in grey, or ``None`` for the channel mean.
     """
     grid = saliency_grid(np.asarray(states), host.sample_attributions, channel=channel)
+    return grid.pixels, grid.scale
+
+
+def mean_abs_picture(host: HostResult) -> np.ndarray:
+    """The ``saliency/mean_abs`` picture: mean ``|attr|`` per pixel over all states, a tile per channel."""
     channel_names = host.groups.channel_names() if host.groups is not None else None
-    mean_abs = mean_abs_image(host.features.mean_abs.reshape(host.feature_shape), host.num_states, channel_names)
-    return {"saliency": grid.pixels, "saliency/mean_abs": mean_abs.pixels}, grid.scale
+    return mean_abs_image(host.features.mean_abs.reshape(host.feature_shape), host.num_states, channel_names).pixels

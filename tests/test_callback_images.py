@@ -132,6 +132,8 @@ def test_saliency_pictures_come_between_the_figures_when_both_share_a_cadence(tm
     assert figures == [1, 5, 9, 12]  # runs 0, 4, 8 and the end
     assert saliency == [1, 3, 7, 11, 12]  # runs 0, 2, 6, 10 (half a cadence later) and the end
     assert set(figures) & set(saliency) == {1, 12}  # only the first and the last run draw both
+    # the mean |attr| map summarises all states as the figures do, and comes with them
+    assert [event.step for event in events.Images("ig/saliency/mean_abs")] == figures
 
 
 @pytest.mark.parametrize(
