@@ -102,11 +102,11 @@ class IntegratedGradientsCallback(Callback):
         saliency_states: Held-out states in the ``ig/saliency`` grid of spatial states (default 8;
             ``None``: no saliency images).
         saliency_channel: The channel drawn under the attribution (default ``None``: channel mean).
-        saliency_every_n_runs: Log the saliency grid at the first run, every this many runs and
-            always at the end (default 10, as the figures; 1: every run); at the figures' cadence
-            it comes half a cadence after them (runs 0, 5, 15, ...), so that a run draws one kind.
-            The mean ``|attr|`` map (``saliency/mean_abs``) comes with the figures (with the grid
-            when ``figure_every_n_runs`` is ``None``). TensorBoard shows 10 per tag by default.
+        saliency_every_n_runs: Log the saliency grid and the mean ``|attr|`` map
+            (``saliency/mean_abs``) at the first run, every this many runs and always at the end
+            (default 10, as the figures; 1: every run). Pictures that share a cadence are spread
+            over it (at 10: figures at runs 0, 10, ...; the grid at 3, 13, ...; the map at 6,
+            16, ...), so that a run draws one kind. TensorBoard shows 10 per tag by default.
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.
@@ -193,7 +193,7 @@ class IntegratedGradientsCallback(Callback):
         self._warned: set[str] = set()
         self._last: RunSummary | None = None
         self._last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
-        self._drawn_steps: dict[str, int | None] = {"figures": None, "saliency": None}
+        self._drawn_steps: dict[str, int | None] = {"figures": None, "saliency": None, "saliency_map": None}
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -331,16 +331,14 @@ class IntegratedGradientsCallback(Callback):
     def _log_tensorboard(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, *, final: bool) -> None:
         """Histograms, text, and the pictures when due; ``host`` ``None``: the last run's missing pictures, at the end."""
         writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
-        cadences = {"figures": self.figure_every_n_runs, "saliency": self.saliency_every_n_runs if self._saliency else None}
+        saliency = self.saliency_every_n_runs if self._saliency else None
+        cadences = {"figures": self.figure_every_n_runs, "saliency": saliency, "saliency_map": saliency}
         due = tb.pictures_due(cadences, self._drawn_steps, summary, final=final)
         if not writers or (host is None and not any(due.values())):
             return
         states = self._held_out if due["saliency"] else None
-        # the mean |attr| map summarises all states, as the figures do, and comes with them: a run then draws
-        # either the figures and that map or the saliency grid, never all (see tb.pictures_due)
-        summary_map = self._saliency and (due["figures"] or (due["saliency"] and self.figure_every_n_runs is None))
         extras = tb.run_extras(summary, self._tags, host or self._last_host, states, self.saliency_channel,
-                               self.history if due["figures"] else None, mean_abs_map=summary_map,
+                               self.history if due["figures"] else None, mean_abs_map=due["saliency_map"],
                                text=host is not None)  # fmt: skip
         layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["figures"] or summary.run_index == 0 else None  # fmt: skip
         for writer in writers:

@@ -244,22 +244,22 @@ def run_extras(
 def pictures_due(
     cadences: Mapping[str, int | None], drawn_steps: Mapping[str, int | None], summary: RunSummary, *, final: bool
 ) -> dict[str, bool]:
-    """Which pictures (``"figures"``, ``"saliency"``) a run draws.
+    """Which kinds of picture (e.g. ``"figures"``, ``"saliency"``, ``"saliency_map"``) a run draws.
 
     Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at
-    the end of training (``final``), but never twice at one step (``drawn_steps[kind]``). When both
-    kinds come at the same cadence, the saliency pictures come half a cadence after the figures
-    (runs 0, 5, 15, 25, ... against 0, 10, 20, ... at 10), so that besides the first and the last
-    no run draws both: a run's cost stays near that of one kind.
+    the end of training (``final``), but never twice at one step (``drawn_steps[kind]``). Kinds that
+    share a cadence are spread evenly over it, in the order given (at 10: runs 0, 10, 20, ...;
+    3, 13, 23, ...; 6, 16, 26, ...), so that besides the first and the last run no run draws two
+    kinds, and a run costs about what one kind costs.
     """
-    shifts = dict.fromkeys(cadences, 0)
-    every = cadences.get("saliency")
-    if every is not None and every > 1 and every == cadences.get("figures"):
-        shifts["saliency"] = every // 2
+    offsets: dict[str, int] = {}
+    for every in {every for every in cadences.values() if every is not None}:
+        sharing = [kind for kind, other in cadences.items() if other == every]
+        offsets.update({kind: position * every // len(sharing) for position, kind in enumerate(sharing)})
     index = summary.run_index
     return {
         kind: every is not None
-        and (final or index == 0 or (index - shifts[kind]) % every == 0)
+        and (final or index == 0 or (index - offsets[kind]) % every == 0)
         and drawn_steps.get(kind) != summary.step
         for kind, every in cadences.items()
     }

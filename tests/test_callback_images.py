@@ -122,37 +122,38 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
     assert "**Saliency**" not in texts[4]  # the second run does not: its pictures come at the end of training
 
 
-def test_saliency_pictures_come_between_the_figures_when_both_share_a_cadence(tmp_path):
+def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
     states = frames(4, (2, 8, 8), seed=6)
-    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=4, figure_every_n_runs=4)
-    _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=12)  # runs 0..11 at steps 1..12
+    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=6, figure_every_n_runs=6)
+    _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=14)  # runs 0..13 at steps 1..14
     events = _events(logger)
     figures = [event.step for event in events.Images("ig/top_features")]
-    saliency = [event.step for event in events.Images("ig/saliency")]
-    assert figures == [1, 5, 9, 12]  # runs 0, 4, 8 and the end
-    assert saliency == [1, 3, 7, 11, 12]  # runs 0, 2, 6, 10 (half a cadence later) and the end
-    assert set(figures) & set(saliency) == {1, 12}  # only the first and the last run draw both
-    # the mean |attr| map summarises all states as the figures do, and comes with them
-    assert [event.step for event in events.Images("ig/saliency/mean_abs")] == figures
+    grid = [event.step for event in events.Images("ig/saliency")]
+    summary_map = [event.step for event in events.Images("ig/saliency/mean_abs")]
+    assert figures == [1, 7, 13, 14]  # runs 0, 6, 12 and the end
+    assert grid == [1, 3, 9, 14]  # runs 0, 2, 8: a third of the cadence later
+    assert summary_map == [1, 5, 11, 14]  # runs 0, 4, 10: two thirds later
+    # besides the first and the last run, no run draws two kinds of picture
+    assert set(figures) & set(grid) == set(figures) & set(summary_map) == set(grid) & set(summary_map) == {1, 14}
 
 
 @pytest.mark.parametrize(
-    "every,at_end,expected",
+    "every,at_end,expected,expected_map",
     [
-        (3, True, [1, 4, 7]),  # runs 0..6 at steps 1..7: runs 0, 3, 6
-        (10, True, [1, 7]),  # the default: the first run and the end
-        (10, False, [1, 7]),  # no run at the end: the last run's pictures are drawn then
-        (1, True, [1, 2, 3, 4, 5, 6, 7]),
+        (3, True, [1, 4, 7], [1, 2, 5, 7]),  # runs 0..6 at steps 1..7: the grid at runs 0, 3, 6, the map at 0, 1, 4
+        (10, True, [1, 7], [1, 6, 7]),  # the default: the first run, the end (and the map half a cadence on)
+        (10, False, [1, 7], [1, 6, 7]),  # no run at the end: the last run's pictures are drawn then
+        (1, True, [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7]),
     ],
 )
-def test_saliency_cadence(tmp_path, every, at_end, expected):
+def test_saliency_cadence(tmp_path, every, at_end, expected, expected_map):
     states = frames(4, (2, 8, 8), seed=5)
     callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=every,
                                            run_at_train_end=at_end, figure_every_n_runs=None)  # fmt: skip
     model, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=7)
     events = _events(logger)
-    for tag in ("ig/saliency", "ig/saliency/mean_abs"):
-        assert [event.step for event in events.Images(tag)] == expected
+    assert [event.step for event in events.Images("ig/saliency")] == expected
+    assert [event.step for event in events.Images("ig/saliency/mean_abs")] == expected_map
     assert [event.step for event in events.Tensors("ig/report/text_summary")] == list(range(1, 8))  # text every run
     last = np.asarray(Image.open(io.BytesIO(events.Images("ig/saliency")[-1].encoded_image_string)).convert("RGB"))
     result = _direct(model, states, n_steps=4)  # the model as trained: the pictures at the end are the last run's
