@@ -20,9 +20,9 @@ its worst run.
 
 ``--profile`` also prints, for the ``atari`` case, the top entries (cumulative time)
 of cProfile over the part of one run after the IG and the gather (summary,
-scalars, text, histograms, pictures, event-file writes): run 1 (no pictures), run 3
-(the saliency grid), run 6 (the mean |attr| map) and run 10 (the figures; with ``--runs``
-of 11 or more). TensorBoard's
+scalars, text, histograms, pictures, event-file writes): run 1 (no pictures), runs 2,
+5 and 7 (the heatmap, the saliency grid, the mean |attr| map) and run 10 (the bar chart;
+with ``--runs`` of 11 or more). TensorBoard's
 event writer checksums every event in pure Python on its own thread (about 0.1 ms
 per KB, holding the GIL), which this thread's profile shows only as waiting; what
 is left of that work when a run ends shows as the writer's catch-up, the time the
@@ -61,6 +61,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ig import IntegratedGradientsCallback
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.noise import attribution_mode
+
+
+KINDS = {"bar": "ig/top_features", "heatmap": "ig/heatmap", "grid": "ig/saliency", "map": "ig/saliency/mean_abs"}
 
 
 def _sync(device: torch.device) -> None:
@@ -214,7 +217,7 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         starts: list[float] = []
         before, after = HookClock(starts), HookClock(None)
         callback = IntegratedGradientsCallback(states, every_n_steps=1, run_at_train_end=False, **options)
-        profiler = RunProfile(callback, (1, 3, 6, 10)) if profile else None
+        profiler = RunProfile(callback, (1, 2, 5, 7, 10)) if profile else None
         logger = TensorBoardLogger(folder, name=case, default_hp_metric=False)
         trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs + 1, logger=logger,
                              callbacks=[before, callback, after], enable_progress_bar=False, enable_model_summary=False,
@@ -230,12 +233,12 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         inside = [event.value for event in events.Scalars("ig/time_ms")]  # the IG, gather and host copy of each run
         # run i is at global step i + 1 (every_n_steps=1); which runs drew which pictures, as logged
         drawn = {kind: {event.step - 1 for event in events.Images(tag)} if tag in events.Tags()["images"] else set()
-                 for kind, tag in (("figures", "ig/top_features"), ("saliency", "ig/saliency"), ("map", "ig/saliency/mean_abs"))}  # fmt: skip
+                 for kind, tag in KINDS.items()}  # fmt: skip
     run_ms = [(end - start) * 1e3 for start, end in zip(starts, after.ends)]
     logging_ms = [run - own for run, own in zip(run_ms, inside)]  # the run less its own IG, gather and host copy
     growth = [b - a for a, b in zip(after.sizes, after.sizes[1:])]  # bytes written by runs 1, 2, ...
     later = range(1, runs)  # run 0 left out; one more run was trained, whose missing pictures are drawn at the end
-    picture_runs = {i for i in later if i in drawn["figures"] | drawn["saliency"] | drawn["map"]}
+    picture_runs = {i for i in later if any(i in runs_of_kind for runs_of_kind in drawn.values())}
     plain = [i for i in later if i not in picture_runs]
 
     def worst(kind: str) -> float:
@@ -244,8 +247,7 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
 
     return {
         "case": case, "ig_ms": ig_ms, "run_ms": statistics.median(run_ms[i] for i in plain),
-        "logging_ms": statistics.median(logging_ms[i] for i in plain), "figures_ms": worst("figures"),
-        "saliency_ms": worst("saliency"), "map_ms": worst("map"),
+        "logging_ms": statistics.median(logging_ms[i] for i in plain), "worst": {kind: worst(kind) for kind in KINDS},
         "both": sorted(i for i in later if sum(i in runs_of_kind for runs_of_kind in drawn.values()) > 1),
         "catch_up_ms": max((after.flush_ms[i] for i in picture_runs), default=float("nan")),
         "mean_logging_ms": statistics.mean(logging_ms[i] for i in later),
@@ -266,7 +268,7 @@ def main() -> None:
     parser.add_argument("--cases", default="atari,wide")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
-    parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 3, 6 and 10 after the IG")
+    parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 2, 5, 7 and 10 after the IG")
     options = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(options.device)
@@ -276,23 +278,22 @@ def main() -> None:
         f"## bench_callback_images on {name} ({device.type}), torch {torch.__version__}, lightning {pl.__version__}",
         "",
         f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options, 50 steps; "
-        "figures every 10 runs (runs 10, 20, ...), the saliency grid and the mean |attr| map spread over the same cadence "
-        "(runs 3, 13, ... and 6, 16, ...). "
+        "the pictures every 10 runs, spread over it: the bar chart at runs 10, 20, ..., the heatmap at 2, 12, ..., "
+        "the saliency grid at 5, 15, ..., the mean |attr| map at 7, 17, ... (flat states: the heatmap at 5, 15, ...). "
         "\"- its own IG\": the run's wall time less its own `ig/time_ms` (IG, gather, host copy). "
         "The writer's catch-up: how long the flush after a picture run waits for TensorBoard's writer thread.",
         "",
         "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) "
-        "| run with figures - its own IG (ms, worst) | run with the saliency grid - its own IG (ms, worst) "
-        "| run with the mean abs map - its own IG (ms, worst) "
+        "| run with a picture - its own IG (ms, worst): bar chart / heatmap / saliency grid / mean map "
         "| writer's catch-up after a picture run (ms, worst) | mean run - its own IG (ms) "
         "| event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         tags = row["tags"]
         lines.append(
             f"| {row['case']} | {row['ig_ms']:.1f} | {row['run_ms']:.1f} | {row['run_ms'] - row['ig_ms']:+.1f} "
-            f"| {row['logging_ms']:+.1f} | {_ms(row['figures_ms'])} | {_ms(row['saliency_ms'])} | {_ms(row['map_ms'])} "
+            f"| {row['logging_ms']:+.1f} | {' / '.join(_ms(value) for value in row['worst'].values())} "
             f"| {row['catch_up_ms']:.1f} "
             f"| {row['mean_logging_ms']:+.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
             f"| {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / {tags.get('images', 0)} / {tags.get('tensors', 0)} |"
@@ -305,7 +306,7 @@ def main() -> None:
                   *completeness_costs(device, repeats=3)]  # fmt: skip
     for row in rows:
         for index, report in row["profiles"].items():
-            what = {0: "the figures", 3: "the saliency grid", 6: "the mean |attr| map"}.get(index % 10, "no pictures")
+            what = {0: "the bar chart", 2: "the heatmap", 5: "the saliency grid", 7: "the mean |attr| map"}.get(index % 10, "no pictures")
             lines += ["", f"cProfile of {row['case']} run {index} ({what}) after the IG and the gather:", "", "```", report.strip(), "```"]
     table = "\n".join(lines)
     if options.output is not None:

@@ -89,8 +89,8 @@ class IntegratedGradientsCallback(Callback):
         report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a
             logger (``<default_root_dir>/ig_reports``). Checked at set-up.
         log_histograms: Log per-feature / per-group histograms (default ``True``).
-        figure_every_n_runs: Draw the figures at the first run, every this many runs and always
-            at the end (default 10); ``None``: never.
+        figure_every_n_runs: Draw the two figures (``top_features``, ``heatmap``) at the first
+            run, every this many runs and always at the end (default 10); ``None``: never.
         name: Tags under ``ig/<name>/`` and reports ``ig_report_<name>_step=...``; needed when two
             callbacks share a Trainer (default ``None``: ``ig/``).
         feature_groups: ``"channels"``, ``"features"``, an integer mask or a dict
@@ -105,8 +105,9 @@ class IntegratedGradientsCallback(Callback):
         saliency_every_n_runs: Log the saliency grid and the mean ``|attr|`` map
             (``saliency/mean_abs``) at the first run, every this many runs and always at the end
             (default 10, as the figures; 1: every run). Pictures that share a cadence are spread
-            over it (at 10: figures at runs 0, 10, ...; the grid at 3, 13, ...; the map at 6,
-            16, ...), so that a run draws one kind. TensorBoard shows 10 per tag by default.
+            evenly over it (all four at 10: the bar chart at runs 0, 10, ...; the heatmap at 2,
+            12, ...; the grid at 5, 15, ...; the map at 7, 17, ...), so that besides the first
+            and the last run a run draws at most one. TensorBoard shows 10 per tag by default.
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.
@@ -193,7 +194,7 @@ class IntegratedGradientsCallback(Callback):
         self._warned: set[str] = set()
         self._last: RunSummary | None = None
         self._last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
-        self._drawn_steps: dict[str, int | None] = {"figures": None, "saliency": None, "saliency_map": None}
+        self._drawn_steps: dict[str, int | None] = dict.fromkeys(tb.PICTURES)
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -332,15 +333,14 @@ class IntegratedGradientsCallback(Callback):
         """Histograms, text, and the pictures when due; ``host`` ``None``: the last run's missing pictures, at the end."""
         writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
         saliency = self.saliency_every_n_runs if self._saliency else None
-        cadences = {"figures": self.figure_every_n_runs, "saliency": saliency, "saliency_map": saliency}
+        cadences = {"top_features": self.figure_every_n_runs, "heatmap": self.figure_every_n_runs,
+                    "saliency": saliency, "saliency_map": saliency}  # fmt: skip
         due = tb.pictures_due(cadences, self._drawn_steps, summary, final=final)
         if not writers or (host is None and not any(due.values())):
             return
-        states = self._held_out if due["saliency"] else None
-        extras = tb.run_extras(summary, self._tags, host or self._last_host, states, self.saliency_channel,
-                               self.history if due["figures"] else None, mean_abs_map=due["saliency_map"],
-                               text=host is not None)  # fmt: skip
-        layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["figures"] or summary.run_index == 0 else None  # fmt: skip
+        extras = tb.run_extras(summary, self._tags, host or self._last_host, self._held_out, self.saliency_channel,
+                               self.history, due, text=host is not None)  # fmt: skip
+        layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["top_features"] or summary.run_index == 0 else None  # fmt: skip
         for writer in writers:
             tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None, layout=layout)  # fmt: skip
         self._drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})

@@ -39,7 +39,9 @@ __all__ = [
     "add_picture",
     "custom_scalars_layout",
     "display_labels",
-    "draw_figures",
+    "PICTURES",
+    "heatmap_chart",
+    "top_features_chart",
     "feature_tags",
     "is_tensorboard_logger",
     "log_scalars",
@@ -207,36 +209,44 @@ class RunExtras:
     text: str | None
 
 
+PICTURES = ("top_features", "heatmap", "saliency", "saliency_map")
+"""The kinds of picture a run may draw; the tags are ``<prefix>/<kind>``, the map's ``<prefix>/saliency/mean_abs``."""
+
+
 def run_extras(
     summary: RunSummary,
     tags: TagNames,
     host: HostResult | None,
     states: Any | None,
     channel: int | None,
-    history: Sequence[Mapping[str, Any]] | None,
+    history: Sequence[Mapping[str, Any]],
+    due: Mapping[str, bool],
     *,
-    mean_abs_map: bool = False,
     text: bool = True,
 ) -> RunExtras:
-    """Build one run's pictures and text.
+    """Build one run's pictures (those ``due``, see :data:`PICTURES`) and text.
 
     Args:
         summary: the run.
         tags: the callback's tags.
-        host: the run's host result, or ``None`` (figures only).
-        states: the held-out states, when the saliency grid of spatial states is due; else ``None``.
+        host: the run's host result, or ``None`` (charts only).
+        states: the held-out states (for the saliency grid of spatial states), or ``None``.
         channel: the channel drawn under the saliency maps (``None``: the channel mean).
-        history: the runs so far, when the figures are due; else ``None``.
-        mean_abs_map: draw ``saliency/mean_abs``, the mean ``|attr|`` per pixel (spatial states only).
+        history: the runs so far (for the heatmap).
+        due: which pictures to draw, by kind.
         text: build the ``<prefix>/report`` text (``False``: pictures only, e.g. the last run's at the end of training).
     """
     images: dict[str, np.ndarray] = {}
     scale = None
-    if host is not None and states is not None:
+    if host is not None and states is not None and due.get("saliency"):
         images["saliency"], scale = saliency_grid_image(host, states[: len(host.sample_attributions)], channel)
-    if host is not None and mean_abs_map:
+    if host is not None and due.get("saliency_map"):
         images["saliency/mean_abs"] = mean_abs_picture(host)
-    figures = {} if history is None else draw_figures(summary, tags, history)
+    figures = {}
+    if due.get("top_features"):
+        figures["top_features"] = top_features_chart(summary, tags)
+    if due.get("heatmap"):
+        figures["heatmap"] = heatmap_chart(summary, tags, history)
     markdown = report_markdown(summary, tags, saliency_scale=scale) if text and host is not None else None
     return RunExtras(images, figures, markdown)
 
@@ -377,23 +387,28 @@ def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: floa
     return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
 
 
-def draw_figures(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> dict[str, Chart]:
-    """The ``top_features`` bar chart of this run and the ``heatmap`` of ``history`` (runs with ``global_step``, ``mean_abs``)."""
-    labels = tags.unit_labels(summary.units)
+def _noun_and_name(summary: RunSummary) -> tuple[str, str]:
     noun = "groups" if summary.units.kind == "groups" else "features"
-    name = "" if summary.settings.name is None else f" '{summary.settings.name}'"
+    return noun, "" if summary.settings.name is None else f" '{summary.settings.name}'"
+
+
+def top_features_chart(summary: RunSummary, tags: TagNames) -> Chart:
+    """The ``top_features`` bar chart of this run, with its completeness verdict."""
+    labels = tags.unit_labels(summary.units)
+    noun, name = _noun_and_name(summary)
     top = min(summary.settings.top_k, len(labels))
     unit = f"mean |attribution| over {summary.num_states} states ({target_unit(summary.settings.target)})"
+    return top_features_figure(labels, summary.units.moments, top_k=summary.settings.top_k, value_label=unit,
+                               title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
+                               verdict=completeness_verdict(summary))  # fmt: skip
+
+
+def heatmap_chart(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> Chart:
+    """The ``heatmap`` of ``history`` (runs with ``global_step`` and ``mean_abs``)."""
+    noun, name = _noun_and_name(summary)
     steps = [entry["global_step"] for entry in history]
-    return {
-        "top_features": top_features_figure(
-            labels, summary.units.moments, top_k=summary.settings.top_k, value_label=unit,
-            title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
-            verdict=completeness_verdict(summary),
-        ),
-        "heatmap": heatmap_figure(labels, steps, np.asarray([entry["mean_abs"] for entry in history]),
-                                  title=f"{noun.capitalize()}{name}: share of mean |attribution| over training"),
-    }  # fmt: skip
+    return heatmap_figure(tags.unit_labels(summary.units), steps, np.asarray([entry["mean_abs"] for entry in history]),
+                          title=f"{noun.capitalize()}{name}: share of mean |attribution| over training")  # fmt: skip
 
 
 def saliency_grid_image(host: HostResult, states: Any, channel: int | None) -> tuple[np.ndarray, float]:

@@ -390,23 +390,24 @@ def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
 
 
 @pytest.mark.parametrize(
-    ("every", "max_steps", "expected"),
+    ("every", "max_steps", "expected", "expected_heatmap"),
     [
-        (3, 7, [1, 4, 7]),  # runs 0..6 at steps 1..7: runs 0, 3, 6; the last run is also step 7
-        (3, 6, [1, 4, 6]),  # the last run (step 6) always gets figures
-        (10, 7, [1, 7]),  # the default cadence: the first run and the end
-        (None, 7, []),
+        # runs 0..6 at steps 1..7: the bar chart at runs 0, 3, 6, the heatmap half a cadence later (0, 1, 4)
+        (3, 7, [1, 4, 7], [1, 2, 5, 7]),
+        (3, 6, [1, 4, 6], [1, 2, 5, 6]),  # the last run (step 6) always gets both
+        (10, 7, [1, 7], [1, 6, 7]),  # the default cadence: the first run, the end (the heatmap also at run 5)
+        (None, 7, [], []),
     ],
 )
-def test_figure_cadence(tmp_path, every, max_steps, expected):
+def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, n_steps=4, figure_every_n_runs=every)
     logger = TensorBoardLogger(tmp_path, name="figures")
     make_trainer(tmp_path, [callback], max_steps=max_steps, logger=logger).fit(TinyQNet(), loader())
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
     events.Reload()
     images = events.Tags()["images"]
-    for tag in ("ig/top_features", "ig/heatmap"):
-        assert [event.step for event in events.Images(tag)] == expected if expected else tag not in images
+    for tag, steps in (("ig/top_features", expected), ("ig/heatmap", expected_heatmap)):
+        assert [event.step for event in events.Images(tag)] == steps if steps else tag not in images
 
 
 # ---------------------------------------------------------------------- bad input

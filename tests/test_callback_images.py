@@ -124,17 +124,20 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
 
 def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
     states = frames(4, (2, 8, 8), seed=6)
-    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=6, figure_every_n_runs=6)
-    _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=14)  # runs 0..13 at steps 1..14
+    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=8, figure_every_n_runs=8)
+    _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=20)  # runs 0..19 at steps 1..20
     events = _events(logger)
-    figures = [event.step for event in events.Images("ig/top_features")]
-    grid = [event.step for event in events.Images("ig/saliency")]
-    summary_map = [event.step for event in events.Images("ig/saliency/mean_abs")]
-    assert figures == [1, 7, 13, 14]  # runs 0, 6, 12 and the end
-    assert grid == [1, 3, 9, 14]  # runs 0, 2, 8: a third of the cadence later
-    assert summary_map == [1, 5, 11, 14]  # runs 0, 4, 10: two thirds later
-    # besides the first and the last run, no run draws two kinds of picture
-    assert set(figures) & set(grid) == set(figures) & set(summary_map) == set(grid) & set(summary_map) == {1, 14}
+    steps = {tag: [event.step for event in events.Images(tag)]
+             for tag in ("ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs")}  # fmt: skip
+    assert steps == {
+        "ig/top_features": [1, 9, 17, 20],  # runs 0, 8, 16 and the end
+        "ig/heatmap": [1, 3, 11, 19, 20],  # runs 0, 2, 10, 18: a quarter of the cadence later
+        "ig/saliency": [1, 5, 13, 20],  # runs 0, 4, 12: half
+        "ig/saliency/mean_abs": [1, 7, 15, 20],  # runs 0, 6, 14: three quarters
+    }
+    # besides the first and the last run, no run draws two pictures
+    later = [step for tag_steps in steps.values() for step in tag_steps if step not in (1, 20)]
+    assert len(later) == len(set(later))
 
 
 @pytest.mark.parametrize(
