@@ -1,9 +1,11 @@
 """What one callback run costs on image and wide-vector states, beside the IG alone; event-file growth; tags.
 
-Two cases, default callback options (50 steps, figures every 10 runs, the saliency
+Three cases, default callback options (50 steps, figures every 10 runs, the saliency
 pictures spread over the same cadence, groups):
 
-* ``atari``: a Nature-CNN dueling Q-network, 32 held-out states of shape (4, 84, 84);
+* ``atari``: a Nature-CNN dueling Q-network, 32 held-out states of shape (4, 84, 84) of
+  uniform noise (the worst case for the pictures' PNG size);
+* ``atari-blocks``: the same network on frames like a paddle game's (bricks, paddle, ball);
 * ``wide``: a dueling MLP on 256 states of 128 features in 8 named groups of 16.
 
 For each case: the IG alone (the engine, the same settings, timed with the device
@@ -97,6 +99,20 @@ class DuelingMLP(nn.Module):
         features = self.body(x)
         advantage = self.advantage(features)
         return self.value(features) + advantage - advantage.mean(1, keepdim=True)
+
+
+def block_frames(count: int, seed: int = 0) -> torch.Tensor:
+    """``(count, 4, 84, 84)`` frames like a paddle game's: dark ground, a wall of bricks, a paddle and a ball
+    that move over the 4 stacked frames; what a real agent sees, where noise frames are the worst case for PNG."""
+    generator = torch.Generator().manual_seed(seed)
+    frames = torch.zeros(count, 4, 84, 84)
+    frames[:, :, 8:20, 4:80] = 0.6  # the bricks
+    for index in range(count):
+        paddle, ball_x, ball_y = (int(v) for v in torch.randint(4, 70, (3,), generator=generator))
+        for t in range(4):
+            frames[index, t, 78:80, paddle + t : paddle + t + 12] = 1.0
+            frames[index, t, ball_y + 2 * t : ball_y + 2 * t + 2, ball_x + t : ball_x + t + 2] = 1.0
+    return frames
 
 
 def nature_network() -> nn.Module:
@@ -204,8 +220,9 @@ class RunProfile:
 
 def measure(case: str, device: torch.device, runs: int, profile: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
-    if case == "atari":
-        network, states = nature_network(), torch.rand(32, 4, 84, 84)
+    if case in ("atari", "atari-blocks"):
+        network = nature_network()
+        states = torch.rand(32, 4, 84, 84) if case == "atari" else block_frames(32)
         options: dict[str, Any] = {}
     else:
         network, states = DuelingMLP(), torch.randn(256, 128)
@@ -265,7 +282,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--runs", type=int, default=21, help="callback runs per case (the first is left out)")
-    parser.add_argument("--cases", default="atari,wide")
+    parser.add_argument("--cases", default="atari,atari-blocks,wide")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
     parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 2, 5, 7 and 10 after the IG")

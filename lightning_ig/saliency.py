@@ -78,7 +78,7 @@ def _robust_max(values: np.ndarray) -> float:
 
 
 def _enlarge(image: np.ndarray, factor: int) -> np.ndarray:
-    pixels = np.clip(image, 0, 255).astype(np.uint8)
+    pixels = image if image.dtype == np.uint8 else np.clip(image, 0, 255).astype(np.uint8)
     return pixels if factor == 1 else pixels.repeat(factor, axis=0).repeat(factor, axis=1)
 
 
@@ -96,6 +96,20 @@ def _diverging(signed: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray
     unit = np.clip(np.nan_to_num(signed / scale), -1.0, 1.0)
     colours = DIVERGING_LUT[np.round((unit + 1.0) * 127.5).astype(np.intp)]
     return colours, _MAX_OPACITY * np.abs(unit)
+
+
+def _blend_table() -> np.ndarray:
+    """``(256, 256, 3)`` uint8: a signed colour level (-scale to +scale) blended over a grey level.
+
+    The opacity grows with the attribution's size, so that small attributions leave the observation visible.
+    """
+    unit = np.arange(256) / 127.5 - 1.0  # the signed value of each colour level
+    opacity = _MAX_OPACITY * np.abs(unit)[:, None, None]
+    grey = np.arange(256, dtype=np.float64)[None, :, None]
+    return np.clip((1.0 - opacity) * grey + opacity * DIVERGING_LUT[:, None, :], 0, 255).astype(np.uint8)
+
+
+_BLEND = _blend_table()
 
 
 def _sequential(values: np.ndarray, scale: float) -> np.ndarray:
@@ -144,10 +158,10 @@ def saliency_grid(
     images, maps = _as_images(states), _as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
     if channel is not None and not 0 <= channel < images.shape[1]:
         raise ValueError(f"saliency_channel={channel} is out of range for {images.shape[1]} channels")
-    grey = _grey(images.mean(axis=1) if channel is None else images[:, channel])[..., None]  # (S, H, W, 1)
+    grey = np.round(_grey(images.mean(axis=1) if channel is None else images[:, channel])).astype(np.intp)  # (S, H, W)
     scale = _robust_max(maps)
-    colours, opacity = _diverging(maps, scale)
-    blended = (1.0 - opacity[..., None]) * grey + opacity[..., None] * colours  # (S, H, W, 3)
+    level = np.round((np.clip(np.nan_to_num(maps / scale), -1.0, 1.0) + 1.0) * 127.5).astype(np.intp)
+    blended = _BLEND[level, grey]  # (S, H, W, 3) uint8: one table look-up per pixel
     factor = _tile_factor(*maps.shape[1:])
     tiles = [_enlarge(tile, factor) for tile in blended]
     body = _grid(tiles, [f"state {i}" for i in range(len(tiles))], columns)
