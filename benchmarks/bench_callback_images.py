@@ -28,7 +28,8 @@ with ``--runs`` of 11 or more). TensorBoard's
 event writer checksums every event in pure Python on its own thread (about 0.1 ms
 per KB, holding the GIL), which this thread's profile shows only as waiting; what
 is left of that work when a run ends shows as the writer's catch-up, the time the
-flush after the run waits for it.
+flush after the run waits for it and for the callback's picture worker (which
+encodes the pictures beside the training loop).
 
 Usage (repository root; an H200 in the lead's runs)::
 
@@ -150,6 +151,7 @@ class HookClock(Callback):
         self.ends: list[float] = []
         self.sizes: list[int] = []
         self.flush_ms: list[float] = []
+        self.pictures: Any = None  # the IG callback's picture worker, waited for before the flush
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         _sync(pl_module.device)
@@ -158,6 +160,8 @@ class HookClock(Callback):
             self.starts.append(now)
             return
         self.ends.append(now)
+        if self.pictures is not None:
+            self.pictures.wait()  # the callback's worker: the run's pictures encoded and queued
         trainer.logger.experiment.flush()  # waits for the writer's thread to checksum and write what the run queued
         self.flush_ms.append((time.perf_counter() - now) * 1e3)
         self.sizes.append(sum(path.stat().st_size for path in Path(trainer.logger.log_dir).glob("events.out.tfevents.*")))
@@ -234,6 +238,7 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         starts: list[float] = []
         before, after = HookClock(starts), HookClock(None)
         callback = IntegratedGradientsCallback(states, every_n_steps=1, run_at_train_end=False, **options)
+        after.pictures = callback._pictures  # a benchmark's instrument: the catch-up holds the picture worker's time
         profiler = RunProfile(callback, (1, 2, 5, 7, 10)) if profile else None
         logger = TensorBoardLogger(folder, name=case, default_hp_metric=False)
         trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs + 1, logger=logger,
@@ -298,7 +303,8 @@ def main() -> None:
         "the pictures every 10 runs, spread over it: the bar chart at runs 10, 20, ..., the heatmap at 2, 12, ..., "
         "the saliency grid at 5, 15, ..., the mean |attr| map at 7, 17, ... (flat states: the heatmap at 5, 15, ...). "
         "\"- its own IG\": the run's wall time less its own `ig/time_ms` (IG, gather, host copy). "
-        "The writer's catch-up: how long the flush after a picture run waits for TensorBoard's writer thread.",
+        "The writer's catch-up: how long the flush after a picture run waits for the callback's picture worker and "
+        "TensorBoard's writer thread.",
         "",
         "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) "
         "| run with a picture - its own IG (ms, worst): bar chart / heatmap / saliency grid / mean map "

@@ -33,6 +33,7 @@ from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_mem
 from lightning_ig.groups import GroupSpec, check_group_spec, choose_groups
 from lightning_ig.host_result import HostResult, JointGather
 from lightning_ig.noise import attribution_mode
+from lightning_ig.picture_writer import PictureWriter
 from lightning_ig.report import build_report, write_report
 from lightning_ig.saliency import saliency_kind
 from lightning_ig.summary import RunSettings, RunSummary, summarize
@@ -195,6 +196,7 @@ class IntegratedGradientsCallback(Callback):
         self._last: RunSummary | None = None
         self._last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
         self._drawn_steps: dict[str, int | None] = dict.fromkeys(tb.PICTURES)
+        self._pictures = PictureWriter()  # encodes and logs the pictures beside the training loop
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -277,6 +279,18 @@ class IntegratedGradientsCallback(Callback):
             self._run(trainer, pl_module, final=True)
         elif self._last is not None and trainer.is_global_zero:
             self._log_tensorboard(trainer, self._last, None, final=True)  # the last run's pictures, always drawn
+        self._pictures.close()  # every picture in the writer's queue before the logger closes
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        try:
+            self._pictures.close()  # the pictures drawn so far still reach TensorBoard
+        except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
+            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: a picture could not be logged: {error!r}")
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._pictures.close()
 
     def _should_run(self, trainer: pl.Trainer) -> bool:
         """Fitting, not sanity checking, set up, and no run yet at this global step."""
@@ -338,11 +352,13 @@ class IntegratedGradientsCallback(Callback):
         due = tb.pictures_due(cadences, self._drawn_steps, summary, final=final)
         if not writers or (host is None and not any(due.values())):
             return
+        self._pictures.wait()  # the last run's pictures first: at most one run's are in flight, errors surface here
         extras = tb.run_extras(summary, self._tags, host or self._last_host, self._held_out, self.saliency_channel,
                                self.history, due, text=host is not None)  # fmt: skip
         layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["top_features"] or summary.run_index == 0 else None  # fmt: skip
         for writer in writers:
-            tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None, layout=layout)  # fmt: skip
+            tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None,
+                            layout=layout, pictures=self._pictures)  # fmt: skip
         self._drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
 
     def _layout_entry(self) -> tuple[str, tb.TagNames, int, list[str] | None]:

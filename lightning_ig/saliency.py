@@ -26,8 +26,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

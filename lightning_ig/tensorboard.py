@@ -15,6 +15,7 @@ numbers zero-padded so that they sort numerically.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from lightning_ig.figures import Chart, heatmap_figure, top_features_figure
 from lightning_ig.host_result import HostResult
 from lightning_ig.run_text import DRIFT_WORDS, completeness_verdict, target_unit
 from lightning_ig.run_text import report_markdown as _markdown
+from lightning_ig.picture_writer import PictureWriter
 from lightning_ig.raster import png_bytes
 from lightning_ig.saliency import mean_abs_image, saliency_grid
 from lightning_ig.statistics import CONCENTRATION_SHARES, rank_order
@@ -276,7 +278,14 @@ def pictures_due(
 
 
 def write_extras(
-    writer: Any, summary: RunSummary, tags: TagNames, extras: RunExtras, *, histograms: bool, layout: Mapping[str, Any] | None
+    writer: Any,
+    summary: RunSummary,
+    tags: TagNames,
+    extras: RunExtras,
+    *,
+    histograms: bool,
+    layout: Mapping[str, Any] | None,
+    pictures: PictureWriter | None = None,
 ) -> None:
     """Write one run's histograms, images, figures, text and layout to a ``SummaryWriter``.
 
@@ -288,6 +297,7 @@ def write_extras(
         histograms: write ``<prefix>/attributions/<feature>`` (features logged one by one) and
             ``<prefix>/group/attributions/<group>`` histograms of the per-state attributions.
         layout: a Custom Scalars layout to write (the latest one written is the one TensorBoard shows), or ``None``.
+        pictures: encode and log the pictures on this worker (``None``: here, before returning).
     """
     step = summary.step
     if histograms:
@@ -304,10 +314,11 @@ def write_extras(
         writer.add_custom_scalars(dict(layout))
     # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the GIL),
     # so the large ones are queued when this thread has little Python work left.
+    add = add_picture if pictures is None else functools.partial(pictures.submit, add_picture)
     for name, chart in extras.figures.items():
-        add_picture(writer, f"{tags.prefix}/{name}", chart.pixels, step)
+        add(writer, f"{tags.prefix}/{name}", chart.pixels, step)
     for name, pixels in extras.images.items():
-        add_picture(writer, f"{tags.prefix}/{name}", pixels, step)
+        add(writer, f"{tags.prefix}/{name}", pixels, step)
 
 
 def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
