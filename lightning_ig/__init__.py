@@ -2,7 +2,7 @@
 
 The public API, nothing else. Names are imported on first use so that
 ``import lightning_ig`` stays cheap (the engine does not pull in Lightning,
-TensorBoard or matplotlib until a part that needs them is used).
+TensorBoard or Pillow until a part that needs them is used).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def heatmap_figure(
         title: the title.
 
     Returns:
-        The :class:`Chart` (640 to 1000 pixels wide).
+        The :class:`Chart` (640 pixels wide, whatever the number of runs).
     """
     history = np.asarray(mean_abs_history, dtype=np.float64)  # (R, U)
     runs, units = history.shape
@@ -180,10 +180,10 @@ def heatmap_figure(
     rows = len(order)
     shown = tuple(_short(str(labels[i])) for i in order)
     size = _LABEL_SIZE - 1 if rows > 20 else _LABEL_SIZE
-    width = int(np.clip(450 + 10 * runs, 640, 1000))
+    width = 640  # as the bar chart: TensorBoard shows both at one scale (its cards are narrower still)
     top, plot_height = 44, _HEAT_ROW * rows
     canvas = Canvas(width, top + plot_height + 50)
-    left, right, bottom = _label_column(canvas, shown, size), width - 96, top + plot_height
+    left, right, bottom = _label_column(canvas, shown, size), width - 72, top + plot_height
     scale = float(shares.max()) if shares.size and shares.max() > 0 else 1.0
     cells = SEQUENTIAL_LUT[to_colour_index(shares / scale)].astype(np.uint8)  # (rows, R, 3)
     columns = np.minimum((np.arange(right - left) * runs) // (right - left), runs - 1)  # pixel -> run
@@ -203,7 +203,7 @@ def heatmap_figure(
 
 
 def _colour_bar(canvas: Canvas, left: int, top: int, bottom: int, scale: float) -> None:
-    """A vertical viridis bar for ``[0, scale]`` with round ticks and its label."""
+    """A vertical viridis bar for ``[0, scale]`` with round ticks (the title says what the colour is)."""
     ramp = np.linspace(1.0, 0.0, max(bottom - top, 2))  # top: the largest share
     canvas.paste(SEQUENTIAL_LUT[to_colour_index(ramp)].astype(np.uint8)[:, None, :].repeat(14, axis=1), left, top)
     ticks = nice_ticks(scale, most=5)
@@ -212,4 +212,3 @@ def _colour_bar(canvas: Canvas, left: int, top: int, bottom: int, scale: float) 
         y = bottom - (bottom - top) * float(tick) / scale
         canvas.line([(left + 14, y), (left + 17, y)], _INK)
         canvas.text((left + 20, y), format_tick(float(tick), step), size=_SMALL, anchor="lm")
-    canvas.vertical_text((left + 68, (top + bottom) // 2), "share of the run's total mean |attr|", size=_SMALL)

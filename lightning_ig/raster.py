@@ -59,7 +59,7 @@ def hex_colour(colour: str) -> tuple[int, int, int]:
 
 
 def _dejavu(bold: bool) -> Path | None:
-    """matplotlib's DejaVu Sans (matplotlib is a dependency), found without importing matplotlib."""
+    """DejaVu Sans from a matplotlib installation (found without importing matplotlib), if there is one."""
     spec = importlib.util.find_spec("matplotlib")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -70,8 +70,8 @@ def _dejavu(bold: bool) -> Path | None:
 
 @functools.lru_cache(maxsize=16)
 def font(size: int, bold: bool = False) -> Any:
-    """A Pillow font of ``size`` pixels: DejaVu Sans where available, else Pillow's own default font."""
-    from PIL import ImageFont  # noqa: PLC0415 - Pillow comes with matplotlib and TensorBoard's images
+    """A Pillow font of ``size`` pixels: DejaVu Sans where matplotlib brings it, else Pillow's own scalable font."""
+    from PIL import ImageFont  # noqa: PLC0415 - loaded when the first picture is drawn
 
     path = _dejavu(bold)
     if path is not None:
@@ -140,17 +140,6 @@ class Canvas:
     def text_width(self, text: str, *, size: int = 12, bold: bool = False) -> float:
         """How wide ``text`` is in pixels."""
         return float(self.draw.textlength(text, font=font(size, bold)))
-
-    def vertical_text(self, xy: tuple[int, int], text: str, *, size: int = 11, colour: str = "#222222") -> None:
-        """Write ``text`` turned a quarter to the left, centred on ``xy``."""
-        from PIL import Image, ImageDraw  # noqa: PLC0415
-
-        width = int(math.ceil(self.text_width(text, size=size))) + 2
-        strip = Image.new("L", (width, size + 6), 0)
-        ImageDraw.Draw(strip).text((1, 1), text, fill=255, font=font(size))
-        strip = strip.rotate(90, expand=True)
-        left, top = int(xy[0] - strip.width / 2), int(xy[1] - strip.height / 2)
-        self.image.paste(colour, (left, top, left + strip.width, top + strip.height), strip)
 
     def rectangle(self, box: tuple[float, float, float, float], colour: str | tuple[int, int, int]) -> None:
         """Fill ``box`` = ``(left, top, right, bottom)``, edges included."""

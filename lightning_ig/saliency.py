@@ -1,4 +1,4 @@
-"""Saliency pictures of held-out observations, built with numpy (no matplotlib per image).
+"""Saliency pictures of held-out observations, built with numpy and Pillow.
 
 For states with spatial dimensions, ``(C, H, W)`` (more leading dimensions are
 read as channels):
@@ -46,6 +46,7 @@ _TEXT_ROW = 14
 _CAPTION_SIZE = 10
 _NUMBER_ROWS = _TEXT_ROW + 4  # the legend rows above its description: the colour bar and the scale numbers
 _MAX_OPACITY = 0.9
+_MAGNITUDE_STEPS = 63  # 64 colours for magnitudes
 _ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not wash out the rest
 
 
@@ -113,8 +114,10 @@ _BLEND = _blend_table()
 
 
 def _sequential(values: np.ndarray, scale: float) -> np.ndarray:
+    """Magnitudes on ``[0, scale]`` in 64 steps of viridis: few enough colours, with the captions', for an exact
+    palette PNG (a smooth ramp of 256 would be cut to visible steps by the palette's quantizer instead)."""
     unit = np.clip(np.nan_to_num(values / scale), 0.0, 1.0)
-    return SEQUENTIAL_LUT[np.round(unit * 255.0).astype(np.intp)]
+    return SEQUENTIAL_LUT[np.round(np.round(unit * _MAGNITUDE_STEPS) * (255.0 / _MAGNITUDE_STEPS)).astype(np.intp)]
 
 
 def _grey(observations: np.ndarray) -> np.ndarray:

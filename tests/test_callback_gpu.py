@@ -31,7 +31,7 @@ def _importable(*names: str) -> bool:
 
 
 # The GPU machine may run from the tree without the optional extras: TensorBoard checks only where it is installed.
-HAS_TENSORBOARD = _importable("tensorboard", "matplotlib")
+HAS_TENSORBOARD = _importable("tensorboard", "PIL")
 
 
 def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: Any) -> pl.Trainer:

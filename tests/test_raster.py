@@ -68,3 +68,21 @@ def test_png_of_a_saliency_picture_keeps_its_colours_close_in_a_third_of_the_byt
     rgb = io.BytesIO()
     Image.fromarray(pixels).save(rgb, format="PNG")
     assert len(data) < 0.5 * len(rgb.getvalue())
+
+
+def test_text_is_drawn_without_matplotlib_with_pillows_own_font(monkeypatch):
+    import lightning_ig.raster as raster
+
+    monkeypatch.setattr(raster, "_dejavu", lambda bold: None)  # as where matplotlib is not installed
+    raster.font.cache_clear()
+    raster._text_mask.cache_clear()
+    try:
+        canvas = Canvas(200, 40)
+        canvas.text((10, 20), "pole angle 0.25", size=12, anchor="lm")
+        ink = (canvas.pixels < 128).all(axis=-1)
+        rows, columns = np.nonzero(ink)
+        assert ink.sum() > 30 and columns.min() >= 9 and 8 <= rows.min() and rows.max() <= 32
+        assert canvas.text_width("pole angle 0.25", size=12) > canvas.text_width("pole", size=12) > 0
+    finally:
+        raster.font.cache_clear()
+        raster._text_mask.cache_clear()
