@@ -30,9 +30,9 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, keep going on failure
 }
 
 # Time limits keep the whole call inside a 10-minute lease (about 9 minutes of work).
-run pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
+run pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
 run bench_ig 90 python3 benchmarks/bench_ig.py $QUICK --output "$OUT/bench_ig.md"
-run bench_callback_images 100 python3 benchmarks/bench_callback_images.py --device cuda --runs 21 --completeness --profile \
+run bench_callback_images 150 python3 benchmarks/bench_callback_images.py --device cuda --runs 41 --completeness --profile \
     --output "$OUT/bench_callback_images.md"
 run bench_ensemble 80 python3 benchmarks/bench_ensemble.py $QUICK --output "$OUT/bench_ensemble.md"
 run bench_soft_margin 70 python3 benchmarks/bench_soft_margin.py $QUICK --dtypes float32 --time-budget 40 \
