@@ -16,7 +16,7 @@ fi
 export PYTHONPATH=".:${PYTHONPATH:-}"
 
 {
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "commit: ${LIG_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"  # LIG_COMMIT: where the copy carries no current .git
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
     python3 -c 'import sys, torch, cupy, lightning; print("python", sys.version.split()[0], "| torch", torch.__version__, "| CUDA", torch.version.cuda, "| cupy", cupy.__version__, "| lightning", lightning.__version__)'
     python3 -c 'import captum; print("captum", captum.__version__)' 2>/dev/null || echo "captum: not installed"
