@@ -9,7 +9,8 @@
 # per-feature mean |attribution| and the worst completeness error, with the
 # training curves below. 'custom_scalars' shows the callback's layout (features
 # of a run on one chart), 'images' the top-features bar chart and the heatmap.
-# Needs Debian's chromium (apt-get install -y chromium) and tensorboard.
+# Needs Debian's chromium (apt-get install -y chromium) and tensorboard. The README's
+# pictures stack a Scalars view over the Images cards: docs/compose_screenshot.py.
 set -euo pipefail
 RUN_DIR=${1:?usage: $0 RUN_DIR [OUTPUT.png] [VIEW]}
 OUTPUT=${2:-docs/tensorboard.png}
