@@ -1,6 +1,11 @@
-"""Exit statuses of the ``lightning-ig`` command, and the error that means "the user's mistake"."""
+"""Exit statuses of the ``lightning-ig`` command, the error that means "the user's mistake", and reading a user's JSON file."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 __all__ = [
     "EXIT_FAILURE",
@@ -12,6 +17,7 @@ __all__ = [
     "NonFiniteError",
     "UsageError",
     "one_line",
+    "read_json_file",
 ]
 
 PROG = "lightning-ig"
@@ -39,3 +45,24 @@ class NonFiniteError(Exception):
 def one_line(text: object) -> str:
     """``text`` with every run of whitespace (line breaks included) as one space."""
     return " ".join(str(text).split())
+
+
+def read_json_file(
+    path: str, what: str, fix: str, *, missing: str | None = None, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+) -> Any:
+    """The JSON value in the file ``path`` names, or a :class:`UsageError` that names the argument and the fix.
+
+    Args:
+        path: the file, as the user gave it.
+        what: how the message names it (``"--feature-names"``, ``"report"``).
+        fix: what to do, ending each message (``"give a JSON array of names"``).
+        missing: the whole message when the file does not exist (default: ``what`` and ``fix``).
+        object_pairs_hook: passed to :func:`json.loads` (e.g. to refuse repeated keys with a UsageError).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(missing or f"{what} {path!r} does not exist; {fix}")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # a UsageError from the hook passes through
+        raise UsageError(f"{what} {path!r} is not readable JSON ({error}); {fix}") from None

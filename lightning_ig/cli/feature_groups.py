@@ -15,14 +15,12 @@ file, what was wrong and what to write instead.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lightning_ig.cli.exits import UsageError
+from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.groups import FeatureGroups
 
 __all__ = ["FORMS", "is_named_form", "resolve_feature_groups"]
@@ -69,13 +67,8 @@ def resolve_feature_groups(text: str | None, feature_shape: Sequence[int], featu
 
 
 def _read(path: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}")
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys(path))
-    except (OSError, UnicodeDecodeError, ValueError) as error:  # a repeated name is a UsageError already
-        raise UsageError(f"--feature-groups {path!r} is not readable JSON ({error}); {_FIX}") from None
+    value = read_json_file(path, "--feature-groups", _FIX, object_pairs_hook=_unique_keys(path),
+                           missing=f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}")  # fmt: skip
     if isinstance(value, dict):
         return {name: _members(members, path, name) for name, members in value.items()}
     if isinstance(value, list):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint, load_lightning_checkpoint, load_states, states_beside
-from lightning_ig.cli.exits import UsageError
+from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
 from lightning_ig.groups import FeatureGroups
 from lightning_ig.saliency import saliency_kind
@@ -180,13 +179,7 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
 
 
 def _read_names_file(path: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"--feature-names {path!r} does not exist; give a JSON file holding an array of names")
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise UsageError(f"--feature-names {path!r} is not readable JSON ({error}); write a JSON array of names") from None
+    value = read_json_file(path, "--feature-names", "give a JSON file holding an array of names")
     return value.get("feature_names") if isinstance(value, dict) else value
 
 

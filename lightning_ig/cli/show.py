@@ -13,12 +13,10 @@ JSON object of schema version 1 is refused (exit status 2, one line).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 from typing import Any, Mapping
 
-from lightning_ig.cli.exits import EXIT_OK, UsageError
+from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
 
 __all__ = ["completeness_words", "format_report", "run_show"]
 
@@ -31,13 +29,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _read_report(path: str) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"report {path!r} does not exist; give a JSON file written by lightning-ig diag")
-    try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise UsageError(f"report {path!r} is not readable JSON ({error}); give a file written by lightning-ig diag") from None
+    report = read_json_file(path, "report", "give a JSON file written by lightning-ig diag")
     if not isinstance(report, dict):
         raise UsageError(f"{path!r} holds a JSON {type(report).__name__}, not a lightning-ig report; give a file written by lightning-ig diag")
     if "schema_version" not in report:
