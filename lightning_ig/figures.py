@@ -65,9 +65,8 @@ def _label_column(canvas: Canvas, labels: Sequence[str], size: int) -> int:
     return 16 + int(max((canvas.text_width(label, size=size) for label in labels), default=30.0))
 
 
-def _value_axis(canvas: Canvas, left: int, right: int, y: int, limit: float) -> None:
-    """Tick marks, tick values and vertical grid lines of a value axis ``[0, limit]`` at height ``y``."""
-    ticks = nice_ticks(limit)
+def _value_axis(canvas: Canvas, left: int, right: int, y: int, limit: float, ticks: np.ndarray) -> None:
+    """Tick marks and tick values of a value axis ``[0, limit]`` at height ``y``."""
     step = float(ticks[1]) if len(ticks) > 1 else limit
     for tick in ticks:
         x = left + (right - left) * float(tick) / limit
@@ -129,7 +128,7 @@ def top_features_figure(
             canvas.polygon([(right + 1, centre - 4), (right + 8, centre), (right + 1, centre + 4)], _WHISKER)
         canvas.text((x_of(value) + 4, centre - 4), f"{value:.3g}", size=_SMALL, anchor="ld")
     canvas.line([(left, top - 4), (left, bottom), (right, bottom)], _INK)
-    _value_axis(canvas, left, right, bottom, limit)
+    _value_axis(canvas, left, right, bottom, limit, ticks)
     middle = (left + right) / 2
     canvas.text((middle, bottom + 24), value_label, size=_SMALL + 1, anchor="ma")
     canvas.text((middle, bottom + 38), "whiskers: ± std of |attribution| over the states", size=_SMALL + 1, anchor="ma")

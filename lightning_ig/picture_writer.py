@@ -11,7 +11,6 @@ most one run's pictures are ever in flight.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -20,12 +19,14 @@ __all__ = ["PictureWriter"]
 
 
 class PictureWriter:
-    """Run picture jobs (encode, log) in order on a worker thread, created at the first job."""
+    """Run picture jobs (encode, log) in order on a worker thread, created at the first job.
+
+    Called from the thread that runs the callback's hooks only (Lightning's), so it holds no lock of its own.
+    """
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
-        self._lock = threading.Lock()
 
     def submit(self, job: Callable[..., None], *args: Any) -> None:
         """Run ``job(*args)`` on the worker thread, after the jobs submitted before it.
@@ -34,15 +35,13 @@ class PictureWriter:
             job: e.g. :func:`lightning_ig.tensorboard.add_picture`.
             args: its arguments; arrays among them are read later, so they must not be changed afterwards.
         """
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-pictures")
-            self._pending.append(self._pool.submit(job, *args))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-pictures")
+        self._pending.append(self._pool.submit(job, *args))
 
     def wait(self) -> None:
         """Return when every submitted picture is in the writer's queue; raise the first error one met."""
-        with self._lock:
-            pending, self._pending = self._pending, []
+        pending, self._pending = self._pending, []
         for future in pending:
             future.result()
 
@@ -51,8 +50,7 @@ class PictureWriter:
         try:
             self.wait()
         finally:
-            with self._lock:
-                pool, self._pool = self._pool, None
+            pool, self._pool = self._pool, None
             if pool is not None:
                 pool.shutdown(wait=True)
 

@@ -25,6 +25,7 @@ __all__ = [
     "SEQUENTIAL_LUT",
     "Canvas",
     "font",
+    "format_tick",
     "nice_ticks",
     "png_bytes",
     "to_colour_index",
@@ -51,11 +52,6 @@ SEQUENTIAL_LUT = _lut(_SEQUENTIAL)
 def to_colour_index(unit: np.ndarray) -> np.ndarray:
     """Values on ``[0, 1]`` (NaN as 0, clipped) -> indices into a 256-entry colour table."""
     return np.round(np.clip(np.nan_to_num(unit), 0.0, 1.0) * 255.0).astype(np.intp)
-
-
-def hex_colour(colour: str) -> tuple[int, int, int]:
-    """``"#rrggbb"`` -> ``(r, g, b)``."""
-    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
 
 
 def _dejavu(bold: bool) -> Path | None:

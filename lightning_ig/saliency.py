@@ -92,13 +92,6 @@ def _as_images(values: np.ndarray) -> np.ndarray:
     return values.reshape(values.shape[0], -1, *values.shape[-2:])
 
 
-def _diverging(signed: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Colours ``(..., 3)`` and opacities ``(...)`` of signed values on ``[-scale, scale]``."""
-    unit = np.clip(np.nan_to_num(signed / scale), -1.0, 1.0)
-    colours = DIVERGING_LUT[np.round((unit + 1.0) * 127.5).astype(np.intp)]
-    return colours, _MAX_OPACITY * np.abs(unit)
-
-
 def _blend_table() -> np.ndarray:
     """``(256, 256, 3)`` uint8: a signed colour level (-scale to +scale) blended over a grey level.
 
@@ -111,6 +104,11 @@ def _blend_table() -> np.ndarray:
 
 
 _BLEND = _blend_table()
+
+
+def _signed_level(signed: np.ndarray, scale: float) -> np.ndarray:
+    """Signed values on ``[-scale, scale]`` (NaN as 0, clipped) -> colour levels 0..255 (127.5: zero)."""
+    return np.round((np.clip(np.nan_to_num(signed / scale), -1.0, 1.0) + 1.0) * 127.5).astype(np.intp)
 
 
 def _sequential(values: np.ndarray, scale: float) -> np.ndarray:
@@ -155,7 +153,7 @@ def saliency_grid(
         )
     if kind == "strip":
         scale = _robust_max(attributions)
-        strips = [_strip(*_diverging(a, scale)) for a in attributions]
+        strips = [_strip(_BLEND[_signed_level(a, scale), 255]) for a in attributions]  # blended over white
         body = _stack(strips, [f"state {i}" for i in range(len(strips))])
         return SaliencyImage(_with_legend(body, scale, signed=True, what="attribution per channel and position"), scale)
     images, maps = _as_images(states), _as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
@@ -163,8 +161,7 @@ def saliency_grid(
         raise ValueError(f"saliency_channel={channel} is out of range for {images.shape[1]} channels")
     grey = np.round(_grey(images.mean(axis=1) if channel is None else images[:, channel])).astype(np.intp)  # (S, H, W)
     scale = _robust_max(maps)
-    level = np.round((np.clip(np.nan_to_num(maps / scale), -1.0, 1.0) + 1.0) * 127.5).astype(np.intp)
-    blended = _BLEND[level, grey]  # (S, H, W, 3) uint8: one table look-up per pixel
+    blended = _BLEND[_signed_level(maps, scale), grey]  # (S, H, W, 3) uint8: one table look-up per pixel
     factor = _tile_factor(*maps.shape[1:])
     tiles = [_enlarge(tile, factor) for tile in blended]
     body = _grid(tiles, [f"state {i}" for i in range(len(tiles))], columns)
@@ -190,7 +187,7 @@ def mean_abs_image(
     scale = _robust_max(values)
     over = "" if num_states is None else f" over {num_states} states"
     if saliency_kind(values.shape) == "strip":
-        body = _stack([_strip(_sequential(values, scale), None)], ["all channels"])
+        body = _stack([_strip(_sequential(values, scale))], ["all channels"])
         return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution|{over}"), scale)
     channels = values.reshape(-1, *values.shape[-2:])  # (C, H, W)
     factor = _tile_factor(*channels.shape[1:])
@@ -202,10 +199,8 @@ def mean_abs_image(
     return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution| per pixel{over}"), scale)
 
 
-def _strip(colours: np.ndarray, opacity: np.ndarray | None) -> np.ndarray:
+def _strip(colours: np.ndarray) -> np.ndarray:
     """``(C, L, 3)`` colours -> a strip, rows 6 px high, columns stretched to about ``_STRIP_WIDTH``."""
-    if opacity is not None:  # a signed strip: blend over white, so that small values fade
-        colours = (1.0 - opacity[..., None]) * 255.0 + opacity[..., None] * colours
     factor = max(1, math.ceil(_STRIP_WIDTH / colours.shape[1]))
     return np.clip(colours, 0, 255).astype(np.uint8).repeat(6, axis=0).repeat(factor, axis=1)
 
@@ -260,7 +255,7 @@ def _legend(width: int, signed: bool, what: str) -> np.ndarray:
     bar_width = min(width - 120, 256)
     legend = _canvas(2 * _TEXT_ROW + 10, width)
     ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
-    colours = DIVERGING_LUT[np.round((ramp + 1) * 127.5).astype(np.intp)] if signed else _sequential(ramp, 1.0)
+    colours = DIVERGING_LUT[_signed_level(ramp, 1.0)] if signed else _sequential(ramp, 1.0)
     legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
     legend = _caption(legend, ((_TEXT_ROW + 4, 2, what),))
     legend.flags.writeable = False

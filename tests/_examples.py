@@ -1,11 +1,13 @@
-"""Running the examples as a user does: a subprocess with this checkout on the path."""
+"""Running the examples as a user does (a subprocess with this checkout on the path), or importing one as a module."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,3 +33,13 @@ def only_run_dir(runs: Path) -> Path:
     run_dirs = [p for p in runs.iterdir() if p.is_dir()]
     assert len(run_dirs) == 1, f"expected one run folder in {runs}, found {run_dirs}"
     return run_dirs[0]
+
+
+def load_example(path: Path, name: str) -> ModuleType:
+    """The example script at ``path`` imported as module ``name`` (its ``main`` is not run)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

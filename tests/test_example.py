@@ -10,10 +10,8 @@ with the same seed and the callback off must give bit-identical weights
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -27,7 +25,7 @@ from lightning_ig.models import DuelingQNetwork
 from lightning_ig.report import load_schema
 from lightning_ig.tensorboard import feature_tags
 
-from _examples import REPO
+from _examples import REPO, load_example
 from _examples import only_run_dir as _only_run_dir
 from _examples import run_python as _run
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
@@ -157,12 +155,7 @@ def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def example_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dqn_cartpole_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example(EXAMPLE, "dqn_cartpole_example")
 
 
 @pytest.mark.parametrize(
