@@ -33,8 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "OutputPathError", "OutputPlan", "PlannedOutput", "atomic_path", "check_output_dir", "check_output_file", "file_name_limit",
-]  # fmt: skip
+    "OutputPathError",
+    "OutputPlan",
+    "PlannedOutput",
+    "atomic_path",
+    "check_output_dir",
+    "check_output_file",
+    "file_name_limit",
+]
 
 _Paths = Iterable["str | os.PathLike[str] | None"]
 
@@ -131,48 +137,57 @@ def check_output_file(
     return _check_file(Path(path), os.fspath(path), what, [Path(p) for p in inputs if p is not None], made_up=made_up)
 
 
-def _check_file(target: Path, shown: str, what: str, inputs: list[Path], *, made_up: bool, folder_planned: bool = False) -> Path:  # fmt: skip
+def _check_file(
+    target: Path, shown: str, what: str, inputs: list[Path], *, made_up: bool, folder_planned: bool = False
+) -> Path:
     """:func:`check_output_file`; ``folder_planned``: the folder may be missing, it is made once every check passed."""
     if shown.endswith(os.sep):
         raise OutputPathError(f"{what} {shown!r} is a folder name (it ends with {os.sep!r}); give a file name")
+    named = f"{what} {shown!r}"
     destination = _destination(target, follow_symlinks=not made_up)
     size, limit = len(os.fsencode(destination.name)), file_name_limit(destination.parent)
-    if size > limit:
+    if size > limit:  # checked first: the system refuses to look such a name up at all
         raise OutputPathError(
-            f"{what} {shown!r}: the file name is {size} bytes, more than the {limit} its folder's file system takes; "
+            f"{named}: the file name is {size} bytes, more than the {limit} its folder's file system takes; "
             "choose a shorter name"
         )
     for source in inputs:
         if _is_input(target, destination, not made_up, source):
             raise OutputPathError(
-                f"{what} {shown!r} is also an input of this run ({os.fspath(source)!r}); "
+                f"{named} is also an input of this run ({os.fspath(source)!r}); "
                 "writing the output there would destroy it: choose another file name"
             )
     try:
-        mode = os.lstat(destination).st_mode
+        mode: int | None = os.lstat(destination).st_mode
     except FileNotFoundError:
         mode = None
     except OSError as error:
-        raise OutputPathError(f"{what} {shown!r} cannot be used ({_reason(error)}); choose another file name") from None
-    if mode is not None and stat.S_ISLNK(mode) and not made_up:  # realpath gives up on a loop of links
-        raise OutputPathError(f"{what} {shown!r} is a symbolic link that leads to no file (a loop); give a plain file name")
-    if mode is not None and stat.S_ISLNK(mode):
-        raise OutputPathError(
-            f"{what} {shown!r} is a symbolic link (to {os.readlink(destination)!r}); lightning-ig makes this name "
-            "itself and never writes through a link: remove the link, or choose another folder"
-        )
-    if mode is not None and stat.S_ISDIR(mode):
-        raise OutputPathError(f"{what} {shown!r} is a folder; give a file name inside it")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise OutputPathError(f"{what} {shown!r} is not a regular file (a device, FIFO or socket); give a plain file name")
+        raise OutputPathError(f"{named} cannot be used ({_reason(error)}); choose another file name") from None
+    if mode is not None:
+        _check_kind(mode, destination, named, made_up=made_up)
     folder = destination.parent
     if folder_planned and not folder.exists():
         return target  # the plan checked the folder and makes it: nothing can be in it yet
     if not folder.is_dir():
-        raise OutputPathError(f"{what} {shown!r}: the folder {str(folder)!r} does not exist; create it first")
+        raise OutputPathError(f"{named}: the folder {str(folder)!r} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (mode is not None and not os.access(destination, os.W_OK)):
-        raise OutputPathError(f"{what} {shown!r} is not writable; choose a folder you can write to")
+        raise OutputPathError(f"{named} is not writable; choose a folder you can write to")
     return target
+
+
+def _check_kind(mode: int, destination: Path, named: str, *, made_up: bool) -> None:
+    """An existing entry at an output's destination must be a regular file (a made-up name: not a link)."""
+    if stat.S_ISLNK(mode) and not made_up:  # a user's path was resolved: realpath gives up only on a loop of links
+        raise OutputPathError(f"{named} is a symbolic link that leads to no file (a loop); give a plain file name")
+    if stat.S_ISLNK(mode):
+        raise OutputPathError(
+            f"{named} is a symbolic link (to {os.readlink(destination)!r}); lightning-ig makes this name "
+            "itself and never writes through a link: remove the link, or choose another folder"
+        )
+    if stat.S_ISDIR(mode):
+        raise OutputPathError(f"{named} is a folder; give a file name inside it")
+    if not stat.S_ISREG(mode):
+        raise OutputPathError(f"{named} is not a regular file (a device, FIFO or socket); give a plain file name")
 
 
 def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder", create: bool = True) -> Path:
@@ -194,14 +209,18 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
     if not create:
         existing = next(parent for parent in (real, *real.parents) if parent.exists())
         if not existing.is_dir():
-            raise OutputPathError(f"{what} {str(folder)!r} cannot be created ({str(existing)!r} is a file); choose another folder")  # fmt: skip
+            raise OutputPathError(
+                f"{what} {str(folder)!r} cannot be created ({str(existing)!r} is a file); choose another folder"
+            )
         if not os.access(existing, os.W_OK | os.X_OK):
             raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
         return folder
     try:
         real.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise OutputPathError(f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder") from None
+        raise OutputPathError(
+            f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder"
+        ) from None
     if not os.access(real, os.W_OK | os.X_OK):
         raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
     return folder

@@ -380,8 +380,10 @@ class IntegratedGradientsCallback(Callback):
         report = build_report(host, feature_names=self._names, forward_target=self._target_label, top_k=self.top_k, extra=extra)
         failure = self._reports.write(report, summary.step)  # a lost report is counted, never the end of training
         if failure is not None and self._reports.lost == 1:
-            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: a report could not be written: {failure}; "
-                           "training goes on, and the reports lost are counted at the end of training")  # fmt: skip
+            rank_zero_warn(
+                f"IntegratedGradientsCallback{_named(self.name)}: a report could not be written: {failure}; "
+                "training goes on, and the reports lost are counted at the end of training"
+            )
 
     # ------------------------------------------------------------------ set-up helpers
 

@@ -256,7 +256,10 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, fol
     """
     text = report_to_json(report)  # serialise first: a bad report leaves no file behind
     target = Path(path)
-    with atomic_path(target, follow_symlinks=follow_symlinks) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+    with (
+        atomic_path(target, follow_symlinks=follow_symlinks) as temporary,
+        open(temporary, "w", encoding="utf-8") as handle,
+    ):
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())

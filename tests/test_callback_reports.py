@@ -30,8 +30,8 @@ def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, max_steps: int =
 
 
 def _callback(report_dir: Path, **options: object) -> IntegratedGradientsCallback:
-    return IntegratedGradientsCallback(options.pop("states", held_out_states(8)), every_n_steps=1, n_steps=4,
-                                       report_dir=report_dir, **options)  # fmt: skip
+    states = options.pop("states", held_out_states(8))
+    return IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, report_dir=report_dir, **options)
 
 
 def _about_reports(messages: list[str]) -> list[str]:
@@ -51,13 +51,15 @@ def test_a_link_planted_at_a_reports_name_is_not_followed(tmp_path: Path) -> Non
     assert json.loads((reports / "ig_report_step=00000002.json").read_text())["global_step"] == 2
     first, end = _about_reports(messages)
     assert "ig_report_step=00000001.json" in first and "is a symbolic link" in first and "training goes on" in first
-    assert end.endswith(f"1 of 3 reports could not be written, the first: {reports / 'ig_report_step=00000001.json'} "
-                        f"(the report '{reports / 'ig_report_step=00000001.json'}' is a symbolic link (to '{victim}'); "
-                        "lightning-ig makes this name itself and never writes through a link: remove the link, or "
-                        "choose another folder)")  # fmt: skip
+    link = reports / "ig_report_step=00000001.json"
+    assert end.endswith(
+        f"1 of 3 reports could not be written, the first: {link} (the report '{link}' is a symbolic link "
+        f"(to '{victim}'); lightning-ig makes this name itself and never writes through a link: remove the link, "
+        "or choose another folder)"
+    )
 
 
-def test_a_full_disk_warns_once_keeps_training_and_counts_the_lost_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_full_disk_warns_once_keeps_training_and_counts_lost_reports(tmp_path: Path, monkeypatch) -> None:
     def full_disk(report: object, path: object, **options: object) -> None:
         raise OSError(28, "No space left on device", str(path))
 
@@ -87,10 +89,11 @@ def test_a_report_dir_made_read_only_after_set_up_keeps_training(tmp_path: Path)
     finally:
         reports.chmod(0o700)
     assert steps == 3 and list(reports.iterdir()) == []
-    assert _about_reports(messages)[-1].endswith("3 of 3 reports could not be written, the first: "
-                                                 f"{reports / 'ig_report_step=00000001.json'} "
-                                                 f"(the report '{reports / 'ig_report_step=00000001.json'}' is not writable; "
-                                                 "choose a folder you can write to)")  # fmt: skip
+    first = reports / "ig_report_step=00000001.json"
+    assert _about_reports(messages)[-1].endswith(
+        f"3 of 3 reports could not be written, the first: {first} (the report '{first}' is not writable; "
+        "choose a folder you can write to)"
+    )
 
 
 def test_a_report_never_replaces_the_states_file(tmp_path: Path) -> None:
@@ -108,10 +111,11 @@ def test_a_name_too_long_for_the_file_system_fails_at_set_up(tmp_path: Path) -> 
     limit = file_name_limit(tmp_path)
     callback = _callback(tmp_path / "reports", name="x" * 250)
     longest = len("ig_report_") + 250 + len("_step=") + 19 + len(".json")  # 19 digits: the largest 64-bit step
-    with pytest.raises(ValueError, match=rf"name='xxx.*\.\.\.' makes report file names of up to {longest} bytes .* more "
-                                         rf"than the {limit} the file system of report_dir .* takes"):  # fmt: skip
+    words = rf"name='xxx.*\.\.\.' makes report file names of up to {longest} bytes .* more than the {limit} the file"
+    with pytest.raises(ValueError, match=words + " system of report_dir .* takes"):
         make_trainer(tmp_path, [callback], max_steps=1).fit(TinyQNet(), DataLoader(dataset(), batch_size=16))
     assert not (tmp_path / "reports").exists(), "refused before the folder is made"
     name = "x" * (limit - (longest - 250))  # the longest name that fits
     steps, _ = _fit(tmp_path, _callback(tmp_path / "reports", name=name), max_steps=1)
-    assert steps == 1 and [path.name for path in (tmp_path / "reports").iterdir()] == [f"ig_report_{name}_step=00000001.json"]
+    assert steps == 1
+    assert [path.name for path in (tmp_path / "reports").iterdir()] == [f"ig_report_{name}_step=00000001.json"]

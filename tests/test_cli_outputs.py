@@ -20,6 +20,7 @@ from lightning_ig.checkpoint import save_checkpoint, save_merged_checkpoint
 from lightning_ig.models import ConvDuelingQNetwork
 
 FRAME = (2, 4, 4)
+Capsys = pytest.CaptureFixture[str]
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+def _diag(capsys: Capsys, *args: str) -> tuple[int, str, str]:
     code = cli.main(["diag", "--checkpoint", "c.safetensors", "--auto-samples", "3", "--num-steps", "4", *args])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
@@ -51,11 +52,14 @@ def _tree(root: Path) -> dict[str, bytes | str]:
     entries: dict[str, bytes | str] = {}
     for path in sorted(root.rglob("*")):
         name = str(path.relative_to(root))
-        entries[name] = f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+        if path.is_symlink():
+            entries[name] = f"-> {os.readlink(path)}"
+        else:
+            entries[name] = "dir" if path.is_dir() else path.read_bytes()
     return entries
 
 
-def test_a_link_in_the_saliency_folder_to_the_checkpoint_is_refused(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_link_in_the_saliency_folder_to_the_checkpoint_is_refused(workspace: Path, capsys: Capsys) -> None:
     (workspace / "sal").mkdir()
     (workspace / "sal" / "saliency.png").symlink_to(workspace / "c.safetensors")
     before = _tree(workspace)
@@ -64,7 +68,7 @@ def test_a_link_in_the_saliency_folder_to_the_checkpoint_is_refused(workspace: P
     assert _tree(workspace) == before, "the checkpoint is untouched and no report was written"
 
 
-def test_a_picture_name_planted_as_a_link_elsewhere_is_refused(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_picture_name_planted_as_a_link_elsewhere_is_refused(workspace: Path, capsys: Capsys) -> None:
     (workspace / "victim.txt").write_text("nobody named me")
     (workspace / "sal").mkdir()
     (workspace / "sal" / "saliency_mean_abs.png").symlink_to(workspace / "victim.txt")
@@ -73,7 +77,7 @@ def test_a_picture_name_planted_as_a_link_elsewhere_is_refused(workspace: Path, 
     assert (workspace / "victim.txt").read_text() == "nobody named me" and not (workspace / "r.json").exists()
 
 
-def test_an_output_at_a_pictures_name_is_refused_before_anything_is_written(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_an_output_at_a_pictures_name_is_refused_before_any_write(workspace: Path, capsys: Capsys) -> None:
     (workspace / "sal2").mkdir()
     code, out, err = _diag(capsys, "--output", "sal2/saliency.png", "--saliency", "sal2")
     _refused(code, err, "--saliency picture 'sal2/saliency.png' and --output 'sal2/saliency.png' are the same file")
@@ -87,20 +91,20 @@ def test_an_output_at_a_pictures_name_is_refused_before_anything_is_written(work
     assert not (workspace / "sal3").exists(), "nothing made, not even the folder"
 
 
-def test_an_output_where_the_saliency_folder_goes_is_refused(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_where_the_saliency_folder_goes_is_refused(workspace: Path, capsys: Capsys) -> None:
     code, _, err = _diag(capsys, "--output", "pictures", "--saliency", "pictures")
     _refused(code, err, "--output 'pictures' and --saliency 'pictures' are the same path")
     assert not (workspace / "pictures").exists()
 
 
-def test_a_picture_name_that_is_a_folder_is_refused_before_the_report(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_picture_name_that_is_a_folder_is_refused_before_the_report(workspace: Path, capsys: Capsys) -> None:
     (workspace / "sal" / "saliency.png").mkdir(parents=True)
     code, _, err = _diag(capsys, "--saliency", "sal", "--output", "r.json")
     _refused(code, err, "--saliency picture 'sal/saliency.png' is a folder")
     assert not (workspace / "r.json").exists(), "exit 2: no report written"
 
 
-def test_a_hard_link_of_an_input_is_the_input(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hard_link_of_an_input_is_the_input(workspace: Path, capsys: Capsys) -> None:
     os.link(workspace / "c.safetensors", workspace / "copy.json")
     before = _tree(workspace)
     code, _, err = _diag(capsys, "--output", "copy.json")
@@ -112,7 +116,7 @@ def test_a_hard_link_of_an_input_is_the_input(workspace: Path, capsys: pytest.Ca
     assert {name: value for name, value in _tree(workspace).items() if not name.startswith("sal")} == before
 
 
-def test_two_heads_reports_that_are_one_file_are_refused(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_two_heads_reports_that_are_one_file_are_refused(workspace: Path, capsys: Capsys) -> None:
     (workspace / "out").mkdir()
     (workspace / "out" / "all.down.json").write_text("an earlier report")
     os.link(workspace / "out" / "all.down.json", workspace / "out" / "all.up.json")  # one file, two names
@@ -126,15 +130,16 @@ def test_two_heads_reports_that_are_one_file_are_refused(workspace: Path, capsys
     assert (workspace / "out" / "all.down.json").read_text() == "an earlier report"
 
 
-def test_wrote_is_said_once_per_file_written(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_wrote_is_said_once_per_file_written(workspace: Path, capsys: Capsys) -> None:
     code, out, err = _diag(capsys, "--saliency", "sal", "--output", "r.json")
     assert code == 0, err
-    assert out.count("wrote") == 2 and "wrote r.json:" in out and "wrote sal/saliency.png, sal/saliency_mean_abs.png" in out
+    assert out.count("wrote") == 2 and "wrote r.json:" in out
+    assert "wrote sal/saliency.png, sal/saliency_mean_abs.png" in out
     assert json.loads((workspace / "r.json").read_text())["num_states"] == 3
     assert sorted(path.name for path in (workspace / "sal").iterdir()) == ["saliency.png", "saliency_mean_abs.png"]
 
 
-def test_without_output_an_earlier_report_is_never_replaced(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_output_an_earlier_report_is_never_replaced(workspace: Path, capsys: Capsys) -> None:
     code, out, err = _diag(capsys)
     assert code == 0 and "wrote ig_report.json" in out, err
     earlier = (workspace / "ig_report.json").read_bytes()
@@ -146,7 +151,7 @@ def test_without_output_an_earlier_report_is_never_replaced(workspace: Path, cap
     assert json.loads((workspace / "ig_report.json").read_text())["seed"] == 7
 
 
-def test_without_output_a_link_at_the_default_name_is_refused(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_output_a_link_at_the_default_name_is_refused(workspace: Path, capsys: Capsys) -> None:
     (workspace / "victim.txt").write_text("kept")
     (workspace / "ig_report.json").symlink_to("victim.txt")
     code, _, err = _diag(capsys)
@@ -154,15 +159,15 @@ def test_without_output_a_link_at_the_default_name_is_refused(workspace: Path, c
     assert (workspace / "victim.txt").read_text() == "kept"
 
 
-def test_without_output_each_heads_default_report_is_kept(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_output_each_heads_default_report_is_kept(workspace: Path, capsys: Capsys) -> None:
     (workspace / "ig_report.up.json").write_text("an earlier report")
     code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads")
-    _refused(code, err, "'ig_report.up.json' exists")
+    _refused(code, err, "'ig_report.up.json' exists", "pass --output 'ig_report.json' to replace it")
     assert (workspace / "ig_report.up.json").read_text() == "an earlier report"
     assert not (workspace / "ig_report.down.json").exists(), "all or none"
 
 
-def test_the_help_says_what_the_default_output_does(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_help_says_what_the_default_output_does(capsys: Capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["diag", "--help"])
     text = " ".join(capsys.readouterr().out.split())

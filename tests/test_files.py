@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ig._files import OutputPathError, OutputPlan, atomic_path, check_output_dir, check_output_file, file_name_limit
+from lightning_ig._files import (
+    OutputPathError,
+    OutputPlan,
+    atomic_path,
+    check_output_dir,
+    check_output_file,
+    file_name_limit,
+)
 
 
 def _write(path: Path, text: str) -> None:
@@ -183,3 +190,23 @@ def test_a_plan_changes_nothing_on_disk_until_its_folders_are_made(tmp_path: Pat
     (tmp_path / "a_file").write_text("")
     with pytest.raises(OutputPathError, match="cannot be created"):
         OutputPlan().add_folder(tmp_path / "a_file" / "below", what="--saliency")
+
+
+@pytest.mark.parametrize("follow_symlinks", [True, False])
+def test_the_writers_follow_a_link_only_when_told(tmp_path: Path, follow_symlinks: bool) -> None:
+    import numpy as np
+
+    from lightning_ig.report import write_report
+    from lightning_ig.saliency import write_png
+
+    writers = {
+        "r.json": lambda path: write_report({"a": 1}, path, follow_symlinks=follow_symlinks),
+        "p.png": lambda path: write_png(np.zeros((2, 2, 3), np.uint8), path, follow_symlinks=follow_symlinks),
+    }
+    for name, write in writers.items():
+        victim, link = tmp_path / f"victim.{name}", tmp_path / name
+        victim.write_bytes(b"old")
+        link.symlink_to(victim)
+        write(link)
+        assert link.is_symlink() is follow_symlinks, name
+        assert (victim.read_bytes() != b"old") is follow_symlinks, name

@@ -99,26 +99,32 @@ def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
     Nothing is loaded and nothing changes on disk before the whole plan passed; then the
     ``--saliency`` folder is made.
     """
-    plan = OutputPlan(inputs=_inputs(args))
+    inputs = _inputs(args)
+    plan = OutputPlan(inputs=inputs)
     named = args.output is not None
     output: str = args.output if named else DEFAULT_OUTPUT  # the user's spelling, for the messages
     pictures = None if args.saliency is None else _checked(plan.add_folder, args.saliency, what="--saliency")
     if args.all_heads:
         if named:  # not written itself, but an input named as the output is a mistake worth saying
-            _checked(check_output_file, output, what="--output", inputs=_inputs(args))
+            _checked(check_output_file, output, what="--output", inputs=inputs)
         heads = _heads(args.checkpoint)
         # Names made from --output's are the tool's: never written through a link (a user's --output is).
-        reports = [_report(plan, path, f"the report of head {head!r}", made_up=True, default=not named)
-                   for head, path in zip(heads, _head_outputs(Path(output), heads))]  # fmt: skip
+        reports = [
+            _report(plan, path, f"the report of head {head!r}", made_up=True, default=None if named else output)
+            for head, path in zip(heads, _head_outputs(Path(output), heads))
+        ]
         targets = [(head_prefix(head), head, report) for head, report in zip(heads, reports)]
     else:
-        report = _report(plan, output, "--output", made_up=not named, default=not named)
+        what = "--output" if named else "the default --output"
+        report = _report(plan, output, what, made_up=not named, default=None if named else output)
         targets = [(*_one_head(args), report)]
     heads_plan = []
     for prefix, label, report in targets:
         suffix = f".{label}" if args.all_heads else ""
         names = () if pictures is None else (f"saliency{suffix}.png", f"saliency_mean_abs{suffix}.png")
-        made = tuple(_checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names)
+        made = tuple(
+            _checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names
+        )
         heads_plan.append(_HeadPlan(prefix, label, report, made))
     _checked(plan.make_folders)
     return heads_plan
@@ -136,11 +142,12 @@ def _one_head(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _report(plan: OutputPlan, path: str | Path, what: str, *, made_up: bool, default: bool) -> PlannedOutput:
-    if default and os.path.lexists(path):
+def _report(plan: OutputPlan, path: str | Path, what: str, *, made_up: bool, default: str | None) -> PlannedOutput:
+    """Plan one report; ``default``: the default --output it comes from, which never replaces a file."""
+    if default is not None and os.path.lexists(path):
         raise UsageError(
             f"{str(path)!r} exists (an earlier run's report?) and diag without --output never replaces a file: "
-            f"pass --output {str(path)!r} to replace it, or --output NEW.json"
+            f"pass --output {default!r} to replace it, or --output NEW.json"
         )
     return _checked(plan.add_file, path, what=what, made_up=made_up)
 
@@ -288,7 +295,10 @@ def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> lis
         try:  # the names are the tool's: a link planted there since the check is replaced, never followed
             written.append(write_png(pixels, picture.path, follow_symlinks=picture.follow_symlinks))
         except OSError as error:  # checked before the run; the disk or the folder changed since
-            raise UsageError(f"cannot write {picture.what} {str(picture.path)!r} ({error.strerror or error}); check the folder's space and permissions") from None  # fmt: skip
+            raise UsageError(
+                f"cannot write {picture.what} {str(picture.path)!r} ({error.strerror or error}); "
+                "check the folder's space and permissions"
+            ) from None
     return written
 
 
