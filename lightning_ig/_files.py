@@ -3,12 +3,19 @@
 Every file lightning-ig writes (JSON reports, checkpoints, saliency images) goes
 through here, so the rules hold everywhere:
 
-* an output path is checked *before* the work that produces it
-  (:func:`check_output_file`, :func:`check_output_dir`): it must not be one of
-  the run's inputs, must be a regular file or a new name in an existing,
-  writable folder; the error names the user's path and what to do;
-* a symbolic link is written *through* (its target is replaced), never replaced
-  by a regular file;
+* every file a command will write is checked *before* the work that produces it,
+  all together (:class:`OutputPlan`; one file: :func:`check_output_file`, a
+  folder: :func:`check_output_dir`): none may be one of the run's inputs (the
+  same path, a symbolic link to it or a hard link of it: existing files are
+  compared by device and inode), no two may be the same file, and each must be
+  a regular file or a new name in an existing (or planned), writable folder; the
+  error names the user's path and what to do;
+* a path the *user* named is written *through* a symbolic link (its target is
+  replaced, the link stays); a name the *tool* makes up inside a folder (a
+  saliency picture, a callback report, a report per head) is never written
+  through one: the check refuses an existing link there, and the write replaces
+  the name itself, never what a link planted later points to
+  (``atomic_path(..., follow_symlinks=False)``);
 * readers see the old file or the new one, never half of one, and a failed
   write leaves nothing behind (:func:`atomic_path`);
 * modes follow the user's umask: a new file gets ``0o666 & ~umask`` like any
@@ -22,13 +29,44 @@ import os
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OutputPathError", "atomic_path", "check_output_dir", "check_output_file"]
+__all__ = [
+    "OutputPathError",
+    "OutputPlan",
+    "PlannedOutput",
+    "atomic_path",
+    "check_output_dir",
+    "check_output_file",
+    "file_name_limit",
+]
+
+_Paths = Iterable["str | os.PathLike[str] | None"]
 
 
 class OutputPathError(ValueError):
     """An output path that must not or cannot be written; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class PlannedOutput:
+    """One file a command will write, as checked by :class:`OutputPlan`.
+
+    Attributes:
+        path: the path as the user (or the tool) spelt it.
+        what: how it is named in messages (``"--output"``, ``"--saliency picture"``).
+        made_up: the tool made the name up inside a folder: it is never written through a symbolic link.
+    """
+
+    path: Path
+    what: str
+    made_up: bool = False
+
+    @property
+    def follow_symlinks(self) -> bool:
+        """What to pass to :func:`atomic_path`: only a path the user named is written through a link."""
+        return not self.made_up
 
 
 def _resolved(path: Path) -> Path:
@@ -36,47 +74,130 @@ def _resolved(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _destination(path: Path, *, follow_symlinks: bool) -> Path:
+    """The directory entry a write replaces: a link's target for a user's path, the name itself for a made-up one."""
+    if follow_symlinks:
+        return _resolved(path)
+    return _resolved(path.parent) / path.name
+
+
+def _identity(path: Path, *, follow_symlinks: bool = True) -> tuple[int, int] | None:
+    """(device, inode) of an existing file, which hard links share; ``None`` for a missing one."""
+    try:
+        info = os.stat(path, follow_symlinks=follow_symlinks)
+    except (OSError, ValueError):  # missing, a dangling link, a name the system cannot take
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _is_input(output: Path, destination: Path, follow_symlinks: bool, source: Path) -> bool:
+    """Writing ``output`` would replace ``source`` (or the link by which the run reads it)."""
+    if destination in (_resolved(source), _resolved(source.parent) / source.name):
+        return True
+    mine = _identity(output, follow_symlinks=follow_symlinks)
+    return mine is not None and mine == _identity(source)
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+def file_name_limit(folder: str | os.PathLike[str]) -> int:
+    """The longest file name, in bytes, that the file system holding ``folder`` takes (255 where it does not say).
+
+    A folder that does not exist yet is asked through its nearest existing parent.
+    """
+    real = _resolved(Path(folder))
+    existing = next((parent for parent in (real, *real.parents) if parent.is_dir()), real.anchor or os.sep)
+    try:
+        return int(os.pathconf(existing, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or the system does not know
+        return 255
+
+
 def check_output_file(
-    path: str | os.PathLike[str], *, what: str = "output", inputs: Iterable[str | os.PathLike[str] | None] = ()
+    path: str | os.PathLike[str], *, what: str = "output", inputs: _Paths = (), made_up: bool = False
 ) -> Path:
     """Check, before any work, that ``path`` can take an output file; return it as a :class:`Path`.
 
     Args:
-        path: the file to write (a symbolic link is written through to its target).
+        path: the file to write.
         what: how the user named it (``"--output"``, ``"report_dir"``), for the message.
-        inputs: files the same run reads; writing over one of them is refused.
+        inputs: files the same run reads; writing over one of them (by any name: a symbolic or
+            a hard link) is refused.
+        made_up: the tool made the name up inside a folder (default ``False``: the user named
+            ``path``, and a symbolic link there is written through to its target). A made-up
+            name that exists as a symbolic link is refused: nobody asked for its target.
 
     Raises:
         OutputPathError: ``path`` is one of ``inputs``, is a folder, a device, a FIFO or
-            another non-regular file, names a missing folder, or is not writable.
+            another non-regular file, a symbolic link at a made-up name, has a name longer
+            than the file system takes, names a missing folder, or is not writable.
     """
-    target = Path(path)
-    shown = os.fspath(path)  # the user's spelling, for the messages
-    real = _resolved(target)
-    for source in inputs:
-        if source is not None and _resolved(Path(source)) == real:
-            raise OutputPathError(
-                f"{what} {shown!r} is also an input of this run ({os.fspath(source)!r}); "
-                "writing the output there would destroy it: choose another file name"
-            )
-    if real.is_dir():
-        raise OutputPathError(f"{what} {shown!r} is a folder; give a file name inside it")
+    return _check_file(Path(path), os.fspath(path), what, [Path(p) for p in inputs if p is not None], made_up=made_up)
+
+
+def _check_file(
+    target: Path, shown: str, what: str, inputs: list[Path], *, made_up: bool, folder_planned: bool = False
+) -> Path:
+    """:func:`check_output_file`; ``folder_planned``: the folder may be missing, it is made once every check passed."""
     if shown.endswith(os.sep):
         raise OutputPathError(f"{what} {shown!r} is a folder name (it ends with {os.sep!r}); give a file name")
-    if real.exists() and not stat.S_ISREG(real.stat().st_mode):
+    named = f"{what} {shown!r}"
+    destination = _destination(target, follow_symlinks=not made_up)
+    size, limit = len(os.fsencode(destination.name)), file_name_limit(destination.parent)
+    if size > limit:  # checked first: the system refuses to look such a name up at all
         raise OutputPathError(
-            f"{what} {shown!r} is not a regular file (a device, FIFO or socket); give a plain file name"
+            f"{named}: the file name is {size} bytes, more than the {limit} its folder's file system takes; "
+            "choose a shorter name"
         )
-    folder = real.parent
+    for source in inputs:
+        if _is_input(target, destination, not made_up, source):
+            raise OutputPathError(
+                f"{named} is also an input of this run ({os.fspath(source)!r}); "
+                "writing the output there would destroy it: choose another file name"
+            )
+    try:
+        mode: int | None = os.lstat(destination).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:
+        raise OutputPathError(f"{named} cannot be used ({_reason(error)}); choose another file name") from None
+    if mode is not None:
+        _check_kind(mode, destination, named, made_up=made_up)
+    folder = destination.parent
+    if folder_planned and not folder.exists():
+        return target  # the plan checked the folder and makes it: nothing can be in it yet
     if not folder.is_dir():
-        raise OutputPathError(f"{what} {shown!r}: the folder {str(folder)!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK | os.X_OK) or (real.exists() and not os.access(real, os.W_OK)):
-        raise OutputPathError(f"{what} {shown!r} is not writable; choose a folder you can write to")
+        raise OutputPathError(f"{named}: the folder {str(folder)!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (mode is not None and not os.access(destination, os.W_OK)):
+        raise OutputPathError(f"{named} is not writable; choose a folder you can write to")
     return target
 
 
-def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder") -> Path:
-    """Check, before any work, that ``path`` is or can become a writable folder (missing folders are created).
+def _check_kind(mode: int, destination: Path, named: str, *, made_up: bool) -> None:
+    """An existing entry at an output's destination must be a regular file (a made-up name: not a link)."""
+    if stat.S_ISLNK(mode) and not made_up:  # a user's path was resolved: realpath gives up only on a loop of links
+        raise OutputPathError(f"{named} is a symbolic link that leads to no file (a loop); give a plain file name")
+    if stat.S_ISLNK(mode):
+        raise OutputPathError(
+            f"{named} is a symbolic link (to {os.readlink(destination)!r}); lightning-ig makes this name "
+            "itself and never writes through a link: remove the link, or choose another folder"
+        )
+    if stat.S_ISDIR(mode):
+        raise OutputPathError(f"{named} is a folder; give a file name inside it")
+    if not stat.S_ISREG(mode):
+        raise OutputPathError(f"{named} is not a regular file (a device, FIFO or socket); give a plain file name")
+
+
+def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder", create: bool = True) -> Path:
+    """Check, before any work, that ``path`` is or can become a writable folder.
+
+    Args:
+        path: the folder.
+        what: how the user named it, for the message.
+        create: make the missing folders now (default ``True``); ``False``: only check that
+            they can be made (:class:`OutputPlan` makes them once every output passed).
 
     Raises:
         OutputPathError: ``path`` (or a parent) is a file, or the folder cannot be created or written.
@@ -85,13 +206,112 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
     real = _resolved(folder)
     if real.exists() and not real.is_dir():
         raise OutputPathError(f"{what} {str(folder)!r} is a file, not a folder; give a folder path")
+    if not create:
+        existing = next(parent for parent in (real, *real.parents) if parent.exists())
+        if not existing.is_dir():
+            raise OutputPathError(
+                f"{what} {str(folder)!r} cannot be created ({str(existing)!r} is a file); choose another folder"
+            )
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
+        return folder
     try:
         real.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise OutputPathError(f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder") from None
+        raise OutputPathError(
+            f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder"
+        ) from None
     if not os.access(real, os.W_OK | os.X_OK):
         raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
     return folder
+
+
+class OutputPlan:
+    """Every file one command will write, checked together before any work.
+
+    Each file is checked as :func:`check_output_file` checks one, against every input, and
+    against every file and folder planned before it: two outputs that are the same file (by
+    their path, a symbolic link or a hard link) or a file where a planned folder goes are
+    refused, naming both. Nothing is changed on disk until :meth:`make_folders`, which the
+    caller runs once the whole plan is in.
+
+    Args:
+        inputs: the files the command reads (``None`` entries are skipped).
+
+    Example::
+
+        plan = OutputPlan(inputs=[checkpoint])
+        pictures = plan.add_folder("saliency", what="--saliency")
+        report = plan.add_file("r.json", what="--output")
+        picture = plan.add_file(pictures / "saliency.png", what="--saliency picture", made_up=True)
+        plan.make_folders()
+    """
+
+    def __init__(self, inputs: _Paths = ()) -> None:
+        self._inputs = [Path(path) for path in inputs if path is not None]
+        self._files: list[tuple[PlannedOutput, Path, tuple[int, int] | None]] = []  # with destination, identity
+        self._folders: list[tuple[Path, str, set[Path]]] = []  # the user's path, what, the folders to make
+
+    @property
+    def files(self) -> list[PlannedOutput]:
+        """The planned files, in the order they were added."""
+        return [planned for planned, _, _ in self._files]
+
+    def add_folder(self, path: str | os.PathLike[str], *, what: str) -> Path:
+        """Plan a folder (made, with its missing parents, by :meth:`make_folders`); return it as a :class:`Path`.
+
+        Raises:
+            OutputPathError: as :func:`check_output_dir`, or a planned file is where the folder goes.
+        """
+        folder = check_output_dir(path, what=what, create=False)
+        real = _resolved(folder)
+        missing = {parent for parent in (real, *real.parents) if not parent.exists()}
+        for planned, destination, _ in self._files:
+            if destination in missing:
+                raise OutputPathError(
+                    f"{what} {str(folder)!r} and {planned.what} {os.fspath(planned.path)!r} are the same path: one "
+                    "would be a folder, the other a file; choose another name for one of them"
+                )
+        self._folders.append((folder, what, missing | {real}))
+        return folder
+
+    def add_file(self, path: str | os.PathLike[str], *, what: str, made_up: bool = False) -> PlannedOutput:
+        """Plan a file; ``made_up``: the tool made its name up (see :func:`check_output_file`).
+
+        Raises:
+            OutputPathError: as :func:`check_output_file`, or the file is one planned before it
+                (by any name) or a planned folder.
+        """
+        target = Path(path)
+        destination = _destination(target, follow_symlinks=not made_up)
+        folder_planned = any(destination.parent in made for _, _, made in self._folders)
+        _check_file(target, os.fspath(path), what, self._inputs, made_up=made_up, folder_planned=folder_planned)
+        identity = _identity(target, follow_symlinks=not made_up)
+        shown = f"{what} {os.fspath(path)!r}"
+        for other, other_destination, other_identity in self._files:
+            if destination == other_destination or (identity is not None and identity == other_identity):
+                raise OutputPathError(
+                    f"{shown} and {other.what} {os.fspath(other.path)!r} are the same file: one would overwrite "
+                    "the other; choose another name for one of them"
+                )
+        for folder, folder_what, made in self._folders:
+            if destination in made:
+                raise OutputPathError(
+                    f"{shown} and {folder_what} {str(folder)!r} are the same path: one would be a folder, the other "
+                    "a file; choose another name for one of them"
+                )
+        planned = PlannedOutput(target, what, made_up)
+        self._files.append((planned, destination, identity))
+        return planned
+
+    def make_folders(self) -> None:
+        """Make the planned folders; call it once every output is planned (the checks all passed).
+
+        Raises:
+            OutputPathError: a folder cannot be made after all (the disk changed since the check).
+        """
+        for folder, what, _ in self._folders:
+            check_output_dir(folder, what=what, create=True)
 
 
 def _umask() -> int:
@@ -101,26 +321,36 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike[str], *, follow_symlinks: bool = True) -> Iterator[Path]:
     """A temporary file beside the file ``target`` names; it replaces that file when the block succeeds.
 
-    ``target`` may be a symbolic link: the file it points to is replaced and the link
-    stays. Missing parent folders are created. The new file's mode is the old file's,
-    or ``0o666 & ~umask`` for a new one. On any exception inside the block the
-    temporary file is removed and the old file is left as it was.
+    Args:
+        target: the file to write. Missing parent folders are created.
+        follow_symlinks: ``True`` (default, for a path the user named): when ``target`` is a
+            symbolic link the file it points to is replaced and the link stays. ``False`` (for a
+            name the tool made up inside a folder): the name itself is replaced, a link there
+            included, and never what it points to.
+
+    The new file's mode is the old file's (``follow_symlinks=False``: the old regular file's;
+    a link's target's mode is never read), or ``0o666 & ~umask`` for a new one. The temporary
+    file is made with ``O_EXCL`` (:func:`tempfile.mkstemp`), so it follows no link either. On
+    any exception inside the block the temporary file is removed and the old file is left as
+    it was.
     """
-    real = _resolved(Path(target))
+    real = _destination(Path(target), follow_symlinks=follow_symlinks)
     real.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = stat.S_IMODE(real.stat().st_mode)
+        old = os.lstat(real)
+        mode = stat.S_IMODE(old.st_mode) if stat.S_ISREG(old.st_mode) else 0o666 & ~_umask()
     except FileNotFoundError:
         mode = 0o666 & ~_umask()
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    # The temporary name is kept short, so that a final name near the file system's limit still works.
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{real.name[:64]}.", suffix=".tmp", dir=real.parent)
     os.close(descriptor)
     try:
         yield Path(temporary)
         os.chmod(temporary, mode)  # mkstemp made it 0600
-        os.replace(temporary, real)
+        os.replace(temporary, real)  # replaces the name: a link there is replaced, not followed
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

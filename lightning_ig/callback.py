@@ -27,14 +27,13 @@ from typing_extensions import override
 
 from lightning_ig import heldout
 from lightning_ig import tensorboard as tb
-from lightning_ig._files import check_output_dir
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
 from lightning_ig.groups import GroupSpec, check_group_spec, choose_groups
 from lightning_ig.host_result import HostResult, JointGather
 from lightning_ig.noise import attribution_mode
 from lightning_ig.picture_writer import PictureWriter
-from lightning_ig.report import build_report, write_report
+from lightning_ig.report import ReportFolder, build_report
 from lightning_ig.saliency import saliency_kind
 from lightning_ig.summary import RunSettings, RunSummary, summarize
 from lightning_ig.vocabulary import (
@@ -88,7 +87,10 @@ class IntegratedGradientsCallback(Callback):
         completeness_tol: The worst relative completeness error that passes (default 0.01); above
             it, one warning suggests ``n_steps="auto"``.
         report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a
-            logger (``<default_root_dir>/ig_reports``). Checked at set-up.
+            logger (``<default_root_dir>/ig_reports``). Checked at set-up; a report that cannot be
+            written later (full disk, ...) is warned about once and training goes on (the losses
+            are counted in a warning at the end of training). A link at a report's name is never
+            followed.
         log_histograms: Log per-feature / per-group histograms (default ``True``).
         figure_every_n_runs: Draw the two figures (``top_features``, ``heatmap``) at the first
             run, every this many runs and always at the end (default 10); ``None``: never.
@@ -117,7 +119,8 @@ class IntegratedGradientsCallback(Callback):
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
         TypeError, ValueError: A bad argument (the message names it). At set-up: states that do
             not fit the model, NaN/Inf in the states, names or groups of the wrong size, a bad
-            ``baseline``, ``target`` or ``report_dir`` (an existing file, or not writable).
+            ``baseline``, ``target`` or ``report_dir`` (an existing file, or not writable), a ``name``
+            too long for the report file names in ``report_dir``.
 
     Example::
 
@@ -238,7 +241,7 @@ class IntegratedGradientsCallback(Callback):
                            f"max_logged_features={self.max_logged_features}: logging {len(self._groups)} groups "
                            f"({self._groups.names[0]}, ...) under {self._tags.prefix}/group/ instead; choose them with feature_groups=")  # fmt: skip
         self._saliency = saliency_kind(shape) is not None and self.saliency_states is not None
-        self._report_dir = self._resolve_report_dir(trainer)
+        self._reports = self._resolve_report_dir(trainer)
         self._held_out, self._last_run_step = states, None  # a new fit counts steps from zero; a resume restores it
 
     @override
@@ -280,6 +283,10 @@ class IntegratedGradientsCallback(Callback):
         elif self._last is not None and trainer.is_global_zero:
             self._log_tensorboard(trainer, self._last, None, final=True)  # the last run's pictures, always drawn
         self._pictures.close()  # every picture in the writer's queue before the logger closes
+        reports = getattr(self, "_reports", None)  # set at set-up; absent when the hooks are called bare
+        losses = None if reports is None else reports.losses()
+        if losses is not None:
+            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: {losses}")
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -367,21 +374,27 @@ class IntegratedGradientsCallback(Callback):
         return f"Integrated Gradients{_named(self.name)}", self._tags, self.top_k, ranked
 
     def _write_report(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult) -> None:
-        if self._report_dir is None:
+        if self._reports is None:
             return
         extra = summary.report_extra(epoch=trainer.current_epoch, world_size=trainer.world_size)
         report = build_report(host, feature_names=self._names, forward_target=self._target_label, top_k=self.top_k, extra=extra)
-        write_report(report, self._report_dir / f"ig_report{'' if self.name is None else '_' + self.name}_step={summary.step:08d}.json")
+        failure = self._reports.write(report, summary.step)  # a lost report is counted, never the end of training
+        if failure is not None and self._reports.lost == 1:
+            rank_zero_warn(
+                f"IntegratedGradientsCallback{_named(self.name)}: a report could not be written: {failure}; "
+                "training goes on, and the reports lost are counted at the end of training"
+            )
 
     # ------------------------------------------------------------------ set-up helpers
 
-    def _resolve_report_dir(self, trainer: pl.Trainer) -> Path | None:
+    def _resolve_report_dir(self, trainer: pl.Trainer) -> ReportFolder | None:
+        """The reports' folder, checked (and ``name``: the file names must fit its file system), or ``None``."""
         folder = self.report_dir
         if folder is None and not trainer.loggers:
             folder = Path(trainer.default_root_dir) / "ig_reports"
             rank_zero_info("IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
                            f"the JSON report of each run goes to {folder}")  # fmt: skip
-        return None if folder is None else check_output_dir(folder, what="report_dir")
+        return None if folder is None else ReportFolder(folder, self.name, inputs=[self.states])
 
 
 # ---------------------------------------------------------------------- helpers

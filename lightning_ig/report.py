@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig._files import atomic_path
+from lightning_ig._files import OutputPathError, atomic_path, check_output_dir, check_output_file, file_name_limit
 from lightning_ig.drift import spearman, topk_jaccard
 from lightning_ig.groups import FeatureGroups, GroupSpec
 from lightning_ig.host_result import HostResult
@@ -48,6 +48,7 @@ __all__ = [
     "build_report",
     "report_to_json",
     "write_report",
+    "ReportFolder",
     "feature_statistics",
     "top_features",
     "completeness_summary",
@@ -233,15 +234,18 @@ def _scalar(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> Path:
     """Write a report as JSON atomically: readers see the old file or the new one, never half of one.
 
-    The file's mode follows the umask (an existing file keeps its mode); a
-    symbolic link is written through. Missing parent folders are created.
+    The file's mode follows the umask (an existing file keeps its mode). Missing parent
+    folders are created.
 
     Args:
         report: from :func:`build_report`.
         path: where to write.
+        follow_symlinks: ``True`` (default: ``path`` is the user's): a symbolic link is written
+            through to its target. ``False`` (a name the caller made up, as the callback's
+            reports): a link at ``path`` is replaced itself, its target never touched.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -252,9 +256,78 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> Pat
     """
     text = report_to_json(report)  # serialise first: a bad report leaves no file behind
     target = Path(path)
-    with atomic_path(target) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+    with (
+        atomic_path(target, follow_symlinks=follow_symlinks) as temporary,
+        open(temporary, "w", encoding="utf-8") as handle,
+    ):
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     return target
 
+
+class ReportFolder:
+    """The folder where the callback writes one report per run, under names it makes up.
+
+    The names are ``ig_report[_<name>]_step=<step, 8+ digits>.json``. Being the tool's
+    own, they are never written through a symbolic link: a link found there is refused
+    and one planted later is replaced, never followed. A report that cannot be written
+    (a full disk, a changed permission, a refused link) does not stop training:
+    :meth:`write` says why and counts it, and :meth:`losses` sums up the losses.
+
+    Args:
+        folder: the folder (made if missing).
+        name: the callback's ``name`` (``None``: none), part of every file name.
+        inputs: files the run reads (the held-out states file); a report never replaces one.
+
+    Raises:
+        OutputPathError: ``folder`` is a file, or cannot be made or written.
+        ValueError: ``name`` makes file names longer than the folder's file system takes.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], name: str | None, *, inputs: Sequence[Any] = ()) -> None:
+        self.name = name
+        self._inputs = [path for path in inputs if isinstance(path, (str, os.PathLike))]
+        longest = self.file_name(2**63 - 1)  # the last step a run can have (a 64-bit step counter)
+        size, limit = len(os.fsencode(longest)), file_name_limit(folder)
+        if size > limit:  # before the folder is made: a refused set-up leaves nothing behind
+            raise ValueError(
+                f"name={_cut(name)!r} makes report file names of up to {size} bytes ({_cut(longest)!r}), more than the "
+                f"{limit} the file system of report_dir {os.fspath(folder)!r} takes: choose a name at least "
+                f"{size - limit} bytes shorter"
+            )
+        self.folder = check_output_dir(folder, what="report_dir")
+        self.attempted = 0
+        self.lost = 0
+        self.first_loss: str | None = None
+
+    def file_name(self, step: int) -> str:
+        """The report's file name for the run at global step ``step``."""
+        return f"ig_report{'' if self.name is None else '_' + self.name}_step={step:08d}.json"
+
+    def write(self, report: Mapping[str, Any], step: int) -> str | None:
+        """Write the report of the run at ``step``; ``None``, or why it could not be (``"PATH (error)"``)."""
+        self.attempted += 1
+        path = self.folder / self.file_name(step)
+        try:
+            check_output_file(path, what="the report", inputs=self._inputs, made_up=True)
+            write_report(report, path, follow_symlinks=False)
+        except OutputPathError as error:
+            failure = f"{path} ({error})"
+        except OSError as error:
+            failure = f"{path} ({error.strerror or error})"
+        else:
+            return None
+        self.lost += 1
+        self.first_loss = self.first_loss or failure
+        return failure
+
+    def losses(self) -> str | None:
+        """``"N of M reports could not be written, the first: PATH (error)"``, or ``None`` when none was lost."""
+        if not self.lost:
+            return None
+        return f"{self.lost} of {self.attempted} reports could not be written, the first: {self.first_loss}"
+
+
+def _cut(text: str | None, size: int = 60) -> str | None:
+    return text if text is None or len(text) <= size else f"{text[: size - 3]}..."

@@ -277,12 +277,15 @@ def _with_legend(body: np.ndarray, scale: float, *, signed: bool, what: str) -> 
     return canvas
 
 
-def write_png(pixels: np.ndarray, path: str | os.PathLike[str]) -> Path:
+def write_png(pixels: np.ndarray, path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> Path:
     """Write an ``(H, W, 3)`` uint8 picture as a PNG, atomically, with the umask's mode.
 
     Args:
         pixels: from :func:`saliency_grid` or :func:`mean_abs_image` (``.pixels``).
         path: the file to write.
+        follow_symlinks: ``True`` (default: ``path`` is the user's): a symbolic link is written
+            through to its target; ``False`` (a name the caller made up): a link there is
+            replaced itself, its target never touched.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -290,6 +293,6 @@ def write_png(pixels: np.ndarray, path: str | os.PathLike[str]) -> Path:
     from PIL import Image  # noqa: PLC0415
 
     target = Path(path)
-    with atomic_path(target) as temporary:
+    with atomic_path(target, follow_symlinks=follow_symlinks) as temporary:
         Image.fromarray(np.asarray(pixels, dtype=np.uint8)).save(temporary, format="PNG")
     return target

@@ -138,7 +138,7 @@ def test_a_write_that_fails_late_names_the_users_path(
 ) -> None:
     import lightning_ig.report
 
-    def full_disk(report: object, path: object) -> None:
+    def full_disk(report: object, path: object, **options: object) -> None:
         raise OSError(28, "No space left on device", str(workspace / "out" / ".report.json.x1y2.tmp"))
 
     monkeypatch.setattr(lightning_ig.report, "write_report", full_disk)
@@ -243,10 +243,10 @@ def test_an_interrupt_while_writing_leaves_no_half_report(
 
     written = lightning_ig.report.write_report
 
-    def interrupted(report: dict, path: Path) -> None:
+    def interrupted(report: dict, path: Path, **options: bool) -> None:
         if Path(path).name == "all.trending.json":
             raise KeyboardInterrupt
-        written(report, path)
+        written(report, path, **options)
 
     monkeypatch.setattr(lightning_ig.report, "write_report", interrupted)
     code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json")

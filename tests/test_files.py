@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ig._files import OutputPathError, atomic_path, check_output_dir, check_output_file
+from lightning_ig._files import (
+    OutputPathError,
+    OutputPlan,
+    atomic_path,
+    check_output_dir,
+    check_output_file,
+    file_name_limit,
+)
 
 
 def _write(path: Path, text: str) -> None:
@@ -107,3 +114,99 @@ def test_check_output_dir_creates_folders_and_refuses_files(tmp_path: Path) -> N
         check_output_dir(existing, what="report_dir")
     with pytest.raises(OutputPathError, match="cannot be created"):
         check_output_dir(existing / "below", what="report_dir")
+
+
+def test_a_made_up_name_replaces_a_planted_link_never_its_target(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("nobody named me")
+    victim.chmod(0o600)
+    link = tmp_path / "ig_report_step=00000001.json"
+    link.symlink_to(victim)
+    old = os.umask(0o022)
+    try:
+        with atomic_path(link, follow_symlinks=False) as temporary:
+            temporary.write_text("report")
+    finally:
+        os.umask(old)
+    assert victim.read_text() == "nobody named me" and _mode(victim) == 0o600
+    assert not link.is_symlink() and link.read_text() == "report"
+    assert _mode(link) == 0o644, "a new file's mode, not the link target's"
+
+
+def test_a_long_name_leaves_room_for_the_temporary_file(tmp_path: Path) -> None:
+    target = tmp_path / ("r" * (file_name_limit(tmp_path) - 5) + ".json")  # as long as the file system takes
+    _write(target, "{}")
+    assert target.read_text() == "{}"
+    with pytest.raises(OutputPathError, match="the file name is .* bytes, more than the"):
+        check_output_file(tmp_path / ("r" * file_name_limit(tmp_path) + ".json"), what="--output")
+
+
+def test_a_hard_link_of_an_input_is_the_input(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "model.safetensors"
+    checkpoint.write_bytes(b"weights")
+    os.link(checkpoint, tmp_path / "other_name.json")
+    for made_up in (False, True):
+        with pytest.raises(OutputPathError, match="'.*other_name.json' is also an input .*model.safetensors"):
+            check_output_file(tmp_path / "other_name.json", what="--output", inputs=[checkpoint], made_up=made_up)
+    assert checkpoint.read_bytes() == b"weights"
+
+
+def test_a_made_up_name_that_is_a_link_is_refused_a_named_one_followed(tmp_path: Path) -> None:
+    (tmp_path / "target.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("target.json")
+    assert check_output_file(tmp_path / "link.json", what="--output") == tmp_path / "link.json"
+    with pytest.raises(OutputPathError, match=r"is a symbolic link \(to 'target.json'\); lightning-ig makes this name"):
+        check_output_file(tmp_path / "link.json", what="a picture", made_up=True)
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(OutputPathError, match="leads to no file"):
+        check_output_file(tmp_path / "loop", what="--output")
+
+
+def test_a_plan_refuses_two_outputs_that_are_one_file_naming_both(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("a")
+    os.link(tmp_path / "a.json", tmp_path / "hard.json")
+    (tmp_path / "soft.json").symlink_to("a.json")
+    for other, made_up in (("a.json", False), ("./a.json", True), ("hard.json", True), ("soft.json", False)):
+        plan = OutputPlan()
+        plan.add_file(tmp_path / "a.json", what="--output")
+        with pytest.raises(OutputPathError, match=f"the picture '.*{other}' and --output '.*a.json' are the same file"):
+            plan.add_file(f"{tmp_path}/{other}", what="the picture", made_up=made_up)
+    plan = OutputPlan()
+    plan.add_file(tmp_path / "a.json", what="--output")
+    assert [planned.path.name for planned in plan.files] == ["a.json"]
+
+
+def test_a_plan_changes_nothing_on_disk_until_its_folders_are_made(tmp_path: Path) -> None:
+    plan = OutputPlan(inputs=[tmp_path / "in.json", None])
+    pictures = plan.add_folder(tmp_path / "new" / "pictures", what="--saliency")
+    picture = plan.add_file(pictures / "saliency.png", what="--saliency picture", made_up=True)
+    assert not (tmp_path / "new").exists() and not picture.follow_symlinks
+    with pytest.raises(OutputPathError, match="--output '.*new' and --saliency '.*pictures' are the same path"):
+        plan.add_file(tmp_path / "new", what="--output")  # a file where a folder the plan makes goes
+    with pytest.raises(OutputPathError, match="also an input"):
+        plan.add_file(tmp_path / "in.json", what="--output")
+    plan.make_folders()
+    assert pictures.is_dir() and [planned.path for planned in plan.files] == [pictures / "saliency.png"]
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(OutputPathError, match="cannot be created"):
+        OutputPlan().add_folder(tmp_path / "a_file" / "below", what="--saliency")
+
+
+@pytest.mark.parametrize("follow_symlinks", [True, False])
+def test_the_writers_follow_a_link_only_when_told(tmp_path: Path, follow_symlinks: bool) -> None:
+    import numpy as np
+
+    from lightning_ig.report import write_report
+    from lightning_ig.saliency import write_png
+
+    writers = {
+        "r.json": lambda path: write_report({"a": 1}, path, follow_symlinks=follow_symlinks),
+        "p.png": lambda path: write_png(np.zeros((2, 2, 3), np.uint8), path, follow_symlinks=follow_symlinks),
+    }
+    for name, write in writers.items():
+        victim, link = tmp_path / f"victim.{name}", tmp_path / name
+        victim.write_bytes(b"old")
+        link.symlink_to(victim)
+        write(link)
+        assert link.is_symlink() is follow_symlinks, name
+        assert (victim.read_bytes() != b"old") is follow_symlinks, name

@@ -37,13 +37,19 @@ with spatial dimensions, ``(C, H, W)`` or ``(C, L)``. A checkpoint of an
 and summarised under the report's ``ensemble`` key (agreement with the
 aggregate, per-member completeness and top features).
 
-Outputs are checked before anything is loaded: ``--output`` (and each
-``--all-heads`` report) may not be the checkpoint, a states, baseline or
-feature-names file, a folder (``dir/`` included), a device or a FIFO, and its
-folder must exist and be writable. A symbolic link is written through to its
-target. Reports are written atomically (readers never see half of one) with the
-mode any program's output gets: ``0o666 & ~umask`` for a new file, the old mode
-for an overwritten one.
+Outputs are one plan, checked before anything is loaded: every file diag will
+write (``--output``, each ``--all-heads`` report, each ``--saliency`` picture)
+may not be the checkpoint, a states, baseline, groups or feature-names file (by
+any name: a symbolic or a hard link), two may not be the same file, none may be
+a folder (``dir/`` included), a device or a FIFO, and their folders must exist
+and be writable (the ``--saliency`` folder is made once the plan passed). A
+symbolic link named by ``--output`` is written through to its target; the names
+diag makes up (``saliency.png``, ``ig_report.<head>.json``, the default
+``ig_report.json``) are never written through a link (one found there is
+refused). Without ``--output`` an existing ``./ig_report.json`` is never
+replaced: status 2, name it with ``--output`` to replace it. Files are written
+atomically (readers never see half of one) with the mode any program's output
+gets: ``0o666 & ~umask`` for a new file, the old mode for an overwritten one.
 
 Trust: a model whose forward or attributions are NaN/Inf on some states is never
 reported as clean. The reports are still written (a user debugging a diverged run

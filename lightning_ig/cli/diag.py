@@ -1,13 +1,15 @@
 """``lightning-ig diag``: check every output, prepare every head, attribute, write, say how it went.
 
-The steps run in that order so that a mistake costs nothing: the output paths are
-checked before anything is loaded, every head's inputs before the first IG run,
-and the reports are written only once every head has run (all or none).
+The steps run in that order so that a mistake costs nothing: every file the command
+will write (each report, each saliency picture) is checked as one plan before
+anything is loaded, every head's inputs before the first IG run, and the reports
+are written only once every head has run (all or none).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lightning_ig._files import OutputPathError, check_output_dir, check_output_file
+from lightning_ig._files import OutputPathError, OutputPlan, PlannedOutput, check_output_file
 from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
 from lightning_ig.cli.exits import EXIT_OK, PROG, NonFiniteError, UsageError
 from lightning_ig.cli.feature_groups import is_named_form
@@ -26,7 +28,10 @@ from lightning_ig.cli.interrupts import Interrupts
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 
-__all__ = ["run_diag"]
+__all__ = ["DEFAULT_OUTPUT", "run_diag"]
+
+DEFAULT_OUTPUT = "ig_report.json"
+"""The report without ``--output``, in the working folder; never replacing a file already there."""
 
 
 @dataclass
@@ -40,17 +45,26 @@ class _Attributed:
     saliency: list[Path] = field(default_factory=list)  # the PNGs written for this head
 
 
+@dataclass(frozen=True)
+class _HeadPlan:
+    """One head to run and the files it writes, all checked before anything is loaded."""
+
+    prefix: str | None
+    label: str | None
+    report: PlannedOutput
+    pictures: tuple[PlannedOutput, ...] = ()  # --saliency: the grid and the mean |attribution| map
+
+
 def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
     """Run ``diag``; the exit status (see the module docstring of :mod:`lightning_ig.cli`)."""
     _check_flag_combinations(args)
     plan = _plan(args)  # every output checked before anything is loaded
-    saliency = None if args.saliency is None else _checked_folder(args.saliency)
     device = parse_device(args.device)
     if args.backend == "cuda" and device.type != "cuda":
         raise UsageError("--backend cuda runs on a CUDA device; add --device cuda (or use --backend auto)")
 
     progress.stage(f"loading {args.checkpoint}", checked=False)
-    runs = [prepare_head(args, device, prefix, label, output) for prefix, label, output in plan]
+    runs = [prepare_head(args, device, head.prefix, head.label, head.report.path) for head in plan]
     attributed = []
     for number, run in enumerate(runs, start=1):
         which = f" head {run.label} ({number}/{len(runs)})" if len(runs) > 1 else ""
@@ -59,10 +73,10 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
     with interrupts.raising():
-        for head in attributed:
-            _write(head)
-            if saliency is not None:
-                head.saliency = _write_saliency(head, saliency, suffix=f".{head.run.label}" if args.all_heads else "")
+        for head, planned in zip(attributed, plan):
+            _write(head, planned.report)
+            if planned.pictures:
+                head.saliency = _write_saliency(head, planned.pictures)
     _summarise(attributed, args)
     _raise_if_non_finite(attributed)  # after writing: a user debugging a diverged run wants the reports
     return EXIT_OK
@@ -79,22 +93,71 @@ def _check_flag_combinations(args: argparse.Namespace) -> None:
 # outputs, checked first
 
 
-def _plan(args: argparse.Namespace) -> list[tuple[str | None, str | None, Path]]:
-    """(prefix, head label, output) per head to run; every output path checked against every input."""
+def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
+    """The heads to run and every file they write, checked as one plan: against every input and each other.
+
+    Nothing is loaded and nothing changes on disk before the whole plan passed; then the
+    ``--saliency`` folder is made.
+    """
     inputs = _inputs(args)
-    output = _checked_output(args.output, "--output", inputs)
+    plan = OutputPlan(inputs=inputs)
+    named = args.output is not None
+    output: str = args.output if named else DEFAULT_OUTPUT  # the user's spelling, for the messages
+    pictures = None if args.saliency is None else _checked(plan.add_folder, args.saliency, what="--saliency")
     if args.all_heads:
+        if named:  # not written itself, but an input named as the output is a mistake worth saying
+            _checked(check_output_file, output, what="--output", inputs=inputs)
         heads = _heads(args.checkpoint)
-        outputs = [_checked_output(path, f"--output of head {head!r}", inputs) for head, path in zip(heads, _head_outputs(output, heads))]
-        return [(head_prefix(head), head, path) for head, path in zip(heads, outputs)]
+        # Names made from --output's are the tool's: never written through a link (a user's --output is).
+        reports = [
+            _report(plan, path, f"the report of head {head!r}", made_up=True, default=None if named else output)
+            for head, path in zip(heads, _head_outputs(Path(output), heads))
+        ]
+        targets = [(head_prefix(head), head, report) for head, report in zip(heads, reports)]
+    else:
+        what = "--output" if named else "the default --output"
+        report = _report(plan, output, what, made_up=not named, default=None if named else output)
+        targets = [(*_one_head(args), report)]
+    heads_plan = []
+    for prefix, label, report in targets:
+        suffix = f".{label}" if args.all_heads else ""
+        names = () if pictures is None else (f"saliency{suffix}.png", f"saliency_mean_abs{suffix}.png")
+        made = tuple(
+            _checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names
+        )
+        heads_plan.append(_HeadPlan(prefix, label, report, made))
+    _checked(plan.make_folders)
+    return heads_plan
+
+
+def _one_head(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(key prefix, head label) of the one head to run: ``--head``, ``--prefix`` or the whole file."""
     if args.head is not None:
         try:
-            return [(head_prefix(args.head), args.head, output)]
+            return head_prefix(args.head), args.head
         except ValueError as error:
             raise UsageError(f"--head {args.head!r}: {error}") from None
     if args.prefix is not None:
-        return [(args.prefix, args.prefix.removesuffix("__"), output)]
-    return [(None, None, output)]
+        return args.prefix, args.prefix.removesuffix("__")
+    return None, None
+
+
+def _report(plan: OutputPlan, path: str | Path, what: str, *, made_up: bool, default: str | None) -> PlannedOutput:
+    """Plan one report; ``default``: the default --output it comes from, which never replaces a file."""
+    if default is not None and os.path.lexists(path):
+        raise UsageError(
+            f"{str(path)!r} exists (an earlier run's report?) and diag without --output never replaces a file: "
+            f"pass --output {default!r} to replace it, or --output NEW.json"
+        )
+    return _checked(plan.add_file, path, what=what, made_up=made_up)
+
+
+def _checked(check: Any, *args: Any, **kwargs: Any) -> Any:
+    """``check(*args, **kwargs)``, its :class:`OutputPathError` said as a usage error (exit 2)."""
+    try:
+        return check(*args, **kwargs)
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
 
 
 def _inputs(args: argparse.Namespace) -> list[str | Path]:
@@ -112,20 +175,6 @@ def _inputs(args: argparse.Namespace) -> list[str | Path]:
     if args.feature_groups is not None and not is_named_form(args.feature_groups):
         inputs.append(args.feature_groups)
     return inputs
-
-
-def _checked_folder(path: str) -> Path:
-    try:
-        return check_output_dir(path, what="--saliency")
-    except OutputPathError as error:
-        raise UsageError(str(error)) from None
-
-
-def _checked_output(path: str | Path, what: str, inputs: Sequence[str | Path]) -> Path:
-    try:
-        return check_output_file(path, what=what, inputs=inputs)
-    except OutputPathError as error:
-        raise UsageError(str(error)) from None
 
 
 def _heads(checkpoint: str) -> list[str]:
@@ -219,18 +268,18 @@ def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
     )
 
 
-def _write(head: _Attributed) -> None:
+def _write(head: _Attributed, planned: PlannedOutput) -> None:
     from lightning_ig.report import write_report  # noqa: PLC0415
 
     try:
-        write_report(head.report, head.run.output)
+        write_report(head.report, planned.path, follow_symlinks=planned.follow_symlinks)
     except OSError as error:  # checked before the run; the disk or the folder changed since
         raise UsageError(
             f"cannot write --output {str(head.run.output)!r} ({error.strerror or error}); check the folder's space and permissions"
         ) from None
 
 
-def _write_saliency(head: _Attributed, folder: Path, *, suffix: str) -> list[Path]:
+def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> list[Path]:
     """The report's states with their attributions blended over them, and the mean |attribution| per channel."""
     import numpy as np  # noqa: PLC0415
 
@@ -241,10 +290,16 @@ def _write_saliency(head: _Attributed, folder: Path, *, suffix: str) -> list[Pat
     grid = saliency_grid(states, attributions)
     channel_names = head.run.groups.channel_names() if head.run.groups is not None else None
     mean_abs = mean_abs_image(np.abs(attributions).mean(axis=0), len(states), channel_names)
-    try:
-        return [write_png(grid.pixels, folder / f"saliency{suffix}.png"), write_png(mean_abs.pixels, folder / f"saliency_mean_abs{suffix}.png")]
-    except OSError as error:  # checked before the run; the disk or the folder changed since
-        raise UsageError(f"cannot write --saliency {str(folder)!r} ({error.strerror or error}); check the folder's space and permissions") from None
+    written = []
+    for picture, pixels in zip(pictures, (grid.pixels, mean_abs.pixels)):
+        try:  # the names are the tool's: a link planted there since the check is replaced, never followed
+            written.append(write_png(pixels, picture.path, follow_symlinks=picture.follow_symlinks))
+        except OSError as error:  # checked before the run; the disk or the folder changed since
+            raise UsageError(
+                f"cannot write {picture.what} {str(picture.path)!r} ({error.strerror or error}); "
+                "check the folder's space and permissions"
+            ) from None
+    return written
 
 
 def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:

@@ -26,11 +26,17 @@ exit status:
        and the first
   130  interrupted (Ctrl-C): one line on stderr; no report is left half-written
 
-outputs: --output (and each --all-heads report) is checked before anything is loaded:
-it may not be the checkpoint, a states, baseline or feature-names file, a folder,
-a device or a FIFO, and its folder must exist. A symbolic link is written through to
-its target. A new report gets the usual mode (0666 minus the umask), an overwritten
-one keeps its mode; a report is written atomically, so readers never see half of one."""
+outputs: every file diag writes (--output, each --all-heads report, each --saliency
+picture) is checked, all together, before anything is loaded: none may be the
+checkpoint, a states, baseline, groups or feature-names file (by any name: a symbolic
+or a hard link), two may not be the same file, none may be a folder, a device or a
+FIFO, and their folders must exist (--saliency DIR is made). A symbolic link named by
+--output is written through to its target; the names diag makes up (saliency.png,
+ig_report.<head>.json, the default ig_report.json) are never written through a link:
+an existing link there is refused. Without --output, an existing ./ig_report.json is
+never replaced: diag stops (exit 2); name it with --output to replace it. A new file
+gets the usual mode (0666 minus the umask), an overwritten one keeps its mode; files
+are written atomically, so readers never see half of one."""
 
 
 class _VocabularyChoices(Sequence[str]):
@@ -240,7 +246,11 @@ def _add_diag(commands: Any) -> None:
     ig.add_argument("--backend", choices=_VocabularyChoices("BACKENDS"), default="auto", help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device")
 
     out = diag.add_argument_group("output")
-    out.add_argument("--output", default="ig_report.json", metavar="PATH", help="the JSON report (checked first, written atomically)")
+    out.add_argument(
+        "--output", metavar="PATH",
+        help="the JSON report (checked first, written atomically; an existing file named here is replaced); default: "
+        "ig_report.json in the working folder, which is never replaced: diag stops (exit 2) if it exists",
+    )
     out.add_argument("--top-k", type=_positive_int, default=10, metavar="K", help="features listed in top_10_by_mean_abs")
     out.add_argument(
         "--feature-groups", metavar="channels|features|PATH",

@@ -1,0 +1,175 @@
+"""`lightning-ig diag`: every file it writes (report, per-head reports, saliency pictures) is one plan, checked first.
+
+The plan is checked before the checkpoint is loaded: an output that is an input (by any name, hard links
+included), two outputs that are one file, a picture name that is a folder or a planted link, or an existing
+default report: each is exit 2, one line, and nothing on disk changes. Runs go through `cli.main` in-process,
+on a tiny convolutional network whose (C, H, W) states can be drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_ig import cli
+from lightning_ig.checkpoint import save_checkpoint, save_merged_checkpoint
+from lightning_ig.models import ConvDuelingQNetwork
+
+FRAME = (2, 4, 4)
+Capsys = pytest.CaptureFixture[str]
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    torch.manual_seed(0)
+    net = ConvDuelingQNetwork(FRAME, 2, conv_layers=((2, 3, 1),), hidden_sizes=(4,), activation="tanh")
+    states = torch.rand(6, *FRAME, generator=torch.Generator().manual_seed(1))
+    save_checkpoint(net, tmp_path / "c.safetensors", states=states)
+    save_merged_checkpoint({"up": net, "down": net}, tmp_path / "heads.safetensors", states=states)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _diag(capsys: Capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["diag", "--checkpoint", "c.safetensors", "--auto-samples", "3", "--num-steps", "4", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _refused(code: int, err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("lightning-ig diag: error:"), (code, err)
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root``: a file's bytes, a link's target, ``"dir"`` for a folder."""
+    entries: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            entries[name] = f"-> {os.readlink(path)}"
+        else:
+            entries[name] = "dir" if path.is_dir() else path.read_bytes()
+    return entries
+
+
+def test_a_link_in_the_saliency_folder_to_the_checkpoint_is_refused(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "sal").mkdir()
+    (workspace / "sal" / "saliency.png").symlink_to(workspace / "c.safetensors")
+    before = _tree(workspace)
+    code, _, err = _diag(capsys, "--saliency", "sal", "--output", "r.json")
+    _refused(code, err, "--saliency picture 'sal/saliency.png' is a symbolic link", "never writes through a link")
+    assert _tree(workspace) == before, "the checkpoint is untouched and no report was written"
+
+
+def test_a_picture_name_planted_as_a_link_elsewhere_is_refused(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "victim.txt").write_text("nobody named me")
+    (workspace / "sal").mkdir()
+    (workspace / "sal" / "saliency_mean_abs.png").symlink_to(workspace / "victim.txt")
+    code, _, err = _diag(capsys, "--saliency", "sal", "--output", "r.json")
+    _refused(code, err, "'sal/saliency_mean_abs.png' is a symbolic link")
+    assert (workspace / "victim.txt").read_text() == "nobody named me" and not (workspace / "r.json").exists()
+
+
+def test_an_output_at_a_pictures_name_is_refused_before_any_write(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "sal2").mkdir()
+    code, out, err = _diag(capsys, "--output", "sal2/saliency.png", "--saliency", "sal2")
+    _refused(code, err, "--saliency picture 'sal2/saliency.png' and --output 'sal2/saliency.png' are the same file")
+    assert list((workspace / "sal2").iterdir()) == [] and out == ""
+    (workspace / "link.json").symlink_to("sal2/saliency_mean_abs.png")  # the same clash through a link
+    code, _, err = _diag(capsys, "--output", "link.json", "--saliency", "sal2")
+    _refused(code, err, "--output 'link.json'", "are the same file")
+    assert list((workspace / "sal2").iterdir()) == []
+    code, _, err = _diag(capsys, "--output", "sal3/saliency.png", "--saliency", "sal3")  # a folder still to be made
+    _refused(code, err, "are the same file")
+    assert not (workspace / "sal3").exists(), "nothing made, not even the folder"
+
+
+def test_an_output_where_the_saliency_folder_goes_is_refused(workspace: Path, capsys: Capsys) -> None:
+    code, _, err = _diag(capsys, "--output", "pictures", "--saliency", "pictures")
+    _refused(code, err, "--output 'pictures' and --saliency 'pictures' are the same path")
+    assert not (workspace / "pictures").exists()
+
+
+def test_a_picture_name_that_is_a_folder_is_refused_before_the_report(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "sal" / "saliency.png").mkdir(parents=True)
+    code, _, err = _diag(capsys, "--saliency", "sal", "--output", "r.json")
+    _refused(code, err, "--saliency picture 'sal/saliency.png' is a folder")
+    assert not (workspace / "r.json").exists(), "exit 2: no report written"
+
+
+def test_a_hard_link_of_an_input_is_the_input(workspace: Path, capsys: Capsys) -> None:
+    os.link(workspace / "c.safetensors", workspace / "copy.json")
+    before = _tree(workspace)
+    code, _, err = _diag(capsys, "--output", "copy.json")
+    _refused(code, err, "--output 'copy.json' is also an input of this run ('c.safetensors')")
+    (workspace / "sal").mkdir()
+    os.link(workspace / "c.safetensors", workspace / "sal" / "saliency.png")
+    code, _, err = _diag(capsys, "--output", "r.json", "--saliency", "sal")
+    _refused(code, err, "--saliency picture 'sal/saliency.png' is also an input")
+    assert {name: value for name, value in _tree(workspace).items() if not name.startswith("sal")} == before
+
+
+def test_two_heads_reports_that_are_one_file_are_refused(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "out").mkdir()
+    (workspace / "out" / "all.down.json").write_text("an earlier report")
+    os.link(workspace / "out" / "all.down.json", workspace / "out" / "all.up.json")  # one file, two names
+    code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json")
+    _refused(code, err, "'out/all.up.json' and the report of head 'down' 'out/all.down.json' are the same file")
+    assert (workspace / "out" / "all.down.json").read_text() == "an earlier report"
+    (workspace / "out" / "all.up.json").unlink()
+    (workspace / "out" / "all.up.json").symlink_to("all.down.json")  # a name the tool makes up: never followed
+    code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json")
+    _refused(code, err, "'out/all.up.json' is a symbolic link")
+    assert (workspace / "out" / "all.down.json").read_text() == "an earlier report"
+
+
+def test_wrote_is_said_once_per_file_written(workspace: Path, capsys: Capsys) -> None:
+    code, out, err = _diag(capsys, "--saliency", "sal", "--output", "r.json")
+    assert code == 0, err
+    assert out.count("wrote") == 2 and "wrote r.json:" in out
+    assert "wrote sal/saliency.png, sal/saliency_mean_abs.png" in out
+    assert json.loads((workspace / "r.json").read_text())["num_states"] == 3
+    assert sorted(path.name for path in (workspace / "sal").iterdir()) == ["saliency.png", "saliency_mean_abs.png"]
+
+
+def test_without_output_an_earlier_report_is_never_replaced(workspace: Path, capsys: Capsys) -> None:
+    code, out, err = _diag(capsys)
+    assert code == 0 and "wrote ig_report.json" in out, err
+    earlier = (workspace / "ig_report.json").read_bytes()
+    code, _, err = _diag(capsys, "--seed", "7")
+    _refused(code, err, "'ig_report.json' exists", "pass --output 'ig_report.json' to replace it")
+    assert (workspace / "ig_report.json").read_bytes() == earlier
+    code, _, err = _diag(capsys, "--seed", "7", "--output", "ig_report.json")  # named: the user asked to replace it
+    assert code == 0, err
+    assert json.loads((workspace / "ig_report.json").read_text())["seed"] == 7
+
+
+def test_without_output_a_link_at_the_default_name_is_refused(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "victim.txt").write_text("kept")
+    (workspace / "ig_report.json").symlink_to("victim.txt")
+    code, _, err = _diag(capsys)
+    _refused(code, err, "'ig_report.json' exists")
+    assert (workspace / "victim.txt").read_text() == "kept"
+
+
+def test_without_output_each_heads_default_report_is_kept(workspace: Path, capsys: Capsys) -> None:
+    (workspace / "ig_report.up.json").write_text("an earlier report")
+    code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads")
+    _refused(code, err, "'ig_report.up.json' exists", "pass --output 'ig_report.json' to replace it")
+    assert (workspace / "ig_report.up.json").read_text() == "an earlier report"
+    assert not (workspace / "ig_report.down.json").exists(), "all or none"
+
+
+def test_the_help_says_what_the_default_output_does(capsys: Capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["diag", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: ig_report.json in the working folder, which is never replaced" in text
+    assert "never written through a link" in text and "hard link" in text
