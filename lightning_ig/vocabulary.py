@@ -37,6 +37,7 @@ __all__ = [
     "check_feature_names",
     "target_label",
     "callable_name",
+    "short_repr",
 ]
 
 BACKENDS = ("auto", "cuda", "torch")
@@ -168,6 +169,19 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
 def callable_name(function: Any) -> str:
     """A readable name for a function or callable object."""
     return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or type(function).__name__
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters (``...`` at the end when cut).
+
+    Never raises: a value whose repr fails (an int past Python's digit limit, a nesting
+    too deep) is named by its type.
+    """
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<a {type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def target_label(target: Any) -> str:
