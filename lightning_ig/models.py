@@ -161,7 +161,8 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
     if ":" not in name:
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ValueError(
-            f"unknown model {short_repr(name)}: registered models are {known}; name your own class as 'package.module:Class'"
+            f"unknown model {short_repr(name)}: registered models are {known}; "
+            "name your own class as 'package.module:Class'"
         )
     module_name, _, attribute = name.partition(":")
     if not (_dotted_identifier(module_name) and _dotted_identifier(attribute)):

@@ -34,7 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.checkpoint.layout import HEAD_SEPARATOR, STATES_KEY, CheckpointError, few, open_error
+from lightning_ig.checkpoint.layout import (
+    HEAD_SEPARATOR,
+    STATES_KEY,
+    CheckpointError,
+    few,
+    open_error,
+)
 from lightning_ig.models import UnregisteredModelError, build_model, resolve_model_class
 from lightning_ig.vocabulary import short_repr
 
@@ -106,7 +112,9 @@ def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTen
     return stored
 
 
-def build_checked(recipe: Recipe, stored: StoredTensors, *, trust_remote_code: bool, file: Path, where: str) -> nn.Module:
+def build_checked(
+    recipe: Recipe, stored: StoredTensors, *, trust_remote_code: bool, file: Path, where: str
+) -> nn.Module:
     """The model ``recipe`` describes, built only when its names are allowed and its sizes fit ``stored``.
 
     Args:
@@ -125,25 +133,29 @@ def build_checked(recipe: Recipe, stored: StoredTensors, *, trust_remote_code: b
     """
     allow_import = trust_remote_code or recipe.architecture_from_caller
     allow_in_config = trust_remote_code or recipe.config_from_caller
+    with _refused(recipe, file):
+        try:  # the class is imported (if allowed) before the meta build, so its module keeps real tensors
+            resolve_model_class(recipe.architecture, allow_import=allow_import)
+        except UnregisteredModelError:
+            raise
+        except ValueError as error:
+            raise CheckpointError(f"cannot rebuild the model of {str(file)!r}: {error}") from error
 
     def build() -> nn.Module:
         return build_model(
             recipe.architecture, dict(recipe.config), allow_import=allow_import, allow_import_in_config=allow_in_config
         )
 
-    probe: nn.Module | None = None
+    measured: _Measured | None = None
     try:
-        with _refused(recipe, file):
-            resolve_model_class(recipe.architecture, allow_import=allow_import)  # imported (if allowed) off the meta device
-            with _budget(stored, recipe, file), torch.device("meta"):
-                probe = build()
+        with _refused(recipe, file), _budget(stored, recipe, file), torch.device("meta"):
+            measured = _Measured.of(build())
     except CheckpointError:
         raise
     except Exception:  # noqa: BLE001 - a constructor that reads tensor values cannot run on meta: built for real below
-        probe = None
-    if probe is not None:
-        _check_sizes(probe, stored, recipe, file)
-        _check_fit(probe, stored, recipe, where)
+        measured = None
+    if measured is not None:
+        measured.check(stored, recipe, file, where)
     try:
         with _refused(recipe, file), _budget(stored, recipe, file):
             model = build()
@@ -151,9 +163,8 @@ def build_checked(recipe: Recipe, stored: StoredTensors, *, trust_remote_code: b
         raise
     except Exception as error:  # the class rejects the config (ValueError), or torch does (sizes it cannot make)
         raise CheckpointError(f"cannot rebuild the model of {str(file)!r}: {_first_line(error)}") from error
-    if probe is None:
-        _check_sizes(model, stored, recipe, file)
-        _check_fit(model, stored, recipe, where)
+    if measured is None:
+        _Measured.of(model).check(stored, recipe, file, where)
     return model
 
 
@@ -218,13 +229,12 @@ def _budget(stored: StoredTensors, recipe: Recipe, file: Path) -> Iterator[None]
 
     def hook(module: nn.Module, name: str, tensor: Tensor | None) -> None:
         if tensor is None or _ACTIVE.get() is not counts:  # another thread's build, or none
-            return None
+            return
         counts.tensors += 1
         if tensor.device.type != "meta":
             counts.real_numel += tensor.numel()
         if counts.tensors > counts.max_tensors or counts.real_numel > counts.max_numel:
             raise _TooLarge
-        return None
 
     token = _ACTIVE.set(counts)
     handles = [
@@ -247,35 +257,50 @@ def _budget(stored: StoredTensors, recipe: Recipe, file: Path) -> Iterator[None]
         _ACTIVE.reset(token)
 
 
-def _check_sizes(model: nn.Module, stored: StoredTensors, recipe: Recipe, file: Path) -> None:
-    tensors = _unique_tensors(model)
-    numel = sum(tensor.numel() for tensor in tensors)
-    max_tensors, max_numel = stored.limits()
-    if numel > max_numel or len(tensors) > max_tensors:
-        size = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-        raise CheckpointError(
-            f"the config of {str(file)!r} describes a model larger than the weights stored in it: "
-            f"{recipe.described} has {numel:,} parameter and buffer values ({_bytes(size)}) in {len(tensors):,} "
-            f"tensors, the file stores {stored.numel:,} values in {stored.count:,} tensors; refused before "
-            "allocating it: fix the config (--model-kwargs JSON, config=) or use the checkpoint it belongs to"
+@dataclass
+class _Measured:
+    """What a built model holds: its parameters and buffers, and its state dict's shapes."""
+
+    numel: int
+    size: int  # bytes
+    tensors: int
+    state_shapes: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _Measured:
+        tensors = _unique_tensors(model)
+        return cls(
+            numel=sum(tensor.numel() for tensor in tensors),
+            size=sum(tensor.numel() * tensor.element_size() for tensor in tensors),
+            tensors=len(tensors),
+            state_shapes={key: tuple(value.shape) for key, value in model.state_dict().items()},
         )
 
-
-def _check_fit(model: nn.Module, stored: StoredTensors, recipe: Recipe, where: str) -> None:
-    """The model's state-dict keys and shapes against the file's: the words :func:`load_weights` uses."""
-    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-    fix = "check --model/--model-kwargs or the head"
-    wrong = [key for key in expected if key in stored.shapes and stored.shapes[key] != expected[key]]
-    if wrong:
-        key = wrong[0]
-        raise CheckpointError(
-            f"{where} do not fit {recipe.described} (size mismatch for {key}: the file holds {stored.shapes[key]}, "
-            f"the model has {expected[key]}; {len(wrong)} tensor(s) differ); {fix}"
-        )
-    missing = [key for key in expected if key not in stored.shapes]
-    unexpected = [key for key in stored.shapes if key not in expected]
-    if missing or unexpected:
-        raise CheckpointError(f"{where} do not fit {recipe.described}: missing {few(missing)}, unexpected {few(unexpected)}; {fix}")
+    def check(self, stored: StoredTensors, recipe: Recipe, file: Path, where: str) -> None:
+        """Refuse a model larger than ``stored`` allows, or whose state-dict shapes are not the file's."""
+        max_tensors, max_numel = stored.limits()
+        if self.numel > max_numel or self.tensors > max_tensors:
+            raise CheckpointError(
+                f"the config of {str(file)!r} describes a model larger than the weights stored in it: "
+                f"{recipe.described} has {self.numel:,} parameter and buffer values ({_bytes(self.size)}) in "
+                f"{self.tensors:,} tensors, the file stores {stored.numel:,} values in {stored.count:,} tensors; "
+                "refused before allocating it: fix the config (--model-kwargs JSON, config=) or use the checkpoint "
+                "it belongs to"
+            )
+        expected, fix = self.state_shapes, "check --model/--model-kwargs or the head"  # the words load_state_dict's get
+        wrong = [key for key in expected if key in stored.shapes and stored.shapes[key] != expected[key]]
+        if wrong:
+            key = wrong[0]
+            raise CheckpointError(
+                f"{where} do not fit {recipe.described} (size mismatch for {key}: the file holds "
+                f"{stored.shapes[key]}, the model has {expected[key]}; {len(wrong)} tensor(s) differ); {fix}"
+            )
+        missing = [key for key in expected if key not in stored.shapes]
+        unexpected = [key for key in stored.shapes if key not in expected]
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{where} do not fit {recipe.described}: missing {few(missing)}, unexpected {few(unexpected)}; {fix}"
+            )
 
 
 def _unique_tensors(model: nn.Module) -> list[Tensor]:

@@ -53,7 +53,8 @@ def load_checkpoint(
     or pass ``trust_remote_code=True``. The config is bounded by the file: the model is
     first built on the ``meta`` device (nothing allocated) and refused when it holds more
     than the tensors stored (twice their values plus 2**20) or when its state-dict
-    shapes differ from theirs.
+    shapes differ from theirs; so the class's constructor runs twice, on ``meta`` and
+    then for real (once, for real, if it cannot run on ``meta``).
 
     Args:
         path: The checkpoint.
@@ -96,7 +97,8 @@ def load_checkpoint(
     prefix = select_prefix(_requested_prefix(prefix, head), heads_in(metadata, keys, file), keys, file)
     recipe = _recipe(metadata, head_entry(metadata, prefix, file), file, architecture, config)
     where = f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''}"
-    model = build_checked(recipe, stored_tensors(file, keys, prefix), trust_remote_code=trust_remote_code, file=file, where=where)
+    stored = stored_tensors(file, keys, prefix)
+    model = build_checked(recipe, stored, trust_remote_code=trust_remote_code, file=file, where=where)
     weights, states = _read_tensors(file, keys, prefix)
     _load_weights(model, weights, recipe, where)
     model.to(device).eval()
@@ -124,11 +126,14 @@ def _requested_prefix(prefix: str | None, head: str | None) -> str | None:
 
 def _check_callers_words(architecture: Any, config: Any, trust_remote_code: Any) -> None:
     if architecture is not None and (not isinstance(architecture, str) or not architecture):
-        raise TypeError(f"architecture must be a registered name or 'package.module:Class', got {short_repr(architecture)}")
+        raise TypeError(
+            f"architecture must be a registered name or 'package.module:Class', got {short_repr(architecture)}"
+        )
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping of constructor keyword arguments, got {type(config).__name__}")
     if not isinstance(trust_remote_code, bool):
-        raise TypeError(f"trust_remote_code must be a bool, got {type(trust_remote_code).__name__} ({short_repr(trust_remote_code)})")
+        kind = type(trust_remote_code).__name__
+        raise TypeError(f"trust_remote_code must be a bool, got {kind} ({short_repr(trust_remote_code)})")
 
 
 def _recipe(
@@ -138,7 +143,9 @@ def _recipe(
     from_caller = (architecture is not None, config is not None)
     architecture = architecture or entry.get("architecture") or metadata.get(ARCHITECTURE_KEY)
     if architecture is not None and not isinstance(architecture, str):
-        raise CheckpointError(f"the architecture named in {str(file)!r} must be a string, got {short_repr(architecture)}")
+        raise CheckpointError(
+            f"the architecture named in {str(file)!r} must be a string, got {short_repr(architecture)}"
+        )
     if architecture is None:
         raise CheckpointError(
             f"{str(file)!r} does not say which architecture it holds; name the class with "
@@ -152,7 +159,9 @@ def _recipe(
     if names is None:
         names = _file_value(metadata, FEATURE_NAMES_KEY, file, default=None)
     if names is not None and (not isinstance(names, list) or not all(isinstance(name, str) for name in names)):
-        raise CheckpointError(f"feature names in {str(file)!r} must be a JSON array of strings, got {short_repr(names)}")
+        raise CheckpointError(
+            f"feature names in {str(file)!r} must be a JSON array of strings, got {short_repr(names)}"
+        )
     return Recipe(architecture, dict(config), None if names is None else list(names), *from_caller)
 
 

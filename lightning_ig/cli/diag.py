@@ -74,7 +74,9 @@ def _check_flag_combinations(args: argparse.Namespace) -> None:
     if args.lightning_module and (args.head or args.prefix or args.all_heads):
         raise UsageError("--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them")
     if args.lightning_module and args.trust_remote_code:
-        raise UsageError("--trust-remote-code is for safetensors checkpoints; --lightning-module names its class itself: drop one")
+        raise UsageError(
+            "--trust-remote-code is for safetensors checkpoints; --lightning-module names its class itself: drop one"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
