@@ -88,6 +88,13 @@ def register_model(name: str) -> Callable[[ModelT], ModelT]:
     The class's constructor must accept the dict its instances return from
     ``config()`` as keyword arguments.
 
+    Registering is what lets a checkpoint name the class without the reader's opt-in
+    (``trust_remote_code``), so its constructor will be called with whatever config a
+    file holds: register classes whose constructors check their arguments. A reader
+    builds the model on the ``meta`` device first to count its size, so the
+    constructor should not read tensor values (one that does is built for real, under
+    a bound, and checked after).
+
     Args:
         name: The name written into checkpoints. Must not contain ``":"``
             (reserved for import paths).
@@ -151,7 +158,9 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
         UnregisteredModelError: If ``name`` is an unregistered import path and imports are not allowed.
         ValueError: If the name is neither registered nor an import path, is not importable, or does not
             name a Module class.
+        TypeError: If ``allow_import`` is not a bool.
     """
+    _check_flag("allow_import", allow_import)
     if not isinstance(name, str) or not name:
         raise ValueError(f"a model name must be a non-empty string, got {short_repr(name)}")
     if name not in _REGISTRY and name in _REGISTERED_ELSEWHERE:
@@ -215,7 +224,7 @@ def build_model(
         UnregisteredModelError: If ``name``, or a name inside ``config``, is an unregistered import path
             where imports are not allowed; nothing is imported then.
         ValueError: If the name cannot be resolved or the constructor rejects the config.
-        TypeError: If ``config`` is not a dict.
+        TypeError: If ``config`` is not a dict, or a flag is not a bool.
 
     Example::
 
@@ -230,9 +239,8 @@ def build_model(
         config = {}
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict of keyword arguments, got {type(config).__name__}")
-    for flag, value in (("allow_import", allow_import), ("allow_import_in_config", allow_import_in_config)):
-        if not isinstance(value, bool) and not (flag == "allow_import_in_config" and value is None):
-            raise TypeError(f"{flag} must be a bool, got {type(value).__name__} ({short_repr(value)})")
+    if allow_import_in_config is not None:
+        _check_flag("allow_import_in_config", allow_import_in_config)
     cls = resolve_model_class(name, allow_import=allow_import)
     inner = allow_import if allow_import_in_config is None else allow_import_in_config
     token = _IMPORTS_ALLOWED.set(_IMPORTS_ALLOWED.get() and inner)
@@ -244,6 +252,11 @@ def build_model(
         raise ValueError(f"cannot build model {name!r} with config {short_repr(config)}: {error}") from error
     finally:
         _IMPORTS_ALLOWED.reset(token)
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({short_repr(value)})")
 
 
 def _dotted_identifier(text: str) -> bool:

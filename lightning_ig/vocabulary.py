@@ -13,6 +13,7 @@ Errors say what was wrong, the value seen, and what to do:
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union
 
@@ -172,16 +173,23 @@ def callable_name(function: Any) -> str:
 
 
 def short_repr(value: Any, limit: int = 120) -> str:
-    """``repr(value)`` for a message, cut to ``limit`` characters (``...`` at the end when cut).
+    """``repr(value)`` for a message, cut to about ``limit`` characters (``...`` where cut).
 
-    Never raises: a value whose repr fails (an int past Python's digit limit, a nesting
-    too deep) is named by its type.
+    Containers are abbreviated as they are written (:mod:`reprlib`), so a list of
+    millions of items costs no more than a short one. Never raises: a value whose
+    repr fails (an int past Python's digit limit) is named by its type.
     """
     try:
-        text = repr(value)
+        text = _SHORT.repr(value)
     except (ValueError, RecursionError):
         text = f"<a {type(value).__name__} too large to print>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlong = 40
 
 
 def target_label(target: Any) -> str:

@@ -51,6 +51,7 @@ import pathlib
 import torch
 
 pathlib.Path(__file__).with_name("MARKER").write_text("markermod was imported")
+TABLE = torch.arange(3)  # made at import time
 
 
 class Net(torch.nn.Module):
@@ -149,6 +150,7 @@ def test_an_ensemble_member_from_the_file_is_refused_unless_trusted(tmp_path: Pa
     states = torch.randn(3, 4)
     trusted = load_checkpoint(path, trust_remote_code=True)
     assert marker.exists() and isinstance(trusted.model, Ensemble)
+    assert sys.modules["markermod"].TABLE.device.type == "cpu", "imported during the meta build, kept a meta tensor"
     expected = torch.sigmoid(trusted.model.members[0](states)).mean(dim=1)  # one member of weight 1
     assert_close_scaled(trusted.model(states).detach(), expected.detach(), ulps=8, scale=1.0)  # means of sigmoids <= 1
     config = {"members": [{"name": "markermod:Net", "config": {"width": 4}}], "weights": [1.0]}
@@ -283,6 +285,21 @@ class ValueReadingNet(nn.Module):
         self.layer = nn.Linear(width, 2)
         self.register_buffer("table", torch.zeros(table), persistent=False)
         self.scale = float(torch.ones(1).sum().item())
+
+
+@register_model("TestLazyNet")
+class LazyNet(nn.Module):
+    """A registered model with a lazy layer: its shape comes from the file's tensors when they are loaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.LazyLinear(2)
+
+
+def test_a_lazy_layer_takes_its_shape_from_the_file(tmp_path: Path) -> None:
+    tensors = _net_tensors(width=5)
+    loaded = load_checkpoint(_file(tmp_path / "lazy.safetensors", tensors, "TestLazyNet", {}))
+    torch.testing.assert_close(loaded.model.layer.weight, tensors["layer.weight"], rtol=0, atol=0)  # stored: exact
 
 
 def test_memory_a_file_does_not_store_is_counted_too(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 from lightning_ig.checkpoint.layout import (
     HEAD_SEPARATOR,
@@ -231,7 +232,7 @@ def _budget(stored: StoredTensors, recipe: Recipe, file: Path) -> Iterator[None]
         if tensor is None or _ACTIVE.get() is not counts:  # another thread's build, or none
             return
         counts.tensors += 1
-        if tensor.device.type != "meta":
+        if tensor.device.type != "meta" and not is_lazy(tensor):  # a lazy one takes its shape from the file
             counts.real_numel += tensor.numel()
         if counts.tensors > counts.max_tensors or counts.real_numel > counts.max_numel:
             raise _TooLarge
@@ -264,16 +265,18 @@ class _Measured:
     numel: int
     size: int  # bytes
     tensors: int
-    state_shapes: dict[str, tuple[int, ...]]
+    state_shapes: dict[str, tuple[int, ...] | None]  # None: a lazy tensor, shaped by the file when loaded
 
     @classmethod
     def of(cls, model: nn.Module) -> _Measured:
-        tensors = _unique_tensors(model)
+        tensors = [tensor for tensor in _unique_tensors(model) if not is_lazy(tensor)]
         return cls(
             numel=sum(tensor.numel() for tensor in tensors),
             size=sum(tensor.numel() * tensor.element_size() for tensor in tensors),
             tensors=len(tensors),
-            state_shapes={key: tuple(value.shape) for key, value in model.state_dict().items()},
+            state_shapes={
+                key: None if is_lazy(value) else tuple(value.shape) for key, value in model.state_dict().items()
+            },
         )
 
     def check(self, stored: StoredTensors, recipe: Recipe, file: Path, where: str) -> None:
@@ -288,7 +291,7 @@ class _Measured:
                 "it belongs to"
             )
         expected, fix = self.state_shapes, "check --model/--model-kwargs or the head"  # the words load_state_dict's get
-        wrong = [key for key in expected if key in stored.shapes and stored.shapes[key] != expected[key]]
+        wrong = [key for key, shape in expected.items() if shape is not None and stored.shapes.get(key, shape) != shape]
         if wrong:
             key = wrong[0]
             raise CheckpointError(
