@@ -13,6 +13,7 @@ Errors say what was wrong, the value seen, and what to do:
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union
 
@@ -37,6 +38,7 @@ __all__ = [
     "check_feature_names",
     "target_label",
     "callable_name",
+    "short_repr",
 ]
 
 BACKENDS = ("auto", "cuda", "torch")
@@ -168,6 +170,26 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
 def callable_name(function: Any) -> str:
     """A readable name for a function or callable object."""
     return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or type(function).__name__
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters (``...`` where cut).
+
+    Containers are abbreviated as they are written (:mod:`reprlib`), so a list of
+    millions of items costs no more than a short one. Never raises: a value whose
+    repr fails (an int past Python's digit limit) is named by its type.
+    """
+    try:
+        text = _SHORT.repr(value)
+    except (ValueError, RecursionError):
+        text = f"<a {type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlong = 40
 
 
 def target_label(target: Any) -> str:

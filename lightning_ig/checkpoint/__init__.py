@@ -9,7 +9,8 @@ File layout (one safetensors file):
   ========================== ==========================================================
   ``lightning_ig.format``    ``"1"``
   ``lightning_ig.architecture`` a registered model name (``"DuelingQNetwork"``) or an
-                             import path ``"package.module:Class"``
+                             import path ``"package.module:Class"`` (followed only on
+                             the reader's say-so)
   ``lightning_ig.config``    the constructor's keyword arguments, JSON
   ``lightning_ig.feature_names`` JSON array of names, one per input feature (optional)
   ========================== ==========================================================
@@ -30,9 +31,16 @@ Every write goes to a temporary file in the target folder first, then is renamed
 over the target, so a reader never sees a half-written checkpoint; the file gets
 the mode any program's output gets (``0o666 & ~umask``, or the old file's).
 
+A checkpoint is data. Reading one never unpickles and never imports what the file
+names: only registered architectures are built from its metadata (an import path in
+it needs the caller's ``architecture=`` or ``trust_remote_code=True``), and its
+config may not describe a model larger than the tensors stored beside it (checked
+on the ``meta`` device before anything is allocated). See :func:`load_checkpoint`.
+
 The parts: :mod:`.layout` (keys, :class:`CheckpointError`, :class:`LoadedCheckpoint`),
 :mod:`.writing` (save and merge), :mod:`.heads` (which heads a file holds, which one a
-prefix selects), :mod:`.reading` (rebuild a model), :mod:`.states` (states files).
+prefix selects), :mod:`.building` (the model a file describes: names, then sizes, then
+memory), :mod:`.reading` (rebuild a model), :mod:`.states` (states files).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def few(keys: Sequence[str], limit: int = 4) -> str:
     """A short listing of ``keys`` for a message: ``[a, b, c, d, ...] (9)``."""
     if not keys:
         return "none"
-    shown = ", ".join(keys[:limit])
+    shown = ", ".join(key if key.isprintable() else repr(key) for key in keys[:limit])  # a file's keys are data
     return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)})"
 
 
@@ -158,5 +158,8 @@ def json_metadata(metadata: Mapping[str, str], key: str, path: Any) -> Any:
     """The JSON value stored under ``key``; a :class:`CheckpointError` if it does not parse."""
     try:
         return json.loads(metadata[key])
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"metadata {key!r} of {os.fspath(path)!r} is not valid JSON ({error}); rewrite the checkpoint") from error
+    except (ValueError, RecursionError) as error:  # bad JSON, an int past Python's digit limit, nesting too deep
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(
+            f"metadata {key!r} of {os.fspath(path)!r} is not usable JSON ({first_line}); rewrite the checkpoint"
+        ) from None

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
 
+from lightning_ig.checkpoint.building import Recipe, build_checked, stored_tensors, weight_keys
 from lightning_ig.checkpoint.heads import head_entry, heads_in, select_prefix
 from lightning_ig.checkpoint.layout import (
     ARCHITECTURE_KEY,
     CONFIG_KEY,
     FEATURE_NAMES_KEY,
-    HEAD_SEPARATOR,
     STATES_KEY,
     CheckpointError,
     LoadedCheckpoint,
@@ -27,18 +26,10 @@ from lightning_ig.checkpoint.layout import (
     read_metadata,
     tensor_keys,
 )
-from lightning_ig.models import build_model, resolve_model_class
+from lightning_ig.models import resolve_model_class
+from lightning_ig.vocabulary import short_repr
 
 __all__ = ["load_checkpoint", "load_lightning_checkpoint"]
-
-
-@dataclass
-class _Recipe:
-    """What the metadata (or the caller's overrides) say about the model to build."""
-
-    architecture: str
-    config: dict[str, Any]
-    feature_names: list[str] | None
 
 
 def load_checkpoint(
@@ -49,8 +40,21 @@ def load_checkpoint(
     head: str | None = None,
     architecture: str | None = None,
     config: Mapping[str, Any] | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedCheckpoint:
     """Rebuild the model stored in a safetensors checkpoint and load its weights.
+
+    The file is data: its tensors and metadata are read, never executed, and nothing in
+    it is unpickled. Only *registered* architectures
+    (:func:`~lightning_ig.models.register_model`, the built-in networks, an ``Ensemble``
+    of registered members) are built from its metadata. An import path
+    ``"package.module:Class"`` the file names is refused with a :class:`CheckpointError`
+    before anything is imported, unless you name the class yourself (``architecture=``)
+    or pass ``trust_remote_code=True``. The config is bounded by the file: the model is
+    first built on the ``meta`` device (nothing allocated) and refused when it holds more
+    than the tensors stored (twice their values plus 2**20) or when its state-dict
+    shapes differ from theirs; so the class's constructor runs twice, on ``meta`` and
+    then for real (once, for real, if it cannot run on ``meta``).
 
     Args:
         path: The checkpoint.
@@ -59,8 +63,14 @@ def load_checkpoint(
         device: Where the model and states go. Default ``"cpu"``.
         head: The head by name (``"trending"`` = ``prefix="trending__"``); not with ``prefix``.
         architecture: Override (or supply, for files without it) the architecture:
-            a registered name or ``"package.module:Class"``.
-        config: Override (or supply) the constructor's keyword arguments.
+            a registered name or ``"package.module:Class"``, imported because you name it.
+            Default ``None``: the file's, which must be registered.
+        config: Override (or supply) the constructor's keyword arguments. Default ``None``:
+            the file's. Names inside it (an ``Ensemble``'s members) are yours, so they may be
+            import paths; names inside the file's config must be registered.
+        trust_remote_code: Import the import paths the *file* names (its architecture and
+            those inside its config), which runs those modules' code. Only for files whose
+            origin you trust, with the modules they name on your path. Default ``False``.
 
     Returns:
         A :class:`LoadedCheckpoint`, the model in eval mode, the stored states (if any)
@@ -69,9 +79,11 @@ def load_checkpoint(
     Raises:
         CheckpointError: If the file is missing, unreadable or not safetensors; the prefix is
             not a head of the file (the message lists the heads that are); the file holds
-            several heads and none was chosen; the architecture is unknown; or the weights
-            do not fit it.
+            several heads and none was chosen; the architecture is unknown, or an import path
+            from the file without ``trust_remote_code`` (nothing is imported); the config describes
+            a model larger than the stored tensors (nothing is allocated); or the weights do not fit it.
         ValueError: If both ``head`` and ``prefix`` are given.
+        TypeError: If ``architecture``, ``config`` or ``trust_remote_code`` has the wrong type.
 
     Example::
 
@@ -79,16 +91,16 @@ def load_checkpoint(
         >>> loaded.model(loaded.states).shape  # doctest: +SKIP
         torch.Size([64, 3])
     """
+    _check_callers_words(architecture, config, trust_remote_code)
     file = existing_file(path)
     metadata, keys = read_metadata(file), tensor_keys(file)
     prefix = select_prefix(_requested_prefix(prefix, head), heads_in(metadata, keys, file), keys, file)
     recipe = _recipe(metadata, head_entry(metadata, prefix, file), file, architecture, config)
-    try:
-        model = build_model(recipe.architecture, dict(recipe.config))
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"cannot rebuild the model of {str(file)!r}: {error}") from error
+    where = f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''}"
+    stored = stored_tensors(file, keys, prefix)
+    model = build_checked(recipe, stored, trust_remote_code=trust_remote_code, file=file, where=where)
     weights, states = _read_tensors(file, keys, prefix)
-    _load_weights(model, weights, recipe, f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''}")
+    _load_weights(model, weights, recipe, where)
     model.to(device).eval()
     return LoadedCheckpoint(
         model=model,
@@ -112,11 +124,28 @@ def _requested_prefix(prefix: str | None, head: str | None) -> str | None:
     return prefix
 
 
+def _check_callers_words(architecture: Any, config: Any, trust_remote_code: Any) -> None:
+    if architecture is not None and (not isinstance(architecture, str) or not architecture):
+        raise TypeError(
+            f"architecture must be a registered name or 'package.module:Class', got {short_repr(architecture)}"
+        )
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping of constructor keyword arguments, got {type(config).__name__}")
+    if not isinstance(trust_remote_code, bool):
+        kind = type(trust_remote_code).__name__
+        raise TypeError(f"trust_remote_code must be a bool, got {kind} ({short_repr(trust_remote_code)})")
+
+
 def _recipe(
     metadata: Mapping[str, str], entry: Mapping[str, Any], file: Path, architecture: str | None, config: Mapping[str, Any] | None
-) -> _Recipe:
+) -> Recipe:
     """Architecture, config and feature names: the caller's overrides, else the head's entry, else the file's."""
+    from_caller = (architecture is not None, config is not None)
     architecture = architecture or entry.get("architecture") or metadata.get(ARCHITECTURE_KEY)
+    if architecture is not None and not isinstance(architecture, str):
+        raise CheckpointError(
+            f"the architecture named in {str(file)!r} must be a string, got {short_repr(architecture)}"
+        )
     if architecture is None:
         raise CheckpointError(
             f"{str(file)!r} does not say which architecture it holds; name the class with "
@@ -125,13 +154,15 @@ def _recipe(
     if config is None:
         config = entry["config"] if "config" in entry else _file_value(metadata, CONFIG_KEY, file, default={})
     if not isinstance(config, Mapping):
-        raise CheckpointError(f"the model config for {str(file)!r} must be a JSON object, got {config!r}")
+        raise CheckpointError(f"the model config for {str(file)!r} must be a JSON object, got {short_repr(config)}")
     names = entry.get("feature_names")
     if names is None:
         names = _file_value(metadata, FEATURE_NAMES_KEY, file, default=None)
     if names is not None and (not isinstance(names, list) or not all(isinstance(name, str) for name in names)):
-        raise CheckpointError(f"feature names in {str(file)!r} must be a JSON array of strings, got {names!r}")
-    return _Recipe(architecture, dict(config), None if names is None else list(names))
+        raise CheckpointError(
+            f"feature names in {str(file)!r} must be a JSON array of strings, got {short_repr(names)}"
+        )
+    return Recipe(architecture, dict(config), None if names is None else list(names), *from_caller)
 
 
 def _file_value(metadata: Mapping[str, str], key: str, file: Path, *, default: Any) -> Any:
@@ -142,26 +173,25 @@ def _read_tensors(file: Path, keys: list[str], prefix: str | None) -> tuple[dict
     """The model's tensors (prefix stripped) and the states: the head's own, else the file's shared ones."""
     from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
 
-    selected = keys if prefix is None else [key for key in keys if key.startswith(prefix)]
+    selected = weight_keys(keys, prefix)
     own_states_key = (prefix or "") + STATES_KEY
     weights: dict[str, Tensor] = {}
     states: Tensor | None = None
     try:
         with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
-            for key in selected:
-                if key == own_states_key:
-                    states = handle.get_tensor(key)
-                elif not key.startswith(HEAD_SEPARATOR):  # other tensors reserved by this format
-                    weights[key[len(prefix or "") :]] = handle.get_tensor(key)
-            if states is None and prefix is not None and STATES_KEY in keys:
+            for key, model_key in selected.items():
+                weights[model_key] = handle.get_tensor(key)
+            if own_states_key in keys:
+                states = handle.get_tensor(own_states_key)
+            elif prefix is not None and STATES_KEY in keys:
                 states = handle.get_tensor(STATES_KEY)  # the file-level states, shared by every head
     except Exception as error:
         raise open_error(file, error) from error
     return weights, states
 
 
-def _load_weights(model: nn.Module, weights: dict[str, Tensor], recipe: _Recipe, where: str) -> None:
-    fit = f"{recipe.architecture} with config {recipe.config}"
+def _load_weights(model: nn.Module, weights: dict[str, Tensor], recipe: Recipe, where: str) -> None:
+    fit = recipe.described
     try:
         result = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shapes that do not match
@@ -181,9 +211,16 @@ def load_lightning_checkpoint(
 
     Feature names come from the module's ``hparams["feature_names"]`` when it has them.
 
+    Not for files of unknown origin: a ``.ckpt`` is a pickle, read by ``torch.load``
+    inside the module's ``load_from_checkpoint``, and unpickling can run code the file
+    holds (how much torch allows depends on its ``weights_only`` default and on the
+    module). :func:`load_checkpoint` never takes this path; only a call to this
+    function (``lightning-ig diag --lightning-module``) does. ``module_class`` is
+    imported because you name it.
+
     Args:
         path: The ``.ckpt`` file.
-        module_class: ``"package.module:Class"`` of the LightningModule.
+        module_class: ``"package.module:Class"`` of the LightningModule (imported).
         device: Where to put the module. Default ``"cpu"``.
 
     Returns:
@@ -198,7 +235,7 @@ def load_lightning_checkpoint(
     """
     file = existing_file(path)
     try:
-        cls = resolve_model_class(module_class)
+        cls = resolve_model_class(module_class, allow_import=True)  # the caller's own words
     except ValueError as error:
         raise CheckpointError(str(error)) from error
     loader = getattr(cls, "load_from_checkpoint", None)

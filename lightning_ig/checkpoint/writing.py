@@ -53,7 +53,8 @@ def save_checkpoint(
         model: The model (``torch.compile`` and DDP wrappers are looked through). Its class should be
             registered (:func:`~lightning_ig.models.register_model`) or importable as
             ``package.module:Class``, with a ``config()`` method returning its constructor's
-            keyword arguments (or pass ``config``).
+            keyword arguments (or pass ``config``). A file naming an unregistered class is read back
+            only with ``load_checkpoint(..., architecture=...)`` or ``trust_remote_code=True``.
         path: Where to write (parents are created). Written atomically; a new file gets
             ``0o666 & ~umask``, an overwritten one keeps its mode; a symbolic link is written through.
         feature_names: One printable, distinct name per input feature, stored in the metadata. Default ``None``.

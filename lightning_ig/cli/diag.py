@@ -87,6 +87,10 @@ def _check_flag_combinations(args: argparse.Namespace) -> None:
         raise UsageError("--model-kwargs needs --model package.module:Class; add --model, or drop --model-kwargs to use the checkpoint's own config")
     if args.lightning_module and (args.head or args.prefix or args.all_heads):
         raise UsageError("--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them")
+    if args.lightning_module and args.trust_remote_code:
+        raise UsageError(
+            "--trust-remote-code is for safetensors checkpoints; --lightning-module names its class itself: drop one"
+        )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -89,9 +89,12 @@ def prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | N
 
 def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) -> LoadedCheckpoint:
     try:
-        if args.lightning_module:
+        if args.lightning_module:  # only on the user's explicit request: a .ckpt is a pickle
             return load_lightning_checkpoint(args.checkpoint, args.lightning_module, device=device)
-        return load_checkpoint(args.checkpoint, prefix=prefix, device=device, architecture=args.model, config=args.model_kwargs)
+        return load_checkpoint(
+            args.checkpoint, prefix=prefix, device=device, architecture=args.model, config=args.model_kwargs,
+            trust_remote_code=args.trust_remote_code,
+        )
     except CheckpointError as error:
         message = str(error)
         if Path(args.checkpoint).suffix == ".ckpt" and not args.lightning_module and "safetensors" in message:

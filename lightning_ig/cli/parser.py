@@ -195,7 +195,9 @@ def _add_diag(commands: Any) -> None:
         description=(
             "Rebuild the model of a safetensors checkpoint, switch NoisyNet noise off, run Integrated\n"
             "Gradients on held-out states and write the schema-version-1 JSON report. The same checkpoint,\n"
-            "states and settings give a bit-identical report."
+            "states and settings give a bit-identical report. The checkpoint is data: only registered\n"
+            "architectures are built from its metadata, no bigger than the tensors it stores; an import path\n"
+            "is followed only with --model or --trust-remote-code."
         ),
         epilog=EXIT_STATUS_HELP,
         formatter_class=_HelpFormatter,
@@ -212,12 +214,22 @@ def _add_diag(commands: Any) -> None:
         "suffix (ig_report.trending.json, ...), all or none",
     )
     kinds = source.add_mutually_exclusive_group()
-    kinds.add_argument("--model", type=_import_path, metavar="package.module:Class", help="architecture, for files that do not name theirs (or to override it)")
+    kinds.add_argument(
+        "--model", type=_import_path, metavar="package.module:Class",
+        help="architecture, for files that do not name theirs (or to override it); imported because you name it",
+    )
     kinds.add_argument(
         "--lightning-module", type=_import_path, metavar="package.module:Class",
-        help="read CHECKPOINT as a Lightning .ckpt through this LightningModule's load_from_checkpoint",
+        help="read CHECKPOINT as a Lightning .ckpt through this LightningModule's load_from_checkpoint; a .ckpt is "
+        "a pickle, which can run code: only for files you made",
     )
     source.add_argument("--model-kwargs", type=_model_kwargs, metavar="JSON", help="constructor keyword arguments for --model (a JSON object)")
+    source.add_argument(
+        "--trust-remote-code", action="store_true",
+        help="let the checkpoint's metadata name an unregistered architecture by import path (package.module:Class, "
+        "its own or an ensemble member's) and import it, which runs that module's code; without it only registered "
+        "architectures are built from a file. Only for files whose origin you trust",
+    )
 
     data = diag.add_argument_group("states")
     data.add_argument(

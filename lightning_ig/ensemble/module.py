@@ -42,7 +42,10 @@ class Ensemble(nn.Module):
     Args:
         members: the member modules, or ``{"name": ..., "config": ...}`` dicts
             that :func:`~lightning_ig.models.build_model` builds (what ``config()``
-            writes, so a checkpoint rebuilds the ensemble). At least one.
+            writes, so a checkpoint rebuilds the ensemble). At least one. A name is a
+            registered architecture or an import path; when the ensemble is built from
+            a checkpoint's metadata an import path is refused (nothing imported) unless
+            the reader trusts the file (``trust_remote_code``).
         weights: one weight per member; ``None`` (default) averages them (``1 / M`` each).
         backend: ``"auto"`` (default), ``"cuda"`` or ``"torch"``; see
             :func:`~lightning_ig.ensemble.ensemble_reduce`.
@@ -51,6 +54,8 @@ class Ensemble(nn.Module):
         TypeError: a member that is neither a module nor a ``{"name", "config"}`` dict.
         ValueError: no members, a member dict that does not build, weights of the
             wrong length or holding NaN/Inf, or an unknown backend.
+        UnregisteredModelError: a member named by an import path where imports are refused
+            (see :func:`~lightning_ig.models.build_model`); a ``ValueError`` too.
 
     Example::
 

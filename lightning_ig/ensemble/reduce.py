@@ -210,7 +210,7 @@ def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
     if isinstance(weights, (int, np.integer)) and not isinstance(weights, bool):
         if weights < 1:
             raise ValueError(f"weights as a member count must be >= 1, got {weights}")
-        return torch.full((int(weights),), 1.0 / int(weights), dtype=torch.float32)
+        return torch.full((int(weights),), 1.0 / int(weights), dtype=torch.float32, device="cpu")
     if isinstance(weights, Tensor):
         if not weights.is_floating_point():
             raise TypeError(f"weights must be a floating-point tensor, got {weights.dtype}; pass e.g. torch.tensor([0.5, 0.5])")
@@ -218,7 +218,7 @@ def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
     elif isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
         if not all(isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, bool) for w in weights):
             raise TypeError(f"weights must be numbers, one per member, got {list(weights)!r:.80}")
-        values = torch.tensor([float(w) for w in weights], dtype=torch.float32)
+        values = torch.tensor([float(w) for w in weights], dtype=torch.float32, device="cpu")
     else:
         raise TypeError(f"weights must be a member count, a sequence of numbers or a 1-D tensor, got {type(weights).__name__}")
     if values.dim() != 1 or values.numel() == 0:

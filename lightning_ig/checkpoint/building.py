@@ -1,0 +1,329 @@
+"""Building the model a checkpoint describes, without trusting the file: names first, then sizes, then memory.
+
+A checkpoint's metadata is data written by whoever made the file. Two things in it
+could make a reader do harm, and both are checked before the model is built:
+
+* **Names.** Only registered architectures are built from a file's metadata
+  (:func:`~lightning_ig.models.build_model` with ``allow_import=False``, which
+  holds for the names inside the config too, an ``Ensemble``'s members). An import
+  path the file names is followed only when the caller opts in.
+* **Sizes.** The model is first built on the ``meta`` device, which allocates
+  nothing, and its parameters and buffers are counted against the tensors the
+  file actually stores (their shapes are read from the header, not their data). A
+  config that asks for more than the file holds is refused with both sizes;
+  the state-dict shapes must match the file's exactly. Only then is the model built
+  for real. While any build runs, a registration hook counts the tensors made and
+  stops a build that makes far more than the file holds (a config with a hundred
+  thousand tiny layers takes no time to refuse), and stops any build, meta or
+  not, as soon as the real memory it has taken passes the same bound. A class
+  whose constructor cannot run on the meta device (it reads tensor values) is
+  built for real under that bound and checked after.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+
+from lightning_ig.checkpoint.layout import (
+    HEAD_SEPARATOR,
+    STATES_KEY,
+    CheckpointError,
+    few,
+    open_error,
+)
+from lightning_ig.models import UnregisteredModelError, build_model, resolve_model_class
+from lightning_ig.vocabulary import short_repr
+
+__all__ = ["Recipe", "StoredTensors", "build_checked", "stored_tensors", "weight_keys"]
+
+#: How many more tensors than the file stores a build may make (buffers a file does not keep, re-assigned layers).
+TENSOR_SLACK = 64
+#: How many more values than the file stores a model may hold (non-persistent buffers: tables, caches).
+NUMEL_SLACK = 2**20
+
+
+@dataclass
+class Recipe:
+    """What the metadata (or the caller's overrides) say about the model to build, and who said it."""
+
+    architecture: str
+    config: dict[str, Any]
+    feature_names: list[str] | None
+    architecture_from_caller: bool = False  # the caller's architecture= / --model: the caller's own words
+    config_from_caller: bool = False  # the caller's config= / --model-kwargs
+
+    @property
+    def described(self) -> str:
+        """The model as messages name it, once its name has resolved: ``DuelingQNetwork with config {...}``."""
+        return f"{self.architecture[:120]} with config {short_repr(self.config)}"
+
+
+@dataclass
+class StoredTensors:
+    """The shapes of a model's tensors in a file (model keys, the prefix stripped), read without their data."""
+
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(shape) for shape in self.shapes.values())
+
+    def limits(self) -> tuple[int, int]:
+        """The most tensors and values a model built for these weights may hold."""
+        return 2 * self.count + TENSOR_SLACK, 2 * self.numel + NUMEL_SLACK
+
+
+def weight_keys(keys: list[str], prefix: str | None) -> dict[str, str]:
+    """File key -> model key for the model's tensors: under ``prefix`` (stripped), neither states nor reserved."""
+    selected = keys if prefix is None else [key for key in keys if key.startswith(prefix)]
+    own_states_key = (prefix or "") + STATES_KEY
+    return {
+        key: key[len(prefix or "") :]
+        for key in selected
+        if key != own_states_key and not key.startswith(HEAD_SEPARATOR)  # other tensors reserved by this format
+    }
+
+
+def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTensors:
+    """The shapes of the model's tensors in ``file``, from the header (no tensor data is read)."""
+    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
+
+    stored = StoredTensors()
+    try:
+        with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
+            for key, model_key in weight_keys(keys, prefix).items():
+                stored.shapes[model_key] = tuple(int(size) for size in handle.get_slice(key).get_shape())
+    except Exception as error:
+        raise open_error(file, error) from error
+    return stored
+
+
+def build_checked(
+    recipe: Recipe, stored: StoredTensors, *, trust_remote_code: bool, file: Path, where: str
+) -> nn.Module:
+    """The model ``recipe`` describes, built only when its names are allowed and its sizes fit ``stored``.
+
+    Args:
+        recipe: Architecture and config, and whether the caller gave them.
+        stored: The shapes of the weights in the file.
+        trust_remote_code: Whether import paths from the file may be imported.
+        file: The checkpoint (for messages).
+        where: ``the weights in 'q.safetensors' under 'trending__'`` (for messages).
+
+    Returns:
+        The model, built for real (weights not yet loaded).
+
+    Raises:
+        CheckpointError: A name that is not allowed (nothing is imported), a config the class
+            rejects, a model larger than the file's tensors, or state-dict shapes that differ from them.
+    """
+    allow_import = trust_remote_code or recipe.architecture_from_caller
+    allow_in_config = trust_remote_code or recipe.config_from_caller
+    with _refused(recipe, file):
+        try:  # the class is imported (if allowed) before the meta build, so its module keeps real tensors
+            resolve_model_class(recipe.architecture, allow_import=allow_import)
+        except UnregisteredModelError:
+            raise
+        except ValueError as error:
+            raise CheckpointError(f"cannot rebuild the model of {str(file)!r}: {error}") from error
+
+    def build() -> nn.Module:
+        return build_model(
+            recipe.architecture, dict(recipe.config), allow_import=allow_import, allow_import_in_config=allow_in_config
+        )
+
+    measured: _Measured | None = None
+    try:
+        with _refused(recipe, file), _budget(stored, recipe, file), torch.device("meta"):
+            measured = _Measured.of(build())
+    except CheckpointError:
+        raise
+    except Exception:  # noqa: BLE001 - a constructor that reads tensor values cannot run on meta: built for real below
+        measured = None
+    if measured is not None:
+        measured.check(stored, recipe, file, where)
+    try:
+        with _refused(recipe, file), _budget(stored, recipe, file):
+            model = build()
+    except CheckpointError:
+        raise
+    except Exception as error:  # the class rejects the config (ValueError), or torch does (sizes it cannot make)
+        raise CheckpointError(f"cannot rebuild the model of {str(file)!r}: {_first_line(error)}") from error
+    if measured is None:
+        _Measured.of(model).check(stored, recipe, file, where)
+    return model
+
+
+# --------------------------------------------------------------------------------------------------
+# names
+
+
+@contextmanager
+def _refused(recipe: Recipe, file: Path) -> Iterator[None]:
+    """A refused import path as the reader says it: which name, where from, and the two ways to allow it."""
+    try:
+        yield
+    except UnregisteredModelError as error:
+        raise CheckpointError(_refusal(recipe, error.name, file)) from None
+
+
+def _refusal(recipe: Recipe, name: str, file: Path) -> str:
+    module = name.partition(":")[0]
+    run = (
+        f"which is not a registered architecture; lightning-ig does not import a module a file names (importing "
+        f"{short_repr(module)} would run its code)"
+    )
+    trust = "pass --trust-remote-code (trust_remote_code=True)"
+    if name == recipe.architecture:
+        return (
+            f"{str(file)!r} names the architecture {short_repr(name)}, {run}. If you trust the file and that "
+            f"module, name the class yourself with --model {name} (architecture={name!r}) or {trust}"
+        )
+    return (
+        f"the config of {str(file)!r} (architecture {short_repr(recipe.architecture)}) names the architecture "
+        f"{short_repr(name)} inside it (an ensemble member?), {run}. If you trust the file and that module, "
+        f"{trust}, or give the config yourself with --model-kwargs JSON (config=)"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# sizes
+
+
+class _TooLarge(Exception):
+    """Raised from inside a constructor by the registration hook: the build makes more than the file holds."""
+
+
+@dataclass
+class _Counts:
+    max_tensors: int
+    max_numel: int
+    tensors: int = 0
+    real_numel: int = 0  # memory actually taken (tensors not on the meta device)
+
+
+_ACTIVE: contextvars.ContextVar[_Counts | None] = contextvars.ContextVar("lightning_ig_build_budget", default=None)
+
+
+@contextmanager
+def _budget(stored: StoredTensors, recipe: Recipe, file: Path) -> Iterator[None]:
+    """Count the parameters and buffers registered in this thread while a build runs; stop one that overspends."""
+    from torch.nn.modules import module as torch_module  # noqa: PLC0415
+
+    max_tensors, max_numel = stored.limits()
+    counts = _Counts(max_tensors, max_numel)
+
+    def hook(module: nn.Module, name: str, tensor: Tensor | None) -> None:
+        if tensor is None or _ACTIVE.get() is not counts:  # another thread's build, or none
+            return
+        counts.tensors += 1
+        if tensor.device.type != "meta" and not is_lazy(tensor):  # a lazy one takes its shape from the file
+            counts.real_numel += tensor.numel()
+        if counts.tensors > counts.max_tensors or counts.real_numel > counts.max_numel:
+            raise _TooLarge
+
+    token = _ACTIVE.set(counts)
+    handles = [
+        torch_module.register_module_parameter_registration_hook(hook),
+        torch_module.register_module_buffer_registration_hook(hook),
+    ]
+    try:
+        yield
+    except _TooLarge:
+        made = f"{counts.tensors:,} tensors" + (f" holding {counts.real_numel:,} values" if counts.real_numel else "")
+        raise CheckpointError(
+            f"the config of {str(file)!r} describes a model far larger than the weights stored in it: building "
+            f"{recipe.described} made {made} before it was stopped; the file stores {stored.count:,} tensors of "
+            f"{stored.numel:,} values; fix the config (--model-kwargs JSON, config=) or use the checkpoint it "
+            "belongs to"
+        ) from None
+    finally:
+        for handle in handles:
+            handle.remove()
+        _ACTIVE.reset(token)
+
+
+@dataclass
+class _Measured:
+    """What a built model holds: its parameters and buffers, and its state dict's shapes."""
+
+    numel: int
+    size: int  # bytes
+    tensors: int
+    state_shapes: dict[str, tuple[int, ...] | None]  # None: a lazy tensor, shaped by the file when loaded
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _Measured:
+        tensors = [tensor for tensor in _unique_tensors(model) if not is_lazy(tensor)]
+        return cls(
+            numel=sum(tensor.numel() for tensor in tensors),
+            size=sum(tensor.numel() * tensor.element_size() for tensor in tensors),
+            tensors=len(tensors),
+            state_shapes={
+                key: None if is_lazy(value) else tuple(value.shape) for key, value in model.state_dict().items()
+            },
+        )
+
+    def check(self, stored: StoredTensors, recipe: Recipe, file: Path, where: str) -> None:
+        """Refuse a model larger than ``stored`` allows, or whose state-dict shapes are not the file's."""
+        max_tensors, max_numel = stored.limits()
+        if self.numel > max_numel or self.tensors > max_tensors:
+            raise CheckpointError(
+                f"the config of {str(file)!r} describes a model larger than the weights stored in it: "
+                f"{recipe.described} has {self.numel:,} parameter and buffer values ({_bytes(self.size)}) in "
+                f"{self.tensors:,} tensors, the file stores {stored.numel:,} values in {stored.count:,} tensors; "
+                "refused before allocating it: fix the config (--model-kwargs JSON, config=) or use the checkpoint "
+                "it belongs to"
+            )
+        expected, fix = self.state_shapes, "check --model/--model-kwargs or the head"  # the words load_state_dict's get
+        wrong = [key for key, shape in expected.items() if shape is not None and stored.shapes.get(key, shape) != shape]
+        if wrong:
+            key = wrong[0]
+            raise CheckpointError(
+                f"{where} do not fit {recipe.described} (size mismatch for {key}: the file holds "
+                f"{stored.shapes[key]}, the model has {expected[key]}; {len(wrong)} tensor(s) differ); {fix}"
+            )
+        missing = [key for key in expected if key not in stored.shapes]
+        unexpected = [key for key in stored.shapes if key not in expected]
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{where} do not fit {recipe.described}: missing {few(missing)}, unexpected {few(unexpected)}; {fix}"
+            )
+
+
+def _unique_tensors(model: nn.Module) -> list[Tensor]:
+    seen: dict[int, Tensor] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        seen.setdefault(id(tensor), tensor)
+    return list(seen.values())
+
+
+def _bytes(count: int) -> str:
+    """``count`` bytes in binary units: ``149.0 GiB``."""
+    value, unit = float(count), "bytes"
+    for larger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{count:,} bytes" if unit == "bytes" else f"{value:,.1f} {unit}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text
+
