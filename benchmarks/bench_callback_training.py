@@ -33,17 +33,22 @@ slow drift of the machine falls on both sides alike; a block is one pair per kin
   pictures the long fit drew beyond the short one's (read back from its event file);
 * Captum: ``D(captum, Rc) / Rc`` (its off time read off the line through the block's two off fits when
   its length is neither);
-* the default cadence: a run at ``every_n_steps=100`` after the first, ``(D(cadence) - D(defaults, 1)) /
-  (runs - 1)``, gives the share of a 100-run fit at that cadence, its first run included.
+* the default cadence (fits of the long length with ``every_n_steps=100``): a run after the first,
+  ``s = (D(cadence) - D(defaults, 1)) / (runs - 1)``; the share of a 100-run fit at that cadence, its
+  first run included, ``(D(defaults, 1) + 99 s) / (100 * 100 * step time)`` (the target); beside it the
+  share of the fit as measured (its first run amortised over few runs) and the share that the mean per
+  run with defaults above gives.
 
 Reported: the median over the blocks and [min, max]; IG alone (``IntegratedGradients.attribute``
 repeated, CUDA events) and Captum's IG alone beside; the issue's targets, met or not; and whether the
 final weights of the block's fits are bit-identical with and without a callback (cuDNN is put in
 deterministic mode so that the check means something; ``--no-deterministic`` leaves torch's defaults).
 
-``--budget-s`` sizes the run: after the warm-up fits (one short fit of each kind) it measures the step
-time and picks the richest plan whose estimate fits the time left: the issue's cadence of 20 steps, then
-a shorter cadence (fewer steps for the same 100 runs), fewer Captum runs. The table says what was run.
+``--budget-s`` sizes the run: after the warm-up fits (one short fit of each kind, which also measure the
+step time and a fit's overhead) and IG alone, it picks the richest plan of :data:`LADDER` whose estimate
+fits the time left: the issue's cadence of 20 steps, then a shorter cadence (the same 100 runs in fewer
+steps), then fewer Captum runs and pairs and default-cadence fits, fewer pairs last. Blocks run in turn
+for all cases, and after the second no block starts that the deadline would cut. The table says what ran.
 
 Usage (repository root; captum must import for the Captum rows)::
 
@@ -87,13 +92,17 @@ from lightning_ig import (
 DEFAULT_EVERY = 100  # the callback's default every_n_steps
 ISSUE_EVERY = 20  # the issue's cadence for the Nature and MinAtar cases
 LONG_RUNS = 100
-LADDER = (  # (cadence, pairs, captum pairs, captum runs per case), richest first
-    (20, 5, 3, {"nature": 100, "minatar": 20}),
-    (10, 5, 3, {"nature": 100, "minatar": 20}),
-    (10, 5, 3, {"nature": 50, "minatar": 20}),
-    (5, 5, 3, {"nature": 50, "minatar": 20}),
-    (5, 5, 2, {"nature": 30, "minatar": 10}),
-    (5, 3, 2, {"nature": 20, "minatar": 10}),
+# (cadence, pairs, Captum pairs, Captum runs per case, default-cadence pairs), richest first: a shorter cadence
+# first (the same 100 runs in fewer steps), then fewer Captum runs and pairs and default-cadence fits, the pairs last
+LADDER = (
+    (20, 5, 3, {"nature": 100, "minatar": 20}, 5),
+    (10, 5, 3, {"nature": 100, "minatar": 20}, 5),
+    (10, 5, 3, {"nature": 50, "minatar": 20}, 5),
+    (5, 5, 3, {"nature": 50, "minatar": 20}, 5),
+    (5, 5, 2, {"nature": 30, "minatar": 10}, 3),
+    (5, 5, 2, {"nature": 20, "minatar": 10}, 2),
+    (5, 4, 2, {"nature": 20, "minatar": 10}, 2),
+    (5, 3, 2, {"nature": 20, "minatar": 10}, 2),
 )
 NONE = (math.nan, math.nan, math.nan)
 KIND_LABELS = {"off": "off", "plain": "plain", "defaults": "defaults", "cadence": "default cadence", "captum": "Captum"}
@@ -126,7 +135,14 @@ class Plan:
     pairs: int  # blocks
     captum_pairs: int
     captum_runs: dict[str, int]
+    cadence_pairs: int  # blocks with a fit at the default cadence
     default_every: int = DEFAULT_EVERY
+
+    def clamped(self) -> Plan:
+        """No more Captum or default-cadence pairs than pairs."""
+        return dataclasses.replace(
+            self, captum_pairs=min(self.captum_pairs, self.pairs), cadence_pairs=min(self.cadence_pairs, self.pairs)
+        )
 
     def long_steps(self) -> int:
         return self.every * self.runs
@@ -136,8 +152,8 @@ class Plan:
         return (
             f"cadence every {self.every} steps (the issue's: {ISSUE_EVERY}), {self.runs} runs per long fit "
             f"({self.long_steps()} steps), {self.pairs} ABBA pairs; Captum: {self.captum_pairs} pairs of "
-            f"({captum}) runs; default cadence: every {self.default_every} steps, "
-            f"{self.long_steps() // self.default_every} runs per fit"
+            f"({captum}) runs; default cadence: every {self.default_every} steps, {self.cadence_pairs} pairs of "
+            f"{self.long_steps() // self.default_every} runs"
         )
 
 
@@ -190,6 +206,7 @@ def make_callbacks(kind: str, setting: Setting, plan: Plan) -> list[Callback]:
 def fit(
     setting: Setting, kind: str, steps: int, plan: Plan, *, mark: int | None = None, keep_weights: bool = False
 ) -> Fit:
+    """One fit of ``kind`` over ``steps`` optimizer steps: a fresh module (same seed), callback, logger and Trainer."""
     gc.collect()  # outside the timed span: a collection of the previous fit's garbage falls on neither side
     begun = time.perf_counter()
     pl.seed_everything(setting.seed, verbose=False)
@@ -201,7 +218,7 @@ def fit(
     )
     trainer = pl.Trainer(
         accelerator="gpu" if setting.device.type == "cuda" else "cpu",
-        devices=1,
+        devices=[setting.device.index] if setting.device.index is not None else 1,
         max_steps=steps,
         max_epochs=1,
         logger=logger,
@@ -252,11 +269,11 @@ def estimate_seconds(plan: Plan, cases: list[Case], measured: dict[str, Measured
         m = measured[case.name]
         plain_ms, defaults_ms, first_ms = m.ig_ms + 10, m.ig_ms + 35, 300.0
         short, long = plan.every, plan.long_steps()
-        block = m.seconds(short, 0, 0) + m.seconds(short, 1, plain_ms + first_ms) + m.seconds(short, 1, first_ms)
+        block = m.seconds(short, 0, 0) + m.seconds(short, 1, first_ms) + m.seconds(short, 1, first_ms + 100)
         block += m.seconds(long, 0, 0) + m.seconds(long, plan.runs, plain_ms) + m.seconds(long, plan.runs, defaults_ms)
-        if case.default_cadence:
-            block += m.seconds(long, long // plan.default_every, defaults_ms) + first_ms / 1e3
         total += plan.pairs * block
+        if case.default_cadence:
+            total += plan.cadence_pairs * m.seconds(long, long // plan.default_every + 1, defaults_ms)
         if captum:
             runs = plan.captum_runs[case.name]
             total += plan.captum_pairs * m.seconds(plan.every * runs, runs, 1.1 * m.captum_ms + 10)
@@ -268,13 +285,17 @@ def choose_plan(
 ) -> tuple[Plan, float, bool]:
     """The richest plan of the ladder whose estimate fits ``left_s`` (the leanest if none does), with the options'
     fixed values applied to every rung; returns it, its estimate and whether it fits."""
-    rungs = [Plan(every, LONG_RUNS, pairs, captum_pairs, dict(runs)) for every, pairs, captum_pairs, runs in LADDER]
+    rungs = [
+        Plan(every, LONG_RUNS, pairs, captum_pairs, dict(runs), cadence)
+        for every, pairs, captum_pairs, runs, cadence in LADDER
+    ]
     if options.quick:
-        rungs = [Plan(1, 12, 2, 1, {"nature": 4, "minatar": 4}, default_every=3)]
+        rungs = [Plan(1, 12, 2, 1, {"nature": 4, "minatar": 4}, 2, default_every=3)]
     fixed = {key: getattr(options, key) for key in ("every", "runs", "pairs", "captum_pairs") if getattr(options, key)}
     if options.captum_runs:
         fixed["captum_runs"] = dict.fromkeys(CASES, options.captum_runs)
-    rungs = list(dict.fromkeys(dataclasses.replace(rung, **fixed) for rung in rungs).keys()) if fixed else rungs
+    fixed_rungs = [dataclasses.replace(rung, **fixed).clamped() for rung in rungs]
+    rungs = [rung for index, rung in enumerate(fixed_rungs) if rung not in fixed_rungs[:index]]  # each plan once
     for rung in rungs:
         seconds = estimate_seconds(rung, cases, measured, captum)
         if seconds <= left_s:
@@ -335,7 +356,7 @@ def block_fits(case: Case, plan: Plan, block: int, captum: bool) -> list[tuple[s
         ("plain", "long", long),
         ("defaults", "long", long),
     ]
-    if case.default_cadence and long >= 2 * plan.default_every:
+    if case.default_cadence and long >= 2 * plan.default_every and block < plan.cadence_pairs:
         fits.append(("cadence", "long", long))
     if captum and block < plan.captum_pairs:
         fits.append(("captum", "captum", plan.every * plan.captum_runs[case.name]))
@@ -574,7 +595,7 @@ def prepare(
     replay = Replay(capacity, case.frame_shape, case.binary, device, options.seed + 2)
     n_steps, batch = (8, 4) if quick else (50, 32)
     setting = Setting(case, device, replay, states, batch, n_steps, options.seed, folder)
-    warm = Plan(1 if quick else 5, 2, 1, 1, {}, default_every=3 if quick else DEFAULT_EVERY)
+    warm = Plan(1 if quick else 5, 2, 1, 1, {}, 1, default_every=3 if quick else DEFAULT_EVERY)
     warm_steps = 6 if quick else 60
     off = fit(setting, "off", warm_steps, warm, mark=warm_steps // 3)
     overheads = [off.wall - off.seconds]
@@ -680,7 +701,7 @@ def main() -> None:
                 run_block(settings[case.name], results[case.name], plan, block, captum_version is not None)
             last_block, done = time.perf_counter() - began, block + 1
     notes = [] if done == plan.pairs else [f"Cut short by the budget: {done} of {plan.pairs} pairs ran."]
-    plan = dataclasses.replace(plan, pairs=done, captum_pairs=min(done, plan.captum_pairs))
+    plan = dataclasses.replace(plan, pairs=done).clamped()
     notes.append(
         f"Benchmark wall time {time.perf_counter() - started:.0f} s (budget {options.budget_s:.0f} s, plan "
         f"estimate {estimate:.0f} s after {options.budget_s - margin - left:.0f} s of warm-up)."

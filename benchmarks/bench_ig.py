@@ -307,14 +307,31 @@ def render(rows: list[Row], header: str) -> str:
 # ---------------------------------------------------------------------- the host-time breakdown (case S)
 
 # phase of a package function, read off its name first, then its module's (the engine's files say what they do)
-_PHASE_BY_NAME = (("complet", "completeness"), ("accumul", "accumulation"), ("interpol", "interpolation"),
-                  ("replay", "graph replay"), ("capture", "graph capture"), ("check", "input checks"),
-                  ("build_result", "result building"), ("backend", "backend choice"))  # fmt: skip
-_PHASE_BY_MODULE = {"options": "option parsing", "inputs": "input checks and preparation", "targets": "target",
-                    "backends": "kernels", "ig": "kernels", "_cuda": "kernels", "_cupy": "kernels",
-                    "path": "path: forwards and gradients", "graphs": "graph capture and replay",
-                    "result": "result building", "quadrature": "quadrature", "eager": "eager call",
-                    "engine": "engine"}  # fmt: skip
+_PHASE_BY_NAME = (
+    ("complet", "completeness"),
+    ("accumul", "accumulation"),
+    ("interpol", "interpolation"),
+    ("replay", "graph replay"),
+    ("capture", "graph capture"),
+    ("check", "input checks"),
+    ("build_result", "result building"),
+    ("backend", "backend choice"),
+)
+_PHASE_BY_MODULE = {
+    "options": "option parsing",
+    "inputs": "input checks and preparation",
+    "targets": "target",
+    "backends": "kernels",
+    "ig": "kernels",
+    "_cuda": "kernels",
+    "_cupy": "kernels",
+    "path": "path: forwards and gradients",
+    "graphs": "graph capture and replay",
+    "result": "result building",
+    "quadrature": "quadrature",
+    "eager": "eager call",
+    "engine": "engine",
+}
 
 
 def _entry_single(model: torch.nn.Module, x: torch.Tensor) -> object:
@@ -383,7 +400,9 @@ def _profile(fn: Callable[[], object], calls: int) -> pstats.Stats:
     return pstats.Stats(profiler)
 
 
-def _tree_rows(stats: pstats.Stats, root_name: str, calls: int, depth: int = 12, min_share: float = 0.01) -> list[tuple[int, Any, float, float]]:  # fmt: skip
+def _tree_rows(
+    stats: pstats.Stats, root_name: str, calls: int, depth: int = 12, min_share: float = 0.01
+) -> list[tuple[int, Any, float, float]]:
     """(level, function, us per call, share of the call) below ``root_name``: the package's functions opened up to
     ``depth`` levels, torch's as leaves, callees under ``min_share`` of the call folded into "other"."""
     table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined] - pstats' documented raw table
@@ -416,9 +435,14 @@ def _tree_rows(stats: pstats.Stats, root_name: str, calls: int, depth: int = 12,
 def _top_rows(stats: pstats.Stats, calls: int, count: int = 10) -> list[str]:
     table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     skipped = ("_entry_", "<method 'disable'", "<lambda>")
-    ranked = sorted((func for func in table if not any(word in func[2] for word in skipped)), key=lambda f: -table[f][3])
-    return [f"| {_label(func)} | {table[func][1] / calls:.3g} | {table[func][2] / calls * 1e6:.1f} "
-            f"| {table[func][3] / calls * 1e6:.1f} |" for func in ranked[:count]]  # fmt: skip
+    ranked = sorted(
+        (func for func in table if not any(word in func[2] for word in skipped)), key=lambda f: -table[f][3]
+    )
+    return [
+        f"| {_label(func)} | {table[func][1] / calls:.3g} | {table[func][2] / calls * 1e6:.1f} "
+        f"| {table[func][3] / calls * 1e6:.1f} |"
+        for func in ranked[:count]
+    ]
 
 
 def host_breakdown(device: torch.device, quick: bool) -> str:
@@ -434,10 +458,15 @@ def host_breakdown(device: torch.device, quick: bool) -> str:
     replayed = engine.attribute(x)  # the capture
     graph = device.type == "cuda" and replayed.cuda_graph
     replay_name = "graph replay" if graph else "repeated call (eager)"
-    entries = {"single call": ("_entry_single", lambda: _entry_single(model, x), 40 if quick else 300),
-               replay_name: ("_entry_replay", lambda: _entry_replay(engine, x), (400 if quick else 3000) if graph else 40)}  # fmt: skip
-    timing = ["| call | host until it returns (us) | wall until the device is done (us) | device span (us) "
-              "| host under cProfile (us) |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    entries = {
+        "single call": ("_entry_single", lambda: _entry_single(model, x), 40 if quick else 300),
+        replay_name: ("_entry_replay", lambda: _entry_replay(engine, x), (400 if quick else 3000) if graph else 40),
+    }
+    timing = [
+        "| call | host until it returns (us) | wall until the device is done (us) | device span (us) "
+        "| host under cProfile (us) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     trees, tops = [], []
     for label, (root, fn, calls) in entries.items():
         for _ in range(5):
@@ -446,33 +475,45 @@ def host_breakdown(device: torch.device, quick: bool) -> str:
         stats = _profile(fn, calls)
         synchronize(device)
         profiled = stats.total_tt / calls * 1e6  # type: ignore[attr-defined]
-        timing.append(f"| {label} | {host:.1f} | {wall:.1f} | {'n/a' if math.isnan(span) else f'{span:.1f}'} "
-                      f"| {profiled:.1f} |")  # fmt: skip
-        trees += [f"| {label} | {'· ' * level}{'(other: own code, small callees)' if func is None else _label(func)} "
-                  f"| {'' if func is None else _phase(func)} | {us:.1f} | {share * 100:.1f}% |"
-                  for level, func, us, share in _tree_rows(stats, root, calls)]  # fmt: skip
-        tops += [f"Top 10 host functions of the {label} by cumulative time ({calls} calls under cProfile):", "",
-                 "| function | calls per call | own us per call | cumulative us per call |", "|---|---:|---:|---:|",
-                 *_top_rows(stats, calls), ""]  # fmt: skip
-    return "\n".join([
-        f"### Host-time breakdown, case S (F = {features}, B = {batch}) on {device_name(device)}",
-        "",
-        *timing,
-        "",
-        "The call tree under cProfile (the package's functions opened, torch's as leaves; shares of the whole call):",
-        "",
-        "| call | function | phase | us per call (cProfile) | share |",
-        "|---|---|---|---:|---:|",
-        *trees,
-        "",
-        *tops,
-    ]).rstrip()  # fmt: skip
+        timing.append(
+            f"| {label} | {host:.1f} | {wall:.1f} | {'n/a' if math.isnan(span) else f'{span:.1f}'} | {profiled:.1f} |"
+        )
+        trees += [
+            f"| {label} | {'· ' * level}{'(other: own code, small callees)' if func is None else _label(func)} "
+            f"| {'' if func is None else _phase(func)} | {us:.1f} | {share * 100:.1f}% |"
+            for level, func, us, share in _tree_rows(stats, root, calls)
+        ]
+        tops += [
+            f"Top 10 host functions of the {label} by cumulative time ({calls} calls under cProfile):",
+            "",
+            "| function | calls per call | own us per call | cumulative us per call |",
+            "|---|---:|---:|---:|",
+            *_top_rows(stats, calls),
+            "",
+        ]
+    return "\n".join(
+        [
+            f"### Host-time breakdown, case S (F = {features}, B = {batch}) on {device_name(device)}",
+            "",
+            *timing,
+            "",
+            "The call tree under cProfile (the package's functions opened, torch's as leaves; shares of the call):",
+            "",
+            "| call | function | phase | us per call (cProfile) | share |",
+            "|---|---|---|---:|---:|",
+            *trees,
+            "",
+            *tops,
+        ]
+    ).rstrip()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions and probes: a smoke run")
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/bench_ig.md"), help="where the markdown goes")
+    parser.add_argument(
+        "--output", type=Path, default=Path("benchmarks/results/bench_ig.md"), help="where the markdown goes"
+    )
     parser.add_argument("--cases", default="S,L", help="comma-separated cases to run (S, L)")
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu only with --breakdown-only")
     parser.add_argument("--breakdown-only", action="store_true", help="only the host-time breakdown of case S")
@@ -480,9 +521,13 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench_ig.py needs a CUDA device (the breakdown alone runs on the CPU: --breakdown-only --device cpu)")
+        raise SystemExit(
+            "bench_ig.py needs a CUDA device (the breakdown alone runs on the CPU: --breakdown-only --device cpu)"
+        )
     if device.type != "cuda" and not args.breakdown_only:
-        raise SystemExit(f"the side-by-side table needs a CUDA device, got --device {args.device}; add --breakdown-only")
+        raise SystemExit(
+            f"the side-by-side table needs a CUDA device, got --device {args.device}; add --breakdown-only"
+        )
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     try:
