@@ -61,17 +61,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ig import IntegratedGradientsCallback
-from lightning_ig.attribution import IntegratedGradients
+from benchmarks._common import synchronize
+from lightning_ig import IntegratedGradients, IntegratedGradientsCallback
 from lightning_ig.noise import attribution_mode
 
 
 KINDS = {"bar": "ig/top_features", "heatmap": "ig/heatmap", "grid": "ig/saliency", "map": "ig/saliency/mean_abs"}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class NatureDuelingQ(nn.Module):
@@ -154,7 +149,7 @@ class HookClock(Callback):
         self.pictures: Any = None  # the IG callback's picture worker, waited for before the flush
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        _sync(pl_module.device)
+        synchronize(pl_module.device)
         now = time.perf_counter()
         if self.starts is not None:
             self.starts.append(now)
@@ -172,12 +167,12 @@ def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, n_steps: An
     engine = IntegratedGradients(network, target="mean", n_steps=n_steps, completeness_tol=0.01)
     times = []
     for _ in range(repeats + warm):
-        _sync(states.device)
+        synchronize(states.device)
         started = time.perf_counter()
         with attribution_mode(network):
             result = engine.attribute(states)
         float(result.f_input.sum())  # the callback's run ends with the host copy
-        _sync(states.device)
+        synchronize(states.device)
         times.append((time.perf_counter() - started) * 1e3)
     return statistics.median(times[warm:]), result
 

@@ -27,26 +27,48 @@ synchronised, so they are per-call latencies including host launch overhead.
 Peak memory is ``torch.cuda.max_memory_allocated`` above what was allocated
 before the row ran.
 
+A second table, the host-time breakdown of case S (the single call and the
+graph replay, both host-bound), so that the next regression shows where it is:
+
+* per call, the host's time until the call returns (``time.perf_counter_ns``
+  around it, the device idle before), the wall time until the device is done,
+  and the device's span (CUDA events): host-bound when the first is most of
+  the second;
+* the call tree under cProfile over many calls: each function of the package
+  below the public call, with its cumulative time per call and share of the
+  call, and its phase (option parsing, input checks, target, path: forwards and
+  gradients, kernels, accumulation, completeness, graph replay, result
+  building) read off the module and function names; torch's functions are
+  leaves. cProfile's own overhead inflates every row (the table says by how
+  much against the un-profiled host time); shares are what to compare;
+* the top 10 host functions by cumulative time per call, the package's and
+  torch's alike.
+
 Usage::
 
     PYTHONPATH=. python benchmarks/bench_ig.py [--quick] [--output benchmarks/results/bench_ig.md]
+    PYTHONPATH=. python benchmarks/bench_ig.py --breakdown-only [--device cpu]   # the breakdown alone
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import math
 import platform
+import pstats
 import statistics
 import time
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from lightning_ig import _cuda
-from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from benchmarks._common import device_name, synchronize
+from lightning_ig import IntegratedGradients, integrated_gradients, quadrature
 
 ACTIONS = 4
 HIDDEN = 256
@@ -174,10 +196,9 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
     b = torch.zeros_like(x)
     value = lambda z: model(z).mean(dim=1)  # noqa: E731 - V(s) under the dueling identity
     rows: list[Row] = []
-    backend = _cuda.resolve_backend("auto", x)
 
     # Warm-up on another shape: compiles the kernels so "single call on new shapes" times the call, not NVRTC.
-    integrated_gradients(model, torch.randn(3, features, device=device), target="mean", n_steps=4)
+    backend = integrated_gradients(model, torch.randn(3, features, device=device), target="mean", n_steps=4).backend
     integrated_gradients(model, torch.randn(3, features, device=device), target="mean", n_steps=4, gradient="finite_difference")
 
     ours = integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD)
@@ -219,8 +240,6 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
         rows.append(Row(case, "Captum IntegratedGradients", None, None, note="n/a: captum not installed"))
 
     # The per-feature loop with our step h = fd_step * max(1, |x|, |b|), so the two agree up to rounding.
-    from lightning_ig.quadrature import quadrature  # noqa: PLC0415
-
     alphas, weights = quadrature(METHOD, N_STEPS)
     h = (fd.fd_step or 0.0) * torch.maximum(torch.maximum(x.abs(), b.abs()), torch.ones_like(x))
     cap = 200 if quick else 2000
@@ -285,16 +304,232 @@ def render(rows: list[Row], header: str) -> str:
             lines.append(f"| {case} | {name} | {shown} | {goal} | {met} |")
     return "\n".join(lines)
 
+# ---------------------------------------------------------------------- the host-time breakdown (case S)
+
+# phase of a package function, read off its name first, then its module's (the engine's files say what they do)
+_PHASE_BY_NAME = (
+    ("complet", "completeness"),
+    ("accumul", "accumulation"),
+    ("interpol", "interpolation"),
+    ("replay", "graph replay"),
+    ("capture", "graph capture"),
+    ("check", "input checks"),
+    ("build_result", "result building"),
+    ("backend", "backend choice"),
+)
+_PHASE_BY_MODULE = {
+    "options": "option parsing",
+    "inputs": "input checks and preparation",
+    "targets": "target",
+    "backends": "kernels",
+    "ig": "kernels",
+    "_cuda": "kernels",
+    "_cupy": "kernels",
+    "path": "path: forwards and gradients",
+    "graphs": "graph capture and replay",
+    "result": "result building",
+    "quadrature": "quadrature",
+    "eager": "eager call",
+    "engine": "engine",
+}
+
+
+def _entry_single(model: torch.nn.Module, x: torch.Tensor) -> object:
+    """The single call, as a function of this file: the profile's tree hangs below it."""
+    return integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD)
+
+
+def _entry_replay(engine: IntegratedGradients, x: torch.Tensor) -> object:
+    """The repeated call (a graph replay on a CUDA device), as a function of this file."""
+    return engine.attribute(x)
+
+
+def _label(func: tuple[str, int, str]) -> str:
+    file, _, name = func
+    if file == "~":
+        return name.replace("<built-in method ", "<").replace("<method ", "<")
+    parts = Path(file).parts
+    for root in ("lightning_ig", "torch", "captum"):
+        if root in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(root) :]) + f":{name}"
+    return f"{Path(file).name}:{name}"
+
+
+def _ours(func: tuple[str, int, str]) -> bool:
+    return "lightning_ig" in Path(func[0]).parts
+
+
+def _phase(func: tuple[str, int, str]) -> str:
+    if not _ours(func):
+        return ""
+    name = func[2].lower()
+    for word, phase in _PHASE_BY_NAME:
+        if word in name:
+            return phase
+    return _PHASE_BY_MODULE.get(Path(func[0]).stem, Path(func[0]).stem)
+
+
+def _host_times(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, float, float]:
+    """Median us per call: host until the call returns, wall until the device is done, the device's span."""
+    host, wall, span = [], [], []
+    cuda = device.type == "cuda"
+    for _ in range(repeats):
+        synchronize(device)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter_ns()
+        fn()
+        returned = time.perf_counter_ns()
+        if cuda:
+            end.record()
+            end.synchronize()
+        done = time.perf_counter_ns()
+        host.append((returned - began) / 1e3)
+        wall.append((done - began) / 1e3)
+        span.append(start.elapsed_time(end) * 1e3 if cuda else math.nan)
+    return statistics.median(host), statistics.median(wall), statistics.median(span)
+
+
+def _profile(fn: Callable[[], object], calls: int) -> pstats.Stats:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    return pstats.Stats(profiler)
+
+
+def _tree_rows(
+    stats: pstats.Stats, root_name: str, calls: int, depth: int = 12, min_share: float = 0.01
+) -> list[tuple[int, Any, float, float]]:
+    """(level, function, us per call, share of the call) below ``root_name``: the package's functions opened up to
+    ``depth`` levels, torch's as leaves, callees under ``min_share`` of the call folded into "other"."""
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined] - pstats' documented raw table
+    children: dict[Any, dict[Any, float]] = defaultdict(dict)
+    for func, (*_, callers) in table.items():
+        for caller, timing in callers.items():
+            children[caller][func] = timing[3]  # the callee's cumulative time when called from this caller
+    root = next(func for func in table if func[2] == root_name and func[0] == __file__)
+    total = table[root][3]
+    rows: list[tuple[int, Any, float, float]] = []
+
+    def visit(func: Any, cumulative: float, level: int, path: frozenset[Any]) -> None:
+        rows.append((level, func, cumulative / calls * 1e6, cumulative / total))
+        if level >= depth or not (_ours(func) or level == 0 and func == root):
+            return
+        shown = 0.0
+        for child, time_s in sorted(children[func].items(), key=lambda item: -item[1]):
+            if time_s / total >= min_share and child not in path:
+                visit(child, time_s, level + 1, path | {child})
+                shown += time_s
+        rest = cumulative - shown
+        if rest / total >= min_share:
+            rows.append((level + 1, None, rest / calls * 1e6, rest / total))
+
+    for child, time_s in children[root].items():
+        visit(child, time_s, 0, frozenset({root, child}))
+    return rows
+
+
+def _top_rows(stats: pstats.Stats, calls: int, count: int = 10) -> list[str]:
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    skipped = ("_entry_", "<method 'disable'", "<lambda>")
+    ranked = sorted(
+        (func for func in table if not any(word in func[2] for word in skipped)), key=lambda f: -table[f][3]
+    )
+    return [
+        f"| {_label(func)} | {table[func][1] / calls:.3g} | {table[func][2] / calls * 1e6:.1f} "
+        f"| {table[func][3] / calls * 1e6:.1f} |"
+        for func in ranked[:count]
+    ]
+
+
+def host_breakdown(device: torch.device, quick: bool) -> str:
+    """The second table: where the host's time goes in case S's single call and graph replay."""
+    features, batch = CASES["S"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        model = DuelingMLP(features).to(device).eval()
+    x = torch.randn(batch, features, generator=generator).to(device)
+    integrated_gradients(model, torch.randn(3, features, device=device), target="mean", n_steps=4)  # compiles
+    engine = IntegratedGradients(model, target="mean", n_steps=N_STEPS, method=METHOD)
+    replayed = engine.attribute(x)  # the capture
+    graph = device.type == "cuda" and replayed.cuda_graph
+    replay_name = "graph replay" if graph else "repeated call (eager)"
+    entries = {
+        "single call": ("_entry_single", lambda: _entry_single(model, x), 40 if quick else 300),
+        replay_name: ("_entry_replay", lambda: _entry_replay(engine, x), (400 if quick else 3000) if graph else 40),
+    }
+    timing = [
+        "| call | host until it returns (us) | wall until the device is done (us) | device span (us) "
+        "| host under cProfile (us) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    trees, tops = [], []
+    for label, (root, fn, calls) in entries.items():
+        for _ in range(5):
+            fn()
+        host, wall, span = _host_times(fn, device, repeats=max(20, calls // 5))
+        stats = _profile(fn, calls)
+        synchronize(device)
+        profiled = stats.total_tt / calls * 1e6  # type: ignore[attr-defined]
+        timing.append(
+            f"| {label} | {host:.1f} | {wall:.1f} | {'n/a' if math.isnan(span) else f'{span:.1f}'} | {profiled:.1f} |"
+        )
+        trees += [
+            f"| {label} | {'· ' * level}{'(other: own code, small callees)' if func is None else _label(func)} "
+            f"| {'' if func is None else _phase(func)} | {us:.1f} | {share * 100:.1f}% |"
+            for level, func, us, share in _tree_rows(stats, root, calls)
+        ]
+        tops += [
+            f"Top 10 host functions of the {label} by cumulative time ({calls} calls under cProfile):",
+            "",
+            "| function | calls per call | own us per call | cumulative us per call |",
+            "|---|---:|---:|---:|",
+            *_top_rows(stats, calls),
+            "",
+        ]
+    return "\n".join(
+        [
+            f"### Host-time breakdown, case S (F = {features}, B = {batch}) on {device_name(device)}",
+            "",
+            *timing,
+            "",
+            "The call tree under cProfile (the package's functions opened, torch's as leaves; shares of the call):",
+            "",
+            "| call | function | phase | us per call (cProfile) | share |",
+            "|---|---|---|---:|---:|",
+            *trees,
+            "",
+            *tops,
+        ]
+    ).rstrip()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions and probes: a smoke run")
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/bench_ig.md"), help="where the markdown goes")
+    parser.add_argument(
+        "--output", type=Path, default=Path("benchmarks/results/bench_ig.md"), help="where the markdown goes"
+    )
     parser.add_argument("--cases", default="S,L", help="comma-separated cases to run (S, L)")
+    parser.add_argument("--device", default="cuda", help="cuda (default); cpu only with --breakdown-only")
+    parser.add_argument("--breakdown-only", action="store_true", help="only the host-time breakdown of case S")
+    parser.add_argument("--no-breakdown", action="store_true", help="leave the host-time breakdown out")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_ig.py needs a CUDA device")
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "bench_ig.py needs a CUDA device (the breakdown alone runs on the CPU: --breakdown-only --device cpu)"
+        )
+    if device.type != "cuda" and not args.breakdown_only:
+        raise SystemExit(
+            f"the side-by-side table needs a CUDA device, got --device {args.device}; add --breakdown-only"
+        )
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     try:
         import captum  # noqa: PLC0415
 
@@ -302,21 +537,29 @@ def main() -> None:
     except ImportError:
         captum_version = "not installed"
     try:
-        cupy_version = _cuda.require_cupy().__version__
-    except RuntimeError:
+        import cupy  # noqa: PLC0415
+
+        cupy_version = cupy.__version__
+    except Exception:  # noqa: BLE001 - any failure to import means the torch backend
         cupy_version = "not installed (torch backend)"
     header = (
         f"## bench_ig ({'quick' if args.quick else 'full'})\n\n"
-        f"{torch.cuda.get_device_name(device)}; torch {torch.__version__}; CuPy {cupy_version}; Captum {captum_version}; "
+        f"{device_name(device)}; torch {torch.__version__}; CuPy {cupy_version}; Captum {captum_version}; "
         f"Python {platform.python_version()}. Dueling MLP {HIDDEN}x{HIDDEN} ReLU, {ACTIONS} actions, target mean, "
         f"n_steps {N_STEPS} ({METHOD}). Median per-call latency (CUDA events, synchronised per call)."
     )
-    rows: list[Row] = []
-    for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
-        features, batch = CASES[case]
-        print(f"case {case}: F={features}, B={batch} ...", flush=True)
-        rows += run_case(case, features, batch, quick=args.quick, device=device)
-    table = render(rows, header)
+    parts = [header]
+    if not args.breakdown_only:
+        rows: list[Row] = []
+        for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
+            features, batch = CASES[case]
+            print(f"case {case}: F={features}, B={batch} ...", flush=True)
+            rows += run_case(case, features, batch, quick=args.quick, device=device)
+        parts = [render(rows, header)]
+    if not args.no_breakdown:
+        print("host-time breakdown of case S ...", flush=True)
+        parts.append(host_breakdown(device, args.quick))
+    table = "\n\n".join(parts)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(table + "\n", encoding="utf-8")
     print(table)
