@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from lightning_ig import _cuda
 from lightning_ig._soft_margin_cuda import soft_margin_cuda
-from lightning_ig.vocabulary import BACKENDS, check_choice
+from lightning_ig.vocabulary import BACKENDS, check_bool, check_choice
 
 __all__ = ["SoftMarginLoss", "soft_margin_loss", "swap_soft_margin"]
 
@@ -146,6 +146,8 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         backend: ``"auto"`` (default), ``"cuda"`` or ``"torch"``; see :func:`soft_margin_loss`.
 
     Raises:
+        TypeError: ``size_average`` or ``reduce`` is neither ``None`` nor a bool, or ``reduction``/``backend``
+            is not a string.
         ValueError: an unknown ``reduction`` or ``backend``.
 
     Example::
@@ -164,6 +166,9 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         *,
         backend: Backend = "auto",
     ) -> None:
+        for name, value in (("size_average", size_average), ("reduce", reduce)):
+            if value is not None:
+                check_bool(value, name)  # torch reads any value as truthy: "no" would mean True
         super().__init__(size_average, reduce, reduction)
         check_choice(self.reduction, REDUCTIONS, "reduction")
         self.backend = check_choice(backend, BACKENDS, "backend")

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig.noise import NoisyLinear
+from lightning_ig.vocabulary import check_choice, check_generator
 
 __all__ = [
     "ACTIVATIONS",
@@ -245,8 +246,7 @@ class DuelingQNetwork(nn.Module):
             _check_size("stream_hidden_size", stream_hidden_size)
         if not isinstance(noisy, bool):
             raise TypeError(f"noisy must be a bool, got {type(noisy).__name__} ({noisy!r})")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        check_choice(activation, tuple(ACTIVATIONS), "activation")
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}")
         self.state_dim = state_dim
@@ -287,6 +287,7 @@ class DuelingQNetwork(nn.Module):
 
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
         """Draw new noise in every NoisyLinear layer (no-op when ``noisy=False``)."""
+        check_generator(generator)  # also when there is no noisy layer to hand it to
         for module in self.modules():
             if isinstance(module, NoisyLinear):
                 module.reset_noise(generator)
@@ -352,8 +353,7 @@ class ConvDuelingQNetwork(nn.Module):
         if isinstance(conv_layers, (str, bytes)) or not isinstance(conv_layers, Sequence):
             raise TypeError(f"conv_layers must be a sequence of (out_channels, kernel, stride), got {conv_layers!r}")
         self.conv_layers = tuple(_check_sizes(f"conv_layers[{i}]", conv, 3) for i, conv in enumerate(conv_layers))
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        check_choice(activation, tuple(ACTIVATIONS), "activation")
         channels, height, width = self.input_shape
         layers: list[nn.Module] = []
         for index, (out_channels, kernel_size, stride) in enumerate(self.conv_layers):
@@ -412,6 +412,8 @@ class MinAtarQNetwork(ConvDuelingQNetwork):
         self, in_channels: int = 4, num_actions: int = 6, hidden_size: int = 128, noisy: bool = True,
         sigma0: float = 0.5, activation: Activation = "relu",
     ) -> None:  # fmt: skip
+        _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
+        _check_size("hidden_size", hidden_size)
         super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (hidden_size,), noisy, sigma0, activation)
 
     def config(self) -> dict[str, Any]:
@@ -435,6 +437,7 @@ class NatureQNetwork(ConvDuelingQNetwork):
         self, in_channels: int = 4, num_actions: int = 18, noisy: bool = True, sigma0: float = 0.5,
         activation: Activation = "relu",
     ) -> None:  # fmt: skip
+        _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
         convs = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
         super().__init__((in_channels, 84, 84), num_actions, convs, (), noisy, sigma0, activation, 512)
 

@@ -115,9 +115,9 @@ def test_bad_forms_raise_one_clear_error(groups, error, match):
 
 
 def test_bad_names_and_channels_without_channels():
-    with pytest.raises(ValueError, match="group_names repeats"):
+    with pytest.raises(ValueError, match="names repeats"):
         FeatureGroups.resolve("channels", (2, 3), names=["same", "same"])
-    with pytest.raises(ValueError, match="group_names has 1 names but there are 2"):
+    with pytest.raises(ValueError, match="names has 1 names but there are 2 groups"):
         FeatureGroups.resolve("channels", (2, 3), names=["one"])
     with pytest.raises(ValueError, match="needs states with a channel dimension"):
         FeatureGroups.resolve("channels", (6,))

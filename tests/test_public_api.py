@@ -14,6 +14,15 @@ def test_every_exported_name_resolves() -> None:
     assert sorted(dir(lightning_ig)) == sorted(lightning_ig.__all__)
 
 
+def test_quadrature_is_the_function_even_after_the_engine_is_imported() -> None:
+    code = (
+        "import lightning_ig.attribution, lightning_ig.quadrature as rules, lightning_ig\n"
+        "print(callable(lightning_ig.quadrature), lightning_ig.quadrature('riemann_left', 2))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True ([0.0, 0.5], [0.5, 0.5])"
+
+
 def test_unknown_names_raise_attribute_error() -> None:
     try:
         lightning_ig.not_a_name  # noqa: B018

@@ -55,7 +55,8 @@ class IntegratedGradients:
             (capture, warn and fall back when it fails) or ``False`` (always eager).
 
     Raises:
-        TypeError: a non-callable forward or an unknown option.
+        TypeError: a non-callable forward, an unknown option, an option of the wrong kind, or a
+            ``graph_capture`` without ``available`` and ``capture``.
         ValueError: a bad option value (checked here, not at the first call).
 
     Example::
@@ -71,7 +72,7 @@ class IntegratedGradients:
         self._default_settings = parse_settings(defaults)  # rejects bad defaults now
         self.forward = forward
         self.defaults = dict(defaults)
-        self.graph_capture = graph_capture or GraphCapture()
+        self.graph_capture = GraphCapture() if graph_capture is None else _check_graph_capture(graph_capture)
         self._plans = PlanCache()
         self._checked: dict[str, tuple[weakref.ref[Tensor], int]] = {}
         self.finite_checks = 0  # NaN/Inf checks of new inputs that ran (each one host sync)
@@ -195,6 +196,15 @@ class IntegratedGradients:
         evicted = self._plans.put(key, plan)
         if evicted is not None and self._fast is not None and self._fast[3] is evicted:
             self._fast = None
+
+
+def _check_graph_capture(capture: Any) -> GraphCapture:
+    if not (callable(getattr(capture, "available", None)) and callable(getattr(capture, "capture", None))):
+        raise TypeError(
+            f"graph_capture must be None or an object with available(device) and capture(compute, device) "
+            f"(a GraphCapture), got {type(capture).__name__}"
+        )
+    return capture
 
 
 def _graph_key(inputs: Tensor, baselines: Baselines, prepared: Prepared, settings: Settings) -> tuple[Any, ...]:

@@ -28,6 +28,7 @@ from lightning_ig.checkpoint.layout import (
     tensor_keys,
 )
 from lightning_ig.models import build_model, resolve_model_class
+from lightning_ig.vocabulary import check_device, check_mapping, check_text
 
 __all__ = ["load_checkpoint", "load_lightning_checkpoint"]
 
@@ -79,6 +80,9 @@ def load_checkpoint(
         >>> loaded.model(loaded.states).shape  # doctest: +SKIP
         torch.Size([64, 3])
     """
+    device = check_device(device, "device")
+    architecture = None if architecture is None else check_text(architecture, "architecture")
+    config = None if config is None else check_mapping(config, "config")
     file = existing_file(path)
     metadata, keys = read_metadata(file), tensor_keys(file)
     prefix = select_prefix(_requested_prefix(prefix, head), heads_in(metadata, keys, file), keys, file)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.checkpoint.layout import STATES_KEY, CheckpointError, existing_file, few
+from lightning_ig.vocabulary import check_float_dtype, check_text
 
 __all__ = ["STATE_SUFFIXES", "load_states", "states_beside"]
 
@@ -42,6 +43,8 @@ def load_states(path: str | os.PathLike[str], *, prefix: str | None = None, dtyp
 
         >>> states = load_states("held_out.npy")  # doctest: +SKIP
     """
+    prefix = None if prefix is None else check_text(prefix, "prefix")
+    dtype = check_float_dtype(dtype, "dtype")
     file = existing_file(path, "states file")
     reader = _READERS.get(file.suffix.lower())
     if reader is None:
