@@ -37,6 +37,10 @@ class IntegratedGradients:
     capture falls back to eager with one warning per key. The forward must be
     deterministic and free of side effects for a replay to mean the same as a
     call: the run before a capture checks it (:attr:`IGResult.stochastic`).
+    The one side effect the engine undoes is batch-norm's in train mode: the
+    running statistics its forwards move are put back after every call (inside
+    the captured graph, so a replay puts them back too), and the result is
+    still flagged stochastic (its values depend on the batch).
 
     The NaN/Inf check of the inputs (``check_finite``) is a host sync; the
     engine skips it for a tensor it has already checked and that has not been

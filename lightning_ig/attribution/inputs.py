@@ -21,7 +21,7 @@ from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.targets import TargetSpec, target_spec
 
-__all__ = ["Baselines", "Prepared", "prepare", "check_forward", "resolve_baselines", "module_of",
+__all__ = ["Baselines", "Prepared", "RunningStatistics", "prepare", "check_forward", "resolve_baselines", "module_of",
            "raise_if_dtype_mismatch", "uses_batch_statistics", "warn_stochastic"]  # fmt: skip
 
 Baselines = Union[None, str, float, int, Tensor]
@@ -193,6 +193,42 @@ def uses_batch_statistics(forward: Any) -> bool:
             return True
         pending.extend(child._modules.values())
     return False
+
+
+class RunningStatistics:
+    """The running statistics that ``forward``'s batch-norm layers in train mode update, and a way to put them back.
+
+    A batch-norm layer in train mode with ``track_running_stats`` moves ``running_mean`` and ``running_var`` and
+    counts ``num_batches_tracked`` on every forward; the engine's forwards of path points are not the user's
+    batches, so the values from before the attribution are put back after it. The layers are found once (host-side
+    module inspection, no sync) in the module :func:`module_of` finds; with none, :meth:`save` and
+    :meth:`restore` do nothing. Saving is a clone and restoring a copy on the device: no host sync, and both can
+    be captured in a CUDA graph (the engine captures them with the path, so a replay restores too).
+    """
+
+    def __init__(self, forward: Any) -> None:
+        self.buffers = _running_statistics(module_of(forward))
+
+    def save(self) -> list[Tensor]:
+        """Copies of the statistics as they are now."""
+        return [buffer.clone() for buffer in self.buffers]
+
+    def restore(self, saved: list[Tensor]) -> None:
+        """Put back what :meth:`save` copied, in place (the same tensor objects: graphs and optimizers see them)."""
+        with torch.no_grad():
+            for buffer, value in zip(self.buffers, saved):
+                buffer.copy_(value)
+
+
+def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
+    if module is None:
+        return []
+    found: list[Tensor] = []
+    for child in module.modules():
+        if isinstance(child, torch.nn.modules.batchnorm._BatchNorm) and child.training and child.track_running_stats:
+            found += [buffer for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)
+                      if buffer is not None]  # fmt: skip
+    return found
 
 
 def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:

@@ -22,7 +22,9 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
   caller reads where it syncs anyway; skipped inside a capture, where its
   answer could not be read). Identical rows of one batch agree even under
   batch-norm in train mode, so batch statistics are found by looking at the
-  forward's module (:func:`~lightning_ig.attribution.inputs.uses_batch_statistics`).
+  forward's module (:func:`~lightning_ig.attribution.inputs.uses_batch_statistics`);
+  the running statistics those forwards move are put back by the callers
+  (:class:`~lightning_ig.attribution.inputs.RunningStatistics`).
 
 :func:`refine` is ``n_steps="auto"``.
 """
