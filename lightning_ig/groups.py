@@ -291,9 +291,12 @@ class FeatureGroups:
             bit-identical sums.
 
         Raises:
+            TypeError: the attributions are not a tensor.
             ValueError: the attributions do not have this feature shape.
         """
         count = self.ids.numel()
+        if not isinstance(attributions, Tensor):
+            raise TypeError(f"attributions must be a torch.Tensor (B, *feature_shape), got {type(attributions).__name__}")
         if attributions.ndim < 1 or attributions[0].numel() != count:
             raise ValueError(
                 f"attributions of shape {tuple(attributions.shape)} do not match the groups' feature shape "

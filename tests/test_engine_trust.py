@@ -330,6 +330,11 @@ def test_too_many_gauss_legendre_steps_fail_before_any_forward() -> None:
         IntegratedGradients(forward, n_steps=MAX_GAUSS_LEGENDRE_STEPS + 1)
     with pytest.raises(ValueError, match=rf"max_steps={2 * MAX_GAUSS_LEGENDRE_STEPS} is more than"):
         integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", max_steps=2 * MAX_GAUSS_LEGENDRE_STEPS)
+    # was: n_steps="auto" started the trapezoid at 2 points, past max_steps=1, and said n_steps=2
+    with pytest.raises(ValueError, match="max_steps=1 is below the 2 points method='riemann_trapezoid' needs"):
+        integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", method="riemann_trapezoid", max_steps=1)
+    with pytest.raises(ValueError, match="max_steps=1 is below"):
+        IntegratedGradients(forward, n_steps="auto", method="riemann_trapezoid", max_steps=1)
     assert calls == []
 
 
@@ -349,3 +354,10 @@ def test_grouped_attributions_keep_completeness_per_state() -> None:
     assert per_action.shape == (4, 5, 3)  # two named groups and "other"
     size = float(each.attributions.abs().sum(dim=(2, 3, 4)).max())
     assert (per_action.sum(-1) - each.attributions.sum(dim=(2, 3, 4))).abs().max() <= 64 * eps(torch.float64) * size
+
+
+def test_a_model_on_another_device_says_so_not_torch() -> None:
+    # was: torch's own "Expected all tensors to be on the same device ..." from inside the forward
+    model = _mlp(4, 2, seed=1).to("meta")
+    with pytest.raises(ValueError, match=r"inputs are on cpu but the model's parameters are on meta; move one"):
+        integrated_gradients(model, torch.randn(3, 4, dtype=torch.float64), target="mean", n_steps=4)

@@ -137,19 +137,29 @@ def module_of(forward: Any) -> torch.nn.Module | None:
     return None
 
 
-def raise_if_dtype_mismatch(forward: Any, dtype: torch.dtype, error: BaseException) -> None:
-    """Turn torch's error for inputs of another dtype than the model's parameters into one that says what to do.
+def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) -> None:
+    """Turn torch's error for inputs of another dtype, or on another device, than the model's parameters into one
+    that says what to do.
 
     Returns quietly when that is not the cause (the caller re-raises the original error).
 
     Raises:
-        TypeError: ``forward``'s module holds floating parameters of another dtype than ``dtype``.
+        TypeError: ``forward``'s module holds floating parameters of another dtype than ``rows``.
+        ValueError: ``forward``'s module holds parameters on another device than ``rows``.
     """
     module = module_of(forward)
     if module is None:
         return
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
-    if parameter is None or parameter.dtype == dtype:
+    if parameter is None:
+        return
+    if parameter.device != rows.device:
+        raise ValueError(
+            f"inputs are on {rows.device} but the model's parameters are on {parameter.device}; move one to the "
+            f"other: inputs.to({str(parameter.device)!r}) or model.to({str(rows.device)!r})"
+        ) from error
+    dtype = rows.dtype
+    if parameter.dtype == dtype:
         return
     fixes = [f"{what}.{_DTYPE_METHOD[to]}" for what, to in (("inputs", parameter.dtype), ("model", dtype)) if to in _DTYPE_METHOD]
     raise TypeError(

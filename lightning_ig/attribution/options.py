@@ -96,6 +96,12 @@ def parse_settings(options: dict[str, Any]) -> Settings:
 def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
     if isinstance(n_steps, int):
         check_rule(method, n_steps)  # riemann_trapezoid needs 2; gausslegendre has a largest n
+    elif method == "riemann_trapezoid" and max_steps < 2:
+        # "auto" starts at min(16, max_steps) points, and the trapezoid needs both ends: it would go past max_steps
+        raise ValueError(
+            f"max_steps={max_steps} is below the 2 points method='riemann_trapezoid' needs (both ends of the path), "
+            "so n_steps='auto' could not keep to it; pass max_steps >= 2"
+        )
     elif method == "gausslegendre" and max_steps > MAX_GAUSS_LEGENDRE_STEPS:
         raise ValueError(
             f"max_steps={max_steps} is more than the {MAX_GAUSS_LEGENDRE_STEPS} points a Gauss-Legendre rule is "

@@ -169,7 +169,7 @@ class PathRun:
         try:
             outputs = self.forward(rows.view(n_rows, *self.feature_shape))
         except RuntimeError as error:
-            raise_if_dtype_mismatch(self.forward, rows.dtype, error)
+            raise_if_dtype_mismatch(self.forward, rows, error)
             raise
         selected = select(outputs, spec or self.spec, n_rows, first_row, self.batch)
         self.output_width = outputs.shape[1] if outputs.dim() == 2 else 1
