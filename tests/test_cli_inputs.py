@@ -191,3 +191,18 @@ def test_show_says_the_completeness_error_as_the_report_does(workspace: Path, ca
     worst = good["completeness"]["worst_relative_error"]
     assert code == 0 and f"worst relative error {worst:.2e}" in out and "%" not in out  # a fraction, as in the JSON
     assert "head -" not in out and " head " not in out  # a single-model report has no head to name
+
+
+def test_an_allocation_the_user_asked_for_that_fails_is_exit_2() -> None:
+    # was: torch's CPU allocator raises a RuntimeError (e.g. --auto-samples 100000000000 --replace): "unexpected",
+    # exit status 1. Tested on the message: a real 800 GB allocation could be granted and then kill the machine.
+    error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                         "to allocate 800000000000 bytes")  # fmt: skip
+    status, line = cli._failure(error, "diag")
+    assert status == 2 and "out of memory" in line and "--auto-samples" in line
+
+
+def test_a_constant_baseline_past_the_models_dtype_is_exit_2(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: "unexpected RuntimeError: value cannot be converted to type float without overflow"
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "1e308")
+    _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")

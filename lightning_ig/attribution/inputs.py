@@ -106,9 +106,17 @@ def resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
     if isinstance(baselines, bool):
         raise TypeError(f"baselines must be {_BASELINE_FORMS}, got a bool ({baselines!r})")
     if isinstance(baselines, (int, float)):
-        if not math.isfinite(baselines):
-            raise ValueError(f"baselines must be finite, got {baselines!r}")
-        return torch.full_like(inputs, float(baselines))
+        largest = torch.finfo(inputs.dtype).max
+        try:
+            number = float(baselines)
+        except OverflowError:  # an int too large for any float
+            number = math.inf
+        if not math.isfinite(number) or abs(number) > largest:
+            raise ValueError(
+                f"baselines must be a finite number of the inputs' dtype {inputs.dtype} (at most {largest:.3g} in "
+                f"size), got {baselines!r:.40}"
+            )
+        return torch.full_like(inputs, number)
     if not isinstance(baselines, Tensor):
         raise TypeError(f"baselines must be {_BASELINE_FORMS}, got {type(baselines).__name__}")
     return _baseline_tensor(baselines, inputs)

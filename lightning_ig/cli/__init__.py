@@ -169,6 +169,9 @@ def _run_command(args: argparse.Namespace, progress: Progress, interrupts: Inter
     return run_diag(args, progress, interrupts)
 
 
+_ALLOCATION_FAILED = "can't allocate memory"
+
+
 def _failure(error: Exception, command: str) -> tuple[int, str]:
     """The exit status and the one line for a failure."""
     message = one_line(error) or type(error).__name__
@@ -179,6 +182,9 @@ def _failure(error: Exception, command: str) -> tuple[int, str]:
         # Library argument checks (checkpoint, engine, report) say what was wrong and what to do;
         # backend='cuda' without CuPy is the user's set-up, not a bug.
         return EXIT_USAGE, f"{prefix}: error: {message}"
-    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-        return EXIT_USAGE, f"{prefix}: error: out of memory ({message}); lower --num-steps or pass --internal-batch-size N"
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or _ALLOCATION_FAILED in message:
+        # torch's CPU allocator says so in a RuntimeError: a size the user asked for (--auto-samples 10**11
+        # --replace), not a bug
+        return EXIT_USAGE, (f"{prefix}: error: out of memory ({message}); ask for less: fewer --auto-samples or "
+                            "--num-steps, or a smaller --internal-batch-size N")
     return EXIT_FAILURE, f"{prefix}: unexpected {type(error).__name__}: {message} (rerun with --debug for the traceback)"
