@@ -55,6 +55,12 @@ that gives different values for the same state (dropout or batch-norm in train
 mode, noise the CLI cannot switch off) is refused: status 2, one line naming the
 likely cause, no report.
 
+Hostile input: what a file holds (a report's names, a checkpoint's metadata, a
+path) is printed as text, its control characters escaped (``\x1b``, ``\u202e``;
+:mod:`.terminal`); JSON of any depth, integers of any size and values of the
+wrong kind (``true`` among the states, ``"schema_version": true``) are one line
+and status 2, like every other mistake in the inputs.
+
 Exit status:
 
 =====  ========================================================================

@@ -51,9 +51,9 @@ def one_line(text: object) -> str:
     return _LONG_QUOTE.sub(_cut, printable(" ".join(str(text).split())))
 
 
-# A quoted value longer than this is a file's or a flag's contents (a 100000-character flag, say): its start is
-# enough to recognise it, and the line stays a line.
-_QUOTE_LIMIT = 80
+# A quoted value longer than this is a file's or a flag's contents (a 100000-character flag, say), not a path one
+# would want to read in full: its start is enough to recognise it, and the line stays a line.
+_QUOTE_LIMIT = 240
 _LONG_QUOTE = re.compile("'([^']{%d,})'|\"([^\"]{%d,})\"" % (_QUOTE_LIMIT + 1, _QUOTE_LIMIT + 1))
 
 
