@@ -15,7 +15,7 @@ CPU unless you pass --accelerator gpu.
 
 Run (after the README's set-up, which installs into .venv without activating it)::
 
-    .venv/bin/python examples/dqn_cartpole.py                  # 2 CPU cores: about a minute and a half
+    .venv/bin/python examples/dqn_cartpole.py                  # 2 CPU cores: about 70 seconds
     .venv/bin/python examples/dqn_cartpole.py --accelerator gpu
     .venv/bin/tensorboard --logdir runs
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto
@@ -104,7 +104,7 @@ def lightning_ig_command() -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line; a bad flag or value exits with status 2 and a message, before anything runs.
 
-    The defaults reach a mean evaluation return >= 195 on two CPU cores in about a minute.
+    The defaults reach a mean evaluation return >= 195 on two CPU cores in about 70 seconds (README: seeds 1-5).
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add = parser.add_argument
@@ -135,7 +135,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--hidden-size", type=at_least(1), default=128, help="width of the Q-network's two hidden layers")
     add("--activation", choices=("relu", "tanh", "softplus", "silu", "gelu"), default="tanh",
         help="the network's activation; a smooth one keeps IG's worst relative completeness error (the "
-        "'IG completeness' line) small at --ig-n-steps points (tanh, 50 points, seeds 1-3 on a 2-core CPU: "
+        "'IG completeness' line) small at --ig-n-steps points (tanh, 50 points, seeds 1-5 on a 2-core CPU: "
         "9.2e-04 to 4.3e-03), where ReLU's kinks make it larger")
     add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
     # auxiliary head
