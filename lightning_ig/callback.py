@@ -116,9 +116,12 @@ class IntegratedGradientsCallback(Callback):
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
-        TypeError, ValueError: A bad argument (the message names it). At set-up: states that do
-            not fit the model, NaN/Inf in the states, names or groups of the wrong size, a bad
-            ``baseline``, ``target`` or ``report_dir`` (an existing file, or not writable).
+        TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is
+            refused, never read as another (``run_at_train_end="no"`` is an error, not ``True``;
+            ``group_names="abc"`` is not three names). At set-up: states that do not fit the model,
+            NaN/Inf in the states, names or groups of the wrong size (more ``group_names`` than
+            groups included), a ``saliency_channel`` past the states' channels, a bad ``baseline``,
+            ``target`` or ``report_dir`` (an existing file, or not writable).
 
     Example::
 

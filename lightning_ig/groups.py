@@ -296,7 +296,8 @@ class FeatureGroups:
         """
         count = self.ids.numel()
         if not isinstance(attributions, Tensor):
-            raise TypeError(f"attributions must be a torch.Tensor (B, *feature_shape), got {type(attributions).__name__}")
+            kind = type(attributions).__name__
+            raise TypeError(f"attributions must be a torch.Tensor (B, *feature_shape), got {kind}")
         if attributions.ndim < 1 or attributions[0].numel() != count:
             raise ValueError(
                 f"attributions of shape {tuple(attributions.shape)} do not match the groups' feature shape "

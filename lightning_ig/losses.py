@@ -309,7 +309,7 @@ def _target_like(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
 
 
 def _use_kernels(resolved: str, backend: str, input: Tensor, target: Tensor) -> bool:  # noqa: A002
-    """Whether the fused kernels run: the resolved backend is CUDA, they take the dtype, and only ``dL/dx`` is wanted."""
+    """Whether the fused kernels run: the backend is CUDA, they take the dtype, and only ``dL/dx`` is wanted."""
     if resolved != "cuda":
         return False
     if target.requires_grad and torch.is_grad_enabled():

@@ -123,10 +123,8 @@ def check_optional_positive_int(value: Any, name: str) -> int | None:
     return None if value is None else check_positive_int(value, name)
 
 
-def check_real(
-    value: Any, name: str, *, above: float | None = None, at_least: float | None = None, below: float | None = None
-) -> float:
-    """``value`` as a finite float, ``> above``, ``>= at_least`` and ``< below`` where given.
+def check_real(value: Any, name: str, *, above: float | None = None, below: float | None = None) -> float:
+    """``value`` as a finite float, ``> above`` and ``< below`` where given.
 
     Raises:
         TypeError: not a real number (a string, a bool, a tensor, ...).
@@ -138,16 +136,9 @@ def check_real(
         number = float(value)
     except OverflowError:  # an int too large for a float
         raise ValueError(f"{name} must be a finite number, got an int of {len(str(abs(value)))} digits") from None
-    bounds = [f"> {above}" if above is not None else "", f">= {at_least}" if at_least is not None else "",
-              f"< {below}" if below is not None else ""]  # fmt: skip
-    within = (
-        math.isfinite(number)
-        and (above is None or number > above)
-        and (at_least is None or number >= at_least)
-        and (below is None or number < below)
-    )
+    within = math.isfinite(number) and (above is None or number > above) and (below is None or number < below)
     if not within:
-        wanted = " and ".join(bound for bound in bounds if bound)
+        wanted = " and ".join(f"{sign} {bound}" for sign, bound in ((">", above), ("<", below)) if bound is not None)
         raise ValueError(f"{name} must be a finite number{' ' + wanted if wanted else ''}, got {shown(value)}")
     return number
 

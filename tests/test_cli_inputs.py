@@ -134,9 +134,11 @@ def test_a_huge_index_in_a_groups_file_is_exit_2(workspace: Path, capsys: pytest
 
 
 @pytest.mark.parametrize("text", [BOMB, '{"a": ' * 50_000, '{"state_dim": ' + "9" * 5000 + "}"])
-def test_model_kwargs_of_any_depth_or_size_is_exit_2(workspace: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
-    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--model", "lightning_ig.models:DuelingQNetwork",
-                         "--model-kwargs", text)  # fmt: skip
+def test_model_kwargs_of_any_depth_or_size_is_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    model = "lightning_ig.models:DuelingQNetwork"
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--model", model, "--model-kwargs", text)
     _one_line_error(code, err, "--model-kwargs")
 
 
@@ -145,13 +147,16 @@ def test_a_checkpoint_whose_metadata_is_a_nesting_bomb_is_exit_2(
     workspace: Path, capsys: pytest.CaptureFixture[str], config: str
 ) -> None:
     tensors = load_file(workspace / "q.safetensors")
-    metadata = {"lightning_ig.format": "1", "lightning_ig.architecture": "DuelingQNetwork", "lightning_ig.config": config}
+    metadata = {"lightning_ig.format": "1", "lightning_ig.architecture": "DuelingQNetwork",
+                "lightning_ig.config": config}  # fmt: skip
     save_file(tensors, workspace / "bomb.safetensors", metadata=metadata)
     code, _, err = _main(capsys, "diag", "--checkpoint", "bomb.safetensors", "--quiet")
     _one_line_error(code, err, "lightning_ig.config")
 
 
-@pytest.mark.parametrize(("rows", "word"), [([[True, False, 1.0, 2.0]], "a JSON boolean"), ([[1.0, "2", 3.0, 4.0]], "str")])
+@pytest.mark.parametrize(
+    ("rows", "word"), [([[True, False, 1.0, 2.0]], "a JSON boolean"), ([[1.0, "2", 3.0, 4.0]], "a JSON str")]
+)
 def test_states_that_are_not_numbers_are_refused(
     workspace: Path, capsys: pytest.CaptureFixture[str], rows: list, word: str
 ) -> None:
@@ -185,7 +190,9 @@ def test_show_refuses_a_negative_number_of_worst_states(workspace: Path, capsys:
     _one_line_error(code, err, "--worst-states", "expected a whole number >= 0, got -5")
 
 
-def test_show_says_the_completeness_error_as_the_report_does(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_says_the_completeness_error_as_the_report_does(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = _report(workspace, capsys)
     code, out, _ = _main(capsys, "show", "out/r.json")
     worst = good["completeness"]["worst_relative_error"]
@@ -202,7 +209,9 @@ def test_an_allocation_the_user_asked_for_that_fails_is_exit_2() -> None:
     assert status == 2 and "out of memory" in line and "--auto-samples" in line
 
 
-def test_a_constant_baseline_past_the_models_dtype_is_exit_2(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # was: "unexpected RuntimeError: value cannot be converted to type float without overflow"
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "1e308")
     _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")

@@ -270,7 +270,8 @@ def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> N
         if not args.quiet and member_worst > args.completeness_tol:
             print(
                 f"{PROG}: warning: an ensemble member's worst relative completeness error "
-                f"{relative_error_text(member_worst)} exceeds --completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
+                f"{relative_error_text(member_worst)} exceeds --completeness-tol {args.completeness_tol:g}; "
+                "try --num-steps auto or more steps",
                 file=sys.stderr,
             )
 
