@@ -1,4 +1,4 @@
-"""Dueling NoisyNet DQN on MinAtar Breakout from pixels, on the GPU, watched by Integrated Gradients per object.
+"""Dueling NoisyNet DQN on MinAtar Breakout from pixels, on a GPU if there is one, watched by Integrated Gradients.
 
 MinAtar (Young & Tian, 2019; the `minatar` package, GPL-3.0-or-later, imported as a
 separate optional package) shows a 10x10 frame with one channel per object:
@@ -16,12 +16,12 @@ Made for a GPU: several games stepped as one batch, the replay buffer and the
 n-step targets on the device, and one transfer to the host per vector step
 (the actions). Runs on a CPU too, more slowly.
 
-Run::
+Run (after the README's set-up, which installs into .venv without activating it)::
 
-    python examples/dqn_minatar.py                  # a GPU: a few minutes; 2 CPU cores: 4-10 minutes
-    python examples/dqn_minatar.py --total-timesteps 8000 --accelerator cpu   # a smoke run
-    tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/saliency
-    lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto \
+    .venv/bin/python examples/dqn_minatar.py                  # a GPU: a few minutes; 2 CPU cores: 4-10 minutes
+    .venv/bin/python examples/dqn_minatar.py --total-timesteps 8000 --accelerator cpu   # a smoke run
+    .venv/bin/tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/saliency
+    .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto \
         --feature-groups runs/<run>/channel_groups.json --saliency runs/<run>/saliency
 """
 
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -83,11 +85,26 @@ def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str]
     return parse
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: ...)`` after each flag's help, except where there is no default to show (``None``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def lightning_ig_command() -> str:
+    """How to run ``lightning-ig`` from here, as this interpreter installed it (``.venv/bin/lightning-ig`` after
+    the README's commands, which never activate the venv), or through ``-m`` where no script was installed."""
+    script = Path(sys.executable).parent / "lightning-ig"
+    if not script.exists():
+        return f"{sys.executable} -m lightning_ig.cli"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") and os.sep in relative else str(script)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line; a bad flag or value exits with status 2 and a message, before anything runs."""
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add = parser.add_argument
     add("--exp-name", default=Path(__file__).stem, help="the name of this experiment (part of the run folder's name)")
     add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the games")
@@ -114,8 +131,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
     add("--hidden-size", type=at_least(1), default=128, help="units of the hidden layer after the convolution")
     add("--activation", choices=("relu", "tanh", "softplus", "silu", "gelu"), default="silu",
-        help="the network's activation; a smooth one keeps IG's completeness error near 1e-6 at 50 steps "
-        "(ReLU: about 0.06)")
+        help="the network's activation; a smooth one keeps IG's worst relative completeness error (the "
+        "'IG completeness' line) small at --ig-n-steps points, where ReLU's kinks make it larger")
     add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
     # auxiliary head
     add("--aux-coef", type=at_least(0.0, float), default=0.1, help="weight of the auxiliary soft-margin loss")
@@ -422,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"\nrun folder          {run_dir}")
     print(f"checkpoint          {checkpoint}")
-    print(f"diagnose it with    lightning-ig diag --checkpoint {checkpoint} --states auto "
+    print(f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
           f"--feature-groups {groups_file}")
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "

@@ -58,6 +58,13 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["__version__", *_EXPORTS]
 
+# ``quadrature`` names both a submodule and the public function in it. The first import of the submodule (the
+# engine's, say) binds the package's attribute to the module, after which ``lightning_ig.quadrature`` would be
+# the module; loading it here, before anything else can, and binding the function after keeps the function.
+from lightning_ig import quadrature as _rules  # noqa: E402 - numpy only
+
+quadrature = _rules.quadrature
+
 
 def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)

@@ -34,11 +34,12 @@ from lightning_ig.host_result import HostResult, JointGather
 from lightning_ig.noise import attribution_mode
 from lightning_ig.picture_writer import PictureWriter
 from lightning_ig.report import ReportFolder, build_report
-from lightning_ig.saliency import saliency_kind
+from lightning_ig.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.summary import RunSettings, RunSummary, summarize
 from lightning_ig.vocabulary import (
-    BACKENDS, GRADIENTS, METHODS, check_choice, check_feature_names, check_n_steps, check_optional_positive_int,
-    callable_name, check_positive_float, check_positive_int, default_feature_names,
+    BACKENDS, GRADIENTS, METHODS, callable_name, check_bool, check_choice, check_feature_names,
+    check_n_steps, check_names, check_optional_positive_int, check_path, check_positive_float, check_positive_int,
+    default_feature_names, shown,
 )  # fmt: skip
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
@@ -117,9 +118,12 @@ class IntegratedGradientsCallback(Callback):
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
-        TypeError, ValueError: A bad argument (the message names it). At set-up: states that do
-            not fit the model, NaN/Inf in the states, names or groups of the wrong size, a bad
-            ``baseline``, ``target`` or ``report_dir`` (an existing file, or not writable), a ``name``
+        TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is
+            refused, never read as another (``run_at_train_end="no"`` is an error, not ``True``;
+            ``group_names="abc"`` is not three names). At set-up: states that do not fit the model,
+            NaN/Inf in the states, names or groups of the wrong size (more ``group_names`` than
+            groups included), a ``saliency_channel`` past the states' channels, a bad ``baseline``,
+            ``target`` or ``report_dir`` (an existing file, or not writable), a ``name``
             too long for the report file names in ``report_dir``.
 
     Example::
@@ -165,8 +169,8 @@ class IntegratedGradientsCallback(Callback):
         self.states = heldout.check_states_source(states)
         self.every_n_steps = _cadence(every_n_steps, "every_n_steps")
         self.every_n_epochs = _cadence(every_n_epochs, "every_n_epochs")
-        self.run_at_train_end = bool(run_at_train_end)
-        self.feature_names = None if feature_names is None else check_feature_names(feature_names, len(feature_names))
+        self.run_at_train_end = check_bool(run_at_train_end, "run_at_train_end")
+        self.feature_names = None if feature_names is None else check_names(feature_names, "feature_names")
         self.baseline = heldout.check_baseline(baseline)
         self.target = heldout.check_target(target)
         self.n_steps = check_n_steps(n_steps)
@@ -176,12 +180,12 @@ class IntegratedGradientsCallback(Callback):
         self.internal_batch_size = check_optional_positive_int(internal_batch_size, "internal_batch_size")
         self.top_k = check_positive_int(top_k, "top_k")
         self.completeness_tol = check_positive_float(completeness_tol, "completeness_tol")
-        self.report_dir = None if report_dir is None else Path(report_dir)
-        self.log_histograms = bool(log_histograms)
+        self.report_dir = None if report_dir is None else check_path(report_dir, "report_dir")
+        self.log_histograms = check_bool(log_histograms, "log_histograms")
         self.figure_every_n_runs = check_optional_positive_int(figure_every_n_runs, "figure_every_n_runs")
         self.name = _check_name(name)
         self.feature_groups = check_group_spec(feature_groups)  # checked against the states' shape at set-up
-        self.group_names = None if group_names is None else list(group_names)
+        self.group_names = None if group_names is None else check_names(group_names, "group_names")
         self.max_logged_features = check_positive_int(max_logged_features, "max_logged_features", example=64)
         self.saliency_states = check_optional_positive_int(saliency_states, "saliency_states")
         self.saliency_channel = _channel(saliency_channel)
@@ -226,6 +230,7 @@ class IntegratedGradientsCallback(Callback):
         states = heldout.load_states(self.states, trainer, pl_module)
         shape = tuple(states.shape[1:])
         heldout.check_baseline_shape(self.baseline, states)
+        check_saliency_channel(self.saliency_channel, shape)  # here, not at the first picture mid-training
         self._names = default_feature_names(shape) if self.feature_names is None else self.feature_names
         check_feature_names(self._names, states[0].numel())
         self._groups = choose_groups(self.feature_groups, shape, group_names=self.group_names,
@@ -401,20 +406,29 @@ class IntegratedGradientsCallback(Callback):
 
 
 def _cadence(value: int | None, name: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} must be a positive int or None, got {type(value).__name__} ({shown(value)}); e.g. {name}=100"
+        )
+    if value < 1:
         raise MisconfigurationException(f"{name} must be a positive int or None, got {value!r}; e.g. {name}=100")
     return value
 
 
 def _channel(value: int | None) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"saliency_channel must be None (the channel mean) or a channel index >= 0, got {value!r}")
+        error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
+        raise error(f"saliency_channel must be None (the channel mean) or a channel index >= 0, got {shown(value)}")
     return value
 
 
 def _check_name(name: str | None) -> str | None:
-    if name is not None and (not isinstance(name, str) or not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
-        raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {name!r}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be None or a short label (a string), got {type(name).__name__} ({shown(name)})")
+    if name is not None and (not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
+        raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {shown(name)}")
     return name
 
 

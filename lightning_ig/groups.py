@@ -38,7 +38,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig.vocabulary import check_feature_names, default_feature_names
+from lightning_ig.vocabulary import (
+    check_bool, check_feature_names, check_int, check_int_sequence, check_names, check_positive_int,
+    default_feature_names, shown,
+)  # fmt: skip
 
 __all__ = ["FeatureGroups", "GroupSpec", "automatic_groups", "check_group_spec", "choose_groups"]
 
@@ -73,13 +76,31 @@ class FeatureGroups:
     def __init__(
         self, ids: Tensor, names: Sequence[str], feature_shape: Sequence[int], *, generated_names: bool = False
     ) -> None:
-        self.generated_names = generated_names
-        self.feature_shape = tuple(int(size) for size in feature_shape)
+        """Groups from ``ids (F,)``, the group ``0..G-1`` of each flattened feature, and one name per group.
+
+        Raises:
+            TypeError: ``ids`` is not an integer tensor, ``names`` not a list of strings, ``feature_shape``
+                not a sequence of ints, ``generated_names`` not a bool.
+            ValueError: ``ids`` of another size than the feature shape, a negative id, a group with no
+                feature (the ids skip a number), or ``names`` of another count than the groups.
+        """
+        self.generated_names = check_bool(generated_names, "generated_names")
+        self.feature_shape = _feature_shape(feature_shape)
+        if not isinstance(ids, Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            kind = f"a tensor of dtype {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
+            raise TypeError(f"ids must be an integer tensor of group indices, one per feature, got {kind}")
         self.ids = ids.to("cpu", torch.int64).reshape(-1)  # (F,)
-        self.sizes = torch.bincount(self.ids, minlength=len(names))  # (G,)
-        self.names = check_feature_names(list(names), int(self.sizes.numel()), "group_names")
         if self.ids.numel() != math.prod(self.feature_shape):
             raise ValueError(f"ids has {self.ids.numel()} entries for feature shape {self.feature_shape}")
+        if int(self.ids.min()) < 0:
+            raise ValueError(f"ids must be group indices >= 0, got {int(self.ids.min())}")
+        self.sizes = torch.bincount(self.ids)  # (G,)
+        empty = (self.sizes == 0).nonzero().reshape(-1)
+        if empty.numel():
+            raise ValueError(
+                f"ids leave group {int(empty[0])} without a feature; number the groups 0..G-1 with every number used"
+            )
+        self.names = _group_names(names, len(self.sizes), "names")
         # The members of group 0 first, then group 1, ...; in feature order within a group.
         self._order = torch.argsort(self.ids, stable=True)  # (F,)
         uniform = bool((self.sizes == self.sizes[0]).all()) and bool(torch.equal(self._order, torch.arange(self.ids.numel())))
@@ -118,11 +139,12 @@ class FeatureGroups:
             >>> FeatureGroups.resolve({"cart": [0, 1], "pole": [2, 3]}, (4,)).sizes.tolist()
             [2, 2]
         """
-        shape = tuple(int(size) for size in feature_shape)
+        shape = _feature_shape(feature_shape)
+        names = None if names is None else check_names(names, "names")
         if isinstance(groups, FeatureGroups):
             if groups.feature_shape != shape:
                 raise ValueError(
-                    f"feature_groups were built for feature shape {groups.feature_shape}, the states have {shape}"
+                    f"groups were built for feature shape {groups.feature_shape}, the states have {shape}"
                 )
             return groups if names is None else cls(groups.ids, names, shape)
         if isinstance(groups, str):
@@ -132,25 +154,25 @@ class FeatureGroups:
                 built = cls.channels(shape)
                 return built if names is None else cls(built.ids, names, shape)
             raise ValueError(
-                f"feature_groups must be 'features', 'channels', an integer mask or a dict, got {groups!r}"
+                f"groups must be 'features', 'channels', an integer mask or a dict, got {shown(groups)}"
             )
         if isinstance(groups, (Tensor, np.ndarray)):
             return cls._from_mask(groups, shape, names)
         if isinstance(groups, Mapping):
             return cls._from_dict(groups, shape, names)
         raise TypeError(
-            "feature_groups must be 'features', 'channels', an integer mask of the feature shape or a dict "
+            "groups must be 'features', 'channels', an integer mask of the feature shape or a dict "
             f"{{name: indices or bool mask}}, got {type(groups).__name__}"
         )
 
     @classmethod
     def features(cls, feature_shape: Sequence[int], names: Sequence[str] | None = None) -> FeatureGroups:
         """One group per feature, named by ``names`` (default ``x0, x1, ...``)."""
-        shape = tuple(int(size) for size in feature_shape)
+        shape = _feature_shape(feature_shape)
         count = math.prod(shape)
         if names is None:
             return cls(torch.arange(count), default_feature_names(shape), shape, generated_names=True)
-        return cls(torch.arange(count), list(names), shape)
+        return cls(torch.arange(count), names, shape)
 
     @classmethod
     def channels(cls, feature_shape: Sequence[int]) -> FeatureGroups:
@@ -159,7 +181,7 @@ class FeatureGroups:
         Raises:
             ValueError: the state has a single dimension (no channels).
         """
-        shape = tuple(int(size) for size in feature_shape)
+        shape = _feature_shape(feature_shape)
         if len(shape) < 2:
             raise ValueError(
                 f"feature_groups='channels' needs states with a channel dimension, (C, H, W) or (C, L); the states "
@@ -175,9 +197,10 @@ class FeatureGroups:
 
         A block is named after its first and last feature, ``x0..x7``.
         """
-        shape = tuple(int(value) for value in feature_shape)
+        shape = _feature_shape(feature_shape)
+        size = check_positive_int(size, "size")
         count = math.prod(shape)
-        feature_names = list(names) if names is not None else default_feature_names(shape)
+        feature_names = default_feature_names(shape) if names is None else check_feature_names(names, count, "names")
         ids = torch.arange(count) // size
         starts = range(0, count, size)
         labels = [
@@ -252,6 +275,7 @@ class FeatureGroups:
 
     def members(self, group: int) -> Tensor:
         """Flat indices ``(sizes[group],)`` of the features of group ``group``, in feature order."""
+        group = check_int(group, "group", minimum=0, maximum=len(self) - 1)
         start = int(self.sizes[:group].sum())
         return self._order[start : start + int(self.sizes[group])]
 
@@ -267,9 +291,13 @@ class FeatureGroups:
             bit-identical sums.
 
         Raises:
+            TypeError: the attributions are not a tensor.
             ValueError: the attributions do not have this feature shape.
         """
         count = self.ids.numel()
+        if not isinstance(attributions, Tensor):
+            kind = type(attributions).__name__
+            raise TypeError(f"attributions must be a torch.Tensor (B, *feature_shape), got {kind}")
         if attributions.ndim < 1 or attributions[0].numel() != count:
             raise ValueError(
                 f"attributions of shape {tuple(attributions.shape)} do not match the groups' feature shape "
@@ -311,7 +339,17 @@ def _members(members: Any, shape: tuple[int, ...], name: str) -> Tensor:
     if isinstance(members, (Tensor, np.ndarray)) and torch.as_tensor(members).dtype == torch.bool:
         mask = _broadcast(torch.as_tensor(members).cpu(), shape, f"feature_groups[{name!r}]")
         return torch.nonzero(mask.reshape(-1)).reshape(-1)
-    indices = torch.as_tensor(members).reshape(-1) if not isinstance(members, (str, bytes)) else None
+    indices = None
+    if not isinstance(members, (str, bytes)):
+        try:
+            indices = torch.as_tensor(members).reshape(-1)
+        except (OverflowError, ValueError):  # an int past int64: no feature has that index
+            raise ValueError(
+                f"feature_groups[{name!r}] holds an index outside the {count} features of shape {shape} "
+                f"({shown(members, 80)}; flat indices, 0-based)"
+            ) from None
+        except (TypeError, RuntimeError):
+            indices = None  # not numbers at all: said below
     if indices is None or (indices.numel() and (indices.is_floating_point() or indices.dtype == torch.bool)):
         raise TypeError(
             f"feature_groups[{name!r}] must be a list of flat feature indices or a bool mask of the feature shape, "
@@ -327,6 +365,21 @@ def _members(members: Any, shape: tuple[int, ...], name: str) -> Tensor:
     if torch.unique(indices).numel() != indices.numel():
         raise ValueError(f"feature_groups[{name!r}] lists a feature twice")
     return indices
+
+
+def _feature_shape(feature_shape: Any) -> tuple[int, ...]:
+    return tuple(check_int_sequence(feature_shape, "feature_shape", minimum=1))
+
+
+def _group_names(names: Any, count: int, what: str) -> list[str]:
+    """One printable, distinct name per group; more or fewer names than groups is a mistake, not a padding."""
+    listed = check_names(names, what)
+    if len(listed) != count:
+        raise ValueError(
+            f"{what} has {len(listed)} names but there are {count} groups; pass one name per group "
+            f"(got {shown(listed, 80)})"
+        )
+    return listed
 
 
 def automatic_groups(
@@ -352,15 +405,15 @@ def automatic_groups(
     return FeatureGroups.blocks(shape, math.ceil(math.prod(shape) / max_features), feature_names)
 
 
-def check_group_spec(groups: Any) -> Any:
+def check_group_spec(groups: Any, name: str = "feature_groups") -> Any:
     """``groups`` if it is ``None`` or one of the forms :meth:`FeatureGroups.resolve` takes (its shape is checked there)."""
     if groups is None or isinstance(groups, (FeatureGroups, Tensor, np.ndarray, Mapping)):
         return groups
     if isinstance(groups, str) and groups in ("features", "channels"):
         return groups
     raise (ValueError if isinstance(groups, str) else TypeError)(
-        "feature_groups must be None, 'features', 'channels', an integer mask of the feature shape or a dict "
-        f"{{name: indices or bool mask}}, got {groups!r:.60}"
+        f"{name} must be None, 'features', 'channels', an integer mask of the feature shape or a dict "
+        f"{{name: indices or bool mask}}, got {shown(groups)}"
     )
 
 
@@ -376,10 +429,14 @@ def choose_groups(
     state has more than ``max_features`` features; else none.
 
     Raises:
-        ValueError: ``group_names`` without ``groups``, or a bad ``groups`` (see :meth:`FeatureGroups.resolve`).
+        ValueError: ``group_names`` without ``groups`` or of another count than the groups, or a bad
+            ``groups`` (see :meth:`FeatureGroups.resolve`).
     """
+    if groups is not None and group_names is not None:
+        built = FeatureGroups.resolve(groups, feature_shape)  # the groups first: the names are counted against them
+        return FeatureGroups(built.ids, _group_names(group_names, len(built), "group_names"), built.feature_shape)
     if groups is not None:
-        names = feature_names if isinstance(groups, str) and groups == "features" and group_names is None else group_names
+        names = feature_names if isinstance(groups, str) and groups == "features" else None
         return FeatureGroups.resolve(groups, feature_shape, names)
     if group_names is not None:
         raise ValueError("group_names needs feature_groups=...; pass the groups they name")

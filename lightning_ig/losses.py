@@ -25,11 +25,17 @@ line, and ``_soft_margin_torch``, the same math in plain torch: the path for
 CPU tensors and float64, and the reference in tests.
 
 Behaviour shared with torch: the output has the input's shape (``"none"``) and
-dtype; the target may broadcast to the input's shape (never the other way), is
-converted to the input's dtype where torch would, and cannot require a gradient;
-the mean of an empty input is NaN and its sum 0; under ``torch.autocast``
+dtype; the target may broadcast to the input's shape (never the other way) and is
+converted to the input's dtype where torch would; the mean of an empty input is
+NaN and its sum 0; under ``torch.autocast``
 half-precision inputs are computed in float32, as torch's autocast does for this
 loss.
+
+A target that requires a gradient gets one, ``dL/dy = -x sigmoid(-y x)`` (a learnt
+soft label, say), through the torch twin, which is differentiable in both
+arguments: the fused kernels compute ``dL/dx`` only. Torch's own loss refuses
+such a target ("not differentiable with respect to argument 'target'"); this
+one is a superset, with the same values where torch's are defined.
 
 Second derivatives (``create_graph=True``) are supported: when autograd records
 the backward, it is computed with differentiable torch operations from the
@@ -53,7 +59,7 @@ from torch import Tensor, nn
 
 from lightning_ig import _cuda
 from lightning_ig._soft_margin_cuda import soft_margin_cuda
-from lightning_ig.vocabulary import BACKENDS, check_choice
+from lightning_ig.vocabulary import BACKENDS, check_bool, check_choice
 
 __all__ = ["SoftMarginLoss", "soft_margin_loss", "swap_soft_margin"]
 
@@ -85,7 +91,8 @@ def soft_margin_loss(
             gradient comes back through that copy).
         target: Labels, usually ``-1``/``+1``; the input's shape or one that
             broadcasts to it (a broadcast target is materialised for the kernels).
-            Converted to the input's dtype; must not require a gradient.
+            Converted to the input's dtype. A target that requires a gradient gets
+            one (computed by the torch twin, on any device).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (elementwise,
             the input's shape).
         backend: ``"auto"`` (default) runs the CUDA kernels for float32, float16
@@ -103,8 +110,9 @@ def soft_margin_loss(
         ValueError: an unknown ``reduction`` or ``backend``, or ``backend="cuda"``
             without a CUDA device / with tensors off the GPU.
         RuntimeError: as torch raises it: ``target`` does not broadcast to the
-            input's shape, its dtype cannot be cast to the input's, or it
-            requires a gradient; or ``backend="cuda"`` where CuPy cannot be imported.
+            input's shape, or its dtype cannot be cast to the input's; or
+            ``backend="cuda"`` where CuPy cannot be imported, or with a target
+            that requires a gradient (the kernels compute ``dL/dx`` only).
 
     Example::
 
@@ -122,7 +130,7 @@ def soft_margin_loss(
         # torch's autocast runs soft_margin_loss in float32; do the same, so swapping is invisible
         input = input.float()
     target = _target_like(target, input)
-    if _use_kernels(resolved, backend, input):
+    if _use_kernels(resolved, backend, input, target):
         if torch.compiler.is_compiling():
             # raw pointers and CuPy launches cannot be traced: torch.compile runs this part
             # eagerly (wrapped here, not at import, since the wrapper imports torch._dynamo)
@@ -146,6 +154,8 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         backend: ``"auto"`` (default), ``"cuda"`` or ``"torch"``; see :func:`soft_margin_loss`.
 
     Raises:
+        TypeError: ``size_average`` or ``reduce`` is neither ``None`` nor a bool, or ``reduction``/``backend``
+            is not a string.
         ValueError: an unknown ``reduction`` or ``backend``.
 
     Example::
@@ -164,6 +174,9 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         *,
         backend: Backend = "auto",
     ) -> None:
+        for name, value in (("size_average", size_average), ("reduce", reduce)):
+            if value is not None:
+                check_bool(value, name)  # torch reads any value as truthy: "no" would mean True
         super().__init__(size_average, reduce, reduction)
         check_choice(self.reduction, REDUCTIONS, "reduction")
         self.backend = check_choice(backend, BACKENDS, "backend")
@@ -281,12 +294,6 @@ def _check_arguments(input: Tensor, target: Tensor, reduction: str) -> None:  # 
     check_choice(reduction, REDUCTIONS, "reduction")
     if not input.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got {input.dtype}; convert it with .float()")
-    if target.requires_grad and torch.is_grad_enabled():
-        # torch's soft_margin_loss has no derivative for the target either; same kind of error
-        raise RuntimeError(
-            "soft_margin_loss is not differentiable with respect to target, which requires grad; "
-            "pass target.detach()"
-        )
 
 
 def _target_like(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
@@ -301,10 +308,17 @@ def _target_like(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
     return target
 
 
-def _use_kernels(resolved: str, backend: str, input: Tensor) -> bool:  # noqa: A002
-    """Whether the fused kernels run: the resolved backend is CUDA and they take the dtype."""
+def _use_kernels(resolved: str, backend: str, input: Tensor, target: Tensor) -> bool:  # noqa: A002
+    """Whether the fused kernels run: the backend is CUDA, they take the dtype, and only ``dL/dx`` is wanted."""
     if resolved != "cuda":
         return False
+    if target.requires_grad and torch.is_grad_enabled():
+        if backend == "cuda":
+            raise RuntimeError(
+                "backend='cuda': the fused kernels compute dL/dinput only, and target requires a gradient; use "
+                "backend='auto' (the torch twin then differentiates both) or pass target.detach()"
+            )
+        return False  # the twin: differentiable with respect to the target too
     if input.dtype in _CUDA_DTYPES:
         return True
     if backend == "cuda":

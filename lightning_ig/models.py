@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig.noise import NoisyLinear
-from lightning_ig.vocabulary import short_repr
+from lightning_ig.vocabulary import check_choice, check_generator, shown
 
 __all__ = [
     "ACTIVATIONS",
@@ -76,8 +76,8 @@ class UnregisteredModelError(ValueError):
         self.name = name
         module = name.partition(":")[0]
         super().__init__(
-            f"model {short_repr(name)} is not registered, and importing it would run the code of module "
-            f"{short_repr(module)}; register the class (lightning_ig.register_model) or allow the import "
+            f"model {shown(name)} is not registered, and importing it would run the code of module "
+            f"{shown(module)}; register the class (lightning_ig.register_model) or allow the import "
             "(allow_import=True) if you trust that module"
         )
 
@@ -162,7 +162,7 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
     """
     _check_flag("allow_import", allow_import)
     if not isinstance(name, str) or not name:
-        raise ValueError(f"a model name must be a non-empty string, got {short_repr(name)}")
+        raise ValueError(f"a model name must be a non-empty string, got {shown(name)}")
     if name not in _REGISTRY and name in _REGISTERED_ELSEWHERE:
         _import(_REGISTERED_ELSEWHERE[name])  # this package's own module: registers the class
     if name in _REGISTRY:
@@ -170,13 +170,13 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
     if ":" not in name:
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ValueError(
-            f"unknown model {short_repr(name)}: registered models are {known}; "
+            f"unknown model {shown(name)}: registered models are {known}; "
             "name your own class as 'package.module:Class'"
         )
     module_name, _, attribute = name.partition(":")
     if not (_dotted_identifier(module_name) and _dotted_identifier(attribute)):
         raise ValueError(
-            f"model {short_repr(name)} is not an import path 'package.module:Class' (dotted Python names on both "
+            f"model {shown(name)} is not an import path 'package.module:Class' (dotted Python names on both "
             "sides of one ':'); check the name"
         )
     if not (allow_import and _IMPORTS_ALLOWED.get()):
@@ -249,14 +249,14 @@ def build_model(
     except UnregisteredModelError:
         raise  # a refused name inside the config: said as it is, not as a config the class rejects
     except (TypeError, ValueError) as error:
-        raise ValueError(f"cannot build model {name!r} with config {short_repr(config)}: {error}") from error
+        raise ValueError(f"cannot build model {name!r} with config {shown(config)}: {error}") from error
     finally:
         _IMPORTS_ALLOWED.reset(token)
 
 
 def _check_flag(name: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({short_repr(value)})")
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({shown(value)})")
 
 
 def _dotted_identifier(text: str) -> bool:
@@ -356,8 +356,7 @@ class DuelingQNetwork(nn.Module):
             _check_size("stream_hidden_size", stream_hidden_size)
         if not isinstance(noisy, bool):
             raise TypeError(f"noisy must be a bool, got {type(noisy).__name__} ({noisy!r})")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        check_choice(activation, tuple(ACTIVATIONS), "activation")
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}")
         self.state_dim = state_dim
@@ -398,6 +397,7 @@ class DuelingQNetwork(nn.Module):
 
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
         """Draw new noise in every NoisyLinear layer (no-op when ``noisy=False``)."""
+        check_generator(generator)  # also when there is no noisy layer to hand it to
         for module in self.modules():
             if isinstance(module, NoisyLinear):
                 module.reset_noise(generator)
@@ -422,11 +422,11 @@ _MAX_SIZE = 2**31 - 1
 
 def _check_size(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({short_repr(value)})")
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({shown(value)})")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {short_repr(value)}")
+        raise ValueError(f"{name} must be >= 1, got {shown(value)}")
     if value > _MAX_SIZE:
-        raise ValueError(f"{name} must be <= 2**31 - 1, got {short_repr(value)}; check the model's sizes")
+        raise ValueError(f"{name} must be <= 2**31 - 1, got {shown(value)}; check the model's sizes")
 
 
 
@@ -470,8 +470,7 @@ class ConvDuelingQNetwork(nn.Module):
         if isinstance(conv_layers, (str, bytes)) or not isinstance(conv_layers, Sequence):
             raise TypeError(f"conv_layers must be a sequence of (out_channels, kernel, stride), got {conv_layers!r}")
         self.conv_layers = tuple(_check_sizes(f"conv_layers[{i}]", conv, 3) for i, conv in enumerate(conv_layers))
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        check_choice(activation, tuple(ACTIVATIONS), "activation")
         channels, height, width = self.input_shape
         layers: list[nn.Module] = []
         for index, (out_channels, kernel_size, stride) in enumerate(self.conv_layers):
@@ -530,6 +529,8 @@ class MinAtarQNetwork(ConvDuelingQNetwork):
         self, in_channels: int = 4, num_actions: int = 6, hidden_size: int = 128, noisy: bool = True,
         sigma0: float = 0.5, activation: Activation = "relu",
     ) -> None:  # fmt: skip
+        _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
+        _check_size("hidden_size", hidden_size)
         super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (hidden_size,), noisy, sigma0, activation)
 
     def config(self) -> dict[str, Any]:
@@ -553,6 +554,7 @@ class NatureQNetwork(ConvDuelingQNetwork):
         self, in_channels: int = 4, num_actions: int = 18, noisy: bool = True, sigma0: float = 0.5,
         activation: Activation = "relu",
     ) -> None:  # fmt: skip
+        _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
         convs = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
         super().__init__((in_channels, 84, 84), num_actions, convs, (), noisy, sigma0, activation, 512)
 

@@ -31,6 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from lightning_ig.vocabulary import check_generator
+
 __all__ = ["NoisyLinear", "noise_disabled", "is_noisy_layer", "attribution_mode"]
 
 
@@ -129,6 +131,8 @@ class NoisyLinear(nn.Module):
                 stream untouched. It must live on the layer's device.
         """
         device, dtype = self.weight_mu.device, self.weight_mu.dtype
+        if check_generator(generator) is not None and generator.device.type != device.type:
+            raise ValueError(f"generator is on {generator.device} but the layer is on {device}; make one on {device}")
         noise_in = _scale_noise(torch.randn(self.in_features, generator=generator, device=device, dtype=dtype))
         noise_out = _scale_noise(torch.randn(self.out_features, generator=generator, device=device, dtype=dtype))
         # eps_w[j, i] = f(e_out[j]) f(e_in[i]): (out_features, in_features)

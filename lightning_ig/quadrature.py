@@ -28,6 +28,8 @@ from typing import Callable, Literal
 
 import numpy as np
 
+from lightning_ig.names import METHODS
+
 __all__ = [
     "METHODS",
     "MAX_GAUSS_LEGENDRE_STEPS",
@@ -57,10 +59,10 @@ Riemann rule (built in O(n), any size) is the right tool.
 
 
 def _check_n(n: int, smallest: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n_steps must be an int, got {type(n).__name__} ({n!r})")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n (the number of points, n_steps) must be an int, got {type(n).__name__} ({n!r:.60})")
     if n < smallest:
-        raise ValueError(f"n_steps must be >= {smallest}, got {n}")
+        raise ValueError(f"n (the number of points, n_steps) must be >= {smallest}, got {n}")
     return int(n)
 
 
@@ -242,7 +244,8 @@ _RULES: dict[str, Callable[[int], Rule]] = {
     "gausslegendre": gausslegendre,
 }
 
-METHODS: tuple[str, ...] = tuple(_RULES)
+if tuple(_RULES) != METHODS:  # pragma: no cover - the one list of names, kept in step at import
+    raise ImportError(f"quadrature rules {tuple(_RULES)} do not match lightning_ig.names.METHODS {METHODS}")
 
 
 def check_rule(method: str, n: int) -> None:

@@ -36,10 +36,12 @@ import numpy as np
 
 from lightning_ig._files import OutputPathError, atomic_path, check_output_dir, check_output_file, file_name_limit
 from lightning_ig.drift import spearman, topk_jaccard
-from lightning_ig.groups import FeatureGroups, GroupSpec
+from lightning_ig.groups import FeatureGroups, GroupSpec, check_group_spec
 from lightning_ig.host_result import HostResult
 from lightning_ig.statistics import completeness_summary, feature_statistics, rank_order, statistics_rows, top_features
-from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
+from lightning_ig.vocabulary import (
+    check_feature_names, check_mapping, check_names, check_path, check_positive_int, check_text, default_feature_names,
+)  # fmt: skip
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -144,6 +146,11 @@ def build_report(
     check_positive_int(top_k, "top_k")
     if not isinstance(forward_target, str):
         raise TypeError(f"forward_target must be a string describing the target, got {type(forward_target).__name__}")
+    checkpoint = None if checkpoint is None else check_path(checkpoint, "checkpoint")
+    regime_head = None if regime_head is None else check_text(regime_head, "regime_head")
+    extra = None if extra is None else check_mapping(extra, "extra")
+    feature_names = None if feature_names is None else check_names(feature_names, "feature_names")
+    groups = check_group_spec(groups, "groups")
     shadowed = sorted(set(extra or {}) & set(_REPORT_KEYS))
     if shadowed:
         raise ValueError(f"extra must not redefine the report's contract keys, got {shadowed}; rename those keys")
@@ -154,7 +161,7 @@ def build_report(
     completeness = completeness_summary(host)
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "checkpoint": None if checkpoint is None else os.fspath(checkpoint),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
         "num_steps": int(host.n_steps),
         "state_dim": len(features),
         "num_states": host.num_states,

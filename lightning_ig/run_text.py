@@ -1,5 +1,8 @@
 """The words of one IG run: units, the completeness verdict, and the ``<prefix>/report`` markdown.
 
+The completeness error is written as a fraction (``relative error 3.76e-03 <= 0.01``), as the JSON report,
+the scalars and ``completeness_tol`` have it (:func:`lightning_ig.names.relative_error_text`).
+
 Read by :mod:`lightning_ig.tensorboard` (the text and the Custom Scalars
 titles) and :mod:`lightning_ig.figures` (the verdict under the bar chart). Reads
 a :class:`~lightning_ig.summary.RunSummary`, never the JSON report.
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lightning_ig.names import relative_error_text
 from lightning_ig.statistics import rank_order
 from lightning_ig.summary import RunSummary
 
@@ -46,8 +50,9 @@ def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
     line = {
         "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
         "unchecked": f"completeness not checked: F(x) ≈ F(b) in all {numbers.num_states} states",
-        "pass": f"completeness passes: worst error {worst:.2%} <= {tolerance:.2%}",
-        "fail": f"completeness FAILS: worst error {worst:.2%} > {tolerance:.2%}; use n_steps='auto'",
+        "pass": f"completeness passes: worst relative error {relative_error_text(worst)} <= {tolerance:g}",
+        "fail": f"completeness FAILS: worst relative error {relative_error_text(worst)} > {tolerance:g}; "
+                "use n_steps='auto'",
     }[numbers.verdict]
     return numbers.verdict, line
 
@@ -69,10 +74,11 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
         skipped = (f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio; "
                    "their absolute error is in the JSON report.")  # fmt: skip
     if numbers.verdict == "pass":
-        return "pass", (f"Completeness passes: worst relative error {worst:.2%} <= tolerance {tolerance:.2%} over "
-                        f"{numbers.num_checked} states.{skipped}")  # fmt: skip
-    return "fail", (f"Completeness FAILS: worst relative error {worst:.2%} > tolerance {tolerance:.2%}: the attributions "
-                    f"do not add up to F(x) - F(b). Use n_steps='auto' or more steps.{skipped}")  # fmt: skip
+        return "pass", (f"Completeness passes: worst relative error {relative_error_text(worst)} <= tolerance "
+                        f"{tolerance:g} over {numbers.num_checked} states.{skipped}")  # fmt: skip
+    return "fail", (f"Completeness FAILS: worst relative error {relative_error_text(worst)} > tolerance {tolerance:g}: "
+                    "the attributions do not add up to F(x) - F(b). Use n_steps='auto' or more steps."
+                    f"{skipped}")  # fmt: skip
 
 
 def report_markdown(summary: RunSummary, labels: Sequence[str], prefix: str, *, saliency_scale: float | None = None) -> str:
@@ -135,4 +141,4 @@ def _ensemble_lines(summary: RunSummary, prefix: str) -> list[str]:
                 f"rankings with the aggregate's: mean {_number(scalars['spearman_mean'], '.3f')}, lowest "
                 f"{_number(scalars['spearman_min'], '.3f')}; relative spread of mean |attribution| across members "
                 f"{_number(scalars['relative_spread'], '.3g')}. Member completeness {verdict}: worst relative error "
-                f"{_number(worst, '.3g')}."]  # fmt: skip
+                f"{relative_error_text(worst)}."]  # fmt: skip

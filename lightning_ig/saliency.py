@@ -35,7 +35,7 @@ import numpy as np
 from lightning_ig._files import atomic_path
 from lightning_ig.raster import DIVERGING_LUT, SEQUENTIAL_LUT, font
 
-__all__ = ["SaliencyImage", "mean_abs_image", "saliency_grid", "saliency_kind", "write_png"]
+__all__ = ["SaliencyImage", "check_saliency_channel", "mean_abs_image", "saliency_grid", "saliency_kind", "write_png"]
 
 # Small observations are enlarged by whole pixels up to about this size (captions stay in proportion); larger
 # ones are stored as they are: TensorBoard scales images up to its card without smoothing ("pixelated").
@@ -68,6 +68,25 @@ def saliency_kind(feature_shape: tuple[int, ...]) -> str | None:
     if len(feature_shape) >= 3:
         return "image"
     return "strip" if len(feature_shape) == 2 else None
+
+
+def check_saliency_channel(channel: int | None, feature_shape: tuple[int, ...]) -> None:
+    """Raise where ``channel`` (the one drawn in grey) is not a channel of ``(C, H, W)`` states.
+
+    Leading dimensions of more than three are folded into channels, as the pictures fold them. States of
+    other shapes draw no channel in grey, so any ``channel`` passes for them.
+
+    Raises:
+        ValueError: ``channel`` is past the last channel.
+    """
+    if channel is None or saliency_kind(feature_shape) != "image":
+        return
+    channels = math.prod(feature_shape[:-2])
+    if not 0 <= channel < channels:
+        raise ValueError(
+            f"saliency_channel={channel} is out of range for {channels} channels (feature shape {feature_shape}); "
+            f"pick 0..{channels - 1}, or None for the channel mean"
+        )
 
 
 def _robust_max(values: np.ndarray) -> float:
@@ -157,8 +176,7 @@ def saliency_grid(
         body = _stack(strips, [f"state {i}" for i in range(len(strips))])
         return SaliencyImage(_with_legend(body, scale, signed=True, what="attribution per channel and position"), scale)
     images, maps = _as_images(states), _as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
-    if channel is not None and not 0 <= channel < images.shape[1]:
-        raise ValueError(f"saliency_channel={channel} is out of range for {images.shape[1]} channels")
+    check_saliency_channel(channel, tuple(states.shape[1:]))
     grey = np.round(_grey(images.mean(axis=1) if channel is None else images[:, channel])).astype(np.intp)  # (S, H, W)
     scale = _robust_max(maps)
     blended = _BLEND[_signed_level(maps, scale), grey]  # (S, H, W, 3) uint8: one table look-up per pixel

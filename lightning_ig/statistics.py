@@ -24,7 +24,7 @@ import torch
 
 from lightning_ig.attribution import worst_relative_error
 from lightning_ig.host_result import HostResult, Moments
-from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
+from lightning_ig.vocabulary import check_bool, check_feature_names, check_positive_int, default_feature_names
 
 __all__ = [
     "Completeness",
@@ -214,6 +214,7 @@ def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, An
     Raises:
         ValueError: the result holds one attribution set per action (``target="each"``).
     """
+    per_state = check_bool(per_state, "per_state")
     host = HostResult.from_result(result)
     numbers = completeness(host)
     summary: dict[str, Any] = {

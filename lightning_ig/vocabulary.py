@@ -13,24 +13,38 @@ Errors say what was wrong, the value seen, and what to do:
 from __future__ import annotations
 
 import math
+import os
 import reprlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig.quadrature import METHODS
+from lightning_ig.names import BACKENDS, GRADIENTS, METHODS
 
 __all__ = [
     "BACKENDS",
     "GRADIENTS",
     "METHODS",
+    "shown",
     "check_choice",
+    "check_bool",
+    "check_int",
     "check_positive_int",
     "check_optional_positive_int",
+    "check_real",
     "check_positive_float",
+    "check_text",
+    "check_names",
+    "check_int_sequence",
+    "check_mapping",
+    "check_path",
+    "check_generator",
+    "check_device",
+    "check_float_dtype",
     "check_n_steps",
     "check_finite",
     "check_states",
@@ -38,32 +52,84 @@ __all__ = [
     "check_feature_names",
     "target_label",
     "callable_name",
-    "short_repr",
-]
-
-BACKENDS = ("auto", "cuda", "torch")
-"""``"auto"``: the CUDA kernels when the tensors are on a CUDA device and CuPy imports, else torch."""
-
-GRADIENTS = ("autograd", "finite_difference")
-"""How the engine takes gradients along the path."""
+    ]
 
 NSteps = Union[int, Literal["auto"]]
 
+_INTEGERS = (int, np.integer)
+_REALS = (int, float, np.integer, np.floating)
+
+
+def shown(value: Any, width: int = 120) -> str:
+    """``repr(value)`` for a message that quotes what was given, cut to about ``width`` characters (``...``).
+
+    Containers are abbreviated as they are written (:mod:`reprlib`), so a list of
+    millions of items costs no more than a short one. Never raises: a value whose
+    repr fails (an int past Python's digit limit) is named by its type.
+    """
+    try:
+        text = _SHORT.repr(value)
+    except (ValueError, RecursionError):
+        text = f"<a {type(value).__name__} too large to print>"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlong = 40
+
+
+def _seen(value: Any) -> str:
+    return f"{type(value).__name__} ({shown(value)})"
+
 
 def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
-    """``value`` if it is one of ``choices``; else a ``ValueError`` listing them."""
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+    """``value`` if it is one of ``choices``.
+
+    Raises:
+        TypeError: not a string.
+        ValueError: a string that is none of ``choices`` (the message lists them).
+    """
+    listed = ", ".join(repr(c) for c in choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {listed}; got {_seen(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {listed}; got {shown(value)}")
     return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` if it is ``True`` or ``False``: a string (``"no"``) or a number is refused, never read as truthy."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {_seen(value)}")
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (bools are refused: ``True`` is not a number of anything).
+
+    Raises:
+        TypeError: not an int (a float, a string, a bool, ...).
+        ValueError: outside the range.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGERS):
+        raise TypeError(f"{name} must be an int, got {_seen(value)}")
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        low = "" if minimum is None else f" >= {minimum}"
+        high = "" if maximum is None else f"{' and' if low else ''} <= {maximum}"
+        raise ValueError(f"{name} must be an int{low}{high}, got {shown(number)}")
+    return number
 
 
 def check_positive_int(value: Any, name: str, *, example: int | None = None) -> int:
     """``value`` as an int >= 1 (bools are refused: ``True`` is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} ({value!r})")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGERS):
+        raise TypeError(f"{name} must be an int >= 1, got {_seen(value)}")
     if value < 1:
         hint = f"; e.g. {name}={example}" if example is not None else ""
-        raise ValueError(f"{name} must be an int >= 1, got {value}{hint}")
+        raise ValueError(f"{name} must be an int >= 1, got {shown(int(value))}{hint}")
     return int(value)
 
 
@@ -72,13 +138,102 @@ def check_optional_positive_int(value: Any, name: str) -> int | None:
     return None if value is None else check_positive_int(value, name)
 
 
+def check_real(value: Any, name: str, *, above: float | None = None, below: float | None = None) -> float:
+    """``value`` as a finite float, ``> above`` and ``< below`` where given.
+
+    Raises:
+        TypeError: not a real number (a string, a bool, a tensor, ...).
+        ValueError: NaN, infinite, or outside the range.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REALS):
+        raise TypeError(f"{name} must be a number, got {_seen(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"{name} must be a finite number, got an int of {len(str(abs(value)))} digits") from None
+    within = math.isfinite(number) and (above is None or number > above) and (below is None or number < below)
+    if not within:
+        wanted = " and ".join(f"{sign} {bound}" for sign, bound in ((">", above), ("<", below)) if bound is not None)
+        raise ValueError(f"{name} must be a finite number{' ' + wanted if wanted else ''}, got {shown(value)}")
+    return number
+
+
 def check_positive_float(value: Any, name: str) -> float:
     """``value`` as a finite float > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number > 0, got {type(value).__name__} ({value!r})")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    return check_real(value, name, above=0)
+
+
+def check_text(value: Any, name: str) -> str:
+    """``value`` if it is a non-blank string."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {_seen(value)}")
+    if not value.strip():
+        raise ValueError(f"{name} must not be blank, got {shown(value)}")
+    return value
+
+
+def check_names(value: Any, name: str) -> list[str]:
+    """``value`` as a list of distinct, printable, non-blank strings; a bare string is refused, not split."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, range)):
+        hint = f"; for one name pass [{value!r}]" if isinstance(value, str) else ""
+        raise TypeError(f"{name} must be a list of strings, got {_seen(value)}{hint}")
+    return check_feature_names(value, len(value), name)
+
+
+def check_int_sequence(value: Any, name: str, *, minimum: int | None = None) -> list[int]:
+    """``value`` as a list of ints (each ``>= minimum``); a bare int or string is refused."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of ints, got {_seen(value)}")
+    return [check_int(item, f"{name}[{index}]", minimum=minimum) for index, item in enumerate(value)]
+
+
+def check_mapping(value: Any, name: str) -> dict[str, Any]:
+    """``value`` as a dict with string keys."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict, got {_seen(value)}")
+    bad = next((key for key in value if not isinstance(key, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name} must have string keys, got the key {_seen(bad)}")
+    return dict(value)
+
+
+def check_path(value: Any, name: str) -> Path:
+    """``value`` as a :class:`~pathlib.Path`: a non-empty ``str`` or ``os.PathLike``."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_seen(value)}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path:
+        error = ValueError if isinstance(path, str) else TypeError
+        raise error(f"{name} must be a non-empty path, got {shown(value)}")
+    return Path(path)
+
+
+def check_generator(value: Any, name: str = "generator") -> torch.Generator | None:
+    """``None`` (torch's global generator) or a ``torch.Generator``."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise TypeError(f"{name} must be None or a torch.Generator, got {_seen(value)}")
+    return value
+
+
+def check_device(value: Any, name: str = "device") -> torch.device:
+    """``value`` (a ``str`` such as ``"cuda:1"`` or a ``torch.device``) as a ``torch.device``."""
+    if isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {_seen(value)}")
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name} must name a device such as 'cpu', 'cuda' or 'cuda:1', got {shown(value)}") from None
+
+
+def check_float_dtype(value: Any, name: str = "dtype") -> torch.dtype:
+    """``value`` if it is a floating-point ``torch.dtype``."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype such as torch.float32, got {_seen(value)}")
+    if not value.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point dtype (torch.float32, torch.float64, ...), got {value}")
+    return value
 
 
 def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:
@@ -170,26 +325,6 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
 def callable_name(function: Any) -> str:
     """A readable name for a function or callable object."""
     return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or type(function).__name__
-
-
-def short_repr(value: Any, limit: int = 120) -> str:
-    """``repr(value)`` for a message, cut to about ``limit`` characters (``...`` where cut).
-
-    Containers are abbreviated as they are written (:mod:`reprlib`), so a list of
-    millions of items costs no more than a short one. Never raises: a value whose
-    repr fails (an int past Python's digit limit) is named by its type.
-    """
-    try:
-        text = _SHORT.repr(value)
-    except (ValueError, RecursionError):
-        text = f"<a {type(value).__name__} too large to print>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
-_SHORT.maxstring = _SHORT.maxother = 80
-_SHORT.maxlong = 40
 
 
 def target_label(target: Any) -> str:

@@ -524,8 +524,13 @@ def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
     b[0, 3] = float("-inf")
     with pytest.raises(ValueError, match=r"baselines holds 1 NaN/Inf value\(s\), the first at index \(0, 3\)"):
         integrated_gradients(_forward, torch.randn(3, 4), b)
-    with pytest.raises(ValueError, match="baselines must be finite"):
+    with pytest.raises(ValueError, match="baselines must be a finite number"):
         integrated_gradients(_forward, torch.randn(3, 4), float("nan"))
+    # was: torch's "value cannot be converted to type float without overflow", a bug's exit status on the command line
+    with pytest.raises(ValueError, match=r"baselines must be a finite number of the inputs' dtype torch.float32"):
+        integrated_gradients(_forward, torch.randn(3, 4), 1e308)
+    with pytest.raises(ValueError, match="baselines must be a finite number"):
+        integrated_gradients(_forward, torch.randn(3, 4), 10**400)
 
 
 def test_error_forward_returning_the_wrong_shape() -> None:

@@ -436,6 +436,13 @@ def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
         ({"figure_every_n_runs": "auto"}, TypeError, "figure_every_n_runs must be an int >= 1"),
         ({"saliency_every_n_runs": 0}, ValueError, "saliency_every_n_runs must be an int >= 1"),
         ({"saliency_every_n_runs": None}, TypeError, "saliency_every_n_runs must be an int >= 1"),
+        # was: bool("no") and bool("False") are True, list("abc") is ['a', 'b', 'c']: read, silently, as something else
+        ({"run_at_train_end": "no"}, TypeError, r"run_at_train_end must be True or False, got str \('no'\)"),
+        ({"log_histograms": "False"}, TypeError, r"log_histograms must be True or False, got str \('False'\)"),
+        ({"group_names": "abc"}, TypeError, r"group_names must be a list of strings, got str \('abc'\)"),
+        ({"every_n_steps": "100"}, TypeError, "every_n_steps must be a positive int or None, got str"),
+        ({"report_dir": 3}, TypeError, r"report_dir must be a path \(str or os.PathLike\), got int"),
+        ({"saliency_channel": 1.0}, TypeError, "saliency_channel must be None"),
     ],
 )
 def test_bad_arguments_fail_at_construction(options, error, match):
@@ -468,6 +475,13 @@ class _NoTraining(Callback):
         (torch.randn(6, 4), {"feature_groups": "channels"}, "needs states with a channel dimension"),
         (torch.randn(6, 4), {"feature_groups": {"a": [0, 9]}}, "holds index 9, outside the 4 features"),
         (torch.randn(6, 4), {"group_names": ["a"]}, "group_names needs feature_groups"),
+        # was: a third, phantom group of no feature, logged as attribution 0 every run
+        (torch.randn(6, 4), {"feature_groups": {"a": [0, 1], "b": [2, 3]}, "group_names": ["a", "b", "c"]},
+         "group_names has 3 names but there are 2 groups"),
+        (torch.randn(6, 3, 2, 2), {"feature_groups": "channels", "group_names": ["r", "g", "b", "alpha"]},
+         "group_names has 4 names but there are 3 groups"),
+        # was: passed set-up and failed at the first picture, mid-training
+        (torch.randn(6, 3, 2, 2), {"saliency_channel": 7}, r"saliency_channel=7 is out of range for 3 channels"),
         (torch.randn(6, 4), {"target": 2}, r"target=2 is out of range: the model returns 2 outputs per state"),
         (torch.randn(6, 4), {"baseline": torch.zeros(3)}, r"baseline has shape \(3,\) but the states have shape"),
         (torch.randn(6, 4), {"backend": "cuda"}, "backend='cuda' needs a CUDA device"),

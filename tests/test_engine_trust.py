@@ -155,6 +155,59 @@ def test_batch_norm_in_train_mode_warns_and_flags() -> None:
     assert result.stochastic
 
 
+def _batch_norm_state(model: torch.nn.Module) -> list[torch.Tensor]:
+    norm = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    return [norm.running_mean.clone(), norm.running_var.clone(), norm.num_batches_tracked.clone()]
+
+
+@pytest.mark.parametrize(
+    ("gradient", "n_steps", "chunk"), [("autograd", 8, None), ("autograd", 8, 5), ("finite_difference", 4, None),
+                                       ("autograd", "auto", None)]  # fmt: skip
+)
+def test_train_mode_batch_norm_statistics_are_put_back(gradient: str, n_steps: int | str, chunk: int | None) -> None:
+    # was: each of the engine's forwards moved running_mean / running_var and counted num_batches_tracked, though
+    # the model was promised to be left as it was
+    model = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16)]).train()
+    model(torch.randn(7, 5, dtype=torch.float64))  # statistics that are not the initial ones
+    before = _batch_norm_state(model)
+    with pytest.warns(StochasticForwardWarning, match="BatchNorm1d in train mode"):  # still warned: F(x) uses the batch
+        result = integrated_gradients(target_forward(model, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=n_steps,
+                                      gradient=gradient, internal_batch_size=chunk)  # fmt: skip
+    assert result.stochastic
+    for kept, now in zip(before, _batch_norm_state(model)):
+        assert torch.equal(kept, now)
+    assert model.training
+
+
+def test_train_mode_batch_norm_statistics_are_put_back_by_every_graph_replay() -> None:
+    model = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16)]).train()
+    capture = EmulatedCapture()
+    engine = IntegratedGradients(target_forward(model, 0), n_steps=8, graph_capture=capture)
+    before = _batch_norm_state(model)
+    with pytest.warns(StochasticForwardWarning):
+        engine.attribute(torch.randn(6, 5, dtype=torch.float64))  # the eager run and the capture
+    for _ in range(2):
+        engine.attribute(torch.randn(6, 5, dtype=torch.float64))
+    assert engine.last_mode == "graph" and capture.graphs[0].replays == 3  # the first call replays what it captured
+    for kept, now in zip(before, _batch_norm_state(model)):
+        assert torch.equal(kept, now)
+
+
+def test_statistics_moved_by_a_failing_forward_are_put_back() -> None:
+    model = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16)]).train()
+    before = _batch_norm_state(model)
+
+    def fails_after_the_norm(z: torch.Tensor) -> torch.Tensor:
+        model(z)
+        raise RuntimeError("the forward broke")
+
+    fails_after_the_norm.__wrapped__ = model  # type: ignore[attr-defined]  # how the engine finds the model
+    with pytest.raises(RuntimeError, match="the forward broke"):
+        integrated_gradients(fails_after_the_norm, torch.randn(6, 5, dtype=torch.float64), n_steps=4)
+    for kept, now in zip(before, _batch_norm_state(model)):
+        assert torch.equal(kept, now)
+
+
 def test_batch_statistics_in_eval_mode_are_flagged_too() -> None:
     # Without running statistics, batch-norm normalises with the batch's even in eval mode; identical rows in one
     # batch still agree, so this is found by looking at the module.
@@ -277,6 +330,11 @@ def test_too_many_gauss_legendre_steps_fail_before_any_forward() -> None:
         IntegratedGradients(forward, n_steps=MAX_GAUSS_LEGENDRE_STEPS + 1)
     with pytest.raises(ValueError, match=rf"max_steps={2 * MAX_GAUSS_LEGENDRE_STEPS} is more than"):
         integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", max_steps=2 * MAX_GAUSS_LEGENDRE_STEPS)
+    # was: n_steps="auto" started the trapezoid at 2 points, past max_steps=1, and said n_steps=2
+    with pytest.raises(ValueError, match="max_steps=1 is below the 2 points method='riemann_trapezoid' needs"):
+        integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", method="riemann_trapezoid", max_steps=1)
+    with pytest.raises(ValueError, match="max_steps=1 is below"):
+        IntegratedGradients(forward, n_steps="auto", method="riemann_trapezoid", max_steps=1)
     assert calls == []
 
 
@@ -296,3 +354,10 @@ def test_grouped_attributions_keep_completeness_per_state() -> None:
     assert per_action.shape == (4, 5, 3)  # two named groups and "other"
     size = float(each.attributions.abs().sum(dim=(2, 3, 4)).max())
     assert (per_action.sum(-1) - each.attributions.sum(dim=(2, 3, 4))).abs().max() <= 64 * eps(torch.float64) * size
+
+
+def test_a_model_on_another_device_says_so_not_torch() -> None:
+    # was: torch's own "Expected all tensors to be on the same device ..." from inside the forward
+    model = _mlp(4, 2, seed=1).to("meta")
+    with pytest.raises(ValueError, match=r"inputs are on cpu but the model's parameters are on meta; move one"):
+        integrated_gradients(model, torch.randn(3, 4, dtype=torch.float64), target="mean", n_steps=4)

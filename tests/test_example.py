@@ -11,7 +11,9 @@ with the same seed and the callback off must give bit-identical weights
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -25,7 +27,7 @@ from lightning_ig.models import DuelingQNetwork
 from lightning_ig.report import load_schema
 from lightning_ig.tensorboard import feature_tags
 
-from _examples import REPO, load_example
+from _examples import REPO, example_env, load_example
 from _examples import only_run_dir as _only_run_dir
 from _examples import run_python as _run
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
@@ -59,6 +61,21 @@ def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedP
         assert name in proc.stdout
     run_dir = _only_run_dir(runs)
     assert run_dir.name.startswith("CartPole-v1__dqn_cartpole__3__")
+
+
+def test_the_printed_diag_command_runs_as_printed(
+    tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    # was: a bare `lightning-ig`, not on the PATH after the README's commands (they never activate the venv)
+    proc, _ = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("diagnose it with"))
+    command = shlex.split(line.removeprefix("diagnose it with"))
+    assert Path(command[0]).name in ("lightning-ig", Path(sys.executable).name), command
+    done = subprocess.run([*command, "--auto-samples", "4", "--output", str(tmp_path / "r.json")], cwd=tiny_run[1].parent,
+                          env=example_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "r.json").read_text())["num_states"] == 4
 
 
 def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
@@ -144,6 +161,8 @@ def test_help_shows_each_flag_with_its_help_and_default(tmp_path: Path) -> None:
         "(default: 1000)"
     ) in text
     assert "--accelerator {cpu,gpu,auto}" in text
+    assert "(default: None)" not in text  # a flag without a default shows none
+    assert "1e-4" not in text  # the activation's help says what is measured, not a number the run does not print
 
 
 def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:

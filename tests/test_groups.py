@@ -115,9 +115,9 @@ def test_bad_forms_raise_one_clear_error(groups, error, match):
 
 
 def test_bad_names_and_channels_without_channels():
-    with pytest.raises(ValueError, match="group_names repeats"):
+    with pytest.raises(ValueError, match="names repeats"):
         FeatureGroups.resolve("channels", (2, 3), names=["same", "same"])
-    with pytest.raises(ValueError, match="group_names has 1 names but there are 2"):
+    with pytest.raises(ValueError, match="names has 1 names but there are 2 groups"):
         FeatureGroups.resolve("channels", (2, 3), names=["one"])
     with pytest.raises(ValueError, match="needs states with a channel dimension"):
         FeatureGroups.resolve("channels", (6,))
@@ -147,3 +147,29 @@ def test_channel_names_only_when_the_groups_are_the_channels() -> None:
     assert swapped.channel_names() is None  # group 0 is channel 1: tiles would be mislabelled
     assert FeatureGroups.resolve("features", (2, 2, 2)).channel_names() is None
     assert FeatureGroups.resolve("features", (4,)).channel_names() is None  # a flat vector has no channels
+
+
+@pytest.mark.parametrize(
+    ("groups", "shape", "names", "match"),
+    [
+        (torch.tensor([0, 0, 1, 1]), (4,), ["a", "b", "c"], "names has 3 names but there are 2 groups"),
+        ("channels", (3, 2, 2), ["r", "g", "b", "alpha"], "names has 4 names but there are 3 groups"),
+        ({"a": [0, 1]}, (4,), ["a", "rest", "more"], "names has 3 names but there are 2 groups"),
+    ],
+)
+def test_more_names_than_groups_make_no_phantom_group(groups, shape, names, match):
+    # was: FeatureGroups.resolve(torch.tensor([0, 0, 1, 1]), (4,), ["a", "b", "c"]).sizes == [2, 2, 0]
+    with pytest.raises(ValueError, match=match):
+        FeatureGroups.resolve(groups, shape, names)
+
+
+def test_ids_that_skip_a_group_are_refused():
+    with pytest.raises(ValueError, match="ids leave group 1 without a feature"):
+        FeatureGroups(torch.tensor([0, 0, 2, 2]), ["a", "b", "c"], (4,))
+
+
+@pytest.mark.parametrize("index", [2**70, -(2**70), 2**63])
+def test_an_index_past_int64_is_a_value_error(index):
+    # was: OverflowError (a bug's exit status on the command line)
+    with pytest.raises(ValueError, match=r"feature_groups\['a'\] holds an index outside the 4 features"):
+        FeatureGroups.resolve({"a": [0, index]}, (4,))

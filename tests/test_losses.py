@@ -194,15 +194,39 @@ def test_complex_target_fails_like_torch() -> None:
         soft_margin_loss(x, y)
 
 
-def test_target_requiring_grad_fails_like_torch_but_not_under_no_grad() -> None:
-    x = torch.randn(4, requires_grad=True)
-    y = torch.ones(4, requires_grad=True)
-    with pytest.raises(RuntimeError):
-        F.soft_margin_loss(x, y)
-    with pytest.raises(RuntimeError, match="not differentiable with respect to target"):
-        soft_margin_loss(x, y)
-    with torch.no_grad():
-        _assert_close(soft_margin_loss(x, y), F.soft_margin_loss(x, y), torch.float32)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("target_shape", [(3, 4), (4,)])  # the input's shape, and one that broadcasts to it
+def test_a_target_requiring_grad_gets_its_gradient(reduction: str, target_shape: tuple[int, ...]) -> None:
+    # was: refused with a RuntimeError. The loss is differentiable in the target too: dL/dy = -x sigmoid(-y x).
+    generator = torch.Generator().manual_seed(11)
+    x = (torch.randn(3, 4, generator=generator, dtype=torch.float64) * 3).requires_grad_()
+    y = torch.randn(*target_shape, generator=generator, dtype=torch.float64).requires_grad_()  # a learnt soft label
+    loss = soft_margin_loss(x, y, reduction)
+    grad_output = torch.full_like(loss, 0.5)  # not the last op: grad_output != 1
+    grad_x, grad_y = torch.autograd.grad(loss, (x, y), grad_output)
+    x64, y64 = x.detach().numpy(), np.broadcast_to(y.detach().numpy(), x.shape)
+    expected_loss, expected_grad_x = _reference(x.detach(), y.detach(), reduction)
+    scale = {"mean": 1.0 / x64.size, "sum": 1.0, "none": 1.0}[reduction]
+    z = -y64 * x64
+    per_element = -x64 * np.exp(z - np.logaddexp(0.0, z)) * scale * 0.5  # -x sigmoid(-y x), reduced, times grad_output
+    expected_grad_y = per_element if target_shape == x.shape else per_element.sum(axis=0)  # summed over the broadcast
+    _assert_close(loss, expected_loss, torch.float64)
+    _assert_close(grad_x, expected_grad_x * 0.5, torch.float64)
+    _assert_close(grad_y, expected_grad_y, torch.float64)
+    with torch.no_grad():  # where torch's own loss takes such a target, the values are torch's
+        _assert_close(soft_margin_loss(x, y, reduction), F.soft_margin_loss(x, y, reduction=reduction), torch.float64)
+
+
+def test_a_target_gradient_through_the_module_and_the_kernels_path_choice() -> None:
+    x = torch.randn(6, requires_grad=True)
+    y = torch.ones(6, requires_grad=True)
+    SoftMarginLoss()(x, y).backward()
+    assert y.grad is not None and torch.isfinite(y.grad).all()
+    # the fused kernels write dL/dx only: a target that needs a gradient takes the twin, or says why not
+    assert not losses._use_kernels("cuda", "auto", x, y)
+    with pytest.raises(RuntimeError, match="the fused kernels compute dL/dinput only, and target requires a gradient"):
+        losses._use_kernels("cuda", "cuda", x, y)
+    assert losses._use_kernels("cuda", "auto", x, y.detach())
 
 
 def test_non_contiguous_input() -> None:

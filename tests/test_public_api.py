@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import lightning_ig
 
 
@@ -12,6 +14,15 @@ def test_every_exported_name_resolves() -> None:
     for name in lightning_ig.__all__:
         assert getattr(lightning_ig, name) is not None, name
     assert sorted(dir(lightning_ig)) == sorted(lightning_ig.__all__)
+
+
+def test_quadrature_is_the_function_even_after_the_engine_is_imported() -> None:
+    code = (
+        "import lightning_ig.attribution, lightning_ig.quadrature as rules, lightning_ig\n"
+        "print(callable(lightning_ig.quadrature), lightning_ig.quadrature('riemann_left', 2))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True ([0.0, 0.5], [0.5, 0.5])"
 
 
 def test_unknown_names_raise_attribute_error() -> None:
@@ -40,6 +51,23 @@ def test_the_command_answers_help_and_bad_flags_without_importing_torch() -> Non
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False" and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["diag", "--help"], ["show", "--help"], ["--version"]])
+def test_help_imports_neither_torch_nor_lightning(argv: list[str]) -> None:
+    # was: diag --help listed --method's choices from lightning_ig.vocabulary, which imports torch (3.5-6.4 s)
+    code = (
+        "import sys\n"
+        "from lightning_ig.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as done:\n"
+        "    assert done.code == 0, done.code\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'safetensors'}), file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    assert "(default: None)" not in done.stdout
 
 
 def test_the_command_and_checkpoints_keep_their_import_paths() -> None:

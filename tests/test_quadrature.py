@@ -83,18 +83,18 @@ def test_unknown_method_names_the_choices() -> None:
 
 @pytest.mark.parametrize("n", [0, -3])
 def test_n_below_one_is_rejected(n: int) -> None:
-    with pytest.raises(ValueError, match=f"n_steps must be >= 1, got {n}"):
+    with pytest.raises(ValueError, match=rf"n \(the number of points, n_steps\) must be >= 1, got {n}"):
         quadrature("gausslegendre", n)
 
 
 def test_trapezoid_needs_two_points() -> None:
-    with pytest.raises(ValueError, match="n_steps must be >= 2, got 1"):
+    with pytest.raises(ValueError, match=r"n \(the number of points, n_steps\) must be >= 2, got 1"):
         quadrature("riemann_trapezoid", 1)
 
 
 @pytest.mark.parametrize("n", [2.5, "10", True])
 def test_non_integer_n_is_rejected(n: object) -> None:
-    with pytest.raises(TypeError, match="n_steps must be an int"):
+    with pytest.raises(TypeError, match=r"n \(the number of points, n_steps\) must be an int"):
         quadrature("riemann_left", n)  # type: ignore[arg-type]
 
 

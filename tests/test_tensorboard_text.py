@@ -47,14 +47,15 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
 def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     tags = TagNames.build(None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False)
     text = report_markdown(_summary(), tags)
-    assert "Completeness passes: worst relative error 0.40% <= tolerance 1.00% over 2 states." in text
+    # the unit the JSON report and completeness_tol use: a fraction, never a percentage
+    assert "Completeness passes: worst relative error 4.00e-03 <= tolerance 0.01 over 2 states." in text
     table = text.split("```")[1].strip("\n").splitlines()
     assert table[0].split()[:2] == ["rank", "feature"]
     assert table[1].split()[1] == "pole∕angle"  # the most important first
     # every number column ends at the same place: right-aligned
     assert len({len(line) for line in table}) == 1
     failing = report_markdown(_summary(worst=0.2, degenerate=1), tags)
-    assert "Completeness FAILS: worst relative error 20.00% > tolerance 1.00%" in failing and "n_steps='auto'" in failing
+    assert "Completeness FAILS: worst relative error 2.00e-01 > tolerance 0.01" in failing and "n_steps='auto'" in failing
     assert "1 state(s) had F(x) and F(b) too close to judge by a ratio" in failing
     assert "degenerate" not in failing and "kept apart" not in failing
     unchecked = report_markdown(_summary(worst=math.nan, degenerate=2), tags)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.backends import STATS, Backend
-from lightning_ig.attribution.inputs import Baselines, prepare, warn_stochastic
+from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepare, warn_stochastic
 from lightning_ig.attribution.options import DEFAULT_MAX_STEPS, Settings, parse_settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, refine
 from lightning_ig.attribution.result import IGResult
@@ -40,7 +40,9 @@ def integrated_gradients(
     use :class:`~lightning_ig.attribution.IntegratedGradients`, which captures
     and replays the work. Works under ``torch.no_grad()`` and
     ``torch.inference_mode()``, leaves the model as it was (parameters, their
-    ``.grad`` and ``requires_grad``, training mode) and draws no random numbers.
+    ``.grad`` and ``requires_grad``, training mode, and the running statistics
+    of batch-norm layers in train mode, which its forwards would move: they are
+    put back after the call) and draws no random numbers.
     The forward is called as it is: put the model in the mode you want
     attributed (``eval()``, noise off) first; a forward that gives different
     values for the same rows within the call is reported
@@ -126,11 +128,16 @@ def attribute_eager(forward: Callable[[Tensor], Tensor], inputs: Tensor, baselin
             deferred = [(name, tensor, torch.isfinite(tensor).all()) for name, tensor in checks]
     run = PathRun(forward, x, prepared.b, prepared.feature_shape, prepared.spec, settings, prepared.backend,
                   chunk_rows(settings, x))  # fmt: skip
-    if settings.n_steps == "auto":
-        out, n_steps = refine(run, settings)
-    else:
-        n_steps = int(settings.n_steps)
-        out = run.attribute(n_steps)
+    statistics = RunningStatistics(forward)
+    saved = statistics.save()
+    try:
+        if settings.n_steps == "auto":
+            out, n_steps = refine(run, settings)
+        else:
+            n_steps = int(settings.n_steps)
+            out = run.attribute(n_steps)
+    finally:
+        statistics.restore(saved)  # train-mode batch-norm statistics as they were, also when a forward raised
     # One host sync reads every flag queued above: the inputs' finite checks and the repeated ends.
     flags = torch.stack([flag for _, _, flag in deferred] + [run.stochastic_flag()]).tolist()
     for (name, tensor, _), flag in zip(deferred, flags):

@@ -37,6 +37,10 @@ class IntegratedGradients:
     capture falls back to eager with one warning per key. The forward must be
     deterministic and free of side effects for a replay to mean the same as a
     call: the run before a capture checks it (:attr:`IGResult.stochastic`).
+    The one side effect the engine undoes is batch-norm's in train mode: the
+    running statistics its forwards move are put back after every call (inside
+    the captured graph, so a replay puts them back too), and the result is
+    still flagged stochastic (its values depend on the batch).
 
     The NaN/Inf check of the inputs (``check_finite``) is a host sync; the
     engine skips it for a tensor it has already checked and that has not been
@@ -55,7 +59,8 @@ class IntegratedGradients:
             (capture, warn and fall back when it fails) or ``False`` (always eager).
 
     Raises:
-        TypeError: a non-callable forward or an unknown option.
+        TypeError: a non-callable forward, an unknown option, an option of the wrong kind, or a
+            ``graph_capture`` without ``available`` and ``capture``.
         ValueError: a bad option value (checked here, not at the first call).
 
     Example::
@@ -71,7 +76,7 @@ class IntegratedGradients:
         self._default_settings = parse_settings(defaults)  # rejects bad defaults now
         self.forward = forward
         self.defaults = dict(defaults)
-        self.graph_capture = graph_capture or GraphCapture()
+        self.graph_capture = GraphCapture() if graph_capture is None else _check_graph_capture(graph_capture)
         self._plans = PlanCache()
         self._checked: dict[str, tuple[weakref.ref[Tensor], int]] = {}
         self.finite_checks = 0  # NaN/Inf checks of new inputs that ran (each one host sync)
@@ -195,6 +200,15 @@ class IntegratedGradients:
         evicted = self._plans.put(key, plan)
         if evicted is not None and self._fast is not None and self._fast[3] is evicted:
             self._fast = None
+
+
+def _check_graph_capture(capture: Any) -> GraphCapture:
+    if not (callable(getattr(capture, "available", None)) and callable(getattr(capture, "capture", None))):
+        raise TypeError(
+            f"graph_capture must be None or an object with available(device) and capture(compute, device) "
+            f"(a GraphCapture), got {type(capture).__name__}"
+        )
+    return capture
 
 
 def _graph_key(inputs: Tensor, baselines: Baselines, prepared: Prepared, settings: Settings) -> tuple[Any, ...]:

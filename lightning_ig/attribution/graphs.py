@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.inputs import Baselines, Prepared, resolve_baselines, warn_stochastic
+from lightning_ig.attribution.inputs import Baselines, Prepared, RunningStatistics, resolve_baselines, warn_stochastic
 from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 
@@ -167,8 +167,10 @@ def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baseli
                   chunk_rows(settings, x))  # fmt: skip
     alphas, weights = rule_tensors(settings.method, int(settings.n_steps), run.acc, x.device)
     batch = x.shape[0]
+    statistics = RunningStatistics(forward)  # found once; saved and restored inside the graph, so replays do it too
 
     def compute() -> dict[str, Tensor]:
+        saved = statistics.save()
         if computed_baseline:
             # The baseline comes from the inputs inside the graph ("zeros", "mean" or a number).
             run.b = resolve_baselines(baselines, static_x.view(batch, *prepared.feature_shape)).reshape(batch, -1)
@@ -176,15 +178,20 @@ def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baseli
             run.b = static_b
         grads, ends = run.gradients(alphas, with_ends=True)
         assert ends is not None  # with_ends=True
+        statistics.restore(saved)
         return _pack(run.finish(weights, grads, ends))
 
-    compute()  # eager first: shape and autograd errors surface as they would without a graph
-    stochastic = bool(run.stochastic_flag())  # the ends evaluated twice, as on every eager call
-    if stochastic:
-        warn_stochastic(forward, stacklevel=4)  # the caller of IntegratedGradients.attribute
-    run.check_stochastic = False  # not in the warm-up nor the capture: its answer needs a host read
-    run.allow_oom_retry = False  # a retry cannot happen inside a capture
-    captured = _capture_with_fallback(run, compute, capturer, x.device)
+    saved = statistics.save()
+    try:
+        compute()  # eager first: shape and autograd errors surface as they would without a graph
+        stochastic = bool(run.stochastic_flag())  # the ends evaluated twice, as on every eager call
+        if stochastic:
+            warn_stochastic(forward, stacklevel=4)  # the caller of IntegratedGradients.attribute
+        run.check_stochastic = False  # not in the warm-up nor the capture: its answer needs a host read
+        run.allow_oom_retry = False  # a retry cannot happen inside a capture
+        captured = _capture_with_fallback(run, compute, capturer, x.device)
+    finally:
+        statistics.restore(saved)  # also where a forward or the capture raised part-way
     if captured is None:
         return None
     graph, outputs = captured

@@ -21,7 +21,7 @@ from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.targets import TargetSpec, target_spec
 
-__all__ = ["Baselines", "Prepared", "prepare", "check_forward", "resolve_baselines", "module_of",
+__all__ = ["Baselines", "Prepared", "RunningStatistics", "prepare", "check_forward", "resolve_baselines", "module_of",
            "raise_if_dtype_mismatch", "uses_batch_statistics", "warn_stochastic"]  # fmt: skip
 
 Baselines = Union[None, str, float, int, Tensor]
@@ -106,9 +106,17 @@ def resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
     if isinstance(baselines, bool):
         raise TypeError(f"baselines must be {_BASELINE_FORMS}, got a bool ({baselines!r})")
     if isinstance(baselines, (int, float)):
-        if not math.isfinite(baselines):
-            raise ValueError(f"baselines must be finite, got {baselines!r}")
-        return torch.full_like(inputs, float(baselines))
+        largest = torch.finfo(inputs.dtype).max
+        try:
+            number = float(baselines)
+        except OverflowError:  # an int too large for any float
+            number = math.inf
+        if not math.isfinite(number) or abs(number) > largest:
+            raise ValueError(
+                f"baselines must be a finite number of the inputs' dtype {inputs.dtype} (at most {largest:.3g} in "
+                f"size), got {baselines!r:.40}"
+            )
+        return torch.full_like(inputs, number)
     if not isinstance(baselines, Tensor):
         raise TypeError(f"baselines must be {_BASELINE_FORMS}, got {type(baselines).__name__}")
     return _baseline_tensor(baselines, inputs)
@@ -137,19 +145,29 @@ def module_of(forward: Any) -> torch.nn.Module | None:
     return None
 
 
-def raise_if_dtype_mismatch(forward: Any, dtype: torch.dtype, error: BaseException) -> None:
-    """Turn torch's error for inputs of another dtype than the model's parameters into one that says what to do.
+def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) -> None:
+    """Turn torch's error for inputs of another dtype, or on another device, than the model's parameters into one
+    that says what to do.
 
     Returns quietly when that is not the cause (the caller re-raises the original error).
 
     Raises:
-        TypeError: ``forward``'s module holds floating parameters of another dtype than ``dtype``.
+        TypeError: ``forward``'s module holds floating parameters of another dtype than ``rows``.
+        ValueError: ``forward``'s module holds parameters on another device than ``rows``.
     """
     module = module_of(forward)
     if module is None:
         return
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
-    if parameter is None or parameter.dtype == dtype:
+    if parameter is None:
+        return
+    if parameter.device != rows.device:
+        raise ValueError(
+            f"inputs are on {rows.device} but the model's parameters are on {parameter.device}; move one to the "
+            f"other: inputs.to({str(parameter.device)!r}) or model.to({str(rows.device)!r})"
+        ) from error
+    dtype = rows.dtype
+    if parameter.dtype == dtype:
         return
     fixes = [f"{what}.{_DTYPE_METHOD[to]}" for what, to in (("inputs", parameter.dtype), ("model", dtype)) if to in _DTYPE_METHOD]
     raise TypeError(
@@ -193,6 +211,42 @@ def uses_batch_statistics(forward: Any) -> bool:
             return True
         pending.extend(child._modules.values())
     return False
+
+
+class RunningStatistics:
+    """The running statistics that ``forward``'s batch-norm layers in train mode update, and a way to put them back.
+
+    A batch-norm layer in train mode with ``track_running_stats`` moves ``running_mean`` and ``running_var`` and
+    counts ``num_batches_tracked`` on every forward; the engine's forwards of path points are not the user's
+    batches, so the values from before the attribution are put back after it. The layers are found once (host-side
+    module inspection, no sync) in the module :func:`module_of` finds; with none, :meth:`save` and
+    :meth:`restore` do nothing. Saving is a clone and restoring a copy on the device: no host sync, and both can
+    be captured in a CUDA graph (the engine captures them with the path, so a replay restores too).
+    """
+
+    def __init__(self, forward: Any) -> None:
+        self.buffers = _running_statistics(module_of(forward))
+
+    def save(self) -> list[Tensor]:
+        """Copies of the statistics as they are now."""
+        return [buffer.clone() for buffer in self.buffers]
+
+    def restore(self, saved: list[Tensor]) -> None:
+        """Put back what :meth:`save` copied, in place (the same tensor objects: graphs and optimizers see them)."""
+        with torch.no_grad():
+            for buffer, value in zip(self.buffers, saved):
+                buffer.copy_(value)
+
+
+def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
+    if module is None:
+        return []
+    found: list[Tensor] = []
+    for child in module.modules():
+        if isinstance(child, torch.nn.modules.batchnorm._BatchNorm) and child.training and child.track_running_stats:
+            found += [buffer for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)
+                      if buffer is not None]  # fmt: skip
+    return found
 
 
 def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:

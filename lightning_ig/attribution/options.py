@@ -16,11 +16,14 @@ from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule
 from lightning_ig.vocabulary import (
     GRADIENTS,
     METHODS,
+    check_bool,
     check_choice,
     check_n_steps,
     check_optional_positive_int,
     check_positive_float,
     check_positive_int,
+    check_real,
+    shown,
 )
 
 __all__ = ["Settings", "DEFAULTS", "DEFAULT_MAX_STEPS", "parse_settings"]
@@ -88,7 +91,7 @@ def parse_settings(options: dict[str, Any]) -> Settings:
         completeness_tol=check_positive_float(merged["completeness_tol"], "completeness_tol"),
         max_steps=max_steps,
         fd_step=_check_fd_step(merged["fd_step"]),
-        check_finite=_check_flag(merged["check_finite"], "check_finite"),
+        check_finite=check_bool(merged["check_finite"], "check_finite"),
         cuda_graph=_check_cuda_graph(merged["cuda_graph"]),
     )
 
@@ -96,6 +99,12 @@ def parse_settings(options: dict[str, Any]) -> Settings:
 def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
     if isinstance(n_steps, int):
         check_rule(method, n_steps)  # riemann_trapezoid needs 2; gausslegendre has a largest n
+    elif method == "riemann_trapezoid" and max_steps < 2:
+        # "auto" starts at min(16, max_steps) points, and the trapezoid needs both ends: it would go past max_steps
+        raise ValueError(
+            f"max_steps={max_steps} is below the 2 points method='riemann_trapezoid' needs (both ends of the path), "
+            "so n_steps='auto' could not keep to it; pass max_steps >= 2"
+        )
     elif method == "gausslegendre" and max_steps > MAX_GAUSS_LEGENDRE_STEPS:
         raise ValueError(
             f"max_steps={max_steps} is more than the {MAX_GAUSS_LEGENDRE_STEPS} points a Gauss-Legendre rule is "
@@ -104,20 +113,12 @@ def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
 
 
 def _check_fd_step(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValueError(f"fd_step must be None (automatic) or a relative step in (0, 1), got {value!r}")
-    return float(value)
-
-
-def _check_flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
-    return value
+    """``None`` (automatic) or a relative step in ``(0, 1)``."""
+    return None if value is None else check_real(value, "fd_step", above=0, below=1)
 
 
 def _check_cuda_graph(value: Any) -> bool | str:
-    if value is True or value is False or (isinstance(value, str) and value == "auto"):
+    if isinstance(value, bool) or (isinstance(value, str) and value == "auto"):
         return value
-    raise ValueError(f"cuda_graph must be True, False or 'auto', got {value!r}")
+    error = ValueError if isinstance(value, str) else TypeError
+    raise error(f"cuda_graph must be True, False or 'auto', got {shown(value)}")

@@ -22,7 +22,9 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
   caller reads where it syncs anyway; skipped inside a capture, where its
   answer could not be read). Identical rows of one batch agree even under
   batch-norm in train mode, so batch statistics are found by looking at the
-  forward's module (:func:`~lightning_ig.attribution.inputs.uses_batch_statistics`).
+  forward's module (:func:`~lightning_ig.attribution.inputs.uses_batch_statistics`);
+  the running statistics those forwards move are put back by the callers
+  (:class:`~lightning_ig.attribution.inputs.RunningStatistics`).
 
 :func:`refine` is ``n_steps="auto"``.
 """
@@ -167,7 +169,7 @@ class PathRun:
         try:
             outputs = self.forward(rows.view(n_rows, *self.feature_shape))
         except RuntimeError as error:
-            raise_if_dtype_mismatch(self.forward, rows.dtype, error)
+            raise_if_dtype_mismatch(self.forward, rows, error)
             raise
         selected = select(outputs, spec or self.spec, n_rows, first_row, self.batch)
         self.output_width = outputs.shape[1] if outputs.dim() == 2 else 1

@@ -171,13 +171,15 @@ def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -
 
     Raises:
         ValueError: ``target`` is ``"each"``, a tensor, or an unknown name.
-        TypeError: ``target`` has an unsupported type.
+        TypeError: ``model`` is not callable, or ``target`` has an unsupported type.
 
     Example::
 
         value = target_forward(q_network, "mean")
         result = integrated_gradients(value, states)
     """
+    if not callable(model):
+        raise TypeError(f"model must be callable (a module or a function of the inputs), got {type(model).__name__}")
     if target is None:
         return model
     if isinstance(target, Tensor) or (isinstance(target, str) and target == "each"):

@@ -43,7 +43,7 @@ from lightning_ig.checkpoint.layout import (
     open_error,
 )
 from lightning_ig.models import UnregisteredModelError, build_model, resolve_model_class
-from lightning_ig.vocabulary import short_repr
+from lightning_ig.vocabulary import shown
 
 __all__ = ["Recipe", "StoredTensors", "build_checked", "stored_tensors", "weight_keys"]
 
@@ -66,7 +66,7 @@ class Recipe:
     @property
     def described(self) -> str:
         """The model as messages name it, once its name has resolved: ``DuelingQNetwork with config {...}``."""
-        return f"{self.architecture[:120]} with config {short_repr(self.config)}"
+        return f"{self.architecture[:120]} with config {shown(self.config)}"
 
 
 @dataclass
@@ -186,17 +186,17 @@ def _refusal(recipe: Recipe, name: str, file: Path) -> str:
     module = name.partition(":")[0]
     run = (
         f"which is not a registered architecture; lightning-ig does not import a module a file names (importing "
-        f"{short_repr(module)} would run its code)"
+        f"{shown(module)} would run its code)"
     )
     trust = "pass --trust-remote-code (trust_remote_code=True)"
     if name == recipe.architecture:
         return (
-            f"{str(file)!r} names the architecture {short_repr(name)}, {run}. If you trust the file and that "
+            f"{str(file)!r} names the architecture {shown(name)}, {run}. If you trust the file and that "
             f"module, name the class yourself with --model {name} (architecture={name!r}) or {trust}"
         )
     return (
-        f"the config of {str(file)!r} (architecture {short_repr(recipe.architecture)}) names the architecture "
-        f"{short_repr(name)} inside it (an ensemble member?), {run}. If you trust the file and that module, "
+        f"the config of {str(file)!r} (architecture {shown(recipe.architecture)}) names the architecture "
+        f"{shown(name)} inside it (an ensemble member?), {run}. If you trust the file and that module, "
         f"{trust}, or give the config yourself with --model-kwargs JSON (config=)"
     )
 

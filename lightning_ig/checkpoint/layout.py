@@ -6,13 +6,14 @@ Shared by :mod:`.writing`, :mod:`.heads`, :mod:`.reading` and :mod:`.states`; se
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from torch import Tensor, nn
+
+from lightning_ig._json import parse_json
 
 __all__ = [
     "ARCHITECTURE_KEY",
@@ -157,9 +158,6 @@ def tensor_keys(path: Path) -> list[str]:
 def json_metadata(metadata: Mapping[str, str], key: str, path: Any) -> Any:
     """The JSON value stored under ``key``; a :class:`CheckpointError` if it does not parse."""
     try:
-        return json.loads(metadata[key])
-    except (ValueError, RecursionError) as error:  # bad JSON, an int past Python's digit limit, nesting too deep
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise CheckpointError(
-            f"metadata {key!r} of {os.fspath(path)!r} is not usable JSON ({first_line}); rewrite the checkpoint"
-        ) from None
+        return parse_json(metadata[key])
+    except ValueError as error:  # bad syntax, a nesting bomb, an integer of thousands of digits
+        raise CheckpointError(f"metadata {key!r} of {os.fspath(path)!r} is not valid JSON ({error}); rewrite the checkpoint") from error

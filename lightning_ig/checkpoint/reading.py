@@ -27,7 +27,7 @@ from lightning_ig.checkpoint.layout import (
     tensor_keys,
 )
 from lightning_ig.models import resolve_model_class
-from lightning_ig.vocabulary import short_repr
+from lightning_ig.vocabulary import check_bool, check_device, check_mapping, check_text, shown
 
 __all__ = ["load_checkpoint", "load_lightning_checkpoint"]
 
@@ -91,7 +91,10 @@ def load_checkpoint(
         >>> loaded.model(loaded.states).shape  # doctest: +SKIP
         torch.Size([64, 3])
     """
-    _check_callers_words(architecture, config, trust_remote_code)
+    device = check_device(device, "device")
+    architecture = None if architecture is None else check_text(architecture, "architecture")
+    config = None if config is None else check_mapping(config, "config")
+    trust_remote_code = check_bool(trust_remote_code, "trust_remote_code")
     file = existing_file(path)
     metadata, keys = read_metadata(file), tensor_keys(file)
     prefix = select_prefix(_requested_prefix(prefix, head), heads_in(metadata, keys, file), keys, file)
@@ -124,18 +127,6 @@ def _requested_prefix(prefix: str | None, head: str | None) -> str | None:
     return prefix
 
 
-def _check_callers_words(architecture: Any, config: Any, trust_remote_code: Any) -> None:
-    if architecture is not None and (not isinstance(architecture, str) or not architecture):
-        raise TypeError(
-            f"architecture must be a registered name or 'package.module:Class', got {short_repr(architecture)}"
-        )
-    if config is not None and not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping of constructor keyword arguments, got {type(config).__name__}")
-    if not isinstance(trust_remote_code, bool):
-        kind = type(trust_remote_code).__name__
-        raise TypeError(f"trust_remote_code must be a bool, got {kind} ({short_repr(trust_remote_code)})")
-
-
 def _recipe(
     metadata: Mapping[str, str], entry: Mapping[str, Any], file: Path, architecture: str | None, config: Mapping[str, Any] | None
 ) -> Recipe:
@@ -144,7 +135,7 @@ def _recipe(
     architecture = architecture or entry.get("architecture") or metadata.get(ARCHITECTURE_KEY)
     if architecture is not None and not isinstance(architecture, str):
         raise CheckpointError(
-            f"the architecture named in {str(file)!r} must be a string, got {short_repr(architecture)}"
+            f"the architecture named in {str(file)!r} must be a string, got {shown(architecture)}"
         )
     if architecture is None:
         raise CheckpointError(
@@ -154,13 +145,13 @@ def _recipe(
     if config is None:
         config = entry["config"] if "config" in entry else _file_value(metadata, CONFIG_KEY, file, default={})
     if not isinstance(config, Mapping):
-        raise CheckpointError(f"the model config for {str(file)!r} must be a JSON object, got {short_repr(config)}")
+        raise CheckpointError(f"the model config for {str(file)!r} must be a JSON object, got {shown(config)}")
     names = entry.get("feature_names")
     if names is None:
         names = _file_value(metadata, FEATURE_NAMES_KEY, file, default=None)
     if names is not None and (not isinstance(names, list) or not all(isinstance(name, str) for name in names)):
         raise CheckpointError(
-            f"feature names in {str(file)!r} must be a JSON array of strings, got {short_repr(names)}"
+            f"feature names in {str(file)!r} must be a JSON array of strings, got {shown(names)}"
         )
     return Recipe(architecture, dict(config), None if names is None else list(names), *from_caller)
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from lightning_ig._json import parse_json
 from lightning_ig.checkpoint.layout import STATES_KEY, CheckpointError, existing_file, few
+from lightning_ig.vocabulary import check_float_dtype, check_text
 
 __all__ = ["STATE_SUFFIXES", "load_states", "states_beside"]
 
@@ -42,6 +43,8 @@ def load_states(path: str | os.PathLike[str], *, prefix: str | None = None, dtyp
 
         >>> states = load_states("held_out.npy")  # doctest: +SKIP
     """
+    prefix = None if prefix is None else check_text(prefix, "prefix")
+    dtype = check_float_dtype(dtype, "dtype")
     file = existing_file(path, "states file")
     reader = _READERS.get(file.suffix.lower())
     if reader is None:
@@ -63,11 +66,26 @@ def load_states(path: str | os.PathLike[str], *, prefix: str | None = None, dtyp
 
 
 def _read_json(file: Path, prefix: str | None) -> Tensor:
-    document = json.loads(file.read_text(encoding="utf-8"))
+    document = parse_json(file.read_text(encoding="utf-8"))
     rows = document.get("states") if isinstance(document, dict) else document
     if rows is None:
         raise CheckpointError(f"states file {str(file)!r} has no \"states\" key; write {{\"states\": [[...], ...]}}")
+    _check_numbers(rows, file)
     return torch.tensor(rows, dtype=torch.float64)  # the file's precision; load_states converts
+
+
+def _check_numbers(rows: Any, file: Path) -> None:
+    """Every leaf of the nested lists a number: ``true``/``false`` would become 1.0/0.0, a string fail later."""
+    pending = [rows]
+    while pending:  # iterative: the nesting is bounded by parse_json, the work by the file's size
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, bool) or not isinstance(item, (int, float)):
+            kind = "a JSON boolean" if isinstance(item, bool) else f"a JSON {type(item).__name__}"
+            raise CheckpointError(
+                f"states file {str(file)!r} holds {item!r:.40} ({kind}) among the states; every value must be a number"
+            )
 
 
 def _read_npy(file: Path, prefix: str | None) -> Tensor:

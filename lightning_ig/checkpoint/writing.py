@@ -33,7 +33,7 @@ from lightning_ig.checkpoint.layout import (
     read_metadata,
 )
 from lightning_ig.models import model_config, model_name
-from lightning_ig.vocabulary import check_feature_names, check_states
+from lightning_ig.vocabulary import check_feature_names, check_path, check_states
 
 __all__ = ["merge_checkpoints", "save_checkpoint", "save_merged_checkpoint"]
 
@@ -292,7 +292,7 @@ def _source_info(source_meta: Mapping[str, str], source: str | os.PathLike[str])
 
 def _check_path(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """Refuse a folder, a device, a FIFO or an input before writing; missing parent folders are created later."""
-    target = Path(path)
+    target = check_path(path, "path")
     if Path(os.path.realpath(target)).parent.is_dir():
         check_output_file(target, what="checkpoint path", inputs=inputs)
     elif os.fspath(path).endswith(os.sep):

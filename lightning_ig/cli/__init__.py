@@ -61,6 +61,12 @@ that gives different values for the same state (dropout or batch-norm in train
 mode, noise the CLI cannot switch off) is refused: status 2, one line naming the
 likely cause, no report.
 
+Hostile input: what a file holds (a report's names, a checkpoint's metadata, a
+path) is printed as text, its control characters escaped (``\x1b``, ``\u202e``;
+:mod:`.terminal`); JSON of any depth, integers of any size and values of the
+wrong kind (``true`` among the states, ``"schema_version": true``) are one line
+and status 2, like every other mistake in the inputs.
+
 Exit status:
 
 =====  ========================================================================
@@ -175,6 +181,9 @@ def _run_command(args: argparse.Namespace, progress: Progress, interrupts: Inter
     return run_diag(args, progress, interrupts)
 
 
+_ALLOCATION_FAILED = "can't allocate memory"
+
+
 def _failure(error: Exception, command: str) -> tuple[int, str]:
     """The exit status and the one line for a failure."""
     message = one_line(error) or type(error).__name__
@@ -185,6 +194,9 @@ def _failure(error: Exception, command: str) -> tuple[int, str]:
         # Library argument checks (checkpoint, engine, report) say what was wrong and what to do;
         # backend='cuda' without CuPy is the user's set-up, not a bug.
         return EXIT_USAGE, f"{prefix}: error: {message}"
-    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-        return EXIT_USAGE, f"{prefix}: error: out of memory ({message}); lower --num-steps or pass --internal-batch-size N"
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or _ALLOCATION_FAILED in message:
+        # torch's CPU allocator says so in a RuntimeError: a size the user asked for (--auto-samples 10**11
+        # --replace), not a bug
+        return EXIT_USAGE, (f"{prefix}: error: out of memory ({message}); ask for less: fewer --auto-samples or "
+                            "--num-steps, or a smaller --internal-batch-size N")
     return EXIT_FAILURE, f"{prefix}: unexpected {type(error).__name__}: {message} (rerun with --debug for the traceback)"

@@ -27,6 +27,8 @@ from lightning_ig.cli.head_inputs import HeadRun, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
+from lightning_ig.cli.terminal import printable
+from lightning_ig.names import relative_error_text
 
 __all__ = ["DEFAULT_OUTPUT", "run_diag"]
 
@@ -310,24 +312,25 @@ def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> N
     for head in attributed:
         report = head.report
         if not args.quiet:
-            print(
+            print(printable(
                 f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
                 f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
-            )
+            ))  # fmt: skip
             if head.saliency:
-                print(f"wrote {', '.join(map(str, head.saliency))}")
+                print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
         worst = report["completeness"]["worst_relative_error"]
         if not args.quiet and worst is not None and worst > args.completeness_tol:
             print(
-                f"{PROG}: warning: worst relative completeness error {100 * worst:.3g}% exceeds "
+                f"{PROG}: warning: worst relative completeness error {relative_error_text(worst)} exceeds "
                 f"--completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
                 file=sys.stderr,
             )
         member_worst = max((m["worst_relative_error"] or 0.0 for m in report.get("ensemble", {}).get("members", [])), default=0.0)
         if not args.quiet and member_worst > args.completeness_tol:
             print(
-                f"{PROG}: warning: an ensemble member's worst relative completeness error {100 * member_worst:.3g}% "
-                f"exceeds --completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
+                f"{PROG}: warning: an ensemble member's worst relative completeness error "
+                f"{relative_error_text(member_worst)} exceeds --completeness-tol {args.completeness_tol:g}; "
+                "try --num-steps auto or more steps",
                 file=sys.stderr,
             )
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from lightning_ig._json import parse_json
+from lightning_ig.cli.terminal import printable
 
 __all__ = [
     "EXIT_FAILURE",
@@ -43,14 +46,29 @@ class NonFiniteError(Exception):
 
 
 def one_line(text: object) -> str:
-    """``text`` with every run of whitespace (line breaks included) as one space."""
-    return " ".join(str(text).split())
+    """``text`` as one printable line: each run of whitespace (line breaks included) one space, control characters
+    escaped (:func:`~lightning_ig.cli.terminal.printable`), and a long quoted value cut short."""
+    return _LONG_QUOTE.sub(_cut, printable(" ".join(str(text).split())))
+
+
+# A quoted value longer than this is a file's or a flag's contents (a 100000-character flag, say), not a path one
+# would want to read in full: its start is enough to recognise it, and the line stays a line.
+_QUOTE_LIMIT = 240
+_LONG_QUOTE = re.compile("'([^']{%d,})'|\"([^\"]{%d,})\"" % (_QUOTE_LIMIT + 1, _QUOTE_LIMIT + 1))
+
+
+def _cut(match: re.Match[str]) -> str:
+    value = match.group(1) if match.group(1) is not None else match.group(2)
+    return f"'{value[: _QUOTE_LIMIT // 2]}...' ({len(value)} characters)"
 
 
 def read_json_file(
     path: str, what: str, fix: str, *, missing: str | None = None, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
 ) -> Any:
     """The JSON value in the file ``path`` names, or a :class:`UsageError` that names the argument and the fix.
+
+    Malformed JSON of any kind is that error: bad syntax, a nesting bomb, an integer of thousands of digits
+    (:func:`lightning_ig._json.parse_json`).
 
     Args:
         path: the file, as the user gave it.
@@ -63,6 +81,6 @@ def read_json_file(
     if not file.is_file():
         raise UsageError(missing or f"{what} {path!r} does not exist; {fix}")
     try:
-        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
+        return parse_json(file.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
     except (OSError, UnicodeDecodeError, ValueError) as error:  # a UsageError from the hook passes through
         raise UsageError(f"{what} {path!r} is not readable JSON ({error}); {fix}") from None

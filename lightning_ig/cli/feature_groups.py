@@ -110,13 +110,18 @@ def _array(value: list[Any], what: str, *, integers_only: bool) -> np.ndarray:
         raise UsageError(f"{what} must hold only {kinds}, found {bad!r}; {_FIX}")
     try:
         return np.array(value, dtype=dtype)
+    except OverflowError:  # a whole number past int64: no feature has that index, no mask that id
+        big = next(leaf for leaf in leaves if not -(2**63) <= leaf < 2**63)
+        raise UsageError(f"{what} holds {big}, too large for a feature index or group id; {_FIX}") from None
     except ValueError:
         raise UsageError(f"{what} is a ragged nested list (rows of different lengths); shape it like one state") from None
 
 
 def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, list):
-        for item in value:
-            yield from _leaves(item)
-    else:
-        yield value
+    pending = [value]
+    while pending:  # iterative, in order: nesting costs no recursion
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(reversed(item))
+        else:
+            yield item

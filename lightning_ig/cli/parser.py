@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from lightning_ig._json import parse_json
 from lightning_ig.cli.exits import PROG, UsageError
+from lightning_ig.names import BACKENDS, GRADIENTS, METHODS  # not vocabulary: --help answers without torch
 
 __all__ = ["EXIT_STATUS_HELP", "build_parser"]
 
@@ -39,34 +40,6 @@ gets the usual mode (0666 minus the umask), an overwritten one keeps its mode; f
 are written atomically, so readers never see half of one."""
 
 
-class _VocabularyChoices(Sequence[str]):
-    """The names of ``lightning_ig.vocabulary.<name>``, read on first use.
-
-    argparse reads choices only to validate a given flag or to print help, so the
-    parser is built (and ``lightning-ig --help`` answers) without importing torch.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def _names(self) -> tuple[str, ...]:
-        from lightning_ig import vocabulary  # noqa: PLC0415 - imports torch
-
-        return tuple(getattr(vocabulary, self._name))
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._names()[index]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._names()
-
-
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows ``(default: ...)`` where there is a default worth showing (not None, not an off switch)."""
 
@@ -95,6 +68,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
     return value
 
 
@@ -142,9 +125,11 @@ def _target(text: str) -> str | int:
 
 def _model_kwargs(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error.msg} at column {error.colno}): {text!r}") from None
+    except ValueError as error:  # too deep, or an integer of thousands of digits
+        raise argparse.ArgumentTypeError(f"not valid here ({error}): {text!r}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"state_dim\": 4}}', got {text!r}")
     return value
@@ -152,8 +137,9 @@ def _model_kwargs(text: str) -> dict[str, Any]:
 
 def _import_path(text: str) -> str:
     module, colon, name = text.partition(":")
-    if not colon or not module or not name:
-        raise argparse.ArgumentTypeError(f"expected package.module:Class, got {text!r}")
+    dotted = (part.isidentifier() for part in [*module.split("."), *name.split(".")])
+    if not colon or not all(dotted):
+        raise argparse.ArgumentTypeError(f"expected package.module:Class (Python names), got {text!r}")
     return text
 
 
@@ -248,14 +234,15 @@ def _add_diag(commands: Any) -> None:
 
     ig = diag.add_argument_group("integrated gradients")
     ig.add_argument("--num-steps", type=_num_steps, default=50, metavar="N|auto", help="quadrature steps, or 'auto' to refine until --completeness-tol is met")
-    ig.add_argument("--method", choices=_VocabularyChoices("METHODS"), default="gausslegendre", help="quadrature rule (Captum's names)")
-    ig.add_argument("--gradient", choices=_VocabularyChoices("GRADIENTS"), default="autograd", help="how path gradients are computed")
+    ig.add_argument("--method", choices=METHODS, default="gausslegendre", help="quadrature rule (Captum's names)")
+    ig.add_argument("--gradient", choices=GRADIENTS, default="autograd", help="how path gradients are computed")
     ig.add_argument("--baseline", default="zeros", metavar="zeros|mean|NUMBER|PATH", help="zeros, the mean of the states, a constant, or a states file with one baseline (or one per state)")
     ig.add_argument("--target", type=_target, default="mean", metavar="mean|N", help="the scalar attributed: mean Q over actions (V(s) for a dueling network) or action N")
     ig.add_argument("--completeness-tol", type=_positive_float, default=0.01, metavar="TOL", help="relative completeness error --num-steps auto aims for; larger ones are warned about")
     ig.add_argument("--internal-batch-size", type=_positive_int, default=None, metavar="N", help="rows per forward pass (default: chosen from the free memory)")
     ig.add_argument("--device", default="cpu", help="where to run: cpu, cuda, cuda:1, ...")
-    ig.add_argument("--backend", choices=_VocabularyChoices("BACKENDS"), default="auto", help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device")
+    ig.add_argument("--backend", choices=BACKENDS, default="auto",
+                    help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device")  # fmt: skip
 
     out = diag.add_argument_group("output")
     out.add_argument(
@@ -291,5 +278,6 @@ def _add_show(commands: Any) -> None:
     )
     show.add_argument("reports", nargs="+", metavar="REPORT.json", help="reports written by lightning-ig diag (or the callback)")
     show.add_argument("--top", type=_positive_int, default=10, metavar="K", help="how many features to list")
-    show.add_argument("--worst-states", type=int, default=5, metavar="N", help="how many states with the largest completeness error to list")
+    show.add_argument("--worst-states", type=_count, default=5, metavar="N",
+                      help="how many states with the largest completeness error to list")  # fmt: skip
     show.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

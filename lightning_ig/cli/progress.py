@@ -7,6 +7,7 @@ import time
 from typing import TextIO
 
 from lightning_ig.cli.exits import PROG
+from lightning_ig.cli.terminal import printable
 
 __all__ = ["Progress"]
 
@@ -60,6 +61,7 @@ class Progress:
             self._stage, self._checked, self._stage_started = text, checked, time.monotonic()
 
     def _say(self, text: str) -> None:
+        text = printable(text)  # a stage names the user's files: their names are shown, not obeyed
         if self._interactive:
             self._stream.write(f"\r{PROG}: {text}\033[K")
             self._stream.flush()

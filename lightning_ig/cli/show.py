@@ -7,7 +7,10 @@ the largest completeness error.
 
 A report is read tolerantly: a missing or odd part (``"completeness": null``, a
 feature without numbers) is said in the table, not fatal. Only a file that is not a
-JSON object of schema version 1 is refused (exit status 2, one line).
+JSON object of schema version 1 is refused (exit status 2, one line). Every string
+from the file is printed through :func:`~lightning_ig.cli.terminal.printable`: a
+name holding ``ESC`` or ``BEL`` is shown escaped, never obeyed by the terminal.
+The completeness error is a fraction, as in the report (``relative error 5.86e-07``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import math
 from typing import Any, Mapping
 
 from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
+from lightning_ig.cli.terminal import printable
+from lightning_ig.names import relative_error_text
 
 __all__ = ["completeness_words", "format_report", "run_show"]
 
@@ -34,8 +39,9 @@ def _read_report(path: str) -> dict[str, Any]:
         raise UsageError(f"{path!r} holds a JSON {type(report).__name__}, not a lightning-ig report; give a file written by lightning-ig diag")
     if "schema_version" not in report:
         raise UsageError(f"{path!r} is not a lightning-ig report (no schema_version); give a file written by lightning-ig diag")
-    if report["schema_version"] != 1:
-        raise UsageError(f"{path!r} has schema_version {report['schema_version']!r}; this lightning-ig reads version 1")
+    version = report["schema_version"]
+    if type(version) is not int or version != 1:  # true == 1 in Python, not in a schema
+        raise UsageError(f"{path!r} has schema_version {version!r:.40}; this lightning-ig reads version 1")
     return report
 
 
@@ -52,14 +58,19 @@ def _records(value: Any) -> list[dict[str, Any]]:
 
 
 def _real(value: Any) -> float | None:
-    """A finite number, or ``None`` (missing, null, text, bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite number, or ``None`` (missing, null, text, bool, an integer too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _text(value: Any, width: int | None = None) -> str:
-    text = "-" if value is None else " ".join(str(value).split())
+    """``value`` as printable text (control characters escaped), cut to ``width`` characters."""
+    text = "-" if value is None else printable(" ".join(str(value).split()))
     return text if width is None else text[:width]
 
 
@@ -94,12 +105,12 @@ def completeness_words(report: Mapping[str, Any]) -> str:
     if worst is None:
         return "worst relative error n/a"
     unchecked = f" ({degenerate:.0f} degenerate state(s) not checked)" if degenerate else ""
-    return f"worst relative error {100 * worst:.4g}%{unchecked}"
+    return f"worst relative error {relative_error_text(worst)}{unchecked}"
 
 
 def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: int) -> str:
     """The table ``show`` prints for one report."""
-    lines = [path, _header(report), ""]
+    lines = [printable(path), _header(report), ""]
     lines += _feature_lines(report, top)
     lines += _group_lines(report, top)
     lines += ["", "  completeness: " + completeness_words(report) + _mean_abs_error(report)]
@@ -112,8 +123,9 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
 
 def _header(report: Mapping[str, Any]) -> str:
     method = f"   method {_text(report['method'])}" if "method" in report else ""
+    head = "" if report.get("regime_head") is None else f"   head {_text(report['regime_head'])}"  # merged files only
     return (
-        f"  checkpoint {_text(report.get('checkpoint'))}   head {_text(report.get('regime_head'))}   "
+        f"  checkpoint {_text(report.get('checkpoint'))}{head}   "
         f"target {_text(report.get('forward_target'))}   steps {_text(report.get('num_steps'))}   "
         f"states {_text(report.get('num_states'))}   features {_text(report.get('state_dim'))}{method}"
     )

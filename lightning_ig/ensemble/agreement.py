@@ -61,6 +61,17 @@ class _AttributionRun(Protocol):
     non_finite: torch.Tensor
 
 
+def _check_run(run: Any, name: str) -> None:
+    """A ``TypeError`` naming ``name`` unless ``run`` has every tensor of an IG result that is read here."""
+    fields = _AttributionRun.__annotations__
+    missing = [field for field in fields if not isinstance(getattr(run, field, None), torch.Tensor)]
+    if missing:
+        raise TypeError(
+            f"{name} must be an IGResult (integrated_gradients(...)), got {type(run).__name__} "
+            f"without {', '.join(missing)}"
+        )
+
+
 def _host(values: Any, name: str) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         return values.detach().to("cpu", torch.float64).numpy()
@@ -231,10 +242,13 @@ def ensemble_summary(
         A JSON-ready dict (non-finite numbers as ``None``); see :func:`member_summary`.
 
     Raises:
+        TypeError: ``aggregate`` or ``members`` is not an IG result.
         ValueError: the two runs' shapes do not fit, weights of the wrong length,
             bad ``feature_names`` or ``top_k``.
     """
     check_positive_int(top_k, "top_k")
+    _check_run(aggregate, "aggregate")
+    _check_run(members, "members")
     aggregate_mean_abs = mean_abs_per_feature(aggregate.attributions)
     shape = tuple(members.attributions.shape)
     if len(shape) < 3 or shape[1:] != tuple(aggregate.attributions.shape):

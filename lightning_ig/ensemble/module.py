@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from lightning_ig.ensemble.reduce import Backend, EnsembleReduce, member_means
 from lightning_ig.models import build_model, model_config, model_name, register_model
+from lightning_ig.vocabulary import check_generator
 
 __all__ = ["Ensemble", "is_ensemble"]
 
@@ -131,6 +132,7 @@ class Ensemble(nn.Module):
 
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
         """Draw new noise in every member that has ``reset_noise`` (NoisyNet members)."""
+        check_generator(generator)  # here too when no member is noisy: a wrong argument is wrong either way
         for member in self.members:
             reset = getattr(member, "reset_noise", None)
             if callable(reset):

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from lightning_ig import _cuda
 from lightning_ig.ensemble import ops
-from lightning_ig.vocabulary import BACKENDS, check_choice
+from lightning_ig.vocabulary import BACKENDS, check_bool, check_choice
 
 __all__ = ["ensemble_reduce", "member_means", "EnsembleReduce", "REDUCE_DIMS"]
 
@@ -175,7 +175,7 @@ class EnsembleReduce(nn.Module):
         _check_reduce_dim(reduce_dim)
         check_choice(backend, BACKENDS, "backend")
         values = _weights_tensor(weights)
-        if learnable:
+        if check_bool(learnable, "learnable"):
             self.weights = nn.Parameter(values)
         else:
             self.register_buffer("weights", values)
@@ -231,7 +231,7 @@ def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
 
 
 def _check_reduce_dim(reduce_dim: Any) -> None:
-    if isinstance(reduce_dim, bool) or not isinstance(reduce_dim, int):
+    if isinstance(reduce_dim, (bool, np.bool_)) or not isinstance(reduce_dim, (int, np.integer)):
         raise TypeError(f"reduce_dim must be an int, got {type(reduce_dim).__name__} ({reduce_dim!r})")
     if reduce_dim not in REDUCE_DIMS:
         raise ValueError(

@@ -1,0 +1,217 @@
+"""Hostile inputs to `lightning-ig diag` / `show`: what a file holds is printed as text, and malformed JSON of any
+depth, integers of any size and values of the wrong kind are one line and exit status 2, never a traceback.
+
+In-process through `cli.main`, as tests/test_cli_safety.py runs the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lightning_ig import cli
+from lightning_ig.checkpoint import save_checkpoint
+from lightning_ig.cli.exits import one_line
+from lightning_ig.cli.terminal import printable
+from lightning_ig.models import DuelingQNetwork
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\u202egnp.exe\u2028\udc80"
+"""Retitles the window, clears it, a C1 CSI, a right-to-left override, a line separator, a lone surrogate."""
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    torch.manual_seed(0)
+    net = DuelingQNetwork(4, 3, hidden_sizes=(16,), activation="tanh")
+    states = torch.randn(20, 4, generator=torch.Generator().manual_seed(1))
+    save_checkpoint(net, tmp_path / "q.safetensors", feature_names=["a", "b", "c", "d"], states=states)
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _one_line_error(code: int, err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def _report(workspace: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    assert _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--output", "out/r.json")[0] == 0
+    return json.loads((workspace / "out" / "r.json").read_text())
+
+
+def _no_terminal_commands(text: str) -> None:
+    for character in "\x1b\x07\x9b\u202e\u2028":
+        assert character not in text, repr(character)
+    text.encode("utf-8")  # no lone surrogate: printing it would have raised UnicodeEncodeError
+
+
+# ------------------------------------------------------------------------------ what reaches the terminal
+
+
+def test_printable_escapes_what_a_terminal_obeys() -> None:
+    assert printable("plain é ü 漢字 ✓") == "plain é ü 漢字 ✓"
+    assert printable("a\x1b[2Jb\x07\x7f\x85\u202e\u2066\udc80") == "a\\x1b[2Jb\\x07\\x7f\\x85\\u202e\\u2066\\udc80"
+    assert one_line("line\nbreak\x1b") == "line break\\x1b"
+
+
+def test_show_prints_a_reports_strings_escaped(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: the feature name set the terminal's title and cleared the screen
+    good = _report(workspace, capsys)
+    good["features"][0]["name"] = good["top_10_by_mean_abs"][0]["name"] = HOSTILE
+    good["checkpoint"], good["forward_target"] = HOSTILE, HOSTILE
+    (workspace / "hostile.json").write_text(json.dumps(good))
+    code, out, err = _main(capsys, "show", "hostile.json", "--top", "4")
+    assert code == 0 and err == "", err
+    _no_terminal_commands(out)
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in out  # what the file holds is shown, as text
+
+
+def test_diag_prints_the_users_paths_escaped(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--output", "out/\x1b[2Jr.json")
+    assert code == 0, err
+    _no_terminal_commands(out + err)
+    assert "wrote out/\\x1b[2Jr.json" in out
+
+
+def test_an_error_quoting_a_file_is_escaped_and_cut_short(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--head", HOSTILE * 20)
+    _one_line_error(code, err)
+    _no_terminal_commands(err)
+    assert "characters)" in err and len(err) < 600  # the 320-character head name is quoted by its start
+
+
+# ------------------------------------------------------------------------------ malformed JSON of any kind
+
+BOMB = "[" * 100_000
+"""RecursionError in json.loads: was exit status 1, "unexpected failure (a bug)"."""
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("bomb", BOMB), ("objects", '{"a": ' * 50_000), ("deep", "[" * 100 + "]" * 100), ("digits", "1" * 100_000),
+     ("big_int", json.dumps({"schema_version": 1, "num_states": 10**30}))],  # fmt: skip
+)
+def test_show_refuses_malformed_json_with_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str], name: str, text: str
+) -> None:
+    (workspace / f"{name}.json").write_text(text)
+    code, _, err = _main(capsys, "show", f"{name}.json")
+    _one_line_error(code, err, f"{name}.json", "not readable JSON")
+
+
+@pytest.mark.parametrize("flag", ["--feature-groups", "--feature-names"])
+@pytest.mark.parametrize("text", [BOMB, '{"a": ' * 50_000, "[" * 100 + "]" * 100, "[" + "9" * 5000 + "]"])
+def test_diag_refuses_malformed_json_files_with_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str], flag: str, text: str
+) -> None:
+    (workspace / "input.json").write_text(text)
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", flag, "input.json")
+    _one_line_error(code, err, flag, "input.json")
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [{"a": [0, 2**70]}, {"a": [0, 2**64 - 1]}, {"a": [-(2**70)]}, [0, 1, 2**70, 1], {"a": [0, 10**30]}],
+)
+def test_a_huge_index_in_a_groups_file_is_exit_2(workspace: Path, capsys: pytest.CaptureFixture[str], groups) -> None:
+    # was: OverflowError, exit status 1
+    (workspace / "groups.json").write_text(json.dumps(groups))
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--feature-groups", "groups.json")
+    _one_line_error(code, err, "--feature-groups", "groups.json")
+
+
+@pytest.mark.parametrize("text", [BOMB, '{"a": ' * 50_000, '{"state_dim": ' + "9" * 5000 + "}"])
+def test_model_kwargs_of_any_depth_or_size_is_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    model = "lightning_ig.models:DuelingQNetwork"
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--model", model, "--model-kwargs", text)
+    _one_line_error(code, err, "--model-kwargs")
+
+
+@pytest.mark.parametrize("config", [BOMB, '{"state_dim": ' + "9" * 5000 + "}"])
+def test_a_checkpoint_whose_metadata_is_a_nesting_bomb_is_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str], config: str
+) -> None:
+    tensors = load_file(workspace / "q.safetensors")
+    metadata = {"lightning_ig.format": "1", "lightning_ig.architecture": "DuelingQNetwork",
+                "lightning_ig.config": config}  # fmt: skip
+    save_file(tensors, workspace / "bomb.safetensors", metadata=metadata)
+    code, _, err = _main(capsys, "diag", "--checkpoint", "bomb.safetensors", "--quiet")
+    _one_line_error(code, err, "lightning_ig.config")
+
+
+@pytest.mark.parametrize(
+    ("rows", "word"), [([[True, False, 1.0, 2.0]], "a JSON boolean"), ([[1.0, "2", 3.0, 4.0]], "a JSON str")]
+)
+def test_states_that_are_not_numbers_are_refused(
+    workspace: Path, capsys: pytest.CaptureFixture[str], rows: list, word: str
+) -> None:
+    # was: true/false were read as 1.0 and 0.0
+    (workspace / "states.json").write_text(json.dumps({"states": rows}))
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--states", "states.json")
+    _one_line_error(code, err, "states.json", word)
+
+
+def test_states_json_of_any_depth_is_exit_2(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workspace / "states.json").write_text('{"states": ' + BOMB + "}")
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--states", "states.json")
+    _one_line_error(code, err, "states.json")
+
+
+# ------------------------------------------------------------------------------ values of the wrong kind
+
+
+def test_show_refuses_a_schema_version_of_true(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: True == 1, so the report was shown as version 1
+    good = _report(workspace, capsys)
+    (workspace / "true.json").write_text(json.dumps({**good, "schema_version": True}))
+    code, _, err = _main(capsys, "show", "true.json")
+    _one_line_error(code, err, "schema_version True")
+
+
+def test_show_refuses_a_negative_number_of_worst_states(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: -5 was taken, and listed nothing
+    _report(workspace, capsys)
+    code, _, err = _main(capsys, "show", "out/r.json", "--worst-states", "-5")
+    _one_line_error(code, err, "--worst-states", "expected a whole number >= 0, got -5")
+
+
+def test_show_says_the_completeness_error_as_the_report_does(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = _report(workspace, capsys)
+    code, out, _ = _main(capsys, "show", "out/r.json")
+    worst = good["completeness"]["worst_relative_error"]
+    assert code == 0 and f"worst relative error {worst:.2e}" in out and "%" not in out  # a fraction, as in the JSON
+    assert "head -" not in out and " head " not in out  # a single-model report has no head to name
+
+
+def test_an_allocation_the_user_asked_for_that_fails_is_exit_2() -> None:
+    # was: torch's CPU allocator raises a RuntimeError (e.g. --auto-samples 100000000000 --replace): "unexpected",
+    # exit status 1. Tested on the message: a real 800 GB allocation could be granted and then kill the machine.
+    error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                         "to allocate 800000000000 bytes")  # fmt: skip
+    status, line = cli._failure(error, "diag")
+    assert status == 2 and "out of memory" in line and "--auto-samples" in line
+
+
+def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # was: "unexpected RuntimeError: value cannot be converted to type float without overflow"
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "1e308")
+    _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")
