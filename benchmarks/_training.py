@@ -136,7 +136,7 @@ class CaptumCallback(Callback):
         image_every_n_runs: int = 10,
         saliency_states: int = 8,
     ) -> None:
-        from captum.attr import IntegratedGradients as CaptumIG  # noqa: PLC0415 - optional
+        from captum.attr import IntegratedGradients as CaptumIG
 
         self.states, self.every_n_steps, self.n_steps = states, every_n_steps, n_steps
         self.image_every_n_runs, self.saliency_states = image_every_n_runs, saliency_states

@@ -65,7 +65,6 @@ from benchmarks._common import synchronize
 from lightning_ig import IntegratedGradients, IntegratedGradientsCallback
 from lightning_ig.noise import attribution_mode
 
-
 KINDS = {"bar": "ig/top_features", "heatmap": "ig/heatmap", "grid": "ig/saliency", "map": "ig/saliency/mean_abs"}
 
 
@@ -74,8 +73,15 @@ class NatureDuelingQ(nn.Module):
 
     def __init__(self, actions: int = 6) -> None:
         super().__init__()
-        self.encoder = nn.Sequential(nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
-                                     nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())  # fmt: skip
+        self.encoder = nn.Sequential(
+            nn.Conv2d(4, 32, 8, 4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, 2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
         self.value = nn.Sequential(nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 1))
         self.advantage = nn.Sequential(nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, actions))
 
@@ -113,7 +119,7 @@ def block_frames(count: int, seed: int = 0) -> torch.Tensor:
 
 def nature_network() -> nn.Module:
     try:  # the registered model, where models.py has it
-        from lightning_ig.models import NatureQNetwork  # noqa: PLC0415
+        from lightning_ig.models import NatureQNetwork
 
         return NatureQNetwork(in_channels=4, num_actions=6, noisy=True)
     except ImportError:
@@ -139,7 +145,7 @@ class Module(pl.LightningModule):
 
 
 class HookClock(Callback):
-    """Reads the clock in ``on_train_batch_end`` (device synchronised); the second one also flushes and sizes the log."""
+    """Reads the clock in ``on_train_batch_end`` (device synchronised); the second also flushes and sizes the log."""
 
     def __init__(self, starts: list[float] | None, log_dir: Path | None = None) -> None:
         self.starts, self.log_dir = starts, log_dir
@@ -159,10 +165,14 @@ class HookClock(Callback):
             self.pictures.wait()  # the callback's worker: the run's pictures encoded and queued
         trainer.logger.experiment.flush()  # waits for the writer's thread to checksum and write what the run queued
         self.flush_ms.append((time.perf_counter() - now) * 1e3)
-        self.sizes.append(sum(path.stat().st_size for path in Path(trainer.logger.log_dir).glob("events.out.tfevents.*")))
+        self.sizes.append(
+            sum(path.stat().st_size for path in Path(trainer.logger.log_dir).glob("events.out.tfevents.*"))
+        )
 
 
-def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, n_steps: Any = 50, warm: int = 3) -> tuple[float, Any]:
+def ig_alone(
+    network: nn.Module, states: torch.Tensor, repeats: int, n_steps: Any = 50, warm: int = 3
+) -> tuple[float, Any]:
     """Median ms of ``repeats`` IG calls after ``warm`` ones, and the last result."""
     engine = IntegratedGradients(network, target="mean", n_steps=n_steps, completeness_tol=0.01)
     times = []
@@ -178,12 +188,16 @@ def ig_alone(network: nn.Module, states: torch.Tensor, repeats: int, n_steps: An
 
 
 def completeness_costs(device: torch.device, repeats: int) -> list[str]:
-    """What a trustworthy completeness error costs on the ReLU Nature-CNN: 50 steps, "auto", fewer states at more steps."""
+    """What a trustworthy completeness error costs on the ReLU Nature-CNN: 50 steps, "auto", or fewer states."""
     torch.manual_seed(0)
     network, states = nature_network().to(device), torch.rand(32, 4, 84, 84, device=device)
     rows = ["| setting | states | steps used | worst relative error | IG time (ms) |", "|---|---:|---:|---:|---:|"]
-    for label, count, n_steps in (("50 steps (default)", 32, 50), ('n_steps="auto" (tol 0.01)', 32, "auto"),
-                                  ("fewer states, more steps", 8, 256), ("fewer states, more steps", 4, 512)):  # fmt: skip
+    for label, count, n_steps in (
+        ("50 steps (default)", 32, 50),
+        ('n_steps="auto" (tol 0.01)', 32, "auto"),
+        ("fewer states, more steps", 8, 256),
+        ("fewer states, more steps", 4, 512),
+    ):
         ms, result = ig_alone(network, states[:count], repeats, n_steps=n_steps, warm=1)
         rows.append(f"| {label} | {count} | {result.n_steps} | {result.worst_relative_error:.3g} | {ms:.1f} |")
     return rows
@@ -225,8 +239,10 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         options: dict[str, Any] = {}
     else:
         network, states = DuelingMLP(), torch.randn(256, 128)
-        options = {"feature_groups": {f"family {k}": list(range(16 * k, 16 * k + 16)) for k in range(8)},
-                   "feature_names": [f"f{k}.{i}" for k in range(8) for i in range(16)]}  # fmt: skip
+        options = {
+            "feature_groups": {f"family {k}": list(range(16 * k, 16 * k + 16)) for k in range(8)},
+            "feature_names": [f"f{k}.{i}" for k in range(8) for i in range(16)],
+        }
     network = network.to(device)
     ig_ms, _ = ig_alone(network, states.to(device), repeats=max(5, runs // 2))
     with tempfile.TemporaryDirectory(prefix="bench_images_") as folder:
@@ -236,21 +252,37 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         after.pictures = callback._pictures  # a benchmark's instrument: the catch-up holds the picture worker's time
         profiler = RunProfile(callback, (1, 2, 5, 7, 10)) if profile else None
         logger = TensorBoardLogger(folder, name=case, default_hp_metric=False)
-        trainer = pl.Trainer(accelerator=device.type, devices=1, max_steps=runs + 1, logger=logger,
-                             callbacks=[before, callback, after], enable_progress_bar=False, enable_model_summary=False,
-                             enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=10**9)  # fmt: skip
+        trainer = pl.Trainer(
+            accelerator=device.type,
+            devices=1,
+            max_steps=runs + 1,
+            logger=logger,
+            callbacks=[before, callback, after],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+            log_every_n_steps=10**9,
+        )
         data = TensorDataset(states[:8], torch.zeros(8))
         trainer.fit(Module(network), DataLoader(data, batch_size=8))
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0})
+        events = EventAccumulator(
+            logger.log_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+        )
         events.Reload()
-        tags = {kind: len([t for t in names if t.startswith("ig/")]) for kind, names in events.Tags().items()
-                if kind in ("scalars", "histograms", "images", "tensors")}  # fmt: skip
+        tags = {
+            kind: len([t for t in names if t.startswith("ig/")])
+            for kind, names in events.Tags().items()
+            if kind in ("scalars", "histograms", "images", "tensors")
+        }
         inside = [event.value for event in events.Scalars("ig/time_ms")]  # the IG, gather and host copy of each run
         # run i is at global step i + 1 (every_n_steps=1); which runs drew which pictures, as logged
-        drawn = {kind: {event.step - 1 for event in events.Images(tag)} if tag in events.Tags()["images"] else set()
-                 for kind, tag in KINDS.items()}  # fmt: skip
+        drawn = {
+            kind: {event.step - 1 for event in events.Images(tag)} if tag in events.Tags()["images"] else set()
+            for kind, tag in KINDS.items()
+        }
     run_ms = [(end - start) * 1e3 for start, end in zip(starts, after.ends)]
     logging_ms = [run - own for run, own in zip(run_ms, inside)]  # the run less its own IG, gather and host copy
     growth = [b - a for a, b in zip(after.sizes, after.sizes[1:])]  # bytes written by runs 1, 2, ...
@@ -263,15 +295,20 @@ def measure(case: str, device: torch.device, runs: int, profile: bool = False) -
         return max(chosen) if chosen else float("nan")
 
     return {
-        "case": case, "ig_ms": ig_ms, "run_ms": statistics.median(run_ms[i] for i in plain),
-        "logging_ms": statistics.median(logging_ms[i] for i in plain), "worst": {kind: worst(kind) for kind in KINDS},
+        "case": case,
+        "ig_ms": ig_ms,
+        "run_ms": statistics.median(run_ms[i] for i in plain),
+        "logging_ms": statistics.median(logging_ms[i] for i in plain),
+        "worst": {kind: worst(kind) for kind in KINDS},
         "both": sorted(i for i in later if sum(i in runs_of_kind for runs_of_kind in drawn.values()) > 1),
         "catch_up_ms": max((after.flush_ms[i] for i in picture_runs), default=float("nan")),
         "mean_logging_ms": statistics.mean(logging_ms[i] for i in later),
         "growth_kb": statistics.median(growth[i - 1] for i in plain) / 1024,
-        "growth_mean_kb": statistics.mean(growth[i - 1] for i in later) / 1024, "tags": tags, "runs": runs,
+        "growth_mean_kb": statistics.mean(growth[i - 1] for i in later) / 1024,
+        "tags": tags,
+        "runs": runs,
         "profiles": {} if profiler is None else profiler.reports,
-    }  # fmt: skip
+    }
 
 
 def _ms(value: float) -> str:
@@ -284,48 +321,75 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=21, help="callback runs per case (the first is left out)")
     parser.add_argument("--cases", default="atari,atari-blocks,wide")
     parser.add_argument("--output", type=Path, default=None)
-    parser.add_argument("--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN')
-    parser.add_argument("--profile", action="store_true", help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 2, 5, 7 and 10 after the IG")
+    parser.add_argument(
+        "--completeness", action="store_true", help='also time n_steps="auto" and its alternatives on the Nature-CNN'
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 2, 5, 7 and 10 after the IG",
+    )
     options = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(options.device)
-    rows = [measure(case, device, options.runs, profile=options.profile and case == "atari") for case in options.cases.split(",")]
+    rows = [
+        measure(case, device, options.runs, profile=options.profile and case == "atari")
+        for case in options.cases.split(",")
+    ]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     lines = [
         f"## bench_callback_images on {name} ({device.type}), torch {torch.__version__}, lightning {pl.__version__}",
         "",
-        f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options, 50 steps; "
-        "the pictures every 10 runs, spread over it: the bar chart at runs 10, 20, ..., the heatmap at 2, 12, ..., "
-        "the saliency grid at 5, 15, ..., the mean |attr| map at 7, 17, ... (flat states: the heatmap at 5, 15, ...). "
-        "\"- its own IG\": the run's wall time less its own `ig/time_ms` (IG, gather, host copy). "
-        "The writer's catch-up: how long the flush after a picture run waits for the callback's picture worker and "
-        "TensorBoard's writer thread.",
+        (
+            f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options, 50 "
+            "steps; the pictures every 10 runs, spread over it: the bar chart at runs 10, 20, ..., the heatmap at 2, "
+            "12, ..., the saliency grid at 5, 15, ..., the mean |attr| map at 7, 17, ... (flat states: the heatmap at "
+            "5, 15, ...). "
+            '"- its own IG": the run\'s wall time less its own `ig/time_ms` (IG, gather, host copy). '
+            "The writer's catch-up: how long the flush after a picture run waits for the callback's picture worker and "
+            "TensorBoard's writer thread."
+        ),
         "",
-        "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) "
-        "| run with a picture - its own IG (ms, worst): bar chart / heatmap / saliency grid / mean map "
-        "| writer's catch-up after a picture run (ms, worst) | mean run - its own IG (ms) "
-        "| event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |",
+        (
+            "| case | IG alone (ms) | run, median (ms) | run - IG alone (ms) | run - its own IG (ms) "
+            "| run with a picture - its own IG (ms, worst): bar chart / heatmap / saliency grid / mean map "
+            "| writer's catch-up after a picture run (ms, worst) | mean run - its own IG (ms) "
+            "| event file per run (KB, median / mean) | tags (scalars / histograms / images / text) |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         tags = row["tags"]
         lines.append(
-            f"| {row['case']} | {row['ig_ms']:.1f} | {row['run_ms']:.1f} | {row['run_ms'] - row['ig_ms']:+.1f} "
-            f"| {row['logging_ms']:+.1f} | {' / '.join(_ms(value) for value in row['worst'].values())} "
-            f"| {row['catch_up_ms']:.1f} "
-            f"| {row['mean_logging_ms']:+.1f} | {row['growth_kb']:.0f} / {row['growth_mean_kb']:.0f} "
-            f"| {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / {tags.get('images', 0)} / {tags.get('tensors', 0)} |"
+            f"| {row['case']} | {row['ig_ms']:.1f} | {row['run_ms']:.1f} | {row['run_ms'] - row['ig_ms']:+.1f} | "
+            f"{row['logging_ms']:+.1f} | {' / '.join(_ms(value) for value in row['worst'].values())} | "
+            f"{row['catch_up_ms']:.1f} | {row['mean_logging_ms']:+.1f} | {row['growth_kb']:.0f} / "
+            f"{row['growth_mean_kb']:.0f} | {tags.get('scalars', 0)} / {tags.get('histograms', 0)} / "
+            f"{tags.get('images', 0)} / {tags.get('tensors', 0)} |"
         )
     both = {row["case"]: row["both"] for row in rows if row["both"]}
     if both:
         lines += ["", f"Runs after run 0 that drew two kinds of picture (there should be none): {both}"]
     if options.completeness:
-        lines += ["", "Completeness on the ReLU Nature-CNN (random weights, random frames):", "",
-                  *completeness_costs(device, repeats=3)]  # fmt: skip
+        lines += [
+            "",
+            "Completeness on the ReLU Nature-CNN (random weights, random frames):",
+            "",
+            *completeness_costs(device, repeats=3),
+        ]
     for row in rows:
         for index, report in row["profiles"].items():
-            what = {0: "the bar chart", 2: "the heatmap", 5: "the saliency grid", 7: "the mean |attr| map"}.get(index % 10, "no pictures")
-            lines += ["", f"cProfile of {row['case']} run {index} ({what}) after the IG and the gather:", "", "```", report.strip(), "```"]
+            what = {0: "the bar chart", 2: "the heatmap", 5: "the saliency grid", 7: "the mean |attr| map"}.get(
+                index % 10, "no pictures"
+            )
+            lines += [
+                "",
+                f"cProfile of {row['case']} run {index} ({what}) after the IG and the gather:",
+                "",
+                "```",
+                report.strip(),
+                "```",
+            ]
     table = "\n".join(lines)
     if options.output is not None:
         options.output.parent.mkdir(parents=True, exist_ok=True)

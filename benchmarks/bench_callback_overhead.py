@@ -46,11 +46,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-import lightning as L
 from lightning_ig.callback import IntegratedGradientsCallback
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,9 @@ class LoopTimer(Callback):
         self.started: float | None = None
         self.seconds = 0.0
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.started is None:
             _synchronize(pl_module.device)
             self.started = time.perf_counter()
@@ -125,7 +127,14 @@ class TimedIntegratedGradientsCallback(IntegratedGradientsCallback):
 
 
 def train_once(
-    example: ModuleType, base: Any, held_out: torch.Tensor, *, with_callback: bool, steps: int, log_root: Path, label: str
+    example: ModuleType,
+    base: Any,
+    held_out: torch.Tensor,
+    *,
+    with_callback: bool,
+    steps: int,
+    log_root: Path,
+    label: str,
 ) -> tuple[float, list[float]]:
     """One training run of ``steps`` gradient steps; returns (loop seconds, per-run callback ms)."""
     args = copy.copy(base)  # the example's settings (a dataclass or an argparse.Namespace)
@@ -157,14 +166,23 @@ def train_once(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--accelerator", choices=("gpu", "cpu"), default="gpu", help="where training and IG run")
-    parser.add_argument("--steps", type=int, default=None, help="gradient steps per timed run (default 3000, 500 with --quick)")
-    parser.add_argument("--pairs", type=int, default=None, help="off/on pairs, in ABBA order (default 2, 1 with --quick)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="gradient steps per timed run (default 3000, 500 with --quick)"
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=None, help="off/on pairs, in ABBA order (default 2, 1 with --quick)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of every run")
     parser.add_argument("--quick", action="store_true", help="short runs, one pair: a smoke run")
     parser.add_argument(
-        "--output", type=Path, default=Path("benchmarks/results/bench_callback_overhead.md"), help="where the markdown goes"
+        "--output",
+        type=Path,
+        default=Path("benchmarks/results/bench_callback_overhead.md"),
+        help="where the markdown goes",
     )
     options = parser.parse_args()
     steps = options.steps if options.steps is not None else (500 if options.quick else 3000)
@@ -179,8 +197,13 @@ def main() -> None:
 
     example = load_example()
     base = example.parse_args(["--seed", str(options.seed)])
-    for name, value in (("accelerator", options.accelerator), ("progress_bar", False), ("num_held_out", NUM_HELD_OUT),
-                        ("ig_every_n_steps", IG_EVERY_N_STEPS), ("ig_n_steps", IG_N_STEPS)):  # fmt: skip
+    for name, value in (
+        ("accelerator", options.accelerator),
+        ("progress_bar", False),
+        ("num_held_out", NUM_HELD_OUT),
+        ("ig_every_n_steps", IG_EVERY_N_STEPS),
+        ("ig_n_steps", IG_N_STEPS),
+    ):
         setattr(base, name, value)
     held_out = example.collect_held_out_states(base.env_id, NUM_HELD_OUT, seed=base.seed + 2_000)
     device_name = torch.cuda.get_device_name() if options.accelerator == "gpu" else platform.processor() or "CPU"
@@ -200,7 +223,11 @@ def main() -> None:
             )
             loop_seconds[with_callback].append(seconds)
             run_ms += ms
-            print(f"run {label:>6}: {seconds:7.2f} s" + (f", {len(ms)} IG runs, median {statistics.median(ms):.2f} ms" if ms else ""), flush=True)
+            print(
+                f"run {label:>6}: {seconds:7.2f} s"
+                + (f", {len(ms)} IG runs, median {statistics.median(ms):.2f} ms" if ms else ""),
+                flush=True,
+            )
     total = time.perf_counter() - started
 
     off = statistics.median(loop_seconds[False])
@@ -212,15 +239,20 @@ def main() -> None:
     lines = [
         f"## bench_callback_overhead ({'quick' if options.quick else 'full'})",
         "",
-        f"examples/dqn_cartpole.py on {device_name} ({options.accelerator}), torch {torch.__version__}, "
-        f"lightning {L.__version__}; {steps} gradient steps per run (batch {base.batch_size}, hidden {base.hidden_size}), "
-        f"seed {options.seed}; {pairs} off/on pair(s) in ABBA order after a warm-up; callback: IG on {NUM_HELD_OUT} "
-        f"held-out states, n_steps={IG_N_STEPS}, every {IG_EVERY_N_STEPS} steps ({runs_per_training} runs per training, "
-        f"the last at the final step); benchmark wall time {total:.0f} s.",
+        (
+            f"examples/dqn_cartpole.py on {device_name} ({options.accelerator}), torch {torch.__version__}, lightning "
+            f"{L.__version__}; {steps} gradient steps per run (batch {base.batch_size}, hidden {base.hidden_size}), "
+            f"seed {options.seed}; {pairs} off/on pair(s) in ABBA order after a warm-up; callback: IG on "
+            f"{NUM_HELD_OUT} held-out states, n_steps={IG_N_STEPS}, every {IG_EVERY_N_STEPS} steps "
+            f"({runs_per_training} runs per training, the last at the final step); benchmark wall time {total:.0f} s."
+        ),
         "",
         "| case | training loop wall time (s, median) | per gradient step (ms) | runs |",
         "|---|---:|---:|---:|",
-        f"| without callback | {off:.2f} | {off / steps * 1e3:.3f} | {', '.join(f'{s:.2f}' for s in loop_seconds[False])} |",
+        (
+            f"| without callback | {off:.2f} | {off / steps * 1e3:.3f} | "
+            f"{', '.join(f'{s:.2f}' for s in loop_seconds[False])} |"
+        ),
         f"| with callback | {on:.2f} | {on / steps * 1e3:.3f} | {', '.join(f'{s:.2f}' for s in loop_seconds[True])} |",
         "",
         "| metric | value |",

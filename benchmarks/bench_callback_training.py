@@ -239,7 +239,7 @@ def fit(
 
 def count_pictures(log_dir: Path) -> int:
     """Images (charts, saliency grids, maps) the callback logged under ``ig/``, read back from the event file."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
     events.Reload()
@@ -325,7 +325,7 @@ def ig_alone(setting: Setting, repeats: int) -> tuple[float, float]:
     with noise_disabled(network):
         ours = median_ms(lambda: engine.attribute(states), setting.device, repeats=repeats, warmup=3)
         try:
-            from captum.attr import IntegratedGradients as CaptumIG  # noqa: PLC0415 - optional
+            from captum.attr import IntegratedGradients as CaptumIG
         except ImportError:
             return ours, math.nan
         captum = CaptumIG(lambda x: network(x).mean(dim=1))
@@ -468,8 +468,10 @@ def _met(value: float, ok: Callable[[float], bool]) -> str:
 
 
 TABLE_HEAD = [
-    "| case | what | runs per fit | impact per run, ms: median [min, max] | x IG alone | Captum / ours | target "
-    "| met |",
+    (
+        "| case | what | runs per fit | impact per run, ms: median [min, max] | x IG alone | Captum / ours | target "
+        "| met |"
+    ),
     "|---|---|---:|---:|---:|---:|---|---|",
 ]
 
@@ -630,13 +632,17 @@ def render(
         for r in results
     )
     lines = [
-        f"## bench_callback_training on {device_name(device)} ({device.type}), torch {torch.__version__}, "
-        f"lightning {pl.__version__}, captum {captum_version or 'not installed'}",
+        (
+            f"## bench_callback_training on {device_name(device)} ({device.type}), torch {torch.__version__}, "
+            f"lightning {pl.__version__}, captum {captum_version or 'not installed'}"
+        ),
         "",
-        f"{'QUICK (a smoke run, tiny sizes: not a measurement). ' if options.quick else ''}"
-        f"DQN-like step (dueling NoisyNet, batch {some.batch_size}, double-DQN target, Adam, new noise every step); "
-        f"callback n_steps {some.n_steps}; {plan.describe()}. Impact = (fit time with - without) per callback run, "
-        f"per ABBA pair; median [min, max] over the pairs. {frames}.",
+        (
+            f"{'QUICK (a smoke run, tiny sizes: not a measurement). ' if options.quick else ''}DQN-like step (dueling "
+            f"NoisyNet, batch {some.batch_size}, double-DQN target, Adam, new noise every step); callback n_steps "
+            f"{some.n_steps}; {plan.describe()}. Impact = (fit time with - without) per callback run, per ABBA pair; "
+            f"median [min, max] over the pairs. {frames}."
+        ),
         "",
         *TABLE_HEAD,
         *(line for result in results for line in case_rows(result, plan)),
@@ -671,7 +677,7 @@ def main() -> None:
         torch.set_num_threads(1)
     quiet()
     try:
-        import captum  # noqa: PLC0415
+        import captum
 
         captum_version: str | None = captum.__version__
     except ImportError:

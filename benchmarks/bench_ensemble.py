@@ -46,14 +46,13 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
-import torch
-import torch._dynamo
 
 import ensemble_variants  # beside this file: the graph capture and the --variants mode
+import torch
+import torch._dynamo
 
 from lightning_ig import _cuda
 from lightning_ig.ensemble import ensemble_reduce
@@ -127,14 +126,21 @@ _seed_kernel = None
 
 
 def seed_probe(x: torch.Tensor, w: torch.Tensor, w32: torch.Tensor) -> torch.Tensor:
-    global _seed_kernel
+    global _seed_kernel  # noqa: PLW0603 - compiled once, on first use
     if _seed_kernel is None:
         cupy = _cuda.require_cupy()
         _seed_kernel = cupy.RawKernel(SEED_SOURCE, "seed_ensemble_forward")
     rows, members, per_member = x.shape
     out = torch.empty(rows, device=x.device)
     threads = min(1024, 32 * math.ceil(members / 32))
-    args = (_cuda.pointer(x), _cuda.pointer(w32), _cuda.pointer(out), _cuda.int32(rows), _cuda.int32(members), _cuda.int32(per_member))
+    args = (
+        _cuda.pointer(x),
+        _cuda.pointer(w32),
+        _cuda.pointer(out),
+        _cuda.int32(rows),
+        _cuda.int32(members),
+        _cuda.int32(per_member),
+    )
     _cuda.launch(_seed_kernel, 1, threads, args, device=x.device, shared_mem=4 * members)
     return out
 
@@ -219,7 +225,7 @@ def copy_gbs(numel: int, dtype: torch.dtype, replays: int) -> float:
 def safe(label: str, thunk: Callable[[], object], notes: list[str]) -> object:
     try:
         return thunk()
-    except Exception as error:  # keep the table going; the log has the traceback
+    except Exception as error:  # noqa: BLE001 - keep the table going; the log has the traceback
         traceback.print_exc()
         notes.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}")
         return None
@@ -246,7 +252,9 @@ def run_shape(shape, dtype, settings: Settings, big_copy: float, notes: list[str
             row = run_row(name, fn, sets, backward, settings, notes)
             if row is not None:
                 row["pct_copy"] = 100.0 * row["GB/s"] / big_copy if row["GB/s"] else None
-                row["pct_same_size_copy"] = 100.0 * row["GB/s"] / same_size_copy if row["GB/s"] and same_size_copy else None
+                row["pct_same_size_copy"] = (
+                    100.0 * row["GB/s"] / same_size_copy if row["GB/s"] and same_size_copy else None
+                )
                 results.append(row)
         sets.clear()
         torch.cuda.empty_cache()
@@ -265,15 +273,24 @@ def run_row(name: str, fn, sets, backward: bool, settings: Settings, notes: list
             return None
     print(f"-- {label}", flush=True)
     slow = name.startswith("seed") and numel > 1 << 20  # the seed takes ~0.1 s per call there
-    one = safe(label + " one call", lambda: one_call_us(fn, sets, backward, 3 if slow else settings.one_call_samples), notes)
+    one = safe(
+        label + " one call", lambda: one_call_us(fn, sets, backward, 3 if slow else settings.one_call_samples), notes
+    )
     calls = len(sets) if slow else MAX_SETS
-    loop = safe(label + " graph loop", lambda: graph_loop_us(fn, sets, backward, 1 if slow else settings.replays, calls), notes)
+    loop = safe(
+        label + " graph loop", lambda: graph_loop_us(fn, sets, backward, 1 if slow else settings.replays, calls), notes
+    )
     itemsize = torch.finfo(dtype).bits // 8
     moved = (3 if backward else 1) * numel * itemsize + shape[0] * itemsize
     return {
-        "shape": shape, "dtype": str(dtype).replace("torch.", ""), "mode": "fwd+bwd" if backward else "fwd",
-        "impl": name, "one_call_us": one, "loop_us": loop, "GB/s": moved / (loop * 1e-6) / 1e9 if loop else None,
-    }  # fmt: skip
+        "shape": shape,
+        "dtype": str(dtype).replace("torch.", ""),
+        "mode": "fwd+bwd" if backward else "fwd",
+        "impl": name,
+        "one_call_us": one,
+        "loop_us": loop,
+        "GB/s": moved / (loop * 1e-6) / 1e9 if loop else None,
+    }
 
 
 # --------------------------------------------------------------------------- the report
@@ -289,18 +306,31 @@ def fmt(value: object, digits: int = 1) -> str:
 
 def targets(rows: list[dict]) -> list[str]:
     def find(shape, mode, impl):
-        return next((r for r in rows if r["shape"] == shape and r["dtype"] == "float32" and r["mode"] == mode and r["impl"] == impl), None)
+        return next(
+            (
+                r
+                for r in rows
+                if r["shape"] == shape and r["dtype"] == "float32" and r["mode"] == mode and r["impl"] == impl
+            ),
+            None,
+        )
 
     lines = ["| target (float32) | measured | met |", "|---|---:|---|"]
     large = find(LARGE, "fwd", "ours")
     pct = large["pct_copy"] if large else None
-    lines.append(f"| {LARGE} forward >= {TARGET_PCT:.0f}% of copy bandwidth | {fmt(pct)}% | {'yes' if pct and pct >= TARGET_PCT else 'NO'} |")
+    lines.append(
+        f"| {LARGE} forward >= {TARGET_PCT:.0f}% of copy bandwidth | {fmt(pct)}% | "
+        f"{'yes' if pct and pct >= TARGET_PCT else 'NO'} |"
+    )
     for mode in ("fwd", "fwd+bwd"):
         mine, theirs = find(LAUNCH_BOUND, mode, "ours"), find(LAUNCH_BOUND, mode, "torch eager")
         a = mine["one_call_us"] if mine else None
         b = theirs["one_call_us"] if theirs else None
         met = a is not None and b is not None and a <= b
-        lines.append(f"| {LAUNCH_BOUND} one call {mode} no slower than eager | {fmt(a)} us vs {fmt(b)} us | {'yes' if met else 'NO'} |")
+        lines.append(
+            f"| {LAUNCH_BOUND} one call {mode} no slower than eager | {fmt(a)} us vs {fmt(b)} us | "
+            f"{'yes' if met else 'NO'} |"
+        )
     return lines
 
 
@@ -310,26 +340,31 @@ def render(rows: list[dict], big_copy: float, notes: list[str]) -> str:
         import cupy
 
         cupy_version = cupy.__version__
-    except Exception:  # the table still says what ran
+    except Exception:  # noqa: BLE001 - the table still says what ran
         cupy_version = "not importable"
     lines = [
         "# Fused ensemble reduce benchmark",
         "",
-        f"- device: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB); "
-        f"torch {torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy_version}, python {sys.version.split()[0]}",
+        (
+            f"- device: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB); torch "
+            f"{torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy_version}, python {sys.version.split()[0]}"
+        ),
         f"- device-to-device copy of 1 GiB (read + write): **{big_copy:.0f} GB/s**",
-        "- one call: host clock, synchronised before and after (median); graph loop: device time per call in a "
-        "replayed CUDA graph; GB/s of the bytes the op must move (fwd: read the logits; fwd+bwd: read them twice, "
-        "write the gradient); % of the 1 GiB copy and of a copy of one call's bytes",
+        (
+            "- one call: host clock, synchronised before and after (median); graph loop: device time per call in a "
+            "replayed CUDA graph; GB/s of the bytes the op must move (fwd: read the logits; fwd+bwd: read them twice, "
+            "write the gradient); % of the 1 GiB copy and of a copy of one call's bytes"
+        ),
         "",
         "| (B, M, K) | dtype | mode | impl | one call us | graph us / call | GB/s | % of copy | % of same-size copy |",
         "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for row in rows:
-        lines.append(
-            f"| {row['shape']} | {row['dtype']} | {row['mode']} | {row['impl']} | {fmt(row['one_call_us'])} "
-            f"| {fmt(row['loop_us'], 2)} | {fmt(row['GB/s'], 0)} | {fmt(row['pct_copy'])} | {fmt(row['pct_same_size_copy'])} |"
-        )
+    lines += [
+        f"| {row['shape']} | {row['dtype']} | {row['mode']} | {row['impl']} | {fmt(row['one_call_us'])} | "
+        f"{fmt(row['loop_us'], 2)} | {fmt(row['GB/s'], 0)} | {fmt(row['pct_copy'])} | "
+        f"{fmt(row['pct_same_size_copy'])} |"
+        for row in rows
+    ]
     lines += ["", *targets(rows)]
     if notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
@@ -343,19 +378,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, default float32,bfloat16")
     parser.add_argument("--compile-dtypes", default="float32", help="dtypes torch.compile runs for ('' for none)")
     parser.add_argument("--time-budget", type=float, default=80.0, help="seconds; later torch.compile rows are skipped")
-    parser.add_argument("--variants", nargs="?", const="all", default=None, metavar="NAME,...",
-                        help="time the kernel variants (all, or these) against each other instead")  # fmt: skip
+    parser.add_argument(
+        "--variants",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="NAME,...",
+        help="time the kernel variants (all, or these) against each other instead",
+    )
     parser.add_argument("--replays", type=int, default=30, help="--variants: graph replays per variant and problem")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_ensemble: needs a CUDA device", file=sys.stderr)
         return 2
     if args.variants is not None:
-
         from lightning_ig.ensemble import ops
 
-        names = list(ops.VARIANTS) if args.variants == "all" else [n.strip() for n in args.variants.split(",") if n.strip()]
-        output = args.output if args.output != DEFAULT_OUTPUT else DEFAULT_OUTPUT.with_name("bench_ensemble_variants.md")
+        names = (
+            list(ops.VARIANTS) if args.variants == "all" else [n.strip() for n in args.variants.split(",") if n.strip()]
+        )
+        output = (
+            args.output if args.output != DEFAULT_OUTPUT else DEFAULT_OUTPUT.with_name("bench_ensemble_variants.md")
+        )
         return ensemble_variants.run(names, output, args.replays, copy_gbs, input_sets, call)
     names = lambda text: [getattr(torch, n.strip()) for n in text.split(",") if n.strip()]  # noqa: E731
     settings = Settings(

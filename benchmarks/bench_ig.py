@@ -61,9 +61,10 @@ import statistics
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -149,8 +150,16 @@ def _limit_probe(model: torch.nn.Module, points: torch.Tensor) -> Callable[[], o
     return graph.replay
 
 
-def _per_feature_loop(model: torch.nn.Module, x: torch.Tensor, b: torch.Tensor, h: torch.Tensor, alphas: list[float],
-                      weights: list[float], states: list[int], max_probes: int | None) -> tuple[float, int, torch.Tensor | None]:  # fmt: skip
+def _per_feature_loop(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    b: torch.Tensor,
+    h: torch.Tensor,
+    alphas: list[float],
+    weights: list[float],
+    states: list[int],
+    max_probes: int | None,
+) -> tuple[float, int, torch.Tensor | None]:
     """The per-probe design: two one-row forwards per (state, step, feature), each read back with .item().
 
     Returns the seconds per probe (a probe = one +h and one -h forward), the probes run and, when every
@@ -199,12 +208,23 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
 
     # Warm-up on another shape: compiles the kernels so "single call on new shapes" times the call, not NVRTC.
     backend = integrated_gradients(model, torch.randn(3, features, device=device), target="mean", n_steps=4).backend
-    integrated_gradients(model, torch.randn(3, features, device=device), target="mean", n_steps=4, gradient="finite_difference")
+    integrated_gradients(
+        model, torch.randn(3, features, device=device), target="mean", n_steps=4, gradient="finite_difference"
+    )
 
     ours = integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD)
-    single_ms, single_mib = _time(lambda: integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD), repeats)
-    rows.append(Row(case, f"ours, autograd, single call ({backend})", single_ms, single_mib,
-                    extra={"worst_relative_error": ours.worst_relative_error}))  # fmt: skip
+    single_ms, single_mib = _time(
+        lambda: integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD), repeats
+    )
+    rows.append(
+        Row(
+            case,
+            f"ours, autograd, single call ({backend})",
+            single_ms,
+            single_mib,
+            extra={"worst_relative_error": ours.worst_relative_error},
+        )
+    )
 
     engine = IntegratedGradients(model, target="mean", n_steps=N_STEPS, method=METHOD)
     torch.cuda.synchronize()
@@ -216,26 +236,51 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
     pool_mib = (torch.cuda.memory_allocated() - before_capture) / 2**20
     capture_note = "; ".join(str(w.message) for w in caught) or f"graph pool {pool_mib:.1f} MiB (held between calls)"
     repeat_ms, repeat_mib = _time(lambda: engine.attribute(x), repeats * 3, warmup=3)
-    rows.append(Row(case, "ours, autograd, repeated (CUDA graph)" if replayed.cuda_graph else "ours, autograd, repeated (eager)",
-                    repeat_ms, repeat_mib, note=capture_note,
-                    extra={"vs single call": _relative(replayed.attributions, ours.attributions)}))  # fmt: skip
+    rows.append(
+        Row(
+            case,
+            "ours, autograd, repeated (CUDA graph)" if replayed.cuda_graph else "ours, autograd, repeated (eager)",
+            repeat_ms,
+            repeat_mib,
+            note=capture_note,
+            extra={"vs single call": _relative(replayed.attributions, ours.attributions)},
+        )
+    )
 
     fd = integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD, gradient="finite_difference")
     fd_ms, fd_mib = _time(
-        lambda: integrated_gradients(model, x, target="mean", n_steps=N_STEPS, method=METHOD, gradient="finite_difference"),
+        lambda: integrated_gradients(
+            model, x, target="mean", n_steps=N_STEPS, method=METHOD, gradient="finite_difference"
+        ),
         max(3, repeats // 3),
     )
-    rows.append(Row(case, f"ours, finite differences, single call ({backend})", fd_ms, fd_mib,
-                    extra={"vs autograd": _relative(fd.attributions, ours.attributions)}))  # fmt: skip
+    rows.append(
+        Row(
+            case,
+            f"ours, finite differences, single call ({backend})",
+            fd_ms,
+            fd_mib,
+            extra={"vs autograd": _relative(fd.attributions, ours.attributions)},
+        )
+    )
 
     try:
-        from captum.attr import IntegratedGradients as CaptumIG  # noqa: PLC0415 - optional
+        from captum.attr import IntegratedGradients as CaptumIG
 
         captum = CaptumIG(value)
         theirs = captum.attribute(x, b, n_steps=N_STEPS, method=METHOD)
-        captum_ms, captum_mib = _time(lambda: captum.attribute(x, b, n_steps=N_STEPS, method=METHOD), max(3, repeats // 2))
-        rows.append(Row(case, "Captum IntegratedGradients", captum_ms, captum_mib,
-                        extra={"ours vs Captum": _relative(ours.attributions, theirs)}))  # fmt: skip
+        captum_ms, captum_mib = _time(
+            lambda: captum.attribute(x, b, n_steps=N_STEPS, method=METHOD), max(3, repeats // 2)
+        )
+        rows.append(
+            Row(
+                case,
+                "Captum IntegratedGradients",
+                captum_ms,
+                captum_mib,
+                extra={"ours vs Captum": _relative(ours.attributions, theirs)},
+            )
+        )
     except ImportError:
         rows.append(Row(case, "Captum IntegratedGradients", None, None, note="n/a: captum not installed"))
 
@@ -251,12 +296,21 @@ def run_case(case: str, features: int, batch: int, *, quick: bool, device: torch
     _, _, loop_attr = _per_feature_loop(model, x, b, h, alphas, weights, agreement_states, None)
     if loop_attr is not None:
         extra["FD vs loop"] = _relative(fd.attributions[agreement_states].double().cpu(), loop_attr)
-    rows.append(Row(case, "per-feature loop (extrapolated)", loop_ms, None,
-                    note=f"timed {probes} of {total_probes} probes ({per_probe_s * 1e6:.0f} us each) and extrapolated; "
-                         f"agreement on states {agreement_states}",
-                    extra=extra))  # fmt: skip
+    rows.append(
+        Row(
+            case,
+            "per-feature loop (extrapolated)",
+            loop_ms,
+            None,
+            note=f"timed {probes} of {total_probes} probes ({per_probe_s * 1e6:.0f} us each) and extrapolated; "
+            f"agreement on states {agreement_states}",
+            extra=extra,
+        )
+    )
 
-    points = (b.unsqueeze(0) + torch.tensor(alphas, device=device).view(-1, 1, 1) * (x - b).unsqueeze(0)).reshape(-1, features)
+    points = (b.unsqueeze(0) + torch.tensor(alphas, device=device).view(-1, 1, 1) * (x - b).unsqueeze(0)).reshape(
+        -1, features
+    )
     replay = _limit_probe(model, points)
     limit_ms, limit_mib = _time(replay, repeats * 3, warmup=3)
     rows.append(Row(case, "limit probe (graph: forward + input-gradient)", limit_ms, limit_mib))
@@ -294,8 +348,13 @@ def render(rows: list[Row], header: str) -> str:
             ("Captum / ours single call", ratio(captum, single), ">= 10", lambda v: v >= 10),
             ("Captum / ours repeated", ratio(captum, repeated), ">= 20", lambda v: v >= 20),
             ("ours repeated / limit probe", ratio(repeated, limit), "<= 2", lambda v: v <= 2),
-            ("loop / ours FD", ratio(loop, fd), ">= 1000 (S)", lambda v: v >= 1000 or case != "S"),
-            ("ours vs Captum (max rel)", captum.extra.get("ours vs Captum") if captum else None, "<= 1e-4", lambda v: v <= 1e-4),
+            ("loop / ours FD", ratio(loop, fd), ">= 1000 (S)", lambda v, case=case: v >= 1000 or case != "S"),
+            (
+                "ours vs Captum (max rel)",
+                captum.extra.get("ours vs Captum") if captum else None,
+                "<= 1e-4",
+                lambda v: v <= 1e-4,
+            ),
             ("FD vs loop (max rel)", loop.extra.get("FD vs loop") if loop else None, "<= 1e-3", lambda v: v <= 1e-3),
         ]
         for name, value, goal, ok in checks:
@@ -303,6 +362,7 @@ def render(rows: list[Row], header: str) -> str:
             shown = "n/a" if value is None else (f"{value:.3g}" if "rel" not in name else f"{value:.2e}")
             lines.append(f"| {case} | {name} | {shown} | {goal} | {met} |")
     return "\n".join(lines)
+
 
 # ---------------------------------------------------------------------- the host-time breakdown (case S)
 
@@ -416,7 +476,7 @@ def _tree_rows(
 
     def visit(func: Any, cumulative: float, level: int, path: frozenset[Any]) -> None:
         rows.append((level, func, cumulative / calls * 1e6, cumulative / total))
-        if level >= depth or not (_ours(func) or level == 0 and func == root):
+        if level >= depth or not (_ours(func) or (level == 0 and func == root)):
             return
         shown = 0.0
         for child, time_s in sorted(children[func].items(), key=lambda item: -item[1]):
@@ -463,8 +523,10 @@ def host_breakdown(device: torch.device, quick: bool) -> str:
         replay_name: ("_entry_replay", lambda: _entry_replay(engine, x), (400 if quick else 3000) if graph else 40),
     }
     timing = [
-        "| call | host until it returns (us) | wall until the device is done (us) | device span (us) "
-        "| host under cProfile (us) |",
+        (
+            "| call | host until it returns (us) | wall until the device is done (us) | device span (us) "
+            "| host under cProfile (us) |"
+        ),
         "|---|---:|---:|---:|---:|",
     ]
     trees, tops = [], []
@@ -531,13 +593,13 @@ def main() -> None:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     try:
-        import captum  # noqa: PLC0415
+        import captum
 
         captum_version = captum.__version__
     except ImportError:
         captum_version = "not installed"
     try:
-        import cupy  # noqa: PLC0415
+        import cupy
 
         cupy_version = cupy.__version__
     except Exception:  # noqa: BLE001 - any failure to import means the torch backend

@@ -55,11 +55,17 @@ def main() -> None:
     parser.add_argument("--accelerator", choices=("gpu", "cpu"), default="gpu", help="where training and IG run")
     parser.add_argument("--total-timesteps", type=int, default=96_000, help="environment steps per timed run")
     parser.add_argument("--pairs", type=int, default=1, help="off/on pairs, in ABBA order")
-    parser.add_argument("--warm-up-timesteps", type=int, default=None,
-                        help="environment steps of the warm-up run (default: two IG runs' worth of learning)")
+    parser.add_argument(
+        "--warm-up-timesteps",
+        type=int,
+        default=None,
+        help="environment steps of the warm-up run (default: two IG runs' worth of learning)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of every run")
     parser.add_argument(
-        "--output", type=Path, default=Path("benchmarks/results/bench_minatar_overhead.md"),
+        "--output",
+        type=Path,
+        default=Path("benchmarks/results/bench_minatar_overhead.md"),
         help="where the markdown goes",
     )
     options = parser.parse_args()
@@ -74,10 +80,24 @@ def main() -> None:
     started = time.perf_counter()
     results: dict[bool, list[dict]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(prefix="bench_minatar_") as runs_dir:
+
         def train(total: int, ig: bool) -> dict:
-            flags = ["--accelerator", options.accelerator, "--seed", str(options.seed), "--total-timesteps", str(total),
-                     "--eval-episodes", "1", "--random-episodes", "1", "--no-progress-bar", "--runs-dir", runs_dir,
-                     "--ig" if ig else "--no-ig"]  # fmt: skip
+            flags = [
+                "--accelerator",
+                options.accelerator,
+                "--seed",
+                str(options.seed),
+                "--total-timesteps",
+                str(total),
+                "--eval-episodes",
+                "1",
+                "--random-episodes",
+                "1",
+                "--no-progress-bar",
+                "--runs-dir",
+                runs_dir,
+                "--ig" if ig else "--no-ig",
+            ]
             with contextlib.redirect_stdout(io.StringIO()):
                 return example.main(flags)
 
@@ -88,9 +108,12 @@ def main() -> None:
         for index, ig in enumerate(order[: 2 * options.pairs]):
             result = train(options.total_timesteps, ig)
             results[ig].append(result)
-            print(f"run {index} ({'on' if ig else 'off'}): {result['train_seconds']:.2f} s, "
-                  f"{result['env_steps_per_second']:.0f} env steps/s, {result['gradient_steps_per_second']:.1f} "
-                  "gradient steps/s", flush=True)  # fmt: skip
+            print(
+                f"run {index} ({'on' if ig else 'off'}): {result['train_seconds']:.2f} s, "
+                f"{result['env_steps_per_second']:.0f} env steps/s, {result['gradient_steps_per_second']:.1f} "
+                "gradient steps/s",
+                flush=True,
+            )
 
     def median(ig: bool, key: str) -> float:
         return statistics.median(result[key] for result in results[ig])
@@ -112,8 +135,10 @@ def main() -> None:
         "|---|---:|---:|---:|",
     ]
     for ig, label in ((False, "without callback"), (True, "with callback")):
-        lines.append(f"| {label} | {median(ig, 'train_seconds'):.2f} | {median(ig, 'env_steps_per_second'):.0f} | "
-                     f"{median(ig, 'gradient_steps_per_second'):.1f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {median(ig, 'train_seconds'):.2f} | {median(ig, 'env_steps_per_second'):.0f} | "
+            f"{median(ig, 'gradient_steps_per_second'):.1f} |"
+        )
     lines += ["", f"Overhead of the callback (wall time): {(on - off) / off * 100:+.1f}%."]
     table = "\n".join(lines)
     options.output.parent.mkdir(parents=True, exist_ok=True)

@@ -23,14 +23,15 @@ The markdown table is printed last and written to ``--output``.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch._dynamo
@@ -199,7 +200,7 @@ def _implementations(settings: Settings) -> list[tuple[str, Callable | None]]:
 def _safe(label: str, thunk: Callable[[], object], notes: list[str]) -> object:
     try:
         return thunk()
-    except Exception as error:  # keep the table going; the log has the traceback
+    except Exception as error:  # noqa: BLE001 - keep the table going; the log has the traceback
         traceback.print_exc()
         notes.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
         return None
@@ -213,16 +214,15 @@ def run_big(settings: Settings, dtype: torch.dtype, bandwidth: float, notes: lis
     for backward in (False, True):
         sets = _input_sets(settings.big_shape, dtype, device, grad=backward)
         bytes_per_element = (3 if backward else 2) * itemsize
-        for name, fn in _implementations(settings):
+        for name, listed in _implementations(settings):
             label = f"{'x'.join(map(str, settings.big_shape))} {dtype} {'fwd+bwd' if backward else 'fwd'} {name}"
-            if fn is None:
-                if settings.time_left() < 60:
-                    notes.append(f"{label}: skipped, out of time budget")
-                    continue
-                fn = _compiled()
+            if listed is None and settings.time_left() < 60:
+                notes.append(f"{label}: skipped, out of time budget")
+                continue
+            fn = _compiled() if listed is None else listed
             print(f"-- {label}", flush=True)
-            us = _safe(label, lambda: _time_per_call(fn, sets, backward, settings.big_reps), notes)
-            memory = _safe(label + " memory", lambda: _peak_extra_mib(fn, sets, backward), notes)
+            us = _safe(label, functools.partial(_time_per_call, fn, sets, backward, settings.big_reps), notes)
+            memory = _safe(label + " memory", functools.partial(_peak_extra_mib, fn, sets, backward), notes)
             if us is None:
                 continue
             achieved = numel * bytes_per_element / (us * 1e-6) / 1e9
@@ -249,16 +249,17 @@ def run_small(settings: Settings, dtype: torch.dtype, notes: list[str]) -> list[
     rows = []
     for backward in (False, True):
         sets = _input_sets(settings.small_shape, dtype, device, grad=backward)
-        for name, fn in _implementations(settings):
+        for name, listed in _implementations(settings):
             label = f"{'x'.join(map(str, settings.small_shape))} {dtype} {'fwd+bwd' if backward else 'fwd'} {name}"
-            if fn is None:
-                if settings.time_left() < 60:
-                    notes.append(f"{label}: skipped, out of time budget")
-                    continue
-                fn = _compiled()
+            if listed is None and settings.time_left() < 60:
+                notes.append(f"{label}: skipped, out of time budget")
+                continue
+            fn = _compiled() if listed is None else listed
             print(f"-- {label}", flush=True)
-            one = _safe(label + " one call", lambda: _one_call(fn, sets, backward, settings.one_call_samples), notes)
-            loop = _safe(label + " loop", lambda: _loop(fn, sets, backward, settings.loop_calls), notes)
+            one = _safe(
+                label + " one call", functools.partial(_one_call, fn, sets, backward, settings.one_call_samples), notes
+            )
+            loop = _safe(label + " loop", functools.partial(_loop, fn, sets, backward, settings.loop_calls), notes)
             rows.append(
                 {
                     "problem": "x".join(map(str, settings.small_shape)),
@@ -278,23 +279,25 @@ def run_small(settings: Settings, dtype: torch.dtype, notes: list[str]) -> list[
 def lone_add(settings: Settings, notes: list[str]) -> None:
     """A lone torch.add timed like one call, for scale: the events and the sync cost something too."""
     a = torch.randn(settings.small_shape, device=DEVICE)
-    add_us = _safe("torch.add one call", lambda: _one_call(lambda x, y: torch.add(x, y), [(a, a)], False, 200), notes)
+    add_us = _safe("torch.add one call", lambda: _one_call(torch.add, [(a, a)], False, 200), notes)
     if add_us is not None:
         notes.append(f"a lone torch.add on {settings.small_shape} float32, one call with events: {add_us:.1f} us")
     # The floor of any forward + backward through autograd: one reduction and the engine's backward pass
     # (on CUDA it runs on the engine's device thread, so it includes two thread hand-offs).
     leaf = torch.randn(settings.small_shape, device=DEVICE, requires_grad=True)
-    floor_us = _safe("x.sum().backward() one call", lambda: _one_call(lambda x, y: x.sum(), [(leaf, leaf)], True, 200), notes)
+    floor_us = _safe(
+        "x.sum().backward() one call", lambda: _one_call(lambda x, y: x.sum(), [(leaf, leaf)], True, 200), notes
+    )
     if floor_us is not None:
         notes.append(
-            f"autograd floor: x.sum().backward() on {settings.small_shape} float32, one call with events: {floor_us:.1f} us "
-            "(no fused loss's forward + backward can take less)"
+            f"autograd floor: x.sum().backward() on {settings.small_shape} float32, one call with events: "
+            f"{floor_us:.1f} us (no fused loss's forward + backward can take less)"
         )
 
 
 def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, float]]:
     """Host microseconds per call of the pieces of our 512x4096 call path (no syncs inside)."""
-    from lightning_ig import _cuda, _soft_margin_cuda  # noqa: PLC0415 - only this part looks inside
+    from lightning_ig import _cuda, _soft_margin_cuda
 
     device = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(settings.small_shape, device=device)
@@ -321,6 +324,7 @@ def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, floa
     ]
     rows = []
     for label, thunk in pieces:
+
         def timed(thunk=thunk) -> float:
             for _ in range(50):
                 thunk()
@@ -363,14 +367,16 @@ def render(
         import cupy
 
         cupy_version = cupy.__version__
-    except Exception:  # the table still says what ran
+    except Exception:  # noqa: BLE001 - the table still says what ran
         cupy_version = "not importable"
     lines = [
         "# Fused SoftMarginLoss benchmark",
         "",
         f"- device: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)",
-        f"- torch {torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy_version}, "
-        f"python {sys.version.split()[0]}",
+        (
+            f"- torch {torch.__version__} (CUDA {torch.version.cuda}), cupy {cupy_version}, "
+            f"python {sys.version.split()[0]}"
+        ),
         f"- device-to-device copy bandwidth (read + write): **{bandwidth:.0f} GB/s**",
         f"- input sets rotated per timed loop: >= {ROTATION_BYTES // MiB} MiB in all"
         + (" (quick mode: smaller sizes, fewer calls)" if settings.big_shape != (16384, 16384) else ""),
@@ -380,15 +386,17 @@ def render(
         "| dtype | mode | impl | us / call | GB/s | % of copy | bytes / elem | peak extra MiB |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for row in big:
-        lines.append(
-            f"| {row['dtype']} | {row['mode']} | {row['impl']} | {_fmt(row['us'])} | {_fmt(row['GB/s'], 0)} "
-            f"| {_fmt(row['pct_copy'])} | {row['B/elem']} | {_fmt(row['peak_extra_MiB'], 0)} |"
-        )
+    lines += [
+        f"| {row['dtype']} | {row['mode']} | {row['impl']} | {_fmt(row['us'])} | {_fmt(row['GB/s'], 0)} "
+        f"| {_fmt(row['pct_copy'])} | {row['B/elem']} | {_fmt(row['peak_extra_MiB'], 0)} |"
+        for row in big
+    ]
     lines += [
         "",
-        f"## {settings.small_shape[0]} x {settings.small_shape[1]}: one call (CUDA events around it) and a loop of "
-        f"{settings.loop_calls} calls",
+        (
+            f"## {settings.small_shape[0]} x {settings.small_shape[1]}: one call (CUDA events around it) and a loop of "
+            f"{settings.loop_calls} calls"
+        ),
         "",
         "| dtype | mode | impl | one call us (median) | loop us / call | host us / call | loop speedup vs eager |",
         "|---|---|---|---:|---:|---:|---:|",
@@ -416,13 +424,17 @@ def _targets(big: list[dict], small: list[dict], eager_loop: dict) -> list[str]:
         return next((r for r in rows if r["dtype"] == "float32" and r["mode"] == mode and r["impl"] == impl), None)
 
     checks = []
-    for mode, key, goal in (("fwd", "fwd_pct", "fwd (mean) >= 90% of copy at 8 B/elem"),
-                            ("fwd+bwd", "fwdbwd_pct", "fwd+bwd >= 85% of copy at 12 B/elem")):  # fmt: skip
+    for mode, key, goal in (
+        ("fwd", "fwd_pct", "fwd (mean) >= 90% of copy at 8 B/elem"),
+        ("fwd+bwd", "fwdbwd_pct", "fwd+bwd >= 85% of copy at 12 B/elem"),
+    ):
         row = find(big, mode)
         value = row["pct_copy"] if row else None
         checks.append((goal, value, value is not None and value >= TARGETS[key], "%"))
-    for mode, key, goal in (("fwd", "one_call_fwd_us", "512x4096 one call fwd <= 35 us"),
-                            ("fwd+bwd", "one_call_fwdbwd_us", "512x4096 one call fwd+bwd <= 70 us")):  # fmt: skip
+    for mode, key, goal in (
+        ("fwd", "one_call_fwd_us", "512x4096 one call fwd <= 35 us"),
+        ("fwd+bwd", "one_call_fwdbwd_us", "512x4096 one call fwd+bwd <= 70 us"),
+    ):
         row = find(small, mode)
         value = row["one_call_us"] if row else None
         checks.append((goal, value, value is not None and value <= TARGETS[key], " us"))

@@ -141,7 +141,9 @@ def time_variants(names: list[str], sets, backward: bool, replays: int, call) ->
             end.record()
             events[name].append((start, end))
     torch.cuda.synchronize()
-    result = {name: statistics.median(s.elapsed_time(e) for s, e in pairs) * 1000.0 / calls for name, pairs in events.items()}
+    result = {
+        name: statistics.median(s.elapsed_time(e) for s, e in pairs) * 1000.0 / calls for name, pairs in events.items()
+    }
     graphs.clear()
     return result
 
@@ -173,19 +175,29 @@ def render(names, times, identical, big_copy: float, best: str | None, twin_ok: 
     lines = [
         "# Ensemble-reduce kernel variants (float32)",
         "",
-        f"- device: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}; "
-        f"1 GiB device-to-device copy (read + write): **{big_copy:.0f} GB/s**; compile of all variants: {compile_s:.1f} s",
-        "- us: device time per call, median over replays of a CUDA graph of back-to-back calls over >= 256 MiB of inputs; "
-        "GB/s: the logits read (+ the output) per second; bit-identical: every output equals the default variant's "
-        f"({ops.DEFAULT_VARIANT}) on fresh random data; default vs torch twin: {'bit-identical' if twin_ok else 'DIFFERENT'}",
+        (
+            f"- device: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}; 1 GiB "
+            f"device-to-device copy (read + write): **{big_copy:.0f} GB/s**; compile of all variants: {compile_s:.1f} s"
+        ),
+        (
+            "- us: device time per call, median over replays of a CUDA graph of back-to-back calls over >= 256 MiB of "
+            "inputs; GB/s: the logits read (+ the output) per second; bit-identical: every output equals the default "
+            f"variant's ({ops.DEFAULT_VARIANT}) on fresh random data; default vs torch twin: "
+            f"{'bit-identical' if twin_ok else 'DIFFERENT'}"
+        ),
         "",
         "| " + " | ".join(head) + " |",
         "|---|" + "---:|" * (len(head) - 2) + "---|",
     ]
     for name in names:
         v = ops.VARIANTS[name]
-        cells = [name + (" (default)" if name == ops.DEFAULT_VARIANT else ""), str(v.forward_rows), str(v.forward_depth),
-                 str(v.forward_min_blocks), "yes" if v.lean else "no"]  # fmt: skip
+        cells = [
+            name + (" (default)" if name == ops.DEFAULT_VARIANT else ""),
+            str(v.forward_rows),
+            str(v.forward_depth),
+            str(v.forward_min_blocks),
+            "yes" if v.lean else "no",
+        ]
         for shape in SHAPES:
             us = times[(shape, False)][name]
             gbs = moved(shape, False) / (us * 1e-6) / 1e9
@@ -197,9 +209,12 @@ def render(names, times, identical, big_copy: float, best: str | None, twin_ok: 
     if best is None:
         lines.append("best variant: none (no variant is bit-identical to the default)")
     else:
-        lines.append(f"best variant: **{best}** (set `DEFAULT_VARIANT = \"{best}\"` in lightning_ig/ensemble/ops.py)")
+        lines.append(f'best variant: **{best}** (set `DEFAULT_VARIANT = "{best}"` in lightning_ig/ensemble/ops.py)')
         pct = 100 * moved(SHAPES[0], False) / (times[(SHAPES[0], False)][best] * 1e-6) / 1e9 / big_copy
-        lines.append(f"target: {SHAPES[0]} forward >= {TARGET_PCT:.0f}% of copy: {pct:.1f}%, {'met' if pct >= TARGET_PCT else 'NOT met'}")
+        lines.append(
+            f"target: {SHAPES[0]} forward >= {TARGET_PCT:.0f}% of copy: {pct:.1f}%, "
+            f"{'met' if pct >= TARGET_PCT else 'NOT met'}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -244,7 +259,9 @@ def run(names: list[str], output: Path, replays: int, copy_gbs, input_sets, call
         for backward in (False, True):
             sets = input_sets(shape, torch.float32, "cuda", backward, True)
             times[(shape, backward)] = time_variants(names, sets, backward, replays, call)
-            print(f"timed {shape} {'fwd+bwd' if backward else 'fwd'} ({time.perf_counter() - started:.1f} s)", flush=True)
+            print(
+                f"timed {shape} {'fwd+bwd' if backward else 'fwd'} ({time.perf_counter() - started:.1f} s)", flush=True
+            )
             sets.clear()
             torch.cuda.empty_cache()
     table = render(names, times, identical, big_copy, best_variant(times, identical), twin_ok, compile_s)

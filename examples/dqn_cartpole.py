@@ -111,50 +111,73 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--exp-name", default=Path(__file__).stem, help="the name of this experiment (part of the run folder's name)")
     add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the environments")
     add("--env-id", default="CartPole-v1", help="the Gymnasium environment id (4 CartPole features assumed)")
-    add("--accelerator", choices=("cpu", "gpu", "auto"), default=None,
+    add(
+        "--accelerator",
+        choices=("cpu", "gpu", "auto"),
+        default=None,
         help="where the network trains; default: the CPU, faster than a GPU for this network "
-        "(auto: Lightning's choice)")
+        "(auto: Lightning's choice)",
+    )
     add("--num-threads", type=at_least(1), default=1, help="torch CPU threads; 1 is fastest here and bit-reproducible")
     add("--runs-dir", default="runs", help="parent folder of the TensorBoard run folder and the checkpoint")
     add("--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show Lightning's progress bar")
     # DQN
     add("--total-timesteps", type=at_least(1), default=25_000, help="environment steps, warm-up included")
-    add("--learning-starts", type=at_least(0), default=1_000,
-        help="environment steps with random actions that fill the replay buffer first")
+    add(
+        "--learning-starts",
+        type=at_least(0),
+        default=1_000,
+        help="environment steps with random actions that fill the replay buffer first",
+    )
     add("--train-frequency", type=at_least(1), default=1, help="environment steps per gradient step")
     add("--buffer-size", type=at_least(1), default=50_000, help="replay buffer capacity (transitions)")
     add("--batch-size", type=at_least(1), default=128, help="transitions per gradient step")
     add("--learning-rate", type=float, default=2e-3, help="Adam's initial learning rate")
-    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True,
-        help="decay the learning rate linearly to 0")
+    add(
+        "--anneal-lr", action=argparse.BooleanOptionalAction, default=True, help="decay the learning rate linearly to 0"
+    )
     add("--gamma", type=float, default=0.99, help="discount factor, in (0, 1]")
     add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
     add("--target-network-frequency", type=at_least(1), default=250, help="gradient steps between target updates")
     add("--tau", type=float, default=1.0, help="target update rate, in (0, 1] (1: copy the weights)")
     add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
     add("--hidden-size", type=at_least(1), default=128, help="width of the Q-network's two hidden layers")
-    add("--activation", choices=("relu", "tanh", "softplus", "silu", "gelu"), default="tanh",
+    add(
+        "--activation",
+        choices=("relu", "tanh", "softplus", "silu", "gelu"),
+        default="tanh",
         help="the network's activation; a smooth one keeps IG's worst relative completeness error (the "
         "'IG completeness' line) small at --ig-n-steps points (tanh, 50 points, seeds 1-5 on a 2-core CPU: "
-        "9.2e-04 to 4.3e-03), where ReLU's kinks make it larger")
+        "9.2e-04 to 4.3e-03), where ReLU's kinks make it larger",
+    )
     add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
     # auxiliary head
     add("--aux-coef", type=at_least(0.0, float), default=0.1, help="weight of the auxiliary soft-margin loss")
-    add("--fused-loss", action=argparse.BooleanOptionalAction, default=None,
+    add(
+        "--fused-loss",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="lightning-ig's fused soft-margin loss (CUDA kernel, torch twin on the CPU) or torch's; "
-        "default: fused on a GPU")
+        "default: fused on a GPU",
+    )
     # Integrated Gradients
     add("--ig", action=argparse.BooleanOptionalAction, default=True, help="run the IntegratedGradientsCallback")
-    add("--num-held-out", type=at_least(1), default=256,
-        help="held-out states for IG, from random rollouts, never trained on")
+    add(
+        "--num-held-out",
+        type=at_least(1),
+        default=256,
+        help="held-out states for IG, from random rollouts, never trained on",
+    )
     add("--ig-every-n-steps", type=at_least(1), default=500, help="gradient steps between IG runs")
     add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
     add("--top-k", type=at_least(1), default=4, help="features printed at the end")
     add("--eval-episodes", type=at_least(1), default=10, help="greedy evaluation episodes (noise off) at the end")
     args = parser.parse_args(argv)
     if args.learning_starts >= args.total_timesteps:
-        parser.error(f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
-                     f"--total-timesteps {args.total_timesteps}; lower it or train longer")  # fmt: skip
+        parser.error(
+            f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
+            f"--total-timesteps {args.total_timesteps}; lower it or train longer"
+        )
     if args.total_timesteps - args.learning_starts < args.train_frequency:
         parser.error("no gradient step would run: raise --total-timesteps or lower --learning-starts/--train-frequency")
     if not args.learning_rate > 0:
@@ -234,8 +257,13 @@ class DQNAgent(L.LightningModule):
         self.args = args
         self.env = make_env(args.env_id, args.seed)
         state_dim, num_actions = self.env.observation_space.shape[0], int(self.env.action_space.n)
-        config = {"state_dim": state_dim, "num_actions": num_actions, "hidden_sizes": (args.hidden_size,) * 2,
-                  "sigma0": args.sigma0, "activation": args.activation}  # fmt: skip
+        config = {
+            "state_dim": state_dim,
+            "num_actions": num_actions,
+            "hidden_sizes": (args.hidden_size,) * 2,
+            "sigma0": args.sigma0,
+            "activation": args.activation,
+        }
         self.q_network = DuelingQNetwork(**config)
         self.target_network = DuelingQNetwork(**config).requires_grad_(False)
         self.target_network.load_state_dict(self.q_network.state_dict())
@@ -311,9 +339,13 @@ class DQNAgent(L.LightningModule):
                 for target, online in zip(self.target_network.parameters(), self.q_network.parameters()):
                     target.lerp_(online, self.args.tau)
         if self.global_step % 100 == 0:  # straight to the loggers: self.log's per-step cost is real at this size
-            metrics = {"losses/td_loss": td_loss.item(), "losses/aux_soft_margin": aux_loss.item(),
-                       "losses/q_values": q_taken.mean().item(), "charts/env_steps": float(self.env_steps),
-                       "charts/learning_rate": self.optimizers().param_groups[0]["lr"]}  # fmt: skip
+            metrics = {
+                "losses/td_loss": td_loss.item(),
+                "losses/aux_soft_margin": aux_loss.item(),
+                "losses/q_values": q_taken.mean().item(),
+                "charts/env_steps": float(self.env_steps),
+                "charts/learning_rate": self.optimizers().param_groups[0]["lr"],
+            }
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=self.global_step)
         return td_loss + self.args.aux_coef * aux_loss
@@ -357,11 +389,17 @@ def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) ->
     accelerator, _ = choose_accelerator(args.accelerator, torch.cuda.is_available())
     progress = [TQDMProgressBar(refresh_rate=250)] if args.progress_bar else []
     return L.Trainer(
-        accelerator=accelerator, devices=1, max_epochs=-1, logger=logger, callbacks=[*callbacks, *progress],
+        accelerator=accelerator,
+        devices=1,
+        max_epochs=-1,
+        logger=logger,
+        callbacks=[*callbacks, *progress],
         max_steps=(args.total_timesteps - args.learning_starts) // args.train_frequency,
-        gradient_clip_val=args.max_grad_norm or None, enable_checkpointing=False,
-        enable_progress_bar=args.progress_bar, log_every_n_steps=100,
-    )  # fmt: skip
+        gradient_clip_val=args.max_grad_norm or None,
+        enable_checkpointing=False,
+        enable_progress_bar=args.progress_bar,
+        log_every_n_steps=100,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -394,10 +432,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     features = feature_statistics(result.attributions.cpu(), FEATURE_NAMES)
     ranked = sorted(features, key=lambda feature: -feature["mean_abs"])[: args.top_k]
     checkpoint = save_checkpoint(
-        q_network, run_dir / "q_network.safetensors", feature_names=FEATURE_NAMES, states=held_out,
-        metadata={"env_id": args.env_id, "run_name": run_name, "global_step": str(trainer.global_step),
-                  "eval_mean_return": f"{mean_return:.1f}", "args": json.dumps(vars(args))},
-    )  # fmt: skip
+        q_network,
+        run_dir / "q_network.safetensors",
+        feature_names=FEATURE_NAMES,
+        states=held_out,
+        metadata={
+            "env_id": args.env_id,
+            "run_name": run_name,
+            "global_step": str(trainer.global_step),
+            "eval_mean_return": f"{mean_return:.1f}",
+            "args": json.dumps(vars(args)),
+        },
+    )
     logger.finalize("success")
 
     print(f"\nrun folder          {run_dir}")
@@ -406,16 +452,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"auxiliary loss      {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps, {fit_seconds:.1f} s")
-    print(f"eval return         mean {mean_return:.1f} over {len(returns)} episodes "
-          f"(min {min(returns):.0f}, max {max(returns):.0f})")
+    print(
+        f"eval return         mean {mean_return:.1f} over {len(returns)} episodes "
+        f"(min {min(returns):.0f}, max {max(returns):.0f})"
+    )
     print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({args.ig_n_steps} steps)")
     print("top features by mean |attribution| of V(s) on the held-out states:")
     for rank, feature in enumerate(ranked, start=1):
         name, mean_abs, mean_signed = feature["name"], feature["mean_abs"], feature["mean_signed"]
         print(f"  {rank}. {name:<22} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
-    return {"run_dir": str(run_dir), "checkpoint": str(checkpoint), "mean_return": mean_return, "returns": returns,
-            "fit_seconds": fit_seconds, "top_features": ranked}  # fmt: skip
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": str(checkpoint),
+        "mean_return": mean_return,
+        "returns": returns,
+        "fit_seconds": fit_seconds,
+        "top_features": ranked,
+    }
 
 
 if __name__ == "__main__":

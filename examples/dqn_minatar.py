@@ -108,59 +108,92 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--exp-name", default=Path(__file__).stem, help="the name of this experiment (part of the run folder's name)")
     add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the games")
-    add("--game", default="breakout", choices=("breakout", "asterix", "freeway", "seaquest", "space_invaders"),
-        help="the MinAtar game (the defaults are tuned on breakout)")
-    add("--accelerator", choices=("cpu", "gpu", "auto"), default="auto",
-        help="where the network trains (auto: a GPU if there is one)")
+    add(
+        "--game",
+        default="breakout",
+        choices=("breakout", "asterix", "freeway", "seaquest", "space_invaders"),
+        help="the MinAtar game (the defaults are tuned on breakout)",
+    )
+    add(
+        "--accelerator",
+        choices=("cpu", "gpu", "auto"),
+        default="auto",
+        help="where the network trains (auto: a GPU if there is one)",
+    )
     add("--num-threads", type=at_least(1), default=1, help="torch CPU threads; 1 is fastest for this small network")
     add("--runs-dir", default="runs", help="parent folder of the TensorBoard run folder and the checkpoint")
     add("--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show Lightning's progress bar")
     # DQN
-    add("--total-timesteps", type=at_least(1), default=400_000,
-        help="environment steps over all games, warm-up included")
+    add(
+        "--total-timesteps",
+        type=at_least(1),
+        default=400_000,
+        help="environment steps over all games, warm-up included",
+    )
     add("--num-envs", type=at_least(1), default=16, help="games stepped as one batch; one gradient step per batch step")
     add("--learning-starts", type=at_least(0), default=5_000, help="random-action environment steps before learning")
     add("--buffer-size", type=at_least(1), default=200_000, help="replay buffer capacity (environment steps)")
     add("--batch-size", type=at_least(1), default=128, help="transitions per gradient step")
     add("--learning-rate", type=float, default=5e-4, help="Adam's initial learning rate")
-    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True,
-        help="decay the learning rate linearly to 0")
+    add(
+        "--anneal-lr", action=argparse.BooleanOptionalAction, default=True, help="decay the learning rate linearly to 0"
+    )
     add("--gamma", type=float, default=0.99, help="discount factor, in (0, 1]")
     add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
     add("--target-network-frequency", type=at_least(1), default=500, help="gradient steps between target updates")
     add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
     add("--hidden-size", type=at_least(1), default=128, help="units of the hidden layer after the convolution")
-    add("--activation", choices=("relu", "tanh", "softplus", "silu", "gelu"), default="silu",
+    add(
+        "--activation",
+        choices=("relu", "tanh", "softplus", "silu", "gelu"),
+        default="silu",
         help="the network's activation; a smooth one keeps IG's worst relative completeness error (the "
-        "'IG completeness' line) small at --ig-n-steps points, where ReLU's kinks make it larger")
+        "'IG completeness' line) small at --ig-n-steps points, where ReLU's kinks make it larger",
+    )
     add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
     # auxiliary head
     add("--aux-coef", type=at_least(0.0, float), default=0.1, help="weight of the auxiliary soft-margin loss")
-    add("--fused-loss", action=argparse.BooleanOptionalAction, default=None,
+    add(
+        "--fused-loss",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="lightning-ig's fused soft-margin loss (CUDA kernel, torch twin on the CPU) or torch's; "
-        "default: fused on a GPU")
+        "default: fused on a GPU",
+    )
     # Integrated Gradients
     add("--ig", action=argparse.BooleanOptionalAction, default=True, help="run the IntegratedGradientsCallback")
-    add("--num-held-out", type=at_least(1), default=64,
-        help="held-out frames for IG, from random play, never trained on")
+    add(
+        "--num-held-out",
+        type=at_least(1),
+        default=64,
+        help="held-out frames for IG, from random play, never trained on",
+    )
     add("--ig-every-n-steps", type=at_least(1), default=1_000, help="gradient steps between IG runs")
     add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
     # evaluation
     add("--eval-episodes", type=at_least(1), default=10, help="greedy evaluation episodes (noise off) at the end")
-    add("--random-episodes", type=at_least(1), default=100,
-        help="episodes of the uniformly random policy, for comparison")
+    add(
+        "--random-episodes",
+        type=at_least(1),
+        default=100,
+        help="episodes of the uniformly random policy, for comparison",
+    )
     add("--eval-max-steps", type=at_least(1), default=10_000, help="an evaluation episode stops after this many steps")
     args = parser.parse_args(argv)
     if args.learning_starts >= args.total_timesteps:
-        parser.error(f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
-                     f"--total-timesteps {args.total_timesteps}; lower it or train longer")  # fmt: skip
+        parser.error(
+            f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
+            f"--total-timesteps {args.total_timesteps}; lower it or train longer"
+        )
     if not args.learning_rate > 0:
         parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
     if not 0 < args.gamma <= 1:
         parser.error(f"--gamma must be in (0, 1], got {args.gamma}")
     if args.buffer_size < 2 * args.num_envs * (args.n_step + 1):
-        parser.error(f"--buffer-size {args.buffer_size} is too small for --num-envs {args.num_envs}: "
-                     f"use at least {2 * args.num_envs * (args.n_step + 1)}")  # fmt: skip
+        parser.error(
+            f"--buffer-size {args.buffer_size} is too small for --num-envs {args.num_envs}: "
+            f"use at least {2 * args.num_envs * (args.n_step + 1)}"
+        )
     return args
 
 
@@ -236,8 +269,12 @@ class ReplayBuffer(IterableDataset):
 
     def add(self, observations: Tensor, actions: Tensor, rewards: Tensor, terminals: Tensor) -> None:
         """One vector step: what each game saw, did and got (a terminal game's next frame is a new game)."""
-        for store, value in ((self.observations, observations), (self.actions, actions),
-                             (self.rewards, rewards), (self.terminals, terminals)):  # fmt: skip
+        for store, value in (
+            (self.observations, observations),
+            (self.actions, actions),
+            (self.rewards, rewards),
+            (self.terminals, terminals),
+        ):
             store[self.next].copy_(value)
         self.next = (self.next + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
@@ -276,8 +313,13 @@ class DQNAgent(L.LightningModule):
         self.args = args
         self.envs = MinAtarVectorEnv(args.game, args.num_envs, args.seed)
         channels, num_actions = len(self.envs.channel_names), len(self.envs.action_set)
-        config = {"in_channels": channels, "num_actions": num_actions, "hidden_size": args.hidden_size,
-                  "sigma0": args.sigma0, "activation": args.activation}  # fmt: skip
+        config = {
+            "in_channels": channels,
+            "num_actions": num_actions,
+            "hidden_size": args.hidden_size,
+            "sigma0": args.sigma0,
+            "activation": args.activation,
+        }
         self.q_network = MinAtarQNetwork(**config)
         self.target_network = MinAtarQNetwork(**config).requires_grad_(False)
         self.target_network.load_state_dict(self.q_network.state_dict())
@@ -344,9 +386,13 @@ class DQNAgent(L.LightningModule):
         if self.global_step % self.args.target_network_frequency == 0:
             self.target_network.load_state_dict(self.q_network.state_dict())
         if self.global_step % 500 == 0:  # .item() waits for the device: only now and then
-            metrics = {"losses/td_loss": td_loss.item(), "losses/aux_soft_margin": aux_loss.item(),
-                       "losses/q_values": q_taken.mean().item(), "charts/env_steps": float(self.env_steps),
-                       "charts/learning_rate": self.optimizers().param_groups[0]["lr"]}  # fmt: skip
+            metrics = {
+                "losses/td_loss": td_loss.item(),
+                "losses/aux_soft_margin": aux_loss.item(),
+                "losses/q_values": q_taken.mean().item(),
+                "charts/env_steps": float(self.env_steps),
+                "charts/learning_rate": self.optimizers().param_groups[0]["lr"],
+            }
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=self.global_step)
         return td_loss + self.args.aux_coef * aux_loss
@@ -367,8 +413,9 @@ class DQNAgent(L.LightningModule):
         return DataLoader(self.buffer, batch_size=None)  # the buffer yields whole batches, already on the device
 
 
-def evaluate(policy: Callable[[Tensor], np.ndarray], args: argparse.Namespace, episodes: int,
-             device: torch.device) -> np.ndarray:  # fmt: skip
+def evaluate(
+    policy: Callable[[Tensor], np.ndarray], args: argparse.Namespace, episodes: int, device: torch.device
+) -> np.ndarray:
     """Returns of ``episodes`` games played side by side until each ends; game ``i`` is seeded ``seed + 1000 + i``."""
     envs = MinAtarVectorEnv(args.game, episodes, args.seed + 1_000)
     observations, returns, running = envs.reset(), np.zeros(episodes), np.ones(episodes, dtype=bool)
@@ -386,10 +433,17 @@ def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) ->
     progress = [TQDMProgressBar(refresh_rate=500)] if args.progress_bar else []
     learning_steps = (args.total_timesteps - args.learning_starts) // args.num_envs
     return L.Trainer(
-        accelerator=args.accelerator, devices=1, max_epochs=-1, max_steps=max(learning_steps, 1), logger=logger,
-        callbacks=[*callbacks, *progress], gradient_clip_val=args.max_grad_norm or None, enable_checkpointing=False,
-        enable_progress_bar=args.progress_bar, log_every_n_steps=500,
-    )  # fmt: skip
+        accelerator=args.accelerator,
+        devices=1,
+        max_epochs=-1,
+        max_steps=max(learning_steps, 1),
+        logger=logger,
+        callbacks=[*callbacks, *progress],
+        gradient_clip_val=args.max_grad_norm or None,
+        enable_checkpointing=False,
+        enable_progress_bar=args.progress_bar,
+        log_every_n_steps=500,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -426,11 +480,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     per_channel = result.grouped("channels").cpu()  # (num_held_out, C): completeness holds per channel too
     channels = feature_statistics(per_channel, channel_names)
     checkpoint = save_checkpoint(
-        q_network, run_dir / "q_network.safetensors", states=held_out,
-        metadata={"game": args.game, "channel_names": json.dumps(channel_names), "run_name": run_name,
-                  "global_step": str(trainer.global_step), "eval_mean_return": f"{mean_return:.2f}",
-                  "random_mean_return": f"{random_return:.2f}", "args": json.dumps(vars(args))},
-    )  # fmt: skip
+        q_network,
+        run_dir / "q_network.safetensors",
+        states=held_out,
+        metadata={
+            "game": args.game,
+            "channel_names": json.dumps(channel_names),
+            "run_name": run_name,
+            "global_step": str(trainer.global_step),
+            "eval_mean_return": f"{mean_return:.2f}",
+            "random_mean_return": f"{random_return:.2f}",
+            "args": json.dumps(vars(args)),
+        },
+    )
     # The channels by name for `lightning-ig diag --feature-groups`: one (C, 1, 1) mask per channel (broadcast).
     groups_file = run_dir / "channel_groups.json"
     groups_file.write_text(json.dumps({name: [[[other == name]] for other in channel_names] for name in channel_names}))
@@ -439,26 +501,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"\nrun folder          {run_dir}")
     print(f"checkpoint          {checkpoint}")
-    print(f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
-          f"--feature-groups {groups_file}")
+    print(
+        f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
+        f"--feature-groups {groups_file}"
+    )
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")
-    print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
-          f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up")  # fmt: skip
-    print(f"speed               {env_steps_per_second:.0f} env steps/s, {gradient_steps_per_second:.1f} gradient "
-          f"steps/s (IG callback {'on' if args.ig else 'off'})")
-    print(f"eval return         mean {mean_return:.2f} over {len(returns)} episodes (min {returns.min():.0f}, "
-          f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(uniform)} episodes: "
-          f"{mean_return / max(random_return, 1e-9):.1f}x")  # fmt: skip
+    print(
+        f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
+        f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up"
+    )
+    print(
+        f"speed               {env_steps_per_second:.0f} env steps/s, {gradient_steps_per_second:.1f} gradient "
+        f"steps/s (IG callback {'on' if args.ig else 'off'})"
+    )
+    print(
+        f"eval return         mean {mean_return:.2f} over {len(returns)} episodes (min {returns.min():.0f}, "
+        f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(uniform)} episodes: "
+        f"{mean_return / max(random_return, 1e-9):.1f}x"
+    )
     print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({args.ig_n_steps} steps)")
     print("attribution of V(s) per channel (sum over the channel's pixels) on the held-out frames:")
     for channel in sorted(channels, key=lambda c: -c["mean_abs"]):
         name, mean_abs, mean_signed = channel["name"], channel["mean_abs"], channel["mean_signed"]
         print(f"  {name:<8} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
-    return {"run_dir": str(run_dir), "checkpoint": str(checkpoint), "mean_return": mean_return,
-            "random_return": random_return, "train_seconds": train_seconds, "channels": channels,
-            "env_steps_per_second": env_steps_per_second,
-            "gradient_steps_per_second": gradient_steps_per_second}  # fmt: skip
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": str(checkpoint),
+        "mean_return": mean_return,
+        "random_return": random_return,
+        "train_seconds": train_seconds,
+        "channels": channels,
+        "env_steps_per_second": env_steps_per_second,
+        "gradient_steps_per_second": gradient_steps_per_second,
+    }
 
 
 if __name__ == "__main__":

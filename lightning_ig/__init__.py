@@ -56,7 +56,45 @@ _EXPORTS: dict[str, str] = {
     "build_model": "lightning_ig.models",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "SCHEMA_VERSION",
+    "ConvDuelingQNetwork",
+    "DuelingQNetwork",
+    "Ensemble",
+    "EnsembleReduce",
+    "FeatureGroups",
+    "IGResult",
+    "IntegratedGradients",
+    "IntegratedGradientsCallback",
+    "LoadedCheckpoint",
+    "MinAtarQNetwork",
+    "NatureQNetwork",
+    "NoisyLinear",
+    "NonFiniteAttributionError",
+    "SoftMarginLoss",
+    "StochasticForwardWarning",
+    "__version__",
+    "build_model",
+    "build_report",
+    "completeness_summary",
+    "ensemble_reduce",
+    "ensemble_summary",
+    "feature_statistics",
+    "integrated_gradients",
+    "list_heads",
+    "load_checkpoint",
+    "load_states",
+    "noise_disabled",
+    "quadrature",
+    "register_model",
+    "save_checkpoint",
+    "save_merged_checkpoint",
+    "soft_margin_loss",
+    "swap_soft_margin",
+    "target_forward",
+]
+
+assert set(__all__) == {"__version__", *_EXPORTS}  # noqa: S101 - the two lists in step, at import
 
 # ``quadrature`` names both a submodule and the public function in it. The first import of the submodule (the
 # engine's, say) binds the package's attribute to the module, after which ``lightning_ig.quadrature`` would be
@@ -80,9 +118,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
-    from lightning_ig.attribution import IGResult, IntegratedGradients, StochasticForwardWarning, integrated_gradients, target_forward
+    from lightning_ig.attribution import (
+        IGResult,
+        IntegratedGradients,
+        StochasticForwardWarning,
+        integrated_gradients,
+        target_forward,
+    )
     from lightning_ig.callback import IntegratedGradientsCallback, NonFiniteAttributionError
-    from lightning_ig.groups import FeatureGroups
     from lightning_ig.checkpoint import (
         LoadedCheckpoint,
         list_heads,
@@ -92,6 +135,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
         save_merged_checkpoint,
     )
     from lightning_ig.ensemble import Ensemble, EnsembleReduce, ensemble_reduce, ensemble_summary
+    from lightning_ig.groups import FeatureGroups
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
     from lightning_ig.models import (
         ConvDuelingQNetwork,

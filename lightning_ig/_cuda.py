@@ -25,9 +25,10 @@ import functools
 import importlib
 import threading
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,17 +39,17 @@ __all__ = [
     "CUPY_INSTALL_HINT",
     "CupyImport",
     "cupy_available",
-    "require_cupy",
-    "kernel_dir",
-    "kernel_source",
-    "get_kernel",
-    "launch",
     "current_stream_handle",
-    "pointer",
+    "dtype_suffix",
+    "get_kernel",
     "int32",
     "int64",
+    "kernel_dir",
+    "kernel_source",
+    "launch",
+    "pointer",
+    "require_cupy",
     "resolve_backend",
-    "dtype_suffix",
 ]
 
 CUPY_INSTALL_HINT = (
@@ -58,6 +59,7 @@ CUPY_INSTALL_HINT = (
 
 # Kernel entry points are named <op>_<suffix>; these are the suffixes per torch dtype.
 _DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
 
 class CupyImport:
     """CuPy, imported on first use (once, thread-safely); the error is kept when the import fails.
@@ -87,7 +89,9 @@ class CupyImport:
         """The ``cupy`` module, or a :class:`RuntimeError` that says how to install it."""
         module = self.module()
         if module is None:
-            raise RuntimeError(f"the CUDA backend needs CuPy, which failed to import ({self.error!r}); {CUPY_INSTALL_HINT}")
+            raise RuntimeError(
+                f"the CUDA backend needs CuPy, which failed to import ({self.error!r}); {CUPY_INSTALL_HINT}"
+            )
         return module
 
 
@@ -136,7 +140,7 @@ def kernel_source(filename: str) -> str:
     return f'#line 1 "{path.as_posix()}"\n' + path.read_text(encoding="utf-8")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(filename: str, device_index: int, options: tuple[str, ...]) -> Any:
     cupy = require_cupy()
     source = kernel_source(filename)
@@ -147,7 +151,7 @@ def _module(filename: str, device_index: int, options: tuple[str, ...]) -> Any:
     return module
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(filename: str, name: str, device_index: int, options: tuple[str, ...]) -> Any:
     return _module(filename, device_index, options).get_function(name)
 
@@ -293,6 +297,8 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
         raise ValueError("backend='cuda' needs a CUDA device, and torch sees none; use backend='auto' or 'torch'")
     if not on_cuda:
         where = sorted({str(t.device) for t in tensors}) or ["no tensors"]
-        raise ValueError(f"backend='cuda' needs the tensors on a CUDA device, got {', '.join(where)}; move them with .cuda()")
+        raise ValueError(
+            f"backend='cuda' needs the tensors on a CUDA device, got {', '.join(where)}; move them with .cuda()"
+        )
     require_cupy()
     return "cuda"

@@ -49,15 +49,13 @@ def soft_margin_cuda(input: Tensor, target: Tensor, reduction: str) -> Tensor:  
     """The loss on the kernels; ``target`` has the input's shape (a broadcast view is fine), both on one CUDA device."""
     # The path from here to the launch is kept short: at 512 x 4096 host time is the cost.
     if input.get_device() != target.get_device():
-        raise ValueError(
-            f"input is on {input.device} and target on {target.device}; move them to one device"
-        )
+        raise ValueError(f"input is on {input.device} and target on {target.device}; move them to one device")
     if target.dtype != input.dtype:
         target = target.to(input.dtype)
     # The kernels read flat buffers. A non-contiguous input (or a broadcast target)
     # is copied once; autograd routes the gradient back through that copy.
     if not input.is_contiguous():
-        input = input.contiguous()
+        input = input.contiguous()  # noqa: A001 - torch's name for the argument
     if not target.is_contiguous():
         target = target.contiguous()
     if input.requires_grad and torch.is_grad_enabled():
@@ -87,16 +85,16 @@ class SoftMarginFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             # create_graph=True: build the gradient from differentiable ops so that
             # second derivatives are right (the kernels' output is a constant to autograd)
-            input, target = ctx.saved_tensors
-            return gradient_torch(input, target, grad_output, ctx.reduction), None, None
+            saved_input, target = ctx.saved_tensors
+            return gradient_torch(saved_input, target, grad_output, ctx.reduction), None, None
         if ctx.reduction == "none":
-            input, target = ctx.saved_tensors
-            return launch_none_backward(input, target, grad_output), None, None
+            saved_input, target = ctx.saved_tensors
+            return launch_none_backward(saved_input, target, grad_output), None, None
         gradient = ctx.gradient
         if gradient is None:
             # a second backward through a retained graph: the first one handed the buffer out
-            input, target = ctx.saved_tensors
-            gradient = launch_reduce(input, target, ctx.reduction, with_grad=True)[1]
+            saved_input, target = ctx.saved_tensors
+            gradient = launch_reduce(saved_input, target, ctx.reduction, with_grad=True)[1]
         ctx.gradient = None  # ours alone from here, so scaling in place is safe
         launch_scale_(gradient, grad_output)
         return gradient, None, None
@@ -229,9 +227,13 @@ def launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) -> 
     index = input.get_device()
     kernel = _kernel("soft_margin_none_backward", input.dtype, index)
     args = (
-        _cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(grad_output),
-        np.int32(g_is_scalar), _cuda.pointer(gradient), np.int64(n),
-    )  # fmt: skip
+        _cuda.pointer(input),
+        _cuda.pointer(target),
+        _cuda.pointer(grad_output),
+        np.int32(g_is_scalar),
+        _cuda.pointer(gradient),
+        np.int64(n),
+    )
     _cuda.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)
     return gradient
 

@@ -37,10 +37,22 @@ from lightning_ig.report import ReportFolder, build_report
 from lightning_ig.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.summary import RunSettings, RunSummary, summarize
 from lightning_ig.vocabulary import (
-    BACKENDS, GRADIENTS, METHODS, callable_name, check_bool, check_choice, check_feature_names,
-    check_n_steps, check_names, check_optional_positive_int, check_path, check_positive_float, check_positive_int,
-    default_feature_names, shown,
-)  # fmt: skip
+    BACKENDS,
+    GRADIENTS,
+    METHODS,
+    callable_name,
+    check_bool,
+    check_choice,
+    check_feature_names,
+    check_n_steps,
+    check_names,
+    check_optional_positive_int,
+    check_path,
+    check_positive_float,
+    check_positive_int,
+    default_feature_names,
+    shown,
+)
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
 
@@ -192,7 +204,10 @@ class IntegratedGradientsCallback(Callback):
         self.saliency_every_n_runs = check_positive_int(saliency_every_n_runs, "saliency_every_n_runs", example=10)
         self.on_non_finite = check_choice(on_non_finite, ("warn", "raise"), "on_non_finite")
         if self.every_n_steps is None and self.every_n_epochs is None:
-            raise MisconfigurationException("IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. 1); both are None")  # fmt: skip
+            raise MisconfigurationException(
+                "IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. "
+                "1); both are None"
+            )
 
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
@@ -211,7 +226,9 @@ class IntegratedGradientsCallback(Callback):
     @override
     def state_key(self) -> str:
         target = self.target if isinstance(self.target, (str, int)) else callable_name(self.target)
-        return self._generate_state_key(name=self.name, target=target, every_n_steps=self.every_n_steps, every_n_epochs=self.every_n_epochs)  # fmt: skip
+        return self._generate_state_key(
+            name=self.name, target=target, every_n_steps=self.every_n_steps, every_n_epochs=self.every_n_epochs
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -233,18 +250,29 @@ class IntegratedGradientsCallback(Callback):
         check_saliency_channel(self.saliency_channel, shape)  # here, not at the first picture mid-training
         self._names = default_feature_names(shape) if self.feature_names is None else self.feature_names
         check_feature_names(self._names, states[0].numel())
-        self._groups = choose_groups(self.feature_groups, shape, group_names=self.group_names,
-                                     feature_names=self.feature_names, max_features=self.max_logged_features)  # fmt: skip
+        self._groups = choose_groups(
+            self.feature_groups,
+            shape,
+            group_names=self.group_names,
+            feature_names=self.feature_names,
+            max_features=self.max_logged_features,
+        )
         self._log_features = states[0].numel() <= self.max_logged_features
         automatic = self.feature_groups is None and self._groups is not None
-        self._tags = tb.TagNames.build(self.name, self._names if self._log_features else None,
-                                       None if self._groups is None else self._groups.names,
-                                       generated_features=self.feature_names is None,
-                                       generated_groups=self._groups is not None and self._groups.generated_names)  # fmt: skip
+        self._tags = tb.TagNames.build(
+            self.name,
+            self._names if self._log_features else None,
+            None if self._groups is None else self._groups.names,
+            generated_features=self.feature_names is None,
+            generated_groups=self._groups is not None and self._groups.generated_names,
+        )
         if automatic:
-            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: the states have {states[0].numel()} features, more than "
-                           f"max_logged_features={self.max_logged_features}: logging {len(self._groups)} groups "
-                           f"({self._groups.names[0]}, ...) under {self._tags.prefix}/group/ instead; choose them with feature_groups=")  # fmt: skip
+            rank_zero_warn(
+                f"IntegratedGradientsCallback{_named(self.name)}: the states have {states[0].numel()} features, more "
+                f"than max_logged_features={self.max_logged_features}: logging {len(self._groups)} groups "
+                f"({self._groups.names[0]}, ...) under {self._tags.prefix}/group/ instead; choose them with "
+                "feature_groups="
+            )
         self._saliency = saliency_kind(shape) is not None and self.saliency_states is not None
         self._reports = self._resolve_report_dir(trainer)
         self._held_out, self._last_run_step = states, None  # a new fit counts steps from zero; a resume restores it
@@ -256,21 +284,35 @@ class IntegratedGradientsCallback(Callback):
         states = self._held_out
         device = pl_module.device
         dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
-        options = {"n_steps": self.n_steps, "method": self.method, "gradient": self.gradient, "backend": self.backend,
-                   "completeness_tol": self.completeness_tol, "internal_batch_size": self.internal_batch_size}  # fmt: skip
-        self._engine, self._target_label, self._members = heldout.prepare_engine(pl_module, self.target, states, self.baseline, dtype, **options)  # fmt: skip
-        self._tags = dataclasses.replace(self._tags, ensemble_members=None if self._members is None else self._members.num_members)
+        options = {
+            "n_steps": self.n_steps,
+            "method": self.method,
+            "gradient": self.gradient,
+            "backend": self.backend,
+            "completeness_tol": self.completeness_tol,
+            "internal_batch_size": self.internal_batch_size,
+        }
+        self._engine, self._target_label, self._members = heldout.prepare_engine(
+            pl_module, self.target, states, self.baseline, dtype, **options
+        )
+        self._tags = dataclasses.replace(
+            self._tags, ensemble_members=None if self._members is None else self._members.num_members
+        )
         rows = heldout.rank_rows(len(states), trainer.world_size, trainer.global_rank)
         self._local_states = states[rows].to(device=device, dtype=dtype).contiguous()
         self._local_baselines = heldout.baselines_for(self.baseline, states, rows, device, dtype)
         units = len(self._groups) if self._groups is not None else len(self._names)
         if self.history and len(self.history[0]["mean_abs"]) != units:
-            rank_zero_warn(f"IntegratedGradientsCallback: the restored history has {len(self.history[0]['mean_abs'])} "
-                           f"features or groups, this run logs {units}; starting a new history")  # fmt: skip
+            rank_zero_warn(
+                f"IntegratedGradientsCallback: the restored history has {len(self.history[0]['mean_abs'])} "
+                f"features or groups, this run logs {units}; starting a new history"
+            )
             self.history = []
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0 and self._should_run(trainer):
             self._run(trainer, pl_module, final=False)
@@ -317,12 +359,19 @@ class IntegratedGradientsCallback(Callback):
         started = time.perf_counter()
         with attribution_mode(pl_module), heldout.engine_warnings_once():
             result = self._engine.attribute(self._local_states, baselines=self._local_baselines)
-            members = None if self._members is None else self._members.attribute(self._local_states, self._local_baselines)
+            members = (
+                None if self._members is None else self._members.attribute(self._local_states, self._local_baselines)
+            )
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         gather = JointGather(trainer.strategy.all_gather if trainer.world_size > 1 else None, riders)
-        host = HostResult.from_result(result, gather=gather, num_states=len(self._held_out), groups=self._groups,
-                                      keep_attributions=self._log_features and self.log_histograms,
-                                      sample_states=self.saliency_states if self._saliency else 0)  # fmt: skip
+        host = HostResult.from_result(
+            result,
+            gather=gather,
+            num_states=len(self._held_out),
+            groups=self._groups,
+            keep_attributions=self._log_features and self.log_histograms,
+            sample_states=self.saliency_states if self._saliency else 0,
+        )
         member_run = None if members is None else self._members.host_run(gather.riders[0], len(self._held_out))
         summary = self._summarize(host, member_run, trainer.global_step, (time.perf_counter() - started) * 1e3)
         self._remember(summary, trainer)
@@ -334,18 +383,38 @@ class IntegratedGradientsCallback(Callback):
             self._write_report(trainer, summary, host)
         if summary.completeness.num_non_finite and self.on_non_finite == "raise":  # on every rank: none waits
             message = summary.troubles()["non-finite"]
-            raise NonFiniteAttributionError(f"IntegratedGradientsCallback{_named(self.name)}: {message}; training stopped (on_non_finite='raise')")  # fmt: skip
+            raise NonFiniteAttributionError(
+                f"IntegratedGradientsCallback{_named(self.name)}: {message}; training stopped (on_non_finite='raise')"
+            )
 
     def _summarize(self, host: HostResult, members: MemberRun | None, step: int, time_ms: float) -> RunSummary:
-        settings = RunSettings(self._target_label, heldout.baseline_label(self.baseline), self.completeness_tol, self.top_k, self.name)  # fmt: skip
+        settings = RunSettings(
+            self._target_label, heldout.baseline_label(self.baseline), self.completeness_tol, self.top_k, self.name
+        )
         previous, first = (self.history[-1]["mean_abs"], self.history[0]["mean_abs"]) if self.history else (None, None)
-        return summarize(host, feature_names=self._names, log_features=self._log_features, settings=settings, step=step,
-                         run_index=len(self.history), previous=previous, first=first, time_ms=time_ms, members=members)  # fmt: skip
+        return summarize(
+            host,
+            feature_names=self._names,
+            log_features=self._log_features,
+            settings=settings,
+            step=step,
+            run_index=len(self.history),
+            previous=previous,
+            first=first,
+            time_ms=time_ms,
+            members=members,
+        )
 
     def _remember(self, summary: RunSummary, trainer: pl.Trainer) -> None:
         units = summary.units.moments
-        self.history.append({"global_step": summary.step, "epoch": int(trainer.current_epoch),
-                             "mean_abs": units.mean_abs.tolist(), "mean_signed": units.mean_signed.tolist()})  # fmt: skip
+        self.history.append(
+            {
+                "global_step": summary.step,
+                "epoch": int(trainer.current_epoch),
+                "mean_abs": units.mean_abs.tolist(),
+                "mean_signed": units.mean_signed.tolist(),
+            }
+        )
         self._last_run_step, self._last = summary.step, summary
 
     def _warn(self, summary: RunSummary) -> None:
@@ -355,22 +424,47 @@ class IntegratedGradientsCallback(Callback):
                 self._warned.add(kind)
                 rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: {message} (warned once)")
 
-    def _log_tensorboard(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, *, final: bool) -> None:
-        """Histograms, text, and the pictures when due; ``host`` ``None``: the last run's missing pictures, at the end."""
+    def _log_tensorboard(
+        self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, *, final: bool
+    ) -> None:
+        """Histograms, text and the pictures due; without ``host``, the last run's missing pictures (at the end)."""
         writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
         saliency = self.saliency_every_n_runs if self._saliency else None
-        cadences = {"top_features": self.figure_every_n_runs, "heatmap": self.figure_every_n_runs,
-                    "saliency": saliency, "saliency_map": saliency}  # fmt: skip
+        cadences = {
+            "top_features": self.figure_every_n_runs,
+            "heatmap": self.figure_every_n_runs,
+            "saliency": saliency,
+            "saliency_map": saliency,
+        }
         due = tb.pictures_due(cadences, self._drawn_steps, summary, final=final)
         if not writers or (host is None and not any(due.values())):
             return
         self._pictures.wait()  # the last run's pictures first: at most one run's are in flight, errors surface here
-        extras = tb.run_extras(summary, self._tags, host or self._last_host, self._held_out, self.saliency_channel,
-                               self.history, due, text=host is not None)  # fmt: skip
-        layout = tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)]) if due["top_features"] or summary.run_index == 0 else None  # fmt: skip
+        extras = tb.run_extras(
+            summary,
+            self._tags,
+            host or self._last_host,
+            self._held_out,
+            self.saliency_channel,
+            self.history,
+            due,
+            text=host is not None,
+        )
+        layout = (
+            tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)])
+            if due["top_features"] or summary.run_index == 0
+            else None
+        )
         for writer in writers:
-            tb.write_extras(writer, summary, self._tags, extras, histograms=self.log_histograms and host is not None,
-                            layout=layout, pictures=self._pictures)  # fmt: skip
+            tb.write_extras(
+                writer,
+                summary,
+                self._tags,
+                extras,
+                histograms=self.log_histograms and host is not None,
+                layout=layout,
+                pictures=self._pictures,
+            )
         self._drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
 
     def _layout_entry(self) -> tuple[str, tb.TagNames, int, list[str] | None]:
@@ -382,7 +476,9 @@ class IntegratedGradientsCallback(Callback):
         if self._reports is None:
             return
         extra = summary.report_extra(epoch=trainer.current_epoch, world_size=trainer.world_size)
-        report = build_report(host, feature_names=self._names, forward_target=self._target_label, top_k=self.top_k, extra=extra)
+        report = build_report(
+            host, feature_names=self._names, forward_target=self._target_label, top_k=self.top_k, extra=extra
+        )
         failure = self._reports.write(report, summary.step)  # a lost report is counted, never the end of training
         if failure is not None and self._reports.lost == 1:
             rank_zero_warn(
@@ -397,8 +493,10 @@ class IntegratedGradientsCallback(Callback):
         folder = self.report_dir
         if folder is None and not trainer.loggers:
             folder = Path(trainer.default_root_dir) / "ig_reports"
-            rank_zero_info("IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
-                           f"the JSON report of each run goes to {folder}")  # fmt: skip
+            rank_zero_info(
+                "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
+                f"the JSON report of each run goes to {folder}"
+            )
         return None if folder is None else ReportFolder(folder, self.name, inputs=[self.states])
 
 

@@ -136,7 +136,9 @@ def top_features_figure(
     _sign_legend(canvas, right, 38)
     if verdict is not None:
         kind, text = verdict
-        canvas.text((12, height - 8), text, size=_LABEL_SIZE, colour=_VERDICT_COLOURS.get(kind, _INK), anchor="ld", bold=True)
+        canvas.text(
+            (12, height - 8), text, size=_LABEL_SIZE, colour=_VERDICT_COLOURS.get(kind, _INK), anchor="ld", bold=True
+        )
     return Chart(canvas.pixels, shown, limit)
 
 

@@ -39,9 +39,15 @@ import torch
 from torch import Tensor
 
 from lightning_ig.vocabulary import (
-    check_bool, check_feature_names, check_int, check_int_sequence, check_names, check_positive_int,
-    default_feature_names, shown,
-)  # fmt: skip
+    check_bool,
+    check_feature_names,
+    check_int,
+    check_int_sequence,
+    check_names,
+    check_positive_int,
+    default_feature_names,
+    shown,
+)
 
 __all__ = ["FeatureGroups", "GroupSpec", "automatic_groups", "check_group_spec", "choose_groups"]
 
@@ -103,7 +109,9 @@ class FeatureGroups:
         self.names = _group_names(names, len(self.sizes), "names")
         # The members of group 0 first, then group 1, ...; in feature order within a group.
         self._order = torch.argsort(self.ids, stable=True)  # (F,)
-        uniform = bool((self.sizes == self.sizes[0]).all()) and bool(torch.equal(self._order, torch.arange(self.ids.numel())))
+        uniform = bool((self.sizes == self.sizes[0]).all()) and bool(
+            torch.equal(self._order, torch.arange(self.ids.numel()))
+        )
         self._block = int(self.sizes[0]) if uniform else None  # contiguous groups of one size: a reshape
         self._device_cache: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -143,9 +151,7 @@ class FeatureGroups:
         names = None if names is None else check_names(names, "names")
         if isinstance(groups, FeatureGroups):
             if groups.feature_shape != shape:
-                raise ValueError(
-                    f"groups were built for feature shape {groups.feature_shape}, the states have {shape}"
-                )
+                raise ValueError(f"groups were built for feature shape {groups.feature_shape}, the states have {shape}")
             return groups if names is None else cls(groups.ids, names, shape)
         if isinstance(groups, str):
             if groups == "features":
@@ -153,9 +159,7 @@ class FeatureGroups:
             if groups == "channels":
                 built = cls.channels(shape)
                 return built if names is None else cls(built.ids, names, shape)
-            raise ValueError(
-                f"groups must be 'features', 'channels', an integer mask or a dict, got {shown(groups)}"
-            )
+            raise ValueError(f"groups must be 'features', 'channels', an integer mask or a dict, got {shown(groups)}")
         if isinstance(groups, (Tensor, np.ndarray)):
             return cls._from_mask(groups, shape, names)
         if isinstance(groups, Mapping):
@@ -204,14 +208,17 @@ class FeatureGroups:
         ids = torch.arange(count) // size
         starts = range(0, count, size)
         labels = [
-            feature_names[start] if min(start + size, count) - start == 1 else
-            f"{feature_names[start]}..{feature_names[min(start + size, count) - 1]}"
+            feature_names[start]
+            if min(start + size, count) - start == 1
+            else f"{feature_names[start]}..{feature_names[min(start + size, count) - 1]}"
             for start in starts
-        ]  # fmt: skip
+        ]
         return cls(ids, labels, shape, generated_names=names is None)
 
     @classmethod
-    def _from_mask(cls, mask: Tensor | np.ndarray, shape: tuple[int, ...], names: Sequence[str] | None) -> FeatureGroups:
+    def _from_mask(
+        cls, mask: Tensor | np.ndarray, shape: tuple[int, ...], names: Sequence[str] | None
+    ) -> FeatureGroups:
         tensor = torch.as_tensor(mask).detach().cpu()
         if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
             raise TypeError(
@@ -227,7 +234,9 @@ class FeatureGroups:
         return cls(ids, names, shape)
 
     @classmethod
-    def _from_dict(cls, groups: Mapping[Any, Any], shape: tuple[int, ...], names: Sequence[str] | None) -> FeatureGroups:
+    def _from_dict(
+        cls, groups: Mapping[Any, Any], shape: tuple[int, ...], names: Sequence[str] | None
+    ) -> FeatureGroups:
         count = math.prod(shape)
         ids = torch.full((count,), -1, dtype=torch.int64)
         labels = []
@@ -406,7 +415,7 @@ def automatic_groups(
 
 
 def check_group_spec(groups: Any, name: str = "feature_groups") -> Any:
-    """``groups`` if it is ``None`` or one of the forms :meth:`FeatureGroups.resolve` takes (its shape is checked there)."""
+    """``groups`` if it is ``None`` or a form :meth:`FeatureGroups.resolve` takes (its shape is checked there)."""
     if groups is None or isinstance(groups, (FeatureGroups, Tensor, np.ndarray, Mapping)):
         return groups
     if isinstance(groups, str) and groups in ("features", "channels"):

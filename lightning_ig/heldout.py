@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
-TargetSpec = Union[str, int, Callable[[Any, Tensor], Tensor]]
+TargetSpec = str | int | Callable[[Any, Tensor], Tensor]
 
 
 def check_states_source(states: Any) -> Any:
@@ -106,7 +106,9 @@ def check_baseline_shape(baseline: Any, states: Tensor) -> None:
     check_states(baseline.reshape(-1, *feature_shape), "baseline")
 
 
-def baselines_for(baseline: Any, states: Tensor, rows: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor | str:
+def baselines_for(
+    baseline: Any, states: Tensor, rows: Tensor, device: torch.device, dtype: torch.dtype
+) -> Tensor | str:
     """The baselines of the held-out states ``rows``, as the engine takes them."""
     if isinstance(baseline, Tensor):
         values = baseline.detach().to("cpu", torch.float32)
@@ -148,7 +150,9 @@ class TargetForward:
         return self.target(self.pl_module, inputs)
 
 
-def probe_target(pl_module: Any, target: Any, sample: Tensor, num_states: int) -> tuple[Callable[[Tensor], Tensor], Any, str]:
+def probe_target(
+    pl_module: Any, target: Any, sample: Tensor, num_states: int
+) -> tuple[Callable[[Tensor], Tensor], Any, str]:
     """Try the model on ``sample`` (two states); return the forward, the engine's target and the target label.
 
     Raises:
@@ -160,7 +164,7 @@ def probe_target(pl_module: Any, target: Any, sample: Tensor, num_states: int) -
     try:
         with attribution_mode(pl_module), torch.no_grad():
             output = forward(sample)
-    except Exception as error:  # noqa: BLE001 - re-raised with what the user can change
+    except Exception as error:
         raise ValueError(
             f"IntegratedGradientsCallback: the model failed on the held-out states (feature shape {feature_shape}, "
             f"{num_states} states): {type(error).__name__}: {error}. Pass states whose feature shape matches the "

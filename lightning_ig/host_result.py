@@ -295,8 +295,12 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
         result.degenerate,
         flags,
         torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device),
-        torch.full((share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device),
+        torch.full(
+            (share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device
+        ),
     ]
-    per_state = torch.stack([torch.as_tensor(c, device=attributions.device).reshape(share).to(dtype) for c in columns], 1)
+    per_state = torch.stack(
+        [torch.as_tensor(c, device=attributions.device).reshape(share).to(dtype) for c in columns], 1
+    )
     packed = torch.cat([attributions.reshape(share, -1).to(dtype), per_state], dim=1)  # (B, F + 8)
     return packed, tuple(int(size) for size in attributions.shape[1:])

@@ -128,7 +128,7 @@ def soft_margin_loss(
     resolved = _cuda.resolve_backend(backend, input, target)
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
         # torch's autocast runs soft_margin_loss in float32; do the same, so swapping is invisible
-        input = input.float()
+        input = input.float()  # noqa: A001 - torch's name for the argument
     target = _target_like(target, input)
     if _use_kernels(resolved, backend, input, target):
         if torch.compiler.is_compiling():
@@ -236,7 +236,11 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
     # Every name of every loss, aliases included: named_children() and modules() skip a
     # module already seen, so `m.criterion = m.aux = loss` would leave m.aux behind.
     # A list first: the tree changes under the loop.
-    found = [(name, child) for name, child in module.named_modules(remove_duplicate=False) if type(child) is nn.SoftMarginLoss]
+    found = [
+        (name, child)
+        for name, child in module.named_modules(remove_duplicate=False)
+        if type(child) is nn.SoftMarginLoss
+    ]
     for qualified_name, child in found:
         fused = replacements.get(id(child))
         if fused is None:

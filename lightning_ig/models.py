@@ -22,8 +22,9 @@ from __future__ import annotations
 import importlib
 import keyword
 import math
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, Callable, Literal, Sequence, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -33,16 +34,16 @@ from lightning_ig.vocabulary import check_choice, check_generator, shown
 
 __all__ = [
     "ACTIVATIONS",
-    "DuelingQNetwork",
     "ConvDuelingQNetwork",
+    "DuelingQNetwork",
     "MinAtarQNetwork",
     "NatureQNetwork",
-    "register_model",
-    "build_model",
-    "model_name",
-    "model_config",
-    "resolve_model_class",
     "UnregisteredModelError",
+    "build_model",
+    "model_config",
+    "model_name",
+    "register_model",
+    "resolve_model_class",
 ]
 
 Activation = Literal["relu", "tanh", "softplus", "silu", "gelu"]
@@ -170,8 +171,7 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
     if ":" not in name:
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ValueError(
-            f"unknown model {shown(name)}: registered models are {known}; "
-            "name your own class as 'package.module:Class'"
+            f"unknown model {shown(name)}: registered models are {known}; name your own class as 'package.module:Class'"
         )
     module_name, _, attribute = name.partition(":")
     if not (_dotted_identifier(module_name) and _dotted_identifier(attribute)):
@@ -345,9 +345,15 @@ class DuelingQNetwork(nn.Module):
     """
 
     def __init__(
-        self, state_dim: int, num_actions: int, hidden_sizes: Sequence[int] = (256, 256), noisy: bool = True,
-        sigma0: float = 0.5, activation: Activation = "relu", stream_hidden_size: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        state_dim: int,
+        num_actions: int,
+        hidden_sizes: Sequence[int] = (256, 256),
+        noisy: bool = True,
+        sigma0: float = 0.5,
+        activation: Activation = "relu",
+        stream_hidden_size: int | None = None,
+    ) -> None:
         super().__init__()
         _check_size("state_dim", state_dim)
         _check_size("num_actions", num_actions)
@@ -429,7 +435,6 @@ def _check_size(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be <= 2**31 - 1, got {shown(value)}; check the model's sizes")
 
 
-
 @register_model("ConvDuelingQNetwork")
 class ConvDuelingQNetwork(nn.Module):
     """A convolutional dueling Q-network with NoisyNet streams, for channels-first frames ``(C, H, W)``.
@@ -461,10 +466,16 @@ class ConvDuelingQNetwork(nn.Module):
     """
 
     def __init__(
-        self, input_shape: Sequence[int], num_actions: int, conv_layers: Sequence[Sequence[int]] = ((16, 3, 1),),
-        hidden_sizes: Sequence[int] = (128,), noisy: bool = True, sigma0: float = 0.5,
-        activation: Activation = "relu", stream_hidden_size: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        input_shape: Sequence[int],
+        num_actions: int,
+        conv_layers: Sequence[Sequence[int]] = ((16, 3, 1),),
+        hidden_sizes: Sequence[int] = (128,),
+        noisy: bool = True,
+        sigma0: float = 0.5,
+        activation: Activation = "relu",
+        stream_hidden_size: int | None = None,
+    ) -> None:
         super().__init__()
         self.input_shape = _check_sizes("input_shape", input_shape, length=3)
         if isinstance(conv_layers, (str, bytes)) or not isinstance(conv_layers, Sequence):
@@ -526,9 +537,14 @@ class MinAtarQNetwork(ConvDuelingQNetwork):
     """
 
     def __init__(
-        self, in_channels: int = 4, num_actions: int = 6, hidden_size: int = 128, noisy: bool = True,
-        sigma0: float = 0.5, activation: Activation = "relu",
-    ) -> None:  # fmt: skip
+        self,
+        in_channels: int = 4,
+        num_actions: int = 6,
+        hidden_size: int = 128,
+        noisy: bool = True,
+        sigma0: float = 0.5,
+        activation: Activation = "relu",
+    ) -> None:
         _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
         _check_size("hidden_size", hidden_size)
         super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (hidden_size,), noisy, sigma0, activation)
@@ -551,9 +567,13 @@ class NatureQNetwork(ConvDuelingQNetwork):
     """
 
     def __init__(
-        self, in_channels: int = 4, num_actions: int = 18, noisy: bool = True, sigma0: float = 0.5,
+        self,
+        in_channels: int = 4,
+        num_actions: int = 18,
+        noisy: bool = True,
+        sigma0: float = 0.5,
         activation: Activation = "relu",
-    ) -> None:  # fmt: skip
+    ) -> None:
         _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
         convs = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
         super().__init__((in_channels, 84, 84), num_actions, convs, (), noisy, sigma0, activation, 512)

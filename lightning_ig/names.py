@@ -28,7 +28,6 @@ METHODS = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid
 """The quadrature rules, by Captum's names."""
 
 
-
 def relative_error_text(value: float) -> str:
     """A relative completeness error as every message writes it: a fraction in scientific notation (``3.76e-03``).
 

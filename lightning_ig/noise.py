@@ -24,8 +24,9 @@ import math
 import random
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,7 @@ from torch.nn import functional as F
 
 from lightning_ig.vocabulary import check_generator
 
-__all__ = ["NoisyLinear", "noise_disabled", "is_noisy_layer", "attribution_mode"]
+__all__ = ["NoisyLinear", "attribution_mode", "is_noisy_layer", "noise_disabled"]
 
 
 def _scale_noise(noise: Tensor) -> Tensor:
@@ -268,7 +269,9 @@ def _is_plain(value: Any) -> bool:
 def _snapshot(module: nn.Module) -> _LayerSnapshot:
     # Values are copied without autograd history: the snapshot is a copy of state, not part of a graph.
     with torch.no_grad():
-        attributes = {name: value for name, value in vars(module).items() if name not in _MODULE_INTERNALS and _is_plain(value)}
+        attributes = {
+            name: value for name, value in vars(module).items() if name not in _MODULE_INTERNALS and _is_plain(value)
+        }
         buffers = dict(module._buffers)
         buffer_values = {name: value.detach().clone() for name, value in buffers.items() if isinstance(value, Tensor)}
         tensor_attributes = {
@@ -278,7 +281,9 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
         }
         tensor_attribute_values = {name: value.detach().clone() for name, value in tensor_attributes.items()}
         versions = {
-            id(value): _version(value) for value in [*buffers.values(), *tensor_attributes.values()] if isinstance(value, Tensor)
+            id(value): _version(value)
+            for value in [*buffers.values(), *tensor_attributes.values()]
+            if isinstance(value, Tensor)
         }
     return _LayerSnapshot(
         module=module,

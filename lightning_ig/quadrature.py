@@ -24,24 +24,25 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 
 from lightning_ig.names import METHODS
 
 __all__ = [
-    "METHODS",
     "MAX_GAUSS_LEGENDRE_STEPS",
+    "METHODS",
     "Method",
-    "riemann_left",
-    "riemann_right",
-    "riemann_middle",
-    "riemann_trapezoid",
-    "gausslegendre",
-    "quadrature",
     "check_rule",
+    "gausslegendre",
     "nests_on_doubling",
+    "quadrature",
+    "riemann_left",
+    "riemann_middle",
+    "riemann_right",
+    "riemann_trapezoid",
 ]
 
 Method = Literal["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre"]
@@ -126,9 +127,17 @@ def gausslegendre(n: int) -> Rule:
 
 # Zeros of the Bessel function J_0: Gatteschi's first guesses for the nodes nearest the ends.
 _BESSEL_J0_ZEROS = (
-    2.404825557695773, 5.520078110286311, 8.653727912911013, 11.79153443901428, 14.93091770848779,
-    18.07106396791092, 21.21163662987926, 24.35247153074930, 27.49347913204025, 30.63460646843198,
-)  # fmt: skip
+    2.404825557695773,
+    5.520078110286311,
+    8.653727912911013,
+    11.79153443901428,
+    14.93091770848779,
+    18.07106396791092,
+    21.21163662987926,
+    24.35247153074930,
+    27.49347913204025,
+    30.63460646843198,
+)
 # Stieltjes' expansion with this many terms is within float64 rounding where (n + 1/2) sin(theta) >= this bound
 # (checked against the recurrence and 50-digit mpmath values in tests/test_quadrature.py).
 _EXPANSION_TERMS = 30
@@ -155,7 +164,7 @@ def _gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _legendre_angles(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The angles ``theta_k`` of the nodes ``x_k = cos(theta_k)`` in ``(0, pi/2]`` and ``dP_n(cos theta)/d theta`` there."""
+    """The angles ``theta_k`` of the nodes ``x_k = cos(theta_k)`` in ``(0, pi/2]``, and ``dP_n(cos theta)/d theta``."""
     k = np.arange(1, (n + 1) // 2 + 1, dtype=np.float64)  # (m,)
     half = n + 0.5
     # Tricomi: x_k ~ (1 - 1/8n^2 + 1/8n^3) cos((4k - 1) pi / (4n + 2)); Gatteschi near the ends.

@@ -32,8 +32,19 @@ __all__ = [
 ]
 
 # ColorBrewer RdBu (11 classes), negative (red) to positive (blue); viridis anchors for magnitudes.
-_DIVERGING = ["#67001f", "#b2182b", "#d6604d", "#f4a582", "#fddbc7", "#f7f7f7",
-              "#d1e5f0", "#92c5de", "#4393c3", "#2166ac", "#053061"]  # fmt: skip
+_DIVERGING = [
+    "#67001f",
+    "#b2182b",
+    "#d6604d",
+    "#f4a582",
+    "#fddbc7",
+    "#f7f7f7",
+    "#d1e5f0",
+    "#92c5de",
+    "#4393c3",
+    "#2166ac",
+    "#053061",
+]
 _SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 
 
@@ -91,7 +102,7 @@ def nice_ticks(limit: float, most: int = 6) -> np.ndarray:
     raw = limit / most
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * power >= raw * (1 - 1e-9))
-    count = int(math.floor(limit / step * (1 + 1e-9)))
+    count = int(math.floor(limit / step * (1 + 1e-9)))  # noqa: RUF046 - numpy floats floor to floats
     return np.arange(count + 1) * step
 
 
@@ -125,12 +136,20 @@ class Canvas:
         """The picture as an ``(H, W, 3)`` uint8 array."""
         return np.asarray(self.image)
 
-    def text(self, xy: tuple[float, float], text: str, *, size: int = 12, colour: str = "#222222",
-             anchor: str = "la", bold: bool = False) -> None:  # fmt: skip
+    def text(
+        self,
+        xy: tuple[float, float],
+        text: str,
+        *,
+        size: int = 12,
+        colour: str = "#222222",
+        anchor: str = "la",
+        bold: bool = False,
+    ) -> None:
         """Write ``text`` at ``xy``; ``anchor`` is Pillow's (``"la"``: left, ascender; ``"rm"``: right, middle; ...)."""
         mask, left, top = _text_mask(text, size, bold, anchor)
         if mask is not None:
-            x, y = int(round(xy[0])) + left, int(round(xy[1])) + top
+            x, y = int(round(xy[0])) + left, int(round(xy[1])) + top  # noqa: RUF046 - xy may be numpy floats
             self.image.paste(colour, (x, y, x + mask.width, y + mask.height), mask)
 
     def text_width(self, text: str, *, size: int = 12, bold: bool = False) -> float:
@@ -191,7 +210,9 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     else:
         palette = _exact_palette(image, colours)
     buffer = io.BytesIO()
-    palette.save(buffer, format="PNG", compress_level=1)  # zlib at its fastest: a few KB more than level 6, half the time
+    palette.save(
+        buffer, format="PNG", compress_level=1
+    )  # zlib at its fastest: a few KB more than level 6, half the time
     return buffer.getvalue()
 
 

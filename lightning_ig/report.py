@@ -40,24 +40,30 @@ from lightning_ig.groups import FeatureGroups, GroupSpec, check_group_spec
 from lightning_ig.host_result import HostResult
 from lightning_ig.statistics import completeness_summary, feature_statistics, rank_order, statistics_rows, top_features
 from lightning_ig.vocabulary import (
-    check_feature_names, check_mapping, check_names, check_path, check_positive_int, check_text, default_feature_names,
-)  # fmt: skip
+    check_feature_names,
+    check_mapping,
+    check_names,
+    check_path,
+    check_positive_int,
+    check_text,
+    default_feature_names,
+)
 
 __all__ = [
-    "SCHEMA_VERSION",
     "SCHEMA_PATH",
-    "load_schema",
-    "build_report",
-    "report_to_json",
-    "write_report",
+    "SCHEMA_VERSION",
     "ReportFolder",
-    "feature_statistics",
-    "top_features",
+    "build_report",
     "completeness_summary",
-    "spearman",
-    "topk_jaccard",
     "default_feature_names",
+    "feature_statistics",
+    "load_schema",
     "rank_order",
+    "report_to_json",
+    "spearman",
+    "top_features",
+    "topk_jaccard",
+    "write_report",
 ]
 
 SCHEMA_VERSION = 1
@@ -156,7 +162,9 @@ def build_report(
         raise ValueError(f"extra must not redefine the report's contract keys, got {shadowed}; rename those keys")
     host = _host(result, groups)
     shape = host.feature_shape
-    names = default_feature_names(shape) if feature_names is None else check_feature_names(feature_names, host.num_features)
+    names = (
+        default_feature_names(shape) if feature_names is None else check_feature_names(feature_names, host.num_features)
+    )
     features = statistics_rows(names, host.features)
     completeness = completeness_summary(host)
     report: dict[str, Any] = {
@@ -169,8 +177,11 @@ def build_report(
         "regime_head": regime_head,
         "features": features,
         "top_10_by_mean_abs": top_features(features, top_k),
-        "completeness": {"worst_relative_error": completeness.pop("worst_relative_error"),
-                         "per_state": completeness.pop("per_state"), **completeness},  # fmt: skip
+        "completeness": {
+            "worst_relative_error": completeness.pop("worst_relative_error"),
+            "per_state": completeness.pop("per_state"),
+            **completeness,
+        },
         "feature_shape": list(shape),
         "method": host.method,
         "gradient": host.gradient,

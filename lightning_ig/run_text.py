@@ -51,8 +51,9 @@ def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
         "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
         "unchecked": f"completeness not checked: F(x) ≈ F(b) in all {numbers.num_states} states",
         "pass": f"completeness passes: worst relative error {relative_error_text(worst)} <= {tolerance:g}",
-        "fail": f"completeness FAILS: worst relative error {relative_error_text(worst)} > {tolerance:g}; "
-                "use n_steps='auto'",
+        "fail": (
+            f"completeness FAILS: worst relative error {relative_error_text(worst)} > {tolerance:g}; use n_steps='auto'"
+        ),
     }[numbers.verdict]
     return numbers.verdict, line
 
@@ -63,25 +64,37 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     total = numbers.num_states
     if numbers.verdict == "non-finite":
         first = numbers.first_non_finite
-        return "non-finite", (f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} states (first: state "
-                              f"{first}): these attributions cannot be trusted.")  # fmt: skip
+        return "non-finite", (
+            f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} states (first: state "
+            f"{first}): these attributions cannot be trusted."
+        )
     if numbers.verdict == "unchecked":
-        return "unchecked", (f"Completeness not checked: in all {total} states F(x) and F(b) are too close for a relative "
-                             f"error (mean absolute error {_number(numbers.mean_abs_error, '.3g')}, target {target}).")  # fmt: skip
+        return "unchecked", (
+            f"Completeness not checked: in all {total} states F(x) and F(b) are too close for a relative "
+            f"error (mean absolute error {_number(numbers.mean_abs_error, '.3g')}, target {target})."
+        )
     worst, tolerance = numbers.worst_relative_error, numbers.tolerance
     skipped = ""
     if numbers.num_degenerate:
-        skipped = (f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio; "
-                   "their absolute error is in the JSON report.")  # fmt: skip
+        skipped = (
+            f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio; "
+            "their absolute error is in the JSON report."
+        )
     if numbers.verdict == "pass":
-        return "pass", (f"Completeness passes: worst relative error {relative_error_text(worst)} <= tolerance "
-                        f"{tolerance:g} over {numbers.num_checked} states.{skipped}")  # fmt: skip
-    return "fail", (f"Completeness FAILS: worst relative error {relative_error_text(worst)} > tolerance {tolerance:g}: "
-                    "the attributions do not add up to F(x) - F(b). Use n_steps='auto' or more steps."
-                    f"{skipped}")  # fmt: skip
+        return "pass", (
+            f"Completeness passes: worst relative error {relative_error_text(worst)} <= tolerance "
+            f"{tolerance:g} over {numbers.num_checked} states.{skipped}"
+        )
+    return "fail", (
+        f"Completeness FAILS: worst relative error {relative_error_text(worst)} > tolerance {tolerance:g}: "
+        "the attributions do not add up to F(x) - F(b). Use n_steps='auto' or more steps."
+        f"{skipped}"
+    )
 
 
-def report_markdown(summary: RunSummary, labels: Sequence[str], prefix: str, *, saliency_scale: float | None = None) -> str:
+def report_markdown(
+    summary: RunSummary, labels: Sequence[str], prefix: str, *, saliency_scale: float | None = None
+) -> str:
     """The ``<prefix>/report`` text: settings, the completeness verdict, the top-k table, drift, concentration,
     the saliency scale and an ensemble's members.
 
@@ -95,15 +108,22 @@ def report_markdown(summary: RunSummary, labels: Sequence[str], prefix: str, *, 
     lines = [
         f"### Integrated Gradients{name} at step {summary.step}",
         "",
-        f"{summary.num_states} states, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
-        f"{summary.backend} backend), target `{settings.target}` ({target_unit(settings.target)}), baseline "
-        f"`{settings.baseline}`.",
+        (
+            f"{summary.num_states} states, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
+            f"{summary.backend} backend), target `{settings.target}` ({target_unit(settings.target)}), baseline "
+            f"`{settings.baseline}`."
+        ),
         "",
         f"**{completeness_sentence(summary)[1]}**",
     ]
     if summary.stochastic:
-        lines += ["", "**The forward is random**: it gave different values on the same rows (dropout or batch-norm "
-                      "in train mode, noise left on); the attributions are not reproducible."]  # fmt: skip
+        lines += [
+            "",
+            (
+                "**The forward is random**: it gave different values on the same rows (dropout or batch-norm "
+                "in train mode, noise left on); the attributions are not reproducible."
+            ),
+        ]
     order = rank_order(units.moments.mean_abs)[: settings.top_k]
     width = max([len(noun) - 1, *(len(labels[i]) for i in order)])
     rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std':>9}  {'mean attr':>10}"]
@@ -113,20 +133,36 @@ def report_markdown(summary: RunSummary, labels: Sequence[str], prefix: str, *, 
             f"{rank:>4}  {labels[index]:<{width}}  {_number(moments.mean_abs[index], '11.4g')}  "
             f"{_number(moments.stddev[index], '9.3g')}  {_number(moments.mean_signed[index], '+10.3g')}"
         )
-    lines += ["", f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}):", "",
-              "```", *rows, "```"]  # fmt: skip
+    lines += [
+        "",
+        f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}):",
+        "",
+        "```",
+        *rows,
+        "```",
+    ]
     if summary.drift:
         words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
         lines += ["", f"**Drift**: {', '.join(words)}."]
     shares = summary.concentration
     if shares:
         features = int(np.prod(summary.feature_shape))
-        lines += ["", f"**Concentration**: the top 1% of the {features} features hold "
-                      f"{_number(100 * shares['top1pct_share'], '.3g')}% of the mean |attribution|, the top 10% hold "
-                      f"{_number(100 * shares['top10pct_share'], '.3g')}%."]  # fmt: skip
+        lines += [
+            "",
+            (
+                f"**Concentration**: the top 1% of the {features} features hold "
+                f"{_number(100 * shares['top1pct_share'], '.3g')}% of the mean |attribution|, the top 10% hold "
+                f"{_number(100 * shares['top10pct_share'], '.3g')}%."
+            ),
+        ]
     if saliency_scale is not None:
-        lines += ["", f"**Saliency** (`{prefix}/saliency`): colour scale ±{saliency_scale:.3g} per feature; blue "
-                      "raises the target, red lowers it."]  # fmt: skip
+        lines += [
+            "",
+            (
+                f"**Saliency** (`{prefix}/saliency`): colour scale ±{saliency_scale:.3g} per feature; blue "
+                "raises the target, red lowers it."
+            ),
+        ]
     return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
 
 
@@ -136,9 +172,16 @@ def _ensemble_lines(summary: RunSummary, prefix: str) -> list[str]:
         return []
     scalars, count = summary.ensemble.scalars, summary.ensemble.report["num_members"]
     worst = scalars["completeness/worst_relative_error"]
-    verdict = "passes" if worst <= summary.completeness.tolerance else "was not checked" if math.isnan(worst) else "FAILS"
-    return ["", f"**Ensemble** ({count} members, `{prefix}/ensemble/...`): Spearman correlation of the members' feature "
-                f"rankings with the aggregate's: mean {_number(scalars['spearman_mean'], '.3f')}, lowest "
-                f"{_number(scalars['spearman_min'], '.3f')}; relative spread of mean |attribution| across members "
-                f"{_number(scalars['relative_spread'], '.3g')}. Member completeness {verdict}: worst relative error "
-                f"{relative_error_text(worst)}."]  # fmt: skip
+    verdict = (
+        "passes" if worst <= summary.completeness.tolerance else "was not checked" if math.isnan(worst) else "FAILS"
+    )
+    return [
+        "",
+        (
+            f"**Ensemble** ({count} members, `{prefix}/ensemble/...`): Spearman correlation of the members' feature "
+            f"rankings with the aggregate's: mean {_number(scalars['spearman_mean'], '.3f')}, lowest "
+            f"{_number(scalars['spearman_min'], '.3f')}; relative spread of mean |attribution| across members "
+            f"{_number(scalars['relative_spread'], '.3g')}. Member completeness {verdict}: worst relative error "
+            f"{relative_error_text(worst)}."
+        ),
+    ]

@@ -232,7 +232,9 @@ def _grid(tiles: list[np.ndarray], captions: list[str], columns: int) -> np.ndar
     columns = max(1, min(columns, len(tiles)))
     rows = math.ceil(len(tiles) / columns)
     cell_height, cell_width = height + _TEXT_ROW, width + _GAP
-    texts = tuple(((index // columns) * cell_height, (index % columns) * cell_width, text) for index, text in enumerate(captions))
+    texts = tuple(
+        ((index // columns) * cell_height, (index % columns) * cell_width, text) for index, text in enumerate(captions)
+    )
     canvas = _captioned(rows * cell_height, columns * cell_width - _GAP, texts).copy()
     for index, tile in enumerate(tiles):
         top, left = (index // columns) * cell_height + _TEXT_ROW, (index % columns) * cell_width
@@ -243,7 +245,9 @@ def _grid(tiles: list[np.ndarray], captions: list[str], columns: int) -> np.ndar
 def _stack(strips: list[np.ndarray], captions: list[str]) -> np.ndarray:
     height, width = strips[0].shape[:2]
     cell = height + _TEXT_ROW + _GAP
-    canvas = _captioned(len(strips) * cell, width, tuple((index * cell, 0, text) for index, text in enumerate(captions))).copy()
+    canvas = _captioned(
+        len(strips) * cell, width, tuple((index * cell, 0, text) for index, text in enumerate(captions))
+    ).copy()
     for index, strip in enumerate(strips):
         canvas[index * cell + _TEXT_ROW : index * cell + _TEXT_ROW + height] = strip
     return canvas

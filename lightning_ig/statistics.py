@@ -70,7 +70,11 @@ def feature_moments(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _flat(attributions: Any) -> np.ndarray:
-    array = attributions.detach().cpu().double().numpy() if isinstance(attributions, torch.Tensor) else np.asarray(attributions, dtype=np.float64)
+    array = (
+        attributions.detach().cpu().double().numpy()
+        if isinstance(attributions, torch.Tensor)
+        else np.asarray(attributions, dtype=np.float64)
+    )
     if array.ndim < 2:
         raise ValueError(
             f"attributions must have shape (num_states, *feature_shape), got shape {tuple(array.shape)}; "
@@ -182,7 +186,11 @@ def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
     host = HostResult.from_result(result)
     finite = np.abs(host.delta[~host.non_finite])
     first = np.flatnonzero(host.non_finite)
-    flags = (torch.from_numpy(host.relative_error), torch.from_numpy(host.degenerate), torch.from_numpy(host.non_finite))
+    flags = (
+        torch.from_numpy(host.relative_error),
+        torch.from_numpy(host.degenerate),
+        torch.from_numpy(host.non_finite),
+    )
     return Completeness(
         worst_relative_error=worst_relative_error(*flags),  # the engine's one definition, on the gathered states
         mean_abs_error=float(finite.mean()) if finite.size else math.nan,

@@ -63,9 +63,18 @@ class EnsembleSummary:
     scalars: dict[str, float]
 
     @classmethod
-    def of(cls, aggregate_mean_abs: np.ndarray, members: MemberRun, *, feature_names: Sequence[str],
-           feature_shape: tuple[int, ...], top_k: int) -> EnsembleSummary:  # fmt: skip
-        report = member_summary(aggregate_mean_abs, members, feature_names=feature_names, top_k=top_k, feature_shape=feature_shape)
+    def of(
+        cls,
+        aggregate_mean_abs: np.ndarray,
+        members: MemberRun,
+        *,
+        feature_names: Sequence[str],
+        feature_shape: tuple[int, ...],
+        top_k: int,
+    ) -> EnsembleSummary:
+        report = member_summary(
+            aggregate_mean_abs, members, feature_names=feature_names, top_k=top_k, feature_shape=feature_shape
+        )
         return cls(report, {**agreement_scalars(report["agreement"]), **completeness_scalars(members)})
 
 
@@ -125,12 +134,16 @@ class RunSummary:
     def report_extra(self, *, epoch: int, world_size: int) -> dict[str, Any]:
         """The keys a training run's JSON report holds beside the contract keys (and ``"ensemble"`` for an ensemble)."""
         extra: dict[str, Any] = {
-            "baseline": self.settings.baseline, "global_step": self.step, "epoch": int(epoch), "run_index": self.run_index,
-            "world_size": int(world_size), "callback_name": self.settings.name,
+            "baseline": self.settings.baseline,
+            "global_step": self.step,
+            "epoch": int(epoch),
+            "run_index": self.run_index,
+            "world_size": int(world_size),
+            "callback_name": self.settings.name,
             "drift": {key: json_float(value) for key, value in self.drift.items()},
             "concentration": {key: json_float(value) for key, value in self.concentration.items()},
             "timings": {"ig_ms": self.time_ms},
-        }  # fmt: skip
+        }
         if self.ensemble is not None:
             extra["ensemble"] = self.ensemble.report
         return extra
@@ -146,30 +159,32 @@ class RunSummary:
         messages = {}
         if numbers.verdict == "non-finite":
             messages["non-finite"] = (
-                f"the model produced NaN/Inf at step {step} in {numbers.num_non_finite} of {numbers.num_states} held-out "
-                f"states (first: state {numbers.first_non_finite}); worst_relative_error is logged as inf"
+                f"the model produced NaN/Inf at step {step} in {numbers.num_non_finite} of {numbers.num_states} "
+                f"held-out states (first: state {numbers.first_non_finite}); worst_relative_error is logged as inf"
             )
         elif numbers.verdict == "unchecked":
             messages["unchecked"] = (
-                f"no state could be checked for completeness at step {step}: in all {numbers.num_states} states F(x) and "
-                "F(b) are too close for a relative error (logged as nan); try baseline='mean' or another target"
+                f"no state could be checked for completeness at step {step}: in all {numbers.num_states} states F(x) "
+                "and F(b) are too close for a relative error (logged as nan); try baseline='mean' or another target"
             )
         elif numbers.verdict == "fail":
             messages["fail"] = (
                 f"the worst relative completeness error is {numbers.worst_relative_error:.3g} at step {step}, above "
-                f"completeness_tol={numbers.tolerance:g}: the attributions do not add up to F(x) - F(b). Use n_steps='auto' "
-                "(it refines until they do) or more steps; fewer held-out states at more steps cost about the same"
+                f"completeness_tol={numbers.tolerance:g}: the attributions do not add up to F(x) - F(b). Use "
+                "n_steps='auto' (it refines until they do) or more steps; fewer held-out states at more steps cost "
+                "about the same"
             )
         if self.stochastic:
             messages["stochastic"] = (
-                f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train mode, "
-                "noise drawn inside forward?): the attributions are not reproducible"
+                f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "
+                "mode, noise drawn inside forward?): the attributions are not reproducible"
             )
         member_worst = math.nan if self.ensemble is None else self.ensemble.scalars["completeness/worst_relative_error"]
         if math.isfinite(member_worst) and member_worst > numbers.tolerance:
             messages["members-fail"] = (
-                f"the worst relative completeness error of an ensemble member is {member_worst:.3g} at step {step}, above "
-                f"completeness_tol={numbers.tolerance:g} (ig/ensemble/completeness/...); use n_steps='auto' or more steps"
+                f"the worst relative completeness error of an ensemble member is {member_worst:.3g} at step {step}, "
+                f"above completeness_tol={numbers.tolerance:g} (ig/ensemble/completeness/...); use n_steps='auto' or "
+                "more steps"
             )
         return messages
 
@@ -250,7 +265,13 @@ def summarize(
         concentration=concentration(host.features.mean_abs),
         stochastic=host.stochastic,
         time_ms=float(time_ms),
-        ensemble=None if members is None else EnsembleSummary.of(
-            host.features.mean_abs, members, feature_names=feature_names, feature_shape=host.feature_shape, top_k=settings.top_k
+        ensemble=None
+        if members is None
+        else EnsembleSummary.of(
+            host.features.mean_abs,
+            members,
+            feature_names=feature_names,
+            feature_shape=host.feature_shape,
+            top_k=settings.top_k,
         ),
-    )  # fmt: skip
+    )

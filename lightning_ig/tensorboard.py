@@ -27,34 +27,34 @@ from lightning_ig.drift import drift_tags
 from lightning_ig.ensemble.agreement import ensemble_scalar_names
 from lightning_ig.figures import Chart, heatmap_figure, top_features_figure
 from lightning_ig.host_result import HostResult
-from lightning_ig.run_text import DRIFT_WORDS, completeness_verdict, target_unit
-from lightning_ig.run_text import report_markdown as _markdown
 from lightning_ig.picture_writer import PictureWriter
 from lightning_ig.raster import png_bytes
+from lightning_ig.run_text import DRIFT_WORDS, completeness_verdict, target_unit
+from lightning_ig.run_text import report_markdown as _markdown
 from lightning_ig.saliency import mean_abs_image, saliency_grid
 from lightning_ig.statistics import CONCENTRATION_SHARES, rank_order
 from lightning_ig.summary import RunSummary, Units
 
 __all__ = [
+    "PICTURES",
     "TAG_ROOT",
+    "RunExtras",
     "TagNames",
     "add_picture",
     "custom_scalars_layout",
     "display_labels",
-    "PICTURES",
-    "heatmap_chart",
-    "top_features_chart",
     "feature_tags",
+    "heatmap_chart",
     "is_tensorboard_logger",
     "log_scalars",
-    "report_markdown",
-    "pictures_due",
-    "run_extras",
-    "RunExtras",
     "mean_abs_picture",
+    "pictures_due",
+    "report_markdown",
+    "run_extras",
     "saliency_grid_image",
     "scalar_metrics",
     "target_unit",
+    "top_features_chart",
     "write_extras",
 ]
 
@@ -180,7 +180,9 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
             continue
         labels = tags.unit_labels(units)
         metrics.update(zip((f"{prefix}/{group}mean_abs/{label}" for label in labels), units.moments.mean_abs.tolist()))
-        metrics.update(zip((f"{prefix}/{group}mean_signed/{label}" for label in labels), units.moments.mean_signed.tolist()))
+        metrics.update(
+            zip((f"{prefix}/{group}mean_signed/{label}" for label in labels), units.moments.mean_signed.tolist())
+        )
     metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
     if summary.ensemble is not None:
@@ -307,7 +309,9 @@ def write_extras(
             for label, column in zip(tags.unit_labels(units), units.values.T):
                 finite = column[np.isfinite(column)]
                 if finite.size:  # a histogram of nothing is an error in TensorBoard
-                    writer.add_histogram(f"{tags.prefix}/{group}attributions/{label}", finite, step, bins=_HISTOGRAM_BINS)
+                    writer.add_histogram(
+                        f"{tags.prefix}/{group}attributions/{label}", finite, step, bins=_HISTOGRAM_BINS
+                    )
     if extras.text is not None:
         writer.add_text(f"{tags.prefix}/report", extras.text, step)  # listed as <prefix>/report/text_summary
     if layout is not None:
@@ -370,19 +374,37 @@ def custom_scalars_layout(
         charts: dict[str, list[Any]] = {
             "completeness: worst relative error": ["Multiline", [rf"^{prefix}/completeness/worst_relative_error$"]],
             "completeness: mean absolute error": ["Multiline", [rf"^{prefix}/completeness/mean_abs_error$"]],
-            "states that could not be checked (NaN/Inf)": ["Multiline", [rf"^{prefix}/completeness/non_finite_states$"]],
-            "share of |attribution| in the top 1% of features": ["Multiline", [rf"^{prefix}/concentration/top1pct_share$"]],
+            "states that could not be checked (NaN/Inf)": [
+                "Multiline",
+                [rf"^{prefix}/completeness/non_finite_states$"],
+            ],
+            "share of |attribution| in the top 1% of features": [
+                "Multiline",
+                [rf"^{prefix}/concentration/top1pct_share$"],
+            ],
         }
         grouped = tags.group_labels is not None
         units = tags.group_labels if grouped else tags.feature_labels or []
         for name in drift_tags(len(units), top_k):
-            words = DRIFT_WORDS[name].format(k=top_k).replace("with the first run", "Spearman rank correlation with the first run")
+            words = (
+                DRIFT_WORDS[name]
+                .format(k=top_k)
+                .replace("with the first run", "Spearman rank correlation with the first run")
+            )
             charts[f"drift: {words}"] = ["Multiline", [rf"^{prefix}/drift/{name}$"]]
         if tags.ensemble_members is not None:
-            charts.update({f"ensemble: {words}": ["Multiline", [rf"^{prefix}/ensemble/{name}$"]] for name, words in _ENSEMBLE_CHARTS.items()})
+            charts.update(
+                {
+                    f"ensemble: {words}": ["Multiline", [rf"^{prefix}/ensemble/{name}$"]]
+                    for name, words in _ENSEMBLE_CHARTS.items()
+                }
+            )
         quantity = "group/mean_abs" if grouped else "mean_abs"
         for rank, label in enumerate(list(ranked or units)[:_LAYOUT_UNIT_CHARTS], start=1):
-            charts[f"#{rank} {label}: mean |attribution|"] = ["Multiline", [rf"^{prefix}/{quantity}/{re.escape(label)}$"]]
+            charts[f"#{rank} {label}: mean |attribution|"] = [
+                "Multiline",
+                [rf"^{prefix}/{quantity}/{re.escape(label)}$"],
+            ]
         layout[title] = charts
     return layout
 
@@ -409,17 +431,26 @@ def top_features_chart(summary: RunSummary, tags: TagNames) -> Chart:
     noun, name = _noun_and_name(summary)
     top = min(summary.settings.top_k, len(labels))
     unit = f"mean |attribution| over {summary.num_states} states ({target_unit(summary.settings.target)})"
-    return top_features_figure(labels, summary.units.moments, top_k=summary.settings.top_k, value_label=unit,
-                               title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
-                               verdict=completeness_verdict(summary))  # fmt: skip
+    return top_features_figure(
+        labels,
+        summary.units.moments,
+        top_k=summary.settings.top_k,
+        value_label=unit,
+        title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
+        verdict=completeness_verdict(summary),
+    )
 
 
 def heatmap_chart(summary: RunSummary, tags: TagNames, history: Sequence[Mapping[str, Any]]) -> Chart:
     """The ``heatmap`` of ``history`` (runs with ``global_step`` and ``mean_abs``)."""
     noun, name = _noun_and_name(summary)
     steps = [entry["global_step"] for entry in history]
-    return heatmap_figure(tags.unit_labels(summary.units), steps, np.asarray([entry["mean_abs"] for entry in history]),
-                          title=f"{noun.capitalize()}{name}: share of mean |attribution| over training")  # fmt: skip
+    return heatmap_figure(
+        tags.unit_labels(summary.units),
+        steps,
+        np.asarray([entry["mean_abs"] for entry in history]),
+        title=f"{noun.capitalize()}{name}: share of mean |attribution| over training",
+    )
 
 
 def saliency_grid_image(host: HostResult, states: Any, channel: int | None) -> tuple[np.ndarray, float]:

@@ -17,7 +17,7 @@ import os
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,32 +29,32 @@ __all__ = [
     "BACKENDS",
     "GRADIENTS",
     "METHODS",
-    "shown",
-    "check_choice",
+    "callable_name",
     "check_bool",
+    "check_choice",
+    "check_device",
+    "check_feature_names",
+    "check_finite",
+    "check_float_dtype",
+    "check_generator",
     "check_int",
-    "check_positive_int",
-    "check_optional_positive_int",
-    "check_real",
-    "check_positive_float",
-    "check_text",
-    "check_names",
     "check_int_sequence",
     "check_mapping",
-    "check_path",
-    "check_generator",
-    "check_device",
-    "check_float_dtype",
     "check_n_steps",
-    "check_finite",
+    "check_names",
+    "check_optional_positive_int",
+    "check_path",
+    "check_positive_float",
+    "check_positive_int",
+    "check_real",
     "check_states",
+    "check_text",
     "default_feature_names",
-    "check_feature_names",
+    "shown",
     "target_label",
-    "callable_name",
-    ]
+]
 
-NSteps = Union[int, Literal["auto"]]
+NSteps = int | Literal["auto"]
 
 _INTEGERS = (int, np.integer)
 _REALS = (int, float, np.integer, np.floating)
@@ -304,13 +304,17 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
             control character (it would break tables and tags), or a repeated name.
     """
     if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
-        raise TypeError(f"{name} must be a list of strings, one per feature, got {type(names).__name__} ({names!r:.60})")
+        raise TypeError(
+            f"{name} must be a list of strings, one per feature, got {type(names).__name__} ({names!r:.60})"
+        )
     listed = list(names)
     bad_type = next((item for item in listed if not isinstance(item, str)), None)
     if bad_type is not None:
         raise TypeError(f"{name} must all be strings, got {bad_type!r} ({type(bad_type).__name__})")
     if len(listed) != num_features:
-        raise ValueError(f"{name} has {len(listed)} names but there are {num_features} features; pass one name per feature")
+        raise ValueError(
+            f"{name} has {len(listed)} names but there are {num_features} features; pass one name per feature"
+        )
     for index, item in enumerate(listed):
         if not item.strip():
             raise ValueError(f"{name}[{index}] is blank ({item!r}); give every feature a visible name")
@@ -344,4 +348,6 @@ def target_label(target: Any) -> str:
         return f"action:{int(target)}"
     if isinstance(target, Callable):  # type: ignore[arg-type]
         return f"callable:{callable_name(target)}"
-    raise TypeError(f"target must be None, 'mean', 'each', an int, a LongTensor or a callable, got {type(target).__name__}")
+    raise TypeError(
+        f"target must be None, 'mean', 'each', an int, a LongTensor or a callable, got {type(target).__name__}"
+    )

@@ -24,7 +24,13 @@ def example_env() -> dict[str, str]:
 def run_python(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` in ``cwd``; the caller checks the return code."""
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=example_env(), capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, *args],
+        cwd=cwd,
+        env=example_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

@@ -7,7 +7,8 @@ CUDA-graph replay does to its static outputs.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,7 +38,9 @@ class EmulatedCapture:
     def available(self, device: torch.device) -> bool:
         return True
 
-    def capture(self, compute: Callable[[], dict[str, torch.Tensor]], device: torch.device) -> tuple[Any, dict[str, torch.Tensor]]:
+    def capture(
+        self, compute: Callable[[], dict[str, torch.Tensor]], device: torch.device
+    ) -> tuple[Any, dict[str, torch.Tensor]]:
         self.attempts += 1
         self.capturing = True
         try:
@@ -52,7 +55,9 @@ class EmulatedCapture:
 class FailingCapture(EmulatedCapture):
     """Every capture fails, as one does for a forward that synchronises with the host."""
 
-    def capture(self, compute: Callable[[], dict[str, torch.Tensor]], device: torch.device) -> tuple[Any, dict[str, torch.Tensor]]:
+    def capture(
+        self, compute: Callable[[], dict[str, torch.Tensor]], device: torch.device
+    ) -> tuple[Any, dict[str, torch.Tensor]]:
         self.attempts += 1
         raise RuntimeError("operation not permitted when stream is capturing")
 

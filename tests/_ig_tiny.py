@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader, TensorDataset
 # Runnable as a script from anywhere in the checkout (the DDP launcher re-runs this file for rank 1).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_ig.ensemble import Ensemble  # noqa: E402
-from lightning_ig.models import DuelingQNetwork  # noqa: E402
-from lightning_ig.noise import NoisyLinear  # noqa: E402
+from lightning_ig.ensemble import Ensemble
+from lightning_ig.models import DuelingQNetwork
+from lightning_ig.noise import NoisyLinear
 
 FEATURES = ["cart_x", "cart_v", "pole_theta", "pole_omega"]
 
@@ -70,9 +70,13 @@ class ConvQNet(pl.LightningModule):
         self.save_hyperparameters()
         channels = input_shape[0]
         if len(input_shape) == 3:
-            self.encoder = torch.nn.Sequential(torch.nn.Conv2d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten())
+            self.encoder = torch.nn.Sequential(
+                torch.nn.Conv2d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten()
+            )
         elif len(input_shape) == 2:
-            self.encoder = torch.nn.Sequential(torch.nn.Conv1d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten())
+            self.encoder = torch.nn.Sequential(
+                torch.nn.Conv1d(channels, 4, 3, stride=2), torch.nn.Tanh(), torch.nn.Flatten()
+            )
         else:
             self.encoder = torch.nn.Sequential(torch.nn.Linear(channels, 16), torch.nn.Tanh())
         width = self.encoder(torch.zeros(1, *input_shape)).shape[1]
@@ -95,9 +99,14 @@ class NatureDuelingQNet(pl.LightningModule):
     def __init__(self, actions: int = 6, activation: type[torch.nn.Module] = torch.nn.ReLU) -> None:
         super().__init__()
         self.encoder = torch.nn.Sequential(
-            torch.nn.Conv2d(4, 32, 8, 4), activation(), torch.nn.Conv2d(32, 64, 4, 2), activation(),
-            torch.nn.Conv2d(64, 64, 3, 1), activation(), torch.nn.Flatten(),
-        )  # fmt: skip
+            torch.nn.Conv2d(4, 32, 8, 4),
+            activation(),
+            torch.nn.Conv2d(32, 64, 4, 2),
+            activation(),
+            torch.nn.Conv2d(64, 64, 3, 1),
+            activation(),
+            torch.nn.Flatten(),
+        )
         self.value = torch.nn.Sequential(torch.nn.Linear(3136, 512), activation(), torch.nn.Linear(512, 1))
         self.advantage = torch.nn.Sequential(torch.nn.Linear(3136, 512), activation(), torch.nn.Linear(512, actions))
 
@@ -123,7 +132,9 @@ class EnsembleQNet(pl.LightningModule):
     and attributes each member as well.
     """
 
-    def __init__(self, input_shape: tuple[int, ...] = (4,), members: int = 3, noisy: bool = True, lr: float = 0.05) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...] = (4,), members: int = 3, noisy: bool = True, lr: float = 0.05
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         features = math.prod(input_shape)
@@ -196,7 +207,7 @@ def held_out_states(n: int = 37, seed: int = 1) -> torch.Tensor:
 
 def has_tensorboard() -> bool:
     """The GPU machine may run from the tree without TensorBoard: then the runs write reports only."""
-    import importlib.util  # noqa: PLC0415
+    import importlib.util
 
     return all(importlib.util.find_spec(name) is not None for name in ("tensorboard", "PIL"))
 
@@ -216,9 +227,9 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
     ``out/tb_rank<r>``, so the test can see that only rank zero writes. Rank zero saves the final weights of both
     fits to ``out/weights.pt``.
     """
-    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415
+    from lightning.pytorch.loggers import TensorBoardLogger
 
-    from lightning_ig.callback import IntegratedGradientsCallback  # noqa: PLC0415
+    from lightning_ig.callback import IntegratedGradientsCallback
 
     rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
     weights = {}
@@ -227,10 +238,17 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
         # No BatchNorm (its statistics are per rank under DDP), no noise draws (ranks would draw differently).
         model = EnsembleQNet(DDP_SHAPE, members=3, noisy=False, lr=0.01)
         callback = IntegratedGradientsCallback(
-            ddp_held_out_states(), every_n_steps=2, n_steps=16, baseline="mean", feature_groups="channels",
-            saliency_states=24, top_k=32, backend="cuda" if accelerator == "gpu" else "torch",
-            report_dir=out / f"reports_rank{rank}", figure_every_n_runs=None,
-        )  # fmt: skip
+            ddp_held_out_states(),
+            every_n_steps=2,
+            n_steps=16,
+            baseline="mean",
+            feature_groups="channels",
+            saliency_states=24,
+            top_k=32,
+            backend="cuda" if accelerator == "gpu" else "torch",
+            report_dir=out / f"reports_rank{rank}",
+            figure_every_n_runs=None,
+        )
         trainer = pl.Trainer(
             accelerator=accelerator,
             devices=devices,
@@ -248,7 +266,9 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
         # that run's gradient g exactly, so the weights agree bit for bit and any difference left is the callback's.
         data = DataLoader(frame_dataset(128, DDP_SHAPE, seed=2), batch_size=batch_size, shuffle=False)
         trainer.fit(model, data)
-        weights["with" if with_callback else "without"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        weights["with" if with_callback else "without"] = {
+            k: v.detach().cpu().clone() for k, v in model.state_dict().items()
+        }
     if rank == 0:
         torch.save(weights, out / "weights.pt")
 

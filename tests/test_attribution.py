@@ -8,9 +8,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from _models import DuelingMLP
 from _tolerance import assert_close_scaled, eps, rounding_bound
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
@@ -46,11 +46,22 @@ def _fd_tolerance(dtype: torch.dtype) -> float:
     return 16 * eps(dtype) ** (2 / 3)
 
 
-def _mlp(features: int, outputs: int, *, seed: int, hidden: int = 16, act: type[torch.nn.Module] = torch.nn.Tanh,
-         dtype: torch.dtype = torch.float64) -> torch.nn.Module:  # fmt: skip
+def _mlp(
+    features: int,
+    outputs: int,
+    *,
+    seed: int,
+    hidden: int = 16,
+    act: type[torch.nn.Module] = torch.nn.Tanh,
+    dtype: torch.dtype = torch.float64,
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(features, hidden), act(), torch.nn.Linear(hidden, hidden), act(), torch.nn.Linear(hidden, outputs)
+        torch.nn.Linear(features, hidden),
+        act(),
+        torch.nn.Linear(hidden, hidden),
+        act(),
+        torch.nn.Linear(hidden, outputs),
     )
     return model.to(dtype).eval()
 
@@ -99,7 +110,9 @@ def test_agrees_with_captum_on_random_mlps(method: str) -> None:
         x = torch.randn(6, 7, dtype=torch.float64)
         b = torch.randn(6, 7, dtype=torch.float64) * 0.1
         ours = integrated_gradients(model, x, b, target=2, n_steps=24, method=method)
-        theirs, delta = captum_ig(model).attribute(x, b, target=2, n_steps=24, method=method, return_convergence_delta=True)
+        theirs, delta = captum_ig(model).attribute(
+            x, b, target=2, n_steps=24, method=method, return_convergence_delta=True
+        )
         # Captum builds its Riemann alphas with a float32 linspace: each is off by up to half a float32 rounding,
         # which moves the attributions by that much of their size. Gauss-Legendre: float64 nodes on both sides.
         scale = float(theirs.abs().max())
@@ -342,7 +355,9 @@ def test_degenerate_states_are_counted_apart() -> None:
     assert all_degenerate.num_degenerate == 3 and all_degenerate.num_checked == 0
 
 
-@pytest.mark.parametrize("method", ["riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle", "gausslegendre"])
+@pytest.mark.parametrize(
+    "method", ["riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle", "gausslegendre"]
+)
 def test_auto_steps_refine_until_the_tolerance(method: str) -> None:
     model = _mlp(4, 1, seed=15)
     x = torch.randn(3, 4, dtype=torch.float64) * 2
@@ -365,8 +380,9 @@ def test_auto_steps_refine_until_the_tolerance(method: str) -> None:
 def test_auto_steps_stop_at_max_steps() -> None:
     model = _mlp(4, 1, seed=16)
     x = torch.randn(3, 4, dtype=torch.float64) * 3
-    result = integrated_gradients(lambda z: model(z).squeeze(1), x, n_steps="auto", method="riemann_left",
-                                  completeness_tol=1e-12, max_steps=40)  # fmt: skip
+    result = integrated_gradients(
+        lambda z: model(z).squeeze(1), x, n_steps="auto", method="riemann_left", completeness_tol=1e-12, max_steps=40
+    )
     assert result.n_steps == 40 and result.worst_relative_error > 1e-12
 
 
@@ -401,7 +417,9 @@ def test_half_precision_models_on_the_torch_path() -> None:
     result = integrated_gradients(lambda z: z @ weight.to(z.dtype), x.to(torch.bfloat16), n_steps=4)
     assert result.attributions.dtype == torch.bfloat16 and result.f_input.dtype == torch.float32
     # bfloat16 path points and products, accumulated in float32: a few bfloat16 roundings.
-    assert_close_scaled(result.attributions.float(), x.to(torch.bfloat16).float() * weight, ulps=4, dtype=torch.bfloat16)
+    assert_close_scaled(
+        result.attributions.float(), x.to(torch.bfloat16).float() * weight, ulps=4, dtype=torch.bfloat16
+    )
 
 
 # --------------------------------------------------------------------------- the torch twins of the kernels
@@ -447,7 +465,9 @@ def test_accumulation_twin_sums_in_step_order() -> None:
     attr = TWINS.accumulate(x, b, weights, grads)
     # Three products and sums in step order against einsum's order: a few float32 roundings.
     expected = (x - b) * torch.einsum("k,tkbf->tbf", weights, grads)
-    assert_close_scaled(attr, expected, ulps=8, dtype=torch.float32, scale=float(((x - b).abs() * grads.abs().sum(1)).max()))
+    assert_close_scaled(
+        attr, expected, ulps=8, dtype=torch.float32, scale=float(((x - b).abs() * grads.abs().sum(1)).max())
+    )
 
 
 # --------------------------------------------------------------------------- property tests
@@ -479,12 +499,16 @@ def test_property_linear_models_are_exact_for_any_shape_and_rule(
     size = float((x.abs() + b.abs()).reshape(batch, -1).sum(1).max()) * float(weight.abs().max())  # bounds |F|
     ulps = 16 if gradient == "autograd" else 16 * eps(F64) ** (-1 / 3)
     assert_close_scaled(result.attributions, (x - b) * weight, ulps=ulps, dtype=F64, scale=max(1.0, size))
-    assert (result.delta.double().abs() <= _completeness_rounding(result, ulps) + rounding_bound(size, ulps=ulps, dtype=F64)).all()
+    assert (
+        result.delta.double().abs() <= _completeness_rounding(result, ulps) + rounding_bound(size, ulps=ulps, dtype=F64)
+    ).all()
 
 
 @settings(max_examples=15, deadline=None)
 @given(batch=st.integers(1, 5), features=st.integers(1, 6), n_steps=st.integers(1, 12), seed=st.integers(0, 2**16))
-def test_property_completeness_of_gauss_legendre_on_quadratics(batch: int, features: int, n_steps: int, seed: int) -> None:
+def test_property_completeness_of_gauss_legendre_on_quadratics(
+    batch: int, features: int, n_steps: int, seed: int
+) -> None:
     generator = torch.Generator().manual_seed(seed)
     q = torch.randn(features, features, generator=generator, dtype=torch.float64)
     x = torch.randn(batch, features, generator=generator, dtype=torch.float64)
@@ -534,7 +558,9 @@ def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
 
 
 def test_error_forward_returning_the_wrong_shape() -> None:
-    with pytest.raises(ValueError, match=r"forward must return one value per row, shape \(\d+,\).*got \(\d+, 3\).*target="):
+    with pytest.raises(
+        ValueError, match=r"forward must return one value per row, shape \(\d+,\).*got \(\d+, 3\).*target="
+    ):
         integrated_gradients(lambda z: z, torch.randn(2, 3))
     with pytest.raises(ValueError, match=r"with target='mean' forward must return \(N, A\)"):
         integrated_gradients(_forward, torch.randn(2, 3), target="mean")
@@ -605,9 +631,19 @@ def test_auto_steps_with_per_row_targets_in_both_modes(method: str) -> None:
     model = _dueling(4, 3, seed=44)
     x = torch.randn(3, 4, dtype=torch.float64)
     rows = torch.tensor([2, 0, 1])
-    autograd = integrated_gradients(model, x, target=rows, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=64)
-    fd = integrated_gradients(model, x, target=rows, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=64,
-                              gradient="finite_difference")  # fmt: skip
+    autograd = integrated_gradients(
+        model, x, target=rows, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=64
+    )
+    fd = integrated_gradients(
+        model,
+        x,
+        target=rows,
+        n_steps="auto",
+        method=method,
+        completeness_tol=1e-3,
+        max_steps=64,
+        gradient="finite_difference",
+    )
     assert fd.n_steps == autograd.n_steps and fd.attributions.shape == (3, 4)
     assert_close_scaled(fd.attributions, autograd.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
 

@@ -56,8 +56,10 @@ def _tanh_mlp(features: int, device: torch.device, *, seed: int, dtype: torch.dt
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch,features", SIZES)
-def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+@pytest.mark.parametrize(("batch", "features"), SIZES)
+def test_interpolation_kernel_matches_its_twin(
+    cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int
+) -> None:
     acc = accumulate_dtype(dtype)
     x = _randn((batch, features), dtype, cuda_device, 1)
     b = _randn((batch, features), dtype, cuda_device, 2)
@@ -70,8 +72,10 @@ def test_interpolation_kernel_matches_its_twin(cuda_device: torch.device, dtype:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch,features", [(1, 1), (1, 3), (3, 1), (2, 5), (1, 1000)])
-def test_probe_and_gradient_kernels_match_their_twins(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+@pytest.mark.parametrize(("batch", "features"), [(1, 1), (1, 3), (3, 1), (2, 5), (1, 1000)])
+def test_probe_and_gradient_kernels_match_their_twins(
+    cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int
+) -> None:
     acc = accumulate_dtype(dtype)
     n_points = 3 if features == 1000 else 7
     points = _randn((n_points, features), dtype, cuda_device, 4)
@@ -87,7 +91,9 @@ def test_probe_and_gradient_kernels_match_their_twins(cuda_device: torch.device,
         TWINS.fd_probes(points, h, offset, out=into_twin)
         assert torch.equal(into_ours, into_twin) and torch.equal(into_ours.view_as(ours), ours)
         n_targets = 3
-        f = torch.randn((n_points, 2, features, n_targets), generator=_generator(6, cuda_device), device=cuda_device).to(acc)
+        f = torch.randn(
+            (n_points, 2, features, n_targets), generator=_generator(6, cuda_device), device=cuda_device
+        ).to(acc)
         # Write into the middle of a larger buffer, as a chunk does: the target stride must be honoured.
         out_ours = torch.full((n_targets, n_points + 4, features), -7.0, dtype=acc, device=cuda_device)
         out_twin = out_ours.clone()
@@ -97,8 +103,10 @@ def test_probe_and_gradient_kernels_match_their_twins(cuda_device: torch.device,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch,features", SIZES)
-def test_accumulation_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+@pytest.mark.parametrize(("batch", "features"), SIZES)
+def test_accumulation_kernel_matches_its_twin(
+    cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int
+) -> None:
     acc = accumulate_dtype(dtype)
     x = _randn((batch, features), dtype, cuda_device, 7)
     b = _randn((batch, features), dtype, cuda_device, 8)
@@ -111,8 +119,10 @@ def test_accumulation_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch,features", SIZES + [(300, 37), (2, 33), (3, 64), (1, 65)])
-def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int) -> None:
+@pytest.mark.parametrize(("batch", "features"), [*SIZES, (300, 37), (2, 33), (3, 64), (1, 65)])
+def test_completeness_kernel_matches_its_twin(
+    cuda_device: torch.device, dtype: torch.dtype, batch: int, features: int
+) -> None:
     acc = accumulate_dtype(dtype)
     for n_targets in (1, 3):
         attributions = _randn((n_targets, batch, features), dtype, cuda_device, 11)
@@ -130,7 +140,11 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
         torch.testing.assert_close(ours[3], twin[3], rtol=0, atol=0, equal_nan=True)
         # ... and that order is a float sum: close to a float64 sum within its roundings.
         exact = attributions.double().sum(-1) - (ends[0].t() - ends[1].t()).double()
-        bound = (features + 5) * torch.finfo(acc).eps * (attributions.double().abs().sum(-1) + ends.double().abs().amax(0).t())
+        bound = (
+            (features + 5)
+            * torch.finfo(acc).eps
+            * (attributions.double().abs().sum(-1) + ends.double().abs().amax(0).t())
+        )
         assert ((ours[2].double() - exact).abs() <= bound).all()
         # The relative error is |delta| / |f_input - f_baseline| of the kernel's own delta; NaN where degenerate.
         expected = (ours[2].abs() / (ours[0] - ours[1]).abs()).masked_fill(ours[4] != 0, float("nan"))
@@ -138,7 +152,9 @@ def test_completeness_kernel_matches_its_twin(cuda_device: torch.device, dtype: 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_completeness_kernel_compares_repeated_ends_like_its_twin(cuda_device: torch.device, dtype: torch.dtype) -> None:
+def test_completeness_kernel_compares_repeated_ends_like_its_twin(
+    cuda_device: torch.device, dtype: torch.dtype
+) -> None:
     attributions, ends, expected = repeated_ends(dtype)
     attributions, ends = attributions.to(cuda_device), ends.to(cuda_device)
     ours = KERNELS.completeness(attributions, ends)
@@ -225,7 +241,9 @@ def test_finite_differences_match_autograd_on_the_gpu(cuda_device: torch.device)
     x = _randn((4, 10), torch.float32, cuda_device, 18)
     exact = integrated_gradients(model, x, target=0, n_steps=20, backend="cuda")
     fd = integrated_gradients(model, x, target=0, n_steps=20, gradient="finite_difference", backend="cuda")
-    assert float((fd.attributions - exact.attributions).abs().max() / exact.attributions.abs().max()) <= FD_TOLERANCE_F32
+    assert (
+        float((fd.attributions - exact.attributions).abs().max() / exact.attributions.abs().max()) <= FD_TOLERANCE_F32
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -249,7 +267,9 @@ def test_half_precision_models(cuda_device: torch.device, dtype: torch.dtype, gr
 def test_repeats_are_bit_identical_on_the_gpu(cuda_device: torch.device, gradient: str) -> None:
     model = _dueling(12, 4, cuda_device, seed=21)
     x = _randn((16, 12), torch.float32, cuda_device, 22)
-    runs = [integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=25, backend="cuda") for _ in range(3)]
+    runs = [
+        integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=25, backend="cuda") for _ in range(3)
+    ]
     for other in runs[1:]:
         assert torch.equal(other.attributions, runs[0].attributions)
         assert torch.equal(other.delta, runs[0].delta)
@@ -259,7 +279,9 @@ def test_repeats_are_bit_identical_on_the_gpu(cuda_device: torch.device, gradien
 def test_auto_steps_on_the_gpu(cuda_device: torch.device, method: str) -> None:
     model = _tanh_mlp(5, cuda_device, seed=23, dtype=torch.float64)
     x = _randn((6, 5), torch.float64, cuda_device, 24) * 2
-    result = integrated_gradients(model, x, target=0, n_steps="auto", method=method, completeness_tol=1e-4, backend="cuda")
+    result = integrated_gradients(
+        model, x, target=0, n_steps="auto", method=method, completeness_tol=1e-4, backend="cuda"
+    )
     assert result.worst_relative_error <= 1e-4
     fixed = integrated_gradients(model, x, target=0, n_steps=result.n_steps, method=method, backend="cuda")
     assert_close_scaled(result.attributions.cpu(), fixed.attributions.cpu(), ulps=16, dtype=torch.float64)
@@ -301,12 +323,18 @@ def test_graph_path_equals_eager_and_follows_weight_updates(cuda_device: torch.d
     second = engine.attribute(x)
     assert engine.last_mode == "graph"
     assert torch.equal(second.attributions, first.attributions)  # replays are bit-identical
-    assert second.attributions.data_ptr() != first.attributions.data_ptr()  # results are copies, not the graph's buffers
+    assert (
+        second.attributions.data_ptr() != first.attributions.data_ptr()
+    )  # results are copies, not the graph's buffers
 
     fresh = _randn((16, 32), torch.float32, cuda_device, 29)
     replayed = engine.attribute(fresh)
-    assert_close_scaled(replayed.attributions.cpu(), integrated_gradients(model, fresh, target="mean").attributions.cpu(),
-                        ulps=16, dtype=F32)  # fmt: skip
+    assert_close_scaled(
+        replayed.attributions.cpu(),
+        integrated_gradients(model, fresh, target="mean").attributions.cpu(),
+        ulps=16,
+        dtype=F32,
+    )
 
     with torch.no_grad():  # what an optimizer step does: update the weights in place
         for parameter in model.parameters():
@@ -324,7 +352,12 @@ def test_graph_path_with_every_baseline_and_per_row_targets(cuda_device: torch.d
     engine = IntegratedGradients(model, n_steps=20)
     for seed in (31, 32):
         x = _randn((5, 7), torch.float32, cuda_device, seed)
-        baselines = {"zeros": "zeros", "mean": "mean", "scalar": 0.5, "tensor": _randn((7,), torch.float32, cuda_device, seed + 10)}[baseline_form]
+        baselines = {
+            "zeros": "zeros",
+            "mean": "mean",
+            "scalar": 0.5,
+            "tensor": _randn((7,), torch.float32, cuda_device, seed + 10),
+        }[baseline_form]
         rows = torch.tensor([seed % 3, 1, 2, 0, 1], device=cuda_device)
         result = engine.attribute(x, baselines, target=rows)
         expected = integrated_gradients(model, x, baselines, target=rows, n_steps=20)
@@ -356,7 +389,9 @@ def test_graph_capture_failure_falls_back_to_eager(cuda_device: torch.device) ->
 def test_stochastic_forwards_are_caught_at_graph_capture(cuda_device: torch.device) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(37)
-        model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 3))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(6, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 3)
+        )
     model = model.to(cuda_device).train()
     x = _randn((8, 6), torch.float32, cuda_device, 38)
     engine = IntegratedGradients(model, target="mean", n_steps=16)

@@ -24,13 +24,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer  # noqa: E402
-from _tolerance import assert_close_scaled, eps  # noqa: E402
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
+from _tolerance import assert_close_scaled, eps
 
-from lightning_ig.attribution import integrated_gradients  # noqa: E402
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
-from lightning_ig.noise import noise_disabled  # noqa: E402
-from lightning_ig.report import load_schema, spearman, topk_jaccard  # noqa: E402
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.noise import noise_disabled
+from lightning_ig.report import load_schema, spearman, topk_jaccard
 
 SCALAR_TAGS = [
     "ig/completeness/worst_relative_error",
@@ -158,7 +158,9 @@ def test_logged_values_equal_ig_on_the_checkpoint(logged_run):
     assert abs(worst - result.worst_relative_error) <= bound + eps(torch.float32) * result.worst_relative_error
     # the JSON report holds the same numbers at full precision
     report = json.loads((logged_run["root"] / "reports" / "ig_report_step=00000030.json").read_text())
-    assert_close_scaled([feature["mean_abs"] for feature in report["features"]], attributions.abs().mean(0), ulps=16, scale=scale)
+    assert_close_scaled(
+        [feature["mean_abs"] for feature in report["features"]], attributions.abs().mean(0), ulps=16, scale=scale
+    )
     sums = [state["sum_attributions"] for state in report["completeness"]["per_state"]]
     assert_close_scaled(sums, attributions.sum(1), ulps=16, scale=float(attributions.abs().sum(1).max()))
     # histograms hold every state's attribution
@@ -176,7 +178,9 @@ def test_drift_scalars_match_the_history(logged_run):
     expected_jaccard = topk_jaccard(history[2]["mean_abs"], history[1]["mean_abs"], 3)
     assert events.Scalars("ig/drift/spearman_prev")[-1].value == pytest.approx(expected_prev, rel=eps(torch.float32))
     assert events.Scalars("ig/drift/spearman_first")[-1].value == pytest.approx(expected_first, rel=eps(torch.float32))
-    assert events.Scalars("ig/drift/topk_jaccard_prev")[-1].value == pytest.approx(expected_jaccard, rel=eps(torch.float32))
+    assert events.Scalars("ig/drift/topk_jaccard_prev")[-1].value == pytest.approx(
+        expected_jaccard, rel=eps(torch.float32)
+    )
 
 
 def test_reports_are_schema_v1_and_csv_logger_gets_the_scalars(logged_run):
@@ -374,10 +378,15 @@ def test_targets_and_baselines(tmp_path):
         report = json.loads(next((tmp_path / str(index)).glob("*.json")).read_text())
         assert report["forward_target"] == ["action:1", "mean", "mean", "callable:" + advantage_gap.__qualname__][index]
         scale = float(expected.attributions.double().abs().mean(0).max())
-        assert_close_scaled([f["mean_signed"] for f in report["features"]], expected.attributions.double().mean(0),
-                            ulps=64, scale=scale)  # fmt: skip
-        assert_close_scaled([f["mean_abs"] for f in report["features"]], expected.attributions.double().abs().mean(0),
-                            ulps=64, scale=scale)  # fmt: skip
+        assert_close_scaled(
+            [f["mean_signed"] for f in report["features"]], expected.attributions.double().mean(0), ulps=64, scale=scale
+        )
+        assert_close_scaled(
+            [f["mean_abs"] for f in report["features"]],
+            expected.attributions.double().abs().mean(0),
+            ulps=64,
+            scale=scale,
+        )
 
 
 def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
@@ -476,10 +485,16 @@ class _NoTraining(Callback):
         (torch.randn(6, 4), {"feature_groups": {"a": [0, 9]}}, "holds index 9, outside the 4 features"),
         (torch.randn(6, 4), {"group_names": ["a"]}, "group_names needs feature_groups"),
         # was: a third, phantom group of no feature, logged as attribution 0 every run
-        (torch.randn(6, 4), {"feature_groups": {"a": [0, 1], "b": [2, 3]}, "group_names": ["a", "b", "c"]},
-         "group_names has 3 names but there are 2 groups"),
-        (torch.randn(6, 3, 2, 2), {"feature_groups": "channels", "group_names": ["r", "g", "b", "alpha"]},
-         "group_names has 4 names but there are 3 groups"),
+        (
+            torch.randn(6, 4),
+            {"feature_groups": {"a": [0, 1], "b": [2, 3]}, "group_names": ["a", "b", "c"]},
+            "group_names has 3 names but there are 2 groups",
+        ),
+        (
+            torch.randn(6, 3, 2, 2),
+            {"feature_groups": "channels", "group_names": ["r", "g", "b", "alpha"]},
+            "group_names has 4 names but there are 3 groups",
+        ),
         # was: passed set-up and failed at the first picture, mid-training
         (torch.randn(6, 3, 2, 2), {"saliency_channel": 7}, r"saliency_channel=7 is out of range for 3 channels"),
         (torch.randn(6, 4), {"target": 2}, r"target=2 is out of range: the model returns 2 outputs per state"),
@@ -525,7 +540,10 @@ def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
     """``(colour, width in pixels)`` of each bar, top to bottom, found by their colours in a drawn chart."""
     from lightning_ig.figures import NEGATIVE, POSITIVE
 
-    colours = {name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)]) for name, code in (("+", POSITIVE), ("-", NEGATIVE))}
+    colours = {
+        name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)])
+        for name, code in (("+", POSITIVE), ("-", NEGATIVE))
+    }
     masks = {name: (pixels == rgb).all(axis=-1) for name, rgb in colours.items()}
     coloured = masks["+"] | masks["-"]
     rows, bars, previous = np.flatnonzero(coloured.sum(axis=1) > 0), [], -10

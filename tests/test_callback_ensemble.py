@@ -18,16 +18,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, EnsembleQNet, dataset, held_out_states, make_trainer  # noqa: E402
-from _tolerance import assert_close_scaled, eps  # noqa: E402
+from _ig_tiny import FEATURES, EnsembleQNet, dataset, held_out_states, make_trainer
+from _tolerance import assert_close_scaled, eps
 
-from lightning_ig.attribution import integrated_gradients  # noqa: E402
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
-from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_ensemble, member_agreement, pack_members  # noqa: E402
-from lightning_ig.ensemble.agreement import ensemble_scalar_names, member_label  # noqa: E402
-from lightning_ig.host_result import HostResult, JointGather  # noqa: E402
-from lightning_ig.noise import attribution_mode  # noqa: E402
-from lightning_ig.report import load_schema  # noqa: E402
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_ensemble, member_agreement, pack_members
+from lightning_ig.ensemble.agreement import ensemble_scalar_names, member_label
+from lightning_ig.host_result import HostResult, JointGather
+from lightning_ig.noise import attribution_mode
+from lightning_ig.report import load_schema
 
 N_STEPS = 32
 
@@ -43,7 +43,9 @@ def _fit(root: Path, callbacks: list, *, logger: Any = False, max_steps: int = 4
 def ensemble_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("ensemble")
     states = held_out_states(12)
-    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=N_STEPS, feature_names=FEATURES, report_dir=root / "reports")
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, n_steps=N_STEPS, feature_names=FEATURES, report_dir=root / "reports"
+    )
     logger = TensorBoardLogger(root, name="tb")
     model = _fit(root, [callback], logger=logger)
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
@@ -52,8 +54,15 @@ def ensemble_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with attribution_mode(model):  # what the callback attributed at the last step: the final weights, noise off
         aggregate = integrated_gradients(model, states, n_steps=N_STEPS)
         members = integrated_gradients(model.ensemble.member_signals, states, target="each", n_steps=N_STEPS)
-    return {"events": events, "report": report, "aggregate": aggregate, "members": members, "callback": callback,
-            "model": model, "root": root}  # fmt: skip
+    return {
+        "events": events,
+        "report": report,
+        "aggregate": aggregate,
+        "members": members,
+        "callback": callback,
+        "model": model,
+        "root": root,
+    }
 
 
 def _last(events: EventAccumulator, tag: str) -> float:
@@ -63,22 +72,34 @@ def _last(events: EventAccumulator, tag: str) -> float:
 def test_every_ensemble_tag_is_logged_and_listed(ensemble_run):
     scalars = set(ensemble_run["events"].Tags()["scalars"])
     expected = {f"ig/ensemble/{name}" for name in ensemble_scalar_names(3)}
-    assert {"ig/ensemble/spearman/member_2", "ig/ensemble/completeness/member_0", "ig/ensemble/relative_spread"} <= expected
+    assert {
+        "ig/ensemble/spearman/member_2",
+        "ig/ensemble/completeness/member_0",
+        "ig/ensemble/relative_spread",
+    } <= expected
     assert expected <= scalars
     assert {tag for tag in scalars if tag.startswith("ig/")} == set(ensemble_run["callback"]._tags.scalar_tags(10))
-    from tensorboard.plugins.custom_scalar import layout_pb2  # noqa: PLC0415
+    from tensorboard.plugins.custom_scalar import layout_pb2
 
     layout = layout_pb2.Layout()
     layout.ParseFromString(ensemble_run["events"].Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
     ensemble_charts = {title: tags for title, tags in charts.items() if title.startswith("ensemble: ")}
     assert sorted(tag for tags in ensemble_charts.values() for tag in tags) == [
-        r"^ig/ensemble/completeness/worst_relative_error$", r"^ig/ensemble/relative_spread$", r"^ig/ensemble/spearman_min$"]  # fmt: skip
+        r"^ig/ensemble/completeness/worst_relative_error$",
+        r"^ig/ensemble/relative_spread$",
+        r"^ig/ensemble/spearman_min$",
+    ]
     text = ensemble_run["events"].Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "**Ensemble** (3 members" in text and "Member completeness passes" in text
     documented = (Path(__file__).resolve().parents[1] / "docs" / "tensorboard-tags.md").read_text()
-    for tag in ("ig/ensemble/spearman_mean", "ig/ensemble/spearman/member_<m>", "ig/ensemble/completeness/member_<m>",
-                "ig/ensemble/relative_spread", "ig/ensemble/completeness/worst_relative_error"):  # fmt: skip
+    for tag in (
+        "ig/ensemble/spearman_mean",
+        "ig/ensemble/spearman/member_<m>",
+        "ig/ensemble/completeness/member_<m>",
+        "ig/ensemble/relative_spread",
+        "ig/ensemble/completeness/worst_relative_error",
+    ):
         assert f"`{tag}`" in documented
 
 
@@ -105,12 +126,16 @@ def test_completeness_holds_for_the_aggregate_and_each_member(ensemble_run):
 
 def test_agreement_scalars_are_those_of_the_members_attributions(ensemble_run):
     events, aggregate, members = ensemble_run["events"], ensemble_run["aggregate"], ensemble_run["members"]
-    expected = member_agreement(aggregate.attributions.double().abs().mean(0), members.attributions.double().abs().mean(1))
+    expected = member_agreement(
+        aggregate.attributions.double().abs().mean(0), members.attributions.double().abs().mean(1)
+    )
     for key in ("spread", "relative_spread"):
         assert _last(events, f"ig/ensemble/{key}") == pytest.approx(expected[key], rel=256 * eps(torch.float32))
     # Spearman over 4 features is a ratio of small integers: equal unless two features' ranks are within rounding.
     for m in range(3):
-        assert _last(events, f"ig/ensemble/spearman/member_{m}") == pytest.approx(expected["spearman"][m], rel=eps(torch.float32))
+        assert _last(events, f"ig/ensemble/spearman/member_{m}") == pytest.approx(
+            expected["spearman"][m], rel=eps(torch.float32)
+        )
 
 
 def test_report_holds_the_members_beside_the_schema_v1_keys(ensemble_run):
@@ -121,8 +146,12 @@ def test_report_holds_the_members_beside_the_schema_v1_keys(ensemble_run):
     assert ensemble["num_members"] == 3 and ensemble["weights"] == pytest.approx([0.5, 1 / 3, 1 / 6])
     for m, member in enumerate(ensemble["members"]):
         sums = members.attributions[m].double().sum(1)
-        assert_close_scaled([s["sum_attributions"] for s in member["per_state"]], sums, ulps=64,
-                            scale=float(members.attributions[m].double().abs().sum(1).max()))  # fmt: skip
+        assert_close_scaled(
+            [s["sum_attributions"] for s in member["per_state"]],
+            sums,
+            ulps=64,
+            scale=float(members.attributions[m].double().abs().sum(1).max()),
+        )
         assert member["worst_relative_error"] < 1e-3 and member["num_non_finite"] == 0
         assert {f["name"] for f in member["top_features"]} <= set(FEATURES)
     broken = json.loads(json.dumps(report))
@@ -173,13 +202,18 @@ def test_members_gathered_with_an_uneven_split_equal_one_process(ensemble_run):
         whole = integrated_gradients(model.ensemble.member_signals, states, target="each", n_steps=8)
         aggregate = integrated_gradients(model, states, n_steps=8)
         shares = [torch.arange(0, 4), torch.tensor([4, 5, 6, 6])]  # ceil(7 / 2) = 4 rows each
-        local = [(integrated_gradients(model, states[rows], n_steps=8),
-                  integrated_gradients(model.ensemble.member_signals, states[rows], target="each", n_steps=8)) for rows in shares]  # fmt: skip
+        local = [
+            (
+                integrated_gradients(model, states[rows], n_steps=8),
+                integrated_gradients(model.ensemble.member_signals, states[rows], target="each", n_steps=8),
+            )
+            for rows in shares
+        ]
     calls: list[torch.Size] = []
 
     def all_gather(joint: torch.Tensor) -> torch.Tensor:  # what rank 0 receives: every rank's joint rows, stacked
         calls.append(joint.shape)
-        from lightning_ig.host_result import pack  # noqa: PLC0415
+        from lightning_ig.host_result import pack
 
         other = torch.cat([pack(local[1][0])[0], pack_members(local[1][1])], dim=1)
         return torch.stack([joint, other])
@@ -190,7 +224,12 @@ def test_members_gathered_with_an_uneven_split_equal_one_process(ensemble_run):
     assert len(calls) == 1  # one collective for the aggregate and the members
     expected = MemberRun.from_result(whole)
     for field in ("f_input", "f_baseline", "sum_attributions"):
-        assert_close_scaled(getattr(gathered, field), getattr(expected, field), ulps=64, scale=float(np.abs(getattr(expected, field)).max()))
+        assert_close_scaled(
+            getattr(gathered, field),
+            getattr(expected, field),
+            ulps=64,
+            scale=float(np.abs(getattr(expected, field)).max()),
+        )
     assert_close_scaled(gathered.mean_abs, expected.mean_abs, ulps=64)
     assert_close_scaled(host.f_input, aggregate.f_input.double(), ulps=64)
     summary = ensemble_summary(aggregate, whole)
@@ -200,9 +239,21 @@ def test_members_gathered_with_an_uneven_split_equal_one_process(ensemble_run):
 def test_member_completeness_reads_nan_and_inf_as_the_aggregate_does():
     def run(relative_error: list[list[float]], degenerate: list[list[bool]], non_finite: list[list[bool]]) -> MemberRun:
         zeros = np.zeros((len(relative_error), len(relative_error[0])))
-        return MemberRun(np.ones((len(zeros), 2)), np.ones((len(zeros), 2)), zeros, zeros, zeros, zeros,
-                         np.asarray(relative_error), np.asarray(degenerate), np.asarray(non_finite))  # fmt: skip
+        return MemberRun(
+            np.ones((len(zeros), 2)),
+            np.ones((len(zeros), 2)),
+            zeros,
+            zeros,
+            zeros,
+            zeros,
+            np.asarray(relative_error),
+            np.asarray(degenerate),
+            np.asarray(non_finite),
+        )
 
-    worst = run([[0.1, math.nan], [math.nan, math.nan], [0.2, math.inf]],
-                [[False, True], [True, True], [False, False]], [[False, False], [False, False], [False, True]]).worst_relative_errors()  # fmt: skip
+    worst = run(
+        [[0.1, math.nan], [math.nan, math.nan], [0.2, math.inf]],
+        [[False, True], [True, True], [False, False]],
+        [[False, False], [False, False], [False, True]],
+    ).worst_relative_errors()
     assert worst[0] == 0.1 and math.isnan(worst[1]) and worst[2] == math.inf

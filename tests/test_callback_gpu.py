@@ -15,11 +15,11 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer  # noqa: E402
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 
-from lightning_ig.attribution import integrated_gradients  # noqa: E402
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
-from lightning_ig.noise import noise_disabled  # noqa: E402
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.noise import noise_disabled
 
 pytestmark = pytest.mark.gpu
 
@@ -74,12 +74,18 @@ def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_devi
     reference = _direct(model, states, cuda_device, target="mean", n_steps=50, backend="torch")
     attributions = reference.attributions.double().cpu()
     # The kernels and their torch twins differ by float32 rounding of sums over 50 steps and 4 features at most.
-    from _tolerance import assert_close_scaled  # noqa: PLC0415
+    from _tolerance import assert_close_scaled
 
     scale = float(attributions.abs().sum(1).max())
-    assert_close_scaled([f["mean_abs"] for f in report["features"]], attributions.abs().mean(0).numpy(), ulps=1024, scale=scale)
-    assert_close_scaled([s["sum_attributions"] for s in report["completeness"]["per_state"]], attributions.sum(1).numpy(),
-                        ulps=1024, scale=scale)  # fmt: skip
+    assert_close_scaled(
+        [f["mean_abs"] for f in report["features"]], attributions.abs().mean(0).numpy(), ulps=1024, scale=scale
+    )
+    assert_close_scaled(
+        [s["sum_attributions"] for s in report["completeness"]["per_state"]],
+        attributions.sum(1).numpy(),
+        ulps=1024,
+        scale=scale,
+    )
     assert report["completeness"]["worst_relative_error"] < 1e-2
 
     metrics = (Path(csv_logger.log_dir) / "metrics.csv").read_text()
@@ -152,11 +158,13 @@ def test_a_run_leaves_the_cuda_generator_and_grads_alone(tmp_path, cuda_device):
     assert torch.equal(cpu_state, torch.get_rng_state())
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     assert all(module.training for module in model.modules())
-    assert callback.history[-1]["mean_abs"] == pytest.approx(callback.history[-2]["mean_abs"], rel=16 * float(torch.finfo(torch.float32).eps))
+    assert callback.history[-1]["mean_abs"] == pytest.approx(
+        callback.history[-2]["mean_abs"], rel=16 * float(torch.finfo(torch.float32).eps)
+    )
 
 
 def _atari_report(tmp_path: Path, backend: str, states: torch.Tensor) -> tuple[dict, Any]:
-    from _ig_tiny import NatureDuelingQNet  # noqa: PLC0415
+    from _ig_tiny import NatureDuelingQNet
 
     torch.manual_seed(0)
     model = NatureDuelingQNet()
@@ -170,23 +178,33 @@ def _atari_report(tmp_path: Path, backend: str, states: torch.Tensor) -> tuple[d
 
 
 def test_atari_states_under_cuda_equal_the_torch_path(tmp_path, cuda_device):
-    from _ig_tiny import frames  # noqa: PLC0415
-    from _tolerance import assert_close_scaled  # noqa: PLC0415
+    from _ig_tiny import frames
+    from _tolerance import assert_close_scaled
 
     states = frames(32, (4, 84, 84))
     cuda, cuda_logger = _atari_report(tmp_path / "cuda", "cuda", states)
     torch_path, _ = _atari_report(tmp_path / "torch", "torch", states)
     assert cuda["backend"] == "cuda" and torch_path["backend"] == "torch"
     assert [g["name"] for g in cuda["groups"]] == [f"channel {c}" for c in range(4)]
-    scale = max(abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]) for s in torch_path["completeness"]["per_state"])
+    scale = max(
+        abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]) for s in torch_path["completeness"]["per_state"]
+    )
     for key in ("mean_abs", "mean_signed"):
-        assert_close_scaled([g[key] for g in cuda["groups"]], [g[key] for g in torch_path["groups"]], ulps=1024, scale=scale)
-    assert_close_scaled([s["sum_attributions"] for s in cuda["completeness"]["per_state"]],
-                        [s["sum_attributions"] for s in torch_path["completeness"]["per_state"]], ulps=1024, scale=scale)  # fmt: skip
-    assert [f["name"] for f in cuda["top_10_by_mean_abs"][:3]] == [f["name"] for f in torch_path["top_10_by_mean_abs"][:3]]
+        assert_close_scaled(
+            [g[key] for g in cuda["groups"]], [g[key] for g in torch_path["groups"]], ulps=1024, scale=scale
+        )
+    assert_close_scaled(
+        [s["sum_attributions"] for s in cuda["completeness"]["per_state"]],
+        [s["sum_attributions"] for s in torch_path["completeness"]["per_state"]],
+        ulps=1024,
+        scale=scale,
+    )
+    assert [f["name"] for f in cuda["top_10_by_mean_abs"][:3]] == [
+        f["name"] for f in torch_path["top_10_by_mean_abs"][:3]
+    ]
     if cuda_logger is None:
         return
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(cuda_logger.log_dir, size_guidance={"scalars": 0, "images": 0})
     events.Reload()
@@ -196,9 +214,9 @@ def test_atari_states_under_cuda_equal_the_torch_path(tmp_path, cuda_device):
 
 
 def test_group_sums_on_the_gpu_equal_the_cpu_and_repeat_bit_for_bit(cuda_device):
-    from _tolerance import assert_close_scaled  # noqa: PLC0415
+    from _tolerance import assert_close_scaled
 
-    from lightning_ig.groups import FeatureGroups  # noqa: PLC0415
+    from lightning_ig.groups import FeatureGroups
 
     generator = torch.Generator().manual_seed(3)
     for shape, spec in (((4, 84, 84), "channels"), ((3, 17, 9), torch.randint(0, 7, (3, 17, 9), generator=generator))):
@@ -206,23 +224,33 @@ def test_group_sums_on_the_gpu_equal_the_cpu_and_repeat_bit_for_bit(cuda_device)
         attributions = torch.randn(33, *shape, generator=generator)
         on_gpu = groups.sum(attributions.to(cuda_device))
         assert torch.equal(on_gpu, groups.sum(attributions.to(cuda_device)))  # no atomics: the same bits again
-        assert_close_scaled(on_gpu.cpu(), groups.sum(attributions), ulps=64,
-                            scale=float(attributions.abs().reshape(33, -1).sum(1).max()))  # fmt: skip
+        assert_close_scaled(
+            on_gpu.cpu(),
+            groups.sum(attributions),
+            ulps=64,
+            scale=float(attributions.abs().reshape(33, -1).sum(1).max()),
+        )
 
 
 def _ensemble_report(tmp_path: Path, backend: str) -> tuple[dict, IntegratedGradientsCallback]:
-    from _ig_tiny import EnsembleQNet  # noqa: PLC0415
+    from _ig_tiny import EnsembleQNet
 
     pl.seed_everything(0)
     model = EnsembleQNet((4,), members=4)
-    callback = IntegratedGradientsCallback(held_out_states(48), every_n_steps=2, n_steps=32, backend=backend,
-                                           feature_names=FEATURES, report_dir=tmp_path / "r")  # fmt: skip
+    callback = IntegratedGradientsCallback(
+        held_out_states(48),
+        every_n_steps=2,
+        n_steps=32,
+        backend=backend,
+        feature_names=FEATURES,
+        report_dir=tmp_path / "r",
+    )
     _trainer(tmp_path, [callback], max_steps=4).fit(model, DataLoader(dataset(64), batch_size=16))
     return json.loads((tmp_path / "r" / "ig_report_step=00000004.json").read_text()), callback
 
 
 def test_ensemble_members_under_cuda_equal_the_torch_path_and_replay_a_graph(tmp_path, cuda_device):
-    from _tolerance import assert_close_scaled  # noqa: PLC0415
+    from _tolerance import assert_close_scaled
 
     cuda, callback = _ensemble_report(tmp_path / "cuda", "cuda")
     torch_path, _ = _ensemble_report(tmp_path / "torch", "torch")
@@ -232,6 +260,12 @@ def test_ensemble_members_under_cuda_equal_the_torch_path_and_replay_a_graph(tmp
         states_cuda, states_torch = member_cuda["per_state"], member_torch["per_state"]
         scale = max(abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]) for s in states_torch)
         for field in ("sum_attributions", "f_input_minus_f_baseline"):
-            assert_close_scaled([s[field] for s in states_cuda], [s[field] for s in states_torch], ulps=1024, scale=scale)
+            assert_close_scaled(
+                [s[field] for s in states_cuda], [s[field] for s in states_torch], ulps=1024, scale=scale
+            )
         assert member_cuda["worst_relative_error"] < 1e-3 and member_torch["worst_relative_error"] < 1e-3
-    assert_close_scaled(cuda["ensemble"]["agreement"]["relative_spread"], torch_path["ensemble"]["agreement"]["relative_spread"], ulps=1024)
+    assert_close_scaled(
+        cuda["ensemble"]["agreement"]["relative_spread"],
+        torch_path["ensemble"]["agreement"]["relative_spread"],
+        ulps=1024,
+    )

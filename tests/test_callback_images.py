@@ -20,18 +20,20 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import ConvQNet, frame_dataset, frames, make_trainer  # noqa: E402
-from _tolerance import assert_close_scaled  # noqa: E402
+from _ig_tiny import ConvQNet, frame_dataset, frames, make_trainer
+from _tolerance import assert_close_scaled
 
-from lightning_ig.attribution import integrated_gradients  # noqa: E402
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
-from lightning_ig.report import load_schema  # noqa: E402
-from lightning_ig.saliency import mean_abs_image, saliency_grid  # noqa: E402
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.report import load_schema
+from lightning_ig.saliency import mean_abs_image, saliency_grid
 
 ALL = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
 
-def _fit(root: Path, shape: tuple[int, ...], callbacks: list, max_steps: int = 4, seed: int = 0) -> tuple[ConvQNet, TensorBoardLogger]:
+def _fit(
+    root: Path, shape: tuple[int, ...], callbacks: list, max_steps: int = 4, seed: int = 0
+) -> tuple[ConvQNet, TensorBoardLogger]:
     torch.manual_seed(seed)
     model = ConvQNet(shape)
     logger = TensorBoardLogger(root, name="tb")
@@ -59,7 +61,14 @@ def image_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model, logger = _fit(root, (3, 16, 16), [callback])
-    return {"root": root, "states": states, "model": model, "events": _events(logger), "warnings": caught, "callback": callback}
+    return {
+        "root": root,
+        "states": states,
+        "model": model,
+        "events": _events(logger),
+        "warnings": caught,
+        "callback": callback,
+    }
 
 
 def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(image_run):
@@ -83,12 +92,18 @@ def test_group_scalars_are_the_sums_of_their_members(image_run):
     result = _direct(image_run["model"], states, n_steps=16)
     per_channel = result.attributions.double().sum((2, 3))  # (B, 3)
     logged = [events.Scalars(f"ig/group/mean_abs/channel {c}")[-1].value for c in range(3)]
-    assert_close_scaled(logged, per_channel.abs().mean(0), ulps=64, scale=float(result.attributions.abs().sum((1, 2, 3)).max()))
+    assert_close_scaled(
+        logged, per_channel.abs().mean(0), ulps=64, scale=float(result.attributions.abs().sum((1, 2, 3)).max())
+    )
     report = json.loads((image_run["root"] / "reports" / "ig_report_step=00000004.json").read_text())
     jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
     assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"channel {c}", 256) for c in range(3)]
-    assert_close_scaled([g["mean_signed"] for g in report["groups"]], per_channel.mean(0), ulps=64,
-                        scale=float(result.attributions.abs().sum((1, 2, 3)).max()))  # fmt: skip
+    assert_close_scaled(
+        [g["mean_signed"] for g in report["groups"]],
+        per_channel.mean(0),
+        ulps=64,
+        scale=float(result.attributions.abs().sum((1, 2, 3)).max()),
+    )
     assert report["state_dim"] == 768 and len(report["features"]) == 768
 
 
@@ -117,18 +132,24 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
         assert decoded.dtype == np.uint8 and decoded.shape == pixels.shape
         assert_same_picture(decoded, pixels)
     assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
-    texts = {event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors("ig/report/text_summary")}
+    texts = {
+        event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors("ig/report/text_summary")
+    }
     assert "**Saliency** (`ig/saliency`): colour scale ±" in texts[2]  # the first run draws them (every 10 runs)
     assert "**Saliency**" not in texts[4]  # the second run does not: its pictures come at the end of training
 
 
 def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
     states = frames(4, (2, 8, 8), seed=6)
-    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=8, figure_every_n_runs=8)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=1, n_steps=4, saliency_every_n_runs=8, figure_every_n_runs=8
+    )
     _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=20)  # runs 0..19 at steps 1..20
     events = _events(logger)
-    steps = {tag: [event.step for event in events.Images(tag)]
-             for tag in ("ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs")}  # fmt: skip
+    steps = {
+        tag: [event.step for event in events.Images(tag)]
+        for tag in ("ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs")
+    }
     assert steps == {
         "ig/top_features": [1, 9, 17, 20],  # runs 0, 8, 16 and the end
         "ig/heatmap": [1, 3, 11, 19, 20],  # runs 0, 2, 10, 18: a quarter of the cadence later
@@ -141,7 +162,7 @@ def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "every,at_end,expected,expected_map",
+    ("every", "at_end", "expected", "expected_map"),
     [
         (3, True, [1, 4, 7], [1, 2, 5, 7]),  # runs 0..6 at steps 1..7: the grid at runs 0, 3, 6, the map at 0, 1, 4
         (10, True, [1, 7], [1, 6, 7]),  # the default: the first run, the end (and the map half a cadence on)
@@ -151,8 +172,14 @@ def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
 )
 def test_saliency_cadence(tmp_path, every, at_end, expected, expected_map):
     states = frames(4, (2, 8, 8), seed=5)
-    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, saliency_every_n_runs=every,
-                                           run_at_train_end=at_end, figure_every_n_runs=None)  # fmt: skip
+    callback = IntegratedGradientsCallback(
+        states,
+        every_n_steps=1,
+        n_steps=4,
+        saliency_every_n_runs=every,
+        run_at_train_end=at_end,
+        figure_every_n_runs=None,
+    )
     model, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=7)
     events = _events(logger)
     assert [event.step for event in events.Images("ig/saliency")] == expected
@@ -196,26 +223,40 @@ def test_one_dimensional_signals_get_heat_strips(tmp_path):
 def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):
     states = frames(6, (3, 16, 16), seed=4)
     value = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, name="value", report_dir=tmp_path / "r")
-    action = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, name="action 1", target=1,
-                                         report_dir=tmp_path / "r", feature_groups="channels")  # fmt: skip
+    action = IntegratedGradientsCallback(
+        states,
+        every_n_steps=2,
+        n_steps=8,
+        name="action 1",
+        target=1,
+        report_dir=tmp_path / "r",
+        feature_groups="channels",
+    )
     _, logger = _fit(tmp_path, (3, 16, 16), [value, action], max_steps=2)
     events = _events(logger)
     scalars = set(events.Tags()["scalars"])
     assert "ig/value/group/mean_abs/channel 0" in scalars and "ig/action 1/group/mean_abs/channel 0" in scalars
     assert not any(tag.startswith("ig/group/") for tag in scalars)
     assert sorted(path.name for path in (tmp_path / "r").iterdir()) == [
-        "ig_report_action 1_step=00000002.json", "ig_report_value_step=00000002.json"]  # fmt: skip
+        "ig_report_action 1_step=00000002.json",
+        "ig_report_value_step=00000002.json",
+    ]
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     layout = layout_pb2.Layout()
     layout.ParseFromString(events.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
     assert [category.title for category in layout.category] == [
-        "Integrated Gradients 'value'", "Integrated Gradients 'action 1'"]  # fmt: skip
+        "Integrated Gradients 'value'",
+        "Integrated Gradients 'action 1'",
+    ]
     assert value.state_key != action.state_key
 
 
 def test_two_callbacks_with_one_name_fail_before_training(tmp_path):
     states = frames(6, (3, 16, 16))
-    callbacks = [IntegratedGradientsCallback(states, every_n_steps=2), IntegratedGradientsCallback(states, every_n_steps=2, target=1)]
+    callbacks = [
+        IntegratedGradientsCallback(states, every_n_steps=2),
+        IntegratedGradientsCallback(states, every_n_steps=2, target=1),
+    ]
     with pytest.raises(MisconfigurationException, match="2 IntegratedGradientsCallbacks would write the same tags"):
         _fit(tmp_path, (3, 16, 16), callbacks)

@@ -13,11 +13,11 @@ import pytest
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import TinyQNet, dataset, held_out_states, make_trainer  # noqa: E402
+from _ig_tiny import TinyQNet, dataset, held_out_states, make_trainer
 
-import lightning_ig.report  # noqa: E402
-from lightning_ig._files import file_name_limit  # noqa: E402
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+import lightning_ig.report
+from lightning_ig._files import file_name_limit
+from lightning_ig.callback import IntegratedGradientsCallback
 
 
 def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, max_steps: int = 3) -> tuple[int, list[str]]:

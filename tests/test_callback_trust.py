@@ -18,11 +18,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer  # noqa: E402
+from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 
-from lightning_ig import NonFiniteAttributionError  # noqa: E402
-from lightning_ig._files import OutputPathError  # noqa: E402
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+from lightning_ig import NonFiniteAttributionError
+from lightning_ig._files import OutputPathError
+from lightning_ig.callback import IntegratedGradientsCallback
 
 
 def loader() -> DataLoader:
@@ -47,7 +47,9 @@ def _events(logger: TensorBoardLogger) -> EventAccumulator:
     return events
 
 
-def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, *extra: Callback, max_steps: int = 6) -> TensorBoardLogger:
+def _fit(
+    tmp_path: Path, callback: IntegratedGradientsCallback, *extra: Callback, max_steps: int = 6
+) -> TensorBoardLogger:
     logger = TensorBoardLogger(tmp_path, name="tb")
     model = TinyQNet(noisy=False, dropout=0.0, batchnorm=False)
     make_trainer(tmp_path, [callback, *extra], max_steps=max_steps, logger=logger).fit(model, loader())
@@ -79,7 +81,9 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
 
 def test_on_non_finite_raise_stops_training(tmp_path):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, on_non_finite="raise")
-    with pytest.raises(NonFiniteAttributionError, match=r"NaN/Inf at step 4 .* training stopped \(on_non_finite='raise'\)"):
+    with pytest.raises(
+        NonFiniteAttributionError, match=r"NaN/Inf at step 4 .* training stopped \(on_non_finite='raise'\)"
+    ):
         _fit(tmp_path, callback, _BreakWeights(at=3), max_steps=10)
     assert [entry["global_step"] for entry in callback.history] == [2, 4]  # nothing ran after the raise
 
@@ -139,7 +143,9 @@ def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, max_steps=4)
     messages = [str(w.message) for w in caught if "different values" in str(w.message)]
-    assert len(messages) == 1 and messages[0].startswith("IntegratedGradientsCallback: the forward gave different values")
+    assert len(messages) == 1 and messages[0].startswith(
+        "IntegratedGradientsCallback: the forward gave different values"
+    )
     report = json.loads((tmp_path / "r" / "ig_report_step=00000004.json").read_text())
     assert report["stochastic_forward"] is True
     text = _events(logger).Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()

@@ -46,7 +46,7 @@ from lightning_ig.models import (
 
 REPO = Path(__file__).resolve().parents[1]
 
-MARKER_SOURCE = '''
+MARKER_SOURCE = """
 import pathlib
 import torch
 
@@ -61,7 +61,7 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         return self.layer(x)
-'''
+"""
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def _with_config(path: Path, target: Path, **changes: Any) -> Path:
     """A copy of checkpoint ``path`` whose metadata config has ``changes``: the same (small) tensors."""
     with safe_open(str(path), framework="pt") as handle:
         metadata = dict(handle.metadata())
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - safe_open's API, not a dict
     metadata[CONFIG_KEY] = json.dumps({**json.loads(metadata[CONFIG_KEY]), **changes})
     save_file(tensors, str(target), metadata=metadata)
     return target
@@ -114,8 +114,14 @@ def test_a_file_naming_an_import_path_imports_nothing(tmp_path: Path, marker: Pa
         load_checkpoint(path)
     assert not marker.exists() and "markermod" not in sys.modules
     message = str(refused.value)
-    for words in ("'markermod:Net'", "not a registered architecture", "--model markermod:Net", "--trust-remote-code",
-                  "trust_remote_code=True", "architecture='markermod:Net'"):
+    for words in (
+        "'markermod:Net'",
+        "not a registered architecture",
+        "--model markermod:Net",
+        "--trust-remote-code",
+        "trust_remote_code=True",
+        "architecture='markermod:Net'",
+    ):
         assert words in message, (words, message)
 
 
@@ -330,7 +336,7 @@ def test_absurd_sizes_and_unreadable_metadata_are_checkpoint_errors(tmp_path: Pa
     with pytest.raises(CheckpointError, match="no count or index is that large"):  # refused by the JSON reader
         load_checkpoint(_with_config(small, tmp_path / "overflow.safetensors", hidden_sizes=[2**70]))
     with safe_open(str(small), framework="pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - safe_open's API, not a dict
     for text in ('{"state_dim": ' + "1" * 5000 + "}", "[" * 100_000):
         metadata = {ARCHITECTURE_KEY: "DuelingQNetwork", CONFIG_KEY: text}
         save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=metadata)
@@ -345,8 +351,9 @@ def test_absurd_sizes_and_unreadable_metadata_are_checkpoint_errors(tmp_path: Pa
 def _shell(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(workspace / "code")])}
     command = [sys.executable, "-m", "lightning_ig.cli", "diag", "--quiet", *args]
-    return subprocess.run(command, check=False, capture_output=True, text=True, cwd=workspace, env=environment,
-                          timeout=300)
+    return subprocess.run(
+        command, check=False, capture_output=True, text=True, cwd=workspace, env=environment, timeout=300
+    )
 
 
 def test_diag_refuses_the_files_import_path_and_runs_it_only_on_the_flag(tmp_path: Path, marker: Path) -> None:
@@ -394,4 +401,3 @@ def test_help_says_what_trust_remote_code_does(capsys: pytest.CaptureFixture[str
     text = " ".join(capsys.readouterr().out.split())
     assert "--trust-remote-code" in text and "runs that module's code" in text
     assert "only registered architectures are built from its metadata" in text
-

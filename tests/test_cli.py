@@ -52,7 +52,9 @@ def _env() -> dict[str, str]:
 
 def _run(args: list[str], cwd: Path, command: list[str] | None = None) -> Run:
     command = command or [sys.executable, "-m", "lightning_ig.cli"]
-    done = subprocess.run([*command, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*command, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
+    )
     return Run(args, done.returncode, done.stdout, done.stderr)
 
 
@@ -78,7 +80,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     states = torch.randn(40, 4, generator=generator)
     trending, ranging = _smooth_network(4, 3, seed=1), _smooth_network(4, 2, seed=2)
     save_checkpoint(trending, root / "q.safetensors", feature_names=FEATURES, states=states)
-    save_merged_checkpoint({"trending": trending, "ranging": ranging}, root / "heads.safetensors", feature_names=FEATURES, states=states)
+    save_merged_checkpoint(
+        {"trending": trending, "ranging": ranging}, root / "heads.safetensors", feature_names=FEATURES, states=states
+    )
     save_checkpoint(trending, root / "bare.safetensors")  # no states, none beside it
     (root / "junk.safetensors").write_bytes(b"\x00" * 64)
     torch.save({"state_dict": trending.state_dict()}, root / "model.ckpt")
@@ -98,11 +102,43 @@ def runs(workspace: Path) -> dict[str, Run]:
     jobs = {
         "default": ["diag", "--checkpoint", "q.safetensors", "--output", "out/default.json"],
         "repeat": ["diag", "--checkpoint", "q.safetensors", "--output", "out/repeat.json"],
-        "auto": ["diag", "--checkpoint", "q.safetensors", "--num-steps", "auto", "--output", "out/auto.json",
-                 "--states", "held_out.json", "--feature-names", "names.json", "--target", "action:2"],
-        "head": ["diag", "--checkpoint", "heads.safetensors", "--head", "ranging", "--output", "out/head.json",
-                 "--auto-samples", "8", "--seed", "7"],
-        "all_heads": ["diag", "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json", "--quiet"],
+        "auto": [
+            "diag",
+            "--checkpoint",
+            "q.safetensors",
+            "--num-steps",
+            "auto",
+            "--output",
+            "out/auto.json",
+            "--states",
+            "held_out.json",
+            "--feature-names",
+            "names.json",
+            "--target",
+            "action:2",
+        ],
+        "head": [
+            "diag",
+            "--checkpoint",
+            "heads.safetensors",
+            "--head",
+            "ranging",
+            "--output",
+            "out/head.json",
+            "--auto-samples",
+            "8",
+            "--seed",
+            "7",
+        ],
+        "all_heads": [
+            "diag",
+            "--checkpoint",
+            "heads.safetensors",
+            "--all-heads",
+            "--output",
+            "out/all.json",
+            "--quiet",
+        ],
     }
     results = _run_all(list(jobs.values()), workspace)
     return dict(zip(jobs, results))
@@ -223,7 +259,12 @@ ERRORS_IN_PROCESS = [
     (["--checkpoint", "q.safetensors", "--model-kwargs", "{not json"], "not valid JSON"),
     (["--checkpoint", "q.safetensors", "--model-kwargs", "{}"], "--model-kwargs needs --model"),
     (["--states", "auto"], "required: --checkpoint"),
-    (["--checkpoint", "q.safetensors", "--device", "cuda"] if not torch.cuda.is_available() else ["--checkpoint", "q.safetensors", "--device", "tpu"], "device"),
+    (
+        ["--checkpoint", "q.safetensors", "--device", "cuda"]
+        if not torch.cuda.is_available()
+        else ["--checkpoint", "q.safetensors", "--device", "tpu"],
+        "device",
+    ),
 ]
 
 
@@ -244,7 +285,9 @@ def _check_error(args: list[str], code: int, stderr: str, words: str, output: Pa
 
 def test_user_errors_in_a_shell_exit_2_with_one_line_and_no_output(workspace: Path) -> None:
     (workspace / "existing.json").write_text("old report\n")
-    outputs = [workspace / ("existing.json" if n == 2 else f"errors/{n}.json") for n in range(len(ERRORS_IN_SUBPROCESS))]
+    outputs = [
+        workspace / ("existing.json" if n == 2 else f"errors/{n}.json") for n in range(len(ERRORS_IN_SUBPROCESS))
+    ]
     jobs = [["diag", *args, "--output", str(output)] for (args, _), output in zip(ERRORS_IN_SUBPROCESS, outputs)]
     problems = []
     for run, (_, words), output in zip(_run_all(jobs, workspace), ERRORS_IN_SUBPROCESS, outputs):
@@ -296,8 +339,22 @@ def test_user_architecture_by_import_path_and_lightning_checkpoint(
     np.save("tiny.states.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
     assert cli.main(["diag", "--checkpoint", "tiny.safetensors", "--quiet", "--output", "out/tiny.json"]) == 2
     assert "--model package.module:Class" in capsys.readouterr().err
-    code = cli.main(["diag", "--checkpoint", "tiny.safetensors", "--model", "cli_models:TinyQ", "--model-kwargs",
-                     '{"width": 4, "actions": 3}', "--auto-samples", "10", "--quiet", "--output", "out/tiny.json"])
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            "tiny.safetensors",
+            "--model",
+            "cli_models:TinyQ",
+            "--model-kwargs",
+            '{"width": 4, "actions": 3}',
+            "--auto-samples",
+            "10",
+            "--quiet",
+            "--output",
+            "out/tiny.json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     report = _report(workspace, "tiny.json")
     assert report["architecture"] == "cli_models:TinyQ" and report["num_states"] == 10
@@ -307,10 +364,28 @@ def test_user_architecture_by_import_path_and_lightning_checkpoint(
     from cli_lightning_module import TinyDQN
 
     module = TinyDQN(4, 2, feature_names=["a", "b", "c", "d"])
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "pytorch-lightning_version": "2.6.6"}, "dqn.ckpt")
-    code = cli.main(["diag", "--checkpoint", "dqn.ckpt", "--lightning-module", "cli_lightning_module:TinyDQN",
-                     "--states", "tiny.states.npy", "--quiet", "--output", "out/lightning.json"])
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": "2.6.6",
+        },
+        "dqn.ckpt",
+    )
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            "dqn.ckpt",
+            "--lightning-module",
+            "cli_lightning_module:TinyDQN",
+            "--states",
+            "tiny.states.npy",
+            "--quiet",
+            "--output",
+            "out/lightning.json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     report = _report(workspace, "lightning.json")
     assert [f["name"] for f in report["features"]] == ["a", "b", "c", "d"] and report["num_states"] == 10
@@ -344,11 +419,10 @@ def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> 
             return True
 
     terminal = Terminal()
-    with pytest.raises(RuntimeError):
-        with progress_module.Progress(terminal, enabled=True) as progress:
-            progress.stage("loading q.safetensors", checked=False)
-            time.sleep(0.3)
-            raise RuntimeError("a user error follows")
+    with pytest.raises(RuntimeError), progress_module.Progress(terminal, enabled=True) as progress:
+        progress.stage("loading q.safetensors", checked=False)
+        time.sleep(0.3)
+        raise RuntimeError("a user error follows")
     text = terminal.getvalue()
     assert "\rlightning-ig: loading q.safetensors ..." in text and "\n" not in text
     assert text.endswith("\r\033[K"), "the progress line is erased before the error is printed"
@@ -359,9 +433,29 @@ def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) ->
         cli.main(["diag", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # help wraps lines
-    for flag in ("--checkpoint", "--states", "--auto-samples", "--seed", "--feature-names", "--num-steps", "--output",
-                 "--head", "--prefix", "--all-heads", "--method", "--gradient", "--baseline", "--target", "--device",
-                 "--backend", "--model", "--model-kwargs", "--lightning-module", "--feature-groups", "--saliency"):
+    for flag in (
+        "--checkpoint",
+        "--states",
+        "--auto-samples",
+        "--seed",
+        "--feature-names",
+        "--num-steps",
+        "--output",
+        "--head",
+        "--prefix",
+        "--all-heads",
+        "--method",
+        "--gradient",
+        "--baseline",
+        "--target",
+        "--device",
+        "--backend",
+        "--model",
+        "--model-kwargs",
+        "--lightning-module",
+        "--feature-groups",
+        "--saliency",
+    ):
         assert flag in text, flag
     for default in ("default: 16", "default: 42", "default: 50", "default: ig_report.json", "default: auto"):
         assert default in text, default

@@ -41,13 +41,13 @@ def _minatar_network() -> torch.nn.Module:
     if network is not None:
         return network(in_channels=FRAME[0], num_actions=3)
     sys.path.insert(0, str(DATA))
-    from cli_models import MinAtarShaped  # noqa: PLC0415
+    from cli_models import MinAtarShaped
 
     return MinAtarShaped(FRAME[0], 3)
 
 
 def _env() -> dict[str, str]:
-    import os  # noqa: PLC0415
+    import os
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DATA), *filter(None, [env.get("PYTHONPATH")])])
@@ -55,8 +55,15 @@ def _env() -> dict[str, str]:
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lightning_ig.cli", *args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_ig.cli", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +75,54 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_checkpoint(_minatar_network(), root / "minatar.safetensors", states=frames)
     torch.manual_seed(1)
     heads = [DuelingQNetwork(4, 3, hidden_sizes=(16,), noisy=True, activation="tanh") for _ in range(3)]
-    save_checkpoint(Ensemble(heads, weights=[0.5, 0.3, 0.2]), root / "ensemble.safetensors",
-                    states=torch.randn(12, 4, generator=generator), feature_names=["x", "v", "theta", "omega"])  # fmt: skip
-    save_checkpoint(DuelingQNetwork(4, 2, hidden_sizes=(8,)), root / "flat.safetensors", states=torch.randn(20, 4, generator=generator))
+    save_checkpoint(
+        Ensemble(heads, weights=[0.5, 0.3, 0.2]),
+        root / "ensemble.safetensors",
+        states=torch.randn(12, 4, generator=generator),
+        feature_names=["x", "v", "theta", "omega"],
+    )
+    save_checkpoint(
+        DuelingQNetwork(4, 2, hidden_sizes=(8,)),
+        root / "flat.safetensors",
+        states=torch.randn(20, 4, generator=generator),
+    )
     return root
 
 
 @pytest.fixture(scope="module")
 def runs(workspace: Path) -> dict[str, subprocess.CompletedProcess[str]]:
     jobs = {
-        "pixels": ["diag", "--checkpoint", "minatar.safetensors", "--states", "auto", "--auto-samples", "6", "--num-steps", "16",
-                   "--feature-groups", "channels", "--saliency", "saliency", "--output", "out/minatar.json"],
-        "ensemble": ["diag", "--checkpoint", "ensemble.safetensors", "--num-steps", "32", "--auto-samples", "10",
-                     "--top-k", "2", "--output", "out/ensemble.json"],
-    }  # fmt: skip
+        "pixels": [
+            "diag",
+            "--checkpoint",
+            "minatar.safetensors",
+            "--states",
+            "auto",
+            "--auto-samples",
+            "6",
+            "--num-steps",
+            "16",
+            "--feature-groups",
+            "channels",
+            "--saliency",
+            "saliency",
+            "--output",
+            "out/minatar.json",
+        ],
+        "ensemble": [
+            "diag",
+            "--checkpoint",
+            "ensemble.safetensors",
+            "--num-steps",
+            "32",
+            "--auto-samples",
+            "10",
+            "--top-k",
+            "2",
+            "--output",
+            "out/ensemble.json",
+        ],
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = list(pool.map(lambda args: _run(args, workspace), jobs.values()))
     return dict(zip(jobs, done))
@@ -95,7 +136,11 @@ def _direct(workspace: Path, name: str, indices: list[int], n_steps: int, **opti
     loaded = load_checkpoint(workspace / name)
     model = loaded.model.eval()
     with noise_disabled(model):
-        return model, loaded.states[indices], integrated_gradients(model, loaded.states[indices], n_steps=n_steps, **options)
+        return (
+            model,
+            loaded.states[indices],
+            integrated_gradients(model, loaded.states[indices], n_steps=n_steps, **options),
+        )
 
 
 def test_pixel_checkpoint_with_channel_groups_end_to_end(workspace, runs):
@@ -140,7 +185,7 @@ def test_show_prints_the_groups_table(workspace, runs, capsys):
     assert cli.main(["show", str(workspace / "out" / "minatar.json"), "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "groups by mean |attribution| (4 groups" in out
-    table = out[out.index("groups by mean"):].splitlines()[2:5]
+    table = out[out.index("groups by mean") :].splitlines()[2:5]
     assert len(table) == 3 and all("channel" in line and " 100 " in line for line in table)
 
 
@@ -152,7 +197,7 @@ def test_ensemble_checkpoint_reports_the_aggregate_and_each_member(workspace, ru
     assert report["architecture"] == "Ensemble" and report["forward_target"] == "output"
     ensemble = report["ensemble"]
     assert ensemble["num_members"] == 3 and ensemble["weights"] == pytest.approx([0.5, 0.3, 0.2])
-    model, states, aggregate = _direct(workspace, "ensemble.safetensors", report["state_indices"], 32)
+    model, states, _ = _direct(workspace, "ensemble.safetensors", report["state_indices"], 32)
     with noise_disabled(model):
         members = integrated_gradients(model.member_signals, states, target="each", n_steps=32)
     assert report["completeness"]["worst_relative_error"] < 1e-3
@@ -160,15 +205,22 @@ def test_ensemble_checkpoint_reports_the_aggregate_and_each_member(workspace, ru
         assert member["worst_relative_error"] < 1e-3 and member["num_non_finite"] == 0  # completeness per member
         assert len(member["top_features"]) == 2 and member["top_features"][0]["name"] in ("x", "v", "theta", "omega")
         sums = members.attributions[m].double().sum(1)
-        assert_close_scaled([s["sum_attributions"] for s in member["per_state"]], sums, ulps=64,
-                            scale=float(members.attributions[m].double().abs().sum(1).max()))  # fmt: skip
+        assert_close_scaled(
+            [s["sum_attributions"] for s in member["per_state"]],
+            sums,
+            ulps=64,
+            scale=float(members.attributions[m].double().abs().sum(1).max()),
+        )
     # the aggregate is the weighted sum of the members' signals, and IG is linear in the target
-    weighted = sum(w * np.array([s["sum_attributions"] for s in member["per_state"]])
-                   for w, member in zip(ensemble["weights"], ensemble["members"]))  # fmt: skip
+    weighted = sum(
+        w * np.array([s["sum_attributions"] for s in member["per_state"]])
+        for w, member in zip(ensemble["weights"], ensemble["members"])
+    )
     aggregate_sums = [s["sum_attributions"] for s in report["completeness"]["per_state"]]
     assert_close_scaled(weighted, aggregate_sums, ulps=256, scale=float(np.abs(aggregate_sums).max()))
     assert ensemble["agreement"]["spearman_mean"] == pytest.approx(
-        np.mean(ensemble["agreement"]["spearman"]), rel=4 * eps(np.float64))
+        np.mean(ensemble["agreement"]["spearman"]), rel=4 * eps(np.float64)
+    )
     assert cli.main(["show", str(workspace / "out" / "ensemble.json")]) == 0
     out = capsys.readouterr().out
     assert "ensemble of 3 members: Spearman of each member's feature ranking with the aggregate's: mean" in out
@@ -193,15 +245,27 @@ BAD_GROUPS = [
     ("mixed.json", '{"a": [true, 1]}', "must hold only whole numbers (indices) or only true/false, found 1"),
     ("nested_indices.json", '{"a": [[0, 1], [2, 3]]}', "list flat feature indices, or give a true/false mask"),
     ("float_mask.json", json.dumps(np.zeros(FRAME).tolist()), "must hold only whole numbers (group ids), found 0.0"),
-    ("bool_mask.json", json.dumps(np.zeros(FRAME, dtype=bool).tolist()), "must hold only whole numbers (group ids), found False"),
+    (
+        "bool_mask.json",
+        json.dumps(np.zeros(FRAME, dtype=bool).tolist()),
+        "must hold only whole numbers (group ids), found False",
+    ),
     ("ragged.json", "[[0, 1], [2]]", "ragged nested list"),
-    ("wrong_shape.json", json.dumps(np.zeros((3, 10, 10), dtype=int).tolist()), "does not fit the feature shape (4, 10, 10)"),
+    (
+        "wrong_shape.json",
+        json.dumps(np.zeros((3, 10, 10), dtype=int).tolist()),
+        "does not fit the feature shape (4, 10, 10)",
+    ),
     ("negative.json", json.dumps(np.full(FRAME, -1).tolist()), "ids must be >= 0, got -1"),
     ("empty_group.json", '{"a": [0], "b": []}', "feature_groups['b'] is empty"),
     ("repeated.json", '{"a": [0], "a": [1]}', "names the group 'a' twice"),
     ("overlap.json", '{"a": [0, 1], "b": [1]}', "feature 1 is in feature_groups['b'] and in feature_groups['a']"),
     ("out_of_range.json", '{"a": [400]}', "holds index 400, outside the 400 features"),
-    ("mask_shape.json", json.dumps({"a": np.ones((4, 3), dtype=bool).tolist()}), "does not fit the feature shape (4, 10, 10)"),
+    (
+        "mask_shape.json",
+        json.dumps({"a": np.ones((4, 3), dtype=bool).tolist()}),
+        "does not fit the feature shape (4, 10, 10)",
+    ),
     ("empty.json", "{}", "empty dict"),
 ]
 
@@ -210,8 +274,20 @@ BAD_GROUPS = [
 def test_every_bad_feature_groups_file_is_one_line_and_status_2(workspace, capsys, name, text, words):
     path = str(workspace / "groups" / name) if text is None else _groups_file(workspace, name, text)
     output = workspace / "out" / f"bad_{name}"
-    code = cli.main(["diag", "--checkpoint", str(workspace / "minatar.safetensors"), "--auto-samples", "2",
-                     "--feature-groups", path, "--output", str(output), "--quiet"])  # fmt: skip
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "minatar.safetensors"),
+            "--auto-samples",
+            "2",
+            "--feature-groups",
+            path,
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert words in err and "--feature-groups" in err, err
@@ -220,23 +296,56 @@ def test_every_bad_feature_groups_file_is_one_line_and_status_2(workspace, capsy
 
 def test_good_group_files_of_every_form(workspace, capsys):
     forms = {
-        "indices.json": json.dumps({"left": list(range(0, 200)), "right": list(range(200, 400))}),
-        "masks.json": json.dumps({"top": [[[r < 5] * 10 for r in range(10)]], "bottom": [[[r >= 5] * 10 for r in range(10)]]}),
+        "indices.json": json.dumps({"left": list(range(200)), "right": list(range(200, 400))}),
+        "masks.json": json.dumps(
+            {"top": [[[r < 5] * 10 for r in range(10)]], "bottom": [[[r >= 5] * 10 for r in range(10)]]}
+        ),
         "ids.json": json.dumps(np.arange(4).repeat(100).reshape(FRAME).tolist()),
     }
-    expected = {"indices.json": [("left", 200), ("right", 200)], "masks.json": [("top", 200), ("bottom", 200)],
-                "ids.json": [(f"group {g}", 100) for g in range(4)]}  # fmt: skip
+    expected = {
+        "indices.json": [("left", 200), ("right", 200)],
+        "masks.json": [("top", 200), ("bottom", 200)],
+        "ids.json": [(f"group {g}", 100) for g in range(4)],
+    }
     for name, text in forms.items():
         output = workspace / "out" / f"good_{name}"
-        code = cli.main(["diag", "--checkpoint", str(workspace / "minatar.safetensors"), "--auto-samples", "2", "--num-steps", "4",
-                         "--feature-groups", _groups_file(workspace, name, text), "--output", str(output), "--quiet"])  # fmt: skip
+        code = cli.main(
+            [
+                "diag",
+                "--checkpoint",
+                str(workspace / "minatar.safetensors"),
+                "--auto-samples",
+                "2",
+                "--num-steps",
+                "4",
+                "--feature-groups",
+                _groups_file(workspace, name, text),
+                "--output",
+                str(output),
+                "--quiet",
+            ]
+        )
         assert code == 0, capsys.readouterr().err
         report = json.loads(output.read_text())
         _validate(report)
         assert [(g["name"], g["members"]) for g in report["groups"]] == expected[name]
     output = workspace / "out" / "good_features.json"
-    code = cli.main(["diag", "--checkpoint", str(workspace / "flat.safetensors"), "--auto-samples", "3", "--num-steps", "4",
-                     "--feature-groups", "features", "--output", str(output), "--quiet"])  # fmt: skip
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "flat.safetensors"),
+            "--auto-samples",
+            "3",
+            "--num-steps",
+            "4",
+            "--feature-groups",
+            "features",
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     report = json.loads(output.read_text())
     assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"x{i}", 1) for i in range(4)]
@@ -245,17 +354,47 @@ def test_good_group_files_of_every_form(workspace, capsys):
 
 def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, capsys):
     output = workspace / "out" / "flat.json"
-    code = cli.main(["diag", "--checkpoint", str(workspace / "flat.safetensors"), "--saliency", str(workspace / "flat_saliency"),
-                     "--output", str(output), "--quiet"])  # fmt: skip
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "flat.safetensors"),
+            "--saliency",
+            str(workspace / "flat_saliency"),
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--saliency draws states with spatial dimensions" in err and "(4,)" in err
     assert not output.exists()
     (workspace / "a_file").write_text("")
-    code = cli.main(["diag", "--checkpoint", str(workspace / "missing.safetensors"), "--saliency", str(workspace / "a_file"),
-                     "--output", str(output), "--quiet"])  # fmt: skip
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "missing.safetensors"),
+            "--saliency",
+            str(workspace / "a_file"),
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--saliency" in err and "is a file, not a folder" in err  # before the checkpoint is opened
-    code = cli.main(["diag", "--checkpoint", str(workspace / "flat.safetensors"), "--feature-groups", "channels",
-                     "--output", str(output), "--quiet"])  # fmt: skip
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "flat.safetensors"),
+            "--feature-groups",
+            "channels",
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--feature-groups channels" in err and "needs states with a channel dimension" in err

@@ -101,8 +101,13 @@ BOMB = "[" * 100_000
 
 @pytest.mark.parametrize(
     ("name", "text"),
-    [("bomb", BOMB), ("objects", '{"a": ' * 50_000), ("deep", "[" * 100 + "]" * 100), ("digits", "1" * 100_000),
-     ("big_int", json.dumps({"schema_version": 1, "num_states": 10**30}))],  # fmt: skip
+    [
+        ("bomb", BOMB),
+        ("objects", '{"a": ' * 50_000),
+        ("deep", "[" * 100 + "]" * 100),
+        ("digits", "1" * 100_000),
+        ("big_int", json.dumps({"schema_version": 1, "num_states": 10**30})),
+    ],
 )
 def test_show_refuses_malformed_json_with_exit_2(
     workspace: Path, capsys: pytest.CaptureFixture[str], name: str, text: str
@@ -147,8 +152,11 @@ def test_a_checkpoint_whose_metadata_is_a_nesting_bomb_is_exit_2(
     workspace: Path, capsys: pytest.CaptureFixture[str], config: str
 ) -> None:
     tensors = load_file(workspace / "q.safetensors")
-    metadata = {"lightning_ig.format": "1", "lightning_ig.architecture": "DuelingQNetwork",
-                "lightning_ig.config": config}  # fmt: skip
+    metadata = {
+        "lightning_ig.format": "1",
+        "lightning_ig.architecture": "DuelingQNetwork",
+        "lightning_ig.config": config,
+    }
     save_file(tensors, workspace / "bomb.safetensors", metadata=metadata)
     code, _, err = _main(capsys, "diag", "--checkpoint", "bomb.safetensors", "--quiet")
     _one_line_error(code, err, "lightning_ig.config")
@@ -203,8 +211,10 @@ def test_show_says_the_completeness_error_as_the_report_does(
 def test_an_allocation_the_user_asked_for_that_fails_is_exit_2() -> None:
     # was: torch's CPU allocator raises a RuntimeError (e.g. --auto-samples 100000000000 --replace): "unexpected",
     # exit status 1. Tested on the message: a real 800 GB allocation could be granted and then kill the machine.
-    error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
-                         "to allocate 800000000000 bytes")  # fmt: skip
+    error = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+        "to allocate 800000000000 bytes"
+    )
     status, line = cli._failure(error, "diag")
     assert status == 2 and "out of memory" in line and "--auto-samples" in line
 

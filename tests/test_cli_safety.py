@@ -62,10 +62,15 @@ def _one_line_error(code: int, err: str, *words: str) -> None:
 # outputs
 
 
-def test_an_output_that_is_an_input_is_refused_and_the_input_kept(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (workspace / "baseline.json").write_text(json.dumps({"states": [[0.0, 0.0, 0.0, 0.0]]}))
     (workspace / "link.json").symlink_to("q.safetensors")
-    inputs = {name: (workspace / name).read_bytes() for name in ("q.safetensors", "held_out.json", "names.json", "baseline.json")}
+    inputs = {
+        name: (workspace / name).read_bytes()
+        for name in ("q.safetensors", "held_out.json", "names.json", "baseline.json")
+    }
     cases = [
         ["--output", "q.safetensors"],
         ["--output", "link.json"],  # a link to the checkpoint is the checkpoint
@@ -80,7 +85,9 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(workspace: Pat
     assert {name: (workspace / name).read_bytes() for name in inputs} == inputs
 
 
-def test_folders_devices_fifos_and_missing_folders_are_refused(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_folders_devices_fifos_and_missing_folders_are_refused(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     os.mkfifo(workspace / "pipe")
     cases = [
         ("out", "is a folder"),
@@ -115,7 +122,9 @@ def test_outputs_are_checked_before_anything_is_loaded(
     assert not (workspace / "out" / "all.trending.json").exists(), "all or none"
 
 
-def test_links_are_written_through_and_modes_follow_the_umask(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_links_are_written_through_and_modes_follow_the_umask(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     previous = os.umask(0o027)
     try:
         assert _diag(capsys, "--output", "out/new.json")[0] == 0
@@ -153,7 +162,7 @@ def test_a_write_that_fails_late_names_the_users_path(
 
 def test_empty_stored_states_are_one_clear_line(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with safe_open("q.safetensors", framework="pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - safe_open's API, not a dict
         metadata = handle.metadata()
     for name, states in (("empty.safetensors", torch.zeros(0, 4)), ("flat.safetensors", torch.zeros(0))):
         save_file({**tensors, "__states__": states}, name, metadata=metadata)
@@ -189,21 +198,36 @@ def test_unnamed_features_are_x0_x1_as_in_callback_reports(workspace: Path, caps
 
 
 @pytest.mark.parametrize("prefix", ["tre", "trending_", "rang__"])
-def test_a_part_of_a_head_name_lists_the_heads(workspace: Path, capsys: pytest.CaptureFixture[str], prefix: str) -> None:
+def test_a_part_of_a_head_name_lists_the_heads(
+    workspace: Path, capsys: pytest.CaptureFixture[str], prefix: str
+) -> None:
     code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--prefix", prefix, "--output", "out/r.json")
     _one_line_error(code, err, "the heads in it are: ranging, trending")
     assert "--model" not in err
 
 
-def test_states_take_the_models_dtype(workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_states_take_the_models_dtype(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.syspath_prepend(str(DATA))
     from cli_models import TinyQ
 
     np.save("f64.npy", np.random.default_rng(2).normal(size=(5, 4)))  # float64 states, float32 model
     assert _diag(capsys, "--states", "f64.npy", "--output", "out/f64.json")[0] == 0
     save_file(TinyQ(4, 3).state_dict(), "tiny.safetensors")  # float32 weights, float64 model
-    code, _, err = _diag(capsys, "--checkpoint", "tiny.safetensors", "--model", "cli_models:TinyQ64",
-                         "--model-kwargs", '{"width": 4, "actions": 3}', "--states", "f64.npy", "--output", "out/tiny64.json")
+    code, _, err = _diag(
+        capsys,
+        "--checkpoint",
+        "tiny.safetensors",
+        "--model",
+        "cli_models:TinyQ64",
+        "--model-kwargs",
+        '{"width": 4, "actions": 3}',
+        "--states",
+        "f64.npy",
+        "--output",
+        "out/tiny64.json",
+    )
     assert code == 0, err
     assert json.loads((workspace / "out" / "tiny64.json").read_text())["num_states"] == 5
 
@@ -227,9 +251,16 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
         captured = capsys.readouterr()
         assert code == 0 and captured.err == "", (name, captured.err)
         assert f"{name}.json" in captured.out and "completeness:" in captured.out
-    assert "(the report holds no completeness figures)" in (cli.main(["show", "completeness_null.json"]), capsys.readouterr().out)[1]
+    assert (
+        "(the report holds no completeness figures)"
+        in (cli.main(["show", "completeness_null.json"]), capsys.readouterr().out)[1]
+    )
 
-    for name, text in (("list.json", "[1, 2]"), ("v2.json", json.dumps({**good, "schema_version": 2})), ("bad.json", "{")):
+    for name, text in (
+        ("list.json", "[1, 2]"),
+        ("v2.json", json.dumps({**good, "schema_version": 2})),
+        ("bad.json", "{"),
+    ):
         (workspace / name).write_text(text)
         code = cli.main(["show", name])
         err = capsys.readouterr().err
@@ -266,8 +297,22 @@ def _env() -> dict[str, str]:
 
 def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
     # long enough to be running at every delay: 20 states x 400k steps
-    command = [sys.executable, "-m", "lightning_ig.cli", "diag", "--checkpoint", "q.safetensors", "--auto-samples", "20",
-               "--num-steps", "400000", "--method", "riemann_trapezoid", "--output", "out/interrupted.json"]
+    command = [
+        sys.executable,
+        "-m",
+        "lightning_ig.cli",
+        "diag",
+        "--checkpoint",
+        "q.safetensors",
+        "--auto-samples",
+        "20",
+        "--num-steps",
+        "400000",
+        "--method",
+        "riemann_trapezoid",
+        "--output",
+        "out/interrupted.json",
+    ]
     # The interpreter's own start-up comes before any lightning-ig code: measure it, and
     # interrupt from twice that on (imports, loading, the IG run).
     started = time.monotonic()
@@ -275,7 +320,9 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
     ready = time.monotonic() - started
     outcomes = []
     for delay in (2 * ready + 0.02, 0.3, 0.6, 1.0, 1.6, 2.5):
-        process = subprocess.Popen(command, cwd=workspace, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            command, cwd=workspace, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=120)
@@ -286,7 +333,9 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
     assert list((workspace / "out").glob(".*.tmp")) == []
 
     # before any of our code runs, Python's own handling applies; it is never ignored
-    process = subprocess.Popen(command, cwd=workspace, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, cwd=workspace, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=120)
     assert process.returncode in (130, -signal.SIGINT)

@@ -38,7 +38,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     states = torch.randn(20, 4, generator=torch.Generator().manual_seed(1))
     save_checkpoint(net, tmp_path / "q.safetensors", states=states)
     with safe_open(str(tmp_path / "q.safetensors"), framework="pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - safe_open's API, not a dict
         metadata = handle.metadata()
     first_weight = next(key for key in tensors if key.endswith("weight"))
     tensors[first_weight][0, 0] = float("nan")  # one diverged weight
@@ -84,27 +84,58 @@ def test_an_overflowing_forward_marks_only_its_states(workspace: Path, capsys: p
     states = torch.from_numpy(np.load("states.npy"))
     expected = integrated_gradients(Overflow(4), states).non_finite
     assert 0 < int(expected.sum()) < len(states), "some states overflow, some do not"
-    code, _, err = _diag(capsys, "--checkpoint", "overflow.safetensors", "--model", "cli_models:Overflow",
-                         "--model-kwargs", '{"width": 4}', "--states", "states.npy", "--output", "out/overflow.json", "--quiet")
+    code, _, err = _diag(
+        capsys,
+        "--checkpoint",
+        "overflow.safetensors",
+        "--model",
+        "cli_models:Overflow",
+        "--model-kwargs",
+        '{"width": 4}',
+        "--states",
+        "states.npy",
+        "--output",
+        "out/overflow.json",
+        "--quiet",
+    )
     assert code == 3 and len(err.strip().splitlines()) == 1, err
     first = int(torch.nonzero(expected)[0])
     assert f"NaN/Inf on {int(expected.sum())} of 20 states (first: state_idx {first})" in err
     assert _report(workspace, "overflow.json")["non_finite_states"] == torch.nonzero(expected).flatten().tolist()
 
 
-def test_one_broken_head_writes_every_report_and_names_the_head(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json", "--quiet")
+def test_one_broken_head_writes_every_report_and_names_the_head(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _diag(
+        capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json", "--quiet"
+    )
     assert code == 3 and len(err.strip().splitlines()) == 1 and "head bad:" in err, err
     assert _report(workspace, "all.good.json")["non_finite_states"] == []
     assert _report(workspace, "all.bad.json")["non_finite_states"] == list(range(16))
 
 
-def test_when_every_state_is_degenerate_no_state_could_be_checked(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_when_every_state_is_degenerate_no_state_could_be_checked(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from cli_models import Flat
 
     save_file(Flat(4, 3).state_dict(), "flat.safetensors")
-    code, out, err = _diag(capsys, "--checkpoint", "flat.safetensors", "--model", "cli_models:Flat", "--model-kwargs",
-                           '{"width": 4, "actions": 3}', "--states", "states.npy", "--target", "2", "--output", "out/flat.json")
+    code, out, err = _diag(
+        capsys,
+        "--checkpoint",
+        "flat.safetensors",
+        "--model",
+        "cli_models:Flat",
+        "--model-kwargs",
+        '{"width": 4, "actions": 3}',
+        "--states",
+        "states.npy",
+        "--target",
+        "2",
+        "--output",
+        "out/flat.json",
+    )
     assert code == 0, err
     assert "no state could be checked (20 degenerate" in out and "%" not in out
     report = _report(workspace, "flat.json")
@@ -113,12 +144,25 @@ def test_when_every_state_is_degenerate_no_state_could_be_checked(workspace: Pat
     assert "completeness: no state could be checked (20 degenerate" in capsys.readouterr().out
 
 
-def test_a_stochastic_forward_is_exit_2_naming_the_likely_cause(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_stochastic_forward_is_exit_2_naming_the_likely_cause(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from cli_models import TinyQ
 
     save_file(TinyQ(4, 3).state_dict(), "jittery.safetensors")
-    code, _, err = _diag(capsys, "--checkpoint", "jittery.safetensors", "--model", "cli_models:Jittery", "--model-kwargs",
-                         '{"width": 4, "actions": 3}', "--states", "states.npy", "--output", "out/jittery.json")
+    code, _, err = _diag(
+        capsys,
+        "--checkpoint",
+        "jittery.safetensors",
+        "--model",
+        "cli_models:Jittery",
+        "--model-kwargs",
+        '{"width": 4, "actions": 3}',
+        "--states",
+        "states.npy",
+        "--output",
+        "out/jittery.json",
+    )
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert "gives different values for the same state" in lines[0] and "F.dropout" in lines[0] and "Warning" not in err
@@ -139,7 +183,23 @@ def test_exit_statuses_are_documented(capsys: pytest.CaptureFixture[str]) -> Non
 def test_the_console_entry_reports_nan_as_a_shell_sees_it(workspace: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    done = subprocess.run([sys.executable, "-m", "lightning_ig.cli", "diag", "--checkpoint", "nan.safetensors", "--output",
-                           "out/shell.json"], cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lightning_ig.cli",
+            "diag",
+            "--checkpoint",
+            "nan.safetensors",
+            "--output",
+            "out/shell.json",
+        ],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 3 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert (workspace / "out" / "shell.json").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -60,7 +59,9 @@ def test_missing_cupy_gives_the_install_hint() -> None:
 
     cupy = _cuda.CupyImport(import_module=no_cupy)
     assert cupy.module() is None and isinstance(cupy.error, ImportError)
-    with pytest.raises(RuntimeError, match=r"needs CuPy, which failed to import.*pip install cupy-cuda12x.*cupy-cuda13x"):
+    with pytest.raises(
+        RuntimeError, match=r"needs CuPy, which failed to import.*pip install cupy-cuda12x.*cupy-cuda13x"
+    ):
         cupy.require()
 
 

@@ -7,8 +7,8 @@ import warnings
 
 import pytest
 import torch
-from _models import DuelingMLP
 from _graph_emulation import EmulatedCapture, FailingCapture, KernelsThatCannotBeCaptured
+from _models import DuelingMLP
 from _tolerance import assert_close_scaled
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
@@ -26,8 +26,12 @@ def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> No
     x = torch.randn(4, 5, dtype=torch.float64)
     first = engine.attribute(x)
     assert engine.last_mode == "capture" and first.cuda_graph and len(capture.graphs) == 1
-    assert_close_scaled(first.attributions, integrated_gradients(model, x, target="mean", n_steps=10).attributions,
-                        ulps=4, dtype=torch.float64)  # fmt: skip
+    assert_close_scaled(
+        first.attributions,
+        integrated_gradients(model, x, target="mean", n_steps=10).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
     second = engine.attribute(x)  # the fast path
     assert engine.last_mode == "graph" and capture.graphs[0].replays == 2
     assert torch.equal(second.attributions, first.attributions)
@@ -42,8 +46,12 @@ def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> No
     with torch.no_grad():
         model.body[0].weight.mul_(1.5)
     updated = engine.attribute(fresh)
-    assert_close_scaled(updated.attributions, integrated_gradients(model, fresh, target="mean", n_steps=10).attributions,
-                        ulps=4, dtype=torch.float64)  # fmt: skip
+    assert_close_scaled(
+        updated.attributions,
+        integrated_gradients(model, fresh, target="mean", n_steps=10).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
     engine.attribute(torch.randn(6, 5, dtype=torch.float64))  # a new shape: a second capture
     assert len(capture.graphs) == 2 and engine.last_mode == "capture"
 
@@ -82,16 +90,21 @@ def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice() -
 def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured() -> None:
     capture = EmulatedCapture()
     model = _dueling(3, 2, seed=46)
-    engine = IntegratedGradients(model, graph_capture=capture, backend=KernelsThatCannotBeCaptured(capture),
-                                 target="mean", n_steps=4)  # fmt: skip
+    engine = IntegratedGradients(
+        model, graph_capture=capture, backend=KernelsThatCannotBeCaptured(capture), target="mean", n_steps=4
+    )
     x = torch.randn(2, 3, dtype=torch.float64)
     with pytest.warns(RuntimeWarning, match="captured the torch twins instead"):
         result = engine.attribute(x)
     assert capture.attempts == 2 and result.cuda_graph and result.backend == "torch"
     again = engine.attribute(x)
     assert engine.last_mode == "graph" and again.backend == "torch" and len(capture.graphs) == 1
-    assert_close_scaled(again.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions,
-                        ulps=4, dtype=torch.float64)  # fmt: skip
+    assert_close_scaled(
+        again.attributions,
+        integrated_gradients(model, x, target="mean", n_steps=4).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
 
 
 def test_graph_capture_failure_falls_back_to_eager_once() -> None:
@@ -106,8 +119,12 @@ def test_graph_capture_failure_falls_back_to_eager_once() -> None:
         warnings.simplefilter("error")
         engine.attribute(x)  # remembered: no second attempt, no second warning
     assert capture.attempts == 1
-    assert_close_scaled(result.attributions, integrated_gradients(model, x, target="mean", n_steps=4).attributions,
-                        ulps=4, dtype=torch.float64)  # fmt: skip
+    assert_close_scaled(
+        result.attributions,
+        integrated_gradients(model, x, target="mean", n_steps=4).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
 
 
 def test_graph_cache_rejects_per_row_targets_out_of_range() -> None:

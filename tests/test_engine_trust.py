@@ -21,7 +21,9 @@ from lightning_ig.attribution.backends import warp_order_sum
 from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS
 
 
-def _mlp(features: int, outputs: int, *, seed: int, dtype: torch.dtype = torch.float64, extra: list | None = None) -> torch.nn.Module:
+def _mlp(
+    features: int, outputs: int, *, seed: int, dtype: torch.dtype = torch.float64, extra: list | None = None
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     layers = [torch.nn.Linear(features, 16), torch.nn.Tanh(), *(extra or []), torch.nn.Linear(16, outputs)]
     return torch.nn.Sequential(*layers).to(dtype).eval()
@@ -116,7 +118,9 @@ def test_auto_refines_degenerate_states_by_their_absolute_error() -> None:
     assert math.isnan(result.worst_relative_error)
     assert result.n_steps == 512
     assert float(result.delta.abs().max()) <= 0.01 * 4.0
-    torch.testing.assert_close(result.delta, torch.full((3,), -16.0 / 512, dtype=torch.float64), rtol=64 * eps(torch.float64), atol=0)
+    torch.testing.assert_close(
+        result.delta, torch.full((3,), -16.0 / 512, dtype=torch.float64), rtol=64 * eps(torch.float64), atol=0
+    )
 
 
 def test_auto_stops_at_once_on_a_non_finite_state() -> None:
@@ -161,8 +165,8 @@ def _batch_norm_state(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("gradient", "n_steps", "chunk"), [("autograd", 8, None), ("autograd", 8, 5), ("finite_difference", 4, None),
-                                       ("autograd", "auto", None)]  # fmt: skip
+    ("gradient", "n_steps", "chunk"),
+    [("autograd", 8, None), ("autograd", 8, 5), ("finite_difference", 4, None), ("autograd", "auto", None)],
 )
 def test_train_mode_batch_norm_statistics_are_put_back(gradient: str, n_steps: int | str, chunk: int | None) -> None:
     # was: each of the engine's forwards moved running_mean / running_var and counted num_batches_tracked, though
@@ -171,8 +175,13 @@ def test_train_mode_batch_norm_statistics_are_put_back(gradient: str, n_steps: i
     model(torch.randn(7, 5, dtype=torch.float64))  # statistics that are not the initial ones
     before = _batch_norm_state(model)
     with pytest.warns(StochasticForwardWarning, match="BatchNorm1d in train mode"):  # still warned: F(x) uses the batch
-        result = integrated_gradients(target_forward(model, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=n_steps,
-                                      gradient=gradient, internal_batch_size=chunk)  # fmt: skip
+        result = integrated_gradients(
+            target_forward(model, 0),
+            torch.randn(6, 5, dtype=torch.float64),
+            n_steps=n_steps,
+            gradient=gradient,
+            internal_batch_size=chunk,
+        )
     assert result.stochastic
     for kept, now in zip(before, _batch_norm_state(model)):
         assert torch.equal(kept, now)
@@ -213,11 +222,15 @@ def test_batch_statistics_in_eval_mode_are_flagged_too() -> None:
     # batch still agree, so this is found by looking at the module.
     model = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16, track_running_stats=False)]).eval()
     with pytest.warns(StochasticForwardWarning):
-        assert integrated_gradients(target_forward(model, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=8).stochastic
+        assert integrated_gradients(
+            target_forward(model, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=8
+        ).stochastic
     with warnings.catch_warnings():
         warnings.simplefilter("error", StochasticForwardWarning)
         clean = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16)]).eval()  # running statistics: a function of the row
-        assert not integrated_gradients(target_forward(clean, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=8).stochastic
+        assert not integrated_gradients(
+            target_forward(clean, 0), torch.randn(6, 5, dtype=torch.float64), n_steps=8
+        ).stochastic
 
 
 @pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
@@ -250,7 +263,9 @@ def test_deterministic_models_never_flag(threads: int) -> None:
                     x = torch.randn(37, 33, dtype=torch.float32).to(dtype) * 3
                     for target in ("mean", "each", torch.arange(37) % 4):
                         assert not integrated_gradients(model, x, target=target, n_steps=16).stochastic
-                    fd = integrated_gradients(model, x, target=torch.arange(37) % 4, gradient="finite_difference", n_steps=4)
+                    fd = integrated_gradients(
+                        model, x, target=torch.arange(37) % 4, gradient="finite_difference", n_steps=4
+                    )
                     assert not fd.stochastic
                     chunked = integrated_gradients(model, x, target="mean", n_steps=16, internal_batch_size=7)
                     assert not chunked.stochastic
@@ -282,7 +297,9 @@ def test_graph_capture_checks_once_and_replays_repeat_the_finding() -> None:
 
 @pytest.mark.parametrize("shape", [(5, 0), (2, 3, 0)])
 def test_inputs_without_features_are_one_clear_error(shape: tuple[int, ...]) -> None:
-    with pytest.raises(ValueError, match=r"inputs must have shape \(num_states >= 1, \*feature_shape\) with at least one feature"):
+    with pytest.raises(
+        ValueError, match=r"inputs must have shape \(num_states >= 1, \*feature_shape\) with at least one feature"
+    ):
         integrated_gradients(lambda z: z.sum(1), torch.zeros(shape))
     with pytest.raises(ValueError, match="at least one feature"):
         IntegratedGradients(lambda z: z.sum(1)).attribute(torch.zeros(shape))
@@ -291,7 +308,9 @@ def test_inputs_without_features_are_one_clear_error(shape: tuple[int, ...]) -> 
 def test_inputs_of_another_dtype_than_the_model_say_how_to_fix_it() -> None:
     model = _mlp(4, 2, seed=7, dtype=torch.float32)
     x = torch.randn(3, 4, dtype=torch.float64)
-    expected = r"inputs are torch.float64 but the model's parameters are torch.float32.*inputs.float\(\) or model.double\(\)"
+    expected = (
+        r"inputs are torch.float64 but the model's parameters are torch.float32.*inputs.float\(\) or model.double\(\)"
+    )
     with pytest.raises(TypeError, match=expected):
         integrated_gradients(model, x, target="mean")
     with pytest.raises(TypeError, match=expected):

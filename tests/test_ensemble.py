@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled, eps
 from torch import nn
 
-from _tolerance import assert_close_scaled, eps
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
 from lightning_ig.ensemble import (
@@ -33,8 +33,8 @@ from lightning_ig.ensemble import (
     mean_abs_per_feature,
     member_agreement,
     member_means,
+    ops,
 )
-from lightning_ig.ensemble import ops
 from lightning_ig.models import DuelingQNetwork, build_model
 
 SHAPES = [(1, 1, 1), (3, 1, 5), (7, 3, 1), (16, 8, 1), (33, 5, 4), (10, 40, 3), (4, 64, 16), (0, 3, 2)]
@@ -91,7 +91,9 @@ def test_twin_follows_the_kernels_documented_order() -> None:
                 total = np.float32(0)
                 for k in range(3):
                     total = np.float32(total + sigmoid[row, m, k])
-                partial[lane] = np.float32(partial[lane] + np.float32(weights.numpy()[m] * np.float32(total / np.float32(3))))
+                partial[lane] = np.float32(
+                    partial[lane] + np.float32(weights.numpy()[m] * np.float32(total / np.float32(3)))
+                )
         width = lanes
         while width > 1:
             width //= 2
@@ -135,7 +137,9 @@ def test_member_means_are_the_members_mean_sigmoid() -> None:
     means = member_means(logits)
     assert means.shape == (5, 4) and means.dtype == torch.float32
     assert_close_scaled(means.double(), torch.sigmoid(logits.double()).mean(-1), ulps=8)
-    assert_close_scaled(ensemble_reduce(logits, weights), means.double() @ weights.double(), ulps=16, scale=float(weights.abs().sum()))
+    assert_close_scaled(
+        ensemble_reduce(logits, weights), means.double() @ weights.double(), ulps=16, scale=float(weights.abs().sum())
+    )
 
 
 def test_float32_weights_and_float64_weights_read_alike() -> None:
@@ -175,7 +179,9 @@ def test_float32_gradients_not_the_last_op(needs: tuple[bool, bool]) -> None:
         assert_close_scaled(logits.grad.double(), exact_logits.grad, ulps=8, scale=float(exact_logits.grad.abs().max()))
     if needs[1]:
         # a sum over 12 rows of products of float32 values, in float64 then rounded once
-        assert_close_scaled(weights.grad.double(), exact_weights.grad, ulps=16, scale=float(exact_weights.grad.abs().max()))
+        assert_close_scaled(
+            weights.grad.double(), exact_weights.grad, ulps=16, scale=float(exact_weights.grad.abs().max())
+        )
 
 
 def test_no_graph_is_built_without_a_gradient() -> None:
@@ -192,20 +198,44 @@ def test_no_graph_is_built_without_a_gradient() -> None:
     ("logits", "weights", "options", "error", "words"),
     [
         ([[[0.0]]], torch.ones(1), {}, TypeError, "logits must be a torch.Tensor"),
-        (torch.zeros(2, 3, 4, dtype=torch.int64), torch.ones(3), {}, TypeError, "logits must be floating point, got torch.int64"),
+        (
+            torch.zeros(2, 3, 4, dtype=torch.int64),
+            torch.ones(3),
+            {},
+            TypeError,
+            "logits must be floating point, got torch.int64",
+        ),
         (torch.zeros(2, 3), torch.ones(3), {}, ValueError, r"logits must be 3-D .* got shape \(2, 3\)"),
         (torch.zeros(2, 0, 4), torch.ones(0), {}, ValueError, "hold 0 member"),
         (torch.zeros(2, 3, 0), torch.ones(3), {}, ValueError, "with 0 logit"),
         (torch.zeros(2, 3, 4), torch.ones(4), {}, ValueError, r"weights must have shape \(3,\).* got shape \(4,\)"),
         (torch.zeros(2, 3, 4), torch.ones(1, 3), {}, ValueError, r"got shape \(1, 3\)"),
-        (torch.zeros(2, 3, 4), torch.ones(3, dtype=torch.int32), {}, TypeError, "weights must be floating point, got torch.int32"),
+        (
+            torch.zeros(2, 3, 4),
+            torch.ones(3, dtype=torch.int32),
+            {},
+            TypeError,
+            "weights must be floating point, got torch.int32",
+        ),
         (torch.zeros(2, 3, 4), [1.0, 1.0, 1.0], {}, TypeError, r"weights must be a torch.Tensor of shape \(3,\)"),
-        (torch.zeros(2, 3, 4), torch.tensor([1.0, math.nan, 1.0]), {}, ValueError, "weights must be finite, got nan at index 1"),
+        (
+            torch.zeros(2, 3, 4),
+            torch.tensor([1.0, math.nan, 1.0]),
+            {},
+            ValueError,
+            "weights must be finite, got nan at index 1",
+        ),
         (torch.zeros(2, 3, 4), torch.tensor([1.0, 1.0, -math.inf]), {}, ValueError, "got -inf at index 2"),
         (torch.zeros(2, 3, 4), torch.ones(3), {"reduce_dim": 0}, ValueError, "reduce_dim names the axis .* got 0"),
         (torch.zeros(2, 3, 4), torch.ones(3), {"reduce_dim": 1.0}, TypeError, "reduce_dim must be an int"),
         (torch.zeros(2, 3, 4), torch.ones(3), {"reduce_dim": 1}, ValueError, r"weights must have shape \(4,\)"),
-        (torch.zeros(2, 3, 4), torch.ones(3), {"backend": "triton"}, ValueError, "backend must be 'auto', 'cuda' or 'torch'"),
+        (
+            torch.zeros(2, 3, 4),
+            torch.ones(3),
+            {"backend": "triton"},
+            ValueError,
+            "backend must be 'auto', 'cuda' or 'torch'",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error(logits, weights, options, error, words) -> None:
@@ -308,8 +338,9 @@ def test_ensemble_config_rebuilds_it_and_a_checkpoint_loads_without_importing_it
     )
     root = Path(__file__).resolve().parents[1]
     environment = {**os.environ, "PYTHONPATH": str(root)}
-    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
-                            env=environment).stdout.split(" ", 1)  # fmt: skip
+    output = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, env=environment
+    ).stdout.split(" ", 1)
     assert output[0] == "Ensemble"
     assert output[1].strip() == f"{[0.5, 0.25, 0.25]} {ensemble(states).tolist()}"
 
@@ -355,8 +386,15 @@ def test_member_agreement_by_hand() -> None:
     with pytest.raises(ValueError, match=r"member_mean_abs must be \(M >= 1, F\) with F = 3"):
         member_agreement([1.0, 2.0, 3.0], [[1.0, 2.0]])
     scalars = agreement_scalars(agreement)
-    assert set(scalars) == {"spearman_mean", "spearman_min", "spread", "relative_spread",
-                            "spearman/member_0", "spearman/member_1", "spearman/member_2"}  # fmt: skip
+    assert set(scalars) == {
+        "spearman_mean",
+        "spearman_min",
+        "spread",
+        "relative_spread",
+        "spearman/member_0",
+        "spearman/member_1",
+        "spearman/member_2",
+    }
 
 
 def test_mean_abs_per_feature_flattens_features() -> None:
@@ -375,22 +413,48 @@ def test_ensemble_summary_is_json_and_says_what_each_member_relies_on() -> None:
     summary = ensemble_summary(aggregate, members, weights=ensemble.weights, feature_names=list("abcd"), top_k=2)
     json.dumps(summary, allow_nan=False)  # strict JSON
     assert summary["num_members"] == 3 and summary["weights"] == pytest.approx([0.2, 0.5, 0.3])
-    assert set(summary["agreement"]) == {"spearman", "spearman_mean", "spearman_min", "spearman_undefined", "spread", "relative_spread"}
+    assert set(summary["agreement"]) == {
+        "spearman",
+        "spearman_mean",
+        "spearman_min",
+        "spearman_undefined",
+        "spread",
+        "relative_spread",
+    }
     first = summary["members"][0]
-    assert set(first) == {"member", "weight", "spearman_vs_aggregate", "worst_relative_error", "num_degenerate",
-                          "num_non_finite", "mean_abs_error", "top_features", "per_state"}  # fmt: skip
+    assert set(first) == {
+        "member",
+        "weight",
+        "spearman_vs_aggregate",
+        "worst_relative_error",
+        "num_degenerate",
+        "num_non_finite",
+        "mean_abs_error",
+        "top_features",
+        "per_state",
+    }
     for m, member in enumerate(summary["members"]):  # each member's completeness, as the engine computed it
         assert [s["state_idx"] for s in member["per_state"]] == list(range(5))
         sums = members.attributions[m].double().reshape(5, -1).sum(1)
         assert_close_scaled([s["sum_attributions"] for s in member["per_state"]], sums, ulps=4, dtype=torch.float64)
-        assert_close_scaled([s["f_input_minus_f_baseline"] for s in member["per_state"]],
-                            (members.f_input[m].double() - members.f_baseline[m].double()), ulps=0, dtype=torch.float64)  # fmt: skip
-        assert member["worst_relative_error"] == pytest.approx(float(members.relative_error[m].max()), rel=4 * eps(torch.float32))
-        assert member["mean_abs_error"] == pytest.approx(float(members.delta[m].double().abs().mean()), rel=4 * eps(torch.float32))
+        assert_close_scaled(
+            [s["f_input_minus_f_baseline"] for s in member["per_state"]],
+            (members.f_input[m].double() - members.f_baseline[m].double()),
+            ulps=0,
+            dtype=torch.float64,
+        )
+        assert member["worst_relative_error"] == pytest.approx(
+            float(members.relative_error[m].max()), rel=4 * eps(torch.float32)
+        )
+        assert member["mean_abs_error"] == pytest.approx(
+            float(members.delta[m].double().abs().mean()), rel=4 * eps(torch.float32)
+        )
         assert member["num_non_finite"] == 0 and member["worst_relative_error"] < 1e-3
     assert len(first["top_features"]) == 2 and first["top_features"][0]["name"] in "abcd"
     assert first["top_features"][0]["mean_abs"] >= first["top_features"][1]["mean_abs"]
-    expected = member_agreement(mean_abs_per_feature(aggregate.attributions), mean_abs_per_feature(members.attributions, members=True))
+    expected = member_agreement(
+        mean_abs_per_feature(aggregate.attributions), mean_abs_per_feature(members.attributions, members=True)
+    )
     assert [m["spearman_vs_aggregate"] for m in summary["members"]] == expected["spearman"]
     with pytest.raises(ValueError, match="members.attributions must be"):
         ensemble_summary(aggregate, aggregate)

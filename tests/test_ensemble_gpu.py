@@ -18,11 +18,10 @@ import math
 
 import pytest
 import torch
-
 from _tolerance import assert_close_scaled
+
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.ensemble import Ensemble, ensemble_reduce, member_means
-from lightning_ig.ensemble import ops
+from lightning_ig.ensemble import Ensemble, ensemble_reduce, member_means, ops
 from lightning_ig.models import DuelingQNetwork
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +29,17 @@ pytestmark = pytest.mark.gpu
 HALF_TYPES = (torch.float16, torch.bfloat16)
 # M = 1, K = 1, B = 1, B not a multiple of a block's rows, M > 32 (two lane chunks), K a
 # multiple of 4 (vector loads) and not, B beyond one pass of the grid (grid-stride loop)
-SHAPES = [(1, 1, 1), (1, 8, 1), (3, 1, 5), (257, 7, 3), (1000, 33, 4), (64, 64, 4), (4096, 32, 16), (300_000, 3, 2), (5, 2, 1000)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 8, 1),
+    (3, 1, 5),
+    (257, 7, 3),
+    (1000, 33, 4),
+    (64, 64, 4),
+    (4096, 32, 16),
+    (300_000, 3, 2),
+    (5, 2, 1000),
+]
 
 
 def _ids(shape: tuple[int, ...]) -> str:
@@ -82,7 +91,9 @@ def test_float32_forward_is_bit_identical_to_the_twin(cuda_device, shape) -> Non
         assert out.dtype == torch.float32, name
         _assert_same_bits(out, twin)
     reference = (torch.sigmoid(logits.double()).mean(-1) * weights.double()).sum(-1)
-    assert_close_scaled(twin.double().cpu(), reference.cpu(), ulps=shape[1] + shape[2] + 8, scale=float(weights.abs().sum()))
+    assert_close_scaled(
+        twin.double().cpu(), reference.cpu(), ulps=shape[1] + shape[2] + 8, scale=float(weights.abs().sum())
+    )
 
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
@@ -97,7 +108,7 @@ def test_half_precision_forward_is_within_one_ulp_of_the_twin(cuda_device, shape
         assert_close_scaled(out.double().cpu(), twin.double().cpu(), ulps=1, dtype=dtype, scale=scale)
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, *HALF_TYPES), ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF_TYPES], ids=str)
 def test_extreme_logits(cuda_device, dtype) -> None:
     big = 1e4
     logits = torch.tensor(
@@ -142,7 +153,9 @@ def test_argument_errors_on_the_gpu(cuda_device) -> None:
     logits, weights = _data((4, 3, 2), torch.float32, cuda_device)
     with pytest.raises(ValueError, match=r"logits are on cuda:\d+ and weights on cpu; move them to one device"):
         ensemble_reduce(logits, weights.cpu())
-    with pytest.raises(TypeError, match="the ensemble kernels take float32, float16 and bfloat16 logits, got torch.float64"):
+    with pytest.raises(
+        TypeError, match="the ensemble kernels take float32, float16 and bfloat16 logits, got torch.float64"
+    ):
         ensemble_reduce(logits.double(), weights, backend="cuda")
     with pytest.raises(ValueError, match="backend='cuda' needs the tensors on a CUDA device"):
         ensemble_reduce(logits.cpu(), weights.cpu(), backend="cuda")
@@ -190,8 +203,13 @@ def test_half_precision_gradients_are_bounded(cuda_device, shape, dtype) -> None
     _, grad_logits, grad_weights = _gradients(logits, weights, grad_output, "cuda")
     twin_logits, twin_weights = ops.backward_torch(logits, weights, grad_output, True, True)
     assert grad_logits.dtype == dtype and grad_weights.dtype == torch.float32
-    assert_close_scaled(grad_logits.double().cpu(), twin_logits.double().cpu(), ulps=1, dtype=dtype,
-                        scale=float(twin_logits.double().abs().max()))  # fmt: skip
+    assert_close_scaled(
+        grad_logits.double().cpu(),
+        twin_logits.double().cpu(),
+        ulps=1,
+        dtype=dtype,
+        scale=float(twin_logits.double().abs().max()),
+    )
     # the fast intrinsics: a few float32 ulp per mean, in a float64 sum over the rows
     scale = _weight_gradient_scale(logits, grad_output).cpu()
     error = (grad_weights.double() - twin_weights.double()).abs().cpu()
@@ -202,7 +220,9 @@ def test_expanded_and_strided_grad_outputs_are_read_in_place(cuda_device) -> Non
     logits, weights = _data((333, 5, 4), torch.float32, cuda_device, seed=4)
     leaf = logits.clone().requires_grad_()
     ensemble_reduce(leaf, weights, backend="cuda").sum().backward()  # grad_output: an expanded 1
-    _assert_same_bits(leaf.grad, ops.backward_torch(logits, weights, torch.ones(333, device=cuda_device), True, False)[0])
+    _assert_same_bits(
+        leaf.grad, ops.backward_torch(logits, weights, torch.ones(333, device=cuda_device), True, False)[0]
+    )
     every_other = torch.randn(666, device=cuda_device)[::2]
     (grad,) = torch.autograd.grad(ensemble_reduce(leaf, weights, backend="cuda"), leaf, every_other)
     _assert_same_bits(grad, ops.backward_torch(logits, weights, every_other.contiguous(), True, False)[0])
@@ -214,7 +234,9 @@ def test_double_backward_on_the_gpu(cuda_device) -> None:
     def second(backend: str) -> tuple[torch.Tensor, ...]:
         leaf = logits.clone().requires_grad_()
         leaf_weights = weights.clone().requires_grad_()
-        (grad,) = torch.autograd.grad(ensemble_reduce(leaf, leaf_weights, backend=backend).sum(), leaf, create_graph=True)
+        (grad,) = torch.autograd.grad(
+            ensemble_reduce(leaf, leaf_weights, backend=backend).sum(), leaf, create_graph=True
+        )
         return torch.autograd.grad((grad**2).sum(), (leaf, leaf_weights))
 
     for ours, twin in zip(second("cuda"), second("torch")):
@@ -306,12 +328,18 @@ def test_ig_of_an_ensemble_on_the_gpu_matches_the_cpu(cuda_device) -> None:
     cpu_members = integrated_gradients(ensemble.member_signals, states, target="each", n_steps=32, backend="torch")
     ensemble.to(cuda_device)
     gpu = integrated_gradients(ensemble, states.to(cuda_device), n_steps=32, backend="cuda")
-    gpu_members = integrated_gradients(ensemble.member_signals, states.to(cuda_device), target="each", n_steps=32, backend="cuda")
+    gpu_members = integrated_gradients(
+        ensemble.member_signals, states.to(cuda_device), target="each", n_steps=32, backend="cuda"
+    )
     scale = float(cpu.attributions.abs().max())
     # cuBLAS and the CPU's BLAS sum the members' layers in other orders: float32 rounding, 32 steps
     assert_close_scaled(gpu.attributions.cpu(), cpu.attributions, ulps=256, scale=scale)
-    assert_close_scaled(gpu_members.attributions.cpu(), cpu_members.attributions, ulps=256,
-                        scale=float(cpu_members.attributions.abs().max()))  # fmt: skip
+    assert_close_scaled(
+        gpu_members.attributions.cpu(),
+        cpu_members.attributions,
+        ulps=256,
+        scale=float(cpu_members.attributions.abs().max()),
+    )
     assert gpu.worst_relative_error < 1e-3 and gpu_members.worst_relative_error < 1e-3
 
 
@@ -356,7 +384,8 @@ extern "C" __global__ void probe_divisor(const unsigned int* bits, long long n, 
     const float x = __uint_as_float(bits[i]);
     for (int K = 1; K <= (1 << 20); K *= 2) {
         const float lean = lig_ens_divisor(K)(x), exact = __fdiv_rn(x, static_cast<float>(K));
-        if (__float_as_uint(lean) != __float_as_uint(exact) && !(lean != lean && exact != exact)) atomicAdd(mismatches, 1u);
+        if (__float_as_uint(lean) != __float_as_uint(exact) && !(lean != lean && exact != exact))
+            atomicAdd(mismatches, 1u);
     }
 }
 """
@@ -379,7 +408,9 @@ def test_lean_gives_the_exactly_rounded_bits(cuda_device) -> None:
         bits = torch.randint(-(2**31), 2**31, (1 << 20,), device=cuda_device, generator=generator, dtype=torch.int64)
         bits = torch.cat([bits, torch.arange(0, 1 << 16, device=cuda_device) * 3]).to(torch.int32)  # subnormals
         words = cupy.asarray(bits).view(cupy.uint32)
-        module.get_function("probe_divisor")(((words.size + 255) // 256,), (256,), (words, cupy.int64(words.size), mismatches[1:2]))
+        module.get_function("probe_divisor")(
+            ((words.size + 255) // 256,), (256,), (words, cupy.int64(words.size), mismatches[1:2])
+        )
         assert mismatches.get().tolist() == [0, 0]
 
 

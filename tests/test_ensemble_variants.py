@@ -45,24 +45,36 @@ def test_the_variant_table_names_the_kernels_knobs() -> None:
 
 
 def test_use_variant_rejects_unknown_names_and_restores_the_default() -> None:
-    with pytest.raises(ValueError, match=r"variant must be one of \[.*'baseline'.*\], got 'fastest'"):
-        with ops.use_variant("fastest"):
-            pass
+    with (
+        pytest.raises(ValueError, match=r"variant must be one of \[.*'baseline'.*\], got 'fastest'"),
+        ops.use_variant("fastest"),
+    ):
+        pass  # entering the block is what raises
     other = next(name for name in ops.VARIANTS if name != ops.DEFAULT_VARIANT)
-    with pytest.raises(RuntimeError, match="inside"):
-        with ops.use_variant(other) as variant:
-            assert variant is ops.VARIANTS[other] and ops._active_variant == other
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), ops.use_variant(other) as variant:
+        assert variant is ops.VARIANTS[other] and ops._active_variant == other
+        raise RuntimeError("inside")
     assert ops._active_variant == ops.DEFAULT_VARIANT
 
 
 def _spill_report(variant: ops.KernelVariant, tmp_path: Path) -> list[tuple[str, str, str]]:
     """(entry point, arch, ptxas's stack/spill line) for every entry point of ensemble.cu under ``variant``."""
     command = [
-        "nvcc", "-std=c++17", f"-I{KERNELS}", "-gencode", "arch=compute_80,code=sm_80",
-        "-gencode", "arch=compute_90,code=sm_90", "-Xptxas", "-v", "-fatbin", "-o", str(tmp_path / "ensemble.fatbin"),
-        *variant.options(), str(KERNELS / "ensemble.cu"),
-    ]  # fmt: skip
+        "nvcc",
+        "-std=c++17",
+        f"-I{KERNELS}",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-Xptxas",
+        "-v",
+        "-fatbin",
+        "-o",
+        str(tmp_path / "ensemble.fatbin"),
+        *variant.options(),
+        str(KERNELS / "ensemble.cu"),
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     report, entry = [], None
@@ -90,9 +102,18 @@ def test_every_variant_compiles_without_spills(name: str, tmp_path: Path) -> Non
 def test_the_batched_forward_computes_what_the_member_loop_computes(tmp_path: Path) -> None:
     binary = tmp_path / "ensemble_host_check"
     build = [
-        "g++", "-std=c++17", "-O1", "-ffp-contract=off", f"-I{KERNELS}", "-DLIG_ENS_ONE_DTYPE", "-DLIG_ENS_DTYPE_f32",
-        "-DLIG_ENS_LEAN=0", "-o", str(binary), str(HOST_CHECK),
-    ]  # fmt: skip
+        "g++",
+        "-std=c++17",
+        "-O1",
+        "-ffp-contract=off",
+        f"-I{KERNELS}",
+        "-DLIG_ENS_ONE_DTYPE",
+        "-DLIG_ENS_DTYPE_f32",
+        "-DLIG_ENS_LEAN=0",
+        "-o",
+        str(binary),
+        str(HOST_CHECK),
+    ]
     compiled = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
     assert compiled.returncode == 0, compiled.stderr[-2000:]
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, check=False)

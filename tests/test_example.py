@@ -22,23 +22,38 @@ import torch
 
 pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip install 'lightning-ig[examples]')")
 
+from _examples import REPO, example_env, load_example
+from _examples import only_run_dir as _only_run_dir
+from _examples import run_python as _run
+
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.report import load_schema
 from lightning_ig.tensorboard import feature_tags
 
-from _examples import REPO, example_env, load_example
-from _examples import only_run_dir as _only_run_dir
-from _examples import run_python as _run
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
 NUM_HELD_OUT = 32
 TINY = [
-    "--total-timesteps", "500", "--learning-starts", "200", "--batch-size", "32",
-    "--ig-every-n-steps", "100", "--ig-n-steps", "16", "--num-held-out", str(NUM_HELD_OUT),
-    "--eval-episodes", "2", "--no-progress-bar", "--seed", "3",  # no --accelerator: the example picks the CPU
+    "--total-timesteps",
+    "500",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--ig-every-n-steps",
+    "100",
+    "--ig-n-steps",
+    "16",
+    "--num-held-out",
+    str(NUM_HELD_OUT),
+    "--eval-episodes",
+    "2",
+    "--no-progress-bar",
+    "--seed",
+    "3",  # no --accelerator: the example picks the CPU
     "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
-]  # fmt: skip
+]
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +87,15 @@ def test_the_printed_diag_command_runs_as_printed(
     line = next(line for line in proc.stdout.splitlines() if line.startswith("diagnose it with"))
     command = shlex.split(line.removeprefix("diagnose it with"))
     assert Path(command[0]).name in ("lightning-ig", Path(sys.executable).name), command
-    done = subprocess.run([*command, "--auto-samples", "4", "--output", str(tmp_path / "r.json")], cwd=tiny_run[1].parent,
-                          env=example_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [*command, "--auto-samples", "4", "--output", str(tmp_path / "r.json")],
+        cwd=tiny_run[1].parent,
+        env=example_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "r.json").read_text())["num_states"] == 4
 
@@ -87,8 +109,14 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.Complet
     accumulator.Reload()
     tags = accumulator.Tags()
     scalars = set(tags["scalars"])
-    expected = {"ig/completeness/worst_relative_error", "ig/completeness/mean_abs_error", "ig/time_ms",
-                "charts/episodic_return", "losses/td_loss", "eval/mean_return"}  # fmt: skip
+    expected = {
+        "ig/completeness/worst_relative_error",
+        "ig/completeness/mean_abs_error",
+        "ig/time_ms",
+        "charts/episodic_return",
+        "losses/td_loss",
+        "eval/mean_return",
+    }
     for tag in feature_tags(FEATURE_NAMES):
         expected |= {f"ig/mean_abs/{tag}", f"ig/mean_signed/{tag}"}
     assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
@@ -122,10 +150,22 @@ def test_diag_on_the_checkpoint_writes_a_valid_report(
     output = tmp_path / "report.json"
     checkpoint = _only_run_dir(runs) / "q_network.safetensors"
     diag = _run(
-        ["-m", "lightning_ig.cli", "diag", "--checkpoint", str(checkpoint), "--states", "auto",
-         "--auto-samples", "8", "--output", str(output)],
-        cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+        [
+            "-m",
+            "lightning_ig.cli",
+            "diag",
+            "--checkpoint",
+            str(checkpoint),
+            "--states",
+            "auto",
+            "--auto-samples",
+            "8",
+            "--output",
+            str(output),
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert diag.returncode == 0, f"stdout:\n{diag.stdout[-2000:]}\nstderr:\n{diag.stderr[-2000:]}"
     report = json.loads(output.read_text())
     jsonschema.validate(report, load_schema())
@@ -184,7 +224,10 @@ def example_module() -> ModuleType:
         (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
         (["--total-timesteps", "lots"], "argument --total-timesteps: invalid int value: 'lots'"),
         (["--accelerator", "tpu"], "--accelerator: invalid choice: 'tpu'"),
-        (["--learning-starts", "900", "--total-timesteps", "500"], "--learning-starts must be in [0, --total-timesteps)"),
+        (
+            ["--learning-starts", "900", "--total-timesteps", "500"],
+            "--learning-starts must be in [0, --total-timesteps)",
+        ),
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
     ],
 )

@@ -22,21 +22,42 @@ from _tolerance import rounding_bound
 
 pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip install 'lightning-ig[examples]')")
 
-from lightning_ig import MinAtarQNetwork, load_checkpoint
-from lightning_ig.report import load_schema
-
 from _examples import REPO, load_example
 from _examples import only_run_dir as _only_run_dir
 from _examples import run_python as _run
+
+from lightning_ig import MinAtarQNetwork, load_checkpoint
+from lightning_ig.report import load_schema
+
 EXAMPLE = REPO / "examples" / "dqn_minatar.py"
 CHANNEL_NAMES = ["paddle", "ball", "trail", "brick"]  # MinAtar Breakout's channels, in order
 NUM_HELD_OUT = 8
 TINY = [
-    "--total-timesteps", "1200", "--learning-starts", "400", "--num-envs", "4", "--batch-size", "32",
-    "--ig-every-n-steps", "100", "--ig-n-steps", "8", "--num-held-out", str(NUM_HELD_OUT),
-    "--eval-episodes", "2", "--random-episodes", "4", "--no-progress-bar", "--accelerator", "cpu", "--seed", "3",
+    "--total-timesteps",
+    "1200",
+    "--learning-starts",
+    "400",
+    "--num-envs",
+    "4",
+    "--batch-size",
+    "32",
+    "--ig-every-n-steps",
+    "100",
+    "--ig-n-steps",
+    "8",
+    "--num-held-out",
+    str(NUM_HELD_OUT),
+    "--eval-episodes",
+    "2",
+    "--random-episodes",
+    "4",
+    "--no-progress-bar",
+    "--accelerator",
+    "cpu",
+    "--seed",
+    "3",
     "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
-]  # fmt: skip
+]
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +97,14 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run) -> None:
     accumulator.Reload()
     tags = accumulator.Tags()
     scalars = set(tags["scalars"])
-    expected = {"ig/completeness/worst_relative_error", "ig/time_ms", "charts/episodic_return", "losses/td_loss",
-                "eval/mean_return", "eval/random_mean_return"}  # fmt: skip
+    expected = {
+        "ig/completeness/worst_relative_error",
+        "ig/time_ms",
+        "charts/episodic_return",
+        "losses/td_loss",
+        "eval/mean_return",
+        "eval/random_mean_return",
+    }
     for channel in CHANNEL_NAMES:  # one curve per object, not one per pixel
         expected |= {f"ig/group/mean_abs/{channel}", f"ig/group/mean_signed/{channel}"}
     assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
@@ -113,11 +140,26 @@ def test_diag_reports_the_channels_by_name_with_saliency_images(tiny_run, tmp_pa
     assert f"--feature-groups {Path('runs', run_dir.name, groups_file.name)}" in proc.stdout  # it prints the command
     output = tmp_path / "report.json"
     diag = _run(
-        ["-m", "lightning_ig.cli", "diag", "--checkpoint", str(run_dir / "q_network.safetensors"), "--states", "auto",
-         "--auto-samples", "4", "--feature-groups", str(groups_file), "--saliency", str(tmp_path / "saliency"),
-         "--output", str(output)],
-        cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+        [
+            "-m",
+            "lightning_ig.cli",
+            "diag",
+            "--checkpoint",
+            str(run_dir / "q_network.safetensors"),
+            "--states",
+            "auto",
+            "--auto-samples",
+            "4",
+            "--feature-groups",
+            str(groups_file),
+            "--saliency",
+            str(tmp_path / "saliency"),
+            "--output",
+            str(output),
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     _ok(diag)
     report = json.loads(output.read_text())
     jsonschema.validate(report, load_schema())
@@ -175,7 +217,10 @@ def example_module() -> ModuleType:
     [
         (["--num-envs", "0"], "argument --num-envs: must be >= 1, got 0"),
         (["--game", "pong"], "argument --game: invalid choice: 'pong'"),
-        (["--learning-starts", "900", "--total-timesteps", "500"], "--learning-starts must be in [0, --total-timesteps)"),
+        (
+            ["--learning-starts", "900", "--total-timesteps", "500"],
+            "--learning-starts must be in [0, --total-timesteps)",
+        ),
         (["--buffer-size", "10", "--num-envs", "8"], "--buffer-size 10 is too small for --num-envs 8"),
         (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
     ],
@@ -188,8 +233,9 @@ def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys
 
 
 def test_replay_n_step_returns_stop_at_the_end_of_a_game(example_module) -> None:
-    args = example_module.parse_args(["--num-envs", "1", "--buffer-size", "64", "--n-step", "3", "--gamma", "0.5",
-                                      "--batch-size", "256"])  # fmt: skip
+    args = example_module.parse_args(
+        ["--num-envs", "1", "--buffer-size", "64", "--n-step", "3", "--gamma", "0.5", "--batch-size", "256"]
+    )
     buffer = example_module.ReplayBuffer(args, (1, 10, 10), torch.device("cpu"))
     rewards, terminals = [1.0, 2.0, 4.0, 8.0, 16.0], [0.0, 1.0, 0.0, 0.0, 0.0]  # the first game ends at step 1
     for step, (reward, terminal) in enumerate(zip(rewards, terminals)):
@@ -206,8 +252,12 @@ def test_replay_n_step_returns_stop_at_the_end_of_a_game(example_module) -> None
         assert reward_soon[row].item() == 1.0
     # a window without an end bootstraps with gamma^n
     for step, reward in enumerate([0.0, 0.0, 0.0, 0.0], start=5):
-        buffer.add(torch.full((1, 1, 10, 10), step, dtype=torch.uint8), torch.tensor([step]), torch.tensor([reward]),
-                   torch.tensor([0.0]))  # fmt: skip
+        buffer.add(
+            torch.full((1, 1, 10, 10), step, dtype=torch.uint8),
+            torch.tensor([step]),
+            torch.tensor([reward]),
+            torch.tensor([0.0]),
+        )
     _, actions, returns, _, discounts, reward_soon = buffer.sample()
     by_start = {int(a): (float(r), float(d), float(s)) for a, r, d, s in zip(actions, returns, discounts, reward_soon)}
     assert by_start[2] == (4 + 0.5 * 8 + 0.25 * 16, 0.125, 1.0)

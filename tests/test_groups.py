@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from _tolerance import assert_close_scaled
+
 from lightning_ig import FeatureGroups
 from lightning_ig.attribution import integrated_gradients
 
@@ -24,7 +24,9 @@ def test_channels_of_an_image_state():
     attributions = torch.randn(6, 3, 4, 5, generator=torch.Generator().manual_seed(0))
     sums = groups.sum(attributions)
     assert sums.shape == (6, 3) and sums.dtype == torch.float32
-    assert_close_scaled(sums, attributions.double().sum((2, 3)), ulps=32, scale=float(attributions.abs().sum((2, 3)).max()))
+    assert_close_scaled(
+        sums, attributions.double().sum((2, 3)), ulps=32, scale=float(attributions.abs().sum((2, 3)).max())
+    )
 
 
 def test_features_keep_the_feature_names_and_values():
@@ -50,7 +52,9 @@ def test_integer_mask_captum_semantics_non_contiguous_ids_and_broadcast():
 
 def test_dict_of_index_lists_and_bool_masks_with_the_rest_as_other():
     shape = (2, 3)
-    groups = FeatureGroups.resolve({"first row": torch.tensor([[True, True, True], [False, False, False]]), "corner": [5]}, shape)
+    groups = FeatureGroups.resolve(
+        {"first row": torch.tensor([[True, True, True], [False, False, False]]), "corner": [5]}, shape
+    )
     assert groups.names == ["first row", "corner", "other"]
     assert groups.members(0).tolist() == [0, 1, 2] and groups.members(1).tolist() == [5]
     assert groups.members(2).tolist() == [3, 4]
@@ -69,7 +73,11 @@ def test_group_sums_equal_member_sums_for_uneven_groups_and_are_repeatable():
     assert torch.equal(sums, groups.sum(attributions))  # bit-identical repeat
     blocks = FeatureGroups.blocks((10,), 4)
     assert blocks.names == ["x0..x3", "x4..x7", "x8..x9"]
-    assert_close_scaled(blocks.sum(attributions.reshape(9, -1)[:, :10]), _member_sums(blocks, attributions.reshape(9, -1)[:, :10]), ulps=16)
+    assert_close_scaled(
+        blocks.sum(attributions.reshape(9, -1)[:, :10]),
+        _member_sums(blocks, attributions.reshape(9, -1)[:, :10]),
+        ulps=16,
+    )
 
 
 def test_completeness_holds_per_group():
@@ -85,7 +93,9 @@ def test_completeness_holds_per_group():
     grouped = groups.sum(result.attributions).double()  # (B, G)
     # the groups add up to the features' total, so completeness per state is the same for groups
     total = result.attributions.reshape(5, -1).double().sum(1)
-    assert_close_scaled(grouped.sum(1), total, ulps=64, scale=float(result.attributions.abs().reshape(5, -1).sum(1).max()))
+    assert_close_scaled(
+        grouped.sum(1), total, ulps=64, scale=float(result.attributions.abs().reshape(5, -1).sum(1).max())
+    )
     # ... so the groups' completeness gap is the engine's delta, up to the rounding of those sums
     difference = (result.f_input - result.f_baseline).double()
     scale = float((result.attributions.abs().reshape(5, -1).sum(1) + difference.abs()).max())
@@ -95,7 +105,11 @@ def test_completeness_holds_per_group():
 @pytest.mark.parametrize(
     ("groups", "error", "match"),
     [
-        (torch.zeros(3, 3, dtype=torch.int64), ValueError, r"mask has shape \(3, 3\), which does not fit the feature shape \(2, 3\)"),
+        (
+            torch.zeros(3, 3, dtype=torch.int64),
+            ValueError,
+            r"mask has shape \(3, 3\), which does not fit the feature shape \(2, 3\)",
+        ),
         (torch.tensor([[0, -1, 0], [1, 1, 1]]), ValueError, "ids must be >= 0, got -1"),
         (torch.zeros(2, 3), TypeError, "must hold integer group ids, got dtype torch.float32"),
         (torch.zeros(2, 3, dtype=torch.bool), TypeError, "pass a dict"),

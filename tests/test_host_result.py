@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from _tolerance import assert_close_scaled
+
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.groups import FeatureGroups
 from lightning_ig.host_result import HostResult, Moments, pack
@@ -25,7 +25,9 @@ def _result(states: torch.Tensor):
 def test_the_single_process_view_equals_numpy():
     states = torch.randn(7, 2, 3, generator=torch.Generator().manual_seed(0))
     result = _result(states)
-    host = HostResult.from_result(result, keep_attributions=True, sample_states=2, groups=FeatureGroups.resolve("channels", (2, 3)))
+    host = HostResult.from_result(
+        result, keep_attributions=True, sample_states=2, groups=FeatureGroups.resolve("channels", (2, 3))
+    )
     flat = result.attributions.double().reshape(7, 6).numpy()
     assert np.array_equal(host.attributions, flat)
     assert np.array_equal(host.sample_attributions, flat[:2].reshape(2, 2, 3))

@@ -32,15 +32,22 @@ ULPS = {torch.float64: 8, torch.float32: 8, torch.bfloat16: 3, torch.float16: 3}
 DTYPES = list(ULPS)
 
 
-def _assert_close(actual: torch.Tensor | np.ndarray, expected: torch.Tensor | np.ndarray, dtype: torch.dtype, *,
-                  ulps: float | None = None, scale: float | None = None) -> None:
+def _assert_close(
+    actual: torch.Tensor | np.ndarray,
+    expected: torch.Tensor | np.ndarray,
+    dtype: torch.dtype,
+    *,
+    ulps: float | None = None,
+    scale: float | None = None,
+) -> None:
     """``actual`` within ``ulps`` roundings of ``dtype`` of ``expected``, at the size of the values (see _tolerance)."""
 
     def as_array(values: torch.Tensor | np.ndarray) -> np.ndarray:
         return values.detach().cpu().double().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
-    assert_close_scaled(as_array(actual), as_array(expected), ulps=ULPS[dtype] if ulps is None else ulps,
-                        dtype=dtype, scale=scale)
+    assert_close_scaled(
+        as_array(actual), as_array(expected), ulps=ULPS[dtype] if ulps is None else ulps, dtype=dtype, scale=scale
+    )
 
 
 def _reference(x: torch.Tensor, y: torch.Tensor, reduction: str) -> tuple[np.ndarray, np.ndarray]:
@@ -364,8 +371,14 @@ def test_swap_soft_margin_keeps_aliases_aliased() -> None:
     shared = nn.SoftMarginLoss()
     left, right = nn.Module(), nn.Module()
     left.loss, right.loss = shared, shared
-    containers = [nn.ModuleList([shared, shared]), nn.ModuleDict({"a": shared, "b": shared}), nn.Sequential(shared, shared)]
-    tree = nn.ModuleDict({"left": left, "right": right, "list": containers[0], "dict": containers[1], "seq": containers[2]})
+    containers = [
+        nn.ModuleList([shared, shared]),
+        nn.ModuleDict({"a": shared, "b": shared}),
+        nn.Sequential(shared, shared),
+    ]
+    tree = nn.ModuleDict(
+        {"left": left, "right": right, "list": containers[0], "dict": containers[1], "seq": containers[2]}
+    )
     assert swap_soft_margin(tree, backend="torch") == 1
     fused = left.loss
     assert type(fused) is SoftMarginLoss and fused.backend == "torch"

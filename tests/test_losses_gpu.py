@@ -62,7 +62,9 @@ def _reference(x: torch.Tensor, y: torch.Tensor, reduction: str) -> tuple[torch.
     return loss, grad
 
 
-def _assert_ulps(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, ulps: float, scale: float | None = None) -> None:
+def _assert_ulps(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, ulps: float, scale: float | None = None
+) -> None:
     """Within ``ulps`` roundings of ``dtype`` at ``scale`` (default: each value's own size, floored at
     the dtype's smallest normal number); equal values (infinities) and NaN against NaN pass."""
     actual64 = actual.detach().double().cpu().numpy().reshape(-1)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tolerance import assert_close_scaled
 from safetensors import safe_open
 from safetensors.torch import save_file
-from _tolerance import assert_close_scaled
 from torch import nn
 
 from lightning_ig.checkpoint import (
@@ -56,8 +56,12 @@ def test_dueling_identity_mean_q_is_the_value_stream() -> None:
     q = net(x)
     assert q.shape == (7, 3) and net.features(x).shape == (7, 8)
     # mean over actions of V + A - mean(A) is V up to the rounding of those sums, at the size of Q
-    assert_close_scaled(q.mean(dim=1, keepdim=True).detach(), net.value(net.features(x)).detach(), ulps=8,
-                        scale=float(q.detach().abs().max()))
+    assert_close_scaled(
+        q.mean(dim=1, keepdim=True).detach(),
+        net.value(net.features(x)).detach(),
+        ulps=8,
+        scale=float(q.detach().abs().max()),
+    )
     noisy_layers = [m for m in net.modules() if isinstance(m, NoisyLinear)]
     assert len(noisy_layers) == 4 and not any(isinstance(m, NoisyLinear) for m in net.body.modules())
     assert not any(isinstance(m, NoisyLinear) for m in DuelingQNetwork(5, 3, noisy=False).modules())
@@ -123,7 +127,9 @@ def test_save_and_load_rebuild_the_same_function(tmp_path: Path) -> None:
     torch.manual_seed(2)
     net = DuelingQNetwork(4, 3, hidden_sizes=(16,), activation="tanh")
     states = torch.randn(9, 4, dtype=torch.float64)
-    path = save_checkpoint(net, tmp_path / "sub" / "q.safetensors", feature_names=list("abcd"), states=states, metadata={"run": "7"})
+    path = save_checkpoint(
+        net, tmp_path / "sub" / "q.safetensors", feature_names=list("abcd"), states=states, metadata={"run": "7"}
+    )
     assert [p.name for p in path.parent.iterdir()] == ["q.safetensors"], "no temporary file is left behind"
     metadata = read_metadata(path)
     assert metadata[ARCHITECTURE_KEY] == "DuelingQNetwork" and json.loads(metadata[CONFIG_KEY]) == net.config()
@@ -178,7 +184,9 @@ def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Pa
     merged = merge_checkpoints({"up": a, "down": b}, tmp_path / "merged.safetensors")
     assert json.loads(read_metadata(merged)[HEADS_KEY])["down"]["architecture"] == "DuelingQNetwork"
     torch.testing.assert_close(load_checkpoint(merged, head="up").states, shared, rtol=0, atol=0)
-    torch.testing.assert_close(load_checkpoint(merged, head="up").model(shared), trending.eval()(shared), rtol=0, atol=0)
+    torch.testing.assert_close(
+        load_checkpoint(merged, head="up").model(shared), trending.eval()(shared), rtol=0, atol=0
+    )
 
     with pytest.raises(CheckpointError, match="holds several heads .*--head"):
         load_checkpoint(path)
@@ -195,7 +203,9 @@ def test_foreign_merged_file_heads_are_inferred_from_keys(tmp_path: Path) -> Non
     with pytest.raises(CheckpointError, match="--model package.module:Class"):
         load_checkpoint(tmp_path / "foreign.safetensors", head="x")
     loaded = load_checkpoint(tmp_path / "foreign.safetensors", head="y", architecture="test_models_checkpoint:PlainMLP")
-    torch.testing.assert_close(loaded.model.layer.weight, net.layer.weight, rtol=0, atol=0)  # stored and read back: exact
+    torch.testing.assert_close(
+        loaded.model.layer.weight, net.layer.weight, rtol=0, atol=0
+    )  # stored and read back: exact
     torch.testing.assert_close(loaded.states, torch.ones(2, 3), rtol=0, atol=0)
 
 
@@ -213,7 +223,9 @@ def test_load_errors_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path) -
     with pytest.raises(ValueError, match="reserved prefix"):
         save_checkpoint(DuelingQNetwork(4, 2), tmp_path / "x.safetensors", metadata={"lightning_ig.format": "2"})
     with pytest.raises(ValueError, match="3 names but there are 4 features"):
-        save_checkpoint(DuelingQNetwork(4, 2), tmp_path / "x.safetensors", feature_names=list("abc"), states=torch.zeros(1, 4))
+        save_checkpoint(
+            DuelingQNetwork(4, 2), tmp_path / "x.safetensors", feature_names=list("abc"), states=torch.zeros(1, 4)
+        )
     assert not (tmp_path / "x.safetensors").exists()
 
 
@@ -250,7 +262,7 @@ def test_states_files_in_every_format(tmp_path: Path) -> None:
 def umask():
     """Set the process umask for one test and put the old one back."""
     previous = os.umask(0o022)
-    yield lambda mask: os.umask(mask)
+    yield os.umask
     os.umask(previous)
 
 

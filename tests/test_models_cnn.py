@@ -27,7 +27,11 @@ CASES = [
     (lambda: MinAtarQNetwork(in_channels=4, num_actions=3), (4, 10, 10), 3),
     (lambda: MinAtarQNetwork(in_channels=10, num_actions=6, hidden_size=32, activation="silu"), (10, 10, 10), 6),
     (lambda: NatureQNetwork(in_channels=4, num_actions=6), (4, 84, 84), 6),
-    (lambda: ConvDuelingQNetwork((2, 12, 9), 5, conv_layers=((8, 3, 2), (4, 2, 1)), hidden_sizes=(16, 8)), (2, 12, 9), 5),
+    (
+        lambda: ConvDuelingQNetwork((2, 12, 9), 5, conv_layers=((8, 3, 2), (4, 2, 1)), hidden_sizes=(16, 8)),
+        (2, 12, 9),
+        5,
+    ),
 ]
 
 
@@ -64,16 +68,22 @@ def test_config_rebuilds_the_same_architecture_under_its_registered_name(make, f
 
 def test_presets_are_the_published_shapes() -> None:
     minatar = MinAtarQNetwork(in_channels=4, num_actions=3)
-    assert minatar.config() == {"in_channels": 4, "num_actions": 3, "hidden_size": 128, "noisy": True,
-                                "sigma0": 0.5, "activation": "relu"}  # fmt: skip
+    assert minatar.config() == {
+        "in_channels": 4,
+        "num_actions": 3,
+        "hidden_size": 128,
+        "noisy": True,
+        "sigma0": 0.5,
+        "activation": "relu",
+    }
     conv = minatar.encoder[0]
     assert (conv.out_channels, conv.kernel_size, conv.stride) == (16, (3, 3), (1, 1))
     assert minatar.head.state_dim == 16 * 8 * 8 and minatar.head.hidden_sizes == (128,)  # the paper's network
     assert minatar.features(torch.zeros(1, 4, 10, 10)).shape == (1, 128)
     nature = NatureQNetwork(num_actions=6)
-    assert [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in nature.encoder if isinstance(c, torch.nn.Conv2d)] == [
-        (32, 8, 4), (64, 4, 2), (64, 3, 1)
-    ]  # fmt: skip
+    assert [
+        (c.out_channels, c.kernel_size[0], c.stride[0]) for c in nature.encoder if isinstance(c, torch.nn.Conv2d)
+    ] == [(32, 8, 4), (64, 4, 2), (64, 3, 1)]
     assert nature.head.state_dim == 64 * 7 * 7 and nature.head.stream_hidden_size == 512
 
 
@@ -123,10 +133,22 @@ def test_checkpoint_round_trip_rebuilds_the_cnn_with_its_states(tmp_path: Path) 
     [
         ({"input_shape": (4, 10), "num_actions": 3}, ValueError, "input_shape must have 3 entries"),
         ({"input_shape": (4, 10, 0), "num_actions": 3}, ValueError, "input_shape[2] must be >= 1, got 0"),
-        ({"input_shape": (4, 10, 10), "num_actions": 3, "conv_layers": ((16, 3),)}, ValueError, "conv_layers[0] must have 3"),
-        ({"input_shape": (4, 10, 10), "num_actions": 3, "conv_layers": "16x3"}, TypeError, "conv_layers must be a sequence"),
+        (
+            {"input_shape": (4, 10, 10), "num_actions": 3, "conv_layers": ((16, 3),)},
+            ValueError,
+            "conv_layers[0] must have 3",
+        ),
+        (
+            {"input_shape": (4, 10, 10), "num_actions": 3, "conv_layers": "16x3"},
+            TypeError,
+            "conv_layers must be a sequence",
+        ),
         ({"input_shape": (4, 5, 5), "num_actions": 3, "conv_layers": ((8, 6, 1),)}, ValueError, "does not fit a frame"),
-        ({"input_shape": (4, 10, 10), "num_actions": 3, "activation": "swish"}, ValueError, "activation must be one of"),
+        (
+            {"input_shape": (4, 10, 10), "num_actions": 3, "activation": "swish"},
+            ValueError,
+            "activation must be one of",
+        ),
         ({"input_shape": (4, 10, 10), "num_actions": 2.5}, TypeError, "num_actions must be an int"),
     ],
 )

@@ -55,7 +55,9 @@ def test_noise_applies_only_in_training_mode_with_noise_enabled() -> None:
     x = torch.randn(8, 4)
     mean_output = F.linear(x, layer.weight_mu, layer.bias_mu)
     noisy_output = F.linear(
-        x, layer.weight_mu + layer.weight_sigma * layer.weight_epsilon, layer.bias_mu + layer.bias_sigma * layer.bias_epsilon
+        x,
+        layer.weight_mu + layer.weight_sigma * layer.weight_epsilon,
+        layer.bias_mu + layer.bias_sigma * layer.bias_epsilon,
     )
     assert layer.noise_active
     torch.testing.assert_close(layer(x), noisy_output)
@@ -114,7 +116,11 @@ class TrainingGatedNoisyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
-            return F.linear(x, self.weight_mu + self.weight_sigma * self.weight_epsilon, self.bias_mu + self.bias_sigma * self.bias_epsilon)
+            return F.linear(
+                x,
+                self.weight_mu + self.weight_sigma * self.weight_epsilon,
+                self.bias_mu + self.bias_sigma * self.bias_epsilon,
+            )
         return F.linear(x, self.weight_mu, self.bias_mu)
 
     def mean_output(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,7 +199,9 @@ def _full_state(model: nn.Module) -> dict[str, object]:
     state: dict[str, object] = {}
     for name, module in model.named_modules():
         state[f"{name}.training"] = module.training
-        state[f"{name}.vars"] = {k: v for k, v in vars(module).items() if isinstance(v, (bool, int, float, str, type(None)))}
+        state[f"{name}.vars"] = {
+            k: v for k, v in vars(module).items() if isinstance(v, (bool, int, float, str, type(None)))
+        }
         for key, tensor in list(module._parameters.items()) + list(module._buffers.items()):
             if tensor is not None:
                 state[f"{name}.{key}"] = (id(tensor), _bits(tensor))
@@ -240,13 +248,12 @@ def test_restored_after_an_exception_and_when_nested() -> None:
     model.switched.use_noise = False  # already off before: must stay off, not be "re-enabled"
     model.gated.eval()
     before = _full_state(model)
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(RuntimeError, match="boom"), noise_disabled(model):
         with noise_disabled(model):
-            with noise_disabled(model):
-                model.gated.weight_epsilon.fill_(float("nan"))
-            assert not model.ours.noise_enabled, "the inner block restores the outer block's state"
-            model.gated.train()
-            raise RuntimeError("boom")
+            model.gated.weight_epsilon.fill_(float("nan"))
+        assert not model.ours.noise_enabled, "the inner block restores the outer block's state"
+        model.gated.train()
+        raise RuntimeError("boom")
     assert _full_state(model) == before
 
 
@@ -269,9 +276,8 @@ def test_works_under_inference_mode_and_keeps_autograd_out_of_the_state() -> Non
         first, second = model(x), model(x)
     assert torch.equal(first, second)
     assert _full_state(model) == before
-    with pytest.raises(TypeError, match="torch.nn.Module"):
-        with noise_disabled("not a model"):  # type: ignore[arg-type]
-            pass
+    with pytest.raises(TypeError, match="torch.nn.Module"), noise_disabled("not a model"):  # type: ignore[arg-type]
+        pass
 
 
 def test_a_block_that_changes_nothing_leaves_saved_autograd_tensors_valid() -> None:

@@ -67,8 +67,14 @@ def kinds_of(annotation: Any, namespace: dict[str, Any]) -> frozenset[str]:
         return frozenset({"path"})
     if annotation in (bool, int, float, str):
         return frozenset({_scalar(annotation)})
-    for kind, cls in (("tensor", Tensor), ("module", nn.Module), ("generator", torch.Generator),
-                      ("dtype", torch.dtype), ("device", torch.device), ("array", np.ndarray)):  # fmt: skip
+    for kind, cls in (
+        ("tensor", Tensor),
+        ("module", nn.Module),
+        ("generator", torch.Generator),
+        ("dtype", torch.dtype),
+        ("device", torch.device),
+        ("array", np.ndarray),
+    ):
         if annotation is cls or (isinstance(annotation, type) and issubclass(annotation, cls)):
             return frozenset({kind})
     if isinstance(annotation, type):
@@ -107,8 +113,13 @@ def accepts(kind: str, value: Any) -> bool:
         return isinstance(value, (str, os.PathLike))
     if kind == "device":
         return isinstance(value, (str, torch.device))
-    simple = {"tensor": Tensor, "module": nn.Module, "generator": torch.Generator, "dtype": torch.dtype,
-              "array": np.ndarray}  # fmt: skip
+    simple = {
+        "tensor": Tensor,
+        "module": nn.Module,
+        "generator": torch.Generator,
+        "dtype": torch.dtype,
+        "array": np.ndarray,
+    }
     if kind in simple:
         return isinstance(value, simple[kind])
     assert kind.startswith("instance:"), kind
@@ -181,14 +192,15 @@ def _checkpoint(folder: Path) -> Path:
 
 def _engine_options() -> tuple[inspect.Parameter, ...]:
     """The keyword options of integrated_gradients and ``cuda_graph``: what ``**defaults``/``**overrides`` take."""
-    options = [p for p in inspect.signature(lightning_ig.integrated_gradients).parameters.values()
-               if p.kind is inspect.Parameter.KEYWORD_ONLY]  # fmt: skip
-    cuda_graph = inspect.Parameter("cuda_graph", inspect.Parameter.KEYWORD_ONLY, default="auto",
-                                   annotation="bool | Literal['auto']")  # fmt: skip
+    options = [
+        p
+        for p in inspect.signature(lightning_ig.integrated_gradients).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    cuda_graph = inspect.Parameter(
+        "cuda_graph", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation="bool | Literal['auto']"
+    )
     return (*options, cuda_graph)
-
-
-_registered = iter(range(1_000_000))
 
 
 _registered = iter(range(1_000_000))
@@ -204,11 +216,19 @@ def entry_points() -> list[Entry]:
     q, states = _q, _STATES
     engine_options = _engine_options()
     return [
-        Entry("integrated_gradients", L.integrated_gradients,
-              lambda tmp: {"forward": _value, "inputs": states, "n_steps": 4}),
+        Entry(
+            "integrated_gradients",
+            L.integrated_gradients,
+            lambda tmp: {"forward": _value, "inputs": states, "n_steps": 4},
+        ),
         Entry("IntegratedGradients", L.IntegratedGradients, lambda tmp: {"forward": _value}, extra=engine_options),
-        Entry("IntegratedGradients.attribute", L.IntegratedGradients.attribute, lambda tmp: {"inputs": states},
-              owner=lambda: L.IntegratedGradients(_value, n_steps=4), extra=engine_options),
+        Entry(
+            "IntegratedGradients.attribute",
+            L.IntegratedGradients.attribute,
+            lambda tmp: {"inputs": states},
+            owner=lambda: L.IntegratedGradients(_value, n_steps=4),
+            extra=engine_options,
+        ),
         Entry("IGResult.grouped", L.IGResult.grouped, lambda tmp: {"groups": "features"}, owner=_result),
         Entry("target_forward", L.target_forward, lambda tmp: {"model": q()}),
         Entry("quadrature", L.quadrature, lambda tmp: {"method": "gausslegendre", "n": 4}),
@@ -216,47 +236,75 @@ def entry_points() -> list[Entry]:
         Entry("NoisyLinear.reset_noise", L.NoisyLinear.reset_noise, _none, owner=lambda: L.NoisyLinear(4, 2)),
         Entry("noise_disabled", _entered(L.noise_disabled), lambda tmp: {"module": q()}),
         Entry("IntegratedGradientsCallback", L.IntegratedGradientsCallback, lambda tmp: {"states": states}),
-        Entry("build_report", L.build_report,
-              lambda tmp: {"result": _result(), "feature_names": None, "forward_target": "mean"}),
+        Entry(
+            "build_report",
+            L.build_report,
+            lambda tmp: {"result": _result(), "feature_names": None, "forward_target": "mean"},
+        ),
         Entry("feature_statistics", L.feature_statistics, lambda tmp: {"attributions": torch.ones(3, 4)}),
         Entry("completeness_summary", L.completeness_summary, lambda tmp: {"result": _result()}),
-        Entry("FeatureGroups", L.FeatureGroups,
-              lambda tmp: {"ids": torch.tensor([0, 0, 1, 1]), "names": ["a", "b"], "feature_shape": (4,)}),
-        Entry("FeatureGroups.resolve", L.FeatureGroups.resolve,
-              lambda tmp: {"groups": {"a": [0, 1]}, "feature_shape": (4,)}),
+        Entry(
+            "FeatureGroups",
+            L.FeatureGroups,
+            lambda tmp: {"ids": torch.tensor([0, 0, 1, 1]), "names": ["a", "b"], "feature_shape": (4,)},
+        ),
+        Entry(
+            "FeatureGroups.resolve",
+            L.FeatureGroups.resolve,
+            lambda tmp: {"groups": {"a": [0, 1]}, "feature_shape": (4,)},
+        ),
         Entry("FeatureGroups.features", L.FeatureGroups.features, lambda tmp: {"feature_shape": (4,)}),
         Entry("FeatureGroups.channels", L.FeatureGroups.channels, lambda tmp: {"feature_shape": (2, 3, 3)}),
         Entry("FeatureGroups.blocks", L.FeatureGroups.blocks, lambda tmp: {"feature_shape": (4,), "size": 2}),
-        Entry("FeatureGroups.members", L.FeatureGroups.members, lambda tmp: {"group": 1},
-              owner=lambda: L.FeatureGroups.resolve("features", (4,))),
+        Entry(
+            "FeatureGroups.members",
+            L.FeatureGroups.members,
+            lambda tmp: {"group": 1},
+            owner=lambda: L.FeatureGroups.resolve("features", (4,)),
+        ),
         Entry("soft_margin_loss", L.soft_margin_loss, lambda tmp: {"input": torch.zeros(3), "target": torch.ones(3)}),
         Entry("SoftMarginLoss", L.SoftMarginLoss, _none),
         Entry("swap_soft_margin", L.swap_soft_margin, lambda tmp: {"module": q()}),
-        Entry("ensemble_reduce", L.ensemble_reduce,
-              lambda tmp: {"logits": torch.zeros(2, 3, 4), "weights": torch.ones(3) / 3}),
+        Entry(
+            "ensemble_reduce",
+            L.ensemble_reduce,
+            lambda tmp: {"logits": torch.zeros(2, 3, 4), "weights": torch.ones(3) / 3},
+        ),
         Entry("EnsembleReduce", L.EnsembleReduce, lambda tmp: {"weights": 3}),
         Entry("Ensemble", L.Ensemble, lambda tmp: {"members": [q(), q()]}),
         Entry("Ensemble.reset_noise", L.Ensemble.reset_noise, _none, owner=lambda: L.Ensemble([q()])),
-        Entry("ensemble_summary", L.ensemble_summary,
-              lambda tmp: {"aggregate": _result(), "members": _members_result()}),
+        Entry(
+            "ensemble_summary", L.ensemble_summary, lambda tmp: {"aggregate": _result(), "members": _members_result()}
+        ),
         Entry("save_checkpoint", L.save_checkpoint, lambda tmp: {"model": q(), "path": tmp / "saved.safetensors"}),
-        Entry("save_merged_checkpoint", L.save_merged_checkpoint,
-              lambda tmp: {"heads": {"a": q(), "b": q()}, "path": tmp / "merged.safetensors"}),
+        Entry(
+            "save_merged_checkpoint",
+            L.save_merged_checkpoint,
+            lambda tmp: {"heads": {"a": q(), "b": q()}, "path": tmp / "merged.safetensors"},
+        ),
         Entry("load_checkpoint", L.load_checkpoint, lambda tmp: {"path": _checkpoint(tmp)}),
         Entry("list_heads", L.list_heads, lambda tmp: {"path": _checkpoint(tmp)}),
         Entry("load_states", L.load_states, lambda tmp: {"path": _checkpoint(tmp)}),
         Entry("DuelingQNetwork", L.DuelingQNetwork, lambda tmp: {"state_dim": 4, "num_actions": 2}),
-        Entry("DuelingQNetwork.reset_noise", L.DuelingQNetwork.reset_noise, _none,
-              owner=lambda: L.DuelingQNetwork(4, 2)),
+        Entry(
+            "DuelingQNetwork.reset_noise", L.DuelingQNetwork.reset_noise, _none, owner=lambda: L.DuelingQNetwork(4, 2)
+        ),
         Entry("ConvDuelingQNetwork", L.ConvDuelingQNetwork, lambda tmp: {"input_shape": (2, 5, 5), "num_actions": 2}),
-        Entry("ConvDuelingQNetwork.reset_noise", L.ConvDuelingQNetwork.reset_noise, _none,
-              owner=lambda: L.ConvDuelingQNetwork((2, 5, 5), 2)),
+        Entry(
+            "ConvDuelingQNetwork.reset_noise",
+            L.ConvDuelingQNetwork.reset_noise,
+            _none,
+            owner=lambda: L.ConvDuelingQNetwork((2, 5, 5), 2),
+        ),
         Entry("MinAtarQNetwork", L.MinAtarQNetwork, _none),
         Entry("NatureQNetwork", L.NatureQNetwork, _none),
         Entry("register_model", L.register_model, _model_name),
-        Entry("build_model", L.build_model,
-              lambda tmp: {"name": "DuelingQNetwork", "config": {"state_dim": 4, "num_actions": 2}}),
-    ]  # fmt: skip
+        Entry(
+            "build_model",
+            L.build_model,
+            lambda tmp: {"name": "DuelingQNetwork", "config": {"state_dim": 4, "num_actions": 2}},
+        ),
+    ]
 
 
 def _entered(context: Callable[..., Any]) -> Callable[..., Any]:
@@ -361,8 +409,21 @@ def test_the_generated_cases_reach_every_kind_of_option() -> None:
     # A guard on the generator itself: if annotations stopped resolving, every option would read as "any"
     # and nothing would be tested.
     names = {case.values[1] for case in CASES}
-    expected = ("run_at_train_end", "log_histograms", "group_names", "n_steps", "completeness_tol", "sigma0",
-                "feature_names", "reduce_dim", "backend", "max_steps", "cuda_graph", "metadata", "names")  # fmt: skip
+    expected = (
+        "run_at_train_end",
+        "log_histograms",
+        "group_names",
+        "n_steps",
+        "completeness_tol",
+        "sigma0",
+        "feature_names",
+        "reduce_dim",
+        "backend",
+        "max_steps",
+        "cuda_graph",
+        "metadata",
+        "names",
+    )
     for option in expected:
         assert option in names, option
     assert len(CASES) > 400
@@ -392,7 +453,7 @@ def _typed_flags() -> Iterator[tuple[str, argparse.Action]]:
                 yield command, action
 
 
-_WRONG_TEXT = ["abc", "", "1.5", "-5", "nan", "inf", "1e400", "9" * 5000, "[" * 100000, "{\"a\": " * 50000]
+_WRONG_TEXT = ["abc", "", "1.5", "-5", "nan", "inf", "1e400", "9" * 5000, "[" * 100000, '{"a": ' * 50000]
 
 # What each flag's type takes; a new typed flag needs a line here (the test below says so).
 _FLAG_ACCEPTS: dict[str, Callable[[str], bool]] = {
@@ -436,14 +497,20 @@ def _flag_cases() -> Iterator[Any]:
 
 
 def test_every_typed_flag_says_what_it_takes() -> None:
-    missing = [flag for _, action in _typed_flags() if action.choices is None
-               for flag in [max(action.option_strings, key=len)] if flag not in _FLAG_ACCEPTS]  # fmt: skip
+    missing = [
+        flag
+        for _, action in _typed_flags()
+        if action.choices is None
+        for flag in [max(action.option_strings, key=len)]
+        if flag not in _FLAG_ACCEPTS
+    ]
     assert not missing, f"add what these flags take to _FLAG_ACCEPTS: {missing}"
 
 
 @pytest.mark.parametrize(("command", "flag", "text"), list(_flag_cases()))
-def test_a_wrong_flag_value_exits_2_naming_the_flag(command: str, flag: str, text: str,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_wrong_flag_value_exits_2_naming_the_flag(
+    command: str, flag: str, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     required = ["--checkpoint", "missing.safetensors"] if command == "diag" else ["missing.json"]
     status = main([command, *required, f"{flag}={text}"])
     err = capsys.readouterr().err

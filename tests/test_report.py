@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from lightning_ig import report as report_module
-from lightning_ig.statistics import completeness
 from lightning_ig.report import (
     SCHEMA_VERSION,
     build_report,
@@ -26,6 +25,7 @@ from lightning_ig.report import (
     topk_jaccard,
     write_report,
 )
+from lightning_ig.statistics import completeness
 
 CONTRACT_KEYS = [
     "schema_version",
@@ -288,7 +288,9 @@ def test_non_finite_values_become_null(result):
 
 
 def test_groups_and_the_new_keys_validate_against_the_schema(result):
-    report = build_report(result, feature_names=["a", "b", "c", "d"], forward_target="mean", groups={"ab": [0, 1], "c": [2]})
+    report = build_report(
+        result, feature_names=["a", "b", "c", "d"], forward_target="mean", groups={"ab": [0, 1], "c": [2]}
+    )
     groups = report["groups"]
     assert [(g["name"], g["members"]) for g in groups] == [("ab", 2), ("c", 1), ("other", 1)]
     flat = result.attributions.double()

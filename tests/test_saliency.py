@@ -32,7 +32,9 @@ def test_grid_of_atari_frames_is_small_and_symmetric():
     positive = grid.pixels[14 + 10, 20].astype(float)
     assert negative[0] > 100 and negative[2] < 60  # red
     assert positive[2] > positive[0]  # blue
-    assert np.allclose(negative, 0.1 * grey_at(states, 0, 30, 40) + 0.9 * np.array([0x67, 0x00, 0x1F]), atol=1.0)  # RdBu's darkest red
+    assert np.allclose(
+        negative, 0.1 * grey_at(states, 0, 30, 40) + 0.9 * np.array([0x67, 0x00, 0x1F]), atol=1.0
+    )  # RdBu's darkest red
 
 
 def grey_at(states: np.ndarray, index: int, row: int, column: int) -> float:
@@ -43,7 +45,10 @@ def grey_at(states: np.ndarray, index: int, row: int, column: int) -> float:
 def test_a_chosen_channel_and_fewer_states():
     rng = np.random.default_rng(1)
     grid = saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel=1)
-    assert grid.pixels.shape[:2] == (80 + 14 + 4 + 38, 320)  # 3 tiles of 10 px frames enlarged 8x in one row; the colour bar is 320 wide
+    assert grid.pixels.shape[:2] == (
+        80 + 14 + 4 + 38,
+        320,
+    )  # 3 tiles of 10 px frames enlarged 8x in one row; the colour bar is 320 wide
     with pytest.raises(ValueError, match="saliency_channel=2 is out of range for 2 channels"):
         saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel=2)
     with pytest.raises(ValueError, match="one shape"):

@@ -19,9 +19,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ig_tiny import FEATURES, ConvQNet, EnsembleQNet, TinyQNet, dataset, frame_dataset, frames, held_out_states  # noqa: E402
+from _ig_tiny import FEATURES, ConvQNet, EnsembleQNet, TinyQNet, dataset, frame_dataset, frames, held_out_states
 
-from lightning_ig.callback import IntegratedGradientsCallback  # noqa: E402
+from lightning_ig.callback import IntegratedGradientsCallback
 
 STARTUP_SECONDS = 90
 
@@ -57,15 +57,27 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     # a second run on image states: groups and saliency images
     image_logger = TensorBoardLogger(root, name="images")
     image_callback = IntegratedGradientsCallback(frames(8, (3, 16, 16)), every_n_steps=2, n_steps=8)
-    pl.Trainer(accelerator="cpu", max_steps=2, logger=image_logger, callbacks=[image_callback], enable_progress_bar=False,
-               enable_model_summary=False, enable_checkpointing=False).fit(
-        ConvQNet((3, 16, 16)), DataLoader(frame_dataset(32, (3, 16, 16)), batch_size=16))  # fmt: skip
+    pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=image_logger,
+        callbacks=[image_callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    ).fit(ConvQNet((3, 16, 16)), DataLoader(frame_dataset(32, (3, 16, 16)), batch_size=16))
     image_run = Path(image_logger.log_dir).relative_to(root).as_posix()
     # a third run of an ensemble: its members' agreement and completeness
     ensemble_logger = TensorBoardLogger(root, name="ensemble")
-    pl.Trainer(accelerator="cpu", max_steps=2, logger=ensemble_logger, enable_progress_bar=False, enable_model_summary=False,
-               callbacks=[IntegratedGradientsCallback(held_out_states(6), every_n_steps=2, n_steps=8)],
-               enable_checkpointing=False).fit(EnsembleQNet(), DataLoader(dataset(32), batch_size=16))  # fmt: skip
+    pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=ensemble_logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[IntegratedGradientsCallback(held_out_states(6), every_n_steps=2, n_steps=8)],
+        enable_checkpointing=False,
+    ).fit(EnsembleQNet(), DataLoader(dataset(32), batch_size=16))
     ensemble_run = Path(ensemble_logger.log_dir).relative_to(root).as_posix()
 
     port = _free_port()
@@ -99,7 +111,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                 raise AssertionError(f"tensorboard exited with {process.returncode}: {output}")
             try:
                 tags = _get(f"{base}/data/plugin/scalars/tags")
-                if all(name in tags and any(tag.startswith("ig/") for tag in tags[name]) for name in (run, image_run, ensemble_run)):
+                if all(
+                    name in tags and any(tag.startswith("ig/") for tag in tags[name])
+                    for name in (run, image_run, ensemble_run)
+                ):
                     break  # up, and the runs are loaded
             except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
                 pass
@@ -160,7 +175,9 @@ def test_saliency_images_and_group_tags_of_an_image_run(server):
     assert {"ig/saliency", "ig/saliency/mean_abs"} <= set(images)
     listed = _get(f"{base}/data/plugin/images/images?run={run}&tag=ig/saliency")
     assert [entry["step"] for entry in listed] == [2]
-    with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?{listed[-1]['query']}", timeout=5) as response:
+    with urllib.request.urlopen(
+        f"{base}/data/plugin/images/individualImage?{listed[-1]['query']}", timeout=5
+    ) as response:
         assert response.read(8) == b"\x89PNG\r\n\x1a\n"
     scalars = _get(f"{base}/data/plugin/scalars/tags")[run]
     assert {f"ig/group/mean_abs/channel {c}" for c in range(3)} <= set(scalars)
@@ -172,7 +189,12 @@ def test_ensemble_tags_of_an_ensemble_run(server):
     base, *_, run = server
     scalars = set(_get(f"{base}/data/plugin/scalars/tags")[run])
     members = [f"member_{m}" for m in range(3)]
-    assert {"ig/ensemble/spearman_mean", "ig/ensemble/relative_spread", "ig/ensemble/completeness/worst_relative_error",
-            *(f"ig/ensemble/spearman/{m}" for m in members), *(f"ig/ensemble/completeness/{m}" for m in members)} <= scalars  # fmt: skip
+    assert {
+        "ig/ensemble/spearman_mean",
+        "ig/ensemble/relative_spread",
+        "ig/ensemble/completeness/worst_relative_error",
+        *(f"ig/ensemble/spearman/{m}" for m in members),
+        *(f"ig/ensemble/completeness/{m}" for m in members),
+    } <= scalars
     values = _get(f"{base}/data/plugin/scalars/scalars?run={run}&tag=ig/ensemble/completeness/worst_relative_error")
     assert [step for _, step, _ in values] == [2] and 0 <= values[0][2] < 1e-2

@@ -17,23 +17,39 @@ def _summary(worst: float = 0.004, non_finite: int = 0, degenerate: int = 0, gro
     names = ["cart position", "pole/angle", "x2"]
     units = Units("groups" if groups else "features", names, moments, None, np.array([2, 2, 2]) if groups else None)
     return RunSummary(
-        step=300, run_index=2, settings=RunSettings("mean", "zeros", 0.01, 10), num_states=2, feature_shape=(3,),
-        n_steps=50, method="gausslegendre", gradient="autograd", backend="torch", features=moments,
-        logged_features=None if groups else units, groups=units if groups else None,
+        step=300,
+        run_index=2,
+        settings=RunSettings("mean", "zeros", 0.01, 10),
+        num_states=2,
+        feature_shape=(3,),
+        n_steps=50,
+        method="gausslegendre",
+        gradient="autograd",
+        backend="torch",
+        features=moments,
+        logged_features=None if groups else units,
+        groups=units if groups else None,
         completeness=Completeness(worst, 1e-4, 2, degenerate, non_finite, 0 if non_finite else None, 0.01),
-        drift={"spearman_prev": 0.5}, concentration={"top1pct_share": 0.8, "top10pct_share": 0.8},
-    )  # fmt: skip
+        drift={"spearman_prev": 0.5},
+        concentration={"top1pct_share": 0.8, "top10pct_share": 0.8},
+    )
 
 
 def test_labels_are_readable_and_generated_ones_sort_numerically():
     assert display_labels(["cart position", "pole/angle"]) == ["cart position", "pole∕angle"]
     labels = display_labels(["x[0,3,9]", "x[0,10,2]", "x[1,0,0]"], generated=True)
     assert labels == ["x[00,03,09]", "x[00,10,02]", "x[01,00,00]"] and sorted(labels) == labels
-    assert display_labels(["channel 0", "channel 10", "channel 2"], generated=True) == ["channel 00", "channel 10", "channel 02"]
+    assert display_labels(["channel 0", "channel 10", "channel 2"], generated=True) == [
+        "channel 00",
+        "channel 10",
+        "channel 02",
+    ]
 
 
 def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
-    tags = TagNames.build(None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False)
+    tags = TagNames.build(
+        None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False
+    )
     metrics = scalar_metrics(_summary(worst=math.inf, non_finite=2), tags)
     assert metrics["ig/completeness/worst_relative_error"] == math.inf
     assert metrics["ig/completeness/non_finite_states"] == 2.0
@@ -45,7 +61,9 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
 
 
 def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
-    tags = TagNames.build(None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False)
+    tags = TagNames.build(
+        None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False
+    )
     text = report_markdown(_summary(), tags)
     # the unit the JSON report and completeness_tol use: a fraction, never a percentage
     assert "Completeness passes: worst relative error 4.00e-03 <= tolerance 0.01 over 2 states." in text
@@ -55,9 +73,13 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     # every number column ends at the same place: right-aligned
     assert len({len(line) for line in table}) == 1
     failing = report_markdown(_summary(worst=0.2, degenerate=1), tags)
-    assert "Completeness FAILS: worst relative error 2.00e-01 > tolerance 0.01" in failing and "n_steps='auto'" in failing
+    assert (
+        "Completeness FAILS: worst relative error 2.00e-01 > tolerance 0.01" in failing and "n_steps='auto'" in failing
+    )
     assert "1 state(s) had F(x) and F(b) too close to judge by a ratio" in failing
     assert "degenerate" not in failing and "kept apart" not in failing
     unchecked = report_markdown(_summary(worst=math.nan, degenerate=2), tags)
     assert "Completeness not checked: in all 2 states" in unchecked
-    assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in report_markdown(_summary(worst=math.inf, non_finite=1), tags)
+    assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in report_markdown(
+        _summary(worst=math.inf, non_finite=1), tags
+    )

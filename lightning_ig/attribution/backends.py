@@ -22,7 +22,8 @@ device or no CuPy. A backend is chosen once per run (:func:`resolve_backend`).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,13 +35,13 @@ from lightning_ig.vocabulary import BACKENDS, check_choice
 __all__ = [
     "STATS",
     "Backend",
-    "TorchBackend",
     "CudaBackend",
     "KernelLaunch",
-    "resolve_backend",
+    "TorchBackend",
     "accumulate_dtype",
     "degenerate_threshold",
     "repeat_threshold",
+    "resolve_backend",
     "warp_order_sum",
 ]
 
@@ -104,9 +105,21 @@ def _interpolate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, alphas: Tensor
     n_steps = alphas.shape[0]
     batch, features = x.shape
     points = torch.empty((n_steps + 2 * end_copies, batch, features), dtype=x.dtype, device=x.device)
-    launch("interpolate", x.dtype, x.device, points.numel(),
-           [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(alphas), _cuda.pointer(points),
-            _cuda.int64(n_steps), _cuda.int64(batch * features), _cuda.int32(end_copies)])  # fmt: skip
+    launch(
+        "interpolate",
+        x.dtype,
+        x.device,
+        points.numel(),
+        [
+            _cuda.pointer(x),
+            _cuda.pointer(b),
+            _cuda.pointer(alphas),
+            _cuda.pointer(points),
+            _cuda.int64(n_steps),
+            _cuda.int64(batch * features),
+            _cuda.int32(end_copies),
+        ],
+    )
     return points
 
 
@@ -134,12 +147,30 @@ def _fd_probes_torch(points: Tensor, h: Tensor, point_offset: int, out: Tensor |
     return out
 
 
-def _fd_probes_cuda(launch: KernelLaunch, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+def _fd_probes_cuda(
+    launch: KernelLaunch, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None
+) -> Tensor:
     n_points, features = points.shape
-    probes = out if out is not None else torch.empty((n_points, 2, features, features), dtype=points.dtype, device=points.device)
-    launch("fd_probes", points.dtype, points.device, n_points * 2 * features * features,
-           [_cuda.pointer(points), _cuda.pointer(h), _cuda.pointer(probes), _cuda.int64(n_points),
-            _cuda.int32(features), _cuda.int32(h.shape[0]), _cuda.int64(point_offset)])  # fmt: skip
+    probes = (
+        out
+        if out is not None
+        else torch.empty((n_points, 2, features, features), dtype=points.dtype, device=points.device)
+    )
+    launch(
+        "fd_probes",
+        points.dtype,
+        points.device,
+        n_points * 2 * features * features,
+        [
+            _cuda.pointer(points),
+            _cuda.pointer(h),
+            _cuda.pointer(probes),
+            _cuda.int64(n_points),
+            _cuda.int32(features),
+            _cuda.int32(h.shape[0]),
+            _cuda.int64(point_offset),
+        ],
+    )
     return probes
 
 
@@ -158,13 +189,29 @@ def _fd_gradient_torch(points: Tensor, h: Tensor, f: Tensor, point_offset: int, 
     out.copy_(torch.where(denominator != 0, gradient, torch.zeros_like(gradient)))  # a step that rounds away: 0
 
 
-def _fd_gradient_cuda(launch: KernelLaunch, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+def _fd_gradient_cuda(
+    launch: KernelLaunch, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor
+) -> None:
     n_points, features = points.shape
     n_targets = f.shape[-1]
-    launch("fd_gradient", points.dtype, points.device, n_targets * n_points * features,
-           [_cuda.pointer(points), _cuda.pointer(h), _cuda.pointer(f), _cuda.pointer(out), _cuda.int64(n_points),
-            _cuda.int32(features), _cuda.int32(h.shape[0]), _cuda.int32(n_targets), _cuda.int64(point_offset),
-            _cuda.int64(out.stride(0))])  # fmt: skip
+    launch(
+        "fd_gradient",
+        points.dtype,
+        points.device,
+        n_targets * n_points * features,
+        [
+            _cuda.pointer(points),
+            _cuda.pointer(h),
+            _cuda.pointer(f),
+            _cuda.pointer(out),
+            _cuda.int64(n_points),
+            _cuda.int32(features),
+            _cuda.int32(h.shape[0]),
+            _cuda.int32(n_targets),
+            _cuda.int64(point_offset),
+            _cuda.int64(out.stride(0)),
+        ],
+    )
 
 
 # --------------------------------------------------------------------------- (d) accumulation
@@ -183,9 +230,22 @@ def _accumulate_torch(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> T
 def _accumulate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
     n_targets, n_steps, batch, features = grads.shape
     attributions = torch.empty((n_targets, batch, features), dtype=x.dtype, device=x.device)
-    launch("accumulate", x.dtype, x.device, attributions.numel(),
-           [_cuda.pointer(x), _cuda.pointer(b), _cuda.pointer(weights), _cuda.pointer(grads), _cuda.pointer(attributions),
-            _cuda.int32(n_steps), _cuda.int64(batch * features), _cuda.int32(n_targets)])  # fmt: skip
+    launch(
+        "accumulate",
+        x.dtype,
+        x.device,
+        attributions.numel(),
+        [
+            _cuda.pointer(x),
+            _cuda.pointer(b),
+            _cuda.pointer(weights),
+            _cuda.pointer(grads),
+            _cuda.pointer(attributions),
+            _cuda.int32(n_steps),
+            _cuda.int64(batch * features),
+            _cuda.int32(n_targets),
+        ],
+    )
     return attributions
 
 
@@ -217,7 +277,10 @@ def warp_order_sum(values: Tensor) -> Tensor:
 
 
 def _repeat_differs_torch(first: Tensor, again: Tensor, tolerance: float) -> Tensor:
-    """Twin of ``ig_repeat_differs``: NaN against a number, or ``|again - first| > tolerance * max(1, |first|, |again|)``."""
+    """Twin of ``ig_repeat_differs``: NaN against a number, or ``|again - first| > tol * max(1, |first|, |again|)``.
+
+    The comparison is on the values as the forward returned them (the accumulation dtype).
+    """
     scale = torch.maximum(torch.maximum(first.abs(), again.abs()), torch.ones_like(first))
     return (first.isnan() != again.isnan()) | ((again - first).abs() > tolerance * scale)
 
@@ -242,7 +305,9 @@ def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
     if ends.shape[0] == 4:
         tolerance = repeat_threshold(attributions.dtype)
         repeated = ends[2:].transpose(1, 2)  # (2, T, B)
-        differs = _repeat_differs_torch(f_input, repeated[0], tolerance) | _repeat_differs_torch(f_baseline, repeated[1], tolerance)
+        differs = _repeat_differs_torch(f_input, repeated[0], tolerance) | _repeat_differs_torch(
+            f_baseline, repeated[1], tolerance
+        )
     else:
         differs = torch.zeros_like(degenerate)
     return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc), non_finite.to(acc), differs.to(acc)])
@@ -251,10 +316,23 @@ def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
 def _completeness_cuda(launch: KernelLaunch, attributions: Tensor, ends: Tensor) -> Tensor:
     n_targets, batch, features = attributions.shape
     stats = torch.empty((len(STATS), n_targets, batch), dtype=ends.dtype, device=ends.device)
-    launch("completeness", attributions.dtype, attributions.device, n_targets * batch * 32,  # one warp per state
-           [_cuda.pointer(attributions), _cuda.pointer(ends), _cuda.pointer(stats), _cuda.int32(batch),
-            _cuda.int64(features), _cuda.int32(n_targets), np.float64(degenerate_threshold(ends.dtype)),
-            _cuda.int32(ends.shape[0] // 2), np.float64(repeat_threshold(attributions.dtype))])  # fmt: skip
+    launch(
+        "completeness",
+        attributions.dtype,
+        attributions.device,
+        n_targets * batch * 32,  # one warp per state
+        [
+            _cuda.pointer(attributions),
+            _cuda.pointer(ends),
+            _cuda.pointer(stats),
+            _cuda.int32(batch),
+            _cuda.int64(features),
+            _cuda.int32(n_targets),
+            np.float64(degenerate_threshold(ends.dtype)),
+            _cuda.int32(ends.shape[0] // 2),
+            np.float64(repeat_threshold(attributions.dtype)),
+        ],
+    )
     return stats
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -15,7 +16,7 @@ from lightning_ig.attribution.result import IGResult
 from lightning_ig.attribution.targets import Target, TargetSpec
 from lightning_ig.vocabulary import check_finite
 
-__all__ = ["integrated_gradients", "attribute_eager", "build_result"]
+__all__ = ["attribute_eager", "build_result", "integrated_gradients"]
 
 
 def integrated_gradients(
@@ -103,16 +104,28 @@ def integrated_gradients(
         result.attributions        # (B, 4)
         result.worst_relative_error
     """
-    settings = parse_settings({
-        "target": target, "n_steps": n_steps, "method": method, "gradient": gradient,
-        "internal_batch_size": internal_batch_size, "backend": backend, "completeness_tol": completeness_tol,
-        "max_steps": max_steps, "fd_step": fd_step, "check_finite": check_finite, "cuda_graph": False,
-    })  # fmt: skip
+    settings = parse_settings(
+        {
+            "target": target,
+            "n_steps": n_steps,
+            "method": method,
+            "gradient": gradient,
+            "internal_batch_size": internal_batch_size,
+            "backend": backend,
+            "completeness_tol": completeness_tol,
+            "max_steps": max_steps,
+            "fd_step": fd_step,
+            "check_finite": check_finite,
+            "cuda_graph": False,
+        }
+    )
     with torch.inference_mode(False), torch.enable_grad():
         return attribute_eager(forward, inputs, baselines, settings)
 
 
-def attribute_eager(forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: Settings) -> IGResult:
+def attribute_eager(
+    forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: Settings
+) -> IGResult:
     """One eager attribution with checked ``settings`` (the work of :func:`integrated_gradients`)."""
     prepared = prepare(forward, inputs, baselines, settings)
     x = prepared.x
@@ -126,8 +139,16 @@ def attribute_eager(forward: Callable[[Tensor], Tensor], inputs: Tensor, baselin
             # Queue the checks now and read them after the work is queued: the host waits for
             # nothing, and nothing the work does depends on them (no state changes, no side effects).
             deferred = [(name, tensor, torch.isfinite(tensor).all()) for name, tensor in checks]
-    run = PathRun(forward, x, prepared.b, prepared.feature_shape, prepared.spec, settings, prepared.backend,
-                  chunk_rows(settings, x))  # fmt: skip
+    run = PathRun(
+        forward,
+        x,
+        prepared.b,
+        prepared.feature_shape,
+        prepared.spec,
+        settings,
+        prepared.backend,
+        chunk_rows(settings, x),
+    )
     statistics = RunningStatistics(forward)
     saved = statistics.save()
     try:
@@ -145,11 +166,22 @@ def attribute_eager(forward: Callable[[Tensor], Tensor], inputs: Tensor, baselin
     stochastic = bool(flags[-1])
     if stochastic:
         warn_stochastic(forward, stacklevel=3)  # the caller of integrated_gradients or IntegratedGradients.attribute
-    return build_result(out, prepared.resolved, prepared.spec, settings, run, n_steps, graph=False, stochastic=stochastic)
+    return build_result(
+        out, prepared.resolved, prepared.spec, settings, run, n_steps, graph=False, stochastic=stochastic
+    )
 
 
-def build_result(out: dict[str, Tensor], resolved: Tensor, spec: TargetSpec, settings: Settings, run: PathRun,
-                 n_steps: int, *, graph: bool, stochastic: bool) -> IGResult:  # fmt: skip
+def build_result(
+    out: dict[str, Tensor],
+    resolved: Tensor,
+    spec: TargetSpec,
+    settings: Settings,
+    run: PathRun,
+    n_steps: int,
+    *,
+    graph: bool,
+    stochastic: bool,
+) -> IGResult:
     """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``), with views only.
 
     ``resolved`` is the baselines in the inputs' shape.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -70,8 +71,9 @@ class IntegratedGradients:
             result = engine.attribute(states)   # replays a CUDA graph after the first call
     """
 
-    def __init__(self, forward: Callable[[Tensor], Tensor], *, graph_capture: GraphCapture | None = None,
-                 **defaults: Any) -> None:  # fmt: skip
+    def __init__(
+        self, forward: Callable[[Tensor], Tensor], *, graph_capture: GraphCapture | None = None, **defaults: Any
+    ) -> None:
         check_forward(forward)
         self._default_settings = parse_settings(defaults)  # rejects bad defaults now
         self.forward = forward
@@ -118,7 +120,7 @@ class IntegratedGradients:
     # -- the callback's case, kept lean
     def _attribute_fast(self, inputs: Any, baselines: Baselines) -> IGResult | None:
         """Default settings, zero baselines, same shapes as the last replay; ``None`` when the call is not that case."""
-        assert self._fast is not None  # checked by the caller
+        assert self._fast is not None  # noqa: S101 - checked by the caller
         shape, dtype, device, plan = self._fast
         if not (
             isinstance(inputs, Tensor)
@@ -137,8 +139,16 @@ class IntegratedGradients:
         self.last_mode = "graph"
         if plan.zero_baselines is None:
             plan.zero_baselines = torch.zeros((1,) * inputs.dim(), dtype=dtype, device=device).expand(shape)
-        return build_result(out, plan.zero_baselines, plan.run.spec, settings, plan.run, int(settings.n_steps),
-                            graph=True, stochastic=plan.stochastic)  # fmt: skip
+        return build_result(
+            out,
+            plan.zero_baselines,
+            plan.run.spec,
+            settings,
+            plan.run,
+            int(settings.n_steps),
+            graph=True,
+            stochastic=plan.stochastic,
+        )
 
     def _replay_fast(self, plan: GraphPlan, inputs: Tensor, check_inputs: bool) -> dict[str, Tensor]:
         if check_inputs:
@@ -191,10 +201,22 @@ class IntegratedGradients:
         else:
             self.last_mode = "graph"
         out = _replay(plan, prepared)
-        if settings is self._default_settings and key[3] == ("zeros",) and prepared.spec.kind not in ("per_row", "callable"):
+        if (
+            settings is self._default_settings
+            and key[3] == ("zeros",)
+            and prepared.spec.kind not in ("per_row", "callable")
+        ):
             self._fast = (inputs.shape, inputs.dtype, inputs.device, plan)
-        return build_result(out, prepared.resolved, prepared.spec, settings, plan.run, int(settings.n_steps),
-                            graph=True, stochastic=plan.stochastic)  # fmt: skip
+        return build_result(
+            out,
+            prepared.resolved,
+            prepared.spec,
+            settings,
+            plan.run,
+            int(settings.n_steps),
+            graph=True,
+            stochastic=plan.stochastic,
+        )
 
     def _remember(self, key: tuple[Any, ...], plan: GraphPlan | None) -> None:
         evicted = self._plans.put(key, plan)
@@ -220,8 +242,18 @@ def _graph_key(inputs: Tensor, baselines: Baselines, prepared: Prepared, setting
         baseline_key = ("scalar", float(baselines))
     else:
         baseline_key = (baselines or "zeros",)
-    return (tuple(inputs.shape), inputs.dtype, inputs.device, baseline_key, prepared.spec.key(), prepared.backend,
-            settings.n_steps, settings.method, settings.internal_batch_size, settings.fd_step)  # fmt: skip
+    return (
+        tuple(inputs.shape),
+        inputs.dtype,
+        inputs.device,
+        baseline_key,
+        prepared.spec.key(),
+        prepared.backend,
+        settings.n_steps,
+        settings.method,
+        settings.internal_batch_size,
+        settings.fd_step,
+    )
 
 
 def _replay(plan: GraphPlan, prepared: Prepared) -> dict[str, Tensor]:
@@ -230,7 +262,7 @@ def _replay(plan: GraphPlan, prepared: Prepared) -> dict[str, Tensor]:
     if plan.static_b is not None:
         plan.static_b.copy_(prepared.b)
     if plan.static_rows is not None:
-        assert prepared.spec.rows is not None  # a plan with static rows was captured for a per-row target
+        assert prepared.spec.rows is not None  # noqa: S101 - a plan with static rows was captured for a per-row target
         check_rows_in_range(prepared.spec, plan.run.output_width)  # here: a replay's gather has no bounds check
         plan.static_rows.copy_(prepared.spec.rows)
     return plan.replay()

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -89,8 +90,17 @@ class GraphPlan:
     into one flat buffer, so a replay's results cost one copy.
     """
 
-    def __init__(self, graph: Any, static_x: Tensor, static_b: Tensor | None, static_rows: Tensor | None,
-                 outputs: dict[str, Tensor], run: PathRun, keep: Any, stochastic: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph: Any,
+        static_x: Tensor,
+        static_b: Tensor | None,
+        static_rows: Tensor | None,
+        outputs: dict[str, Tensor],
+        run: PathRun,
+        keep: Any,
+        stochastic: bool,
+    ) -> None:
         self.graph = graph
         self.static_x = static_x  # (B, F)
         self.static_b = static_b  # (B, F), or None where the baseline is computed inside the graph
@@ -153,8 +163,13 @@ def _pack(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
     return {**outputs, "packed": torch.cat([attributions.reshape(-1), stats.reshape(-1)])}  # (T B F + 6 T B,)
 
 
-def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baselines: Baselines, settings: Settings,
-                 capturer: GraphCapture) -> GraphPlan | None:  # fmt: skip
+def capture_plan(
+    forward: Callable[[Tensor], Tensor],
+    prepared: Prepared,
+    baselines: Baselines,
+    settings: Settings,
+    capturer: GraphCapture,
+) -> GraphPlan | None:
     """Run the attribution eagerly once, then capture it; ``None`` (after one warning) when capture fails."""
     x = prepared.x
     static_x = x.clone()
@@ -163,8 +178,16 @@ def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baseli
     spec = prepared.spec
     static_rows = spec.rows.clone() if spec.rows is not None else None
     graph_spec = dataclasses.replace(spec, rows=static_rows) if static_rows is not None else spec
-    run = PathRun(forward, static_x, prepared.b, prepared.feature_shape, graph_spec, settings, prepared.backend,
-                  chunk_rows(settings, x))  # fmt: skip
+    run = PathRun(
+        forward,
+        static_x,
+        prepared.b,
+        prepared.feature_shape,
+        graph_spec,
+        settings,
+        prepared.backend,
+        chunk_rows(settings, x),
+    )
     alphas, weights = rule_tensors(settings.method, int(settings.n_steps), run.acc, x.device)
     batch = x.shape[0]
     statistics = RunningStatistics(forward)  # found once; saved and restored inside the graph, so replays do it too
@@ -177,7 +200,7 @@ def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baseli
         else:
             run.b = static_b
         grads, ends = run.gradients(alphas, with_ends=True)
-        assert ends is not None  # with_ends=True
+        assert ends is not None  # noqa: S101 - with_ends=True
         statistics.restore(saved)
         return _pack(run.finish(weights, grads, ends))
 
@@ -198,8 +221,9 @@ def capture_plan(forward: Callable[[Tensor], Tensor], prepared: Prepared, baseli
     return GraphPlan(graph, static_x, static_b, static_rows, outputs, run, spec.fn, stochastic)
 
 
-def _capture_with_fallback(run: PathRun, compute: Compute, capturer: GraphCapture,
-                           device: torch.device) -> tuple[Any, dict[str, Tensor]] | None:  # fmt: skip
+def _capture_with_fallback(
+    run: PathRun, compute: Compute, capturer: GraphCapture, device: torch.device
+) -> tuple[Any, dict[str, Tensor]] | None:
     failures: list[str] = []
     attempt = run.backend
     while attempt is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,13 +22,28 @@ from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.targets import TargetSpec, target_spec
 
-__all__ = ["Baselines", "Prepared", "RunningStatistics", "prepare", "check_forward", "resolve_baselines", "module_of",
-           "raise_if_dtype_mismatch", "uses_batch_statistics", "warn_stochastic"]  # fmt: skip
+__all__ = [
+    "Baselines",
+    "Prepared",
+    "RunningStatistics",
+    "check_forward",
+    "module_of",
+    "prepare",
+    "raise_if_dtype_mismatch",
+    "resolve_baselines",
+    "uses_batch_statistics",
+    "warn_stochastic",
+]
 
-Baselines = Union[None, str, float, int, Tensor]
+Baselines = None | str | float | int | Tensor
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_DTYPE_METHOD = {torch.float16: "half()", torch.bfloat16: "bfloat16()", torch.float32: "float()", torch.float64: "double()"}
+_DTYPE_METHOD = {
+    torch.float16: "half()",
+    torch.bfloat16: "bfloat16()",
+    torch.float32: "float()",
+    torch.float64: "double()",
+}
 _BASELINE_FORMS = "None, 'zeros', 'mean', a number or a tensor"
 
 
@@ -136,7 +152,7 @@ def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
 
 
 def module_of(forward: Any) -> torch.nn.Module | None:
-    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, or what a wrapper names in ``__wrapped__``."""
+    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, or a wrapper's ``__wrapped__``."""
     if isinstance(forward, torch.nn.Module):
         return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
     for candidate in (getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)):
@@ -169,7 +185,11 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
     dtype = rows.dtype
     if parameter.dtype == dtype:
         return
-    fixes = [f"{what}.{_DTYPE_METHOD[to]}" for what, to in (("inputs", parameter.dtype), ("model", dtype)) if to in _DTYPE_METHOD]
+    fixes = [
+        f"{what}.{_DTYPE_METHOD[to]}"
+        for what, to in (("inputs", parameter.dtype), ("model", dtype))
+        if to in _DTYPE_METHOD
+    ]
     raise TypeError(
         f"inputs are {dtype} but the model's parameters are {parameter.dtype}; convert one to match the other: "
         f"{' or '.join(fixes)}"
@@ -244,8 +264,11 @@ def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
     found: list[Tensor] = []
     for child in module.modules():
         if isinstance(child, torch.nn.modules.batchnorm._BatchNorm) and child.training and child.track_running_stats:
-            found += [buffer for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)
-                      if buffer is not None]  # fmt: skip
+            found += [
+                buffer
+                for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)
+                if buffer is not None
+            ]
     return found
 
 

@@ -26,7 +26,7 @@ from lightning_ig.vocabulary import (
     shown,
 )
 
-__all__ = ["Settings", "DEFAULTS", "DEFAULT_MAX_STEPS", "parse_settings"]
+__all__ = ["DEFAULTS", "DEFAULT_MAX_STEPS", "Settings", "parse_settings"]
 
 DEFAULT_MAX_STEPS = 512
 

@@ -32,7 +32,7 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -43,7 +43,7 @@ from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.targets import TargetSpec, select
 from lightning_ig.quadrature import nests_on_doubling, quadrature
 
-__all__ = ["PathRun", "refine", "rule_tensors", "chunk_rows", "AUTO_FIRST_STEPS"]
+__all__ = ["AUTO_FIRST_STEPS", "PathRun", "chunk_rows", "refine", "rule_tensors"]
 
 AUTO_FIRST_STEPS = 16
 _SMALL_WORK_BYTES = 256 << 20
@@ -88,7 +88,9 @@ def chunk_rows(settings: Settings, x: Tensor) -> int:
 
 
 def _is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error)
+    )
 
 
 class PathRun:
@@ -102,8 +104,17 @@ class PathRun:
         output_width: the forward's ``A`` seen last (per-row targets are checked against it on replay).
     """
 
-    def __init__(self, forward: Callable[[Tensor], Tensor], x: Tensor, b: Tensor, feature_shape: tuple[int, ...],
-                 spec: TargetSpec, settings: Settings, backend: Backend, rows_per_chunk: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        forward: Callable[[Tensor], Tensor],
+        x: Tensor,
+        b: Tensor,
+        feature_shape: tuple[int, ...],
+        spec: TargetSpec,
+        settings: Settings,
+        backend: Backend,
+        rows_per_chunk: int,
+    ) -> None:
         self.forward = forward
         self.x = x  # (B, F)
         self.b = b  # (B, F)
@@ -126,7 +137,7 @@ class PathRun:
         """Attributions ``(T, B, F)`` and completeness ``stats (7, T, B)`` with ``n_steps`` points."""
         alphas, weights = rule_tensors(self.settings.method, n_steps, self.acc, self.x.device)
         grads, ends = self.gradients(alphas, with_ends=True)
-        assert ends is not None  # with_ends=True
+        assert ends is not None  # noqa: S101 - with_ends=True
         return self.finish(weights, grads, ends)
 
     def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
@@ -183,7 +194,7 @@ class PathRun:
             stop = min(total, start + size)
             try:
                 body(start, stop)
-            except Exception as error:  # noqa: BLE001 - only out-of-memory is retried
+            except Exception as error:
                 if not (self.allow_oom_retry and _is_oom(error)) or size == 1:
                     raise
                 size = max(1, size // 2)
@@ -202,7 +213,9 @@ class PathRun:
     def _autograd(self, points: Tensor, n_alphas: int) -> tuple[Tensor, Tensor | None]:
         path_rows = n_alphas * self.batch
         collected = _Collected()
-        self._chunked(points.shape[0], 1, lambda start, stop: self._autograd_chunk(points, start, stop, path_rows, collected))
+        self._chunked(
+            points.shape[0], 1, lambda start, stop: self._autograd_chunk(points, start, stop, path_rows, collected)
+        )
         grads = collected.single.unsqueeze(0) if collected.single is not None else collected.grads
         grads = grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
         ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
@@ -222,14 +235,17 @@ class PathRun:
         n_targets = values.shape[1]
         if stop > path_rows:
             if collected.ends is None:
-                collected.ends = torch.empty((points.shape[0] - path_rows, n_targets), dtype=self.acc, device=points.device)
+                collected.ends = torch.empty(
+                    (points.shape[0] - path_rows, n_targets), dtype=self.acc, device=points.device
+                )
             first_end = max(start, path_rows)
             collected.ends[first_end - path_rows : stop - path_rows] = values[first_end - start :].detach()
         if on_path:
             self._collect_gradients(values, rows, start, min(stop, path_rows), path_rows, collected)
 
-    def _collect_gradients(self, values: Tensor, rows: Tensor, start: int, path_stop: int, path_rows: int,
-                           collected: _Collected) -> None:  # fmt: skip
+    def _collect_gradients(
+        self, values: Tensor, rows: Tensor, start: int, path_stop: int, path_rows: int, collected: _Collected
+    ) -> None:
         n_targets = values.shape[1]
         for t in range(n_targets):
             (grad,) = torch.autograd.grad(values[:, t].sum(), rows, retain_graph=t + 1 < n_targets, allow_unused=True)
@@ -247,7 +263,7 @@ class PathRun:
             collected.grads[t, start:path_stop] = grad
 
     def _finite_difference(self, points: Tensor, n_alphas: int) -> tuple[Tensor, Tensor | None]:
-        assert self.fd_step is not None  # set for gradient="finite_difference"
+        assert self.fd_step is not None  # noqa: S101 - set for gradient="finite_difference"
         path_points = n_alphas * self.batch
         xa, ba = self.x.to(self.acc), self.b.to(self.acc)
         h = self.fd_step * torch.maximum(torch.maximum(xa.abs(), ba.abs()), torch.ones_like(xa))  # (B, F)
@@ -261,8 +277,9 @@ class PathRun:
         ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
         return grads, ends  # ends (2 c, B, T)
 
-    def _finite_difference_chunk(self, points: Tensor, h: Tensor, start: int, stop: int, path_points: int,
-                                 end_rows: int, collected: _Collected) -> None:  # fmt: skip
+    def _finite_difference_chunk(
+        self, points: Tensor, h: Tensor, start: int, stop: int, path_points: int, end_rows: int, collected: _Collected
+    ) -> None:
         count, features = stop - start, self.features
         probe_rows = count * 2 * features
         extra = end_rows if stop == path_points else 0  # the ends (all copies) ride with the last chunk's probes
@@ -292,7 +309,7 @@ class PathRun:
         """With per-row targets under finite differences, keep each state's own column of the ``"each"`` values."""
         if self.spec.kind != "per_row" or self.settings.gradient != "finite_difference":
             return grads, ends
-        assert self.spec.rows is not None  # set for every per-row spec
+        assert self.spec.rows is not None  # noqa: S101 - set for every per-row spec
         rows = self.spec.rows  # (B,)
         states = torch.arange(self.batch, device=rows.device)
         grads = grads[rows, :, states]  # (A, m, B, F) -> (B, m, F)
@@ -323,7 +340,7 @@ def refine(run: PathRun, settings: Settings) -> tuple[dict[str, Tensor], int]:
     n = max(2 if method == "riemann_trapezoid" else 1, min(AUTO_FIRST_STEPS, settings.max_steps))
     alphas, weights = rule_tensors(method, n, run.acc, run.x.device)
     grads, ends = run.gradients(alphas, with_ends=True)
-    assert ends is not None  # with_ends=True
+    assert ends is not None  # noqa: S101 - with_ends=True
     while True:
         out = run.finish(weights, grads, ends)
         if n >= settings.max_steps or _done(out["stats"], settings.completeness_tol):

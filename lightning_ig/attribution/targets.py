@@ -11,17 +11,18 @@ laid out ``(*, B)``: row ``r`` belongs to state ``r % B``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_ig.vocabulary import target_label
 
-__all__ = ["Target", "TargetSpec", "target_spec", "select", "target_forward"]
+__all__ = ["Target", "TargetSpec", "select", "target_forward", "target_spec"]
 
-Target = Union[None, str, int, Tensor, Callable[[Tensor], Tensor]]
+Target = None | str | int | Tensor | Callable[[Tensor], Tensor]
 
 _TARGET_FORMS = "None, 'mean', 'each', an int, a LongTensor of shape (B,) or a callable"
 
@@ -59,7 +60,8 @@ def target_spec(target: Target, batch: int, device: torch.device) -> TargetSpec:
         if target in ("mean", "each"):
             return TargetSpec(target, target_label(target))
         raise ValueError(
-            f"target must be {_TARGET_FORMS}, got {target!r}; use 'mean' for V(s) of a dueling network or an int for one action"
+            f"target must be {_TARGET_FORMS}, got {target!r}; use 'mean' for V(s) of a dueling network or an int for "
+            "one action"
         )
     if isinstance(target, bool):
         raise TypeError(f"target must be an int action index, not a bool ({target!r})")
@@ -80,7 +82,9 @@ def _tensor_spec(target: Tensor, batch: int, device: torch.device) -> TargetSpec
     if target.dim() == 0:
         return target_spec(int(target), batch, device)
     if tuple(target.shape) != (batch,):
-        raise ValueError(f"a target tensor must have shape (B,) = ({batch},), one action per state, got {tuple(target.shape)}")
+        raise ValueError(
+            f"a target tensor must have shape (B,) = ({batch},), one action per state, got {tuple(target.shape)}"
+        )
     rows = target.detach().to(device=device, dtype=torch.int64)
     if rows.is_inference():
         rows = rows.clone()
@@ -108,7 +112,8 @@ def select(outputs: Any, spec: TargetSpec, n_rows: int, first_row: int, batch: i
     shape = tuple(outputs.shape)
     if len(shape) != 2 or shape[0] != n_rows:
         raise ValueError(
-            f"with target={spec.label!r} forward must return (N, A) values, one row per input row ({n_rows} rows); got {shape}"
+            f"with target={spec.label!r} forward must return (N, A) values, one row per input row ({n_rows} rows); got "
+            f"{shape}"
         )
     if spec.kind == "mean":
         return outputs.mean(dim=1, keepdim=True)
@@ -116,9 +121,11 @@ def select(outputs: Any, spec: TargetSpec, n_rows: int, first_row: int, batch: i
         return outputs
     actions = shape[1]
     if spec.kind == "action":
-        assert spec.index is not None  # set for every "action" spec
+        assert spec.index is not None  # noqa: S101 - set for every "action" spec
         if spec.index >= actions:
-            raise ValueError(f"target={spec.index} is out of range for a forward with {actions} outputs; use 0..{actions - 1}")
+            raise ValueError(
+                f"target={spec.index} is out of range for a forward with {actions} outputs; use 0..{actions - 1}"
+            )
         return outputs[:, spec.index : spec.index + 1]
     return _select_per_row(outputs, spec, n_rows, first_row, batch)
 
@@ -126,7 +133,10 @@ def select(outputs: Any, spec: TargetSpec, n_rows: int, first_row: int, batch: i
 def check_rows_in_range(spec: TargetSpec, actions: int) -> None:
     """Raise when a per-row target holds an index past the forward's ``actions`` outputs."""
     if spec.rows_max >= actions:
-        raise ValueError(f"target holds index {spec.rows_max}, out of range for a forward with {actions} outputs; use 0..{actions - 1}")
+        raise ValueError(
+            f"target holds index {spec.rows_max}, out of range for a forward with {actions} outputs; use "
+            f"0..{actions - 1}"
+        )
 
 
 def _select_output(outputs: Tensor, n_rows: int) -> Tensor:
@@ -135,12 +145,14 @@ def _select_output(outputs: Tensor, n_rows: int) -> Tensor:
         return outputs.unsqueeze(1)
     if shape == (n_rows, 1):
         return outputs
-    hint = "; it returns several columns, so pass target='mean', an int, 'each' or a callable" if len(shape) == 2 else ""
+    hint = (
+        "; it returns several columns, so pass target='mean', an int, 'each' or a callable" if len(shape) == 2 else ""
+    )
     raise ValueError(f"forward must return one value per row, shape ({n_rows},), for {n_rows} rows; got {shape}{hint}")
 
 
 def _select_callable(outputs: Tensor, spec: TargetSpec, n_rows: int) -> Tensor:
-    assert spec.fn is not None  # set for every "callable" spec
+    assert spec.fn is not None  # noqa: S101 - set for every "callable" spec
     values = spec.fn(outputs)
     if not isinstance(values, Tensor) or tuple(values.shape) not in ((n_rows,), (n_rows, 1)):
         seen = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
@@ -149,7 +161,7 @@ def _select_callable(outputs: Tensor, spec: TargetSpec, n_rows: int) -> Tensor:
 
 
 def _select_per_row(outputs: Tensor, spec: TargetSpec, n_rows: int, first_row: int, batch: int) -> Tensor:
-    assert spec.rows is not None  # set for every "per_row" spec
+    assert spec.rows is not None  # noqa: S101 - set for every "per_row" spec
     check_rows_in_range(spec, outputs.shape[1])
     states = torch.arange(first_row, first_row + n_rows, device=outputs.device) % batch  # row r is state r % B
     return outputs.gather(1, spec.rows[states].unsqueeze(1))

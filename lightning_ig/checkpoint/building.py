@@ -326,4 +326,3 @@ def _bytes(count: int) -> str:
 def _first_line(error: BaseException) -> str:
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text
-

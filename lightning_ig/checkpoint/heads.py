@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from lightning_ig.checkpoint.layout import (
     FORMAT_KEY,
@@ -86,7 +87,9 @@ def select_prefix(requested: str | None, heads: Sequence[str], keys: Sequence[st
     if heads:
         name = requested[: -len(HEAD_SEPARATOR)] if requested.endswith(HEAD_SEPARATOR) else requested
         if name not in heads:
-            raise CheckpointError(f"no head {name!r} (prefix {requested!r}) in {str(path)!r}; {listing}: give one of them")
+            raise CheckpointError(
+                f"no head {name!r} (prefix {requested!r}) in {str(path)!r}; {listing}: give one of them"
+            )
         return head_prefix(name)
     if not any(key.startswith(requested) for key in keys):
         raise CheckpointError(
@@ -102,5 +105,7 @@ def head_entry(metadata: Mapping[str, str], prefix: str | None, path: Path) -> d
     name = prefix[: -len(HEAD_SEPARATOR)] if prefix.endswith(HEAD_SEPARATOR) else prefix
     entry = json_metadata(metadata, HEADS_KEY, path).get(name)
     if entry is not None and not isinstance(entry, dict):
-        raise CheckpointError(f"the entry of head {name!r} in {HEADS_KEY!r} of {str(path)!r} must be a JSON object, got {entry!r}")
+        raise CheckpointError(
+            f"the entry of head {name!r} in {HEADS_KEY!r} of {str(path)!r} must be a JSON object, got {entry!r}"
+        )
     return dict(entry or {})

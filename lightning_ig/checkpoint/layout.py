@@ -7,9 +7,10 @@ Shared by :mod:`.writing`, :mod:`.heads`, :mod:`.reading` and :mod:`.states`; se
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -115,7 +116,7 @@ def open_error(path: Path, error: BaseException) -> CheckpointError:
 
 
 def existing_file(path: str | os.PathLike[str], what: str = "checkpoint") -> Path:
-    """``path`` as a :class:`Path` if it is a readable file; a :class:`CheckpointError` saying what is wrong otherwise."""
+    """``path`` as a :class:`Path` if it is a readable file, else a :class:`CheckpointError` saying what is wrong."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{what} path must be a str or os.PathLike, got {type(path).__name__}")
     file = Path(path)
@@ -160,4 +161,6 @@ def json_metadata(metadata: Mapping[str, str], key: str, path: Any) -> Any:
     try:
         return parse_json(metadata[key])
     except ValueError as error:  # bad syntax, a nesting bomb, an integer of thousands of digits
-        raise CheckpointError(f"metadata {key!r} of {os.fspath(path)!r} is not valid JSON ({error}); rewrite the checkpoint") from error
+        raise CheckpointError(
+            f"metadata {key!r} of {os.fspath(path)!r} is not valid JSON ({error}); rewrite the checkpoint"
+        ) from error

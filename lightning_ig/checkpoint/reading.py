@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -128,15 +129,17 @@ def _requested_prefix(prefix: str | None, head: str | None) -> str | None:
 
 
 def _recipe(
-    metadata: Mapping[str, str], entry: Mapping[str, Any], file: Path, architecture: str | None, config: Mapping[str, Any] | None
+    metadata: Mapping[str, str],
+    entry: Mapping[str, Any],
+    file: Path,
+    architecture: str | None,
+    config: Mapping[str, Any] | None,
 ) -> Recipe:
     """Architecture, config and feature names: the caller's overrides, else the head's entry, else the file's."""
     from_caller = (architecture is not None, config is not None)
     architecture = architecture or entry.get("architecture") or metadata.get(ARCHITECTURE_KEY)
     if architecture is not None and not isinstance(architecture, str):
-        raise CheckpointError(
-            f"the architecture named in {str(file)!r} must be a string, got {shown(architecture)}"
-        )
+        raise CheckpointError(f"the architecture named in {str(file)!r} must be a string, got {shown(architecture)}")
     if architecture is None:
         raise CheckpointError(
             f"{str(file)!r} does not say which architecture it holds; name the class with "
@@ -150,9 +153,7 @@ def _recipe(
     if names is None:
         names = _file_value(metadata, FEATURE_NAMES_KEY, file, default=None)
     if names is not None and (not isinstance(names, list) or not all(isinstance(name, str) for name in names)):
-        raise CheckpointError(
-            f"feature names in {str(file)!r} must be a JSON array of strings, got {shown(names)}"
-        )
+        raise CheckpointError(f"feature names in {str(file)!r} must be a JSON array of strings, got {shown(names)}")
     return Recipe(architecture, dict(config), None if names is None else list(names), *from_caller)
 
 
@@ -187,7 +188,9 @@ def _load_weights(model: nn.Module, weights: dict[str, Tensor], recipe: Recipe, 
         result = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shapes that do not match
         mismatch = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line), str(error))
-        raise CheckpointError(f"{where} do not fit {fit} ({mismatch}); check --model/--model-kwargs or the head") from error
+        raise CheckpointError(
+            f"{where} do not fit {fit} ({mismatch}); check --model/--model-kwargs or the head"
+        ) from error
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(
             f"{where} do not fit {fit}: missing {few(result.missing_keys)}, "

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -19,7 +20,9 @@ __all__ = ["STATE_SUFFIXES", "load_states", "states_beside"]
 STATE_SUFFIXES = (".safetensors", ".npy", ".json")
 
 
-def load_states(path: str | os.PathLike[str], *, prefix: str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+def load_states(
+    path: str | os.PathLike[str], *, prefix: str | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """Read held-out states from ``.json``, ``.npy`` or ``.safetensors``.
 
     * ``.json``: ``{"states": [[...], ...]}`` (a bare list of lists is accepted too);
@@ -48,17 +51,22 @@ def load_states(path: str | os.PathLike[str], *, prefix: str | None = None, dtyp
     file = existing_file(path, "states file")
     reader = _READERS.get(file.suffix.lower())
     if reader is None:
-        raise CheckpointError(f"states file {str(file)!r} must end in .json, .npy or .safetensors, not {file.suffix or 'nothing'!r}")
+        raise CheckpointError(
+            f"states file {str(file)!r} must end in .json, .npy or .safetensors, not {file.suffix or 'nothing'!r}"
+        )
     try:
         states = reader(file, prefix).to(dtype)
     except CheckpointError:
         raise
     except Exception as error:  # JSON syntax, ragged lists, corrupt files
         first_line = str(error).splitlines()[0] if str(error) else ""
-        raise CheckpointError(f"cannot read states from {str(file)!r} ({type(error).__name__}: {first_line}); check the file") from error
+        raise CheckpointError(
+            f"cannot read states from {str(file)!r} ({type(error).__name__}: {first_line}); check the file"
+        ) from error
     if states.ndim == 1:
         raise CheckpointError(
-            f"states in {str(file)!r} have shape {tuple(states.shape)}: expected (num_states, state_dim); wrap one state as [[...]]"
+            f"states in {str(file)!r} have shape {tuple(states.shape)}: expected (num_states, state_dim); wrap one "
+            "state as [[...]]"
         )
     if states.ndim < 2 or states.shape[0] == 0:
         raise CheckpointError(f"states in {str(file)!r} have shape {tuple(states.shape)}: expected at least one state")
@@ -69,7 +77,7 @@ def _read_json(file: Path, prefix: str | None) -> Tensor:
     document = parse_json(file.read_text(encoding="utf-8"))
     rows = document.get("states") if isinstance(document, dict) else document
     if rows is None:
-        raise CheckpointError(f"states file {str(file)!r} has no \"states\" key; write {{\"states\": [[...], ...]}}")
+        raise CheckpointError(f'states file {str(file)!r} has no "states" key; write {{"states": [[...], ...]}}')
     _check_numbers(rows, file)
     return torch.tensor(rows, dtype=torch.float64)  # the file's precision; load_states converts
 

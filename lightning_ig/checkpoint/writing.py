@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -47,7 +48,7 @@ def save_checkpoint(
     metadata: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``model`` to a safetensors file that :func:`~lightning_ig.checkpoint.load_checkpoint` rebuilds without user code.
+    """Write ``model`` to a safetensors file that :func:`~lightning_ig.checkpoint.load_checkpoint` rebuilds alone.
 
     Args:
         model: The model (``torch.compile`` and DDP wrappers are looked through). Its class should be
@@ -99,7 +100,9 @@ def save_checkpoint(
         meta[FEATURE_NAMES_KEY] = json.dumps(names)
     if stored_states is not None:
         if STATES_KEY in tensors:
-            raise ValueError(f"the model has a tensor named {STATES_KEY!r}, which is reserved for the states; rename it")
+            raise ValueError(
+                f"the model has a tensor named {STATES_KEY!r}, which is reserved for the states; rename it"
+            )
         tensors[STATES_KEY] = stored_states
     return _atomic_save(tensors, path, meta)
 
@@ -144,9 +147,9 @@ def save_merged_checkpoint(
             raise ValueError(f"{what} names heads {sorted(unknown)} that are not in heads {sorted(heads)}")
     tensors: dict[str, Tensor] = {}
     head_info: dict[str, dict[str, Any]] = {}
-    for head, model in heads.items():
+    for head, given in heads.items():
         prefix = head_prefix(head)
-        model = _unwrap(model)
+        model = _unwrap(given)
         head_info[head] = _head_info(model, per_head_names.get(head))
         tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
         if head in per_head_states:
@@ -162,7 +165,10 @@ def save_merged_checkpoint(
 
 
 def merge_checkpoints(
-    sources: Mapping[str, str | os.PathLike[str]], path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    sources: Mapping[str, str | os.PathLike[str]],
+    path: str | os.PathLike[str],
+    *,
+    metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Merge single-model checkpoint files into one multi-head file.
 
@@ -183,7 +189,8 @@ def merge_checkpoints(
 
     Example::
 
-        >>> merge_checkpoints({"trending": "a.safetensors", "ranging": "b.safetensors"}, "heads.safetensors")  # doctest: +SKIP
+        >>> sources = {"trending": "a.safetensors", "ranging": "b.safetensors"}
+        >>> merge_checkpoints(sources, "heads.safetensors")  # doctest: +SKIP
     """
     from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
 
@@ -199,7 +206,7 @@ def merge_checkpoints(
             raise CheckpointError(f"{os.fspath(source)!r} is already a merged file; merge single-model checkpoints")
         head_info[head] = _source_info(source_meta, source)
         with safe_open(os.fspath(source), framework="pt", device="cpu") as handle:
-            for key in handle.keys():
+            for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict: keys() is its API
                 tensors[prefix + key] = handle.get_tensor(key)
     meta = _user_metadata(metadata)
     meta[FORMAT_KEY] = FORMAT_VERSION
@@ -233,7 +240,9 @@ def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
         raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
     for key, value in metadata.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"metadata must map str to str (safetensors' rule), got {key!r}: {value!r}; json.dumps other values")
+            raise TypeError(
+                f"metadata must map str to str (safetensors' rule), got {key!r}: {value!r}; json.dumps other values"
+            )
         if key.startswith(RESERVED_PREFIX):
             raise ValueError(f"metadata key {key!r} uses the reserved prefix {RESERVED_PREFIX!r}; rename it")
     return dict(metadata)

@@ -97,7 +97,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from lightning_ig.cli.exits import (
     EXIT_FAILURE,
@@ -197,6 +197,11 @@ def _failure(error: Exception, command: str) -> tuple[int, str]:
     if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or _ALLOCATION_FAILED in message:
         # torch's CPU allocator says so in a RuntimeError: a size the user asked for (--auto-samples 10**11
         # --replace), not a bug
-        return EXIT_USAGE, (f"{prefix}: error: out of memory ({message}); ask for less: fewer --auto-samples or "
-                            "--num-steps, or a smaller --internal-batch-size N")
-    return EXIT_FAILURE, f"{prefix}: unexpected {type(error).__name__}: {message} (rerun with --debug for the traceback)"
+        return EXIT_USAGE, (
+            f"{prefix}: error: out of memory ({message}); ask for less: fewer --auto-samples or "
+            "--num-steps, or a smaller --internal-batch-size N"
+        )
+    return (
+        EXIT_FAILURE,
+        f"{prefix}: unexpected {type(error).__name__}: {message} (rerun with --debug for the traceback)",
+    )

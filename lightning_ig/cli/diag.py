@@ -86,9 +86,14 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
 
 def _check_flag_combinations(args: argparse.Namespace) -> None:
     if args.model_kwargs is not None and args.model is None:
-        raise UsageError("--model-kwargs needs --model package.module:Class; add --model, or drop --model-kwargs to use the checkpoint's own config")
+        raise UsageError(
+            "--model-kwargs needs --model package.module:Class; add --model, or drop --model-kwargs to use the "
+            "checkpoint's own config"
+        )
     if args.lightning_module and (args.head or args.prefix or args.all_heads):
-        raise UsageError("--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them")
+        raise UsageError(
+            "--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them"
+        )
     if args.lightning_module and args.trust_remote_code:
         raise UsageError(
             "--trust-remote-code is for safetensors checkpoints; --lightning-module names its class itself: drop one"
@@ -208,14 +213,24 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     from lightning_ig.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.report import build_report  # noqa: PLC0415
 
-    options = {"n_steps": args.num_steps, "method": args.method, "gradient": args.gradient, "backend": args.backend,
-               "internal_batch_size": args.internal_batch_size, "completeness_tol": args.completeness_tol}  # fmt: skip
+    options = {
+        "n_steps": args.num_steps,
+        "method": args.method,
+        "gradient": args.gradient,
+        "backend": args.backend,
+        "internal_batch_size": args.internal_batch_size,
+        "completeness_tol": args.completeness_tol,
+    }
     # A stochastic forward is said once, in this command's words (_refuse_stochastic), not as a warning too.
     with noise_disabled(run.model), warnings.catch_warnings():
         warnings.simplefilter("ignore", StochasticForwardWarning)
         result = integrated_gradients(run.model, run.states, run.baselines, target=run.target, **options)
         # An ensemble: every member's own signal too, all members in one run, on the same states and baselines.
-        members = integrated_gradients(run.model.member_signals, run.states, run.baselines, target="each", **options) if _is_ensemble(run) else None  # fmt: skip
+        members = (
+            integrated_gradients(run.model.member_signals, run.states, run.baselines, target="each", **options)
+            if _is_ensemble(run)
+            else None
+        )
     extra = {**run.extra, "num_steps_requested": args.num_steps}
     if members is not None:
         extra["ensemble"] = _ensemble_key(run, result, members, args.top_k)
@@ -249,7 +264,9 @@ def _ensemble_key(run: HeadRun, result: Any, members: Any, top_k: int) -> dict[s
 
 
 def _refuse_stochastic(attributed: Sequence[_Attributed]) -> None:
-    stochastic = [head for head in attributed if head.result.stochastic or (head.members is not None and head.members.stochastic)]
+    stochastic = [
+        head for head in attributed if head.result.stochastic or (head.members is not None and head.members.stochastic)
+    ]
     if stochastic:
         which = f" (head {stochastic[0].run.label})" if stochastic[0].run.label else ""
         raise UsageError(
@@ -281,7 +298,8 @@ def _write(head: _Attributed, planned: PlannedOutput) -> None:
         write_report(head.report, planned.path, follow_symlinks=planned.follow_symlinks)
     except OSError as error:  # checked before the run; the disk or the folder changed since
         raise UsageError(
-            f"cannot write --output {str(head.run.output)!r} ({error.strerror or error}); check the folder's space and permissions"
+            f"cannot write --output {str(head.run.output)!r} ({error.strerror or error}); check the folder's space and "
+            "permissions"
         ) from None
 
 
@@ -300,7 +318,7 @@ def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> lis
     for picture, pixels in zip(pictures, (grid.pixels, mean_abs.pixels)):
         try:  # the names are the tool's: a link planted there since the check is replaced, never followed
             written.append(write_png(pixels, picture.path, follow_symlinks=picture.follow_symlinks))
-        except OSError as error:  # checked before the run; the disk or the folder changed since
+        except OSError as error:  # noqa: PERF203 - checked before the run; the disk or the folder changed since
             raise UsageError(
                 f"cannot write {picture.what} {str(picture.path)!r} ({error.strerror or error}); "
                 "check the folder's space and permissions"
@@ -312,10 +330,12 @@ def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> N
     for head in attributed:
         report = head.report
         if not args.quiet:
-            print(printable(
-                f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
-                f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
-            ))  # fmt: skip
+            print(
+                printable(
+                    f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
+                    f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
+                )
+            )
             if head.saliency:
                 print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
         worst = report["completeness"]["worst_relative_error"]
@@ -325,7 +345,9 @@ def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> N
                 f"--completeness-tol {args.completeness_tol:g}; try --num-steps auto or more steps",
                 file=sys.stderr,
             )
-        member_worst = max((m["worst_relative_error"] or 0.0 for m in report.get("ensemble", {}).get("members", [])), default=0.0)
+        member_worst = max(
+            (m["worst_relative_error"] or 0.0 for m in report.get("ensemble", {}).get("members", [])), default=0.0
+        )
         if not args.quiet and member_worst > args.completeness_tol:
             print(
                 f"{PROG}: warning: an ensemble member's worst relative completeness error "
@@ -333,4 +355,3 @@ def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> N
                 "try --num-steps auto or more steps",
                 file=sys.stderr,
             )
-

@@ -1,4 +1,4 @@
-"""Exit statuses of the ``lightning-ig`` command, the error that means "the user's mistake", and reading a user's JSON file."""
+"""Exit statuses of ``lightning-ig``, the error that means "the user's mistake", and reading a user's JSON file."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def one_line(text: object) -> str:
 # A quoted value longer than this is a file's or a flag's contents (a 100000-character flag, say), not a path one
 # would want to read in full: its start is enough to recognise it, and the line stays a line.
 _QUOTE_LIMIT = 240
-_LONG_QUOTE = re.compile("'([^']{%d,})'|\"([^\"]{%d,})\"" % (_QUOTE_LIMIT + 1, _QUOTE_LIMIT + 1))
+_LONG_QUOTE = re.compile(f"'([^']{{{_QUOTE_LIMIT + 1},}})'|\"([^\"]{{{_QUOTE_LIMIT + 1},}})\"")
 
 
 def _cut(match: re.Match[str]) -> str:
@@ -63,7 +63,12 @@ def _cut(match: re.Match[str]) -> str:
 
 
 def read_json_file(
-    path: str, what: str, fix: str, *, missing: str | None = None, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+    path: str,
+    what: str,
+    fix: str,
+    *,
+    missing: str | None = None,
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
 ) -> Any:
     """The JSON value in the file ``path`` names, or a :class:`UsageError` that names the argument and the fix.
 

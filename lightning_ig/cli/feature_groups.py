@@ -1,4 +1,4 @@
-"""``--feature-groups``: ``channels``, ``features`` or a JSON file, read into :class:`~lightning_ig.groups.FeatureGroups`.
+"""``--feature-groups``: ``channels``, ``features`` or a JSON file, as :class:`~lightning_ig.groups.FeatureGroups`.
 
 A file holds one of
 
@@ -39,7 +39,9 @@ def is_named_form(text: str | None) -> bool:
     return text in FORMS
 
 
-def resolve_feature_groups(text: str | None, feature_shape: Sequence[int], feature_names: Sequence[str]) -> FeatureGroups | None:
+def resolve_feature_groups(
+    text: str | None, feature_shape: Sequence[int], feature_names: Sequence[str]
+) -> FeatureGroups | None:
     """The groups ``--feature-groups`` asks for, checked against the states' feature shape.
 
     Args:
@@ -67,8 +69,13 @@ def resolve_feature_groups(text: str | None, feature_shape: Sequence[int], featu
 
 
 def _read(path: str) -> Any:
-    value = read_json_file(path, "--feature-groups", _FIX, object_pairs_hook=_unique_keys(path),
-                           missing=f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}")  # fmt: skip
+    value = read_json_file(
+        path,
+        "--feature-groups",
+        _FIX,
+        object_pairs_hook=_unique_keys(path),
+        missing=f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}",
+    )
     if isinstance(value, dict):
         return {name: _members(members, path, name) for name, members in value.items()}
     if isinstance(value, list):
@@ -81,7 +88,9 @@ def _unique_keys(path: str) -> Any:
         names = [name for name, _ in items]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
-            raise UsageError(f"--feature-groups {path!r} names the group {repeated[0]!r} twice; give each group one entry")
+            raise UsageError(
+                f"--feature-groups {path!r} names the group {repeated[0]!r} twice; give each group one entry"
+            )
         return dict(items)
 
     return pairs
@@ -114,7 +123,9 @@ def _array(value: list[Any], what: str, *, integers_only: bool) -> np.ndarray:
         big = next(leaf for leaf in leaves if not -(2**63) <= leaf < 2**63)
         raise UsageError(f"{what} holds {big}, too large for a feature index or group id; {_FIX}") from None
     except ValueError:
-        raise UsageError(f"{what} is a ragged nested list (rows of different lengths); shape it like one state") from None
+        raise UsageError(
+            f"{what} is a ragged nested list (rows of different lengths); shape it like one state"
+        ) from None
 
 
 def _leaves(value: Any) -> Iterator[Any]:

@@ -18,7 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint, load_lightning_checkpoint, load_states, states_beside
+from lightning_ig.checkpoint import (
+    CheckpointError,
+    LoadedCheckpoint,
+    load_checkpoint,
+    load_lightning_checkpoint,
+    load_states,
+    states_beside,
+)
 from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
 from lightning_ig.groups import FeatureGroups
@@ -62,7 +69,9 @@ def parse_device(text: str) -> torch.device:
     return device
 
 
-def prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | None, label: str | None, output: Path) -> HeadRun:
+def prepare_head(
+    args: argparse.Namespace, device: torch.device, prefix: str | None, label: str | None, output: Path
+) -> HeadRun:
     """Load and check one head's model, states, names, target and baseline."""
     loaded = _load(args, prefix, device)
     model = loaded.model
@@ -71,7 +80,9 @@ def prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | N
     what = f"head {label!r} of {args.checkpoint}" if label else args.checkpoint
     dtype = _model_dtype(model)
     states, extra = _states(args, loaded, prefix, device, dtype, what)
-    target = _target(args.target, _probe(model, states, extra["states_from"]))  # the width first: the root of most mismatches
+    target = _target(
+        args.target, _probe(model, states, extra["states_from"])
+    )  # the width first: the root of most mismatches
     names = _feature_names(args, loaded, states, what)
     groups = resolve_feature_groups(args.feature_groups, states.shape[1:], names)
     if args.saliency is not None and saliency_kind(tuple(states.shape[1:])) is None:
@@ -81,9 +92,13 @@ def prepare_head(args: argparse.Namespace, device: torch.device, prefix: str | N
         )
     baselines, baseline_label = _baseline(args.baseline, states)
     extra = {
-        "architecture": loaded.architecture, "prefix": loaded.prefix, "device": str(device), "command": "diag",
-        **extra, "baseline": baseline_label,
-    }  # fmt: skip
+        "architecture": loaded.architecture,
+        "prefix": loaded.prefix,
+        "device": str(device),
+        "command": "diag",
+        **extra,
+        "baseline": baseline_label,
+    }
     return HeadRun(label, prefix, output, model, states, names, target, target_label(target), baselines, extra, groups)
 
 
@@ -92,7 +107,11 @@ def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) ->
         if args.lightning_module:  # only on the user's explicit request: a .ckpt is a pickle
             return load_lightning_checkpoint(args.checkpoint, args.lightning_module, device=device)
         return load_checkpoint(
-            args.checkpoint, prefix=prefix, device=device, architecture=args.model, config=args.model_kwargs,
+            args.checkpoint,
+            prefix=prefix,
+            device=device,
+            architecture=args.model,
+            config=args.model_kwargs,
             trust_remote_code=args.trust_remote_code,
         )
     except CheckpointError as error:
@@ -115,13 +134,24 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _states(
-    args: argparse.Namespace, loaded: LoadedCheckpoint, prefix: str | None, device: torch.device, dtype: torch.dtype, what: str
+    args: argparse.Namespace,
+    loaded: LoadedCheckpoint,
+    prefix: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    what: str,
 ) -> tuple[Tensor, dict[str, Any]]:
     """The states to attribute, and what the report says about where they came from."""
     if args.states != "auto":
         if not Path(args.states).exists():
-            raise UsageError(f"--states {args.states!r} does not exist; give a .json, .npy or .safetensors file, or 'auto'")
-        states = _checked_states(load_states(args.states, prefix=prefix, dtype=dtype).to(device), args.states, "write at least one state of at least one feature")
+            raise UsageError(
+                f"--states {args.states!r} does not exist; give a .json, .npy or .safetensors file, or 'auto'"
+            )
+        states = _checked_states(
+            load_states(args.states, prefix=prefix, dtype=dtype).to(device),
+            args.states,
+            "write at least one state of at least one feature",
+        )
         return states, {"states_source": "path", "states_from": args.states}
     pool, where = loaded.states, what
     if pool is None:
@@ -132,9 +162,17 @@ def _states(
                 "pass --states PATH or save the checkpoint with states="
             )
         pool, where = load_states(beside, prefix=prefix, dtype=dtype), str(beside)
-    pool = _checked_states(pool.to(device=device, dtype=dtype), where, "save the checkpoint with states=, or pass --states PATH")
+    pool = _checked_states(
+        pool.to(device=device, dtype=dtype), where, "save the checkpoint with states=, or pass --states PATH"
+    )
     states, indices = _sample(pool, args.auto_samples, args.seed, args.replace, where)
-    return states, {"states_source": "auto", "states_from": where, "seed": args.seed, "state_indices": indices, "replace": args.replace}
+    return states, {
+        "states_source": "auto",
+        "states_from": where,
+        "seed": args.seed,
+        "state_indices": indices,
+        "replace": args.replace,
+    }
 
 
 def _checked_states(states: Tensor, where: str, fix: str) -> Tensor:
@@ -173,7 +211,9 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
     count = int(states[0].numel())
     try:
         if args.feature_names:
-            return check_feature_names(_read_names_file(args.feature_names), count, f"--feature-names {args.feature_names}")
+            return check_feature_names(
+                _read_names_file(args.feature_names), count, f"--feature-names {args.feature_names}"
+            )
         if loaded.feature_names is not None:
             return check_feature_names(loaded.feature_names, count, f"the feature names stored in {what}")
     except (TypeError, ValueError) as error:
@@ -191,7 +231,7 @@ def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
     try:
         with torch.no_grad():
             output = model(states[:1])
-    except Exception as error:  # the model's own error: shapes, dtypes
+    except Exception as error:  # noqa: BLE001 - the model's own error (shapes, dtypes), said in the user's terms
         width = _expected_width(model)
         if states.ndim == 2 and width is not None and states.shape[1] != width:
             raise UsageError(
@@ -199,9 +239,13 @@ def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
                 f"give states with {width} columns (or the matching checkpoint/head)"
             ) from None
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UsageError(f"the model rejects the states of shape {tuple(states.shape)} ({first_line}); check the states' width") from None
+        raise UsageError(
+            f"the model rejects the states of shape {tuple(states.shape)} ({first_line}); check the states' width"
+        ) from None
     if not isinstance(output, Tensor):
-        raise UsageError(f"the model returns {type(output).__name__}, not a tensor of Q-values; wrap it to return (N, A)")
+        raise UsageError(
+            f"the model returns {type(output).__name__}, not a tensor of Q-values; wrap it to return (N, A)"
+        )
     return output
 
 
@@ -221,15 +265,21 @@ def _target(requested: str | int, probe: Tensor) -> Any:
     """What integrated_gradients attributes: None (one output per state), "mean" or an action index."""
     if probe.ndim == 1 or (probe.ndim == 2 and probe.shape[1] == 1):
         if requested not in ("mean", 0):
-            raise UsageError(f"--target {requested} needs a model with several outputs; this one returns one value per state")
+            raise UsageError(
+                f"--target {requested} needs a model with several outputs; this one returns one value per state"
+            )
         return None
     if probe.ndim != 2:
-        raise UsageError(f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A)")
+        raise UsageError(
+            f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A)"
+        )
     actions = probe.shape[1]
     if requested == "mean":
         return "mean"
     if int(requested) >= actions:
-        raise UsageError(f"--target {requested} is out of range for a model with {actions} actions; use mean or 0..{actions - 1}")
+        raise UsageError(
+            f"--target {requested} is out of range for a model with {actions} actions; use mean or 0..{actions - 1}"
+        )
     return int(requested)
 
 
@@ -246,14 +296,16 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
             raise UsageError(f"--baseline {text!r} is not finite; give zeros, mean, a finite number or a states file")
         return value, f"constant:{value!r}"
     if not Path(text).exists():
-        raise UsageError(f"--baseline {text!r} is neither zeros, mean, a number nor an existing file; give one of those")
+        raise UsageError(
+            f"--baseline {text!r} is neither zeros, mean, a number nor an existing file; give one of those"
+        )
     baselines = load_states(text, dtype=states.dtype).to(states.device)
     if baselines.shape[0] == 1:
         baselines = baselines[0]
     if baselines.shape not in (states.shape, states.shape[1:]):
         raise UsageError(
-            f"--baseline {text!r} has shape {tuple(baselines.shape)}; give one baseline of shape {tuple(states.shape[1:])} "
-            f"or one per state, {tuple(states.shape)}"
+            f"--baseline {text!r} has shape {tuple(baselines.shape)}; give one baseline of shape "
+            f"{tuple(states.shape[1:])} or one per state, {tuple(states.shape)}"
         )
     try:
         check_finite(f"--baseline {text}", baselines)

@@ -30,7 +30,9 @@ from lightning_ig.cli.exits import EXIT_INTERRUPTED, PROG
 __all__ = ["INTERRUPTED", "INTERRUPTED_WHILE_WRITING", "Interrupts"]
 
 INTERRUPTED = f"{PROG}: interrupted (Ctrl-C); nothing was written"
-INTERRUPTED_WHILE_WRITING = f"{PROG}: interrupted (Ctrl-C) while writing the reports; each is complete or absent, never half-written"
+INTERRUPTED_WHILE_WRITING = (
+    f"{PROG}: interrupted (Ctrl-C) while writing the reports; each is complete or absent, never half-written"
+)
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
@@ -58,7 +60,10 @@ class Interrupts:
     def install(cls) -> Interrupts:
         """Handle Ctrl-C from now on (only in the main thread, and not where it is ignored)."""
         interrupts = cls()
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        ):
             interrupts._previous = signal.signal(signal.SIGINT, _exit_now)
             interrupts._installed = True
         return interrupts

@@ -189,10 +189,19 @@ def _add_diag(commands: Any) -> None:
         formatter_class=_HelpFormatter,
     )
     source = diag.add_argument_group("model")
-    source.add_argument("--checkpoint", required=True, metavar="PATH", help="safetensors checkpoint (or a Lightning .ckpt with --lightning-module)")
+    source.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="safetensors checkpoint (or a Lightning .ckpt with --lightning-module)",
+    )
     heads = source.add_mutually_exclusive_group()
-    heads.add_argument("--head", metavar="NAME", help="in a merged file, the head to load (its tensors are under NAME__)")
-    heads.add_argument("--prefix", metavar="STR", help="in a merged file, the key prefix of a head to load (e.g. trending__)")
+    heads.add_argument(
+        "--head", metavar="NAME", help="in a merged file, the head to load (its tensors are under NAME__)"
+    )
+    heads.add_argument(
+        "--prefix", metavar="STR", help="in a merged file, the key prefix of a head to load (e.g. trending__)"
+    )
     heads.add_argument(
         "--all-heads",
         action="store_true",
@@ -201,17 +210,27 @@ def _add_diag(commands: Any) -> None:
     )
     kinds = source.add_mutually_exclusive_group()
     kinds.add_argument(
-        "--model", type=_import_path, metavar="package.module:Class",
+        "--model",
+        type=_import_path,
+        metavar="package.module:Class",
         help="architecture, for files that do not name theirs (or to override it); imported because you name it",
     )
     kinds.add_argument(
-        "--lightning-module", type=_import_path, metavar="package.module:Class",
+        "--lightning-module",
+        type=_import_path,
+        metavar="package.module:Class",
         help="read CHECKPOINT as a Lightning .ckpt through this LightningModule's load_from_checkpoint; a .ckpt is "
         "a pickle, which can run code: only for files you made",
     )
-    source.add_argument("--model-kwargs", type=_model_kwargs, metavar="JSON", help="constructor keyword arguments for --model (a JSON object)")
     source.add_argument(
-        "--trust-remote-code", action="store_true",
+        "--model-kwargs",
+        type=_model_kwargs,
+        metavar="JSON",
+        help="constructor keyword arguments for --model (a JSON object)",
+    )
+    source.add_argument(
+        "--trust-remote-code",
+        action="store_true",
         help="let the checkpoint's metadata name an unregistered architecture by import path (package.module:Class, "
         "its own or an ensemble member's) and import it, which runs that module's code; without it only registered "
         "architectures are built from a file. Only for files whose origin you trust",
@@ -219,47 +238,94 @@ def _add_diag(commands: Any) -> None:
 
     data = diag.add_argument_group("states")
     data.add_argument(
-        "--states", default="auto", metavar="auto|PATH",
+        "--states",
+        default="auto",
+        metavar="auto|PATH",
         help="'auto' samples --auto-samples states from those stored in the checkpoint (or in <name>.states.* / "
-        "states.* beside it); PATH is .json {\"states\": [[...], ...]}, .npy or .safetensors, used whole; "
+        'states.* beside it); PATH is .json {"states": [[...], ...]}, .npy or .safetensors, used whole; '
         "states are converted to the model's dtype",
     )
-    data.add_argument("--auto-samples", type=_positive_int, default=16, metavar="N", help="how many states --states auto samples")
-    data.add_argument("--replace", action="store_true", help="let --states auto sample with replacement when N exceeds the stored states")
+    data.add_argument(
+        "--auto-samples", type=_positive_int, default=16, metavar="N", help="how many states --states auto samples"
+    )
+    data.add_argument(
+        "--replace",
+        action="store_true",
+        help="let --states auto sample with replacement when N exceeds the stored states",
+    )
     data.add_argument("--seed", type=_seed, default=42, help="seed of the --states auto sample (a private generator)")
     data.add_argument(
-        "--feature-names", metavar="PATH",
+        "--feature-names",
+        metavar="PATH",
         help="JSON array of one distinct, printable name per feature (default: the checkpoint's, else x0, x1, ...)",
     )
 
     ig = diag.add_argument_group("integrated gradients")
-    ig.add_argument("--num-steps", type=_num_steps, default=50, metavar="N|auto", help="quadrature steps, or 'auto' to refine until --completeness-tol is met")
+    ig.add_argument(
+        "--num-steps",
+        type=_num_steps,
+        default=50,
+        metavar="N|auto",
+        help="quadrature steps, or 'auto' to refine until --completeness-tol is met",
+    )
     ig.add_argument("--method", choices=METHODS, default="gausslegendre", help="quadrature rule (Captum's names)")
     ig.add_argument("--gradient", choices=GRADIENTS, default="autograd", help="how path gradients are computed")
-    ig.add_argument("--baseline", default="zeros", metavar="zeros|mean|NUMBER|PATH", help="zeros, the mean of the states, a constant, or a states file with one baseline (or one per state)")
-    ig.add_argument("--target", type=_target, default="mean", metavar="mean|N", help="the scalar attributed: mean Q over actions (V(s) for a dueling network) or action N")
-    ig.add_argument("--completeness-tol", type=_positive_float, default=0.01, metavar="TOL", help="relative completeness error --num-steps auto aims for; larger ones are warned about")
-    ig.add_argument("--internal-batch-size", type=_positive_int, default=None, metavar="N", help="rows per forward pass (default: chosen from the free memory)")
+    ig.add_argument(
+        "--baseline",
+        default="zeros",
+        metavar="zeros|mean|NUMBER|PATH",
+        help="zeros, the mean of the states, a constant, or a states file with one baseline (or one per state)",
+    )
+    ig.add_argument(
+        "--target",
+        type=_target,
+        default="mean",
+        metavar="mean|N",
+        help="the scalar attributed: mean Q over actions (V(s) for a dueling network) or action N",
+    )
+    ig.add_argument(
+        "--completeness-tol",
+        type=_positive_float,
+        default=0.01,
+        metavar="TOL",
+        help="relative completeness error --num-steps auto aims for; larger ones are warned about",
+    )
+    ig.add_argument(
+        "--internal-batch-size",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="rows per forward pass (default: chosen from the free memory)",
+    )
     ig.add_argument("--device", default="cpu", help="where to run: cpu, cuda, cuda:1, ...")
-    ig.add_argument("--backend", choices=BACKENDS, default="auto",
-                    help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device")  # fmt: skip
+    ig.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="IG kernels: CUDA (CuPy) or torch; auto picks CUDA on a CUDA device",
+    )
 
     out = diag.add_argument_group("output")
     out.add_argument(
-        "--output", metavar="PATH",
+        "--output",
+        metavar="PATH",
         help="the JSON report (checked first, written atomically; an existing file named here is replaced); default: "
         "ig_report.json in the working folder, which is never replaced: diag stops (exit 2) if it exists",
     )
-    out.add_argument("--top-k", type=_positive_int, default=10, metavar="K", help="features listed in top_10_by_mean_abs")
     out.add_argument(
-        "--feature-groups", metavar="channels|features|PATH",
+        "--top-k", type=_positive_int, default=10, metavar="K", help="features listed in top_10_by_mean_abs"
+    )
+    out.add_argument(
+        "--feature-groups",
+        metavar="channels|features|PATH",
         help="also report feature groups (the report's 'groups': a group's attribution is the sum of its members'): "
         "'channels' (dim 0 of (C, H, W) or (C, L) states), 'features', or a JSON file holding {\"name\": [flat "
-        "indices], ...}, {\"name\": nested true/false mask shaped like a state, ...} or an integer mask shaped "
+        'indices], ...}, {"name": nested true/false mask shaped like a state, ...} or an integer mask shaped '
         "like a state (equal ids form a group)",
     )
     out.add_argument(
-        "--saliency", metavar="DIR",
+        "--saliency",
+        metavar="DIR",
         help="also write saliency PNGs of the report's states to DIR (created if missing, checked first): "
         "saliency.png (each state with its signed attribution over it) and saliency_mean_abs.png (mean |attribution| "
         "per channel); with --all-heads, saliency.<head>.png, ...; needs states with spatial dims, (C, H, W) or (C, L)",
@@ -270,14 +336,22 @@ def _add_diag(commands: Any) -> None:
 
 def _add_show(commands: Any) -> None:
     show = commands.add_parser(
-        "show", help="print a report as a table",
+        "show",
+        help="print a report as a table",
         description="Print the top features and the completeness figures of lightning-ig JSON reports.",
         epilog="exit status: 0 printed (a part missing from a report is said, not fatal), "
         "2 a file that is not a readable lightning-ig report (one line on stderr), 130 interrupted.",
         formatter_class=_HelpFormatter,
     )
-    show.add_argument("reports", nargs="+", metavar="REPORT.json", help="reports written by lightning-ig diag (or the callback)")
+    show.add_argument(
+        "reports", nargs="+", metavar="REPORT.json", help="reports written by lightning-ig diag (or the callback)"
+    )
     show.add_argument("--top", type=_positive_int, default=10, metavar="K", help="how many features to list")
-    show.add_argument("--worst-states", type=_count, default=5, metavar="N",
-                      help="how many states with the largest completeness error to list")  # fmt: skip
+    show.add_argument(
+        "--worst-states",
+        type=_count,
+        default=5,
+        metavar="N",
+        help="how many states with the largest completeness error to list",
+    )
     show.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

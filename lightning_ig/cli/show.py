@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
 from lightning_ig.cli.terminal import printable
@@ -36,9 +37,14 @@ def run_show(args: argparse.Namespace) -> int:
 def _read_report(path: str) -> dict[str, Any]:
     report = read_json_file(path, "report", "give a JSON file written by lightning-ig diag")
     if not isinstance(report, dict):
-        raise UsageError(f"{path!r} holds a JSON {type(report).__name__}, not a lightning-ig report; give a file written by lightning-ig diag")
+        raise UsageError(
+            f"{path!r} holds a JSON {type(report).__name__}, not a lightning-ig report; give a file written by "
+            "lightning-ig diag"
+        )
     if "schema_version" not in report:
-        raise UsageError(f"{path!r} is not a lightning-ig report (no schema_version); give a file written by lightning-ig diag")
+        raise UsageError(
+            f"{path!r} is not a lightning-ig report (no schema_version); give a file written by lightning-ig diag"
+        )
     version = report["schema_version"]
     if type(version) is not int or version != 1:  # true == 1 in Python, not in a schema
         raise UsageError(f"{path!r} has schema_version {version!r:.40}; this lightning-ig reads version 1")
@@ -116,7 +122,9 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines += ["", "  completeness: " + completeness_words(report) + _mean_abs_error(report)]
     lines += _ensemble_lines(report)
     if report.get("stochastic_forward") is True:
-        lines.append("  warning: the forward gave different values for the same state; these attributions are not reproducible")
+        lines.append(
+            "  warning: the forward gave different values for the same state; these attributions are not reproducible"
+        )
     lines += _worst_state_lines(report, worst_states)
     return "\n".join(lines)
 
@@ -151,13 +159,16 @@ def _feature_lines(report: Mapping[str, Any], top: int) -> list[str]:
 
 
 def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
-    """The groups (``--feature-groups``, or the callback's), largest mean |attribution| first; nothing without groups."""
+    """The groups (``--feature-groups``, or the callback's), largest mean |attribution| first; none without groups."""
     groups = _records(report.get("groups"))
     if not groups:
         return []
     ranked = sorted(groups, key=lambda group: -(_real(group.get("mean_abs")) or -math.inf))
-    lines = ["", f"  groups by mean |attribution| ({len(groups)} groups; a group's attribution is the sum of its members')",
-             f"  {'rank':>4}  {'group':<24} {'members':>8} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}"]  # fmt: skip
+    lines = [
+        "",
+        f"  groups by mean |attribution| ({len(groups)} groups; a group's attribution is the sum of its members')",
+        f"  {'rank':>4}  {'group':<24} {'members':>8} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}",
+    ]
     for rank, group in enumerate(ranked[:top], start=1):
         members = group.get("members")
         lines.append(
@@ -173,15 +184,21 @@ def _ensemble_lines(report: Mapping[str, Any]) -> list[str]:
     if not isinstance(ensemble, dict):
         return []
     agreement, members = _mapping(ensemble.get("agreement")), _records(ensemble.get("members"))
-    lines = ["", f"  ensemble of {_text(ensemble.get('num_members'))} members: Spearman of each member's feature ranking "
-                 f"with the aggregate's: mean {_number(agreement.get('spearman_mean'), 0)}, lowest "
-                 f"{_number(agreement.get('spearman_min'), 0)}; relative spread {_number(agreement.get('relative_spread'), 0)}",
-             f"  {'member':>6} {'weight':>11} {'spearman':>11} {'rel.error':>11}  top features"]  # fmt: skip
+    lines = [
+        "",
+        (
+            f"  ensemble of {_text(ensemble.get('num_members'))} members: Spearman of each member's feature ranking "
+            f"with the aggregate's: mean {_number(agreement.get('spearman_mean'), 0)}, lowest "
+            f"{_number(agreement.get('spearman_min'), 0)}; relative spread "
+            f"{_number(agreement.get('relative_spread'), 0)}"
+        ),
+        f"  {'member':>6} {'weight':>11} {'spearman':>11} {'rel.error':>11}  top features",
+    ]
     for member in members:
         top = ", ".join(_text(feature.get("name"), 16) for feature in _records(member.get("top_features"))[:3])
         lines.append(
-            f"  {_text(member.get('member'), 6):>6} {_number(member.get('weight'))} {_number(member.get('spearman_vs_aggregate'))} "
-            f"{_number(member.get('worst_relative_error'))}  {top}"
+            f"  {_text(member.get('member'), 6):>6} {_number(member.get('weight'))} "
+            f"{_number(member.get('spearman_vs_aggregate'))} {_number(member.get('worst_relative_error'))}  {top}"
         )
     return lines
 
@@ -195,14 +212,14 @@ def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:
     completeness = report.get("completeness")
     if not isinstance(completeness, dict):
         return ["  (the report holds no completeness figures)"]
-    rated = [state for state in _records(completeness.get("per_state")) if _real(state.get("relative_error")) is not None]
+    rated = [
+        state for state in _records(completeness.get("per_state")) if _real(state.get("relative_error")) is not None
+    ]
     rated.sort(key=lambda state: -_real(state["relative_error"]))  # type: ignore[operator]
     if not rated or count <= 0:
         return []
-    lines = [f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11} {'rel.error':>11}"]
-    for state in rated[:count]:
-        lines.append(
-            f"  {_text(state.get('state_idx'), 6):>6} {_number(state.get('sum_attributions'))} "
-            f"{_number(state.get('f_input_minus_f_baseline'))} {_number(state.get('relative_error'))}"
-        )
-    return lines
+    return [f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11} {'rel.error':>11}"] + [
+        f"  {_text(state.get('state_idx'), 6):>6} {_number(state.get('sum_attributions'))} "
+        f"{_number(state.get('f_input_minus_f_baseline'))} {_number(state.get('relative_error'))}"
+        for state in rated[:count]
+    ]

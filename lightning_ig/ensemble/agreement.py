@@ -184,7 +184,9 @@ def agreement_scalars(agreement: dict[str, Any]) -> dict[str, float]:
 
     scalars = {key: number(agreement[key]) for key in ("spearman_mean", "spearman_min", "spread", "relative_spread")}
     count = len(agreement["spearman"])
-    scalars.update({f"spearman/{member_label(index, count)}": number(value) for index, value in enumerate(agreement["spearman"])})
+    scalars.update(
+        {f"spearman/{member_label(index, count)}": number(value) for index, value in enumerate(agreement["spearman"])}
+    )
     return scalars
 
 
@@ -253,12 +255,18 @@ def ensemble_summary(
     shape = tuple(members.attributions.shape)
     if len(shape) < 3 or shape[1:] != tuple(aggregate.attributions.shape):
         raise ValueError(
-            f"members.attributions must be (M, *aggregate shape) = (M, {', '.join(map(str, aggregate.attributions.shape))}), "
-            f"got {shape}; attribute ensemble.member_signals with target='each' on the same states"
+            "members.attributions must be (M, *aggregate shape) = (M, "
+            f"{', '.join(map(str, aggregate.attributions.shape))}), got {shape}; attribute ensemble.member_signals "
+            "with target='each' on the same states"
         )
     run = MemberRun.from_result(members, weights=_weight_list(weights, shape[0]))
-    return member_summary(aggregate_mean_abs, run, feature_names=feature_names, top_k=top_k,
-                          feature_shape=tuple(aggregate.attributions.shape[1:]))  # fmt: skip
+    return member_summary(
+        aggregate_mean_abs,
+        run,
+        feature_names=feature_names,
+        top_k=top_k,
+        feature_shape=tuple(aggregate.attributions.shape[1:]),
+    )
 
 
 def member_summary(
@@ -316,7 +324,11 @@ def member_summary(
                 "num_non_finite": int(run.non_finite[m].sum()),
                 "mean_abs_error": _json_float(mean_abs_error[m]),
                 "top_features": [
-                    {"name": names[i], "mean_abs": _json_float(run.mean_abs[m, i]), "mean_signed": _json_float(run.mean_signed[m, i])}
+                    {
+                        "name": names[i],
+                        "mean_abs": _json_float(run.mean_abs[m, i]),
+                        "mean_signed": _json_float(run.mean_signed[m, i]),
+                    }
                     for i in top.tolist()
                 ],
                 "per_state": _per_state(run, m),
@@ -325,7 +337,10 @@ def member_summary(
     return {
         "num_members": count,
         "weights": run.weights,
-        "agreement": {key: (_json_list(value) if isinstance(value, list) else _json_value(value)) for key, value in agreement.items()},
+        "agreement": {
+            key: (_json_list(value) if isinstance(value, list) else _json_value(value))
+            for key, value in agreement.items()
+        },
         "members": summaries,
     }
 
@@ -334,10 +349,16 @@ def _per_state(run: MemberRun, member: int) -> list[dict[str, Any]]:
     difference = run.f_input[member] - run.f_baseline[member]
     relative = np.where(run.degenerate[member] | run.non_finite[member], math.nan, run.relative_error[member])
     return [
-        {"state_idx": index, "sum_attributions": _json_float(total), "f_input_minus_f_baseline": _json_float(diff),
-         "relative_error": _json_float(error)}
-        for index, (total, diff, error) in enumerate(zip(run.sum_attributions[member].tolist(), difference.tolist(), relative.tolist()))
-    ]  # fmt: skip
+        {
+            "state_idx": index,
+            "sum_attributions": _json_float(total),
+            "f_input_minus_f_baseline": _json_float(diff),
+            "relative_error": _json_float(error),
+        }
+        for index, (total, diff, error) in enumerate(
+            zip(run.sum_attributions[member].tolist(), difference.tolist(), relative.tolist())
+        )
+    ]
 
 
 def _feature_names(feature_names: Sequence[str] | None, feature_shape: Sequence[int]) -> list[str]:

@@ -145,8 +145,10 @@ def pack_members(result: Any) -> Tensor:
     members, share = attributions.shape[:2]
     dtype = torch.promote_types(attributions.dtype, torch.float32)
     device = attributions.device
-    columns = torch.stack([torch.as_tensor(getattr(result, name), device=device).reshape(members, share).to(dtype)
-                           for name in _COLUMNS], dim=2)  # (M, B, 6)  # fmt: skip
+    columns = torch.stack(
+        [torch.as_tensor(getattr(result, name), device=device).reshape(members, share).to(dtype) for name in _COLUMNS],
+        dim=2,
+    )  # (M, B, 6)
     packed = torch.cat([attributions.reshape(members, share, -1).to(dtype), columns], dim=2)  # (M, B, F + 6)
     return packed.permute(1, 0, 2).reshape(share, -1)  # (B, M * (F + 6)): one row per state
 
@@ -208,13 +210,24 @@ class MemberRun:
         members, states = num_members, values.shape[0]
         mean_abs, mean_signed = host[: 2 * members * count].reshape(2, members, count)
         sums = host[2 * members * count : 2 * members * count + members * states].reshape(members, states)
-        named = dict(zip(_COLUMNS, host[2 * members * count + members * states :].reshape(len(_COLUMNS), members, states)))
-        non_finite = (named["non_finite"] != 0) | ~(np.isfinite(named["f_input"]) & np.isfinite(named["f_baseline"]) & np.isfinite(sums))
+        named = dict(
+            zip(_COLUMNS, host[2 * members * count + members * states :].reshape(len(_COLUMNS), members, states))
+        )
+        non_finite = (named["non_finite"] != 0) | ~(
+            np.isfinite(named["f_input"]) & np.isfinite(named["f_baseline"]) & np.isfinite(sums)
+        )
         return cls(
-            mean_abs=mean_abs, mean_signed=mean_signed, sum_attributions=sums, f_input=named["f_input"],
-            f_baseline=named["f_baseline"], delta=named["delta"], relative_error=named["relative_error"],
-            degenerate=(named["degenerate"] != 0) & ~non_finite, non_finite=non_finite, weights=weights,
-        )  # fmt: skip
+            mean_abs=mean_abs,
+            mean_signed=mean_signed,
+            sum_attributions=sums,
+            f_input=named["f_input"],
+            f_baseline=named["f_baseline"],
+            delta=named["delta"],
+            relative_error=named["relative_error"],
+            degenerate=(named["degenerate"] != 0) & ~non_finite,
+            non_finite=non_finite,
+            weights=weights,
+        )
 
     def worst_relative_errors(self) -> np.ndarray:
         """``(M,)``: per member, ``inf`` if a state is non-finite, NaN if none could be checked, else the largest."""

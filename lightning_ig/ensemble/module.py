@@ -81,14 +81,18 @@ class Ensemble(nn.Module):
         if isinstance(members, nn.ModuleList):
             members = list(members)
         if isinstance(members, (nn.Module, str, bytes, Mapping)) or not isinstance(members, Sequence):
-            raise TypeError(f"members must be a list of modules (or of {{'name', 'config'}} dicts), got {type(members).__name__}")
+            raise TypeError(
+                f"members must be a list of modules (or of {{'name', 'config'}} dicts), got {type(members).__name__}"
+            )
         if len(members) == 0:
             raise ValueError("members is empty; an Ensemble needs at least one member")
         self.members = nn.ModuleList(_build_member(index, member) for index, member in enumerate(members))
         count = len(self.members)
         self.reduce = EnsembleReduce(count if weights is None else weights, backend=backend)
         if self.reduce.num_members != count:
-            raise ValueError(f"weights has {self.reduce.num_members} entries for {count} members; pass one weight per member")
+            raise ValueError(
+                f"weights has {self.reduce.num_members} entries for {count} members; pass one weight per member"
+            )
 
     @property
     def num_members(self) -> int:
@@ -109,7 +113,12 @@ class Ensemble(nn.Module):
         outputs = [member(x) for member in self.members]
         first = outputs[0]
         for index, output in enumerate(outputs):
-            if not isinstance(output, Tensor) or output.dim() != 2 or output.shape[0] != x.shape[0] or output.shape[1:] != first.shape[1:]:
+            if (
+                not isinstance(output, Tensor)
+                or output.dim() != 2
+                or output.shape[0] != x.shape[0]
+                or output.shape[1:] != first.shape[1:]
+            ):
                 shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
                 raise ValueError(
                     f"member {index} ({type(self.members[index]).__name__}) returned {shape} for {x.shape[0]} states; "
@@ -168,9 +177,16 @@ def _build_member(index: int, member: nn.Module | Mapping[str, Any]) -> nn.Modul
         return member
     if isinstance(member, Mapping):
         name, config = member.get("name"), member.get("config")
-        if not isinstance(name, str) or (config is not None and not isinstance(config, dict)) or set(member) - {"name", "config"}:
+        if (
+            not isinstance(name, str)
+            or (config is not None and not isinstance(config, dict))
+            or set(member) - {"name", "config"}
+        ):
             raise ValueError(
-                f"members[{index}] must be {{'name': <architecture>, 'config': <dict or None>}}, got {dict(member)!r:.120}"
+                f"members[{index}] must be {{'name': <architecture>, 'config': <dict or None>}}, got "
+                f"{dict(member)!r:.120}"
             )
         return build_model(name, config)
-    raise TypeError(f"members[{index}] must be an nn.Module or a {{'name', 'config'}} dict, got {type(member).__name__}")
+    raise TypeError(
+        f"members[{index}] must be an nn.Module or a {{'name', 'config'}} dict, got {type(member).__name__}"
+    )

@@ -40,9 +40,17 @@ from torch import Tensor, nn
 from lightning_ig import _cuda
 
 __all__ = [
-    "DEFAULT_VARIANT", "VARIANTS", "KernelVariant", "TorchReduce", "backward_torch", "forward_torch", "group_size",
-    "member_means_torch", "reduce_cuda", "use_variant",
-]  # fmt: skip
+    "DEFAULT_VARIANT",
+    "VARIANTS",
+    "KernelVariant",
+    "TorchReduce",
+    "backward_torch",
+    "forward_torch",
+    "group_size",
+    "member_means_torch",
+    "reduce_cuda",
+    "use_variant",
+]
 
 # Launch geometry; it must match the constants at the top of kernels/ensemble.cu.
 _KERNEL_FILE = "ensemble.cu"
@@ -91,7 +99,9 @@ VARIANTS: dict[str, KernelVariant] = {
     "lean-r2-d4-mb2": KernelVariant(forward_rows=2, forward_min_blocks=2, forward_depth=4, lean=True),
 }
 
-DEFAULT_VARIANT = "lean-r4-d1"  # fastest at (65536, 64, 4) on an H200: 22.4 us, 109% of a copy (baseline 36.0 us); docs/benchmarks.md
+DEFAULT_VARIANT = (
+    "lean-r4-d1"  # fastest at (65536, 64, 4) on an H200: 22.4 us, 109% of a copy (baseline 36.0 us); docs/benchmarks.md
+)
 
 _active_variant = DEFAULT_VARIANT
 
@@ -105,7 +115,7 @@ def use_variant(name: str) -> Iterator[KernelVariant]:
     Raises:
         ValueError: ``name`` is not in :data:`VARIANTS`.
     """
-    global _active_variant
+    global _active_variant  # noqa: PLW0603 - one module-level switch, documented as not thread-safe
     if name not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
     previous, _active_variant = _active_variant, name
@@ -289,13 +299,20 @@ def _plan(x: Tensor, device_index: int) -> _Plan:
         backward_limit = max(1, sm_count * _BACKWARD_BLOCKS_PER_SM)
         vector = stride_logit == 1 and per_member % 4 == 0 and stride_member % 4 == 0 and stride_row % 4 == 0
         shape_args = (
-            _cuda.int64(rows), _cuda.int32(members), _cuda.int32(per_member), _cuda.int64(stride_row),
-            _cuda.int64(stride_member), _cuda.int64(stride_logit), _cuda.int32(lanes),
-        )  # fmt: skip
+            _cuda.int64(rows),
+            _cuda.int32(members),
+            _cuda.int32(per_member),
+            _cuda.int64(stride_row),
+            _cuda.int64(stride_member),
+            _cuda.int64(stride_logit),
+            _cuda.int32(lanes),
+        )
         plan = _plans[key] = _Plan(
-            max(1, min(forward_limit, needed)), max(1, min(backward_limit, needed)), shape_args,
+            max(1, min(forward_limit, needed)),
+            max(1, min(backward_limit, needed)),
+            shape_args,
             4 * x.element_size() if vector else 0,
-        )  # fmt: skip
+        )
     return plan
 
 
@@ -354,12 +371,17 @@ def _launch_backward(
         scratch, partials, counter = _workspace(x, index, plan.backward_grid * members)
     null = np.uint64(0)
     args = (
-        _cuda.pointer(x), _cuda.pointer(weights32), _cuda.pointer(grad_output), _cuda.int64(grad_output.stride(0)),
+        _cuda.pointer(x),
+        _cuda.pointer(weights32),
+        _cuda.pointer(grad_output),
+        _cuda.int64(grad_output.stride(0)),
         _cuda.pointer(grad_logits) if grad_logits is not None else null,
         _cuda.pointer(grad_weights) if grad_weights is not None else null,
-        partials, counter, *plan.shape_args, _vectorized(x, plan),
-    )  # fmt: skip
+        partials,
+        counter,
+        *plan.shape_args,
+        _vectorized(x, plan),
+    )
     _cuda.launch(_kernel("ensemble_backward", x.dtype, index), plan.backward_grid, _THREADS, args, device=index)
     del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
     return grad_logits, grad_weights
-

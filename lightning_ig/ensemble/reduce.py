@@ -32,7 +32,7 @@ from lightning_ig import _cuda
 from lightning_ig.ensemble import ops
 from lightning_ig.vocabulary import BACKENDS, check_bool, check_choice
 
-__all__ = ["ensemble_reduce", "member_means", "EnsembleReduce", "REDUCE_DIMS"]
+__all__ = ["REDUCE_DIMS", "EnsembleReduce", "ensemble_reduce", "member_means"]
 
 Backend = Literal["auto", "cuda", "torch"]
 
@@ -213,16 +213,22 @@ def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
         return torch.full((int(weights),), 1.0 / int(weights), dtype=torch.float32, device="cpu")
     if isinstance(weights, Tensor):
         if not weights.is_floating_point():
-            raise TypeError(f"weights must be a floating-point tensor, got {weights.dtype}; pass e.g. torch.tensor([0.5, 0.5])")
+            raise TypeError(
+                f"weights must be a floating-point tensor, got {weights.dtype}; pass e.g. torch.tensor([0.5, 0.5])"
+            )
         values = weights.detach().to("cpu", torch.float32).clone()
     elif isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
         if not all(isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, bool) for w in weights):
             raise TypeError(f"weights must be numbers, one per member, got {list(weights)!r:.80}")
         values = torch.tensor([float(w) for w in weights], dtype=torch.float32, device="cpu")
     else:
-        raise TypeError(f"weights must be a member count, a sequence of numbers or a 1-D tensor, got {type(weights).__name__}")
+        raise TypeError(
+            f"weights must be a member count, a sequence of numbers or a 1-D tensor, got {type(weights).__name__}"
+        )
     if values.dim() != 1 or values.numel() == 0:
-        raise ValueError(f"weights must be 1-D with one weight per member (at least one), got shape {tuple(values.shape)}")
+        raise ValueError(
+            f"weights must be 1-D with one weight per member (at least one), got shape {tuple(values.shape)}"
+        )
     _check_finite_weights(values)
     return values
 
@@ -287,8 +293,8 @@ def _check_finite_weights(weights: Tensor) -> None:
     if not bool(finite.all()):
         first = int((~finite).nonzero()[0, 0])
         raise ValueError(
-            f"weights must be finite, got {float(weights[first])} at index {first} (weights {weights.tolist()!r:.120}); "
-            "fix the ensemble's weights"
+            f"weights must be finite, got {float(weights[first])} at index {first} (weights "
+            f"{weights.tolist()!r:.120}); fix the ensemble's weights"
         )
 
 
