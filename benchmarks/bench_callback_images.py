@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._common import synchronize
 from lightning_ig import IntegratedGradients, IntegratedGradientsCallback
-from lightning_ig.noise import attribution_mode
+from lightning_ig.models.noise import attribution_mode
 
 KINDS = {"bar": "ig/top_features", "heatmap": "ig/heatmap", "grid": "ig/saliency", "map": "ig/saliency/mean_abs"}
 

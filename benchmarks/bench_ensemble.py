@@ -30,7 +30,7 @@ Run from the repository root (about a minute on an H200, most of it torch.compil
 The markdown table is printed last and written to ``--output``.
 
 ``--variants [NAME,...]`` (all when no names are given) instead times the kernel
-variants of ``lightning_ig.ensemble.ops.VARIANTS`` against each other at
+variants of ``lightning_ig.ops.ensemble_reduce.VARIANTS`` against each other at
 (65536, 64, 4) and (4096, 32, 16) float32, checks that each gives the default
 variant's bits, and names the fastest (``benchmarks/ensemble_variants.py``; about
 30 s on an H200):
@@ -54,8 +54,8 @@ import ensemble_variants  # beside this file: the graph capture and the --varian
 import torch
 import torch._dynamo
 
-from lightning_ig import _cuda
 from lightning_ig.ensemble import ensemble_reduce
+from lightning_ig.ops import _cupy
 
 MiB = 1 << 20
 SHAPES = [(4096, 8, 1), (4096, 32, 16), (65536, 64, 4), (16, 8, 1)]
@@ -128,20 +128,20 @@ _seed_kernel = None
 def seed_probe(x: torch.Tensor, w: torch.Tensor, w32: torch.Tensor) -> torch.Tensor:
     global _seed_kernel  # noqa: PLW0603 - compiled once, on first use
     if _seed_kernel is None:
-        cupy = _cuda.require_cupy()
+        cupy = _cupy.require_cupy()
         _seed_kernel = cupy.RawKernel(SEED_SOURCE, "seed_ensemble_forward")
     rows, members, per_member = x.shape
     out = torch.empty(rows, device=x.device)
     threads = min(1024, 32 * math.ceil(members / 32))
     args = (
-        _cuda.pointer(x),
-        _cuda.pointer(w32),
-        _cuda.pointer(out),
-        _cuda.int32(rows),
-        _cuda.int32(members),
-        _cuda.int32(per_member),
+        _cupy.pointer(x),
+        _cupy.pointer(w32),
+        _cupy.pointer(out),
+        _cupy.int32(rows),
+        _cupy.int32(members),
+        _cupy.int32(per_member),
     )
-    _cuda.launch(_seed_kernel, 1, threads, args, device=x.device, shared_mem=4 * members)
+    _cupy.launch(_seed_kernel, 1, threads, args, device=x.device, shared_mem=4 * members)
     return out
 
 
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_ensemble: needs a CUDA device", file=sys.stderr)
         return 2
     if args.variants is not None:
-        from lightning_ig.ensemble import ops
+        from lightning_ig.ops import ensemble_reduce as ops
 
         names = (
             list(ops.VARIANTS) if args.variants == "all" else [n.strip() for n in args.variants.split(",") if n.strip()]

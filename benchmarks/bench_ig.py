@@ -69,7 +69,8 @@ from typing import Any
 import torch
 
 from benchmarks._common import device_name, synchronize
-from lightning_ig import IntegratedGradients, integrated_gradients, quadrature
+from lightning_ig import IntegratedGradients, integrated_gradients
+from lightning_ig.attribution.quadrature import quadrature
 
 ACTIONS = 4
 HIDDEN = 256

@@ -297,14 +297,14 @@ def lone_add(settings: Settings, notes: list[str]) -> None:
 
 def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, float]]:
     """Host microseconds per call of the pieces of our 512x4096 call path (no syncs inside)."""
-    from lightning_ig import _cuda, _soft_margin_cuda
+    from lightning_ig.ops import _cupy, soft_margin
 
     device = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(settings.small_shape, device=device)
     y = torch.ones(settings.small_shape, device=device)
     g = torch.ones((), device=device)  # grad_output == 1: the scale kernel returns at once
-    scale = _soft_margin_cuda._kernel("soft_margin_scale", torch.float32, device.index)
-    scale_args = (_cuda.pointer(x), _cuda.pointer(g), _cuda.int64(x.numel()))
+    scale = soft_margin._kernel("soft_margin_scale", torch.float32, device.index)
+    scale_args = (_cupy.pointer(x), _cupy.pointer(g), _cupy.int64(x.numel()))
     x_grad = x.clone().requires_grad_()
 
     def fwd_bwd() -> None:
@@ -312,12 +312,12 @@ def host_breakdown(settings: Settings, notes: list[str]) -> list[tuple[str, floa
         x_grad.grad = None
 
     pieces: list[tuple[str, Callable[[], object]]] = [
-        ("_cuda.launch (one tiny kernel, args ready)", lambda: _cuda.launch(scale, 1, 256, scale_args, device=device)),
+        ("_cupy.launch (one tiny kernel, args ready)", lambda: _cupy.launch(scale, 1, 256, scale_args, device=device)),
         ("torch.cuda.current_stream(index)", lambda: torch.cuda.current_stream(device.index)),
         ("torch.cuda.is_current_stream_capturing()", torch.cuda.is_current_stream_capturing),
         ("torch.empty((), device) (the loss)", lambda: torch.empty((), device=device)),
         ("torch.empty_like(x) (the gradient)", lambda: torch.empty_like(x)),
-        ("_cuda.resolve_backend('cuda', x, y)", lambda: _cuda.resolve_backend("cuda", x, y)),
+        ("_cupy.choose_backend('cuda', x, y)", lambda: _cupy.choose_backend("cuda", x, y)),
         ("torch.add(x, y) (one torch kernel, for scale)", lambda: torch.add(x, y)),
         ("soft_margin_loss(x, y) forward, no grad", lambda: soft_margin_loss(x, y, backend="cuda")),
         ("soft_margin_loss(x, y).backward(), x needs grad", fwd_bwd),

@@ -1,6 +1,6 @@
 """``bench_ensemble.py --variants``: time every kernel variant of the fused ensemble reduce on one device.
 
-The variants (``lightning_ig.ensemble.ops.VARIANTS``) are compile-time tunings of
+The variants (``lightning_ig.ops.ensemble_reduce.VARIANTS``) are compile-time tunings of
 ``kernels/ensemble.cu`` that promise the same bits. This mode
 
 1. compiles each (float32 entry points only) and checks it against the default
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from lightning_ig.ensemble import ensemble_reduce, ops
+from lightning_ig.ensemble import ensemble_reduce
+from lightning_ig.ops import ensemble_reduce as ops
 
 SHAPES = [(65536, 64, 4), (4096, 32, 16)]
 # odd sizes, two lane chunks, many vectors per member, the scalar path (K % 4 != 0), a grid-stride tail
@@ -209,7 +210,8 @@ def render(names, times, identical, big_copy: float, best: str | None, twin_ok: 
     if best is None:
         lines.append("best variant: none (no variant is bit-identical to the default)")
     else:
-        lines.append(f'best variant: **{best}** (set `DEFAULT_VARIANT = "{best}"` in lightning_ig/ensemble/ops.py)')
+        where = "lightning_ig/ops/ensemble_reduce.py"
+        lines.append(f'best variant: **{best}** (set `DEFAULT_VARIANT = "{best}"` in {where})')
         pct = 100 * moved(SHAPES[0], False) / (times[(SHAPES[0], False)][best] * 1e-6) / 1e9 / big_copy
         lines.append(
             f"target: {SHAPES[0]} forward >= {TARGET_PCT:.0f}% of copy: {pct:.1f}%, "

@@ -1,63 +1,75 @@
 """lightning-ig: training-time Integrated Gradients for PyTorch Lightning.
 
-The public API, nothing else. Names are imported on first use so that
-``import lightning_ig`` stays cheap (the engine does not pull in Lightning,
-TensorBoard or Pillow until a part that needs them is used).
+What a user imports, nothing else: the callback, the IG engine, the fused loss, ensembles, the Q-networks and
+their noise, checkpoints. Every other public name lives in its wing (``lightning_ig.attribution``,
+``lightning_ig.views``, ``lightning_ig.checkpoint``, ...; docs/ARCHITECTURE.md maps them). Names are imported on
+first use, so ``import lightning_ig`` stays cheap: it loads neither torch nor Lightning, TensorBoard or Pillow.
+
+Names that were exported here before the package was laid out in wings (``quadrature``, ``build_report``,
+``list_heads``, ...) still resolve, with a DeprecationWarning that says where they live now; so do the old
+module paths (``lightning_ig.noise``, ``lightning_ig.report``, ...: :mod:`lightning_ig._moved`).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
+import warnings
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from lightning_ig import _moved
+from lightning_ig._version import __version__
 
-# public name -> module that defines it
+# public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    # the engine
-    "integrated_gradients": "lightning_ig.attribution",
-    "IGResult": "lightning_ig.attribution",
-    "IntegratedGradients": "lightning_ig.attribution",
-    "target_forward": "lightning_ig.attribution",
-    "StochasticForwardWarning": "lightning_ig.attribution",
-    "quadrature": "lightning_ig.quadrature",
-    # noise
-    "NoisyLinear": "lightning_ig.noise",
-    "noise_disabled": "lightning_ig.noise",
-    # the callback and what it produces
+    # the callback
     "IntegratedGradientsCallback": "lightning_ig.callback",
     "NonFiniteAttributionError": "lightning_ig.callback",
-    "build_report": "lightning_ig.report",
-    "feature_statistics": "lightning_ig.report",
-    "completeness_summary": "lightning_ig.report",
-    "FeatureGroups": "lightning_ig.groups",
-    "SCHEMA_VERSION": "lightning_ig.report",
+    # the engine and what it returns
+    "integrated_gradients": "lightning_ig.attribution",
+    "IntegratedGradients": "lightning_ig.attribution",
+    "IGResult": "lightning_ig.attribution",
+    "StochasticForwardWarning": "lightning_ig.attribution",
+    "target_forward": "lightning_ig.attribution",
+    "FeatureGroups": "lightning_ig.attribution.groups",
+    "feature_statistics": "lightning_ig.views.report",
+    # models and their noise
+    "DuelingQNetwork": "lightning_ig.models",
+    "ConvDuelingQNetwork": "lightning_ig.models",
+    "MinAtarQNetwork": "lightning_ig.models",
+    "NatureQNetwork": "lightning_ig.models",
+    "NoisyLinear": "lightning_ig.models",
+    "noise_disabled": "lightning_ig.models",
+    "register_model": "lightning_ig.models",
     # the fused loss
     "soft_margin_loss": "lightning_ig.losses",
     "SoftMarginLoss": "lightning_ig.losses",
     "swap_soft_margin": "lightning_ig.losses",
     # ensembles
-    "ensemble_reduce": "lightning_ig.ensemble",
-    "EnsembleReduce": "lightning_ig.ensemble",
     "Ensemble": "lightning_ig.ensemble",
+    "EnsembleReduce": "lightning_ig.ensemble",
+    "ensemble_reduce": "lightning_ig.ensemble",
     "ensemble_summary": "lightning_ig.ensemble",
-    # checkpoints and models
+    # checkpoints
     "save_checkpoint": "lightning_ig.checkpoint",
     "load_checkpoint": "lightning_ig.checkpoint",
+}
+
+# names exported here before, importable from their wing now: name -> that module
+_DEPRECATED: dict[str, str] = {
+    "quadrature": "lightning_ig.attribution.quadrature",
+    "build_report": "lightning_ig.views.report",
+    "completeness_summary": "lightning_ig.views.report",
+    "SCHEMA_VERSION": "lightning_ig.views.report",
+    "build_model": "lightning_ig.models",
     "LoadedCheckpoint": "lightning_ig.checkpoint",
     "list_heads": "lightning_ig.checkpoint",
     "load_states": "lightning_ig.checkpoint",
     "save_merged_checkpoint": "lightning_ig.checkpoint",
-    "DuelingQNetwork": "lightning_ig.models",
-    "ConvDuelingQNetwork": "lightning_ig.models",
-    "MinAtarQNetwork": "lightning_ig.models",
-    "NatureQNetwork": "lightning_ig.models",
-    "register_model": "lightning_ig.models",
-    "build_model": "lightning_ig.models",
 }
 
 __all__ = [
-    "SCHEMA_VERSION",
     "ConvDuelingQNetwork",
     "DuelingQNetwork",
     "Ensemble",
@@ -66,7 +78,6 @@ __all__ = [
     "IGResult",
     "IntegratedGradients",
     "IntegratedGradientsCallback",
-    "LoadedCheckpoint",
     "MinAtarQNetwork",
     "NatureQNetwork",
     "NoisyLinear",
@@ -74,48 +85,58 @@ __all__ = [
     "SoftMarginLoss",
     "StochasticForwardWarning",
     "__version__",
-    "build_model",
-    "build_report",
-    "completeness_summary",
     "ensemble_reduce",
     "ensemble_summary",
     "feature_statistics",
     "integrated_gradients",
-    "list_heads",
     "load_checkpoint",
-    "load_states",
     "noise_disabled",
-    "quadrature",
     "register_model",
     "save_checkpoint",
-    "save_merged_checkpoint",
     "soft_margin_loss",
     "swap_soft_margin",
     "target_forward",
 ]
 
-assert set(__all__) == {"__version__", *_EXPORTS}  # noqa: S101 - the two lists in step, at import
-
-# ``quadrature`` names both a submodule and the public function in it. The first import of the submodule (the
-# engine's, say) binds the package's attribute to the module, after which ``lightning_ig.quadrature`` would be
-# the module; loading it here, before anything else can, and binding the function after keeps the function.
-from lightning_ig import quadrature as _rules  # noqa: E402 - numpy only
-
-quadrature = _rules.quadrature
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+    if module_name is not None:
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    module_name = _DEPRECATED.get(name)
+    if module_name is not None:  # not cached: each use says where the name lives now
+        warnings.warn(
+            f"lightning_ig.{name} is {module_name}.{name} now; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module_name), name)
+    raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted(__all__)
 
+
+class _Package(types.ModuleType):
+    """This package's module type: ``quadrature`` stays the function when its old module path is imported.
+
+    ``lightning_ig.quadrature`` names both a deprecated function (above) and an old module path; importing the path
+    makes the import machinery set the package's attribute to the module, which would hide the function. A module
+    assigned to that name is not kept, so the name goes on meaning the function (as it did before the move).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "quadrature" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.attribution import (
@@ -125,26 +146,18 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
         integrated_gradients,
         target_forward,
     )
+    from lightning_ig.attribution.groups import FeatureGroups
     from lightning_ig.callback import IntegratedGradientsCallback, NonFiniteAttributionError
-    from lightning_ig.checkpoint import (
-        LoadedCheckpoint,
-        list_heads,
-        load_checkpoint,
-        load_states,
-        save_checkpoint,
-        save_merged_checkpoint,
-    )
+    from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
     from lightning_ig.ensemble import Ensemble, EnsembleReduce, ensemble_reduce, ensemble_summary
-    from lightning_ig.groups import FeatureGroups
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
     from lightning_ig.models import (
         ConvDuelingQNetwork,
         DuelingQNetwork,
         MinAtarQNetwork,
         NatureQNetwork,
-        build_model,
+        NoisyLinear,
+        noise_disabled,
         register_model,
     )
-    from lightning_ig.noise import NoisyLinear, noise_disabled
-    from lightning_ig.quadrature import quadrature
-    from lightning_ig.report import SCHEMA_VERSION, build_report, completeness_summary, feature_statistics
+    from lightning_ig.views.report import feature_statistics

@@ -8,7 +8,7 @@ float32, and its gradient turns into NaN there).
 Three layers with one stem, as in Liger-Kernel:
 
 * the kernels (``kernels/soft_margin.cu``), their launchers and an
-  :class:`torch.autograd.Function`, in :mod:`lightning_ig._soft_margin_cuda`. For
+  :class:`torch.autograd.Function`, in :mod:`lightning_ig.ops.soft_margin`. For
   ``mean``/``sum`` the forward is ONE launch that also writes ``dL/dx`` (the
   reduction's scale folded in) when the input needs a gradient; the backward
   only scales that by ``grad_output``, read on the device (no host sync): for
@@ -21,7 +21,7 @@ Three layers with one stem, as in Liger-Kernel:
   picks the path;
 
 plus :func:`swap_soft_margin`, which switches an existing model over in one
-line, and ``_soft_margin_torch``, the same math in plain torch: the path for
+line; :func:`lightning_ig.ops.soft_margin.soft_margin_torch` is the same math in plain torch: the path for
 CPU tensors and float64, and the reference in tests.
 
 Behaviour shared with torch: the output has the input's shape (``"none"``) and
@@ -57,17 +57,16 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_ig import _cuda
-from lightning_ig._soft_margin_cuda import soft_margin_cuda
-from lightning_ig.vocabulary import BACKENDS, check_bool, check_choice
+from lightning_ig.ops._cupy import choose_backend
+from lightning_ig.ops.dtypes import KERNEL_DTYPES
+from lightning_ig.ops.soft_margin import soft_margin_cuda, soft_margin_torch
+from lightning_ig.vocabulary import BACKENDS, BackendName, check_bool, check_choice
 
 __all__ = ["SoftMarginLoss", "soft_margin_loss", "swap_soft_margin"]
 
 Reduction = Literal["none", "mean", "sum"]
-Backend = Literal["auto", "cuda", "torch"]
 
 REDUCTIONS = ("none", "mean", "sum")
-_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # --------------------------------------------------------------------------- public API
@@ -78,7 +77,7 @@ def soft_margin_loss(
     target: Tensor,
     reduction: Reduction = "mean",
     *,
-    backend: Backend = "auto",
+    backend: BackendName = "auto",
 ) -> Tensor:
     """The soft-margin loss ``log(1 + exp(-target * input))``, reduced; fused on CUDA.
 
@@ -125,7 +124,7 @@ def soft_margin_loss(
     """
     _check_arguments(input, target, reduction)
     check_choice(backend, BACKENDS, "backend")
-    resolved = _cuda.resolve_backend(backend, input, target)
+    resolved = choose_backend(backend, input, target)
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
         # torch's autocast runs soft_margin_loss in float32; do the same, so swapping is invisible
         input = input.float()  # noqa: A001 - torch's name for the argument
@@ -136,7 +135,7 @@ def soft_margin_loss(
             # eagerly (wrapped here, not at import, since the wrapper imports torch._dynamo)
             return torch.compiler.disable(soft_margin_cuda)(input, target, reduction)
         return soft_margin_cuda(input, target, reduction)
-    return _soft_margin_torch(input, target, reduction)
+    return soft_margin_torch(input, target, reduction)
 
 
 class SoftMarginLoss(nn.SoftMarginLoss):
@@ -172,7 +171,7 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         reduce: bool | None = None,
         reduction: Reduction = "mean",
         *,
-        backend: Backend = "auto",
+        backend: BackendName = "auto",
     ) -> None:
         for name, value in (("size_average", size_average), ("reduce", reduce)):
             if value is not None:
@@ -189,7 +188,7 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         return f"reduction={self.reduction!r}, backend={self.backend!r}"
 
 
-def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
+def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int:
     """Replace every ``torch.nn.SoftMarginLoss`` inside ``module`` with the fused one, in place.
 
     The one-line loss option for an existing model or LightningModule: it walks
@@ -252,29 +251,6 @@ def swap_soft_margin(module: nn.Module, *, backend: Backend = "auto") -> int:
     return len(replacements)
 
 
-# --------------------------------------------------------------------------- torch twin
-
-
-def _soft_margin_torch(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
-    """The stable soft-margin loss in plain torch: the CPU/float64 path and the reference.
-
-    ``logaddexp(z, 0)`` is ``max(z, 0) + log1p(exp(-|z|))`` exactly, and its
-    autograd formula is the stable ``sigmoid(z)`` (0.5 at ``z == 0``, where a
-    hand-written ``clamp``/``abs`` form would give a wrong subgradient).
-    ``target`` must already have the input's shape or broadcast to it.
-    """
-    # -y x in the input's dtype, as torch's in-place `neg(input).mul_(target)` rounds it
-    z = torch.mul(input.neg(), target)
-    if z.dtype != input.dtype:
-        z = z.to(input.dtype)
-    loss = torch.logaddexp(z, z.new_zeros(()))
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -323,7 +299,7 @@ def _use_kernels(resolved: str, backend: str, input: Tensor, target: Tensor) -> 
                 "backend='auto' (the torch twin then differentiates both) or pass target.detach()"
             )
         return False  # the twin: differentiable with respect to the target too
-    if input.dtype in _CUDA_DTYPES:
+    if input.dtype in KERNEL_DTYPES:
         return True
     if backend == "cuda":
         raise TypeError(

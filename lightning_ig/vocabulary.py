@@ -1,10 +1,20 @@
-"""The words every part of lightning-ig shares, and the argument checks written once.
+"""The words every part of lightning-ig shares, and the argument checks written once; no torch.
 
 The engine, the callback, the report and the command line all speak of the
 same things: a backend, a quadrature method, a number of steps, held-out
-states, feature names, what was attributed (the *target label*). Their names
-and their checks live here, so a user sees one spelling and one message for
-one mistake wherever it is made. Each layer calls these at its own boundary.
+states, feature names. Their names and their checks live here, so a user
+sees one spelling and one message for one mistake wherever it is made. Each
+layer calls these at its own boundary; so does the command line's parser,
+which is why this module imports neither torch nor anything that does
+(``lightning-ig --help`` answers without loading it). The checks on tensors
+and torch objects are :mod:`lightning_ig.attribution.checks`; the label of
+what was attributed is :func:`lightning_ig.attribution.targets.target_label`.
+
+The completeness error is a *fraction* wherever a user reads it: the JSON
+report, the TensorBoard scalars, ``completeness_tol`` / ``--completeness-tol``
+(0.01), the callback's text, ``diag``'s and ``show``'s lines and the examples'
+output all write ``relative error 3.76e-03`` (:func:`relative_error_text`), never
+a percentage, so that two numbers that look alike are alike.
 
 Errors say what was wrong, the value seen, and what to do:
 ``TypeError`` for a value of the wrong kind, ``ValueError`` for a bad value.
@@ -15,28 +25,22 @@ from __future__ import annotations
 import math
 import os
 import reprlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import torch
-from torch import Tensor
-
-from lightning_ig.names import BACKENDS, GRADIENTS, METHODS
 
 __all__ = [
     "BACKENDS",
     "GRADIENTS",
     "METHODS",
+    "BackendName",
+    "NSteps",
     "callable_name",
     "check_bool",
     "check_choice",
-    "check_device",
     "check_feature_names",
-    "check_finite",
-    "check_float_dtype",
-    "check_generator",
     "check_int",
     "check_int_sequence",
     "check_mapping",
@@ -47,14 +51,26 @@ __all__ = [
     "check_positive_float",
     "check_positive_int",
     "check_real",
-    "check_states",
     "check_text",
     "default_feature_names",
+    "relative_error_text",
     "shown",
-    "target_label",
 ]
 
+BACKENDS = ("auto", "cuda", "torch")
+"""``"auto"``: the CUDA kernels when the tensors are on a CUDA device and CuPy imports, else torch."""
+
+BackendName = Literal["auto", "cuda", "torch"]
+"""The type of a ``backend=`` option: one of :data:`BACKENDS`."""
+
+GRADIENTS = ("autograd", "finite_difference")
+"""How the engine takes gradients along the path."""
+
+METHODS = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
+"""The quadrature rules, by Captum's names (:mod:`lightning_ig.attribution.quadrature` builds them)."""
+
 NSteps = int | Literal["auto"]
+"""The type of an ``n_steps=`` option: a number of quadrature points, or ``"auto"``."""
 
 _INTEGERS = (int, np.integer)
 _REALS = (int, float, np.integer, np.floating)
@@ -208,34 +224,6 @@ def check_path(value: Any, name: str) -> Path:
     return Path(path)
 
 
-def check_generator(value: Any, name: str = "generator") -> torch.Generator | None:
-    """``None`` (torch's global generator) or a ``torch.Generator``."""
-    if value is not None and not isinstance(value, torch.Generator):
-        raise TypeError(f"{name} must be None or a torch.Generator, got {_seen(value)}")
-    return value
-
-
-def check_device(value: Any, name: str = "device") -> torch.device:
-    """``value`` (a ``str`` such as ``"cuda:1"`` or a ``torch.device``) as a ``torch.device``."""
-    if isinstance(value, torch.device):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {_seen(value)}")
-    try:
-        return torch.device(value)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"{name} must name a device such as 'cpu', 'cuda' or 'cuda:1', got {shown(value)}") from None
-
-
-def check_float_dtype(value: Any, name: str = "dtype") -> torch.dtype:
-    """``value`` if it is a floating-point ``torch.dtype``."""
-    if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype such as torch.float32, got {_seen(value)}")
-    if not value.is_floating_point:
-        raise ValueError(f"{name} must be a floating-point dtype (torch.float32, torch.float64, ...), got {value}")
-    return value
-
-
 def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:
     """An int >= 1 or ``"auto"`` (refine until the completeness error is within tolerance)."""
     if isinstance(value, str):
@@ -243,44 +231,6 @@ def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:
             raise ValueError(f"{name} must be an int >= 1 or 'auto', got {value!r}")
         return "auto"
     return check_positive_int(value, name, example=50)
-
-
-def check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
-    """Raise a ``ValueError`` naming ``name``, the count and the first index of NaN/Inf values.
-
-    One host sync; the slow path (count and first index) runs only when something is
-    wrong. ``flag`` is ``torch.isfinite(tensor).all()`` queued earlier, so that the sync
-    finds it long done.
-    """
-    if bool(torch.isfinite(tensor).all() if flag is None else flag):
-        return
-    bad = ~torch.isfinite(tensor)
-    count = int(bad.sum())
-    first = tuple(int(i) for i in bad.nonzero()[0])
-    raise ValueError(
-        f"{name} holds {count} NaN/Inf value(s), the first at index {first} (value {float(tensor[first])}); "
-        f"IG needs finite {name}: clean or drop those states"
-    )
-
-
-def check_states(states: Any, name: str = "states") -> Tensor:
-    """``states`` if it is a finite floating-point tensor ``(num_states >= 1, *feature_shape)`` with features.
-
-    Raises:
-        TypeError: not a tensor, or not floating point.
-        ValueError: no state dimension, no states, no features (e.g. shape ``(5, 0)``), or NaN/Inf.
-    """
-    if not isinstance(states, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (num_states, *feature_shape), got {type(states).__name__}")
-    if states.ndim < 2 or states.shape[0] == 0 or math.prod(states.shape[1:]) == 0:
-        raise ValueError(
-            f"{name} must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
-            f"{tuple(states.shape)}; add the state dimension (states.unsqueeze(0)) for a single state"
-        )
-    if not states.is_floating_point():
-        raise TypeError(f"{name} must be floating point, got {states.dtype}; convert with .float()")
-    check_finite(name, states)
-    return states
 
 
 def default_feature_names(feature_shape: Sequence[int]) -> list[str]:
@@ -331,23 +281,9 @@ def callable_name(function: Any) -> str:
     return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or type(function).__name__
 
 
-def target_label(target: Any) -> str:
-    """What was attributed, in the one form the result, the report and the command line all use.
+def relative_error_text(value: float) -> str:
+    """A relative completeness error as every message writes it: a fraction in scientific notation (``3.76e-03``).
 
-    ``None`` -> ``"output"`` (the forward returns one value per row); ``"mean"``;
-    ``"each"``; an int ``k`` -> ``"action:k"``; a tensor of one index per state ->
-    ``"per_row"``; a callable -> ``"callable:<name>"``.
+    ``inf`` (NaN/Inf from the model) and ``nan`` (nothing could be checked) are written as such.
     """
-    if target is None:
-        return "output"
-    if isinstance(target, str):
-        return target
-    if isinstance(target, Tensor):
-        return f"action:{int(target)}" if target.dim() == 0 else "per_row"
-    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
-        return f"action:{int(target)}"
-    if isinstance(target, Callable):  # type: ignore[arg-type]
-        return f"callable:{callable_name(target)}"
-    raise TypeError(
-        f"target must be None, 'mean', 'each', an int, a LongTensor or a callable, got {type(target).__name__}"
-    )
+    return f"{value:.2e}" if value == value and abs(value) != float("inf") else str(value)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lightning_ig.attribution.backends import TorchBackend
+from lightning_ig.ops.ig import TorchIG
 
 
 class EmulatedGraph:
@@ -62,14 +62,14 @@ class FailingCapture(EmulatedCapture):
         raise RuntimeError("operation not permitted when stream is capturing")
 
 
-class KernelsThatCannotBeCaptured(TorchBackend):
+class KernelsThatCannotBeCaptured(TorchIG):
     """Stands in for the CUDA kernels on a set-up where their launches fail inside a capture; twins: torch's."""
 
     name = "cuda"
 
     def __init__(self, capture: EmulatedCapture) -> None:
         self.capture = capture
-        self.twin = TorchBackend()
+        self.twin = TorchIG()
 
     def interpolate(self, x: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor, end_copies: int) -> torch.Tensor:
         if self.capture.capturing:  # as a CuPy launch would fail inside a capture on a broken set-up

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightning_ig.ensemble import Ensemble
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.noise import NoisyLinear
+from lightning_ig.models.noise import NoisyLinear
 
 FEATURES = ["cart_x", "cart_v", "pole_theta", "pole_omega"]
 

@@ -18,9 +18,9 @@ if os.environ.get("LIGHTNING_IG_TEST_THREADS"):
 def _gpu_ready() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA device"
-    from lightning_ig import _cuda
+    from lightning_ig.ops import _cupy
 
-    if not _cuda.cupy_available():
+    if not _cupy.cupy_available():
         return False, "CuPy is not installed"
     return True, ""
 

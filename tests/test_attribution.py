@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
-from lightning_ig.attribution.backends import TorchBackend
-from lightning_ig.quadrature import METHODS
+from lightning_ig.attribution.quadrature import METHODS
+from lightning_ig.ops.ig import TorchIG
 
 ALL_METHODS = list(METHODS)
-TWINS = TorchBackend()
+TWINS = TorchIG()
 CAPTUM_SAME = ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle"]
 F64 = torch.float64
 

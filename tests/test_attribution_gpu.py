@@ -1,4 +1,4 @@
-"""The IG engine on a CUDA device: each kernel of kernels/ig.cu (CudaBackend) against its torch twin (TorchBackend),
+"""The IG engine on a CUDA device: each kernel of kernels/ig.cu (CudaIG) against its torch twin (TorchIG),
 the non-finite flags, both gradient modes, half precision, determinism, n_steps="auto", the CUDA-graph path of
 IntegratedGradients (stochastic forwards caught at capture), kernels on torch's current stream, and backend errors.
 
@@ -16,13 +16,14 @@ from _tolerance import assert_close_scaled, eps, rounding_bound
 from test_engine_host_kernels import repeated_ends
 
 from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning, integrated_gradients
-from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype
+from lightning_ig.ops.dtypes import accumulate_dtype
+from lightning_ig.ops.ig import CudaIG, TorchIG
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 F32 = torch.float32
-KERNELS, TWINS = CudaBackend(), TorchBackend()
+KERNELS, TWINS = CudaIG(), TorchIG()
 # Central differences with the default step h = eps^(1/3): truncation O(h^2) and rounding O(eps / h), both
 # eps^(2/3) of the attributions' size (times the model's smoothness).
 FD_TOLERANCE_F32 = 32 * eps(F32) ** (2 / 3)

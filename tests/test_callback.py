@@ -28,9 +28,10 @@ from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 from _tolerance import assert_close_scaled, eps
 
 from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.statistics import spearman, topk_jaccard
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.noise import noise_disabled
-from lightning_ig.report import load_schema, spearman, topk_jaccard
+from lightning_ig.models.noise import noise_disabled
+from lightning_ig.views.report import load_schema
 
 SCALAR_TAGS = [
     "ig/completeness/worst_relative_error",
@@ -527,10 +528,47 @@ def test_states_made_under_inference_mode(tmp_path):
     assert len(callback.history) == 1
 
 
-def test_target_callable_must_return_one_value_per_state(tmp_path):
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, target=lambda module, x: module(x))
+def test_forward_callable_must_return_one_value_per_state(tmp_path):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, forward=lambda module, x: module(x))
     with pytest.raises(ValueError, match=r"must return one value per state, shape \(2,\), got \(2, 2\)"):
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
+
+
+def test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns(tmp_path):
+    def value(module, x):  # (pl_module, x) -> (N,): forward= now
+        return module(x)[:, 1]
+
+    with pytest.warns(DeprecationWarning, match="takes \\(pl_module, x\\): that is forward= now"):
+        old = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=value)
+    new = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, forward=value)
+    assert (old.target, old.forward) == (new.target, new.forward) == ("mean", value)
+    assert old.state_key == new.state_key  # a checkpoint of the old spelling restores into the new one
+    with pytest.raises(ValueError, match="forward= is given too"):
+        IntegratedGradientsCallback(held_out_states(), target=value, forward=value)
+    with pytest.raises(ValueError, match="target must stay 'mean'"):
+        IntegratedGradientsCallback(held_out_states(), target=1, forward=value)
+    for callback in (old, new):
+        torch.manual_seed(0)  # the same model and batches for both
+        make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
+    assert (
+        old.history == new.history
+        and old._target_label
+        == new._target_label
+        == "callable:test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns.<locals>.value"
+    )
+
+
+def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path):
+    def second_action(outputs):  # (N, A) -> (N,)
+        return outputs[:, 1]
+
+    by_callable = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=second_action)
+    by_index = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=1)
+    for callback in (by_callable, by_index):
+        torch.manual_seed(0)  # the same model and batches for both
+        make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
+    assert by_callable.history[0]["mean_abs"] == by_index.history[0]["mean_abs"]  # the same scalar attributed
+    assert by_callable._target_label.startswith("callable:") and by_index._target_label == "action:1"
 
 
 # ---------------------------------------------------------------------- figures
@@ -538,7 +576,7 @@ def test_target_callable_must_return_one_value_per_state(tmp_path):
 
 def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
     """``(colour, width in pixels)`` of each bar, top to bottom, found by their colours in a drawn chart."""
-    from lightning_ig.figures import NEGATIVE, POSITIVE
+    from lightning_ig.views.charts import NEGATIVE, POSITIVE
 
     colours = {
         name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)])
@@ -556,16 +594,16 @@ def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
 
 
 def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
-    from lightning_ig.figures import heatmap_figure, top_features_figure
-    from lightning_ig.host_result import Moments
-    from lightning_ig.statistics import rank_order
+    from lightning_ig.attribution.host_result import Moments
+    from lightning_ig.attribution.statistics import rank_order
+    from lightning_ig.views.charts import heatmap_chart, top_features_chart
 
     rng = np.random.default_rng(0)
     for units in (4, 400):
         values = rng.normal(size=(16, units)) * np.linspace(3.0, 0.1, units) + np.linspace(1.0, -1.0, units)
         moments = Moments.of(values)
         labels = [f"group {i:03d}" for i in range(units)]
-        bar = top_features_figure(labels, moments, top_k=10, verdict=("pass", "Completeness passes"))
+        bar = top_features_chart(labels, moments, top_k=10, verdict=("pass", "Completeness passes"))
         order = rank_order(moments.mean_abs)[: min(units, 10)]
         assert bar.labels == tuple(labels[i] for i in order)
         assert bar.pixels.dtype == np.uint8 and bar.pixels.shape[1] == 640 and bar.pixels.shape[0] < 600
@@ -577,6 +615,6 @@ def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_gr
         widths = np.array([width for _, width in drawn], dtype=float)
         expected = moments.mean_abs[order] / moments.mean_abs[order[0]] * widths[0]
         np.testing.assert_allclose(widths, expected, atol=2.0)  # a bar's ends are whole pixels
-        heat = heatmap_figure(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
+        heat = heatmap_chart(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
         assert len(heat.labels) == min(units, 40)
         assert heat.pixels.shape[0] < 1200

@@ -22,12 +22,12 @@ from _ig_tiny import FEATURES, EnsembleQNet, dataset, held_out_states, make_trai
 from _tolerance import assert_close_scaled, eps
 
 from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.host_result import HostResult, JointGather
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_ensemble, member_agreement, pack_members
 from lightning_ig.ensemble.agreement import ensemble_scalar_names, member_label
-from lightning_ig.host_result import HostResult, JointGather
-from lightning_ig.noise import attribution_mode
-from lightning_ig.report import load_schema
+from lightning_ig.models.noise import attribution_mode
+from lightning_ig.views.report import load_schema
 
 N_STEPS = 32
 
@@ -213,7 +213,7 @@ def test_members_gathered_with_an_uneven_split_equal_one_process(ensemble_run):
 
     def all_gather(joint: torch.Tensor) -> torch.Tensor:  # what rank 0 receives: every rank's joint rows, stacked
         calls.append(joint.shape)
-        from lightning_ig.host_result import pack
+        from lightning_ig.attribution.host_result import pack
 
         other = torch.cat([pack(local[1][0])[0], pack_members(local[1][1])], dim=1)
         return torch.stack([joint, other])

@@ -19,7 +19,7 @@ from _ig_tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.noise import noise_disabled
+from lightning_ig.models.noise import noise_disabled
 
 pytestmark = pytest.mark.gpu
 
@@ -216,7 +216,7 @@ def test_atari_states_under_cuda_equal_the_torch_path(tmp_path, cuda_device):
 def test_group_sums_on_the_gpu_equal_the_cpu_and_repeat_bit_for_bit(cuda_device):
     from _tolerance import assert_close_scaled
 
-    from lightning_ig.groups import FeatureGroups
+    from lightning_ig.attribution.groups import FeatureGroups
 
     generator = torch.Generator().manual_seed(3)
     for shape, spec in (((4, 84, 84), "channels"), ((3, 17, 9), torch.randint(0, 7, (3, 17, 9), generator=generator))):

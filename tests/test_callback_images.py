@@ -25,8 +25,8 @@ from _tolerance import assert_close_scaled
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.report import load_schema
-from lightning_ig.saliency import mean_abs_image, saliency_grid
+from lightning_ig.views.report import load_schema
+from lightning_ig.views.saliency import mean_abs_map, saliency_grid
 
 ALL = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
@@ -123,7 +123,7 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
     events, states = image_run["events"], image_run["states"]
     result = _direct(image_run["model"], states, n_steps=16)
     expected = saliency_grid(states[:8].numpy(), result.attributions[:8].double().numpy()).pixels
-    expected_mean = mean_abs_image(result.attributions.double().abs().mean(0).numpy(), 10).pixels
+    expected_mean = mean_abs_map(result.attributions.double().abs().mean(0).numpy(), 10).pixels
     for tag, pixels in (("ig/saliency", expected), ("ig/saliency/mean_abs", expected_mean)):
         logged = events.Images(tag)
         assert [event.step for event in logged] == [2, 4]

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).parent))
 from _ig_tiny import TinyQNet, dataset, held_out_states, make_trainer
 
-import lightning_ig.report
+import lightning_ig.callback.reports
 from lightning_ig._files import file_name_limit
 from lightning_ig.callback import IntegratedGradientsCallback
 
@@ -63,7 +63,7 @@ def test_a_full_disk_warns_once_keeps_training_and_counts_lost_reports(tmp_path:
     def full_disk(report: object, path: object, **options: object) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(lightning_ig.report, "write_report", full_disk)
+    monkeypatch.setattr(lightning_ig.callback.reports, "write_report", full_disk)
     steps, messages = _fit(tmp_path, _callback(tmp_path / "reports"))
     assert steps == 3
     first, end = _about_reports(messages)

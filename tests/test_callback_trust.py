@@ -94,7 +94,7 @@ def _constant(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
 
 def test_a_run_where_no_state_can_be_checked_reads_as_such(tmp_path):
     # was: worst_relative_error 0.0, a perfect score
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, target=_constant)
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, forward=_constant)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, max_steps=4)
@@ -137,7 +137,7 @@ def _with_dropout(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
 def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
     # was: attributed silently (a 326% completeness error and no word why)
     callback = IntegratedGradientsCallback(
-        held_out_states(), every_n_steps=2, n_steps=8, target=_with_dropout, report_dir=tmp_path / "r"
+        held_out_states(), every_n_steps=2, n_steps=8, forward=_with_dropout, report_dir=tmp_path / "r"
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

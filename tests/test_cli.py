@@ -26,8 +26,8 @@ from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint, save_merged_checkpoint
 from lightning_ig.cli import progress as progress_module
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.noise import noise_disabled
-from lightning_ig.report import load_schema
+from lightning_ig.models.noise import noise_disabled
+from lightning_ig.views.report import load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

@@ -18,7 +18,7 @@ from _tolerance import eps
 
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.noise import NoisyLinear, noise_disabled
+from lightning_ig.models.noise import NoisyLinear, noise_disabled
 
 pytestmark = pytest.mark.gpu
 

@@ -25,9 +25,9 @@ from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
 from lightning_ig.ensemble import Ensemble
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.noise import noise_disabled
-from lightning_ig.report import load_schema
-from lightning_ig.saliency import mean_abs_image, saliency_grid
+from lightning_ig.models.noise import noise_disabled
+from lightning_ig.views.report import load_schema
+from lightning_ig.views.saliency import mean_abs_map, saliency_grid
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -168,7 +168,7 @@ def test_saliency_pngs_are_the_reports_states(workspace, runs):
     attributions = result.attributions.double().numpy()
     expected = {
         "saliency.png": saliency_grid(states.double().numpy(), attributions).pixels,
-        "saliency_mean_abs.png": mean_abs_image(np.abs(attributions).mean(0), 6).pixels,
+        "saliency_mean_abs.png": mean_abs_map(np.abs(attributions).mean(0), 6).pixels,
     }
     for name, pixels in expected.items():
         data = (workspace / "saliency" / name).read_bytes()

@@ -195,7 +195,7 @@ def test_show_refuses_a_negative_number_of_worst_states(workspace: Path, capsys:
     # was: -5 was taken, and listed nothing
     _report(workspace, capsys)
     code, _, err = _main(capsys, "show", "out/r.json", "--worst-states", "-5")
-    _one_line_error(code, err, "--worst-states", "expected a whole number >= 0, got -5")
+    _one_line_error(code, err, "--worst-states", "--worst-states must be an int >= 0, got -5")
 
 
 def test_show_says_the_completeness_error_as_the_report_does(

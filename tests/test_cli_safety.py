@@ -145,12 +145,12 @@ def test_links_are_written_through_and_modes_follow_the_umask(
 def test_a_write_that_fails_late_names_the_users_path(
     workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import lightning_ig.report
+    import lightning_ig.views.report
 
     def full_disk(report: object, path: object, **options: object) -> None:
         raise OSError(28, "No space left on device", str(workspace / "out" / ".report.json.x1y2.tmp"))
 
-    monkeypatch.setattr(lightning_ig.report, "write_report", full_disk)
+    monkeypatch.setattr(lightning_ig.views.report, "write_report", full_disk)
     code, _, err = _diag(capsys, "--output", "out/report.json")
     _one_line_error(code, err, "cannot write --output 'out/report.json' (No space left on device)")
     assert ".tmp" not in err
@@ -270,16 +270,16 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
 def test_an_interrupt_while_writing_leaves_no_half_report(
     workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import lightning_ig.report
+    import lightning_ig.views.report
 
-    written = lightning_ig.report.write_report
+    written = lightning_ig.views.report.write_report
 
     def interrupted(report: dict, path: Path, **options: bool) -> None:
         if Path(path).name == "all.trending.json":
             raise KeyboardInterrupt
         written(report, path, **options)
 
-    monkeypatch.setattr(lightning_ig.report, "write_report", interrupted)
+    monkeypatch.setattr(lightning_ig.views.report, "write_report", interrupted)
     code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json")
     assert code == 130 and err.strip() == cli.interrupts.INTERRUPTED_WHILE_WRITING
     assert sorted(path.name for path in (workspace / "out").iterdir()) == ["all.ranging.json"], "complete or absent"

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ig import _cuda
-from lightning_ig.attribution.backends import CudaBackend, TorchBackend, accumulate_dtype, repeat_threshold
+from lightning_ig.ops import _cupy
+from lightning_ig.ops.dtypes import accumulate_dtype
+from lightning_ig.ops.ig import CudaIG, TorchIG, repeat_threshold
 
 _CUDA_BUILTINS = r"""
 // CUDA built-ins for a host build of kernels/ig.cu (the kernels' own headers are used as they are).
@@ -80,7 +81,7 @@ _ARGUMENT = {
 
 
 class HostLaunch:
-    """``CudaBackend(launch=...)``: runs ``ig_<op>_<dtype>`` of the host build over an emulated grid."""
+    """``CudaIG(launch=...)``: runs ``ig_<op>_<dtype>`` of the host build over an emulated grid."""
 
     def __init__(self, native: ctypes.CDLL) -> None:
         self.native = native
@@ -106,7 +107,7 @@ def host_launch(tmp_path_factory: pytest.TempPathFactory) -> HostLaunch:
     folder = tmp_path_factory.mktemp("ig_host")
     (folder / "cuda_builtins.h").write_text(_CUDA_BUILTINS)
     library = folder / "libig_host.so"
-    kernels = _cuda.kernel_dir()
+    kernels = _cupy.kernel_dir()
     build = subprocess.run(
         [
             compiler,
@@ -140,7 +141,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_launch: HostLaunch, dtype: torch.dtype) -> None:
-    kernels, twins = CudaBackend(launch=host_launch), TorchBackend()
+    kernels, twins = CudaIG(launch=host_launch), TorchIG()
     acc = accumulate_dtype(dtype)
     generator = torch.Generator().manual_seed(50)
     for batch, features in [(1, 1), (3, 5), (2, 7)]:
@@ -173,7 +174,7 @@ def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_launch: Hos
 def test_host_built_completeness_matches_its_twin_with_full_warps(
     host_launch: HostLaunch, dtype: torch.dtype, features: int
 ) -> None:
-    kernels, twins = CudaBackend(launch=host_launch), TorchBackend()
+    kernels, twins = CudaIG(launch=host_launch), TorchIG()
     acc = accumulate_dtype(dtype)
     generator = torch.Generator().manual_seed(51)
     for grid in [(1, 32), (2, 64), (3, 96)]:  # whole warps, as the launcher gives; fewer warps than rows: they stride
@@ -191,7 +192,7 @@ def test_host_built_completeness_matches_its_twin_with_full_warps(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_host_built_repeat_check_matches_its_twin(host_launch: HostLaunch, dtype: torch.dtype) -> None:
-    kernels, twins = CudaBackend(launch=host_launch), TorchBackend()
+    kernels, twins = CudaIG(launch=host_launch), TorchIG()
     host_launch.grid = (2, 64)
     attributions, ends, expected = repeated_ends(dtype)
     ours = kernels.completeness(attributions, ends)
@@ -226,7 +227,7 @@ def repeated_ends(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_host_built_completeness_flags_nan_and_inf_like_its_twin(host_launch: HostLaunch, dtype: torch.dtype) -> None:
-    kernels, twins = CudaBackend(launch=host_launch), TorchBackend()
+    kernels, twins = CudaIG(launch=host_launch), TorchIG()
     acc = accumulate_dtype(dtype)
     host_launch.grid = (2, 64)
     attributions = torch.randn(2, 6, 40, generator=torch.Generator().manual_seed(52)).to(dtype)

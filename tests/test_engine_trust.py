@@ -17,8 +17,8 @@ from lightning_ig.attribution import (
     integrated_gradients,
     target_forward,
 )
-from lightning_ig.attribution.backends import warp_order_sum
-from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS
+from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS
+from lightning_ig.ops.ig import warp_order_sum
 
 
 def _mlp(
@@ -357,11 +357,10 @@ def test_too_many_gauss_legendre_steps_fail_before_any_forward() -> None:
     assert calls == []
 
 
-# --------------------------------------------------------------------------- feature groups (lightning_ig/groups.py)
+# ---------------------------------------------------------------- feature groups (lightning_ig/attribution/groups.py)
 
 
 def test_grouped_attributions_keep_completeness_per_state() -> None:
-    pytest.importorskip("lightning_ig.groups")  # the callback's module: present once its branch is merged
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 3 * 3, 4)).double().eval()
     x = torch.randn(5, 2, 3, 3, dtype=torch.float64)
     result = integrated_gradients(model, x, target="mean", n_steps=8)

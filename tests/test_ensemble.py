@@ -33,9 +33,9 @@ from lightning_ig.ensemble import (
     mean_abs_per_feature,
     member_agreement,
     member_means,
-    ops,
 )
 from lightning_ig.models import DuelingQNetwork, build_model
+from lightning_ig.ops import ensemble_reduce as ops
 
 SHAPES = [(1, 1, 1), (3, 1, 5), (7, 3, 1), (16, 8, 1), (33, 5, 4), (10, 40, 3), (4, 64, 16), (0, 3, 2)]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -234,7 +234,7 @@ def test_no_graph_is_built_without_a_gradient() -> None:
             torch.ones(3),
             {"backend": "triton"},
             ValueError,
-            "backend must be 'auto', 'cuda' or 'torch'",
+            "backend must be one of 'auto', 'cuda', 'torch'",
         ),
     ],
 )

@@ -21,8 +21,9 @@ import torch
 from _tolerance import assert_close_scaled
 
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.ensemble import Ensemble, ensemble_reduce, member_means, ops
+from lightning_ig.ensemble import Ensemble, ensemble_reduce, member_means
 from lightning_ig.models import DuelingQNetwork
+from lightning_ig.ops import ensemble_reduce as ops
 
 pytestmark = pytest.mark.gpu
 
@@ -394,11 +395,11 @@ extern "C" __global__ void probe_divisor(const unsigned int* bits, long long n, 
 def test_lean_gives_the_exactly_rounded_bits(cuda_device) -> None:
     """LIG_ENS_LEAN's reciprocal on every float in [1, 2], and its power-of-two division on random bit patterns
     (subnormal, infinite and NaN ones included), against __frcp_rn and __fdiv_rn."""
-    from lightning_ig import _cuda
+    from lightning_ig.ops import _cupy
 
-    cupy = _cuda.require_cupy()
-    source = _cuda.kernel_source("ensemble.cu") + _PROBE
-    options = ("-std=c++17", f"-I{_cuda.kernel_dir().as_posix()}", "-DLIG_ENS_LEAN=1", "-DLIG_ENS_ONE_DTYPE")
+    cupy = _cupy.require_cupy()
+    source = _cupy.kernel_source("ensemble.cu") + _PROBE
+    options = ("-std=c++17", f"-I{_cupy.kernel_dir().as_posix()}", "-DLIG_ENS_LEAN=1", "-DLIG_ENS_ONE_DTYPE")
     with cupy.cuda.Device(cuda_device.index):
         module = cupy.RawModule(code=source, options=options)
         mismatches = cupy.zeros(2, dtype=cupy.uint32)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ig.ensemble import ops
+from lightning_ig.ops import ensemble_reduce as ops
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 HOST_CHECK = Path(__file__).resolve().parent / "data" / "ensemble_host_check.cpp"

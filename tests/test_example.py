@@ -28,8 +28,8 @@ from _examples import run_python as _run
 
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.report import load_schema
-from lightning_ig.tensorboard import feature_tags
+from lightning_ig.views.report import load_schema
+from lightning_ig.views.tensorboard import feature_tags
 
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]

@@ -27,7 +27,7 @@ from _examples import only_run_dir as _only_run_dir
 from _examples import run_python as _run
 
 from lightning_ig import MinAtarQNetwork, load_checkpoint
-from lightning_ig.report import load_schema
+from lightning_ig.views.report import load_schema
 
 EXAMPLE = REPO / "examples" / "dqn_minatar.py"
 CHANNEL_NAMES = ["paddle", "ball", "trail", "brick"]  # MinAtar Breakout's channels, in order

@@ -10,8 +10,8 @@ import torch
 from _tolerance import assert_close_scaled
 
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.groups import FeatureGroups
-from lightning_ig.host_result import HostResult, Moments, pack
+from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.host_result import HostResult, Moments, pack
 
 
 def _forward(x: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,10 @@ import torch.nn.functional as F
 from _tolerance import assert_close_scaled
 from torch import nn
 
-from lightning_ig import _soft_margin_cuda as launchers
 from lightning_ig import losses
 from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
+from lightning_ig.ops import soft_margin as launchers
+from lightning_ig.ops.soft_margin import soft_margin_torch
 
 REDUCTIONS = ("none", "mean", "sum")
 # dtype -> roundings (ulps of the dtype) that may separate two computations of the same loss:
@@ -406,13 +407,13 @@ def torch_launchers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def reduce_(input, target, reduction, *, with_grad):  # noqa: A002
         calls.append(f"reduce(grad={with_grad})")
-        loss = losses._soft_margin_torch(input, target, reduction).detach()
+        loss = soft_margin_torch(input, target, reduction).detach()
         gradient = -target * torch.sigmoid(-target * input) / (input.numel() if reduction == "mean" else 1)
         return loss, (gradient if with_grad else None)
 
     def none(input, target):  # noqa: A002
         calls.append("none")
-        return losses._soft_margin_torch(input, target, "none").detach()
+        return soft_margin_torch(input, target, "none").detach()
 
     def none_backward(input, target, grad_output):  # noqa: A002
         calls.append("none_backward")
@@ -462,7 +463,7 @@ def test_function_double_backward_goes_through_torch(torch_launchers: list[str],
         return grad.detach(), grad_of_grad
 
     ours = second_derivative(lambda t: launchers.SoftMarginFunction.apply(t, y, reduction))
-    reference = second_derivative(lambda t: losses._soft_margin_torch(t, y, reduction))
+    reference = second_derivative(lambda t: soft_margin_torch(t, y, reduction))
     assert "scale_" not in torch_launchers and "none_backward" not in torch_launchers
     for value, expected in zip(ours, reference):
         _assert_close(value, expected, torch.float64)
@@ -546,7 +547,7 @@ class _EmulatedKernels:
 
 @pytest.fixture(params=[torch.float32, torch.float16], ids=str)
 def emulated_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> _EmulatedKernels:
-    source = (launchers._cuda.kernel_dir() / "soft_margin.cu").read_text()
+    source = (launchers._cupy.kernel_dir() / "soft_margin.cu").read_text()
     kernels = _EmulatedKernels(np.float32 if request.param == torch.float32 else np.float16)
     kernels.dtype = request.param
 
@@ -559,10 +560,10 @@ def emulated_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     def launch(kernel: str, grid: int, block: int, args, *, device: torch.device | int, shared_mem: int = 0) -> None:
         kernels(kernel, grid, block, tuple(args))
 
-    monkeypatch.setattr(launchers._cuda, "get_kernel", get_kernel)
-    monkeypatch.setattr(launchers._cuda, "launch", launch)
+    monkeypatch.setattr(launchers._cupy, "get_kernel", get_kernel)
+    monkeypatch.setattr(launchers._cupy, "launch", launch)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(launchers._cuda, "current_stream_handle", lambda device_index: 7)
+    monkeypatch.setattr(launchers._cupy, "current_stream_handle", lambda device_index: 7)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=3)
     )
@@ -630,7 +631,7 @@ def test_torch_compile_runs_the_kernel_path_eagerly(
 ) -> None:
     if emulated_device.dtype != torch.float32:
         pytest.skip("one dtype is enough to check the compile path")
-    monkeypatch.setattr(launchers._cuda, "resolve_backend", lambda backend, *tensors: "cuda")
+    monkeypatch.setattr(losses, "choose_backend", lambda backend, *tensors: "cuda")
     torch._dynamo.reset()
     linear = nn.Linear(5, 1)
     step = torch.compile(lambda x, y: soft_margin_loss(linear(x), y, "mean"))

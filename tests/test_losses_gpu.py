@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from _tolerance import assert_close_scaled
 from torch import nn
 
-from lightning_ig.losses import SoftMarginLoss, _soft_margin_torch, soft_margin_loss, swap_soft_margin
+from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
+from lightning_ig.ops.soft_margin import soft_margin_torch
 
 pytestmark = pytest.mark.gpu
 
@@ -285,7 +286,7 @@ def test_retained_graph_and_double_backward(cuda_device: torch.device, reduction
 
     # float32 kernels vs the float64 twin: the create_graph backward runs in the input's dtype
     ours = second_derivative(lambda t: soft_margin_loss(t.float(), y, reduction, backend="cuda"))
-    reference = second_derivative(lambda t: _soft_margin_torch(t, y.double(), reduction))
+    reference = second_derivative(lambda t: soft_margin_torch(t, y.double(), reduction))
     # sigmoid'(z) = s (1 - s) loses relative precision in float32 where s ~ 1 (1 - s is
     # rounded at the size of s): the scale is the size of the terms, the largest entry
     _assert_ulps(ours, reference, torch.float32, ULPS_VS_TORCH[torch.float32], scale=reference.abs().max().item())

@@ -31,7 +31,7 @@ from lightning_ig.checkpoint import (
     states_beside,
 )
 from lightning_ig.models import DuelingQNetwork, build_model, model_name, register_model, resolve_model_class
-from lightning_ig.noise import NoisyLinear, noise_disabled
+from lightning_ig.models.noise import NoisyLinear, noise_disabled
 
 
 class PlainMLP(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from lightning_ig.noise import NoisyLinear, is_noisy_layer, noise_disabled
+from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
 
 
 def _f(x: torch.Tensor) -> torch.Tensor:

@@ -255,6 +255,12 @@ def entry_points() -> list[Entry]:
         ),
         Entry("FeatureGroups.features", L.FeatureGroups.features, lambda tmp: {"feature_shape": (4,)}),
         Entry("FeatureGroups.channels", L.FeatureGroups.channels, lambda tmp: {"feature_shape": (2, 3, 3)}),
+        Entry(
+            "FeatureGroups.renamed",
+            L.FeatureGroups.renamed,
+            lambda tmp: {"names": ["first", "rest"]},
+            owner=lambda: L.FeatureGroups.resolve({"a": [0, 1]}, (4,)),
+        ),
         Entry("FeatureGroups.blocks", L.FeatureGroups.blocks, lambda tmp: {"feature_shape": (4,), "size": 2}),
         Entry(
             "FeatureGroups.members",

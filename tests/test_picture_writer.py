@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ig.picture_writer import PictureWriter
+from lightning_ig.views.tensorboard import PictureWriter
 
 
 def _worker_threads() -> list[threading.Thread]:

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 from _tolerance import eps
 
-from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS, METHODS, check_rule, nests_on_doubling, quadrature
+from lightning_ig.attribution.quadrature import (
+    MAX_GAUSS_LEGENDRE_STEPS,
+    METHODS,
+    check_rule,
+    nests_on_doubling,
+    quadrature,
+)
 
 EPS64 = eps(np.float64)
 
@@ -148,7 +154,7 @@ def test_gauss_legendre_matches_40_digit_values(n: int) -> None:
 @pytest.mark.parametrize("n", [1000, 4001, 20000])
 def test_gauss_legendre_for_large_n_is_exact_symmetric_and_linear_in_memory(n: int) -> None:
     # numpy's leggauss builds an n x n companion matrix (3.2 GB at n = 20000; 74.5 GiB at 100000).
-    quadrature_module = importlib.import_module("lightning_ig.quadrature")
+    quadrature_module = importlib.import_module("lightning_ig.attribution.quadrature")
     quadrature_module._gauss_legendre.cache_clear()
     tracemalloc.start()
     try:

@@ -11,21 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ig import report as report_module
-from lightning_ig.report import (
+from lightning_ig.attribution.statistics import completeness, spearman, topk_jaccard
+from lightning_ig.views import report as report_module
+from lightning_ig.views.report import (
     SCHEMA_VERSION,
     build_report,
     completeness_summary,
-    default_feature_names,
     feature_statistics,
     load_schema,
     report_to_json,
-    spearman,
     top_features,
-    topk_jaccard,
     write_report,
 )
-from lightning_ig.statistics import completeness
+from lightning_ig.vocabulary import default_feature_names
 
 CONTRACT_KEYS = [
     "schema_version",

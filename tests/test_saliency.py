@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lightning_ig.saliency import mean_abs_image, saliency_grid, saliency_kind, write_png
+from lightning_ig.views.saliency import mean_abs_map, saliency_grid, saliency_kind, write_png
 
 
 def test_kinds():
@@ -58,20 +58,20 @@ def test_a_chosen_channel_and_fewer_states():
 def test_mean_abs_tiles_share_one_scale():
     values = np.zeros((3, 8, 8))
     values[2] = 1.0
-    image = mean_abs_image(values, num_states=5)
+    image = mean_abs_map(values, num_states=5)
     assert image.scale == pytest.approx(1.0)
     assert image.pixels.shape[:2] == (80 + 14 + 4 + 38, 320)  # 3 tiles of 80 px (8x8 enlarged 10x), caption, colour bar
 
 
 def test_mean_abs_tiles_carry_the_channel_names():
     values = np.random.default_rng(3).random((3, 8, 8))
-    default = mean_abs_image(values).pixels
-    named = mean_abs_image(values, channel_names=["paddle", "ball", "brick"]).pixels
+    default = mean_abs_map(values).pixels
+    named = mean_abs_map(values, channel_names=["paddle", "ball", "brick"]).pixels
     assert named.shape == default.shape and not np.array_equal(named, default)  # the captions differ
     body = slice(14, 14 + 80)  # below the captions the tiles are the same pixels
     assert np.array_equal(named[body], default[body])
     with pytest.raises(ValueError, match="2 names for 3 channels"):
-        mean_abs_image(values, channel_names=["a", "b"])
+        mean_abs_map(values, channel_names=["a", "b"])
 
 
 def test_write_png_round_trips_and_follows_the_umask(tmp_path):

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from lightning_ig.host_result import Moments
-from lightning_ig.statistics import Completeness
-from lightning_ig.summary import RunSettings, RunSummary, Units
-from lightning_ig.tensorboard import TagNames, display_labels, report_markdown, scalar_metrics
+from lightning_ig.attribution.host_result import Moments
+from lightning_ig.attribution.statistics import Completeness
+from lightning_ig.views.summary import RunSettings, RunSummary, Units
+from lightning_ig.views.tensorboard import TagNames, display_labels, report_markdown, scalar_metrics
 
 
 def _summary(worst: float = 0.004, non_finite: int = 0, degenerate: int = 0, groups: bool = False) -> RunSummary:

@@ -1,4 +1,6 @@
-"""The Integrated Gradients engine: :func:`integrated_gradients`, :class:`IntegratedGradients`, :class:`IGResult`.
+"""The attribution wing: the IG engine, and what every consumer computes from its results.
+
+The engine: :func:`integrated_gradients`, :class:`IntegratedGradients`, :class:`IGResult`.
 
 Integrated Gradients (Sundararajan et al., 2017) attributes ``F(x) - F(b)`` to
 the input features by integrating the gradient of ``F`` along the straight
@@ -7,26 +9,35 @@ path ``b + alpha (x - b)``, ``alpha`` in ``[0, 1]``::
     attributions_i = (x_i - b_i) * integral_0^1 dF/dx_i(b + alpha (x - b)) d alpha
                   ~= (x_i - b_i) * sum_k w_k g_k,i
 
-with the quadrature ``(alpha_k, w_k)`` of :mod:`lightning_ig.quadrature`.
+with the quadrature ``(alpha_k, w_k)`` of :mod:`~lightning_ig.attribution.quadrature`.
 
 The parts, in the order a call runs through them:
 
 * :mod:`~lightning_ig.attribution.options` checks the keyword options once;
-  :mod:`~lightning_ig.attribution.inputs` checks and flattens the tensors;
-  :mod:`~lightning_ig.attribution.targets` says what to attribute;
-* :mod:`~lightning_ig.attribution.backends` holds the five operations of
-  ``kernels/ig.cu`` (interpolation, finite-difference probes and gradients,
-  accumulation, completeness), each CUDA launcher beside its bit-identical
-  torch twin, as a ``CudaBackend`` and a ``TorchBackend`` chosen once per run;
-* :mod:`~lightning_ig.attribution.path` runs the path: chunked batched
+  :mod:`~lightning_ig.attribution.inputs` checks and flattens the tensors
+  (with :mod:`~lightning_ig.attribution.checks`, the tensor checks every wing
+  shares); :mod:`~lightning_ig.attribution.targets` says what to attribute;
+* the five operations of ``kernels/ig.cu`` (interpolation, finite-difference
+  probes and gradients, accumulation, completeness) are
+  :mod:`lightning_ig.ops.ig`'s, each CUDA launcher beside its bit-identical torch
+  twin, chosen once per run;
+* :mod:`~lightning_ig.attribution.quadrature` gives the rule;
+  :mod:`~lightning_ig.attribution.path` runs the path: chunked batched
   forwards, autograd or finite differences, the stochastic-forward check, and
   the refinement of ``n_steps="auto"``;
 * :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
-  CUDA graph and caches the plans;
+  CUDA graph; the engine (:mod:`~lightning_ig.attribution.engine`) keeps and replays the plans;
 * :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`).
 
 The front doors are :func:`integrated_gradients` (one eager call) and
 :class:`IntegratedGradients` (defaults, and graph replay for repeated shapes).
+
+What every consumer (the callback, the command line, ensembles, the report) computes from results lives here too,
+below all of them: :mod:`~lightning_ig.attribution.groups` (feature groups),
+:mod:`~lightning_ig.attribution.host_result` (a result gathered over ranks and brought to the host once) and
+:mod:`~lightning_ig.attribution.statistics` (completeness, concentration, drift, the one feature order). A new
+engine option goes into :mod:`~lightning_ig.attribution.options`; a new number of a run into
+:mod:`~lightning_ig.attribution.statistics`.
 
 Completeness and what a result says about itself
     ``delta = sum(attributions) - (F(x) - F(b))`` (Captum's sign) and the relative
@@ -47,13 +58,11 @@ from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
 from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
 from lightning_ig.attribution.targets import target_forward
-from lightning_ig.vocabulary import check_finite  # where the callback has imported it from
 
 __all__ = [
     "IGResult",
     "IntegratedGradients",
     "StochasticForwardWarning",
-    "check_finite",
     "integrated_gradients",
     "target_forward",
     "worst_relative_error",

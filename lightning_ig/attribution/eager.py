@@ -8,15 +8,16 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.backends import STATS, Backend
+from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepare, warn_stochastic
 from lightning_ig.attribution.options import DEFAULT_MAX_STEPS, Settings, parse_settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, refine
-from lightning_ig.attribution.result import IGResult
-from lightning_ig.attribution.targets import Target, TargetSpec
-from lightning_ig.vocabulary import check_finite
+from lightning_ig.attribution.result import IGResult, build_result
+from lightning_ig.attribution.targets import Target
+from lightning_ig.ops.ig import IGOps
+from lightning_ig.vocabulary import BackendName
 
-__all__ = ["attribute_eager", "build_result", "integrated_gradients"]
+__all__ = ["attribute_eager", "integrated_gradients"]
 
 
 def integrated_gradients(
@@ -29,7 +30,7 @@ def integrated_gradients(
     method: str = "gausslegendre",
     gradient: Literal["autograd", "finite_difference"] = "autograd",
     internal_batch_size: int | None = None,
-    backend: Literal["auto", "cuda", "torch"] | Backend = "auto",
+    backend: BackendName | IGOps = "auto",
     completeness_tol: float = 0.01,
     max_steps: int = DEFAULT_MAX_STEPS,
     fd_step: float | None = None,
@@ -168,48 +169,4 @@ def attribute_eager(
         warn_stochastic(forward, stacklevel=3)  # the caller of integrated_gradients or IntegratedGradients.attribute
     return build_result(
         out, prepared.resolved, prepared.spec, settings, run, n_steps, graph=False, stochastic=stochastic
-    )
-
-
-def build_result(
-    out: dict[str, Tensor],
-    resolved: Tensor,
-    spec: TargetSpec,
-    settings: Settings,
-    run: PathRun,
-    n_steps: int,
-    *,
-    graph: bool,
-    stochastic: bool,
-) -> IGResult:
-    """The :class:`IGResult` of ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``), with views only.
-
-    ``resolved`` is the baselines in the inputs' shape.
-    """
-    stats = out["stats"]
-    if spec.kind == "each":
-        attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
-    else:
-        attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
-        stats = stats.view(len(STATS), -1)  # (7, 1, B) -> (7, B)
-    f_input, f_baseline, delta, relative_error = stats[:4].unbind(0)
-    degenerate, non_finite = (stats[4:6] != 0).unbind(0)  # both flags in one comparison
-    return IGResult(
-        attributions=attributions,
-        f_input=f_input,
-        f_baseline=f_baseline,
-        delta=delta,
-        relative_error=relative_error,
-        degenerate=degenerate,
-        non_finite=non_finite,
-        baselines=resolved,
-        n_steps=n_steps,
-        method=settings.method,
-        gradient=settings.gradient,
-        backend=run.backend.name,
-        target=spec.label,
-        fd_step=run.fd_step,
-        internal_batch_size=run.chunk_rows,
-        cuda_graph=graph,
-        stochastic=stochastic,
     )

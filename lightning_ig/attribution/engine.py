@@ -1,4 +1,10 @@
-"""The reusable front door, :class:`IntegratedGradients`: default settings, and CUDA graphs for repeated shapes."""
+"""The reusable front door, :class:`IntegratedGradients`: default settings, and CUDA graphs for repeated shapes.
+
+The engine keeps one :class:`GraphPlan` per key (shapes, dtype, device, settings) in a :class:`PlanCache` and
+replays it; :mod:`~lightning_ig.attribution.graphs` captures them. A call on the callback's shapes with the
+default settings takes the fast path: copy the inputs in, replay, build the result (this module and
+:mod:`~lightning_ig.attribution.result`, nothing else).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.eager import attribute_eager, build_result
-from lightning_ig.attribution.graphs import GraphCapture, GraphPlan, PlanCache, capture_plan
+from lightning_ig.attribution.checks import check_finite
+from lightning_ig.attribution.eager import attribute_eager
+from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
 from lightning_ig.attribution.inputs import Baselines, Prepared, check_forward, prepare
 from lightning_ig.attribution.options import Settings, parse_settings
-from lightning_ig.attribution.result import IGResult
+from lightning_ig.attribution.result import IGResult, build_result
 from lightning_ig.attribution.targets import check_rows_in_range
-from lightning_ig.vocabulary import check_finite
 
-__all__ = ["IntegratedGradients"]
+__all__ = ["GraphPlan", "IntegratedGradients", "PlanCache"]
 
 
 class IntegratedGradients:
@@ -192,7 +198,8 @@ class IntegratedGradients:
             return attribute_eager(self.forward, inputs, baselines, settings)
         plan = self._plans.get(key)
         if plan is None:
-            plan = capture_plan(self.forward, prepared, baselines, settings, self.graph_capture)
+            captured = capture_attribution(self.forward, prepared, baselines, settings, self.graph_capture)
+            plan = None if captured is None else GraphPlan(captured)
             self._remember(key, plan)
             if plan is None:
                 self.last_mode = "eager"
@@ -222,6 +229,69 @@ class IntegratedGradients:
         evicted = self._plans.put(key, plan)
         if evicted is not None and self._fast is not None and self._fast[3] is evicted:
             self._fast = None
+
+
+class GraphPlan:
+    """A captured attribution the engine keeps for one key: static inputs, the graph, its outputs; replayed.
+
+    When attributions and statistics share a dtype the graph also packs both
+    into one flat buffer, so a replay's results cost one copy.
+    """
+
+    def __init__(self, captured: Captured) -> None:
+        self.graph = captured.graph
+        self.static_x = captured.static_x  # (B, F)
+        self.static_b = captured.static_b  # (B, F), or None where the baseline is computed inside the graph
+        self.static_rows = captured.static_rows  # (B,) per-row target indices, or None
+        self.outputs = outputs = captured.outputs  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
+        self.run = captured.run
+        self.keep = captured.keep  # objects whose id() is part of the key (a target callable)
+        self.stochastic = captured.stochastic  # what the eager run before the capture found
+        self.attribution_shape = outputs["attributions"].shape
+        self.stats_shape = outputs["stats"].shape
+        self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
+        self.zero_baselines: Tensor | None = None  # set by the engine's fast path: a read-only expanded zero
+        self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
+
+    def replay(self) -> dict[str, Tensor]:
+        """Replay the graph; fresh copies of its outputs."""
+        self.graph.replay()
+        packed = self.outputs.get("packed")
+        if packed is None:
+            return {name: self.outputs[name].clone() for name in ("attributions", "stats")}
+        attributions, stats = packed.clone().split(self.split_sizes)
+        return {"attributions": attributions.view(self.attribution_shape), "stats": stats.view(self.stats_shape)}
+
+
+class PlanCache:
+    """Plans by key; a key whose capture failed maps to ``None``. Keeps the most recent ``limit`` plans.
+
+    Each captured graph holds its own memory pool, so old plans are dropped.
+    """
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        self.plans: dict[tuple[Any, ...], GraphPlan | None] = {}
+
+    def __contains__(self, key: tuple[Any, ...]) -> bool:
+        return key in self.plans
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def get(self, key: tuple[Any, ...]) -> GraphPlan | None:
+        return self.plans.get(key)
+
+    def put(self, key: tuple[Any, ...], plan: GraphPlan | None) -> GraphPlan | None:
+        """Store ``plan``; return the plan evicted to make room, if any."""
+        evicted = None
+        if plan is not None and len(self.plans) >= self.limit:
+            evicted = self.plans.pop(next(iter(self.plans)))
+        self.plans[key] = plan
+        return evicted
+
+    def clear(self) -> None:
+        self.plans.clear()
 
 
 def _check_graph_capture(capture: Any) -> GraphCapture:

@@ -1,10 +1,11 @@
-"""CUDA-graph capture of a whole attribution, and the cache of captured plans.
+"""CUDA-graph capture of a whole attribution: how one is captured, and the capture of one key.
 
 For repeated calls on the same shapes (what the training callback does),
 :class:`~lightning_ig.attribution.IntegratedGradients` captures the autograd
 computation (interpolation, batched forward, ``torch.autograd.grad``,
-accumulation, completeness) once per key in a :class:`GraphPlan`; later calls
-copy the new inputs into the plan's static buffers and replay it.
+accumulation, completeness) once per key (:func:`capture_attribution`) and keeps
+what comes back as a plan (:class:`~lightning_ig.attribution.engine.GraphPlan`);
+later calls copy the new inputs into the plan's static buffers and replay it.
 
 * The run before the capture is eager: shape and autograd errors surface as
   they would without a graph, and the path's ends ride twice in its forward
@@ -22,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -31,9 +32,22 @@ from lightning_ig.attribution.inputs import Baselines, Prepared, RunningStatisti
 from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 
-__all__ = ["GraphCapture", "GraphPlan", "PlanCache", "capture_plan"]
+__all__ = ["Captured", "GraphCapture", "capture_attribution"]
 
 Compute = Callable[[], "dict[str, Tensor]"]
+
+
+class Captured(NamedTuple):
+    """What a capture leaves: the graph, its static inputs and outputs, and what the eager run before it found."""
+
+    graph: Any  # has replay()
+    static_x: Tensor  # (B, F)
+    static_b: Tensor | None  # (B, F), or None where the baseline is computed inside the graph
+    static_rows: Tensor | None  # (B,) per-row target indices, or None
+    outputs: dict[str, Tensor]  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
+    run: PathRun
+    keep: Any  # objects whose id() is part of the key (a target callable)
+    stochastic: bool  # what the eager run before the capture found
 
 
 class GraphCapture:
@@ -83,93 +97,20 @@ def _set_sync_debug_mode(mode: Any) -> None:
         torch.cuda.set_sync_debug_mode(mode)
 
 
-class GraphPlan:
-    """A captured attribution for one key: static inputs, the graph, and its outputs.
-
-    When attributions and statistics share a dtype the graph also packs both
-    into one flat buffer, so a replay's results cost one copy.
-    """
-
-    def __init__(
-        self,
-        graph: Any,
-        static_x: Tensor,
-        static_b: Tensor | None,
-        static_rows: Tensor | None,
-        outputs: dict[str, Tensor],
-        run: PathRun,
-        keep: Any,
-        stochastic: bool,
-    ) -> None:
-        self.graph = graph
-        self.static_x = static_x  # (B, F)
-        self.static_b = static_b  # (B, F), or None where the baseline is computed inside the graph
-        self.static_rows = static_rows  # (B,) per-row target indices, or None
-        self.outputs = outputs  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
-        self.run = run
-        self.keep = keep  # objects whose id() is part of the key (a target callable)
-        self.stochastic = stochastic  # what the eager run before the capture found
-        self.attribution_shape = outputs["attributions"].shape
-        self.stats_shape = outputs["stats"].shape
-        self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
-        self.zero_baselines: Tensor | None = None  # set by the engine's fast path: a read-only expanded zero
-        self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
-
-    def replay(self) -> dict[str, Tensor]:
-        """Replay the graph; fresh copies of its outputs."""
-        self.graph.replay()
-        packed = self.outputs.get("packed")
-        if packed is None:
-            return {name: self.outputs[name].clone() for name in ("attributions", "stats")}
-        attributions, stats = packed.clone().split(self.split_sizes)
-        return {"attributions": attributions.view(self.attribution_shape), "stats": stats.view(self.stats_shape)}
-
-
-class PlanCache:
-    """Plans by key; a key whose capture failed maps to ``None``. Keeps the most recent ``limit`` plans.
-
-    Each captured graph holds its own memory pool, so old plans are dropped.
-    """
-
-    def __init__(self, limit: int = 8) -> None:
-        self.limit = limit
-        self.plans: dict[tuple[Any, ...], GraphPlan | None] = {}
-
-    def __contains__(self, key: tuple[Any, ...]) -> bool:
-        return key in self.plans
-
-    def __len__(self) -> int:
-        return len(self.plans)
-
-    def get(self, key: tuple[Any, ...]) -> GraphPlan | None:
-        return self.plans.get(key)
-
-    def put(self, key: tuple[Any, ...], plan: GraphPlan | None) -> GraphPlan | None:
-        """Store ``plan``; return the plan evicted to make room, if any."""
-        evicted = None
-        if plan is not None and len(self.plans) >= self.limit:
-            evicted = self.plans.pop(next(iter(self.plans)))
-        self.plans[key] = plan
-        return evicted
-
-    def clear(self) -> None:
-        self.plans.clear()
-
-
 def _pack(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
     attributions, stats = outputs["attributions"], outputs["stats"]
     if attributions.dtype != stats.dtype:
         return outputs
-    return {**outputs, "packed": torch.cat([attributions.reshape(-1), stats.reshape(-1)])}  # (T B F + 6 T B,)
+    return {**outputs, "packed": torch.cat([attributions.reshape(-1), stats.reshape(-1)])}  # (T B F + 7 T B,)
 
 
-def capture_plan(
+def capture_attribution(
     forward: Callable[[Tensor], Tensor],
     prepared: Prepared,
     baselines: Baselines,
     settings: Settings,
     capturer: GraphCapture,
-) -> GraphPlan | None:
+) -> Captured | None:
     """Run the attribution eagerly once, then capture it; ``None`` (after one warning) when capture fails."""
     x = prepared.x
     static_x = x.clone()
@@ -218,7 +159,7 @@ def capture_plan(
     if captured is None:
         return None
     graph, outputs = captured
-    return GraphPlan(graph, static_x, static_b, static_rows, outputs, run, spec.fn, stochastic)
+    return Captured(graph, static_x, static_b, static_rows, outputs, run, spec.fn, stochastic)
 
 
 def _capture_with_fallback(

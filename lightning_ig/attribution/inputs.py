@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.backends import Backend, accumulate_dtype, resolve_backend
 from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.targets import TargetSpec, target_spec
+from lightning_ig.ops.dtypes import accumulate_dtype
+from lightning_ig.ops.ig import IGOps, ig_ops
 
 __all__ = [
     "Baselines",
@@ -55,7 +56,7 @@ class Prepared:
     b: Tensor
     resolved: Tensor
     spec: TargetSpec
-    backend: Backend
+    backend: IGOps
     feature_shape: tuple[int, ...]
 
 
@@ -78,7 +79,7 @@ def prepare(forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselin
         b=resolved.reshape(batch, -1).contiguous(),  # (B, F)
         resolved=resolved,
         spec=target_spec(settings.target, batch, inputs.device),
-        backend=resolve_backend(settings.backend, inputs),
+        backend=ig_ops(settings.backend, inputs),
         feature_shape=tuple(inputs.shape[1:]),
     )
 

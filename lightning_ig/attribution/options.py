@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_ig.attribution.backends import Backend, backend_option
+from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule
 from lightning_ig.attribution.targets import Target
-from lightning_ig.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule
+from lightning_ig.ops.ig import IGOps, check_backend
 from lightning_ig.vocabulary import (
     GRADIENTS,
     METHODS,
@@ -40,7 +40,7 @@ class Settings:
     method: str
     gradient: str
     internal_batch_size: int | None
-    backend: str | Backend
+    backend: str | IGOps
     completeness_tol: float
     max_steps: int
     fd_step: float | None
@@ -87,7 +87,7 @@ def parse_settings(options: dict[str, Any]) -> Settings:
         method=method,
         gradient=check_choice(merged["gradient"], GRADIENTS, "gradient"),
         internal_batch_size=check_optional_positive_int(merged["internal_batch_size"], "internal_batch_size"),
-        backend=backend_option(merged["backend"]),
+        backend=check_backend(merged["backend"]),
         completeness_tol=check_positive_float(merged["completeness_tol"], "completeness_tol"),
         max_steps=max_steps,
         fd_step=_check_fd_step(merged["fd_step"]),

@@ -37,11 +37,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.backends import STATS, Backend, accumulate_dtype
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
 from lightning_ig.attribution.options import Settings
+from lightning_ig.attribution.quadrature import nests_on_doubling, quadrature
 from lightning_ig.attribution.targets import TargetSpec, select
-from lightning_ig.quadrature import nests_on_doubling, quadrature
+from lightning_ig.ops.dtypes import accumulate_dtype
+from lightning_ig.ops.ig import STATS, IGOps
 
 __all__ = ["AUTO_FIRST_STEPS", "PathRun", "chunk_rows", "refine", "rule_tensors"]
 
@@ -112,7 +113,7 @@ class PathRun:
         feature_shape: tuple[int, ...],
         spec: TargetSpec,
         settings: Settings,
-        backend: Backend,
+        backend: IGOps,
         rows_per_chunk: int,
     ) -> None:
         self.forward = forward

@@ -16,15 +16,30 @@ reaches the host until a property is read.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["IGResult", "StochasticForwardWarning", "worst_relative_error"]
+from lightning_ig.attribution.groups import FeatureGroups
+
+if TYPE_CHECKING:  # the parts of a run, read here, import this module
+    from lightning_ig.attribution.options import Settings
+    from lightning_ig.attribution.path import PathRun
+    from lightning_ig.attribution.targets import TargetSpec
+
+__all__ = [
+    "IGResult",
+    "StochasticForwardWarning",
+    "build_result",
+    "stochastic_warnings_silenced",
+    "worst_relative_error",
+]
 
 
 class StochasticForwardWarning(RuntimeWarning):
@@ -35,6 +50,18 @@ class StochasticForwardWarning(RuntimeWarning):
     not hold. Put the model in ``eval()`` mode and switch its noise off
     (:func:`lightning_ig.noise_disabled`) before attributing.
     """
+
+
+@contextlib.contextmanager
+def stochastic_warnings_silenced() -> Iterator[None]:
+    """Quiet :class:`StochasticForwardWarning` inside the block: for callers that say it once, in their own words.
+
+    The engine warns at every call whose forward was stochastic; the callback warns once per kind of trouble, and
+    ``lightning-ig diag`` refuses such a model (exit 2) instead.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StochasticForwardWarning)
+        yield
 
 
 @dataclass(frozen=True)
@@ -122,8 +149,6 @@ class IGResult:
 
             per_channel = result.grouped("channels")   # (B, C) for (B, C, H, W) states
         """
-        from lightning_ig.groups import FeatureGroups  # noqa: PLC0415 - the engine does not need it to run
-
         feature_shape = tuple(self.baselines.shape[1:])
         resolved = FeatureGroups.resolve(groups, feature_shape, names)
         leading = self.attributions.shape[: self.attributions.dim() - len(feature_shape)]  # (B,) or (A, B)
@@ -193,3 +218,48 @@ def worst_relative_error(relative_error: Tensor, degenerate: Tensor, non_finite:
     if not any_checked:
         return math.nan
     return largest_checked
+
+
+def build_result(
+    out: dict[str, Tensor],
+    resolved: Tensor,
+    spec: TargetSpec,
+    settings: Settings,
+    run: PathRun,
+    n_steps: int,
+    *,
+    graph: bool,
+    stochastic: bool,
+) -> IGResult:
+    """The :class:`IGResult` of a run's ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``), with views only.
+
+    ``resolved`` is the baselines in the inputs' shape; ``run`` says how the run went (its operations' name, the
+    finite-difference step, the rows per forward). The eager path and a graph's replay both end here.
+    """
+    stats = out["stats"]
+    if spec.kind == "each":
+        attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
+    else:
+        attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
+        stats = stats.view(stats.shape[0], -1)  # (7, 1, B) -> (7, B)
+    f_input, f_baseline, delta, relative_error = stats[:4].unbind(0)
+    degenerate, non_finite = (stats[4:6] != 0).unbind(0)  # both flags in one comparison
+    return IGResult(
+        attributions=attributions,
+        f_input=f_input,
+        f_baseline=f_baseline,
+        delta=delta,
+        relative_error=relative_error,
+        degenerate=degenerate,
+        non_finite=non_finite,
+        baselines=resolved,
+        n_steps=n_steps,
+        method=settings.method,
+        gradient=settings.gradient,
+        backend=run.backend.name,
+        target=spec.label,
+        fd_step=run.fd_step,
+        internal_batch_size=run.chunk_rows,
+        cuda_graph=graph,
+        stochastic=stochastic,
+    )

@@ -15,16 +15,39 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig.vocabulary import target_label
+from lightning_ig.vocabulary import callable_name
 
-__all__ = ["Target", "TargetSpec", "select", "target_forward", "target_spec"]
+__all__ = ["Target", "TargetSpec", "select", "target_forward", "target_label", "target_spec"]
 
 Target = None | str | int | Tensor | Callable[[Tensor], Tensor]
 
 _TARGET_FORMS = "None, 'mean', 'each', an int, a LongTensor of shape (B,) or a callable"
+
+
+def target_label(target: Any) -> str:
+    """What was attributed, in the one form the result, the report, the callback and the command line all use.
+
+    ``None`` -> ``"output"`` (the forward returns one value per row); ``"mean"``;
+    ``"each"``; an int ``k`` -> ``"action:k"``; a tensor of one index per state ->
+    ``"per_row"``; a callable -> ``"callable:<name>"``.
+    """
+    if target is None:
+        return "output"
+    if isinstance(target, str):
+        return target
+    if isinstance(target, Tensor):
+        return f"action:{int(target)}" if target.dim() == 0 else "per_row"
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+        return f"action:{int(target)}"
+    if isinstance(target, Callable):  # type: ignore[arg-type]
+        return f"callable:{callable_name(target)}"
+    raise TypeError(
+        f"target must be None, 'mean', 'each', an int, a LongTensor or a callable, got {type(target).__name__}"
+    )
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from lightning_ig.checkpoint.layout import (
     few,
     open_error,
 )
-from lightning_ig.models import UnregisteredModelError, build_model, resolve_model_class
+from lightning_ig.ensemble import module as _ensemble  # noqa: F401 - registers "Ensemble", which a file may name
+from lightning_ig.models.registry import UnregisteredModelError, build_model, resolve_model_class
 from lightning_ig.vocabulary import shown
 
 __all__ = ["Recipe", "StoredTensors", "build_checked", "stored_tensors", "weight_keys"]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_ig.attribution.checks import check_device
 from lightning_ig.checkpoint.building import Recipe, build_checked, stored_tensors, weight_keys
 from lightning_ig.checkpoint.heads import head_entry, heads_in, select_prefix
 from lightning_ig.checkpoint.layout import (
@@ -28,7 +29,7 @@ from lightning_ig.checkpoint.layout import (
     tensor_keys,
 )
 from lightning_ig.models import resolve_model_class
-from lightning_ig.vocabulary import check_bool, check_device, check_mapping, check_text, shown
+from lightning_ig.vocabulary import check_bool, check_mapping, check_text, shown
 
 __all__ = ["load_checkpoint", "load_lightning_checkpoint"]
 

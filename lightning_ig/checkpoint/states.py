@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 
 from lightning_ig._json import parse_json
+from lightning_ig.attribution.checks import check_float_dtype
 from lightning_ig.checkpoint.layout import STATES_KEY, CheckpointError, existing_file, few
-from lightning_ig.vocabulary import check_float_dtype, check_text
+from lightning_ig.vocabulary import check_text
 
 __all__ = ["STATE_SUFFIXES", "load_states", "states_beside"]
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig._files import atomic_path, check_output_file
+from lightning_ig.attribution.checks import check_states
 from lightning_ig.checkpoint.layout import (
     ARCHITECTURE_KEY,
     CONFIG_KEY,
@@ -34,7 +35,7 @@ from lightning_ig.checkpoint.layout import (
     read_metadata,
 )
 from lightning_ig.models import model_config, model_name
-from lightning_ig.vocabulary import check_feature_names, check_path, check_states
+from lightning_ig.vocabulary import check_feature_names, check_path
 
 __all__ = ["merge_checkpoints", "save_checkpoint", "save_merged_checkpoint"]
 

@@ -34,7 +34,7 @@ signed attributions blended over them) and ``saliency_mean_abs.png`` for states
 with spatial dimensions, ``(C, H, W)`` or ``(C, L)``. A checkpoint of an
 :class:`~lightning_ig.ensemble.Ensemble` is attributed as its aggregate (target
 ``output``); every member's own signal is attributed too, in one batched run,
-and summarised under the report's ``ensemble`` key (agreement with the
+and summarized under the report's ``ensemble`` key (agreement with the
 aggregate, per-member completeness and top features).
 
 Outputs are one plan, checked before anything is loaded: every file diag will

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from lightning_ig.cli.interrupts import Interrupts
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable
-from lightning_ig.names import relative_error_text
+from lightning_ig.vocabulary import relative_error_text
 
 __all__ = ["DEFAULT_OUTPUT", "run_diag"]
 
@@ -79,7 +78,7 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
             _write(head, planned.report)
             if planned.pictures:
                 head.saliency = _write_saliency(head, planned.pictures)
-    _summarise(attributed, args)
+    _print_summaries(attributed, args)
     _raise_if_non_finite(attributed)  # after writing: a user debugging a diverged run wants the reports
     return EXIT_OK
 
@@ -209,9 +208,11 @@ def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
 
 
 def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
-    from lightning_ig.attribution import StochasticForwardWarning, integrated_gradients  # noqa: PLC0415
-    from lightning_ig.noise import noise_disabled  # noqa: PLC0415
-    from lightning_ig.report import build_report  # noqa: PLC0415
+    # imported here, as the other steps that need torch: `--help` or a bad flag should not wait for it
+    from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
+    from lightning_ig.attribution.result import stochastic_warnings_silenced  # noqa: PLC0415
+    from lightning_ig.models.noise import noise_disabled  # noqa: PLC0415
+    from lightning_ig.views.report import build_report  # noqa: PLC0415
 
     options = {
         "n_steps": args.num_steps,
@@ -222,8 +223,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         "completeness_tol": args.completeness_tol,
     }
     # A stochastic forward is said once, in this command's words (_refuse_stochastic), not as a warning too.
-    with noise_disabled(run.model), warnings.catch_warnings():
-        warnings.simplefilter("ignore", StochasticForwardWarning)
+    with noise_disabled(run.model), stochastic_warnings_silenced():
         result = integrated_gradients(run.model, run.states, run.baselines, target=run.target, **options)
         # An ensemble: every member's own signal too, all members in one run, on the same states and baselines.
         members = (
@@ -244,8 +244,6 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         extra=extra,
         groups=run.groups,
     )
-    # the documented extra key, beside the schema-v1 keys (the report module may write it already)
-    report.setdefault("non_finite_states", torch.nonzero(result.non_finite).flatten().tolist())
     return _Attributed(run, result, report, members)
 
 
@@ -292,7 +290,7 @@ def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
 
 
 def _write(head: _Attributed, planned: PlannedOutput) -> None:
-    from lightning_ig.report import write_report  # noqa: PLC0415
+    from lightning_ig.views.report import write_report  # noqa: PLC0415
 
     try:
         write_report(head.report, planned.path, follow_symlinks=planned.follow_symlinks)
@@ -307,13 +305,13 @@ def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> lis
     """The report's states with their attributions blended over them, and the mean |attribution| per channel."""
     import numpy as np  # noqa: PLC0415
 
-    from lightning_ig.saliency import mean_abs_image, saliency_grid, write_png  # noqa: PLC0415
+    from lightning_ig.views.saliency import mean_abs_map, saliency_grid, write_png  # noqa: PLC0415
 
     states = head.run.states.detach().to("cpu", torch.float64).numpy()
     attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()
     grid = saliency_grid(states, attributions)
     channel_names = head.run.groups.channel_names() if head.run.groups is not None else None
-    mean_abs = mean_abs_image(np.abs(attributions).mean(axis=0), len(states), channel_names)
+    mean_abs = mean_abs_map(np.abs(attributions).mean(axis=0), len(states), channel_names)
     written = []
     for picture, pixels in zip(pictures, (grid.pixels, mean_abs.pixels)):
         try:  # the names are the tool's: a link planted there since the check is replaced, never followed
@@ -326,7 +324,8 @@ def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> lis
     return written
 
 
-def _summarise(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:
+def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:
+    """One line per head (and per picture written), and a warning where completeness is above the tolerance."""
     for head in attributed:
         report = head.report
         if not args.quiet:

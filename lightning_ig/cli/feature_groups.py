@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.cli.exits import UsageError, read_json_file
-from lightning_ig.groups import FeatureGroups
 
 __all__ = ["FORMS", "is_named_form", "resolve_feature_groups"]
 

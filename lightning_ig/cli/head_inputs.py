@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_ig.attribution.checks import check_finite, check_states
+from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.targets import target_label
 from lightning_ig.checkpoint import (
     CheckpointError,
     LoadedCheckpoint,
@@ -28,9 +31,8 @@ from lightning_ig.checkpoint import (
 )
 from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
-from lightning_ig.groups import FeatureGroups
-from lightning_ig.saliency import saliency_kind
-from lightning_ig.vocabulary import check_feature_names, check_finite, check_states, default_feature_names, target_label
+from lightning_ig.views.saliency import saliency_kind
+from lightning_ig.vocabulary import check_feature_names, default_feature_names
 
 __all__ = ["HeadRun", "parse_device", "prepare_head"]
 

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import re
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from lightning_ig._json import parse_json
+from lightning_ig._version import __version__
 from lightning_ig.cli.exits import PROG, UsageError
-from lightning_ig.names import BACKENDS, GRADIENTS, METHODS  # not vocabulary: --help answers without torch
+from lightning_ig.vocabulary import (  # torch-free: --help answers without loading torch
+    BACKENDS,
+    GRADIENTS,
+    METHODS,
+    check_int,
+    check_n_steps,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = ["EXIT_STATUS_HELP", "build_parser"]
 
@@ -54,60 +64,47 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line is one line on stderr (with the usual exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
+        message = re.sub(r"^argument (--[\w-]+)(?:/[^:]*)?: \1 ", r"\1 ", message)  # the flag once (_checked)
         raise UsageError(f"{self.prog}: error: {message}; see `{self.prog} --help`")
 
 
 # --------------------------------------------------------------------------------------------------
-# argument types: each raises ArgumentTypeError, which argparse turns into a one-line error
+# argument types: text parsed here, then the shared checks of lightning_ig.vocabulary; each raises
+# ArgumentTypeError, which argparse turns into one line naming the flag
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+def _checked(parse: Callable[[str], Any], check: Callable[..., Any], expected: str, **bounds: Any) -> Any:
+    """An argparse type for one flag: ``parse`` the text (else "expected ``expected``"), then the shared ``check``.
+
+    The check's message names the flag (``--top-k must be an int >= 1, got 0``); :meth:`_Parser.error` drops
+    argparse's own ``argument --top-k:`` before it, so the line names the flag once.
+    """
+
+    def for_flag(flag: str) -> Callable[[str], Any]:
+        def convert(text: str) -> Any:
+            try:
+                value = parse(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+            try:
+                return check(value, flag, **bounds)
+            except (TypeError, ValueError) as error:
+                raise argparse.ArgumentTypeError(str(error)) from None
+
+        return convert
+
+    return for_flag
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
+def _int_or_auto(text: str) -> int | str:
+    return text if text == "auto" else int(text)
 
 
-def _num_steps(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        return _positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63), got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+_positive_int = _checked(int, check_positive_int, "a whole number >= 1")
+_count = _checked(int, check_int, "a whole number >= 0", minimum=0)
+_seed = _checked(int, check_int, "a whole number", minimum=0, maximum=2**63 - 1)
+_positive_float = _checked(float, check_positive_float, "a number > 0")
+_num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1 or 'auto'")
 
 
 def _target(text: str) -> str | int:
@@ -118,9 +115,10 @@ def _target(text: str) -> str | int:
         index = int(body)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'mean', an action index N or 'action:N', got {text!r}") from None
-    if index < 0:
-        raise argparse.ArgumentTypeError(f"an action index must be >= 0, got {index}")
-    return index
+    try:
+        return check_int(index, "an action index", minimum=0)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _model_kwargs(text: str) -> dict[str, Any]:
@@ -159,8 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
         >>> args.command, args.reports
         ('show', ['ig_report.json'])
     """
-    from lightning_ig import __version__  # noqa: PLC0415
-
     parser = _Parser(
         prog=PROG,
         description="Integrated Gradients reports for saved Q-networks (lightning-ig).",
@@ -246,14 +242,20 @@ def _add_diag(commands: Any) -> None:
         "states are converted to the model's dtype",
     )
     data.add_argument(
-        "--auto-samples", type=_positive_int, default=16, metavar="N", help="how many states --states auto samples"
+        "--auto-samples",
+        type=_positive_int("--auto-samples"),
+        default=16,
+        metavar="N",
+        help="how many states --states auto samples",
     )
     data.add_argument(
         "--replace",
         action="store_true",
         help="let --states auto sample with replacement when N exceeds the stored states",
     )
-    data.add_argument("--seed", type=_seed, default=42, help="seed of the --states auto sample (a private generator)")
+    data.add_argument(
+        "--seed", type=_seed("--seed"), default=42, help="seed of the --states auto sample (a private generator)"
+    )
     data.add_argument(
         "--feature-names",
         metavar="PATH",
@@ -263,7 +265,7 @@ def _add_diag(commands: Any) -> None:
     ig = diag.add_argument_group("integrated gradients")
     ig.add_argument(
         "--num-steps",
-        type=_num_steps,
+        type=_num_steps("--num-steps"),
         default=50,
         metavar="N|auto",
         help="quadrature steps, or 'auto' to refine until --completeness-tol is met",
@@ -285,14 +287,14 @@ def _add_diag(commands: Any) -> None:
     )
     ig.add_argument(
         "--completeness-tol",
-        type=_positive_float,
+        type=_positive_float("--completeness-tol"),
         default=0.01,
         metavar="TOL",
         help="relative completeness error --num-steps auto aims for; larger ones are warned about",
     )
     ig.add_argument(
         "--internal-batch-size",
-        type=_positive_int,
+        type=_positive_int("--internal-batch-size"),
         default=None,
         metavar="N",
         help="rows per forward pass (default: chosen from the free memory)",
@@ -313,7 +315,7 @@ def _add_diag(commands: Any) -> None:
         "ig_report.json in the working folder, which is never replaced: diag stops (exit 2) if it exists",
     )
     out.add_argument(
-        "--top-k", type=_positive_int, default=10, metavar="K", help="features listed in top_10_by_mean_abs"
+        "--top-k", type=_positive_int("--top-k"), default=10, metavar="K", help="features listed in top_10_by_mean_abs"
     )
     out.add_argument(
         "--feature-groups",
@@ -346,10 +348,10 @@ def _add_show(commands: Any) -> None:
     show.add_argument(
         "reports", nargs="+", metavar="REPORT.json", help="reports written by lightning-ig diag (or the callback)"
     )
-    show.add_argument("--top", type=_positive_int, default=10, metavar="K", help="how many features to list")
+    show.add_argument("--top", type=_positive_int("--top"), default=10, metavar="K", help="how many features to list")
     show.add_argument(
         "--worst-states",
-        type=_count,
+        type=_count("--worst-states"),
         default=5,
         metavar="N",
         help="how many states with the largest completeness error to list",

@@ -22,7 +22,7 @@ from typing import Any
 
 from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
 from lightning_ig.cli.terminal import printable
-from lightning_ig.names import relative_error_text
+from lightning_ig.vocabulary import relative_error_text
 
 __all__ = ["completeness_words", "format_report", "run_show"]
 

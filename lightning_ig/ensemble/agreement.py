@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from lightning_ig.attribution.statistics import json_float, rank_order, spearman
 from lightning_ig.ensemble.members import MemberRun
 from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
 
 __all__ = [
+    "EnsembleSummary",
     "agreement_scalars",
     "completeness_scalars",
     "ensemble_scalar_names",
@@ -126,8 +129,6 @@ def member_agreement(aggregate_mean_abs: Any, member_mean_abs: Any) -> dict[str,
         >>> agreement["spearman"], agreement["spread"]
         ([1.0, -1.0], 0.6666666666666666)
     """
-    from lightning_ig.report import spearman  # noqa: PLC0415 - keeps the report's imports off this path
-
     aggregate = _host(aggregate_mean_abs, "aggregate_mean_abs").reshape(-1)
     each = _host(member_mean_abs, "member_mean_abs")
     if aggregate.size == 0 or each.ndim != 2 or each.shape[0] == 0 or each.shape[1] != aggregate.size:
@@ -304,8 +305,6 @@ def member_summary(
         (``None`` when none could be checked or a state is non-finite;
         ``num_degenerate`` and ``num_non_finite`` say how many were left out).
     """
-    from lightning_ig.report import rank_order  # noqa: PLC0415 - the report's one feature ordering
-
     check_positive_int(top_k, "top_k")
     count = run.num_members
     names = _feature_names(feature_names, feature_shape if feature_shape is not None else (run.mean_abs.shape[1],))
@@ -318,16 +317,16 @@ def member_summary(
             {
                 "member": m,
                 "weight": None if run.weights is None else run.weights[m],
-                "spearman_vs_aggregate": _json_float(agreement["spearman"][m]),
-                "worst_relative_error": _json_float(worst[m]),
+                "spearman_vs_aggregate": json_float(agreement["spearman"][m]),
+                "worst_relative_error": json_float(worst[m]),
                 "num_degenerate": int(run.degenerate[m].sum()),
                 "num_non_finite": int(run.non_finite[m].sum()),
-                "mean_abs_error": _json_float(mean_abs_error[m]),
+                "mean_abs_error": json_float(mean_abs_error[m]),
                 "top_features": [
                     {
                         "name": names[i],
-                        "mean_abs": _json_float(run.mean_abs[m, i]),
-                        "mean_signed": _json_float(run.mean_signed[m, i]),
+                        "mean_abs": json_float(run.mean_abs[m, i]),
+                        "mean_signed": json_float(run.mean_signed[m, i]),
                     }
                     for i in top.tolist()
                 ],
@@ -351,9 +350,9 @@ def _per_state(run: MemberRun, member: int) -> list[dict[str, Any]]:
     return [
         {
             "state_idx": index,
-            "sum_attributions": _json_float(total),
-            "f_input_minus_f_baseline": _json_float(diff),
-            "relative_error": _json_float(error),
+            "sum_attributions": json_float(total),
+            "f_input_minus_f_baseline": json_float(diff),
+            "relative_error": json_float(error),
         }
         for index, (total, diff, error) in enumerate(
             zip(run.sum_attributions[member].tolist(), difference.tolist(), relative.tolist())
@@ -377,14 +376,40 @@ def _weight_list(weights: Any, count: int) -> list[float] | None:
     return [float(value) for value in values]
 
 
-def _json_float(value: float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _json_value(value: Any) -> Any:
-    return _json_float(value) if isinstance(value, float) else value
+    return json_float(value) if isinstance(value, float) else value
 
 
 def _json_list(values: list[float]) -> list[float | None]:
-    return [_json_float(value) for value in values]
+    return [json_float(value) for value in values]
+
+
+@dataclass(frozen=True)
+class EnsembleSummary:
+    """The members of an ensemble beside the aggregate in one callback run: what is logged and what the report holds.
+
+    Attributes:
+        report: the report's ``"ensemble"`` key (:func:`member_summary`).
+        scalars: ``{tag suffix: value}`` logged as ``<prefix>/ensemble/<suffix>``: agreement
+            (``spearman_mean``, ``spearman_min``, ``spread``, ``relative_spread``,
+            ``spearman/member_<m>``) and completeness (``completeness/worst_relative_error``,
+            ``completeness/member_<m>``; ``inf`` for NaN/Inf, NaN when nothing was checked).
+    """
+
+    report: dict[str, Any]
+    scalars: dict[str, float]
+
+    @classmethod
+    def of(
+        cls,
+        aggregate_mean_abs: np.ndarray,
+        members: MemberRun,
+        *,
+        feature_names: Sequence[str],
+        feature_shape: tuple[int, ...],
+        top_k: int,
+    ) -> EnsembleSummary:
+        report = member_summary(
+            aggregate_mean_abs, members, feature_names=feature_names, top_k=top_k, feature_shape=feature_shape
+        )
+        return cls(report, {**agreement_scalars(report["agreement"]), **completeness_scalars(members)})

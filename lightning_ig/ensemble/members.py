@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution import IGResult, IntegratedGradients, StochasticForwardWarning
 from lightning_ig.ensemble.module import is_ensemble
-from lightning_ig.noise import attribution_mode
+from lightning_ig.models.noise import attribution_mode
 
 __all__ = ["MemberAttribution", "MemberRun", "find_ensemble", "pack_members"]
 

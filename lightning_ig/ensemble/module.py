@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.ensemble.reduce import Backend, EnsembleReduce, member_means
-from lightning_ig.models import build_model, model_config, model_name, register_model
-from lightning_ig.vocabulary import check_generator
+from lightning_ig.attribution.checks import check_generator
+from lightning_ig.ensemble.reduce import EnsembleReduce, member_means
+from lightning_ig.models.registry import build_model, model_config, model_name, register_model
+from lightning_ig.vocabulary import BackendName
 
 __all__ = ["Ensemble", "is_ensemble"]
 
@@ -75,7 +76,7 @@ class Ensemble(nn.Module):
         members: Sequence[nn.Module | Mapping[str, Any]],
         weights: Sequence[float] | Tensor | None = None,
         *,
-        backend: Backend = "auto",
+        backend: BackendName = "auto",
     ) -> None:
         super().__init__()
         if isinstance(members, nn.ModuleList):

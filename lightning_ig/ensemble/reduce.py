@@ -4,7 +4,7 @@ Three layers with one stem, as for the fused soft-margin loss:
 
 * the kernels (``kernels/ensemble.cu``), their launchers, an
   :class:`torch.autograd.Function` and the torch twin, in
-  :mod:`lightning_ig.ensemble.ops` (one launch forward, one backward);
+  :mod:`lightning_ig.ops.ensemble_reduce` (one launch forward, one backward);
 * :class:`EnsembleReduce`, a thin ``nn.Module`` that owns the weights;
 * :func:`ensemble_reduce`, the functional form, which checks its arguments
   and picks the backend.
@@ -22,31 +22,29 @@ the IG engine then records as a non-finite result.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig import _cuda
-from lightning_ig.ensemble import ops
-from lightning_ig.vocabulary import BACKENDS, check_bool, check_choice
+from lightning_ig.ops import ensemble_reduce as ops
+from lightning_ig.ops._cupy import choose_backend
+from lightning_ig.ops.dtypes import KERNEL_DTYPES
+from lightning_ig.vocabulary import BACKENDS, BackendName, check_bool, check_choice
 
 __all__ = ["REDUCE_DIMS", "EnsembleReduce", "ensemble_reduce", "member_means"]
 
-Backend = Literal["auto", "cuda", "torch"]
 
 REDUCE_DIMS = (-1, 2, -2, 1)
 """Allowed ``reduce_dim``: the axis of the K logits averaged per member. ``-1``/``2``:
 logits ``(B, M, K)``; ``-2``/``1``: logits ``(B, K, M)``. Dim 0 is always the rows."""
 
-_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 # --------------------------------------------------------------------------- public API
 
 
-def ensemble_reduce(logits: Tensor, weights: Tensor, *, reduce_dim: int = -1, backend: Backend = "auto") -> Tensor:
+def ensemble_reduce(logits: Tensor, weights: Tensor, *, reduce_dim: int = -1, backend: BackendName = "auto") -> Tensor:
     """The weighted sum over members of each member's mean sigmoid: ``(B,)`` from logits ``(B, M, K)``.
 
     ``out[b] = sum_m weights[m] * mean_k sigmoid(logits[b, m, k])``, fused on CUDA
@@ -88,8 +86,8 @@ def ensemble_reduce(logits: Tensor, weights: Tensor, *, reduce_dim: int = -1, ba
     """
     rows_members_logits = _rows_members_logits(logits, reduce_dim)
     _check_weights(weights, logits, rows_members_logits.shape[1])
-    resolved = _cuda.resolve_backend(backend, logits, weights)
-    if resolved == "cuda" and logits.dtype not in _CUDA_DTYPES:
+    resolved = choose_backend(backend, logits, weights)
+    if resolved == "cuda" and logits.dtype not in KERNEL_DTYPES:
         if backend == "cuda":
             raise TypeError(
                 f"backend='cuda': the ensemble kernels take float32, float16 and bfloat16 logits, got {logits.dtype}; "
@@ -169,7 +167,7 @@ class EnsembleReduce(nn.Module):
         *,
         reduce_dim: int = -1,
         learnable: bool = False,
-        backend: Backend = "auto",
+        backend: BackendName = "auto",
     ) -> None:
         super().__init__()
         _check_reduce_dim(reduce_dim)

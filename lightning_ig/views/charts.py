@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ig.host_result import Moments
-from lightning_ig.raster import SEQUENTIAL_LUT, Canvas, format_tick, nice_ticks, to_colour_index
-from lightning_ig.statistics import rank_order
+from lightning_ig.attribution.host_result import Moments
+from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.views.raster import SEQUENTIAL_LUT, Canvas, format_tick, nice_ticks, to_colour_index
 
-__all__ = ["Chart", "heatmap_figure", "top_features_figure"]
+__all__ = ["Chart", "heatmap_chart", "top_features_chart"]
 
 # Colours for the sign of the mean attribution (ColorBrewer RdBu ends: readable for most colour-blind viewers).
 POSITIVE = "#2166ac"
@@ -74,7 +74,7 @@ def _value_axis(canvas: Canvas, left: int, right: int, y: int, limit: float, tic
         canvas.text((x, y + 6), format_tick(float(tick), step), size=_SMALL + 1, anchor="ma")
 
 
-def top_features_figure(
+def top_features_chart(
     labels: Sequence[str],
     moments: Moments,
     *,
@@ -152,7 +152,7 @@ def _sign_legend(canvas: Canvas, right: float, y: float) -> None:
         x += 28 + canvas.text_width(text, size=_SMALL)
 
 
-def heatmap_figure(
+def heatmap_chart(
     labels: Sequence[str],
     steps: Sequence[int],
     mean_abs_history: np.ndarray,

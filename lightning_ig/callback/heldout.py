@@ -3,9 +3,10 @@
 Set-up work of :class:`~lightning_ig.callback.IntegratedGradientsCallback`,
 done once before training so that a bad input fails before the first step:
 
-* :func:`load_states`: a tensor, a file or a callable, checked and copied to the CPU;
+* :func:`resolve_states`: a tensor, a file or a callable, checked and copied to the CPU;
 * :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"`` or a tensor, per rank;
-* :func:`check_target` / :func:`probe_target`: what is attributed, tried on two states;
+* :func:`check_target` / :func:`check_forward` / :func:`probe_target`: what is attributed (the model's
+  output through ``target``, or a ``forward`` of the user's), tried on two states;
 * :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then),
   and, for an ensemble, the engine of its members;
 * :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
@@ -13,38 +14,49 @@ done once before training so that a bad input fails before the first step:
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Union
 
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution import IntegratedGradients, StochasticForwardWarning
+from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution.checks import check_states
+from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.attribution.targets import target_label
+from lightning_ig.checkpoint import load_states
 from lightning_ig.ensemble.members import MemberAttribution
-from lightning_ig.noise import attribution_mode
-from lightning_ig.vocabulary import callable_name, check_states, target_label
+from lightning_ig.models.noise import attribution_mode
+from lightning_ig.vocabulary import callable_name, shown
 
 __all__ = [
+    "ForwardOption",
     "StatesSource",
-    "TargetSpec",
+    "TargetOption",
     "baseline_label",
     "baselines_for",
     "check_baseline",
     "check_baseline_shape",
+    "check_forward",
     "check_states_source",
     "check_target",
-    "engine_warnings_once",
-    "load_states",
     "prepare_engine",
     "probe_target",
     "rank_rows",
+    "resolve_states",
 ]
 
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
-TargetSpec = str | int | Callable[[Any, Tensor], Tensor]
+TargetOption = str | int | Callable[[Tensor], Tensor]
+"""The callback's ``target``: ``"mean"``, an output index, or a callable mapping the outputs ``(N, A)`` to ``(N,)``
+(the engine's meaning of a target callable); the engine's checked form is
+:class:`lightning_ig.attribution.targets.TargetSpec`."""
+
+ForwardOption = Callable[[Any, Tensor], Tensor]
+"""The callback's ``forward``: ``(pl_module, x) -> (N,)``, the scalar attributed in place of the model's output."""
 
 
 def check_states_source(states: Any) -> Any:
@@ -59,14 +71,12 @@ def check_states_source(states: Any) -> Any:
     )
 
 
-def load_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
+def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
     """The held-out states as a float32 CPU tensor (a normal tensor even if made under inference mode)."""
     if isinstance(source, Tensor):
         states = source
     elif isinstance(source, (str, os.PathLike)):
-        from lightning_ig.checkpoint import load_states as load_file  # noqa: PLC0415 - safetensors only when needed
-
-        states = load_file(source)
+        states = load_states(source)
     else:
         states = source(trainer, pl_module)
         if not isinstance(states, Tensor):
@@ -127,31 +137,79 @@ def rank_rows(num_states: int, world: int, rank: int) -> Tensor:
     return torch.arange(rank * share, (rank + 1) * share).clamp_(max=num_states - 1)  # (share,)
 
 
-def check_target(target: Any) -> Any:
-    """``"mean"``, an output index ``>= 0`` or a callable ``(pl_module, x) -> (N,)``."""
-    if isinstance(target, bool) or not (target == "mean" or isinstance(target, int) or callable(target)):
+def check_target(target: Any, forward: Any = None) -> tuple[Any, Any]:
+    """The callback's ``target`` and ``forward``, checked: ``(target, forward)``.
+
+    ``target`` is ``"mean"``, an output index ``>= 0`` or a callable ``(N, A) -> (N,)``; ``forward`` is ``None``
+    or a callable ``(pl_module, x) -> (N,)``, which replaces the model's output (``target`` then stays
+    ``"mean"``). A callable target that takes two arguments is the old spelling of ``forward``: it still works,
+    as ``forward``, with a DeprecationWarning.
+
+    Raises:
+        TypeError: ``forward`` is not callable.
+        ValueError: an unknown target, a negative index, or a ``forward`` with a target other than ``"mean"``.
+    """
+    if isinstance(target, bool) or not (
+        (isinstance(target, str) and target == "mean") or isinstance(target, int) or callable(target)
+    ):
         raise ValueError(
-            f"target must be 'mean', an output index (int >= 0) or a callable (pl_module, x) -> (N,), got {target!r}"
+            f"target must be 'mean', an output index (int >= 0) or a callable (outputs (N, A)) -> (N,), got "
+            f"{shown(target, 60)}; to attribute a scalar of your own, pass forward=callable(pl_module, x) -> (N,)"
         )
     if isinstance(target, int) and target < 0:
         raise ValueError(f"target must be an output index >= 0, got {target}")
-    return target
+    if callable(target) and _takes_two_arguments(target):
+        if forward is not None:
+            raise ValueError(
+                f"target={callable_name(target)} takes (pl_module, x), the old spelling of forward=, and forward= is "
+                "given too: pass only forward="
+            )
+        warnings.warn(
+            f"target={callable_name(target)} takes (pl_module, x): that is forward= now (a target callable maps the "
+            "model's outputs (N, A) to (N,), as in integrated_gradients); pass forward=... instead",
+            DeprecationWarning,
+            stacklevel=3,  # the callback's caller
+        )
+        return "mean", target
+    check_forward(forward)
+    if forward is not None and not (isinstance(target, str) and target == "mean"):
+        raise ValueError(
+            f"forward= gives the scalar attributed, so target must stay 'mean', got {shown(target, 60)}; pick the "
+            "output inside forward"
+        )
+    return target, forward
 
 
-class TargetForward:
-    """``x -> target(pl_module, x)``: created once, so the engine's graph cache sees the same forward every run."""
+def check_forward(forward: Any) -> None:
+    """``None`` or a callable ``(pl_module, x) -> (N,)``."""
+    if forward is not None and not callable(forward):
+        raise TypeError(f"forward must be None or a callable (pl_module, x) -> (N,), got {type(forward).__name__}")
 
-    def __init__(self, pl_module: Any, target: Callable[[Any, Tensor], Tensor]) -> None:
+
+def _takes_two_arguments(function: Any) -> bool:
+    """Whether ``function`` needs two positional arguments, as ``(pl_module, x)`` does (a target needs one)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: one argument, as a target takes
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters) >= 2
+
+
+class BoundForward:
+    """``x -> forward(pl_module, x)``: created once, so the engine's graph cache sees the same forward every run."""
+
+    def __init__(self, pl_module: Any, forward: ForwardOption) -> None:
         self.pl_module = pl_module
-        self.target = target
-        self.__name__ = callable_name(target)
+        self.forward = forward
+        self.__name__ = callable_name(forward)
 
     def __call__(self, inputs: Tensor) -> Tensor:
-        return self.target(self.pl_module, inputs)
+        return self.forward(self.pl_module, inputs)
 
 
 def probe_target(
-    pl_module: Any, target: Any, sample: Tensor, num_states: int
+    pl_module: Any, target: Any, sample: Tensor, num_states: int, forward: ForwardOption | None = None
 ) -> tuple[Callable[[Tensor], Tensor], Any, str]:
     """Try the model on ``sample`` (two states); return the forward, the engine's target and the target label.
 
@@ -159,7 +217,8 @@ def probe_target(
         ValueError: the model fails on the states, returns no row per state, or has no output ``target``.
         TypeError: the model returns something other than a tensor.
     """
-    forward = TargetForward(pl_module, target) if callable(target) and not isinstance(target, (str, int)) else pl_module
+    given = forward
+    forward = pl_module if given is None else BoundForward(pl_module, given)
     feature_shape = tuple(sample.shape[1:])
     try:
         with attribution_mode(pl_module), torch.no_grad():
@@ -173,7 +232,7 @@ def probe_target(
     if not isinstance(output, Tensor):
         raise TypeError(
             f"IntegratedGradientsCallback: the model returned {type(output).__name__} on the held-out states; "
-            "IG needs a tensor (N,) or (N, A), or pass target=callable(pl_module, x) -> (N,)"
+            "IG needs a tensor (N,) or (N, A), or pass forward=callable(pl_module, x) -> (N,)"
         )
     rows = sample.shape[0]
     if output.ndim == 0 or output.shape[0] != rows:
@@ -181,13 +240,13 @@ def probe_target(
             f"IntegratedGradientsCallback: on {rows} states of feature shape {feature_shape} the model returned "
             f"shape {tuple(output.shape)}, not one row per state; check the states' feature shape"
         )
-    if forward is not pl_module:
+    if given is not None:
         if output.shape != (rows,):
             raise ValueError(
-                f"the target callable {callable_name(target)} must return one value per state, shape ({rows},), "
+                f"the forward callable {callable_name(given)} must return one value per state, shape ({rows},), "
                 f"got {tuple(output.shape)}"
             )
-        return forward, None, target_label(target)
+        return forward, None, target_label(given)
     engine_target = _output_target(target, tuple(output.shape))
     return forward, engine_target, target_label(engine_target)
 
@@ -197,8 +256,10 @@ def _output_target(target: Any, shape: tuple[int, ...]) -> Any:
     if len(shape) > 2:
         raise ValueError(
             f"IntegratedGradientsCallback: the model returns shape {shape} per batch; the target needs (N,) or "
-            "(N, A): pass target=callable(pl_module, x) -> (N,)"
+            "(N, A): pass forward=callable(pl_module, x) -> (N,)"
         )
+    if callable(target):
+        return target  # the engine applies it to the outputs
     if len(shape) == 1:
         if isinstance(target, int) and target != 0:
             raise ValueError(
@@ -216,38 +277,45 @@ def _output_target(target: Any, shape: tuple[int, ...]) -> Any:
     return "mean"
 
 
-@contextlib.contextmanager
-def engine_warnings_once() -> Iterator[None]:
-    """Quiet the engine's stochastic-forward warning, which comes at every call: the callback says it once."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StochasticForwardWarning)
-        yield
-
-
 def prepare_engine(
-    pl_module: Any, target: Any, states: Tensor, baseline: Any, dtype: torch.dtype, **options: Any
-) -> tuple[IntegratedGradients, str, MemberAttribution | None]:
-    """The engine for ``target`` on ``pl_module``, after a two-state trial; the target label; the members' engine.
+    trainer: Any,
+    pl_module: Any,
+    target: Any,
+    forward: ForwardOption | None,
+    states: Tensor,
+    baseline: Any,
+    **options: Any,
+) -> tuple[IntegratedGradients, str, MemberAttribution | None, Tensor, Tensor | str]:
+    """The engine for ``target`` on ``pl_module`` after a two-state trial, and what its runs attribute.
 
     The trial runs eagerly before training: a target, backend or gradient mode
     that cannot work fails now, not at the first run, and CUDA kernels compile now.
     When what is attributed is an ensemble's aggregate
     (:func:`~lightning_ig.ensemble.members.find_ensemble`), a second engine
-    attributes every member in one batched run (tried the same way); else ``None``.
+    attributes every member in one batched run (tried the same way).
 
     Args:
+        trainer: the trainer (this rank's share of the states: :func:`rank_rows`).
         pl_module: the model, on its training device.
         target: from :func:`check_target`.
+        forward: from :func:`check_target`: ``None`` (the model's output) or ``(pl_module, x) -> (N,)``.
         states: the held-out states (CPU).
         baseline: from :func:`check_baseline`.
-        dtype: the model's floating-point dtype.
         options: the engine's settings (``n_steps``, ``method``, ...).
+
+    Returns:
+        The engine, the target label, the members' engine (``None`` unless an ensemble), and this rank's states
+        and baselines on the model's device and in its floating dtype.
     """
+    dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
     sample = states[:2].to(device=pl_module.device, dtype=dtype)
-    forward, engine_target, label = probe_target(pl_module, target, sample, len(states))
-    engine = IntegratedGradients(forward, target=engine_target, **options)
+    attributed, engine_target, label = probe_target(pl_module, target, sample, len(states), forward)
+    engine = IntegratedGradients(attributed, target=engine_target, **options)
     trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
-    with attribution_mode(pl_module), engine_warnings_once():
+    with attribution_mode(pl_module), stochastic_warnings_silenced():
         engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
-    members = MemberAttribution.prepare(pl_module, label, sample, trial, **options) if forward is pl_module else None
-    return engine, label, members
+    members = MemberAttribution.prepare(pl_module, label, sample, trial, **options) if forward is None else None
+    rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
+    local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
+    local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)
+    return engine, label, members, local_states, local_baselines

@@ -1,4 +1,4 @@
-"""The five operations of ``kernels/ig.cu``, each CUDA launcher beside its plain-torch twin, as two backends.
+"""The engine's kernels: the five operations of ``kernels/ig.cu``, each launcher beside its plain-torch twin.
 
 ============  ==========================================================  ==============================
 operation     what it computes                                            layouts
@@ -14,9 +14,12 @@ completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7,
 Each twin performs the kernel's operations in the kernel's order with the same
 rounding (the kernels use explicitly rounded intrinsics, so the compiler cannot
 contract a multiply and an add into an FMA, which torch's separate elementwise
-ops never do), so :class:`CudaBackend` and :class:`TorchBackend` agree bit for
+ops never do), so :class:`CudaIG` and :class:`TorchIG` agree bit for
 bit. The twins are the reference in tests and the path where there is no CUDA
-device or no CuPy. A backend is chosen once per run (:func:`resolve_backend`).
+device or no CuPy. A run picks its :class:`IGOps` once (:func:`ig_ops`): the
+engine's ``backend`` option names one (``"auto"``, ``"cuda"``, ``"torch"``) or
+passes an object (a test's host build of the kernels). The engine differentiates
+with autograd itself, so this family has no ``autograd.Function``.
 """
 
 from __future__ import annotations
@@ -29,19 +32,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig import _cuda
+from lightning_ig.ops import _cupy
+from lightning_ig.ops.dtypes import KERNEL_DTYPES, dtype_suffix
 from lightning_ig.vocabulary import BACKENDS, check_choice
 
 __all__ = [
+    "IG_DTYPES",
     "STATS",
-    "Backend",
-    "CudaBackend",
+    "CudaIG",
+    "IGOps",
     "KernelLaunch",
-    "TorchBackend",
-    "accumulate_dtype",
+    "TorchIG",
+    "check_backend",
     "degenerate_threshold",
+    "ig_ops",
     "repeat_threshold",
-    "resolve_backend",
     "warp_order_sum",
 ]
 
@@ -54,17 +59,13 @@ of ``F(x)`` or ``F(b)`` (``ends`` with two copies) differs from the first (see
 """
 
 _KERNEL_FILE = "ig.cu"
-_KERNEL_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+IG_DTYPES = (*KERNEL_DTYPES, torch.float64)
+"""The dtypes ``kernels/ig.cu`` has entry points for: every kernel family's, and float64."""
 _THREADS = 256
 _MAX_BLOCKS = 1 << 20
 
 KernelLaunch = Callable[[str, torch.dtype, torch.device, int, list], None]
 """``launch(op, dtype, device, total_threads, args)``: run ``ig_<op>_<dtype suffix>`` over ``total_threads``."""
-
-
-def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype sums run in: float64 for float64 inputs, float32 for every other."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def degenerate_threshold(dtype: torch.dtype) -> float:
@@ -83,9 +84,9 @@ def repeat_threshold(dtype: torch.dtype) -> float:
 
 
 def _launch_with_cupy(op: str, dtype: torch.dtype, device: torch.device, total: int, args: list) -> None:
-    kernel = _cuda.get_kernel(_KERNEL_FILE, f"ig_{op}_{_KERNEL_SUFFIX[dtype]}", device)
+    kernel = _cupy.get_kernel(_KERNEL_FILE, f"ig_{op}_{dtype_suffix(dtype, IG_DTYPES)}", device)
     blocks = max(1, min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS))
-    _cuda.launch(kernel, blocks, _THREADS, args, device=device)
+    _cupy.launch(kernel, blocks, _THREADS, args, device=device)
 
 
 # --------------------------------------------------------------------------- (a) interpolation
@@ -111,13 +112,13 @@ def _interpolate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, alphas: Tensor
         x.device,
         points.numel(),
         [
-            _cuda.pointer(x),
-            _cuda.pointer(b),
-            _cuda.pointer(alphas),
-            _cuda.pointer(points),
-            _cuda.int64(n_steps),
-            _cuda.int64(batch * features),
-            _cuda.int32(end_copies),
+            _cupy.pointer(x),
+            _cupy.pointer(b),
+            _cupy.pointer(alphas),
+            _cupy.pointer(points),
+            _cupy.int64(n_steps),
+            _cupy.int64(batch * features),
+            _cupy.int32(end_copies),
         ],
     )
     return points
@@ -162,13 +163,13 @@ def _fd_probes_cuda(
         points.device,
         n_points * 2 * features * features,
         [
-            _cuda.pointer(points),
-            _cuda.pointer(h),
-            _cuda.pointer(probes),
-            _cuda.int64(n_points),
-            _cuda.int32(features),
-            _cuda.int32(h.shape[0]),
-            _cuda.int64(point_offset),
+            _cupy.pointer(points),
+            _cupy.pointer(h),
+            _cupy.pointer(probes),
+            _cupy.int64(n_points),
+            _cupy.int32(features),
+            _cupy.int32(h.shape[0]),
+            _cupy.int64(point_offset),
         ],
     )
     return probes
@@ -200,16 +201,16 @@ def _fd_gradient_cuda(
         points.device,
         n_targets * n_points * features,
         [
-            _cuda.pointer(points),
-            _cuda.pointer(h),
-            _cuda.pointer(f),
-            _cuda.pointer(out),
-            _cuda.int64(n_points),
-            _cuda.int32(features),
-            _cuda.int32(h.shape[0]),
-            _cuda.int32(n_targets),
-            _cuda.int64(point_offset),
-            _cuda.int64(out.stride(0)),
+            _cupy.pointer(points),
+            _cupy.pointer(h),
+            _cupy.pointer(f),
+            _cupy.pointer(out),
+            _cupy.int64(n_points),
+            _cupy.int32(features),
+            _cupy.int32(h.shape[0]),
+            _cupy.int32(n_targets),
+            _cupy.int64(point_offset),
+            _cupy.int64(out.stride(0)),
         ],
     )
 
@@ -236,14 +237,14 @@ def _accumulate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, weights: Tensor
         x.device,
         attributions.numel(),
         [
-            _cuda.pointer(x),
-            _cuda.pointer(b),
-            _cuda.pointer(weights),
-            _cuda.pointer(grads),
-            _cuda.pointer(attributions),
-            _cuda.int32(n_steps),
-            _cuda.int64(batch * features),
-            _cuda.int32(n_targets),
+            _cupy.pointer(x),
+            _cupy.pointer(b),
+            _cupy.pointer(weights),
+            _cupy.pointer(grads),
+            _cupy.pointer(attributions),
+            _cupy.int32(n_steps),
+            _cupy.int64(batch * features),
+            _cupy.int32(n_targets),
         ],
     )
     return attributions
@@ -322,34 +323,34 @@ def _completeness_cuda(launch: KernelLaunch, attributions: Tensor, ends: Tensor)
         attributions.device,
         n_targets * batch * 32,  # one warp per state
         [
-            _cuda.pointer(attributions),
-            _cuda.pointer(ends),
-            _cuda.pointer(stats),
-            _cuda.int32(batch),
-            _cuda.int64(features),
-            _cuda.int32(n_targets),
+            _cupy.pointer(attributions),
+            _cupy.pointer(ends),
+            _cupy.pointer(stats),
+            _cupy.int32(batch),
+            _cupy.int64(features),
+            _cupy.int32(n_targets),
             np.float64(degenerate_threshold(ends.dtype)),
-            _cuda.int32(ends.shape[0] // 2),
+            _cupy.int32(ends.shape[0] // 2),
             np.float64(repeat_threshold(attributions.dtype)),
         ],
     )
     return stats
 
 
-# --------------------------------------------------------------------------- the backends
+# --------------------------------------------------------------------------- the two implementations
 
 
-class Backend:
+class IGOps:
     """The five operations on flattened states ``x, b (B, F)`` (see the module docstring for shapes).
 
     Attributes:
-        name: what :attr:`IGResult.backend` reports.
-        twin: a backend with the same arithmetic to fall back on (the CUDA
+        name: what :attr:`IGResult.backend` reports (``"cuda"`` or ``"torch"``).
+        twin: an implementation with the same arithmetic to fall back on (the CUDA
             kernels' torch twins), or ``None``.
     """
 
     name = "base"
-    twin: Backend | None = None
+    twin: IGOps | None = None
 
     def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
         """``(n + 2 end_copies, B, F)``: the path points, then ``end_copies`` pairs of ends ``x, b``."""
@@ -369,7 +370,7 @@ class Backend:
         raise NotImplementedError
 
 
-class TorchBackend(Backend):
+class TorchIG(IGOps):
     """The torch twins: any device, any floating dtype; the reference for the kernels."""
 
     name = "torch"
@@ -390,19 +391,19 @@ class TorchBackend(Backend):
         return _completeness_torch(attributions, ends)
 
 
-class CudaBackend(Backend):
+class CudaIG(IGOps):
     """The kernels of ``kernels/ig.cu`` through CuPy, on torch's current stream; torch twins as :attr:`twin`.
 
     Args:
         launch: how a kernel runs (default: compiled with NVRTC and launched through
-            :mod:`lightning_ig._cuda`); tests pass a host build of ``ig.cu``.
+            :mod:`lightning_ig.ops._cupy`); tests pass a host build of ``ig.cu``.
     """
 
     name = "cuda"
 
     def __init__(self, launch: KernelLaunch | None = None) -> None:
         self.launch = launch or _launch_with_cupy
-        self.twin = TorchBackend()
+        self.twin = TorchIG()
 
     def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
         return _interpolate_cuda(self.launch, x, b, alphas, end_copies)
@@ -420,12 +421,12 @@ class CudaBackend(Backend):
         return _completeness_cuda(self.launch, attributions, ends)
 
 
-_TORCH = TorchBackend()
-_CUDA = CudaBackend()
+_TORCH = TorchIG()
+_CUDA = CudaIG()
 
 
-def resolve_backend(backend: str | Backend, inputs: Tensor) -> Backend:
-    """The backend a run uses: a :class:`Backend` as given, or the one ``"auto"``/``"cuda"``/``"torch"`` names.
+def ig_ops(backend: str | IGOps, inputs: Tensor) -> IGOps:
+    """The operations a run uses: an :class:`IGOps` as given, or the one ``"auto"``/``"cuda"``/``"torch"`` names.
 
     ``"auto"`` picks the kernels when the inputs are on a CUDA device and CuPy
     imports, else the twins; ``"cuda"`` never falls back silently.
@@ -435,16 +436,16 @@ def resolve_backend(backend: str | Backend, inputs: Tensor) -> Backend:
         TypeError: ``"cuda"`` with a dtype the kernels do not take.
         RuntimeError: ``"cuda"`` where CuPy is not installed.
     """
-    if isinstance(backend, Backend):
+    if isinstance(backend, IGOps):
         return backend
     check_choice(backend, BACKENDS, "backend")
-    if backend == "cuda" and inputs.dtype not in _KERNEL_SUFFIX:
-        raise TypeError(f"backend='cuda' has kernels for {', '.join(map(str, _KERNEL_SUFFIX))}; got {inputs.dtype}")
-    return _CUDA if _cuda.resolve_backend(backend, inputs) == "cuda" else _TORCH
+    if backend == "cuda" and inputs.dtype not in IG_DTYPES:
+        raise TypeError(f"backend='cuda' has kernels for {', '.join(map(str, IG_DTYPES))}; got {inputs.dtype}")
+    return _CUDA if _cupy.choose_backend(backend, inputs) == "cuda" else _TORCH
 
 
-def backend_option(value: Any) -> str | Backend:
-    """Check the ``backend`` option: a name of :data:`lightning_ig.vocabulary.BACKENDS` or a :class:`Backend`."""
-    if isinstance(value, Backend):
+def check_backend(value: Any) -> str | IGOps:
+    """Check the ``backend`` option: a name of :data:`lightning_ig.vocabulary.BACKENDS` or an :class:`IGOps`."""
+    if isinstance(value, IGOps):
         return value
     return check_choice(value, BACKENDS, "backend")

@@ -1,50 +1,25 @@
-"""Q-networks for the example and the CLI, and the registry that names architectures in checkpoints.
+"""The Q-networks the examples and the command line use: dueling MLPs and CNNs, with optional NoisyNet streams.
 
-A checkpoint written by :func:`lightning_ig.checkpoint.save_checkpoint` records the
-architecture's *name* and its *config* (the constructor's keyword arguments as
-JSON), so that ``lightning-ig diag`` can rebuild the model without the user's
-code. A name is either one registered here with :func:`register_model`
-(``"DuelingQNetwork"``) or an import path ``"package.module:Class"`` to a class
-whose constructor takes the config as keyword arguments.
-
-Importing ``package.module`` runs that module's code, so an import path is only
-followed on the caller's say-so. :func:`resolve_model_class` and
-:func:`build_model` follow one by default (a name written in the caller's own code
-is the caller's choice); given ``allow_import=False`` they accept registered names
-only, and refuse any other with :class:`UnregisteredModelError` *before* anything is
-imported. The same rule holds for the names a class meets while it builds itself
-from ``config`` (an :class:`~lightning_ig.ensemble.Ensemble`'s members): a checkpoint
-reader passes ``allow_import=False`` for names that come from the file.
+Each is registered (:func:`~lightning_ig.models.registry.register_model`) under its class name, and its
+``config()`` returns its constructor's keyword arguments, so a checkpoint rebuilds it without the user's code.
+Constructors check their arguments (sizes up to ``2**31 - 1``): a checkpoint's config is data.
 """
 
 from __future__ import annotations
 
-import importlib
-import keyword
 import math
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.noise import NoisyLinear
-from lightning_ig.vocabulary import check_choice, check_generator, shown
+from lightning_ig.attribution.checks import check_generator
+from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.models.registry import register_model
+from lightning_ig.vocabulary import check_choice, shown
 
-__all__ = [
-    "ACTIVATIONS",
-    "ConvDuelingQNetwork",
-    "DuelingQNetwork",
-    "MinAtarQNetwork",
-    "NatureQNetwork",
-    "UnregisteredModelError",
-    "build_model",
-    "model_config",
-    "model_name",
-    "register_model",
-    "resolve_model_class",
-]
+__all__ = ["ACTIVATIONS", "ConvDuelingQNetwork", "DuelingQNetwork", "MinAtarQNetwork", "NatureQNetwork"]
 
 Activation = Literal["relu", "tanh", "softplus", "silu", "gelu"]
 
@@ -57,253 +32,6 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "silu": nn.SiLU,
     "gelu": nn.GELU,
 }
-
-_REGISTRY: dict[str, type[nn.Module]] = {}
-# Registered names whose classes live in modules imported on first use (they import this one).
-_REGISTERED_ELSEWHERE = {"Ensemble": "lightning_ig.ensemble"}
-ModelT = TypeVar("ModelT", bound=type[nn.Module])
-# Whether an import path may be followed by the build in progress: False while a class builds itself from a
-# config whose names the caller did not vouch for (a checkpoint's), so nothing under that config can widen it.
-_IMPORTS_ALLOWED: ContextVar[bool] = ContextVar("lightning_ig_model_imports_allowed", default=True)
-
-
-class UnregisteredModelError(ValueError):
-    """An architecture name that is an import path, not registered, met where imports are not allowed.
-
-    Raised before anything is imported. ``name`` is the import path refused.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        module = name.partition(":")[0]
-        super().__init__(
-            f"model {shown(name)} is not registered, and importing it would run the code of module "
-            f"{shown(module)}; register the class (lightning_ig.register_model) or allow the import "
-            "(allow_import=True) if you trust that module"
-        )
-
-
-def register_model(name: str) -> Callable[[ModelT], ModelT]:
-    """Class decorator: register an architecture under ``name`` for checkpoints.
-
-    The class's constructor must accept the dict its instances return from
-    ``config()`` as keyword arguments.
-
-    Registering is what lets a checkpoint name the class without the reader's opt-in
-    (``trust_remote_code``), so its constructor will be called with whatever config a
-    file holds: register classes whose constructors check their arguments. A reader
-    builds the model on the ``meta`` device first to count its size, so the
-    constructor should not read tensor values (one that does is built for real, under
-    a bound, and checked after).
-
-    Args:
-        name: The name written into checkpoints. Must not contain ``":"``
-            (reserved for import paths).
-
-    Returns:
-        The decorator, which returns the class unchanged.
-
-    Raises:
-        ValueError: If ``name`` is empty, contains ``":"``, or is already taken by another class.
-
-    Example::
-
-        >>> @register_model("TinyMLP")
-        ... class TinyMLP(torch.nn.Module):
-        ...     def __init__(self, width: int = 4):
-        ...         super().__init__()
-        ...         self.width = width
-        ...         self.layer = torch.nn.Linear(width, 1)
-        ...     def config(self):
-        ...         return {"width": self.width}
-        >>> build_model("TinyMLP", {"width": 3}).layer.in_features
-        3
-    """
-    if not isinstance(name, str) or not name or ":" in name:
-        raise ValueError(f"model name must be a non-empty string without ':', got {name!r}")
-
-    def decorator(cls: ModelT) -> ModelT:
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise TypeError(f"register_model({name!r}) decorates torch.nn.Module subclasses, got {cls!r}")
-        taken = _REGISTRY.get(name)
-        if taken is not None and _import_path(taken) != _import_path(cls):
-            raise ValueError(f"model name {name!r} is already registered for {_import_path(taken)}; pick another name")
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorator
-
-
-def _import_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Module]:
-    """The class for a registered name or an import path ``"package.module:Class"``.
-
-    The name's form and the registry are checked before anything is imported.
-
-    Args:
-        name: A registered name, or ``"package.module:Class"`` (``Class`` may be
-            dotted for a nested class).
-        allow_import: Whether an import path may be imported (which runs that
-            module's code). Default ``True``: a name in the caller's own code is
-            the caller's choice. Pass ``False`` for names read from a file or any
-            other source you do not control; inside :func:`build_model` with
-            imports refused for its config, ``True`` cannot widen that.
-
-    Returns:
-        The ``torch.nn.Module`` subclass.
-
-    Raises:
-        UnregisteredModelError: If ``name`` is an unregistered import path and imports are not allowed.
-        ValueError: If the name is neither registered nor an import path, is not importable, or does not
-            name a Module class.
-        TypeError: If ``allow_import`` is not a bool.
-    """
-    _check_flag("allow_import", allow_import)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a model name must be a non-empty string, got {shown(name)}")
-    if name not in _REGISTRY and name in _REGISTERED_ELSEWHERE:
-        _import(_REGISTERED_ELSEWHERE[name])  # this package's own module: registers the class
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if ":" not in name:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise ValueError(
-            f"unknown model {shown(name)}: registered models are {known}; name your own class as 'package.module:Class'"
-        )
-    module_name, _, attribute = name.partition(":")
-    if not (_dotted_identifier(module_name) and _dotted_identifier(attribute)):
-        raise ValueError(
-            f"model {shown(name)} is not an import path 'package.module:Class' (dotted Python names on both "
-            "sides of one ':'); check the name"
-        )
-    if not (allow_import and _IMPORTS_ALLOWED.get()):
-        raise UnregisteredModelError(name)
-    try:
-        module = _import(module_name)
-    except Exception as error:  # ImportError, or an error while the user's module runs
-        raise ValueError(
-            f"cannot import module {module_name!r} for model {name!r} ({type(error).__name__}: {error}); "
-            "check the import path and that the package is on PYTHONPATH"
-        ) from error
-    value: Any = module
-    for part in attribute.split("."):
-        if not hasattr(value, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}; check the class name in {name!r}")
-        value = getattr(value, part)
-    if not (isinstance(value, type) and issubclass(value, nn.Module)):
-        raise ValueError(f"{name!r} is not a torch.nn.Module subclass (got {value!r}); name a model class")
-    return value
-
-
-def build_model(
-    name: str,
-    config: dict[str, Any] | None = None,
-    *,
-    allow_import: bool = True,
-    allow_import_in_config: bool | None = None,
-) -> nn.Module:
-    """Build a model from its registered name (or import path) and config.
-
-    Args:
-        name: A registered name or ``"package.module:Class"``.
-        config: The constructor's keyword arguments; default ``None`` means none.
-        allow_import: Whether ``name`` may be an import path, imported if so (see
-            :func:`resolve_model_class`). Default ``True``: the caller wrote the name.
-        allow_import_in_config: Whether the names the class meets while it builds
-            itself from ``config`` (an ``Ensemble``'s members) may be import paths.
-            Default ``None``: as ``allow_import``. ``False`` when ``config`` comes from
-            a file while ``name`` is the caller's.
-
-    Returns:
-        The new model (in training mode, freshly initialised).
-
-    Raises:
-        UnregisteredModelError: If ``name``, or a name inside ``config``, is an unregistered import path
-            where imports are not allowed; nothing is imported then.
-        ValueError: If the name cannot be resolved or the constructor rejects the config.
-        TypeError: If ``config`` is not a dict, or a flag is not a bool.
-
-    Example::
-
-        >>> build_model("DuelingQNetwork", {"state_dim": 4, "num_actions": 2}, allow_import=False).num_actions
-        2
-        >>> build_model("torch.nn:Linear", {"in_features": 2, "out_features": 1}, allow_import=False)
-        Traceback (most recent call last):
-        ...
-        lightning_ig.models.UnregisteredModelError: model 'torch.nn:Linear' is not registered, ...
-    """
-    if config is None:
-        config = {}
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict of keyword arguments, got {type(config).__name__}")
-    if allow_import_in_config is not None:
-        _check_flag("allow_import_in_config", allow_import_in_config)
-    cls = resolve_model_class(name, allow_import=allow_import)
-    inner = allow_import if allow_import_in_config is None else allow_import_in_config
-    token = _IMPORTS_ALLOWED.set(_IMPORTS_ALLOWED.get() and inner)
-    try:
-        return cls(**config)
-    except UnregisteredModelError:
-        raise  # a refused name inside the config: said as it is, not as a config the class rejects
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"cannot build model {name!r} with config {shown(config)}: {error}") from error
-    finally:
-        _IMPORTS_ALLOWED.reset(token)
-
-
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({shown(value)})")
-
-
-def _dotted_identifier(text: str) -> bool:
-    return all(part.isidentifier() and not keyword.iskeyword(part) for part in text.split("."))
-
-
-def _import(module_name: str) -> Any:
-    """``importlib.import_module``, on the real default device even inside ``with torch.device("meta")``.
-
-    A checkpoint reader builds models on the meta device first to count their sizes; a
-    module imported then must not keep meta tensors made at import time.
-    """
-    current = getattr(torch, "get_default_device", None)  # torch >= 2.3
-    if current is not None and current().type == "meta":
-        with torch.device("cpu"):
-            return importlib.import_module(module_name)
-    return importlib.import_module(module_name)
-
-
-def model_name(model: nn.Module) -> str:
-    """The name a checkpoint records for ``model``'s architecture.
-
-    The registered name when the class (exactly) is registered, else its import
-    path ``"package.module:Class"``.
-
-    Args:
-        model: The model.
-
-    Returns:
-        The name, which :func:`build_model` resolves back to the class.
-    """
-    cls = type(model)
-    for name, registered in _REGISTRY.items():
-        if registered is cls:
-            return name
-    return _import_path(cls)
-
-
-def model_config(model: nn.Module) -> dict[str, Any] | None:
-    """The model's constructor config: ``model.config()`` when it has one, else ``None``."""
-    config = getattr(model, "config", None)
-    if callable(config):
-        value = config()
-        if not isinstance(value, dict):
-            raise TypeError(f"{type(model).__name__}.config() must return a dict, got {type(value).__name__}")
-        return value
-    return None
 
 
 @register_model("DuelingQNetwork")

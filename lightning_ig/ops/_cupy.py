@@ -1,4 +1,4 @@
-"""The one place that knows CuPy: find, compile and cache kernels, launch them on torch's stream.
+"""The CuPy loader, the one module that imports CuPy: find, compile and cache kernels, launch them on torch's stream.
 
 Rules this module enforces for every kernel in ``kernels/*.cu``:
 
@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ig.vocabulary import BACKENDS
+from lightning_ig.vocabulary import BACKENDS, check_choice
 
 __all__ = [
     "CUPY_INSTALL_HINT",
     "CupyImport",
+    "choose_backend",
     "cupy_available",
     "current_stream_handle",
-    "dtype_suffix",
     "get_kernel",
     "int32",
     "int64",
@@ -49,16 +49,12 @@ __all__ = [
     "launch",
     "pointer",
     "require_cupy",
-    "resolve_backend",
 ]
 
 CUPY_INSTALL_HINT = (
     "install CuPy for your CUDA version: `pip install cupy-cuda12x` (CUDA 12) or `pip install cupy-cuda13x` "
     "(CUDA 13); in a clone of lightning-ig, `pip install -e '.[cuda12]'` or `'.[cuda13]'` does the same"
 )
-
-# Kernel entry points are named <op>_<suffix>; these are the suffixes per torch dtype.
-_DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 class CupyImport:
@@ -122,13 +118,13 @@ def kernel_dir() -> Path:
     Raises:
         FileNotFoundError: neither location holds the kernels.
     """
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "kernels", here.parent / "kernels"):
+    package = Path(__file__).resolve().parent.parent  # lightning_ig/
+    for candidate in (package / "kernels", package.parent / "kernels"):
         if (candidate / "common.cuh").is_file():
             return candidate
     raise FileNotFoundError(
-        f"the CUDA kernel sources were not found next to {here} (looked in {here / 'kernels'} "
-        f"and {here.parent / 'kernels'}); reinstall lightning-ig"
+        f"the CUDA kernel sources were not found next to {package} (looked in {package / 'kernels'} "
+        f"and {package.parent / 'kernels'}); reinstall lightning-ig"
     )
 
 
@@ -257,35 +253,21 @@ def int64(value: int) -> np.int64:
     return np.int64(value)
 
 
-def dtype_suffix(dtype: torch.dtype) -> str:
-    """The kernel-name suffix for ``dtype`` (``f32``, ``f16``, ``bf16``).
-
-    Raises:
-        TypeError: the kernels have no entry point for ``dtype``.
-    """
-    try:
-        return _DTYPE_SUFFIX[dtype]
-    except KeyError:
-        supported = ", ".join(str(d) for d in _DTYPE_SUFFIX)
-        raise TypeError(f"the CUDA kernels take {supported}; got {dtype}") from None
-
-
-def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
-    """Turn ``"auto"``/``"cuda"``/``"torch"`` into the backend that will run.
+def choose_backend(backend: str, *tensors: torch.Tensor) -> str:
+    """The backend that will run, ``"cuda"`` or ``"torch"``, for ``"auto"``/``"cuda"``/``"torch"`` and the tensors.
 
     ``"auto"`` picks ``"cuda"`` when every tensor is on a CUDA device and CuPy
     imports, and ``"torch"`` otherwise. ``"cuda"`` never falls back silently.
 
     Raises:
+        TypeError: ``backend`` is not a string.
         ValueError: an unknown backend name, or ``"cuda"`` with tensors off the GPU.
         RuntimeError: ``"cuda"`` where CuPy cannot be imported.
     """
-    if backend not in BACKENDS:
-        # The engine and the loss check their names with lightning_ig.vocabulary first; this message is kept for
-        # callers that reach here directly (the loss on main until it does so too).
-        raise ValueError(f"backend must be 'auto', 'cuda' or 'torch', got {backend!r}")
     if backend == "torch":
         return "torch"
+    if backend not in ("auto", "cuda"):  # the common names cost no call (this runs on every loss call)
+        check_choice(backend, BACKENDS, "backend")
     # The common answer first, and cheaply (this runs on every loss call): Tensor.is_cuda
     # builds no torch.device, and cupy_available() reads a cached import.
     on_cuda = bool(tensors) and all(t.is_cuda for t in tensors)

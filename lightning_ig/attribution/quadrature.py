@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from lightning_ig.names import METHODS
+from lightning_ig.vocabulary import METHODS
 
 __all__ = [
     "MAX_GAUSS_LEGENDRE_STEPS",

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig import _cuda
+from lightning_ig.ops import _cupy
+from lightning_ig.ops.dtypes import accumulate_dtype, dtype_suffix
 
 __all__ = [
     "DEFAULT_VARIANT",
@@ -128,10 +129,6 @@ def use_variant(name: str) -> Iterator[KernelVariant]:
 # --------------------------------------------------------------------------- torch twin
 
 
-def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def group_size(members: int) -> int:
     """Lanes per row in the kernels: the next power of two >= ``members``, at most 32."""
     return min(32, 1 << (members - 1).bit_length())
@@ -155,7 +152,7 @@ def _means_from_parts(x: Tensor, e: Tensor, r: Tensor) -> Tensor:
 
 def member_means_torch(rows_members_logits: Tensor) -> Tensor:
     """``(B, M)`` member means in the accumulation dtype (float32, or float64 for float64 logits)."""
-    x = rows_members_logits.to(_accumulate_dtype(rows_members_logits.dtype))
+    x = rows_members_logits.to(accumulate_dtype(rows_members_logits.dtype))
     e, r = _sigmoid_parts(x)
     return _means_from_parts(x, e, r)
 
@@ -187,7 +184,7 @@ def backward_torch(
     ``d logits = (g w / K) (e r) r`` bit for bit in float32; ``d weights = sum_b g mean``
     from exact float64 products (the kernel's sum runs in another order).
     """
-    accumulate = _accumulate_dtype(rows_members_logits.dtype)
+    accumulate = accumulate_dtype(rows_members_logits.dtype)
     x = rows_members_logits.to(accumulate)
     g = grad_output.to(accumulate)
     e, r = _sigmoid_parts(x)
@@ -276,9 +273,9 @@ def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
     key = (op, dtype, device_index, _active_variant)
     kernel = _kernels.get(key)
     if kernel is None:
-        suffix = _cuda.dtype_suffix(dtype)
+        suffix = dtype_suffix(dtype)
         options = (*VARIANTS[_active_variant].options(), "-DLIG_ENS_ONE_DTYPE", f"-DLIG_ENS_DTYPE_{suffix}")
-        kernel = _kernels[key] = _cuda.get_kernel(_KERNEL_FILE, f"{op}_{suffix}", device_index, options)
+        kernel = _kernels[key] = _cupy.get_kernel(_KERNEL_FILE, f"{op}_{suffix}", device_index, options)
     return kernel
 
 
@@ -299,13 +296,13 @@ def _plan(x: Tensor, device_index: int) -> _Plan:
         backward_limit = max(1, sm_count * _BACKWARD_BLOCKS_PER_SM)
         vector = stride_logit == 1 and per_member % 4 == 0 and stride_member % 4 == 0 and stride_row % 4 == 0
         shape_args = (
-            _cuda.int64(rows),
-            _cuda.int32(members),
-            _cuda.int32(per_member),
-            _cuda.int64(stride_row),
-            _cuda.int64(stride_member),
-            _cuda.int64(stride_logit),
-            _cuda.int32(lanes),
+            _cupy.int64(rows),
+            _cupy.int32(members),
+            _cupy.int32(per_member),
+            _cupy.int64(stride_row),
+            _cupy.int64(stride_member),
+            _cupy.int64(stride_logit),
+            _cupy.int32(lanes),
         )
         plan = _plans[key] = _Plan(
             max(1, min(forward_limit, needed)),
@@ -327,8 +324,8 @@ def _launch_forward(x: Tensor, weights32: Tensor) -> Tensor:
         return out
     index = x.get_device()
     plan = _plan(x, index)
-    args = (_cuda.pointer(x), _cuda.pointer(weights32), _cuda.pointer(out), *plan.shape_args, _vectorized(x, plan))
-    _cuda.launch(_kernel("ensemble_forward", x.dtype, index), plan.forward_grid, _THREADS, args, device=index)
+    args = (_cupy.pointer(x), _cupy.pointer(weights32), _cupy.pointer(out), *plan.shape_args, _vectorized(x, plan))
+    _cupy.launch(_kernel("ensemble_forward", x.dtype, index), plan.forward_grid, _THREADS, args, device=index)
     return out
 
 
@@ -343,7 +340,7 @@ def _workspace(like: Tensor, index: int, doubles: int) -> tuple[Tensor, np.uint6
     if torch.cuda.is_current_stream_capturing():
         scratch = like.new_zeros(doubles + 1, dtype=torch.float64)  # the counter is the low word of the last 0.0
     else:
-        key = (index, _cuda.current_stream_handle(index))
+        key = (index, _cupy.current_stream_handle(index))
         scratch = _workspaces.get(key)
         if scratch is None or scratch.numel() < doubles + 1:
             scratch = _workspaces[key] = like.new_zeros(max(doubles, 4096) + 1, dtype=torch.float64)
@@ -371,17 +368,17 @@ def _launch_backward(
         scratch, partials, counter = _workspace(x, index, plan.backward_grid * members)
     null = np.uint64(0)
     args = (
-        _cuda.pointer(x),
-        _cuda.pointer(weights32),
-        _cuda.pointer(grad_output),
-        _cuda.int64(grad_output.stride(0)),
-        _cuda.pointer(grad_logits) if grad_logits is not None else null,
-        _cuda.pointer(grad_weights) if grad_weights is not None else null,
+        _cupy.pointer(x),
+        _cupy.pointer(weights32),
+        _cupy.pointer(grad_output),
+        _cupy.int64(grad_output.stride(0)),
+        _cupy.pointer(grad_logits) if grad_logits is not None else null,
+        _cupy.pointer(grad_weights) if grad_weights is not None else null,
         partials,
         counter,
         *plan.shape_args,
         _vectorized(x, plan),
     )
-    _cuda.launch(_kernel("ensemble_backward", x.dtype, index), plan.backward_grid, _THREADS, args, device=index)
+    _cupy.launch(_kernel("ensemble_backward", x.dtype, index), plan.backward_grid, _THREADS, args, device=index)
     del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
     return grad_logits, grad_weights

@@ -20,8 +20,9 @@ More keys sit beside them (documented in the schema): the run's settings,
 a number that is not finite is written as ``null``.
 The same inputs give a byte-identical document.
 
-The statistics come from :mod:`lightning_ig.statistics` and drift from
-:mod:`lightning_ig.drift`; their public functions are re-exported here.
+The rows (per feature, per group, per state) are built here (:func:`feature_statistics`,
+:func:`completeness_summary`) from the numbers of :mod:`lightning_ig.attribution.statistics`; the callback's
+report files (one per run, in ``report_dir``) are :class:`lightning_ig.callback.reports.ReportFolder`'s.
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from lightning_ig._files import OutputPathError, atomic_path, check_output_dir, check_output_file, file_name_limit
-from lightning_ig.drift import spearman, topk_jaccard
-from lightning_ig.groups import FeatureGroups, GroupSpec, check_group_spec
-from lightning_ig.host_result import HostResult
-from lightning_ig.statistics import completeness_summary, feature_statistics, rank_order, statistics_rows, top_features
+from lightning_ig._files import atomic_path
+from lightning_ig._version import __version__
+from lightning_ig.attribution.groups import FeatureGroups, GroupSpec, check_group_spec
+from lightning_ig.attribution.host_result import HostResult, Moments
+from lightning_ig.attribution.statistics import completeness, json_float, json_floats, rank_order
 from lightning_ig.vocabulary import (
+    check_bool,
     check_feature_names,
     check_mapping,
     check_names,
@@ -52,17 +55,13 @@ from lightning_ig.vocabulary import (
 __all__ = [
     "SCHEMA_PATH",
     "SCHEMA_VERSION",
-    "ReportFolder",
     "build_report",
     "completeness_summary",
-    "default_feature_names",
     "feature_statistics",
     "load_schema",
-    "rank_order",
     "report_to_json",
-    "spearman",
+    "statistics_rows",
     "top_features",
-    "topk_jaccard",
     "write_report",
 ]
 
@@ -96,6 +95,146 @@ def load_schema() -> dict[str, Any]:
         jsonschema.validate(report, load_schema())
     """
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- the rows
+
+
+def _flat(attributions: Any) -> np.ndarray:
+    array = (
+        attributions.detach().cpu().double().numpy()
+        if isinstance(attributions, torch.Tensor)
+        else np.asarray(attributions, dtype=np.float64)
+    )
+    if array.ndim < 2:
+        raise ValueError(
+            f"attributions must have shape (num_states, *feature_shape), got shape {tuple(array.shape)}; "
+            "add the state dimension (e.g. attributions.unsqueeze(0)) for a single state"
+        )
+    return array.reshape(array.shape[0], -1)  # (B, F): row-major
+
+
+def statistics_rows(names: Sequence[str], moments: Moments, sizes: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """One ``{name, [members,] mean_abs, stddev, mean_signed}`` dict per unit, non-finite values as ``None``."""
+    columns = (json_floats(moments.mean_abs), json_floats(moments.stddev), json_floats(moments.mean_signed))
+    rows = []
+    for index, (name, mean_abs, stddev, mean_signed) in enumerate(zip(names, *columns)):
+        row: dict[str, Any] = {"name": name}
+        if sizes is not None:
+            row["members"] = int(sizes[index])
+        row.update(mean_abs=mean_abs, stddev=stddev, mean_signed=mean_signed)
+        rows.append(row)
+    return rows
+
+
+def feature_statistics(attributions: Any, feature_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per-feature statistics of attributions over the states.
+
+    Args:
+        attributions: ``(num_states, *feature_shape)`` tensor or array;
+            multi-dimensional features are flattened in row-major order.
+        feature_names: one name per (flattened) feature; ``None`` (default)
+            names them ``x0, x1, ...`` (``x[c,i,j]`` for multi-dimensional states).
+
+    Returns:
+        One dict per feature, in feature order: ``name``, ``mean_abs`` (mean of
+        ``|attr|`` over states), ``stddev`` (population standard deviation of
+        ``attr``) and ``mean_signed`` (mean of ``attr``); non-finite values are ``None``.
+
+    Raises:
+        ValueError: ``attributions`` has no state dimension, or ``feature_names`` has the wrong length.
+        TypeError: ``feature_names`` is not a sequence of strings.
+
+    Example::
+
+        >>> feature_statistics(torch.tensor([[1.0, -2.0], [3.0, 2.0]]), ["a", "b"])[1]
+        {'name': 'b', 'mean_abs': 2.0, 'stddev': 2.0, 'mean_signed': 0.0}
+    """
+    flat = _flat(attributions)
+    shape = tuple(attributions.shape[1:])
+    names = default_feature_names(shape) if feature_names is None else check_feature_names(feature_names, flat.shape[1])
+    return statistics_rows(names, Moments.of(flat))
+
+
+def top_features(features: Sequence[Mapping[str, Any]], k: int = 10) -> list[dict[str, Any]]:
+    """The ``k`` entries with the largest ``mean_abs``, largest first (ties in order, ``None`` last).
+
+    Args:
+        features: the output of :func:`feature_statistics`.
+        k: how many to keep (default 10); fewer when there are fewer features.
+
+    Returns:
+        Copies of the dicts.
+
+    Raises:
+        ValueError: ``k`` is not a positive int.
+    """
+    check_positive_int(k, "k")
+    values = np.array([np.nan if f["mean_abs"] is None else f["mean_abs"] for f in features], dtype=np.float64)
+    return [dict(features[i]) for i in rank_order(values)[:k]]
+
+
+def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, Any]:
+    """Completeness of an IG run as the report writes it.
+
+    Args:
+        result: an :class:`~lightning_ig.attribution.IGResult` with one
+            attribution per state (not ``target="each"``), or a host result.
+        per_state: include the per-state lists (default ``True``).
+
+    Returns:
+        ``worst_relative_error`` (``None`` when it is not finite: a non-finite
+        state, or no state that could be checked), ``mean_abs_error``,
+        ``num_degenerate``, ``num_non_finite``, ``num_checked`` and, with
+        ``per_state``, ``per_state`` (``state_idx``, ``sum_attributions``,
+        ``f_input_minus_f_baseline``, ``relative_error``, ``absolute_error``,
+        ``degenerate``, ``non_finite``) and ``degenerate_states`` (``state_idx``,
+        ``absolute_error``).
+
+    Raises:
+        ValueError: the result holds one attribution set per action (``target="each"``).
+    """
+    per_state = check_bool(per_state, "per_state")
+    host = HostResult.from_result(result)
+    numbers = completeness(host)
+    summary: dict[str, Any] = {
+        "worst_relative_error": json_float(numbers.worst_relative_error),
+        "mean_abs_error": json_float(numbers.mean_abs_error),
+        "num_degenerate": numbers.num_degenerate,
+        "num_non_finite": numbers.num_non_finite,
+        "num_checked": numbers.num_checked,
+    }
+    if not per_state:
+        return summary
+    absolute = np.abs(host.delta)
+    relative = np.where(host.degenerate | host.non_finite, np.nan, host.relative_error)  # no ratio for those
+    columns = zip(
+        json_floats(host.sum_attributions),
+        json_floats(host.f_input - host.f_baseline),
+        json_floats(relative),
+        json_floats(absolute),
+        host.degenerate.tolist(),
+        host.non_finite.tolist(),
+    )
+    summary["per_state"] = [
+        {
+            "state_idx": i,
+            "sum_attributions": total,
+            "f_input_minus_f_baseline": change,
+            "relative_error": ratio,
+            "absolute_error": error,
+            "degenerate": degenerate,
+            "non_finite": non_finite,
+        }
+        for i, (total, change, ratio, error, degenerate, non_finite) in enumerate(columns)
+    ]
+    summary["degenerate_states"] = [
+        {"state_idx": i, "absolute_error": json_float(absolute[i])} for i in np.flatnonzero(host.degenerate).tolist()
+    ]
+    return summary
+
+
+# --------------------------------------------------------------------------- the document
 
 
 def build_report(
@@ -147,8 +286,6 @@ def build_report(
         report = build_report(result, feature_names=["x", "v"], forward_target="mean", groups={"all": [0, 1]})
         write_report(report, "runs/ig.json")
     """
-    from lightning_ig import __version__  # noqa: PLC0415 - the package imports this module lazily
-
     check_positive_int(top_k, "top_k")
     if not isinstance(forward_target, str):
         raise TypeError(f"forward_target must be a string describing the target, got {type(forward_target).__name__}")
@@ -282,70 +419,3 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, fol
         handle.flush()
         os.fsync(handle.fileno())
     return target
-
-
-class ReportFolder:
-    """The folder where the callback writes one report per run, under names it makes up.
-
-    The names are ``ig_report[_<name>]_step=<step, 8+ digits>.json``. Being the tool's
-    own, they are never written through a symbolic link: a link found there is refused
-    and one planted later is replaced, never followed. A report that cannot be written
-    (a full disk, a changed permission, a refused link) does not stop training:
-    :meth:`write` says why and counts it, and :meth:`losses` sums up the losses.
-
-    Args:
-        folder: the folder (made if missing).
-        name: the callback's ``name`` (``None``: none), part of every file name.
-        inputs: files the run reads (the held-out states file); a report never replaces one.
-
-    Raises:
-        OutputPathError: ``folder`` is a file, or cannot be made or written.
-        ValueError: ``name`` makes file names longer than the folder's file system takes.
-    """
-
-    def __init__(self, folder: str | os.PathLike[str], name: str | None, *, inputs: Sequence[Any] = ()) -> None:
-        self.name = name
-        self._inputs = [path for path in inputs if isinstance(path, (str, os.PathLike))]
-        longest = self.file_name(2**63 - 1)  # the last step a run can have (a 64-bit step counter)
-        size, limit = len(os.fsencode(longest)), file_name_limit(folder)
-        if size > limit:  # before the folder is made: a refused set-up leaves nothing behind
-            raise ValueError(
-                f"name={_cut(name)!r} makes report file names of up to {size} bytes ({_cut(longest)!r}), more than the "
-                f"{limit} the file system of report_dir {os.fspath(folder)!r} takes: choose a name at least "
-                f"{size - limit} bytes shorter"
-            )
-        self.folder = check_output_dir(folder, what="report_dir")
-        self.attempted = 0
-        self.lost = 0
-        self.first_loss: str | None = None
-
-    def file_name(self, step: int) -> str:
-        """The report's file name for the run at global step ``step``."""
-        return f"ig_report{'' if self.name is None else '_' + self.name}_step={step:08d}.json"
-
-    def write(self, report: Mapping[str, Any], step: int) -> str | None:
-        """Write the report of the run at ``step``; ``None``, or why it could not be (``"PATH (error)"``)."""
-        self.attempted += 1
-        path = self.folder / self.file_name(step)
-        try:
-            check_output_file(path, what="the report", inputs=self._inputs, made_up=True)
-            write_report(report, path, follow_symlinks=False)
-        except OutputPathError as error:
-            failure = f"{path} ({error})"
-        except OSError as error:
-            failure = f"{path} ({error.strerror or error})"
-        else:
-            return None
-        self.lost += 1
-        self.first_loss = self.first_loss or failure
-        return failure
-
-    def losses(self) -> str | None:
-        """``"N of M reports could not be written, the first: PATH (error)"``, or ``None`` when none was lost."""
-        if not self.lost:
-            return None
-        return f"{self.lost} of {self.attempted} reports could not be written, the first: {self.first_loss}"
-
-
-def _cut(text: str | None, size: int = 60) -> str | None:
-    return text if text is None or len(text) <= size else f"{text[: size - 3]}..."

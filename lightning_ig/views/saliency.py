@@ -8,7 +8,7 @@ read as channels):
   signed attribution (summed over channels) blended over it: blue where the
   attribution raises the target, red where it lowers it, more opaque where it
   is larger. One symmetric scale for the whole grid, written under it;
-* :func:`mean_abs_image`: the mean ``|attribution|`` over all states, one tile
+* :func:`mean_abs_map`: the mean ``|attribution|`` over all states, one tile
   per channel side by side, one scale for all channels.
 
 For ``(C, L)`` states (1-d signals with channels) both are heat strips:
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from lightning_ig._files import atomic_path
-from lightning_ig.raster import DIVERGING_LUT, SEQUENTIAL_LUT, font
+from lightning_ig.views.raster import DIVERGING_LUT, SEQUENTIAL_LUT, font
 
-__all__ = ["SaliencyImage", "check_saliency_channel", "mean_abs_image", "saliency_grid", "saliency_kind", "write_png"]
+__all__ = ["SaliencyPicture", "check_saliency_channel", "mean_abs_map", "saliency_grid", "saliency_kind", "write_png"]
 
 # Small observations are enlarged by whole pixels up to about this size (captions stay in proportion); larger
 # ones are stored as they are: TensorBoard scales images up to its card without smoothing ("pixelated").
@@ -51,7 +51,7 @@ _ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not 
 
 
 @dataclass(frozen=True)
-class SaliencyImage:
+class SaliencyPicture:
     """An RGB picture and the value its colour scale ends at.
 
     Attributes:
@@ -147,7 +147,7 @@ def _grey(observations: np.ndarray) -> np.ndarray:
 
 def saliency_grid(
     states: np.ndarray, attributions: np.ndarray, *, channel: int | None = None, columns: int = 4
-) -> SaliencyImage:
+) -> SaliencyPicture:
     """The observations with their signed attributions blended over them, in a grid (a strip per state for 1-d).
 
     Args:
@@ -174,7 +174,9 @@ def saliency_grid(
         scale = _robust_max(attributions)
         strips = [_strip(_BLEND[_signed_level(a, scale), 255]) for a in attributions]  # blended over white
         body = _stack(strips, [f"state {i}" for i in range(len(strips))])
-        return SaliencyImage(_with_legend(body, scale, signed=True, what="attribution per channel and position"), scale)
+        return SaliencyPicture(
+            _with_legend(body, scale, signed=True, what="attribution per channel and position"), scale
+        )
     images, maps = _as_images(states), _as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
     check_saliency_channel(channel, tuple(states.shape[1:]))
     grey = np.round(_grey(images.mean(axis=1) if channel is None else images[:, channel])).astype(np.intp)  # (S, H, W)
@@ -185,12 +187,12 @@ def saliency_grid(
     body = _grid(tiles, [f"state {i}" for i in range(len(tiles))], columns)
     shown = "the channel mean" if channel is None else f"channel {channel}"
     legend = f"attribution (sum over channels) on {shown}"
-    return SaliencyImage(_with_legend(body, scale, signed=True, what=legend), scale)
+    return SaliencyPicture(_with_legend(body, scale, signed=True, what=legend), scale)
 
 
-def mean_abs_image(
+def mean_abs_map(
     mean_abs: np.ndarray, num_states: int | None = None, channel_names: Sequence[str] | None = None
-) -> SaliencyImage:
+) -> SaliencyPicture:
     """Mean ``|attribution|`` per feature as a picture: one tile per channel (or a heat strip for ``(C, L)``).
 
     Args:
@@ -206,7 +208,7 @@ def mean_abs_image(
     over = "" if num_states is None else f" over {num_states} states"
     if saliency_kind(values.shape) == "strip":
         body = _stack([_strip(_sequential(values, scale))], ["all channels"])
-        return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution|{over}"), scale)
+        return SaliencyPicture(_with_legend(body, scale, signed=False, what=f"mean |attribution|{over}"), scale)
     channels = values.reshape(-1, *values.shape[-2:])  # (C, H, W)
     factor = _tile_factor(*channels.shape[1:])
     tiles = [_enlarge(_sequential(tile, scale), factor) for tile in channels]
@@ -214,7 +216,7 @@ def mean_abs_image(
     if len(labels) != len(tiles):
         raise ValueError(f"channel_names has {len(labels)} names for {len(tiles)} channels; give one per channel")
     body = _grid(tiles, labels, columns=len(tiles))
-    return SaliencyImage(_with_legend(body, scale, signed=False, what=f"mean |attribution| per pixel{over}"), scale)
+    return SaliencyPicture(_with_legend(body, scale, signed=False, what=f"mean |attribution| per pixel{over}"), scale)
 
 
 def _strip(colours: np.ndarray) -> np.ndarray:
@@ -303,7 +305,7 @@ def write_png(pixels: np.ndarray, path: str | os.PathLike[str], *, follow_symlin
     """Write an ``(H, W, 3)`` uint8 picture as a PNG, atomically, with the umask's mode.
 
     Args:
-        pixels: from :func:`saliency_grid` or :func:`mean_abs_image` (``.pixels``).
+        pixels: from :func:`saliency_grid` or :func:`mean_abs_map` (``.pixels``).
         path: the file to write.
         follow_symlinks: ``True`` (default: ``path`` is the user's): a symbolic link is written
             through to its target; ``False`` (a name the caller made up): a link there is

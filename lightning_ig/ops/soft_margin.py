@@ -1,14 +1,17 @@
-"""The CUDA side of the fused soft-margin loss: kernel launchers and the autograd Function.
+"""The fused soft-margin loss's kernels: launchers, the torch twin and the autograd Function.
 
-The ops layer of :mod:`lightning_ig.losses` (Liger-Kernel's layering: kernels and
-launchers with an :class:`torch.autograd.Function` here; the module and the
-functional form in ``losses``). Every launch reads flat, contiguous buffers of one
-dtype and device, allocated by torch; ``losses`` checks the arguments first.
+The ops layer of :mod:`lightning_ig.losses` (Liger-Kernel's layering: the kernels'
+launchers, the plain-torch twin and an :class:`torch.autograd.Function` here; the
+module and the functional form in ``losses``). Every launch reads flat, contiguous
+buffers of one dtype and device, allocated by torch; ``losses`` checks the
+arguments first.
 
 * ``mean``/``sum``: ONE launch of ``soft_margin_reduce[_grad]``; the gradient (for
   ``grad_output == 1``, the reduction's scale folded in) is written in the same
   pass, and the backward only scales it by ``grad_output``, read on the device.
 * ``none``: one elementwise launch forward and one backward.
+* :func:`soft_margin_torch`: the same loss in plain torch, the path for CPU tensors
+  and float64 and the reference in tests.
 
 Deterministic: the grid depends only on the size and the device, so the
 reduction order, hence the result, is the same on every call.
@@ -22,9 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig import _cuda
+from lightning_ig.ops import _cupy
+from lightning_ig.ops.dtypes import dtype_suffix
 
-__all__ = ["SoftMarginFunction", "gradient_torch", "soft_margin_cuda"]
+__all__ = ["SoftMarginFunction", "gradient_torch", "soft_margin_cuda", "soft_margin_torch"]
 
 # Launch geometry; it must match the constants at the top of kernels/soft_margin.cu.
 KERNEL_FILE = "soft_margin.cu"
@@ -43,6 +47,26 @@ def gradient_torch(input: Tensor, target: Tensor, grad_output: Tensor, reduction
     if reduction == "mean":
         gradient = gradient / input.numel()
     return gradient * grad_output
+
+
+def soft_margin_torch(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
+    """The stable soft-margin loss in plain torch: the CPU/float64 path and the reference.
+
+    ``logaddexp(z, 0)`` is ``max(z, 0) + log1p(exp(-|z|))`` exactly, and its
+    autograd formula is the stable ``sigmoid(z)`` (0.5 at ``z == 0``, where a
+    hand-written ``clamp``/``abs`` form would give a wrong subgradient).
+    ``target`` must already have the input's shape or broadcast to it.
+    """
+    # -y x in the input's dtype, as torch's in-place `neg(input).mul_(target)` rounds it
+    z = torch.mul(input.neg(), target)
+    if z.dtype != input.dtype:
+        z = z.to(input.dtype)
+    loss = torch.logaddexp(z, z.new_zeros(()))
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
 
 
 def soft_margin_cuda(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
@@ -113,8 +137,8 @@ def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
     key = (op, dtype, device_index)
     kernel = _kernels.get(key)
     if kernel is None:
-        name = f"{op}_{_cuda.dtype_suffix(dtype)}"
-        kernel = _cuda.get_kernel(KERNEL_FILE, name, device_index)
+        name = f"{op}_{dtype_suffix(dtype)}"
+        kernel = _cupy.get_kernel(KERNEL_FILE, name, device_index)
         _kernels[key] = kernel
     return kernel
 
@@ -150,7 +174,7 @@ def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.ui
         scratch = like.new_zeros(grid + 1, dtype=torch.float64)
         base = scratch.data_ptr()
         return scratch, (np.uint64(base), np.uint64(base + 8 * grid))
-    key = (index, _cuda.current_stream_handle(index))
+    key = (index, _cupy.current_stream_handle(index))
     cached = _workspaces.get(key)
     if cached is None:
         # kept for the life of the process: 32 KiB per stream that ran a reduction
@@ -188,12 +212,12 @@ def launch_reduce(
     if with_grad:
         gradient = torch.empty_like(input)
         kernel = _kernel("soft_margin_reduce_grad", input.dtype, index)
-        pointers = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), _cuda.pointer(gradient))
+        pointers = (_cupy.pointer(input), _cupy.pointer(target), _cupy.pointer(loss), _cupy.pointer(gradient))
     else:
         gradient = None
         kernel = _kernel("soft_margin_reduce", input.dtype, index)
-        pointers = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss))
-    _cuda.launch(kernel, grid, THREADS, pointers + workspace + scalars, device=index)
+        pointers = (_cupy.pointer(input), _cupy.pointer(target), _cupy.pointer(loss))
+    _cupy.launch(kernel, grid, THREADS, pointers + workspace + scalars, device=index)
     del scratch  # alive until the launch is queued; a captured one then returns to the graph's pool
     return loss, gradient
 
@@ -204,8 +228,8 @@ def launch_none(input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
     if n:
         index = input.get_device()
         kernel = _kernel("soft_margin_none", input.dtype, index)
-        args = (_cuda.pointer(input), _cuda.pointer(target), _cuda.pointer(loss), np.int64(n))
-        _cuda.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)
+        args = (_cupy.pointer(input), _cupy.pointer(target), _cupy.pointer(loss), np.int64(n))
+        _cupy.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)
     return loss
 
 
@@ -227,14 +251,14 @@ def launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) -> 
     index = input.get_device()
     kernel = _kernel("soft_margin_none_backward", input.dtype, index)
     args = (
-        _cuda.pointer(input),
-        _cuda.pointer(target),
-        _cuda.pointer(grad_output),
+        _cupy.pointer(input),
+        _cupy.pointer(target),
+        _cupy.pointer(grad_output),
         np.int32(g_is_scalar),
-        _cuda.pointer(gradient),
+        _cupy.pointer(gradient),
         np.int64(n),
     )
-    _cuda.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)
+    _cupy.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)
     return gradient
 
 
@@ -257,5 +281,5 @@ def launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
         return
     index = gradient.get_device()
     kernel = _kernel("soft_margin_scale", gradient.dtype, index)
-    args = (_cuda.pointer(gradient), _cuda.pointer(grad_output), np.int64(n))
-    _cuda.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)
+    args = (_cupy.pointer(gradient), _cupy.pointer(grad_output), np.int64(n))
+    _cupy.launch(kernel, _grid(n, index, 4), THREADS, args, device=index)

@@ -45,11 +45,12 @@ from lightning_ig.vocabulary import (
     check_int_sequence,
     check_names,
     check_positive_int,
+    check_text,
     default_feature_names,
     shown,
 )
 
-__all__ = ["FeatureGroups", "GroupSpec", "automatic_groups", "check_group_spec", "choose_groups"]
+__all__ = ["FeatureGroups", "GroupSpec", "check_group_spec"]
 
 GroupSpec = Union["FeatureGroups", str, Tensor, np.ndarray, Mapping[str, Any]]
 """What :meth:`FeatureGroups.resolve` accepts."""
@@ -116,6 +117,14 @@ class FeatureGroups:
         self._device_cache: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
     # ------------------------------------------------------------------ building
+
+    def renamed(self, names: Sequence[str], what: str = "names") -> FeatureGroups:
+        """These groups under ``names``: one distinct, printable name per group (``what`` names them in errors).
+
+        Raises:
+            TypeError, ValueError: not one distinct, printable, non-blank string per group.
+        """
+        return FeatureGroups(self.ids, _group_names(names, len(self), check_text(what, "what")), self.feature_shape)
 
     @classmethod
     def resolve(
@@ -391,29 +400,6 @@ def _group_names(names: Any, count: int, what: str) -> list[str]:
     return listed
 
 
-def automatic_groups(
-    feature_shape: Sequence[int], max_features: int, feature_names: Sequence[str] | None = None
-) -> FeatureGroups:
-    """The groups used when a state has more features than are logged one by one.
-
-    ``"channels"`` for a state with a channel dimension (``(C, H, W)``, ``(C, L)``)
-    of at most ``max_features`` channels; otherwise consecutive blocks of the
-    flattened features, as few as keep the number of groups within ``max_features``.
-
-    Args:
-        feature_shape: the shape of one state.
-        max_features: the most units to log one by one.
-        feature_names: the feature names (for the block names), or ``None``.
-
-    Returns:
-        The groups.
-    """
-    shape = tuple(int(size) for size in feature_shape)
-    if len(shape) >= 2 and shape[0] <= max_features:
-        return FeatureGroups.channels(shape)
-    return FeatureGroups.blocks(shape, math.ceil(math.prod(shape) / max_features), feature_names)
-
-
 def check_group_spec(groups: Any, name: str = "feature_groups") -> Any:
     """``groups`` if it is ``None`` or a form :meth:`FeatureGroups.resolve` takes (its shape is checked there)."""
     if groups is None or isinstance(groups, (FeatureGroups, Tensor, np.ndarray, Mapping)):
@@ -424,31 +410,3 @@ def check_group_spec(groups: Any, name: str = "feature_groups") -> Any:
         f"{name} must be None, 'features', 'channels', an integer mask of the feature shape or a dict "
         f"{{name: indices or bool mask}}, got {shown(groups)}"
     )
-
-
-def choose_groups(
-    groups: GroupSpec | None,
-    feature_shape: Sequence[int],
-    *,
-    group_names: Sequence[str] | None,
-    feature_names: Sequence[str] | None,
-    max_features: int,
-) -> FeatureGroups | None:
-    """The groups a training callback logs: the ones asked for; else :func:`automatic_groups` when the
-    state has more than ``max_features`` features; else none.
-
-    Raises:
-        ValueError: ``group_names`` without ``groups`` or of another count than the groups, or a bad
-            ``groups`` (see :meth:`FeatureGroups.resolve`).
-    """
-    if groups is not None and group_names is not None:
-        built = FeatureGroups.resolve(groups, feature_shape)  # the groups first: the names are counted against them
-        return FeatureGroups(built.ids, _group_names(group_names, len(built), "group_names"), built.feature_shape)
-    if groups is not None:
-        names = feature_names if isinstance(groups, str) and groups == "features" else None
-        return FeatureGroups.resolve(groups, feature_shape, names)
-    if group_names is not None:
-        raise ValueError("group_names needs feature_groups=...; pass the groups they name")
-    if math.prod(feature_shape) <= max_features:
-        return None
-    return automatic_groups(feature_shape, max_features, feature_names)

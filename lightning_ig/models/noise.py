@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lightning_ig.vocabulary import check_generator
+from lightning_ig.attribution.checks import check_generator
 
 __all__ = ["NoisyLinear", "attribution_mode", "is_noisy_layer", "noise_disabled"]
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig.groups import FeatureGroups
+from lightning_ig.attribution.groups import FeatureGroups
 
 __all__ = ["HostResult", "JointGather", "Moments", "pack"]
 

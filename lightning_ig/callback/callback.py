@@ -1,10 +1,12 @@
 """Training-time Integrated Gradients: a Lightning callback that watches what the model relies on.
 
-The callback orchestrates: :mod:`lightning_ig.heldout` prepares the states and
-the target, the engine (:class:`~lightning_ig.attribution.IntegratedGradients`)
-attributes, :class:`~lightning_ig.host_result.HostResult` gathers,
-:mod:`lightning_ig.summary` summarises, :mod:`lightning_ig.tensorboard` logs
-and :mod:`lightning_ig.report` writes the JSON report.
+One run, top to bottom (:meth:`IntegratedGradientsCallback._run`): the engine attributes this rank's share of the
+held-out states inside :func:`~lightning_ig.models.noise.attribution_mode`; one collective gathers it
+(:class:`~lightning_ig.attribution.host_result.HostResult`); :func:`~lightning_ig.views.summary.summarize` turns
+it into a :class:`~lightning_ig.views.summary.RunSummary`; global rank zero warns, logs
+(:mod:`lightning_ig.views.tensorboard`) and writes the JSON report (:mod:`lightning_ig.callback.reports`).
+Everything decided once per fit is in :mod:`~lightning_ig.callback.heldout` (the states, the target, the
+engine) and :mod:`~lightning_ig.callback.setup` (the options, the units logged, the report folder).
 """
 
 from __future__ import annotations
@@ -13,45 +15,41 @@ import dataclasses
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ig import heldout
-from lightning_ig import tensorboard as tb
 from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution.groups import GroupSpec, check_group_spec
+from lightning_ig.attribution.host_result import HostResult, JointGather
+from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.callback import heldout, setup
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
-from lightning_ig.groups import GroupSpec, check_group_spec, choose_groups
-from lightning_ig.host_result import HostResult, JointGather
-from lightning_ig.noise import attribution_mode
-from lightning_ig.picture_writer import PictureWriter
-from lightning_ig.report import ReportFolder, build_report
-from lightning_ig.saliency import check_saliency_channel, saliency_kind
-from lightning_ig.summary import RunSettings, RunSummary, summarize
+from lightning_ig.models.noise import attribution_mode
+from lightning_ig.views.layout import custom_scalars_layout, ranked_labels
+from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
+from lightning_ig.views.summary import RunSettings, RunSummary, summarize
+from lightning_ig.views.tensorboard import PictureWriter, TagNames, TensorBoardRuns, log_scalars, scalar_metrics
 from lightning_ig.vocabulary import (
     BACKENDS,
     GRADIENTS,
     METHODS,
+    BackendName,
+    NSteps,
     callable_name,
     check_bool,
     check_choice,
-    check_feature_names,
     check_n_steps,
     check_names,
     check_optional_positive_int,
     check_path,
     check_positive_float,
     check_positive_int,
-    default_feature_names,
-    shown,
 )
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
@@ -70,8 +68,8 @@ class IntegratedGradientsCallback(Callback):
     relative and mean absolute error, counts of non-finite and unchecked states), per-feature
     mean ``|attr|`` and mean ``attr`` up to ``max_logged_features`` features, per-group ones when
     groups are in use, where the mass sits (``concentration``), drift between runs and the time.
-    Scalars go to every logger; a ``TensorBoardLogger`` also gets histograms, the saliency images
-    of spatial states, the bar chart and heatmap figures, a text report and a Custom Scalars layout.
+    Scalars go to every logger; a ``TensorBoardLogger`` also gets histograms, the saliency pictures
+    of spatial states, the bar chart and the heatmap, a text report and a Custom Scalars layout.
     When the attributed output is an ensemble's aggregate (:class:`~lightning_ig.ensemble.Ensemble`),
     every member is attributed too (one batched run) and ``ig/ensemble/...`` says how far they agree.
 
@@ -90,7 +88,12 @@ class IntegratedGradientsCallback(Callback):
         baseline: ``"zeros"`` (default), ``"mean"`` of the held-out states, or a tensor of shape
             ``feature_shape`` or ``(num_states, *feature_shape)``.
         target: ``"mean"`` (default: the mean of the outputs, or the output itself when the model
-            returns one value per state), an output index, or a callable ``(pl_module, x) -> (N,)``.
+            returns one value per state), an output index, or a callable mapping the outputs ``(N, A)``
+            to ``(N,)`` (as for :func:`~lightning_ig.attribution.integrated_gradients`).
+        forward: ``None`` (default: the model's output, through ``target``) or a callable
+            ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
+            ``"mean"``). A ``target`` callable of two arguments is the older spelling of this; it works,
+            with a DeprecationWarning.
         n_steps: Quadrature points (default 50), or ``"auto"`` (refine to ``completeness_tol``).
         method: ``"gausslegendre"`` (default) or a Riemann rule (``"riemann_trapezoid"``, ...).
         gradient: ``"autograd"`` (default) or ``"finite_difference"``.
@@ -105,22 +108,22 @@ class IntegratedGradientsCallback(Callback):
             are counted in a warning at the end of training). A link at a report's name is never
             followed.
         log_histograms: Log per-feature / per-group histograms (default ``True``).
-        figure_every_n_runs: Draw the two figures (``top_features``, ``heatmap``) at the first
+        figure_every_n_runs: Draw the two charts (``top_features``, ``heatmap``) at the first
             run, every this many runs and always at the end (default 10); ``None``: never.
         name: Tags under ``ig/<name>/`` and reports ``ig_report_<name>_step=...``; needed when two
             callbacks share a Trainer (default ``None``: ``ig/``).
         feature_groups: ``"channels"``, ``"features"``, an integer mask or a dict
-            ``{name: indices | bool mask}`` (see :class:`~lightning_ig.groups.FeatureGroups`);
+            ``{name: indices | bool mask}`` (see :class:`~lightning_ig.attribution.groups.FeatureGroups`);
             ``None`` (default): groups only when there are more than ``max_logged_features``
             features (``"channels"`` for ``(C, ...)`` states, else blocks; one warning says so).
         group_names: Names for the groups (default ``channel 0``, ..., ``group <id>`` or the dict keys).
         max_logged_features: The most features logged one by one (default 64).
         saliency_states: Held-out states in the ``ig/saliency`` grid of spatial states (default 8;
-            ``None``: no saliency images).
+            ``None``: no saliency pictures).
         saliency_channel: The channel drawn under the attribution (default ``None``: channel mean).
         saliency_every_n_runs: Log the saliency grid and the mean ``|attr|`` map
             (``saliency/mean_abs``) at the first run, every this many runs and always at the end
-            (default 10, as the figures; 1: every run). Pictures that share a cadence are spread
+            (default 10, as the charts; 1: every run). Pictures that share a cadence are spread
             evenly over it (all four at 10: the bar chart at runs 0, 10, ...; the heatmap at 2,
             12, ...; the grid at 5, 15, ...; the map at 7, 17, ...), so that besides the first
             and the last run a run draws at most one. TensorBoard shows 10 per tag by default.
@@ -135,7 +138,7 @@ class IntegratedGradientsCallback(Callback):
             ``group_names="abc"`` is not three names). At set-up: states that do not fit the model,
             NaN/Inf in the states, names or groups of the wrong size (more ``group_names`` than
             groups included), a ``saliency_channel`` past the states' channels, a bad ``baseline``,
-            ``target`` or ``report_dir`` (an existing file, or not writable), a ``name``
+            ``target``, ``forward`` or ``report_dir`` (an existing file, or not writable), a ``name``
             too long for the report file names in ``report_dir``.
 
     Example::
@@ -157,11 +160,12 @@ class IntegratedGradientsCallback(Callback):
         run_at_train_end: bool = True,
         feature_names: Sequence[str] | None = None,
         baseline: Literal["zeros", "mean"] | Tensor = "zeros",
-        target: heldout.TargetSpec = "mean",
-        n_steps: int | Literal["auto"] = 50,
+        target: heldout.TargetOption = "mean",
+        forward: heldout.ForwardOption | None = None,
+        n_steps: NSteps = 50,
         method: str = "gausslegendre",
         gradient: Literal["autograd", "finite_difference"] = "autograd",
-        backend: Literal["auto", "cuda", "torch"] = "auto",
+        backend: BackendName = "auto",
         internal_batch_size: int | None = None,
         top_k: int = 10,
         completeness_tol: float = 0.01,
@@ -179,12 +183,11 @@ class IntegratedGradientsCallback(Callback):
     ) -> None:
         super().__init__()
         self.states = heldout.check_states_source(states)
-        self.every_n_steps = _cadence(every_n_steps, "every_n_steps")
-        self.every_n_epochs = _cadence(every_n_epochs, "every_n_epochs")
+        self.every_n_steps, self.every_n_epochs = setup.check_cadences(every_n_steps, every_n_epochs)
         self.run_at_train_end = check_bool(run_at_train_end, "run_at_train_end")
         self.feature_names = None if feature_names is None else check_names(feature_names, "feature_names")
         self.baseline = heldout.check_baseline(baseline)
-        self.target = heldout.check_target(target)
+        self.target, self.forward = heldout.check_target(target, forward)
         self.n_steps = check_n_steps(n_steps)
         self.method = check_choice(method, METHODS, "method")
         self.gradient = check_choice(gradient, GRADIENTS, "gradient")
@@ -195,19 +198,14 @@ class IntegratedGradientsCallback(Callback):
         self.report_dir = None if report_dir is None else check_path(report_dir, "report_dir")
         self.log_histograms = check_bool(log_histograms, "log_histograms")
         self.figure_every_n_runs = check_optional_positive_int(figure_every_n_runs, "figure_every_n_runs")
-        self.name = _check_name(name)
+        self.name = setup.check_name(name)
         self.feature_groups = check_group_spec(feature_groups)  # checked against the states' shape at set-up
         self.group_names = None if group_names is None else check_names(group_names, "group_names")
         self.max_logged_features = check_positive_int(max_logged_features, "max_logged_features", example=64)
         self.saliency_states = check_optional_positive_int(saliency_states, "saliency_states")
-        self.saliency_channel = _channel(saliency_channel)
+        self.saliency_channel = setup.check_saliency_channel_index(saliency_channel)
         self.saliency_every_n_runs = check_positive_int(saliency_every_n_runs, "saliency_every_n_runs", example=10)
         self.on_non_finite = check_choice(on_non_finite, ("warn", "raise"), "on_non_finite")
-        if self.every_n_steps is None and self.every_n_epochs is None:
-            raise MisconfigurationException(
-                "IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. "
-                "1); both are None"
-            )
 
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
@@ -216,16 +214,16 @@ class IntegratedGradientsCallback(Callback):
         self._members: MemberAttribution | None = None  # set at fit start when the model is an ensemble
         self._warned: set[str] = set()
         self._last: RunSummary | None = None
-        self._last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
-        self._drawn_steps: dict[str, int | None] = dict.fromkeys(tb.PICTURES)
         self._pictures = PictureWriter()  # encodes and logs the pictures beside the training loop
+        self._tensorboard: TensorBoardRuns | None = None  # set at fit start
 
     # ------------------------------------------------------------------ Lightning plumbing
 
     @property
     @override
     def state_key(self) -> str:
-        target = self.target if isinstance(self.target, (str, int)) else callable_name(self.target)
+        given = self.forward if self.forward is not None else self.target
+        target = given if isinstance(given, (str, int)) else callable_name(given)
         return self._generate_state_key(
             name=self.name, target=target, every_n_steps=self.every_n_steps, every_n_epochs=self.every_n_epochs
         )
@@ -243,71 +241,38 @@ class IntegratedGradientsCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != TrainerFn.FITTING:
             return
-        _check_unique_names(trainer)
-        states = heldout.load_states(self.states, trainer, pl_module)
+        setup.check_unique_names([callback.name for callback in _siblings(trainer)])
+        states = heldout.resolve_states(self.states, trainer, pl_module)
         shape = tuple(states.shape[1:])
         heldout.check_baseline_shape(self.baseline, states)
         check_saliency_channel(self.saliency_channel, shape)  # here, not at the first picture mid-training
-        self._names = default_feature_names(shape) if self.feature_names is None else self.feature_names
-        check_feature_names(self._names, states[0].numel())
-        self._groups = choose_groups(
-            self.feature_groups,
-            shape,
-            group_names=self.group_names,
-            feature_names=self.feature_names,
-            max_features=self.max_logged_features,
-        )
-        self._log_features = states[0].numel() <= self.max_logged_features
-        automatic = self.feature_groups is None and self._groups is not None
-        self._tags = tb.TagNames.build(
-            self.name,
-            self._names if self._log_features else None,
-            None if self._groups is None else self._groups.names,
-            generated_features=self.feature_names is None,
-            generated_groups=self._groups is not None and self._groups.generated_names,
-        )
-        if automatic:
-            rank_zero_warn(
-                f"IntegratedGradientsCallback{_named(self.name)}: the states have {states[0].numel()} features, more "
-                f"than max_logged_features={self.max_logged_features}: logging {len(self._groups)} groups "
-                f"({self._groups.names[0]}, ...) under {self._tags.prefix}/group/ instead; choose them with "
-                "feature_groups="
-            )
+        units = (self.name, self.feature_names, self.feature_groups, self.group_names, self.max_logged_features)
+        self._units = setup.logged_units(shape, *units)
         self._saliency = saliency_kind(shape) is not None and self.saliency_states is not None
-        self._reports = self._resolve_report_dir(trainer)
+        self._reports = setup.report_folder(
+            self.report_dir, trainer.default_root_dir, bool(trainer.loggers), self.name, self.states
+        )
         self._held_out, self._last_run_step = states, None  # a new fit counts steps from zero; a resume restores it
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._held_out is None:  # setup was not called for fitting (a bare hook call)
             self.setup(trainer, pl_module, TrainerFn.FITTING)
-        states = self._held_out
-        device = pl_module.device
-        dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
-        options = {
-            "n_steps": self.n_steps,
-            "method": self.method,
-            "gradient": self.gradient,
-            "backend": self.backend,
-            "completeness_tol": self.completeness_tol,
-            "internal_batch_size": self.internal_batch_size,
-        }
-        self._engine, self._target_label, self._members = heldout.prepare_engine(
-            pl_module, self.target, states, self.baseline, dtype, **options
+        options = {"n_steps": self.n_steps, "method": self.method, "gradient": self.gradient, "backend": self.backend}
+        options.update(completeness_tol=self.completeness_tol, internal_batch_size=self.internal_batch_size)
+        prepared = heldout.prepare_engine(
+            trainer, pl_module, self.target, self.forward, self._held_out, self.baseline, **options
         )
-        self._tags = dataclasses.replace(
-            self._tags, ensemble_members=None if self._members is None else self._members.num_members
+        self._engine, self._target_label, self._members, self._local_states, self._local_baselines = prepared
+        members = None if self._members is None else self._members.num_members
+        self._tags = dataclasses.replace(self._units.tags, ensemble_members=members)
+        saliency = self.saliency_every_n_runs if self._saliency else None
+        cadences = dict.fromkeys(("top_features", "heatmap"), self.figure_every_n_runs)
+        cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
+        self._tensorboard = TensorBoardRuns(
+            self._tags, cadences, self.log_histograms, self._held_out, self.saliency_channel, self._pictures
         )
-        rows = heldout.rank_rows(len(states), trainer.world_size, trainer.global_rank)
-        self._local_states = states[rows].to(device=device, dtype=dtype).contiguous()
-        self._local_baselines = heldout.baselines_for(self.baseline, states, rows, device, dtype)
-        units = len(self._groups) if self._groups is not None else len(self._names)
-        if self.history and len(self.history[0]["mean_abs"]) != units:
-            rank_zero_warn(
-                f"IntegratedGradientsCallback: the restored history has {len(self.history[0]['mean_abs'])} "
-                f"features or groups, this run logs {units}; starting a new history"
-            )
-            self.history = []
+        self.history = setup.history_to_continue(self.history, self._units)
 
     @override
     def on_train_batch_end(
@@ -327,20 +292,22 @@ class IntegratedGradientsCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
-        elif self._last is not None and trainer.is_global_zero:
-            self._log_tensorboard(trainer, self._last, None, final=True)  # the last run's pictures, always drawn
+        elif self._last is not None and self._tensorboard is not None and trainer.is_global_zero:
+            self._log_tensorboard(trainer, self._last, None, True)  # the last run's pictures, always drawn
         self._pictures.close()  # every picture in the writer's queue before the logger closes
         reports = getattr(self, "_reports", None)  # set at set-up; absent when the hooks are called bare
         losses = None if reports is None else reports.losses()
         if losses is not None:
-            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: {losses}")
+            rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.name)}: {losses}")
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         try:
             self._pictures.close()  # the pictures drawn so far still reach TensorBoard
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
-            rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: a picture could not be logged: {error!r}")
+            rank_zero_warn(
+                f"IntegratedGradientsCallback{setup.named(self.name)}: a picture could not be logged: {error!r}"
+            )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -354,48 +321,49 @@ class IntegratedGradientsCallback(Callback):
     # ------------------------------------------------------------------ a run
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> None:
-        """Attribute, gather, summarise; on rank zero warn, log and write the report; then check for NaN/Inf."""
+        """Attribute, gather, summarize; on rank zero warn, log and write the report; then check for NaN/Inf."""
         assert self._engine is not None  # noqa: S101 - _should_run checked it
         started = time.perf_counter()
-        with attribution_mode(pl_module), heldout.engine_warnings_once():
-            result = self._engine.attribute(self._local_states, baselines=self._local_baselines)
-            members = (
-                None if self._members is None else self._members.attribute(self._local_states, self._local_baselines)
-            )
+        states, baselines = self._local_states, self._local_baselines
+        with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
+            result = self._engine.attribute(states, baselines=baselines)
+            members = None if self._members is None else self._members.attribute(states, baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         gather = JointGather(trainer.strategy.all_gather if trainer.world_size > 1 else None, riders)
         host = HostResult.from_result(
             result,
             gather=gather,
             num_states=len(self._held_out),
-            groups=self._groups,
-            keep_attributions=self._log_features and self.log_histograms,
+            groups=self._units.groups,
+            keep_attributions=self._units.log_features and self.log_histograms,
             sample_states=self.saliency_states if self._saliency else 0,
         )
         member_run = None if members is None else self._members.host_run(gather.riders[0], len(self._held_out))
         summary = self._summarize(host, member_run, trainer.global_step, (time.perf_counter() - started) * 1e3)
-        self._remember(summary, trainer)
+        self.history.append(summary.history_entry(trainer.current_epoch))
+        self._last_run_step, self._last = summary.step, summary
         if trainer.is_global_zero:
             self._warn(summary)
-            tb.log_scalars(trainer.loggers, tb.scalar_metrics(summary, self._tags), summary.step)
-            self._last_host = host
-            self._log_tensorboard(trainer, summary, host, final=final)
-            self._write_report(trainer, summary, host)
+            log_scalars(trainer.loggers, scalar_metrics(summary, self._tags), summary.step)
+            self._log_tensorboard(trainer, summary, host, final)
+            if self._reports is not None:
+                names, label = self._units.names, self._target_label
+                self._reports.write_run(summary, host, names, label, trainer.current_epoch, trainer.world_size)
         if summary.completeness.num_non_finite and self.on_non_finite == "raise":  # on every rank: none waits
             message = summary.troubles()["non-finite"]
             raise NonFiniteAttributionError(
-                f"IntegratedGradientsCallback{_named(self.name)}: {message}; training stopped (on_non_finite='raise')"
+                f"IntegratedGradientsCallback{setup.named(self.name)}: {message}; training stopped "
+                "(on_non_finite='raise')"
             )
 
     def _summarize(self, host: HostResult, members: MemberRun | None, step: int, time_ms: float) -> RunSummary:
-        settings = RunSettings(
-            self._target_label, heldout.baseline_label(self.baseline), self.completeness_tol, self.top_k, self.name
-        )
+        baseline = heldout.baseline_label(self.baseline)
+        settings = RunSettings(self._target_label, baseline, self.completeness_tol, self.top_k, self.name)
         previous, first = (self.history[-1]["mean_abs"], self.history[0]["mean_abs"]) if self.history else (None, None)
         return summarize(
             host,
-            feature_names=self._names,
-            log_features=self._log_features,
+            feature_names=self._units.names,
+            log_features=self._units.log_features,
             settings=settings,
             step=step,
             run_index=len(self.history),
@@ -405,145 +373,27 @@ class IntegratedGradientsCallback(Callback):
             members=members,
         )
 
-    def _remember(self, summary: RunSummary, trainer: pl.Trainer) -> None:
-        units = summary.units.moments
-        self.history.append(
-            {
-                "global_step": summary.step,
-                "epoch": int(trainer.current_epoch),
-                "mean_abs": units.mean_abs.tolist(),
-                "mean_signed": units.mean_signed.tolist(),
-            }
-        )
-        self._last_run_step, self._last = summary.step, summary
-
     def _warn(self, summary: RunSummary) -> None:
         """Each kind of trouble once (NaN/Inf, nothing checked, completeness above tolerance, a random forward)."""
         for kind, message in summary.troubles().items():
             if kind not in self._warned:
                 self._warned.add(kind)
-                rank_zero_warn(f"IntegratedGradientsCallback{_named(self.name)}: {message} (warned once)")
+                rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.name)}: {message} (warned once)")
 
-    def _log_tensorboard(
-        self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, *, final: bool
-    ) -> None:
+    def _log_tensorboard(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult | None, final: bool) -> None:
         """Histograms, text and the pictures due; without ``host``, the last run's missing pictures (at the end)."""
-        writers = [logger.experiment for logger in trainer.loggers if tb.is_tensorboard_logger(logger)]
-        saliency = self.saliency_every_n_runs if self._saliency else None
-        cadences = {
-            "top_features": self.figure_every_n_runs,
-            "heatmap": self.figure_every_n_runs,
-            "saliency": saliency,
-            "saliency_map": saliency,
-        }
-        due = tb.pictures_due(cadences, self._drawn_steps, summary, final=final)
-        if not writers or (host is None and not any(due.values())):
-            return
-        self._pictures.wait()  # the last run's pictures first: at most one run's are in flight, errors surface here
-        extras = tb.run_extras(
-            summary,
-            self._tags,
-            host or self._last_host,
-            self._held_out,
-            self.saliency_channel,
-            self.history,
-            due,
-            text=host is not None,
-        )
-        layout = (
-            tb.custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)])
-            if due["top_features"] or summary.run_index == 0
-            else None
-        )
-        for writer in writers:
-            tb.write_extras(
-                writer,
-                summary,
-                self._tags,
-                extras,
-                histograms=self.log_histograms and host is not None,
-                layout=layout,
-                pictures=self._pictures,
-            )
-        self._drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
 
-    def _layout_entry(self) -> tuple[str, tb.TagNames, int, list[str] | None]:
+        def layout() -> dict[str, Any]:  # every IG callback of the trainer on one page
+            return custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)])
+
+        assert self._tensorboard is not None  # noqa: S101 - set at fit start, before any run
+        self._tensorboard.log(trainer.loggers, summary, host, self.history, final=final, layout=layout)
+
+    def _layout_entry(self) -> tuple[str, TagNames, int, list[str] | None]:
         """This callback's part of the Custom Scalars page (which holds every IG callback of the trainer)."""
-        ranked = None if self._last is None else tb.ranked_labels(self._last, self._tags)
-        return f"Integrated Gradients{_named(self.name)}", self._tags, self.top_k, ranked
-
-    def _write_report(self, trainer: pl.Trainer, summary: RunSummary, host: HostResult) -> None:
-        if self._reports is None:
-            return
-        extra = summary.report_extra(epoch=trainer.current_epoch, world_size=trainer.world_size)
-        report = build_report(
-            host, feature_names=self._names, forward_target=self._target_label, top_k=self.top_k, extra=extra
-        )
-        failure = self._reports.write(report, summary.step)  # a lost report is counted, never the end of training
-        if failure is not None and self._reports.lost == 1:
-            rank_zero_warn(
-                f"IntegratedGradientsCallback{_named(self.name)}: a report could not be written: {failure}; "
-                "training goes on, and the reports lost are counted at the end of training"
-            )
-
-    # ------------------------------------------------------------------ set-up helpers
-
-    def _resolve_report_dir(self, trainer: pl.Trainer) -> ReportFolder | None:
-        """The reports' folder, checked (and ``name``: the file names must fit its file system), or ``None``."""
-        folder = self.report_dir
-        if folder is None and not trainer.loggers:
-            folder = Path(trainer.default_root_dir) / "ig_reports"
-            rank_zero_info(
-                "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
-                f"the JSON report of each run goes to {folder}"
-            )
-        return None if folder is None else ReportFolder(folder, self.name, inputs=[self.states])
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _cadence(value: int | None, name: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be a positive int or None, got {type(value).__name__} ({shown(value)}); e.g. {name}=100"
-        )
-    if value < 1:
-        raise MisconfigurationException(f"{name} must be a positive int or None, got {value!r}; e.g. {name}=100")
-    return value
-
-
-def _channel(value: int | None) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
-        raise error(f"saliency_channel must be None (the channel mean) or a channel index >= 0, got {shown(value)}")
-    return value
-
-
-def _check_name(name: str | None) -> str | None:
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be None or a short label (a string), got {type(name).__name__} ({shown(name)})")
-    if name is not None and (not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
-        raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {shown(name)}")
-    return name
-
-
-def _named(name: str | None) -> str:
-    return "" if name is None else f" '{name}'"
+        ranked = None if self._last is None else ranked_labels(self._last, self._tags)
+        return f"Integrated Gradients{setup.named(self.name)}", self._tags, self.top_k, ranked
 
 
 def _siblings(trainer: pl.Trainer) -> list[IntegratedGradientsCallback]:
     return [callback for callback in trainer.callbacks if isinstance(callback, IntegratedGradientsCallback)]
-
-
-def _check_unique_names(trainer: pl.Trainer) -> None:
-    names = [callback.name for callback in _siblings(trainer)]
-    repeated = sorted({str(name) for name in names if names.count(name) > 1})
-    if repeated:
-        raise MisconfigurationException(
-            f"{sum(str(name) in repeated for name in names)} IntegratedGradientsCallbacks would write the "
-            f"same tags (name={', '.join(repeated)}): give each its own name=, e.g. name='value' and name='action_1', "
-            "so that their tags go under ig/<name>/"
-        )

@@ -1,0 +1,87 @@
+"""The checks on tensors and torch objects every wing shares: states, finite values, devices, dtypes, generators.
+
+The torch-free checks (names, numbers, paths) are :mod:`lightning_ig.vocabulary`; these need torch, so they live
+beside the engine, whose inputs they mostly check. Errors say what was wrong, the value seen, and what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_ig.vocabulary import shown
+
+__all__ = ["check_device", "check_finite", "check_float_dtype", "check_generator", "check_states"]
+
+
+def _seen(value: Any) -> str:
+    return f"{type(value).__name__} ({shown(value)})"
+
+
+def check_generator(value: Any, name: str = "generator") -> torch.Generator | None:
+    """``None`` (torch's global generator) or a ``torch.Generator``."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise TypeError(f"{name} must be None or a torch.Generator, got {_seen(value)}")
+    return value
+
+
+def check_device(value: Any, name: str = "device") -> torch.device:
+    """``value`` (a ``str`` such as ``"cuda:1"`` or a ``torch.device``) as a ``torch.device``."""
+    if isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {_seen(value)}")
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name} must name a device such as 'cpu', 'cuda' or 'cuda:1', got {shown(value)}") from None
+
+
+def check_float_dtype(value: Any, name: str = "dtype") -> torch.dtype:
+    """``value`` if it is a floating-point ``torch.dtype``."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype such as torch.float32, got {_seen(value)}")
+    if not value.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point dtype (torch.float32, torch.float64, ...), got {value}")
+    return value
+
+
+def check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
+    """Raise a ``ValueError`` naming ``name``, the count and the first index of NaN/Inf values.
+
+    One host sync; the slow path (count and first index) runs only when something is
+    wrong. ``flag`` is ``torch.isfinite(tensor).all()`` queued earlier, so that the sync
+    finds it long done.
+    """
+    if bool(torch.isfinite(tensor).all() if flag is None else flag):
+        return
+    bad = ~torch.isfinite(tensor)
+    count = int(bad.sum())
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    raise ValueError(
+        f"{name} holds {count} NaN/Inf value(s), the first at index {first} (value {float(tensor[first])}); "
+        f"IG needs finite {name}: clean or drop those states"
+    )
+
+
+def check_states(states: Any, name: str = "states") -> Tensor:
+    """``states`` if it is a finite floating-point tensor ``(num_states >= 1, *feature_shape)`` with features.
+
+    Raises:
+        TypeError: not a tensor, or not floating point.
+        ValueError: no state dimension, no states, no features (e.g. shape ``(5, 0)``), or NaN/Inf.
+    """
+    if not isinstance(states, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (num_states, *feature_shape), got {type(states).__name__}")
+    if states.ndim < 2 or states.shape[0] == 0 or math.prod(states.shape[1:]) == 0:
+        raise ValueError(
+            f"{name} must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
+            f"{tuple(states.shape)}; add the state dimension (states.unsqueeze(0)) for a single state"
+        )
+    if not states.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {states.dtype}; convert with .float()")
+    check_finite(name, states)
+    return states

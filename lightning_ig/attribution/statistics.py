@@ -1,0 +1,284 @@
+"""The numbers of IG runs: completeness, where the attribution mass sits, drift between runs, one feature order.
+
+Host-side and float64, on a :class:`~lightning_ig.attribution.host_result.HostResult` (an
+:class:`~lightning_ig.attribution.IGResult` is brought to the host first). The callback's summary, the JSON
+report and an ensemble's agreement all read them from here.
+
+Completeness of a state is ``|sum(attr) - (F(x) - F(b))| / |F(x) - F(b)|``. A
+state whose ``|F(x) - F(b)|`` is too small for that ratio (*degenerate*) is
+reported with its absolute error only; a state whose forward or attributions
+are NaN/Inf (*non-finite*) is never counted as clean. The worst relative error
+is ``inf`` when any state is non-finite, ``nan`` when no state could be checked
+(every state degenerate), and otherwise the largest over the checked states:
+never 0.0 for "nothing checked".
+
+Drift compares one run's importance (the mean ``|attr|`` of its *units*: the
+features, or the groups when groups are in use) with the previous run's and the
+first one's:
+
+* ``spearman_prev`` / ``spearman_first``: Spearman rank correlation (ties get
+  average ranks), reported only with at least 3 units: with 2 it is +-1 by
+  construction;
+* ``topk_jaccard_prev``: the overlap ``|A & B| / |A | B|`` of the top-k units,
+  reported only when there are more units than ``top_k`` (with ``top_k`` or
+  fewer units both sets are all units and the overlap is 1 by construction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_ig.attribution.host_result import HostResult
+from lightning_ig.attribution.result import worst_relative_error
+from lightning_ig.vocabulary import check_positive_int
+
+__all__ = [
+    "CONCENTRATION_SHARES",
+    "Completeness",
+    "completeness",
+    "concentration",
+    "drift",
+    "drift_tags",
+    "json_float",
+    "json_floats",
+    "rank_order",
+    "spearman",
+    "topk_jaccard",
+]
+
+
+def json_float(value: float) -> float | None:
+    """A float for strict JSON: non-finite values become ``None`` (``null``)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def json_floats(values: np.ndarray) -> list[float | None]:
+    """``values.tolist()`` with non-finite entries as ``None`` (one vectorised check for the common case)."""
+    listed = values.tolist()
+    if np.isfinite(values).all():
+        return listed
+    return [value if math.isfinite(value) else None for value in listed]
+
+
+def rank_order(values: np.ndarray) -> np.ndarray:
+    """Indices of ``values`` by decreasing value; ties keep feature order; NaN last.
+
+    The one ordering of features and groups used everywhere: the report's
+    top-k, the Jaccard drift, the text table, the charts and an ensemble's members.
+    """
+    keys = np.where(np.isnan(values), -np.inf, values)
+    return np.argsort(-keys, kind="stable")
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """How well the attributions add up to ``F(x) - F(b)`` over the states of one run.
+
+    Attributes:
+        worst_relative_error: ``inf`` if any state is non-finite, ``nan`` when no
+            state could be checked, else the largest relative error of a checked state.
+        mean_abs_error: mean ``|delta|`` over the finite states (``nan`` if none).
+        num_states: states attributed.
+        num_degenerate: finite states whose ``|F(x) - F(b)|`` is too small for a ratio.
+        num_non_finite: states with a NaN/Inf forward value or attribution.
+        first_non_finite: the index of the first such state, or ``None``.
+        tolerance: the ``completeness_tol`` the verdict is judged against.
+    """
+
+    worst_relative_error: float
+    mean_abs_error: float
+    num_states: int
+    num_degenerate: int
+    num_non_finite: int
+    first_non_finite: int | None
+    tolerance: float
+
+    @property
+    def num_checked(self) -> int:
+        """States with a relative error: finite and not degenerate."""
+        return self.num_states - self.num_degenerate - self.num_non_finite
+
+    @property
+    def verdict(self) -> str:
+        """``"non-finite"``, ``"unchecked"`` (no state could be checked), ``"pass"`` or ``"fail"`` (above tolerance)."""
+        if self.num_non_finite:
+            return "non-finite"
+        if self.num_checked == 0:
+            return "unchecked"
+        return "pass" if self.worst_relative_error <= self.tolerance else "fail"
+
+
+def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
+    """The :class:`Completeness` of a result (an IGResult or a :class:`~lightning_ig.host_result.HostResult`)."""
+    host = HostResult.from_result(result)
+    finite = np.abs(host.delta[~host.non_finite])
+    first = np.flatnonzero(host.non_finite)
+    flags = (
+        torch.from_numpy(host.relative_error),
+        torch.from_numpy(host.degenerate),
+        torch.from_numpy(host.non_finite),
+    )
+    return Completeness(
+        worst_relative_error=worst_relative_error(*flags),  # the engine's one definition, on the gathered states
+        mean_abs_error=float(finite.mean()) if finite.size else math.nan,
+        num_states=host.num_states,
+        num_degenerate=int(host.degenerate.sum()),
+        num_non_finite=int(host.non_finite.sum()),
+        first_non_finite=int(first[0]) if first.size else None,
+        tolerance=float(tolerance),
+    )
+
+
+CONCENTRATION_SHARES = {"top1pct_share": 0.01, "top10pct_share": 0.10}
+"""Scalars of where the attribution mass sits: the share held by the top 1% and 10% of features."""
+
+
+def concentration(mean_abs: np.ndarray) -> dict[str, float]:
+    """The share of the total mean ``|attr|`` held by the top 1% / 10% of features (at least one feature each).
+
+    1.0 means one feature (or 1% of them) carries everything; an even spread
+    gives about 0.01 / 0.1. ``nan`` when the total is 0 or not finite. Costs
+    one partial sort of the ``F`` values, whatever the input size.
+
+    Args:
+        mean_abs: ``(F,)`` mean ``|attr|`` per feature.
+
+    Returns:
+        ``{"top1pct_share": ..., "top10pct_share": ...}``.
+    """
+    values = np.asarray(mean_abs, dtype=np.float64).reshape(-1)
+    total = float(values.sum())
+    shares = {}
+    for name, fraction in CONCENTRATION_SHARES.items():
+        count = max(1, math.ceil(fraction * values.size))
+        top = np.partition(values, values.size - count)[values.size - count :] if np.isfinite(total) else values
+        shares[name] = float(top.sum()) / total if np.isfinite(total) and total > 0 else math.nan
+    return shares
+
+
+# --------------------------------------------------------------------------- drift between runs
+
+_MIN_UNITS_FOR_RANKS = 3
+
+
+def _vector(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}") from error
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties given the mean of the ranks they span (vectorised)."""
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])  # first index of each tie run
+    stops = np.r_[starts[1:], values.size]  # one past the last
+    run = np.repeat(np.arange(starts.size), stops - starts)
+    ranks = np.empty(values.size, dtype=np.float64)
+    ranks[order] = (starts[run] + stops[run] - 1) / 2.0 + 1.0
+    return ranks
+
+
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
+    """Spearman rank correlation of two equally long vectors, ties given average ranks.
+
+    Args:
+        a: first vector (e.g. one run's mean ``|attr|`` per feature).
+        b: second vector, as long as ``a``.
+
+    Returns:
+        The Pearson correlation of the rank vectors, in ``[-1, 1]``; ``nan`` when
+        either vector is constant (length 1 included) or holds a NaN.
+
+    Raises:
+        ValueError: ``a`` and ``b`` differ in length or are empty.
+
+    Example::
+
+        >>> spearman([1.0, 2.0, 3.0], [10.0, 20.0, 20.0])
+        0.8660254037844387
+    """
+    x, y = _vector(a, "a"), _vector(b, "b")
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"spearman needs two non-empty vectors of one length, got lengths {x.size} and {y.size}")
+    if np.isnan(x).any() or np.isnan(y).any():
+        return math.nan
+    rank_x = _average_ranks(x) - (x.size + 1) / 2.0
+    rank_y = _average_ranks(y) - (y.size + 1) / 2.0
+    denominator = math.sqrt(float(rank_x @ rank_x) * float(rank_y @ rank_y))
+    if denominator == 0.0:
+        return math.nan
+    return max(-1.0, min(1.0, float(rank_x @ rank_y) / denominator))
+
+
+def topk_jaccard(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, k: int) -> float:
+    """Jaccard overlap ``|A & B| / |A | B|`` of the top-``k`` entries of two score vectors.
+
+    Ties keep feature order (lower index first), so the result is deterministic.
+
+    Args:
+        a: per-feature scores of one run (e.g. mean ``|attr|``).
+        b: per-feature scores of another run, as long as ``a``.
+        k: how many top entries to compare; clipped to the vectors' length.
+
+    Returns:
+        A value in ``[0, 1]``: 1 when both runs have the same top-``k`` set.
+
+    Raises:
+        ValueError: ``a`` and ``b`` differ in length or are empty, or ``k < 1``.
+        TypeError: ``k`` is not an int.
+
+    Example::
+
+        >>> topk_jaccard([3.0, 2.0, 1.0, 0.0], [3.0, 0.0, 1.0, 2.0], k=2)
+        0.3333333333333333
+    """
+    check_positive_int(k, "k")
+    x, y = _vector(a, "a"), _vector(b, "b")
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"topk_jaccard needs two non-empty vectors of one length, got lengths {x.size} and {y.size}")
+    k = min(int(k), x.size)
+    top_a = set(rank_order(x)[:k].tolist())
+    top_b = set(rank_order(y)[:k].tolist())
+    return len(top_a & top_b) / len(top_a | top_b)
+
+
+def drift(
+    current: np.ndarray, previous: np.ndarray | None, first: np.ndarray | None, *, top_k: int
+) -> dict[str, float]:
+    """The drift scalars that mean something for these vectors (see the module docstring).
+
+    Args:
+        current: this run's mean ``|attr|`` per unit.
+        previous: the previous run's, or ``None`` (first run: no drift).
+        first: the first run's, or ``None``.
+        top_k: the size of the top set for the Jaccard overlap.
+
+    Returns:
+        Any of ``spearman_prev``, ``spearman_first``, ``topk_jaccard_prev``; empty
+        on the first run or when the previous run had another number of units.
+    """
+    current = _vector(current, "current")
+    if previous is None or first is None or len(previous) != current.size or len(first) != current.size:
+        return {}
+    scalars: dict[str, float] = {}
+    if current.size >= _MIN_UNITS_FOR_RANKS:
+        scalars["spearman_prev"] = spearman(current, previous)
+        scalars["spearman_first"] = spearman(current, first)
+    if current.size > top_k:
+        scalars["topk_jaccard_prev"] = topk_jaccard(current, previous, top_k)
+    return scalars
+
+
+def drift_tags(num_units: int, top_k: int) -> list[str]:
+    """The drift scalars :func:`drift` reports from the second run on, for this many units."""
+    names = ["spearman_prev", "spearman_first"] if num_units >= _MIN_UNITS_FOR_RANKS else []
+    return names + (["topk_jaccard_prev"] if num_units > top_k else [])

@@ -1,0 +1,232 @@
+"""The callback's set-up: its options checked in ``__init__``, and what ``setup`` decides once per fit.
+
+* the option checks only the callback has (:func:`check_cadence`, :func:`check_saliency_channel_index`,
+  :func:`check_name`; the shared ones are :mod:`lightning_ig.vocabulary`'s), and :func:`check_unique_names`
+  for callbacks that share a trainer;
+* :func:`logged_units`: what a run logs one by one (the features, or groups when there are too many) and the
+  tags they go under (:func:`choose_groups`, :func:`automatic_groups`);
+* :func:`report_folder`: where the JSON report of each run goes, checked before training.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_ig.attribution.groups import FeatureGroups, GroupSpec
+from lightning_ig.callback.reports import ReportFolder
+from lightning_ig.views.tensorboard import TagNames
+from lightning_ig.vocabulary import check_feature_names, default_feature_names, shown
+
+__all__ = [
+    "LoggedUnits",
+    "automatic_groups",
+    "check_cadence",
+    "check_cadences",
+    "check_name",
+    "check_saliency_channel_index",
+    "check_unique_names",
+    "choose_groups",
+    "history_to_continue",
+    "logged_units",
+    "named",
+    "report_folder",
+]
+
+
+def check_cadence(value: int | None, name: str) -> int | None:
+    """``None`` or an int >= 1 (``every_n_steps``, ``every_n_epochs``); a non-positive one is Lightning's error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} must be a positive int or None, got {type(value).__name__} ({shown(value)}); e.g. {name}=100"
+        )
+    if value < 1:
+        raise MisconfigurationException(f"{name} must be a positive int or None, got {value!r}; e.g. {name}=100")
+    return value
+
+
+def check_cadences(every_n_steps: int | None, every_n_epochs: int | None) -> tuple[int | None, int | None]:
+    """The two cadences, each ``None`` or an int >= 1, and at least one of them given."""
+    steps, epochs = check_cadence(every_n_steps, "every_n_steps"), check_cadence(every_n_epochs, "every_n_epochs")
+    if steps is None and epochs is None:
+        raise MisconfigurationException(
+            "IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. "
+            "1); both are None"
+        )
+    return steps, epochs
+
+
+def check_saliency_channel_index(value: int | None) -> int | None:
+    """``None`` (the channel mean) or a channel index >= 0; checked against the states' channels at set-up."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
+        raise error(f"saliency_channel must be None (the channel mean) or a channel index >= 0, got {shown(value)}")
+    return value
+
+
+def check_name(name: str | None) -> str | None:
+    """``None`` or a short printable label without ``/`` (the tags go under ``ig/<name>/``)."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be None or a short label (a string), got {type(name).__name__} ({shown(name)})")
+    if name is not None and (not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
+        raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {shown(name)}")
+    return name
+
+
+def named(name: str | None) -> str:
+    """`` 'name'`` for a named callback's messages, nothing for an unnamed one."""
+    return "" if name is None else f" '{name}'"
+
+
+def check_unique_names(names: Sequence[str | None]) -> None:
+    """Refuse two callbacks of one trainer with one ``name``: they would write the same tags."""
+    repeated = sorted({str(name) for name in names if names.count(name) > 1})
+    if repeated:
+        raise MisconfigurationException(
+            f"{sum(str(name) in repeated for name in names)} IntegratedGradientsCallbacks would write the "
+            f"same tags (name={', '.join(repeated)}): give each its own name=, e.g. name='value' and name='action_1', "
+            "so that their tags go under ig/<name>/"
+        )
+
+
+@dataclass(frozen=True)
+class LoggedUnits:
+    """What a callback's runs log one by one, decided at set-up.
+
+    Attributes:
+        names: one name per flattened feature (the user's, or ``x0, x1, ...``).
+        groups: the groups logged, or ``None``.
+        log_features: the features are few enough to log one by one.
+        tags: the tags they go under.
+    """
+
+    names: list[str]
+    groups: FeatureGroups | None
+    log_features: bool
+    tags: TagNames
+
+
+def logged_units(
+    feature_shape: tuple[int, ...],
+    name: str | None,
+    feature_names: Sequence[str] | None,
+    feature_groups: GroupSpec | None,
+    group_names: Sequence[str] | None,
+    max_features: int,
+) -> LoggedUnits:
+    """The callback's units and tags for states of ``feature_shape``; a warning when groups were chosen for it.
+
+    Raises:
+        ValueError, TypeError: names or groups that do not fit the states (see :func:`choose_groups`).
+    """
+    count = math.prod(feature_shape)
+    names = default_feature_names(feature_shape) if feature_names is None else list(feature_names)
+    check_feature_names(names, count)
+    groups = choose_groups(
+        feature_groups, feature_shape, group_names=group_names, feature_names=feature_names, max_features=max_features
+    )
+    log_features = count <= max_features
+    tags = TagNames.build(
+        name,
+        names if log_features else None,
+        None if groups is None else groups.names,
+        generated_features=feature_names is None,
+        generated_groups=groups is not None and groups.generated_names,
+    )
+    if feature_groups is None and groups is not None:
+        rank_zero_warn(
+            f"IntegratedGradientsCallback{named(name)}: the states have {count} features, more than "
+            f"max_logged_features={max_features}: logging {len(groups)} groups ({groups.names[0]}, ...) under "
+            f"{tags.prefix}/group/ instead; choose them with feature_groups="
+        )
+    return LoggedUnits(names, groups, log_features, tags)
+
+
+def history_to_continue(history: list[dict[str, Any]], units: LoggedUnits) -> list[dict[str, Any]]:
+    """A restored history (a resumed fit), or a new one when it was kept for another number of units."""
+    count = len(units.groups) if units.groups is not None else len(units.names)
+    if history and len(history[0]["mean_abs"]) != count:
+        rank_zero_warn(
+            f"IntegratedGradientsCallback: the restored history has {len(history[0]['mean_abs'])} "
+            f"features or groups, this run logs {count}; starting a new history"
+        )
+        return []
+    return history
+
+
+def report_folder(
+    report_dir: Path | None, default_root_dir: str | os.PathLike[str], has_loggers: bool, name: str | None, states: Any
+) -> ReportFolder | None:
+    """The reports' folder, checked (and ``name``: the file names must fit its file system), or ``None``.
+
+    Without ``report_dir`` and without a logger, the reports go to ``<default_root_dir>/ig_reports``: a run that
+    logs nowhere still leaves its numbers somewhere.
+    """
+    folder = report_dir
+    if folder is None and not has_loggers:
+        folder = Path(default_root_dir) / "ig_reports"
+        rank_zero_info(
+            "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
+            f"the JSON report of each run goes to {folder}"
+        )
+    return None if folder is None else ReportFolder(folder, name, inputs=[states])
+
+
+def automatic_groups(
+    feature_shape: Sequence[int], max_features: int, feature_names: Sequence[str] | None = None
+) -> FeatureGroups:
+    """The groups used when a state has more features than are logged one by one.
+
+    ``"channels"`` for a state with a channel dimension (``(C, H, W)``, ``(C, L)``)
+    of at most ``max_features`` channels; otherwise consecutive blocks of the
+    flattened features, as few as keep the number of groups within ``max_features``.
+
+    Args:
+        feature_shape: the shape of one state.
+        max_features: the most units to log one by one.
+        feature_names: the feature names (for the block names), or ``None``.
+
+    Returns:
+        The groups.
+    """
+    shape = tuple(int(size) for size in feature_shape)
+    if len(shape) >= 2 and shape[0] <= max_features:
+        return FeatureGroups.channels(shape)
+    return FeatureGroups.blocks(shape, math.ceil(math.prod(shape) / max_features), feature_names)
+
+
+def choose_groups(
+    groups: GroupSpec | None,
+    feature_shape: Sequence[int],
+    *,
+    group_names: Sequence[str] | None,
+    feature_names: Sequence[str] | None,
+    max_features: int,
+) -> FeatureGroups | None:
+    """The groups a training callback logs: the ones asked for; else :func:`automatic_groups` when the
+    state has more than ``max_features`` features; else none.
+
+    Raises:
+        ValueError: ``group_names`` without ``groups`` or of another count than the groups, or a bad
+            ``groups`` (see :meth:`FeatureGroups.resolve`).
+    """
+    if groups is not None and group_names is not None:
+        built = FeatureGroups.resolve(groups, feature_shape)  # the groups first: the names are counted against them
+        return built.renamed(group_names, "group_names")
+    if groups is not None:
+        names = feature_names if isinstance(groups, str) and groups == "features" else None
+        return FeatureGroups.resolve(groups, feature_shape, names)
+    if group_names is not None:
+        raise ValueError("group_names needs feature_groups=...; pass the groups they name")
+    if math.prod(feature_shape) <= max_features:
+        return None
+    return automatic_groups(feature_shape, max_features, feature_names)
