@@ -22,7 +22,6 @@ where CuPy is not installed.
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -57,14 +56,22 @@ CUPY_INSTALL_HINT = (
 )
 
 
+def _import_cupy(name: str) -> ModuleType:
+    """``import cupy``, spelt out: the one import of CuPy in the package, where the import contract sees it."""
+    assert name == "cupy"  # noqa: S101 - CupyImport asks for nothing else
+    import cupy  # noqa: PLC0415 - on first use: the package imports and runs (on its torch path) without CuPy
+
+    return cupy
+
+
 class CupyImport:
     """CuPy, imported on first use (once, thread-safely); the error is kept when the import fails.
 
     Args:
-        import_module: how a module is imported (``importlib.import_module``; tests pass one that fails).
+        import_module: how ``cupy`` is imported (default: ``import cupy``; tests pass one that fails).
     """
 
-    def __init__(self, import_module: Callable[[str], ModuleType] = importlib.import_module) -> None:
+    def __init__(self, import_module: Callable[[str], ModuleType] = _import_cupy) -> None:
         self._import_module = import_module
         self._lock = threading.Lock()
         self._module: ModuleType | None = None
