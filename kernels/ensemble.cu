@@ -41,7 +41,7 @@
 // resets the ticket counter for the next launch or graph replay. The result is
 // the exactly rounded float64 sum up to reassociation, rounded once to float.
 //
-// Launch contract (lightning_ig/ensemble/ops.py): blockDim.x == LIG_ENS_THREADS,
+// Launch contract (lightning_ig/ops/ensemble_reduce.py): blockDim.x == LIG_ENS_THREADS,
 // any grid >= 1. `vectorized` may be 1 only when stride_logit == 1, K % 4 == 0,
 // stride_member and stride_row are multiples of 4, and logits (and, in the
 // backward, grad_logits) are aligned to 4 elements: then a member's K logits
@@ -50,7 +50,7 @@
 // unsigned int that is zero before the launch (the launch leaves it zero).
 //
 // Tuning knobs (compile-time; the launcher passes them as -D options from its
-// variant table in lightning_ig/ensemble/ops.py). None of them changes a single
+// variant table in lightning_ig/ops/ensemble_reduce.py). None of them changes a single
 // rounding: each row's operations and their order are the ones documented above,
 // only the scheduling (which loads are in flight together, how many threads share
 // an SM) and the instruction sequences that produce the same bits differ.

@@ -1,10 +1,9 @@
 // Integrated Gradients kernels: path interpolation, finite-difference probes,
-// central-difference gradients and the attribution accumulation.
+// central-difference gradients, the attribution accumulation and completeness.
 //
-// Every kernel has a plain-torch twin in lightning_ig/attribution/backends.py
-// (the `_*_torch` functions beside their launchers) that performs the same
-// operations in the same order with the same rounding, so the two agree bit for
-// bit. Arithmetic
+// Every kernel has a plain-torch twin in lightning_ig/ops/ig.py (the `_*_torch`
+// functions beside their launchers) that performs the same operations in the
+// same order with the same rounding, so the two agree bit for bit. Arithmetic
 // uses the explicitly rounded intrinsics (__fadd_rn, __fmul_rn, ...) so the
 // compiler cannot contract a multiply and an add into an FMA, which torch's
 // separate elementwise ops never do.
@@ -14,18 +13,19 @@
 // for f64). There are no atomics: each output element is produced by one
 // thread, and sums over quadrature steps run in step order.
 //
-// Layouts (row-major, all contiguous unless a stride is passed):
+// Layouts (row-major, all contiguous unless a stride is passed); c = end_copies, 0, 1 or 2:
 //   x, b      (B, F)                     inputs and baselines, F = features per state
 //   alphas    (n_steps,)                 path positions, accumulate type
-//   points    (n_steps [+ 2], B, F)      path points; with ends: then x, then b
+//   points    (n_steps + 2 c, B, F)      the path points, then c pairs of ends: x, b (, x, b)
 //   h         (B, F)                     finite-difference step per state and feature
 //   probes    (P, 2, F, F)               point p, sign s (0: +h, 1: -h), feature i, value j
 //   f         (P, 2, F, T)               forward values of the probes for T targets
 //   grads     (T, n_steps, B, F)         gradients along the path, accumulate type
 //   attr      (T, B, F)                  attributions, storage type
-//   ends      (2, B, T)                  forward values at x (0) and b (1), accumulate type
-//   stats     (6, T, B)                  f_input, f_baseline, delta, relative error, degenerate (0/1),
-//                                        non-finite (0/1)
+//   ends      (2 c, B, T)                forward values at the ends, accumulate type: F(x) (0), F(b) (1) and, with
+//                                        c = 2, F(x) (2) and F(b) (3) again: the stochastic-forward check
+//   stats     (7, T, B)                  f_input, f_baseline, delta, relative error, degenerate (0/1),
+//                                        non-finite (0/1), repeat differs (0/1; always 0 with c = 1)
 #include "common.cuh"
 
 struct lig_f64_tag {};

@@ -15,7 +15,7 @@
 //   soft_margin_none_backward_<sfx> grad = g * (-y sigmoid(z)), g full-size or one scalar
 //   soft_margin_scale_<sfx>        grad *= g[0] in place, read on the device; nothing when g[0] == 1
 //
-// Launch contract (lightning_ig/losses.py): blockDim.x == LIG_SM_THREADS, a
+// Launch contract (lightning_ig/ops/soft_margin.py): blockDim.x == LIG_SM_THREADS, a
 // grid of at most LIG_SM_MAX_GRID blocks. The reduction is deterministic: each
 // thread sums a fixed set of elements in a fixed order (float32: plain sums
 // within an iteration, Kahan-compensated across iterations), the block sums

@@ -1,6 +1,6 @@
 """Writing output files safely: checked before any work, replaced atomically, readable by others.
 
-Every file lightning-ig writes (JSON reports, checkpoints, saliency images) goes
+Every file lightning-ig writes (JSON reports, checkpoints, saliency pictures) goes
 through here, so the rules hold everywhere:
 
 * every file a command will write is checked *before* the work that produces it,

@@ -55,6 +55,7 @@ __all__ = [
     "default_feature_names",
     "relative_error_text",
     "shown",
+    "shown_with_type",
 ]
 
 BACKENDS = ("auto", "cuda", "torch")
@@ -96,7 +97,8 @@ _SHORT.maxstring = _SHORT.maxother = 80
 _SHORT.maxlong = 40
 
 
-def _seen(value: Any) -> str:
+def shown_with_type(value: Any) -> str:
+    """``"<type> (<shown value>)"``: what a message about a value of the wrong kind quotes."""
     return f"{type(value).__name__} ({shown(value)})"
 
 
@@ -109,7 +111,7 @@ def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
     """
     listed = ", ".join(repr(c) for c in choices)
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be one of {listed}; got {_seen(value)}")
+        raise TypeError(f"{name} must be one of {listed}; got {shown_with_type(value)}")
     if value not in choices:
         raise ValueError(f"{name} must be one of {listed}; got {shown(value)}")
     return value
@@ -119,7 +121,7 @@ def check_bool(value: Any, name: str) -> bool:
     """``value`` if it is ``True`` or ``False``: a string (``"no"``) or a number is refused, never read as truthy."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise TypeError(f"{name} must be True or False, got {_seen(value)}")
+    raise TypeError(f"{name} must be True or False, got {shown_with_type(value)}")
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -130,7 +132,7 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
         ValueError: outside the range.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGERS):
-        raise TypeError(f"{name} must be an int, got {_seen(value)}")
+        raise TypeError(f"{name} must be an int, got {shown_with_type(value)}")
     number = int(value)
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         low = "" if minimum is None else f" >= {minimum}"
@@ -142,7 +144,7 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
 def check_positive_int(value: Any, name: str, *, example: int | None = None) -> int:
     """``value`` as an int >= 1 (bools are refused: ``True`` is not a count)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGERS):
-        raise TypeError(f"{name} must be an int >= 1, got {_seen(value)}")
+        raise TypeError(f"{name} must be an int >= 1, got {shown_with_type(value)}")
     if value < 1:
         hint = f"; e.g. {name}={example}" if example is not None else ""
         raise ValueError(f"{name} must be an int >= 1, got {shown(int(value))}{hint}")
@@ -162,7 +164,7 @@ def check_real(value: Any, name: str, *, above: float | None = None, below: floa
         ValueError: NaN, infinite, or outside the range.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REALS):
-        raise TypeError(f"{name} must be a number, got {_seen(value)}")
+        raise TypeError(f"{name} must be a number, got {shown_with_type(value)}")
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float
@@ -182,7 +184,7 @@ def check_positive_float(value: Any, name: str) -> float:
 def check_text(value: Any, name: str) -> str:
     """``value`` if it is a non-blank string."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {_seen(value)}")
+        raise TypeError(f"{name} must be a string, got {shown_with_type(value)}")
     if not value.strip():
         raise ValueError(f"{name} must not be blank, got {shown(value)}")
     return value
@@ -192,31 +194,31 @@ def check_names(value: Any, name: str) -> list[str]:
     """``value`` as a list of distinct, printable, non-blank strings; a bare string is refused, not split."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, range)):
         hint = f"; for one name pass [{value!r}]" if isinstance(value, str) else ""
-        raise TypeError(f"{name} must be a list of strings, got {_seen(value)}{hint}")
+        raise TypeError(f"{name} must be a list of strings, got {shown_with_type(value)}{hint}")
     return check_feature_names(value, len(value), name)
 
 
 def check_int_sequence(value: Any, name: str, *, minimum: int | None = None) -> list[int]:
     """``value`` as a list of ints (each ``>= minimum``); a bare int or string is refused."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a list of ints, got {_seen(value)}")
+        raise TypeError(f"{name} must be a list of ints, got {shown_with_type(value)}")
     return [check_int(item, f"{name}[{index}]", minimum=minimum) for index, item in enumerate(value)]
 
 
 def check_mapping(value: Any, name: str) -> dict[str, Any]:
     """``value`` as a dict with string keys."""
     if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a dict, got {_seen(value)}")
+        raise TypeError(f"{name} must be a dict, got {shown_with_type(value)}")
     bad = next((key for key in value if not isinstance(key, str)), None)
     if bad is not None:
-        raise TypeError(f"{name} must have string keys, got the key {_seen(bad)}")
+        raise TypeError(f"{name} must have string keys, got the key {shown_with_type(bad)}")
     return dict(value)
 
 
 def check_path(value: Any, name: str) -> Path:
     """``value`` as a :class:`~pathlib.Path`: a non-empty ``str`` or ``os.PathLike``."""
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_seen(value)}")
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {shown_with_type(value)}")
     path = os.fspath(value)
     if not isinstance(path, str) or not path:
         error = ValueError if isinstance(path, str) else TypeError

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
-from lightning_ig.attribution.quadrature import METHODS
 from lightning_ig.ops.ig import TorchIG
+from lightning_ig.vocabulary import METHODS
 
 ALL_METHODS = list(METHODS)
 TWINS = TorchIG()
@@ -550,7 +550,8 @@ def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
         integrated_gradients(_forward, torch.randn(3, 4), b)
     with pytest.raises(ValueError, match="baselines must be a finite number"):
         integrated_gradients(_forward, torch.randn(3, 4), float("nan"))
-    # was: torch's "value cannot be converted to type float without overflow", a bug's exit status on the command line
+    # guards against: torch's "value cannot be converted to type float without overflow", a bug's exit status on the
+    # command line
     with pytest.raises(ValueError, match=r"baselines must be a finite number of the inputs' dtype torch.float32"):
         integrated_gradients(_forward, torch.randn(3, 4), 1e308)
     with pytest.raises(ValueError, match="baselines must be a finite number"):

@@ -446,7 +446,8 @@ def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
         ({"figure_every_n_runs": "auto"}, TypeError, "figure_every_n_runs must be an int >= 1"),
         ({"saliency_every_n_runs": 0}, ValueError, "saliency_every_n_runs must be an int >= 1"),
         ({"saliency_every_n_runs": None}, TypeError, "saliency_every_n_runs must be an int >= 1"),
-        # was: bool("no") and bool("False") are True, list("abc") is ['a', 'b', 'c']: read, silently, as something else
+        # guards against: bool("no") and bool("False") are True, list("abc") is ['a', 'b', 'c']: read, silently, as
+        # something else
         ({"run_at_train_end": "no"}, TypeError, r"run_at_train_end must be True or False, got str \('no'\)"),
         ({"log_histograms": "False"}, TypeError, r"log_histograms must be True or False, got str \('False'\)"),
         ({"group_names": "abc"}, TypeError, r"group_names must be a list of strings, got str \('abc'\)"),
@@ -485,7 +486,7 @@ class _NoTraining(Callback):
         (torch.randn(6, 4), {"feature_groups": "channels"}, "needs states with a channel dimension"),
         (torch.randn(6, 4), {"feature_groups": {"a": [0, 9]}}, "holds index 9, outside the 4 features"),
         (torch.randn(6, 4), {"group_names": ["a"]}, "group_names needs feature_groups"),
-        # was: a third, phantom group of no feature, logged as attribution 0 every run
+        # guards against: a third, phantom group of no feature, logged as attribution 0 every run
         (
             torch.randn(6, 4),
             {"feature_groups": {"a": [0, 1], "b": [2, 3]}, "group_names": ["a", "b", "c"]},
@@ -496,7 +497,7 @@ class _NoTraining(Callback):
             {"feature_groups": "channels", "group_names": ["r", "g", "b", "alpha"]},
             "group_names has 4 names but there are 3 groups",
         ),
-        # was: passed set-up and failed at the first picture, mid-training
+        # guards against: passed set-up and failed at the first picture, mid-training
         (torch.randn(6, 3, 2, 2), {"saliency_channel": 7}, r"saliency_channel=7 is out of range for 3 channels"),
         (torch.randn(6, 4), {"target": 2}, r"target=2 is out of range: the model returns 2 outputs per state"),
         (torch.randn(6, 4), {"baseline": torch.zeros(3)}, r"baseline has shape \(3,\) but the states have shape"),

@@ -57,7 +57,7 @@ def _fit(
 
 
 def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
-    # was: worst_relative_error 0.0 at the runs after the weights went NaN, and no warning
+    # guards against: worst_relative_error 0.0 at the runs after the weights went NaN, and no warning
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=2, n_steps=8, feature_names=FEATURES, report_dir=tmp_path / "reports"
     )
@@ -93,7 +93,7 @@ def _constant(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_run_where_no_state_can_be_checked_reads_as_such(tmp_path):
-    # was: worst_relative_error 0.0, a perfect score
+    # guards against: worst_relative_error 0.0, a perfect score
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, forward=_constant)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -108,7 +108,7 @@ def test_a_run_where_no_state_can_be_checked_reads_as_such(tmp_path):
 
 
 def test_report_dir_that_is_a_file_or_cannot_be_made_fails_at_setup(tmp_path):
-    # was: set-up passed, and training crashed at the first IG run with a raw pathlib error
+    # guards against: set-up passed, and training crashed at the first IG run with a raw pathlib error
     existing = tmp_path / "reports.json"
     existing.write_text("{}")
     for folder, words in ((existing, "is a file, not a folder"), (existing / "sub", "cannot be created")):
@@ -119,7 +119,7 @@ def test_report_dir_that_is_a_file_or_cannot_be_made_fails_at_setup(tmp_path):
 
 
 def test_report_files_are_readable_by_others_under_the_usual_umask(tmp_path):
-    # was: 0600 whatever the umask
+    # guards against: 0600 whatever the umask
     previous = os.umask(0o022)
     try:
         callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, report_dir=tmp_path / "r")
@@ -135,7 +135,7 @@ def _with_dropout(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
-    # was: attributed silently (a 326% completeness error and no word why)
+    # guards against: attributed silently (a 326% completeness error and no word why)
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=2, n_steps=8, forward=_with_dropout, report_dir=tmp_path / "r"
     )

@@ -68,7 +68,7 @@ def test_printable_escapes_what_a_terminal_obeys() -> None:
 
 
 def test_show_prints_a_reports_strings_escaped(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # was: the feature name set the terminal's title and cleared the screen
+    # guards against: the feature name set the terminal's title and cleared the screen
     good = _report(workspace, capsys)
     good["features"][0]["name"] = good["top_10_by_mean_abs"][0]["name"] = HOSTILE
     good["checkpoint"], good["forward_target"] = HOSTILE, HOSTILE
@@ -132,7 +132,7 @@ def test_diag_refuses_malformed_json_files_with_exit_2(
     [{"a": [0, 2**70]}, {"a": [0, 2**64 - 1]}, {"a": [-(2**70)]}, [0, 1, 2**70, 1], {"a": [0, 10**30]}],
 )
 def test_a_huge_index_in_a_groups_file_is_exit_2(workspace: Path, capsys: pytest.CaptureFixture[str], groups) -> None:
-    # was: OverflowError, exit status 1
+    # guards against: OverflowError, exit status 1
     (workspace / "groups.json").write_text(json.dumps(groups))
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--feature-groups", "groups.json")
     _one_line_error(code, err, "--feature-groups", "groups.json")
@@ -168,7 +168,7 @@ def test_a_checkpoint_whose_metadata_is_a_nesting_bomb_is_exit_2(
 def test_states_that_are_not_numbers_are_refused(
     workspace: Path, capsys: pytest.CaptureFixture[str], rows: list, word: str
 ) -> None:
-    # was: true/false were read as 1.0 and 0.0
+    # guards against: true/false were read as 1.0 and 0.0
     (workspace / "states.json").write_text(json.dumps({"states": rows}))
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--states", "states.json")
     _one_line_error(code, err, "states.json", word)
@@ -184,7 +184,7 @@ def test_states_json_of_any_depth_is_exit_2(workspace: Path, capsys: pytest.Capt
 
 
 def test_show_refuses_a_schema_version_of_true(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # was: True == 1, so the report was shown as version 1
+    # guards against: True == 1, so the report was shown as version 1
     good = _report(workspace, capsys)
     (workspace / "true.json").write_text(json.dumps({**good, "schema_version": True}))
     code, _, err = _main(capsys, "show", "true.json")
@@ -192,7 +192,7 @@ def test_show_refuses_a_schema_version_of_true(workspace: Path, capsys: pytest.C
 
 
 def test_show_refuses_a_negative_number_of_worst_states(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # was: -5 was taken, and listed nothing
+    # guards against: -5 was taken, and listed nothing
     _report(workspace, capsys)
     code, _, err = _main(capsys, "show", "out/r.json", "--worst-states", "-5")
     _one_line_error(code, err, "--worst-states", "--worst-states must be an int >= 0, got -5")
@@ -209,7 +209,8 @@ def test_show_says_the_completeness_error_as_the_report_does(
 
 
 def test_an_allocation_the_user_asked_for_that_fails_is_exit_2() -> None:
-    # was: torch's CPU allocator raises a RuntimeError (e.g. --auto-samples 100000000000 --replace): "unexpected",
+    # guards against: torch's CPU allocator raises a RuntimeError (e.g. --auto-samples 100000000000 --replace):
+    # "unexpected",
     # exit status 1. Tested on the message: a real 800 GB allocation could be granted and then kill the machine.
     error = RuntimeError(
         "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
@@ -222,6 +223,6 @@ def test_an_allocation_the_user_asked_for_that_fails_is_exit_2() -> None:
 def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # was: "unexpected RuntimeError: value cannot be converted to type float without overflow"
+    # guards against: "unexpected RuntimeError: value cannot be converted to type float without overflow"
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "1e308")
     _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")

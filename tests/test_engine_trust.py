@@ -1,4 +1,4 @@
-"""What the engine says about results that cannot be trusted (issue 9): non-finite forwards and attributions,
+"""What the engine says about results that cannot be trusted: non-finite forwards and attributions,
 states that cannot be checked, stochastic forwards, and inputs the engine cannot attribute."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _mlp(
 
 
 def test_an_infinite_forward_is_flagged_and_never_scores_zero() -> None:
-    # The reproduction of issue 9: this read worst_relative_error == 0.0 (inf counted as degenerate, then skipped).
+    # A forward that overflows must read inf, not worst_relative_error == 0.0 (inf counted as degenerate, skipped).
     result = integrated_gradients(lambda t: (t * 1e38).sum(1) * 10, torch.ones(3, 4))
     assert result.worst_relative_error == math.inf
     assert result.non_finite.tolist() == [True, True, True]
@@ -169,7 +169,8 @@ def _batch_norm_state(model: torch.nn.Module) -> list[torch.Tensor]:
     [("autograd", 8, None), ("autograd", 8, 5), ("finite_difference", 4, None), ("autograd", "auto", None)],
 )
 def test_train_mode_batch_norm_statistics_are_put_back(gradient: str, n_steps: int | str, chunk: int | None) -> None:
-    # was: each of the engine's forwards moved running_mean / running_var and counted num_batches_tracked, though
+    # guards against: each of the engine's forwards moved running_mean / running_var and counted num_batches_tracked,
+    # though
     # the model was promised to be left as it was
     model = _mlp(5, 1, seed=5, extra=[torch.nn.BatchNorm1d(16)]).train()
     model(torch.randn(7, 5, dtype=torch.float64))  # statistics that are not the initial ones
@@ -349,7 +350,7 @@ def test_too_many_gauss_legendre_steps_fail_before_any_forward() -> None:
         IntegratedGradients(forward, n_steps=MAX_GAUSS_LEGENDRE_STEPS + 1)
     with pytest.raises(ValueError, match=rf"max_steps={2 * MAX_GAUSS_LEGENDRE_STEPS} is more than"):
         integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", max_steps=2 * MAX_GAUSS_LEGENDRE_STEPS)
-    # was: n_steps="auto" started the trapezoid at 2 points, past max_steps=1, and said n_steps=2
+    # guards against: n_steps="auto" started the trapezoid at 2 points, past max_steps=1, and said n_steps=2
     with pytest.raises(ValueError, match="max_steps=1 is below the 2 points method='riemann_trapezoid' needs"):
         integrated_gradients(forward, torch.ones(2, 3), n_steps="auto", method="riemann_trapezoid", max_steps=1)
     with pytest.raises(ValueError, match="max_steps=1 is below"):
@@ -375,7 +376,7 @@ def test_grouped_attributions_keep_completeness_per_state() -> None:
 
 
 def test_a_model_on_another_device_says_so_not_torch() -> None:
-    # was: torch's own "Expected all tensors to be on the same device ..." from inside the forward
+    # guards against: torch's own "Expected all tensors to be on the same device ..." from inside the forward
     model = _mlp(4, 2, seed=1).to("meta")
     with pytest.raises(ValueError, match=r"inputs are on cpu but the model's parameters are on meta; move one"):
         integrated_gradients(model, torch.randn(3, 4, dtype=torch.float64), target="mean", n_steps=4)

@@ -81,7 +81,7 @@ def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedP
 def test_the_printed_diag_command_runs_as_printed(
     tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
 ) -> None:
-    # was: a bare `lightning-ig`, not on the PATH after the README's commands (they never activate the venv)
+    # guards against: a bare `lightning-ig`, not on the PATH after the README's commands (they never activate the venv)
     proc, _ = tiny_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("diagnose it with"))

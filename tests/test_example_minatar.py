@@ -196,7 +196,7 @@ def test_help_lists_the_flags(tmp_path: Path) -> None:
     assert "--num-envs NUM_ENVS games stepped as one batch" in text
     assert "--fused-loss, --no-fused-loss" in text
     assert "{breakout,asterix,freeway,seaquest,space_invaders}" in text
-    assert "on the GPU" not in text  # was: said of a run that trains on the CPU where there is no GPU
+    assert "on the GPU" not in text  # guards against: said of a run that trains on the CPU where there is no GPU
     assert "(default: None)" not in text
 
 

@@ -172,7 +172,7 @@ def test_channel_names_only_when_the_groups_are_the_channels() -> None:
     ],
 )
 def test_more_names_than_groups_make_no_phantom_group(groups, shape, names, match):
-    # was: FeatureGroups.resolve(torch.tensor([0, 0, 1, 1]), (4,), ["a", "b", "c"]).sizes == [2, 2, 0]
+    # guards against: FeatureGroups.resolve(torch.tensor([0, 0, 1, 1]), (4,), ["a", "b", "c"]).sizes == [2, 2, 0]
     with pytest.raises(ValueError, match=match):
         FeatureGroups.resolve(groups, shape, names)
 
@@ -184,6 +184,6 @@ def test_ids_that_skip_a_group_are_refused():
 
 @pytest.mark.parametrize("index", [2**70, -(2**70), 2**63])
 def test_an_index_past_int64_is_a_value_error(index):
-    # was: OverflowError (a bug's exit status on the command line)
+    # guards against: OverflowError (a bug's exit status on the command line)
     with pytest.raises(ValueError, match=r"feature_groups\['a'\] holds an index outside the 4 features"):
         FeatureGroups.resolve({"a": [0, index]}, (4,))

@@ -205,7 +205,8 @@ def test_complex_target_fails_like_torch() -> None:
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("target_shape", [(3, 4), (4,)])  # the input's shape, and one that broadcasts to it
 def test_a_target_requiring_grad_gets_its_gradient(reduction: str, target_shape: tuple[int, ...]) -> None:
-    # was: refused with a RuntimeError. The loss is differentiable in the target too: dL/dy = -x sigmoid(-y x).
+    # guards against: refused with a RuntimeError. The loss is differentiable in the target too: dL/dy = -x sigmoid(-y
+    # x).
     generator = torch.Generator().manual_seed(11)
     x = (torch.randn(3, 4, generator=generator, dtype=torch.float64) * 3).requires_grad_()
     y = torch.randn(*target_shape, generator=generator, dtype=torch.float64).requires_grad_()  # a learnt soft label

@@ -52,7 +52,8 @@ def test_the_command_answers_help_and_bad_flags_without_importing_torch() -> Non
 
 @pytest.mark.parametrize("argv", [["--help"], ["diag", "--help"], ["show", "--help"], ["--version"]])
 def test_help_imports_neither_torch_nor_lightning(argv: list[str]) -> None:
-    # was: diag --help listed --method's choices from lightning_ig.vocabulary, which imports torch (3.5-6.4 s)
+    # guards against: diag --help listed --method's choices from lightning_ig.vocabulary, which imports torch (3.5-6.4
+    # s)
     code = (
         "import sys\n"
         "from lightning_ig.cli import main\n"
@@ -76,7 +77,7 @@ def test_the_command_and_checkpoints_keep_their_import_paths() -> None:
     assert lightning_ig.load_checkpoint is checkpoint.load_checkpoint
 
 
-# Every name `from lightning_ig import X` gave before the package was laid out in wings (issue 19).
+# Every name `from lightning_ig import X` gave before the package was laid out in wings: each still resolves.
 NAMES_BEFORE_THE_WINGS = [
     "__version__",
     "integrated_gradients",
@@ -157,3 +158,35 @@ def test_every_old_module_path_imports_with_a_deprecation_warning(old: str) -> N
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def _package_modules() -> list[str]:
+    import pkgutil
+
+    found = pkgutil.walk_packages(lightning_ig.__path__, "lightning_ig.")
+    return ["lightning_ig", *(info.name for info in found if not info.name.endswith("__main__"))]
+
+
+@pytest.mark.parametrize("module_name", _package_modules())
+def test_every_module_says_what_it_exports_and_nothing_else(module_name: str) -> None:
+    import ast
+    import importlib
+    import inspect
+
+    module = importlib.import_module(module_name)
+    exported = module.__all__
+    assert len(exported) == len(set(exported)), f"{module_name}.__all__ repeats a name"
+    for name in exported:
+        assert hasattr(module, name), f"{module_name}.__all__ lists {name}, which it does not have"
+    if module_name == "lightning_ig":
+        return  # the public face defines nothing: it imports on first use
+    tree = ast.parse(inspect.getsource(module))
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(target.id for target in targets if isinstance(target, ast.Name))
+    public = {name for name in defined if not name.startswith("_")}
+    assert public <= set(exported), f"{module_name} defines {sorted(public - set(exported))} but does not export them"

@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 from _tolerance import eps
 
-from lightning_ig.attribution.quadrature import (
-    MAX_GAUSS_LEGENDRE_STEPS,
-    METHODS,
-    check_rule,
-    nests_on_doubling,
-    quadrature,
-)
+from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule, nests_on_doubling, quadrature
+from lightning_ig.vocabulary import METHODS
 
 EPS64 = eps(np.float64)
 

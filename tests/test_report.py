@@ -134,7 +134,7 @@ def test_completeness_summary_keeps_degenerate_states_apart(result):
 
 
 def test_completeness_all_degenerate_reads_as_nothing_checked():
-    # was: worst_relative_error 0.0, a perfect score for "no state could be checked"
+    # guards against: worst_relative_error 0.0, a perfect score for "no state could be checked"
     attributions = torch.zeros(3, 2)
     result = make_result(attributions, torch.zeros(3), torch.zeros(3))
     summary = completeness_summary(result)
@@ -148,7 +148,7 @@ def test_completeness_all_degenerate_reads_as_nothing_checked():
 
 
 def test_a_non_finite_state_is_never_clean():
-    # was: an infinite output counted as "degenerate" and skipped, worst_relative_error 0.0
+    # guards against: an infinite output counted as "degenerate" and skipped, worst_relative_error 0.0
     attributions = torch.ones(3, 2)
     f_input = torch.tensor([2.0, math.inf, 2.0])
     result = make_result(attributions, f_input, torch.zeros(3))

@@ -12,19 +12,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_ig.vocabulary import shown
+from lightning_ig.vocabulary import shown, shown_with_type
 
 __all__ = ["check_device", "check_finite", "check_float_dtype", "check_generator", "check_states"]
-
-
-def _seen(value: Any) -> str:
-    return f"{type(value).__name__} ({shown(value)})"
 
 
 def check_generator(value: Any, name: str = "generator") -> torch.Generator | None:
     """``None`` (torch's global generator) or a ``torch.Generator``."""
     if value is not None and not isinstance(value, torch.Generator):
-        raise TypeError(f"{name} must be None or a torch.Generator, got {_seen(value)}")
+        raise TypeError(f"{name} must be None or a torch.Generator, got {shown_with_type(value)}")
     return value
 
 
@@ -33,7 +29,9 @@ def check_device(value: Any, name: str = "device") -> torch.device:
     if isinstance(value, torch.device):
         return value
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {_seen(value)}")
+        raise TypeError(
+            f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {shown_with_type(value)}"
+        )
     try:
         return torch.device(value)
     except (RuntimeError, ValueError):
@@ -43,7 +41,7 @@ def check_device(value: Any, name: str = "device") -> torch.device:
 def check_float_dtype(value: Any, name: str = "dtype") -> torch.dtype:
     """``value`` if it is a floating-point ``torch.dtype``."""
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype such as torch.float32, got {_seen(value)}")
+        raise TypeError(f"{name} must be a torch.dtype such as torch.float32, got {shown_with_type(value)}")
     if not value.is_floating_point:
         raise ValueError(f"{name} must be a floating-point dtype (torch.float32, torch.float64, ...), got {value}")
     return value

@@ -76,7 +76,7 @@ def integrated_gradients(
             On CUDA out-of-memory the chunk is halved and retried, with a warning.
         backend: ``"auto"`` (the CUDA kernels when the inputs are on a CUDA
             device and CuPy imports, else torch), ``"cuda"``, ``"torch"``, or a
-            :class:`~lightning_ig.attribution.backends.Backend` object.
+            :class:`~lightning_ig.ops.ig.Backend` object.
         completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
         max_steps: the most points ``n_steps="auto"`` may use (default 512).
         fd_step: relative finite-difference step; ``None`` is ``eps ** (1/3)`` of

@@ -34,7 +34,7 @@ from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 
 __all__ = ["Captured", "GraphCapture", "capture_attribution"]
 
-Compute = Callable[[], "dict[str, Tensor]"]
+_Compute = Callable[[], "dict[str, Tensor]"]
 
 
 class Captured(NamedTuple):
@@ -60,7 +60,7 @@ class GraphCapture:
         """Whether computations on ``device`` can be captured."""
         return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
 
-    def capture(self, compute: Compute, device: torch.device) -> tuple[Any, dict[str, Tensor]]:
+    def capture(self, compute: _Compute, device: torch.device) -> tuple[Any, dict[str, Tensor]]:
         """Warm ``compute`` up on a side stream, then capture it; return the graph (``replay()``) and its outputs.
 
         The warm-up runs with torch's sync debug mode set to ``"error"``, so a
@@ -163,7 +163,7 @@ def capture_attribution(
 
 
 def _capture_with_fallback(
-    run: PathRun, compute: Compute, capturer: GraphCapture, device: torch.device
+    run: PathRun, compute: _Compute, capturer: GraphCapture, device: torch.device
 ) -> tuple[Any, dict[str, Tensor]] | None:
     failures: list[str] = []
     attempt = run.backend

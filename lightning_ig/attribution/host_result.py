@@ -103,7 +103,7 @@ class HostResult:
         features: per-feature :class:`Moments`, ``(F,)`` each.
         attributions: ``(B, F)`` when kept (``keep_attributions``), else ``None``.
         sample_attributions: ``(S, *feature_shape)``: the first ``sample_states`` states' attributions.
-        groups: the :class:`~lightning_ig.groups.FeatureGroups`, or ``None``.
+        groups: the :class:`~lightning_ig.attribution.groups.FeatureGroups`, or ``None``.
         group_attributions: ``(B, G)`` per-state group sums, or ``None``.
         n_steps, method, gradient, backend, target: the run's settings.
         stochastic: the forward gave different values on the same rows (any rank).

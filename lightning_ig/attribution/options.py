@@ -2,7 +2,7 @@
 
 Names and checks shared with the callback and the command line come from
 :mod:`lightning_ig.vocabulary`; the quadrature's limits from
-:mod:`lightning_ig.quadrature`.
+:mod:`lightning_ig.attribution.quadrature`.
 """
 
 from __future__ import annotations

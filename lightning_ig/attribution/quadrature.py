@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Literal
 
 import numpy as np
 
@@ -33,8 +32,7 @@ from lightning_ig.vocabulary import METHODS
 
 __all__ = [
     "MAX_GAUSS_LEGENDRE_STEPS",
-    "METHODS",
-    "Method",
+    "Rule",
     "check_rule",
     "gausslegendre",
     "nests_on_doubling",
@@ -44,8 +42,6 @@ __all__ = [
     "riemann_right",
     "riemann_trapezoid",
 ]
-
-Method = Literal["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre"]
 
 Rule = tuple[list[float], list[float]]
 
@@ -254,7 +250,7 @@ _RULES: dict[str, Callable[[int], Rule]] = {
 }
 
 if tuple(_RULES) != METHODS:  # pragma: no cover - the one list of names, kept in step at import
-    raise ImportError(f"quadrature rules {tuple(_RULES)} do not match lightning_ig.names.METHODS {METHODS}")
+    raise ImportError(f"quadrature rules {tuple(_RULES)} do not match lightning_ig.vocabulary.METHODS {METHODS}")
 
 
 def check_rule(method: str, n: int) -> None:

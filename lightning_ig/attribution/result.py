@@ -134,7 +134,7 @@ class IGResult:
         per state for groups as for features.
 
         Args:
-            groups: anything :meth:`lightning_ig.groups.FeatureGroups.resolve` takes:
+            groups: anything :meth:`lightning_ig.attribution.groups.FeatureGroups.resolve` takes:
                 a ``FeatureGroups``, ``"features"``, ``"channels"``, an integer mask of
                 the feature shape (Captum's ``feature_mask``) or ``{name: indices | bool mask}``.
             names: group names replacing the defaults.

@@ -116,7 +116,7 @@ class Completeness:
 
 
 def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
-    """The :class:`Completeness` of a result (an IGResult or a :class:`~lightning_ig.host_result.HostResult`)."""
+    """The :class:`Completeness` of a result (an IGResult or a :class:`HostResult`)."""
     host = HostResult.from_result(result)
     finite = np.abs(host.delta[~host.non_finite])
     first = np.flatnonzero(host.non_finite)

@@ -21,7 +21,15 @@ from torch import Tensor
 
 from lightning_ig.vocabulary import callable_name
 
-__all__ = ["Target", "TargetSpec", "select", "target_forward", "target_label", "target_spec"]
+__all__ = [
+    "Target",
+    "TargetSpec",
+    "check_rows_in_range",
+    "select",
+    "target_forward",
+    "target_label",
+    "target_spec",
+]
 
 Target = None | str | int | Tensor | Callable[[Tensor], Tensor]
 

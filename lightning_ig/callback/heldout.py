@@ -33,6 +33,7 @@ from lightning_ig.models.noise import attribution_mode
 from lightning_ig.vocabulary import callable_name, shown
 
 __all__ = [
+    "BoundForward",
     "ForwardOption",
     "StatesSource",
     "TargetOption",

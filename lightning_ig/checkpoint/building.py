@@ -46,7 +46,15 @@ from lightning_ig.ensemble import module as _ensemble  # noqa: F401 - registers 
 from lightning_ig.models.registry import UnregisteredModelError, build_model, resolve_model_class
 from lightning_ig.vocabulary import shown
 
-__all__ = ["Recipe", "StoredTensors", "build_checked", "stored_tensors", "weight_keys"]
+__all__ = [
+    "NUMEL_SLACK",
+    "TENSOR_SLACK",
+    "Recipe",
+    "StoredTensors",
+    "build_checked",
+    "stored_tensors",
+    "weight_keys",
+]
 
 #: How many more tensors than the file stores a build may make (buffers a file does not keep, re-assigned layers).
 TENSOR_SLACK = 64

@@ -3,7 +3,7 @@
 ``lightning-ig diag`` rebuilds a model from a safetensors checkpoint (see
 :mod:`lightning_ig.checkpoint`), switches its NoisyNet noise off, runs
 Integrated Gradients on held-out states and writes the schema-version-1 JSON
-report (see :mod:`lightning_ig.report`). ``lightning-ig show`` prints a report
+report (see :mod:`lightning_ig.views.report`). ``lightning-ig show`` prints a report
 as a table. Run ``lightning-ig diag --help`` for every flag.
 
 Where the states come from: ``--states auto`` samples ``--auto-samples`` (16)

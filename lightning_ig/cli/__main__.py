@@ -4,4 +4,6 @@ import sys
 
 from lightning_ig.cli import main
 
+__all__: list[str] = []
+
 sys.exit(main())

@@ -1,4 +1,6 @@
-"""``--feature-groups``: ``channels``, ``features`` or a JSON file, as :class:`~lightning_ig.groups.FeatureGroups`.
+"""``--feature-groups``: ``channels``, ``features`` or a JSON file, read into feature groups.
+
+The groups are :class:`~lightning_ig.attribution.groups.FeatureGroups`.
 
 A file holds one of
 

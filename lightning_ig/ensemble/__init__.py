@@ -2,7 +2,7 @@
 
 * :func:`ensemble_reduce` / :class:`EnsembleReduce`: ``out[b] = sum_m w[m] * mean_k
   sigmoid(logits[b, m, k])`` in one deterministic CUDA launch (one more for the
-  backward), with a torch twin (:mod:`lightning_ig.ensemble.ops`);
+  backward), with a torch twin (:mod:`lightning_ig.ops.ensemble_reduce`);
   :func:`member_means`: each member's own ``mean_k sigmoid``.
 * :class:`Ensemble`: members mapping states to ``(N, K)``, whose forward is the
   aggregate ``(N,)`` and whose ``member_signals`` is ``(N, M)``; registered as

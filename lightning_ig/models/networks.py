@@ -19,7 +19,14 @@ from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.models.registry import register_model
 from lightning_ig.vocabulary import check_choice, shown
 
-__all__ = ["ACTIVATIONS", "ConvDuelingQNetwork", "DuelingQNetwork", "MinAtarQNetwork", "NatureQNetwork"]
+__all__ = [
+    "ACTIVATIONS",
+    "Activation",
+    "ConvDuelingQNetwork",
+    "DuelingQNetwork",
+    "MinAtarQNetwork",
+    "NatureQNetwork",
+]
 
 Activation = Literal["relu", "tanh", "softplus", "silu", "gelu"]
 
@@ -43,7 +50,7 @@ class DuelingQNetwork(nn.Module):
     ``Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)``. So the mean of the Q-values
     over actions is ``V(s)``: a smooth scalar target for attribution, free of
     the argmax's discontinuities. With ``noisy=True`` the streams use
-    :class:`~lightning_ig.noise.NoisyLinear` (NoisyNet exploration); the body is
+    :class:`~lightning_ig.models.noise.NoisyLinear` (NoisyNet exploration); the body is
     always deterministic.
 
     Args:

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
-ModelT = TypeVar("ModelT", bound=type[nn.Module])
+_ModelT = TypeVar("_ModelT", bound=type[nn.Module])
 # Whether an import path may be followed by the build in progress: False while a class builds itself from a
 # config whose names the caller did not vouch for (a checkpoint's), so nothing under that config can widen it.
 _IMPORTS_ALLOWED: ContextVar[bool] = ContextVar("lightning_ig_model_imports_allowed", default=True)
@@ -62,7 +62,7 @@ class UnregisteredModelError(ValueError):
         )
 
 
-def register_model(name: str) -> Callable[[ModelT], ModelT]:
+def register_model(name: str) -> Callable[[_ModelT], _ModelT]:
     """Class decorator: register an architecture under ``name`` for checkpoints.
 
     The class's constructor must accept the dict its instances return from
@@ -101,7 +101,7 @@ def register_model(name: str) -> Callable[[ModelT], ModelT]:
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"model name must be a non-empty string without ':', got {name!r}")
 
-    def decorator(cls: ModelT) -> ModelT:
+    def decorator(cls: _ModelT) -> _ModelT:
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise TypeError(f"register_model({name!r}) decorates torch.nn.Module subclasses, got {cls!r}")
         taken = _REGISTRY.get(name)

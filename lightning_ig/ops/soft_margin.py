@@ -28,7 +28,22 @@ from torch import Tensor
 from lightning_ig.ops import _cupy
 from lightning_ig.ops.dtypes import dtype_suffix
 
-__all__ = ["SoftMarginFunction", "gradient_torch", "soft_margin_cuda", "soft_margin_torch"]
+__all__ = [
+    "BLOCKS_PER_SM",
+    "KERNEL_FILE",
+    "MAX_GRID",
+    "THREADS",
+    "TORCH_SCALE_MAX_ELEMENTS",
+    "UNROLL",
+    "SoftMarginFunction",
+    "gradient_torch",
+    "launch_none",
+    "launch_none_backward",
+    "launch_reduce",
+    "launch_scale_",
+    "soft_margin_cuda",
+    "soft_margin_torch",
+]
 
 # Launch geometry; it must match the constants at the top of kernels/soft_margin.cu.
 KERNEL_FILE = "soft_margin.cu"

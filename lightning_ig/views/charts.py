@@ -1,6 +1,6 @@
 """The two charts: the top features (or groups) as bars, and their importance over training as a heatmap.
 
-Drawn straight into pixels (:mod:`lightning_ig.raster`), a millisecond or two
+Drawn straight into pixels (:mod:`lightning_ig.views.raster`), a millisecond or two
 each, so that the runs that draw them cost about what the others do. Labels
 stay readable from 4 to hundreds of features or groups: the bar chart shows
 the top ``k``, the heatmap the 40 most important of the last run.
@@ -17,7 +17,13 @@ from lightning_ig.attribution.host_result import Moments
 from lightning_ig.attribution.statistics import rank_order
 from lightning_ig.views.raster import SEQUENTIAL_LUT, Canvas, format_tick, nice_ticks, to_colour_index
 
-__all__ = ["Chart", "heatmap_chart", "top_features_chart"]
+__all__ = [
+    "NEGATIVE",
+    "POSITIVE",
+    "Chart",
+    "heatmap_chart",
+    "top_features_chart",
+]
 
 # Colours for the sign of the mean attribution (ColorBrewer RdBu ends: readable for most colour-blind viewers).
 POSITIVE = "#2166ac"
@@ -87,7 +93,7 @@ def top_features_chart(
 
     Args:
         labels: one label per unit (feature or group).
-        moments: the units' :class:`~lightning_ig.host_result.Moments`.
+        moments: the units' :class:`~lightning_ig.attribution.host_result.Moments`.
         top_k: how many bars (default 10).
         title: the title (the step is part of it).
         value_label: the x-axis label, with the unit of the target.

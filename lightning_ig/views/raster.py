@@ -1,7 +1,7 @@
 """Drawing on pixel arrays: fonts, colour tables, text, tick values and compact PNGs.
 
-The pictures the callback logs (the two charts of :mod:`lightning_ig.figures`
-and the saliency pictures of :mod:`lightning_ig.saliency`) are drawn straight
+The pictures the callback logs (the two charts of :mod:`lightning_ig.views.charts`
+and the saliency pictures of :mod:`lightning_ig.views.saliency`) are drawn straight
 into ``(H, W, 3)`` uint8 arrays with numpy and Pillow. A plotting library's
 layout engine costs a hundred milliseconds or more per chart; these cost about
 a millisecond. :func:`png_bytes` stores a picture with at most 256 colours (a

@@ -258,7 +258,7 @@ def build_report(
     Args:
         result: an :class:`~lightning_ig.attribution.IGResult` with one
             attribution per state (for ``target="each"``, build one report per
-            action), or a :class:`~lightning_ig.host_result.HostResult`.
+            action), or a :class:`~lightning_ig.attribution.host_result.HostResult`.
         feature_names: one name per flattened feature, or ``None`` for ``x0, x1, ...``.
         checkpoint: the checkpoint the model came from (written as a string), or ``None``.
         forward_target: what the attributed scalar is, e.g. ``"mean"``, ``"action:1"``.
@@ -268,7 +268,7 @@ def build_report(
         extra: more keys beside the contract keys (e.g. ``global_step``,
             ``timings``); JSON-serialisable, not shadowing a contract key.
         groups: feature groups to report (``"channels"``, a mask, a dict or a
-            :class:`~lightning_ig.groups.FeatureGroups`); ``None`` (default): the
+            :class:`~lightning_ig.attribution.groups.FeatureGroups`); ``None`` (default): the
             host result's groups, if any.
 
     Returns:
@@ -277,7 +277,7 @@ def build_report(
     Raises:
         ValueError: ``feature_names`` has the wrong length, ``top_k < 1``, the
             result has one attribution set per action, ``extra`` shadows a
-            contract key, or ``groups`` is bad (see :class:`~lightning_ig.groups.FeatureGroups`).
+            contract key, or ``groups`` is bad (see :class:`~lightning_ig.attribution.groups.FeatureGroups`).
         TypeError: ``feature_names`` is not a sequence of strings or ``top_k`` is not an int.
 
     Example::

@@ -55,7 +55,7 @@ class Units:
     Attributes:
         kind: ``"features"`` or ``"groups"``.
         names: one name per unit.
-        moments: :class:`~lightning_ig.host_result.Moments` over the states, ``(U,)`` each.
+        moments: :class:`~lightning_ig.attribution.host_result.Moments` over the states, ``(U,)`` each.
         values: ``(B, U)`` per-state attributions of the units (for histograms), or ``None``.
         sizes: ``(U,)`` members per group (``None`` for features).
     """
@@ -96,7 +96,7 @@ class RunSummary:
         logged_features: the features logged one by one, or ``None`` when there are
             more than ``max_logged_features`` of them.
         groups: the groups, or ``None`` when none are in use.
-        completeness: :class:`~lightning_ig.statistics.Completeness`.
+        completeness: :class:`~lightning_ig.attribution.statistics.Completeness`.
         drift: the meaningful drift scalars (empty on the first run).
         concentration: share of the mass held by the top features.
         stochastic: the forward gave different values on the same rows.
@@ -175,7 +175,7 @@ class RunSummary:
 
     @property
     def units(self) -> Units:
-        """What the figures, the text and drift are about: the groups when in use, else the features."""
+        """What the charts, the text and drift are about: the groups when in use, else the features."""
         units = self.groups if self.groups is not None else self.logged_features
         if units is None:  # pragma: no cover - the callback always has one or the other
             raise ValueError("a run summary needs logged features or groups")

@@ -64,7 +64,7 @@ PICTURES = ("top_features", "heatmap", "saliency", "saliency_map")
 
 
 def display_labels(names: Sequence[str], *, generated: bool = False) -> list[str]:
-    """How names appear in tags, figures and text.
+    """How names appear in tags, charts and text.
 
     Args:
         names: feature or group names (distinct).
@@ -193,7 +193,7 @@ def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int)
 
 
 def is_tensorboard_logger(logger: Any) -> bool:
-    """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which also gets histograms, images and text)."""
+    """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which also gets histograms, pictures and text)."""
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
 
     return isinstance(logger, TensorBoardLogger)
@@ -202,7 +202,7 @@ def is_tensorboard_logger(logger: Any) -> bool:
 def pictures_due(
     cadences: Mapping[str, int | None], drawn_steps: Mapping[str, int | None], summary: RunSummary, *, final: bool
 ) -> dict[str, bool]:
-    """Which kinds of picture (e.g. ``"figures"``, ``"saliency"``, ``"saliency_map"``) a run draws.
+    """Which kinds of picture (of :data:`PICTURES`: the two charts, the saliency grid, the mean |attr| map) a run draws.
 
     Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at
     the end of training (``final``), but never twice at one step (``drawn_steps[kind]``). Kinds that
@@ -343,7 +343,7 @@ class TensorBoardRuns:
 
 
 def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
-    """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.raster.png_bytes`).
+    """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.views.raster.png_bytes`).
 
     ``SummaryWriter.add_image`` stores RGB PNGs, three times the bytes, and
     TensorBoard's event writer checksums every byte in Python on a thread that
