@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
-from _tolerance import assert_close_scaled
 from torch import nn
 
 from lightning_ig import losses
 from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
 from lightning_ig.ops import soft_margin as launchers
 from lightning_ig.ops.soft_margin import soft_margin_torch
+from tests.support.tolerance import assert_close_scaled
 
 REDUCTIONS = ("none", "mean", "sum")
 # dtype -> roundings (ulps of the dtype) that may separate two computations of the same loss:

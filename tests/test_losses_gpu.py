@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _tolerance import assert_close_scaled
 from torch import nn
 
 from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
 from lightning_ig.ops.soft_margin import soft_margin_torch
+from tests.support.tolerance import assert_close_scaled
 
 pytestmark = pytest.mark.gpu
 

@@ -1,13 +1,13 @@
 """Every public option refuses a value of the wrong kind with an error that names it; generated from the signatures.
 
-For each public callable (every function and class of ``lightning_ig.__all__``, and the public methods of those
-classes that take options), each parameter's annotation (and its default) says which kinds of value it accepts.
-A value of every other kind in :data:`CANDIDATES` (a string for a flag, a bool for a count, NaN for a number,
-a bare string for a list of names, ``object()`` for anything, ...) is passed to it, alone, on an otherwise valid
-call, and must raise ``TypeError`` or ``ValueError`` whose message names the parameter. A new option is checked
-by this file the day it is added; a new public callable fails :func:`test_every_public_callable_is_covered` until
-it has a row in :func:`entry_points`. The command line: every flag with a type or choices gets wrong values
-through ``main([...])`` and must exit 2 with a line naming the flag.
+For each public callable (every function and class of ``lightning_ig.__all__`` and of the names its wings export in
+the top level's place, and the public methods of those classes that take options), each parameter's annotation (and
+its default) says which kinds of value it accepts. A value of every other kind in :data:`CANDIDATES` (a string for a
+flag, a bool for a count, NaN for a number, a bare string for a list of names, ``object()`` for anything, ...) is
+passed to it, alone, on an otherwise valid call, and must raise ``TypeError`` or ``ValueError`` whose message names
+the parameter. A new option is checked by this file the day it is added; a new public callable fails
+:func:`test_every_public_callable_is_covered` until it has a row in :func:`entry_points`. The command line: every
+flag with a type or choices gets wrong values through ``main([...])`` and must exit 2 with a line naming the flag.
 """
 
 from __future__ import annotations
@@ -32,8 +32,12 @@ import torch
 from torch import Tensor, nn
 
 import lightning_ig
+from lightning_ig.attribution.quadrature import quadrature
+from lightning_ig.checkpoint import list_heads, load_states, save_merged_checkpoint
 from lightning_ig.cli import main
 from lightning_ig.cli.parser import build_parser
+from lightning_ig.models import build_model
+from lightning_ig.views.report import build_report, completeness_summary
 
 # ------------------------------------------------------------------------------------------------ kinds
 
@@ -231,18 +235,18 @@ def entry_points() -> list[Entry]:
         ),
         Entry("IGResult.grouped", L.IGResult.grouped, lambda tmp: {"groups": "features"}, owner=_result),
         Entry("target_forward", L.target_forward, lambda tmp: {"model": q()}),
-        Entry("quadrature", L.quadrature, lambda tmp: {"method": "gausslegendre", "n": 4}),
+        Entry("quadrature", quadrature, lambda tmp: {"method": "gausslegendre", "n": 4}),
         Entry("NoisyLinear", L.NoisyLinear, lambda tmp: {"in_features": 4, "out_features": 2}),
         Entry("NoisyLinear.reset_noise", L.NoisyLinear.reset_noise, _none, owner=lambda: L.NoisyLinear(4, 2)),
         Entry("noise_disabled", _entered(L.noise_disabled), lambda tmp: {"module": q()}),
         Entry("IntegratedGradientsCallback", L.IntegratedGradientsCallback, lambda tmp: {"states": states}),
         Entry(
             "build_report",
-            L.build_report,
+            build_report,
             lambda tmp: {"result": _result(), "feature_names": None, "forward_target": "mean"},
         ),
         Entry("feature_statistics", L.feature_statistics, lambda tmp: {"attributions": torch.ones(3, 4)}),
-        Entry("completeness_summary", L.completeness_summary, lambda tmp: {"result": _result()}),
+        Entry("completeness_summary", completeness_summary, lambda tmp: {"result": _result()}),
         Entry(
             "FeatureGroups",
             L.FeatureGroups,
@@ -285,12 +289,12 @@ def entry_points() -> list[Entry]:
         Entry("save_checkpoint", L.save_checkpoint, lambda tmp: {"model": q(), "path": tmp / "saved.safetensors"}),
         Entry(
             "save_merged_checkpoint",
-            L.save_merged_checkpoint,
+            save_merged_checkpoint,
             lambda tmp: {"heads": {"a": q(), "b": q()}, "path": tmp / "merged.safetensors"},
         ),
         Entry("load_checkpoint", L.load_checkpoint, lambda tmp: {"path": _checkpoint(tmp)}),
-        Entry("list_heads", L.list_heads, lambda tmp: {"path": _checkpoint(tmp)}),
-        Entry("load_states", L.load_states, lambda tmp: {"path": _checkpoint(tmp)}),
+        Entry("list_heads", list_heads, lambda tmp: {"path": _checkpoint(tmp)}),
+        Entry("load_states", load_states, lambda tmp: {"path": _checkpoint(tmp)}),
         Entry("DuelingQNetwork", L.DuelingQNetwork, lambda tmp: {"state_dim": 4, "num_actions": 2}),
         Entry(
             "DuelingQNetwork.reset_noise", L.DuelingQNetwork.reset_noise, _none, owner=lambda: L.DuelingQNetwork(4, 2)
@@ -307,7 +311,7 @@ def entry_points() -> list[Entry]:
         Entry("register_model", L.register_model, _model_name),
         Entry(
             "build_model",
-            L.build_model,
+            build_model,
             lambda tmp: {"name": "DuelingQNetwork", "config": {"state_dim": 4, "num_actions": 2}},
         ),
     ]
@@ -390,11 +394,20 @@ def test_a_wrong_kind_is_refused_naming_the_option(entry: Entry, name: str, valu
     )
 
 
+def _public() -> dict[str, Any]:
+    """What a user imports: ``lightning_ig.__all__``, and the names its wings export in place of the top level."""
+    import importlib
+
+    public = {name: getattr(lightning_ig, name) for name in lightning_ig.__all__}
+    for name, wing in lightning_ig._DEPRECATED.items():
+        public[name] = getattr(importlib.import_module(wing), name)
+    return public
+
+
 def test_every_public_callable_is_covered() -> None:
     covered = {entry.name for entry in entry_points()} | set(EXEMPT)
     missing = []
-    for name in lightning_ig.__all__:
-        value = getattr(lightning_ig, name)
+    for name, value in _public().items():
         if inspect.isclass(value) and issubclass(value, (BaseException, Warning)):
             continue  # raised, not called with options
         if inspect.isfunction(value) and name not in covered:

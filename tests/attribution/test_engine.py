@@ -1,0 +1,163 @@
+"""The reusable engine's graph cache on the CPU: capture, replay, fallbacks and input checks, with the capture
+emulated (tests/_graph_emulation.py) and passed in through IntegratedGradients(graph_capture=...)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from tests.support.graphs import EmulatedCapture, FailingCapture, KernelsThatCannotBeCaptured
+from tests.support.models import DuelingMLP
+from tests.support.tolerance import assert_close_scaled
+
+
+def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return DuelingMLP(features, actions).double().eval()
+
+
+def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> None:
+    capture = EmulatedCapture()
+    model = _dueling(5, 3, seed=40)
+    engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=10)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    first = engine.attribute(x)
+    assert engine.last_mode == "capture" and first.cuda_graph and len(capture.graphs) == 1
+    assert_close_scaled(
+        first.attributions,
+        integrated_gradients(model, x, target="mean", n_steps=10).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
+    second = engine.attribute(x)  # the fast path
+    assert engine.last_mode == "graph" and capture.graphs[0].replays == 2
+    assert torch.equal(second.attributions, first.attributions)
+    second.attributions.zero_()  # results are copies: the next replay is unaffected
+    fresh = torch.randn(4, 5, dtype=torch.float64)
+    replayed = engine.attribute(fresh)
+    expected = integrated_gradients(model, fresh, target="mean", n_steps=10)
+    torch.testing.assert_close(replayed.attributions, expected.attributions, rtol=0, atol=0)
+    torch.testing.assert_close(replayed.delta, expected.delta, rtol=0, atol=0)
+    assert torch.equal(replayed.degenerate, expected.degenerate) and torch.equal(replayed.baselines, expected.baselines)
+    assert torch.equal(replayed.non_finite, expected.non_finite) and replayed.target == expected.target == "mean"
+    with torch.no_grad():
+        model.body[0].weight.mul_(1.5)
+    updated = engine.attribute(fresh)
+    assert_close_scaled(
+        updated.attributions,
+        integrated_gradients(model, fresh, target="mean", n_steps=10).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
+    engine.attribute(torch.randn(6, 5, dtype=torch.float64))  # a new shape: a second capture
+    assert len(capture.graphs) == 2 and engine.last_mode == "capture"
+
+
+@pytest.mark.parametrize("baselines", ["mean", 0.5, "tensor"])
+def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> None:
+    capture = EmulatedCapture()
+    model = _dueling(5, 3, seed=41)
+    engine = IntegratedGradients(model, graph_capture=capture, n_steps=7)
+    for seed in range(3):
+        generator = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 5, generator=generator, dtype=torch.float64)
+        given = torch.randn(5, generator=generator, dtype=torch.float64) if baselines == "tensor" else baselines
+        rows = torch.tensor([seed % 3, 2, 0, 1])
+        result = engine.attribute(x, given, target=rows)
+        expected = integrated_gradients(model, x, given, target=rows, n_steps=7)
+        torch.testing.assert_close(result.attributions, expected.attributions, rtol=0, atol=0)
+        torch.testing.assert_close(result.baselines, expected.baselines, rtol=0, atol=0)
+        assert result.target == "per_row"
+    assert len(capture.graphs) == 1 and engine.last_mode == "graph"
+
+
+def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice() -> None:
+    model = _dueling(3, 2, seed=42)
+    engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target=1, n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    engine.attribute(x)
+    engine.attribute(x)
+    assert engine.finite_checks == 1  # the same, unmodified tensor: one host sync in all
+    x[0, 0] = float("nan")  # modified in place: its version counter moved
+    with pytest.raises(ValueError, match="inputs holds 1 NaN/Inf"):
+        engine.attribute(x)
+    assert engine.finite_checks == 2
+
+
+def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured() -> None:
+    capture = EmulatedCapture()
+    model = _dueling(3, 2, seed=46)
+    engine = IntegratedGradients(
+        model, graph_capture=capture, backend=KernelsThatCannotBeCaptured(capture), target="mean", n_steps=4
+    )
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="captured the torch twins instead"):
+        result = engine.attribute(x)
+    assert capture.attempts == 2 and result.cuda_graph and result.backend == "torch"
+    again = engine.attribute(x)
+    assert engine.last_mode == "graph" and again.backend == "torch" and len(capture.graphs) == 1
+    assert_close_scaled(
+        again.attributions,
+        integrated_gradients(model, x, target="mean", n_steps=4).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
+
+
+def test_graph_capture_failure_falls_back_to_eager_once() -> None:
+    capture = FailingCapture()
+    model = _dueling(3, 2, seed=43)
+    engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the attribution failed"):
+        result = engine.attribute(x)
+    assert engine.last_mode == "eager" and not result.cuda_graph and capture.attempts == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.attribute(x)  # remembered: no second attempt, no second warning
+    assert capture.attempts == 1
+    assert_close_scaled(
+        result.attributions,
+        integrated_gradients(model, x, target="mean", n_steps=4).attributions,
+        ulps=4,
+        dtype=torch.float64,
+    )
+
+
+def test_graph_cache_rejects_per_row_targets_out_of_range() -> None:
+    model = _dueling(3, 2, seed=45)
+    engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), n_steps=4)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    engine.attribute(x, target=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="target holds index 2, out of range for a forward with 2 outputs"):
+        engine.attribute(x, target=torch.tensor([2, 1]))
+
+
+def test_graph_cache_keeps_the_most_recent_plans_and_drops_the_fast_path_with_its_plan() -> None:
+    capture = EmulatedCapture()
+    model = _dueling(3, 2, seed=47)
+    engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=4)
+    first = torch.randn(1, 3, dtype=torch.float64)
+    engine.attribute(first)
+    engine.attribute(first)
+    assert engine.last_mode == "graph"
+    for batch in range(2, 11):  # nine more shapes: the first plan is evicted
+        engine.attribute(torch.randn(batch, 3, dtype=torch.float64))
+    assert len(capture.graphs) == 10
+    engine.attribute(first)
+    assert engine.last_mode == "capture" and len(capture.graphs) == 11  # captured again, not replayed stale
+
+
+def test_non_finite_results_replay_as_flagged() -> None:
+    model = _dueling(3, 2, seed=48)
+    engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="mean", n_steps=4)
+    x = torch.randn(3, 3, dtype=torch.float64)
+    assert engine.attribute(x).num_non_finite == 0
+    with torch.no_grad():
+        model.value.weight[0, 0] = float("nan")  # the weights diverge between two runs, in place
+    result = engine.attribute(x)
+    assert engine.last_mode == "graph" and result.cuda_graph
+    assert result.non_finite.all() and result.worst_relative_error == float("inf")

@@ -1,0 +1,618 @@
+"""Tests for IntegratedGradientsCallback on the CPU: what it logs, that it changes nothing, resume, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from safetensors.torch import save_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.statistics import spearman, topk_jaccard
+from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.models.noise import noise_disabled
+from lightning_ig.views.report import load_schema
+from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
+from tests.support.tolerance import assert_close_scaled, eps
+
+SCALAR_TAGS = [
+    "ig/completeness/worst_relative_error",
+    "ig/completeness/mean_abs_error",
+    "ig/completeness/non_finite_states",
+    "ig/completeness/degenerate_states",
+    "ig/concentration/top1pct_share",
+    "ig/concentration/top10pct_share",
+    *[f"ig/mean_abs/{name}" for name in FEATURES],
+    *[f"ig/mean_signed/{name}" for name in FEATURES],
+    "ig/drift/spearman_prev",
+    "ig/drift/spearman_first",
+    "ig/drift/topk_jaccard_prev",
+    "ig/time_ms",
+]
+
+
+def loader(shuffle: bool = True) -> DataLoader:
+    return DataLoader(dataset(), batch_size=16, shuffle=shuffle)
+
+
+def direct_ig(model: TinyQNet, states: torch.Tensor, **options: Any):
+    """IG computed without the callback: the model as the callback sees it (eval, noise off)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with noise_disabled(model):
+            return integrated_gradients(model, states, **options)
+    finally:
+        model.train(was_training)
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One training run with the callback, a TensorBoard and a CSV logger; shared by several tests."""
+    root = tmp_path_factory.mktemp("logged")
+    pl.seed_everything(0)
+    model = TinyQNet()
+    states = held_out_states()
+    callback = IntegratedGradientsCallback(
+        states,
+        every_n_steps=10,
+        feature_names=FEATURES,
+        n_steps=16,
+        report_dir=root / "reports",
+        top_k=3,
+        figure_every_n_runs=1,
+    )
+    tensorboard = TensorBoardLogger(root, name="tb")
+    csv_logger = CSVLogger(root, name="csv")
+    trainer = make_trainer(root, [callback], max_steps=30, logger=[tensorboard, csv_logger])
+    trainer.fit(model, loader())
+    checkpoint = root / "final.ckpt"
+    trainer.save_checkpoint(checkpoint)
+    accumulator = EventAccumulator(
+        tensorboard.log_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+    )
+    accumulator.Reload()
+    return {
+        "root": root,
+        "callback": callback,
+        "states": states,
+        "checkpoint": checkpoint,
+        "events": accumulator,
+        "csv": Path(csv_logger.log_dir) / "metrics.csv",
+    }
+
+
+def test_every_tag_is_in_the_event_files(logged_run):
+    events = logged_run["events"]
+    tags = events.Tags()
+    assert set(SCALAR_TAGS) <= set(tags["scalars"])
+    assert {f"ig/attributions/{name}" for name in FEATURES} <= set(tags["histograms"])
+    assert {"ig/top_features", "ig/heatmap"} <= set(tags["images"])
+    assert "ig/saliency" not in tags["images"]  # a flat state vector has no saliency map
+    assert "ig/report/text_summary" in tags["tensors"]  # SummaryWriter.add_text("ig/report")
+    assert "custom_scalars__config__" in tags["tensors"]
+    # runs at steps 10, 20, 30 (the train-end run is skipped: step 30 already ran)
+    assert [event.step for event in events.Scalars("ig/mean_abs/pole_theta")] == [10, 20, 30]
+    assert [event.step for event in events.Scalars("ig/drift/spearman_prev")] == [20, 30]
+    # figures at every run (figure_every_n_runs=1), and they are real pictures
+    assert [event.step for event in events.Images("ig/heatmap")] == [10, 20, 30]
+    top = events.Images("ig/top_features")[-1]
+    assert top.width > 300 and top.height > 150
+    text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert "rank  feature" in text and "Completeness passes" in text and "Drift" in text
+
+
+def test_custom_scalars_layout_groups_features(logged_run):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    event = logged_run["events"].Tensors("custom_scalars__config__")[0]
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(event.tensor_proto.string_val[0])
+    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+    # one quantity per chart (TensorBoard draws a run's lines in one colour): ratio and absolute error apart
+    assert all(len(tags) == 1 for tags in charts.values())
+    assert charts["completeness: worst relative error"] == [r"^ig/completeness/worst_relative_error$"]
+    assert charts["completeness: mean absolute error"] == [r"^ig/completeness/mean_abs_error$"]
+    assert any(tags == [r"^ig/drift/topk_jaccard_prev$"] for tags in charts.values())  # 4 features > top_k=3
+    # the features' charts come most important first, by the last layout's run
+    last = logged_run["callback"].history[-1]["mean_abs"]
+    ranked = [FEATURES[i] for i in np.argsort(-np.asarray(last), kind="stable")]
+    feature_charts = [title for title in charts if title.startswith("#")]
+    assert feature_charts == [f"#{rank} {name}: mean |attribution|" for rank, name in enumerate(ranked, start=1)]
+
+
+def test_logged_values_equal_ig_on_the_checkpoint(logged_run):
+    model = TinyQNet.load_from_checkpoint(logged_run["checkpoint"])
+    result = direct_ig(model, logged_run["states"], target="mean", n_steps=16)
+    attributions = result.attributions.double()
+    events = logged_run["events"]
+    # The callback and this direct run compute the same float32 IG on the same weights; TensorBoard keeps
+    # float32 scalars. Bounds: float32 roundings of the numbers involved (mean |attr| for the means).
+    scale = float(attributions.abs().mean(0).max())
+    logged_abs = [events.Scalars(f"ig/mean_abs/{name}")[-1] for name in FEATURES]
+    assert [event.step for event in logged_abs] == [30] * 4
+    assert_close_scaled([event.value for event in logged_abs], attributions.abs().mean(0), ulps=16, scale=scale)
+    logged_signed = [events.Scalars(f"ig/mean_signed/{name}")[-1].value for name in FEATURES]
+    assert_close_scaled(logged_signed, attributions.mean(0), ulps=16, scale=scale)
+    worst = events.Scalars("ig/completeness/worst_relative_error")[-1].value
+    # the worst relative error is itself rounding-sized: compare it as delta's rounding over |F(x) - F(b)|
+    difference = (result.f_input - result.f_baseline).double().abs()
+    bound = 64 * eps(torch.float32) * float(((attributions.sum(1).abs() + difference) / difference).max())
+    assert abs(worst - result.worst_relative_error) <= bound + eps(torch.float32) * result.worst_relative_error
+    # the JSON report holds the same numbers at full precision
+    report = json.loads((logged_run["root"] / "reports" / "ig_report_step=00000030.json").read_text())
+    assert_close_scaled(
+        [feature["mean_abs"] for feature in report["features"]], attributions.abs().mean(0), ulps=16, scale=scale
+    )
+    sums = [state["sum_attributions"] for state in report["completeness"]["per_state"]]
+    assert_close_scaled(sums, attributions.sum(1), ulps=16, scale=float(attributions.abs().sum(1).max()))
+    # histograms hold every state's attribution
+    histogram = events.Histograms("ig/attributions/pole_theta")[-1].histogram_value
+    assert histogram.num == len(logged_run["states"])
+    assert_close_scaled([histogram.min], [attributions[:, 2].min().item()], ulps=16, scale=scale)
+
+
+def test_drift_scalars_match_the_history(logged_run):
+    history = logged_run["callback"].history
+    assert [entry["global_step"] for entry in history] == [10, 20, 30]
+    events = logged_run["events"]
+    expected_prev = spearman(history[2]["mean_abs"], history[1]["mean_abs"])
+    expected_first = spearman(history[2]["mean_abs"], history[0]["mean_abs"])
+    expected_jaccard = topk_jaccard(history[2]["mean_abs"], history[1]["mean_abs"], 3)
+    assert events.Scalars("ig/drift/spearman_prev")[-1].value == pytest.approx(expected_prev, rel=eps(torch.float32))
+    assert events.Scalars("ig/drift/spearman_first")[-1].value == pytest.approx(expected_first, rel=eps(torch.float32))
+    assert events.Scalars("ig/drift/topk_jaccard_prev")[-1].value == pytest.approx(
+        expected_jaccard, rel=eps(torch.float32)
+    )
+
+
+def test_reports_are_schema_v1_and_csv_logger_gets_the_scalars(logged_run):
+    reports = sorted((logged_run["root"] / "reports").glob("*.json"))
+    assert [path.name for path in reports] == [f"ig_report_step={step:08d}.json" for step in (10, 20, 30)]
+    schema = load_schema()
+    for path in reports:
+        document = json.loads(path.read_text())
+        jsonschema.validate(document, schema, cls=jsonschema.Draft202012Validator)
+        assert document["num_states"] == 37 and document["state_dim"] == 4 and document["num_steps"] == 16
+        assert [feature["name"] for feature in document["features"]] == FEATURES
+        assert len(document["top_10_by_mean_abs"]) == 3
+    with open(logged_run["csv"], newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    column = "ig/mean_abs/pole_theta"
+    values = [(int(row["step"]), float(row[column])) for row in rows if row.get(column)]
+    tb_values = [(event.step, event.value) for event in logged_run["events"].Scalars(column)]
+    assert [step for step, _ in values] == [10, 20, 30]
+    np.testing.assert_allclose([v for _, v in values], [v for _, v in tb_values], rtol=eps(torch.float32))
+
+
+class _Recorder(Callback):
+    """Records the gradients at the end of each training batch, to compare before / after the IG callback."""
+
+    def __init__(self) -> None:
+        self.grads: list[list[torch.Tensor | None]] = []
+        self.grad_objects: list[list[int | None]] = []
+        self.modes: list[list[bool]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        params = list(pl_module.parameters())
+        self.grads.append([None if p.grad is None else p.grad.clone() for p in params])
+        self.grad_objects.append([None if p.grad is None else id(p.grad) for p in params])
+        self.modes.append([module.training for module in pl_module.modules()])
+
+
+def _train(tmp_path: Path, with_callback: bool, recorders: bool = False) -> tuple[TinyQNet, pl.Trainer, list]:
+    pl.seed_everything(123)
+    model = TinyQNet()
+    callbacks: list[Callback] = []
+    before, after = _Recorder(), _Recorder()
+    if recorders:
+        callbacks.append(before)
+    if with_callback:
+        callbacks.append(
+            IntegratedGradientsCallback(held_out_states(), every_n_steps=3, n_steps=8, figure_every_n_runs=None)
+        )
+    if recorders:
+        callbacks.append(after)
+    trainer = make_trainer(tmp_path, callbacks, max_steps=12)
+    trainer.fit(model, loader(shuffle=True))
+    return model, trainer, [before, after]
+
+
+def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
+    without, trainer_without, _ = _train(tmp_path / "a", with_callback=False)
+    with_ig, trainer_with, (before, after) = _train(tmp_path / "b", with_callback=True, recorders=True)
+    assert trainer_with.callbacks[1].history, "the callback never ran"
+    for (name, a), (_, b) in zip(without.state_dict().items(), with_ig.state_dict().items()):
+        assert torch.equal(a, b), f"{name} differs"  # weights, BatchNorm statistics, noise buffers
+    optimizer_a = trainer_without.optimizers[0].state_dict()
+    optimizer_b = trainer_with.optimizers[0].state_dict()
+    assert optimizer_a["param_groups"] == optimizer_b["param_groups"]
+    for key, state in optimizer_a["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(optimizer_b["state"][key][name])), name
+    # .grad (values and tensor objects) and every module's mode as they were before the callback ran
+    assert len(before.grads) == len(after.grads) == 12
+    for grads_before, grads_after in zip(before.grads, after.grads):
+        for g_before, g_after in zip(grads_before, grads_after):
+            assert (g_before is None and g_after is None) or torch.equal(g_before, g_after)
+    assert before.grad_objects == after.grad_objects
+    assert before.modes == after.modes and all(all(mode) for mode in after.modes)
+
+
+def test_run_leaves_random_generators_and_works_under_inference_mode(tmp_path):
+    import random
+
+    pl.seed_everything(7)
+    model = TinyQNet()
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, n_steps=8, figure_every_n_runs=None)
+    trainer = make_trainer(tmp_path, [callback], max_steps=5)
+    trainer.fit(model, loader())
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    with torch.inference_mode():  # as in a validation hook of Trainer(inference_mode=True)
+        callback._run(trainer, model, final=False)
+    assert torch.equal(states[0], torch.get_rng_state())
+    assert np.array_equal(states[1], np.random.get_state()[1])
+    assert states[2] == random.getstate()
+    assert len(callback.history) == 2  # step 5 (cadence; no train-end run at the same step) + the manual run
+    assert callback.history[-1]["mean_abs"] == callback.history[-2]["mean_abs"]  # same weights, same IG
+
+
+def test_resume_keeps_the_history(tmp_path):
+    pl.seed_everything(0)
+    first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, feature_names=FEATURES, n_steps=8)
+    trainer = make_trainer(tmp_path, [first], max_steps=20)
+    trainer.fit(TinyQNet(), loader())
+    checkpoint = tmp_path / "half.ckpt"
+    trainer.save_checkpoint(checkpoint)
+    assert [entry["global_step"] for entry in first.history] == [10, 20]
+
+    resumed = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, feature_names=FEATURES, n_steps=8)
+    logger = TensorBoardLogger(tmp_path, name="resumed")
+    trainer = make_trainer(tmp_path, [resumed], max_steps=40, logger=logger)
+    trainer.fit(TinyQNet(), loader(), ckpt_path=checkpoint)
+    assert [entry["global_step"] for entry in resumed.history] == [10, 20, 30, 40]
+    assert resumed.history[:2] == first.history
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    first_drift = {event.step: event.value for event in events.Scalars("ig/drift/spearman_first")}
+    assert sorted(first_drift) == [30, 40]  # the first run after resuming already has drift
+    expected = spearman(resumed.history[2]["mean_abs"], first.history[0]["mean_abs"])
+    assert first_drift[30] == pytest.approx(expected, rel=eps(torch.float32))
+
+
+def test_state_keys_let_two_callbacks_coexist():
+    a = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target="mean")
+    b = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target=1)
+    assert a.state_key != b.state_key
+
+
+def test_no_logger_still_writes_reports_and_says_so(tmp_path, caplog):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=4, n_steps=4)
+    trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=False)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(TinyQNet(), loader())
+    messages = [record.getMessage() for record in caplog.records if "no logger" in record.getMessage()]
+    assert len(messages) == 1 and "ig_reports" in messages[0]
+    written = sorted(path.name for path in (tmp_path / "ig_reports").glob("*.json"))
+    assert written == ["ig_report_step=00000004.json", "ig_report_step=00000006.json"]  # cadence + train end
+
+
+def test_completeness_warning_fires_once(tmp_path):
+    # one left-Riemann point on a curved model: the attributions cannot add up
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=2, n_steps=1, method="riemann_left", completeness_tol=1e-6
+    )
+    trainer = make_trainer(tmp_path, [callback], max_steps=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(TinyQNet(), loader())
+    completeness = [w for w in caught if "completeness error" in str(w.message)]
+    assert len(callback.history) == 3
+    assert len(completeness) == 1 and "completeness_tol=1e-06" in str(completeness[0].message)
+
+
+@pytest.mark.parametrize("kind", ["npy", "json", "safetensors", "callable"])
+def test_states_from_files_and_callables(tmp_path, kind):
+    states = held_out_states(9)
+    if kind == "npy":
+        source: Any = tmp_path / "states.npy"
+        np.save(source, states.numpy())
+    elif kind == "json":
+        source = tmp_path / "states.json"
+        source.write_text(json.dumps({"states": states.tolist()}))
+    elif kind == "safetensors":
+        source = tmp_path / "states.safetensors"
+        save_file({"__states__": states}, str(source))
+    else:
+        source = lambda trainer, pl_module: states  # noqa: E731
+    callback = IntegratedGradientsCallback(source, every_n_steps=3, n_steps=4, report_dir=tmp_path / "r")
+    make_trainer(tmp_path, [callback], max_steps=3).fit(TinyQNet(), loader())
+    report = json.loads((tmp_path / "r" / "ig_report_step=00000003.json").read_text())
+    assert report["num_states"] == 9
+    model_states = callback._held_out
+    assert torch.equal(model_states, states)
+
+
+def test_targets_and_baselines(tmp_path):
+    states = held_out_states(11)
+    pl.seed_everything(3)
+    model = TinyQNet()
+
+    def advantage_gap(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
+        q = pl_module(x)
+        return q[:, 1] - q[:, 0]
+
+    cases = [
+        ({"target": 1, "baseline": "zeros"}, {"target": 1, "baselines": "zeros"}),
+        ({"target": "mean", "baseline": "mean"}, {"target": "mean", "baselines": states.mean(0)}),
+        ({"target": "mean", "baseline": torch.full((4,), 0.5)}, {"target": "mean", "baselines": torch.full((4,), 0.5)}),
+        ({"forward": advantage_gap}, {"target": None}),
+    ]
+    for index, (options, direct) in enumerate(cases):
+        callback = IntegratedGradientsCallback(
+            states, every_n_steps=100, n_steps=8, report_dir=tmp_path / str(index), **options
+        )
+        make_trainer(tmp_path, [callback], max_steps=2).fit(model, loader())
+        forward = (lambda x: advantage_gap(model, x)) if "forward" in options else model
+        if forward is model:
+            expected = direct_ig(model, states, n_steps=8, **direct)
+        else:
+            expected = _direct_fn(model, forward, states)
+        report = json.loads(next((tmp_path / str(index)).glob("*.json")).read_text())
+        assert report["forward_target"] == ["action:1", "mean", "mean", "callable:" + advantage_gap.__qualname__][index]
+        scale = float(expected.attributions.double().abs().mean(0).max())
+        assert_close_scaled(
+            [f["mean_signed"] for f in report["features"]], expected.attributions.double().mean(0), ulps=64, scale=scale
+        )
+        assert_close_scaled(
+            [f["mean_abs"] for f in report["features"]],
+            expected.attributions.double().abs().mean(0),
+            ulps=64,
+            scale=scale,
+        )
+
+
+def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
+    model.eval()
+    try:
+        with noise_disabled(model):
+            return integrated_gradients(forward, states, n_steps=8)
+    finally:
+        model.train()
+
+
+@pytest.mark.parametrize(
+    ("every", "max_steps", "expected", "expected_heatmap"),
+    [
+        # runs 0..6 at steps 1..7: the bar chart at runs 0, 3, 6, the heatmap half a cadence later (0, 1, 4)
+        (3, 7, [1, 4, 7], [1, 2, 5, 7]),
+        (3, 6, [1, 4, 6], [1, 2, 5, 6]),  # the last run (step 6) always gets both
+        (10, 7, [1, 7], [1, 6, 7]),  # the default cadence: the first run, the end (the heatmap also at run 5)
+        (None, 7, [], []),
+    ],
+)
+def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, n_steps=4, figure_every_n_runs=every)
+    logger = TensorBoardLogger(tmp_path, name="figures")
+    make_trainer(tmp_path, [callback], max_steps=max_steps, logger=logger).fit(TinyQNet(), loader())
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    images = events.Tags()["images"]
+    for tag, steps in (("ig/top_features", expected), ("ig/heatmap", expected_heatmap)):
+        assert [event.step for event in events.Images(tag)] == steps if steps else tag not in images
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"every_n_steps": 0}, MisconfigurationException, "every_n_steps must be a positive int or None, got 0"),
+        ({"every_n_steps": -5}, MisconfigurationException, "every_n_steps must be a positive int"),
+        ({"every_n_epochs": 0}, MisconfigurationException, "every_n_epochs must be a positive int or None, got 0"),
+        ({"every_n_steps": None}, MisconfigurationException, "needs a cadence"),
+        ({"target": -1}, ValueError, "target must be an output index >= 0, got -1"),
+        ({"n_steps": 0}, ValueError, "n_steps must be an int >= 1, got 0"),
+        ({"method": "simpson"}, ValueError, "method must be one of"),
+        ({"top_k": 0}, ValueError, "top_k must be an int >= 1, got 0"),
+        ({"baseline": "ones"}, ValueError, "baseline must be 'zeros', 'mean' or a tensor"),
+        ({"feature_names": "abcd"}, TypeError, "feature_names must be a list of strings"),
+        ({"feature_names": ["a", "a"]}, ValueError, "feature_names repeats"),
+        ({"on_non_finite": "ignore"}, ValueError, "on_non_finite must be one of 'warn', 'raise'"),
+        ({"max_logged_features": 0}, ValueError, "max_logged_features must be an int >= 1"),
+        ({"feature_groups": "pixels"}, ValueError, "feature_groups must be None, 'features', 'channels'"),
+        ({"feature_groups": 3}, TypeError, "feature_groups must be None"),
+        ({"name": "a/b"}, ValueError, "name must be a short label without '/'"),
+        ({"saliency_channel": -1}, ValueError, "saliency_channel must be None"),
+        ({"figure_every_n_runs": "auto"}, TypeError, "figure_every_n_runs must be an int >= 1"),
+        ({"saliency_every_n_runs": 0}, ValueError, "saliency_every_n_runs must be an int >= 1"),
+        ({"saliency_every_n_runs": None}, TypeError, "saliency_every_n_runs must be an int >= 1"),
+        # guards against: bool("no") and bool("False") are True, list("abc") is ['a', 'b', 'c']: read, silently, as
+        # something else
+        ({"run_at_train_end": "no"}, TypeError, r"run_at_train_end must be True or False, got str \('no'\)"),
+        ({"log_histograms": "False"}, TypeError, r"log_histograms must be True or False, got str \('False'\)"),
+        ({"group_names": "abc"}, TypeError, r"group_names must be a list of strings, got str \('abc'\)"),
+        ({"every_n_steps": "100"}, TypeError, "every_n_steps must be a positive int or None, got str"),
+        ({"report_dir": 3}, TypeError, r"report_dir must be a path \(str or os.PathLike\), got int"),
+        ({"saliency_channel": 1.0}, TypeError, "saliency_channel must be None"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(options, error, match):
+    with pytest.raises(error, match=match):
+        IntegratedGradientsCallback(held_out_states(), **options)
+
+
+def test_nan_states_fail_at_construction_and_at_setup(tmp_path):
+    states = held_out_states(5)
+    states[3, 2] = math.nan
+    with pytest.raises(ValueError, match=r"states holds 1 NaN/Inf value\(s\), the first at index \(3, 2\)"):
+        IntegratedGradientsCallback(states)
+    path = tmp_path / "bad.npy"
+    np.save(path, states.numpy())
+    callback = IntegratedGradientsCallback(path, every_n_steps=1)
+    with pytest.raises(ValueError, match=r"NaN/Inf value\(s\), the first at index \(3, 2\)"):
+        make_trainer(tmp_path, [callback], max_steps=1).fit(TinyQNet(), loader())
+
+
+class _NoTraining(Callback):
+    def on_train_batch_start(self, *args: Any) -> None:
+        raise AssertionError("training started before the bad input was reported")
+
+
+@pytest.mark.parametrize(
+    ("states", "options", "match"),
+    [
+        (torch.randn(6, 5), {}, r"model failed on the held-out states \(feature shape \(5,\)"),
+        (torch.randn(6, 4), {"feature_names": ["a", "b", "c"]}, "feature_names has 3 names but there are 4 features"),
+        (torch.randn(6, 4), {"feature_groups": "channels"}, "needs states with a channel dimension"),
+        (torch.randn(6, 4), {"feature_groups": {"a": [0, 9]}}, "holds index 9, outside the 4 features"),
+        (torch.randn(6, 4), {"group_names": ["a"]}, "group_names needs feature_groups"),
+        # guards against: a third, phantom group of no feature, logged as attribution 0 every run
+        (
+            torch.randn(6, 4),
+            {"feature_groups": {"a": [0, 1], "b": [2, 3]}, "group_names": ["a", "b", "c"]},
+            "group_names has 3 names but there are 2 groups",
+        ),
+        (
+            torch.randn(6, 3, 2, 2),
+            {"feature_groups": "channels", "group_names": ["r", "g", "b", "alpha"]},
+            "group_names has 4 names but there are 3 groups",
+        ),
+        # guards against: passed set-up and failed at the first picture, mid-training
+        (torch.randn(6, 3, 2, 2), {"saliency_channel": 7}, r"saliency_channel=7 is out of range for 3 channels"),
+        (torch.randn(6, 4), {"target": 2}, r"target=2 is out of range: the model returns 2 outputs per state"),
+        (torch.randn(6, 4), {"baseline": torch.zeros(3)}, r"baseline has shape \(3,\) but the states have shape"),
+        (torch.randn(6, 4), {"backend": "cuda"}, "backend='cuda' needs a CUDA device"),
+        (
+            torch.randn(6, 4),
+            {"forward": lambda module, x: (module(x) > 0).float().sum(1)},  # no gradient flows through a comparison
+            "autograd",
+        ),
+        (
+            lambda trainer, pl_module: [[1.0, 2.0]],
+            {},
+            "the states callable <lambda> must return a tensor",
+        ),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, states, options, match):
+    callback = IntegratedGradientsCallback(states, every_n_steps=1, **options)
+    trainer = make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2)
+    with pytest.raises((ValueError, TypeError), match=match):
+        trainer.fit(TinyQNet(), loader())
+
+
+def test_states_made_under_inference_mode(tmp_path):
+    with torch.inference_mode():
+        states = held_out_states(8) * 1.0  # an inference tensor
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=4)
+    make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
+    assert len(callback.history) == 1
+
+
+def test_forward_callable_must_return_one_value_per_state(tmp_path):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, forward=lambda module, x: module(x))
+    with pytest.raises(ValueError, match=r"must return one value per state, shape \(2,\), got \(2, 2\)"):
+        make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
+
+
+def test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns(tmp_path):
+    def value(module, x):  # (pl_module, x) -> (N,): forward= now
+        return module(x)[:, 1]
+
+    with pytest.warns(DeprecationWarning, match="takes \\(pl_module, x\\): that is forward= now"):
+        old = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=value)
+    new = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, forward=value)
+    assert (old.target, old.forward) == (new.target, new.forward) == ("mean", value)
+    assert old.state_key == new.state_key  # a checkpoint of the old spelling restores into the new one
+    with pytest.raises(ValueError, match="forward= is given too"):
+        IntegratedGradientsCallback(held_out_states(), target=value, forward=value)
+    with pytest.raises(ValueError, match="target must stay 'mean'"):
+        IntegratedGradientsCallback(held_out_states(), target=1, forward=value)
+    for callback in (old, new):
+        torch.manual_seed(0)  # the same model and batches for both
+        make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
+    assert (
+        old.history == new.history
+        and old._target_label
+        == new._target_label
+        == "callable:test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns.<locals>.value"
+    )
+
+
+def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path):
+    def second_action(outputs):  # (N, A) -> (N,)
+        return outputs[:, 1]
+
+    by_callable = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=second_action)
+    by_index = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=1)
+    for callback in (by_callable, by_index):
+        torch.manual_seed(0)  # the same model and batches for both
+        make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
+    assert by_callable.history[0]["mean_abs"] == by_index.history[0]["mean_abs"]  # the same scalar attributed
+    assert by_callable._target_label.startswith("callable:") and by_index._target_label == "action:1"
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
+    """``(colour, width in pixels)`` of each bar, top to bottom, found by their colours in a drawn chart."""
+    from lightning_ig.views.charts import NEGATIVE, POSITIVE
+
+    colours = {
+        name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)])
+        for name, code in (("+", POSITIVE), ("-", NEGATIVE))
+    }
+    masks = {name: (pixels == rgb).all(axis=-1) for name, rgb in colours.items()}
+    coloured = masks["+"] | masks["-"]
+    rows, bars, previous = np.flatnonzero(coloured.sum(axis=1) > 0), [], -10
+    for row in rows[rows > 50]:  # below the title and the legend's swatches
+        if row > previous + 3:  # a new bar starts (its whisker crosses it at the middle): read it on its first row
+            sign = "+" if masks["+"][row].sum() > masks["-"][row].sum() else "-"
+            bars.append((sign, int(coloured[row].sum())))
+        previous = row
+    return bars
+
+
+def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
+    from lightning_ig.attribution.host_result import Moments
+    from lightning_ig.attribution.statistics import rank_order
+    from lightning_ig.views.charts import heatmap_chart, top_features_chart
+
+    rng = np.random.default_rng(0)
+    for units in (4, 400):
+        values = rng.normal(size=(16, units)) * np.linspace(3.0, 0.1, units) + np.linspace(1.0, -1.0, units)
+        moments = Moments.of(values)
+        labels = [f"group {i:03d}" for i in range(units)]
+        bar = top_features_chart(labels, moments, top_k=10, verdict=("pass", "Completeness passes"))
+        order = rank_order(moments.mean_abs)[: min(units, 10)]
+        assert bar.labels == tuple(labels[i] for i in order)
+        assert bar.pixels.dtype == np.uint8 and bar.pixels.shape[1] == 640 and bar.pixels.shape[0] < 600
+        # the axis is set by the bars, never stretched by a whisker: the top bar fills most of it
+        assert moments.mean_abs.max() < bar.axis_limit <= 1.31 * moments.mean_abs.max()
+        # one bar per unit, most important on top, coloured by the sign of the mean, long in proportion
+        drawn = _bar_rows(bar.pixels)
+        assert [sign for sign, _ in drawn] == ["+" if moments.mean_signed[i] >= 0 else "-" for i in order]
+        widths = np.array([width for _, width in drawn], dtype=float)
+        expected = moments.mean_abs[order] / moments.mean_abs[order[0]] * widths[0]
+        np.testing.assert_allclose(widths, expected, atol=2.0)  # a bar's ends are whole pixels
+        heat = heatmap_chart(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
+        assert len(heat.labels) == min(units, 40)
+        assert heat.pixels.shape[0] < 1200

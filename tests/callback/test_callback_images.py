@@ -1,0 +1,261 @@
+"""Images and wide vectors: bounded tags, groups, saliency images, several callbacks in one Trainer."""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.views.report import load_schema
+from lightning_ig.views.saliency import mean_abs_map, saliency_grid
+from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
+from tests.support.tolerance import assert_close_scaled
+
+ALL = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+
+
+def _fit(
+    root: Path, shape: tuple[int, ...], callbacks: list, max_steps: int = 4, seed: int = 0
+) -> tuple[ConvQNet, TensorBoardLogger]:
+    torch.manual_seed(seed)
+    model = ConvQNet(shape)
+    logger = TensorBoardLogger(root, name="tb")
+    data = DataLoader(frame_dataset(64, shape), batch_size=16)
+    make_trainer(root, callbacks, max_steps=max_steps, logger=logger).fit(model, data)
+    return model, logger
+
+
+def _events(logger: TensorBoardLogger) -> EventAccumulator:
+    events = EventAccumulator(logger.log_dir, size_guidance=ALL)
+    events.Reload()
+    return events
+
+
+def _direct(model: ConvQNet, states: torch.Tensor, n_steps: int):
+    model.eval()
+    return integrated_gradients(model, states, target="mean", n_steps=n_steps)
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("images")
+    states = frames(10, (3, 16, 16), seed=1)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=16, report_dir=root / "reports")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, logger = _fit(root, (3, 16, 16), [callback])
+    return {
+        "root": root,
+        "states": states,
+        "model": model,
+        "events": _events(logger),
+        "warnings": caught,
+        "callback": callback,
+    }
+
+
+def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(image_run):
+    tags = image_run["events"].Tags()
+    scalars, histograms, images = set(tags["scalars"]), set(tags["histograms"]), set(tags["images"])
+    channels = [f"channel {c}" for c in range(3)]
+    assert {f"ig/group/mean_abs/{name}" for name in channels} <= scalars
+    assert {f"ig/group/mean_signed/{name}" for name in channels} <= scalars
+    assert {f"ig/group/attributions/{name}" for name in channels} == histograms
+    assert not any(tag.startswith(("ig/mean_abs/", "ig/mean_signed/")) for tag in scalars)  # 768 features: none
+    assert {"ig/concentration/top1pct_share", "ig/concentration/top10pct_share"} <= scalars
+    assert "ig/drift/topk_jaccard_prev" not in scalars  # 3 channels <= top_k: the overlap is 1 by construction
+    assert (
+        len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40
+    )  # not one tag per pixel (1,542 scalar tags for these states)
+    assert {tag for tag in scalars if tag.startswith("ig/")} == set(image_run["callback"]._tags.scalar_tags(10))
+    grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]
+    assert len(grouping) == 1 and "768 features" in grouping[0] and "3 groups (channel 0, ...)" in grouping[0]
+
+
+def test_group_scalars_are_the_sums_of_their_members(image_run):
+    events, states = image_run["events"], image_run["states"]
+    result = _direct(image_run["model"], states, n_steps=16)
+    per_channel = result.attributions.double().sum((2, 3))  # (B, 3)
+    logged = [events.Scalars(f"ig/group/mean_abs/channel {c}")[-1].value for c in range(3)]
+    assert_close_scaled(
+        logged, per_channel.abs().mean(0), ulps=64, scale=float(result.attributions.abs().sum((1, 2, 3)).max())
+    )
+    report = json.loads((image_run["root"] / "reports" / "ig_report_step=00000004.json").read_text())
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"channel {c}", 256) for c in range(3)]
+    assert_close_scaled(
+        [g["mean_signed"] for g in report["groups"]],
+        per_channel.mean(0),
+        ulps=64,
+        scale=float(result.attributions.abs().sum((1, 2, 3)).max()),
+    )
+    assert report["state_dim"] == 768 and len(report["features"]) == 768
+
+
+def assert_same_picture(logged: np.ndarray, expected: np.ndarray) -> None:
+    """The logged picture is the expected one, up to its palette of 256 colours (lightning_ig.raster.png_bytes).
+
+    A picture of other attributions or states is tens of levels off on average; the palette costs about 2.5
+    (of 255) and at most a few tens on rare pixels; the float32 run and the float64 reference round a few
+    pixels one colour step apart.
+    """
+    assert logged.shape == expected.shape
+    error = np.abs(logged.astype(int) - expected.astype(int))
+    assert error.mean() <= 4.0 and np.mean(error > 32) < 0.002
+
+
+def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
+    events, states = image_run["events"], image_run["states"]
+    result = _direct(image_run["model"], states, n_steps=16)
+    expected = saliency_grid(states[:8].numpy(), result.attributions[:8].double().numpy()).pixels
+    expected_mean = mean_abs_map(result.attributions.double().abs().mean(0).numpy(), 10).pixels
+    for tag, pixels in (("ig/saliency", expected), ("ig/saliency/mean_abs", expected_mean)):
+        logged = events.Images(tag)
+        assert [event.step for event in logged] == [2, 4]
+        assert (logged[-1].height, logged[-1].width) == pixels.shape[:2]
+        decoded = np.asarray(Image.open(io.BytesIO(logged[-1].encoded_image_string)).convert("RGB"))
+        assert decoded.dtype == np.uint8 and decoded.shape == pixels.shape
+        assert_same_picture(decoded, pixels)
+    assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
+    texts = {
+        event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors("ig/report/text_summary")
+    }
+    assert "**Saliency** (`ig/saliency`): colour scale ±" in texts[2]  # the first run draws them (every 10 runs)
+    assert "**Saliency**" not in texts[4]  # the second run does not: its pictures come at the end of training
+
+
+def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
+    states = frames(4, (2, 8, 8), seed=6)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=1, n_steps=4, saliency_every_n_runs=8, figure_every_n_runs=8
+    )
+    _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=20)  # runs 0..19 at steps 1..20
+    events = _events(logger)
+    steps = {
+        tag: [event.step for event in events.Images(tag)]
+        for tag in ("ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs")
+    }
+    assert steps == {
+        "ig/top_features": [1, 9, 17, 20],  # runs 0, 8, 16 and the end
+        "ig/heatmap": [1, 3, 11, 19, 20],  # runs 0, 2, 10, 18: a quarter of the cadence later
+        "ig/saliency": [1, 5, 13, 20],  # runs 0, 4, 12: half
+        "ig/saliency/mean_abs": [1, 7, 15, 20],  # runs 0, 6, 14: three quarters
+    }
+    # besides the first and the last run, no run draws two pictures
+    later = [step for tag_steps in steps.values() for step in tag_steps if step not in (1, 20)]
+    assert len(later) == len(set(later))
+
+
+@pytest.mark.parametrize(
+    ("every", "at_end", "expected", "expected_map"),
+    [
+        (3, True, [1, 4, 7], [1, 2, 5, 7]),  # runs 0..6 at steps 1..7: the grid at runs 0, 3, 6, the map at 0, 1, 4
+        (10, True, [1, 7], [1, 6, 7]),  # the default: the first run, the end (and the map half a cadence on)
+        (10, False, [1, 7], [1, 6, 7]),  # no run at the end: the last run's pictures are drawn then
+        (1, True, [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7]),
+    ],
+)
+def test_saliency_cadence(tmp_path, every, at_end, expected, expected_map):
+    states = frames(4, (2, 8, 8), seed=5)
+    callback = IntegratedGradientsCallback(
+        states,
+        every_n_steps=1,
+        n_steps=4,
+        saliency_every_n_runs=every,
+        run_at_train_end=at_end,
+        figure_every_n_runs=None,
+    )
+    model, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=7)
+    events = _events(logger)
+    assert [event.step for event in events.Images("ig/saliency")] == expected
+    assert [event.step for event in events.Images("ig/saliency/mean_abs")] == expected_map
+    assert [event.step for event in events.Tensors("ig/report/text_summary")] == list(range(1, 8))  # text every run
+    last = np.asarray(Image.open(io.BytesIO(events.Images("ig/saliency")[-1].encoded_image_string)).convert("RGB"))
+    result = _direct(model, states, n_steps=4)  # the model as trained: the pictures at the end are the last run's
+    expected_last = saliency_grid(states.numpy(), result.attributions.double().numpy()).pixels
+    assert_same_picture(last, expected_last)
+
+
+def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
+    states = frames(12, (256,), seed=2)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, logger = _fit(tmp_path / "blocks", (256,), [callback])
+    tags = _events(logger).Tags()
+    scalars = set(tags["scalars"])
+    assert "ig/group/mean_abs/x000..x003" in scalars and "ig/group/mean_abs/x252..x255" in scalars  # sort as numbers
+    assert len(scalars) + len(tags["histograms"]) <= 3 * 64 + 12
+    assert any("64 groups (x0..x3, ...)" in str(w.message) for w in caught)
+
+    named = {f"family {k}": list(range(32 * k, 32 * k + 32)) for k in range(8)}
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, feature_groups=named, top_k=3)
+    _, logger = _fit(tmp_path / "named", (256,), [callback])
+    scalars = set(_events(logger).Tags()["scalars"])
+    assert {f"ig/group/mean_abs/family {k}" for k in range(8)} <= scalars
+    assert "ig/drift/topk_jaccard_prev" in scalars and len(scalars) <= 2 * 8 + 12
+
+
+def test_one_dimensional_signals_get_heat_strips(tmp_path):
+    states = frames(6, (2, 40), seed=3)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, saliency_states=3)
+    _, logger = _fit(tmp_path, (2, 40), [callback], max_steps=2)
+    events = _events(logger)
+    strip = events.Images("ig/saliency")[-1]
+    assert strip.width >= 384 and strip.height < 200  # 3 strips of 2 channels, 6 px each, captions and a colour bar
+
+
+def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):
+    states = frames(6, (3, 16, 16), seed=4)
+    value = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, name="value", report_dir=tmp_path / "r")
+    action = IntegratedGradientsCallback(
+        states,
+        every_n_steps=2,
+        n_steps=8,
+        name="action 1",
+        target=1,
+        report_dir=tmp_path / "r",
+        feature_groups="channels",
+    )
+    _, logger = _fit(tmp_path, (3, 16, 16), [value, action], max_steps=2)
+    events = _events(logger)
+    scalars = set(events.Tags()["scalars"])
+    assert "ig/value/group/mean_abs/channel 0" in scalars and "ig/action 1/group/mean_abs/channel 0" in scalars
+    assert not any(tag.startswith("ig/group/") for tag in scalars)
+    assert sorted(path.name for path in (tmp_path / "r").iterdir()) == [
+        "ig_report_action 1_step=00000002.json",
+        "ig_report_value_step=00000002.json",
+    ]
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(events.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    assert [category.title for category in layout.category] == [
+        "Integrated Gradients 'value'",
+        "Integrated Gradients 'action 1'",
+    ]
+    assert value.state_key != action.state_key
+
+
+def test_two_callbacks_with_one_name_fail_before_training(tmp_path):
+    states = frames(6, (3, 16, 16))
+    callbacks = [
+        IntegratedGradientsCallback(states, every_n_steps=2),
+        IntegratedGradientsCallback(states, every_n_steps=2, target=1),
+    ]
+    with pytest.raises(MisconfigurationException, match="2 IntegratedGradientsCallbacks would write the same tags"):
+        _fit(tmp_path, (3, 16, 16), callbacks)

@@ -1,0 +1,84 @@
+"""Held-out states from files: every accepted form, the dtype asked for, and a clear error for each bad one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lightning_ig.checkpoint.layout import STATES_KEY, CheckpointError
+from lightning_ig.checkpoint.states import STATE_SUFFIXES, load_states, states_beside
+
+ROWS = [[0.1, -2.0, 3.5], [4.0, 0.0, -1e-3]]
+
+
+def test_every_form_reads_the_same_states(tmp_path: Path) -> None:
+    expected = torch.tensor(ROWS, dtype=torch.float64)
+    (tmp_path / "s.json").write_text(json.dumps({"states": ROWS}))
+    (tmp_path / "bare.json").write_text(json.dumps(ROWS))  # a bare list of lists is accepted too
+    np.save(tmp_path / "s.npy", np.asarray(ROWS))
+    save_file({STATES_KEY: expected}, str(tmp_path / "s.safetensors"))
+    save_file({"only": expected}, str(tmp_path / "only.safetensors"))  # the file's one tensor
+    for name in ("s.json", "bare.json", "s.npy", "s.safetensors", "only.safetensors"):
+        states = load_states(tmp_path / name, dtype=torch.float64)
+        assert states.dtype == torch.float64 and torch.equal(states, expected), name
+    assert load_states(tmp_path / "s.npy").dtype == torch.float32  # the default dtype
+
+
+def test_a_heads_own_states_come_first_in_a_merged_file(tmp_path: Path) -> None:
+    path = tmp_path / "heads.safetensors"
+    save_file({"up__" + STATES_KEY: torch.ones(2, 3), STATES_KEY: torch.zeros(2, 3)}, str(path))
+    assert torch.equal(load_states(path, prefix="up__"), torch.ones(2, 3))
+    assert torch.equal(load_states(path), torch.zeros(2, 3))
+    save_file({"a": torch.zeros(2, 3), "b": torch.zeros(2, 3)}, str(path))
+    with pytest.raises(CheckpointError, match=r"has no '__states__' or 'states' tensor \(it has \[a, b\] \(2\)\)"):
+        load_states(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("s.json", json.dumps({"rows": ROWS}), 'has no "states" key'),
+        ("s.json", json.dumps({"states": [[1.0, True]]}), r"holds True \(a JSON boolean\) among the states"),
+        ("s.json", json.dumps({"states": [[1.0, "2"]]}), r"holds '2' \(a JSON str\) among the states"),
+        ("s.json", json.dumps({"states": [1.0, 2.0]}), r"have shape \(2,\): expected \(num_states, state_dim\)"),
+        ("s.json", "{broken", "cannot read states from"),
+        ("s.txt", "1 2 3", "must end in .json, .npy or .safetensors, not '.txt'"),
+    ],
+)
+def test_each_bad_file_is_one_checkpoint_error_saying_why(tmp_path: Path, name: str, content: str, words: str) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(CheckpointError, match=words):
+        load_states(tmp_path / name)
+
+
+def test_an_array_of_other_values_or_arguments_of_the_wrong_kind_are_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "none.npy", np.zeros((0, 3)))
+    with pytest.raises(CheckpointError, match=r"have shape \(0, 3\): expected at least one state"):
+        load_states(tmp_path / "none.npy")
+    np.save(tmp_path / "s.npy", np.asarray([["a", "b"]]))
+    with pytest.raises(CheckpointError, match="holds <U1 values; save a float array"):
+        load_states(tmp_path / "s.npy")
+    np.save(tmp_path / "ok.npy", np.zeros((2, 2)))
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        load_states(tmp_path / "ok.npy", dtype="float64")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dtype must be a floating-point dtype"):
+        load_states(tmp_path / "ok.npy", dtype=torch.int64)
+    with pytest.raises(ValueError, match="prefix must not be blank"):
+        load_states(tmp_path / "ok.npy", prefix=" ")
+
+
+def test_states_beside_a_checkpoint_by_its_stem_first(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "q.safetensors"
+    assert states_beside(checkpoint) is None
+    (tmp_path / "states.json").write_text("[]")
+    assert states_beside(checkpoint) == tmp_path / "states.json"
+    (tmp_path / "q.states.npy").write_text("")
+    assert states_beside(checkpoint) == tmp_path / "q.states.npy"  # the checkpoint's own before the folder's
+    (tmp_path / "q.states.safetensors").write_text("")
+    assert states_beside(checkpoint) == tmp_path / "q.states.safetensors"  # in the order of STATE_SUFFIXES
+    assert STATE_SUFFIXES == (".safetensors", ".npy", ".json")

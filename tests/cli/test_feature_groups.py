@@ -1,0 +1,398 @@
+"""`lightning-ig diag` on pixel agents and ensembles: --feature-groups, --saliency, the "ensemble" key, and `show`.
+
+The end-to-end runs go through subprocesses, as a user runs them (started together: each costs seconds of
+imports); the checks of every bad --feature-groups form run in-process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightning_ig import cli, models
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+from lightning_ig.ensemble import Ensemble
+from lightning_ig.models import DuelingQNetwork
+from lightning_ig.models.noise import noise_disabled
+from lightning_ig.views.report import load_schema
+from lightning_ig.views.saliency import mean_abs_map, saliency_grid
+from tests.support import REPO
+from tests.support.tolerance import assert_close_scaled, eps
+
+FRAME = (4, 10, 10)  # MinAtar Breakout's observation, channels first
+
+
+def _minatar_network() -> torch.nn.Module:
+    """The registered MinAtar network (models.MinAtarQNetwork), or a stand-in of the same shape where it is missing."""
+    torch.manual_seed(0)
+    network = getattr(models, "MinAtarQNetwork", None)
+    if network is not None:
+        return network(in_channels=FRAME[0], num_actions=3)
+    from tests.support.cli_models import MinAtarShaped
+
+    return MinAtarShaped(FRAME[0], 3)
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_ig.cli", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli_images")
+    (root / "out").mkdir()
+    generator = torch.Generator().manual_seed(0)
+    frames = (torch.rand(20, *FRAME, generator=generator) < 0.2).float()  # MinAtar frames are 0/1 per channel
+    save_checkpoint(_minatar_network(), root / "minatar.safetensors", states=frames)
+    torch.manual_seed(1)
+    heads = [DuelingQNetwork(4, 3, hidden_sizes=(16,), noisy=True, activation="tanh") for _ in range(3)]
+    save_checkpoint(
+        Ensemble(heads, weights=[0.5, 0.3, 0.2]),
+        root / "ensemble.safetensors",
+        states=torch.randn(12, 4, generator=generator),
+        feature_names=["x", "v", "theta", "omega"],
+    )
+    save_checkpoint(
+        DuelingQNetwork(4, 2, hidden_sizes=(8,)),
+        root / "flat.safetensors",
+        states=torch.randn(20, 4, generator=generator),
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(workspace: Path) -> dict[str, subprocess.CompletedProcess[str]]:
+    jobs = {
+        "pixels": [
+            "diag",
+            "--checkpoint",
+            "minatar.safetensors",
+            "--states",
+            "auto",
+            "--auto-samples",
+            "6",
+            "--num-steps",
+            "16",
+            "--feature-groups",
+            "channels",
+            "--saliency",
+            "saliency",
+            "--output",
+            "out/minatar.json",
+        ],
+        "ensemble": [
+            "diag",
+            "--checkpoint",
+            "ensemble.safetensors",
+            "--num-steps",
+            "32",
+            "--auto-samples",
+            "10",
+            "--top-k",
+            "2",
+            "--output",
+            "out/ensemble.json",
+        ],
+    }
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda args: _run(args, workspace), jobs.values()))
+    return dict(zip(jobs, done))
+
+
+def _validate(report: dict) -> None:
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def _direct(workspace: Path, name: str, indices: list[int], n_steps: int, **options):
+    loaded = load_checkpoint(workspace / name)
+    model = loaded.model.eval()
+    with noise_disabled(model):
+        return (
+            model,
+            loaded.states[indices],
+            integrated_gradients(model, loaded.states[indices], n_steps=n_steps, **options),
+        )
+
+
+def test_pixel_checkpoint_with_channel_groups_end_to_end(workspace, runs):
+    run = runs["pixels"]
+    assert run.returncode == 0, run.stderr
+    report = json.loads((workspace / "out" / "minatar.json").read_text())
+    _validate(report)
+    assert report["feature_shape"] == list(FRAME) and report["state_dim"] == 400 and report["num_states"] == 6
+    assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"channel {c}", 100) for c in range(4)]
+    # a group's mean attribution is the sum of its members' means (the attribution of a group is their sum)
+    per_feature = np.array([f["mean_signed"] for f in report["features"]]).reshape(4, 100)
+    scale = max(f["mean_abs"] for f in report["features"]) * 100
+    assert_close_scaled([g["mean_signed"] for g in report["groups"]], per_feature.sum(1), ulps=256, scale=scale)
+    _, _, result = _direct(workspace, "minatar.safetensors", report["state_indices"], 16, target="mean")
+    channels = result.grouped("channels").double()  # (6, 4)
+    assert_close_scaled([g["mean_abs"] for g in report["groups"]], channels.abs().mean(0), ulps=256, scale=scale)
+
+
+def test_saliency_pngs_are_the_reports_states(workspace, runs):
+    assert runs["pixels"].returncode == 0, runs["pixels"].stderr
+    report = json.loads((workspace / "out" / "minatar.json").read_text())
+    assert sorted(path.name for path in (workspace / "saliency").iterdir()) == ["saliency.png", "saliency_mean_abs.png"]
+    assert "wrote saliency/saliency.png, saliency/saliency_mean_abs.png" in runs["pixels"].stdout
+    _, states, result = _direct(workspace, "minatar.safetensors", report["state_indices"], 16, target="mean")
+    attributions = result.attributions.double().numpy()
+    expected = {
+        "saliency.png": saliency_grid(states.double().numpy(), attributions).pixels,
+        "saliency_mean_abs.png": mean_abs_map(np.abs(attributions).mean(0), 6).pixels,
+    }
+    for name, pixels in expected.items():
+        data = (workspace / "saliency" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        assert decoded.shape == pixels.shape and decoded.dtype == np.uint8
+        # the same picture up to a colour step where two processes' float32 sums round apart
+        assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01, name
+    assert expected["saliency.png"].shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 10 px frames enlarged 8x
+
+
+def test_show_prints_the_groups_table(workspace, runs, capsys):
+    assert runs["pixels"].returncode == 0, runs["pixels"].stderr
+    assert cli.main(["show", str(workspace / "out" / "minatar.json"), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "groups by mean |attribution| (4 groups" in out
+    table = out[out.index("groups by mean") :].splitlines()[2:5]
+    assert len(table) == 3 and all("channel" in line and " 100 " in line for line in table)
+
+
+def test_ensemble_checkpoint_reports_the_aggregate_and_each_member(workspace, runs, capsys):
+    run = runs["ensemble"]
+    assert run.returncode == 0, run.stderr
+    report = json.loads((workspace / "out" / "ensemble.json").read_text())
+    _validate(report)
+    assert report["architecture"] == "Ensemble" and report["forward_target"] == "output"
+    ensemble = report["ensemble"]
+    assert ensemble["num_members"] == 3 and ensemble["weights"] == pytest.approx([0.5, 0.3, 0.2])
+    model, states, _ = _direct(workspace, "ensemble.safetensors", report["state_indices"], 32)
+    with noise_disabled(model):
+        members = integrated_gradients(model.member_signals, states, target="each", n_steps=32)
+    assert report["completeness"]["worst_relative_error"] < 1e-3
+    for m, member in enumerate(ensemble["members"]):
+        assert member["worst_relative_error"] < 1e-3 and member["num_non_finite"] == 0  # completeness per member
+        assert len(member["top_features"]) == 2 and member["top_features"][0]["name"] in ("x", "v", "theta", "omega")
+        sums = members.attributions[m].double().sum(1)
+        assert_close_scaled(
+            [s["sum_attributions"] for s in member["per_state"]],
+            sums,
+            ulps=64,
+            scale=float(members.attributions[m].double().abs().sum(1).max()),
+        )
+    # the aggregate is the weighted sum of the members' signals, and IG is linear in the target
+    weighted = sum(
+        w * np.array([s["sum_attributions"] for s in member["per_state"]])
+        for w, member in zip(ensemble["weights"], ensemble["members"])
+    )
+    aggregate_sums = [s["sum_attributions"] for s in report["completeness"]["per_state"]]
+    assert_close_scaled(weighted, aggregate_sums, ulps=256, scale=float(np.abs(aggregate_sums).max()))
+    assert ensemble["agreement"]["spearman_mean"] == pytest.approx(
+        np.mean(ensemble["agreement"]["spearman"]), rel=4 * eps(np.float64)
+    )
+    assert cli.main(["show", str(workspace / "out" / "ensemble.json")]) == 0
+    out = capsys.readouterr().out
+    assert "ensemble of 3 members: Spearman of each member's feature ranking with the aggregate's: mean" in out
+    assert len([line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]) >= 3
+
+
+# ---------------------------------------------------------------------------- every bad form: one line, status 2
+
+
+def _groups_file(workspace: Path, name: str, text: str) -> str:
+    path = workspace / "groups" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+BAD_GROUPS = [
+    ("missing.json", None, "neither 'channels', 'features' nor an existing JSON file"),
+    ("broken.json", '{"a": [0, 1', "is not readable JSON"),
+    ("text.json", '"pixels"', "holds a JSON str"),
+    ("number_entry.json", '{"a": 3}', "group 'a' is a JSON int, not a list"),
+    ("mixed.json", '{"a": [true, 1]}', "must hold only whole numbers (indices) or only true/false, found 1"),
+    ("nested_indices.json", '{"a": [[0, 1], [2, 3]]}', "list flat feature indices, or give a true/false mask"),
+    ("float_mask.json", json.dumps(np.zeros(FRAME).tolist()), "must hold only whole numbers (group ids), found 0.0"),
+    (
+        "bool_mask.json",
+        json.dumps(np.zeros(FRAME, dtype=bool).tolist()),
+        "must hold only whole numbers (group ids), found False",
+    ),
+    ("ragged.json", "[[0, 1], [2]]", "ragged nested list"),
+    (
+        "wrong_shape.json",
+        json.dumps(np.zeros((3, 10, 10), dtype=int).tolist()),
+        "does not fit the feature shape (4, 10, 10)",
+    ),
+    ("negative.json", json.dumps(np.full(FRAME, -1).tolist()), "ids must be >= 0, got -1"),
+    ("empty_group.json", '{"a": [0], "b": []}', "feature_groups['b'] is empty"),
+    ("repeated.json", '{"a": [0], "a": [1]}', "names the group 'a' twice"),
+    ("overlap.json", '{"a": [0, 1], "b": [1]}', "feature 1 is in feature_groups['b'] and in feature_groups['a']"),
+    ("out_of_range.json", '{"a": [400]}', "holds index 400, outside the 400 features"),
+    (
+        "mask_shape.json",
+        json.dumps({"a": np.ones((4, 3), dtype=bool).tolist()}),
+        "does not fit the feature shape (4, 10, 10)",
+    ),
+    ("empty.json", "{}", "empty dict"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "words"), BAD_GROUPS, ids=[case[0] for case in BAD_GROUPS])
+def test_every_bad_feature_groups_file_is_one_line_and_status_2(workspace, capsys, name, text, words):
+    path = str(workspace / "groups" / name) if text is None else _groups_file(workspace, name, text)
+    output = workspace / "out" / f"bad_{name}"
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "minatar.safetensors"),
+            "--auto-samples",
+            "2",
+            "--feature-groups",
+            path,
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert words in err and "--feature-groups" in err, err
+    assert not output.exists()
+
+
+def test_good_group_files_of_every_form(workspace, capsys):
+    forms = {
+        "indices.json": json.dumps({"left": list(range(200)), "right": list(range(200, 400))}),
+        "masks.json": json.dumps(
+            {"top": [[[r < 5] * 10 for r in range(10)]], "bottom": [[[r >= 5] * 10 for r in range(10)]]}
+        ),
+        "ids.json": json.dumps(np.arange(4).repeat(100).reshape(FRAME).tolist()),
+    }
+    expected = {
+        "indices.json": [("left", 200), ("right", 200)],
+        "masks.json": [("top", 200), ("bottom", 200)],
+        "ids.json": [(f"group {g}", 100) for g in range(4)],
+    }
+    for name, text in forms.items():
+        output = workspace / "out" / f"good_{name}"
+        code = cli.main(
+            [
+                "diag",
+                "--checkpoint",
+                str(workspace / "minatar.safetensors"),
+                "--auto-samples",
+                "2",
+                "--num-steps",
+                "4",
+                "--feature-groups",
+                _groups_file(workspace, name, text),
+                "--output",
+                str(output),
+                "--quiet",
+            ]
+        )
+        assert code == 0, capsys.readouterr().err
+        report = json.loads(output.read_text())
+        _validate(report)
+        assert [(g["name"], g["members"]) for g in report["groups"]] == expected[name]
+    output = workspace / "out" / "good_features.json"
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "flat.safetensors"),
+            "--auto-samples",
+            "3",
+            "--num-steps",
+            "4",
+            "--feature-groups",
+            "features",
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(output.read_text())
+    assert [(g["name"], g["members"]) for g in report["groups"]] == [(f"x{i}", 1) for i in range(4)]
+    assert [g["mean_abs"] for g in report["groups"]] == [f["mean_abs"] for f in report["features"]]
+
+
+def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, capsys):
+    output = workspace / "out" / "flat.json"
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "flat.safetensors"),
+            "--saliency",
+            str(workspace / "flat_saliency"),
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--saliency draws states with spatial dimensions" in err and "(4,)" in err
+    assert not output.exists()
+    (workspace / "a_file").write_text("")
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "missing.safetensors"),
+            "--saliency",
+            str(workspace / "a_file"),
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--saliency" in err and "is a file, not a folder" in err  # before the checkpoint is opened
+    code = cli.main(
+        [
+            "diag",
+            "--checkpoint",
+            str(workspace / "flat.safetensors"),
+            "--feature-groups",
+            "channels",
+            "--output",
+            str(output),
+            "--quiet",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--feature-groups channels" in err and "needs states with a channel dimension" in err

@@ -1,0 +1,463 @@
+"""The ensemble reduce's torch twin, the Ensemble target and member agreement, on the CPU.
+
+Tolerances come from the dtype's eps and the size of the quantity (tests/_tolerance.py):
+the twin sums K sigmoids, then M weighted means in float32, so it is within
+(K + M + a few) float32 roundings of sum_m |w_m| of the exact value, and the
+output rounding (half an ulp of the output dtype) on top.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+from lightning_ig.ensemble import (
+    Ensemble,
+    EnsembleReduce,
+    agreement_scalars,
+    ensemble_reduce,
+    ensemble_summary,
+    is_ensemble,
+    mean_abs_per_feature,
+    member_agreement,
+    member_means,
+)
+from lightning_ig.models import DuelingQNetwork, build_model
+from lightning_ig.ops import ensemble_reduce as ops
+from tests.support import REPO
+from tests.support.tolerance import assert_close_scaled, eps
+
+SHAPES = [(1, 1, 1), (3, 1, 5), (7, 3, 1), (16, 8, 1), (33, 5, 4), (10, 40, 3), (4, 64, 16), (0, 3, 2)]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def _data(shape: tuple[int, int, int], dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(shape, generator=generator, dtype=torch.float64) * 4).to(dtype)
+    weights = torch.randn(shape[1], generator=generator, dtype=torch.float64).to(torch.float32)
+    return logits, weights
+
+
+def _reference(logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """float64 from the exact values of the inputs: what every backend approximates."""
+    return (torch.sigmoid(logits.double()).mean(-1) * weights.double()).sum(-1)
+
+
+def _ulps(shape: tuple[int, int, int]) -> int:
+    return shape[2] + shape[1] + 8
+
+
+# --------------------------------------------------------------------------- the twin's values
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_twin_matches_the_float64_reference(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
+    logits, weights = _data(shape, dtype)
+    out = ensemble_reduce(logits, weights)
+    assert out.shape == (shape[0],) and out.dtype == dtype
+    expected = _reference(logits, weights)
+    scale = float(weights.abs().sum())
+    if dtype in (torch.float16, torch.bfloat16):  # the output rounding dominates: half an ulp of the dtype
+        assert_close_scaled(out.double(), expected, ulps=1, dtype=dtype, scale=scale)
+    else:
+        accumulate = torch.float64 if dtype == torch.float64 else torch.float32
+        assert_close_scaled(out.double(), expected, ulps=_ulps(shape), dtype=accumulate, scale=scale)
+
+
+def test_twin_follows_the_kernels_documented_order() -> None:
+    """numpy float32, one rounding per step, in the order kernels/ensemble.cu documents."""
+    logits, weights = _data((6, 45, 3), torch.float32, seed=3)  # 45 members: 2 chunks of 32 lanes
+    x = logits.numpy()
+    e = torch.exp(-logits.abs()).numpy()  # exp is the one step numpy would round its own way: take torch's
+    r = (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
+    sigmoid = np.where(x >= 0, r, e * r).astype(np.float32)
+    expected = np.zeros(6, dtype=np.float32)
+    lanes = ops.group_size(45)
+    for row in range(6):
+        partial = np.zeros(lanes, dtype=np.float32)
+        for lane in range(lanes):
+            for m in range(lane, 45, lanes):
+                total = np.float32(0)
+                for k in range(3):
+                    total = np.float32(total + sigmoid[row, m, k])
+                partial[lane] = np.float32(
+                    partial[lane] + np.float32(weights.numpy()[m] * np.float32(total / np.float32(3)))
+                )
+        width = lanes
+        while width > 1:
+            width //= 2
+            partial[:width] = (partial[:width] + partial[width : 2 * width]).astype(np.float32)
+        expected[row] = partial[0]
+    out = ensemble_reduce(logits, weights, backend="torch")
+    np.testing.assert_array_equal(out.numpy().view(np.int32), expected.view(np.int32))
+
+
+def test_extreme_logits_are_exact_and_nan_stays_in_its_row() -> None:
+    logits = torch.tensor(
+        [
+            [[1e4, -1e4], [math.inf, -math.inf]],
+            [[1e30, 1e30], [-1e30, -1e30]],
+            [[0.0, 0.0], [-100.0, 100.0]],
+            [[math.nan, 0.0], [0.0, 0.0]],
+        ]
+    )
+    weights = torch.tensor([1.0, 2.0])
+    out = ensemble_reduce(logits, weights)
+    assert out[:3].tolist() == [0.5 + 1.0, 1.0, 0.5 + 2.0 * (0.5 + 0.5 * float(torch.sigmoid(torch.tensor(-100.0))))]
+    assert math.isnan(out[3])
+    leaf = logits[:3].clone().requires_grad_()
+    ensemble_reduce(leaf, weights).sum().backward()
+    assert torch.isfinite(leaf.grad).all() and leaf.grad[:2].abs().max() == 0  # saturated: no gradient
+
+
+def test_reduce_dim_one_reads_members_last_and_strided_views_match() -> None:
+    logits, weights = _data((9, 6, 4), torch.float32, seed=1)
+    expected = ensemble_reduce(logits, weights)
+    members_last = logits.transpose(1, 2).contiguous()  # (B, K, M)
+    assert torch.equal(ensemble_reduce(members_last, weights, reduce_dim=1), expected)
+    assert torch.equal(ensemble_reduce(members_last, weights, reduce_dim=-2), expected)
+    wide = torch.zeros(9, 6, 8)
+    wide[..., ::2] = logits  # a non-contiguous K axis
+    assert torch.equal(ensemble_reduce(wide[..., ::2], weights), expected)
+
+
+def test_member_means_are_the_members_mean_sigmoid() -> None:
+    logits, weights = _data((5, 4, 3), torch.float32, seed=2)
+    means = member_means(logits)
+    assert means.shape == (5, 4) and means.dtype == torch.float32
+    assert_close_scaled(means.double(), torch.sigmoid(logits.double()).mean(-1), ulps=8)
+    assert_close_scaled(
+        ensemble_reduce(logits, weights), means.double() @ weights.double(), ulps=16, scale=float(weights.abs().sum())
+    )
+
+
+def test_float32_weights_and_float64_weights_read_alike() -> None:
+    logits, weights = _data((4, 3, 2), torch.float32)
+    assert torch.equal(ensemble_reduce(logits, weights.double()), ensemble_reduce(logits, weights))
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("reduce_dim", [-1, 1])
+def test_gradcheck_in_float64(reduce_dim: int) -> None:
+    logits, weights = _data((5, 3, 4), torch.float64, seed=4)
+    logits = logits.double().requires_grad_()
+    weights = weights.double().requires_grad_()
+    view = logits if reduce_dim == -1 else logits.transpose(1, 2)
+
+    def function(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return ensemble_reduce(a if reduce_dim == -1 else a.transpose(1, 2), w, reduce_dim=reduce_dim)
+
+    assert torch.autograd.gradcheck(function, (logits, weights))
+    assert torch.autograd.gradgradcheck(function, (logits, weights))
+    del view
+
+
+@pytest.mark.parametrize("needs", [(True, True), (True, False), (False, True)], ids=["both", "logits", "weights"])
+def test_float32_gradients_not_the_last_op(needs: tuple[bool, bool]) -> None:
+    logits, weights = _data((12, 7, 3), torch.float32, seed=5)
+    logits.requires_grad_(needs[0])
+    weights.requires_grad_(needs[1])
+    scale = torch.linspace(-2.0, 3.0, 12)  # grad_output != 1
+    (ensemble_reduce(logits, weights) * scale).sum().backward()
+    exact_logits = logits.detach().double().requires_grad_()
+    exact_weights = weights.detach().double().requires_grad_()
+    (_reference(exact_logits, exact_weights) * scale.double()).sum().backward()
+    if needs[0]:
+        assert_close_scaled(logits.grad.double(), exact_logits.grad, ulps=8, scale=float(exact_logits.grad.abs().max()))
+    if needs[1]:
+        # a sum over 12 rows of products of float32 values, in float64 then rounded once
+        assert_close_scaled(
+            weights.grad.double(), exact_weights.grad, ulps=16, scale=float(exact_weights.grad.abs().max())
+        )
+
+
+def test_no_graph_is_built_without_a_gradient() -> None:
+    logits, weights = _data((3, 2, 2), torch.float32)
+    assert ensemble_reduce(logits, weights).grad_fn is None
+    with torch.no_grad():
+        assert ensemble_reduce(logits.requires_grad_(), weights).grad_fn is None
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("logits", "weights", "options", "error", "words"),
+    [
+        ([[[0.0]]], torch.ones(1), {}, TypeError, "logits must be a torch.Tensor"),
+        (
+            torch.zeros(2, 3, 4, dtype=torch.int64),
+            torch.ones(3),
+            {},
+            TypeError,
+            "logits must be floating point, got torch.int64",
+        ),
+        (torch.zeros(2, 3), torch.ones(3), {}, ValueError, r"logits must be 3-D .* got shape \(2, 3\)"),
+        (torch.zeros(2, 0, 4), torch.ones(0), {}, ValueError, "hold 0 member"),
+        (torch.zeros(2, 3, 0), torch.ones(3), {}, ValueError, "with 0 logit"),
+        (torch.zeros(2, 3, 4), torch.ones(4), {}, ValueError, r"weights must have shape \(3,\).* got shape \(4,\)"),
+        (torch.zeros(2, 3, 4), torch.ones(1, 3), {}, ValueError, r"got shape \(1, 3\)"),
+        (
+            torch.zeros(2, 3, 4),
+            torch.ones(3, dtype=torch.int32),
+            {},
+            TypeError,
+            "weights must be floating point, got torch.int32",
+        ),
+        (torch.zeros(2, 3, 4), [1.0, 1.0, 1.0], {}, TypeError, r"weights must be a torch.Tensor of shape \(3,\)"),
+        (
+            torch.zeros(2, 3, 4),
+            torch.tensor([1.0, math.nan, 1.0]),
+            {},
+            ValueError,
+            "weights must be finite, got nan at index 1",
+        ),
+        (torch.zeros(2, 3, 4), torch.tensor([1.0, 1.0, -math.inf]), {}, ValueError, "got -inf at index 2"),
+        (torch.zeros(2, 3, 4), torch.ones(3), {"reduce_dim": 0}, ValueError, "reduce_dim names the axis .* got 0"),
+        (torch.zeros(2, 3, 4), torch.ones(3), {"reduce_dim": 1.0}, TypeError, "reduce_dim must be an int"),
+        (torch.zeros(2, 3, 4), torch.ones(3), {"reduce_dim": 1}, ValueError, r"weights must have shape \(4,\)"),
+        (
+            torch.zeros(2, 3, 4),
+            torch.ones(3),
+            {"backend": "triton"},
+            ValueError,
+            "backend must be one of 'auto', 'cuda', 'torch'",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_error(logits, weights, options, error, words) -> None:
+    with pytest.raises(error, match=words):
+        ensemble_reduce(logits, weights, **options)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_backend_without_a_device_never_falls_back() -> None:
+    with pytest.raises(ValueError, match="backend='cuda' needs a CUDA device"):
+        ensemble_reduce(torch.zeros(2, 3, 4), torch.ones(3), backend="cuda")
+
+
+def test_modules_check_weights_when_they_are_set() -> None:
+    reduce = EnsembleReduce(4)
+    assert reduce.weights.tolist() == [0.25] * 4 and not reduce.weights.requires_grad
+    assert "num_members=4" in repr(reduce)
+    with pytest.raises(ValueError, match="weights must be finite"):
+        EnsembleReduce([1.0, math.inf])
+    with pytest.raises(ValueError, match="at least one"):
+        EnsembleReduce([])
+    with pytest.raises(ValueError, match="member count must be >= 1"):
+        EnsembleReduce(0)
+    with pytest.raises(TypeError, match="weights must be numbers"):
+        EnsembleReduce(["a", "b"])
+    with pytest.raises(ValueError, match="reduce_dim names"):
+        EnsembleReduce(2, reduce_dim=3)
+    with pytest.raises(ValueError, match="weights must be finite, got nan"):
+        reduce.load_state_dict({"weights": torch.tensor([0.5, math.nan, 0.0, 0.5])})
+    learnable = EnsembleReduce([0.5, 0.5], learnable=True)
+    learnable(torch.randn(3, 2, 2)).sum().backward()
+    assert learnable.weights.grad is not None and learnable.weights.grad.shape == (2,)
+
+
+# --------------------------------------------------------------------------- the Ensemble target
+
+
+def _members(count: int = 3, seed: int = 0) -> list[nn.Module]:
+    torch.manual_seed(seed)
+    return [DuelingQNetwork(4, 3, hidden_sizes=(16,), noisy=False, activation="tanh") for _ in range(count)]
+
+
+class _Unfused(nn.Module):
+    """The same math as Ensemble in plain torch ops: the reference for IG through the fused path."""
+
+    def __init__(self, members: list[nn.Module], weights: torch.Tensor) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.register_buffer("weights", weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = torch.stack([member(x) for member in self.members], dim=1)
+        return (torch.sigmoid(logits).mean(-1) * self.weights).sum(-1)
+
+
+def test_ensemble_forward_and_member_signals() -> None:
+    members = _members()
+    ensemble = Ensemble(members, weights=[0.5, 0.3, 0.2]).eval()
+    states = torch.randn(6, 4)
+    with torch.no_grad():
+        out = ensemble(states)
+        reference = _Unfused(members, torch.tensor([0.5, 0.3, 0.2]))(states)
+        signals = ensemble.member_signals(states)
+    assert out.shape == (6,) and is_ensemble(ensemble) and not is_ensemble(members[0])
+    assert_close_scaled(out.double(), reference.double(), ulps=16, scale=1.0)
+    assert signals.shape == (6, 3)
+    assert_close_scaled(signals.double() @ ensemble.weights.double(), out.double(), ulps=16, scale=1.0)
+    assert Ensemble(nn.ModuleList(members)).weights.tolist() == pytest.approx([1 / 3] * 3)
+
+
+def test_ensemble_rejects_bad_members_and_weights() -> None:
+    with pytest.raises(ValueError, match="at least one member"):
+        Ensemble([])
+    with pytest.raises(TypeError, match=r"members\[1\] must be an nn.Module"):
+        Ensemble([nn.Linear(4, 2), "net"])
+    with pytest.raises(TypeError, match="members must be a list"):
+        Ensemble(nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="weights has 2 entries for 3 members"):
+        Ensemble(_members(), weights=[0.5, 0.5])
+    with pytest.raises(ValueError, match=r"members\[0\] must be \{'name'"):
+        Ensemble([{"name": "DuelingQNetwork", "cfg": {}}])
+    mixed = Ensemble([nn.Linear(4, 2), nn.Linear(4, 3)])
+    with pytest.raises(ValueError, match=r"member 1 \(Linear\) returned \(5, 3\) for 5 states"):
+        mixed(torch.zeros(5, 4))
+
+
+def test_ensemble_config_rebuilds_it_and_a_checkpoint_loads_without_importing_it(tmp_path: Path) -> None:
+    ensemble = Ensemble(_members(), weights=[0.5, 0.25, 0.25]).eval()
+    rebuilt = build_model("Ensemble", json.loads(json.dumps(ensemble.config())))
+    rebuilt.load_state_dict(ensemble.state_dict())
+    states = torch.randn(5, 4)
+    assert torch.equal(rebuilt.eval()(states), ensemble(states))
+    path = save_checkpoint(ensemble, tmp_path / "ensemble.safetensors", states=states)
+    assert torch.equal(load_checkpoint(path).model(states), ensemble(states))
+    # a fresh process that never imported lightning_ig.ensemble: the name alone must find the class
+    code = (
+        "import sys, torch; from lightning_ig.checkpoint import load_checkpoint; "
+        f"loaded = load_checkpoint({str(path)!r}); "
+        "print(type(loaded.model).__name__, loaded.model.weights.tolist(), loaded.model(loaded.states).tolist())"
+    )
+    root = REPO
+    environment = {**os.environ, "PYTHONPATH": str(root)}
+    output = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, env=environment
+    ).stdout.split(" ", 1)
+    assert output[0] == "Ensemble"
+    assert output[1].strip() == f"{[0.5, 0.25, 0.25]} {ensemble(states).tolist()}"
+
+
+def test_ig_through_the_fused_ensemble_equals_ig_through_plain_torch() -> None:
+    members = _members(seed=1)
+    weights = torch.tensor([0.6, 0.3, 0.1])
+    ensemble = Ensemble(members, weights=weights).eval()
+    states = torch.randn(8, 4)
+    fused = integrated_gradients(ensemble, states, n_steps=32)
+    plain = integrated_gradients(_Unfused(members, weights), states, n_steps=32)
+    # forwards differ by a few float32 roundings, gradients too; summed over 32 steps (weights sum to 1)
+    scale = float(plain.attributions.abs().max())
+    assert_close_scaled(fused.attributions, plain.attributions, ulps=16, scale=scale)
+    assert_close_scaled(fused.f_input, plain.f_input, ulps=16, scale=1.0)
+
+
+def test_completeness_holds_for_the_aggregate_and_every_member_in_one_run() -> None:
+    ensemble = Ensemble(_members(seed=2), weights=[0.2, 0.5, 0.3]).eval()
+    states = torch.randn(6, 4) * 2
+    aggregate = integrated_gradients(ensemble, states, n_steps=48)
+    members = integrated_gradients(ensemble.member_signals, states, target="each", n_steps=48)
+    assert members.attributions.shape == (3, 6, 4)
+    assert aggregate.worst_relative_error < 1e-3
+    assert members.worst_relative_error < 1e-3
+    # IG is linear in the target: the aggregate's attributions are the weighted members'
+    combined = torch.einsum("m,mbf->bf", ensemble.weights, members.attributions)
+    assert_close_scaled(combined, aggregate.attributions, ulps=16, scale=float(aggregate.attributions.abs().max()))
+
+
+# --------------------------------------------------------------------------- member agreement
+
+
+def test_member_agreement_by_hand() -> None:
+    agreement = member_agreement([3.0, 2.0, 1.0], [[3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [5.0, 5.0, 5.0]])
+    assert agreement["spearman"][:2] == [1.0, -1.0] and math.isnan(agreement["spearman"][2])
+    assert agreement["spearman_mean"] == 0.0 and agreement["spearman_min"] == -1.0
+    assert agreement["spearman_undefined"] == 1
+    spread = np.std([[3, 2, 1], [1, 2, 3], [5, 5, 5]], axis=0).mean()
+    assert agreement["spread"] == pytest.approx(spread)
+    assert agreement["relative_spread"] == pytest.approx(spread / np.mean([[3, 2, 1], [1, 2, 3], [5, 5, 5]]))
+    assert member_agreement([1.0, 2.0], [[1.0, 2.0]])["spread"] == 0.0
+    with pytest.raises(ValueError, match=r"member_mean_abs must be \(M >= 1, F\) with F = 3"):
+        member_agreement([1.0, 2.0, 3.0], [[1.0, 2.0]])
+    scalars = agreement_scalars(agreement)
+    assert set(scalars) == {
+        "spearman_mean",
+        "spearman_min",
+        "spread",
+        "relative_spread",
+        "spearman/member_0",
+        "spearman/member_1",
+        "spearman/member_2",
+    }
+
+
+def test_mean_abs_per_feature_flattens_features() -> None:
+    attributions = torch.tensor([[[1.0, -2.0], [3.0, 0.0]], [[-1.0, 2.0], [1.0, 0.0]]])  # (B=2, 2, 2)
+    assert mean_abs_per_feature(attributions).tolist() == [1.0, 2.0, 2.0, 0.0]
+    assert mean_abs_per_feature(attributions, members=True).tolist() == [[2.0, 1.0], [1.0, 1.0]]
+    with pytest.raises(ValueError, match="at least one state"):
+        mean_abs_per_feature(torch.zeros(0, 3))
+
+
+def test_ensemble_summary_is_json_and_says_what_each_member_relies_on() -> None:
+    ensemble = Ensemble(_members(seed=3), weights=[0.2, 0.5, 0.3]).eval()
+    states = torch.randn(5, 4)
+    aggregate = integrated_gradients(ensemble, states, n_steps=24)
+    members = integrated_gradients(ensemble.member_signals, states, target="each", n_steps=24)
+    summary = ensemble_summary(aggregate, members, weights=ensemble.weights, feature_names=list("abcd"), top_k=2)
+    json.dumps(summary, allow_nan=False)  # strict JSON
+    assert summary["num_members"] == 3 and summary["weights"] == pytest.approx([0.2, 0.5, 0.3])
+    assert set(summary["agreement"]) == {
+        "spearman",
+        "spearman_mean",
+        "spearman_min",
+        "spearman_undefined",
+        "spread",
+        "relative_spread",
+    }
+    first = summary["members"][0]
+    assert set(first) == {
+        "member",
+        "weight",
+        "spearman_vs_aggregate",
+        "worst_relative_error",
+        "num_degenerate",
+        "num_non_finite",
+        "mean_abs_error",
+        "top_features",
+        "per_state",
+    }
+    for m, member in enumerate(summary["members"]):  # each member's completeness, as the engine computed it
+        assert [s["state_idx"] for s in member["per_state"]] == list(range(5))
+        sums = members.attributions[m].double().reshape(5, -1).sum(1)
+        assert_close_scaled([s["sum_attributions"] for s in member["per_state"]], sums, ulps=4, dtype=torch.float64)
+        assert_close_scaled(
+            [s["f_input_minus_f_baseline"] for s in member["per_state"]],
+            (members.f_input[m].double() - members.f_baseline[m].double()),
+            ulps=0,
+            dtype=torch.float64,
+        )
+        assert member["worst_relative_error"] == pytest.approx(
+            float(members.relative_error[m].max()), rel=4 * eps(torch.float32)
+        )
+        assert member["mean_abs_error"] == pytest.approx(
+            float(members.delta[m].double().abs().mean()), rel=4 * eps(torch.float32)
+        )
+        assert member["num_non_finite"] == 0 and member["worst_relative_error"] < 1e-3
+    assert len(first["top_features"]) == 2 and first["top_features"][0]["name"] in "abcd"
+    assert first["top_features"][0]["mean_abs"] >= first["top_features"][1]["mean_abs"]
+    expected = member_agreement(
+        mean_abs_per_feature(aggregate.attributions), mean_abs_per_feature(members.attributions, members=True)
+    )
+    assert [m["spearman_vs_aggregate"] for m in summary["members"]] == expected["spearman"]
+    with pytest.raises(ValueError, match="members.attributions must be"):
+        ensemble_summary(aggregate, aggregate)
+    with pytest.raises(ValueError, match="weights has 2 entries for 3 members"):
+        ensemble_summary(aggregate, members, weights=[0.5, 0.5])

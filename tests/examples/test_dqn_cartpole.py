@@ -1,0 +1,289 @@
+"""End to end: examples/dqn_cartpole.py with tiny settings, through a subprocess as a user runs it.
+
+One short training run (a few hundred steps, the IG callback on) is shared by
+the tests: it must exit 0, leave the ``ig/`` tags in its TensorBoard folder,
+and a checkpoint that :func:`lightning_ig.checkpoint.load_checkpoint` rebuilds
+and ``lightning-ig diag --states auto`` turns into a valid report. A second run
+with the same seed and the callback off must give bit-identical weights
+(seeded CPU runs repeat, and the callback leaves training alone).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip install 'lightning-ig[examples]')")
+
+from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.models import DuelingQNetwork
+from lightning_ig.views.report import load_schema
+from lightning_ig.views.tensorboard import feature_tags
+from tests.support.examples import REPO, example_env, load_example
+from tests.support.examples import only_run_dir as _only_run_dir
+from tests.support.examples import run_python as _run
+
+EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
+FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
+NUM_HELD_OUT = 32
+TINY = [
+    "--total-timesteps",
+    "500",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--ig-every-n-steps",
+    "100",
+    "--ig-n-steps",
+    "16",
+    "--num-held-out",
+    str(NUM_HELD_OUT),
+    "--eval-episodes",
+    "2",
+    "--no-progress-bar",
+    "--seed",
+    "3",  # no --accelerator: the example picks the CPU
+    "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
+]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    workdir = tmp_path_factory.mktemp("example")
+    proc = _run([str(EXAMPLE), *TINY, "--runs-dir", "runs"], cwd=workdir)
+    return proc, workdir / "runs"
+
+
+def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, runs = tiny_run
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "eval return         mean" in proc.stdout
+    assert "top features by mean |attribution|" in proc.stdout
+    assert "auxiliary loss      lightning-ig fused soft-margin" in proc.stdout
+    assert "device              cpu" in proc.stdout
+    for name in FEATURE_NAMES:
+        assert name in proc.stdout
+    run_dir = _only_run_dir(runs)
+    assert run_dir.name.startswith("CartPole-v1__dqn_cartpole__3__")
+
+
+def test_the_printed_diag_command_runs_as_printed(
+    tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    # guards against: a bare `lightning-ig`, not on the PATH after the README's commands (they never activate the venv)
+    proc, _ = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("diagnose it with"))
+    command = shlex.split(line.removeprefix("diagnose it with"))
+    assert Path(command[0]).name in ("lightning-ig", Path(sys.executable).name), command
+    done = subprocess.run(
+        [*command, "--auto-samples", "4", "--output", str(tmp_path / "r.json")],
+        cwd=tiny_run[1].parent,
+        env=example_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "r.json").read_text())["num_states"] == 4
+
+
+def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accumulator = EventAccumulator(str(_only_run_dir(runs)), size_guidance={"scalars": 0, "images": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    scalars = set(tags["scalars"])
+    expected = {
+        "ig/completeness/worst_relative_error",
+        "ig/completeness/mean_abs_error",
+        "ig/time_ms",
+        "charts/episodic_return",
+        "losses/td_loss",
+        "eval/mean_return",
+    }
+    for tag in feature_tags(FEATURE_NAMES):
+        expected |= {f"ig/mean_abs/{tag}", f"ig/mean_signed/{tag}"}
+    assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
+    # 300 gradient steps, a run every 100 steps (the one at the end is the run at step 300)
+    assert [e.step for e in accumulator.Scalars("ig/completeness/worst_relative_error")] == [100, 200, 300]
+    assert {f"ig/attributions/{tag}" for tag in feature_tags(FEATURE_NAMES)} <= set(tags["histograms"])
+    assert "ig/top_features" in tags["images"]
+    assert "hyperparameters/text_summary" in tags["tensors"]
+
+
+def test_checkpoint_loads_with_states_and_names(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    assert isinstance(loaded.model, DuelingQNetwork)
+    assert loaded.feature_names == FEATURE_NAMES
+    assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4)
+    assert torch.isfinite(loaded.states).all()
+    assert loaded.metadata["env_id"] == "CartPole-v1"
+    assert float(loaded.metadata["eval_mean_return"]) >= 8  # CartPole's shortest possible episode
+    q_values = loaded.model.eval()(loaded.states)
+    assert q_values.shape == (NUM_HELD_OUT, 2) and torch.isfinite(q_values).all()
+
+
+def test_diag_on_the_checkpoint_writes_a_valid_report(
+    tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = tmp_path / "report.json"
+    checkpoint = _only_run_dir(runs) / "q_network.safetensors"
+    diag = _run(
+        [
+            "-m",
+            "lightning_ig.cli",
+            "diag",
+            "--checkpoint",
+            str(checkpoint),
+            "--states",
+            "auto",
+            "--auto-samples",
+            "8",
+            "--output",
+            str(output),
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert diag.returncode == 0, f"stdout:\n{diag.stdout[-2000:]}\nstderr:\n{diag.stderr[-2000:]}"
+    report = json.loads(output.read_text())
+    jsonschema.validate(report, load_schema())
+    assert report["schema_version"] == 1
+    assert report["num_states"] == 8 and report["state_dim"] == 4
+    assert [feature["name"] for feature in report["features"]] == FEATURE_NAMES
+
+
+def test_same_seed_same_weights_with_or_without_the_callback(
+    tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    proc, runs = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = _run([str(EXAMPLE), *TINY, "--no-ig", "--runs-dir", "runs"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    second = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
+    first_state, second_state = first.model.state_dict(), second.model.state_dict()
+    assert first_state.keys() == second_state.keys()
+    for name, tensor in first_state.items():
+        assert torch.equal(tensor, second_state[name]), f"{name} differs between two runs with seed 3"
+    assert torch.equal(first.states, second.states)
+    assert first.metadata["eval_mean_return"] == second.metadata["eval_mean_return"]
+
+
+def test_help_shows_each_flag_with_its_help_and_default(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert "--fused-loss, --no-fused-loss" in text
+    assert (
+        "--learning-starts LEARNING_STARTS environment steps with random actions that fill the replay buffer first "
+        "(default: 1000)"
+    ) in text
+    assert "--accelerator {cpu,gpu,auto}" in text
+    assert "(default: None)" not in text  # a flag without a default shows none
+    assert "1e-4" not in text  # the activation's help says what is measured, not a number the run does not print
+
+
+def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--no-such-flag"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr
+    assert not (tmp_path / "runs").exists(), "a rejected command line must not start a run"
+
+
+@pytest.fixture(scope="module")
+def example_module() -> ModuleType:
+    return load_example(EXAMPLE, "dqn_cartpole_example")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
+        (["--total-timesteps", "lots"], "argument --total-timesteps: invalid int value: 'lots'"),
+        (["--accelerator", "tpu"], "--accelerator: invalid choice: 'tpu'"),
+        (
+            ["--learning-starts", "900", "--total-timesteps", "500"],
+            "--learning-starts must be in [0, --total-timesteps)",
+        ),
+        (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
+    ],
+)
+def test_bad_value_exits_2_with_a_message(
+    example_module: ModuleType, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_defaults_and_boolean_flags(example_module: ModuleType) -> None:
+    args = example_module.parse_args([])
+    assert (args.seed, args.total_timesteps, args.batch_size, args.n_step) == (1, 25_000, 128, 3)
+    assert args.accelerator is None  # not asked: the example chooses (the CPU)
+    assert args.fused_loss is None  # fused on a CUDA device, torch's loss on the CPU
+    assert example_module.parse_args(["--fused-loss"]).fused_loss is True
+    changed = example_module.parse_args(["--no-fused-loss", "--no-ig", "--seed", "7"])
+    assert (changed.fused_loss, changed.ig, changed.seed) == (False, False, 7)
+
+
+@pytest.mark.parametrize(
+    ("requested", "cuda_available", "accelerator", "said"),
+    [
+        (None, True, "cpu", "a GPU is visible, but this small network trains faster on the CPU"),
+        (None, False, "cpu", "cpu"),
+        ("gpu", True, "gpu", "gpu (--accelerator gpu)"),
+        ("cpu", True, "cpu", "cpu (--accelerator cpu)"),
+        ("auto", True, "auto", "auto (--accelerator auto)"),
+    ],
+)
+def test_the_cpu_is_chosen_unless_a_device_is_asked_for(
+    example_module: ModuleType, requested: str | None, cuda_available: bool, accelerator: str, said: str
+) -> None:
+    chosen, line = example_module.choose_accelerator(requested, cuda_available)
+    assert chosen == accelerator
+    assert line.startswith(accelerator) and said in line
+
+
+def test_trainer_uses_the_cpu_by_default_even_with_a_gpu_visible(
+    example_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    trainer = example_module.make_trainer(example_module.parse_args(["--no-progress-bar"]), False, [])
+    assert isinstance(trainer.accelerator, CPUAccelerator)
+
+
+@pytest.mark.gpu
+def test_runs_on_the_gpu_with_the_fused_loss_by_default(tmp_path: Path) -> None:
+    # the tiny run on the GPU, with the loss left at its default
+    gpu_flags = [flag for flag in TINY if flag != "--fused-loss"]
+    proc = _run([str(EXAMPLE), *gpu_flags, "--accelerator", "gpu", "--runs-dir", "runs"], cwd=tmp_path)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "auxiliary loss      lightning-ig fused soft-margin" in proc.stdout  # the default on a CUDA device
+    loaded = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
+    assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4)
+    assert all(tensor.device.type == "cpu" for tensor in loaded.model.state_dict().values())

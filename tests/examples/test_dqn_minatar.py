@@ -1,0 +1,279 @@
+"""End to end: examples/dqn_minatar.py with tiny settings on the CPU, through a subprocess as a user runs it.
+
+One short training run (the IG callback on) is shared by the tests: it must
+exit 0, leave the ``ig/`` tags in its TensorBoard folder, and a checkpoint that
+:func:`lightning_ig.load_checkpoint` rebuilds as a MinAtar network with its
+held-out frames, which ``lightning-ig diag --states auto`` turns into a valid
+report. A second run with the same seed and the callback off must give
+bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.tolerance import rounding_bound
+
+pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip install 'lightning-ig[examples]')")
+
+from lightning_ig import MinAtarQNetwork, load_checkpoint
+from lightning_ig.views.report import load_schema
+from tests.support.examples import REPO, load_example
+from tests.support.examples import only_run_dir as _only_run_dir
+from tests.support.examples import run_python as _run
+
+EXAMPLE = REPO / "examples" / "dqn_minatar.py"
+CHANNEL_NAMES = ["paddle", "ball", "trail", "brick"]  # MinAtar Breakout's channels, in order
+NUM_HELD_OUT = 8
+TINY = [
+    "--total-timesteps",
+    "1200",
+    "--learning-starts",
+    "400",
+    "--num-envs",
+    "4",
+    "--batch-size",
+    "32",
+    "--ig-every-n-steps",
+    "100",
+    "--ig-n-steps",
+    "8",
+    "--num-held-out",
+    str(NUM_HELD_OUT),
+    "--eval-episodes",
+    "2",
+    "--random-episodes",
+    "4",
+    "--no-progress-bar",
+    "--accelerator",
+    "cpu",
+    "--seed",
+    "3",
+    "--fused-loss",  # the package's loss as the auxiliary loss: its torch twin on the CPU
+]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    workdir = tmp_path_factory.mktemp("minatar")
+    proc = _run([str(EXAMPLE), *TINY, "--runs-dir", "runs"], cwd=workdir)
+    return proc, workdir / "runs"
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def test_exits_zero_and_prints_return_against_random_and_channels(tiny_run) -> None:
+    proc, runs = tiny_run
+    _ok(proc)
+    out = proc.stdout
+    assert "gradient steps/s" in out and "env steps/s" in out
+    assert "random policy" in out and "over 4 episodes" in out
+    assert "auxiliary loss lightning-ig fused soft-margin" in out
+    assert "trained on cpu" in out  # the device of the fit, not where Lightning leaves the module afterwards
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("attribution of V(s) per channel"))
+    printed = [line.split()[0] for line in lines[start + 1 : start + 5]]
+    assert sorted(printed) == sorted(CHANNEL_NAMES)
+    assert _only_run_dir(runs).name.startswith("MinAtar-breakout__dqn_minatar__3__")
+
+
+def test_tensorboard_folder_holds_the_ig_tags(tiny_run) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc, runs = tiny_run
+    _ok(proc)
+    accumulator = EventAccumulator(str(_only_run_dir(runs)), size_guidance={"scalars": 0, "images": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    scalars = set(tags["scalars"])
+    expected = {
+        "ig/completeness/worst_relative_error",
+        "ig/time_ms",
+        "charts/episodic_return",
+        "losses/td_loss",
+        "eval/mean_return",
+        "eval/random_mean_return",
+    }
+    for channel in CHANNEL_NAMES:  # one curve per object, not one per pixel
+        expected |= {f"ig/group/mean_abs/{channel}", f"ig/group/mean_signed/{channel}"}
+    assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
+    assert not any(tag.startswith("ig/mean_abs/") for tag in scalars), "400 pixels must not get a curve each"
+    # (1200 - 400) / 4 = 200 gradient steps, a run every 100
+    assert [e.step for e in accumulator.Scalars("ig/completeness/worst_relative_error")] == [100, 200]
+    saliency = accumulator.Images("ig/saliency")
+    assert [image.step for image in saliency] == [100, 200]
+    assert saliency[-1].width > 0 and saliency[-1].height > 0 and saliency[-1].encoded_image_string[:4] == b"\x89PNG"
+    assert "ig/saliency/mean_abs" in tags["images"]
+
+
+def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> None:
+    proc, runs = tiny_run
+    _ok(proc)
+    loaded = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    assert isinstance(loaded.model, MinAtarQNetwork)
+    assert loaded.model.config()["in_channels"] == 4 and loaded.model.config()["num_actions"] == 3
+    assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4, 10, 10)
+    assert set(torch.unique(loaded.states).tolist()) <= {0.0, 1.0}  # MinAtar frames are 0/1
+    assert json.loads(loaded.metadata["channel_names"]) == CHANNEL_NAMES
+    assert float(loaded.metadata["random_mean_return"]) >= 0
+    q_values = loaded.model.eval()(loaded.states)
+    assert q_values.shape == (NUM_HELD_OUT, 3) and torch.isfinite(q_values).all()
+
+
+def test_diag_reports_the_channels_by_name_with_saliency_images(tiny_run, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    proc, runs = tiny_run
+    _ok(proc)
+    run_dir = _only_run_dir(runs)
+    groups_file = run_dir / "channel_groups.json"
+    assert f"--feature-groups {Path('runs', run_dir.name, groups_file.name)}" in proc.stdout  # it prints the command
+    output = tmp_path / "report.json"
+    diag = _run(
+        [
+            "-m",
+            "lightning_ig.cli",
+            "diag",
+            "--checkpoint",
+            str(run_dir / "q_network.safetensors"),
+            "--states",
+            "auto",
+            "--auto-samples",
+            "4",
+            "--feature-groups",
+            str(groups_file),
+            "--saliency",
+            str(tmp_path / "saliency"),
+            "--output",
+            str(output),
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
+    _ok(diag)
+    report = json.loads(output.read_text())
+    jsonschema.validate(report, load_schema())
+    assert report["num_states"] == 4 and report["state_dim"] == 4 * 10 * 10
+    assert [(group["name"], group["members"]) for group in report["groups"]] == [(name, 100) for name in CHANNEL_NAMES]
+    # a group's attribution is the sum of its pixels': the groups' signed means add up to the features'
+    # (float32 attributions summed in two orders: a few float32 roundings per member, at the size of sum |attr|)
+    total = sum(feature["mean_signed"] for feature in report["features"])
+    size = sum(feature["mean_abs"] for feature in report["features"])
+    bound = rounding_bound(size, ulps=2 * 100, dtype=torch.float32)  # 100 pixels a group
+    assert abs(sum(group["mean_signed"] for group in report["groups"]) - total) <= bound
+    for png in ("saliency.png", "saliency_mean_abs.png"):
+        assert (tmp_path / "saliency" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_same_seed_same_weights_with_or_without_the_callback(tiny_run, tmp_path: Path) -> None:
+    proc, runs = tiny_run
+    _ok(proc)
+    again = _run([str(EXAMPLE), *TINY, "--no-ig", "--runs-dir", "runs"], cwd=tmp_path)
+    _ok(again)
+    first = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    second = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
+    first_state, second_state = first.model.state_dict(), second.model.state_dict()
+    assert first_state.keys() == second_state.keys()
+    for name, tensor in first_state.items():
+        assert torch.equal(tensor, second_state[name]), f"{name} differs between two runs with seed 3"
+    assert torch.equal(first.states, second.states)
+
+
+def test_help_lists_the_flags(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--num-envs NUM_ENVS games stepped as one batch" in text
+    assert "--fused-loss, --no-fused-loss" in text
+    assert "{breakout,asterix,freeway,seaquest,space_invaders}" in text
+    assert "on the GPU" not in text  # guards against: said of a run that trains on the CPU where there is no GPU
+    assert "(default: None)" not in text
+
+
+def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:
+    proc = _run([str(EXAMPLE), "--no-such-flag"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr
+    assert not (tmp_path / "runs").exists(), "a rejected command line must not start a run"
+
+
+@pytest.fixture(scope="module")
+def example_module() -> ModuleType:
+    return load_example(EXAMPLE, "dqn_minatar_example")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-envs", "0"], "argument --num-envs: must be >= 1, got 0"),
+        (["--game", "pong"], "argument --game: invalid choice: 'pong'"),
+        (
+            ["--learning-starts", "900", "--total-timesteps", "500"],
+            "--learning-starts must be in [0, --total-timesteps)",
+        ),
+        (["--buffer-size", "10", "--num-envs", "8"], "--buffer-size 10 is too small for --num-envs 8"),
+        (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
+    ],
+)
+def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replay_n_step_returns_stop_at_the_end_of_a_game(example_module) -> None:
+    args = example_module.parse_args(
+        ["--num-envs", "1", "--buffer-size", "64", "--n-step", "3", "--gamma", "0.5", "--batch-size", "256"]
+    )
+    buffer = example_module.ReplayBuffer(args, (1, 10, 10), torch.device("cpu"))
+    rewards, terminals = [1.0, 2.0, 4.0, 8.0, 16.0], [0.0, 1.0, 0.0, 0.0, 0.0]  # the first game ends at step 1
+    for step, (reward, terminal) in enumerate(zip(rewards, terminals)):
+        frame = torch.full((1, 1, 10, 10), step, dtype=torch.uint8)
+        buffer.add(frame, torch.tensor([step]), torch.tensor([reward]), torch.tensor([terminal]))
+    observations, actions, returns, next_observations, discounts, reward_soon = buffer.sample()
+    starts = actions.tolist()
+    assert set(starts) == {0, 1}  # only starts with 3 later steps stored
+    expected = {0: (1 + 0.5 * 2, 0.0), 1: (2.0, 0.0)}  # both windows hold the game's end: no bootstrap
+    for row, start in enumerate(starts):
+        assert observations[row, 0, 0, 0].item() == start
+        assert next_observations[row, 0, 0, 0].item() == start + 3
+        assert (returns[row].item(), discounts[row].item()) == expected[start]
+        assert reward_soon[row].item() == 1.0
+    # a window without an end bootstraps with gamma^n
+    for step, reward in enumerate([0.0, 0.0, 0.0, 0.0], start=5):
+        buffer.add(
+            torch.full((1, 1, 10, 10), step, dtype=torch.uint8),
+            torch.tensor([step]),
+            torch.tensor([reward]),
+            torch.tensor([0.0]),
+        )
+    _, actions, returns, _, discounts, reward_soon = buffer.sample()
+    by_start = {int(a): (float(r), float(d), float(s)) for a, r, d, s in zip(actions, returns, discounts, reward_soon)}
+    assert by_start[2] == (4 + 0.5 * 8 + 0.25 * 16, 0.125, 1.0)
+    assert by_start[4] == (16.0, 0.125, 1.0)
+    assert by_start[5] == (0.0, 0.125, -1.0)
+
+
+def test_vector_env_gives_channels_first_frames_and_restarts_finished_games(example_module) -> None:
+    envs = example_module.MinAtarVectorEnv("breakout", 3, seed=0)
+    assert envs.channel_names == CHANNEL_NAMES and len(envs.action_set) == 3
+    observations = envs.reset()
+    assert observations.shape == (3, 4, 10, 10) and observations.dtype == np.uint8
+    assert (observations[:, CHANNEL_NAMES.index("paddle"), 9].sum(axis=1) == 1).all()  # the paddle is on the last row
+    ended = 0
+    for _ in range(200):
+        observations, (_, terminals) = envs.step(np.zeros(3, dtype=np.int64))  # no-op: the ball falls
+        ended += int(terminals.sum())
+        assert (observations[:, CHANNEL_NAMES.index("ball")].reshape(3, -1).sum(axis=1) == 1).all()
+    assert ended > 3  # games ended and restarted with a ball

@@ -1,0 +1,15 @@
+"""What the tests share: tolerances, small models, the tiny LightningModules, emulations, example runners.
+
+Imported as ``from tests.support.tolerance import assert_close_scaled`` (the repository's root is on the path
+wherever pytest runs, and a subprocess gets it through ``PYTHONPATH``); no test edits ``sys.path``.
+"""
+
+from pathlib import Path
+
+__all__ = ["DATA", "REPO"]
+
+REPO = Path(__file__).resolve().parents[2]
+"""The repository's root (the folder holding ``lightning_ig/`` and ``tests/``)."""
+
+DATA = REPO / "tests" / "data"
+"""Files the tests read as they are (a C++ host check of the ensemble kernels)."""

@@ -1,0 +1,159 @@
+"""The shared words and checks: one message for one mistake, a value of the wrong kind never read as another."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_ig.vocabulary import (
+    BACKENDS,
+    GRADIENTS,
+    METHODS,
+    callable_name,
+    check_bool,
+    check_choice,
+    check_feature_names,
+    check_int,
+    check_int_sequence,
+    check_mapping,
+    check_n_steps,
+    check_names,
+    check_optional_positive_int,
+    check_path,
+    check_positive_float,
+    check_positive_int,
+    check_real,
+    check_text,
+    default_feature_names,
+    relative_error_text,
+    shown,
+    shown_with_type,
+)
+
+
+def test_the_vocabulary_imports_neither_torch_nor_anything_that_does() -> None:
+    code = "import sys, lightning_ig.vocabulary; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_the_names_every_layer_shares() -> None:
+    assert BACKENDS == ("auto", "cuda", "torch") and GRADIENTS == ("autograd", "finite_difference")
+    assert METHODS[-1] == "gausslegendre" and len(METHODS) == len(set(METHODS)) == 5
+
+
+def test_shown_quotes_a_value_cut_short_and_never_raises() -> None:
+    assert shown("abc") == "'abc'"
+    long = shown("x" * 500)
+    assert len(long) <= 120 and "..." in long
+    assert len(shown("x" * 500, width=20)) == 20 and shown("x" * 500, width=20).endswith("...")
+    assert shown(list(range(10**6))).count(",") <= 8  # abbreviated as it is written, not after
+    assert 0 < len(shown(10**5000)) <= 120  # past Python's digit limit (3.11+) it is named, not raised
+    assert shown_with_type([1]) == "list ([1])"
+
+
+def test_check_bool_refuses_truthy_things() -> None:
+    assert check_bool(True, "flag") is True and check_bool(np.bool_(False), "flag") is False
+    for value in ("no", 1, 0.0, None):
+        with pytest.raises(TypeError, match=r"flag must be True or False, got"):
+            check_bool(value, "flag")
+
+
+def test_integers_are_ints_in_range_and_a_bool_is_not_a_number() -> None:
+    assert check_int(np.int64(3), "n", minimum=0, maximum=3) == 3 and type(check_int(np.int64(3), "n")) is int
+    with pytest.raises(ValueError, match="n must be an int >= 0 and <= 3, got 4"):
+        check_int(4, "n", minimum=0, maximum=3)
+    with pytest.raises(ValueError, match="n must be an int <= 3, got 4"):
+        check_int(4, "n", maximum=3)
+    for value in (True, 2.0, "2"):
+        with pytest.raises(TypeError, match="n must be an int, got"):
+            check_int(value, "n")
+    assert check_positive_int(5, "k") == 5 and check_optional_positive_int(None, "k") is None
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0; e.g. k=10"):
+        check_positive_int(0, "k", example=10)
+    assert check_int_sequence((1, 2), "ids", minimum=0) == [1, 2]
+    with pytest.raises(TypeError, match="ids must be a list of ints"):
+        check_int_sequence("12", "ids")
+    with pytest.raises(ValueError, match=r"ids\[1\] must be an int >= 0, got -1"):
+        check_int_sequence([0, -1], "ids", minimum=0)
+
+
+def test_reals_are_finite_numbers_within_open_bounds() -> None:
+    assert check_real(1, "x") == 1.0 and check_positive_float(0.5, "tol") == 0.5
+    with pytest.raises(ValueError, match="x must be a finite number > 0 and < 1, got 1"):
+        check_real(1, "x", above=0, below=1)
+    for value in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="tol must be a finite number > 0"):
+            check_positive_float(value, "tol")
+    with pytest.raises(ValueError, match="x must be a finite number, got an int of 400 digits"):
+        check_real(10**399, "x")
+    with pytest.raises(TypeError, match="x must be a number, got bool"):
+        check_real(True, "x")
+
+
+def test_choices_and_steps() -> None:
+    assert check_choice("torch", BACKENDS, "backend") == "torch"
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'cuda', 'torch'; got 'triton'"):
+        check_choice("triton", BACKENDS, "backend")
+    with pytest.raises(TypeError, match="backend must be one of .* got int"):
+        check_choice(1, BACKENDS, "backend")
+    assert check_n_steps("auto") == "auto" and check_n_steps(7) == 7
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1 or 'auto', got 'many'"):
+        check_n_steps("many")
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=50"):
+        check_n_steps(0)
+
+
+def test_texts_paths_and_mappings() -> None:
+    assert check_text("a", "name") == "a" and check_path("out.json", "output") == Path("out.json")
+    with pytest.raises(ValueError, match="name must not be blank"):
+        check_text("  ", "name")
+    with pytest.raises(ValueError, match="output must be a non-empty path"):
+        check_path("", "output")
+    with pytest.raises(TypeError, match="output must be a path"):
+        check_path(3, "output")
+    assert check_mapping({"a": 1}, "extra") == {"a": 1}
+    with pytest.raises(TypeError, match="extra must have string keys, got the key int"):
+        check_mapping({1: 1}, "extra")
+
+
+def test_names_are_one_printable_distinct_string_per_feature() -> None:
+    assert check_names(("a", "b"), "names") == ["a", "b"]
+    with pytest.raises(TypeError, match=r"names must be a list of strings, got str \('ab'\); for one name pass"):
+        check_names("ab", "names")
+    assert check_feature_names(["x", "y"], 2) == ["x", "y"]
+    for names, words in (
+        (["x"], "has 1 names but there are 2 features"),
+        (["x", " "], r"feature_names\[1\] is blank"),
+        (["x", "a\nb"], "holds a line break or control character"),
+        (["x", "x"], r"repeats \['x'\]"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            check_feature_names(names, 2)
+
+
+def test_default_feature_names_are_one_form_in_row_major_order() -> None:
+    assert default_feature_names((3,)) == ["x0", "x1", "x2"] and default_feature_names(()) == ["x0"]
+    assert default_feature_names((2, 2)) == ["x[0,0]", "x[0,1]", "x[1,0]", "x[1,1]"]
+
+
+def test_the_completeness_error_is_written_as_a_fraction() -> None:
+    assert relative_error_text(0.00376) == "3.76e-03"
+    assert relative_error_text(math.inf) == "inf" and relative_error_text(math.nan) == "nan"
+
+
+def test_callable_names_read_like_the_code() -> None:
+    def value(x: object) -> object:
+        return x
+
+    class Forward:
+        def __call__(self, x: object) -> object:
+            return x
+
+    assert callable_name(value) == "test_callable_names_read_like_the_code.<locals>.value"
+    assert callable_name(Forward()) == "Forward"

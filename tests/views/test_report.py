@@ -1,0 +1,291 @@
+"""lightning_ig.views.report: the rows (features, completeness per state), the schema-v1 JSON document, the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from lightning_ig.attribution.statistics import completeness
+from lightning_ig.views import report as report_module
+from lightning_ig.views.report import (
+    SCHEMA_VERSION,
+    build_report,
+    completeness_summary,
+    feature_statistics,
+    load_schema,
+    report_to_json,
+    top_features,
+    write_report,
+)
+from lightning_ig.vocabulary import default_feature_names
+
+CONTRACT_KEYS = [
+    "schema_version",
+    "checkpoint",
+    "num_steps",
+    "state_dim",
+    "num_states",
+    "forward_target",
+    "regime_head",
+    "features",
+    "top_10_by_mean_abs",
+    "completeness",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeResult:
+    """The IGResult fields report.py reads, built by hand so the expected numbers are known."""
+
+    attributions: torch.Tensor
+    f_input: torch.Tensor
+    f_baseline: torch.Tensor
+    delta: torch.Tensor
+    relative_error: torch.Tensor
+    degenerate: torch.Tensor
+    n_steps: int = 16
+    method: str = "gausslegendre"
+    gradient: str = "autograd"
+    backend: str = "torch"
+    target: str = "mean"
+
+
+def make_result(attributions: torch.Tensor, f_input: torch.Tensor, f_baseline: torch.Tensor, eps: float = 1e-6):
+    sums = attributions.reshape(attributions.shape[0], -1).sum(1)
+    difference = f_input - f_baseline
+    delta = sums - difference
+    degenerate = difference.abs() < eps
+    relative = torch.where(degenerate, torch.full_like(delta, math.nan), delta.abs() / difference.abs())
+    return FakeResult(attributions, f_input, f_baseline, delta, relative, degenerate)
+
+
+@pytest.fixture
+def result() -> FakeResult:
+    generator = torch.Generator().manual_seed(0)
+    attributions = torch.randn(6, 4, generator=generator)
+    f_baseline = torch.zeros(6)
+    # sums off by a known amount per state; state 2 degenerate (F(x) == F(b))
+    f_input = attributions.sum(1) + torch.tensor([0.01, -0.02, 0.0, 0.03, 0.0, -0.005])
+    f_input[2] = 0.0
+    return make_result(attributions, f_input, f_baseline)
+
+
+def test_feature_statistics_match_numpy():
+    attributions = torch.tensor([[1.0, -2.0, 0.5], [3.0, 2.0, 0.5], [-1.0, 4.0, 0.5]])
+    stats = feature_statistics(attributions, ["a", "b", "c"])
+    array = attributions.double().numpy()
+    assert [s["name"] for s in stats] == ["a", "b", "c"]
+    np.testing.assert_allclose([s["mean_abs"] for s in stats], np.abs(array).mean(0))
+    np.testing.assert_allclose([s["stddev"] for s in stats], array.std(0))
+    np.testing.assert_allclose([s["mean_signed"] for s in stats], array.mean(0))
+    assert stats[2]["stddev"] == 0.0
+
+
+def test_feature_statistics_flatten_multidimensional_inputs():
+    attributions = torch.arange(2 * 2 * 3, dtype=torch.float32).reshape(2, 2, 3)
+    stats = feature_statistics(attributions)
+    assert [s["name"] for s in stats] == default_feature_names((2, 3))
+    assert stats[0]["name"] == "x[0,0]" and stats[-1]["name"] == "x[1,2]"
+    flat = attributions.reshape(2, 6).double()
+    np.testing.assert_allclose([s["mean_signed"] for s in stats], flat.mean(0).numpy())
+
+
+def test_feature_names_checked():
+    with pytest.raises(ValueError, match="feature_names has 2 names but there are 3 features"):
+        feature_statistics(torch.zeros(2, 3), ["a", "b"])
+    with pytest.raises(TypeError, match="feature_names must be a list of strings"):
+        feature_statistics(torch.zeros(2, 3), "abc")
+    with pytest.raises(ValueError, match="num_states"):
+        feature_statistics(torch.zeros(3), None)
+
+
+def test_top_features_order_and_ties():
+    stats = feature_statistics(torch.tensor([[1.0, 3.0, 3.0, 2.0]]), ["a", "b", "c", "d"])
+    assert [f["name"] for f in top_features(stats, 3)] == ["b", "c", "d"]
+    assert [f["name"] for f in top_features(stats, 10)] == ["b", "c", "d", "a"]
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
+        top_features(stats, 0)
+
+
+def test_completeness_summary_keeps_degenerate_states_apart(result):
+    summary = completeness_summary(result)
+    expected = np.array([0.01, -0.02, 0.0, 0.03, 0.0, -0.005])
+    difference = result.f_input.double().numpy()
+    regular = [i for i in range(6) if i != 2]
+    worst = max(abs(expected[i]) / abs(difference[i]) for i in regular)
+    assert summary["worst_relative_error"] == pytest.approx(worst, rel=1e-4)
+    assert summary["num_degenerate"] == 1
+    assert summary["degenerate_states"][0]["state_idx"] == 2
+    assert summary["degenerate_states"][0]["absolute_error"] == pytest.approx(abs(result.delta[2].item()))
+    assert summary["per_state"][2]["relative_error"] is None
+    assert summary["per_state"][2]["degenerate"] is True
+    assert summary["mean_abs_error"] == pytest.approx(result.delta.abs().double().mean().item())
+    for i in regular:  # delta was computed in float32 from numbers of this size
+        state = summary["per_state"][i]
+        size = abs(state["sum_attributions"]) + abs(state["f_input_minus_f_baseline"])
+        gap = state["sum_attributions"] - state["f_input_minus_f_baseline"]
+        assert abs(gap - result.delta[i].item()) <= 4 * float(torch.finfo(torch.float32).eps) * size
+
+
+def test_completeness_all_degenerate_reads_as_nothing_checked():
+    # guards against: worst_relative_error 0.0, a perfect score for "no state could be checked"
+    attributions = torch.zeros(3, 2)
+    result = make_result(attributions, torch.zeros(3), torch.zeros(3))
+    summary = completeness_summary(result)
+    assert summary["worst_relative_error"] is None
+    assert summary["num_degenerate"] == 3 and summary["num_checked"] == 0
+    numbers = completeness(result)
+    assert math.isnan(numbers.worst_relative_error) and numbers.verdict == "unchecked"
+    report = build_report(result, feature_names=None, forward_target="mean")
+    assert report["num_degenerate"] == 3 and report["non_finite_states"] == []
+    jsonschema.validate(json.loads(report_to_json(report)), load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_a_non_finite_state_is_never_clean():
+    # guards against: an infinite output counted as "degenerate" and skipped, worst_relative_error 0.0
+    attributions = torch.ones(3, 2)
+    f_input = torch.tensor([2.0, math.inf, 2.0])
+    result = make_result(attributions, f_input, torch.zeros(3))
+    result = dataclasses.replace(result, degenerate=torch.tensor([False, True, False]))  # what the old engine said
+    numbers = completeness(result)
+    assert numbers.worst_relative_error == math.inf and numbers.verdict == "non-finite"
+    assert numbers.num_non_finite == 1 and numbers.first_non_finite == 1 and numbers.num_degenerate == 0
+    report = build_report(result, feature_names=None, forward_target="mean")
+    assert report["non_finite_states"] == [1]
+    assert report["completeness"]["worst_relative_error"] is None
+    assert report["completeness"]["per_state"][1]["non_finite"] is True
+    nan_attribution = dataclasses.replace(make_result(attributions, torch.full((3,), 2.0), torch.zeros(3)))
+    nan_attribution.attributions[2, 0] = math.nan
+    assert build_report(nan_attribution, feature_names=None, forward_target="mean")["non_finite_states"] == [2]
+
+
+def test_build_report_has_exactly_the_contract_keys_first_and_validates(result):
+    report = build_report(
+        result,
+        feature_names=["a", "b", "c", "d"],
+        forward_target="mean",
+        top_k=3,
+        extra={"global_step": 7, "timings": {"ig_ms": 1.5}},
+    )
+    assert list(report)[: len(CONTRACT_KEYS)] == CONTRACT_KEYS
+    assert report["schema_version"] == SCHEMA_VERSION == 1
+    assert report["num_steps"] == 16 and report["state_dim"] == 4 and report["num_states"] == 6
+    assert report["checkpoint"] is None and report["regime_head"] is None
+    assert report["global_step"] == 7 and report["backend"] == "torch"
+    assert [set(f) for f in report["features"]] == [{"name", "mean_abs", "stddev", "mean_signed"}] * 4
+    assert len(report["top_10_by_mean_abs"]) == 3
+    means = [f["mean_abs"] for f in report["top_10_by_mean_abs"]]
+    assert means == sorted(means, reverse=True)
+    assert means[0] == max(f["mean_abs"] for f in report["features"])
+    assert set(report["completeness"]["per_state"][0]) >= {
+        "state_idx",
+        "sum_attributions",
+        "f_input_minus_f_baseline",
+        "relative_error",
+    }
+    document = json.loads(report_to_json(report))
+    jsonschema.Draft202012Validator.check_schema(load_schema())
+    jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_schema_rejects_a_report_missing_a_contract_key(result):
+    report = json.loads(report_to_json(build_report(result, feature_names=None, forward_target="mean")))
+    for key in CONTRACT_KEYS:
+        broken = {k: v for k, v in report.items() if k != key}
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_build_report_argument_errors(result):
+    with pytest.raises(ValueError, match="contract keys"):
+        build_report(result, feature_names=None, forward_target="mean", extra={"features": []})
+    with pytest.raises(ValueError, match="top_k must be an int >= 1, got 0"):
+        build_report(result, feature_names=None, forward_target="mean", top_k=0)
+    with pytest.raises(ValueError, match="feature_names has 3 names"):
+        build_report(result, feature_names=["a", "b", "c"], forward_target="mean")
+
+
+def test_json_is_strict_and_deterministic(result, tmp_path):
+    first = write_report(build_report(result, feature_names=None, forward_target="action:1"), tmp_path / "a.json")
+    second = write_report(build_report(result, feature_names=None, forward_target="action:1"), tmp_path / "b.json")
+    text = first.read_text()
+    assert text == second.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["completeness"]["per_state"][2]["relative_error"] is None
+    # floats round-trip exactly
+    assert json.loads(text)["features"][0]["mean_abs"] == feature_statistics(result.attributions)[0]["mean_abs"]
+
+
+def test_write_report_is_atomic_and_leaves_no_temporary_files(result, tmp_path, monkeypatch):
+    path = tmp_path / "sub" / "report.json"
+    write_report(build_report(result, feature_names=None, forward_target="mean"), path)
+    before = path.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report_module.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(build_report(result, feature_names=None, forward_target="other"), path)
+    assert path.read_bytes() == before  # the old report is intact
+    assert sorted(p.name for p in path.parent.iterdir()) == ["report.json"]
+
+
+def test_non_finite_values_become_null(result):
+    broken = dataclasses.replace(result, attributions=result.attributions.clone())
+    broken.attributions[0, 1] = math.inf
+    report = build_report(broken, feature_names=None, forward_target="mean")
+    assert report["features"][1]["mean_abs"] is None
+    document = json.loads(report_to_json(report))
+    jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_groups_and_the_new_keys_validate_against_the_schema(result):
+    report = build_report(
+        result, feature_names=["a", "b", "c", "d"], forward_target="mean", groups={"ab": [0, 1], "c": [2]}
+    )
+    groups = report["groups"]
+    assert [(g["name"], g["members"]) for g in groups] == [("ab", 2), ("c", 1), ("other", 1)]
+    flat = result.attributions.double()
+    ab = flat[:, 0] + flat[:, 1]
+    assert groups[0]["mean_abs"] == pytest.approx(ab.abs().mean().item(), rel=1e-12)
+    assert groups[0]["mean_signed"] == pytest.approx(ab.mean().item(), rel=1e-12)
+    assert groups[0]["stddev"] == pytest.approx(ab.std(unbiased=False).item(), rel=1e-12)
+    assert report["stochastic_forward"] is False and report["non_finite_states"] == [] and report["num_degenerate"] == 1
+    schema = load_schema()
+    jsonschema.validate(json.loads(report_to_json(report)), schema, cls=jsonschema.Draft202012Validator)
+    for key in ("groups", "non_finite_states", "num_degenerate", "stochastic_forward"):
+        assert key in schema["properties"] and schema["properties"][key]["description"]
+    broken = json.loads(report_to_json(report))
+    broken["groups"][0]["members"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_large_reports_are_written_one_feature_per_line(tmp_path):
+    attributions = torch.randn(4, 3, 20, 20, generator=torch.Generator().manual_seed(3))
+    result = make_result(attributions, attributions.reshape(4, -1).sum(1), torch.zeros(4))
+    report = build_report(result, feature_names=None, forward_target="mean", groups="channels")
+    text = report_to_json(report)
+    assert json.loads(text) == json.loads(json.dumps(report))  # the same document as json.dumps writes
+    lines = text.splitlines()
+    assert sum(line.lstrip().startswith('{"name": "x[') for line in lines) == 1200 + 10  # features + top 10
+    assert len(lines) < 1400
+
+
+def test_report_files_follow_the_umask(result, tmp_path):
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        path = write_report(build_report(result, feature_names=None, forward_target="mean"), tmp_path / "r.json")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -1,0 +1,98 @@
+"""The picture worker: jobs in order, errors surfaced, nothing left running, pictures kept when training fails."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_ig.views.tensorboard import PictureWriter
+
+
+def _worker_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("lightning-ig-pictures")]
+
+
+def test_jobs_run_in_order_off_the_calling_thread_and_wait_returns_when_all_ran():
+    pictures, seen = PictureWriter(), []
+
+    def job(index: int) -> None:
+        time.sleep(0.002 * (5 - index))  # later jobs are quicker: only the order of submission keeps them in order
+        seen.append((index, threading.current_thread().name))
+
+    for index in range(5):
+        pictures.submit(job, index)
+    pictures.wait()
+    assert [index for index, _ in seen] == list(range(5))
+    assert all(name.startswith("lightning-ig-pictures") for _, name in seen)
+    pictures.close()
+    assert not _worker_threads()
+
+
+def test_a_failed_job_raises_at_wait_and_the_next_jobs_still_run():
+    pictures, seen = PictureWriter(), []
+
+    def fail() -> None:
+        raise OSError("disk full")
+
+    pictures.submit(fail)
+    pictures.submit(seen.append, "after")
+    with pytest.raises(OSError, match="disk full"):
+        pictures.wait()
+    pictures.close()  # nothing left to raise
+    assert seen == ["after"] and not _worker_threads()
+
+
+def test_close_is_idempotent_and_a_later_job_starts_a_new_worker():
+    pictures, seen = PictureWriter(), []
+    pictures.close()
+    pictures.submit(seen.append, 1)
+    pictures.close()
+    pictures.close()
+    pictures.submit(seen.append, 2)
+    pictures.close()
+    assert seen == [1, 2] and not _worker_threads()
+
+
+def test_a_copy_starts_without_the_worker_or_its_jobs():
+    pictures = PictureWriter()
+    pictures.submit(time.sleep, 0.01)
+    twin = copy.deepcopy(pictures)
+    twin.wait()  # nothing pending in the copy
+    pictures.close()
+    twin.submit(lambda: None)
+    twin.close()
+    assert not _worker_threads()
+
+
+def test_pictures_drawn_before_training_fails_are_in_the_event_file(tmp_path: Path):
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.data import DataLoader
+
+    from lightning_ig.callback import IntegratedGradientsCallback
+    from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
+
+    class FailsAfterTheFirstRun(ConvQNet):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 1:  # just after run 0 (step 1) handed its pictures to the worker
+                raise RuntimeError("the training broke")
+            return super().training_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    callback = IntegratedGradientsCallback(frames(4, (2, 8, 8), seed=1), every_n_steps=1, n_steps=4)
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=logger)
+    with pytest.raises(RuntimeError, match="the training broke"):
+        trainer.fit(FailsAfterTheFirstRun((2, 8, 8)), DataLoader(frame_dataset(64, (2, 8, 8)), batch_size=16))
+    logger.experiment.flush()
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    assert {"ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs"} <= set(events.Tags()["images"])
+    assert [event.step for event in events.Images("ig/saliency")] == [1]  # the first run drew every picture
+    assert not _worker_threads()  # on_exception waited for the pictures and stopped the worker
