@@ -41,7 +41,7 @@ def _assert_close(
     ulps: float | None = None,
     scale: float | None = None,
 ) -> None:
-    """``actual`` within ``ulps`` roundings of ``dtype`` of ``expected``, at the size of the values (see _tolerance)."""
+    """``actual`` within ``ulps`` roundings of ``dtype`` of ``expected``, at the values' size (support/tolerance)."""
 
     def as_array(values: torch.Tensor | np.ndarray) -> np.ndarray:
         return values.detach().cpu().double().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)

@@ -1,7 +1,7 @@
 """The fused soft-margin kernels on a CUDA device, against a float64 reference and against torch.
 
 Tolerances are roundings of the dtype (ulps, times its eps), relative to each value,
-on top of rounding the float64 reference to the dtype (see tests/_tolerance.py):
+on top of rounding the float64 reference to the dtype (see tests/support/tolerance.py):
 
 =========  ==========  ========  ==========================================
 dtype      vs float64  vs torch  why

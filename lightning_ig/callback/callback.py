@@ -264,6 +264,8 @@ class IntegratedGradientsCallback(Callback):
             trainer, pl_module, self.target, self.forward, self._held_out, self.baseline, **options
         )
         self._engine, self._target_label, self._members, self._local_states, self._local_baselines = prepared
+        baseline = heldout.baseline_label(self.baseline)
+        self._settings = RunSettings(self._target_label, baseline, self.completeness_tol, self.top_k, self.name)
         members = None if self._members is None else self._members.num_members
         self._tags = dataclasses.replace(self._units.tags, ensemble_members=members)
         saliency = self.saliency_every_n_runs if self._saliency else None
@@ -357,14 +359,12 @@ class IntegratedGradientsCallback(Callback):
             )
 
     def _summarize(self, host: HostResult, members: MemberRun | None, step: int, time_ms: float) -> RunSummary:
-        baseline = heldout.baseline_label(self.baseline)
-        settings = RunSettings(self._target_label, baseline, self.completeness_tol, self.top_k, self.name)
         previous, first = (self.history[-1]["mean_abs"], self.history[0]["mean_abs"]) if self.history else (None, None)
         return summarize(
             host,
             feature_names=self._units.names,
             log_features=self._units.log_features,
-            settings=settings,
+            settings=self._settings,
             step=step,
             run_index=len(self.history),
             previous=previous,

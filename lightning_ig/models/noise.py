@@ -3,18 +3,15 @@
 :class:`NoisyLinear` is the factorised Gaussian layer of Fortunato et al.,
 "Noisy Networks for Exploration" (ICLR 2018):
 
-``y = (mu_w + sigma_w * eps_w) x + (mu_b + sigma_b * eps_b)``, with
-``eps_w = f(e_out) outer f(e_in)``, ``eps_b = f(e_out)``, ``f(x) = sign(x) sqrt(|x|)``
-and ``e_in``, ``e_out`` standard normal. Only ``in + out`` random numbers are drawn
-per :meth:`NoisyLinear.reset_noise`, which is what "factorised" means.
+``y = (mu_w + sigma_w * eps_w) x + (mu_b + sigma_b * eps_b)``, with ``eps_w = f(e_out) outer f(e_in)``,
+``eps_b = f(e_out)``, ``f(x) = sign(x) sqrt(|x|)`` and ``e_in``, ``e_out`` standard normal. Only ``in + out``
+random numbers are drawn per :meth:`NoisyLinear.reset_noise`, which is what "factorised" means.
 
-Attributions of a noisy network are only meaningful with the noise off: the
-same state must give the same output at every point of the IG path.
-:func:`noise_disabled` makes every noisy layer inside a model deterministic
-for the length of a ``with`` block and puts back exactly what was there
-afterwards, for this package's layers and for the conventions used elsewhere.
-:func:`attribution_mode` adds what a run during training needs on top: eval
-mode, gradients on, and every random generator left as it was.
+Attributions of a noisy network are only meaningful with the noise off: the same state must give the same
+output at every point of the IG path. :func:`noise_disabled` makes every noisy layer inside a model
+deterministic for the length of a ``with`` block and puts back exactly what was there afterwards, for this
+package's layers and for the conventions used elsewhere. :func:`attribution_mode` adds what a run during
+training needs on top: eval mode, gradients on, and every random generator left as it was.
 """
 
 from __future__ import annotations
@@ -208,11 +205,10 @@ def _direct_tensor_names(module: nn.Module) -> list[str]:
 def is_noisy_layer(module: nn.Module) -> bool:
     """Whether ``module`` looks like a NoisyNet layer that :func:`noise_disabled` should switch.
 
-    A module counts as a noisy layer when it is this package's :class:`NoisyLinear`;
-    when it has ``disable_noise()`` and ``enable_noise()`` methods; or when it
-    owns parameters or buffers itself (it is a layer, not a container) and
-    either its class name contains ``"noisy"`` or it owns a tensor named like a
-    noise sample or scale (``weight_epsilon``, ``eps_in``, ``weight_sigma``, ...).
+    It is one when it is this package's :class:`NoisyLinear`; when it has ``disable_noise()`` and
+    ``enable_noise()`` methods; or when it owns parameters or buffers itself (a layer, not a container) and
+    either its class name contains ``"noisy"`` or it owns a tensor named like a noise sample or scale
+    (``weight_epsilon``, ``eps_in``, ``weight_sigma``, ...).
 
     Args:
         module: Any module.
@@ -428,11 +424,10 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
 def attribution_mode(module: nn.Module) -> Iterator[nn.Module]:
     """The model as attribution needs it, and training's state untouched: everything put back on exit.
 
-    Inside the block: every submodule in eval mode, noise off (:func:`noise_disabled`),
-    gradients on even under ``torch.inference_mode()`` or ``torch.no_grad()``. On exit,
-    also when the block raises: each submodule's training flag, the noise state and the
-    random generators (python, numpy, torch CPU and CUDA) are as they were, so a run in
-    the middle of training changes nothing that training would see.
+    Inside the block: every submodule in eval mode, noise off (:func:`noise_disabled`), gradients on even under
+    ``torch.inference_mode()`` or ``torch.no_grad()``. On exit, also when the block raises: each submodule's
+    training flag, the noise state and the random generators (python, numpy, torch CPU and CUDA) are as they
+    were, so a run in the middle of training changes nothing that training would see.
 
     Args:
         module: The model.

@@ -11,11 +11,10 @@ completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7,
               repeat differs
 ============  ==========================================================  ==============================
 
-Each twin performs the kernel's operations in the kernel's order with the same
-rounding (the kernels use explicitly rounded intrinsics, so the compiler cannot
-contract a multiply and an add into an FMA, which torch's separate elementwise
-ops never do), so :class:`CudaIG` and :class:`TorchIG` agree bit for
-bit. The twins are the reference in tests and the path where there is no CUDA
+Each twin performs the kernel's operations in the kernel's order with the same rounding
+(the kernels use explicitly rounded intrinsics, so the compiler cannot contract a multiply
+and an add into an FMA, which torch's separate ops never do), so :class:`CudaIG` and
+:class:`TorchIG` agree bit for bit. The twins are the reference in tests and the path where there is no CUDA
 device or no CuPy. A run picks its :class:`IGOps` once (:func:`ig_ops`): the
 engine's ``backend`` option names one (``"auto"``, ``"cuda"``, ``"torch"``) or
 passes an object (a test's host build of the kernels). The engine differentiates

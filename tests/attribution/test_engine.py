@@ -1,5 +1,5 @@
 """The reusable engine's graph cache on the CPU: capture, replay, fallbacks and input checks, with the capture
-emulated (tests/_graph_emulation.py) and passed in through IntegratedGradients(graph_capture=...)."""
+emulated (tests/support/graphs.py) and passed in through IntegratedGradients(graph_capture=...)."""
 
 from __future__ import annotations
 

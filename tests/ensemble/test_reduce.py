@@ -1,6 +1,6 @@
 """The ensemble reduce's torch twin, the Ensemble target and member agreement, on the CPU.
 
-Tolerances come from the dtype's eps and the size of the quantity (tests/_tolerance.py):
+Tolerances come from the dtype's eps and the size of the quantity (tests/support/tolerance.py):
 the twin sums K sigmoids, then M weighted means in float32, so it is within
 (K + M + a few) float32 roundings of sum_m |w_m| of the exact value, and the
 output rounding (half an ulp of the output dtype) on top.

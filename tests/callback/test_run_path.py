@@ -1,0 +1,89 @@
+"""The modules one steady-state callback run enters, as docs/ARCHITECTURE.md counts them ("One callback run").
+
+A run is traced with ``sys.setprofile``: every function called under ``IntegratedGradientsCallback._run`` is
+recorded by the module it is defined in. The engine replays a graph (the capture emulated on the CPU, as in
+tests/attribution/test_engine.py); what the replayed computation itself calls is not counted, since a CUDA
+graph's replay runs no Python. Runs 1 to 4 are steady: the first run captured, and no picture is due until
+the run at the end of training.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch.utils.data import DataLoader
+
+import lightning_ig.attribution.engine as engine_module
+from lightning_ig.callback import IntegratedGradientsCallback
+from tests.support.graphs import EmulatedCapture
+from tests.support.tiny import TinyQNet, dataset, has_tensorboard, held_out_states, make_trainer
+
+STEADY = {
+    "callback/callback.py",
+    "models/noise.py",
+    "attribution/engine.py",
+    "attribution/result.py",
+    "attribution/host_result.py",
+    "attribution/statistics.py",
+    "views/summary.py",
+    "views/tensorboard.py",
+}
+
+
+def _modules_per_run(tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
+    entered: list[set[str]] = []
+    run = IntegratedGradientsCallback._run
+
+    def traced(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> None:
+        seen: set[str] = set()
+        replaying: list[None] = []
+
+        def profile(frame: FrameType, event: str, arg: object) -> None:
+            code = frame.f_code
+            if code.co_name == "compute" and code.co_filename.endswith("attribution/graphs.py"):
+                if event == "call":
+                    replaying.append(None)
+                elif event == "return":
+                    replaying.pop()
+            elif event == "call" and not replaying and "/lightning_ig/" in code.co_filename:
+                seen.add(code.co_filename.rsplit("/lightning_ig/", 1)[1])
+
+        sys.setprofile(profile)
+        try:
+            run(self, *args, **kwargs)
+        finally:
+            sys.setprofile(None)
+            entered.append(seen)
+
+    monkeypatch.setattr(IntegratedGradientsCallback, "_run", traced)
+    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=1, n_steps=8)
+    trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=logger)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyQNet(), DataLoader(dataset(64), batch_size=8))
+    assert len(entered) == 6  # one run a step; the end of training falls on the last step, which ran
+    return entered
+
+
+def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch)
+    assert "attribution/graphs.py" in entered[0]  # the first run captured
+    for seen in entered[1:5]:
+        assert seen == STEADY
+
+
+@pytest.mark.skipif(not has_tensorboard(), reason="needs tensorboard and Pillow")
+def test_a_steady_run_with_tensorboard_also_enters_the_vocabulary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch)
+    for seen in entered[1:5]:
+        assert seen == {*STEADY, "vocabulary.py"}  # relative_error_text, in the report text
+    assert {"views/pictures.py", "views/charts.py"} <= entered[-1]  # the end of training draws the charts
