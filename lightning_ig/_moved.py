@@ -3,7 +3,10 @@
 ``import lightning_ig.noise`` (say) still works: a finder on ``sys.meta_path`` answers for every old path in
 :data:`MOVED` with a stand-in module that warns once, at that import, and hands every attribute over from the
 module that holds it now (``lightning_ig.models.noise``); a name that was renamed is found under its new name,
-with a warning naming it. docs/ARCHITECTURE.md ("Where names moved") lists the same table for readers.
+with a warning naming it. A module that stayed where it was but gave names away (:data:`LEFT`) answers for
+them through :func:`forwarder`, its ``__getattr__``. docs/ARCHITECTURE.md ("Where names moved") lists the same
+tables for readers. Every module here is named by a string and imported when a name is asked for, so this
+module imports nothing of the package and sits below every wing.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import importlib.machinery
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MOVED", "install"]
+__all__ = ["LEFT", "MOVED", "forwarder", "install"]
 
 MOVED: dict[str, tuple[str, dict[str, str]]] = {
     # old path: (the module that holds its names now, {old name: "module:new name"} for those that moved apart)
@@ -114,6 +118,39 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+LEFT: dict[str, dict[str, str]] = {
+    # a module that stayed: {name it gave away: "module:name" where it lives now}
+    "lightning_ig.vocabulary": {
+        name: f"lightning_ig.attribution.checks:{name}"
+        for name in ("check_states", "check_finite", "check_device", "check_float_dtype", "check_generator")
+    }
+    | {"target_label": "lightning_ig.attribution.targets:target_label"},
+    "lightning_ig.attribution": {"check_finite": "lightning_ig.attribution.checks:check_finite"},
+    "lightning_ig.attribution.graphs": {
+        "GraphPlan": "lightning_ig.attribution.engine:GraphPlan",
+        "PlanCache": "lightning_ig.attribution.engine:PlanCache",
+    },
+}
+
+
+def _warn_and_find(old: str, where: str) -> Any:
+    module, _, new_name = where.partition(":")
+    warnings.warn(f"{old} is {module}.{new_name} now; import it from there", DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(module), new_name)
+
+
+def forwarder(module: str) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a module in :data:`LEFT`: a name it gave away warns and is found where it lives."""
+    gone = LEFT[module]
+
+    def __getattr__(name: str) -> Any:
+        if name not in gone:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        return _warn_and_find(f"{module}.{name}", gone[name])
+
+    return __getattr__
+
+
 class _MovedModule(types.ModuleType):
     """The stand-in at an old path: every attribute comes from where it lives now."""
 
@@ -127,13 +164,7 @@ class _MovedModule(types.ModuleType):
         if where is None:
             value = getattr(importlib.import_module(self._target), name)
         else:
-            module, _, new_name = where.partition(":")
-            warnings.warn(
-                f"{self.__name__}.{name} is {module}.{new_name} now; import it from there",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            value = getattr(importlib.import_module(module), new_name)
+            value = _warn_and_find(f"{self.__name__}.{name}", where)
         setattr(self, name, value)  # found once: the warning is said once per name
         return value
 

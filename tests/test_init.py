@@ -160,6 +160,24 @@ def test_every_old_module_path_imports_with_a_deprecation_warning(old: str) -> N
     assert done.stdout.strip() == "ok", done.stderr
 
 
+@pytest.mark.parametrize(
+    ("module_name", "name"),
+    sorted((module, name) for module, gone in lightning_ig._moved.LEFT.items() for name in gone),
+)
+def test_a_name_that_left_a_module_still_imports_from_it_with_a_warning(module_name: str, name: str) -> None:
+    import importlib
+
+    new_module, _, new_name = lightning_ig._moved.LEFT[module_name][name].partition(":")
+    module = importlib.import_module(module_name)
+    with pytest.warns(DeprecationWarning, match=rf"{module_name}\.{name} is {new_module}\.{new_name} now") as caught:
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new_module), new_name)
+    assert caught[0].filename == __file__  # the warning points at the code that asked
+    assert name not in module.__all__
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        module.no_such_name  # noqa: B018
+
+
 def _package_modules() -> list[str]:
     import pkgutil
 

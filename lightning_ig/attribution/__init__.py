@@ -54,6 +54,7 @@ Completeness and what a result says about itself
 
 from __future__ import annotations
 
+from lightning_ig import _moved
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
 from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
@@ -67,3 +68,6 @@ __all__ = [
     "target_forward",
     "worst_relative_error",
 ]
+
+
+__getattr__ = _moved.forwarder(__name__)  # the names that moved out (issue 19) warn and are found
