@@ -243,13 +243,12 @@ class GraphPlan:
         self.static_x = captured.static_x  # (B, F)
         self.static_b = captured.static_b  # (B, F), or None where the baseline is computed inside the graph
         self.static_rows = captured.static_rows  # (B,) per-row target indices, or None
-        self.outputs = outputs = captured.outputs  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
+        self.outputs = outputs = captured.outputs  # "attributions" (T, B, F), "stats", "accuracy" [, "packed"]
         self.run = captured.run
         self.keep = captured.keep  # objects whose id() is part of the key (a target callable)
         self.stochastic = captured.stochastic  # what the eager run before the capture found
-        self.attribution_shape = outputs["attributions"].shape
-        self.stats_shape = outputs["stats"].shape
-        self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
+        self.shapes = {name: outputs[name].shape for name in _OUTPUTS}
+        self.split_sizes = [outputs[name].numel() for name in _OUTPUTS]
         self.zero_baselines: Tensor | None = None  # set by the engine's fast path: a read-only expanded zero
         self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
 
@@ -258,9 +257,12 @@ class GraphPlan:
         self.graph.replay()
         packed = self.outputs.get("packed")
         if packed is None:
-            return {name: self.outputs[name].clone() for name in ("attributions", "stats")}
-        attributions, stats = packed.clone().split(self.split_sizes)
-        return {"attributions": attributions.view(self.attribution_shape), "stats": stats.view(self.stats_shape)}
+            return {name: self.outputs[name].clone() for name in _OUTPUTS}
+        pieces = packed.clone().split(self.split_sizes)
+        return {name: piece.view(self.shapes[name]) for name, piece in zip(_OUTPUTS, pieces)}
+
+
+_OUTPUTS = ("attributions", "stats", "accuracy")
 
 
 class PlanCache:
