@@ -90,7 +90,9 @@ def test_warped_rules_pinned_for_small_n() -> None:
     assert warped_middle(2, 2.0) == ([0.125, 0.625], [0.25, 0.75])
     assert mirrored_middle(2, 2.0) == ([0.375, 0.875], [0.75, 0.25])
     alphas, weights = cosine_middle(2)
-    assert alphas == [0.25, 0.75] and weights == [0.5, 0.5]  # cells (1 - cos(pi j / 2)) / 2 = 0, 1/2, 1
+    # cells (1 - cos(pi j / 2)) / 2 = 0, 1/2, 1; cos(pi / 2) rounds to 6e-17, not 0: one rounding of a number <= 1
+    np.testing.assert_allclose(alphas, [0.25, 0.75], rtol=0, atol=2 * EPS64)
+    np.testing.assert_allclose(weights, [0.5, 0.5], rtol=0, atol=2 * EPS64)
 
 
 def test_warps_crowd_their_nodes_where_they_say() -> None:

@@ -108,22 +108,6 @@ def test_the_completeness_sum_is_in_a_fixed_order_whatever_the_thread_count() ->
 # --------------------------------------------------------------------------- n_steps="auto" never stops on NaN
 
 
-def test_auto_refines_degenerate_states_by_their_estimate_not_the_ratio() -> None:
-    # F(z) = z0^3 - z1^3 with x = (1, 1), b = 0: F(x) == F(b), every state degenerate, while the attributions are
-    # (1, -1) exactly. The midpoint rule of n nodes gives 1 - 1/(4 n^2) each: a relative error of 1/(4 n^2), which the
-    # completeness ratio cannot see (delta = 0 by symmetry) and the old engine stopped on. The estimate sees it.
-    x = torch.ones(3, 2, dtype=torch.float64)
-    result = integrated_gradients(lambda z: z[:, 0] ** 3 - z[:, 1] ** 3, x, n_steps="auto", completeness_tol=1e-4)
-    assert result.degenerate.all() and math.isnan(result.worst_relative_error)
-    n = result.n_steps
-    assert n > 32 and result.n_steps_per_state.tolist() == [n] * 3
-    true_error = 1 / (4 * n * n)
-    assert true_error <= 1e-4
-    torch.testing.assert_close(
-        result.attributions, torch.tensor([[1.0, -1.0]] * 3, dtype=torch.float64) * (1 - true_error)
-    )
-
-
 def test_auto_stops_at_once_on_a_non_finite_state() -> None:
     calls: list[int] = []
 
