@@ -55,15 +55,21 @@ Completeness and what a result says about itself
 from __future__ import annotations
 
 from lightning_ig import _moved
+from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
 from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
+from lightning_ig.attribution.statistics import AccuracyVerdict, accuracy_verdict
 from lightning_ig.attribution.targets import target_forward
 
 __all__ = [
+    "AccuracyVerdict",
+    "Calibration",
     "IGResult",
     "IntegratedGradients",
     "StochasticForwardWarning",
+    "accuracy_verdict",
+    "calibrate",
     "integrated_gradients",
     "target_forward",
     "worst_relative_error",

@@ -252,7 +252,13 @@ class HostResult:
         samples: int,
         groups: FeatureGroups | None,
     ) -> HostResult:
-        sizes = [len(_COLUMNS) * rows, 3 * rows, 4 * count, samples * count, 0 if groups is None else rows * len(groups)]
+        sizes = [
+            len(_COLUMNS) * rows,
+            3 * rows,
+            4 * count,
+            samples * count,
+            0 if groups is None else rows * len(groups),
+        ]
         offsets = np.cumsum([0, *sizes])
         columns = dict(zip(_COLUMNS, host[: offsets[1]].reshape(len(_COLUMNS), rows)))
         sums, mass, near = host[offsets[1] : offsets[2]].reshape(3, rows)
@@ -351,7 +357,9 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
         result.relative_error,
         result.degenerate,
         flags,
-        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device) if steps is None else steps,
+        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device)
+        if steps is None
+        else steps,
         torch.full(
             (share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device
         ),

@@ -165,7 +165,13 @@ class PathRun:
         if spec.kind == "contrast":
             spec = dataclasses.replace(spec, kind="contrast_fixed")
         sub = PathRun(
-            self.forward, self.x[states], self.b[states], self.feature_shape, spec, self.settings, self.backend,
+            self.forward,
+            self.x[states],
+            self.b[states],
+            self.feature_shape,
+            spec,
+            self.settings,
+            self.backend,
             self.chunk_rows,
         )
         sub.check_stochastic = False

@@ -152,9 +152,16 @@ def accuracy_verdict(worst_attribution_error: float, worst_mass_relative_error: 
         >>> accuracy_verdict(0.012, 0.003, 0.01).within   # 0.012 <= 1.41 x 0.01
         True
     """
-    tol = check_positive_float(tol, "tol")
+    return _verdict(worst_attribution_error, worst_mass_relative_error, check_positive_float(tol, "tol"))
+
+
+def _verdict(worst_attribution_error: float, worst_mass_relative_error: float, tol: float) -> AccuracyVerdict:
+    """:func:`accuracy_verdict` of a checked ``tol`` (a run's summary: no vocabulary check on the run's path)."""
     threshold = VERDICT_FACTOR * tol
-    figures = {"attribution_error": float(worst_attribution_error), "mass_relative_error": float(worst_mass_relative_error)}
+    figures = {
+        "attribution_error": float(worst_attribution_error),
+        "mass_relative_error": float(worst_mass_relative_error),
+    }
     if all(math.isnan(value) for value in figures.values()):
         return AccuracyVerdict(
             None, "none", math.nan, threshold, "no state could be checked: every state is near the baseline"
@@ -163,7 +170,9 @@ def accuracy_verdict(worst_attribution_error: float, worst_mass_relative_error: 
     if broken is not None:
         value = figures[broken]
         cause = "NaN/Inf from the model" if math.isinf(value) else "missing where the other figure is not"
-        return AccuracyVerdict(False, broken, value, threshold, f"the worst {_FIGURE_WORDS[broken]} is {value} ({cause})")
+        return AccuracyVerdict(
+            False, broken, value, threshold, f"the worst {_FIGURE_WORDS[broken]} is {value} ({cause})"
+        )
     figure = max(figures, key=figures.__getitem__)  # ties: the estimate, the figure a user reads
     value = figures[figure]
     within = value <= threshold
@@ -189,6 +198,8 @@ class Completeness:
         worst_mass_relative_error: the worst mass-relative completeness error over the ordinary states.
         num_near_baseline: states near the baseline (flagged, not scored).
         error_scale: the factor the estimate was multiplied by (1.0, or what calibration measured).
+        calibration_ms: the wall time of the calibration that ran before this run (the callback's
+            ``calibrate_every``), in milliseconds; ``None`` when none ran.
     """
 
     worst_relative_error: float
@@ -202,6 +213,7 @@ class Completeness:
     worst_mass_relative_error: float = math.nan
     num_near_baseline: int = 0
     error_scale: float = 1.0
+    calibration_ms: float | None = None
 
     @property
     def num_checked(self) -> int:
@@ -211,7 +223,7 @@ class Completeness:
     @property
     def accuracy(self) -> AccuracyVerdict:
         """The :func:`accuracy_verdict` of the two worst figures at :attr:`tolerance`."""
-        return accuracy_verdict(self.worst_attribution_error, self.worst_mass_relative_error, self.tolerance)
+        return _verdict(self.worst_attribution_error, self.worst_mass_relative_error, self.tolerance)
 
     @property
     def verdict(self) -> str:

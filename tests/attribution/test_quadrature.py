@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import tracemalloc
 
 import numpy as np
@@ -120,7 +121,7 @@ def test_a_warp_has_one_spelling(given: str, canonical: str) -> None:
 def test_bad_warps_say_what_to_pass(bad: str) -> None:
     with pytest.raises(ValueError, match="warped_middle|unknown method"):
         quadrature(bad, 8)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):  # the message shows what was given
         check_rule(bad, 8)
 
 
