@@ -156,8 +156,9 @@ class RunSummary:
         elif numbers.verdict == "fail":
             messages["fail"] = (
                 f"the accuracy check (estimated attribution error, mass-relative completeness error) fails at step "
-                f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. Use n_steps='auto' (it refines each state until its error estimate "
-                "is within tolerance) or more steps; fewer held-out states at more steps cost about the same"
+                f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. Use n_steps='auto' "
+                "(it refines each state until its error estimate is within tolerance) or more steps; fewer held-out "
+                "states at more steps cost about the same"
             )
         if self.stochastic:
             messages["stochastic"] = (
