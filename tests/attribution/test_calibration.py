@@ -59,7 +59,8 @@ def test_in_distribution_it_keeps_the_midpoint_rule_and_scales_by_the_worst_rati
 
 
 def test_off_distribution_it_picks_a_rule_that_crowds_the_nodes_near_the_baseline() -> None:
-    # inputs 255x larger than the network's scale (frames not scaled to [0, 1]): along alpha x the kinks crowd in the first few percent of the path
+    # inputs 255x larger than the network's scale (frames not scaled to [0, 1]): along alpha x the kinks crowd in
+    # the first few percent of the path
     model, x = _relu_mlp(62), _states(63, scale=255.0)
     found = calibrate(model, x, target="mean", n_steps=32)
     assert found.method != "riemann_middle"
