@@ -115,9 +115,13 @@ class IGResult:
             its capture found). A :class:`StochasticForwardWarning` said so.
         attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of
             ``||a - a_exact||_1 / ||a_exact||_1`` (:func:`~lightning_ig.attribution.estimate.kink_estimate`),
-            times :attr:`error_scale`.
+            times :attr:`error_scale`. It can read low where several kinks share a stretch between two nodes
+            and cancel, where a gradient changes and changes back between them, and where kinks crowd at an end
+            of the path (inputs far off the training distribution); it reads high on smooth networks (curvature
+            taken for kinks): calibration's scale corrects both (the module's docstring, ``docs/trust.md``).
         mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well
-            conditioned where ``dF`` is tiny; a lower bound of the per-feature error.
+            conditioned where ``dF`` is tiny; a lower bound of the per-feature error (it can fail a map,
+            never vouch for one: errors of opposite sign cancel in the sum).
         near_baseline: bool ``(B,)`` (``(A, B)``): ``||a||_1`` below
             :data:`NEAR_BASELINE_FRACTION` x the batch median (or zero).
         error_scale: the factor the estimate was multiplied by: 1.0, or what
