@@ -48,7 +48,7 @@ from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import BackendName, check_method, check_positive_float, check_positive_int, shown
 
-__all__ = ["CALIBRATION_STATES", "CANDIDATES", "SCALE_RANGE", "Calibration", "calibrate"]
+__all__ = ["CALIBRATION_STATES", "CANDIDATES", "REFERENCE_STEPS", "SCALE_RANGE", "Calibration", "calibrate"]
 
 CANDIDATES = (
     DEFAULT_METHOD,
