@@ -136,9 +136,10 @@ class IntegratedGradientsCallback(Callback):
             produces NaN/Inf on the held-out states.
         calibrate_every: Re-run the calibration (:mod:`lightning_ig.attribution.calibration`: the rule
             and the error estimate's scale, on the first 8 held-out states against a 1024-step reference)
-            at the first run and every this many runs (default 50: about 7% of the IG time at 64 states
-            and 64 steps); its wall time is the summary's ``completeness.calibration_ms``. ``None``: never
-            (the midpoint rule, scale 1). Not for ``n_steps="auto"`` or finite differences.
+            at the first run and every this many runs (default 50: 11264 gradient rows each time, about
+            6% of the IG time at 64 states and 64 steps); its wall time is the summary's
+            ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
+            ``n_steps="auto"`` or finite differences.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
