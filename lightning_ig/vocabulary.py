@@ -37,6 +37,7 @@ __all__ = [
     "BACKENDS",
     "GRADIENTS",
     "METHODS",
+    "WARPED_METHODS",
     "BackendName",
     "NSteps",
     "callable_name",
@@ -46,6 +47,7 @@ __all__ = [
     "check_int",
     "check_int_sequence",
     "check_mapping",
+    "check_method",
     "check_n_steps",
     "check_names",
     "check_optional_positive_int",
@@ -71,6 +73,16 @@ GRADIENTS = ("autograd", "finite_difference")
 
 METHODS = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 """The quadrature rules, by Captum's names (:mod:`lightning_ig.attribution.quadrature` builds them)."""
+
+WARPED_METHODS = ("warped_middle:P", "mirrored_middle:P", "cosine_middle")
+"""The midpoint rules on warped cells, beside :data:`METHODS`: ``P`` is a power in ``(1, 8]`` (``warped_middle:2``).
+
+``warped_middle:P`` crowds the nodes near the baseline (cells ``(j / n) ** P``), ``mirrored_middle:P`` near the
+input, ``cosine_middle`` near both ends; see :mod:`lightning_ig.attribution.quadrature`.
+"""
+
+_WARP_FAMILIES = ("warped_middle", "mirrored_middle")
+_LARGEST_WARP = 8.0
 
 NSteps = int | Literal["auto"]
 """The type of an ``n_steps=`` option: a number of quadrature points, or ``"auto"``."""
@@ -228,13 +240,44 @@ def check_path(value: Any, name: str) -> Path:
     return Path(path)
 
 
+def check_method(value: Any, name: str = "method") -> str:
+    """A quadrature method's name, in its one spelling: one of :data:`METHODS` or :data:`WARPED_METHODS`.
+
+    A warp's power is written back the shortest way (``"warped_middle:2.0"`` -> ``"warped_middle:2"``), so one
+    rule has one name in results, reports and cache keys.
+
+    Raises:
+        TypeError: not a string.
+        ValueError: an unknown name, or a power that is not a number in ``(1, 8]``.
+    """
+    listed = ", ".join(repr(m) for m in (*METHODS, *WARPED_METHODS))
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {listed}; got {shown_with_type(value)}")
+    if value in METHODS or value == "cosine_middle":
+        return value
+    family, colon, power_text = value.partition(":")
+    if family not in _WARP_FAMILIES:
+        raise ValueError(f"{name} must be one of {listed}; got {shown(value)}")
+    try:
+        power = float(power_text) if colon else math.nan
+    except ValueError:
+        power = math.nan
+    if not 1.0 < power <= _LARGEST_WARP:  # NaN fails too
+        raise ValueError(
+            f"{name}={shown(value)}: {family} takes a power P in (1, {_LARGEST_WARP:g}] after a colon, e.g. "
+            f"'{family}:2' (P = 1 is riemann_middle)"
+        )
+    short = f"{power:g}"
+    return f"{family}:{short if float(short) == power else repr(power)}"
+
+
 def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:
-    """An int >= 1 or ``"auto"`` (refine until the completeness error is within tolerance)."""
+    """An int >= 1 or ``"auto"`` (refine per state until the error figures are within tolerance)."""
     if isinstance(value, str):
         if value != "auto":
             raise ValueError(f"{name} must be an int >= 1 or 'auto', got {value!r}")
         return "auto"
-    return check_positive_int(value, name, example=50)
+    return check_positive_int(value, name, example=64)
 
 
 def default_feature_names(feature_shape: Sequence[int]) -> list[str]:

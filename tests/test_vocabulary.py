@@ -105,7 +105,7 @@ def test_choices_and_steps() -> None:
     assert check_n_steps("auto") == "auto" and check_n_steps(7) == 7
     with pytest.raises(ValueError, match="n_steps must be an int >= 1 or 'auto', got 'many'"):
         check_n_steps("many")
-    with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=50"):
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=64"):
         check_n_steps(0)
 
 

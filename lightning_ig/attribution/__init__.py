@@ -23,8 +23,11 @@ The parts, in the order a call runs through them:
   twin, chosen once per run;
 * :mod:`~lightning_ig.attribution.quadrature` gives the rule;
   :mod:`~lightning_ig.attribution.path` runs the path: chunked batched
-  forwards, autograd or finite differences, the stochastic-forward check, and
-  the refinement of ``n_steps="auto"``;
+  forwards, autograd or finite differences, the stochastic-forward check;
+  :mod:`~lightning_ig.attribution.estimate` computes the error figures beside
+  it; :mod:`~lightning_ig.attribution.auto_steps` is ``n_steps="auto"``;
+  :mod:`~lightning_ig.attribution.calibration` picks a rule and the
+  estimate's scale per model (:func:`calibrate`);
 * :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
   CUDA graph; the engine (:mod:`~lightning_ig.attribution.engine`) keeps and replays the plans;
 * :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`).
@@ -38,6 +41,11 @@ below all of them: :mod:`~lightning_ig.attribution.groups` (feature groups),
 :mod:`~lightning_ig.attribution.statistics` (completeness, concentration, drift, the one feature order). A new
 engine option goes into :mod:`~lightning_ig.attribution.options`; a new number of a run into
 :mod:`~lightning_ig.attribution.statistics`.
+
+How far to trust a result (``docs/trust.md``)
+    Each state's ``attribution_error`` (a reference-free estimate of ``||a - a_exact||_1 / ||a_exact||_1``) and
+    ``mass_relative_error`` (``|sum(a) - dF| / max(sum|a|, |dF|)``), the states near the baseline (flagged, not
+    scored), and :func:`accuracy_verdict`: within ``tol`` iff both worst figures are ``<= sqrt(2) x tol``.
 
 Completeness and what a result says about itself
     ``delta = sum(attributions) - (F(x) - F(b))`` (Captum's sign) and the relative
@@ -55,15 +63,21 @@ Completeness and what a result says about itself
 from __future__ import annotations
 
 from lightning_ig import _moved
+from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
 from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
+from lightning_ig.attribution.statistics import AccuracyVerdict, accuracy_verdict
 from lightning_ig.attribution.targets import target_forward
 
 __all__ = [
+    "AccuracyVerdict",
+    "Calibration",
     "IGResult",
     "IntegratedGradients",
     "StochasticForwardWarning",
+    "accuracy_verdict",
+    "calibrate",
     "integrated_gradients",
     "target_forward",
     "worst_relative_error",

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.calibration import CALIBRATION_STATES, Calibration, calibrate
 from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.eager import attribute_eager
 from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
@@ -92,11 +93,69 @@ class IntegratedGradients:
         # (shape, dtype, device, plan) of the last default-settings, zero-baseline replay
         self._fast: tuple[torch.Size, torch.dtype, torch.device, GraphPlan] | None = None
 
+    @property
+    def default_settings(self) -> Settings:
+        """The checked settings of a call without overrides (after :meth:`calibrate`: its rule and scale)."""
+        return self._default_settings
+
     def clear(self) -> None:
         """Drop every captured graph (they are captured again on next use)."""
         self._plans.clear()
         self._checked.clear()
         self._fast = None
+
+    def calibrate(
+        self, states: Tensor, baselines: Baselines = None, *, num_states: int = CALIBRATION_STATES
+    ) -> Calibration:
+        """Choose this engine's rule and error scale on the first ``num_states`` states, and keep them as defaults.
+
+        Runs :func:`~lightning_ig.attribution.calibration.calibrate` with the engine's forward, target, ``n_steps``,
+        gradient mode and backend (eagerly; the cost is in :attr:`Calibration.seconds`), then makes the rule it
+        chose ``method`` and its scale ``error_scale`` of every later default call (a graph for a new rule is
+        captured at the next call; the error scale needs no new graph).
+
+        Args:
+            states: ``(B, *feature_shape)``: states like the ones the engine will attribute.
+            baselines: as for :meth:`attribute`.
+            num_states: how many of the first states to use (default 8).
+
+        Returns:
+            The :class:`~lightning_ig.attribution.calibration.Calibration`.
+
+        Raises:
+            ValueError: the engine's ``n_steps`` is ``"auto"`` (it refines the midpoint rule, whatever the rule), or
+                a bad ``num_states``; the errors of :meth:`attribute` for the states and baselines.
+        """
+        settings = self._default_settings
+        if settings.n_steps == "auto":
+            raise ValueError(
+                "calibrate needs a fixed n_steps (the engine has n_steps='auto', which refines the midpoint rule by "
+                "tripling): create the engine with n_steps=64, say"
+            )
+        found = calibrate(
+            self.forward,
+            states,
+            baselines,
+            target=settings.target,
+            n_steps=int(settings.n_steps),
+            gradient=settings.gradient,
+            backend=settings.backend,
+            internal_batch_size=settings.internal_batch_size,
+            num_states=num_states,
+        )
+        self.use_calibration(found)
+        return found
+
+    def use_calibration(self, found: Calibration) -> None:
+        """Make ``found``'s rule and error scale the defaults of later calls (what :meth:`calibrate` does).
+
+        Under DDP the callback calibrates on every rank and passes rank zero's answer here on all of them, so that
+        every rank attributes with one rule.
+        """
+        defaults = {**self.defaults, "method": found.method, "error_scale": found.error_scale}
+        self._default_settings = parse_settings(defaults)  # checked before anything changes
+        self.defaults = defaults
+        self._fast = None  # the fast path replays the plan of the old defaults; the next call finds the new one
 
     def attribute(self, inputs: Tensor, baselines: Baselines = None, **overrides: Any) -> IGResult:
         """Attribute ``inputs``; ``overrides`` replace the defaults for this call.
@@ -243,13 +302,12 @@ class GraphPlan:
         self.static_x = captured.static_x  # (B, F)
         self.static_b = captured.static_b  # (B, F), or None where the baseline is computed inside the graph
         self.static_rows = captured.static_rows  # (B,) per-row target indices, or None
-        self.outputs = outputs = captured.outputs  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
+        self.outputs = outputs = captured.outputs  # "attributions" (T, B, F), "stats", "accuracy" [, "packed"]
         self.run = captured.run
         self.keep = captured.keep  # objects whose id() is part of the key (a target callable)
         self.stochastic = captured.stochastic  # what the eager run before the capture found
-        self.attribution_shape = outputs["attributions"].shape
-        self.stats_shape = outputs["stats"].shape
-        self.split_sizes = (outputs["attributions"].numel(), outputs["stats"].numel())
+        self.shapes = {name: outputs[name].shape for name in _OUTPUTS}
+        self.split_sizes = [outputs[name].numel() for name in _OUTPUTS]
         self.zero_baselines: Tensor | None = None  # set by the engine's fast path: a read-only expanded zero
         self.static_x_view: Tensor | None = None  # static_x viewed as (B, *feature_shape), for the fast path
 
@@ -258,9 +316,12 @@ class GraphPlan:
         self.graph.replay()
         packed = self.outputs.get("packed")
         if packed is None:
-            return {name: self.outputs[name].clone() for name in ("attributions", "stats")}
-        attributions, stats = packed.clone().split(self.split_sizes)
-        return {"attributions": attributions.view(self.attribution_shape), "stats": stats.view(self.stats_shape)}
+            return {name: self.outputs[name].clone() for name in _OUTPUTS}
+        pieces = packed.clone().split(self.split_sizes)
+        return {name: piece.view(self.shapes[name]) for name, piece in zip(_OUTPUTS, pieces)}
+
+
+_OUTPUTS = ("attributions", "stats", "accuracy")
 
 
 class PlanCache:

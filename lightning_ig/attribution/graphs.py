@@ -3,7 +3,7 @@
 For repeated calls on the same shapes (what the training callback does),
 :class:`~lightning_ig.attribution.IntegratedGradients` captures the autograd
 computation (interpolation, batched forward, ``torch.autograd.grad``,
-accumulation, completeness) once per key (:func:`capture_attribution`) and keeps
+accumulation, completeness, the error estimate) once per key (:func:`capture_attribution`) and keeps
 what comes back as a plan (:class:`~lightning_ig.attribution.engine.GraphPlan`);
 later calls copy the new inputs into the plan's static buffers and replay it.
 
@@ -45,7 +45,7 @@ class Captured(NamedTuple):
     static_x: Tensor  # (B, F)
     static_b: Tensor | None  # (B, F), or None where the baseline is computed inside the graph
     static_rows: Tensor | None  # (B,) per-row target indices, or None
-    outputs: dict[str, Tensor]  # "attributions" (T, B, F), "stats" (7, T, B) [, "packed"]
+    outputs: dict[str, Tensor]  # "attributions" (T, B, F), "stats" (7, T, B), "accuracy" (3, T, B) [, "packed"]
     run: PathRun
     keep: Any  # objects whose id() is part of the key (a target callable)
     stochastic: bool  # what the eager run before the capture found
@@ -99,10 +99,11 @@ def _set_sync_debug_mode(mode: Any) -> None:
 
 
 def _pack(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    attributions, stats = outputs["attributions"], outputs["stats"]
-    if attributions.dtype != stats.dtype:
+    attributions, stats, accuracy = outputs["attributions"], outputs["stats"], outputs["accuracy"]
+    if not attributions.dtype == stats.dtype == accuracy.dtype:
         return outputs
-    return {**outputs, "packed": torch.cat([attributions.reshape(-1), stats.reshape(-1)])}  # (T B F + 7 T B,)
+    flat = [attributions.reshape(-1), stats.reshape(-1), accuracy.reshape(-1)]
+    return {**outputs, "packed": torch.cat(flat)}  # (T B F + 7 T B + 3 T B,)
 
 
 def capture_attribution(
@@ -141,10 +142,10 @@ def capture_attribution(
             run.b = resolve_baselines(baselines, static_x.view(batch, *prepared.feature_shape)).reshape(batch, -1)
         else:
             run.b = static_b
-        grads, ends = run.gradients(alphas, with_ends=True)
-        assert ends is not None  # noqa: S101 - with_ends=True
+        path = run.gradients(alphas, with_ends=True)
+        assert path.ends is not None  # noqa: S101 - with_ends=True
         statistics.restore(saved)
-        return _pack(run.finish(weights, grads, ends))
+        return _pack(run.finish(alphas, weights, path.grads, path.ends, path.values))
 
     saved = statistics.save()
     try:

@@ -6,12 +6,14 @@ side read. :meth:`HostResult.from_result` takes an
 
 1. packs each state's row, its attributions and its per-state numbers
    (``f_input``, ``f_baseline``, ``delta``, ``relative_error``, ``degenerate``,
-   ``non_finite``, ``n_steps``, ``stochastic``), into one tensor ``(B, F + 8)``;
+   ``non_finite``, ``n_steps``, ``stochastic``, ``attribution_error``,
+   ``mass_relative_error``), into one tensor ``(B, F + 10)``;
 2. under DDP, passes it to ``gather`` once (``trainer.strategy.all_gather``:
    every rank makes the same single collective call with the same shape;
    the states are split with the last rank's share padded, and the padding
    rows are dropped here by ``num_states``);
-3. reduces on the device, in float64: per-feature moments, per-state sums,
+3. reduces on the device, in float64: per-feature moments, per-state sums and
+   masses (the near-baseline flags from the median over *all* gathered states),
    group sums; and copies to the host in one transfer only what is needed,
    so the host work grows with the number of features, not with
    states x features.
@@ -30,11 +32,23 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.result import near_baseline_states, worst_over_ordinary
 
 __all__ = ["HostResult", "JointGather", "Moments", "pack"]
 
 # The per-state columns packed after the attributions, in this order.
-_COLUMNS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "n_steps", "stochastic")
+_COLUMNS = (
+    "f_input",
+    "f_baseline",
+    "delta",
+    "relative_error",
+    "degenerate",
+    "non_finite",
+    "n_steps",
+    "stochastic",
+    "attribution_error",
+    "mass_relative_error",
+)
 
 
 class _ResultLike(Protocol):
@@ -105,8 +119,14 @@ class HostResult:
         sample_attributions: ``(S, *feature_shape)``: the first ``sample_states`` states' attributions.
         groups: the :class:`~lightning_ig.attribution.groups.FeatureGroups`, or ``None``.
         group_attributions: ``(B, G)`` per-state group sums, or ``None``.
-        n_steps, method, gradient, backend, target: the run's settings.
+        n_steps, method, gradient, backend, target: the run's settings (``n_steps``: the most any state used).
         stochastic: the forward gave different values on the same rows (any rank).
+        attribution_error: ``(B,)`` the engine's error estimate per state (scaled; NaN where the result had none).
+        mass_relative_error: ``(B,)`` ``|sum(a) - dF| / max(sum|a|, |dF|)``.
+        near_baseline: ``(B,)`` bool: ``||a||_1`` below a tenth of the median over all gathered states.
+        attribution_mass: ``(B,)`` ``||a||_1``.
+        n_steps_per_state: ``(B,)`` the points each state used.
+        error_scale: the factor the estimate was multiplied by.
     """
 
     feature_shape: tuple[int, ...]
@@ -128,6 +148,32 @@ class HostResult:
     backend: str
     target: str
     stochastic: bool
+    attribution_error: np.ndarray | None = None
+    mass_relative_error: np.ndarray | None = None
+    near_baseline: np.ndarray | None = None
+    attribution_mass: np.ndarray | None = None
+    n_steps_per_state: np.ndarray | None = None
+    error_scale: float = 1.0
+
+    @property
+    def worst_attribution_error(self) -> float:
+        """The largest estimated attribution error over the ordinary states (``inf`` with a non-finite state)."""
+        return self._worst(self.attribution_error)
+
+    @property
+    def worst_mass_relative_error(self) -> float:
+        """The largest mass-relative completeness error over the ordinary states (``inf`` with a non-finite state)."""
+        return self._worst(self.mass_relative_error)
+
+    @property
+    def num_near_baseline(self) -> int:
+        """How many states are near the baseline (flagged, not scored)."""
+        return 0 if self.near_baseline is None else int(self.near_baseline.sum())
+
+    def _worst(self, values: np.ndarray | None) -> float:
+        figure = np.full(self.num_states, np.nan) if values is None else values
+        near = np.zeros(self.num_states, dtype=bool) if self.near_baseline is None else self.near_baseline
+        return worst_over_ordinary(torch.from_numpy(figure), torch.from_numpy(near), torch.from_numpy(self.non_finite))
 
     @property
     def num_states(self) -> int:
@@ -159,7 +205,7 @@ class HostResult:
             result: an :class:`~lightning_ig.attribution.IGResult` with one
                 attribution per state (not ``target="each"``), or a ``HostResult`` (returned as is).
             gather: ``trainer.strategy.all_gather`` under DDP: called once with this
-                rank's packed ``(share, F + 8)`` tensor, returns ``(world, share, F + 8)``.
+                rank's packed ``(share, F + 10)`` tensor, returns ``(world, share, F + 10)``.
             num_states: keep the first this many gathered rows (drops the padding of an uneven split).
             groups: also sum the attributions per group (``group_attributions``).
             keep_attributions: also copy all ``(B, F)`` attributions (for histograms).
@@ -175,14 +221,16 @@ class HostResult:
             return result
         packed, feature_shape = pack(result)
         if gather is not None:
-            packed = gather(packed).reshape(-1, packed.shape[-1])  # (world * share, F + 8): rank-major = state order
+            packed = gather(packed).reshape(-1, packed.shape[-1])  # (world * share, F + 10): rank-major = state order
         if num_states is not None:
             packed = packed[:num_states]
         count = packed.shape[1] - len(_COLUMNS)
         values = packed[:, :count].to(torch.float64)  # (B, F)
-        columns = packed[:, count:].to(torch.float64)  # (B, 8)
+        columns = packed[:, count:].to(torch.float64)  # (B, 10)
         sums = values.sum(1)  # (B,)
-        pieces = [columns.T.reshape(-1), sums, Moments.rows(values).reshape(-1)]
+        mass = values.abs().sum(1)  # (B,)
+        near = near_baseline_states(mass).to(torch.float64)  # the median over all gathered states
+        pieces = [columns.T.reshape(-1), sums, mass, near, Moments.rows(values).reshape(-1)]
         group_values = None if groups is None else groups.sum(values)  # (B, G) float64
         samples = values[: max(0, int(sample_states))]
         pieces += [samples.reshape(-1)]
@@ -204,10 +252,16 @@ class HostResult:
         samples: int,
         groups: FeatureGroups | None,
     ) -> HostResult:
-        sizes = [len(_COLUMNS) * rows, rows, 4 * count, samples * count, 0 if groups is None else rows * len(groups)]
+        sizes = [
+            len(_COLUMNS) * rows,
+            3 * rows,
+            4 * count,
+            samples * count,
+            0 if groups is None else rows * len(groups),
+        ]
         offsets = np.cumsum([0, *sizes])
         columns = dict(zip(_COLUMNS, host[: offsets[1]].reshape(len(_COLUMNS), rows)))
-        sums = host[offsets[1] : offsets[2]]
+        sums, mass, near = host[offsets[1] : offsets[2]].reshape(3, rows)
         kept = host[offsets[5] :]
         # A state is non-finite when the engine says so or its numbers are (either way: never a clean state).
         non_finite = (columns["non_finite"] != 0) | ~(
@@ -233,6 +287,12 @@ class HostResult:
             backend=str(result.backend),
             target=str(getattr(result, "target", "")),
             stochastic=bool((columns["stochastic"] != 0).any()),
+            attribution_error=columns["attribution_error"],
+            mass_relative_error=_mass_relative(columns, sums, mass),
+            near_baseline=near != 0,
+            attribution_mass=mass,
+            n_steps_per_state=columns["n_steps"].astype(np.int64),
+            error_scale=float(getattr(result, "error_scale", 1.0)),
         )
 
 
@@ -271,9 +331,10 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     """One rank's result as the single tensor that is gathered, and the feature shape.
 
     Returns:
-        ``(B, F + 8)`` in the attributions' dtype (at least float32): each state's flattened
+        ``(B, F + 10)`` in the attributions' dtype (at least float32): each state's flattened
         attributions, then ``f_input``, ``f_baseline``, ``delta``, ``relative_error``,
-        ``degenerate``, ``non_finite``, ``n_steps``, ``stochastic``; and ``feature_shape``.
+        ``degenerate``, ``non_finite``, ``n_steps`` (per state), ``stochastic``, ``attribution_error``,
+        ``mass_relative_error`` (NaN where the result has no such figure); and ``feature_shape``.
     """
     attributions = result.attributions
     f_input = torch.as_tensor(result.f_input)
@@ -287,6 +348,8 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     dtype = torch.promote_types(attributions.dtype, torch.float32)
     non_finite = getattr(result, "non_finite", None)
     flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
+    missing = torch.full((share,), float("nan"), dtype=dtype, device=attributions.device)
+    steps = getattr(result, "n_steps_per_state", None)
     columns = [
         result.f_input,
         result.f_baseline,
@@ -294,13 +357,35 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
         result.relative_error,
         result.degenerate,
         flags,
-        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device),
+        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device)
+        if steps is None
+        else steps,
         torch.full(
             (share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device
         ),
+        _figure(result, "attribution_error", missing),
+        _figure(result, "mass_relative_error", missing),
     ]
     per_state = torch.stack(
         [torch.as_tensor(c, device=attributions.device).reshape(share).to(dtype) for c in columns], 1
     )
-    packed = torch.cat([attributions.reshape(share, -1).to(dtype), per_state], dim=1)  # (B, F + 8)
+    packed = torch.cat([attributions.reshape(share, -1).to(dtype), per_state], dim=1)  # (B, F + 10)
     return packed, tuple(int(size) for size in attributions.shape[1:])
+
+
+def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """The engine's mass-relative errors; computed here for a result that did not carry them (NaN columns)."""
+    given = columns["mass_relative_error"]
+    missing = np.isnan(given)
+    if not missing.any():
+        return given
+    change = np.abs(columns["f_input"] - columns["f_baseline"])
+    scale = np.maximum(mass, change)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        computed = np.where(scale > 0, np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale, 0.0)
+    return np.where(missing, computed, given)
+
+
+def _figure(result: Any, name: str, missing: Tensor) -> Any:
+    value = getattr(result, name, None)
+    return missing if value is None else value

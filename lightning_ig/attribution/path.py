@@ -16,6 +16,13 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
   ``h_i = fd_step * max(1, |x_i|, |b_i|)`` with ``fd_step = eps ** (1/3)`` of the
   inputs' dtype by default (truncation ``O(h^2)`` against rounding ``O(eps/h)``),
   and the divisor is the step as stored in the inputs' dtype;
+* the forward values at the nodes are kept ``(T, n, B)`` (autograd computes them
+  anyway; with finite differences they are the mean of each node's probes), for
+  the error estimate (:mod:`~lightning_ig.attribution.estimate`), which
+  :meth:`PathRun.finish` computes on the device beside the completeness statistics;
+* ``target="contrast"`` chooses each state's greedy and runner-up outputs from
+  one forward at ``x`` before the path (inside a captured graph too, so a
+  replay chooses them for its own inputs) and holds them fixed along the path;
 * ``attributions = (x - b) * sum_k w_k g_k`` and the completeness statistics,
   both by the backend; the completeness operation also compares the two copies
   of the ends (the stochastic-forward check, a flag on the device that the
@@ -26,27 +33,29 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
   the running statistics those forwards move are put back by the callers
   (:class:`~lightning_ig.attribution.inputs.RunningStatistics`).
 
-:func:`refine` is ``n_steps="auto"``.
+``n_steps="auto"`` is :mod:`~lightning_ig.attribution.auto_steps`' (sub-batches of this class).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.estimate import accuracy_rows, kink_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
 from lightning_ig.attribution.options import Settings
-from lightning_ig.attribution.quadrature import nests_on_doubling, quadrature
-from lightning_ig.attribution.targets import TargetSpec, select
+from lightning_ig.attribution.quadrature import quadrature
+from lightning_ig.attribution.targets import TargetSpec, choose_contrast, select
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import STATS, IGOps
 
-__all__ = ["AUTO_FIRST_STEPS", "PathRun", "chunk_rows", "refine", "rule_tensors"]
+__all__ = ["PathGradients", "PathRun", "chunk_rows", "rule_tensors"]
 
-AUTO_FIRST_STEPS = 16
 _SMALL_WORK_BYTES = 256 << 20
 _REPEAT_DIFFERS = STATS.index("repeat_differs")
 _RULE_CACHE: dict[tuple[str, int, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
@@ -94,6 +103,14 @@ def _is_oom(error: BaseException) -> bool:
     )
 
 
+class PathGradients(NamedTuple):
+    """What one pass along the path gives: gradients, the target at the ends, the target at the nodes."""
+
+    grads: Tensor  # (T, m, B, F) in the accumulation dtype
+    ends: Tensor | None  # (2 c, B, T): F(x) and F(b), c copies
+    values: Tensor  # (T, m, B) the forward values at the nodes
+
+
 class PathRun:
     """One attribution problem, states flattened to ``(B, F)``; see the module docstring.
 
@@ -103,6 +120,8 @@ class PathRun:
         stochastic: the 0-dim bool device tensor of that check, once run.
         allow_oom_retry: halve the chunk on out-of-memory (off inside a capture).
         output_width: the forward's ``A`` seen last (per-row targets are checked against it on replay).
+        pairs: ``(B, 2)`` the greedy and runner-up outputs of each state for ``target="contrast"``, else ``None``.
+        choose_pairs: choose :attr:`pairs` from ``F(x)`` at each pass (off for a sub-batch that was given them).
     """
 
     def __init__(
@@ -132,17 +151,44 @@ class PathRun:
         self.output_width = 0
         self.check_stochastic = True
         self.stochastic: Tensor | None = None
+        self.pairs: Tensor | None = None
+        self.choose_pairs = spec.kind == "contrast"
+        if self.choose_pairs:  # a buffer the pass fills (a captured graph's replay refills it for its inputs)
+            self.pairs = torch.zeros((self.batch, 2), dtype=torch.int64, device=x.device)
+            self.spec = dataclasses.replace(spec, rows=self.pairs)
+
+    def subset(self, states: Tensor) -> PathRun:
+        """A run over the states ``states`` (indices) only, with their targets fixed: ``n_steps="auto"``'s sub-batch."""
+        spec = self.spec
+        if spec.rows is not None:
+            spec = dataclasses.replace(spec, rows=spec.rows[states])
+        if spec.kind == "contrast":
+            spec = dataclasses.replace(spec, kind="contrast_fixed")
+        sub = PathRun(
+            self.forward,
+            self.x[states],
+            self.b[states],
+            self.feature_shape,
+            spec,
+            self.settings,
+            self.backend,
+            self.chunk_rows,
+        )
+        sub.check_stochastic = False
+        sub.pairs = None if self.pairs is None else self.pairs[states]
+        return sub
 
     # -- the whole attribution
     def attribute(self, n_steps: int) -> dict[str, Tensor]:
-        """Attributions ``(T, B, F)`` and completeness ``stats (7, T, B)`` with ``n_steps`` points."""
+        """Attributions ``(T, B, F)``, ``stats (7, T, B)`` and ``accuracy (3, T, B)`` with ``n_steps`` points."""
         alphas, weights = rule_tensors(self.settings.method, n_steps, self.acc, self.x.device)
-        grads, ends = self.gradients(alphas, with_ends=True)
-        assert ends is not None  # noqa: S101 - with_ends=True
-        return self.finish(weights, grads, ends)
+        path = self.gradients(alphas, with_ends=True)
+        assert path.ends is not None  # noqa: S101 - with_ends=True
+        return self.finish(alphas, weights, path.grads, path.ends, path.values)
 
-    def finish(self, weights: Tensor, grads: Tensor, ends: Tensor) -> dict[str, Tensor]:
-        """Attributions ``(T, B, F)`` and the completeness ``stats (7, T, B)`` (rows ``backends.STATS``).
+    def finish(self, alphas: Tensor, weights: Tensor, grads: Tensor, ends: Tensor, values: Tensor) -> dict[str, Tensor]:
+        """Attributions ``(T, B, F)``, the completeness ``stats (7, T, B)`` (rows ``STATS``) and the error figures
+        ``accuracy (3, T, B)`` (rows :data:`~lightning_ig.attribution.estimate.ACCURACY_ROWS`), all on the device.
 
         ``ends (2 c, B, T)``: with two copies, :attr:`stochastic` becomes whether they differ.
         """
@@ -152,7 +198,9 @@ class PathRun:
             self.stochastic = stats[_REPEAT_DIFFERS].any()
             if uses_batch_statistics(self.forward):  # identical rows of one batch agree then: found by looking
                 self.stochastic = torch.ones_like(self.stochastic)
-        return {"attributions": attributions, "stats": stats}
+        diff = self.x.to(self.acc) - self.b.to(self.acc)
+        numerator = kink_estimate(grads, values, diff, alphas, weights, stats[0], stats[1])
+        return {"attributions": attributions, "stats": stats, "accuracy": accuracy_rows(attributions, stats, numerator)}
 
     def stochastic_flag(self) -> Tensor:
         """The 0-dim bool of the repeated-ends check (False where it did not run)."""
@@ -161,19 +209,33 @@ class PathRun:
         return self.stochastic
 
     # -- gradients along the path
-    def gradients(self, alphas: Tensor, with_ends: bool) -> tuple[Tensor, Tensor | None]:
-        """``grads (T, m, B, F)`` at ``alphas (m,)`` and, with ends, the target values ``(2 c, B, T)`` at x and b.
+    def gradients(self, alphas: Tensor, with_ends: bool) -> PathGradients:
+        """``grads (T, m, B, F)`` and the target's values ``(T, m, B)`` at ``alphas (m,)`` and, with ends, its values
+        ``(2 c, B, T)`` at x and b.
 
         With ends and :attr:`check_stochastic`, the ends ride twice (``c = 2``) in
         the same forwards, for :meth:`finish` to compare.
         """
+        if self.choose_pairs:
+            self._choose_pairs()
         end_copies = (2 if self.check_stochastic else 1) if with_ends else 0
         points = self.backend.interpolate(self.x, self.b, alphas, end_copies).view(-1, self.features)  # ((m + 2c) B, F)
         if self.settings.gradient == "autograd":
-            grads, ends = self._autograd(points, alphas.shape[0])
+            path = self._autograd(points, alphas.shape[0])
         else:
-            grads, ends = self._finite_difference(points, alphas.shape[0])
-        return self._own_columns(grads, ends)
+            path = self._finite_difference(points, alphas.shape[0])
+        return self._own_columns(path)
+
+    def _choose_pairs(self) -> None:
+        """Fill :attr:`pairs` with each state's greedy and runner-up outputs at ``x`` (one forward of ``B`` rows)."""
+        assert self.pairs is not None  # noqa: S101 - set for every contrast run
+        with torch.no_grad():
+            try:
+                outputs = self.forward(self.x.view(self.batch, *self.feature_shape))
+            except RuntimeError as error:
+                raise_if_dtype_mismatch(self.forward, self.x, error)
+                raise
+        self.pairs.copy_(choose_contrast(outputs, self.batch))
 
     def _evaluate(self, rows: Tensor, first_row: int, spec: TargetSpec | None = None) -> Tensor:
         """The target values ``(n, T)`` of ``rows (n, F)``, rows ``first_row...`` of the ``(*, B)`` layout."""
@@ -220,7 +282,8 @@ class PathRun:
         grads = collected.single.unsqueeze(0) if collected.single is not None else collected.grads
         grads = grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
         ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
-        return grads, ends  # ends (2 c, B, T)
+        values = collected.values.view(-1, n_alphas, self.batch)  # (T, m, B)
+        return PathGradients(grads, ends, values)  # ends (2 c, B, T)
 
     def _autograd_chunk(self, points: Tensor, start: int, stop: int, path_rows: int, collected: _Collected) -> None:
         on_path = start < path_rows  # rows past the path are the two ends: values only
@@ -242,7 +305,11 @@ class PathRun:
             first_end = max(start, path_rows)
             collected.ends[first_end - path_rows : stop - path_rows] = values[first_end - start :].detach()
         if on_path:
-            self._collect_gradients(values, rows, start, min(stop, path_rows), path_rows, collected)
+            path_stop = min(stop, path_rows)
+            if collected.values is None:
+                collected.values = torch.empty((n_targets, path_rows), dtype=self.acc, device=points.device)
+            collected.values[:, start:path_stop] = values[: path_stop - start].detach().T
+            self._collect_gradients(values, rows, start, path_stop, path_rows, collected)
 
     def _collect_gradients(
         self, values: Tensor, rows: Tensor, start: int, path_stop: int, path_rows: int, collected: _Collected
@@ -276,7 +343,8 @@ class PathRun:
         self._chunked(path_points, 2 * self.features, body)  # 2 F probe rows per path point
         grads = collected.grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
         ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
-        return grads, ends  # ends (2 c, B, T)
+        values = collected.values.view(-1, n_alphas, self.batch)  # (T, m, B)
+        return PathGradients(grads, ends, values)  # ends (2 c, B, T)
 
     def _finite_difference_chunk(
         self, points: Tensor, h: Tensor, start: int, stop: int, path_points: int, end_rows: int, collected: _Collected
@@ -294,92 +362,51 @@ class PathRun:
         n_targets = values.shape[1]
         if collected.grads is None:
             collected.grads = torch.empty((n_targets, path_points, features), dtype=self.acc, device=self.x.device)
+            collected.values = torch.empty((n_targets, path_points), dtype=self.acc, device=self.x.device)
         f = values[:probe_rows].view(count, 2, features, n_targets)  # (P, 2, F, T)
         self.backend.fd_gradient(chunk_points, h, f.contiguous(), start, collected.grads[:, start:stop])
+        # The value at a node: the mean of its 2 F probes, F(p) + O(h^2) (exact on a linear piece); no extra forward.
+        collected.values[:, start:stop] = f.mean(dim=(1, 2)).T
         if extra:
             collected.ends = values[probe_rows:].contiguous()
 
     def _probe_spec(self) -> TargetSpec:
-        # Per-row targets pick a column by state, but probe rows do not follow the (*, B) layout: finite
+        # Per-row and contrast targets pick columns by state, but probe rows do not follow the (*, B) layout: finite
         # differences evaluate every column ("each") and keep each state's own afterwards (_own_columns).
-        if self.spec.kind == "per_row":
+        if self.spec.kind in _BY_STATE:
             return TargetSpec("each", "each")
         return self.spec
 
-    def _own_columns(self, grads: Tensor, ends: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """With per-row targets under finite differences, keep each state's own column of the ``"each"`` values."""
-        if self.spec.kind != "per_row" or self.settings.gradient != "finite_difference":
-            return grads, ends
-        assert self.spec.rows is not None  # noqa: S101 - set for every per-row spec
-        rows = self.spec.rows  # (B,)
+    def _own_columns(self, path: PathGradients) -> PathGradients:
+        """With per-row or contrast targets under finite differences, each state's own columns of ``"each"``."""
+        if self.spec.kind not in _BY_STATE or self.settings.gradient != "finite_difference":
+            return path
+        assert self.spec.rows is not None  # noqa: S101 - set for every per-row and contrast spec
+        rows = self.spec.rows  # (B,) or (B, 2): greedy, runner-up
         states = torch.arange(self.batch, device=rows.device)
-        grads = grads[rows, :, states]  # (A, m, B, F) -> (B, m, F)
-        grads = grads.transpose(0, 1).unsqueeze(0).contiguous()  # (1, m, B, F)
-        if ends is not None:
-            ends = ends[:, states, rows].unsqueeze(-1)  # (2, B, A) -> (2, B, 1)
-        return grads, ends
+        pick = rows if rows.dim() == 1 else rows[:, 0]
+        grads = path.grads[pick, :, states]  # (A, m, B, F) -> (B, m, F)
+        values = path.values[pick, :, states]  # (A, m, B) -> (B, m)
+        ends = None if path.ends is None else path.ends[:, states, pick]  # (2 c, B, A) -> (2 c, B)
+        if rows.dim() == 2:  # contrast: the greedy column minus the runner-up's
+            grads = grads - path.grads[rows[:, 1], :, states]
+            values = values - path.values[rows[:, 1], :, states]
+            ends = None if ends is None else ends - path.ends[:, states, rows[:, 1]]
+        return PathGradients(
+            grads.transpose(0, 1).unsqueeze(0).contiguous(),  # (1, m, B, F)
+            None if ends is None else ends.unsqueeze(-1),  # (2 c, B, 1)
+            values.T.unsqueeze(0).contiguous(),  # (1, m, B)
+        )
+
+
+_BY_STATE = ("per_row", "contrast", "contrast_fixed")  # targets that pick their columns by state
 
 
 class _Collected:
-    """What the chunks of one pass produce: gradients ``(T, rows, F)``, end values ``(2 B, T)``."""
+    """What the chunks of one pass produce: gradients ``(T, rows, F)``, node values ``(T, rows)``, ends ``(2 B, T)``."""
 
     def __init__(self) -> None:
         self.grads: Tensor | None = None
+        self.values: Tensor | None = None
         self.ends: Tensor | None = None
         self.single: Tensor | None = None  # the whole path's gradient as autograd returned it (one chunk, one target)
-
-
-def refine(run: PathRun, settings: Settings) -> tuple[dict[str, Tensor], int]:
-    """``n_steps="auto"``: refine ``n`` until every state is within ``completeness_tol`` or ``max_steps`` is reached.
-
-    Rules that nest (riemann_left/right on doubling, riemann_trapezoid on ``2n - 1``)
-    reuse every gradient already evaluated; the others evaluate the new rule
-    anew. The forward values at the ends are evaluated once. See
-    :func:`_done` for when to stop.
-    """
-    method = settings.method
-    n = max(2 if method == "riemann_trapezoid" else 1, min(AUTO_FIRST_STEPS, settings.max_steps))
-    alphas, weights = rule_tensors(method, n, run.acc, run.x.device)
-    grads, ends = run.gradients(alphas, with_ends=True)
-    assert ends is not None  # noqa: S101 - with_ends=True
-    while True:
-        out = run.finish(weights, grads, ends)
-        if n >= settings.max_steps or _done(out["stats"], settings.completeness_tol):
-            return out, n
-        refined = min(n * 2 - 1 if method == "riemann_trapezoid" else n * 2, settings.max_steps)
-        grads = _refined_gradients(run, method, n, refined, grads)
-        _, weights = rule_tensors(method, refined, run.acc, run.x.device)
-        n = refined
-
-
-def _refined_gradients(run: PathRun, method: str, n: int, refined: int, grads: Tensor) -> Tensor:
-    """The gradients ``(T, refined, B, F)`` of the refined rule, reusing ``grads`` where the rule nests."""
-    alphas, _ = rule_tensors(method, refined, run.acc, run.x.device)
-    nested = refined == (n * 2 - 1 if method == "riemann_trapezoid" else n * 2)
-    if not (nests_on_doubling(method) and nested):
-        fresh, _ = run.gradients(alphas, with_ends=False)
-        return fresh
-    # Old points sit at every other index of the refined rule: even for left and trapezoid, odd for right.
-    old_index = list(range(1 if method == "riemann_right" else 0, refined, 2))
-    new_index = sorted(set(range(refined)) - set(old_index))
-    fresh, _ = run.gradients(alphas[new_index], with_ends=False)
-    merged = torch.empty((grads.shape[0], refined, *grads.shape[2:]), dtype=grads.dtype, device=grads.device)
-    merged[:, old_index] = grads
-    merged[:, new_index] = fresh
-    return merged
-
-
-def _done(stats: Tensor, tolerance: float) -> bool:
-    """Whether ``n_steps="auto"`` stops here: every state within ``tolerance``, or a state non-finite.
-
-    A checked state is judged by its relative error; a degenerate one (no ratio
-    to form) by its absolute error ``|delta| <= tolerance * max(1, |F(x)|, |F(b)|)``,
-    so a batch of degenerate states is refined like any other and never stops on
-    a NaN. A non-finite state stops the refinement at once: more steps cannot
-    repair NaN/Inf weights or outputs, and the result says so.
-    """
-    f_input, f_baseline, delta, relative, degenerate, non_finite, _ = stats  # each (T, B)
-    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
-    within = torch.where(degenerate != 0, delta.abs() <= tolerance * scale, relative <= tolerance)
-    any_non_finite, all_within = torch.stack([(non_finite != 0).any(), within.all()]).tolist()  # one host sync
-    return bool(any_non_finite or all_within)

@@ -9,6 +9,20 @@ Names and values match Captum's ``approximation_methods`` for the same ``n``
 except the trapezoid weights, where Captum's do not sum to one (see
 :func:`riemann_trapezoid`).
 
+Which rule, on the networks people train: along the path a ReLU network is
+piecewise linear, so the integrand is a step function of ``alpha`` and every
+fixed rule is first order: what matters is where its cells are, not its
+polynomial degree. Measured against exact references on 15 ReLU families
+(CartPole and MinAtar agents trained and at init, Nature-CNNs), Gauss-Legendre
+with 50 points had a larger batch error than the midpoint rule with 50 on 14 of
+them, which is why the engine's default is ``riemann_middle`` with 64 points.
+Midpoint rules on warped cells (:func:`warped_middle`, :func:`mirrored_middle`,
+:func:`cosine_middle`) put the nodes where the kinks crowd: near the baseline
+for inputs far off the training distribution (frames not scaled to ``[0, 1]``),
+where ``warped_middle:2`` was 3.5x more accurate than the midpoint rule; in
+distribution they lose to it, so they are for the calibration
+(:mod:`lightning_ig.attribution.calibration`) to pick, not defaults.
+
 Gauss-Legendre for any ``n`` up to :data:`MAX_GAUSS_LEGENDRE_STEPS` is built in
 O(n) memory and O(n) time: Newton's method on ``P_n(cos theta)`` in the angle
 ``theta``, from Tricomi's and Gatteschi's first guesses, with ``P_n`` evaluated by
@@ -28,19 +42,21 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lightning_ig.vocabulary import METHODS
+from lightning_ig.vocabulary import METHODS, WARPED_METHODS, check_method
 
 __all__ = [
     "MAX_GAUSS_LEGENDRE_STEPS",
     "Rule",
     "check_rule",
+    "cosine_middle",
     "gausslegendre",
-    "nests_on_doubling",
+    "mirrored_middle",
     "quadrature",
     "riemann_left",
     "riemann_middle",
     "riemann_right",
     "riemann_trapezoid",
+    "warped_middle",
 ]
 
 Rule = tuple[list[float], list[float]]
@@ -104,9 +120,10 @@ def riemann_trapezoid(n: int) -> Rule:
 def gausslegendre(n: int) -> Rule:
     """Gauss-Legendre nodes and weights mapped from ``[-1, 1]`` to ``[0, 1]``.
 
-    Exact for polynomials of degree ``2n - 1`` along the path, which is why it
-    is the default: 50 points reach a completeness error far below a Riemann
-    rule's on smooth models. Built in O(n) memory and time (see the module
+    Exact for polynomials of degree ``2n - 1`` along the path: on smooth models
+    (tanh, SiLU) 50 points reach an error far below a Riemann rule's. On ReLU
+    networks its high order buys nothing (the integrand is a step function) and
+    the midpoint rule, the default, is more accurate at the same cost. Built in O(n) memory and time (see the module
     docstring) and cached; ``n`` is at most :data:`MAX_GAUSS_LEGENDRE_STEPS`.
 
     Raises:
@@ -117,6 +134,67 @@ def gausslegendre(n: int) -> Rule:
     check_rule("gausslegendre", n)
     alphas, weights = _gauss_legendre(n)
     return alphas.tolist(), weights.tolist()
+
+
+# --------------------------------------------------------------------------- midpoint rules on warped cells
+
+
+def _cell_rule(bounds: np.ndarray) -> Rule:
+    """One node at the centre of each cell ``[bounds[k], bounds[k + 1]]``, weighted by the cell's length.
+
+    For a step-function integrand (a ReLU network along the path) the centre of a cell is the best place for a
+    node when the kink's position in it is unknown; weights equal to the cell lengths sum to one (a warped
+    midpoint rule with weights ``phi'(t_k) / n`` does not).
+    """
+    bounds[0], bounds[-1] = 0.0, 1.0  # exactly, whatever the warp's rounding
+    return ((bounds[:-1] + bounds[1:]) / 2).tolist(), np.diff(bounds).tolist()
+
+
+def _check_power(power: float) -> float:
+    if isinstance(power, (bool, np.bool_)) or not isinstance(power, (int, float, np.integer, np.floating)):
+        raise TypeError(f"power must be a number in (1, 8], got {type(power).__name__} ({power!r:.60})")
+    if not 1.0 < float(power) <= 8.0:
+        raise ValueError(f"power must be a number in (1, 8] (1 is riemann_middle), got {power!r}")
+    return float(power)
+
+
+def warped_middle(n: int, power: float = 2.0) -> Rule:
+    """Midpoint rule on the cells ``[(j / n) ** power, ((j + 1) / n) ** power]``: nodes crowded near the baseline.
+
+    ``method="warped_middle:P"``. Where the kinks of a ReLU network crowd near ``alpha = 0`` (a zero baseline
+    and inputs far larger than the network was trained on), ``P = 2`` reached 0.19% worst error at 64 nodes where
+    the uniform midpoint rule reached 0.64%; on in-distribution states it is worse than the midpoint rule.
+
+    Raises:
+        TypeError, ValueError: ``n`` is not an int >= 1, or ``power`` not a number in ``(1, 8]``.
+    """
+    n, power = _check_n(n), _check_power(power)
+    return _cell_rule(np.linspace(0.0, 1.0, n + 1) ** power)
+
+
+def mirrored_middle(n: int, power: float = 2.0) -> Rule:
+    """Midpoint rule on the cells ``1 - (1 - j / n) ** power``: nodes crowded near the input.
+
+    ``method="mirrored_middle:P"``: for baselines where the kinks sit near the input instead (a baseline far
+    from the data, say).
+
+    Raises:
+        TypeError, ValueError: ``n`` is not an int >= 1, or ``power`` not a number in ``(1, 8]``.
+    """
+    n, power = _check_n(n), _check_power(power)
+    return _cell_rule(1.0 - (1.0 - np.linspace(0.0, 1.0, n + 1)) ** power)
+
+
+def cosine_middle(n: int) -> Rule:
+    """Midpoint rule on the cells ``(1 - cos(pi j / n)) / 2``: nodes crowded near both ends (Gauss-Legendre's density).
+
+    ``method="cosine_middle"``.
+
+    Raises:
+        TypeError, ValueError: ``n`` is not an int >= 1.
+    """
+    n = _check_n(n)
+    return _cell_rule((1.0 - np.cos(np.pi * np.linspace(0.0, 1.0, n + 1))) / 2)
 
 
 # --------------------------------------------------------------------------- Gauss-Legendre in O(n)
@@ -264,7 +342,8 @@ def check_rule(method: str, n: int) -> None:
             ``gausslegendre`` with more than :data:`MAX_GAUSS_LEGENDRE_STEPS` points.
     """
     if method not in _RULES:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        _warped(method)  # raises for a name that is not a warped rule either
+        return
     if method == "riemann_trapezoid" and n < 2:
         raise ValueError(f"method='riemann_trapezoid' needs n_steps >= 2 (both ends of the path), got {n}")
     if method == "gausslegendre" and n > MAX_GAUSS_LEGENDRE_STEPS:
@@ -280,7 +359,8 @@ def quadrature(method: str, n: int) -> Rule:
     """The ``(alphas, weights)`` of ``method`` with ``n`` points.
 
     Args:
-        method: one of :data:`METHODS`.
+        method: one of :data:`METHODS` (Captum's names) or of
+            :data:`~lightning_ig.vocabulary.WARPED_METHODS` (``"warped_middle:2"``, ...).
         n: the number of points (``n_steps``); ``riemann_trapezoid`` needs ``n >= 2``;
             ``gausslegendre`` takes at most :data:`MAX_GAUSS_LEGENDRE_STEPS`.
 
@@ -295,18 +375,22 @@ def quadrature(method: str, n: int) -> Rule:
 
         alphas, weights = quadrature("gausslegendre", 50)
     """
-    try:
-        rule = _RULES[method]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}") from None
+    rule = _RULES.get(method) if isinstance(method, str) else None
+    if rule is None:
+        family, power = _warped(method)
+        return cosine_middle(n) if power is None else _WARPED[family](n, power)
     return rule(n)
 
 
-def nests_on_doubling(method: str) -> bool:
-    """Whether the points of ``n`` steps are a subset of those of the refined rule.
+_WARPED: dict[str, Callable[[int, float], Rule]] = {"warped_middle": warped_middle, "mirrored_middle": mirrored_middle}
 
-    ``riemann_trapezoid`` with ``n`` points nests in ``2n - 1`` points and
-    ``riemann_left``/``riemann_right`` with ``n`` in ``2n``, so a refinement can
-    reuse every gradient already evaluated; midpoint and Gauss-Legendre do not nest.
-    """
-    return method in ("riemann_left", "riemann_right", "riemann_trapezoid")
+
+def _warped(method: str) -> tuple[str, float | None]:
+    """``(family, power)`` of a warped rule's name (``power`` None for ``cosine_middle``); ValueError otherwise."""
+    try:
+        canonical = check_method(method)
+    except (TypeError, ValueError):
+        names = ", ".join((*METHODS, *WARPED_METHODS))
+        raise ValueError(f"unknown method {method!r}; choose one of {names}") from None
+    family, _, power = canonical.partition(":")
+    return family, float(power) if power else None

@@ -1,6 +1,13 @@
-"""What an Integrated Gradients run returns: :class:`IGResult`, and the one definition of its worst error.
+"""What an Integrated Gradients run returns: :class:`IGResult`, and the one definition of its worst errors.
 
-Each state of a result is exactly one of
+Each state of a result carries two error figures that can fail (:mod:`~lightning_ig.attribution.estimate`
+computes them on the device): ``attribution_error``, the reference-free estimate of ``||a - a_exact||_1 /
+||a_exact||_1``, and ``mass_relative_error``, ``|sum(a) - dF| / max(sum|a|, |dF|)``. A state whose attribution
+mass ``||a||_1`` is below a tenth of the batch median is *near the baseline*: every relative figure is
+ill-conditioned there, so it is flagged and counted (:attr:`IGResult.num_near_baseline`), never scored in the
+worst figures (:func:`worst_over_ordinary`) nor hidden.
+
+For completeness (``sum(a) = F(x) - F(b)``), each state of a result is exactly one of
 
 * *non-finite*: ``F(x)``, ``F(b)``, an attribution or their completeness sum is
   NaN/Inf (a diverged model, an overflowing forward). Its relative error is
@@ -34,12 +41,18 @@ if TYPE_CHECKING:  # the parts of a run, read here, import this module
     from lightning_ig.attribution.targets import TargetSpec
 
 __all__ = [
+    "NEAR_BASELINE_FRACTION",
     "IGResult",
     "StochasticForwardWarning",
     "build_result",
+    "near_baseline_states",
     "stochastic_warnings_silenced",
+    "worst_over_ordinary",
     "worst_relative_error",
 ]
+
+NEAR_BASELINE_FRACTION = 0.1
+"""A state whose ``||a||_1`` is below this fraction of the batch median is near the baseline (flagged, not scored)."""
 
 
 class StochasticForwardWarning(RuntimeWarning):
@@ -100,13 +113,31 @@ class IGResult:
             with batch statistics (batch-norm in train mode); checked on every
             eager call and when a CUDA graph is captured (a replay reports what
             its capture found). A :class:`StochasticForwardWarning` said so.
+        attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of
+            ``||a - a_exact||_1 / ||a_exact||_1`` (:func:`~lightning_ig.attribution.estimate.kink_estimate`),
+            times :attr:`error_scale`. It can read low where several kinks share a stretch between two nodes
+            and cancel, where a gradient changes and changes back between them, and where kinks crowd at an end
+            of the path (inputs far off the training distribution); it reads high on smooth networks (curvature
+            taken for kinks): calibration's scale corrects both (the module's docstring, ``docs/trust.md``).
+        mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well
+            conditioned where ``dF`` is tiny; a lower bound of the per-feature error (it can fail a map,
+            never vouch for one: errors of opposite sign cancel in the sum).
+        near_baseline: bool ``(B,)`` (``(A, B)``): ``||a||_1`` below
+            :data:`NEAR_BASELINE_FRACTION` x the batch median (or zero).
+        error_scale: the factor the estimate was multiplied by: 1.0, or what
+            :meth:`~lightning_ig.attribution.IntegratedGradients.calibrate` measured.
+        n_steps_per_state: ``(B,)`` int64: the points each state used with
+            ``n_steps="auto"`` (it stops per state); ``None`` when every state used :attr:`n_steps`.
+        target_actions: ``(B, 2)`` int64 for ``target="contrast"``: each state's greedy and runner-up
+            outputs, chosen at the state and held fixed along the path; else ``None``.
 
     Example::
 
         result = integrated_gradients(value, states)
         if result.num_non_finite:
             print("the model produced NaN/Inf for state", result.first_non_finite)
-        print(result.worst_relative_error, result.num_checked, result.num_degenerate)
+        print(result.worst_attribution_error, result.worst_mass_relative_error, result.num_near_baseline)
+        print(accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01))
     """
 
     attributions: Tensor
@@ -126,6 +157,12 @@ class IGResult:
     internal_batch_size: int | None = None
     cuda_graph: bool = False
     stochastic: bool = False
+    attribution_error: Tensor | None = None
+    mass_relative_error: Tensor | None = None
+    near_baseline: Tensor | None = None
+    error_scale: float = 1.0
+    n_steps_per_state: Tensor | None = None
+    target_actions: Tensor | None = None
 
     def grouped(self, groups: Any, names: Sequence[str] | None = None) -> Tensor:
         """The attributions summed per feature group: ``(B, G)`` (``(A, B, G)`` for ``target="each"``).
@@ -164,6 +201,27 @@ class IGResult:
         checked states.
         """
         return worst_relative_error(self.relative_error, self.degenerate, self.non_finite)
+
+    @property
+    def worst_attribution_error(self) -> float:
+        """The largest :attr:`attribution_error` over the ordinary states (see :func:`worst_over_ordinary`)."""
+        return worst_over_ordinary(self._figure(self.attribution_error), self._near(), self.non_finite)
+
+    @property
+    def worst_mass_relative_error(self) -> float:
+        """The largest :attr:`mass_relative_error` over the ordinary states (see :func:`worst_over_ordinary`)."""
+        return worst_over_ordinary(self._figure(self.mass_relative_error), self._near(), self.non_finite)
+
+    @property
+    def num_near_baseline(self) -> int:
+        """How many states are near the baseline (per action for ``"each"``): flagged, not scored."""
+        return int(self._near().sum())
+
+    def _figure(self, values: Tensor | None) -> Tensor:
+        return torch.full_like(self.delta, math.nan) if values is None else values
+
+    def _near(self) -> Tensor:
+        return torch.zeros_like(self.degenerate) if self.near_baseline is None else self.near_baseline
 
     @property
     def mean_abs_error(self) -> float:
@@ -220,6 +278,41 @@ def worst_relative_error(relative_error: Tensor, degenerate: Tensor, non_finite:
     return largest_checked
 
 
+def worst_over_ordinary(values: Tensor, near_baseline: Tensor, non_finite: Tensor) -> float:
+    """The worst of a per-state error figure over the *ordinary* states: finite and not near the baseline.
+
+    ``inf`` when any state is non-finite (as :func:`worst_relative_error`: never clean), NaN when no state is
+    ordinary, else the largest value over the ordinary states. One host read.
+
+    Args:
+        values: the per-state figure (``attribution_error`` or ``mass_relative_error``), any shape.
+        near_baseline: bool flags, same shape.
+        non_finite: bool flags, same shape.
+    """
+    if values.numel() == 0:
+        return math.nan
+    ordinary = ~(near_baseline | non_finite)
+    candidates = torch.where(ordinary, values, torch.full_like(values, -math.inf))
+    flags = torch.stack([non_finite.any().to(values.dtype), ordinary.any().to(values.dtype), candidates.max()])
+    any_non_finite, any_ordinary, largest = flags.tolist()  # one host sync for all three
+    if any_non_finite:
+        return math.inf
+    if not any_ordinary:
+        return math.nan
+    return largest if largest == largest else math.inf  # a NaN figure on a finite state: never clean
+
+
+def near_baseline_states(mass: Tensor) -> Tensor:
+    """Bool flags of the states near the baseline: ``mass < NEAR_BASELINE_FRACTION x`` the median over the last dim.
+
+    ``mass`` is ``||a||_1`` per state, ``(..., B)``; the median is the lower middle value for an even count (torch's)
+    over the finite masses; a state without mass is near the baseline whatever the median. On the device, no sync.
+    """
+    finite = torch.where(torch.isfinite(mass), mass, torch.full_like(mass, math.nan))
+    median = torch.nanmedian(finite, dim=-1, keepdim=True).values
+    return (mass < NEAR_BASELINE_FRACTION * median) | (mass == 0)
+
+
 def build_result(
     out: dict[str, Tensor],
     resolved: Tensor,
@@ -231,19 +324,23 @@ def build_result(
     graph: bool,
     stochastic: bool,
 ) -> IGResult:
-    """The :class:`IGResult` of a run's ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``), with views only.
+    """The :class:`IGResult` of a run's ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``, accuracy
+    ``(3, T, B)``, optionally ``n_steps_per_state (B,)``), with views only (and the scaled estimate).
 
     ``resolved`` is the baselines in the inputs' shape; ``run`` says how the run went (its operations' name, the
     finite-difference step, the rows per forward). The eager path and a graph's replay both end here.
     """
-    stats = out["stats"]
+    stats, accuracy = out["stats"], out["accuracy"]
     if spec.kind == "each":
         attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
     else:
         attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)
         stats = stats.view(stats.shape[0], -1)  # (7, 1, B) -> (7, B)
+        accuracy = accuracy.view(accuracy.shape[0], -1)  # (3, 1, B) -> (3, B)
     f_input, f_baseline, delta, relative_error = stats[:4].unbind(0)
     degenerate, non_finite = (stats[4:6] != 0).unbind(0)  # both flags in one comparison
+    scale = settings.error_scale
+    attribution_error = accuracy[0] if scale == 1.0 else accuracy[0] * scale
     return IGResult(
         attributions=attributions,
         f_input=f_input,
@@ -262,4 +359,10 @@ def build_result(
         internal_batch_size=run.chunk_rows,
         cuda_graph=graph,
         stochastic=stochastic,
+        attribution_error=attribution_error,
+        mass_relative_error=accuracy[1],
+        near_baseline=near_baseline_states(accuracy[2]),
+        error_scale=scale,
+        n_steps_per_state=out.get("n_steps_per_state"),
+        target_actions=None if run.pairs is None else run.pairs.clone(),
     )

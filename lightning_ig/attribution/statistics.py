@@ -1,4 +1,4 @@
-"""The numbers of IG runs: completeness, where the attribution mass sits, drift between runs, one feature order.
+"""The numbers of IG runs: completeness and the accuracy verdict, where the mass sits, drift, one feature order.
 
 Host-side and float64, on a :class:`~lightning_ig.attribution.host_result.HostResult` (an
 :class:`~lightning_ig.attribution.IGResult` is brought to the host first). The callback's summary, the JSON
@@ -11,6 +11,12 @@ are NaN/Inf (*non-finite*) is never counted as clean. The worst relative error
 is ``inf`` when any state is non-finite, ``nan`` when no state could be checked
 (every state degenerate), and otherwise the largest over the checked states:
 never 0.0 for "nothing checked".
+
+The verdict (:func:`accuracy_verdict`) is decided by the figures that tell the truth on the networks people
+train, not by that ratio: the worst estimated attribution error and the worst mass-relative completeness error
+over the ordinary states (not near the baseline). Both within ``sqrt(2) x tol`` is "within tol". The ratio
+``|delta| / |dF|`` stays in the report and the scalars (schema v1) but decides nothing: on a random-init ReLU
+network ``dF`` is ~1e-3 of the attribution mass and it reads 60-100% for maps within 1% of the truth.
 
 Drift compares one run's importance (the mean ``|attr|`` of its *units*: the
 features, or the groups when groups are in use) with the previous run's and the
@@ -36,11 +42,14 @@ import torch
 
 from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.attribution.result import worst_relative_error
-from lightning_ig.vocabulary import check_positive_int
+from lightning_ig.vocabulary import check_positive_float, check_positive_int
 
 __all__ = [
     "CONCENTRATION_SHARES",
+    "VERDICT_FACTOR",
+    "AccuracyVerdict",
     "Completeness",
+    "accuracy_verdict",
     "completeness",
     "concentration",
     "drift",
@@ -77,9 +86,104 @@ def rank_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(-keys, kind="stable")
 
 
+VERDICT_FACTOR = math.sqrt(2)
+""""within tol" iff the worst figures are <= this x tol.
+
+The target asks for "within" when the true worst error is <= tol and "not within" when it is > 2 tol, and allows
+either answer in between; a threshold at ``c tol`` gets both right whenever the estimate is within ``[c / 2, c]`` of
+the truth on the worst state, and ``c = sqrt(2)`` gives the widest symmetric band, ``[0.71, 1.41]``. Measured over 15
+ReLU families, 4 rules and 3 tolerances: every verdict right (with ``c = 1``, 7 false alarms at tol 1%).
+"""
+
+_FIGURE_WORDS = {
+    "attribution_error": "estimated attribution error",
+    "mass_relative_error": "mass-relative completeness error",
+}
+
+
+@dataclass(frozen=True)
+class AccuracyVerdict:
+    """Whether a run's attributions are within tolerance, and which figure decided it.
+
+    Attributes:
+        within: ``True`` (within tol), ``False`` (not within, or NaN/Inf), ``None`` (nothing could be checked:
+            no state away from the baseline).
+        figure: the figure that decided: ``"attribution_error"`` or ``"mass_relative_error"`` (the larger of the
+            two; for ``within=None``, ``"none"``).
+        value: that figure's worst value.
+        threshold: ``sqrt(2) x tol``.
+        reason: one sentence saying so.
+    """
+
+    within: bool | None
+    figure: str
+    value: float
+    threshold: float
+    reason: str
+
+    @property
+    def words(self) -> str:
+        """The figure in words (``"estimated attribution error"``)."""
+        return _FIGURE_WORDS.get(self.figure, "no figure")
+
+
+def accuracy_verdict(worst_attribution_error: float, worst_mass_relative_error: float, tol: float) -> AccuracyVerdict:
+    """The verdict of a run from its two worst figures (over the ordinary states, as :class:`IGResult` gives them).
+
+    "within tol" iff ``max(worst_attribution_error, worst_mass_relative_error) <= sqrt(2) * tol``
+    (:data:`VERDICT_FACTOR`); ``None`` when both are NaN (no ordinary state); ``False`` when either is infinite
+    (NaN/Inf from the model) or one is NaN while the other is not (a figure missing where there was a state to
+    judge). The estimate catches per-feature errors (what a user reads), the mass-relative error the sum; neither
+    alone decides, and the ratio ``|delta| / |dF|`` does not enter.
+
+    Args:
+        worst_attribution_error: e.g. :attr:`IGResult.worst_attribution_error`.
+        worst_mass_relative_error: e.g. :attr:`IGResult.worst_mass_relative_error`.
+        tol: the tolerance (``completeness_tol``), a fraction (0.01 = 1%).
+
+    Returns:
+        An :class:`AccuracyVerdict`.
+
+    Raises:
+        TypeError, ValueError: ``tol`` is not a positive number.
+
+    Example::
+
+        >>> accuracy_verdict(0.012, 0.003, 0.01).within   # 0.012 <= 1.41 x 0.01
+        True
+    """
+    return _verdict(worst_attribution_error, worst_mass_relative_error, check_positive_float(tol, "tol"))
+
+
+def _verdict(worst_attribution_error: float, worst_mass_relative_error: float, tol: float) -> AccuracyVerdict:
+    """:func:`accuracy_verdict` of a checked ``tol`` (a run's summary: no vocabulary check on the run's path)."""
+    threshold = VERDICT_FACTOR * tol
+    figures = {
+        "attribution_error": float(worst_attribution_error),
+        "mass_relative_error": float(worst_mass_relative_error),
+    }
+    if all(math.isnan(value) for value in figures.values()):
+        return AccuracyVerdict(
+            None, "none", math.nan, threshold, "no state could be checked: every state is near the baseline"
+        )
+    broken = next((name for name, value in figures.items() if not math.isfinite(value)), None)
+    if broken is not None:
+        value = figures[broken]
+        cause = "NaN/Inf from the model" if math.isinf(value) else "missing where the other figure is not"
+        return AccuracyVerdict(
+            False, broken, value, threshold, f"the worst {_FIGURE_WORDS[broken]} is {value} ({cause})"
+        )
+    figure = max(figures, key=figures.__getitem__)  # ties: the estimate, the figure a user reads
+    value = figures[figure]
+    within = value <= threshold
+    relation = "<=" if within else ">"
+    reason = f"the worst {_FIGURE_WORDS[figure]} {value:.2e} {relation} sqrt(2) x tol = {threshold:.2e}"
+    return AccuracyVerdict(within, figure, value, threshold, reason)
+
+
 @dataclass(frozen=True)
 class Completeness:
-    """How well the attributions add up to ``F(x) - F(b)`` over the states of one run.
+    """How well the attributions add up to ``F(x) - F(b)`` over the states of one run, and the accuracy verdict.
 
     Attributes:
         worst_relative_error: ``inf`` if any state is non-finite, ``nan`` when no
@@ -90,6 +194,12 @@ class Completeness:
         num_non_finite: states with a NaN/Inf forward value or attribution.
         first_non_finite: the index of the first such state, or ``None``.
         tolerance: the ``completeness_tol`` the verdict is judged against.
+        worst_attribution_error: the worst estimated attribution error over the ordinary states.
+        worst_mass_relative_error: the worst mass-relative completeness error over the ordinary states.
+        num_near_baseline: states near the baseline (flagged, not scored).
+        error_scale: the factor the estimate was multiplied by (1.0, or what calibration measured).
+        calibration_ms: the wall time of the calibration that ran before this run (the callback's
+            ``calibrate_every``), in milliseconds; ``None`` when none ran.
     """
 
     worst_relative_error: float
@@ -99,6 +209,11 @@ class Completeness:
     num_non_finite: int
     first_non_finite: int | None
     tolerance: float
+    worst_attribution_error: float = math.nan
+    worst_mass_relative_error: float = math.nan
+    num_near_baseline: int = 0
+    error_scale: float = 1.0
+    calibration_ms: float | None = None
 
     @property
     def num_checked(self) -> int:
@@ -106,13 +221,22 @@ class Completeness:
         return self.num_states - self.num_degenerate - self.num_non_finite
 
     @property
+    def accuracy(self) -> AccuracyVerdict:
+        """The :func:`accuracy_verdict` of the two worst figures at :attr:`tolerance`."""
+        return _verdict(self.worst_attribution_error, self.worst_mass_relative_error, self.tolerance)
+
+    @property
     def verdict(self) -> str:
-        """``"non-finite"``, ``"unchecked"`` (no state could be checked), ``"pass"`` or ``"fail"`` (above tolerance)."""
+        """``"non-finite"``, ``"unchecked"`` (no state away from the baseline), ``"pass"`` or ``"fail"``.
+
+        Decided by :attr:`accuracy` (the estimate and the mass-relative error), not by :attr:`worst_relative_error`.
+        """
         if self.num_non_finite:
             return "non-finite"
-        if self.num_checked == 0:
+        within = self.accuracy.within
+        if within is None:
             return "unchecked"
-        return "pass" if self.worst_relative_error <= self.tolerance else "fail"
+        return "pass" if within else "fail"
 
 
 def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
@@ -133,6 +257,10 @@ def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
         num_non_finite=int(host.non_finite.sum()),
         first_non_finite=int(first[0]) if first.size else None,
         tolerance=float(tolerance),
+        worst_attribution_error=host.worst_attribution_error,
+        worst_mass_relative_error=host.worst_mass_relative_error,
+        num_near_baseline=host.num_near_baseline,
+        error_scale=host.error_scale,
     )
 
 

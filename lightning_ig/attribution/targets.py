@@ -5,8 +5,10 @@ A forward maps ``(N, *feature_shape)`` to one value per row ``(N,)``, or to
 ``None`` (the forward's own ``(N,)``), ``"mean"`` (the mean over ``A``:
 ``V(s)`` of a dueling network whose advantages are mean-centred), an int (one
 column), a LongTensor ``(B,)`` (one column per state), ``"each"`` (every
-column) or a callable ``(N, A) -> (N,)``. The engine runs the forward on rows
-laid out ``(*, B)``: row ``r`` belongs to state ``r % B``.
+column), ``"contrast"`` (per state, the greedy column minus the runner-up's:
+"why this action rather than the next best") or a callable ``(N, A) -> (N,)``.
+The engine runs the forward on rows laid out ``(*, B)``: row ``r`` belongs to
+state ``r % B``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "Target",
     "TargetSpec",
     "check_rows_in_range",
+    "choose_contrast",
     "select",
     "target_forward",
     "target_label",
@@ -33,14 +36,14 @@ __all__ = [
 
 Target = None | str | int | Tensor | Callable[[Tensor], Tensor]
 
-_TARGET_FORMS = "None, 'mean', 'each', an int, a LongTensor of shape (B,) or a callable"
+_TARGET_FORMS = "None, 'mean', 'each', 'contrast', an int, a LongTensor of shape (B,) or a callable"
 
 
 def target_label(target: Any) -> str:
     """What was attributed, in the one form the result, the report, the callback and the command line all use.
 
     ``None`` -> ``"output"`` (the forward returns one value per row); ``"mean"``;
-    ``"each"``; an int ``k`` -> ``"action:k"``; a tensor of one index per state ->
+    ``"each"``; ``"contrast"``; an int ``k`` -> ``"action:k"``; a tensor of one index per state ->
     ``"per_row"``; a callable -> ``"callable:<name>"``.
     """
     if target is None:
@@ -60,12 +63,15 @@ def target_label(target: Any) -> str:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """A checked target: ``kind`` is one of ``output, mean, action, per_row, each, callable``."""
+    """A checked target: ``kind`` is one of ``output, mean, action, per_row, each, contrast, callable``.
+
+    ``contrast_fixed`` is a contrast whose pairs were chosen already (a sub-batch of ``n_steps="auto"``).
+    """
 
     kind: str
     label: str  # vocabulary.target_label of the target
     index: int | None = None  # the column for "action"
-    rows: Tensor | None = None  # (B,) int64 on the inputs' device for "per_row"
+    rows: Tensor | None = None  # (B,) int64 for "per_row"; (B, 2) greedy, runner-up for "contrast", filled by the run
     rows_max: int = 0  # the largest index in rows, checked against the forward's A on the host
     fn: Callable[[Tensor], Tensor] | None = None  # for "callable"
 
@@ -88,7 +94,7 @@ def target_spec(target: Target, batch: int, device: torch.device) -> TargetSpec:
     if target is None:
         return TargetSpec("output", target_label(None))
     if isinstance(target, str):
-        if target in ("mean", "each"):
+        if target in ("mean", "each", "contrast"):
             return TargetSpec(target, target_label(target))
         raise ValueError(
             f"target must be {_TARGET_FORMS}, got {target!r}; use 'mean' for V(s) of a dueling network or an int for "
@@ -150,6 +156,11 @@ def select(outputs: Any, spec: TargetSpec, n_rows: int, first_row: int, batch: i
         return outputs.mean(dim=1, keepdim=True)
     if spec.kind == "each":
         return outputs
+    if spec.kind in ("contrast", "contrast_fixed"):
+        assert spec.rows is not None  # noqa: S101 - the run fills the pairs before any forward of the path
+        pairs = spec.rows[torch.arange(first_row, first_row + n_rows, device=outputs.device) % batch]  # (n, 2)
+        chosen = outputs.gather(1, pairs)  # (n, 2): greedy, runner-up
+        return chosen[:, :1] - chosen[:, 1:]
     actions = shape[1]
     if spec.kind == "action":
         assert spec.index is not None  # noqa: S101 - set for every "action" spec
@@ -159,6 +170,30 @@ def select(outputs: Any, spec: TargetSpec, n_rows: int, first_row: int, batch: i
             )
         return outputs[:, spec.index : spec.index + 1]
     return _select_per_row(outputs, spec, n_rows, first_row, batch)
+
+
+def choose_contrast(outputs: Any, batch: int) -> Tensor:
+    """``(B, 2)``: each state's greedy output and its runner-up, from the forward's ``(B, A)`` at the states.
+
+    The first of equal values wins (``argmax``'s rule on every device), so the choice is deterministic;
+    no host synchronisation, so it runs inside a captured graph.
+
+    Raises:
+        TypeError: the forward returned no floating-point tensor.
+        ValueError: not ``(B, A)`` with ``A >= 2`` (a contrast needs two outputs).
+    """
+    if not isinstance(outputs, Tensor) or not outputs.dtype.is_floating_point:
+        raise TypeError(f"forward must return a floating-point tensor, got {type(outputs).__name__}")
+    shape = tuple(outputs.shape)
+    if len(shape) != 2 or shape[0] != batch or shape[1] < 2:
+        raise ValueError(
+            f"target='contrast' needs a forward returning (N, A) values with A >= 2 (the greedy output and the "
+            f"runner-up); got {shape} for {batch} states"
+        )
+    values = outputs.detach()
+    greedy = values.argmax(1)  # (B,)
+    masked = values.scatter(1, greedy.unsqueeze(1), float("-inf"))
+    return torch.stack([greedy, masked.argmax(1)], 1)
 
 
 def check_rows_in_range(spec: TargetSpec, actions: int) -> None:
@@ -206,7 +241,7 @@ def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -
         target: ``"mean"`` (default; the mean over the ``A`` outputs, which is
             ``V(s)`` for a dueling network whose advantages are mean-centred),
             an int (one output column), or a callable mapping ``(N, A)`` to ``(N,)``.
-            Per-state indices and ``"each"`` need the engine: pass them as
+            Per-state indices, ``"each"`` and ``"contrast"`` need the engine: pass them as
             ``integrated_gradients(model, x, target=...)`` instead.
 
     Returns:
@@ -225,7 +260,7 @@ def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -
         raise TypeError(f"model must be callable (a module or a function of the inputs), got {type(model).__name__}")
     if target is None:
         return model
-    if isinstance(target, Tensor) or (isinstance(target, str) and target == "each"):
+    if isinstance(target, Tensor) or (isinstance(target, str) and target in ("each", "contrast")):
         raise ValueError(
             f"target_forward cannot express target={'a tensor' if isinstance(target, Tensor) else repr(target)}; "
             "pass it to integrated_gradients(model, inputs, target=...) instead"

@@ -149,15 +149,16 @@ class RunSummary:
             )
         elif numbers.verdict == "unchecked":
             messages["unchecked"] = (
-                f"no state could be checked for completeness at step {step}: in all {numbers.num_states} states F(x) "
-                "and F(b) are too close for a relative error (logged as nan); try baseline='mean' or another target"
+                f"no state could be checked for accuracy at step {step}: in all {numbers.num_states} states the "
+                "attributions are (near) zero, F(x) = F(b) along the whole path (logged as nan); try baseline='mean' "
+                "or another target"
             )
         elif numbers.verdict == "fail":
             messages["fail"] = (
-                f"the worst relative completeness error is {numbers.worst_relative_error:.3g} at step {step}, above "
-                f"completeness_tol={numbers.tolerance:g}: the attributions do not add up to F(x) - F(b). Use "
-                "n_steps='auto' (it refines until they do) or more steps; fewer held-out states at more steps cost "
-                "about the same"
+                f"the accuracy check (estimated attribution error, mass-relative completeness error) fails at step "
+                f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. Use n_steps='auto' "
+                "(it refines each state until its error estimate is within tolerance) or more steps; fewer held-out "
+                "states at more steps cost about the same"
             )
         if self.stochastic:
             messages["stochastic"] = (
@@ -286,23 +287,39 @@ def _number(value: float, spec: str = ".4g") -> str:
     return "nan" if value != value else format(value, spec)
 
 
+def _figures_text(numbers: Completeness) -> str:
+    """The two figures the verdict rests on, as every line writes them (fractions, as ``completeness_tol``)."""
+    return (
+        f"worst attribution error {relative_error_text(numbers.worst_attribution_error)} (estimated), worst "
+        f"mass-relative completeness error {relative_error_text(numbers.worst_mass_relative_error)}"
+    )
+
+
 def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, one short line)`` for the bar chart."""
+    """``(verdict, one short line)`` for the bar chart: decided by
+    :func:`~lightning_ig.attribution.statistics.accuracy_verdict`, naming the figure that decided."""
     numbers = summary.completeness
-    worst, tolerance = numbers.worst_relative_error, numbers.tolerance
+    tolerance, accuracy = numbers.tolerance, numbers.accuracy
+    value = relative_error_text(accuracy.value)
+    words = "estimated attribution error" if accuracy.figure == "attribution_error" else "mass-relative error"
     line = {
         "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
-        "unchecked": f"completeness not checked: F(x) ≈ F(b) in all {numbers.num_states} states",
-        "pass": f"completeness passes: worst relative error {relative_error_text(worst)} <= {tolerance:g}",
+        "unchecked": f"completeness not checked: the attributions are zero in all {numbers.num_states} states",
+        "pass": (
+            f"completeness passes: worst {words} {value} <= {relative_error_text(accuracy.threshold)} "
+            f"(sqrt 2 x tol {tolerance:g})"
+        ),
         "fail": (
-            f"completeness FAILS: worst relative error {relative_error_text(worst)} > {tolerance:g}; use n_steps='auto'"
+            f"completeness FAILS: worst {words} {value} > {relative_error_text(accuracy.threshold)} "
+            f"(sqrt 2 x tol {tolerance:g}); use n_steps='auto'"
         ),
     }[numbers.verdict]
     return numbers.verdict, line
 
 
 def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, sentence)`` in plain words, for the text."""
+    """``(verdict, sentence)`` in plain words, for the text: the accuracy verdict, the figures it rests on, the
+    states near the baseline (flagged, not scored) and the relative completeness error beside them."""
     numbers, target = summary.completeness, summary.settings.target
     total = numbers.num_states
     if numbers.verdict == "non-finite":
@@ -313,25 +330,26 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
         )
     if numbers.verdict == "unchecked":
         return "unchecked", (
-            f"Completeness not checked: in all {total} states F(x) and F(b) are too close for a relative "
-            f"error (mean absolute error {_number(numbers.mean_abs_error, '.3g')}, target {target})."
+            f"Completeness not checked: in all {total} states the attributions are zero, F(x) = F(b) along the whole "
+            f"path (mean absolute completeness error {_number(numbers.mean_abs_error, '.3g')}, target {target})."
         )
-    worst, tolerance = numbers.worst_relative_error, numbers.tolerance
-    skipped = ""
-    if numbers.num_degenerate:
-        skipped = (
-            f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio; "
-            "their absolute error is in the JSON report."
+    notes = ""
+    if numbers.num_near_baseline:
+        notes += (
+            f" {numbers.num_near_baseline} of {total} state(s) are near the baseline (attribution mass below a tenth "
+            "of the median, where every relative figure is ill-conditioned): flagged, not scored."
         )
+    if numbers.error_scale != 1.0:
+        notes += f" The estimate is scaled by {numbers.error_scale:.3g} (calibration)."
+    notes += f" Relative completeness error |delta| / |dF|: {relative_error_text(numbers.worst_relative_error)}."
     if numbers.verdict == "pass":
         return "pass", (
-            f"Completeness passes: worst relative error {relative_error_text(worst)} <= tolerance "
-            f"{tolerance:g} over {numbers.num_checked} states.{skipped}"
+            f"Completeness passes: {_figures_text(numbers)}, both <= sqrt(2) x tolerance {numbers.tolerance:g} over "
+            f"{total - numbers.num_near_baseline - numbers.num_non_finite} states.{notes}"
         )
     return "fail", (
-        f"Completeness FAILS: worst relative error {relative_error_text(worst)} > tolerance {tolerance:g}: "
-        "the attributions do not add up to F(x) - F(b). Use n_steps='auto' or more steps."
-        f"{skipped}"
+        f"Completeness FAILS: {numbers.accuracy.reason} (tolerance {numbers.tolerance:g}): the attributions may be "
+        f"off by more than the tolerance ({_figures_text(numbers)}). Use n_steps='auto' or more steps.{notes}"
     )
 
 

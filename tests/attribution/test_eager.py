@@ -304,7 +304,8 @@ def test_model_is_left_exactly_as_it_was() -> None:
     rng = torch.get_rng_state()
     integrated_gradients(model, x, target="mean", n_steps=5)
     integrated_gradients(model, x, target=1, n_steps=5, gradient="finite_difference")
-    integrated_gradients(model, x, target="each", n_steps="auto", method="riemann_trapezoid")
+    integrated_gradients(model, x, target="each", n_steps="auto")
+    integrated_gradients(model, x, target="contrast", n_steps="auto")
     assert torch.equal(torch.get_rng_state(), rng)
     assert model.training
     for key, value in model.state_dict().items():
@@ -355,35 +356,48 @@ def test_degenerate_states_are_counted_apart() -> None:
     assert all_degenerate.num_degenerate == 3 and all_degenerate.num_checked == 0
 
 
-@pytest.mark.parametrize(
-    "method", ["riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle", "gausslegendre"]
-)
-def test_auto_steps_refine_until_the_tolerance(method: str) -> None:
-    model = _mlp(4, 1, seed=15)
-    x = torch.randn(3, 4, dtype=torch.float64) * 2
+def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
+    model = _mlp(4, 1, seed=15, act=torch.nn.ReLU)
+    x = torch.randn(6, 4, dtype=torch.float64) * 2
     rows: list[int] = []
 
     def forward(z: torch.Tensor) -> torch.Tensor:
         rows.append(z.shape[0])
         return model(z).squeeze(1)
 
-    result = integrated_gradients(forward, x, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=256)
-    assert result.worst_relative_error <= 1e-3 or result.n_steps == 256
-    fixed = integrated_gradients(lambda z: model(z).squeeze(1), x, n_steps=result.n_steps, method=method)
-    assert_close_scaled(result.attributions, fixed.attributions, ulps=16, dtype=F64)  # other chunks, same sums
-    if method in ("riemann_trapezoid", "riemann_left", "riemann_right"):
-        # Nested rules evaluate each path point once: n_final points plus the two ends per state, twice
-        # (the stochastic-forward check).
-        assert sum(rows) == (result.n_steps + 2 + 2) * 3
+    tol = 1e-3
+    result = integrated_gradients(forward, x, n_steps="auto", completeness_tol=tol, max_steps=864)
+    per_state = result.n_steps_per_state.tolist()
+    assert set(per_state) <= {32, 96, 288, 864} and result.n_steps == max(per_state)
+    for state, n in enumerate(per_state):
+        fixed = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n)
+        # the state's result is the fixed rule at its n (nested: the same gradients, summed in another order)
+        assert_close_scaled(result.attributions[state], fixed.attributions[0], ulps=64, dtype=F64)
+        if n < 864:  # it stopped: both figures within tol / 2 at n, and not at the level before
+            within = max(float(fixed.attribution_error[0]), float(fixed.mass_relative_error[0])) <= tol / 2
+            assert within, (state, n)
+        if n > 32:
+            coarser = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n // 3)
+            assert max(float(coarser.attribution_error[0]), float(coarser.mass_relative_error[0])) > tol / 2
+    # Every gradient row once: the first level and the ends (twice: the stochastic check), then 2 n new rows per
+    # level for the states that went on.
+    going_on = [sum(1 for m in per_state if m >= n) for n in (96, 288, 864)]
+    assert sum(rows) == (32 + 4) * 6 + sum(2 * (n // 3) * count for n, count in zip((96, 288, 864), going_on))
 
 
-def test_auto_steps_stop_at_max_steps() -> None:
-    model = _mlp(4, 1, seed=16)
+def test_auto_steps_respect_max_steps() -> None:
+    model = _mlp(4, 1, seed=16, act=torch.nn.ReLU)
     x = torch.randn(3, 4, dtype=torch.float64) * 3
-    result = integrated_gradients(
-        lambda z: model(z).squeeze(1), x, n_steps="auto", method="riemann_left", completeness_tol=1e-12, max_steps=40
-    )
-    assert result.n_steps == 40 and result.worst_relative_error > 1e-12
+    forward = lambda z: model(z).squeeze(1)  # noqa: E731
+    capped = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=287)
+    assert capped.n_steps_per_state.tolist() == [96, 96, 96]  # 288 would pass 287
+    tiny = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=10)
+    assert tiny.n_steps == 10 and tiny.n_steps_per_state.tolist() == [10, 10, 10]
+
+
+def test_auto_steps_refuse_rules_that_do_not_triple() -> None:
+    with pytest.raises(ValueError, match="n_steps='auto' refines the uniform midpoint rule"):
+        integrated_gradients(_forward, torch.randn(2, 3), n_steps="auto", method="gausslegendre")
 
 
 # --------------------------------------------------------------------------- the engine object
@@ -576,13 +590,13 @@ def test_error_forward_returning_the_wrong_shape() -> None:
 def test_error_n_steps_method_and_options() -> None:
     x = torch.randn(2, 3)
     # The words of lightning_ig.vocabulary, as the callback and the command line say them.
-    with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=50"):
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=64"):
         integrated_gradients(_forward, x, n_steps=0)
     with pytest.raises(TypeError, match="n_steps must be an int >= 1, got float"):
         integrated_gradients(_forward, x, n_steps=2.5)
     with pytest.raises(ValueError, match="n_steps must be an int >= 1 or 'auto', got 'many'"):
         integrated_gradients(_forward, x, n_steps="many")
-    with pytest.raises(ValueError, match="method must be one of 'riemann_left', .*'gausslegendre'; got 'simpson'"):
+    with pytest.raises(ValueError, match="method must be one of 'riemann_left', .*'gausslegendre', .*; got 'simpson'"):
         integrated_gradients(_forward, x, method="simpson")
     with pytest.raises(ValueError, match="riemann_trapezoid' needs n_steps >= 2"):
         integrated_gradients(_forward, x, method="riemann_trapezoid", n_steps=1)
@@ -627,25 +641,15 @@ def test_target_forward_rejects_what_it_cannot_express() -> None:
         torch.testing.assert_close(forward(torch.ones(2, 3)), torch.full((2,), 2.0))
 
 
-@pytest.mark.parametrize("method", ["riemann_trapezoid", "gausslegendre"])
-def test_auto_steps_with_per_row_targets_in_both_modes(method: str) -> None:
+def test_auto_steps_with_per_row_targets_in_both_modes() -> None:
     model = _dueling(4, 3, seed=44)
     x = torch.randn(3, 4, dtype=torch.float64)
     rows = torch.tensor([2, 0, 1])
-    autograd = integrated_gradients(
-        model, x, target=rows, n_steps="auto", method=method, completeness_tol=1e-3, max_steps=64
-    )
+    autograd = integrated_gradients(model, x, target=rows, n_steps="auto", completeness_tol=1e-3, max_steps=288)
     fd = integrated_gradients(
-        model,
-        x,
-        target=rows,
-        n_steps="auto",
-        method=method,
-        completeness_tol=1e-3,
-        max_steps=64,
-        gradient="finite_difference",
+        model, x, target=rows, n_steps="auto", completeness_tol=1e-3, max_steps=288, gradient="finite_difference"
     )
-    assert fd.n_steps == autograd.n_steps and fd.attributions.shape == (3, 4)
+    assert fd.n_steps_per_state.tolist() == autograd.n_steps_per_state.tolist() and fd.attributions.shape == (3, 4)
     assert_close_scaled(fd.attributions, autograd.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
 
 

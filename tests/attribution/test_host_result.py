@@ -53,8 +53,13 @@ def test_a_padded_uneven_split_gathers_in_one_call_to_the_one_process_result():
 
     gathered = HostResult.from_result(shares[0], gather=all_gather, num_states=5, keep_attributions=True)
     single = HostResult.from_result(_result(states), keep_attributions=True)
-    assert calls == [(share, 4 + 8)]  # one collective, the same shape on every rank
+    assert calls == [(share, 4 + 10)]  # one collective, the same shape on every rank
     assert gathered.num_states == 5  # the padding row is gone
+    # the per-state error figures ride along; near-baseline flags come from the median over all gathered states
+    assert_close_scaled(gathered.attribution_error, single.attribution_error, ulps=64)
+    assert_close_scaled(gathered.mass_relative_error, single.mass_relative_error, ulps=64)
+    assert gathered.near_baseline.tolist() == single.near_baseline.tolist()
+    assert gathered.worst_attribution_error == pytest.approx(single.worst_attribution_error, rel=1e-6)
     scale = float(np.abs(single.attributions).max())
     assert_close_scaled(gathered.attributions, single.attributions, ulps=64, scale=scale)
     assert_close_scaled(gathered.features.mean_abs, single.features.mean_abs, ulps=64, scale=scale)

@@ -28,7 +28,9 @@ from tests.support.tolerance import eps
 class _Result:
     """The fields of an IGResult that the statistics read, set by hand (one attribution per state)."""
 
-    def __init__(self, attributions, f_input, f_baseline, degenerate=None, non_finite=None) -> None:
+    def __init__(
+        self, attributions, f_input, f_baseline, degenerate=None, non_finite=None, attribution_error=None
+    ) -> None:
         self.attributions = torch.as_tensor(attributions, dtype=torch.float64)
         self.f_input = torch.as_tensor(f_input, dtype=torch.float64)
         self.f_baseline = torch.as_tensor(f_baseline, dtype=torch.float64)
@@ -40,6 +42,8 @@ class _Result:
         self.non_finite = torch.zeros(states, dtype=torch.bool) if non_finite is None else torch.tensor(non_finite)
         self.n_steps, self.method, self.gradient, self.backend = 8, "gausslegendre", "autograd", "torch"
         self.target = "mean"
+        if attribution_error is not None:
+            self.attribution_error = torch.as_tensor(attribution_error, dtype=torch.float64)
 
 
 def test_json_floats_write_non_finite_values_as_null() -> None:
@@ -54,14 +58,22 @@ def test_rank_order_is_decreasing_stable_on_ties_and_puts_nan_last() -> None:
     assert rank_order(np.array([math.nan, 0.0, 1.0])).tolist() == [2, 1, 0]
 
 
-def test_completeness_verdicts_follow_the_worst_checked_state() -> None:
-    # state 0: attributions add up to 1.0 of a 1.0 change (error 0); state 1: 2.2 of 2.0 (error 0.1)
-    result = _Result([[0.5, 0.5], [1.2, 1.0]], [1.0, 2.0], [0.0, 0.0])
+def test_completeness_verdicts_follow_the_accuracy_figures_not_the_ratio() -> None:
+    # state 0: attributions add up to 1.0 of a 1.0 change (error 0); state 1: 2.2 of 2.0 (ratio 0.1, mass-relative
+    # 0.2 / 2.2); the estimates say 0.02 and 0.05
+    result = _Result([[0.5, 0.5], [1.2, 1.0]], [1.0, 2.0], [0.0, 0.0], attribution_error=[0.02, 0.05])
     numbers = completeness(result, tolerance=0.2)
     assert numbers.worst_relative_error == pytest.approx(0.1, rel=4 * eps(torch.float64))
     assert numbers.mean_abs_error == pytest.approx(0.1, rel=4 * eps(torch.float64))
+    assert numbers.worst_mass_relative_error == pytest.approx(0.2 / 2.2, rel=4 * eps(torch.float64))
+    assert numbers.worst_attribution_error == pytest.approx(0.05)
     assert (numbers.num_states, numbers.num_checked, numbers.first_non_finite) == (2, 2, None)
-    assert numbers.verdict == "pass" and completeness(result, tolerance=0.05).verdict == "fail"
+    assert numbers.verdict == "pass" and numbers.accuracy.figure == "mass_relative_error"
+    # 0.2 / 2.2 = 0.0909 > sqrt(2) x 0.06: fails on the mass-relative error although the estimate (0.05) would pass
+    failing = completeness(result, tolerance=0.06)
+    assert failing.verdict == "fail" and failing.accuracy.figure == "mass_relative_error"
+    # without an estimate nothing vouches for the per-feature error: not within
+    assert completeness(_Result([[0.5, 0.5], [1.2, 1.0]], [1.0, 2.0], [0.0, 0.0]), tolerance=0.2).verdict == "fail"
 
 
 def test_a_degenerate_state_is_left_out_of_the_worst_error_and_nothing_checked_is_nan() -> None:

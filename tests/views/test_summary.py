@@ -12,7 +12,15 @@ from lightning_ig.views.summary import RunSettings, RunSummary, Units
 from lightning_ig.views.tensorboard import TagNames, display_labels, report_markdown, scalar_metrics
 
 
-def _summary(worst: float = 0.004, non_finite: int = 0, degenerate: int = 0, groups: bool = False) -> RunSummary:
+def _summary(
+    worst: float = 0.004,
+    non_finite: int = 0,
+    degenerate: int = 0,
+    groups: bool = False,
+    estimate: float = 0.004,
+    mass_relative: float = 0.001,
+    near: int = 0,
+) -> RunSummary:
     moments = Moments.of(np.array([[1.0, -20.0, 3.0], [2.0, -30.0, 5.0]]))
     names = ["cart position", "pole/angle", "x2"]
     units = Units("groups" if groups else "features", names, moments, None, np.array([2, 2, 2]) if groups else None)
@@ -29,7 +37,18 @@ def _summary(worst: float = 0.004, non_finite: int = 0, degenerate: int = 0, gro
         features=moments,
         logged_features=None if groups else units,
         groups=units if groups else None,
-        completeness=Completeness(worst, 1e-4, 2, degenerate, non_finite, 0 if non_finite else None, 0.01),
+        completeness=Completeness(
+            worst,
+            1e-4,
+            2,
+            degenerate,
+            non_finite,
+            0 if non_finite else None,
+            0.01,
+            worst_attribution_error=estimate,
+            worst_mass_relative_error=mass_relative,
+            num_near_baseline=near,
+        ),
         drift={"spearman_prev": 0.5},
         concentration={"top1pct_share": 0.8, "top10pct_share": 0.8},
     )
@@ -64,21 +83,30 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     tags = TagNames.build(
         None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False
     )
-    text = report_markdown(_summary(), tags)
-    # the unit the JSON report and completeness_tol use: a fraction, never a percentage
-    assert "Completeness passes: worst relative error 4.00e-03 <= tolerance 0.01 over 2 states." in text
+    text = report_markdown(_summary(worst=0.5), tags)
+    # the unit the JSON report and completeness_tol use: a fraction, never a percentage; the verdict is the accuracy
+    # figures', not the ratio |delta| / |dF| (0.5 here: ill-conditioned where dF is tiny), which is shown beside them
+    assert (
+        "Completeness passes: worst attribution error 4.00e-03 (estimated), worst mass-relative "
+        "completeness error 1.00e-03, both <= sqrt(2) x tolerance 0.01 over 2 states." in text
+    )
+    assert "Relative completeness error |delta| / |dF|: 5.00e-01." in text
     table = text.split("```")[1].strip("\n").splitlines()
     assert table[0].split()[:2] == ["rank", "feature"]
     assert table[1].split()[1] == "pole∕angle"  # the most important first
     # every number column ends at the same place: right-aligned
     assert len({len(line) for line in table}) == 1
-    failing = report_markdown(_summary(worst=0.2, degenerate=1), tags)
-    assert (
-        "Completeness FAILS: worst relative error 2.00e-01 > tolerance 0.01" in failing and "n_steps='auto'" in failing
-    )
-    assert "1 state(s) had F(x) and F(b) too close to judge by a ratio" in failing
+    failing = report_markdown(_summary(worst=0.001, mass_relative=0.2, near=1), tags)
+    assert "Completeness FAILS: the worst mass-relative completeness error 2.00e-01 > sqrt(2)" in failing
+    assert "n_steps='auto'" in failing
+    assert "1 of 2 state(s) are near the baseline" in failing and "flagged, not scored" in failing
     assert "degenerate" not in failing and "kept apart" not in failing
-    unchecked = report_markdown(_summary(worst=math.nan, degenerate=2), tags)
+    edge = math.sqrt(2) * 0.01
+    assert "Completeness passes" in report_markdown(_summary(estimate=edge * (1 - 1e-9)), tags)
+    assert "Completeness FAILS: the worst estimated attribution error" in report_markdown(
+        _summary(estimate=edge * (1 + 1e-9)), tags
+    )
+    unchecked = report_markdown(_summary(worst=math.nan, degenerate=2, estimate=math.nan, mass_relative=math.nan), tags)
     assert "Completeness not checked: in all 2 states" in unchecked
     assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in report_markdown(
         _summary(worst=math.inf, non_finite=1), tags

@@ -1,0 +1,109 @@
+"""Calibration (lightning_ig/attribution/calibration.py): a rule per model and the estimate's scale, on real
+ReLU networks, checked against the engine's own runs (float64 models: every sum is float64, so the two agree to
+rounding)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, calibrate, integrated_gradients
+from lightning_ig.attribution.calibration import CANDIDATES, SCALE_RANGE
+from tests.support.tolerance import eps
+
+F64 = torch.float64
+
+
+def _relu_mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3)]
+    return torch.nn.Sequential(*layers).double().eval()
+
+
+def _states(seed: int, scale: float = 1.0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(12, 4, dtype=F64) * scale
+
+
+def _true_errors(model: torch.nn.Module, x: torch.Tensor, method: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``||a - a_ref||_1 / ||a_ref||_1`` and the unscaled estimate per state, the reference 1024 midpoint steps."""
+    reference = integrated_gradients(model, x, target="mean", n_steps=1024).attributions
+    result = integrated_gradients(model, x, target="mean", n_steps=n, method=method)
+    true = (result.attributions - reference).abs().sum(1) / reference.abs().sum(1)
+    return true, result.attribution_error
+
+
+def test_in_distribution_it_keeps_the_midpoint_rule_and_scales_by_the_worst_ratio() -> None:
+    model, x = _relu_mlp(60), _states(61)
+    found = calibrate(model, x, target="mean", n_steps=32)
+    assert found.num_states == 8 and found.n_steps == 32 and set(found.worst_errors) == set(CANDIDATES)
+    assert found.gradient_rows == (1024 + len(CANDIDATES) * 32) * 8
+    first = x[:8]
+    true, estimate = _true_errors(model, first, "riemann_middle", 32)
+    mass = integrated_gradients(model, first, target="mean", n_steps=1024).attributions.abs().sum(1)
+    assert bool((mass >= 0.1 * mass.median()).all())  # no state near the baseline: all eight are scored
+    tolerance = 64 * eps(F64)
+    assert found.worst_errors["riemann_middle"] == pytest.approx(float(true.max()), rel=tolerance)
+    # the midpoint rule stays unless another was at least twice as accurate
+    best = min(found.worst_errors.values())
+    assert (
+        found.method == "riemann_middle" or found.worst_errors[found.method] < 0.5 * found.worst_errors[CANDIDATES[0]]
+    )
+    if found.method == "riemann_middle":
+        assert best >= 0.5 * found.worst_errors["riemann_middle"]
+    low, high = SCALE_RANGE
+    ratio = float((true / estimate).max())
+    assert found.error_scale == pytest.approx(min(high, max(low, ratio)), rel=tolerance)
+
+
+def test_off_distribution_it_picks_a_rule_that_crowds_the_nodes_near_the_baseline() -> None:
+    # inputs 255x larger than the network's scale (frames not scaled to [0, 1]): along alpha x the kinks crowd in
+    # the first few percent of the path
+    model, x = _relu_mlp(62), _states(63, scale=255.0)
+    found = calibrate(model, x, target="mean", n_steps=32)
+    assert found.method != "riemann_middle"
+    assert found.worst_errors[found.method] < 0.5 * found.worst_errors["riemann_middle"]
+    assert found.method.startswith("warped_middle") or found.method == "cosine_middle"  # nodes near alpha = 0
+    # what it scored is what the engine gives with that rule
+    true, _ = _true_errors(model, x[:8], found.method, 32)
+    assert found.worst_errors[found.method] == pytest.approx(float(true.max()), rel=64 * eps(F64))
+
+
+def test_the_engine_adopts_the_rule_and_the_scale() -> None:
+    model, x = _relu_mlp(62), _states(63, scale=255.0)
+    engine = IntegratedGradients(model, target="mean", n_steps=32)
+    found = engine.calibrate(x)
+    assert engine.default_settings.method == found.method and engine.default_settings.error_scale == found.error_scale
+    result = engine.attribute(x)
+    assert result.method == found.method and result.error_scale == found.error_scale
+    plain = integrated_gradients(model, x, target="mean", n_steps=32, method=found.method)
+    torch.testing.assert_close(result.attribution_error, plain.attribution_error * found.error_scale)
+    with pytest.raises(ValueError, match="calibrate needs a fixed n_steps"):
+        IntegratedGradients(model, target="mean", n_steps="auto").calibrate(x)
+
+
+def test_a_smooth_model_is_scaled_down_within_the_range() -> None:
+    # tanh: the kink model reads curvature as kinks and overstates the error; calibration scales it down
+    torch.manual_seed(64)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2)).double().eval()
+    found = calibrate(model, _states(65), target="mean", n_steps=32)
+    low, high = SCALE_RANGE
+    assert low <= found.error_scale < 1.0 and found.error_scale <= high
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"n_steps": 0}, ValueError, "n_steps"),
+        ({"margin": -1.0}, ValueError, "margin"),
+        ({"num_states": 1.5}, TypeError, "num_states"),
+        ({"candidates": "riemann_middle"}, TypeError, "candidates"),
+        ({"candidates": ["riemann_middle", "simpson"]}, ValueError, "candidates"),
+        ({"reference_steps": math.nan}, TypeError, "reference_steps"),
+    ],
+)
+def test_bad_options_are_refused_by_name(options: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        calibrate(_relu_mlp(66), _states(67), target="mean", **options)

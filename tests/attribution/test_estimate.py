@@ -1,0 +1,172 @@
+"""The error figures (lightning_ig/attribution/estimate.py) on ReLU networks whose kinks are known exactly.
+
+Along the path ``alpha x`` (zero baseline) the network ``sum_i c_i relu(z_i - k_i)`` has feature ``i``'s kink at
+``alpha = k_i / x_i``, so its exact attributions are ``c_i (x_i - k_i)`` for ``x_i > k_i``, and a quadrature rule's
+error is known in closed form: the rule gives feature ``i`` the weights of its nodes past the kink.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from lightning_ig.attribution.quadrature import quadrature
+from lightning_ig.attribution.statistics import accuracy_verdict
+from tests.support.tolerance import assert_close_scaled, eps
+
+F64 = torch.float64
+
+
+def _relu_net(kinks: list[float], signs: list[float]) -> torch.nn.Module:
+    """``sum_i signs_i relu(z_i - kinks_i)`` as a two-layer ReLU network (Linear, ReLU, Linear), float64."""
+    features = len(kinks)
+    net = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(), torch.nn.Linear(features, 1))
+    net = net.double()  # before the weights are set: the kinks exactly as given, not rounded to float32
+    with torch.no_grad():
+        net[0].weight.copy_(torch.eye(features, dtype=F64))
+        net[0].bias.copy_(-torch.tensor(kinks, dtype=F64))
+        net[2].weight.copy_(torch.tensor([signs], dtype=F64))
+        net[2].bias.zero_()
+    return net
+
+
+def _exact(x: torch.Tensor, kinks: list[float], signs: list[float]) -> torch.Tensor:
+    k, c = torch.tensor(kinks, dtype=F64), torch.tensor(signs, dtype=F64)
+    return c * (x - k).clamp_min(0)
+
+
+def _rule_attributions(x: torch.Tensor, kinks: list[float], signs: list[float], method: str, n: int) -> torch.Tensor:
+    """What the rule gives, in closed form: each feature's weights of the nodes past its kink."""
+    alphas, weights = (torch.tensor(v, dtype=F64) for v in quadrature(method, n))
+    k, c = torch.tensor(kinks, dtype=F64), torch.tensor(signs, dtype=F64)
+    past = (alphas.view(-1, 1, 1) * x > k).to(F64)  # (n, B, F)
+    return c * x * (weights.view(-1, 1, 1) * past).sum(0)
+
+
+def _one_kink_per_stretch(x: torch.Tensor, kinks: list[float], method: str, n: int) -> bool:
+    """Every kink between two neighbouring nodes, alone there (the end pieces hold none): the estimate's model."""
+    alphas = np.asarray(quadrature(method, n)[0])
+    places = np.asarray(kinks) / x.numpy()  # (B, F)
+    stretch = np.searchsorted(alphas, places)  # 0: before the first node, n: after the last
+    inner = (stretch > 0) & (stretch < n)
+    return bool(inner.all()) and all(len(set(row)) == len(row) for row in stretch.tolist())
+
+
+KINKS, SIGNS = [0.23, 0.41, 0.77], [1.0, -2.0, 0.5]
+STATES = torch.tensor([[1.0] * 3, [1.1] * 3, [1.2] * 3], dtype=F64)
+
+
+@pytest.mark.parametrize("method", ["riemann_middle", "warped_middle:1.5", "mirrored_middle:2", "gausslegendre"])
+def test_one_kink_per_stretch_the_estimate_is_the_true_error(method: str) -> None:
+    n = 8
+    assert _one_kink_per_stretch(STATES, KINKS, method, n)  # the case the estimate models exactly
+    result = integrated_gradients(_relu_net(KINKS, SIGNS), STATES, target="mean", n_steps=n, method=method)
+    expected = _rule_attributions(STATES, KINKS, SIGNS, method, n)
+    assert_close_scaled(result.attributions, expected, ulps=16, dtype=F64)
+    error = (result.attributions - _exact(STATES, KINKS, SIGNS)).abs().sum(1)  # ||a - a_exact||_1
+    assert float(error.min()) > 0  # the rule is off: there is something to estimate
+    mass = result.attributions.abs().sum(1)
+    # the relative estimate is ||e||_1 / ||a||_1 with ||e||_1 the true L1 error, to rounding of sums of n terms
+    assert_close_scaled(result.attribution_error * mass, error, ulps=16 * n, dtype=F64, scale=float(mass.max()))
+    assert result.error_scale == 1.0
+
+
+def test_the_scale_multiplies_the_estimate_and_is_carried() -> None:
+    forward = _relu_net(KINKS, SIGNS)
+    plain = integrated_gradients(forward, STATES, target="mean", n_steps=8)
+    scaled = IntegratedGradients(forward, target="mean", n_steps=8, error_scale=2.5).attribute(STATES)
+    assert scaled.error_scale == 2.5
+    assert_close_scaled(scaled.attribution_error, 2.5 * plain.attribution_error, ulps=4, dtype=F64)
+    assert scaled.worst_attribution_error == pytest.approx(2.5 * plain.worst_attribution_error, rel=4 * eps(F64))
+
+
+def test_kinks_whose_completeness_errors_cancel_are_seen_by_the_estimate() -> None:
+    # Two kinks exactly one cell apart, with opposite signs: their rule errors are equal and cancel in sum(a), so
+    # completeness is exact at every n that keeps them a whole number of cells apart, while each feature is off.
+    n = 32
+    kinks, signs = [0.3, 0.3 + 1 / n], [1.0, -1.0]
+    x = torch.ones(1, 2, dtype=F64)
+    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps=n)
+    mass = float(result.attributions.abs().sum())
+    assert abs(float(result.delta[0])) <= 4 * n * eps(F64) * mass  # completeness reads (almost) exact
+    assert float(result.mass_relative_error[0]) <= 4 * n * eps(F64)
+    error = float((result.attributions - _exact(x, kinks, signs)).abs().sum())
+    assert error > 0.01 * mass  # yet the map is more than 1% off
+    assert float(result.attribution_error[0]) * mass == pytest.approx(error, rel=16 * n * eps(F64))
+    verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
+    assert verdict.within is False and verdict.figure == "attribution_error"
+
+
+def test_auto_goes_on_where_completeness_is_exact_but_the_estimate_is_not_within() -> None:
+    # The same cancelling kinks: 1/32 is 3/96 and 9/288, so completeness stays exact at every level; the old
+    # engine stopped at its first level. "auto" refines until the estimate is within tol / 2.
+    kinks, signs = [0.3, 0.3 + 1 / 32], [1.0, -1.0]
+    x = torch.ones(2, 2, dtype=F64)
+    tol = 0.01
+    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps="auto", completeness_tol=tol)
+    assert result.n_steps > 32 and result.n_steps_per_state.tolist() == [result.n_steps] * 2
+    assert float(result.attribution_error.max()) <= tol / 2
+    true = (result.attributions - _exact(x, kinks, signs)).abs().sum(1) / _exact(x, kinks, signs).abs().sum(1)
+    assert float(true.max()) <= tol
+    coarser = integrated_gradients(
+        _relu_net(kinks, signs), x, target="mean", n_steps=result.n_steps // 3, method="riemann_middle"
+    )
+    assert float(coarser.attribution_error.max()) > tol / 2  # and it stopped at the first level that was within
+
+
+def test_mass_relative_error_is_well_conditioned_where_dF_is_tiny() -> None:
+    # Two kinks 5e-4 apart in one cell, opposite signs: F(x) - F(b) = 5e-4 is 4e-4 of the attribution mass, so the
+    # ratio |delta| / |dF| reads 100% for a map whose sum is off by 5e-4; the mass-relative figure reads 4e-4.
+    n = 32
+    kinks, signs = [0.3, 0.3005], [1.0, -1.0]
+    x = torch.ones(1, 2, dtype=F64)
+    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps=n)
+    mass = float(result.attributions.abs().sum())
+    delta, change = float(result.delta[0]), float(result.f_input[0] - result.f_baseline[0])
+    assert abs(change) < 0.01 * mass and float(result.relative_error[0]) > 0.5
+    expected = abs(delta) / max(mass, abs(change))
+    assert float(result.mass_relative_error[0]) == pytest.approx(expected, rel=16 * eps(F64))
+    assert float(result.mass_relative_error[0]) < 0.01 * float(result.relative_error[0])
+
+
+def test_near_baseline_states_are_flagged_and_left_out_of_the_worst() -> None:
+    forward = _relu_net(KINKS, SIGNS)
+    near = torch.tensor([[0.3, 0.45, 0.78]], dtype=F64)  # just past each kink: a tiny map (x - k = 0.01-0.07)
+    x = torch.cat([STATES, near])
+    result = integrated_gradients(forward, x, target="mean", n_steps=8)
+    mass = result.attributions.abs().sum(1)
+    assert float(mass[-1]) < 0.1 * float(mass.median())
+    assert result.near_baseline.tolist() == [False, False, False, True] and result.num_near_baseline == 1
+    ordinary = result.attribution_error[:3]
+    assert result.worst_attribution_error == float(ordinary.max())
+    assert result.worst_mass_relative_error == float(result.mass_relative_error[:3].max())
+
+
+@pytest.mark.parametrize("tol", [1e-3, 0.01, 0.2])
+def test_the_verdict_flips_at_sqrt2_tol(tol: float) -> None:
+    threshold = math.sqrt(2) * tol
+    below, above = threshold * (1 - 4 * eps(F64)), threshold * (1 + 4 * eps(F64))
+    for estimate, mass_relative, figure in [(below, 0.0, "attribution_error"), (0.0, below, "mass_relative_error")]:
+        verdict = accuracy_verdict(estimate, mass_relative, tol)
+        assert verdict.within is True and verdict.figure == figure and verdict.threshold == threshold
+    for estimate, mass_relative, figure in [(above, 0.0, "attribution_error"), (0.0, above, "mass_relative_error")]:
+        verdict = accuracy_verdict(estimate, mass_relative, tol)
+        assert verdict.within is False and verdict.figure == figure and verdict.value == above
+        assert figure.split("_")[0] in verdict.reason
+
+
+def test_the_verdict_on_nothing_checkable_and_on_nan_inf() -> None:
+    nothing = accuracy_verdict(math.nan, math.nan, 0.01)
+    assert nothing.within is None and nothing.figure == "none"
+    for bad in (math.inf, math.nan):
+        verdict = accuracy_verdict(0.001, bad, 0.01)
+        assert verdict.within is False and verdict.figure == "mass_relative_error"
+        assert accuracy_verdict(bad, 0.001, 0.01).figure == "attribution_error"
+    with pytest.raises(ValueError, match="tol"):
+        accuracy_verdict(0.001, 0.001, 0.0)
+    with pytest.raises(TypeError, match="tol"):
+        accuracy_verdict(0.001, 0.001, "0.01")

@@ -1,0 +1,85 @@
+"""The error figures on a CUDA device: the CUDA backend's (kernels for accumulation and completeness, the estimate
+in torch beside them) against the torch twins', a real CUDA graph's replay against eager, target="contrast" in a
+captured graph, and the calibration on the device.
+
+Run with ``pytest -m gpu tests/attribution/test_estimate_gpu.py``; skipped where there is no CUDA device or CuPy.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, calibrate, integrated_gradients
+from tests.support.models import DuelingMLP
+from tests.support.tolerance import assert_close_scaled
+
+pytestmark = pytest.mark.gpu
+
+F32 = torch.float32
+FIGURES = ("attribution_error", "mass_relative_error")
+
+
+def _relu_dueling(device: torch.device, seed: int) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DuelingMLP(16, 4, 128)
+    return model.to(device).eval()
+
+
+def _states(device: torch.device, seed: int, count: int = 32) -> torch.Tensor:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn((count, 16), generator=generator, device=device)
+
+
+def _assert_figures_close(actual, expected, ulps: int) -> None:
+    for name in FIGURES:
+        got, want = getattr(actual, name).double().cpu(), getattr(expected, name).double().cpu()
+        assert_close_scaled(got, want, ulps=ulps, dtype=F32, scale=float(want.abs().max()))
+    assert torch.equal(actual.near_baseline.cpu(), expected.near_baseline.cpu())
+
+
+@pytest.mark.parametrize("target", ["mean", "contrast", "each"])
+def test_cuda_backend_figures_equal_the_torch_twins(cuda_device: torch.device, target: str) -> None:
+    model, x = _relu_dueling(cuda_device, 70), _states(cuda_device, 71)
+    cuda = integrated_gradients(model, x, target=target, backend="cuda")
+    twin = integrated_gradients(model, x, target=target, backend="torch")
+    assert cuda.backend == "cuda" and cuda.method == "riemann_middle" and cuda.n_steps == 64
+    assert_close_scaled(cuda.attributions.cpu(), twin.attributions.cpu(), ulps=16, dtype=F32)
+    _assert_figures_close(cuda, twin, ulps=256)  # the estimate divides by ||a||_1: a few more roundings
+
+
+@pytest.mark.parametrize("target", ["mean", "contrast"])
+def test_a_cuda_graph_replay_gives_the_eager_figures(cuda_device: torch.device, target: str) -> None:
+    model = _relu_dueling(cuda_device, 72)
+    engine = IntegratedGradients(model, target=target)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.attribute(_states(cuda_device, 73))
+    assert not [w for w in caught if "capture" in str(w.message)], [str(w.message) for w in caught]
+    x = _states(cuda_device, 74)
+    replayed = engine.attribute(x)
+    assert engine.last_mode == "graph" and replayed.cuda_graph
+    eager = integrated_gradients(model, x, target=target)
+    if target == "contrast":
+        assert torch.equal(replayed.target_actions, eager.target_actions)  # chosen for the replay's own states
+    assert_close_scaled(replayed.attributions.cpu(), eager.attributions.cpu(), ulps=16, dtype=F32)
+    _assert_figures_close(replayed, eager, ulps=256)
+    assert replayed.worst_attribution_error == pytest.approx(eager.worst_attribution_error, rel=1e-4)
+
+
+def test_calibration_on_the_device_and_its_scale_on_replays(cuda_device: torch.device) -> None:
+    model, x = _relu_dueling(cuda_device, 75), _states(cuda_device, 76)
+    engine = IntegratedGradients(model, target="mean")
+    engine.attribute(x)  # captured before calibration: the scale needs no new graph
+    found = engine.calibrate(x)
+    assert engine.default_settings.method == found.method and found.num_states == 8
+    again = calibrate(model, x, target="mean")  # the same states, the same answer
+    assert again.method == found.method and again.error_scale == pytest.approx(found.error_scale, rel=1e-3)
+    result = engine.attribute(x)
+    assert result.error_scale == found.error_scale and result.method == found.method
+    plain = integrated_gradients(model, x, target="mean", method=found.method)
+    expected = plain.attribution_error.double().cpu() * found.error_scale
+    assert_close_scaled(result.attribution_error.double().cpu(), expected, ulps=256, dtype=F32)

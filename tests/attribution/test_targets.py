@@ -1,0 +1,114 @@
+"""target="contrast" (the greedy output minus the runner-up's, both chosen at the state and held along the path) and
+target="each", with the error figures, on every path the engine has: eager autograd, finite differences,
+n_steps="auto", and a captured graph's replay (emulated on the CPU, tests/support/graphs.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from tests.support.graphs import EmulatedCapture
+from tests.support.models import DuelingMLP
+from tests.support.tolerance import assert_close_scaled
+
+F64 = torch.float64
+
+
+def _model(seed: int = 50, actions: int = 4) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return DuelingMLP(5, actions).double().eval()
+
+
+def _states(seed: int = 51, count: int = 6) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(count, 5, dtype=F64)
+
+
+def _pairs(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Each state's greedy action and runner-up at the state itself: the two largest outputs, in order."""
+    with torch.no_grad():
+        return model(x).topk(2, dim=1).indices  # (B, 2)
+
+
+def _contrast_by_hand(model: torch.nn.Module, x: torch.Tensor, **options: object) -> torch.Tensor:
+    """IG of Q[greedy] - Q[runner-up] with the pairs fixed, state by state through a plain scalar target."""
+    pairs = _pairs(model, x)
+    rows = []
+    for state, (greedy, runner_up) in enumerate(pairs.tolist()):
+        forward = lambda z, g=greedy, r=runner_up: model(z)[:, g] - model(z)[:, r]  # noqa: E731
+        rows.append(integrated_gradients(forward, x[state : state + 1], **options).attributions[0])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
+def test_contrast_is_the_greedy_minus_the_runner_up_held_fixed_along_the_path(gradient: str) -> None:
+    model, x = _model(), _states()
+    result = integrated_gradients(model, x, target="contrast", n_steps=16, gradient=gradient)
+    pairs = _pairs(model, x)
+    assert result.target == "contrast" and torch.equal(result.target_actions, pairs)
+    assert result.attributions.shape == x.shape
+    expected = _contrast_by_hand(model, x, n_steps=16, gradient=gradient)
+    ulps = 64 if gradient == "autograd" else 2**20  # central differences: O(eps^(2/3)) of the values
+    assert_close_scaled(result.attributions, expected, ulps=ulps, dtype=F64, scale=float(expected.abs().max()))
+    with torch.no_grad():
+        outputs = model(x)
+    states = torch.arange(len(x))
+    gap = outputs[states, pairs[:, 0]] - outputs[states, pairs[:, 1]]
+    assert bool((gap >= 0).all())  # the greedy output is the larger at x
+    assert_close_scaled(result.f_input, gap, ulps=8, dtype=F64, scale=float(gap.abs().max()))
+    # the figures are there, one per state, and judge the contrast's own path
+    assert result.attribution_error.shape == result.mass_relative_error.shape == result.near_baseline.shape == (6,)
+    assert torch.isfinite(result.attribution_error).all() and torch.isfinite(result.mass_relative_error).all()
+
+
+def test_contrast_under_auto_keeps_the_pairs_it_chose_at_the_first_level() -> None:
+    model, x = _model(seed=52), _states(seed=53)
+    result = integrated_gradients(model, x, target="contrast", n_steps="auto", completeness_tol=1e-3)
+    assert torch.equal(result.target_actions, _pairs(model, x))
+    for state, n in enumerate(result.n_steps_per_state.tolist()):
+        fixed = _contrast_by_hand(model, x[state : state + 1], n_steps=n, method="riemann_middle")
+        assert_close_scaled(result.attributions[state], fixed[0], ulps=64, dtype=F64, scale=float(fixed.abs().max()))
+
+
+def test_contrast_replayed_from_a_graph_chooses_the_pairs_of_the_new_states() -> None:
+    capture = EmulatedCapture()
+    model = _model(seed=54)
+    engine = IntegratedGradients(model, graph_capture=capture, target="contrast", n_steps=12)
+    first, second = _states(seed=55), _states(seed=56)
+    engine.attribute(first)
+    assert engine.last_mode == "capture"
+    replayed = engine.attribute(second)
+    assert engine.last_mode == "graph" and capture.graphs[0].replays >= 2
+    eager = integrated_gradients(model, second, target="contrast", n_steps=12)
+    assert torch.equal(replayed.target_actions, _pairs(model, second))
+    assert not torch.equal(_pairs(model, first), _pairs(model, second))  # the replay chose anew, not the capture's
+    torch.testing.assert_close(replayed.attributions, eager.attributions, rtol=0, atol=0)
+    for name in ("attribution_error", "mass_relative_error", "near_baseline"):
+        torch.testing.assert_close(getattr(replayed, name), getattr(eager, name), rtol=0, atol=0)
+
+
+def test_contrast_needs_two_outputs() -> None:
+    with pytest.raises(ValueError, match="target='contrast' needs a forward returning"):
+        integrated_gradients(lambda z: z.sum(1, keepdim=True), _states(), target="contrast", n_steps=4)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_each_has_the_figures_per_output_and_state(capture: bool) -> None:
+    model, x = _model(seed=57, actions=3), _states(seed=58, count=5)
+    if capture:
+        engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="each", n_steps=10)
+        engine.attribute(x)
+        result = engine.attribute(x)
+        assert engine.last_mode == "graph"
+    else:
+        result = integrated_gradients(model, x, target="each", n_steps=10)
+    assert result.attributions.shape == (3, 5, 5)
+    for name in ("attribution_error", "mass_relative_error", "near_baseline"):
+        assert getattr(result, name).shape == (3, 5), name
+    for action in range(3):
+        single = integrated_gradients(model, x, target=action, n_steps=10)
+        assert_close_scaled(result.attribution_error[action], single.attribution_error, ulps=64, dtype=F64)
+        assert_close_scaled(result.mass_relative_error[action], single.mass_relative_error, ulps=64, dtype=F64)
+    worst = result.attribution_error[~result.near_baseline].max()
+    assert result.worst_attribution_error == float(worst)
