@@ -59,7 +59,9 @@ def test_a_run_started_before_an_exception_is_still_ended(tmp_path: Path) -> Non
     callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=3, n_steps=8, report_dir=tmp_path / "r")
     with pytest.raises(RuntimeError, match="stopped by the test"):
         _fit(tmp_path, [callback, _StopAt(3)], max_steps=10)
-    assert [entry["global_step"] for entry in callback.history] == [3]  # started at step 3, the crash before step 4 ended
+    assert [entry["global_step"] for entry in callback.history] == [
+        3
+    ]  # started at step 3, the crash before step 4 ended
     assert (tmp_path / "r" / "ig_report_step=00000003.json").is_file()
 
 

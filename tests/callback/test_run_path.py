@@ -1,10 +1,10 @@
 """The modules one steady-state callback run enters, as docs/ARCHITECTURE.md counts them ("One callback run").
 
 A run is traced with ``sys.setprofile``: every function called under ``IntegratedGradientsCallback._start`` and
-under the ``_finish`` that ends the same run (one training step later) is recorded by the module it is defined in. The engine replays a graph (the capture emulated on the CPU, as in
-tests/attribution/test_engine.py); what the replayed computation itself calls is not counted, since a CUDA
-graph's replay runs no Python. Runs 1 to 4 are steady: the first run captured, and no picture is due until
-the run at the end of training.
+under the ``_finish`` that ends the same run (one training step later) is recorded by the module it is defined
+in. The engine replays a graph (the capture emulated on the CPU, as in tests/attribution/test_engine.py); what
+the replayed computation itself calls is not counted, since a CUDA graph's replay runs no Python. Runs 1 to 4
+are steady: the first run captured, and no picture is due until the run at the end of training.
 """
 
 from __future__ import annotations
