@@ -19,6 +19,8 @@ side read. :meth:`HostResult.from_result` takes an
    states x features.
 
 Everything is float64 numpy on the host; the same result gives the same numbers.
+:meth:`HostResult.begin` queues the same work and returns a :class:`HostTransfer` without waiting for the
+device: the callback reads it one training step later, so its attribution runs beside training.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from torch import Tensor
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import near_baseline_states, worst_over_ordinary
 
-__all__ = ["HostResult", "JointGather", "Moments", "pack"]
+__all__ = ["HostResult", "HostTransfer", "JointGather", "Moments", "pack"]
 
 # The per-state columns packed after the attributions, in this order.
 _COLUMNS = (
@@ -201,9 +203,35 @@ class HostResult:
     ) -> HostResult:
         """Gather ``result`` (when ``gather`` is given), reduce it on its device and copy it to the host once.
 
+        The same as :meth:`begin` followed by :meth:`HostTransfer.result` (which waits for the copy).
+        """
+        if isinstance(result, HostResult):
+            return result
+        options = {"gather": gather, "num_states": num_states, "groups": groups}
+        options.update(keep_attributions=keep_attributions, sample_states=sample_states)
+        return cls.begin(result, **options).result()
+
+    @classmethod
+    def begin(
+        cls,
+        result: _ResultLike,
+        *,
+        gather: Callable[[Tensor], Tensor] | None = None,
+        num_states: int | None = None,
+        groups: FeatureGroups | None = None,
+        keep_attributions: bool = False,
+        sample_states: int = 0,
+    ) -> HostTransfer:
+        """Gather ``result`` (when ``gather`` is given), queue its reductions and its one copy to the host.
+
+        Nothing here waits for the device: on CUDA the copy goes to pinned memory behind an event, so the
+        caller can go on queuing work (the next training step) and read the host result later
+        (:meth:`HostTransfer.result`). The collective, when there is one, is made here: every rank calls
+        ``begin`` at the same point.
+
         Args:
             result: an :class:`~lightning_ig.attribution.IGResult` with one
-                attribution per state (not ``target="each"``), or a ``HostResult`` (returned as is).
+                attribution per state (not ``target="each"``).
             gather: ``trainer.strategy.all_gather`` under DDP: called once with this
                 rank's packed ``(share, F + 10)`` tensor, returns ``(world, share, F + 10)``.
             num_states: keep the first this many gathered rows (drops the padding of an uneven split).
@@ -212,13 +240,11 @@ class HostResult:
             sample_states: also copy the attributions of the first this many states (for saliency maps).
 
         Returns:
-            The host result.
+            The transfer, whose :meth:`~HostTransfer.result` is the host result.
 
         Raises:
             ValueError: the result holds one attribution set per action (``target="each"``).
         """
-        if isinstance(result, HostResult):
-            return result
         packed, feature_shape = pack(result)
         if gather is not None:
             packed = gather(packed).reshape(-1, packed.shape[-1])  # (world * share, F + 10): rank-major = state order
@@ -238,8 +264,8 @@ class HostResult:
             pieces.append(group_values.reshape(-1))
         if keep_attributions:
             pieces.append(values.reshape(-1))
-        host = torch.cat(pieces).cpu().numpy()  # the one device-to-host copy
-        return cls._unpack(host, result, feature_shape, packed.shape[0], count, samples.shape[0], groups)
+        shape = (result, feature_shape, packed.shape[0], count, samples.shape[0], groups)
+        return HostTransfer(torch.cat(pieces), lambda host: cls._unpack(host, *shape))
 
     @classmethod
     def _unpack(
@@ -294,6 +320,44 @@ class HostResult:
             n_steps_per_state=columns["n_steps"].astype(np.int64),
             error_scale=float(getattr(result, "error_scale", 1.0)),
         )
+
+
+class HostTransfer:
+    """A run's reduced numbers on their way to the host: the copy is queued, :meth:`result` reads them.
+
+    On a CUDA device the flat float64 tensor is copied into pinned host memory with ``non_blocking=True`` and an
+    event is recorded behind it: the training thread does not wait for the attribution to finish. On the CPU the
+    numbers are there at once.
+
+    Args:
+        flat: the reduced numbers, one flat tensor on the result's device.
+        unpack: turns the host array into the :class:`HostResult`.
+    """
+
+    def __init__(self, flat: Tensor, unpack: Callable[[np.ndarray], HostResult]) -> None:
+        self._unpack = unpack
+        self._event: torch.cuda.Event | None = None
+        if flat.is_cuda:
+            # Pinned memory comes from torch's caching host allocator: the same block every run, no new allocation.
+            self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self._host.copy_(flat, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = flat
+        self._result: HostResult | None = None
+
+    def ready(self) -> bool:
+        """Whether the copy has landed (never waits)."""
+        return self._event is None or self._event.query()
+
+    def result(self) -> HostResult:
+        """The host result; waits for the copy the first time if it has not landed yet."""
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._result = self._unpack(self._host.numpy())
+        return self._result
 
 
 class JointGather:

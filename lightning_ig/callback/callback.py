@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.groups import GroupSpec, check_group_spec
-from lightning_ig.attribution.host_result import HostResult, JointGather
+from lightning_ig.attribution.host_result import HostResult, HostTransfer, JointGather
 from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import calibration, heldout, setup
@@ -228,6 +228,7 @@ class IntegratedGradientsCallback(Callback):
         self._last: RunSummary | None = None
         self._pictures = PictureWriter()  # encodes and logs the pictures beside the training loop
         self._tensorboard: TensorBoardRuns | None = None  # set at fit start
+        self._pending: _PendingRun | None = None  # a run started at the last batch end, ended at the next
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -242,6 +243,7 @@ class IntegratedGradientsCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        self._finish_pending()  # a checkpoint holds every run started before it
         return {"history": [dict(entry) for entry in self.history], "last_run_step": self._last_run_step}
 
     @override
@@ -292,18 +294,23 @@ class IntegratedGradientsCallback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._finish_pending()  # the run started one step ago: its numbers landed while this step ran
         step = trainer.global_step
         if self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0 and self._should_run(trainer):
-            self._run(trainer, pl_module, final=False)
+            # Started now, ended at the next batch end: the attribution runs on the device beside the next step
+            # instead of the training thread waiting for it.
+            self._pending = self._start(trainer, pl_module, final=False)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         epoch_due = self.every_n_epochs is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        self._finish_pending()
         if epoch_due and self._should_run(trainer):
             self._run(trainer, pl_module, final=False)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish_pending()
         if self.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
         elif self._last is not None and self._tensorboard is not None and trainer.is_global_zero:
@@ -317,6 +324,12 @@ class IntegratedGradientsCallback(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         try:
+            self._finish_pending()  # the run started before the exception is still logged
+        except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
+            rank_zero_warn(
+                f"IntegratedGradientsCallback{setup.named(self.name)}: the last run could not be logged: {error!r}"
+            )
+        try:
             self._pictures.close()  # the pictures drawn so far still reach TensorBoard
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
             rank_zero_warn(
@@ -325,6 +338,7 @@ class IntegratedGradientsCallback(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._pending = None  # ended by on_train_end or on_exception; a bare teardown drops nothing logged twice
         self._pictures.close()
 
     def _should_run(self, trainer: pl.Trainer) -> bool:
@@ -335,8 +349,16 @@ class IntegratedGradientsCallback(Callback):
     # ------------------------------------------------------------------ a run
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> None:
-        """Attribute, gather, summarize; on rank zero warn, log and write the report; then check for NaN/Inf."""
+        """One run from start to end: attribute, gather, summarize, log (see :meth:`_start` and :meth:`_finish`)."""
+        self._finish(self._start(trainer, pl_module, final=final))
+
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> _PendingRun:
+        """Attribute and gather; queue the reductions and the copy to the host, without waiting for the device.
+
+        A run before it that is still pending ends first, so runs end in order.
+        """
         assert self._engine is not None  # noqa: S101 - _should_run checked it
+        self._finish_pending()
         calibrated_ms = None  # the rule and error scale chosen again at the first run and every calibrate_every runs
         if self.calibrate_every is not None and len(self.history) % self.calibrate_every == 0:
             calibrated_ms = calibration.calibrate(self._engine, trainer, pl_module, self._held_out, self.baseline)
@@ -347,7 +369,7 @@ class IntegratedGradientsCallback(Callback):
             members = None if self._members is None else self._members.attribute(states, baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         gather = JointGather(trainer.strategy.all_gather if trainer.world_size > 1 else None, riders)
-        host = HostResult.from_result(
+        transfer = HostResult.begin(
             result,
             gather=gather,
             num_states=len(self._held_out),
@@ -355,19 +377,39 @@ class IntegratedGradientsCallback(Callback):
             keep_attributions=self._units.log_features and self.log_histograms,
             sample_states=self.saliency_states if self._saliency else 0,
         )
-        member_run = None if members is None else self._members.host_run(gather.riders[0], len(self._held_out))
-        summary = self._summarize(host, member_run, trainer.global_step, (time.perf_counter() - started) * 1e3)
-        if calibrated_ms is not None:
-            summary = calibration.noted(summary, calibrated_ms)
-        self.history.append(summary.history_entry(trainer.current_epoch))
-        self._last_run_step, self._last = summary.step, summary
+        self._last_run_step = trainer.global_step
+        rider = gather.riders[0] if members is not None else None
+        held_ms = (time.perf_counter() - started) * 1e3
+        step, epoch = trainer.global_step, trainer.current_epoch
+        return _PendingRun(trainer, transfer, rider, step, epoch, final, held_ms, calibrated_ms)
+
+    def _finish_pending(self) -> None:
+        """End the pending run, if any (its numbers have landed by now, or this waits for them)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._finish(pending)
+
+    def _finish(self, pending: _PendingRun) -> None:
+        """Summarize a started run; on rank zero warn, log and write the report; then check for NaN/Inf."""
+        trainer = pending.trainer
+        started = time.perf_counter()
+        host = pending.transfer.result()
+        rider, members = pending.members_rider, None
+        if rider is not None and self._members is not None:
+            members = self._members.host_run(rider, len(self._held_out))
+        time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
+        summary = self._summarize(host, members, pending.step, time_ms)
+        if pending.calibrated_ms is not None:
+            summary = calibration.noted(summary, pending.calibrated_ms)
+        self.history.append(summary.history_entry(pending.epoch))
+        self._last = summary
         if trainer.is_global_zero:
             self._warn(summary)
             log_scalars(trainer.loggers, scalar_metrics(summary, self._tags), summary.step)
-            self._log_tensorboard(trainer, summary, host, final)
+            self._log_tensorboard(trainer, summary, host, pending.final)
             if self._reports is not None:
                 names, label = self._units.names, self._target_label
-                self._reports.write_run(summary, host, names, label, trainer.current_epoch, trainer.world_size)
+                self._reports.write_run(summary, host, names, label, pending.epoch, trainer.world_size)
         if summary.completeness.num_non_finite and self.on_non_finite == "raise":  # on every rank: none waits
             message = summary.troubles()["non-finite"]
             raise NonFiniteAttributionError(
@@ -410,6 +452,20 @@ class IntegratedGradientsCallback(Callback):
         """This callback's part of the Custom Scalars page (which holds every IG callback of the trainer)."""
         ranked = None if self._last is None else ranked_labels(self._last, self._tags)
         return f"Integrated Gradients{setup.named(self.name)}", self._tags, self.top_k, ranked
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingRun:
+    """A run started (attributed, gathered, its copy to the host queued) and not yet summarized and logged."""
+
+    trainer: pl.Trainer
+    transfer: HostTransfer
+    members_rider: Tensor | None  # the members' packed rows, gathered with the result (ensembles)
+    step: int
+    epoch: int
+    final: bool
+    held_ms: float  # host time the start held the training loop
+    calibrated_ms: float | None  # the calibration made before this run, if any, and its time
 
 
 def _siblings(trainer: pl.Trainer) -> list[IntegratedGradientsCallback]:

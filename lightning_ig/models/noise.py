@@ -21,7 +21,9 @@ import math
 import random
 import re
 import sys
-from collections.abc import Iterator
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +130,8 @@ class NoisyLinear(nn.Module):
                 initialisation does). Pass your own generator to keep the global
                 stream untouched. It must live on the layer's device.
         """
+        for keep in _BEFORE_NOISE_WRITE.get(self, ()):
+            keep()  # a noise_disabled block around this call copies the old noise now, to put it back on exit
         device, dtype = self.weight_mu.device, self.weight_mu.dtype
         if check_generator(generator) is not None and generator.device.type != device.type:
             raise ValueError(f"generator is on {generator.device} but the layer is on {device}; make one on {device}")
@@ -241,6 +245,21 @@ class _LayerSnapshot:
     # in-place version counters at snapshot time: an untouched tensor is not written back, so a
     # block that changed nothing bumps no version (an autograd graph that saved it stays valid)
     versions: dict[int, int | None] = field(default_factory=dict)
+    lazy: bool = False  # buffer_values filled by copy_buffers, just before the layer's reset_noise writes
+
+    def copy_buffers(self) -> None:
+        """Copy the buffers' values, once: called by this package's layer before it draws new noise."""
+        if self.lazy and not self.buffer_values:
+            with torch.no_grad():
+                self.buffer_values = {
+                    name: value.detach().clone() for name, value in self.buffers.items() if isinstance(value, Tensor)
+                }
+
+
+# NoisyLinear -> the copy-once callbacks of the noise_disabled blocks open around it (innermost last). This package's
+# layers change their noise only in reset_noise, so a block copies their buffers only when that is called: nothing
+# is copied on the path a run takes (a Nature-CNN's two epsilon matrices are 6.4 MB a run otherwise).
+_BEFORE_NOISE_WRITE: weakref.WeakKeyDictionary[nn.Module, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
 
 
 def _version(tensor: Tensor) -> int | None:
@@ -269,7 +288,11 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
             name: value for name, value in vars(module).items() if name not in _MODULE_INTERNALS and _is_plain(value)
         }
         buffers = dict(module._buffers)
-        buffer_values = {name: value.detach().clone() for name, value in buffers.items() if isinstance(value, Tensor)}
+        tensors = {name: value for name, value in buffers.items() if isinstance(value, Tensor)}
+        # This package's layer: its buffers are copied when reset_noise is about to write them (copy on write),
+        # unless a buffer keeps no version counter (an inference tensor), which is copied now.
+        lazy = _is_ours(module) and all(_version(value) is not None for value in tensors.values())
+        buffer_values = {} if lazy else {name: value.detach().clone() for name, value in tensors.items()}
         tensor_attributes = {
             name: value
             for name, value in vars(module).items()
@@ -281,7 +304,7 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
             for value in [*buffers.values(), *tensor_attributes.values()]
             if isinstance(value, Tensor)
         }
-    return _LayerSnapshot(
+    snapshot = _LayerSnapshot(
         module=module,
         training=module.training,
         attributes=attributes,
@@ -291,11 +314,33 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
         tensor_attributes=tensor_attributes,
         tensor_attribute_values=tensor_attribute_values,
         versions=versions,
+        lazy=lazy,
     )
+    if lazy:
+        _BEFORE_NOISE_WRITE.setdefault(module, []).append(snapshot.copy_buffers)
+    return snapshot
 
 
 def _restore(snapshot: _LayerSnapshot) -> None:
     module = snapshot.module
+    if snapshot.lazy:
+        guards = _BEFORE_NOISE_WRITE.get(module, [])
+        if snapshot.copy_buffers in guards:
+            guards.remove(snapshot.copy_buffers)
+        written = [
+            name
+            for name, buffer in snapshot.buffers.items()
+            if isinstance(buffer, Tensor)
+            and name not in snapshot.buffer_values
+            and _version(buffer) != snapshot.versions[id(buffer)]
+        ]
+        if written:
+            warnings.warn(
+                f"noise_disabled: {type(module).__name__} buffer(s) {written} were written inside the block by "
+                "something other than reset_noise(); they keep their new values (load noise before the block)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
     with torch.no_grad():
         # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit.
         module._parameters.clear()
@@ -368,7 +413,10 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
 
     On exit, also when the block raises, each layer's training flag, noise
     switch, plain attributes and buffers are restored exactly (buffers bit for
-    bit, the same tensor objects). Nothing else in the model is touched:
+    bit, the same tensor objects). This package's :class:`NoisyLinear` changes
+    its noise only in ``reset_noise()``, so its buffers are copied only when
+    that is called inside the block (nothing is copied otherwise); a write to
+    them by other means inside the block is kept, with a ``RuntimeWarning``. Nothing else in the model is touched:
     dropout and batch-norm layers keep their mode. No random generator (torch
     CPU and CUDA, numpy, python) is advanced by entering or leaving, even when a
     third-party ``disable_noise()`` draws random numbers.

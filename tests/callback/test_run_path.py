@@ -1,10 +1,10 @@
 """The modules one steady-state callback run enters, as docs/ARCHITECTURE.md counts them ("One callback run").
 
-A run is traced with ``sys.setprofile``: every function called under ``IntegratedGradientsCallback._run`` is
-recorded by the module it is defined in. The engine replays a graph (the capture emulated on the CPU, as in
-tests/attribution/test_engine.py); what the replayed computation itself calls is not counted, since a CUDA
-graph's replay runs no Python. Runs 1 to 4 are steady: the first run captured, and no picture is due until
-the run at the end of training.
+A run is traced with ``sys.setprofile``: every function called under ``IntegratedGradientsCallback._start`` and
+under the ``_finish`` that ends the same run (one training step later) is recorded by the module it is defined
+in. The engine replays a graph (the capture emulated on the CPU, as in tests/attribution/test_engine.py); what
+the replayed computation itself calls is not counted, since a CUDA graph's replay runs no Python. Runs 1 to 4
+are steady: the first run captured, and no picture is due until the run at the end of training.
 """
 
 from __future__ import annotations
@@ -38,38 +38,41 @@ STEADY = {
 
 def _modules_per_run(tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
-    entered: list[set[str]] = []
-    run = IntegratedGradientsCallback._run
+    entered: dict[int, set[str]] = {}  # the run's step -> the modules its start and its end entered
 
-    def traced(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> None:
-        seen: set[str] = set()
-        replaying: list[None] = []
+    def tracing(method: Any, step_of: Any) -> Any:
+        def traced(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> Any:
+            seen = entered.setdefault(step_of(args), set())
+            replaying: list[None] = []
 
-        def profile(frame: FrameType, event: str, arg: object) -> None:
-            code = frame.f_code
-            if code.co_name == "compute" and code.co_filename.endswith("attribution/graphs.py"):
-                if event == "call":
-                    replaying.append(None)
-                elif event == "return":
-                    replaying.pop()
-            elif event == "call" and not replaying and "/lightning_ig/" in code.co_filename:
-                seen.add(code.co_filename.rsplit("/lightning_ig/", 1)[1])
+            def profile(frame: FrameType, event: str, arg: object) -> None:
+                code = frame.f_code
+                if code.co_name == "compute" and code.co_filename.endswith("attribution/graphs.py"):
+                    if event == "call":
+                        replaying.append(None)
+                    elif event == "return":
+                        replaying.pop()
+                elif event == "call" and not replaying and "/lightning_ig/" in code.co_filename:
+                    seen.add(code.co_filename.rsplit("/lightning_ig/", 1)[1])
 
-        sys.setprofile(profile)
-        try:
-            run(self, *args, **kwargs)
-        finally:
-            sys.setprofile(None)
-            entered.append(seen)
+            sys.setprofile(profile)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                sys.setprofile(None)
 
-    monkeypatch.setattr(IntegratedGradientsCallback, "_run", traced)
+        return traced
+
+    start, finish = IntegratedGradientsCallback._start, IntegratedGradientsCallback._finish
+    monkeypatch.setattr(IntegratedGradientsCallback, "_start", tracing(start, lambda args: args[0].global_step))
+    monkeypatch.setattr(IntegratedGradientsCallback, "_finish", tracing(finish, lambda args: args[0].step))
     callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=1, n_steps=8)
     trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=logger)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(TinyQNet(), DataLoader(dataset(64), batch_size=8))
-    assert len(entered) == 6  # one run a step; the end of training falls on the last step, which ran
-    return entered
+    assert sorted(entered) == [1, 2, 3, 4, 5, 6]  # one run a step; the end of training falls on the last step
+    return [entered[step] for step in sorted(entered)]
 
 
 def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

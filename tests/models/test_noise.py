@@ -298,3 +298,33 @@ def test_layers_built_under_inference_mode_are_restored_too() -> None:
         with noise_disabled(layer):
             assert torch.count_nonzero(layer.weight_epsilon) == 0
         assert _bits(layer.weight_epsilon) == before and layer.training
+
+
+def test_our_layers_noise_is_copied_only_when_reset_noise_writes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(5)
+    layer = NoisyLinear(6, 3)
+    before = (layer.weight_epsilon.clone(), layer.bias_epsilon.clone())
+    copies: list[tuple[int, ...]] = []
+    clone = torch.Tensor.clone
+
+    def counting_clone(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        copies.append(tuple(self.shape))
+        return clone(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+    with noise_disabled(layer):
+        layer(torch.ones(2, 6))
+    assert copies == []  # a block that does not redraw the noise copies nothing
+    with noise_disabled(layer), noise_disabled(layer):  # nested: both blocks put the first noise back
+        layer.reset_noise()
+        assert not torch.equal(layer.weight_epsilon, before[0])
+    assert (3, 6) in copies
+    assert torch.equal(layer.weight_epsilon, before[0]) and torch.equal(layer.bias_epsilon, before[1])
+
+
+def test_a_write_to_our_layers_noise_other_than_reset_noise_is_warned_about() -> None:
+    layer = NoisyLinear(4, 2)
+    warned = pytest.warns(RuntimeWarning, match=r"\['weight_epsilon'\] were written inside the block")
+    with warned, noise_disabled(layer):
+        layer.weight_epsilon.fill_(0.25)
+    assert bool((layer.weight_epsilon == 0.25).all())  # kept, and said so
