@@ -24,6 +24,7 @@ reaches the host until a property is read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Iterator, Sequence
@@ -122,8 +123,10 @@ class IGResult:
         mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well
             conditioned where ``dF`` is tiny; a lower bound of the per-feature error (it can fail a map,
             never vouch for one: errors of opposite sign cancel in the sum).
+        attribution_mass: ``(B,)`` (``(A, B)``) ``||a||_1`` per state.
         near_baseline: bool ``(B,)`` (``(A, B)``): ``||a||_1`` below
-            :data:`NEAR_BASELINE_FRACTION` x the batch median (or zero).
+            :data:`NEAR_BASELINE_FRACTION` x the batch median (or zero); computed when first read (the callback
+            flags the states on the gathered batch instead, so its runs never pay for it).
         error_scale: the factor the estimate was multiplied by: 1.0, or what
             :meth:`~lightning_ig.attribution.IntegratedGradients.calibrate` measured.
         n_steps_per_state: ``(B,)`` int64: the points each state used with
@@ -159,7 +162,7 @@ class IGResult:
     stochastic: bool = False
     attribution_error: Tensor | None = None
     mass_relative_error: Tensor | None = None
-    near_baseline: Tensor | None = None
+    attribution_mass: Tensor | None = None
     error_scale: float = 1.0
     n_steps_per_state: Tensor | None = None
     target_actions: Tensor | None = None
@@ -219,6 +222,11 @@ class IGResult:
 
     def _figure(self, values: Tensor | None) -> Tensor:
         return torch.full_like(self.delta, math.nan) if values is None else values
+
+    @functools.cached_property
+    def near_baseline(self) -> Tensor | None:
+        """Bool flags of the states near the baseline (see the class docstring); computed when first read."""
+        return None if self.attribution_mass is None else near_baseline_states(self.attribution_mass)
 
     def _near(self) -> Tensor:
         return torch.zeros_like(self.degenerate) if self.near_baseline is None else self.near_baseline
@@ -361,7 +369,7 @@ def build_result(
         stochastic=stochastic,
         attribution_error=attribution_error,
         mass_relative_error=accuracy[1],
-        near_baseline=near_baseline_states(accuracy[2]),
+        attribution_mass=accuracy[2],
         error_scale=scale,
         n_steps_per_state=out.get("n_steps_per_state"),
         target_actions=None if run.pairs is None else run.pairs.clone(),
