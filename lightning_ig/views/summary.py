@@ -33,6 +33,8 @@ from lightning_ig.attribution.statistics import (
 )
 from lightning_ig.ensemble.agreement import EnsembleSummary
 from lightning_ig.ensemble.members import MemberRun
+from lightning_ig.views.number_format import format_percent, format_signed, format_value
+from lightning_ig.views.per_action import ActionSummary
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = [
@@ -79,6 +81,7 @@ class RunSettings:
     tolerance: float  # completeness_tol
     top_k: int
     name: str | None = None  # the callback's name= (several callbacks in one Trainer)
+    report_dir: str | None = None  # where the JSON reports go (the text says where the per-state numbers are)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class RunSummary:
         stochastic: the forward gave different values on the same rows.
         time_ms: wall time of the IG computation and the gather.
         ensemble: the members of an ensemble model, or ``None``.
+        actions: a ``target="each"`` run per action (its rows are (state, action) pairs), or ``None``.
     """
 
     step: int
@@ -122,6 +126,7 @@ class RunSummary:
     stochastic: bool = False
     time_ms: float = 0.0
     ensemble: EnsembleSummary | None = None
+    actions: ActionSummary | None = None
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (the heatmap's rows, drift's reference, ``state_dict``)."""
@@ -194,6 +199,7 @@ def summarize(
     first: Sequence[float] | None = None,
     time_ms: float = 0.0,
     members: MemberRun | None = None,
+    action_names: Sequence[str] | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of one run.
 
@@ -209,6 +215,8 @@ def summarize(
         first: the first run's, or ``None``.
         time_ms: wall time of the IG computation.
         members: the members' numbers when the model is an ensemble, else ``None``.
+        action_names: for a ``target="each"`` run (one row per state and action, state-major), one label per
+            action: the summary gets the run per action (:class:`~lightning_ig.views.per_action.ActionSummary`).
 
     Returns:
         The summary.
@@ -227,6 +235,9 @@ def summarize(
         )
     units = groups if groups is not None else logged
     unit_mean_abs = units.moments.mean_abs if units is not None else host.features.mean_abs
+    actions = None
+    if action_names is not None and units is not None and units.values is not None:
+        actions = ActionSummary.of_each(host, units.values, action_names)
     return RunSummary(
         step=int(step),
         run_index=int(run_index),
@@ -259,6 +270,7 @@ def summarize(
             feature_shape=host.feature_shape,
             top_k=settings.top_k,
         ),
+        actions=actions,
     )
 
 
@@ -284,6 +296,14 @@ def target_unit(target: str) -> str:
 
 def _number(value: float, spec: str = ".4g") -> str:
     return "nan" if value != value else format(value, spec)
+
+
+def per_state_pointer(summary: RunSummary) -> str:
+    """Where a run's per-state numbers are: the JSON reports' folder with ``report_dir``, else how to get them."""
+    folder = summary.settings.report_dir
+    if folder is not None:
+        return f"the per-state numbers are in the JSON reports in {folder}"
+    return "pass report_dir= to the callback for a JSON report of every run with the per-state numbers"
 
 
 def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
@@ -314,14 +334,14 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     if numbers.verdict == "unchecked":
         return "unchecked", (
             f"Completeness not checked: in all {total} states F(x) and F(b) are too close for a relative "
-            f"error (mean absolute error {_number(numbers.mean_abs_error, '.3g')}, target {target})."
+            f"error (mean absolute error {format_value(numbers.mean_abs_error)}, target {target})."
         )
     worst, tolerance = numbers.worst_relative_error, numbers.tolerance
     skipped = ""
     if numbers.num_degenerate:
         skipped = (
-            f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio; "
-            "their absolute error is in the JSON report."
+            f" {numbers.num_degenerate} state(s) had F(x) and F(b) too close to judge by a ratio: judged by "
+            f"their absolute error ({per_state_pointer(summary)})."
         )
     if numbers.verdict == "pass":
         return "pass", (
@@ -359,6 +379,16 @@ def report_markdown(
         "",
         f"**{completeness_sentence(summary)[1]}**",
     ]
+    numbers = summary.completeness
+    if numbers.num_non_finite == 0 and numbers.num_degenerate == 0:
+        lines += [
+            "",
+            (
+                "No state gave NaN/Inf and none was too close to the baseline to check (the cards "
+                f"`{prefix}/completeness/non_finite_states` and `degenerate_states` appear from the first run "
+                "that has one)."
+            ),
+        ]
     if summary.stochastic:
         lines += [
             "",
@@ -369,12 +399,12 @@ def report_markdown(
         ]
     order = rank_order(units.moments.mean_abs)[: settings.top_k]
     width = max([len(noun) - 1, *(len(labels[i]) for i in order)])
-    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std':>9}  {'mean attr':>10}"]
+    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std of attr':>11}  {'mean attr':>10}"]
     for rank, index in enumerate(order, start=1):
         moments = units.moments
         rows.append(
-            f"{rank:>4}  {labels[index]:<{width}}  {_number(moments.mean_abs[index], '11.4g')}  "
-            f"{_number(moments.stddev[index], '9.3g')}  {_number(moments.mean_signed[index], '+10.3g')}"
+            f"{rank:>4}  {labels[index]:<{width}}  {format_value(moments.mean_abs[index]):>11}  "
+            f"{format_value(moments.stddev[index]):>11}  {format_signed(moments.mean_signed[index]):>10}"
         )
     lines += [
         "",
@@ -385,7 +415,10 @@ def report_markdown(
         "```",
     ]
     if summary.drift:
-        words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
+        words = [
+            f"{DRIFT_WORDS[key].format(k=settings.top_k)} {_number(value, '.3f')}"
+            for key, value in summary.drift.items()
+        ]
         lines += ["", f"**Drift**: {', '.join(words)}."]
     shares = summary.concentration
     if shares:
@@ -394,15 +427,15 @@ def report_markdown(
             "",
             (
                 f"**Concentration**: the top 1% of the {features} features hold "
-                f"{_number(100 * shares['top1pct_share'], '.3g')}% of the mean |attribution|, the top 10% hold "
-                f"{_number(100 * shares['top10pct_share'], '.3g')}%."
+                f"{format_percent(shares['top1pct_share'])} of the mean |attribution|, the top 10% hold "
+                f"{format_percent(shares['top10pct_share'])}."
             ),
         ]
     if saliency_scale is not None:
         lines += [
             "",
             (
-                f"**Saliency** (`{prefix}/saliency`): colour scale ±{saliency_scale:.3g} per feature; blue "
+                f"**Saliency** (`{prefix}/saliency`): colour scale ±{format_value(saliency_scale)} per cell; blue "
                 "raises the target, red lowers it."
             ),
         ]
