@@ -4,7 +4,8 @@ What TensorBoard does with them (read in its 2.21 frontend and checked in headle
 every card of a run, scalars, images and histograms together, by tag with a natural order (runs of digits compare
 as numbers; ``/`` and digits sort before every other character), twelve to a page. So a card that carries nothing
 (two identical curves, a count that is always 0) pushes the ones that do further down:
-:func:`~lightning_ig.views.tensorboard.informative_scalars` leaves them out. The Custom Scalars page merges the categories of one title across the runs of a logdir and drops
+:func:`~lightning_ig.views.tensorboard.informative_scalars` leaves them out. The Custom Scalars page merges
+the categories of one title across the runs of a logdir and drops
 identical charts, so :func:`custom_scalars_layout` titles every chart by what it shows (the feature or group by
 name, the callback by name), never by a rank that differs from run to run: two runs of one set-up give one chart
 per unit with a line per run.
@@ -61,7 +62,7 @@ def custom_scalars_layout(
             one), its :class:`~lightning_ig.views.tensorboard.TagNames`, and its unit labels most important
             first (``None``: in their order). The order picks the 12 units that get a chart and the order in
             which they first appear; the titles never carry it.
-        logged: the scalar tags logged so far (:func:`~lightning_ig.views.tensorboard.informative_scalars`); charts of tags never logged are
+        logged: the scalar tags logged so far (``tensorboard.informative_scalars``); charts of tags never logged are
             left out (``None``: every chart).
 
     Returns:

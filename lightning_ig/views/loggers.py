@@ -164,7 +164,7 @@ class MlflowSink:
 
 def _safe_path(name: str) -> str:
     """A relative artifact path from a tag or a file name: no characters MLflow refuses, no ``..`` or absolute part."""
-    parts = [part for part in _ARTIFACT_FORBIDDEN.sub("_", str(name)).replace(os.sep, "/").split("/")]
+    parts = _ARTIFACT_FORBIDDEN.sub("_", str(name)).replace(os.sep, "/").split("/")
     parts = [part for part in parts if part not in ("", ".", "..")]
     if not parts:
         raise ValueError(f"{name!r} names no file; give a tag or a file name such as 'ig/report.json'")

@@ -41,6 +41,7 @@ __all__ = [
     "draw",
     "heatmap_picture",
     "mean_abs_map_picture",
+    "picture_inputs",
     "saliency_grid_picture",
     "target_words",
     "top_features_picture",
@@ -80,6 +81,56 @@ class PictureInputs:
     action_names: list[str] | None = None
     rows_per_state: int = 1
     q_values: Callable[[], np.ndarray] | None = None
+
+
+def picture_inputs(
+    states: np.ndarray,
+    *,
+    saliency_states: int,
+    channel: int | None,
+    channel_names: Sequence[str] | None,
+    groups_are_channels: bool,
+    baseline: str,
+    spatial: bool,
+    action_names: Sequence[str] | None = None,
+    q_values: Callable[[], np.ndarray] | None = None,
+) -> PictureInputs:
+    """What the pictures of a fit need, decided once at its start.
+
+    Args:
+        states: ``(B, *feature_shape)`` the held-out states.
+        saliency_states: how many states the saliency grid draws (distinct ones, the first of each, in order);
+            0 for no grid.
+        channel: the one channel the grid draws, or ``None``.
+        channel_names: one name per channel (the groups' when they are the channels), or ``None``.
+        groups_are_channels: the groups are exactly the channels: the bars get the channels' colours.
+        baseline: the baseline option (``"zeros"``, ``"mean"``, or a tensor's label).
+        spatial: the states are frames (``(C, H, W)`` or ``(H, W)``).
+        action_names: one label per action, or ``None``.
+        q_values: ``(B, A)`` the model's outputs at the states, for ``target="contrast"``; ``None`` otherwise.
+    """
+    from lightning_ig.views.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
+    from lightning_ig.views.raster import categorical_colours  # noqa: PLC0415
+
+    array = np.asarray(states, dtype=np.float32)
+    picked = first_distinct(array, saliency_states) if spatial and saliency_states > 0 else None
+    presence = None
+    if spatial and baseline == "zeros":  # attr = (x - 0) * ...: exactly 0 where the object is absent
+        presence = (array != 0).mean(axis=0)
+    channels = array.shape[1] if spatial and array.ndim == 4 else None
+    colours = None if channels is None else categorical_colours(channels)
+    return PictureInputs(
+        states=array if spatial else None,
+        picked=picked,
+        presence=presence,
+        channel=channel,
+        channel_names=None if channel_names is None else list(channel_names),
+        channel_colours=colours,
+        unit_colours=colours if groups_are_channels else None,
+        baseline=baseline_words(baseline, spatial),
+        action_names=None if action_names is None else list(action_names),
+        q_values=q_values,
+    )
 
 
 def target_words(target: str, action_names: Sequence[str] | None = None) -> str:

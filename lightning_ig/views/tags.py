@@ -42,10 +42,10 @@ PICTURE_TAGS = {
 """Each kind of picture a run may draw and its tag under the callback's prefix (``ig/<tag>``)."""
 
 PICTURES = tuple(PICTURE_TAGS)
-"""The kinds of picture, in the order a run's pictures are spread over their cadence (:func:`~lightning_ig.views.tensorboard.pictures_due`)."""
+"""The kinds of picture, in the order a run's pictures are spread over their cadence (``tensorboard.pictures_due``)."""
 
 COUNT_TAGS = ("completeness/non_finite_states", "completeness/degenerate_states")
-"""Scalars that count states: logged from the first run where they are non-zero (:func:`~lightning_ig.views.tensorboard.informative_scalars`)."""
+"""Scalars that count states: logged from the first run where they are non-zero (``informative_scalars``)."""
 CONCENTRATION_TWIN = "concentration/top10pct_share"
 """The concentration that equals the top-1% one when a state has at most 10 features (:func:`same_concentrations`)."""
 
