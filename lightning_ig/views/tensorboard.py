@@ -46,6 +46,7 @@ from lightning_ig.views.tags import (
 )
 
 __all__ = [
+    "COMPANIONS",
     "COUNT_TAGS",
     "PICTURES",
     "PICTURE_TAGS",
@@ -65,6 +66,10 @@ __all__ = [
 ]
 
 _HISTOGRAM_BINS = 30
+
+COMPANIONS = {"verdict": "top_features", "shares": "heatmap"}
+"""Kinds of picture drawn at the runs of another kind (:func:`pictures_due`), so that the documented schedule of
+``top_features`` and ``heatmap`` holds and the cards that sit beside each other show the same run."""
 
 
 def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
@@ -172,21 +177,28 @@ def pictures_due(
     """Which kinds of picture (of :data:`PICTURES`) a run draws.
 
     Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at the end of
-    training (``final``), but never twice at one step (``drawn_steps[kind]``). Kinds that share a cadence are spread
+    training (``final``), but never twice at one step (``drawn_steps[kind]``). The kinds of :data:`COMPANIONS` are
+    drawn with the kind they go with (the verdict card with the bar chart, the stacked shares with the heatmap).
+    Kinds that share a cadence are spread
     evenly over it, in the order given (five at 10: runs 0, 10, 20, ...; 2, 12, ...; 4, 14, ...; 6, ...; 8, ...), so
     that besides the first and the last run no run draws two kinds, and a run costs about what one kind costs.
     """
+    leads = {kind: every for kind, every in cadences.items() if kind not in COMPANIONS}
     offsets: dict[str, int] = {}
-    for every in {every for every in cadences.values() if every is not None}:
-        sharing = [kind for kind, other in cadences.items() if other == every]
+    for every in {every for every in leads.values() if every is not None}:
+        sharing = [kind for kind, other in leads.items() if other == every]
         offsets.update({kind: position * every // len(sharing) for position, kind in enumerate(sharing)})
     index = summary.run_index
-    return {
+    due = {
         kind: every is not None
         and (final or index == 0 or (index - offsets[kind]) % every == 0)
         and drawn_steps.get(kind) != summary.step
-        for kind, every in cadences.items()
+        for kind, every in leads.items()
     }
+    for kind, lead in COMPANIONS.items():
+        if kind in cadences:
+            due[kind] = due.get(lead, False) and cadences[kind] is not None and drawn_steps.get(kind) != summary.step
+    return due
 
 
 def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
@@ -276,10 +288,11 @@ class RunOutputs:
         due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
         if not (writers or self.sinks) or (host is None and not any(due.values())):
             return
-        if self.pictures.pending:
+        if any(due.values()) and self.pictures.pending:
             self.pictures.wait()  # the last run's pictures first: at most one run's are in flight
         pictures = self._draw(due, summary, history)
-        text = report_markdown(summary, self.tags, saliency_scale=self.saliency_scale) if host is not None else None
+        drawn_scale = self.saliency_scale if due.get("saliency") else None  # the text names this run's grid only
+        text = report_markdown(summary, self.tags, saliency_scale=drawn_scale) if host is not None else None
         written_layout = layout() if due.get("top_features") or summary.run_index == 0 else None
         for writer in writers:
             self._write(
