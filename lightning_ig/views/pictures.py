@@ -29,6 +29,7 @@ from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.views.actions import action_attributions_chart, contrast_chart
 from lightning_ig.views.bars import top_features_chart
 from lightning_ig.views.charts import heatmap_chart, shares_chart
+from lightning_ig.views.number_format import format_value
 from lightning_ig.views.per_action import contrast_numbers, state_rows
 from lightning_ig.views.saliency import mean_abs_map, saliency_grid
 from lightning_ig.views.summary import DRIFT_WORDS, RunSummary
@@ -42,6 +43,7 @@ __all__ = [
     "heatmap_picture",
     "mean_abs_map_picture",
     "picture_inputs",
+    "run_verdict",
     "saliency_grid_picture",
     "target_words",
     "top_features_picture",
@@ -162,6 +164,27 @@ def baseline_words(baseline: str, spatial: bool) -> str:
     return {"zeros": f"the all-zero {thing}", "mean": f"the mean {thing}"}.get(baseline, "the baseline")
 
 
+def run_verdict(summary: RunSummary) -> tuple[str, str]:
+    """``(verdict, short line)`` of the verdict card and the bar chart.
+
+    The run summary's accuracy verdict when the engine made one (``summary.completeness.accuracy_verdict``: an
+    ``AccuracyVerdict`` with ``within``, ``figure``, ``value``, ``threshold``); until then, and for NaN/Inf, the
+    completeness figures (:func:`verdict_detail`). ``verdict`` is ``"pass"``, ``"fail"``, ``"unchecked"`` or
+    ``"non-finite"``.
+    """
+    numbers = summary.completeness
+    accuracy = getattr(numbers, "accuracy_verdict", None)
+    if accuracy is None or numbers.verdict == "non-finite":
+        return numbers.verdict, verdict_detail(summary)
+    within = getattr(accuracy, "within", None)
+    verdict = "unchecked" if within is None else ("pass" if within else "fail")
+    figure = str(getattr(accuracy, "figure", "error")).replace("_", " ")
+    value, threshold = getattr(accuracy, "value", math.nan), getattr(accuracy, "threshold", math.nan)
+    if verdict == "unchecked":
+        return verdict, str(getattr(accuracy, "reason", "")) or verdict_detail(summary)
+    return verdict, f"{figure} {relative_error_text(value)} {'≤' if within else '>'} {format_value(threshold)}"
+
+
 def verdict_detail(summary: RunSummary) -> str:
     """The short line of numbers under the completeness verdict's headline (fits the card's 320 px)."""
     numbers = summary.completeness
@@ -243,7 +266,7 @@ def verdict_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
     return verdict_chart(
         list(labels),
         summary.units.moments,
-        verdict=(summary.completeness.verdict, verdict_detail(summary)),
+        verdict=run_verdict(summary),
         title=[f"IG{name} at step {summary.step:,}: {target}, {states}", f"IG{name} at step {summary.step:,}"],
         target_label=target,
         noun=noun,
@@ -268,7 +291,7 @@ def top_features_picture(summary: RunSummary, labels: Sequence[str], inputs: Pic
             f"Top {top} {noun}{name}",
         ],
         value_label=[f"mean |attribution| of {target}, {states}", f"mean |attribution| of {target}"],
-        verdict=(summary.completeness.verdict, verdict_detail(summary)),
+        verdict=run_verdict(summary),
         num_states=summary.num_states,
         label_colours=inputs.unit_colours,
         target_label=target,
