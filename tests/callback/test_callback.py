@@ -629,3 +629,14 @@ def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_gr
         heat = heatmap_chart(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
         assert len(heat.labels) == min(units, 40)
         assert heat.pixels.shape[0] < 1200
+
+
+def test_the_counts_seen_non_zero_are_kept_across_a_resume():
+    # a resumed fit goes on logging a count card that appeared before (no gap from the resume on)
+    callback = IntegratedGradientsCallback(held_out_states())
+    assert callback.state_dict()["ever_non_zero"] == []
+    callback.load_state_dict(
+        {"history": [], "last_run_step": 4, "ever_non_zero": ["ig/completeness/degenerate_states"]}
+    )
+    assert callback.state_dict()["ever_non_zero"] == ["ig/completeness/degenerate_states"]
+    assert IntegratedGradientsCallback(held_out_states()).load_state_dict({"history": []}) is None  # old checkpoints
