@@ -274,7 +274,10 @@ class IntegratedGradientsCallback(Callback):
         )
         self._engine, self._target_label, self._members, self._local_states, self._local_baselines = prepared
         baseline = heldout.baseline_label(self.baseline)
-        self._settings = RunSettings(self._target_label, baseline, self.completeness_tol, self.top_k, self.name)
+        folder = None if self._reports is None else str(self._reports.folder)  # the text says where they are
+        self._settings = RunSettings(
+            self._target_label, baseline, self.completeness_tol, self.top_k, self.name, report_dir=folder
+        )
         members = None if self._members is None else self._members.num_members
         self._tags = dataclasses.replace(self._units.tags, ensemble_members=members)
         self._tensorboard = self._log_outputs(trainer)
