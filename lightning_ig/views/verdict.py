@@ -120,7 +120,8 @@ def _bars(
 ) -> None:
     """One row per unit: its swatch and label, a two-tone bar as long as its share (the largest fills the row)."""
     swatch = 12 if label_colours is not None else 0
-    shown = [canvas.fit(str(labels[i]), int(CARD_WIDTH * 0.36) - swatch, size=TEXT_SIZE) for i in order]
+    # names up to half the card whole (a cut "pole angular ve..." leaves the reader guessing); the bars get the rest
+    shown = [canvas.fit(str(labels[i]), int(CARD_WIDTH * 0.5) - swatch, size=TEXT_SIZE) for i in order]
     left = 8 + swatch + int(max(canvas.text_width(text, size=TEXT_SIZE) for text in shown))
     percents = [format_percent(float(share[i]), 2) for i in order]
     right = CARD_WIDTH - 8 - int(max(canvas.text_width(text, size=SMALL_SIZE) for text in percents))
