@@ -39,6 +39,12 @@ from lightning_ig.views.raster import (
 )
 
 __all__ = [
+    "GRID",
+    "GROUND",
+    "INK",
+    "LABEL_ROOM",
+    "LINE",
+    "MUTED",
     "NEGATIVE",
     "POSITIVE",
     "VERDICT_COLOURS",
@@ -46,6 +52,7 @@ __all__ = [
     "Chart",
     "bar_chart",
     "draw_verdict",
+    "finite",
     "label_swatch",
     "sign_legend",
     "sign_parts",

@@ -38,6 +38,7 @@ from lightning_ig.vocabulary import relative_error_text
 
 __all__ = [
     "PictureInputs",
+    "actions_picture",
     "baseline_words",
     "draw",
     "heatmap_picture",
@@ -45,9 +46,11 @@ __all__ = [
     "picture_inputs",
     "run_verdict",
     "saliency_grid_picture",
+    "shares_picture",
     "target_words",
     "top_features_picture",
     "verdict_detail",
+    "verdict_picture",
 ]
 
 

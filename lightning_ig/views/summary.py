@@ -44,6 +44,7 @@ __all__ = [
     "Units",
     "completeness_sentence",
     "completeness_verdict",
+    "per_state_pointer",
     "report_markdown",
     "summarize",
     "target_unit",
