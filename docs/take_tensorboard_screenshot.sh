@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Take docs/tensorboard.png: a headless-Chromium screenshot of a local TensorBoard
+# Take a headless-Chromium screenshot of a local TensorBoard
 # serving one real run of examples/dqn_cartpole.py.
 #
 #   bash docs/take_tensorboard_screenshot.sh RUN_DIR [OUTPUT.png] [VIEW]
@@ -13,7 +13,7 @@
 # pictures stack a Scalars view over the Images cards: docs/compose_screenshot.py.
 set -euo pipefail
 RUN_DIR=${1:?usage: $0 RUN_DIR [OUTPUT.png] [VIEW]}
-OUTPUT=${2:-docs/tensorboard.png}
+OUTPUT=${2:-docs/images/tensorboard.png}
 VIEW=${3:-scalars&tagFilter=ig%2F(mean_abs%7Ccompleteness%2Fworst)&_smoothingWeight=0}
 PYTHON=${PYTHON:-python3}
 CHROMIUM=${CHROMIUM:-chromium}

@@ -29,13 +29,14 @@ from lightning_ig.attribution.groups import GroupSpec, check_group_spec
 from lightning_ig.attribution.host_result import HostResult, HostTransfer, JointGather
 from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.callback import calibration, heldout, setup
+from lightning_ig.callback import calibration, heldout, reports, setup
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.layout import custom_scalars_layout, ranked_labels
+from lightning_ig.views.report import build_report
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary, summarize
-from lightning_ig.views.tensorboard import PictureWriter, TagNames, TensorBoardRuns, log_scalars, scalar_metrics
+from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, TagNames
 from lightning_ig.vocabulary import (
     BACKENDS,
     GRADIENTS,
@@ -227,7 +228,9 @@ class IntegratedGradientsCallback(Callback):
         self._warned: set[str] = set()
         self._last: RunSummary | None = None
         self._pictures = PictureWriter()  # encodes and logs the pictures beside the training loop
-        self._tensorboard: TensorBoardRuns | None = None  # set at fit start
+        self._tensorboard: RunOutputs | None = None  # set at fit start
+        self._sample_states = 0  # the saliency grid draws states among the first this many (set at fit start)
+        self._ever_non_zero: set[str] = set()  # count tags non-zero so far: logged from then on (state_dict)
         self._pending: _PendingRun | None = None  # a run started at the last batch end, ended at the next
 
     # ------------------------------------------------------------------ Lightning plumbing
@@ -244,12 +247,18 @@ class IntegratedGradientsCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         self._finish_pending()  # a checkpoint holds every run started before it
-        return {"history": [dict(entry) for entry in self.history], "last_run_step": self._last_run_step}
+        seen = self._ever_non_zero if self._tensorboard is None else self._tensorboard.ever_non_zero
+        return {
+            "history": [dict(entry) for entry in self.history],
+            "last_run_step": self._last_run_step,
+            "ever_non_zero": sorted(seen),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [dict(entry) for entry in state_dict.get("history", [])]
         self._last_run_step = state_dict.get("last_run_step")
+        self._ever_non_zero = set(state_dict.get("ever_non_zero", ()))
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -279,15 +288,13 @@ class IntegratedGradientsCallback(Callback):
         )
         self._engine, self._target_label, self._members, self._local_states, self._local_baselines = prepared
         baseline = heldout.baseline_label(self.baseline)
-        self._settings = RunSettings(self._target_label, baseline, self.completeness_tol, self.top_k, self.name)
+        folder = None if self._reports is None else str(self._reports.folder)  # the text says where they are
+        self._settings = RunSettings(
+            self._target_label, baseline, self.completeness_tol, self.top_k, self.name, report_dir=folder
+        )
         members = None if self._members is None else self._members.num_members
         self._tags = dataclasses.replace(self._units.tags, ensemble_members=members)
-        saliency = self.saliency_every_n_runs if self._saliency else None
-        cadences = dict.fromkeys(("top_features", "heatmap"), self.figure_every_n_runs)
-        cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
-        self._tensorboard = TensorBoardRuns(
-            self._tags, cadences, self.log_histograms, self._held_out, self.saliency_channel, self._pictures
-        )
+        self._tensorboard = self._log_outputs(trainer)
         self.history = setup.history_to_continue(self.history, self._units)
 
     @override
@@ -375,7 +382,7 @@ class IntegratedGradientsCallback(Callback):
             num_states=len(self._held_out),
             groups=self._units.groups,
             keep_attributions=self._units.log_features and self.log_histograms,
-            sample_states=self.saliency_states if self._saliency else 0,
+            sample_states=self._sample_states,
         )
         self._last_run_step = trainer.global_step
         rider = gather.riders[0] if members is not None else None
@@ -405,7 +412,6 @@ class IntegratedGradientsCallback(Callback):
         self._last = summary
         if trainer.is_global_zero:
             self._warn(summary)
-            log_scalars(trainer.loggers, scalar_metrics(summary, self._tags), summary.step)
             self._log_tensorboard(trainer, summary, host, pending.final)
             if self._reports is not None:
                 names, label = self._units.names, self._target_label
@@ -443,15 +449,54 @@ class IntegratedGradientsCallback(Callback):
         """Histograms, text and the pictures due; without ``host``, the last run's missing pictures (at the end)."""
 
         def layout() -> dict[str, Any]:  # every IG callback of the trainer on one page
-            return custom_scalars_layout([sibling._layout_entry() for sibling in _siblings(trainer)])
+            siblings = [sibling for sibling in _siblings(trainer) if sibling._tensorboard is not None]
+            logged = set().union(*(sibling._tensorboard.logged for sibling in siblings))
+            return custom_scalars_layout([sibling._layout_entry() for sibling in siblings], logged)
+
+        def report() -> dict[str, Any]:  # the JSON report, for the W&B and MLflow loggers
+            extra = reports.run_extra(summary, epoch=trainer.current_epoch, world_size=trainer.world_size)
+            assert host is not None  # noqa: S101 - asked for only with a run
+            return build_report(
+                host, feature_names=self._units.names, forward_target=self._target_label, top_k=self.top_k, extra=extra
+            )
 
         assert self._tensorboard is not None  # noqa: S101 - set at fit start, before any run
-        self._tensorboard.log(trainer.loggers, summary, host, self.history, final=final, layout=layout)
+        report_maker = report if host is not None else None
+        self._tensorboard.log(
+            trainer.loggers, summary, host, self.history, final=final, layout=layout, report=report_maker
+        )
 
-    def _layout_entry(self) -> tuple[str, TagNames, int, list[str] | None]:
+    def _log_outputs(self, trainer: pl.Trainer) -> RunOutputs:
+        """What the runs of this fit send to the loggers: the pictures' cadences and inputs, the W&B/MLflow sinks."""
+        from lightning_ig.views.loggers import picture_sinks  # noqa: PLC0415 - the drawing modules only when drawn
+        from lightning_ig.views.pictures import picture_inputs  # noqa: PLC0415
+
+        assert self._held_out is not None  # noqa: S101 - set at set-up
+        shape = tuple(self._held_out.shape[1:])
+        spatial = saliency_kind(shape) is not None
+        groups = self._units.groups
+        channel_names = None if groups is None else groups.channel_names()
+        inputs = picture_inputs(
+            self._held_out.numpy(),
+            saliency_states=(self.saliency_states or 0) if self._saliency else 0,
+            channel=self.saliency_channel,
+            channel_names=channel_names,
+            groups_are_channels=channel_names is not None,
+            baseline=heldout.baseline_label(self.baseline),
+            spatial=spatial,
+        )
+        picked = inputs.picked
+        self._sample_states = 0 if picked is None or not len(picked) else int(picked.max()) + 1
+        saliency = self.saliency_every_n_runs if self._saliency else None
+        cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), self.figure_every_n_runs)
+        cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
+        sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
+        return RunOutputs(self._tags, cadences, self.log_histograms, inputs, self._pictures, sinks, self._ever_non_zero)
+
+    def _layout_entry(self) -> tuple[str | None, TagNames, list[str] | None]:
         """This callback's part of the Custom Scalars page (which holds every IG callback of the trainer)."""
         ranked = None if self._last is None else ranked_labels(self._last, self._tags)
-        return f"Integrated Gradients{setup.named(self.name)}", self._tags, self.top_k, ranked
+        return self.name, self._tags, ranked
 
 
 @dataclasses.dataclass(frozen=True)

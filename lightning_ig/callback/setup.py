@@ -141,6 +141,7 @@ def logged_units(
         None if groups is None else groups.names,
         generated_features=feature_names is None,
         generated_groups=groups is not None and groups.generated_names,
+        num_features=count,  # the top-10% concentration is logged only where it differs from the top-1% one
     )
     if feature_groups is None and groups is not None:
         rank_zero_warn(

@@ -1,161 +1,58 @@
-"""The two charts: the top features (or groups) as bars, and their importance over training as a heatmap.
+"""The charts of a run over training: importance as a heatmap, and each group's share of the attribution, stacked.
 
-Drawn straight into pixels (:mod:`lightning_ig.views.raster`), a millisecond or two
-each, so that the runs that draw them cost about what the others do. Labels
-stay readable from 4 to hundreds of features or groups: the bar chart shows
-the top ``k``, the heatmap the 40 most important of the last run.
+Both read the history of IG runs (mean ``|attr|`` per unit per run) as shares of each run's total, so runs of
+different value scales compare; drawn at the card's size like the bar charts of
+:mod:`~lightning_ig.views.bars`, whose names this module also exports (the bar chart's old home).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import Moments
 from lightning_ig.attribution.statistics import rank_order
-from lightning_ig.views.raster import SEQUENTIAL_LUT, Canvas, format_tick, nice_ticks, to_colour_index
+from lightning_ig.views.bars import (
+    GROUND,
+    INK,
+    LABEL_ROOM,
+    LINE,
+    MUTED,
+    NEGATIVE,
+    POSITIVE,
+    Chart,
+    bar_chart,
+    finite,
+    sign_parts,
+    top_features_chart,
+)
+from lightning_ig.views.number_format import format_percent, format_value
+from lightning_ig.views.raster import (
+    CARD_HEIGHT,
+    CARD_WIDTH,
+    SEQUENTIAL_LUT,
+    SMALL_SIZE,
+    TEXT_SIZE,
+    Canvas,
+    categorical_colours,
+    rgb,
+    to_colour_index,
+)
 
 __all__ = [
     "NEGATIVE",
     "POSITIVE",
     "Chart",
+    "bar_chart",
+    "format_step",
     "heatmap_chart",
+    "shares_chart",
+    "sign_parts",
     "top_features_chart",
 ]
 
-# Colours for the sign of the mean attribution (ColorBrewer RdBu ends: readable for most colour-blind viewers).
-POSITIVE = "#2166ac"
-NEGATIVE = "#b2182b"
-_INK = "#222222"
-_WHISKER = "#444444"
-_GRID = "#dddddd"
-_VERDICT_COLOURS = {"pass": "#1b7837", "fail": "#b2182b", "non-finite": "#b2182b", "unchecked": "#8c510a"}
 _HEATMAP_MAX_ROWS = 40
-_LABEL_CHARACTERS = 28
-# The axis ends this far past the largest bar; a whisker that would go further is cut there with an arrow.
-_AXIS_HEADROOM = 1.3
-_BAR_ROW = 34  # pixels per bar
-_HEAT_ROW = 24  # pixels per heatmap row
-_LABEL_SIZE = 12
-_SMALL = 10
-_TITLE_SIZE = 15
-
-
-@dataclass(frozen=True)
-class Chart:
-    """A drawn chart and what it shows.
-
-    Attributes:
-        pixels: ``(H, W, 3)`` uint8, for ``SummaryWriter.add_image(..., dataformats="HWC")``.
-        labels: the unit labels drawn, top to bottom.
-        axis_limit: the value at the end of the value axis (bar chart) or colour scale (heatmap).
-    """
-
-    pixels: np.ndarray
-    labels: tuple[str, ...]
-    axis_limit: float
-
-
-def _short(label: str) -> str:
-    return label if len(label) <= _LABEL_CHARACTERS else label[: _LABEL_CHARACTERS - 1] + "…"
-
-
-def _finite(values: np.ndarray) -> np.ndarray:
-    return np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def _label_column(canvas: Canvas, labels: Sequence[str], size: int) -> int:
-    """Pixels left of the plot for right-aligned labels of this font size."""
-    return 16 + int(max((canvas.text_width(label, size=size) for label in labels), default=30.0))
-
-
-def _value_axis(canvas: Canvas, left: int, right: int, y: int, limit: float, ticks: np.ndarray) -> None:
-    """Tick marks and tick values of a value axis ``[0, limit]`` at height ``y``."""
-    step = float(ticks[1]) if len(ticks) > 1 else limit
-    for tick in ticks:
-        x = left + (right - left) * float(tick) / limit
-        canvas.line([(x, y), (x, y + 4)], _INK)
-        canvas.text((x, y + 6), format_tick(float(tick), step), size=_SMALL + 1, anchor="ma")
-
-
-def top_features_chart(
-    labels: Sequence[str],
-    moments: Moments,
-    *,
-    top_k: int = 10,
-    title: str = "Top features by mean |IG attribution|",
-    value_label: str = "mean |attribution|",
-    verdict: tuple[str, str] | None = None,
-) -> Chart:
-    """Bar chart of the top-k units by mean ``|attr|``: whiskers the spread of ``|attr|``, colour the sign.
-
-    Args:
-        labels: one label per unit (feature or group).
-        moments: the units' :class:`~lightning_ig.attribution.host_result.Moments`.
-        top_k: how many bars (default 10).
-        title: the title (the step is part of it).
-        value_label: the x-axis label, with the unit of the target.
-        verdict: ``(kind, text)``: the completeness verdict (``"pass"``, ``"fail"``,
-            ``"non-finite"``, ``"unchecked"``) and a short sentence, written under the chart.
-
-    Returns:
-        The :class:`Chart` (640 pixels wide).
-    """
-    order = rank_order(moments.mean_abs)[:top_k]
-    count = len(order)
-    values, spread = _finite(moments.mean_abs[order]), _finite(moments.stddev_abs[order])
-    shown = tuple(_short(str(labels[i])) for i in order)
-    top, plot_height = 64, _BAR_ROW * max(count, 1)
-    height = top + plot_height + 56 + (26 if verdict is not None else 0)
-    canvas = Canvas(640, height)
-    left, right, bottom = _label_column(canvas, shown, _LABEL_SIZE), 640 - 28, top + plot_height
-    limit = float(values.max()) * _AXIS_HEADROOM if count and values.max() > 0 else 1.0
-    ticks = nice_ticks(limit)
-    for tick in ticks[1:]:  # grid lines behind the bars
-        x = left + (right - left) * float(tick) / limit
-        canvas.line([(x, top), (x, bottom)], _GRID)
-
-    def x_of(value: float) -> float:
-        return left + (right - left) * min(max(value, 0.0), limit) / limit
-
-    for row, index in enumerate(order):
-        centre, value = top + _BAR_ROW * row + _BAR_ROW / 2, float(values[row])
-        colour = POSITIVE if moments.mean_signed[index] >= 0 else NEGATIVE
-        if value > 0:
-            canvas.rectangle((left, centre - 0.35 * _BAR_ROW, x_of(value), centre + 0.35 * _BAR_ROW), colour)
-        canvas.text((left - 8, centre), shown[row], size=_LABEL_SIZE, anchor="rm")
-        low, high = x_of(value - float(spread[row])), x_of(value + float(spread[row]))  # |attr| >= 0: stops at 0
-        canvas.line([(low, centre), (high, centre)], _WHISKER)
-        for end in (low, high):
-            canvas.line([(end, centre - 4), (end, centre + 4)], _WHISKER)
-        if value + float(spread[row]) > limit:  # the whisker goes on past the axis' end
-            canvas.polygon([(right + 1, centre - 4), (right + 8, centre), (right + 1, centre + 4)], _WHISKER)
-        canvas.text((x_of(value) + 4, centre - 4), f"{value:.3g}", size=_SMALL, anchor="ld")
-    canvas.line([(left, top - 4), (left, bottom), (right, bottom)], _INK)
-    _value_axis(canvas, left, right, bottom, limit, ticks)
-    middle = (left + right) / 2
-    canvas.text((middle, bottom + 24), value_label, size=_SMALL + 1, anchor="ma")
-    canvas.text((middle, bottom + 38), "whiskers: ± std of |attribution| over the states", size=_SMALL + 1, anchor="ma")
-    canvas.text((12, 10), title, size=_TITLE_SIZE)
-    _sign_legend(canvas, right, 38)
-    if verdict is not None:
-        kind, text = verdict
-        canvas.text(
-            (12, height - 8), text, size=_LABEL_SIZE, colour=_VERDICT_COLOURS.get(kind, _INK), anchor="ld", bold=True
-        )
-    return Chart(canvas.pixels, shown, limit)
-
-
-def _sign_legend(canvas: Canvas, right: float, y: float) -> None:
-    """The two colour swatches of the bars' sign, right-aligned at ``right``."""
-    entries = [(POSITIVE, "mean attribution > 0 (raises the target)"), (NEGATIVE, "< 0 (lowers it)")]
-    x = right - sum(28 + canvas.text_width(text, size=_SMALL) for _, text in entries) + 8
-    for colour, text in entries:
-        canvas.rectangle((x, y - 4, x + 18, y + 4), colour)
-        canvas.text((x + 22, y), text, size=_SMALL, anchor="lm")
-        x += 28 + canvas.text_width(text, size=_SMALL)
+_SHARES_MAX_BANDS = 7  # the largest groups by the last run; the rest are summed into "other"
 
 
 def heatmap_chart(
@@ -163,59 +60,209 @@ def heatmap_chart(
     steps: Sequence[int],
     mean_abs_history: np.ndarray,
     *,
-    title: str = "Importance over training",
+    title: str | Sequence[str] = "Importance over training",
 ) -> Chart:
     """Heatmap of importance (rows: units, the 40 largest of the last run) over IG runs (columns).
 
-    Each column is one run's mean ``|attr|`` per unit divided by the run's
-    total, so runs with different value scales compare.
+    Each column is one run's mean ``|attr|`` per unit divided by the run's total (its share), so runs of
+    different value scales compare. The colour scale runs from 0 to a round share at or above the largest
+    (25%, 50%, 100%, ...), so it changes only when a share crosses one of those steps.
 
     Args:
         labels: one label per unit.
         steps: the global step of each run (column labels).
         mean_abs_history: ``(num_runs, U)`` mean ``|attr|`` per run and unit.
-        title: the title.
+        title: the title, or wordings of it, the longest first (the first that fits is drawn).
 
     Returns:
-        The :class:`Chart` (640 pixels wide, whatever the number of runs).
+        The :class:`Chart` (:data:`~lightning_ig.views.raster.CARD_WIDTH` pixels wide, whatever the number of runs).
     """
-    history = np.asarray(mean_abs_history, dtype=np.float64)  # (R, U)
-    runs, units = history.shape
-    order = rank_order(history[-1])[:_HEATMAP_MAX_ROWS]
-    totals = np.nansum(np.abs(history), axis=1)  # (R,)
-    shares = _finite(history[:, order].T / np.where(totals > 0, totals, 1.0)[None, :])  # (rows, R)
+    shares = _shares(mean_abs_history)  # (R, U)
+    runs, units = shares.shape
+    order = rank_order(shares[-1])[:_HEATMAP_MAX_ROWS]
     rows = len(order)
-    shown = tuple(_short(str(labels[i])) for i in order)
-    size = _LABEL_SIZE - 1 if rows > 20 else _LABEL_SIZE
-    width = 640  # as the bar chart: TensorBoard shows both at one scale (its cards are narrower still)
-    top, plot_height = 44, _HEAT_ROW * rows
-    canvas = Canvas(width, top + plot_height + 50)
-    left, right, bottom = _label_column(canvas, shown, size), width - 72, top + plot_height
-    scale = float(shares.max()) if shares.size and shares.max() > 0 else 1.0
-    cells = SEQUENTIAL_LUT[to_colour_index(shares / scale)].astype(np.uint8)  # (rows, R, 3)
+    cells_of = shares[:, order].T  # (rows, R)
+    row = int(max(12, min(22, (CARD_HEIGHT - 4 * LINE) // max(rows, 1))))
+    size = SMALL_SIZE if row < 18 else TEXT_SIZE
+    top = LINE + 6 + (LINE if rows < units else 0)
+    canvas = Canvas(CARD_WIDTH, top + row * rows + 2 * LINE + 8)
+    shown = [canvas.fit(str(labels[i]), int(CARD_WIDTH * LABEL_ROOM), size=size) for i in order]
+    left = 8 + int(max((canvas.text_width(s, size=size) for s in shown), default=20.0))
+    right, bottom = CARD_WIDTH - 48, top + row * rows
+    scale = _round_share(float(cells_of.max()) if cells_of.size else 0.0)
+    cells = SEQUENTIAL_LUT[to_colour_index(cells_of / scale)].astype(np.uint8)  # (rows, R, 3)
     columns = np.minimum((np.arange(right - left) * runs) // (right - left), runs - 1)  # pixel -> run
-    canvas.paste(cells[:, columns].repeat(_HEAT_ROW, axis=0), left, top)
-    for row, label in enumerate(shown):
-        canvas.text((left - 8, top + _HEAT_ROW * row + _HEAT_ROW / 2), label, size=size, anchor="rm")
-    ticks = np.unique(np.linspace(0, runs - 1, num=min(runs, 8)).round().astype(int))
-    for tick in ticks:
+    canvas.paste(cells[:, columns].repeat(row, axis=0), left, top)
+    for index, label in enumerate(shown):
+        canvas.text((left - 6, top + row * index + row / 2), label, size=size, anchor="rm")
+    _step_axis(canvas, left, right, bottom, steps)
+    _title(canvas, title)
+    if rows < units:
+        canvas.text((3, LINE + 4), f"top {rows} of {units} by the last run", size=SMALL_SIZE, colour=MUTED)
+    _colour_bar(canvas, right + 8, top, bottom, scale)
+    return Chart(canvas.pixels, tuple(shown), scale)
+
+
+def _title(canvas: Canvas, title: str | Sequence[str]) -> None:
+    titles = [title] if isinstance(title, str) else list(title)
+    canvas.text(
+        (3, 2), canvas.first_fitting(titles, CARD_WIDTH - 6, size=TEXT_SIZE, bold=True), size=TEXT_SIZE, bold=True
+    )
+
+
+def _shares(history: np.ndarray) -> np.ndarray:
+    """``(R, U)`` mean ``|attr|`` -> each run's shares (rows sum to 1; a run of zeros stays zeros)."""
+    values = np.abs(finite(np.asarray(history, dtype=np.float64)))
+    if values.ndim != 2 or values.shape[0] == 0:
+        raise ValueError(f"mean_abs_history must be (num_runs, units) with at least one run, got shape {values.shape}")
+    totals = values.sum(axis=1, keepdims=True)
+    return values / np.where(totals > 0, totals, 1.0)
+
+
+def _round_share(largest: float) -> float:
+    """The colour scale's end: the first of 10%, 20%, 25%, 50%, 75%, 100% at or above ``largest`` (0.05 below)."""
+    for end in (0.05, 0.1, 0.2, 0.25, 0.5, 0.75):
+        if largest <= end:
+            return end
+    return 1.0
+
+
+def format_step(step: int) -> str:
+    """A global step as a tick label: ``250``, ``3,437``, ``24k``, ``1.2M`` (at most five characters past 9,999)."""
+    step = int(step)
+    if abs(step) < 10_000:
+        return f"{step:,}"
+    if abs(step) < 1_000_000:
+        return f"{format_value(step / 1000, 3)}k"
+    return f"{format_value(step / 1_000_000, 3)}M"
+
+
+def _step_axis(canvas: Canvas, left: int, right: int, bottom: int, steps: Sequence[int]) -> None:
+    """Tick labels under the runs (the first, the last, and between them those that do not overlap)."""
+    runs = len(steps)
+    candidates = np.unique(np.linspace(0, runs - 1, num=max(1, min(runs, 5))).round().astype(int))
+    first, last = int(candidates[0]), int(candidates[-1])
+    placed: list[tuple[float, float]] = []
+    for tick in [first, last, *candidates[1:-1]]:  # the ends first: they always show
         x = left + (right - left) * (tick + 0.5) / runs
-        canvas.line([(x, bottom), (x, bottom + 4)], _INK)
-        canvas.text((x, bottom + 6), str(steps[tick]), size=_SMALL + 1, anchor="ma")
-    canvas.text(((left + right) / 2, bottom + 26), "global step of the IG run", size=_SMALL + 1, anchor="ma")
-    suffix = "" if rows == units else f" (top {rows} of {units} by the last run)"
-    canvas.text((12, 10), title + suffix, size=_TITLE_SIZE - 1)
-    _colour_bar(canvas, right + 12, top, bottom, scale)
-    return Chart(canvas.pixels, shown, scale)
+        text = format_step(steps[tick])
+        width = canvas.text_width(text, size=SMALL_SIZE)
+        start = min(max(x - width / 2, left - 4), right + 4 - width)  # the ends stay inside the plot's span
+        if any(start < end + 6 and start + width + 6 > begin for begin, end in placed):
+            continue
+        placed.append((start, start + width))
+        canvas.line([(x, bottom), (x, bottom + 3)], INK)
+        canvas.text((start, bottom + 4), text, size=SMALL_SIZE, anchor="la")
+    canvas.text(
+        ((left + right) / 2, bottom + 4 + LINE),
+        "global step of the IG run",
+        size=SMALL_SIZE,
+        anchor="ma",
+        colour=MUTED,
+    )
 
 
 def _colour_bar(canvas: Canvas, left: int, top: int, bottom: int, scale: float) -> None:
-    """A vertical viridis bar for ``[0, scale]`` with round ticks (the title says what the colour is)."""
+    """A vertical viridis bar for shares ``[0, scale]``, its ends written as percentages."""
     ramp = np.linspace(1.0, 0.0, max(bottom - top, 2))  # top: the largest share
-    canvas.paste(SEQUENTIAL_LUT[to_colour_index(ramp)].astype(np.uint8)[:, None, :].repeat(14, axis=1), left, top)
-    ticks = nice_ticks(scale, most=5)
-    step = float(ticks[1]) if len(ticks) > 1 else scale
-    for tick in ticks:
-        y = bottom - (bottom - top) * float(tick) / scale
-        canvas.line([(left + 14, y), (left + 17, y)], _INK)
-        canvas.text((left + 20, y), format_tick(float(tick), step), size=_SMALL, anchor="lm")
+    canvas.paste(SEQUENTIAL_LUT[to_colour_index(ramp)].astype(np.uint8)[:, None, :].repeat(10, axis=1), left, top)
+    canvas.text((left + 13, top), format_percent(scale), size=SMALL_SIZE, anchor="la")
+    canvas.text((left + 13, bottom), "0%", size=SMALL_SIZE, anchor="ld")
+
+
+def shares_chart(
+    labels: Sequence[str],
+    steps: Sequence[int],
+    mean_abs_history: np.ndarray,
+    *,
+    title: str | Sequence[str] = "Share of |attribution| over training",
+    colours: Sequence[str] | None = None,
+) -> Chart:
+    """Each unit's share of the run's total mean ``|attr|``, stacked, one column per IG run.
+
+    The heatmap's numbers as parts of a whole: how much of what the model relies on is the ball, the paddle,
+    the bricks, at each run (as ATOMs tracks objects' shares by hand). The seven largest units of the last
+    run get a band each, the rest one grey "other" band; each band is labelled at the right with its last
+    share. Runs are drawn as bars while there are few of them (gaps between), as an area when many.
+
+    Args:
+        labels: one label per unit.
+        steps: the global step of each run.
+        mean_abs_history: ``(num_runs, U)`` mean ``|attr|`` per run and unit.
+        title: the title, or wordings of it, the longest first (the first that fits is drawn).
+        colours: one ``"#rrggbb"`` per unit (default
+            :func:`~lightning_ig.views.raster.categorical_colours`: the saliency pictures' channel colours, on the
+            same dark ground).
+
+    Returns:
+        The :class:`Chart` (:attr:`Chart.labels`: the bands from the bottom up).
+
+    Raises:
+        ValueError: labels, colours and history that do not match.
+    """
+    shares = _shares(mean_abs_history)
+    runs, units = shares.shape
+    if len(labels) != units or (colours is not None and len(colours) != units) or len(steps) != runs:
+        raise ValueError(
+            f"shares_chart needs one label (got {len(labels)}) and colour per unit ({units}) and one "
+            f"step per run ({runs}, got {len(steps)})"
+        )
+    palette = list(colours) if colours is not None else categorical_colours(units)
+    order = rank_order(shares[-1])
+    keep, rest = order[:_SHARES_MAX_BANDS], order[_SHARES_MAX_BANDS:]
+    bands = shares[:, keep]  # (R, K), the largest first: drawn at the bottom
+    names, band_colours = [str(labels[i]) for i in keep], [palette[i] for i in keep]
+    if rest.size:
+        bands = np.concatenate([bands, shares[:, rest].sum(axis=1, keepdims=True)], axis=1)
+        names, band_colours = [*names, f"other {rest.size}"], [*band_colours, "#5a5a5a"]
+    probe = Canvas(1, 1)
+    label_width = min(
+        int(CARD_WIDTH * 0.46), 24 + int(max(probe.text_width(f"100% {name}", size=SMALL_SIZE) for name in names))
+    )
+    top, left = LINE + 8, 40
+    right, bottom = CARD_WIDTH - label_width, min(CARD_HEIGHT, 200) - 2 * LINE - 4
+    canvas = Canvas(CARD_WIDTH, bottom + 2 * LINE + 6)
+    _title(canvas, title)
+    canvas.paste(_stacked(bands, band_colours, right - left, bottom - top), left, top)
+    canvas.outline((left - 1, top - 1, right, bottom), INK)
+    for value in (0.0, 0.5, 1.0):
+        y = bottom - (bottom - top) * value
+        canvas.line([(left - 3, y), (left - 1, y)], INK)
+        canvas.text((left - 5, y), format_percent(value), size=SMALL_SIZE, anchor="rm")
+    _band_labels(canvas, bands[-1], names, band_colours, left=right + 4, top=top, bottom=bottom)
+    _step_axis(canvas, left, right, bottom, steps)
+    return Chart(canvas.pixels, tuple(names), 1.0)
+
+
+def _stacked(bands: np.ndarray, colours: Sequence[str], width: int, height: int) -> np.ndarray:
+    """``(R, K)`` shares -> ``(height, width, 3)`` pixels: per run a column stacked bottom-up, on the dark ground."""
+    runs, count = bands.shape
+    table = np.array([rgb(GROUND), *(rgb(colour) for colour in colours), (255, 255, 255)], dtype=np.uint8)
+    edges = np.cumsum(bands, axis=1)  # (R, K) the top of each band
+    level = (np.arange(height)[::-1] + 0.5) / height  # (height,) the share at each pixel row, bottom = 0
+    band = (level[:, None, None] >= edges[None, :, :]).sum(axis=2) + 1  # (height, R) 1..K, K+1 above all bands
+    band = np.where(band > count, 0, band)  # above the stack (a run of zeros): the ground
+    column_run = np.minimum((np.arange(width) * runs) // width, runs - 1)  # pixel column -> run
+    index = band[:, column_run]  # (height, width)
+    if runs <= width // 6:  # few runs: bars, a white gap between them
+        starts = np.searchsorted(column_run, np.arange(1, runs))
+        index[:, starts] = count + 1
+    return table[index]
+
+
+def _band_labels(
+    canvas: Canvas, last: np.ndarray, names: list[str], colours: Sequence[str], *, left: int, top: int, bottom: int
+) -> None:
+    """Each band's name and last share beside the chart, at the band's height, pushed apart so none overlap."""
+    height = bottom - top
+    centres = bottom - height * (np.cumsum(last) - last / 2)  # (K,) pixel rows, bottom band first
+    wanted = list(centres)
+    for index in range(1, len(wanted)):  # upwards: each label at least a line above the one below it
+        wanted[index] = min(wanted[index], wanted[index - 1] - (LINE - 1))
+    shift = max(0.0, top + LINE / 2 - wanted[-1]) if wanted else 0.0
+    for index, (name, colour, share) in enumerate(zip(names, colours, last, strict=True)):
+        y = min(wanted[index] + shift, bottom - LINE / 2)
+        canvas.rectangle((left, y - 5, left + 10, y + 5), GROUND)
+        canvas.rectangle((left + 2, y - 3, left + 8, y + 3), rgb(colour))
+        text = canvas.fit(f"{format_percent(float(share), 2)} {name}", CARD_WIDTH - left - 16, size=SMALL_SIZE)
+        canvas.text((left + 14, y), text, size=SMALL_SIZE, anchor="lm")

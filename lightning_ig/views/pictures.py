@@ -1,26 +1,203 @@
-"""The pictures a run draws for TensorBoard: the two charts and the two saliency pictures, from a run's summary.
+"""The pictures a run draws, from its summary, its host result and what the callback decided once per fit.
 
-A *picture* is anything logged as an image. The *charts* are the bar chart of the top features (or groups) and
-the heatmap of their importance over training (:mod:`~lightning_ig.views.charts`); the *saliency grid* shows the
-first held-out states with their signed attributions over them and the *mean |attr| map* the mean ``|attr|`` per
-pixel over all states (:mod:`~lightning_ig.views.saliency`, for spatial states). Which ones a run draws is
-:func:`lightning_ig.views.tensorboard.pictures_due`'s decision; this module draws them, and is only reached when
-one is due.
+A *picture* is anything logged as an image. The kinds (:data:`~lightning_ig.views.tensorboard.PICTURE_TAGS`):
+
+* ``verdict``: the first card under ``ig/``: the completeness verdict and the top units' shares
+  (:mod:`~lightning_ig.views.verdict`);
+* ``top_features``: the bar chart, each bar split by sign, with the verdict (:mod:`~lightning_ig.views.bars`);
+* ``heatmap`` and ``shares``: the units' shares of the mean ``|attr|`` over training, as a heatmap and stacked
+  (:mod:`~lightning_ig.views.charts`);
+* ``saliency``: the saliency grid of spatial states, the game drawn in its channels' colours with the signed
+  attribution over it, and ``saliency_map``: the mean ``|attr|`` map per channel (:mod:`~lightning_ig.views.saliency`);
+* ``actions``: why this action, for ``target="each"`` or ``"contrast"`` (:mod:`~lightning_ig.views.actions`).
+
+Which ones a run draws is :func:`~lightning_ig.views.tensorboard.pictures_due`'s decision; this module draws them
+(:func:`draw`) and is reached only when one is due. The words that name the target and the baseline in the
+pictures are :func:`target_words` and :func:`baseline_words`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.views.charts import Chart, heatmap_chart, top_features_chart
+from lightning_ig.views.actions import action_attributions_chart, contrast_chart
+from lightning_ig.views.bars import top_features_chart
+from lightning_ig.views.charts import heatmap_chart, shares_chart
+from lightning_ig.views.number_format import format_value
+from lightning_ig.views.per_action import contrast_numbers, state_rows
 from lightning_ig.views.saliency import mean_abs_map, saliency_grid
-from lightning_ig.views.summary import RunSummary, completeness_verdict, target_unit
+from lightning_ig.views.summary import DRIFT_WORDS, RunSummary
+from lightning_ig.views.verdict import verdict_chart
+from lightning_ig.vocabulary import relative_error_text
 
-__all__ = ["draw", "heatmap_picture", "mean_abs_map_picture", "saliency_grid_picture", "top_features_picture"]
+__all__ = [
+    "PictureInputs",
+    "actions_picture",
+    "baseline_words",
+    "draw",
+    "heatmap_picture",
+    "mean_abs_map_picture",
+    "picture_inputs",
+    "run_verdict",
+    "saliency_grid_picture",
+    "shares_picture",
+    "target_words",
+    "top_features_picture",
+    "verdict_detail",
+    "verdict_picture",
+]
+
+
+@dataclass(frozen=True)
+class PictureInputs:
+    """What the pictures need besides a run, decided once per fit.
+
+    Attributes:
+        states: ``(B, *feature_shape)`` the held-out states for the saliency pictures (spatial states), or ``None``.
+        picked: the indices of the states the saliency grid draws (distinct ones: random play repeats frames).
+        presence: ``feature_shape``: the fraction of states where each feature differs from its baseline, for the
+            mean ``|attr|`` map averaged where each object is (``baseline="zeros"``), or ``None``.
+        channel: the one channel the grid draws (``saliency_channel``), or ``None`` for all.
+        channel_names: one name per channel of spatial states (the groups' when they are the channels), or ``None``.
+        channel_colours: one ``"#rrggbb"`` per channel, or ``None`` (the default palette).
+        unit_colours: one ``"#rrggbb"`` per unit drawn beside its label (the channels' when the groups are
+            channels), or ``None``.
+        baseline: what the attributions are relative to, in words (:func:`baseline_words`).
+        action_names: one label per action (``target="each"``, ``"contrast"``, or an action index), or ``None``.
+        rows_per_state: the rows of a state in the host result: the actions for ``target="each"``, else 1.
+        q_values: for ``target="contrast"``, a callable giving ``(B, A)`` the model's outputs at the states (run
+            only when the ``actions`` picture is drawn); else ``None``.
+    """
+
+    states: np.ndarray | None = None
+    picked: np.ndarray | None = None
+    presence: np.ndarray | None = None
+    channel: int | None = None
+    channel_names: list[str] | None = None
+    channel_colours: list[str] | None = None
+    unit_colours: list[str] | None = None
+    baseline: str = "the baseline"
+    action_names: list[str] | None = None
+    rows_per_state: int = 1
+    q_values: Callable[[], np.ndarray] | None = None
+
+
+def picture_inputs(
+    states: np.ndarray,
+    *,
+    saliency_states: int,
+    channel: int | None,
+    channel_names: Sequence[str] | None,
+    groups_are_channels: bool,
+    baseline: str,
+    spatial: bool,
+    action_names: Sequence[str] | None = None,
+    q_values: Callable[[], np.ndarray] | None = None,
+) -> PictureInputs:
+    """What the pictures of a fit need, decided once at its start.
+
+    Args:
+        states: ``(B, *feature_shape)`` the held-out states.
+        saliency_states: how many states the saliency grid draws (distinct ones, the first of each, in order);
+            0 for no grid.
+        channel: the one channel the grid draws, or ``None``.
+        channel_names: one name per channel (the groups' when they are the channels), or ``None``.
+        groups_are_channels: the groups are exactly the channels: the bars get the channels' colours.
+        baseline: the baseline option (``"zeros"``, ``"mean"``, or a tensor's label).
+        spatial: the states are frames (``(C, H, W)`` or ``(H, W)``).
+        action_names: one label per action, or ``None``.
+        q_values: ``(B, A)`` the model's outputs at the states, for ``target="contrast"``; ``None`` otherwise.
+    """
+    from lightning_ig.views.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
+    from lightning_ig.views.raster import categorical_colours  # noqa: PLC0415
+
+    array = np.asarray(states, dtype=np.float32)
+    picked = first_distinct(array, saliency_states) if spatial and saliency_states > 0 else None
+    presence = None
+    if spatial and baseline == "zeros":  # attr = (x - 0) * ...: exactly 0 where the object is absent
+        presence = (array != 0).mean(axis=0)
+    channels = array.shape[1] if spatial and array.ndim == 4 else None
+    colours = None if channels is None else categorical_colours(channels)
+    return PictureInputs(
+        states=array if spatial else None,
+        picked=picked,
+        presence=presence,
+        channel=channel,
+        channel_names=None if channel_names is None else list(channel_names),
+        channel_colours=colours,
+        unit_colours=colours if groups_are_channels else None,
+        baseline=baseline_words(baseline, spatial),
+        action_names=None if action_names is None else list(action_names),
+        q_values=q_values,
+    )
+
+
+def target_words(target: str, action_names: Sequence[str] | None = None) -> str:
+    """What is attributed, as the pictures' legends name it: ``V(s)``, ``Q(s, left)``, ``Q(s, a)``, ...
+
+    Example::
+
+        >>> target_words("mean"), target_words("action:1", ["noop", "left"]), target_words("each")
+        ('V(s)', 'Q(s, left)', 'Q(s, a)')
+    """
+    if target == "mean":
+        return "V(s)"
+    if target == "each":
+        return "Q(s, a)"
+    if target == "contrast":
+        return "Q(greedy) − Q(runner-up)"
+    if target.startswith("action:"):
+        index = target.split(":", 1)[1]
+        names = list(action_names or [])
+        return f"Q(s, {names[int(index)] if index.isdigit() and int(index) < len(names) else index})"
+    if target.startswith("callable:"):
+        return target.split(":", 1)[1]
+    return "the output"
+
+
+def baseline_words(baseline: str, spatial: bool) -> str:
+    """The baseline in words: ``the all-zero frame``, ``the mean state``, ``the baseline``."""
+    thing = "frame" if spatial else "state"
+    return {"zeros": f"the all-zero {thing}", "mean": f"the mean {thing}"}.get(baseline, "the baseline")
+
+
+def run_verdict(summary: RunSummary) -> tuple[str, str]:
+    """``(verdict, short line)`` of the verdict card and the bar chart.
+
+    The run's accuracy verdict (``summary.completeness.accuracy``: the estimated attribution error and the
+    mass-relative completeness error against ``sqrt(2) x completeness_tol``, naming the figure that decided);
+    for NaN/Inf, the count of such states (:func:`verdict_detail`). ``verdict`` is ``"pass"``, ``"fail"``,
+    ``"unchecked"`` or ``"non-finite"``.
+    """
+    numbers = summary.completeness
+    if numbers.verdict == "non-finite":
+        return numbers.verdict, verdict_detail(summary)
+    accuracy = numbers.accuracy
+    if accuracy.within is None:
+        return "unchecked", accuracy.reason or verdict_detail(summary)
+    figure = accuracy.figure.replace("_", " ")
+    sign = "≤" if accuracy.within else ">"
+    return ("pass" if accuracy.within else "fail"), (
+        f"{figure} {relative_error_text(accuracy.value)} {sign} {format_value(accuracy.threshold)}"
+    )
+
+
+def verdict_detail(summary: RunSummary) -> str:
+    """The short line of numbers under the completeness verdict's headline (fits the card's 320 px)."""
+    numbers = summary.completeness
+    worst, tolerance = numbers.worst_relative_error, numbers.tolerance
+    return {
+        "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states",
+        "unchecked": f"F(x) ≈ F(b) in all {numbers.num_states} states",
+        "pass": f"worst relative error {relative_error_text(worst)} ≤ {tolerance:g}, {numbers.num_checked} checked",
+        "fail": f"worst relative error {relative_error_text(worst)} > {tolerance:g}: n_steps='auto'",
+    }.get(numbers.verdict, numbers.verdict)
 
 
 def draw(
@@ -28,83 +205,225 @@ def draw(
     summary: RunSummary,
     labels: Sequence[str],
     host: HostResult | None,
-    states: Any | None,
-    channel: int | None,
     history: Sequence[Mapping[str, Any]],
+    inputs: PictureInputs,
+    previous_scale: float | None = None,
 ) -> tuple[dict[str, np.ndarray], float | None]:
-    """The pictures ``due`` (``{kind: bool}``, kinds of :data:`~lightning_ig.views.tensorboard.PICTURES`).
+    """The pictures ``due`` (``{kind: bool}``).
 
     Args:
-        due: which pictures to draw.
+        due: which kinds to draw.
         summary: the run.
         labels: the labels of the run's units (features or groups), as the tags show them.
-        host: the run's host result (the saliency pictures need it), or ``None`` (charts only).
-        states: the held-out states (for the saliency grid of spatial states), or ``None``.
-        channel: the channel drawn under the saliency grid (``None``: the channel mean).
-        history: the runs so far (for the heatmap).
+        host: the run's host result (the saliency and action pictures need it), or ``None`` (charts only).
+        history: the runs so far (the heatmap's and the shares').
+        inputs: what the callback decided once per fit.
+        previous_scale: the last saliency grid's colour scale (a change is pointed out), or ``None``.
 
     Returns:
-        ``{tag suffix: (H, W, 3) uint8}``, the charts first, and the saliency grid's colour scale (``None`` when
-        no grid was drawn): the run's text quotes it.
+        ``{kind: (H, W, 3) uint8}`` and the saliency grid's colour scale (``None`` when no grid was drawn).
     """
     pictures: dict[str, np.ndarray] = {}
+    if due.get("verdict"):
+        pictures["verdict"] = verdict_picture(summary, labels, inputs)
     if due.get("top_features"):
-        pictures["top_features"] = top_features_picture(summary, labels).pixels
+        pictures["top_features"] = top_features_picture(summary, labels, inputs).pixels
     if due.get("heatmap"):
         pictures["heatmap"] = heatmap_picture(summary, labels, history).pixels
+    if due.get("shares"):
+        pictures["shares"] = shares_picture(summary, labels, history, inputs)
     scale = None
-    if host is not None and states is not None and due.get("saliency"):
-        pictures["saliency"], scale = saliency_grid_picture(host, states[: len(host.sample_attributions)], channel)
+    if host is not None and inputs.states is not None and due.get("saliency"):
+        pictures["saliency"], scale = saliency_grid_picture(host, inputs, summary, previous_scale)
     if host is not None and due.get("saliency_map"):
-        pictures["saliency/mean_abs"] = mean_abs_map_picture(host)
+        pictures["saliency_map"] = mean_abs_map_picture(host, inputs)
+    if host is not None and due.get("actions"):
+        drawn = actions_picture(summary, labels, inputs)
+        if drawn is not None:
+            pictures["actions"] = drawn
     return pictures, scale
 
 
-def _noun_and_name(summary: RunSummary) -> tuple[str, str]:
+def _words(summary: RunSummary, inputs: PictureInputs) -> tuple[str, str, str, str]:
+    """``(noun, " 'name'", target, states)``: the words every title and label uses."""
     noun = "groups" if summary.units.kind == "groups" else "features"
-    return noun, "" if summary.settings.name is None else f" '{summary.settings.name}'"
+    name = "" if summary.settings.name is None else f" '{summary.settings.name}'"
+    states = f"{summary.num_states} states"
+    if inputs.rows_per_state > 1:
+        states = f"{summary.num_states // inputs.rows_per_state} states × {inputs.rows_per_state} actions"
+    return noun, name, target_words(summary.settings.target, inputs.action_names), states
 
 
-def top_features_picture(summary: RunSummary, labels: Sequence[str]) -> Chart:
-    """The ``top_features`` bar chart of this run, with its completeness verdict."""
-    noun, name = _noun_and_name(summary)
+def verdict_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureInputs) -> np.ndarray:
+    """The ``verdict`` card: the completeness verdict and the top units by share, the ranking's drift under it."""
+    noun, name, target, states = _words(summary, inputs)
+    drift = summary.drift
+    footer = None
+    if "spearman_prev" in drift:
+        first = drift.get("spearman_first", math.nan)
+        footer = [
+            f"ranking vs the previous run: Spearman {drift['spearman_prev']:.2f}, vs the first {first:.2f}",
+            f"{DRIFT_WORDS['spearman_prev']}: {drift['spearman_prev']:.2f}",
+            f"rank correlation with the previous run {drift['spearman_prev']:.2f}",
+        ]
+    return verdict_chart(
+        list(labels),
+        summary.units.moments,
+        verdict=run_verdict(summary),
+        title=[f"IG{name} at step {summary.step:,}: {target}, {states}", f"IG{name} at step {summary.step:,}"],
+        target_label=target,
+        noun=noun,
+        top_k=summary.settings.top_k,
+        label_colours=inputs.unit_colours,
+        footer=footer,
+    ).pixels
+
+
+def top_features_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureInputs | None = None) -> Any:
+    """The ``top_features`` bar chart of this run, with its completeness verdict (a :class:`~.bars.Chart`)."""
+    inputs = inputs or PictureInputs()
+    noun, name, target, states = _words(summary, inputs)
     top = min(summary.settings.top_k, len(labels))
-    unit = f"mean |attribution| over {summary.num_states} states ({target_unit(summary.settings.target)})"
     return top_features_chart(
         list(labels),
         summary.units.moments,
         top_k=summary.settings.top_k,
-        value_label=unit,
-        title=f"Top {top} {noun} by mean |IG attribution|{name} (step {summary.step})",
-        verdict=completeness_verdict(summary),
+        title=[
+            f"Top {top} {noun} by mean |attribution|{name}, step {summary.step:,}",
+            f"Top {top} {noun}{name}, step {summary.step:,}",
+            f"Top {top} {noun}{name}",
+        ],
+        value_label=[f"mean |attribution| of {target}, {states}", f"mean |attribution| of {target}"],
+        verdict=run_verdict(summary),
+        num_states=summary.num_states,
+        label_colours=inputs.unit_colours,
+        target_label=target,
     )
 
 
-def heatmap_picture(summary: RunSummary, labels: Sequence[str], history: Sequence[Mapping[str, Any]]) -> Chart:
-    """The ``heatmap`` of ``history`` (runs with ``global_step`` and ``mean_abs``)."""
-    noun, name = _noun_and_name(summary)
-    steps = [entry["global_step"] for entry in history]
+def heatmap_picture(summary: RunSummary, labels: Sequence[str], history: Sequence[Mapping[str, Any]]) -> Any:
+    """The ``heatmap`` of ``history`` (runs with ``global_step`` and ``mean_abs``; a :class:`~.bars.Chart`)."""
+    noun, name = _words(summary, PictureInputs())[:2]
     return heatmap_chart(
         list(labels),
-        steps,
+        [entry["global_step"] for entry in history],
         np.asarray([entry["mean_abs"] for entry in history]),
-        title=f"{noun.capitalize()}{name}: share of mean |attribution| over training",
+        title=[f"{noun.capitalize()}{name}: share of mean |attribution| by run", f"{noun.capitalize()}{name}: share"],
     )
 
 
-def saliency_grid_picture(host: HostResult, states: Any, channel: int | None) -> tuple[np.ndarray, float]:
+def shares_picture(
+    summary: RunSummary, labels: Sequence[str], history: Sequence[Mapping[str, Any]], inputs: PictureInputs
+) -> np.ndarray:
+    """The ``shares`` chart: the units' shares of the mean ``|attr|``, stacked per run."""
+    noun, name = _words(summary, inputs)[:2]
+    return shares_chart(
+        list(labels),
+        [entry["global_step"] for entry in history],
+        np.asarray([entry["mean_abs"] for entry in history]),
+        title=[f"Share of |attribution| by {noun[:-1]}{name}, over training", f"Shares of |attribution|{name}"],
+        colours=inputs.unit_colours,
+    ).pixels
+
+
+def _per_state(values: np.ndarray, rows_per_state: int) -> np.ndarray:
+    """Rows -> one value per state: the mean over a state's action rows (``Q`` averaged: ``V(s)``)."""
+    return values if rows_per_state == 1 else state_rows(values, rows_per_state).mean(axis=1)
+
+
+def saliency_grid_picture(
+    host: HostResult, inputs: PictureInputs, summary: RunSummary | None = None, previous_scale: float | None = None
+) -> tuple[np.ndarray, float]:
     """The ``saliency`` grid of a run with spatial states, and its colour scale.
 
-    Args:
-        host: the run (``sample_attributions`` of the first states).
-        states: the first held-out states, as many as ``host.sample_attributions`` (tensor or array).
-        channel: the channel drawn in grey, or ``None`` for the channel mean.
+    The states drawn are ``inputs.picked``; for ``target="each"`` each state's attributions are the mean over its
+    actions (IG is linear in the target: the attributions of the mean Q, ``V(s)`` of a dueling network).
     """
-    grid = saliency_grid(np.asarray(states), host.sample_attributions, channel=channel)
+    if inputs.states is None or inputs.picked is None:
+        raise ValueError("the saliency grid needs the held-out states and the states picked (PictureInputs)")
+    rows = inputs.rows_per_state
+    picked = np.asarray(inputs.picked, dtype=np.intp)
+    samples = host.sample_attributions
+    if rows > 1:
+        samples = state_rows(samples, rows).mean(axis=1)
+    f_input = _per_state(host.f_input, rows)
+    f_baseline = _per_state(host.f_baseline, rows)
+    target = "V(s)" if rows > 1 else target_words(summary.settings.target if summary else "", inputs.action_names)
+    grid = saliency_grid(
+        np.asarray(inputs.states)[picked],
+        samples[picked],
+        channel=inputs.channel,
+        channel_names=inputs.channel_names,
+        channel_colours=inputs.channel_colours,
+        target_label=target,
+        baseline_label=inputs.baseline,
+        f_input=f_input[picked],
+        f_delta=(f_input - f_baseline)[picked],
+        previous_scale=previous_scale,
+    )
     return grid.pixels, grid.scale
 
 
-def mean_abs_map_picture(host: HostResult) -> np.ndarray:
-    """The ``saliency/mean_abs`` picture: mean ``|attr|`` per pixel over all states, a tile per channel."""
-    channel_names = host.groups.channel_names() if host.groups is not None else None
-    return mean_abs_map(host.features.mean_abs.reshape(host.feature_shape), host.num_states, channel_names).pixels
+def mean_abs_map_picture(host: HostResult, inputs: PictureInputs | None = None) -> np.ndarray:
+    """The ``saliency/mean_abs`` map: mean ``|attr|`` per pixel, a tile per channel on its own scale.
+
+    With ``inputs.presence`` (the zero baseline) each pixel is averaged over the states where its channel is
+    present: the attribution of a feature equal to its baseline is exactly 0 (``attr = (x - b) * ...``), so the
+    mean over those states is the mean over all states divided by the fraction present.
+    """
+    inputs = inputs or PictureInputs()
+    mean_abs = host.features.mean_abs.reshape(host.feature_shape)
+    channel_names = inputs.channel_names
+    if channel_names is None and host.groups is not None:
+        channel_names = host.groups.channel_names()
+    presence = inputs.presence
+    if presence is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_abs = np.where(presence > 0, mean_abs / np.where(presence > 0, presence, 1.0), np.nan)
+    return mean_abs_map(
+        mean_abs,
+        host.num_states // inputs.rows_per_state,
+        channel_names,
+        presence=presence,
+        channel_colours=inputs.channel_colours,
+    ).pixels
+
+
+def actions_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureInputs) -> np.ndarray | None:
+    """Why this action: per action (``target="each"``), or the greedy action against the runner-up (``"contrast"``).
+
+    Returns ``None`` when the run has nothing to draw (no action numbers, no per-state values).
+    """
+    names = inputs.action_names or []
+    top = min(summary.settings.top_k, 6)
+    if summary.actions is not None:
+        actions = summary.actions
+        return action_attributions_chart(
+            list(labels),
+            actions.names,
+            actions.advantage_moments,
+            top_k=top,
+            greedy_counts=actions.greedy_counts.tolist(),
+            num_states=actions.num_states,
+            target_label="A(s, a)",
+            title=[
+                f"What favours each action, step {summary.step:,}",
+                "What favours each action",
+            ],
+            label_colours=inputs.unit_colours,
+        ).pixels
+    values = summary.units.values
+    if inputs.q_values is None or values is None or not names:
+        return None
+    numbers = contrast_numbers(inputs.q_values(), values)
+    greedy, runner_up = numbers.pair
+    return contrast_chart(
+        list(labels),
+        numbers.moments,
+        greedy=names[greedy],
+        runner_up=names[runner_up],
+        num_states=numbers.count,
+        of_states=summary.num_states,
+        top_k=top,
+        label_colours=inputs.unit_colours,
+    ).pixels

@@ -1,12 +1,20 @@
-"""Drawing on pixel arrays: fonts, colour tables, text, tick values and compact PNGs.
+"""Drawing on pixel arrays: the card size, fonts, colour tables, text, tick values and compact PNGs.
 
-The pictures the callback logs (the two charts of :mod:`lightning_ig.views.charts`
-and the saliency pictures of :mod:`lightning_ig.views.saliency`) are drawn straight
-into ``(H, W, 3)`` uint8 arrays with numpy and Pillow. A plotting library's
-layout engine costs a hundred milliseconds or more per chart; these cost about
-a millisecond. :func:`png_bytes` stores a picture with at most 256 colours (a
-palette PNG): a third of the bytes of an RGB one, which matters because
-TensorBoard's event writer checksums every byte in Python.
+Every picture the callback logs (the charts of :mod:`~lightning_ig.views.bars`,
+:mod:`~lightning_ig.views.charts`, :mod:`~lightning_ig.views.actions` and :mod:`~lightning_ig.views.verdict`, the
+saliency pictures of :mod:`~lightning_ig.views.saliency`) is drawn straight into an ``(H, W, 3)`` uint8 array with
+numpy and Pillow. A plotting library's layout engine costs a hundred milliseconds or more per chart;
+these cost a few milliseconds. :func:`png_bytes` stores a picture with at most 256 colours (a palette
+PNG): a third of the bytes of an RGB one, which matters because TensorBoard's event writer checksums
+every byte in Python.
+
+Sizes are set by where TensorBoard shows a picture (measured in headless Chromium, TensorBoard 2.21,
+window 1280x800). Time Series fits an image into a box 326 px wide (the card, with the settings pane
+open) and 215 px high, whatever the window's height; the Images dashboard draws every image 350 px
+wide. Both scale with ``image-rendering: pixelated``: shrinking drops whole rows and columns of pixels,
+so anti-aliased text drawn larger and shown smaller loses strokes. A picture of :data:`CARD_WIDTH` x
+:data:`CARD_HEIGHT` is shown at 1.0x in Time Series and 1.09x in Images; text is drawn at the size it
+is read (:data:`TEXT_SIZE` and up: a cap height of 9 px or more on screen).
 """
 
 from __future__ import annotations
@@ -21,13 +29,23 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CARD_HEIGHT",
+    "CARD_WIDTH",
+    "CATEGORICAL",
     "DIVERGING_LUT",
+    "NEGATIVE",
+    "POSITIVE",
     "SEQUENTIAL_LUT",
+    "SMALL_SIZE",
+    "TEXT_SIZE",
+    "TITLE_SIZE",
     "Canvas",
+    "categorical_colours",
     "font",
     "format_tick",
     "nice_ticks",
     "png_bytes",
+    "rgb",
     "to_colour_index",
 ]
 
@@ -46,6 +64,52 @@ _DIVERGING = [
     "#053061",
 ]
 _SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
+
+
+# The picture size TensorBoard shows without shrinking it: Time Series' image box is 326 x 215 px at a 1280 px
+# window (319 px wide at 800 px); the Images dashboard draws 350 px wide. Taller pictures are shrunk in Time Series.
+CARD_WIDTH = 320
+CARD_HEIGHT = 214
+# DejaVu Sans: cap heights 9 px (12 and 13 px), 11 px (15 px).
+SMALL_SIZE = 12  # tick values, captions under tiles
+TEXT_SIZE = 13  # labels, legends
+TITLE_SIZE = 15  # titles and the verdict, bold
+# The sign of an attribution, everywhere: ColorBrewer RdBu's ends (readable for most colour-blind viewers).
+POSITIVE = "#2166ac"
+NEGATIVE = "#b2182b"
+# Categorical colours for channels and groups, drawn on the dark ground of a frame with blue and red attribution
+# markers over them: Okabe and Ito's colour-blind-safe set less its blues and reds (the markers' colours), with white
+# and grey; ordered so that MinAtar's Breakout and Asterix read naturally (paddle or player orange, ball white, its
+# trail grey: a dimmer ball, bricks or gold yellow), then green, purple, and the blue and vermillion last.
+CATEGORICAL = ("#e69f00", "#f0f0f0", "#8c8c8c", "#f0e442", "#009e73", "#cc79a7", "#56b4e9", "#d55e00")
+
+
+def rgb(colour: str) -> tuple[int, int, int]:
+    """``"#rrggbb"`` -> ``(r, g, b)``.
+
+    Raises:
+        ValueError: ``colour`` is not of the form ``#rrggbb``.
+    """
+    text = str(colour)
+    if len(text) != 7 or text[0] != "#":
+        raise ValueError(f"a colour is written '#rrggbb', got {text!r}")
+    try:
+        return int(text[1:3], 16), int(text[3:5], 16), int(text[5:7], 16)
+    except ValueError:
+        raise ValueError(f"a colour is written '#rrggbb' in hexadecimal digits, got {text!r}") from None
+
+
+def categorical_colours(count: int) -> list[str]:
+    """``count`` distinct colours from :data:`CATEGORICAL`; past eight, lighter and darker variants of them."""
+    colours = []
+    for index in range(count):
+        base = np.array(rgb(CATEGORICAL[index % len(CATEGORICAL)]), dtype=np.float64)
+        cycle = index // len(CATEGORICAL)
+        if cycle:  # alternately mixed with white and with black, further each cycle
+            mix = np.array([255.0] * 3 if cycle % 2 else [0.0] * 3)
+            base = base + (mix - base) * min(0.2 * ((cycle + 1) // 2), 0.6)
+        colours.append("#" + "".join(f"{round(v):02x}" for v in base))
+    return colours
 
 
 def _lut(anchors: list[str]) -> np.ndarray:
@@ -102,7 +166,7 @@ def nice_ticks(limit: float, most: int = 6) -> np.ndarray:
     raw = limit / most
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * power >= raw * (1 - 1e-9))
-    count = int(math.floor(limit / step * (1 + 1e-9)))  # noqa: RUF046 - numpy floats floor to floats
+    count = math.floor(limit / step * (1 + 1e-9))
     return np.arange(count + 1) * step
 
 
@@ -118,17 +182,18 @@ def format_tick(value: float, step: float) -> str:
 
 
 class Canvas:
-    """A white RGB picture to draw shapes and text on; :attr:`pixels` is the ``(H, W, 3)`` uint8 result.
+    """An RGB picture to draw shapes and text on; :attr:`pixels` is the ``(H, W, 3)`` uint8 result.
 
     Args:
         width: pixels across.
         height: pixels down.
+        background: the colour it starts as (default white).
     """
 
-    def __init__(self, width: int, height: int) -> None:
+    def __init__(self, width: int, height: int, background: str = "white") -> None:
         from PIL import Image, ImageDraw  # noqa: PLC0415
 
-        self.image = Image.new("RGB", (int(width), int(height)), "white")
+        self.image = Image.new("RGB", (int(width), int(height)), background)
         self.draw = ImageDraw.Draw(self.image)
 
     @property
@@ -149,7 +214,7 @@ class Canvas:
         """Write ``text`` at ``xy``; ``anchor`` is Pillow's (``"la"``: left, ascender; ``"rm"``: right, middle; ...)."""
         mask, left, top = _text_mask(text, size, bold, anchor)
         if mask is not None:
-            x, y = int(round(xy[0])) + left, int(round(xy[1])) + top  # noqa: RUF046 - xy may be numpy floats
+            x, y = round(xy[0]) + left, round(xy[1]) + top
             self.image.paste(colour, (x, y, x + mask.width, y + mask.height), mask)
 
     def text_width(self, text: str, *, size: int = 12, bold: bool = False) -> float:
@@ -159,6 +224,27 @@ class Canvas:
     def rectangle(self, box: tuple[float, float, float, float], colour: str | tuple[int, int, int]) -> None:
         """Fill ``box`` = ``(left, top, right, bottom)``, edges included."""
         self.draw.rectangle(box, fill=colour)
+
+    def outline(
+        self, box: tuple[float, float, float, float], colour: str | tuple[int, int, int], width: int = 1
+    ) -> None:
+        """Draw the edges of ``box`` = ``(left, top, right, bottom)``, ``width`` pixels inwards."""
+        self.draw.rectangle(box, outline=colour, width=width)
+
+    def first_fitting(self, texts: list[str], width: float, *, size: int = 12, bold: bool = False) -> str:
+        """The first of ``texts`` (longest wording first) no wider than ``width``; else the last, cut to fit."""
+        for text in texts:
+            if self.text_width(text, size=size, bold=bold) <= width:
+                return text
+        return self.fit(texts[-1], width, size=size, bold=bold)
+
+    def fit(self, text: str, width: float, *, size: int = 12, bold: bool = False) -> str:
+        """``text``, cut with an ellipsis where it is wider than ``width`` pixels."""
+        if self.text_width(text, size=size, bold=bold) <= width:
+            return text
+        while len(text) > 1 and self.text_width(text + "…", size=size, bold=bold) > width:
+            text = text[:-1]
+        return text.rstrip() + "…"
 
     def line(self, points: list[tuple[float, float]], colour: str = "#444444", width: int = 1) -> None:
         """A polyline through ``points``."""

@@ -1,166 +1,150 @@
-"""Saliency pictures of held-out observations, built with numpy and Pillow.
+"""Saliency pictures of held-out observations that show the game, built with numpy and Pillow.
 
-For states with spatial dimensions, ``(C, H, W)`` (more leading dimensions are
-read as channels):
+For states with spatial dimensions, ``(C, H, W)`` (more leading dimensions are read as channels):
 
-* :func:`saliency_grid`: up to 8 observations side by side, each the
-  observation in grey (one channel or frame, or the channel mean) with its
-  signed attribution (summed over channels) blended over it: blue where the
-  attribution raises the target, red where it lowers it, more opaque where it
-  is larger. One symmetric scale for the whole grid, written under it;
-* :func:`mean_abs_map`: the mean ``|attribution|`` over all states, one tile
-  per channel side by side, one scale for all channels.
+* :func:`saliency_grid`: up to 8 observations in a grid, each frame drawn as its objects, one colour per
+  channel on a dark ground (as MinAtar's own display does), with its signed attribution (summed over
+  channels) as a square in each cell: blue where the attribution raises the target above its value at
+  the baseline, red where it lowers it, larger and darker where it is larger. One scale for the whole
+  grid, a legend of the channels and of the colours, a border per tile, and under each tile the
+  target's value ``F(x)`` and its change from the baseline ``F(x) - F(b)``. Frames too large for a tile
+  of the card (Atari's 84 x 84) are pooled by whole blocks: the objects by their maximum, the
+  attributions by their sum, so the markers still add up to ``F(x) - F(b)``. Cells too small for a
+  square inside (under 4 px) get the sign's colour blended over the frame instead;
+* :func:`mean_abs_map` and :func:`mean_abs_where_present` (from :mod:`~lightning_ig.views.saliency_map`, kept importable
+  from here): the mean ``|attribution|`` per pixel, one tile per channel, each on its own scale, averaged
+  where each object is.
 
-For ``(C, L)`` states (1-d signals with channels) both are heat strips:
-channels down, positions across.
+For ``(C, L)`` states (1-d signals with channels) both are heat strips: channels down, positions across.
 
-Each image is a ``(H, W, 3)`` uint8 array for ``SummaryWriter.add_image(...,
-dataformats="HWC")`` or :func:`write_png`; small tiles are enlarged by whole
-pixels so that they stay sharp. Captions and colour bars are drawn once per
-layout and kept (text is the slowest part of a picture); a run draws only
-its two scale numbers.
+Each picture is a ``(H, W, 3)`` uint8 array for ``SummaryWriter.add_image(..., dataformats="HWC")`` or
+:func:`write_png`, sized for TensorBoard's card (:data:`~lightning_ig.views.raster.CARD_WIDTH` wide; see
+:mod:`~lightning_ig.views.raster`): small frames are enlarged by whole pixels, to the largest cell that keeps the
+grid within the card.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from lightning_ig._files import atomic_path
-from lightning_ig.views.raster import DIVERGING_LUT, SEQUENTIAL_LUT, font
+from lightning_ig.views.frames import (
+    BORDER,
+    GAP,
+    INK,
+    LINE,
+    MUTED,
+    SaliencyPicture,
+    as_images,
+    bar_legend,
+    cell_size,
+    channel_labels,
+    check_saliency_channel,
+    colour_table,
+    first_distinct,
+    frame_colours,
+    nice_scale,
+    pool,
+    pool_factor,
+    robust_max,
+    saliency_kind,
+    stack,
+    strip,
+    swatch,
+    write_png,
+)
+from lightning_ig.views.number_format import format_value
+from lightning_ig.views.raster import CARD_WIDTH, DIVERGING_LUT, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas
+from lightning_ig.views.saliency_map import mean_abs_map, mean_abs_where_present
 
-__all__ = ["SaliencyPicture", "check_saliency_channel", "mean_abs_map", "saliency_grid", "saliency_kind", "write_png"]
+__all__ = [
+    "SaliencyPicture",
+    "check_saliency_channel",
+    "first_distinct",
+    "frame_colours",
+    "mean_abs_map",
+    "mean_abs_where_present",
+    "nice_scale",
+    "saliency_grid",
+    "saliency_kind",
+    "write_png",
+]
 
-# Small observations are enlarged by whole pixels up to about this size (captions stay in proportion); larger
-# ones are stored as they are: TensorBoard scales images up to its card without smoothing ("pixelated").
-_TILE_PIXELS = 84
-_STRIP_WIDTH = 384
-_GAP = 4
-_TEXT_ROW = 14
-_CAPTION_SIZE = 10
-_NUMBER_ROWS = _TEXT_ROW + 4  # the legend rows above its description: the colour bar and the scale numbers
-_MAX_OPACITY = 0.9
-_MAGNITUDE_STEPS = 63  # 64 colours for magnitudes
-_ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not wash out the rest
+_SCALE_CHANGE = 0.25  # a scale this much larger or smaller than the previous picture's is pointed out
+_PALEST = 0.6  # the palest marker colour, as a fraction of the way from white to the sign's darkest colour
+_SMALLEST_MARKER_CELL = 4  # pixels per cell below which a marker would hide the object: blend instead
+_MAX_OPACITY = 0.85
+_LEGEND_HEIGHT = 4 * LINE + 4
 
 
-@dataclass(frozen=True)
-class SaliencyPicture:
-    """An RGB picture and the value its colour scale ends at.
+def _markers(maps: np.ndarray, scale: float, cell: int, rim: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pixel attribution markers: ``(mask, colour)`` at ``cell`` x enlargement.
 
-    Attributes:
-        pixels: ``(H, W, 3)`` uint8.
-        scale: the colour scale is ``[-scale, +scale]`` (signed maps) or ``[0, scale]`` (magnitudes).
+    A centred square per cell whose area grows with ``|attribution| / scale`` (full: the cell less a rim of
+    ``rim`` pixels, so the object's colour always shows around it), in the sign's colour, darker where larger
+    (never paler than a third of the way, so that a small marker does not read as a white dot).
     """
-
-    pixels: np.ndarray
-    scale: float
-
-
-def saliency_kind(feature_shape: tuple[int, ...]) -> str | None:
-    """``"image"`` for ``(C, H, W)`` (or more dims), ``"strip"`` for ``(C, L)``, ``None`` for flat vectors."""
-    if len(feature_shape) >= 3:
-        return "image"
-    return "strip" if len(feature_shape) == 2 else None
-
-
-def check_saliency_channel(channel: int | None, feature_shape: tuple[int, ...]) -> None:
-    """Raise where ``channel`` (the one drawn in grey) is not a channel of ``(C, H, W)`` states.
-
-    Leading dimensions of more than three are folded into channels, as the pictures fold them. States of
-    other shapes draw no channel in grey, so any ``channel`` passes for them.
-
-    Raises:
-        ValueError: ``channel`` is past the last channel.
-    """
-    if channel is None or saliency_kind(feature_shape) != "image":
-        return
-    channels = math.prod(feature_shape[:-2])
-    if not 0 <= channel < channels:
-        raise ValueError(
-            f"saliency_channel={channel} is out of range for {channels} channels (feature shape {feature_shape}); "
-            f"pick 0..{channels - 1}, or None for the channel mean"
-        )
+    unit = np.clip(np.nan_to_num(maps / scale), -1.0, 1.0)  # (S, H, W)
+    largest = max(cell - 2 * rim, 1)
+    side = np.round(largest * np.sqrt(np.abs(unit))).astype(np.intp)  # 0..largest: negligible values draw nothing
+    offsets = np.arange(cell)
+    squares = np.zeros((largest + 1, cell, cell), dtype=bool)
+    for k in range(1, largest + 1):
+        start = (cell - k + 1) // 2
+        inside = (offsets >= start) & (offsets < start + k)
+        squares[k] = inside[:, None] & inside[None, :]
+    count, height, width = maps.shape
+    mask = squares[side].transpose(0, 1, 3, 2, 4).reshape(count, height * cell, width * cell)
+    levels = np.round(127.5 + 127.5 * np.sign(unit) * (_PALEST + (1 - _PALEST) * np.abs(unit))).astype(np.intp)
+    colour = DIVERGING_LUT[levels].repeat(cell, axis=1).repeat(cell, axis=2)  # (S, H*cell, W*cell, 3)
+    return mask, colour
 
 
-def _robust_max(values: np.ndarray) -> float:
-    finite = np.abs(values[np.isfinite(values)])
-    if finite.size == 0:
-        return 1.0
-    top = float(np.percentile(finite, _ROBUST_PERCENTILE))
-    return top if top > 0 else (float(finite.max()) or 1.0)
-
-
-def _enlarge(image: np.ndarray, factor: int) -> np.ndarray:
-    pixels = image if image.dtype == np.uint8 else np.clip(image, 0, 255).astype(np.uint8)
-    return pixels if factor == 1 else pixels.repeat(factor, axis=0).repeat(factor, axis=1)
-
-
-def _tile_factor(height: int, width: int) -> int:
-    return max(1, round(_TILE_PIXELS / max(height, width)))
-
-
-def _as_images(values: np.ndarray) -> np.ndarray:
-    """``(S, *shape)`` -> ``(S, C, H, W)``: leading feature dims folded into channels."""
-    return values.reshape(values.shape[0], -1, *values.shape[-2:])
-
-
-def _blend_table() -> np.ndarray:
-    """``(256, 256, 3)`` uint8: a signed colour level (-scale to +scale) blended over a grey level.
-
-    The opacity grows with the attribution's size, so that small attributions leave the observation visible.
-    """
-    unit = np.arange(256) / 127.5 - 1.0  # the signed value of each colour level
-    opacity = _MAX_OPACITY * np.abs(unit)[:, None, None]
-    grey = np.arange(256, dtype=np.float64)[None, :, None]
-    return np.clip((1.0 - opacity) * grey + opacity * DIVERGING_LUT[:, None, :], 0, 255).astype(np.uint8)
-
-
-_BLEND = _blend_table()
-
-
-def _signed_level(signed: np.ndarray, scale: float) -> np.ndarray:
-    """Signed values on ``[-scale, scale]`` (NaN as 0, clipped) -> colour levels 0..255 (127.5: zero)."""
-    return np.round((np.clip(np.nan_to_num(signed / scale), -1.0, 1.0) + 1.0) * 127.5).astype(np.intp)
-
-
-def _sequential(values: np.ndarray, scale: float) -> np.ndarray:
-    """Magnitudes on ``[0, scale]`` in 64 steps of viridis: few enough colours, with the captions', for an exact
-    palette PNG (a smooth ramp of 256 would be cut to visible steps by the palette's quantizer instead)."""
-    unit = np.clip(np.nan_to_num(values / scale), 0.0, 1.0)
-    return SEQUENTIAL_LUT[np.round(np.round(unit * _MAGNITUDE_STEPS) * (255.0 / _MAGNITUDE_STEPS)).astype(np.intp)]
-
-
-def _grey(observations: np.ndarray) -> np.ndarray:
-    """``(S, H, W)`` -> grey levels in ``[0, 255]``, each observation stretched to its own range."""
-    low = observations.min(axis=(1, 2), keepdims=True)
-    high = observations.max(axis=(1, 2), keepdims=True)
-    span = np.where(high > low, high - low, 1.0)
-    return np.where(high > low, (observations - low) / span, 0.5) * 255.0
+def _blended(frames: np.ndarray, maps: np.ndarray, scale: float, cell: int) -> np.ndarray:
+    """``frames (S, H*cell, W*cell, 3)`` with the signed colour of ``maps (S, H, W)`` over them, opacity ``~ |a|``."""
+    unit = np.clip(np.nan_to_num(maps / scale), -1.0, 1.0).repeat(cell, axis=1).repeat(cell, axis=2)
+    colour = DIVERGING_LUT[np.round((unit + 1.0) * 127.5).astype(np.intp)]
+    opacity = (_MAX_OPACITY * np.abs(unit))[..., None]
+    return np.clip(frames * (1.0 - opacity) + colour * opacity, 0, 255).astype(np.uint8)
 
 
 def saliency_grid(
-    states: np.ndarray, attributions: np.ndarray, *, channel: int | None = None, columns: int = 4
+    states: np.ndarray,
+    attributions: np.ndarray,
+    *,
+    channel: int | None = None,
+    columns: int | None = None,
+    channel_names: Sequence[str] | None = None,
+    channel_colours: Sequence[str] | None = None,
+    target_label: str = "V(s)",
+    baseline_label: str = "the all-zero frame",
+    f_input: np.ndarray | None = None,
+    f_delta: np.ndarray | None = None,
+    previous_scale: float | None = None,
 ) -> SaliencyPicture:
-    """The observations with their signed attributions blended over them, in a grid (a strip per state for 1-d).
+    """The observations with their signed attributions, in a grid (a strip per state for 1-d signals).
 
     Args:
         states: ``(S, *feature_shape)`` the observations.
         attributions: ``(S, *feature_shape)`` their attributions.
-        channel: the channel (or frame) drawn in grey; ``None`` (default) for the channel mean.
-        columns: tiles per row (default 4).
+        channel: draw this channel only (``None``, default: every channel in its colour).
+        columns: tiles per row (default: as many as fit the card, at most 4).
+        channel_names: one name per channel, for the legend (default ``channel 0``, ...).
+        channel_colours: one ``"#rrggbb"`` per channel (default :func:`~lightning_ig.views.raster.categorical_colours`).
+        target_label: what is attributed, as the legend names it (default ``"V(s)"``).
+        baseline_label: what the attribution is relative to (default ``"the all-zero frame"``).
+        f_input: ``(S,)`` the target's value at each state, written under its tile.
+        f_delta: ``(S,)`` ``F(x) - F(b)``, the change from the baseline, written beside it.
+        previous_scale: the scale of the previous grid; a change of more than 25% is written in the legend.
 
     Returns:
-        The picture and its scale (the attribution at which the colour is full).
+        The picture and its scale (the attribution at which the marker is full).
 
     Raises:
-        ValueError: shapes that differ or have no spatial dimension, or a channel out of range.
+        ValueError: shapes that differ or have no spatial dimension, a channel out of range, names, colours
+            or per-state values that do not match the states.
     """
     states = np.asarray(states, dtype=np.float32)
     attributions = np.asarray(attributions, dtype=np.float32)
@@ -170,153 +154,170 @@ def saliency_grid(
             f"saliency needs states and attributions of one shape (S, C, H, W) or (S, C, L), got "
             f"{tuple(states.shape)} and {tuple(attributions.shape)}"
         )
+    values = _per_state(f_input, "f_input", len(states)), _per_state(f_delta, "f_delta", len(states))
     if kind == "strip":
-        scale = _robust_max(attributions)
-        strips = [_strip(_BLEND[_signed_level(a, scale), 255]) for a in attributions]  # blended over white
-        body = _stack(strips, [f"state {i}" for i in range(len(strips))])
-        return SaliencyPicture(
-            _with_legend(body, scale, signed=True, what="attribution per channel and position"), scale
-        )
-    images, maps = _as_images(states), _as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
+        return _strip_grid(attributions, target_label, baseline_label)
     check_saliency_channel(channel, tuple(states.shape[1:]))
-    grey = np.round(_grey(images.mean(axis=1) if channel is None else images[:, channel])).astype(np.intp)  # (S, H, W)
-    scale = _robust_max(maps)
-    blended = _BLEND[_signed_level(maps, scale), grey]  # (S, H, W, 3) uint8: one table look-up per pixel
-    factor = _tile_factor(*maps.shape[1:])
-    tiles = [_enlarge(tile, factor) for tile in blended]
-    body = _grid(tiles, [f"state {i}" for i in range(len(tiles))], columns)
-    shown = "the channel mean" if channel is None else f"channel {channel}"
-    legend = f"attribution (sum over channels) on {shown}"
-    return SaliencyPicture(_with_legend(body, scale, signed=True, what=legend), scale)
-
-
-def mean_abs_map(
-    mean_abs: np.ndarray, num_states: int | None = None, channel_names: Sequence[str] | None = None
-) -> SaliencyPicture:
-    """Mean ``|attribution|`` per feature as a picture: one tile per channel (or a heat strip for ``(C, L)``).
-
-    Args:
-        mean_abs: ``feature_shape`` array of mean ``|attr|`` over the states.
-        num_states: how many states it is the mean over (for the legend).
-        channel_names: one label per channel tile (default ``channel 0``, ``channel 1``, ...).
-
-    Returns:
-        The picture and its scale (the value at the top of the colour scale; shared by all channels).
-    """
-    values = np.asarray(mean_abs, dtype=np.float32)
-    scale = _robust_max(values)
-    over = "" if num_states is None else f" over {num_states} states"
-    if saliency_kind(values.shape) == "strip":
-        body = _stack([_strip(_sequential(values, scale))], ["all channels"])
-        return SaliencyPicture(_with_legend(body, scale, signed=False, what=f"mean |attribution|{over}"), scale)
-    channels = values.reshape(-1, *values.shape[-2:])  # (C, H, W)
-    factor = _tile_factor(*channels.shape[1:])
-    tiles = [_enlarge(_sequential(tile, scale), factor) for tile in channels]
-    labels = list(channel_names) if channel_names is not None else [f"channel {c}" for c in range(len(tiles))]
-    if len(labels) != len(tiles):
-        raise ValueError(f"channel_names has {len(labels)} names for {len(tiles)} channels; give one per channel")
-    body = _grid(tiles, labels, columns=len(tiles))
-    return SaliencyPicture(_with_legend(body, scale, signed=False, what=f"mean |attribution| per pixel{over}"), scale)
-
-
-def _strip(colours: np.ndarray) -> np.ndarray:
-    """``(C, L, 3)`` colours -> a strip, rows 6 px high, columns stretched to about ``_STRIP_WIDTH``."""
-    factor = max(1, math.ceil(_STRIP_WIDTH / colours.shape[1]))
-    return np.clip(colours, 0, 255).astype(np.uint8).repeat(6, axis=0).repeat(factor, axis=1)
-
-
-def _canvas(height: int, width: int) -> np.ndarray:
-    return np.full((height, width, 3), 255, dtype=np.uint8)
-
-
-def _grid(tiles: list[np.ndarray], captions: list[str], columns: int) -> np.ndarray:
-    height, width = tiles[0].shape[:2]
-    columns = max(1, min(columns, len(tiles)))
-    rows = math.ceil(len(tiles) / columns)
-    cell_height, cell_width = height + _TEXT_ROW, width + _GAP
-    texts = tuple(
-        ((index // columns) * cell_height, (index % columns) * cell_width, text) for index, text in enumerate(captions)
+    images, maps = as_images(states), as_images(attributions).sum(axis=1)  # (S, C, H, W), (S, H, W)
+    labels = channel_labels(channel_names, images.shape[1])
+    colours = colour_table(channel_colours, images.shape[1])
+    if channel is not None:
+        images, colours, labels = images[:, channel : channel + 1], colours[channel : channel + 1], [labels[channel]]
+    count = len(images)
+    columns = max(1, min(columns or 4, count))
+    rows = math.ceil(count / columns)
+    block = pool_factor(images.shape[2:], columns, rows, reserved=_LEGEND_HEIGHT)
+    images, maps = pool(images, block, "max"), pool(maps, block, "sum")  # objects kept; attributions add up
+    cell = cell_size(images.shape[2:], columns, rows, reserved=_LEGEND_HEIGHT)
+    scale = nice_scale(robust_max(maps))
+    frames = frame_colours(images, colours).repeat(cell, axis=1).repeat(cell, axis=2)  # (S, H*cell, W*cell, 3)
+    if cell >= _SMALLEST_MARKER_CELL:
+        mask, marker = _markers(maps, scale, cell, rim=1 if cell < 7 else 2)
+        tiles = np.where(mask[..., None], marker, frames).astype(np.uint8)  # (S, H*cell, W*cell, 3)
+    else:  # cells too small for a square inside: the sign's colour blended over the frame, as opaque as it is large
+        tiles = _blended(frames, maps, scale, cell)
+    captions = _captions(*values)
+    canvas, legend_top = _tile_grid(tiles, captions, columns)
+    pixels = _grid_legend(
+        canvas,
+        legend_top,
+        labels=labels,
+        colours=colours,
+        scale=scale,
+        previous=previous_scale,
+        target=target_label,
+        baseline=baseline_label,
+        captioned=captions is not None,
+        block=block,
     )
-    canvas = _captioned(rows * cell_height, columns * cell_width - _GAP, texts).copy()
-    for index, tile in enumerate(tiles):
-        top, left = (index // columns) * cell_height + _TEXT_ROW, (index % columns) * cell_width
-        canvas[top : top + height, left : left + width] = tile
-    return canvas
+    return SaliencyPicture(pixels, scale)
 
 
-def _stack(strips: list[np.ndarray], captions: list[str]) -> np.ndarray:
-    height, width = strips[0].shape[:2]
-    cell = height + _TEXT_ROW + _GAP
-    canvas = _captioned(
-        len(strips) * cell, width, tuple((index * cell, 0, text) for index, text in enumerate(captions))
-    ).copy()
-    for index, strip in enumerate(strips):
-        canvas[index * cell + _TEXT_ROW : index * cell + _TEXT_ROW + height] = strip
-    return canvas
+def _per_state(values: np.ndarray | None, name: str, count: int) -> np.ndarray | None:
+    if values is None:
+        return None
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.shape[0] != count:
+        raise ValueError(f"{name} has {array.shape[0]} values for {count} states; give one per state drawn")
+    return array
 
 
-def _caption(canvas: np.ndarray, texts: tuple[tuple[int, int, str], ...]) -> np.ndarray:
-    from PIL import Image, ImageDraw  # noqa: PLC0415
-
-    image = Image.fromarray(canvas)
-    draw = ImageDraw.Draw(image)
-    for top, left, text in texts:
-        draw.text((left + 1, top + 1), text, fill=(40, 40, 40), font=font(_CAPTION_SIZE))
-    return np.asarray(image)
-
-
-@functools.lru_cache(maxsize=32)
-def _captioned(height: int, width: int, texts: tuple[tuple[int, int, str], ...]) -> np.ndarray:
-    """A white canvas with ``texts`` (top, left, text) written on it; kept per layout, read-only: copy it."""
-    canvas = _caption(_canvas(height, width), texts)
-    canvas.flags.writeable = False
-    return canvas
+def _captions(f_input: np.ndarray | None, f_delta: np.ndarray | None) -> list[str] | None:
+    """``"0.76 +0.62"`` per tile: ``F(x)`` and ``F(x) - F(b)``, each column of numbers with one number of decimals."""
+    columns = [values for values in (f_input, f_delta) if values is not None]
+    if not columns:
+        return None
+    texts = [_fixed(values, signed=values is f_delta) for values in columns]
+    return [" ".join(words) for words in zip(*texts, strict=True)]
 
 
-@functools.lru_cache(maxsize=32)
-def _legend(width: int, signed: bool, what: str) -> np.ndarray:
-    """The colour bar and its description, without the scale's numbers; kept per layout, read-only."""
-    bar_width = min(width - 120, 256)
-    legend = _canvas(2 * _TEXT_ROW + 10, width)
-    ramp = np.linspace(-1.0, 1.0, bar_width) if signed else np.linspace(0.0, 1.0, bar_width)
-    colours = DIVERGING_LUT[_signed_level(ramp, 1.0)] if signed else _sequential(ramp, 1.0)
-    legend[4:14, 60 : 60 + bar_width] = np.clip(colours, 0, 255).astype(np.uint8)[None, :, :]
-    legend = _caption(legend, ((_TEXT_ROW + 4, 2, what),))
-    legend.flags.writeable = False
-    return legend
+def _fixed(values: np.ndarray, *, signed: bool) -> list[str]:
+    """Numbers with the decimals that give the largest of them two significant digits (at least none, at most 4)."""
+    finite = np.abs(values[np.isfinite(values)])
+    largest = float(finite.max()) if finite.size else 0.0
+    decimals = 2 if largest == 0 else int(min(4, max(0, 1 - math.floor(math.log10(largest)))))
+    sign = "+" if signed else ""
+    return [f"{value:{sign}.{decimals}f}" if math.isfinite(value) else str(value) for value in values]
 
 
-def _with_legend(body: np.ndarray, scale: float, *, signed: bool, what: str) -> np.ndarray:
-    """``body`` above a colour bar with its ends written out, as uint8."""
-    width = max(body.shape[1], 320)
-    bar_width = min(width - 120, 256)
-    legend = _legend(width, signed, what)
-    low = f"{-scale:+.2e}" if signed else "0"
-    high = f"{scale:+.2e}" if signed else f"{scale:.2e}"
-    numbers = _caption(legend[:_NUMBER_ROWS].copy(), ((2, 2, low), (2, 64 + bar_width, high)))  # above the description
-    canvas = _canvas(body.shape[0] + legend.shape[0] + _GAP, width)
-    canvas[: body.shape[0], : body.shape[1]] = body
-    canvas[body.shape[0] + _GAP :] = legend
-    canvas[body.shape[0] + _GAP : body.shape[0] + _GAP + _NUMBER_ROWS] = numbers
-    return canvas
+def _tile_grid(tiles: np.ndarray, captions: list[str] | None, columns: int) -> tuple[Canvas, int]:
+    """The tiles with a border each and their captions on a white card as wide as the card; and where the legend
+    goes (room is left below for it: three lines, four with the captions' line)."""
+    count, height, width = tiles.shape[:3]
+    rows = math.ceil(count / columns)
+    gap = max(GAP, (CARD_WIDTH - columns * (width + 2)) // columns)  # spread over the card: room for the captions
+    pitch_x = width + 2 + gap
+    pitch_y = height + 2 + (LINE if captions is not None else 4)
+    used = columns * pitch_x - gap
+    left0 = max(0, (CARD_WIDTH - used) // 2)
+    legend = _LEGEND_HEIGHT if captions is not None else _LEGEND_HEIGHT - LINE
+    canvas = Canvas(max(CARD_WIDTH, used), rows * pitch_y + legend + 2)
+    for index in range(count):
+        left, top = left0 + (index % columns) * pitch_x, (index // columns) * pitch_y
+        canvas.outline((left, top, left + width + 1, top + height + 1), BORDER)
+        canvas.paste(tiles[index], left + 1, top + 1)
+        if captions is not None:
+            canvas.text((left + width / 2 + 1, top + height + 3), captions[index], size=SMALL_SIZE, anchor="ma")
+    return canvas, rows * pitch_y + 2
 
 
-def write_png(pixels: np.ndarray, path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> Path:
-    """Write an ``(H, W, 3)`` uint8 picture as a PNG, atomically, with the umask's mode.
+def _grid_legend(
+    canvas: Canvas,
+    top: int,
+    *,
+    labels: list[str],
+    colours: np.ndarray,
+    scale: float,
+    previous: float | None,
+    target: str,
+    baseline: str,
+    captioned: bool,
+    block: int = 1,
+) -> np.ndarray:
+    """The lines under the grid from ``top``: the channels, the colour scale, what blue and red mean, the captions."""
+    x, middle = 3, top + LINE // 2
+    for label, colour in zip(labels, colours, strict=True):  # a swatch per channel, drawn as a cell of the frame
+        swatch(canvas, x, middle, colour)
+        canvas.text((x + 14, middle), label, size=SMALL_SIZE, anchor="lm")
+        x += 14 + canvas.text_width(label, size=SMALL_SIZE) + 9
+    middle += LINE
+    low, high = f"-{format_value(scale)}", f"+{format_value(scale)}"
+    bar_left = int(5 + canvas.text_width(low, size=SMALL_SIZE))
+    bar_right = bar_left + 110
+    ramp = np.linspace(-1.0, 1.0, bar_right - bar_left)
+    levels = np.round(127.5 + 127.5 * np.sign(ramp) * (_PALEST + (1 - _PALEST) * np.abs(ramp))).astype(np.intp)
+    canvas.paste(np.repeat(DIVERGING_LUT[levels].astype(np.uint8)[None], 9, axis=0), int(bar_left), middle - 4)
+    canvas.text((2, middle), low, size=SMALL_SIZE, anchor="lm")
+    canvas.text((bar_right + 3, middle), high, size=SMALL_SIZE, anchor="lm")
+    note = _scale_note(scale, previous) or (f"per {block}x{block} block" if block > 1 else "")
+    if note:
+        canvas.text(
+            (bar_right + 8 + canvas.text_width(high, size=SMALL_SIZE), middle),
+            note,
+            size=SMALL_SIZE,
+            anchor="lm",
+            colour=MUTED,
+        )
+    middle += LINE
+    x = 2
+    for text, colour, bold in (
+        ("blue", POSITIVE, True),
+        (f" raises {target}, ", INK, False),
+        ("red", NEGATIVE, True),
+        (f" lowers it, vs {baseline}", INK, False),
+    ):
+        canvas.text((x, middle), text, size=SMALL_SIZE, anchor="lm", colour=colour, bold=bold)
+        x += canvas.text_width(text, size=SMALL_SIZE, bold=bold)
+    if captioned:
+        middle += LINE
+        words = canvas.first_fitting(
+            [
+                f"under each frame: {target}, and its change from {baseline}",
+                f"under each: {target}, and its change from {baseline}",
+                f"under each frame: {target}, and its change from that",
+            ],
+            canvas.image.width - 4,
+            size=SMALL_SIZE,
+        )
+        canvas.text((2, middle), words, size=SMALL_SIZE, anchor="lm", colour=MUTED)
+    return canvas.pixels
 
-    Args:
-        pixels: from :func:`saliency_grid` or :func:`mean_abs_map` (``.pixels``).
-        path: the file to write.
-        follow_symlinks: ``True`` (default: ``path`` is the user's): a symbolic link is written
-            through to its target; ``False`` (a name the caller made up): a link there is
-            replaced itself, its target never touched.
 
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-    """
-    from PIL import Image  # noqa: PLC0415
+def _scale_note(scale: float, previous: float | None) -> str:
+    """``"was ±0.52"`` when the scale moved by more than a quarter since the previous picture."""
+    if previous is None or not math.isfinite(previous) or previous <= 0:
+        return ""
+    if abs(scale - previous) <= _SCALE_CHANGE * previous:
+        return ""
+    return f"(scale was ±{format_value(previous)})"
 
-    target = Path(path)
-    with atomic_path(target, follow_symlinks=follow_symlinks) as temporary:
-        Image.fromarray(np.asarray(pixels, dtype=np.uint8)).save(temporary, format="PNG")
-    return target
+
+def _strip_grid(attributions: np.ndarray, target: str, baseline: str) -> SaliencyPicture:
+    """``(S, C, L)`` attributions: one heat strip per state (channels down, positions across), one scale."""
+    scale = robust_max(attributions)
+    levels = np.round((np.clip(np.nan_to_num(attributions / scale), -1, 1) + 1.0) * 127.5).astype(np.intp)
+    strips = [strip(DIVERGING_LUT[level]) for level in levels]
+    body = stack(strips, [f"state {i}" for i in range(len(strips))])
+    return SaliencyPicture(
+        bar_legend(body, scale, signed=True, what=f"blue raises {target}, red lowers it vs {baseline}"), scale
+    )

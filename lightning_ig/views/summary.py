@@ -33,6 +33,8 @@ from lightning_ig.attribution.statistics import (
 )
 from lightning_ig.ensemble.agreement import EnsembleSummary
 from lightning_ig.ensemble.members import MemberRun
+from lightning_ig.views.number_format import format_percent, format_signed, format_value
+from lightning_ig.views.per_action import ActionSummary
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "Units",
     "completeness_sentence",
     "completeness_verdict",
+    "per_state_pointer",
     "report_markdown",
     "summarize",
     "target_unit",
@@ -79,6 +82,7 @@ class RunSettings:
     tolerance: float  # completeness_tol
     top_k: int
     name: str | None = None  # the callback's name= (several callbacks in one Trainer)
+    report_dir: str | None = None  # where the JSON reports go (the text says where the per-state numbers are)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class RunSummary:
         stochastic: the forward gave different values on the same rows.
         time_ms: wall time of the IG computation and the gather.
         ensemble: the members of an ensemble model, or ``None``.
+        actions: a ``target="each"`` run per action (its rows are (state, action) pairs), or ``None``.
     """
 
     step: int
@@ -122,6 +127,7 @@ class RunSummary:
     stochastic: bool = False
     time_ms: float = 0.0
     ensemble: EnsembleSummary | None = None
+    actions: ActionSummary | None = None
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (the heatmap's rows, drift's reference, ``state_dict``)."""
@@ -195,6 +201,7 @@ def summarize(
     first: Sequence[float] | None = None,
     time_ms: float = 0.0,
     members: MemberRun | None = None,
+    action_names: Sequence[str] | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of one run.
 
@@ -210,6 +217,8 @@ def summarize(
         first: the first run's, or ``None``.
         time_ms: wall time of the IG computation.
         members: the members' numbers when the model is an ensemble, else ``None``.
+        action_names: for a ``target="each"`` run (one row per state and action, state-major), one label per
+            action: the summary gets the run per action (:class:`~lightning_ig.views.per_action.ActionSummary`).
 
     Returns:
         The summary.
@@ -228,6 +237,9 @@ def summarize(
         )
     units = groups if groups is not None else logged
     unit_mean_abs = units.moments.mean_abs if units is not None else host.features.mean_abs
+    actions = None
+    if action_names is not None and units is not None and units.values is not None:
+        actions = ActionSummary.of_each(host, units.values, action_names)
     return RunSummary(
         step=int(step),
         run_index=int(run_index),
@@ -260,6 +272,7 @@ def summarize(
             feature_shape=host.feature_shape,
             top_k=settings.top_k,
         ),
+        actions=actions,
     )
 
 
@@ -293,6 +306,14 @@ def _figures_text(numbers: Completeness) -> str:
         f"worst attribution error {relative_error_text(numbers.worst_attribution_error)} (estimated), worst "
         f"mass-relative completeness error {relative_error_text(numbers.worst_mass_relative_error)}"
     )
+
+
+def per_state_pointer(summary: RunSummary) -> str:
+    """Where a run's per-state numbers are: the JSON reports' folder with ``report_dir``, else how to get them."""
+    folder = summary.settings.report_dir
+    if folder is not None:
+        return f"the per-state numbers are in the JSON reports in {folder}"
+    return "pass report_dir= to the callback for a JSON report of every run with the per-state numbers"
 
 
 def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
@@ -331,13 +352,14 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     if numbers.verdict == "unchecked":
         return "unchecked", (
             f"Completeness not checked: in all {total} states the attributions are zero, F(x) = F(b) along the whole "
-            f"path (mean absolute completeness error {_number(numbers.mean_abs_error, '.3g')}, target {target})."
+            f"path (mean absolute completeness error {format_value(numbers.mean_abs_error)}, target {target})."
         )
     notes = ""
     if numbers.num_near_baseline:
         notes += (
             f" {numbers.num_near_baseline} of {total} state(s) are near the baseline (attribution mass below a tenth "
-            "of the median, where every relative figure is ill-conditioned): flagged, not scored."
+            f"of the median, where every relative figure is ill-conditioned): flagged, not scored "
+            f"({per_state_pointer(summary)})."
         )
     if numbers.error_scale != 1.0:
         notes += f" The estimate is scaled by {numbers.error_scale:.3g} (calibration)."
@@ -377,6 +399,16 @@ def report_markdown(
         "",
         f"**{completeness_sentence(summary)[1]}**",
     ]
+    numbers = summary.completeness
+    if numbers.num_non_finite == 0 and numbers.num_degenerate == 0:
+        lines += [
+            "",
+            (
+                "No state gave NaN/Inf and none was too close to the baseline to check (the cards "
+                f"`{prefix}/completeness/non_finite_states` and `degenerate_states` appear from the first run "
+                "that has one)."
+            ),
+        ]
     if summary.stochastic:
         lines += [
             "",
@@ -387,12 +419,12 @@ def report_markdown(
         ]
     order = rank_order(units.moments.mean_abs)[: settings.top_k]
     width = max([len(noun) - 1, *(len(labels[i]) for i in order)])
-    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std':>9}  {'mean attr':>10}"]
+    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std of attr':>11}  {'mean attr':>10}"]
     for rank, index in enumerate(order, start=1):
         moments = units.moments
         rows.append(
-            f"{rank:>4}  {labels[index]:<{width}}  {_number(moments.mean_abs[index], '11.4g')}  "
-            f"{_number(moments.stddev[index], '9.3g')}  {_number(moments.mean_signed[index], '+10.3g')}"
+            f"{rank:>4}  {labels[index]:<{width}}  {format_value(moments.mean_abs[index]):>11}  "
+            f"{format_value(moments.stddev[index]):>11}  {format_signed(moments.mean_signed[index]):>10}"
         )
     lines += [
         "",
@@ -403,7 +435,10 @@ def report_markdown(
         "```",
     ]
     if summary.drift:
-        words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
+        words = [
+            f"{DRIFT_WORDS[key].format(k=settings.top_k)} {_number(value, '.3f')}"
+            for key, value in summary.drift.items()
+        ]
         lines += ["", f"**Drift**: {', '.join(words)}."]
     shares = summary.concentration
     if shares:
@@ -412,15 +447,15 @@ def report_markdown(
             "",
             (
                 f"**Concentration**: the top 1% of the {features} features hold "
-                f"{_number(100 * shares['top1pct_share'], '.3g')}% of the mean |attribution|, the top 10% hold "
-                f"{_number(100 * shares['top10pct_share'], '.3g')}%."
+                f"{format_percent(shares['top1pct_share'])} of the mean |attribution|, the top 10% hold "
+                f"{format_percent(shares['top10pct_share'])}."
             ),
         ]
     if saliency_scale is not None:
         lines += [
             "",
             (
-                f"**Saliency** (`{prefix}/saliency`): colour scale ±{saliency_scale:.3g} per feature; blue "
+                f"**Saliency** (`{prefix}/saliency`): colour scale ±{format_value(saliency_scale)} per cell; blue "
                 "raises the target, red lowers it."
             ),
         ]

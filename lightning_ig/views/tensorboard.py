@@ -1,51 +1,63 @@
-"""What one IG run sends to the loggers: scalars to every logger, and to TensorBoard histograms, text and pictures.
+"""What one IG run sends to the loggers: scalars to every logger; TensorBoard's extras; the pictures where kept.
 
-Scalars reach every Lightning logger through ``logger.log_metrics`` (CSV,
-MLflow, W&B and TensorBoard alike; :func:`scalar_metrics`, :func:`log_scalars`).
-A ``TensorBoardLogger`` also gets the extras through its ``SummaryWriter``
-(``add_histogram``, ``add_text``, ``add_custom_scalars``; pictures as palette
-PNGs through its file writer, :func:`add_picture`), run after run, by the
-callback's :class:`TensorBoardRuns`: the histograms and the ``<prefix>/report``
-text every run, the pictures on their cadences (:func:`pictures_due`; drawn by
-:mod:`~lightning_ig.views.pictures`), encoded and logged on one worker thread
-(:class:`PictureWriter`). The tags are listed, once, in ``docs/tensorboard-tags.md``.
+Scalars reach every Lightning logger through ``logger.log_metrics`` (CSV, MLflow, W&B and TensorBoard alike;
+:func:`scalar_metrics`, less the cards that carry nothing for this run: :func:`informative_scalars`). A
+``TensorBoardLogger`` also gets the extras through its ``SummaryWriter`` (``add_histogram``, ``add_text``,
+``add_custom_scalars``; pictures as palette PNGs, :func:`~lightning_ig.views.picture_writer.add_picture`); a
+``WandbLogger`` and an ``MLFlowLogger`` get the pictures, the feature table and (MLflow, W&B as a file) the JSON
+report (:mod:`~lightning_ig.views.loggers`). All of it run after run, by the callback's :class:`RunOutputs`: the
+scalars, histograms and the ``<prefix>/report`` text every run, the pictures on their cadences
+(:func:`pictures_due`; drawn by :mod:`~lightning_ig.views.pictures`), encoded and logged on one worker thread
+(:class:`~lightning_ig.views.picture_writer.PictureWriter`). The tags are listed, once, in
+``docs/tensorboard-tags.md``.
 
-This module reads a :class:`~lightning_ig.views.summary.RunSummary`, never the
-JSON report. Names are shown the same way in tags, charts and text
-(:func:`display_labels`): a user's names as given (a ``/`` would nest the tag,
-so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their
-numbers zero-padded so that they sort numerically.
+This module reads a :class:`~lightning_ig.views.summary.RunSummary`, never the JSON report. Names are shown the
+same way in tags, charts and text (:func:`display_labels`): a user's names as given (a ``/`` would nest the tag,
+so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers zero-padded so that they
+sort numerically.
 
-A new logger output goes here: a scalar into :func:`scalar_metrics` (and its tag into
-:meth:`TagNames.scalar_tags` and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`TensorBoardRuns.log`.
+A new logger output goes here: a scalar into :func:`scalar_metrics` (and its tag into :meth:`TagNames.scalar_tags`
+and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`RunOutputs.log`, a picture into
+:data:`PICTURE_TAGS` and :mod:`~lightning_ig.views.pictures`.
 """
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.statistics import CONCENTRATION_SHARES, drift_tags
-from lightning_ig.ensemble.agreement import ensemble_scalar_names
-from lightning_ig.views.raster import png_bytes
-from lightning_ig.views.summary import RunSummary, Units
+from lightning_ig.views.picture_writer import PictureWriter, add_picture
+from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.summary import report_markdown as _markdown
+from lightning_ig.views.tags import (
+    CONCENTRATION_TWIN,
+    COUNT_TAGS,
+    PICTURE_TAGS,
+    PICTURES,
+    TAG_ROOT,
+    TagNames,
+    display_labels,
+    feature_tags,
+    same_concentrations,
+)
 
 __all__ = [
+    "COMPANIONS",
+    "COUNT_TAGS",
     "PICTURES",
+    "PICTURE_TAGS",
     "TAG_ROOT",
     "PictureWriter",
+    "RunOutputs",
     "TagNames",
-    "TensorBoardRuns",
     "add_picture",
     "display_labels",
     "feature_tags",
+    "informative_scalars",
     "is_tensorboard_logger",
     "log_scalars",
     "pictures_due",
@@ -53,115 +65,19 @@ __all__ = [
     "scalar_metrics",
 ]
 
-TAG_ROOT = "ig"
 _HISTOGRAM_BINS = 30
 
-PICTURES = ("top_features", "heatmap", "saliency", "saliency_map")
-"""The kinds of picture a run may draw; the tags are ``<prefix>/<kind>``, the map's ``<prefix>/saliency/mean_abs``."""
-
-
-# --------------------------------------------------------------------------- tags and scalars, for every logger
-
-
-def display_labels(names: Sequence[str], *, generated: bool = False) -> list[str]:
-    """How names appear in tags, charts and text.
-
-    Args:
-        names: feature or group names (distinct).
-        generated: the names were made up by lightning-ig (``x[0,3,9]``, ``channel 3``,
-            ``x0..x7``): their numbers are zero-padded to one width so that
-            ``x[0,03,09]`` sorts before ``x[0,10,02]`` as text.
-
-    Returns:
-        One distinct label per name.
-
-    Example::
-
-        >>> display_labels(["pole/angle", "cart x"])
-        ['pole∕angle', 'cart x']
-        >>> display_labels(["x[0,3]", "x[0,10]"], generated=True)
-        ['x[00,03]', 'x[00,10]']
-    """
-    labels = [str(name).replace("/", "∕") for name in names]
-    if generated:
-        width = max((len(run) for label in labels for run in re.findall(r"\d+", label)), default=1)
-        labels = [re.sub(r"\d+", lambda match: match.group().zfill(width), label) for label in labels]
-    seen: set[str] = set()
-    for index, label in enumerate(labels):
-        if label in seen:
-            labels[index] = f"{label} ({index})"
-        seen.add(labels[index])
-    return labels
-
-
-def feature_tags(feature_names: Sequence[str]) -> list[str]:
-    """The tag suffix of each user-named feature: ``ig/mean_abs/<suffix>`` (the names as shown everywhere).
-
-    Example::
-
-        >>> feature_tags(["cart position", "pole/angle"])
-        ['cart position', 'pole∕angle']
-    """
-    return display_labels(feature_names)
-
-
-@dataclass(frozen=True)
-class TagNames:
-    """The tags of one callback: ``ig/...``, or ``ig/<name>/...`` for a named callback.
-
-    Attributes:
-        prefix: ``"ig"`` or ``"ig/<name>"``.
-        feature_labels: labels of the features logged one by one (``None``: too many to log).
-        group_labels: labels of the groups (``None``: no groups).
-        ensemble_members: the members of an ensemble model (``<prefix>/ensemble/...`` tags), or ``None``.
-    """
-
-    prefix: str
-    feature_labels: list[str] | None
-    group_labels: list[str] | None
-    ensemble_members: int | None = None
-
-    @classmethod
-    def build(
-        cls,
-        name: str | None,
-        feature_names: Sequence[str] | None,
-        group_names: Sequence[str] | None,
-        *,
-        generated_features: bool,
-        generated_groups: bool,
-    ) -> TagNames:
-        prefix = TAG_ROOT if name is None else f"{TAG_ROOT}/{display_labels([name])[0]}"
-        features = None if feature_names is None else display_labels(feature_names, generated=generated_features)
-        groups = None if group_names is None else display_labels(group_names, generated=generated_groups)
-        return cls(prefix, features, groups)
-
-    def unit_labels(self, units: Units) -> list[str]:
-        labels = self.group_labels if units.kind == "groups" else self.feature_labels
-        return list(labels or units.names)
-
-    def scalar_tags(self, top_k: int) -> list[str]:
-        """Every scalar tag a run logs from the second run on (the first has no drift)."""
-        tags = [f"{self.prefix}/completeness/{name}" for name in _COMPLETENESS]
-        for labels, group in ((self.feature_labels, ""), (self.group_labels, "group/")):
-            for quantity in ("mean_abs", "mean_signed"):
-                tags += [f"{self.prefix}/{group}{quantity}/{label}" for label in labels or []]
-        tags += [f"{self.prefix}/concentration/{name}" for name in CONCENTRATION_SHARES]
-        units = len(self.group_labels if self.group_labels is not None else self.feature_labels or [])
-        tags += [f"{self.prefix}/drift/{name}" for name in drift_tags(units, top_k)]
-        if self.ensemble_members is not None:
-            tags += [f"{self.prefix}/ensemble/{name}" for name in ensemble_scalar_names(self.ensemble_members)]
-        return [*tags, f"{self.prefix}/time_ms"]
-
-
-_COMPLETENESS = ("worst_relative_error", "mean_abs_error", "non_finite_states", "degenerate_states")
+COMPANIONS = {"verdict": "top_features", "shares": "heatmap"}
+"""Kinds of picture drawn at the runs of another kind (:func:`pictures_due`), so that the documented schedule of
+``top_features`` and ``heatmap`` holds and the cards that sit beside each other show the same run."""
 
 
 def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
-    """The scalars of one run, keyed by tag: completeness, per feature and group, concentration, drift, ensemble, time.
+    """The scalars of one run, keyed by tag: completeness, per feature and group, concentration, drift, ensemble,
+    actions, time.
 
-    ``worst_relative_error`` is logged as it is: ``inf`` when the model produced
-    NaN/Inf, ``nan`` when no state could be checked.
+    ``worst_relative_error`` is logged as it is: ``inf`` when the model produced NaN/Inf, ``nan`` when no state
+    could be checked. Every scalar is here; :func:`informative_scalars` leaves out those that carry nothing.
     """
     prefix, completeness = tags.prefix, summary.completeness
     metrics = {
@@ -182,8 +98,64 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
     if summary.ensemble is not None:
         metrics.update((f"{prefix}/ensemble/{name}", value) for name, value in summary.ensemble.scalars.items())
+    if summary.actions is not None and tags.action_labels is not None:
+        metrics.update(_action_metrics(summary, tags))
     metrics[f"{prefix}/time_ms"] = summary.time_ms
     return {tag: float(value) for tag, value in metrics.items()}
+
+
+def _action_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
+    """``<prefix>/action/<action>/greedy_states`` and, when few enough, each action's mean ``|attr|`` per unit."""
+    actions, labels = summary.actions, tags.unit_labels(summary.units)
+    assert actions is not None and tags.action_labels is not None  # noqa: S101 - checked by the caller
+    quantity = "group/mean_abs" if summary.units.kind == "groups" else "mean_abs"
+    metrics: dict[str, float] = {}
+    for index, action in enumerate(tags.action_labels):
+        metrics[f"{tags.prefix}/action/{action}/greedy_states"] = float(actions.greedy_counts[index])
+        if tags.action_units:
+            means = actions.moments[index].mean_abs.tolist()
+            metrics.update(zip((f"{tags.prefix}/action/{action}/{quantity}/{label}" for label in labels), means))
+    return metrics
+
+
+def informative_scalars(
+    metrics: Mapping[str, float], tags: TagNames, ever_non_zero: Iterable[str] = ()
+) -> tuple[dict[str, float], set[str]]:
+    """The scalars of one run worth a card, and the count tags that have been non-zero so far.
+
+    Time Series shows every card of a run in one sorted list, twelve to a page: a card that carries nothing
+    pushes the ones that do down. Left out: the top-10% concentration where it equals the top-1% one (a state of
+    at most 10 features), and the counts of :data:`COUNT_TAGS` until they are first non-zero; from then on they are
+    logged every run, zeros included, so the card appears when it matters and its curve has no gaps.
+
+    Args:
+        metrics: the run's scalars by tag (:func:`scalar_metrics`).
+        tags: the callback's tags.
+        ever_non_zero: the count tags that were non-zero in an earlier run (the callback keeps them in its
+            ``state_dict``, so a resumed fit goes on logging them).
+
+    Returns:
+        ``(metrics to log, ever_non_zero updated)``.
+
+    Example::
+
+        >>> tags = TagNames("ig", ["x"], None, num_features=1)
+        >>> informative_scalars({"ig/completeness/non_finite_states": 0.0, "ig/time_ms": 3.0}, tags)
+        ({'ig/time_ms': 3.0}, set())
+    """
+    seen = set(ever_non_zero)
+    counts = {f"{tags.prefix}/{name}" for name in COUNT_TAGS}
+    twin = f"{tags.prefix}/{CONCENTRATION_TWIN}" if same_concentrations(tags.num_features) else None
+    kept: dict[str, float] = {}
+    for tag, value in metrics.items():
+        if tag in counts:
+            if value != 0 and not math.isnan(value):
+                seen.add(tag)
+            if tag not in seen:
+                continue
+        if tag != twin:
+            kept[tag] = value
+    return kept, seen
 
 
 def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int) -> None:
@@ -202,25 +174,31 @@ def is_tensorboard_logger(logger: Any) -> bool:
 def pictures_due(
     cadences: Mapping[str, int | None], drawn_steps: Mapping[str, int | None], summary: RunSummary, *, final: bool
 ) -> dict[str, bool]:
-    """Which kinds of picture (of :data:`PICTURES`: the two charts, the saliency grid, the mean |attr| map) a run draws.
+    """Which kinds of picture (of :data:`PICTURES`) a run draws.
 
-    Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at
-    the end of training (``final``), but never twice at one step (``drawn_steps[kind]``). Kinds that
-    share a cadence are spread evenly over it, in the order given (at 10: runs 0, 10, 20, ...;
-    3, 13, 23, ...; 6, 16, 26, ...), so that besides the first and the last run no run draws two
-    kinds, and a run costs about what one kind costs.
+    Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at the end of
+    training (``final``), but never twice at one step (``drawn_steps[kind]``). The kinds of :data:`COMPANIONS` are
+    drawn with the kind they go with (the verdict card with the bar chart, the stacked shares with the heatmap).
+    Kinds that share a cadence are spread
+    evenly over it, in the order given (five at 10: runs 0, 10, 20, ...; 2, 12, ...; 4, 14, ...; 6, ...; 8, ...), so
+    that besides the first and the last run no run draws two kinds, and a run costs about what one kind costs.
     """
+    leads = {kind: every for kind, every in cadences.items() if kind not in COMPANIONS}
     offsets: dict[str, int] = {}
-    for every in {every for every in cadences.values() if every is not None}:
-        sharing = [kind for kind, other in cadences.items() if other == every]
+    for every in {every for every in leads.values() if every is not None}:
+        sharing = [kind for kind, other in leads.items() if other == every]
         offsets.update({kind: position * every // len(sharing) for position, kind in enumerate(sharing)})
     index = summary.run_index
-    return {
+    due = {
         kind: every is not None
         and (final or index == 0 or (index - offsets[kind]) % every == 0)
         and drawn_steps.get(kind) != summary.step
-        for kind, every in cadences.items()
+        for kind, every in leads.items()
     }
+    for kind, lead in COMPANIONS.items():
+        if kind in cadences:
+            due[kind] = due.get(lead, False) and cadences[kind] is not None and drawn_steps.get(kind) != summary.step
+    return due
 
 
 def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
@@ -228,24 +206,29 @@ def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: floa
     return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
 
 
-# --------------------------------------------------------------------------- TensorBoard's extras
+# --------------------------------------------------------------------------- a callback's runs, logger by logger
 
 
-class TensorBoardRuns:
-    """What one callback sends to TensorBoard besides scalars, run after run.
+class RunOutputs:
+    """What one callback's runs send to the trainer's loggers, run after run.
 
-    Every run: the attribution histograms and the ``<prefix>/report`` text; the Custom Scalars layout at the first
-    run and with each bar chart; the pictures when :func:`pictures_due` says so, handed to a
-    :class:`PictureWriter`, which encodes and logs them beside the training loop (the last run's pictures are
-    waited for before a run writes its own, so at most one run's are in flight and their errors surface here).
+    Every run: the informative scalars (:func:`informative_scalars`) to every logger; to each ``TensorBoardLogger``
+    the attribution histograms and the ``<prefix>/report`` text, and the Custom Scalars layout at the first run and
+    with each bar chart. The pictures when :func:`pictures_due` says so, to TensorBoard and to the picture sinks
+    (``WandbLogger``, ``MLFlowLogger``: :func:`~lightning_ig.views.loggers.picture_sinks`), which also get the
+    feature table (and the JSON report, when one is given) with each bar chart. Pictures are handed to a
+    :class:`~lightning_ig.views.picture_writer.PictureWriter`, which encodes and logs them beside the training loop
+    (the last run's are waited for before a run writes its own, so at most one run's are in flight and their errors
+    surface here).
 
     Args:
         tags: the callback's tags.
-        cadences: ``{kind: every this many runs, or None}`` for each kind of :data:`PICTURES`.
+        cadences: ``{kind: every this many runs, or None}`` for the kinds of :data:`PICTURES` this callback draws.
         histograms: write the per-feature and per-group attribution histograms.
-        states: the held-out states (the saliency grid draws the first ones), or ``None``.
-        channel: the channel drawn under the saliency grid (``None``: the channel mean).
+        inputs: what the pictures need besides a run (:class:`~lightning_ig.views.pictures.PictureInputs`).
         pictures: the worker that logs the pictures.
+        sinks: the picture sinks of the trainer's other loggers (W&B, MLflow), or none.
+        ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
     """
 
     def __init__(
@@ -253,18 +236,22 @@ class TensorBoardRuns:
         tags: TagNames,
         cadences: Mapping[str, int | None],
         histograms: bool,
-        states: Any | None,
-        channel: int | None,
+        inputs: Any,
         pictures: PictureWriter,
+        sinks: Sequence[Any] = (),
+        ever_non_zero: Iterable[str] = (),
     ) -> None:
         self.tags = tags
         self.cadences = dict(cadences)
         self.histograms = histograms
-        self.states = states
-        self.channel = channel
+        self.inputs = inputs
         self.pictures = pictures
+        self.sinks = list(sinks)
+        self.ever_non_zero = set(ever_non_zero)
+        self.logged: set[str] = set()  # every scalar tag logged so far (the Custom Scalars page charts only these)
         self.drawn_steps: dict[str, int | None] = dict.fromkeys(PICTURES)
         self.last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
+        self.saliency_scale: float | None = None  # the last saliency grid's: a change is pointed out in the next
 
     def log(
         self,
@@ -275,38 +262,59 @@ class TensorBoardRuns:
         *,
         final: bool,
         layout: Callable[[], Mapping[str, Any]],
+        report: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
-        """Histograms, text, layout and the pictures due, to every ``TensorBoardLogger`` in ``loggers``.
+        """One run's scalars, TensorBoard's extras and the pictures due.
 
         Args:
             loggers: the trainer's loggers.
             summary: the run.
             host: the run's host result; ``None`` at the end of training without a run: the last run's pictures
-                that were not drawn yet, no text.
-            history: the runs so far (the heatmap's).
+                that were not drawn yet, no scalars and no text.
+            history: the runs so far (the heatmap's and the shares').
             final: the end of training (every kind of picture is due).
             layout: makes the Custom Scalars layout, when one is written.
+            report: makes the run's JSON report, for the sinks (with each bar chart); ``None``: none.
         """
+        loggers = list(loggers)
         if host is not None:
             self.last_host = host
+            metrics, self.ever_non_zero = informative_scalars(
+                scalar_metrics(summary, self.tags), self.tags, self.ever_non_zero
+            )
+            self.logged.update(metrics)
+            log_scalars(loggers, metrics, summary.step)
         writers = [logger.experiment for logger in loggers if is_tensorboard_logger(logger)]
         due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
-        if not writers or (host is None and not any(due.values())):
+        if not (writers or self.sinks) or (host is None and not any(due.values())):
             return
-        self.pictures.wait()  # the last run's pictures first: at most one run's are in flight
-        pictures, scale = {}, None
-        if any(due.values()):
-            from lightning_ig.views.pictures import draw  # noqa: PLC0415 - Pillow and the drawing only when due
-
-            labels = self.tags.unit_labels(summary.units)
-            pictures, scale = draw(due, summary, labels, self.last_host, self.states, self.channel, history)
-        text = report_markdown(summary, self.tags, saliency_scale=scale) if host is not None else None
-        written_layout = layout() if due["top_features"] or summary.run_index == 0 else None
+        if any(due.values()) and self.pictures.pending:
+            self.pictures.wait()  # the last run's pictures first: at most one run's are in flight
+        pictures = self._draw(due, summary, history)
+        drawn_scale = self.saliency_scale if due.get("saliency") else None  # the text names this run's grid only
+        text = report_markdown(summary, self.tags, saliency_scale=drawn_scale) if host is not None else None
+        written_layout = layout() if due.get("top_features") or summary.run_index == 0 else None
         for writer in writers:
             self._write(
                 writer, summary, text, written_layout, pictures, histograms=self.histograms and host is not None
             )
+        if self.sinks:
+            self._to_sinks(summary, pictures, report if due.get("top_features") else None)
         self.drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
+
+    def _draw(
+        self, due: Mapping[str, bool], summary: RunSummary, history: Sequence[Mapping[str, Any]]
+    ) -> dict[str, np.ndarray]:
+        """The pictures due, by tag; the saliency grid's scale kept for the text and the next grid."""
+        if not any(due.values()):
+            return {}
+        from lightning_ig.views.pictures import draw  # noqa: PLC0415 - Pillow and the drawing only when due
+
+        labels = self.tags.unit_labels(summary.units)
+        drawn, scale = draw(due, summary, labels, self.last_host, history, self.inputs, self.saliency_scale)
+        if scale is not None:
+            self.saliency_scale = scale
+        return {f"{self.tags.prefix}/{PICTURE_TAGS[kind]}": pixels for kind, pixels in drawn.items()}
 
     def _write(
         self,
@@ -334,79 +342,32 @@ class TensorBoardRuns:
             writer.add_custom_scalars(dict(layout))
         # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the GIL),
         # so the large ones are queued when this thread has little Python work left.
-        for name, pixels in pictures.items():
-            self.pictures.submit(add_picture, writer, f"{tags.prefix}/{name}", pixels, step)
+        for tag, pixels in pictures.items():
+            self.pictures.submit(add_picture, writer, tag, pixels, step)
+
+    def _to_sinks(
+        self,
+        summary: RunSummary,
+        pictures: Mapping[str, np.ndarray],
+        report: Callable[[], Mapping[str, Any]] | None,
+    ) -> None:
+        """The pictures to every sink; with the bar chart, the feature table and the report (built here, once)."""
+        from lightning_ig.views.loggers import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
+
+        step = summary.step
+        table = None
+        if report is not None:
+            table = feature_table(self.tags.unit_labels(summary.units), summary.units.moments, summary.settings.top_k)
+        document = None if report is None else report()
+        noun = "groups" if summary.units.kind == "groups" else "features"
+        for sink in self.sinks:
+            for tag, pixels in pictures.items():
+                self.pictures.submit(sink.picture, tag, pixels, step)
+            if table is not None:
+                self.pictures.submit(sink.table, f"{self.tags.prefix}/{noun}", *table, step)
+            if document is not None:
+                self.pictures.submit(sink.report, f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
 
     def close(self) -> None:
-        """Every picture in the writer's queue (the worker stopped): before the logger closes."""
+        """Every picture in the writer's queue (the worker stopped): before the loggers close."""
         self.pictures.close()
-
-
-def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
-    """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.views.raster.png_bytes`).
-
-    ``SummaryWriter.add_image`` stores RGB PNGs, three times the bytes, and
-    TensorBoard's event writer checksums every byte in Python on a thread that
-    holds the GIL; so the image summary is built here and handed to the
-    writer's file writer, as ``add_image`` itself does. A writer without one
-    (not PyTorch's ``SummaryWriter``) gets ``add_image``.
-
-    Args:
-        writer: ``TensorBoardLogger.experiment``.
-        tag: the image tag.
-        pixels: ``(H, W, 3)`` uint8.
-        step: the global step.
-    """
-    file_writer = getattr(writer, "_get_file_writer", None)
-    if file_writer is None:
-        writer.add_image(tag, pixels, step, dataformats="HWC")
-        return
-    from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
-
-    height, width = pixels.shape[:2]
-    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png_bytes(pixels))
-    file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-
-
-class PictureWriter:
-    """Run picture jobs (encode, log) in order on a worker thread, created at the first job.
-
-    Called from the thread that runs the callback's hooks only (Lightning's), so it holds no lock of its own.
-    """
-
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
-
-    def submit(self, job: Callable[..., None], *args: Any) -> None:
-        """Run ``job(*args)`` on the worker thread, after the jobs submitted before it.
-
-        Args:
-            job: e.g. :func:`add_picture`.
-            args: its arguments; arrays among them are read later, so they must not be changed afterwards.
-        """
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-pictures")
-        self._pending.append(self._pool.submit(job, *args))
-
-    def wait(self) -> None:
-        """Return when every submitted picture is in the writer's queue; raise the first error one met."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def close(self) -> None:
-        """Wait for the pictures (:meth:`wait`), then stop the worker thread; a later picture starts a new one."""
-        try:
-            self.wait()
-        finally:
-            pool, self._pool = self._pool, None
-            if pool is not None:
-                pool.shutdown(wait=True)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles (e.g. ``copy.deepcopy`` of the callback) start without a worker or pictures."""
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]

@@ -33,16 +33,20 @@ from tests.support.tolerance import assert_close_scaled, eps
 SCALAR_TAGS = [
     "ig/completeness/worst_relative_error",
     "ig/completeness/mean_abs_error",
-    "ig/completeness/non_finite_states",
-    "ig/completeness/degenerate_states",
     "ig/concentration/top1pct_share",
-    "ig/concentration/top10pct_share",
     *[f"ig/mean_abs/{name}" for name in FEATURES],
     *[f"ig/mean_signed/{name}" for name in FEATURES],
     "ig/drift/spearman_prev",
     "ig/drift/spearman_first",
     "ig/drift/topk_jaccard_prev",
     "ig/time_ms",
+]
+# Cards that carry nothing in this run (issue 20 item 7): counts never non-zero, and with 4 features the top-10%
+# concentration is the top-1% one.
+NOT_LOGGED = [
+    "ig/completeness/non_finite_states",
+    "ig/completeness/degenerate_states",
+    "ig/concentration/top10pct_share",
 ]
 
 
@@ -101,6 +105,7 @@ def test_every_tag_is_in_the_event_files(logged_run):
     events = logged_run["events"]
     tags = events.Tags()
     assert set(SCALAR_TAGS) <= set(tags["scalars"])
+    assert not set(NOT_LOGGED) & set(tags["scalars"])
     assert {f"ig/attributions/{name}" for name in FEATURES} <= set(tags["histograms"])
     assert {"ig/top_features", "ig/heatmap"} <= set(tags["images"])
     assert "ig/saliency" not in tags["images"]  # a flat state vector has no saliency map
@@ -120,7 +125,7 @@ def test_every_tag_is_in_the_event_files(logged_run):
 def test_custom_scalars_layout_groups_features(logged_run):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    event = logged_run["events"].Tensors("custom_scalars__config__")[0]
+    event = logged_run["events"].Tensors("custom_scalars__config__")[-1]  # TensorBoard shows the last one
     layout = layout_pb2.Layout()
     layout.ParseFromString(event.tensor_proto.string_val[0])
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
@@ -132,8 +137,12 @@ def test_custom_scalars_layout_groups_features(logged_run):
     # the features' charts come most important first, by the last layout's run
     last = logged_run["callback"].history[-1]["mean_abs"]
     ranked = [FEATURES[i] for i in np.argsort(-np.asarray(last), kind="stable")]
-    feature_charts = [title for title in charts if title.startswith("#")]
-    assert feature_charts == [f"#{rank} {name}: mean |attribution|" for rank, name in enumerate(ranked, start=1)]
+    # titled by name, never by a rank that differs between runs (issue 20 item 3); charts of tags never logged left out
+    assert not any(title.startswith("#") for title in charts) and "states with NaN/Inf" not in charts
+    feature_charts = [title for title in charts if title.endswith(": mean |attribution|")]
+    assert feature_charts == [f"{name}: mean |attribution|" for name in ranked]
+    categories = [category.title for category in layout.category]
+    assert categories == ["IG: trust", "IG: features"]
 
 
 def test_logged_values_equal_ig_on_the_checkpoint(logged_run):
@@ -572,8 +581,8 @@ def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path)
 # ---------------------------------------------------------------------- figures
 
 
-def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
-    """``(colour, width in pixels)`` of each bar, top to bottom, found by their colours in a drawn chart."""
+def _bar_rows(pixels: np.ndarray) -> list[tuple[int, int]]:
+    """``(blue width, red width)`` in pixels of each bar, top to bottom, found by their colours in a drawn chart."""
     from lightning_ig.views.charts import NEGATIVE, POSITIVE
 
     colours = {
@@ -583,18 +592,19 @@ def _bar_rows(pixels: np.ndarray) -> list[tuple[str, int]]:
     masks = {name: (pixels == rgb).all(axis=-1) for name, rgb in colours.items()}
     coloured = masks["+"] | masks["-"]
     rows, bars, previous = np.flatnonzero(coloured.sum(axis=1) > 0), [], -10
-    for row in rows[rows > 50]:  # below the title and the legend's swatches
+    for row in rows:
         if row > previous + 3:  # a new bar starts (its whisker crosses it at the middle): read it on its first row
-            sign = "+" if masks["+"][row].sum() > masks["-"][row].sum() else "-"
-            bars.append((sign, int(coloured[row].sum())))
+            bars.append((int(masks["+"][row].sum()), int(masks["-"][row].sum())))
         previous = row
-    return bars
+    return bars[1:]  # the first: the legend's swatches, above the bars
 
 
 def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
     from lightning_ig.attribution.host_result import Moments
     from lightning_ig.attribution.statistics import rank_order
+    from lightning_ig.views.bars import sign_parts
     from lightning_ig.views.charts import heatmap_chart, top_features_chart
+    from lightning_ig.views.raster import CARD_WIDTH
 
     rng = np.random.default_rng(0)
     for units in (4, 400):
@@ -604,15 +614,29 @@ def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_gr
         bar = top_features_chart(labels, moments, top_k=10, verdict=("pass", "Completeness passes"))
         order = rank_order(moments.mean_abs)[: min(units, 10)]
         assert bar.labels == tuple(labels[i] for i in order)
-        assert bar.pixels.dtype == np.uint8 and bar.pixels.shape[1] == 640 and bar.pixels.shape[0] < 600
+        # drawn at the size TensorBoard's Time Series card shows (issue 20 item 2)
+        assert bar.pixels.dtype == np.uint8 and bar.pixels.shape[1] == CARD_WIDTH and bar.pixels.shape[0] < 600
         # the axis is set by the bars, never stretched by a whisker: the top bar fills most of it
-        assert moments.mean_abs.max() < bar.axis_limit <= 1.31 * moments.mean_abs.max()
-        # one bar per unit, most important on top, coloured by the sign of the mean, long in proportion
-        drawn = _bar_rows(bar.pixels)
-        assert [sign for sign, _ in drawn] == ["+" if moments.mean_signed[i] >= 0 else "-" for i in order]
-        widths = np.array([width for _, width in drawn], dtype=float)
-        expected = moments.mean_abs[order] / moments.mean_abs[order[0]] * widths[0]
-        np.testing.assert_allclose(widths, expected, atol=2.0)  # a bar's ends are whole pixels
+        assert moments.mean_abs.max() <= bar.axis_limit <= 1.31 * moments.mean_abs.max()
+        # one bar per unit, most important on top, long in proportion, split blue (the mean of the positive part)
+        # then red (of the negative part): a mixture of signs shows as two colours (issue 20 item 6)
+        drawn = np.array(_bar_rows(bar.pixels), dtype=float)
+        assert len(drawn) == len(order)
+        pixels_per_unit = drawn[0].sum() / moments.mean_abs[order[0]]
+        positive, negative = sign_parts(moments)
+        np.testing.assert_allclose(drawn[:, 0], positive[order] * pixels_per_unit, atol=2.0)  # whole-pixel ends
+        np.testing.assert_allclose(drawn[:, 1], negative[order] * pixels_per_unit, atol=2.0)
         heat = heatmap_chart(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
         assert len(heat.labels) == min(units, 40)
         assert heat.pixels.shape[0] < 1200
+
+
+def test_the_counts_seen_non_zero_are_kept_across_a_resume():
+    # a resumed fit goes on logging a count card that appeared before (no gap from the resume on)
+    callback = IntegratedGradientsCallback(held_out_states())
+    assert callback.state_dict()["ever_non_zero"] == []
+    callback.load_state_dict(
+        {"history": [], "last_run_step": 4, "ever_non_zero": ["ig/completeness/degenerate_states"]}
+    )
+    assert callback.state_dict()["ever_non_zero"] == ["ig/completeness/degenerate_states"]
+    assert IntegratedGradientsCallback(held_out_states()).load_state_dict({"history": []}) is None  # old checkpoints

@@ -150,6 +150,8 @@ def _saliency_images(runs: dict[int, Path], ulps: float) -> None:
     from PIL import Image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from lightning_ig.views.raster import CARD_WIDTH
+
     pictures = {}
     for world, folder in runs.items():
         (log_dir,) = {path.parent for path in (folder / "tb_rank0").rglob("events.out.tfevents.*")}
@@ -170,8 +172,8 @@ def _saliency_images(runs: dict[int, Path], ulps: float) -> None:
         differ = (pictures[2][key] != pixels).any(-1)
         largest = int(np.abs(pictures[2][key].astype(int) - pixels.astype(int)).max())
         assert not differ.any(), f"{key}: {int(differ.sum())} of {differ.size} pixels differ, by up to {largest} levels"
-    # 24 states in the grid: both ranks' shares (rank 1 holds states 19..36), 6 rows of 4 tiles, 4 px frames, 21x
-    assert pictures[1][("ig/saliency", STEPS[-1])].shape[1] == 4 * 84 + 3 * 4
+    # 24 distinct states in the grid: both ranks' shares (rank 1 holds states 19..36), at the card's width
+    assert pictures[1][("ig/saliency", STEPS[-1])].shape[1] == CARD_WIDTH
 
 
 def _ensemble_summaries(runs: dict[int, Path], ulps: float) -> None:

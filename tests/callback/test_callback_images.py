@@ -20,8 +20,9 @@ from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.views.raster import CARD_WIDTH
 from lightning_ig.views.report import load_schema
-from lightning_ig.views.saliency import mean_abs_map, saliency_grid
+from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
 
@@ -118,11 +119,32 @@ def assert_same_picture(logged: np.ndarray, expected: np.ndarray) -> None:
     assert error.mean() <= 4.0 and np.mean(error > 32) < 0.002
 
 
+def _expected_grid(states: torch.Tensor, result: Any, count: int = 8, previous: float | None = None) -> np.ndarray:
+    """The grid the callback draws: its first ``count`` distinct states, in the channels' colours, named by the
+    channel groups, with V(s) and its change from the all-zero frame under each tile."""
+    picked = first_distinct(states.numpy(), count)
+    f_input, f_baseline = result.f_input.double().numpy(), result.f_baseline.double().numpy()
+    return saliency_grid(
+        states.numpy()[picked],
+        result.attributions.double().numpy()[picked],
+        channel_names=[f"channel {c}" for c in range(states.shape[1])],
+        f_input=f_input[picked],
+        f_delta=(f_input - f_baseline)[picked],
+        previous_scale=previous,
+    ).pixels
+
+
 def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
     events, states = image_run["events"], image_run["states"]
     result = _direct(image_run["model"], states, n_steps=16)
-    expected = saliency_grid(states[:8].numpy(), result.attributions[:8].double().numpy()).pixels
-    expected_mean = mean_abs_map(result.attributions.double().abs().mean(0).numpy(), 10).pixels
+    expected = _expected_grid(states, result)
+    # the map: each pixel's mean |attr| over the states where its channel is present (x != 0), each channel on its
+    # own scale (issue 20 item 4)
+    present = (states != 0).double()
+    where = (result.attributions.double().abs() * present).sum(0) / present.sum(0)
+    expected_mean = mean_abs_map(
+        where.numpy(), 10, ["channel 0", "channel 1", "channel 2"], presence=present.mean(0).numpy()
+    ).pixels
     for tag, pixels in (("ig/saliency", expected), ("ig/saliency/mean_abs", expected_mean)):
         logged = events.Images(tag)
         assert [event.step for event in logged] == [2, 4]
@@ -130,7 +152,7 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
         decoded = np.asarray(Image.open(io.BytesIO(logged[-1].encoded_image_string)).convert("RGB"))
         assert decoded.dtype == np.uint8 and decoded.shape == pixels.shape
         assert_same_picture(decoded, pixels)
-    assert expected.shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 16 px frames enlarged 5x
+    assert expected.shape[1] == CARD_WIDTH  # drawn at the size TensorBoard's card shows
     texts = {
         event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors("ig/report/text_summary")
     }
@@ -186,8 +208,10 @@ def test_saliency_cadence(tmp_path, every, at_end, expected, expected_map):
     assert [event.step for event in events.Tensors("ig/report/text_summary")] == list(range(1, 8))  # text every run
     last = np.asarray(Image.open(io.BytesIO(events.Images("ig/saliency")[-1].encoded_image_string)).convert("RGB"))
     result = _direct(model, states, n_steps=4)  # the model as trained: the pictures at the end are the last run's
-    expected_last = saliency_grid(states.numpy(), result.attributions.double().numpy()).pixels
-    assert_same_picture(last, expected_last)
+    expected_last = _expected_grid(states, result)
+    # the tiles and their captions; the legend under them may add "(scale was ...)": the earlier grid's scale
+    tiles = slice(0, expected_last.shape[0] - _LEGEND_HEIGHT)
+    assert_same_picture(last[tiles], expected_last[tiles])
 
 
 def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
@@ -216,7 +240,8 @@ def test_one_dimensional_signals_get_heat_strips(tmp_path):
     _, logger = _fit(tmp_path, (2, 40), [callback], max_steps=2)
     events = _events(logger)
     strip = events.Images("ig/saliency")[-1]
-    assert strip.width >= 384 and strip.height < 200  # 3 strips of 2 channels, 6 px each, captions and a colour bar
+    # 3 strips of 2 channels, captions and a colour bar, at the card's width
+    assert strip.width == CARD_WIDTH and strip.height < 200
 
 
 def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):
@@ -244,9 +269,12 @@ def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):
 
     layout = layout_pb2.Layout()
     layout.ParseFromString(events.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    # one category per callback and kind, titled by the callback's name (issue 20 item 3)
     assert [category.title for category in layout.category] == [
-        "Integrated Gradients 'value'",
-        "Integrated Gradients 'action 1'",
+        "IG value: trust",
+        "IG value: groups",
+        "IG action 1: trust",
+        "IG action 1: groups",
     ]
     assert value.state_key != action.state_key
 

@@ -64,7 +64,7 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
     events = _events(logger)
     worst = {event.step: event.value for event in events.Scalars("ig/completeness/worst_relative_error")}
     counts = {event.step: event.value for event in events.Scalars("ig/completeness/non_finite_states")}
-    assert math.isfinite(worst[2]) and counts[2] == 0
+    assert math.isfinite(worst[2]) and 2 not in counts  # the count's card appears with its first non-zero run
     assert worst[4] == math.inf and worst[6] == math.inf
     assert counts[4] == counts[6] == 37
     messages = [str(w.message) for w in caught if "NaN/Inf" in str(w.message)]

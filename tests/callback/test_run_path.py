@@ -33,6 +33,7 @@ STEADY = {
     "attribution/statistics.py",
     "views/summary.py",
     "views/tensorboard.py",
+    "views/tags.py",
 }
 
 
@@ -75,7 +76,7 @@ def _modules_per_run(tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatc
     return [entered[step] for step in sorted(entered)]
 
 
-def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_steady_run_enters_nine_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch)
     assert "attribution/graphs.py" in entered[0]  # the first run captured
     for seen in entered[1:5]:
@@ -88,5 +89,6 @@ def test_a_steady_run_with_tensorboard_also_enters_the_vocabulary(
 ) -> None:
     entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch)
     for seen in entered[1:5]:
-        assert seen == {*STEADY, "vocabulary.py"}  # relative_error_text, in the report text
+        # relative_error_text and the numbers' format, in the report text
+        assert seen == {*STEADY, "vocabulary.py", "views/number_format.py"}
     assert {"views/pictures.py", "views/charts.py"} <= entered[-1]  # the end of training draws the charts

@@ -175,7 +175,7 @@ def test_saliency_pngs_are_the_reports_states(workspace, runs):
         assert decoded.shape == pixels.shape and decoded.dtype == np.uint8
         # the same picture up to a colour step where two processes' float32 sums round apart
         assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01, name
-    assert expected["saliency.png"].shape[1] == 4 * 80 + 3 * 4  # 4 tiles across, 10 px frames enlarged 8x
+    assert expected["saliency.png"].shape[1] == 320  # the card-sized grid (lightning_ig.views.raster.CARD_WIDTH)
 
 
 def test_show_prints_the_groups_table(workspace, runs, capsys):

@@ -71,7 +71,7 @@ def test_png_of_a_saliency_picture_keeps_its_colours_close_in_a_third_of_the_byt
 
 
 def test_text_is_drawn_without_matplotlib_with_pillows_own_font(monkeypatch):
-    import lightning_ig.views.raster as raster
+    from lightning_ig.views import raster
 
     monkeypatch.setattr(raster, "_dejavu", lambda bold: None)  # as where matplotlib is not installed
     raster.font.cache_clear()
@@ -86,3 +86,30 @@ def test_text_is_drawn_without_matplotlib_with_pillows_own_font(monkeypatch):
     finally:
         raster.font.cache_clear()
         raster._text_mask.cache_clear()
+
+
+def test_colours_are_read_from_hex_and_bad_ones_are_refused():
+    from lightning_ig.views.raster import rgb
+
+    assert rgb("#e69f00") == (230, 159, 0)
+    with pytest.raises(ValueError, match="'#fff'"):
+        rgb("#fff")
+    with pytest.raises(ValueError, match="hexadecimal digits, got '#gg0000'"):
+        rgb("#gg0000")
+
+
+def test_categorical_colours_stay_distinct_past_the_eight_base_colours():
+    from lightning_ig.views.raster import CATEGORICAL, categorical_colours
+
+    colours = categorical_colours(24)
+    assert colours[:8] == list(CATEGORICAL) and len(set(colours)) == 24
+
+
+def test_text_is_cut_to_a_width_and_the_first_wording_that_fits_is_chosen():
+    canvas = Canvas(10, 10)
+    long = "pole angular velocity of the cart"
+    cut = canvas.fit(long, 80, size=12)
+    assert cut.endswith("…") and canvas.text_width(cut, size=12) <= 80
+    assert canvas.fit("short", 80, size=12) == "short"
+    assert canvas.first_fitting([long, "pole ang. vel."], 100, size=12) == "pole ang. vel."
+    assert canvas.first_fitting([long, long], 100, size=12).endswith("…")

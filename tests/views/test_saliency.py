@@ -1,4 +1,5 @@
-"""Saliency pictures: sizes, dtype, the colour scale, and PNG files that honour the umask."""
+"""Saliency pictures that show the game: objects in their colours, markers of the signed attribution, one scale,
+sized for TensorBoard's card; the mean |attr| map per channel, where each object is."""
 
 from __future__ import annotations
 
@@ -9,7 +10,35 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lightning_ig.views.saliency import mean_abs_map, saliency_grid, saliency_kind, write_png
+from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, DIVERGING_LUT, rgb
+from lightning_ig.views.saliency import (
+    first_distinct,
+    frame_colours,
+    mean_abs_where_present,
+    nice_scale,
+    saliency_grid,
+    saliency_kind,
+    write_png,
+)
+from lightning_ig.views.saliency import (
+    mean_abs_map as mean_abs_image,
+)
+
+NAMES = ["paddle", "ball", "trail", "brick"]
+COLOURS = ["#e69f00", "#f0f0f0", "#8c8c8c", "#f0e442"]
+GROUND = (38, 38, 38)
+
+
+def breakout_frames(count: int = 8) -> np.ndarray:
+    """MinAtar-like (count, 4, 10, 10) 0/1 frames: bricks in rows 1-3, the ball and its trail moving, the paddle."""
+    frames = np.zeros((count, 4, 10, 10), dtype=np.float32)
+    for index in range(count):
+        frames[index, 3, 1:4] = 1.0  # bricks
+        frames[index, 0, 9, index % 10] = 1.0  # paddle
+        frames[index, 1, 5, (index + 2) % 10] = 1.0  # ball
+        frames[index, 2, 4, (index + 1) % 10] = 1.0  # trail
+    frames[0, 2, 3, 0] = 1.0  # state 0: a trail cell over a brick
+    return frames
 
 
 def test_kinds():
@@ -17,61 +46,177 @@ def test_kinds():
     assert saliency_kind((3, 50)) == "strip" and saliency_kind((128,)) is None
 
 
-def test_grid_of_atari_frames_is_small_and_symmetric():
-    rng = np.random.default_rng(0)
-    states = rng.random((8, 4, 84, 84))
-    attributions = np.zeros((8, 4, 84, 84))
-    attributions[:, :, 10, 20] = 1.0  # +4 per state after the sum over channels
-    attributions[:, :, 30, 40] = -2.0  # -8
+def test_objects_are_drawn_in_their_colours_the_rarest_on_top_on_one_scale_for_all_frames():
+    frames = breakout_frames(2)
+    colours = np.array([rgb(c) for c in COLOURS], dtype=np.float64)
+    pixels = frame_colours(frames, colours)  # (2, 10, 10, 3)
+    assert tuple(pixels[0, 9, 0]) == rgb(COLOURS[0])  # paddle
+    assert tuple(pixels[0, 5, 2]) == rgb(COLOURS[1])  # ball
+    assert tuple(pixels[0, 2, 5]) == rgb(COLOURS[3])  # brick
+    assert tuple(pixels[0, 3, 0]) == rgb(COLOURS[2])  # the trail over a brick: the rarer object shows
+    assert tuple(pixels[0, 7, 7]) == GROUND  # nothing there: the dark ground, never a colour
+    assert np.array_equal(pixels[0, 1:3], pixels[1, 1:3])  # bricks look alike in every tile (no per-tile stretch)
+
+
+def test_intensity_channels_mix_their_colours_by_value():
+    frames = np.zeros((1, 2, 2, 2), dtype=np.float32)
+    frames[0, 0, 0, 0] = 1.0  # channel 0 alone, full
+    frames[0, :, 0, 1] = [0.5, 0.5]  # both at half
+    frames[0, 1, 1, 0] = 1.0  # both channels span 0 to 1 over the frames
+    frames[0, 1, 1, 1] = 0.25  # a third value: channels of intensities, not objects
+    colours = np.array([[200.0, 0.0, 0.0], [0.0, 0.0, 200.0]])
+    pixels = frame_colours(frames, colours).astype(float)
+    assert np.allclose(pixels[0, 0, 0], [200, 0, 0], atol=1)
+    mixed = np.array(GROUND) + (np.array([100.0, 0.0, 100.0]) - np.array(GROUND)) * 0.5
+    assert np.allclose(pixels[0, 0, 1], mixed, atol=1)
+
+
+def test_the_grid_of_eight_minatar_frames_fits_the_card_and_shows_markers_of_each_sign():
+    frames = breakout_frames()
+    attributions = np.zeros_like(frames)
+    attributions[:, 1, 5] = frames[:, 1, 5] * 0.4  # the ball raises the target
+    attributions[:, 0, 9] = -frames[:, 0, 9] * 0.4  # the paddle lowers it
+    grid = saliency_grid(
+        frames,
+        attributions,
+        channel_names=NAMES,
+        channel_colours=COLOURS,
+        f_input=np.linspace(0.1, 0.8, 8),
+        f_delta=np.linspace(0.0, 0.7, 8),
+    )
+    assert grid.pixels.dtype == np.uint8 and grid.pixels.shape[1] == CARD_WIDTH
+    assert grid.pixels.shape[0] <= CARD_HEIGHT  # Time Series shows it at 1.0x: nothing is dropped
+    assert grid.scale == pytest.approx(0.4)  # the robust end, already a round number
+    blue, red = DIVERGING_LUT[255], DIVERGING_LUT[0]  # full markers: the darkest end of each sign
+    colours = {tuple(int(v) for v in pixel) for pixel in grid.pixels.reshape(-1, 3)}
+    assert tuple(int(v) for v in blue) in colours and tuple(int(v) for v in red) in colours
+
+
+def test_a_marker_sits_inside_its_object_with_the_object_colour_around_it():
+    frames = breakout_frames(1)
+    attributions = np.zeros_like(frames)
+    attributions[0, 1, 5, 2] = 1.0  # the ball only
+    grid = saliency_grid(frames, attributions, channel_colours=COLOURS, columns=1)
+    pixels = grid.pixels[:100].astype(int)  # the tile, above the legend (whose colour bar ends in the same blue)
+    is_ball = np.all(pixels == rgb(COLOURS[1]), axis=2)
+    is_marker = np.all(pixels == DIVERGING_LUT[255].astype(np.uint8).astype(int), axis=2)
+    rows, cols = np.nonzero(is_marker)
+    assert rows.size > 0
+    top, bottom, left, right = rows.min(), rows.max(), cols.min(), cols.max()
+    assert is_ball[top - 1, left] and is_ball[bottom + 1, right]  # a rim of the ball's colour around the marker
+
+
+def test_the_values_under_the_tiles_are_written_below_each_tile():
+    frames = breakout_frames()
+    attributions = np.random.default_rng(0).normal(size=frames.shape).astype(np.float32) * frames
+    plain = saliency_grid(frames, attributions).pixels
+    ones = saliency_grid(frames, attributions, f_input=np.ones(8), f_delta=np.ones(8)).pixels
+    twos = saliency_grid(frames, attributions, f_input=np.full(8, 2.0), f_delta=np.ones(8)).pixels
+    assert ones.shape[0] > plain.shape[0]  # a caption row under each row of tiles, and a line saying what it is
+    differs = np.nonzero(np.any(ones != twos, axis=(1, 2)))[0]
+    tile_rows = 2 + 10 * 6  # the first row of tiles: border and 10 cells of 6 px
+    assert differs.size and differs.min() >= tile_rows  # the numbers are under the tiles, not over them
+    with pytest.raises(ValueError, match="f_delta has 3 values for 8 states"):
+        saliency_grid(frames, attributions, f_delta=np.ones(3))
+
+
+def test_a_changed_scale_is_pointed_out_and_a_steady_one_is_not():
+    frames = breakout_frames()
+    attributions = frames * 0.3
+    grid = saliency_grid(frames, attributions)
+    steady = saliency_grid(frames, attributions, previous_scale=grid.scale * 1.2).pixels
+    assert np.array_equal(steady, grid.pixels)
+    moved = saliency_grid(frames, attributions, previous_scale=grid.scale * 2).pixels
+    assert not np.array_equal(steady, moved)
+
+
+def test_scales_round_up_to_a_few_steps_per_decade():
+    assert [nice_scale(v) for v in (0.445, 0.4, 0.0123, 7.0, 9.1)] == pytest.approx([0.5, 0.4, 0.015, 8.0, 10.0])
+    assert nice_scale(0.0) == 1.0 and nice_scale(float("nan")) == 1.0
+
+
+def test_large_frames_are_pooled_so_that_the_attributions_still_add_up():
+    rng = np.random.default_rng(1)
+    states = rng.random((8, 4, 84, 84)).astype(np.float32)
+    attributions = np.zeros_like(states)
+    attributions[:, 0, 10, 10] = 0.5  # two pixels of one 2x2 block: +1 together
+    attributions[:, 1, 11, 11] = 0.5
     grid = saliency_grid(states, attributions)
-    assert grid.pixels.dtype == np.uint8 and grid.pixels.ndim == 3 and grid.pixels.shape[2] == 3
-    assert grid.pixels.shape[1] == 4 * 84 + 3 * 4  # 4 tiles across, 84 px frames as they are
-    assert grid.scale == pytest.approx(8.0)  # the largest |map| (robust percentile of a sparse map: its maximum)
-    # state 0's tile starts under a 14 px caption; the -8 pixel is full red, the +4 pixel half-way to blue
-    negative = grid.pixels[14 + 30, 40].astype(float)
-    positive = grid.pixels[14 + 10, 20].astype(float)
-    assert negative[0] > 100 and negative[2] < 60  # red
-    assert positive[2] > positive[0]  # blue
-    assert np.allclose(
-        negative, 0.1 * grey_at(states, 0, 30, 40) + 0.9 * np.array([0x67, 0x00, 0x1F]), atol=1.0
-    )  # RdBu's darkest red
+    assert grid.pixels.shape[1] == CARD_WIDTH and grid.pixels.shape[0] <= CARD_HEIGHT
+    assert grid.scale == pytest.approx(1.0)  # the pooled block holds the sum
 
 
-def grey_at(states: np.ndarray, index: int, row: int, column: int) -> float:
-    mean = states[index].mean(0)
-    return float((mean[row, column] - mean.min()) / (mean.max() - mean.min()) * 255.0)
-
-
-def test_a_chosen_channel_and_fewer_states():
+def test_a_chosen_channel_and_argument_errors():
     rng = np.random.default_rng(1)
     grid = saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel=1)
-    assert grid.pixels.shape[:2] == (
-        80 + 14 + 4 + 38,
-        320,
-    )  # 3 tiles of 10 px frames enlarged 8x in one row; the colour bar is 320 wide
+    assert grid.pixels.shape[1] == CARD_WIDTH
     with pytest.raises(ValueError, match="saliency_channel=2 is out of range for 2 channels"):
         saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel=2)
     with pytest.raises(ValueError, match="one shape"):
         saliency_grid(rng.random((3, 20)), rng.random((3, 20)))
+    with pytest.raises(ValueError, match="channel_colours has 1 colours for 2 channels"):
+        saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel_colours=["#ffffff"])
+    with pytest.raises(ValueError, match="'#fff'"):
+        saliency_grid(rng.random((3, 2, 10, 10)), rng.normal(size=(3, 2, 10, 10)), channel_colours=["#fff", "#000"])
 
 
-def test_mean_abs_tiles_share_one_scale():
-    values = np.zeros((3, 8, 8))
-    values[2] = 1.0
-    image = mean_abs_map(values, num_states=5)
-    assert image.scale == pytest.approx(1.0)
-    assert image.pixels.shape[:2] == (80 + 14 + 4 + 38, 320)  # 3 tiles of 80 px (8x8 enlarged 10x), caption, colour bar
+def test_signals_are_heat_strips():
+    rng = np.random.default_rng(2)
+    grid = saliency_grid(rng.random((3, 2, 40)), rng.normal(size=(3, 2, 40)))
+    assert grid.pixels.shape[1] == CARD_WIDTH and grid.pixels.dtype == np.uint8
+
+
+def test_first_distinct_skips_repeated_frames():
+    frames = breakout_frames(5)
+    repeated = np.concatenate([frames[:2], frames[:1], frames[2:]])  # state 2 repeats state 0
+    assert first_distinct(repeated, 8).tolist() == [0, 1, 3, 4, 5]
+    assert first_distinct(repeated, 2).tolist() == [0, 1]
+
+
+def test_mean_abs_where_present_matches_the_mean_over_the_states_with_the_object():
+    rng = np.random.default_rng(3)
+    states = (rng.random((50, 2, 4, 4)) < 0.2).astype(np.float32)
+    attributions = rng.normal(size=states.shape) * states + rng.normal(size=states.shape) * 0.01
+    means, presence = mean_abs_where_present(states, attributions)
+    for index in np.ndindex(states.shape[1:]):
+        present = states[(slice(None), *index)] != 0
+        assert presence[index] == present.mean()
+        if present.any():
+            expected = np.abs(attributions[(slice(None), *index)][present]).mean()
+            assert means[index] == pytest.approx(expected, rel=8 * np.finfo(np.float64).eps)
+        else:
+            assert np.isnan(means[index])
+
+
+def test_mean_abs_tiles_each_have_their_own_scale_and_grey_where_the_object_never_is():
+    values = np.zeros((2, 4, 4))
+    values[0] = 10.0  # a large channel
+    values[1, 0, 0] = 0.01  # a small one: still reaches the top colour of its own scale
+    presence = np.ones((2, 4, 4))
+    presence[1, 3, 3] = 0.0
+    image = mean_abs_image(values, 5, ["brick", "ball"], presence=presence)
+    assert image.scales == pytest.approx((10.0, 0.01))
+    assert image.pixels.shape[1] == CARD_WIDTH and image.pixels.shape[0] <= CARD_HEIGHT
+    colours = {tuple(int(v) for v in p) for p in image.pixels.reshape(-1, 3)}
+    assert (217, 217, 217) in colours  # the never-present pixel
+    assert tuple(int(v) for v in np.round(np.asarray(_viridis_top()))) in colours
+
+
+def _viridis_top() -> np.ndarray:
+    from lightning_ig.views.raster import SEQUENTIAL_LUT
+
+    return SEQUENTIAL_LUT[255]
 
 
 def test_mean_abs_tiles_carry_the_channel_names():
     values = np.random.default_rng(3).random((3, 8, 8))
-    default = mean_abs_map(values).pixels
-    named = mean_abs_map(values, channel_names=["paddle", "ball", "brick"]).pixels
-    assert named.shape == default.shape and not np.array_equal(named, default)  # the captions differ
-    body = slice(14, 14 + 80)  # below the captions the tiles are the same pixels
-    assert np.array_equal(named[body], default[body])
+    default = mean_abs_image(values).pixels
+    named = mean_abs_image(values, channel_names=["paddle", "ball", "brick"]).pixels
+    assert named.shape == default.shape and not np.array_equal(named, default)
     with pytest.raises(ValueError, match="2 names for 3 channels"):
-        mean_abs_map(values, channel_names=["a", "b"])
+        mean_abs_image(values, channel_names=["a", "b"])
+    with pytest.raises(ValueError, match="presence has shape"):
+        mean_abs_image(values, presence=np.ones((2, 8, 8)))
 
 
 def test_write_png_round_trips_and_follows_the_umask(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ig.views.tensorboard import PictureWriter
+from lightning_ig.views.tensorboard import PictureWriter, TagNames
 
 
 def _worker_threads() -> list[threading.Thread]:
@@ -96,3 +96,29 @@ def test_pictures_drawn_before_training_fails_are_in_the_event_file(tmp_path: Pa
     assert {"ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs"} <= set(events.Tags()["images"])
     assert [event.step for event in events.Images("ig/saliency")] == [1]  # the first run drew every picture
     assert not _worker_threads()  # on_exception waited for the pictures and stopped the worker
+
+
+def test_count_cards_appear_at_their_first_non_zero_run_and_stay():
+    from lightning_ig.views.tensorboard import informative_scalars
+
+    tags = TagNames("ig", ["a", "b"], None, num_features=2)
+    zero = {"ig/completeness/non_finite_states": 0.0, "ig/completeness/degenerate_states": 0.0, "ig/time_ms": 1.0}
+    kept, seen = informative_scalars(zero, tags)
+    assert kept == {"ig/time_ms": 1.0} and seen == set()  # a count flat at 0 is no card
+    kept, seen = informative_scalars({**zero, "ig/completeness/degenerate_states": 3.0}, tags, seen)
+    assert kept["ig/completeness/degenerate_states"] == 3.0 and "ig/completeness/non_finite_states" not in kept
+    kept, seen = informative_scalars(zero, tags, seen)  # from then on logged every run, zeros included: no gaps
+    assert kept["ig/completeness/degenerate_states"] == 0.0 and seen == {"ig/completeness/degenerate_states"}
+
+
+def test_the_top10_share_is_left_out_where_it_equals_the_top1_share():
+    from lightning_ig.views.tensorboard import informative_scalars
+
+    shares = {"ig/concentration/top1pct_share": 0.5, "ig/concentration/top10pct_share": 0.5}
+    assert (
+        "ig/concentration/top10pct_share"
+        not in informative_scalars(shares, TagNames("ig", None, None, num_features=10))[0]
+    )
+    assert (
+        "ig/concentration/top10pct_share" in informative_scalars(shares, TagNames("ig", None, None, num_features=11))[0]
+    )

@@ -1,0 +1,206 @@
+"""The pictures, the feature table and the JSON report for the loggers besides TensorBoard: W&B and MLflow.
+
+Scalars reach every Lightning logger through ``logger.log_metrics``. What else a run makes goes where each
+logger keeps such things, through Lightning's logger API and the tracking client it hands out:
+
+* ``WandbLogger``: pictures with ``log_image(key=tag, images=[pixels], step=step)`` (PNGs under the run's
+  ``media/images/``, a step slider in the W&B UI; the trainer's step goes with them as
+  ``trainer/global_step``), the feature table with ``log_table(key, columns, data, step)``, the JSON report
+  as a file in the run's folder (``files/``, kept and synced with the run);
+* ``MLFlowLogger``: pictures with ``experiment.log_image(run_id, pixels, key=tag, step=step)`` (the run's
+  ``images/`` artifacts, a step slider in the MLflow UI), the table with ``experiment.log_table`` (one JSON
+  artifact per step), the report with ``experiment.log_text`` (``lightning_ig/<name>``);
+* any other logger: nothing here. TensorBoard has its own writer; CSV and the rest keep scalars.
+
+:func:`picture_sinks` picks a sink per logger; the callback calls them on global rank zero, where it writes
+TensorBoard's pictures, and may call them from its picture thread (each sink holds its own lock). MLflow 3
+refuses its file store (``file:`` URIs) unless ``MLFLOW_ALLOW_FILE_STORE=true``; its database stores need
+nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["MlflowSink", "PictureSink", "WandbSink", "feature_table", "picture_sinks"]
+
+_MLFLOW_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # what MLflow accepts in an image key; the rest becomes "_"
+_ARTIFACT_FORBIDDEN = re.compile(r"[\"',:\[\]{}]")  # what MLflow refuses in an artifact path
+
+
+class PictureSink(Protocol):
+    """Where a run's pictures, table and report go for one logger."""
+
+    def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
+        """Store an ``(H, W, 3)`` uint8 picture under ``tag`` at ``step``."""
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
+        """Store a table (the top features) under ``tag`` at ``step``."""
+
+    def report(self, name: str, report: Mapping[str, Any], step: int) -> None:
+        """Store the JSON report (schema v1 keys and more) as the file ``name``."""
+
+
+def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
+    """A sink for each logger that keeps pictures besides TensorBoard: W&B and MLflow; none for the others.
+
+    Args:
+        loggers: ``trainer.loggers``.
+
+    Returns:
+        The sinks, in the loggers' order. ``TensorBoardLogger`` gets none (the TensorBoard writer draws
+        there), nor do ``CSVLogger`` and loggers this package does not know (they keep scalars).
+
+    Example::
+
+        for sink in picture_sinks(trainer.loggers):
+            sink.picture("ig/1_top_features", chart.pixels, trainer.global_step)
+    """
+    sinks: list[PictureSink] = []
+    for logger in loggers:
+        kind = _kind(logger)
+        if kind == "wandb":
+            sinks.append(WandbSink(logger))
+        elif kind == "mlflow":
+            sinks.append(MlflowSink(logger))
+    return sinks
+
+
+def _kind(logger: Any) -> str | None:
+    """``"wandb"``, ``"mlflow"`` or ``None``, by Lightning's classes (importing them imports neither package)."""
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger  # noqa: PLC0415 - only when there are loggers
+
+    if isinstance(logger, WandbLogger):
+        return "wandb"
+    if isinstance(logger, MLFlowLogger):
+        return "mlflow"
+    return None
+
+
+def _pixels(pixels: np.ndarray) -> np.ndarray:
+    """``pixels`` checked: ``(H, W, 3)`` uint8, contiguous (what both loggers encode as a PNG unchanged)."""
+    array = np.asarray(pixels)
+    if array.ndim != 3 or array.shape[2] != 3 or array.dtype != np.uint8:
+        raise ValueError(f"a picture is an (H, W, 3) uint8 array, got shape {array.shape} and dtype {array.dtype}")
+    return np.ascontiguousarray(array)
+
+
+class WandbSink:
+    """Pictures, tables and reports for a Lightning ``WandbLogger`` (online or offline alike).
+
+    Args:
+        logger: the ``WandbLogger``.
+    """
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self._lock = threading.Lock()
+
+    def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
+        """``log_image``: a PNG under ``media/images/`` of the run, shown by ``tag`` with a step slider."""
+        with self._lock:
+            self.logger.log_image(key=tag, images=[_pixels(pixels)], step=int(step))
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
+        """``log_table``: a ``wandb.Table`` under ``tag``."""
+        with self._lock:
+            self.logger.log_table(key=tag, columns=list(columns), data=[list(row) for row in rows], step=int(step))
+
+    def report(self, name: str, report: Mapping[str, Any], step: int) -> None:
+        """The report as ``name`` in the run's folder (``files/``), which W&B keeps with the run (and syncs)."""
+        from lightning_ig.views.report import report_to_json  # noqa: PLC0415 - the one strict JSON writer
+
+        with self._lock:
+            folder = Path(self.logger.experiment.dir)
+            target = folder / _safe_path(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(report_to_json(report), encoding="utf-8")
+            del step  # one file per name: the latest report is the run's
+
+
+class MlflowSink:
+    """Pictures, tables and reports for a Lightning ``MLFlowLogger``: artifacts of its run.
+
+    Args:
+        logger: the ``MLFlowLogger`` (``logger.experiment`` is its ``MlflowClient``, ``logger.run_id`` its run).
+    """
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self._lock = threading.Lock()
+
+    def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
+        """A time-stepped image (``images/<tag>+step+<step>+...png``), ``/`` and MLflow's other characters kept."""
+        with self._lock:
+            self.logger.experiment.log_image(
+                self.logger.run_id, _pixels(pixels), key=_MLFLOW_KEY.sub("_", tag), step=int(step), synchronous=True
+            )
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
+        """A JSON table artifact per step: ``lightning_ig/<tag>/step_<step>.json`` (MLflow's table viewer reads it)."""
+        data = {str(column): [row[index] for row in rows] for index, column in enumerate(columns)}
+        with self._lock:
+            self.logger.experiment.log_table(
+                self.logger.run_id, data=data, artifact_file=f"lightning_ig/{_safe_path(tag)}/step_{int(step):08d}.json"
+            )
+
+    def report(self, name: str, report: Mapping[str, Any], step: int) -> None:
+        """The report as the artifact ``lightning_ig/<name>`` (the project's strict JSON)."""
+        from lightning_ig.views.report import report_to_json  # noqa: PLC0415
+
+        with self._lock:
+            self.logger.experiment.log_text(
+                self.logger.run_id, report_to_json(report), artifact_file=f"lightning_ig/{_safe_path(name)}"
+            )
+            del step
+
+
+def _safe_path(name: str) -> str:
+    """A relative artifact path from a tag or a file name: no characters MLflow refuses, no ``..`` or absolute part."""
+    parts = _ARTIFACT_FORBIDDEN.sub("_", str(name)).replace(os.sep, "/").split("/")
+    parts = [part for part in parts if part not in ("", ".", "..")]
+    if not parts:
+        raise ValueError(f"{name!r} names no file; give a tag or a file name such as 'ig/report.json'")
+    return "/".join(parts)
+
+
+def feature_table(labels: Sequence[str], moments: Any, top_k: int | None = None) -> tuple[list[str], list[list[Any]]]:
+    """The top features (or groups) as a table: the columns and one row per unit, the most important first.
+
+    Args:
+        labels: one label per unit.
+        moments: their :class:`~lightning_ig.attribution.host_result.Moments`.
+        top_k: how many rows (``None``: all).
+
+    Returns:
+        ``(columns, rows)``: rank, name, mean ``|attr|``, mean attr, std of attr (the JSON report's
+        ``stddev``), and the mean positive and negative parts (the bar chart's blue and red).
+    """
+    from lightning_ig.attribution.statistics import rank_order  # noqa: PLC0415
+
+    mean_abs = np.asarray(moments.mean_abs, dtype=np.float64)
+    mean_signed = np.asarray(moments.mean_signed, dtype=np.float64)
+    stddev = np.asarray(moments.stddev, dtype=np.float64)
+    positive = np.clip((mean_abs + mean_signed) / 2, 0.0, None)
+    order = rank_order(mean_abs)[: top_k if top_k is not None else len(mean_abs)]
+    columns = ["rank", "name", "mean |attr|", "mean attr", "std of attr", "positive part", "negative part"]
+    rows = [
+        [
+            rank,
+            str(labels[i]),
+            float(mean_abs[i]),
+            float(mean_signed[i]),
+            float(stddev[i]),
+            float(positive[i]),
+            float(max(mean_abs[i] - positive[i], 0.0)),
+        ]
+        for rank, i in enumerate(order, start=1)
+    ]
+    return columns, rows

@@ -1,0 +1,164 @@
+"""The names of what a callback logs: its tags (:class:`TagNames`), the pictures' tags, and how names are shown.
+
+Names appear the same way in tags, charts and text (:func:`display_labels`): a user's names as given (a ``/``
+would nest the tag, so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers
+zero-padded so that they sort numerically. Every tag is listed, once, in ``docs/tensorboard-tags.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lightning_ig.attribution.statistics import CONCENTRATION_SHARES, drift_tags
+from lightning_ig.ensemble.agreement import ensemble_scalar_names
+from lightning_ig.views.summary import Units
+
+__all__ = [
+    "CONCENTRATION_TWIN",
+    "COUNT_TAGS",
+    "PICTURES",
+    "PICTURE_TAGS",
+    "TAG_ROOT",
+    "TagNames",
+    "display_labels",
+    "feature_tags",
+    "same_concentrations",
+]
+
+TAG_ROOT = "ig"
+
+PICTURE_TAGS = {
+    "verdict": "0_verdict",  # the first card under ig/ (digits sort first): the verdict and the top units
+    "top_features": "top_features",  # the bar chart, each bar split by sign, with the verdict
+    "heatmap": "heatmap",  # the units' shares over training ...
+    "shares": "heatmap/shares",  # ... and the same shares stacked, the card after it
+    "saliency": "saliency",  # spatial states: the held-out frames with their attributions
+    "saliency_map": "saliency/mean_abs",  # spatial states: mean |attr| per pixel, a tile per channel
+    "actions": "actions",  # target="each" or "contrast": why this action
+}
+"""Each kind of picture a run may draw and its tag under the callback's prefix (``ig/<tag>``)."""
+
+PICTURES = tuple(PICTURE_TAGS)
+"""The kinds of picture, in the order a run's pictures are spread over their cadence (``tensorboard.pictures_due``)."""
+
+COUNT_TAGS = ("completeness/non_finite_states", "completeness/degenerate_states")
+"""Scalars that count states: logged from the first run where they are non-zero (``informative_scalars``)."""
+CONCENTRATION_TWIN = "concentration/top10pct_share"
+"""The concentration that equals the top-1% one when a state has at most 10 features (:func:`same_concentrations`)."""
+
+
+def display_labels(names: Sequence[str], *, generated: bool = False) -> list[str]:
+    """How names appear in tags, charts and text.
+
+    Args:
+        names: feature or group names (distinct).
+        generated: the names were made up by lightning-ig (``x[0,3,9]``, ``channel 3``,
+            ``x0..x7``): their numbers are zero-padded to one width so that
+            ``x[0,03,09]`` sorts before ``x[0,10,02]`` as text.
+
+    Returns:
+        One distinct label per name.
+
+    Example::
+
+        >>> display_labels(["pole/angle", "cart x"])
+        ['pole∕angle', 'cart x']
+        >>> display_labels(["x[0,3]", "x[0,10]"], generated=True)
+        ['x[00,03]', 'x[00,10]']
+    """
+    labels = [str(name).replace("/", "∕") for name in names]
+    if generated:
+        width = max((len(run) for label in labels for run in re.findall(r"\d+", label)), default=1)
+        labels = [re.sub(r"\d+", lambda match: match.group().zfill(width), label) for label in labels]
+    seen: set[str] = set()
+    for index, label in enumerate(labels):
+        if label in seen:
+            labels[index] = f"{label} ({index})"
+        seen.add(labels[index])
+    return labels
+
+
+def feature_tags(feature_names: Sequence[str]) -> list[str]:
+    """The tag suffix of each user-named feature: ``ig/mean_abs/<suffix>`` (the names as shown everywhere).
+
+    Example::
+
+        >>> feature_tags(["cart position", "pole/angle"])
+        ['cart position', 'pole∕angle']
+    """
+    return display_labels(feature_names)
+
+
+@dataclass(frozen=True)
+class TagNames:
+    """The tags of one callback: ``ig/...``, or ``ig/<name>/...`` for a named callback.
+
+    Attributes:
+        prefix: ``"ig"`` or ``"ig/<name>"``.
+        feature_labels: labels of the features logged one by one (``None``: too many to log).
+        group_labels: labels of the groups (``None``: no groups).
+        ensemble_members: the members of an ensemble model (``<prefix>/ensemble/...`` tags), or ``None``.
+        num_features: the features of one state (the top-10% concentration is logged when there are more than 10).
+        action_labels: with ``target="each"``, one label per action (``<prefix>/action/<action>/...`` tags); else
+            ``None``.
+        action_units: with ``target="each"``, log each action's mean ``|attr|`` per unit too (few enough).
+    """
+
+    prefix: str
+    feature_labels: list[str] | None
+    group_labels: list[str] | None
+    ensemble_members: int | None = None
+    num_features: int = 0
+    action_labels: list[str] | None = None
+    action_units: bool = False
+
+    @classmethod
+    def build(
+        cls,
+        name: str | None,
+        feature_names: Sequence[str] | None,
+        group_names: Sequence[str] | None,
+        *,
+        generated_features: bool,
+        generated_groups: bool,
+        num_features: int = 0,
+    ) -> TagNames:
+        prefix = TAG_ROOT if name is None else f"{TAG_ROOT}/{display_labels([name])[0]}"
+        features = None if feature_names is None else display_labels(feature_names, generated=generated_features)
+        groups = None if group_names is None else display_labels(group_names, generated=generated_groups)
+        return cls(prefix, features, groups, num_features=int(num_features))
+
+    def unit_labels(self, units: Units) -> list[str]:
+        labels = self.group_labels if units.kind == "groups" else self.feature_labels
+        return list(labels or units.names)
+
+    def scalar_tags(self, top_k: int) -> list[str]:
+        """Every scalar tag a healthy run logs from the second run on (the first has no drift).
+
+        The counts of :data:`COUNT_TAGS` are not among them: they appear from the first run where they are not 0.
+        """
+        tags = [f"{self.prefix}/completeness/{name}" for name in ("worst_relative_error", "mean_abs_error")]
+        for labels, group in ((self.feature_labels, ""), (self.group_labels, "group/")):
+            for quantity in ("mean_abs", "mean_signed"):
+                tags += [f"{self.prefix}/{group}{quantity}/{label}" for label in labels or []]
+        tags += [f"{self.prefix}/concentration/{name}" for name in CONCENTRATION_SHARES]
+        if same_concentrations(self.num_features):
+            tags.remove(f"{self.prefix}/{CONCENTRATION_TWIN}")
+        units = self.group_labels if self.group_labels is not None else self.feature_labels or []
+        tags += [f"{self.prefix}/drift/{name}" for name in drift_tags(len(units), top_k)]
+        if self.ensemble_members is not None:
+            tags += [f"{self.prefix}/ensemble/{name}" for name in ensemble_scalar_names(self.ensemble_members)]
+        for action in self.action_labels or []:
+            tags.append(f"{self.prefix}/action/{action}/greedy_states")
+            if self.action_units:
+                quantity = "group/mean_abs" if self.group_labels is not None else "mean_abs"
+                tags += [f"{self.prefix}/action/{action}/{quantity}/{label}" for label in units]
+        return [*tags, f"{self.prefix}/time_ms"]
+
+
+def same_concentrations(num_features: int) -> bool:
+    """The top-1% and top-10% shares are one number (the largest feature's) when ``ceil(F / 100) == ceil(F / 10)``."""
+    return num_features > 0 and math.ceil(0.01 * num_features) == math.ceil(0.1 * num_features)

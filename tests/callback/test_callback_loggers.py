@@ -1,0 +1,83 @@
+"""A fit with the callback and a W&B (offline) or MLflow (file store) logger: the pictures reach them, read back."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from lightning_ig.callback import IntegratedGradientsCallback
+from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
+
+SHAPE = (3, 8, 8)
+# What a run of two IG runs (steps 2 and 4) of a pixel agent draws at its first run: every kind it has
+FIRST_RUN = {
+    "ig/0_verdict",
+    "ig/top_features",
+    "ig/heatmap",
+    "ig/heatmap/shares",
+    "ig/saliency",
+    "ig/saliency/mean_abs",
+}
+
+
+def _fit(root: Path, logger) -> IntegratedGradientsCallback:
+    torch.manual_seed(0)
+    callback = IntegratedGradientsCallback(frames(6, SHAPE, seed=2), every_n_steps=2, n_steps=8)
+    data = DataLoader(frame_dataset(32, SHAPE), batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_trainer(root, [callback], max_steps=4, logger=logger).fit(ConvQNet(SHAPE), data)
+    return callback
+
+
+def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")  # the [mlflow] extra
+    from lightning.pytorch.loggers import MLFlowLogger
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    uri = f"file:{tmp_path / 'mlruns'}"
+    logger = MLFlowLogger(experiment_name="lightning-ig", tracking_uri=uri)
+    _fit(tmp_path, logger)
+    client = MlflowClient(tracking_uri=uri)
+    images = [info.path for info in client.list_artifacts(logger.run_id, "images")]
+    pngs = [path for path in images if path.endswith(".png")]
+    for tag in FIRST_RUN:  # MLflow's image keys write "/" as "~"
+        key = tag.replace("/", "~")
+        assert any(path.startswith(f"images/{key}+step+2+") for path in pngs), (tag, pngs)
+    saliency = next(path for path in pngs if path.startswith("images/ig~saliency+step+2+"))
+    decoded = np.asarray(Image.open(client.download_artifacts(logger.run_id, saliency, str(tmp_path / "d"))))
+    assert decoded.ndim == 3 and decoded.shape[1] == 320  # the card-sized grid
+    assert client.get_metric_history(logger.run_id, "ig/completeness/worst_relative_error")  # scalars as before
+    stored = [info.path for info in client.list_artifacts(logger.run_id, "lightning_ig/ig")]
+    assert any("features" in path or "groups" in path for path in stored), stored
+    reports = [path for path in stored if path.endswith(".json") and "report" in path]
+    assert reports, stored
+    report = json.loads(Path(client.download_artifacts(logger.run_id, reports[0], str(tmp_path / "r"))).read_text())
+    assert report["schema_version"] == 1
+
+
+def test_a_wandb_offline_run_holds_the_pictures(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")  # the [wandb] extra
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="lightning-ig-test")
+    _fit(tmp_path, logger)
+    files = Path(logger.experiment.dir)
+    logger.experiment.finish()
+    wandb.teardown()
+    pictures = list((files / "media" / "images").rglob("*.png"))  # W&B's media folder, one file per picture
+    assert len(pictures) >= len(FIRST_RUN)
+    widths = {Image.open(path).size[0] for path in pictures}
+    assert widths == {320}  # every picture drawn at the card's width
+    assert list((files / "media" / "table").rglob("*.table.json"))  # the feature (group) table

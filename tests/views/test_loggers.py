@@ -1,0 +1,182 @@
+"""Pictures, tables and reports through Lightning's WandbLogger (offline) and MLFlowLogger (file store), read back."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lightning_ig.attribution.host_result import Moments
+from lightning_ig.views.loggers import MlflowSink, WandbSink, feature_table, picture_sinks
+
+
+def _picture(height: int = 37, width: int = 53) -> np.ndarray:
+    """A picture of distinct colours (a lossless store gives the same pixels back)."""
+    rng = np.random.default_rng(7)
+    return rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+
+
+def _report() -> dict:
+    return {
+        "schema_version": 1,
+        "features": [{"name": "ball", "mean_abs": 0.25, "stddev": 0.5, "mean_signed": -0.1}],
+        "completeness": {"worst_relative_error": None},
+    }  # None for NaN: the reports' rule
+
+
+def _moments() -> Moments:
+    return Moments.of(np.array([[1.0, -2.0, 0.5], [3.0, 3.0, -0.5]]))  # mean |attr| 2, 2.5, 0.5
+
+
+def test_feature_table_ranks_units_and_splits_their_sign():
+    columns, rows = feature_table(["paddle", "ball", "trail"], _moments())
+    assert columns[:3] == ["rank", "name", "mean |attr|"]
+    assert [row[1] for row in rows] == ["ball", "paddle", "trail"]
+    for row in rows:
+        mean_abs, positive, negative = row[2], row[5], row[6]
+        assert positive + negative == pytest.approx(mean_abs, rel=4 * np.finfo(np.float64).eps)
+    ball = rows[0]
+    assert ball[5] == pytest.approx(1.5) and ball[6] == pytest.approx(1.0)  # -2 and +3: 3/2 and 2/2 per state
+
+
+def test_only_wandb_and_mlflow_get_sinks(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    assert picture_sinks([CSVLogger(tmp_path), TensorBoardLogger(tmp_path), object()]) == []
+
+
+@pytest.fixture
+def wandb_logger(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")  # the [wandb] extra
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="lightning-ig-test")
+    yield logger
+    logger.experiment.finish()
+
+
+def _wandb_history(run_file: Path) -> list[dict[str, object]]:
+    """The history rows of an offline run's ``run-<id>.wandb``: LevelDB's log format (32 KiB blocks of records
+    ``crc32 (4) | length (2) | kind (1) | payload``, kinds full / first / middle / last) of ``Record`` protobufs."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, position, block, pending, rows = run_file.read_bytes(), 7, 32768, b"", []  # 7: the ":W&B" file header
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # too little left in the block for a record header: padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        payload, position = data[position + 7 : position + 7 + length], position + 7 + length
+        if kind in (2, 3):
+            pending = (pending if kind == 3 else b"") + payload
+            continue
+        if kind not in (1, 4):
+            continue
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(pending + payload if kind == 4 else payload)
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
+    return rows
+
+
+def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp_path):
+    (sink,) = picture_sinks([wandb_logger])
+    assert isinstance(sink, WandbSink)
+    pixels = _picture()
+    sink.picture("ig/1_top_features", pixels, step=40)
+    sink.picture("ig/2_saliency", _picture(20, 30), step=40)
+    columns, rows = feature_table(["paddle", "ball", "trail"], _moments())
+    sink.table("ig/features", columns, rows, step=40)
+    sink.report("ig/report.json", _report(), step=40)
+    run_dir = wandb_logger.experiment.dir  # <tmp>/wandb/offline-run-<time>-<id>/files
+    wandb_logger.experiment.finish()
+    pytest.importorskip("wandb").teardown()  # the W&B service writes the run's log file out when it stops
+
+    files = Path(run_dir)
+    (run_file,) = files.parent.glob("run-*.wandb")
+    rows = {
+        key.removesuffix("/filenames"): row
+        for row in _wandb_history(run_file)
+        for key in row
+        if key.endswith("/filenames")
+    }
+    assert set(rows) == {"ig/1_top_features", "ig/2_saliency"}
+    for tag, expected in (("ig/1_top_features", pixels), ("ig/2_saliency", None)):
+        row = rows[tag]
+        assert row["trainer/global_step"] == 40  # the trainer's step, beside W&B's own
+        (name,) = row[f"{tag}/filenames"]
+        stored = np.asarray(Image.open(files / name).convert("RGB"))
+        assert stored.shape[:2] == (row[f"{tag}/height"], row[f"{tag}/width"])
+        if expected is not None:
+            assert np.array_equal(stored, expected)
+        else:
+            assert stored.shape == (20, 30, 3)
+    (table,) = (files / "media" / "table").rglob("*.table.json")
+    stored_table = json.loads(table.read_text())
+    assert stored_table["columns"] == columns and [row[1] for row in stored_table["data"]] == [
+        "ball",
+        "paddle",
+        "trail",
+    ]
+    report = json.loads((files / "ig" / "report.json").read_text())
+    assert report["schema_version"] == 1 and report["completeness"]["worst_relative_error"] is None
+
+
+@pytest.fixture
+def mlflow_logger(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")  # the [mlflow] extra
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    return MLFlowLogger(experiment_name="lightning-ig-test", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+
+
+def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tmp_path):
+    from mlflow import MlflowClient
+
+    (sink,) = picture_sinks([mlflow_logger])
+    assert isinstance(sink, MlflowSink)
+    pixels = _picture()
+    sink.picture("ig/1_top_features", pixels, step=40)
+    sink.picture("ig/value/2_saliency∕frames", _picture(20, 30), step=41)  # a callback name and a display label
+    columns, rows = feature_table(["paddle", "ball", "trail"], _moments())
+    sink.table("ig/features", columns, rows, step=40)
+    sink.report("ig/report_step_40.json", _report(), step=40)
+
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    run_id = mlflow_logger.run_id
+    images = [info.path for info in client.list_artifacts(run_id, "images")]
+    full = [path for path in images if not path.endswith("+compressed.webp")]
+    assert any(path.startswith("images/ig~1_top_features+step+40+") and path.endswith(".png") for path in full)
+    assert any(path.startswith("images/ig~value~2_saliency_frames+step+41+") for path in full)
+    target = tmp_path / "download"
+    for path in full:
+        local = client.download_artifacts(run_id, path, str(target))
+        decoded = np.asarray(Image.open(local).convert("RGB"))
+        if "1_top_features" in path:
+            assert np.array_equal(decoded, pixels)
+        else:
+            assert decoded.shape == (20, 30, 3)
+    table_path = client.download_artifacts(run_id, "lightning_ig/ig/features/step_00000040.json", str(target))
+    table = json.loads(Path(table_path).read_text())
+    assert table["columns"] == columns and [row[1] for row in table["data"]] == ["ball", "paddle", "trail"]
+    report_path = client.download_artifacts(run_id, "lightning_ig/ig/report_step_40.json", str(target))
+    report = json.loads(Path(report_path).read_text())
+    assert report["features"][0]["name"] == "ball" and report["completeness"]["worst_relative_error"] is None
+
+
+def test_a_picture_of_the_wrong_kind_is_refused_before_reaching_a_logger(mlflow_logger):
+    (sink,) = picture_sinks([mlflow_logger])
+    with pytest.raises(ValueError, match=r"\(H, W, 3\) uint8 array, got shape \(4, 4\)"):
+        sink.picture("ig/x", np.zeros((4, 4), dtype=np.uint8), step=0)
+    with pytest.raises(ValueError, match="names no file"):
+        sink.report("../..", _report(), step=0)

@@ -1,0 +1,60 @@
+"""How numbers are written: plain decimals where they read well, never 0.00% for a tiny share."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lightning_ig.views.number_format import format_percent, format_signed, format_value
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (1.0904, "1.09"),
+        (1.0, "1"),
+        (0.012345, "0.0123"),
+        (-0.5, "-0.5"),
+        (0.001, "0.001"),
+        (12345.6, "12300"),
+        (99999.7, "1e+05"),
+        (123456.0, "1.23e+05"),
+        (3.8e-05, "3.8e-05"),
+        (0.0, "0"),
+        (-2.5e-07, "-2.5e-07"),
+    ],
+)
+def test_values_are_plain_decimals_between_a_thousandth_and_a_hundred_thousand(value, text):
+    assert format_value(value) == text
+
+
+def test_values_never_carry_an_exponent_of_zero():
+    for value in (1.09, 2.0, 9.99, 0.45, 30.7):
+        assert "e+00" not in format_value(value) and "e" not in format_value(value)
+
+
+def test_non_finite_values_are_written_as_such():
+    assert format_value(math.inf) == "inf" and format_value(math.nan) == "nan" and format_signed(-math.inf) == "-inf"
+
+
+def test_signed_values_always_carry_their_sign():
+    assert (format_signed(0.853), format_signed(-1.2), format_signed(0.0)) == ("+0.853", "-1.2", "0")
+
+
+@pytest.mark.parametrize(
+    ("fraction", "text"),
+    [
+        (0.31416, "31.4%"),
+        (0.0025, "0.25%"),
+        (0.5, "50%"),
+        (1.0, "100%"),
+        (0.0, "0%"),
+        (3e-07, "<0.01%"),
+        (9.99e-05, "<0.01%"),
+        (1e-04, "0.01%"),
+        (-3e-07, ">-0.01%"),
+    ],
+)
+def test_shares_are_percentages_and_tiny_ones_are_not_zero(fraction, text):
+    assert format_percent(fraction) == text
