@@ -181,7 +181,7 @@ def run_verdict(summary: RunSummary) -> tuple[str, str]:
     accuracy = numbers.accuracy
     if accuracy.within is None:
         return "unchecked", accuracy.reason or verdict_detail(summary)
-    figure = accuracy.figure.replace("_", " ")
+    figure = accuracy.words
     sign = "≤" if accuracy.within else ">"
     return ("pass" if accuracy.within else "fail"), (
         f"{figure} {relative_error_text(accuracy.value)} {sign} {format_value(accuracy.threshold)}"

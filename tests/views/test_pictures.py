@@ -4,43 +4,38 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
-from lightning_ig.views.pictures import run_verdict, verdict_detail
+from lightning_ig.views.number_format import format_value
+from lightning_ig.views.pictures import run_verdict
 from tests.views.test_summary import _summary
 
 
-class _Completeness:
-    """The summary's completeness part as the trust engine's change leaves it: with an ``accuracy_verdict``."""
-
-    def __init__(self, numbers: object, accuracy: SimpleNamespace) -> None:
-        self._numbers, self.accuracy_verdict = numbers, accuracy
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._numbers, name)
-
-
-def _with_accuracy(summary, **accuracy):
-    return dataclasses.replace(summary, completeness=_Completeness(summary.completeness, SimpleNamespace(**accuracy)))
+def _with_figures(summary, attribution_error: float, mass_relative_error: float, tolerance: float = 0.01):
+    """The summary with the two figures the accuracy verdict rests on (a real ``Completeness``)."""
+    numbers = dataclasses.replace(
+        summary.completeness,
+        worst_attribution_error=attribution_error,
+        worst_mass_relative_error=mass_relative_error,
+        tolerance=tolerance,
+    )
+    return dataclasses.replace(summary, completeness=numbers)
 
 
-def test_the_verdict_falls_back_to_the_completeness_figures():
+def test_the_card_names_the_figure_that_decided_and_its_threshold():
     summary = _summary()
-    assert run_verdict(summary) == (summary.completeness.verdict, verdict_detail(summary))
-
-
-def test_the_verdict_is_the_accuracy_verdict_when_the_summary_has_one():
-    summary = _summary()
-    failed = _with_accuracy(summary, within=False, figure="worst_attribution_error", value=0.03, threshold=0.0141)
+    failed = _with_figures(summary, attribution_error=0.03, mass_relative_error=0.001)
     verdict, line = run_verdict(failed)
-    assert verdict == "fail" and line.startswith("worst attribution error 3") and line.endswith("> 0.0141")
-    passed = _with_accuracy(summary, within=True, figure="worst_mass_relative_error", value=1e-4, threshold=0.0141)
-    assert run_verdict(passed)[0] == "pass" and "≤" in run_verdict(passed)[1]
-    unchecked = _with_accuracy(summary, within=None, figure="", value=math.nan, threshold=0.0141, reason="no state")
-    assert run_verdict(unchecked) == ("unchecked", "no state")
+    assert verdict == "fail" and line.startswith("estimated attribution error 3") and ">" in line
+    assert line.endswith(format_value(math.sqrt(2) * 0.01))
+    passed = _with_figures(summary, attribution_error=1e-4, mass_relative_error=0.012)  # 0.012 <= 1.41 x 0.01
+    verdict, line = run_verdict(passed)
+    assert verdict == "pass" and "≤" in line and "mass" in line  # the larger figure is the one named
+    unchecked = _with_figures(summary, attribution_error=math.nan, mass_relative_error=math.nan)
+    verdict, line = run_verdict(unchecked)
+    assert verdict == "unchecked" and line == unchecked.completeness.accuracy.reason
 
 
 def test_nan_inf_overrides_an_accuracy_verdict():
     summary = _summary(worst=math.inf, non_finite=2)
-    flagged = _with_accuracy(summary, within=True, figure="worst_attribution_error", value=0.0, threshold=0.0141)
+    flagged = _with_figures(summary, attribution_error=0.0, mass_relative_error=0.0)
     assert run_verdict(flagged)[0] == "non-finite"

@@ -101,7 +101,7 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     assert "Completeness FAILS: the worst mass-relative completeness error 2.00e-01 > sqrt(2)" in failing
     assert "n_steps='auto'" in failing
     assert "1 of 2 state(s) are near the baseline" in failing and "flagged, not scored" in failing
-    assert "degenerate" not in failing and "kept apart" not in failing
+    assert "too close to judge" not in failing and "kept apart" not in failing  # no degenerate state here
     edge = math.sqrt(2) * 0.01
     assert "Completeness passes" in report_markdown(_summary(estimate=edge * (1 - 1e-9)), tags)
     assert "Completeness FAILS: the worst estimated attribution error" in report_markdown(
