@@ -102,6 +102,7 @@ class RunSummary:
         stochastic: the forward gave different values on the same rows.
         time_ms: wall time of the IG computation and the gather.
         ensemble: the members of an ensemble model, or ``None``.
+        trust_lines: the trust verdict's markdown lines for the report text (the callback's trust checks), or ``()``.
     """
 
     step: int
@@ -122,6 +123,7 @@ class RunSummary:
     stochastic: bool = False
     time_ms: float = 0.0
     ensemble: EnsembleSummary | None = None
+    trust_lines: tuple[str, ...] = ()
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (the heatmap's rows, drift's reference, ``state_dict``)."""
@@ -406,6 +408,7 @@ def report_markdown(
                 "raises the target, red lowers it."
             ),
         ]
+    lines += ["", *summary.trust_lines] if summary.trust_lines else []
     return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
 
 
