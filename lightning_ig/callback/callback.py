@@ -29,6 +29,7 @@ from lightning_ig.attribution.groups import GroupSpec, check_group_spec
 from lightning_ig.attribution.host_result import HostResult, JointGather
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import heldout, setup
+from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.layout import custom_scalars_layout, ranked_labels
@@ -130,6 +131,11 @@ class IntegratedGradientsCallback(Callback):
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.
+        checks_every_n_runs: The trust checks (:mod:`lightning_ig.callback.trust`: randomisation sanity,
+            deletion, and noise stability for NoisyNet models) at the first run, every this many runs (stability
+            every four times as many) and at the end, while they have used at most 20% of the IG time of the fit;
+            logged as ``ig/sanity|faithfulness|stability|trust/...`` with the verdict in the report text (default 5;
+            ``None``: no checks). On global rank zero, with private seeded generators; the model is left as it was.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
@@ -180,6 +186,7 @@ class IntegratedGradientsCallback(Callback):
         saliency_channel: int | None = None,
         saliency_every_n_runs: int = 10,
         on_non_finite: Literal["warn", "raise"] = "warn",
+        checks_every_n_runs: int | None = 5,
     ) -> None:
         super().__init__()
         self.states = heldout.check_states_source(states)
@@ -206,6 +213,7 @@ class IntegratedGradientsCallback(Callback):
         self.saliency_channel = setup.check_saliency_channel_index(saliency_channel)
         self.saliency_every_n_runs = check_positive_int(saliency_every_n_runs, "saliency_every_n_runs", example=10)
         self.on_non_finite = check_choice(on_non_finite, ("warn", "raise"), "on_non_finite")
+        self.checks_every_n_runs = check_optional_positive_int(checks_every_n_runs, "checks_every_n_runs")
 
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
@@ -216,6 +224,7 @@ class IntegratedGradientsCallback(Callback):
         self._last: RunSummary | None = None
         self._pictures = PictureWriter()  # encodes and logs the pictures beside the training loop
         self._tensorboard: TensorBoardRuns | None = None  # set at fit start
+        self._trust: TrustMonitor | None = None  # set at fit start, on global rank zero when checks are on
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -275,6 +284,18 @@ class IntegratedGradientsCallback(Callback):
             self._tags, cadences, self.log_histograms, self._held_out, self.saliency_channel, self._pictures
         )
         self.history = setup.history_to_continue(self.history, self._units)
+        checks = None if self.checks_every_n_runs is None else TrustChecks.every(self.checks_every_n_runs)
+        self._trust = TrustMonitor.prepare(
+            checks,
+            trainer,
+            pl_module,
+            self._engine,
+            self.forward,
+            self._held_out,
+            self.baseline,
+            self._units.groups,
+            self._tags.prefix,
+        )
 
     @override
     def on_train_batch_end(
@@ -337,16 +358,17 @@ class IntegratedGradientsCallback(Callback):
             gather=gather,
             num_states=len(self._held_out),
             groups=self._units.groups,
-            keep_attributions=self._units.log_features and self.log_histograms,
+            keep_attributions=(self._units.log_features and self.log_histograms) or self._trust is not None,
             sample_states=self.saliency_states if self._saliency else 0,
         )
         member_run = None if members is None else self._members.host_run(gather.riders[0], len(self._held_out))
         summary = self._summarize(host, member_run, trainer.global_step, (time.perf_counter() - started) * 1e3)
+        summary, trust = (summary, {}) if self._trust is None else self._trust.step(host, summary, final=final)
         self.history.append(summary.history_entry(trainer.current_epoch))
         self._last_run_step, self._last = summary.step, summary
         if trainer.is_global_zero:
             self._warn(summary)
-            log_scalars(trainer.loggers, scalar_metrics(summary, self._tags), summary.step)
+            log_scalars(trainer.loggers, {**scalar_metrics(summary, self._tags), **trust}, summary.step)
             self._log_tensorboard(trainer, summary, host, final)
             if self._reports is not None:
                 names, label = self._units.names, self._target_label

@@ -102,7 +102,8 @@ class RunSummary:
         stochastic: the forward gave different values on the same rows.
         time_ms: wall time of the IG computation and the gather.
         ensemble: the members of an ensemble model, or ``None``.
-        trust_lines: the trust verdict's markdown lines for the report text (the callback's trust checks), or ``()``.
+        trust_checks: the callback's trust verdict (``lightning_ig.callback.trust.TrustSummary``: ``status``,
+            ``reasons``, ``notes``, ``headline()``, ``lines()``, the checks' results), or ``None`` (no checks).
     """
 
     step: int
@@ -123,7 +124,7 @@ class RunSummary:
     stochastic: bool = False
     time_ms: float = 0.0
     ensemble: EnsembleSummary | None = None
-    trust_lines: tuple[str, ...] = ()
+    trust_checks: Any = None  # typed by the callback's wing, which the views do not import
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (the heatmap's rows, drift's reference, ``state_dict``)."""
@@ -408,7 +409,7 @@ def report_markdown(
                 "raises the target, red lowers it."
             ),
         ]
-    lines += ["", *summary.trust_lines] if summary.trust_lines else []
+    lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
     return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
 
 

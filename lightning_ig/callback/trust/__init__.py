@@ -11,12 +11,13 @@ explain the model, and each fails when they do not:
 * :mod:`~lightning_ig.callback.trust.stability`: for NoisyNet agents, the ranking under the agent's own
   exploration noise (:func:`stability_check`).
 
-:mod:`~lightning_ig.callback.trust.verdict` joins them with the run's accuracy into one verdict and its reasons
-(:func:`trust_summary`); :mod:`~lightning_ig.callback.trust.monitor` runs them in the callback at a cadence within a
-share of the IG time (:class:`TrustChecks`, the callback's ``trust_checks=``). :mod:`~lightning_ig.callback.trust.common`
-holds what they share. Each check is a function of the model, the states, the baselines and this run's per-state
-attributions of the units, draws its random numbers from private seeded generators, reads the host once, and leaves
-the model as it was (parameters, buffers, modes, noise, ``.grad``, every random generator).
+:mod:`~lightning_ig.callback.trust.verdict` joins them with the run's accuracy into one verdict, ``passed``,
+``failed`` or ``unresolved``, and why (:func:`trust_summary`); :mod:`~lightning_ig.callback.trust.monitor` runs them
+in the callback at a cadence within a share of the IG time (:class:`TrustChecks`, the callback's
+``checks_every_n_runs=``). :mod:`~lightning_ig.callback.trust.common` holds what they share. Each
+check is a function of the model, the states, the baselines and this run's per-state attributions of the units,
+draws its random numbers from private seeded generators, reads the host once, and leaves the model as it was
+(parameters, buffers, modes, noise, ``.grad``, every random generator).
 
 A new check goes in a module of its own here: a function returning a frozen result with ``passed``, ``reason`` and
 ``scalars()``, judged in :func:`trust_summary`, run by :class:`TrustMonitor`, its tags in docs/tensorboard-tags.md.

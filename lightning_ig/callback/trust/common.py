@@ -225,4 +225,3 @@ def structure_copy(model: nn.Module) -> nn.Module:
     for parameter in clone.parameters():
         parameter.grad = None
     return clone.requires_grad_(False)
-

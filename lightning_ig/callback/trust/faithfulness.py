@@ -91,7 +91,6 @@ class DeletionCheck:
         return {
             "faithfulness/deletion_auc": self.deletion_auc,
             "faithfulness/deletion_auc_random": self.deletion_auc_random,
-            "faithfulness/passed": float(self.passed),
         }
 
 
@@ -283,4 +282,3 @@ def _deletion_values(
 
 def _forward_rows(value: Callable[[Tensor], Tensor], rows: Tensor, max_rows: int) -> Tensor:
     return torch.cat([value(chunk).detach() for chunk in rows.split(max_rows)])
-

@@ -38,20 +38,34 @@ from lightning_ig.callback.trust.sanity import RandomizationReference, randomiza
 from lightning_ig.callback.trust.stability import stability_check
 from lightning_ig.callback.trust.verdict import TrustSummary, run_accuracy, trust_summary
 from lightning_ig.views.summary import RunSummary
-from lightning_ig.vocabulary import check_int, check_positive_int, check_real, shown, shown_with_type
+from lightning_ig.vocabulary import check_int, check_positive_int, check_real, shown
 
-__all__ = ["CHECKS", "TrustChecks", "TrustMonitor", "check_trust_checks"]
+__all__ = ["CHECKS", "TrustChecks", "TrustMonitor", "trust_scalar_tags"]
 
 CHECKS = ("sanity", "deletion", "stability")
 """The checks, in the order a run makes them."""
+
+
+def trust_scalar_tags(prefix: str, *, noisy: bool) -> list[str]:
+    """Every scalar tag the trust checks log under ``prefix`` (``"ig"`` or ``"ig/<name>"``): the stability check's
+    only for a model with NoisyLinear layers (``noisy``). A check's tags appear at the runs it makes."""
+    tags = [
+        "sanity/randomization_rank_correlation",
+        "sanity/copy_rank_correlation",
+        "faithfulness/deletion_auc",
+        "faithfulness/deletion_auc_random",
+        *(["stability/noise_rank_correlation"] if noisy else []),
+        "trust/status",
+    ]
+    return [f"{prefix}/{tag}" for tag in tags]
 
 
 @dataclass(frozen=True)
 class TrustChecks:
     """When the callback's trust checks run, and how much of the IG time they may use.
 
-    Pass it as ``IntegratedGradientsCallback(trust_checks=TrustChecks(...))`` (``True``: these defaults; ``False``:
-    no checks). Runs are the callback's runs; every check runs at the first run of a fit.
+    The callback's ``checks_every_n_runs=N`` is :meth:`TrustChecks.every` (N): these defaults at ``N = 5``. Runs are
+    the callback's runs; every check runs at the first run of a fit and (within the budget) at the final run.
 
     Attributes:
         sanity_every_n_runs: the randomisation sanity check every this many runs (default 5; ``None``: never). After
@@ -92,7 +106,16 @@ class TrustChecks:
             check_real(self.budget, "budget", above=0)
         check_int(self.seed, "seed", minimum=0)
 
-    def due(self, run: int, *, first: bool, check_seconds: float, ig_seconds: float) -> frozenset[str]:
+    @classmethod
+    def every(cls, runs: int) -> TrustChecks:
+        """The callback's ``checks_every_n_runs=runs``: sanity and deletion every ``runs`` runs, stability (about one
+        IG call per draw on a quarter of the states) every ``4 * runs``, within the default budget."""
+        runs = check_positive_int(runs, "checks_every_n_runs", example=5)
+        return cls(sanity_every_n_runs=runs, deletion_every_n_runs=runs, stability_every_n_runs=4 * runs)
+
+    def due(
+        self, run: int, *, first: bool, check_seconds: float, ig_seconds: float, final: bool = False
+    ) -> frozenset[str]:
         """The checks due at the callback's run ``run`` (its index in the history, from 0).
 
         Args:
@@ -100,6 +123,8 @@ class TrustChecks:
             first: the first run of this fit: every check runs.
             check_seconds: the checks' time so far in this fit.
             ig_seconds: the IG time so far in this fit, this run's included.
+            final: the run at the end of training: every check is due (within the budget), so that the last
+                verdict rests on the final model.
         """
         periods = {"sanity": self.sanity_every_n_runs, "deletion": self.deletion_every_n_runs}
         periods["stability"] = self.stability_every_n_runs
@@ -108,23 +133,11 @@ class TrustChecks:
             return frozenset(active)
         if self.budget is not None and check_seconds > self.budget * ig_seconds:
             return frozenset()  # over budget: every due check waits for its next turn
-        return frozenset(name for name, every in active.items() if run % every == 0)
+        return frozenset(name for name, every in active.items() if final or run % every == 0)
 
     def quarter(self, num_states: int) -> int:
         """States the reference and each noise draw attribute: a quarter of the held-out states, at least 2."""
         return min(num_states, max(2, math.ceil(num_states / 4)))
-
-
-def check_trust_checks(value: Any, name: str = "trust_checks") -> TrustChecks | None:
-    """``True`` (the default cadence), ``False`` (no checks) or a :class:`TrustChecks`."""
-    if isinstance(value, TrustChecks):
-        return value
-    if isinstance(value, bool):
-        return TrustChecks() if value else None
-    raise TypeError(
-        f"{name} must be True (the default cadence), False (no checks) or a TrustChecks(...), got "
-        f"{shown_with_type(value)}"
-    )
 
 
 class TrustMonitor:
@@ -191,13 +204,19 @@ class TrustMonitor:
         settings = AttributionSettings(forward=forward, target=defaults.pop("target", None), options=defaults)
         return cls(options, pl_module, states, baselines, settings, groups, prefix)
 
-    def step(self, host: HostResult, summary: RunSummary) -> tuple[RunSummary, dict[str, float]]:
-        """The checks due at this run and the run's verdict: ``(summary with the verdict's lines, scalars)``."""
+    def step(
+        self, host: HostResult, summary: RunSummary, *, final: bool = False
+    ) -> tuple[RunSummary, dict[str, float]]:
+        """The checks due at this run and the run's verdict: ``(summary with trust_checks set, scalars)``.
+
+        The scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``) at every run.
+        """
         started = time.perf_counter()
         self.seconds["ig"] += summary.time_ms / 1e3
         spent = self.spent()
+        first = self.runs == 0
         due = self.options.due(
-            summary.run_index, first=self.runs == 0, check_seconds=spent, ig_seconds=self.seconds["ig"]
+            summary.run_index, first=first, check_seconds=spent, ig_seconds=self.seconds["ig"], final=final
         )
         self.runs += 1
         scalars: dict[str, float] = {}
@@ -217,7 +236,7 @@ class TrustMonitor:
         )
         self.latest = verdict
         scalars.update(verdict.scalars())
-        summary = dataclasses.replace(summary, trust_lines=verdict.lines())
+        summary = dataclasses.replace(summary, trust_checks=verdict)
         self.seconds["verdict"] += time.perf_counter() - started - checks
         return summary, {f"{self.prefix}/{tag}": float(value) for tag, value in scalars.items()}
 

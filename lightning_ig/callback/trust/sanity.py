@@ -128,8 +128,6 @@ class RandomizationCheck:
         return {
             "sanity/randomization_rank_correlation": self.randomization_rank_correlation,
             "sanity/copy_rank_correlation": self.copy_rank_correlation,
-            "sanity/resolved": float(self.resolved),
-            "sanity/passed": float(self.passed),
         }
 
 

@@ -75,10 +75,7 @@ class StabilityCheck:
         """Tags (under the callback's ``ig/`` prefix) and values; none when the check does not apply."""
         if not self.applicable or self.noise_rank_correlation is None:
             return {}
-        return {
-            "stability/noise_rank_correlation": self.noise_rank_correlation,
-            "stability/passed": float(bool(self.passed)),
-        }
+        return {"stability/noise_rank_correlation": self.noise_rank_correlation}
 
 
 def stability_check(

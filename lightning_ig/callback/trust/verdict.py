@@ -4,8 +4,9 @@
 error figures against the tolerance) and the latest result of each check (is the explanation worth reading:
 :mod:`~lightning_ig.callback.trust.sanity`, :mod:`~lightning_ig.callback.trust.faithfulness`,
 :mod:`~lightning_ig.callback.trust.stability`). ``passed`` means every figure given passed and at least one was
-given; ``reasons`` says, per failure, which figure and by how much. A stability check that does not apply (no
-NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
+given; ``reasons`` says, per failure, which figure and by how much; ``status`` is ``"passed"``, ``"failed"`` or
+``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
+not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
 
 The accuracy verdict comes through :func:`run_accuracy`, the one place that reads the run's accuracy figures.
 """
@@ -80,10 +81,14 @@ def run_accuracy(completeness: Completeness) -> Accuracy:
 class TrustSummary:
     """One verdict on a run's explanation.
 
+    ``status`` is ``"failed"`` when a figure failed (``reasons`` says which and by how much), ``"unresolved"`` when
+    none failed but one could not decide (a sanity check over a handful of units, ``notes``) or nothing was judged,
+    and ``"passed"`` otherwise.
+
     Attributes:
-        passed: every figure given passed, and at least one was given (``ig/trust/passed``).
+        passed: every figure given passed, and at least one was given.
         reasons: one sentence per failure: which figure or check, its value, its bound, by how much
-            (``ig/trust/failed`` counts them).
+            (``ig/trust/status`` is -1 when there is one).
         notes: what a passed figure cannot say here (a sanity check on a handful of units).
         checks: how many figures were judged.
         accuracy, randomization, deletion, stability: what was judged (``None``: not given).
@@ -101,21 +106,36 @@ class TrustSummary:
     stability: StabilityCheck | None = None
     steps: tuple[tuple[str, int], ...] = ()
 
+    @property
+    def status(self) -> str:
+        """``"passed"``, ``"failed"`` or ``"unresolved"`` (see the class)."""
+        if self.reasons:
+            return "failed"
+        return "passed" if self.passed and not self.notes else "unresolved"
+
     def scalars(self) -> dict[str, float]:
-        """``trust/passed`` (1 or 0) and ``trust/failed`` (the number of reasons), under the callback's prefix."""
-        return {"trust/passed": float(self.passed), "trust/failed": float(len(self.reasons))}
+        """Under the callback's prefix: ``trust/status``, 1 passed, 0 unresolved, -1 failed (why: :meth:`lines`)."""
+        return {"trust/status": {"passed": 1.0, "unresolved": 0.0, "failed": -1.0}[self.status]}
 
     def headline(self) -> str:
-        """One line: ``passed (4 figures)`` or ``NOT passed: <the first reason> (+ n more)``."""
-        if self.passed:
-            return f"passed ({self.checks} figure{'s' * (self.checks != 1)} judged)"
+        """One line: ``passed (4 figures judged)``, ``unresolved: <the first note>`` or ``failed: <the first reason>
+        (+ n more)``."""
+        judged = f"{self.checks} figure{'s' * (self.checks != 1)} judged"
+        if self.status == "passed":
+            return f"passed ({judged})"
+        if self.status == "unresolved":
+            why = self.notes[0] if self.notes else "nothing was judged: no accuracy figure and no check result"
+            return f"unresolved ({judged}, none failed): {why}"
         more = f" (+ {len(self.reasons) - 1} more)" if len(self.reasons) > 1 else ""
-        return f"NOT passed: {self.reasons[0]}{more}"
+        return f"failed: {self.reasons[0]}{more}"
 
     def lines(self) -> tuple[str, ...]:
-        """The verdict as markdown, for the ``<prefix>/report`` text: the headline, each figure, the notes."""
+        """The verdict as markdown, for the ``<prefix>/report`` text: the status, each failure, each figure, the
+        notes."""
         steps = dict(self.steps)
-        lines = [f"**Trust: {'passed' if self.passed else 'NOT passed'}**" + ("." if self.passed else ":")]
+        lines = [f"**Trust: {self.status}**" + ("." if self.status == "passed" else ":")]
+        if self.status == "unresolved" and not self.notes:
+            lines.append("- nothing was judged: no accuracy figure and no check result")
         lines += [f"- {reason}" for reason in self.reasons]
         if self.randomization is not None:
             check = self.randomization
@@ -196,10 +216,8 @@ def trust_summary(
             notes.append(note)
     reasons += [str(error) for error in errors]
     checks += len(errors)
-    if checks == 0:
-        reasons.append("nothing was checked: no accuracy figure and no check result")
     return TrustSummary(
-        passed=not reasons,
+        passed=checks > 0 and not reasons,
         reasons=tuple(reasons),
         notes=tuple(notes),
         checks=checks,
