@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,12 +214,18 @@ def rank_correlation(first: np.ndarray, second: np.ndarray, include: np.ndarray)
 
 def structure_copy(model: nn.Module) -> nn.Module:
     """A deep copy of the module tree: parameters, buffers and submodules copied; every other attribute (a replay
-    buffer, an environment, the trainer) shared, never copied. No gradients: IG differentiates the inputs only."""
+    buffer, an environment, the trainer) shared, never copied. No gradients: IG differentiates the inputs only.
+
+    A method of a module of the tree kept as an attribute (under DDP, Lightning sets the LightningModule's
+    ``forward`` as an instance attribute) is bound to the copy's module instead: shared, the copy would call the
+    original's weights."""
     internals = set(vars(nn.Module()))
+    tree = {id(module) for module in model.modules()}
     memo: dict[int, Any] = {}
     for module in model.modules():
         for name, value in vars(module).items():
-            if name not in internals and not isinstance(value, nn.Module):
+            bound_here = isinstance(value, types.MethodType) and id(value.__self__) in tree
+            if name not in internals and not isinstance(value, nn.Module) and not bound_here:
                 memo[id(value)] = value
     with torch.inference_mode(False), torch.no_grad():  # a copy made in inference mode could not be differentiated
         clone = copy.deepcopy(model, memo)

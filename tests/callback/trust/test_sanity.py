@@ -157,3 +157,15 @@ def test_a_correlation_on_a_bound_up_to_rounding_is_on_it():
     result = randomization_check(swapped, reference, ceiling=0.8)
     assert abs(result.randomization_rank_correlation - 0.8) <= common.ROUNDING
     assert not result.passed
+
+
+def test_a_copy_calls_its_own_weights_when_the_forward_is_an_instance_attribute():
+    """Under DDP Lightning keeps the LightningModule's ``forward`` as an instance attribute: a shared one would make
+    every re-initialised copy (and every noisy copy) compute with the original's weights."""
+    model = nn.Sequential(nn.Linear(3, 2))
+    model.forward = model.forward  # a bound method of the original, in the instance's __dict__
+    model.replay = [object()]
+    clone, _, _ = reinitialised_copy(model, seed=1)
+    x = torch.ones(1, 3)
+    assert clone.forward.__self__ is clone and clone.replay is model.replay
+    assert torch.equal(clone(x), clone[0](x)) and not torch.equal(clone(x), model(x))
