@@ -137,6 +137,8 @@ class TrustSummary:
         if self.status == "unresolved" and not self.notes:
             lines.append("- nothing was judged: no accuracy figure and no check result")
         lines += [f"- {reason}" for reason in self.reasons]
+        if self.accuracy is not None and self.accuracy.within:  # a failed one is among the reasons
+            lines.append(f"- accuracy: {self.accuracy.reason} (passed)")
         if self.randomization is not None:
             check = self.randomization
             lines.append(

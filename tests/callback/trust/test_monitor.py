@@ -100,6 +100,7 @@ def test_verdict_says_passed_failed_or_unresolved_and_why(trained):
     assert verdict.checks == 3  # stability does not apply: not judged
     assert verdict.scalars() == {"trust/status": 1.0}
     assert verdict.lines()[0] == "**Trust: passed**." and verdict.headline().startswith("passed (3 figures")
+    assert "- accuracy: within 0.01 (passed)" in verdict.lines()
 
     verdict = trust_summary(accuracy=wrong, deletion=bad)
     assert verdict.status == "failed" and verdict.scalars() == {"trust/status": -1.0}
