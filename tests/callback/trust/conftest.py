@@ -8,11 +8,11 @@ from torch import nn
 from tests.support.trust import network
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one fit (~10 s) for every module here; the tests put back what they change
 def trained() -> tuple[nn.Module, object]:
     return network(400)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one fit (~10 s) for every module here; the tests put back what they change
 def untrained() -> tuple[nn.Module, object]:
     return network(0)
