@@ -146,9 +146,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add(
         "--activation",
         choices=("relu", "tanh", "softplus", "silu", "gelu"),
-        default="silu",
-        help="the network's activation; a smooth one keeps IG's worst relative completeness error (the "
-        "'IG completeness' line) small at --ig-n-steps points, where ReLU's kinks make it larger",
+        default="relu",
+        help="the network's activation; ReLU (the default) is MinAtar's and the Nature network's own. Its kinks "
+        "make IG's worst relative completeness error (the 'IG completeness' line) larger at --ig-n-steps points "
+        "than a smooth one's (silu: 4e-06 to 2e-05 at 50 points, ReLU 0.06); the callback's checks say so",
     )
     add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
     # auxiliary head

@@ -30,6 +30,7 @@ from lightning_ig.attribution.host_result import HostResult, HostTransfer, Joint
 from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import calibration, heldout, reports, setup
+from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.layout import custom_scalars_layout, ranked_labels
@@ -141,6 +142,11 @@ class IntegratedGradientsCallback(Callback):
             6% of the IG time at 64 states and 64 steps); its wall time is the summary's
             ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
             ``n_steps="auto"`` or finite differences.
+        checks_every_n_runs: The trust checks (:mod:`lightning_ig.callback.trust`: randomisation sanity,
+            deletion, and noise stability for NoisyNet models) at the first run, every this many runs (stability
+            every four times as many) and at the end, while they have used at most 20% of the IG time of the fit;
+            logged as ``ig/sanity|faithfulness|stability|trust/...`` with the verdict in the report text (default 5;
+            ``None``: no checks). On global rank zero, with private seeded generators; the model is left as it was.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
@@ -192,6 +198,7 @@ class IntegratedGradientsCallback(Callback):
         saliency_every_n_runs: int = 10,
         on_non_finite: Literal["warn", "raise"] = "warn",
         calibrate_every: int | None = 50,
+        checks_every_n_runs: int | None = 5,
     ) -> None:
         super().__init__()
         self.states = heldout.check_states_source(states)
@@ -219,6 +226,7 @@ class IntegratedGradientsCallback(Callback):
         self.saliency_every_n_runs = check_positive_int(saliency_every_n_runs, "saliency_every_n_runs", example=10)
         self.on_non_finite = check_choice(on_non_finite, ("warn", "raise"), "on_non_finite")
         self.calibrate_every = check_optional_positive_int(calibrate_every, "calibrate_every")
+        self.checks_every_n_runs = check_optional_positive_int(checks_every_n_runs, "checks_every_n_runs")
 
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
@@ -232,6 +240,7 @@ class IntegratedGradientsCallback(Callback):
         self._sample_states = 0  # the saliency grid draws states among the first this many (set at fit start)
         self._ever_non_zero: set[str] = set()  # count tags non-zero so far: logged from then on (state_dict)
         self._pending: _PendingRun | None = None  # a run started at the last batch end, ended at the next
+        self._trust: TrustMonitor | None = None  # set at fit start, on global rank zero when checks are on
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -296,6 +305,18 @@ class IntegratedGradientsCallback(Callback):
         self._tags = dataclasses.replace(self._units.tags, ensemble_members=members)
         self._tensorboard = self._log_outputs(trainer)
         self.history = setup.history_to_continue(self.history, self._units)
+        checks = None if self.checks_every_n_runs is None else TrustChecks.every(self.checks_every_n_runs)
+        self._trust = TrustMonitor.prepare(
+            checks,
+            trainer,
+            pl_module,
+            self._engine,
+            self.forward,
+            self._held_out,
+            self.baseline,
+            self._units.groups,
+            self._tags.prefix,
+        )
 
     @override
     def on_train_batch_end(
@@ -305,8 +326,14 @@ class IntegratedGradientsCallback(Callback):
         step = trainer.global_step
         if self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0 and self._should_run(trainer):
             # Started now, ended at the next batch end: the attribution runs on the device beside the next step
-            # instead of the training thread waiting for it.
-            self._pending = self._start(trainer, pl_module, final=False)
+            # instead of the training thread waiting for it. Ended at once where a trust check is due (the checks
+            # need the model as it was attributed) and under DDP (every rank raises on NaN/Inf at the same step).
+            pending = self._start(trainer, pl_module, final=False)
+            checking = self._trust is not None and self._trust.will_check(len(self.history))
+            if checking or trainer.world_size > 1:
+                self._finish(pending)
+            else:
+                self._pending = pending
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -381,7 +408,7 @@ class IntegratedGradientsCallback(Callback):
             gather=gather,
             num_states=len(self._held_out),
             groups=self._units.groups,
-            keep_attributions=self._units.log_features and self.log_histograms,
+            keep_attributions=(self._units.log_features and self.log_histograms) or self._trust is not None,
             sample_states=self._sample_states,
         )
         self._last_run_step = trainer.global_step
@@ -408,6 +435,9 @@ class IntegratedGradientsCallback(Callback):
         summary = self._summarize(host, members, pending.step, time_ms)
         if pending.calibrated_ms is not None:
             summary = calibration.noted(summary, pending.calibrated_ms)
+        if self._trust is not None:
+            summary, trust = self._trust.step(host, summary, final=pending.final)
+            summary = dataclasses.replace(summary, trust_scalars=trust)
         self.history.append(summary.history_entry(pending.epoch))
         self._last = summary
         if trainer.is_global_zero:

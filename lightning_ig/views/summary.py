@@ -17,7 +17,7 @@ shows (:func:`report_markdown`). The completeness error is written as a fraction
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,9 @@ class RunSummary:
         time_ms: wall time of the IG computation and the gather.
         ensemble: the members of an ensemble model, or ``None``.
         actions: a ``target="each"`` run per action (its rows are (state, action) pairs), or ``None``.
+        trust_checks: the callback's trust verdict (``lightning_ig.callback.trust.TrustSummary``: ``status``,
+            ``reasons``, ``notes``, ``headline()``, ``lines()``, the checks' results), or ``None`` (no checks).
+        trust_scalars: the trust checks' scalars of this run, keyed by their full tags (``<prefix>/sanity/...``).
     """
 
     step: int
@@ -128,6 +131,8 @@ class RunSummary:
     time_ms: float = 0.0
     ensemble: EnsembleSummary | None = None
     actions: ActionSummary | None = None
+    trust_checks: Any = None  # typed by the callback's wing, which the views do not import
+    trust_scalars: Mapping[str, float] = field(default_factory=dict)
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (the heatmap's rows, drift's reference, ``state_dict``)."""
@@ -459,6 +464,7 @@ def report_markdown(
                 "raises the target, red lowers it."
             ),
         ]
+    lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
     return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
 
 

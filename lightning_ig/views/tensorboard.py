@@ -98,6 +98,7 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
     if summary.ensemble is not None:
         metrics.update((f"{prefix}/ensemble/{name}", value) for name, value in summary.ensemble.scalars.items())
+    metrics.update(summary.trust_scalars)  # already tagged by the callback's trust checks
     if summary.actions is not None and tags.action_labels is not None:
         metrics.update(_action_metrics(summary, tags))
     metrics[f"{prefix}/time_ms"] = summary.time_ms

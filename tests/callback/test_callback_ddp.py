@@ -220,6 +220,28 @@ def _only_rank_zero_writes(runs: dict[int, Path], ulps: float) -> None:
     )
 
 
+def _trust_checks_agree(runs: dict[int, Path], ulps: float) -> None:
+    """The trust checks run on rank zero on the gathered states with one seed: the same numbers as one process."""
+    if not has_tensorboard():
+        pytest.skip("the runs log scalars only where TensorBoard is installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lightning_ig.callback.trust.monitor import trust_scalar_tags
+
+    logged = {}
+    for world, folder in runs.items():
+        (log_dir,) = {path.parent for path in (folder / "tb_rank0").rglob("events.out.tfevents.*")}
+        events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = set(trust_scalar_tags("ig", noisy=False)) & set(events.Tags()["scalars"])
+        logged[world] = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in tags}
+    assert set(logged[1]) == set(logged[2]) == set(trust_scalar_tags("ig", noisy=False))  # the first run: all
+    for tag, values in logged[1].items():
+        assert [step for step, _ in logged[2][tag]] == [step for step, _ in values], tag
+        for (_, a), (_, b) in zip(values, logged[2][tag]):
+            assert abs(a - b) <= ulps * eps(torch.float32) * max(1.0, abs(a)), (tag, a, b)
+
+
 def _callback_leaves_the_weights(runs: dict[int, Path], ulps: float) -> None:
     for world, folder in runs.items():
         weights = torch.load(folder / "weights.pt")
@@ -239,6 +261,7 @@ CHECKS: list[Callable[[dict[int, Path], float], None]] = [
     _saliency_images,
     _ensemble_summaries,
     _only_rank_zero_writes,
+    _trust_checks_agree,
     _callback_leaves_the_weights,
     _ddp_trains_as_one_process,
 ]

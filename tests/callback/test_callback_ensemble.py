@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.host_result import HostResult, JointGather
 from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.callback.trust.monitor import trust_scalar_tags
 from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_ensemble, member_agreement, pack_members
 from lightning_ig.ensemble.agreement import ensemble_scalar_names, member_label
 from lightning_ig.models.noise import attribution_mode
@@ -76,7 +77,11 @@ def test_every_ensemble_tag_is_logged_and_listed(ensemble_run):
         "ig/ensemble/relative_spread",
     } <= expected
     assert expected <= scalars
-    assert {tag for tag in scalars if tag.startswith("ig/")} == set(ensemble_run["callback"]._tags.scalar_tags(10))
+    trust = trust_scalar_tags("ig", noisy=True)  # the trust checks' (noisy members; at the first run)
+    assert {tag for tag in scalars if tag.startswith("ig/")} == {
+        *ensemble_run["callback"]._tags.scalar_tags(10),
+        *trust,
+    }
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     layout = layout_pb2.Layout()

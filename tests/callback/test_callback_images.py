@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.views.raster import CARD_WIDTH
+from lightning_ig.callback.trust.monitor import trust_scalar_tags
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
@@ -82,7 +83,8 @@ def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(imag
     assert (
         len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40
     )  # not one tag per pixel (1,542 scalar tags for these states)
-    assert {tag for tag in scalars if tag.startswith("ig/")} == set(image_run["callback"]._tags.scalar_tags(10))
+    trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (checks_every_n_runs=5: at the first run)
+    assert {tag for tag in scalars if tag.startswith("ig/")} == {*image_run["callback"]._tags.scalar_tags(10), *trust}
     grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]
     assert len(grouping) == 1 and "768 features" in grouping[0] and "3 groups (channel 0, ...)" in grouping[0]
 
@@ -223,7 +225,7 @@ def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
     tags = _events(logger).Tags()
     scalars = set(tags["scalars"])
     assert "ig/group/mean_abs/x000..x003" in scalars and "ig/group/mean_abs/x252..x255" in scalars  # sort as numbers
-    assert len(scalars) + len(tags["histograms"]) <= 3 * 64 + 12
+    assert len(scalars) + len(tags["histograms"]) <= 3 * 64 + 12 + len(trust_scalar_tags("ig", noisy=True))
     assert any("64 groups (x0..x3, ...)" in str(w.message) for w in caught)
 
     named = {f"family {k}": list(range(32 * k, 32 * k + 32)) for k in range(8)}
@@ -231,7 +233,9 @@ def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
     _, logger = _fit(tmp_path / "named", (256,), [callback])
     scalars = set(_events(logger).Tags()["scalars"])
     assert {f"ig/group/mean_abs/family {k}" for k in range(8)} <= scalars
-    assert "ig/drift/topk_jaccard_prev" in scalars and len(scalars) <= 2 * 8 + 12
+    assert "ig/drift/topk_jaccard_prev" in scalars and len(scalars) <= 2 * 8 + 12 + len(
+        trust_scalar_tags("ig", noisy=True)
+    )
 
 
 def test_one_dimensional_signals_get_heat_strips(tmp_path):

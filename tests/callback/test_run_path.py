@@ -37,7 +37,12 @@ STEADY = {
 }
 
 
-def _modules_per_run(tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+TRUST = {"callback/trust/monitor.py", "callback/trust/verdict.py"}  # a run where no trust check is due: the verdict
+
+
+def _modules_per_run(
+    tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch, checks_every_n_runs: int | None = None
+) -> list[set[str]]:
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
     entered: dict[int, set[str]] = {}  # the run's step -> the modules its start and its end entered
 
@@ -67,7 +72,9 @@ def _modules_per_run(tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatc
     start, finish = IntegratedGradientsCallback._start, IntegratedGradientsCallback._finish
     monkeypatch.setattr(IntegratedGradientsCallback, "_start", tracing(start, lambda args: args[0].global_step))
     monkeypatch.setattr(IntegratedGradientsCallback, "_finish", tracing(finish, lambda args: args[0].step))
-    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=1, n_steps=8)
+    callback = IntegratedGradientsCallback(
+        held_out_states(16), every_n_steps=1, n_steps=8, checks_every_n_runs=checks_every_n_runs
+    )
     trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=logger)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -92,3 +99,12 @@ def test_a_steady_run_with_tensorboard_also_enters_the_vocabulary(
         # relative_error_text and the numbers' format, in the report text
         assert seen == {*STEADY, "vocabulary.py", "views/number_format.py"}
     assert {"views/pictures.py", "views/charts.py"} <= entered[-1]  # the end of training draws the charts
+
+
+def test_a_steady_run_with_the_trust_checks_on_but_none_due_also_enters_the_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, checks_every_n_runs=5)
+    assert {"callback/trust/sanity.py", "callback/trust/faithfulness.py"} <= entered[0]  # the first run checks
+    for seen in entered[1:5]:  # runs 1-4: no check due, the verdict joins the latest results
+        assert seen == {*STEADY, *TRUST, "vocabulary.py"}  # relative_error_text, in the accuracy figure's reason

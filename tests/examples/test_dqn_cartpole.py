@@ -126,6 +126,23 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.Complet
     assert "hyperparameters/text_summary" in tags["tensors"]
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])  # the default, and the network users train
+def test_trains_and_checkpoints_with_each_activation(
+    activation: str, tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    if activation == "tanh":  # the default: the shared run
+        proc, runs = tiny_run
+    else:
+        flags = [*TINY, "--total-timesteps", "300", "--activation", activation]  # the later flag wins
+        proc, runs = _run([str(EXAMPLE), *flags, "--runs-dir", "runs"], cwd=tmp_path), tmp_path / "runs"
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "IG completeness     worst relative error" in proc.stdout
+    loaded = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
+    assert loaded.model.config()["activation"] == activation
+    q_values = loaded.model.eval()(loaded.states)
+    assert torch.isfinite(q_values).all()
+
+
 def test_checkpoint_loads_with_states_and_names(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     proc, runs = tiny_run
     assert proc.returncode == 0, proc.stderr[-3000:]

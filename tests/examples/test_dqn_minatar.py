@@ -123,6 +123,7 @@ def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> No
     loaded = load_checkpoint(_only_run_dir(runs) / "q_network.safetensors")
     assert isinstance(loaded.model, MinAtarQNetwork)
     assert loaded.model.config()["in_channels"] == 4 and loaded.model.config()["num_actions"] == 3
+    assert loaded.model.config()["activation"] == "relu"  # the default: MinAtar's and the Nature network's own
     assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4, 10, 10)
     assert set(torch.unique(loaded.states).tolist()) <= {0.0, 1.0}  # MinAtar frames are 0/1
     assert json.loads(loaded.metadata["channel_names"]) == CHANNEL_NAMES
@@ -277,3 +278,8 @@ def test_vector_env_gives_channels_first_frames_and_restarts_finished_games(exam
         ended += int(terminals.sum())
         assert (observations[:, CHANNEL_NAMES.index("ball")].reshape(3, -1).sum(axis=1) == 1).all()
     assert ended > 3  # games ended and restarted with a ball
+
+
+def test_the_default_activation_is_relu_and_the_help_says_why(example_module) -> None:
+    assert example_module.parse_args([]).activation == "relu"
+    assert example_module.parse_args(["--activation", "silu"]).activation == "silu"

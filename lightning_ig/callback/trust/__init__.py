@@ -1,0 +1,54 @@
+"""Trust checks that can fail: is the explanation worth reading, not only is IG's arithmetic right.
+
+Completeness and the error estimate say whether the attributions are computed right. These three say whether they
+explain the model, and each fails when they do not:
+
+* :mod:`~lightning_ig.callback.trust.sanity`: the randomisation sanity check (Adebayo et al. 2018): re-initialised
+  copies of the model must rank the units differently (:func:`randomization_reference` once per fit,
+  :func:`randomization_check` each time);
+* :mod:`~lightning_ig.callback.trust.faithfulness`: the deletion curve (:func:`deletion_check`): deleting the most
+  contributing units first must move the target more than deleting them in a random order;
+* :mod:`~lightning_ig.callback.trust.stability`: for NoisyNet agents, the ranking under the agent's own
+  exploration noise (:func:`stability_check`).
+
+:mod:`~lightning_ig.callback.trust.verdict` joins them with the run's accuracy into one verdict, ``passed``,
+``failed`` or ``unresolved``, and why (:func:`trust_summary`); :mod:`~lightning_ig.callback.trust.monitor` runs them
+in the callback at a cadence within a share of the IG time (:class:`TrustChecks`, the callback's
+``checks_every_n_runs=``). :mod:`~lightning_ig.callback.trust.common` holds what they share. Each
+check is a function of the model, the states, the baselines and this run's per-state attributions of the units,
+draws its random numbers from private seeded generators, reads the host once, and leaves the model as it was
+(parameters, buffers, modes, noise, ``.grad``, every random generator).
+
+A new check goes in a module of its own here: a function returning a frozen result with ``passed``, ``reason`` and
+``scalars()``, judged in :func:`trust_summary`, run by :class:`TrustMonitor`, its tags in docs/tensorboard-tags.md.
+"""
+
+from lightning_ig.callback.trust.common import AttributionSettings
+from lightning_ig.callback.trust.faithfulness import DeletionCheck, deletion_check
+from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
+from lightning_ig.callback.trust.sanity import (
+    RandomizationCheck,
+    RandomizationReference,
+    randomization_check,
+    randomization_reference,
+)
+from lightning_ig.callback.trust.stability import StabilityCheck, stability_check
+from lightning_ig.callback.trust.verdict import AccuracyFigure, TrustSummary, run_accuracy, trust_summary
+
+__all__ = [
+    "AccuracyFigure",
+    "AttributionSettings",
+    "DeletionCheck",
+    "RandomizationCheck",
+    "RandomizationReference",
+    "StabilityCheck",
+    "TrustChecks",
+    "TrustMonitor",
+    "TrustSummary",
+    "deletion_check",
+    "randomization_check",
+    "randomization_reference",
+    "run_accuracy",
+    "stability_check",
+    "trust_summary",
+]

@@ -1,0 +1,231 @@
+"""One verdict on a run's explanation: the accuracy of its numbers and the checks that can fail, and why not.
+
+:func:`trust_summary` judges what it is given: the run's accuracy verdict (is IG's arithmetic right: the engine's
+error figures against the tolerance) and the latest result of each check (is the explanation worth reading:
+:mod:`~lightning_ig.callback.trust.sanity`, :mod:`~lightning_ig.callback.trust.faithfulness`,
+:mod:`~lightning_ig.callback.trust.stability`). ``passed`` means every figure given passed and at least one was
+given; ``reasons`` says, per failure, which figure and by how much; ``status`` is ``"passed"``, ``"failed"`` or
+``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
+not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
+
+The accuracy verdict comes through :func:`run_accuracy`, the one place that reads the run's accuracy figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from lightning_ig.attribution.statistics import Completeness
+from lightning_ig.callback.trust.faithfulness import DeletionCheck
+from lightning_ig.callback.trust.sanity import RandomizationCheck
+from lightning_ig.callback.trust.stability import StabilityCheck
+from lightning_ig.vocabulary import relative_error_text, shown
+
+__all__ = ["Accuracy", "AccuracyFigure", "TrustSummary", "run_accuracy", "trust_summary"]
+
+
+class Accuracy(Protocol):
+    """What the trust summary reads of an accuracy verdict: the fields of the engine's ``AccuracyVerdict``."""
+
+    within: bool | None  # None: nothing could be checked
+    figure: str  # which figure decided
+    value: float
+    threshold: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class AccuracyFigure:
+    """An accuracy verdict with the fields of the engine's ``AccuracyVerdict`` (:class:`Accuracy`).
+
+    Attributes:
+        within: the figure is within its threshold; ``False`` above it or NaN/Inf; ``None`` when nothing could be
+            checked.
+        figure: the figure's name (``"worst_relative_error"``, ...).
+        value: its value.
+        threshold: the largest value that passes.
+        reason: one sentence: the figure, its value and the threshold.
+    """
+
+    within: bool | None
+    figure: str
+    value: float
+    threshold: float
+    reason: str
+
+
+def run_accuracy(completeness: Completeness) -> Accuracy:
+    """The accuracy verdict of a run, from its summary's completeness part.
+
+    Until the engine's error estimate is merged this is the completeness verdict the run already has (the worst
+    relative completeness error against ``completeness_tol``). With it merged, the body is the one line
+    ``return accuracy_verdict(completeness.worst_attribution_error, completeness.worst_mass_relative_error,
+    completeness.tolerance)`` (``lightning_ig.attribution.accuracy_verdict``).
+    """
+    worst, tolerance, verdict = completeness.worst_relative_error, completeness.tolerance, completeness.verdict
+    within = {"pass": True, "fail": False, "non-finite": False, "unchecked": None}[verdict]
+    words = {
+        "pass": f"within {tolerance:g}",
+        "fail": f"above {tolerance:g}",
+        "non-finite": "infinite: the model produced NaN/Inf",
+        "unchecked": "not computed: in every state F(x) and F(b) are too close for a ratio",
+    }[verdict]
+    reason = f"the worst relative completeness error is {relative_error_text(worst)}, {words}"
+    return AccuracyFigure(within, "worst_relative_error", worst, tolerance, reason)
+
+
+@dataclass(frozen=True)
+class TrustSummary:
+    """One verdict on a run's explanation.
+
+    ``status`` is ``"failed"`` when a figure failed (``reasons`` says which and by how much), ``"unresolved"`` when
+    none failed but one could not decide (a sanity check over a handful of units, ``notes``) or nothing was judged,
+    and ``"passed"`` otherwise.
+
+    Attributes:
+        passed: every figure given passed, and at least one was given.
+        reasons: one sentence per failure: which figure or check, its value, its bound, by how much
+            (``ig/trust/status`` is -1 when there is one).
+        notes: what a passed figure cannot say here (a sanity check on a handful of units).
+        checks: how many figures were judged.
+        accuracy, randomization, deletion, stability: what was judged (``None``: not given).
+        steps: the global step each check's result comes from (a check runs every few runs; the verdict uses its
+            latest result).
+    """
+
+    passed: bool
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...]
+    checks: int
+    accuracy: Accuracy | None = None
+    randomization: RandomizationCheck | None = None
+    deletion: DeletionCheck | None = None
+    stability: StabilityCheck | None = None
+    steps: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def status(self) -> str:
+        """``"passed"``, ``"failed"`` or ``"unresolved"`` (see the class)."""
+        if self.reasons:
+            return "failed"
+        return "passed" if self.passed and not self.notes else "unresolved"
+
+    def scalars(self) -> dict[str, float]:
+        """Under the callback's prefix: ``trust/status``, 1 passed, 0 unresolved, -1 failed (why: :meth:`lines`)."""
+        return {"trust/status": {"passed": 1.0, "unresolved": 0.0, "failed": -1.0}[self.status]}
+
+    def headline(self) -> str:
+        """One line: ``passed (4 figures judged)``, ``unresolved: <the first note>`` or ``failed: <the first reason>
+        (+ n more)``."""
+        judged = f"{self.checks} figure{'s' * (self.checks != 1)} judged"
+        if self.status == "passed":
+            return f"passed ({judged})"
+        if self.status == "unresolved":
+            why = self.notes[0] if self.notes else "nothing was judged: no accuracy figure and no check result"
+            return f"unresolved ({judged}, none failed): {why}"
+        more = f" (+ {len(self.reasons) - 1} more)" if len(self.reasons) > 1 else ""
+        return f"failed: {self.reasons[0]}{more}"
+
+    def lines(self) -> tuple[str, ...]:
+        """The verdict as markdown, for the ``<prefix>/report`` text: the status, each failure, each figure, the
+        notes."""
+        steps = dict(self.steps)
+        lines = [f"**Trust: {self.status}**" + ("." if self.status == "passed" else ":")]
+        if self.status == "unresolved" and not self.notes:
+            lines.append("- nothing was judged: no accuracy figure and no check result")
+        lines += [f"- {reason}" for reason in self.reasons]
+        if self.accuracy is not None and self.accuracy.within:  # a failed one is among the reasons
+            lines.append(f"- accuracy: {self.accuracy.reason} (passed)")
+        if self.randomization is not None:
+            check = self.randomization
+            lines.append(
+                f"- sanity (step {steps.get('sanity', '?')}): rank correlation with a re-initialised copy "
+                f"{check.randomization_rank_correlation:.3f}, two re-initialised copies "
+                f"{check.copy_rank_correlation:.3f}, {'resolved' if check.resolved else 'unresolved'} over "
+                f"{check.num_units} units ({'passed' if check.passed else 'failed'})"
+            )
+        if self.deletion is not None:
+            check = self.deletion
+            lines.append(
+                f"- faithfulness (step {steps.get('deletion', '?')}): deletion AUC {check.deletion_auc:.3f}, random "
+                f"order {check.deletion_auc_random:.3f} ({'passed' if check.passed else 'failed'})"
+            )
+        if self.stability is not None and self.stability.applicable:
+            check = self.stability
+            lines.append(
+                f"- stability (step {steps.get('stability', '?')}): rank correlation under exploration noise "
+                f"{check.noise_rank_correlation:.3f} ({'passed' if check.passed else 'failed'})"
+            )
+        lines += [f"- note: {note}" for note in self.notes]
+        return tuple(lines)
+
+
+def trust_summary(
+    *,
+    accuracy: Accuracy | None = None,
+    randomization: RandomizationCheck | None = None,
+    deletion: DeletionCheck | None = None,
+    stability: StabilityCheck | None = None,
+    errors: Sequence[str] = (),
+    steps: Sequence[tuple[str, int]] = (),
+) -> TrustSummary:
+    """Join the accuracy verdict and the checks into ``passed`` and its ``reasons``.
+
+    Args:
+        accuracy: the run's accuracy verdict (:func:`run_accuracy`, or the engine's ``AccuracyVerdict``); ``None``:
+            not judged.
+        randomization, deletion, stability: the checks' latest results; ``None``: not judged.
+        errors: checks that could not run, one sentence each (each is a reason: a check that did not run vouches
+            for nothing).
+        steps: ``(check, global step)`` of each result, for the text.
+
+    Returns:
+        A :class:`TrustSummary`.
+
+    Raises:
+        TypeError: a check of the wrong kind, or an accuracy verdict without its fields.
+    """
+    reasons, notes, checks = [], [], 0
+    if accuracy is not None:
+        if not all(hasattr(accuracy, name) for name in ("within", "figure", "value", "threshold", "reason")):
+            raise TypeError(f"accuracy must be an accuracy verdict (within, figure, ...), got {shown(accuracy)}")
+        checks += 1
+        if accuracy.within is None:
+            reasons.append(f"accuracy: could not be checked: {accuracy.reason}")
+        elif not accuracy.within:
+            by = accuracy.value - accuracy.threshold
+            excess = f" (by {by:.3g})" if math.isfinite(by) else ""
+            reasons.append(f"accuracy: {accuracy.reason}{excess}")
+    for name, check, kind in (
+        ("randomization", randomization, RandomizationCheck),
+        ("deletion", deletion, DeletionCheck),
+        ("stability", stability, StabilityCheck),
+    ):
+        if check is None:
+            continue
+        if not isinstance(check, kind):
+            raise TypeError(f"{name} must be a {kind.__name__} or None, got {type(check).__name__}")
+        if check.passed is None:  # a stability check that does not apply
+            continue
+        checks += 1
+        if check.reason is not None:
+            reasons.append(check.reason)
+        note = getattr(check, "note", None)
+        if note is not None:
+            notes.append(note)
+    reasons += [str(error) for error in errors]
+    checks += len(errors)
+    return TrustSummary(
+        passed=checks > 0 and not reasons,
+        reasons=tuple(reasons),
+        notes=tuple(notes),
+        checks=checks,
+        accuracy=accuracy,
+        randomization=randomization,
+        deletion=deletion,
+        stability=stability,
+        steps=tuple(steps),
+    )

@@ -1,0 +1,93 @@
+"""callback/trust/faithfulness.py: IG's deletion order beats a random one; shuffled or reversed maps fail."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from lightning_ig.callback.trust import AttributionSettings, faithfulness
+from lightning_ig.callback.trust.faithfulness import deletion_check
+from tests.support.tolerance import rounding_bound
+from tests.support.trust import SETTINGS, assert_unchanged, attribute, shuffled, snapshot
+
+
+def test_deletion_passes_for_ig_and_fails_for_shuffled_or_reversed_orders(trained):
+    model, states = trained
+    units = attribute(model, states)
+    result = deletion_check(model, states, None, units, settings=SETTINGS)
+    assert result.passed, result
+    assert result.curve[0] == 1.0 and result.curve[-1] == 0.0
+    assert len(result.curve) == faithfulness.DELETION_FRACTIONS + 1
+    assert result.gap >= faithfulness.DELETION_Z * result.gap_standard_error and result.reason is None
+    for seed in range(3):
+        other = deletion_check(model, states, None, shuffled(units, seed), settings=SETTINGS)
+        assert not other.passed, other
+        assert "faithfulness" in other.reason
+    backwards = deletion_check(model, states, None, -units, settings=SETTINGS)
+    assert not backwards.passed and backwards.deletion_auc > backwards.deletion_auc_random
+    assert set(result.scalars()) >= {"faithfulness/deletion_auc", "faithfulness/deletion_auc_random"}
+
+
+def test_deletion_curve_of_a_linear_model_is_its_attributions_removed():
+    """For F(x) = w.x + c and a zero baseline, F(x_k) - F(0) is the sum of the attributions kept."""
+    generator = torch.Generator().manual_seed(2)
+    model = nn.Linear(10, 1)
+    states = torch.randn(8, 10, generator=generator)
+    states[:, 3] = 0  # a feature at its baseline in every state: never counted, never deleted
+    units = model.weight.detach()[0] * states  # IG of a linear model, exactly
+    result = deletion_check(model, states, None, units, settings=AttributionSettings(target=0), num_fractions=4)
+    a = units.double().numpy()
+    delta = a.sum(axis=1)
+    sign = np.where(delta < 0, -1.0, 1.0)
+    moved = states.numpy() != 0
+    curve = []
+    for k in range(5):
+        total = 0.0
+        for b in range(len(a)):
+            order = [i for i in np.argsort(-(sign[b] * a[b]), kind="stable") if moved[b, i]]
+            removed = order[: int(np.round(k * len(order) / 4))]
+            total += sign[b] * (delta[b] - a[b, removed].sum())
+        curve.append(total / np.abs(delta).sum())
+    bound = rounding_bound(float(np.abs(a).sum(axis=1).max() / np.abs(delta).sum() * len(a)), ulps=64)
+    np.testing.assert_allclose(result.curve, curve, rtol=0, atol=bound)
+    expected_auc = (sum(curve[1:-1]) + (curve[0] + curve[-1]) / 2) / 4
+    assert abs(result.deletion_auc - expected_auc) <= bound
+
+
+def test_deletion_by_groups_removes_whole_groups_and_chunking_changes_nothing(trained):
+    model, states = trained
+    groups = torch.arange(states.shape[1]) // 4  # 8 groups of four
+    units = attribute(model, states).view(len(states), 8, 4).sum(dim=2)
+    whole = deletion_check(model, states, None, units, settings=SETTINGS, groups=groups)
+    assert whole.num_fractions == 8  # at most one fraction per group
+    chunked = deletion_check(model, states, None, units, settings=SETTINGS, groups=groups, max_rows=5)
+    scale = max(abs(value) for value in whole.curve + whole.curve_random)
+    for got, expected in zip(chunked.curve + chunked.curve_random, whole.curve + whole.curve_random):
+        assert abs(got - expected) <= rounding_bound(scale, ulps=256)
+
+
+def test_deletion_is_deterministic_leaves_the_model_and_fails_on_nan(trained):
+    model, states = trained
+    units = attribute(model, states)
+    model.train()
+    try:
+        before = snapshot(model)
+        first = deletion_check(model, states, None, units, settings=SETTINGS, seed=5)
+        with torch.inference_mode():
+            second = deletion_check(model, states, None, units, settings=SETTINGS, seed=5)
+        assert_unchanged(model, before)
+    finally:
+        model.eval()
+    assert first == second
+    other = deletion_check(model, states, None, units, settings=SETTINGS, seed=6)
+    assert other.curve_random != first.curve_random and other.curve == first.curve
+
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.where(x[:, :1] > 0, math.nan, 1.0) * x.sum(dim=1, keepdim=True)
+
+    result = deletion_check(Broken(), states, None, units, settings=AttributionSettings(target=0))
+    assert math.isnan(result.deletion_auc) and not result.passed and "undefined" in result.reason
