@@ -264,7 +264,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         if args.verify is not None:
             from lightning_ig.cli.verify import verify_key  # noqa: PLC0415
 
-            verified = verify_key(run.model, run.states, run.baselines, target, result, args.verify)
+            verified = verify_key(run.model, run.states, target, result, args.verify)
     extra = {**run.extra, "num_steps_requested": args.num_steps}
     if members is not None:
         extra["ensemble"] = _ensemble_key(run, result, members, args.top_k)

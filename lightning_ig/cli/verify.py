@@ -47,13 +47,12 @@ def _text(value: Any) -> str:
     return relative_error_text(float(value))
 
 
-def verify_key(model: Any, states: Any, baselines: Any, target: Any, result: Any, count: int) -> dict[str, Any]:
+def verify_key(model: Any, states: Any, target: Any, result: Any, count: int) -> dict[str, Any]:
     """The report's ``verify`` key: the first ``count`` states against the reference.
 
     Args:
         model: the module the run attributed (noise off, eval mode).
         states: ``(B, *feature_shape)`` the run's states.
-        baselines: as the run took them: ``"zeros"``, ``"mean"``, a number or a tensor.
         target: the run's target (``None``, ``"mean"``, an int or ``"contrast"``).
         result: the run's :class:`~lightning_ig.attribution.IGResult` (one attribution per state).
         count: how many states to verify (at most ``B``).
@@ -72,7 +71,7 @@ def verify_key(model: Any, states: Any, baselines: Any, target: Any, result: Any
 
     count = min(count, states.shape[0])
     xs = states[:count].detach()
-    bs = _baseline_tensor(baselines, states)[:count]
+    bs = result.baselines[:count].detach()  # exactly the baselines the run used (zeros, the states' mean, ...)
     pairs = None if result.target_actions is None else result.target_actions[:count]
     truth = reference(model, xs, bs, target=target, pairs=pairs)
     ours = result.attributions[:count].detach().to("cpu", torch.float64).reshape(count, -1)
@@ -113,18 +112,6 @@ def verify_key(model: Any, states: Any, baselines: Any, target: Any, result: Any
         "num_near_baseline": int(near.sum()),
         "per_state": rows,
     }
-
-
-def _baseline_tensor(baselines: Any, states: Any) -> Any:
-    import torch  # noqa: PLC0415
-
-    if isinstance(baselines, str):
-        if baselines == "zeros":
-            return torch.zeros_like(states)
-        return states.mean(0, keepdim=True).expand_as(states)  # "mean": the mean of the states
-    if isinstance(baselines, (int, float)):
-        return torch.full_like(states, float(baselines))
-    return baselines.expand_as(states)
 
 
 def _finite(value: float) -> float | None:

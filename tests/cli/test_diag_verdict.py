@@ -157,3 +157,15 @@ def test_warped_method_runs(checkpoint: Path, tmp_path: Path) -> None:
     output = tmp_path / "warped.json"
     assert _diag(checkpoint, output, "--method", "warped_middle:2", "--completeness-tol", "0.5", "--quiet") == 0
     assert _read(output)["method"] == "warped_middle:2"
+
+
+@pytest.mark.parametrize("flags", [["--baseline", "mean"], ["--target", "contrast"], ["--baseline", "0.5"]])
+def test_verify_checks_the_run_it_follows(checkpoint: Path, tmp_path: Path, flags: list[str]) -> None:
+    # the reference takes the run's own baselines and contrast pairs: at many steps the truth is close, where the
+    # zero baseline or another pair of actions would be far off (errors of order 1)
+    output = tmp_path / "v.json"
+    status = _diag(checkpoint, output, *flags, "--num-steps", "1024", "--verify", "3", "--quiet")
+    assert status == 0
+    key = _read(output)["verify"]
+    assert key["worst_true_error"] is not None and key["worst_true_error"] < 0.01
+    assert all(row["true_error"] < 0.05 for row in key["per_state"])
