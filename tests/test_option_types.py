@@ -490,10 +490,12 @@ _FLAG_ACCEPTS: dict[str, Callable[[str], bool]] = {
     "--seed": lambda text: _whole(text, 0),
     "--num-steps": lambda text: text == "auto" or _whole(text, 1),
     "--completeness-tol": lambda text: _is_float(text) and math.isfinite(float(text)) and float(text) > 0,
-    "--target": lambda text: text == "mean" or _whole(text.removeprefix("action:"), 0),
+    "--target": lambda text: text in ("mean", "each", "contrast") or _whole(text.removeprefix("action:"), 0),
     "--model": lambda text: bool(re.fullmatch(r"[\w.]+:[\w.]+", text)),
     "--lightning-module": lambda text: bool(re.fullmatch(r"[\w.]+:[\w.]+", text)),
     "--model-kwargs": lambda text: text.startswith("{") and text.endswith("}"),
+    "--verify": lambda text: _whole(text, 1),
+    "--method": lambda text: False,  # none of the wrong texts is a rule's name
 }
 
 

@@ -76,6 +76,10 @@ Exit status:
        one line on stderr says what was wrong and what to do; no report written
 3      the model produced NaN/Inf on some states: reports written (with
        ``non_finite_states``), one line on stderr
+4      not within ``--completeness-tol`` by the accuracy verdict (the worst
+       estimated attribution error or mass-relative completeness error over
+       the states away from the baseline above sqrt(2) x tol): reports written,
+       one line on stderr names the figure
 130    interrupted (Ctrl-C), at any moment: one line on stderr; a report is
        complete or absent, never half-written
 =====  ========================================================================
@@ -103,6 +107,7 @@ from lightning_ig.cli.exits import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_NON_FINITE,
+    EXIT_NOT_WITHIN,
     EXIT_OK,
     EXIT_USAGE,
     PROG,
@@ -118,6 +123,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "EXIT_NON_FINITE",
+    "EXIT_NOT_WITHIN",
     "EXIT_OK",
     "EXIT_USAGE",
     "UsageError",
@@ -135,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 ok, 1 an unexpected failure, 2 a user mistake or a stochastic
         forward (one line on stderr), 3 NaN/Inf from the model (reports written, one line),
-        130 interrupted.
+        4 not within ``--completeness-tol`` by the accuracy verdict (reports written, one line), 130 interrupted.
 
     Example::
 

@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "EXIT_NON_FINITE",
+    "EXIT_NOT_WITHIN",
     "EXIT_OK",
     "EXIT_USAGE",
     "PROG",
@@ -33,6 +34,9 @@ EXIT_USAGE = 2
 """A mistake in the command line or its inputs, or a forward that is not deterministic: one line, no report."""
 EXIT_NON_FINITE = 3
 """The model produced NaN/Inf: the reports are written (``non_finite_states`` marks the states), one line says so."""
+EXIT_NOT_WITHIN = 4
+"""The verdict: the attributions are not within ``--completeness-tol`` (the estimate or the mass-relative error of
+some state away from the baseline is above ``sqrt(2) x tol``): the reports are written, one line says which figure."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C (128 + SIGINT, as a shell reports it): one line; no report is left half-written."""
 

@@ -47,7 +47,7 @@ class HeadRun:
     model: nn.Module
     states: Tensor  # (num_states, *feature_shape), the model's dtype and device
     feature_names: list[str]
-    target: Any  # None (one output), "mean" or an action index, as integrated_gradients takes it
+    target: Any  # None (one output), "mean", an action index, "each" or "contrast", as integrated_gradients takes it
     forward_target: str  # vocabulary.target_label(target)
     baselines: Any
     extra: dict[str, Any] = field(default_factory=dict)
@@ -264,9 +264,10 @@ def _expected_width(model: nn.Module) -> int | None:
 
 
 def _target(requested: str | int, probe: Tensor) -> Any:
-    """What integrated_gradients attributes: None (one output per state), "mean" or an action index."""
+    """What integrated_gradients attributes: None (one output per state), "mean", an action index, "each" or
+    "contrast"."""
     if probe.ndim == 1 or (probe.ndim == 2 and probe.shape[1] == 1):
-        if requested not in ("mean", 0):
+        if requested not in ("mean", 0):  # "each" and "contrast" need several outputs too
             raise UsageError(
                 f"--target {requested} needs a model with several outputs; this one returns one value per state"
             )
@@ -278,6 +279,15 @@ def _target(requested: str | int, probe: Tensor) -> Any:
     actions = probe.shape[1]
     if requested == "mean":
         return "mean"
+    if requested == "each":
+        return "each"
+    if requested == "contrast":
+        if actions < 2:
+            raise UsageError(
+                "--target contrast needs a model with at least two actions (the greedy one and the runner-up); "
+                f"this one has {actions}: use --target mean or 0"
+            )
+        return "contrast"
     if int(requested) >= actions:
         raise UsageError(
             f"--target {requested} is out of range for a model with {actions} actions; use mean or 0..{actions - 1}"

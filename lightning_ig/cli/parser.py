@@ -14,8 +14,8 @@ from lightning_ig.cli.exits import PROG, UsageError
 from lightning_ig.vocabulary import (  # torch-free: --help answers without loading torch
     BACKENDS,
     GRADIENTS,
-    METHODS,
     check_int,
+    check_method,
     check_n_steps,
     check_positive_float,
     check_positive_int,
@@ -35,6 +35,10 @@ exit status:
   3    the model produced NaN/Inf on some states: the reports are still written (their
        "non_finite_states" lists those states) and one line on stderr says how many
        and the first
+  4    the attributions are not within --completeness-tol: the worst estimated
+       attribution error or mass-relative completeness error over the states away
+       from the baseline is above sqrt(2) x TOL; the reports are written and one line
+       on stderr names the figure (3 wins when both apply)
   130  interrupted (Ctrl-C): one line on stderr; no report is left half-written
 
 outputs: every file diag writes (--output, each --all-heads report, each --saliency
@@ -107,14 +111,24 @@ _positive_float = _checked(float, check_positive_float, "a number > 0")
 _num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1 or 'auto'")
 
 
+def _method(text: str) -> str:
+    """A quadrature rule: one of METHODS or WARPED_METHODS (``warped_middle:2``), checked by the shared check."""
+    try:
+        return check_method(text, "--method")
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _target(text: str) -> str | int:
-    if text == "mean":
-        return "mean"
+    if text in ("mean", "each", "contrast"):
+        return text
     body = text[len("action:") :] if text.startswith("action:") else text
     try:
         index = int(body)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'mean', an action index N or 'action:N', got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'mean', 'each', 'contrast', an action index N or 'action:N', got {text!r}"
+        ) from None
     try:
         return check_int(index, "an action index", minimum=0)
     except ValueError as error:
@@ -266,11 +280,19 @@ def _add_diag(commands: Any) -> None:
     ig.add_argument(
         "--num-steps",
         type=_num_steps("--num-steps"),
-        default=50,
+        default=64,
         metavar="N|auto",
-        help="quadrature steps, or 'auto' to refine until --completeness-tol is met",
+        help="quadrature steps, or 'auto' to refine until the error estimate meets --completeness-tol",
     )
-    ig.add_argument("--method", choices=METHODS, default="gausslegendre", help="quadrature rule (Captum's names)")
+    ig.add_argument(
+        "--method",
+        type=_method,
+        default="riemann_middle",
+        metavar="RULE",
+        help="quadrature rule: riemann_middle, riemann_left, riemann_right, riemann_trapezoid, gausslegendre "
+        "(Captum's names), or a midpoint rule on warped cells for ReLU nets whose kinks crowd near the baseline: "
+        "warped_middle:P, mirrored_middle:P (P in (1, 8]), cosine_middle",
+    )
     ig.add_argument("--gradient", choices=GRADIENTS, default="autograd", help="how path gradients are computed")
     ig.add_argument(
         "--baseline",
@@ -282,15 +304,28 @@ def _add_diag(commands: Any) -> None:
         "--target",
         type=_target,
         default="mean",
-        metavar="mean|N",
-        help="the scalar attributed: mean Q over actions (V(s) for a dueling network) or action N",
+        metavar="mean|N|each|contrast",
+        help="the scalar attributed: mean Q over actions (V(s) for a dueling network), action N, 'each' (every "
+        "action's Q in one batched run: the report's 'actions' key, beside V(s)'s contract keys) or 'contrast' "
+        "(per state, the greedy action's Q minus the runner-up's, both chosen at the state: 'why this action')",
     )
     ig.add_argument(
         "--completeness-tol",
         type=_positive_float("--completeness-tol"),
         default=0.01,
         metavar="TOL",
-        help="relative completeness error --num-steps auto aims for; larger ones are warned about",
+        help="the accuracy asked for: the run is 'within tol' when its worst estimated attribution error and its "
+        "worst mass-relative completeness error (over the states away from the baseline) are <= sqrt(2) x TOL; "
+        "otherwise diag exits with status 4 (the reports are written)",
+    )
+    ig.add_argument(
+        "--verify",
+        type=_positive_int("--verify"),
+        default=None,
+        metavar="N",
+        help="attribute the first N states again against a high-resolution reference (the exact line for "
+        "Linear/Conv2d/ReLU networks, else 8192 float64 midpoint steps) and report each state's true error beside "
+        "the estimate (the report's 'verify' key); costs thousands of gradients per state on a conv net",
     )
     ig.add_argument(
         "--internal-batch-size",

@@ -22,6 +22,7 @@ from typing import Any
 
 from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
 from lightning_ig.cli.terminal import printable
+from lightning_ig.cli.verify import accuracy_words
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = ["completeness_words", "format_report", "run_show"]
@@ -120,6 +121,9 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines += _feature_lines(report, top)
     lines += _group_lines(report, top)
     lines += ["", "  completeness: " + completeness_words(report) + _mean_abs_error(report)]
+    accuracy = accuracy_words(report)  # reports written before the verdict have none
+    if accuracy is not None:
+        lines.append("  " + printable(accuracy))
     lines += _ensemble_lines(report)
     if report.get("stochastic_forward") is True:
         lines.append(

@@ -40,13 +40,14 @@ from lightning_ig._files import atomic_path
 from lightning_ig._version import __version__
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec, check_group_spec
 from lightning_ig.attribution.host_result import HostResult, Moments
-from lightning_ig.attribution.statistics import completeness, json_float, json_floats, rank_order
+from lightning_ig.attribution.statistics import accuracy_verdict, completeness, json_float, json_floats, rank_order
 from lightning_ig.vocabulary import (
     check_bool,
     check_feature_names,
     check_mapping,
     check_names,
     check_path,
+    check_positive_float,
     check_positive_int,
     check_text,
     default_feature_names,
@@ -174,13 +175,15 @@ def top_features(features: Sequence[Mapping[str, Any]], k: int = 10) -> list[dic
     return [dict(features[i]) for i in rank_order(values)[:k]]
 
 
-def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, Any]:
+def completeness_summary(result: Any, *, per_state: bool = True, tolerance: float | None = None) -> dict[str, Any]:
     """Completeness of an IG run as the report writes it.
 
     Args:
         result: an :class:`~lightning_ig.attribution.IGResult` with one
             attribution per state (not ``target="each"``), or a host result.
         per_state: include the per-state lists (default ``True``).
+        tolerance: the ``completeness_tol`` to judge the run by: adds ``verdict``
+            (:func:`~lightning_ig.attribution.statistics.accuracy_verdict`); ``None`` (default): no verdict.
 
     Returns:
         ``worst_relative_error`` (``None`` when it is not finite: a non-finite
@@ -188,13 +191,19 @@ def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, An
         ``num_degenerate``, ``num_non_finite``, ``num_checked`` and, with
         ``per_state``, ``per_state`` (``state_idx``, ``sum_attributions``,
         ``f_input_minus_f_baseline``, ``relative_error``, ``absolute_error``,
-        ``degenerate``, ``non_finite``) and ``degenerate_states`` (``state_idx``,
-        ``absolute_error``).
+        ``degenerate``, ``non_finite``, ``attribution_error``, ``mass_relative_error``,
+        ``near_baseline``) and ``degenerate_states`` (``state_idx``, ``absolute_error``).
+        The accuracy figures, beside them: ``worst_attribution_error`` and
+        ``worst_mass_relative_error`` (over the states away from the baseline; ``None``
+        when not finite), ``num_near_baseline``, ``error_scale`` and, with ``tolerance``,
+        ``verdict`` (``tolerance``, ``within`` (``true``, ``false`` or ``null``: nothing
+        could be checked), ``figure``, ``value``, ``threshold``, ``reason``).
 
     Raises:
         ValueError: the result holds one attribution set per action (``target="each"``).
     """
     per_state = check_bool(per_state, "per_state")
+    tolerance = None if tolerance is None else check_positive_float(tolerance, "tolerance")
     host = HostResult.from_result(result)
     numbers = completeness(host)
     summary: dict[str, Any] = {
@@ -203,7 +212,21 @@ def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, An
         "num_degenerate": numbers.num_degenerate,
         "num_non_finite": numbers.num_non_finite,
         "num_checked": numbers.num_checked,
+        "worst_attribution_error": json_float(numbers.worst_attribution_error),
+        "worst_mass_relative_error": json_float(numbers.worst_mass_relative_error),
+        "num_near_baseline": numbers.num_near_baseline,
+        "error_scale": json_float(numbers.error_scale),
     }
+    if tolerance is not None:
+        verdict = accuracy_verdict(numbers.worst_attribution_error, numbers.worst_mass_relative_error, tolerance)
+        summary["verdict"] = {
+            "tolerance": float(tolerance),
+            "within": verdict.within,
+            "figure": verdict.figure,
+            "value": json_float(verdict.value),
+            "threshold": json_float(verdict.threshold),
+            "reason": verdict.reason,
+        }
     if not per_state:
         return summary
     absolute = np.abs(host.delta)
@@ -215,6 +238,9 @@ def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, An
         json_floats(absolute),
         host.degenerate.tolist(),
         host.non_finite.tolist(),
+        json_floats(_column(host.attribution_error, host.num_states)),
+        json_floats(_column(host.mass_relative_error, host.num_states)),
+        (np.zeros(host.num_states, bool) if host.near_baseline is None else host.near_baseline).tolist(),
     )
     summary["per_state"] = [
         {
@@ -225,13 +251,23 @@ def completeness_summary(result: Any, *, per_state: bool = True) -> dict[str, An
             "absolute_error": error,
             "degenerate": degenerate,
             "non_finite": non_finite,
+            "attribution_error": estimate,
+            "mass_relative_error": mass_relative,
+            "near_baseline": bool(near),
         }
-        for i, (total, change, ratio, error, degenerate, non_finite) in enumerate(columns)
+        for i, (total, change, ratio, error, degenerate, non_finite, estimate, mass_relative, near) in enumerate(
+            columns
+        )
     ]
     summary["degenerate_states"] = [
         {"state_idx": i, "absolute_error": json_float(absolute[i])} for i in np.flatnonzero(host.degenerate).tolist()
     ]
     return summary
+
+
+def _column(values: np.ndarray | None, size: int) -> np.ndarray:
+    """A per-state figure, NaN (``null``) throughout where the result carried none."""
+    return np.full(size, np.nan) if values is None else values
 
 
 # --------------------------------------------------------------------------- the document
@@ -247,6 +283,7 @@ def build_report(
     top_k: int = 10,
     extra: Mapping[str, Any] | None = None,
     groups: GroupSpec | None = None,
+    tolerance: float | None = None,
 ) -> dict[str, Any]:
     """Build the schema-version-1 JSON report of one IG run.
 
@@ -270,6 +307,8 @@ def build_report(
         groups: feature groups to report (``"channels"``, a mask, a dict or a
             :class:`~lightning_ig.attribution.groups.FeatureGroups`); ``None`` (default): the
             host result's groups, if any.
+        tolerance: the ``completeness_tol`` the run is judged by: ``completeness.verdict`` (see
+            :func:`completeness_summary`); ``None`` (default): no verdict in the report.
 
     Returns:
         A dict ready for :func:`write_report` / :func:`report_to_json`.
@@ -287,6 +326,7 @@ def build_report(
         write_report(report, "runs/ig.json")
     """
     check_positive_int(top_k, "top_k")
+    tolerance = None if tolerance is None else check_positive_float(tolerance, "tolerance")
     if not isinstance(forward_target, str):
         raise TypeError(f"forward_target must be a string describing the target, got {type(forward_target).__name__}")
     checkpoint = None if checkpoint is None else check_path(checkpoint, "checkpoint")
@@ -303,7 +343,7 @@ def build_report(
         default_feature_names(shape) if feature_names is None else check_feature_names(feature_names, host.num_features)
     )
     features = statistics_rows(names, host.features)
-    completeness = completeness_summary(host)
+    completeness = completeness_summary(host, tolerance=tolerance)
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "checkpoint": None if checkpoint is None else str(checkpoint),
