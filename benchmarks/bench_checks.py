@@ -55,7 +55,7 @@ from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
 from lightning_ig.models.noise import attribution_mode
 
-DEFAULT_RUNS = Path("/work/scratch/trust/runs")
+DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs
 CALLBACK_IG = {"n_steps": 50, "method": "gausslegendre"}  # the callback's defaults
 SETTINGS = AttributionSettings(target="mean", options=CALLBACK_IG)
 CADENCE = TrustChecks.every(5)  # the callback's default checks_every_n_runs=5

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU call: environment facts, `pytest -m gpu`, then the benchmarks,
 # with a short table last. (The examples' GPU runs are benchmarks/examples_gpu.sh.) Run from the repository root on a CUDA machine:
-#   OUT=/some/dir bash benchmarks/gpu_suite.sh [--quick]
+#   OUT=/some/dir [PART=a|b|all] [BENCH_RUNS=dir] bash benchmarks/gpu_suite.sh [--quick]
 # Wheels of pure-Python packages missing there may be put in .whl/; they are installed to /tmp/site first.
 # Captum (for the Captum rows of bench_ig and bench_callback_training) is the one the benchmarks need; its
 # requirements (matplotlib, numpy, packaging, torch, tqdm) are on the lent H200s already. Fetch it here with:
@@ -35,28 +35,43 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, keep going on failure
     echo "== $name: exit ${PIPESTATUS[0]} after ${SECONDS} s of the suite"
 }
 
-# Time limits keep the whole call inside a 10-minute lease. The fixed ones add up to 480 s at worst (their
-# runs took about half that); bench_callback_training, last, gets what is left, at most 240 s.
-run pytest_gpu 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
-run bench_ig 80 python3 benchmarks/bench_ig.py $QUICK --output "$OUT/bench_ig.md"
-run bench_callback_images 110 python3 benchmarks/bench_callback_images.py --device cuda --runs 31 --completeness --profile \
-    --output "$OUT/bench_callback_images.md"
-run bench_ensemble 65 python3 benchmarks/bench_ensemble.py $QUICK --time-budget 50 --output "$OUT/bench_ensemble.md"
-run bench_soft_margin 55 python3 benchmarks/bench_soft_margin.py $QUICK --dtypes float32 --time-budget 35 \
-    --output "$OUT/bench_soft_margin.md"
-left=$(( SUITE_S - SECONDS ))
-budget=$(( left - 30 < 240 ? left - 30 : 240 ))  # 30 s for the benchmark to finish the block it is in
-if [ "$budget" -ge 60 ]; then
-    run bench_callback_training "$left" python3 benchmarks/bench_callback_training.py $QUICK --budget-s "$budget" \
-        --output "$OUT/bench_callback_training.md"
-else
-    echo "== bench_callback_training: skipped, ${left} s left of the suite's ${SUITE_S} s" | tee "$OUT/bench_callback_training.log"
+# Two calls, each inside a 10-minute lease (PART=a, then PART=b right after, while the machine is warm; PART=all
+# runs both in one go where the lease allows). a: the GPU tests, bench_ig, then bench_callback_training with what is
+# left (at most 240 s). b: bench_trust (the accuracy figures against references, the trained agents in .bench_runs/
+# or BENCH_RUNS), bench_checks, bench_callback_images, and the kernels' own benchmarks when the call has time.
+PART=${PART:-all}
+RUNS=${BENCH_RUNS:-.bench_runs}
+if [ "$PART" = a ] || [ "$PART" = all ]; then
+    run pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
+    run bench_ig 80 python3 benchmarks/bench_ig.py $QUICK --output "$OUT/bench_ig.md"
+    left=$(( SUITE_S - SECONDS ))
+    budget=$(( left - 30 < 240 ? left - 30 : 240 ))  # 30 s for the benchmark to finish the block it is in
+    if [ "$budget" -ge 60 ]; then
+        run bench_callback_training "$left" python3 benchmarks/bench_callback_training.py $QUICK --budget-s "$budget" \
+            --output "$OUT/bench_callback_training.md"
+    else
+        echo "== bench_callback_training: skipped, ${left} s left of the suite's ${SUITE_S} s" \
+            | tee "$OUT/bench_callback_training.log"
+    fi
+fi
+if [ "$PART" = b ] || [ "$PART" = all ]; then
+    trust_mode=${QUICK:+--quick}
+    run bench_trust 260 python3 benchmarks/bench_trust.py $trust_mode --device cuda --runs "$RUNS" \
+        --output "$OUT/bench_trust.md"
+    run bench_checks 120 python3 benchmarks/bench_checks.py --device cuda --runs "$RUNS" --output "$OUT/bench_checks.md"
+    run bench_callback_images 110 python3 benchmarks/bench_callback_images.py --device cuda --runs 31 --completeness \
+        --profile --output "$OUT/bench_callback_images.md"
+    if [ $(( SUITE_S - SECONDS )) -ge 130 ]; then
+        run bench_ensemble 65 python3 benchmarks/bench_ensemble.py $QUICK --time-budget 50 --output "$OUT/bench_ensemble.md"
+        run bench_soft_margin 55 python3 benchmarks/bench_soft_margin.py $QUICK --dtypes float32 --time-budget 35 \
+            --output "$OUT/bench_soft_margin.md"
+    fi
 fi
 
 echo
 echo "================ summary ================"
 cat "$OUT/environment.txt"
-grep -E "^(=+ )?[0-9]+ (passed|failed)|passed|failed" "$OUT/pytest_gpu.log" | tail -1
+[ -f "$OUT/pytest_gpu.log" ] && grep -E "^(=+ )?[0-9]+ (passed|failed)|passed|failed" "$OUT/pytest_gpu.log" | tail -1
 for table in "$OUT"/bench_*.md; do [ -f "$table" ] && { echo; cat "$table"; }; done
 # The logs travel as one archive (the lent machine returns at most 8 files).
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log

@@ -347,10 +347,6 @@ class HostTransfer:
             self._host = flat
         self._result: HostResult | None = None
 
-    def ready(self) -> bool:
-        """Whether the copy has landed (never waits)."""
-        return self._event is None or self._event.query()
-
     def result(self) -> HostResult:
         """The host result; waits for the copy the first time if it has not landed yet."""
         if self._result is None:

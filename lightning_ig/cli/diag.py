@@ -298,7 +298,7 @@ def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> lis
     from lightning_ig.views.report import build_report  # noqa: PLC0415
 
     per_state = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
-    optional = ("attribution_error", "mass_relative_error", "near_baseline")
+    optional = ("attribution_error", "mass_relative_error", "attribution_mass")
     actions = []
     for k in range(per_action.attributions.shape[0]):
         fields = {name: getattr(per_action, name)[k] for name in per_state}

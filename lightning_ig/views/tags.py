@@ -44,7 +44,11 @@ PICTURE_TAGS = {
 PICTURES = tuple(PICTURE_TAGS)
 """The kinds of picture, in the order a run's pictures are spread over their cadence (``tensorboard.pictures_due``)."""
 
-COUNT_TAGS = ("completeness/non_finite_states", "completeness/degenerate_states")
+COUNT_TAGS = (
+    "completeness/non_finite_states",
+    "completeness/degenerate_states",
+    "completeness/near_baseline_states",
+)
 """Scalars that count states: logged from the first run where they are non-zero (``informative_scalars``)."""
 CONCENTRATION_TWIN = "concentration/top10pct_share"
 """The concentration that equals the top-1% one when a state has at most 10 features (:func:`same_concentrations`)."""
@@ -140,7 +144,8 @@ class TagNames:
 
         The counts of :data:`COUNT_TAGS` are not among them: they appear from the first run where they are not 0.
         """
-        tags = [f"{self.prefix}/completeness/{name}" for name in ("worst_relative_error", "mean_abs_error")]
+        figures = ("worst_attribution_error", "worst_mass_relative_error", "worst_relative_error", "mean_abs_error")
+        tags = [f"{self.prefix}/completeness/{name}" for name in figures]
         for labels, group in ((self.feature_labels, ""), (self.group_labels, "group/")):
             for quantity in ("mean_abs", "mean_signed"):
                 tags += [f"{self.prefix}/{group}{quantity}/{label}" for label in labels or []]

@@ -81,11 +81,18 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     """
     prefix, completeness = tags.prefix, summary.completeness
     metrics = {
+        # the two figures the verdict rests on (sqrt(2) x completeness_tol), then the old ratio beside them
+        f"{prefix}/completeness/worst_attribution_error": completeness.worst_attribution_error,
+        f"{prefix}/completeness/worst_mass_relative_error": completeness.worst_mass_relative_error,
         f"{prefix}/completeness/worst_relative_error": completeness.worst_relative_error,
         f"{prefix}/completeness/mean_abs_error": completeness.mean_abs_error,
         f"{prefix}/completeness/non_finite_states": float(completeness.num_non_finite),
         f"{prefix}/completeness/degenerate_states": float(completeness.num_degenerate),
+        f"{prefix}/completeness/near_baseline_states": float(completeness.num_near_baseline),
     }
+    if completeness.calibration_ms is not None:  # the runs that calibrated: the rule's cost and the estimate's scale
+        metrics[f"{prefix}/completeness/calibration_ms"] = completeness.calibration_ms
+        metrics[f"{prefix}/completeness/error_scale"] = completeness.error_scale
     for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
         if units is None:
             continue

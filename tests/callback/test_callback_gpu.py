@@ -265,3 +265,19 @@ def test_ensemble_members_under_cuda_equal_the_torch_path_and_replay_a_graph(tmp
         torch_path["ensemble"]["agreement"]["relative_spread"],
         ulps=1024,
     )
+
+
+def test_a_run_ended_at_the_next_step_holds_what_a_run_ended_at_once_computes(tmp_path, cuda_device):
+    """On CUDA a run's numbers travel to pinned memory behind an event and are read one step later."""
+    pl.seed_everything(4)
+    model = TinyQNet(lr=0.0, batchnorm=False)  # the weights stay: the deferred run and the direct one agree
+    callback = IntegratedGradientsCallback(
+        held_out_states(64), every_n_steps=2, n_steps=16, backend="cuda", run_at_train_end=False
+    )
+    trainer = _trainer(tmp_path, [callback], max_steps=5)
+    trainer.fit(model, DataLoader(dataset(), batch_size=32))
+    assert [entry["global_step"] for entry in callback.history] == [2, 4]
+    assert callback._pending is None  # the run of step 4 ended at step 5's batch end or at the end of training
+    deferred = callback.history[-1]["mean_abs"]
+    callback._run(trainer, model, final=False)  # started and ended at once, same weights and states
+    assert callback.history[-1]["mean_abs"] == deferred
