@@ -27,7 +27,12 @@ from lightning_ig.views.tags import TagNames
 __all__ = ["custom_scalars_layout", "ranked_labels"]
 
 _TRUST_CHARTS = {
-    "completeness/worst_relative_error": "completeness: worst relative error",
+    "completeness/worst_attribution_error": "accuracy: worst estimated attribution error (verdict)",
+    "completeness/worst_mass_relative_error": "accuracy: worst mass-relative completeness error (verdict)",
+    "trust/status": "trust checks: 1 passed, 0 unresolved, -1 failed",
+    "sanity/randomization_rank_correlation": "sanity: rank correlation with a re-initialised copy",
+    "faithfulness/deletion_auc": "faithfulness: deletion AUC (attribution order)",
+    "completeness/worst_relative_error": "completeness: worst relative error |delta| / |dF|",
     "completeness/mean_abs_error": "completeness: mean absolute error",
     "completeness/non_finite_states": "states with NaN/Inf",
     "completeness/degenerate_states": "states too close to the baseline to check",

@@ -266,6 +266,11 @@ def verdict_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
             f"{DRIFT_WORDS['spearman_prev']}: {drift['spearman_prev']:.2f}",
             f"rank correlation with the previous run {drift['spearman_prev']:.2f}",
         ]
+    trust = summary.trust_checks  # the trust checks' verdict leads the footer: a passed card can hide a failed check
+    if trust is not None:
+        status = str(trust.status)
+        mark = {"passed": "✓", "failed": "✗"}.get(status, "?")
+        footer = [f"{mark} trust checks: {trust.headline()}", f"{mark} trust checks {status} (ig/trust/status)"]
     return verdict_chart(
         list(labels),
         summary.units.moments,

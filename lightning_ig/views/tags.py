@@ -17,6 +17,7 @@ from lightning_ig.ensemble.agreement import ensemble_scalar_names
 from lightning_ig.views.summary import Units
 
 __all__ = [
+    "CALIBRATION_TAGS",
     "CONCENTRATION_TWIN",
     "COUNT_TAGS",
     "PICTURES",
@@ -162,6 +163,10 @@ class TagNames:
                 quantity = "group/mean_abs" if self.group_labels is not None else "mean_abs"
                 tags += [f"{self.prefix}/action/{action}/{quantity}/{label}" for label in units]
         return [*tags, f"{self.prefix}/time_ms"]
+
+
+CALIBRATION_TAGS = ("completeness/calibration_ms", "completeness/error_scale")
+"""Scalars of the runs that calibrate (the first, then every ``calibrate_every`` runs): its cost and the scale."""
 
 
 def same_concentrations(num_features: int) -> bool:

@@ -24,6 +24,7 @@ from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_en
 from lightning_ig.ensemble.agreement import ensemble_scalar_names, member_label
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.report import load_schema
+from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support import REPO
 from tests.support.tiny import FEATURES, EnsembleQNet, dataset, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled, eps
@@ -81,6 +82,7 @@ def test_every_ensemble_tag_is_logged_and_listed(ensemble_run):
     assert {tag for tag in scalars if tag.startswith("ig/")} == {
         *ensemble_run["callback"]._tags.scalar_tags(10),
         *trust,
+        *(f"ig/{tag}" for tag in CALIBRATION_TAGS),  # the first run calibrates
     }
     from tensorboard.plugins.custom_scalar import layout_pb2
 

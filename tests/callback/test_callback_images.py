@@ -24,6 +24,7 @@ from lightning_ig.callback.trust.monitor import trust_scalar_tags
 from lightning_ig.views.raster import CARD_WIDTH
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
+from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
 
@@ -84,7 +85,7 @@ def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(imag
         len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40
     )  # not one tag per pixel (1,542 scalar tags for these states)
     trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (checks_every_n_runs=5: at the first run)
-    calibrated = {"ig/completeness/calibration_ms", "ig/completeness/error_scale"}  # the first run calibrates
+    calibrated = {f"ig/{tag}" for tag in CALIBRATION_TAGS}  # the first run calibrates
     expected = {*image_run["callback"]._tags.scalar_tags(10), *trust, *calibrated}
     assert {tag for tag in scalars if tag.startswith("ig/")} == expected
     grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]

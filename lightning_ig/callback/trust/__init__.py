@@ -33,10 +33,9 @@ from lightning_ig.callback.trust.sanity import (
     randomization_reference,
 )
 from lightning_ig.callback.trust.stability import StabilityCheck, stability_check
-from lightning_ig.callback.trust.verdict import AccuracyFigure, TrustSummary, run_accuracy, trust_summary
+from lightning_ig.callback.trust.verdict import TrustSummary, run_accuracy, trust_summary
 
 __all__ = [
-    "AccuracyFigure",
     "AttributionSettings",
     "DeletionCheck",
     "RandomizationCheck",

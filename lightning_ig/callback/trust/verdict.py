@@ -16,65 +16,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from lightning_ig.attribution.statistics import Completeness
+from lightning_ig.attribution.statistics import AccuracyVerdict, Completeness
 from lightning_ig.callback.trust.faithfulness import DeletionCheck
 from lightning_ig.callback.trust.sanity import RandomizationCheck
 from lightning_ig.callback.trust.stability import StabilityCheck
-from lightning_ig.vocabulary import relative_error_text, shown
+from lightning_ig.vocabulary import shown
 
-__all__ = ["Accuracy", "AccuracyFigure", "TrustSummary", "run_accuracy", "trust_summary"]
-
-
-class Accuracy(Protocol):
-    """What the trust summary reads of an accuracy verdict: the fields of the engine's ``AccuracyVerdict``."""
-
-    within: bool | None  # None: nothing could be checked
-    figure: str  # which figure decided
-    value: float
-    threshold: float
-    reason: str
+__all__ = ["TrustSummary", "run_accuracy", "trust_summary"]
 
 
-@dataclass(frozen=True)
-class AccuracyFigure:
-    """An accuracy verdict with the fields of the engine's ``AccuracyVerdict`` (:class:`Accuracy`).
+def run_accuracy(completeness: Completeness) -> AccuracyVerdict:
+    """The accuracy verdict of a run, from its summary's completeness part: the engine's figures that decide it.
 
-    Attributes:
-        within: the figure is within its threshold; ``False`` above it or NaN/Inf; ``None`` when nothing could be
-            checked.
-        figure: the figure's name (``"worst_relative_error"``, ...).
-        value: its value.
-        threshold: the largest value that passes.
-        reason: one sentence: the figure, its value and the threshold.
+    :func:`~lightning_ig.attribution.statistics.accuracy_verdict` of the worst estimated attribution error and the
+    worst mass-relative completeness error at ``completeness_tol`` (within iff both <= sqrt(2) x tol; ``False`` for
+    NaN/Inf; ``None`` when no state could be scored).
     """
-
-    within: bool | None
-    figure: str
-    value: float
-    threshold: float
-    reason: str
-
-
-def run_accuracy(completeness: Completeness) -> Accuracy:
-    """The accuracy verdict of a run, from its summary's completeness part.
-
-    Until the engine's error estimate is merged this is the completeness verdict the run already has (the worst
-    relative completeness error against ``completeness_tol``). With it merged, the body is the one line
-    ``return accuracy_verdict(completeness.worst_attribution_error, completeness.worst_mass_relative_error,
-    completeness.tolerance)`` (``lightning_ig.attribution.accuracy_verdict``).
-    """
-    worst, tolerance, verdict = completeness.worst_relative_error, completeness.tolerance, completeness.verdict
-    within = {"pass": True, "fail": False, "non-finite": False, "unchecked": None}[verdict]
-    words = {
-        "pass": f"within {tolerance:g}",
-        "fail": f"above {tolerance:g}",
-        "non-finite": "infinite: the model produced NaN/Inf",
-        "unchecked": "not computed: in every state F(x) and F(b) are too close for a ratio",
-    }[verdict]
-    reason = f"the worst relative completeness error is {relative_error_text(worst)}, {words}"
-    return AccuracyFigure(within, "worst_relative_error", worst, tolerance, reason)
+    return completeness.accuracy
 
 
 @dataclass(frozen=True)
@@ -100,7 +59,7 @@ class TrustSummary:
     reasons: tuple[str, ...]
     notes: tuple[str, ...]
     checks: int
-    accuracy: Accuracy | None = None
+    accuracy: AccuracyVerdict | None = None
     randomization: RandomizationCheck | None = None
     deletion: DeletionCheck | None = None
     stability: StabilityCheck | None = None
@@ -165,7 +124,7 @@ class TrustSummary:
 
 def trust_summary(
     *,
-    accuracy: Accuracy | None = None,
+    accuracy: AccuracyVerdict | None = None,
     randomization: RandomizationCheck | None = None,
     deletion: DeletionCheck | None = None,
     stability: StabilityCheck | None = None,

@@ -17,8 +17,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution.statistics import accuracy_verdict
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.trust import AccuracyFigure, TrustChecks, trust_summary
+from lightning_ig.callback.trust import TrustChecks, trust_summary
 from lightning_ig.callback.trust.faithfulness import deletion_check
 from lightning_ig.callback.trust.monitor import trust_scalar_tags
 from lightning_ig.callback.trust.sanity import randomization_check, randomization_reference
@@ -92,19 +93,21 @@ def test_verdict_says_passed_failed_or_unresolved_and_why(trained):
     good = deletion_check(model, states, None, units, settings=SETTINGS)
     bad = deletion_check(model, states, None, -units, settings=SETTINGS)
     off = stability_check(DuelingQNetwork(FEATURES, 2, noisy=False), states, None, units, settings=SETTINGS)
-    accurate = AccuracyFigure(True, "worst_relative_error", 0.004, 0.01, "within 0.01")
-    wrong = AccuracyFigure(False, "worst_relative_error", 0.03, 0.01, "the worst relative error is 0.03")
+    accurate = accuracy_verdict(0.004, 0.001, 0.01)  # both figures within sqrt(2) x 0.01
+    wrong = accuracy_verdict(0.03, 0.001, 0.01)  # the estimated attribution error is not
 
     verdict = trust_summary(accuracy=accurate, randomization=sanity, deletion=good, stability=off)
     assert verdict.status == "passed" and verdict.passed and verdict.reasons == ()
     assert verdict.checks == 3  # stability does not apply: not judged
     assert verdict.scalars() == {"trust/status": 1.0}
     assert verdict.lines()[0] == "**Trust: passed**." and verdict.headline().startswith("passed (3 figures")
-    assert "- accuracy: within 0.01 (passed)" in verdict.lines()
+    assert "- accuracy: the worst estimated attribution error 4.00e-03 <= sqrt(2) x tol = 1.41e-02 (passed)" in (
+        verdict.lines()
+    )
 
     verdict = trust_summary(accuracy=wrong, deletion=bad)
     assert verdict.status == "failed" and verdict.scalars() == {"trust/status": -1.0}
-    assert len(verdict.reasons) == 2 and "0.03" in verdict.reasons[0] and verdict.reasons[1] == bad.reason
+    assert len(verdict.reasons) == 2 and "3.00e-02" in verdict.reasons[0] and verdict.reasons[1] == bad.reason
     assert all(f"- {reason}" in verdict.lines() for reason in verdict.reasons)
 
     nothing = trust_summary()
