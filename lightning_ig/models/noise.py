@@ -1,11 +1,7 @@
-"""NoisyNet exploration layers, and a way to switch their noise off for attribution.
+"""NoisyNet exploration noise switched off for attribution, and everything put back afterwards.
 
-:class:`NoisyLinear` is the factorised Gaussian layer of Fortunato et al.,
-"Noisy Networks for Exploration" (ICLR 2018):
-
-``y = (mu_w + sigma_w * eps_w) x + (mu_b + sigma_b * eps_b)``, with ``eps_w = f(e_out) outer f(e_in)``,
-``eps_b = f(e_out)``, ``f(x) = sign(x) sqrt(|x|)`` and ``e_in``, ``e_out`` standard normal. Only ``in + out``
-random numbers are drawn per :meth:`NoisyLinear.reset_noise`, which is what "factorised" means.
+:class:`NoisyLinear` (this package's factorised Gaussian layer, defined in :mod:`.noisy_linear`) is imported
+from here.
 
 Attributions of a noisy network are only meaningful with the noise off: the same state must give the same
 output at every point of the IG path. :func:`noise_disabled` makes every noisy layer inside a model
@@ -17,172 +13,22 @@ training needs on top: eval mode, gradients on, and every random generator left 
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import re
 import sys
 import warnings
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
-from lightning_ig.attribution.checks import check_generator
+from lightning_ig.models.noisy_linear import BEFORE_NOISE_WRITE, NoisyLinear
 
 __all__ = ["NoisyLinear", "attribution_mode", "is_noisy_layer", "noise_disabled"]
 
 
-def _scale_noise(noise: Tensor) -> Tensor:
-    """``f(x) = sign(x) sqrt(|x|)``, the factorised-noise transform."""
-    return noise.sign() * noise.abs().sqrt()
-
-
-class NoisyLinear(nn.Module):
-    """A linear layer with learnt, factorised Gaussian noise on its weights and bias.
-
-    The noise is used only while the layer is in training mode **and** its
-    noise is enabled; in eval mode, or after :meth:`disable_noise`, the layer
-    computes with the mean weights ``mu`` (the NoisyNet convention for
-    evaluation). The current epsilon lives in the buffers ``weight_epsilon``
-    ``(out_features, in_features)`` and ``bias_epsilon`` ``(out_features,)``,
-    drawn again only by :meth:`reset_noise`, never by ``forward``.
-
-    Args:
-        in_features: Size of each input sample, ``>= 1``.
-        out_features: Size of each output sample, ``>= 1``.
-        sigma0: Initial noise scale; ``sigma`` starts at ``sigma0 / sqrt(in_features)``
-            (Fortunato et al. use 0.5). Default ``0.5``. Must be ``>= 0``.
-        bias: Whether the layer has a (noisy) bias. Default ``True``.
-
-    Raises:
-        TypeError: If ``in_features``/``out_features`` are not ints or ``bias`` is not a bool.
-        ValueError: If a size is below 1 or ``sigma0`` is negative or not finite.
-
-    Example::
-
-        >>> layer = NoisyLinear(4, 2)
-        >>> layer.reset_noise(torch.Generator().manual_seed(0))
-        >>> with noise_disabled(layer):
-        ...     y = layer(torch.ones(3, 4))  # mean weights, deterministic
-        >>> y.shape
-        torch.Size([3, 2])
-    """
-
-    weight_epsilon: Tensor
-    bias_epsilon: Tensor | None
-
-    def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5, bias: bool = True) -> None:
-        super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
-            raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__} ({bias!r})")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.sigma0 = float(sigma0)
-        self._noise_enabled = True
-
-        self.weight_mu = nn.Parameter(torch.empty(out_features, in_features))
-        self.weight_sigma = nn.Parameter(torch.empty(out_features, in_features))
-        self.register_buffer("weight_epsilon", torch.zeros(out_features, in_features))
-        if bias:
-            self.bias_mu: nn.Parameter | None = nn.Parameter(torch.empty(out_features))
-            self.bias_sigma: nn.Parameter | None = nn.Parameter(torch.empty(out_features))
-            self.register_buffer("bias_epsilon", torch.zeros(out_features))
-        else:
-            self.register_parameter("bias_mu", None)
-            self.register_parameter("bias_sigma", None)
-            self.register_buffer("bias_epsilon", None)
-        self.reset_parameters()
-        self.reset_noise()
-
-    def reset_parameters(self) -> None:
-        """Initialise as in Fortunato et al. (factorised case).
-
-        ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)``
-        for the weights and the bias alike.
-        """
-        bound = 1.0 / math.sqrt(self.in_features)
-        sigma = self.sigma0 / math.sqrt(self.in_features)
-        with torch.no_grad():
-            self.weight_mu.uniform_(-bound, bound)
-            self.weight_sigma.fill_(sigma)
-            if self.bias_mu is not None and self.bias_sigma is not None:
-                self.bias_mu.uniform_(-bound, bound)
-                self.bias_sigma.fill_(sigma)
-
-    @torch.no_grad()
-    def reset_noise(self, generator: torch.Generator | None = None) -> None:
-        """Draw a new epsilon: ``in_features + out_features`` standard normals.
-
-        Args:
-            generator: Where the random numbers come from; default ``None`` uses
-                torch's global generator for the layer's device (as ``nn.Linear``'s
-                initialisation does). Pass your own generator to keep the global
-                stream untouched. It must live on the layer's device.
-        """
-        for keep in _BEFORE_NOISE_WRITE.get(self, ()):
-            keep()  # a noise_disabled block around this call copies the old noise now, to put it back on exit
-        device, dtype = self.weight_mu.device, self.weight_mu.dtype
-        if check_generator(generator) is not None and generator.device.type != device.type:
-            raise ValueError(f"generator is on {generator.device} but the layer is on {device}; make one on {device}")
-        noise_in = _scale_noise(torch.randn(self.in_features, generator=generator, device=device, dtype=dtype))
-        noise_out = _scale_noise(torch.randn(self.out_features, generator=generator, device=device, dtype=dtype))
-        # eps_w[j, i] = f(e_out[j]) f(e_in[i]): (out_features, in_features)
-        self.weight_epsilon.copy_(torch.outer(noise_out, noise_in))
-        if self.bias_epsilon is not None:
-            self.bias_epsilon.copy_(noise_out)
-
-    def disable_noise(self) -> None:
-        """Compute with the mean weights from now on, in any mode."""
-        self._noise_enabled = False
-
-    def enable_noise(self) -> None:
-        """Use the noise again whenever the layer is in training mode."""
-        self._noise_enabled = True
-
-    @property
-    def noise_enabled(self) -> bool:
-        """Whether the noise is switched on (it is applied only in training mode)."""
-        return self._noise_enabled
-
-    @property
-    def noise_active(self) -> bool:
-        """Whether ``forward`` uses the noise right now (noise enabled and training mode)."""
-        return self._noise_enabled and self.training
-
-    def effective_weight(self) -> tuple[Tensor, Tensor | None]:
-        """The weight and bias ``forward`` uses right now."""
-        if self.noise_active:
-            weight = self.weight_mu + self.weight_sigma * self.weight_epsilon
-            bias = None
-            if self.bias_mu is not None and self.bias_sigma is not None and self.bias_epsilon is not None:
-                bias = self.bias_mu + self.bias_sigma * self.bias_epsilon
-            return weight, bias
-        return self.weight_mu, self.bias_mu
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(..., in_features) -> (..., out_features)``."""
-        weight, bias = self.effective_weight()
-        return F.linear(x, weight, bias)
-
-    def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, sigma0={self.sigma0}, "
-            f"bias={self.bias_mu is not None}, noise_enabled={self._noise_enabled}"
-        )
-
-
-# --------------------------------------------------------------------------------------------------
 # noise_disabled
 
 # Names of tensors that hold the noise sample of a noisy layer elsewhere: weight_epsilon,
@@ -256,12 +102,6 @@ class _LayerSnapshot:
                 }
 
 
-# NoisyLinear -> the copy-once callbacks of the noise_disabled blocks open around it (innermost last). This package's
-# layers change their noise only in reset_noise, so a block copies their buffers only when that is called: nothing
-# is copied on the path a run takes (a Nature-CNN's two epsilon matrices are 6.4 MB a run otherwise).
-_BEFORE_NOISE_WRITE: weakref.WeakKeyDictionary[nn.Module, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
-
-
 def _version(tensor: Tensor) -> int | None:
     """The tensor's in-place version counter; ``None`` for inference tensors, which keep none."""
     return None if tensor.is_inference() else tensor._version
@@ -317,14 +157,14 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
         lazy=lazy,
     )
     if lazy:
-        _BEFORE_NOISE_WRITE.setdefault(module, []).append(snapshot.copy_buffers)
+        BEFORE_NOISE_WRITE.setdefault(module, []).append(snapshot.copy_buffers)
     return snapshot
 
 
 def _restore(snapshot: _LayerSnapshot) -> None:
     module = snapshot.module
     if snapshot.lazy:
-        guards = _BEFORE_NOISE_WRITE.get(module, [])
+        guards = BEFORE_NOISE_WRITE.get(module, [])
         if snapshot.copy_buffers in guards:
             guards.remove(snapshot.copy_buffers)
         written = [
@@ -452,7 +292,8 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
         foreign_switches = [layer for layer in layers if _has_switch(layer) and not _is_ours(layer)]
         for layer in layers:
             if _is_ours(layer):
-                layer.disable_noise()
+                # NoisyLinear.disable_noise() is this one assignment; made here, a run stays in this module
+                layer._noise_enabled = False
         if foreign_switches:
             with _random_state_kept():
                 for layer in foreign_switches:
