@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,35 @@ def test_contrast_needs_two_outputs_and_unknown_targets_are_refused(tmp_path):
         make_trainer(tmp_path, [callback], max_steps=2).fit(OneOutput(), loader())
     with pytest.raises(ValueError, match="'contrast'"):
         IntegratedGradientsCallback(held_out_states(), target="greedy")
+
+
+def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
+    """Two CPU ranks (gloo, ``ddp_spawn``): 37 states split unevenly, the Q-values gathered with the result."""
+    pl.seed_everything(0)
+    model = TinyQNet(lr=0.0, batchnorm=False)  # fixed weights: the run saw the weights the direct run sees
+    states = held_out_states()
+    callback = IntegratedGradientsCallback(
+        states,
+        target="contrast",
+        every_n_steps=4,
+        n_steps=8,
+        report_dir=tmp_path / "reports",
+        figure_every_n_runs=1,
+        checks_every_n_runs=None,
+        calibrate_every=None,
+    )
+    tensorboard = TensorBoardLogger(tmp_path, name="tb")
+    trainer = make_trainer(tmp_path, [callback], max_steps=4, logger=tensorboard, devices=2, strategy="ddp_spawn")
+    trainer.fit(model, loader())
+    report = json.loads((tmp_path / "reports" / "ig_report_step=00000004.json").read_text())
+    model.eval()
+    with noise_disabled(model):
+        result = integrated_gradients(model, states, target="contrast", n_steps=8)
+    assert report["num_states"] == len(states) and report["forward_target"] == "contrast"
+    differences = [state["f_input_minus_f_baseline"] for state in report["completeness"]["per_state"]]
+    expected = (result.f_input - result.f_baseline).double()
+    assert_close_scaled(differences, expected, ulps=16)
+    (log_dir,) = {path.parent for path in (tmp_path / "tb").rglob("events.out.tfevents.*")}  # rank zero's, spawned
+    events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
+    events.Reload()
+    assert [event.step for event in events.Images("ig/actions")] == [4]
