@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
@@ -34,6 +35,7 @@ from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.layout import custom_scalars_layout, ranked_labels
+from lightning_ig.views.per_action import action_labels
 from lightning_ig.views.report import build_report
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary, summarize
@@ -91,8 +93,12 @@ class IntegratedGradientsCallback(Callback):
         baseline: ``"zeros"`` (default), ``"mean"`` of the held-out states, or a tensor of shape
             ``feature_shape`` or ``(num_states, *feature_shape)``.
         target: ``"mean"`` (default: the mean of the outputs, or the output itself when the model
-            returns one value per state), an output index, or a callable mapping the outputs ``(N, A)``
-            to ``(N,)`` (as for :func:`~lightning_ig.attribution.integrated_gradients`).
+            returns one value per state), an output index, ``"contrast"`` (per state ``Q(greedy) -
+            Q(runner-up)``: why this action rather than the next best; the pair is chosen at the state and
+            held fixed along the path, and the ``ig/actions`` picture, drawn at ``figure_every_n_runs``,
+            shows what favours the greedy action for the commonest pair; the deletion check does not run
+            for it), or a callable mapping the outputs ``(N, A)`` to ``(N,)`` (as for
+            :func:`~lightning_ig.attribution.integrated_gradients`).
         forward: ``None`` (default: the model's output, through ``target``) or a callable
             ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
             ``"mean"``). A ``target`` callable of two arguments is the older spelling of this; it works,
@@ -241,6 +247,7 @@ class IntegratedGradientsCallback(Callback):
         self._ever_non_zero: set[str] = set()  # count tags non-zero so far: logged from then on (state_dict)
         self._pending: _PendingRun | None = None  # a run started at the last batch end, ended at the next
         self._trust: TrustMonitor | None = None  # set at fit start, on global rank zero when checks are on
+        self._q_values: Any = None  # target="contrast": (B, A) the model's outputs at the last run's states
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -402,6 +409,9 @@ class IntegratedGradientsCallback(Callback):
             result = self._engine.attribute(states, baselines=baselines)
             members = None if self._members is None else self._members.attribute(states, baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
+        if self.target == "contrast":  # the Q-values the pairs were chosen from, for the actions picture
+            with attribution_mode(pl_module), torch.no_grad():
+                riders.append(pl_module(states))  # (share, A)
         gather = JointGather(trainer.strategy.all_gather if trainer.world_size > 1 else None, riders)
         transfer = HostResult.begin(
             result,
@@ -413,9 +423,10 @@ class IntegratedGradientsCallback(Callback):
         )
         self._last_run_step = trainer.global_step
         rider = gather.riders[0] if members is not None else None
+        q_values = gather.riders[-1] if self.target == "contrast" else None
         held_ms = (time.perf_counter() - started) * 1e3
         step, epoch = trainer.global_step, trainer.current_epoch
-        return _PendingRun(trainer, transfer, rider, step, epoch, final, held_ms, calibrated_ms)
+        return _PendingRun(trainer, transfer, rider, step, epoch, final, held_ms, calibrated_ms, q_values)
 
     def _finish_pending(self) -> None:
         """End the pending run, if any (its numbers have landed by now, or this waits for them)."""
@@ -431,6 +442,8 @@ class IntegratedGradientsCallback(Callback):
         rider, members = pending.members_rider, None
         if rider is not None and self._members is not None:
             members = self._members.host_run(rider, len(self._held_out))
+        if pending.q_values is not None:
+            self._q_values = pending.q_values[: len(self._held_out)].detach().to("cpu", torch.float64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
         summary = self._summarize(host, members, pending.step, time_ms)
         if pending.calibrated_ms is not None:
@@ -514,14 +527,25 @@ class IntegratedGradientsCallback(Callback):
             groups_are_channels=channel_names is not None,
             baseline=heldout.baseline_label(self.baseline),
             spatial=spatial,
+            **self._action_inputs(trainer.lightning_module),
         )
         picked = inputs.picked
         self._sample_states = 0 if picked is None or not len(picked) else int(picked.max()) + 1
         saliency = self.saliency_every_n_runs if self._saliency else None
         cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), self.figure_every_n_runs)
         cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
+        if self.target == "contrast":
+            cadences["actions"] = self.figure_every_n_runs
         sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
         return RunOutputs(self._tags, cadences, self.log_histograms, inputs, self._pictures, sinks, self._ever_non_zero)
+
+    def _action_inputs(self, pl_module: pl.LightningModule) -> dict[str, Any]:
+        """For ``target="contrast"``: the actions' labels and the last run's Q-values (the ``actions`` picture)."""
+        if self.target != "contrast":
+            return {}
+        with attribution_mode(pl_module), torch.no_grad():
+            count = int(pl_module(self._local_states[:1]).shape[1])  # the outputs per state: checked at fit start
+        return {"action_names": action_labels(None, count), "q_values": lambda: self._q_values}
 
     def _layout_entry(self) -> tuple[str | None, TagNames, list[str] | None]:
         """This callback's part of the Custom Scalars page (which holds every IG callback of the trainer)."""
@@ -541,6 +565,7 @@ class _PendingRun:
     final: bool
     held_ms: float  # host time the start held the training loop
     calibrated_ms: float | None  # the calibration made before this run, if any, and its time
+    q_values: Tensor | None = None  # target="contrast": (world * share, A) the outputs at the states, gathered
 
 
 def _siblings(trainer: pl.Trainer) -> list[IntegratedGradientsCallback]:

@@ -294,6 +294,8 @@ def target_unit(target: str) -> str:
     """The unit of the attributions, from the target label: attributions add up to a change of the target."""
     if target == "mean":
         return "mean output = V(s)"
+    if target == "contrast":
+        return "Q(greedy) - Q(runner-up)"
     if target.startswith("action:"):
         return f"Q(s, {target.split(':', 1)[1]})"
     if target.startswith("callable:"):

@@ -202,7 +202,13 @@ class TrustMonitor:
         baselines = baselines_for(baseline, held_out, torch.arange(len(held_out)), device, dtype)
         defaults = dict(engine.defaults)
         settings = AttributionSettings(forward=forward, target=defaults.pop("target", None), options=defaults)
-        return cls(options, pl_module, states, baselines, settings, groups, prefix)
+        monitor = cls(options, pl_module, states, baselines, settings, groups, prefix)
+        if settings.target == "contrast":  # the engine fixes each state's pair at the state: no forward re-states it
+            monitor._errors["deletion"] = (
+                "deletion: not run for target='contrast' (its greedy/runner-up pair is chosen at each state and held "
+                "fixed; a deleted state's forward cannot re-state it)"
+            )
+        return monitor
 
     def step(
         self, host: HostResult, summary: RunSummary, *, final: bool = False
