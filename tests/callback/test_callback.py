@@ -131,7 +131,9 @@ def test_custom_scalars_layout_groups_features(logged_run):
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
     # one quantity per chart (TensorBoard draws a run's lines in one colour): ratio and absolute error apart
     assert all(len(tags) == 1 for tags in charts.values())
-    assert charts["completeness: worst relative error"] == [r"^ig/completeness/worst_relative_error$"]
+    assert charts["completeness: worst relative error |delta| / |dF|"] == [r"^ig/completeness/worst_relative_error$"]
+    verdict = "accuracy: worst estimated attribution error (verdict)"
+    assert charts[verdict] == [r"^ig/completeness/worst_attribution_error$"]  # the verdict's figures charted too
     assert charts["completeness: mean absolute error"] == [r"^ig/completeness/mean_abs_error$"]
     assert any(tags == [r"^ig/drift/topk_jaccard_prev$"] for tags in charts.values())  # 4 features > top_k=3
     # the features' charts come most important first, by the last layout's run
