@@ -85,4 +85,5 @@ def test_calibration_on_the_device_and_its_scale_on_replays(cuda_device: torch.d
     assert result.error_scale == found.error_scale and result.method == found.method
     plain = integrated_gradients(model, x, target="mean", method=found.method)
     expected = plain.attribution_error.double().cpu() * found.error_scale
-    assert_close_scaled(result.attribution_error.double().cpu(), expected, ulps=256, dtype=F32)
+    scale = float(expected.abs().max()) * int(result.n_steps)  # the estimate's rounding grows with the nodes
+    assert_close_scaled(result.attribution_error.double().cpu(), expected, ulps=256, dtype=F32, scale=scale)

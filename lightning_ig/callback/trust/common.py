@@ -192,11 +192,14 @@ def moved_units(states: Tensor, baselines: Tensor, groups: FeatureGroups | None)
     return differs if groups is None else groups.sum(differs.to(torch.float32)) > 0
 
 
-def pick_states(count: int | None, total: int) -> Tensor:
-    """Indices (CPU) of ``count`` states spread evenly over ``total`` (all of them for ``None``): the same every run."""
+def pick_states(count: int | None, total: int, device: torch.device | str = "cpu") -> Tensor:
+    """Indices of ``count`` states spread evenly over ``total`` (all of them for ``None``): the same every run.
+
+    Made on ``device`` itself: a copy of CPU indices to a GPU would be a host sync.
+    """
     if count is None or count >= total:
-        return torch.arange(total)
-    return torch.linspace(0, total - 1, count).round().long()
+        return torch.arange(total, device=device)
+    return torch.linspace(0, total - 1, count, device=device).round().long()
 
 
 def read(*values: Tensor) -> np.ndarray:

@@ -148,7 +148,7 @@ def deletion_check(
     max_rows = check_positive_int(max_rows, "max_rows")
     resolved = resolve_groups(groups, states)
     device = states.device
-    index = pick_states(num_states, states.shape[0]).to(device)
+    index = pick_states(num_states, states.shape[0], device)
     scores = _device_units(units, states, resolved).index_select(0, index)  # (B, G) float64
     x = states.detach().index_select(0, index)
     base = baselines_like(baselines, states).detach().index_select(0, index)
