@@ -34,6 +34,7 @@ from lightning_ig.views.picture_writer import PictureWriter, add_picture
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.summary import report_markdown as _markdown
 from lightning_ig.views.tags import (
+    CALIBRATION_TAGS,
     CONCENTRATION_TWIN,
     COUNT_TAGS,
     PICTURE_TAGS,
@@ -91,8 +92,8 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         f"{prefix}/completeness/near_baseline_states": float(completeness.num_near_baseline),
     }
     if completeness.calibration_ms is not None:  # the runs that calibrated: the rule's cost and the estimate's scale
-        metrics[f"{prefix}/completeness/calibration_ms"] = completeness.calibration_ms
-        metrics[f"{prefix}/completeness/error_scale"] = completeness.error_scale
+        cost, scale = (f"{prefix}/{tag}" for tag in CALIBRATION_TAGS)
+        metrics[cost], metrics[scale] = completeness.calibration_ms, completeness.error_scale
     for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
         if units is None:
             continue

@@ -33,7 +33,7 @@ from lightning_ig.callback.trust.sanity import (
     randomization_reference,
 )
 from lightning_ig.callback.trust.stability import StabilityCheck, stability_check
-from lightning_ig.callback.trust.verdict import TrustSummary, run_accuracy, trust_summary
+from lightning_ig.callback.trust.verdict import TrustSummary, trust_summary
 
 __all__ = [
     "AttributionSettings",
@@ -47,7 +47,6 @@ __all__ = [
     "deletion_check",
     "randomization_check",
     "randomization_reference",
-    "run_accuracy",
     "stability_check",
     "trust_summary",
 ]

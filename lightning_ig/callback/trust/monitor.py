@@ -36,7 +36,7 @@ from lightning_ig.callback.trust.common import AttributionSettings
 from lightning_ig.callback.trust.faithfulness import deletion_check
 from lightning_ig.callback.trust.sanity import RandomizationReference, randomization_check, randomization_reference
 from lightning_ig.callback.trust.stability import stability_check
-from lightning_ig.callback.trust.verdict import TrustSummary, run_accuracy, trust_summary
+from lightning_ig.callback.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real, shown
 
@@ -233,7 +233,7 @@ class TrustMonitor:
                 scalars.update(result.scalars())
         checks = self.spent() - spent
         verdict = trust_summary(
-            accuracy=run_accuracy(summary.completeness),
+            accuracy=summary.completeness.accuracy,
             randomization=self._results.get("sanity"),
             deletion=self._results.get("deletion"),
             stability=self._results.get("stability"),

@@ -8,7 +8,7 @@ given; ``reasons`` says, per failure, which figure and by how much; ``status`` i
 ``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
 not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
 
-The accuracy verdict comes through :func:`run_accuracy`, the one place that reads the run's accuracy figures.
+The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's figures against sqrt(2) x tol).
 """
 
 from __future__ import annotations
@@ -17,23 +17,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightning_ig.attribution.statistics import AccuracyVerdict, Completeness
+from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.trust.faithfulness import DeletionCheck
 from lightning_ig.callback.trust.sanity import RandomizationCheck
 from lightning_ig.callback.trust.stability import StabilityCheck
 from lightning_ig.vocabulary import shown
 
-__all__ = ["TrustSummary", "run_accuracy", "trust_summary"]
-
-
-def run_accuracy(completeness: Completeness) -> AccuracyVerdict:
-    """The accuracy verdict of a run, from its summary's completeness part: the engine's figures that decide it.
-
-    :func:`~lightning_ig.attribution.statistics.accuracy_verdict` of the worst estimated attribution error and the
-    worst mass-relative completeness error at ``completeness_tol`` (within iff both <= sqrt(2) x tol; ``False`` for
-    NaN/Inf; ``None`` when no state could be scored).
-    """
-    return completeness.accuracy
+__all__ = ["TrustSummary", "trust_summary"]
 
 
 @dataclass(frozen=True)
@@ -134,7 +124,7 @@ def trust_summary(
     """Join the accuracy verdict and the checks into ``passed`` and its ``reasons``.
 
     Args:
-        accuracy: the run's accuracy verdict (:func:`run_accuracy`, or the engine's ``AccuracyVerdict``); ``None``:
+        accuracy: the run's accuracy verdict (``Completeness.accuracy``, the engine's ``AccuracyVerdict``); ``None``:
             not judged.
         randomization, deletion, stability: the checks' latest results; ``None``: not judged.
         errors: checks that could not run, one sentence each (each is a reason: a check that did not run vouches
