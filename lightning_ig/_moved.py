@@ -78,7 +78,7 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
         "lightning_ig.views.summary",
         {"EnsembleSummary": "lightning_ig.ensemble.agreement:EnsembleSummary"},
     ),
-    "lightning_ig.run_text": ("lightning_ig.views.summary", {}),
+    "lightning_ig.run_text": ("lightning_ig.views.text", {}),
     "lightning_ig.report": (
         "lightning_ig.views.report",
         {
@@ -94,7 +94,7 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
         {
             "custom_scalars_layout": "lightning_ig.views.layout:custom_scalars_layout",
             "ranked_labels": "lightning_ig.views.layout:ranked_labels",
-            "target_unit": "lightning_ig.views.summary:target_unit",
+            "target_unit": "lightning_ig.views.text:target_unit",
             "saliency_grid_image": "lightning_ig.views.pictures:saliency_grid_picture",
             "mean_abs_picture": "lightning_ig.views.pictures:mean_abs_map_picture",
         },
@@ -115,6 +115,7 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "lightning_ig.raster": ("lightning_ig.views.raster", {}),
     "lightning_ig.picture_writer": ("lightning_ig.views.tensorboard", {}),
+    "lightning_ig.views.number_format": ("lightning_ig.views.text", {}),
 }
 
 
@@ -129,6 +130,17 @@ LEFT: dict[str, dict[str, str]] = {
     "lightning_ig.attribution.graphs": {
         "GraphPlan": "lightning_ig.attribution.engine:GraphPlan",
         "PlanCache": "lightning_ig.attribution.engine:PlanCache",
+    },
+    "lightning_ig.views.summary": {
+        name: f"lightning_ig.views.text:{name}"
+        for name in (
+            "DRIFT_WORDS",
+            "completeness_sentence",
+            "completeness_verdict",
+            "per_state_pointer",
+            "report_markdown",
+            "target_unit",
+        )
     },
 }
 

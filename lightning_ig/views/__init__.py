@@ -2,7 +2,8 @@
 engine's internals.
 
 * :mod:`~lightning_ig.views.summary`: :class:`~lightning_ig.views.summary.RunSummary`, the typed summary of one
-  callback run that every view reads, and its words (the completeness verdict, the ``<prefix>/report`` text).
+  callback run that every view reads; :mod:`~lightning_ig.views.text`: how it reads (numbers written for people,
+  the completeness verdict in words, the ``<prefix>/report`` text).
 * :mod:`~lightning_ig.views.report`: the JSON report, schema version 1 (``report_schema_v1.json`` beside it):
   :func:`build_report`, :func:`write_report`, :func:`load_schema`, and its rows (:func:`feature_statistics`,
   :func:`completeness_summary`).

@@ -28,8 +28,8 @@ import numpy as np
 from lightning_ig.attribution.host_result import Moments
 from lightning_ig.attribution.statistics import rank_order
 from lightning_ig.views.bars import Chart, bar_chart, label_swatch, sign_legend, sign_parts, two_tone_bar
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.text import format_value
 
 __all__ = [
     "action_attributions_chart",

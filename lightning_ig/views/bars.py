@@ -23,7 +23,6 @@ import numpy as np
 
 from lightning_ig.attribution.host_result import Moments
 from lightning_ig.attribution.statistics import rank_order
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
@@ -37,6 +36,7 @@ from lightning_ig.views.raster import (
     nice_ticks,
     rgb,
 )
+from lightning_ig.views.text import format_value
 
 __all__ = [
     "GRID",

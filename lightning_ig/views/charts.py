@@ -26,7 +26,6 @@ from lightning_ig.views.bars import (
     sign_parts,
     top_features_chart,
 )
-from lightning_ig.views.number_format import format_percent, format_value
 from lightning_ig.views.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
@@ -38,6 +37,7 @@ from lightning_ig.views.raster import (
     rgb,
     to_colour_index,
 )
+from lightning_ig.views.text import format_percent, format_value
 
 __all__ = [
     "NEGATIVE",

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from lightning_ig._files import atomic_path
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
@@ -29,6 +28,7 @@ from lightning_ig.views.raster import (
     categorical_colours,
     rgb,
 )
+from lightning_ig.views.text import format_value
 
 __all__ = [
     "ABSENT",

@@ -29,10 +29,10 @@ from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.views.actions import action_attributions_chart, contrast_chart
 from lightning_ig.views.bars import top_features_chart
 from lightning_ig.views.charts import heatmap_chart, shares_chart
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.per_action import contrast_numbers, state_rows
 from lightning_ig.views.saliency import mean_abs_map, saliency_grid
-from lightning_ig.views.summary import DRIFT_WORDS, RunSummary
+from lightning_ig.views.summary import RunSummary
+from lightning_ig.views.text import DRIFT_WORDS, format_value
 from lightning_ig.views.verdict import verdict_chart
 from lightning_ig.vocabulary import relative_error_text
 

@@ -55,9 +55,9 @@ from lightning_ig.views.frames import (
     swatch,
     write_png,
 )
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.raster import CARD_WIDTH, DIVERGING_LUT, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas
 from lightning_ig.views.saliency_map import mean_abs_map, mean_abs_where_present
+from lightning_ig.views.text import format_value
 
 __all__ = [
     "SaliencyPicture",

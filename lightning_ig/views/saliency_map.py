@@ -32,8 +32,8 @@ from lightning_ig.views.frames import (
     strip,
     swatch,
 )
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.text import format_value
 
 __all__ = ["mean_abs_map", "mean_abs_where_present"]
 

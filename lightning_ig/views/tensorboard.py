@@ -32,7 +32,6 @@ import numpy as np
 from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.views.picture_writer import PictureWriter, add_picture
 from lightning_ig.views.summary import RunSummary
-from lightning_ig.views.summary import report_markdown as _markdown
 from lightning_ig.views.tags import (
     CALIBRATION_TAGS,
     CONCENTRATION_TWIN,
@@ -45,6 +44,7 @@ from lightning_ig.views.tags import (
     feature_tags,
     same_concentrations,
 )
+from lightning_ig.views.text import report_markdown as _markdown
 
 __all__ = [
     "COMPANIONS",
@@ -211,7 +211,7 @@ def pictures_due(
 
 
 def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
-    """The ``<prefix>/report`` text of a run (see :func:`lightning_ig.views.summary.report_markdown`)."""
+    """The ``<prefix>/report`` text of a run (see :func:`lightning_ig.views.text.report_markdown`)."""
     return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
 
 

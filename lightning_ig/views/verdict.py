@@ -30,8 +30,8 @@ from lightning_ig.views.bars import (
     sign_parts,
     two_tone_bar,
 )
-from lightning_ig.views.number_format import format_percent
 from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.text import format_percent
 
 __all__ = ["verdict_chart"]
 

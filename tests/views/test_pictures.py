@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lightning_ig.views.number_format import format_value
 from lightning_ig.views.pictures import run_verdict
+from lightning_ig.views.text import format_value
 from tests.views.test_summary import _summary
 
 

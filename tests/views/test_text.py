@@ -1,4 +1,4 @@
-"""How numbers are written: plain decimals where they read well, never 0.00% for a tiny share."""
+"""How a run reads (views.text): numbers in plain decimals where they read well, never 0.00% for a tiny share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lightning_ig.views.number_format import format_percent, format_signed, format_value
+from lightning_ig.views.text import format_percent, format_signed, format_value
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,336 @@
+"""How a run reads: numbers written for people, and the words of the ``<prefix>/report`` text.
+
+**Numbers** (every picture and the text, so that a value reads the same in a chart, under a saliency tile and in
+the report): :func:`format_value` writes an attribution, a target value or a colour scale's end with three
+significant digits, plain decimals between 0.001 and 100000 (``1.09``, never ``1.09e+00``) and scientific notation
+outside (``3.8e-05``); :func:`format_signed` the same with its sign (``+0.85``: a change such as ``F(x) - F(b)``);
+:func:`format_percent` a share as a percentage, ``<0.01%`` for one too small to show (never ``0.00%``, which would
+read as exactly nothing). The completeness error is written as a fraction (``relative error 3.76e-03 <= 0.01``),
+as the JSON report, the scalars and ``completeness_tol`` have it
+(:func:`lightning_ig.vocabulary.relative_error_text`, the command line's too).
+
+**Words**, beside the numbers they describe: the unit of the attributions (:func:`target_unit`), the completeness
+verdict of the bar chart (:func:`completeness_verdict`) and in plain words (:func:`completeness_sentence`), and the
+``<prefix>/report`` markdown TensorBoard shows (:func:`report_markdown`), read from a
+:class:`~lightning_ig.views.summary.RunSummary`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.vocabulary import relative_error_text
+
+if TYPE_CHECKING:  # the pictures import the numbers' writers, and the summary imports the pictures' per-action part
+    from lightning_ig.attribution.statistics import Completeness
+    from lightning_ig.views.summary import RunSummary
+
+__all__ = [
+    "DRIFT_WORDS",
+    "completeness_sentence",
+    "completeness_verdict",
+    "format_percent",
+    "format_signed",
+    "format_value",
+    "per_state_pointer",
+    "report_markdown",
+    "target_unit",
+]
+
+# --------------------------------------------------------------------------- numbers
+
+_PLAIN_LOW = 1e-3  # below this, plain decimals need leading zeros: 0.000123 reads worse than 1.23e-04
+_PLAIN_HIGH = 1e5
+_SMALLEST_PERCENT = 0.01  # the smallest percentage written out; anything above zero and below it is "<0.01%"
+
+
+def format_value(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits: ``1.09``, ``0.0123``, ``12300``, ``3.8e-05``.
+
+    Args:
+        value: any float; ``nan`` and ``inf`` are written as such.
+        digits: significant digits (default 3).
+
+    Returns:
+        Plain decimals for ``1e-3 <= |value| < 1e5`` (trailing zeros dropped), else scientific notation with
+        two exponent digits; ``"0"`` for zero.
+
+    Example::
+
+        >>> [format_value(v) for v in (1.0904, 0.012345, -0.5, 123456.0, 3.8e-05, 0.0)]
+        ['1.09', '0.0123', '-0.5', '1.23e+05', '3.8e-05', '0']
+    """
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if _PLAIN_LOW <= magnitude < _PLAIN_HIGH:
+        rounded = float(f"{value:.{digits}g}")  # 3 significant digits, then as plain decimals
+        if abs(rounded) >= _PLAIN_HIGH:  # 99999.7 rounds up past the plain range
+            return _scientific(value, digits)
+        decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+        text = f"{rounded:.{decimals}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return _scientific(value, digits)
+
+
+def _scientific(value: float, digits: int) -> str:
+    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{exponent}"
+
+
+def format_signed(value: float, digits: int = 3) -> str:
+    """:func:`format_value` with the sign always written: ``+0.85``, ``-1.2``, ``0``.
+
+    Example::
+
+        >>> format_signed(0.853), format_signed(-1.2), format_signed(0.0)
+        ('+0.853', '-1.2', '0')
+    """
+    text = format_value(value, digits)
+    return f"+{text}" if math.isfinite(value) and value > 0 else text
+
+
+def format_percent(fraction: float, digits: int = 3) -> str:
+    """A share written as a percentage: ``31.4%``, ``0.25%``, ``<0.01%``, ``0%``, ``100%``.
+
+    Args:
+        fraction: the share, ``0.314`` for 31.4%.
+        digits: significant digits (default 3), but never more decimals than two.
+
+    Returns:
+        The percentage; above zero but below 0.01% it is ``"<0.01%"`` (a tiny error is never ``0.00%``).
+
+    Example::
+
+        >>> [format_percent(v) for v in (0.31416, 0.0025, 3e-07, 0.0, 1.0)]
+        ['31.4%', '0.25%', '<0.01%', '0%', '100%']
+    """
+    if not math.isfinite(fraction):
+        return f"{fraction}%"
+    percent = 100.0 * fraction
+    if percent == 0:
+        return "0%"
+    if 0 < abs(percent) < _SMALLEST_PERCENT:
+        return "<0.01%" if percent > 0 else ">-0.01%"
+    decimals = min(2, max(0, digits - 1 - math.floor(math.log10(abs(percent)))))
+    text = f"{percent:.{decimals}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + "%"
+
+
+# --------------------------------------------------------------------------- words
+
+DRIFT_WORDS = {
+    "spearman_prev": "Spearman rank correlation with the previous run",
+    "spearman_first": "with the first run",
+    "topk_jaccard_prev": "top-{k} overlap (Jaccard) with the previous run",
+}
+
+
+def target_unit(target: str) -> str:
+    """The unit of the attributions, from the target label: attributions add up to a change of the target."""
+    if target == "mean":
+        return "mean output = V(s)"
+    if target == "contrast":
+        return "Q(greedy) - Q(runner-up)"
+    if target.startswith("action:"):
+        return f"Q(s, {target.split(':', 1)[1]})"
+    if target.startswith("callable:"):
+        return target.split(":", 1)[1]
+    return "model output"
+
+
+def _number(value: float, spec: str = ".4g") -> str:
+    return "nan" if value != value else format(value, spec)
+
+
+def _figures_text(numbers: Completeness) -> str:
+    """The two figures the verdict rests on, as every line writes them (fractions, as ``completeness_tol``)."""
+    return (
+        f"worst attribution error {relative_error_text(numbers.worst_attribution_error)} (estimated), worst "
+        f"mass-relative completeness error {relative_error_text(numbers.worst_mass_relative_error)}"
+    )
+
+
+def per_state_pointer(summary: RunSummary) -> str:
+    """Where a run's per-state numbers are: the JSON reports' folder with ``report_dir``, else how to get them."""
+    folder = summary.settings.report_dir
+    if folder is not None:
+        return f"the per-state numbers are in the JSON reports in {folder}"
+    return "pass report_dir= to the callback for a JSON report of every run with the per-state numbers"
+
+
+def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
+    """``(verdict, one short line)`` for the bar chart: decided by
+    :func:`~lightning_ig.attribution.statistics.accuracy_verdict`, naming the figure that decided."""
+    numbers = summary.completeness
+    tolerance, accuracy = numbers.tolerance, numbers.accuracy
+    value = relative_error_text(accuracy.value)
+    words = "estimated attribution error" if accuracy.figure == "attribution_error" else "mass-relative error"
+    line = {
+        "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
+        "unchecked": f"completeness not checked: the attributions are zero in all {numbers.num_states} states",
+        "pass": (
+            f"completeness passes: worst {words} {value} <= {relative_error_text(accuracy.threshold)} "
+            f"(sqrt 2 x tol {tolerance:g})"
+        ),
+        "fail": (
+            f"completeness FAILS: worst {words} {value} > {relative_error_text(accuracy.threshold)} "
+            f"(sqrt 2 x tol {tolerance:g}); use n_steps='auto'"
+        ),
+    }[numbers.verdict]
+    return numbers.verdict, line
+
+
+def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
+    """``(verdict, sentence)`` in plain words, for the text: the accuracy verdict, the figures it rests on, the
+    states near the baseline (flagged, not scored) and the relative completeness error beside them."""
+    numbers, target = summary.completeness, summary.settings.target
+    total = numbers.num_states
+    if numbers.verdict == "non-finite":
+        first = numbers.first_non_finite
+        return "non-finite", (
+            f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} states (first: state "
+            f"{first}): these attributions cannot be trusted."
+        )
+    if numbers.verdict == "unchecked":
+        return "unchecked", (
+            f"Completeness not checked: in all {total} states the attributions are zero, F(x) = F(b) along the whole "
+            f"path (mean absolute completeness error {format_value(numbers.mean_abs_error)}, target {target})."
+        )
+    notes = ""
+    if numbers.num_near_baseline:
+        notes += (
+            f" {numbers.num_near_baseline} of {total} state(s) are near the baseline (attribution mass below a tenth "
+            f"of the median, where every relative figure is ill-conditioned): flagged, not scored "
+            f"({per_state_pointer(summary)})."
+        )
+    if numbers.error_scale != 1.0:
+        notes += f" The estimate is scaled by {numbers.error_scale:.3g} (calibration)."
+    notes += f" Relative completeness error |delta| / |dF|: {relative_error_text(numbers.worst_relative_error)}."
+    if numbers.verdict == "pass":
+        return "pass", (
+            f"Completeness passes: {_figures_text(numbers)}, both <= sqrt(2) x tolerance {numbers.tolerance:g} over "
+            f"{total - numbers.num_near_baseline - numbers.num_non_finite} states.{notes}"
+        )
+    return "fail", (
+        f"Completeness FAILS: {numbers.accuracy.reason} (tolerance {numbers.tolerance:g}): the attributions may be "
+        f"off by more than the tolerance ({_figures_text(numbers)}). Use n_steps='auto' or more steps.{notes}"
+    )
+
+
+def report_markdown(
+    summary: RunSummary, labels: Sequence[str], prefix: str, *, saliency_scale: float | None = None
+) -> str:
+    """The ``<prefix>/report`` text: settings, the completeness verdict, the top-k table, drift, concentration,
+    the saliency scale and an ensemble's members.
+
+    The table is a fixed-width block: TensorBoard's markdown drops table alignment, and numbers read best
+    right-aligned.
+    """
+    settings = summary.settings
+    units = summary.units
+    noun = "groups" if units.kind == "groups" else "features"
+    name = "" if settings.name is None else f" ({settings.name})"
+    lines = [
+        f"### Integrated Gradients{name} at step {summary.step}",
+        "",
+        (
+            f"{summary.num_states} states, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
+            f"{summary.backend} backend), target `{settings.target}` ({target_unit(settings.target)}), baseline "
+            f"`{settings.baseline}`."
+        ),
+        "",
+        f"**{completeness_sentence(summary)[1]}**",
+    ]
+    numbers = summary.completeness
+    if numbers.num_non_finite == 0 and numbers.num_degenerate == 0:
+        lines += [
+            "",
+            (
+                "No state gave NaN/Inf and none was too close to the baseline to check (the cards "
+                f"`{prefix}/completeness/non_finite_states` and `degenerate_states` appear from the first run "
+                "that has one)."
+            ),
+        ]
+    if summary.stochastic:
+        lines += [
+            "",
+            (
+                "**The forward is random**: it gave different values on the same rows (dropout or batch-norm "
+                "in train mode, noise left on); the attributions are not reproducible."
+            ),
+        ]
+    order = rank_order(units.moments.mean_abs)[: settings.top_k]
+    width = max([len(noun) - 1, *(len(labels[i]) for i in order)])
+    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std of attr':>11}  {'mean attr':>10}"]
+    for rank, index in enumerate(order, start=1):
+        moments = units.moments
+        rows.append(
+            f"{rank:>4}  {labels[index]:<{width}}  {format_value(moments.mean_abs[index]):>11}  "
+            f"{format_value(moments.stddev[index]):>11}  {format_signed(moments.mean_signed[index]):>10}"
+        )
+    lines += [
+        "",
+        f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}):",
+        "",
+        "```",
+        *rows,
+        "```",
+    ]
+    if summary.drift:
+        words = [
+            f"{DRIFT_WORDS[key].format(k=settings.top_k)} {_number(value, '.3f')}"
+            for key, value in summary.drift.items()
+        ]
+        lines += ["", f"**Drift**: {', '.join(words)}."]
+    shares = summary.concentration
+    if shares:
+        features = int(np.prod(summary.feature_shape))
+        lines += [
+            "",
+            (
+                f"**Concentration**: the top 1% of the {features} features hold "
+                f"{format_percent(shares['top1pct_share'])} of the mean |attribution|, the top 10% hold "
+                f"{format_percent(shares['top10pct_share'])}."
+            ),
+        ]
+    if saliency_scale is not None:
+        lines += [
+            "",
+            (
+                f"**Saliency** (`{prefix}/saliency`): colour scale ±{format_value(saliency_scale)} per cell; blue "
+                "raises the target, red lowers it."
+            ),
+        ]
+    lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
+    return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
+
+
+def _ensemble_lines(summary: RunSummary, prefix: str) -> list[str]:
+    """What the members of an ensemble say: their agreement with the aggregate and their completeness."""
+    if summary.ensemble is None:
+        return []
+    scalars, count = summary.ensemble.scalars, summary.ensemble.report["num_members"]
+    worst = scalars["completeness/worst_relative_error"]
+    verdict = (
+        "passes" if worst <= summary.completeness.tolerance else "was not checked" if math.isnan(worst) else "FAILS"
+    )
+    return [
+        "",
+        (
+            f"**Ensemble** ({count} members, `{prefix}/ensemble/...`): Spearman correlation of the members' feature "
+            f"rankings with the aggregate's: mean {_number(scalars['spearman_mean'], '.3f')}, lowest "
+            f"{_number(scalars['spearman_min'], '.3f')}; relative spread of mean |attribution| across members "
+            f"{_number(scalars['relative_spread'], '.3g')}. Member completeness {verdict}: worst relative error "
+            f"{relative_error_text(worst)}."
+        ),
+    ]
