@@ -107,5 +107,5 @@ def _chart(pattern: str) -> list[Any]:
 
 def ranked_labels(summary: RunSummary, tags: TagNames) -> list[str]:
     """The unit labels, most important (mean ``|attr|``) first."""
-    labels = tags.unit_labels(summary.units)
+    labels = tags.labels[summary.units.kind]
     return [labels[i] for i in rank_order(summary.units.moments.mean_abs)]

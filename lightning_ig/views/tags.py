@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from lightning_ig.attribution.statistics import CONCENTRATION_SHARES, drift_tags
 from lightning_ig.ensemble.agreement import ensemble_scalar_names
-from lightning_ig.views.summary import Units
 
 __all__ = [
     "CALIBRATION_TAGS",
@@ -110,6 +109,12 @@ class TagNames:
         action_labels: with ``target="each"``, one label per action (``<prefix>/action/<action>/...`` tags); else
             ``None``.
         action_units: with ``target="each"``, log each action's mean ``|attr|`` per unit too (few enough).
+        labels: the labels of each kind of unit that has them, by :attr:`~lightning_ig.views.summary.Units.kind`
+            (``"features"``, ``"groups"``). Set here, with the two below, when the tags are made (at fit start), so
+            that a run reads its tags as plain data.
+        count_tags: the full tags of :data:`COUNT_TAGS`.
+        concentration_twin: the full tag of :data:`CONCENTRATION_TWIN` where it equals the top-1% share
+            (:func:`same_concentrations`), else ``None``.
     """
 
     prefix: str
@@ -119,6 +124,17 @@ class TagNames:
     num_features: int = 0
     action_labels: list[str] | None = None
     action_units: bool = False
+    labels: Mapping[str, list[str]] = field(init=False, repr=False, compare=False)
+    count_tags: frozenset[str] = field(init=False, repr=False, compare=False)
+    concentration_twin: str | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kinds = {"features": self.feature_labels, "groups": self.group_labels}
+        set_field = object.__setattr__  # a frozen dataclass: its derived fields are set once, here
+        set_field(self, "labels", {kind: list(labels) for kind, labels in kinds.items() if labels is not None})
+        set_field(self, "count_tags", frozenset(f"{self.prefix}/{name}" for name in COUNT_TAGS))
+        twin = f"{self.prefix}/{CONCENTRATION_TWIN}" if same_concentrations(self.num_features) else None
+        set_field(self, "concentration_twin", twin)
 
     @classmethod
     def build(
@@ -135,10 +151,6 @@ class TagNames:
         features = None if feature_names is None else display_labels(feature_names, generated=generated_features)
         groups = None if group_names is None else display_labels(group_names, generated=generated_groups)
         return cls(prefix, features, groups, num_features=int(num_features))
-
-    def unit_labels(self, units: Units) -> list[str]:
-        labels = self.group_labels if units.kind == "groups" else self.feature_labels
-        return list(labels or units.names)
 
     def scalar_tags(self, top_k: int) -> list[str]:
         """Every scalar tag a healthy run logs from the second run on (the first has no drift).

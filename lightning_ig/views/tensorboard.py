@@ -34,7 +34,6 @@ from lightning_ig.views.picture_writer import PictureWriter, add_picture
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.tags import (
     CALIBRATION_TAGS,
-    CONCENTRATION_TWIN,
     COUNT_TAGS,
     PICTURE_TAGS,
     PICTURES,
@@ -42,7 +41,6 @@ from lightning_ig.views.tags import (
     TagNames,
     display_labels,
     feature_tags,
-    same_concentrations,
 )
 from lightning_ig.views.text import report_markdown as _markdown
 
@@ -97,7 +95,7 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
         if units is None:
             continue
-        labels = tags.unit_labels(units)
+        labels = tags.labels[units.kind]
         metrics.update(zip((f"{prefix}/{group}mean_abs/{label}" for label in labels), units.moments.mean_abs.tolist()))
         metrics.update(
             zip((f"{prefix}/{group}mean_signed/{label}" for label in labels), units.moments.mean_signed.tolist())
@@ -115,7 +113,7 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
 
 def _action_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     """``<prefix>/action/<action>/greedy_states`` and, when few enough, each action's mean ``|attr|`` per unit."""
-    actions, labels = summary.actions, tags.unit_labels(summary.units)
+    actions, labels = summary.actions, tags.labels[summary.units.kind]
     assert actions is not None and tags.action_labels is not None  # noqa: S101 - checked by the caller
     quantity = "group/mean_abs" if summary.units.kind == "groups" else "mean_abs"
     metrics: dict[str, float] = {}
@@ -153,11 +151,10 @@ def informative_scalars(
         ({'ig/time_ms': 3.0}, set())
     """
     seen = set(ever_non_zero)
-    counts = {f"{tags.prefix}/{name}" for name in COUNT_TAGS}
-    twin = f"{tags.prefix}/{CONCENTRATION_TWIN}" if same_concentrations(tags.num_features) else None
+    twin = tags.concentration_twin
     kept: dict[str, float] = {}
     for tag, value in metrics.items():
-        if tag in counts:
+        if tag in tags.count_tags:
             if value != 0 and not math.isnan(value):
                 seen.add(tag)
             if tag not in seen:
@@ -212,7 +209,7 @@ def pictures_due(
 
 def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
     """The ``<prefix>/report`` text of a run (see :func:`lightning_ig.views.text.report_markdown`)."""
-    return _markdown(summary, tags.unit_labels(summary.units), tags.prefix, saliency_scale=saliency_scale)
+    return _markdown(summary, tags.labels[summary.units.kind], tags.prefix, saliency_scale=saliency_scale)
 
 
 # --------------------------------------------------------------------------- a callback's runs, logger by logger
@@ -319,7 +316,7 @@ class RunOutputs:
             return {}
         from lightning_ig.views.pictures import draw  # noqa: PLC0415 - Pillow and the drawing only when due
 
-        labels = self.tags.unit_labels(summary.units)
+        labels = self.tags.labels[summary.units.kind]
         drawn, scale = draw(due, summary, labels, self.last_host, history, self.inputs, self.saliency_scale)
         if scale is not None:
             self.saliency_scale = scale
@@ -340,7 +337,7 @@ class RunOutputs:
             for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
                 if units is None or units.values is None:
                     continue
-                for label, column in zip(tags.unit_labels(units), units.values.T):
+                for label, column in zip(tags.labels[units.kind], units.values.T):
                     finite = column[np.isfinite(column)]
                     if finite.size:  # a histogram of nothing is an error in TensorBoard
                         tag = f"{tags.prefix}/{group}attributions/{label}"
@@ -366,7 +363,7 @@ class RunOutputs:
         step = summary.step
         table = None
         if report is not None:
-            table = feature_table(self.tags.unit_labels(summary.units), summary.units.moments, summary.settings.top_k)
+            table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
         document = None if report is None else report()
         noun = "groups" if summary.units.kind == "groups" else "features"
         for sink in self.sinks:
