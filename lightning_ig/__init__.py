@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "StochasticForwardWarning": "lightning_ig.attribution",
     "target_forward": "lightning_ig.attribution",
     "FeatureGroups": "lightning_ig.attribution.groups",
-    "feature_statistics": "lightning_ig.views.report",
+    "feature_statistics": "lightning_ig.views.report_rows",
     # models and their noise
     "DuelingQNetwork": "lightning_ig.models",
     "ConvDuelingQNetwork": "lightning_ig.models",
@@ -60,7 +60,7 @@ _EXPORTS: dict[str, str] = {
 _DEPRECATED: dict[str, str] = {
     "quadrature": "lightning_ig.attribution.quadrature",
     "build_report": "lightning_ig.views.report",
-    "completeness_summary": "lightning_ig.views.report",
+    "completeness_summary": "lightning_ig.views.report_rows",
     "SCHEMA_VERSION": "lightning_ig.views.report",
     "build_model": "lightning_ig.models",
     "LoadedCheckpoint": "lightning_ig.checkpoint",
@@ -160,4 +160,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
         noise_disabled,
         register_model,
     )
-    from lightning_ig.views.report import feature_statistics
+    from lightning_ig.views.report_rows import feature_statistics

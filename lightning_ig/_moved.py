@@ -56,10 +56,10 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
     "lightning_ig.statistics": (
         "lightning_ig.attribution.statistics",
         {
-            "feature_statistics": "lightning_ig.views.report:feature_statistics",
-            "completeness_summary": "lightning_ig.views.report:completeness_summary",
-            "top_features": "lightning_ig.views.report:top_features",
-            "statistics_rows": "lightning_ig.views.report:statistics_rows",
+            "feature_statistics": "lightning_ig.views.report_rows:feature_statistics",
+            "completeness_summary": "lightning_ig.views.report_rows:completeness_summary",
+            "top_features": "lightning_ig.views.report_rows:top_features",
+            "statistics_rows": "lightning_ig.views.report_rows:statistics_rows",
         },
     ),
     "lightning_ig.drift": ("lightning_ig.attribution.statistics", {}),
@@ -130,6 +130,10 @@ LEFT: dict[str, dict[str, str]] = {
     "lightning_ig.attribution.graphs": {
         "GraphPlan": "lightning_ig.attribution.engine:GraphPlan",
         "PlanCache": "lightning_ig.attribution.engine:PlanCache",
+    },
+    "lightning_ig.views.report": {
+        name: f"lightning_ig.views.report_rows:{name}"
+        for name in ("completeness_summary", "feature_statistics", "statistics_rows", "top_features")
     },
     "lightning_ig.views.summary": {
         name: f"lightning_ig.views.text:{name}"

@@ -37,7 +37,8 @@ from lightning_ig.checkpoint import list_heads, load_states, save_merged_checkpo
 from lightning_ig.cli import main
 from lightning_ig.cli.parser import build_parser
 from lightning_ig.models import build_model
-from lightning_ig.views.report import build_report, completeness_summary
+from lightning_ig.views.report import build_report
+from lightning_ig.views.report_rows import completeness_summary
 
 # ------------------------------------------------------------------------------------------------ kinds
 

@@ -5,8 +5,8 @@ engine's internals.
   callback run that every view reads; :mod:`~lightning_ig.views.text`: how it reads (numbers written for people,
   the completeness verdict in words, the ``<prefix>/report`` text).
 * :mod:`~lightning_ig.views.report`: the JSON report, schema version 1 (``report_schema_v1.json`` beside it):
-  :func:`build_report`, :func:`write_report`, :func:`load_schema`, and its rows (:func:`feature_statistics`,
-  :func:`completeness_summary`).
+  :func:`build_report`, :func:`write_report`, :func:`load_schema`; :mod:`~lightning_ig.views.report_rows`: its rows
+  (:func:`feature_statistics`, :func:`completeness_summary`).
 * :mod:`~lightning_ig.views.tensorboard`: scalars to every Lightning logger; histograms, text and pictures to
   TensorBoard; the tags (every one listed in docs/tensorboard-tags.md). :mod:`~lightning_ig.views.layout`: its
   Custom Scalars page.
@@ -23,12 +23,11 @@ from lightning_ig.views.report import (
     SCHEMA_PATH,
     SCHEMA_VERSION,
     build_report,
-    completeness_summary,
-    feature_statistics,
     load_schema,
     report_to_json,
     write_report,
 )
+from lightning_ig.views.report_rows import completeness_summary, feature_statistics
 
 __all__ = [
     "SCHEMA_PATH",
