@@ -131,6 +131,7 @@ LEFT: dict[str, dict[str, str]] = {
         "GraphPlan": "lightning_ig.attribution.engine:GraphPlan",
         "PlanCache": "lightning_ig.attribution.engine:PlanCache",
     },
+    "lightning_ig.attribution.host_result": {"JointGather": "lightning_ig.attribution.gather:JointGather"},
     "lightning_ig.views.report": {
         name: f"lightning_ig.views.report_rows:{name}"
         for name in ("completeness_summary", "feature_statistics", "statistics_rows", "top_features")

@@ -37,7 +37,8 @@ The front doors are :func:`integrated_gradients` (one eager call) and
 
 What every consumer (the callback, the command line, ensembles, the report) computes from results lives here too,
 below all of them: :mod:`~lightning_ig.attribution.groups` (feature groups),
-:mod:`~lightning_ig.attribution.host_result` (a result gathered over ranks and brought to the host once) and
+:mod:`~lightning_ig.attribution.host_result` (a result gathered over ranks, in one collective with the rows that
+ride along, :mod:`~lightning_ig.attribution.gather`, and brought to the host once) and
 :mod:`~lightning_ig.attribution.statistics` (completeness, concentration, drift, the one feature order). A new
 engine option goes into :mod:`~lightning_ig.attribution.options`; a new number of a run into
 :mod:`~lightning_ig.attribution.statistics`.

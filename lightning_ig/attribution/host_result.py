@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import near_baseline_states, worst_over_ordinary
 
-__all__ = ["HostResult", "HostTransfer", "JointGather", "Moments", "pack"]
+__all__ = ["HostResult", "HostTransfer", "Moments", "pack"]
 
 # The per-state columns packed after the attributions, in this order.
 _COLUMNS = (
@@ -232,8 +233,9 @@ class HostResult:
         Args:
             result: an :class:`~lightning_ig.attribution.IGResult` with one
                 attribution per state (not ``target="each"``).
-            gather: ``trainer.strategy.all_gather`` under DDP: called once with this
-                rank's packed ``(share, F + 10)`` tensor, returns ``(world, share, F + 10)``.
+            gather: ``trainer.strategy.all_gather`` under DDP (or a
+                :class:`~lightning_ig.attribution.gather.JointGather`, which sends other rows along): called once
+                with this rank's packed ``(share, F + 10)`` tensor, returns ``(world, share, F + 10)``.
             num_states: keep the first this many gathered rows (drops the padding of an uneven split).
             groups: also sum the attributions per group (``group_attributions``).
             keep_attributions: also copy all ``(B, F)`` attributions (for histograms).
@@ -356,37 +358,6 @@ class HostTransfer:
         return self._result
 
 
-class JointGather:
-    """One collective for a run's result and its riders (per-state rows of another result, e.g. an ensemble's members).
-
-    Pass it as the ``gather`` of :meth:`HostResult.from_result`: it concatenates
-    the packed result and every rider along the columns, makes the one
-    ``gather`` call (every rank the same call with the same shape), and splits
-    the gathered rows again. Afterwards :attr:`riders` holds each rider gathered,
-    ``(world * share, W_i)`` in state order, padding rows included.
-
-    Args:
-        gather: ``trainer.strategy.all_gather``, or ``None`` in a single process (nothing to gather:
-            the result and the riders stay as they are).
-        riders: ``(share, W_i)`` tensors, one row per state of this rank, on the result's device.
-    """
-
-    def __init__(self, gather: Callable[[Tensor], Tensor] | None, riders: list[Tensor]) -> None:
-        self._gather = gather
-        self.riders = list(riders)
-
-    def __call__(self, packed: Tensor) -> Tensor:
-        if self._gather is None:
-            return packed
-        if not self.riders:
-            return self._gather(packed)
-        widths = [packed.shape[1], *(rider.shape[1] for rider in self.riders)]
-        joint = torch.cat([packed, *(rider.to(packed.dtype) for rider in self.riders)], dim=1)  # (share, sum(widths))
-        gathered = self._gather(joint).reshape(-1, joint.shape[1])  # (world * share, sum(widths))
-        main, *self.riders = gathered.split(widths, dim=1)
-        return main
-
-
 def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     """One rank's result as the single tensor that is gathered, and the feature shape.
 
@@ -449,3 +420,6 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
 def _figure(result: Any, name: str, missing: Tensor) -> Any:
     value = getattr(result, name, None)
     return missing if value is None else value
+
+
+__getattr__ = _moved.forwarder(__name__)  # JointGather moved to attribution.gather: it warns and is found

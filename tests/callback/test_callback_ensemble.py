@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.attribution.host_result import HostResult, JointGather
+from lightning_ig.attribution.gather import JointGather
+from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.trust.monitor import trust_scalar_tags
 from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_ensemble, member_agreement, pack_members
