@@ -26,8 +26,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_ig.attribution import IntegratedGradients
-from lightning_ig.attribution.groups import GroupSpec, check_group_spec
 from lightning_ig.attribution.gather import JointGather
+from lightning_ig.attribution.groups import GroupSpec, check_group_spec
 from lightning_ig.attribution.host_result import HostResult, HostTransfer
 from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.attribution.result import stochastic_warnings_silenced
