@@ -132,6 +132,10 @@ LEFT: dict[str, dict[str, str]] = {
         "PlanCache": "lightning_ig.attribution.engine:PlanCache",
     },
     "lightning_ig.attribution.host_result": {"JointGather": "lightning_ig.attribution.gather:JointGather"},
+    "lightning_ig.callback.setup": {
+        name: f"lightning_ig.callback.options:{name}"
+        for name in ("check_cadence", "check_cadences", "check_name", "check_saliency_channel_index")
+    },
     "lightning_ig.views.report": {
         name: f"lightning_ig.views.report_rows:{name}"
         for name in ("completeness_summary", "feature_statistics", "statistics_rows", "top_features")

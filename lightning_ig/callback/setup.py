@@ -1,8 +1,7 @@
-"""The callback's set-up: its options checked in ``__init__``, and what ``setup`` decides once per fit.
+"""What the callback's set-up decides once per fit (put together by :mod:`lightning_ig.callback.fit`).
 
-* the option checks only the callback has (:func:`check_cadence`, :func:`check_saliency_channel_index`,
-  :func:`check_name`; the shared ones are :mod:`lightning_ig.vocabulary`'s), and :func:`check_unique_names`
-  for callbacks that share a trainer;
+* :func:`check_unique_names`: callbacks that share a trainer need names of their own (their options are checked
+  when they are made: :mod:`lightning_ig.callback.options`);
 * :func:`logged_units`: what a run logs one by one (the features, or groups when there are too many) and the
   tags they go under (:func:`choose_groups`, :func:`automatic_groups`);
 * :func:`report_folder`: where the JSON report of each run goes, checked before training.
@@ -20,18 +19,15 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.views.tensorboard import TagNames
-from lightning_ig.vocabulary import check_feature_names, default_feature_names, shown
+from lightning_ig.vocabulary import check_feature_names, default_feature_names
 
 __all__ = [
     "LoggedUnits",
     "automatic_groups",
-    "check_cadence",
-    "check_cadences",
-    "check_name",
-    "check_saliency_channel_index",
     "check_unique_names",
     "choose_groups",
     "history_to_continue",
@@ -39,47 +35,6 @@ __all__ = [
     "named",
     "report_folder",
 ]
-
-
-def check_cadence(value: int | None, name: str) -> int | None:
-    """``None`` or an int >= 1 (``every_n_steps``, ``every_n_epochs``); a non-positive one is Lightning's error."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be a positive int or None, got {type(value).__name__} ({shown(value)}); e.g. {name}=100"
-        )
-    if value < 1:
-        raise MisconfigurationException(f"{name} must be a positive int or None, got {value!r}; e.g. {name}=100")
-    return value
-
-
-def check_cadences(every_n_steps: int | None, every_n_epochs: int | None) -> tuple[int | None, int | None]:
-    """The two cadences, each ``None`` or an int >= 1, and at least one of them given."""
-    steps, epochs = check_cadence(every_n_steps, "every_n_steps"), check_cadence(every_n_epochs, "every_n_epochs")
-    if steps is None and epochs is None:
-        raise MisconfigurationException(
-            "IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. "
-            "1); both are None"
-        )
-    return steps, epochs
-
-
-def check_saliency_channel_index(value: int | None) -> int | None:
-    """``None`` (the channel mean) or a channel index >= 0; checked against the states' channels at set-up."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
-        raise error(f"saliency_channel must be None (the channel mean) or a channel index >= 0, got {shown(value)}")
-    return value
-
-
-def check_name(name: str | None) -> str | None:
-    """``None`` or a short printable label without ``/`` (the tags go under ``ig/<name>/``)."""
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be None or a short label (a string), got {type(name).__name__} ({shown(name)})")
-    if name is not None and (not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
-        raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {shown(name)}")
-    return name
 
 
 def named(name: str | None) -> str:
@@ -231,3 +186,6 @@ def choose_groups(
     if math.prod(feature_shape) <= max_features:
         return None
     return automatic_groups(feature_shape, max_features, feature_names)
+
+
+__getattr__ = _moved.forwarder(__name__)  # the option checks moved to callback.options: they warn and are found

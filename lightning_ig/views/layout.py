@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_ig.attribution.statistics import rank_order
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.tags import TagNames
 
-__all__ = ["custom_scalars_layout", "ranked_labels"]
+if TYPE_CHECKING:  # the TensorBoard outputs of a callback, which make the page through the callback
+    from lightning_ig.views.tensorboard import RunOutputs
+
+__all__ = ["custom_scalars_layout", "ranked_labels", "trainer_layout"]
 
 _TRUST_CHARTS = {
     "completeness/worst_attribution_error": "accuracy: worst estimated attribution error (verdict)",
@@ -109,3 +112,19 @@ def ranked_labels(summary: RunSummary, tags: TagNames) -> list[str]:
     """The unit labels, most important (mean ``|attr|``) first."""
     labels = tags.labels[summary.units.kind]
     return [labels[i] for i in rank_order(summary.units.moments.mean_abs)]
+
+
+def trainer_layout(callbacks: Sequence[tuple[str | None, RunOutputs, RunSummary | None]]) -> dict[str, Any]:
+    """The Custom Scalars page of every IG callback of a trainer, charting the tags any of them has logged so far.
+
+    Args:
+        callbacks: per callback ``(name, outputs, last)``: its ``name``, its
+            :class:`~lightning_ig.views.tensorboard.RunOutputs` and its last run's summary (``None`` before its
+            first run), whose most important units get the charts.
+    """
+    logged = set().union(*(outputs.logged for _, outputs, _ in callbacks))
+    entries = [
+        (name, outputs.tags, None if last is None else ranked_labels(last, outputs.tags))
+        for name, outputs, last in callbacks
+    ]
+    return custom_scalars_layout(entries, logged)

@@ -179,9 +179,7 @@ def summarize(
     log_features: bool,
     settings: RunSettings,
     step: int,
-    run_index: int,
-    previous: Sequence[float] | None = None,
-    first: Sequence[float] | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
     time_ms: float = 0.0,
     members: MemberRun | None = None,
     action_names: Sequence[str] | None = None,
@@ -195,9 +193,8 @@ def summarize(
         log_features: log the features one by one (there are few enough).
         settings: the run's :class:`RunSettings`.
         step: the global step.
-        run_index: the run's index in the history.
-        previous: the previous run's unit mean ``|attr|`` (for drift), or ``None``.
-        first: the first run's, or ``None``.
+        history: the earlier runs, as :meth:`RunSummary.history_entry` writes them (this run's index is their
+            count; drift compares this run with the previous one and the first).
         time_ms: wall time of the IG computation.
         members: the members' numbers when the model is an ensemble, else ``None``.
         action_names: for a ``target="each"`` run (one row per state and action, state-major), one label per
@@ -223,9 +220,10 @@ def summarize(
     actions = None
     if action_names is not None and units is not None and units.values is not None:
         actions = ActionSummary.of_each(host, units.values, action_names)
+    previous, first = (history[-1]["mean_abs"], history[0]["mean_abs"]) if history else (None, None)
     return RunSummary(
         step=int(step),
-        run_index=int(run_index),
+        run_index=len(history),
         settings=settings,
         num_states=host.num_states,
         feature_shape=host.feature_shape,

@@ -235,6 +235,9 @@ class RunOutputs:
         pictures: the worker that logs the pictures.
         sinks: the picture sinks of the trainer's other loggers (W&B, MLflow), or none.
         ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
+        layout: makes the Custom Scalars layout, when one is written (``None``: none is).
+        report: makes a run's JSON report from its summary and host result, for the sinks (with each bar chart);
+            ``None``: none.
     """
 
     def __init__(
@@ -246,8 +249,12 @@ class RunOutputs:
         pictures: PictureWriter,
         sinks: Sequence[Any] = (),
         ever_non_zero: Iterable[str] = (),
+        *,
+        layout: Callable[[], Mapping[str, Any]] | None = None,
+        report: Callable[[RunSummary, HostResult], Mapping[str, Any]] | None = None,
     ) -> None:
         self.tags = tags
+        self.layout, self.report = layout, report
         self.cadences = dict(cadences)
         self.histograms = histograms
         self.inputs = inputs
@@ -267,8 +274,6 @@ class RunOutputs:
         history: Sequence[Mapping[str, Any]],
         *,
         final: bool,
-        layout: Callable[[], Mapping[str, Any]],
-        report: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """One run's scalars, TensorBoard's extras and the pictures due.
 
@@ -279,8 +284,6 @@ class RunOutputs:
                 that were not drawn yet, no scalars and no text.
             history: the runs so far (the heatmap's and the shares').
             final: the end of training (every kind of picture is due).
-            layout: makes the Custom Scalars layout, when one is written.
-            report: makes the run's JSON report, for the sinks (with each bar chart); ``None``: none.
         """
         loggers = list(loggers)
         if host is not None:
@@ -299,13 +302,14 @@ class RunOutputs:
         pictures = self._draw(due, summary, history)
         drawn_scale = self.saliency_scale if due.get("saliency") else None  # the text names this run's grid only
         text = report_markdown(summary, self.tags, saliency_scale=drawn_scale) if host is not None else None
-        written_layout = layout() if due.get("top_features") or summary.run_index == 0 else None
+        layout_due = due.get("top_features") or summary.run_index == 0
+        written_layout = self.layout() if layout_due and self.layout is not None else None
         for writer in writers:
             self._write(
                 writer, summary, text, written_layout, pictures, histograms=self.histograms and host is not None
             )
         if self.sinks:
-            self._to_sinks(summary, pictures, report if due.get("top_features") else None)
+            self._to_sinks(summary, pictures, host if due.get("top_features") else None)
         self.drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
 
     def _draw(
@@ -355,16 +359,16 @@ class RunOutputs:
         self,
         summary: RunSummary,
         pictures: Mapping[str, np.ndarray],
-        report: Callable[[], Mapping[str, Any]] | None,
+        host: HostResult | None,
     ) -> None:
-        """The pictures to every sink; with the bar chart, the feature table and the report (built here, once)."""
+        """The pictures to every sink; with the bar chart (``host``: the run's), the feature table and the report."""
         from lightning_ig.views.loggers import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
         step = summary.step
-        table = None
-        if report is not None:
+        table = document = None
+        if host is not None:
             table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
-        document = None if report is None else report()
+            document = None if self.report is None else self.report(summary, host)  # built here, once
         noun = "groups" if summary.units.kind == "groups" else "features"
         for sink in self.sinks:
             for tag, pixels in pictures.items():

@@ -355,7 +355,7 @@ def test_states_from_files_and_callables(tmp_path, kind):
     make_trainer(tmp_path, [callback], max_steps=3).fit(TinyQNet(), loader())
     report = json.loads((tmp_path / "r" / "ig_report_step=00000003.json").read_text())
     assert report["num_states"] == 9
-    model_states = callback._held_out
+    model_states = callback._fit.held_out
     assert torch.equal(model_states, states)
 
 
@@ -550,7 +550,7 @@ def test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns(tmp_path
     with pytest.warns(DeprecationWarning, match="takes \\(pl_module, x\\): that is forward= now"):
         old = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=value)
     new = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, forward=value)
-    assert (old.target, old.forward) == (new.target, new.forward) == ("mean", value)
+    assert (old.options.target, old.options.forward) == (new.options.target, new.options.forward) == ("mean", value)
     assert old.state_key == new.state_key  # a checkpoint of the old spelling restores into the new one
     with pytest.raises(ValueError, match="forward= is given too"):
         IntegratedGradientsCallback(held_out_states(), target=value, forward=value)
@@ -561,8 +561,8 @@ def test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns(tmp_path
         make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
     assert (
         old.history == new.history
-        and old._target_label
-        == new._target_label
+        and old._fit.target_label
+        == new._fit.target_label
         == "callable:test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns.<locals>.value"
     )
 
@@ -577,7 +577,7 @@ def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path)
         torch.manual_seed(0)  # the same model and batches for both
         make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
     assert by_callable.history[0]["mean_abs"] == by_index.history[0]["mean_abs"]  # the same scalar attributed
-    assert by_callable._target_label.startswith("callable:") and by_index._target_label == "action:1"
+    assert by_callable._fit.target_label.startswith("callable:") and by_index._fit.target_label == "action:1"
 
 
 # ---------------------------------------------------------------------- figures

@@ -81,7 +81,7 @@ def test_every_ensemble_tag_is_logged_and_listed(ensemble_run):
     assert expected <= scalars
     trust = trust_scalar_tags("ig", noisy=True)  # the trust checks' (noisy members; at the first run)
     assert {tag for tag in scalars if tag.startswith("ig/")} == {
-        *ensemble_run["callback"]._tags.scalar_tags(10),
+        *ensemble_run["callback"]._fit.outputs.tags.scalar_tags(10),
         *trust,
         *(f"ig/{tag}" for tag in CALIBRATION_TAGS),  # the first run calibrates
     }
@@ -170,7 +170,7 @@ def test_training_with_the_ensemble_callback_is_bit_identical(tmp_path):
     callback = IntegratedGradientsCallback(held_out_states(5), every_n_steps=1, n_steps=4)
     with_callback = _fit(tmp_path / "with", [callback], max_steps=3)
     without = _fit(tmp_path / "without", [], max_steps=3)
-    assert callback._members is not None and len(callback.history) == 3
+    assert callback._fit.members is not None and len(callback.history) == 3
     for (name, a), (_, b) in zip(with_callback.state_dict().items(), without.state_dict().items()):
         assert torch.equal(a, b), name
 

@@ -64,7 +64,7 @@ def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_devi
     assert not capture_failures, capture_failures
     assert [entry["global_step"] for entry in callback.history] == [5, 10, 15]
     # the engine captured on the first run and replayed its CUDA graph on the later ones
-    assert callback._engine is not None and callback._engine.last_mode == "graph"
+    assert callback._fit.engine is not None and callback._fit.engine.last_mode == "graph"
 
     report = json.loads((tmp_path / "reports" / "ig_report_step=00000015.json").read_text())
     assert report["backend"] == "cuda" and report["num_states"] == 256 and report["num_steps"] == 50
@@ -251,7 +251,9 @@ def test_ensemble_members_under_cuda_equal_the_torch_path_and_replay_a_graph(tmp
     cuda, callback = _ensemble_report(tmp_path / "cuda", "cuda")
     torch_path, _ = _ensemble_report(tmp_path / "torch", "torch")
     assert cuda["backend"] == "cuda" and torch_path["backend"] == "torch"
-    assert callback._members is not None and callback._members.engine.last_mode == "graph"  # the members' run replays
+    assert (
+        callback._fit.members is not None and callback._fit.members.engine.last_mode == "graph"
+    )  # the members' run replays
     for member_cuda, member_torch in zip(cuda["ensemble"]["members"], torch_path["ensemble"]["members"]):
         states_cuda, states_torch = member_cuda["per_state"], member_torch["per_state"]
         scale = max(abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]) for s in states_torch)

@@ -86,7 +86,7 @@ def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(imag
     )  # not one tag per pixel (1,542 scalar tags for these states)
     trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (checks_every_n_runs=5: at the first run)
     calibrated = {f"ig/{tag}" for tag in CALIBRATION_TAGS}  # the first run calibrates
-    expected = {*image_run["callback"]._tags.scalar_tags(10), *trust, *calibrated}
+    expected = {*image_run["callback"]._fit.outputs.tags.scalar_tags(10), *trust, *calibrated}
     assert {tag for tag in scalars if tag.startswith("ig/")} == expected
     grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]
     assert len(grouping) == 1 and "768 features" in grouping[0] and "3 groups (channel 0, ...)" in grouping[0]

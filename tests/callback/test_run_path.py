@@ -4,11 +4,13 @@ A run is traced with ``sys.setprofile``: every function called under ``Integrate
 under the ``_finish`` that ends the same run (one training step later) is recorded by the module it is defined
 in. The engine replays a graph (the capture emulated on the CPU, as in tests/attribution/test_engine.py); what
 the replayed computation itself calls is not counted, since a CUDA graph's replay runs no Python. Runs 1 to 4
-are steady: the first run captured, and no picture is due until the run at the end of training.
+are steady: the first run captured (and calibrated, and made the trust checks), and no picture, calibration or
+trust check is due until the run at the end of training.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 from pathlib import Path
@@ -33,15 +35,14 @@ STEADY = {
     "attribution/statistics.py",
     "views/summary.py",
     "views/tensorboard.py",
-    "views/tags.py",
 }
 
-
+TEXT = {"views/text.py", "vocabulary.py"}  # TensorBoard's <prefix>/report text: its words, the error's spelling
 TRUST = {"callback/trust/monitor.py", "callback/trust/verdict.py"}  # a run where no trust check is due: the verdict
 
 
 def _modules_per_run(
-    tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch, checks_every_n_runs: int | None = None
+    tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch, checks_every_n_runs: int | None
 ) -> list[set[str]]:
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
     entered: dict[int, set[str]] = {}  # the run's step -> the modules its start and its end entered
@@ -83,28 +84,29 @@ def _modules_per_run(
     return [entered[step] for step in sorted(entered)]
 
 
-def test_a_steady_run_enters_nine_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch)
+def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
     assert "attribution/graphs.py" in entered[0]  # the first run captured
     for seen in entered[1:5]:
         assert seen == STEADY
+    assert len(STEADY) == 8
 
 
 @pytest.mark.skipif(not has_tensorboard(), reason="needs tensorboard and Pillow")
-def test_a_steady_run_with_tensorboard_also_enters_the_vocabulary(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch)
+def test_a_steady_run_with_tensorboard_also_enters_the_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
     for seen in entered[1:5]:
-        # relative_error_text and the numbers' format, in the report text
-        assert seen == {*STEADY, "vocabulary.py", "views/number_format.py"}
+        assert seen == STEADY | TEXT  # 10: the words and numbers of the report text, the completeness error's spelling
     assert {"views/pictures.py", "views/charts.py"} <= entered[-1]  # the end of training draws the charts
 
 
-def test_a_steady_run_with_the_trust_checks_on_but_none_due_also_enters_the_verdict(
+@pytest.mark.skipif(not has_tensorboard(), reason="needs tensorboard and Pillow")
+def test_a_steady_run_with_the_defaults_also_enters_the_trust_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, checks_every_n_runs=5)
+    default = inspect.signature(IntegratedGradientsCallback).parameters["checks_every_n_runs"].default
+    assert default == 5  # the trust checks are on by default: runs 1-4 are the runs between two checks
+    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, checks_every_n_runs=default)
     assert {"callback/trust/sanity.py", "callback/trust/faithfulness.py"} <= entered[0]  # the first run checks
-    for seen in entered[1:5]:  # runs 1-4: no check due, the verdict joins the latest results
-        assert seen == {*STEADY, *TRUST}
+    for seen in entered[1:5]:  # no check due: the verdict joins the latest results with this run's accuracy
+        assert seen == STEADY | TEXT | TRUST  # 12

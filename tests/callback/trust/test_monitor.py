@@ -162,7 +162,7 @@ def test_training_is_bit_identical_with_checks_at_every_run(tmp_path, monkeypatc
     generator_without = torch.get_rng_state()
     with_checks, trainer_with = _fit(tmp_path / "b", 1)
     assert torch.equal(generator_without, torch.get_rng_state())
-    monitor = trainer_with.callbacks[0]._trust
+    monitor = trainer_with.callbacks[0]._fit.trust
     assert monitor.runs == 4 and all(monitor.seconds[name] > 0 for name in ("reference", "sanity", "deletion"))
     assert monitor.seconds["stability"] > 0  # TinyQNet's head is a NoisyLinear
     for (name, a), (_, b) in zip(without.state_dict().items(), with_checks.state_dict().items()):
@@ -178,10 +178,10 @@ def test_a_run_with_checks_under_inference_mode_leaves_the_generators(tmp_path, 
     model, trainer = _fit(tmp_path, 1)
     callback = trainer.callbacks[0]
     before = (torch.get_rng_state(), {name: value.clone() for name, value in model.state_dict().items()})
-    spent = callback._trust.spent()
+    spent = callback._fit.trust.spent()
     with torch.inference_mode():
         callback._run(trainer, model, final=True)
-    assert callback._trust.spent() > spent  # the checks ran
+    assert callback._fit.trust.spent() > spent  # the checks ran
     assert torch.equal(before[0], torch.get_rng_state())
     assert all(torch.equal(value, model.state_dict()[name]) for name, value in before[1].items())
 
@@ -212,7 +212,7 @@ def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_te
 def test_no_checks_no_trust_tags(tmp_path):
     logger = TensorBoardLogger(tmp_path, name="tb")
     _, trainer = _fit(tmp_path, None, logger=logger)
-    assert trainer.callbacks[0]._last.trust_checks is None and trainer.callbacks[0]._trust is None
+    assert trainer.callbacks[0]._last.trust_checks is None and trainer.callbacks[0]._fit.trust is None
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
     events.Reload()
     assert not any(tag.startswith(("ig/sanity", "ig/trust", "ig/faith")) for tag in events.Tags()["scalars"])

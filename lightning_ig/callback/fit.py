@@ -1,0 +1,234 @@
+"""What one fit of the callback holds, decided once: at set-up (:func:`plan`) and at fit start (:func:`start`).
+
+:func:`plan` (the ``setup`` hook, before the model is on its device) resolves the held-out states and checks them
+against the options: the units a run logs and their tags, the saliency pictures, the report folder.
+:func:`start` (``on_fit_start``, the model on its device) prepares the engine on two states, this rank's share of
+the states, the run's settings, what the runs send to the loggers (:class:`~lightning_ig.views.tensorboard.RunOutputs`:
+the pictures' cadences and inputs, the W&B and MLflow sinks) and the trust checks. A run reads the :class:`Fit` as
+plain data; :class:`PendingRun` is a run between its start and its end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution.host_result import HostResult, HostTransfer
+from lightning_ig.callback import heldout, reports, setup
+from lightning_ig.callback.options import Options
+from lightning_ig.callback.reports import ReportFolder
+from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
+from lightning_ig.ensemble.members import MemberAttribution
+from lightning_ig.models.noise import attribution_mode
+from lightning_ig.views.loggers import picture_sinks
+from lightning_ig.views.per_action import action_labels
+from lightning_ig.views.report import build_report
+from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
+from lightning_ig.views.summary import RunSettings, RunSummary
+from lightning_ig.views.tensorboard import PictureWriter, RunOutputs
+
+__all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """What set-up decides.
+
+    Attributes:
+        held_out: ``(B, *feature_shape)`` the held-out states, float32 on the CPU (the same on every rank).
+        units: the units a run logs one by one (features or groups) and their tags.
+        saliency: the states are spatial and ``saliency_states`` is set: the saliency pictures are drawn.
+        reports: the folder of the JSON report of each run, or ``None``.
+    """
+
+    held_out: Tensor
+    units: setup.LoggedUnits
+    saliency: bool
+    reports: ReportFolder | None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What a fit's runs read, set at fit start.
+
+    Attributes:
+        held_out, units, reports: set-up's (:class:`FitPlan`).
+        engine: attributes this rank's share of the states (and replays its CUDA graph).
+        target_label: what is attributed (``"mean"``, ``"action:1"``, ``"contrast"``, ``"callable:<name>"``).
+        members: attributes an ensemble's members in one batched run, or ``None``.
+        states, baselines: this rank's share, on the model's device and in its dtype.
+        outputs: what the runs send to the loggers.
+        trust: the trust checks, on global rank zero when they are on; else ``None``.
+        host_options: what a run keeps of its result
+            (:meth:`~lightning_ig.attribution.host_result.HostResult.begin`'s ``num_states``, ``groups``,
+            ``keep_attributions``: the ``(B, F)`` attributions for histograms and trust checks, ``sample_states``:
+            the saliency grid draws states among the first this many).
+        summary_options: what every run's summary is about (:func:`~lightning_ig.views.summary.summarize`'s
+            ``feature_names``, ``log_features``, ``settings``).
+    """
+
+    held_out: Tensor
+    units: setup.LoggedUnits
+    reports: ReportFolder | None
+    engine: IntegratedGradients
+    target_label: str
+    members: MemberAttribution | None
+    states: Tensor
+    baselines: Tensor | str
+    outputs: RunOutputs
+    trust: TrustMonitor | None
+    host_options: Mapping[str, Any]
+    summary_options: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A run started (attributed, gathered, its copy to the host queued) and not yet summarized and logged."""
+
+    run: Fit  # the fit it was started in
+    trainer: Any
+    transfer: HostTransfer
+    riders: list[Tensor]  # gathered with the result: an ensemble's members' packed rows, then target="contrast"'s
+    # (world * share, A) outputs at the states
+    step: int
+    epoch: int
+    final: bool
+    held_ms: float  # host time the start held the training loop
+    calibrated_ms: float | None  # the calibration made before this run, if any, and its time
+
+
+def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | None]) -> FitPlan:
+    """The ``setup`` hook's work: the states resolved and checked, the units, the report folder.
+
+    Args:
+        options: the callback's.
+        trainer, pl_module: the fit's.
+        names: the ``name`` of every IG callback of the trainer (two with one name would write the same tags).
+
+    Raises:
+        MisconfigurationException, TypeError, ValueError: see the callback's ``Raises``.
+    """
+    setup.check_unique_names(names)
+    states = heldout.resolve_states(options.states, trainer, pl_module)
+    shape = tuple(states.shape[1:])
+    heldout.check_baseline_shape(options.baseline, states)
+    check_saliency_channel(options.saliency_channel, shape)  # here, not at the first picture mid-training
+    given = (options.name, options.feature_names, options.feature_groups, options.group_names)
+    units = setup.logged_units(shape, *given, options.max_logged_features)
+    saliency = saliency_kind(shape) is not None and options.saliency_states is not None
+    folder = setup.report_folder(
+        options.report_dir, trainer.default_root_dir, bool(trainer.loggers), options.name, options.states
+    )
+    return FitPlan(states, units, saliency, folder)
+
+
+def start(
+    options: Options,
+    plan: FitPlan,
+    trainer: Any,
+    pl_module: Any,
+    *,
+    pictures: PictureWriter,
+    ever_non_zero: Iterable[str],
+    layout: Callable[[], Mapping[str, Any]],
+    q_values: Callable[[], Any],
+) -> Fit:
+    """The ``on_fit_start`` hook's work: the engine tried on two states, the outputs, the trust checks.
+
+    Args:
+        options: the callback's.
+        plan: what set-up decided.
+        trainer, pl_module: the fit's (the model on its training device).
+        pictures: the callback's picture worker.
+        ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
+        layout: makes the Custom Scalars page of every IG callback of the trainer.
+        q_values: the last run's ``(B, A)`` outputs at the states, for the actions picture (``target="contrast"``).
+    """
+    engine_options = {"n_steps": options.n_steps, "method": options.method, "gradient": options.gradient}
+    engine_options.update(backend=options.backend, completeness_tol=options.completeness_tol)
+    engine_options.update(internal_batch_size=options.internal_batch_size)
+    engine, label, members, states, baselines = heldout.prepare_engine(
+        trainer, pl_module, options.target, options.forward, plan.held_out, options.baseline, **engine_options
+    )
+    folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
+    baseline = heldout.baseline_label(options.baseline)
+    settings = RunSettings(label, baseline, options.completeness_tol, options.top_k, options.name, report_dir=folder)
+    tags = dataclasses.replace(plan.units.tags, ensemble_members=None if members is None else members.num_members)
+    checks = None if options.checks_every_n_runs is None else TrustChecks.every(options.checks_every_n_runs)
+    groups = plan.units.groups
+    trust = TrustMonitor.prepare(
+        checks, trainer, pl_module, engine, options.forward, plan.held_out, options.baseline, groups, tags.prefix
+    )
+
+    def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
+        extra = reports.run_extra(summary, epoch=trainer.current_epoch, world_size=trainer.world_size)
+        return build_report(
+            host, feature_names=plan.units.names, forward_target=label, top_k=options.top_k, extra=extra
+        )
+
+    inputs = _picture_inputs(options, plan, _action_inputs(options, pl_module, states, q_values))
+    sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
+    outputs = RunOutputs(
+        tags,
+        _cadences(options, plan),
+        options.log_histograms,
+        inputs,
+        pictures,
+        sinks,
+        ever_non_zero,
+        layout=layout,
+        report=report,
+    )
+    picked, units = inputs.picked, plan.units
+    host_options = {
+        "num_states": len(plan.held_out),
+        "groups": units.groups,
+        "keep_attributions": (units.log_features and options.log_histograms) or trust is not None,
+        "sample_states": 0 if picked is None or not len(picked) else int(picked.max()) + 1,
+    }
+    summary_options = {"feature_names": units.names, "log_features": units.log_features, "settings": settings}
+    fixed = (plan.held_out, plan.units, plan.reports)
+    return Fit(*fixed, engine, label, members, states, baselines, outputs, trust, host_options, summary_options)
+
+
+def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any]) -> Any:
+    """What the pictures of this fit need besides a run (the states drawn, the channels' names, the actions')."""
+    from lightning_ig.views.pictures import picture_inputs  # noqa: PLC0415 - the drawing modules only when drawn
+
+    groups = plan.units.groups
+    channel_names = None if groups is None else groups.channel_names()
+    return picture_inputs(
+        plan.held_out.numpy(),
+        saliency_states=(options.saliency_states or 0) if plan.saliency else 0,
+        channel=options.saliency_channel,
+        channel_names=channel_names,
+        groups_are_channels=channel_names is not None,
+        baseline=heldout.baseline_label(options.baseline),
+        spatial=saliency_kind(tuple(plan.held_out.shape[1:])) is not None,
+        **actions,
+    )
+
+
+def _cadences(options: Options, plan: FitPlan) -> dict[str, int | None]:
+    """Every how many runs each kind of picture is drawn (``None``: never)."""
+    saliency = options.saliency_every_n_runs if plan.saliency else None
+    cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), options.figure_every_n_runs)
+    cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
+    if options.target == "contrast":
+        cadences["actions"] = options.figure_every_n_runs
+    return cadences
+
+
+def _action_inputs(options: Options, pl_module: Any, states: Tensor, q_values: Callable[[], Any]) -> dict[str, Any]:
+    """For ``target="contrast"``: the actions' labels and the last run's Q-values (the ``actions`` picture)."""
+    if options.target != "contrast":
+        return {}
+    with attribution_mode(pl_module), torch.no_grad():
+        count = int(pl_module(states[:1]).shape[1])  # the outputs per state: checked at fit start
+    return {"action_names": action_labels(None, count), "q_values": q_values}
