@@ -89,13 +89,16 @@ class Fit:
 
 @dataclass(frozen=True)
 class PendingRun:
-    """A run started (attributed, gathered, its copy to the host queued) and not yet summarized and logged."""
+    """A run started (attributed, gathered, its copy to the host queued) and not yet summarized and logged.
+
+    ``riders`` are the rows gathered with the result, ``(world * share, W)`` each: an ensemble's members' packed
+    rows, then, for ``target="contrast"``, the model's outputs at the states.
+    """
 
     run: Fit  # the fit it was started in
     trainer: Any
     transfer: HostTransfer
-    riders: list[Tensor]  # gathered with the result: an ensemble's members' packed rows, then target="contrast"'s
-    # (world * share, A) outputs at the states
+    riders: list[Tensor]
     step: int
     epoch: int
     final: bool
