@@ -71,11 +71,15 @@ class IntegratedGradientsCallback(Callback):
         baseline: ``"zeros"`` (default), ``"mean"`` of the held-out states, or a tensor of shape
             ``feature_shape`` or ``(num_states, *feature_shape)``.
         target: ``"mean"`` (default: the mean of the outputs, or the output itself when the model
-            returns one value per state), an output index, ``"contrast"`` (per state ``Q(greedy) -
-            Q(runner-up)``: why this action rather than the next best; the pair is chosen at the state and
-            held fixed along the path, and the ``ig/actions`` picture, drawn at ``figure_every_n_runs``,
-            shows what favours the greedy action for the commonest pair; the deletion check does not run
-            for it), or a callable mapping the outputs ``(N, A)`` to ``(N,)`` (as for
+            returns one value per state), an output index, ``"each"`` (every action's ``Q(s, a)``
+            in one batched run, a row per (state, action): ``ig/mean_abs/...`` is the mean over the
+            actions, the verdict covers every pair, ``ig/action/<action>/...`` each action, the
+            ``ig/actions`` picture what favours each; the trust checks judge the mean over the actions,
+            ``V(s)`` of a dueling network), ``"contrast"`` (per state ``Q(greedy) - Q(runner-up)``: why
+            this action rather than the next best; the pair is chosen at the state and held fixed along
+            the path, and the ``ig/actions`` picture, drawn at ``figure_every_n_runs``, shows what favours
+            the greedy action for the commonest pair; the deletion check does not run for it), or a
+            callable mapping the outputs ``(N, A)`` to ``(N,)`` (as for
             :func:`~lightning_ig.attribution.integrated_gradients`).
         forward: ``None`` (default: the model's output, through ``target``) or a callable
             ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
@@ -131,6 +135,8 @@ class IntegratedGradientsCallback(Callback):
             every four times as many) and at the end, while they have used at most 20% of the IG time of the fit;
             logged as ``ig/sanity|faithfulness|stability|trust/...`` with the verdict in the report text (default 5;
             ``None``: no checks). On global rank zero, with private seeded generators; the model is left as it was.
+        action_names: One name per output, for the tags and pictures of ``target="each"``, ``"contrast"`` or an
+            output index (default ``None``: ``action 0``, ``action 1``, ...); counted against the model at fit start.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
@@ -183,6 +189,7 @@ class IntegratedGradientsCallback(Callback):
         on_non_finite: Literal["warn", "raise"] = "warn",
         calibrate_every: int | None = 50,
         checks_every_n_runs: int | None = 5,
+        action_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()  # next: every argument checked once, kept as checked (callback/options.py)
         self.options = check_options({name: value for name, value in locals().items() if name != "self"})
@@ -309,6 +316,8 @@ class IntegratedGradientsCallback(Callback):
         started = time.perf_counter()
         with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
             result = run.engine.attribute(run.states, baselines=run.baselines)
+            if run.actions is not None:  # target="each": (A, share, ...) as a row per (state, action), state-major
+                result = run.actions.rows(result)
             members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         if self.options.target == "contrast":  # the Q-values the pairs were chosen from, for the actions picture

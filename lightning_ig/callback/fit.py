@@ -15,23 +15,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.host_result import HostResult, HostTransfer
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.options import Options
+from lightning_ig.callback.per_action import ActionRows, ActionTrust, output_count
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution
-from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.loggers import picture_sinks
 from lightning_ig.views.per_action import action_labels
-from lightning_ig.views.report import build_report
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary
-from lightning_ig.views.tensorboard import PictureWriter, RunOutputs
+from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 
@@ -70,7 +68,8 @@ class Fit:
             ``keep_attributions``: the ``(B, F)`` attributions for histograms and trust checks, ``sample_states``:
             the saliency grid draws states among the first this many).
         summary_options: what every run's summary is about (:func:`~lightning_ig.views.summary.summarize`'s
-            ``feature_names``, ``log_features``, ``settings``).
+            ``feature_names``, ``log_features``, ``settings``; ``action_names`` for ``target="each"``).
+        actions: for ``target="each"``, how a run's result becomes a row per (state, action); else ``None``.
     """
 
     held_out: Tensor
@@ -85,6 +84,7 @@ class Fit:
     trust: TrustMonitor | None
     host_options: Mapping[str, Any]
     summary_options: Mapping[str, Any]
+    actions: ActionRows | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,9 @@ def start(
         ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
         layout: makes the Custom Scalars page of every IG callback of the trainer.
         q_values: the last run's ``(B, A)`` outputs at the states, for the actions picture (``target="contrast"``).
+
+    Raises:
+        ValueError: ``action_names`` of another count than the model's outputs.
     """
     engine_options = {"n_steps": options.n_steps, "method": options.method, "gradient": options.gradient}
     engine_options.update(backend=options.backend, completeness_tol=options.completeness_tol)
@@ -159,23 +162,33 @@ def start(
     engine, label, members, states, baselines = heldout.prepare_engine(
         trainer, pl_module, options.target, options.forward, plan.held_out, options.baseline, **engine_options
     )
+    names = _action_names(options, pl_module, states)
+    each = ActionRows(names) if names is not None and options.target == "each" else None
+    rows = 1 if each is None else each.count  # rows per state in a run's result
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
     settings = RunSettings(label, baseline, options.completeness_tol, options.top_k, options.name, report_dir=folder)
     tags = dataclasses.replace(plan.units.tags, ensemble_members=None if members is None else members.num_members)
+    units = plan.units
+    if each is not None:  # each action's mean |attr| per unit too, while actions x units stay within the limit
+        count = len(units.groups) if units.groups is not None else len(units.names)
+        logged = each.count * count <= options.max_logged_features
+        tags = dataclasses.replace(tags, action_labels=display_labels(each.names), action_units=logged)
     checks = None if options.checks_every_n_runs is None else TrustChecks.every(options.checks_every_n_runs)
-    groups = plan.units.groups
-    trust = TrustMonitor.prepare(
-        checks, trainer, pl_module, engine, options.forward, plan.held_out, options.baseline, groups, tags.prefix
-    )
+    trusted = (plan.held_out, options.baseline, units.groups, tags.prefix)
+    if each is None:
+        trust = TrustMonitor.prepare(checks, trainer, pl_module, engine, options.forward, *trusted)
+    else:
+        trust = ActionTrust.make(checks, trainer, pl_module, engine, *trusted, actions=each.count)
 
     def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
-        extra = reports.run_extra(summary, epoch=trainer.current_epoch, world_size=trainer.world_size)
-        return build_report(
-            host, feature_names=plan.units.names, forward_target=label, top_k=options.top_k, extra=extra
-        )
+        epoch, world = trainer.current_epoch, trainer.world_size
+        return reports.run_report(summary, host, units.names, label, epoch=epoch, world_size=world)
 
-    inputs = _picture_inputs(options, plan, _action_inputs(options, pl_module, states, q_values))
+    actions: dict[str, Any] = {} if names is None else {"action_names": names, "rows_per_state": rows}
+    if options.target == "contrast":
+        actions["q_values"] = q_values
+    inputs = _picture_inputs(options, plan, actions)
     sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
     outputs = RunOutputs(
         tags,
@@ -188,16 +201,20 @@ def start(
         layout=layout,
         report=report,
     )
-    picked, units = inputs.picked, plan.units
+    picked = inputs.picked
+    keep = (units.log_features and options.log_histograms) or trust is not None
     host_options = {
-        "num_states": len(plan.held_out),
+        "num_states": len(plan.held_out) * rows,
         "groups": units.groups,
-        "keep_attributions": (units.log_features and options.log_histograms) or trust is not None,
-        "sample_states": 0 if picked is None or not len(picked) else int(picked.max()) + 1,
+        "keep_attributions": keep or (each is not None and units.groups is None),  # "each": the actions' units
+        "sample_states": 0 if picked is None or not len(picked) else (int(picked.max()) + 1) * rows,
     }
     summary_options = {"feature_names": units.names, "log_features": units.log_features, "settings": settings}
+    if each is not None:
+        summary_options["action_names"] = each.names
     fixed = (plan.held_out, plan.units, plan.reports)
-    return Fit(*fixed, engine, label, members, states, baselines, outputs, trust, host_options, summary_options)
+    parts = (engine, label, members, states, baselines, outputs, trust, host_options, summary_options)
+    return Fit(*fixed, *parts, actions=each)
 
 
 def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any]) -> Any:
@@ -223,15 +240,16 @@ def _cadences(options: Options, plan: FitPlan) -> dict[str, int | None]:
     saliency = options.saliency_every_n_runs if plan.saliency else None
     cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), options.figure_every_n_runs)
     cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
-    if options.target == "contrast":
+    if options.target in ("each", "contrast"):
         cadences["actions"] = options.figure_every_n_runs
     return cadences
 
 
-def _action_inputs(options: Options, pl_module: Any, states: Tensor, q_values: Callable[[], Any]) -> dict[str, Any]:
-    """For ``target="contrast"``: the actions' labels and the last run's Q-values (the ``actions`` picture)."""
-    if options.target != "contrast":
-        return {}
-    with attribution_mode(pl_module), torch.no_grad():
-        count = int(pl_module(states[:1]).shape[1])  # the outputs per state: checked at fit start
-    return {"action_names": action_labels(None, count), "q_values": q_values}
+def _action_names(options: Options, pl_module: Any, states: Tensor) -> list[str] | None:
+    """The actions' labels, for ``target="each"``, ``"contrast"`` or an output index with ``action_names``; else
+    ``None``. The model's outputs are counted on one state (checked at fit start: two or more for each/contrast)."""
+    target = options.target
+    about_actions = isinstance(target, str) and target in ("each", "contrast")
+    if not about_actions and options.action_names is None:
+        return None
+    return action_labels(options.action_names, output_count(pl_module, states))

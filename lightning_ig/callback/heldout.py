@@ -52,8 +52,9 @@ __all__ = [
 
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
 TargetOption = str | int | Callable[[Tensor], Tensor]
-"""The callback's ``target``: ``"mean"``, ``"contrast"`` (per state ``Q(greedy) - Q(runner-up)``, the pair chosen at
-the state), an output index, or a callable mapping the outputs ``(N, A)`` to ``(N,)``
+"""The callback's ``target``: ``"mean"``, ``"each"`` (every action's ``Q(s, a)`` in one batched run), ``"contrast"``
+(per state ``Q(greedy) - Q(runner-up)``, the pair chosen at the state), an output index, or a callable mapping the
+outputs ``(N, A)`` to ``(N,)``
 (the engine's meaning of a target callable); the engine's checked form is
 :class:`lightning_ig.attribution.targets.TargetSpec`."""
 
@@ -142,8 +143,8 @@ def rank_rows(num_states: int, world: int, rank: int) -> Tensor:
 def check_target(target: Any, forward: Any = None) -> tuple[Any, Any]:
     """The callback's ``target`` and ``forward``, checked: ``(target, forward)``.
 
-    ``target`` is ``"mean"``, ``"contrast"``, an output index ``>= 0`` or a callable ``(N, A) -> (N,)``; ``forward`` is
-    ``None``
+    ``target`` is ``"mean"``, ``"each"``, ``"contrast"``, an output index ``>= 0`` or a callable ``(N, A) -> (N,)``;
+    ``forward`` is ``None``
     or a callable ``(pl_module, x) -> (N,)``, which replaces the model's output (``target`` then stays
     ``"mean"``). A callable target that takes two arguments is the old spelling of ``forward``: it still works,
     as ``forward``, with a DeprecationWarning.
@@ -153,11 +154,14 @@ def check_target(target: Any, forward: Any = None) -> tuple[Any, Any]:
         ValueError: an unknown target, a negative index, or a ``forward`` with a target other than ``"mean"``.
     """
     if isinstance(target, bool) or not (
-        (isinstance(target, str) and target in ("mean", "contrast")) or isinstance(target, int) or callable(target)
+        (isinstance(target, str) and target in ("mean", "each", "contrast"))
+        or isinstance(target, int)
+        or callable(target)
     ):
         raise ValueError(
-            "target must be 'mean', 'contrast', an output index (int >= 0) or a callable (outputs (N, A)) -> (N,), "
-            f"got {shown(target, 60)}; to attribute a scalar of your own, pass forward=callable(pl_module, x) -> (N,)"
+            "target must be 'mean', 'each', 'contrast', an output index (int >= 0) or a callable (outputs (N, A)) -> "
+            f"(N,), got {shown(target, 60)}; to attribute a scalar of your own, pass "
+            "forward=callable(pl_module, x) -> (N,)"
         )
     if isinstance(target, int) and target < 0:
         raise ValueError(f"target must be an output index >= 0, got {target}")
@@ -263,13 +267,14 @@ def _output_target(target: Any, shape: tuple[int, ...]) -> Any:
         )
     if callable(target):
         return target  # the engine applies it to the outputs
-    if target == "contrast":
+    if target in ("each", "contrast"):
         if len(shape) != 2 or shape[1] < 2:
+            needs = "one per action" if target == "each" else "the greedy action and the runner-up"
             raise ValueError(
-                f"target='contrast' needs at least two outputs per state (the greedy action and the runner-up); the "
-                f"model returns shape {shape} per batch: use target='mean' or an output index"
+                f"target={target!r} needs at least two outputs per state ({needs}); the model returns shape {shape} "
+                "per batch: use target='mean' or an output index"
             )
-        return "contrast"
+        return target
     if len(shape) == 1:
         if isinstance(target, int) and target != 0:
             raise ValueError(

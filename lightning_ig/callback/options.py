@@ -37,6 +37,7 @@ from lightning_ig.vocabulary import (
 
 __all__ = [
     "Options",
+    "check_action_names",
     "check_cadence",
     "check_cadences",
     "check_name",
@@ -78,6 +79,7 @@ class Options:
     on_non_finite: str
     calibrate_every: int | None
     checks_every_n_runs: int | None
+    action_names: list[str] | None
 
     def identity(self) -> dict[str, Any]:
         """What tells this callback's state apart in a checkpoint (Lightning's ``state_key``): the name, what is
@@ -139,6 +141,7 @@ def check_options(given: Mapping[str, Any]) -> Options:
         on_non_finite=check_choice(given["on_non_finite"], ("warn", "raise"), "on_non_finite"),
         calibrate_every=check_optional_positive_int(given["calibrate_every"], "calibrate_every"),
         checks_every_n_runs=check_optional_positive_int(given["checks_every_n_runs"], "checks_every_n_runs"),
+        action_names=check_action_names(given["action_names"], target, forward),
     )
 
 
@@ -177,6 +180,29 @@ def check_cadences(every_n_steps: int | None, every_n_epochs: int | None) -> tup
             "1); both are None"
         )
     return steps, epochs
+
+
+def check_action_names(names: Any, target: Any, forward: Any) -> list[str] | None:
+    """``None`` or one name per action, for a target about actions (``"each"``, ``"contrast"``, an output index);
+    counted against the model's outputs at fit start (:func:`lightning_ig.views.per_action.action_labels`).
+
+    Raises:
+        TypeError: not a sequence of strings.
+        ValueError: names for a target that attributes no action (``"mean"``, a callable, ``forward=``).
+    """
+    if names is None:
+        return None
+    checked = check_names(names, "action_names")
+    about_actions = (isinstance(target, str) and target in ("each", "contrast")) or (
+        isinstance(target, int) and not isinstance(target, bool)
+    )
+    if forward is not None or not about_actions:
+        given = "forward=" if forward is not None else f"target={shown(target, 40)}"
+        raise ValueError(
+            f"action_names label the actions of target='each', 'contrast' or an output index; with {given} no action "
+            f"is attributed: drop action_names (got {len(checked)} names)"
+        )
+    return checked
 
 
 def check_saliency_channel_index(value: int | None) -> int | None:

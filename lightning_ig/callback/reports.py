@@ -19,7 +19,7 @@ from lightning_ig.attribution.statistics import json_float
 from lightning_ig.views.report import build_report, write_report
 from lightning_ig.views.summary import RunSummary
 
-__all__ = ["ReportFolder", "run_extra"]
+__all__ = ["ReportFolder", "run_extra", "run_report"]
 
 
 class ReportFolder:
@@ -88,11 +88,7 @@ class ReportFolder:
         world_size: int,
     ) -> None:
         """Write the report of one callback run; the first one lost is warned about (the rest only counted)."""
-        extra = run_extra(summary, epoch=epoch, world_size=world_size)
-        top_k = summary.settings.top_k
-        report = build_report(
-            host, feature_names=feature_names, forward_target=forward_target, top_k=top_k, extra=extra
-        )
+        report = run_report(summary, host, feature_names, forward_target, epoch=epoch, world_size=world_size)
         failure = self.write(report, summary.step)  # a lost report is counted, never the end of training
         if failure is not None and self.lost == 1:
             named = "" if self.name is None else f" '{self.name}'"
@@ -110,6 +106,33 @@ class ReportFolder:
 
 def _cut(text: str | None, size: int = 60) -> str | None:
     return text if text is None or len(text) <= size else f"{text[: size - 3]}..."
+
+
+def run_report(
+    summary: RunSummary,
+    host: HostResult,
+    feature_names: Sequence[str],
+    forward_target: str,
+    *,
+    epoch: int,
+    world_size: int,
+) -> dict[str, Any]:
+    """The JSON report of one callback run (the file in ``report_dir``, and what W&B and MLflow get).
+
+    A ``target="each"`` run's document speaks of the held-out states, with an ``actions`` key
+    (:func:`~lightning_ig.views.per_action.each_report`).
+    """
+    extra = run_extra(summary, epoch=epoch, world_size=world_size)
+    top_k = summary.settings.top_k
+    report = build_report(host, feature_names=feature_names, forward_target=forward_target, top_k=top_k, extra=extra)
+    if summary.actions is None:
+        return report
+    from lightning_ig.views.per_action import each_report  # noqa: PLC0415 - target="each" only
+
+    units = summary.units
+    sizes = None if units.sizes is None else units.sizes.tolist()
+    tolerance = summary.settings.tolerance
+    return each_report(report, summary.actions, host, units.names, sizes, top_k=top_k, tolerance=tolerance)
 
 
 def run_extra(summary: RunSummary, *, epoch: int, world_size: int) -> dict[str, Any]:

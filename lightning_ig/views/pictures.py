@@ -99,6 +99,7 @@ def picture_inputs(
     spatial: bool,
     action_names: Sequence[str] | None = None,
     q_values: Callable[[], np.ndarray] | None = None,
+    rows_per_state: int = 1,
 ) -> PictureInputs:
     """What the pictures of a fit need, decided once at its start.
 
@@ -113,6 +114,7 @@ def picture_inputs(
         spatial: the states are frames (``(C, H, W)`` or ``(H, W)``).
         action_names: one label per action, or ``None``.
         q_values: ``(B, A)`` the model's outputs at the states, for ``target="contrast"``; ``None`` otherwise.
+        rows_per_state: the rows of a state in a run's host result: the actions for ``target="each"``, else 1.
     """
     from lightning_ig.views.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
     from lightning_ig.views.raster import categorical_colours  # noqa: PLC0415
@@ -135,6 +137,7 @@ def picture_inputs(
         baseline=baseline_words(baseline, spatial),
         action_names=None if action_names is None else list(action_names),
         q_values=q_values,
+        rows_per_state=int(rows_per_state),
     )
 
 

@@ -141,6 +141,8 @@ def target_unit(target: str) -> str:
         return "mean output = V(s)"
     if target == "contrast":
         return "Q(greedy) - Q(runner-up)"
+    if target == "each":
+        return "Q(s, a) of every action"
     if target.startswith("action:"):
         return f"Q(s, {target.split(':', 1)[1]})"
     if target.startswith("callable:"):
@@ -190,26 +192,35 @@ def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
     return numbers.verdict, line
 
 
+def _rows(summary: RunSummary) -> str:
+    """What a run's rows are: states, or (state, action) pairs for ``target="each"``."""
+    return "states" if summary.actions is None else "(state, action) pairs"
+
+
 def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     """``(verdict, sentence)`` in plain words, for the text: the accuracy verdict, the figures it rests on, the
     states near the baseline (flagged, not scored) and the relative completeness error beside them."""
     numbers, target = summary.completeness, summary.settings.target
-    total = numbers.num_states
+    total, rows = numbers.num_states, _rows(summary)
     if numbers.verdict == "non-finite":
-        first = numbers.first_non_finite
+        first, actions = numbers.first_non_finite, summary.actions
+        where = f"state {first}"
+        if actions is not None and first is not None:  # a row s * A + a: state s, action a
+            where = f"state {first // len(actions.names)}, {actions.names[first % len(actions.names)]}"
         return "non-finite", (
-            f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} states (first: state "
-            f"{first}): these attributions cannot be trusted."
+            f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} {rows} (first: {where}): these "
+            "attributions cannot be trusted."
         )
     if numbers.verdict == "unchecked":
         return "unchecked", (
-            f"Completeness not checked: in all {total} states the attributions are zero, F(x) = F(b) along the whole "
+            f"Completeness not checked: in all {total} {rows} the attributions are zero, F(x) = F(b) along the whole "
             f"path (mean absolute completeness error {format_value(numbers.mean_abs_error)}, target {target})."
         )
     notes = ""
     if numbers.num_near_baseline:
+        near = "state(s)" if summary.actions is None else rows
         notes += (
-            f" {numbers.num_near_baseline} of {total} state(s) are near the baseline (attribution mass below a tenth "
+            f" {numbers.num_near_baseline} of {total} {near} are near the baseline (attribution mass below a tenth "
             f"of the median, where every relative figure is ill-conditioned): flagged, not scored "
             f"({per_state_pointer(summary)})."
         )
@@ -219,7 +230,7 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     if numbers.verdict == "pass":
         return "pass", (
             f"Completeness passes: {_figures_text(numbers)}, both <= sqrt(2) x tolerance {numbers.tolerance:g} over "
-            f"{total - numbers.num_near_baseline - numbers.num_non_finite} states.{notes}"
+            f"{total - numbers.num_near_baseline - numbers.num_non_finite} {rows}.{notes}"
         )
     return "fail", (
         f"Completeness FAILS: {numbers.accuracy.reason} (tolerance {numbers.tolerance:g}): the attributions may be "
@@ -240,11 +251,16 @@ def report_markdown(
     units = summary.units
     noun = "groups" if units.kind == "groups" else "features"
     name = "" if settings.name is None else f" ({settings.name})"
+    states = f"{summary.num_states} states"
+    averaged = ""
+    if summary.actions is not None:
+        states = f"{summary.actions.num_states} states × {len(summary.actions.names)} actions"
+        averaged = ", the mean over the actions"
     lines = [
         f"### Integrated Gradients{name} at step {summary.step}",
         "",
         (
-            f"{summary.num_states} states, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
+            f"{states}, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
             f"{summary.backend} backend), target `{settings.target}` ({target_unit(settings.target)}), baseline "
             f"`{settings.baseline}`."
         ),
@@ -280,7 +296,7 @@ def report_markdown(
         )
     lines += [
         "",
-        f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}):",
+        f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}{averaged}):",
         "",
         "```",
         *rows,
@@ -311,8 +327,40 @@ def report_markdown(
                 "raises the target, red lowers it."
             ),
         ]
+    lines += _action_lines(summary, labels, prefix)
     lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
     return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
+
+
+def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: int = 2) -> list[str]:
+    """``target="each"``: per action, in how many states it is greedy, what its Q relies on most and what sets it
+    apart from the mean action (the attributions of ``Q(s, a) - mean Q``, signed: + favours the action)."""
+    actions = summary.actions
+    if actions is None:
+        return []
+    relies, apart = [], []
+    for own, advantage in zip(actions.moments, actions.advantage_moments):
+        relies.append(", ".join(f"{labels[i]} {format_value(own.mean_abs[i])}" for i in rank_order(own.mean_abs)[:top]))
+        leading = rank_order(advantage.mean_abs)[:top]
+        apart.append(", ".join(f"{labels[i]} {format_signed(advantage.mean_signed[i])}" for i in leading))
+    greedy = [f"{count}/{actions.num_states}" for count in actions.greedy_counts.tolist()]
+    heads = ("action", "greedy", "Q(s, a) relies most on (mean |attr|)", "sets it apart (mean attr of Q - mean Q)")
+    columns = [actions.names, greedy, relies, apart]
+    widths = [max(len(head), *(len(cell) for cell in cells)) for head, cells in zip(heads, columns)]
+    table = [heads, *zip(*columns)]
+    rows = ["  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths)).rstrip() for row in table]
+    return [
+        "",
+        (
+            f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/actions`): in how many of the "
+            f"{actions.num_states} states each action has the largest Q, what its Q(s, a) relies on most, and what "
+            "sets it apart from the mean action (+ favours it, - disfavours it):"
+        ),
+        "",
+        "```",
+        *rows,
+        "```",
+    ]
 
 
 def _ensemble_lines(summary: RunSummary, prefix: str) -> list[str]:
