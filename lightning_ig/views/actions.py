@@ -177,6 +177,7 @@ def action_attributions_chart(
     target_label: str = "Q(s, a)",
     title: str | Sequence[str] | None = None,
     label_colours: Sequence[str] | None = None,
+    note: Sequence[str] | None = None,
 ) -> Chart:
     """Small multiples: per action, the top units' mean ``|attr|`` split by sign, on one scale for all actions.
 
@@ -191,6 +192,8 @@ def action_attributions_chart(
             :func:`advantage_attributions`).
         title: the title (default "What each action's <target> relies on").
         label_colours: a swatch per unit beside its label.
+        note: a line under the footer, the first of these that fits (e.g. what ``target_label`` means); ``None``:
+            none.
 
     Returns:
         The :class:`~lightning_ig.views.bars.Chart` (:data:`~lightning_ig.views.raster.CARD_WIDTH` wide).
@@ -212,7 +215,7 @@ def action_attributions_chart(
     order = rank_order(totals.max(axis=0))[:top_k]
     limit = float(totals[:, order].max()) if order.size and totals[:, order].max() > 0 else 1.0
     row, top = 22, 2 * _LINE + 4 + 2 * _LINE
-    canvas = Canvas(CARD_WIDTH, top + row * len(order) + _LINE + 8)
+    canvas = Canvas(CARD_WIDTH, top + row * len(order) + _LINE * (2 if note else 1) + 8)
     headings = [f"What each action's {target_label} relies on", f"Per action: {target_label}"]
     if title:
         headings = [title] if isinstance(title, str) else list(title)
@@ -256,6 +259,9 @@ def action_attributions_chart(
         size=SMALL_SIZE,
     )
     canvas.text((3, top + row * len(order) + 4), footer, size=SMALL_SIZE, colour=_MUTED)
+    if note:
+        line = canvas.first_fitting(list(note), CARD_WIDTH - 6, size=SMALL_SIZE)
+        canvas.text((3, top + row * len(order) + 4 + _LINE), line, size=SMALL_SIZE, colour=_MUTED)
     return Chart(canvas.pixels, tuple(shown), limit)
 
 

@@ -415,6 +415,7 @@ def actions_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
                 "What favours each action",
             ],
             label_colours=inputs.unit_colours,
+            note=["A(s, a) = Q(s, a) − the mean Q over the actions", "A(s, a) = Q(s, a) − mean Q"],
         ).pixels
     values = summary.units.values
     if inputs.q_values is None or values is None or not names:

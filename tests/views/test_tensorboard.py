@@ -122,3 +122,43 @@ def test_the_top10_share_is_left_out_where_it_equals_the_top1_share():
     assert (
         "ig/concentration/top10pct_share" in informative_scalars(shares, TagNames("ig", None, None, num_features=11))[0]
     )
+
+
+def test_each_logs_its_actions_per_unit_only_within_the_limit():
+    import dataclasses
+
+    from lightning_ig.attribution import integrated_gradients
+    from lightning_ig.attribution.host_result import HostResult
+    from lightning_ig.callback.per_action import ActionRows
+    from lightning_ig.views.summary import RunSettings, summarize
+    from lightning_ig.views.tensorboard import scalar_metrics
+    from tests.support.tolerance import assert_close_scaled
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    result = integrated_gradients(model, torch.randn(6, 3), target="each", n_steps=8)
+    host = HostResult.from_result(ActionRows(["up", "down/left"]).rows(result), keep_attributions=True)
+    settings = RunSettings("each", "zeros", 0.01, 10)
+    names = ["a", "b", "c"]
+    summary = summarize(
+        host, feature_names=names, log_features=True, settings=settings, step=7, action_names=["up", "down/left"]
+    )
+    tags = dataclasses.replace(
+        TagNames.build(None, names, None, generated_features=False, generated_groups=False, num_features=3),
+        action_labels=["up", "down∕left"],
+        action_units=True,
+    )
+    metrics = scalar_metrics(summary, tags)
+    per_unit = {tag: value for tag, value in metrics.items() if tag.startswith("ig/action/")}
+    expected = {f"ig/action/{action}/mean_abs/{name}" for action in ("up", "down∕left") for name in names}
+    assert set(per_unit) == expected | {"ig/action/up/greedy_states", "ig/action/down∕left/greedy_states"}
+    expected_b = result.attributions[1, :, 1].abs().double().mean()  # action 1's Q, feature b, over the 6 states
+    assert_close_scaled(per_unit["ig/action/down∕left/mean_abs/b"], expected_b, ulps=4, dtype=torch.float64)
+    assert set(tags.scalar_tags(10)) - set(metrics) <= {
+        f"ig/drift/{name}" for name in ("spearman_prev", "spearman_first")
+    }
+    fewer = dataclasses.replace(tags, action_units=False)  # actions x units above max_logged_features
+    assert {tag for tag in scalar_metrics(summary, fewer) if tag.startswith("ig/action/")} == {
+        "ig/action/up/greedy_states",
+        "ig/action/down∕left/greedy_states",
+    }
