@@ -55,7 +55,7 @@ class Units:
 class RunSettings:
     """What a run was asked to do, for the titles and the text."""
 
-    target: str  # the target label: "mean", "action:1", "output", "callable:<name>"
+    target: str  # the target label: "mean", "action:1", "each", "contrast", "output", "callable:<name>"
     baseline: str  # "zeros", "mean" or "tensor(...)"
     tolerance: float  # completeness_tol
     top_k: int

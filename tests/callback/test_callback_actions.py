@@ -370,3 +370,35 @@ def test_each_on_frames_logs_group_tags_per_action_and_the_saliency_of_the_mean(
         "channel 1",
         "channel 2",
     }
+
+
+def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_path, monkeypatch):
+    """W&B and MLflow get what TensorBoard gets (their own tests write through the real packages): here a sink
+    that keeps what it is handed, in place of the loggers' ones."""
+    from lightning_ig.callback import fit as fit_module
+
+    class KeptSink:
+        def __init__(self) -> None:
+            self.pictures: list[tuple[str, int]] = []
+            self.reports: list[dict[str, Any]] = []
+
+        def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
+            self.pictures.append((tag, step))
+
+        def table(self, tag: str, columns: Any, rows: Any, step: int) -> None:
+            pass
+
+        def report(self, name: str, report: dict[str, Any], step: int) -> None:
+            self.reports.append(report)
+
+    sink = KeptSink()
+    monkeypatch.setattr(fit_module, "picture_sinks", lambda loggers: [sink])
+    callback = IntegratedGradientsCallback(
+        held_out_states(), target="each", every_n_steps=4, n_steps=8, checks_every_n_runs=None, calibrate_every=None
+    )
+    make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(
+        TinyQNet(), loader()
+    )
+    assert ("ig/actions", 4) in sink.pictures
+    (report,) = sink.reports
+    assert report["num_states"] == 37 and [action["name"] for action in report["actions"]] == ["action 0", "action 1"]
