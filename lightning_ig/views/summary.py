@@ -132,9 +132,14 @@ class RunSummary:
         numbers, step = self.completeness, self.step
         messages = {}
         if numbers.verdict == "non-finite":
+            rows, first = "held-out states", f"state {numbers.first_non_finite}"
+            if self.actions is not None and numbers.first_non_finite is not None:  # target="each": row s * A + a
+                rows = "(state, action) pairs"
+                state, action = divmod(numbers.first_non_finite, len(self.actions.names))
+                first = f"state {state}, {self.actions.names[action]}"
             messages["non-finite"] = (
                 f"the model produced NaN/Inf at step {step} in {numbers.num_non_finite} of {numbers.num_states} "
-                f"held-out states (first: state {numbers.first_non_finite}); worst_relative_error is logged as inf"
+                f"{rows} (first: {first}); worst_relative_error is logged as inf"
             )
         elif numbers.verdict == "unchecked":
             messages["unchecked"] = (

@@ -130,3 +130,21 @@ def test_group_units_are_reported_with_their_members(each_run):
     top = [row["mean_abs"] for row in first["top_10_by_mean_abs"]]
     assert_close_scaled(top, np.sort(expected.mean_abs)[::-1], ulps=4, dtype=np.float64)
     assert summary.moments[0].mean_abs.shape == (5,)  # the features' moments stay apart from the groups'
+
+
+def test_a_non_finite_pair_is_named_by_its_state_and_action_in_the_words(each_run):
+    from lightning_ig.views.summary import RunSettings, summarize
+    from lightning_ig.views.text import report_markdown
+
+    host = each_run["host"]
+    flags = host.non_finite.copy()
+    flags[3 * 4 + 2] = True  # state 4, action 2
+    broken = dataclasses.replace(host, non_finite=flags, degenerate=host.degenerate & ~flags)
+    settings = RunSettings("each", "zeros", 0.01, 10)
+    summary = summarize(
+        broken, feature_names=FEATURES, log_features=True, settings=settings, step=3, action_names=NAMES
+    )
+    assert "in 1 of 27 (state, action) pairs (first: state 4, right)" in summary.troubles()["non-finite"]
+    text = report_markdown(summary, FEATURES, "ig")
+    assert "NaN/Inf in 1 of 27 (state, action) pairs (first: state 4, right)" in text
+    assert "9 states × 3 actions" in text and "**Per action**" in text
