@@ -90,15 +90,14 @@ def test_contrast_draws_the_actions_picture_at_the_figures_cadence(contrast_run)
     assert 'target="contrast"' in documented
 
 
-def test_contrast_leaves_training_bit_identical(tmp_path):
+@pytest.mark.parametrize("target", ["contrast", "each"])
+def test_the_action_targets_leave_training_bit_identical(tmp_path, target):
     def train(with_callback: bool) -> TinyQNet:
         pl.seed_everything(123)
         model = TinyQNet()
         callbacks = []
         if with_callback:
-            callbacks.append(
-                IntegratedGradientsCallback(held_out_states(), target="contrast", every_n_steps=3, n_steps=8)
-            )
+            callbacks.append(IntegratedGradientsCallback(held_out_states(), target=target, every_n_steps=3, n_steps=8))
         make_trainer(tmp_path / str(with_callback), callbacks, max_steps=12).fit(model, loader(shuffle=True))
         return model
 
