@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ from PIL import Image
 
 from lightning_ig.attribution.host_result import Moments
 from lightning_ig.views.loggers import MlflowSink, WandbSink, feature_table, picture_sinks
+from tests.support.loggers import wandb_history
 
 
 def _picture(height: int = 37, width: int = 53) -> np.ndarray:
@@ -62,32 +62,6 @@ def wandb_logger(tmp_path, monkeypatch):
     logger.experiment.finish()
 
 
-def _wandb_history(run_file: Path) -> list[dict[str, object]]:
-    """The history rows of an offline run's ``run-<id>.wandb``: LevelDB's log format (32 KiB blocks of records
-    ``crc32 (4) | length (2) | kind (1) | payload``, kinds full / first / middle / last) of ``Record`` protobufs."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, position, block, pending, rows = run_file.read_bytes(), 7, 32768, b"", []  # 7: the ":W&B" file header
-    while position + 7 <= len(data):
-        if block - position % block < 7:  # too little left in the block for a record header: padding
-            position += block - position % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        payload, position = data[position + 7 : position + 7 + length], position + 7 + length
-        if kind in (2, 3):
-            pending = (pending if kind == 3 else b"") + payload
-            continue
-        if kind not in (1, 4):
-            continue
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(pending + payload if kind == 4 else payload)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            )
-    return rows
-
-
 def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp_path):
     (sink,) = picture_sinks([wandb_logger])
     assert isinstance(sink, WandbSink)
@@ -105,7 +79,7 @@ def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp
     (run_file,) = files.parent.glob("run-*.wandb")
     rows = {
         key.removesuffix("/filenames"): row
-        for row in _wandb_history(run_file)
+        for row in wandb_history(run_file)
         for key in row
         if key.endswith("/filenames")
     }
