@@ -129,11 +129,12 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.Complet
 def test_a_wandb_offline_run_holds_the_bar_chart_and_the_report(tmp_path: Path) -> None:
     # --logger wandb as the README writes it (WANDB_MODE=offline: no account, no network); the MinAtar example's
     # test reads W&B and MLflow back in full (tests/examples/test_dqn_minatar_loggers.py)
-    pytest.importorskip("wandb", reason="the [wandb] extra")
     from PIL import Image
 
     from lightning_ig.views.raster import CARD_WIDTH
-    from tests.support.loggers import wandb_pictures
+    from tests.support.loggers import logger_package, wandb_pictures
+
+    logger_package("wandb")  # the [wandb] extra, in the dev extra
 
     env = example_env()
     env.update(

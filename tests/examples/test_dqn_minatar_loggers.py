@@ -28,7 +28,7 @@ from lightning_ig.views.raster import CARD_WIDTH, png_bytes
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.tags import PICTURE_TAGS
 from tests.support.examples import REPO, example_env, load_example, only_run_dir, run_python
-from tests.support.loggers import mlflow_pictures, wandb_history, wandb_pictures
+from tests.support.loggers import logger_package, mlflow_pictures, wandb_history, wandb_pictures
 
 EXAMPLE = REPO / "examples" / "dqn_minatar.py"
 CHANNEL_NAMES = ["paddle", "ball", "trail", "brick"]  # MinAtar Breakout's channels, in order
@@ -84,7 +84,7 @@ def _rgb(source: object) -> np.ndarray:
 @pytest.fixture(scope="module")
 def wandb_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The run's stdout and its offline run folder (``runs/<run>/wandb/offline-run-<time>-<id>``)."""
-    pytest.importorskip("wandb", reason="the [wandb] extra")
+    logger_package("wandb")  # the [wandb] extra, in the dev extra
     workdir = tmp_path_factory.mktemp("minatar-wandb")
     proc = _run("wandb", workdir, WANDB_MODE="offline")  # as the README says: no account, no network
     _ok(proc)
@@ -95,7 +95,7 @@ def wandb_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
 @pytest.fixture(scope="module")
 def mlflow_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.CompletedProcess[str], object]]:
     """The run's stdout and the ``MlflowClient`` run of the file store in its run folder."""
-    pytest.importorskip("mlflow", reason="the [mlflow] extra")
+    logger_package("mlflow")  # the [mlflow] extra, in the dev extra
     from mlflow import MlflowClient
 
     workdir = tmp_path_factory.mktemp("minatar-mlflow")

@@ -2,20 +2,42 @@
 
 W&B writes an offline run's history to ``run-<id>.wandb`` (its pictures as PNGs under ``files/media/images``,
 named in the history rows); MLflow names each image artifact ``images/<key>+step+<step>+timestamp+<ms>+<uuid>``
-with ``/`` in the key written as ``~`` and a ``+compressed.webp`` thumbnail beside each PNG.
+with ``/`` in the key written as ``~`` and a ``+compressed.webp`` thumbnail beside each PNG (MLflow 2.13 to 2.x:
+``%`` for ``+``, ``#`` for ``~``).
+
+A test skips when a logger's package is not installed (:func:`logger_package`), never when it is installed but
+fails to import: with the dev extra, these tests run.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import re
 import struct
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-__all__ = ["mlflow_pictures", "wandb_history", "wandb_pictures"]
+import pytest
 
-_MLFLOW_IMAGE = re.compile(r"images/(?P<key>.+)\+step\+(?P<step>\d+)\+timestamp\+\d+\+[0-9a-f-]+\.png")
+__all__ = ["logger_package", "mlflow_pictures", "wandb_history", "wandb_pictures"]
+
+_MLFLOW_IMAGE = re.compile(
+    r"images/(?P<key>.+)(?P<sep>[+%])step(?P=sep)(?P<step>\d+)(?P=sep)timestamp(?P=sep)\d+(?P=sep)[^%+/]+\.png"
+)
+
+
+def logger_package(name: str) -> ModuleType:
+    """``import name`` (``"wandb"``, ``"mlflow"``); the test is skipped only when the package is not installed.
+
+    ``pytest.importorskip`` also skips on a package that is installed but does not import (a missing dependency of
+    its own), which would hide a broken dev install behind a skip.
+    """
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed (pip install -e '.[dev]' or '.[{name}]')")
+    return importlib.import_module(name)
 
 
 def wandb_history(run_file: Path) -> list[dict[str, Any]]:
@@ -66,5 +88,6 @@ def mlflow_pictures(client: Any, run_id: str) -> dict[tuple[str, int], str]:
     for info in client.list_artifacts(run_id, "images"):
         match = _MLFLOW_IMAGE.fullmatch(info.path)
         if match is not None:
-            pictures[match["key"].replace("~", "/"), int(match["step"])] = info.path
+            key = match["key"].replace("~" if match["sep"] == "+" else "#", "/")
+            pictures[key, int(match["step"])] = info.path
     return pictures
