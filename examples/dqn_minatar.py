@@ -103,14 +103,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
-def lightning_ig_command() -> str:
-    """How to run ``lightning-ig`` from here, as this interpreter installed it (``.venv/bin/lightning-ig`` after
-    the README's commands, which never activate the venv), or through ``-m`` where no script was installed."""
-    script = Path(sys.executable).parent / "lightning-ig"
+def command(name: str) -> str | None:
+    """How to run the script ``name`` from here, as this interpreter installed it (``.venv/bin/lightning-ig``
+    after the README's commands, which never activate the venv); ``None`` where it installed none."""
+    script = Path(sys.executable).parent / name
     if not script.exists():
-        return f"{sys.executable} -m lightning_ig.cli"
+        return None
     relative = os.path.relpath(script)
     return relative if not relative.startswith("..") and os.sep in relative else str(script)
+
+
+def lightning_ig_command() -> str:
+    """``lightning-ig`` as installed here, or through ``-m`` where no script was installed."""
+    return command("lightning-ig") or f"{sys.executable} -m lightning_ig.cli"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -487,14 +492,15 @@ def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str
     logger.finalize("success")
     if isinstance(logger, WandbLogger):
         run = logger.experiment
-        where = f"wandb sync {Path(run.dir).parent}" if run.offline else str(run.url)
+        where = f"{command('wandb') or 'wandb'} sync {Path(run.dir).parent}" if run.offline else str(run.url)
         run.finish()  # the run's files written out (offline: the .wandb file that `wandb sync` uploads)
         return where
     if isinstance(logger, MLFlowLogger):  # `mlflow ui` is the full mlflow package's
         uri = mlflow_tracking_uri(args, run_dir)
-        command = f"mlflow ui --backend-store-uri {uri}"
-        return f"MLFLOW_ALLOW_FILE_STORE=true {command}" if uri.startswith("file:") else f"{uri} (run {logger.run_id})"
-    return f"tensorboard --logdir {args.runs_dir}"
+        if not uri.startswith("file:"):
+            return f"{uri} (run {logger.run_id})"
+        return f"MLFLOW_ALLOW_FILE_STORE=true {command('mlflow') or 'mlflow'} ui --backend-store-uri {uri}"
+    return f"{command('tensorboard') or 'tensorboard'} --logdir {args.runs_dir}"
 
 
 def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) -> L.Trainer:
