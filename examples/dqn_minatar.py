@@ -12,6 +12,10 @@ within the next n steps?) with a soft-margin loss. At the end the network and
 the held-out frames go to a safetensors checkpoint that
 `lightning-ig diag --states auto` reads.
 
+TensorBoard is the default logger; ``--logger wandb`` or ``--logger mlflow`` sends the same scalars, pictures
+and feature table to Weights & Biases or MLflow instead (and the JSON report, which W&B keeps in the run's files
+and MLflow as an artifact).
+
 Made for a GPU: several games stepped as one batch, the replay buffer and the
 n-step targets on the device, and one transfer to the host per vector step
 (the actions). Runs on a CPU too, more slowly.
@@ -21,6 +25,8 @@ Run (after the README's set-up, which installs into .venv without activating it)
     .venv/bin/python examples/dqn_minatar.py                  # a GPU: a few minutes; 2 CPU cores: 4-10 minutes
     .venv/bin/python examples/dqn_minatar.py --total-timesteps 8000 --accelerator cpu   # a smoke run
     .venv/bin/tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/saliency
+    WANDB_MODE=offline .venv/bin/python examples/dqn_minatar.py --logger wandb   # W&B, on disk: `wandb sync` later
+    .venv/bin/python examples/dqn_minatar.py --logger mlflow  # MLflow: a file store in runs/<run>/mlruns
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto \
         --feature-groups runs/<run>/channel_groups.json --saliency runs/<run>/saliency
 """
@@ -28,6 +34,7 @@ Run (after the README's set-up, which installs into .venv without activating it)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -42,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from minatar import Environment
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset
@@ -59,7 +66,7 @@ from lightning_ig import (
 
 
 def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channels: list[str]) -> IntegratedGradientsCallback:
-    """What lightning-ig adds to training: IG of V(s) on held-out frames, per channel, logged to TensorBoard."""
+    """What lightning-ig adds to training: IG of V(s) on held-out frames, per channel, logged to ``--logger``."""
     return IntegratedGradientsCallback(
         held_out,  # (num_held_out, C, 10, 10), never trained on
         every_n_steps=args.ig_every_n_steps,
@@ -70,6 +77,10 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channels: list[
         saliency_states=8,  # ig/saliency: 8 held-out frames with the signed attribution over them
         top_k=len(channels),
     )
+
+
+#: The loggers --logger offers, and the package each needs.
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
@@ -92,14 +103,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
-def lightning_ig_command() -> str:
-    """How to run ``lightning-ig`` from here, as this interpreter installed it (``.venv/bin/lightning-ig`` after
-    the README's commands, which never activate the venv), or through ``-m`` where no script was installed."""
-    script = Path(sys.executable).parent / "lightning-ig"
+def command(name: str) -> str | None:
+    """How to run the script ``name`` from here, as this interpreter installed it (``.venv/bin/lightning-ig``
+    after the README's commands, which never activate the venv); ``None`` where it installed none."""
+    script = Path(sys.executable).parent / name
     if not script.exists():
-        return f"{sys.executable} -m lightning_ig.cli"
+        return None
     relative = os.path.relpath(script)
     return relative if not relative.startswith("..") and os.sep in relative else str(script)
+
+
+def lightning_ig_command() -> str:
+    """``lightning-ig`` as installed here, or through ``-m`` where no script was installed."""
+    return command("lightning-ig") or f"{sys.executable} -m lightning_ig.cli"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -121,8 +137,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="where the network trains (auto: a GPU if there is one)",
     )
     add("--num-threads", type=at_least(1), default=1, help="torch CPU threads; 1 is fastest for this small network")
-    add("--runs-dir", default="runs", help="parent folder of the TensorBoard run folder and the checkpoint")
+    add("--runs-dir", default="runs", help="parent folder of the run folder (the logs, the checkpoint)")
     add("--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show Lightning's progress bar")
+    # logging
+    add(
+        "--logger",
+        choices=tuple(LOGGER_PACKAGES),
+        default="tensorboard",
+        help="where the scalars, the IG pictures and the feature table go: TensorBoard (runs/<run>); Weights & "
+        "Biases (pip install 'lightning-ig[wandb]'; `wandb login` first, or WANDB_MODE=offline to keep the run on "
+        "disk in runs/<run>/wandb for a later `wandb sync`); MLflow (pip install 'lightning-ig[mlflow]')",
+    )
+    add("--wandb-project", default="lightning-ig", help="the W&B project of the run (--logger wandb)")
+    add(
+        "--mlflow-tracking-uri",
+        default=None,
+        help="the MLflow tracking server or store (--logger mlflow); default: a file store in runs/<run>/mlruns",
+    )
     # DQN
     add(
         "--total-timesteps",
@@ -181,6 +212,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add("--eval-max-steps", type=at_least(1), default=10_000, help="an evaluation episode stops after this many steps")
     args = parser.parse_args(argv)
+    package = LOGGER_PACKAGES[args.logger]
+    if importlib.util.find_spec(package) is None:
+        parser.error(f"--logger {args.logger} needs the {package} package: pip install 'lightning-ig[{package}]'")
     if args.learning_starts >= args.total_timesteps:
         parser.error(
             f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
@@ -429,6 +463,46 @@ def evaluate(
     return returns
 
 
+def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logger:
+    """The logger ``--logger`` names, its run in ``run_dir``. The IG callback draws its pictures for each of the
+    three: TensorBoard's images, W&B's ``log_image`` (and a table), MLflow's image artifacts (and a JSON report)."""
+    if args.logger == "wandb":  # WANDB_MODE=offline: the run stays in run_dir/wandb, no network needed
+        logger = WandbLogger(project=args.wandb_project, name=run_name, save_dir=str(run_dir))
+    elif args.logger == "mlflow":
+        uri = mlflow_tracking_uri(args, run_dir)
+        if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (databases need nothing)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        logger = MLFlowLogger(experiment_name=args.exp_name, run_name=run_name, tracking_uri=uri)
+    else:
+        logger = TensorBoardLogger(save_dir=run_dir.parent, name=run_name, version="", default_hp_metric=False)
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        logger.experiment.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        return logger
+    logger.log_hyperparams(vars(args))
+    return logger
+
+
+def mlflow_tracking_uri(args: argparse.Namespace, run_dir: Path) -> str:
+    """``--mlflow-tracking-uri``, or a file store in the run folder."""
+    return args.mlflow_tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+
+
+def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str:
+    """Ends the logger's run; returns how to look at it."""
+    logger.finalize("success")
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment
+        where = f"{command('wandb') or 'wandb'} sync {Path(run.dir).parent}" if run.offline else str(run.url)
+        run.finish()  # the run's files written out (offline: the .wandb file that `wandb sync` uploads)
+        return where
+    if isinstance(logger, MLFlowLogger):  # `mlflow ui` is the full mlflow package's
+        uri = mlflow_tracking_uri(args, run_dir)
+        if not uri.startswith("file:"):
+            return f"{uri} (run {logger.run_id})"
+        return f"MLFLOW_ALLOW_FILE_STORE=true {command('mlflow') or 'mlflow'} ui --backend-store-uri {uri}"
+    return f"{command('tensorboard') or 'tensorboard'} --logdir {args.runs_dir}"
+
+
 def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) -> L.Trainer:
     """One device, one gradient step per vector step after the warm-up, in one endless epoch."""
     progress = [TQDMProgressBar(refresh_rate=500)] if args.progress_bar else []
@@ -455,10 +529,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # the replay is on the device
     warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")  # the replay stream has no length
     run_name = f"MinAtar-{args.game}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    logger = TensorBoardLogger(save_dir=args.runs_dir, name=run_name, version="", default_hp_metric=False)
-    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-    logger.experiment.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    run_dir = Path(logger.log_dir)
+    run_dir = Path(args.runs_dir, run_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logger = make_logger(args, run_name, run_dir)
 
     held_out = collect_held_out_states(args.game, args.num_held_out, seed=args.seed + 2_000)
     agent = DQNAgent(args)
@@ -497,10 +570,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # The channels by name for `lightning-ig diag --feature-groups`: one (C, 1, 1) mask per channel (broadcast).
     groups_file = run_dir / "channel_groups.json"
     groups_file.write_text(json.dumps({name: [[[other == name]] for other in channel_names] for name in channel_names}))
-    logger.finalize("success")
+    look_with = close_logger(logger, args, run_dir)
 
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"\nrun folder          {run_dir}")
+    print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
     print(
         f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "

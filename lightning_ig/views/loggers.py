@@ -15,7 +15,9 @@ logger keeps such things, through Lightning's logger API and the tracking client
 :func:`picture_sinks` picks a sink per logger; the callback calls them on global rank zero, where it writes
 TensorBoard's pictures, and may call them from its picture thread (each sink holds its own lock). MLflow 3
 refuses its file store (``file:`` URIs) unless ``MLFLOW_ALLOW_FILE_STORE=true``; its database stores need
-nothing more.
+nothing more. MLflow before 3.11 stores an image whose key holds a ``/`` (every picture's tag) under a name that
+neither its client nor its UI reads back (mlflow/mlflow#22165): :class:`MlflowSink` warns, and the ``[mlflow]``
+extra asks for 3.11 or later.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +36,7 @@ __all__ = ["MlflowSink", "PictureSink", "WandbSink", "feature_table", "picture_s
 
 _MLFLOW_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # what MLflow accepts in an image key; the rest becomes "_"
 _ARTIFACT_FORBIDDEN = re.compile(r"[\"',:\[\]{}]")  # what MLflow refuses in an artifact path
+_MLFLOW_READABLE_IMAGES = (3, 11)  # the first MLflow whose image artifacts of keys with "/" can be read back
 
 
 class PictureSink(Protocol):
@@ -135,6 +139,7 @@ class MlflowSink:
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self._lock = threading.Lock()
+        _warn_unreadable_images()
 
     def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
         """A time-stepped image (``images/<tag>+step+<step>+...png``), ``/`` and MLflow's other characters kept."""
@@ -160,6 +165,20 @@ class MlflowSink:
                 self.logger.run_id, report_to_json(report), artifact_file=f"lightning_ig/{_safe_path(name)}"
             )
             del step
+
+
+def _warn_unreadable_images() -> None:
+    """Warn where the installed MLflow writes image artifacts it cannot read back (before 3.11: ``/`` became ``#``)."""
+    import mlflow  # noqa: PLC0415 - only with an MLFlowLogger, which imported it already
+
+    release = re.match(r"(\d+)\.(\d+)", mlflow.__version__)
+    if release is not None and (int(release[1]), int(release[2])) < _MLFLOW_READABLE_IMAGES:
+        warnings.warn(
+            f"MLflow {mlflow.__version__} stores the pictures under names that neither its client nor its UI "
+            "reads back (an image key with '/' becomes '#', mlflow/mlflow#22165); upgrade with "
+            "pip install 'mlflow>=3.11' (or mlflow-skinny>=3.11)",
+            stacklevel=3,
+        )
 
 
 def _safe_path(name: str) -> str:

@@ -7,12 +7,13 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.views.raster import CARD_WIDTH
+from tests.support.loggers import logger_package, mlflow_pictures
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 
 SHAPE = (3, 8, 8)
@@ -38,7 +39,7 @@ def _fit(root: Path, logger) -> IntegratedGradientsCallback:
 
 
 def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")  # the [mlflow] extra
+    logger_package("mlflow")  # the [mlflow] extra, in the dev extra
     from lightning.pytorch.loggers import MLFlowLogger
     from mlflow import MlflowClient
 
@@ -47,14 +48,11 @@ def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, mo
     logger = MLFlowLogger(experiment_name="lightning-ig", tracking_uri=uri)
     _fit(tmp_path, logger)
     client = MlflowClient(tracking_uri=uri)
-    images = [info.path for info in client.list_artifacts(logger.run_id, "images")]
-    pngs = [path for path in images if path.endswith(".png")]
-    for tag in FIRST_RUN:  # MLflow's image keys write "/" as "~"
-        key = tag.replace("/", "~")
-        assert any(path.startswith(f"images/{key}+step+2+") for path in pngs), (tag, pngs)
-    saliency = next(path for path in pngs if path.startswith("images/ig~saliency+step+2+"))
-    decoded = np.asarray(Image.open(client.download_artifacts(logger.run_id, saliency, str(tmp_path / "d"))))
-    assert decoded.ndim == 3 and decoded.shape[1] == 320  # the card-sized grid
+    pngs = mlflow_pictures(client, logger.run_id)  # by (tag, step)
+    assert {tag for tag, step in pngs if step == 2} >= FIRST_RUN, sorted(pngs)
+    saliency = client.download_artifacts(logger.run_id, pngs["ig/saliency", 2], str(tmp_path / "d"))
+    decoded = np.asarray(Image.open(saliency))
+    assert decoded.ndim == 3 and decoded.shape[1] == CARD_WIDTH  # the card-sized grid
     assert client.get_metric_history(logger.run_id, "ig/completeness/worst_relative_error")  # scalars as before
     stored = [info.path for info in client.list_artifacts(logger.run_id, "lightning_ig/ig")]
     assert any("features" in path or "groups" in path for path in stored), stored
@@ -65,7 +63,7 @@ def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, mo
 
 
 def test_a_wandb_offline_run_holds_the_pictures(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")  # the [wandb] extra
+    wandb = logger_package("wandb")  # the [wandb] extra, in the dev extra
     from lightning.pytorch.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -79,5 +77,5 @@ def test_a_wandb_offline_run_holds_the_pictures(tmp_path, monkeypatch):
     pictures = list((files / "media" / "images").rglob("*.png"))  # W&B's media folder, one file per picture
     assert len(pictures) >= len(FIRST_RUN)
     widths = {Image.open(path).size[0] for path in pictures}
-    assert widths == {320}  # every picture drawn at the card's width
+    assert widths == {CARD_WIDTH}  # every picture drawn at the card's width
     assert list((files / "media" / "table").rglob("*.table.json"))  # the feature (group) table

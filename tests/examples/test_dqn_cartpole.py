@@ -126,6 +126,51 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.Complet
     assert "hyperparameters/text_summary" in tags["tensors"]
 
 
+def test_a_wandb_offline_run_holds_the_bar_chart_and_the_report(tmp_path: Path) -> None:
+    # --logger wandb as the README writes it (WANDB_MODE=offline: no account, no network); the MinAtar example's
+    # test reads W&B and MLflow back in full (tests/examples/test_dqn_minatar_loggers.py)
+    from PIL import Image
+
+    from lightning_ig.views.raster import CARD_WIDTH
+    from tests.support.loggers import logger_package, wandb_pictures
+
+    logger_package("wandb")  # the [wandb] extra, in the dev extra
+
+    env = example_env()
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wandb-data"),
+        WANDB_ERROR_REPORTING="false",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), *TINY, "--logger", "wandb", "--runs-dir", "runs"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    run_dir = _only_run_dir(tmp_path / "runs")
+    (offline_run,) = (run_dir / "wandb").glob("offline-run-*")
+    assert f"wandb sync {Path('runs', run_dir.name, 'wandb', offline_run.name)}" in proc.stdout
+    pictures = wandb_pictures(offline_run)
+    # 300 gradient steps, a run every 100: pictures at the first run and at the end; features, no frames
+    assert set(pictures) == {
+        (f"ig/{tag}", step) for tag in ("0_verdict", "top_features", "heatmap", "heatmap/shares") for step in (100, 300)
+    }
+    for key, entry in pictures.items():
+        image = Image.open(entry["path"])
+        assert image.format == "PNG" and image.size == (entry["width"], entry["height"]), (key, image.size)
+        assert image.size[0] == CARD_WIDTH
+    report = json.loads((offline_run / "files" / "ig" / "report_step=00000100.json").read_text())
+    assert report["schema_version"] == 1 and [f["name"] for f in report["features"]] == FEATURE_NAMES
+
+
 @pytest.mark.parametrize("activation", ["tanh", "relu"])  # the default, and the network users train
 def test_trains_and_checkpoints_with_each_activation(
     activation: str, tiny_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ from PIL import Image
 
 from lightning_ig.attribution.host_result import Moments
 from lightning_ig.views.loggers import MlflowSink, WandbSink, feature_table, picture_sinks
+from tests.support.loggers import logger_package, mlflow_pictures, wandb_history
 
 
 def _picture(height: int = 37, width: int = 53) -> np.ndarray:
@@ -51,7 +51,7 @@ def test_only_wandb_and_mlflow_get_sinks(tmp_path):
 
 @pytest.fixture
 def wandb_logger(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")  # the [wandb] extra
+    logger_package("wandb")  # the [wandb] extra, in the dev extra
     from lightning.pytorch.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -60,32 +60,6 @@ def wandb_logger(tmp_path, monkeypatch):
     logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="lightning-ig-test")
     yield logger
     logger.experiment.finish()
-
-
-def _wandb_history(run_file: Path) -> list[dict[str, object]]:
-    """The history rows of an offline run's ``run-<id>.wandb``: LevelDB's log format (32 KiB blocks of records
-    ``crc32 (4) | length (2) | kind (1) | payload``, kinds full / first / middle / last) of ``Record`` protobufs."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, position, block, pending, rows = run_file.read_bytes(), 7, 32768, b"", []  # 7: the ":W&B" file header
-    while position + 7 <= len(data):
-        if block - position % block < 7:  # too little left in the block for a record header: padding
-            position += block - position % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        payload, position = data[position + 7 : position + 7 + length], position + 7 + length
-        if kind in (2, 3):
-            pending = (pending if kind == 3 else b"") + payload
-            continue
-        if kind not in (1, 4):
-            continue
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(pending + payload if kind == 4 else payload)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            )
-    return rows
 
 
 def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp_path):
@@ -99,13 +73,13 @@ def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp
     sink.report("ig/report.json", _report(), step=40)
     run_dir = wandb_logger.experiment.dir  # <tmp>/wandb/offline-run-<time>-<id>/files
     wandb_logger.experiment.finish()
-    pytest.importorskip("wandb").teardown()  # the W&B service writes the run's log file out when it stops
+    logger_package("wandb").teardown()  # the W&B service writes the run's log file out when it stops
 
     files = Path(run_dir)
     (run_file,) = files.parent.glob("run-*.wandb")
     rows = {
         key.removesuffix("/filenames"): row
-        for row in _wandb_history(run_file)
+        for row in wandb_history(run_file)
         for key in row
         if key.endswith("/filenames")
     }
@@ -133,7 +107,7 @@ def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp
 
 @pytest.fixture
 def mlflow_logger(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")  # the [mlflow] extra
+    logger_package("mlflow")  # the [mlflow] extra, in the dev extra
     from lightning.pytorch.loggers import MLFlowLogger
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
@@ -154,18 +128,13 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
 
     client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
     run_id = mlflow_logger.run_id
-    images = [info.path for info in client.list_artifacts(run_id, "images")]
-    full = [path for path in images if not path.endswith("+compressed.webp")]
-    assert any(path.startswith("images/ig~1_top_features+step+40+") and path.endswith(".png") for path in full)
-    assert any(path.startswith("images/ig~value~2_saliency_frames+step+41+") for path in full)
+    images = mlflow_pictures(client, run_id)  # the PNGs by (key, step); MLflow's "/" in keys read back as "/"
+    assert set(images) == {("ig/1_top_features", 40), ("ig/value/2_saliency_frames", 41)}
     target = tmp_path / "download"
-    for path in full:
-        local = client.download_artifacts(run_id, path, str(target))
-        decoded = np.asarray(Image.open(local).convert("RGB"))
-        if "1_top_features" in path:
-            assert np.array_equal(decoded, pixels)
-        else:
-            assert decoded.shape == (20, 30, 3)
+    top = np.asarray(Image.open(client.download_artifacts(run_id, images["ig/1_top_features", 40], str(target))))
+    assert np.array_equal(top, pixels)
+    frames = Image.open(client.download_artifacts(run_id, images["ig/value/2_saliency_frames", 41], str(target)))
+    assert np.asarray(frames.convert("RGB")).shape == (20, 30, 3)
     table_path = client.download_artifacts(run_id, "lightning_ig/ig/features/step_00000040.json", str(target))
     table = json.loads(Path(table_path).read_text())
     assert table["columns"] == columns and [row[1] for row in table["data"]] == ["ball", "paddle", "trail"]
@@ -180,3 +149,15 @@ def test_a_picture_of_the_wrong_kind_is_refused_before_reaching_a_logger(mlflow_
         sink.picture("ig/x", np.zeros((4, 4), dtype=np.uint8), step=0)
     with pytest.raises(ValueError, match="names no file"):
         sink.report("../..", _report(), step=0)
+
+
+def test_an_mlflow_that_cannot_read_its_pictures_back_is_named_in_a_warning(mlflow_logger, monkeypatch):
+    import warnings
+
+    mlflow = logger_package("mlflow")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the MLflow of the dev extra (3.11 or later): no warning
+        picture_sinks([mlflow_logger])
+    monkeypatch.setattr(mlflow, "__version__", "3.10.1")  # the last release that wrote "/" in an image key as "#"
+    with pytest.warns(UserWarning, match=r"MLflow 3\.10\.1 stores the pictures .* pip install 'mlflow>=3\.11'"):
+        picture_sinks([mlflow_logger])
