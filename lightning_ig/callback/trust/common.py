@@ -43,6 +43,7 @@ __all__ = [
     "rank_correlation",
     "read",
     "resolve_groups",
+    "state_subset",
     "structure_copy",
     "unit_sums",
 ]
@@ -200,6 +201,18 @@ def pick_states(count: int | None, total: int, device: torch.device | str = "cpu
     if count is None or count >= total:
         return torch.arange(total, device=device)
     return torch.linspace(0, total - 1, count, device=device).round().long()
+
+
+def state_subset(states: Tensor, baselines: Any, index: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The states at ``index`` (CPU indices, moved to the states' device without a host sync), their baselines, and
+    the baselines as an engine takes them: ``None`` for zeros (its fast path replays without a baseline copy)."""
+    on_device = index.to(states.device, non_blocking=True)
+    subset = states.detach().index_select(0, on_device)
+    zeros = baselines is None or (isinstance(baselines, str) and baselines == "zeros")
+    if zeros:
+        return subset, torch.zeros_like(subset), None
+    base = baselines_like(baselines, states).detach().index_select(0, on_device)
+    return subset, base, base
 
 
 def read(*values: Tensor) -> np.ndarray:
