@@ -23,7 +23,8 @@ seeded generators, reads the host once, and leaves the model as it was (paramete
 ``.grad``, every random generator).
 
 A new check goes in a module of its own here: a function returning a frozen result with ``passed``, ``reason`` and
-``scalars()``, judged in :func:`trust_summary`, run by :class:`TrustMonitor`, its cost in :class:`CheckCosts`, its tags in docs/tensorboard-tags.md.
+``scalars()``, judged in :func:`trust_summary`, run by :class:`TrustMonitor`, its cost in :class:`CheckCosts`, its
+tags in docs/tensorboard-tags.md.
 """
 
 from lightning_ig.callback.trust.common import AttributionSettings

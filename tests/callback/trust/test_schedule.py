@@ -6,6 +6,7 @@ names; every run in between is asked too, to show that nothing would have run th
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -90,8 +91,8 @@ def test_at_the_callbacks_sizes_the_cheap_check_runs_first_and_the_reference_whe
     assert events[0][1] == ("deletion",) and events[0][0] <= costs.of("deletion") / 0.2  # the cheap check first
     assert {name: min(run for run, made in events if name in made) for name in EVERYTHING} == planned
     deletions = [run for run, made in events if "deletion" in made]
-    assert all(b - a <= 5 + 10 for a, b in zip(deletions, deletions[1:]))  # while the reference waits: late, a bit
-    assert all(b - a == 5 for a, b in zip(deletions, deletions[1:]) if a > planned["sanity"])  # then at its cadence
+    assert all(b - a <= 5 + 10 for a, b in itertools.pairwise(deletions))  # while the reference waits: late, a bit
+    assert all(b - a == 5 for a, b in itertools.pairwise(deletions) if a > planned["sanity"])  # then at its cadence
     assert schedule.spent <= 0.2 * 200
 
 
