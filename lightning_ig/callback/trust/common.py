@@ -217,7 +217,7 @@ def state_subset(states: Tensor, baselines: Any, index: Tensor) -> tuple[Tensor,
 
 def read(*values: Tensor) -> np.ndarray:
     """The one host read of a check: its small device results, flattened and joined, as float64 numpy."""
-    return torch.cat([value.detach().to(torch.float64).reshape(-1) for value in values]).cpu().numpy()
+    return torch.cat([value.detach().reshape(-1) for value in values]).to(torch.float64).cpu().numpy()  # promoted
 
 
 def rank_correlation(first: np.ndarray, second: np.ndarray, include: np.ndarray) -> float:

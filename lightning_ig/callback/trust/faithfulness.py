@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -44,7 +45,6 @@ from lightning_ig.callback.trust.common import (
     host_units,
     moved_units,
     pick_states,
-    read,
     resolve_groups,
 )
 from lightning_ig.models.noise import attribution_mode
@@ -194,6 +194,7 @@ class DeletionPlan:
         self.groups = resolve_groups(groups, states)
         self.states, self.total_states, self.device = states, states.shape[0], states.device
         self.index = pick_states(num_states, states.shape[0], self.device)
+        self.subset = num_states is not None and num_states < states.shape[0]
         with torch.inference_mode(False), torch.no_grad():
             self._prepare(states, baselines, num_fractions, seed)
 
@@ -209,6 +210,7 @@ class DeletionPlan:
         self.deleted = (fractions[:, None] * count[None, :]).round()  # (K - 1, B)
         self.ids = None if self.groups is None else self.groups.ids.to(device)  # (F,) each feature's group
         self.lowest = torch.full((), -math.inf, dtype=torch.float64, device=device)
+        self.positions = torch.arange(self.moved.shape[1], device=device)  # (G,) the ranks a sort hands out
         self.x, self.base = x.reshape(batch, -1), base.reshape(batch, -1)  # (B, F)
         # One forward's rows: the states, the baselines, the attribution order for a positive and for a negative
         # F(x) - F(b) ((2, K - 1, B, F), written by each check), the random orders ((R, K - 1, B, F), written now).
@@ -232,22 +234,27 @@ class DeletionPlan:
         self, value: Callable[[Tensor], Tensor], units: Any, *, margin: float = DELETION_MARGIN, z: float = DELETION_Z
     ) -> DeletionCheck:
         """One check: ``value`` (the attributed scalar, ``(N, *feature_shape) -> (N,)``, already in the mode to
-        attribute) at the rows of this run's ``units`` (``(B, G)`` over the plan's states, a tensor or numpy)."""
+        attribute) at the rows of this run's ``units`` (``(B, G)`` over the plan's states, a tensor or numpy).
+
+        On the device: the attribution orders' ranks and rows, and the forward; then one read of the forward's
+        values (``(2 + (2 + R)(K - 1)) B`` numbers), and the curves on the host (a few dozen small numpy operations
+        instead of as many launches)."""
         margin = check_real(margin, "margin", above=-1, below=1)
         z = check_real(z, "z", above=-1e-300)
         with torch.inference_mode(False), torch.no_grad():
-            scores = self._device_units(units).index_select(0, self.index)  # (B, G) float64
+            scores = self._device_units(units)  # (B, G) float64
+            if self.subset:
+                scores = scores.index_select(0, self.index)
             keys = torch.stack([scores, -scores])  # (2, B, G): s_b * attribution for s_b = +1 and -1
             self._write(self._feature_ranks(torch.where(self.moved, keys, self.lowest)), self.ordered)
-            values = torch.cat([value(chunk).detach().to(torch.float64) for chunk in self._chunks()])
-            return self._judge(values, margin, z)
+            values = torch.cat([value(chunk).reshape(-1) for chunk in self._chunks()])
+            return self._judge(values.to(torch.float64).cpu().numpy(), margin, z)
 
     def _feature_ranks(self, keys: Tensor) -> Tensor:
         """``(..., B, G)`` sort keys -> ``(..., B, F)`` deletion ranks: by decreasing key, ties in unit order
         (stable), a feature taking its group's rank."""
         positions = torch.sort(keys, dim=-1, descending=True, stable=True).indices
-        ranks = torch.empty_like(positions)
-        ranks.scatter_(-1, positions, torch.arange(keys.shape[-1], device=keys.device).expand_as(positions))
+        ranks = torch.empty_like(positions).scatter_(-1, positions, self.positions.expand_as(positions))
         return ranks if self.ids is None else ranks[..., self.ids]
 
     def _write(self, ranks: Tensor, out: Tensor) -> None:
@@ -270,43 +277,40 @@ class DeletionPlan:
         self.staging.copy_(values)
         return self.staging.to(self.device, non_blocking=True)
 
-    def _judge(self, values: Tensor, margin: float, z: float) -> DeletionCheck:
+    def _judge(self, values: np.ndarray, margin: float, z: float) -> DeletionCheck:
         batch, steps = self.x.shape[0], self.steps
         f_input, f_baseline = values[:batch], values[batch : 2 * batch]
-        inner = values[2 * batch :].view(2 + self.random_orders, steps - 1, batch)
+        inner = values[2 * batch :].reshape(2 + self.random_orders, steps - 1, batch)
         delta = f_input - f_baseline  # (B,)
-        sign = torch.where(delta < 0, -1.0, 1.0).to(torch.float64)  # (B,)
-        ordered = torch.where(delta < 0, inner[1], inner[0])  # (K - 1, B): each state's own sign's order
-        inside = torch.cat([ordered[None], inner[2:]])  # (1 + R, K - 1, B)
-        weight = delta.abs().sum()
-        change = (inside - f_baseline) * sign  # (1 + R, K - 1, B): s_b (F(x_{b,k}) - F(base_b))
-        areas = (change.sum(dim=1) + delta.abs() / 2) / steps  # (1 + R, B): per-state trapezoids, ends |dF_b| and 0
-        area, area_random = areas[0], areas[1:].mean(dim=0)  # (B,), (B,)
-        middle = change.sum(dim=2) / weight  # (1 + R, K - 1)
-        ones = torch.ones(middle.shape[0], 1, dtype=torch.float64, device=self.device)
-        curves = torch.cat([ones, middle, torch.zeros_like(ones)], dim=1)  # (1 + R, K + 1)
-        auc, auc_random = area.sum() / weight, area_random.sum() / weight
-        error, carrying = _weighted_standard_error(area_random - area, delta.abs(), weight)
-        broken = ~torch.isfinite(inside).all() | ~torch.isfinite(delta).all() | (weight == 0)
-        numbers = read(auc, auc_random, error, carrying, broken, curves[0], curves[1:].mean(dim=0))
-        if numbers[4]:
-            numbers[:3] = math.nan
-        auc_value, random_value, error_value = (float(number) for number in numbers[:3])
-        gap = random_value - auc_value
-        needed = max(margin, z * error_value) if math.isfinite(error_value) else math.nan
+        sign = np.where(delta < 0, -1.0, 1.0)  # (B,)
+        ordered = np.where(delta < 0, inner[1], inner[0])  # (K - 1, B): each state's own sign's order
+        inside = np.concatenate([ordered[None], inner[2:]])  # (1 + R, K - 1, B)
+        weight = np.abs(delta).sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = (inside - f_baseline) * sign  # (1 + R, K - 1, B): s_b (F(x_{b,k}) - F(base_b))
+            areas = (change.sum(axis=1) + np.abs(delta) / 2) / steps  # (1 + R, B): trapezoids, ends |dF_b| and 0
+            area, area_random = areas[0], areas[1:].mean(axis=0)  # (B,), (B,)
+            middle = change.sum(axis=2) / weight  # (1 + R, K - 1)
+            curves = np.pad(middle, ((0, 0), (1, 1)), constant_values=(1.0, 0.0))  # (1 + R, K + 1)
+            auc, auc_random = area.sum() / weight, area_random.sum() / weight
+            error = _weighted_standard_error(area_random - area, np.abs(delta), weight)
+        if not (np.isfinite(inside).all() and np.isfinite(delta).all() and weight != 0):
+            auc = auc_random = error = math.nan
+        gap = float(auc_random - auc)
+        needed = max(margin, z * error) if math.isfinite(error) else math.nan
         passed = math.isfinite(gap) and math.isfinite(needed) and gap >= needed
         return DeletionCheck(
-            deletion_auc=auc_value,
-            deletion_auc_random=random_value,
+            deletion_auc=float(auc),
+            deletion_auc_random=float(auc_random),
             gap=gap,
-            gap_standard_error=error_value,
-            curve=tuple(numbers[5 : 6 + steps].tolist()),
-            curve_random=tuple(numbers[6 + steps :].tolist()),
+            gap_standard_error=float(error),
+            curve=tuple(curves[0].tolist()),
+            curve_random=tuple(curves[1:].mean(axis=0).tolist()),
             passed=passed,
             needed=needed,
             num_fractions=steps,
-            num_states=int(numbers[3]),
-            reason=None if passed else _reason(auc_value, random_value, gap, error_value, needed, margin, z),
+            num_states=int((np.abs(delta) > 0).sum()),
+            reason=None if passed else _reason(float(auc), float(auc_random), gap, float(error), needed, margin, z),
         )
 
 
@@ -323,16 +327,15 @@ def _reason(auc: float, auc_random: float, gap: float, error: float, needed: flo
     )
 
 
-def _weighted_standard_error(gaps: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
+def _weighted_standard_error(gaps: np.ndarray, weights: np.ndarray, total: float) -> float:
     """The standard error over states of ``gap = sum_b gaps_b / total``, the ``weights``-weighted mean gap.
 
     ``gaps_b`` are per-state areas (``weights_b`` times the state's normalised gap), so the gap is
     ``sum_b w_b d_b`` with ``w_b = weights_b / total``; its variance over a sample of states is
-    ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state. Returns (error, the count of
-    states with weight).
+    ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state.
     """
     batch = gaps.shape[0]
     gap = gaps.sum() / total
     spread = ((gaps / total - weights / total * gap) ** 2).sum()
     factor = batch / (batch - 1) if batch > 1 else math.nan
-    return (spread * factor).sqrt(), (weights > 0).sum()
+    return float(np.sqrt(spread * factor))

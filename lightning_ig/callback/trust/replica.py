@@ -9,17 +9,18 @@ check's noise draws are written into its noise buffers in place; both attribute 
 :class:`~lightning_ig.attribution.IntegratedGradients`, which on a CUDA device captures the replica's IG once and then
 replays it: a replay reads whatever the parameters and buffers hold at that moment.
 
-Its :class:`~lightning_ig.models.NoisyLinear` layers always compute ``mu + sigma * epsilon`` (noise on, those layers
-in training mode, the rest in eval mode), with ``epsilon = 0`` between draws: the mean weights exactly, on the one
-code path a captured graph holds, for the quiet copy and for the noisy draws alike. Other libraries' noisy layers are
-switched off for good (:func:`~lightning_ig.models.noise.noise_disabled`), and no noisy layer's buffers (its noise
-sample) are copied from the model.
+Its IG runs with its :class:`~lightning_ig.models.NoisyLinear` layers computing ``mu + sigma * epsilon`` (noise on,
+those layers in training mode, the rest in eval mode; :meth:`Replica.noise_on`), with ``epsilon = 0`` between draws:
+the mean weights exactly, on the one code path a captured graph holds, for the re-initialised copies and the noisy
+draws alike. Its plain forwards (the deletion check's) use the mean weights with the noise off. Other libraries'
+noisy layers are switched off for good (:func:`~lightning_ig.models.noise.noise_disabled`), and no noisy layer's
+buffers (its noise sample) are copied from the model.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +51,7 @@ class Replica:
         self.module = structure_copy(model).eval()
         self.noisy = [layer for layer in self.module.modules() if isinstance(layer, NoisyLinear)]
         for layer in self.noisy:
-            layer.enable_noise()
+            layer.disable_noise()  # on only for IG (noise_on): a plain forward computes with the mean weights
             layer.training = True  # these layers alone: dropout and batch-norm stay in eval mode
         self._switched = contextlib.ExitStack()  # other libraries' noisy layers, off for the copy's life
         self._switch_foreign_noise_off()
@@ -105,8 +106,20 @@ class Replica:
 
     def attribute(self, states: Tensor, baselines: Tensor | None) -> Tensor:
         """IG of the copy as it is now: ``(N, *feature_shape)`` attributions (``baselines=None``: zeros)."""
-        with stochastic_warnings_silenced():  # deterministic between draws: the callback's own check covers the model
+        with self.noise_on(), stochastic_warnings_silenced():  # deterministic between draws
             return self.engine.attribute(states, baselines=baselines).attributions
+
+    @contextlib.contextmanager
+    def noise_on(self) -> Iterator[nn.Module]:
+        """The NoisyLinear layers compute ``mu + sigma * epsilon`` inside the block (the code path a graph of the
+        copy's IG holds; the epsilon is whatever :meth:`noise` or :meth:`quiet` wrote)."""
+        for layer in self.noisy:
+            layer.enable_noise()
+        try:
+            yield self.module
+        finally:
+            for layer in self.noisy:
+                layer.disable_noise()
 
     def _tensors(self) -> list[Tensor]:
         mine = dict(self.module.named_parameters())

@@ -4,8 +4,9 @@
 runs, never read from a clock: the rows of forward and gradient work it does over the rows of one callback IG run
 (``states x n_steps`` gradient rows, a gradient row counted as ``GRADIENT_ROW`` forward rows), plus what does not
 scale with rows (Python, launches, the one host read: :class:`FixedCosts`, per kind of device). The once-per-fit
-pieces (:data:`PIECES`: the model's working copy, :mod:`~lightning_ig.callback.trust.replica`; the capture of its IG
-in a CUDA graph; the sanity check's re-initialised copies) are charged to the first check that needs them.
+pieces (:data:`PIECES`: the model's working copy, :mod:`~lightning_ig.callback.trust.replica`; the deletion check's
+fixed rows; the capture of the copy's IG in a CUDA graph; the sanity check's re-initialised copies) are charged to
+the first check that needs them.
 
 **The schedule** (:class:`Schedule`). The checks may use ``budget`` (0.2) of the IG time: the budget accrues
 ``budget`` IG runs with every run, and a check that is due (its cadence: :class:`TrustChecks`) runs when what is
@@ -124,8 +125,8 @@ class FixedCosts:
         copy: the model's working copy (a deep copy of the module tree), once per fit.
         per_pass: one IG pass of the working copy beyond its rows: the share of an IG run that does not shrink with
             the states (a pass on ``S`` of ``B`` states costs ``S/B + per_pass (1 - S/B)``).
-        capture: capturing the working copy's IG in a CUDA graph, once per fit (three eager passes; 0 where the
-            callback's IG runs eagerly and so does the copy's).
+        capture: the working copy's first IG pass beyond a later one, once per fit: its capture in a CUDA graph
+            (three eager passes) where the callback's IG replays one, its engine's set-up where both run eagerly.
     """
 
     host: float
@@ -134,9 +135,10 @@ class FixedCosts:
     capture: float
 
 
-EAGER = FixedCosts(host=0.05, copy=0.3, per_pass=0.5, capture=0.0)
+EAGER = FixedCosts(host=0.05, copy=0.3, per_pass=0.5, capture=0.5)
 """Where the callback's IG runs eagerly (the CPU): a pass of the copy is an IG run on fewer states. Measured on the
-CPU, a CartPole MLP's IG (5 ms) is half Python; MinAtar and Nature CNNs are compute-bound (the rows decide)."""
+CPU (``benchmarks/bench_checks.py``): a CartPole MLP's IG (5-15 ms) is half Python, its copy's first pass 0.26 of a
+run more than a later one; MinAtar and Nature CNNs are compute-bound (the rows decide)."""
 
 REPLAYED = FixedCosts(host=0.2, copy=1.0, per_pass=0.3, capture=13.5)
 """Where the callback's IG replays a CUDA graph (2-3 ms on an H200 at the examples' sizes): the checks are bound by
@@ -157,8 +159,9 @@ class CheckCosts:
     Attributes:
         deletion, sanity, stability: a check, once the pieces it needs are made.
         copy: the model's working copy (every check computes on it), once per fit.
-        capture: the capture of the working copy's IG in a CUDA graph (0 where nothing replays), once per fit: for
-            the sanity reference and the stability check.
+        plan: the deletion check's fixed rows (its states, baselines and random orders), once per fit.
+        capture: the working copy's first IG pass beyond a later one (on a GPU its capture in a CUDA graph), once
+            per fit: for the sanity reference and the stability check.
         reference: the sanity check's re-initialised copies (their IG passes), once per fit.
     """
 
@@ -166,6 +169,7 @@ class CheckCosts:
     sanity: float
     stability: float
     copy: float
+    plan: float
     capture: float
     reference: float
 
@@ -200,6 +204,7 @@ class CheckCosts:
             sanity=fixed.host,
             stability=fixed.host + options.draws * one_pass,
             copy=fixed.copy,
+            plan=fixed.host,
             capture=fixed.capture,
             reference=fixed.host + options.copies * one_pass,
         )
@@ -210,7 +215,7 @@ class CheckCosts:
 
 
 PIECES = {
-    "deletion": frozenset({"copy"}),
+    "deletion": frozenset({"copy", "plan"}),
     "sanity": frozenset({"copy", "capture", "reference"}),
     "stability": frozenset({"copy", "capture"}),
 }
@@ -226,7 +231,7 @@ class Schedule:
     Attributes:
         spent: the cost booked so far, in IG runs.
         last: each check's last run.
-        made: the once-per-fit pieces made (``"copy"``, ``"capture"``, ``"reference"``).
+        made: the once-per-fit pieces made (:data:`PIECES`).
     """
 
     def __init__(self, options: TrustChecks, costs: CheckCosts, checks: Iterable[str] = CHECKS) -> None:

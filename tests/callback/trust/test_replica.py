@@ -82,10 +82,13 @@ def test_noise_draws_are_the_layers_own_from_a_private_generator_and_quiet_is_th
     for layer in noisy_layers:
         layer.train()
     with torch.no_grad():
-        assert torch.equal(replica.module(states), twin(states))
-    replica.quiet()
-    with attribution_mode(model), torch.no_grad():
-        assert torch.equal(replica.module(states), model(states))
+        with replica.noise_on() as noisy:  # the code path its IG takes
+            assert torch.equal(noisy(states), twin(states))
+        with attribution_mode(model):  # a plain forward: the mean weights
+            assert torch.equal(replica.module(states), model(states))
+        replica.quiet()
+        with replica.noise_on() as noisy, attribution_mode(model):  # epsilon 0: the mean weights on the noisy path
+            assert torch.equal(noisy(states), model(states))
     assert_unchanged(model, before)
 
 

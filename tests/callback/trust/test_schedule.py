@@ -26,7 +26,7 @@ EVERYTHING = ("sanity", "deletion", "stability")
 
 
 def _costs(deletion: float, sanity: float, stability: float, copy: float, capture: float, reference: float):
-    return CheckCosts(deletion, sanity, stability, copy, capture, reference)
+    return CheckCosts(deletion, sanity, stability, copy=copy, plan=0.0, capture=capture, reference=reference)
 
 
 def _fit(schedule: Schedule, runs: int) -> list[tuple[int, tuple[str, ...]]]:
@@ -56,14 +56,15 @@ def test_costs_are_rows_over_an_ig_runs_rows_plus_the_fixed_part():
     one_pass = 16 / 64 + EAGER.per_pass * (1 - 16 / 64)  # a quarter of the states, and what does not shrink
     assert eager.reference == pytest.approx(EAGER.host + 4 * one_pass)
     assert eager.stability == pytest.approx(EAGER.host + 2 * one_pass)
-    assert (eager.copy, eager.capture, eager.sanity) == (EAGER.copy, 0.0, EAGER.host)
+    assert (eager.copy, eager.capture, eager.sanity) == (EAGER.copy, EAGER.capture, EAGER.host)
     replayed = CheckCosts.estimate(options, num_states=64, num_units=4, n_steps=64, replays=True)
     assert replayed.capture == REPLAYED.capture and replayed.deletion > eager.deletion
     auto = CheckCosts.estimate(options, num_states=64, num_units=4, n_steps="auto", replays=False)
     assert auto.deletion == pytest.approx(EAGER.host + deletion_rows(4) / (GRADIENT_ROW * 16 + 2))
     assert eager.of("sanity") == pytest.approx(eager.sanity + eager.copy + eager.reference)
     assert eager.of("sanity", PIECES["stability"]) == pytest.approx(eager.sanity + eager.reference)
-    assert eager.of("deletion", {"copy"}) == eager.deletion
+    assert eager.of("deletion", {"copy", "plan"}) == eager.deletion
+    assert eager.of("deletion") == pytest.approx(eager.deletion + eager.copy + EAGER.host)
 
 
 @pytest.mark.parametrize("seed", range(12))
