@@ -22,8 +22,8 @@ enters this package only then.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
@@ -33,6 +33,7 @@ __all__ = [
     "GRADIENT_ROW",
     "PIECES",
     "REPLAYED",
+    "Booked",
     "CheckCosts",
     "FixedCosts",
     "Schedule",
@@ -222,25 +223,56 @@ PIECES = {
 """The once-per-fit pieces each check needs (made by the first check that does)."""
 
 
+@dataclass
+class Booked:
+    """What a schedule has booked: the cost so far, each check's last run and how long it had been due then, the
+    once-per-fit pieces made."""
+
+    spent: float = 0.0
+    last: dict[str, int] = field(default_factory=dict)
+    due_since: dict[str, int] = field(default_factory=dict)  # when each check's last run had fallen due
+    made: frozenset[str] = frozenset()
+
+    def copy(self) -> Booked:
+        return Booked(self.spent, dict(self.last), dict(self.due_since), self.made)
+
+
 class Schedule:
     """The checks of one fit: which run at each run, within the budget (see the module's docstring).
 
     Runs are counted from the fit's first run (0). :meth:`decide` says what runs; :meth:`record` books it;
     :meth:`next_run` is the next run at which a check will run (the final run aside, where every check is due).
 
+    **The rule at a run.** The credit is ``budget x runs so far - spent``. The checks due are taken oldest first (the
+    cheaper first among equals); each runs if the credit, less what the checks before it that the credit could not
+    cover hold back, covers its cost. A check that waits holds back half of what accrued since it fell due, or since
+    a check ahead of it last ran if that was later (at most the costs it waits for): cheaper checks due after it
+    run on the other half, and it runs within two of its costs' worth of runs.
+
     Attributes:
-        spent: the cost booked so far, in IG runs.
-        last: each check's last run.
-        made: the once-per-fit pieces made (:data:`PIECES`).
+        booked: what has been booked (:class:`Booked`).
     """
 
     def __init__(self, options: TrustChecks, costs: CheckCosts, checks: Iterable[str] = CHECKS) -> None:
         self.options, self.costs = options, costs
         wanted = set(checks)
         self.periods = {name: every for name, every in options.periods().items() if name in wanted}
-        self.spent = 0.0
-        self.last: dict[str, int] = {}
-        self.made: frozenset[str] = frozenset()
+        self.booked = Booked()
+
+    @property
+    def spent(self) -> float:
+        """The cost booked so far, in IG runs."""
+        return self.booked.spent
+
+    @property
+    def last(self) -> dict[str, int]:
+        """Each check's last run."""
+        return self.booked.last
+
+    @property
+    def made(self) -> frozenset[str]:
+        """The once-per-fit pieces made (:data:`PIECES`)."""
+        return self.booked.made
 
     def drop(self, name: str) -> None:
         """Never schedule ``name`` again (it could not run)."""
@@ -248,14 +280,11 @@ class Schedule:
 
     def decide(self, run: int, *, final: bool = False) -> tuple[str, ...]:
         """The checks that run at run ``run``, in the order they run; changes nothing."""
-        return self._decide(run, self.spent, self.last, self.made, final)
+        return self._decide(run, self.booked, final)
 
     def record(self, run: int, ran: Iterable[str]) -> None:
         """Book the checks made at run ``run`` (as :meth:`decide` said), in order."""
-        for name in ran:
-            self.spent += self.costs.of(name, self.made)
-            self.made |= PIECES[name]
-            self.last[name] = run
+        self._book(run, ran, self.booked)
 
     def next_run(self, after: int, *, limit: int = 1_000_000) -> int | None:
         """The first run after ``after`` at which a check runs (``None``: none is scheduled)."""
@@ -263,63 +292,64 @@ class Schedule:
             return None
         run = after + 1
         while run <= after + limit:
-            if self._decide(run, self.spent, self.last, self.made, False):
+            if self._decide(run, self.booked, False):
                 return run
             run = max(run + 1, self._skip(run))
         return None
 
     def plan(self, after: int, *, limit: int = 100_000) -> dict[str, int]:
         """The run at which each check that has not run yet will first run, if the fit goes on that long."""
-        spent, last, made = self.spent, dict(self.last), self.made
-        waiting = {name for name in self.periods if name not in last}
+        booked = self.booked.copy()
+        waiting = {name for name in self.periods if name not in booked.last}
         planned: dict[str, int] = {}
         run = after + 1
         while waiting and run <= after + limit:
-            ran = self._decide(run, spent, last, made, False)
-            for name in ran:
-                spent += self.costs.of(name, made)
-                made |= PIECES[name]
-                last[name] = run
-                if name in waiting:
-                    waiting.discard(name)
-                    planned[name] = run
+            ran = self._decide(run, booked, False)
+            self._book(run, ran, booked)
+            for name in waiting.intersection(ran):
+                waiting.discard(name)
+                planned[name] = run
             run += 1
         return planned
 
-    def share(self, runs: int) -> float:
-        """The cost booked over ``runs`` runs of IG, as a share of their IG time (in the model's units)."""
-        return self.spent / runs if runs else 0.0
-
     # -- the rule
 
-    def _since(self, name: str, last: Mapping[str, int]) -> int:
+    def _since(self, name: str, booked: Booked) -> int:
         """The run from which ``name`` is due: the fit's first run, then its period after each run of it."""
-        return last[name] + self.periods[name] if name in last else 0
+        return booked.last[name] + self.periods[name] if name in booked.last else 0
 
-    def _decide(
-        self, run: int, spent: float, last: Mapping[str, int], made: frozenset[str], final: bool
-    ) -> tuple[str, ...]:
+    def _book(self, run: int, ran: Iterable[str], booked: Booked) -> None:
+        for name in ran:
+            booked.due_since[name] = min(run, self._since(name, booked))
+            booked.spent += self.costs.of(name, booked.made)
+            booked.made |= PIECES[name]
+            booked.last[name] = run
+
+    def _decide(self, run: int, booked: Booked, final: bool) -> tuple[str, ...]:
         due = sorted(
-            (run if final else self._since(name, last), self.costs.of(name, made), name)
+            (run if final else self._since(name, booked), self.costs.of(name, booked.made), name)
             for name in self.periods
-            if final or self._since(name, last) <= run
+            if final or self._since(name, booked) <= run
         )
         budget = self.options.budget
         if budget is None:
             return tuple(name for _, _, name in due)
-        credit = budget * (run + 1) - spent
+        credit = budget * (run + 1) - booked.spent
         chosen: list[str] = []
-        waiting_cost, oldest = 0.0, None  # what the checks the budget cannot cover yet wait for, and since when
+        made = booked.made
+        waiting_cost, hold_from = 0.0, None  # what the checks the credit cannot cover wait for; since when it accrues
         for since, _, name in due:
             cost = self.costs.of(name, made)  # a piece made by a check before it at this run is not paid twice
-            held = 0.0 if oldest is None else min(waiting_cost, budget / 2 * (run - oldest + 1))
+            held = 0.0 if hold_from is None else min(waiting_cost, budget / 2 * (run - hold_from + 1))
             if credit - held >= cost:
                 chosen.append(name)
                 credit -= cost
                 made = made | PIECES[name]
             else:
                 waiting_cost += cost
-                oldest = since if oldest is None else oldest
+                if hold_from is None:  # the hold restarts where a check ahead of this one last ran
+                    ahead = [ran for other, ran in booked.last.items() if booked.due_since[other] <= since]
+                    hold_from = max([since, *(ran + 1 for ran in ahead)])
         return tuple(chosen)
 
     def _skip(self, run: int) -> int:
@@ -327,10 +357,11 @@ class Schedule:
         due, or the first run at which the budget could cover the cheapest check due (a long wait for an expensive
         one is jumped, not tried run by run)."""
         budget = self.options.budget
-        upcoming = [self._since(name, self.last) for name in self.periods if self._since(name, self.last) > run]
+        booked = self.booked
+        upcoming = [self._since(name, booked) for name in self.periods if self._since(name, booked) > run]
         if budget is None:
             return min(upcoming, default=run + 1)
-        due = [self.costs.of(name, self.made) for name in self.periods if self._since(name, self.last) <= run]
+        due = [self.costs.of(name, booked.made) for name in self.periods if self._since(name, booked) <= run]
         if due:  # before this run the credit is below the cheapest cost, whatever is held back
-            upcoming.append(math.floor((min(due) + self.spent) / budget) - 1)
+            upcoming.append(math.floor((min(due) + booked.spent) / budget) - 1)
         return min(upcoming, default=run + 1)

@@ -61,7 +61,7 @@ def test_costs_are_rows_over_an_ig_runs_rows_plus_the_fixed_part():
     assert replayed.capture == REPLAYED.capture and replayed.deletion > eager.deletion
     auto = CheckCosts.estimate(options, num_states=64, num_units=4, n_steps="auto", replays=False)
     assert auto.deletion == pytest.approx(EAGER.host + deletion_rows(4) / (GRADIENT_ROW * 16 + 2))
-    assert eager.of("sanity") == pytest.approx(eager.sanity + eager.copy + eager.reference)
+    assert eager.of("sanity") == pytest.approx(eager.sanity + eager.copy + eager.capture + eager.reference)
     assert eager.of("sanity", PIECES["stability"]) == pytest.approx(eager.sanity + eager.reference)
     assert eager.of("deletion", {"copy", "plan"}) == eager.deletion
     assert eager.of("deletion") == pytest.approx(eager.deletion + eager.copy + EAGER.host)
@@ -91,9 +91,8 @@ def test_at_the_callbacks_sizes_the_cheap_check_runs_first_and_the_reference_whe
     events = _fit(schedule, 200)
     assert events[0][1] == ("deletion",) and events[0][0] <= costs.of("deletion") / 0.2  # the cheap check first
     assert {name: min(run for run, made in events if name in made) for name in EVERYTHING} == planned
-    deletions = [run for run, made in events if "deletion" in made]
-    assert all(b - a <= 5 + 10 for a, b in itertools.pairwise(deletions))  # while the reference waits: late, a bit
-    assert all(b - a == 5 for a, b in itertools.pairwise(deletions) if a > planned["sanity"])  # then at its cadence
+    deletions = [run for run, made in events if "deletion" in made and run < 199]  # the final run aside
+    assert all(b - a == 5 for a, b in itertools.pairwise(deletions))  # at its cadence while the reference waits
     assert schedule.spent <= 0.2 * 200
 
 
