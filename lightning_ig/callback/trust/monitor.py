@@ -122,6 +122,9 @@ class TrustMonitor:
         self._results: dict[str, Any] = {}  # each check's latest result
         self._steps: dict[str, int] = {}  # ... and its global step
         self._errors: dict[str, str] = {}  # checks that could not run (switched off for the fit)
+        # the run of the fit at which each check first runs: made at set-up, outside the runs' time (the schedule
+        # follows it run for run; made again if a check is switched off)
+        self._plan: dict[str, int] | None = self.schedule.plan(-1)
 
     @classmethod
     def prepare(
@@ -163,6 +166,7 @@ class TrustMonitor:
                 "deletion: not run for target='contrast' (its greedy/runner-up pair is chosen at each state and held "
                 "fixed; a deleted state's forward cannot re-state it)",
             )
+            monitor._plan = monitor.schedule.plan(-1)  # at set-up still
         return monitor
 
     def step(
@@ -186,10 +190,11 @@ class TrustMonitor:
         checks = sum(self.seconds.values()) - spent
         following = self.schedule.next_run(run)
         self.next_run = NEVER if following is None else self._start + following
-        verdict = self._verdict(summary.completeness.accuracy, run, following)
+        words = {"pending": self._pending(run, final), "upcoming": self._upcoming(following)}  # once: every variant's
+        verdict = self._verdict(summary.completeness.accuracy, **words)
         self.latest = verdict
         scalars.update(verdict.scalars())
-        self.carried = {within: self._carried(within, run, following) for within in _CARRIED_ACCURACY}
+        self.carried = {within: self._carried(within, **words) for within in _CARRIED_ACCURACY}
         self.seconds["verdict"] += time.perf_counter() - started - checks
         return dataclasses.replace(summary, trust_checks=verdict), self._tagged(scalars)
 
@@ -262,10 +267,11 @@ class TrustMonitor:
     def _switch_off(self, name: str, why: str) -> None:
         self._errors[name] = why
         self.schedule.drop(name)
+        self._plan = None  # the others may run sooner: planned again from the run it happened at
 
     # -- the verdict
 
-    def _verdict(self, accuracy: AccuracyVerdict | None, run: int, following: int | None) -> TrustSummary:
+    def _verdict(self, accuracy: AccuracyVerdict | None, pending: list[str], upcoming: str | None) -> TrustSummary:
         return trust_summary(
             accuracy=accuracy,
             randomization=self._results.get("sanity"),
@@ -273,29 +279,34 @@ class TrustMonitor:
             stability=self._results.get("stability"),
             errors=list(self._errors.values()),
             steps=sorted(self._steps.items()),
-            pending=self._pending(run),
-            upcoming=self._upcoming(following),
+            pending=pending,
+            upcoming=upcoming,
         )
 
-    def _carried(self, within: bool | None, run: int, following: int | None) -> tuple[TrustSummary, dict[str, float]]:
+    def _carried(
+        self, within: bool | None, pending: list[str], upcoming: str | None
+    ) -> tuple[TrustSummary, dict[str, float]]:
         """The verdict of a run between checks whose own accuracy verdict is ``within``, and its scalars."""
         accuracy = AccuracyVerdict(within, "none", float("nan"), float("nan"), _CARRIED_ACCURACY[within])
-        verdict = self._verdict(accuracy, run, following)
+        verdict = self._verdict(accuracy, pending, upcoming)
         return verdict, self._tagged(verdict.scalars())
 
-    def _pending(self, run: int) -> list[str]:
-        """A note for each check that has not run yet: what it costs and when the budget lets it run."""
+    def _pending(self, run: int, final: bool) -> list[str]:
+        """A note for each check that has not run yet: what it costs and when the budget lets it run (the plan is
+        made once: the schedule follows it run for run, a check switched off or the final run aside)."""
         waiting = [name for name in self.schedule.periods if name not in self._results]
-        if not waiting:
-            return []
+        if not waiting or final:
+            return [f"{name}: not run in this fit (the budget did not cover it)" for name in waiting]
         assert self._start is not None  # noqa: S101 - set by step
-        planned = self.schedule.plan(run)
+        if self._plan is None:
+            self._plan = self.schedule.plan(run)
+        planned = {name: self._start + at for name, at in self._plan.items()}
         budget = self.options.budget
         notes = []
         for name in waiting:
             cost = self.costs.of(name, self.schedule.made)
             within = "" if budget is None else f" within the {budget:.0%} budget"
-            when = f"at run {self._start + planned[name]}" if name in planned else "not within the next 100000 runs"
+            when = f"at run {planned[name]}" if name in planned else "not within the next 100000 runs"
             what = " with its re-initialised copies (once)" if name == "sanity" else ""
             notes.append(f"{name}: not run yet; it costs {cost:.2g} IG runs{what} and runs {when}{within}")
         return notes

@@ -21,6 +21,7 @@ enters this package only then.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -136,10 +137,11 @@ class FixedCosts:
     capture: float
 
 
-EAGER = FixedCosts(host=0.05, copy=0.3, per_pass=0.5, capture=0.5)
+EAGER = FixedCosts(host=0.12, copy=0.3, per_pass=0.5, capture=0.5)
 """Where the callback's IG runs eagerly (the CPU): a pass of the copy is an IG run on fewer states. Measured on the
-CPU (``benchmarks/bench_checks.py``): a CartPole MLP's IG (5-15 ms) is half Python, its copy's first pass 0.26 of a
-run more than a later one; MinAtar and Nature CNNs are compute-bound (the rows decide)."""
+CPU (``benchmarks/bench_checks.py``): a CartPole MLP's IG (7-15 ms) is half Python, its deletion check's Python and
+read 0.09 of a run, its copy's first pass up to 0.26 more than a later one; MinAtar and Nature CNNs are
+compute-bound (the rows decide)."""
 
 REPLAYED = FixedCosts(host=0.2, copy=1.0, per_pass=0.3, capture=13.5)
 """Where the callback's IG replays a CUDA graph (2-3 ms on an H200 at the examples' sizes): the checks are bound by
@@ -212,7 +214,14 @@ class CheckCosts:
 
     def of(self, name: str, made: Iterable[str] = ()) -> float:
         """The cost of check ``name``, with the once-per-fit pieces not in ``made`` that it needs."""
-        return getattr(self, name) + sum(getattr(self, piece) for piece in sorted(PIECES[name] - set(made)))
+        return _cost(self, name, PIECES[name] - frozenset(made))
+
+
+@functools.lru_cache(maxsize=1024)  # the schedule asks for the same few sums at every run it tries
+def _cost(costs: CheckCosts, name: str, missing: frozenset[str]) -> float:
+    parts = {"deletion": costs.deletion, "sanity": costs.sanity, "stability": costs.stability, "copy": costs.copy}
+    parts.update(plan=costs.plan, capture=costs.capture, reference=costs.reference)
+    return parts[name] + sum(parts[piece] for piece in sorted(missing))
 
 
 PIECES = {
@@ -288,28 +297,22 @@ class Schedule:
 
     def next_run(self, after: int, *, limit: int = 1_000_000) -> int | None:
         """The first run after ``after`` at which a check runs (``None``: none is scheduled)."""
-        if not self.periods:
-            return None
-        run = after + 1
-        while run <= after + limit:
-            if self._decide(run, self.booked, False):
-                return run
-            run = max(run + 1, self._skip(run))
-        return None
+        return self._next(after, self.booked, limit)
 
     def plan(self, after: int, *, limit: int = 100_000) -> dict[str, int]:
-        """The run at which each check that has not run yet will first run, if the fit goes on that long."""
+        """The run at which each check that has not run yet will first run, if the fit goes on that long (the
+        schedule simulated from ``after`` on, event by event)."""
         booked = self.booked.copy()
         waiting = {name for name in self.periods if name not in booked.last}
         planned: dict[str, int] = {}
-        run = after + 1
-        while waiting and run <= after + limit:
+        run = self._next(after, booked, limit) if waiting else None
+        while run is not None and run <= after + limit:
             ran = self._decide(run, booked, False)
             self._book(run, ran, booked)
             for name in waiting.intersection(ran):
                 waiting.discard(name)
                 planned[name] = run
-            run += 1
+            run = self._next(run, booked, after + limit - run) if waiting else None
         return planned
 
     # -- the rule
@@ -352,12 +355,21 @@ class Schedule:
                     hold_from = max([since, *(ran + 1 for ran in ahead)])
         return tuple(chosen)
 
-    def _skip(self, run: int) -> int:
+    def _next(self, after: int, booked: Booked, limit: int) -> int | None:
+        if not self.periods:
+            return None
+        run = after + 1
+        while run <= after + limit:
+            if self._decide(run, booked, False):
+                return run
+            run = max(run + 1, self._skip(run, booked))
+        return None
+
+    def _skip(self, run: int, booked: Booked) -> int:
         """A run no later than the next at which a check can run, from ``run`` where none does: the next check falling
         due, or the first run at which the budget could cover the cheapest check due (a long wait for an expensive
         one is jumped, not tried run by run)."""
         budget = self.options.budget
-        booked = self.booked
         upcoming = [self._since(name, booked) for name in self.periods if self._since(name, booked) > run]
         if budget is None:
             return min(upcoming, default=run + 1)
