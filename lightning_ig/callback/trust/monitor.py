@@ -50,7 +50,7 @@ from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.vocabulary import shown
 
-__all__ = ["CHECKS", "TrustChecks", "TrustMonitor", "trust_scalar_tags"]
+__all__ = ["CHECKS", "NEVER", "TrustChecks", "TrustMonitor", "trust_scalar_tags"]
 
 NEVER = sys.maxsize  # next_run when no check is scheduled again
 

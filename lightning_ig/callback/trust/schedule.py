@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = [
+    "AUTO_STEPS",
     "CHECKS",
+    "DELETION_ORDERS",
     "EAGER",
     "GRADIENT_ROW",
     "PIECES",
