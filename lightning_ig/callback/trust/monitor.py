@@ -37,6 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.host_result import HostResult
+from lightning_ig.attribution.options import DEFAULT_N_STEPS
 from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.heldout import baselines_for
 from lightning_ig.callback.trust.common import AttributionSettings
@@ -106,7 +107,7 @@ class TrustMonitor:
         self.settings, self.groups, self.prefix = settings, groups, prefix
         noisy = any(isinstance(module, NoisyLinear) for module in model.modules())
         units = states[0].numel() if groups is None else len(groups)
-        steps = settings.options.get("n_steps", 64)
+        steps = settings.options.get("n_steps", DEFAULT_N_STEPS)
         self.costs = CheckCosts.estimate(
             options, num_states=len(states), num_units=units, n_steps=steps, replays=replays
         )
