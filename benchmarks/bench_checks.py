@@ -1,16 +1,18 @@
-"""The callback's trust checks: their cost against its IG time, and whether the sanity check separates.
+"""The callback's trust checks: their cost against its IG time at every run, and whether the sanity check separates.
 
 Two parts, both printed as tables (the summary table last):
 
-1. **Cost.** On CartPole-, MinAtar- and Nature-shaped NoisyNet dueling networks (ReLU), the callback's IG time of
-   one run (the engine at the callback's defaults plus the one gather to the host, as ``ig/time_ms`` counts it)
-   and each piece of the checks at the callback's sizes (units as the callback logs them: CartPole's 4 features,
-   the 4 channels of MinAtar and Nature frames): the sanity reference (once per fit), the sanity check, the
-   deletion check, the stability check. Medians of interleaved rounds, each piece over the IG time of its own
-   round (a loaded machine's drift cancels). Then the checks' average share of the IG time over fits of R runs
-   at the default cadence (``checks_every_n_runs=5``: sanity and deletion every 5 runs, stability every 20,
-   everything at the first and the final run, the 20% budget gate), simulated with those ratios exactly as
-   :class:`~lightning_ig.callback.trust.TrustChecks` decides.
+1. **Cost.** On CartPole-, MinAtar- and Nature-shaped NoisyNet dueling networks (ReLU), one callback IG run (the
+   engine at the callback's defaults plus the one gather to the host, as ``ig/time_ms`` counts it) and each piece
+   of the checks as the callback runs them, at its sizes (units as it logs them: CartPole's 4 features, the 4
+   channels of MinAtar and Nature frames): the working copy of the model, the deletion check's fixed rows, the
+   capture of the copy's IG (a CUDA device only), the sanity reference (4 re-initialised copies), the sanity,
+   deletion and stability checks. Medians of interleaved rounds, each over the IG time of its own round (a loaded
+   machine's drift cancels), beside what the cost model (:class:`~lightning_ig.callback.trust.CheckCosts`) says.
+   Then fits of R runs at the default cadence (``checks_every_n_runs=5``) as the schedule decides them
+   (:class:`~lightning_ig.callback.trust.Schedule`, from the model's costs alone), each check and piece counted at
+   its measured cost: the checks' share of the IG time at R = 10, 50, 100, 200 (the target: <= 20%), and the run
+   at which each check first runs.
 2. **Separation.** On trained agents (``--runs``: folders with ``q_network.safetensors`` as the examples write
    them; without any, a quick deterministic supervised training of a 32-feature dueling network), the model's
    rank correlation with re-initialised copies (trained vs reinit) beside the copies' among themselves (reinit vs
@@ -25,7 +27,6 @@ Run (CPU here; ``--device cuda`` on a GPU)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import math
 import statistics
@@ -43,28 +44,35 @@ from benchmarks._common import device_name, synchronize, write_output
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.host_result import HostResult
+from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.callback.trust import (
     AttributionSettings,
+    CheckCosts,
+    DeletionPlan,
+    Replica,
+    Schedule,
     TrustChecks,
-    deletion_check,
     randomization_check,
     randomization_reference,
     stability_check,
 )
+from lightning_ig.callback.trust.schedule import PIECES
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
 from lightning_ig.models.noise import attribution_mode
 
 DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs
-CALLBACK_IG = {"n_steps": 50, "method": "gausslegendre"}  # the callback's defaults
+CALLBACK_IG = {"n_steps": DEFAULT_N_STEPS, "method": DEFAULT_METHOD}  # the callback's defaults
 SETTINGS = AttributionSettings(target="mean", options=CALLBACK_IG)
 CADENCE = TrustChecks.every(5)  # the callback's default checks_every_n_runs=5
+FITS = (10, 50, 100, 200)
+PIECE_NAMES = ("copy", "plan", "capture", "reference", "sanity", "deletion", "stability")
 
 
 # ---------------------------------------------------------------------------------------------- the nets
 
 
-def _families(device: torch.device) -> list[dict[str, Any]]:
+def _families() -> list[dict[str, Any]]:
     """The three shapes at random init (ReLU NoisyNets, as the examples build them), with states of their kind."""
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]):
@@ -96,34 +104,48 @@ def _units(attributions: torch.Tensor, groups: FeatureGroups | None) -> torch.Te
 # ---------------------------------------------------------------------------------------------- part 1: cost
 
 
-def _work(family: dict[str, Any], device: torch.device) -> dict[str, Callable[[], object]]:
-    """One callback run's IG time and each piece of the checks, as callables."""
+def _work(family: dict[str, Any]) -> dict[str, Callable[[], object]]:
+    """One callback IG run and each piece of the checks as the monitor runs it, as callables."""
     model, states, groups = family["model"], family["states"], family["groups"]
-    baselines = torch.zeros_like(states)
     engine = IntegratedGradients(model, target="mean", **CALLBACK_IG)
 
     def ig() -> HostResult:  # what ig/time_ms counts: the engine's run and the one gather to the host
         with attribution_mode(model):
-            result = engine.attribute(states, baselines=baselines)
+            result = engine.attribute(states)
         return HostResult.from_result(result, groups=groups, keep_attributions=True)
 
     host = ig()
-    units = host.group_attributions if groups is not None else host.attributions
+    units = host.group_attributions if groups is not None else host.attributions  # on the host, as the monitor has
     quarter = CADENCE.quarter(len(states))
     sizes = {"settings": SETTINGS, "groups": groups}
+    warm = Replica(model, SETTINGS)
 
-    def reference() -> object:
-        return randomization_reference(model, states, baselines, num_copies=CADENCE.copies, num_states=quarter, **sizes)
+    def reference(replica: Replica) -> Any:
+        return randomization_reference(
+            model, states, None, num_copies=CADENCE.copies, num_states=quarter, replica=replica, **sizes
+        )
 
-    made = reference()
+    made = reference(warm)  # captures the warm copy's graph on a GPU
+    plan = DeletionPlan(states, None, groups, seed=CADENCE.seed)
+
+    def deletion() -> object:
+        warm.sync()
+        return plan.run(SETTINGS.value(warm.module), units)
+
+    def stability() -> object:
+        return stability_check(
+            model, states, None, units, num_draws=CADENCE.draws, num_states=quarter, replica=warm, **sizes
+        )
+
     return {
         "ig": ig,
-        "reference": reference,
+        "copy": lambda: Replica(model, SETTINGS),
+        "first": lambda: reference(Replica(model, SETTINGS)),  # copy + capture + reference
+        "plan": lambda: DeletionPlan(states, None, groups, seed=CADENCE.seed),
+        "reference": lambda: reference(warm),
         "sanity": lambda: randomization_check(units, made),
-        "deletion": lambda: deletion_check(model, states, baselines, units, seed=CADENCE.seed, **sizes),
-        "stability": lambda: stability_check(
-            model, states, baselines, units, num_draws=CADENCE.draws, num_states=quarter, seed=CADENCE.seed, **sizes
-        ),
+        "deletion": deletion,
+        "stability": stability,
     }
 
 
@@ -135,50 +157,64 @@ def _timed(function: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def average_share(ratios: dict[str, float], runs: int, cadence: TrustChecks = CADENCE) -> float:
-    """The checks' time over a fit of ``runs`` runs as a share of its IG time, deciding as the monitor does."""
-    spent, ig, reference_made = 0.0, 0.0, False
+def fit_shares(costs: CheckCosts, measured: dict[str, float], runs: int) -> tuple[float, float, dict[str, int], float]:
+    """A fit of ``runs`` runs as the schedule decides it: ``(measured share, modelled share, first run of each check,
+    the largest measured share after any run of the fit)``.
+
+    Each check made, and each once-per-fit piece it makes first, counts its measured cost (in IG runs)."""
+    schedule = Schedule(CADENCE, costs)
+    spent, first, worst = 0.0, {}, 0.0
     for run in range(runs):
-        ig += ratios["ig"]
-        due = cadence.due(run, first=run == 0, check_seconds=spent, ig_seconds=ig, final=run == runs - 1)
-        for name in due:
-            if name == "sanity" and not reference_made:
-                spent, reference_made = spent + ratios["reference"], True
-            spent += ratios[name]
-    return spent / ig
+        made = schedule.decide(run, final=run == runs - 1)
+        for name in made:
+            pieces = PIECES[name] - schedule.made
+            spent += measured[name] + sum(measured[piece] for piece in pieces)
+            schedule.record(run, (name,))
+            first.setdefault(name, run)
+        worst = max(worst, spent / (run + 1))
+    return spent / runs, schedule.spent / runs, first, worst
 
 
 def cost(device: torch.device, repeats: int) -> list[dict[str, Any]]:
+    replays = device.type == "cuda"
     rows = []
-    print("## Cost: each piece at the callback's sizes, over one run's IG time (medians of interleaved rounds)\n")
-    print("| net | states | units | IG time | reference (once) | sanity | deletion | stability |")
-    print("|---|---|---|---|---|---|---|---|")
-    for family in (_on(family, device) for family in _families(device)):
-        work = _work(family, device)
+    print("## Cost: each piece over one IG run's time, measured (medians of interleaved rounds) / modelled\n")
+    print(f"| net | states | units | IG time | {' | '.join(PIECE_NAMES)} |")
+    print(f"|---|---|---|---|{'---|' * len(PIECE_NAMES)}")
+    for family in (_on(family, device) for family in _families()):
+        work = _work(family)
         times: dict[str, list[float]] = {name: [] for name in work}
-        for function in work.values():  # warm-up (graph capture, caches)
+        for function in work.values():  # warm-up (allocations, the noise draws)
             function()
         for _ in range(repeats):
             for name, function in work.items():
                 times[name].append(_timed(function, device))
         ratios = {name: statistics.median(t / i for t, i in zip(values, times["ig"])) for name, values in times.items()}
-        medians = {name: statistics.median(values) for name, values in times.items()}
+        measured = {name: ratios[name] for name in ("copy", "plan", "reference", "sanity", "deletion", "stability")}
+        measured["capture"] = max(0.0, ratios["first"] - ratios["copy"] - ratios["reference"])
         units = 4 if family["groups"] is None else len(family["groups"])
-        share = {runs: average_share(ratios, runs) for runs in (10, 50, 100, 200)}
-        unlimited = dataclasses.replace(CADENCE, budget=None)
-        ungated = {runs: average_share(ratios, runs, unlimited) for runs in (10, 50, 100, 200)}
-        rows.append({"name": family["name"], "ratios": ratios, "share": share, "ungated": ungated})
-        pieces = " | ".join(
-            f"{1e3 * medians[name]:.1f} ms ({ratios[name]:.3f}x)"
-            for name in ("reference", "sanity", "deletion", "stability")
+        states = len(family["states"])
+        costs = CheckCosts.estimate(
+            CADENCE, num_states=states, num_units=units, n_steps=DEFAULT_N_STEPS, replays=replays
         )
-        print(f"| {family['name']} | {len(family['states'])} | {units} | {1e3 * medians['ig']:.1f} ms | {pieces} |")
-    print("\n## Average share of the IG time at checks_every_n_runs=5, by runs per fit (without the budget gate)\n")
-    print("| net | 10 runs | 50 runs | 100 runs | 200 runs |")
-    print("|---|---|---|---|---|")
+        fits = {runs: fit_shares(costs, measured, runs) for runs in FITS}
+        rows.append({"name": family["name"], "measured": measured, "costs": costs, "fits": fits})
+        cells = " | ".join(f"{measured[name]:.3f} / {getattr(costs, name):.3f}" for name in PIECE_NAMES)
+        ig_ms = 1e3 * statistics.median(times["ig"])
+        print(f"| {family['name']} | {states} | {units} | {ig_ms:.1f} ms | {cells} |")
+    print("\n## The checks' share of the IG time over a fit of R runs (default cadence, the 20% budget)\n")
+    print("Measured: each check and piece the schedule makes at its measured cost; modelled: at the model's.\n")
+    longest = max(FITS)
+    print(
+        f"| net | {' | '.join(f'{runs} runs' for runs in FITS)} | worst after any run of {longest} | "
+        "first sanity / deletion / stability |"
+    )
+    print(f"|---|{'---|' * len(FITS)}---|---|")
     for row in rows:
-        cells = " | ".join(f"{100 * row['share'][r]:.1f}% ({100 * row['ungated'][r]:.1f}%)" for r in (10, 50, 100, 200))
-        print(f"| {row['name']} | {cells} |")
+        cells = " | ".join(f"{100 * row['fits'][r][0]:.1f}% ({100 * row['fits'][r][1]:.1f}%)" for r in FITS)
+        first, worst = row["fits"][longest][2], row["fits"][longest][3]
+        when = " / ".join(str(first.get(name, "-")) for name in ("sanity", "deletion", "stability"))
+        print(f"| {row['name']} | {cells} | {100 * worst:.1f}% | run {when} |")
     return rows
 
 
@@ -280,10 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         print("| what | value |")
         print("|---|---|")
         for row in costs:
-            for runs in (10, 50, 100):
-                share = row["share"][runs]
+            for runs in FITS:
+                share = row["fits"][runs][0]
                 met = "met" if share <= 0.2 else "not met"
                 print(f"| {row['name']}: checks / IG time, {runs} runs | {100 * share:.1f}% (<= 20%: {met}) |")
+            worst = row["fits"][max(FITS)][3]
+            met = "met" if worst <= 0.2 else "not met"
+            print(f"| {row['name']}: the worst share after any run | {100 * worst:.1f}% (<= 20%: {met}) |")
+            over = [name for name in PIECE_NAMES if row["measured"][name] > getattr(row["costs"], name)]
+            print(f"| {row['name']}: pieces measured above the model | {', '.join(over) or 'none'} |")
         for row in (row for row in sanity if row["label"] == "callback's"):
             verdict = "separates" if row["reinit"] - row["trained"] >= 0.10 else "does not separate"
             print(
@@ -293,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     text = printed.getvalue()
     sys.stdout.write(text)
     write_output(text.rstrip("\n"), args.output)
-    return 0 if all(math.isfinite(row["share"][50]) for row in costs) else 1
+    return 0 if all(math.isfinite(row["fits"][50][0]) for row in costs) else 1
 
 
 if __name__ == "__main__":

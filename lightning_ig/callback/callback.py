@@ -131,10 +131,12 @@ class IntegratedGradientsCallback(Callback):
             ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
             ``n_steps="auto"`` or finite differences.
         checks_every_n_runs: The trust checks (:mod:`lightning_ig.callback.trust`: randomisation sanity,
-            deletion, and noise stability for NoisyNet models) at the first run, every this many runs (stability
-            every four times as many) and at the end, while they have used at most 20% of the IG time of the fit;
-            logged as ``ig/sanity|faithfulness|stability|trust/...`` with the verdict in the report text (default 5;
-            ``None``: no checks). On global rank zero, with private seeded generators; the model is left as it was.
+            deletion, and noise stability for NoisyNet models) due every this many runs (stability every four times
+            as many) and at the end, each run when the budget covers it: their cumulative cost stays within 20% of
+            the IG time at every run (a cost model in IG runs, never a clock: identical fits check at identical
+            runs); logged as ``ig/sanity|faithfulness|stability|trust/...`` with the verdict, and when the checks
+            not run yet will, in the report text (default 5; ``None``: no checks). On global rank zero, with private
+            seeded generators, on a working copy of the model: the model is left as it was.
         action_names: One name per output, for the tags and pictures of ``target="each"``, ``"contrast"`` or an
             output index (default ``None``: ``action 0``, ``action 1``, ...); counted against the model at fit start.
 
@@ -253,7 +255,8 @@ class IntegratedGradientsCallback(Callback):
             # need the model as it was attributed) and under DDP (every rank raises on NaN/Inf at the same step).
             pending = self._start(trainer, pl_module, final=False)
             trust = pending.run.trust
-            if (trust is not None and trust.will_check(len(self.history))) or trainer.world_size > 1:
+            checking = trust is not None and len(self.history) >= trust.next_run  # trust: plain data
+            if checking or trainer.world_size > 1:
                 self._finish(pending)
             else:
                 self._pending = pending
@@ -349,9 +352,16 @@ class IntegratedGradientsCallback(Callback):
         summary = self._summarize(run, host, members, pending.step, time_ms)
         if pending.calibrated_ms is not None:
             summary = calibration.noted(summary, pending.calibrated_ms)
+        # -- trust checks (issue 23): the monitor only at the runs it names; the others carry its verdict, made in
+        # advance for their own accuracy verdict, so that they enter no module of callback/trust/
         if run.trust is not None:
-            summary, trust = run.trust.step(host, summary, final=pending.final)
+            if pending.final or len(self.history) >= run.trust.next_run:
+                summary, trust = run.trust.step(host, summary, final=pending.final)
+            else:
+                verdict, trust = run.trust.carried[summary.completeness.accuracy.within]
+                summary = dataclasses.replace(summary, trust_checks=verdict)
             summary = dataclasses.replace(summary, trust_scalars=trust)
+        # -- end of the trust checks
         self.history.append(summary.history_entry(pending.epoch))
         self._last = summary
         if trainer.is_global_zero:

@@ -91,10 +91,12 @@ class ActionRows:
 
 @dataclass(frozen=True)
 class _MeanOfActions:
-    """The engine's settings as :meth:`TrustMonitor.prepare` reads them (``defaults``), the target the mean over
-    the actions: what the checks attribute again."""
+    """The engine as :meth:`TrustMonitor.prepare` reads it (``defaults``, ``default_settings``, ``graph_capture``),
+    the target the mean over the actions: what the checks attribute again."""
 
     defaults: Mapping[str, Any]
+    default_settings: Any  # the callback's engine's: whether it replays a graph is the same for the mean
+    graph_capture: Any
 
 
 class ActionTrust(TrustMonitor):
@@ -121,7 +123,7 @@ class ActionTrust(TrustMonitor):
         actions: int,
     ) -> ActionTrust | None:
         """The checks of this fit (``None``: off, or not global rank zero), as :meth:`TrustMonitor.prepare`."""
-        settings = _MeanOfActions({**engine.defaults, "target": "mean"})
+        settings = _MeanOfActions({**engine.defaults, "target": "mean"}, engine.default_settings, engine.graph_capture)
         monitor = cls.prepare(checks, trainer, pl_module, settings, None, held_out, baseline, groups, prefix)
         if isinstance(monitor, ActionTrust):
             monitor.actions = int(actions)

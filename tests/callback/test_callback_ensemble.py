@@ -29,6 +29,7 @@ from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support import REPO
 from tests.support.tiny import FEATURES, EnsembleQNet, dataset, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled, eps
+from tests.support.trust import checks_without_budget
 
 N_STEPS = 32
 
@@ -48,7 +49,8 @@ def ensemble_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         states, every_n_steps=2, n_steps=N_STEPS, feature_names=FEATURES, report_dir=root / "reports"
     )
     logger = TensorBoardLogger(root, name="tb")
-    model = _fit(root, [callback], logger=logger)
+    with checks_without_budget():  # every trust tag at the first run
+        model = _fit(root, [callback], logger=logger)
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     report = json.loads((root / "reports" / "ig_report_step=00000004.json").read_text())

@@ -27,6 +27,7 @@ from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs
 from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
+from tests.support.trust import checks_without_budget
 
 ALL = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
@@ -58,7 +59,7 @@ def image_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("images")
     states = frames(10, (3, 16, 16), seed=1)
     callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=16, report_dir=root / "reports")
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, checks_without_budget():  # every trust tag at the first run
         warnings.simplefilter("always")
         model, logger = _fit(root, (3, 16, 16), [callback])
     return {
@@ -84,7 +85,7 @@ def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(imag
     assert (
         len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40
     )  # not one tag per pixel (1,542 scalar tags for these states)
-    trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (checks_every_n_runs=5: at the first run)
+    trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (without the budget: at the first run)
     calibrated = {f"ig/{tag}" for tag in CALIBRATION_TAGS}  # the first run calibrates
     expected = {*image_run["callback"]._fit.outputs.tags.scalar_tags(10), *trust, *calibrated}
     assert {tag for tag in scalars if tag.startswith("ig/")} == expected

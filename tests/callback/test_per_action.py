@@ -18,6 +18,7 @@ from tests.callback.test_callback import loader
 from tests.support.graphs import EmulatedCapture
 from tests.support.tiny import TinyQNet, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled
+from tests.support.trust import checks_without_budget
 
 
 def _each(n_steps: int | str = 16) -> tuple[torch.nn.Module, torch.Tensor, object]:
@@ -70,7 +71,7 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
     callback = IntegratedGradientsCallback(
         states, target="each", every_n_steps=4, n_steps=16, checks_every_n_runs=1, calibrate_every=None
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), checks_without_budget():  # every check at the one run of this short fit
         warnings.simplefilter("ignore")
         make_trainer(tmp_path, [callback], max_steps=4).fit(model, loader())
     trust = callback._fit.trust

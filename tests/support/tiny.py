@@ -227,6 +227,7 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from lightning_ig.callback import IntegratedGradientsCallback
+    from tests.support.trust import checks_without_budget
 
     rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the processes it starts
     weights = {}
@@ -262,7 +263,8 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
         # Every rank trains on the very batches of the one-process run: DDP's averaged gradient (g + g) / 2 is
         # that run's gradient g exactly, so the weights agree bit for bit and any difference left is the callback's.
         data = DataLoader(frame_dataset(128, DDP_SHAPE, seed=2), batch_size=batch_size, shuffle=False)
-        trainer.fit(model, data)
+        with checks_without_budget():  # every trust check at the first run: their numbers compared across ranks
+            trainer.fit(model, data)
         weights["with" if with_callback else "without"] = {
             k: v.detach().cpu().clone() for k, v in model.state_dict().items()
         }

@@ -7,12 +7,15 @@ two rank the features differently.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from lightning_ig.callback.trust import AttributionSettings
+from lightning_ig.callback.trust import AttributionSettings, TrustChecks
 from lightning_ig.models import DuelingQNetwork, NoisyLinear
 
 FEATURES = 32
@@ -104,3 +107,18 @@ def shuffled(units: torch.Tensor, seed: int) -> torch.Tensor:
     """Each state's attributions permuted among its units: a map with the right values in the wrong places."""
     generator = torch.Generator().manual_seed(seed)
     return torch.stack([row[torch.randperm(row.numel(), generator=generator)] for row in units])
+
+
+@contextlib.contextmanager
+def checks_without_budget() -> Iterator[None]:
+    """The callback's trust checks at their cadence with no budget: every check at the first run of a fit.
+
+    For tests of a short fit that need each check's tags and numbers (what is logged and listed, DDP's agreement);
+    within the budget a 2-run fit makes none of the checks that need the re-initialised copies.
+    """
+    every = TrustChecks.__dict__["every"]  # the classmethod itself, put back as it was
+    TrustChecks.every = classmethod(lambda cls, runs: dataclasses.replace(every.__func__(cls, runs), budget=None))
+    try:
+        yield
+    finally:
+        TrustChecks.every = every

@@ -12,34 +12,44 @@ explain the model, and each fails when they do not:
   exploration noise (:func:`stability_check`).
 
 :mod:`~lightning_ig.callback.trust.verdict` joins them with the run's accuracy into one verdict, ``passed``,
-``failed`` or ``unresolved``, and why (:func:`trust_summary`); :mod:`~lightning_ig.callback.trust.monitor` runs them
-in the callback at a cadence within a share of the IG time (:class:`TrustChecks`, the callback's
-``checks_every_n_runs=``). :mod:`~lightning_ig.callback.trust.common` holds what they share. Each
-check is a function of the model, the states, the baselines and this run's per-state attributions of the units,
-draws its random numbers from private seeded generators, reads the host once, and leaves the model as it was
-(parameters, buffers, modes, noise, ``.grad``, every random generator).
+``failed`` or ``unresolved``, and why (:func:`trust_summary`). :mod:`~lightning_ig.callback.trust.schedule` says
+when each runs: a cost model in IG runs and a budget (20% of the IG time, at every run) that accrues with the runs
+(:class:`TrustChecks`, the callback's ``checks_every_n_runs=``; :class:`Schedule`);
+:mod:`~lightning_ig.callback.trust.monitor` runs them in the callback, which enters this package only at the runs
+the schedule names. :mod:`~lightning_ig.callback.trust.replica` is the model's working copy they compute on, and
+:mod:`~lightning_ig.callback.trust.common` holds what they share. Each check is a function of the model, the
+states, the baselines and this run's per-state attributions of the units, draws its random numbers from private
+seeded generators, reads the host once, and leaves the model as it was (parameters, buffers, modes, noise,
+``.grad``, every random generator).
 
 A new check goes in a module of its own here: a function returning a frozen result with ``passed``, ``reason`` and
-``scalars()``, judged in :func:`trust_summary`, run by :class:`TrustMonitor`, its tags in docs/tensorboard-tags.md.
+``scalars()``, judged in :func:`trust_summary`, run by :class:`TrustMonitor`, its cost in :class:`CheckCosts`, its
+tags in docs/tensorboard-tags.md.
 """
 
 from lightning_ig.callback.trust.common import AttributionSettings
-from lightning_ig.callback.trust.faithfulness import DeletionCheck, deletion_check
-from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
+from lightning_ig.callback.trust.faithfulness import DeletionCheck, DeletionPlan, deletion_check
+from lightning_ig.callback.trust.monitor import TrustMonitor
+from lightning_ig.callback.trust.replica import Replica
 from lightning_ig.callback.trust.sanity import (
     RandomizationCheck,
     RandomizationReference,
     randomization_check,
     randomization_reference,
 )
+from lightning_ig.callback.trust.schedule import CheckCosts, Schedule, TrustChecks
 from lightning_ig.callback.trust.stability import StabilityCheck, stability_check
 from lightning_ig.callback.trust.verdict import TrustSummary, trust_summary
 
 __all__ = [
     "AttributionSettings",
+    "CheckCosts",
     "DeletionCheck",
+    "DeletionPlan",
     "RandomizationCheck",
     "RandomizationReference",
+    "Replica",
+    "Schedule",
     "StabilityCheck",
     "TrustChecks",
     "TrustMonitor",

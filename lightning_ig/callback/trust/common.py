@@ -43,6 +43,7 @@ __all__ = [
     "rank_correlation",
     "read",
     "resolve_groups",
+    "state_subset",
     "structure_copy",
     "unit_sums",
 ]
@@ -202,9 +203,21 @@ def pick_states(count: int | None, total: int, device: torch.device | str = "cpu
     return torch.linspace(0, total - 1, count, device=device).round().long()
 
 
+def state_subset(states: Tensor, baselines: Any, index: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The states at ``index`` (CPU indices, moved to the states' device without a host sync), their baselines, and
+    the baselines as an engine takes them: ``None`` for zeros (its fast path replays without a baseline copy)."""
+    on_device = index.to(states.device, non_blocking=True)
+    subset = states.detach().index_select(0, on_device)
+    zeros = baselines is None or (isinstance(baselines, str) and baselines == "zeros")
+    if zeros:
+        return subset, torch.zeros_like(subset), None
+    base = baselines_like(baselines, states).detach().index_select(0, on_device)
+    return subset, base, base
+
+
 def read(*values: Tensor) -> np.ndarray:
     """The one host read of a check: its small device results, flattened and joined, as float64 numpy."""
-    return torch.cat([value.detach().to(torch.float64).reshape(-1) for value in values]).cpu().numpy()
+    return torch.cat([value.detach().reshape(-1) for value in values]).to(torch.float64).cpu().numpy()  # promoted
 
 
 def rank_correlation(first: np.ndarray, second: np.ndarray, include: np.ndarray) -> float:

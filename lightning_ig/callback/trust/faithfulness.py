@@ -1,7 +1,8 @@
 """The deletion (faithfulness) check: MoRF deletion (Samek et al. 2017) and its AUC (Petsiuk et al. 2018).
 
 The units (features or groups) are replaced by the baseline in order of decreasing contribution; the normalised
-target must fall faster than when they are deleted in a random order. Forward passes only.
+target must fall faster than when they are deleted in a random order. Forward passes only: one batched forward a
+check, whose fixed part (:class:`DeletionPlan`: the states, the baselines, the random orders' rows) a fit keeps.
 
 For state ``b`` with ``dF_b = F(x_b) - F(base_b)`` and ``s_b`` its sign, the units that differ from the baseline
 are ranked by ``s_b * attribution``, largest first (what moved the target away from the baseline most), and
@@ -27,10 +28,11 @@ shuffled maps through: one random order's AUC strays from another's by up to 0.2
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -43,13 +45,12 @@ from lightning_ig.callback.trust.common import (
     host_units,
     moved_units,
     pick_states,
-    read,
     resolve_groups,
 )
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
-__all__ = ["DELETION_FRACTIONS", "DELETION_MARGIN", "DELETION_Z", "DeletionCheck", "deletion_check"]
+__all__ = ["DELETION_FRACTIONS", "DELETION_MARGIN", "DELETION_Z", "DeletionCheck", "DeletionPlan", "deletion_check"]
 
 DELETION_FRACTIONS = 16  # K: the curve at 0, 1/16, ..., 1 of the units (at most one step per unit)
 DELETION_MARGIN = 0.05  # the attribution order's AUC must be this far below the random order's
@@ -112,8 +113,11 @@ def deletion_check(
 ) -> DeletionCheck:
     """The target as the most contributing units are replaced by the baseline, against random orders.
 
-    All ``(1 + R)(K - 1) B + 2 B`` rows run as forwards under ``torch.no_grad()``, ``max_rows`` at a time, inside
-    :func:`~lightning_ig.models.noise.attribution_mode` (eval mode, noise off; the model is put back as it was).
+    One batched forward of ``(2 + (2 + R)(K - 1)) B`` rows under ``torch.no_grad()`` (``max_rows`` at a time), inside
+    :func:`~lightning_ig.models.noise.attribution_mode` (eval mode, noise off; the model is put back as it was): the
+    states, their baselines, the attribution order for either sign of ``F(x) - F(b)`` (each state's sign picks one
+    after the forward, so no second forward waits for it) and ``R`` random orders. The callback keeps a
+    :class:`DeletionPlan` over a fit and runs it on the model's working copy.
 
     Args:
         model: the model (not changed).
@@ -138,68 +142,176 @@ def deletion_check(
     Raises:
         TypeError, ValueError: an argument of the wrong kind or value (the message names it).
     """
-    model, settings, states = check_model(model), check_settings(settings), check_state_batch(states)
-    num_fractions = check_int(num_fractions, "num_fractions", minimum=2)
-    num_random_orders = check_positive_int(num_random_orders, "num_random_orders")
-    num_states = None if num_states is None else check_positive_int(num_states, "num_states")
-    margin = check_real(margin, "margin", above=-1, below=1)
-    z = check_real(z, "z", above=-1e-300)
-    seed = check_int(seed, "seed", minimum=0)
-    max_rows = check_positive_int(max_rows, "max_rows")
-    resolved = resolve_groups(groups, states)
-    device = states.device
-    index = pick_states(num_states, states.shape[0], device)
-    scores = _device_units(units, states, resolved).index_select(0, index)  # (B, G) float64
-    x = states.detach().index_select(0, index)
-    base = baselines_like(baselines, states).detach().index_select(0, index)
-    moved = moved_units(x, base, resolved)  # (B, G)
-    batch, feature_shape = x.shape[0], x.shape[1:]
-    steps = max(2, min(num_fractions, scores.shape[1]))
-    value = settings.value(model)
-    flat_x, flat_b = x.reshape(batch, -1), base.reshape(batch, -1)
-    with attribution_mode(model), torch.no_grad():
-        f_input, f_baseline = _forward_rows(value, torch.cat([x, base]), max_rows).to(torch.float64).chunk(2)
-        delta = f_input - f_baseline  # (B,)
-        sign = torch.where(delta < 0, -1.0, 1.0).to(torch.float64)  # (B,)
-        ranks = _deletion_ranks(scores, moved, sign, num_random_orders, seed)  # (1 + R, B, G)
-        if resolved is not None:
-            ranks = ranks[..., resolved.ids.to(device)]  # (1 + R, B, F): a feature takes its group's rank
-        count = moved.sum(dim=1).to(torch.float64)  # (B,) n_b
-        fractions = torch.arange(1, steps, device=device, dtype=torch.float64) / steps  # (K - 1,)
-        deleted = (fractions[:, None] * count[None, :]).round()  # (K - 1, B)
-        inside = torch.stack(
-            [_deletion_values(value, order, deleted, flat_x, flat_b, feature_shape, max_rows) for order in ranks]
-        )  # (1 + R, K - 1, B)
-    weight = delta.abs().sum()
-    change = (inside - f_baseline) * sign  # (1 + R, K - 1, B): s_b (F(x_{b,k}) - F(base_b))
-    areas = (change.sum(dim=1) + delta.abs() / 2) / steps  # (1 + R, B): per-state trapezoids, ends |dF_b| and 0
-    area, area_random = areas[0], areas[1:].mean(dim=0)  # (B,), (B,)
-    middle = change.sum(dim=2) / weight  # (1 + R, K - 1)
-    ones = torch.ones(middle.shape[0], 1, dtype=torch.float64, device=device)
-    curves = torch.cat([ones, middle, torch.zeros_like(ones)], dim=1)  # (1 + R, K + 1)
-    auc, auc_random = area.sum() / weight, area_random.sum() / weight
-    error, carrying = _weighted_standard_error(area_random - area, delta.abs(), weight)
-    broken = ~torch.isfinite(inside).all() | ~torch.isfinite(delta).all() | (weight == 0)
-    numbers = read(auc, auc_random, error, carrying, broken, curves[0], curves[1:].mean(dim=0))
-    if numbers[4]:
-        numbers[:3] = math.nan
-    auc_value, random_value, error_value = (float(number) for number in numbers[:3])
-    gap = random_value - auc_value
-    needed = max(margin, z * error_value) if math.isfinite(error_value) else math.nan
-    passed = math.isfinite(gap) and math.isfinite(needed) and gap >= needed
-    return DeletionCheck(
-        deletion_auc=auc_value,
-        deletion_auc_random=random_value,
-        gap=gap,
-        gap_standard_error=error_value,
-        curve=tuple(numbers[5 : 6 + steps].tolist()),
-        curve_random=tuple(numbers[6 + steps :].tolist()),
-        passed=passed,
-        needed=needed,
-        num_fractions=steps,
-        num_states=int(numbers[3]),
-        reason=None if passed else _reason(auc_value, random_value, gap, error_value, needed, margin, z),
+    model, settings = check_model(model), check_settings(settings)
+    plan = DeletionPlan(
+        states,
+        baselines,
+        groups,
+        num_fractions=num_fractions,
+        num_random_orders=num_random_orders,
+        num_states=num_states,
+        seed=seed,
+        max_rows=max_rows,
     )
+    with attribution_mode(model):
+        return plan.run(settings.value(model), units, margin=margin, z=z)
+
+
+class DeletionPlan:
+    """The deletion check's fixed part over a fit: its states, baselines and fractions, the random orders' rows.
+
+    All of it stays as it is while the states and baselines do: the units that differ from the baseline, how many
+    each fraction deletes, the seeded random orders and the rows they make. A check (:meth:`run`) writes only the
+    attribution order's rows, in place, into the buffer that holds the others, and runs one forward: a few dozen
+    launches, no host sync, one host read of its numbers at the end.
+
+    Args:
+        states, baselines, groups, num_fractions, num_random_orders, num_states, seed, max_rows: as for
+            :func:`deletion_check`.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong kind or value (the message names it).
+    """
+
+    def __init__(
+        self,
+        states: Tensor,
+        baselines: Any,
+        groups: Any = None,
+        *,
+        num_fractions: int = DELETION_FRACTIONS,
+        num_random_orders: int = 1,
+        num_states: int | None = None,
+        seed: int = 0,
+        max_rows: int = 4096,
+    ) -> None:
+        states = check_state_batch(states)
+        num_fractions = check_int(num_fractions, "num_fractions", minimum=2)
+        self.random_orders = check_positive_int(num_random_orders, "num_random_orders")
+        num_states = None if num_states is None else check_positive_int(num_states, "num_states")
+        seed = check_int(seed, "seed", minimum=0)
+        self.max_rows = check_positive_int(max_rows, "max_rows")
+        self.groups = resolve_groups(groups, states)
+        self.states, self.total_states, self.device = states, states.shape[0], states.device
+        self.index = pick_states(num_states, states.shape[0], self.device)
+        self.subset = num_states is not None and num_states < states.shape[0]
+        with torch.inference_mode(False), torch.no_grad():
+            self._prepare(states, baselines, num_fractions, seed)
+
+    def _prepare(self, states: Tensor, baselines: Any, num_fractions: int, seed: int) -> None:
+        device = self.device
+        x = states.detach().index_select(0, self.index)
+        base = baselines_like(baselines, states).detach().index_select(0, self.index)
+        self.moved = moved_units(x, base, self.groups)  # (B, G)
+        batch, self.feature_shape = x.shape[0], x.shape[1:]
+        self.steps = steps = max(2, min(num_fractions, self.moved.shape[1]))
+        count = self.moved.sum(dim=1).to(torch.float64)  # (B,) n_b
+        fractions = torch.arange(1, steps, device=device, dtype=torch.float64) / steps  # (K - 1,)
+        self.deleted = (fractions[:, None] * count[None, :]).round()  # (K - 1, B)
+        self.ids = None if self.groups is None else self.groups.ids.to(device)  # (F,) each feature's group
+        self.lowest = torch.full((), -math.inf, dtype=torch.float64, device=device)
+        self.positions = torch.arange(self.moved.shape[1], device=device)  # (G,) the ranks a sort hands out
+        self.x, self.base = x.reshape(batch, -1), base.reshape(batch, -1)  # (B, F)
+        # One forward's rows: the states, the baselines, the attribution order for a positive and for a negative
+        # F(x) - F(b) ((2, K - 1, B, F), written by each check), the random orders ((R, K - 1, B, F), written now).
+        inner = (steps - 1) * batch
+        self.rows = torch.empty(
+            (2 * batch + (2 + self.random_orders) * inner, self.x.shape[1]), dtype=x.dtype, device=device
+        )
+        self.rows[:batch], self.rows[batch : 2 * batch] = self.x, self.base
+        generator = torch.Generator(device=device).manual_seed(seed)
+        draws = torch.rand(
+            (self.random_orders, *self.moved.shape), generator=generator, device=device, dtype=torch.float64
+        )
+        random_ranks = self._feature_ranks(torch.where(self.moved, draws, self.lowest))  # (R, B, F)
+        self._write(random_ranks, self.rows[2 * batch + 2 * inner :])
+        self.ordered = self.rows[2 * batch : 2 * batch + 2 * inner]  # the attribution orders' rows
+        self.staging = None  # pinned host memory for host units: copied to the device without a host sync
+        if device.type == "cuda":
+            self.staging = torch.empty((self.total_states, self.moved.shape[1]), dtype=torch.float64).pin_memory()
+
+    def run(
+        self, value: Callable[[Tensor], Tensor], units: Any, *, margin: float = DELETION_MARGIN, z: float = DELETION_Z
+    ) -> DeletionCheck:
+        """One check: ``value`` (the attributed scalar, ``(N, *feature_shape) -> (N,)``, already in the mode to
+        attribute) at the rows of this run's ``units`` (``(B, G)`` over the plan's states, a tensor or numpy).
+
+        On the device: the attribution orders' ranks and rows, and the forward; then one read of the forward's
+        values (``(2 + (2 + R)(K - 1)) B`` numbers), and the curves on the host (a few dozen small numpy operations
+        instead of as many launches)."""
+        margin = check_real(margin, "margin", above=-1, below=1)
+        z = check_real(z, "z", above=-1e-300)
+        with torch.inference_mode(False), torch.no_grad():
+            scores = self._device_units(units)  # (B, G) float64
+            if self.subset:
+                scores = scores.index_select(0, self.index)
+            keys = torch.stack([scores, -scores])  # (2, B, G): s_b * attribution for s_b = +1 and -1
+            self._write(self._feature_ranks(torch.where(self.moved, keys, self.lowest)), self.ordered)
+            values = torch.cat([value(chunk).reshape(-1) for chunk in self._chunks()])
+            return self._judge(values.to(torch.float64).cpu().numpy(), margin, z)
+
+    def _feature_ranks(self, keys: Tensor) -> Tensor:
+        """``(..., B, G)`` sort keys -> ``(..., B, F)`` deletion ranks: by decreasing key, ties in unit order
+        (stable), a feature taking its group's rank."""
+        positions = torch.sort(keys, dim=-1, descending=True, stable=True).indices
+        ranks = torch.empty_like(positions).scatter_(-1, positions, self.positions.expand_as(positions))
+        return ranks if self.ids is None else ranks[..., self.ids]
+
+    def _write(self, ranks: Tensor, out: Tensor) -> None:
+        """The rows of ``ranks`` (``(O, B, F)``) into ``out`` (``(O (K - 1) B, F)``): fraction k of order o replaces
+        the ``deleted[k, b]`` lowest-ranked features of state b by its baseline."""
+        mask = ranks[:, None] < self.deleted[None, :, :, None]  # (O, K - 1, B, F)
+        torch.where(mask, self.base, self.x, out=out.view(mask.shape))
+
+    def _chunks(self) -> list[Tensor]:
+        return [chunk.view(-1, *self.feature_shape) for chunk in self.rows.split(self.max_rows)]
+
+    def _device_units(self, units: Any) -> Tensor:
+        """The units as float64 on the plan's device: a tensor moves; host numbers go through pinned memory."""
+        count = (self.total_states, self.moved.shape[1])
+        if isinstance(units, Tensor) and tuple(units.shape) == count:
+            return units.detach().to(self.device, torch.float64)
+        values = torch.from_numpy(host_units(units, self.states, self.groups))
+        if self.staging is None:
+            return values.to(self.device)
+        self.staging.copy_(values)
+        return self.staging.to(self.device, non_blocking=True)
+
+    def _judge(self, values: np.ndarray, margin: float, z: float) -> DeletionCheck:
+        batch, steps = self.x.shape[0], self.steps
+        f_input, f_baseline = values[:batch], values[batch : 2 * batch]
+        inner = values[2 * batch :].reshape(2 + self.random_orders, steps - 1, batch)
+        delta = f_input - f_baseline  # (B,)
+        sign = np.where(delta < 0, -1.0, 1.0)  # (B,)
+        ordered = np.where(delta < 0, inner[1], inner[0])  # (K - 1, B): each state's own sign's order
+        inside = np.concatenate([ordered[None], inner[2:]])  # (1 + R, K - 1, B)
+        weight = np.abs(delta).sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = (inside - f_baseline) * sign  # (1 + R, K - 1, B): s_b (F(x_{b,k}) - F(base_b))
+            areas = (change.sum(axis=1) + np.abs(delta) / 2) / steps  # (1 + R, B): trapezoids, ends |dF_b| and 0
+            area, area_random = areas[0], areas[1:].mean(axis=0)  # (B,), (B,)
+            middle = change.sum(axis=2) / weight  # (1 + R, K - 1)
+            curves = np.pad(middle, ((0, 0), (1, 1)), constant_values=(1.0, 0.0))  # (1 + R, K + 1)
+            auc, auc_random = area.sum() / weight, area_random.sum() / weight
+            error = _weighted_standard_error(area_random - area, np.abs(delta), weight)
+        if not (np.isfinite(inside).all() and np.isfinite(delta).all() and weight != 0):
+            auc = auc_random = error = math.nan
+        gap = float(auc_random - auc)
+        needed = max(margin, z * error) if math.isfinite(error) else math.nan
+        passed = math.isfinite(gap) and math.isfinite(needed) and gap >= needed
+        return DeletionCheck(
+            deletion_auc=float(auc),
+            deletion_auc_random=float(auc_random),
+            gap=gap,
+            gap_standard_error=float(error),
+            curve=tuple(curves[0].tolist()),
+            curve_random=tuple(curves[1:].mean(axis=0).tolist()),
+            passed=passed,
+            needed=needed,
+            num_fractions=steps,
+            num_states=int((np.abs(delta) > 0).sum()),
+            reason=None if passed else _reason(float(auc), float(auc_random), gap, float(error), needed, margin, z),
+        )
 
 
 def _reason(auc: float, auc_random: float, gap: float, error: float, needed: float, margin: float, z: float) -> str:
@@ -215,70 +327,15 @@ def _reason(auc: float, auc_random: float, gap: float, error: float, needed: flo
     )
 
 
-def _device_units(units: Any, states: Tensor, groups: Any) -> Tensor:
-    """The units as float64 on the states' device: a tensor moves, a host array is copied there once."""
-    count = states[0].numel() if groups is None else len(groups)
-    if isinstance(units, Tensor) and tuple(units.shape) == (states.shape[0], count):
-        return units.detach().to(states.device, torch.float64)
-    return torch.from_numpy(host_units(units, states, groups)).to(states.device)
-
-
-def _deletion_ranks(scores: Tensor, moved: Tensor, sign: Tensor, random_orders: int, seed: int) -> Tensor:
-    """``(1 + R, B, G)`` deletion ranks: the attribution order, then ``R`` seeded random orders; unmoved units last."""
-    lowest = torch.full((), -math.inf, dtype=torch.float64, device=scores.device)
-    orders = [torch.where(moved, sign[:, None] * scores, lowest)]
-    generator = torch.Generator(device=scores.device).manual_seed(seed)
-    for _ in range(random_orders):
-        draws = torch.rand(scores.shape, generator=generator, device=scores.device, dtype=torch.float64)
-        orders.append(torch.where(moved, draws, lowest))
-    return torch.stack([_descending_ranks(order) for order in orders])
-
-
-def _weighted_standard_error(gaps: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
+def _weighted_standard_error(gaps: np.ndarray, weights: np.ndarray, total: float) -> float:
     """The standard error over states of ``gap = sum_b gaps_b / total``, the ``weights``-weighted mean gap.
 
     ``gaps_b`` are per-state areas (``weights_b`` times the state's normalised gap), so the gap is
     ``sum_b w_b d_b`` with ``w_b = weights_b / total``; its variance over a sample of states is
-    ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state. Returns (error, the count of
-    states with weight).
+    ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state.
     """
     batch = gaps.shape[0]
     gap = gaps.sum() / total
     spread = ((gaps / total - weights / total * gap) ** 2).sum()
     factor = batch / (batch - 1) if batch > 1 else math.nan
-    return (spread * factor).sqrt(), (weights > 0).sum()
-
-
-def _descending_ranks(order: Tensor) -> Tensor:
-    """``(B, G)`` ranks ``0..G-1`` by decreasing value, ties kept in unit order (stable)."""
-    positions = torch.sort(order, dim=1, descending=True, stable=True).indices
-    ranks = torch.empty_like(positions)
-    return ranks.scatter_(1, positions, torch.arange(order.shape[1], device=order.device).expand_as(positions))
-
-
-def _deletion_rows(ranks: Tensor, deleted: Tensor, x: Tensor, base: Tensor, max_rows: int) -> Iterator[Tensor]:
-    """The perturbed states, fraction by fraction, ``max_rows`` (at least one fraction's ``B``) at a time."""
-    per_chunk = max(1, max_rows // x.shape[0])
-    for start in range(0, deleted.shape[0], per_chunk):
-        counts = deleted[start : start + per_chunk]  # (k, B)
-        mask = ranks[None] < counts[..., None]  # (k, B, F)
-        yield torch.where(mask, base[None], x[None]).reshape(-1, x.shape[1])
-
-
-def _deletion_values(
-    value: Callable[[Tensor], Tensor],
-    ranks: Tensor,
-    deleted: Tensor,
-    x: Tensor,
-    base: Tensor,
-    feature_shape: torch.Size,
-    max_rows: int,
-) -> Tensor:
-    """``(K - 1, B)`` float64 target values of the states with ``deleted[k, b]`` units replaced by the baseline."""
-    rows = _deletion_rows(ranks, deleted, x, base, max_rows)
-    values = torch.cat([value(chunk.reshape(-1, *feature_shape)).detach().to(torch.float64) for chunk in rows])
-    return values.view(deleted.shape)
-
-
-def _forward_rows(value: Callable[[Tensor], Tensor], rows: Tensor, max_rows: int) -> Tensor:
-    return torch.cat([value(chunk).detach() for chunk in rows.split(max_rows)])
+    return float(np.sqrt(spread * factor))

@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from lightning_ig.callback.trust.common import (
     ROUNDING,
     AttributionSettings,
-    baselines_like,
     check_model,
     check_settings,
     check_state_batch,
@@ -40,10 +39,11 @@ from lightning_ig.callback.trust.common import (
     rank_correlation,
     read,
     resolve_groups,
+    state_subset,
     structure_copy,
     unit_sums,
 )
-from lightning_ig.models.noise import attribution_mode
+from lightning_ig.callback.trust.replica import Replica, redraw
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = [
@@ -141,12 +141,15 @@ def randomization_reference(
     num_copies: int = 4,
     num_states: int | None = 16,
     seed: int = 0,
+    replica: Replica | None = None,
 ) -> RandomizationReference:
     """Attribute ``num_copies`` re-initialised copies of ``model`` (:func:`reinitialised_copy`), once per fit.
 
-    The copies attribute the same states with the same settings, in eval mode with their noise off, and are
-    dropped. Their weights and the states are fixed, so what they attribute never changes over training: one
-    reference serves every check of a fit. It costs ``num_copies`` IG calls on ``num_states`` states.
+    The copies attribute the same states with the same settings, in eval mode with their noise off. Their weights
+    and the states are fixed, so what they attribute never changes over training: one reference serves every check
+    of a fit. It costs ``num_copies`` IG passes on ``num_states`` states, through one working copy of the model whose
+    parameters are drawn again in place for each (:class:`~lightning_ig.callback.trust.replica.Replica`: on a CUDA
+    device its IG is captured once and replayed).
 
     Args:
         model: the model the run attributes (not changed).
@@ -158,6 +161,9 @@ def randomization_reference(
         num_copies: copies, ``>= 2`` (default 4: six pairs for the level, four copies for the model).
         num_states: states covered, spread evenly over ``states`` (default 16; ``None``: all).
         seed: the copies' seeds are ``seed, seed + 1, ...`` (default 0).
+        replica: the fit's working copy of ``model`` to draw the copies in (default: a new one); it is left with
+            the last copy's weights (:meth:`~lightning_ig.callback.trust.replica.Replica.sync` brings the model's
+            back).
 
     Returns:
         A :class:`RandomizationReference`.
@@ -170,16 +176,14 @@ def randomization_reference(
     num_states = None if num_states is None else check_positive_int(num_states, "num_states")
     seed = check_int(seed, "seed", minimum=0)
     resolved = resolve_groups(groups, states)
+    replica = Replica(model, settings) if replica is None else replica
     index = pick_states(num_states, states.shape[0])
-    subset = states.detach().index_select(0, index.to(states.device))
-    base = baselines_like(baselines, states).detach().index_select(0, index.to(states.device))
+    subset, base, engine_base = state_subset(states, baselines, index)
     means, shuffled, kept = [], 0, 0
     for copy_index in range(num_copies):
-        clone, shuffled, kept = reinitialised_copy(model, seed + copy_index)
-        with attribution_mode(clone):
-            attributions = settings.attribute(clone, subset, base)
-        means.append(unit_sums(attributions.detach(), resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
-        del clone
+        shuffled, kept = replica.redraw(seed + copy_index)
+        attributions = replica.attribute(subset, engine_base).detach()
+        means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
     included = moved_units(subset, base, resolved).any(dim=0)  # (G,)
     numbers = read(torch.stack(means), included)
     count = included.numel()
@@ -290,32 +294,11 @@ def reinitialised_copy(model: nn.Module, seed: int) -> tuple[nn.Module, int, int
     """A copy of ``model`` with every parameter drawn again under ``seed``: ``(copy, shuffled, kept)``.
 
     The copy is :func:`~lightning_ig.callback.trust.common.structure_copy`'s (what is not part of the module tree
-    is shared). Every module with ``reset_parameters()`` calls it (the layer's own initialisation) with torch's
-    global generators seeded ``seed`` inside :func:`torch.random.fork_rng`, so the training run's generators are as
-    they were; parameters of modules without one are shuffled by a seeded permutation of their entries (same
-    scale, structure gone: ``shuffled`` counts them); single numbers are kept (``kept``).
+    is shared), drawn again by :func:`~lightning_ig.callback.trust.replica.redraw`: each layer's own
+    ``reset_parameters()`` on seeded global generators inside :func:`torch.random.fork_rng` (the training run's are
+    left as they were), a seeded shuffle of the entries of parameters without one (``shuffled``), single numbers
+    kept (``kept``).
     """
     clone = structure_copy(model)
-    devices = sorted({tensor.device.index or 0 for tensor in clone.parameters() if tensor.device.type == "cuda"})
-    covered: set[int] = set()
-    with torch.random.fork_rng(devices=devices, device_type="cuda"), torch.no_grad():
-        torch.random.default_generator.manual_seed(seed)
-        for device in devices:
-            torch.cuda.default_generators[device].manual_seed(seed)
-        for module in clone.modules():
-            if callable(getattr(module, "reset_parameters", None)):
-                module.reset_parameters()  # the layer's own initialisation, on the seeded global generator
-                covered.update(id(parameter) for parameter in module.parameters(recurse=False))
-    shuffled = kept = 0
-    generator = torch.Generator().manual_seed(seed)  # private, CPU: the same shuffle on every device
-    with torch.no_grad():
-        for parameter in clone.parameters():
-            if id(parameter) in covered:
-                continue
-            if parameter.numel() < 2:
-                kept += 1
-                continue
-            order = torch.randperm(parameter.numel(), generator=generator).to(parameter.device)
-            parameter.copy_(parameter.reshape(-1)[order].reshape(parameter.shape))
-            shuffled += 1
+    shuffled, kept = redraw(clone, seed)
     return clone, shuffled, kept

@@ -4,10 +4,12 @@ NoiseGrad (Bykov et al. 2022, arXiv 2106.10185) perturbs weights the same way. T
 noise-off network; a NoisyNet agent acts with ``mu + sigma * epsilon``. If the ranking of the units changes when
 the exploration noise is on, the noise-off explanation does not describe the networks the agent acts with.
 
-Per draw, a copy of the model (the model itself is never touched) gets a fresh epsilon in every
-:class:`~lightning_ig.models.NoisyLinear` layer from a private generator, those layers compute with their noise
-(training mode, noise on; the rest of the copy in eval mode), and the states are attributed with the run's
-settings. Not applicable without NoisyLinear layers (other libraries' noisy layers have no generator-taking draw).
+Per draw, the model's working copy (:class:`~lightning_ig.callback.trust.replica.Replica`, synced with the model
+first; the model itself is never touched) gets a fresh epsilon in every :class:`~lightning_ig.models.NoisyLinear`
+layer from a private generator, those layers compute with their noise (training mode, noise on; the rest of the
+copy in eval mode), and the states are attributed with the run's settings. The draws are seeded afresh at each
+check (the same draws every time: the check follows the model, not the dice); on a CUDA device the copy's IG is a
+replayed graph. Not applicable without NoisyLinear layers (other libraries' noisy layers have no generator-taking draw).
 
 **Pass:** ``noise_rank_correlation >= STABILITY_FLOOR`` (0.80). Measured: trained CartPole and MinAtar agents read
 1.000 at their own noise and stay >= 0.994 at 100 times it; random-init NoisyNets, whose sigma is about ``|mu|``,
@@ -27,7 +29,6 @@ from torch import Tensor, nn
 from lightning_ig.callback.trust.common import (
     ROUNDING,
     AttributionSettings,
-    baselines_like,
     check_model,
     check_settings,
     check_state_batch,
@@ -37,10 +38,11 @@ from lightning_ig.callback.trust.common import (
     rank_correlation,
     read,
     resolve_groups,
-    structure_copy,
+    state_subset,
     unit_sums,
 )
-from lightning_ig.models.noise import NoisyLinear, attribution_mode
+from lightning_ig.callback.trust.replica import Replica
+from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = ["STABILITY_FLOOR", "StabilityCheck", "stability_check"]
@@ -90,20 +92,23 @@ def stability_check(
     num_states: int | None = 16,
     floor: float = STABILITY_FLOOR,
     seed: int = 0,
+    replica: Replica | None = None,
 ) -> StabilityCheck:
     """The noise-off map against the maps under ``num_draws`` seeded exploration-noise draws.
 
     Args:
-        model: the model (not changed: the draws go to a copy).
+        model: the model (not changed: the draws go to its working copy).
         states: ``(B, *feature_shape)``.
         baselines: as attributed.
         units: ``(B, G)`` this run's per-state attributions of the units (noise off), a tensor or a numpy array.
         settings: how the run attributes (default :class:`AttributionSettings()`).
         groups: compare groups (``None``: features).
-        num_draws: noise draws (default 2), each one IG call on ``num_states`` states.
+        num_draws: noise draws (default 2), each one IG pass on ``num_states`` states.
         num_states: states used, spread evenly (default 16; ``None``: all).
         floor: the lowest correlation that passes (default ``STABILITY_FLOOR``).
         seed: the draws' seed (default 0).
+        replica: the fit's working copy of ``model`` (default: a new one): synced with the model, its noise drawn,
+            and left quiet (noise samples zero).
 
     Returns:
         A :class:`StabilityCheck`; ``applicable=False`` for a model without NoisyLinear layers.
@@ -122,24 +127,17 @@ def stability_check(
         return StabilityCheck(applicable=False)
     index = pick_states(num_states, states.shape[0])
     quiet = np.abs(values[index.numpy()]).mean(axis=0)  # (G,) noise off: this run's
-    x = states.detach().index_select(0, index.to(states.device))
-    base = baselines_like(baselines, states).detach().index_select(0, index.to(states.device))
-    noisy = structure_copy(model)
-    layers = [module for module in noisy.modules() if isinstance(module, NoisyLinear)]
-    generators: dict[torch.device, torch.Generator] = {}
+    x, base, engine_base = state_subset(states, baselines, index)
+    replica = Replica(model, settings) if replica is None else replica
+    replica.sync()
     means = []
-    with attribution_mode(noisy):
-        for layer in layers:
-            layer.enable_noise()
-            layer.training = True  # this layer only: dropout and batch-norm elsewhere stay in eval mode
-        for _ in range(num_draws):
-            for layer in layers:
-                device = layer.weight_mu.device
-                if device not in generators:
-                    generators[device] = torch.Generator(device=device).manual_seed(seed)
-                layer.reset_noise(generator=generators[device])
-            attributions = settings.attribute(noisy, x, base).detach()
+    try:
+        for draw in range(num_draws):
+            replica.noise(seed, draw, num_draws)
+            attributions = replica.attribute(x, engine_base).detach()
             means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
+    finally:
+        replica.quiet()
     included = moved_units(x, base, resolved).any(dim=0)
     numbers = read(torch.stack(means), included)
     count = included.numel()

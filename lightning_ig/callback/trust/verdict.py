@@ -8,14 +8,19 @@ given; ``reasons`` says, per failure, which figure and by how much; ``status`` i
 ``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
 not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
 
-The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's figures against sqrt(2) x tol).
+The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's figures against sqrt(2) x tol). A
+check that has not run yet in this fit is a note (``pending``: when the budget lets it run), so the verdict stays
+``"unresolved"`` until every check has spoken once. The text (:attr:`TrustSummary.status`, ``headline()``,
+``lines()``) is written once, when the verdict is made: a run that carries the verdict of the last run that checked
+(:attr:`~lightning_ig.callback.trust.monitor.TrustMonitor.carried`) reads it without running this module's code.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.trust.faithfulness import DeletionCheck
@@ -31,18 +36,27 @@ class TrustSummary:
     """One verdict on a run's explanation.
 
     ``status`` is ``"failed"`` when a figure failed (``reasons`` says which and by how much), ``"unresolved"`` when
-    none failed but one could not decide (a sanity check over a handful of units, ``notes``) or nothing was judged,
-    and ``"passed"`` otherwise.
+    none failed but one could not decide (a sanity check over a handful of units, a check that has not run yet:
+    ``notes``) or nothing was judged, and ``"passed"`` otherwise.
+
+    ``status``, ``headline()`` and ``lines()`` are written when the verdict is made (``headline`` and ``lines`` are
+    C-level callables returning that text): reading them runs no code of this module.
 
     Attributes:
         passed: every figure given passed, and at least one was given.
         reasons: one sentence per failure: which figure or check, its value, its bound, by how much
             (``ig/trust/status`` is -1 when there is one).
-        notes: what a passed figure cannot say here (a sanity check on a handful of units).
+        notes: what a passed figure cannot say here (a sanity check on a handful of units; a check not run yet).
         checks: how many figures were judged.
         accuracy, randomization, deletion, stability: what was judged (``None``: not given).
         steps: the global step each check's result comes from (a check runs every few runs; the verdict uses its
             latest result).
+        upcoming: when the next checks run (a line of the text), or ``None``.
+        status: ``"passed"``, ``"failed"`` or ``"unresolved"``.
+        headline: ``() -> str``: one line: ``passed (4 figures judged)``, ``unresolved: <the first note>`` or
+            ``failed: <the first reason> (+ n more)``.
+        lines: ``() -> tuple[str, ...]``: the verdict as markdown, for the ``<prefix>/report`` text: the status,
+            each failure, each figure, the notes, the next checks.
     """
 
     passed: bool
@@ -54,21 +68,23 @@ class TrustSummary:
     deletion: DeletionCheck | None = None
     stability: StabilityCheck | None = None
     steps: tuple[tuple[str, int], ...] = ()
+    upcoming: str | None = None
+    status: str = field(init=False)
+    headline: Callable[[], str] = field(init=False, repr=False, compare=False)
+    lines: Callable[[], tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
-    @property
-    def status(self) -> str:
-        """``"passed"``, ``"failed"`` or ``"unresolved"`` (see the class)."""
-        if self.reasons:
-            return "failed"
-        return "passed" if self.passed and not self.notes else "unresolved"
+    def __post_init__(self) -> None:
+        status = "failed" if self.reasons else "passed" if self.passed and not self.notes else "unresolved"
+        object.__setattr__(self, "status", status)
+        # functools.partial over a builtin: calling it returns the text without entering Python code
+        object.__setattr__(self, "headline", functools.partial(str, self._headline()))
+        object.__setattr__(self, "lines", functools.partial(tuple, self._lines()))
 
     def scalars(self) -> dict[str, float]:
-        """Under the callback's prefix: ``trust/status``, 1 passed, 0 unresolved, -1 failed (why: :meth:`lines`)."""
+        """Under the callback's prefix: ``trust/status``, 1 passed, 0 unresolved, -1 failed (why: ``lines()``)."""
         return {"trust/status": {"passed": 1.0, "unresolved": 0.0, "failed": -1.0}[self.status]}
 
-    def headline(self) -> str:
-        """One line: ``passed (4 figures judged)``, ``unresolved: <the first note>`` or ``failed: <the first reason>
-        (+ n more)``."""
+    def _headline(self) -> str:
         judged = f"{self.checks} figure{'s' * (self.checks != 1)} judged"
         if self.status == "passed":
             return f"passed ({judged})"
@@ -78,9 +94,7 @@ class TrustSummary:
         more = f" (+ {len(self.reasons) - 1} more)" if len(self.reasons) > 1 else ""
         return f"failed: {self.reasons[0]}{more}"
 
-    def lines(self) -> tuple[str, ...]:
-        """The verdict as markdown, for the ``<prefix>/report`` text: the status, each failure, each figure, the
-        notes."""
+    def _lines(self) -> tuple[str, ...]:
         steps = dict(self.steps)
         lines = [f"**Trust: {self.status}**" + ("." if self.status == "passed" else ":")]
         if self.status == "unresolved" and not self.notes:
@@ -109,6 +123,7 @@ class TrustSummary:
                 f"{check.noise_rank_correlation:.3f} ({'passed' if check.passed else 'failed'})"
             )
         lines += [f"- note: {note}" for note in self.notes]
+        lines += [] if self.upcoming is None else [f"- {self.upcoming}"]
         return tuple(lines)
 
 
@@ -120,6 +135,8 @@ def trust_summary(
     stability: StabilityCheck | None = None,
     errors: Sequence[str] = (),
     steps: Sequence[tuple[str, int]] = (),
+    pending: Sequence[str] = (),
+    upcoming: str | None = None,
 ) -> TrustSummary:
     """Join the accuracy verdict and the checks into ``passed`` and its ``reasons``.
 
@@ -130,6 +147,9 @@ def trust_summary(
         errors: checks that could not run, one sentence each (each is a reason: a check that did not run vouches
             for nothing).
         steps: ``(check, global step)`` of each result, for the text.
+        pending: the checks that have not run yet, one sentence each saying when they will (each is a note: the
+            verdict cannot pass before every check has run once).
+        upcoming: when the next checks run, for the text.
 
     Returns:
         A :class:`TrustSummary`.
@@ -167,6 +187,7 @@ def trust_summary(
             notes.append(note)
     reasons += [str(error) for error in errors]
     checks += len(errors)
+    notes += [str(line) for line in pending]
     return TrustSummary(
         passed=checks > 0 and not reasons,
         reasons=tuple(reasons),
@@ -177,4 +198,5 @@ def trust_summary(
         deletion=deletion,
         stability=stability,
         steps=tuple(steps),
+        upcoming=upcoming,
     )

@@ -1,0 +1,192 @@
+"""The fit's working copy of the model, where the trust checks compute: the model itself is only ever read.
+
+:class:`Replica` is made once per fit (:func:`~lightning_ig.callback.trust.common.structure_copy`) and follows the
+model: :meth:`Replica.sync` copies the model's parameters and buffers into it in place (a few fused launches), so
+that its forward is the model's as attribution sees it (eval mode, noise off) without the model being put into that
+mode and back (:func:`~lightning_ig.models.noise.attribution_mode` costs about half a millisecond of bookkeeping).
+The sanity check's re-initialised copies re-draw its parameters in place (:meth:`Replica.redraw`), and the stability
+check's noise draws are written into its noise buffers in place; both attribute with the replica's own
+:class:`~lightning_ig.attribution.IntegratedGradients`, which on a CUDA device captures the replica's IG once and then
+replays it: a replay reads whatever the parameters and buffers hold at that moment.
+
+Its IG runs with its :class:`~lightning_ig.models.NoisyLinear` layers computing ``mu + sigma * epsilon`` (noise on,
+those layers in training mode, the rest in eval mode; :meth:`Replica.noise_on`), with ``epsilon = 0`` between draws:
+the mean weights exactly, on the one code path a captured graph holds, for the re-initialised copies and the noisy
+draws alike. Its plain forwards (the deletion check's) use the mean weights with the noise off. Other libraries'
+noisy layers are switched off for good (:func:`~lightning_ig.models.noise.noise_disabled`), and no noisy layer's
+buffers (its noise sample) are copied from the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.callback.trust.common import AttributionSettings, structure_copy
+from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
+
+__all__ = ["Replica", "redraw"]
+
+
+class Replica:
+    """A working copy of ``model`` that follows its weights, with its own IG engine.
+
+    Args:
+        model: the model (never written).
+        settings: how the run attributes (the engine's forward, target and options).
+
+    Attributes:
+        module: the copy.
+        noisy: its :class:`~lightning_ig.models.NoisyLinear` layers.
+        engine: its :class:`~lightning_ig.attribution.IntegratedGradients`.
+    """
+
+    def __init__(self, model: nn.Module, settings: AttributionSettings) -> None:
+        self.model = model
+        self.module = structure_copy(model).eval()
+        self.noisy = [layer for layer in self.module.modules() if isinstance(layer, NoisyLinear)]
+        for layer in self.noisy:
+            layer.disable_noise()  # on only for IG (noise_on): a plain forward computes with the mean weights
+            layer.training = True  # these layers alone: dropout and batch-norm stay in eval mode
+        self._switched = contextlib.ExitStack()  # other libraries' noisy layers, off for the copy's life
+        self._switch_foreign_noise_off()
+        self._epsilons = [
+            buffer
+            for layer in self.noisy
+            for buffer in (layer.weight_epsilon, layer.bias_epsilon)
+            if buffer is not None
+        ]
+        self._names = _followed_names(self.module)
+        self._mine = self._tensors()
+        self.quiet()
+        self.engine = IntegratedGradients(
+            settings.call(self.module), target=settings.target, check_finite=False, **dict(settings.options)
+        )  # no NaN/Inf check of the inputs: they are the run's states, checked when they were set up
+        self._draws: dict[tuple[int, int], list[list[Tensor]]] = {}
+
+    def sync(self) -> None:
+        """Copy the model's parameters and buffers (but noise samples) into the copy, in place."""
+        theirs = dict(self.model.named_parameters())
+        theirs.update(self.model.named_buffers())
+        with torch.inference_mode(False), torch.no_grad():
+            torch._foreach_copy_(self._mine, [theirs[name] for name in self._names])
+
+    def quiet(self) -> None:
+        """Noise samples to zero: the NoisyLinear layers compute with their mean weights."""
+        if self._epsilons:
+            with torch.inference_mode(False), torch.no_grad():
+                torch._foreach_zero_(self._epsilons)
+
+    def noise(self, seed: int, draw: int, count: int) -> None:
+        """Write noise draw ``draw`` of ``count`` into the NoisyLinear layers: each layer's
+        :meth:`~lightning_ig.models.NoisyLinear.reset_noise` from private generators seeded ``seed`` (one per device),
+        drawn in turn for the ``count`` draws, once per fit, and kept (the same draws at every check)."""
+        draws = self._draws.get((seed, count))
+        if draws is None:
+            draws = self._draws[(seed, count)] = self._make_draws(seed, count)
+        with torch.inference_mode(False), torch.no_grad():
+            torch._foreach_copy_(self._epsilons, draws[draw])
+
+    def redraw(self, seed: int) -> tuple[int, int]:
+        """Draw every parameter again under ``seed`` (:func:`redraw`): ``(shuffled, kept)``. :meth:`sync` undoes it."""
+        counts = redraw(self.module, seed)
+        tensors = self._tensors()
+        if any(mine is not now for mine, now in zip(self._mine, tensors)):  # a reset_parameters() made new tensors
+            self._mine = tensors
+            self.engine.clear()  # a captured graph reads the old ones
+        self._switched.close()
+        self._switch_foreign_noise_off()  # an initialisation may have drawn their noise
+        self.quiet()
+        return counts
+
+    def attribute(self, states: Tensor, baselines: Tensor | None) -> Tensor:
+        """IG of the copy as it is now: ``(N, *feature_shape)`` attributions (``baselines=None``: zeros)."""
+        with self.noise_on(), stochastic_warnings_silenced():  # deterministic between draws
+            return self.engine.attribute(states, baselines=baselines).attributions
+
+    @contextlib.contextmanager
+    def noise_on(self) -> Iterator[nn.Module]:
+        """The NoisyLinear layers compute ``mu + sigma * epsilon`` inside the block (the code path a graph of the
+        copy's IG holds; the epsilon is whatever :meth:`noise` or :meth:`quiet` wrote)."""
+        for layer in self.noisy:
+            layer.enable_noise()
+        try:
+            yield self.module
+        finally:
+            for layer in self.noisy:
+                layer.disable_noise()
+
+    def _tensors(self) -> list[Tensor]:
+        mine = dict(self.module.named_parameters())
+        mine.update(self.module.named_buffers())
+        return [mine[name] for name in self._names]
+
+    def _switch_foreign_noise_off(self) -> None:
+        for layer in self.module.modules():
+            if is_noisy_layer(layer) and not isinstance(layer, NoisyLinear):
+                self._switched.enter_context(noise_disabled(layer))
+
+    def _make_draws(self, seed: int, count: int) -> list[list[Tensor]]:
+        generators: dict[torch.device, torch.Generator] = {}
+        draws = []
+        with torch.inference_mode(False), torch.no_grad():
+            for _ in range(count):
+                for layer in self.noisy:
+                    device = layer.weight_mu.device
+                    if device not in generators:
+                        generators[device] = torch.Generator(device=device).manual_seed(seed)
+                    layer.reset_noise(generator=generators[device])
+                draws.append([buffer.clone() for buffer in self._epsilons])
+        self.quiet()
+        return draws
+
+
+def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
+    """Draw every parameter of ``module`` again under ``seed``, in place: ``(shuffled, kept)``.
+
+    Every module with ``reset_parameters()`` calls it (the layer's own initialisation) with torch's global generators
+    seeded ``seed`` inside :func:`torch.random.fork_rng`, so the training run's generators are as they were;
+    parameters of modules without one are shuffled by a seeded permutation of their entries (same scale, structure
+    gone: ``shuffled`` counts them); single numbers are kept (``kept``).
+    """
+    devices = sorted({tensor.device.index or 0 for tensor in module.parameters() if tensor.device.type == "cuda"})
+    covered: set[int] = set()
+    with torch.random.fork_rng(devices=devices, device_type="cuda"), torch.inference_mode(False), torch.no_grad():
+        torch.random.default_generator.manual_seed(seed)
+        for device in devices:
+            torch.cuda.default_generators[device].manual_seed(seed)
+        for layer in module.modules():
+            if callable(getattr(layer, "reset_parameters", None)):
+                layer.reset_parameters()  # the layer's own initialisation, on the seeded global generator
+                covered.update(id(parameter) for parameter in layer.parameters(recurse=False))
+    shuffled = kept = 0
+    generator = torch.Generator().manual_seed(seed)  # private, CPU: the same shuffle on every device
+    with torch.inference_mode(False), torch.no_grad():
+        for parameter in module.parameters():
+            if id(parameter) in covered:
+                continue
+            if parameter.numel() < 2:
+                kept += 1
+                continue
+            order = torch.randperm(parameter.numel(), generator=generator).to(parameter.device)
+            parameter.copy_(parameter.reshape(-1)[order].reshape(parameter.shape))
+            shuffled += 1
+    return shuffled, kept
+
+
+def _followed_names(module: nn.Module) -> Sequence[str]:
+    """The parameters and buffers :meth:`Replica.sync` copies: all but noisy layers' buffers (noise samples)."""
+    skipped = {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, layer in module.named_modules()
+        if is_noisy_layer(layer)
+        for name, buffer in layer.named_buffers(recurse=False)
+        if buffer is not None
+    }
+    names = [name for name, _ in module.named_parameters()]
+    return names + [name for name, _ in module.named_buffers() if name not in skipped]

@@ -1,0 +1,115 @@
+"""callback/trust/replica.py: the working copy computes what the model computes in attribution mode, draws copies and
+noise in place, and never writes the model or the training run's generators."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightning_ig.callback.trust import AttributionSettings, Replica
+from lightning_ig.callback.trust.replica import redraw
+from lightning_ig.callback.trust.sanity import reinitialised_copy
+from lightning_ig.models import NoisyLinear
+from lightning_ig.models.noise import attribution_mode
+from tests.support.tiny import TinyQNet, held_out_states
+from tests.support.trust import SETTINGS, assert_unchanged, snapshot
+
+
+class ForeignNoisy(nn.Module):
+    """Another library's noisy layer: noise added in every mode from an epsilon buffer, no switch of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 4, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("weight_epsilon", torch.ones(2, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.weight + self.weight_epsilon).T
+
+
+def test_a_synced_replica_computes_the_models_attribution_mode_forward_bit_for_bit():
+    model = TinyQNet()  # batch-norm, dropout and a NoisyLinear head: every mode attribution switches
+    model.train()
+    states = held_out_states(16)
+    with torch.no_grad():
+        model(states)  # moves batch-norm's running statistics: the replica must follow them
+    replica = Replica(model, SETTINGS)
+    with torch.no_grad():
+        for parameter in model.parameters():  # an optimizer step after the copy was made
+            parameter.add_(0.01)
+        model(states)
+    before = snapshot(model)
+    replica.sync()
+    with attribution_mode(model), torch.no_grad():
+        expected = model(states)
+    with torch.no_grad():
+        got = replica.module(states)
+    assert torch.equal(got, expected)
+    assert_unchanged(model, before)
+    assert model.training  # the model's own modes were never touched
+
+
+def test_redraw_is_the_layers_own_initialisation_and_sync_brings_the_model_back():
+    model = TinyQNet().eval()
+    states = held_out_states(8)
+    replica = Replica(model, SETTINGS)
+    before = snapshot(model)
+    shuffled, kept = replica.redraw(3)
+    clone, expected_shuffled, expected_kept = reinitialised_copy(model, 3)
+    assert (shuffled, kept) == (expected_shuffled, expected_kept)
+    for (name, mine), (_, theirs) in zip(replica.module.named_parameters(), clone.named_parameters()):
+        assert torch.equal(mine, theirs), name
+    assert_unchanged(model, before)  # the model's weights and the training run's generators
+    replica.sync()
+    with attribution_mode(model), torch.no_grad():
+        assert torch.equal(replica.module(states), model(states))
+
+
+def test_noise_draws_are_the_layers_own_from_a_private_generator_and_quiet_is_the_mean():
+    model = TinyQNet().eval()
+    states = held_out_states(8)
+    replica = Replica(model, SETTINGS)
+    replica.sync()
+    twin = TinyQNet().eval()
+    twin.load_state_dict(model.state_dict())
+    before = snapshot(model)
+    replica.noise(seed=5, draw=1, count=2)
+    generator = torch.Generator().manual_seed(5)
+    noisy_layers = [layer for layer in twin.modules() if isinstance(layer, NoisyLinear)]
+    for _ in range(2):  # draw 1 of 2: the second round of each layer's reset_noise
+        for layer in noisy_layers:
+            layer.reset_noise(generator=generator)
+    for layer in noisy_layers:
+        layer.train()
+    with torch.no_grad():
+        with replica.noise_on() as noisy:  # the code path its IG takes
+            assert torch.equal(noisy(states), twin(states))
+        with attribution_mode(model):  # a plain forward: the mean weights
+            assert torch.equal(replica.module(states), model(states))
+        replica.quiet()
+        with replica.noise_on() as noisy, attribution_mode(model):  # epsilon 0: the mean weights on the noisy path
+            assert torch.equal(noisy(states), model(states))
+    assert_unchanged(model, before)
+
+
+def test_another_librarys_noise_is_off_in_the_replica_and_never_copied_from_the_model():
+    model = nn.Sequential(ForeignNoisy())
+    replica = Replica(model, AttributionSettings(target=0))
+    x = torch.ones(3, 4)
+    with torch.no_grad():
+        assert torch.equal(replica.module(x), x @ model[0].weight.T)  # noise off: the mean weights
+        model[0].weight_epsilon.fill_(5.0)
+        replica.sync()
+        assert torch.equal(replica.module(x), x @ model[0].weight.T)
+        replica.redraw(1)  # an initialisation does not switch it back on
+        replica.sync()
+        assert torch.equal(replica.module(x), x @ model[0].weight.T)
+    assert torch.equal(model[0].weight_epsilon, torch.full((2, 4), 5.0))
+
+
+def test_redraw_keeps_the_tensors_a_captured_graph_reads():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
+    clone = reinitialised_copy(model, 0)[0]
+    pointers = [parameter.data_ptr() for parameter in clone.parameters()]
+    redraw(clone, 1)
+    assert [parameter.data_ptr() for parameter in clone.parameters()] == pointers  # in place: a replay sees it
