@@ -308,8 +308,9 @@ class RunOutputs:
             self._write(
                 writer, summary, text, written_layout, pictures, histograms=self.histograms and host is not None
             )
-        if self.sinks:
-            self._to_sinks(summary, pictures, host if due.get("top_features") else None)
+        if self.sinks:  # with the bar chart, the table and the report: at the end, the last run's (host is None)
+            reported = host if host is not None else self.last_host
+            self._to_sinks(summary, pictures, reported if due.get("top_features") else None)
         self.drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
 
     def _draw(

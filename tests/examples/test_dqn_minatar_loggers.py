@@ -182,12 +182,16 @@ def test_the_wandb_offline_run_holds_the_channel_table_the_report_and_the_scalar
     _, offline_run = wandb_run
     files = offline_run / "files"
     reports = sorted((files / "ig").glob("report_step=*.json"))
-    assert [path.name for path in reports][:1] == ["report_step=00000100.json"], reports  # with the first bar chart
+    # with each bar chart: the first run's, and the last run's, drawn when training ends
+    assert [path.name for path in reports] == [f"report_step={step:08d}.json" for step in PICTURE_STEPS], reports
     for path in reports:
         _check_report(json.loads(path.read_text()))
     first_report = json.loads(reports[0].read_text())
-    (table_file,) = (files / "media" / "table" / "ig").glob("groups_*.table.json")  # the first bar chart's
-    table = json.loads(table_file.read_text())
+    tables = sorted(
+        (files / "media" / "table" / "ig").glob("groups_*.table.json"), key=lambda path: path.stat().st_mtime
+    )
+    assert len(tables) == len(PICTURE_STEPS), tables  # with each bar chart, as the reports
+    table = json.loads(tables[0].read_text())  # the first bar chart's
     rows = table["data"]
     _check_table(table["columns"], [row[1] for row in rows], [row[2] for row in rows], first_report)
     rows_by_step: dict[int, set[str]] = {}
@@ -210,7 +214,7 @@ def test_the_mlflow_file_store_holds_the_table_the_report_the_scalars_and_the_fl
     assert run.info.status == "FINISHED" and run.info.run_name.startswith("MinAtar-breakout__dqn_minatar__3__")
     stored = sorted(info.path for info in client.list_artifacts(run_id, "lightning_ig/ig"))
     reports = [path for path in stored if path.rsplit("/", 1)[-1].startswith("report_step=")]
-    assert reports[:1] == ["lightning_ig/ig/report_step=00000100.json"], stored
+    assert reports == [f"lightning_ig/ig/report_step={step:08d}.json" for step in PICTURE_STEPS], stored
     for path in reports:
         _check_report(json.loads(Path(client.download_artifacts(run_id, path, str(tmp_path))).read_text()))
     first_report = json.loads(Path(client.download_artifacts(run_id, reports[0], str(tmp_path))).read_text())
