@@ -1,64 +1,96 @@
 """The error figures of a run, computed on the device from what the path pass already holds.
 
-:func:`kink_estimate` is the reference-free estimate of each state's ``||a - a_exact||_1 / ||a_exact||_1``;
+:func:`error_estimate` is the reference-free estimate of each state's ``||a - a_exact||_1 / ||a_exact||_1``;
 :func:`accuracy_rows` puts it beside the mass-relative completeness error and the attribution mass. Both are
-torch operations in the accumulation dtype: no host synchronisation, no data-dependent shapes, so they run
-inside a CUDA-graph capture like the rest of the path.
+torch operations: no host synchronisation, no data-dependent shapes, no atomics, so they run inside a CUDA-graph
+capture like the rest of the path, with the CUDA backend and the torch twins alike.
 
 How the estimate is computed
-    Along the path a ReLU network is piecewise linear, so the integrand ``g(alpha)`` (the gradient at
-    ``b + alpha (x - b)``) is a step function. Every positive rule gives node ``k`` (at ``c_k``) the cell
-    ``[beta_k, beta_{k+1}]`` with ``beta = [0, cumsum(w)]``, so the rule's error is made where a kink falls
-    inside a cell. With the path terms ``t_k = (x - b) * g_k`` (what the accumulation sums), their sum
-    ``s_k`` (the slope ``dF/dalpha`` at the node) and the forward values ``v_k`` at the nodes, the stretch
-    between two neighbouring nodes, split by the rule at ``beta = beta_{k+1}``, has the exact residual
-    ``rho_k = v_{k+1} - v_k - s_k (beta - c_k) - s_{k+1} (c_{k+1} - beta)``. One kink at ``kappa`` in the
-    stretch makes the stretch's error vector exactly ``J_k (beta - kappa)`` (``J_k = t_{k+1} - t_k``) and
-    its residual ``sigma_k (beta - kappa)`` (``sigma_k = s_{k+1} - s_k``): the residual locates the kink, the
-    jump gives its per-feature error. So with ``o_k = rho_k / sigma_k`` clipped to the stretch (0 where
-    ``sigma_k = 0``)::
+    Two models of the integrand ``t(alpha) = (x - b) * g(alpha)`` (the path terms the accumulation sums, one per
+    node ``t_k``; their sum ``s_k`` is the slope ``dF/dalpha`` at the node; the forward values ``v_k`` at the
+    nodes come with the gradients), and the rounding of the sum itself:
 
-        e = sum_k o_k J_k                                                  # signed per-feature error, (B, F)
-        u = sum_k |rho_k - sigma_k o_k| + |v_0 - F(b) - s_0 c_0| + |F(x) - v_{n-1} - s_{n-1} (1 - c_{n-1})|
-        attribution_error = error_scale * (||e||_1 + u) / ||a||_1
+    *Kinks.* Along the path a ReLU network is piecewise linear, so ``t`` is a step function. Every positive rule
+    gives node ``k`` (at ``c_k``) the cell ``[beta_k, beta_{k+1}]`` with ``beta = [0, cumsum(w)]``; the stretch
+    between two neighbouring nodes, split at ``beta = beta_{k+1}``, has the exact residual
+    ``rho_k = v_{k+1} - v_k - s_k (beta - c_k) - s_{k+1} (c_{k+1} - beta)``. One kink at ``kappa`` in it makes
+    the stretch's error vector ``J_k (beta - kappa)`` (``J_k = t_{k+1} - t_k``) and its residual
+    ``sigma_k (beta - kappa)`` (``sigma_k = s_{k+1} - s_k``), so with ``o_k = rho_k / sigma_k`` clipped to the
+    stretch::
 
-    ``u`` counts unsigned what one kink per stretch cannot explain (several kinks, a pulse) and the two end
-    pieces, which have no gradient at ``b`` or ``x``. No gradient beyond the rule's is needed: the forward
-    values come with the gradients (autograd computes them; with finite differences they are the mean of each
-    node's probes, ``F(p) + O(h^2)``, exact on a linear piece).
+        e = sum_k o_k J_k,   kink = ||e||_1 + sum_k |rho_k - sigma_k o_k| + |start| + |end|
+
+    where the sum counts what one kink per stretch cannot explain (several kinks, a pulse) and ``start``/``end``
+    are the residuals of ``[0, c_0]`` and ``[c_{n-1}, 1]``. Stretches where the gradient did not change at all
+    (``sigma_k = 0``: one linear piece) carry only the rounding of the forward values in ``rho_k``; their
+    residuals are summed per run of such stretches before the absolute value (the values telescope), so that
+    rounding does not add up over hundreds of nodes while a pulse inside a run is still counted.
+
+    *Curvature.* Where ``t`` is smooth (tanh, SiLU) each cell's error is ``-(t' m1_k + t'' m2_k / 2)`` with
+    ``m1, m2`` the cell's first and second moments about its node and ``t', t''`` from the quadratic through the
+    node and its neighbours (Euler-Maclaurin's end-derivative term for the uniform midpoint rule)::
+
+        smooth = ||sum_k Gamma_k t_k||_1          (Gamma: a fixed stencil of the rule's nodes and weights)
+
+    *Which model.* The roughness ``r = sum_k ||t_{k+1} - 2 t_k + t_{k-1}||_1 / sum_k ||t_{k+1} - t_k||_1`` is
+    about 2 for sparse kinks and 1.4 for dense random ones (1.0 and above on every ReLU state measured), and
+    ``h |t''| / |t'|`` for a smooth integrand (0.6 and below on every tanh/SiLU state measured). With
+    ``lam = clip((r - 0.6) / 0.3, 0, 1)`` (``lam = 1`` below 3 nodes)::
+
+        attribution_error = error_scale * (max(smooth, lam * kink) + ||a - a_64||_1) / ||a||_1
+
+    where ``a_64`` is the same gradients summed in float64: the rounding of the accumulation (in float32 for
+    float32 inputs, sequential, like the kernel), which is the whole error of a smooth network at 256 nodes.
+    No gradient beyond the rule's is needed (with finite differences the node values are the mean of each
+    node's probes, exact on a linear piece).
 
 When it can be wrong (measured against exact references; ``docs/trust.md``)
     * Several kinks in one stretch: ``rho / sigma`` is a weighted mean of their places, so the vector is wrong and
-      only the magnitude is about right (MinAtar); kinks whose scalar effects cancel (``rho ~ 0``) are invisible.
-      With few features (CartPole, 4) this is not averaged out: 80-96% of states within 2x at 64 nodes, the
-      misses mostly over-estimates.
+      only the magnitude is about right; kinks whose scalar effects cancel (``rho ~ 0``) are invisible. With few
+      features (CartPole, 4) this is not averaged out: at 64 nodes 80-96% of CartPole states within 2x, the
+      misses over-estimates; fewer at 256 nodes, where fewer stretches hold two kinks.
     * A pulse (the gradient changes and changes back between two nodes) is seen by its residual only.
     * Kinks crowded at an end (inputs far off the training distribution): the end pieces count by their residual
       only and the estimate reads 0.5-0.6x with the midpoint rule; the calibrated rule or scale corrects it.
-    * Smooth networks: the one-direction model misreads curvature and overstates 4-10x (midpoint) or far more
-      (Gauss-Legendre); the calibrated scale (0.05-0.44 measured) corrects it.
+    * Smooth networks with features only a few nodes wide (``r`` near 0.6): the curvature term over-reads 2-5x.
     * After refinement that chases the estimate it reads low; ``n_steps="auto"`` refines uniformly for this reason.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
-__all__ = ["ACCURACY_ROWS", "accuracy_rows", "kink_estimate"]
+__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate"]
 
 ACCURACY_ROWS = ("attribution_error", "mass_relative_error", "attribution_mass")
 """The rows of :func:`accuracy_rows` ``(3, T, B)``; ``attribution_error`` is unscaled (``error_scale`` 1)."""
 
+ROUGHNESS = (0.6, 0.9)
+"""The roughness below which a state is read as smooth (curvature only) and above which as kinked (the kink model
+in full); between them the kink model is weighted linearly. Measured: every tanh/SiLU state <= 0.62 (CartPole
+tanh trained, 64 nodes), every ReLU state >= 0.97 (CartPole ReLU trained, 64 nodes)."""
+
 # At most this many elements in a temporary the size of a block of gradients: the estimate streams over the nodes
 # in blocks, so its memory stays bounded whatever n_steps (one block in the common case).
-_BLOCK_ELEMENTS = 1 << 26
+_BLOCK_ELEMENTS = 1 << 24
+_STENCILS: dict[tuple[int, int], tuple[weakref.ref[Tensor], weakref.ref[Tensor], Tensor]] = {}
+_STENCILS_KEPT = 64
 
 
-def kink_estimate(
-    grads: Tensor, values: Tensor, diff: Tensor, alphas: Tensor, weights: Tensor, f_input: Tensor, f_baseline: Tensor
+def error_estimate(
+    grads: Tensor,
+    values: Tensor,
+    diff: Tensor,
+    alphas: Tensor,
+    weights: Tensor,
+    f_input: Tensor,
+    f_baseline: Tensor,
+    attributions: Tensor,
 ) -> Tensor:
-    """The unnormalised estimate ``||e||_1 + u`` of the rule's L1 error, per target and state ``(T, B)``.
+    """The unnormalised estimate of the rule's L1 error (the module docstring), per target and state ``(T, B)``.
 
     Args:
         grads: ``(T, n, B, F)`` the gradients at the nodes, in the accumulation dtype.
@@ -68,52 +100,150 @@ def kink_estimate(
         weights: ``(n,)`` their weights (positive, summing to one).
         f_input: ``(T, B)`` ``F(x)``.
         f_baseline: ``(T, B)`` ``F(b)``.
+        attributions: ``(T, B, F)`` what the accumulation gave (its rounding is part of the error).
 
     Returns:
-        ``(T, B)``: divide by ``||a||_1`` for the relative estimate (:func:`accuracy_rows`).
+        ``(T, B)`` in the accumulation dtype: divide by ``||a||_1`` for the relative estimate (:func:`accuracy_rows`).
     """
-    n = grads.shape[1]
-    dtype = grads.dtype
+    n, dtype = grads.shape[1], grads.dtype
     alphas, weights, diff = alphas.to(dtype), weights.to(dtype), diff.to(dtype)
-    slopes = _slopes(grads, diff)  # (T, n, B)
+    slopes, roughness = _slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
     f_input, f_baseline = f_input.to(dtype), f_baseline.to(dtype)
-    start = (values[:, 0] - f_baseline - slopes[:, 0] * alphas[0]).abs()  # [0, c_0]: the rule uses g_0 on it
-    end = (f_input - values[:, -1] - slopes[:, -1] * (1 - alphas[-1])).abs()  # [c_{n-1}, 1]: g_{n-1} on it
+    ends = (values[:, 0] - f_baseline - slopes[:, 0] * alphas[0]).abs()  # [0, c_0]: the rule uses g_0 on it
+    ends = ends + (f_input - values[:, -1] - slopes[:, -1] * (1 - alphas[-1])).abs()  # [c_{n-1}, 1]: g_{n-1}
     if n == 1:
-        return start + end
+        exact = _weighted_sums(grads, [], weights)[-1]
+        return ends + _rounding(attributions, diff, exact, dtype)
+    offsets, unexplained = _kinks(values, slopes, alphas, weights)
+    zero = torch.zeros_like(offsets[:, :1])
+    coefficients = torch.cat([zero, offsets], 1) - torch.cat([offsets, zero], 1)  # e = sum_j (o_{j-1} - o_j) t_j
+    stencil = _cached_stencil(alphas, weights)  # (n,), zero below 3 nodes
+    kink_sum, smooth_sum, exact = _weighted_sums(grads, [coefficients], weights, stencil)
+    diff64 = diff.to(torch.float64)
+    kink = (diff64 * kink_sum).abs().sum(-1).to(dtype) + unexplained + ends
+    smooth = (diff64 * smooth_sum).abs().sum(-1).to(dtype)
+    low, high = ROUGHNESS
+    weight = ((roughness - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness)
+    return torch.maximum(smooth, weight * kink) + _rounding(attributions, diff64, exact, dtype)
+
+
+def _kinks(values: Tensor, slopes: Tensor, alphas: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """The kink offsets ``o_k`` ``(T, n - 1, B)`` and what one kink per stretch leaves unexplained ``(T, B)``."""
     bounds = torch.cumsum(weights, 0)[:-1]  # (n - 1,): beta_1 .. beta_{n-1}, the splits between neighbours
     low, high = alphas[:-1].view(-1, 1), alphas[1:].view(-1, 1)  # (n - 1, 1)
     split = bounds.view(-1, 1)
     residual = values[:, 1:] - values[:, :-1] - slopes[:, :-1] * (split - low) - slopes[:, 1:] * (high - split)
     jump = slopes[:, 1:] - slopes[:, :-1]  # (T, n - 1, B)
-    nonzero = jump != 0
-    offset = torch.where(nonzero, residual / torch.where(nonzero, jump, torch.ones_like(jump)), 0.0)
+    kinked = jump != 0
+    offset = torch.where(kinked, residual / torch.where(kinked, jump, torch.ones_like(jump)), 0.0)
     offset = torch.minimum(torch.maximum(offset, split - high), split - low)  # the kink lies inside the stretch
-    unexplained = (residual - jump * offset).abs().sum(1)  # (T, B)
-    # e = sum_k o_k (t_{k+1} - t_k) = diff * sum_j (o_{j-1} - o_j) g_j, with o_{-1} = o_{n-1} = 0
-    zero = torch.zeros_like(offset[:, :1])
-    coefficients = torch.cat([zero, offset], 1) - torch.cat([offset, zero], 1)  # (T, n, B)
-    error = (diff * _weighted_sum(grads, coefficients)).abs().sum(-1)  # (T, B)
-    return error + unexplained + start + end
+    left = torch.where(kinked, residual - jump * offset, 0.0)
+    return offset, left.abs().sum(1) + _runs(torch.where(kinked, 0.0, residual), kinked)
+
+
+def _runs(residual: Tensor, kinked: Tensor) -> Tensor:
+    """``(T, B)``: ``sum over runs of stretches without a jump of |the run's summed residual|``.
+
+    Without atomics (a scatter-add by run would not be deterministic on CUDA): the running sum ``C`` of the
+    residuals is sampled at each run's last stretch; a run's sum is ``C`` there minus ``C`` at the run before.
+    """
+    total = torch.cumsum(residual, 1)  # (T, n - 1, B)
+    last = ~kinked & torch.cat([kinked[:, 1:], torch.ones_like(kinked[:, :1])], 1)  # a run's last stretch
+    index = torch.arange(kinked.shape[1], device=kinked.device).view(1, -1, 1).expand_as(kinked)
+    latest = torch.cummax(torch.where(last, index, -1), 1).values  # the last run end at or before k
+    before = torch.cat([torch.full_like(latest[:, :1], -1), latest[:, :-1]], 1)  # ... strictly before k
+    previous = torch.where(before >= 0, total.gather(1, before.clamp_min(0)), 0.0)
+    return torch.where(last, (total - previous).abs(), 0.0).sum(1)
+
+
+def _cached_stencil(alphas: Tensor, weights: Tensor) -> Tensor:
+    """:func:`_smooth_stencil`, remembered per rule tensor (the path's rule tensors are cached objects): about 30
+    small kernels once, instead of at every call and in every captured graph. Not remembered while a CUDA graph is
+    being captured (a tensor made then lives in the graph's memory pool); the eager run before a capture fills it."""
+    key = (id(alphas), id(weights))
+    known = _STENCILS.get(key)
+    if known is not None and known[0]() is alphas and known[1]() is weights:
+        return known[2]
+    stencil = _smooth_stencil(alphas, weights)
+    if not (alphas.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_STENCILS) >= _STENCILS_KEPT:
+            _STENCILS.pop(next(iter(_STENCILS)))
+        _STENCILS[key] = (weakref.ref(alphas), weakref.ref(weights), stencil)
+    return stencil
+
+
+def _smooth_stencil(alphas: Tensor, weights: Tensor) -> Tensor:
+    """``(n,)`` ``Gamma``: ``sum_k Gamma_k t_k`` is the rule's error for ``t`` quadratic through each node and its
+    neighbours (the two end nodes use the first and last three nodes); zeros below 3 nodes."""
+    n = alphas.shape[0]
+    if n < 3:
+        return torch.zeros_like(alphas)
+    centre = alphas
+    first = torch.arange(n, device=alphas.device).sub(1).clamp(0, n - 3)  # (n,) the first of each node's three
+    x0, x1, x2 = alphas[first], alphas[first + 1], alphas[first + 2]
+    bounds = torch.cat([torch.zeros_like(alphas[:1]), torch.cumsum(weights, 0)])  # (n + 1,)
+    below, above = bounds[:-1] - centre, bounds[1:] - centre
+    m1, m2 = (above**2 - below**2) / 2, (above**3 - below**3) / 3  # the cell's moments about its node
+    pairs = ((x1, x2, x0 - x1, x0 - x2), (x0, x2, x1 - x0, x1 - x2), (x0, x1, x2 - x0, x2 - x1))
+    # Lagrange basis i: its derivative at the node and its (constant) second derivative
+    parts = [
+        -(((centre - a) + (centre - b)) * m1 + m2) / (da * db)  # -(L_i'(c) m1 + L_i'' m2 / 2), L_i'' = 2 / (da db)
+        for a, b, da, db in pairs
+    ]
+    stencil = torch.zeros_like(alphas)
+    inner = slice(1, n - 1)  # nodes 1 .. n-2 use their neighbours: first = k - 1
+    stencil[: n - 2] += parts[0][inner]
+    stencil[1 : n - 1] += parts[1][inner]
+    stencil[2:] += parts[2][inner]
+    for k, start in ((0, 0), (n - 1, n - 3)):  # the end nodes use the first and last three
+        for i in range(3):
+            stencil[start + i] += parts[i][k]
+    return stencil
 
 
 def _block_size(grads: Tensor) -> int:
     return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, grads[:, :1].numel())))
 
 
-def _slopes(grads: Tensor, diff: Tensor) -> Tensor:
-    """``(T, n, B)``: ``sum_i (x - b)_i g_k,i``, the slope ``dF/dalpha`` at each node, in blocks of nodes."""
-    size = _block_size(grads)
-    return torch.cat([(grads[:, k : k + size] * diff).sum(-1) for k in range(0, grads.shape[1], size)], 1)
+def _slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
+    """``(T, n, B)`` the slopes ``sum_i (x - b)_i g_k,i`` and ``(T, B)`` the roughness, in blocks of nodes."""
+    n, size = grads.shape[1], _block_size(grads)
+    slopes, first, second = [], None, None
+    for k in range(0, n, size):
+        terms = grads[:, k : k + size + 2] * diff  # (T, m, B, F): the block's nodes and the next two
+        slopes.append(terms[:, :size].sum(-1))
+        step = terms[:, 1:] - terms[:, :-1]  # t_{j+1} - t_j for j = k .. k + m - 2
+        bend = (step[:, 1:] - step[:, :-1])[:, :size].abs().sum((1, -1))
+        step = step[:, :size].abs().sum((1, -1))
+        first, second = (step, bend) if first is None else (first + step, second + bend)
+    assert first is not None and second is not None  # noqa: S101 - n >= 1
+    # no change at all (one linear piece, or one node): smooth, and both models read zero there
+    roughness = torch.where(first > 0, second / first.clamp_min(torch.finfo(first.dtype).tiny), 0.0)
+    return torch.cat(slopes, 1), roughness
 
 
-def _weighted_sum(grads: Tensor, coefficients: Tensor) -> Tensor:
-    """``(T, B, F)``: ``sum_k coefficients_k g_k`` with one coefficient per node and state, in blocks of nodes."""
+def _weighted_sums(
+    grads: Tensor, per_state: list[Tensor], weights: Tensor, stencil: Tensor | None = None
+) -> list[Tensor]:
+    """``(T, B, F)`` float64 sums ``sum_k c_k g_k`` for each coefficient set of ``per_state`` ``(T, n, B)``, then
+    for ``stencil`` ``(n,)`` when given, then for the rule's ``weights`` (the accumulation in float64), in blocks."""
     size = _block_size(grads)
-    total = (coefficients[:, :size, :, None] * grads[:, :size]).sum(1)
-    for k in range(size, grads.shape[1], size):
-        total = total + (coefficients[:, k : k + size, :, None] * grads[:, k : k + size]).sum(1)
-    return total
+    f64 = torch.float64
+    vectors = ([] if stencil is None else [stencil.to(f64)]) + [weights.to(f64)]
+    totals: list[Tensor] | None = None
+    for k in range(0, grads.shape[1], size):
+        block = grads[:, k : k + size].to(f64)  # (T, m, B, F)
+        parts = [(c[:, k : k + size, :, None].to(f64) * block).sum(1) for c in per_state]
+        parts += [torch.einsum("m,tmbf->tbf", v[k : k + size], block) for v in vectors]
+        totals = parts if totals is None else [t + p for t, p in zip(totals, parts)]
+    assert totals is not None  # noqa: S101 - n >= 1
+    return totals
+
+
+def _rounding(attributions: Tensor, diff: Tensor, exact_sum: Tensor, dtype: torch.dtype) -> Tensor:
+    """``(T, B)``: ``||a - (x - b) * sum_k w_k g_k||_1`` with the sum in float64: the accumulation's rounding."""
+    exact = diff.to(torch.float64) * exact_sum
+    return (attributions.to(torch.float64) - exact).abs().sum(-1).to(dtype)
 
 
 def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor) -> Tensor:
@@ -127,7 +257,7 @@ def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor) -> Ten
     Args:
         attributions: ``(T, B, F)``.
         stats: ``(7, T, B)`` the completeness statistics (``f_input``, ``f_baseline``, ``delta`` first).
-        numerator: ``(T, B)`` from :func:`kink_estimate`.
+        numerator: ``(T, B)`` from :func:`error_estimate`.
     """
     dtype = numerator.dtype
     mass = attributions.to(dtype).abs().sum(-1)  # (T, B)
