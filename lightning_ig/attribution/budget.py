@@ -18,8 +18,10 @@ call and machine to machine):
   :data:`CPU_BUDGET_FLOPS`; 64 when even that does not fit, and when the forward calls no module with a weight
   (the work cannot be counted).
 
-On an H200 this gives 256 nodes to 64 states of the CartPole and MinAtar networks, 128 to 256 CartPole states,
+On an H200 this gives 256 nodes to 64 states of the CartPole and MinAtar networks and to 256 CartPole states,
 64 to 256 MinAtar states and to any Nature-CNN batch; on a CPU, 64 to anything larger than a few CartPole states.
+The budgets are the work each device does in about the fixed cost of one call (an H200's launches: ~2.5 ms at
+~6 TFLOP/s effective; a CPU's Python and small operations: a few ms at a few tens of GFLOP/s).
 The choice is deterministic for a forward, a batch size and a device, and it is the result's
 :attr:`~lightning_ig.attribution.IGResult.n_steps` (and the report's ``num_steps``).
 """
@@ -55,8 +57,9 @@ CUDA_BUDGET_FLOPS = 16e9
 """Multiply-adds (x2) per call that an H200 (132 multiprocessors) runs in about the time its launches take: the
 work of 256 nodes x 64 states of the MinAtar network (11e9) fits, 64 nodes x 8 Nature-CNN states (22e9) does not."""
 
-CPU_BUDGET_FLOPS = 1e9
-"""The same on a CPU, where every row costs: a few CartPole states get 128-256 nodes, a batch of 64 gets 64."""
+CPU_BUDGET_FLOPS = 1e8
+"""The same on a CPU (a few milliseconds of one core, about a call's own overhead there): every row costs, so a
+CartPole network's batch of 16 or more states gets 64 nodes, and only work the size of a unit test more."""
 
 _H200_MULTIPROCESSORS = 132
 _FLOPS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], int]] = weakref.WeakKeyDictionary()

@@ -19,10 +19,10 @@ training distribution crowd the kinks near the baseline, where a warped rule is 
    in-distribution family measured and picked ``warped_middle:2`` on frames x255, 3.5x more accurate);
 4. the scale: 1, unless the median ratio true / estimated error over the ordinary states of the chosen rule lies
    outside ``[1/sqrt 2, sqrt 2]`` (the band of ratios inside which the verdict is right,
-   :func:`~lightning_ig.attribution.accuracy_verdict`): then that median, clipped to ``[0.05, 4]``. The estimate is
-   centred on the truth where its models hold (median ratio 0.9-1.2 on every family measured), so the scale is
-   left alone there; a scale fitted to the worst of 8 states (the rule before) made it over-read everywhere else.
-   It re-centres an estimate that reads systematically low (kinks crowded at an end of the path) or high.
+   :func:`~lightning_ig.attribution.accuracy_verdict`): then that median, clipped to ``[0.05, 4]``. The estimate
+   is centred on the truth where its models hold (median true / estimated 0.77-1.00 on every family measured), so
+   the scale is left alone there; a scale fitted to the worst of 8 states (the rule before) made it over-read
+   everywhere else. It re-centres an estimate that reads systematically low (kinks crowded at an end) or high.
 
 Cost: ``(reference_steps + len(CANDIDATES) x n_steps) x states`` gradient rows: 8 x (1024 + 4 x 256) = 16384 at 256
 nodes, 8 x (1024 + 4 x 64) = 10240 at 64, in 2-5 passes; :attr:`Calibration.seconds` says what it took.
@@ -210,15 +210,15 @@ def calibrate(
         statistics = RunningStatistics(forward)
         saved = statistics.save()
         try:
-            scored = _scored(run, rules, n_steps, reference_steps)
+            scored = _Scored(run, rules, n_steps, reference_steps)
+            worst = {rule: scored.worst(rule) for rule in rules}
+            default = rules[0]
+            best = min(rules, key=lambda rule: worst[rule] if math.isfinite(worst[rule]) else math.inf)
+            if not worst[best] < margin * worst[default]:  # NaN (nothing ordinary) keeps the default too
+                best = default
+            scale = _scale(*scored.with_estimate(best))
         finally:
             statistics.restore(saved)
-    worst = {rule: float(errors.max()) if errors.numel() else math.nan for rule, (errors, _) in scored.items()}
-    default = rules[0]
-    best = min(rules, key=lambda rule: worst[rule] if math.isfinite(worst[rule]) else math.inf)
-    if not worst[best] < margin * worst[default]:  # NaN (nothing ordinary) keeps the default too
-        best = default
-    scale = _scale(*scored[best])
     rows = (reference_steps + len(rules) * n_steps) * count
     return Calibration(best, n_steps, scale, worst, count, rows, time.perf_counter() - started)
 
@@ -235,49 +235,68 @@ def _scale(errors: Tensor, estimates: Tensor) -> float:
     return 1.0 if low <= median <= high else min(SCALE_RANGE[1], max(SCALE_RANGE[0], median))
 
 
-def _scored(run: PathRun, rules: list[str], n_steps: int, reference_steps: int) -> dict[str, tuple[Tensor, Tensor]]:
-    """Each rule's true errors and unscaled estimates ``(K,)`` over the ordinary (target, state) pairs.
+class _Scored:
+    """The candidates' true errors against the reference; the estimate is computed for the chosen rule only.
 
     The reference's nodes (in pieces) and each candidate's go through the network together, as many per pass as
-    :data:`_PASS_ELEMENTS` allows (one or two passes for a small network: each pass is a few launches on a GPU).
+    :data:`_PASS_ELEMENTS` allows (one pass for a small network: a few launches on a GPU). Each candidate is
+    accumulated at once (one kernel); its gradients stay until a rule is chosen.
     """
-    device = run.x.device
-    reference_alphas, _ = rule_tensors(DEFAULT_METHOD, reference_steps, run.acc, device)
-    largest = max(n_steps, _PASS_ELEMENTS // max(1, run.batch * run.features))
-    piece = max(1, min(reference_steps, largest))
-    pieces: list[tuple[str, Tensor]] = [
-        ("", reference_alphas[first : first + piece]) for first in range(0, reference_steps, piece)
-    ]
-    pieces += [(rule, rule_tensors(rule, n_steps, run.acc, device)[0]) for rule in rules]
-    reference: Tensor | None = None  # (T, B, F) float64: the sum of the reference's gradients
-    results: dict[str, tuple[Tensor, Tensor]] = {}  # each rule's attributions (T, B, F) and unscaled estimate (T, B)
-    ends: Tensor | None = None
-    while pieces:
-        batch = [pieces.pop(0)]
-        while pieces and sum(p.shape[0] for _, p in batch) + pieces[0][1].shape[0] <= largest:
-            batch.append(pieces.pop(0))
-        path = run.gradients(torch.cat([alphas for _, alphas in batch]), with_ends=ends is None)
-        ends = path.ends if ends is None else ends
-        assert ends is not None  # noqa: S101 - the first pass has them
-        first = 0
-        for rule, alphas in batch:
-            nodes = slice(first, first + alphas.shape[0])
-            first += alphas.shape[0]
-            if rule:
-                weights = rule_tensors(rule, n_steps, run.acc, device)[1]
-                out = run.finish(alphas, weights, path.grads[:, nodes], ends, path.values[:, nodes])
-                results[rule] = (out["attributions"].to(torch.float64), out["accuracy"][0].to(torch.float64))
-            else:
-                part = path.grads[:, nodes].to(torch.float64).sum(1)
-                reference = part if reference is None else reference + part
-    assert reference is not None  # noqa: S101 - reference_steps >= 1
-    diff = run.x.to(torch.float64) - run.b.to(torch.float64)
-    reference = diff * reference / reference_steps
-    mass = reference.abs().sum(-1)  # (T, B)
-    ordinary = ~near_baseline_states(mass)
-    scored = {}
-    for rule, (attributions, estimate) in results.items():
-        true = (attributions - reference).abs().sum(-1) / mass.clamp_min(torch.finfo(torch.float64).tiny)
-        keep = ordinary & torch.isfinite(true) & torch.isfinite(estimate)
-        scored[rule] = (true[keep], estimate[keep])
-    return scored
+
+    def __init__(self, run: PathRun, rules: list[str], n_steps: int, reference_steps: int) -> None:
+        self.run, self.n_steps = run, n_steps
+        device = run.x.device
+        reference_alphas, _ = rule_tensors(DEFAULT_METHOD, reference_steps, run.acc, device)
+        largest = max(n_steps, _PASS_ELEMENTS // max(1, run.batch * run.features))
+        piece = max(1, min(reference_steps, largest))
+        pieces: list[tuple[str, Tensor]] = [
+            ("", reference_alphas[first : first + piece]) for first in range(0, reference_steps, piece)
+        ]
+        pieces += [(rule, rule_tensors(rule, n_steps, run.acc, device)[0]) for rule in rules]
+        reference: Tensor | None = None  # (T, B, F) float64: the sum of the reference's gradients
+        self.paths: dict[str, tuple[Tensor, Tensor]] = {}  # each rule's gradients (T, n, B, F) and values (T, n, B)
+        attributions: dict[str, Tensor] = {}
+        self.ends: Tensor | None = None
+        while pieces:
+            batch = [pieces.pop(0)]
+            while pieces and sum(p.shape[0] for _, p in batch) + pieces[0][1].shape[0] <= largest:
+                batch.append(pieces.pop(0))
+            path = run.gradients(torch.cat([alphas for _, alphas in batch]), with_ends=self.ends is None)
+            self.ends = path.ends if self.ends is None else self.ends
+            first = 0
+            for rule, alphas in batch:
+                nodes = slice(first, first + alphas.shape[0])
+                first += alphas.shape[0]
+                if rule:
+                    grads, weights = path.grads[:, nodes], rule_tensors(rule, n_steps, run.acc, device)[1]
+                    self.paths[rule] = (grads, path.values[:, nodes])
+                    attributions[rule] = run.backend.accumulate(run.x, run.b, weights, grads.contiguous())
+                else:
+                    part = path.grads[:, nodes].to(torch.float64).sum(1)
+                    reference = part if reference is None else reference + part
+        assert reference is not None  # noqa: S101 - reference_steps >= 1
+        diff = run.x.to(torch.float64) - run.b.to(torch.float64)
+        reference = diff * reference / reference_steps
+        mass = reference.abs().sum(-1)  # (T, B)
+        tiny = torch.finfo(torch.float64).tiny
+        self.true = {
+            rule: (a.to(torch.float64) - reference).abs().sum(-1) / mass.clamp_min(tiny)
+            for rule, a in attributions.items()
+        }  # (T, B) each
+        self.ordinary = ~near_baseline_states(mass)
+
+    def worst(self, rule: str) -> float:
+        """The rule's worst true error over the ordinary (target, state) pairs (NaN when there is none)."""
+        true = self.true[rule]
+        kept = true[self.ordinary & torch.isfinite(true)]
+        return float(kept.max()) if kept.numel() else math.nan
+
+    def with_estimate(self, rule: str) -> tuple[Tensor, Tensor]:
+        """The rule's true errors and unscaled estimates ``(K,)`` over the ordinary pairs (the estimate computed now)."""
+        alphas, weights = rule_tensors(rule, self.n_steps, self.run.acc, self.run.x.device)
+        grads, values = self.paths[rule]
+        assert self.ends is not None  # noqa: S101 - the first pass has them
+        estimate = self.run.finish(alphas, weights, grads, self.ends, values)["accuracy"][0].to(torch.float64)
+        true = self.true[rule]
+        keep = self.ordinary & torch.isfinite(true) & torch.isfinite(estimate)
+        return true[keep], estimate[keep]
