@@ -86,7 +86,8 @@ _WARP_FAMILIES = ("warped_middle", "mirrored_middle")
 _LARGEST_WARP = 8.0
 
 BUDGET = "budget"
-"""``n_steps="budget"``, the default everywhere (engine, callback, command line): see :mod:`lightning_ig.attribution.budget`."""
+"""``n_steps="budget"``, the default everywhere (engine, callback, command line): the number of points chosen from
+the size of the work (:mod:`lightning_ig.attribution.budget`)."""
 
 NSteps = int | Literal["auto", "budget"]
 """The type of an ``n_steps=`` option: a number of quadrature points, ``"auto"`` (refined per state) or ``"budget"``

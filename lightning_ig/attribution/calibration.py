@@ -292,7 +292,7 @@ class _Scored:
         return float(kept.max()) if kept.numel() else math.nan
 
     def with_estimate(self, rule: str) -> tuple[Tensor, Tensor]:
-        """The rule's true errors and unscaled estimates ``(K,)`` over the ordinary pairs (the estimate computed now)."""
+        """The rule's true errors and unscaled estimates ``(K,)`` over the ordinary pairs (estimated now)."""
         alphas, weights = rule_tensors(rule, self.n_steps, self.run.acc, self.run.x.device)
         grads, values = self.paths[rule]
         assert self.ends is not None  # noqa: S101 - the first pass has them

@@ -94,7 +94,9 @@ def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: py
 
 def test_batch_norm_in_train_mode_is_counted_without_moving_its_statistics() -> None:
     torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+    )
     model.train()
     before = [buffer.clone() for buffer in model[1].buffers()]
     flops, width = row_flops(model, torch.randn(1, 4))  # one state: counted on two copies (batch-norm needs two)

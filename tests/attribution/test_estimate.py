@@ -152,7 +152,9 @@ def test_the_accumulations_rounding_is_part_of_the_estimate() -> None:
     model = torch.nn.Linear(6, 1)
     x = torch.randn(5, 6)
     result = integrated_gradients(model, x, target=0, n_steps=50)
-    summed = x.double() * model.weight.detach().double().squeeze(0) * torch.tensor(quadrature("riemann_middle", 50)[1]).sum()
+    summed = (
+        x.double() * model.weight.detach().double().squeeze(0) * torch.tensor(quadrature("riemann_middle", 50)[1]).sum()
+    )
     rounding = (result.attributions.double() - summed).abs().sum(1)
     assert float(rounding.max()) > 0  # 1/50 is not a float: the float32 sum rounds
     mass = result.attributions.double().abs().sum(1)
