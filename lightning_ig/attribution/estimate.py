@@ -80,7 +80,7 @@ tanh trained, 64 nodes), every ReLU state >= 0.97 (CartPole ReLU trained, 64 nod
 _BLOCK_ELEMENTS = 1 << 24
 _GROUPS = 8  # the roughness is measured on the path terms summed in this many groups of features
 _RULES: dict[tuple[int, int], tuple[weakref.ref[Tensor], weakref.ref[Tensor], _RuleParts]] = {}
-_RULES_KEPT = 64
+_RULES_KEPT = 256  # as many as the path's cache of rule tensors
 
 
 def error_estimate(
@@ -156,9 +156,10 @@ def _rule_parts(alphas: Tensor, weights: Tensor) -> _RuleParts:
         stencil=stencil,
         weights64=weights.to(torch.float64),
     )
-    if not (alphas.is_cuda and torch.cuda.is_current_stream_capturing()):
-        if len(_RULES) >= _RULES_KEPT:
-            _RULES.pop(next(iter(_RULES)))
+    capturing = alphas.is_cuda and torch.cuda.is_current_stream_capturing()
+    # Never evicted while its rule tensors live: a captured graph reads these tensors where they are. An entry whose
+    # rule tensors died (their ids reused) is replaced; past the limit nothing more is remembered.
+    if not capturing and (key in _RULES or len(_RULES) < _RULES_KEPT):
         _RULES[key] = (weakref.ref(alphas), weakref.ref(weights), parts)
     return parts
 
