@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_ig.attribution import IntegratedGradients, calibrate, integrated_gradients
-from lightning_ig.attribution.calibration import CANDIDATES, CENTRED_BAND, SCALE_RANGE
+from lightning_ig.attribution.calibration import CANDIDATES, CENTRED_BAND, SCALE_RANGE, _scale
 from tests.support.tolerance import eps
 
 F64 = torch.float64
@@ -62,19 +62,34 @@ def test_in_distribution_it_keeps_the_midpoint_rule_and_leaves_a_centred_estimat
         assert found.error_scale == 1.0  # so the scale is left alone (the worst ratio would over-read elsewhere)
 
 
-def test_an_estimate_off_centre_is_recentred_by_its_median_ratio() -> None:
+def test_an_estimate_that_reads_high_everywhere_is_lowered_to_its_largest_ratio() -> None:
     # Gauss-Legendre on a tanh network: its true error is far below the curvature model's cell-by-cell figure, so
-    # the estimate reads high; calibration scales it by the median true / estimated ratio, within the range.
+    # the estimate reads high on every state; calibration lowers it as far as the state it reads lowest.
     torch.manual_seed(64)
     model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2)).double().eval()
     x = _states(65)
     found = calibrate(model, x, target="mean", n_steps=8, candidates=["gausslegendre"])
     true, estimate = _true_errors(model, x[:8], "gausslegendre", 8)
-    median = _median_ratio(true, estimate)
-    assert median < CENTRED_BAND[0]
+    largest = float((true / estimate).max())
+    assert largest < CENTRED_BAND[0]
     low, high = SCALE_RANGE
-    assert found.error_scale == pytest.approx(min(high, max(low, median)), rel=1e-6)
+    assert found.error_scale == pytest.approx(min(high, max(low, largest)), rel=1e-6)
     assert found.error_scale < 1.0
+
+
+@pytest.mark.parametrize(
+    ("ratios", "expected"),
+    [
+        ([1.6, 1.8, 2.0, 0.9, 3.0], 1.8),  # reads low on most states: raised by the median
+        ([0.2, 0.3, 0.5, 0.6], 0.6),  # reads high on every state: lowered only as far as the lowest-read one
+        ([0.3, 0.5, 0.6, 1.2], 1.0),  # one state read about right: never lowered past it
+        ([0.8, 1.0, 1.3, 5.0], 1.0),  # centred: left alone
+        ([50.0, 60.0, 70.0], SCALE_RANGE[1]),  # clipped
+    ],
+)
+def test_the_scale_rule(ratios: list[float], expected: float) -> None:
+    errors = torch.tensor(ratios, dtype=F64)
+    assert _scale(errors, torch.ones_like(errors)) == pytest.approx(expected)
 
 
 def test_the_budget_is_resolved_for_the_states_the_run_attributes() -> None:
