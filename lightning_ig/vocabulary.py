@@ -35,6 +35,7 @@ from lightning_ig import _moved
 
 __all__ = [
     "BACKENDS",
+    "BUDGET",
     "GRADIENTS",
     "METHODS",
     "WARPED_METHODS",
@@ -84,8 +85,13 @@ input, ``cosine_middle`` near both ends; see :mod:`lightning_ig.attribution.quad
 _WARP_FAMILIES = ("warped_middle", "mirrored_middle")
 _LARGEST_WARP = 8.0
 
-NSteps = int | Literal["auto"]
-"""The type of an ``n_steps=`` option: a number of quadrature points, or ``"auto"``."""
+BUDGET = "budget"
+"""``n_steps="budget"``, the default everywhere (engine, callback, command line): the number of points chosen from
+the size of the work (:mod:`lightning_ig.attribution.budget`)."""
+
+NSteps = int | Literal["auto", "budget"]
+"""The type of an ``n_steps=`` option: a number of quadrature points, ``"auto"`` (refined per state) or ``"budget"``
+(chosen from the work size: :mod:`lightning_ig.attribution.budget`)."""
 
 _INTEGERS = (int, np.integer)
 _REALS = (int, float, np.integer, np.floating)
@@ -272,11 +278,12 @@ def check_method(value: Any, name: str = "method") -> str:
 
 
 def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:
-    """An int >= 1 or ``"auto"`` (refine per state until the error figures are within tolerance)."""
+    """An int >= 1, ``"auto"`` (refine per state until the error figures are within tolerance) or ``"budget"``
+    (a number chosen from the size of the work)."""
     if isinstance(value, str):
-        if value != "auto":
-            raise ValueError(f"{name} must be an int >= 1 or 'auto', got {value!r}")
-        return "auto"
+        if value not in ("auto", "budget"):
+            raise ValueError(f"{name} must be an int >= 1, 'budget' or 'auto', got {value!r}")
+        return "auto" if value == "auto" else BUDGET
     return check_positive_int(value, name, example=64)
 
 

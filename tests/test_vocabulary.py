@@ -103,7 +103,7 @@ def test_choices_and_steps() -> None:
     with pytest.raises(TypeError, match="backend must be one of .* got int"):
         check_choice(1, BACKENDS, "backend")
     assert check_n_steps("auto") == "auto" and check_n_steps(7) == 7
-    with pytest.raises(ValueError, match="n_steps must be an int >= 1 or 'auto', got 'many'"):
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1, 'budget' or 'auto', got 'many'"):
         check_n_steps("many")
     with pytest.raises(ValueError, match="n_steps must be an int >= 1, got 0; e.g. n_steps=64"):
         check_n_steps(0)

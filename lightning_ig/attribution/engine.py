@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.budget import resolve_budget
 from lightning_ig.attribution.calibration import CALIBRATION_STATES, Calibration, calibrate
 from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.eager import attribute_eager
@@ -105,7 +106,12 @@ class IntegratedGradients:
         self._fast = None
 
     def calibrate(
-        self, states: Tensor, baselines: Baselines = None, *, num_states: int = CALIBRATION_STATES
+        self,
+        states: Tensor,
+        baselines: Baselines = None,
+        *,
+        num_states: int = CALIBRATION_STATES,
+        batch: int | None = None,
     ) -> Calibration:
         """Choose this engine's rule and error scale on the first ``num_states`` states, and keep them as defaults.
 
@@ -115,9 +121,11 @@ class IntegratedGradients:
         captured at the next call; the error scale needs no new graph).
 
         Args:
-            states: ``(B, *feature_shape)``: states like the ones the engine will attribute.
+            states: ``(B, *feature_shape)``: the states the engine will attribute (``n_steps="budget"`` is
+                resolved for all ``B`` of them, as the calls will resolve it; the first ``num_states`` are used).
             baselines: as for :meth:`attribute`.
             num_states: how many of the first states to use (default 8).
+            batch: how many states each later call attributes, for ``n_steps="budget"`` (default: ``B``).
 
         Returns:
             The :class:`~lightning_ig.attribution.calibration.Calibration`.
@@ -130,18 +138,19 @@ class IntegratedGradients:
         if settings.n_steps == "auto":
             raise ValueError(
                 "calibrate needs a fixed n_steps (the engine has n_steps='auto', which refines the midpoint rule by "
-                "tripling): create the engine with n_steps=64, say"
+                "tripling): create the engine with n_steps='budget' (the default) or a number"
             )
         found = calibrate(
             self.forward,
             states,
             baselines,
             target=settings.target,
-            n_steps=int(settings.n_steps),
+            n_steps=settings.n_steps,  # an int, or "budget": resolved for all of states
             gradient=settings.gradient,
             backend=settings.backend,
             internal_batch_size=settings.internal_batch_size,
             num_states=num_states,
+            batch=batch,
         )
         self.use_calibration(found)
         return found
@@ -210,7 +219,7 @@ class IntegratedGradients:
             plan.run.spec,
             settings,
             plan.run,
-            int(settings.n_steps),
+            int(plan.run.settings.n_steps),  # the plan's: n_steps="budget" was resolved for this shape
             graph=True,
             stochastic=plan.stochastic,
         )
@@ -247,6 +256,8 @@ class IntegratedGradients:
 
     def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: Settings) -> IGResult:
         prepared = prepare(self.forward, inputs, baselines, settings)
+        defaults = settings is self._default_settings
+        settings = resolve_budget(self.forward, prepared, settings)  # n_steps="budget": before the key and capture
         if settings.check_finite:
             self._check_once("inputs", prepared.x, inputs)
             if isinstance(baselines, Tensor):
@@ -267,11 +278,7 @@ class IntegratedGradients:
         else:
             self.last_mode = "graph"
         out = _replay(plan, prepared)
-        if (
-            settings is self._default_settings
-            and key[3] == ("zeros",)
-            and prepared.spec.kind not in ("per_row", "callable")
-        ):
+        if defaults and key[3] == ("zeros",) and prepared.spec.kind not in ("per_row", "callable"):
             self._fast = (inputs.shape, inputs.dtype, inputs.device, plan)
         return build_result(
             out,

@@ -14,6 +14,7 @@ from lightning_ig.attribution.quadrature import check_rule
 from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.ig import IGOps, check_backend
 from lightning_ig.vocabulary import (
+    BUDGET,
     GRADIENTS,
     check_bool,
     check_choice,
@@ -26,13 +27,22 @@ from lightning_ig.vocabulary import (
     shown,
 )
 
-__all__ = ["DEFAULTS", "DEFAULT_MAX_STEPS", "DEFAULT_METHOD", "DEFAULT_N_STEPS", "Settings", "parse_settings"]
+__all__ = [
+    "BUDGET",
+    "DEFAULTS",
+    "DEFAULT_MAX_STEPS",
+    "DEFAULT_METHOD",
+    "DEFAULT_N_STEPS",
+    "Settings",
+    "parse_settings",
+]
 
 DEFAULT_MAX_STEPS = 512
-DEFAULT_N_STEPS = 64
+DEFAULT_N_STEPS = BUDGET
 """The default number of points: on ReLU networks every fixed rule is first order, so points are what buy accuracy;
-64 midpoint nodes cost 1.28x the gradients of the old 50-point Gauss-Legendre default and are more accurate on 14
-of 15 ReLU families measured (``docs/trust.md``)."""
+the engine spends what the device has to spare: 256 midpoint nodes where the work is small for the device (a
+CartPole or MinAtar network on a GPU: about the time of 50 Gauss-Legendre points there), 64 where it is not (a
+Nature-CNN; most work on a CPU). The number used is the result's ``n_steps`` (``docs/trust.md``)."""
 DEFAULT_METHOD = "riemann_middle"
 """The default rule: the uniform midpoint rule (Captum's name). Gauss-Legendre's high order buys nothing where the
 integrand is a step function (a ReLU network along the path); the midpoint rule's cells are as even as can be."""
@@ -107,8 +117,8 @@ def parse_settings(options: dict[str, Any]) -> Settings:
 
 
 def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
-    if isinstance(n_steps, int):
-        check_rule(method, n_steps)  # riemann_trapezoid needs 2; gausslegendre has a largest n
+    if isinstance(n_steps, int) or n_steps == BUDGET:
+        check_rule(method, n_steps if isinstance(n_steps, int) else 64)  # trapezoid needs 2; GL has a largest n
     elif method != DEFAULT_METHOD:
         # "auto" triples the uniform midpoint rule (3n nodes hold the n before): no other rule nests so, and the
         # error estimate stays calibrated only under refinement that treats every cell alike.

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.estimate import accuracy_rows, kink_estimate
+from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
 from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.quadrature import quadrature
@@ -199,7 +199,7 @@ class PathRun:
             if uses_batch_statistics(self.forward):  # identical rows of one batch agree then: found by looking
                 self.stochastic = torch.ones_like(self.stochastic)
         diff = self.x.to(self.acc) - self.b.to(self.acc)
-        numerator = kink_estimate(grads, values, diff, alphas, weights, stats[0], stats[1])
+        numerator = error_estimate(grads, values, diff, alphas, weights, stats[0], stats[1], attributions)
         return {"attributions": attributions, "stats": stats, "accuracy": accuracy_rows(attributions, stats, numerator)}
 
     def stochastic_flag(self) -> Tensor:

@@ -115,11 +115,12 @@ class IGResult:
             eager call and when a CUDA graph is captured (a replay reports what
             its capture found). A :class:`StochasticForwardWarning` said so.
         attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of
-            ``||a - a_exact||_1 / ||a_exact||_1`` (:func:`~lightning_ig.attribution.estimate.kink_estimate`),
+            ``||a - a_exact||_1 / ||a_exact||_1`` (:func:`~lightning_ig.attribution.estimate.error_estimate`),
             times :attr:`error_scale`. It can read low where several kinks share a stretch between two nodes
             and cancel, where a gradient changes and changes back between them, and where kinks crowd at an end
-            of the path (inputs far off the training distribution); it reads high on smooth networks (curvature
-            taken for kinks): calibration's scale corrects both (the module's docstring, ``docs/trust.md``).
+            of the path (inputs far off the training distribution), and high on smooth networks whose features
+            are only a few nodes wide; calibration's scale corrects a systematic bias (the module's docstring,
+            ``docs/trust.md``).
         mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well
             conditioned where ``dF`` is tiny; a lower bound of the per-feature error (it can fail a map,
             never vouch for one: errors of opposite sign cancel in the sum).

@@ -23,7 +23,7 @@ from torch import Tensor
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.calibration import CALIBRATION_STATES
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.callback.heldout import baselines_for
+from lightning_ig.callback.heldout import baselines_for, rank_rows
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.summary import RunSummary
 
@@ -54,8 +54,9 @@ def calibrate(
     states = held_out[:CALIBRATION_STATES].to(device=pl_module.device, dtype=dtype)
     rows = torch.arange(len(states))
     baselines = baselines_for(baseline, held_out, rows, states.device, dtype)
+    batch = len(rank_rows(len(held_out), getattr(trainer, "world_size", 1), getattr(trainer, "global_rank", 0)))
     with attribution_mode(pl_module), stochastic_warnings_silenced():
-        found = engine.calibrate(states, baselines=baselines)
+        found = engine.calibrate(states, baselines=baselines, batch=batch)  # "budget" as this rank's runs resolve it
     if getattr(trainer, "world_size", 1) > 1:
         found = trainer.strategy.broadcast(found, src=0)  # one rule on every rank: rank zero's
         engine.use_calibration(found)

@@ -13,6 +13,7 @@ from lightning_ig._version import __version__
 from lightning_ig.cli.exits import PROG, UsageError
 from lightning_ig.vocabulary import (  # torch-free: --help answers without loading torch
     BACKENDS,
+    BUDGET,
     GRADIENTS,
     check_int,
     check_method,
@@ -101,14 +102,14 @@ def _checked(parse: Callable[[str], Any], check: Callable[..., Any], expected: s
 
 
 def _int_or_auto(text: str) -> int | str:
-    return text if text == "auto" else int(text)
+    return text if text in ("auto", "budget") else int(text)
 
 
 _positive_int = _checked(int, check_positive_int, "a whole number >= 1")
 _count = _checked(int, check_int, "a whole number >= 0", minimum=0)
 _seed = _checked(int, check_int, "a whole number", minimum=0, maximum=2**63 - 1)
 _positive_float = _checked(float, check_positive_float, "a number > 0")
-_num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1 or 'auto'")
+_num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1, 'budget' or 'auto'")
 
 
 def _method(text: str) -> str:
@@ -280,9 +281,11 @@ def _add_diag(commands: Any) -> None:
     ig.add_argument(
         "--num-steps",
         type=_num_steps("--num-steps"),
-        default=64,
-        metavar="N|auto",
-        help="quadrature steps, or 'auto' to refine until the error estimate meets --completeness-tol",
+        default=BUDGET,
+        metavar="N|budget|auto",
+        help="quadrature steps; 'budget': 256, 128 or 64, the most the device runs in about the time of its "
+        "launches (the report's num_steps says which); 'auto': refine until the error estimate meets "
+        "--completeness-tol",
     )
     ig.add_argument(
         "--method",

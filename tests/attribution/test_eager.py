@@ -594,7 +594,7 @@ def test_error_n_steps_method_and_options() -> None:
         integrated_gradients(_forward, x, n_steps=0)
     with pytest.raises(TypeError, match="n_steps must be an int >= 1, got float"):
         integrated_gradients(_forward, x, n_steps=2.5)
-    with pytest.raises(ValueError, match="n_steps must be an int >= 1 or 'auto', got 'many'"):
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1, 'budget' or 'auto', got 'many'"):
         integrated_gradients(_forward, x, n_steps="many")
     with pytest.raises(ValueError, match="method must be one of 'riemann_left', .*'gausslegendre', .*; got 'simpson'"):
         integrated_gradients(_forward, x, method="simpson")

@@ -118,6 +118,73 @@ def test_auto_goes_on_where_completeness_is_exact_but_the_estimate_is_not_within
     assert float(coarser.attribution_error.max()) > tol / 2  # and it stopped at the first level that was within
 
 
+class _Cubic(torch.nn.Module):
+    """``sum_i c_i z_i^3``: along ``alpha x`` each path term is ``3 c_i x_i^3 alpha^2``, a quadratic."""
+
+    def __init__(self, coefficients: list[float]) -> None:
+        super().__init__()
+        self.c = torch.nn.Parameter(torch.tensor(coefficients, dtype=F64))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return (self.c * z**3).sum(-1)
+
+
+@pytest.mark.parametrize("method", ["riemann_middle", "warped_middle:2", "gausslegendre", "riemann_left"])
+def test_on_a_smooth_integrand_the_curvature_term_is_the_true_error(method: str) -> None:
+    # Quadratic path terms: the quadratic through each node and its neighbours is the integrand itself, so the
+    # curvature model's error is exact for any rule (the midpoint rule's is -c x^3 / (4 n^2) per feature), and the
+    # roughness of a quadratic sampled at 16 nodes is far below the smooth threshold: no kink term is added.
+    n, coefficients = 16, [1.0, -2.0, 0.5]
+    x = torch.tensor([[1.0, 0.8, 1.3], [0.5, 1.2, -0.7]], dtype=F64)
+    result = integrated_gradients(_Cubic(coefficients), x, n_steps=n, method=method)
+    exact = torch.tensor(coefficients, dtype=F64) * x**3
+    error = (result.attributions - exact).abs().sum(1)
+    if method != "gausslegendre":  # 16 Gauss-Legendre nodes integrate a quadratic exactly: both read ~0 there
+        assert float(error.min()) > 1e-6 * float(exact.abs().sum(1).max())
+    mass = result.attributions.abs().sum(1)
+    assert_close_scaled(result.attribution_error * mass, error, ulps=64 * n, dtype=F64, scale=float(mass.max()))
+
+
+def test_the_accumulations_rounding_is_part_of_the_estimate() -> None:
+    # A linear model: every rule is exact, so a float32 result is off by the rounding of its float32 sum only;
+    # the estimate is that rounding, measured against the same gradients summed in float64.
+    torch.manual_seed(3)
+    model = torch.nn.Linear(6, 1)
+    x = torch.randn(5, 6)
+    result = integrated_gradients(model, x, target=0, n_steps=50)
+    summed = (
+        x.double() * model.weight.detach().double().squeeze(0) * torch.tensor(quadrature("riemann_middle", 50)[1]).sum()
+    )
+    rounding = (result.attributions.double() - summed).abs().sum(1)
+    assert float(rounding.max()) > 0  # 1/50 is not a float: the float32 sum rounds
+    mass = result.attributions.double().abs().sum(1)
+    # the curvature term of a constant integrand is its stencil's sum, zero to float32 rounding of the stencil
+    assert_close_scaled(result.attribution_error.double() * mass, rounding, ulps=64, scale=float(mass.max()))
+
+
+def test_a_pulse_between_two_nodes_is_seen_and_rounding_does_not_add_up_over_the_nodes() -> None:
+    # Feature 0 feeds two units whose kinks, 0.3004 and 0.3010, lie between the same two nodes with opposite
+    # effects (a pulse: the gradient changes and changes back, equal at every node); feature 1 has one kink at 0.6.
+    # An output offset of 1000 makes the float32 forward values' rounding (~1e-4 each) large next to the rule's
+    # error: summed over the 1023 stretches, most without a jump, it would read 3x the truth; summed per run of
+    # such stretches (the values telescope) it stays within 2x, and the pulse is still counted.
+    n = 1024
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+        net[0].bias.copy_(-torch.tensor([0.3004, 0.3010, 0.462]))  # feature 1 (x = 0.77) kinks at alpha = 0.6
+        net[2].weight.copy_(torch.tensor([[1.3, -1.3, 1.7]]))  # slopes whose steps are not float32 multiples
+        net[2].bias.fill_(1000.0)
+    x = torch.tensor([[1.0, 0.77]])
+    k, c = -net[0].bias.detach().double(), net[2].weight.detach().double()[0]  # as float32 holds them
+    exact = torch.stack([c[0] * (k[1] - k[0]), c[2] * (x[0, 1].double() - k[2])]).view(1, 2)
+    result = integrated_gradients(net, x, target="mean", n_steps=n)
+    assert float(result.attributions[0, 0]) == 0.0  # no node sees the pulse
+    true = float((result.attributions.double() - exact).abs().sum() / exact.abs().sum())
+    assert true > 1e-3
+    assert 0.5 * true <= float(result.attribution_error[0]) <= 2 * true
+
+
 def test_mass_relative_error_is_well_conditioned_where_dF_is_tiny() -> None:
     # Two kinks 5e-4 apart in one cell, opposite signs: F(x) - F(b) = 5e-4 is 4e-4 of the attribution mass, so the
     # ratio |delta| / |dF| reads 100% for a map whose sum is off by 5e-4; the mass-relative figure reads 4e-4.

@@ -1,6 +1,7 @@
 """The error figures on a CUDA device: the CUDA backend's (kernels for accumulation and completeness, the estimate
-in torch beside them) against the torch twins', a real CUDA graph's replay against eager, target="contrast" in a
-captured graph, and the calibration on the device.
+in torch beside them) against the torch twins', on ReLU and tanh networks (the kink and the curvature terms), a real
+CUDA graph's replay against eager, target="contrast" in a captured graph, n_steps="budget" resolved alike eagerly
+and in a graph, and the calibration on the device.
 
 Run with ``pytest -m gpu tests/attribution/test_estimate_gpu.py``; skipped where there is no CUDA device or CuPy.
 """
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from lightning_ig.attribution import IntegratedGradients, calibrate, integrated_gradients
+from lightning_ig.attribution.budget import budget_steps
 from tests.support.models import DuelingMLP
 from tests.support.tolerance import assert_close_scaled
 
@@ -26,6 +28,13 @@ def _relu_dueling(device: torch.device, seed: int) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DuelingMLP(16, 4, 128)
+    return model.to(device).eval()
+
+
+def _tanh_dueling(device: torch.device, seed: int) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.Tanh(), torch.nn.Linear(128, 4))
     return model.to(device).eval()
 
 
@@ -44,14 +53,31 @@ def _assert_figures_close(actual, expected, ulps: int) -> None:
     assert torch.equal(actual.near_baseline.cpu(), expected.near_baseline.cpu())
 
 
+@pytest.mark.parametrize("network", ["relu", "tanh"])
 @pytest.mark.parametrize("target", ["mean", "contrast", "each"])
-def test_cuda_backend_figures_equal_the_torch_twins(cuda_device: torch.device, target: str) -> None:
-    model, x = _relu_dueling(cuda_device, 70), _states(cuda_device, 71)
+def test_cuda_backend_figures_equal_the_torch_twins(cuda_device: torch.device, target: str, network: str) -> None:
+    model = (_relu_dueling if network == "relu" else _tanh_dueling)(cuda_device, 70)
+    x = _states(cuda_device, 71)
     cuda = integrated_gradients(model, x, target=target, backend="cuda")
     twin = integrated_gradients(model, x, target=target, backend="torch")
-    assert cuda.backend == "cuda" and cuda.method == "riemann_middle" and cuda.n_steps == 64
+    expected_steps = budget_steps(model, x[:1], 32, each=target == "each", finite_difference=False)
+    assert cuda.backend == "cuda" and cuda.method == "riemann_middle" and cuda.n_steps == twin.n_steps
+    assert cuda.n_steps == expected_steps == 256  # a small network on a GPU: the most points, for the launches' time
     assert_close_scaled(cuda.attributions.cpu(), twin.attributions.cpu(), ulps=16, dtype=F32)
     _assert_figures_close(cuda, twin, ulps=256)  # the estimate divides by ||a||_1: a few more roundings
+
+
+def test_the_budget_is_resolved_alike_eagerly_and_in_a_graph_per_shape(cuda_device: torch.device) -> None:
+    model = _relu_dueling(cuda_device, 77)
+    engine = IntegratedGradients(model, target="mean")
+    small, large = _states(cuda_device, 78, 32), _states(cuda_device, 79, 65536)
+    for x in (small, large, small):
+        expected = integrated_gradients(model, x, target="mean")
+        engine.attribute(x)
+        replayed = engine.attribute(x)  # the fast path: the plan's own number of points
+        assert engine.last_mode == "graph" and replayed.n_steps == expected.n_steps
+        assert_close_scaled(replayed.attributions.cpu(), expected.attributions.cpu(), ulps=16, dtype=F32)
+    assert engine.attribute(small).n_steps == 256 and engine.attribute(large).n_steps == 64
 
 
 @pytest.mark.parametrize("target", ["mean", "contrast"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import engine as engine_module
 from lightning_ig.attribution.calibration import CANDIDATES
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback import calibration as callback_calibration
@@ -42,8 +44,18 @@ def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, monkeypatch: pyt
 
 
 def test_calibration_runs_at_the_first_run_and_every_k_runs_with_its_cost(tmp_path, monkeypatch):
+    # the scale calibration measured, made 2.5 here (the tiny net's estimate is centred: its own scale would be 1)
+    seen: list[dict[str, Any]] = []
+    measured = engine_module.calibrate
+
+    def recentred(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return dataclasses.replace(measured(*args, **kwargs), error_scale=2.5)
+
+    monkeypatch.setattr(engine_module, "calibrate", recentred)
     callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=2, n_steps=8, calibrate_every=2)
     summaries = _fit(tmp_path, callback, monkeypatch)
+    assert [kwargs["batch"] for kwargs in seen] == [16, 16, 16]  # "budget" as the runs on all 16 states see it
     assert len(callback.history) == 5  # steps 2, 4, 6, 8, 10
     calibrated = [summary is not None for summary in summaries]
     assert calibrated == [True, False, True, False, True]  # runs 0, 2, 4
@@ -52,7 +64,7 @@ def test_calibration_runs_at_the_first_run_and_every_k_runs_with_its_cost(tmp_pa
             assert summary.completeness.calibration_ms > 0
     settings = callback._fit.engine.default_settings
     assert settings.method in CANDIDATES
-    assert settings.error_scale != 1.0  # what calibration measured, carried into every run's figures
+    assert settings.error_scale == 2.5  # what calibration measured, carried into every run's figures
     assert summaries[-1].completeness.error_scale == settings.error_scale
 
 

@@ -1,0 +1,104 @@
+"""n_steps="budget" (lightning_ig/attribution/budget.py): the work counted, the number of points chosen from it."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from lightning_ig.attribution import budget as budget_module
+from lightning_ig.attribution.budget import CPU_BUDGET_FLOPS, STEP_CHOICES, budget_flops, budget_steps, row_flops
+from lightning_ig.models import NoisyLinear
+
+
+class _Counted(torch.nn.Module):
+    """A module that counts its forward calls and the rows they held."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.calls, self.rows = inner, 0, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.rows += x.shape[0]
+        return self.inner(x)
+
+
+def _mlp(features: int = 4, hidden: int = 32, outputs: int = 3) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, outputs)
+    ).eval()
+
+
+def test_a_forward_row_counts_two_flops_per_weight_use() -> None:
+    mlp = _mlp(4, 32, 3)
+    assert row_flops(mlp, torch.zeros(1, 4)) == (2 * (4 * 32 + 32 * 3), 3)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, stride=2), torch.nn.Flatten()).eval()
+    # a 9x9 frame, 3x3 kernel, stride 2: 4x4 outputs per channel, each 4 x 3 x 3 multiply-adds
+    assert row_flops(conv, torch.zeros(1, 4, 9, 9)) == (2 * (4 * 3 * 3) * 8 * 16, 128)
+    noisy = NoisyLinear(6, 5).eval()  # two weight matrices (mean and noise scale): one product is counted
+    assert row_flops(noisy, torch.zeros(1, 6)) == (2 * 6 * 5, 5)
+    assert row_flops(lambda z: (z**2).sum(-1), torch.zeros(1, 3)) == (0, 1)  # no module: nothing to count
+
+
+def test_the_choice_is_the_most_points_whose_work_fits() -> None:
+    mlp = _mlp(4, 32, 3)
+    per_row = 2 * (4 * 32 + 32 * 3) * 2  # a forward and one backward
+    row = torch.zeros(1, 4)
+    for n in STEP_CHOICES:
+        fits = int(CPU_BUDGET_FLOPS // (n * per_row))  # the most states whose work at n points fits
+        assert budget_steps(mlp, row, fits, each=False, finite_difference=False) == n
+        smaller = next((m for m in STEP_CHOICES if m < n), STEP_CHOICES[-1])
+        assert budget_steps(mlp, row, fits + 1, each=False, finite_difference=False) == smaller
+    assert budget_steps(mlp, row, 10**9, each=False, finite_difference=False) == 64  # nothing fits: the fewest
+    few = int(CPU_BUDGET_FLOPS // (256 * per_row))
+    # target="each": a backward per output (1 + 3 passes instead of 2); finite differences: 2 F forwards a node
+    assert budget_steps(mlp, row, few, each=True, finite_difference=False) == 128
+    assert budget_steps(mlp, row, few // 2, each=True, finite_difference=False) == 256
+    assert budget_steps(mlp, row, few // 4, each=False, finite_difference=True) == 256
+    assert budget_steps(mlp, row, few // 4 + 1, each=False, finite_difference=True) == 128
+    assert budget_steps(lambda z: (z**2).sum(-1), row, 1, each=False, finite_difference=False) == 64
+
+
+def test_a_gpu_budget_scales_with_its_multiprocessors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(multi_processor_count=66))
+    assert budget_flops(torch.device("cuda", 0)) == budget_module.CUDA_BUDGET_FLOPS / 2
+    assert budget_flops(torch.device("cpu")) == CPU_BUDGET_FLOPS
+
+
+def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _Counted(_mlp())
+    per_row = 2 * row_flops(_mlp(), torch.zeros(1, 4))[0]  # a forward and a backward (another object: not cached)
+    # a CPU budget that 8 states x 256 nodes fill: 64 states do not fit even at 64 nodes
+    monkeypatch.setattr(budget_module, "CPU_BUDGET_FLOPS", 256 * 8 * per_row)
+    few, more = torch.randn(8, 4), torch.randn(64, 4)
+    before = model.calls
+    result = integrated_gradients(model, few, target="mean")
+    counting = model.calls - before  # the count's one forward, and the call's own
+    assert result.n_steps == 256
+    explicit = integrated_gradients(model, few, target="mean", n_steps=256)
+    assert torch.equal(result.attributions, explicit.attributions)
+    own = model.calls - before - counting
+    assert counting == own + 1
+    again = model.calls
+    assert integrated_gradients(model, few, target="mean").n_steps == 256
+    assert model.calls - again == own  # the count is remembered per forward, feature shape, dtype and device
+    assert integrated_gradients(model, more, target="mean").n_steps == 64
+    engine = IntegratedGradients(model, target="mean")
+    assert engine.attribute(few).n_steps == 256 and engine.attribute(more).n_steps == 64
+    assert engine.attribute(few).n_steps == 256  # one plan per shape, each with its own number
+
+
+def test_batch_norm_in_train_mode_is_counted_without_moving_its_statistics() -> None:
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+    )
+    model.train()
+    before = [buffer.clone() for buffer in model[1].buffers()]
+    flops, width = row_flops(model, torch.randn(1, 4))  # one state: counted on two copies (batch-norm needs two)
+    assert (flops, width) == (2 * (4 * 16 + 16 * 1), 1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model[1].buffers()))
