@@ -18,8 +18,8 @@ call and machine to machine):
   :data:`CPU_BUDGET_FLOPS`; 64 when even that does not fit, and when the forward calls no module with a weight
   (the work cannot be counted).
 
-On an H200 this gives 256 nodes to 64 states of the CartPole and MinAtar networks and to 256 CartPole states,
-64 to 256 MinAtar states and to any Nature-CNN batch; on a CPU, 64 to anything larger than a few CartPole states.
+On an H200 this gives 256 nodes to 64 or 256 states of the CartPole and MinAtar networks, 128 to 8 Nature-CNN
+states and 64 to 32 of them; on a CPU, 64 to anything larger than a few CartPole states.
 The budgets are the work each device does in about the fixed cost of one call (an H200's launches: ~2.5 ms at
 ~6 TFLOP/s effective; a CPU's Python and small operations: a few ms at a few tens of GFLOP/s).
 The choice is deterministic for a forward, a batch size and a device, and it is the result's
@@ -53,9 +53,11 @@ STEP_CHOICES = (256, 128, 64)
 """The numbers of points ``n_steps="budget"`` picks from, largest first (powers of two: the midpoint rule of
 ``2 n`` nodes is not nested in that of ``n``, but every choice is a whole rule of its own)."""
 
-CUDA_BUDGET_FLOPS = 16e9
-"""Multiply-adds (x2) per call that an H200 (132 multiprocessors) runs in about the time its launches take: the
-work of 256 nodes x 64 states of the MinAtar network (11e9) fits, 64 nodes x 8 Nature-CNN states (22e9) does not."""
+CUDA_BUDGET_FLOPS = 48e9
+"""Multiply-adds (x2) per call that an H200 (132 multiprocessors) runs in not much more than the time its launches
+take: 256 nodes x 256 states of the MinAtar network (44e9) and 128 nodes x 8 Nature-CNN states (44e9) fit, 64 nodes
+x 32 Nature-CNN states (88e9) does not. Measured on an H200 (bench_trust, 8 Nature-CNN states): 128 nodes took
+1.11-1.15x the time of 50 Gauss-Legendre nodes, 256 nodes 1.14-1.32x."""
 
 CPU_BUDGET_FLOPS = 1e8
 """The same on a CPU (a few milliseconds of one core, about a call's own overhead there): every row costs, so a
