@@ -238,7 +238,7 @@ class IntegratedGradientsCallback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._finish_pending()  # the run started one step ago: its numbers landed while this step ran
+        self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         step, every = trainer.global_step, self.options.every_n_steps
         if every is not None and step > 0 and step % every == 0 and self._should_run(trainer):
             # Started now, ended at the next batch end: the attribution runs on the device beside the next step
@@ -307,25 +307,30 @@ class IntegratedGradientsCallback(Callback):
         if every is not None and len(self.history) % every == 0:
             calibrated_ms = calibration.calibrate(run.engine, trainer, pl_module, run.held_out, self.options.baseline)
         started = time.perf_counter()
-        with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
-            result = run.engine.attribute(run.states, baselines=run.baselines)
-            members = None if run.members is None else run.members.attribute(run.states, run.baselines)
+        result = members = None
+        if run.side is None:  # else replayed beside training, over a snapshot of the weights (fit.Fit.side)
+            with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
+                result = run.engine.attribute(run.states, baselines=run.baselines)
+                members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         if self.options.target == "contrast":  # the Q-values the pairs were chosen from, for the actions picture
             with attribution_mode(pl_module), torch.no_grad():
                 riders.append(pl_module(run.states))  # (share, A)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
-        transfer = HostResult.begin(result, gather=gather, **run.host_options)  # what the run keeps: fit.start's
+        options = run.host_options  # what the run keeps: fit.start's
+        transfer = run.side.start() if run.side is not None else HostResult.begin(result, gather=gather, **options)
         self._last_run_step = trainer.global_step
         riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         held_ms = (time.perf_counter() - started) * 1e3
         step, epoch = trainer.global_step, trainer.current_epoch
         return fit.PendingRun(run, trainer, transfer, riders, step, epoch, final, held_ms, calibrated_ms)
 
-    def _finish_pending(self) -> None:
-        """End the pending run, if any (its numbers have landed by now, or this waits for them)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
+    def _finish_pending(self, *, landed: bool = False) -> None:
+        """End the pending run, if any (waiting for its numbers if they have not landed); with ``landed``, only if
+        they have (the device is asked, never waited for: else it stays pending until a later batch end)."""
+        pending = self._pending
+        if pending is not None and not (landed and not pending.transfer.ready()):
+            self._pending = None
             self._finish(pending)
 
     def _finish(self, pending: fit.PendingRun) -> None:

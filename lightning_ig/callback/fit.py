@@ -10,8 +10,9 @@ plain data; :class:`PendingRun` is a run between its start and its end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.host_result import HostResult, HostTransfer
+from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.attribution.side_stream import SideStream, explain
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.reports import ReportFolder
@@ -71,6 +74,8 @@ class Fit:
             the saliency grid draws states among the first this many).
         summary_options: what every run's summary is about (:func:`~lightning_ig.views.summary.summarize`'s
             ``feature_names``, ``log_features``, ``settings``).
+        side: attributes on a side CUDA stream over a snapshot of the weights, beside training (one process, no
+            ensemble, a snapshot that covers what the forward reads); ``None``: on the training stream.
     """
 
     held_out: Tensor
@@ -85,6 +90,7 @@ class Fit:
     trust: TrustMonitor | None
     host_options: Mapping[str, Any]
     summary_options: Mapping[str, Any]
+    side: SideStream | None = None
 
 
 @dataclass(frozen=True)
@@ -192,12 +198,33 @@ def start(
     host_options = {
         "num_states": len(plan.held_out),
         "groups": units.groups,
-        "keep_attributions": (units.log_features and options.log_histograms) or trust is not None,
+        # the (B, F) attributions for the histograms of features logged one by one, and for the trust checks when
+        # they read features (with groups they read the group sums, which every run keeps)
+        "keep_attributions": (units.log_features and options.log_histograms) or (trust is not None and groups is None),
         "sample_states": 0 if picked is None or not len(picked) else int(picked.max()) + 1,
     }
     summary_options = {"feature_names": units.names, "log_features": units.log_features, "settings": settings}
+    side = _side_stream(trainer, pl_module, engine, members, states, baselines, host_options)
     fixed = (plan.held_out, plan.units, plan.reports)
-    return Fit(*fixed, engine, label, members, states, baselines, outputs, trust, host_options, summary_options)
+    return Fit(*fixed, engine, label, members, states, baselines, outputs, trust, host_options, summary_options, side)
+
+
+def _side_stream(
+    trainer: Any, pl_module: Any, engine: IntegratedGradients, members: Any, states: Tensor, baselines: Any, host: Any
+) -> SideStream | None:
+    """The side stream of this fit's runs, where one can be used (else the reason in a debug log)."""
+    if trainer.world_size > 1:  # every rank's collectives in one order: each run ends at once under DDP
+        return explain("several processes (DDP)")
+    if members is not None:
+        return explain("an ensemble's members are attributed by an engine of their own")
+    return SideStream.prepare(engine, pl_module, states, baselines, host, mode=lambda: _attributing(pl_module))
+
+
+@contextlib.contextmanager
+def _attributing(pl_module: Any) -> Iterator[None]:
+    """The model as attribution needs it (eval, noise off, generators kept); the callback says stochastic once."""
+    with attribution_mode(pl_module), stochastic_warnings_silenced():
+        yield
 
 
 def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any]) -> Any:
