@@ -29,12 +29,13 @@ from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.models.noise import attribution_mode
+from lightning_ig.views.checksum import speed_up
 from lightning_ig.views.loggers import picture_sinks
 from lightning_ig.views.per_action import action_labels
 from lightning_ig.views.report import build_report
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary
-from lightning_ig.views.tensorboard import PictureWriter, RunOutputs
+from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, is_tensorboard_logger
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 
@@ -183,6 +184,9 @@ def start(
 
     inputs = _picture_inputs(options, plan, _action_inputs(options, pl_module, states, q_values))
     sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
+    if trainer.is_global_zero:  # TensorBoard's writer thread checksums every record in Python: numpy's, the same
+        for writer in (logger.experiment for logger in trainer.loggers if is_tensorboard_logger(logger)):
+            speed_up(writer)
     outputs = RunOutputs(
         tags,
         _cadences(options, plan),

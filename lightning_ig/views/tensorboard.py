@@ -23,6 +23,7 @@ and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`RunOutputs.log`, 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.views.picture_writer import PictureWriter, add_picture
+from lightning_ig.views.picture_writer import PictureWriter, add_picture, add_run
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.tags import (
     CALIBRATION_TAGS,
@@ -63,8 +64,6 @@ __all__ = [
     "report_markdown",
     "scalar_metrics",
 ]
-
-_HISTOGRAM_BINS = 30
 
 COMPANIONS = {"verdict": "top_features", "shares": "heatmap"}
 """Kinds of picture drawn at the runs of another kind (:func:`pictures_due`), so that the documented schedule of
@@ -168,6 +167,24 @@ def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int)
     """Send the scalars to every logger through ``log_metrics`` (call on global rank zero only)."""
     for logger in loggers:
         logger.log_metrics(dict(metrics), step=step)
+
+
+def _scalars_written_here(logger: Any) -> bool:
+    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own: its scalars go with the run's other events
+    (:func:`~lightning_ig.views.picture_writer.add_run`, the same values under the same tags), else through it."""
+    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
+
+    return type(logger).log_metrics is TensorBoardLogger.log_metrics
+
+
+def _prefixed(logger: Any, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` under the tags the logger's ``log_metrics`` writes them (its ``prefix``, joined as it joins it)."""
+    prefix = getattr(logger, "_prefix", "")
+    return (
+        {f"{prefix}{logger.LOGGER_JOIN_CHAR}{tag}": value for tag, value in metrics.items()}
+        if prefix
+        else dict(metrics)
+    )
 
 
 def is_tensorboard_logger(logger: Any) -> bool:
@@ -286,31 +303,56 @@ class RunOutputs:
             final: the end of training (every kind of picture is due).
         """
         loggers = list(loggers)
+        boards = [logger for logger in loggers if is_tensorboard_logger(logger)]
+        direct = [logger for logger in boards if _scalars_written_here(logger)]  # their scalars go with add_run
+        metrics: dict[str, float] = {}
         if host is not None:
             self.last_host = host
             metrics, self.ever_non_zero = informative_scalars(
                 scalar_metrics(summary, self.tags), self.tags, self.ever_non_zero
             )
             self.logged.update(metrics)
-            log_scalars(loggers, metrics, summary.step)
-        writers = [logger.experiment for logger in loggers if is_tensorboard_logger(logger)]
+            log_scalars([logger for logger in loggers if logger not in direct], metrics, summary.step)
         due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
-        if not (writers or self.sinks) or (host is None and not any(due.values())):
+        if not (boards or self.sinks) or (host is None and not any(due.values())):
             return
         if any(due.values()) and self.pictures.pending:
             self.pictures.wait()  # the last run's pictures first: at most one run's are in flight
         pictures = self._draw(due, summary, history)
         drawn_scale = self.saliency_scale if due.get("saliency") else None  # the text names this run's grid only
-        text = report_markdown(summary, self.tags, saliency_scale=drawn_scale) if host is not None else None
         layout_due = due.get("top_features") or summary.run_index == 0
         written_layout = self.layout() if layout_due and self.layout is not None else None
-        for writer in writers:
-            self._write(
-                writer, summary, text, written_layout, pictures, histograms=self.histograms and host is not None
+        histograms = self._histograms(summary) if self.histograms and host is not None else []
+        text = None
+        if host is not None:  # the words are made on the worker, from the run's summary
+            text = (
+                f"{self.tags.prefix}/report",
+                functools.partial(report_markdown, summary, self.tags, saliency_scale=drawn_scale),
             )
+        for logger in boards:
+            scalars = _prefixed(logger, metrics) if logger in direct else {}
+            self.pictures.submit(add_run, logger.experiment, summary.step, scalars, histograms, text)
+            if written_layout is not None:
+                self.pictures.submit(logger.experiment.add_custom_scalars, dict(written_layout))
+            # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the
+            # GIL), so the large ones are queued when this thread has little Python work left.
+            for tag, pixels in pictures.items():
+                self.pictures.submit(add_picture, logger.experiment, tag, pixels, summary.step)
         if self.sinks:
             self._to_sinks(summary, pictures, host if due.get("top_features") else None)
         self.drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
+
+    def _histograms(self, summary: RunSummary) -> list[tuple[str, np.ndarray]]:
+        """``(tag, the run's values of one unit)``: per feature logged one by one, per group."""
+        tags, columns = self.tags, []
+        for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
+            if units is not None and units.values is not None:
+                labels = tags.labels[units.kind]
+                columns += [
+                    (f"{tags.prefix}/{group}attributions/{label}", column)
+                    for label, column in zip(labels, units.values.T)
+                ]
+        return columns
 
     def _draw(
         self, due: Mapping[str, bool], summary: RunSummary, history: Sequence[Mapping[str, Any]]
@@ -325,35 +367,6 @@ class RunOutputs:
         if scale is not None:
             self.saliency_scale = scale
         return {f"{self.tags.prefix}/{PICTURE_TAGS[kind]}": pixels for kind, pixels in drawn.items()}
-
-    def _write(
-        self,
-        writer: Any,
-        summary: RunSummary,
-        text: str | None,
-        layout: Mapping[str, Any] | None,
-        pictures: Mapping[str, np.ndarray],
-        *,
-        histograms: bool,
-    ) -> None:
-        tags, step = self.tags, summary.step
-        if histograms:
-            for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
-                if units is None or units.values is None:
-                    continue
-                for label, column in zip(tags.labels[units.kind], units.values.T):
-                    finite = column[np.isfinite(column)]
-                    if finite.size:  # a histogram of nothing is an error in TensorBoard
-                        tag = f"{tags.prefix}/{group}attributions/{label}"
-                        writer.add_histogram(tag, finite, step, bins=_HISTOGRAM_BINS)
-        if text is not None:
-            writer.add_text(f"{tags.prefix}/report", text, step)  # listed as <prefix>/report/text_summary
-        if layout is not None:
-            writer.add_custom_scalars(dict(layout))
-        # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the GIL),
-        # so the large ones are queued when this thread has little Python work left.
-        for tag, pixels in pictures.items():
-            self.pictures.submit(add_picture, writer, tag, pixels, step)
 
     def _to_sinks(
         self,

@@ -1,4 +1,4 @@
-"""The side-stream runs (lightning_ig.attribution.side_stream) on the CPU: the snapshot, what it covers, the same numbers.
+"""The side-stream runs (attribution.side_stream) on the CPU: the snapshot, what it covers, the same numbers.
 
 The CPU has no streams: the steps run in order, with the graph capture emulated (tests/support/graphs.py), which
 is what the tests need to see: that a run reads the snapshot (not the live weights), that the snapshot holds what
@@ -23,25 +23,7 @@ from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.attribution.side_stream import SideStream, WeightSnapshot
 from lightning_ig.models.noise import NoisyLinear, noise_disabled
 from tests.support.graphs import EmulatedCapture
-
-_ARRAYS = (
-    "f_input",
-    "f_baseline",
-    "delta",
-    "relative_error",
-    "degenerate",
-    "non_finite",
-    "sum_attributions",
-    "attributions",
-    "sample_attributions",
-    "group_attributions",
-    "attribution_error",
-    "mass_relative_error",
-    "near_baseline",
-    "attribution_mass",
-    "n_steps_per_state",
-)
-_LABELS = ("n_steps", "method", "gradient", "backend", "target", "stochastic", "error_scale", "feature_shape")
+from tests.support.results import FoundCalibration, assert_same_host_results
 
 
 class _Net(nn.Module):
@@ -55,17 +37,6 @@ class _Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.conv(x)).flatten(1))
-
-
-def _same(side: HostResult, reference: HostResult) -> None:
-    for name in _ARRAYS:
-        a, b = getattr(side, name), getattr(reference, name)
-        assert (a is None) == (b is None), name
-        if a is not None:
-            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), name
-    for name in ("mean_abs", "stddev", "mean_signed", "stddev_abs"):
-        assert np.array_equal(getattr(side.features, name), getattr(reference.features, name)), name
-    assert [getattr(side, n) for n in _LABELS] == [getattr(reference, n) for n in _LABELS]
 
 
 def _setup(baselines: Any = "zeros", target: Any = "mean", **host: Any) -> tuple[_Net, torch.Tensor, Any, dict]:
@@ -106,7 +77,7 @@ def test_a_side_run_gives_the_engines_replay_bit_for_bit(baselines: str, groups:
     side = _side(model, states, given, options, target=target)
     for step in range(3):  # the capture, then replays (of both graphs where the baselines are zeros)
         side_result = side.start().result()
-        _same(side_result, _reference(model, states, given, options, target=target))
+        assert_same_host_results(side_result, _reference(model, states, given, options, target=target))
         with torch.no_grad():  # an optimizer step between runs
             for parameter in model.parameters():
                 parameter.add_(0.01 * (step + 1))
@@ -125,7 +96,7 @@ def test_a_replay_reads_the_snapshot_not_the_live_weights() -> None:
     np.testing.assert_array_equal(again.f_input, before.f_input)
     refreshed = side.start().result()  # the next run's start copies the new weights in
     assert not np.array_equal(refreshed.f_input, before.f_input)
-    _same(refreshed, _reference(model, states, baselines, options))
+    assert_same_host_results(refreshed, _reference(model, states, baselines, options))
 
 
 def test_the_snapshot_holds_what_the_forward_reads_with_the_noise_off() -> None:
@@ -213,11 +184,11 @@ def test_a_calibrated_scale_is_followed_with_the_same_graphs() -> None:
     side.start().result()
     side.start().result()
     replay, captures = side._replay, side.engine.graph_capture.attempts
-    side.source.use_calibration(_Calibration("riemann_middle", 0.25))  # the same rule, a new scale
+    side.source.use_calibration(FoundCalibration("riemann_middle", 0.25))  # the same rule, a new scale
     scaled = side.start().result()
     assert side._replay is replay and side.engine.graph_capture.attempts == captures
     assert scaled.error_scale == 0.25
-    _same(scaled, _reference(model, states, baselines, options, error_scale=0.25))
+    assert_same_host_results(scaled, _reference(model, states, baselines, options, error_scale=0.25))
 
 
 def test_a_calibrated_rule_is_captured_and_followed() -> None:
@@ -225,17 +196,10 @@ def test_a_calibrated_rule_is_captured_and_followed() -> None:
     side = _side(model, states, baselines, options)
     side.start().result()
     side.start().result()
-    side.source.use_calibration(_Calibration("gausslegendre", 0.5))
+    side.source.use_calibration(FoundCalibration("gausslegendre", 0.5))
     first = side.start().result()  # the new rule's capture
     second = side.start().result()  # and its replay
     assert first.method == second.method == "gausslegendre"
     reference = _reference(model, states, baselines, options, method="gausslegendre", error_scale=0.5)
-    _same(first, reference)
-    _same(second, reference)
-
-
-class _Calibration:
-    """What use_calibration reads of a calibration."""
-
-    def __init__(self, method: str, error_scale: float) -> None:
-        self.method, self.error_scale = method, error_scale
+    assert_same_host_results(first, reference)
+    assert_same_host_results(second, reference)

@@ -17,7 +17,6 @@ import torch
 
 from lightning_ig.ops.ig import TorchIG
 
-
 _MODE = ("training", "_noise_enabled")  # what decides which kernels a module's forward runs
 
 
