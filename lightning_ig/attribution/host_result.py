@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,38 +35,11 @@ from torch import Tensor
 
 from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.packing import COLUMNS as _COLUMNS
+from lightning_ig.attribution.packing import ResultLike, pack
 from lightning_ig.attribution.result import near_baseline_states, worst_over_ordinary
 
 __all__ = ["HostResult", "HostTransfer", "Moments", "RunLabels", "pack", "reduce_rows"]
-
-# The per-state columns packed after the attributions, in this order.
-_COLUMNS = (
-    "f_input",
-    "f_baseline",
-    "delta",
-    "relative_error",
-    "degenerate",
-    "non_finite",
-    "n_steps",
-    "stochastic",
-    "attribution_error",
-    "mass_relative_error",
-)
-
-
-class _ResultLike(Protocol):
-    """The fields of :class:`~lightning_ig.attribution.IGResult` read here (``non_finite``, ``stochastic`` optional)."""
-
-    attributions: Tensor
-    f_input: Tensor
-    f_baseline: Tensor
-    delta: Tensor
-    relative_error: Tensor
-    degenerate: Tensor
-    n_steps: int
-    method: str
-    gradient: str
-    backend: str
 
 
 class RunLabels(NamedTuple):
@@ -217,7 +190,7 @@ class HostResult:
     @classmethod
     def from_result(
         cls,
-        result: _ResultLike | HostResult,
+        result: ResultLike | HostResult,
         *,
         gather: Callable[[Tensor], Tensor] | None = None,
         num_states: int | None = None,
@@ -238,7 +211,7 @@ class HostResult:
     @classmethod
     def begin(
         cls,
-        result: _ResultLike,
+        result: ResultLike,
         *,
         gather: Callable[[Tensor], Tensor] | None = None,
         num_states: int | None = None,
@@ -419,52 +392,6 @@ def reduce_rows(
     return torch.cat(pieces), (values.shape[0], values.shape[1], samples.shape[0])
 
 
-def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
-    """One rank's result as the single tensor that is gathered, and the feature shape.
-
-    Returns:
-        ``(B, F + 10)`` in the attributions' dtype (at least float32): each state's flattened
-        attributions, then ``f_input``, ``f_baseline``, ``delta``, ``relative_error``,
-        ``degenerate``, ``non_finite``, ``n_steps`` (per state), ``stochastic``, ``attribution_error``,
-        ``mass_relative_error`` (NaN where the result has no such figure); and ``feature_shape``.
-    """
-    attributions = result.attributions
-    f_input = torch.as_tensor(result.f_input)
-    if attributions.ndim < 2 or f_input.ndim != 1 or f_input.shape[0] != attributions.shape[0]:
-        raise ValueError(
-            f"expected one forward value per state, got f_input of shape {tuple(f_input.shape)} for attributions "
-            f"of shape {tuple(attributions.shape)}; for target='each' build one report per action "
-            "(index the result's tensors)"
-        )
-    share = attributions.shape[0]
-    dtype = torch.promote_types(attributions.dtype, torch.float32)
-    non_finite = getattr(result, "non_finite", None)
-    flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
-    missing = torch.full((share,), float("nan"), dtype=dtype, device=attributions.device)
-    steps = getattr(result, "n_steps_per_state", None)
-    columns = [
-        result.f_input,
-        result.f_baseline,
-        result.delta,
-        result.relative_error,
-        result.degenerate,
-        flags,
-        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device)
-        if steps is None
-        else steps,
-        torch.full(
-            (share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device
-        ),
-        _figure(result, "attribution_error", missing),
-        _figure(result, "mass_relative_error", missing),
-    ]
-    per_state = torch.stack(
-        [torch.as_tensor(c, device=attributions.device).reshape(share).to(dtype) for c in columns], 1
-    )
-    packed = torch.cat([attributions.reshape(share, -1).to(dtype), per_state], dim=1)  # (B, F + 10)
-    return packed, tuple(int(size) for size in attributions.shape[1:])
-
-
 def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """The engine's mass-relative errors; computed here for a result that did not carry them (NaN columns)."""
     given = columns["mass_relative_error"]
@@ -476,11 +403,6 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
     with np.errstate(invalid="ignore", divide="ignore"):
         computed = np.where(scale > 0, np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale, 0.0)
     return np.where(missing, computed, given)
-
-
-def _figure(result: Any, name: str, missing: Tensor) -> Any:
-    value = getattr(result, name, None)
-    return missing if value is None else value
 
 
 __getattr__ = _moved.forwarder(__name__)  # JointGather moved to attribution.gather: it warns and is found
