@@ -30,7 +30,7 @@ def add_run(
     step: int,
     scalars: Mapping[str, float],
     histograms: Sequence[tuple[str, np.ndarray]],
-    text: tuple[str, Callable[[], str]] | None,
+    text: tuple[str, str] | None,
 ) -> None:
     """Log one run's scalars, histograms and report text to TensorBoard as one summary (one event, one checksum).
 
@@ -44,7 +44,7 @@ def add_run(
         step: the global step.
         scalars: ``{tag: value}`` (the logger's prefix already applied).
         histograms: ``(tag, values)``: a histogram of each column's finite values (none where there are none).
-        text: ``(tag, make the markdown)``, made here (on the worker), or ``None``.
+        text: ``(tag, the markdown)``, or ``None``.
     """
     file_writer = getattr(writer, "_get_file_writer", None)
     if file_writer is None:
@@ -55,7 +55,7 @@ def add_run(
             if finite.size:
                 writer.add_histogram(tag, finite, step, bins=HISTOGRAM_BINS)
         if text is not None:
-            writer.add_text(text[0], text[1](), step)
+            writer.add_text(text[0], text[1], step)
         return
     from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
     from torch.utils.tensorboard import summary as made  # noqa: PLC0415 - as above
@@ -66,7 +66,7 @@ def add_run(
         if finite.size:  # a histogram of nothing is an error in TensorBoard
             values.extend(made.histogram(tag, finite, HISTOGRAM_BINS).value)
     if text is not None:
-        values.extend(made.text(text[0], text[1]()).value)  # listed as <tag>/text_summary, as add_text's
+        values.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's
     if values:
         file_writer().add_summary(Summary(value=values), step)
 

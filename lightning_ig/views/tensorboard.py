@@ -23,9 +23,11 @@ and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`RunOutputs.log`, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -232,6 +234,26 @@ def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: floa
 # --------------------------------------------------------------------------- a callback's runs, logger by logger
 
 
+@dataclass(frozen=True)
+class _RunJob:
+    """What the logging worker writes for one run (made on the training thread; nothing in it changes later)."""
+
+    summary: RunSummary
+    due: dict[str, bool]  # the kinds of picture drawn
+    host: HostResult | None  # the last run's host result, for the pictures
+    history: list[Mapping[str, Any]]
+    inputs: Any
+    boards: list[tuple[Any, dict[str, float]]]  # each TensorBoard writer, and the scalars it gets with the run
+    histograms: list[tuple[str, np.ndarray]]
+    text: bool  # the report text (a run, not the pictures left at the end of training)
+    layout: Mapping[str, Any] | None
+    sinks: tuple[Any, Any] | None  # the sinks' feature table and report (with the bar chart), when there are sinks
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
 class RunOutputs:
     """What one callback's runs send to the trainer's loggers, run after run.
 
@@ -316,31 +338,24 @@ class RunOutputs:
         due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
         if not (boards or self.sinks) or (host is None and not any(due.values())):
             return
-        if any(due.values()) and self.pictures.pending:
-            self.pictures.wait()  # the last run's pictures first: at most one run's are in flight
-        pictures = self._draw(due, summary, history)
-        drawn_scale = self.saliency_scale if due.get("saliency") else None  # the text names this run's grid only
+        drawing = any(due.values())
+        if drawing and self.pictures.pending:
+            self.pictures.wait()  # the jobs before it first: at most one run's pictures in flight, their errors here
         layout_due = due.get("top_features") or summary.run_index == 0
-        written_layout = self.layout() if layout_due and self.layout is not None else None
-        histograms = self._histograms(summary) if self.histograms and host is not None else []
-        text = None
-        if host is not None:  # the words are made on the worker, from the run's summary
-            text = (
-                f"{self.tags.prefix}/report",
-                functools.partial(report_markdown, summary, self.tags, saliency_scale=drawn_scale),
-            )
-        for logger in boards:
-            scalars = _prefixed(logger, metrics) if logger in direct else {}
-            self.pictures.submit(add_run, logger.experiment, summary.step, scalars, histograms, text)
-            if written_layout is not None:
-                self.pictures.submit(logger.experiment.add_custom_scalars, dict(written_layout))
-            # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the
-            # GIL), so the large ones are queued when this thread has little Python work left.
-            for tag, pixels in pictures.items():
-                self.pictures.submit(add_picture, logger.experiment, tag, pixels, summary.step)
-        if self.sinks:
-            self._to_sinks(summary, pictures, host if due.get("top_features") else None)
-        self.drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
+        job = _RunJob(
+            summary,
+            {kind: drawn for kind, drawn in due.items() if drawn},
+            self.last_host,
+            list(history) if drawing else [],  # the history grows after this run: the worker draws what it was
+            self._inputs_now() if drawing else self.inputs,
+            [(logger.experiment, _prefixed(logger, metrics) if logger in direct else {}) for logger in boards],
+            self._histograms(summary) if self.histograms and host is not None else [],
+            host is not None,
+            self.layout() if layout_due and self.layout is not None else None,
+            self._sink_extras(summary, host if due.get("top_features") else None) if self.sinks else None,
+        )
+        self.pictures.submit(self._write, job)
+        self.drawn_steps.update(dict.fromkeys(job.due, summary.step))
 
     def _histograms(self, summary: RunSummary) -> list[tuple[str, np.ndarray]]:
         """``(tag, the run's values of one unit)``: per feature logged one by one, per group."""
@@ -348,48 +363,72 @@ class RunOutputs:
         for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
             if units is not None and units.values is not None:
                 labels = tags.labels[units.kind]
-                columns += [
-                    (f"{tags.prefix}/{group}attributions/{label}", column)
-                    for label, column in zip(labels, units.values.T)
-                ]
+                prefix = f"{tags.prefix}/{group}attributions"
+                columns += [(f"{prefix}/{label}", column) for label, column in zip(labels, units.values.T)]
         return columns
 
-    def _draw(
-        self, due: Mapping[str, bool], summary: RunSummary, history: Sequence[Mapping[str, Any]]
-    ) -> dict[str, np.ndarray]:
+    def _inputs_now(self) -> Any:
+        """The picture inputs with what they read of the callback (the last Q-values) read now, for the worker."""
+        q_values = getattr(self.inputs, "q_values", None)
+        if q_values is None:
+            return self.inputs
+        return dataclasses.replace(self.inputs, q_values=functools.partial(_same, q_values()))
+
+    def _write(self, job: _RunJob) -> None:
+        """On the worker: the pictures drawn, then every TensorBoard event of the run, then the sinks' part."""
+        failed: Exception | None = None
+        try:
+            pictures = self._draw(job)
+        except Exception as error:  # noqa: BLE001 - the run's scalars and text are still written; raised after
+            pictures, failed = {}, error
+        summary, step = job.summary, job.summary.step
+        drawn_scale = self.saliency_scale if job.due.get("saliency") and failed is None else None
+        text = None
+        if job.text:  # the report text names this run's saliency grid only
+            text = (f"{self.tags.prefix}/report", report_markdown(summary, self.tags, saliency_scale=drawn_scale))
+        for writer, scalars in job.boards:
+            add_run(writer, step, scalars, job.histograms, text)
+            if job.layout is not None:
+                writer.add_custom_scalars(dict(job.layout))
+            for tag, pixels in pictures.items():  # last: the largest events
+                add_picture(writer, tag, pixels, step)
+        if job.sinks is not None:
+            self._to_sinks(summary, pictures, *job.sinks)
+        if failed is not None:
+            raise failed
+
+    def _draw(self, job: _RunJob) -> dict[str, np.ndarray]:
         """The pictures due, by tag; the saliency grid's scale kept for the text and the next grid."""
-        if not any(due.values()):
+        if not job.due:
             return {}
         from lightning_ig.views.pictures import draw  # noqa: PLC0415 - Pillow and the drawing only when due
 
-        labels = self.tags.labels[summary.units.kind]
-        drawn, scale = draw(due, summary, labels, self.last_host, history, self.inputs, self.saliency_scale)
+        labels = self.tags.labels[job.summary.units.kind]
+        drawn, scale = draw(job.due, job.summary, labels, job.host, job.history, job.inputs, self.saliency_scale)
         if scale is not None:
             self.saliency_scale = scale
         return {f"{self.tags.prefix}/{PICTURE_TAGS[kind]}": pixels for kind, pixels in drawn.items()}
 
-    def _to_sinks(
-        self,
-        summary: RunSummary,
-        pictures: Mapping[str, np.ndarray],
-        host: HostResult | None,
-    ) -> None:
-        """The pictures to every sink; with the bar chart (``host``: the run's), the feature table and the report."""
+    def _sink_extras(self, summary: RunSummary, host: HostResult | None) -> tuple[Any, Any]:
+        """With the bar chart (``host``: the run's), the feature table and the JSON report for the sinks (made here,
+        on the training thread: the report reads the trainer)."""
+        if host is None:
+            return None, None
         from lightning_ig.views.loggers import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
-        step = summary.step
-        table = document = None
-        if host is not None:
-            table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
-            document = None if self.report is None else self.report(summary, host)  # built here, once
-        noun = "groups" if summary.units.kind == "groups" else "features"
+        table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
+        return table, None if self.report is None else self.report(summary, host)
+
+    def _to_sinks(self, summary: RunSummary, pictures: Mapping[str, np.ndarray], table: Any, document: Any) -> None:
+        """The pictures to every sink; with the bar chart, the feature table and the report (on the worker)."""
+        step, noun = summary.step, "groups" if summary.units.kind == "groups" else "features"
         for sink in self.sinks:
             for tag, pixels in pictures.items():
-                self.pictures.submit(sink.picture, tag, pixels, step)
+                sink.picture(tag, pixels, step)
             if table is not None:
-                self.pictures.submit(sink.table, f"{self.tags.prefix}/{noun}", *table, step)
+                sink.table(f"{self.tags.prefix}/{noun}", *table, step)
             if document is not None:
-                self.pictures.submit(sink.report, f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
+                sink.report(f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
 
     def close(self) -> None:
         """Every picture in the writer's queue (the worker stopped): before the loggers close."""

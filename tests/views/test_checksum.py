@@ -13,8 +13,8 @@ from lightning_ig.views.checksum import crc32c, masked_crc32c, speed_up
 
 pytest.importorskip("tensorboard")
 
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards  # noqa: E402
-from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards
+from torch.utils.tensorboard import SummaryWriter
 
 
 def test_the_check_value_of_crc32c() -> None:
@@ -22,7 +22,7 @@ def test_the_check_value_of_crc32c() -> None:
     assert crc32c(b"") == 0
 
 
-@pytest.mark.parametrize("size", [*range(0, 70), 1535, 1536, 1537, 4095, 4096, 16384, 16385, 65537, 262145, 300001])
+@pytest.mark.parametrize("size", [*range(70), 1535, 1536, 1537, 4095, 4096, 16384, 16385, 65537, 262145, 300001])
 def test_the_masked_checksum_is_tensorboards(size: int) -> None:
     data = random.Random(size).randbytes(size)
     assert masked_crc32c(data) == tensorboards(data)

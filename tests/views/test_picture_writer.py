@@ -49,7 +49,7 @@ def test_a_run_is_one_event_with_what_the_add_calls_write(tmp_path: Path) -> Non
     scalars, histograms, text = _run()
     together, apart = SummaryWriter(str(tmp_path / "together")), SummaryWriter(str(tmp_path / "apart"))
     for step in (3, 7):
-        add_run(together, step, scalars, histograms, ("ig/report", lambda: text))
+        add_run(together, step, scalars, histograms, ("ig/report", text))
         for tag, value in scalars.items():
             apart.add_scalar(tag, value, step)
         for tag, values in histograms:
@@ -97,7 +97,7 @@ class _PlainWriter:
 def test_a_writer_without_a_file_writer_gets_the_add_calls() -> None:
     scalars, histograms, text = _run()
     writer = _PlainWriter()
-    add_run(writer, 5, scalars, histograms, ("ig/report", lambda: text))
+    add_run(writer, 5, scalars, histograms, ("ig/report", text))
     kinds = [kind for kind, _, _ in writer.calls]
     assert kinds == ["scalar"] * 3 + ["histogram"] * 3 + ["text"]
     assert {step for _, _, step in writer.calls} == {5}
