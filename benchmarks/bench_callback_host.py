@@ -144,14 +144,15 @@ def instrument(clock: RunClock) -> None:
 
     calibration_module.calibrate = noting("calibration", calibration_module.calibrate)
     monitor_module.TrustMonitor._timed = noting("trust", monitor_module.TrustMonitor._timed)  # type: ignore[method-assign]
-    original_draw = tensorboard_module.RunOutputs._draw
+    original_due = tensorboard_module.pictures_due
 
-    def draw(self: Any, due: Any, *args: Any) -> Any:
+    def pictures_due(*args: Any, **kwargs: Any) -> Any:
+        due = original_due(*args, **kwargs)
         if any(due.values()):
-            clock.note("picture")
-        return original_draw(self, due, *args)
+            clock.note("picture")  # drawn on the logging worker; the run hands it over
+        return due
 
-    tensorboard_module.RunOutputs._draw = draw  # type: ignore[method-assign]
+    tensorboard_module.pictures_due = pictures_due
 
 
 def main() -> None:
