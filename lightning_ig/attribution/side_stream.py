@@ -43,9 +43,9 @@ from lightning_ig.attribution.engine import GraphPlan, IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.host_result import HostResult, HostTransfer, RunLabels, reduce_rows
 
-__all__ = ["SideStream", "WeightSnapshot"]
+__all__ = ["SideStream", "WeightSnapshot", "explain"]
 
-logger = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 _Mode = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -250,7 +250,7 @@ class SideStream:
             found = WeightSnapshot.find(module, engine.forward, states[:2])
         if isinstance(found, str):
             return explain(found)
-        logger.debug("IntegratedGradientsCallback: side stream over a snapshot of %d bytes", found.nbytes())
+        _logger.debug("IntegratedGradientsCallback: side stream over a snapshot of %d bytes", found.nbytes())
         return cls(engine, found, states, baselines, host_options, mode)
 
     def start(self) -> HostTransfer:
@@ -318,7 +318,7 @@ class SideStream:
             graph, captured = self.engine.graph_capture.capture(compute, stats.device)
         except Exception as error:  # noqa: BLE001 - any failure: these runs reduce eagerly, as before
             self._failed.add(id(plan))
-            logger.debug("IntegratedGradientsCallback: the reductions run eagerly (capture failed: %r)", error)
+            _logger.debug("IntegratedGradientsCallback: the reductions run eagerly (capture failed: %r)", error)
             return None
         labels = (int(settings.n_steps), settings.method, settings.gradient, plan.run.backend.name, plan.run.spec.label)
         groups: FeatureGroups | None = options["groups"]
@@ -334,4 +334,4 @@ class SideStream:
 
 def explain(reason: str) -> None:
     """Say at debug level why the runs stay on the training stream; ``None``."""
-    logger.debug("IntegratedGradientsCallback: the attribution stays on the training stream: %s", reason)
+    _logger.debug("IntegratedGradientsCallback: the attribution stays on the training stream: %s", reason)

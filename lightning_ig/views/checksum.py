@@ -24,7 +24,7 @@ import numpy as np
 
 __all__ = ["crc32c", "masked_crc32c", "speed_up"]
 
-logger = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 _POLY = 0x82F63B78  # Castagnoli, reflected
 _MASK = 0xFFFFFFFF
@@ -150,7 +150,7 @@ def speed_up(writer: Any) -> bool:
 
         record_writer = writer._get_file_writer().event_writer._async_writer._writer
     except (AttributeError, ImportError) as error:
-        logger.debug("lightning_ig: TensorBoard's own record checksum kept (%r)", error)
+        _logger.debug("lightning_ig: TensorBoard's own record checksum kept (%r)", error)
         return False
     if type(record_writer) is not RecordWriter or not hasattr(record_writer, "_writer"):
         return False

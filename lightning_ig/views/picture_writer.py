@@ -18,7 +18,7 @@ import numpy as np
 
 from lightning_ig.views.raster import png_bytes
 
-__all__ = ["PictureWriter", "add_picture", "add_run"]
+__all__ = ["HISTOGRAM_BINS", "PictureWriter", "add_picture", "add_run"]
 
 HISTOGRAM_BINS = 30
 
