@@ -94,6 +94,7 @@ class RunClock:
         self.start_ms: dict[int, float] = {}
         self.finish_ms: dict[int, float] = {}
         self.cpu_ms: dict[int, float] = {}  # the training thread's CPU time in both (not waiting for a core or the GIL)
+        self.finish_cpu_ms: dict[int, float] = {}  # ... in the finish alone
         self.kinds: dict[int, set[str]] = {}
         self.profile_runs = profile_runs
         self.profiler = cProfile.Profile(time.thread_time)  # CPU time: a shared machine's stalls left out
@@ -120,7 +121,10 @@ class RunClock:
                 return method(callback, *args, **kwargs)
             finally:
                 into[step] = into.get(step, 0.0) + (time.perf_counter() - started) * 1e3
-                clock.cpu_ms[step] = clock.cpu_ms.get(step, 0.0) + (time.thread_time() - cpu) * 1e3
+                spent = (time.thread_time() - cpu) * 1e3
+                clock.cpu_ms[step] = clock.cpu_ms.get(step, 0.0) + spent
+                if into is clock.finish_ms:
+                    clock.finish_cpu_ms[step] = clock.finish_cpu_ms.get(step, 0.0) + spent
                 if profiling:
                     clock.profiler.disable()
                 clock.current = None
@@ -196,7 +200,8 @@ def main() -> None:
     for step in steps[1:-1]:  # the first run captures; the last is the end of training
         kinds = clock.kinds.get(step, set())
         label = "steady" if not kinds else "+".join(sorted(kinds))
-        times = (clock.start_ms[step], clock.finish_ms.get(step, float("nan")), clock.cpu_ms[step])
+        finish_cpu = clock.finish_cpu_ms.get(step, float("nan"))
+        times = (clock.start_ms[step], clock.finish_ms.get(step, float("nan")), clock.cpu_ms[step], finish_cpu)
         rows.setdefault(label, []).append(times)
     print(
         f"bench_callback_host: {options.states} held-out (4, 84, 84) states, n_steps {options.n_steps}, "
@@ -204,12 +209,13 @@ def main() -> None:
         f"(1 thread), free graph replay"
     )
     print(f"first run: start {clock.start_ms[steps[0]]:.1f} ms, finish {clock.finish_ms[steps[0]]:.1f} ms")
-    print("| runs | count | start ms | finish ms | start + finish ms | training thread's CPU ms |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| runs | count | start ms | finish ms | start + finish ms | training thread's CPU ms | of which finish |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for label, values in sorted(rows.items(), key=lambda item: -len(item[1])):
-        starts, finishes, cpu = ([v[k] for v in values] for k in range(3))
-        totals = [a + b for a, b, _ in values]
-        medians = " | ".join(f"{statistics.median(column):.2f}" for column in (starts, finishes, totals, cpu))
+        starts, finishes, cpu, finish_cpu = ([v[k] for v in values] for k in range(4))
+        totals = [a + b for a, b, _, _ in values]
+        columns = (starts, finishes, totals, cpu, finish_cpu)
+        medians = " | ".join(f"{statistics.median(column):.2f}" for column in columns)
         print(f"| {label} | {len(values)} | {medians} |")
     print("(medians over the runs of each kind; wall times include waiting for a core on a shared machine)")
     others_ms = others_s * 1e3 / len(steps)
