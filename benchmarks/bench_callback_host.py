@@ -228,7 +228,6 @@ def main() -> None:
         stats = pstats.Stats(clock.profiler, stream=text)
         stats.sort_stats("cumulative").print_stats(45)
         print(text.getvalue())
-        Path("host_profile.txt").write_text(text.getvalue(), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ class IntegratedGradientsCallback(Callback):
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         step, every = trainer.global_step, self.options.every_n_steps
         if every is not None and step > 0 and step % every == 0 and self._should_run(trainer):
-            # Started now, ended at the next batch end: the attribution runs on the device beside the next step
+            # Started now, ended at a later batch end: the attribution runs on the device beside the next steps
             # instead of the training thread waiting for it. Ended at once where a trust check is due (the checks
             # need the model as it was attributed) and under DDP (every rank raises on NaN/Inf at the same step).
             pending = self._start(trainer, pl_module, final=False)
