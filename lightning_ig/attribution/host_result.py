@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,38 +35,34 @@ from torch import Tensor
 
 from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.packing import COLUMNS as _COLUMNS
+from lightning_ig.attribution.packing import ResultLike, pack
 from lightning_ig.attribution.result import near_baseline_states, worst_over_ordinary
 
-__all__ = ["HostResult", "HostTransfer", "Moments", "pack"]
-
-# The per-state columns packed after the attributions, in this order.
-_COLUMNS = (
-    "f_input",
-    "f_baseline",
-    "delta",
-    "relative_error",
-    "degenerate",
-    "non_finite",
-    "n_steps",
-    "stochastic",
-    "attribution_error",
-    "mass_relative_error",
-)
+__all__ = ["HostResult", "HostTransfer", "Moments", "RunLabels", "pack", "reduce_rows"]
 
 
-class _ResultLike(Protocol):
-    """The fields of :class:`~lightning_ig.attribution.IGResult` read here (``non_finite``, ``stochastic`` optional)."""
+class RunLabels(NamedTuple):
+    """What a host result says about how its run was made (the engine's settings, not its numbers)."""
 
-    attributions: Tensor
-    f_input: Tensor
-    f_baseline: Tensor
-    delta: Tensor
-    relative_error: Tensor
-    degenerate: Tensor
     n_steps: int
     method: str
     gradient: str
     backend: str
+    target: str
+    error_scale: float
+
+    @classmethod
+    def of(cls, result: Any) -> RunLabels:
+        """The labels of an :class:`~lightning_ig.attribution.IGResult` (or anything with its fields)."""
+        return cls(
+            int(result.n_steps),
+            str(result.method),
+            str(result.gradient),
+            str(result.backend),
+            str(getattr(result, "target", "")),
+            float(getattr(result, "error_scale", 1.0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -194,7 +190,7 @@ class HostResult:
     @classmethod
     def from_result(
         cls,
-        result: _ResultLike | HostResult,
+        result: ResultLike | HostResult,
         *,
         gather: Callable[[Tensor], Tensor] | None = None,
         num_states: int | None = None,
@@ -215,7 +211,7 @@ class HostResult:
     @classmethod
     def begin(
         cls,
-        result: _ResultLike,
+        result: ResultLike,
         *,
         gather: Callable[[Tensor], Tensor] | None = None,
         num_states: int | None = None,
@@ -253,27 +249,26 @@ class HostResult:
         if num_states is not None:
             packed = packed[:num_states]
         count = packed.shape[1] - len(_COLUMNS)
-        values = packed[:, :count].to(torch.float64)  # (B, F)
-        columns = packed[:, count:].to(torch.float64)  # (B, 10)
-        sums = values.sum(1)  # (B,)
-        mass = values.abs().sum(1)  # (B,)
-        near = near_baseline_states(mass).to(torch.float64)  # the median over all gathered states
-        pieces = [columns.T.reshape(-1), sums, mass, near, Moments.rows(values).reshape(-1)]
-        group_values = None if groups is None else groups.sum(values)  # (B, G) float64
-        samples = values[: max(0, int(sample_states))]
-        pieces += [samples.reshape(-1)]
-        if group_values is not None:
-            pieces.append(group_values.reshape(-1))
-        if keep_attributions:
-            pieces.append(values.reshape(-1))
-        shape = (result, feature_shape, packed.shape[0], count, samples.shape[0], groups)
-        return HostTransfer(torch.cat(pieces), lambda host: cls._unpack(host, *shape))
+        options = {"groups": groups, "keep_attributions": keep_attributions, "sample_states": sample_states}
+        flat, layout = reduce_rows(packed[:, :count], packed[:, count:].T, **options)
+        return HostTransfer(flat, cls.unpacker(RunLabels.of(result), feature_shape, layout, groups))
+
+    @classmethod
+    def unpacker(
+        cls,
+        labels: RunLabels,
+        feature_shape: tuple[int, ...],
+        layout: tuple[int, int, int],
+        groups: FeatureGroups | None,
+    ) -> Callable[[np.ndarray], HostResult]:
+        """What turns the host copy of :func:`reduce_rows`' flat tensor (of ``layout``) into the host result."""
+        return lambda host: cls._unpack(host, labels, feature_shape, *layout, groups)
 
     @classmethod
     def _unpack(
         cls,
         host: np.ndarray,
-        result: Any,
+        labels: RunLabels,
         feature_shape: tuple[int, ...],
         rows: int,
         count: int,
@@ -309,18 +304,18 @@ class HostResult:
             sample_attributions=host[offsets[3] : offsets[4]].reshape(samples, *feature_shape),
             groups=groups,
             group_attributions=None if groups is None else host[offsets[4] : offsets[5]].reshape(rows, len(groups)),
-            n_steps=int(columns["n_steps"].max()) if rows else int(result.n_steps),
-            method=str(result.method),
-            gradient=str(result.gradient),
-            backend=str(result.backend),
-            target=str(getattr(result, "target", "")),
+            n_steps=int(columns["n_steps"].max()) if rows else labels.n_steps,
+            method=labels.method,
+            gradient=labels.gradient,
+            backend=labels.backend,
+            target=labels.target,
             stochastic=bool((columns["stochastic"] != 0).any()),
             attribution_error=columns["attribution_error"],
             mass_relative_error=_mass_relative(columns, sums, mass),
             near_baseline=near != 0,
             attribution_mass=mass,
             n_steps_per_state=columns["n_steps"].astype(np.int64),
-            error_scale=float(getattr(result, "error_scale", 1.0)),
+            error_scale=labels.error_scale,
         )
 
 
@@ -349,6 +344,15 @@ class HostTransfer:
             self._host = flat
         self._result: HostResult | None = None
 
+    @property
+    def event(self) -> torch.cuda.Event | None:
+        """The CUDA event recorded behind the copy (``None`` on the CPU)."""
+        return self._event
+
+    def ready(self) -> bool:
+        """Whether the copy has landed: :meth:`result` would not wait (asks the device; never waits)."""
+        return self._event is None or self._event.query()
+
     def result(self) -> HostResult:
         """The host result; waits for the copy the first time if it has not landed yet."""
         if self._result is None:
@@ -358,50 +362,34 @@ class HostTransfer:
         return self._result
 
 
-def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
-    """One rank's result as the single tensor that is gathered, and the feature shape.
+def reduce_rows(
+    values: Tensor, columns: Tensor, *, groups: FeatureGroups | None, keep_attributions: bool, sample_states: int
+) -> tuple[Tensor, tuple[int, int, int]]:
+    """A run's reductions on its device, in float64, as one flat tensor: what :class:`HostTransfer` copies.
+
+    The same operations whether :meth:`HostResult.begin` calls them on a packed result or a captured CUDA graph
+    replays them (:mod:`~lightning_ig.attribution.side_stream`): no host sync, no shape that depends on the values.
+
+    Args:
+        values: ``(B, F)`` the attributions, any floating dtype.
+        columns: ``(10, B)`` the per-state numbers in the order of :func:`pack`'s columns.
+        groups, keep_attributions, sample_states: as for :meth:`HostResult.begin`.
 
     Returns:
-        ``(B, F + 10)`` in the attributions' dtype (at least float32): each state's flattened
-        attributions, then ``f_input``, ``f_baseline``, ``delta``, ``relative_error``,
-        ``degenerate``, ``non_finite``, ``n_steps`` (per state), ``stochastic``, ``attribution_error``,
-        ``mass_relative_error`` (NaN where the result has no such figure); and ``feature_shape``.
+        The flat float64 tensor and its layout ``(rows, features, sample rows)`` for :meth:`HostResult.unpacker`.
     """
-    attributions = result.attributions
-    f_input = torch.as_tensor(result.f_input)
-    if attributions.ndim < 2 or f_input.ndim != 1 or f_input.shape[0] != attributions.shape[0]:
-        raise ValueError(
-            f"expected one forward value per state, got f_input of shape {tuple(f_input.shape)} for attributions "
-            f"of shape {tuple(attributions.shape)}; for target='each' build one report per action "
-            "(index the result's tensors)"
-        )
-    share = attributions.shape[0]
-    dtype = torch.promote_types(attributions.dtype, torch.float32)
-    non_finite = getattr(result, "non_finite", None)
-    flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
-    missing = torch.full((share,), float("nan"), dtype=dtype, device=attributions.device)
-    steps = getattr(result, "n_steps_per_state", None)
-    columns = [
-        result.f_input,
-        result.f_baseline,
-        result.delta,
-        result.relative_error,
-        result.degenerate,
-        flags,
-        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device)
-        if steps is None
-        else steps,
-        torch.full(
-            (share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device
-        ),
-        _figure(result, "attribution_error", missing),
-        _figure(result, "mass_relative_error", missing),
-    ]
-    per_state = torch.stack(
-        [torch.as_tensor(c, device=attributions.device).reshape(share).to(dtype) for c in columns], 1
-    )
-    packed = torch.cat([attributions.reshape(share, -1).to(dtype), per_state], dim=1)  # (B, F + 10)
-    return packed, tuple(int(size) for size in attributions.shape[1:])
+    values = values.to(torch.float64)  # (B, F)
+    sums = values.sum(1)  # (B,)
+    mass = values.abs().sum(1)  # (B,)
+    near = near_baseline_states(mass).to(torch.float64)  # the median over all gathered states
+    pieces = [columns.to(torch.float64).reshape(-1), sums, mass, near, Moments.rows(values).reshape(-1)]
+    samples = values[: max(0, int(sample_states))]
+    pieces.append(samples.reshape(-1))
+    if groups is not None:
+        pieces.append(groups.sum(values).reshape(-1))  # (B, G) float64
+    if keep_attributions:
+        pieces.append(values.reshape(-1))
+    return torch.cat(pieces), (values.shape[0], values.shape[1], samples.shape[0])
 
 
 def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.ndarray) -> np.ndarray:
@@ -415,11 +403,6 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
     with np.errstate(invalid="ignore", divide="ignore"):
         computed = np.where(scale > 0, np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale, 0.0)
     return np.where(missing, computed, given)
-
-
-def _figure(result: Any, name: str, missing: Tensor) -> Any:
-    value = getattr(result, name, None)
-    return missing if value is None else value
 
 
 __getattr__ = _moved.forwarder(__name__)  # JointGather moved to attribution.gather: it warns and is found

@@ -307,8 +307,9 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n, ties given the mean of the ranks they span (vectorised)."""
     order = np.argsort(values, kind="stable")
     sorted_values = values[order]
-    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])  # first index of each tie run
-    stops = np.r_[starts[1:], values.size]  # one past the last
+    # first index of each tie run, and one past the last (concatenate: np.r_'s index tricks cost more than the ranks)
+    starts = np.flatnonzero(np.concatenate(([True], sorted_values[1:] != sorted_values[:-1])))
+    stops = np.append(starts[1:], values.size)
     run = np.repeat(np.arange(starts.size), stops - starts)
     ranks = np.empty(values.size, dtype=np.float64)
     ranks[order] = (starts[run] + stops[run] - 1) / 2.0 + 1.0

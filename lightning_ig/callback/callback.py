@@ -28,7 +28,7 @@ from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import calibration, fit, heldout, setup
 from lightning_ig.callback.options import check_options, option_attribute
-from lightning_ig.ensemble.members import MemberRun, pack_members
+from lightning_ig.ensemble.members import pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.layout import trainer_layout
 from lightning_ig.views.summary import RunSummary, summarize
@@ -250,12 +250,11 @@ class IntegratedGradientsCallback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._finish_pending()  # the run started one step ago: its numbers landed while this step ran
+        self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         step, every = trainer.global_step, self.options.every_n_steps
         if every is not None and step > 0 and step % every == 0 and self._should_run(trainer):
-            # Started now, ended at the next batch end: the attribution runs on the device beside the next step
-            # instead of the training thread waiting for it. Ended at once where a trust check is due (the checks
-            # need the model as it was attributed) and under DDP (every rank raises on NaN/Inf at the same step).
+            # Ended at a later batch end (the device attributes beside the next steps), or at once where a trust check
+            # is due (it needs the model as attributed) and under DDP (every rank raises on NaN/Inf at one step).
             pending = self._start(trainer, pl_module, final=False)
             trust = pending.run.trust
             checking = trust is not None and len(self.history) >= trust.next_run  # trust: plain data
@@ -320,27 +319,31 @@ class IntegratedGradientsCallback(Callback):
         if every is not None and len(self.history) % every == 0:
             calibrated_ms = calibration.calibrate(run.engine, trainer, pl_module, run.held_out, self.options.baseline)
         started = time.perf_counter()
-        with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
-            result = run.engine.attribute(run.states, baselines=run.baselines)
-            if run.actions is not None:  # target="each": (A, share, ...) as a row per (state, action), state-major
-                result = run.actions.rows(result)
-            members = None if run.members is None else run.members.attribute(run.states, run.baselines)
+        result = members = None
+        if run.side is None:  # else replayed beside training, over a snapshot of the weights (fit.Fit.side)
+            with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
+                result = run.engine.attribute(run.states, baselines=run.baselines)
+                if run.actions is not None:  # target="each": (A, share, ...) as a row per (state, action), state-major
+                    result = run.actions.rows(result)
+                members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         if self.options.target == "contrast":  # the Q-values the pairs were chosen from, for the actions picture
             with attribution_mode(pl_module), torch.no_grad():
                 riders.append(pl_module(run.states))  # (share, A)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
-        transfer = HostResult.begin(result, gather=gather, **run.host_options)  # what the run keeps: fit.start's
+        options = run.host_options  # what the run keeps: fit.start's
+        transfer = run.side.start() if run.side is not None else HostResult.begin(result, gather=gather, **options)
         self._last_run_step = trainer.global_step
         riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         held_ms = (time.perf_counter() - started) * 1e3
         step, epoch = trainer.global_step, trainer.current_epoch
         return fit.PendingRun(run, trainer, transfer, riders, step, epoch, final, held_ms, calibrated_ms)
 
-    def _finish_pending(self) -> None:
-        """End the pending run, if any (its numbers have landed by now, or this waits for them)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
+    def _finish_pending(self, *, landed: bool = False) -> None:
+        """End the pending run, if any; with ``landed`` only if its numbers have landed (asked, never waited for)."""
+        pending = self._pending
+        if pending is not None and not (landed and not pending.transfer.ready()):
+            self._pending = None
             self._finish(pending)
 
     def _finish(self, pending: fit.PendingRun) -> None:
@@ -352,19 +355,18 @@ class IntegratedGradientsCallback(Callback):
         if self.options.target == "contrast":  # the last rider: the Q-values, for the actions picture
             self._q_values = pending.riders[-1][:num_states].detach().to("cpu", torch.float64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
-        summary = self._summarize(run, host, members, pending.step, time_ms)
+        summary = summarize(
+            host, step=pending.step, history=self.history, time_ms=time_ms, members=members, **run.summary_options
+        )
         if pending.calibrated_ms is not None:
             summary = calibration.noted(summary, pending.calibrated_ms)
-        # -- trust checks (issue 23): the monitor only at the runs it names; the others carry its verdict, made in
-        # advance for their own accuracy verdict, so that they enter no module of callback/trust/
-        if run.trust is not None:
+        if run.trust is not None:  # the monitor at the runs it names; the others carry the verdict it made for them
             if pending.final or len(self.history) >= run.trust.next_run:
                 summary, trust = run.trust.step(host, summary, final=pending.final)
             else:
                 verdict, trust = run.trust.carried[summary.completeness.accuracy.within]
                 summary = dataclasses.replace(summary, trust_checks=verdict)
             summary = dataclasses.replace(summary, trust_scalars=trust)
-        # -- end of the trust checks
         self.history.append(summary.history_entry(pending.epoch))
         self._last = summary
         if trainer.is_global_zero:
@@ -378,11 +380,6 @@ class IntegratedGradientsCallback(Callback):
                 f"IntegratedGradientsCallback{setup.named(self.options.name)}: {summary.troubles()['non-finite']}; "
                 "training stopped (on_non_finite='raise')"
             )
-
-    def _summarize(
-        self, run: fit.Fit, host: HostResult, members: MemberRun | None, step: int, time_ms: float
-    ) -> RunSummary:
-        return summarize(host, step=step, history=self.history, time_ms=time_ms, members=members, **run.summary_options)
 
     def _warn(self, summary: RunSummary) -> None:
         """Each kind of trouble once (NaN/Inf, nothing checked, completeness above tolerance, a random forward)."""

@@ -1,14 +1,16 @@
-"""The picture worker: pictures encoded and logged on one thread beside the training loop, in order.
+"""The logging worker: a run's TensorBoard events and pictures made and logged on one thread beside training, in order.
 
-A run that draws pictures hands them here (:class:`PictureWriter`) and goes on training; the worker encodes each
-one as a palette PNG and logs it (:func:`add_picture` for TensorBoard; the W&B and MLflow sinks of
-:mod:`~lightning_ig.views.loggers` for those loggers). The next run that draws waits for the last run's pictures
-first, so at most one run's are in flight and their errors surface in the training thread.
+Every run hands its TensorBoard events here (:class:`PictureWriter`, :func:`add_run`: the scalars, the histograms
+and the report text as one summary, the text written there) and goes on training; a run that draws hands its
+pictures too, which the worker encodes as palette PNGs and logs (:func:`add_picture` for TensorBoard; the W&B and
+MLflow sinks of :mod:`~lightning_ig.views.loggers` for those loggers). The next run that draws waits for the jobs
+before it first, so at most one run's pictures are in flight and their errors surface in the training thread; so
+does the end of training, before the loggers close.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -16,7 +18,57 @@ import numpy as np
 
 from lightning_ig.views.raster import png_bytes
 
-__all__ = ["PictureWriter", "add_picture"]
+__all__ = ["HISTOGRAM_BINS", "PictureWriter", "add_picture", "add_run"]
+
+HISTOGRAM_BINS = 30
+
+_BACKLOG = 8  # jobs in flight before a submit waits for them (runs that draw nothing never wait otherwise)
+
+
+def add_run(
+    writer: Any,
+    step: int,
+    scalars: Mapping[str, float],
+    histograms: Sequence[tuple[str, np.ndarray]],
+    text: tuple[str, str] | None,
+) -> None:
+    """Log one run's scalars, histograms and report text to TensorBoard as one summary (one event, one checksum).
+
+    What ``add_scalar``, ``add_histogram`` and ``add_text`` would write, value for value (the same summary values,
+    made by the same functions of ``torch.utils.tensorboard.summary``), in one event instead of one each: the writer's
+    thread checksums every event in Python holding the GIL, and queues one per call. A writer that is not PyTorch's
+    ``SummaryWriter`` gets those calls.
+
+    Args:
+        writer: ``TensorBoardLogger.experiment``.
+        step: the global step.
+        scalars: ``{tag: value}`` (the logger's prefix already applied).
+        histograms: ``(tag, values)``: a histogram of each column's finite values (none where there are none).
+        text: ``(tag, the markdown)``, or ``None``.
+    """
+    file_writer = getattr(writer, "_get_file_writer", None)
+    if file_writer is None:
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, step)
+        for tag, values in histograms:
+            finite = values[np.isfinite(values)]
+            if finite.size:
+                writer.add_histogram(tag, finite, step, bins=HISTOGRAM_BINS)
+        if text is not None:
+            writer.add_text(text[0], text[1], step)
+        return
+    from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
+    from torch.utils.tensorboard import summary as made  # noqa: PLC0415 - as above
+
+    values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+    for tag, column in histograms:
+        finite = column[np.isfinite(column)]
+        if finite.size:  # a histogram of nothing is an error in TensorBoard
+            values.extend(made.histogram(tag, finite, HISTOGRAM_BINS).value)
+    if text is not None:
+        values.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's
+    if values:
+        file_writer().add_summary(Summary(value=values), step)
 
 
 def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
@@ -58,12 +110,19 @@ class PictureWriter:
     def submit(self, job: Callable[..., None], *args: Any) -> None:
         """Run ``job(*args)`` on the worker thread, after the jobs submitted before it.
 
+        Waits first (:meth:`wait`) when several jobs are still in flight, so that a worker slower than the runs
+        cannot fall ever further behind.
+
         Args:
-            job: e.g. :func:`add_picture`.
+            job: e.g. :func:`add_picture`, :func:`add_run`.
             args: its arguments; arrays among them are read later, so they must not be changed afterwards.
         """
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-pictures")
+        if len(self._pending) >= _BACKLOG:
+            self._pending = [future for future in self._pending if not future.done() or future.exception()]
+            if len(self._pending) >= _BACKLOG:
+                self.wait()
         self._pending.append(self._pool.submit(job, *args))
 
     @property

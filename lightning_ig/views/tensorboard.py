@@ -23,14 +23,17 @@ and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`RunOutputs.log`, 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.views.picture_writer import PictureWriter, add_picture
+from lightning_ig.views.picture_writer import PictureWriter, add_picture, add_run
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.tags import (
     CALIBRATION_TAGS,
@@ -63,8 +66,6 @@ __all__ = [
     "report_markdown",
     "scalar_metrics",
 ]
-
-_HISTOGRAM_BINS = 30
 
 COMPANIONS = {"verdict": "top_features", "shares": "heatmap"}
 """Kinds of picture drawn at the runs of another kind (:func:`pictures_due`), so that the documented schedule of
@@ -170,6 +171,24 @@ def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int)
         logger.log_metrics(dict(metrics), step=step)
 
 
+def _scalars_written_here(logger: Any) -> bool:
+    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own: its scalars go with the run's other events
+    (:func:`~lightning_ig.views.picture_writer.add_run`, the same values under the same tags), else through it."""
+    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
+
+    return type(logger).log_metrics is TensorBoardLogger.log_metrics
+
+
+def _prefixed(logger: Any, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` under the tags the logger's ``log_metrics`` writes them (its ``prefix``, joined as it joins it)."""
+    prefix = getattr(logger, "_prefix", "")
+    return (
+        {f"{prefix}{logger.LOGGER_JOIN_CHAR}{tag}": value for tag, value in metrics.items()}
+        if prefix
+        else dict(metrics)
+    )
+
+
 def is_tensorboard_logger(logger: Any) -> bool:
     """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which also gets histograms, pictures and text)."""
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
@@ -213,6 +232,26 @@ def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: floa
 
 
 # --------------------------------------------------------------------------- a callback's runs, logger by logger
+
+
+@dataclass(frozen=True)
+class _RunJob:
+    """What the logging worker writes for one run (made on the training thread; nothing in it changes later)."""
+
+    summary: RunSummary
+    due: dict[str, bool]  # the kinds of picture drawn
+    host: HostResult | None  # the last run's host result, for the pictures
+    history: list[Mapping[str, Any]]
+    inputs: Any
+    boards: list[tuple[Any, dict[str, float]]]  # each TensorBoard writer, and the scalars it gets with the run
+    histograms: list[tuple[str, np.ndarray]]
+    text: bool  # the report text (a run, not the pictures left at the end of training)
+    layout: Mapping[str, Any] | None
+    sinks: tuple[Any, Any] | None  # the sinks' feature table and report (with the bar chart), when there are sinks
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 class RunOutputs:
@@ -286,98 +325,111 @@ class RunOutputs:
             final: the end of training (every kind of picture is due).
         """
         loggers = list(loggers)
+        boards = [logger for logger in loggers if is_tensorboard_logger(logger)]
+        direct = [logger for logger in boards if _scalars_written_here(logger)]  # their scalars go with add_run
+        metrics: dict[str, float] = {}
         if host is not None:
             self.last_host = host
             metrics, self.ever_non_zero = informative_scalars(
                 scalar_metrics(summary, self.tags), self.tags, self.ever_non_zero
             )
             self.logged.update(metrics)
-            log_scalars(loggers, metrics, summary.step)
-        writers = [logger.experiment for logger in loggers if is_tensorboard_logger(logger)]
+            log_scalars([logger for logger in loggers if logger not in direct], metrics, summary.step)
         due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
-        if not (writers or self.sinks) or (host is None and not any(due.values())):
+        if not (boards or self.sinks) or (host is None and not any(due.values())):
             return
-        if any(due.values()) and self.pictures.pending:
-            self.pictures.wait()  # the last run's pictures first: at most one run's are in flight
-        pictures = self._draw(due, summary, history)
-        drawn_scale = self.saliency_scale if due.get("saliency") else None  # the text names this run's grid only
-        text = report_markdown(summary, self.tags, saliency_scale=drawn_scale) if host is not None else None
+        drawing = any(due.values())
+        if drawing and self.pictures.pending:
+            self.pictures.wait()  # the jobs before it first: at most one run's pictures in flight, their errors here
         layout_due = due.get("top_features") or summary.run_index == 0
-        written_layout = self.layout() if layout_due and self.layout is not None else None
-        for writer in writers:
-            self._write(
-                writer, summary, text, written_layout, pictures, histograms=self.histograms and host is not None
-            )
-        if self.sinks:  # with the bar chart, the table and the report: at the end, the last run's (host is None)
-            reported = host if host is not None else self.last_host
-            self._to_sinks(summary, pictures, reported if due.get("top_features") else None)
-        self.drawn_steps.update({kind: summary.step for kind, drawn in due.items() if drawn})
+        reported = host if host is not None else self.last_host  # at the end without a run: the last run's
+        job = _RunJob(
+            summary,
+            {kind: drawn for kind, drawn in due.items() if drawn},
+            self.last_host,
+            list(history) if drawing else [],  # the history grows after this run: the worker draws what it was
+            self._inputs_now() if drawing else self.inputs,
+            [(logger.experiment, _prefixed(logger, metrics) if logger in direct else {}) for logger in boards],
+            self._histograms(summary) if self.histograms and host is not None else [],
+            host is not None,
+            self.layout() if layout_due and self.layout is not None else None,
+            self._sink_extras(summary, reported if due.get("top_features") else None) if self.sinks else None,
+        )
+        self.pictures.submit(self._write, job)
+        self.drawn_steps.update(dict.fromkeys(job.due, summary.step))
 
-    def _draw(
-        self, due: Mapping[str, bool], summary: RunSummary, history: Sequence[Mapping[str, Any]]
-    ) -> dict[str, np.ndarray]:
+    def _histograms(self, summary: RunSummary) -> list[tuple[str, np.ndarray]]:
+        """``(tag, the run's values of one unit)``: per feature logged one by one, per group."""
+        tags, columns = self.tags, []
+        for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
+            if units is not None and units.values is not None:
+                labels = tags.labels[units.kind]
+                prefix = f"{tags.prefix}/{group}attributions"
+                columns += [(f"{prefix}/{label}", column) for label, column in zip(labels, units.values.T)]
+        return columns
+
+    def _inputs_now(self) -> Any:
+        """The picture inputs with what they read of the callback (the last Q-values) read now, for the worker."""
+        q_values = getattr(self.inputs, "q_values", None)
+        if q_values is None:
+            return self.inputs
+        return dataclasses.replace(self.inputs, q_values=functools.partial(_same, q_values()))
+
+    def _write(self, job: _RunJob) -> None:
+        """On the worker: the pictures drawn, then every TensorBoard event of the run, then the sinks' part."""
+        failed: Exception | None = None
+        try:
+            pictures = self._draw(job)
+        except Exception as error:  # noqa: BLE001 - the run's scalars and text are still written; raised after
+            pictures, failed = {}, error
+        summary, step = job.summary, job.summary.step
+        drawn_scale = self.saliency_scale if job.due.get("saliency") and failed is None else None
+        text = None
+        if job.text:  # the report text names this run's saliency grid only
+            text = (f"{self.tags.prefix}/report", report_markdown(summary, self.tags, saliency_scale=drawn_scale))
+        for writer, scalars in job.boards:
+            add_run(writer, step, scalars, job.histograms, text)
+            if job.layout is not None:
+                writer.add_custom_scalars(dict(job.layout))
+            for tag, pixels in pictures.items():  # last: the largest events
+                add_picture(writer, tag, pixels, step)
+        if job.sinks is not None:
+            self._to_sinks(summary, pictures, *job.sinks)
+        if failed is not None:
+            raise failed
+
+    def _draw(self, job: _RunJob) -> dict[str, np.ndarray]:
         """The pictures due, by tag; the saliency grid's scale kept for the text and the next grid."""
-        if not any(due.values()):
+        if not job.due:
             return {}
         from lightning_ig.views.pictures import draw  # noqa: PLC0415 - Pillow and the drawing only when due
 
-        labels = self.tags.labels[summary.units.kind]
-        drawn, scale = draw(due, summary, labels, self.last_host, history, self.inputs, self.saliency_scale)
+        labels = self.tags.labels[job.summary.units.kind]
+        drawn, scale = draw(job.due, job.summary, labels, job.host, job.history, job.inputs, self.saliency_scale)
         if scale is not None:
             self.saliency_scale = scale
         return {f"{self.tags.prefix}/{PICTURE_TAGS[kind]}": pixels for kind, pixels in drawn.items()}
 
-    def _write(
-        self,
-        writer: Any,
-        summary: RunSummary,
-        text: str | None,
-        layout: Mapping[str, Any] | None,
-        pictures: Mapping[str, np.ndarray],
-        *,
-        histograms: bool,
-    ) -> None:
-        tags, step = self.tags, summary.step
-        if histograms:
-            for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
-                if units is None or units.values is None:
-                    continue
-                for label, column in zip(tags.labels[units.kind], units.values.T):
-                    finite = column[np.isfinite(column)]
-                    if finite.size:  # a histogram of nothing is an error in TensorBoard
-                        tag = f"{tags.prefix}/{group}attributions/{label}"
-                        writer.add_histogram(tag, finite, step, bins=_HISTOGRAM_BINS)
-        if text is not None:
-            writer.add_text(f"{tags.prefix}/report", text, step)  # listed as <prefix>/report/text_summary
-        if layout is not None:
-            writer.add_custom_scalars(dict(layout))
-        # Pictures last: the writer's thread checksums each event in Python (about 0.1 ms per KB, holding the GIL),
-        # so the large ones are queued when this thread has little Python work left.
-        for tag, pixels in pictures.items():
-            self.pictures.submit(add_picture, writer, tag, pixels, step)
-
-    def _to_sinks(
-        self,
-        summary: RunSummary,
-        pictures: Mapping[str, np.ndarray],
-        host: HostResult | None,
-    ) -> None:
-        """The pictures to every sink; with the bar chart (``host``: the run's), the feature table and the report."""
+    def _sink_extras(self, summary: RunSummary, host: HostResult | None) -> tuple[Any, Any]:
+        """With the bar chart (``host``: the run's), the feature table and the JSON report for the sinks (made here,
+        on the training thread: the report reads the trainer)."""
+        if host is None:
+            return None, None
         from lightning_ig.views.loggers import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
-        step = summary.step
-        table = document = None
-        if host is not None:
-            table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
-            document = None if self.report is None else self.report(summary, host)  # built here, once
-        noun = "groups" if summary.units.kind == "groups" else "features"
+        table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
+        return table, None if self.report is None else self.report(summary, host)
+
+    def _to_sinks(self, summary: RunSummary, pictures: Mapping[str, np.ndarray], table: Any, document: Any) -> None:
+        """The pictures to every sink; with the bar chart, the feature table and the report (on the worker)."""
+        step, noun = summary.step, "groups" if summary.units.kind == "groups" else "features"
         for sink in self.sinks:
             for tag, pixels in pictures.items():
-                self.pictures.submit(sink.picture, tag, pixels, step)
+                sink.picture(tag, pixels, step)
             if table is not None:
-                self.pictures.submit(sink.table, f"{self.tags.prefix}/{noun}", *table, step)
+                sink.table(f"{self.tags.prefix}/{noun}", *table, step)
             if document is not None:
-                self.pictures.submit(sink.report, f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
+                sink.report(f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
 
     def close(self) -> None:
         """Every picture in the writer's queue (the worker stopped): before the loggers close."""

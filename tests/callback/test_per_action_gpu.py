@@ -54,9 +54,7 @@ def test_each_replays_its_graph_and_equals_the_eager_run(tmp_path, cuda_device):
 
     model = model.to(cuda_device).eval()
     with noise_disabled(model):
-        eager = integrated_gradients(
-            model, states.to(cuda_device), target="each", n_steps=N_STEPS, backend="cuda"
-        )
+        eager = integrated_gradients(model, states.to(cuda_device), target="each", n_steps=N_STEPS, backend="cuda")
     attributions = eager.attributions.double().cpu()  # (A, B, F)
     sums = attributions.sum(-1).T.reshape(-1)  # state-major, as the report's rows
     change = (eager.f_input - eager.f_baseline).double().cpu().T.reshape(-1)

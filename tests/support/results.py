@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -42,3 +44,43 @@ def sample_result() -> FakeResult:
     f_input = attributions.sum(1) + torch.tensor([0.01, -0.02, 0.0, 0.03, 0.0, -0.005])
     f_input[2] = 0.0
     return make_result(attributions, f_input, f_baseline)
+
+
+HOST_ARRAYS = (
+    "f_input",
+    "f_baseline",
+    "delta",
+    "relative_error",
+    "degenerate",
+    "non_finite",
+    "sum_attributions",
+    "attributions",
+    "sample_attributions",
+    "group_attributions",
+    "attribution_error",
+    "mass_relative_error",
+    "near_baseline",
+    "attribution_mass",
+    "n_steps_per_state",
+)
+HOST_LABELS = ("n_steps", "method", "gradient", "backend", "target", "stochastic", "error_scale", "feature_shape")
+
+
+def assert_same_host_results(got: Any, expected: Any) -> None:
+    """Two :class:`~lightning_ig.attribution.host_result.HostResult` are the same bit for bit (NaN where NaN)."""
+    for name in HOST_ARRAYS:
+        a, b = getattr(got, name), getattr(expected, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), name
+    for name in ("mean_abs", "stddev", "mean_signed", "stddev_abs"):
+        assert np.array_equal(getattr(got.features, name), getattr(expected.features, name)), name
+    assert [getattr(got, n) for n in HOST_LABELS] == [getattr(expected, n) for n in HOST_LABELS]
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundCalibration:
+    """What ``IntegratedGradients.use_calibration`` reads of a calibration: its rule and the estimate's scale."""
+
+    method: str
+    error_scale: float
