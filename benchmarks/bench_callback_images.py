@@ -204,19 +204,19 @@ def completeness_costs(device: torch.device, repeats: int) -> list[str]:
 
 
 class RunProfile:
-    """cProfile of chosen callback runs, from the end of the IG and gather (``_summarize``) to the end of ``_run``."""
+    """cProfile of chosen callback runs, from the end of the IG and gather (``_finish``) to the end of ``_run``."""
 
     def __init__(self, callback: IntegratedGradientsCallback, runs: tuple[int, ...], top: int = 15) -> None:
         self.runs, self.top, self.index = runs, top, 0
         self.reports: dict[int, str] = {}
         self.profiler: cProfile.Profile | None = None
-        summarize, run = callback._summarize, callback._run
+        finish, run = callback._finish, callback._run
 
-        def profiled_summarize(*args: Any, **kwargs: Any) -> Any:
+        def profiled_finish(*args: Any, **kwargs: Any) -> Any:
             if self.index in self.runs:
                 self.profiler = cProfile.Profile()
                 self.profiler.enable()
-            return summarize(*args, **kwargs)
+            return finish(*args, **kwargs)
 
         def profiled_run(*args: Any, **kwargs: Any) -> None:
             run(*args, **kwargs)
@@ -228,7 +228,7 @@ class RunProfile:
                 self.profiler = None
             self.index += 1
 
-        callback._summarize, callback._run = profiled_summarize, profiled_run  # a benchmark's instrument, nothing more
+        callback._finish, callback._run = profiled_finish, profiled_run  # a benchmark's instrument, nothing more
 
 
 def measure(case: str, device: torch.device, runs: int, profile: bool = False) -> dict[str, Any]:

@@ -16,17 +16,18 @@ from lightning_ig.attribution import engine as engine_module
 from lightning_ig.attribution.calibration import CANDIDATES
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback import calibration as callback_calibration
+from lightning_ig.callback import callback as callback_module
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
 
 def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Fit 10 steps (a run every 2) and return each run's summary, as the callback made it."""
     summaries: list[Any] = []
-    summarize = IntegratedGradientsCallback._summarize
+    summarize = callback_module.summarize
 
-    def recorded(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> Any:
+    def recorded(*args: Any, **kwargs: Any) -> Any:
         summaries.append(None)  # a placeholder: noted() may replace the summary after this
-        return summarize(self, *args, **kwargs)
+        return summarize(*args, **kwargs)
 
     noted = callback_calibration.noted
 
@@ -34,7 +35,7 @@ def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, monkeypatch: pyt
         summaries[-1] = noted(summary, calibration_ms)
         return summaries[-1]
 
-    monkeypatch.setattr(IntegratedGradientsCallback, "_summarize", recorded)
+    monkeypatch.setattr(callback_module, "summarize", recorded)
     monkeypatch.setattr(callback_calibration, "noted", noted_recorded)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
