@@ -289,10 +289,12 @@ class SideStream:
 
     def _reductions(self, plan: GraphPlan) -> _Replay | None:
         """Capture the run's reductions over ``plan``'s outputs (:func:`reduce_rows`); ``None`` when that fails."""
-        settings, outputs = self.engine.default_settings, plan.outputs
+        # the plan's own settings: n_steps="budget" is a number there (chosen for these shapes before the capture)
+        settings, outputs = plan.run.settings, plan.outputs
         stats = outputs["stats"]
         rows = stats.shape[-1]
-        scale = torch.full((), settings.error_scale, dtype=outputs["accuracy"].dtype, device=stats.device)
+        error_scale = self.engine.default_settings.error_scale  # the engine's now (a calibration may set a new one)
+        scale = torch.full((), error_scale, dtype=outputs["accuracy"].dtype, device=stats.device)
         fixed = torch.tensor([float(int(settings.n_steps)), float(bool(plan.stochastic))], dtype=stats.dtype)
         fixed = fixed.to(stats.device)[:, None].expand(2, rows)  # the n_steps and stochastic columns
         options = {key: self.host_options[key] for key in ("groups", "keep_attributions", "sample_states")}
@@ -328,7 +330,7 @@ class SideStream:
             return HostResult.unpacker(RunLabels(*labels, error_scale), shape, layout[0], groups)
 
         replay = _Replay(plan, graph, captured["flat"], scale, unpacker)
-        replay.unpack = unpacker(settings.error_scale)
+        replay.unpack = unpacker(error_scale)
         return replay
 
 

@@ -67,17 +67,24 @@ def _reference(model: nn.Module, states: torch.Tensor, baselines: Any, options: 
 
 
 @pytest.mark.parametrize(
-    ("baselines", "groups", "target"),
-    [("zeros", None, "mean"), ("zeros", "channels", "mean"), ("tensor", None, 1), ("zeros", None, "contrast")],
+    ("baselines", "groups", "target", "n_steps"),
+    [
+        ("zeros", None, "mean", 16),
+        ("zeros", "channels", "mean", 16),
+        ("tensor", None, 1, 16),
+        ("zeros", None, "contrast", 16),
+        ("zeros", None, "mean", "budget"),  # the default: a number chosen for the shape before the capture
+    ],
 )
-def test_a_side_run_gives_the_engines_replay_bit_for_bit(baselines: str, groups: Any, target: Any) -> None:
+def test_a_side_run_gives_the_engines_replay_bit_for_bit(baselines: str, groups: Any, target: Any, n_steps) -> None:
     model, states, _, options = _setup()
     given = torch.full_like(states, 0.25) if baselines == "tensor" else baselines
     options["groups"] = None if groups is None else FeatureGroups.resolve(groups, (4, 10, 10))
-    side = _side(model, states, given, options, target=target)
+    side = _side(model, states, given, options, target=target, n_steps=n_steps)
     for step in range(3):  # the capture, then replays (of both graphs where the baselines are zeros)
         side_result = side.start().result()
-        assert_same_host_results(side_result, _reference(model, states, given, options, target=target))
+        reference = _reference(model, states, given, options, target=target, n_steps=n_steps)
+        assert_same_host_results(side_result, reference)
         with torch.no_grad():  # an optimizer step between runs
             for parameter in model.parameters():
                 parameter.add_(0.01 * (step + 1))

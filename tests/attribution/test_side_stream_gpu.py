@@ -2,16 +2,16 @@
 
 A run's attribution is replayed on a side CUDA stream over a snapshot of the weights
 (:mod:`lightning_ig.attribution.side_stream`) while the next training steps run on the training stream. These tests
-pin, on a real device and real CUDA graphs: the host result equals the engine's own replay on the training stream,
-bit for bit; training that writes the weights while the replay runs never reaches it; a steady run's start makes no
-host sync; and a Lightning fit with the callback trains bit for bit as one without it and logs what runs on the
-training stream log.
+pin, on a real device and real CUDA graphs: the host result equals the engine's own replay on the training stream
+(the forward values bit for bit, the gradient sums up to their rounding: the two graphs are captured apart) and
+repeats bit for bit; training that writes the weights while the replay runs never reaches it; a steady run's start
+makes no host sync; and a Lightning fit with the callback trains bit for bit as one without it and logs what runs on
+the training stream log.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from lightning_ig.models import NatureQNetwork
 from lightning_ig.models.noise import attribution_mode
 from tests.support.results import FoundCalibration, assert_same_host_results
 from tests.support.tiny import make_trainer
+from tests.support.tolerance import assert_close_scaled
 
 pytestmark = pytest.mark.gpu
 
@@ -72,17 +73,42 @@ def _on_stream(network: nn.Module, states: torch.Tensor, **engine: Any) -> HostR
     return HostResult.from_result(result, **_options(len(states)))
 
 
-def test_a_side_run_is_the_training_streams_replay_bit_for_bit(cuda_device: torch.device) -> None:
+def _same_up_to_rounding(got: HostResult, expected: HostResult, n_steps: int) -> None:
+    """The side run against the training stream's: two graphs captured apart may run other library kernels for the
+    same convolutions (cuDNN picks by the workspace it finds at capture), so the sums of ``n_steps`` gradient terms
+    may differ by their rounding; the forward values may not. Prints how far apart they were (``-s``)."""
+    np.testing.assert_array_equal(got.f_input, expected.f_input)
+    np.testing.assert_array_equal(got.f_baseline, expected.f_baseline)
+    same = all(np.array_equal(getattr(got, n), getattr(expected, n)) for n in ("attributions", "delta"))
+    difference = float(np.max(np.abs(got.sum_attributions - expected.sum_attributions)))
+    print(f"side vs training stream: bit-identical {same}, largest difference of a state's sum {difference:.3g}")
+    mass = float(np.max(np.abs(expected.attributions).sum(-1)))
+    assert_close_scaled(got.sum_attributions, expected.sum_attributions, ulps=4 * n_steps, scale=mass)
+    assert_close_scaled(got.delta, expected.delta, ulps=4 * n_steps, scale=mass)
+    largest = float(np.max(np.abs(expected.attributions)))
+    assert_close_scaled(got.attributions, expected.attributions, ulps=4 * n_steps, scale=largest)
+
+
+def test_a_side_run_is_the_training_streams_replay_up_to_rounding(cuda_device: torch.device) -> None:
     network, states = _network(cuda_device), _states(32, cuda_device)
     side = _side(network, states)
     for step in range(4):  # the capture, then replays of both graphs
-        assert_same_host_results(side.start().result(), _on_stream(network, states))
+        _same_up_to_rounding(side.start().result(), _on_stream(network, states), 32)
         with torch.no_grad():
             for parameter in network.parameters():
                 parameter.add_(1e-3 * (step + 1))
     assert side._replay is not None
     side.source.use_calibration(FoundCalibration("riemann_middle", 0.3))  # a new scale: the same graphs
-    assert_same_host_results(side.start().result(), _on_stream(network, states, error_scale=0.3))
+    _same_up_to_rounding(side.start().result(), _on_stream(network, states, error_scale=0.3), 32)
+
+
+def test_side_runs_on_the_same_weights_are_bit_identical(cuda_device: torch.device) -> None:
+    network, states = _network(cuda_device), _states(32, cuda_device)
+    side = _side(network, states)
+    side.start().result()  # the capture
+    first = side.start().result()
+    for _ in range(3):
+        assert_same_host_results(side.start().result(), first)
 
 
 def test_training_that_writes_the_weights_beside_a_replay_never_reaches_it(cuda_device: torch.device) -> None:
@@ -97,7 +123,7 @@ def test_training_that_writes_the_weights_beside_a_replay_never_reaches_it(cuda_
             for _ in range(20):
                 for parameter in network.parameters():
                     parameter.mul_(1.01).add_(0.1)
-        assert_same_host_results(transfer.result(), _on_stream(before, states, n_steps=64))
+        _same_up_to_rounding(transfer.result(), _on_stream(before, states, n_steps=64), 64)
 
 
 def test_a_steady_runs_start_makes_no_host_sync(cuda_device: torch.device) -> None:
@@ -189,9 +215,14 @@ def test_a_fit_trains_as_without_the_callback_and_logs_the_training_streams_numb
     for name, value in plain_model.state_dict().items():
         assert torch.equal(value, side_model.state_dict()[name]), name
         assert torch.equal(value, stream_model.state_dict()[name]), name
-    assert side_callback.history == stream_callback.history
-    timeless = [
-        dataclasses.replace(c._last.completeness, calibration_ms=None) for c in (side_callback, stream_callback)
-    ]
-    assert timeless[0] == timeless[1]
-    np.testing.assert_array_equal(side_callback._last.groups.values, stream_callback._last.groups.values)
+    # what the runs log: the same numbers up to the rounding of a sum of n_steps terms (the graphs captured apart)
+    assert len(side_callback.history) == len(stream_callback.history)
+    for side_run, stream_run in zip(side_callback.history, stream_callback.history):
+        assert side_run["global_step"] == stream_run["global_step"]
+        for key in ("mean_abs", "mean_signed"):
+            scale = float(np.max(np.abs(stream_run["mean_abs"])))
+            assert_close_scaled(side_run[key], stream_run[key], ulps=4 * 16, scale=scale)
+    side_last, stream_last = side_callback._last.completeness, stream_callback._last.completeness
+    assert side_last.num_non_finite == stream_last.num_non_finite and side_last.verdict == stream_last.verdict
+    values = stream_callback._last.groups.values
+    assert_close_scaled(side_callback._last.groups.values, values, ulps=4 * 16, scale=float(np.max(np.abs(values))))
