@@ -36,7 +36,7 @@ from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary
 from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels, is_tensorboard_logger
 
-__all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
+__all__ = ["SIDE_STREAM", "Fit", "FitPlan", "PendingRun", "plan", "start"]
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,12 @@ def start(
     return Fit(*fixed, *parts, actions=each, side=side)
 
 
+SIDE_STREAM = False
+"""Whether a fit's runs may replay on a side CUDA stream (:mod:`~lightning_ig.attribution.side_stream`). Off: on an
+H200 (2026-12-02) two side runs on the same weights were not bit for bit the same and a run after a fit ended in a
+CUDA launch failure, so the side stream waits for that race to be found; the runs replay on the training stream."""
+
+
 def _side_stream(
     trainer: Any,
     pl_module: Any,
@@ -242,6 +248,8 @@ def _side_stream(
     host: Any,
 ) -> SideStream | None:
     """The side stream of this fit's runs, where one can be used (else the reason in a debug log)."""
+    if not SIDE_STREAM:
+        return explain("off (fit.SIDE_STREAM: not yet validated on a GPU)")
     if trainer.world_size > 1:  # every rank's collectives in one order: each run ends at once under DDP
         return explain("several processes (DDP)")
     if members is not None:

@@ -35,7 +35,13 @@ from tests.support.results import FoundCalibration, assert_same_host_results
 from tests.support.tiny import make_trainer
 from tests.support.tolerance import assert_close_scaled
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skip(
+        reason="the side stream is off (lightning_ig.callback.fit.SIDE_STREAM): on an H200 two side runs on the same "
+        "weights differed and a run after a fit ended in a CUDA launch failure; a race to find before it is on"
+    ),
+]
 
 SHAPE = (4, 84, 84)
 
