@@ -82,21 +82,13 @@ class GraphCapture:
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         rng_state = torch.cuda.get_rng_state(device)
-        # What torch.cuda.graph does, but for its empty_cache: that would hand the training run's cached blocks back
-        # to the driver, and its next steps would allocate them again (cudaMalloc, a device sync each) mid-training.
-        torch.cuda.synchronize(device)
         try:
-            with torch.cuda.stream(side):
-                graph.capture_begin()
-                try:
-                    outputs = compute()
-                finally:
-                    graph.capture_end()
+            with torch.cuda.graph(graph):
+                outputs = compute()
         finally:
             # Capture registers the device's generator with the graph; the training run's RNG stream must not
             # notice (nothing here draws random numbers).
             torch.cuda.set_rng_state(rng_state, device)
-        torch.cuda.current_stream(device).wait_stream(side)
         return graph, outputs
 
 

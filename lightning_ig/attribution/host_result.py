@@ -338,6 +338,7 @@ class HostTransfer:
             # Pinned memory comes from torch's caching host allocator: the same block every run, no new allocation.
             self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             self._host.copy_(flat, non_blocking=True)
+            self._flat = flat  # held until the copy is read: never a block another stream could take mid-copy
             self._event = torch.cuda.Event()
             self._event.record()
         else:
