@@ -43,6 +43,7 @@ def _tiny(seed: int = 3) -> TinyQNet:
 def emulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every engine captures with the CPU emulation: the callback's runs then replay, on the side stream."""
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
+    monkeypatch.setattr(fit_module, "SIDE_STREAM", True)  # the mechanism, on the CPU: off by default (fit.SIDE_STREAM)
 
 
 @pytest.mark.usefixtures("emulated")
@@ -122,3 +123,12 @@ def test_no_side_stream_without_a_graph(tmp_path: Path) -> None:
     _fit(tmp_path, [callback], 5, _tiny(), dataset(64))
     assert callback._fit.side is None  # the CPU captures no graph: the runs stay as they were
     assert [entry["global_step"] for entry in callback.history] == [2, 4, 5]
+
+
+def test_the_side_stream_is_off_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off until the race seen on an H200 is found (fit.SIDE_STREAM): the runs replay on the training stream."""
+    monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
+    assert fit_module.SIDE_STREAM is False
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, checks_every_n_runs=None)
+    _fit(tmp_path, [callback], 4, _tiny(), dataset())
+    assert callback._fit is not None and callback._fit.side is None and callback._fit.engine.last_mode == "graph"
