@@ -1,14 +1,16 @@
 """Retake the TensorBoard screenshots under docs/images, in headless Chromium at TensorBoard's default size.
 
 The pictures in the README and in docs/reading-tensorboard.md are of real runs, in one logdir, as a user sees
-them: no "Show actual image size", no zoom, TensorBoard's own layout (Time Series draws an image card 326 px
-wide, the Images dashboard 350 px). This script serves LOGDIR with TensorBoard, opens each view in headless
-Chromium (``--screenshot``: a 1280 px wide window; taller windows only where a view has more cards than fit
-800 px, which changes nothing in how big a card is drawn), crops it to what matters and stores it as a palette
-PNG of at most 256 colours (small files: the repository stays lean). Every screenshot must still be looked at
-by a person before it is committed.
+them: no "Show actual image size", no zoom, TensorBoard's own layout (Time Series shows a 320 x 215 picture at
+1.0x, the Images dashboard 350 px wide). This script serves LOGDIR with TensorBoard (or uses ``--url``), opens
+each view in headless Chromium driven by chromedriver (Selenium): a viewport 1280 px wide, 800 px high except
+where a view has more cards than fit (a taller window changes nothing in how big a card is drawn). It shoots a
+view once two screenshots 2 s apart are the same (TensorBoard draws its charts in a worker and fetches images one
+by one: Chromium's own ``--screenshot`` caught half-drawn charts), crops it to what matters and stores it as a
+palette PNG of at most 256 colours (small files: the repository stays lean). Every screenshot must still be
+looked at by a person before it is committed.
 
-The runs (about five minutes of a 2-core CPU; the commands are in docs/reading-tensorboard.md)::
+The runs (about five minutes of a 2-core CPU; the same commands are in docs/reading-tensorboard.md)::
 
     export PYTHONPATH=$PWD
     python examples/dqn_cartpole.py --total-timesteps 6000 --ig-every-n-steps 250 --runs-dir /tmp/shots/runs
@@ -24,10 +26,10 @@ Then::
     python docs/take_screenshots.py /tmp/shots/runs                 # all of them, into docs/images
     python docs/take_screenshots.py /tmp/shots/runs --only timeseries-minatar --out /tmp/look
 
-Needs Debian's chromium (``apt-get install -y chromium``; ``--chromium`` or ``$CHROMIUM`` for another),
-tensorboard and Pillow. ``--url`` uses a TensorBoard that is already serving the logdir instead of starting one.
-The views pick runs by the names the examples give them (``cartpole``, ``minatar__1``, ``minatar_each``): runs
-named otherwise need the ``SHOTS`` table below edited.
+Needs Debian's chromium and chromedriver (``apt-get install -y chromium chromium-driver``; ``--chromium``,
+``--chromedriver`` or ``$CHROMIUM`` for others), Selenium (``pip install selenium``; not a dependency of the
+package), tensorboard and Pillow. The views pick runs by the names the examples give them (``cartpole``,
+``minatar__1``, ``minatar_each``): runs named otherwise need the ``SHOTS`` table below edited.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Shot:
     view: str  # Time Series reads query parameters ("?tagFilter=...#timeseries"); the older dashboards the hash
     window: tuple[int, int] = (1280, 800)
     crop: tuple[int, int, int, int] | None = None  # (left, top, right, bottom) in css pixels; None: the window
+    scroll_to: str | None = None  # scroll the page until an element of exactly this text is at the top
 
 
 def time_series(tags: str, runs: str = "", smoothing: float | None = None) -> str:
@@ -90,7 +93,7 @@ SHOTS = (
         "timeseries-actions",
         time_series("ig/(0_|actions)", runs="minatar_each"),
         window=(1280, 800),
-        crop=(0, 0, 1030, 560),
+        crop=(0, 0, 1030, 505),
     ),
     # the trust checks' scalars, smoothing 0 so that the table under a chart shows the logged values
     Shot(
@@ -101,7 +104,8 @@ SHOTS = (
     ),
     # the Images dashboard draws each picture 350 px wide, every run's card of a tag side by side
     Shot("images-tab", "#images&tagFilter=" + quote("ig/saliency$", safe=""), window=(1280, 800)),
-    Shot("custom-scalars", "#custom_scalars", window=(1280, 800)),
+    # Custom Scalars with every run: the groups' section, one chart per group with a line per MinAtar run
+    Shot("custom-scalars", "#custom_scalars", window=(1280, 800), scroll_to="IG: groups"),
 )
 
 
@@ -125,6 +129,22 @@ def wait_for_runs(url: str, logdir: Path, timeout: float = 180.0) -> None:
             pass
         time.sleep(2)
     raise SystemExit(f"TensorBoard at {url} did not list the runs of {logdir} within {timeout:.0f} s")
+
+
+# TensorBoard's dashboards live in shadow roots: walk them for the innermost element whose text is the heading.
+SCROLL_TO = """
+const text = arguments[0];
+function find(root) {
+  for (const element of root.querySelectorAll('*')) {
+    if (element.shadowRoot) { const inner = find(element.shadowRoot); if (inner) return inner; }
+    if (element.children.length === 0 && element.textContent.trim() === text) return element;
+  }
+  return null;
+}
+const element = find(document);
+if (element) element.scrollIntoView({block: 'start'});
+return element !== null;
+"""
 
 
 def open_browser(chromium: str, chromedriver: str) -> Any:
@@ -162,6 +182,10 @@ def screenshot(browser: Any, url: str, shot: Shot, output: Path) -> None:
     inner = browser.execute_script("return [window.innerWidth, window.innerHeight]")
     browser.set_window_size(2 * shot.window[0] - inner[0], 2 * shot.window[1] - inner[1])
     browser.get(url + "/" + shot.view)
+    if shot.scroll_to is not None:
+        settled(browser)  # the sections are laid out once the data is in
+        if not browser.execute_script(SCROLL_TO, shot.scroll_to):
+            raise SystemExit(f"{shot.name}: no element reads {shot.scroll_to!r} at {shot.view}")
     image = Image.open(io.BytesIO(settled(browser))).convert("RGB")
     if shot.crop is not None:
         image = image.crop(shot.crop)
