@@ -18,6 +18,7 @@ Run (after the README's set-up, which installs into .venv without activating it)
     .venv/bin/python examples/dqn_cartpole.py                  # 2 CPU cores: about 70 seconds
     .venv/bin/python examples/dqn_cartpole.py --accelerator gpu
     .venv/bin/tensorboard --logdir runs
+    .venv/bin/python examples/dqn_cartpole.py --ig-target each # every action's Q too: ig/actions, ig/action/...
     WANDB_MODE=offline .venv/bin/python examples/dqn_cartpole.py --logger wandb   # W&B, on disk: `wandb sync` later
     .venv/bin/python examples/dqn_cartpole.py --logger mlflow  # MLflow: a file store in runs/<run>/mlruns
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto
@@ -60,6 +61,8 @@ from lightning_ig import (
 #: CartPole-v1's observation, in order (Gymnasium's documentation).
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
 POLE_ANGLE = FEATURE_NAMES.index("pole angle")
+#: CartPole-v1's actions: push the cart to the left, to the right.
+ACTION_NAMES = ["left", "right"]
 
 
 def make_ig_callback(args: argparse.Namespace, held_out: Tensor) -> IntegratedGradientsCallback:
@@ -68,9 +71,10 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor) -> IntegratedGr
         held_out,  # (num_held_out, 4), never trained on
         feature_names=FEATURE_NAMES,
         every_n_steps=args.ig_every_n_steps,
-        target="mean",  # V(s): the mean of the dueling Q-values
+        target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
         n_steps=args.ig_n_steps,
         top_k=len(FEATURE_NAMES),
+        action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/actions' panels, contrast's pair
     )
 
 
@@ -197,6 +201,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add("--ig-every-n-steps", type=at_least(1), default=500, help="gradient steps between IG runs")
     add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
+    add(
+        "--ig-target",
+        choices=("mean", "each", "contrast"),
+        default="mean",
+        help="what IG attributes: mean, V(s) (the mean of the Q-values); each, every action's Q(s, a) in one "
+        "batched call (adds ig/actions, 'What favours each action'); contrast, per state the greedy action's Q "
+        "minus the other's ('Why left rather than right')",
+    )
     add("--top-k", type=at_least(1), default=4, help="features printed at the end")
     add("--eval-episodes", type=at_least(1), default=10, help="greedy evaluation episodes (noise off) at the end")
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ Run (after the README's set-up, which installs into .venv without activating it)
     .venv/bin/python examples/dqn_minatar.py                  # a GPU: a few minutes; 2 CPU cores: 4-10 minutes
     .venv/bin/python examples/dqn_minatar.py --total-timesteps 8000 --accelerator cpu   # a smoke run
     .venv/bin/tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/saliency
+    .venv/bin/python examples/dqn_minatar.py --ig-target each # every action's Q too: ig/actions, ig/action/...
     WANDB_MODE=offline .venv/bin/python examples/dqn_minatar.py --logger wandb   # W&B, on disk: `wandb sync` later
     .venv/bin/python examples/dqn_minatar.py --logger mlflow  # MLflow: a file store in runs/<run>/mlruns
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto \
@@ -65,19 +66,25 @@ from lightning_ig import (
 )
 
 
-def make_ig_callback(args: argparse.Namespace, held_out: Tensor, channels: list[str]) -> IntegratedGradientsCallback:
+def make_ig_callback(
+    args: argparse.Namespace, held_out: Tensor, channels: list[str], actions: list[str]
+) -> IntegratedGradientsCallback:
     """What lightning-ig adds to training: IG of V(s) on held-out frames, per channel, logged to ``--logger``."""
     return IntegratedGradientsCallback(
         held_out,  # (num_held_out, C, 10, 10), never trained on
         every_n_steps=args.ig_every_n_steps,
-        target="mean",  # V(s): the mean of the dueling Q-values
+        target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
         n_steps=args.ig_n_steps,
         feature_groups="channels",  # one group per object: the attributions of its pixels summed
         group_names=channels,
         saliency_states=8,  # ig/saliency: 8 held-out frames with the signed attribution over them
         top_k=len(channels),
+        action_names=None if args.ig_target == "mean" else actions,  # the panels of ig/actions, the pair of contrast
     )
 
+
+#: MinAtar's action letters (its games' ``action_map``), as the pictures of ``--ig-target each|contrast`` name them.
+ACTION_NAMES = {"n": "no-op", "l": "left", "u": "up", "r": "right", "d": "down", "f": "fire"}
 
 #: The loggers --logger offers, and the package each needs.
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -202,6 +209,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add("--ig-every-n-steps", type=at_least(1), default=1_000, help="gradient steps between IG runs")
     add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
+    add(
+        "--ig-target",
+        choices=("mean", "each", "contrast"),
+        default="mean",
+        help="what IG attributes: mean, V(s) (the mean of the Q-values); each, every action's Q(s, a) in one "
+        "batched call (adds ig/actions, 'What favours each action'); contrast, per frame the greedy action's Q "
+        "minus the runner-up's ('Why right rather than no-op')",
+    )
     # evaluation
     add("--eval-episodes", type=at_least(1), default=10, help="greedy evaluation episodes (noise off) at the end")
     add(
@@ -245,6 +260,7 @@ class MinAtarVectorEnv:
         for index, env in enumerate(self.games):
             env.seed(seed + index)
         self.action_set = self.games[0].minimal_action_set()  # Breakout: no-op, left, right
+        self.action_names = [ACTION_NAMES[self.games[0].env.action_map[action]] for action in self.action_set]
         channels = self.games[0].env.channels  # name -> index
         self.channel_names = sorted(channels, key=channels.get)
         self.observations = np.zeros((num_envs, len(self.channel_names), 10, 10), dtype=np.uint8)
@@ -536,7 +552,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     held_out = collect_held_out_states(args.game, args.num_held_out, seed=args.seed + 2_000)
     agent = DQNAgent(args)
     channel_names = agent.envs.channel_names
-    trainer = make_trainer(args, logger, [make_ig_callback(args, held_out, channel_names)] if args.ig else [])
+    callbacks = [make_ig_callback(args, held_out, channel_names, agent.envs.action_names)] if args.ig else []
+    trainer = make_trainer(args, logger, callbacks)
     trainer.fit(agent)
     train_seconds = time.perf_counter() - agent.train_started
     env_steps_per_second = (agent.env_steps - agent.warm_up_env_steps) / train_seconds

@@ -240,7 +240,8 @@ def action_attributions_chart(
         canvas.text((x0, 2 * _LINE + 4), name, size=TEXT_SIZE, bold=True)
         if greedy_counts is not None:
             words = [f"greedy {greedy_counts[action]}/{num_states}"] if num_states else []
-            count = canvas.first_fitting([*words, f"greedy {greedy_counts[action]}×"], width - 4, size=SMALL_SIZE)
+            fallbacks = [f"greedy in {greedy_counts[action]}", f"greedy {greedy_counts[action]}×"]
+            count = canvas.first_fitting([*words, *fallbacks], width - 4, size=SMALL_SIZE)
             canvas.text((x0, 3 * _LINE + 4), count, size=SMALL_SIZE, colour=_MUTED)
         canvas.line([(x0, top - 2), (x0, top + row * len(order))], _INK)
         canvas.line([(x0 + span, top - 2), (x0 + span, top + row * len(order))], _GRID)

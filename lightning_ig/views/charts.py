@@ -253,16 +253,37 @@ def _stacked(bands: np.ndarray, colours: Sequence[str], width: int, height: int)
 def _band_labels(
     canvas: Canvas, last: np.ndarray, names: list[str], colours: Sequence[str], *, left: int, top: int, bottom: int
 ) -> None:
-    """Each band's name and last share beside the chart, at the band's height, pushed apart so none overlap."""
-    height = bottom - top
+    """Each band's name and last share beside the chart, at the band's height, pushed apart so none overlap; a
+    name too long for the room goes on two lines (``58% pole angular`` over ``velocity``), never cut mid-word."""
+    height, step = bottom - top, LINE - 1
+    room = CARD_WIDTH - left - 16
+    texts = [
+        _wrapped(canvas, f"{format_percent(float(share), 2)} {name}", room)
+        for name, share in zip(names, last, strict=True)
+    ]
+    half = [(len(lines) - 1) * step / 2 + LINE / 2 for lines in texts]  # from a label's centre to its edge
     centres = bottom - height * (np.cumsum(last) - last / 2)  # (K,) pixel rows, bottom band first
     wanted = list(centres)
-    for index in range(1, len(wanted)):  # upwards: each label at least a line above the one below it
-        wanted[index] = min(wanted[index], wanted[index - 1] - (LINE - 1))
-    shift = max(0.0, top + LINE / 2 - wanted[-1]) if wanted else 0.0
-    for index, (name, colour, share) in enumerate(zip(names, colours, last, strict=True)):
-        y = min(wanted[index] + shift, bottom - LINE / 2)
+    for index in range(1, len(wanted)):  # upwards: each label clear of the one below it
+        apart = (len(texts[index]) + len(texts[index - 1])) * step / 2
+        wanted[index] = min(wanted[index], wanted[index - 1] - apart)
+    shift = max(0.0, top + half[-1] - wanted[-1]) if wanted else 0.0
+    for index, (lines, colour) in enumerate(zip(texts, colours, strict=True)):
+        y = min(wanted[index] + shift, bottom - half[index]) - (len(lines) - 1) * step / 2  # the first line's
         canvas.rectangle((left, y - 5, left + 10, y + 5), GROUND)
         canvas.rectangle((left + 2, y - 3, left + 8, y + 3), rgb(colour))
-        text = canvas.fit(f"{format_percent(float(share), 2)} {name}", CARD_WIDTH - left - 16, size=SMALL_SIZE)
-        canvas.text((left + 14, y), text, size=SMALL_SIZE, anchor="lm")
+        for line, text in enumerate(lines):
+            canvas.text((left + 14, y + line * step), text, size=SMALL_SIZE, anchor="lm")
+
+
+def _wrapped(canvas: Canvas, text: str, room: float) -> list[str]:
+    """``text`` on one line if it fits ``room`` pixels, else on two, broken at the last space that lets the first
+    line fit (the second cut with an ellipsis if it must be); one cut line where even the first word is too wide."""
+    if canvas.text_width(text, size=SMALL_SIZE) <= room:
+        return [text]
+    words = text.split(" ")
+    for count in range(len(words) - 1, 0, -1):
+        first = " ".join(words[:count])
+        if canvas.text_width(first, size=SMALL_SIZE) <= room:
+            return [first, canvas.fit(" ".join(words[count:]), room, size=SMALL_SIZE)]
+    return [canvas.fit(text, room, size=SMALL_SIZE)]

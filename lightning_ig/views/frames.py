@@ -193,8 +193,9 @@ def frame_colours(images: np.ndarray, colours: np.ndarray) -> np.ndarray:
 
 
 def tile_room(columns: int, rows: int, reserved: int) -> tuple[int, int]:
-    """The pixels a tile may take, ``(height, width)``, for ``rows`` x ``columns`` tiles inside the card."""
-    across = (CARD_WIDTH - (columns - 1) * GAP) // columns - 2
+    """The pixels a tile may take, ``(height, width)``, for ``rows`` x ``columns`` tiles inside the card: a tile, its
+    border and a gap of at least :data:`GAP` in each ``CARD_WIDTH // columns`` slot across, a caption line under it."""
+    across = CARD_WIDTH // columns - GAP - 2
     down = (CARD_HEIGHT - reserved) // rows - 2 - LINE
     return max(down, 1), max(across, 1)
 

@@ -27,9 +27,10 @@ import numpy as np
 
 from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.views.actions import action_attributions_chart, contrast_chart
-from lightning_ig.views.bars import top_features_chart
+from lightning_ig.views.bars import MUTED, VERDICT_COLOURS, top_features_chart
 from lightning_ig.views.charts import heatmap_chart, shares_chart
 from lightning_ig.views.per_action import contrast_numbers, state_rows
+from lightning_ig.views.raster import card_sized
 from lightning_ig.views.saliency import mean_abs_map, saliency_grid
 from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.text import DRIFT_WORDS, format_value
@@ -49,6 +50,7 @@ __all__ = [
     "shares_picture",
     "target_words",
     "top_features_picture",
+    "trust_reason_words",
     "verdict_detail",
     "verdict_picture",
 ]
@@ -240,7 +242,8 @@ def draw(
         drawn = actions_picture(summary, labels, inputs)
         if drawn is not None:
             pictures["actions"] = drawn
-    return pictures, scale
+    # each as high as Time Series' image box: shown at 1.0x there, whatever the window's width (raster.card_sized)
+    return {kind: card_sized(pixels) for kind, pixels in pictures.items()}, scale
 
 
 def _words(summary: RunSummary, inputs: PictureInputs) -> tuple[str, str, str, str]:
@@ -251,6 +254,43 @@ def _words(summary: RunSummary, inputs: PictureInputs) -> tuple[str, str, str, s
     if inputs.rows_per_state > 1:
         states = f"{summary.num_states // inputs.rows_per_state} states × {inputs.rows_per_state} actions"
     return noun, name, target_words(summary.settings.target, inputs.action_names), states
+
+
+_TRUST_COLOURS = {
+    "passed": VERDICT_COLOURS["pass"],
+    "failed": VERDICT_COLOURS["fail"],
+    "unresolved": VERDICT_COLOURS["unchecked"],
+}
+"""The colour of the verdict card's trust line: green passed, red failed, brown unresolved (the verdicts' colours)."""
+
+
+def trust_reason_words(sentence: str) -> str:
+    """A trust check's reason or note, short enough for a line of the card: up to its first ``,`` or ``;`` after the
+    check's name (``sanity unresolved: with 4 units``, ``sanity: not run yet``); the report has the whole sentence."""
+    head, colon, rest = sentence.partition(": ")
+    if not colon:
+        head, rest = "", sentence
+    cut = min((rest.find(mark) for mark in (", ", "; ") if mark in rest), default=len(rest))
+    return f"{head}{colon}{rest[:cut]}"
+
+
+def _trust_detail(trust: Any) -> list[str] | None:
+    """The line under the trust status: why it failed or is unresolved, short (the report has the whole sentence).
+
+    An accuracy failure is the card's own headline already: another failed check is named first; accuracy alone
+    points up to it.
+    """
+    if trust.status == "failed":
+        others = [reason for reason in trust.reasons if not reason.startswith("accuracy:")]
+        if not others:
+            return ["accuracy: the verdict above"]
+        why = others[0]
+    elif trust.status == "unresolved" and trust.notes:
+        why = trust.notes[0]
+    else:
+        return None
+    short = trust_reason_words(why)
+    return [f"{short} (Text tab: ig/report)", short]
 
 
 def verdict_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureInputs) -> np.ndarray:
@@ -265,21 +305,28 @@ def verdict_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
             f"{DRIFT_WORDS['spearman_prev']}: {drift['spearman_prev']:.2f}",
             f"rank correlation with the previous run {drift['spearman_prev']:.2f}",
         ]
+    colour, detail = MUTED, None
     trust = summary.trust_checks  # the trust checks' verdict leads the footer: a passed card can hide a failed check
     if trust is not None:
         status = str(trust.status)
         mark = {"passed": "✓", "failed": "✗"}.get(status, "?")
+        colour = _TRUST_COLOURS.get(status, MUTED)
         footer = [f"{mark} trust checks: {trust.headline()}", f"{mark} trust checks {status} (ig/trust/status)"]
+        detail = _trust_detail(trust)
+    prefix = f"IG{name} at step {summary.step:,}"
+    titles = [f"{prefix}: {target}, {states}", f"Step {summary.step:,}: {target}, {states}", f"{prefix}: {target}"]
     return verdict_chart(
         list(labels),
         summary.units.moments,
         verdict=run_verdict(summary),
-        title=[f"IG{name} at step {summary.step:,}: {target}, {states}", f"IG{name} at step {summary.step:,}"],
+        title=[*titles, prefix],
         target_label=target,
         noun=noun,
         top_k=summary.settings.top_k,
         label_colours=inputs.unit_colours,
         footer=footer,
+        footer_colour=colour,
+        footer_detail=detail,
     ).pixels
 
 
@@ -312,7 +359,11 @@ def heatmap_picture(summary: RunSummary, labels: Sequence[str], history: Sequenc
         list(labels),
         [entry["global_step"] for entry in history],
         np.asarray([entry["mean_abs"] for entry in history]),
-        title=[f"{noun.capitalize()}{name}: share of mean |attribution| by run", f"{noun.capitalize()}{name}: share"],
+        title=[
+            f"{noun.capitalize()}{name}: share of mean |attribution| by run",
+            f"{noun.capitalize()}{name}: share of mean |attr| by run",
+            f"{noun.capitalize()}{name}: share",
+        ],
     )
 
 
@@ -325,7 +376,11 @@ def shares_picture(
         list(labels),
         [entry["global_step"] for entry in history],
         np.asarray([entry["mean_abs"] for entry in history]),
-        title=[f"Share of |attribution| by {noun[:-1]}{name}, over training", f"Shares of |attribution|{name}"],
+        title=[
+            f"Share of |attribution| by {noun[:-1]}{name}, over training",
+            f"Share of |attribution| by {noun[:-1]}{name}",
+            f"Shares of |attribution|{name}",
+        ],
         colours=inputs.unit_colours,
     ).pixels
 

@@ -8,13 +8,16 @@ these cost a few milliseconds. :func:`png_bytes` stores a picture with at most 2
 PNG): a third of the bytes of an RGB one, which matters because TensorBoard's event writer checksums
 every byte in Python.
 
-Sizes are set by where TensorBoard shows a picture (measured in headless Chromium, TensorBoard 2.21,
-window 1280x800). Time Series fits an image into a box 326 px wide (the card, with the settings pane
-open) and 215 px high, whatever the window's height; the Images dashboard draws every image 350 px
-wide. Both scale with ``image-rendering: pixelated``: shrinking drops whole rows and columns of pixels,
-so anti-aliased text drawn larger and shown smaller loses strokes. A picture of :data:`CARD_WIDTH` x
-:data:`CARD_HEIGHT` is shown at 1.0x in Time Series and 1.09x in Images; text is drawn at the size it
-is read (:data:`TEXT_SIZE` and up: a cap height of 9 px or more on screen).
+Sizes are set by where TensorBoard shows a picture (measured in headless Chromium 150, TensorBoard 2.21). Time
+Series fits an image into a box 215 px high, whatever the window's height, and as wide as the card: 324 px in a
+1280 px window with the settings pane open (TensorBoard's default), 358 to 382 px in windows of 1366 to 1920 px.
+It fits with ``object-fit: contain`` and ``image-rendering: pixelated``: a picture is scaled by the smaller of
+``box width / width`` and ``215 / height``, shrinking drops whole rows and columns, and enlarging by a fraction
+doubles some of them (uneven strokes in text). A picture :data:`CARD_HEIGHT` = 215 px high and
+:data:`CARD_WIDTH` = 320 px wide is therefore bound by its height: shown at exactly 1.0x in every window from
+1280 px up (:func:`card_sized` pads the shorter ones); a shorter one would be enlarged 1.01x to 1.19x. The
+Images dashboard draws every image 350 px wide (1.09x). Text is drawn at the size it is read (:data:`TEXT_SIZE`
+and up: a cap height of 9 px or more on screen).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "TEXT_SIZE",
     "TITLE_SIZE",
     "Canvas",
+    "card_sized",
     "categorical_colours",
     "font",
     "format_tick",
@@ -66,10 +70,10 @@ _DIVERGING = [
 _SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 
 
-# The picture size TensorBoard shows without shrinking it: Time Series' image box is 326 x 215 px at a 1280 px
-# window (319 px wide at 800 px); the Images dashboard draws 350 px wide. Taller pictures are shrunk in Time Series.
+# The picture size TensorBoard's Time Series shows at 1.0x: its image box is 215 px high and at least 324 px wide
+# in a window of 1280 px or more; a picture of exactly this height is bound by it, never enlarged (see above).
 CARD_WIDTH = 320
-CARD_HEIGHT = 214
+CARD_HEIGHT = 215
 # DejaVu Sans: cap heights 9 px (12 and 13 px), 11 px (15 px).
 SMALL_SIZE = 12  # tick values, captions under tiles
 TEXT_SIZE = 13  # labels, legends
@@ -275,6 +279,20 @@ def _text_mask(text: str, size: int, bold: bool, anchor: str) -> tuple[Any, int,
     mask = Image.new("L", (right - left, bottom - top), 0)
     ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font(size, bold), anchor=anchor)
     return mask, left, top
+
+
+def card_sized(pixels: np.ndarray) -> np.ndarray:
+    """``pixels`` with white rows added at the bottom up to :data:`CARD_HEIGHT` (taller pictures as they are).
+
+    Time Series scales a picture to fit its image box (215 px high, 324 px wide or more): a shorter picture is
+    bound by the box's width and enlarged a little, unevenly (``pixelated``); one exactly as high as the box is
+    bound by its height and shown at 1.0x. The content stays at the top, so titles line up across a row of cards.
+    """
+    height = pixels.shape[0]
+    if height >= CARD_HEIGHT:
+        return pixels
+    white = np.full((CARD_HEIGHT - height, *pixels.shape[1:]), 255, dtype=pixels.dtype)
+    return np.concatenate([pixels, white], axis=0)
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:

@@ -55,7 +55,7 @@ from lightning_ig.views.frames import (
     swatch,
     write_png,
 )
-from lightning_ig.views.raster import CARD_WIDTH, DIVERGING_LUT, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas
+from lightning_ig.views.raster import CARD_WIDTH, DIVERGING_LUT, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas, font
 from lightning_ig.views.saliency_map import mean_abs_map, mean_abs_where_present
 from lightning_ig.views.text import format_value
 
@@ -77,6 +77,7 @@ _PALEST = 0.6  # the palest marker colour, as a fraction of the way from white t
 _SMALLEST_MARKER_CELL = 4  # pixels per cell below which a marker would hide the object: blend instead
 _MAX_OPACITY = 0.85
 _LEGEND_HEIGHT = 4 * LINE + 4
+_CAPTION_SEPARATION = 8  # blank pixels between neighbouring captions: twice the space between the two numbers
 
 
 def _markers(maps: np.ndarray, scale: float, cell: int, rim: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -166,9 +167,11 @@ def saliency_grid(
     count = len(images)
     columns = max(1, min(columns or 4, count))
     rows = math.ceil(count / columns)
-    block = pool_factor(images.shape[2:], columns, rows, reserved=_LEGEND_HEIGHT)
+    captions = _caption_lines(*values, room=CARD_WIDTH // columns - _CAPTION_SEPARATION)
+    reserved = _LEGEND_HEIGHT + (rows * LINE if captions is not None and len(captions[0]) > 1 else 0)
+    block = pool_factor(images.shape[2:], columns, rows, reserved=reserved)
     images, maps = pool(images, block, "max"), pool(maps, block, "sum")  # objects kept; attributions add up
-    cell = cell_size(images.shape[2:], columns, rows, reserved=_LEGEND_HEIGHT)
+    cell = cell_size(images.shape[2:], columns, rows, reserved=reserved)
     scale = nice_scale(robust_max(maps))
     frames = frame_colours(images, colours).repeat(cell, axis=1).repeat(cell, axis=2)  # (S, H*cell, W*cell, 3)
     if cell >= _SMALLEST_MARKER_CELL:
@@ -176,7 +179,6 @@ def saliency_grid(
         tiles = np.where(mask[..., None], marker, frames).astype(np.uint8)  # (S, H*cell, W*cell, 3)
     else:  # cells too small for a square inside: the sign's colour blended over the frame, as opaque as it is large
         tiles = _blended(frames, maps, scale, cell)
-    captions = _captions(*values)
     canvas, legend_top = _tile_grid(tiles, captions, columns)
     pixels = _grid_legend(
         canvas,
@@ -202,13 +204,24 @@ def _per_state(values: np.ndarray | None, name: str, count: int) -> np.ndarray |
     return array
 
 
-def _captions(f_input: np.ndarray | None, f_delta: np.ndarray | None) -> list[str] | None:
-    """``"0.76 +0.62"`` per tile: ``F(x)`` and ``F(x) - F(b)``, each column of numbers with one number of decimals."""
+def _caption_lines(f_input: np.ndarray | None, f_delta: np.ndarray | None, room: int) -> list[tuple[str, ...]] | None:
+    """Each tile's caption, ``F(x)`` and ``F(x) - F(b)``, as its lines: the first wording in which every caption is at
+    most ``room`` pixels wide.
+
+    Each column of numbers has the decimals that give its largest two significant digits (``0.32 +0.21``); where
+    that is too wide, the zero before the decimal point is dropped (``.011 +.060``, as tables of values under 1
+    write it); then the two numbers go on two lines (the grid makes room for the second), each cut to ``room`` if
+    it must be (only where more than four tiles share a row).
+    """
     columns = [values for values in (f_input, f_delta) if values is not None]
     if not columns:
         return None
     texts = [_fixed(values, signed=values is f_delta) for values in columns]
-    return [" ".join(words) for words in zip(*texts, strict=True)]
+    for wording in (texts, [[_without_leading_zero(text) for text in column] for column in texts]):
+        lines = [(" ".join(words),) for words in zip(*wording, strict=True)]
+        if all(_ink_width(line[0]) <= room for line in lines):
+            return lines
+    return [tuple(_cut(text, room) for text in words) for words in zip(*texts, strict=True)]
 
 
 def _fixed(values: np.ndarray, *, signed: bool) -> list[str]:
@@ -220,24 +233,51 @@ def _fixed(values: np.ndarray, *, signed: bool) -> list[str]:
     return [f"{value:{sign}.{decimals}f}" if math.isfinite(value) else str(value) for value in values]
 
 
-def _tile_grid(tiles: np.ndarray, captions: list[str] | None, columns: int) -> tuple[Canvas, int]:
+def _without_leading_zero(text: str) -> str:
+    """``0.011`` -> ``.011``, ``-0.5`` -> ``-.5``, ``+0.06`` -> ``+.06``; other numbers as they are."""
+    sign, rest = (text[0], text[1:]) if text[:1] in "+-" else ("", text)
+    return sign + rest[1:] if rest.startswith("0.") else text
+
+
+def _ink_width(text: str) -> int:
+    """How many pixels across ``text`` inks at the captions' size."""
+    left, _, right, _ = font(SMALL_SIZE).getbbox(text, anchor="ma")
+    return int(right - left)
+
+
+def _cut(text: str, room: int) -> str:
+    """``text``, or as much of it as fits ``room`` pixels with an ellipsis."""
+    if _ink_width(text) <= room:
+        return text
+    while len(text) > 1 and _ink_width(text + "…") > room:
+        text = text[:-1]
+    return text + "…" if _ink_width(text + "…") <= room else ""
+
+
+def _tile_grid(tiles: np.ndarray, captions: list[tuple[str, ...]] | None, columns: int) -> tuple[Canvas, int]:
     """The tiles with a border each and their captions on a white card as wide as the card; and where the legend
-    goes (room is left below for it: three lines, four with the captions' line)."""
+    goes (room is left below for it: three lines, four with the captions' line).
+
+    Each tile is centred in a slot of ``CARD_WIDTH // columns`` pixels (wider only for tiles wider than that), and
+    its caption is centred in the same slot: a caption of at most the slot less :data:`_CAPTION_SEPARATION` pixels
+    stays inside it, clear of its neighbours' and of the card's edge.
+    """
     count, height, width = tiles.shape[:3]
     rows = math.ceil(count / columns)
-    gap = max(GAP, (CARD_WIDTH - columns * (width + 2)) // columns)  # spread over the card: room for the captions
-    pitch_x = width + 2 + gap
-    pitch_y = height + 2 + (LINE if captions is not None else 4)
-    used = columns * pitch_x - gap
-    left0 = max(0, (CARD_WIDTH - used) // 2)
+    pitch_x = max(width + 2 + GAP, CARD_WIDTH // columns)
+    lines = len(captions[0]) if captions else 0
+    pitch_y = height + 2 + (lines * LINE if lines else 4)
+    canvas_width = max(CARD_WIDTH, columns * pitch_x)
+    margin = (canvas_width - columns * pitch_x) // 2
     legend = _LEGEND_HEIGHT if captions is not None else _LEGEND_HEIGHT - LINE
-    canvas = Canvas(max(CARD_WIDTH, used), rows * pitch_y + legend + 2)
+    canvas = Canvas(canvas_width, rows * pitch_y + legend + 2)
     for index in range(count):
-        left, top = left0 + (index % columns) * pitch_x, (index // columns) * pitch_y
+        slot, top = margin + (index % columns) * pitch_x, (index // columns) * pitch_y
+        left = slot + (pitch_x - width - 2) // 2
         canvas.outline((left, top, left + width + 1, top + height + 1), BORDER)
         canvas.paste(tiles[index], left + 1, top + 1)
-        if captions is not None:
-            canvas.text((left + width / 2 + 1, top + height + 3), captions[index], size=SMALL_SIZE, anchor="ma")
+        for line, text in enumerate(captions[index] if captions is not None else ()):
+            canvas.text((slot + pitch_x / 2, top + height + 3 + line * LINE), text, size=SMALL_SIZE, anchor="ma")
     return canvas, rows * pitch_y + 2
 
 

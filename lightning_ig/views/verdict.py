@@ -30,7 +30,7 @@ from lightning_ig.views.bars import (
     sign_parts,
     two_tone_bar,
 )
-from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
 from lightning_ig.views.text import format_percent
 
 __all__ = ["verdict_chart"]
@@ -50,6 +50,8 @@ def verdict_chart(
     top_k: int = _MOST_ROWS,
     label_colours: Sequence[str] | None = None,
     footer: str | Sequence[str] | None = None,
+    footer_colour: str = MUTED,
+    footer_detail: str | Sequence[str] | None = None,
 ) -> Chart:
     """The verdict and the top units by share of the mean ``|attribution|``, in one card.
 
@@ -62,7 +64,12 @@ def verdict_chart(
         noun: ``"features"`` or ``"groups"``.
         top_k: how many units get a bar (at most 5: the card's height); the rest are summed in one line.
         label_colours: one ``"#rrggbb"`` per unit, drawn beside its label (the channels' colours).
-        footer: a line under the legend (drift), or wordings of it, the longest first; ``None``: none.
+        footer: a line under the legend (the trust checks' status, or drift), or wordings of it, the longest first;
+            ``None``: none.
+        footer_colour: the footer's colour (the trust status's: green, red or brown; default grey).
+        footer_detail: a second line under the footer (why the status is what it is), or wordings of it, the
+            longest first, the last cut to the card's width; drawn where the card stays within
+            :data:`~lightning_ig.views.raster.CARD_HEIGHT`, else left out.
 
     Returns:
         The :class:`~lightning_ig.views.bars.Chart`; its ``axis_limit`` is the largest share drawn.
@@ -84,13 +91,19 @@ def verdict_chart(
     rest = len(totals) - len(order)
     rows_top = 4 * LINE + 10  # the title, the verdict's two lines and the line above the bars
     height = rows_top + _ROW * len(order) + (LINE if rest else 0) + LINE + 4 + (LINE + 2 if footer else 0) + 2
+    detail = bool(footer and footer_detail) and height + LINE <= CARD_HEIGHT  # never past Time Series' box
+    height += LINE if detail else 0
     canvas = Canvas(CARD_WIDTH, height)
     titles = [title] if isinstance(title, str) else list(title)
     canvas.text(
         (3, 2), canvas.first_fitting(titles, CARD_WIDTH - 6, size=TEXT_SIZE, bold=True), size=TEXT_SIZE, bold=True
     )
     y = draw_verdict(canvas, LINE + 4, verdict)
-    relies = [f"What {target_label} relies on: share of mean |attribution|", f"What {target_label} relies on"]
+    relies = [
+        f"What {target_label} relies on: share of mean |attribution|",
+        f"What {target_label} relies on: share of mean |attr|",
+        f"What {target_label} relies on",
+    ]
     canvas.text((3, y + 2), canvas.first_fitting(relies, CARD_WIDTH - 6, size=TEXT_SIZE), size=TEXT_SIZE, colour=INK)
     _bars(canvas, labels, share, positive, negative, order, label_colours, top=rows_top)
     y = rows_top + _ROW * len(order)
@@ -102,7 +115,11 @@ def verdict_chart(
     if footer:
         wordings = [footer] if isinstance(footer, str) else list(footer)
         line = canvas.first_fitting(wordings, CARD_WIDTH - 6, size=SMALL_SIZE)
-        canvas.text((3, y + LINE + 3), line, size=SMALL_SIZE, colour=MUTED)
+        canvas.text((3, y + LINE + 3), line, size=SMALL_SIZE, colour=footer_colour)
+    if detail and footer_detail:
+        wordings = [footer_detail] if isinstance(footer_detail, str) else list(footer_detail)
+        line = canvas.first_fitting(wordings, CARD_WIDTH - 6, size=SMALL_SIZE)
+        canvas.text((3, y + 2 * LINE + 3), line, size=SMALL_SIZE, colour=MUTED)
     shown = tuple(str(labels[i]) for i in order)
     return Chart(canvas.pixels, shown, float(share[order].max()) if whole > 0 else 0.0)
 
@@ -122,7 +139,7 @@ def _bars(
     swatch = 12 if label_colours is not None else 0
     # names up to half the card whole (a cut "pole angular ve..." leaves the reader guessing); the bars get the rest
     shown = [canvas.fit(str(labels[i]), int(CARD_WIDTH * 0.5) - swatch, size=TEXT_SIZE) for i in order]
-    left = 8 + swatch + int(max(canvas.text_width(text, size=TEXT_SIZE) for text in shown))
+    left = 10 + swatch + int(max(canvas.text_width(text, size=TEXT_SIZE) for text in shown))
     percents = [format_percent(float(share[i]), 2) for i in order]
     right = CARD_WIDTH - 8 - int(max(canvas.text_width(text, size=SMALL_SIZE) for text in percents))
     largest = float(share[order].max())
@@ -131,7 +148,7 @@ def _bars(
         centre = top + _ROW * index + _ROW / 2
         if label_colours is not None:
             label_swatch(canvas, left - swatch - 4, centre, label_colours[unit])
-        canvas.text((left - 6 - swatch, centre), shown[index], size=TEXT_SIZE, anchor="rm")
+        canvas.text((left - 8 - swatch, centre), shown[index], size=TEXT_SIZE, anchor="rm")  # 4 px clear of it
         length = (right - 4 - left) * (float(share[unit]) / largest if largest > 0 else 0.0)
         blue = length * (float(positive[unit]) / float(totals[unit]) if totals[unit] > 0 else 0.0)
         two_tone_bar(canvas, left, left + blue, left + length, centre=centre, half=0.33 * _ROW)

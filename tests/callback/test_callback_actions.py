@@ -222,13 +222,14 @@ def test_each_draws_the_actions_picture_at_the_figures_cadence(each_run):
     from PIL import Image
 
     from lightning_ig.views.pictures import actions_picture
-    from lightning_ig.views.raster import CARD_WIDTH, png_bytes
+    from lightning_ig.views.raster import CARD_WIDTH, card_sized, png_bytes
 
     callback, events = each_run["callback"], each_run["events"]
     pictures = events.Images("ig/actions")
     assert [event.step for event in pictures] == [5, 10]
     outputs = callback._fit.outputs
     drawn = actions_picture(callback._last, outputs.tags.labels["features"], outputs.inputs)  # the run at step 10
+    drawn = card_sized(drawn)  # logged as high as Time Series' image box (padded below), shown at 1.0x there
     logged = np.asarray(Image.open(io.BytesIO(pictures[-1].encoded_image_string)).convert("RGB"))
     assert logged.shape == drawn.shape and drawn.shape[1] == CARD_WIDTH == pictures[-1].width
     assert np.array_equal(logged, np.asarray(Image.open(io.BytesIO(png_bytes(drawn))).convert("RGB")))

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.trust.monitor import trust_scalar_tags
-from lightning_ig.views.raster import CARD_WIDTH
+from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from lightning_ig.views.tags import CALIBRATION_TAGS
@@ -151,7 +151,8 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
     expected_mean = mean_abs_map(
         where.numpy(), 10, ["channel 0", "channel 1", "channel 2"], presence=present.mean(0).numpy()
     ).pixels
-    for tag, pixels in (("ig/saliency", expected), ("ig/saliency/mean_abs", expected_mean)):
+    # logged as high as Time Series' image box (padded below: raster.card_sized), so it is shown at 1.0x
+    for tag, pixels in (("ig/saliency", card_sized(expected)), ("ig/saliency/mean_abs", card_sized(expected_mean))):
         logged = events.Images(tag)
         assert [event.step for event in logged] == [2, 4]
         assert (logged[-1].height, logged[-1].width) == pixels.shape[:2]
@@ -248,8 +249,10 @@ def test_one_dimensional_signals_get_heat_strips(tmp_path):
     _, logger = _fit(tmp_path, (2, 40), [callback], max_steps=2)
     events = _events(logger)
     strip = events.Images("ig/saliency")[-1]
-    # 3 strips of 2 channels, captions and a colour bar, at the card's width
-    assert strip.width == CARD_WIDTH and strip.height < 200
+    # 3 strips of 2 channels, captions and a colour bar, at the card's width; white below to Time Series' box height
+    assert (strip.width, strip.height) == (CARD_WIDTH, CARD_HEIGHT)
+    pixels = np.asarray(Image.open(io.BytesIO(strip.encoded_image_string)).convert("RGB"))
+    assert np.nonzero((pixels < 200).any(axis=(1, 2)))[0].max() < 200  # ink (the PNG has 256 colours: near-white)
 
 
 def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):

@@ -349,3 +349,14 @@ def test_runs_on_the_gpu_with_the_fused_loss_by_default(tmp_path: Path) -> None:
     loaded = load_checkpoint(_only_run_dir(tmp_path / "runs") / "q_network.safetensors")
     assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4)
     assert all(tensor.device.type == "cpu" for tensor in loaded.model.state_dict().values())
+
+
+@pytest.mark.parametrize("target", ["mean", "each", "contrast"])
+def test_ig_target_reaches_the_callback_with_the_action_names(example_module: ModuleType, target: str) -> None:
+    args = example_module.parse_args(["--ig-target", target])
+    callback = example_module.make_ig_callback(args, torch.zeros(4, 4))
+    assert callback.target == target
+    assert callback.action_names == (None if target == "mean" else ["left", "right"])  # V(s) has no actions
+    assert example_module.parse_args([]).ig_target == "mean"  # V(s), as before
+    with pytest.raises(SystemExit):
+        example_module.parse_args(["--ig-target", "left"])

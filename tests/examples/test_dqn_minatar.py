@@ -283,3 +283,22 @@ def test_vector_env_gives_channels_first_frames_and_restarts_finished_games(exam
 def test_the_default_activation_is_relu_and_the_help_says_why(example_module) -> None:
     assert example_module.parse_args([]).activation == "relu"
     assert example_module.parse_args(["--activation", "silu"]).activation == "silu"
+
+
+@pytest.mark.parametrize("target", ["mean", "each", "contrast"])
+def test_ig_target_reaches_the_callback_with_the_games_action_names(example_module, target) -> None:
+    args = example_module.parse_args(["--ig-target", target])
+    envs = example_module.MinAtarVectorEnv("breakout", 1, seed=0)
+    assert envs.action_names == ["no-op", "left", "right"]  # Breakout's minimal action set, named
+    held_out = torch.zeros(4, 4, 10, 10)
+    callback = example_module.make_ig_callback(args, held_out, CHANNEL_NAMES, envs.action_names)
+    assert callback.target == target
+    assert callback.action_names == (None if target == "mean" else envs.action_names)  # V(s) has no actions
+    assert example_module.parse_args([]).ig_target == "mean"  # V(s), as before
+
+
+def test_a_bad_ig_target_exits_2_naming_the_choices(example_module, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(["--ig-target", "left"])
+    assert exit_info.value.code == 2
+    assert "argument --ig-target: invalid choice: 'left' (choose from" in capsys.readouterr().err

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from lightning_ig.attribution.host_result import Moments
-from lightning_ig.views.bars import bar_chart, sign_parts
+from lightning_ig.views.bars import LINE, bar_chart, sign_parts
 from lightning_ig.views.bars import top_features_chart as top_features_figure
-from lightning_ig.views.charts import format_step
+from lightning_ig.views.charts import _wrapped, format_step
 from lightning_ig.views.charts import heatmap_chart as heatmap_figure
 from lightning_ig.views.charts import shares_chart as shares_figure
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, categorical_colours, rgb
+from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, Canvas, categorical_colours, rgb
 
 EPS = np.finfo(np.float64).eps
 
@@ -131,3 +131,20 @@ def test_shares_sum_the_small_units_into_other():
 
 def test_steps_are_written_short():
     assert [format_step(s) for s in (250, 3437, 24000, 125000, 2_500_000)] == ["250", "3,437", "24k", "125k", "2.5M"]
+
+
+def test_a_long_band_label_goes_on_two_lines_broken_at_a_space_never_cut_mid_word():
+    canvas = Canvas(1, 1)
+    assert _wrapped(canvas, "4.5% cart position", 127) == ["4.5% cart position"]
+    assert _wrapped(canvas, "58% pole angular velocity", 127) == ["58% pole angular", "velocity"]
+    share, name = _wrapped(canvas, "58% a-very-long-single-name", 60)
+    assert share == "58%" and name.endswith("…")  # the second line is cut where it must be
+    assert _wrapped(canvas, "100%-and-a-very-long-name", 60)[0].endswith("…")  # nowhere to break: one cut line
+    history = np.array([[1.0, 2.0, 5.0, 12.0], [1.0, 2.5, 5.0, 13.0]])
+
+    def inked_rows(longest: str) -> int:
+        chart = shares_figure(["cart position", "cart velocity", "pole angle", longest], [250, 500], history)
+        text = np.all(chart.pixels[LINE + 8 :, CARD_WIDTH - 127 :] < 120, axis=2)  # the labels' ink, below the title
+        return int(text.any(axis=1).sum())
+
+    assert inked_rows("pole angular velocity") >= inked_rows("pole rate") + 8  # a second line of text

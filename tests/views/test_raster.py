@@ -12,7 +12,7 @@ PIL = pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402
 
-from lightning_ig.views.raster import Canvas, format_tick, nice_ticks, png_bytes  # noqa: E402
+from lightning_ig.views.raster import CARD_HEIGHT, Canvas, card_sized, format_tick, nice_ticks, png_bytes  # noqa: E402
 
 
 @pytest.mark.parametrize("limit", [1e-7, 0.013, 0.999, 1.0, 2.6, 3.08, 7.0, 260.0, 5e6])
@@ -113,3 +113,12 @@ def test_text_is_cut_to_a_width_and_the_first_wording_that_fits_is_chosen():
     assert canvas.fit("short", 80, size=12) == "short"
     assert canvas.first_fitting([long, "pole ang. vel."], 100, size=12) == "pole ang. vel."
     assert canvas.first_fitting([long, long], 100, size=12).endswith("…")
+
+
+def test_card_sized_pads_short_pictures_with_white_below_and_leaves_tall_ones():
+    short = np.zeros((180, 320, 3), dtype=np.uint8)
+    padded = card_sized(short)
+    assert padded.shape == (CARD_HEIGHT, 320, 3) and padded.dtype == np.uint8
+    assert np.array_equal(padded[:180], short) and (padded[180:] == 255).all()  # the content stays on top
+    tall = np.zeros((CARD_HEIGHT + 30, 320, 3), dtype=np.uint8)
+    assert card_sized(tall) is tall

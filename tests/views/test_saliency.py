@@ -3,6 +3,7 @@ sized for TensorBoard's card; the mean |attr| map per channel, where each object
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from lightning_ig.views.frames import BORDER
 from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, DIVERGING_LUT, rgb
 from lightning_ig.views.saliency import (
+    _caption_lines,
     first_distinct,
     frame_colours,
     mean_abs_where_present,
@@ -118,6 +121,78 @@ def test_the_values_under_the_tiles_are_written_below_each_tile():
     assert differs.size and differs.min() >= tile_rows  # the numbers are under the tiles, not over them
     with pytest.raises(ValueError, match="f_delta has 3 values for 8 states"):
         saliency_grid(frames, attributions, f_delta=np.ones(3))
+
+
+def _tiles_and_caption_bands(pixels: np.ndarray) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The tiles' ``(left, right)`` columns (border included) and each row of tiles' caption band ``(top, bottom)``,
+    found from the tiles' grey borders: full rows of border colour are the tiles' top and bottom edges."""
+    border = np.all(pixels == rgb(BORDER), axis=2)
+    first_row = int(np.nonzero(border.any(axis=1))[0][0])
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], border[first_row].astype(int), [0]])))
+    tiles = [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a > 8]
+    left, right = tiles[0]
+    full = np.nonzero(border[:, left : right + 1].all(axis=1))[0]  # top and bottom edges of the first column's tiles
+    tops, bottoms = full[0::2], full[1::2]
+    pitch = int(tops[1] - tops[0])  # two rows of tiles at least
+    bands = [(int(bottom) + 1, int(top) + pitch - 1) for top, bottom in zip(tops, bottoms, strict=True)]
+    return tiles, bands
+
+
+@pytest.mark.parametrize(
+    ("f_input", "f_delta"),
+    [
+        (
+            [0.011, -0.0093, 0.0042, 0.0107, -0.011, 0.0, 0.0099, 0.0051],
+            [0.06, -0.047, 0.0588, -0.0599, 0.01] + [0.02] * 3,
+        ),
+        ([-0.0011, 0.0009, -0.00096] + [-0.0011] * 5, [-0.006, 0.0048, -0.0059] + [0.006] * 5),  # two lines
+        ([-12345.6, 9876.5, -10000.0] + [123.0] * 5, [-54321.0, 12.0, -99999.0] + [1.0] * 5),  # two lines, no zeros
+        ([0.32, -0.45, 0.5, 0.29, 0.37, 0.22, 0.28, -0.4], [0.21, -0.39, 0.11, 0.29, 0.27, 0.19, 0.17, -0.34]),
+    ],
+)
+def test_every_caption_inks_inside_its_tiles_slot_clear_of_its_neighbours_and_of_the_edges(f_input, f_delta):
+    frames = breakout_frames()
+    attributions = frames * np.float32(0.3)
+    pixels = saliency_grid(frames, attributions, f_input=np.array(f_input), f_delta=np.array(f_delta)).pixels
+    assert pixels.shape[1] == CARD_WIDTH and pixels.shape[0] <= CARD_HEIGHT
+    tiles, bands = _tiles_and_caption_bands(pixels.astype(int))
+    assert len(tiles) == 4 and len(bands) == 2
+    # a slot reaches halfway to the neighbouring tiles (to the card's edges for the outer ones)
+    bounds = [0] + [(right + left) // 2 for (_, right), (left, _) in itertools.pairwise(tiles)] + [pixels.shape[1] - 1]
+    for top, bottom in bands:
+        ink = np.any(pixels[top : bottom + 1] < 200, axis=2)  # dark grey text on white
+        assert not ink[-1].any()  # clear of the next row of tiles
+        columns = ink.any(axis=0)
+        assert not columns[0] and not columns[-1]  # nothing cut by the card's edge
+        for index, (left, right) in enumerate(tiles):
+            assert not columns[bounds[index] - 1 : bounds[index] + 2].any() or index == 0  # clear of the neighbour
+            inked = np.nonzero(columns[bounds[index] : bounds[index + 1] + 1])[0] + bounds[index]
+            assert inked.size  # a caption under every tile
+            centre = (left + right) / 2  # a caption spilling into the next slot would pull its ink off-centre
+            assert abs((inked.min() + inked.max()) / 2 - centre) <= 1.5, (index, inked.min(), inked.max(), centre)
+
+
+def test_captions_drop_the_leading_zero_before_taking_a_second_line_and_keep_their_digits():
+    one_line = _caption_lines(np.array([0.32, -0.05]), np.array([0.21, -0.4]), room=72)
+    assert one_line == [("0.32 +0.21",), ("-0.05 -0.40",)]
+    short = _caption_lines(np.array([0.011, -0.0093]), np.array([0.06, -0.047]), room=72)
+    assert short == [(".011 +.060",), ("-.009 -.047",)]  # two significant digits of each column's largest
+    two = _caption_lines(np.array([-0.0011, 0.0009]), np.array([-0.006, 0.0048]), room=72)
+    assert two == [("-0.0011", "-0.0060"), ("0.0009", "+0.0048")]
+    cut = _caption_lines(np.array([-12345.6]), np.array([-54321.0]), room=30)
+    assert cut is not None and all(text.endswith("…") for text in cut[0])
+    assert _caption_lines(None, None, room=72) is None
+
+
+def test_two_line_captions_make_room_by_smaller_cells_and_the_grid_stays_on_the_card():
+    frames = breakout_frames()
+    attributions = frames * np.float32(0.3)
+    one = saliency_grid(frames, attributions, f_input=np.full(8, 0.3), f_delta=np.full(8, 0.2)).pixels
+    two = saliency_grid(frames, attributions, f_input=np.full(8, -0.0011), f_delta=np.full(8, 0.006)).pixels
+    assert one.shape[0] <= CARD_HEIGHT and two.shape[0] <= CARD_HEIGHT
+    (one_tile, _), (two_tile, _) = _tiles_and_caption_bands(one.astype(int)), _tiles_and_caption_bands(two.astype(int))
+    assert one_tile[0][1] - one_tile[0][0] == 10 * 6 + 1  # MinAtar's 10 cells of 6 px with one caption line
+    assert two_tile[0][1] - two_tile[0][0] < one_tile[0][1] - one_tile[0][0]
 
 
 def test_a_changed_scale_is_pointed_out_and_a_steady_one_is_not():
