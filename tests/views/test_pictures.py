@@ -11,7 +11,8 @@ from lightning_ig.attribution.host_result import Moments
 from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.trust.verdict import trust_summary
 from lightning_ig.views.bars import VERDICT_COLOURS
-from lightning_ig.views.pictures import PictureInputs, draw, run_verdict, trust_reason_words, verdict_picture
+from lightning_ig.views.picture_words import run_verdict, trust_reason_words
+from lightning_ig.views.pictures import PictureInputs, draw, verdict_picture
 from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, rgb
 from lightning_ig.views.text import format_value
 from lightning_ig.views.verdict import verdict_chart
