@@ -35,9 +35,8 @@ from torch import Tensor
 
 from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.packing import COLUMNS as _COLUMNS
-from lightning_ig.attribution.packing import ResultLike, pack
-from lightning_ig.attribution.result import near_baseline_states, worst_over_ordinary
+from lightning_ig.attribution.result import COLUMNS as _COLUMNS
+from lightning_ig.attribution.result import ResultLike, near_baseline_states, pack, worst_over_ordinary
 
 __all__ = ["HostResult", "HostTransfer", "Moments", "RunLabels", "pack", "reduce_rows"]
 

@@ -35,8 +35,7 @@ STEADY = {
     "models/noise.py",  # attribution_mode: eval, noise off, generators kept
     "attribution/engine.py",  # the fast path: the inputs copied in, the graph replayed (training stream)
     "attribution/host_result.py",
-    "attribution/packing.py",  # the result's rows as the one tensor that is reduced (and gathered under DDP)
-    "attribution/result.py",  # the worst figures' one definition
+    "attribution/result.py",  # build_result, the rows packed as one tensor (pack), the worst figures
     "attribution/statistics.py",
     "views/summary.py",
     "views/tensorboard.py",
@@ -92,12 +91,12 @@ def _modules_per_run(
     return [entered[step] for step in sorted(entered)]
 
 
-def test_a_steady_run_enters_nine_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
     assert {"attribution/graphs.py", "attribution/engine.py", "models/noise.py"} <= entered[0]  # the first captured
     for seen in entered[1:5]:
-        assert seen == STEADY  # 9: the graph replayed on the training stream (the side stream is off)
-    assert len(STEADY) == 9
+        assert seen == STEADY  # 8: the graph replayed on the training stream (the side stream is off)
+    assert len(STEADY) == 8
 
 
 @pytest.mark.skipif(not has_tensorboard(), reason="needs tensorboard and Pillow")
@@ -106,7 +105,7 @@ def test_a_steady_run_with_tensorboard_also_hands_its_events_to_the_worker(
 ) -> None:
     entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
     for seen in entered[1:5]:
-        assert seen == STEADY | WORKER  # 10: the text's words are made on the worker thread
+        assert seen == STEADY | WORKER  # 9: the text's words are made on the worker thread
     # the end of training draws the charts, on the logging worker: the training thread hands the run over
     assert not {"views/pictures.py", "views/charts.py"} & entered[-1]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -121,7 +120,7 @@ def test_a_steady_run_with_the_trust_checks_on_enters_them_only_where_the_schedu
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # trust checks (issue 23): the first run makes the verdict (what runs when); a run between checks carries it.
-    # With the defaults (a TensorBoardLogger, the checks on): 10 modules at every run where no check is made.
+    # With the defaults (a TensorBoardLogger, the checks on): 9 modules at every run where no check is made.
     default = inspect.signature(IntegratedGradientsCallback).parameters["checks_every_n_runs"].default
     assert default == 5
     entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, checks_every_n_runs=default)
@@ -133,5 +132,5 @@ def test_a_steady_run_with_the_trust_checks_on_enters_them_only_where_the_schedu
         if run == 0 or made:
             assert seen >= TRUST, run
         else:
-            assert seen == STEADY | WORKER, run  # 10: no module of callback/trust/
+            assert seen == STEADY | WORKER, run  # 9: no module of callback/trust/
     assert entered[1:] == [STEADY | WORKER] * 5  # at these sizes the budget covers no check in six runs
