@@ -115,9 +115,12 @@ from lightning_ig.cli.exits import (
     UsageError,
     one_line,
 )
-from lightning_ig.cli.interrupts import INTERRUPTED, INTERRUPTED_WHILE_WRITING, Interrupts
-from lightning_ig.cli.parser import build_parser
-from lightning_ig.cli.progress import Progress
+from lightning_ig.cli.interrupts import INTERRUPTED, INTERRUPTED_WHILE_WRITING, Interrupts, handle_from_the_start
+
+handle_from_the_start()  # Ctrl-C during the imports below is one line and status 130 too, not a traceback
+
+from lightning_ig.cli.parser import build_parser  # noqa: E402 - after the handler
+from lightning_ig.cli.progress import Progress  # noqa: E402 - after the handler
 
 __all__ = [
     "EXIT_FAILURE",

@@ -11,7 +11,9 @@ While reports are written (:meth:`Interrupts.raising`) Ctrl-C raises
 a report is either complete or absent; ``main`` turns it into the same one line.
 
 A process started with Ctrl-C ignored (a background job of a non-interactive
-shell) keeps ignoring it.
+shell) keeps ignoring it. The command's own imports come before ``main``: the
+package installs the handler as soon as it can (:func:`handle_from_the_start`), so
+Ctrl-C while it is still starting is the same one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from lightning_ig.cli.exits import EXIT_INTERRUPTED, PROG
 
-__all__ = ["INTERRUPTED", "INTERRUPTED_WHILE_WRITING", "Interrupts"]
+__all__ = ["INTERRUPTED", "INTERRUPTED_WHILE_WRITING", "Interrupts", "handle_from_the_start"]
 
 INTERRUPTED = f"{PROG}: interrupted (Ctrl-C); nothing was written"
 INTERRUPTED_WHILE_WRITING = (
@@ -39,6 +41,22 @@ def _exit_now(signum: int, frame: FrameType | None) -> None:
     erase = "\r\033[K" if _is_terminal(sys.stderr) else ""  # a progress line may be open
     os.write(2, f"{erase}{INTERRUPTED}\n".encode())
     os._exit(EXIT_INTERRUPTED)
+
+
+def handle_from_the_start() -> None:
+    """Ctrl-C from now on exits 130 with one line, where this process is the ``lightning-ig`` command.
+
+    Called as the CLI package is imported, before its other imports. It acts only for the command itself: the
+    console script, or ``python -m lightning_ig.cli`` while runpy imports the package (``sys.argv[0]`` is ``"-m"``
+    then), and only where Ctrl-C still has Python's default handler; a program that imports the CLI keeps its own.
+    """
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if (
+        name.removesuffix(".exe") in {PROG, "-m"}
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _exit_now)
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -71,7 +89,8 @@ class Interrupts:
     def restore(self) -> None:
         """Put back the handler that was there before :meth:`install`."""
         if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
+            # the start-up handler says "nothing was written": after a run Python's own comes back instead
+            signal.signal(signal.SIGINT, signal.default_int_handler if self._previous is _exit_now else self._previous)
             self._installed = False
 
     @contextlib.contextmanager
