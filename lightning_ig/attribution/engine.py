@@ -18,7 +18,7 @@ from torch import Tensor
 from lightning_ig.attribution.budget import resolve_budget
 from lightning_ig.attribution.calibration import CALIBRATION_STATES, Calibration, calibrate
 from lightning_ig.attribution.checks import check_finite
-from lightning_ig.attribution.eager import attribute_eager
+from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
 from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
 from lightning_ig.attribution.inputs import Baselines, Prepared, check_forward, prepare
 from lightning_ig.attribution.options import Settings, parse_settings
@@ -203,7 +203,7 @@ class IntegratedGradients:
             if result is not None:
                 return result
         settings = parse_settings({**self.defaults, **overrides}) if overrides else self._default_settings
-        with torch.inference_mode(False), torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():  # a capture keeps the algorithms
             if not self._graph_wanted(settings, inputs):
                 self.last_mode = "eager"
                 return attribute_eager(self.forward, inputs, baselines, settings)

@@ -668,3 +668,36 @@ def test_default_chunk_holds_small_work_in_one_forward() -> None:
     rows.clear()
     integrated_gradients(forward, x, n_steps=10, gradient="finite_difference")
     assert rows == [10 * 4 * 2 * 5 + 4 * 4]  # every probe and both ends, twice, in one forward
+
+
+@pytest.mark.parametrize("entry", ["integrated_gradients", "IntegratedGradients"])
+@pytest.mark.parametrize("before", [False, True])
+def test_cudnn_is_held_to_deterministic_algorithms_during_a_call_and_put_back(entry: str, before: bool) -> None:
+    # cuDNN's own pick for a convolution's backward can sum with atomics (calls then differ in their last bits)
+    seen: list[bool] = []
+    torch.manual_seed(5)
+    model = DuelingMLP(6, 3)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.backends.cudnn.deterministic)
+        return model(x)
+
+    states = torch.randn(4, 6, generator=torch.Generator().manual_seed(6))
+    previous = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = before
+    try:
+        if entry == "integrated_gradients":
+            integrated_gradients(forward, states, target="mean", n_steps=8)
+        else:
+            IntegratedGradients(forward, target="mean", n_steps=8).attribute(states)
+        assert seen and all(seen)
+        assert torch.backends.cudnn.deterministic is before
+
+        def failing(x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("the forward failed")
+
+        with pytest.raises(RuntimeError, match="the forward failed"):
+            integrated_gradients(failing, states, target="mean", n_steps=8)
+        assert torch.backends.cudnn.deterministic is before
+    finally:
+        torch.backends.cudnn.deterministic = previous
