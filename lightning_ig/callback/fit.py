@@ -233,8 +233,10 @@ def start(
 
 SIDE_STREAM = False
 """Whether a fit's runs may replay on a side CUDA stream (:mod:`~lightning_ig.attribution.side_stream`). Off: on an
-H200 (2026-12-02) two side runs on the same weights were not bit for bit the same and a run after a fit ended in a
-CUDA launch failure, so the side stream waits for that race to be found; the runs replay on the training stream."""
+H200 two side runs on the same weights differed (cuDNN's nondeterministic backward, since held deterministic; the
+side stream's GPU tests then pass) and a run after a fit ended in a CUDA launch failure, seen while a withdrawn custom
+graph capture was in; until a fit-time measurement shows its gain above the benchmark's noise, the runs replay on the
+training stream (docs/gpu-validation.md)."""
 
 
 def _side_stream(

@@ -126,7 +126,7 @@ def test_no_side_stream_without_a_graph(tmp_path: Path) -> None:
 
 
 def test_the_side_stream_is_off_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off until the race seen on an H200 is found (fit.SIDE_STREAM): the runs replay on the training stream."""
+    """Off (fit.SIDE_STREAM, its docstring says why): the runs replay on the training stream."""
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
     assert fit_module.SIDE_STREAM is False
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, checks_every_n_runs=None)
