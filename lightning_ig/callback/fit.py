@@ -251,7 +251,7 @@ def _side_stream(
 ) -> SideStream | None:
     """The side stream of this fit's runs, where one can be used (else the reason in a debug log)."""
     if not SIDE_STREAM:
-        return explain("off (fit.SIDE_STREAM: not yet validated on a GPU)")
+        return explain("off (fit.SIDE_STREAM, whose docstring says why)")
     if trainer.world_size > 1:  # every rank's collectives in one order: each run ends at once under DDP
         return explain("several processes (DDP)")
     if members is not None:
