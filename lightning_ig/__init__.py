@@ -4,21 +4,13 @@ What a user imports, nothing else: the callback, the IG engine, the fused loss, 
 their noise, checkpoints. Every other public name lives in its wing (``lightning_ig.attribution``,
 ``lightning_ig.views``, ``lightning_ig.checkpoint``, ...; docs/ARCHITECTURE.md maps them). Names are imported on
 first use, so ``import lightning_ig`` stays cheap: it loads neither torch nor Lightning, TensorBoard or Pillow.
-
-Names that were exported here before the package was laid out in wings (``quadrature``, ``build_report``,
-``list_heads``, ...) still resolve, with a DeprecationWarning that says where they live now; so do the old
-module paths (``lightning_ig.noise``, ``lightning_ig.report``, ...: :mod:`lightning_ig._moved`).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
-import warnings
 from typing import TYPE_CHECKING, Any
 
-from lightning_ig import _moved
 from lightning_ig._version import __version__
 
 # public name -> the module that defines it
@@ -56,19 +48,6 @@ _EXPORTS: dict[str, str] = {
     "load_checkpoint": "lightning_ig.checkpoint",
 }
 
-# names exported here before, importable from their wing now: name -> that module
-_DEPRECATED: dict[str, str] = {
-    "quadrature": "lightning_ig.attribution.quadrature",
-    "build_report": "lightning_ig.views.report",
-    "completeness_summary": "lightning_ig.views.report_rows",
-    "SCHEMA_VERSION": "lightning_ig.views.report",
-    "build_model": "lightning_ig.models",
-    "LoadedCheckpoint": "lightning_ig.checkpoint",
-    "list_heads": "lightning_ig.checkpoint",
-    "load_states": "lightning_ig.checkpoint",
-    "save_merged_checkpoint": "lightning_ig.checkpoint",
-}
-
 __all__ = [
     "ConvDuelingQNetwork",
     "DuelingQNetwork",
@@ -98,8 +77,6 @@ __all__ = [
     "target_forward",
 ]
 
-_moved.install()
-
 
 def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
@@ -107,36 +84,12 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module_name), name)
         globals()[name] = value  # later look-ups skip this function
         return value
-    module_name = _DEPRECATED.get(name)
-    if module_name is not None:  # not cached: each use says where the name lives now
-        warnings.warn(
-            f"lightning_ig.{name} is {module_name}.{name} now; import it from there",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module_name), name)
     raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted(__all__)
 
-
-class _Package(types.ModuleType):
-    """This package's module type: ``quadrature`` stays the function when its old module path is imported.
-
-    ``lightning_ig.quadrature`` names both a deprecated function (above) and an old module path; importing the path
-    makes the import machinery set the package's attribute to the module, which would hide the function. A module
-    assigned to that name is not kept, so the name goes on meaning the function (as it did before the move).
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "quadrature" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.attribution import (

@@ -31,8 +31,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lightning_ig import _moved
-
 __all__ = [
     "BACKENDS",
     "BUDGET",
@@ -341,6 +339,3 @@ def relative_error_text(value: float) -> str:
     ``inf`` (NaN/Inf from the model) and ``nan`` (nothing could be checked) are written as such.
     """
     return f"{value:.2e}" if value == value and abs(value) != float("inf") else str(value)
-
-
-__getattr__ = _moved.forwarder(__name__)  # the names that moved out (issue 19) warn and are found

@@ -16,15 +16,6 @@ def test_every_exported_name_resolves() -> None:
     assert sorted(dir(lightning_ig)) == sorted(lightning_ig.__all__)
 
 
-def test_quadrature_is_the_function_even_after_the_engine_is_imported() -> None:
-    code = (
-        "import lightning_ig.attribution, lightning_ig.quadrature as rules, lightning_ig\n"
-        "print(callable(lightning_ig.quadrature), lightning_ig.quadrature('riemann_left', 2))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True ([0.0, 0.5], [0.5, 0.5])"
-
-
 def test_unknown_names_raise_attribute_error() -> None:
     with pytest.raises(AttributeError, match="not_a_name"):
         lightning_ig.not_a_name  # noqa: B018
@@ -75,107 +66,6 @@ def test_the_command_and_checkpoints_keep_their_import_paths() -> None:
     for name in ("save_checkpoint", "load_checkpoint", "list_heads", "load_states", "states_beside", "CheckpointError"):
         assert hasattr(checkpoint, name), name
     assert lightning_ig.load_checkpoint is checkpoint.load_checkpoint
-
-
-# Every name `from lightning_ig import X` gave before the package was laid out in wings: each still resolves.
-NAMES_BEFORE_THE_WINGS = [
-    "__version__",
-    "integrated_gradients",
-    "IGResult",
-    "IntegratedGradients",
-    "target_forward",
-    "StochasticForwardWarning",
-    "quadrature",
-    "NoisyLinear",
-    "noise_disabled",
-    "IntegratedGradientsCallback",
-    "NonFiniteAttributionError",
-    "build_report",
-    "feature_statistics",
-    "completeness_summary",
-    "FeatureGroups",
-    "SCHEMA_VERSION",
-    "soft_margin_loss",
-    "SoftMarginLoss",
-    "swap_soft_margin",
-    "ensemble_reduce",
-    "EnsembleReduce",
-    "Ensemble",
-    "ensemble_summary",
-    "save_checkpoint",
-    "load_checkpoint",
-    "LoadedCheckpoint",
-    "list_heads",
-    "load_states",
-    "save_merged_checkpoint",
-    "DuelingQNetwork",
-    "ConvDuelingQNetwork",
-    "MinAtarQNetwork",
-    "NatureQNetwork",
-    "register_model",
-    "build_model",
-]
-
-
-@pytest.mark.parametrize("name", NAMES_BEFORE_THE_WINGS)
-def test_every_name_exported_before_the_wings_still_resolves(name: str) -> None:
-    import importlib
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        value = getattr(lightning_ig, name)
-    if name in lightning_ig.__all__:
-        assert not [w for w in caught if issubclass(w.category, DeprecationWarning)], name
-    else:  # narrowed: its wing's own object, with a warning that says where it lives now
-        wing = lightning_ig._DEPRECATED[name]
-        assert value is getattr(importlib.import_module(wing), name)
-        (warning,) = [w for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert f"lightning_ig.{name} is {wing}.{name} now" in str(warning.message)
-
-
-@pytest.mark.parametrize("old", sorted(lightning_ig._moved.MOVED))
-def test_every_old_module_path_imports_with_a_deprecation_warning(old: str) -> None:
-    code = (
-        "import importlib, warnings\n"
-        "warnings.simplefilter('error')\n"  # a warning that is not the one expected fails the import below
-        "import lightning_ig\n"
-        "warnings.simplefilter('always')\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        f"    module = importlib.import_module({old!r})\n"
-        "    names = {name: getattr(module, name) for name in module.__all__}\n"
-        f"target, renamed = lightning_ig._moved.MOVED[{old!r}]\n"
-        "real = importlib.import_module(target)\n"
-        "for name in real.__all__:\n"
-        "    assert names[name] is getattr(real, name), name\n"
-        "for name, where in renamed.items():\n"
-        "    new_module, _, new_name = where.partition(':')\n"
-        "    assert names[name] is getattr(importlib.import_module(new_module), new_name), name\n"
-        "messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]\n"
-        f"assert messages[0].startswith({old + ' moved to '!r}), messages\n"
-        "assert len(messages) == 1 + len(renamed), messages  # the path once, each renamed name once\n"
-        "print('ok')"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.stdout.strip() == "ok", done.stderr
-
-
-@pytest.mark.parametrize(
-    ("module_name", "name"),
-    sorted((module, name) for module, gone in lightning_ig._moved.LEFT.items() for name in gone),
-)
-def test_a_name_that_left_a_module_still_imports_from_it_with_a_warning(module_name: str, name: str) -> None:
-    import importlib
-
-    new_module, _, new_name = lightning_ig._moved.LEFT[module_name][name].partition(":")
-    module = importlib.import_module(module_name)
-    with pytest.warns(DeprecationWarning, match=rf"{module_name}\.{name} is {new_module}\.{new_name} now") as caught:
-        value = getattr(module, name)
-    assert value is getattr(importlib.import_module(new_module), new_name)
-    assert caught[0].filename == __file__  # the warning points at the code that asked
-    assert name not in module.__all__
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        module.no_such_name  # noqa: B018
 
 
 def _package_modules() -> list[str]:

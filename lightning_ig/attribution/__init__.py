@@ -63,7 +63,6 @@ Completeness and what a result says about itself
 
 from __future__ import annotations
 
-from lightning_ig import _moved
 from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
@@ -83,6 +82,3 @@ __all__ = [
     "target_forward",
     "worst_relative_error",
 ]
-
-
-__getattr__ = _moved.forwarder(__name__)  # the names that moved out (issue 19) warn and are found

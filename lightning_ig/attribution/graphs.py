@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_ig import _moved
 from lightning_ig.attribution.inputs import Baselines, Prepared, RunningStatistics, resolve_baselines, warn_stochastic
 from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
@@ -191,6 +190,3 @@ def _capture_with_fallback(
         stacklevel=5,
     )
     return None
-
-
-__getattr__ = _moved.forwarder(__name__)  # the names that moved out (issue 19) warn and are found

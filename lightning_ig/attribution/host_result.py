@@ -33,7 +33,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import COLUMNS as _COLUMNS
 from lightning_ig.attribution.result import ResultLike, near_baseline_states, pack, worst_over_ordinary
@@ -403,6 +402,3 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
     with np.errstate(invalid="ignore", divide="ignore"):
         computed = np.where(scale > 0, np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale, 0.0)
     return np.where(missing, computed, given)
-
-
-__getattr__ = _moved.forwarder(__name__)  # JointGather moved to attribution.gather: it warns and is found

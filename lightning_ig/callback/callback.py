@@ -83,8 +83,7 @@ class IntegratedGradientsCallback(Callback):
             :func:`~lightning_ig.attribution.integrated_gradients`).
         forward: ``None`` (default: the model's output, through ``target``) or a callable
             ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
-            ``"mean"``). A ``target`` callable of two arguments is the older spelling of this; it works,
-            with a DeprecationWarning.
+            ``"mean"``).
         n_steps: Quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work fits the
             device (:mod:`lightning_ig.attribution.budget`: 256 for a small network's held-out batch on a GPU,
             64 for a Nature-CNN or on a CPU; the summary's ``n_steps`` says which); or ``"auto"`` (refine per

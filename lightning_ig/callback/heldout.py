@@ -14,9 +14,7 @@ done once before training so that a bad input fails before the first step:
 
 from __future__ import annotations
 
-import inspect
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any, Union
 
@@ -146,8 +144,7 @@ def check_target(target: Any, forward: Any = None) -> tuple[Any, Any]:
     ``target`` is ``"mean"``, ``"each"``, ``"contrast"``, an output index ``>= 0`` or a callable ``(N, A) -> (N,)``;
     ``forward`` is ``None``
     or a callable ``(pl_module, x) -> (N,)``, which replaces the model's output (``target`` then stays
-    ``"mean"``). A callable target that takes two arguments is the old spelling of ``forward``: it still works,
-    as ``forward``, with a DeprecationWarning.
+    ``"mean"``).
 
     Raises:
         TypeError: ``forward`` is not callable.
@@ -165,19 +162,6 @@ def check_target(target: Any, forward: Any = None) -> tuple[Any, Any]:
         )
     if isinstance(target, int) and target < 0:
         raise ValueError(f"target must be an output index >= 0, got {target}")
-    if callable(target) and _takes_two_arguments(target):
-        if forward is not None:
-            raise ValueError(
-                f"target={callable_name(target)} takes (pl_module, x), the old spelling of forward=, and forward= is "
-                "given too: pass only forward="
-            )
-        warnings.warn(
-            f"target={callable_name(target)} takes (pl_module, x): that is forward= now (a target callable maps the "
-            "model's outputs (N, A) to (N,), as in integrated_gradients); pass forward=... instead",
-            DeprecationWarning,
-            stacklevel=3,  # the callback's caller
-        )
-        return "mean", target
     check_forward(forward)
     if forward is not None and not (isinstance(target, str) and target == "mean"):
         raise ValueError(
@@ -191,16 +175,6 @@ def check_forward(forward: Any) -> None:
     """``None`` or a callable ``(pl_module, x) -> (N,)``."""
     if forward is not None and not callable(forward):
         raise TypeError(f"forward must be None or a callable (pl_module, x) -> (N,), got {type(forward).__name__}")
-
-
-def _takes_two_arguments(function: Any) -> bool:
-    """Whether ``function`` needs two positional arguments, as ``(pl_module, x)`` does (a target needs one)."""
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: one argument, as a target takes
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters) >= 2
 
 
 class BoundForward:

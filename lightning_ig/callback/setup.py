@@ -19,7 +19,6 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_ig import _moved
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.views.tensorboard import TagNames
@@ -186,6 +185,3 @@ def choose_groups(
     if math.prod(feature_shape) <= max_features:
         return None
     return automatic_groups(feature_shape, max_features, feature_names)
-
-
-__getattr__ = _moved.forwarder(__name__)  # the option checks moved to callback.options: they warn and are found

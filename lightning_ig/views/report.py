@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig import _moved
 from lightning_ig._files import atomic_path
 from lightning_ig._version import __version__
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec, check_group_spec
@@ -275,6 +274,3 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, fol
         handle.flush()
         os.fsync(handle.fileno())
     return target
-
-
-__getattr__ = _moved.forwarder(__name__)  # the rows moved to views.report_rows: they warn and are found

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig import _moved
 from lightning_ig.attribution.host_result import HostResult, Moments
 from lightning_ig.attribution.statistics import Completeness, completeness, concentration, drift
 from lightning_ig.ensemble.agreement import EnsembleSummary
@@ -260,6 +259,3 @@ def summarize(
         ),
         actions=actions,
     )
-
-
-__getattr__ = _moved.forwarder(__name__)  # the run's words moved to views.text: they warn and are found

@@ -537,34 +537,15 @@ def test_states_made_under_inference_mode(tmp_path):
     assert len(callback.history) == 1
 
 
+def test_forward_keeps_the_target_at_mean():
+    with pytest.raises(ValueError, match="target must stay 'mean'"):
+        IntegratedGradientsCallback(held_out_states(), target=1, forward=lambda module, x: module(x)[:, 1])
+
+
 def test_forward_callable_must_return_one_value_per_state(tmp_path):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, forward=lambda module, x: module(x))
     with pytest.raises(ValueError, match=r"must return one value per state, shape \(2,\), got \(2, 2\)"):
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
-
-
-def test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns(tmp_path):
-    def value(module, x):  # (pl_module, x) -> (N,): forward= now
-        return module(x)[:, 1]
-
-    with pytest.warns(DeprecationWarning, match="takes \\(pl_module, x\\): that is forward= now"):
-        old = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, target=value)
-    new = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, forward=value)
-    assert (old.options.target, old.options.forward) == (new.options.target, new.options.forward) == ("mean", value)
-    assert old.state_key == new.state_key  # a checkpoint of the old spelling restores into the new one
-    with pytest.raises(ValueError, match="forward= is given too"):
-        IntegratedGradientsCallback(held_out_states(), target=value, forward=value)
-    with pytest.raises(ValueError, match="target must stay 'mean'"):
-        IntegratedGradientsCallback(held_out_states(), target=1, forward=value)
-    for callback in (old, new):
-        torch.manual_seed(0)  # the same model and batches for both
-        make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
-    assert (
-        old.history == new.history
-        and old._fit.target_label
-        == new._fit.target_label
-        == "callable:test_a_two_argument_target_is_the_old_spelling_of_forward_and_warns.<locals>.value"
-    )
 
 
 def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path):

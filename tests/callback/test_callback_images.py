@@ -114,7 +114,7 @@ def test_group_scalars_are_the_sums_of_their_members(image_run):
 
 
 def assert_same_picture(logged: np.ndarray, expected: np.ndarray) -> None:
-    """The logged picture is the expected one, up to its palette of 256 colours (lightning_ig.raster.png_bytes).
+    """The logged picture is the expected one, up to its palette of 256 colours (lightning_ig.views.raster.png_bytes).
 
     A picture of other attributions or states is tens of levels off on average; the palette costs about 2.5
     (of 255) and at most a few tens on rare pixels; the float32 run and the float64 reference round a few
