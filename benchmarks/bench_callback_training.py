@@ -17,9 +17,6 @@ callback). Kinds:
 
 * ``off``: no callback;
 * ``plain``: the callback with its pictures off (``figure_every_n_runs=None``, ``saliency_states=None``);
-* ``stream``: ``plain`` with the side stream off (each run's IG replayed on the training stream, as before the
-  side stream: ``lightning_ig.attribution.side_stream``), long fits only: the side stream's gain per run is
-  ``(D(stream, R) - D(plain, R)) / R``;
 * ``defaults``: the callback with its defaults (50 steps, pictures every 10 runs, histograms, groups);
 * ``cadence``: the defaults at the default cadence ``every_n_steps=100`` (Nature only);
 * ``captum``: :class:`CaptumCallback`, what a user writes by hand with Captum.
@@ -62,7 +59,6 @@ Usage (repository root; captum must import for the Captum rows)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import logging
@@ -71,7 +67,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +88,6 @@ from lightning_ig import (
     NatureQNetwork,
     noise_disabled,
 )
-from lightning_ig.callback import fit as fit_module
 
 DEFAULT_EVERY = 100  # the callback's default every_n_steps
 ISSUE_EVERY = 20  # the issue's cadence for the Nature and MinAtar cases
@@ -113,7 +108,6 @@ NONE = (math.nan, math.nan, math.nan)
 KIND_LABELS = {
     "off": "off",
     "plain": "plain",
-    "stream": "plain, side stream off",
     "defaults": "defaults",
     "cadence": "default cadence",
     "captum": "Captum",
@@ -194,14 +188,13 @@ class Fit:
     log_dir: Path
     step_s: float = math.nan  # from the mark on, when a mark was asked for
     weights: dict[str, Tensor] | None = None
-    side: bool | None = None  # whether the callback's runs replayed on the side stream (None: no IG callback)
 
 
 def make_callbacks(kind: str, setting: Setting, plan: Plan) -> list[Callback]:
     states, n_steps, every = setting.states, setting.n_steps, plan.every
     if kind == "off":
         return []
-    if kind in ("plain", "stream"):
+    if kind == "plain":
         return [
             IntegratedGradientsCallback(
                 states, every_n_steps=every, n_steps=n_steps, figure_every_n_runs=None, saliency_states=None
@@ -242,29 +235,12 @@ def fit(
         num_sanity_val_steps=0,
         log_every_n_steps=50,
     )
-    with side_stream(kind != "stream"):
-        trainer.fit(module, DataLoader(range(steps), batch_size=None))
-    ours = [c for c in trainer.callbacks if isinstance(c, IntegratedGradientsCallback) and c._fit is not None]
-    side = (ours[0]._fit.side is not None) if ours else None
+    trainer.fit(module, DataLoader(range(steps), batch_size=None))
     if trainer.global_step != steps:
         raise RuntimeError(f"{kind}: expected {steps} optimizer steps, ran {trainer.global_step}")
     weights = {k: v.detach().cpu().clone() for k, v in module.online.state_dict().items()} if keep_weights else None
     step_s = (clock.ended - clock.marked) / (steps - mark) if mark else math.nan
-    return Fit(clock.seconds, time.perf_counter() - begun, Path(logger.log_dir), step_s, weights, side)
-
-
-@contextlib.contextmanager
-def side_stream(on: bool) -> Iterator[None]:
-    """The callback's side stream as it is (``on``), or off for the fit: its runs replayed on the training stream."""
-    if on:
-        yield
-        return
-    chooser = fit_module._side_stream
-    fit_module._side_stream = lambda *args: None
-    try:
-        yield
-    finally:
-        fit_module._side_stream = chooser
+    return Fit(clock.seconds, time.perf_counter() - begun, Path(logger.log_dir), step_s, weights)
 
 
 def count_pictures(log_dir: Path) -> int:
@@ -301,7 +277,6 @@ def estimate_seconds(plan: Plan, cases: list[Case], measured: dict[str, Measured
         short, long = plan.every, plan.long_steps()
         block = m.seconds(short, 0, 0) + m.seconds(short, 1, first_ms) + m.seconds(short, 1, first_ms + 100)
         block += m.seconds(long, 0, 0) + m.seconds(long, plan.runs, plain_ms) + m.seconds(long, plan.runs, defaults_ms)
-        block += m.seconds(long, plan.runs, plain_ms + m.ig_ms)  # the side stream off
         total += plan.pairs * block
         if case.default_cadence:
             total += plan.cadence_pairs * m.seconds(long, long // plan.default_every + 1, defaults_ms)
@@ -344,7 +319,6 @@ class CaseResult:
     captum_alone_ms: float
     times: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)  # (kind, length) -> block -> s
     pictures: int = 0  # pictures of the long defaults fit beyond the short one's
-    side: dict[str, bool] = field(default_factory=dict)  # kind -> whether its runs replayed on the side stream
     weights: dict[tuple[str, int], dict[str, Tensor]] = field(default_factory=dict)  # (kind, block) -> final weights
 
 
@@ -386,7 +360,6 @@ def block_fits(case: Case, plan: Plan, block: int, captum: bool) -> list[tuple[s
         ("defaults", "short", short),
         ("off", "long", long),
         ("plain", "long", long),
-        ("stream", "long", long),
         ("defaults", "long", long),
     ]
     if case.default_cadence and long >= 2 * plan.default_every and block < plan.cadence_pairs:
@@ -410,8 +383,6 @@ def run_block(setting: Setting, result: CaseResult, plan: Plan, block: int, capt
         )
         if done.weights is not None:
             result.weights[kind, block] = done.weights
-        if done.side is not None:
-            result.side[kind] = done.side
         if block == 0 and kind == "defaults":
             pictures[length] = count_pictures(done.log_dir)
     if len(pictures) == 2:
@@ -427,7 +398,7 @@ def identical(result: CaseResult, plan: Plan) -> dict[str, bool]:
     kept, same = result.weights, {}
     off = kept.get(("off", 0))
     captum_same_length = plan.captum_runs[result.case.name] == plan.runs
-    for kind in ("plain", "stream", "defaults", "cadence", "captum"):
+    for kind in ("plain", "defaults", "cadence", "captum"):
         if off is not None and (kind, 0) in kept and (kind != "captum" or captum_same_length):
             same[KIND_LABELS[kind]] = equal(off, kept[kind, 0])
     if off is not None and ("off", 1) in kept:
@@ -467,10 +438,7 @@ def block_values(result: CaseResult, plan: Plan, block: int) -> dict[str, float]
     }
     if result.pictures > 0:
         values["picture"] = ((defaults_r - plain_r) - (defaults_1 - plain_1)) / result.pictures
-    if block in times.get(("stream", "long"), {}):
-        values["stream"] = delta_ms("stream", "long") / runs  # the first run amortised, as plain's below
-        values["plain mean"] = plain_r / runs
-        values["side gain"] = values["stream"] - values["plain mean"]
+    values["plain mean"] = plain_r / runs
     if block in times.get(("cadence", "long"), {}):
         cadence = delta_ms("cadence", "long")
         steady = (cadence - defaults_1) / (long // plan.default_every - 1)
@@ -540,8 +508,6 @@ def case_rows(result: CaseResult, plan: Plan) -> list[str]:
             met=_met(plain, lambda v: v <= ig + 3) if nature else "",
         ),
         row("callback, plain, mean per run (first run amortised)", plan.runs, "plain mean"),
-        row("callback, plain, side stream off: mean per run (first run amortised)", plan.runs, "stream"),
-        row("side stream's gain per run (side stream off - on)", plan.runs, "side gain"),
         row("callback, a picture (over a plain run)", f"{result.pictures} pictures", "picture"),
         row("callback, first run, plain", 1, "plain first"),
         row("callback, first run, defaults (all pictures)", 1, "defaults first"),
@@ -643,7 +609,7 @@ def prepare(
     warm_steps = 6 if quick else 60
     off = fit(setting, "off", warm_steps, warm, mark=warm_steps // 3)
     overheads = [off.wall - off.seconds]
-    for kind in ("plain", "stream", "defaults", "cadence", "captum"):
+    for kind in ("plain", "defaults", "cadence", "captum"):
         if (kind == "cadence" and not case.default_cadence) or (kind == "captum" and not captum):
             continue
         done = fit(setting, kind, warm.default_every if kind == "cadence" else warm.long_steps(), warm)
@@ -698,14 +664,6 @@ def render(
         f"Training bit-identical with and without the callback (the online network's final weights and noise "
         f"buffers, torch.equal, same seed, first pair; cuDNN deterministic: {not options.no_deterministic}): "
         f"{same}."
-    )
-    lines.append(
-        "Runs replayed on the side stream (beside training, over a snapshot of the weights): "
-        + "; ".join(
-            f"{r.case.name}: " + ", ".join(f"{KIND_LABELS[k]} {'yes' if v else 'no'}" for k, v in r.side.items())
-            for r in results
-        )
-        + "."
     )
     for result in results:
         offs = list(result.times["off", "long"].values())

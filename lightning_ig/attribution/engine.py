@@ -166,24 +166,6 @@ class IntegratedGradients:
         self.defaults = defaults
         self._fast = None  # the fast path replays the plan of the old defaults; the next call finds the new one
 
-    def follow(self, other: IntegratedGradients) -> None:
-        """Take ``other``'s default settings (its rule and error scale after a calibration); graphs are kept.
-
-        The callback's side-stream engine (:mod:`~lightning_ig.attribution.side_stream`) follows the callback's
-        engine this way, so that both attribute with one rule.
-        """
-        self._default_settings = other._default_settings
-        self.defaults = other.defaults
-        self._fast = None  # as use_calibration: the next call finds the plan of the new defaults
-
-    def fast_plan(self, inputs: Tensor) -> GraphPlan | None:
-        """The plan a default-settings call on ``inputs`` with zero baselines replays (once one ran), else ``None``."""
-        if self._fast is None:
-            return None
-        shape, dtype, device, plan = self._fast
-        same = isinstance(inputs, Tensor) and inputs.shape == shape and inputs.dtype == dtype
-        return plan if same and inputs.device == device else None
-
     def attribute(self, inputs: Tensor, baselines: Baselines = None, **overrides: Any) -> IGResult:
         """Attribute ``inputs``; ``overrides`` replace the defaults for this call.
 

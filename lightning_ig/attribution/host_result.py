@@ -343,11 +343,6 @@ class HostTransfer:
             self._host = flat
         self._result: HostResult | None = None
 
-    @property
-    def event(self) -> torch.cuda.Event | None:
-        """The CUDA event recorded behind the copy (``None`` on the CPU)."""
-        return self._event
-
     def ready(self) -> bool:
         """Whether the copy has landed: :meth:`result` would not wait (asks the device; never waits)."""
         return self._event is None or self._event.query()
@@ -366,8 +361,7 @@ def reduce_rows(
 ) -> tuple[Tensor, tuple[int, int, int]]:
     """A run's reductions on its device, in float64, as one flat tensor: what :class:`HostTransfer` copies.
 
-    The same operations whether :meth:`HostResult.begin` calls them on a packed result or a captured CUDA graph
-    replays them (:mod:`~lightning_ig.attribution.side_stream`): no host sync, no shape that depends on the values.
+    No host sync and no shape that depends on the values, so the training loop never waits for it.
 
     Args:
         values: ``(B, F)`` the attributions, any floating dtype.

@@ -318,20 +318,18 @@ class IntegratedGradientsCallback(Callback):
         if every is not None and len(self.history) % every == 0:
             calibrated_ms = calibration.calibrate(run.engine, trainer, pl_module, run.held_out, self.options.baseline)
         started = time.perf_counter()
-        result = members = None
-        if run.side is None:  # else replayed beside training, over a snapshot of the weights (fit.Fit.side)
-            with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
-                result = run.engine.attribute(run.states, baselines=run.baselines)
-                if run.actions is not None:  # target="each": (A, share, ...) as a row per (state, action), state-major
-                    result = run.actions.rows(result)
-                members = None if run.members is None else run.members.attribute(run.states, run.baselines)
+        with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
+            result = run.engine.attribute(run.states, baselines=run.baselines)
+            if run.actions is not None:  # target="each": (A, share, ...) as a row per (state, action), state-major
+                result = run.actions.rows(result)
+            members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         if self.options.target == "contrast":  # the Q-values the pairs were chosen from, for the actions picture
             with attribution_mode(pl_module), torch.no_grad():
                 riders.append(pl_module(run.states))  # (share, A)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
         options = run.host_options  # what the run keeps: fit.start's
-        transfer = run.side.start() if run.side is not None else HostResult.begin(result, gather=gather, **options)
+        transfer = HostResult.begin(result, gather=gather, **options)
         self._last_run_step = trainer.global_step
         riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         held_ms = (time.perf_counter() - started) * 1e3

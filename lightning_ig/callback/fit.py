@@ -10,9 +10,8 @@ plain data; :class:`PendingRun` is a run between its start and its end.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,15 +19,12 @@ from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.host_result import HostResult, HostTransfer
-from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.attribution.side_stream import SideStream, explain
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.per_action import ActionRows, ActionTrust, output_count
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution
-from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.checksum import speed_up
 from lightning_ig.views.loggers import picture_sinks
 from lightning_ig.views.per_action import action_labels
@@ -36,7 +32,7 @@ from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary
 from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels, is_tensorboard_logger
 
-__all__ = ["SIDE_STREAM", "Fit", "FitPlan", "PendingRun", "plan", "start"]
+__all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 
 
 @dataclass(frozen=True)
@@ -75,8 +71,6 @@ class Fit:
         summary_options: what every run's summary is about (:func:`~lightning_ig.views.summary.summarize`'s
             ``feature_names``, ``log_features``, ``settings``; ``action_names`` for ``target="each"``).
         actions: for ``target="each"``, how a run's result becomes a row per (state, action); else ``None``.
-        side: attributes on a side CUDA stream over a snapshot of the weights, beside training (one process, no
-            ensemble, a snapshot that covers what the forward reads); ``None``: on the training stream.
     """
 
     held_out: Tensor
@@ -92,7 +86,6 @@ class Fit:
     host_options: Mapping[str, Any]
     summary_options: Mapping[str, Any]
     actions: ActionRows | None = None
-    side: SideStream | None = None
 
 
 @dataclass(frozen=True)
@@ -225,47 +218,9 @@ def start(
     summary_options = {"feature_names": units.names, "log_features": units.log_features, "settings": settings}
     if each is not None:
         summary_options["action_names"] = each.names
-    side = _side_stream(trainer, pl_module, engine, members, each, states, baselines, host_options)
     fixed = (plan.held_out, plan.units, plan.reports)
     parts = (engine, label, members, states, baselines, outputs, trust, host_options, summary_options)
-    return Fit(*fixed, *parts, actions=each, side=side)
-
-
-SIDE_STREAM = False
-"""Whether a fit's runs may replay on a side CUDA stream (:mod:`~lightning_ig.attribution.side_stream`). Off: on an
-H200 two side runs on the same weights differed (cuDNN's nondeterministic backward, since held deterministic; the
-side stream's GPU tests then pass) and a run after a fit ended in a CUDA launch failure, seen while a withdrawn custom
-graph capture was in; until a fit-time measurement shows its gain above the benchmark's noise, the runs replay on the
-training stream (docs/gpu-validation.md)."""
-
-
-def _side_stream(
-    trainer: Any,
-    pl_module: Any,
-    engine: IntegratedGradients,
-    members: Any,
-    each: ActionRows | None,
-    states: Tensor,
-    baselines: Any,
-    host: Any,
-) -> SideStream | None:
-    """The side stream of this fit's runs, where one can be used (else the reason in a debug log)."""
-    if not SIDE_STREAM:
-        return explain("off (fit.SIDE_STREAM, whose docstring says why)")
-    if trainer.world_size > 1:  # every rank's collectives in one order: each run ends at once under DDP
-        return explain("several processes (DDP)")
-    if members is not None:
-        return explain("an ensemble's members are attributed by an engine of their own")
-    if each is not None:  # its result becomes a row per (state, action) before the reductions
-        return explain("target='each' lays its result out per (state, action) before the reductions")
-    return SideStream.prepare(engine, pl_module, states, baselines, host, mode=lambda: _attributing(pl_module))
-
-
-@contextlib.contextmanager
-def _attributing(pl_module: Any) -> Iterator[None]:
-    """The model as attribution needs it (eval, noise off, generators kept); the callback says stochastic once."""
-    with attribution_mode(pl_module), stochastic_warnings_silenced():
-        yield
+    return Fit(*fixed, *parts, actions=each)
 
 
 def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any]) -> Any:

@@ -63,11 +63,10 @@ def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_devi
     capture_failures = [str(w.message) for w in caught if "CUDA graph capture" in str(w.message)]
     assert not capture_failures, capture_failures
     assert [entry["global_step"] for entry in callback.history] == [5, 10, 15]
-    # captured on the first run and replayed on the later ones: on the side stream (its two graphs: the attribution
-    # over the weights' snapshot and the run's reductions), else on the training stream by the engine itself
+    # captured on the first run and replayed by the engine on the later ones
     run = callback._fit
     assert run is not None
-    assert (run.side is not None and run.side._replay is not None) or run.engine.last_mode == "graph"
+    assert run.engine.last_mode == "graph"
 
     report = json.loads((tmp_path / "reports" / "ig_report_step=00000015.json").read_text())
     assert report["backend"] == "cuda" and report["num_states"] == 256 and report["num_steps"] == 50

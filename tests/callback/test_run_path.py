@@ -2,12 +2,11 @@
 
 A run is traced with ``sys.setprofile``: every function called on the training thread under
 ``IntegratedGradientsCallback._start`` and under the ``_finish`` that ends the same run (a training step or more
-later) is recorded by the module it is defined in. The engine's graphs are replayed on the side stream (the capture
-emulated on the CPU, as in tests/attribution/test_engine.py, so the side stream's steps run in order); what a
-replayed computation itself calls is not counted, since a CUDA graph's replay runs no Python, nor what the logging
-worker runs on its own thread (TensorBoard's events, the report text's words). Runs 1 to 4 are steady: the first
-run captured (and calibrated, and made the trust checks), and no picture, calibration or trust check is due until
-the run at the end of training.
+later) is recorded by the module it is defined in. The engine's graphs are replayed (the capture emulated on the
+CPU, as in tests/attribution/test_engine.py); what a replayed computation itself calls is not counted, since a CUDA
+graph's replay runs no Python, nor what the logging worker runs on its own thread (TensorBoard's events, the report
+text's words). Runs 1 to 4 are steady: the first run captured (and calibrated, and made the trust checks), and no
+picture, calibration or trust check is due until the run at the end of training.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def _modules_per_run(
 
             def profile(frame: FrameType, event: str, arg: object) -> None:
                 code = frame.f_code
-                if code.co_name == "compute" and code.co_filename.endswith(("attribution/graphs.py", "side_stream.py")):
+                if code.co_name == "compute" and code.co_filename.endswith("attribution/graphs.py"):
                     if event == "call":
                         replaying.append(None)
                     elif event == "return":
@@ -95,7 +94,7 @@ def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.M
     entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
     assert {"attribution/graphs.py", "attribution/engine.py", "models/noise.py"} <= entered[0]  # the first captured
     for seen in entered[1:5]:
-        assert seen == STEADY  # 8: the graph replayed on the training stream (the side stream is off)
+        assert seen == STEADY  # 8: the graph replayed on the training stream
     assert len(STEADY) == 8
 
 
