@@ -25,12 +25,11 @@ from lightning_ig.callback.per_action import ActionRows, ActionTrust, output_cou
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution
-from lightning_ig.views.checksum import speed_up
 from lightning_ig.views.loggers import picture_sinks
 from lightning_ig.views.per_action import action_labels
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.summary import RunSettings, RunSummary
-from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels, is_tensorboard_logger
+from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 
@@ -191,9 +190,6 @@ def start(
         actions["q_values"] = q_values
     inputs = _picture_inputs(options, plan, actions)
     sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
-    if trainer.is_global_zero:  # TensorBoard's writer thread checksums every record in Python: numpy's, the same
-        for writer in (logger.experiment for logger in trainer.loggers if is_tensorboard_logger(logger)):
-            speed_up(writer)
     outputs = RunOutputs(
         tags,
         _cadences(options, plan),

@@ -35,9 +35,10 @@ def add_run(
     """Log one run's scalars, histograms and report text to TensorBoard as one summary (one event, one checksum).
 
     What ``add_scalar``, ``add_histogram`` and ``add_text`` would write, value for value (the same summary values,
-    made by the same functions of ``torch.utils.tensorboard.summary``), in one event instead of one each: the writer's
-    thread checksums every event in Python holding the GIL, and queues one per call. A writer that is not PyTorch's
-    ``SummaryWriter`` gets those calls.
+    made by the same functions of ``torch.utils.tensorboard.summary``), in one event instead of one each, handed to
+    the writer's public ``file_writer``: TensorBoard's writer thread checksums every event in Python holding the GIL,
+    so fewer events cost the training thread less. A writer without an open ``file_writer`` (closed, or not PyTorch's
+    ``SummaryWriter``) gets those calls.
 
     Args:
         writer: ``TensorBoardLogger.experiment``.
@@ -46,7 +47,7 @@ def add_run(
         histograms: ``(tag, values)``: a histogram of each column's finite values (none where there are none).
         text: ``(tag, the markdown)``, or ``None``.
     """
-    file_writer = getattr(writer, "_get_file_writer", None)
+    file_writer = _file_writer(writer)
     if file_writer is None:
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, step)
@@ -68,17 +69,15 @@ def add_run(
     if text is not None:
         values.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's
     if values:
-        file_writer().add_summary(Summary(value=values), step)
+        file_writer.add_summary(Summary(value=values), step)
 
 
 def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
     """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.views.raster.png_bytes`).
 
-    ``SummaryWriter.add_image`` stores RGB PNGs, three times the bytes, and
-    TensorBoard's event writer checksums every byte in Python on a thread that
-    holds the GIL; so the image summary is built here and handed to the
-    writer's file writer, as ``add_image`` itself does. A writer without one
-    (not PyTorch's ``SummaryWriter``) gets ``add_image``.
+    ``SummaryWriter.add_image`` stores RGB PNGs, three times the bytes, and TensorBoard's event writer checksums every
+    byte in Python on a thread that holds the GIL; so the image summary is built here and handed to the writer's
+    public ``file_writer``, as ``add_image`` itself does. A writer without an open one gets ``add_image``.
 
     Args:
         writer: ``TensorBoardLogger.experiment``.
@@ -86,7 +85,7 @@ def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
         pixels: ``(H, W, 3)`` uint8.
         step: the global step.
     """
-    file_writer = getattr(writer, "_get_file_writer", None)
+    file_writer = _file_writer(writer)
     if file_writer is None:
         writer.add_image(tag, pixels, step, dataformats="HWC")
         return
@@ -94,7 +93,13 @@ def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
 
     height, width = pixels.shape[:2]
     image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png_bytes(pixels))
-    file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+    file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+def _file_writer(writer: Any) -> Any:
+    """``SummaryWriter.file_writer`` when it is open (``None`` after ``close()``, or on another kind of writer)."""
+    file_writer = getattr(writer, "file_writer", None)
+    return file_writer if callable(getattr(file_writer, "add_summary", None)) else None
 
 
 class PictureWriter:

@@ -119,3 +119,14 @@ def test_a_submit_waits_when_the_worker_falls_behind() -> None:
     assert time.perf_counter() - started >= 0.15 and len(done) >= 8
     pictures.close()
     assert done == list(range(12))
+
+
+def test_a_closed_writer_is_reopened_by_the_add_calls(tmp_path: Path) -> None:
+    scalars, histograms, text = _run()
+    writer = SummaryWriter(str(tmp_path))
+    writer.close()  # file_writer is None now: the add_* calls open a new event file, as they do for the user
+    add_run(writer, 4, scalars, histograms, ("ig/report", text))
+    writer.close()
+    events = _read(tmp_path)
+    assert sorted(events.Tags()["scalars"]) == sorted(scalars)
+    assert [e.step for e in events.Scalars("ig/time_ms")] == [4]
