@@ -8,7 +8,6 @@ default settings takes the fast path: copy the inputs in, replay, build the resu
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -51,11 +50,9 @@ class IntegratedGradients:
     the captured graph, so a replay puts them back too), and the result is
     still flagged stochastic (its values depend on the batch).
 
-    The NaN/Inf check of the inputs (``check_finite``) is a host sync; the
-    engine skips it for a tensor it has already checked and that has not been
-    modified since (same object, same version counter), which is what a
-    callback passing the same held-out states sees (:attr:`finite_checks` counts
-    the checks that ran).
+    The NaN/Inf check of the inputs (``check_finite``) is a host sync at every
+    call; a caller that attributes the same checked states again and again (the
+    callback) passes ``check_finite=False``.
 
     Args:
         forward: as for :func:`~lightning_ig.attribution.integrated_gradients`.
@@ -88,8 +85,6 @@ class IntegratedGradients:
         self.defaults = dict(defaults)
         self.graph_capture = GraphCapture() if graph_capture is None else _check_graph_capture(graph_capture)
         self._plans = PlanCache()
-        self._checked: dict[str, tuple[weakref.ref[Tensor], int]] = {}
-        self.finite_checks = 0  # NaN/Inf checks of new inputs that ran (each one host sync)
         self.last_mode: str | None = None  # "graph", "capture" or "eager": how the last call ran
         # (shape, dtype, device, plan) of the last default-settings, zero-baseline replay
         self._fast: tuple[torch.Size, torch.dtype, torch.device, GraphPlan] | None = None
@@ -102,7 +97,6 @@ class IntegratedGradients:
     def clear(self) -> None:
         """Drop every captured graph (they are captured again on next use)."""
         self._plans.clear()
-        self._checked.clear()
         self._fast = None
 
     def calibrate(
@@ -226,7 +220,7 @@ class IntegratedGradients:
 
     def _replay_fast(self, plan: GraphPlan, inputs: Tensor, check_inputs: bool) -> dict[str, Tensor]:
         if check_inputs:
-            self._check_once("inputs", inputs, inputs)
+            check_finite("inputs", inputs)
         if plan.static_x_view is None or plan.static_x_view.shape != inputs.shape:
             plan.static_x_view = plan.static_x.view(inputs.shape)
         plan.static_x_view.copy_(inputs)
@@ -242,26 +236,14 @@ class IntegratedGradients:
             and self.graph_capture.available(inputs.device)
         )
 
-    def _check_once(self, name: str, tensor: Tensor, given: Any) -> None:
-        # The same tensor object, unmodified since it was checked (its version counter), is not checked again:
-        # the callback passes the same held-out states every time, and the check is a host sync.
-        if not given.is_inference():  # an inference tensor has no version counter: check every time
-            seen = self._checked.get(name)
-            if seen is not None and seen[0]() is given and seen[1] == given._version:
-                return
-        self.finite_checks += 1
-        check_finite(name, tensor)
-        if not given.is_inference():
-            self._checked[name] = (weakref.ref(given), given._version)
-
     def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: Settings) -> IGResult:
         prepared = prepare(self.forward, inputs, baselines, settings)
         defaults = settings is self._default_settings
         settings = resolve_budget(self.forward, prepared, settings)  # n_steps="budget": before the key and capture
         if settings.check_finite:
-            self._check_once("inputs", prepared.x, inputs)
+            check_finite("inputs", prepared.x)
             if isinstance(baselines, Tensor):
-                self._check_once("baselines", prepared.b, baselines)
+                check_finite("baselines", prepared.b)
         key = _graph_key(inputs, baselines, prepared, settings)
         if key in self._plans and self._plans.get(key) is None:  # capture failed before: eager
             self.last_mode = "eager"

@@ -46,6 +46,24 @@ _DTYPE_METHOD = {
     torch.float64: "double()",
 }
 _BASELINE_FORMS = "None, 'zeros', 'mean', a number or a tensor"
+# torch's public normalisation and dropout layers whose train mode makes a row depend on its batch or on chance
+_BATCH_NORMS = (
+    torch.nn.BatchNorm1d,
+    torch.nn.BatchNorm2d,
+    torch.nn.BatchNorm3d,
+    torch.nn.LazyBatchNorm1d,
+    torch.nn.LazyBatchNorm2d,
+    torch.nn.LazyBatchNorm3d,
+    torch.nn.SyncBatchNorm,
+)
+_DROPOUTS = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
 
 
 @dataclass(frozen=True)
@@ -225,12 +243,12 @@ def uses_batch_statistics(forward: Any) -> bool:
     seen: set[int] = set()
     while pending:  # Module.modules() without its name strings: this runs on every eager call
         child = pending.pop()
-        if child is None or id(child) in seen:
+        if id(child) in seen:
             continue
         seen.add(id(child))
-        if isinstance(child, torch.nn.modules.batchnorm._BatchNorm) and (child.training or child.running_mean is None):
+        if isinstance(child, _BATCH_NORMS) and (child.training or child.running_mean is None):
             return True
-        pending.extend(child._modules.values())
+        pending.extend(child.children())
     return False
 
 
@@ -264,7 +282,7 @@ def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
         return []
     found: list[Tensor] = []
     for child in module.modules():
-        if isinstance(child, torch.nn.modules.batchnorm._BatchNorm) and child.training and child.track_running_stats:
+        if isinstance(child, _BATCH_NORMS) and child.training and child.track_running_stats:
             found += [
                 buffer
                 for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)
@@ -277,7 +295,7 @@ def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:
     if module is None:
         return []
     found = []
-    random_in_train = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+    random_in_train = (*_DROPOUTS, *_BATCH_NORMS)
     for name, child in module.named_modules():
         if not child.training:
             continue

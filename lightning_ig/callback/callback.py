@@ -215,7 +215,8 @@ class IntegratedGradientsCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(**self.options.identity())
+        # Lightning's documented form of a state key: the class's qualified name and the repr of what identifies it
+        return f"{type(self).__qualname__}{self.options.identity()!r}"
 
     @override
     def state_dict(self) -> dict[str, Any]:

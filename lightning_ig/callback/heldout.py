@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
-from lightning_ig.attribution.checks import check_states
+from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import target_label
 from lightning_ig.checkpoint import load_states
@@ -299,6 +299,8 @@ def prepare_engine(
     dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
     sample = states[:2].to(device=pl_module.device, dtype=dtype)
     attributed, engine_target, label = probe_target(pl_module, target, sample, len(states), forward)
+    # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
+    options = {**options, "check_finite": False}
     engine = IntegratedGradients(attributed, target=engine_target, **options)
     trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
     with attribution_mode(pl_module), stochastic_warnings_silenced():
@@ -307,4 +309,7 @@ def prepare_engine(
     rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
     local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
     local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)
+    check_finite("states", local_states)
+    if isinstance(local_baselines, Tensor):
+        check_finite("baseline", local_baselines)
     return engine, label, members, local_states, local_baselines

@@ -16,7 +16,6 @@ import contextlib
 import random
 import re
 import sys
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +46,8 @@ def _has_switch(module: nn.Module) -> bool:
 
 
 def _direct_tensor_names(module: nn.Module) -> list[str]:
-    return [name for name, value in module._parameters.items() if value is not None] + [
-        name for name, value in module._buffers.items() if value is not None
+    return [name for name, _ in module.named_parameters(recurse=False)] + [
+        name for name, _ in module.named_buffers(recurse=False)
     ]
 
 
@@ -83,28 +82,18 @@ class _LayerSnapshot:
     module: nn.Module
     training: bool
     attributes: dict[str, Any]  # plain (non-tensor) attributes in the module's __dict__
-    parameters: dict[str, Any]  # name -> the Parameter object (identity restored)
-    buffers: dict[str, Any]  # name -> the buffer object (identity restored)
+    parameters: dict[str, nn.Parameter]  # name -> the Parameter object (identity restored)
+    buffers: dict[str, Tensor]  # name -> the buffer object (identity restored)
     buffer_values: dict[str, Tensor]  # name -> a copy of its values
     tensor_attributes: dict[str, Tensor] = field(default_factory=dict)  # plain tensor attributes
     tensor_attribute_values: dict[str, Tensor] = field(default_factory=dict)
-    # in-place version counters at snapshot time: an untouched tensor is not written back, so a
-    # block that changed nothing bumps no version (an autograd graph that saved it stays valid)
-    versions: dict[int, int | None] = field(default_factory=dict)
     lazy: bool = False  # buffer_values filled by copy_buffers, just before the layer's reset_noise writes
 
     def copy_buffers(self) -> None:
         """Copy the buffers' values, once: called by this package's layer before it draws new noise."""
         if self.lazy and not self.buffer_values:
             with torch.no_grad():
-                self.buffer_values = {
-                    name: value.detach().clone() for name, value in self.buffers.items() if isinstance(value, Tensor)
-                }
-
-
-def _version(tensor: Tensor) -> int | None:
-    """The tensor's in-place version counter; ``None`` for inference tensors, which keep none."""
-    return None if tensor.is_inference() else tensor._version
+                self.buffer_values = {name: value.detach().clone() for name, value in self.buffers.items()}
 
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -127,38 +116,48 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
         attributes = {
             name: value for name, value in vars(module).items() if name not in _MODULE_INTERNALS and _is_plain(value)
         }
-        buffers = dict(module._buffers)
-        tensors = {name: value for name, value in buffers.items() if isinstance(value, Tensor)}
-        # This package's layer: its buffers are copied when reset_noise is about to write them (copy on write),
-        # unless a buffer keeps no version counter (an inference tensor), which is copied now.
-        lazy = _is_ours(module) and all(_version(value) is not None for value in tensors.values())
-        buffer_values = {} if lazy else {name: value.detach().clone() for name, value in tensors.items()}
+        buffers = dict(module.named_buffers(recurse=False))
+        # This package's layer changes its noise only in reset_noise, which copies the buffers first (copy on write):
+        # a block that does not redraw the noise copies nothing and writes nothing back.
+        lazy = _is_ours(module)
+        buffer_values = {} if lazy else {name: value.detach().clone() for name, value in buffers.items()}
         tensor_attributes = {
             name: value
             for name, value in vars(module).items()
             if isinstance(value, Tensor) and not isinstance(value, nn.Parameter)
         }
         tensor_attribute_values = {name: value.detach().clone() for name, value in tensor_attributes.items()}
-        versions = {
-            id(value): _version(value)
-            for value in [*buffers.values(), *tensor_attributes.values()]
-            if isinstance(value, Tensor)
-        }
     snapshot = _LayerSnapshot(
         module=module,
         training=module.training,
         attributes=attributes,
-        parameters=dict(module._parameters),
+        parameters=dict(module.named_parameters(recurse=False)),
         buffers=buffers,
         buffer_values=buffer_values,
         tensor_attributes=tensor_attributes,
         tensor_attribute_values=tensor_attribute_values,
-        versions=versions,
         lazy=lazy,
     )
     if lazy:
         BEFORE_NOISE_WRITE.setdefault(module, []).append(snapshot.copy_buffers)
     return snapshot
+
+
+def _put_back(module: nn.Module, kept: dict[str, Tensor], now: dict[str, Tensor], *, buffers: bool) -> None:
+    """The parameters (or buffers) ``kept`` registered again as the same objects; any added since set to ``None``.
+
+    ``now`` holds the tensors registered now (``named_parameters``/``named_buffers`` leave out names registered as
+    ``None``, so an added name stays registered, as ``None``, rather than vanishing where it had been ``None``).
+    """
+    for name in now.keys() - kept.keys():
+        setattr(module, name, None)
+    for name, value in kept.items():
+        if now.get(name) is value:
+            continue
+        if buffers and name not in now:  # set to None or deleted in the block: registered again
+            module.register_buffer(name, value)
+        else:
+            setattr(module, name, value)
 
 
 def _restore(snapshot: _LayerSnapshot) -> None:
@@ -167,34 +166,15 @@ def _restore(snapshot: _LayerSnapshot) -> None:
         guards = BEFORE_NOISE_WRITE.get(module, [])
         if snapshot.copy_buffers in guards:
             guards.remove(snapshot.copy_buffers)
-        written = [
-            name
-            for name, buffer in snapshot.buffers.items()
-            if isinstance(buffer, Tensor)
-            and name not in snapshot.buffer_values
-            and _version(buffer) != snapshot.versions[id(buffer)]
-        ]
-        if written:
-            warnings.warn(
-                f"noise_disabled: {type(module).__name__} buffer(s) {written} were written inside the block by "
-                "something other than reset_noise(); they keep their new values (load noise before the block)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
     with torch.no_grad():
         # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit.
-        module._parameters.clear()
-        module._parameters.update(snapshot.parameters)
-        module._buffers.clear()
-        module._buffers.update(snapshot.buffers)
+        _put_back(module, snapshot.parameters, dict(module.named_parameters(recurse=False)), buffers=False)
+        _put_back(module, snapshot.buffers, dict(module.named_buffers(recurse=False)), buffers=True)
         for name, value in snapshot.buffer_values.items():
-            buffer = snapshot.buffers[name]
-            if _version(buffer) is None or _version(buffer) != snapshot.versions[id(buffer)]:
-                buffer.copy_(value)
+            snapshot.buffers[name].copy_(value)
         for name, value in snapshot.tensor_attributes.items():
             object.__setattr__(module, name, value)
-            if _version(value) is None or _version(value) != snapshot.versions[id(value)]:
-                value.copy_(snapshot.tensor_attribute_values[name])
+            value.copy_(snapshot.tensor_attribute_values[name])
         # A noise flag a switch added is removed; every flag it changed is put back.
         added = [
             name
@@ -232,8 +212,8 @@ def _random_state_kept() -> Iterator[None]:
 def _zero_epsilon(module: nn.Module) -> None:
     # A layer that adds `sigma * eps` whatever its mode computes with its mean weights when eps = 0.
     with torch.no_grad():
-        for name, buffer in module._buffers.items():
-            if isinstance(buffer, Tensor) and buffer.is_floating_point() and _EPSILON_NAME.search(name):
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point() and _EPSILON_NAME.search(name):
                 buffer.zero_()
 
 
@@ -255,8 +235,9 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
     switch, plain attributes and buffers are restored exactly (buffers bit for
     bit, the same tensor objects). This package's :class:`NoisyLinear` changes
     its noise only in ``reset_noise()``, so its buffers are copied only when
-    that is called inside the block (nothing is copied otherwise); a write to
-    them by other means inside the block is kept, with a ``RuntimeWarning``. Nothing else in the model is touched:
+    that is called inside the block (nothing is copied otherwise, and nothing
+    is written back: a training step's saved tensors stay valid); write its
+    noise inside the block only through ``reset_noise()``. Nothing else in the model is touched:
     dropout and batch-norm layers keep their mode. No random generator (torch
     CPU and CUDA, numpy, python) is advanced by entering or leaving, even when a
     third-party ``disable_noise()`` draws random numbers.

@@ -234,12 +234,8 @@ def current_stream_handle(device_index: int) -> int:
     """The raw ``cudaStream_t`` of torch's current stream on ``device_index``.
 
     Looked up at every launch (never cached) so launches follow ``torch.cuda.stream``
-    contexts and CUDA-graph capture. torch's raw accessor avoids building a
-    ``torch.cuda.Stream`` object per launch (about 2 us of host time).
+    contexts and CUDA-graph capture.
     """
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return int(raw(device_index))
     return torch.cuda.current_stream(device_index).cuda_stream
 
 

@@ -1,7 +1,7 @@
 """The logging worker: a run's TensorBoard events and pictures made and logged on one thread beside training, in order.
 
-Every run hands its TensorBoard events here (:class:`PictureWriter`, :func:`add_run`: the scalars, the histograms
-and the report text as one summary, the text written there) and goes on training; a run that draws hands its
+Every run hands its TensorBoard events here (:class:`PictureWriter`, :func:`add_run`: the histograms and the
+report text as one summary, the text written there) and goes on training; a run that draws hands its
 pictures too, which the worker encodes as palette PNGs and logs (:func:`add_picture` for TensorBoard; the W&B and
 MLflow sinks of :mod:`~lightning_ig.views.loggers` for those loggers). The next run that draws waits for the jobs
 before it first, so at most one run's pictures are in flight and their errors surface in the training thread; so
@@ -10,7 +10,7 @@ does the end of training, before the loggers close.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -25,16 +25,10 @@ HISTOGRAM_BINS = 30
 _BACKLOG = 8  # jobs in flight before a submit waits for them (runs that draw nothing never wait otherwise)
 
 
-def add_run(
-    writer: Any,
-    step: int,
-    scalars: Mapping[str, float],
-    histograms: Sequence[tuple[str, np.ndarray]],
-    text: tuple[str, str] | None,
-) -> None:
-    """Log one run's scalars, histograms and report text to TensorBoard as one summary (one event, one checksum).
+def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]], text: tuple[str, str] | None) -> None:
+    """Log one run's histograms and report text to TensorBoard as one summary (one event, one checksum).
 
-    What ``add_scalar``, ``add_histogram`` and ``add_text`` would write, value for value (the same summary values,
+    What ``add_histogram`` and ``add_text`` would write, value for value (the same summary values,
     made by the same functions of ``torch.utils.tensorboard.summary``), in one event instead of one each, handed to
     the writer's public ``file_writer``: TensorBoard's writer thread checksums every event in Python holding the GIL,
     so fewer events cost the training thread less. A writer without an open ``file_writer`` (closed, or not PyTorch's
@@ -43,14 +37,11 @@ def add_run(
     Args:
         writer: ``TensorBoardLogger.experiment``.
         step: the global step.
-        scalars: ``{tag: value}`` (the logger's prefix already applied).
         histograms: ``(tag, values)``: a histogram of each column's finite values (none where there are none).
         text: ``(tag, the markdown)``, or ``None``.
     """
     file_writer = _file_writer(writer)
     if file_writer is None:
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, step)
         for tag, values in histograms:
             finite = values[np.isfinite(values)]
             if finite.size:
@@ -61,7 +52,7 @@ def add_run(
     from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
     from torch.utils.tensorboard import summary as made  # noqa: PLC0415 - as above
 
-    values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+    values = []
     for tag, column in histograms:
         finite = column[np.isfinite(column)]
         if finite.size:  # a histogram of nothing is an error in TensorBoard

@@ -171,22 +171,13 @@ def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int)
         logger.log_metrics(dict(metrics), step=step)
 
 
-def _scalars_written_here(logger: Any) -> bool:
-    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own: its scalars go with the run's other events
-    (:func:`~lightning_ig.views.picture_writer.add_run`, the same values under the same tags), else through it."""
+def _logs_on_the_worker(logger: Any) -> bool:
+    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own (thread-safe: ``SummaryWriter`` calls): its
+    scalars are logged on the logging worker with the run's other events; a logger of the user's own, on the
+    training thread."""
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
 
     return type(logger).log_metrics is TensorBoardLogger.log_metrics
-
-
-def _prefixed(logger: Any, metrics: Mapping[str, float]) -> dict[str, float]:
-    """``metrics`` under the tags the logger's ``log_metrics`` writes them (its ``prefix``, joined as it joins it)."""
-    prefix = getattr(logger, "_prefix", "")
-    return (
-        {f"{prefix}{logger.LOGGER_JOIN_CHAR}{tag}": value for tag, value in metrics.items()}
-        if prefix
-        else dict(metrics)
-    )
 
 
 def is_tensorboard_logger(logger: Any) -> bool:
@@ -243,7 +234,8 @@ class _RunJob:
     host: HostResult | None  # the last run's host result, for the pictures
     history: list[Mapping[str, Any]]
     inputs: Any
-    boards: list[tuple[Any, dict[str, float]]]  # each TensorBoard writer, and the scalars it gets with the run
+    boards: list[tuple[Any, Any]]  # each TensorBoard writer, and its logger when the worker logs its scalars
+    scalars: dict[str, float]
     histograms: list[tuple[str, np.ndarray]]
     text: bool  # the report text (a run, not the pictures left at the end of training)
     layout: Mapping[str, Any] | None
@@ -326,7 +318,7 @@ class RunOutputs:
         """
         loggers = list(loggers)
         boards = [logger for logger in loggers if is_tensorboard_logger(logger)]
-        direct = [logger for logger in boards if _scalars_written_here(logger)]  # their scalars go with add_run
+        direct = [logger for logger in boards if _logs_on_the_worker(logger)]
         metrics: dict[str, float] = {}
         if host is not None:
             self.last_host = host
@@ -349,7 +341,8 @@ class RunOutputs:
             self.last_host,
             list(history) if drawing else [],  # the history grows after this run: the worker draws what it was
             self._inputs_now() if drawing else self.inputs,
-            [(logger.experiment, _prefixed(logger, metrics) if logger in direct else {}) for logger in boards],
+            [(logger.experiment, logger if logger in direct else None) for logger in boards],
+            metrics,
             self._histograms(summary) if self.histograms and host is not None else [],
             host is not None,
             self.layout() if layout_due and self.layout is not None else None,
@@ -387,8 +380,10 @@ class RunOutputs:
         text = None
         if job.text:  # the report text names this run's saliency grid only
             text = (f"{self.tags.prefix}/report", report_markdown(summary, self.tags, saliency_scale=drawn_scale))
-        for writer, scalars in job.boards:
-            add_run(writer, step, scalars, job.histograms, text)
+        for writer, logger in job.boards:
+            if logger is not None and job.scalars:
+                logger.log_metrics(job.scalars, step=step)
+            add_run(writer, step, job.histograms, text)
             if job.layout is not None:
                 writer.add_custom_scalars(dict(job.layout))
             for tag, pixels in pictures.items():  # last: the largest events

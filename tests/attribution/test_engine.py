@@ -74,17 +74,21 @@ def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> No
     assert len(capture.graphs) == 1 and engine.last_mode == "graph"
 
 
-def test_graph_cache_checks_new_inputs_for_nan_but_not_the_same_tensor_twice() -> None:
+def test_graph_replays_check_their_inputs_for_nan_at_every_call_unless_told_not_to() -> None:
     model = _dueling(3, 2, seed=42)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target=1, n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     engine.attribute(x)
     engine.attribute(x)
-    assert engine.finite_checks == 1  # the same, unmodified tensor: one host sync in all
-    x[0, 0] = float("nan")  # modified in place: its version counter moved
+    assert engine.last_mode == "graph"
+    x[0, 0] = float("nan")  # modified in place: the replay's check sees it
     with pytest.raises(ValueError, match="inputs holds 1 NaN/Inf"):
         engine.attribute(x)
-    assert engine.finite_checks == 2
+    unchecked = IntegratedGradients(model, graph_capture=EmulatedCapture(), target=1, n_steps=4, check_finite=False)
+    x[0, 0] = 0.0
+    unchecked.attribute(x)
+    x[0, 0] = float("nan")
+    assert not torch.isfinite(unchecked.attribute(x).f_input[0])  # flagged in the result, not raised
 
 
 def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured() -> None:

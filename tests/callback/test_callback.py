@@ -306,10 +306,21 @@ def test_resume_keeps_the_history(tmp_path):
     assert first_drift[30] == pytest.approx(expected, rel=eps(torch.float32))
 
 
+def test_a_tensorboard_logger_prefix_is_kept_on_the_scalars(tmp_path):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, n_steps=4, figure_every_n_runs=None)
+    logger = TensorBoardLogger(tmp_path, name="prefixed", prefix="run")
+    make_trainer(tmp_path, [callback], max_steps=10, logger=logger).fit(TinyQNet(), loader())
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    assert [event.step for event in events.Scalars("run-ig/time_ms")] == [5, 10]
+    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("ig/")]
+
+
 def test_state_keys_let_two_callbacks_coexist():
     a = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target="mean")
     b = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target=1)
     assert a.state_key != b.state_key
+    assert a.state_key == f"IntegratedGradientsCallback{a.options.identity()!r}"  # Lightning's documented form
 
 
 def test_no_logger_still_writes_reports_and_says_so(tmp_path, caplog):

@@ -1,7 +1,7 @@
 """The logging worker's run writer (views/picture_writer.py ``add_run``): one event per run, the values add_* write.
 
-A run's scalars, histograms and report text go to TensorBoard as one summary written on the worker thread; what
-TensorBoard reads back must be exactly what ``add_scalar``, ``add_histogram`` and ``add_text`` write one by one.
+A run's histograms and report text go to TensorBoard as one summary written on the worker thread; what TensorBoard
+reads back must be exactly what ``add_histogram`` and ``add_text`` write one by one.
 """
 
 from __future__ import annotations
@@ -34,24 +34,21 @@ def _summaries(folder: Path) -> list[Any]:
     return [event for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
 
 
-def _run(rows: int = 40) -> tuple[dict[str, float], list[tuple[str, np.ndarray]], str]:
+def _run(rows: int = 40) -> tuple[list[tuple[str, np.ndarray]], str]:
     generator = np.random.default_rng(0)
-    scalars = {"ig/completeness/worst_relative_error": 0.0123, "ig/time_ms": 3.5, "ig/drift/spearman_prev": -0.25}
     columns = generator.normal(size=(rows, 3))
     columns[0, 1] = np.nan  # a non-finite value is left out of its histogram
     columns[:, 2] = 1.5  # a constant column
     histograms = [(f"ig/group/attributions/channel {k}", columns[:, k]) for k in range(3)]
     histograms.append(("ig/group/attributions/empty", np.full(rows, np.inf)))  # nothing finite: no histogram
-    return scalars, histograms, "| a | b |\n|---|---|\n| 1 | 2 |"
+    return histograms, "| a | b |\n|---|---|\n| 1 | 2 |"
 
 
 def test_a_run_is_one_event_with_what_the_add_calls_write(tmp_path: Path) -> None:
-    scalars, histograms, text = _run()
+    histograms, text = _run()
     together, apart = SummaryWriter(str(tmp_path / "together")), SummaryWriter(str(tmp_path / "apart"))
     for step in (3, 7):
-        add_run(together, step, scalars, histograms, ("ig/report", text))
-        for tag, value in scalars.items():
-            apart.add_scalar(tag, value, step)
+        add_run(together, step, histograms, ("ig/report", text))
         for tag, values in histograms:
             finite = values[np.isfinite(values)]
             if finite.size:
@@ -60,11 +57,8 @@ def test_a_run_is_one_event_with_what_the_add_calls_write(tmp_path: Path) -> Non
     together.close()
     apart.close()
     assert len(_summaries(tmp_path / "together")) == 2  # one event per run
-    assert len(_summaries(tmp_path / "apart")) == 2 * (3 + 3 + 1)
+    assert len(_summaries(tmp_path / "apart")) == 2 * (3 + 1)
     got, expected = _read(tmp_path / "together"), _read(tmp_path / "apart")
-    assert got.Tags()["scalars"] == expected.Tags()["scalars"] and len(expected.Tags()["scalars"]) == 3
-    for tag in expected.Tags()["scalars"]:
-        assert [(e.step, e.value) for e in got.Scalars(tag)] == [(e.step, e.value) for e in expected.Scalars(tag)]
     assert sorted(got.Tags()["histograms"]) == sorted(expected.Tags()["histograms"])
     assert len(expected.Tags()["histograms"]) == 3
     for tag in expected.Tags()["histograms"]:
@@ -83,9 +77,6 @@ class _PlainWriter:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, int]] = []
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        self.calls.append(("scalar", tag, step))
-
     def add_histogram(self, tag: str, values: np.ndarray, step: int, bins: int) -> None:
         assert np.isfinite(values).all() and bins == HISTOGRAM_BINS
         self.calls.append(("histogram", tag, step))
@@ -95,11 +86,11 @@ class _PlainWriter:
 
 
 def test_a_writer_without_a_file_writer_gets_the_add_calls() -> None:
-    scalars, histograms, text = _run()
+    histograms, text = _run()
     writer = _PlainWriter()
-    add_run(writer, 5, scalars, histograms, ("ig/report", text))
+    add_run(writer, 5, histograms, ("ig/report", text))
     kinds = [kind for kind, _, _ in writer.calls]
-    assert kinds == ["scalar"] * 3 + ["histogram"] * 3 + ["text"]
+    assert kinds == ["histogram"] * 3 + ["text"]
     assert {step for _, _, step in writer.calls} == {5}
 
 
@@ -122,11 +113,11 @@ def test_a_submit_waits_when_the_worker_falls_behind() -> None:
 
 
 def test_a_closed_writer_is_reopened_by_the_add_calls(tmp_path: Path) -> None:
-    scalars, histograms, text = _run()
+    histograms, text = _run()
     writer = SummaryWriter(str(tmp_path))
     writer.close()  # file_writer is None now: the add_* calls open a new event file, as they do for the user
-    add_run(writer, 4, scalars, histograms, ("ig/report", text))
+    add_run(writer, 4, histograms, ("ig/report", text))
     writer.close()
     events = _read(tmp_path)
-    assert sorted(events.Tags()["scalars"]) == sorted(scalars)
-    assert [e.step for e in events.Scalars("ig/time_ms")] == [4]
+    assert len(events.Tags()["histograms"]) == 3
+    assert [e.step for e in events.Tensors("ig/report/text_summary")] == [4]

@@ -158,6 +158,7 @@ class TrustMonitor:
         zeros = isinstance(baseline, str) and baseline == "zeros"  # the engines' fast path: no baseline tensor
         baselines = None if zeros else baselines_for(baseline, held_out, torch.arange(len(held_out)), device, dtype)
         defaults = dict(engine.defaults)
+        defaults.pop("check_finite", None)  # the checks never check the states again: set by each of their engines
         settings = AttributionSettings(forward=forward, target=defaults.pop("target", None), options=defaults)
         replays = _replays(engine, device)
         monitor = cls(options, pl_module, states, baselines, settings, groups, prefix, replays=replays)

@@ -74,13 +74,15 @@ class Replica:
         theirs = dict(self.model.named_parameters())
         theirs.update(self.model.named_buffers())
         with torch.inference_mode(False), torch.no_grad():
-            torch._foreach_copy_(self._mine, [theirs[name] for name in self._names])
+            for mine, name in zip(self._mine, self._names):
+                mine.copy_(theirs[name])
 
     def quiet(self) -> None:
         """Noise samples to zero: the NoisyLinear layers compute with their mean weights."""
         if self._epsilons:
             with torch.inference_mode(False), torch.no_grad():
-                torch._foreach_zero_(self._epsilons)
+                for epsilon in self._epsilons:
+                    epsilon.zero_()
 
     def noise(self, seed: int, draw: int, count: int) -> None:
         """Write noise draw ``draw`` of ``count`` into the NoisyLinear layers: each layer's
@@ -90,7 +92,8 @@ class Replica:
         if draws is None:
             draws = self._draws[(seed, count)] = self._make_draws(seed, count)
         with torch.inference_mode(False), torch.no_grad():
-            torch._foreach_copy_(self._epsilons, draws[draw])
+            for epsilon, drawn in zip(self._epsilons, draws[draw]):
+                epsilon.copy_(drawn)
 
     def redraw(self, seed: int) -> tuple[int, int]:
         """Draw every parameter again under ``seed`` (:func:`redraw`): ``(shuffled, kept)``. :meth:`sync` undoes it."""

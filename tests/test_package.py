@@ -1,0 +1,99 @@
+"""The package as a whole: other libraries are used through their public API only.
+
+An attribute whose name starts with one underscore is private to the object that owns it. The package's own
+private names (methods, class attributes and ``self._...`` attributes of its classes) may be reached from its other
+modules; any other one (``tensor._version``, ``module._parameters``, ``torch._foreach_copy_``,
+``writer._get_file_writer``, Lightning's ``self._generate_state_key``) is another library's internals.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import lightning_ig
+
+PACKAGE = Path(lightning_ig.__file__).parent
+
+# Private names of other libraries that are public in practice, each with its reason.
+ALLOWED = {
+    "_exit": "os._exit, documented by the standard library",
+    "_orig_mod": "checkpoint/writing.py unwraps torch.compile's module; to be replaced in the checkpoint wing",
+}
+
+
+def _trees() -> dict[Path, ast.Module]:
+    return {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _own_names(trees: dict[Path, ast.Module]) -> set[str]:
+    """Every name the package's classes define: methods, class attributes, ``self.x = ...`` attributes."""
+    own: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        own.add(item.name)
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        own.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        own.update(target.id for target in item.targets if isinstance(target, ast.Name))
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                own.update(
+                    target.attr
+                    for target in targets
+                    if isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in ("self", "cls")
+                )
+    return own
+
+
+def _private_uses(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, name)`` of every ``x._name`` and ``getattr(x, "_name")`` (dunder names are Python's, not private)."""
+    found = []
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            name = node.args[1].value
+        if name is not None and name.startswith("_") and not name.startswith("__"):
+            found.append((node.lineno, name))
+    return found
+
+
+def test_no_private_attribute_of_another_library_is_used() -> None:
+    trees = _trees()
+    own = _own_names(trees) | set(ALLOWED)
+    used = [
+        f"{path.relative_to(PACKAGE)}:{line}: {name}"
+        for path, tree in trees.items()
+        for line, name in _private_uses(tree)
+        if name not in own
+    ]
+    assert not used, "private attributes of other libraries (use their public API):\n" + "\n".join(used)
+
+
+def test_the_scan_finds_what_it_is_for() -> None:
+    # the kinds this package once used, each seen by the scan
+    code = (
+        "v = tensor._version\n"
+        "module._parameters.clear()\n"
+        "torch._foreach_copy_(a, b)\n"
+        "f = getattr(writer, '_get_file_writer', None)\n"
+        "key = self._generate_state_key(a=1)\n"
+        "ok = value.__class__\n"
+    )
+    kinds = {"_version", "_parameters", "_foreach_copy_", "_get_file_writer", "_generate_state_key"}
+    assert sorted(name for _, name in _private_uses(ast.parse(code))) == sorted(kinds)
+    assert not kinds & _own_names(_trees())
