@@ -44,7 +44,7 @@ from benchmarks._common import device_name, synchronize, write_output
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
+from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.callback.trust import (
     AttributionSettings,
     CheckCosts,

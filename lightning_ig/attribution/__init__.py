@@ -13,7 +13,7 @@ with the quadrature ``(alpha_k, w_k)`` of :mod:`~lightning_ig.attribution.quadra
 
 The parts, in the order a call runs through them:
 
-* :mod:`~lightning_ig.attribution.options` checks the keyword options once;
+* :mod:`~lightning_ig.attribution.settings` checks the keyword options once;
   :mod:`~lightning_ig.attribution.inputs` checks and flattens the tensors
   (with :mod:`~lightning_ig.attribution.checks`, the tensor checks every wing
   shares); :mod:`~lightning_ig.attribution.targets` says what to attribute;
@@ -40,7 +40,7 @@ below all of them: :mod:`~lightning_ig.attribution.groups` (feature groups),
 :mod:`~lightning_ig.attribution.host_result` (a result gathered over ranks, in one collective with the rows that
 ride along, :mod:`~lightning_ig.attribution.gather`, and brought to the host once) and
 :mod:`~lightning_ig.attribution.statistics` (completeness, concentration, drift, the one feature order). A new
-engine option goes into :mod:`~lightning_ig.attribution.options`; a new number of a run into
+engine option goes into :mod:`~lightning_ig.attribution.settings`; a new number of a run into
 :mod:`~lightning_ig.attribution.statistics`.
 
 How far to trust a result (``docs/trust.md``)
@@ -66,7 +66,8 @@ from __future__ import annotations
 from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
-from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
+from lightning_ig.attribution.inputs import StochasticForwardWarning
+from lightning_ig.attribution.result import IGResult, worst_relative_error
 from lightning_ig.attribution.statistics import AccuracyVerdict, accuracy_verdict
 from lightning_ig.attribution.targets import target_forward
 

@@ -24,9 +24,9 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.path import PathRun, rule_tensors
 from lightning_ig.attribution.result import NEAR_BASELINE_FRACTION
+from lightning_ig.attribution.settings import Settings
 
 __all__ = ["FIRST_STEPS", "attribute_auto", "levels"]
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.inputs import Prepared, RunningStatistics, raise_if_dtype_mismatch
-from lightning_ig.attribution.options import BUDGET, Settings
+from lightning_ig.attribution.settings import BUDGET, Settings
 
 __all__ = [
     "CPU_BUDGET_FLOPS",

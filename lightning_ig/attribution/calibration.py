@@ -50,9 +50,9 @@ from torch import Tensor
 
 from lightning_ig.attribution.budget import budget_steps
 from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepare
-from lightning_ig.attribution.options import BUDGET, DEFAULT_METHOD, DEFAULT_N_STEPS, parse_settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 from lightning_ig.attribution.result import near_baseline_states
+from lightning_ig.attribution.settings import BUDGET, DEFAULT_METHOD, DEFAULT_N_STEPS, parse_settings
 from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import (

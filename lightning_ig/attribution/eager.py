@@ -13,15 +13,15 @@ from lightning_ig.attribution.auto_steps import attribute_auto
 from lightning_ig.attribution.budget import resolve_budget
 from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepare, warn_stochastic
-from lightning_ig.attribution.options import (
+from lightning_ig.attribution.path import PathRun, chunk_rows
+from lightning_ig.attribution.result import IGResult, build_result
+from lightning_ig.attribution.settings import (
     DEFAULT_MAX_STEPS,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
     Settings,
     parse_settings,
 )
-from lightning_ig.attribution.path import PathRun, chunk_rows
-from lightning_ig.attribution.result import IGResult, build_result
 from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import BackendName

@@ -20,8 +20,8 @@ from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
 from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
 from lightning_ig.attribution.inputs import Baselines, Prepared, check_forward, prepare
-from lightning_ig.attribution.options import Settings, parse_settings
 from lightning_ig.attribution.result import IGResult, build_result
+from lightning_ig.attribution.settings import Settings, parse_settings
 from lightning_ig.attribution.targets import check_rows_in_range
 
 __all__ = ["GraphPlan", "IntegratedGradients", "PlanCache"]

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.inputs import Baselines, Prepared, RunningStatistics, resolve_baselines, warn_stochastic
-from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
+from lightning_ig.attribution.settings import Settings
 
 __all__ = ["Captured", "GraphCapture", "capture_attribution"]
 

@@ -48,8 +48,8 @@ from torch import Tensor
 
 from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
-from lightning_ig.attribution.options import Settings
 from lightning_ig.attribution.quadrature import quadrature
+from lightning_ig.attribution.settings import Settings
 from lightning_ig.attribution.targets import TargetSpec, choose_contrast, select
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import STATS, IGOps

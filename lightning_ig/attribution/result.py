@@ -23,11 +23,9 @@ reaches the host until a property is read.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,8 +35,8 @@ from torch import Tensor
 from lightning_ig.attribution.groups import FeatureGroups
 
 if TYPE_CHECKING:  # the parts of a run, read here, import this module
-    from lightning_ig.attribution.options import Settings
     from lightning_ig.attribution.path import PathRun
+    from lightning_ig.attribution.settings import Settings
     from lightning_ig.attribution.targets import TargetSpec
 
 __all__ = [
@@ -46,39 +44,15 @@ __all__ = [
     "NEAR_BASELINE_FRACTION",
     "IGResult",
     "ResultLike",
-    "StochasticForwardWarning",
     "build_result",
     "near_baseline_states",
     "pack",
-    "stochastic_warnings_silenced",
     "worst_over_ordinary",
     "worst_relative_error",
 ]
 
 NEAR_BASELINE_FRACTION = 0.1
 """A state whose ``||a||_1`` is below this fraction of the batch median is near the baseline (flagged, not scored)."""
-
-
-class StochasticForwardWarning(RuntimeWarning):
-    """The forward gave different values on the same rows within one call.
-
-    Dropout or batch-norm in train mode, or noise drawn inside the forward: the
-    attributions of such a forward are not reproducible and completeness does
-    not hold. Put the model in ``eval()`` mode and switch its noise off
-    (:func:`lightning_ig.noise_disabled`) before attributing.
-    """
-
-
-@contextlib.contextmanager
-def stochastic_warnings_silenced() -> Iterator[None]:
-    """Quiet :class:`StochasticForwardWarning` inside the block: for callers that say it once, in their own words.
-
-    The engine warns at every call whose forward was stochastic; the callback warns once per kind of trouble, and
-    ``lightning-ig diag`` refuses such a model (exit 2) instead.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StochasticForwardWarning)
-        yield
 
 
 @dataclass(frozen=True)

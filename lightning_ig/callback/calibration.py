@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.calibration import CALIBRATION_STATES
-from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.attribution.inputs import stochastic_warnings_silenced
 from lightning_ig.callback.heldout import baselines_for, rank_rows
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views.summary import RunSummary

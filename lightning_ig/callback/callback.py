@@ -24,8 +24,8 @@ from typing_extensions import override
 from lightning_ig.attribution.gather import JointGather
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.options import DEFAULT_METHOD, DEFAULT_N_STEPS
-from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.attribution.inputs import stochastic_warnings_silenced
+from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.callback import calibration, fit, heldout, setup
 from lightning_ig.callback.options import check_options, option_attribute
 from lightning_ig.ensemble.members import pack_members

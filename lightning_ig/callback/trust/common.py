@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution import integrated_gradients, target_forward
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.attribution.inputs import stochastic_warnings_silenced
 from lightning_ig.attribution.statistics import spearman
 from lightning_ig.vocabulary import shown, shown_with_type
 

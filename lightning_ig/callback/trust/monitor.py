@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.options import DEFAULT_N_STEPS
+from lightning_ig.attribution.settings import DEFAULT_N_STEPS
 from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.heldout import baselines_for
 from lightning_ig.callback.trust.common import AttributionSettings
