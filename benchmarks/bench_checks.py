@@ -43,7 +43,6 @@ from torch import nn
 from benchmarks._common import device_name, synchronize, write_output
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.callback.trust import (
     AttributionSettings,
@@ -60,6 +59,7 @@ from lightning_ig.callback.trust.schedule import PIECES
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
 from lightning_ig.models.noise import attribution_mode
+from lightning_ig.run.host_result import HostResult
 
 DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs
 CALLBACK_IG = {"n_steps": DEFAULT_N_STEPS, "method": DEFAULT_METHOD}  # the callback's defaults

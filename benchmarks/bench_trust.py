@@ -49,9 +49,9 @@ from benchmarks._common import device_name, median_ms, write_output
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.calibration import calibrate
 from lightning_ig.attribution.exact_line import exact_line, midpoint_reference
-from lightning_ig.attribution.statistics import accuracy_verdict
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
+from lightning_ig.run.statistics import accuracy_verdict
 
 DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs (benchmarks/trust_runs.py)
 TOL = 0.01

@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "Ensemble": "lightning_ig.ensemble",
     "EnsembleReduce": "lightning_ig.ensemble",
     "ensemble_reduce": "lightning_ig.ensemble",
-    "ensemble_summary": "lightning_ig.ensemble",
+    "ensemble_summary": "lightning_ig.run.agreement",
     # checkpoints
     "save_checkpoint": "lightning_ig.checkpoint",
     "load_checkpoint": "lightning_ig.checkpoint",
@@ -102,7 +102,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.attribution.groups import FeatureGroups
     from lightning_ig.callback import IntegratedGradientsCallback, NonFiniteAttributionError
     from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
-    from lightning_ig.ensemble import Ensemble, EnsembleReduce, ensemble_reduce, ensemble_summary
+    from lightning_ig.ensemble import Ensemble, EnsembleReduce, ensemble_reduce
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
     from lightning_ig.models import (
         ConvDuelingQNetwork,
@@ -113,4 +113,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
         noise_disabled,
         register_model,
     )
+    from lightning_ig.run.agreement import ensemble_summary
     from lightning_ig.views.report_rows import feature_statistics

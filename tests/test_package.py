@@ -97,3 +97,16 @@ def test_the_scan_finds_what_it_is_for() -> None:
     kinds = {"_version", "_parameters", "_foreach_copy_", "_get_file_writer", "_generate_state_key"}
     assert sorted(name for _, name in _private_uses(ast.parse(code))) == sorted(kinds)
     assert not kinds & _own_names(_trees())
+
+
+def test_a_runs_numbers_import_no_words_and_no_pixels() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, lightning_ig.run\n"
+        "print(sorted(m for m in sys.modules if m.startswith('lightning_ig.views') or m.split('.')[0] in "
+        "('PIL', 'matplotlib', 'tensorboard', 'lightning')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

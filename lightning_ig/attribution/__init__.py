@@ -35,18 +35,15 @@ The parts, in the order a call runs through them:
 The front doors are :func:`integrated_gradients` (one eager call) and
 :class:`IntegratedGradients` (defaults, and graph replay for repeated shapes).
 
-What every consumer (the callback, the command line, ensembles, the report) computes from results lives here too,
-below all of them: :mod:`~lightning_ig.attribution.groups` (feature groups),
-:mod:`~lightning_ig.attribution.host_result` (a result gathered over ranks, in one collective with the rows that
-ride along, :mod:`~lightning_ig.attribution.gather`, and brought to the host once) and
-:mod:`~lightning_ig.attribution.statistics` (completeness, concentration, drift, the one feature order). A new
-engine option goes into :mod:`~lightning_ig.attribution.settings`; a new number of a run into
-:mod:`~lightning_ig.attribution.statistics`.
+:mod:`~lightning_ig.attribution.groups` sums attributions per feature group; a run's numbers are
+:mod:`lightning_ig.run`'s. A new engine option goes into :mod:`~lightning_ig.attribution.settings` (and
+:func:`integrated_gradients`' signature).
 
 How far to trust a result (``docs/trust.md``)
     Each state's ``attribution_error`` (a reference-free estimate of ``||a - a_exact||_1 / ||a_exact||_1``) and
     ``mass_relative_error`` (``|sum(a) - dF| / max(sum|a|, |dF|)``), the states near the baseline (flagged, not
-    scored), and :func:`accuracy_verdict`: within ``tol`` iff both worst figures are ``<= sqrt(2) x tol``.
+    scored), and :func:`lightning_ig.run.statistics.accuracy_verdict`: within ``tol`` iff both worst figures are
+    ``<= sqrt(2) x tol``.
 
 Completeness and what a result says about itself
     ``delta = sum(attributions) - (F(x) - F(b))`` (Captum's sign) and the relative
@@ -66,18 +63,14 @@ from __future__ import annotations
 from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
-from lightning_ig.attribution.inputs import StochasticForwardWarning
-from lightning_ig.attribution.result import IGResult, worst_relative_error
-from lightning_ig.attribution.statistics import AccuracyVerdict, accuracy_verdict
+from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
 from lightning_ig.attribution.targets import target_forward
 
 __all__ = [
-    "AccuracyVerdict",
     "Calibration",
     "IGResult",
     "IntegratedGradients",
     "StochasticForwardWarning",
-    "accuracy_verdict",
     "calibrate",
     "integrated_gradients",
     "target_forward",

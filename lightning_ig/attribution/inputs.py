@@ -8,16 +8,16 @@ Inputs and baselines are flattened to ``(B, F)`` for the path.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.settings import Settings
 from lightning_ig.attribution.targets import TargetSpec, target_spec
 from lightning_ig.ops.dtypes import accumulate_dtype
@@ -27,13 +27,11 @@ __all__ = [
     "Baselines",
     "Prepared",
     "RunningStatistics",
-    "StochasticForwardWarning",
     "check_forward",
     "module_of",
     "prepare",
     "raise_if_dtype_mismatch",
     "resolve_baselines",
-    "stochastic_warnings_silenced",
     "uses_batch_statistics",
     "warn_stochastic",
 ]
@@ -78,28 +76,6 @@ class Prepared:
     spec: TargetSpec
     backend: IGOps
     feature_shape: tuple[int, ...]
-
-
-class StochasticForwardWarning(RuntimeWarning):
-    """The forward gave different values on the same rows within one call.
-
-    Dropout or batch-norm in train mode, or noise drawn inside the forward: the
-    attributions of such a forward are not reproducible and completeness does
-    not hold. Put the model in ``eval()`` mode and switch its noise off
-    (:func:`lightning_ig.models.noise_disabled`) before attributing.
-    """
-
-
-@contextlib.contextmanager
-def stochastic_warnings_silenced() -> Iterator[None]:
-    """Quiet :class:`StochasticForwardWarning` inside the block: for callers that say it once, in their own words.
-
-    The engine warns at every call whose forward was stochastic; the callback warns once per kind of trouble, and
-    ``lightning-ig diag`` refuses such a model (exit 2) instead.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StochasticForwardWarning)
-        yield
 
 
 def prepare(forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselines, settings: Settings) -> Prepared:

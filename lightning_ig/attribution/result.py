@@ -23,9 +23,11 @@ reaches the host until a property is read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,24 +37,48 @@ from torch import Tensor
 from lightning_ig.attribution.groups import FeatureGroups
 
 if TYPE_CHECKING:  # the parts of a run, read here, import this module
-    from lightning_ig.attribution.path import PathRun
     from lightning_ig.attribution.settings import Settings
     from lightning_ig.attribution.targets import TargetSpec
+    from lightning_ig.ops.ig import IGOps
 
 __all__ = [
     "COLUMNS",
     "NEAR_BASELINE_FRACTION",
     "IGResult",
     "ResultLike",
+    "StochasticForwardWarning",
     "build_result",
     "near_baseline_states",
     "pack",
+    "stochastic_warnings_silenced",
     "worst_over_ordinary",
     "worst_relative_error",
 ]
 
 NEAR_BASELINE_FRACTION = 0.1
 """A state whose ``||a||_1`` is below this fraction of the batch median is near the baseline (flagged, not scored)."""
+
+
+class StochasticForwardWarning(RuntimeWarning):
+    """The forward gave different values on the same rows within one call.
+
+    Dropout or batch-norm in train mode, or noise drawn inside the forward: the
+    attributions of such a forward are not reproducible and completeness does
+    not hold. Put the model in ``eval()`` mode and switch its noise off
+    (:func:`lightning_ig.models.noise_disabled`) before attributing.
+    """
+
+
+@contextlib.contextmanager
+def stochastic_warnings_silenced() -> Iterator[None]:
+    """Quiet :class:`StochasticForwardWarning` inside the block: for callers that say it once, in their own words.
+
+    The engine warns at every call whose forward was stochastic; the callback warns once per kind of trouble, and
+    ``lightning-ig diag`` refuses such a model (exit 2) instead.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StochasticForwardWarning)
+        yield
 
 
 @dataclass(frozen=True)
@@ -299,12 +325,21 @@ def near_baseline_states(mass: Tensor) -> Tensor:
     return (mass < NEAR_BASELINE_FRACTION * median) | (mass == 0)
 
 
+class _PathFacts(Protocol):
+    """What a result records of the path run that made it (:class:`~lightning_ig.attribution.path.PathRun`)."""
+
+    backend: IGOps
+    fd_step: float | None
+    chunk_rows: int
+    pairs: Tensor | None
+
+
 def build_result(
     out: dict[str, Tensor],
     resolved: Tensor,
     spec: TargetSpec,
     settings: Settings,
-    run: PathRun,
+    run: _PathFacts,
     n_steps: int,
     *,
     graph: bool,

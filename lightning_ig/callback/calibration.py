@@ -4,7 +4,7 @@
 :data:`~lightning_ig.attribution.calibration.CALIBRATION_STATES` held-out states at the first run and every
 ``calibrate_every`` runs after it (the model changes as it trains, and with it where its kinks sit), before the
 run's own attribution and outside its ``time_ms``; :func:`noted` puts what it cost into the run's summary
-(:attr:`~lightning_ig.attribution.statistics.Completeness.calibration_ms`). Under DDP every rank calibrates on the
+(:attr:`~lightning_ig.run.statistics.Completeness.calibration_ms`). Under DDP every rank calibrates on the
 same states and takes rank zero's answer, so that all ranks attribute with one rule.
 
 Runs with ``n_steps="auto"`` (which refines the midpoint rule whatever the rule) and with finite differences
@@ -22,10 +22,10 @@ from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.calibration import CALIBRATION_STATES
-from lightning_ig.attribution.inputs import stochastic_warnings_silenced
+from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback.heldout import baselines_for, rank_rows
 from lightning_ig.models.noise import attribution_mode
-from lightning_ig.views.summary import RunSummary
+from lightning_ig.run.summary import RunSummary
 
 __all__ = ["calibrate", "noted"]
 

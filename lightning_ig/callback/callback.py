@@ -21,17 +21,18 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ig.attribution.gather import JointGather
 from lightning_ig.attribution.groups import GroupSpec
-from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.inputs import stochastic_warnings_silenced
+from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.callback import calibration, fit, heldout, setup
 from lightning_ig.callback.options import check_options, option_attribute
 from lightning_ig.ensemble.members import pack_members
 from lightning_ig.models.noise import attribution_mode
+from lightning_ig.run.gather import JointGather
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.summary import RunSummary, summarize
+from lightning_ig.views import text
 from lightning_ig.views.layout import trainer_layout
-from lightning_ig.views.summary import RunSummary, summarize
 from lightning_ig.views.tensorboard import PictureWriter
 from lightning_ig.vocabulary import BackendName, NSteps
 
@@ -375,13 +376,15 @@ class IntegratedGradientsCallback(Callback):
                 run.reports.write_run(summary, host, names, label, epoch, trainer.world_size)
         if summary.completeness.num_non_finite and self.options.on_non_finite == "raise":  # on every rank: none waits
             raise NonFiniteAttributionError(
-                f"IntegratedGradientsCallback{setup.named(self.options.name)}: {summary.troubles()['non-finite']}; "
+                f"IntegratedGradientsCallback{setup.named(self.options.name)}: {text.troubles(summary)['non-finite']}; "
                 "training stopped (on_non_finite='raise')"
             )
 
     def _warn(self, summary: RunSummary) -> None:
         """Each kind of trouble once (NaN/Inf, nothing checked, completeness above tolerance, a random forward)."""
-        for kind, message in summary.troubles().items():
+        if not summary.troubles():
+            return
+        for kind, message in text.troubles(summary).items():
             if kind not in self._warned:
                 self._warned.add(kind)
                 rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.options.name)}: {message} (warned once)")

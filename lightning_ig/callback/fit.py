@@ -18,17 +18,17 @@ from typing import Any
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
-from lightning_ig.attribution.host_result import HostResult, HostTransfer
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.per_action import ActionRows, ActionTrust, output_count
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution
+from lightning_ig.run.actions import action_labels
+from lightning_ig.run.host_result import HostResult, HostTransfer
+from lightning_ig.run.summary import RunSettings, RunSummary
 from lightning_ig.views.loggers import picture_sinks
-from lightning_ig.views.per_action import action_labels
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
-from lightning_ig.views.summary import RunSettings, RunSummary
 from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
@@ -64,10 +64,10 @@ class Fit:
         outputs: what the runs send to the loggers.
         trust: the trust checks, on global rank zero when they are on; else ``None``.
         host_options: what a run keeps of its result
-            (:meth:`~lightning_ig.attribution.host_result.HostResult.begin`'s ``num_states``, ``groups``,
+            (:meth:`~lightning_ig.run.host_result.HostResult.begin`'s ``num_states``, ``groups``,
             ``keep_attributions``: the ``(B, F)`` attributions for histograms and trust checks, ``sample_states``:
             the saliency grid draws states among the first this many).
-        summary_options: what every run's summary is about (:func:`~lightning_ig.views.summary.summarize`'s
+        summary_options: what every run's summary is about (:func:`~lightning_ig.run.summary.summarize`'s
             ``feature_names``, ``log_features``, ``settings``; ``action_names`` for ``target="each"``).
         actions: for ``target="each"``, how a run's result becomes a row per (state, action); else ``None``.
     """

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.checks import check_finite, check_states
-from lightning_ig.attribution.inputs import stochastic_warnings_silenced
+from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import target_label
 from lightning_ig.checkpoint import load_states
 from lightning_ig.ensemble.members import MemberAttribution

@@ -184,7 +184,7 @@ def check_cadences(every_n_steps: int | None, every_n_epochs: int | None) -> tup
 
 def check_action_names(names: Any, target: Any, forward: Any) -> list[str] | None:
     """``None`` or one name per action, for a target about actions (``"each"``, ``"contrast"``, an output index);
-    counted against the model's outputs at fit start (:func:`lightning_ig.views.per_action.action_labels`).
+    counted against the model's outputs at fit start (:func:`lightning_ig.run.actions.action_labels`).
 
     Raises:
         TypeError: not a sequence of strings.

@@ -7,7 +7,7 @@ reductions on the device and the one copy to the host are those of any run and e
 completeness like a state. Under DDP each rank's share is whole states, so the gathered rows are the pairs of the
 states in order and the padding of an uneven split (the last rank's repeated last state) is at the end, where the
 host result drops it. The views split the rows by action
-(:class:`~lightning_ig.views.per_action.ActionSummary`).
+(:class:`~lightning_ig.run.actions.ActionSummary`).
 
 The trust checks judge the mean over the actions (:class:`ActionTrust`): IG is linear in the target, so a state's
 action rows averaged are the attributions of ``mean_a Q(s, a)`` (``V(s)`` of a dueling network), and the checks
@@ -28,8 +28,8 @@ from torch import Tensor
 
 from lightning_ig.attribution.result import IGResult
 from lightning_ig.callback.trust.monitor import TrustMonitor
-from lightning_ig.views.per_action import state_rows
-from lightning_ig.views.summary import RunSummary
+from lightning_ig.run.actions import state_rows
+from lightning_ig.run.summary import RunSummary
 
 __all__ = ["ActionRows", "ActionTrust", "output_count"]
 

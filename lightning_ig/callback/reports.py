@@ -14,10 +14,10 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig._files import OutputPathError, check_output_dir, check_output_file, file_name_limit
-from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.statistics import json_float
-from lightning_ig.views.report import build_report, write_report
-from lightning_ig.views.summary import RunSummary
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.statistics import json_float
+from lightning_ig.run.summary import RunSummary
+from lightning_ig.views.report import build_report, each_report, write_report
 
 __all__ = ["ReportFolder", "run_extra", "run_report"]
 
@@ -120,15 +120,13 @@ def run_report(
     """The JSON report of one callback run (the file in ``report_dir``, and what W&B and MLflow get).
 
     A ``target="each"`` run's document speaks of the held-out states, with an ``actions`` key
-    (:func:`~lightning_ig.views.per_action.each_report`).
+    (:func:`~lightning_ig.views.report.each_report`).
     """
     extra = run_extra(summary, epoch=epoch, world_size=world_size)
     top_k = summary.settings.top_k
     report = build_report(host, feature_names=feature_names, forward_target=forward_target, top_k=top_k, extra=extra)
     if summary.actions is None:
         return report
-    from lightning_ig.views.per_action import each_report  # noqa: PLC0415 - target="each" only
-
     units = summary.units
     sizes = None if units.sizes is None else units.sizes.tolist()
     tolerance = summary.settings.tolerance

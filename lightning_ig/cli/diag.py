@@ -234,7 +234,7 @@ def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
 def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     # imported here, as the other steps that need torch: `--help` or a bad flag should not wait for it
     from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
-    from lightning_ig.attribution.inputs import stochastic_warnings_silenced  # noqa: PLC0415
+    from lightning_ig.attribution.result import stochastic_warnings_silenced  # noqa: PLC0415
     from lightning_ig.models.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.views.report import build_report  # noqa: PLC0415
 
@@ -334,7 +334,7 @@ def _is_ensemble(run: HeadRun) -> bool:
 
 
 def _ensemble_key(run: HeadRun, result: Any, members: Any, top_k: int) -> dict[str, Any]:
-    from lightning_ig.ensemble import ensemble_summary  # noqa: PLC0415
+    from lightning_ig.run.agreement import ensemble_summary  # noqa: PLC0415
 
     weights = getattr(run.model, "weights", None)
     return ensemble_summary(result, members, weights=weights, feature_names=run.feature_names, top_k=top_k)

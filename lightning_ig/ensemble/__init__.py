@@ -7,10 +7,11 @@
 * :class:`Ensemble`: members mapping states to ``(N, K)``, whose forward is the
   aggregate ``(N,)`` and whose ``member_signals`` is ``(N, M)``; registered as
   ``"Ensemble"`` so checkpoints rebuild it.
-* :func:`member_agreement`, :func:`ensemble_summary`, :func:`agreement_scalars`:
-  whether the members rely on the same features as the aggregate.
 * :class:`MemberAttribution`, :class:`MemberRun`: each member attributed in one
   batched run beside the aggregate, gathered across ranks with it (the callback).
+
+Whether the members rely on the same features as the aggregate is a run's number:
+:mod:`lightning_ig.run.agreement` (``ensemble_summary``, ``member_agreement``, ...).
 
 Example::
 
@@ -20,14 +21,6 @@ Example::
     summary = ensemble_summary(aggregate, members, weights=ensemble.weights)
 """
 
-from lightning_ig.ensemble.agreement import (
-    agreement_scalars,
-    completeness_scalars,
-    ensemble_summary,
-    mean_abs_per_feature,
-    member_agreement,
-    member_summary,
-)
 from lightning_ig.ensemble.members import MemberAttribution, MemberRun, find_ensemble, pack_members
 from lightning_ig.ensemble.module import Ensemble, is_ensemble
 from lightning_ig.ensemble.reduce import REDUCE_DIMS, EnsembleReduce, ensemble_reduce, member_means
@@ -38,15 +31,9 @@ __all__ = [
     "EnsembleReduce",
     "MemberAttribution",
     "MemberRun",
-    "agreement_scalars",
-    "completeness_scalars",
     "ensemble_reduce",
-    "ensemble_summary",
     "find_ensemble",
     "is_ensemble",
-    "mean_abs_per_feature",
-    "member_agreement",
     "member_means",
-    "member_summary",
     "pack_members",
 ]

@@ -1,7 +1,7 @@
 """The views' wing: what a run becomes for people. It reads a finished run (a summary, a host result), never the
 engine's internals.
 
-* :mod:`~lightning_ig.views.summary`: :class:`~lightning_ig.views.summary.RunSummary`, the typed summary of one
+* :mod:`~lightning_ig.run.summary`: :class:`~lightning_ig.run.summary.RunSummary`, the typed summary of one
   callback run that every view reads; :mod:`~lightning_ig.views.text`: how it reads (numbers written for people,
   the completeness verdict in words, the ``<prefix>/report`` text).
 * :mod:`~lightning_ig.views.report`: the JSON report, schema version 1 (``report_schema_v1.json`` beside it):
@@ -14,9 +14,9 @@ engine's internals.
   chart and the heatmap), :mod:`~lightning_ig.views.saliency` (the saliency grid and the mean |attr| map) and
   :mod:`~lightning_ig.views.raster` (pixels, fonts, palette PNGs).
 
-A new view goes here: it reads a :class:`~lightning_ig.views.summary.RunSummary` (or, for a file, a
-:class:`~lightning_ig.attribution.host_result.HostResult`); a number it needs that no summary holds goes into
-:mod:`lightning_ig.attribution.statistics` and the summary first.
+A new view goes here: it reads a :class:`~lightning_ig.run.summary.RunSummary` (or, for a file, a
+:class:`~lightning_ig.run.host_result.HostResult`); a number it needs that no summary holds goes into
+:mod:`lightning_ig.run.statistics` and the summary first.
 """
 
 from lightning_ig.views.report import (

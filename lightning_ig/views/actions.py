@@ -1,13 +1,5 @@
 """Why this action: pictures of per-action attributions (``target="each"``) and of the greedy action against the
-runner-up (``target="contrast"``), and the numpy helpers that derive them from per-action attributions.
-
-Integrated Gradients is linear in the target: the attributions of ``Q(s, g) - Q(s, r)`` along one path are
-the attributions of ``Q(s, g)`` minus those of ``Q(s, r)``. So one ``target="each"`` run (every action's Q in
-one batched call) gives the contrast of any two actions, per state, without another engine call
-(:func:`contrast_attributions`), and the advantage of each action over the mean one
-(:func:`advantage_attributions`; for a dueling network, whose ``V(s)`` is the mean of the Q-values, the
-attributions of ``A(s, a)`` less its mean). These helpers work on finished arrays; the engine's own
-``target="contrast"`` computes the same numbers in one pass.
+runner-up (``target="contrast"``); their numbers are :mod:`lightning_ig.run.actions`'.
 
 The pictures follow the bar chart of :mod:`~lightning_ig.views.bars` (the same two-tone bars, sizes and legend):
 
@@ -20,25 +12,17 @@ The pictures follow the bar chart of :mod:`~lightning_ig.views.bars` (the same t
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import Moments
-from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.run.host_result import Moments
+from lightning_ig.run.statistics import rank_order
 from lightning_ig.views.bars import Chart, bar_chart, label_swatch, sign_legend, sign_parts, two_tone_bar
 from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
 from lightning_ig.views.text import format_value
 
-__all__ = [
-    "action_attributions_chart",
-    "action_pairs",
-    "advantage_attributions",
-    "contrast_attributions",
-    "contrast_chart",
-    "greedy_and_runner_up",
-]
+__all__ = ["action_attributions_chart", "contrast_chart"]
 
 _INK = "#222222"
 _MUTED = "#555555"
@@ -46,67 +30,6 @@ _GRID = "#e3e3e3"
 _GROUND = "#262626"
 _LINE = 15
 _MAX_PANELS = 6  # more actions (Atari's 18) than this: the most often greedy ones
-
-
-def greedy_and_runner_up(q_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per state, the greedy action and the runner-up (the second largest Q; ties by the lower index).
-
-    Args:
-        q_values: ``(B, A)`` with ``A >= 2``.
-
-    Returns:
-        ``(greedy, runner_up)``, ``(B,)`` int64 each.
-
-    Raises:
-        ValueError: ``q_values`` is not ``(B, A)`` with at least two actions.
-    """
-    values = np.asarray(q_values, dtype=np.float64)
-    if values.ndim != 2 or values.shape[1] < 2:
-        raise ValueError(f"q_values must be (states, actions) with at least 2 actions, got shape {values.shape}")
-    order = np.argsort(-values, axis=1, kind="stable")
-    return order[:, 0].astype(np.int64), order[:, 1].astype(np.int64)
-
-
-def contrast_attributions(
-    each_attributions: np.ndarray, q_values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The attributions of ``Q(s, greedy) - Q(s, runner-up)`` per state, from one ``target="each"`` run.
-
-    Args:
-        each_attributions: ``(A, B, *feature_shape)`` the attributions of each action's Q.
-        q_values: ``(B, A)`` the Q-values at the states (which action is greedy and which the runner-up).
-
-    Returns:
-        ``(attributions (B, *feature_shape), greedy (B,), runner_up (B,))``. Completeness carries over: each
-        state's attributions add up to ``(Q_g - Q_r)(x) - (Q_g - Q_r)(b)``.
-
-    Raises:
-        ValueError: the shapes do not match.
-    """
-    each = np.asarray(each_attributions)
-    greedy, runner_up = greedy_and_runner_up(q_values)
-    if each.ndim < 2 or each.shape[:2] != (np.shape(q_values)[1], np.shape(q_values)[0]):
-        raise ValueError(
-            f"each_attributions must be (actions, states, ...) = ({np.shape(q_values)[1]}, "
-            f"{np.shape(q_values)[0]}, ...) to match q_values, got shape {each.shape}"
-        )
-    states = np.arange(each.shape[1])
-    return each[greedy, states] - each[runner_up, states], greedy, runner_up
-
-
-def advantage_attributions(each_attributions: np.ndarray) -> np.ndarray:
-    """``(A, B, *feature_shape)``: each action's attributions less their mean over the actions.
-
-    The attributions of ``Q(s, a) - mean_a' Q(s, a')``: what favours action ``a`` over the average action.
-    """
-    each = np.asarray(each_attributions, dtype=np.float64)
-    return each - each.mean(axis=0, keepdims=True)
-
-
-def action_pairs(greedy: np.ndarray, runner_up: np.ndarray) -> list[tuple[tuple[int, int], int]]:
-    """The ``(greedy, runner-up)`` pairs and how many states have each, the commonest first (ties: by the pair)."""
-    counts = Counter(zip(np.asarray(greedy).tolist(), np.asarray(runner_up).tolist(), strict=True))
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 def contrast_chart(
@@ -184,12 +107,12 @@ def action_attributions_chart(
     Args:
         labels: one label per unit.
         action_names: one name per action.
-        moments: one :class:`~lightning_ig.attribution.host_result.Moments` per action (over the held-out states).
+        moments: one :class:`~lightning_ig.run.host_result.Moments` per action (over the held-out states).
         top_k: how many units (rows; default 6): those with the largest mean ``|attr|`` in any action.
         greedy_counts: per action, in how many states it is greedy (written under its name).
         num_states: how many states the moments are over (the footer says so).
-        target_label: what is attributed per action (default ``"Q(s, a)"``; ``"A(s, a)"`` for
-            :func:`advantage_attributions`).
+        target_label: what is attributed per action (default ``"Q(s, a)"``; ``"A(s, a)"`` for the
+            advantages, :attr:`~lightning_ig.run.actions.ActionSummary.advantage_moments`).
         title: the title (default "What each action's <target> relies on").
         label_colours: a swatch per unit beside its label.
         note: a line under the footer, the first of these that fits (e.g. what ``target_label`` means); ``None``:

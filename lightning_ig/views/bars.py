@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import Moments
-from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.run.host_result import Moments
+from lightning_ig.run.statistics import rank_order
 from lightning_ig.views.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
@@ -75,7 +75,7 @@ VERDICT_HEADLINES = {
     "non-finite": "✗ NaN/Inf: do not trust these",
     "unchecked": "? completeness not checked",
 }
-"""What each completeness verdict (:attr:`lightning_ig.attribution.statistics.Completeness.verdict`) says, large."""
+"""What each completeness verdict (:attr:`lightning_ig.run.statistics.Completeness.verdict`) says, large."""
 _Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
 
@@ -124,7 +124,7 @@ def top_features_chart(
 
     Args:
         labels: one label per unit (feature or group).
-        moments: the units' :class:`~lightning_ig.attribution.host_result.Moments`.
+        moments: the units' :class:`~lightning_ig.run.host_result.Moments`.
         top_k: how many bars (default 10).
         title: the title, or wordings of it, the longest first: the first that fits the width is drawn.
         value_label: the x-axis label, with the unit of the target (or wordings of it, the longest first).

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.run.statistics import rank_order
 from lightning_ig.views.bars import (
     GROUND,
     INK,

@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lightning_ig.attribution.statistics import rank_order
-from lightning_ig.views.summary import RunSummary
+from lightning_ig.run.statistics import rank_order
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.tags import TagNames
 
 if TYPE_CHECKING:  # the TensorBoard outputs of a callback, which make the page through the callback

@@ -195,14 +195,14 @@ def feature_table(labels: Sequence[str], moments: Any, top_k: int | None = None)
 
     Args:
         labels: one label per unit.
-        moments: their :class:`~lightning_ig.attribution.host_result.Moments`.
+        moments: their :class:`~lightning_ig.run.host_result.Moments`.
         top_k: how many rows (``None``: all).
 
     Returns:
         ``(columns, rows)``: rank, name, mean ``|attr|``, mean attr, std of attr (the JSON report's
         ``stddev``), and the mean positive and negative parts (the bar chart's blue and red).
     """
-    from lightning_ig.attribution.statistics import rank_order  # noqa: PLC0415
+    from lightning_ig.run.statistics import rank_order  # noqa: PLC0415
 
     mean_abs = np.asarray(moments.mean_abs, dtype=np.float64)
     mean_signed = np.asarray(moments.mean_signed, dtype=np.float64)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.bars import VERDICT_COLOURS
-from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.text import format_value
 from lightning_ig.vocabulary import relative_error_text
 

@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import HostResult
+from lightning_ig.run.actions import contrast_numbers, state_rows
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.actions import action_attributions_chart, contrast_chart
 from lightning_ig.views.bars import MUTED, top_features_chart
 from lightning_ig.views.charts import heatmap_chart, shares_chart
-from lightning_ig.views.per_action import contrast_numbers, state_rows
 from lightning_ig.views.picture_words import TRUST_COLOURS, baseline_words, run_verdict, target_words, trust_detail
 from lightning_ig.views.raster import card_sized
 from lightning_ig.views.saliency import mean_abs_map, saliency_grid
-from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.text import DRIFT_WORDS
 from lightning_ig.views.verdict import verdict_chart
 

@@ -16,17 +16,19 @@ More keys sit beside them (documented in the schema): the run's settings,
 ``non_finite_states`` (states whose forward or attributions were NaN/Inf),
 ``num_degenerate``, ``stochastic_forward`` and, when groups are in use,
 ``groups``; for an ensemble, ``ensemble`` (the members beside the aggregate,
-:func:`lightning_ig.ensemble.member_summary`, passed in ``extra``). Strict JSON:
+:func:`lightning_ig.run.agreement.member_summary`, passed in ``extra``). Strict JSON:
 a number that is not finite is written as ``null``.
 The same inputs give a byte-identical document.
 
 The rows (per feature, per group, per state) are :mod:`lightning_ig.views.report_rows`' (:func:`feature_statistics`,
-:func:`completeness_summary`); the callback's report files (one per run, in ``report_dir``) are
+:func:`completeness_summary`); a ``target="each"`` run's document speaks of states and actions
+(:func:`each_report`); the callback's report files (one per run, in ``report_dir``) are
 :class:`lightning_ig.callback.reports.ReportFolder`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -38,8 +40,9 @@ import numpy as np
 from lightning_ig._files import atomic_path
 from lightning_ig._version import __version__
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec, check_group_spec
-from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.views import report_rows as rows  # not its names: the old ones here warn (__getattr__)
+from lightning_ig.run.actions import ActionSummary
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.views import report_rows as rows
 from lightning_ig.vocabulary import (
     check_feature_names,
     check_mapping,
@@ -51,7 +54,15 @@ from lightning_ig.vocabulary import (
     default_feature_names,
 )
 
-__all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "build_report", "load_schema", "report_to_json", "write_report"]
+__all__ = [
+    "SCHEMA_PATH",
+    "SCHEMA_VERSION",
+    "build_report",
+    "each_report",
+    "load_schema",
+    "report_to_json",
+    "write_report",
+]
 
 SCHEMA_VERSION = 1
 """Version of the JSON report's layout; bumped only when a contract key changes."""
@@ -110,7 +121,7 @@ def build_report(
     Args:
         result: an :class:`~lightning_ig.attribution.IGResult` with one
             attribution per state (for ``target="each"``, build one report per
-            action), or a :class:`~lightning_ig.attribution.host_result.HostResult`.
+            action), or a :class:`~lightning_ig.run.host_result.HostResult`.
         feature_names: one name per flattened feature, or ``None`` for ``x0, x1, ...``.
         checkpoint: the checkpoint the model came from (written as a string), or ``None``.
         forward_target: what the attributed scalar is, e.g. ``"mean"``, ``"action:1"``.
@@ -274,3 +285,102 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, fol
         handle.flush()
         os.fsync(handle.fileno())
     return target
+
+
+# The per-row numbers of a host result: a target="each" run's are its (state, action) pairs.
+_ROW_FIELDS = (
+    "f_input",
+    "f_baseline",
+    "delta",
+    "relative_error",
+    "degenerate",
+    "non_finite",
+    "sum_attributions",
+    "attributions",
+    "group_attributions",
+    "attribution_error",
+    "mass_relative_error",
+    "near_baseline",
+    "attribution_mass",
+    "n_steps_per_state",
+)
+
+
+def _action_rows(host: HostResult, action: int, actions: int) -> HostResult:
+    """One action's rows of a ``target="each"`` run, for its completeness (``features`` stays the run's; the
+    near-baseline flags stay those of the run: a tenth of the median over every pair)."""
+    fields = {name: getattr(host, name) for name in _ROW_FIELDS}
+    picked = {name: None if values is None else values[action::actions] for name, values in fields.items()}
+    return dataclasses.replace(host, **picked)
+
+
+def each_report(
+    report: Mapping[str, Any],
+    actions: ActionSummary,
+    host: HostResult,
+    unit_names: Sequence[str],
+    unit_sizes: Sequence[int] | None = None,
+    *,
+    top_k: int = 10,
+    tolerance: float | None = None,
+) -> dict[str, Any]:
+    """The JSON report of a ``target="each"`` run, from the document of its (state, action) rows.
+
+    :func:`~lightning_ig.views.report.build_report` writes a row per pair (row ``s * A + a``); here the document
+    speaks of the held-out states again: ``num_states`` counts them, each ``completeness.per_state`` (and
+    ``degenerate_states``) row names its ``state_idx`` and its ``action``, ``non_finite_states`` lists the states
+    with a NaN/Inf pair. The features, the groups and the completeness figures stay those of every pair (the
+    callback's ``ig/mean_abs/...`` and verdict). The ``actions`` key holds, per action, as ``lightning-ig diag
+    --target each`` writes it: ``action``, ``name``, ``forward_target`` (``action:<k>``), ``greedy_states``,
+    ``units`` (``"features"`` or ``"groups"``: what the callback logs one by one), ``top_10_by_mean_abs`` (of those
+    units, for ``Q(s, a)``) and ``completeness`` (without per-state rows).
+
+    Args:
+        report: the document of the run's rows.
+        actions: the run per action.
+        host: the run's host result (a row per pair).
+        unit_names: one name per unit of ``actions.moments``.
+        unit_sizes: the groups' sizes (``members``), or ``None`` for features.
+        top_k: how many units each action lists.
+        tolerance: ``completeness_tol``: each action's completeness gets its ``verdict``; ``None``: none.
+
+    Raises:
+        ValueError: the report's rows are not a whole number of states times the actions.
+    """
+    count = len(actions.names)
+    if report["num_states"] != actions.num_states * count:
+        raise ValueError(
+            f"the report has {report['num_states']} rows, not {actions.num_states} states x {count} actions"
+        )
+    document = dict(report)
+    document["num_states"] = actions.num_states
+    completeness = dict(document["completeness"])
+    for key in ("per_state", "degenerate_states"):
+        if key in completeness:
+            completeness[key] = [_pair_row(row, count) for row in completeness[key]]
+    document["completeness"] = completeness
+    document["non_finite_states"] = sorted({int(row) // count for row in report.get("non_finite_states", [])})
+    kind = "features" if unit_sizes is None else "groups"
+    document["actions"] = [
+        {
+            "action": action,
+            "name": name,
+            "forward_target": f"action:{action}",
+            "greedy_states": int(actions.greedy_counts[action]),
+            "units": kind,
+            "top_10_by_mean_abs": rows.top_features(
+                rows.statistics_rows(unit_names, actions.moments[action], unit_sizes), top_k
+            ),
+            "completeness": rows.completeness_summary(
+                _action_rows(host, action, count), per_state=False, tolerance=tolerance
+            ),
+        }
+        for action, name in enumerate(actions.names)
+    ]
+    return document
+
+
+def _pair_row(row: Mapping[str, Any], actions: int) -> dict[str, Any]:
+    """A per-pair row (``state_idx`` the row ``s * A + a``) as the state's: ``state_idx`` ``s``, then ``action``."""
+    state, action = divmod(int(row["state_idx"]), actions)
+    return {"state_idx": state, "action": action, **{key: value for key, value in row.items() if key != "state_idx"}}

@@ -2,7 +2,7 @@
 
 :func:`feature_statistics` and :func:`statistics_rows` write a unit's ``{name, mean_abs, stddev, mean_signed}``
 (``members`` for a group), :func:`top_features` the ``top_10_by_mean_abs`` list, :func:`completeness_summary` the
-``completeness`` key with its per-state rows, all from the numbers of :mod:`lightning_ig.attribution.statistics`.
+``completeness`` key with its per-state rows, all from the numbers of :mod:`lightning_ig.run.statistics`.
 Strict JSON: a number that is not finite is written as ``None`` (``null``). The document around them is
 :func:`lightning_ig.views.report.build_report`'s.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ig.attribution.host_result import HostResult, Moments
-from lightning_ig.attribution.statistics import accuracy_verdict, completeness, json_float, json_floats, rank_order
+from lightning_ig.run.host_result import HostResult, Moments
+from lightning_ig.run.statistics import accuracy_verdict, completeness, json_float, json_floats, rank_order
 from lightning_ig.vocabulary import (
     check_bool,
     check_feature_names,
@@ -110,7 +110,7 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
             attribution per state (not ``target="each"``), or a host result.
         per_state: include the per-state lists (default ``True``).
         tolerance: the ``completeness_tol`` to judge the run by: adds ``verdict``
-            (:func:`~lightning_ig.attribution.statistics.accuracy_verdict`); ``None`` (default): no verdict.
+            (:func:`~lightning_ig.run.statistics.accuracy_verdict`); ``None`` (default): no verdict.
 
     Returns:
         ``worst_relative_error`` (``None`` when it is not finite: a non-finite

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lightning_ig.attribution.statistics import CONCENTRATION_SHARES, drift_tags
-from lightning_ig.ensemble.agreement import ensemble_scalar_names
+from lightning_ig.run.agreement import ensemble_scalar_names
+from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
 
 __all__ = [
     "CALIBRATION_TAGS",
@@ -109,7 +109,7 @@ class TagNames:
         action_labels: with ``target="each"``, one label per action (``<prefix>/action/<action>/...`` tags); else
             ``None``.
         action_units: with ``target="each"``, log each action's mean ``|attr|`` per unit too (few enough).
-        labels: the labels of each kind of unit that has them, by :attr:`~lightning_ig.views.summary.Units.kind`
+        labels: the labels of each kind of unit that has them, by :attr:`~lightning_ig.run.summary.Units.kind`
             (``"features"``, ``"groups"``). Set here, with the two below, when the tags are made (at fit start), so
             that a run reads its tags as plain data.
         count_tags: the full tags of :data:`COUNT_TAGS`.

@@ -11,7 +11,7 @@ scalars, histograms and the ``<prefix>/report`` text every run, the pictures on 
 (:class:`~lightning_ig.views.picture_writer.PictureWriter`). The tags are listed, once, in
 ``docs/tensorboard-tags.md``.
 
-This module reads a :class:`~lightning_ig.views.summary.RunSummary`, never the JSON report. Names are shown the
+This module reads a :class:`~lightning_ig.run.summary.RunSummary`, never the JSON report. Names are shown the
 same way in tags, charts and text (:func:`display_labels`): a user's names as given (a ``/`` would nest the tag,
 so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers zero-padded so that they
 sort numerically.
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import HostResult
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.picture_writer import PictureWriter, add_picture, add_run
-from lightning_ig.views.summary import RunSummary
 from lightning_ig.views.tags import (
     CALIBRATION_TAGS,
     COUNT_TAGS,

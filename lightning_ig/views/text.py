@@ -10,25 +10,22 @@ as the JSON report, the scalars and ``completeness_tol`` have it
 (:func:`lightning_ig.vocabulary.relative_error_text`, the command line's too).
 
 **Words**, beside the numbers they describe: the unit of the attributions (:func:`target_unit`), the completeness
-verdict of the bar chart (:func:`completeness_verdict`) and in plain words (:func:`completeness_sentence`), and the
-``<prefix>/report`` markdown TensorBoard shows (:func:`report_markdown`), read from a
-:class:`~lightning_ig.views.summary.RunSummary`.
+verdict of the bar chart (:func:`completeness_verdict`) and in plain words (:func:`completeness_sentence`), what is
+wrong with a run (:func:`troubles`, the callback's warnings), and the ``<prefix>/report`` markdown TensorBoard shows
+(:func:`report_markdown`), read from a
+:class:`~lightning_ig.run.summary.RunSummary`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.run.statistics import Completeness, rank_order
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.vocabulary import relative_error_text
-
-if TYPE_CHECKING:  # the pictures import the numbers' writers, and the summary imports the pictures' per-action part
-    from lightning_ig.attribution.statistics import Completeness
-    from lightning_ig.views.summary import RunSummary
 
 __all__ = [
     "DRIFT_WORDS",
@@ -40,6 +37,7 @@ __all__ = [
     "per_state_pointer",
     "report_markdown",
     "target_unit",
+    "troubles",
 ]
 
 # --------------------------------------------------------------------------- numbers
@@ -172,7 +170,7 @@ def per_state_pointer(summary: RunSummary) -> str:
 
 def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
     """``(verdict, one short line)`` for the bar chart: decided by
-    :func:`~lightning_ig.attribution.statistics.accuracy_verdict`, naming the figure that decided."""
+    :func:`~lightning_ig.run.statistics.accuracy_verdict`, naming the figure that decided."""
     numbers = summary.completeness
     tolerance, accuracy = numbers.tolerance, numbers.accuracy
     value = relative_error_text(accuracy.value)
@@ -382,3 +380,50 @@ def _ensemble_lines(summary: RunSummary, prefix: str) -> list[str]:
             f"{relative_error_text(worst)}."
         ),
     ]
+
+
+def troubles(summary: RunSummary) -> dict[str, str]:
+    """What is wrong with a run, in words: the callback's warnings, one per kind of :meth:`RunSummary.troubles`.
+
+    Returns:
+        ``{kind: message}`` for the kinds that apply: ``"non-finite"``, ``"unchecked"``, ``"fail"``,
+        ``"stochastic"``, ``"members-fail"`` (an ensemble member's attributions do not add up).
+    """
+    numbers, step = summary.completeness, summary.step
+    words = {
+        "unchecked": lambda: (
+            f"no state could be checked for accuracy at step {step}: in all {numbers.num_states} states the "
+            "attributions are (near) zero, F(x) = F(b) along the whole path (logged as nan); try baseline='mean' "
+            "or another target"
+        ),
+        "fail": lambda: (
+            f"the accuracy check (estimated attribution error, mass-relative completeness error) fails at step "
+            f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. Use n_steps='auto' "
+            "(it refines each state until its error estimate is within tolerance) or more steps; fewer held-out "
+            "states at more steps cost about the same"
+        ),
+        "stochastic": lambda: (
+            f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "
+            "mode, noise drawn inside forward?): the attributions are not reproducible"
+        ),
+        "members-fail": lambda: (
+            "the worst relative completeness error of an ensemble member is "
+            f"{summary.member_worst_relative_error:.3g} at step {step}, above completeness_tol={numbers.tolerance:g} "
+            "(ig/ensemble/completeness/...); use n_steps='auto' or more steps"
+        ),
+        "non-finite": lambda: _non_finite_words(summary),
+    }
+    return {kind: words[kind]() for kind in summary.troubles()}
+
+
+def _non_finite_words(summary: RunSummary) -> str:
+    numbers = summary.completeness
+    rows, first = "held-out states", f"state {numbers.first_non_finite}"
+    if summary.actions is not None and numbers.first_non_finite is not None:  # target="each": row s * A + a
+        rows = "(state, action) pairs"
+        state, action = divmod(numbers.first_non_finite, len(summary.actions.names))
+        first = f"state {state}, {summary.actions.names[action]}"
+    return (
+        f"the model produced NaN/Inf at step {summary.step} in {numbers.num_non_finite} of {numbers.num_states} "
+        f"{rows} (first: {first}); worst_relative_error is logged as inf"
+    )

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import Moments
-from lightning_ig.attribution.statistics import rank_order
+from lightning_ig.run.host_result import Moments
+from lightning_ig.run.statistics import rank_order
 from lightning_ig.views.bars import (
     INK,
     LINE,
@@ -57,7 +57,7 @@ def verdict_chart(
 
     Args:
         labels: one label per unit (feature or group).
-        moments: the units' :class:`~lightning_ig.attribution.host_result.Moments` over the states.
+        moments: the units' :class:`~lightning_ig.run.host_result.Moments` over the states.
         verdict: ``(kind, detail)`` as :func:`~lightning_ig.views.bars.draw_verdict` takes it.
         title: the card's title, or wordings of it, the longest first (the first that fits is drawn).
         target_label: what is attributed (``"V(s)"``), for the line above the bars and the legend.

@@ -15,7 +15,7 @@ import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from lightning_ig.attribution.quadrature import quadrature
-from lightning_ig.attribution.statistics import accuracy_verdict
+from lightning_ig.run.statistics import accuracy_verdict
 from tests.support.tolerance import assert_close_scaled, eps
 
 F64 = torch.float64

@@ -23,9 +23,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.attribution.statistics import spearman, topk_jaccard
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
+from lightning_ig.run.statistics import spearman, topk_jaccard
 from lightning_ig.views.report import load_schema
 from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled, eps
@@ -594,8 +594,8 @@ def _bar_rows(pixels: np.ndarray) -> list[tuple[int, int]]:
 
 
 def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
-    from lightning_ig.attribution.host_result import Moments
-    from lightning_ig.attribution.statistics import rank_order
+    from lightning_ig.run.host_result import Moments
+    from lightning_ig.run.statistics import rank_order
     from lightning_ig.views.bars import sign_parts
     from lightning_ig.views.charts import heatmap_chart, top_features_chart
     from lightning_ig.views.raster import CARD_WIDTH

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
-from lightning_ig.views.actions import greedy_and_runner_up
+from lightning_ig.run.actions import greedy_and_runner_up
 from tests.callback.test_callback import loader
 from tests.support.tiny import FEATURES, ConvQNet, TinyQNet, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled

@@ -17,13 +17,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.attribution.gather import JointGather
-from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.trust.monitor import trust_scalar_tags
-from lightning_ig.ensemble import Ensemble, MemberRun, ensemble_summary, find_ensemble, member_agreement, pack_members
-from lightning_ig.ensemble.agreement import ensemble_scalar_names, member_label
+from lightning_ig.ensemble import Ensemble, MemberRun, find_ensemble, pack_members
 from lightning_ig.models.noise import attribution_mode
+from lightning_ig.run.agreement import ensemble_scalar_names, ensemble_summary, member_agreement, member_label
+from lightning_ig.run.gather import JointGather
+from lightning_ig.run.host_result import HostResult
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support import REPO
@@ -221,7 +221,7 @@ def test_members_gathered_with_an_uneven_split_equal_one_process(ensemble_run):
 
     def all_gather(joint: torch.Tensor) -> torch.Tensor:  # what rank 0 receives: every rank's joint rows, stacked
         calls.append(joint.shape)
-        from lightning_ig.attribution.host_result import pack
+        from lightning_ig.run.host_result import pack
 
         other = torch.cat([pack(local[1][0])[0], pack_members(local[1][1])], dim=1)
         return torch.stack([joint, other])

@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from lightning_ig.attribution.host_result import HostResult, HostTransfer
 from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.run.host_result import HostResult, HostTransfer
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
 

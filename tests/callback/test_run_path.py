@@ -33,10 +33,10 @@ STEADY = {
     "callback/callback.py",
     "models/noise.py",  # attribution_mode: eval, noise off, generators kept
     "attribution/engine.py",  # the fast path: the inputs copied in, the graph replayed (training stream)
-    "attribution/host_result.py",
+    "run/host_result.py",
     "attribution/result.py",  # build_result, the rows packed as one tensor (pack), the worst figures
-    "attribution/statistics.py",
-    "views/summary.py",
+    "run/statistics.py",
+    "run/summary.py",
     "views/tensorboard.py",
 }
 

@@ -67,7 +67,7 @@ HOST_LABELS = ("n_steps", "method", "gradient", "backend", "target", "stochastic
 
 
 def assert_same_host_results(got: Any, expected: Any) -> None:
-    """Two :class:`~lightning_ig.attribution.host_result.HostResult` are the same bit for bit (NaN where NaN)."""
+    """Two :class:`~lightning_ig.run.host_result.HostResult` are the same bit for bit (NaN where NaN)."""
     for name in HOST_ARRAYS:
         a, b = getattr(got, name), getattr(expected, name)
         assert (a is None) == (b is None), name

@@ -1,71 +1,18 @@
-"""Why this action: the contrast and the advantage from per-action attributions, and their pictures."""
+"""Why this action: the pictures of per-action and contrast attributions."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from lightning_ig import integrated_gradients
-from lightning_ig.attribution.host_result import Moments
+from lightning_ig.run.host_result import Moments
 from lightning_ig.views.actions import (
     action_attributions_chart as action_attributions_figure,
-)
-from lightning_ig.views.actions import (
-    action_pairs,
-    advantage_attributions,
-    contrast_attributions,
-    greedy_and_runner_up,
 )
 from lightning_ig.views.actions import (
     contrast_chart as contrast_figure,
 )
 from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, rgb
-
-
-def test_greedy_and_runner_up_per_state_ties_by_the_lower_index():
-    q = np.array([[0.1, 0.5, 0.3], [2.0, 2.0, 1.0], [0.0, -1.0, 3.0]])
-    greedy, runner_up = greedy_and_runner_up(q)
-    assert greedy.tolist() == [1, 0, 2] and runner_up.tolist() == [2, 1, 0]
-    with pytest.raises(ValueError, match="at least 2 actions"):
-        greedy_and_runner_up(np.ones((3, 1)))
-
-
-def test_the_contrast_from_each_equals_ig_of_the_difference_of_the_two_q_values():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
-    states = torch.randn(12, 5, dtype=torch.float64)
-    each = integrated_gradients(model, states, target="each", n_steps=32)
-    with torch.no_grad():
-        q = model(states).numpy()
-    contrast, greedy, runner_up = contrast_attributions(each.attributions.numpy(), q)
-    g, r = torch.as_tensor(greedy), torch.as_tensor(runner_up)
-
-    def difference(x: torch.Tensor) -> torch.Tensor:  # Q(s, g) - Q(s, r), the pair fixed per state at the input
-        rows = torch.arange(x.shape[0]) % states.shape[0]  # the engine lays rows out (*, B): row i is state i % B
-        out = model(x)
-        return out[torch.arange(x.shape[0]), g[rows]] - out[torch.arange(x.shape[0]), r[rows]]
-
-    direct = integrated_gradients(difference, states, n_steps=32)
-    scale = float(np.abs(direct.attributions.numpy()).max())
-    np.testing.assert_allclose(
-        contrast, direct.attributions.numpy(), rtol=0, atol=64 * np.finfo(np.float64).eps * scale
-    )
-    sums = contrast.sum(axis=1)  # completeness carries over: the contrast misses dF by the direct run's delta
-    change = (direct.f_input - direct.f_baseline).numpy()
-    bound = 64 * np.finfo(np.float64).eps * max(float(np.abs(sums).max()), float(np.abs(change).max()))
-    np.testing.assert_allclose(sums - change, direct.delta.numpy(), rtol=0, atol=bound)
-
-
-def test_the_advantage_is_each_action_less_the_mean_action():
-    each = np.random.default_rng(0).normal(size=(3, 4, 5))
-    advantage = advantage_attributions(each)
-    np.testing.assert_allclose(advantage.sum(axis=0), 0.0, atol=16 * np.finfo(np.float64).eps * np.abs(each).max())
-    np.testing.assert_allclose(advantage[1] - advantage[2], each[1] - each[2], rtol=16 * np.finfo(np.float64).eps)
-
-
-def test_pairs_are_counted_the_commonest_first():
-    assert action_pairs(np.array([0, 2, 0, 1, 2]), np.array([2, 0, 2, 0, 0])) == [((0, 2), 2), ((2, 0), 2), ((1, 0), 1)]
 
 
 def test_contrast_figure_names_both_actions_and_fits_the_card():

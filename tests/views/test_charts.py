@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_ig.attribution.host_result import Moments
+from lightning_ig.run.host_result import Moments
 from lightning_ig.views.bars import LINE, bar_chart, sign_parts
 from lightning_ig.views.bars import top_features_chart as top_features_figure
 from lightning_ig.views.charts import _wrapped, format_step

@@ -7,16 +7,16 @@ import math
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import Moments
-from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.trust.verdict import trust_summary
+from lightning_ig.run.host_result import Moments
+from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.views.bars import VERDICT_COLOURS
 from lightning_ig.views.picture_words import run_verdict, trust_reason_words
 from lightning_ig.views.pictures import PictureInputs, draw, verdict_picture
 from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, rgb
 from lightning_ig.views.text import format_value
 from lightning_ig.views.verdict import verdict_chart
-from tests.views.test_summary import _summary
+from tests.run.test_summary import _summary
 
 
 def _with_figures(summary, attribution_error: float, mass_relative_error: float, tolerance: float = 0.01):

@@ -7,14 +7,27 @@ import json
 import math
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
-from lightning_ig.attribution.statistics import completeness
+from lightning_ig.run.actions import ActionSummary
+from lightning_ig.run.host_result import Moments
+from lightning_ig.run.statistics import completeness
 from lightning_ig.views import report as report_module
-from lightning_ig.views.report import SCHEMA_VERSION, build_report, load_schema, report_to_json, write_report
-from lightning_ig.views.report_rows import completeness_summary, feature_statistics
+from lightning_ig.views.report import (
+    SCHEMA_VERSION,
+    build_report,
+    each_report,
+    load_schema,
+    report_to_json,
+    write_report,
+)
+from lightning_ig.views.report_rows import completeness_summary, feature_statistics, statistics_rows, top_features
+from tests.support.each import FEATURES, NAMES
+from tests.support.each import each_run as make_each_run
 from tests.support.results import FakeResult, make_result, sample_result
+from tests.support.tolerance import assert_close_scaled
 
 CONTRACT_KEYS = [
     "schema_version",
@@ -191,3 +204,69 @@ def test_report_files_follow_the_umask(result, tmp_path):
     finally:
         os.umask(previous)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+@pytest.fixture(scope="module")
+def each_run() -> dict:
+    return make_each_run()
+
+
+def test_the_report_of_each_speaks_of_states_and_holds_each_actions_numbers(each_run):
+    host, summary = each_run["host"], each_run["summary"]
+    rows = build_report(host, feature_names=FEATURES, forward_target="each", top_k=3)
+    assert rows["num_states"] == 27  # a row per (state, action) pair, state-major
+    report = each_report(rows, summary, host, FEATURES, top_k=3, tolerance=0.01)
+    jsonschema.validate(json.loads(report_to_json(report)), load_schema(), cls=jsonschema.Draft202012Validator)
+    assert report["num_states"] == 9 and report["forward_target"] == "each"
+    per_state = report["completeness"]["per_state"]
+    assert [(row["state_idx"], row["action"]) for row in per_state] == [(s, a) for s in range(9) for a in range(3)]
+    result = each_run["result"]
+    change = (result.f_input - result.f_baseline).T.reshape(-1).tolist()  # (A, B) -> state-major
+    assert [row["f_input_minus_f_baseline"] for row in per_state] == change
+    assert [action["name"] for action in report["actions"]] == NAMES
+    for index, action in enumerate(report["actions"]):
+        assert action["forward_target"] == f"action:{index}" and action["units"] == "features"
+        assert action["greedy_states"] == int(summary.greedy_counts[index])
+        assert action["top_10_by_mean_abs"] == top_features(statistics_rows(FEATURES, summary.moments[index]), 3)
+        # the action's own completeness: that of the engine's numbers of that action alone, as diag writes them
+        fields = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
+        fields += ("attribution_error", "mass_relative_error", "attribution_mass")
+        one = dataclasses.replace(
+            result, attributions=result.attributions[index], **{name: getattr(result, name)[index] for name in fields}
+        )
+        assert action["completeness"] == completeness_summary(one, per_state=False, tolerance=0.01)
+
+
+def test_a_non_finite_pair_names_its_state_and_its_action(each_run):
+    host, summary = each_run["host"], each_run["summary"]
+    flags = host.non_finite.copy()
+    flags[3 * 4 + 2] = True  # state 4, action 2
+    broken = dataclasses.replace(host, non_finite=flags, degenerate=host.degenerate & ~flags)
+    report = each_report(build_report(broken, feature_names=FEATURES, forward_target="each"), summary, broken, FEATURES)
+    assert report["non_finite_states"] == [4]
+    (row,) = [row for row in report["completeness"]["per_state"] if row["non_finite"]]
+    assert (row["state_idx"], row["action"]) == (4, 2)
+    assert [action["completeness"]["num_non_finite"] for action in report["actions"]] == [0, 0, 1]
+
+
+def test_the_report_refuses_rows_that_are_not_the_states_times_the_actions(each_run):
+    summary = each_run["summary"]
+    rows = build_report(each_run["host"], feature_names=FEATURES, forward_target="each")
+    two = dataclasses.replace(summary, names=NAMES[:2], moments=summary.moments[:2])
+    with pytest.raises(ValueError, match="27 rows, not 9 states x 2 actions"):
+        each_report(rows, two, each_run["host"], FEATURES)
+
+
+def test_group_units_are_reported_with_their_members(each_run):
+    host, summary = each_run["host"], each_run["summary"]
+    groups = np.stack([host.attributions[:, :2].sum(1), host.attributions[:, 2:].sum(1)], axis=1)  # (27, 2)
+    grouped = ActionSummary.of_each(host, groups, NAMES)
+    report = each_report(
+        build_report(host, feature_names=FEATURES, forward_target="each"), grouped, host, ["cart", "pole"], [2, 3]
+    )
+    first = report["actions"][0]
+    assert first["units"] == "groups" and {row["members"] for row in first["top_10_by_mean_abs"]} == {2, 3}
+    expected = Moments.of(groups.reshape(9, 3, 2)[:, 0])
+    top = [row["mean_abs"] for row in first["top_10_by_mean_abs"]]
+    assert_close_scaled(top, np.sort(expected.mean_abs)[::-1], ulps=4, dtype=np.float64)
+    assert summary.moments[0].mean_abs.shape == (5,)  # the features' moments stay apart from the groups'

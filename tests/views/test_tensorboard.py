@@ -128,9 +128,9 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
     import dataclasses
 
     from lightning_ig.attribution import integrated_gradients
-    from lightning_ig.attribution.host_result import HostResult
     from lightning_ig.callback.per_action import ActionRows
-    from lightning_ig.views.summary import RunSettings, summarize
+    from lightning_ig.run.host_result import HostResult
+    from lightning_ig.run.summary import RunSettings, summarize
     from lightning_ig.views.tensorboard import scalar_metrics
     from tests.support.tolerance import assert_close_scaled
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
-from lightning_ig.views.text import format_percent, format_signed, format_value
+from lightning_ig.run.summary import RunSettings, summarize
+from lightning_ig.views.text import format_percent, format_signed, format_value, report_markdown, troubles
+from tests.support.each import FEATURES, NAMES
+from tests.support.each import each_run as make_each_run
 
 
 @pytest.mark.parametrize(
@@ -58,3 +62,18 @@ def test_signed_values_always_carry_their_sign():
 )
 def test_shares_are_percentages_and_tiny_ones_are_not_zero(fraction, text):
     assert format_percent(fraction) == text
+
+
+def test_a_non_finite_pair_is_named_by_its_state_and_action_in_the_words():
+    host = make_each_run()["host"]
+    flags = host.non_finite.copy()
+    flags[3 * 4 + 2] = True  # state 4, action 2
+    broken = dataclasses.replace(host, non_finite=flags, degenerate=host.degenerate & ~flags)
+    settings = RunSettings("each", "zeros", 0.01, 10)
+    summary = summarize(
+        broken, feature_names=FEATURES, log_features=True, settings=settings, step=3, action_names=NAMES
+    )
+    assert "in 1 of 27 (state, action) pairs (first: state 4, right)" in troubles(summary)["non-finite"]
+    text = report_markdown(summary, FEATURES, "ig")
+    assert "NaN/Inf in 1 of 27 (state, action) pairs (first: state 4, right)" in text
+    assert "9 states × 3 actions" in text and "**Per action**" in text

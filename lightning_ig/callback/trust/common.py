@@ -4,7 +4,7 @@ Every check compares *units*: the features, or the groups when groups are in use
 user reads). A check takes this run's per-state attributions of the units, ``(B, G)`` (``IGResult.grouped(groups)``
 or the attributions flattened to ``(B, F)``), on any device or as a numpy array.
 
-Rank correlations are Spearman's rho (:func:`lightning_ig.attribution.statistics.spearman`, the package's one
+Rank correlations are Spearman's rho (:func:`lightning_ig.run.statistics.spearman`, the package's one
 Spearman) over the units that differ from the baseline in at least one of the states compared: IG gives every other
 unit exactly 0 whatever the weights, and those shared zeros would make any two maps look alike. A correlation that
 is undefined (fewer than two such units, a constant side, NaN/Inf) is NaN, and NaN never passes.
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution import integrated_gradients, target_forward
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.inputs import stochastic_warnings_silenced
-from lightning_ig.attribution.statistics import spearman
+from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.run.statistics import spearman
 from lightning_ig.vocabulary import shown, shown_with_type
 
 __all__ = [

@@ -36,9 +36,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.attribution.settings import DEFAULT_N_STEPS
-from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.heldout import baselines_for
 from lightning_ig.callback.trust.common import AttributionSettings
 from lightning_ig.callback.trust.faithfulness import DeletionPlan
@@ -48,7 +46,9 @@ from lightning_ig.callback.trust.schedule import CHECKS, CheckCosts, Schedule, T
 from lightning_ig.callback.trust.stability import stability_check
 from lightning_ig.callback.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.models.noise import NoisyLinear
-from lightning_ig.views.summary import RunSummary
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.statistics import AccuracyVerdict
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.vocabulary import shown
 
 __all__ = ["CHECKS", "NEVER", "TrustChecks", "TrustMonitor", "trust_scalar_tags"]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig.attribution import IntegratedGradients
-from lightning_ig.attribution.inputs import stochastic_warnings_silenced
+from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback.trust.common import AttributionSettings, structure_copy
 from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
 

@@ -22,10 +22,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from lightning_ig.attribution.statistics import AccuracyVerdict
 from lightning_ig.callback.trust.faithfulness import DeletionCheck
 from lightning_ig.callback.trust.sanity import RandomizationCheck
 from lightning_ig.callback.trust.stability import StabilityCheck
+from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.vocabulary import shown
 
 __all__ = ["TrustSummary", "trust_summary"]

@@ -19,7 +19,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from lightning_ig.attribution.statistics import accuracy_verdict
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.trust import Schedule, TrustChecks, trust_summary
 from lightning_ig.callback.trust.faithfulness import deletion_check
@@ -27,6 +26,7 @@ from lightning_ig.callback.trust.monitor import trust_scalar_tags
 from lightning_ig.callback.trust.sanity import randomization_check, randomization_reference
 from lightning_ig.callback.trust.stability import stability_check
 from lightning_ig.models import DuelingQNetwork
+from lightning_ig.run.statistics import accuracy_verdict
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 from tests.support.trust import FEATURES, SETTINGS, attribute
 

@@ -1,10 +1,10 @@
-"""lightning_ig.attribution.gather: one collective for a result's rows and the rows that ride along."""
+"""lightning_ig.run.gather: one collective for a result's rows and the rows that ride along."""
 
 from __future__ import annotations
 
 import torch
 
-from lightning_ig.attribution.gather import JointGather
+from lightning_ig.run.gather import JointGather
 
 
 def test_one_call_carries_the_result_and_every_rider_and_splits_them_again() -> None:

@@ -1,7 +1,7 @@
 """One collective for a run's result and the rows that ride along with it (an ensemble's members, Q-values).
 
 Under DDP every rank makes the same single collective call with the same shape
-(:meth:`~lightning_ig.attribution.host_result.HostResult.begin` calls its ``gather`` once). A run that also
+(:meth:`~lightning_ig.run.host_result.HostResult.begin` calls its ``gather`` once). A run that also
 needs other per-state rows gathered (an ensemble's members, the Q-values of ``target="contrast"``) sends them in
 that same call, beside the result's packed rows: :class:`JointGather`. In a single process nothing is gathered
 and the rows stay where they are.

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from lightning_ig.attribution.statistics import json_float, rank_order, spearman
 from lightning_ig.ensemble.members import MemberRun
+from lightning_ig.run.statistics import json_float, rank_order, spearman
 from lightning_ig.vocabulary import check_feature_names, check_positive_int, default_feature_names
 
 __all__ = [

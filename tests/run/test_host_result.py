@@ -10,7 +10,7 @@ import torch
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.host_result import HostResult, Moments, pack
+from lightning_ig.run.host_result import HostResult, Moments, pack
 from tests.support.tolerance import assert_close_scaled
 
 

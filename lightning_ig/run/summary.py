@@ -1,13 +1,11 @@
 """The typed summary of one IG run: what every view reads.
 
-:func:`summarize` turns a :class:`~lightning_ig.attribution.host_result.HostResult`
+:func:`summarize` turns a :class:`~lightning_ig.run.host_result.HostResult`
 and the history of earlier runs into a :class:`RunSummary`: the settings, the
 per-feature and per-group statistics, completeness with its verdict, drift
 and concentration. Views read these fields; they never read the JSON
-report's keys, so the file format and the pictures can change apart. What is
-wrong with a run is said here too (:meth:`RunSummary.troubles`: the callback's
-warnings); the run's other words, and how its numbers are written, are
-:mod:`lightning_ig.views.text`'s.
+report's keys, so the file format and the pictures can change apart. A run's
+numbers carry kinds and values; the words are :mod:`lightning_ig.views.text`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig.attribution.host_result import HostResult, Moments
-from lightning_ig.attribution.statistics import Completeness, completeness, concentration, drift
-from lightning_ig.ensemble.agreement import EnsembleSummary
 from lightning_ig.ensemble.members import MemberRun
-from lightning_ig.views.per_action import ActionSummary
+from lightning_ig.run.actions import ActionSummary
+from lightning_ig.run.agreement import EnsembleSummary
+from lightning_ig.run.host_result import HostResult, Moments
+from lightning_ig.run.statistics import Completeness, completeness, concentration, drift
 
 __all__ = ["RunSettings", "RunSummary", "Units", "summarize"]
 
@@ -35,7 +33,7 @@ class Units:
     Attributes:
         kind: ``"features"`` or ``"groups"``.
         names: one name per unit.
-        moments: :class:`~lightning_ig.attribution.host_result.Moments` over the states, ``(U,)`` each.
+        moments: :class:`~lightning_ig.run.host_result.Moments` over the states, ``(U,)`` each.
         values: ``(B, U)`` per-state attributions of the units (for histograms), or ``None``.
         sizes: ``(U,)`` members per group (``None`` for features).
     """
@@ -77,7 +75,7 @@ class RunSummary:
         logged_features: the features logged one by one, or ``None`` when there are
             more than ``max_logged_features`` of them.
         groups: the groups, or ``None`` when none are in use.
-        completeness: :class:`~lightning_ig.attribution.statistics.Completeness`.
+        completeness: :class:`~lightning_ig.run.statistics.Completeness`.
         drift: the meaningful drift scalars (empty on the first run).
         concentration: share of the mass held by the top features.
         stochastic: the forward gave different values on the same rows.
@@ -121,51 +119,29 @@ class RunSummary:
             "mean_signed": moments.mean_signed.tolist(),
         }
 
-    def troubles(self) -> dict[str, str]:
-        """What is wrong with this run, in words.
+    def troubles(self) -> list[str]:
+        """The kinds of trouble of this run (the views say them: :func:`lightning_ig.views.text.troubles`).
 
         Returns:
-            ``{kind: message}`` for the kinds that apply: ``"non-finite"``, ``"unchecked"``, ``"fail"``,
-            ``"stochastic"``, ``"members-fail"`` (an ensemble member's attributions do not add up).
+            In order, those that apply: ``"non-finite"`` (NaN/Inf from the model), ``"unchecked"`` (no state could
+            be checked), ``"fail"`` (not within tolerance), ``"stochastic"`` (the forward moved on the same rows),
+            ``"members-fail"`` (an ensemble member's completeness above tolerance).
         """
-        numbers, step = self.completeness, self.step
-        messages = {}
-        if numbers.verdict == "non-finite":
-            rows, first = "held-out states", f"state {numbers.first_non_finite}"
-            if self.actions is not None and numbers.first_non_finite is not None:  # target="each": row s * A + a
-                rows = "(state, action) pairs"
-                state, action = divmod(numbers.first_non_finite, len(self.actions.names))
-                first = f"state {state}, {self.actions.names[action]}"
-            messages["non-finite"] = (
-                f"the model produced NaN/Inf at step {step} in {numbers.num_non_finite} of {numbers.num_states} "
-                f"{rows} (first: {first}); worst_relative_error is logged as inf"
-            )
-        elif numbers.verdict == "unchecked":
-            messages["unchecked"] = (
-                f"no state could be checked for accuracy at step {step}: in all {numbers.num_states} states the "
-                "attributions are (near) zero, F(x) = F(b) along the whole path (logged as nan); try baseline='mean' "
-                "or another target"
-            )
-        elif numbers.verdict == "fail":
-            messages["fail"] = (
-                f"the accuracy check (estimated attribution error, mass-relative completeness error) fails at step "
-                f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. Use n_steps='auto' "
-                "(it refines each state until its error estimate is within tolerance) or more steps; fewer held-out "
-                "states at more steps cost about the same"
-            )
+        verdict = self.completeness.verdict
+        kinds = [verdict] if verdict in ("non-finite", "unchecked", "fail") else []
         if self.stochastic:
-            messages["stochastic"] = (
-                f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "
-                "mode, noise drawn inside forward?): the attributions are not reproducible"
-            )
-        member_worst = math.nan if self.ensemble is None else self.ensemble.scalars["completeness/worst_relative_error"]
-        if math.isfinite(member_worst) and member_worst > numbers.tolerance:
-            messages["members-fail"] = (
-                f"the worst relative completeness error of an ensemble member is {member_worst:.3g} at step {step}, "
-                f"above completeness_tol={numbers.tolerance:g} (ig/ensemble/completeness/...); use n_steps='auto' or "
-                "more steps"
-            )
-        return messages
+            kinds.append("stochastic")
+        member_worst = self.member_worst_relative_error  # NaN/Inf are the members' non-finite states, not this
+        if math.isfinite(member_worst) and member_worst > self.completeness.tolerance:
+            kinds.append("members-fail")
+        return kinds
+
+    @property
+    def member_worst_relative_error(self) -> float:
+        """The worst relative completeness error over an ensemble's members (NaN without an ensemble)."""
+        if self.ensemble is None:
+            return math.nan
+        return self.ensemble.scalars["completeness/worst_relative_error"]
 
     @property
     def units(self) -> Units:
@@ -202,7 +178,7 @@ def summarize(
         time_ms: wall time of the IG computation.
         members: the members' numbers when the model is an ensemble, else ``None``.
         action_names: for a ``target="each"`` run (one row per state and action, state-major), one label per
-            action: the summary gets the run per action (:class:`~lightning_ig.views.per_action.ActionSummary`).
+            action: the summary gets the run per action (:class:`~lightning_ig.run.actions.ActionSummary`).
 
     Returns:
         The summary.

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ig.attribution.host_result import HostResult
-from lightning_ig.attribution.statistics import (
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.statistics import (
     CONCENTRATION_SHARES,
     Completeness,
     completeness,

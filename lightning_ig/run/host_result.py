@@ -228,7 +228,7 @@ class HostResult:
             result: an :class:`~lightning_ig.attribution.IGResult` with one
                 attribution per state (not ``target="each"``).
             gather: ``trainer.strategy.all_gather`` under DDP (or a
-                :class:`~lightning_ig.attribution.gather.JointGather`, which sends other rows along): called once
+                :class:`~lightning_ig.run.gather.JointGather`, which sends other rows along): called once
                 with this rank's packed ``(share, F + 10)`` tensor, returns ``(world, share, F + 10)``.
             num_states: keep the first this many gathered rows (drops the padding of an uneven split).
             groups: also sum the attributions per group (``group_attributions``).

@@ -1,6 +1,6 @@
 """The numbers of IG runs: completeness and the accuracy verdict, where the mass sits, drift, one feature order.
 
-Host-side and float64, on a :class:`~lightning_ig.attribution.host_result.HostResult` (an
+Host-side and float64, on a :class:`~lightning_ig.run.host_result.HostResult` (an
 :class:`~lightning_ig.attribution.IGResult` is brought to the host first). The callback's summary, the JSON
 report and an ensemble's agreement all read them from here.
 
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ig.attribution.host_result import HostResult
 from lightning_ig.attribution.result import worst_relative_error
+from lightning_ig.run.host_result import HostResult
 from lightning_ig.vocabulary import check_positive_float, check_positive_int
 
 __all__ = [
