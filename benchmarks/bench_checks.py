@@ -44,7 +44,11 @@ from benchmarks._common import device_name, synchronize, write_output
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
-from lightning_ig.callback.trust import (
+from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
+from lightning_ig.models.noise import attribution_mode
+from lightning_ig.run.host_result import HostResult
+from lightning_ig.trust import (
     AttributionSettings,
     CheckCosts,
     DeletionPlan,
@@ -55,11 +59,7 @@ from lightning_ig.callback.trust import (
     randomization_reference,
     stability_check,
 )
-from lightning_ig.callback.trust.schedule import PIECES
-from lightning_ig.checkpoint import load_checkpoint
-from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
-from lightning_ig.models.noise import attribution_mode
-from lightning_ig.run.host_result import HostResult
+from lightning_ig.trust.schedule import PIECES
 
 DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs
 CALLBACK_IG = {"n_steps": DEFAULT_N_STEPS, "method": DEFAULT_METHOD}  # the callback's defaults

@@ -133,7 +133,7 @@ class IntegratedGradientsCallback(Callback):
             network: about 1-3% of the IG time of 50 runs of 64 states); its wall time is the summary's
             ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
             ``n_steps="auto"`` or finite differences.
-        checks_every_n_runs: The trust checks (:mod:`lightning_ig.callback.trust`: randomisation sanity,
+        checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity,
             deletion, and noise stability for NoisyNet models) due every this many runs (stability every four times
             as many) and at the end, each run when the budget covers it: their cumulative cost stays within 20% of
             the IG time at every run (a cost model in IG runs, never a clock: identical fits check at identical

@@ -19,14 +19,15 @@ from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.callback import heldout, reports, setup
+from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.per_action import ActionRows, ActionTrust, output_count
 from lightning_ig.callback.reports import ReportFolder
-from lightning_ig.callback.trust.monitor import TrustChecks, TrustMonitor
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.run.actions import action_labels
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
+from lightning_ig.trust.schedule import TrustChecks
 from lightning_ig.views.loggers import picture_sinks
 from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.result import IGResult
-from lightning_ig.callback.trust.monitor import TrustMonitor
+from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.summary import RunSummary
 
@@ -102,7 +102,7 @@ class _MeanOfActions:
 class ActionTrust(TrustMonitor):
     """The trust checks of a ``target="each"`` fit: on the mean over the actions (see the module's docstring).
 
-    A :class:`~lightning_ig.callback.trust.monitor.TrustMonitor` whose checks attribute ``"mean"`` and whose runs
+    A :class:`~lightning_ig.callback.monitor.TrustMonitor` whose checks attribute ``"mean"`` and whose runs
     are read as each state's action rows averaged (the attributions of the mean over the actions); the run's
     accuracy in the verdict stays that of every pair.
     """

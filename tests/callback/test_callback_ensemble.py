@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.trust.monitor import trust_scalar_tags
+from lightning_ig.callback.monitor import trust_scalar_tags
 from lightning_ig.ensemble import Ensemble, MemberRun, find_ensemble, pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.agreement import ensemble_scalar_names, ensemble_summary, member_agreement, member_label

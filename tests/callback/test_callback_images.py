@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.trust.monitor import trust_scalar_tags
+from lightning_ig.callback.monitor import trust_scalar_tags
 from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid

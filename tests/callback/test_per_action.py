@@ -11,8 +11,8 @@ import torch
 import lightning_ig.attribution.engine as engine_module
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.per_action import ActionRows, ActionTrust
-from lightning_ig.callback.trust.monitor import TrustMonitor
 from lightning_ig.models.noise import noise_disabled
 from tests.callback.test_callback import loader
 from tests.support.graphs import EmulatedCapture

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ig.attribution.engine as engine_module
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.trust import CheckCosts, Schedule, TrustChecks
+from lightning_ig.trust import CheckCosts, Schedule, TrustChecks
 from tests.support.graphs import EmulatedCapture
 from tests.support.tiny import TinyQNet, dataset, has_tensorboard, held_out_states, make_trainer
 
@@ -41,7 +41,7 @@ STEADY = {
 }
 
 WORKER = {"views/picture_writer.py"}  # a TensorBoardLogger: the run's events handed to the logging worker
-TRUST = {"callback/trust/monitor.py", "callback/trust/verdict.py"}  # the run that makes the verdict
+TRUST = {"callback/monitor.py", "trust/verdict.py"}  # the run that makes the verdict
 
 
 def _modules_per_run(
@@ -131,5 +131,5 @@ def test_a_steady_run_with_the_trust_checks_on_enters_them_only_where_the_schedu
         if run == 0 or made:
             assert seen >= TRUST, run
         else:
-            assert seen == STEADY | WORKER, run  # 9: no module of callback/trust/
+            assert seen == STEADY | WORKER, run  # 9: no module of trust/
     assert entered[1:] == [STEADY | WORKER] * 5  # at these sizes the budget covers no check in six runs

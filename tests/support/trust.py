@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from lightning_ig.callback.trust import AttributionSettings, TrustChecks
 from lightning_ig.models import DuelingQNetwork, NoisyLinear
+from lightning_ig.trust import AttributionSettings, TrustChecks
 
 FEATURES = 32
 SCALES = torch.logspace(0.5, -0.5, FEATURES)  # feature i's input scale: what a random network's map follows

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from lightning_ig.callback.trust.verdict import trust_summary
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import AccuracyVerdict
+from lightning_ig.trust.verdict import trust_summary
 from lightning_ig.views.bars import VERDICT_COLOURS
 from lightning_ig.views.picture_words import run_verdict, trust_reason_words
 from lightning_ig.views.pictures import PictureInputs, draw, verdict_picture

@@ -1,4 +1,4 @@
-"""The callback's trust checks over a fit: which run at which run (:mod:`~lightning_ig.callback.trust.schedule`), and
+"""The callback's trust checks over a fit: which run at which run (:mod:`~lightning_ig.trust.schedule`), and
 the verdict of every run.
 
 :class:`TrustMonitor` is made once per fit (:meth:`TrustMonitor.prepare`). The callback enters it only where it has
@@ -8,13 +8,13 @@ take their verdict from :attr:`TrustMonitor.carried`, made at the last check for
 accuracy verdict (``within`` True, False or None), so that they read a dictionary and run none of this package's
 code. At a check, :meth:`TrustMonitor.step` runs the checks the schedule makes, on the run's per-state attributions
 of the logged units (features, or groups), keeps each check's latest result, and joins them with the run's accuracy
-into the run's :class:`~lightning_ig.callback.trust.verdict.TrustSummary`: the scalars (``ig/sanity/...``,
+into the run's :class:`~lightning_ig.trust.verdict.TrustSummary`: the scalars (``ig/sanity/...``,
 ``ig/faithfulness/...``, ``ig/stability/...``, ``ig/trust/...``) and the lines of the report text, which say what
 has not run yet and when it will.
 
-**Where they compute.** On the model's working copy (:class:`~lightning_ig.callback.trust.replica.Replica`, made by
+**Where they compute.** On the model's working copy (:class:`~lightning_ig.trust.replica.Replica`, made by
 the first check and synced with the model before each use), never on the model: its IG replays a CUDA graph on a
-GPU, the deletion check keeps its fixed rows (:class:`~lightning_ig.callback.trust.faithfulness.DeletionPlan`), the
+GPU, the deletion check keeps its fixed rows (:class:`~lightning_ig.trust.faithfulness.DeletionPlan`), the
 sanity reference is made once.
 
 **Ranks.** The checks run on global rank zero alone, on the gathered result of all held-out states (which every
@@ -38,17 +38,17 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.settings import DEFAULT_N_STEPS
 from lightning_ig.callback.heldout import baselines_for
-from lightning_ig.callback.trust.common import AttributionSettings
-from lightning_ig.callback.trust.faithfulness import DeletionPlan
-from lightning_ig.callback.trust.replica import Replica
-from lightning_ig.callback.trust.sanity import RandomizationReference, randomization_check, randomization_reference
-from lightning_ig.callback.trust.schedule import CHECKS, CheckCosts, Schedule, TrustChecks
-from lightning_ig.callback.trust.stability import stability_check
-from lightning_ig.callback.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.run.summary import RunSummary
+from lightning_ig.trust.common import AttributionSettings
+from lightning_ig.trust.faithfulness import DeletionPlan
+from lightning_ig.trust.replica import Replica
+from lightning_ig.trust.sanity import RandomizationReference, randomization_check, randomization_reference
+from lightning_ig.trust.schedule import CHECKS, CheckCosts, Schedule, TrustChecks
+from lightning_ig.trust.stability import stability_check
+from lightning_ig.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.vocabulary import shown
 
 __all__ = ["CHECKS", "NEVER", "TrustChecks", "TrustMonitor", "trust_scalar_tags"]
@@ -82,7 +82,7 @@ class TrustMonitor:
 
     Attributes:
         options: the cadence and budget.
-        schedule: what runs when (:class:`~lightning_ig.callback.trust.schedule.Schedule`).
+        schedule: what runs when (:class:`~lightning_ig.trust.schedule.Schedule`).
         next_run: the run (the callback's run index: its history's length) at which the callback next enters
             :meth:`step`; 0 before the first run, :data:`NEVER` when no check is scheduled again.
         carried: ``{accuracy within (True, False, None): (verdict, scalars)}``: the verdict and scalars of a run

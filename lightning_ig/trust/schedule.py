@@ -4,7 +4,7 @@
 runs, never read from a clock: the rows of forward and gradient work it does over the rows of one callback IG run
 (``states x n_steps`` gradient rows, a gradient row counted as ``GRADIENT_ROW`` forward rows), plus what does not
 scale with rows (Python, launches, the one host read: :class:`FixedCosts`, per kind of device). The once-per-fit
-pieces (:data:`PIECES`: the model's working copy, :mod:`~lightning_ig.callback.trust.replica`; the deletion check's
+pieces (:data:`PIECES`: the model's working copy, :mod:`~lightning_ig.trust.replica`; the deletion check's
 fixed rows; the capture of the copy's IG in a CUDA graph; the sanity check's re-initialised copies) are charged to
 the first check that needs them.
 

@@ -2,8 +2,8 @@
 
 :func:`trust_summary` judges what it is given: the run's accuracy verdict (is IG's arithmetic right: the engine's
 error figures against the tolerance) and the latest result of each check (is the explanation worth reading:
-:mod:`~lightning_ig.callback.trust.sanity`, :mod:`~lightning_ig.callback.trust.faithfulness`,
-:mod:`~lightning_ig.callback.trust.stability`). ``passed`` means every figure given passed and at least one was
+:mod:`~lightning_ig.trust.sanity`, :mod:`~lightning_ig.trust.faithfulness`,
+:mod:`~lightning_ig.trust.stability`). ``passed`` means every figure given passed and at least one was
 given; ``reasons`` says, per failure, which figure and by how much; ``status`` is ``"passed"``, ``"failed"`` or
 ``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
 not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
@@ -12,7 +12,7 @@ The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's f
 check that has not run yet in this fit is a note (``pending``: when the budget lets it run), so the verdict stays
 ``"unresolved"`` until every check has spoken once. The text (:attr:`TrustSummary.status`, ``headline()``,
 ``lines()``) is written once, when the verdict is made: a run that carries the verdict of the last run that checked
-(:attr:`~lightning_ig.callback.trust.monitor.TrustMonitor.carried`) reads it without running this module's code.
+(:attr:`~lightning_ig.callback.monitor.TrustMonitor.carried`) reads it without running this module's code.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from lightning_ig.callback.trust.faithfulness import DeletionCheck
-from lightning_ig.callback.trust.sanity import RandomizationCheck
-from lightning_ig.callback.trust.stability import StabilityCheck
 from lightning_ig.run.statistics import AccuracyVerdict
+from lightning_ig.trust.faithfulness import DeletionCheck
+from lightning_ig.trust.sanity import RandomizationCheck
+from lightning_ig.trust.stability import StabilityCheck
 from lightning_ig.vocabulary import shown
 
 __all__ = ["TrustSummary", "trust_summary"]

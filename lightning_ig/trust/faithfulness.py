@@ -36,7 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.callback.trust.common import (
+from lightning_ig.models.noise import attribution_mode
+from lightning_ig.trust.common import (
     AttributionSettings,
     baselines_like,
     check_model,
@@ -47,7 +48,6 @@ from lightning_ig.callback.trust.common import (
     pick_states,
     resolve_groups,
 )
-from lightning_ig.models.noise import attribution_mode
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = ["DELETION_FRACTIONS", "DELETION_MARGIN", "DELETION_Z", "DeletionCheck", "DeletionPlan", "deletion_check"]

@@ -1,4 +1,4 @@
-"""callback/trust/replica.py: the working copy computes what the model computes in attribution mode, draws copies and
+"""trust/replica.py: the working copy computes what the model computes in attribution mode, draws copies and
 noise in place, and never writes the model or the training run's generators."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_ig.callback.trust import AttributionSettings, Replica
-from lightning_ig.callback.trust.replica import redraw
-from lightning_ig.callback.trust.sanity import reinitialised_copy
 from lightning_ig.models import NoisyLinear
 from lightning_ig.models.noise import attribution_mode
+from lightning_ig.trust import AttributionSettings, Replica
+from lightning_ig.trust.replica import redraw
+from lightning_ig.trust.sanity import reinitialised_copy
 from tests.support.tiny import TinyQNet, held_out_states
 from tests.support.trust import SETTINGS, assert_unchanged, snapshot
 

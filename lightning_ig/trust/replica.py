@@ -1,6 +1,6 @@
 """The fit's working copy of the model, where the trust checks compute: the model itself is only ever read.
 
-:class:`Replica` is made once per fit (:func:`~lightning_ig.callback.trust.common.structure_copy`) and follows the
+:class:`Replica` is made once per fit (:func:`~lightning_ig.trust.common.structure_copy`) and follows the
 model: :meth:`Replica.sync` copies the model's parameters and buffers into it in place (a few fused launches), so
 that its forward is the model's as attribution sees it (eval mode, noise off) without the model being put into that
 mode and back (:func:`~lightning_ig.models.noise.attribution_mode` costs about half a millisecond of bookkeeping).
@@ -27,8 +27,8 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.callback.trust.common import AttributionSettings, structure_copy
 from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
+from lightning_ig.trust.common import AttributionSettings, structure_copy
 
 __all__ = ["Replica", "redraw"]
 

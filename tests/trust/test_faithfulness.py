@@ -1,4 +1,4 @@
-"""callback/trust/faithfulness.py: IG's deletion order beats a random one; shuffled or reversed maps fail."""
+"""trust/faithfulness.py: IG's deletion order beats a random one; shuffled or reversed maps fail."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_ig.callback.trust import AttributionSettings, faithfulness
-from lightning_ig.callback.trust.faithfulness import deletion_check
+from lightning_ig.trust import AttributionSettings, faithfulness
+from lightning_ig.trust.faithfulness import deletion_check
 from tests.support.tolerance import rounding_bound
 from tests.support.trust import SETTINGS, assert_unchanged, attribute, shuffled, snapshot
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.callback.trust.common import (
+from lightning_ig.trust.common import (
     ROUNDING,
     AttributionSettings,
     check_model,
@@ -43,7 +43,7 @@ from lightning_ig.callback.trust.common import (
     structure_copy,
     unit_sums,
 )
-from lightning_ig.callback.trust.replica import Replica, redraw
+from lightning_ig.trust.replica import Replica, redraw
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = [
@@ -148,7 +148,7 @@ def randomization_reference(
     The copies attribute the same states with the same settings, in eval mode with their noise off. Their weights
     and the states are fixed, so what they attribute never changes over training: one reference serves every check
     of a fit. It costs ``num_copies`` IG passes on ``num_states`` states, through one working copy of the model whose
-    parameters are drawn again in place for each (:class:`~lightning_ig.callback.trust.replica.Replica`: on a CUDA
+    parameters are drawn again in place for each (:class:`~lightning_ig.trust.replica.Replica`: on a CUDA
     device its IG is captured once and replayed).
 
     Args:
@@ -162,7 +162,7 @@ def randomization_reference(
         num_states: states covered, spread evenly over ``states`` (default 16; ``None``: all).
         seed: the copies' seeds are ``seed, seed + 1, ...`` (default 0).
         replica: the fit's working copy of ``model`` to draw the copies in (default: a new one); it is left with
-            the last copy's weights (:meth:`~lightning_ig.callback.trust.replica.Replica.sync` brings the model's
+            the last copy's weights (:meth:`~lightning_ig.trust.replica.Replica.sync` brings the model's
             back).
 
     Returns:
@@ -293,8 +293,8 @@ def _note(count: int, spread: float) -> str:
 def reinitialised_copy(model: nn.Module, seed: int) -> tuple[nn.Module, int, int]:
     """A copy of ``model`` with every parameter drawn again under ``seed``: ``(copy, shuffled, kept)``.
 
-    The copy is :func:`~lightning_ig.callback.trust.common.structure_copy`'s (what is not part of the module tree
-    is shared), drawn again by :func:`~lightning_ig.callback.trust.replica.redraw`: each layer's own
+    The copy is :func:`~lightning_ig.trust.common.structure_copy`'s (what is not part of the module tree
+    is shared), drawn again by :func:`~lightning_ig.trust.replica.redraw`: each layer's own
     ``reset_parameters()`` on seeded global generators inside :func:`torch.random.fork_rng` (the training run's are
     left as they were), a seeded shuffle of the entries of parameters without one (``shuffled``), single numbers
     kept (``kept``).

@@ -1,11 +1,11 @@
-"""callback/trust/stability.py: stable under the agent's own noise, not under loud noise; n/a without NoisyLinear."""
+"""trust/stability.py: stable under the agent's own noise, not under loud noise; n/a without NoisyLinear."""
 
 from __future__ import annotations
 
 import torch
 
-from lightning_ig.callback.trust.stability import stability_check
 from lightning_ig.models import DuelingQNetwork
+from lightning_ig.trust.stability import stability_check
 from tests.support.trust import SETTINGS, assert_unchanged, attribute, loud, snapshot
 
 

@@ -4,7 +4,7 @@ NoiseGrad (Bykov et al. 2022, arXiv 2106.10185) perturbs weights the same way. T
 noise-off network; a NoisyNet agent acts with ``mu + sigma * epsilon``. If the ranking of the units changes when
 the exploration noise is on, the noise-off explanation does not describe the networks the agent acts with.
 
-Per draw, the model's working copy (:class:`~lightning_ig.callback.trust.replica.Replica`, synced with the model
+Per draw, the model's working copy (:class:`~lightning_ig.trust.replica.Replica`, synced with the model
 first; the model itself is never touched) gets a fresh epsilon in every :class:`~lightning_ig.models.NoisyLinear`
 layer from a private generator, those layers compute with their noise (training mode, noise on; the rest of the
 copy in eval mode), and the states are attributed with the run's settings. The draws are seeded afresh at each
@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.callback.trust.common import (
+from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.trust.common import (
     ROUNDING,
     AttributionSettings,
     check_model,
@@ -41,8 +42,7 @@ from lightning_ig.callback.trust.common import (
     state_subset,
     unit_sums,
 )
-from lightning_ig.callback.trust.replica import Replica
-from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.trust.replica import Replica
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = ["STABILITY_FLOOR", "StabilityCheck", "stability_check"]

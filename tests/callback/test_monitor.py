@@ -1,4 +1,4 @@
-"""callback/trust/monitor.py and verdict.py: the verdict's words, the checks in the callback's runs.
+"""callback/monitor.py: the trust checks in the callback's runs.
 
 The callback's checks must leave training alone (bit-identical weights and optimizer state, the random generators
 as they were), run where the schedule says (the callback enters the monitor only there), and log their tags and the
@@ -7,7 +7,6 @@ verdict (ig/trust/status at every run, the report text, RunSummary.trust_checks)
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from pathlib import Path
@@ -20,15 +19,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.trust import Schedule, TrustChecks, trust_summary
-from lightning_ig.callback.trust.faithfulness import deletion_check
-from lightning_ig.callback.trust.monitor import trust_scalar_tags
-from lightning_ig.callback.trust.sanity import randomization_check, randomization_reference
-from lightning_ig.callback.trust.stability import stability_check
-from lightning_ig.models import DuelingQNetwork
-from lightning_ig.run.statistics import accuracy_verdict
+from lightning_ig.callback.monitor import trust_scalar_tags
+from lightning_ig.trust import Schedule, TrustChecks
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
-from tests.support.trust import FEATURES, SETTINGS, attribute
 
 EVERYTHING = frozenset({"sanity", "deletion", "stability"})
 
@@ -42,71 +35,6 @@ def test_callback_option_is_checked_and_documented():
             IntegratedGradientsCallback(held_out_states(), checks_every_n_runs=value)
     assert "checks_every_n_runs" in IntegratedGradientsCallback.__doc__
     assert IntegratedGradientsCallback(held_out_states(), checks_every_n_runs=None).checks_every_n_runs is None
-
-
-# ---------------------------------------------------------------------------------------------- the verdict
-
-
-def test_verdict_says_passed_failed_or_unresolved_and_why(trained):
-    model, states = trained
-    units = attribute(model, states)
-    sanity = randomization_check(units, randomization_reference(model, states, settings=SETTINGS))
-    good = deletion_check(model, states, None, units, settings=SETTINGS)
-    bad = deletion_check(model, states, None, -units, settings=SETTINGS)
-    off = stability_check(DuelingQNetwork(FEATURES, 2, noisy=False), states, None, units, settings=SETTINGS)
-    accurate = accuracy_verdict(0.004, 0.001, 0.01)  # both figures within sqrt(2) x 0.01
-    wrong = accuracy_verdict(0.03, 0.001, 0.01)  # the estimated attribution error is not
-
-    verdict = trust_summary(accuracy=accurate, randomization=sanity, deletion=good, stability=off)
-    assert verdict.status == "passed" and verdict.passed and verdict.reasons == ()
-    assert verdict.checks == 3  # stability does not apply: not judged
-    assert verdict.scalars() == {"trust/status": 1.0}
-    assert verdict.lines()[0] == "**Trust: passed**." and verdict.headline().startswith("passed (3 figures")
-    assert "- accuracy: the worst estimated attribution error 4.00e-03 <= sqrt(2) x tol = 1.41e-02 (passed)" in (
-        verdict.lines()
-    )
-
-    verdict = trust_summary(accuracy=wrong, deletion=bad)
-    assert verdict.status == "failed" and verdict.scalars() == {"trust/status": -1.0}
-    assert len(verdict.reasons) == 2 and "3.00e-02" in verdict.reasons[0] and verdict.reasons[1] == bad.reason
-    assert all(f"- {reason}" in verdict.lines() for reason in verdict.reasons)
-
-    nothing = trust_summary()
-    assert nothing.status == "unresolved" and not nothing.passed and nothing.scalars() == {"trust/status": 0.0}
-    assert "nothing was judged" in nothing.headline()
-    with pytest.raises(TypeError, match="deletion"):
-        trust_summary(deletion=sanity)
-
-
-def test_a_check_not_run_yet_is_a_note_and_the_text_is_data(trained):
-    model, states = trained
-    units = attribute(model, states)
-    good = deletion_check(model, states, None, units, settings=SETTINGS)
-    accurate = accuracy_verdict(0.004, 0.001, 0.01)
-    waiting = "sanity: not run yet; it costs 3.2 IG runs and runs at run 22 within the 20% budget"
-    verdict = trust_summary(accuracy=accurate, deletion=good, pending=[waiting], upcoming="next check: deletion at 7")
-    assert (
-        verdict.status == "unresolved"
-        and verdict.headline() == f"unresolved (2 figures judged, none failed): {waiting}"
-    )
-    assert verdict.lines()[-2:] == (f"- note: {waiting}", "- next check: deletion at 7")
-    # the text was written when the verdict was made: reading it calls builtins only, no code of verdict.py
-    assert isinstance(verdict.lines, functools.partial) and verdict.lines.func is tuple
-    assert isinstance(verdict.headline, functools.partial) and verdict.headline.func is str
-    assert trust_summary(accuracy=accurate, deletion=good).status == "passed"
-
-
-def test_an_unresolved_sanity_check_makes_the_verdict_unresolved_not_passed(untrained):
-    model, states = untrained
-    groups = torch.arange(FEATURES) // (FEATURES // 4)  # 4 units: the sanity check cannot resolve
-    units = attribute(model, states).view(len(states), 4, -1).sum(dim=2)
-    sanity = randomization_check(units, randomization_reference(model, states, settings=SETTINGS, groups=groups))
-    assert not sanity.resolved
-    verdict = trust_summary(randomization=sanity)
-    if sanity.passed:
-        assert verdict.status == "unresolved" and "unresolved" in verdict.headline() and verdict.notes
-    else:
-        assert verdict.status == "failed"
 
 
 # ---------------------------------------------------------------------------------------------- in the callback

@@ -1,4 +1,4 @@
-"""callback/trust/schedule.py: the cost model, and a schedule that keeps the checks within the budget at every run.
+"""trust/schedule.py: the cost model, and a schedule that keeps the checks within the budget at every run.
 
 The schedule is simulated here as the monitor drives it: decide at a run, book what ran, jump to the next run it
 names; every run in between is asked too, to show that nothing would have run there.
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from lightning_ig.callback.trust.schedule import (
+from lightning_ig.trust.schedule import (
     EAGER,
     GRADIENT_ROW,
     PIECES,

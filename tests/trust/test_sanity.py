@@ -1,4 +1,4 @@
-"""callback/trust/sanity.py: passes on a trained network, fails at init and on a weight-independent map."""
+"""trust/sanity.py: passes on a trained network, fails at init and on a weight-independent map."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import scipy.stats
 import torch
 from torch import nn
 
-from lightning_ig.callback.trust import common, sanity
-from lightning_ig.callback.trust.sanity import randomization_check, randomization_reference, reinitialised_copy
+from lightning_ig.trust import common, sanity
+from lightning_ig.trust.sanity import randomization_check, randomization_reference, reinitialised_copy
 from tests.support.tolerance import rounding_bound
 from tests.support.trust import FEATURES, SCALES, SETTINGS, InputDriven, assert_unchanged, attribute, snapshot
 

@@ -4,7 +4,7 @@ one host read per check, its small numbers at the end).
 
 Run with ``-s`` to see the counts::
 
-    PYTHONPATH=. python -m pytest -m gpu -s tests/callback/trust/test_checks_gpu.py
+    PYTHONPATH=. python -m pytest -m gpu -s tests/trust/test_checks_gpu.py
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lightning_ig.callback.trust import DeletionPlan, Replica, randomization_check, randomization_reference
-from lightning_ig.callback.trust.stability import stability_check
+from lightning_ig.trust import DeletionPlan, Replica, randomization_check, randomization_reference
+from lightning_ig.trust.stability import stability_check
 from tests.support.trust import SETTINGS, assert_unchanged, attribute, snapshot
 
 pytestmark = pytest.mark.gpu
