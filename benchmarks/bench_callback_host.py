@@ -44,7 +44,7 @@ import lightning_ig.attribution.engine as engine_module
 from lightning_ig import IntegratedGradientsCallback, NoisyLinear
 from lightning_ig.callback import calibration as calibration_module
 from lightning_ig.callback import monitor as monitor_module
-from lightning_ig.views import tensorboard as tensorboard_module
+from lightning_ig.views.loggers import outputs as tensorboard_module
 
 
 class FreeReplay:

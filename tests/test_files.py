@@ -196,8 +196,8 @@ def test_a_plan_changes_nothing_on_disk_until_its_folders_are_made(tmp_path: Pat
 def test_the_writers_follow_a_link_only_when_told(tmp_path: Path, follow_symlinks: bool) -> None:
     import numpy as np
 
+    from lightning_ig.views.pictures.saliency import write_png
     from lightning_ig.views.report import write_report
-    from lightning_ig.views.saliency import write_png
 
     writers = {
         "r.json": lambda path: write_report({"a": 1}, path, follow_symlinks=follow_symlinks),

@@ -3,8 +3,9 @@
 :func:`plan` (the ``setup`` hook, before the model is on its device) resolves the held-out states and checks them
 against the options: the units a run logs and their tags, the saliency pictures, the report folder.
 :func:`start` (``on_fit_start``, the model on its device) prepares the engine on two states, this rank's share of
-the states, the run's settings, what the runs send to the loggers (:class:`~lightning_ig.views.tensorboard.RunOutputs`:
-the pictures' cadences and inputs, the W&B and MLflow sinks) and the trust checks. A run reads the :class:`Fit` as
+the states, the run's settings, what the runs send to the loggers
+(:class:`~lightning_ig.views.loggers.outputs.RunOutputs`: the pictures' cadences and inputs, the W&B and MLflow
+sinks) and the trust checks. A run reads the :class:`Fit` as
 plain data; :class:`PendingRun` is a run between its start and its end.
 """
 
@@ -28,9 +29,9 @@ from lightning_ig.run.actions import action_labels
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
 from lightning_ig.trust.schedule import TrustChecks
-from lightning_ig.views.loggers import picture_sinks
-from lightning_ig.views.saliency import check_saliency_channel, saliency_kind
-from lightning_ig.views.tensorboard import PictureWriter, RunOutputs, display_labels
+from lightning_ig.views.loggers.outputs import PictureWriter, RunOutputs, display_labels
+from lightning_ig.views.loggers.sinks import picture_sinks
+from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 
@@ -222,7 +223,7 @@ def start(
 
 def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any]) -> Any:
     """What the pictures of this fit need besides a run (the states drawn, the channels' names, the actions')."""
-    from lightning_ig.views.pictures import picture_inputs  # noqa: PLC0415 - the drawing modules only when drawn
+    from lightning_ig.views.pictures.draw import picture_inputs  # noqa: PLC0415 - the drawing modules only when drawn
 
     groups = plan.units.groups
     channel_names = None if groups is None else groups.channel_names()

@@ -384,7 +384,7 @@ def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> lis
     """The report's states with their attributions blended over them, and the mean |attribution| per channel."""
     import numpy as np  # noqa: PLC0415
 
-    from lightning_ig.views.saliency import mean_abs_map, saliency_grid, write_png  # noqa: PLC0415
+    from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid, write_png  # noqa: PLC0415
 
     states = head.run.states.detach().to("cpu", torch.float64).numpy()
     attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()

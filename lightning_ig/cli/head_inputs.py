@@ -31,7 +31,7 @@ from lightning_ig.checkpoint import (
 )
 from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
-from lightning_ig.views.saliency import saliency_kind
+from lightning_ig.views.pictures.saliency import saliency_kind
 from lightning_ig.vocabulary import check_feature_names, default_feature_names
 
 __all__ = ["HeadRun", "parse_device", "prepare_head"]

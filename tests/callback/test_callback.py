@@ -577,7 +577,7 @@ def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path)
 
 def _bar_rows(pixels: np.ndarray) -> list[tuple[int, int]]:
     """``(blue width, red width)`` in pixels of each bar, top to bottom, found by their colours in a drawn chart."""
-    from lightning_ig.views.charts import NEGATIVE, POSITIVE
+    from lightning_ig.views.pictures.charts import NEGATIVE, POSITIVE
 
     colours = {
         name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)])
@@ -596,9 +596,9 @@ def _bar_rows(pixels: np.ndarray) -> list[tuple[int, int]]:
 def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
     from lightning_ig.run.host_result import Moments
     from lightning_ig.run.statistics import rank_order
-    from lightning_ig.views.bars import sign_parts
-    from lightning_ig.views.charts import heatmap_chart, top_features_chart
-    from lightning_ig.views.raster import CARD_WIDTH
+    from lightning_ig.views.pictures.bars import sign_parts
+    from lightning_ig.views.pictures.charts import heatmap_chart, top_features_chart
+    from lightning_ig.views.pictures.raster import CARD_WIDTH
 
     rng = np.random.default_rng(0)
     for units in (4, 400):

@@ -221,8 +221,8 @@ def test_each_logs_every_actions_numbers_as_the_engine_computes_them(each_run):
 def test_each_draws_the_actions_picture_at_the_figures_cadence(each_run):
     from PIL import Image
 
-    from lightning_ig.views.pictures import actions_picture
-    from lightning_ig.views.raster import CARD_WIDTH, card_sized, png_bytes
+    from lightning_ig.views.pictures.draw import actions_picture
+    from lightning_ig.views.pictures.raster import CARD_WIDTH, card_sized, png_bytes
 
     callback, events = each_run["callback"], each_run["events"]
     pictures = events.Images("ig/actions")

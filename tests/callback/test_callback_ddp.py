@@ -150,7 +150,7 @@ def _saliency_images(runs: dict[int, Path], ulps: float) -> None:
     from PIL import Image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lightning_ig.views.raster import CARD_WIDTH
+    from lightning_ig.views.pictures.raster import CARD_WIDTH
 
     pictures = {}
     for world, folder in runs.items():

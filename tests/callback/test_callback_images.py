@@ -21,9 +21,9 @@ from torch.utils.data import DataLoader
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import trust_scalar_tags
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
+from lightning_ig.views.pictures.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from lightning_ig.views.report import load_schema
-from lightning_ig.views.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
@@ -114,7 +114,7 @@ def test_group_scalars_are_the_sums_of_their_members(image_run):
 
 
 def assert_same_picture(logged: np.ndarray, expected: np.ndarray) -> None:
-    """The logged picture is the expected one, up to its palette of 256 colours (lightning_ig.views.raster.png_bytes).
+    """The logged picture is the expected one, up to its palette of 256 colours (views/pictures/raster.py's png_bytes).
 
     A picture of other attributions or states is tens of levels off on average; the palette costs about 2.5
     (of 255) and at most a few tens on rare pixels; the float32 run and the float64 reference round a few

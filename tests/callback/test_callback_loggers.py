@@ -12,7 +12,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.views.raster import CARD_WIDTH
+from lightning_ig.views.pictures.raster import CARD_WIDTH
 from tests.support.loggers import logger_package, mlflow_pictures
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 

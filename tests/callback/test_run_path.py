@@ -37,10 +37,10 @@ STEADY = {
     "attribution/result.py",  # build_result, the rows packed as one tensor (pack), the worst figures
     "run/statistics.py",
     "run/summary.py",
-    "views/tensorboard.py",
+    "views/loggers/outputs.py",
 }
 
-WORKER = {"views/picture_writer.py"}  # a TensorBoardLogger: the run's events handed to the logging worker
+WORKER = {"views/loggers/worker.py"}  # a TensorBoardLogger: the run's events handed to the logging worker
 TRUST = {"callback/monitor.py", "trust/verdict.py"}  # the run that makes the verdict
 
 
@@ -106,7 +106,7 @@ def test_a_steady_run_with_tensorboard_also_hands_its_events_to_the_worker(
     for seen in entered[1:5]:
         assert seen == STEADY | WORKER  # 9: the text's words are made on the worker thread
     # the end of training draws the charts, on the logging worker: the training thread hands the run over
-    assert not {"views/pictures.py", "views/charts.py"} & entered[-1]
+    assert not {"views/pictures/draw.py", "views/pictures/charts.py"} & entered[-1]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (folder,) = {path.parent for path in tmp_path.rglob("events.out.tfevents.*")}

@@ -25,8 +25,8 @@ from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
 from lightning_ig.ensemble import Ensemble
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
+from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid
 from lightning_ig.views.report import load_schema
-from lightning_ig.views.saliency import mean_abs_map, saliency_grid
 from tests.support import REPO
 from tests.support.tolerance import assert_close_scaled, eps
 
@@ -179,7 +179,9 @@ def test_saliency_pngs_are_the_reports_states(workspace, runs):
         assert decoded.shape == pixels.shape and decoded.dtype == np.uint8
         # the same picture up to a colour step where two processes' float32 sums round apart
         assert np.mean(np.abs(decoded.astype(int) - pixels.astype(int)) > 3) < 0.01, name
-    assert expected["saliency.png"].shape[1] == 320  # the card-sized grid (lightning_ig.views.raster.CARD_WIDTH)
+    assert (
+        expected["saliency.png"].shape[1] == 320
+    )  # the card-sized grid (lightning_ig.views.pictures.raster.CARD_WIDTH)
 
 
 def test_show_prints_the_groups_table(workspace, runs, capsys):

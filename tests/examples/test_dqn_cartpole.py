@@ -24,8 +24,8 @@ pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip instal
 
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork
+from lightning_ig.views.loggers.outputs import feature_tags
 from lightning_ig.views.report import load_schema
-from lightning_ig.views.tensorboard import feature_tags
 from tests.support.examples import REPO, example_env, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
@@ -131,7 +131,7 @@ def test_a_wandb_offline_run_holds_the_bar_chart_and_the_report(tmp_path: Path) 
     # test reads W&B and MLflow back in full (tests/examples/test_dqn_minatar_loggers.py)
     from PIL import Image
 
-    from lightning_ig.views.raster import CARD_WIDTH
+    from lightning_ig.views.pictures.raster import CARD_WIDTH
     from tests.support.loggers import logger_package, wandb_pictures
 
     logger_package("wandb")  # the [wandb] extra, in the dev extra

@@ -24,7 +24,7 @@ from PIL import Image
 
 pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip install 'lightning-ig[examples]')")
 
-from lightning_ig.views.raster import CARD_WIDTH, png_bytes
+from lightning_ig.views.pictures.raster import CARD_WIDTH, png_bytes
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.tags import PICTURE_TAGS
 from tests.support.examples import REPO, example_env, load_example, only_run_dir

@@ -9,7 +9,7 @@ import numpy as np
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import Completeness
 from lightning_ig.run.summary import RunSettings, RunSummary, Units
-from lightning_ig.views.tensorboard import COUNT_TAGS, TagNames, display_labels, report_markdown, scalar_metrics
+from lightning_ig.views.loggers.outputs import COUNT_TAGS, TagNames, display_labels, report_markdown, scalar_metrics
 
 
 def _summary(

@@ -1,8 +1,8 @@
 """The bar charts: the top features (or groups) by mean ``|attr|``, each bar split by sign, with the verdict.
 
-Drawn straight into pixels (:mod:`~lightning_ig.views.raster`), about a millisecond each, at the size
-TensorBoard shows them (:data:`~lightning_ig.views.raster.CARD_WIDTH` wide, text from
-:data:`~lightning_ig.views.raster.SMALL_SIZE` up), so that the verdict, the legend and the units read without
+Drawn straight into pixels (:mod:`~lightning_ig.views.pictures.raster`), about a millisecond each, at the size
+TensorBoard shows them (:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH` wide, text from
+:data:`~lightning_ig.views.pictures.raster.SMALL_SIZE` up), so that the verdict, the legend and the units read without
 "Show actual image size". A bar is the mean of ``|attr|`` = the mean of its positive part
 plus the mean of its negative part, drawn blue then red: a feature whose attributions run both ways (the ball,
 -1.4 to +1.0) is a two-tone bar, not a red one. The whiskers are the 95% interval of the mean ``|attr|`` over the
@@ -10,7 +10,7 @@ held-out states (``1.96 sd(|attr|) / sqrt(n)``): whether the order of two bars w
 word "std" is left to the text and the JSON report, where it is the standard deviation of the signed attribution.
 
 :func:`bar_chart` is the core; :func:`top_features_chart` (here) and
-:func:`~lightning_ig.views.actions.contrast_chart` call it.
+:func:`~lightning_ig.views.pictures.action_charts.contrast_chart` call it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import rank_order
-from lightning_ig.views.raster import (
+from lightning_ig.views.pictures.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
     NEGATIVE,
@@ -137,7 +137,7 @@ def top_features_chart(
         target_label: what the attributions are of, for the sign legend (``"V(s)"``; default ``"the target"``).
 
     Returns:
-        The :class:`Chart` (:data:`~lightning_ig.views.raster.CARD_WIDTH` pixels wide).
+        The :class:`Chart` (:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH` pixels wide).
     """
     positive, negative = sign_parts(moments)
     return bar_chart(

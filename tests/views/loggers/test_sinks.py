@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from lightning_ig.run.host_result import Moments
-from lightning_ig.views.loggers import MlflowSink, WandbSink, feature_table, picture_sinks
+from lightning_ig.views.loggers.sinks import MlflowSink, WandbSink, feature_table, picture_sinks
 from tests.support.loggers import logger_package, mlflow_pictures, wandb_history
 
 

@@ -3,7 +3,7 @@
 TensorBoard's Time Series sorts every card of a run by tag, naturally (digits before letters), and a 1280 px window
 shows the first row, two cards, without scrolling. The tag ``<prefix>/0_verdict`` sorts before every other tag of
 the callback, so the first card a user sees says, in one picture at the size TensorBoard shows it
-(:data:`~lightning_ig.views.raster.CARD_WIDTH` wide): whether the attributions can be trusted (the completeness
+(:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH` wide): whether the attributions can be trusted (the completeness
 verdict, large, in its colour, with its numbers), and what the target relies on: the top features or groups with
 their share of the mean ``|attribution|``, each bar split by sign (blue raises the target, red lowers it), in the
 channels' colours where the groups are channels, and how stable that ranking is (drift). The bar chart
@@ -18,7 +18,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import rank_order
-from lightning_ig.views.bars import (
+from lightning_ig.views.pictures.bars import (
     INK,
     LINE,
     MUTED,
@@ -30,7 +30,7 @@ from lightning_ig.views.bars import (
     sign_parts,
     two_tone_bar,
 )
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
 from lightning_ig.views.text import format_percent
 
 __all__ = ["verdict_chart"]
@@ -58,7 +58,7 @@ def verdict_chart(
     Args:
         labels: one label per unit (feature or group).
         moments: the units' :class:`~lightning_ig.run.host_result.Moments` over the states.
-        verdict: ``(kind, detail)`` as :func:`~lightning_ig.views.bars.draw_verdict` takes it.
+        verdict: ``(kind, detail)`` as :func:`~lightning_ig.views.pictures.bars.draw_verdict` takes it.
         title: the card's title, or wordings of it, the longest first (the first that fits is drawn).
         target_label: what is attributed (``"V(s)"``), for the line above the bars and the legend.
         noun: ``"features"`` or ``"groups"``.
@@ -69,10 +69,10 @@ def verdict_chart(
         footer_colour: the footer's colour (the trust status's: green, red or brown; default grey).
         footer_detail: a second line under the footer (why the status is what it is), or wordings of it, the
             longest first, the last cut to the card's width; drawn where the card stays within
-            :data:`~lightning_ig.views.raster.CARD_HEIGHT`, else left out.
+            :data:`~lightning_ig.views.pictures.raster.CARD_HEIGHT`, else left out.
 
     Returns:
-        The :class:`~lightning_ig.views.bars.Chart`; its ``axis_limit`` is the largest share drawn.
+        The :class:`~lightning_ig.views.pictures.bars.Chart`; its ``axis_limit`` is the largest share drawn.
 
     Raises:
         ValueError: labels, moments or colours of different lengths.

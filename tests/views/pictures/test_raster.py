@@ -12,7 +12,7 @@ PIL = pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402
 
-from lightning_ig.views.raster import CARD_HEIGHT, Canvas, card_sized, format_tick, nice_ticks, png_bytes  # noqa: E402
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, Canvas, card_sized, format_tick, nice_ticks, png_bytes  # noqa: E402
 
 
 @pytest.mark.parametrize("limit", [1e-7, 0.013, 0.999, 1.0, 2.6, 3.08, 7.0, 260.0, 5e6])
@@ -55,7 +55,7 @@ def test_png_of_few_colours_is_a_palette_png_that_decodes_exactly():
 
 
 def test_png_of_a_saliency_picture_keeps_its_colours_close_in_a_third_of_the_bytes():
-    from lightning_ig.views.saliency import saliency_grid
+    from lightning_ig.views.pictures.saliency import saliency_grid
 
     rng = np.random.default_rng(0)  # noise frames and attributions: the most colours a saliency grid has
     states, attributions = rng.random((8, 4, 84, 84)), rng.standard_normal((8, 4, 84, 84))
@@ -71,7 +71,7 @@ def test_png_of_a_saliency_picture_keeps_its_colours_close_in_a_third_of_the_byt
 
 
 def test_text_is_drawn_without_matplotlib_with_pillows_own_font(monkeypatch):
-    from lightning_ig.views import raster
+    from lightning_ig.views.pictures import raster
 
     monkeypatch.setattr(raster, "_dejavu", lambda bold: None)  # as where matplotlib is not installed
     raster.font.cache_clear()
@@ -89,7 +89,7 @@ def test_text_is_drawn_without_matplotlib_with_pillows_own_font(monkeypatch):
 
 
 def test_colours_are_read_from_hex_and_bad_ones_are_refused():
-    from lightning_ig.views.raster import rgb
+    from lightning_ig.views.pictures.raster import rgb
 
     assert rgb("#e69f00") == (230, 159, 0)
     with pytest.raises(ValueError, match="'#fff'"):
@@ -99,7 +99,7 @@ def test_colours_are_read_from_hex_and_bad_ones_are_refused():
 
 
 def test_categorical_colours_stay_distinct_past_the_eight_base_colours():
-    from lightning_ig.views.raster import CATEGORICAL, categorical_colours
+    from lightning_ig.views.pictures.raster import CATEGORICAL, categorical_colours
 
     colours = categorical_colours(24)
     assert colours[:8] == list(CATEGORICAL) and len(set(colours)) == 24

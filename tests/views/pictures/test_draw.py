@@ -10,12 +10,12 @@ import numpy as np
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.trust.verdict import trust_summary
-from lightning_ig.views.bars import VERDICT_COLOURS
-from lightning_ig.views.picture_words import run_verdict, trust_reason_words
-from lightning_ig.views.pictures import PictureInputs, draw, verdict_picture
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, rgb
+from lightning_ig.views.pictures.bars import VERDICT_COLOURS
+from lightning_ig.views.pictures.draw import PictureInputs, draw, verdict_picture
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, rgb
+from lightning_ig.views.pictures.verdict_card import verdict_chart
+from lightning_ig.views.pictures.words import run_verdict, trust_reason_words
 from lightning_ig.views.text import format_value
-from lightning_ig.views.verdict import verdict_chart
 from tests.run.test_summary import _summary
 
 

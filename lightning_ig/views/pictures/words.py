@@ -1,6 +1,7 @@
 """The words on the pictures: what is attributed, against which baseline, the run's verdict and the trust line.
 
-The verdict card, the bar chart and the other pictures (:mod:`~lightning_ig.views.pictures`) say these the same way.
+The verdict card, the bar chart and the other pictures (:mod:`~lightning_ig.views.pictures.draw`) say these the same
+way.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_ig.run.summary import RunSummary
-from lightning_ig.views.bars import VERDICT_COLOURS
+from lightning_ig.views.pictures.bars import VERDICT_COLOURS
 from lightning_ig.views.text import format_value
 from lightning_ig.vocabulary import relative_error_text
 

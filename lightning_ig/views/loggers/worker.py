@@ -3,7 +3,7 @@
 Every run hands its TensorBoard events here (:class:`PictureWriter`, :func:`add_run`: the histograms and the
 report text as one summary, the text written there) and goes on training; a run that draws hands its
 pictures too, which the worker encodes as palette PNGs and logs (:func:`add_picture` for TensorBoard; the W&B and
-MLflow sinks of :mod:`~lightning_ig.views.loggers` for those loggers). The next run that draws waits for the jobs
+MLflow sinks of :mod:`~lightning_ig.views.loggers.sinks` for those loggers). The next run that draws waits for the jobs
 before it first, so at most one run's pictures are in flight and their errors surface in the training thread; so
 does the end of training, before the loggers close.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ig.views.raster import png_bytes
+from lightning_ig.views.pictures.raster import png_bytes
 
 __all__ = ["HISTOGRAM_BINS", "PictureWriter", "add_picture", "add_run"]
 
@@ -64,7 +64,7 @@ def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]]
 
 
 def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
-    """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.views.raster.png_bytes`).
+    """Log an ``(H, W, 3)`` uint8 picture as a palette PNG (:func:`~lightning_ig.views.pictures.raster.png_bytes`).
 
     ``SummaryWriter.add_image`` stores RGB PNGs, three times the bytes, and TensorBoard's event writer checksums every
     byte in Python on a thread that holds the GIL; so the image summary is built here and handed to the writer's

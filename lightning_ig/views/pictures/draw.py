@@ -1,17 +1,19 @@
 """The pictures a run draws, from its summary, its host result and what the callback decided once per fit.
 
-A *picture* is anything logged as an image. The kinds (:data:`~lightning_ig.views.tensorboard.PICTURE_TAGS`):
+A *picture* is anything logged as an image. The kinds (:data:`~lightning_ig.views.loggers.outputs.PICTURE_TAGS`):
 
 * ``verdict``: the first card under ``ig/``: the completeness verdict and the top units' shares
-  (:mod:`~lightning_ig.views.verdict`);
-* ``top_features``: the bar chart, each bar split by sign, with the verdict (:mod:`~lightning_ig.views.bars`);
+  (:mod:`~lightning_ig.views.pictures.verdict_card`);
+* ``top_features``: the bar chart, each bar split by sign, with the verdict (:mod:`~lightning_ig.views.pictures.bars`);
 * ``heatmap`` and ``shares``: the units' shares of the mean ``|attr|`` over training, as a heatmap and stacked
-  (:mod:`~lightning_ig.views.charts`);
+  (:mod:`~lightning_ig.views.pictures.charts`);
 * ``saliency``: the saliency grid of spatial states, the game drawn in its channels' colours with the signed
-  attribution over it, and ``saliency_map``: the mean ``|attr|`` map per channel (:mod:`~lightning_ig.views.saliency`);
-* ``actions``: why this action, for ``target="each"`` or ``"contrast"`` (:mod:`~lightning_ig.views.actions`).
+  attribution over it, and ``saliency_map``: the mean ``|attr|`` map per channel
+  (:mod:`~lightning_ig.views.pictures.saliency`);
+* ``actions``: why this action, for ``target="each"`` or ``"contrast"``
+  (:mod:`~lightning_ig.views.pictures.action_charts`).
 
-Which ones a run draws is :func:`~lightning_ig.views.tensorboard.pictures_due`'s decision; this module draws them
+Which ones a run draws is :func:`~lightning_ig.views.loggers.outputs.pictures_due`'s decision; this module draws them
 (:func:`draw`) and is reached only when one is due. The words that name the target and the baseline in the
 pictures are :func:`target_words` and :func:`baseline_words`.
 """
@@ -28,14 +30,14 @@ import numpy as np
 from lightning_ig.run.actions import contrast_numbers, state_rows
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
-from lightning_ig.views.actions import action_attributions_chart, contrast_chart
-from lightning_ig.views.bars import MUTED, top_features_chart
-from lightning_ig.views.charts import heatmap_chart, shares_chart
-from lightning_ig.views.picture_words import TRUST_COLOURS, baseline_words, run_verdict, target_words, trust_detail
-from lightning_ig.views.raster import card_sized
-from lightning_ig.views.saliency import mean_abs_map, saliency_grid
+from lightning_ig.views.pictures.action_charts import action_attributions_chart, contrast_chart
+from lightning_ig.views.pictures.bars import MUTED, top_features_chart
+from lightning_ig.views.pictures.charts import heatmap_chart, shares_chart
+from lightning_ig.views.pictures.raster import card_sized
+from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid
+from lightning_ig.views.pictures.verdict_card import verdict_chart
+from lightning_ig.views.pictures.words import TRUST_COLOURS, baseline_words, run_verdict, target_words, trust_detail
 from lightning_ig.views.text import DRIFT_WORDS
-from lightning_ig.views.verdict import verdict_chart
 
 __all__ = [
     "PictureInputs",
@@ -113,8 +115,8 @@ def picture_inputs(
         q_values: ``(B, A)`` the model's outputs at the states, for ``target="contrast"``; ``None`` otherwise.
         rows_per_state: the rows of a state in a run's host result: the actions for ``target="each"``, else 1.
     """
-    from lightning_ig.views.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
-    from lightning_ig.views.raster import categorical_colours  # noqa: PLC0415
+    from lightning_ig.views.pictures.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
+    from lightning_ig.views.pictures.raster import categorical_colours  # noqa: PLC0415
 
     array = np.asarray(states, dtype=np.float32)
     picked = first_distinct(array, saliency_states) if spatial and saliency_states > 0 else None

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from lightning_ig.run.host_result import Moments
-from lightning_ig.views.actions import (
+from lightning_ig.views.pictures.action_charts import (
     action_attributions_chart as action_attributions_figure,
 )
-from lightning_ig.views.actions import (
+from lightning_ig.views.pictures.action_charts import (
     contrast_chart as contrast_figure,
 )
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, rgb
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, rgb
 
 
 def test_contrast_figure_names_both_actions_and_fits_the_card():

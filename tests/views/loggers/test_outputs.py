@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ig.views.tensorboard import PictureWriter, TagNames
+from lightning_ig.views.loggers.outputs import PictureWriter, TagNames
 
 
 def _worker_threads() -> list[threading.Thread]:
@@ -99,7 +99,7 @@ def test_pictures_drawn_before_training_fails_are_in_the_event_file(tmp_path: Pa
 
 
 def test_count_cards_appear_at_their_first_non_zero_run_and_stay():
-    from lightning_ig.views.tensorboard import informative_scalars
+    from lightning_ig.views.loggers.outputs import informative_scalars
 
     tags = TagNames("ig", ["a", "b"], None, num_features=2)
     zero = {"ig/completeness/non_finite_states": 0.0, "ig/completeness/degenerate_states": 0.0, "ig/time_ms": 1.0}
@@ -112,7 +112,7 @@ def test_count_cards_appear_at_their_first_non_zero_run_and_stay():
 
 
 def test_the_top10_share_is_left_out_where_it_equals_the_top1_share():
-    from lightning_ig.views.tensorboard import informative_scalars
+    from lightning_ig.views.loggers.outputs import informative_scalars
 
     shares = {"ig/concentration/top1pct_share": 0.5, "ig/concentration/top10pct_share": 0.5}
     assert (
@@ -131,7 +131,7 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
     from lightning_ig.callback.per_action import ActionRows
     from lightning_ig.run.host_result import HostResult
     from lightning_ig.run.summary import RunSettings, summarize
-    from lightning_ig.views.tensorboard import scalar_metrics
+    from lightning_ig.views.loggers.outputs import scalar_metrics
     from tests.support.tolerance import assert_close_scaled
 
     torch.manual_seed(0)

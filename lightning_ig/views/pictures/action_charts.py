@@ -1,7 +1,8 @@
 """Why this action: pictures of per-action attributions (``target="each"``) and of the greedy action against the
 runner-up (``target="contrast"``); their numbers are :mod:`lightning_ig.run.actions`'.
 
-The pictures follow the bar chart of :mod:`~lightning_ig.views.bars` (the same two-tone bars, sizes and legend):
+The pictures follow the bar chart of :mod:`~lightning_ig.views.pictures.bars` (the same two-tone bars, sizes and
+legend):
 
 * :func:`action_attributions_chart`: small multiples, one panel per action, the same units in the same
   rows and one value scale across the panels, so that "left relies on the ball more than right does" is
@@ -18,8 +19,8 @@ import numpy as np
 
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import rank_order
-from lightning_ig.views.bars import Chart, bar_chart, label_swatch, sign_legend, sign_parts, two_tone_bar
-from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.pictures.bars import Chart, bar_chart, label_swatch, sign_legend, sign_parts, two_tone_bar
+from lightning_ig.views.pictures.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
 from lightning_ig.views.text import format_value
 
 __all__ = ["action_attributions_chart", "contrast_chart"]
@@ -55,11 +56,11 @@ def contrast_chart(
         of_states: how many held-out states there are in all (the title says "in 41 of 64 states").
         top_k: how many bars (default 10).
         verdict: the completeness verdict of the contrast, as
-            :func:`~lightning_ig.views.bars.top_features_chart` takes it.
+            :func:`~lightning_ig.views.pictures.bars.top_features_chart` takes it.
         label_colours: a swatch per unit beside its label.
 
     Returns:
-        The :class:`~lightning_ig.views.bars.Chart`.
+        The :class:`~lightning_ig.views.pictures.bars.Chart`.
     """
     positive, negative = sign_parts(moments)
     where = ""
@@ -119,7 +120,8 @@ def action_attributions_chart(
             none.
 
     Returns:
-        The :class:`~lightning_ig.views.bars.Chart` (:data:`~lightning_ig.views.raster.CARD_WIDTH` wide).
+        The :class:`~lightning_ig.views.pictures.bars.Chart` (:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH`
+        wide).
 
     Raises:
         ValueError: counts of names, moments, labels or colours that do not match.

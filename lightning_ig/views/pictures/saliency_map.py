@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_ig.views.frames import (
+from lightning_ig.views.pictures.frames import (
     ABSENT,
     BORDER,
     GAP,
@@ -32,7 +32,7 @@ from lightning_ig.views.frames import (
     strip,
     swatch,
 )
-from lightning_ig.views.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
+from lightning_ig.views.pictures.raster import CARD_WIDTH, SMALL_SIZE, TEXT_SIZE, Canvas
 from lightning_ig.views.text import format_value
 
 __all__ = ["mean_abs_map", "mean_abs_where_present"]

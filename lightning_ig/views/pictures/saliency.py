@@ -11,16 +11,16 @@ For states with spatial dimensions, ``(C, H, W)`` (more leading dimensions are r
   of the card (Atari's 84 x 84) are pooled by whole blocks: the objects by their maximum, the
   attributions by their sum, so the markers still add up to ``F(x) - F(b)``. Cells too small for a
   square inside (under 4 px) get the sign's colour blended over the frame instead;
-* :func:`mean_abs_map` and :func:`mean_abs_where_present` (from :mod:`~lightning_ig.views.saliency_map`, kept importable
-  from here): the mean ``|attribution|`` per pixel, one tile per channel, each on its own scale, averaged
+* :func:`mean_abs_map` and :func:`mean_abs_where_present` (from :mod:`~lightning_ig.views.pictures.saliency_map`, kept
+  importable from here): the mean ``|attribution|`` per pixel, one tile per channel, each on its own scale, averaged
   where each object is.
 
 For ``(C, L)`` states (1-d signals with channels) both are heat strips: channels down, positions across.
 
 Each picture is a ``(H, W, 3)`` uint8 array for ``SummaryWriter.add_image(..., dataformats="HWC")`` or
-:func:`write_png`, sized for TensorBoard's card (:data:`~lightning_ig.views.raster.CARD_WIDTH` wide; see
-:mod:`~lightning_ig.views.raster`): small frames are enlarged by whole pixels, to the largest cell that keeps the
-grid within the card.
+:func:`write_png`, sized for TensorBoard's card (:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH` wide; see
+:mod:`~lightning_ig.views.pictures.raster`): small frames are enlarged by whole pixels, to the largest cell that keeps
+the grid within the card.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_ig.views.frames import (
+from lightning_ig.views.pictures.frames import (
     BORDER,
     GAP,
     INK,
@@ -55,8 +55,8 @@ from lightning_ig.views.frames import (
     swatch,
     write_png,
 )
-from lightning_ig.views.raster import CARD_WIDTH, DIVERGING_LUT, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas, font
-from lightning_ig.views.saliency_map import mean_abs_map, mean_abs_where_present
+from lightning_ig.views.pictures.raster import CARD_WIDTH, DIVERGING_LUT, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas, font
+from lightning_ig.views.pictures.saliency_map import mean_abs_map, mean_abs_where_present
 from lightning_ig.views.text import format_value
 
 __all__ = [
@@ -133,7 +133,8 @@ def saliency_grid(
         channel: draw this channel only (``None``, default: every channel in its colour).
         columns: tiles per row (default: as many as fit the card, at most 4).
         channel_names: one name per channel, for the legend (default ``channel 0``, ...).
-        channel_colours: one ``"#rrggbb"`` per channel (default :func:`~lightning_ig.views.raster.categorical_colours`).
+        channel_colours: one ``"#rrggbb"`` per channel (default
+            :func:`~lightning_ig.views.pictures.raster.categorical_colours`).
         target_label: what is attributed, as the legend names it (default ``"V(s)"``).
         baseline_label: what the attribution is relative to (default ``"the all-zero frame"``).
         f_input: ``(S,)`` the target's value at each state, written under its tile.

@@ -1,4 +1,4 @@
-"""The logging worker's run writer (views/picture_writer.py ``add_run``): one event per run, the values add_* write.
+"""The logging worker's run writer (views/loggers/worker.py ``add_run``): one event per run, the values add_* write.
 
 A run's histograms and report text go to TensorBoard as one summary written on the worker thread; what TensorBoard
 reads back must be exactly what ``add_histogram`` and ``add_text`` write one by one.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lightning_ig.views.picture_writer import HISTOGRAM_BINS, PictureWriter, add_run
+from lightning_ig.views.loggers.worker import HISTOGRAM_BINS, PictureWriter, add_run
 
 pytest.importorskip("tensorboard")
 

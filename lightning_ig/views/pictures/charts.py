@@ -2,7 +2,7 @@
 
 Both read the history of IG runs (mean ``|attr|`` per unit per run) as shares of each run's total, so runs of
 different value scales compare; drawn at the card's size like the bar charts of
-:mod:`~lightning_ig.views.bars`, whose names this module also exports (the bar chart's old home).
+:mod:`~lightning_ig.views.pictures.bars`, whose names this module also exports (the bar chart's old home).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lightning_ig.run.statistics import rank_order
-from lightning_ig.views.bars import (
+from lightning_ig.views.pictures.bars import (
     GROUND,
     INK,
     LABEL_ROOM,
@@ -26,7 +26,7 @@ from lightning_ig.views.bars import (
     sign_parts,
     top_features_chart,
 )
-from lightning_ig.views.raster import (
+from lightning_ig.views.pictures.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
     SEQUENTIAL_LUT,
@@ -75,7 +75,8 @@ def heatmap_chart(
         title: the title, or wordings of it, the longest first (the first that fits is drawn).
 
     Returns:
-        The :class:`Chart` (:data:`~lightning_ig.views.raster.CARD_WIDTH` pixels wide, whatever the number of runs).
+        The :class:`Chart` (:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH` pixels wide, whatever the number
+        of runs).
     """
     shares = _shares(mean_abs_history)  # (R, U)
     runs, units = shares.shape
@@ -191,8 +192,8 @@ def shares_chart(
         mean_abs_history: ``(num_runs, U)`` mean ``|attr|`` per run and unit.
         title: the title, or wordings of it, the longest first (the first that fits is drawn).
         colours: one ``"#rrggbb"`` per unit (default
-            :func:`~lightning_ig.views.raster.categorical_colours`: the saliency pictures' channel colours, on the
-            same dark ground).
+            :func:`~lightning_ig.views.pictures.raster.categorical_colours`: the saliency pictures' channel colours,
+            on the same dark ground).
 
     Returns:
         The :class:`Chart` (:attr:`Chart.labels`: the bands from the bottom up).

@@ -4,7 +4,7 @@ What TensorBoard does with them (read in its 2.21 frontend and checked in headle
 every card of a run, scalars, images and histograms together, by tag with a natural order (runs of digits compare
 as numbers; ``/`` and digits sort before every other character), twelve to a page. So a card that carries nothing
 (two identical curves, a count that is always 0) pushes the ones that do further down:
-:func:`~lightning_ig.views.tensorboard.informative_scalars` leaves them out. The Custom Scalars page merges
+:func:`~lightning_ig.views.loggers.outputs.informative_scalars` leaves them out. The Custom Scalars page merges
 the categories of one title across the runs of a logdir and drops
 identical charts, so :func:`custom_scalars_layout` titles every chart by what it shows (the feature or group by
 name, the callback by name), never by a rank that differs from run to run: two runs of one set-up give one chart
@@ -25,7 +25,7 @@ from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.tags import TagNames
 
 if TYPE_CHECKING:  # the TensorBoard outputs of a callback, which make the page through the callback
-    from lightning_ig.views.tensorboard import RunOutputs
+    from lightning_ig.views.loggers.outputs import RunOutputs
 
 __all__ = ["custom_scalars_layout", "ranked_labels", "trainer_layout"]
 
@@ -67,7 +67,7 @@ def custom_scalars_layout(
 
     Args:
         callbacks: per callback ``(name, tags, units_by_importance)``: its ``name`` (``None`` for the unnamed
-            one), its :class:`~lightning_ig.views.tensorboard.TagNames`, and its unit labels most important
+            one), its :class:`~lightning_ig.views.loggers.outputs.TagNames`, and its unit labels most important
             first (``None``: in their order). The order picks the 12 units that get a chart and the order in
             which they first appear; the titles never carry it.
         logged: the scalar tags logged so far (``tensorboard.informative_scalars``); charts of tags never logged are
@@ -119,7 +119,7 @@ def trainer_layout(callbacks: Sequence[tuple[str | None, RunOutputs, RunSummary 
 
     Args:
         callbacks: per callback ``(name, outputs, last)``: its ``name``, its
-            :class:`~lightning_ig.views.tensorboard.RunOutputs` and its last run's summary (``None`` before its
+            :class:`~lightning_ig.views.loggers.outputs.RunOutputs` and its last run's summary (``None`` before its
             first run), whose most important units get the charts.
     """
     logged = set().union(*(outputs.logged for _, outputs, _ in callbacks))

@@ -3,12 +3,12 @@
 Scalars reach every Lightning logger through ``logger.log_metrics`` (CSV, MLflow, W&B and TensorBoard alike;
 :func:`scalar_metrics`, less the cards that carry nothing for this run: :func:`informative_scalars`). A
 ``TensorBoardLogger`` also gets the extras through its ``SummaryWriter`` (``add_histogram``, ``add_text``,
-``add_custom_scalars``; pictures as palette PNGs, :func:`~lightning_ig.views.picture_writer.add_picture`); a
+``add_custom_scalars``; pictures as palette PNGs, :func:`~lightning_ig.views.loggers.worker.add_picture`); a
 ``WandbLogger`` and an ``MLFlowLogger`` get the pictures, the feature table and (MLflow, W&B as a file) the JSON
-report (:mod:`~lightning_ig.views.loggers`). All of it run after run, by the callback's :class:`RunOutputs`: the
+report (:mod:`~lightning_ig.views.loggers.sinks`). All of it run after run, by the callback's :class:`RunOutputs`: the
 scalars, histograms and the ``<prefix>/report`` text every run, the pictures on their cadences
-(:func:`pictures_due`; drawn by :mod:`~lightning_ig.views.pictures`), encoded and logged on one worker thread
-(:class:`~lightning_ig.views.picture_writer.PictureWriter`). The tags are listed, once, in
+(:func:`pictures_due`; drawn by :mod:`~lightning_ig.views.pictures.draw`), encoded and logged on one worker thread
+(:class:`~lightning_ig.views.loggers.worker.PictureWriter`). The tags are listed, once, in
 ``docs/tensorboard-tags.md``.
 
 This module reads a :class:`~lightning_ig.run.summary.RunSummary`, never the JSON report. Names are shown the
@@ -18,7 +18,7 @@ sort numerically.
 
 A new logger output goes here: a scalar into :func:`scalar_metrics` (and its tag into :meth:`TagNames.scalar_tags`
 and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`RunOutputs.log`, a picture into
-:data:`PICTURE_TAGS` and :mod:`~lightning_ig.views.pictures`.
+:data:`PICTURE_TAGS` and :mod:`~lightning_ig.views.pictures.draw`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
-from lightning_ig.views.picture_writer import PictureWriter, add_picture, add_run
+from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
 from lightning_ig.views.tags import (
     CALIBRATION_TAGS,
     COUNT_TAGS,
@@ -252,9 +252,9 @@ class RunOutputs:
     Every run: the informative scalars (:func:`informative_scalars`) to every logger; to each ``TensorBoardLogger``
     the attribution histograms and the ``<prefix>/report`` text, and the Custom Scalars layout at the first run and
     with each bar chart. The pictures when :func:`pictures_due` says so, to TensorBoard and to the picture sinks
-    (``WandbLogger``, ``MLFlowLogger``: :func:`~lightning_ig.views.loggers.picture_sinks`), which also get the
+    (``WandbLogger``, ``MLFlowLogger``: :func:`~lightning_ig.views.loggers.sinks.picture_sinks`), which also get the
     feature table (and the JSON report, when one is given) with each bar chart. Pictures are handed to a
-    :class:`~lightning_ig.views.picture_writer.PictureWriter`, which encodes and logs them beside the training loop
+    :class:`~lightning_ig.views.loggers.worker.PictureWriter`, which encodes and logs them beside the training loop
     (the last run's are waited for before a run writes its own, so at most one run's are in flight and their errors
     surface here).
 
@@ -262,7 +262,7 @@ class RunOutputs:
         tags: the callback's tags.
         cadences: ``{kind: every this many runs, or None}`` for the kinds of :data:`PICTURES` this callback draws.
         histograms: write the per-feature and per-group attribution histograms.
-        inputs: what the pictures need besides a run (:class:`~lightning_ig.views.pictures.PictureInputs`).
+        inputs: what the pictures need besides a run (:class:`~lightning_ig.views.pictures.draw.PictureInputs`).
         pictures: the worker that logs the pictures.
         sinks: the picture sinks of the trainer's other loggers (W&B, MLflow), or none.
         ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
@@ -397,7 +397,7 @@ class RunOutputs:
         """The pictures due, by tag; the saliency grid's scale kept for the text and the next grid."""
         if not job.due:
             return {}
-        from lightning_ig.views.pictures import draw  # noqa: PLC0415 - Pillow and the drawing only when due
+        from lightning_ig.views.pictures.draw import draw  # noqa: PLC0415 - Pillow and the drawing only when due
 
         labels = self.tags.labels[job.summary.units.kind]
         drawn, scale = draw(job.due, job.summary, labels, job.host, job.history, job.inputs, self.saliency_scale)
@@ -410,7 +410,7 @@ class RunOutputs:
         on the training thread: the report reads the trainer)."""
         if host is None:
             return None, None
-        from lightning_ig.views.loggers import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
+        from lightning_ig.views.loggers.sinks import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
         table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
         return table, None if self.report is None else self.report(summary, host)

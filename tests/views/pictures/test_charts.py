@@ -6,12 +6,20 @@ import numpy as np
 import pytest
 
 from lightning_ig.run.host_result import Moments
-from lightning_ig.views.bars import LINE, bar_chart, sign_parts
-from lightning_ig.views.bars import top_features_chart as top_features_figure
-from lightning_ig.views.charts import _wrapped, format_step
-from lightning_ig.views.charts import heatmap_chart as heatmap_figure
-from lightning_ig.views.charts import shares_chart as shares_figure
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, Canvas, categorical_colours, rgb
+from lightning_ig.views.pictures.bars import LINE, bar_chart, sign_parts
+from lightning_ig.views.pictures.bars import top_features_chart as top_features_figure
+from lightning_ig.views.pictures.charts import _wrapped, format_step
+from lightning_ig.views.pictures.charts import heatmap_chart as heatmap_figure
+from lightning_ig.views.pictures.charts import shares_chart as shares_figure
+from lightning_ig.views.pictures.raster import (
+    CARD_HEIGHT,
+    CARD_WIDTH,
+    NEGATIVE,
+    POSITIVE,
+    Canvas,
+    categorical_colours,
+    rgb,
+)
 
 EPS = np.finfo(np.float64).eps
 

@@ -1,8 +1,8 @@
 """What the saliency pictures share: frames drawn as objects in their channels' colours, tiles sized to the card,
 pooling of large frames, colour scales, swatches, heat strips, and the PNG writer.
 
-Read by :mod:`~lightning_ig.views.saliency` (the grid of held-out frames) and
-:mod:`~lightning_ig.views.saliency_map` (mean ``|attr|`` per pixel). The constants are the pictures' common
+Read by :mod:`~lightning_ig.views.pictures.saliency` (the grid of held-out frames) and
+:mod:`~lightning_ig.views.pictures.saliency_map` (mean ``|attr|`` per pixel). The constants are the pictures' common
 measures: the dark ground of a frame, the border of a tile, a text line.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_ig._files import atomic_path
-from lightning_ig.views.raster import (
+from lightning_ig.views.pictures.raster import (
     CARD_HEIGHT,
     CARD_WIDTH,
     DIVERGING_LUT,
@@ -136,7 +136,7 @@ def as_images(values: np.ndarray) -> np.ndarray:
 
 def colour_table(channel_colours: Sequence[str] | None, channels: int) -> np.ndarray:
     """``(C, 3)`` float64 colours: those given (``"#rrggbb"``), else
-    :func:`~lightning_ig.views.raster.categorical_colours`.
+    :func:`~lightning_ig.views.pictures.raster.categorical_colours`.
 
     Raises:
         ValueError: a number of colours other than ``channels``, or one not written ``#rrggbb``.

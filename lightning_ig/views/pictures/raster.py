@@ -1,12 +1,12 @@
 """Drawing on pixel arrays: the card size, fonts, colour tables, text, tick values and compact PNGs.
 
-Every picture the callback logs (the charts of :mod:`~lightning_ig.views.bars`,
-:mod:`~lightning_ig.views.charts`, :mod:`~lightning_ig.views.actions` and :mod:`~lightning_ig.views.verdict`, the
-saliency pictures of :mod:`~lightning_ig.views.saliency`) is drawn straight into an ``(H, W, 3)`` uint8 array with
-numpy and Pillow. A plotting library's layout engine costs a hundred milliseconds or more per chart;
-these cost a few milliseconds. :func:`png_bytes` stores a picture with at most 256 colours (a palette
-PNG): a third of the bytes of an RGB one, which matters because TensorBoard's event writer checksums
-every byte in Python.
+Every picture the callback logs (the charts of :mod:`~lightning_ig.views.pictures.bars`,
+:mod:`~lightning_ig.views.pictures.charts`, :mod:`~lightning_ig.views.pictures.action_charts` and
+:mod:`~lightning_ig.views.pictures.verdict_card`, the saliency pictures of :mod:`~lightning_ig.views.pictures.saliency`)
+is drawn straight into an ``(H, W, 3)`` uint8 array with numpy and Pillow. A plotting library's layout engine costs a
+hundred milliseconds or more per chart; these cost a few milliseconds. :func:`png_bytes` stores a picture with at most
+256 colours (a palette PNG): a third of the bytes of an RGB one, which matters because TensorBoard's event writer
+checksums every byte in Python.
 
 Sizes are set by where TensorBoard shows a picture (measured in headless Chromium 150, TensorBoard 2.21). Time
 Series fits an image into a box 215 px high, whatever the window's height, and as wide as the card: 324 px in a

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lightning_ig.views.frames import BORDER
-from lightning_ig.views.raster import CARD_HEIGHT, CARD_WIDTH, DIVERGING_LUT, rgb
-from lightning_ig.views.saliency import (
+from lightning_ig.views.pictures.frames import BORDER
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, DIVERGING_LUT, rgb
+from lightning_ig.views.pictures.saliency import (
     _caption_lines,
     first_distinct,
     frame_colours,
@@ -23,7 +23,7 @@ from lightning_ig.views.saliency import (
     saliency_kind,
     write_png,
 )
-from lightning_ig.views.saliency import (
+from lightning_ig.views.pictures.saliency import (
     mean_abs_map as mean_abs_image,
 )
 
@@ -278,7 +278,7 @@ def test_mean_abs_tiles_each_have_their_own_scale_and_grey_where_the_object_neve
 
 
 def _viridis_top() -> np.ndarray:
-    from lightning_ig.views.raster import SEQUENTIAL_LUT
+    from lightning_ig.views.pictures.raster import SEQUENTIAL_LUT
 
     return SEQUENTIAL_LUT[255]
 
