@@ -1,4 +1,5 @@
-"""The package as a whole: other libraries are used through their public API only.
+"""The package as a whole: other libraries through their public API only, no import cycles, a run's numbers apart
+from words and pixels.
 
 An attribute whose name starts with one underscore is private to the object that owns it. The package's own
 private names (methods, class attributes and ``self._...`` attributes of its classes) may be reached from its other
@@ -110,3 +111,44 @@ def test_a_runs_numbers_import_no_words_and_no_pixels() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected group of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in edges[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                other = stack.pop()
+                group.append(other)
+                if other == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles_among_the_packages_modules() -> None:
+    import grimp
+
+    graph = grimp.build_graph("lightning_ig")  # lazy imports and TYPE_CHECKING ones included, as lint-imports reads
+    edges = {module: graph.find_modules_directly_imported_by(module) for module in graph.modules}
+    assert _cycles(edges) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
