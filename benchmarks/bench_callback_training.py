@@ -81,13 +81,8 @@ from torch.utils.data import DataLoader
 
 from benchmarks._common import device_name, median_ms, write_output
 from benchmarks._training import ACTIONS, CaptumCallback, DQNStep, FitClock, Replay
-from lightning_ig import (
-    IntegratedGradients,
-    IntegratedGradientsCallback,
-    MinAtarQNetwork,
-    NatureQNetwork,
-    noise_disabled,
-)
+from lightning_ig import IntegratedGradients, IntegratedGradientsCallback, noise_disabled
+from lightning_ig.models import MinAtarQNetwork, NatureQNetwork
 
 DEFAULT_EVERY = 100  # the callback's default every_n_steps
 ISSUE_EVERY = 20  # the issue's cadence for the Nature and MinAtar cases

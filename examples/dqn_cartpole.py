@@ -51,12 +51,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_ig import (
     DuelingQNetwork,
     IntegratedGradientsCallback,
-    feature_statistics,
     integrated_gradients,
     noise_disabled,
     save_checkpoint,
     soft_margin_loss,
 )
+from lightning_ig.views import feature_statistics
 
 #: CartPole-v1's observation, in order (Gymnasium's documentation).
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]

@@ -57,13 +57,13 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_ig import (
     IntegratedGradientsCallback,
-    MinAtarQNetwork,
-    feature_statistics,
     integrated_gradients,
     noise_disabled,
     save_checkpoint,
     soft_margin_loss,
 )
+from lightning_ig.models import MinAtarQNetwork
+from lightning_ig.views import feature_statistics
 
 
 def make_ig_callback(

@@ -98,3 +98,7 @@ def test_every_module_says_what_it_exports_and_nothing_else(module_name: str) ->
             defined.update(target.id for target in targets if isinstance(target, ast.Name))
     public = {name for name in defined if not name.startswith("_")}
     assert public <= set(exported), f"{module_name} defines {sorted(public - set(exported))} but does not export them"
+
+
+def test_the_top_level_exports_at_most_sixteen_names() -> None:
+    assert len(lightning_ig.__all__) <= 16, lightning_ig.__all__

@@ -18,7 +18,7 @@ training distribution crowd the kinks near the baseline, where a warped rule is 
    CartPole agent and made its worst held-out state 3x worse; 8 states and the margin kept the midpoint on every
    in-distribution family measured and picked ``warped_middle:2`` on frames x255, 3.5x more accurate);
 4. the scale: 1, unless the ratios true / estimated error over the ordinary states of the chosen rule leave the
-   band ``[1/sqrt 2, sqrt 2]`` (inside which the verdict is right, :func:`~lightning_ig.attribution.accuracy_verdict`):
+   band ``[1/sqrt 2, sqrt 2]`` (inside which the verdict is right, :func:`~lightning_ig.run.accuracy_verdict`):
    their median where that is above the band (the estimate reads low on most states: kinks crowded at an end), their
    largest where even that is below it (it reads high on every state: Gauss-Legendre on a smooth network); clipped
    to ``[0.05, 4]``. It lowers the estimate only as far as the state it reads lowest, because 8 states are few: a

@@ -63,7 +63,7 @@ def integrated_gradients(
     Every result says how far to trust it: :attr:`IGResult.attribution_error` (a
     reference-free estimate of each state's ``||a - a_exact||_1 / ||a_exact||_1``),
     :attr:`IGResult.mass_relative_error`, the states near the baseline, and their
-    worst values; :func:`~lightning_ig.attribution.accuracy_verdict` turns them
+    worst values; :func:`~lightning_ig.run.statistics.accuracy_verdict` turns them
     into a verdict (how they are computed and when they can be wrong: ``docs/trust.md``).
 
     Args:

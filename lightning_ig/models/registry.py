@@ -57,7 +57,7 @@ class UnregisteredModelError(ValueError):
         module = name.partition(":")[0]
         super().__init__(
             f"model {shown(name)} is not registered, and importing it would run the code of module "
-            f"{shown(module)}; register the class (lightning_ig.register_model) or allow the import "
+            f"{shown(module)}; register the class (lightning_ig.models.register_model) or allow the import "
             "(allow_import=True) if you trust that module"
         )
 

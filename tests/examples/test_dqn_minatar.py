@@ -23,7 +23,8 @@ from tests.support.tolerance import rounding_bound
 
 pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip install 'lightning-ig[examples]')")
 
-from lightning_ig import MinAtarQNetwork, load_checkpoint
+from lightning_ig import load_checkpoint
+from lightning_ig.models import MinAtarQNetwork
 from lightning_ig.views.report import load_schema
 from tests.support.examples import REPO, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
