@@ -81,8 +81,7 @@ def integrated_gradients(
             state and held fixed along the path: "why this action rather than the
             next best"; :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
         n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose
-            work (the forward's multiply-adds x states x nodes) fits the device's budget,
-            so a small network on a GPU gets 256 and a Nature-CNN or most CPU work 64
+            work (the forward's multiply-adds x states x nodes) fits the device's budget
             (:mod:`lightning_ig.attribution.budget`; the number used is
             :attr:`IGResult.n_steps`); or ``"auto"``: the midpoint rule at
             32 points, tripled per state (96, 288, ..., reusing every gradient) while
@@ -90,8 +89,7 @@ def integrated_gradients(
             ``completeness_tol / 2``, up to ``max_steps``; it stops at once on a
             non-finite state. :attr:`IGResult.n_steps_per_state` says what each used.
         method: ``"riemann_middle"`` (default: on ReLU networks every fixed rule is
-            first order, and the midpoint rule beat 50-point Gauss-Legendre on 14 of
-            15 ReLU families measured), ``"riemann_left"``, ``"riemann_right"``,
+            first order; ``docs/trust.md`` compares the rules), ``"riemann_left"``, ``"riemann_right"``,
             ``"riemann_trapezoid"``, ``"gausslegendre"`` (at most 100000 points; for
             smooth models), or a midpoint rule on warped cells: ``"warped_middle:P"``
             (nodes crowded near the baseline, ``P`` in ``(1, 8]``),
@@ -103,7 +101,7 @@ def integrated_gradients(
             On CUDA out-of-memory the chunk is halved and retried, with a warning.
         backend: ``"auto"`` (the CUDA kernels when the inputs are on a CUDA
             device and CuPy imports, else torch), ``"cuda"``, ``"torch"``, or a
-            :class:`~lightning_ig.ops.ig.Backend` object.
+            :class:`~lightning_ig.ops.ig.IGOps` object.
         completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
         max_steps: the most points ``n_steps="auto"`` may use (default 512).
         fd_step: relative finite-difference step; ``None`` is ``eps ** (1/3)`` of
@@ -160,8 +158,8 @@ def deterministic_cudnn() -> Iterator[None]:
     """cuDNN held to its deterministic algorithms for the block, then as it was.
 
     cuDNN's own choice for a convolution's backward may sum with atomics: two calls on the same inputs then differ in
-    their last bits (measured on an H200, a Nature-CNN: attributions by up to 6e-11, deltas by 3e-9, from call to call
-    and from replay to replay). A CUDA graph captured inside the block keeps the deterministic algorithms.
+    their last bits, from call to call and from replay to replay (``docs/gpu-validation.md``). A CUDA graph captured
+    inside the block keeps the deterministic algorithms.
     """
     cudnn = torch.backends.cudnn
     previous = cudnn.deterministic

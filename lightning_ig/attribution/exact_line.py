@@ -15,7 +15,7 @@ and :func:`exact_line` raises :class:`ExactLineError` rather than return a wrong
 not listed above is refused before anything runs (:class:`UnsupportedModelError`).
 
 :func:`midpoint_reference` is the fallback for every other network: ``>= 8192`` midpoint steps with the model
-and the sums in float64 (3e-5..7e-4 away from the exact line on the worst state of the issue 23 families).
+and the sums in float64 (how far it is from the exact line: ``docs/trust.md``).
 :func:`reference` picks the exact line where it applies and the midpoint rule otherwise.
 """
 

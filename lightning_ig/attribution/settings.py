@@ -40,9 +40,8 @@ __all__ = [
 DEFAULT_MAX_STEPS = 512
 DEFAULT_N_STEPS = BUDGET
 """The default number of points: on ReLU networks every fixed rule is first order, so points are what buy accuracy;
-the engine spends what the device has to spare: 256 midpoint nodes where the work is small for the device (a
-CartPole or MinAtar network on a GPU: about the time of 50 Gauss-Legendre points there), 64 where it is not (a
-Nature-CNN; most work on a CPU). The number used is the result's ``n_steps`` (``docs/trust.md``)."""
+the engine spends what the device has to spare: 256 midpoint nodes where the work is small for the device, 64 where
+it is not (:mod:`lightning_ig.attribution.budget`). The number used is the result's ``n_steps`` (``docs/trust.md``)."""
 DEFAULT_METHOD = "riemann_middle"
 """The default rule: the uniform midpoint rule (Captum's name). Gauss-Legendre's high order buys nothing where the
 integrand is a step function (a ReLU network along the path); the midpoint rule's cells are as even as can be."""

@@ -86,9 +86,8 @@ class IntegratedGradientsCallback(Callback):
             ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
             ``"mean"``).
         n_steps: Quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work fits the
-            device (:mod:`lightning_ig.attribution.budget`: 256 for a small network's held-out batch on a GPU,
-            64 for a Nature-CNN or on a CPU; the summary's ``n_steps`` says which); or ``"auto"`` (refine per
-            state until the error estimate is within ``completeness_tol / 2``).
+            device (:mod:`lightning_ig.attribution.budget`; the summary's ``n_steps`` says which); or ``"auto"``
+            (refine per state until the error estimate is within ``completeness_tol / 2``).
         method: ``"riemann_middle"`` (default), another rule of
             :func:`~lightning_ig.attribution.integrated_gradients` (``"gausslegendre"``, ``"warped_middle:2"``,
             ...); calibration (``calibrate_every``) may replace it by a rule that was twice as accurate.
@@ -129,8 +128,8 @@ class IntegratedGradientsCallback(Callback):
         calibrate_every: Re-run the calibration (:mod:`lightning_ig.attribution.calibration`: the rule
             and the error estimate's scale, on the first 8 held-out states against a reference of
             ``max(1024, 4 n_steps)`` midpoint steps) at the first run and every this many runs (default 50:
-            8 x (1024 + 4 n_steps) gradient rows, 16384 at 256 steps, in one or two passes for a small
-            network: about 1-3% of the IG time of 50 runs of 64 states); its wall time is the summary's
+            ``8 x (1024 + 4 n_steps)`` gradient rows a time, its share of the IG time in ``docs/trust.md``); its
+            wall time is the summary's
             ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
             ``n_steps="auto"`` or finite differences.
         checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity,

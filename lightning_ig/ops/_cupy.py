@@ -7,13 +7,12 @@ Rules this module enforces for every kernel in ``kernels/*.cu``:
   ``torch.cuda.graph`` can capture the launches.
 * Launches go to ``torch.cuda.current_stream(device)``, looked up at every call.
   The CuPy wrapper of a stream is cached by the stream's handle (building one
-  costs ~10 us of host time), never without it.
+  per launch costs host time), never without it.
 * Each ``.cu`` file is compiled once per (device, options) and cached; the
   source is prefixed with ``#line 1 "<path>"`` so compiler errors name the real file.
 * Scalars are passed as numpy scalars of the kernel's exact C type.
-* Launches are CuPy's own (``RawKernel.__call__``). A hand-prepared
-  ``cuLaunchKernel`` path was measured on an H200 and was no faster, so there
-  is one launch path.
+* Launches are CuPy's own (``RawKernel.__call__``): one launch path (a
+  hand-prepared ``cuLaunchKernel`` one was no faster: ``docs/benchmarks.md``).
 
 CuPy is imported lazily, so the package imports and runs (on its torch path)
 where CuPy is not installed.

@@ -100,9 +100,7 @@ VARIANTS: dict[str, KernelVariant] = {
     "lean-r2-d4-mb2": KernelVariant(forward_rows=2, forward_min_blocks=2, forward_depth=4, lean=True),
 }
 
-DEFAULT_VARIANT = (
-    "lean-r4-d1"  # fastest at (65536, 64, 4) on an H200: 22.4 us, 109% of a copy (baseline 36.0 us); docs/benchmarks.md
-)
+DEFAULT_VARIANT = "lean-r4-d1"  # the fastest where it was timed (docs/benchmarks.md, bench_ensemble.py --variants)
 
 _active_variant = DEFAULT_VARIANT
 

@@ -11,10 +11,8 @@ on the host.
 frame stack) Spearman moves in steps of 0.2 and random networks rank the units very differently from each other:
 one more random network lands anywhere relative to the copies. The comparison with the copies' level then cannot
 tell a trained model from an untrained one, and the check says so (``resolved=False``, its ``note``): it applies a
-ceiling only, which still catches a map that ranks like every random network. Measured (C = 4 copies): on a
-trained CartPole agent 0.75 / 0.55 / 0.55 against copies at 0.77 / 0.57 / 0.57 (seeds 1-3: unresolved); per
-MinAtar channel 0.25 / -0.35 / 0.25 against 0.90; on a trained Nature-CNN per pixel 0.109 against 0.232 (resolved,
-passed; random-init twins sit within 0.02 of their copies and fail).
+ceiling only, which still catches a map that ranks like every random network (the figures on trained and
+random-init agents: ``docs/trust.md``).
 """
 
 from __future__ import annotations

@@ -140,17 +140,13 @@ class FixedCosts:
 
 
 EAGER = FixedCosts(host=0.12, copy=0.3, per_pass=0.5, capture=0.5)
-"""Where the callback's IG runs eagerly (the CPU): a pass of the copy is an IG run on fewer states. Measured on the
-CPU (``benchmarks/bench_checks.py``): a CartPole MLP's IG (7-15 ms) is half Python, its deletion check's Python and
-read 0.09 of a run, its copy's first pass up to 0.26 more than a later one; MinAtar and Nature CNNs are
-compute-bound (the rows decide)."""
+"""Where the callback's IG runs eagerly (the CPU): a pass of the copy is an IG run on fewer states. Each constant is
+at or above what ``benchmarks/bench_checks.py`` measured on a CPU (``docs/trust.md``)."""
 
 REPLAYED = FixedCosts(host=0.6, copy=1.5, per_pass=0.3, capture=9.0)
-"""Where the callback's IG replays a CUDA graph (2-5 ms on an H200 at the examples' sizes): the checks are bound by
-their launches and Python. Measured there (``benchmarks/bench_checks.py``, CartPole MLP, MinAtar and Nature CNNs, in
-IG runs): a deletion check 0.53-0.81, the plan of a first check 0.28-0.48, a sanity check 0.13-0.24, the copy
-1.06-1.40, its capture 5.4-7.9, the reference 1.98-2.36, a stability check 0.81-1.20; each constant is at or above
-the largest of these, so that the budget holds where a piece costs what it cost there."""
+"""Where the callback's IG replays a CUDA graph: the checks are bound by their launches and Python. Each constant is
+at or above the largest cost ``benchmarks/bench_checks.py`` measured on a GPU (``docs/trust.md``), so that the
+budget holds where a piece costs what it cost there."""
 
 
 def deletion_rows(num_units: int, *, fractions: int = 16) -> int:

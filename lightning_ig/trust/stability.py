@@ -11,9 +11,9 @@ copy in eval mode), and the states are attributed with the run's settings. The d
 check (the same draws every time: the check follows the model, not the dice); on a CUDA device the copy's IG is a
 replayed graph. Not applicable without NoisyLinear layers (other libraries' noisy layers have no generator-taking draw).
 
-**Pass:** ``noise_rank_correlation >= STABILITY_FLOOR`` (0.80). Measured: trained CartPole and MinAtar agents read
-1.000 at their own noise and stay >= 0.994 at 100 times it; random-init NoisyNets, whose sigma is about ``|mu|``,
-read 0.60 (MinAtar channels) and 0.715 (Nature-CNN): there the noise decides the map, and the check fails.
+**Pass:** ``noise_rank_correlation >= STABILITY_FLOOR`` (0.80): trained agents read close to 1 at their own noise;
+random-init NoisyNets, whose sigma is about ``|mu|``, read lower, since there the noise decides the map, and the
+check fails (the figures: ``docs/trust.md``).
 """
 
 from __future__ import annotations

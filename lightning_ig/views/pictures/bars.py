@@ -1,6 +1,6 @@
 """The bar charts: the top features (or groups) by mean ``|attr|``, each bar split by sign, with the verdict.
 
-Drawn straight into pixels (:mod:`~lightning_ig.views.pictures.raster`), about a millisecond each, at the size
+Drawn straight into pixels (:mod:`~lightning_ig.views.pictures.raster`) at the size
 TensorBoard shows them (:data:`~lightning_ig.views.pictures.raster.CARD_WIDTH` wide, text from
 :data:`~lightning_ig.views.pictures.raster.SMALL_SIZE` up), so that the verdict, the legend and the units read without
 "Show actual image size". A bar is the mean of ``|attr|`` = the mean of its positive part

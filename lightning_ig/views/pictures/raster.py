@@ -3,8 +3,8 @@
 Every picture the callback logs (the charts of :mod:`~lightning_ig.views.pictures.bars`,
 :mod:`~lightning_ig.views.pictures.charts`, :mod:`~lightning_ig.views.pictures.action_charts` and
 :mod:`~lightning_ig.views.pictures.verdict_card`, the saliency pictures of :mod:`~lightning_ig.views.pictures.saliency`)
-is drawn straight into an ``(H, W, 3)`` uint8 array with numpy and Pillow. A plotting library's layout engine costs a
-hundred milliseconds or more per chart; these cost a few milliseconds. :func:`png_bytes` stores a picture with at most
+is drawn straight into an ``(H, W, 3)`` uint8 array with numpy and Pillow. A plotting library's layout engine costs far
+more per chart (``docs/benchmarks.md``). :func:`png_bytes` stores a picture with at most
 256 colours (a palette PNG): a third of the bytes of an RGB one, which matters because TensorBoard's event writer
 checksums every byte in Python.
 
@@ -300,9 +300,8 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 
     Pictures of few colours are stored exactly. A picture of more colours
     (saliency maps, anti-aliased text) gets a palette of 256 from Pillow's fast
-    octree, and each pixel the nearest of them: on the saliency pictures of
-    noisy frames, 2.5 levels (of 255) off on average and at most about 20.
-    Compared with an RGB PNG, a third of the bytes and of the time to compress them.
+    octree, and each pixel the nearest of them (a few levels of 255 off on
+    noisy saliency frames). Compared with an RGB PNG, a third of the bytes.
     """
     from PIL import Image  # noqa: PLC0415
 
