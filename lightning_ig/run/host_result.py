@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,30 +37,7 @@ from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import COLUMNS as _COLUMNS
 from lightning_ig.attribution.result import ResultLike, near_baseline_states, pack, worst_over_ordinary
 
-__all__ = ["HostResult", "HostTransfer", "Moments", "RunLabels", "pack", "reduce_rows"]
-
-
-class RunLabels(NamedTuple):
-    """What a host result says about how its run was made (the engine's settings, not its numbers)."""
-
-    n_steps: int
-    method: str
-    gradient: str
-    backend: str
-    target: str
-    error_scale: float
-
-    @classmethod
-    def of(cls, result: Any) -> RunLabels:
-        """The labels of an :class:`~lightning_ig.attribution.IGResult` (or anything with its fields)."""
-        return cls(
-            int(result.n_steps),
-            str(result.method),
-            str(result.gradient),
-            str(result.backend),
-            str(getattr(result, "target", "")),
-            float(getattr(result, "error_scale", 1.0)),
-        )
+__all__ = ["HostResult", "HostTransfer", "Moments"]
 
 
 @dataclass(frozen=True)
@@ -247,26 +224,18 @@ class HostResult:
         if num_states is not None:
             packed = packed[:num_states]
         count = packed.shape[1] - len(_COLUMNS)
-        options = {"groups": groups, "keep_attributions": keep_attributions, "sample_states": sample_states}
-        flat, layout = reduce_rows(packed[:, :count], packed[:, count:].T, **options)
-        return HostTransfer(flat, cls.unpacker(RunLabels.of(result), feature_shape, layout, groups))
-
-    @classmethod
-    def unpacker(
-        cls,
-        labels: RunLabels,
-        feature_shape: tuple[int, ...],
-        layout: tuple[int, int, int],
-        groups: FeatureGroups | None,
-    ) -> Callable[[np.ndarray], HostResult]:
-        """What turns the host copy of :func:`reduce_rows`' flat tensor (of ``layout``) into the host result."""
-        return lambda host: cls._unpack(host, labels, feature_shape, *layout, groups)
+        flat, layout = _reduce_rows(packed[:, :count], packed[:, count:].T, groups, keep_attributions, sample_states)
+        labels = {"method": str(result.method), "gradient": str(result.gradient), "backend": str(result.backend)}
+        labels.update(target=str(getattr(result, "target", "")), error_scale=float(getattr(result, "error_scale", 1.0)))
+        settings = (int(result.n_steps), labels, feature_shape, *layout, groups)
+        return HostTransfer(flat, lambda host: cls._unpack(host, *settings))
 
     @classmethod
     def _unpack(
         cls,
         host: np.ndarray,
-        labels: RunLabels,
+        n_steps: int,
+        labels: dict[str, Any],
         feature_shape: tuple[int, ...],
         rows: int,
         count: int,
@@ -302,18 +271,14 @@ class HostResult:
             sample_attributions=host[offsets[3] : offsets[4]].reshape(samples, *feature_shape),
             groups=groups,
             group_attributions=None if groups is None else host[offsets[4] : offsets[5]].reshape(rows, len(groups)),
-            n_steps=int(columns["n_steps"].max()) if rows else labels.n_steps,
-            method=labels.method,
-            gradient=labels.gradient,
-            backend=labels.backend,
-            target=labels.target,
+            n_steps=int(columns["n_steps"].max()) if rows else n_steps,
             stochastic=bool((columns["stochastic"] != 0).any()),
             attribution_error=columns["attribution_error"],
             mass_relative_error=_mass_relative(columns, sums, mass),
             near_baseline=near != 0,
             attribution_mass=mass,
             n_steps_per_state=columns["n_steps"].astype(np.int64),
-            error_scale=labels.error_scale,
+            **labels,
         )
 
 
@@ -356,20 +321,13 @@ class HostTransfer:
         return self._result
 
 
-def reduce_rows(
-    values: Tensor, columns: Tensor, *, groups: FeatureGroups | None, keep_attributions: bool, sample_states: int
+def _reduce_rows(
+    values: Tensor, columns: Tensor, groups: FeatureGroups | None, keep_attributions: bool, sample_states: int
 ) -> tuple[Tensor, tuple[int, int, int]]:
-    """A run's reductions on its device, in float64, as one flat tensor: what :class:`HostTransfer` copies.
+    """A run's reductions on its device, in float64, as one flat tensor and its layout ``(rows, features, samples)``.
 
-    No host sync and no shape that depends on the values, so the training loop never waits for it.
-
-    Args:
-        values: ``(B, F)`` the attributions, any floating dtype.
-        columns: ``(10, B)`` the per-state numbers in the order of :func:`pack`'s columns.
-        groups, keep_attributions, sample_states: as for :meth:`HostResult.begin`.
-
-    Returns:
-        The flat float64 tensor and its layout ``(rows, features, sample rows)`` for :meth:`HostResult.unpacker`.
+    ``values (B, F)`` are the attributions, ``columns (10, B)`` the per-state numbers in :func:`pack`'s order. No host
+    sync and no shape that depends on the values, so the training loop never waits for it.
     """
     values = values.to(torch.float64)  # (B, F)
     sums = values.sum(1)  # (B,)

@@ -221,7 +221,7 @@ def test_members_gathered_with_an_uneven_split_equal_one_process(ensemble_run):
 
     def all_gather(joint: torch.Tensor) -> torch.Tensor:  # what rank 0 receives: every rank's joint rows, stacked
         calls.append(joint.shape)
-        from lightning_ig.run.host_result import pack
+        from lightning_ig.attribution.result import pack
 
         other = torch.cat([pack(local[1][0])[0], pack_members(local[1][1])], dim=1)
         return torch.stack([joint, other])

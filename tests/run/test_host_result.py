@@ -10,7 +10,8 @@ import torch
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.run.host_result import HostResult, Moments, pack
+from lightning_ig.attribution.result import pack
+from lightning_ig.run.host_result import HostResult, Moments
 from tests.support.tolerance import assert_close_scaled
 
 
