@@ -33,7 +33,7 @@ from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary, summarize
 from lightning_ig.views import text
 from lightning_ig.views.loggers.custom_scalars import trainer_layout
-from lightning_ig.views.loggers.outputs import PictureWriter
+from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.vocabulary import BackendName, NSteps
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]

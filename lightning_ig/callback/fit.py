@@ -29,9 +29,11 @@ from lightning_ig.run.actions import action_labels
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
 from lightning_ig.trust.schedule import TrustChecks
-from lightning_ig.views.loggers.outputs import PictureWriter, RunOutputs, display_labels
+from lightning_ig.views.loggers.outputs import RunOutputs
 from lightning_ig.views.loggers.sinks import picture_sinks
+from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
+from lightning_ig.views.tags import display_labels
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 

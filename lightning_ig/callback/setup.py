@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec
 from lightning_ig.callback.reports import ReportFolder
-from lightning_ig.views.loggers.outputs import TagNames
+from lightning_ig.views.tags import TagNames
 from lightning_ig.vocabulary import check_feature_names, default_feature_names
 
 __all__ = [

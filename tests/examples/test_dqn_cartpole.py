@@ -24,8 +24,8 @@ pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip instal
 
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.views.loggers.outputs import feature_tags
 from lightning_ig.views.report import load_schema
+from lightning_ig.views.tags import feature_tags
 from tests.support.examples import REPO, example_env, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run

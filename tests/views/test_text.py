@@ -8,9 +8,11 @@ import math
 import pytest
 
 from lightning_ig.run.summary import RunSettings, summarize
+from lightning_ig.views.tags import display_labels
 from lightning_ig.views.text import format_percent, format_signed, format_value, report_markdown, troubles
 from tests.support.each import FEATURES, NAMES
 from tests.support.each import each_run as make_each_run
+from tests.support.summaries import make_summary
 
 
 @pytest.mark.parametrize(
@@ -77,3 +79,39 @@ def test_a_non_finite_pair_is_named_by_its_state_and_action_in_the_words():
     text = report_markdown(summary, FEATURES, "ig")
     assert "NaN/Inf in 1 of 27 (state, action) pairs (first: state 4, right)" in text
     assert "9 states × 3 actions" in text and "**Per action**" in text
+
+
+def words(summary) -> str:
+    """The report text of a summary, under its unit labels as TensorBoard's tags show them."""
+    return report_markdown(summary, display_labels(summary.units.names), "ig")
+
+
+def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
+    text = words(make_summary(worst=0.5))
+    # the unit the JSON report and completeness_tol use: a fraction, never a percentage; the verdict is the accuracy
+    # figures', not the ratio |delta| / |dF| (0.5 here: ill-conditioned where dF is tiny), which is shown beside them
+    assert (
+        "Completeness passes: worst attribution error 4.00e-03 (estimated), worst mass-relative "
+        "completeness error 1.00e-03, both <= sqrt(2) x tolerance 0.01 over 2 states." in text
+    )
+    assert "Relative completeness error |delta| / |dF|: 5.00e-01." in text
+    table = text.split("```")[1].strip("\n").splitlines()
+    assert table[0].split()[:2] == ["rank", "feature"]
+    assert table[1].split()[1] == "pole∕angle"  # the most important first
+    # every number column ends at the same place: right-aligned
+    assert len({len(line) for line in table}) == 1
+    failing = words(make_summary(worst=0.001, mass_relative=0.2, near=1))
+    assert "Completeness FAILS: the worst mass-relative completeness error 2.00e-01 > sqrt(2)" in failing
+    assert "n_steps='auto'" in failing
+    assert "1 of 2 state(s) are near the baseline" in failing and "flagged, not scored" in failing
+    assert "too close to judge" not in failing and "kept apart" not in failing  # no degenerate state here
+    edge = math.sqrt(2) * 0.01
+    assert "Completeness passes" in words(make_summary(estimate=edge * (1 - 1e-9)))
+    assert "Completeness FAILS: the worst estimated attribution error" in words(
+        make_summary(estimate=edge * (1 + 1e-9))
+    )
+    unchecked = words(make_summary(worst=math.nan, degenerate=2, estimate=math.nan, mass_relative=math.nan))
+    assert "Completeness not checked: in all 2 states" in unchecked
+    assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in words(
+        make_summary(worst=math.inf, non_finite=1)
+    )

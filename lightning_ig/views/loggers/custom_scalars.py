@@ -67,7 +67,7 @@ def custom_scalars_layout(
 
     Args:
         callbacks: per callback ``(name, tags, units_by_importance)``: its ``name`` (``None`` for the unnamed
-            one), its :class:`~lightning_ig.views.loggers.outputs.TagNames`, and its unit labels most important
+            one), its :class:`~lightning_ig.views.tags.TagNames`, and its unit labels most important
             first (``None``: in their order). The order picks the 12 units that get a chart and the order in
             which they first appear; the titles never carry it.
         logged: the scalar tags logged so far (``tensorboard.informative_scalars``); charts of tags never logged are

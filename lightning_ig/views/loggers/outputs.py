@@ -11,14 +11,15 @@ scalars, histograms and the ``<prefix>/report`` text every run, the pictures on 
 (:class:`~lightning_ig.views.loggers.worker.PictureWriter`). The tags are listed, once, in
 ``docs/tensorboard-tags.md``.
 
-This module reads a :class:`~lightning_ig.run.summary.RunSummary`, never the JSON report. Names are shown the
-same way in tags, charts and text (:func:`display_labels`): a user's names as given (a ``/`` would nest the tag,
-so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers zero-padded so that they
+This module reads a :class:`~lightning_ig.run.summary.RunSummary`, never the JSON report. Names are shown the same way
+in tags, charts and text (:func:`~lightning_ig.views.tags.display_labels`): a user's names as given (a ``/`` would nest
+the tag, so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers zero-padded so that they
 sort numerically.
 
-A new logger output goes here: a scalar into :func:`scalar_metrics` (and its tag into :meth:`TagNames.scalar_tags`
-and docs/tensorboard-tags.md), a TensorBoard extra into :meth:`RunOutputs.log`, a picture into
-:data:`PICTURE_TAGS` and :mod:`~lightning_ig.views.pictures.draw`.
+A new logger output goes here: a scalar into :func:`scalar_metrics` (and its tag into
+:meth:`~lightning_ig.views.tags.TagNames.scalar_tags` and docs/tensorboard-tags.md), a TensorBoard extra into
+:meth:`RunOutputs.log`, a picture into :data:`~lightning_ig.views.tags.PICTURE_TAGS` and
+:mod:`~lightning_ig.views.pictures.draw`.
 """
 
 from __future__ import annotations
@@ -35,37 +36,10 @@ import numpy as np
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
-from lightning_ig.views.tags import (
-    CALIBRATION_TAGS,
-    COUNT_TAGS,
-    PICTURE_TAGS,
-    PICTURES,
-    TAG_ROOT,
-    TagNames,
-    display_labels,
-    feature_tags,
-)
-from lightning_ig.views.text import report_markdown as _markdown
+from lightning_ig.views.tags import CALIBRATION_TAGS, PICTURE_TAGS, PICTURES, TagNames
+from lightning_ig.views.text import report_markdown
 
-__all__ = [
-    "COMPANIONS",
-    "COUNT_TAGS",
-    "PICTURES",
-    "PICTURE_TAGS",
-    "TAG_ROOT",
-    "PictureWriter",
-    "RunOutputs",
-    "TagNames",
-    "add_picture",
-    "display_labels",
-    "feature_tags",
-    "informative_scalars",
-    "is_tensorboard_logger",
-    "log_scalars",
-    "pictures_due",
-    "report_markdown",
-    "scalar_metrics",
-]
+__all__ = ["COMPANIONS", "RunOutputs", "informative_scalars", "pictures_due", "scalar_metrics"]
 
 COMPANIONS = {"verdict": "top_features", "shares": "heatmap"}
 """Kinds of picture drawn at the runs of another kind (:func:`pictures_due`), so that the documented schedule of
@@ -131,10 +105,10 @@ def informative_scalars(
 ) -> tuple[dict[str, float], set[str]]:
     """The scalars of one run worth a card, and the count tags that have been non-zero so far.
 
-    Time Series shows every card of a run in one sorted list, twelve to a page: a card that carries nothing
-    pushes the ones that do down. Left out: the top-10% concentration where it equals the top-1% one (a state of
-    at most 10 features), and the counts of :data:`COUNT_TAGS` until they are first non-zero; from then on they are
-    logged every run, zeros included, so the card appears when it matters and its curve has no gaps.
+    Time Series shows every card of a run in one sorted list, twelve to a page: a card that carries nothing pushes the
+    ones that do down. Left out: the top-10% concentration where it equals the top-1% one (a state of at most 10
+    features), and the counts of :data:`~lightning_ig.views.tags.COUNT_TAGS` until they are first non-zero; from then on
+    they are logged every run, zeros included, so the card appears when it matters and its curve has no gaps.
 
     Args:
         metrics: the run's scalars by tag (:func:`scalar_metrics`).
@@ -165,12 +139,6 @@ def informative_scalars(
     return kept, seen
 
 
-def log_scalars(loggers: Iterable[Any], metrics: Mapping[str, float], step: int) -> None:
-    """Send the scalars to every logger through ``log_metrics`` (call on global rank zero only)."""
-    for logger in loggers:
-        logger.log_metrics(dict(metrics), step=step)
-
-
 def _logs_on_the_worker(logger: Any) -> bool:
     """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own (thread-safe: ``SummaryWriter`` calls): its
     scalars are logged on the logging worker with the run's other events; a logger of the user's own, on the
@@ -180,7 +148,7 @@ def _logs_on_the_worker(logger: Any) -> bool:
     return type(logger).log_metrics is TensorBoardLogger.log_metrics
 
 
-def is_tensorboard_logger(logger: Any) -> bool:
+def _is_tensorboard_logger(logger: Any) -> bool:
     """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which also gets histograms, pictures and text)."""
     from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
 
@@ -215,11 +183,6 @@ def pictures_due(
         if kind in cadences:
             due[kind] = due.get(lead, False) and cadences[kind] is not None and drawn_steps.get(kind) != summary.step
     return due
-
-
-def report_markdown(summary: RunSummary, tags: TagNames, *, saliency_scale: float | None = None) -> str:
-    """The ``<prefix>/report`` text of a run (see :func:`lightning_ig.views.text.report_markdown`)."""
-    return _markdown(summary, tags.labels[summary.units.kind], tags.prefix, saliency_scale=saliency_scale)
 
 
 # --------------------------------------------------------------------------- a callback's runs, logger by logger
@@ -317,7 +280,7 @@ class RunOutputs:
             final: the end of training (every kind of picture is due).
         """
         loggers = list(loggers)
-        boards = [logger for logger in loggers if is_tensorboard_logger(logger)]
+        boards = [logger for logger in loggers if _is_tensorboard_logger(logger)]
         direct = [logger for logger in boards if _logs_on_the_worker(logger)]
         metrics: dict[str, float] = {}
         if host is not None:
@@ -326,7 +289,9 @@ class RunOutputs:
                 scalar_metrics(summary, self.tags), self.tags, self.ever_non_zero
             )
             self.logged.update(metrics)
-            log_scalars([logger for logger in loggers if logger not in direct], metrics, summary.step)
+            for logger in loggers:
+                if logger not in direct:
+                    logger.log_metrics(dict(metrics), step=summary.step)
         due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
         if not (boards or self.sinks) or (host is None and not any(due.values())):
             return
@@ -379,7 +344,9 @@ class RunOutputs:
         drawn_scale = self.saliency_scale if job.due.get("saliency") and failed is None else None
         text = None
         if job.text:  # the report text names this run's saliency grid only
-            text = (f"{self.tags.prefix}/report", report_markdown(summary, self.tags, saliency_scale=drawn_scale))
+            labels = self.tags.labels[summary.units.kind]
+            words = report_markdown(summary, labels, self.tags.prefix, saliency_scale=drawn_scale)
+            text = (f"{self.tags.prefix}/report", words)
         for writer, logger in job.boards:
             if logger is not None and job.scalars:
                 logger.log_metrics(job.scalars, step=step)

@@ -1,6 +1,6 @@
 """The pictures a run draws, from its summary, its host result and what the callback decided once per fit.
 
-A *picture* is anything logged as an image. The kinds (:data:`~lightning_ig.views.loggers.outputs.PICTURE_TAGS`):
+A *picture* is anything logged as an image. The kinds (:data:`~lightning_ig.views.tags.PICTURE_TAGS`):
 
 * ``verdict``: the first card under ``ig/``: the completeness verdict and the top units' shares
   (:mod:`~lightning_ig.views.pictures.verdict_card`);

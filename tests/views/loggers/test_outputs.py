@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ig.views.loggers.outputs import PictureWriter, TagNames
+from lightning_ig.views.loggers.outputs import scalar_metrics
+from lightning_ig.views.loggers.worker import PictureWriter
+from lightning_ig.views.tags import COUNT_TAGS, TagNames
+from tests.support.summaries import make_summary
 
 
 def _worker_threads() -> list[threading.Thread]:
@@ -162,3 +166,18 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
         "ig/action/up/greedy_states",
         "ig/action/down∕left/greedy_states",
     }
+
+
+def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
+    tags = TagNames.build(
+        None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False
+    )
+    metrics = scalar_metrics(make_summary(worst=math.inf, non_finite=2), tags)
+    assert metrics["ig/completeness/worst_relative_error"] == math.inf
+    assert metrics["ig/completeness/non_finite_states"] == 2.0
+    assert metrics["ig/mean_abs/pole∕angle"] == 25.0 and metrics["ig/mean_signed/pole∕angle"] == -25.0
+    assert metrics["ig/drift/spearman_prev"] == 0.5
+    counts = {f"ig/{name}" for name in COUNT_TAGS}  # logged from their first non-zero run, not in scalar_tags
+    assert set(metrics) - {"ig/drift/spearman_prev"} - counts <= set(tags.scalar_tags(top_k=10))
+    named = TagNames.build("value", None, ["a", "b", "c"], generated_features=False, generated_groups=False)
+    assert scalar_metrics(make_summary(groups=True), named)["ig/value/group/mean_abs/b"] == 25.0

@@ -16,7 +16,7 @@ from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, rgb
 from lightning_ig.views.pictures.verdict_card import verdict_chart
 from lightning_ig.views.pictures.words import run_verdict, trust_reason_words
 from lightning_ig.views.text import format_value
-from tests.run.test_summary import _summary
+from tests.support.summaries import make_summary as _summary
 
 
 def _with_figures(summary, attribution_error: float, mass_relative_error: float, tolerance: float = 0.01):
