@@ -8,9 +8,9 @@ Two parts, both printed as tables (the summary table last):
    channels of MinAtar and Nature frames): the working copy of the model, the deletion check's fixed rows, the
    capture of the copy's IG (a CUDA device only), the sanity reference (4 re-initialised copies), the sanity,
    deletion and stability checks. Medians of interleaved rounds, each over the IG time of its own round (a loaded
-   machine's drift cancels), beside what the cost model (:class:`~lightning_ig.callback.trust.CheckCosts`) says.
+   machine's drift cancels), beside what the cost model (:class:`~lightning_ig.trust.CheckCosts`) says.
    Then fits of R runs at the default cadence (``checks_every_n_runs=5``) as the schedule decides them
-   (:class:`~lightning_ig.callback.trust.Schedule`, from the model's costs alone), each check and piece counted at
+   (:class:`~lightning_ig.trust.Schedule`, from the model's costs alone), each check and piece counted at
    its measured cost: the checks' share of the IG time at R = 10, 50, 100, 200 (the target: <= 20%), and the run
    at which each check first runs.
 2. **Separation.** On trained agents (``--runs``: folders with ``q_network.safetensors`` as the examples write
