@@ -82,7 +82,7 @@ class RunSummary:
         time_ms: wall time of the IG computation and the gather.
         ensemble: the members of an ensemble model, or ``None``.
         actions: a ``target="each"`` run per action (its rows are (state, action) pairs), or ``None``.
-        trust_checks: the callback's trust verdict (``lightning_ig.callback.trust.TrustSummary``: ``status``,
+        trust_checks: the callback's trust verdict (``lightning_ig.trust.TrustSummary``: ``status``,
             ``reasons``, ``notes``, ``headline()``, ``lines()``, the checks' results), or ``None`` (no checks).
         trust_scalars: the trust checks' scalars of this run, keyed by their full tags (``<prefix>/sanity/...``).
     """

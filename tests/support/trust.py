@@ -1,4 +1,4 @@
-"""Models and helpers of the trust checks' tests (tests/callback/trust/).
+"""Models and helpers of the trust checks' tests (tests/trust/).
 
 The trained network is a NoisyNet dueling MLP fit (about half a second) to a value that only four small-scale
 features of 32 carry: a random network's map follows the input scales, the trained one's follows the value, so the
