@@ -47,7 +47,9 @@ def test_a_format_this_version_does_not_know_is_refused_by_every_reader(tmp_path
     tensors = load_file(str(path))
     save_file(tensors, str(path), metadata={**read_metadata(path), "lightning_ig.format": "2"})
     for read in (list_heads, load_checkpoint, lambda file: merge_checkpoints({"a": file}, tmp_path / "m.safetensors")):
-        with pytest.raises(CheckpointError, match="is in lightning-ig checkpoint format '2'; this version reads format 1"):
+        with pytest.raises(
+            CheckpointError, match="is in lightning-ig checkpoint format '2'; this version reads format 1"
+        ):
             read(path)
     assert not (tmp_path / "m.safetensors").exists()
 

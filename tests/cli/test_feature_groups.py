@@ -380,7 +380,7 @@ def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, cap
         [
             "diag",
             "--checkpoint",
-            str(workspace / "missing.safetensors"),
+            str(workspace / "flat.safetensors"),  # states --saliency cannot draw: said only once it is loaded
             "--saliency",
             str(workspace / "a_file"),
             "--output",
