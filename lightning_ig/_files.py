@@ -45,8 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from lightning_ig.vocabulary import check_memory, shown, size_text
-
 __all__ = [
     "InputPathError",
     "OutputPathError",
@@ -82,7 +80,8 @@ _KINDS = (
 
 
 def check_input_file(path: str | os.PathLike[str], what: str, fix: str = "give a regular file") -> Path:
-    """``path`` as a :class:`Path` when it names a regular file this process may read (symbolic links followed).
+    """``path`` as a :class:`Path` when it names a regular file this process may read (symbolic links followed, a
+    leading ``~`` expanded).
 
     Nothing is opened: a FIFO would block its reader forever, a device (a link to ``/dev/zero``) feed it until
     memory runs out.
@@ -96,7 +95,8 @@ def check_input_file(path: str | os.PathLike[str], what: str, fix: str = "give a
         InputPathError: the path does not exist, is a symbolic-link loop, a folder, a FIFO, a device or a socket,
             is too long for the file system, holds a NUL character, or is not readable; the message says which.
     """
-    named = f"{what} {shown(os.fspath(path))}"
+    named = f"{what} {os.fspath(path)!r}"
+    path = os.path.expanduser(os.fspath(path))  # "~/states.npy", as a shell and every path option read it
     try:
         info = os.stat(path)
     except ValueError:  # a NUL character: no system call takes it
@@ -118,35 +118,29 @@ def _unreachable(path: str | os.PathLike[str], error: OSError) -> str:
     if error.errno == errno.ENAMETOOLONG:
         return f"is too long for the file system ({len(os.fsencode(path)):,} bytes)"
     if error.errno == errno.ENOENT and os.path.islink(path):
-        return f"is a symbolic link to {shown(os.readlink(path))}, which does not exist"
+        return f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
     if error.errno in (errno.ENOENT, errno.ENOTDIR):
         return "does not exist"
     return f"cannot be read ({_reason(error)})"
 
 
 @contextlib.contextmanager
-def open_input(
-    path: str | os.PathLike[str], what: str, *, expands: float = 1.0, fix: str = "give a regular file"
-) -> Iterator[BinaryIO]:
+def open_input(path: str | os.PathLike[str], what: str, fix: str = "give a regular file") -> Iterator[BinaryIO]:
     """The regular file ``path`` open for reading, checked as :func:`check_input_file` checks it.
 
     It is opened without blocking and checked again once open, so a FIFO put in its place since the check cannot
-    block the reader; and a file that takes ``expands`` times its size in memory once read (JSON parsed into
-    Python objects) must fit in the memory available (:func:`~lightning_ig.vocabulary.check_memory`).
+    block the reader. A reader that parses the file into more memory than its size bounds it first
+    (:func:`~lightning_ig.vocabulary.check_memory`, with ``os.fstat(handle.fileno()).st_size``).
 
     Raises:
         InputPathError: as :func:`check_input_file`.
-        ValueError: the file would not fit in memory.
-        OSError: the file cannot be opened or read.
+        OSError: the file cannot be opened.
     """
-    check_input_file(path, what, fix)
+    path = check_input_file(path, what, fix)
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InputPathError(f"{what} {shown(os.fspath(path))} is no longer a regular file; {fix}")
-        named = f"{what} {shown(os.fspath(path))} ({size_text(info.st_size)})"
-        check_memory(int(info.st_size * expands), named, "give a smaller file, or free memory")
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise InputPathError(f"{what} {os.fspath(path)!r} is no longer a regular file; {fix}")
         yield handle
 
 
@@ -464,8 +458,9 @@ def atomic_paths(
         The temporary files, in the order of ``targets``.
     """
     temporaries: list[tuple[Path, Path, int]] = []  # temporary, destination, mode
+    ending: list[int] = []  # the signals this writer turned into _Ended (none in a nested one: the outer did)
     try:
-        with _ending_signals_raise():
+        with _handlers(_end, _ENDING, only_default=True) as ending:
             for target, follow_symlinks in targets:
                 real = _destination(Path(target), follow_symlinks=follow_symlinks)
                 real.parent.mkdir(parents=True, exist_ok=True)
@@ -484,7 +479,7 @@ def atomic_paths(
         for temporary, _, _ in temporaries:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-        if isinstance(error, _Ended):  # the temporaries are gone: end as the signal asked
+        if isinstance(error, _Ended) and error.signum in ending:  # the temporaries are gone: end as asked
             signal.signal(error.signum, signal.SIG_DFL)
             signal.raise_signal(error.signum)
         raise
@@ -517,29 +512,28 @@ def _end(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def _handlers(handler: Callable[[int, object], None], signals: Sequence[int], only_default: bool) -> Iterator[None]:
-    """``handler`` for ``signals`` inside the block (main thread only; a signal someone else handles or ignores is
-    left alone where ``only_default``, an ignored one always), the previous handlers back after it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {number: signal.getsignal(number) for number in signals}
+def _handlers(
+    handler: Callable[[int, object], None], signals: Sequence[int], only_default: bool
+) -> Iterator[list[int]]:
+    """``handler`` for ``signals`` inside the block, the previous handlers back after it; yields the signals taken.
+
+    Only in the main thread (the only one where Python handles signals); an ignored signal is left alone, and so is
+    one someone else handles where ``only_default``.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.getsignal(number) for number in signals} if main else {}
     taken = [
         number
         for number, old in previous.items()
-        if old is not signal.SIG_IGN and old is not None and (old is signal.SIG_DFL or not only_default)
+        if old not in (signal.SIG_IGN, None) and (old is signal.SIG_DFL or not only_default)
     ]
     for number in taken:
         signal.signal(number, handler)
     try:
-        yield
+        yield taken
     finally:
         for number in taken:
             signal.signal(number, previous[number])
-
-
-def _ending_signals_raise() -> contextlib.AbstractContextManager[None]:
-    return _handlers(_end, _ENDING, only_default=True)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from typing import Any
 from lightning_ig._files import open_input
 from lightning_ig._json import MEMORY_PER_BYTE, parse_json
 from lightning_ig.cli.terminal import printable
+from lightning_ig.vocabulary import check_memory, size_text
 
 __all__ = [
     "EXIT_CLOSED_PIPE",
@@ -70,7 +71,7 @@ def _cut(match: re.Match[str]) -> str:
     return f"'{value[: _QUOTE_LIMIT // 2]}...' ({len(value)} characters)"
 
 
-def read_json_file(path: str, what: str, fix: str, *, missing: str | None = None) -> Any:
+def read_json_file(path: str, what: str, fix: str) -> Any:
     """The JSON value in the file ``path`` names, or a :class:`UsageError` that names the argument and the fix.
 
     The path must be a regular file (a folder, a FIFO, a device, a symbolic-link loop is named as such, never read)
@@ -81,12 +82,11 @@ def read_json_file(path: str, what: str, fix: str, *, missing: str | None = None
         path: the file, as the user gave it.
         what: how the message names it (``"--feature-names"``, ``"report"``).
         fix: what to do, ending each message (``"give a JSON array of names"``).
-        missing: the whole message when nothing exists at ``path`` (default: ``what`` and ``fix``).
     """
-    if missing is not None and not os.path.lexists(path):
-        raise UsageError(missing)
     try:
-        with open_input(path, what, expands=MEMORY_PER_BYTE, fix=fix) as handle:
+        with open_input(path, what, fix) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            check_memory(size * MEMORY_PER_BYTE, f"{what} {path!r} ({size_text(size)})", "give a smaller file")
             text = handle.read()
     except OSError as error:
         raise UsageError(f"{what} {path!r} cannot be read ({error.strerror or error}); {fix}") from None

@@ -71,12 +71,7 @@ def resolve_feature_groups(
 
 
 def _read(path: str) -> Any:
-    value = read_json_file(
-        path,
-        "--feature-groups",
-        _FIX,
-        missing=f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}",
-    )
+    value = read_json_file(path, "--feature-groups", _FIX)  # a regular file: diag checked every input first
     if isinstance(value, dict):
         return {name: _members(members, path, name) for name, members in value.items()}
     if isinstance(value, list):

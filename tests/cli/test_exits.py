@@ -453,3 +453,16 @@ def test_show_into_a_pipe_closed_early_is_quiet_and_exits_141_as_cat_does(worksp
     process.stdout.close()
     _, err = process.communicate(timeout=300)
     assert (process.returncode, err) == (141, b""), err
+
+
+def test_a_json_input_too_large_for_the_memory_is_refused_before_it_is_read(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_ig import vocabulary
+    from lightning_ig.cli.exits import UsageError, read_json_file
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 100)  # 20 bytes of JSON take about 240 parsed
+    with pytest.raises(UsageError, match=r"--feature-names 'names.json' \(20 bytes\) needs about 240 bytes of memory"):
+        read_json_file("names.json", "--feature-names", "give a JSON array of names")
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 1000)
+    assert read_json_file("names.json", "--feature-names", "give a JSON array of names") == ["w", "x", "y", "z"]
