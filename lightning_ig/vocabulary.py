@@ -42,6 +42,7 @@ __all__ = [
     "WARPED_METHODS",
     "BackendName",
     "NSteps",
+    "available_memory",
     "callable_name",
     "check_bool",
     "check_choice",

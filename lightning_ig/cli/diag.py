@@ -426,16 +426,19 @@ def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written
             pixels = _saliency_pixels(head)
             files += [(picture, partial(write_png, image)) for picture, image in zip(planned.pictures, pixels)]
     targets = [(planned.path, planned.follow_symlinks) for planned, _ in files]
-    with atomic_paths(targets, committed=written) as temporaries:
-        for (planned, write), temporary in zip(files, temporaries):
-            try:
+    done = 0
+    try:
+        with atomic_paths(targets, committed=written) as temporaries:
+            for (_, write), temporary in zip(files, temporaries):
                 write(temporary, follow_symlinks=False)  # the temporary is a plain file of this run's own
-            except OSError as error:  # noqa: PERF203 - checked before the run; the disk or the folder changed since
-                what = "--output" if planned.what.startswith("the ") else planned.what
-                raise UsageError(
-                    f"cannot write {what} {str(planned.path)!r} ({error.strerror or error}); check the folder's "
-                    f"space and permissions; none of the {len(files)} file(s) was written"
-                ) from None
+                done += 1
+    except OSError as error:  # checked before the run; the disk or the folder changed since
+        failed = files[min(done, len(files) - 1)][0]
+        what = "--output" if failed.what.startswith("the ") else failed.what
+        raise UsageError(
+            f"cannot write {what} {str(failed.path)!r} ({error.strerror or error}); check the folder's space and "
+            f"permissions; none of the {len(files)} file(s) was written"
+        ) from None
     for head, planned in zip(attributed, plan):
         head.saliency = [picture.path for picture in planned.pictures]
 

@@ -9,7 +9,6 @@ feature names, the feature groups, the target and the baseline. Every mistake is
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,16 +117,15 @@ def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) ->
 
 
 def _model_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the model computes in: its floating-point parameters' (and buffers'), else float32.
+    """The dtype the model computes in: its floating-point parameters' (else its buffers'), else float32.
 
     Raises:
-        UsageError: they are of several dtypes (ensemble members of different precisions): states of one dtype
-            would fail in the other's layers.
+        UsageError: the parameters are of several dtypes (ensemble members of different precisions): states of one
+            dtype would fail in the other's layers.
     """
-    dtypes = sorted(
-        {tensor.dtype for tensor in itertools.chain(model.parameters(), model.buffers()) if tensor.is_floating_point()},
-        key=str,
-    )
+    floats = [tensor.dtype for tensor in model.parameters() if tensor.is_floating_point()]
+    floats = floats or [tensor.dtype for tensor in model.buffers() if tensor.is_floating_point()]
+    dtypes = sorted(set(floats), key=str)
     if len(dtypes) > 1:
         raise UsageError(
             f"the model's parameters are of {len(dtypes)} dtypes ({', '.join(map(str, dtypes))}: ensemble members "
