@@ -26,9 +26,11 @@ Run (after the README's set-up, which installs into .venv without activating it)
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - the heavy imports follow the command line: `--help` answers before torch and Lightning load
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import sys
 import time
@@ -37,26 +39,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import gymnasium as gym
-import lightning as L
-import numpy as np
-import torch
-import torch.nn.functional as F
-from lightning.pytorch.callbacks import TQDMProgressBar
-from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, IterableDataset
-
-from lightning_ig import (
-    DuelingQNetwork,
-    IntegratedGradientsCallback,
-    integrated_gradients,
-    noise_disabled,
-    save_checkpoint,
-    soft_margin_loss,
-)
-from lightning_ig.views import feature_statistics
 
 #: CartPole-v1's observation, in order (Gymnasium's documentation).
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
@@ -228,6 +210,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not 0 < getattr(args, name) <= 1:
             parser.error(f"--{name} must be in (0, 1], got {getattr(args, name)}")
     return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and a mistyped flag answer here, before torch, Lightning and the games are imported
+
+import gymnasium as gym
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_ig import (
+    DuelingQNetwork,
+    IntegratedGradientsCallback,
+    integrated_gradients,
+    noise_disabled,
+    save_checkpoint,
+    soft_margin_loss,
+)
+from lightning_ig.views import feature_statistics
 
 
 def choose_accelerator(requested: str | None, cuda_available: bool) -> tuple[str, str]:
@@ -430,6 +436,11 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
     """The logger ``--logger`` names, its run in ``run_dir``. The IG callback draws its pictures for each of the
     three: TensorBoard's images, W&B's ``log_image`` (and a table), MLflow's image artifacts (and a JSON report)."""
     if args.logger == "wandb":  # WANDB_MODE=offline: the run stays in run_dir/wandb, no network needed
+        import wandb  # noqa: PLC0415 - only for --logger wandb
+
+        # W&B warns on every run that the `anonymous` setting Lightning's WandbLogger passes has no effect: not the
+        # user's concern. Its warnings are off for this script's run (its errors still show).
+        wandb.setup(settings=wandb.Settings(show_warnings=False))
         logger = WandbLogger(project=args.wandb_project, name=run_name, save_dir=str(run_dir))
     elif args.logger == "mlflow":
         uri = mlflow_tracking_uri(args, run_dir)
@@ -484,6 +495,31 @@ def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) ->
     )
 
 
+def new_run_dir(runs_dir: str, name: str) -> Path:
+    """A folder of this run's own under ``runs_dir``: two runs started in the same second get ``name`` and
+    ``name-2``, never one folder (``mkdir`` is atomic: the second run's fails and it takes the next name)."""
+    Path(runs_dir).mkdir(parents=True, exist_ok=True)
+    folder, number = Path(runs_dir, name), 1
+    while True:
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:  # noqa: PERF203 - mkdir is the atomic test of a free name
+            number += 1
+            folder = Path(runs_dir, f"{name}-{number}")
+
+
+def quiet_third_parties() -> None:
+    """Silence what is not the run's concern, in this script only: Lightning's tips (install litlogger, litmodels) and
+    its device census (the script prints its own device line), and a deprecation inside Lightning's own pytree
+    helper (Lightning's to fix; nothing the user wrote)."""
+    noise = ("\N{ELECTRIC LIGHT BULB} Tip:", "GPU available:", "TPU available:", "HPU available:")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith(noise)
+    )
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
@@ -491,9 +527,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # one process feeds the replay
     warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")  # the replay stream has no length
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = Path(args.runs_dir, run_name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    quiet_third_parties()
+    run_dir = new_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    run_name = run_dir.name
     logger = make_logger(args, run_name, run_dir)
     print(f"device              {choose_accelerator(args.accelerator, torch.cuda.is_available())[1]}")
 
@@ -530,7 +566,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"\nrun folder          {run_dir}")
     print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
-    print(f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto")
+    print(
+        f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
+        f"--output {run_dir / 'ig_report.json'}"
+    )
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"auxiliary loss      {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps, {fit_seconds:.1f} s")

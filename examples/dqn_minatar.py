@@ -34,9 +34,11 @@ Run (after the README's set-up, which installs into .venv without activating it)
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - the heavy imports follow the command line: `--help` answers before torch and Lightning load
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import sys
 import time
@@ -44,26 +46,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import lightning as L
-import numpy as np
-import torch
-import torch.nn.functional as F
-from lightning.pytorch.callbacks import TQDMProgressBar
-from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
-from minatar import Environment
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, IterableDataset
-
-from lightning_ig import (
-    IntegratedGradientsCallback,
-    integrated_gradients,
-    noise_disabled,
-    save_checkpoint,
-    soft_margin_loss,
-)
-from lightning_ig.models import MinAtarQNetwork
-from lightning_ig.views import feature_statistics
 
 
 def make_ig_callback(
@@ -245,6 +227,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"use at least {2 * args.num_envs * (args.n_step + 1)}"
         )
     return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and a mistyped flag answer here, before torch, Lightning and the games are imported
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from minatar import Environment
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_ig import (
+    IntegratedGradientsCallback,
+    integrated_gradients,
+    noise_disabled,
+    save_checkpoint,
+    soft_margin_loss,
+)
+from lightning_ig.models import MinAtarQNetwork
+from lightning_ig.views import feature_statistics
 
 
 class MinAtarVectorEnv:
@@ -483,6 +489,11 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
     """The logger ``--logger`` names, its run in ``run_dir``. The IG callback draws its pictures for each of the
     three: TensorBoard's images, W&B's ``log_image`` (and a table), MLflow's image artifacts (and a JSON report)."""
     if args.logger == "wandb":  # WANDB_MODE=offline: the run stays in run_dir/wandb, no network needed
+        import wandb  # noqa: PLC0415 - only for --logger wandb
+
+        # W&B warns on every run that the `anonymous` setting Lightning's WandbLogger passes has no effect: not the
+        # user's concern. Its warnings are off for this script's run (its errors still show).
+        wandb.setup(settings=wandb.Settings(show_warnings=False))
         logger = WandbLogger(project=args.wandb_project, name=run_name, save_dir=str(run_dir))
     elif args.logger == "mlflow":
         uri = mlflow_tracking_uri(args, run_dir)
@@ -537,6 +548,31 @@ def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) ->
     )
 
 
+def new_run_dir(runs_dir: str, name: str) -> Path:
+    """A folder of this run's own under ``runs_dir``: two runs started in the same second get ``name`` and
+    ``name-2``, never one folder (``mkdir`` is atomic: the second run's fails and it takes the next name)."""
+    Path(runs_dir).mkdir(parents=True, exist_ok=True)
+    folder, number = Path(runs_dir, name), 1
+    while True:
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:  # noqa: PERF203 - mkdir is the atomic test of a free name
+            number += 1
+            folder = Path(runs_dir, f"{name}-{number}")
+
+
+def quiet_third_parties() -> None:
+    """Silence what is not the run's concern, in this script only: Lightning's tips (install litlogger, litmodels) and
+    its device census (the script prints its own device line), and a deprecation inside Lightning's own pytree
+    helper (Lightning's to fix; nothing the user wrote)."""
+    noise = ("\N{ELECTRIC LIGHT BULB} Tip:", "GPU available:", "TPU available:", "HPU available:")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith(noise)
+    )
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
@@ -544,9 +580,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # the replay is on the device
     warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")  # the replay stream has no length
-    run_name = f"MinAtar-{args.game}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = Path(args.runs_dir, run_name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    quiet_third_parties()
+    run_dir = new_run_dir(args.runs_dir, f"MinAtar-{args.game}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    run_name = run_dir.name
     logger = make_logger(args, run_name, run_dir)
 
     held_out = collect_held_out_states(args.game, args.num_held_out, seed=args.seed + 2_000)
@@ -570,9 +606,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
     per_channel = result.grouped("channels").cpu()  # (num_held_out, C): completeness holds per channel too
     channels = feature_statistics(per_channel, channel_names)
+    frame = held_out.shape[2:]  # (10, 10): the features by channel and cell, as the report names them
+    pixels = [
+        f"{name}[{row},{column}]" for name in channel_names for row in range(frame[0]) for column in range(frame[1])
+    ]
     checkpoint = save_checkpoint(
         q_network,
         run_dir / "q_network.safetensors",
+        feature_names=pixels,
         states=held_out,
         metadata={
             "game": args.game,
@@ -595,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"checkpoint          {checkpoint}")
     print(
         f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
-        f"--feature-groups {groups_file}"
+        f"--feature-groups {groups_file} --saliency {run_dir / 'saliency'} --output {run_dir / 'ig_report.json'}"
     )
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")
     print(

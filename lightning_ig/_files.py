@@ -1,4 +1,10 @@
-"""Writing output files safely: checked before any work, replaced atomically, readable by others.
+"""Reading and writing files safely: inputs that are files, outputs checked before any work and replaced atomically.
+
+Every file lightning-ig reads (checkpoints, states, baselines, names, groups, reports) is
+checked by :func:`check_input_file` (or opened by :func:`open_input`) before it is read: it
+must be a regular file, so a FIFO never blocks the reader and a link to ``/dev/zero`` never
+feeds it until memory runs out, and the message names what the path is instead ("a folder",
+"a FIFO", "a device", "a symbolic-link loop", "does not exist").
 
 Every file lightning-ig writes (JSON reports, checkpoints, saliency pictures) goes
 through here, so the rules hold everywhere:
@@ -17,29 +23,40 @@ through here, so the rules hold everywhere:
   the name itself, never what a link planted later points to
   (``atomic_path(..., follow_symlinks=False)``);
 * readers see the old file or the new one, never half of one, and a failed
-  write leaves nothing behind (:func:`atomic_path`);
+  write leaves nothing behind (:func:`atomic_path`); the files of one command are
+  written all or none (:func:`atomic_paths`), and SIGTERM or SIGHUP during a write
+  removes the temporary files before the process ends as the signal asks;
 * modes follow the user's umask: a new file gets ``0o666 & ~umask`` like any
-  program's output, an overwritten file keeps its mode.
+  program's output, an overwritten file keeps its permission bits, less the unsafe
+  ones: never setuid, setgid or sticky, never writable by everyone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import signal
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
+    "InputPathError",
     "OutputPathError",
     "OutputPlan",
     "PlannedOutput",
     "atomic_path",
+    "atomic_paths",
+    "check_input_file",
     "check_output_dir",
     "check_output_file",
     "file_name_limit",
+    "open_input",
 ]
 
 _Paths = Iterable["str | os.PathLike[str] | None"]
@@ -47,6 +64,84 @@ _Paths = Iterable["str | os.PathLike[str] | None"]
 
 class OutputPathError(ValueError):
     """An output path that must not or cannot be written; the message says which and what to do."""
+
+
+class InputPathError(ValueError):
+    """An input path that is not a readable regular file; the message says what it is and what to do."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_input_file(path: str | os.PathLike[str], what: str, fix: str = "give a regular file") -> Path:
+    """``path`` as a :class:`Path` when it names a regular file this process may read (symbolic links followed, a
+    leading ``~`` expanded).
+
+    Nothing is opened: a FIFO would block its reader forever, a device (a link to ``/dev/zero``) feed it until
+    memory runs out.
+
+    Args:
+        path: the file.
+        what: how the user named it (``"--states"``, ``"checkpoint"``), for the message.
+        fix: what to do, ending the message.
+
+    Raises:
+        InputPathError: the path does not exist, is a symbolic-link loop, a folder, a FIFO, a device or a socket,
+            is too long for the file system, holds a NUL character, or is not readable; the message says which.
+    """
+    named = f"{what} {os.fspath(path)!r}"
+    path = os.path.expanduser(os.fspath(path))  # "~/states.npy", as a shell and every path option read it
+    try:
+        info = os.stat(path)
+    except ValueError:  # a NUL character: no system call takes it
+        raise InputPathError(f"{named} holds a NUL character, which no file name can; {fix}") from None
+    except OSError as error:
+        raise InputPathError(f"{named} {_unreachable(path, error)}; {fix}") from None
+    kind = next((name for test, name in _KINDS if test(info.st_mode)), None)
+    if kind is not None:
+        raise InputPathError(f"{named} is {kind}, not a regular file; {fix}")
+    if not os.access(path, os.R_OK):
+        raise InputPathError(f"{named} is not readable (permission denied); check its permissions")
+    return Path(path)
+
+
+def _unreachable(path: str | os.PathLike[str], error: OSError) -> str:
+    """Why ``os.stat(path)`` failed, in words."""
+    if error.errno == errno.ELOOP:
+        return "is a symbolic-link loop"
+    if error.errno == errno.ENAMETOOLONG:
+        return f"is too long for the file system ({len(os.fsencode(path)):,} bytes)"
+    if error.errno == errno.ENOENT and os.path.islink(path):
+        return f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
+    if error.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "does not exist"
+    return f"cannot be read ({_reason(error)})"
+
+
+@contextlib.contextmanager
+def open_input(path: str | os.PathLike[str], what: str, fix: str = "give a regular file") -> Iterator[BinaryIO]:
+    """The regular file ``path`` open for reading, checked as :func:`check_input_file` checks it.
+
+    It is opened without blocking and checked again once open, so a FIFO put in its place since the check cannot
+    block the reader. A reader that parses the file into more memory than its size bounds it first
+    (:func:`~lightning_ig.vocabulary.check_memory`, with ``os.fstat(handle.fileno()).st_size``).
+
+    Raises:
+        InputPathError: as :func:`check_input_file`.
+        OSError: the file cannot be opened.
+    """
+    path = check_input_file(path, what, fix)
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise InputPathError(f"{what} {os.fspath(path)!r} is no longer a regular file; {fix}")
+        yield handle
 
 
 @dataclass(frozen=True)
@@ -331,27 +426,121 @@ def atomic_path(target: str | os.PathLike[str], *, follow_symlinks: bool = True)
             name the tool made up inside a folder): the name itself is replaced, a link there
             included, and never what it points to.
 
-    The new file's mode is the old file's (``follow_symlinks=False``: the old regular file's;
-    a link's target's mode is never read), or ``0o666 & ~umask`` for a new one. The temporary
+    The new file's mode is the old file's permission bits (``follow_symlinks=False``: the old
+    regular file's; a link's target's mode is never read), less setuid, setgid, sticky and
+    others' write, or ``0o666 & ~umask`` for a new one. The temporary
     file is made with ``O_EXCL`` (:func:`tempfile.mkstemp`), so it follows no link either. On
-    any exception inside the block the temporary file is removed and the old file is left as
-    it was.
+    any exception inside the block, and on SIGTERM or SIGHUP (:func:`atomic_paths`), the
+    temporary file is removed and the old file is left as it was.
     """
-    real = _destination(Path(target), follow_symlinks=follow_symlinks)
-    real.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_paths([(target, follow_symlinks)]) as (temporary,):
+        yield temporary
+
+
+@contextlib.contextmanager
+def atomic_paths(
+    targets: Sequence[tuple[str | os.PathLike[str], bool]], *, committed: Callable[[], None] | None = None
+) -> Iterator[list[Path]]:
+    """Temporary files beside the files ``targets`` name; they replace those files together when the block succeeds.
+
+    All or none: the files are written to their temporaries inside the block, and only once every one is written are
+    they renamed over their targets, with SIGINT, SIGTERM and SIGHUP held until the last rename (a rename cannot
+    run out of space). An exception inside the block removes every temporary and leaves every old file as it was.
+    SIGTERM and SIGHUP inside the block, where nobody handles them, are turned into an exception there, so that the
+    temporaries are removed; then the process ends by the signal, as it would have (in the main thread only: only
+    there can Python handle a signal).
+
+    Args:
+        targets: ``(path, follow_symlinks)`` per file, as :func:`atomic_path` takes them.
+        committed: called once every file is in place, before a held signal is delivered.
+
+    Yields:
+        The temporary files, in the order of ``targets``.
+    """
+    temporaries: list[tuple[Path, Path, int]] = []  # temporary, destination, mode
+    ending: list[int] = []  # the signals this writer turned into _Ended (none in a nested one: the outer did)
+    try:
+        with _handlers(_end, _ENDING, only_default=True) as ending:
+            for target, follow_symlinks in targets:
+                real = _destination(Path(target), follow_symlinks=follow_symlinks)
+                real.parent.mkdir(parents=True, exist_ok=True)
+                # The temporary name is kept short, so that a final name near the file system's limit still works.
+                descriptor, temporary = tempfile.mkstemp(prefix=f".{real.name[:64]}.", suffix=".tmp", dir=real.parent)
+                os.close(descriptor)
+                temporaries.append((Path(temporary), real, _mode(real)))
+            yield [temporary for temporary, _, _ in temporaries]
+            with _signals_held():
+                for temporary, real, mode in temporaries:
+                    os.chmod(temporary, mode)  # mkstemp made it 0600
+                    os.replace(temporary, real)  # replaces the name: a link there is replaced, not followed
+                if committed is not None:
+                    committed()
+    except BaseException as error:
+        for temporary, _, _ in temporaries:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        if isinstance(error, _Ended) and error.signum in ending:  # the temporaries are gone: end as asked
+            signal.signal(error.signum, signal.SIG_DFL)
+            signal.raise_signal(error.signum)
+        raise
+
+
+def _mode(real: Path) -> int:
+    """The mode of the file replacing ``real``: its permission bits, less setuid, setgid, sticky and others' write."""
     try:
         old = os.lstat(real)
-        mode = stat.S_IMODE(old.st_mode) if stat.S_ISREG(old.st_mode) else 0o666 & ~_umask()
     except FileNotFoundError:
-        mode = 0o666 & ~_umask()
-    # The temporary name is kept short, so that a final name near the file system's limit still works.
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{real.name[:64]}.", suffix=".tmp", dir=real.parent)
-    os.close(descriptor)
+        return 0o666 & ~_umask()
+    if not stat.S_ISREG(old.st_mode):
+        return 0o666 & ~_umask()
+    return stat.S_IMODE(old.st_mode) & 0o775  # never setuid, setgid, sticky or writable by everyone
+
+
+_ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _Ended(BaseException):
+    """SIGTERM or SIGHUP arrived during a write: raised there, so that the writer's cleanup runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _end(signum: int, frame: object) -> None:
+    raise _Ended(signum)
+
+
+@contextlib.contextmanager
+def _handlers(
+    handler: Callable[[int, object], None], signals: Sequence[int], only_default: bool
+) -> Iterator[list[int]]:
+    """``handler`` for ``signals`` inside the block, the previous handlers back after it; yields the signals taken.
+
+    Only in the main thread (the only one where Python handles signals); an ignored signal is left alone, and so is
+    one someone else handles where ``only_default``.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.getsignal(number) for number in signals} if main else {}
+    taken = [
+        number
+        for number, old in previous.items()
+        if old not in (signal.SIG_IGN, None) and (old is signal.SIG_DFL or not only_default)
+    ]
+    for number in taken:
+        signal.signal(number, handler)
     try:
-        yield Path(temporary)
-        os.chmod(temporary, mode)  # mkstemp made it 0600
-        os.replace(temporary, real)  # replaces the name: a link there is replaced, not followed
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+        yield taken
+    finally:
+        for number in taken:
+            signal.signal(number, previous[number])
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP recorded inside the block and delivered after it, to the handlers of before."""
+    held: list[int] = []
+    with _handlers(lambda signum, frame: held.append(signum), (signal.SIGINT, *_ENDING), only_default=False):
+        yield
+    for number in dict.fromkeys(held):
+        signal.raise_signal(number)

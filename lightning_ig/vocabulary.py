@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import reprlib
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +40,7 @@ __all__ = [
     "WARPED_METHODS",
     "BackendName",
     "NSteps",
+    "available_memory",
     "callable_name",
     "check_bool",
     "check_choice",
@@ -46,6 +48,7 @@ __all__ = [
     "check_int",
     "check_int_sequence",
     "check_mapping",
+    "check_memory",
     "check_method",
     "check_n_steps",
     "check_names",
@@ -59,6 +62,7 @@ __all__ = [
     "relative_error_text",
     "shown",
     "shown_with_type",
+    "size_text",
 ]
 
 BACKENDS = ("auto", "cuda", "torch")
@@ -234,14 +238,17 @@ def check_mapping(value: Any, name: str) -> dict[str, Any]:
 
 
 def check_path(value: Any, name: str) -> Path:
-    """``value`` as a :class:`~pathlib.Path`: a non-empty ``str`` or ``os.PathLike``."""
+    """``value`` as a :class:`~pathlib.Path`: a non-empty ``str`` or ``os.PathLike``, a leading ``~`` expanded as a
+    shell does (``"~/runs"`` is the home folder's ``runs``, never a folder named ``~``)."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a path (str or os.PathLike), got {shown_with_type(value)}")
     path = os.fspath(value)
     if not isinstance(path, str) or not path:
         error = ValueError if isinstance(path, str) else TypeError
         raise error(f"{name} must be a non-empty path, got {shown(value)}")
-    return Path(path)
+    if "\0" in path:
+        raise ValueError(f"{name} holds a NUL character, which no file name can: {shown(path)}")
+    return Path(os.path.expanduser(path))
 
 
 def check_method(value: Any, name: str = "method") -> str:
@@ -322,10 +329,65 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
             raise ValueError(f"{name}[{index}] is blank ({item!r}); give every feature a visible name")
         if any(not character.isprintable() for character in item):
             raise ValueError(f"{name}[{index}] = {item!r} holds a line break or control character; use plain text")
-    if len(set(listed)) != len(listed):
-        repeated = sorted({item for item in listed if listed.count(item) > 1})
-        raise ValueError(f"{name} repeats {repeated}; give each feature its own name")
+    # Two spellings of one text (NFC "\u00e9", NFD "e\u0301") look alike everywhere they are shown: one name.
+    normal = [unicodedata.normalize("NFC", item) for item in listed]
+    if len(set(normal)) != len(normal):
+        repeated = sorted({item for item, form in zip(listed, normal) if normal.count(form) > 1})
+        raise ValueError(f"{name} repeats {repeated} (names that look alike are one name); give each its own name")
     return listed
+
+
+def size_text(count: int) -> str:
+    """``count`` bytes in binary units, as messages write a size: ``149.0 GiB`` (``512 bytes``)."""
+    value, unit = float(count), "bytes"
+    for larger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{count:,} bytes" if unit == "bytes" else f"{value:,.1f} {unit}"
+
+
+def available_memory() -> int | None:
+    """The bytes of memory this process can still take: the system's available memory, less where a cgroup limits
+    it (a container); ``None`` where the system does not say (not Linux)."""
+    meminfo = _read_text("/proc/meminfo") or ""
+    available = [int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")]
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2 ("max": no limit)
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),  # v1
+    ):
+        most, used = _read_text(limit), _read_text(usage)
+        if most is not None and used is not None and most.strip().isdigit() and used.strip().isdigit():
+            available.append(int(most) - int(used))
+    return max(0, min(available)) if available else None
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read()
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory(needed: int, what: str, fix: str) -> None:
+    """Refuse, before it is allocated, memory a user sized (a count, a file) that this machine does not have.
+
+    The kernel's out-of-memory killer ends a process without a word; this check says what was asked and what to do.
+
+    Args:
+        needed: the bytes the work will take (an estimate from the sizes the user gave).
+        what: what needs them, for the message (``"--auto-samples 1000000000 (16 bytes a state)"``).
+        fix: what to do instead.
+
+    Raises:
+        ValueError: ``needed`` is more than :func:`available_memory`.
+    """
+    free = available_memory()
+    if free is not None and needed > free:
+        raise ValueError(
+            f"{what} needs about {size_text(needed)} of memory, more than the {size_text(free)} available here; {fix}"
+        )
 
 
 def callable_name(function: Any) -> str:

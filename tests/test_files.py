@@ -1,21 +1,29 @@
-"""lightning_ig/_files.py: outputs checked before the work, written atomically, with the user's modes."""
+"""lightning_ig/_files.py: inputs that are regular files; outputs checked before the work, written atomically (all
+or none, also on SIGTERM), with the user's modes and never an unsafe bit."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lightning_ig._files import (
+    InputPathError,
     OutputPathError,
     OutputPlan,
     atomic_path,
+    atomic_paths,
+    check_input_file,
     check_output_dir,
     check_output_file,
     file_name_limit,
 )
+from tests.support import REPO
 
 
 def _write(path: Path, text: str) -> None:
@@ -210,3 +218,119 @@ def test_the_writers_follow_a_link_only_when_told(tmp_path: Path, follow_symlink
         write(link)
         assert link.is_symlink() is follow_symlinks, name
         assert (victim.read_bytes() != b"old") is follow_symlinks, name
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def test_an_input_path_that_is_not_a_regular_file_is_named_for_what_it_is(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")  # opening it would block forever
+    (tmp_path / "zeros").symlink_to("/dev/zero")  # reading it would never end
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "dangling").symlink_to("gone.json")
+    (tmp_path / "folder").mkdir()
+    cases = {
+        tmp_path / "pipe": "is a FIFO (a named pipe), not a regular file",
+        tmp_path / "zeros": "is a device, not a regular file",
+        tmp_path / "loop": "is a symbolic-link loop",
+        tmp_path / "dangling": "is a symbolic link to 'gone.json', which does not exist",
+        tmp_path / "folder": "is a folder, not a regular file",
+        tmp_path / "missing.json": "does not exist",
+        tmp_path / ("a" * 5000): "is too long for the file system",
+        f"{tmp_path}/a\x00b": "holds a NUL character",
+    }
+    for path, words in cases.items():
+        with pytest.raises(InputPathError, match="--states .*" + words.replace("(", r"\(").replace(")", r"\)")):
+            check_input_file(path, "--states")
+    (tmp_path / "states.json").write_text("[]")
+    assert check_input_file(tmp_path / "states.json", "--states") == tmp_path / "states.json"
+
+
+def test_an_input_path_starting_with_a_tilde_is_in_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "states.json").write_text("[]")
+    assert check_input_file("~/states.json", "states") == tmp_path / "states.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# all or none, signals, modes
+
+
+def test_the_files_of_one_write_are_all_written_or_none(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("old a")
+    with (
+        pytest.raises(OSError, match="No space left"),
+        atomic_paths([(tmp_path / "a.json", True), (tmp_path / "b.json", True)]) as (a, b),
+    ):
+        a.write_text("new a")
+        raise OSError(28, "No space left on device")  # the second file could not be written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"] and (tmp_path / "a.json").read_text() == "old a"
+    committed = []
+    with atomic_paths(
+        [(tmp_path / "a.json", True), (tmp_path / "b.json", False)], committed=lambda: committed.append(1)
+    ) as (a, b):
+        a.write_text("new a")
+        b.write_text("new b")
+        assert not committed and (tmp_path / "a.json").read_text() == "old a", "nothing replaced before the end"
+    assert committed == [1] and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
+_SIGNAL_DURING_A_WRITE = """
+import os, signal, sys, time
+from lightning_ig._files import atomic_path, atomic_paths
+folder = sys.argv[1]
+with atomic_paths([(folder + "/a.bin", True), (folder + "/b.bin", True)]) as temporaries:
+    for temporary in temporaries:
+        temporary.write_bytes(b"x" * 1_000_000)
+    with atomic_path(temporaries[1], follow_symlinks=False) as inner:  # a writer inside, as write_report is
+        inner.write_bytes(b"y" * 1_000_000)
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+        time.sleep(30)
+print("not ended")
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_that_ends_the_process_during_a_write_leaves_no_temporary_file(tmp_path: Path, name: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_DURING_A_WRITE, str(tmp_path), name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -getattr(signal, name), done.stderr  # ended by the signal, as it would have been
+    assert list(tmp_path.iterdir()) == [], "no hidden temporary file, no half of the files"
+
+
+def test_an_overwritten_file_never_keeps_setuid_setgid_sticky_or_others_write(tmp_path: Path) -> None:
+    planted = tmp_path / "report.json"
+    planted.write_text("old")
+    planted.chmod(0o7777)  # its owner may set every bit, root or not
+    _write(planted, "new")
+    assert _mode(planted) == 0o775 and planted.read_text() == "new"
+
+
+def test_every_reader_refuses_a_fifo_at_once_instead_of_blocking_on_it(tmp_path: Path) -> None:
+    from lightning_ig import IntegratedGradientsCallback
+    from lightning_ig.checkpoint import CheckpointError, list_heads, load_checkpoint, load_states
+    from lightning_ig.cli.exits import UsageError, read_json_file
+
+    for name in ("pipe.safetensors", "pipe.npy", "pipe.json"):
+        os.mkfifo(tmp_path / name)
+    readers = [
+        (lambda: IntegratedGradientsCallback(tmp_path / "pipe.npy"), InputPathError),  # the callback's states path
+        (lambda: load_states(tmp_path / "pipe.npy"), CheckpointError),
+        (lambda: load_states(tmp_path / "pipe.json"), CheckpointError),
+        (lambda: load_checkpoint(tmp_path / "pipe.safetensors"), CheckpointError),
+        (lambda: list_heads(tmp_path / "pipe.safetensors"), CheckpointError),
+        (lambda: read_json_file(str(tmp_path / "pipe.json"), "--feature-names", "give a file"), UsageError),
+    ]
+    for read, error in readers:
+        with pytest.raises(error, match=r"is a FIFO \(a named pipe\), not a regular file"):
+            read()

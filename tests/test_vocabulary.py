@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lightning_ig import vocabulary
 from lightning_ig.vocabulary import (
     BACKENDS,
     GRADIENTS,
@@ -21,6 +22,7 @@ from lightning_ig.vocabulary import (
     check_int,
     check_int_sequence,
     check_mapping,
+    check_memory,
     check_n_steps,
     check_names,
     check_optional_positive_int,
@@ -157,3 +159,43 @@ def test_callable_names_read_like_the_code() -> None:
 
     assert callable_name(value) == "test_callable_names_read_like_the_code.<locals>.value"
     assert callable_name(Forward()) == "Forward"
+
+
+def test_memory_a_user_sized_is_refused_before_it_is_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 3 * 2**30)
+    check_memory(2**30, "--auto-samples 100", "ask for fewer")  # fits: nothing said
+    with pytest.raises(
+        ValueError, match=r"--auto-samples 10\*\*9 needs about 16\.0 GiB of memory, more than the 3\.0 GiB"
+    ):
+        check_memory(16 * 2**30, "--auto-samples 10**9", "ask for fewer")
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: None)  # a system that does not say: no bound
+    check_memory(2**60, "anything", "ask for fewer")
+
+
+def test_the_memory_available_is_a_positive_figure_here() -> None:
+    available = vocabulary.available_memory()
+    assert available is None or available > 0
+
+
+def test_names_that_look_alike_are_one_name() -> None:
+    nfc, nfd = "caf\u00e9", "cafe\u0301"  # the same text, composed and decomposed
+    assert nfc != nfd
+    with pytest.raises(ValueError, match="repeats .* \\(names that look alike are one name\\)"):
+        check_feature_names([nfc, nfd], 2)
+    with pytest.raises(ValueError, match="names that look alike"):
+        check_names(["x", nfd, nfc], "group_names")
+
+
+def test_a_path_starting_with_a_tilde_is_in_the_home_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert check_path("~/runs/x", "report_dir") == tmp_path / "runs" / "x"
+    assert check_path(Path("~"), "report_dir") == tmp_path
+    assert check_path("a~/b", "report_dir") == Path("a~/b")  # only a leading ~ is the home folder
+    with pytest.raises(ValueError, match="report_dir holds a NUL character"):
+        check_path("a\x00b", "report_dir")
+
+
+def test_numpy_integers_are_counts_as_python_ints_are() -> None:
+    assert check_positive_int(np.int64(2), "every_n_steps") == 2 and type(check_positive_int(np.int64(2), "n")) is int
+    assert check_int(np.uint8(3), "k", minimum=0) == 3 and check_n_steps(np.int32(16)) == 16
+    assert check_int_sequence([np.int64(1), 2], "indices") == [1, 2]

@@ -25,17 +25,27 @@ def check_generator(value: Any, name: str = "generator") -> torch.Generator | No
 
 
 def check_device(value: Any, name: str = "device") -> torch.device:
-    """``value`` (a ``str`` such as ``"cuda:1"`` or a ``torch.device``) as a ``torch.device``."""
-    if isinstance(value, torch.device):
-        return value
-    if not isinstance(value, str):
+    """``value`` (a ``str`` such as ``"cuda:1"`` or a ``torch.device``) as a ``torch.device`` that exists here.
+
+    Raises:
+        TypeError: neither a str nor a torch.device.
+        ValueError: not a device's name, the meta device (no values), or a CUDA device this machine lacks.
+    """
+    if not isinstance(value, (str, torch.device)):
         raise TypeError(
             f"{name} must be a str such as 'cpu' or 'cuda:0', or a torch.device, got {shown_with_type(value)}"
         )
     try:
-        return torch.device(value)
+        device = torch.device(value)
     except (RuntimeError, ValueError):
         raise ValueError(f"{name} must name a device such as 'cpu', 'cuda' or 'cuda:1', got {shown(value)}") from None
+    if device.type == "meta":
+        raise ValueError(f"{name}={shown(value)}: the meta device holds shapes, not values; use 'cpu' or 'cuda'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={shown(value)}: torch sees no CUDA device here; use 'cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}={shown(value)}: there are {torch.cuda.device_count()} CUDA devices here")
+    return device
 
 
 def check_float_dtype(value: Any, name: str = "dtype") -> torch.dtype:
@@ -70,7 +80,8 @@ def check_states(states: Any, name: str = "states") -> Tensor:
 
     Raises:
         TypeError: not a tensor, or not floating point.
-        ValueError: no state dimension, no states, no features (e.g. shape ``(5, 0)``), or NaN/Inf.
+        ValueError: no state dimension, no states, no features (e.g. shape ``(5, 0)``), a sparse tensor or one on
+            the meta device, or NaN/Inf.
     """
     if not isinstance(states, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (num_states, *feature_shape), got {type(states).__name__}")
@@ -81,5 +92,8 @@ def check_states(states: Any, name: str = "states") -> Tensor:
         )
     if not states.is_floating_point():
         raise TypeError(f"{name} must be floating point, got {states.dtype}; convert with .float()")
+    if states.layout != torch.strided or states.is_meta:
+        kind = "on the meta device (shapes without values)" if states.is_meta else f"a {states.layout} tensor"
+        raise ValueError(f"{name} is {kind}; pass a dense tensor with values (.to_dense(), or make it on 'cpu')")
     check_finite(name, states)
     return states

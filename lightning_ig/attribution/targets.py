@@ -102,7 +102,7 @@ def target_spec(target: Target, batch: int, device: torch.device) -> TargetSpec:
         )
     if isinstance(target, bool):
         raise TypeError(f"target must be an int action index, not a bool ({target!r})")
-    if isinstance(target, int):
+    if isinstance(target, (int, np.integer)):
         if target < 0:
             raise ValueError(f"target must be a non-negative action index, got {target}")
         return TargetSpec("action", target_label(target), index=int(target))

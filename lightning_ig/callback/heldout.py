@@ -21,6 +21,7 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
+from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.attribution.result import stochastic_warnings_silenced
@@ -64,7 +65,9 @@ def check_states_source(states: Any) -> Any:
     """A tensor (checked now), a path, or a callable ``(trainer, pl_module) -> Tensor`` (checked at set-up)."""
     if isinstance(states, Tensor):
         return check_states(states, "states")
-    if isinstance(states, (str, os.PathLike)) or callable(states):
+    if isinstance(states, (str, os.PathLike)):
+        return check_input_file(states, "states", "give a .safetensors, .npy or .json file")  # a FIFO, a device: now
+    if callable(states):
         return states
     raise TypeError(
         "states must be a tensor (num_states, *feature_shape), a path to a .safetensors/.npy/.json file, "

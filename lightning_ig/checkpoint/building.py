@@ -44,7 +44,7 @@ from lightning_ig.checkpoint.layout import (
 )
 from lightning_ig.ensemble import module as _ensemble  # noqa: F401 - registers "Ensemble", which a file may name
 from lightning_ig.models.registry import UnregisteredModelError, build_model, resolve_model_class
-from lightning_ig.vocabulary import shown
+from lightning_ig.vocabulary import shown, size_text
 
 __all__ = [
     "NUMEL_SLACK",
@@ -83,6 +83,7 @@ class StoredTensors:
     """The shapes of a model's tensors in a file (model keys, the prefix stripped), read without their data."""
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    nbytes: int = 0  # as stored
 
     @property
     def count(self) -> int:
@@ -116,7 +117,10 @@ def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTen
     try:
         with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
             for key, model_key in weight_keys(keys, prefix).items():
-                stored.shapes[model_key] = tuple(int(size) for size in handle.get_slice(key).get_shape())
+                header = handle.get_slice(key)
+                stored.shapes[model_key] = shape = tuple(int(size) for size in header.get_shape())
+                bits = "".join(character for character in header.get_dtype().split("_")[0] if character.isdigit())
+                stored.nbytes += math.prod(shape) * max(1, int(bits or 8) // 8)  # "F32": 4, "BF16": 2, "BOOL": 1
     except Exception as error:
         raise open_error(file, error) from error
     return stored
@@ -294,7 +298,7 @@ class _Measured:
         if self.numel > max_numel or self.tensors > max_tensors:
             raise CheckpointError(
                 f"the config of {str(file)!r} describes a model larger than the weights stored in it: "
-                f"{recipe.described} has {self.numel:,} parameter and buffer values ({_bytes(self.size)}) in "
+                f"{recipe.described} has {self.numel:,} parameter and buffer values ({size_text(self.size)}) in "
                 f"{self.tensors:,} tensors, the file stores {stored.numel:,} values in {stored.count:,} tensors; "
                 "refused before allocating it: fix the config (--model-kwargs JSON, config=) or use the checkpoint "
                 "it belongs to"
@@ -320,16 +324,6 @@ def _unique_tensors(model: nn.Module) -> list[Tensor]:
     for tensor in [*model.parameters(), *model.buffers()]:
         seen.setdefault(id(tensor), tensor)
     return list(seen.values())
-
-
-def _bytes(count: int) -> str:
-    """``count`` bytes in binary units: ``149.0 GiB``."""
-    value, unit = float(count), "bytes"
-    for larger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, larger
-    return f"{count:,} bytes" if unit == "bytes" else f"{value:,.1f} {unit}"
 
 
 def _first_line(error: BaseException) -> str:

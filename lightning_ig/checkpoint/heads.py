@@ -13,22 +13,32 @@ from lightning_ig.checkpoint.layout import (
     HEADS_KEY,
     STATES_KEY,
     CheckpointError,
+    check_format,
     existing_file,
     head_prefix,
     json_metadata,
     read_metadata,
     tensor_keys,
 )
+from lightning_ig.vocabulary import shown
 
 __all__ = ["head_entry", "heads_in", "list_heads", "select_prefix"]
 
 
 def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> list[str]:
-    """The head names of a file from its metadata and keys (``[]`` for a single model)."""
+    """The head names of a file from its metadata and keys (``[]`` for a single model); a file in another format
+    than this version's is refused (:func:`~lightning_ig.checkpoint.layout.check_format`)."""
+    check_format(metadata, path)
     if HEADS_KEY in metadata:
         heads = json_metadata(metadata, HEADS_KEY, path)
         if not isinstance(heads, dict):
             raise CheckpointError(f"metadata {HEADS_KEY!r} of {str(path)!r} must be a JSON object of heads")
+        bad = next((head for head in heads if not _usable(head)), None)
+        if bad is not None:
+            raise CheckpointError(
+                f"metadata {HEADS_KEY!r} of {str(path)!r} names the head {shown(bad)}; a head's name is printable "
+                f"text without {HEAD_SEPARATOR!r} or a path separator: rewrite the file"
+            )
         return list(heads)
     if FORMAT_KEY in metadata:
         return []  # written by save_checkpoint: a single model
@@ -38,11 +48,19 @@ def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> li
         if key == STATES_KEY:
             continue
         head, separator, rest = key.partition(HEAD_SEPARATOR)
-        if not separator or not head or not rest:
+        if not separator or not rest or not _usable(head):
             return []
         if head not in heads:
             heads.append(head)
     return heads
+
+
+def _usable(head: str) -> bool:
+    try:
+        head_prefix(head)
+    except ValueError:
+        return False
+    return True
 
 
 def list_heads(path: str | os.PathLike[str]) -> list[str]:

@@ -14,7 +14,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lightning_ig._files import InputPathError, check_input_file
 from lightning_ig._json import parse_json
+from lightning_ig.vocabulary import shown
 
 __all__ = [
     "ARCHITECTURE_KEY",
@@ -28,6 +30,7 @@ __all__ = [
     "STATES_KEY",
     "CheckpointError",
     "LoadedCheckpoint",
+    "check_format",
     "existing_file",
     "few",
     "head_prefix",
@@ -90,11 +93,25 @@ class LoadedCheckpoint:
 def head_prefix(head: str) -> str:
     """The tensor-key prefix of a head: ``"trending" -> "trending__"``.
 
+    A head's name is also part of file names (``ig_report.<head>.json``) and of printed lines, so it is printable
+    text without a path separator.
+
     Raises:
-        ValueError: If ``head`` is empty or contains the separator ``"__"``.
+        ValueError: If ``head`` is empty, contains the separator ``"__"``, a ``/``, a line break or another
+            control character (a NUL included), or is ``.`` or ``..``.
     """
-    if not isinstance(head, str) or not head or HEAD_SEPARATOR in head:
-        raise ValueError(f"a head name must be a non-empty string without {HEAD_SEPARATOR!r}, got {head!r}")
+    if (
+        not isinstance(head, str)
+        or not head.strip()
+        or HEAD_SEPARATOR in head
+        or "/" in head
+        or os.sep in head
+        or head in (".", "..")
+        or not head.isprintable()
+    ):
+        raise ValueError(
+            f"a head name must be printable text without {HEAD_SEPARATOR!r} or a path separator, got {shown(head)}"
+        )
     return head + HEAD_SEPARATOR
 
 
@@ -116,17 +133,24 @@ def open_error(path: Path, error: BaseException) -> CheckpointError:
 
 
 def existing_file(path: str | os.PathLike[str], what: str = "checkpoint") -> Path:
-    """``path`` as a :class:`Path` if it is a readable file, else a :class:`CheckpointError` saying what is wrong."""
+    """``path`` as a :class:`Path` if it is a readable regular file, else a :class:`CheckpointError` saying what it
+    is (:func:`lightning_ig._files.check_input_file`: a folder, a FIFO, a device, a symbolic-link loop, missing)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{what} path must be a str or os.PathLike, got {type(path).__name__}")
-    file = Path(path)
-    if not file.exists():
-        raise CheckpointError(f"{what} {str(file)!r} does not exist; check the path")
-    if file.is_dir():
-        raise CheckpointError(f"{what} {str(file)!r} is a directory; give the file itself")
-    if not os.access(file, os.R_OK):
-        raise CheckpointError(f"{what} {str(file)!r} is not readable (permission denied); check its permissions")
-    return file
+    try:
+        return check_input_file(path, what, "check the path")
+    except InputPathError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def check_format(metadata: Mapping[str, str], path: Any) -> None:
+    """Refuse a file written in a format this version does not know (``lightning_ig.format`` other than ``"1"``)."""
+    version = metadata.get(FORMAT_KEY, FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{os.fspath(path)!r} is in lightning-ig checkpoint format {shown(version)}; this version reads format "
+            f"{FORMAT_VERSION}: read it with the lightning-ig that wrote it, or a newer one"
+        )
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:

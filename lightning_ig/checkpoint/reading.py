@@ -29,7 +29,7 @@ from lightning_ig.checkpoint.layout import (
     tensor_keys,
 )
 from lightning_ig.models import resolve_model_class
-from lightning_ig.vocabulary import check_bool, check_mapping, check_text, shown
+from lightning_ig.vocabulary import check_bool, check_mapping, check_memory, check_text, shown
 
 __all__ = ["load_checkpoint", "load_lightning_checkpoint"]
 
@@ -74,6 +74,11 @@ def load_checkpoint(
             those inside its config), which runs those modules' code. Only for files whose
             origin you trust, with the modules they name on your path. Default ``False``.
 
+    The weights are loaded as stored: a float tensor the model's dtype holds exactly
+    (float16 into float32) is loaded into it, a wider one (float64 into a float32 model)
+    builds the model in the wider dtype rather than rounding it; a bool or integer tensor
+    where the model has a float one (or the other way round) is refused.
+
     Returns:
         A :class:`LoadedCheckpoint`, the model in eval mode, the stored states (if any)
         as float32 on ``device``, as they are stored; whoever uses them checks them.
@@ -83,7 +88,9 @@ def load_checkpoint(
             not a head of the file (the message lists the heads that are); the file holds
             several heads and none was chosen; the architecture is unknown, or an import path
             from the file without ``trust_remote_code`` (nothing is imported); the config describes
-            a model larger than the stored tensors (nothing is allocated); or the weights do not fit it.
+            a model larger than the stored tensors (nothing is allocated); the weights do not fit it
+            (their shapes, or a dtype that would change their meaning), or not in the memory available;
+            or the file is in another format than this version's (``lightning_ig.format``).
         ValueError: If both ``head`` and ``prefix`` are given.
         TypeError: If ``architecture``, ``config`` or ``trust_remote_code`` has the wrong type.
 
@@ -103,6 +110,10 @@ def load_checkpoint(
     recipe = _recipe(metadata, head_entry(metadata, prefix, file), file, architecture, config)
     where = f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''}"
     stored = stored_tensors(file, keys, prefix)
+    try:  # the tensors are read, and a model as large is built: both must fit
+        check_memory(2 * stored.nbytes, f"loading {where}", "load it on a machine with more memory")
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
     model = build_checked(recipe, stored, trust_remote_code=trust_remote_code, file=file, where=where)
     weights, states = _read_tensors(file, keys, prefix)
     _load_weights(model, weights, recipe, where)
@@ -185,6 +196,7 @@ def _read_tensors(file: Path, keys: list[str], prefix: str | None) -> tuple[dict
 
 def _load_weights(model: nn.Module, weights: dict[str, Tensor], recipe: Recipe, where: str) -> None:
     fit = recipe.described
+    _match_dtypes(model, weights, where)
     try:
         result = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shapes that do not match
@@ -197,6 +209,37 @@ def _load_weights(model: nn.Module, weights: dict[str, Tensor], recipe: Recipe, 
             f"{where} do not fit {fit}: missing {few(result.missing_keys)}, "
             f"unexpected {few(result.unexpected_keys)}; check --model/--model-kwargs or the head"
         )
+
+
+def _holds(mine: torch.dtype, stored: torch.dtype) -> bool:
+    """Every value of the floating dtype ``stored`` is one of ``mine`` (float16 in float32, float8 in bfloat16)."""
+    wide, narrow = torch.finfo(mine), torch.finfo(stored)
+    return wide.bits >= narrow.bits and wide.max >= narrow.max and wide.eps <= narrow.eps and wide.tiny <= narrow.tiny
+
+
+def _match_dtypes(model: nn.Module, weights: dict[str, Tensor], where: str) -> None:
+    """Load the file's values as they are: a float tensor the model's dtype holds exactly (float16 into float32) is
+    loaded into it; one it does not (float64 into float32) builds the model in the wider dtype instead of rounding it;
+    a bool or integer tensor where the model has a float one, or the other way round, or an integer narrowed, is
+    refused: a cast would change what the tensor means."""
+    own = model.state_dict()
+    wider: torch.dtype | None = None
+    for key, stored in weights.items():
+        mine = own.get(key)
+        if mine is None or stored.dtype == mine.dtype:
+            continue
+        floats = (stored.is_floating_point(), mine.is_floating_point())
+        if all(floats):
+            if not _holds(mine.dtype, stored.dtype):
+                wider = torch.promote_types(wider or mine.dtype, stored.dtype)
+        elif any(floats) or torch.promote_types(stored.dtype, mine.dtype) != mine.dtype:
+            raise CheckpointError(
+                f"{where}: {key!r} is stored as {stored.dtype} but the model's is {mine.dtype}; loading it would "
+                "change its values' meaning: save the model's own state_dict (save_checkpoint), or give the "
+                "architecture that made it (--model, architecture=)"
+            )
+    if wider is not None:
+        model.to(wider)  # the file's precision kept: the model computes in it (the command line's states follow)
 
 
 def load_lightning_checkpoint(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,10 +11,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_ig._json import parse_json
+from lightning_ig._files import open_input
+from lightning_ig._json import MEMORY_PER_BYTE, parse_json
 from lightning_ig.attribution.checks import check_float_dtype
 from lightning_ig.checkpoint.layout import STATES_KEY, CheckpointError, existing_file, few
-from lightning_ig.vocabulary import check_text
+from lightning_ig.vocabulary import check_memory, check_text
 
 __all__ = ["STATE_SUFFIXES", "load_states", "states_beside"]
 
@@ -31,6 +33,11 @@ def load_states(
     * ``.safetensors``: the tensor ``<prefix>__states__``, else ``__states__``, else
       ``states``, else the file's only tensor.
 
+    States are numbers (floats or integers, such as ``uint8`` frames) in every form:
+    booleans (``true``, a ``bool`` array or tensor) are refused, as text and Python objects
+    are. The path must be a regular file (a FIFO or a device is refused before it is read),
+    and states that would not fit in the memory available are refused before they are read.
+
     Args:
         path: The file.
         prefix: A head prefix to look for first in a ``.safetensors`` file.
@@ -41,7 +48,8 @@ def load_states(
         States ``(num_states, *feature_shape)`` of ``dtype`` on the CPU.
 
     Raises:
-        CheckpointError: If the file is missing, unreadable, of an unknown kind, or holds no usable states.
+        CheckpointError: If the file is missing, not a regular file, unreadable, of an unknown kind, too large
+            for the memory available, or holds no usable states.
 
     Example::
 
@@ -74,8 +82,21 @@ def load_states(
     return states.contiguous()
 
 
+def _fits(needed: int, file: Path) -> None:
+    try:
+        check_memory(needed, f"the states in {str(file)!r}", "give fewer states")
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def _refuse_kind(file: Path, kind: str) -> None:
+    raise CheckpointError(f"states file {str(file)!r} holds {kind} values; states are numbers: save a float array")
+
+
 def _read_json(file: Path, prefix: str | None) -> Tensor:
-    document = parse_json(file.read_text(encoding="utf-8"))
+    with open_input(file, "states file") as handle:
+        _fits(os.fstat(handle.fileno()).st_size * MEMORY_PER_BYTE, file)
+        document = parse_json(handle.read())
     rows = document.get("states") if isinstance(document, dict) else document
     if rows is None:
         raise CheckpointError(f'states file {str(file)!r} has no "states" key; write {{"states": [[...], ...]}}')
@@ -97,12 +118,38 @@ def _check_numbers(rows: Any, file: Path) -> None:
             )
 
 
+# What a file that is not .npy most likely is, by its first bytes.
+_NOT_NPY = {b"\x1f\x8b": "gzip-compressed: decompress it first", b"PK": "a zip archive (.npz?): save one array"}
+
+
 def _read_npy(file: Path, prefix: str | None) -> Tensor:
     import numpy as np  # noqa: PLC0415
+    from numpy.lib import format as npy  # noqa: PLC0415
 
-    array = np.load(file, allow_pickle=False)
-    if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
-        raise CheckpointError(f"states file {str(file)!r} holds {array.dtype} values; save a float array")
+    with open_input(file, "states file") as handle:
+        start = handle.read(6)
+        if start != npy.MAGIC_PREFIX:
+            hint = next((text for magic, text in _NOT_NPY.items() if start.startswith(magic)), "not a .npy file")
+            raise CheckpointError(f"states file {str(file)!r} is {hint}; write the states with numpy.save")
+        handle.seek(0)
+        try:  # the header alone: the array is read only once it is known to be numbers that fit
+            major, _ = npy.read_magic(handle)
+            read_header = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
+            shape, _, dtype = read_header(handle)
+        except ValueError as error:  # numpy's words, without its advice to unpickle
+            raise CheckpointError(f"states file {str(file)!r} is a damaged .npy file ({error})") from None
+        if dtype.hasobject or dtype.kind not in "iuf":
+            _refuse_kind(file, "Python-object" if dtype.hasobject else str(dtype))
+        values = math.prod(shape)
+        held = os.fstat(handle.fileno()).st_size - handle.tell()
+        if held < values * dtype.itemsize:
+            raise CheckpointError(
+                f"states file {str(file)!r} is cut short: its header announces {values * dtype.itemsize:,} bytes of "
+                f"states, it holds {held:,}; write it again"
+            )
+        _fits(values * (dtype.itemsize + 16), file)
+        handle.seek(0)
+        array = npy.read_array(handle, allow_pickle=False)
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))  # native byte order; load_states converts
 
 
@@ -118,6 +165,11 @@ def _read_safetensors(file: Path, prefix: str | None) -> Tensor:
                 f"states file {str(file)!r} has no {STATES_KEY!r} or 'states' tensor (it has {few(keys)}); "
                 "store the states under one of those keys"
             )
+        header = handle.get_slice(key)
+        kind = header.get_dtype()
+        if kind == "BOOL" or kind.startswith("C"):  # a mask or complex numbers, not states
+            _refuse_kind(file, kind.lower())
+        _fits(math.prod(header.get_shape()) * 24, file)  # as stored (8 bytes a value at most), float64, the dtype
         return handle.get_tensor(key)
 
 

@@ -30,6 +30,7 @@ from lightning_ig.checkpoint.layout import (
     RESERVED_PREFIX,
     STATES_KEY,
     CheckpointError,
+    check_format,
     head_prefix,
     json_metadata,
     read_metadata,
@@ -203,6 +204,7 @@ def merge_checkpoints(
     for head, source in sources.items():
         prefix = head_prefix(head)
         source_meta = read_metadata(source)
+        check_format(source_meta, source)
         if HEADS_KEY in source_meta:
             raise CheckpointError(f"{os.fspath(source)!r} is already a merged file; merge single-model checkpoints")
         head_info[head] = _source_info(source_meta, source)

@@ -24,6 +24,13 @@ head), so consumers of single reports read them unchanged. Every head is
 checked before the first IG run and all reports are written at the end: a
 mistake in any head writes none.
 
+Inputs: every path (``--checkpoint``, ``--states``, ``--baseline``,
+``--feature-names``, ``--feature-groups``) must be a regular file, checked before
+anything is read; a folder, a FIFO, a device, a symbolic-link loop or a missing
+file is one line naming which. Work the user sizes (``--auto-samples``, the states
+of a file, ``--num-steps``) must fit in the memory available: said before it is
+allocated, never left to the out-of-memory killer.
+
 Images, wide vectors and ensembles: ``--feature-groups channels|features|PATH``
 adds the report's ``groups`` (a group's attribution is the sum of its members',
 so completeness holds per group too); PATH is a JSON file holding
@@ -47,9 +54,12 @@ symbolic link named by ``--output`` is written through to its target; the names
 diag makes up (``saliency.png``, ``ig_report.<head>.json``, the default
 ``ig_report.json``) are never written through a link (one found there is
 refused). Without ``--output`` an existing ``./ig_report.json`` is never
-replaced: status 2, name it with ``--output`` to replace it. Files are written
-atomically (readers never see half of one) with the mode any program's output
-gets: ``0o666 & ~umask`` for a new file, the old mode for an overwritten one.
+replaced: status 2, name it with ``--output`` to replace it. The files of a run
+(every report and picture) are written all or none: each to a temporary file
+beside it, then all renamed at the end; a full disk, Ctrl-C, SIGTERM or SIGHUP
+before the renames leaves none of them and no temporary file. A new file gets
+``0o666 & ~umask``, an overwritten one its old mode less setuid, setgid, sticky
+and others' write.
 
 Trust: a model whose forward or attributions are NaN/Inf on some states is never
 reported as clean. The reports are still written (a user debugging a diverged run
@@ -80,9 +90,17 @@ Exit status:
        estimated attribution error or mass-relative completeness error over
        the states away from the baseline above sqrt(2) x tol): reports written,
        one line on stderr names the figure
-130    interrupted (Ctrl-C), at any moment: one line on stderr; a report is
-       complete or absent, never half-written
+130    interrupted (Ctrl-C), at any moment: one line on stderr saying whether the
+       reports were written (all of them) or not (none)
+141    stdout was closed by its reader (``| head``): nothing said, as ``cat`` or
+       ``grep`` (128 + SIGPIPE); diag's reports are written before it prints
 =====  ========================================================================
+
+The status is the work's: 0, 3 and 4 say the reports are written, 2 and 130
+(before the renames) that none is. Printing is not diag's work: a stdout that
+cannot take the summary (a full disk) leaves the status as it is, with one line
+on stderr, and a character the stdout's encoding lacks is printed as an escape.
+For ``show`` the printing is the work: a stdout that cannot take it is status 2.
 
 The parts: :mod:`.parser` (flags and help), :mod:`.diag` (the diag command's
 steps), :mod:`.head_inputs` (one head's checked inputs), :mod:`.feature_groups`
@@ -100,10 +118,13 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from lightning_ig.cli.exits import (
+    EXIT_CLOSED_PIPE,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_NON_FINITE,
@@ -115,7 +136,7 @@ from lightning_ig.cli.exits import (
     UsageError,
     one_line,
 )
-from lightning_ig.cli.interrupts import INTERRUPTED, INTERRUPTED_WHILE_WRITING, Interrupts, handle_from_the_start
+from lightning_ig.cli.interrupts import Interrupts, handle_from_the_start
 
 handle_from_the_start()  # Ctrl-C during the imports below is one line and status 130 too, not a traceback
 
@@ -123,6 +144,7 @@ from lightning_ig.cli.parser import build_parser  # noqa: E402 - after the handl
 from lightning_ig.cli.progress import Progress  # noqa: E402 - after the handler
 
 __all__ = [
+    "EXIT_CLOSED_PIPE",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "EXIT_NON_FINITE",
@@ -144,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 ok, 1 an unexpected failure, 2 a user mistake or a stochastic
         forward (one line on stderr), 3 NaN/Inf from the model (reports written, one line),
-        4 not within ``--completeness-tol`` by the accuracy verdict (reports written, one line), 130 interrupted.
+        4 not within ``--completeness-tol`` by the accuracy verdict (reports written, one line), 130 interrupted,
+        141 stdout closed by its reader.
 
     Example::
 
@@ -153,9 +176,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     interrupts = Interrupts.install()  # first: from here on Ctrl-C is one line and status 130
     try:
-        return _main(argv, interrupts)
+        with _escaped_output():
+            return _main(argv, interrupts)
     finally:
         interrupts.restore()
+
+
+@contextlib.contextmanager
+def _escaped_output() -> Iterator[None]:
+    """A character stdout's encoding lacks (a feature name in an ASCII-only terminal) is printed as an escape
+    (``\\u00e9``), never a failure after the reports are written; the stream's own setting comes back after."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    errors = getattr(sys.stdout, "errors", None)
+    if reconfigure is not None and errors is not None:
+        reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        if reconfigure is not None and errors is not None:
+            with contextlib.suppress(OSError, ValueError):  # a stream closed since, a closed pipe
+                reconfigure(errors=errors)
 
 
 def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
@@ -167,10 +207,16 @@ def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
     progress = Progress(sys.stderr, enabled=not getattr(args, "quiet", False))
     try:
         with progress:
-            return _run_command(args, progress, interrupts)
+            status = _run_command(args, progress, interrupts)
+        sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+        return status
     except KeyboardInterrupt:  # only while writing (see interrupts), or where no handler could be installed
-        print(INTERRUPTED_WHILE_WRITING if interrupts.writing else INTERRUPTED, file=sys.stderr)
+        print(interrupts.line, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): quiet, as cat and grep
+        with contextlib.suppress(OSError, ValueError):  # nothing more reaches it, not even the final flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
     except Exception as error:
         status, line = _failure(error, args.command)
         if args.debug and not isinstance(error, (UsageError, NonFiniteError)):

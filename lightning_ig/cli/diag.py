@@ -11,18 +11,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lightning_ig._files import OutputPathError, OutputPlan, PlannedOutput, check_output_file
+from lightning_ig._files import (
+    InputPathError,
+    OutputPathError,
+    OutputPlan,
+    PlannedOutput,
+    atomic_paths,
+    check_input_file,
+    check_output_file,
+)
 from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
 from lightning_ig.cli.exits import EXIT_NOT_WITHIN, EXIT_OK, PROG, NonFiniteError, UsageError
 from lightning_ig.cli.feature_groups import is_named_form
-from lightning_ig.cli.head_inputs import HeadRun, parse_device, prepare_head
+from lightning_ig.cli.head_inputs import HeadRun, baseline_path, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
@@ -61,6 +70,7 @@ class _HeadPlan:
 def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
     """Run ``diag``; the exit status (see the module docstring of :mod:`lightning_ig.cli`)."""
     _check_flag_combinations(args)
+    _check_inputs(args)  # nothing opened: a FIFO would block
     plan = _plan(args)  # every output checked before anything is loaded
     device = parse_device(args.device)
     if args.backend == "cuda" and device.type != "cuda":
@@ -76,11 +86,17 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
     with interrupts.raising():
-        for head, planned in zip(attributed, plan):
-            _write(head, planned.report)
-            if planned.pictures:
-                head.saliency = _write_saliency(head, planned.pictures)
-    _print_summaries(attributed, args)
+        _write(attributed, plan, interrupts.written)
+    try:
+        _print_summaries(attributed, args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:  # the reports are written: a stdout that cannot take the summary does not undo them
+        print(
+            f"{PROG} diag: cannot print the summary ({error.strerror or error}); the reports are written",
+            file=sys.stderr,
+        )
     _raise_if_non_finite(attributed)  # after writing: a user debugging a diverged run wants the reports
     return _verdict_status(attributed, args)
 
@@ -121,6 +137,35 @@ def _check_flag_combinations(args: argparse.Namespace) -> None:
         raise UsageError(
             "--trust-remote-code is for safetensors checkpoints; --lightning-module names its class itself: drop one"
         )
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Every input path is a regular file, said at once and by what it is: a FIFO would block the reader forever, a
+    device (a link to ``/dev/zero``) feed it until memory runs out. Nothing is read yet."""
+    groups = None if args.feature_groups is None or is_named_form(args.feature_groups) else args.feature_groups
+    states = "a .json, .npy or .safetensors file"
+    inputs = [  # flag, path, what to give, what else the flag takes
+        ("--checkpoint", args.checkpoint, "a safetensors checkpoint", None),
+        ("--states", None if args.states == "auto" else args.states, f"{states}, or 'auto'", None),
+        ("--feature-names", args.feature_names, "a JSON file", None),
+        (
+            "--feature-groups",
+            groups,
+            "'channels', 'features' or a JSON file",
+            "'channels', 'features' nor an existing JSON file",
+        ),
+        (
+            "--baseline",
+            baseline_path(args.baseline),
+            f"zeros, mean, a number or {states}",
+            "zeros, mean, a number nor an existing file",
+        ),
+    ]
+    for flag, path, give, neither in inputs:
+        if path is not None and neither is not None and not os.path.lexists(path):
+            raise UsageError(f"{flag} {path!r} is neither {neither}; give one of those")
+        if path is not None:
+            _checked(check_input_file, path, flag, f"give {give}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -187,10 +232,10 @@ def _report(plan: OutputPlan, path: str | Path, what: str, *, made_up: bool, def
 
 
 def _checked(check: Any, *args: Any, **kwargs: Any) -> Any:
-    """``check(*args, **kwargs)``, its :class:`OutputPathError` said as a usage error (exit 2)."""
+    """``check(*args, **kwargs)``, its :class:`OutputPathError` or :class:`InputPathError` a usage error (exit 2)."""
     try:
         return check(*args, **kwargs)
-    except OutputPathError as error:
+    except (OutputPathError, InputPathError) as error:
         raise UsageError(str(error)) from None
 
 
@@ -204,7 +249,7 @@ def _inputs(args: argparse.Namespace) -> list[str | Path]:
         inputs.append(args.states)
     if args.feature_names:
         inputs.append(args.feature_names)
-    if args.baseline not in ("zeros", "mean") and Path(args.baseline).exists():
+    if baseline_path(args.baseline) is not None:
         inputs.append(args.baseline)
     if args.feature_groups is not None and not is_named_form(args.feature_groups):
         inputs.append(args.feature_groups)
@@ -368,39 +413,49 @@ def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
     )
 
 
-def _write(head: _Attributed, planned: PlannedOutput) -> None:
+def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written: Callable[[], None]) -> None:
+    """Every report and picture of the run, all or none (:func:`~lightning_ig._files.atomic_paths`): each is
+    written to a temporary file beside its name, and only once all are written do they replace their names."""
+    from lightning_ig.views.pictures.saliency import write_png  # noqa: PLC0415
     from lightning_ig.views.report import write_report  # noqa: PLC0415
 
+    files: list[tuple[PlannedOutput, Callable[[Path], Any]]] = []
+    for head, planned in zip(attributed, plan):
+        files.append((planned.report, partial(write_report, head.report)))
+        if planned.pictures:
+            pixels = _saliency_pixels(head)
+            files += [(picture, partial(write_png, image)) for picture, image in zip(planned.pictures, pixels)]
+    targets = [(planned.path, planned.follow_symlinks) for planned, _ in files]
+    done = 0
     try:
-        write_report(head.report, planned.path, follow_symlinks=planned.follow_symlinks)
+        with atomic_paths(targets, committed=written) as temporaries:
+            for (_, write), temporary in zip(files, temporaries):
+                write(temporary, follow_symlinks=False)  # the temporary is a plain file of this run's own
+                done += 1
     except OSError as error:  # checked before the run; the disk or the folder changed since
+        failed = files[min(done, len(files) - 1)][0]
+        what = "--output" if failed.what.startswith("the ") else failed.what
         raise UsageError(
-            f"cannot write --output {str(head.run.output)!r} ({error.strerror or error}); check the folder's space and "
-            "permissions"
+            f"cannot write {what} {str(failed.path)!r} ({error.strerror or error}); check the folder's space and "
+            f"permissions; none of the {len(files)} file(s) was written"
         ) from None
+    for head, planned in zip(attributed, plan):
+        head.saliency = [picture.path for picture in planned.pictures]
 
 
-def _write_saliency(head: _Attributed, pictures: Sequence[PlannedOutput]) -> list[Path]:
-    """The report's states with their attributions blended over them, and the mean |attribution| per channel."""
+def _saliency_pixels(head: _Attributed) -> list[Any]:
+    """The report's states with their attributions blended over them, and the mean |attribution| per channel; the
+    channels by name where the groups name them (``--feature-groups`` with one group per channel)."""
     import numpy as np  # noqa: PLC0415
 
-    from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid, write_png  # noqa: PLC0415
+    from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid  # noqa: PLC0415
 
     states = head.run.states.detach().to("cpu", torch.float64).numpy()
     attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()
-    grid = saliency_grid(states, attributions)
     channel_names = head.run.groups.channel_names() if head.run.groups is not None else None
+    grid = saliency_grid(states, attributions, channel_names=channel_names)
     mean_abs = mean_abs_map(np.abs(attributions).mean(axis=0), len(states), channel_names)
-    written = []
-    for picture, pixels in zip(pictures, (grid.pixels, mean_abs.pixels)):
-        try:  # the names are the tool's: a link planted there since the check is replaced, never followed
-            written.append(write_png(pixels, picture.path, follow_symlinks=picture.follow_symlinks))
-        except OSError as error:  # noqa: PERF203 - checked before the run; the disk or the folder changed since
-            raise UsageError(
-                f"cannot write {picture.what} {str(picture.path)!r} ({error.strerror or error}); "
-                "check the folder's space and permissions"
-            ) from None
-    return written
+    return [grid.pixels, mean_abs.pixels]
 
 
 def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from lightning_ig._json import parse_json
+from lightning_ig._files import open_input
+from lightning_ig._json import MEMORY_PER_BYTE, parse_json
 from lightning_ig.cli.terminal import printable
+from lightning_ig.vocabulary import check_memory, size_text
 
 __all__ = [
+    "EXIT_CLOSED_PIPE",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "EXIT_NON_FINITE",
@@ -38,7 +40,10 @@ EXIT_NOT_WITHIN = 4
 """The verdict: the attributions are not within ``--completeness-tol`` (the estimate or the mass-relative error of
 some state away from the baseline is above ``sqrt(2) x tol``): the reports are written, one line says which figure."""
 EXIT_INTERRUPTED = 130
-"""Ctrl-C (128 + SIGINT, as a shell reports it): one line; no report is left half-written."""
+"""Ctrl-C (128 + SIGINT, as a shell reports it): one line; the reports are all written or none."""
+EXIT_CLOSED_PIPE = 141
+"""The reader of stdout went away (``| head``): nothing said, as ``cat`` or ``grep`` (128 + SIGPIPE, as a shell reports
+a tool that SIGPIPE ended); diag's reports are written before it prints, so they are complete."""
 
 
 class UsageError(Exception):
@@ -66,30 +71,28 @@ def _cut(match: re.Match[str]) -> str:
     return f"'{value[: _QUOTE_LIMIT // 2]}...' ({len(value)} characters)"
 
 
-def read_json_file(
-    path: str,
-    what: str,
-    fix: str,
-    *,
-    missing: str | None = None,
-    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
-) -> Any:
+def read_json_file(path: str, what: str, fix: str) -> Any:
     """The JSON value in the file ``path`` names, or a :class:`UsageError` that names the argument and the fix.
 
-    Malformed JSON of any kind is that error: bad syntax, a nesting bomb, an integer of thousands of digits
-    (:func:`lightning_ig._json.parse_json`).
+    The path must be a regular file (a folder, a FIFO, a device, a symbolic-link loop is named as such, never read)
+    whose parsed value fits in memory; malformed JSON of any kind is that error too: bad syntax, a key named twice in
+    one object, a nesting bomb, an integer of thousands of digits (:func:`lightning_ig._json.parse_json`).
 
     Args:
         path: the file, as the user gave it.
         what: how the message names it (``"--feature-names"``, ``"report"``).
         fix: what to do, ending each message (``"give a JSON array of names"``).
-        missing: the whole message when the file does not exist (default: ``what`` and ``fix``).
-        object_pairs_hook: passed to :func:`json.loads` (e.g. to refuse repeated keys with a UsageError).
     """
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(missing or f"{what} {path!r} does not exist; {fix}")
     try:
-        return parse_json(file.read_text(encoding="utf-8"), object_pairs_hook=object_pairs_hook)
-    except (OSError, UnicodeDecodeError, ValueError) as error:  # a UsageError from the hook passes through
+        with open_input(path, what, fix) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            check_memory(size * MEMORY_PER_BYTE, f"{what} {path!r} ({size_text(size)})", "give a smaller file")
+            text = handle.read()
+    except OSError as error:
+        raise UsageError(f"{what} {path!r} cannot be read ({error.strerror or error}); {fix}") from None
+    except ValueError as error:  # not a regular file, or too large: the message is whole
+        raise UsageError(str(error)) from None
+    try:
+        return parse_json(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
         raise UsageError(f"{what} {path!r} is not readable JSON ({error}); {fix}") from None

@@ -71,31 +71,12 @@ def resolve_feature_groups(
 
 
 def _read(path: str) -> Any:
-    value = read_json_file(
-        path,
-        "--feature-groups",
-        _FIX,
-        object_pairs_hook=_unique_keys(path),
-        missing=f"--feature-groups {path!r} is neither 'channels', 'features' nor an existing JSON file; {_FIX}",
-    )
+    value = read_json_file(path, "--feature-groups", _FIX)  # a regular file: diag checked every input first
     if isinstance(value, dict):
         return {name: _members(members, path, name) for name, members in value.items()}
     if isinstance(value, list):
         return _array(value, f"--feature-groups {path!r}", integers_only=True)
     raise UsageError(f"--feature-groups {path!r} holds a JSON {type(value).__name__}; {_FIX}")
-
-
-def _unique_keys(path: str) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        names = [name for name, _ in items]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise UsageError(
-                f"--feature-groups {path!r} names the group {repeated[0]!r} twice; give each group one entry"
-            )
-        return dict(items)
-
-    return pairs
 
 
 def _members(members: Any, path: str, name: str) -> np.ndarray:

@@ -9,7 +9,6 @@ feature names, the feature groups, the target and the baseline. Every mistake is
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.attribution.checks import check_finite, check_states
+from lightning_ig.attribution.checks import check_device, check_finite, check_states
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.targets import target_label
 from lightning_ig.checkpoint import (
@@ -32,9 +31,9 @@ from lightning_ig.checkpoint import (
 from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
 from lightning_ig.views.pictures.saliency import saliency_kind
-from lightning_ig.vocabulary import check_feature_names, default_feature_names
+from lightning_ig.vocabulary import check_feature_names, check_memory, default_feature_names
 
-__all__ = ["HeadRun", "parse_device", "prepare_head"]
+__all__ = ["HeadRun", "baseline_path", "parse_device", "prepare_head"]
 
 
 @dataclass
@@ -55,18 +54,12 @@ class HeadRun:
 
 
 def parse_device(text: str) -> torch.device:
-    """The ``--device`` as a torch device that exists here."""
+    """The ``--device`` as a torch device that exists here (:func:`~lightning_ig.attribution.checks.check_device`)."""
     try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {text}: torch sees no CUDA device here; use --device cpu")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise UsageError(f"--device {text}: there are {count} CUDA devices; use cuda:0..cuda:{count - 1}")
-    elif device.type != "cpu":
+        device = check_device(text, "--device")
+    except ValueError as error:
+        raise UsageError(f"{error} (--device cpu, cuda or cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {text}: only cpu and cuda devices are supported")
     return device
 
@@ -124,11 +117,22 @@ def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) ->
 
 
 def _model_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the model computes in: its first floating-point parameter's (or buffer's), else float32."""
-    for tensor in itertools.chain(model.parameters(), model.buffers()):
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return torch.float32
+    """The dtype the model computes in: its floating-point parameters' (else its buffers'), else float32.
+
+    Raises:
+        UsageError: the parameters are of several dtypes (ensemble members of different precisions): states of one
+            dtype would fail in the other's layers.
+    """
+    floats = [tensor.dtype for tensor in model.parameters() if tensor.is_floating_point()]
+    floats = floats or [tensor.dtype for tensor in model.buffers() if tensor.is_floating_point()]
+    dtypes = sorted(set(floats), key=str)
+    if len(dtypes) > 1:
+        raise UsageError(
+            f"the model's parameters are of {len(dtypes)} dtypes ({', '.join(map(str, dtypes))}: ensemble members "
+            "saved in different precisions?); one forward takes states of one dtype: convert the model to one "
+            "(model.double() or .float()) and save it again"
+        )
+    return dtypes[0] if dtypes else torch.float32
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,16 +148,13 @@ def _states(
     what: str,
 ) -> tuple[Tensor, dict[str, Any]]:
     """The states to attribute, and what the report says about where they came from."""
-    if args.states != "auto":
-        if not Path(args.states).exists():
-            raise UsageError(
-                f"--states {args.states!r} does not exist; give a .json, .npy or .safetensors file, or 'auto'"
-            )
+    if args.states != "auto":  # a regular file: checked with every input before anything was loaded
         states = _checked_states(
             load_states(args.states, prefix=prefix, dtype=dtype).to(device),
             args.states,
             "write at least one state of at least one feature",
         )
+        _check_work(args, states.shape[0], states[0], f"the {states.shape[0]:,} states of --states {args.states!r}")
         return states, {"states_source": "path", "states_from": args.states}
     pool, where = loaded.states, what
     if pool is None:
@@ -167,6 +168,7 @@ def _states(
     pool = _checked_states(
         pool.to(device=device, dtype=dtype), where, "save the checkpoint with states=, or pass --states PATH"
     )
+    _check_work(args, args.auto_samples, pool[0], f"--auto-samples {args.auto_samples}")
     states, indices = _sample(pool, args.auto_samples, args.seed, args.replace, where)
     return states, {
         "states_source": "auto",
@@ -175,6 +177,24 @@ def _states(
         "state_indices": indices,
         "replace": args.replace,
     }
+
+
+# What a state costs beside its values: its rows in the IG result and in the report (Python objects, then JSON text).
+_BYTES_A_STATE = 2048
+# What a quadrature point costs beside the states: its node and weight, and their copies in the engine.
+_BYTES_A_STEP = 32
+
+
+def _check_work(args: argparse.Namespace, count: int, state: Tensor, what: str) -> None:
+    """``count`` states like ``state`` at ``--num-steps`` must fit in memory before any is drawn or attributed: the
+    kernel's out-of-memory killer ends a process without a word (``--auto-samples 1000000000 --replace``)."""
+    steps = args.num_steps if isinstance(args.num_steps, int) else 0
+    # The states, their baselines, attributions and path gradients: a few copies of each state, in float64 at most.
+    needed = count * (_BYTES_A_STATE + 8 * state.numel() * 8) + steps * _BYTES_A_STEP
+    try:
+        check_memory(needed, f"{what} at --num-steps {args.num_steps}", "ask for fewer states or steps")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _checked_states(states: Tensor, where: str, fix: str) -> Tensor:
@@ -295,6 +315,15 @@ def _target(requested: str | int, probe: Tensor) -> Any:
     return int(requested)
 
 
+def baseline_path(text: str) -> str | None:
+    """``--baseline`` when it names a file: neither ``zeros``, ``mean`` nor a number."""
+    try:
+        float(text)
+    except ValueError:
+        return None if text in ("zeros", "mean") else text
+    return None
+
+
 def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
     """The baseline as integrated_gradients takes it, and its label in the report."""
     if text in ("zeros", "mean"):
@@ -307,11 +336,7 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
         if not math.isfinite(value):
             raise UsageError(f"--baseline {text!r} is not finite; give zeros, mean, a finite number or a states file")
         return value, f"constant:{value!r}"
-    if not Path(text).exists():
-        raise UsageError(
-            f"--baseline {text!r} is neither zeros, mean, a number nor an existing file; give one of those"
-        )
-    baselines = load_states(text, dtype=states.dtype).to(states.device)
+    baselines = load_states(text, dtype=states.dtype).to(states.device)  # a regular file: checked with every input
     if baselines.shape[0] == 1:
         baselines = baselines[0]
     if baselines.shape not in (states.shape, states.shape[1:]):

@@ -1,4 +1,4 @@
-"""Ctrl-C: one line on stderr and exit status 130, at any moment of a command.
+"""Ctrl-C: one line on stderr and exit status 130, at any moment of a command; the line says what was written.
 
 Until the reports are being written there is nothing to clean up, so the handler
 ends the process at once (``os._exit``). Nothing can then swallow the interrupt or
@@ -7,8 +7,11 @@ libraries are imported lazily, during the command), not a thread join, not a lon
 kernel (the handler runs as soon as the main thread is back in Python).
 
 While reports are written (:meth:`Interrupts.raising`) Ctrl-C raises
-``KeyboardInterrupt`` instead, so the atomic writer removes its temporary file and
-a report is either complete or absent; ``main`` turns it into the same one line.
+``KeyboardInterrupt`` instead, so the writer removes its temporary files and the
+reports are all written or none (:func:`lightning_ig._files.atomic_paths`); ``main``
+turns it into the same one line. Once they are written (:meth:`Interrupts.written`)
+the line says so, to the end of the process: Ctrl-C while it prints or exits is
+the same one line and status 130, never "nothing was written" or a traceback.
 
 A process started with Ctrl-C ignored (a background job of a non-interactive
 shell) keeps ignoring it. The command's own imports come before ``main``: the
@@ -29,17 +32,24 @@ from typing import Any
 
 from lightning_ig.cli.exits import EXIT_INTERRUPTED, PROG
 
-__all__ = ["INTERRUPTED", "INTERRUPTED_WHILE_WRITING", "Interrupts", "handle_from_the_start"]
+__all__ = [
+    "INTERRUPTED",
+    "INTERRUPTED_AFTER_WRITING",
+    "INTERRUPTED_WHILE_WRITING",
+    "Interrupts",
+    "handle_from_the_start",
+]
 
 INTERRUPTED = f"{PROG}: interrupted (Ctrl-C); nothing was written"
-INTERRUPTED_WHILE_WRITING = (
-    f"{PROG}: interrupted (Ctrl-C) while writing the reports; each is complete or absent, never half-written"
-)
+INTERRUPTED_WHILE_WRITING = f"{PROG}: interrupted (Ctrl-C) while writing the reports; none was written (all or none)"
+INTERRUPTED_AFTER_WRITING = f"{PROG}: interrupted (Ctrl-C) after every report was written; they are complete"
+
+_said = {"line": INTERRUPTED}  # what the handler says: the phase of the command's one run
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
     erase = "\r\033[K" if _is_terminal(sys.stderr) else ""  # a progress line may be open
-    os.write(2, f"{erase}{INTERRUPTED}\n".encode())
+    os.write(2, f"{erase}{_said['line']}\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -73,11 +83,13 @@ class Interrupts:
         self._previous: Any = None
         self._installed = False
         self.writing = False  # inside raising(): a KeyboardInterrupt then means "while writing"
+        self.done = False  # every report is written: a KeyboardInterrupt then means "after writing"
 
     @classmethod
     def install(cls) -> Interrupts:
         """Handle Ctrl-C from now on (only in the main thread, and not where it is ignored)."""
         interrupts = cls()
+        _said["line"] = INTERRUPTED
         if (
             threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
@@ -86,11 +98,21 @@ class Interrupts:
             interrupts._installed = True
         return interrupts
 
+    @property
+    def line(self) -> str:
+        """What a KeyboardInterrupt means now, in one line."""
+        return INTERRUPTED_AFTER_WRITING if self.done else INTERRUPTED_WHILE_WRITING if self.writing else INTERRUPTED
+
+    def written(self) -> None:
+        """Every report is in place: from now on Ctrl-C says so (also after :meth:`restore`, in the command)."""
+        self.done = True
+        _said["line"] = INTERRUPTED_AFTER_WRITING
+
     def restore(self) -> None:
-        """Put back the handler that was there before :meth:`install`."""
+        """Put back the handler that was there before :meth:`install` (in the command: the start-up one, whose line
+        now says what the run wrote, to the end of the process)."""
         if self._installed:
-            # the start-up handler says "nothing was written": after a run Python's own comes back instead
-            signal.signal(signal.SIGINT, signal.default_int_handler if self._previous is _exit_now else self._previous)
+            signal.signal(signal.SIGINT, self._previous)
             self._installed = False
 
     @contextlib.contextmanager

@@ -40,7 +40,12 @@ exit status:
        attribution error or mass-relative completeness error over the states away
        from the baseline is above sqrt(2) x TOL; the reports are written and one line
        on stderr names the figure (3 wins when both apply)
-  130  interrupted (Ctrl-C): one line on stderr; no report is left half-written
+  130  interrupted (Ctrl-C): one line on stderr says whether the reports were written
+       (all of them) or not (none)
+  141  stdout closed by its reader (| head): nothing said, as cat or grep; the reports
+       are written before diag prints
+  The status is the work's: a stdout that cannot take the summary (a full disk) is
+  one line on stderr and leaves it as it is.
 
 outputs: every file diag writes (--output, each --all-heads report, each --saliency
 picture) is checked, all together, before anything is loaded: none may be the
@@ -51,8 +56,9 @@ FIFO, and their folders must exist (--saliency DIR is made). A symbolic link nam
 ig_report.<head>.json, the default ig_report.json) are never written through a link:
 an existing link there is refused. Without --output, an existing ./ig_report.json is
 never replaced: diag stops (exit 2); name it with --output to replace it. A new file
-gets the usual mode (0666 minus the umask), an overwritten one keeps its mode; files
-are written atomically, so readers never see half of one."""
+gets the usual mode (0666 minus the umask), an overwritten one keeps its mode (never
+setuid or writable by everyone); the files of a run are written all or none, so
+readers never see half of one."""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -380,7 +386,8 @@ def _add_show(commands: Any) -> None:
         help="print a report as a table",
         description="Print the top features and the completeness figures of lightning-ig JSON reports.",
         epilog="exit status: 0 printed (a part missing from a report is said, not fatal), "
-        "2 a file that is not a readable lightning-ig report (one line on stderr), 130 interrupted.",
+        "2 a file that is not a readable lightning-ig report or a stdout that cannot take the table (one line on "
+        "stderr), 130 interrupted, 141 stdout closed by its reader (| head: nothing said, as cat).",
         formatter_class=_HelpFormatter,
     )
     show.add_argument(

@@ -31,7 +31,12 @@ __all__ = ["completeness_words", "format_report", "run_show"]
 def run_show(args: argparse.Namespace) -> int:
     """Print every report named on the command line."""
     texts = [format_report(_read_report(path), path, args.top, args.worst_states) for path in args.reports]
-    print("\n\n".join(texts))
+    try:
+        print("\n\n".join(texts), flush=True)
+    except BrokenPipeError:
+        raise
+    except OSError as error:  # a full disk behind stdout: the printing is show's work
+        raise UsageError(f"cannot print to stdout ({error.strerror or error})") from None
     return EXIT_OK
 
 

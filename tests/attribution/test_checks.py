@@ -56,3 +56,15 @@ def test_devices_dtypes_and_generators() -> None:
     assert check_generator(generator) is generator and check_generator(None) is None
     with pytest.raises(TypeError, match="generator must be None or a torch.Generator, got int"):
         check_generator(7)
+
+
+def test_meta_and_sparse_states_and_missing_devices_are_said_as_such() -> None:
+    with pytest.raises(ValueError, match=r"states is on the meta device \(shapes without values\)"):
+        check_states(torch.zeros(3, 4, device="meta"))
+    with pytest.raises(ValueError, match="states is a torch.sparse_coo tensor; pass a dense tensor"):
+        check_states(torch.zeros(3, 4).to_sparse())
+    with pytest.raises(ValueError, match="the meta device holds shapes, not values"):
+        check_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda': torch sees no CUDA device here; use 'cpu'"):
+            check_device("cuda")

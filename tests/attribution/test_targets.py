@@ -112,3 +112,13 @@ def test_each_has_the_figures_per_output_and_state(capture: bool) -> None:
         assert_close_scaled(result.mass_relative_error[action], single.mass_relative_error, ulps=64, dtype=F64)
     worst = result.attribution_error[~result.near_baseline].max()
     assert result.worst_attribution_error == float(worst)
+
+
+def test_a_numpy_integer_target_is_an_action_index_as_an_int_is() -> None:
+    import numpy as np
+
+    model, states = _model(), _states()
+    for target in (np.int64(1), np.int32(1), np.uint8(1)):
+        result = integrated_gradients(model, states, target=target, n_steps=8)
+        assert result.target == "action:1"
+        assert torch.equal(result.attributions, integrated_gradients(model, states, target=1, n_steps=8).attributions)

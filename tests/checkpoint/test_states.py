@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from lightning_ig import vocabulary
 from lightning_ig.checkpoint.layout import STATES_KEY, CheckpointError
 from lightning_ig.checkpoint.states import STATE_SUFFIXES, load_states, states_beside
 
@@ -61,7 +62,7 @@ def test_an_array_of_other_values_or_arguments_of_the_wrong_kind_are_refused(tmp
     with pytest.raises(CheckpointError, match=r"have shape \(0, 3\): expected at least one state"):
         load_states(tmp_path / "none.npy")
     np.save(tmp_path / "s.npy", np.asarray([["a", "b"]]))
-    with pytest.raises(CheckpointError, match="holds <U1 values; save a float array"):
+    with pytest.raises(CheckpointError, match="holds <U1 values; states are numbers: save a float array"):
         load_states(tmp_path / "s.npy")
     np.save(tmp_path / "ok.npy", np.zeros((2, 2)))
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
@@ -82,3 +83,58 @@ def test_states_beside_a_checkpoint_by_its_stem_first(tmp_path: Path) -> None:
     (tmp_path / "q.states.safetensors").write_text("")
     assert states_beside(checkpoint) == tmp_path / "q.states.safetensors"  # in the order of STATE_SUFFIXES
     assert STATE_SUFFIXES == (".safetensors", ".npy", ".json")
+
+
+def test_booleans_are_not_states_in_any_form(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text(json.dumps({"states": [[True, False]]}))
+    np.save(tmp_path / "s.npy", np.asarray([[True, False]]))
+    save_file({STATES_KEY: torch.tensor([[True, False]])}, str(tmp_path / "s.safetensors"))
+    for name in ("s.json", "s.npy", "s.safetensors"):
+        with pytest.raises(CheckpointError, match="(a JSON boolean|holds bool values; states are numbers)"):
+            load_states(tmp_path / name)
+    save_file({STATES_KEY: torch.tensor([[1, 255]], dtype=torch.uint8)}, str(tmp_path / "frames.safetensors"))
+    assert load_states(tmp_path / "frames.safetensors").tolist() == [[1.0, 255.0]]  # integers are numbers
+
+
+def test_a_json_states_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text('{"states": [[1.0, 2.0]], "states": [[3.0, 4.0]]}')
+    with pytest.raises(CheckpointError, match="an object names the key 'states' twice"):
+        load_states(tmp_path / "s.json")
+
+
+def test_a_file_that_is_not_npy_is_said_without_numpys_advice_to_unpickle(tmp_path: Path) -> None:
+    import gzip
+    import pickle
+
+    np.save(tmp_path / "plain.npy", np.asarray(ROWS))
+    plain = (tmp_path / "plain.npy").read_bytes()
+    (tmp_path / "packed.npy").write_bytes(gzip.compress(plain))
+    (tmp_path / "pickled.npy").write_bytes(pickle.dumps(ROWS))
+    (tmp_path / "damaged.npy").write_bytes(plain[:10] + b"{not a header" + plain[23:])
+    (tmp_path / "short.npy").write_bytes(plain[:-8])
+    np.save(tmp_path / "objects.npy", np.asarray([[1, None]], dtype=object), allow_pickle=True)
+    cases = {
+        "packed.npy": "is gzip-compressed: decompress it first",
+        "pickled.npy": "is not a .npy file; write the states with numpy.save",
+        "damaged.npy": "is a damaged .npy file",
+        "short.npy": "is cut short: its header announces 48 bytes of states, it holds 40",
+        "objects.npy": "holds Python-object values; states are numbers",
+    }
+    for name, words in cases.items():
+        with pytest.raises(CheckpointError, match=words) as caught:
+            load_states(tmp_path / name)
+        assert "allow_pickle" not in str(caught.value), name
+
+
+def test_states_larger_than_the_memory_available_are_refused_before_they_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    np.save(tmp_path / "s.npy", np.zeros((1000, 4), dtype=np.float32))  # 16,000 bytes, 80,000 once converted
+    save_file({STATES_KEY: torch.zeros(1000, 4)}, str(tmp_path / "s.safetensors"))
+    (tmp_path / "s.json").write_text(json.dumps({"states": np.zeros((1000, 4)).tolist()}))
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 50_000)
+    for name in ("s.npy", "s.safetensors", "s.json"):
+        with pytest.raises(CheckpointError, match="the states in .* needs about .* more than the 48.8 KiB available"):
+            load_states(tmp_path / name)
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 10**9)
+    assert load_states(tmp_path / "s.npy").shape == (1000, 4)

@@ -244,7 +244,7 @@ ERRORS_IN_SUBPROCESS = [
 ]
 ERRORS_IN_PROCESS = [
     (["--checkpoint", "junk.safetensors"], "not a readable safetensors file"),
-    (["--checkpoint", "errors"], "is a directory"),
+    (["--checkpoint", "errors"], "is a folder"),
     (["--checkpoint", "model.ckpt"], "--lightning-module"),
     (["--checkpoint", "heads.safetensors"], "several heads (ranging, trending)"),
     (["--checkpoint", "heads.safetensors", "--prefix", "up__"], "heads in it are: ranging, trending"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import torch
 from lightning_ig import cli
 from lightning_ig.checkpoint import save_checkpoint, save_merged_checkpoint
 from lightning_ig.models import ConvDuelingQNetwork
+from tests.support import REPO
 
 FRAME = (2, 4, 4)
 Capsys = pytest.CaptureFixture[str]
@@ -173,3 +176,107 @@ def test_the_help_says_what_the_default_output_does(capsys: Capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "default: ig_report.json in the working folder, which is never replaced" in text
     assert "never written through a link" in text and "hard link" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs that are not regular files; outputs all or none on a full disk; the channels by name
+
+
+_EVERY_INPUT_KIND = """
+import os, sys
+from lightning_ig import cli
+base = ["diag", "--checkpoint", "c.safetensors", "--auto-samples", "3", "--num-steps", "4", "--output", "r.json"]
+cases = [
+    ["--checkpoint", "pipe.safetensors"],  # opening it would block forever
+    ["--states", "zeros.npy"],  # a link to /dev/zero: reading it would never end
+    ["--baseline", "folder"],
+    ["--feature-names", "loop.json"],
+    ["--feature-groups", "pipe.safetensors"],
+    ["--checkpoint", "a" * 5000],
+    ["--checkpoint", "pipe.safetensors", "--lightning-module", "tests.support.cli_lightning_module:TinyLightning"],
+]
+for case in cases:
+    print(cli.main(base + case), flush=True)
+"""
+
+
+def test_every_input_path_is_refused_at_once_by_what_it_is(workspace: Path) -> None:
+    os.mkfifo(workspace / "pipe.safetensors")
+    (workspace / "zeros.npy").symlink_to("/dev/zero")
+    (workspace / "folder").mkdir()
+    (workspace / "loop.json").symlink_to("loop.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(  # a process of its own: before the check, the FIFO blocked the reader forever
+        [sys.executable, "-c", _EVERY_INPUT_KIND],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.stdout.split() == ["2"] * 7 and len(lines) == 7, done.stderr
+    words = [
+        "--checkpoint 'pipe.safetensors' is a FIFO (a named pipe), not a regular file",
+        "--states 'zeros.npy' is a device, not a regular file",
+        "--baseline 'folder' is a folder, not a regular file",
+        "--feature-names 'loop.json' is a symbolic-link loop",
+        "--feature-groups 'pipe.safetensors' is a FIFO",
+        "is too long for the file system (5,000 bytes)",
+        "--checkpoint 'pipe.safetensors' is a FIFO",
+    ]
+    for line, expected in zip(lines, words):
+        assert line.startswith("lightning-ig diag: error:") and expected in line, (expected, line)
+    assert not (workspace / "r.json").exists()
+
+
+def test_a_full_disk_while_writing_the_reports_leaves_none_of_them(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_ig.views.report
+    import lightning_ig.views.pictures.saliency
+
+    def full_disk(*args: object, **options: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    written = lightning_ig.views.report.write_report
+    calls = []
+
+    def second_full(report: dict, path: Path, **options: bool) -> None:
+        calls.append(path)
+        if len(calls) == 2:
+            full_disk()
+        written(report, path, **options)
+
+    monkeypatch.setattr(lightning_ig.views.report, "write_report", second_full)
+    (workspace / "out").mkdir()
+    code, out, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json")
+    _refused(code, err, "(No space left on device)", "none of the 2 file(s) was written")
+    assert list((workspace / "out").iterdir()) == [] and out == "", "--all-heads: all or none"
+    monkeypatch.setattr(lightning_ig.views.report, "write_report", written)
+    monkeypatch.setattr(lightning_ig.views.pictures.saliency, "write_png", full_disk)
+    code, out, err = _diag(capsys, "--saliency", "sal", "--output", "out/r.json")
+    _refused(code, err, "cannot write --saliency picture 'sal/saliency.png' (No space left on device)")
+    assert list((workspace / "out").iterdir()) == [] and list((workspace / "sal").iterdir()) == [], "the report too"
+
+
+def test_the_saliency_pictures_name_the_channels_the_groups_name(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_ig.views.pictures.saliency
+
+    seen = {}
+    for name in ("saliency_grid", "mean_abs_map"):
+        drawn = getattr(lightning_ig.views.pictures.saliency, name)
+
+        def spy(*args: object, _drawn: object = drawn, _name: str = name, **options: object) -> object:
+            seen[_name] = options.get("channel_names", args[2] if len(args) > 2 else None)
+            return _drawn(*args, **options)  # type: ignore[operator]
+
+        monkeypatch.setattr(lightning_ig.views.pictures.saliency, name, spy)
+    masks = {name: [[[other == name]] for other in ("paddle", "ball")] for name in ("paddle", "ball")}
+    (workspace / "groups.json").write_text(json.dumps(masks))  # as the MinAtar example writes it
+    code, _, err = _diag(capsys, "--feature-groups", "groups.json", "--saliency", "sal", "--output", "r.json")
+    assert code == 0, err
+    assert seen == {"saliency_grid": ["paddle", "ball"], "mean_abs_map": ["paddle", "ball"]}

@@ -264,22 +264,24 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
 
 
-def test_an_interrupt_while_writing_leaves_no_half_report(
+def test_an_interrupt_while_writing_leaves_no_report_at_all(
     workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import lightning_ig.views.report
 
     written = lightning_ig.views.report.write_report
+    calls = []
 
     def interrupted(report: dict, path: Path, **options: bool) -> None:
-        if Path(path).name == "all.trending.json":
+        calls.append(path)
+        if len(calls) == 2:  # the second head's report: the first one is written already (to its temporary)
             raise KeyboardInterrupt
         written(report, path, **options)
 
     monkeypatch.setattr(lightning_ig.views.report, "write_report", interrupted)
     code, _, err = _diag(capsys, "--checkpoint", "heads.safetensors", "--all-heads", "--output", "out/all.json")
     assert code == 130 and err.strip() == cli.interrupts.INTERRUPTED_WHILE_WRITING
-    assert sorted(path.name for path in (workspace / "out").iterdir()) == ["all.ranging.json"], "complete or absent"
+    assert list((workspace / "out").iterdir()) == [], "all or none: no report, no temporary file"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,13 +367,14 @@ def test_a_program_that_imports_the_cli_keeps_its_own_ctrl_c() -> None:
     assert (done.returncode, done.stdout.strip()) == (0, "caught"), done.stderr
 
 
-def test_after_a_run_ctrl_c_is_pythons_again(workspace: Path) -> None:
-    # main() hands back Python's own handler, not the start-up one (which would say "nothing was written")
+def test_ctrl_c_after_the_reports_are_written_says_so_to_the_end_of_the_process(workspace: Path) -> None:
+    # Ctrl-C while the summary prints, or while the interpreter exits (its atexit finalizers), is one line and 130:
+    # never "nothing was written", a -2 or a KeyboardInterrupt traceback
     script = (
-        "import signal, sys; sys.argv[0] = 'lightning-ig'; import lightning_ig.cli as cli; "
-        "assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler; "
-        "status = cli.main(['show', 'missing.json']); "
-        "print(status, signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+        "import os, signal, sys, atexit; sys.argv[0] = 'lightning-ig'; import lightning_ig.cli as cli; "
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), __import__('time').sleep(30))); "
+        "status = cli.main(['diag', '--checkpoint', 'q.safetensors', '--output', 'out/r.json', '--quiet']); "
+        "print('status', status, flush=True)"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -380,6 +383,86 @@ def test_after_a_run_ctrl_c_is_pythons_again(workspace: Path) -> None:
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    assert done.stdout.split() == ["2", "True"], done.stderr
+    assert (done.returncode, done.stderr.strip().splitlines()) == (130, [cli.interrupts.INTERRUPTED_AFTER_WRITING])
+    assert done.stdout.split() == ["status", "0"] and (workspace / "out" / "r.json").is_file()
+    assert list((workspace / "out").glob(".*.tmp")) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# stdout that cannot take what is printed: the status stays the work's
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device that is always full")
+def test_a_full_stdout_after_the_reports_does_not_turn_success_into_a_usage_error(workspace: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        with open("/dev/full", "w") as full:
+            return subprocess.run(
+                [sys.executable, "-m", "lightning_ig.cli", *args],
+                cwd=workspace,
+                env=_env(),
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+
+    done = run("diag", "--checkpoint", "q.safetensors", "--output", "r.json")
+    assert done.returncode in (0, 4), done.stderr  # the work's status (4: not within the tolerance): not 2
+    assert "cannot print the summary (No space left on device); the reports are written" in done.stderr
+    assert json.loads((workspace / "r.json").read_text())["schema_version"] == 1
+    shown = run("show", "r.json")  # show's work is the printing: one line, status 2
+    assert (shown.returncode, shown.stderr.strip()) == (
+        2,
+        "lightning-ig show: error: cannot print to stdout (No space left on device)",
+    )
+
+
+def test_an_ascii_only_stdout_gets_escapes_not_an_error(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _diag(capsys, "--feature-names", "names.json", "--output", "r.json")[0] in (0, 4)
+    report = json.loads((workspace / "r.json").read_text())
+    for feature in report["features"] + report["top_10_by_mean_abs"]:
+        feature["name"] = "caf\u00e9 " + feature["name"]
+    (workspace / "accents.json").write_text(json.dumps(report))
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_ig.cli", "show", "accents.json"],
+        cwd=workspace,
+        env={**_env(), "PYTHONIOENCODING": "ascii"},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "caf\\xe9 w" in done.stdout
+
+
+def test_show_into_a_pipe_closed_early_is_quiet_and_exits_141_as_cat_does(workspace: Path, capsys) -> None:
+    assert _diag(capsys, "--output", "r.json")[0] in (0, 4)
+    reports = ["r.json"] * 400  # far more than a pipe buffers
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lightning_ig.cli", "show", *reports],
+        cwd=workspace,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stdout.readline()  # `| head -1`
+    process.stdout.close()
+    _, err = process.communicate(timeout=300)
+    assert (process.returncode, err) == (141, b""), err
+
+
+def test_a_json_input_too_large_for_the_memory_is_refused_before_it_is_read(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_ig import vocabulary
+    from lightning_ig.cli.exits import UsageError, read_json_file
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 100)  # 20 bytes of JSON take about 240 parsed
+    with pytest.raises(UsageError, match=r"--feature-names 'names.json' \(20 bytes\) needs about 240 bytes of memory"):
+        read_json_file("names.json", "--feature-names", "give a JSON array of names")
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 1000)
+    assert read_json_file("names.json", "--feature-names", "give a JSON array of names") == ["w", "x", "y", "z"]

@@ -262,7 +262,7 @@ BAD_GROUPS = [
     ),
     ("negative.json", json.dumps(np.full(FRAME, -1).tolist()), "ids must be >= 0, got -1"),
     ("empty_group.json", '{"a": [0], "b": []}', "feature_groups['b'] is empty"),
-    ("repeated.json", '{"a": [0], "a": [1]}', "names the group 'a' twice"),
+    ("repeated.json", '{"a": [0], "a": [1]}', "names the key 'a' twice"),
     ("overlap.json", '{"a": [0, 1], "b": [1]}', "feature 1 is in feature_groups['b'] and in feature_groups['a']"),
     ("out_of_range.json", '{"a": [400]}', "holds index 400, outside the 400 features"),
     (
@@ -382,7 +382,7 @@ def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, cap
         [
             "diag",
             "--checkpoint",
-            str(workspace / "missing.safetensors"),
+            str(workspace / "flat.safetensors"),  # states --saliency cannot draw: said only once it is loaded
             "--saliency",
             str(workspace / "a_file"),
             "--output",

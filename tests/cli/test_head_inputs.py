@@ -226,3 +226,54 @@ def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
     # guards against: "unexpected RuntimeError: value cannot be converted to type float without overflow"
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "1e308")
     _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")
+
+
+# ------------------------------------------------------------------------------ sizes and precisions
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--auto-samples", "1000000000", "--replace"],  # was: killed by the out-of-memory killer, no message
+        ["--auto-samples", "10", "--replace", "--num-steps", "1000000000000"],
+    ],
+)
+def test_work_larger_than_the_memory_is_refused_before_it_is_allocated(
+    workspace: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--output", "out/r.json", *flags)
+    _one_line_error(code, err, f"{flags[0]} {flags[1]}", "of memory, more than the", "ask for fewer states or steps")
+    assert not (workspace / "out" / "r.json").exists()
+
+
+def test_the_states_of_a_file_are_bounded_as_sampled_ones_are(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_ig import vocabulary
+
+    (workspace / "states.json").write_text(json.dumps({"states": [[0.5, 1.0, 2.0, 3.0]] * 200}))
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 300_000)  # the file fits; 200 states' work does not
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--states", "states.json", "--quiet")
+    _one_line_error(code, err, "the 200 states of --states 'states.json'", "more than the 293.0 KiB available")
+
+
+def test_a_model_of_two_precisions_is_one_line_naming_them(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.cli_models import MixedPrecision
+
+    save_file(MixedPrecision(4, 3).state_dict(), str(workspace / "mixed.safetensors"))
+    (workspace / "states.json").write_text(json.dumps({"states": [[0.5, 1.0, 2.0, 3.0]]}))
+    code, _, err = _main(
+        capsys,
+        "diag",
+        "--checkpoint",
+        "mixed.safetensors",
+        "--model",
+        "tests.support.cli_models:MixedPrecision",
+        "--model-kwargs",
+        '{"width": 4, "actions": 3}',
+        "--states",
+        "states.json",
+        "--output",
+        "out/r.json",
+    )
+    _one_line_error(code, err, "the model's parameters are of 2 dtypes (torch.float32, torch.float64")

@@ -75,6 +75,8 @@ def test_exits_zero_and_prints_the_summary(tiny_run: tuple[subprocess.CompletedP
         assert name in proc.stdout
     run_dir = _only_run_dir(runs)
     assert run_dir.name.startswith("CartPole-v1__dqn_cartpole__3__")
+    for noise in ("Tip:", "GPU available", "LeafSpec"):  # third parties' words, not the run's: silenced
+        assert noise not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_the_printed_diag_command_runs_as_printed(
@@ -86,17 +88,23 @@ def test_the_printed_diag_command_runs_as_printed(
     line = next(line for line in proc.stdout.splitlines() if line.startswith("diagnose it with"))
     command = shlex.split(line.removeprefix("diagnose it with"))
     assert Path(command[0]).name in ("lightning-ig", Path(sys.executable).name), command
-    done = subprocess.run(
-        [*command, "--auto-samples", "4", "--output", str(tmp_path / "r.json")],
-        cwd=tiny_run[1].parent,
-        env=example_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((tmp_path / "r.json").read_text())["num_states"] == 4
+    # the report goes to the run's folder: the README's lines, one example after the other, never meet at one name
+    assert command[-2:] == [
+        "--output",
+        str(_only_run_dir(tiny_run[1]).relative_to(tiny_run[1].parent) / "ig_report.json"),
+    ]
+    for _ in range(2):  # named with --output: run again, it replaces its own report
+        done = subprocess.run(
+            [*command, "--auto-samples", "4"],
+            cwd=tiny_run[1].parent,
+            env=example_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tiny_run[1].parent / command[-1]).read_text())["num_states"] == 4
 
 
 def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
@@ -264,6 +272,19 @@ def test_help_shows_each_flag_with_its_help_and_default(tmp_path: Path) -> None:
     assert "--accelerator {cpu,gpu,auto}" in text
     assert "(default: None)" not in text  # a flag without a default shows none
     assert "1e-4" not in text  # the activation's help says what is measured, not a number the run does not print
+
+
+def test_help_answers_before_torch_lightning_and_gymnasium_are_imported(tmp_path: Path) -> None:
+    proc = _run(["-X", "importtime", str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "--total-timesteps" in proc.stdout, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert not imported & {"torch", "lightning", "gymnasium", "lightning_ig"}, sorted(imported)[:20]
+
+
+def test_two_runs_started_in_the_same_second_get_a_folder_each(example_module: ModuleType, tmp_path: Path) -> None:
+    name = "CartPole-v1__dqn_cartpole__1__1796119555"
+    first, second = (example_module.new_run_dir(str(tmp_path / "runs"), name) for _ in range(2))
+    assert (first.name, second.name) == (name, f"{name}-2") and first.is_dir() and second.is_dir()
 
 
 def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:

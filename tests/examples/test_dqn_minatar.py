@@ -128,6 +128,13 @@ def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> No
     assert loaded.states is not None and tuple(loaded.states.shape) == (NUM_HELD_OUT, 4, 10, 10)
     assert set(torch.unique(loaded.states).tolist()) <= {0.0, 1.0}  # MinAtar frames are 0/1
     assert json.loads(loaded.metadata["channel_names"]) == CHANNEL_NAMES
+    names = loaded.feature_names  # each pixel by its channel and cell, as the report names it (not x[3,3,9])
+    assert names is not None and (names[0], names[99], names[100], names[399]) == (
+        "paddle[0,0]",
+        "paddle[9,9]",
+        "ball[0,0]",
+        "brick[9,9]",
+    )
     assert float(loaded.metadata["random_mean_return"]) >= 0
     q_values = loaded.model.eval()(loaded.states)
     assert q_values.shape == (NUM_HELD_OUT, 3) and torch.isfinite(q_values).all()
@@ -200,6 +207,13 @@ def test_help_lists_the_flags(tmp_path: Path) -> None:
     assert "{breakout,asterix,freeway,seaquest,space_invaders}" in text
     assert "on the GPU" not in text  # guards against: said of a run that trains on the CPU where there is no GPU
     assert "(default: None)" not in text
+
+
+def test_help_answers_before_torch_lightning_and_minatar_are_imported(tmp_path: Path) -> None:
+    proc = _run(["-X", "importtime", str(EXAMPLE), "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "--num-envs" in proc.stdout, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert not imported & {"torch", "lightning", "minatar", "lightning_ig"}, sorted(imported)[:20]
 
 
 def test_bad_flag_exits_2_with_a_message(tmp_path: Path) -> None:

@@ -70,3 +70,11 @@ class MinAtarShaped(nn.Module):
 
     def config(self) -> dict:
         return {"in_channels": self.in_channels, "num_actions": self.num_actions}
+
+
+class MixedPrecision(TinyQ):
+    """TinyQ whose output layer is float64: two precisions in one model, as an ensemble of members saved apart."""
+
+    def __init__(self, width: int, actions: int = 2) -> None:
+        super().__init__(width, actions)
+        self.out.double()

@@ -1,0 +1,91 @@
+"""Rebuilding a model from a checkpoint: the file's values loaded as they are, on a device that exists, within memory.
+
+A weight is never cast to a dtype that changes it without a word: a wider float builds the model in its dtype, a
+narrower one loads exactly, a bool or an integer where the model has a float is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lightning_ig import vocabulary
+from lightning_ig.checkpoint import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
+from lightning_ig.models import DuelingQNetwork
+
+
+def _saved(tmp_path: Path) -> tuple[Path, DuelingQNetwork]:
+    torch.manual_seed(0)
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,)).eval()
+    path = tmp_path / "q.safetensors"
+    save_checkpoint(net, path, states=torch.randn(3, 4))
+    return path, net
+
+
+def _rewritten(path: Path, change: dict[str, torch.dtype] | torch.dtype) -> Path:
+    """The checkpoint with its weights stored in other dtypes (one dtype for all, or per key)."""
+    tensors = load_file(str(path))
+    for key, tensor in tensors.items():
+        dtype = change.get(key) if isinstance(change, dict) else change
+        if dtype is not None and key != "__states__":
+            tensors[key] = tensor.to(dtype)
+    out = path.with_name(f"{path.stem}.{len(list(path.parent.iterdir()))}.safetensors")
+    save_file(tensors, str(out), metadata=read_metadata(path))
+    return out
+
+
+def test_float64_weights_build_the_model_in_float64_rather_than_rounding_them(tmp_path: Path) -> None:
+    path, _ = _saved(tmp_path)
+    tensors = load_file(str(path))
+    stored = {
+        key: value.double() + (1e-12 if value.is_floating_point() and key != "__states__" else 0)
+        for key, value in tensors.items()
+    }
+    wide = tmp_path / "f64.safetensors"
+    save_file(stored, str(wide), metadata=read_metadata(path))
+    model = load_checkpoint(wide).model
+    assert {tensor.dtype for tensor in model.parameters()} == {torch.float64}
+    for key, value in model.state_dict().items():
+        if key in stored and value.is_floating_point():
+            assert torch.equal(value, stored[key]), f"{key} was rounded"
+
+
+def test_narrower_float_weights_load_exactly_into_the_models_float32(tmp_path: Path) -> None:
+    path, _ = _saved(tmp_path)
+    for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
+        narrow = _rewritten(path, dtype)
+        stored = load_file(str(narrow))
+        model = load_checkpoint(narrow).model
+        assert {tensor.dtype for tensor in model.parameters()} == {torch.float32}, dtype
+        for key, value in model.state_dict().items():
+            if value.is_floating_point() and key in stored:
+                assert torch.equal(value, stored[key].float()), (dtype, key)  # every value kept
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.int64])
+def test_bool_or_integer_weights_where_the_model_has_floats_are_refused(tmp_path: Path, dtype: torch.dtype) -> None:
+    path, net = _saved(tmp_path)
+    key = next(name for name, value in net.state_dict().items() if value.is_floating_point())
+    with pytest.raises(CheckpointError, match=f"'{key}' is stored as {dtype} but the model's is torch.float32"):
+        load_checkpoint(_rewritten(path, {key: dtype}))
+
+
+def test_a_device_that_cannot_hold_the_model_is_said_before_anything_is_read(tmp_path: Path) -> None:
+    path, _ = _saved(tmp_path)
+    with pytest.raises(ValueError, match="the meta device holds shapes, not values"):
+        load_checkpoint(path, device="meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda': torch sees no CUDA device here"):
+            load_checkpoint(path, device="cuda")
+
+
+def test_a_checkpoint_larger_than_the_memory_available_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = _saved(tmp_path)
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 100)
+    with pytest.raises(CheckpointError, match=r"loading the weights in .* needs about .* of memory, more than the"):
+        load_checkpoint(path)
