@@ -234,8 +234,8 @@ def test_every_input_path_is_refused_at_once_by_what_it_is(workspace: Path) -> N
 def test_a_full_disk_while_writing_the_reports_leaves_none_of_them(
     workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import lightning_ig.views.report
     import lightning_ig.views.pictures.saliency
+    import lightning_ig.views.report
 
     def full_disk(*args: object, **options: object) -> None:
         raise OSError(28, "No space left on device")
