@@ -8,7 +8,7 @@ layer calls these at its own boundary; so does the command line's parser,
 which is why this module imports neither torch nor anything that does
 (``lightning-ig --help`` answers without loading it). The checks on tensors
 and torch objects are :mod:`lightning_ig.attribution.checks`; the label of
-what was attributed is :func:`lightning_ig.attribution.targets.target_label`.
+what was attributed is :attr:`lightning_ig.attribution.targets.Target.label`.
 
 The completeness error is a *fraction* wherever a user reads it: the JSON
 report, the TensorBoard scalars, ``completeness_tol`` / ``--completeness-tol``
@@ -37,6 +37,7 @@ __all__ = [
     "BUDGET",
     "GRADIENTS",
     "METHODS",
+    "TARGET_NAMES",
     "WARPED_METHODS",
     "BackendName",
     "NSteps",
@@ -86,6 +87,10 @@ input, ``cosine_middle`` near both ends; see :mod:`lightning_ig.attribution.quad
 
 _WARP_FAMILIES = ("warped_middle", "mirrored_middle")
 _LARGEST_WARP = 8.0
+
+TARGET_NAMES = ("mean", "each", "contrast")
+"""The targets given by name, besides an output index ``N`` (also ``"action:N"``): what
+:meth:`lightning_ig.attribution.targets.Target.parse` and ``--target`` take."""
 
 BUDGET = "budget"
 """``n_steps="budget"``, the default everywhere (engine, callback, command line): the number of points chosen from

@@ -77,7 +77,7 @@ def resolve_budget(forward: Callable[[Tensor], Tensor], prepared: Prepared, sett
         forward,
         row,
         prepared.x.shape[0],
-        each=prepared.spec.kind == "each",
+        each=prepared.spec.every_output,
         finite_difference=settings.gradient == "finite_difference",
     )
     return dataclasses.replace(settings, n_steps=n)

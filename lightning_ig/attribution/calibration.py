@@ -53,7 +53,7 @@ from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepar
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 from lightning_ig.attribution.result import near_baseline_states
 from lightning_ig.attribution.settings import BUDGET, DEFAULT_METHOD, DEFAULT_N_STEPS, parse_settings
-from lightning_ig.attribution.targets import Target
+from lightning_ig.attribution.targets import TargetLike
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import (
     BackendName,
@@ -123,7 +123,7 @@ def calibrate(
     states: Tensor,
     baselines: Baselines = None,
     *,
-    target: Target = None,
+    target: TargetLike = None,
     n_steps: int | Literal["budget"] = DEFAULT_N_STEPS,
     gradient: Literal["autograd", "finite_difference"] = "autograd",
     backend: BackendName | IGOps = "auto",
@@ -194,7 +194,7 @@ def calibrate(
                 forward,
                 prepared.x[:1].view(1, *prepared.feature_shape),
                 batch or states.shape[0],
-                each=prepared.spec.kind == "each",
+                each=prepared.spec.every_output,
                 finite_difference=gradient == "finite_difference",
             )
             settings = parse_settings({**options, "n_steps": n_steps, "cuda_graph": False})

@@ -22,7 +22,7 @@ from lightning_ig.attribution.settings import (
     Settings,
     parse_settings,
 )
-from lightning_ig.attribution.targets import Target
+from lightning_ig.attribution.targets import TargetLike
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import BackendName
 
@@ -34,7 +34,7 @@ def integrated_gradients(
     inputs: Tensor,
     baselines: Baselines = None,
     *,
-    target: Target = None,
+    target: TargetLike = None,
     n_steps: int | Literal["auto", "budget"] = DEFAULT_N_STEPS,
     method: str = DEFAULT_METHOD,
     gradient: Literal["autograd", "finite_difference"] = "autograd",

@@ -22,6 +22,7 @@ and the sums in float64 (how far it is from the exact line: ``docs/trust.md``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from lightning_ig.attribution.targets import Target, choose_contrast
 
 __all__ = [
     "MIN_REFERENCE_STEPS",
@@ -97,42 +100,20 @@ _RowTarget = Callable[[Tensor, Tensor], Tensor]
 
 
 def _row_targets(target: Any, pairs: Tensor | None, model: nn.Module, states: Tensor) -> list[_RowTarget]:
-    """One row-target per attributed scalar: a list of one, or of ``A`` for ``"each"``."""
-
-    def pick(outputs: Tensor, _rows: Tensor, column: int) -> Tensor:
-        return outputs[:, column]
-
-    if target is None:
-        return [lambda outputs, _rows: outputs.reshape(-1)]
-    if target == "mean":
-        return [lambda outputs, _rows: outputs.mean(1)]
-    if isinstance(target, int) and not isinstance(target, bool):
-        return [lambda outputs, rows: pick(outputs, rows, target)]
-    if isinstance(target, str) and target.startswith("action:") and target[7:].isdigit():
-        column = int(target[7:])
-        return [lambda outputs, rows: pick(outputs, rows, column)]
-    if target == "each":
-        with torch.no_grad():
-            actions = model(states[:1]).shape[1]
-        return [lambda outputs, rows, k=k: pick(outputs, rows, k) for k in range(actions)]
-    if target == "contrast":
+    """One row-target per attributed scalar: a list of one, or of ``A`` for ``"each"`` (every output)."""
+    checked = Target.parse(target).on(len(states), states.device)
+    if checked.contrasts:
         if pairs is None:
             with torch.no_grad():
-                values = model(states)
-            greedy = values.argmax(1)
-            runner_up = values.scatter(1, greedy.unsqueeze(1), -math.inf).argmax(1)
-            pairs = torch.stack([greedy, runner_up], 1)
-        chosen = pairs.to(device=states.device, dtype=torch.long)
-
-        def contrast(outputs: Tensor, rows: Tensor) -> Tensor:
-            taken = chosen[rows]
-            return outputs.gather(1, taken[:, :1]).squeeze(1) - outputs.gather(1, taken[:, 1:]).squeeze(1)
-
-        return [contrast]
-    raise ValueError(
-        f"a reference attributes None, 'mean', 'each', 'contrast', an int or 'action:N', got {target!r}; "
-        "attribute a callable target with the engine and compare by hand"
-    )
+                pairs = choose_contrast(model(states), len(states))
+        checked = dataclasses.replace(checked, rows=pairs.to(device=states.device, dtype=torch.long))
+    count = 1
+    if checked.every_output:
+        with torch.no_grad():
+            count = model(states[:1]).shape[1]
+    return [
+        lambda outputs, rows, k=k: checked.select(outputs, outputs.shape[0], lambda: rows)[:, k] for k in range(count)
+    ]
 
 
 def _prepared(model: nn.Module, states: Tensor, baselines: Tensor | None) -> tuple[nn.Module, Tensor, Tensor]:
@@ -189,8 +170,8 @@ def exact_line(
             with its mean weights); a float64 copy is walked, the model is left as it is.
         states: ``(B, *feature_shape)``.
         baselines: the same shape (or broadcastable); zeros by default.
-        target: ``None`` (the model returns ``(N,)``), ``"mean"``, an int / ``"action:N"``, ``"each"`` or
-            ``"contrast"`` (greedy minus runner-up, chosen at the state: ``pairs`` or recomputed in float64).
+        target: as for :func:`~lightning_ig.attribution.integrated_gradients` (an index also as ``"action:N"``);
+            ``"contrast"``'s greedy and runner-up are ``pairs`` or chosen again in float64.
         pairs: ``(B, 2)`` the contrast's greedy and runner-up outputs (an ``IGResult.target_actions``), so the
             reference attributes the same difference as the run it checks.
         max_regions: stop with an :class:`ExactLineError` after this many regions of one walk.
@@ -214,7 +195,7 @@ def exact_line(
     started = time.perf_counter()
     targets = _row_targets(target, pairs, double, xs)
     walks = [_walk(double, _relus_of(double, model, relus), xs, bs, one, max_regions) for one in targets]
-    return _stacked(walks, target == "each", "exact_line", time.perf_counter() - started)
+    return _stacked(walks, Target.parse(target).every_output, "exact_line", time.perf_counter() - started)
 
 
 def _relus_of(double: nn.Module, model: nn.Module, relus: list[nn.Module]) -> list[nn.Module]:
@@ -368,7 +349,7 @@ def midpoint_reference(
     started = time.perf_counter()
     targets = _row_targets(target, pairs, double, xs)
     walks = [_midpoint(double, xs, bs, one, n_steps, chunk_rows) for one in targets]
-    return _stacked(walks, target == "each", f"midpoint:{n_steps}", time.perf_counter() - started)
+    return _stacked(walks, Target.parse(target).every_output, f"midpoint:{n_steps}", time.perf_counter() - started)
 
 
 def _midpoint(

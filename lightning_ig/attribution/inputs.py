@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.settings import Settings
-from lightning_ig.attribution.targets import TargetSpec, target_spec
+from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import IGOps, ig_ops
 
@@ -73,7 +73,7 @@ class Prepared:
     x: Tensor
     b: Tensor
     resolved: Tensor
-    spec: TargetSpec
+    spec: Target
     backend: IGOps
     feature_shape: tuple[int, ...]
 
@@ -96,7 +96,7 @@ def prepare(forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselin
         x=inputs.reshape(batch, -1).contiguous(),  # (B, F)
         b=resolved.reshape(batch, -1).contiguous(),  # (B, F)
         resolved=resolved,
-        spec=target_spec(settings.target, batch, inputs.device),
+        spec=settings.target.on(batch, inputs.device),
         backend=ig_ops(settings.backend, inputs),
         feature_shape=tuple(inputs.shape[1:]),
     )

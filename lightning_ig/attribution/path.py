@@ -50,7 +50,7 @@ from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
 from lightning_ig.attribution.quadrature import quadrature
 from lightning_ig.attribution.settings import Settings
-from lightning_ig.attribution.targets import TargetSpec, choose_contrast, select
+from lightning_ig.attribution.targets import EACH, Target, choose_contrast
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import STATS, IGOps
 
@@ -130,7 +130,7 @@ class PathRun:
         x: Tensor,
         b: Tensor,
         feature_shape: tuple[int, ...],
-        spec: TargetSpec,
+        spec: Target,
         settings: Settings,
         backend: IGOps,
         rows_per_chunk: int,
@@ -152,24 +152,19 @@ class PathRun:
         self.check_stochastic = True
         self.stochastic: Tensor | None = None
         self.pairs: Tensor | None = None
-        self.choose_pairs = spec.kind == "contrast"
+        self.choose_pairs = spec.chooses_pairs
         if self.choose_pairs:  # a buffer the pass fills (a captured graph's replay refills it for its inputs)
             self.pairs = torch.zeros((self.batch, 2), dtype=torch.int64, device=x.device)
             self.spec = dataclasses.replace(spec, rows=self.pairs)
 
     def subset(self, states: Tensor) -> PathRun:
         """A run over the states ``states`` (indices) only, with their targets fixed: ``n_steps="auto"``'s sub-batch."""
-        spec = self.spec
-        if spec.rows is not None:
-            spec = dataclasses.replace(spec, rows=spec.rows[states])
-        if spec.kind == "contrast":
-            spec = dataclasses.replace(spec, kind="contrast_fixed")
         sub = PathRun(
             self.forward,
             self.x[states],
             self.b[states],
             self.feature_shape,
-            spec,
+            self.spec.subset(states),
             self.settings,
             self.backend,
             self.chunk_rows,
@@ -237,7 +232,7 @@ class PathRun:
                 raise
         self.pairs.copy_(choose_contrast(outputs, self.batch))
 
-    def _evaluate(self, rows: Tensor, first_row: int, spec: TargetSpec | None = None) -> Tensor:
+    def _evaluate(self, rows: Tensor, first_row: int, spec: Target | None = None) -> Tensor:
         """The target values ``(n, T)`` of ``rows (n, F)``, rows ``first_row...`` of the ``(*, B)`` layout."""
         n_rows = rows.shape[0]
         try:
@@ -245,7 +240,10 @@ class PathRun:
         except RuntimeError as error:
             raise_if_dtype_mismatch(self.forward, rows, error)
             raise
-        selected = select(outputs, spec or self.spec, n_rows, first_row, self.batch)
+        batch = self.batch
+        selected = (spec or self.spec).select(
+            outputs, n_rows, lambda: torch.arange(first_row, first_row + n_rows, device=outputs.device) % batch
+        )  # row r of the (*, B) layout is state r % B
         self.output_width = outputs.shape[1] if outputs.dim() == 2 else 1
         return selected
 
@@ -370,16 +368,16 @@ class PathRun:
         if extra:
             collected.ends = values[probe_rows:].contiguous()
 
-    def _probe_spec(self) -> TargetSpec:
+    def _probe_spec(self) -> Target:
         # Per-row and contrast targets pick columns by state, but probe rows do not follow the (*, B) layout: finite
         # differences evaluate every column ("each") and keep each state's own afterwards (_own_columns).
-        if self.spec.kind in _BY_STATE:
-            return TargetSpec("each", "each")
+        if self.spec.by_state:
+            return EACH
         return self.spec
 
     def _own_columns(self, path: PathGradients) -> PathGradients:
         """With per-row or contrast targets under finite differences, each state's own columns of ``"each"``."""
-        if self.spec.kind not in _BY_STATE or self.settings.gradient != "finite_difference":
+        if not self.spec.by_state or self.settings.gradient != "finite_difference":
             return path
         assert self.spec.rows is not None  # noqa: S101 - set for every per-row and contrast spec
         rows = self.spec.rows  # (B,) or (B, 2): greedy, runner-up
@@ -397,9 +395,6 @@ class PathRun:
             None if ends is None else ends.unsqueeze(-1),  # (2 c, B, 1)
             values.T.unsqueeze(0).contiguous(),  # (1, m, B)
         )
-
-
-_BY_STATE = ("per_row", "contrast", "contrast_fixed")  # targets that pick their columns by state
 
 
 class _Collected:

@@ -38,7 +38,7 @@ from lightning_ig.attribution.groups import FeatureGroups
 
 if TYPE_CHECKING:  # the parts of a run, read here, import this module
     from lightning_ig.attribution.settings import Settings
-    from lightning_ig.attribution.targets import TargetSpec
+    from lightning_ig.attribution.targets import Target
     from lightning_ig.ops.ig import IGOps
 
 __all__ = [
@@ -337,7 +337,7 @@ class _PathFacts(Protocol):
 def build_result(
     out: dict[str, Tensor],
     resolved: Tensor,
-    spec: TargetSpec,
+    spec: Target,
     settings: Settings,
     run: _PathFacts,
     n_steps: int,
@@ -352,7 +352,7 @@ def build_result(
     finite-difference step, the rows per forward). The eager path and a graph's replay both end here.
     """
     stats, accuracy = out["stats"], out["accuracy"]
-    if spec.kind == "each":
+    if spec.every_output:
         attributions = out["attributions"].view(-1, *resolved.shape)  # (A, B, F) -> (A, B, *feature_shape)
     else:
         attributions = out["attributions"].view(resolved.shape)  # (1, B, F) -> (B, *feature_shape)

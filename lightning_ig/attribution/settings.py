@@ -84,7 +84,8 @@ DEFAULTS: dict[str, Any] = {
 def parse_settings(options: dict[str, Any]) -> Settings:
     """The :class:`Settings` of ``options`` (missing ones take :data:`DEFAULTS`).
 
-    The target is checked where the batch is known (:func:`lightning_ig.attribution.targets.target_spec`).
+    The target is checked here (:meth:`~lightning_ig.attribution.targets.Target.parse`), per-state indices against
+    the batch where it is known (:meth:`~lightning_ig.attribution.targets.Target.on`).
 
     Raises:
         TypeError: an unknown option, or a value of the wrong kind.
@@ -100,7 +101,7 @@ def parse_settings(options: dict[str, Any]) -> Settings:
     max_steps = check_positive_int(merged["max_steps"], "max_steps", example=DEFAULT_MAX_STEPS)
     _check_rule_size(method, n_steps, max_steps)
     return Settings(
-        target=merged["target"],
+        target=Target.parse(merged["target"]),
         n_steps=n_steps,
         method=method,
         gradient=check_choice(merged["gradient"], GRADIENTS, "gradient"),

@@ -1,4 +1,4 @@
-"""What to attribute: target specs, the selection of target values from a forward's output, and target_forward.
+"""What to attribute: the one :class:`Target` every consumer reads, and how it selects the attributed values.
 
 A forward maps ``(N, *feature_shape)`` to one value per row ``(N,)``, or to
 ``(N, A)`` (Q-values, say) with a *target* choosing what to attribute:
@@ -7,73 +7,224 @@ A forward maps ``(N, *feature_shape)`` to one value per row ``(N,)``, or to
 column), a LongTensor ``(B,)`` (one column per state), ``"each"`` (every
 column), ``"contrast"`` (per state, the greedy column minus the runner-up's:
 "why this action rather than the next best") or a callable ``(N, A) -> (N,)``.
-The engine runs the forward on rows laid out ``(*, B)``: row ``r`` belongs to
-state ``r % B``.
+
+:meth:`Target.parse` checks the user's value once where it comes in (the engine's call, the callback's constructor,
+the command line's flag); :meth:`Target.bind` fits it to a model's outputs (its actions' labels, the rows per
+state). Every consumer asks the :class:`Target` (its label, rows per state, whether pairs are chosen, whether the
+deletion check applies, its words) instead of testing the user's value. The engine runs the forward on rows laid
+out ``(*, B)``: row ``r`` belongs to state ``r % B``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ig.vocabulary import callable_name
+from lightning_ig.vocabulary import TARGET_NAMES, callable_name, shown
 
 __all__ = [
+    "EACH",
     "Target",
-    "TargetSpec",
+    "TargetLike",
+    "action_labels",
     "check_rows_in_range",
     "choose_contrast",
-    "select",
     "target_forward",
-    "target_label",
-    "target_spec",
 ]
 
-Target = None | str | int | Tensor | Callable[[Tensor], Tensor]
+TargetLike = Union[None, str, int, Tensor, Callable[[Tensor], Tensor], "Target"]
+"""What ``target=`` takes: ``None``, a name of :data:`~lightning_ig.vocabulary.TARGET_NAMES`, an output index, a
+LongTensor of one index per state, a callable ``(N, A) -> (N,)``, or a :class:`Target`."""
 
-_TARGET_FORMS = "None, 'mean', 'each', 'contrast', an int, a LongTensor of shape (B,) or a callable"
+_FORMS = "None, 'mean', 'each', 'contrast', an int, a LongTensor of shape (B,) or a callable"
+_Kind = Literal["output", "mean", "action", "per_row", "each", "contrast", "callable"]
 
 
-def target_label(target: Any) -> str:
-    """What was attributed, in the one form the result, the report, the callback and the command line all use.
+@dataclass(frozen=True, eq=False)
+class Target:
+    """What is attributed, checked once (:meth:`parse`), and what every consumer needs to know of it.
 
-    ``None`` -> ``"output"`` (the forward returns one value per row); ``"mean"``;
-    ``"each"``; ``"contrast"``; an int ``k`` -> ``"action:k"``; a tensor of one index per state ->
-    ``"per_row"``; a callable -> ``"callable:<name>"``.
+    The answers consumers ask for are plain attributes, set when the target is made, so that a run reads them
+    without entering this module.
+
+    Attributes:
+        kind: ``"output"`` (the forward's own value per row), ``"mean"``, ``"action"`` (one output),
+            ``"per_row"`` (one output per state), ``"each"``, ``"contrast"`` or ``"callable"``.
+        label: what was attributed in one spelling: ``output``, ``mean``, ``action:<k>``, ``per_row``, ``each``,
+            ``contrast``, ``callable:<name>``; the result's ``target``, the report's ``forward_target``, the text.
+        index: the output of ``"action"``.
+        fn: the callable of ``"callable"``.
+        rows: ``(B,)`` int64, each state's output (``"per_row"``, once on the inputs' device: :meth:`on`), or
+            ``(B, 2)`` each state's greedy and runner-up outputs (``"contrast"``, filled by the run).
+        rows_max: the largest index in ``rows`` (``"per_row"``), checked against the forward's outputs.
+        pairs_fixed: a contrast whose pairs were chosen already (a sub-batch of ``n_steps="auto"``).
+        actions: one label per output once bound to a model (:meth:`bind`) for ``"each"`` and ``"contrast"``,
+            and for ``"action"`` when names were given; else ``None``.
+        model_output: the forward's own value per row is attributed (nothing selected from several outputs).
+        every_output: every output is attributed in one run: results ``(A, B, ...)``, a run's rows a (state, action)
+            pair each.
+        contrasts: per state the greedy output minus the runner-up's, the pair chosen at the state.
+        chooses_pairs: a contrast whose run chooses each state's pair from the forward at the state.
+        by_state: each state picks its own outputs (per-state indices, a contrast's pairs).
+        about_actions: one action, every action or the greedy one against the next: action names apply.
+        same_each_call: nothing changes between an engine's calls (no per-state indices to copy in, no callable,
+            which a captured graph holds by identity): the engine's fast replay applies.
+        checks_deletion: the deletion check applies: a deleted state's forward re-states the target (not a
+            contrast, whose pair is chosen at each state and held fixed).
+        rows_per_state: the rows of a state in a run: the actions for ``"each"`` (once bound), else 1.
     """
-    if target is None:
-        return "output"
-    if isinstance(target, str):
-        return target
-    if isinstance(target, Tensor):
-        return f"action:{int(target)}" if target.dim() == 0 else "per_row"
-    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
-        return f"action:{int(target)}"
-    if isinstance(target, Callable):  # type: ignore[arg-type]
-        return f"callable:{callable_name(target)}"
-    raise TypeError(
-        f"target must be None, 'mean', 'each', an int, a LongTensor or a callable, got {type(target).__name__}"
-    )
 
+    kind: _Kind
+    label: str
+    index: int | None = None
+    fn: Callable[[Tensor], Tensor] | None = None
+    rows: Tensor | None = None
+    rows_max: int = 0
+    pairs_fixed: bool = False
+    actions: tuple[str, ...] | None = None
+    model_output: bool = field(init=False, repr=False)
+    every_output: bool = field(init=False, repr=False)
+    contrasts: bool = field(init=False, repr=False)
+    chooses_pairs: bool = field(init=False, repr=False)
+    by_state: bool = field(init=False, repr=False)
+    about_actions: bool = field(init=False, repr=False)
+    same_each_call: bool = field(init=False, repr=False)
+    checks_deletion: bool = field(init=False, repr=False)
+    rows_per_state: int = field(init=False, repr=False)
 
-@dataclass(frozen=True)
-class TargetSpec:
-    """A checked target: ``kind`` is one of ``output, mean, action, per_row, each, contrast, callable``.
+    def __post_init__(self) -> None:
+        kind, derived = self.kind, object.__setattr__
+        derived(self, "model_output", kind == "output")
+        derived(self, "every_output", kind == "each")
+        derived(self, "contrasts", kind == "contrast")
+        derived(self, "chooses_pairs", kind == "contrast" and not self.pairs_fixed)
+        derived(self, "by_state", kind in ("per_row", "contrast"))
+        derived(self, "about_actions", kind in ("action", "each", "contrast"))
+        derived(self, "same_each_call", kind not in ("per_row", "callable"))
+        derived(self, "checks_deletion", kind != "contrast")
+        derived(self, "rows_per_state", len(self.actions) if kind == "each" and self.actions else 1)
 
-    ``contrast_fixed`` is a contrast whose pairs were chosen already (a sub-batch of ``n_steps="auto"``).
-    """
+    # -- made once, where the user's value comes in
 
-    kind: str
-    label: str  # vocabulary.target_label of the target
-    index: int | None = None  # the column for "action"
-    rows: Tensor | None = None  # (B,) int64 for "per_row"; (B, 2) greedy, runner-up for "contrast", filled by the run
-    rows_max: int = 0  # the largest index in rows, checked against the forward's A on the host
-    fn: Callable[[Tensor], Tensor] | None = None  # for "callable"
+    @classmethod
+    def parse(cls, value: TargetLike) -> Target:
+        """``value`` checked (a :class:`Target` is returned as it is).
+
+        Raises:
+            TypeError: a bool, a float or bool tensor, or an unsupported type.
+            ValueError: an unknown name or a negative index.
+        """
+        if isinstance(value, Target):
+            return value
+        if value is None:
+            return cls("output", "output")
+        if isinstance(value, str):
+            return _named(value)
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"target must be an int action index, not a bool ({value!r})")
+        if isinstance(value, (int, np.integer)):
+            if value < 0:
+                raise ValueError(f"target must be a non-negative action index, got {value}")
+            return cls("action", f"action:{int(value)}", index=int(value))
+        if isinstance(value, Tensor):
+            if value.dtype.is_floating_point or value.dtype == torch.bool or value.dtype.is_complex:
+                raise TypeError(f"a target tensor must hold integer action indices, got dtype {value.dtype}")
+            if value.dim() == 0:
+                return cls.parse(int(value))
+            return cls("per_row", "per_row", rows=value)  # its shape is checked against the batch (on)
+        if callable(value):
+            return cls("callable", f"callable:{callable_name(value)}", fn=value)
+        raise TypeError(f"target must be {_FORMS}, got {type(value).__name__}")
+
+    @classmethod
+    def of_forward(cls, forward: Any) -> Target:
+        """A forward of the user's that returns the attributed value itself (the callback's ``forward=``)."""
+        return cls("output", f"callable:{callable_name(forward)}")
+
+    def on(self, batch: int, device: torch.device) -> Target:
+        """This target for ``batch`` states on ``device``: per-state indices checked and moved (one host sync).
+
+        Raises:
+            ValueError: per-state indices of another count than ``batch``, or a negative one.
+        """
+        if self.kind != "per_row" or self.rows is None:
+            return self
+        if tuple(self.rows.shape) != (batch,):
+            raise ValueError(
+                f"a target tensor must have shape (B,) = ({batch},), one action per state, got {tuple(self.rows.shape)}"
+            )
+        rows = self.rows.detach().to(device=device, dtype=torch.int64)
+        if rows.is_inference():
+            rows = rows.clone()
+        low, high = (int(v) for v in torch.stack([rows.min(), rows.max()]).tolist())  # one host sync
+        if low < 0:
+            raise ValueError(f"target indices must be >= 0, got {low}")
+        return dataclasses.replace(self, rows=rows, rows_max=high)
+
+    def bind(self, shape: Sequence[int], names: Sequence[str] | None = None, *, spelt: str | None = None) -> Target:
+        """This target for a model whose outputs per batch have ``shape`` (``(N,)`` or ``(N, A)``).
+
+        ``"mean"`` or output 0 of a model with one value per state attributes that value (``"output"``); ``"each"``
+        and ``"contrast"`` get one label per action (``names``, or ``action 0``, ``action 1``, ...), an output index
+        its name where ``names`` are given.
+
+        Args:
+            shape: the model's output shape on a batch, ``(N,)`` or ``(N, A)``.
+            names: one name per output, or ``None``.
+            spelt: how the messages name the target (default ``target=<value>``; the command line's ``--target N``).
+
+        Raises:
+            ValueError: ``"each"`` or ``"contrast"`` on fewer than two outputs, an index out of range, or a number of
+                names other than the outputs'.
+        """
+        said = spelt or f"target={self.as_given!r}"
+        outputs = 1 if len(shape) == 1 else int(shape[1])
+        if self.kind in ("each", "contrast") and (len(shape) == 1 or outputs < 2):
+            needs = "one per action" if self.kind == "each" else "the greedy action and the runner-up"
+            raise ValueError(
+                f"{said} needs at least two outputs per state ({needs}); the model returns shape {tuple(shape)} per "
+                "batch: use target='mean' or an output index"
+            )
+        if self.kind == "action" and self.index is not None and self.index >= outputs:
+            valid = "'mean' or 0" if len(shape) == 1 else f"an index in [0, {outputs - 1}]"
+            raise ValueError(
+                f"{said} is out of range: the model returns {outputs} output{'s' * (outputs > 1)} per state (shape "
+                f"{tuple(shape)}); pass {valid}"
+            )
+        labels = None if names is None and self.kind not in ("each", "contrast") else action_labels(names, outputs)
+        if len(shape) == 1 and self.kind in ("mean", "action"):
+            return Target("output", "output")
+        return self if labels is None or not self.about_actions else dataclasses.replace(self, actions=tuple(labels))
+
+    # -- what consumers ask
+
+    @property
+    def as_given(self) -> Any:
+        """The target as a user spells it: a name, an output index or a callable's name (the callback's state key)."""
+        if self.kind == "action":
+            return self.index
+        return self.label.partition(":")[2] if self.label.startswith("callable:") else self.label
+
+    @property
+    def words(self) -> str:
+        """What is attributed, as the pictures' legends name it: ``V(s)``, ``Q(s, left)``, ``Q(s, a)``, ..."""
+        if self.kind == "action":
+            names = self.actions or ()
+            return f"Q(s, {names[self.index] if self.index is not None and self.index < len(names) else self.index})"
+        return _WORDS.get(self.kind) or self._name() or "the output"
+
+    @property
+    def unit(self) -> str:
+        """The unit of the attributions, for the text: they add up to a change of this."""
+        if self.kind == "action":
+            return f"Q(s, {self.index})"
+        return _UNITS.get(self.kind) or self._name() or "model output"
 
     def key(self) -> tuple[Any, ...]:
         """What a captured graph depends on: per-row indices are copied in, not part of the key."""
@@ -81,95 +232,95 @@ class TargetSpec:
             return ("per_row", tuple(self.rows.shape) if self.rows is not None else ())
         if self.kind == "callable":
             return ("callable", id(self.fn))
-        return (self.kind, self.index)
+        return (self.kind, self.index, self.pairs_fixed)
 
+    def subset(self, states: Tensor) -> Target:
+        """The target of the states ``states`` (indices) only: their rows, a contrast's pairs fixed."""
+        rows = None if self.rows is None else self.rows[states]
+        return dataclasses.replace(self, rows=rows, pairs_fixed=self.kind == "contrast")
 
-def target_spec(target: Target, batch: int, device: torch.device) -> TargetSpec:
-    """Check ``target`` for ``batch`` states on ``device`` and describe it.
+    def select(self, outputs: Any, n_rows: int, states: Callable[[], Tensor]) -> Tensor:
+        """The attributed values ``(n_rows, T)`` of a forward's ``outputs``; ``states()`` gives each row's state.
 
-    Raises:
-        TypeError: a bool, a float or bool tensor, or an unsupported type.
-        ValueError: an unknown name, a negative index, or a tensor of the wrong shape.
-    """
-    if target is None:
-        return TargetSpec("output", target_label(None))
-    if isinstance(target, str):
-        if target in ("mean", "each", "contrast"):
-            return TargetSpec(target, target_label(target))
-        raise ValueError(
-            f"target must be {_TARGET_FORMS}, got {target!r}; use 'mean' for V(s) of a dueling network or an int for "
-            "one action"
-        )
-    if isinstance(target, bool):
-        raise TypeError(f"target must be an int action index, not a bool ({target!r})")
-    if isinstance(target, (int, np.integer)):
-        if target < 0:
-            raise ValueError(f"target must be a non-negative action index, got {target}")
-        return TargetSpec("action", target_label(target), index=int(target))
-    if isinstance(target, Tensor):
-        return _tensor_spec(target, batch, device)
-    if callable(target):
-        return TargetSpec("callable", target_label(target), fn=target)
-    raise TypeError(f"target must be {_TARGET_FORMS}, got {type(target).__name__}")
-
-
-def _tensor_spec(target: Tensor, batch: int, device: torch.device) -> TargetSpec:
-    if target.dtype.is_floating_point or target.dtype == torch.bool or target.dtype.is_complex:
-        raise TypeError(f"a target tensor must hold integer action indices, got dtype {target.dtype}")
-    if target.dim() == 0:
-        return target_spec(int(target), batch, device)
-    if tuple(target.shape) != (batch,):
-        raise ValueError(
-            f"a target tensor must have shape (B,) = ({batch},), one action per state, got {tuple(target.shape)}"
-        )
-    rows = target.detach().to(device=device, dtype=torch.int64)
-    if rows.is_inference():
-        rows = rows.clone()
-    low, high = (int(v) for v in torch.stack([rows.min(), rows.max()]).tolist())  # one host sync
-    if low < 0:
-        raise ValueError(f"target indices must be >= 0, got {low}")
-    return TargetSpec("per_row", target_label(target), rows=rows, rows_max=high)
-
-
-def select(outputs: Any, spec: TargetSpec, n_rows: int, first_row: int, batch: int) -> Tensor:
-    """The target values of one chunk of rows as ``(n_rows, T)``; rows ``first_row...`` of the ``(*, B)`` layout.
-
-    Raises:
-        TypeError: the forward returned no tensor, or no floating-point one.
-        ValueError: the output's shape does not fit the target, or an index is out of range.
-    """
-    if not isinstance(outputs, Tensor):
-        raise TypeError(f"forward must return a torch.Tensor, got {type(outputs).__name__}")
-    if not outputs.dtype.is_floating_point:
-        raise TypeError(f"forward must return floating-point values, got dtype {outputs.dtype}")
-    if spec.kind == "output":
-        return _select_output(outputs, n_rows)
-    if spec.kind == "callable":
-        return _select_callable(outputs, spec, n_rows)
-    shape = tuple(outputs.shape)
-    if len(shape) != 2 or shape[0] != n_rows:
-        raise ValueError(
-            f"with target={spec.label!r} forward must return (N, A) values, one row per input row ({n_rows} rows); got "
-            f"{shape}"
-        )
-    if spec.kind == "mean":
-        return outputs.mean(dim=1, keepdim=True)
-    if spec.kind == "each":
-        return outputs
-    if spec.kind in ("contrast", "contrast_fixed"):
-        assert spec.rows is not None  # noqa: S101 - the run fills the pairs before any forward of the path
-        pairs = spec.rows[torch.arange(first_row, first_row + n_rows, device=outputs.device) % batch]  # (n, 2)
-        chosen = outputs.gather(1, pairs)  # (n, 2): greedy, runner-up
-        return chosen[:, :1] - chosen[:, 1:]
-    actions = shape[1]
-    if spec.kind == "action":
-        assert spec.index is not None  # noqa: S101 - set for every "action" spec
-        if spec.index >= actions:
+        Raises:
+            TypeError: the forward returned no tensor, or no floating-point one.
+            ValueError: the output's shape does not fit the target, or an index is out of range.
+        """
+        if not isinstance(outputs, Tensor):
+            raise TypeError(f"forward must return a torch.Tensor, got {type(outputs).__name__}")
+        if not outputs.dtype.is_floating_point:
+            raise TypeError(f"forward must return floating-point values, got dtype {outputs.dtype}")
+        if self.kind == "output":
+            return _select_output(outputs, n_rows)
+        if self.kind == "callable":
+            return self._select_callable(outputs, n_rows)
+        shape = tuple(outputs.shape)
+        if len(shape) != 2 or shape[0] != n_rows:
             raise ValueError(
-                f"target={spec.index} is out of range for a forward with {actions} outputs; use 0..{actions - 1}"
+                f"with target={self.label!r} forward must return (N, A) values, one row per input row ({n_rows} "
+                f"rows); got {shape}"
             )
-        return outputs[:, spec.index : spec.index + 1]
-    return _select_per_row(outputs, spec, n_rows, first_row, batch)
+        if self.kind == "mean":
+            return outputs.mean(dim=1, keepdim=True)
+        if self.kind == "each":
+            return outputs
+        if self.kind == "action":
+            if self.index >= shape[1]:  # type: ignore[operator]  # set for every "action" target
+                raise ValueError(
+                    f"target={self.index} is out of range for a forward with {shape[1]} outputs; use 0..{shape[1] - 1}"
+                )
+            return outputs[:, self.index : self.index + 1]  # type: ignore[operator]
+        if self.rows is None:
+            raise RuntimeError(f"target={self.label!r} was used before its rows were set")
+        if self.kind == "contrast":
+            chosen = outputs.gather(1, self.rows[states()])  # (n, 2): greedy, runner-up
+            return chosen[:, :1] - chosen[:, 1:]
+        check_rows_in_range(self, shape[1])
+        return outputs.gather(1, self.rows[states()].unsqueeze(1))
+
+    def _select_callable(self, outputs: Tensor, n_rows: int) -> Tensor:
+        values = self.fn(outputs)  # type: ignore[misc]  # set for every "callable" target
+        if not isinstance(values, Tensor) or tuple(values.shape) not in ((n_rows,), (n_rows, 1)):
+            seen = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"the target callable must map the forward's output to shape ({n_rows},), got {seen}")
+        return values.reshape(n_rows, 1)
+
+    def _name(self) -> str | None:
+        return self.label.partition(":")[2] if self.label.startswith("callable:") else None
+
+
+EACH = Target("each", "each")
+"""Every output: what finite differences evaluate for targets that pick their outputs by state."""
+
+_WORDS = {"mean": "V(s)", "each": "Q(s, a)", "contrast": "Q(greedy) − Q(runner-up)"}
+_UNITS = {"mean": "mean output = V(s)", "each": "Q(s, a) of every action", "contrast": "Q(greedy) - Q(runner-up)"}
+
+
+def _named(text: str) -> Target:
+    if text in TARGET_NAMES:
+        return Target(text, text)  # type: ignore[arg-type]  # one of the kinds
+    body = text[len("action:") :]
+    if text.startswith("action:") and body.isdigit():
+        return Target.parse(int(body))
+    raise ValueError(
+        f"target must be {_FORMS}, got {shown(text, 60)}; use 'mean' for V(s) of a dueling network or an int for one "
+        "action"
+    )
+
+
+def action_labels(names: Sequence[str] | None, count: int) -> list[str]:
+    """One label per action: the names given, or ``action 0``, ``action 1``, ...
+
+    Raises:
+        ValueError: a number of names other than ``count``.
+    """
+    if names is None:
+        return [f"action {index}" for index in range(count)]
+    if len(names) != count:
+        raise ValueError(
+            f"action_names has {len(names)} names but the model returns {count} actions; give one name per output"
+        )
+    return [str(name) for name in names]
 
 
 def choose_contrast(outputs: Any, batch: int) -> Tensor:
@@ -196,11 +347,11 @@ def choose_contrast(outputs: Any, batch: int) -> Tensor:
     return torch.stack([greedy, masked.argmax(1)], 1)
 
 
-def check_rows_in_range(spec: TargetSpec, actions: int) -> None:
+def check_rows_in_range(target: Target, actions: int) -> None:
     """Raise when a per-row target holds an index past the forward's ``actions`` outputs."""
-    if spec.rows_max >= actions:
+    if target.rows_max >= actions:
         raise ValueError(
-            f"target holds index {spec.rows_max}, out of range for a forward with {actions} outputs; use "
+            f"target holds index {target.rows_max}, out of range for a forward with {actions} outputs; use "
             f"0..{actions - 1}"
         )
 
@@ -217,23 +368,7 @@ def _select_output(outputs: Tensor, n_rows: int) -> Tensor:
     raise ValueError(f"forward must return one value per row, shape ({n_rows},), for {n_rows} rows; got {shape}{hint}")
 
 
-def _select_callable(outputs: Tensor, spec: TargetSpec, n_rows: int) -> Tensor:
-    assert spec.fn is not None  # noqa: S101 - set for every "callable" spec
-    values = spec.fn(outputs)
-    if not isinstance(values, Tensor) or tuple(values.shape) not in ((n_rows,), (n_rows, 1)):
-        seen = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-        raise ValueError(f"the target callable must map the forward's output to shape ({n_rows},), got {seen}")
-    return values.reshape(n_rows, 1)
-
-
-def _select_per_row(outputs: Tensor, spec: TargetSpec, n_rows: int, first_row: int, batch: int) -> Tensor:
-    assert spec.rows is not None  # noqa: S101 - set for every "per_row" spec
-    check_rows_in_range(spec, outputs.shape[1])
-    states = torch.arange(first_row, first_row + n_rows, device=outputs.device) % batch  # row r is state r % B
-    return outputs.gather(1, spec.rows[states].unsqueeze(1))
-
-
-def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -> Callable[[Tensor], Tensor]:
+def target_forward(model: Callable[[Tensor], Tensor], target: TargetLike = "mean") -> Callable[[Tensor], Tensor]:
     """Turn a multi-output model into a forward that returns one value per row.
 
     Args:
@@ -248,7 +383,7 @@ def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -
         A callable ``(N, *feature_shape) -> (N,)``; its ``__wrapped__`` is ``model``.
 
     Raises:
-        ValueError: ``target`` is ``"each"``, a tensor, or an unknown name.
+        ValueError: ``target`` is ``"each"``, ``"contrast"``, a tensor, or an unknown name.
         TypeError: ``model`` is not callable, or ``target`` has an unsupported type.
 
     Example::
@@ -260,16 +395,20 @@ def target_forward(model: Callable[[Tensor], Tensor], target: Target = "mean") -
         raise TypeError(f"model must be callable (a module or a function of the inputs), got {type(model).__name__}")
     if target is None:
         return model
-    if isinstance(target, Tensor) or (isinstance(target, str) and target in ("each", "contrast")):
+    checked = Target.parse(target)
+    if checked.by_state or checked.every_output:
         raise ValueError(
             f"target_forward cannot express target={'a tensor' if isinstance(target, Tensor) else repr(target)}; "
             "pass it to integrated_gradients(model, inputs, target=...) instead"
         )
-    spec = target_spec(target, 1, torch.device("cpu"))
 
     def forward(inputs: Tensor) -> Tensor:
-        return select(model(inputs), spec, inputs.shape[0], 0, inputs.shape[0]).squeeze(1)
+        return checked.select(model(inputs), inputs.shape[0], _no_states).squeeze(1)
 
-    forward.__name__ = f"{getattr(model, '__name__', type(model).__name__)}[{spec.label}]"
+    forward.__name__ = f"{getattr(model, '__name__', type(model).__name__)}[{checked.label}]"
     forward.__wrapped__ = model  # type: ignore[attr-defined]  # the engine's messages look through it to the model
     return forward
+
+
+def _no_states() -> Tensor:  # pragma: no cover - only targets that pick by state ask, and target_forward has none
+    raise RuntimeError("target_forward's targets pick no outputs by state")

@@ -325,7 +325,7 @@ class IntegratedGradientsCallback(Callback):
                 result = run.actions.rows(result)
             members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
-        if self.options.target == "contrast":  # the Q-values the pairs were chosen from, for the actions picture
+        if run.target.contrasts:  # the Q-values the pairs were chosen from, for the actions picture
             with attribution_mode(pl_module), torch.no_grad():
                 riders.append(pl_module(run.states))  # (share, A)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
@@ -350,7 +350,7 @@ class IntegratedGradientsCallback(Callback):
         started = time.perf_counter()
         host = pending.transfer.result()
         members = None if run.members is None else run.members.host_run(pending.riders[0], num_states)
-        if self.options.target == "contrast":  # the last rider: the Q-values, for the actions picture
+        if run.target.contrasts:  # the last rider: the Q-values, for the actions picture
             self._q_values = pending.riders[-1][:num_states].detach().to("cpu", torch.float64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
         summary = summarize(
@@ -371,7 +371,7 @@ class IntegratedGradientsCallback(Callback):
             self._warn(summary)
             run.outputs.log(trainer.loggers, summary, host, self.history, final=pending.final)
             if run.reports is not None:
-                names, label, epoch = run.units.names, run.target_label, pending.epoch
+                names, label, epoch = run.units.names, run.target.label, pending.epoch
                 run.reports.write_run(summary, host, names, label, epoch, trainer.world_size)
         if summary.completeness.num_non_finite and self.options.on_non_finite == "raise":  # on every rank: none waits
             raise NonFiniteAttributionError(

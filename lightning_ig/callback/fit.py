@@ -19,13 +19,13 @@ from typing import Any
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
-from lightning_ig.callback.per_action import ActionRows, ActionTrust, output_count
+from lightning_ig.callback.per_action import ActionRows, ActionTrust
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.ensemble.members import MemberAttribution
-from lightning_ig.run.actions import action_labels
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
 from lightning_ig.trust.schedule import TrustChecks
@@ -62,7 +62,7 @@ class Fit:
     Attributes:
         held_out, units, reports: set-up's (:class:`FitPlan`).
         engine: attributes this rank's share of the states (and replays its CUDA graph).
-        target_label: what is attributed (``"mean"``, ``"action:1"``, ``"contrast"``, ``"callable:<name>"``).
+        target: what is attributed, bound to the model (its label, its actions' labels, its rows per state).
         members: attributes an ensemble's members in one batched run, or ``None``.
         states, baselines: this rank's share, on the model's device and in its dtype.
         outputs: what the runs send to the loggers.
@@ -80,7 +80,7 @@ class Fit:
     units: setup.LoggedUnits
     reports: ReportFolder | None
     engine: IntegratedGradients
-    target_label: str
+    target: Target
     members: MemberAttribution | None
     states: Tensor
     baselines: Tensor | str
@@ -163,15 +163,21 @@ def start(
     engine_options = {"n_steps": options.n_steps, "method": options.method, "gradient": options.gradient}
     engine_options.update(backend=options.backend, completeness_tol=options.completeness_tol)
     engine_options.update(internal_batch_size=options.internal_batch_size)
-    engine, label, members, states, baselines = heldout.prepare_engine(
-        trainer, pl_module, options.target, options.forward, plan.held_out, options.baseline, **engine_options
+    engine, target, members, states, baselines = heldout.prepare_engine(
+        trainer,
+        pl_module,
+        options.target,
+        options.forward,
+        plan.held_out,
+        options.baseline,
+        options.action_names,
+        **engine_options,
     )
-    names = _action_names(options, pl_module, states)
-    each = ActionRows(names) if names is not None and options.target == "each" else None
-    rows = 1 if each is None else each.count  # rows per state in a run's result
+    each = ActionRows(list(target.actions or ())) if target.every_output else None
+    rows = target.rows_per_state  # rows per state in a run's result
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
-    settings = RunSettings(label, baseline, options.completeness_tol, options.top_k, options.name, report_dir=folder)
+    settings = RunSettings(target, baseline, options.completeness_tol, options.top_k, options.name, report_dir=folder)
     tags = dataclasses.replace(plan.units.tags, ensemble_members=None if members is None else members.num_members)
     units = plan.units
     if each is not None:  # each action's mean |attr| per unit too, while actions x units stay within the limit
@@ -187,16 +193,13 @@ def start(
 
     def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
         epoch, world = trainer.current_epoch, trainer.world_size
-        return reports.run_report(summary, host, units.names, label, epoch=epoch, world_size=world)
+        return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=world)
 
-    actions: dict[str, Any] = {} if names is None else {"action_names": names, "rows_per_state": rows}
-    if options.target == "contrast":
-        actions["q_values"] = q_values
-    inputs = _picture_inputs(options, plan, actions)
+    inputs = _picture_inputs(options, plan, q_values if target.contrasts else None)
     sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
     outputs = RunOutputs(
         tags,
-        _cadences(options, plan),
+        _cadences(options, plan, target),
         options.log_histograms,
         inputs,
         pictures,
@@ -216,14 +219,12 @@ def start(
         "sample_states": 0 if picked is None or not len(picked) else (int(picked.max()) + 1) * rows,
     }
     summary_options = {"feature_names": units.names, "log_features": units.log_features, "settings": settings}
-    if each is not None:
-        summary_options["action_names"] = each.names
     fixed = (plan.held_out, plan.units, plan.reports)
-    parts = (engine, label, members, states, baselines, outputs, trust, host_options, summary_options)
+    parts = (engine, target, members, states, baselines, outputs, trust, host_options, summary_options)
     return Fit(*fixed, *parts, actions=each)
 
 
-def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any]) -> Any:
+def _picture_inputs(options: Options, plan: FitPlan, q_values: Callable[[], Any] | None) -> Any:
     """What the pictures of this fit need besides a run (the states drawn, the channels' names, the actions')."""
     from lightning_ig.views.pictures.draw import picture_inputs  # noqa: PLC0415 - the drawing modules only when drawn
 
@@ -237,25 +238,15 @@ def _picture_inputs(options: Options, plan: FitPlan, actions: Mapping[str, Any])
         groups_are_channels=channel_names is not None,
         baseline=heldout.baseline_label(options.baseline),
         spatial=saliency_kind(tuple(plan.held_out.shape[1:])) is not None,
-        **actions,
+        q_values=q_values,
     )
 
 
-def _cadences(options: Options, plan: FitPlan) -> dict[str, int | None]:
+def _cadences(options: Options, plan: FitPlan, target: Target) -> dict[str, int | None]:
     """Every how many runs each kind of picture is drawn (``None``: never)."""
     saliency = options.saliency_every_n_runs if plan.saliency else None
     cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), options.figure_every_n_runs)
     cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
-    if options.target in ("each", "contrast"):
+    if target.every_output or target.contrasts:  # why this action: per action, or the greedy one against the next
         cadences["actions"] = options.figure_every_n_runs
     return cadences
-
-
-def _action_names(options: Options, pl_module: Any, states: Tensor) -> list[str] | None:
-    """The actions' labels, for ``target="each"``, ``"contrast"`` or an output index with ``action_names``; else
-    ``None``. The model's outputs are counted on one state (checked at fit start: two or more for each/contrast)."""
-    target = options.target
-    about_actions = isinstance(target, str) and target in ("each", "contrast")
-    if not about_actions and options.action_names is None:
-        return None
-    return action_labels(options.action_names, output_count(pl_module, states))

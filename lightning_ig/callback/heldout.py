@@ -15,7 +15,7 @@ done once before training so that a bad input fails before the first step:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import torch
@@ -25,11 +25,11 @@ from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.attribution.targets import target_label
+from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import load_states
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.models.noise import attribution_mode
-from lightning_ig.vocabulary import callable_name, shown
+from lightning_ig.vocabulary import callable_name, shown, shown_with_type
 
 __all__ = [
     "BoundForward",
@@ -51,11 +51,8 @@ __all__ = [
 
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
 TargetOption = str | int | Callable[[Tensor], Tensor]
-"""The callback's ``target``: ``"mean"``, ``"each"`` (every action's ``Q(s, a)`` in one batched run), ``"contrast"``
-(per state ``Q(greedy) - Q(runner-up)``, the pair chosen at the state), an output index, or a callable mapping the
-outputs ``(N, A)`` to ``(N,)``
-(the engine's meaning of a target callable); the engine's checked form is
-:class:`lightning_ig.attribution.targets.TargetSpec`."""
+"""The callback's ``target``: a name, an output index or a callable ``(N, A) -> (N,)``; checked into a
+:class:`~lightning_ig.attribution.targets.Target`."""
 
 ForwardOption = Callable[[Any, Tensor], Tensor]
 """The callback's ``forward``: ``(pl_module, x) -> (N,)``, the scalar attributed in place of the model's output."""
@@ -141,37 +138,33 @@ def rank_rows(num_states: int, world: int, rank: int) -> Tensor:
     return torch.arange(rank * share, (rank + 1) * share).clamp_(max=num_states - 1)  # (share,)
 
 
-def check_target(target: Any, forward: Any = None) -> tuple[Any, Any]:
+def check_target(target: Any, forward: Any = None) -> tuple[Target, Any]:
     """The callback's ``target`` and ``forward``, checked: ``(target, forward)``.
 
     ``target`` is ``"mean"``, ``"each"``, ``"contrast"``, an output index ``>= 0`` or a callable ``(N, A) -> (N,)``;
-    ``forward`` is ``None``
-    or a callable ``(pl_module, x) -> (N,)``, which replaces the model's output (``target`` then stays
-    ``"mean"``).
+    ``forward`` is ``None`` or a callable ``(pl_module, x) -> (N,)``, which replaces the model's output (``target``
+    then stays ``"mean"``).
 
     Raises:
-        TypeError: ``forward`` is not callable.
+        TypeError: a target or ``forward`` of the wrong kind.
         ValueError: an unknown target, a negative index, or a ``forward`` with a target other than ``"mean"``.
     """
-    if isinstance(target, bool) or not (
-        (isinstance(target, str) and target in ("mean", "each", "contrast"))
-        or isinstance(target, int)
-        or callable(target)
-    ):
-        raise ValueError(
-            "target must be 'mean', 'each', 'contrast', an output index (int >= 0) or a callable (outputs (N, A)) -> "
-            f"(N,), got {shown(target, 60)}; to attribute a scalar of your own, pass "
-            "forward=callable(pl_module, x) -> (N,)"
-        )
-    if isinstance(target, int) and target < 0:
-        raise ValueError(f"target must be an output index >= 0, got {target}")
+    forms = (
+        "target must be 'mean', 'each', 'contrast', an output index (int >= 0) or a callable (outputs (N, A)) -> (N,)"
+    )
+    if target is None or isinstance(target, Tensor):
+        raise TypeError(f"{forms}, got {shown_with_type(target)}; to attribute a scalar of your own, pass forward=")
+    try:
+        checked = Target.parse(target)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{forms}, got {shown(target, 60)} ({error})") from None
     check_forward(forward)
     if forward is not None and not (isinstance(target, str) and target == "mean"):
         raise ValueError(
             f"forward= gives the scalar attributed, so target must stay 'mean', got {shown(target, 60)}; pick the "
             "output inside forward"
         )
-    return target, forward
+    return checked, forward
 
 
 def check_forward(forward: Any) -> None:
@@ -193,12 +186,18 @@ class BoundForward:
 
 
 def probe_target(
-    pl_module: Any, target: Any, sample: Tensor, num_states: int, forward: ForwardOption | None = None
-) -> tuple[Callable[[Tensor], Tensor], Any, str]:
-    """Try the model on ``sample`` (two states); return the forward, the engine's target and the target label.
+    pl_module: Any,
+    target: Target,
+    sample: Tensor,
+    num_states: int,
+    forward: ForwardOption | None = None,
+    action_names: Sequence[str] | None = None,
+) -> tuple[Callable[[Tensor], Tensor], Target]:
+    """Try the model on ``sample`` (two states); return the forward and the target bound to its outputs.
 
     Raises:
-        ValueError: the model fails on the states, returns no row per state, or has no output ``target``.
+        ValueError: the model fails on the states, returns no row per state, has no output ``target``, or
+            ``action_names`` are not one per output.
         TypeError: the model returns something other than a tensor.
     """
     given = forward
@@ -218,66 +217,37 @@ def probe_target(
             f"IntegratedGradientsCallback: the model returned {type(output).__name__} on the held-out states; "
             "IG needs a tensor (N,) or (N, A), or pass forward=callable(pl_module, x) -> (N,)"
         )
-    rows = sample.shape[0]
-    if output.ndim == 0 or output.shape[0] != rows:
+    rows, shape = sample.shape[0], tuple(output.shape)
+    if output.ndim == 0 or shape[0] != rows:
         raise ValueError(
             f"IntegratedGradientsCallback: on {rows} states of feature shape {feature_shape} the model returned "
-            f"shape {tuple(output.shape)}, not one row per state; check the states' feature shape"
+            f"shape {shape}, not one row per state; check the states' feature shape"
         )
     if given is not None:
-        if output.shape != (rows,):
+        if shape != (rows,):
             raise ValueError(
                 f"the forward callable {callable_name(given)} must return one value per state, shape ({rows},), "
-                f"got {tuple(output.shape)}"
+                f"got {shape}"
             )
-        return forward, None, target_label(given)
-    engine_target = _output_target(target, tuple(output.shape))
-    return forward, engine_target, target_label(engine_target)
-
-
-def _output_target(target: Any, shape: tuple[int, ...]) -> Any:
-    """The engine's target for a model returning ``shape`` per batch: ``None`` (one value per state), "mean" or k."""
+        return forward, Target.of_forward(given)
     if len(shape) > 2:
         raise ValueError(
             f"IntegratedGradientsCallback: the model returns shape {shape} per batch; the target needs (N,) or "
             "(N, A): pass forward=callable(pl_module, x) -> (N,)"
         )
-    if callable(target):
-        return target  # the engine applies it to the outputs
-    if target in ("each", "contrast"):
-        if len(shape) != 2 or shape[1] < 2:
-            needs = "one per action" if target == "each" else "the greedy action and the runner-up"
-            raise ValueError(
-                f"target={target!r} needs at least two outputs per state ({needs}); the model returns shape {shape} "
-                "per batch: use target='mean' or an output index"
-            )
-        return target
-    if len(shape) == 1:
-        if isinstance(target, int) and target != 0:
-            raise ValueError(
-                f"target={target} is out of range: the model returns one value per state (shape {shape}); use "
-                "target='mean' or 0"
-            )
-        return None
-    if isinstance(target, int):
-        if target >= shape[1]:
-            raise ValueError(
-                f"target={target} is out of range: the model returns {shape[1]} outputs per state (shape {shape}); "
-                f"pass an index in [0, {shape[1] - 1}]"
-            )
-        return target
-    return "mean"
+    return forward, target.bind(shape, action_names)
 
 
 def prepare_engine(
     trainer: Any,
     pl_module: Any,
-    target: Any,
+    target: Target,
     forward: ForwardOption | None,
     states: Tensor,
     baseline: Any,
+    action_names: Sequence[str] | None = None,
     **options: Any,
-) -> tuple[IntegratedGradients, str, MemberAttribution | None, Tensor, Tensor | str]:
+) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str]:
     """The engine for ``target`` on ``pl_module`` after a two-state trial, and what its runs attribute.
 
     The trial runs eagerly before training: a target, backend or gradient mode
@@ -293,26 +263,27 @@ def prepare_engine(
         forward: from :func:`check_target`: ``None`` (the model's output) or ``(pl_module, x) -> (N,)``.
         states: the held-out states (CPU).
         baseline: from :func:`check_baseline`.
+        action_names: one name per output, or ``None``.
         options: the engine's settings (``n_steps``, ``method``, ...).
 
     Returns:
-        The engine, the target label, the members' engine (``None`` unless an ensemble), and this rank's states
-        and baselines on the model's device and in its floating dtype.
+        The engine, the target bound to the model, the members' engine (``None`` unless an ensemble), and this
+        rank's states and baselines on the model's device and in its floating dtype.
     """
     dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
     sample = states[:2].to(device=pl_module.device, dtype=dtype)
-    attributed, engine_target, label = probe_target(pl_module, target, sample, len(states), forward)
+    attributed, target = probe_target(pl_module, target, sample, len(states), forward, action_names)
     # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
     options = {**options, "check_finite": False}
-    engine = IntegratedGradients(attributed, target=engine_target, **options)
+    engine = IntegratedGradients(attributed, target=target, **options)
     trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
     with attribution_mode(pl_module), stochastic_warnings_silenced():
         engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
-    members = MemberAttribution.prepare(pl_module, label, sample, trial, **options) if forward is None else None
+    members = MemberAttribution.prepare(pl_module, target, sample, trial, **options) if forward is None else None
     rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
     local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
     local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)
     check_finite("states", local_states)
     if isinstance(local_baselines, Tensor):
         check_finite("baseline", local_baselines)
-    return engine, label, members, local_states, local_baselines
+    return engine, target, members, local_states, local_baselines

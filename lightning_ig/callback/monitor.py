@@ -37,6 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.settings import DEFAULT_N_STEPS
+from lightning_ig.attribution.targets import Target
 from lightning_ig.callback.heldout import baselines_for
 from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.run.host_result import HostResult
@@ -162,7 +163,7 @@ class TrustMonitor:
         settings = AttributionSettings(forward=forward, target=defaults.pop("target", None), options=defaults)
         replays = _replays(engine, device)
         monitor = cls(options, pl_module, states, baselines, settings, groups, prefix, replays=replays)
-        if settings.target == "contrast":  # the engine fixes each state's pair at the state: no forward re-states it
+        if not Target.parse(settings.target).checks_deletion:  # a contrast's pair is fixed at each state
             monitor._switch_off(
                 "deletion",
                 "deletion: not run for target='contrast' (its greedy/runner-up pair is chosen at each state and held "

@@ -18,6 +18,7 @@ from typing import Any
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_ig.attribution.groups import GroupSpec, check_group_spec
+from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout
 from lightning_ig.vocabulary import (
     BACKENDS,
@@ -57,7 +58,7 @@ class Options:
     run_at_train_end: bool
     feature_names: list[str] | None
     baseline: Any
-    target: Any
+    target: Target
     forward: Any
     n_steps: Any
     method: str
@@ -84,8 +85,7 @@ class Options:
     def identity(self) -> dict[str, Any]:
         """What tells this callback's state apart in a checkpoint (Lightning's ``state_key``): the name, what is
         attributed and the cadences."""
-        given = self.forward if self.forward is not None else self.target
-        target = given if isinstance(given, (str, int)) else callable_name(given)
+        target = callable_name(self.forward) if self.forward is not None else self.target.as_given
         return {
             "name": self.name,
             "target": target,
@@ -182,9 +182,9 @@ def check_cadences(every_n_steps: int | None, every_n_epochs: int | None) -> tup
     return steps, epochs
 
 
-def check_action_names(names: Any, target: Any, forward: Any) -> list[str] | None:
+def check_action_names(names: Any, target: Target, forward: Any) -> list[str] | None:
     """``None`` or one name per action, for a target about actions (``"each"``, ``"contrast"``, an output index);
-    counted against the model's outputs at fit start (:func:`lightning_ig.run.actions.action_labels`).
+    counted against the model's outputs at fit start (:meth:`~lightning_ig.attribution.targets.Target.bind`).
 
     Raises:
         TypeError: not a sequence of strings.
@@ -193,11 +193,8 @@ def check_action_names(names: Any, target: Any, forward: Any) -> list[str] | Non
     if names is None:
         return None
     checked = check_names(names, "action_names")
-    about_actions = (isinstance(target, str) and target in ("each", "contrast")) or (
-        isinstance(target, int) and not isinstance(target, bool)
-    )
-    if forward is not None or not about_actions:
-        given = "forward=" if forward is not None else f"target={shown(target, 40)}"
+    if forward is not None or not target.about_actions:
+        given = "forward=" if forward is not None else f"target={shown(target.as_given, 40)}"
         raise ValueError(
             f"action_names label the actions of target='each', 'contrast' or an output index; with {given} no action "
             f"is attributed: drop action_names (got {len(checked)} names)"

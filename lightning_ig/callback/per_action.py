@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from lightning_ig.attribution.result import IGResult
@@ -31,16 +30,7 @@ from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.summary import RunSummary
 
-__all__ = ["ActionRows", "ActionTrust", "output_count"]
-
-
-def output_count(pl_module: Any, states: Tensor) -> int:
-    """How many outputs the model returns per state (1 for ``(N,)``), from one state."""
-    from lightning_ig.models.noise import attribution_mode  # noqa: PLC0415 - set-up only
-
-    with attribution_mode(pl_module), torch.no_grad():
-        output = pl_module(states[:1])
-    return 1 if output.ndim == 1 else int(output.shape[1])
+__all__ = ["ActionRows", "ActionTrust"]
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     # imported here, as the other steps that need torch: `--help` or a bad flag should not wait for it
     from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
     from lightning_ig.attribution.result import stochastic_warnings_silenced  # noqa: PLC0415
+    from lightning_ig.attribution.targets import EACH, Target  # noqa: PLC0415
     from lightning_ig.models.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.views.report import build_report  # noqa: PLC0415
 
@@ -292,16 +293,16 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         "completeness_tol": args.completeness_tol,
     }
     # A stochastic forward is said once, in this command's words (_refuse_stochastic), not as a warning too.
-    each = run.target == "each"
-    target = "mean" if each else run.target  # "each": V(s) for the contract keys, every action beside it
+    each = run.target.every_output
+    target = Target.parse("mean") if each else run.target  # "each": V(s) for the contract keys, every action beside
     with noise_disabled(run.model), stochastic_warnings_silenced():
         result = integrated_gradients(run.model, run.states, run.baselines, target=target, **options)
         per_action = (
-            integrated_gradients(run.model, run.states, run.baselines, target="each", **options) if each else None
+            integrated_gradients(run.model, run.states, run.baselines, target=EACH, **options) if each else None
         )
         # An ensemble: every member's own signal too, all members in one run, on the same states and baselines.
         members = (
-            integrated_gradients(run.model.member_signals, run.states, run.baselines, target="each", **options)
+            integrated_gradients(run.model.member_signals, run.states, run.baselines, target=EACH, **options)
             if _is_ensemble(run)
             else None
         )
@@ -326,7 +327,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         result,
         feature_names=run.feature_names,
         checkpoint=args.checkpoint,
-        forward_target="mean" if each else run.forward_target,
+        forward_target=target.label,
         regime_head=run.label,
         top_k=args.top_k,
         extra=extra,
@@ -375,7 +376,7 @@ def _is_ensemble(run: HeadRun) -> bool:
     """The model is an ensemble whose aggregate (one value per state) is what the report attributes."""
     from lightning_ig.ensemble import is_ensemble  # noqa: PLC0415
 
-    return run.target is None and is_ensemble(run.model)
+    return run.target.model_output and is_ensemble(run.model)
 
 
 def _ensemble_key(run: HeadRun, result: Any, members: Any, top_k: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution.checks import check_device, check_finite, check_states
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.targets import target_label
+from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import (
     CheckpointError,
     LoadedCheckpoint,
@@ -46,8 +46,7 @@ class HeadRun:
     model: nn.Module
     states: Tensor  # (num_states, *feature_shape), the model's dtype and device
     feature_names: list[str]
-    target: Any  # None (one output), "mean", an action index, "each" or "contrast", as integrated_gradients takes it
-    forward_target: str  # vocabulary.target_label(target)
+    target: Target  # what is attributed, bound to the model's outputs (its label is the report's forward_target)
     baselines: Any
     extra: dict[str, Any] = field(default_factory=dict)
     groups: FeatureGroups | None = None  # --feature-groups, resolved against the states' feature shape
@@ -94,7 +93,7 @@ def prepare_head(
         **extra,
         "baseline": baseline_label,
     }
-    return HeadRun(label, prefix, output, model, states, names, target, target_label(target), baselines, extra, groups)
+    return HeadRun(label, prefix, output, model, states, names, target, baselines, extra, groups)
 
 
 def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) -> LoadedCheckpoint:
@@ -283,36 +282,17 @@ def _expected_width(model: nn.Module) -> int | None:
     return None
 
 
-def _target(requested: str | int, probe: Tensor) -> Any:
-    """What integrated_gradients attributes: None (one output per state), "mean", an action index, "each" or
-    "contrast"."""
-    if probe.ndim == 1 or (probe.ndim == 2 and probe.shape[1] == 1):
-        if requested not in ("mean", 0):  # "each" and "contrast" need several outputs too
-            raise UsageError(
-                f"--target {requested} needs a model with several outputs; this one returns one value per state"
-            )
-        return None
-    if probe.ndim != 2:
+def _target(requested: str | int, probe: Tensor) -> Target:
+    """What integrated_gradients attributes (``--target``), bound to the model's outputs ``(N,)`` or ``(N, A)``."""
+    if probe.ndim not in (1, 2):
         raise UsageError(
             f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A)"
         )
-    actions = probe.shape[1]
-    if requested == "mean":
-        return "mean"
-    if requested == "each":
-        return "each"
-    if requested == "contrast":
-        if actions < 2:
-            raise UsageError(
-                "--target contrast needs a model with at least two actions (the greedy one and the runner-up); "
-                f"this one has {actions}: use --target mean or 0"
-            )
-        return "contrast"
-    if int(requested) >= actions:
-        raise UsageError(
-            f"--target {requested} is out of range for a model with {actions} actions; use mean or 0..{actions - 1}"
-        )
-    return int(requested)
+    shape = (probe.shape[0],) if probe.ndim == 2 and probe.shape[1] == 1 else tuple(probe.shape)  # (N, 1): one value
+    try:
+        return Target.parse(requested).bind(shape, spelt=f"--target {requested}")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def baseline_path(text: str) -> str | None:

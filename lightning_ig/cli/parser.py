@@ -15,6 +15,7 @@ from lightning_ig.vocabulary import (  # torch-free: --help answers without load
     BACKENDS,
     BUDGET,
     GRADIENTS,
+    TARGET_NAMES,
     check_int,
     check_method,
     check_n_steps,
@@ -127,7 +128,7 @@ def _method(text: str) -> str:
 
 
 def _target(text: str) -> str | int:
-    if text in ("mean", "each", "contrast"):
+    if text in TARGET_NAMES:
         return text
     body = text[len("action:") :] if text.startswith("action:") else text
     try:

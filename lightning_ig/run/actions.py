@@ -25,27 +25,11 @@ from lightning_ig.run.host_result import HostResult, Moments
 __all__ = [
     "ActionSummary",
     "ContrastNumbers",
-    "action_labels",
     "action_pairs",
     "contrast_numbers",
     "greedy_and_runner_up",
     "state_rows",
 ]
-
-
-def action_labels(names: Sequence[str] | None, count: int) -> list[str]:
-    """One label per action: the names given, or ``action 0``, ``action 1``, ...
-
-    Raises:
-        ValueError: a number of names other than ``count``.
-    """
-    if names is None:
-        return [f"action {index}" for index in range(count)]
-    if len(names) != count:
-        raise ValueError(
-            f"action_names has {len(names)} names but the model returns {count} actions; give one name per output"
-        )
-    return [str(name) for name in names]
 
 
 def state_rows(values: np.ndarray, rows_per_state: int) -> np.ndarray:

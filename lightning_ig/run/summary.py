@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_ig.attribution.targets import Target
 from lightning_ig.ensemble.members import MemberRun
 from lightning_ig.run.actions import ActionSummary
 from lightning_ig.run.agreement import EnsembleSummary
@@ -52,7 +53,7 @@ class Units:
 class RunSettings:
     """What a run was asked to do, for the titles and the text."""
 
-    target: str  # the target label: "mean", "action:1", "each", "contrast", "output", "callable:<name>"
+    target: Target  # what was attributed, bound to the model (its label, its actions' labels, its words)
     baseline: str  # "zeros", "mean" or "tensor(...)"
     tolerance: float  # completeness_tol
     top_k: int
@@ -162,7 +163,6 @@ def summarize(
     history: Sequence[Mapping[str, Any]] = (),
     time_ms: float = 0.0,
     members: MemberRun | None = None,
-    action_names: Sequence[str] | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of one run.
 
@@ -177,8 +177,6 @@ def summarize(
             count; drift compares this run with the previous one and the first).
         time_ms: wall time of the IG computation.
         members: the members' numbers when the model is an ensemble, else ``None``.
-        action_names: for a ``target="each"`` run (one row per state and action, state-major), one label per
-            action: the summary gets the run per action (:class:`~lightning_ig.run.actions.ActionSummary`).
 
     Returns:
         The summary.
@@ -198,8 +196,9 @@ def summarize(
     units = groups if groups is not None else logged
     unit_mean_abs = units.moments.mean_abs if units is not None else host.features.mean_abs
     actions = None
-    if action_names is not None and units is not None and units.values is not None:
-        actions = ActionSummary.of_each(host, units.values, action_names)
+    names = settings.target.actions if settings.target.every_output else None  # rows: (state, action), state-major
+    if names is not None and units is not None and units.values is not None:
+        actions = ActionSummary.of_each(host, units.values, names)
     previous, first = (history[-1]["mean_abs"], history[0]["mean_abs"]) if history else (None, None)
     return RunSummary(
         step=int(step),

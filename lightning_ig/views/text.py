@@ -9,7 +9,7 @@ read as exactly nothing). The completeness error is written as a fraction (``rel
 as the JSON report, the scalars and ``completeness_tol`` have it
 (:func:`lightning_ig.vocabulary.relative_error_text`, the command line's too).
 
-**Words**, beside the numbers they describe: the unit of the attributions (:func:`target_unit`), the completeness
+**Words**, beside the numbers they describe: the unit of the attributions (the target's), the completeness
 verdict of the bar chart (:func:`completeness_verdict`) and in plain words (:func:`completeness_sentence`), what is
 wrong with a run (:func:`troubles`, the callback's warnings), and the ``<prefix>/report`` markdown TensorBoard shows
 (:func:`report_markdown`), read from a
@@ -36,7 +36,6 @@ __all__ = [
     "format_value",
     "per_state_pointer",
     "report_markdown",
-    "target_unit",
     "troubles",
 ]
 
@@ -133,21 +132,6 @@ DRIFT_WORDS = {
 }
 
 
-def target_unit(target: str) -> str:
-    """The unit of the attributions, from the target label: attributions add up to a change of the target."""
-    if target == "mean":
-        return "mean output = V(s)"
-    if target == "contrast":
-        return "Q(greedy) - Q(runner-up)"
-    if target == "each":
-        return "Q(s, a) of every action"
-    if target.startswith("action:"):
-        return f"Q(s, {target.split(':', 1)[1]})"
-    if target.startswith("callable:"):
-        return target.split(":", 1)[1]
-    return "model output"
-
-
 def _number(value: float, spec: str = ".4g") -> str:
     return "nan" if value != value else format(value, spec)
 
@@ -198,7 +182,7 @@ def _rows(summary: RunSummary) -> str:
 def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     """``(verdict, sentence)`` in plain words, for the text: the accuracy verdict, the figures it rests on, the
     states near the baseline (flagged, not scored) and the relative completeness error beside them."""
-    numbers, target = summary.completeness, summary.settings.target
+    numbers, target = summary.completeness, summary.settings.target.label
     total, rows = numbers.num_states, _rows(summary)
     if numbers.verdict == "non-finite":
         first, actions = numbers.first_non_finite, summary.actions
@@ -259,7 +243,7 @@ def report_markdown(
         "",
         (
             f"{states}, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
-            f"{summary.backend} backend), target `{settings.target}` ({target_unit(settings.target)}), baseline "
+            f"{summary.backend} backend), target `{settings.target.label}` ({settings.target.unit}), baseline "
             f"`{settings.baseline}`."
         ),
         "",
@@ -294,7 +278,7 @@ def report_markdown(
         )
     lines += [
         "",
-        f"Top {len(order)} {noun} by mean |attribution| (units of {target_unit(settings.target)}{averaged}):",
+        f"Top {len(order)} {noun} by mean |attribution| (units of {settings.target.unit}{averaged}):",
         "",
         "```",
         *rows,

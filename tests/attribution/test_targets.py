@@ -1,6 +1,7 @@
-"""target="contrast" (the greedy output minus the runner-up's, both chosen at the state and held along the path) and
-target="each", with the error figures, on every path the engine has: eager autograd, finite differences,
-n_steps="auto", and a captured graph's replay (emulated on the CPU, tests/support/graphs.py)."""
+"""The one Target (parsed once, bound to a model, asked by every consumer), and target="contrast" (the greedy output
+minus the runner-up's, both chosen at the state and held along the path) and target="each", with the error figures,
+on every path the engine has: eager autograd, finite differences, n_steps="auto", and a captured graph's replay
+(emulated on the CPU, tests/support/graphs.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from lightning_ig.attribution.targets import Target, action_labels, target_forward
 from tests.support.graphs import EmulatedCapture
 from tests.support.models import DuelingMLP
 from tests.support.tolerance import assert_close_scaled
@@ -122,3 +124,107 @@ def test_a_numpy_integer_target_is_an_action_index_as_an_int_is() -> None:
         result = integrated_gradients(model, states, target=target, n_steps=8)
         assert result.target == "action:1"
         assert torch.equal(result.attributions, integrated_gradients(model, states, target=1, n_steps=8).attributions)
+
+
+def _double(outputs: torch.Tensor) -> torch.Tensor:
+    return 2 * outputs[:, 0]
+
+
+# given, label, as a user spells it, every_output, contrasts, by_state, about_actions, checks_deletion, words, unit
+PARSED = [
+    (None, "output", "output", False, False, False, False, True, "the output", "model output"),
+    ("mean", "mean", "mean", False, False, False, False, True, "V(s)", "mean output = V(s)"),
+    (2, "action:2", 2, False, False, False, True, True, "Q(s, 2)", "Q(s, 2)"),
+    ("action:2", "action:2", 2, False, False, False, True, True, "Q(s, 2)", "Q(s, 2)"),
+    (torch.tensor(3), "action:3", 3, False, False, False, True, True, "Q(s, 3)", "Q(s, 3)"),
+    ("each", "each", "each", True, False, False, True, True, "Q(s, a)", "Q(s, a) of every action"),
+    (
+        "contrast",
+        "contrast",
+        "contrast",
+        False,
+        True,
+        True,
+        True,
+        False,
+        "Q(greedy) − Q(runner-up)",
+        "Q(greedy) - Q(runner-up)",
+    ),
+    (torch.tensor([0, 1]), "per_row", "per_row", False, False, True, False, True, "the output", "model output"),
+    (_double, "callable:_double", "_double", False, False, False, False, True, "_double", "_double"),
+]
+
+
+@pytest.mark.parametrize(
+    ("given", "label", "spelt", "each", "contrast", "by_state", "actions", "deletion", "words", "unit"), PARSED
+)
+def test_a_target_is_parsed_once_and_says_what_each_consumer_asks(
+    given, label, spelt, each, contrast, by_state, actions, deletion, words, unit
+) -> None:
+    target = Target.parse(given)
+    assert Target.parse(target) is target  # a Target passes through
+    assert (target.label, target.as_given, target.every_output, target.contrasts) == (label, spelt, each, contrast)
+    assert (target.by_state, target.about_actions, target.checks_deletion) == (by_state, actions, deletion)
+    assert (target.words, target.unit, target.rows_per_state, target.chooses_pairs) == (words, unit, 1, contrast)
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "words"),
+    [
+        ("median", ValueError, "target must be None, 'mean', 'each', 'contrast'"),
+        ("action:x", ValueError, "got 'action:x'"),
+        (-1, ValueError, "non-negative action index, got -1"),
+        (True, TypeError, "not a bool"),
+        (torch.tensor([0.5]), TypeError, "integer action indices"),
+        (2.5, TypeError, "got float"),
+    ],
+)
+def test_a_bad_target_is_refused_where_it_comes_in(given, error, words) -> None:
+    with pytest.raises(error, match=words):
+        Target.parse(given)
+
+
+def test_bound_to_a_model_a_target_gets_its_actions_labels_and_rows_per_state() -> None:
+    each = Target.parse("each").bind((7, 3))
+    assert each.actions == ("action 0", "action 1", "action 2") and each.rows_per_state == 3
+    assert Target.parse("contrast").bind((7, 2), ["left", "right"]).actions == ("left", "right")
+    assert Target.parse(1).bind((7, 2), ["left", "right"]).words == "Q(s, right)"  # names only where given
+    assert Target.parse(1).bind((7, 2)).actions is None
+    for one_value in ("mean", 0):  # a model with one value per state: that value is attributed
+        assert Target.parse(one_value).bind((7,)).model_output
+    with pytest.raises(ValueError, match="target='each' needs at least two outputs per state"):
+        Target.parse("each").bind((7,))
+    with pytest.raises(ValueError, match="--target contrast needs at least two outputs"):
+        Target.parse("contrast").bind((7, 1), spelt="--target contrast")
+    with pytest.raises(ValueError, match=r"target=2 is out of range: the model returns 2 outputs per state"):
+        Target.parse(2).bind((7, 2))
+    with pytest.raises(ValueError, match="action_names has 3 names but the model returns 2 actions"):
+        Target.parse("each").bind((7, 2), ["a", "b", "c"])
+
+
+def test_per_state_indices_are_checked_against_the_batch_and_moved() -> None:
+    target = Target.parse(torch.tensor([0, 2, 1], dtype=torch.int32)).on(3, torch.device("cpu"))
+    assert target.rows.dtype == torch.int64 and target.rows_max == 2
+    with pytest.raises(ValueError, match=r"shape \(B,\) = \(4,\)"):
+        Target.parse(torch.tensor([0, 2, 1])).on(4, torch.device("cpu"))
+    with pytest.raises(ValueError, match="indices must be >= 0, got -1"):
+        Target.parse(torch.tensor([0, -1])).on(2, torch.device("cpu"))
+    assert target.subset(torch.tensor([2])).rows.tolist() == [1]
+
+
+def test_action_labels_are_the_names_given_or_numbered() -> None:
+    assert action_labels(None, 3) == ["action 0", "action 1", "action 2"]
+    assert action_labels(("a", "b"), 2) == ["a", "b"]
+    with pytest.raises(ValueError, match="action_names has 2 names but the model returns 3 actions"):
+        action_labels(["a", "b"], 3)
+
+
+def test_target_forward_gives_one_value_per_row_and_refuses_what_needs_the_engine() -> None:
+    model, x = _model(), _states()
+    with torch.no_grad():
+        outputs = model(x)
+        assert torch.equal(target_forward(model, "mean")(x), outputs.mean(1))
+        assert torch.equal(target_forward(model, 2)(x), outputs[:, 2])
+    for given in ("each", "contrast", torch.tensor([0, 1])):
+        with pytest.raises(ValueError, match="target_forward cannot express"):
+            target_forward(model, given)

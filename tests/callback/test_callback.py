@@ -449,7 +449,7 @@ def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
         ({"every_n_steps": -5}, MisconfigurationException, "every_n_steps must be a positive int"),
         ({"every_n_epochs": 0}, MisconfigurationException, "every_n_epochs must be a positive int or None, got 0"),
         ({"every_n_steps": None}, MisconfigurationException, "needs a cadence"),
-        ({"target": -1}, ValueError, "target must be an output index >= 0, got -1"),
+        ({"target": -1}, ValueError, "non-negative action index, got -1"),
         ({"n_steps": 0}, ValueError, "n_steps must be an int >= 1, got 0"),
         ({"method": "simpson"}, ValueError, "method must be one of"),
         ({"top_k": 0}, ValueError, "top_k must be an int >= 1, got 0"),
@@ -569,7 +569,7 @@ def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path)
         torch.manual_seed(0)  # the same model and batches for both
         make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
     assert by_callable.history[0]["mean_abs"] == by_index.history[0]["mean_abs"]  # the same scalar attributed
-    assert by_callable._fit.target_label.startswith("callable:") and by_index._fit.target_label == "action:1"
+    assert by_callable._fit.target.label.startswith("callable:") and by_index._fit.target.label == "action:1"
 
 
 # ---------------------------------------------------------------------- figures

@@ -67,7 +67,7 @@ def test_contrast_is_the_greedy_margin_and_its_scalars_equal_the_engines(contras
     assert np.array_equal(result.target_actions.numpy(), np.stack([greedy, runner_up], axis=1))
     margin = contrast_run["q_values"].max(1).values - contrast_run["q_values"].min(1).values  # two actions
     assert_close_scaled(result.f_input.double(), margin, ulps=8)
-    assert contrast_run["callback"]._fit.target_label == "contrast"
+    assert contrast_run["callback"]._fit.target.label == "contrast"
     attributions = result.attributions.double()
     scale = float(attributions.abs().mean(0).max())
     logged_abs = [events.Scalars(f"ig/mean_abs/{name}")[-1] for name in FEATURES]

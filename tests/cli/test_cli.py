@@ -254,7 +254,7 @@ ERRORS_IN_PROCESS = [
     (["--checkpoint", "q.safetensors", "--feature-names", "three_names.json"], "3 names but there are 4 features"),
     (["--checkpoint", "q.safetensors", "--auto-samples", "41"], "more than the 40 states"),
     (["--checkpoint", "bare.safetensors"], "no states are stored"),
-    (["--checkpoint", "q.safetensors", "--target", "3"], "out of range for a model with 3 actions"),
+    (["--checkpoint", "q.safetensors", "--target", "3"], "--target 3 is out of range: the model returns 3 outputs"),
     (["--checkpoint", "q.safetensors", "--baseline", "banana"], "neither zeros, mean, a number"),
     (["--checkpoint", "q.safetensors", "--num-steps", "many"], "'auto'"),
     (["--checkpoint", "q.safetensors", "--model-kwargs", "{not json"], "not valid JSON"),

@@ -148,9 +148,9 @@ def test_contrast_and_each_need_several_actions() -> None:
     from lightning_ig.cli.head_inputs import _target  # the check diag calls on the width
 
     for target in ("contrast", "each"):
-        with pytest.raises(cli.UsageError, match=f"--target {target} needs a model with several outputs"):
+        with pytest.raises(cli.UsageError, match=f"--target {target} needs at least two outputs per state"):
             _target(target, torch.zeros(3, 1))
-    assert _target("contrast", torch.zeros(3, 2)) == "contrast" and _target("each", torch.zeros(3, 2)) == "each"
+    assert _target("contrast", torch.zeros(3, 2)).contrasts and _target("each", torch.zeros(3, 2)).every_output
 
 
 def test_warped_method_runs(checkpoint: Path, tmp_path: Path) -> None:

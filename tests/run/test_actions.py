@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from lightning_ig.run.actions import ActionSummary, action_labels, action_pairs, greedy_and_runner_up
+from lightning_ig.run.actions import ActionSummary, action_pairs, greedy_and_runner_up
 from tests.support.each import NAMES
 from tests.support.each import each_run as make_each_run
 from tests.support.tolerance import assert_close_scaled
@@ -16,13 +16,6 @@ from tests.support.tolerance import assert_close_scaled
 @pytest.fixture(scope="module")
 def each_run() -> dict:
     return make_each_run()
-
-
-def test_labels_are_the_names_given_or_numbered():
-    assert action_labels(None, 3) == ["action 0", "action 1", "action 2"]
-    assert action_labels(("a", "b"), 2) == ["a", "b"]
-    with pytest.raises(ValueError, match="action_names has 2 names but the model returns 3 actions"):
-        action_labels(["a", "b"], 3)
 
 
 def test_each_action_has_the_moments_of_its_own_attributions_and_its_advantage(each_run):

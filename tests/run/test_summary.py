@@ -8,6 +8,7 @@ import math
 import torch
 
 from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.targets import Target
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSettings, summarize
 from tests.support.summaries import make_summary
@@ -18,7 +19,7 @@ def _run(step: int = 7, history: list | None = None):
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
     states = torch.randn(5, 3, dtype=torch.float64)
     host = HostResult.from_result(integrated_gradients(lambda x: model(x)[:, 0], states, n_steps=16))
-    settings = RunSettings("output", "zeros", 0.01, 2)
+    settings = RunSettings(Target.parse(None), "zeros", 0.01, 2)
     names = ["a", "b", "c"]
     return host, summarize(
         host, feature_names=names, log_features=True, settings=settings, step=step, history=history or []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_ig.attribution.targets import Target
 from lightning_ig.run.host_result import Moments
 from lightning_ig.run.statistics import Completeness
 from lightning_ig.run.summary import RunSettings, RunSummary, Units
@@ -26,7 +27,7 @@ def make_summary(
     return RunSummary(
         step=300,
         run_index=2,
-        settings=RunSettings("mean", "zeros", 0.01, 10),
+        settings=RunSettings(Target.parse("mean"), "zeros", 0.01, 10),
         num_states=2,
         feature_shape=(3,),
         n_steps=50,

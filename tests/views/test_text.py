@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from lightning_ig.attribution.targets import Target
 from lightning_ig.run.summary import RunSettings, summarize
 from lightning_ig.views.tags import display_labels
 from lightning_ig.views.text import format_percent, format_signed, format_value, report_markdown, troubles
@@ -71,10 +72,8 @@ def test_a_non_finite_pair_is_named_by_its_state_and_action_in_the_words():
     flags = host.non_finite.copy()
     flags[3 * 4 + 2] = True  # state 4, action 2
     broken = dataclasses.replace(host, non_finite=flags, degenerate=host.degenerate & ~flags)
-    settings = RunSettings("each", "zeros", 0.01, 10)
-    summary = summarize(
-        broken, feature_names=FEATURES, log_features=True, settings=settings, step=3, action_names=NAMES
-    )
+    settings = RunSettings(Target.parse("each").bind((9, 3), NAMES), "zeros", 0.01, 10)
+    summary = summarize(broken, feature_names=FEATURES, log_features=True, settings=settings, step=3)
     assert "in 1 of 27 (state, action) pairs (first: state 4, right)" in troubles(summary)["non-finite"]
     text = report_markdown(summary, FEATURES, "ig")
     assert "NaN/Inf in 1 of 27 (state, action) pairs (first: state 4, right)" in text

@@ -15,7 +15,7 @@ A *picture* is anything logged as an image. The kinds (:data:`~lightning_ig.view
 
 Which ones a run draws is :func:`~lightning_ig.views.loggers.outputs.pictures_due`'s decision; this module draws them
 (:func:`draw`) and is reached only when one is due. The words that name the target and the baseline in the
-pictures are :func:`target_words` and :func:`baseline_words`.
+pictures are the target's own (:attr:`~lightning_ig.attribution.targets.Target.words`) and :func:`baseline_words`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from lightning_ig.views.pictures.charts import heatmap_chart, shares_chart
 from lightning_ig.views.pictures.raster import card_sized
 from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid
 from lightning_ig.views.pictures.verdict_card import verdict_chart
-from lightning_ig.views.pictures.words import TRUST_COLOURS, baseline_words, run_verdict, target_words, trust_detail
+from lightning_ig.views.pictures.words import TRUST_COLOURS, baseline_words, run_verdict, trust_detail
 from lightning_ig.views.text import DRIFT_WORDS
 
 __all__ = [
@@ -68,8 +68,6 @@ class PictureInputs:
         unit_colours: one ``"#rrggbb"`` per unit drawn beside its label (the channels' when the groups are
             channels), or ``None``.
         baseline: what the attributions are relative to, in words (:func:`baseline_words`).
-        action_names: one label per action (``target="each"``, ``"contrast"``, or an action index), or ``None``.
-        rows_per_state: the rows of a state in the host result: the actions for ``target="each"``, else 1.
         q_values: for ``target="contrast"``, a callable giving ``(B, A)`` the model's outputs at the states (run
             only when the ``actions`` picture is drawn); else ``None``.
     """
@@ -82,8 +80,6 @@ class PictureInputs:
     channel_colours: list[str] | None = None
     unit_colours: list[str] | None = None
     baseline: str = "the baseline"
-    action_names: list[str] | None = None
-    rows_per_state: int = 1
     q_values: Callable[[], np.ndarray] | None = None
 
 
@@ -96,9 +92,7 @@ def picture_inputs(
     groups_are_channels: bool,
     baseline: str,
     spatial: bool,
-    action_names: Sequence[str] | None = None,
     q_values: Callable[[], np.ndarray] | None = None,
-    rows_per_state: int = 1,
 ) -> PictureInputs:
     """What the pictures of a fit need, decided once at its start.
 
@@ -111,9 +105,7 @@ def picture_inputs(
         groups_are_channels: the groups are exactly the channels: the bars get the channels' colours.
         baseline: the baseline option (``"zeros"``, ``"mean"``, or a tensor's label).
         spatial: the states are frames (``(C, H, W)`` or ``(H, W)``).
-        action_names: one label per action, or ``None``.
         q_values: ``(B, A)`` the model's outputs at the states, for ``target="contrast"``; ``None`` otherwise.
-        rows_per_state: the rows of a state in a run's host result: the actions for ``target="each"``, else 1.
     """
     from lightning_ig.views.pictures.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
     from lightning_ig.views.pictures.raster import categorical_colours  # noqa: PLC0415
@@ -134,9 +126,7 @@ def picture_inputs(
         channel_colours=colours,
         unit_colours=colours if groups_are_channels else None,
         baseline=baseline_words(baseline, spatial),
-        action_names=None if action_names is None else list(action_names),
         q_values=q_values,
-        rows_per_state=int(rows_per_state),
     )
 
 
@@ -176,7 +166,7 @@ def draw(
     if host is not None and inputs.states is not None and due.get("saliency"):
         pictures["saliency"], scale = saliency_grid_picture(host, inputs, summary, previous_scale)
     if host is not None and due.get("saliency_map"):
-        pictures["saliency_map"] = mean_abs_map_picture(host, inputs)
+        pictures["saliency_map"] = mean_abs_map_picture(host, summary, inputs)
     if host is not None and due.get("actions"):
         drawn = actions_picture(summary, labels, inputs)
         if drawn is not None:
@@ -189,10 +179,10 @@ def _words(summary: RunSummary, inputs: PictureInputs) -> tuple[str, str, str, s
     """``(noun, " 'name'", target, states)``: the words every title and label uses."""
     noun = "groups" if summary.units.kind == "groups" else "features"
     name = "" if summary.settings.name is None else f" '{summary.settings.name}'"
-    states = f"{summary.num_states} states"
-    if inputs.rows_per_state > 1:
-        states = f"{summary.num_states // inputs.rows_per_state} states × {inputs.rows_per_state} actions"
-    return noun, name, target_words(summary.settings.target, inputs.action_names), states
+    target, states = summary.settings.target, f"{summary.num_states} states"
+    if target.rows_per_state > 1:
+        states = f"{summary.num_states // target.rows_per_state} states × {target.rows_per_state} actions"
+    return noun, name, target.words, states
 
 
 def verdict_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureInputs) -> np.ndarray:
@@ -293,7 +283,7 @@ def _per_state(values: np.ndarray, rows_per_state: int) -> np.ndarray:
 
 
 def saliency_grid_picture(
-    host: HostResult, inputs: PictureInputs, summary: RunSummary | None = None, previous_scale: float | None = None
+    host: HostResult, inputs: PictureInputs, summary: RunSummary, previous_scale: float | None = None
 ) -> tuple[np.ndarray, float]:
     """The ``saliency`` grid of a run with spatial states, and its colour scale.
 
@@ -302,14 +292,14 @@ def saliency_grid_picture(
     """
     if inputs.states is None or inputs.picked is None:
         raise ValueError("the saliency grid needs the held-out states and the states picked (PictureInputs)")
-    rows = inputs.rows_per_state
+    rows = summary.settings.target.rows_per_state
     picked = np.asarray(inputs.picked, dtype=np.intp)
     samples = host.sample_attributions
     if rows > 1:
         samples = state_rows(samples, rows).mean(axis=1)
     f_input = _per_state(host.f_input, rows)
     f_baseline = _per_state(host.f_baseline, rows)
-    target = "V(s)" if rows > 1 else target_words(summary.settings.target if summary else "", inputs.action_names)
+    target = "V(s)" if rows > 1 else summary.settings.target.words
     grid = saliency_grid(
         np.asarray(inputs.states)[picked],
         samples[picked],
@@ -325,7 +315,7 @@ def saliency_grid_picture(
     return grid.pixels, grid.scale
 
 
-def mean_abs_map_picture(host: HostResult, inputs: PictureInputs | None = None) -> np.ndarray:
+def mean_abs_map_picture(host: HostResult, summary: RunSummary, inputs: PictureInputs | None = None) -> np.ndarray:
     """The ``saliency/mean_abs`` map: mean ``|attr|`` per pixel, a tile per channel on its own scale.
 
     With ``inputs.presence`` (the zero baseline) each pixel is averaged over the states where its channel is
@@ -343,7 +333,7 @@ def mean_abs_map_picture(host: HostResult, inputs: PictureInputs | None = None) 
             mean_abs = np.where(presence > 0, mean_abs / np.where(presence > 0, presence, 1.0), np.nan)
     return mean_abs_map(
         mean_abs,
-        host.num_states // inputs.rows_per_state,
+        host.num_states // summary.settings.target.rows_per_state,
         channel_names,
         presence=presence,
         channel_colours=inputs.channel_colours,
@@ -355,7 +345,7 @@ def actions_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
 
     Returns ``None`` when the run has nothing to draw (no action numbers, no per-state values).
     """
-    names = inputs.action_names or []
+    names = summary.settings.target.actions or ()
     top = min(summary.settings.top_k, 6)
     if summary.actions is not None:
         actions = summary.actions

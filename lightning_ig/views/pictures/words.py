@@ -6,7 +6,6 @@ way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from lightning_ig.run.summary import RunSummary
@@ -18,34 +17,10 @@ __all__ = [
     "TRUST_COLOURS",
     "baseline_words",
     "run_verdict",
-    "target_words",
     "trust_detail",
     "trust_reason_words",
     "verdict_detail",
 ]
-
-
-def target_words(target: str, action_names: Sequence[str] | None = None) -> str:
-    """What is attributed, as the pictures' legends name it: ``V(s)``, ``Q(s, left)``, ``Q(s, a)``, ...
-
-    Example::
-
-        >>> target_words("mean"), target_words("action:1", ["noop", "left"]), target_words("each")
-        ('V(s)', 'Q(s, left)', 'Q(s, a)')
-    """
-    if target == "mean":
-        return "V(s)"
-    if target == "each":
-        return "Q(s, a)"
-    if target == "contrast":
-        return "Q(greedy) − Q(runner-up)"
-    if target.startswith("action:"):
-        index = target.split(":", 1)[1]
-        names = list(action_names or [])
-        return f"Q(s, {names[int(index)] if index.isdigit() and int(index) < len(names) else index})"
-    if target.startswith("callable:"):
-        return target.split(":", 1)[1]
-    return "the output"
 
 
 def baseline_words(baseline: str, spatial: bool) -> str:

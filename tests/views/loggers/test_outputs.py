@@ -132,6 +132,7 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
     import dataclasses
 
     from lightning_ig.attribution import integrated_gradients
+    from lightning_ig.attribution.targets import Target
     from lightning_ig.callback.per_action import ActionRows
     from lightning_ig.run.host_result import HostResult
     from lightning_ig.run.summary import RunSettings, summarize
@@ -142,11 +143,9 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     result = integrated_gradients(model, torch.randn(6, 3), target="each", n_steps=8)
     host = HostResult.from_result(ActionRows(["up", "down/left"]).rows(result), keep_attributions=True)
-    settings = RunSettings("each", "zeros", 0.01, 10)
+    settings = RunSettings(Target.parse("each").bind((6, 2), ["up", "down/left"]), "zeros", 0.01, 10)
     names = ["a", "b", "c"]
-    summary = summarize(
-        host, feature_names=names, log_features=True, settings=settings, step=7, action_names=["up", "down/left"]
-    )
+    summary = summarize(host, feature_names=names, log_features=True, settings=settings, step=7)
     tags = dataclasses.replace(
         TagNames.build(None, names, None, generated_features=False, generated_groups=False, num_features=3),
         action_labels=["up", "down∕left"],
