@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from benchmarks._common import device_name, synchronize, write_output
-from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution import IGOptions, IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.checkpoint import load_checkpoint
@@ -62,7 +62,7 @@ from lightning_ig.trust import (
 from lightning_ig.trust.schedule import PIECES
 
 DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs
-CALLBACK_IG = {"n_steps": DEFAULT_N_STEPS, "method": DEFAULT_METHOD}  # the callback's defaults
+CALLBACK_IG = IGOptions(n_steps=DEFAULT_N_STEPS, method=DEFAULT_METHOD)  # the callback's defaults
 SETTINGS = AttributionSettings(target="mean", options=CALLBACK_IG)
 CADENCE = TrustChecks.every(5)  # the callback's default checks_every_n_runs=5
 FITS = (10, 50, 100, 200)
@@ -107,7 +107,7 @@ def _units(attributions: torch.Tensor, groups: FeatureGroups | None) -> torch.Te
 def _work(family: dict[str, Any]) -> dict[str, Callable[[], object]]:
     """One callback IG run and each piece of the checks as the monitor runs it, as callables."""
     model, states, groups = family["model"], family["states"], family["groups"]
-    engine = IntegratedGradients(model, target="mean", **CALLBACK_IG)
+    engine = IntegratedGradients(model, target="mean", **CALLBACK_IG.keywords())
 
     def ig() -> HostResult:  # what ig/time_ms counts: the engine's run and the one gather to the host
         with attribution_mode(model):

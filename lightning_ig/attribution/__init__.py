@@ -64,10 +64,12 @@ from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
 from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
+from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import target_forward
 
 __all__ = [
     "Calibration",
+    "IGOptions",
     "IGResult",
     "IntegratedGradients",
     "StochasticForwardWarning",

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.path import PathRun, rule_tensors
 from lightning_ig.attribution.result import NEAR_BASELINE_FRACTION
-from lightning_ig.attribution.settings import Settings
+from lightning_ig.attribution.settings import IGOptions
 
 __all__ = ["FIRST_STEPS", "attribute_auto", "levels"]
 
@@ -45,7 +45,7 @@ def levels(max_steps: int) -> list[int]:
     return found
 
 
-def attribute_auto(run: PathRun, settings: Settings) -> dict[str, Tensor]:
+def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
     """The out dict of :meth:`PathRun.attribute` for ``n_steps="auto"``, with ``n_steps_per_state`` ``(B,)``.
 
     One host synchronisation per level (which states go on).

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.inputs import Prepared, RunningStatistics, raise_if_dtype_mismatch
-from lightning_ig.attribution.settings import BUDGET, Settings
+from lightning_ig.attribution.settings import BUDGET, IGOptions
 
 __all__ = [
     "CPU_BUDGET_FLOPS",
@@ -67,7 +67,7 @@ _H200_MULTIPROCESSORS = 132
 _FLOPS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], int]] = weakref.WeakKeyDictionary()
 
 
-def resolve_budget(forward: Callable[[Tensor], Tensor], prepared: Prepared, settings: Settings) -> Settings:
+def resolve_budget(forward: Callable[[Tensor], Tensor], prepared: Prepared, settings: IGOptions) -> IGOptions:
     """``settings`` with ``n_steps="budget"`` replaced by the number :func:`budget_steps` picks for ``prepared``'s
     states (``settings`` itself otherwise)."""
     if settings.n_steps != BUDGET:

@@ -39,6 +39,7 @@ When it can be wrong
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -52,8 +53,8 @@ from lightning_ig.attribution.budget import budget_steps
 from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepare
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 from lightning_ig.attribution.result import near_baseline_states
-from lightning_ig.attribution.settings import BUDGET, DEFAULT_METHOD, DEFAULT_N_STEPS, parse_settings
-from lightning_ig.attribution.targets import TargetLike
+from lightning_ig.attribution.settings import BUDGET, DEFAULT_METHOD, DEFAULT_N_STEPS, IGOptions
+from lightning_ig.attribution.targets import Target, TargetLike
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import (
     BackendName,
@@ -178,17 +179,19 @@ def calibrate(
     if isinstance(candidates, str) or not isinstance(candidates, Sequence) or not candidates:
         raise TypeError(f"candidates must be a non-empty sequence of method names, got {shown(candidates)}")
     rules = [check_method(name, "candidates") for name in candidates]
-    options = {"target": target, "gradient": gradient, "backend": backend, "internal_batch_size": internal_batch_size}
-    settings = parse_settings({**options, "n_steps": n_steps, "cuda_graph": False})
+    checked = Target.parse(target)
+    settings = IGOptions(
+        n_steps=n_steps, gradient=gradient, backend=backend, internal_batch_size=internal_batch_size, cuda_graph=False
+    )
     for rule in rules:
-        parse_settings({"n_steps": n_steps, "method": rule})  # a rule that cannot have n_steps nodes fails now
+        IGOptions(n_steps=n_steps, method=rule)  # a rule that cannot have n_steps nodes fails now
     if not isinstance(states, Tensor):
         raise TypeError(f"states must be a torch.Tensor of shape (B, *feature_shape), got {type(states).__name__}")
     count = min(num_states, states.shape[0]) if states.dim() else 0
     if isinstance(baselines, Tensor) and baselines.dim() == states.dim() and baselines.shape[0] == states.shape[0]:
         baselines = baselines[:count]
     with torch.inference_mode(False), torch.enable_grad():
-        prepared = prepare(forward, states[:count], baselines, settings)
+        prepared = prepare(forward, states[:count], baselines, settings, checked)
         if n_steps == BUDGET:  # what the run on all the states will use
             n_steps = budget_steps(
                 forward,
@@ -197,7 +200,7 @@ def calibrate(
                 each=prepared.spec.every_output,
                 finite_difference=gradient == "finite_difference",
             )
-            settings = parse_settings({**options, "n_steps": n_steps, "cuda_graph": False})
+            settings = dataclasses.replace(settings, n_steps=n_steps)
         reference_steps = reference_steps or max(REFERENCE_STEPS, 4 * n_steps)
         run = PathRun(
             forward,

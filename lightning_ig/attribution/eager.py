@@ -15,14 +15,8 @@ from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.inputs import Baselines, RunningStatistics, prepare, warn_stochastic
 from lightning_ig.attribution.path import PathRun, chunk_rows
 from lightning_ig.attribution.result import IGResult, build_result
-from lightning_ig.attribution.settings import (
-    DEFAULT_MAX_STEPS,
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
-    Settings,
-    parse_settings,
-)
-from lightning_ig.attribution.targets import TargetLike
+from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS, DEFAULT_METHOD, DEFAULT_N_STEPS, IGOptions
+from lightning_ig.attribution.targets import Target, TargetLike
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import BackendName
 
@@ -133,24 +127,22 @@ def integrated_gradients(
         result.attributions        # (B, 4)
         result.worst_attribution_error, result.worst_mass_relative_error
     """
-    settings = parse_settings(
-        {
-            "target": target,
-            "n_steps": n_steps,
-            "method": method,
-            "gradient": gradient,
-            "internal_batch_size": internal_batch_size,
-            "backend": backend,
-            "completeness_tol": completeness_tol,
-            "max_steps": max_steps,
-            "fd_step": fd_step,
-            "check_finite": check_finite,
-            "cuda_graph": False,
-            "error_scale": error_scale,
-        }
+    options = IGOptions(
+        n_steps=n_steps,
+        method=method,
+        gradient=gradient,
+        backend=backend,
+        internal_batch_size=internal_batch_size,
+        completeness_tol=completeness_tol,
+        max_steps=max_steps,
+        fd_step=fd_step,
+        check_finite=check_finite,
+        cuda_graph=False,
+        error_scale=error_scale,
     )
+    checked = Target.parse(target)
     with torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():
-        return attribute_eager(forward, inputs, baselines, settings)
+        return attribute_eager(forward, inputs, baselines, options, checked)
 
 
 @contextlib.contextmanager
@@ -171,10 +163,11 @@ def deterministic_cudnn() -> Iterator[None]:
 
 
 def attribute_eager(
-    forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: Settings
+    forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: IGOptions, target: Target
 ) -> IGResult:
-    """One eager attribution with checked ``settings`` (the work of :func:`integrated_gradients`)."""
-    prepared = prepare(forward, inputs, baselines, settings)
+    """One eager attribution with checked ``settings`` and ``target`` (the work of :func:`integrated_gradients`;
+    the caller holds gradients on and cuDNN deterministic: :func:`deterministic_cudnn`)."""
+    prepared = prepare(forward, inputs, baselines, settings, target)
     settings = resolve_budget(forward, prepared, settings)  # n_steps="budget": a number from the work's size
     x = prepared.x
     checks = [("inputs", x)] + ([("baselines", prepared.b)] if isinstance(baselines, Tensor) else [])

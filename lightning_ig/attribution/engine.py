@@ -8,6 +8,7 @@ default settings takes the fast path: copy the inputs in, replay, build the resu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,8 @@ from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
 from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
 from lightning_ig.attribution.inputs import Baselines, Prepared, check_forward, prepare
 from lightning_ig.attribution.result import IGResult, build_result
-from lightning_ig.attribution.settings import Settings, parse_settings
-from lightning_ig.attribution.targets import check_rows_in_range
+from lightning_ig.attribution.settings import IGOptions, options_with
+from lightning_ig.attribution.targets import Target, check_rows_in_range
 
 __all__ = ["GraphPlan", "IntegratedGradients", "PlanCache"]
 
@@ -59,10 +60,9 @@ class IntegratedGradients:
         graph_capture: how graphs are captured (default: a
             :class:`~lightning_ig.attribution.graphs.GraphCapture` on
             ``torch.cuda.graph``); tests pass an emulation.
-        **defaults: any keyword option of
-            :func:`~lightning_ig.attribution.integrated_gradients`, plus
-            ``cuda_graph``: ``"auto"`` (default: capture on CUDA devices), ``True``
-            (capture, warn and fall back when it fails) or ``False`` (always eager).
+        **defaults: ``target`` and any option of :class:`~lightning_ig.attribution.IGOptions` (the keyword options
+            of :func:`~lightning_ig.attribution.integrated_gradients`, and ``cuda_graph``: ``"auto"``, the default:
+            capture on CUDA devices; ``True``: capture, warn and fall back when it fails; ``False``: always eager).
 
     Raises:
         TypeError: a non-callable forward, an unknown option, an option of the wrong kind, or a
@@ -80,9 +80,10 @@ class IntegratedGradients:
         self, forward: Callable[[Tensor], Tensor], *, graph_capture: GraphCapture | None = None, **defaults: Any
     ) -> None:
         check_forward(forward)
-        self._default_settings = parse_settings(defaults)  # rejects bad defaults now
+        given = dict(defaults)
+        self._target = Target.parse(given.pop("target", None))  # rejects a bad target now ...
+        self._options = options_with(IGOptions(), given)  # ... and bad options
         self.forward = forward
-        self.defaults = dict(defaults)
         self.graph_capture = GraphCapture() if graph_capture is None else _check_graph_capture(graph_capture)
         self._plans = PlanCache()
         self.last_mode: str | None = None  # "graph", "capture" or "eager": how the last call ran
@@ -90,9 +91,14 @@ class IntegratedGradients:
         self._fast: tuple[torch.Size, torch.dtype, torch.device, GraphPlan] | None = None
 
     @property
-    def default_settings(self) -> Settings:
-        """The checked settings of a call without overrides (after :meth:`calibrate`: its rule and scale)."""
-        return self._default_settings
+    def options(self) -> IGOptions:
+        """The options of a call without overrides (after :meth:`calibrate`: its rule and scale)."""
+        return self._options
+
+    @property
+    def target(self) -> Target:
+        """What a call without a ``target`` override attributes."""
+        return self._target
 
     def clear(self) -> None:
         """Drop every captured graph (they are captured again on next use)."""
@@ -128,7 +134,7 @@ class IntegratedGradients:
             ValueError: the engine's ``n_steps`` is ``"auto"`` (it refines the midpoint rule, whatever the rule), or
                 a bad ``num_states``; the errors of :meth:`attribute` for the states and baselines.
         """
-        settings = self._default_settings
+        settings = self._options
         if settings.n_steps == "auto":
             raise ValueError(
                 "calibrate needs a fixed n_steps (the engine has n_steps='auto', which refines the midpoint rule by "
@@ -138,7 +144,7 @@ class IntegratedGradients:
             self.forward,
             states,
             baselines,
-            target=settings.target,
+            target=self._target,
             n_steps=settings.n_steps,  # an int, or "budget": resolved for all of states
             gradient=settings.gradient,
             backend=settings.backend,
@@ -155,9 +161,7 @@ class IntegratedGradients:
         Under DDP the callback calibrates on every rank and passes rank zero's answer here on all of them, so that
         every rank attributes with one rule.
         """
-        defaults = {**self.defaults, "method": found.method, "error_scale": found.error_scale}
-        self._default_settings = parse_settings(defaults)  # checked before anything changes
-        self.defaults = defaults
+        self._options = dataclasses.replace(self._options, method=found.method, error_scale=found.error_scale)
         self._fast = None  # the fast path replays the plan of the old defaults; the next call finds the new one
 
     def attribute(self, inputs: Tensor, baselines: Baselines = None, **overrides: Any) -> IGResult:
@@ -178,12 +182,14 @@ class IntegratedGradients:
             result = self._attribute_fast(inputs, baselines)
             if result is not None:
                 return result
-        settings = parse_settings({**self.defaults, **overrides}) if overrides else self._default_settings
+        given = dict(overrides)
+        target = Target.parse(given.pop("target")) if "target" in given else self._target
+        settings = options_with(self._options, given)
         with torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():  # a capture keeps the algorithms
             if not self._graph_wanted(settings, inputs):
                 self.last_mode = "eager"
-                return attribute_eager(self.forward, inputs, baselines, settings)
-            return self._attribute_graph(inputs, baselines, settings)
+                return attribute_eager(self.forward, inputs, baselines, settings, target)
+            return self._attribute_graph(inputs, baselines, settings, target)
 
     # -- the callback's case, kept lean
     def _attribute_fast(self, inputs: Any, baselines: Baselines) -> IGResult | None:
@@ -198,7 +204,7 @@ class IntegratedGradients:
             and inputs.device == device
         ):
             return None
-        settings = self._default_settings
+        settings = self._options
         if torch.is_inference_mode_enabled():  # entering the context costs more than the check
             with torch.inference_mode(False):
                 out = self._replay_fast(plan, inputs, settings.check_finite)
@@ -227,7 +233,7 @@ class IntegratedGradients:
         return plan.replay()
 
     # -- graphs
-    def _graph_wanted(self, settings: Settings, inputs: Any) -> bool:
+    def _graph_wanted(self, settings: IGOptions, inputs: Any) -> bool:
         return (
             settings.cuda_graph is not False
             and isinstance(inputs, Tensor)
@@ -236,9 +242,9 @@ class IntegratedGradients:
             and self.graph_capture.available(inputs.device)
         )
 
-    def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: Settings) -> IGResult:
-        prepared = prepare(self.forward, inputs, baselines, settings)
-        defaults = settings is self._default_settings
+    def _attribute_graph(self, inputs: Tensor, baselines: Baselines, settings: IGOptions, target: Target) -> IGResult:
+        prepared = prepare(self.forward, inputs, baselines, settings, target)
+        defaults = settings is self._options and target is self._target
         settings = resolve_budget(self.forward, prepared, settings)  # n_steps="budget": before the key and capture
         if settings.check_finite:
             check_finite("inputs", prepared.x)
@@ -247,7 +253,7 @@ class IntegratedGradients:
         key = _graph_key(inputs, baselines, prepared, settings)
         if key in self._plans and self._plans.get(key) is None:  # capture failed before: eager
             self.last_mode = "eager"
-            return attribute_eager(self.forward, inputs, baselines, settings)
+            return attribute_eager(self.forward, inputs, baselines, settings, target)
         plan = self._plans.get(key)
         if plan is None:
             captured = capture_attribution(self.forward, prepared, baselines, settings, self.graph_capture)
@@ -255,7 +261,7 @@ class IntegratedGradients:
             self._remember(key, plan)
             if plan is None:
                 self.last_mode = "eager"
-                return attribute_eager(self.forward, inputs, baselines, settings)
+                return attribute_eager(self.forward, inputs, baselines, settings, target)
             self.last_mode = "capture"
         else:
             self.last_mode = "graph"
@@ -353,7 +359,7 @@ def _check_graph_capture(capture: Any) -> GraphCapture:
     return capture
 
 
-def _graph_key(inputs: Tensor, baselines: Baselines, prepared: Prepared, settings: Settings) -> tuple[Any, ...]:
+def _graph_key(inputs: Tensor, baselines: Baselines, prepared: Prepared, settings: IGOptions) -> tuple[Any, ...]:
     """What a captured graph depends on: shapes, dtype, device, the baseline's form, the target, the settings."""
     baseline_key: tuple[Any, ...]
     if isinstance(baselines, Tensor):

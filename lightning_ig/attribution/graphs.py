@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.inputs import Baselines, Prepared, RunningStatistics, resolve_baselines, warn_stochastic
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
-from lightning_ig.attribution.settings import Settings
+from lightning_ig.attribution.settings import IGOptions
 
 __all__ = ["Captured", "GraphCapture", "capture_attribution"]
 
@@ -109,7 +109,7 @@ def capture_attribution(
     forward: Callable[[Tensor], Tensor],
     prepared: Prepared,
     baselines: Baselines,
-    settings: Settings,
+    settings: IGOptions,
     capturer: GraphCapture,
 ) -> Captured | None:
     """Run the attribution eagerly once, then capture it; ``None`` (after one warning) when capture fails."""

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.result import StochasticForwardWarning
-from lightning_ig.attribution.settings import Settings
+from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import IGOps, ig_ops
@@ -78,7 +78,9 @@ class Prepared:
     feature_shape: tuple[int, ...]
 
 
-def prepare(forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselines, settings: Settings) -> Prepared:
+def prepare(
+    forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselines, settings: IGOptions, target: Target
+) -> Prepared:
     """Check and normalise what every call shares.
 
     Raises:
@@ -96,7 +98,7 @@ def prepare(forward: Callable[[Tensor], Tensor], inputs: Any, baselines: Baselin
         x=inputs.reshape(batch, -1).contiguous(),  # (B, F)
         b=resolved.reshape(batch, -1).contiguous(),  # (B, F)
         resolved=resolved,
-        spec=settings.target.on(batch, inputs.device),
+        spec=target.on(batch, inputs.device),
         backend=ig_ops(settings.backend, inputs),
         feature_shape=tuple(inputs.shape[1:]),
     )

@@ -49,7 +49,7 @@ from torch import Tensor
 from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
 from lightning_ig.attribution.quadrature import quadrature
-from lightning_ig.attribution.settings import Settings
+from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import EACH, Target, choose_contrast
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import STATS, IGOps
@@ -73,7 +73,7 @@ def rule_tensors(method: str, n_steps: int, dtype: torch.dtype, device: torch.de
     return cached
 
 
-def chunk_rows(settings: Settings, x: Tensor) -> int:
+def chunk_rows(settings: IGOptions, x: Tensor) -> int:
     """Rows per forward: ``internal_batch_size``, or a quarter of the free memory by a rough per-row guess.
 
     The guess is 32 copies of a row plus 16 KiB of activations; work that needs
@@ -131,7 +131,7 @@ class PathRun:
         b: Tensor,
         feature_shape: tuple[int, ...],
         spec: Target,
-        settings: Settings,
+        settings: IGOptions,
         backend: IGOps,
         rows_per_chunk: int,
     ) -> None:

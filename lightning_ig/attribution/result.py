@@ -37,7 +37,7 @@ from torch import Tensor
 from lightning_ig.attribution.groups import FeatureGroups
 
 if TYPE_CHECKING:  # the parts of a run, read here, import this module
-    from lightning_ig.attribution.settings import Settings
+    from lightning_ig.attribution.settings import IGOptions
     from lightning_ig.attribution.targets import Target
     from lightning_ig.ops.ig import IGOps
 
@@ -338,7 +338,7 @@ def build_result(
     out: dict[str, Tensor],
     resolved: Tensor,
     spec: Target,
-    settings: Settings,
+    settings: IGOptions,
     run: _PathFacts,
     n_steps: int,
     *,

@@ -1,21 +1,25 @@
-"""The engine's keyword options, checked once where they come in (:func:`parse_settings`).
+"""The engine's options, :class:`IGOptions`: one frozen dataclass, each field checked once when it is made.
 
-Names and checks shared with the callback and the command line come from
-:mod:`lightning_ig.vocabulary`; the quadrature's limits from
-:mod:`lightning_ig.attribution.quadrature`.
+The engine's keyword options (:func:`~lightning_ig.attribution.integrated_gradients`,
+:class:`~lightning_ig.attribution.IntegratedGradients`) and the callback's ``engine=`` are this class. Names and
+checks shared with the callback and the command line come from :mod:`lightning_ig.vocabulary`; the quadrature's
+limits from :mod:`lightning_ig.attribution.quadrature`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from lightning_ig.attribution.quadrature import check_rule
-from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.ig import IGOps, check_backend
 from lightning_ig.vocabulary import (
     BUDGET,
     GRADIENTS,
+    BackendName,
+    NSteps,
     check_bool,
     check_choice,
     check_method,
@@ -27,15 +31,7 @@ from lightning_ig.vocabulary import (
     shown,
 )
 
-__all__ = [
-    "BUDGET",
-    "DEFAULTS",
-    "DEFAULT_MAX_STEPS",
-    "DEFAULT_METHOD",
-    "DEFAULT_N_STEPS",
-    "Settings",
-    "parse_settings",
-]
+__all__ = ["BUDGET", "DEFAULT_MAX_STEPS", "DEFAULT_METHOD", "DEFAULT_N_STEPS", "IGOptions", "options_with"]
 
 DEFAULT_MAX_STEPS = 512
 DEFAULT_N_STEPS = BUDGET
@@ -48,72 +44,92 @@ integrand is a step function (a ReLU network along the path); the midpoint rule'
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Every option of one attribution, checked (see :func:`lightning_ig.attribution.integrated_gradients`)."""
+class IGOptions:
+    """How the engine attributes: every keyword option of :func:`~lightning_ig.attribution.integrated_gradients`
+    but ``target``, and ``cuda_graph``; checked when made, read-only afterwards (``dataclasses.replace`` makes a
+    changed copy, checked again).
 
-    target: Target
-    n_steps: int | str
-    method: str
-    gradient: str
-    internal_batch_size: int | None
-    backend: str | IGOps
-    completeness_tol: float
-    max_steps: int
-    fd_step: float | None
-    check_finite: bool
-    cuda_graph: bool | str
+    Args:
+        n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work fits the device
+            (:mod:`lightning_ig.attribution.budget`; the number used is the result's ``n_steps``); or ``"auto"``:
+            the midpoint rule refined per state until its error figures are within ``completeness_tol / 2``,
+            up to ``max_steps``.
+        method: the quadrature rule: ``"riemann_middle"`` (default), ``"riemann_left"``, ``"riemann_right"``,
+            ``"riemann_trapezoid"``, ``"gausslegendre"`` or a warped midpoint rule (``"warped_middle:2"``, ...).
+        gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards autograd cannot go through.
+        backend: ``"auto"`` (default: the CUDA kernels on CUDA tensors when CuPy imports, else torch), ``"cuda"``,
+            ``"torch"``, or an :class:`~lightning_ig.ops.ig.IGOps` object.
+        internal_batch_size: rows per forward; ``None`` (default) picks it from the free device memory.
+        completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
+        max_steps: the most points ``n_steps="auto"`` may use (default 512).
+        fd_step: the relative finite-difference step; ``None`` (default): ``eps ** (1/3)`` of the inputs' dtype.
+        check_finite: check inputs and baselines for NaN/Inf first (default ``True``; one host sync).
+        cuda_graph: ``"auto"`` (default: capture and replay a CUDA graph on CUDA devices), ``True`` or ``False``;
+            :class:`~lightning_ig.attribution.IntegratedGradients` only (one eager call never captures).
+        error_scale: the factor applied to the error estimate (default 1.0; what calibration measured).
+
+    Raises:
+        TypeError: a value of the wrong kind (the message names the option).
+        ValueError: a value out of range, or ``n_steps`` (``max_steps`` for ``"auto"``) past what the rule is built
+            for.
+
+    Example::
+
+        options = IGOptions(n_steps=64, method="gausslegendre")
+        IntegratedGradientsCallback(states, engine=options)
+        dataclasses.replace(options, n_steps=128)  # a changed copy, checked again
+    """
+
+    n_steps: NSteps = DEFAULT_N_STEPS
+    method: str = DEFAULT_METHOD
+    gradient: Literal["autograd", "finite_difference"] = "autograd"
+    backend: BackendName | IGOps = "auto"
+    internal_batch_size: int | None = None
+    completeness_tol: float = 0.01
+    max_steps: int = DEFAULT_MAX_STEPS
+    fd_step: float | None = None
+    check_finite: bool = True
+    cuda_graph: bool | Literal["auto"] = "auto"
     error_scale: float = 1.0
 
+    def __post_init__(self) -> None:
+        checked = object.__setattr__  # each field as checked, in its one spelling
+        checked(self, "n_steps", check_n_steps(self.n_steps))
+        checked(self, "method", check_method(self.method))
+        checked(self, "max_steps", check_positive_int(self.max_steps, "max_steps", example=DEFAULT_MAX_STEPS))
+        _check_rule_size(self.method, self.n_steps, self.max_steps)
+        checked(self, "gradient", check_choice(self.gradient, GRADIENTS, "gradient"))
+        checked(self, "backend", check_backend(self.backend))
+        checked(
+            self, "internal_batch_size", check_optional_positive_int(self.internal_batch_size, "internal_batch_size")
+        )
+        checked(self, "completeness_tol", check_positive_float(self.completeness_tol, "completeness_tol"))
+        checked(
+            self, "fd_step", None if self.fd_step is None else check_real(self.fd_step, "fd_step", above=0, below=1)
+        )
+        checked(self, "check_finite", check_bool(self.check_finite, "check_finite"))
+        checked(self, "cuda_graph", _check_cuda_graph(self.cuda_graph))
+        checked(self, "error_scale", check_positive_float(self.error_scale, "error_scale"))
 
-DEFAULTS: dict[str, Any] = {
-    "target": None,
-    "n_steps": DEFAULT_N_STEPS,
-    "method": DEFAULT_METHOD,
-    "gradient": "autograd",
-    "internal_batch_size": None,
-    "backend": "auto",
-    "completeness_tol": 0.01,
-    "max_steps": DEFAULT_MAX_STEPS,
-    "fd_step": None,
-    "check_finite": True,
-    "cuda_graph": "auto",
-    "error_scale": 1.0,
-}
+    def keywords(self) -> dict[str, Any]:
+        """The options as :class:`~lightning_ig.attribution.IntegratedGradients` takes them as keywords."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
-def parse_settings(options: dict[str, Any]) -> Settings:
-    """The :class:`Settings` of ``options`` (missing ones take :data:`DEFAULTS`).
+_NAMES = tuple(field.name for field in dataclasses.fields(IGOptions))
 
-    The target is checked here (:meth:`~lightning_ig.attribution.targets.Target.parse`), per-state indices against
-    the batch where it is known (:meth:`~lightning_ig.attribution.targets.Target.on`).
+
+def options_with(options: IGOptions, keywords: Mapping[str, Any]) -> IGOptions:
+    """``options`` with ``keywords`` (the engine's keyword options) replacing its fields, checked.
 
     Raises:
         TypeError: an unknown option, or a value of the wrong kind.
-        ValueError: a value out of range; ``n_steps`` (or ``max_steps`` for
-            ``"auto"``) past what the quadrature rule is built for.
+        ValueError: a value out of range.
     """
-    unknown = sorted(set(options) - set(DEFAULTS))
+    unknown = sorted(set(keywords) - set(_NAMES))
     if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(unknown)}; the engine takes {', '.join(DEFAULTS)}")
-    merged = {**DEFAULTS, **options}
-    n_steps = check_n_steps(merged["n_steps"])
-    method = check_method(merged["method"])
-    max_steps = check_positive_int(merged["max_steps"], "max_steps", example=DEFAULT_MAX_STEPS)
-    _check_rule_size(method, n_steps, max_steps)
-    return Settings(
-        target=Target.parse(merged["target"]),
-        n_steps=n_steps,
-        method=method,
-        gradient=check_choice(merged["gradient"], GRADIENTS, "gradient"),
-        internal_batch_size=check_optional_positive_int(merged["internal_batch_size"], "internal_batch_size"),
-        backend=check_backend(merged["backend"]),
-        completeness_tol=check_positive_float(merged["completeness_tol"], "completeness_tol"),
-        max_steps=max_steps,
-        fd_step=_check_fd_step(merged["fd_step"]),
-        check_finite=check_bool(merged["check_finite"], "check_finite"),
-        cuda_graph=_check_cuda_graph(merged["cuda_graph"]),
-        error_scale=check_positive_float(merged["error_scale"], "error_scale"),
-    )
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; the engine takes target, {', '.join(_NAMES)}")
+    return dataclasses.replace(options, **keywords) if keywords else options
 
 
 def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
@@ -126,11 +142,6 @@ def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
             f"n_steps='auto' refines the uniform midpoint rule (method={DEFAULT_METHOD!r}) by tripling it per state; "
             f"got method={method!r}: pass method={DEFAULT_METHOD!r} with n_steps='auto', or a number of steps"
         )
-
-
-def _check_fd_step(value: Any) -> float | None:
-    """``None`` (automatic) or a relative step in ``(0, 1)``."""
-    return None if value is None else check_real(value, "fd_step", above=0, below=1)
 
 
 def _check_cuda_graph(value: Any) -> bool | str:

@@ -46,7 +46,7 @@ def calibrate(
         The wall time in milliseconds (the device synchronised), or ``None`` when the engine's settings are not
         calibrated (``n_steps="auto"``, finite differences).
     """
-    settings = engine.default_settings
+    settings = engine.options
     if settings.n_steps == "auto" or settings.gradient != "autograd":
         return None
     started = time.perf_counter()

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution import IGOptions, IntegratedGradients
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.monitor import TrustMonitor
@@ -160,9 +160,14 @@ def start(
     Raises:
         ValueError: ``action_names`` of another count than the model's outputs.
     """
-    engine_options = {"n_steps": options.n_steps, "method": options.method, "gradient": options.gradient}
-    engine_options.update(backend=options.backend, completeness_tol=options.completeness_tol)
-    engine_options.update(internal_batch_size=options.internal_batch_size)
+    engine_options = IGOptions(
+        n_steps=options.n_steps,
+        method=options.method,
+        gradient=options.gradient,
+        backend=options.backend,
+        completeness_tol=options.completeness_tol,
+        internal_batch_size=options.internal_batch_size,
+    )
     engine, target, members, states, baselines = heldout.prepare_engine(
         trainer,
         pl_module,
@@ -171,7 +176,7 @@ def start(
         plan.held_out,
         options.baseline,
         options.action_names,
-        **engine_options,
+        engine_options,
     )
     each = ActionRows(list(target.actions or ())) if target.every_output else None
     rows = target.rows_per_state  # rows per state in a run's result

@@ -14,6 +14,7 @@ done once before training so that a bad input fails before the first step:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Union
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig._files import check_input_file
-from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution import IGOptions, IntegratedGradients
 from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
@@ -245,8 +246,8 @@ def prepare_engine(
     forward: ForwardOption | None,
     states: Tensor,
     baseline: Any,
-    action_names: Sequence[str] | None = None,
-    **options: Any,
+    action_names: Sequence[str] | None,
+    options: IGOptions,
 ) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str]:
     """The engine for ``target`` on ``pl_module`` after a two-state trial, and what its runs attribute.
 
@@ -264,7 +265,7 @@ def prepare_engine(
         states: the held-out states (CPU).
         baseline: from :func:`check_baseline`.
         action_names: one name per output, or ``None``.
-        options: the engine's settings (``n_steps``, ``method``, ...).
+        options: the engine's options.
 
     Returns:
         The engine, the target bound to the model, the members' engine (``None`` unless an ensemble), and this
@@ -274,12 +275,12 @@ def prepare_engine(
     sample = states[:2].to(device=pl_module.device, dtype=dtype)
     attributed, target = probe_target(pl_module, target, sample, len(states), forward, action_names)
     # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
-    options = {**options, "check_finite": False}
-    engine = IntegratedGradients(attributed, target=target, **options)
+    options = dataclasses.replace(options, check_finite=False)
+    engine = IntegratedGradients(attributed, target=target, **options.keywords())
     trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
     with attribution_mode(pl_module), stochastic_warnings_silenced():
         engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
-    members = MemberAttribution.prepare(pl_module, target, sample, trial, **options) if forward is None else None
+    members = MemberAttribution.prepare(pl_module, target, sample, trial, options) if forward is None else None
     rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
     local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
     local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)

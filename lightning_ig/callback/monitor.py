@@ -36,8 +36,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.settings import DEFAULT_N_STEPS
-from lightning_ig.attribution.targets import Target
 from lightning_ig.callback.heldout import baselines_for
 from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.run.host_result import HostResult
@@ -108,7 +106,7 @@ class TrustMonitor:
         self.settings, self.groups, self.prefix = settings, groups, prefix
         noisy = any(isinstance(module, NoisyLinear) for module in model.modules())
         units = states[0].numel() if groups is None else len(groups)
-        steps = settings.options.get("n_steps", DEFAULT_N_STEPS)
+        steps = settings.options.n_steps
         self.costs = CheckCosts.estimate(
             options, num_states=len(states), num_units=units, n_steps=steps, replays=replays
         )
@@ -158,12 +156,10 @@ class TrustMonitor:
         states = held_out.to(device=device, dtype=dtype)
         zeros = isinstance(baseline, str) and baseline == "zeros"  # the engines' fast path: no baseline tensor
         baselines = None if zeros else baselines_for(baseline, held_out, torch.arange(len(held_out)), device, dtype)
-        defaults = dict(engine.defaults)
-        defaults.pop("check_finite", None)  # the checks never check the states again: set by each of their engines
-        settings = AttributionSettings(forward=forward, target=defaults.pop("target", None), options=defaults)
+        settings = AttributionSettings(forward=forward, target=engine.target, options=engine.options)
         replays = _replays(engine, device)
         monitor = cls(options, pl_module, states, baselines, settings, groups, prefix, replays=replays)
-        if not Target.parse(settings.target).checks_deletion:  # a contrast's pair is fixed at each state
+        if not settings.target.checks_deletion:  # a contrast's pair is chosen at each state and held fixed
             monitor._switch_off(
                 "deletion",
                 "deletion: not run for target='contrast' (its greedy/runner-up pair is chosen at each state and held "
@@ -327,7 +323,7 @@ class TrustMonitor:
 
 def _replays(engine: Any, device: torch.device) -> bool:
     """Whether the callback's engine replays a CUDA graph on ``device`` (its settings allow one)."""
-    settings = engine.default_settings
+    settings = engine.options
     return (
         settings.cuda_graph is not False
         and settings.n_steps != "auto"

@@ -18,14 +18,15 @@ All three run (the deletion check too: unlike ``target="contrast"``, the mean ov
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.result import IGResult
+from lightning_ig.attribution.targets import Target
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.summary import RunSummary
@@ -81,11 +82,11 @@ class ActionRows:
 
 @dataclass(frozen=True)
 class _MeanOfActions:
-    """The engine as :meth:`TrustMonitor.prepare` reads it (``defaults``, ``default_settings``, ``graph_capture``),
-    the target the mean over the actions: what the checks attribute again."""
+    """The engine as :meth:`TrustMonitor.prepare` reads it (``target``, ``options``, ``graph_capture``), the target
+    the mean over the actions: what the checks attribute again."""
 
-    defaults: Mapping[str, Any]
-    default_settings: Any  # the callback's engine's: whether it replays a graph is the same for the mean
+    target: Target
+    options: IGOptions  # the callback's engine's: whether it replays a graph is the same for the mean
     graph_capture: Any
 
 
@@ -113,7 +114,7 @@ class ActionTrust(TrustMonitor):
         actions: int,
     ) -> ActionTrust | None:
         """The checks of this fit (``None``: off, or not global rank zero), as :meth:`TrustMonitor.prepare`."""
-        settings = _MeanOfActions({**engine.defaults, "target": "mean"}, engine.default_settings, engine.graph_capture)
+        settings = _MeanOfActions(Target.parse("mean"), engine.options, engine.graph_capture)
         monitor = cls.prepare(checks, trainer, pl_module, settings, None, held_out, baseline, groups, prefix)
         if isinstance(monitor, ActionTrust):
             monitor.actions = int(actions)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.attribution import IGResult, IntegratedGradients, StochasticForwardWarning
+from lightning_ig.attribution import IGOptions, IGResult, IntegratedGradients, StochasticForwardWarning
 from lightning_ig.attribution.targets import EACH, Target
 from lightning_ig.ensemble.module import is_ensemble
 from lightning_ig.models.noise import attribution_mode
@@ -79,7 +79,7 @@ class MemberAttribution:
 
     @classmethod
     def prepare(
-        cls, model: nn.Module, target: Target, sample: Tensor, baselines: Any, **options: Any
+        cls, model: nn.Module, target: Target, sample: Tensor, baselines: Any, options: IGOptions
     ) -> MemberAttribution | None:
         """The members' engine when ``model``'s attributed output is an ensemble's aggregate, else ``None``.
 
@@ -92,12 +92,12 @@ class MemberAttribution:
                 per state).
             sample: two states on the model's device, in its dtype.
             baselines: ``sample``'s baselines as the engine takes them.
-            options: the aggregate engine's settings (``n_steps``, ``method``, ...).
+            options: the aggregate engine's options.
         """
         ensemble = find_ensemble(model, sample) if target.model_output else None
         if ensemble is None:
             return None
-        engine = IntegratedGradients(ensemble.member_signals, target=EACH, **options)
+        engine = IntegratedGradients(ensemble.member_signals, target=EACH, **options.keywords())
         with attribution_mode(model), warnings.catch_warnings():
             warnings.simplefilter("ignore", StochasticForwardWarning)  # the aggregate's trial says it
             engine.attribute(sample, baselines=baselines, n_steps=2, cuda_graph=False)

@@ -13,9 +13,10 @@ is undefined (fewer than two such units, a constant side, NaN/Inf) is NaN, and N
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.attribution import integrated_gradients, target_forward
+from lightning_ig.attribution import IGOptions, target_forward
+from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import stochastic_warnings_silenced
+from lightning_ig.attribution.targets import Target
 from lightning_ig.run.statistics import spearman
 from lightning_ig.vocabulary import shown, shown_with_type
 
@@ -62,32 +65,29 @@ class AttributionSettings:
 
     Attributes:
         forward: ``(module, x) -> (N,) | (N, A)``; ``None`` (default) calls the module itself.
-        target: what the engine attributes (``None``, ``"mean"``, an output index or a callable ``(N, A) -> (N,)``),
-            as :func:`~lightning_ig.attribution.target_forward` takes it. Default ``"mean"``.
-        options: the other keyword options of :func:`~lightning_ig.attribution.integrated_gradients` (``n_steps``,
-            ``method``, ``backend``, ...); default ``{}``, the engine's defaults.
+        target: what the engine attributes (``None``, ``"mean"``, an output index, a callable ``(N, A) -> (N,)``
+            or a :class:`~lightning_ig.attribution.targets.Target` of these), as
+            :func:`~lightning_ig.attribution.target_forward` takes it. Default ``"mean"``.
+        options: the engine's :class:`~lightning_ig.attribution.IGOptions` (default: the engine's defaults);
+            kept with ``check_finite=False``: the checks pass states the run has checked.
 
     Raises:
-        TypeError: ``forward`` is neither ``None`` nor callable, or ``options`` is not a mapping.
-        ValueError: ``options`` names ``target`` (pass it as ``target``) or ``check_finite``.
+        TypeError: ``forward`` is neither ``None`` nor callable, a target of the wrong kind, or ``options`` is not
+            an :class:`~lightning_ig.attribution.IGOptions`.
+        ValueError: an unknown target.
     """
 
     forward: ModelForward | None = None
     target: Any = "mean"
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: IGOptions = field(default_factory=IGOptions)
 
     def __post_init__(self) -> None:
         if self.forward is not None and not callable(self.forward):
             raise TypeError(f"forward must be None or a callable (module, x) -> output, got {shown(self.forward)}")
-        if not isinstance(self.options, Mapping):
-            raise TypeError(f"options must be a mapping of integrated_gradients keywords, got {shown(self.options)}")
-        if "target" in self.options:
-            raise ValueError(
-                f"options must not hold 'target' (got {shown(self.options['target'])}); pass "
-                "AttributionSettings(target=...)"
-            )
-        if "check_finite" in self.options:
-            raise ValueError("options must not hold 'check_finite': the checks pass states the run has checked")
+        if not isinstance(self.options, IGOptions):
+            raise TypeError(f"options must be an IGOptions, got {shown_with_type(self.options)}")
+        object.__setattr__(self, "target", Target.parse(self.target))
+        object.__setattr__(self, "options", dataclasses.replace(self.options, check_finite=False))
 
     def call(self, model: nn.Module) -> Callable[[Tensor], Tensor]:
         """The forward on ``model``: ``x -> output``."""
@@ -102,10 +102,9 @@ class AttributionSettings:
 
     def attribute(self, model: nn.Module, states: Tensor, baselines: Tensor) -> Tensor:
         """IG of ``model`` as it is (put it in the mode to attribute first): ``(B, *feature_shape)`` attributions."""
-        with stochastic_warnings_silenced():  # a noisy copy is deterministic between its draws
-            result = integrated_gradients(
-                self.call(model), states, baselines, target=self.target, check_finite=False, **dict(self.options)
-            )
+        # a noisy copy is deterministic between its draws: no warning
+        with stochastic_warnings_silenced(), torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():
+            result = attribute_eager(self.call(model), states, baselines, self.options, self.target)
         return result.attributions
 
 

@@ -65,7 +65,7 @@ class Replica:
         self._mine = self._tensors()
         self.quiet()
         self.engine = IntegratedGradients(
-            settings.call(self.module), target=settings.target, check_finite=False, **dict(settings.options)
+            settings.call(self.module), target=settings.target, **settings.options.keywords()
         )  # no NaN/Inf check of the inputs: they are the run's states, checked when they were set up
         self._draws: dict[tuple[int, int], list[list[Tensor]]] = {}
 

@@ -117,7 +117,7 @@ def test_the_engine_adopts_the_rule_and_the_scale() -> None:
     model, x = _relu_mlp(62), _states(63, scale=255.0)
     engine = IntegratedGradients(model, target="mean", n_steps=32)
     found = engine.calibrate(x)
-    assert engine.default_settings.method == found.method and engine.default_settings.error_scale == found.error_scale
+    assert engine.options.method == found.method and engine.options.error_scale == found.error_scale
     result = engine.attribute(x)
     assert result.method == found.method and result.error_scale == found.error_scale
     plain = integrated_gradients(model, x, target="mean", n_steps=32, method=found.method)

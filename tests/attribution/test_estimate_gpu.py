@@ -104,7 +104,7 @@ def test_calibration_on_the_device_and_its_scale_on_replays(cuda_device: torch.d
     engine = IntegratedGradients(model, target="mean")
     engine.attribute(x)  # captured before calibration: the scale needs no new graph
     found = engine.calibrate(x)
-    assert engine.default_settings.method == found.method and found.num_states == 8
+    assert engine.options.method == found.method and found.num_states == 8
     again = calibrate(model, x, target="mean")  # the same states, the same answer
     assert again.method == found.method and again.error_scale == pytest.approx(found.error_scale, rel=1e-3)
     result = engine.attribute(x)

@@ -63,7 +63,7 @@ def test_calibration_runs_at_the_first_run_and_every_k_runs_with_its_cost(tmp_pa
     for summary in summaries:
         if summary is not None:
             assert summary.completeness.calibration_ms > 0
-    settings = callback._fit.engine.default_settings
+    settings = callback._fit.engine.options
     assert settings.method in CANDIDATES
     assert settings.error_scale == 2.5  # what calibration measured, carried into every run's figures
     assert summaries[-1].completeness.error_scale == settings.error_scale
@@ -73,7 +73,7 @@ def test_no_calibration_when_it_is_off(tmp_path, monkeypatch):
     callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=2, n_steps=8, calibrate_every=None)
     summaries = _fit(tmp_path, callback, monkeypatch)
     assert len(summaries) == 5 and all(summary is None for summary in summaries)
-    settings = callback._fit.engine.default_settings
+    settings = callback._fit.engine.options
     assert settings.method == "riemann_middle" and settings.error_scale == 1.0
 
 

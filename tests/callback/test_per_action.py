@@ -75,7 +75,7 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
         warnings.simplefilter("ignore")
         make_trainer(tmp_path, [callback], max_steps=4).fit(model, loader())
     trust = callback._fit.trust
-    assert isinstance(trust, ActionTrust) and trust.actions == 2 and trust.settings.target == "mean"
+    assert isinstance(trust, ActionTrust) and trust.actions == 2 and trust.settings.target.label == "mean"
     # All three checks ran: the deletion check too (the mean over the actions is a plain forward).
     verdict = callback._last.trust_checks
     assert verdict.randomization is not None and verdict.deletion is not None and verdict.stability.applicable

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.models import DuelingQNetwork, NoisyLinear
 from lightning_ig.trust import AttributionSettings, TrustChecks
 
 FEATURES = 32
 SCALES = torch.logspace(0.5, -0.5, FEATURES)  # feature i's input scale: what a random network's map follows
-SETTINGS = AttributionSettings(target="mean", options={"n_steps": 32})
+SETTINGS = AttributionSettings(target="mean", options=IGOptions(n_steps=32))
 
 
 def value(x: torch.Tensor) -> torch.Tensor:
