@@ -42,8 +42,10 @@ from torch.utils.data import DataLoader
 
 import lightning_ig.attribution.engine as engine_module
 from lightning_ig import IntegratedGradientsCallback, NoisyLinear
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import calibration as calibration_module
 from lightning_ig.callback import monitor as monitor_module
+from lightning_ig.views import ViewOptions
 from lightning_ig.views.loggers import outputs as tensorboard_module
 
 
@@ -176,8 +178,10 @@ def main() -> None:
     instrument(clock)
     shape = (4, 84, 84)
     states = torch.rand((options.states, *shape), generator=torch.Generator().manual_seed(0))
-    pictures_off = {"figure_every_n_runs": None, "saliency_states": None} if options.plain else {}
-    callback = IntegratedGradientsCallback(states, every_n_steps=1, n_steps=options.n_steps, **pictures_off)
+    views = ViewOptions(figure_every_n_runs=None, saliency_states=None) if options.plain else None  # no pictures
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=1, engine=IGOptions(n_steps=options.n_steps), views=views
+    )
     pl.seed_everything(0, verbose=False)
     with tempfile.TemporaryDirectory() as folder:
         trainer = pl.Trainer(

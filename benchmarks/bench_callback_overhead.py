@@ -51,7 +51,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.views import ViewOptions
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "dqn_cartpole.py"
@@ -151,8 +153,8 @@ def train_once(
             feature_names=example.FEATURE_NAMES,
             every_n_steps=IG_EVERY_N_STEPS,
             target="mean",
-            n_steps=IG_N_STEPS,
-            top_k=len(example.FEATURE_NAMES),
+            engine=IGOptions(n_steps=IG_N_STEPS),
+            views=ViewOptions(top_k=len(example.FEATURE_NAMES)),
         )
         callbacks.append(ig)
     callbacks.append(timer)  # last, so its on_train_end sees the callback's final run

@@ -82,7 +82,9 @@ from torch.utils.data import DataLoader
 from benchmarks._common import device_name, median_ms, write_output
 from benchmarks._training import ACTIONS, CaptumCallback, DQNStep, FitClock, Replay
 from lightning_ig import IntegratedGradients, IntegratedGradientsCallback, noise_disabled
+from lightning_ig.attribution import IGOptions
 from lightning_ig.models import MinAtarQNetwork, NatureQNetwork
+from lightning_ig.views import ViewOptions
 
 DEFAULT_EVERY = 100  # the callback's default every_n_steps
 ISSUE_EVERY = 20  # the issue's cadence for the Nature and MinAtar cases
@@ -192,13 +194,18 @@ def make_callbacks(kind: str, setting: Setting, plan: Plan) -> list[Callback]:
     if kind == "plain":
         return [
             IntegratedGradientsCallback(
-                states, every_n_steps=every, n_steps=n_steps, figure_every_n_runs=None, saliency_states=None
+                states,
+                every_n_steps=every,
+                engine=IGOptions(n_steps=n_steps),
+                views=ViewOptions(figure_every_n_runs=None, saliency_states=None),
             )
         ]
     if kind == "defaults":
-        return [IntegratedGradientsCallback(states, every_n_steps=every, n_steps=n_steps)]
+        return [IntegratedGradientsCallback(states, every_n_steps=every, engine=IGOptions(n_steps=n_steps))]
     if kind == "cadence":
-        return [IntegratedGradientsCallback(states, every_n_steps=plan.default_every, n_steps=n_steps)]
+        return [
+            IntegratedGradientsCallback(states, every_n_steps=plan.default_every, engine=IGOptions(n_steps=n_steps))
+        ]
     if kind == "captum":
         return [CaptumCallback(states, every_n_steps=every, n_steps=n_steps)]
     raise ValueError(f"unknown kind {kind!r}")

@@ -54,9 +54,9 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor) -> IntegratedGr
         feature_names=FEATURE_NAMES,
         every_n_steps=args.ig_every_n_steps,
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
-        n_steps=args.ig_n_steps,
-        top_k=len(FEATURE_NAMES),
         action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/actions' panels, contrast's pair
+        engine=IGOptions(n_steps=args.ig_n_steps),
+        views=ViewOptions(top_k=len(FEATURE_NAMES)),
     )
 
 
@@ -233,7 +233,8 @@ from lightning_ig import (
     save_checkpoint,
     soft_margin_loss,
 )
-from lightning_ig.views import feature_statistics
+from lightning_ig.attribution import IGOptions
+from lightning_ig.views import ViewOptions, feature_statistics
 
 
 def choose_accelerator(requested: str | None, cuda_available: bool) -> tuple[str, str]:

@@ -56,12 +56,11 @@ def make_ig_callback(
         held_out,  # (num_held_out, C, 10, 10), never trained on
         every_n_steps=args.ig_every_n_steps,
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
-        n_steps=args.ig_n_steps,
         feature_groups="channels",  # one group per object: the attributions of its pixels summed
         group_names=channels,
-        saliency_states=8,  # ig/saliency: 8 held-out frames with the signed attribution over them
-        top_k=len(channels),
         action_names=None if args.ig_target == "mean" else actions,  # the panels of ig/actions, the pair of contrast
+        engine=IGOptions(n_steps=args.ig_n_steps),
+        views=ViewOptions(saliency_states=8, top_k=len(channels)),  # ig/saliency: 8 held-out frames, attribution over
     )
 
 
@@ -249,8 +248,9 @@ from lightning_ig import (
     save_checkpoint,
     soft_margin_loss,
 )
+from lightning_ig.attribution import IGOptions
 from lightning_ig.models import MinAtarQNetwork
-from lightning_ig.views import feature_statistics
+from lightning_ig.views import ViewOptions, feature_statistics
 
 
 class MinAtarVectorEnv:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -21,20 +21,20 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
 from lightning_ig.callback import calibration, fit, heldout, setup
-from lightning_ig.callback.options import check_options, option_attribute
+from lightning_ig.callback.options import Options, option_assignment, option_attribute
+from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.ensemble.members import pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.gather import JointGather
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary, summarize
-from lightning_ig.views import text
+from lightning_ig.views import ViewOptions, text
 from lightning_ig.views.loggers.custom_scalars import trainer_layout
 from lightning_ig.views.loggers.worker import PictureWriter
-from lightning_ig.vocabulary import BackendName, NSteps
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
 
@@ -46,111 +46,69 @@ class NonFiniteAttributionError(RuntimeError):
 class IntegratedGradientsCallback(Callback):
     r"""Run Integrated Gradients on held-out states during training and log what the model relies on.
 
-    Each run attributes a scalar of the model (by default the mean of its outputs, ``V(s)`` for a
-    dueling Q-network) to the input features of every held-out state and logs, under ``ig/`` (or
-    ``ig/<name>/``; every tag is listed in ``docs/tensorboard-tags.md``): completeness (worst
-    relative and mean absolute error, counts of non-finite and unchecked states), per-feature
-    mean ``|attr|`` and mean ``attr`` up to ``max_logged_features`` features, per-group ones when
-    groups are in use, where the mass sits (``concentration``), drift between runs and the time.
-    Scalars go to every logger; a ``TensorBoardLogger`` also gets histograms, the saliency pictures
-    of spatial states, the bar chart and the heatmap, a text report and a Custom Scalars layout.
-    When the attributed output is an ensemble's aggregate (:class:`~lightning_ig.ensemble.Ensemble`),
-    every member is attributed too (one batched run) and ``ig/ensemble/...`` says how far they agree.
+    Each run attributes a scalar of the model (by default the mean of its outputs, ``V(s)`` for a dueling
+    Q-network) to the input features of every held-out state and logs, under ``ig/`` (or ``ig/<name>/``; every tag
+    is in ``docs/tensorboard-tags.md``): the accuracy verdict and completeness, per-feature (or per-group) mean
+    ``|attr|`` and mean ``attr``, where the mass sits, drift between runs, the trust checks and the time. Scalars go
+    to every logger; a ``TensorBoardLogger`` also gets histograms, the pictures, a text report and a Custom Scalars
+    layout; W&B and MLflow get the pictures and the report. An ensemble's members are attributed too
+    (``ig/ensemble/...``).
 
-    Runs happen every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, and
-    once more when training ends. The model, its noise, parameters and ``.grad``, the optimizer and
-    the random generators are as they were after each run. Under DDP the states are split across
-    ranks and gathered with one collective call; only global rank zero logs and writes files.
+    Runs happen every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, and once more when
+    training ends. The model, its noise, parameters and ``.grad``, the optimizer and the random generators are as
+    they were after each run. Under DDP the states are split across ranks and gathered with one collective call;
+    only global rank zero logs and writes files. The options are fixed when the callback is made: assigning one
+    raises ``AttributeError`` (make a new callback; ``dataclasses.replace`` the ``engine`` or ``views`` object).
 
     Args:
-        states: ``(num_states, *feature_shape)``: a tensor, a ``.safetensors``/``.npy``/``.json``
-            file, or a callable ``(trainer, pl_module) -> Tensor`` called at set-up.
+        states: ``(num_states, *feature_shape)``: a tensor, a ``.safetensors``/``.npy``/``.json`` file, or a
+            callable ``(trainer, pl_module) -> Tensor`` called at set-up.
         every_n_steps: Run every this many optimizer steps (default 100); ``None``: no step cadence.
         every_n_epochs: Run every this many epochs (default ``None``).
         run_at_train_end: Run once more when training ends (default ``True``).
         feature_names: One name per flattened feature; default ``x0, x1, ...`` (``x[c,i,j]``).
-        baseline: ``"zeros"`` (default), ``"mean"`` of the held-out states, or a tensor of shape
+        feature_groups: ``"channels"``, ``"features"``, an integer mask or a dict ``{name: indices | bool mask}``
+            (:class:`~lightning_ig.attribution.groups.FeatureGroups`); ``None`` (default): groups only beyond
+            ``views.max_logged_features`` features (``"channels"`` for ``(C, ...)`` states, else blocks).
+        group_names: Names for the groups (default ``channel 0``, ..., ``group <id>`` or the dict's keys).
+        action_names: One name per output, for a target about actions (``"each"``, ``"contrast"``, an output index;
+            default ``action 0``, ``action 1``, ...); counted against the model at fit start.
+        baseline: ``"zeros"`` (default), ``"mean"`` of the held-out states, a finite number, or a tensor of shape
             ``feature_shape`` or ``(num_states, *feature_shape)``.
-        target: ``"mean"`` (default: the mean of the outputs, or the output itself when the model
-            returns one value per state), an output index, ``"each"`` (every action's ``Q(s, a)``
-            in one batched run, a row per (state, action): ``ig/mean_abs/...`` is the mean over the
-            actions, the verdict covers every pair, ``ig/action/<action>/...`` each action, the
-            ``ig/actions`` picture what favours each; the trust checks judge the mean over the actions,
-            ``V(s)`` of a dueling network), ``"contrast"`` (per state ``Q(greedy) - Q(runner-up)``: why
-            this action rather than the next best; the pair is chosen at the state and held fixed along
-            the path, and the ``ig/actions`` picture, drawn at ``figure_every_n_runs``, shows what favours
-            the greedy action for the commonest pair; the deletion check does not run for it), or a
-            callable mapping the outputs ``(N, A)`` to ``(N,)`` (as for
-            :func:`~lightning_ig.attribution.integrated_gradients`).
-        forward: ``None`` (default: the model's output, through ``target``) or a callable
-            ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
-            ``"mean"``).
-        n_steps: Quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work fits the
-            device (:mod:`lightning_ig.attribution.budget`; the summary's ``n_steps`` says which); or ``"auto"``
-            (refine per state until the error estimate is within ``completeness_tol / 2``).
-        method: ``"riemann_middle"`` (default), another rule of
-            :func:`~lightning_ig.attribution.integrated_gradients` (``"gausslegendre"``, ``"warped_middle:2"``,
-            ...); calibration (``calibrate_every``) may replace it by a rule that was twice as accurate.
-        gradient: ``"autograd"`` (default) or ``"finite_difference"``.
-        backend: ``"auto"`` (default), ``"cuda"`` or ``"torch"``.
-        internal_batch_size: Rows per forward in the engine (default ``None``: from free memory).
-        top_k: Entries of the top-k table and chart and of the Jaccard drift (default 10).
-        completeness_tol: The worst relative completeness error that passes (default 0.01); above
-            it, one warning suggests ``n_steps="auto"``.
-        report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a
-            logger (``<default_root_dir>/ig_reports``). Checked at set-up; a report that cannot be
-            written later (full disk, ...) is warned about once and training goes on (the losses
-            are counted in a warning at the end of training). A link at a report's name is never
-            followed.
-        log_histograms: Log per-feature / per-group histograms (default ``True``).
-        figure_every_n_runs: Draw the two charts (``top_features``, ``heatmap``) at the first
-            run, every this many runs and always at the end (default 10); ``None``: never.
-        name: Tags under ``ig/<name>/`` and reports ``ig_report_<name>_step=...``; needed when two
-            callbacks share a Trainer (default ``None``: ``ig/``).
-        feature_groups: ``"channels"``, ``"features"``, an integer mask or a dict
-            ``{name: indices | bool mask}`` (see :class:`~lightning_ig.attribution.groups.FeatureGroups`);
-            ``None`` (default): groups only when there are more than ``max_logged_features``
-            features (``"channels"`` for ``(C, ...)`` states, else blocks; one warning says so).
-        group_names: Names for the groups (default ``channel 0``, ..., ``group <id>`` or the dict keys).
-        max_logged_features: The most features logged one by one (default 64).
-        saliency_states: Held-out states in the ``ig/saliency`` grid of spatial states (default 8;
-            ``None``: no saliency pictures).
-        saliency_channel: The channel drawn under the attribution (default ``None``: channel mean).
-        saliency_every_n_runs: Log the saliency grid and the mean ``|attr|`` map
-            (``saliency/mean_abs``) at the first run, every this many runs and always at the end
-            (default 10, as the charts; 1: every run). Pictures that share a cadence are spread
-            evenly over it (all four at 10: the bar chart at runs 0, 10, ...; the heatmap at 2,
-            12, ...; the grid at 5, 15, ...; the map at 7, 17, ...), so that besides the first
-            and the last run a run draws at most one. TensorBoard shows 10 per tag by default.
-        on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
-            ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
-            produces NaN/Inf on the held-out states.
-        calibrate_every: Re-run the calibration (:mod:`lightning_ig.attribution.calibration`: the rule
-            and the error estimate's scale, on the first 8 held-out states against a reference of
-            ``max(1024, 4 n_steps)`` midpoint steps) at the first run and every this many runs (default 50:
-            ``8 x (1024 + 4 n_steps)`` gradient rows a time, its share of the IG time in ``docs/trust.md``); its
-            wall time is the summary's
-            ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
-            ``n_steps="auto"`` or finite differences.
-        checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity,
-            deletion, and noise stability for NoisyNet models) due every this many runs (stability every four times
-            as many) and at the end, each run when the budget covers it: their cumulative cost stays within 20% of
-            the IG time at every run (a cost model in IG runs, never a clock: identical fits check at identical
-            runs); logged as ``ig/sanity|faithfulness|stability|trust/...`` with the verdict, and when the checks
-            not run yet will, in the report text (default 5; ``None``: no checks). On global rank zero, with private
-            seeded generators, on a working copy of the model: the model is left as it was.
-        action_names: One name per output, for the tags and pictures of ``target="each"``, ``"contrast"`` or an
-            output index (default ``None``: ``action 0``, ``action 1``, ...); counted against the model at fit start.
+        target: ``"mean"`` (default: the mean of the outputs, or the output itself for one value per state), an
+            output index, ``"each"`` (every action's ``Q(s, a)`` in one run, a row per (state, action); the trust
+            checks judge the mean over the actions), ``"contrast"`` (``Q(greedy) - Q(runner-up)``, the pair chosen at
+            each state; no deletion check) or a callable ``(N, A) -> (N,)``, as for
+            :func:`~lightning_ig.attribution.integrated_gradients`.
+        forward: ``None`` (default: the model's output, through ``target``) or a callable ``(pl_module, x) -> (N,)``:
+            the scalar attributed, computed your way (``target`` stays ``"mean"``).
+        completeness_tol: The tolerance of the accuracy verdict and of ``n_steps="auto"`` (default 0.01).
+        on_non_finite: ``"warn"`` (default: once, logging ``worst_relative_error`` as ``inf``) or ``"raise"``
+            (:class:`NonFiniteAttributionError`, which stops training) when the model produces NaN/Inf.
+        report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a logger
+            (``<default_root_dir>/ig_reports``). Checked at set-up; a report that cannot be written later is warned
+            about and training goes on.
+        name: Tags under ``ig/<name>/`` and reports ``ig_report_<name>_step=...``; needed when two callbacks share a
+            Trainer (default ``None``: ``ig/``).
+        engine: How the engine attributes (:class:`~lightning_ig.attribution.IGOptions`: ``n_steps``, ``method``,
+            ``gradient``, ``backend``, ``internal_batch_size``, ...); default ``None``: its defaults. Calibration
+            (``calibrate_every``) may replace the rule and the error scale; the states are checked for NaN/Inf once.
+        views: What the runs log and draw (:class:`~lightning_ig.views.ViewOptions`: ``top_k``, histograms, the
+            pictures' cadences, ``max_logged_features``, the saliency grid); default ``None``: its defaults.
+        calibrate_every: Choose the rule and the error estimate's scale again on the first 8 held-out states
+            (:mod:`lightning_ig.attribution.calibration`) at the first run and every this many runs (default 50);
+            ``None``: never. Not for ``n_steps="auto"`` or finite differences.
+        checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity, deletion, and noise
+            stability for NoisyNet models) due every this many runs and at the end, within 20% of the IG time
+            (default 5; ``None``: none). On global rank zero, on a working copy of the model with its own generators.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
-        TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is
-            refused, never read as another (``run_at_train_end="no"`` is an error, not ``True``;
-            ``group_names="abc"`` is not three names). At set-up: states that do not fit the model,
-            NaN/Inf in the states, names or groups of the wrong size (more ``group_names`` than
-            groups included), a ``saliency_channel`` past the states' channels, a bad ``baseline``,
-            ``target``, ``forward`` or ``report_dir`` (an existing file, or not writable), a ``name``
-            too long for the report file names in ``report_dir``.
+        TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is refused, never
+            read as another (``run_at_train_end="no"`` is an error, not ``True``). At set-up: states that do not fit
+            the model, NaN/Inf in the states, names or groups of the wrong size, a ``saliency_channel`` past the
+            states' channels, a bad ``baseline``, ``target``, ``forward`` or ``report_dir``.
+        AttributeError: An option assigned after the callback is made.
 
     Example::
 
@@ -158,6 +116,7 @@ class IntegratedGradientsCallback(Callback):
             states="held_out_states.npy",
             feature_names=["cart position", "cart velocity", "pole angle", "pole angular velocity"],
             every_n_steps=500,
+            engine=IGOptions(n_steps=64),
         )
         Trainer(callbacks=[ig]).fit(model, datamodule)
     """
@@ -170,33 +129,43 @@ class IntegratedGradientsCallback(Callback):
         every_n_epochs: int | None = None,
         run_at_train_end: bool = True,
         feature_names: Sequence[str] | None = None,
-        baseline: Literal["zeros", "mean"] | Tensor = "zeros",
-        target: heldout.TargetOption = "mean",
-        forward: heldout.ForwardOption | None = None,
-        n_steps: NSteps = DEFAULT_N_STEPS,
-        method: str = DEFAULT_METHOD,
-        gradient: Literal["autograd", "finite_difference"] = "autograd",
-        backend: BackendName = "auto",
-        internal_batch_size: int | None = None,
-        top_k: int = 10,
-        completeness_tol: float = 0.01,
-        report_dir: str | os.PathLike[str] | None = None,
-        log_histograms: bool = True,
-        figure_every_n_runs: int | None = 10,
-        name: str | None = None,
         feature_groups: GroupSpec | None = None,
         group_names: Sequence[str] | None = None,
-        max_logged_features: int = 64,
-        saliency_states: int | None = 8,
-        saliency_channel: int | None = None,
-        saliency_every_n_runs: int = 10,
+        action_names: Sequence[str] | None = None,
+        baseline: Literal["zeros", "mean"] | float | Tensor = "zeros",
+        target: str | int | Callable[[Tensor], Tensor] = "mean",
+        forward: heldout.ForwardOption | None = None,
+        completeness_tol: float = 0.01,
         on_non_finite: Literal["warn", "raise"] = "warn",
+        report_dir: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        engine: IGOptions | None = None,
+        views: ViewOptions | None = None,
         calibrate_every: int | None = 50,
         checks_every_n_runs: int | None = 5,
-        action_names: Sequence[str] | None = None,
     ) -> None:
-        super().__init__()  # next: every argument checked once, kept as checked (callback/options.py)
-        self.options = check_options({name: value for name, value in locals().items() if name != "self"})
+        super().__init__()
+        self.options = Options(  # every argument checked once, kept as checked (callback/options.py)
+            states=states,
+            every_n_steps=every_n_steps,
+            every_n_epochs=every_n_epochs,
+            run_at_train_end=run_at_train_end,
+            feature_names=feature_names,
+            feature_groups=feature_groups,
+            group_names=group_names,
+            action_names=action_names,
+            baseline=baseline,
+            target=target,
+            forward=forward,
+            completeness_tol=completeness_tol,
+            on_non_finite=on_non_finite,
+            report_dir=report_dir,
+            name=name,
+            engine=engine,
+            views=views,
+            calibrate_every=calibrate_every,
+            checks_every_n_runs=checks_every_n_runs,
+        )
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
         self._plan: fit.FitPlan | None = None  # set at set-up: the states, the units logged, the report folder
@@ -209,6 +178,12 @@ class IntegratedGradientsCallback(Callback):
         self._q_values: Any = None  # target="contrast": (B, A) the model's outputs at the last run's states
 
     __getattr__ = option_attribute  # callback.every_n_steps and the other options: self.options' (as checked)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or name == "history":  # its own state, set by every run: no option is named so
+            object.__setattr__(self, name, value)
+        else:
+            option_assignment(self, name, value)  # an option is never assigned: a fit is set up from them once
 
     # ------------------------------------------------------------------ Lightning plumbing
 
@@ -242,8 +217,16 @@ class IntegratedGradientsCallback(Callback):
         if self._plan is None:  # setup was not called for fitting (a bare hook call)
             self.setup(trainer, pl_module, TrainerFn.FITTING)
         assert self._plan is not None  # noqa: S101 - set by setup
-        hooks = {"layout": lambda: _layout(trainer), "q_values": lambda: self._q_values, "pictures": self._pictures}
-        self._fit = fit.start(self.options, self._plan, trainer, pl_module, ever_non_zero=self._ever_non_zero, **hooks)
+        self._fit = fit.start(
+            self.options,
+            self._plan,
+            trainer,
+            pl_module,
+            pictures=self._pictures,
+            ever_non_zero=self._ever_non_zero,
+            layout=lambda: _layout(trainer),
+            q_values=lambda: self._q_values,
+        )
         self.history = setup.history_to_continue(self.history, self._plan.units)
 
     @override
@@ -321,21 +304,35 @@ class IntegratedGradientsCallback(Callback):
         started = time.perf_counter()
         with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
             result = run.engine.attribute(run.states, baselines=run.baselines)
-            if run.actions is not None:  # target="each": (A, share, ...) as a row per (state, action), state-major
-                result = run.actions.rows(result)
+            if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major
+                result = pair_rows(result)
             members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
         if run.target.contrasts:  # the Q-values the pairs were chosen from, for the actions picture
             with attribution_mode(pl_module), torch.no_grad():
                 riders.append(pl_module(run.states))  # (share, A)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
-        options = run.host_options  # what the run keeps: fit.start's
-        transfer = HostResult.begin(result, gather=gather, **options)
+        transfer = HostResult.begin(
+            result,
+            gather=gather,
+            num_states=len(run.held_out) * run.target.rows_per_state,  # drops an uneven split's padding
+            groups=run.units.groups,
+            keep_attributions=run.keep_attributions,
+            sample_states=run.sample_states,
+        )
         self._last_run_step = trainer.global_step
         riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
-        held_ms = (time.perf_counter() - started) * 1e3
-        step, epoch = trainer.global_step, trainer.current_epoch
-        return fit.PendingRun(run, trainer, transfer, riders, step, epoch, final, held_ms, calibrated_ms)
+        return fit.PendingRun(
+            run=run,
+            trainer=trainer,
+            transfer=transfer,
+            riders=riders,
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            final=final,
+            held_ms=(time.perf_counter() - started) * 1e3,
+            calibrated_ms=calibrated_ms,
+        )
 
     def _finish_pending(self, *, landed: bool = False) -> None:
         """End the pending run, if any; with ``landed`` only if its numbers have landed (asked, never waited for)."""
@@ -353,8 +350,16 @@ class IntegratedGradientsCallback(Callback):
         if run.target.contrasts:  # the last rider: the Q-values, for the actions picture
             self._q_values = pending.riders[-1][:num_states].detach().to("cpu", torch.float64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
+        units = run.units
         summary = summarize(
-            host, step=pending.step, history=self.history, time_ms=time_ms, members=members, **run.summary_options
+            host,
+            feature_names=units.names,
+            log_features=units.log_features,
+            settings=run.settings,
+            step=pending.step,
+            history=self.history,
+            time_ms=time_ms,
+            members=members,
         )
         if pending.calibrated_ms is not None:
             summary = calibration.noted(summary, pending.calibrated_ms)

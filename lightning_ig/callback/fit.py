@@ -18,12 +18,12 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_ig.attribution import IGOptions, IntegratedGradients
+from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
-from lightning_ig.callback.per_action import ActionRows, ActionTrust
+from lightning_ig.callback.per_action import ActionTrust
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.run.host_result import HostResult, HostTransfer
@@ -33,7 +33,7 @@ from lightning_ig.views.loggers.outputs import RunOutputs
 from lightning_ig.views.loggers.sinks import picture_sinks
 from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
-from lightning_ig.views.tags import display_labels
+from lightning_ig.views.tags import ViewOptions, display_labels
 
 __all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
 
@@ -67,13 +67,10 @@ class Fit:
         states, baselines: this rank's share, on the model's device and in its dtype.
         outputs: what the runs send to the loggers.
         trust: the trust checks, on global rank zero when they are on; else ``None``.
-        host_options: what a run keeps of its result
-            (:meth:`~lightning_ig.run.host_result.HostResult.begin`'s ``num_states``, ``groups``,
-            ``keep_attributions``: the ``(B, F)`` attributions for histograms and trust checks, ``sample_states``:
-            the saliency grid draws states among the first this many).
-        summary_options: what every run's summary is about (:func:`~lightning_ig.run.summary.summarize`'s
-            ``feature_names``, ``log_features``, ``settings``; ``action_names`` for ``target="each"``).
-        actions: for ``target="each"``, how a run's result becomes a row per (state, action); else ``None``.
+        settings: what every run's summary is about (:class:`~lightning_ig.run.summary.RunSettings`).
+        keep_attributions: a run keeps its ``(B, F)`` attributions (histograms, trust checks on features, the
+            actions' units).
+        sample_states: the saliency grid draws among a run's first this many rows.
     """
 
     held_out: Tensor
@@ -83,12 +80,12 @@ class Fit:
     target: Target
     members: MemberAttribution | None
     states: Tensor
-    baselines: Tensor | str
+    baselines: Tensor | str | float
     outputs: RunOutputs
     trust: TrustMonitor | None
-    host_options: Mapping[str, Any]
-    summary_options: Mapping[str, Any]
-    actions: ActionRows | None = None
+    settings: RunSettings
+    keep_attributions: bool
+    sample_states: int
 
 
 @dataclass(frozen=True)
@@ -123,16 +120,22 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
     """
     setup.check_unique_names(names)
     states = heldout.resolve_states(options.states, trainer, pl_module)
-    shape = tuple(states.shape[1:])
+    shape, views = tuple(states.shape[1:]), options.views
     heldout.check_baseline_shape(options.baseline, states)
-    check_saliency_channel(options.saliency_channel, shape)  # here, not at the first picture mid-training
-    given = (options.name, options.feature_names, options.feature_groups, options.group_names)
-    units = setup.logged_units(shape, *given, options.max_logged_features)
-    saliency = saliency_kind(shape) is not None and options.saliency_states is not None
+    check_saliency_channel(views.saliency_channel, shape)  # here, not at the first picture mid-training
+    units = setup.logged_units(
+        shape,
+        name=options.name,
+        feature_names=options.feature_names,
+        feature_groups=options.feature_groups,
+        group_names=options.group_names,
+        max_features=views.max_logged_features,
+    )
+    saliency = saliency_kind(shape) is not None and views.saliency_states is not None
     folder = setup.report_folder(
         options.report_dir, trainer.default_root_dir, bool(trainer.loggers), options.name, options.states
     )
-    return FitPlan(states, units, saliency, folder)
+    return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder)
 
 
 def start(
@@ -160,14 +163,7 @@ def start(
     Raises:
         ValueError: ``action_names`` of another count than the model's outputs.
     """
-    engine_options = IGOptions(
-        n_steps=options.n_steps,
-        method=options.method,
-        gradient=options.gradient,
-        backend=options.backend,
-        completeness_tol=options.completeness_tol,
-        internal_batch_size=options.internal_batch_size,
-    )
+    views, units = options.views, plan.units
     engine, target, members, states, baselines = heldout.prepare_engine(
         trainer,
         pl_module,
@@ -176,69 +172,77 @@ def start(
         plan.held_out,
         options.baseline,
         options.action_names,
-        engine_options,
+        options.engine,
     )
-    each = ActionRows(list(target.actions or ())) if target.every_output else None
-    rows = target.rows_per_state  # rows per state in a run's result
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
-    settings = RunSettings(target, baseline, options.completeness_tol, options.top_k, options.name, report_dir=folder)
-    tags = dataclasses.replace(plan.units.tags, ensemble_members=None if members is None else members.num_members)
-    units = plan.units
-    if each is not None:  # each action's mean |attr| per unit too, while actions x units stay within the limit
+    settings = RunSettings(target, baseline, options.completeness_tol, views.top_k, options.name, report_dir=folder)
+    tags = dataclasses.replace(units.tags, ensemble_members=None if members is None else members.num_members)
+    if target.every_output:  # each action's mean |attr| per unit too, while actions x units stay within the limit
         count = len(units.groups) if units.groups is not None else len(units.names)
-        logged = each.count * count <= options.max_logged_features
-        tags = dataclasses.replace(tags, action_labels=display_labels(each.names), action_units=logged)
+        logged = target.rows_per_state * count <= views.max_logged_features
+        tags = dataclasses.replace(tags, action_labels=display_labels(target.actions or ()), action_units=logged)
     checks = None if options.checks_every_n_runs is None else TrustChecks.every(options.checks_every_n_runs)
-    trusted = (plan.held_out, options.baseline, units.groups, tags.prefix)
-    if each is None:
-        trust = TrustMonitor.prepare(checks, trainer, pl_module, engine, options.forward, *trusted)
-    else:
-        trust = ActionTrust.make(checks, trainer, pl_module, engine, *trusted, actions=each.count)
+    monitor = ActionTrust if target.every_output else TrustMonitor  # "each": the checks judge the mean over actions
+    trust = monitor.prepare(
+        checks,
+        trainer,
+        pl_module,
+        engine,
+        options.forward,
+        plan.held_out,
+        options.baseline,
+        units.groups,
+        tags.prefix,
+    )
 
     def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
         epoch, world = trainer.current_epoch, trainer.world_size
         return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=world)
 
     inputs = _picture_inputs(options, plan, q_values if target.contrasts else None)
-    sinks = picture_sinks(trainer.loggers) if trainer.is_global_zero else []
     outputs = RunOutputs(
         tags,
-        _cadences(options, plan, target),
-        options.log_histograms,
+        _cadences(views, plan, target),
+        views.log_histograms,
         inputs,
         pictures,
-        sinks,
+        picture_sinks(trainer.loggers) if trainer.is_global_zero else [],
         ever_non_zero,
         layout=layout,
         report=report,
     )
-    picked = inputs.picked
-    keep = (units.log_features and options.log_histograms) or (trust is not None and units.groups is None)
-    host_options = {
-        "num_states": len(plan.held_out) * rows,
-        "groups": units.groups,
-        # the (B, F) attributions for the histograms of features logged one by one, for the trust checks when they
-        # read features (with groups they read the group sums, which every run keeps) and for "each"'s actions' units
-        "keep_attributions": keep or (each is not None and units.groups is None),
-        "sample_states": 0 if picked is None or not len(picked) else (int(picked.max()) + 1) * rows,
-    }
-    summary_options = {"feature_names": units.names, "log_features": units.log_features, "settings": settings}
-    fixed = (plan.held_out, plan.units, plan.reports)
-    parts = (engine, target, members, states, baselines, outputs, trust, host_options, summary_options)
-    return Fit(*fixed, *parts, actions=each)
+    picked, rows = inputs.picked, target.rows_per_state
+    # the (B, F) attributions for the histograms of features logged one by one, for the trust checks when they read
+    # features (with groups they read the group sums, which every run keeps) and for "each"'s actions' units
+    features = units.groups is None and (trust is not None or target.every_output)
+    return Fit(
+        held_out=plan.held_out,
+        units=units,
+        reports=plan.reports,
+        engine=engine,
+        target=target,
+        members=members,
+        states=states,
+        baselines=baselines,
+        outputs=outputs,
+        trust=trust,
+        settings=settings,
+        keep_attributions=(units.log_features and views.log_histograms) or features,
+        sample_states=0 if picked is None or not len(picked) else (int(picked.max()) + 1) * rows,
+    )
 
 
 def _picture_inputs(options: Options, plan: FitPlan, q_values: Callable[[], Any] | None) -> Any:
-    """What the pictures of this fit need besides a run (the states drawn, the channels' names, the actions')."""
+    """What the pictures of this fit need besides a run (the states drawn, the channels' names, the Q-values)."""
     from lightning_ig.views.pictures.draw import picture_inputs  # noqa: PLC0415 - the drawing modules only when drawn
 
-    groups = plan.units.groups
+    groups, views = plan.units.groups, options.views
     channel_names = None if groups is None else groups.channel_names()
     return picture_inputs(
         plan.held_out.numpy(),
-        saliency_states=(options.saliency_states or 0) if plan.saliency else 0,
-        channel=options.saliency_channel,
+        saliency_states=(views.saliency_states or 0) if plan.saliency else 0,
+        channel=views.saliency_channel,
         channel_names=channel_names,
         groups_are_channels=channel_names is not None,
         baseline=heldout.baseline_label(options.baseline),
@@ -247,11 +251,11 @@ def _picture_inputs(options: Options, plan: FitPlan, q_values: Callable[[], Any]
     )
 
 
-def _cadences(options: Options, plan: FitPlan, target: Target) -> dict[str, int | None]:
+def _cadences(views: ViewOptions, plan: FitPlan, target: Target) -> dict[str, int | None]:
     """Every how many runs each kind of picture is drawn (``None``: never)."""
-    saliency = options.saliency_every_n_runs if plan.saliency else None
-    cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), options.figure_every_n_runs)
+    saliency = views.saliency_every_n_runs if plan.saliency else None
+    cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), views.figure_every_n_runs)
     cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
     if target.every_output or target.contrasts:  # why this action: per action, or the greedy one against the next
-        cadences["actions"] = options.figure_every_n_runs
+        cadences["actions"] = views.figure_every_n_runs
     return cadences

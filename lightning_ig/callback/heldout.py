@@ -4,9 +4,9 @@ Set-up work of :class:`~lightning_ig.callback.IntegratedGradientsCallback`,
 done once before training so that a bad input fails before the first step:
 
 * :func:`resolve_states`: a tensor, a file or a callable, checked and copied to the CPU;
-* :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"`` or a tensor, per rank;
-* :func:`check_target` / :func:`check_forward` / :func:`probe_target`: what is attributed (the model's
-  output through ``target``, or a ``forward`` of the user's), tried on two states;
+* :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"``, a number or a tensor, per rank;
+* :func:`check_target` / :func:`probe_target`: what is attributed (the model's output through ``target``, or a
+  ``forward`` of the user's), tried on two states and bound to the model's outputs;
 * :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then),
   and, for an ensemble, the engine of its members;
 * :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
@@ -30,18 +30,16 @@ from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import load_states
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.models.noise import attribution_mode
-from lightning_ig.vocabulary import callable_name, shown, shown_with_type
+from lightning_ig.vocabulary import callable_name, check_real, shown, shown_with_type
 
 __all__ = [
     "BoundForward",
     "ForwardOption",
     "StatesSource",
-    "TargetOption",
     "baseline_label",
     "baselines_for",
     "check_baseline",
     "check_baseline_shape",
-    "check_forward",
     "check_states_source",
     "check_target",
     "prepare_engine",
@@ -51,10 +49,6 @@ __all__ = [
 ]
 
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
-TargetOption = str | int | Callable[[Tensor], Tensor]
-"""The callback's ``target``: a name, an output index or a callable ``(N, A) -> (N,)``; checked into a
-:class:`~lightning_ig.attribution.targets.Target`."""
-
 ForwardOption = Callable[[Any, Tensor], Tensor]
 """The callback's ``forward``: ``(pl_module, x) -> (N,)``, the scalar attributed in place of the model's output."""
 
@@ -91,18 +85,34 @@ def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
 
 
 def check_baseline(baseline: Any) -> Any:
-    """``"zeros"``, ``"mean"`` (of the held-out states) or a floating-point tensor (shape checked at set-up)."""
-    if isinstance(baseline, str) and baseline in ("zeros", "mean"):
+    """``"zeros"``, ``"mean"`` (of the held-out states), a finite number (every feature that value, as the engine
+    and ``--baseline`` take it) or a floating-point tensor (shape checked at set-up).
+
+    Raises:
+        TypeError: a tensor of integers or bools, a bool, or a value of another kind.
+        ValueError: another name, or a number that is NaN or infinite.
+    """
+    forms = "'zeros', 'mean', a finite number or a floating-point tensor"
+    if isinstance(baseline, str) and baseline not in ("zeros", "mean"):
+        raise ValueError(f"baseline must be {forms}, got {shown(baseline, 60)}")
+    if isinstance(baseline, str):
         return baseline
     if isinstance(baseline, Tensor):
         if not baseline.is_floating_point():
             raise TypeError(f"baseline must be a floating-point tensor, got dtype {baseline.dtype}")
         return baseline
-    raise ValueError(f"baseline must be 'zeros', 'mean' or a tensor, got {baseline!r:.60}")
+    try:
+        return check_real(baseline, "baseline")  # NaN and Inf refused (ValueError): no value of a feature
+    except TypeError:
+        raise TypeError(f"baseline must be {forms}, got {shown_with_type(baseline)}") from None
 
 
 def baseline_label(baseline: Any) -> str:
-    return baseline if isinstance(baseline, str) else f"tensor{tuple(baseline.shape)}"
+    """How the text and the report name the baseline: ``zeros``, ``mean``, ``constant:<value>`` (as ``diag``),
+    ``tensor(<shape>)``."""
+    if isinstance(baseline, Tensor):
+        return f"tensor{tuple(baseline.shape)}"
+    return baseline if isinstance(baseline, str) else f"constant:{baseline!r}"
 
 
 def check_baseline_shape(baseline: Any, states: Tensor) -> None:
@@ -120,8 +130,8 @@ def check_baseline_shape(baseline: Any, states: Tensor) -> None:
 
 def baselines_for(
     baseline: Any, states: Tensor, rows: Tensor, device: torch.device, dtype: torch.dtype
-) -> Tensor | str:
-    """The baselines of the held-out states ``rows``, as the engine takes them."""
+) -> Tensor | str | float:
+    """The baselines of the held-out states ``rows``, as the engine takes them (a number as it is)."""
     if isinstance(baseline, Tensor):
         values = baseline.detach().to("cpu", torch.float32)
         if values.shape == states.shape:
@@ -130,7 +140,7 @@ def baselines_for(
     if baseline == "mean":
         # The mean over all held-out states (not one rank's share), in float64: the same on every rank.
         return states.double().mean(dim=0).to(device=device, dtype=dtype).contiguous()
-    return "zeros"
+    return baseline if isinstance(baseline, float) else "zeros"
 
 
 def rank_rows(num_states: int, world: int, rank: int) -> Tensor:
@@ -159,19 +169,14 @@ def check_target(target: Any, forward: Any = None) -> tuple[Target, Any]:
         checked = Target.parse(target)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{forms}, got {shown(target, 60)} ({error})") from None
-    check_forward(forward)
+    if forward is not None and not callable(forward):
+        raise TypeError(f"forward must be None or a callable (pl_module, x) -> (N,), got {shown_with_type(forward)}")
     if forward is not None and not (isinstance(target, str) and target == "mean"):
         raise ValueError(
             f"forward= gives the scalar attributed, so target must stay 'mean', got {shown(target, 60)}; pick the "
             "output inside forward"
         )
     return checked, forward
-
-
-def check_forward(forward: Any) -> None:
-    """``None`` or a callable ``(pl_module, x) -> (N,)``."""
-    if forward is not None and not callable(forward):
-        raise TypeError(f"forward must be None or a callable (pl_module, x) -> (N,), got {type(forward).__name__}")
 
 
 class BoundForward:

@@ -1,86 +1,104 @@
-"""The callback's options, each checked once when the callback is made: :func:`check_options` -> :class:`Options`.
+"""The callback's options, each checked once when the callback is made (:class:`Options`), fixed afterwards.
 
 Every argument of :class:`~lightning_ig.callback.IntegratedGradientsCallback` (its docstring's ``Args`` say what
-each means) is checked here, before any training: the shared checks are :mod:`lightning_ig.vocabulary`'s and
-:mod:`lightning_ig.callback.heldout`'s (states, baseline, target), the ones only the callback has are this module's
-(:func:`check_cadences`, :func:`check_saliency_channel_index`, :func:`check_name`). What can only be checked
-against the states or the model (their shape, a channel index past the channels, the report folder) is checked at
-set-up (:mod:`lightning_ig.callback.setup`).
+each means) is a field of :class:`Options`, checked in ``__post_init__`` before any training: with
+:mod:`lightning_ig.vocabulary`'s checks, :mod:`lightning_ig.callback.heldout`'s (states, baseline, target) and this
+module's (the cadences, the action names, the name); the engine's and the views' knobs are checked by their own
+classes (:class:`~lightning_ig.attribution.IGOptions`, :class:`~lightning_ig.views.ViewOptions`). What can only be
+checked against the states or the model (their shape, a channel past the channels, the report folder) is checked at
+set-up. The callback reads its options as attributes (:func:`option_attribute`) and refuses to have them assigned
+(:func:`option_assignment`): a fit is set up from them once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.groups import GroupSpec, check_group_spec
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout
+from lightning_ig.views import ViewOptions
 from lightning_ig.vocabulary import (
-    BACKENDS,
-    GRADIENTS,
     callable_name,
     check_bool,
     check_choice,
-    check_method,
-    check_n_steps,
     check_names,
     check_optional_positive_int,
     check_path,
     check_positive_float,
-    check_positive_int,
     shown,
+    shown_with_type,
 )
 
-__all__ = [
-    "Options",
-    "check_action_names",
-    "check_cadence",
-    "check_cadences",
-    "check_name",
-    "check_options",
-    "check_saliency_channel_index",
-    "option_attribute",
-]
+__all__ = ["Options", "option_assignment", "option_attribute"]
 
 
 @dataclass(frozen=True)
 class Options:
-    """The callback's options as checked (one field per argument of the callback, under its name)."""
+    """The callback's options as checked: one field per argument of the callback, under its name."""
 
     states: Any
     every_n_steps: int | None
     every_n_epochs: int | None
     run_at_train_end: bool
     feature_names: list[str] | None
+    feature_groups: GroupSpec | None
+    group_names: list[str] | None
+    action_names: list[str] | None
     baseline: Any
     target: Target
     forward: Any
-    n_steps: Any
-    method: str
-    gradient: str
-    backend: str
-    internal_batch_size: int | None
-    top_k: int
     completeness_tol: float
-    report_dir: Path | None
-    log_histograms: bool
-    figure_every_n_runs: int | None
-    name: str | None
-    feature_groups: GroupSpec | None
-    group_names: list[str] | None
-    max_logged_features: int
-    saliency_states: int | None
-    saliency_channel: int | None
-    saliency_every_n_runs: int
     on_non_finite: str
+    report_dir: Path | None
+    name: str | None
+    engine: IGOptions
+    views: ViewOptions
     calibrate_every: int | None
     checks_every_n_runs: int | None
-    action_names: list[str] | None
+
+    def __post_init__(self) -> None:
+        """Check every field, in the order of the callback's arguments, and keep it as checked.
+
+        Raises:
+            MisconfigurationException: no cadence, or a non-positive one.
+            TypeError, ValueError: a bad argument (the message names it); a value of the wrong kind is refused,
+                never read as another.
+        """
+        checked = object.__setattr__
+        checked(self, "states", heldout.check_states_source(self.states))
+        checked(self, "every_n_steps", _check_cadence(self.every_n_steps, "every_n_steps"))
+        checked(self, "every_n_epochs", _check_cadence(self.every_n_epochs, "every_n_epochs"))
+        if self.every_n_steps is None and self.every_n_epochs is None:
+            raise MisconfigurationException(
+                "IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs "
+                "(e.g. 1); both are None"
+            )
+        checked(self, "run_at_train_end", check_bool(self.run_at_train_end, "run_at_train_end"))
+        checked(self, "feature_names", _optional_names(self.feature_names, "feature_names"))
+        checked(self, "feature_groups", check_group_spec(self.feature_groups))  # against the states at set-up
+        checked(self, "group_names", _optional_names(self.group_names, "group_names"))
+        checked(self, "baseline", heldout.check_baseline(self.baseline))
+        target, forward = heldout.check_target(self.target, self.forward)
+        checked(self, "target", target)
+        checked(self, "forward", forward)
+        checked(self, "action_names", _check_action_names(self.action_names, target, forward))
+        checked(self, "completeness_tol", check_positive_float(self.completeness_tol, "completeness_tol"))
+        checked(self, "on_non_finite", check_choice(self.on_non_finite, ("warn", "raise"), "on_non_finite"))
+        checked(self, "report_dir", None if self.report_dir is None else check_path(self.report_dir, "report_dir"))
+        checked(self, "name", _check_name(self.name))
+        checked(self, "engine", _check_engine(self.engine, self.completeness_tol))
+        checked(self, "views", _check_group(self.views, ViewOptions, "views"))
+        checked(self, "calibrate_every", check_optional_positive_int(self.calibrate_every, "calibrate_every"))
+        checked(
+            self, "checks_every_n_runs", check_optional_positive_int(self.checks_every_n_runs, "checks_every_n_runs")
+        )
 
     def identity(self) -> dict[str, Any]:
         """What tells this callback's state apart in a checkpoint (Lightning's ``state_key``): the name, what is
@@ -94,55 +112,12 @@ class Options:
         }
 
 
-_OPTION_NAMES = frozenset(field.name for field in fields(Options))
-
-
-def check_options(given: Mapping[str, Any]) -> Options:
-    """The callback's arguments (by name, as ``__init__`` received them), each checked.
-
-    Raises:
-        MisconfigurationException: no cadence, or a non-positive one.
-        TypeError, ValueError: a bad argument (the message names it); a value of the wrong kind is refused, never
-            read as another.
-    """
-    states = heldout.check_states_source(given["states"])
-    every_n_steps, every_n_epochs = check_cadences(given["every_n_steps"], given["every_n_epochs"])
-    run_at_train_end, names = check_bool(given["run_at_train_end"], "run_at_train_end"), given["feature_names"]
-    feature_names = None if names is None else check_names(names, "feature_names")
-    baseline = heldout.check_baseline(given["baseline"])
-    target, forward = heldout.check_target(given["target"], given["forward"])
-    report_dir, group_names = given["report_dir"], given["group_names"]
-    return Options(
-        states=states,
-        every_n_steps=every_n_steps,
-        every_n_epochs=every_n_epochs,
-        run_at_train_end=run_at_train_end,
-        feature_names=feature_names,
-        baseline=baseline,
-        target=target,
-        forward=forward,
-        n_steps=check_n_steps(given["n_steps"]),
-        method=check_method(given["method"]),
-        gradient=check_choice(given["gradient"], GRADIENTS, "gradient"),
-        backend=check_choice(given["backend"], BACKENDS, "backend"),
-        internal_batch_size=check_optional_positive_int(given["internal_batch_size"], "internal_batch_size"),
-        top_k=check_positive_int(given["top_k"], "top_k"),
-        completeness_tol=check_positive_float(given["completeness_tol"], "completeness_tol"),
-        report_dir=None if report_dir is None else check_path(report_dir, "report_dir"),
-        log_histograms=check_bool(given["log_histograms"], "log_histograms"),
-        figure_every_n_runs=check_optional_positive_int(given["figure_every_n_runs"], "figure_every_n_runs"),
-        name=check_name(given["name"]),
-        feature_groups=check_group_spec(given["feature_groups"]),  # checked against the states' shape at set-up
-        group_names=None if group_names is None else check_names(group_names, "group_names"),
-        max_logged_features=check_positive_int(given["max_logged_features"], "max_logged_features", example=64),
-        saliency_states=check_optional_positive_int(given["saliency_states"], "saliency_states"),
-        saliency_channel=check_saliency_channel_index(given["saliency_channel"]),
-        saliency_every_n_runs=check_positive_int(given["saliency_every_n_runs"], "saliency_every_n_runs", example=10),
-        on_non_finite=check_choice(given["on_non_finite"], ("warn", "raise"), "on_non_finite"),
-        calibrate_every=check_optional_positive_int(given["calibrate_every"], "calibrate_every"),
-        checks_every_n_runs=check_optional_positive_int(given["checks_every_n_runs"], "checks_every_n_runs"),
-        action_names=check_action_names(given["action_names"], target, forward),
-    )
+_OPTIONS = frozenset(field.name for field in dataclasses.fields(Options))
+_ENGINE_DEFAULTS = IGOptions()
+_GROUPED = {
+    **{field.name: ("engine", IGOptions) for field in dataclasses.fields(IGOptions)},
+    **{field.name: ("views", ViewOptions) for field in dataclasses.fields(ViewOptions)},
+}
 
 
 def option_attribute(callback: Any, name: str) -> Any:
@@ -153,36 +128,45 @@ def option_attribute(callback: Any, name: str) -> Any:
         AttributeError: ``name`` is not an option.
     """
     options = vars(callback).get("options")
-    if options is None or name not in _OPTION_NAMES:
+    if options is None or name not in _OPTIONS:
         raise AttributeError(f"{type(callback).__name__!r} object has no attribute {name!r}")
     return getattr(options, name)
 
 
-def check_cadence(value: int | None, name: str) -> int | None:
-    """``None`` or an int >= 1 (``every_n_steps``, ``every_n_epochs``); a non-positive one is Lightning's error."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be a positive int or None, got {type(value).__name__} ({shown(value)}); e.g. {name}=100"
+def option_assignment(callback: Any, name: str, value: Any) -> None:
+    """The callback's ``__setattr__``: an option (or the options, once set) cannot be assigned; anything else can.
+
+    Raises:
+        AttributeError: ``name`` is an option of the callback, of its ``engine`` or of its ``views``.
+    """
+    kind = type(callback).__name__
+    if name in _OPTIONS or (name == "options" and "options" in vars(callback)):
+        raise AttributeError(
+            f"{kind}.{name} is fixed when the callback is made (its fit is set up from it): create a new "
+            f"{kind}(..., {name}=...) instead of assigning {shown(value, 40)}"
         )
-    if value < 1:
-        raise MisconfigurationException(f"{name} must be a positive int or None, got {value!r}; e.g. {name}=100")
-    return value
-
-
-def check_cadences(every_n_steps: int | None, every_n_epochs: int | None) -> tuple[int | None, int | None]:
-    """The two cadences, each ``None`` or an int >= 1, and at least one of them given."""
-    steps, epochs = check_cadence(every_n_steps, "every_n_steps"), check_cadence(every_n_epochs, "every_n_epochs")
-    if steps is None and epochs is None:
-        raise MisconfigurationException(
-            "IntegratedGradientsCallback needs a cadence: set every_n_steps (e.g. 100) and/or every_n_epochs (e.g. "
-            "1); both are None"
+    if name in _GROUPED:
+        group, cls = _GROUPED[name]
+        raise AttributeError(
+            f"{name} is an option of the callback's {group}= ({cls.__name__}), fixed when the callback is made: create "
+            f"a new {kind}(..., {group}=dataclasses.replace(callback.{group}, {name}={shown(value, 40)}))"
         )
-    return steps, epochs
+    object.__setattr__(callback, name, value)
 
 
-def check_action_names(names: Any, target: Target, forward: Any) -> list[str] | None:
+def _check_cadence(value: Any, name: str) -> int | None:
+    """``None`` or an int >= 1 (numpy ints too); a non-positive one is Lightning's error."""
+    try:
+        return check_optional_positive_int(value, name)
+    except ValueError as error:
+        raise MisconfigurationException(f"{error}; e.g. {name}=100") from None
+
+
+def _optional_names(names: Any, name: str) -> list[str] | None:
+    return None if names is None else check_names(names, name)
+
+
+def _check_action_names(names: Any, target: Target, forward: Any) -> list[str] | None:
     """``None`` or one name per action, for a target about actions (``"each"``, ``"contrast"``, an output index);
     counted against the model's outputs at fit start (:meth:`~lightning_ig.attribution.targets.Target.bind`).
 
@@ -202,18 +186,37 @@ def check_action_names(names: Any, target: Target, forward: Any) -> list[str] | 
     return checked
 
 
-def check_saliency_channel_index(value: int | None) -> int | None:
-    """``None`` (the channel mean) or a channel index >= 0; checked against the states' channels at set-up."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        error = ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
-        raise error(f"saliency_channel must be None (the channel mean) or a channel index >= 0, got {shown(value)}")
-    return value
-
-
-def check_name(name: str | None) -> str | None:
+def _check_name(name: Any) -> str | None:
     """``None`` or a short printable label without ``/`` (the tags go under ``ig/<name>/``)."""
     if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be None or a short label (a string), got {type(name).__name__} ({shown(name)})")
+        raise TypeError(f"name must be None or a short label (a string), got {shown_with_type(name)}")
     if name is not None and (not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
         raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {shown(name)}")
     return name
+
+
+def _check_group(value: Any, cls: type, name: str) -> Any:
+    """``None`` (the defaults) or an instance of ``cls``, checked when it was made."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be None or a {cls.__name__}(...), got {shown_with_type(value)}")
+    return value
+
+
+def _check_engine(engine: Any, completeness_tol: float) -> IGOptions:
+    """The engine's options with the callback's ``completeness_tol`` (the verdict's tolerance and ``"auto"``'s
+    target): one tolerance, never two that disagree.
+
+    Raises:
+        TypeError: not ``None`` or an :class:`~lightning_ig.attribution.IGOptions`.
+        ValueError: ``engine.completeness_tol`` set to another value than the callback's.
+    """
+    options = _check_group(engine, IGOptions, "engine")
+    if options.completeness_tol not in (_ENGINE_DEFAULTS.completeness_tol, completeness_tol):
+        raise ValueError(
+            f"engine=IGOptions(completeness_tol={options.completeness_tol!r}) disagrees with the callback's "
+            f"completeness_tol={completeness_tol!r}, the one tolerance of the verdict and of n_steps='auto': pass "
+            f"completeness_tol={options.completeness_tol!r} to the callback"
+        )
+    return dataclasses.replace(options, completeness_tol=completeness_tol)

@@ -2,7 +2,7 @@
 
 The engine's ``target="each"`` gives ``(A, B, *feature_shape)`` attributions and ``(A, B)`` per-state numbers (one
 batched call; on CUDA the callback's engine replays its graph as for any target). A run hands them on as one row
-per (state, action) pair, state-major (row ``s * A + a``: :meth:`ActionRows.rows`), so that the one gather, the
+per (state, action) pair, state-major (row ``s * A + a``: :func:`pair_rows`), so that the one gather, the
 reductions on the device and the one copy to the host are those of any run and every pair is checked for
 completeness like a state. Under DDP each rank's share is whole states, so the gathered rows are the pairs of the
 states in order and the padding of an uneven split (the last rank's repeated last state) is at the end, where the
@@ -22,62 +22,49 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from lightning_ig.attribution import IGOptions
+from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import IGResult
 from lightning_ig.attribution.targets import Target
-from lightning_ig.callback.monitor import TrustMonitor
+from lightning_ig.callback.monitor import TrustChecks, TrustMonitor
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.summary import RunSummary
 
-__all__ = ["ActionRows", "ActionTrust"]
+__all__ = ["ActionTrust", "pair_rows"]
 
 
-@dataclass(frozen=True)
-class ActionRows:
-    """How a ``target="each"`` run's result becomes a row per (state, action) pair.
+def pair_rows(result: IGResult) -> IGResult:
+    """``result`` of ``target="each"`` as a row per (state, action) pair, state-major: ``(B * A, *feature_shape)``,
+    ``(B * A,)``.
 
-    Attributes:
-        names: one label per action (``action_names``, or ``action 0``, ``action 1``, ...).
+    On the device, queued (no host sync); the attributions are copied out of the engine's buffers, which its next run
+    (a graph replay) writes again.
+
+    Raises:
+        ValueError: ``result`` is not one of ``target="each"`` (``f_input`` not ``(A, B)``).
     """
-
-    names: list[str]
-
-    @property
-    def count(self) -> int:
-        """The actions: the rows per state."""
-        return len(self.names)
-
-    def rows(self, result: IGResult) -> IGResult:
-        """``result`` of ``target="each"`` as a row per pair, state-major: ``(B * A, *feature_shape)``, ``(B * A,)``.
-
-        On the device, queued (no host sync); the attributions are copied out of the engine's buffers, which its next
-        run (a graph replay) writes again.
-
-        Raises:
-            ValueError: ``result`` is not one of ``target="each"`` over :attr:`count` actions.
-        """
-        if result.f_input.ndim != 2 or result.f_input.shape[0] != self.count:
-            raise ValueError(
-                f"expected a target='each' result over {self.count} actions (f_input (A, B)), got f_input of shape "
-                f"{tuple(result.f_input.shape)}"
-            )
-        actions, states = result.f_input.shape
-
-        def pairs(values: Tensor | None) -> Any:
-            return None if values is None else values.transpose(0, 1).reshape(states * actions, *values.shape[2:])
-
-        per_row = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
-        optional = ("attribution_error", "mass_relative_error", "attribution_mass")
-        steps = result.n_steps_per_state  # (B,): a state's actions stop together
-        return dataclasses.replace(
-            result,
-            attributions=pairs(result.attributions),
-            baselines=result.baselines.repeat_interleave(actions, dim=0),
-            n_steps_per_state=None if steps is None else steps.repeat_interleave(actions),
-            **{name: pairs(getattr(result, name)) for name in (*per_row, *optional)},
+    if result.f_input.ndim != 2:
+        raise ValueError(
+            f"expected a target='each' result (f_input (A, B)), got f_input of shape {tuple(result.f_input.shape)}"
         )
+    actions, states = result.f_input.shape
+
+    def pairs(values: Tensor | None) -> Any:
+        return None if values is None else values.transpose(0, 1).reshape(states * actions, *values.shape[2:])
+
+    per_row = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
+    optional = ("attribution_error", "mass_relative_error", "attribution_mass")
+    steps = result.n_steps_per_state  # (B,): a state's actions stop together
+    return dataclasses.replace(
+        result,
+        attributions=pairs(result.attributions),
+        baselines=result.baselines.repeat_interleave(actions, dim=0),
+        n_steps_per_state=None if steps is None else steps.repeat_interleave(actions),
+        **{name: pairs(getattr(result, name)) for name in (*per_row, *optional)},
+    )
 
 
 @dataclass(frozen=True)
@@ -98,26 +85,27 @@ class ActionTrust(TrustMonitor):
     accuracy in the verdict stays that of every pair.
     """
 
-    actions = 1  # the rows per state, set by make
+    actions = 1  # the rows per state, set by prepare
 
     @classmethod
-    def make(
+    def prepare(
         cls,
-        checks: Any,
+        options: TrustChecks | None,
         trainer: Any,
-        pl_module: Any,
+        pl_module: torch.nn.Module,
         engine: Any,
+        forward: Any,
         held_out: Tensor,
         baseline: Any,
-        groups: Any,
+        groups: FeatureGroups | None,
         prefix: str,
-        actions: int,
-    ) -> ActionTrust | None:
-        """The checks of this fit (``None``: off, or not global rank zero), as :meth:`TrustMonitor.prepare`."""
-        settings = _MeanOfActions(Target.parse("mean"), engine.options, engine.graph_capture)
-        monitor = cls.prepare(checks, trainer, pl_module, settings, None, held_out, baseline, groups, prefix)
+    ) -> TrustMonitor | None:
+        """The checks of this fit (``None``: off, or not global rank zero), as :meth:`TrustMonitor.prepare`, on
+        the mean over the engine's actions."""
+        mean = _MeanOfActions(Target.parse("mean"), engine.options, engine.graph_capture)
+        monitor = super().prepare(options, trainer, pl_module, mean, forward, held_out, baseline, groups, prefix)
         if isinstance(monitor, ActionTrust):
-            monitor.actions = int(actions)
+            monitor.actions = engine.target.rows_per_state
         return monitor
 
     def step(self, host: Any, summary: RunSummary, *, final: bool = False) -> tuple[RunSummary, dict[str, float]]:

@@ -8,7 +8,8 @@ Words and files, here:
 * :mod:`~lightning_ig.views.report`: the JSON report, schema version 1 (``report_schema_v1.json`` beside it):
   :func:`build_report`, :func:`write_report`, :func:`load_schema`, :func:`report_to_json`;
   :mod:`~lightning_ig.views.report_rows`: its rows (:func:`feature_statistics`, :func:`completeness_summary`);
-* :mod:`~lightning_ig.views.tags`: the tags a callback logs and their labels, decided once per fit.
+* :mod:`~lightning_ig.views.tags`: what a callback logs: how much (:class:`ViewOptions`, the callback's ``views=``),
+  its tags and their labels, decided once per fit.
 
 Pixels, in :mod:`lightning_ig.views.pictures`; what a run sends to TensorBoard, W&B and MLflow, in
 :mod:`lightning_ig.views.loggers`.
@@ -26,10 +27,12 @@ from lightning_ig.views.report import (
     write_report,
 )
 from lightning_ig.views.report_rows import completeness_summary, feature_statistics
+from lightning_ig.views.tags import ViewOptions
 
 __all__ = [
     "SCHEMA_PATH",
     "SCHEMA_VERSION",
+    "ViewOptions",
     "build_report",
     "completeness_summary",
     "feature_statistics",

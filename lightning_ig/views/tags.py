@@ -1,4 +1,5 @@
-"""The names of what a callback logs: its tags (:class:`TagNames`), the pictures' tags, and how names are shown.
+"""What a callback logs: how much (:class:`ViewOptions`), its tags (:class:`TagNames`), the pictures' tags, and how
+names are shown.
 
 Names appear the same way in tags, charts and text (:func:`display_labels`): a user's names as given (a ``/``
 would nest the tag, so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from lightning_ig.run.agreement import ensemble_scalar_names
 from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
+from lightning_ig.vocabulary import check_bool, check_int, check_optional_positive_int, check_positive_int
 
 __all__ = [
     "CALIBRATION_TAGS",
@@ -23,12 +25,69 @@ __all__ = [
     "PICTURE_TAGS",
     "TAG_ROOT",
     "TagNames",
+    "ViewOptions",
     "display_labels",
     "feature_tags",
     "same_concentrations",
 ]
 
 TAG_ROOT = "ig"
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """What the callback's runs log and draw (its ``views=``): checked when made, read-only afterwards
+    (``dataclasses.replace`` makes a changed copy, checked again). When each picture is drawn, and what each tag
+    holds: ``docs/tensorboard-tags.md``.
+
+    Args:
+        top_k: entries of the top-k table and chart and of the Jaccard drift (default 10).
+        log_histograms: log per-feature / per-group histograms (default ``True``).
+        figure_every_n_runs: draw the charts (the verdict card, ``top_features``, ``heatmap``, ``actions``) at the
+            first run, every this many runs and at the end (default 10); ``None``: never.
+        max_logged_features: the most features logged one by one (default 64); beyond it, groups (``"channels"``
+            for ``(C, ...)`` states, else blocks) unless the callback's ``feature_groups`` names them.
+        saliency_states: held-out states in the ``ig/saliency`` grid of spatial states (default 8; ``None``: no
+            saliency pictures).
+        saliency_channel: the channel drawn under the attribution (default ``None``: the channel mean); checked
+            against the states' channels at set-up.
+        saliency_every_n_runs: draw the saliency grid and the mean ``|attr|`` map at the first run, every this many
+            runs and at the end (default 10; 1: every run). Pictures that share a cadence are spread over it.
+
+    Raises:
+        TypeError: a value of the wrong kind (the message names the option).
+        ValueError: a count below 1 or a negative channel.
+
+    Example::
+
+        IntegratedGradientsCallback(states, views=ViewOptions(top_k=5, saliency_every_n_runs=1))
+    """
+
+    top_k: int = 10
+    log_histograms: bool = True
+    figure_every_n_runs: int | None = 10
+    max_logged_features: int = 64
+    saliency_states: int | None = 8
+    saliency_channel: int | None = None
+    saliency_every_n_runs: int = 10
+
+    def __post_init__(self) -> None:
+        checked, channel = object.__setattr__, self.saliency_channel  # each field as checked
+        checked(self, "top_k", check_positive_int(self.top_k, "top_k", example=10))
+        checked(self, "log_histograms", check_bool(self.log_histograms, "log_histograms"))
+        checked(
+            self, "figure_every_n_runs", check_optional_positive_int(self.figure_every_n_runs, "figure_every_n_runs")
+        )
+        checked(
+            self, "max_logged_features", check_positive_int(self.max_logged_features, "max_logged_features", example=64)
+        )
+        checked(self, "saliency_states", check_optional_positive_int(self.saliency_states, "saliency_states"))
+        checked(
+            self, "saliency_channel", None if channel is None else check_int(channel, "saliency_channel", minimum=0)
+        )
+        every = check_positive_int(self.saliency_every_n_runs, "saliency_every_n_runs", example=10)
+        checked(self, "saliency_every_n_runs", every)
+
 
 PICTURE_TAGS = {
     "verdict": "0_verdict",  # the first card under ig/ (digits sort first): the verdict and the top units

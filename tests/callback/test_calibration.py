@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution import engine as engine_module
 from lightning_ig.attribution.calibration import CANDIDATES
 from lightning_ig.callback import IntegratedGradientsCallback
@@ -54,7 +55,9 @@ def test_calibration_runs_at_the_first_run_and_every_k_runs_with_its_cost(tmp_pa
         return dataclasses.replace(measured(*args, **kwargs), error_scale=2.5)
 
     monkeypatch.setattr(engine_module, "calibrate", recentred)
-    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=2, n_steps=8, calibrate_every=2)
+    callback = IntegratedGradientsCallback(
+        held_out_states(16), every_n_steps=2, calibrate_every=2, engine=IGOptions(n_steps=8)
+    )
     summaries = _fit(tmp_path, callback, monkeypatch)
     assert [kwargs["batch"] for kwargs in seen] == [16, 16, 16]  # "budget" as the runs on all 16 states see it
     assert len(callback.history) == 5  # steps 2, 4, 6, 8, 10
@@ -70,7 +73,9 @@ def test_calibration_runs_at_the_first_run_and_every_k_runs_with_its_cost(tmp_pa
 
 
 def test_no_calibration_when_it_is_off(tmp_path, monkeypatch):
-    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=2, n_steps=8, calibrate_every=None)
+    callback = IntegratedGradientsCallback(
+        held_out_states(16), every_n_steps=2, calibrate_every=None, engine=IGOptions(n_steps=8)
+    )
     summaries = _fit(tmp_path, callback, monkeypatch)
     assert len(summaries) == 5 and all(summary is None for summary in summaries)
     settings = callback._fit.engine.options

@@ -17,10 +17,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.run.actions import greedy_and_runner_up
+from lightning_ig.views import ViewOptions
 from tests.callback.test_callback import loader
 from tests.support.tiny import FEATURES, ConvQNet, TinyQNet, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled
@@ -42,9 +43,9 @@ def contrast_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         target="contrast",
         every_n_steps=5,
         feature_names=FEATURES,
-        n_steps=N_STEPS,
-        figure_every_n_runs=1,
         calibrate_every=None,  # the midpoint rule throughout, as the direct run below
+        engine=IGOptions(n_steps=N_STEPS),
+        views=ViewOptions(figure_every_n_runs=1),
     )
     tensorboard = TensorBoardLogger(root, name="tb")
     trainer = make_trainer(root, [callback], max_steps=10, logger=tensorboard)
@@ -97,7 +98,11 @@ def test_the_action_targets_leave_training_bit_identical(tmp_path, target):
         model = TinyQNet()
         callbacks = []
         if with_callback:
-            callbacks.append(IntegratedGradientsCallback(held_out_states(), target=target, every_n_steps=3, n_steps=8))
+            callbacks.append(
+                IntegratedGradientsCallback(
+                    held_out_states(), target=target, every_n_steps=3, engine=IGOptions(n_steps=8)
+                )
+            )
         make_trainer(tmp_path / str(with_callback), callbacks, max_steps=12).fit(model, loader(shuffle=True))
         return model
 
@@ -127,11 +132,11 @@ def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
         states,
         target="contrast",
         every_n_steps=4,
-        n_steps=8,
         report_dir=tmp_path / "reports",
-        figure_every_n_runs=1,
         checks_every_n_runs=None,
         calibrate_every=None,
+        engine=IGOptions(n_steps=8),
+        views=ViewOptions(figure_every_n_runs=1),
     )
     tensorboard = TensorBoardLogger(tmp_path, name="tb")
     trainer = make_trainer(tmp_path, [callback], max_steps=4, logger=tensorboard, devices=2, strategy="ddp_spawn")
@@ -169,10 +174,10 @@ def each_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         action_names=ACTIONS,
         every_n_steps=5,
         feature_names=FEATURES,
-        n_steps=N_STEPS,
-        figure_every_n_runs=1,
         calibrate_every=None,  # the midpoint rule throughout, as the direct run below
         report_dir=root / "reports",
+        engine=IGOptions(n_steps=N_STEPS),
+        views=ViewOptions(figure_every_n_runs=1),
     )
     tensorboard = TensorBoardLogger(root, name="tb")
     trainer = make_trainer(root, [callback], max_steps=10, logger=tensorboard)
@@ -296,11 +301,11 @@ def test_each_under_ddp_equals_one_process(tmp_path):
             held_out_states(),
             target="each",
             every_n_steps=4,
-            n_steps=8,
             report_dir=folder / "reports",
-            figure_every_n_runs=1,
             checks_every_n_runs=None,
             calibrate_every=None,
+            engine=IGOptions(n_steps=8),
+            views=ViewOptions(figure_every_n_runs=1),
         )
         strategy = {"devices": 2, "strategy": "ddp_spawn"} if devices == 2 else {}
         logger = TensorBoardLogger(folder, name="tb")
@@ -339,11 +344,11 @@ def test_each_on_frames_logs_group_tags_per_action_and_the_saliency_of_the_mean(
         frames,
         target="each",
         every_n_steps=2,
-        n_steps=8,
-        saliency_every_n_runs=1,
         calibrate_every=None,
         checks_every_n_runs=None,
         report_dir=tmp_path / "reports",
+        engine=IGOptions(n_steps=8),
+        views=ViewOptions(saliency_every_n_runs=1),
     )
     logger = TensorBoardLogger(tmp_path, name="tb")
     with warnings.catch_warnings():
@@ -394,7 +399,12 @@ def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_
     sink = KeptSink()
     monkeypatch.setattr(fit_module, "picture_sinks", lambda loggers: [sink])
     callback = IntegratedGradientsCallback(
-        held_out_states(), target="each", every_n_steps=4, n_steps=8, checks_every_n_runs=None, calibrate_every=None
+        held_out_states(),
+        target="each",
+        every_n_steps=4,
+        checks_every_n_runs=None,
+        calibrate_every=None,
+        engine=IGOptions(n_steps=8),
     )
     make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(
         TinyQNet(), loader()

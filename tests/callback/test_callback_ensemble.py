@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import trust_scalar_tags
 from lightning_ig.ensemble import Ensemble, MemberRun, find_ensemble, pack_members
@@ -46,7 +46,7 @@ def ensemble_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("ensemble")
     states = held_out_states(12)
     callback = IntegratedGradientsCallback(
-        states, every_n_steps=2, n_steps=N_STEPS, feature_names=FEATURES, report_dir=root / "reports"
+        states, every_n_steps=2, feature_names=FEATURES, report_dir=root / "reports", engine=IGOptions(n_steps=N_STEPS)
     )
     logger = TensorBoardLogger(root, name="tb")
     with checks_without_budget():  # every trust tag at the first run
@@ -169,7 +169,7 @@ def test_report_holds_the_members_beside_the_schema_v1_keys(ensemble_run):
 
 
 def test_training_with_the_ensemble_callback_is_bit_identical(tmp_path):
-    callback = IntegratedGradientsCallback(held_out_states(5), every_n_steps=1, n_steps=4)
+    callback = IntegratedGradientsCallback(held_out_states(5), every_n_steps=1, engine=IGOptions(n_steps=4))
     with_callback = _fit(tmp_path / "with", [callback], max_steps=3)
     without = _fit(tmp_path / "without", [], max_steps=3)
     assert callback._fit.members is not None and len(callback.history) == 3

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
 from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
@@ -49,9 +49,8 @@ def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_devi
         states,
         every_n_steps=5,
         feature_names=FEATURES,
-        n_steps=50,
-        backend="cuda",
         report_dir=tmp_path / "reports",
+        engine=IGOptions(n_steps=50, backend="cuda"),
     )
     csv_logger = CSVLogger(tmp_path, name="csv")
     loggers: list[Any] = [csv_logger]
@@ -105,7 +104,11 @@ def _train(tmp_path: Path, with_callback: bool) -> tuple[dict[str, torch.Tensor]
     pl.seed_everything(5)
     model = TinyQNet()
     callbacks = (
-        [IntegratedGradientsCallback(held_out_states(64), every_n_steps=3, n_steps=16, backend="cuda")]
+        [
+            IntegratedGradientsCallback(
+                held_out_states(64), every_n_steps=3, engine=IGOptions(n_steps=16, backend="cuda")
+            )
+        ]
         if with_callback
         else []
     )
@@ -140,7 +143,9 @@ def test_training_on_the_gpu_is_bit_identical_with_the_callback(tmp_path, cuda_d
 def test_a_run_leaves_the_cuda_generator_and_grads_alone(tmp_path, cuda_device):
     pl.seed_everything(1)
     model = TinyQNet()
-    callback = IntegratedGradientsCallback(held_out_states(64), every_n_steps=2, n_steps=16, backend="cuda")
+    callback = IntegratedGradientsCallback(
+        held_out_states(64), every_n_steps=2, engine=IGOptions(n_steps=16, backend="cuda")
+    )
     trainer = _trainer(tmp_path, [callback], max_steps=2)
     trainer.fit(model, DataLoader(dataset(), batch_size=32))
     model.to(cuda_device).train()
@@ -168,7 +173,9 @@ def _atari_report(tmp_path: Path, backend: str, states: torch.Tensor) -> tuple[d
     torch.manual_seed(0)
     model = NatureDuelingQNet()
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights for both paths
-    callback = IntegratedGradientsCallback(states, every_n_steps=1, backend=backend, report_dir=tmp_path / "r")
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=1, report_dir=tmp_path / "r", engine=IGOptions(backend=backend)
+    )
     loggers: list[Any] = [TensorBoardLogger(tmp_path, name="tb")] if HAS_TENSORBOARD else []
     data = DataLoader(torch.utils.data.TensorDataset(states[:8], torch.zeros(8)), batch_size=8)
     _trainer(tmp_path, [callback], max_steps=2, logger=loggers or False).fit(model, data)
@@ -238,10 +245,9 @@ def _ensemble_report(tmp_path: Path, backend: str) -> tuple[dict, IntegratedGrad
     callback = IntegratedGradientsCallback(
         held_out_states(48),
         every_n_steps=2,
-        n_steps=32,
-        backend=backend,
         feature_names=FEATURES,
         report_dir=tmp_path / "r",
+        engine=IGOptions(n_steps=32, backend=backend),
     )
     _trainer(tmp_path, [callback], max_steps=4).fit(model, DataLoader(dataset(64), batch_size=16))
     return json.loads((tmp_path / "r" / "ig_report_step=00000004.json").read_text()), callback
@@ -276,7 +282,7 @@ def test_a_run_ended_at_the_next_step_holds_what_a_run_ended_at_once_computes(tm
     pl.seed_everything(4)
     model = TinyQNet(lr=0.0, batchnorm=False)  # the weights stay: the deferred run and the direct one agree
     callback = IntegratedGradientsCallback(
-        held_out_states(64), every_n_steps=2, n_steps=16, backend="cuda", run_at_train_end=False
+        held_out_states(64), every_n_steps=2, run_at_train_end=False, engine=IGOptions(n_steps=16, backend="cuda")
     )
     trainer = _trainer(tmp_path, [callback], max_steps=5)
     trainer.fit(model, DataLoader(dataset(), batch_size=32))

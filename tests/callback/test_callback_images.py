@@ -18,9 +18,10 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import trust_scalar_tags
+from lightning_ig.views import ViewOptions
 from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
 from lightning_ig.views.pictures.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from lightning_ig.views.report import load_schema
@@ -58,7 +59,9 @@ def _direct(model: ConvQNet, states: torch.Tensor, n_steps: int):
 def image_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("images")
     states = frames(10, (3, 16, 16), seed=1)
-    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=16, report_dir=root / "reports")
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, report_dir=root / "reports", engine=IGOptions(n_steps=16)
+    )
     with warnings.catch_warnings(record=True) as caught, checks_without_budget():  # every trust tag at the first run
         warnings.simplefilter("always")
         model, logger = _fit(root, (3, 16, 16), [callback])
@@ -170,7 +173,10 @@ def test_saliency_images_are_logged_with_their_size_and_pixels(image_run):
 def test_pictures_that_share_a_cadence_are_spread_over_it(tmp_path):
     states = frames(4, (2, 8, 8), seed=6)
     callback = IntegratedGradientsCallback(
-        states, every_n_steps=1, n_steps=4, saliency_every_n_runs=8, figure_every_n_runs=8
+        states,
+        every_n_steps=1,
+        engine=IGOptions(n_steps=4),
+        views=ViewOptions(saliency_every_n_runs=8, figure_every_n_runs=8),
     )
     _, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=20)  # runs 0..19 at steps 1..20
     events = _events(logger)
@@ -203,10 +209,9 @@ def test_saliency_cadence(tmp_path, every, at_end, expected, expected_map):
     callback = IntegratedGradientsCallback(
         states,
         every_n_steps=1,
-        n_steps=4,
-        saliency_every_n_runs=every,
         run_at_train_end=at_end,
-        figure_every_n_runs=None,
+        engine=IGOptions(n_steps=4),
+        views=ViewOptions(saliency_every_n_runs=every, figure_every_n_runs=None),
     )
     model, logger = _fit(tmp_path, (2, 8, 8), [callback], max_steps=7)
     events = _events(logger)
@@ -223,7 +228,7 @@ def test_saliency_cadence(tmp_path, every, at_end, expected, expected_map):
 
 def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
     states = frames(12, (256,), seed=2)
-    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8)
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, engine=IGOptions(n_steps=8))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, logger = _fit(tmp_path / "blocks", (256,), [callback])
@@ -234,7 +239,9 @@ def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
     assert any("64 groups (x0..x3, ...)" in str(w.message) for w in caught)
 
     named = {f"family {k}": list(range(32 * k, 32 * k + 32)) for k in range(8)}
-    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, feature_groups=named, top_k=3)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, feature_groups=named, engine=IGOptions(n_steps=8), views=ViewOptions(top_k=3)
+    )
     _, logger = _fit(tmp_path / "named", (256,), [callback])
     scalars = set(_events(logger).Tags()["scalars"])
     assert {f"ig/group/mean_abs/family {k}" for k in range(8)} <= scalars
@@ -245,7 +252,9 @@ def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
 
 def test_one_dimensional_signals_get_heat_strips(tmp_path):
     states = frames(6, (2, 40), seed=3)
-    callback = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, saliency_states=3)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, engine=IGOptions(n_steps=8), views=ViewOptions(saliency_states=3)
+    )
     _, logger = _fit(tmp_path, (2, 40), [callback], max_steps=2)
     events = _events(logger)
     strip = events.Images("ig/saliency")[-1]
@@ -257,15 +266,17 @@ def test_one_dimensional_signals_get_heat_strips(tmp_path):
 
 def test_two_named_callbacks_write_apart_and_one_layout_holds_both(tmp_path):
     states = frames(6, (3, 16, 16), seed=4)
-    value = IntegratedGradientsCallback(states, every_n_steps=2, n_steps=8, name="value", report_dir=tmp_path / "r")
+    value = IntegratedGradientsCallback(
+        states, every_n_steps=2, name="value", report_dir=tmp_path / "r", engine=IGOptions(n_steps=8)
+    )
     action = IntegratedGradientsCallback(
         states,
         every_n_steps=2,
-        n_steps=8,
         name="action 1",
         target=1,
         report_dir=tmp_path / "r",
         feature_groups="channels",
+        engine=IGOptions(n_steps=8),
     )
     _, logger = _fit(tmp_path, (3, 16, 16), [value, action], max_steps=2)
     events = _events(logger)

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.views.pictures.raster import CARD_WIDTH
 from tests.support.loggers import logger_package, mlflow_pictures
@@ -30,7 +31,7 @@ FIRST_RUN = {
 
 def _fit(root: Path, logger) -> IntegratedGradientsCallback:
     torch.manual_seed(0)
-    callback = IntegratedGradientsCallback(frames(6, SHAPE, seed=2), every_n_steps=2, n_steps=8)
+    callback = IntegratedGradientsCallback(frames(6, SHAPE, seed=2), every_n_steps=2, engine=IGOptions(n_steps=8))
     data = DataLoader(frame_dataset(32, SHAPE), batch_size=8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

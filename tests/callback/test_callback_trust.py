@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from lightning_ig import NonFiniteAttributionError
 from lightning_ig._files import OutputPathError
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 
@@ -56,7 +57,11 @@ def _fit(
 def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
     # guards against: worst_relative_error 0.0 at the runs after the weights went NaN, and no warning
     callback = IntegratedGradientsCallback(
-        held_out_states(), every_n_steps=2, n_steps=8, feature_names=FEATURES, report_dir=tmp_path / "reports"
+        held_out_states(),
+        every_n_steps=2,
+        feature_names=FEATURES,
+        report_dir=tmp_path / "reports",
+        engine=IGOptions(n_steps=8),
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -77,7 +82,9 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
 
 
 def test_on_non_finite_raise_stops_training(tmp_path):
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, on_non_finite="raise")
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=2, on_non_finite="raise", engine=IGOptions(n_steps=8)
+    )
     with pytest.raises(
         NonFiniteAttributionError, match=r"NaN/Inf at step 4 .* training stopped \(on_non_finite='raise'\)"
     ):
@@ -91,7 +98,9 @@ def _constant(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
 
 def test_a_run_where_no_state_can_be_checked_reads_as_such(tmp_path):
     # guards against: worst_relative_error 0.0, a perfect score
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=8, forward=_constant)
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=2, forward=_constant, engine=IGOptions(n_steps=8)
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, max_steps=4)
@@ -119,7 +128,9 @@ def test_report_files_are_readable_by_others_under_the_usual_umask(tmp_path):
     # guards against: 0600 whatever the umask
     previous = os.umask(0o022)
     try:
-        callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, n_steps=4, report_dir=tmp_path / "r")
+        callback = IntegratedGradientsCallback(
+            held_out_states(), every_n_steps=2, report_dir=tmp_path / "r", engine=IGOptions(n_steps=4)
+        )
         make_trainer(tmp_path, [callback], max_steps=2).fit(TinyQNet(), loader())
     finally:
         os.umask(previous)
@@ -134,7 +145,11 @@ def _with_dropout(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
 def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
     # guards against: attributed silently (a 326% completeness error and no word why)
     callback = IntegratedGradientsCallback(
-        held_out_states(), every_n_steps=2, n_steps=8, forward=_with_dropout, report_dir=tmp_path / "r"
+        held_out_states(),
+        every_n_steps=2,
+        forward=_with_dropout,
+        report_dir=tmp_path / "r",
+        engine=IGOptions(n_steps=8),
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
@@ -45,7 +46,11 @@ def _fit(tmp_path: Path, callbacks: list[Callback], max_steps: int, **model: obj
 
 def test_every_run_is_reported_under_its_own_step_in_order(tmp_path: Path) -> None:
     callback = IntegratedGradientsCallback(
-        held_out_states(16), every_n_steps=2, n_steps=8, run_at_train_end=False, report_dir=tmp_path / "r"
+        held_out_states(16),
+        every_n_steps=2,
+        run_at_train_end=False,
+        report_dir=tmp_path / "r",
+        engine=IGOptions(n_steps=8),
     )
     _fit(tmp_path, [callback], max_steps=7)
     assert [entry["global_step"] for entry in callback.history] == [2, 4, 6]
@@ -56,7 +61,9 @@ def test_every_run_is_reported_under_its_own_step_in_order(tmp_path: Path) -> No
 
 
 def test_a_run_started_before_an_exception_is_still_ended(tmp_path: Path) -> None:
-    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=3, n_steps=8, report_dir=tmp_path / "r")
+    callback = IntegratedGradientsCallback(
+        held_out_states(16), every_n_steps=3, report_dir=tmp_path / "r", engine=IGOptions(n_steps=8)
+    )
     with pytest.raises(RuntimeError, match="stopped by the test"):
         _fit(tmp_path, [callback, _StopAt(3)], max_steps=10)
     assert [entry["global_step"] for entry in callback.history] == [
@@ -78,7 +85,9 @@ class _SaveAt(Callback):
 
 
 def test_a_checkpoint_between_start_and_end_holds_the_run(tmp_path: Path) -> None:
-    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=2, n_steps=8, run_at_train_end=False)
+    callback = IntegratedGradientsCallback(
+        held_out_states(16), every_n_steps=2, run_at_train_end=False, engine=IGOptions(n_steps=8)
+    )
     save = _SaveAt(callback, 2)
     _fit(tmp_path, [callback, save], max_steps=5)  # the run of step 2 started at that batch end, then the save
     assert save.saved is not None
@@ -87,7 +96,9 @@ def test_a_checkpoint_between_start_and_end_holds_the_run(tmp_path: Path) -> Non
 
 
 def test_a_deferred_run_gives_the_numbers_of_a_run_ended_at_once(tmp_path: Path) -> None:
-    deferred = IntegratedGradientsCallback(held_out_states(16), every_n_steps=2, n_steps=8, run_at_train_end=False)
+    deferred = IntegratedGradientsCallback(
+        held_out_states(16), every_n_steps=2, run_at_train_end=False, engine=IGOptions(n_steps=8)
+    )
     trainer = _fit(tmp_path, [deferred], max_steps=3, lr=0.0, batchnorm=False)  # the weights stay as they are
     model = trainer.lightning_module
     at_once = deferred.history[-1]

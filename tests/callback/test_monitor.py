@@ -18,9 +18,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import trust_scalar_tags
 from lightning_ig.trust import Schedule, TrustChecks
+from lightning_ig.views import ViewOptions
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
 EVERYTHING = frozenset({"sanity", "deletion", "stability"})
@@ -58,7 +60,11 @@ def _fit(tmp_path: Path, checks: int | str | None, *, logger=None) -> tuple[Tiny
     if checks != "no callback":
         callbacks.append(
             IntegratedGradientsCallback(
-                held_out_states(), every_n_steps=3, n_steps=8, figure_every_n_runs=None, checks_every_n_runs=checks
+                held_out_states(),
+                every_n_steps=3,
+                checks_every_n_runs=checks,
+                engine=IGOptions(n_steps=8),
+                views=ViewOptions(figure_every_n_runs=None),
             )
         )
     trainer = make_trainer(tmp_path, callbacks, max_steps=12, **({} if logger is None else {"logger": logger}))
@@ -126,7 +132,9 @@ def test_within_the_budget_the_checks_run_where_the_schedule_says_and_the_runs_b
     """The default budget on a 12-run fit: the first run says which checks have not run yet and when they will; a
     check's tags appear at exactly the runs the schedule makes it; the other runs carry the last verdict."""
     pl.seed_everything(123)
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, n_steps=8, figure_every_n_runs=None)
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=1, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+    )
     logger = TensorBoardLogger(tmp_path, name="tb")
     trainer = make_trainer(tmp_path, [callback], max_steps=12, logger=logger)
     verdicts, carried = [], []  # each run's verdict, and what the monitor had made for it to carry

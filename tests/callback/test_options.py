@@ -1,41 +1,166 @@
-"""lightning_ig.callback.options: every option checked once, kept as checked, and read as the callback's attribute."""
+"""lightning_ig.callback.options: every argument of the callback checked once (a table of wrong kinds and bad values,
+one row per argument), kept as checked, read as an attribute and never assigned."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
+import re
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.options import Options, check_options
+from lightning_ig.callback.options import Options
+from lightning_ig.views import ViewOptions
 from tests.support.tiny import held_out_states
 
+Bad = tuple[str, Any, type[Exception], str]  # argument, value, error, words the message holds beside the name
 
-def _defaults(**given: object) -> dict[str, object]:
-    parameters = inspect.signature(IntegratedGradientsCallback).parameters
-    values = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
-    return {"states": held_out_states(), **values, **given}
+# Every argument of the callback with values it refuses: of the wrong kind (never read as another: bool("no") is
+# True, list("abc") is three names) and out of range. The grouped knobs' own rows are their classes' tests
+# (tests/attribution/test_settings.py, tests/views/test_tags.py); here, that the groups take only their class.
+BAD: list[Bad] = [
+    ("states", 3, TypeError, "a tensor"),
+    ("states", torch.zeros(3, 2, dtype=torch.int64), TypeError, "floating"),
+    ("states", torch.tensor([[0.0, math.nan]]), ValueError, "NaN"),
+    ("every_n_steps", 0, MisconfigurationException, "int >= 1"),
+    ("every_n_steps", "100", TypeError, "got str"),
+    ("every_n_steps", 2.5, TypeError, "got float"),
+    ("every_n_steps", True, TypeError, "got bool"),
+    ("every_n_epochs", 0, MisconfigurationException, "int >= 1"),
+    ("every_n_epochs", "1", TypeError, "got str"),
+    ("run_at_train_end", "no", TypeError, r"True or False, got str \('no'\)"),
+    ("run_at_train_end", 1, TypeError, "True or False"),
+    ("feature_names", "abcd", TypeError, "a list of strings"),
+    ("feature_names", ["a", "a"], ValueError, "repeats"),
+    ("feature_names", [1, 2], TypeError, ""),
+    ("feature_groups", "pixels", ValueError, "'features', 'channels'"),
+    ("feature_groups", 3, TypeError, "None"),
+    ("group_names", "abc", TypeError, r"a list of strings, got str \('abc'\)"),
+    ("action_names", "left", TypeError, "a list of strings"),
+    ("action_names", ["left", "right"], ValueError, "no action is attributed"),  # target="mean"
+    ("baseline", "ones", ValueError, "'zeros', 'mean', a finite number"),
+    ("baseline", math.nan, ValueError, "finite"),
+    ("baseline", math.inf, ValueError, "finite"),
+    ("baseline", True, TypeError, "got bool"),
+    ("baseline", [0.5], TypeError, "got list"),
+    ("baseline", torch.ones(4, dtype=torch.int64), TypeError, "floating-point tensor"),
+    ("target", "median", ValueError, "'mean', 'each', 'contrast'"),
+    ("target", -1, ValueError, "non-negative action index"),
+    ("target", True, TypeError, "bool"),
+    ("target", 2.5, TypeError, "got float"),
+    ("target", None, TypeError, "forward="),
+    ("target", torch.tensor([0, 1]), TypeError, "an output index"),
+    ("forward", 3, TypeError, "callable"),
+    ("completeness_tol", 0, ValueError, "> 0"),
+    ("completeness_tol", math.nan, ValueError, "finite"),
+    ("completeness_tol", "0.01", TypeError, "a number"),
+    ("on_non_finite", "ignore", ValueError, "'warn', 'raise'"),
+    ("on_non_finite", 1, TypeError, ""),
+    ("report_dir", 3, TypeError, r"a path \(str or os.PathLike\), got int"),
+    ("report_dir", "", ValueError, "non-empty"),
+    ("name", "a/b", ValueError, "without '/'"),
+    ("name", 3, TypeError, "a short label"),
+    ("engine", {"n_steps": 8}, TypeError, "IGOptions"),
+    ("engine", IGOptions(completeness_tol=0.05), ValueError, "pass completeness_tol=0.05 to the callback"),
+    ("views", {"top_k": 5}, TypeError, "ViewOptions"),
+    ("views", 3, TypeError, "ViewOptions"),
+    ("calibrate_every", 0, ValueError, "int >= 1"),
+    ("calibrate_every", "50", TypeError, "got str"),
+    ("checks_every_n_runs", 0, ValueError, "int >= 1"),
+    ("checks_every_n_runs", 2.5, TypeError, "got float"),
+]
+
+PARAMETERS = inspect.signature(IntegratedGradientsCallback).parameters
 
 
-def test_every_argument_of_the_callback_is_an_option_and_nothing_else() -> None:
-    fields = {field.name for field in dataclasses.fields(Options)}
-    assert fields == set(inspect.signature(IntegratedGradientsCallback).parameters)
+def test_every_argument_has_rows_and_is_a_field_of_the_options() -> None:
+    assert {name for name, *_ in BAD} == set(PARAMETERS) == {field.name for field in dataclasses.fields(Options)}
+    assert len(PARAMETERS) <= 20  # 18 once calibrate_every and checks_every_n_runs become one budget option
 
 
-def test_options_are_kept_as_checked() -> None:
-    options = check_options(_defaults(feature_names=("a", "b", "c", "d"), report_dir="reports", every_n_epochs=2))
-    assert options.feature_names == ["a", "b", "c", "d"]  # a list, whatever sequence came in
-    assert options.report_dir == Path("reports") and options.every_n_epochs == 2
+@pytest.mark.parametrize(("name", "value", "error", "words"), BAD, ids=[f"{row[0]}-{i}" for i, row in enumerate(BAD)])
+def test_a_bad_argument_is_refused_when_the_callback_is_made_naming_it(
+    name: str, value: Any, error: type[Exception], words: str
+) -> None:
+    given = {"states": held_out_states(), name: value}
+    with pytest.raises(error) as caught:
+        IntegratedGradientsCallback(**given)
+    message = str(caught.value)
+    assert re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message), message
+    assert re.search(words, message), message
+
+
+def test_forward_keeps_the_target_at_mean_and_a_cadence_is_needed() -> None:
+    with pytest.raises(ValueError, match="target must stay 'mean'"):
+        IntegratedGradientsCallback(held_out_states(), target=1, forward=lambda module, x: module(x)[:, 0])
     with pytest.raises(MisconfigurationException, match="needs a cadence"):
-        check_options(_defaults(every_n_steps=None, every_n_epochs=None))
+        IntegratedGradientsCallback(held_out_states(), every_n_steps=None)
+
+
+def test_options_are_kept_as_checked_numpy_integers_and_a_number_baseline_included() -> None:
+    callback = IntegratedGradientsCallback(
+        held_out_states(),
+        every_n_steps=np.int64(2),
+        every_n_epochs=np.int32(3),
+        feature_names=("a", "b", "c", "d"),
+        baseline=np.float32(0.5),
+        target=np.int64(1),
+        calibrate_every=np.int64(7),
+        report_dir="reports",
+        completeness_tol=0.02,
+    )
+    options = callback.options
+    assert (options.every_n_steps, options.every_n_epochs, options.calibrate_every) == (2, 3, 7)
+    assert all(type(value) is int for value in (options.every_n_steps, options.every_n_epochs, options.calibrate_every))
+    assert options.baseline == 0.5 and type(options.baseline) is float
+    assert options.target.label == "action:1" and options.identity()["target"] == 1
+    assert options.feature_names == ["a", "b", "c", "d"] and options.report_dir == Path("reports")
+    assert options.engine == IGOptions(completeness_tol=0.02)  # one tolerance: the callback's, in the engine's too
+    assert options.views == ViewOptions()
 
 
 def test_the_callback_reads_its_options_as_attributes() -> None:
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=7, name="value")
     assert callback.options.every_n_steps == callback.every_n_steps == 7 and callback.name == "value"
+    assert callback.engine == IGOptions() and callback.views.top_k == 10
     with pytest.raises(AttributeError, match="no attribute 'not_an_option'"):
         callback.not_an_option  # noqa: B018
-    assert not hasattr(IntegratedGradientsCallback.__new__(IntegratedGradientsCallback), "top_k")  # not made yet
+    assert not hasattr(IntegratedGradientsCallback.__new__(IntegratedGradientsCallback), "views")  # not made yet
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("every_n_steps", 1, r"every_n_steps is fixed when the callback is made .*IntegratedGradientsCallback\(\.\.\."),
+        ("target", "each", "target is fixed when the callback is made"),
+        ("options", None, "options is fixed when the callback is made"),
+        ("n_steps", 64, r"an option of the callback's engine= \(IGOptions\).*dataclasses.replace\(callback.engine"),
+        ("top_k", 3, r"an option of the callback's views= \(ViewOptions\).*dataclasses.replace\(callback.views"),
+    ],
+)
+def test_an_option_assigned_after_the_callback_is_made_raises_and_nothing_changes(
+    name: str, value: Any, words: str
+) -> None:
+    callback = IntegratedGradientsCallback(held_out_states())
+    options = callback.options
+    with pytest.raises(AttributeError, match=words):
+        setattr(callback, name, value)
+    assert callback.options is options and callback.every_n_steps == 100 and "n_steps" not in vars(callback)
+    callback.history = [{"global_step": 1}]  # what is not an option is assigned as usual
+    assert callback.history == [{"global_step": 1}]
+
+
+def test_the_grouped_options_are_changed_by_replace_into_a_new_callback() -> None:
+    first = IntegratedGradientsCallback(held_out_states(), engine=IGOptions(n_steps=32))
+    second = IntegratedGradientsCallback(held_out_states(), engine=dataclasses.replace(first.engine, n_steps=64))
+    assert (first.engine.n_steps, second.engine.n_steps) == (32, 64)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.engine.n_steps = 64  # type: ignore[misc]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import lightning_ig.attribution.engine as engine_module
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import TrustMonitor
-from lightning_ig.callback.per_action import ActionRows, ActionTrust
+from lightning_ig.callback.per_action import ActionTrust, pair_rows
 from lightning_ig.models.noise import noise_disabled
 from tests.callback.test_callback import loader
 from tests.support.graphs import EmulatedCapture
@@ -30,7 +30,7 @@ def _each(n_steps: int | str = 16) -> tuple[torch.nn.Module, torch.Tensor, objec
 
 def test_the_rows_are_the_pairs_state_major():
     _, _, result = _each()
-    rows = ActionRows(["a", "b", "c"]).rows(result)
+    rows = pair_rows(result)
     assert rows.attributions.shape == (15, 4) and rows.f_input.shape == (15,)
     for state in range(5):
         for action in range(3):
@@ -46,16 +46,14 @@ def test_the_rows_are_the_pairs_state_major():
 
 def test_with_auto_steps_a_states_actions_share_its_steps():
     _, _, result = _each("auto")
-    rows = ActionRows(["a", "b", "c"]).rows(result)
+    rows = pair_rows(result)
     assert torch.equal(rows.n_steps_per_state, result.n_steps_per_state.repeat_interleave(3))
 
 
-def test_a_result_of_another_target_or_count_is_refused():
-    model, states, result = _each()
-    with pytest.raises(ValueError, match="over 2 actions"):
-        ActionRows(["a", "b"]).rows(result)
+def test_a_result_of_another_target_is_refused():
+    model, states, _ = _each()
     with pytest.raises(ValueError, match="f_input of shape \\(5,\\)"):
-        ActionRows(["a", "b", "c"]).rows(integrated_gradients(model, states, target="mean", n_steps=4))
+        pair_rows(integrated_gradients(model, states, target="mean", n_steps=4))
 
 
 def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, monkeypatch):
@@ -69,7 +67,12 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
     monkeypatch.setattr(TrustMonitor, "step", spy)
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
     callback = IntegratedGradientsCallback(
-        states, target="each", every_n_steps=4, n_steps=16, checks_every_n_runs=1, calibrate_every=None
+        states,
+        target="each",
+        every_n_steps=4,
+        checks_every_n_runs=1,
+        calibrate_every=None,
+        engine=IGOptions(n_steps=16),
     )
     with warnings.catch_warnings(), checks_without_budget():  # every check at the one run of this short fit
         warnings.simplefilter("ignore")
@@ -94,7 +97,12 @@ def test_an_each_run_replays_its_graph_and_holds_what_an_eager_run_computes(tmp_
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
     callback = IntegratedGradientsCallback(
-        states, target="each", every_n_steps=2, n_steps=8, checks_every_n_runs=None, calibrate_every=None
+        states,
+        target="each",
+        every_n_steps=2,
+        checks_every_n_runs=None,
+        calibrate_every=None,
+        engine=IGOptions(n_steps=8),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
 from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
@@ -33,12 +33,11 @@ def test_each_replays_its_graph_and_equals_the_eager_run(tmp_path, cuda_device):
         action_names=["left", "right"],
         every_n_steps=2,
         feature_names=FEATURES,
-        n_steps=N_STEPS,
-        backend="cuda",
         calibrate_every=None,  # the midpoint rule throughout, as the eager run
         checks_every_n_runs=None,
         run_at_train_end=False,
         report_dir=tmp_path / "reports",
+        engine=IGOptions(n_steps=N_STEPS, backend="cuda"),
     )
     trainer = make_trainer(tmp_path, [callback], max_steps=6, accelerator="gpu")
     with warnings.catch_warnings(record=True) as caught:

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ig.callback.reports
 from lightning_ig._files import file_name_limit
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
@@ -28,7 +29,9 @@ def _fit(tmp_path: Path, callback: IntegratedGradientsCallback, max_steps: int =
 
 def _callback(report_dir: Path, **options: object) -> IntegratedGradientsCallback:
     states = options.pop("states", held_out_states(8))
-    return IntegratedGradientsCallback(states, every_n_steps=1, n_steps=4, report_dir=report_dir, **options)
+    return IntegratedGradientsCallback(
+        states, every_n_steps=1, report_dir=report_dir, **options, engine=IGOptions(n_steps=4)
+    )
 
 
 def _about_reports(messages: list[str]) -> list[str]:

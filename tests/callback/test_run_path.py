@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 import lightning_ig.attribution.engine as engine_module
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.trust import CheckCosts, Schedule, TrustChecks
 from tests.support.graphs import EmulatedCapture
@@ -77,7 +78,7 @@ def _modules_per_run(
     monkeypatch.setattr(IntegratedGradientsCallback, "_start", tracing(start, lambda args: args[0].global_step))
     monkeypatch.setattr(IntegratedGradientsCallback, "_finish", tracing(finish, lambda args: args[0].step))
     callback = IntegratedGradientsCallback(
-        held_out_states(16), every_n_steps=1, n_steps=8, checks_every_n_runs=checks_every_n_runs
+        held_out_states(16), every_n_steps=1, checks_every_n_runs=checks_every_n_runs, engine=IGOptions(n_steps=8)
     )
     # A steady run has nothing new to warn about (a trouble first seen in runs 1-4 would name the callback, once)
     callback._warned.update(("non-finite", "unchecked", "fail", "stochastic", "members-fail"))

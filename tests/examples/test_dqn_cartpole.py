@@ -376,7 +376,7 @@ def test_runs_on_the_gpu_with_the_fused_loss_by_default(tmp_path: Path) -> None:
 def test_ig_target_reaches_the_callback_with_the_action_names(example_module: ModuleType, target: str) -> None:
     args = example_module.parse_args(["--ig-target", target])
     callback = example_module.make_ig_callback(args, torch.zeros(4, 4))
-    assert callback.target == target
+    assert callback.target.label == target  # checked into the one Target
     assert callback.action_names == (None if target == "mean" else ["left", "right"])  # V(s) has no actions
     assert example_module.parse_args([]).ig_target == "mean"  # V(s), as before
     with pytest.raises(SystemExit):

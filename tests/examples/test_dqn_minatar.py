@@ -307,7 +307,7 @@ def test_ig_target_reaches_the_callback_with_the_games_action_names(example_modu
     assert envs.action_names == ["no-op", "left", "right"]  # Breakout's minimal action set, named
     held_out = torch.zeros(4, 4, 10, 10)
     callback = example_module.make_ig_callback(args, held_out, CHANNEL_NAMES, envs.action_names)
-    assert callback.target == target
+    assert callback.target.label == target  # checked into the one Target
     assert callback.action_names == (None if target == "mean" else envs.action_names)  # V(s) has no actions
     assert example_module.parse_args([]).ig_target == "mean"  # V(s), as before
 

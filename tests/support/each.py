@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.callback.per_action import ActionRows
+from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.run.actions import ActionSummary
 from lightning_ig.run.host_result import HostResult
 
@@ -23,7 +23,7 @@ def each_run() -> dict[str, Any]:
     model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
     states = torch.randn(9, 5, dtype=torch.float64)
     result = integrated_gradients(model, states, target="each", n_steps=32)
-    host = HostResult.from_result(ActionRows(NAMES).rows(result), keep_attributions=True)
+    host = HostResult.from_result(pair_rows(result), keep_attributions=True)
     with torch.no_grad():
         q_values = model(states).numpy()
     return {

@@ -20,9 +20,11 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.ensemble import Ensemble
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.views import ViewOptions
 
 FEATURES = ["cart_x", "cart_v", "pole_theta", "pole_omega"]
 
@@ -238,14 +240,11 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
         callback = IntegratedGradientsCallback(
             ddp_held_out_states(),
             every_n_steps=2,
-            n_steps=16,
             baseline="mean",
             feature_groups="channels",
-            saliency_states=24,
-            top_k=32,
-            backend="cuda" if accelerator == "gpu" else "torch",
             report_dir=out / f"reports_rank{rank}",
-            figure_every_n_runs=None,
+            engine=IGOptions(n_steps=16, backend="cuda" if accelerator == "gpu" else "torch"),
+            views=ViewOptions(saliency_states=24, top_k=32, figure_every_n_runs=None),
         )
         trainer = pl.Trainer(
             accelerator=accelerator,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.views.loggers.outputs import scalar_metrics
 from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.tags import COUNT_TAGS, TagNames
@@ -89,7 +90,7 @@ def test_pictures_drawn_before_training_fails_are_in_the_event_file(tmp_path: Pa
             return super().training_step(batch, batch_idx)
 
     torch.manual_seed(0)
-    callback = IntegratedGradientsCallback(frames(4, (2, 8, 8), seed=1), every_n_steps=1, n_steps=4)
+    callback = IntegratedGradientsCallback(frames(4, (2, 8, 8), seed=1), every_n_steps=1, engine=IGOptions(n_steps=4))
     logger = TensorBoardLogger(tmp_path, name="tb")
     trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=logger)
     with pytest.raises(RuntimeError, match="the training broke"):
@@ -133,7 +134,7 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
 
     from lightning_ig.attribution import integrated_gradients
     from lightning_ig.attribution.targets import Target
-    from lightning_ig.callback.per_action import ActionRows
+    from lightning_ig.callback.per_action import pair_rows
     from lightning_ig.run.host_result import HostResult
     from lightning_ig.run.summary import RunSettings, summarize
     from lightning_ig.views.loggers.outputs import scalar_metrics
@@ -142,7 +143,7 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     result = integrated_gradients(model, torch.randn(6, 3), target="each", n_steps=8)
-    host = HostResult.from_result(ActionRows(["up", "down/left"]).rows(result), keep_attributions=True)
+    host = HostResult.from_result(pair_rows(result), keep_attributions=True)
     settings = RunSettings(Target.parse("each").bind((6, 2), ["up", "down/left"]), "zeros", 0.01, 10)
     names = ["a", "b", "c"]
     summary = summarize(host, feature_names=names, log_features=True, settings=settings, step=7)

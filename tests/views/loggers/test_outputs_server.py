@@ -18,6 +18,7 @@ import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from tests.support.tiny import (
     FEATURES,
@@ -49,7 +50,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("tb_server")
     pl.seed_everything(0)
     logger = TensorBoardLogger(root, name="tiny")
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, feature_names=FEATURES, n_steps=8)
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=5, feature_names=FEATURES, engine=IGOptions(n_steps=8)
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=10,
@@ -63,7 +66,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     run = Path(logger.log_dir).relative_to(root).as_posix()  # the run's name in TensorBoard: "tiny/version_0"
     # a second run on image states: groups and saliency images
     image_logger = TensorBoardLogger(root, name="images")
-    image_callback = IntegratedGradientsCallback(frames(8, (3, 16, 16)), every_n_steps=2, n_steps=8)
+    image_callback = IntegratedGradientsCallback(frames(8, (3, 16, 16)), every_n_steps=2, engine=IGOptions(n_steps=8))
     pl.Trainer(
         accelerator="cpu",
         max_steps=2,
@@ -82,7 +85,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         logger=ensemble_logger,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[IntegratedGradientsCallback(held_out_states(6), every_n_steps=2, n_steps=8)],
+        callbacks=[IntegratedGradientsCallback(held_out_states(6), every_n_steps=2, engine=IGOptions(n_steps=8))],
         enable_checkpointing=False,
     ).fit(EnsembleQNet(), DataLoader(dataset(32), batch_size=16))
     ensemble_run = Path(ensemble_logger.log_dir).relative_to(root).as_posix()

@@ -1,0 +1,84 @@
+"""cli/parser.py: every typed flag refuses a wrong value with exit status 2 and one line naming the flag, before
+anything is loaded (one table: what each flag takes)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lightning_ig.cli import main
+from lightning_ig.cli.parser import build_parser
+from lightning_ig.vocabulary import TARGET_NAMES
+
+_WRONG_TEXT = ["abc", "", "1.5", "-5", "nan", "inf", "1e400", "9" * 5000, "[" * 100000, '{"a": ' * 50000]
+
+
+def _whole(text: str, low: int) -> bool:
+    """A whole number >= ``low`` that a count or an index can be (up to 2**63 - 1)."""
+    return text.isdigit() and len(text) < 19 and int(text) >= low
+
+
+def _positive_real(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
+
+
+# What each typed flag takes; a new typed flag needs a line here (the first test says so).
+ACCEPTS: dict[str, Callable[[str], bool]] = {
+    "--auto-samples": lambda text: _whole(text, 1),
+    "--top-k": lambda text: _whole(text, 1),
+    "--top": lambda text: _whole(text, 1),
+    "--internal-batch-size": lambda text: _whole(text, 1),
+    "--worst-states": lambda text: _whole(text, 0),
+    "--seed": lambda text: _whole(text, 0),
+    "--num-steps": lambda text: text in ("auto", "budget") or _whole(text, 1),
+    "--completeness-tol": _positive_real,
+    "--target": lambda text: text in TARGET_NAMES or _whole(text.removeprefix("action:"), 0),
+    "--model": lambda text: bool(re.fullmatch(r"[\w.]+:[\w.]+", text)),
+    "--lightning-module": lambda text: bool(re.fullmatch(r"[\w.]+:[\w.]+", text)),
+    "--model-kwargs": lambda text: text.startswith("{") and text.endswith("}"),
+    "--verify": lambda text: _whole(text, 1),
+    "--method": lambda text: False,  # none of the wrong texts is a rule's name
+}
+
+
+def _typed_flags() -> Iterator[tuple[str, argparse.Action]]:
+    parser = build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for command, sub in commands.choices.items():
+        for action in sub._actions:
+            if action.option_strings and (action.type is not None or action.choices is not None):
+                yield command, action
+
+
+def _cases() -> Iterator[object]:
+    for command, action in _typed_flags():
+        flag = max(action.option_strings, key=len)
+        takes = ACCEPTS.get(flag, lambda text: False)
+        for text in _WRONG_TEXT:
+            if not (text in action.choices if action.choices is not None else takes(text)):
+                label = text if len(text) < 12 else f"{text[:3]}...({len(text)} chars)"
+                yield pytest.param(command, flag, text, id=f"{command}-{flag}-{label}")
+
+
+def test_every_typed_flag_says_what_it_takes() -> None:
+    flags = {max(action.option_strings, key=len) for _, action in _typed_flags() if action.choices is None}
+    assert flags == set(ACCEPTS)
+
+
+@pytest.mark.parametrize(("command", "flag", "text"), list(_cases()))
+def test_a_wrong_flag_value_exits_2_naming_the_flag(
+    command: str, flag: str, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    required = ["--checkpoint", "missing.safetensors"] if command == "diag" else ["missing.json"]
+    status = main([command, *required, f"{flag}={text}"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert flag in err and len(err.strip().splitlines()) == 1, err
+    assert len(err) < 1000  # the value is quoted cut short, not 100000 characters of it
