@@ -15,7 +15,7 @@
 
 A new option goes first into the group it belongs to (:class:`~lightning_ig.attribution.IGOptions`: how IG runs;
 :class:`~lightning_ig.views.ViewOptions`: what is logged and drawn), checked in its ``__post_init__``; only an option
-that is the callback's own becomes a parameter of ``__init__`` (at most 18 of them), documented in the class's
+that is the callback's own becomes a parameter of ``__init__`` (no more than today's 19), documented in the class's
 ``Args``, a field of :class:`~lightning_ig.callback.options.Options` checked there, used at set-up
 (:mod:`~lightning_ig.callback.fit`) or in the run (``self.options``); each gets a row in the table of its test.
 """
