@@ -175,7 +175,7 @@ class IntegratedGradientsCallback(Callback):
         self._pictures = PictureWriter()  # encodes and logs the pictures beside the training loop
         self._ever_non_zero: set[str] = set()  # count tags non-zero so far: logged from then on (state_dict)
         self._pending: fit.PendingRun | None = None  # a run started at the last batch end, ended at the next
-        self._q_values: Any = None  # target="contrast": (B, A) the model's outputs at the last run's states
+        self._pairs: Any = None  # target="contrast": (B, 2) the last run's greedy and runner-up actions
 
     __getattr__ = option_attribute  # callback.every_n_steps and the other options: self.options' (as checked)
 
@@ -225,7 +225,7 @@ class IntegratedGradientsCallback(Callback):
             pictures=self._pictures,
             ever_non_zero=self._ever_non_zero,
             layout=lambda: _layout(trainer),
-            q_values=lambda: self._q_values,
+            pairs=lambda: self._pairs,
         )
         self.history = setup.history_to_continue(self.history, self._plan.units)
 
@@ -308,9 +308,8 @@ class IntegratedGradientsCallback(Callback):
                 result = pair_rows(result)
             members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
-        if run.target.contrasts:  # the Q-values the pairs were chosen from, for the actions picture
-            with attribution_mode(pl_module), torch.no_grad():
-                riders.append(pl_module(run.states))  # (share, A)
+        if run.target.contrasts:  # each state's pair as the engine chose it, for the actions picture
+            riders.append(result.target_actions)  # (share, 2)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
         transfer = HostResult.begin(
             result,
@@ -347,8 +346,8 @@ class IntegratedGradientsCallback(Callback):
         started = time.perf_counter()
         host = pending.transfer.result()
         members = None if run.members is None else run.members.host_run(pending.riders[0], num_states)
-        if run.target.contrasts:  # the last rider: the Q-values, for the actions picture
-            self._q_values = pending.riders[-1][:num_states].detach().to("cpu", torch.float64).numpy()
+        if run.target.contrasts:  # the last rider: the pairs, for the actions picture
+            self._pairs = pending.riders[-1][:num_states].to("cpu", torch.int64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
         units = run.units
         summary = summarize(

@@ -23,7 +23,6 @@ from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
-from lightning_ig.callback.per_action import ActionTrust
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.run.host_result import HostResult, HostTransfer
@@ -147,7 +146,7 @@ def start(
     pictures: PictureWriter,
     ever_non_zero: Iterable[str],
     layout: Callable[[], Mapping[str, Any]],
-    q_values: Callable[[], Any],
+    pairs: Callable[[], Any],
 ) -> Fit:
     """The ``on_fit_start`` hook's work: the engine tried on two states, the outputs, the trust checks.
 
@@ -158,7 +157,7 @@ def start(
         pictures: the callback's picture worker.
         ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
         layout: makes the Custom Scalars page of every IG callback of the trainer.
-        q_values: the last run's ``(B, A)`` outputs at the states, for the actions picture (``target="contrast"``).
+        pairs: the last run's ``(B, 2)`` greedy and runner-up actions, for the actions picture (``target="contrast"``).
 
     Raises:
         ValueError: ``action_names`` of another count than the model's outputs.
@@ -183,8 +182,7 @@ def start(
         logged = target.rows_per_state * count <= views.max_logged_features
         tags = dataclasses.replace(tags, action_labels=display_labels(target.actions or ()), action_units=logged)
     checks = None if options.checks_every_n_runs is None else TrustChecks.every(options.checks_every_n_runs)
-    monitor = ActionTrust if target.every_output else TrustMonitor  # "each": the checks judge the mean over actions
-    trust = monitor.prepare(
+    trust = TrustMonitor.prepare(
         checks,
         trainer,
         pl_module,
@@ -200,7 +198,7 @@ def start(
         epoch, world = trainer.current_epoch, trainer.world_size
         return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=world)
 
-    inputs = _picture_inputs(options, plan, q_values if target.contrasts else None)
+    inputs = _picture_inputs(options, plan, pairs if target.contrasts else None)
     outputs = RunOutputs(
         tags,
         _cadences(views, plan, target),
@@ -233,8 +231,8 @@ def start(
     )
 
 
-def _picture_inputs(options: Options, plan: FitPlan, q_values: Callable[[], Any] | None) -> Any:
-    """What the pictures of this fit need besides a run (the states drawn, the channels' names, the Q-values)."""
+def _picture_inputs(options: Options, plan: FitPlan, pairs: Callable[[], Any] | None) -> Any:
+    """What the pictures of this fit need besides a run (the states drawn, the channels' names, a contrast's pairs)."""
     from lightning_ig.views.pictures.draw import picture_inputs  # noqa: PLC0415 - the drawing modules only when drawn
 
     groups, views = plan.units.groups, options.views
@@ -247,7 +245,7 @@ def _picture_inputs(options: Options, plan: FitPlan, q_values: Callable[[], Any]
         groups_are_channels=channel_names is not None,
         baseline=heldout.baseline_label(options.baseline),
         spatial=saliency_kind(tuple(plan.held_out.shape[1:])) is not None,
-        q_values=q_values,
+        pairs=pairs,
     )
 
 

@@ -32,12 +32,15 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.targets import Target
 from lightning_ig.callback.heldout import baselines_for
 from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.run.actions import state_rows
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.run.summary import RunSummary
@@ -101,8 +104,10 @@ class TrustMonitor:
         prefix: str,
         *,
         replays: bool = False,
+        rows_per_state: int = 1,
     ) -> None:
         self.options, self.model, self.states, self.baselines = options, model, states, baselines
+        self.rows_per_state = rows_per_state  # a "each" run's rows: (state, action) pairs, state-major
         self.settings, self.groups, self.prefix = settings, groups, prefix
         noisy = any(isinstance(module, NoisyLinear) for module in model.modules())
         units = states[0].numel() if groups is None else len(groups)
@@ -148,7 +153,7 @@ class TrustMonitor:
             rank_zero_warn(
                 f"IntegratedGradientsCallback: the trust checks run on global rank zero alone, and under "
                 f"{type(trainer.strategy).__name__} a forward may need every rank: switched off "
-                "(pass trust_checks=False to silence this)"
+                "(pass checks_every_n_runs=None to silence this)"
             )
             return None
         dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
@@ -156,9 +161,16 @@ class TrustMonitor:
         states = held_out.to(device=device, dtype=dtype)
         zeros = isinstance(baseline, str) and baseline == "zeros"  # the engines' fast path: no baseline tensor
         baselines = None if zeros else baselines_for(baseline, held_out, torch.arange(len(held_out)), device, dtype)
-        settings = AttributionSettings(forward=forward, target=engine.target, options=engine.options)
-        replays = _replays(engine, device)
-        monitor = cls(options, pl_module, states, baselines, settings, groups, prefix, replays=replays)
+        # target="each": the checks judge the mean over the actions. IG is linear in the target, so a state's action
+        # rows averaged (step) are the attributions of mean_a Q(s, a), V(s) of a dueling network, which the checks
+        # attribute again; a plain forward, so the deletion check runs too.
+        target = engine.target
+        checked = Target.parse("mean") if target.every_output else target
+        settings = AttributionSettings(forward=forward, target=checked, options=engine.options)
+        replays, rows = _replays(engine, device), target.rows_per_state
+        monitor = cls(
+            options, pl_module, states, baselines, settings, groups, prefix, replays=replays, rows_per_state=rows
+        )
         if not settings.target.checks_deletion:  # a contrast's pair is chosen at each state and held fixed
             monitor._switch_off(
                 "deletion",
@@ -173,6 +185,12 @@ class TrustMonitor:
     ) -> tuple[RunSummary, dict[str, float]]:
         """The checks the schedule makes at this run, and the run's verdict: ``(summary with trust_checks set,
         scalars)``. The scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``)."""
+        if self.rows_per_state > 1:  # "each": each state's action rows averaged (see prepare)
+            host = dataclasses.replace(
+                host,
+                attributions=_state_means(host.attributions, self.rows_per_state),
+                group_attributions=_state_means(host.group_attributions, self.rows_per_state),
+            )
         started = time.perf_counter()
         if self._start is None:
             self._start = summary.run_index
@@ -330,3 +348,8 @@ def _replays(engine: Any, device: torch.device) -> bool:
         and settings.gradient == "autograd"
         and engine.graph_capture.available(torch.device(device))
     )
+
+
+def _state_means(values: np.ndarray | None, rows_per_state: int) -> np.ndarray | None:
+    """``(B * A, ...)`` rows -> ``(B, ...)``: each state's rows averaged."""
+    return None if values is None else state_rows(values, rows_per_state).mean(axis=1)

@@ -8,8 +8,8 @@ states it is the greedy one (from ``Q(s, a)`` at the state itself, the rows' ``F
 
 The JSON report of such a run is :func:`lightning_ig.views.report.each_report`.
 
-A ``target="contrast"`` run has one row per state (``Q(s, greedy) - Q(s, runner-up)``); which two actions those are
-is read from the model's Q-values at the states when its picture is drawn (:func:`contrast_numbers`).
+A ``target="contrast"`` run has one row per state (``Q(s, greedy) - Q(s, runner-up)``), the two actions chosen by the
+engine at each state (``IGResult.target_actions``); its picture shows the commonest pair (:func:`contrast_numbers`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ __all__ = [
     "ContrastNumbers",
     "action_pairs",
     "contrast_numbers",
-    "greedy_and_runner_up",
     "state_rows",
 ]
 
@@ -85,59 +84,40 @@ class ActionSummary:
 
 @dataclass(frozen=True)
 class ContrastNumbers:
-    """Which two actions a ``target="contrast"`` run compared, and the moments of the commonest pair.
+    """Which two actions a ``target="contrast"`` run compared most often, and the moments of that pair.
 
     Attributes:
-        greedy: ``(B,)`` the greedy action of each state.
-        runner_up: ``(B,)`` the runner-up of each state.
         pair: the commonest ``(greedy, runner-up)`` pair.
         count: how many states have it.
         moments: the units' moments over those states.
     """
 
-    greedy: np.ndarray
-    runner_up: np.ndarray
     pair: tuple[int, int]
     count: int
     moments: Moments
 
 
-def contrast_numbers(q_values: np.ndarray, unit_values: np.ndarray) -> ContrastNumbers:
-    """The pairs of a contrast run and the moments of its commonest pair.
+def contrast_numbers(pairs: np.ndarray, unit_values: np.ndarray) -> ContrastNumbers:
+    """The commonest pair of a contrast run and the moments of its states.
 
     Args:
-        q_values: ``(B, A)`` the model's outputs at the held-out states.
+        pairs: ``(B, 2)`` each state's greedy action and runner-up, as the engine chose them
+            (:attr:`~lightning_ig.attribution.IGResult.target_actions`).
         unit_values: ``(B, U)`` the units' attributions of ``Q(greedy) - Q(runner-up)`` per state.
 
     Raises:
-        ValueError: fewer than two actions, or a row count that differs.
+        ValueError: ``pairs`` not ``(B, 2)``, or a row count that differs.
     """
-    greedy, runner_up = greedy_and_runner_up(q_values)
+    chosen_pairs = np.asarray(pairs, dtype=np.int64)
     values = np.asarray(unit_values, dtype=np.float64)
-    if values.shape[0] != greedy.shape[0]:
-        raise ValueError(f"got Q-values of {greedy.shape[0]} states and attributions of {values.shape[0]}")
+    if chosen_pairs.ndim != 2 or chosen_pairs.shape[1] != 2 or values.shape[0] != chosen_pairs.shape[0]:
+        raise ValueError(
+            f"pairs must be (B, 2) for the {values.shape[0]} states' attributions, got shape {chosen_pairs.shape}"
+        )
+    greedy, runner_up = chosen_pairs.T
     (pair, count), *_ = action_pairs(greedy, runner_up)
     chosen = (greedy == pair[0]) & (runner_up == pair[1])
-    return ContrastNumbers(greedy, runner_up, pair, int(count), Moments.of(values[chosen]))
-
-
-def greedy_and_runner_up(q_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per state, the greedy action and the runner-up (the second largest Q; ties by the lower index).
-
-    Args:
-        q_values: ``(B, A)`` with ``A >= 2``.
-
-    Returns:
-        ``(greedy, runner_up)``, ``(B,)`` int64 each.
-
-    Raises:
-        ValueError: ``q_values`` is not ``(B, A)`` with at least two actions.
-    """
-    values = np.asarray(q_values, dtype=np.float64)
-    if values.ndim != 2 or values.shape[1] < 2:
-        raise ValueError(f"q_values must be (states, actions) with at least 2 actions, got shape {values.shape}")
-    order = np.argsort(-values, axis=1, kind="stable")
-    return order[:, 0].astype(np.int64), order[:, 1].astype(np.int64)
+    return ContrastNumbers(pair, int(count), Moments.of(values[chosen]))
 
 
 def action_pairs(greedy: np.ndarray, runner_up: np.ndarray) -> list[tuple[tuple[int, int], int]]:

@@ -1,8 +1,8 @@
-"""One collective for a run's result and the rows that ride along with it (an ensemble's members, Q-values).
+"""One collective for a run's result and the rows that ride along with it (an ensemble's members, a contrast's pairs).
 
 Under DDP every rank makes the same single collective call with the same shape
 (:meth:`~lightning_ig.run.host_result.HostResult.begin` calls its ``gather`` once). A run that also
-needs other per-state rows gathered (an ensemble's members, the Q-values of ``target="contrast"``) sends them in
+needs other per-state rows gathered (an ensemble's members, the pairs of ``target="contrast"``) sends them in
 that same call, beside the result's packed rows: :class:`JointGather`. In a single process nothing is gathered
 and the rows stay where they are.
 """

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
-from lightning_ig.run.actions import greedy_and_runner_up
 from lightning_ig.views import ViewOptions
 from tests.callback.test_callback import loader
 from tests.support.tiny import FEATURES, ConvQNet, TinyQNet, held_out_states, make_trainer
@@ -64,8 +63,9 @@ def contrast_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_contrast_is_the_greedy_margin_and_its_scalars_equal_the_engines(contrast_run):
     result, events = contrast_run["result"], contrast_run["events"]
     # The engine's pairs are the greedy and runner-up outputs at each state, its target their difference.
-    greedy, runner_up = greedy_and_runner_up(contrast_run["q_values"].numpy())
-    assert np.array_equal(result.target_actions.numpy(), np.stack([greedy, runner_up], axis=1))
+    expected = np.argsort(-contrast_run["q_values"].numpy(), axis=1, kind="stable")[:, :2]  # ties: the lower index
+    assert np.array_equal(result.target_actions.numpy(), expected)
+    assert np.array_equal(contrast_run["callback"]._pairs, expected)  # the picture reads the pairs the engine chose
     margin = contrast_run["q_values"].max(1).values - contrast_run["q_values"].min(1).values  # two actions
     assert_close_scaled(result.f_input.double(), margin, ulps=8)
     assert contrast_run["callback"]._fit.target.label == "contrast"

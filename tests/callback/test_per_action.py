@@ -12,7 +12,7 @@ import lightning_ig.attribution.engine as engine_module
 from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import TrustMonitor
-from lightning_ig.callback.per_action import ActionTrust, pair_rows
+from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.models.noise import noise_disabled
 from tests.callback.test_callback import loader
 from tests.support.graphs import EmulatedCapture
@@ -58,13 +58,13 @@ def test_a_result_of_another_target_is_refused():
 
 def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, monkeypatch):
     seen = []
-    step = TrustMonitor.step
+    timed = TrustMonitor._timed
 
-    def spy(self, host, summary, *, final=False):
+    def spy(self, name, host):
         seen.append(host)
-        return step(self, host, summary, final=final)
+        return timed(self, name, host)
 
-    monkeypatch.setattr(TrustMonitor, "step", spy)
+    monkeypatch.setattr(TrustMonitor, "_timed", spy)  # what each check reads
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
     callback = IntegratedGradientsCallback(
         states,
@@ -78,7 +78,7 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
         warnings.simplefilter("ignore")
         make_trainer(tmp_path, [callback], max_steps=4).fit(model, loader())
     trust = callback._fit.trust
-    assert isinstance(trust, ActionTrust) and trust.actions == 2 and trust.settings.target.label == "mean"
+    assert trust.rows_per_state == 2 and trust.settings.target.label == "mean"
     # All three checks ran: the deletion check too (the mean over the actions is a plain forward).
     verdict = callback._last.trust_checks
     assert verdict.randomization is not None and verdict.deletion is not None and verdict.stability.applicable
@@ -86,8 +86,8 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
     with noise_disabled(model):
         value = integrated_gradients(model, states, target="mean", n_steps=16).attributions.double().numpy()
     # The checks read each state's action rows averaged: by linearity, the attributions of the mean Q (V(s)).
-    (host,) = seen  # one run, at step 4 (the end of training is the same step)
-    assert host.attributions.shape == (len(states), 4)
+    host = seen[0]  # one run, at step 4 (the end of training is the same step); every check reads the same rows
+    assert all(other is host for other in seen) and host.attributions.shape == (len(states), 4)
     assert_close_scaled(host.attributions, value, ulps=64, scale=float(np.abs(value).sum(1).max()))
 
 

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from lightning_ig.run.actions import ActionSummary, action_pairs, greedy_and_runner_up
+from lightning_ig.run.actions import ActionSummary, action_pairs, contrast_numbers
 from tests.support.each import NAMES
 from tests.support.each import each_run as make_each_run
 from tests.support.tolerance import assert_close_scaled
@@ -41,12 +41,13 @@ def test_a_state_with_a_non_finite_q_value_counts_for_no_action():
     assert summary.greedy_counts.tolist() == [2, 1]  # a tie goes to the lower index; the NaN state to none
 
 
-def test_greedy_and_runner_up_per_state_ties_by_the_lower_index():
-    q = np.array([[0.1, 0.5, 0.3], [2.0, 2.0, 1.0], [0.0, -1.0, 3.0]])
-    greedy, runner_up = greedy_and_runner_up(q)
-    assert greedy.tolist() == [1, 0, 2] and runner_up.tolist() == [2, 1, 0]
-    with pytest.raises(ValueError, match="at least 2 actions"):
-        greedy_and_runner_up(np.ones((3, 1)))
+def test_a_contrast_run_shows_its_commonest_pair_and_the_moments_of_its_states():
+    pairs = np.array([[0, 2], [1, 0], [0, 2], [2, 1]])  # as the engine chose them: IGResult.target_actions
+    numbers = contrast_numbers(pairs, np.arange(8.0).reshape(4, 2))
+    assert numbers.pair == (0, 2) and numbers.count == 2
+    assert numbers.moments.mean_abs.tolist() == [2.0, 3.0]  # states 0 and 2: rows [0, 1] and [4, 5]
+    with pytest.raises(ValueError, match=r"pairs must be \(B, 2\)"):
+        contrast_numbers(pairs[:, :1], np.ones((4, 2)))
 
 
 def test_pairs_are_counted_the_commonest_first():

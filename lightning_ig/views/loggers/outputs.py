@@ -327,11 +327,11 @@ class RunOutputs:
         return columns
 
     def _inputs_now(self) -> Any:
-        """The picture inputs with what they read of the callback (the last Q-values) read now, for the worker."""
-        q_values = getattr(self.inputs, "q_values", None)
-        if q_values is None:
+        """The picture inputs with what they read of the callback (a contrast's last pairs) read now, for the worker."""
+        pairs = getattr(self.inputs, "pairs", None)
+        if pairs is None:
             return self.inputs
-        return dataclasses.replace(self.inputs, q_values=functools.partial(_same, q_values()))
+        return dataclasses.replace(self.inputs, pairs=functools.partial(_same, pairs()))
 
     def _write(self, job: _RunJob) -> None:
         """On the worker: the pictures drawn, then every TensorBoard event of the run, then the sinks' part."""

@@ -68,7 +68,7 @@ class PictureInputs:
         unit_colours: one ``"#rrggbb"`` per unit drawn beside its label (the channels' when the groups are
             channels), or ``None``.
         baseline: what the attributions are relative to, in words (:func:`baseline_words`).
-        q_values: for ``target="contrast"``, a callable giving ``(B, A)`` the model's outputs at the states (run
+        pairs: for ``target="contrast"``, a callable giving ``(B, 2)`` each state's greedy and runner-up actions (run
             only when the ``actions`` picture is drawn); else ``None``.
     """
 
@@ -80,7 +80,7 @@ class PictureInputs:
     channel_colours: list[str] | None = None
     unit_colours: list[str] | None = None
     baseline: str = "the baseline"
-    q_values: Callable[[], np.ndarray] | None = None
+    pairs: Callable[[], np.ndarray] | None = None
 
 
 def picture_inputs(
@@ -92,7 +92,7 @@ def picture_inputs(
     groups_are_channels: bool,
     baseline: str,
     spatial: bool,
-    q_values: Callable[[], np.ndarray] | None = None,
+    pairs: Callable[[], np.ndarray] | None = None,
 ) -> PictureInputs:
     """What the pictures of a fit need, decided once at its start.
 
@@ -105,7 +105,7 @@ def picture_inputs(
         groups_are_channels: the groups are exactly the channels: the bars get the channels' colours.
         baseline: the baseline option (``"zeros"``, ``"mean"``, or a tensor's label).
         spatial: the states are frames (``(C, H, W)`` or ``(H, W)``).
-        q_values: ``(B, A)`` the model's outputs at the states, for ``target="contrast"``; ``None`` otherwise.
+        pairs: ``(B, 2)`` each state's greedy and runner-up actions, for ``target="contrast"``; ``None`` otherwise.
     """
     from lightning_ig.views.pictures.frames import first_distinct  # noqa: PLC0415 - the drawing modules only when drawn
     from lightning_ig.views.pictures.raster import categorical_colours  # noqa: PLC0415
@@ -126,7 +126,7 @@ def picture_inputs(
         channel_colours=colours,
         unit_colours=colours if groups_are_channels else None,
         baseline=baseline_words(baseline, spatial),
-        q_values=q_values,
+        pairs=pairs,
     )
 
 
@@ -365,9 +365,9 @@ def actions_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
             note=["A(s, a) = Q(s, a) − the mean Q over the actions", "A(s, a) = Q(s, a) − mean Q"],
         ).pixels
     values = summary.units.values
-    if inputs.q_values is None or values is None or not names:
+    if inputs.pairs is None or values is None or not names:
         return None
-    numbers = contrast_numbers(inputs.q_values(), values)
+    numbers = contrast_numbers(inputs.pairs(), values)
     greedy, runner_up = numbers.pair
     return contrast_chart(
         list(labels),
