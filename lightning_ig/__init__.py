@@ -4,12 +4,14 @@ What a user imports, nothing else: the callback, the IG engine and its result, f
 Q-network and its noise, the fused loss, ensembles, checkpoints. Every other public name lives in its wing, which
 says what it exports in its docstring:
 
-* :mod:`lightning_ig.attribution`: the engine (``StochasticForwardWarning``, ``target_forward``, ``calibrate``, ...);
+* :mod:`lightning_ig.attribution`: the engine (``IGOptions``, the callback's ``engine=``; ``StochasticForwardWarning``,
+  ``target_forward``, ``calibrate``, ...);
 * :mod:`lightning_ig.models`: the other Q-networks (``ConvDuelingQNetwork``, ``MinAtarQNetwork``,
   ``NatureQNetwork``), ``register_model``, ``build_model``;
 * :mod:`lightning_ig.ensemble`: ``ensemble_reduce``, ``EnsembleReduce``; :mod:`lightning_ig.run`: a run's numbers
   (``HostResult``, ``accuracy_verdict``, ``ensemble_summary``, ...);
-* :mod:`lightning_ig.views`: the JSON report (``build_report``, ``feature_statistics``, ...);
+* :mod:`lightning_ig.views`: ``ViewOptions`` (the callback's ``views=``), the JSON report (``build_report``,
+  ``feature_statistics``, ...);
   :mod:`lightning_ig.checkpoint`: merged files and states files; :mod:`lightning_ig.trust`: the trust checks.
 
 Names are imported on first use, so ``import lightning_ig`` stays cheap: it loads neither torch nor Lightning,

@@ -106,9 +106,9 @@ class IGResult:
         method: the quadrature rule.
         gradient: ``"autograd"`` or ``"finite_difference"``.
         backend: ``"cuda"`` (the kernels of ``kernels/ig.cu``) or ``"torch"``.
-        target: what was attributed (``lightning_ig.vocabulary.target_label``):
-            ``"output"``, ``"mean"``, ``"action:<k>"``, ``"per_row"``, ``"each"``
-            or ``"callable:<name>"``.
+        target: what was attributed, the target's label
+            (:attr:`~lightning_ig.attribution.targets.Target.label`): ``"output"``, ``"mean"``, ``"action:<k>"``,
+            ``"per_row"``, ``"each"``, ``"contrast"`` or ``"callable:<name>"``.
         fd_step: the relative finite-difference step (``None`` for autograd).
         internal_batch_size: rows per forward in the last chunk run.
         cuda_graph: whether the result came from a replayed CUDA graph.
