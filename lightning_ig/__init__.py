@@ -4,7 +4,7 @@ What a user imports, nothing else: the callback, the IG engine and its result, f
 Q-network and its noise, the fused loss, ensembles, checkpoints. Every other public name lives in its wing, which
 says what it exports in its docstring:
 
-* :mod:`lightning_ig.attribution`: the engine (``StochasticForwardWarning``, ``target_forward``, ``calibrate``, ...);
+* :mod:`lightning_ig.attribution`: the engine (``StochasticForwardWarning``, ``target_forward``, ...);
 * :mod:`lightning_ig.models`: the other Q-networks (``ConvDuelingQNetwork``, ``MinAtarQNetwork``,
   ``NatureQNetwork``), ``register_model``, ``build_model``;
 * :mod:`lightning_ig.ensemble`: ``ensemble_reduce``, ``EnsembleReduce``; :mod:`lightning_ig.run`: a run's numbers

@@ -268,12 +268,6 @@ def entry_points() -> list[Entry]:
             owner=lambda: L.IntegratedGradients(_value, n_steps=4),
             extra=engine_options,
         ),
-        Entry(
-            "IntegratedGradients.calibrate",
-            L.IntegratedGradients.calibrate,
-            lambda tmp: {"states": states, "num_states": 2},
-            owner=lambda: L.IntegratedGradients(_value, n_steps=4),
-        ),
         Entry("IGResult.grouped", L.IGResult.grouped, lambda tmp: {"groups": "features"}, owner=_result),
         Entry("target_forward", L.target_forward, lambda tmp: {"model": q()}),
         Entry("quadrature", quadrature, lambda tmp: {"method": "gausslegendre", "n": 4}),

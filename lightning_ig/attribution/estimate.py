@@ -38,7 +38,7 @@ How the estimate is computed
     ``h |t''| / |t'|`` for a smooth integrand (0.62 and below on every tanh/SiLU state measured). With
     ``lam = clip((r - 0.6) / 0.3, 0, 1)`` (``lam = 1`` below 3 nodes)::
 
-        attribution_error = error_scale * (max(smooth, lam * kink) + ||a - a_64||_1) / ||a||_1
+        attribution_error = (max(smooth, lam * kink) + ||a - a_64||_1) / ||a||_1
 
     where ``a_64`` is the same gradients summed in float64: the rounding of the accumulation (in float32 for
     float32 inputs, sequential, like the kernel), which is the whole error of a smooth network at 256 nodes.
@@ -52,7 +52,7 @@ When it can be wrong (measured against exact references; ``docs/trust.md``)
       misses over-estimates; fewer at 256 nodes, where fewer stretches hold two kinks.
     * A pulse (the gradient changes and changes back between two nodes) is seen by its residual only.
     * Kinks crowded at an end (inputs far off the training distribution): the end pieces count by their residual
-      only and the estimate reads 0.5-0.6x with the midpoint rule; the calibrated rule or scale corrects it.
+      only and the estimate reads 0.5-0.6x with the midpoint rule.
     * Smooth networks with features only a few nodes wide (``r`` near 0.6): the curvature term over-reads 2-5x.
     * After refinement that chases the estimate it reads low; ``n_steps="auto"`` refines uniformly for this reason.
 """
@@ -66,10 +66,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate"]
+__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate", "slopes_and_roughness"]
 
 ACCURACY_ROWS = ("attribution_error", "mass_relative_error", "attribution_mass")
-"""The rows of :func:`accuracy_rows` ``(3, T, B)``; ``attribution_error`` is unscaled (``error_scale`` 1)."""
+"""The rows of :func:`accuracy_rows` ``(3, T, B)``."""
 
 ROUGHNESS = (0.6, 0.9)
 """The roughness below which a state is read as smooth (curvature only) and above which as kinked (the kink model
@@ -111,7 +111,7 @@ def error_estimate(
     """
     n, dtype = grads.shape[1], grads.dtype
     rule = _rule_parts(alphas, weights)
-    slopes, roughness = _slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
+    slopes, roughness = slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
     f_input, f_baseline = f_input.to(dtype), f_baseline.to(dtype)
     ends = (values[:, 0] - f_baseline - slopes[:, 0] * rule.first).abs()  # [0, c_0]: the rule uses g_0 on it
     ends = ends + (f_input - values[:, -1] - slopes[:, -1] * rule.last).abs()  # [c_{n-1}, 1]: g_{n-1} on it
@@ -225,7 +225,7 @@ def _block_size(grads: Tensor, copies: int = 1) -> int:
     return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, copies * grads[:, :1].numel())))
 
 
-def _slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
+def slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
     """``(T, n, B)`` the slopes ``sum_i (x - b)_i g_k,i`` and ``(T, B)`` the roughness, in blocks of nodes.
 
     The roughness is measured on the path terms summed in :data:`_GROUPS` groups of features (feature ``i`` in group
@@ -279,7 +279,7 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
 
 
 def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor) -> Tensor:
-    """``(3, T, B)``: the relative estimate (unscaled), the mass-relative completeness error, ``||a||_1``.
+    """``(3, T, B)``: the relative estimate, the mass-relative completeness error, ``||a||_1``.
 
     ``mass_relative_error = |sum(a) - dF| / max(sum|a|, |dF|)``: well conditioned where ``dF`` is tiny next to
     the attribution mass (a random-init network: the ratio ``|delta| / |dF|`` then reads 60-100% for maps within

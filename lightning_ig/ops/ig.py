@@ -224,7 +224,9 @@ def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
     if weights.dim() == 1:
         return weights.view(1, n_steps, 1).expand(n_targets, n_steps, batch)
     if weights.shape != (n_targets, n_steps, batch):
-        raise ValueError(f"weights must be (n,) or (T, n, B) = {(n_targets, n_steps, batch)}, got {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must be (n,) or (T, n, B) = {(n_targets, n_steps, batch)}, got {tuple(weights.shape)}"
+        )
     return weights
 
 
