@@ -24,7 +24,7 @@ from typing_extensions import override
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
-from lightning_ig.callback import calibration, fit, heldout, setup
+from lightning_ig.callback import fit, heldout, setup
 from lightning_ig.callback.options import check_options, option_attribute
 from lightning_ig.ensemble.members import pack_members
 from lightning_ig.models.noise import attribution_mode
@@ -86,11 +86,12 @@ class IntegratedGradientsCallback(Callback):
             ``(pl_module, x) -> (N,)``: the scalar attributed, computed your way (``target`` stays
             ``"mean"``).
         n_steps: Quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work fits the
-            device (:mod:`lightning_ig.attribution.budget`; the summary's ``n_steps`` says which); or ``"auto"``
-            (refine per state until the error estimate is within ``completeness_tol / 2``).
-        method: ``"riemann_middle"`` (default), another rule of
-            :func:`~lightning_ig.attribution.integrated_gradients` (``"gausslegendre"``, ``"warped_middle:2"``,
-            ...); calibration (``calibrate_every``) may replace it by a rule that was twice as accurate.
+            device, the kink rule's 56 where that is 64 (:mod:`lightning_ig.attribution.budget`; the summary's
+            ``n_steps`` says which); or ``"auto"`` (refine per state until the error estimate is within
+            ``completeness_tol / 2``).
+        method: ``"auto"`` (default: the kink rule ``"kink_midpoint"`` at 64 points or fewer, else
+            ``"riemann_middle"``), or another rule of :func:`~lightning_ig.attribution.integrated_gradients`
+            (``"gausslegendre"``, ...).
         gradient: ``"autograd"`` (default) or ``"finite_difference"``.
         backend: ``"auto"`` (default), ``"cuda"`` or ``"torch"``.
         internal_batch_size: Rows per forward in the engine (default ``None``: from free memory).
@@ -125,13 +126,6 @@ class IntegratedGradientsCallback(Callback):
         on_non_finite: ``"warn"`` (default: once, and log ``worst_relative_error`` as ``inf``) or
             ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the model
             produces NaN/Inf on the held-out states.
-        calibrate_every: Re-run the calibration (:mod:`lightning_ig.attribution.calibration`: the rule
-            and the error estimate's scale, on the first 8 held-out states against a reference of
-            ``max(1024, 4 n_steps)`` midpoint steps) at the first run and every this many runs (default 50:
-            ``8 x (1024 + 4 n_steps)`` gradient rows a time, its share of the IG time in ``docs/trust.md``); its
-            wall time is the summary's
-            ``completeness.calibration_ms``. ``None``: never (the midpoint rule, scale 1). Not for
-            ``n_steps="auto"`` or finite differences.
         checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity,
             deletion, and noise stability for NoisyNet models) due every this many runs (stability every four times
             as many) and at the end, each run when the budget covers it: their cumulative cost stays within 20% of
@@ -191,7 +185,6 @@ class IntegratedGradientsCallback(Callback):
         saliency_channel: int | None = None,
         saliency_every_n_runs: int = 10,
         on_non_finite: Literal["warn", "raise"] = "warn",
-        calibrate_every: int | None = 50,
         checks_every_n_runs: int | None = 5,
         action_names: Sequence[str] | None = None,
     ) -> None:
@@ -314,10 +307,7 @@ class IntegratedGradientsCallback(Callback):
         """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order)."""
         assert self._fit is not None  # noqa: S101 - _should_run checked it
         self._finish_pending()
-        run, every = self._fit, self.options.calibrate_every
-        calibrated_ms = None  # the rule and error scale chosen again at the first run and every calibrate_every runs
-        if every is not None and len(self.history) % every == 0:
-            calibrated_ms = calibration.calibrate(run.engine, trainer, pl_module, run.held_out, self.options.baseline)
+        run = self._fit
         started = time.perf_counter()
         with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
             result = run.engine.attribute(run.states, baselines=run.baselines)
@@ -335,7 +325,7 @@ class IntegratedGradientsCallback(Callback):
         riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         held_ms = (time.perf_counter() - started) * 1e3
         step, epoch = trainer.global_step, trainer.current_epoch
-        return fit.PendingRun(run, trainer, transfer, riders, step, epoch, final, held_ms, calibrated_ms)
+        return fit.PendingRun(run, trainer, transfer, riders, step, epoch, final, held_ms)
 
     def _finish_pending(self, *, landed: bool = False) -> None:
         """End the pending run, if any; with ``landed`` only if its numbers have landed (asked, never waited for)."""
@@ -356,8 +346,6 @@ class IntegratedGradientsCallback(Callback):
         summary = summarize(
             host, step=pending.step, history=self.history, time_ms=time_ms, members=members, **run.summary_options
         )
-        if pending.calibrated_ms is not None:
-            summary = calibration.noted(summary, pending.calibrated_ms)
         if run.trust is not None:  # the monitor at the runs it names; the others carry the verdict it made for them
             if pending.final or len(self.history) >= run.trust.next_run:
                 summary, trust = run.trust.step(host, summary, final=pending.final)

@@ -78,7 +78,6 @@ class Options:
     saliency_channel: int | None
     saliency_every_n_runs: int
     on_non_finite: str
-    calibrate_every: int | None
     checks_every_n_runs: int | None
     action_names: list[str] | None
 
@@ -139,7 +138,6 @@ def check_options(given: Mapping[str, Any]) -> Options:
         saliency_channel=check_saliency_channel_index(given["saliency_channel"]),
         saliency_every_n_runs=check_positive_int(given["saliency_every_n_runs"], "saliency_every_n_runs", example=10),
         on_non_finite=check_choice(given["on_non_finite"], ("warn", "raise"), "on_non_finite"),
-        calibrate_every=check_optional_positive_int(given["calibrate_every"], "calibrate_every"),
         checks_every_n_runs=check_optional_positive_int(given["checks_every_n_runs"], "checks_every_n_runs"),
         action_names=check_action_names(given["action_names"], target, forward),
     )

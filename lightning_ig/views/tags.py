@@ -16,7 +16,6 @@ from lightning_ig.run.agreement import ensemble_scalar_names
 from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
 
 __all__ = [
-    "CALIBRATION_TAGS",
     "CONCENTRATION_TWIN",
     "COUNT_TAGS",
     "PICTURES",
@@ -175,10 +174,6 @@ class TagNames:
                 quantity = "group/mean_abs" if self.group_labels is not None else "mean_abs"
                 tags += [f"{self.prefix}/action/{action}/{quantity}/{label}" for label in units]
         return [*tags, f"{self.prefix}/time_ms"]
-
-
-CALIBRATION_TAGS = ("completeness/calibration_ms", "completeness/error_scale")
-"""Scalars of the runs that calibrate (the first, then every ``calibrate_every`` runs): its cost and the scale."""
 
 
 def same_concentrations(num_features: int) -> bool:

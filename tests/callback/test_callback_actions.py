@@ -44,7 +44,6 @@ def contrast_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         feature_names=FEATURES,
         n_steps=N_STEPS,
         figure_every_n_runs=1,
-        calibrate_every=None,  # the midpoint rule throughout, as the direct run below
     )
     tensorboard = TensorBoardLogger(root, name="tb")
     trainer = make_trainer(root, [callback], max_steps=10, logger=tensorboard)
@@ -131,7 +130,6 @@ def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
         report_dir=tmp_path / "reports",
         figure_every_n_runs=1,
         checks_every_n_runs=None,
-        calibrate_every=None,
     )
     tensorboard = TensorBoardLogger(tmp_path, name="tb")
     trainer = make_trainer(tmp_path, [callback], max_steps=4, logger=tensorboard, devices=2, strategy="ddp_spawn")
@@ -171,7 +169,6 @@ def each_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         feature_names=FEATURES,
         n_steps=N_STEPS,
         figure_every_n_runs=1,
-        calibrate_every=None,  # the midpoint rule throughout, as the direct run below
         report_dir=root / "reports",
     )
     tensorboard = TensorBoardLogger(root, name="tb")
@@ -300,7 +297,6 @@ def test_each_under_ddp_equals_one_process(tmp_path):
             report_dir=folder / "reports",
             figure_every_n_runs=1,
             checks_every_n_runs=None,
-            calibrate_every=None,
         )
         strategy = {"devices": 2, "strategy": "ddp_spawn"} if devices == 2 else {}
         logger = TensorBoardLogger(folder, name="tb")
@@ -341,7 +337,6 @@ def test_each_on_frames_logs_group_tags_per_action_and_the_saliency_of_the_mean(
         every_n_steps=2,
         n_steps=8,
         saliency_every_n_runs=1,
-        calibrate_every=None,
         checks_every_n_runs=None,
         report_dir=tmp_path / "reports",
     )
@@ -394,7 +389,7 @@ def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_
     sink = KeptSink()
     monkeypatch.setattr(fit_module, "picture_sinks", lambda loggers: [sink])
     callback = IntegratedGradientsCallback(
-        held_out_states(), target="each", every_n_steps=4, n_steps=8, checks_every_n_runs=None, calibrate_every=None
+        held_out_states(), target="each", every_n_steps=4, n_steps=8, checks_every_n_runs=None
     )
     make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(
         TinyQNet(), loader()

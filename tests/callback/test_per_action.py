@@ -68,9 +68,7 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
 
     monkeypatch.setattr(TrustMonitor, "step", spy)
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
-    callback = IntegratedGradientsCallback(
-        states, target="each", every_n_steps=4, n_steps=16, checks_every_n_runs=1, calibrate_every=None
-    )
+    callback = IntegratedGradientsCallback(states, target="each", every_n_steps=4, n_steps=16, checks_every_n_runs=1)
     with warnings.catch_warnings(), checks_without_budget():  # every check at the one run of this short fit
         warnings.simplefilter("ignore")
         make_trainer(tmp_path, [callback], max_steps=4).fit(model, loader())
@@ -93,9 +91,7 @@ def test_an_each_run_replays_its_graph_and_holds_what_an_eager_run_computes(tmp_
     action's Q; what they log equals an eager ``target="each"`` call on the same weights."""
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
-    callback = IntegratedGradientsCallback(
-        states, target="each", every_n_steps=2, n_steps=8, checks_every_n_runs=None, calibrate_every=None
-    )
+    callback = IntegratedGradientsCallback(states, target="each", every_n_steps=2, n_steps=8, checks_every_n_runs=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         make_trainer(tmp_path, [callback], max_steps=6).fit(model, loader())
