@@ -197,10 +197,10 @@ def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor
     jumps, smooth, size_sum = [], None, None
     for k in range(0, n, size):
         block = grads[:, k : k + size + 1]  # (T, m + 1, B, F): one node past the block for its last jump
-        jumps.append(((block[:, 1:] - block[:, :-1]).abs() * reach).sum(-1))
+        jumps.append((block[:, 1:] - block[:, :-1]).abs_().mul_(reach).sum(-1))  # in place: one temporary
         own = block[:, : min(size, n - k)]
         part = (gap[k : k + size].view(1, -1, 1, 1) * own).sum(1)  # (T, B, F)
-        mass = (own.abs() * reach).sum((1, -1))  # (T, B)
+        mass = (own.abs().sum(1) * reach).sum(-1)  # (T, B)
         smooth = part if smooth is None else smooth + part
         size_sum = mass if size_sum is None else size_sum + mass
     assert smooth is not None and size_sum is not None  # noqa: S101 - n >= 1
