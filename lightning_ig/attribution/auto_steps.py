@@ -1,22 +1,17 @@
 """``n_steps="auto"``: the default call, then the states above tolerance refined by tripling the midpoint nodes.
 
-The first level is the call ``n_steps="budget"`` makes where points are dear: the kink rule
-(:mod:`~lightning_ig.attribution.kinks`) at :data:`~lightning_ig.attribution.kinks.BUDGET_NODES` nodes (the midpoint
-rule with ``method="riemann_middle"`` or finite differences). The midpoint rule of ``3 n`` nodes holds those of
-``n`` (the centre of each cell is the centre of its middle third), so a state that goes on costs ``2 n`` new
-gradients per level and keeps its old ones: ``n = 56, 168, 504, ...``, never past ``max_steps``. Each level after
-the first runs only the states still above tolerance, as a sub-batch through the same path code and kernels
-(:meth:`~lightning_ig.attribution.path.PathRun.subset`), with the plain midpoint rule and its estimate
-(:mod:`~lightning_ig.attribution.estimate`), computed afresh on the level's nodes: it models every stretch's kink
-whatever the node count, where the kink rule's estimate reads low at hundreds of nodes. The states stop one by one
-and each records what it used (:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`).
+The first level is the kink rule (:mod:`~lightning_ig.attribution.kinks`) at
+:data:`~lightning_ig.attribution.kinks.BUDGET_NODES` nodes (the midpoint rule for ``method="riemann_middle"`` and
+finite differences). The ``3 n`` midpoint nodes hold the ``n`` before, so a state that goes on costs ``2 n`` new
+gradients per level: ``56, 168, 504``, never past ``max_steps``. Each later level runs the states still above
+tolerance as a sub-batch (:meth:`~lightning_ig.attribution.path.PathRun.subset`) with the midpoint rule and its
+estimate, computed afresh on the level's nodes (it stays honest at any count; the kink rule's reads low at
+hundreds); each state records what it used (:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`).
 
-When to stop: a state goes on while its error estimate or its mass-relative completeness error is above
-``completeness_tol / 2``; never on the completeness ratio ``|delta| / |dF|`` alone, which on ReLU networks is
-wrong in both directions. A state near the baseline (``max(||a||_1, |dF|)`` below a tenth of the batch median,
-where every ratio is ill-conditioned) is judged by its absolute error against a tenth of the median instead. A
-non-finite state stops the refinement at once: more steps cannot repair NaN/Inf. Every cell of a state is refined
-alike, so the estimate does not chase itself (refinement that chases the estimate makes it read low).
+A state goes on while its estimate or its mass-relative error is above ``completeness_tol / 2`` (never on the
+ratio ``|delta| / |dF|``); a state near the baseline is judged by its absolute error against a tenth of the median
+``max(||a||_1, |dF|)``; a non-finite state stops at once. Every cell of a state is refined alike: refinement that
+chases the estimate makes it read low.
 """
 
 from __future__ import annotations

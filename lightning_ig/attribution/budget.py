@@ -1,21 +1,14 @@
 """The defaults resolved for a call: ``n_steps="budget"`` (points from the size of the work) and ``method="auto"``.
 
-On ReLU networks points are what buy accuracy, and what they cost depends on the device: a GPU runs a small
-network's path at the cost of its launches whatever the rows, a CPU or a large network pays per row. So the engine
-counts the work (never times it: a choice from timings would differ from call to call):
-
-* the forward's multiply-adds on one state, counted once per forward, feature shape, dtype and device (one forward
-  of two copies of the state under ``no_grad``): every module the forward calls whose largest parameter has two or
-  more dimensions adds ``2 x that parameter's elements x the output positions`` (a Linear ``2 in out``, a Conv2d
-  ``2 (C_in / groups) k_h k_w C_out H_out W_out``);
-* one node's work: that x the states x ``1 + T`` (a forward and a backward per target), or x ``2 F`` probes for
-  finite differences;
-* ``n_steps`` = the largest of :data:`STEP_CHOICES` whose work fits the device's :class:`Profile`, the smallest when
-  none does or when nothing could be counted.
-
-``method="auto"`` is then the kink rule (:mod:`~lightning_ig.attribution.kinks`) where the count is 64 or fewer
-(with ``"budget"``: its :data:`~lightning_ig.attribution.kinks.BUDGET_NODES`) and gradients are autograd's, else
-the midpoint rule. The profiles, and what they were measured on, are in ``docs/trust.md``.
+Points buy accuracy on a ReLU network, and their cost depends on the device: a GPU runs a small network's path at
+the cost of its launches, a CPU pays per row. So the engine counts the work, never times it: the forward's
+multiply-adds on one state (every module the forward calls whose largest parameter has two or more dimensions adds
+``2 x that parameter's elements x its output positions``; counted once per forward, feature shape, dtype and
+device), times the states, times ``1 + T`` passes (a forward, a backward per target) or ``2 F`` probes for finite
+differences, per node. ``n_steps`` is the largest of :data:`STEP_CHOICES` whose work fits the device's
+:class:`Profile`, the smallest when none does or nothing could be counted. ``method="auto"`` is then the kink rule
+at :data:`KINK_LIMIT` points or fewer with autograd (with ``"budget"``: at
+:data:`~lightning_ig.attribution.kinks.BUDGET_NODES`), else the midpoint rule. The profiles: ``docs/trust.md``.
 """
 
 from __future__ import annotations

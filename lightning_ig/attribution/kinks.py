@@ -1,46 +1,30 @@
 """``method="kink_midpoint"``: the midpoint rule with certified kink corrections, and its error estimate.
 
-Along the path a ReLU network is piecewise linear, so the integrand ``t(alpha) = (x - b) * g(alpha)`` is a step
-function and the midpoint rule's error is made where a kink falls between two nodes. The rule finds those kinks
-from what the gradient pass holds, checks each with one forward value, and corrects the ones the check confirms:
+Along the path a ReLU network is piecewise linear: the integrand ``t(alpha) = (x - b) * g(alpha)`` is a step
+function and the midpoint rule errs where a kink falls between two nodes. From one pass at the ``n`` midpoint
+nodes (gradients ``g_k``, values ``v_k``; per stretch in float64: the slope jump ``sigma_k``, the value residual
+``rho_k = v_k+1 - v_k - h (s_k + s_k+1) / 2``, the located kink ``o_k = clip(rho_k / sigma_k)``, the vector jump
+``J_k = t_k+1 - t_k``; one kink makes the stretch's error ``o_k J_k`` exactly):
 
-1. the gradients ``g_k`` and forward values ``v_k`` at the ``n`` midpoint nodes ``c_k = (k + 1/2) / n`` (one
-   pass, as for ``riemann_middle``);
-2. per stretch ``[c_k, c_k+1]`` (scalars in float64): the slopes ``s_k = (x - b) . g_k``, their jump
-   ``sigma_k``, the value residual ``rho_k = v_k+1 - v_k - h (s_k + s_k+1) / 2``, the kink's offset from the
-   stretch's middle ``o_k = rho_k / sigma_k`` (clipped to the stretch), the vector jump ``J_k = t_k+1 - t_k``: one
-   kink makes the rule's error on the stretch ``o_k J_k`` exactly;
-3. the certificate: one forward-only pass evaluates ``F`` at the located kink of the ``ceil(n / 4)`` stretches
-   per state with the largest ``|o_k| ||J_k||_1`` (:func:`torch.topk`: a fixed shape, no host sync). With a single
-   kink there the value lies on both neighbouring linear pieces; ``delta_k``, its distance from the nearer
-   prediction's worse side, says how far the one-kink model is off. The stretch is corrected by ``w_k o_k J_k``,
-   ``w_k = clamp(1 - (delta_k - rounding) / |rho_k|, 0, 1) * clamp((30 - N_k) / 15, 0, 1)``, where
-   ``N_k = ||J_k||_1 / |sigma_k|`` (many features jumping against each other: the scalar residual cannot place
-   the vector); stretches without a certificate are not corrected;
-4. where the path looks smooth (the roughness of :mod:`~lightning_ig.attribution.estimate`: tanh, SiLU, GELU),
-   the midpoint weights corrected at the ends to be exact for polynomials of degree 7 instead; in between, the
-   two blended by the roughness weight ``lam``.
+1. the certificate: one forward-only pass at the located kink of the ``ceil(n / 4)`` stretches per state with the
+   largest ``|o_k| ||J_k||_1`` (:func:`torch.topk`: a fixed shape, no host sync); with one kink there the value
+   lies on both neighbouring pieces, and its miss ``delta_k`` weighs the correction
+   ``w_k = clamp(1 - (delta_k - rounding) / |rho_k|, 0, 1) * clamp((30 - N_k) / 15, 0, 1)``,
+   ``N_k = ||J_k||_1 / |sigma_k|`` (features jumping against each other); stretches not certified stay as they are;
+2. the weights: ``h + sum_k w_k o_k (e_k+1 - e_k)`` per node and state where the path is kinked, the midpoint
+   weights corrected at the ends to degree 7 where it is smooth, blended by the roughness weight ``lam``
+   (:data:`~lightning_ig.attribution.estimate.ROUGHNESS`), summed by the backend's accumulation.
 
-The attributions are ``(x - b) * sum_k W_k g_k`` with one weight per node and state ``W (T, n, B)``, accumulated
-by the backend's operation (the CUDA kernel or its twin).
-
-The estimate keeps what the rule did not correct and what the certificate left over:
+The estimate keeps what was not corrected: the uncorrected kink models as one signed vector, the figures without
+a direction in quadrature (end residuals ``r_0, r_n``, what one kink leaves unexplained ``rho_k - sigma_k o_k``,
+the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
 
     kink = ||sum_k (1 - w_k) o_k J_k||_1 + sqrt(r_0^2 + r_n^2 + sum_k left_k^2 + sum_k cert_k^2)
-
-the uncorrected kink models as one signed vector (their directions add or cancel as the errors do), and the
-figures without a direction in quadrature (independent errors of unknown sign): the end pieces' residuals
-``r_0, r_n``, what one kink per stretch leaves unexplained ``left_k = rho_k - sigma_k o_k``, and the corrected
-stretches' leftover ``cert_k = w_k min(delta_k N_k, ||o_k J_k||_1)``. With the smooth model's figure (the degree-7
-weights against the degree-5 ones) and the rounding of the float32 sums::
-
     attribution_error = (max((1 - lam) smooth, lam kink) + 2 eps sum_k h ||(x - b) g_k||_1) / ||a||_1
 
-When it can be wrong: several kinks in one stretch whose effects cancel in the value (``rho ~ 0``) are invisible
-to the certificate and to the estimate; the value sees no direction, so with few features (CartPole's 4) the
-estimate of a multi-kink error can be off either way; at many nodes (hundreds) the uncorrected remainder is
-smaller than the models' own error and the estimate reads low: the rule is for the regime where points are dear
-(``n_steps="budget"`` picks it where the budget gives 64 points or fewer). ``docs/trust.md`` has the figures.
+(``smooth``: the degree-7 weights against the degree-5 ones). The value sees no direction, so several kinks in a
+stretch can be misread either way, and at hundreds of nodes the remainder is below the models' own error and the
+estimate reads low: the rule is for the regime where points are dear (``docs/trust.md``).
 """
 
 from __future__ import annotations
@@ -48,7 +32,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -57,7 +40,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.estimate import ROUGHNESS, slopes_and_roughness
 
-__all__ = ["BUDGET_NODES", "KinkRule", "kink_estimate", "kink_rule"]
+__all__ = ["BUDGET_NODES", "kink_rule"]
 
 BUDGET_NODES = 56
 """The kink rule's nodes where ``n_steps="budget"`` gives 64 points: 56 gradient rows and the certificate's 14
@@ -72,26 +55,16 @@ _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a bloc
 _WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
 
 
-class KinkRule(NamedTuple):
-    """What :func:`kink_rule` found: the node weights, and what :func:`kink_estimate` needs besides."""
-
-    weights: Tensor  # (T, n, B) the weight of each node per state, in the accumulation dtype
-    remainder: Tensor  # (T, n, B) float64: the uncorrected kink models, as node coefficients
-    unsigned: Tensor  # (T, B) float64: the squares of the stretches' figures without a direction, summed
-    ends: tuple[Tensor, Tensor]  # (T, B) the values and slopes at the first and last node ...
-    smooth: Tensor  # (T, B) float64: the smooth model's figure
-    rounding: Tensor  # (T, B) float64
-    lam: Tensor  # (T, B) float64: the roughness weight (1: kinks, 0: smooth)
-
-
 def kink_rule(
-    grads: Tensor, values: Tensor, diff: Tensor, alphas: Tensor, values_at: Callable[[Tensor], Tensor]
-) -> KinkRule:
-    """The node weights of the kink rule (the module docstring) and the parts of its estimate.
+    grads: Tensor, values: Tensor, ends: Tensor, diff: Tensor, alphas: Tensor, values_at: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Tensor]:
+    """The kink rule's node weights ``(T, n, B)`` and the unnormalised estimate ``(T, B)`` of its L1 error (divide by
+    ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`), both in the gradients' dtype.
 
     Args:
         grads: ``(T, n, B, F)`` the gradients at the ``n`` midpoint nodes, in the accumulation dtype.
         values: ``(T, n, B)`` the forward values there.
+        ends: ``(2 c, B, T)`` ``F(x)``, ``F(b)`` (then their repeats).
         diff: ``(B, F)`` ``x - b`` in the accumulation dtype.
         alphas: ``(n,)`` the midpoint nodes.
         values_at: the forward values ``(T, k, B)`` at per-state positions ``(T, k, B)`` along the path (float64;
@@ -131,39 +104,17 @@ def kink_rule(
     low, high = ROUGHNESS
     lam = ((roughness.to(f64) - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness, dtype=f64)
     smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)
-    corrected = _node_coefficients(weight * offset)  # (T, n, B)
-    weights = lam.unsqueeze(1) * (h + corrected) + (1 - lam.unsqueeze(1)) * smooth_weights
+    weights = lam.unsqueeze(1) * (h + _node_coefficients(weight * offset)) + (1 - lam.unsqueeze(1)) * smooth_weights
+    # the estimate: the uncorrected kink models as one signed vector, the figures without a direction in quadrature
+    signed = (_contract(_node_coefficients((1 - weight) * offset), grads).to(f64) * diff.to(f64)).abs().sum(-1)
+    f_input, f_baseline = ends[0].t().to(f64), ends[1].t().to(f64)  # (T, B)
+    start = values[:, 0] - f_baseline - slopes[:, 0] * (h / 2)  # [0, c_0]: the rule uses g_0 on it
+    end = f_input - values[:, -1] - slopes[:, -1] * (h / 2)  # [c_n-1, 1]: g_n-1
     left = rho - sigma * offset  # what one kink per stretch leaves unexplained (a jumpless stretch: its rounding)
     leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
-    return KinkRule(
-        weights=weights.to(acc),
-        remainder=_node_coefficients((1 - weight) * offset),
-        unsigned=left.pow(2).sum(1) + leftover.pow(2).sum(1),
-        ends=(torch.stack([values[:, 0], values[:, -1]]), torch.stack([slopes[:, 0], slopes[:, -1]])),
-        smooth=smooth,
-        rounding=rounding,
-        lam=lam,
-    )
-
-
-def kink_estimate(rule: KinkRule, grads: Tensor, diff: Tensor, f_input: Tensor, f_baseline: Tensor) -> Tensor:
-    """The unnormalised estimate ``(T, B)`` of the kink rule's L1 error (the module docstring), in the gradients'
-    dtype: divide by ``||a||_1`` (:func:`~lightning_ig.attribution.estimate.accuracy_rows`).
-
-    Args:
-        rule: what :func:`kink_rule` returned for these gradients.
-        grads: ``(T, n, B, F)``.
-        diff: ``(B, F)``.
-        f_input: ``(T, B)`` ``F(x)``.
-        f_baseline: ``(T, B)`` ``F(b)``.
-    """
-    f64, half = torch.float64, 0.5 / grads.shape[1]
-    signed = (_contract(rule.remainder, grads).to(f64) * diff.to(f64)).abs().sum(-1)  # (T, B)
-    (first, last), (first_slope, last_slope) = rule.ends
-    start = first - f_baseline.to(f64) - first_slope * half  # [0, c_0]: the rule uses g_0 on it
-    end = f_input.to(f64) - last - last_slope * half  # [c_n-1, 1]: g_n-1
-    kink = signed + (start.pow(2) + end.pow(2) + rule.unsigned).sqrt()
-    return (torch.maximum((1 - rule.lam) * rule.smooth, rule.lam * kink) + rule.rounding).to(grads.dtype)
+    kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
+    numerator = torch.maximum((1 - lam) * smooth, lam * kink) + rounding
+    return weights.to(acc), numerator.to(acc)
 
 
 def _node_coefficients(per_stretch: Tensor) -> Tensor:

@@ -23,8 +23,10 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
 * ``target="contrast"`` chooses each state's greedy and runner-up outputs from
   one forward at ``x`` before the path (inside a captured graph too, so a
   replay chooses them for its own inputs) and holds them fixed along the path;
-* ``attributions = (x - b) * sum_k w_k g_k`` and the completeness statistics,
-  both by the backend; the completeness operation also compares the two copies
+* ``attributions = (x - b) * sum_k w_k g_k`` (one weight per node, or per node
+  and state for the kink rule: :mod:`~lightning_ig.attribution.kinks`, whose
+  certificate is one more forward-only pass, :meth:`PathRun.values_at`) and the
+  completeness statistics, both by the backend; the completeness operation also compares the two copies
   of the ends (the stochastic-forward check, a flag on the device that the
   caller reads where it syncs anyway; skipped inside a capture, where its
   answer could not be read). Identical rows of one batch agree even under
@@ -48,7 +50,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
-from lightning_ig.attribution.kinks import kink_estimate, kink_rule
+from lightning_ig.attribution.kinks import kink_rule
 from lightning_ig.attribution.quadrature import quadrature
 from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import EACH, Target, choose_contrast
@@ -197,10 +199,9 @@ class PathRun:
         """
         diff = self.x.to(self.acc) - self.b.to(self.acc)
         if self.settings.method == KINK_METHOD if kinks is None else kinks:
-            rule = kink_rule(grads, values, diff, alphas, self.values_at)
-            attributions = self.backend.accumulate(self.x, self.b, rule.weights, grads.contiguous())  # (T, B, F)
+            node_weights, numerator = kink_rule(grads, values, ends, diff, alphas, self.values_at)
+            attributions = self.backend.accumulate(self.x, self.b, node_weights, grads.contiguous())  # (T, B, F)
             stats = self._completeness(attributions, ends)
-            numerator = kink_estimate(rule, grads, diff, stats[0], stats[1])
         else:
             attributions = self.backend.accumulate(self.x, self.b, weights, grads.contiguous())  # (T, B, F)
             stats = self._completeness(attributions, ends)
