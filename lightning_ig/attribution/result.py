@@ -104,7 +104,8 @@ class IGResult:
             of the state is NaN/Inf.
         baselines: ``(B, *feature_shape)`` as used.
         n_steps: the quadrature points used (for ``n_steps="auto"``, where it stopped).
-        method: the quadrature rule.
+        method: the rule that ran (``method="auto"`` resolved: ``"kink_midpoint"`` or ``"riemann_middle"``; for
+            ``n_steps="auto"``, its first level's).
         gradient: ``"autograd"`` or ``"finite_difference"``.
         backend: ``"cuda"`` (the kernels of ``kernels/ig.cu``) or ``"torch"``.
         target: what was attributed (``lightning_ig.vocabulary.target_label``):
