@@ -6,10 +6,10 @@ one whose replay is free (the captured outputs stay as they are, as a replay tha
 them), so a run's time is everything around the IG: the copy in, the host result's reductions (on the CPU they
 run at once; on a GPU they are launches), the summary, the trust verdict, the scalars, histograms and text to a
 ``TensorBoardLogger``. The model is small (one strided convolution and a NoisyLinear head) so that the first run's
-eager work (capture, calibration, trust checks) takes seconds, not minutes, on a CPU; the host work of a run does
+eager work (capture, trust checks) takes seconds, not minutes, on a CPU; the host work of a run does
 not depend on the model.
 
-Reported per kind of run (steady: no picture, trust check or calibration due; and those that are), the median host
+Reported per kind of run (steady: no picture or trust check due; and those that are), the median host
 milliseconds of ``_start`` (the run's start, at a batch end) and ``_finish`` (its end, at a later batch end), the
 CPU time the other threads (TensorBoard's writer, the picture worker) spent per run, and with ``--profile`` the
 functions of a steady run by cumulative time (cProfile).
@@ -43,7 +43,6 @@ from torch.utils.data import DataLoader
 import lightning_ig.attribution.engine as engine_module
 from lightning_ig import IntegratedGradientsCallback, NoisyLinear
 from lightning_ig.attribution import IGOptions
-from lightning_ig.callback import calibration as calibration_module
 from lightning_ig.callback import monitor as monitor_module
 from lightning_ig.views import ViewOptions
 from lightning_ig.views.loggers import outputs as tensorboard_module
@@ -135,7 +134,7 @@ class RunClock:
 
 
 def instrument(clock: RunClock) -> None:
-    """Wrap the hooks' run methods and note which runs drew, checked or calibrated."""
+    """Wrap the hooks' run methods and note which runs drew or checked."""
     callback = IntegratedGradientsCallback
     callback._start = clock.wrap(callback._start, lambda args: args[0].global_step, clock.start_ms)  # type: ignore[method-assign]
     callback._finish = clock.wrap(callback._finish, lambda args: args[0].step, clock.finish_ms)  # type: ignore[method-assign]
@@ -148,7 +147,6 @@ def instrument(clock: RunClock) -> None:
 
         return noted
 
-    calibration_module.calibrate = noting("calibration", calibration_module.calibrate)
     monitor_module.TrustMonitor._timed = noting("trust", monitor_module.TrustMonitor._timed)  # type: ignore[method-assign]
     original_due = tensorboard_module.pictures_due
 

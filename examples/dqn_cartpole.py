@@ -77,6 +77,16 @@ def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str]
     return parse
 
 
+def n_steps_arg(text: str) -> int | str:
+    """``--ig-n-steps``: what the library's ``n_steps`` takes: a whole number >= 1, ``budget`` or ``auto``."""
+    if text in ("auto", "budget"):
+        return text
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, 'budget' or 'auto', got {text!r}")
+    return value
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``(default: ...)`` after each flag's help, except where there is no default to show (``None``)."""
 
@@ -182,7 +192,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="held-out states for IG, from random rollouts, never trained on",
     )
     add("--ig-every-n-steps", type=at_least(1), default=500, help="gradient steps between IG runs")
-    add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
+    add(
+        "--ig-n-steps",
+        type=n_steps_arg,
+        default=50,
+        help="quadrature points along the IG path: a number, 'budget' (from the work's size) or 'auto' (refined per "
+        "state until within the tolerance)",
+    )
     add(
         "--ig-target",
         choices=("mean", "each", "contrast"),
@@ -578,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"eval return         mean {mean_return:.1f} over {len(returns)} episodes "
         f"(min {min(returns):.0f}, max {max(returns):.0f})"
     )
-    print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({args.ig_n_steps} steps)")
+    print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({result.n_steps} steps)")
     print("top features by mean |attribution| of V(s) on the held-out states:")
     for rank, feature in enumerate(ranked, start=1):
         name, mean_abs, mean_signed = feature["name"], feature["mean_abs"], feature["mean_signed"]

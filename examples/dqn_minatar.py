@@ -84,6 +84,16 @@ def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str]
     return parse
 
 
+def n_steps_arg(text: str) -> int | str:
+    """``--ig-n-steps``: what the library's ``n_steps`` takes: a whole number >= 1, ``budget`` or ``auto``."""
+    if text in ("auto", "budget"):
+        return text
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, 'budget' or 'auto', got {text!r}")
+    return value
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``(default: ...)`` after each flag's help, except where there is no default to show (``None``)."""
 
@@ -189,7 +199,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="held-out frames for IG, from random play, never trained on",
     )
     add("--ig-every-n-steps", type=at_least(1), default=1_000, help="gradient steps between IG runs")
-    add("--ig-n-steps", type=at_least(1), default=50, help="quadrature points along the IG path")
+    add(
+        "--ig-n-steps",
+        type=n_steps_arg,
+        default=50,
+        help="quadrature points along the IG path: a number, 'budget' (from the work's size) or 'auto' (refined per "
+        "state until within the tolerance)",
+    )
     add(
         "--ig-target",
         choices=("mean", "each", "contrast"),
@@ -652,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(uniform)} episodes: "
         f"{mean_return / max(random_return, 1e-9):.1f}x"
     )
-    print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({args.ig_n_steps} steps)")
+    print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({result.n_steps} steps)")
     print("attribution of V(s) per channel (sum over the channel's pixels) on the held-out frames:")
     for channel in sorted(channels, key=lambda c: -c["mean_abs"]):
         name, mean_abs, mean_signed = channel["name"], channel["mean_abs"], channel["mean_signed"]

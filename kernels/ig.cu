@@ -145,15 +145,17 @@ __device__ __forceinline__ void ig_fd_gradient(const typename ig_traits<Tag>::T*
     }
 }
 
-// (d) attr[t, j] = (x[j] - b[j]) * sum_k weights[k] * grads[t, k, j], the sum
-// taken in step order k = 0, 1, ... by one thread: deterministic, no atomics.
+// (d) attr[t, j] = (x[j] - b[j]) * sum_k w[t, k, s] * grads[t, k, j] (s = j / features: the state), the sum
+// taken in step order k = 0, 1, ... by one thread: deterministic, no atomics. The weights are read through
+// strides: (0, 1, 0) for one weight per step, (n_steps B, B, 1) for one per step and state.
 template <typename Tag>
 __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* __restrict__ x,
                                               const typename ig_traits<Tag>::T* __restrict__ b,
                                               const typename ig_traits<Tag>::Acc* __restrict__ weights,
                                               const typename ig_traits<Tag>::Acc* __restrict__ grads,
                                               typename ig_traits<Tag>::T* __restrict__ attr,
-                                              int n_steps, long long row_numel, int n_targets) {
+                                              int n_steps, long long row_numel, int n_targets, long long features,
+                                              long long w_target, long long w_step, long long w_state) {
     typedef ig_traits<Tag> tr;
     typedef typename tr::Acc Acc;
     const long long total = static_cast<long long>(n_targets) * row_numel;
@@ -161,8 +163,9 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
         const long long t = idx / row_numel;
         const long long j = idx - t * row_numel;
         const Acc* g = grads + t * static_cast<long long>(n_steps) * row_numel + j;
+        const Acc* w = weights + t * w_target + (j / features) * w_state;
         Acc sum = Acc(0);
-        for (int k = 0; k < n_steps; ++k) sum = ig_add(sum, ig_mul(weights[k], g[k * row_numel]));
+        for (int k = 0; k < n_steps; ++k) sum = ig_add(sum, ig_mul(w[k * w_step], g[k * row_numel]));
         attr[idx] = tr::store(ig_mul(ig_sub(tr::load(x[j]), tr::load(b[j])), sum));
     }
 }
@@ -269,8 +272,9 @@ __device__ __forceinline__ void ig_completeness(const typename ig_traits<Tag>::T
     extern "C" __global__ void ig_accumulate_##SUFFIX(                                                    \
         const ig_traits<TAG>::T* x, const ig_traits<TAG>::T* b, const ig_traits<TAG>::Acc* weights,       \
         const ig_traits<TAG>::Acc* grads, ig_traits<TAG>::T* attr, int n_steps, long long row_numel,      \
-        int n_targets) {                                                                                  \
-        ig_accumulate<TAG>(x, b, weights, grads, attr, n_steps, row_numel, n_targets);                    \
+        int n_targets, long long features, long long w_target, long long w_step, long long w_state) {      \
+        ig_accumulate<TAG>(x, b, weights, grads, attr, n_steps, row_numel, n_targets, features, w_target,  \
+                           w_step, w_state);                                                              \
     }                                                                                                     \
     extern "C" __global__ void ig_completeness_##SUFFIX(const ig_traits<TAG>::T* attr,                    \
                                                         const ig_traits<TAG>::Acc* ends,                  \

@@ -5,7 +5,7 @@ Q-network and its noise, the fused loss, ensembles, checkpoints. Every other pub
 says what it exports in its docstring:
 
 * :mod:`lightning_ig.attribution`: the engine (``IGOptions``, the callback's ``engine=``; ``StochasticForwardWarning``,
-  ``target_forward``, ``calibrate``, ...);
+  ``target_forward``, ...);
 * :mod:`lightning_ig.models`: the other Q-networks (``ConvDuelingQNetwork``, ``MinAtarQNetwork``,
   ``NatureQNetwork``), ``register_model``, ``build_model``;
 * :mod:`lightning_ig.ensemble`: ``ensemble_reduce``, ``EnsembleReduce``; :mod:`lightning_ig.run`: a run's numbers

@@ -33,12 +33,13 @@ from typing import Any, Literal
 import numpy as np
 
 __all__ = [
+    "AUTO_METHOD",
     "BACKENDS",
     "BUDGET",
     "GRADIENTS",
+    "KINK_METHOD",
     "METHODS",
     "TARGET_NAMES",
-    "WARPED_METHODS",
     "BackendName",
     "NSteps",
     "available_memory",
@@ -78,15 +79,13 @@ GRADIENTS = ("autograd", "finite_difference")
 METHODS = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 """The quadrature rules, by Captum's names (:mod:`lightning_ig.attribution.quadrature` builds them)."""
 
-WARPED_METHODS = ("warped_middle:P", "mirrored_middle:P", "cosine_middle")
-"""The midpoint rules on warped cells, beside :data:`METHODS`: ``P`` is a power in ``(1, 8]`` (``warped_middle:2``).
+KINK_METHOD = "kink_midpoint"
+"""The midpoint rule with certified kink corrections, for ReLU networks where points are dear
+(:mod:`lightning_ig.attribution.kinks`); beside :data:`METHODS`, which keep Captum's meaning."""
 
-``warped_middle:P`` crowds the nodes near the baseline (cells ``(j / n) ** P``), ``mirrored_middle:P`` near the
-input, ``cosine_middle`` near both ends; see :mod:`lightning_ig.attribution.quadrature`.
-"""
-
-_WARP_FAMILIES = ("warped_middle", "mirrored_middle")
-_LARGEST_WARP = 8.0
+AUTO_METHOD = "auto"
+"""``method="auto"``, the default: :data:`KINK_METHOD` where ``n_steps`` comes to 64 points or fewer (with
+autograd gradients), else ``"riemann_middle"``; the result's ``method`` says which ran."""
 
 TARGET_NAMES = ("mean", "each", "contrast")
 """The targets given by name, besides an output index ``N`` (also ``"action:N"``): what
@@ -257,34 +256,18 @@ def check_path(value: Any, name: str) -> Path:
 
 
 def check_method(value: Any, name: str = "method") -> str:
-    """A quadrature method's name, in its one spelling: one of :data:`METHODS` or :data:`WARPED_METHODS`.
-
-    A warp's power is written back the shortest way (``"warped_middle:2.0"`` -> ``"warped_middle:2"``), so one
-    rule has one name in results, reports and cache keys.
+    """A quadrature method's name: ``"auto"``, :data:`KINK_METHOD` or one of :data:`METHODS`.
 
     Raises:
         TypeError: not a string.
-        ValueError: an unknown name, or a power that is not a number in ``(1, 8]``.
+        ValueError: an unknown name.
     """
-    listed = ", ".join(repr(m) for m in (*METHODS, *WARPED_METHODS))
+    names = (AUTO_METHOD, KINK_METHOD, *METHODS)
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be one of {listed}; got {shown_with_type(value)}")
-    if value in METHODS or value == "cosine_middle":
-        return value
-    family, colon, power_text = value.partition(":")
-    if family not in _WARP_FAMILIES:
-        raise ValueError(f"{name} must be one of {listed}; got {shown(value)}")
-    try:
-        power = float(power_text) if colon else math.nan
-    except ValueError:
-        power = math.nan
-    if not 1.0 < power <= _LARGEST_WARP:  # NaN fails too
-        raise ValueError(
-            f"{name}={shown(value)}: {family} takes a power P in (1, {_LARGEST_WARP:g}] after a colon, e.g. "
-            f"'{family}:2' (P = 1 is riemann_middle)"
-        )
-    short = f"{power:g}"
-    return f"{family}:{short if float(short) == power else repr(power)}"
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, names))}; got {shown_with_type(value)}")
+    if value not in names:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, names))}; got {shown(value)}")
+    return value
 
 
 def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:

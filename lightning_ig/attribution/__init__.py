@@ -25,9 +25,9 @@ The parts, in the order a call runs through them:
   :mod:`~lightning_ig.attribution.path` runs the path: chunked batched
   forwards, autograd or finite differences, the stochastic-forward check;
   :mod:`~lightning_ig.attribution.estimate` computes the error figures beside
-  it; :mod:`~lightning_ig.attribution.auto_steps` is ``n_steps="auto"``;
-  :mod:`~lightning_ig.attribution.calibration` picks a rule and the
-  estimate's scale per model (:func:`calibrate`);
+  it, :mod:`~lightning_ig.attribution.kinks` the kink rule and its figures;
+  :mod:`~lightning_ig.attribution.budget` resolves ``n_steps="budget"`` and
+  ``method="auto"``; :mod:`~lightning_ig.attribution.auto_steps` is ``n_steps="auto"``;
 * :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
   CUDA graph; the engine (:mod:`~lightning_ig.attribution.engine`) keeps and replays the plans;
 * :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`).
@@ -60,7 +60,6 @@ Completeness and what a result says about itself
 
 from __future__ import annotations
 
-from lightning_ig.attribution.calibration import Calibration, calibrate
 from lightning_ig.attribution.eager import integrated_gradients
 from lightning_ig.attribution.engine import IntegratedGradients
 from lightning_ig.attribution.result import IGResult, StochasticForwardWarning, worst_relative_error
@@ -68,12 +67,10 @@ from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import target_forward
 
 __all__ = [
-    "Calibration",
     "IGOptions",
     "IGResult",
     "IntegratedGradients",
     "StochasticForwardWarning",
-    "calibrate",
     "integrated_gradients",
     "target_forward",
     "worst_relative_error",

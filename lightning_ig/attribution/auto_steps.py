@@ -1,20 +1,17 @@
-"""``n_steps="auto"``: triple the uniform midpoint rule per state until its error estimate is within tolerance.
+"""``n_steps="auto"``: the default call, then the states above tolerance refined by tripling the midpoint nodes.
 
-The midpoint rule of ``3 n`` nodes holds those of ``n`` (the centre of each cell is the centre of its middle
-third), so a state that goes on costs ``2 n`` new gradients per level and keeps its old ones: ``n = 32, 96, 288,
-864, ...``, never past ``max_steps``. Each level after the first runs only the states still above tolerance, as a
-sub-batch through the same path code and kernels (:meth:`~lightning_ig.attribution.path.PathRun.subset`), so the
-states stop one by one and each records what it used (:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`).
+The first level is the kink rule (:mod:`~lightning_ig.attribution.kinks`) at
+:data:`~lightning_ig.attribution.kinks.BUDGET_NODES` nodes (the midpoint rule for ``method="riemann_middle"`` and
+finite differences). The ``3 n`` midpoint nodes hold the ``n`` before, so a state that goes on costs ``2 n`` new
+gradients per level: ``56, 168, 504``, never past ``max_steps``. Each later level runs the states still above
+tolerance as a sub-batch (:meth:`~lightning_ig.attribution.path.PathRun.subset`) with the midpoint rule and its
+estimate, computed afresh on the level's nodes (it stays honest at any count; the kink rule's reads low at
+hundreds); each state records what it used (:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`).
 
-When to stop: a state goes on while its scaled error estimate or its mass-relative completeness error is above
-``completeness_tol / 2``; never on the completeness ratio ``|delta| / |dF|`` alone, which on ReLU networks is
-wrong in both directions. A state near the baseline (``||a||_1`` below a tenth of the batch median, where every
-ratio is ill-conditioned) is judged by its absolute error against a tenth of the median mass instead of by a ratio.
-A non-finite state stops the refinement at once: more steps cannot repair NaN/Inf. Every cell is refined alike, so
-the estimate keeps the calibration it has on a fixed rule (refinement that chases the estimate makes it read low).
-
-Measured (``docs/trust.md``): at tol 1% every CartPole and MinAtar ReLU family ended within tolerance (true worst
-0.44-0.88%) at 95-267 gradients per state on average, 288 at most.
+A state goes on while its estimate or its mass-relative error is above ``completeness_tol / 2`` (never on the
+ratio ``|delta| / |dF|``); a state near the baseline is judged by its absolute error against a tenth of the median
+``max(||a||_1, |dF|)``; a non-finite state stops at once. Every cell of a state is refined alike: refinement that
+chases the estimate makes it read low.
 """
 
 from __future__ import annotations
@@ -24,22 +21,20 @@ import math
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.kinks import BUDGET_NODES
 from lightning_ig.attribution.path import PathRun, rule_tensors
 from lightning_ig.attribution.result import NEAR_BASELINE_FRACTION
 from lightning_ig.attribution.settings import IGOptions
 
-__all__ = ["FIRST_STEPS", "attribute_auto", "levels"]
-
-FIRST_STEPS = 32
-"""The first level's midpoint nodes (then 96, 288, 864, ...)."""
+__all__ = ["attribute_auto", "levels"]
 
 _METHOD = "riemann_middle"
 
 
 def levels(max_steps: int) -> list[int]:
-    """The numbers of nodes ``n_steps="auto"`` may use: 32, 96, 288, ... up to ``max_steps`` (``max_steps`` alone
-    when it is below 32)."""
-    found = [min(FIRST_STEPS, max_steps)]
+    """The numbers of nodes ``n_steps="auto"`` may use: 56, 168, 504, ... up to ``max_steps`` (``max_steps`` alone
+    when it is below 56)."""
+    found = [min(BUDGET_NODES, max_steps)]
     while found[-1] * 3 <= max_steps:
         found.append(found[-1] * 3)
     return found
@@ -54,16 +49,16 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
     alphas, weights = rule_tensors(_METHOD, steps[0], run.acc, run.x.device)
     path = run.gradients(alphas, with_ends=True)
     assert path.ends is not None  # noqa: S101 - with_ends=True
-    out = run.finish(alphas, weights, path.grads, path.ends, path.values)
+    out = run.finish(alphas, weights, path.grads, path.ends, path.values)  # the kink rule where that is the method
     final = {name: out[name].clone() for name in ("attributions", "stats", "accuracy")}
     per_state = torch.full((run.batch,), steps[0], dtype=torch.int64, device=run.x.device)
-    # near-baseline states are judged against a tenth of the median mass over all states, fixed at the first level
-    floor = NEAR_BASELINE_FRACTION * torch.nanmedian(out["accuracy"][2], dim=-1, keepdim=True).values  # (T, 1)
+    # near-baseline states are judged against a tenth of the median scale over all states, fixed at the first level
+    floor = NEAR_BASELINE_FRACTION * torch.nanmedian(_scale(out), dim=-1, keepdim=True).values  # (T, 1)
     states = torch.arange(run.batch, device=run.x.device)
     grads, values, ends, current = path.grads, path.values, path.ends[:2], run  # ends: one copy of F(x), F(b)
     tolerance = settings.completeness_tol / 2
     for n in steps[1:]:
-        going_on = _going_on(out, floor, settings.error_scale, tolerance)
+        going_on = _going_on(out, floor, tolerance)
         keep = going_on.nonzero().squeeze(1)  # the one host sync of this level
         if keep.numel() == 0:
             break
@@ -72,7 +67,7 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
         alphas, weights = rule_tensors(_METHOD, n, run.acc, run.x.device)
         fresh = current.gradients(_new_nodes(alphas), with_ends=False)
         grads, values = _merged(grads, fresh.grads), _merged(values, fresh.values)
-        out = current.finish(alphas, weights, grads, ends, values)
+        out = current.finish(alphas, weights, grads, ends, values, kinks=False)
         final["attributions"][:, states] = out["attributions"]  # (T, B, F)
         final["stats"][..., states] = out["stats"]  # (7, T, B)
         final["accuracy"][..., states] = out["accuracy"]  # (3, T, B)
@@ -81,12 +76,17 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
     return final
 
 
-def _going_on(out: dict[str, Tensor], floor: Tensor, scale: float, tolerance: float) -> Tensor:
-    """``(B,)`` bool: the states whose scaled estimate or mass-relative error is above ``tolerance`` (any target)."""
+def _scale(out: dict[str, Tensor]) -> Tensor:
+    """``(T, B)`` ``max(||a||_1, |F(x) - F(b)|)``: what a state's errors are relative to."""
+    return torch.maximum(out["accuracy"][2], (out["stats"][0] - out["stats"][1]).abs().to(out["accuracy"].dtype))
+
+
+def _going_on(out: dict[str, Tensor], floor: Tensor, tolerance: float) -> Tensor:
+    """``(B,)`` bool: the states whose estimate or mass-relative error is above ``tolerance`` (any target)."""
     estimate, mass_relative, mass = out["accuracy"]  # (T, B) each
-    # relative to max(own mass, a tenth of the median): a near-baseline state is judged by its absolute error
-    scaled = estimate * scale
-    judged = torch.where(mass >= floor, scaled, scaled * mass / torch.maximum(mass, floor))
+    # relative to max(own scale, a tenth of the median): a near-baseline state is judged by its absolute error
+    scale = _scale(out)
+    judged = torch.where(scale >= floor, estimate, estimate * mass / torch.maximum(scale, floor))
     above = torch.maximum(torch.nan_to_num(judged, nan=math.inf), mass_relative) > tolerance
     non_finite = out["stats"][5] != 0  # (T, B)
     return above.any(0) & ~non_finite.any(0)

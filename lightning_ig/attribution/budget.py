@@ -1,29 +1,14 @@
-"""``n_steps="budget"`` (the default): the number of quadrature points chosen from the size of the work.
+"""The defaults resolved for a call: ``n_steps="budget"`` (points from the size of the work) and ``method="auto"``.
 
-On ReLU networks every fixed rule is first order, so points are what buy accuracy: 64 midpoint nodes leave 1-3%
-on the worst states of small trained agents, 256 leave 0.3-0.7% (``docs/trust.md``). What points cost depends on
-the device: a GPU runs a small network's path at the cost of its launches whatever the rows (on an H200, 256
-nodes of a CartPole or MinAtar network on 64 states cost about what 50 did), while a CPU or a large network pays
-per row. So the engine counts the work, it does not time it (a choice from timings would differ from call to
-call and machine to machine):
-
-* the forward's multiply-adds on one state, counted once per forward, feature shape and dtype: every module the
-  forward calls whose largest parameter has two or more dimensions (``Linear``, ``Conv*``, this package's
-  ``NoisyLinear``, ...) adds ``2 x that parameter's elements x the output positions`` (elements of its output per
-  output channel): a Linear layer ``2 in out``, a Conv2d ``2 (C_in / groups) k_h k_w C_out H_out W_out``;
-* the work of one node: that count times the states times ``1 + T`` (a forward and one backward per target,
-  ``T = A`` for ``target="each"``), or times ``2 F`` probes for finite differences;
-* ``n_steps`` = the largest of :data:`STEP_CHOICES` (256, 128, 64) whose work fits :func:`budget_flops` of the
-  device: :data:`CUDA_BUDGET_FLOPS` scaled by the GPU's multiprocessors against an H200's 132, or
-  :data:`CPU_BUDGET_FLOPS`; 64 when even that does not fit, and when the forward calls no module with a weight
-  (the work cannot be counted).
-
-On an H200 this gives 256 nodes to 64 or 256 states of the CartPole and MinAtar networks, 128 to 8 Nature-CNN
-states and 64 to 32 of them; on a CPU, 64 to anything larger than a few CartPole states.
-The budgets are the work each device does in about the fixed cost of one call (an H200's launches: ~2.5 ms at
-~6 TFLOP/s effective; a CPU's Python and small operations: a few ms at a few tens of GFLOP/s).
-The choice is deterministic for a forward, a batch size and a device, and it is the result's
-:attr:`~lightning_ig.attribution.IGResult.n_steps` (and the report's ``num_steps``).
+Points buy accuracy on a ReLU network, and their cost depends on the device: a GPU runs a small network's path at
+the cost of its launches, a CPU pays per row. So the engine counts the work, never times it: the forward's
+multiply-adds on one state (every module the forward calls whose largest parameter has two or more dimensions adds
+``2 x that parameter's elements x its output positions``; counted once per forward, feature shape, dtype and
+device), times the states, times ``1 + T`` passes (a forward, a backward per target) or ``2 F`` probes for finite
+differences, per node. ``n_steps`` is the largest of :data:`STEP_CHOICES` whose work fits the device's
+:class:`Profile`, the smallest when none does or nothing could be counted. ``method="auto"`` is then the kink rule
+at :data:`KINK_LIMIT` points or fewer with autograd (with ``"budget"``: at
+:data:`~lightning_ig.attribution.kinks.BUDGET_NODES`), else the midpoint rule. The profiles: ``docs/trust.md``.
 """
 
 from __future__ import annotations
@@ -31,73 +16,60 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from lightning_ig.attribution.inputs import Prepared, RunningStatistics, raise_if_dtype_mismatch
+from lightning_ig.attribution.kinks import BUDGET_NODES
 from lightning_ig.attribution.settings import BUDGET, IGOptions
+from lightning_ig.vocabulary import AUTO_METHOD, KINK_METHOD
 
-__all__ = [
-    "CPU_BUDGET_FLOPS",
-    "CUDA_BUDGET_FLOPS",
-    "STEP_CHOICES",
-    "budget_flops",
-    "budget_steps",
-    "resolve_budget",
-    "row_flops",
-]
+__all__ = ["KINK_LIMIT", "PROFILES", "STEP_CHOICES", "Profile", "budget_steps", "resolve_budget", "row_flops"]
 
 STEP_CHOICES = (256, 128, 64)
-"""The numbers of points ``n_steps="budget"`` picks from, largest first (powers of two: the midpoint rule of
-``2 n`` nodes is not nested in that of ``n``, but every choice is a whole rule of its own)."""
+"""The numbers of points ``n_steps="budget"`` picks from, largest first."""
 
-CUDA_BUDGET_FLOPS = 48e9
-"""Multiply-adds (x2) per call that an H200 (132 multiprocessors) runs in not much more than the time its launches
-take: 256 nodes x 256 states of the MinAtar network (44e9) and 128 nodes x 8 Nature-CNN states (44e9) fit, 64 nodes
-x 32 Nature-CNN states (88e9) does not. Measured on an H200 (bench_trust, 8 Nature-CNN states): 128 nodes took
-1.11-1.15x the time of 50 Gauss-Legendre nodes, 256 nodes 1.14-1.32x."""
+KINK_LIMIT = 64
+"""``method="auto"`` is the kink rule at this many points or fewer, the midpoint rule above."""
 
-CPU_BUDGET_FLOPS = 1e8
-"""The same on a CPU (a few milliseconds of one core, about a call's own overhead there): every row costs, so a
-CartPole network's batch of 16 or more states gets 64 nodes, and only work the size of a unit test more."""
 
-_H200_MULTIPROCESSORS = 132
-_FLOPS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], int]] = weakref.WeakKeyDictionary()
+class Profile(NamedTuple):
+    """A kind of device's budget: the work (2 x multiply-adds) a call may spend per node count."""
+
+    name: str  # as docs/trust.md lists it
+    flops: float  # the work the device runs in about the fixed cost of one call
+    multiprocessors: int = 0  # a GPU's budget scales with its multiprocessors against this many (0: fixed)
+
+
+PROFILES = {"cuda": Profile("h200", 48e9, 132), "cpu": Profile("cpu", 1e8)}
+"""The profile per device type (any device that is not CUDA uses ``"cpu"``)."""
+
+_FLOPS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[int, int]]] = weakref.WeakKeyDictionary()
 
 
 def resolve_budget(forward: Callable[[Tensor], Tensor], prepared: Prepared, settings: IGOptions) -> IGOptions:
-    """``settings`` with ``n_steps="budget"`` replaced by the number :func:`budget_steps` picks for ``prepared``'s
-    states (``settings`` itself otherwise)."""
-    if settings.n_steps != BUDGET:
+    """``settings`` with ``n_steps="budget"`` and ``method="auto"`` replaced by what they come to for ``prepared``'s
+    states (``settings`` itself when neither is given); ``n_steps="auto"`` keeps its name and starts from the kink
+    rule (the midpoint rule with finite differences)."""
+    n_steps, method = settings.n_steps, settings.method
+    if n_steps == BUDGET:
+        row = prepared.x[:1].view(1, *prepared.feature_shape)
+        fd = settings.gradient == "finite_difference"
+        n_steps = budget_steps(forward, row, prepared.x.shape[0], each=prepared.spec.every_output, finite_difference=fd)
+    if method == AUTO_METHOD:
+        kinks = settings.gradient == "autograd" and (n_steps == "auto" or int(n_steps) <= KINK_LIMIT)
+        method = KINK_METHOD if kinks else "riemann_middle"
+    if settings.n_steps == BUDGET and method == KINK_METHOD:
+        n_steps = BUDGET_NODES  # the certificate's forward rows come out of the budget's 64
+    if (n_steps, method) == (settings.n_steps, settings.method):
         return settings
-    row = prepared.x[:1].view(1, *prepared.feature_shape)
-    n = budget_steps(
-        forward,
-        row,
-        prepared.x.shape[0],
-        each=prepared.spec.every_output,
-        finite_difference=settings.gradient == "finite_difference",
-    )
-    return dataclasses.replace(settings, n_steps=n)
-
-
-def budget_flops(device: torch.device) -> float:
-    """The work per call :func:`budget_steps` allows on ``device`` (see the module docstring)."""
-    if device.type == "cuda":
-        multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count
-        return CUDA_BUDGET_FLOPS * multiprocessors / _H200_MULTIPROCESSORS
-    return CPU_BUDGET_FLOPS
+    return dataclasses.replace(settings, n_steps=n_steps, method=method)
 
 
 def budget_steps(
-    forward: Callable[[Tensor], Tensor],
-    row: Tensor,
-    batch: int,
-    *,
-    each: bool,
-    finite_difference: bool,
+    forward: Callable[[Tensor], Tensor], row: Tensor, batch: int, *, each: bool, finite_difference: bool
 ) -> int:
     """The ``n_steps`` of ``n_steps="budget"`` for ``batch`` states like ``row``.
 
@@ -112,9 +84,11 @@ def budget_steps(
     flops, outputs = row_flops(forward, row)
     if flops == 0:
         return STEP_CHOICES[-1]
-    per_row = flops * (2 * row[0].numel() if finite_difference else 1 + (outputs if each else 1))
-    node = per_row * batch
-    budget = budget_flops(row.device)
+    node = flops * (2 * row[0].numel() if finite_difference else 1 + (outputs if each else 1)) * batch
+    profile = PROFILES["cuda" if row.device.type == "cuda" else "cpu"]
+    budget = profile.flops
+    if profile.multiprocessors:
+        budget *= torch.cuda.get_device_properties(row.device).multi_processor_count / profile.multiprocessors
     return next((n for n in STEP_CHOICES if n * node <= budget), STEP_CHOICES[-1])
 
 

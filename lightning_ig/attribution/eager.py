@@ -38,7 +38,6 @@ def integrated_gradients(
     max_steps: int = DEFAULT_MAX_STEPS,
     fd_step: float | None = None,
     check_finite: bool = True,
-    error_scale: float = 1.0,
 ) -> IGResult:
     """Integrated Gradients of ``forward`` at ``inputs`` against ``baselines``.
 
@@ -75,19 +74,21 @@ def integrated_gradients(
             state and held fixed along the path: "why this action rather than the
             next best"; :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
         n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose
-            work (the forward's multiply-adds x states x nodes) fits the device's budget
-            (:mod:`lightning_ig.attribution.budget`; the number used is
-            :attr:`IGResult.n_steps`); or ``"auto"``: the midpoint rule at
-            32 points, tripled per state (96, 288, ..., reusing every gradient) while
-            the state's scaled error estimate or mass-relative error is above
-            ``completeness_tol / 2``, up to ``max_steps``; it stops at once on a
-            non-finite state. :attr:`IGResult.n_steps_per_state` says what each used.
-        method: ``"riemann_middle"`` (default: on ReLU networks every fixed rule is
-            first order; ``docs/trust.md`` compares the rules), ``"riemann_left"``, ``"riemann_right"``,
-            ``"riemann_trapezoid"``, ``"gausslegendre"`` (at most 100000 points; for
-            smooth models), or a midpoint rule on warped cells: ``"warped_middle:P"``
-            (nodes crowded near the baseline, ``P`` in ``(1, 8]``),
-            ``"mirrored_middle:P"`` (near the input), ``"cosine_middle"`` (both ends).
+            work (the forward's multiply-adds x states x nodes) fits the device's budget, the
+            kink rule's 56 where that is 64 (:mod:`lightning_ig.attribution.budget`; the number
+            used is :attr:`IGResult.n_steps`); or ``"auto"``: that call, then the states whose
+            error estimate or mass-relative error is above ``completeness_tol / 2`` refined
+            by tripling the midpoint nodes (56, 168, 504, reusing every gradient), up to
+            ``max_steps``; it stops at once on a non-finite state.
+            :attr:`IGResult.n_steps_per_state` says what each used.
+        method: ``"auto"`` (default): ``"kink_midpoint"`` where ``n_steps`` comes to 64
+            or fewer (autograd only), else ``"riemann_middle"``; :attr:`IGResult.method`
+            says which ran. ``"kink_midpoint"``: the midpoint rule with certified kink
+            corrections (:mod:`lightning_ig.attribution.kinks`, one more forward-only pass
+            of ``ceil(n / 4)`` rows per state); Captum's ``"riemann_middle"``,
+            ``"riemann_left"``, ``"riemann_right"``, ``"riemann_trapezoid"``,
+            ``"gausslegendre"`` (at most 100000 points; for smooth models).
+            ``docs/trust.md`` compares the rules.
         gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards
             autograd cannot go through (step: see :mod:`lightning_ig.attribution.path`).
         internal_batch_size: rows per forward (path points for autograd, probes
@@ -103,8 +104,6 @@ def integrated_gradients(
             mean of each node's probes (no extra forward).
         check_finite: check inputs and baselines for NaN/Inf first (one host sync).
             NaN/Inf *outputs* never raise: they are flagged in :attr:`IGResult.non_finite`.
-        error_scale: the factor applied to the error estimate (default 1.0; what
-            :func:`~lightning_ig.attribution.calibration.calibrate` measured).
 
     Returns:
         An :class:`IGResult`.
@@ -138,7 +137,6 @@ def integrated_gradients(
         fd_step=fd_step,
         check_finite=check_finite,
         cuda_graph=False,
-        error_scale=error_scale,
     )
     checked = Target.parse(target)
     with torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():

@@ -8,7 +8,6 @@ default settings takes the fast path: copy the inputs in, replay, build the resu
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,6 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.budget import resolve_budget
-from lightning_ig.attribution.calibration import CALIBRATION_STATES, Calibration, calibrate
 from lightning_ig.attribution.checks import check_finite
 from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
 from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
@@ -92,7 +90,7 @@ class IntegratedGradients:
 
     @property
     def options(self) -> IGOptions:
-        """The options of a call without overrides (after :meth:`calibrate`: its rule and scale)."""
+        """The options of a call without overrides."""
         return self._options
 
     @property
@@ -104,65 +102,6 @@ class IntegratedGradients:
         """Drop every captured graph (they are captured again on next use)."""
         self._plans.clear()
         self._fast = None
-
-    def calibrate(
-        self,
-        states: Tensor,
-        baselines: Baselines = None,
-        *,
-        num_states: int = CALIBRATION_STATES,
-        batch: int | None = None,
-    ) -> Calibration:
-        """Choose this engine's rule and error scale on the first ``num_states`` states, and keep them as defaults.
-
-        Runs :func:`~lightning_ig.attribution.calibration.calibrate` with the engine's forward, target, ``n_steps``,
-        gradient mode and backend (eagerly; the cost is in :attr:`Calibration.seconds`), then makes the rule it
-        chose ``method`` and its scale ``error_scale`` of every later default call (a graph for a new rule is
-        captured at the next call; the error scale needs no new graph).
-
-        Args:
-            states: ``(B, *feature_shape)``: the states the engine will attribute (``n_steps="budget"`` is
-                resolved for all ``B`` of them, as the calls will resolve it; the first ``num_states`` are used).
-            baselines: as for :meth:`attribute`.
-            num_states: how many of the first states to use (default 8).
-            batch: how many states each later call attributes, for ``n_steps="budget"`` (default: ``B``).
-
-        Returns:
-            The :class:`~lightning_ig.attribution.calibration.Calibration`.
-
-        Raises:
-            ValueError: the engine's ``n_steps`` is ``"auto"`` (it refines the midpoint rule, whatever the rule), or
-                a bad ``num_states``; the errors of :meth:`attribute` for the states and baselines.
-        """
-        settings = self._options
-        if settings.n_steps == "auto":
-            raise ValueError(
-                "calibrate needs a fixed n_steps (the engine has n_steps='auto', which refines the midpoint rule by "
-                "tripling): create the engine with n_steps='budget' (the default) or a number"
-            )
-        found = calibrate(
-            self.forward,
-            states,
-            baselines,
-            target=self._target,
-            n_steps=settings.n_steps,  # an int, or "budget": resolved for all of states
-            gradient=settings.gradient,
-            backend=settings.backend,
-            internal_batch_size=settings.internal_batch_size,
-            num_states=num_states,
-            batch=batch,
-        )
-        self.use_calibration(found)
-        return found
-
-    def use_calibration(self, found: Calibration) -> None:
-        """Make ``found``'s rule and error scale the defaults of later calls (what :meth:`calibrate` does).
-
-        Under DDP the callback calibrates on every rank and passes rank zero's answer here on all of them, so that
-        every rank attributes with one rule.
-        """
-        self._options = dataclasses.replace(self._options, method=found.method, error_scale=found.error_scale)
-        self._fast = None  # the fast path replays the plan of the old defaults; the next call finds the new one
 
     def attribute(self, inputs: Tensor, baselines: Baselines = None, **overrides: Any) -> IGResult:
         """Attribute ``inputs``; ``overrides`` replace the defaults for this call.

@@ -1,60 +1,27 @@
 """The error figures of a run, computed on the device from what the path pass already holds.
 
-:func:`error_estimate` is the reference-free estimate of each state's ``||a - a_exact||_1 / ||a_exact||_1``;
-:func:`accuracy_rows` puts it beside the mass-relative completeness error and the attribution mass. Both are
-torch operations: no host synchronisation, no data-dependent shapes, no atomics, so they run inside a CUDA-graph
-capture like the rest of the path, with the CUDA backend and the torch twins alike.
+:func:`error_estimate` is the reference-free estimate of each state's ``||a - a_exact||_1 / ||a_exact||_1`` for
+the quadrature rules (the kink rule has its own: :mod:`~lightning_ig.attribution.kinks`); :func:`accuracy_rows`
+puts it beside the mass-relative completeness error and the attribution mass. Torch operations only: no host
+sync, no data-dependent shapes, no atomics, so they run inside a CUDA-graph capture, with either backend.
 
-How the estimate is computed
-    Two models of the integrand ``t(alpha) = (x - b) * g(alpha)`` (the path terms the accumulation sums, one per
-    node ``t_k``; their sum ``s_k`` is the slope ``dF/dalpha`` at the node; the forward values ``v_k`` at the
-    nodes come with the gradients), and the rounding of the sum itself:
+With the path terms ``t_k = (x - b) g_k`` at the nodes, their sums ``s_k`` (the slope ``dF/dalpha``), the forward
+values ``v_k`` and the rule's cell boundaries ``beta = [0, cumsum(w)]``:
 
-    *Kinks.* Along the path a ReLU network is piecewise linear, so ``t`` is a step function. Every positive rule
-    gives node ``k`` (at ``c_k``) the cell ``[beta_k, beta_{k+1}]`` with ``beta = [0, cumsum(w)]``; the stretch
-    between two neighbouring nodes, split at ``beta = beta_{k+1}``, has the exact residual
-    ``rho_k = v_{k+1} - v_k - s_k (beta - c_k) - s_{k+1} (c_{k+1} - beta)``. One kink at ``kappa`` in it makes
-    the stretch's error vector ``J_k (beta - kappa)`` (``J_k = t_{k+1} - t_k``) and its residual
-    ``sigma_k (beta - kappa)`` (``sigma_k = s_{k+1} - s_k``), so with ``o_k = rho_k / sigma_k`` clipped to the
-    stretch::
+* *kinks*: each stretch between neighbouring nodes has the exact residual ``rho_k = v_{k+1} - v_k - s_k (beta -
+  c_k) - s_{k+1} (c_{k+1} - beta)``; one kink in it makes the stretch's error ``J_k o_k`` (``J_k = t_{k+1} - t_k``,
+  ``o_k = rho_k / sigma_k`` clipped to the stretch, ``sigma_k = s_{k+1} - s_k``), so
+  ``kink = ||sum_k o_k J_k||_1 + sum_k |rho_k - sigma_k o_k| + |start| + |end|``, the residuals of jumpless
+  stretches summed per run before the absolute value (their rounding telescopes; a pulse inside a run counts);
+* *curvature*: each cell's ``-(t' m1_k + t'' m2_k / 2)`` from the quadratic through a node and its neighbours,
+  ``smooth = ||sum_k Gamma_k t_k||_1`` (``Gamma``: a fixed stencil of the rule);
+* the *roughness* of the path terms summed in 8 groups of features weighs the two (``lam``), and the float32
+  accumulation's rounding is measured against the same gradients summed in float64::
 
-        e = sum_k o_k J_k,   kink = ||e||_1 + sum_k |rho_k - sigma_k o_k| + |start| + |end|
+      attribution_error = (max(smooth, lam * kink) + ||a - a_64||_1) / ||a||_1
 
-    where the sum counts what one kink per stretch cannot explain (several kinks, a pulse) and ``start``/``end``
-    are the residuals of ``[0, c_0]`` and ``[c_{n-1}, 1]``. Stretches where the gradient did not change at all
-    (``sigma_k = 0``: one linear piece) carry only the rounding of the forward values in ``rho_k``; their
-    residuals are summed per run of such stretches before the absolute value (the values telescope), so that
-    rounding does not add up over hundreds of nodes while a pulse inside a run is still counted.
-
-    *Curvature.* Where ``t`` is smooth (tanh, SiLU) each cell's error is ``-(t' m1_k + t'' m2_k / 2)`` with
-    ``m1, m2`` the cell's first and second moments about its node and ``t', t''`` from the quadratic through the
-    node and its neighbours (Euler-Maclaurin's end-derivative term for the uniform midpoint rule)::
-
-        smooth = ||sum_k Gamma_k t_k||_1          (Gamma: a fixed stencil of the rule's nodes and weights)
-
-    *Which model.* The roughness ``r = sum_k ||u_{k+1} - 2 u_k + u_{k-1}||_1 / sum_k ||u_{k+1} - u_k||_1``, with
-    ``u_k`` the path terms summed in 8 groups of features (feature ``i`` in group ``i mod 8``), is about 2 for
-    sparse kinks and 1.4 for dense random ones (0.97 and above on every ReLU state measured), and
-    ``h |t''| / |t'|`` for a smooth integrand (0.62 and below on every tanh/SiLU state measured). With
-    ``lam = clip((r - 0.6) / 0.3, 0, 1)`` (``lam = 1`` below 3 nodes)::
-
-        attribution_error = error_scale * (max(smooth, lam * kink) + ||a - a_64||_1) / ||a||_1
-
-    where ``a_64`` is the same gradients summed in float64: the rounding of the accumulation (in float32 for
-    float32 inputs, sequential, like the kernel), which is the whole error of a smooth network at 256 nodes.
-    No gradient beyond the rule's is needed (with finite differences the node values are the mean of each
-    node's probes, exact on a linear piece).
-
-When it can be wrong (measured against exact references; ``docs/trust.md``)
-    * Several kinks in one stretch: ``rho / sigma`` is a weighted mean of their places, so the vector is wrong and
-      only the magnitude is about right; kinks whose scalar effects cancel (``rho ~ 0``) are invisible. With few
-      features (CartPole, 4) this is not averaged out: at 64 nodes 80-96% of CartPole states within 2x, the
-      misses over-estimates; fewer at 256 nodes, where fewer stretches hold two kinks.
-    * A pulse (the gradient changes and changes back between two nodes) is seen by its residual only.
-    * Kinks crowded at an end (inputs far off the training distribution): the end pieces count by their residual
-      only and the estimate reads 0.5-0.6x with the midpoint rule; the calibrated rule or scale corrects it.
-    * Smooth networks with features only a few nodes wide (``r`` near 0.6): the curvature term over-reads 2-5x.
-    * After refinement that chases the estimate it reads low; ``n_steps="auto"`` refines uniformly for this reason.
+When it can be wrong (several kinks in one stretch, a pulse, kinks crowded at an end, narrow smooth features, an
+estimate chased by refinement) and how often: ``docs/trust.md``.
 """
 
 from __future__ import annotations
@@ -66,15 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate"]
+__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate", "slopes_and_roughness"]
 
 ACCURACY_ROWS = ("attribution_error", "mass_relative_error", "attribution_mass")
-"""The rows of :func:`accuracy_rows` ``(3, T, B)``; ``attribution_error`` is unscaled (``error_scale`` 1)."""
+"""The rows of :func:`accuracy_rows` ``(3, T, B)``."""
 
 ROUGHNESS = (0.6, 0.9)
 """The roughness below which a state is read as smooth (curvature only) and above which as kinked (the kink model
-in full); between them the kink model is weighted linearly. Measured: every tanh/SiLU state <= 0.62 (CartPole
-tanh trained, 64 nodes), every ReLU state >= 0.97 (CartPole ReLU trained, 64 nodes)."""
+in full); linear in between. Every tanh/SiLU and every ReLU state measured falls outside it (``docs/trust.md``)."""
 
 # At most this many elements in a temporary the size of a block of gradients: the estimate streams over the nodes
 # in blocks, so its memory stays bounded whatever n_steps (one block in the common case).
@@ -111,7 +77,7 @@ def error_estimate(
     """
     n, dtype = grads.shape[1], grads.dtype
     rule = _rule_parts(alphas, weights)
-    slopes, roughness = _slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
+    slopes, roughness = slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
     f_input, f_baseline = f_input.to(dtype), f_baseline.to(dtype)
     ends = (values[:, 0] - f_baseline - slopes[:, 0] * rule.first).abs()  # [0, c_0]: the rule uses g_0 on it
     ends = ends + (f_input - values[:, -1] - slopes[:, -1] * rule.last).abs()  # [c_{n-1}, 1]: g_{n-1} on it
@@ -225,13 +191,13 @@ def _block_size(grads: Tensor, copies: int = 1) -> int:
     return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, copies * grads[:, :1].numel())))
 
 
-def _slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
+def slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
     """``(T, n, B)`` the slopes ``sum_i (x - b)_i g_k,i`` and ``(T, B)`` the roughness, in blocks of nodes.
 
-    The roughness is measured on the path terms summed in :data:`_GROUPS` groups of features (feature ``i`` in group
-    ``i mod 8``; every feature its own group below 9): a kink in any feature shows in its group, and the sums cost
-    one pass over the gradients instead of the four that differences of every feature would (measured: the same
-    separation, ReLU states 0.97 and above, tanh/SiLU states 0.62 and below).
+    The roughness ``sum_k ||u_{k+1} - 2 u_k + u_{k-1}||_1 / sum_k ||u_{k+1} - u_k||_1`` (about 2 for sparse kinks,
+    ``h |t''| / |t'|`` for a smooth integrand) is measured on the path terms summed in :data:`_GROUPS` groups of
+    features ``u_k`` (feature ``i`` in group ``i mod 8``): a kink in any feature shows in its group, at one pass
+    over the gradients instead of the four that every feature's differences would take.
     """
     n, features = grads.shape[1], grads.shape[-1]
     groups = min(features, _GROUPS)
@@ -279,7 +245,7 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
 
 
 def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor) -> Tensor:
-    """``(3, T, B)``: the relative estimate (unscaled), the mass-relative completeness error, ``||a||_1``.
+    """``(3, T, B)``: the relative estimate, the mass-relative completeness error, ``||a||_1``.
 
     ``mass_relative_error = |sum(a) - dF| / max(sum|a|, |dF|)``: well conditioned where ``dF`` is tiny next to
     the attribution mass (a random-init network: the ratio ``|delta| / |dF|`` then reads 60-100% for maps within

@@ -143,8 +143,9 @@ def capture_attribution(
             run.b = static_b
         path = run.gradients(alphas, with_ends=True)
         assert path.ends is not None  # noqa: S101 - with_ends=True
+        out = _pack(run.finish(alphas, weights, path.grads, path.ends, path.values))  # the kink rule runs forwards too
         statistics.restore(saved)
-        return _pack(run.finish(alphas, weights, path.grads, path.ends, path.values))
+        return out
 
     saved = statistics.save()
     try:

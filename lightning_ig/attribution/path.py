@@ -23,8 +23,10 @@ A :class:`PathRun` holds one attribution problem with its states flattened to
 * ``target="contrast"`` chooses each state's greedy and runner-up outputs from
   one forward at ``x`` before the path (inside a captured graph too, so a
   replay chooses them for its own inputs) and holds them fixed along the path;
-* ``attributions = (x - b) * sum_k w_k g_k`` and the completeness statistics,
-  both by the backend; the completeness operation also compares the two copies
+* ``attributions = (x - b) * sum_k w_k g_k`` (one weight per node, or per node
+  and state for the kink rule: :mod:`~lightning_ig.attribution.kinks`, whose
+  certificate is one more forward-only pass, :meth:`PathRun.values_at`) and the
+  completeness statistics, both by the backend; the completeness operation also compares the two copies
   of the ends (the stochastic-forward check, a flag on the device that the
   caller reads where it syncs anyway; skipped inside a capture, where its
   answer could not be read). Identical rows of one batch agree even under
@@ -48,15 +50,19 @@ from torch import Tensor
 
 from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
+from lightning_ig.attribution.kinks import kink_rule
 from lightning_ig.attribution.quadrature import quadrature
 from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import EACH, Target, choose_contrast
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import STATS, IGOps
+from lightning_ig.vocabulary import KINK_METHOD
 
-__all__ = ["PathGradients", "PathRun", "chunk_rows", "rule_tensors"]
+__all__ = ["CPU_CHUNK_ROWS", "PathGradients", "PathRun", "chunk_rows", "rule_tensors"]
 
 _SMALL_WORK_BYTES = 256 << 20
+CPU_CHUNK_ROWS = 1024
+"""The most rows per forward on the CPU (``internal_batch_size=None``)."""
 _REPEAT_DIFFERS = STATS.index("repeat_differs")
 _RULE_CACHE: dict[tuple[str, int, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
 
@@ -74,7 +80,8 @@ def rule_tensors(method: str, n_steps: int, dtype: torch.dtype, device: torch.de
 
 
 def chunk_rows(settings: IGOptions, x: Tensor) -> int:
-    """Rows per forward: ``internal_batch_size``, or a quarter of the free memory by a rough per-row guess.
+    """Rows per forward: ``internal_batch_size``, or a quarter of the free memory by a rough per-row guess, and on
+    the CPU at most :data:`CPU_CHUNK_ROWS`.
 
     The guess is 32 copies of a row plus 16 KiB of activations; work that needs
     at most 256 MiB by it runs in one chunk without asking the device.
@@ -86,15 +93,14 @@ def chunk_rows(settings: IGOptions, x: Tensor) -> int:
     per_point = 2 * features if settings.gradient == "finite_difference" else 1
     rows_needed = steps * batch * per_point + 4 * batch  # the path (or its probes) and the two ends, twice
     per_row = 32 * features * x.element_size() + 16 * 1024
+    if x.device.type != "cuda":
+        # a CPU's caches, not its memory, decide: chunks of about a thousand rows ran faster than one large batch
+        return max(1, min(CPU_CHUNK_ROWS, rows_needed, int((1 << 30) // per_row)))
     if rows_needed * per_row <= _SMALL_WORK_BYTES:
         return max(1, rows_needed)
-    if x.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(x.device)
-        cached = torch.cuda.memory_reserved(x.device) - torch.cuda.memory_allocated(x.device)
-        budget = (free + max(cached, 0)) // 4
-    else:
-        budget = 1 << 30  # 1 GiB on the host: the torch path is the reference, not the fast path
-    return max(1, int(budget // per_row))
+    free, _ = torch.cuda.mem_get_info(x.device)
+    cached = torch.cuda.memory_reserved(x.device) - torch.cuda.memory_allocated(x.device)
+    return max(1, int((free + max(cached, 0)) // 4 // per_row))
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -181,21 +187,48 @@ class PathRun:
         assert path.ends is not None  # noqa: S101 - with_ends=True
         return self.finish(alphas, weights, path.grads, path.ends, path.values)
 
-    def finish(self, alphas: Tensor, weights: Tensor, grads: Tensor, ends: Tensor, values: Tensor) -> dict[str, Tensor]:
+    def finish(
+        self, alphas: Tensor, weights: Tensor, grads: Tensor, ends: Tensor, values: Tensor, *, kinks: bool | None = None
+    ) -> dict[str, Tensor]:
         """Attributions ``(T, B, F)``, the completeness ``stats (7, T, B)`` (rows ``STATS``) and the error figures
         ``accuracy (3, T, B)`` (rows :data:`~lightning_ig.attribution.estimate.ACCURACY_ROWS`), all on the device.
 
-        ``ends (2 c, B, T)``: with two copies, :attr:`stochastic` becomes whether they differ.
+        ``ends (2 c, B, T)``: with two copies, :attr:`stochastic` becomes whether they differ. With ``kinks`` (by
+        default: where the settings' method is ``"kink_midpoint"``) the nodes are the midpoint rule's and
+        :mod:`~lightning_ig.attribution.kinks` weighs them per state (one more, forward-only pass: the certificate).
         """
-        attributions = self.backend.accumulate(self.x, self.b, weights, grads.contiguous())  # (T, B, F)
+        diff = self.x.to(self.acc) - self.b.to(self.acc)
+        if self.settings.method == KINK_METHOD if kinks is None else kinks:
+            node_weights, numerator = kink_rule(grads, values, ends, diff, alphas, self.values_at)
+            attributions = self.backend.accumulate(self.x, self.b, node_weights, grads.contiguous())  # (T, B, F)
+            stats = self._completeness(attributions, ends)
+        else:
+            attributions = self.backend.accumulate(self.x, self.b, weights, grads.contiguous())  # (T, B, F)
+            stats = self._completeness(attributions, ends)
+            numerator = error_estimate(grads, values, diff, alphas, weights, stats[0], stats[1], attributions)
+        return {"attributions": attributions, "stats": stats, "accuracy": accuracy_rows(attributions, stats, numerator)}
+
+    def _completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
         stats = self.backend.completeness(attributions, ends.contiguous())
         if ends.shape[0] == 4:
             self.stochastic = stats[_REPEAT_DIFFERS].any()
             if uses_batch_statistics(self.forward):  # identical rows of one batch agree then: found by looking
                 self.stochastic = torch.ones_like(self.stochastic)
-        diff = self.x.to(self.acc) - self.b.to(self.acc)
-        numerator = error_estimate(grads, values, diff, alphas, weights, stats[0], stats[1], attributions)
-        return {"attributions": attributions, "stats": stats, "accuracy": accuracy_rows(attributions, stats, numerator)}
+        return stats
+
+    def values_at(self, positions: Tensor) -> Tensor:
+        """The target's values ``(T, k, B)`` at ``b + positions (x - b)``, ``positions (T, k, B)`` (forward only, in
+        chunks; float64 like ``positions``)."""
+        n_targets, count, batch = positions.shape
+        out = torch.empty_like(positions)
+        b, diff = self.b.to(positions.dtype), (self.x.to(positions.dtype) - self.b.to(positions.dtype))
+        size = max(batch, (self.chunk_rows // batch) * batch)
+        with torch.no_grad():
+            for t in range(n_targets):
+                rows = (b + positions[t].unsqueeze(-1) * diff).to(self.x.dtype).view(-1, self.features)  # (k B, F)
+                found = [self._evaluate(rows[s : s + size], s)[:, t] for s in range(0, rows.shape[0], size)]
+                out[t] = torch.cat(found).view(count, batch).to(positions.dtype)
+        return out
 
     def stochastic_flag(self) -> Tensor:
         """The 0-dim bool of the repeated-ends check (False where it did not run)."""

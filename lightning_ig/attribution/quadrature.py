@@ -12,16 +12,10 @@ except the trapezoid weights, where Captum's do not sum to one (see
 Which rule, on the networks people train: along the path a ReLU network is
 piecewise linear, so the integrand is a step function of ``alpha`` and every
 fixed rule is first order: what matters is where its cells are, not its
-polynomial degree. Measured against exact references on 15 ReLU families
-(CartPole and MinAtar agents trained and at init, Nature-CNNs), Gauss-Legendre
-with 50 points had a larger batch error than the midpoint rule with 50 on 14 of
-them, which is why the engine's default is ``riemann_middle`` with 64 points.
-Midpoint rules on warped cells (:func:`warped_middle`, :func:`mirrored_middle`,
-:func:`cosine_middle`) put the nodes where the kinks crowd: near the baseline
-for inputs far off the training distribution (frames not scaled to ``[0, 1]``),
-where ``warped_middle:2`` was 3.5x more accurate than the midpoint rule; in
-distribution they lose to it, so they are for the calibration
-(:mod:`lightning_ig.attribution.calibration`) to pick, not defaults.
+polynomial degree (``docs/trust.md`` compares the rules). The engine's default,
+``method="auto"``, is the midpoint rule, with certified kink corrections
+(:mod:`lightning_ig.attribution.kinks`) where points are dear; its nodes are
+:func:`riemann_middle`'s.
 
 Gauss-Legendre for any ``n`` up to :data:`MAX_GAUSS_LEGENDRE_STEPS` is built in
 O(n) memory and O(n) time: Newton's method on ``P_n(cos theta)`` in the angle
@@ -42,21 +36,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lightning_ig.vocabulary import METHODS, WARPED_METHODS, check_method
+from lightning_ig.vocabulary import AUTO_METHOD, KINK_METHOD, METHODS
 
 __all__ = [
     "MAX_GAUSS_LEGENDRE_STEPS",
     "Rule",
     "check_rule",
-    "cosine_middle",
     "gausslegendre",
-    "mirrored_middle",
     "quadrature",
     "riemann_left",
     "riemann_middle",
     "riemann_right",
     "riemann_trapezoid",
-    "warped_middle",
 ]
 
 Rule = tuple[list[float], list[float]]
@@ -134,67 +125,6 @@ def gausslegendre(n: int) -> Rule:
     check_rule("gausslegendre", n)
     alphas, weights = _gauss_legendre(n)
     return alphas.tolist(), weights.tolist()
-
-
-# --------------------------------------------------------------------------- midpoint rules on warped cells
-
-
-def _cell_rule(bounds: np.ndarray) -> Rule:
-    """One node at the centre of each cell ``[bounds[k], bounds[k + 1]]``, weighted by the cell's length.
-
-    For a step-function integrand (a ReLU network along the path) the centre of a cell is the best place for a
-    node when the kink's position in it is unknown; weights equal to the cell lengths sum to one (a warped
-    midpoint rule with weights ``phi'(t_k) / n`` does not).
-    """
-    bounds[0], bounds[-1] = 0.0, 1.0  # exactly, whatever the warp's rounding
-    return ((bounds[:-1] + bounds[1:]) / 2).tolist(), np.diff(bounds).tolist()
-
-
-def _check_power(power: float) -> float:
-    if isinstance(power, (bool, np.bool_)) or not isinstance(power, (int, float, np.integer, np.floating)):
-        raise TypeError(f"power must be a number in (1, 8], got {type(power).__name__} ({power!r:.60})")
-    if not 1.0 < float(power) <= 8.0:
-        raise ValueError(f"power must be a number in (1, 8] (1 is riemann_middle), got {power!r}")
-    return float(power)
-
-
-def warped_middle(n: int, power: float = 2.0) -> Rule:
-    """Midpoint rule on the cells ``[(j / n) ** power, ((j + 1) / n) ** power]``: nodes crowded near the baseline.
-
-    ``method="warped_middle:P"``. Where the kinks of a ReLU network crowd near ``alpha = 0`` (a zero baseline
-    and inputs far larger than the network was trained on), ``P = 2`` reached 0.19% worst error at 64 nodes where
-    the uniform midpoint rule reached 0.64%; on in-distribution states it is worse than the midpoint rule.
-
-    Raises:
-        TypeError, ValueError: ``n`` is not an int >= 1, or ``power`` not a number in ``(1, 8]``.
-    """
-    n, power = _check_n(n), _check_power(power)
-    return _cell_rule(np.linspace(0.0, 1.0, n + 1) ** power)
-
-
-def mirrored_middle(n: int, power: float = 2.0) -> Rule:
-    """Midpoint rule on the cells ``1 - (1 - j / n) ** power``: nodes crowded near the input.
-
-    ``method="mirrored_middle:P"``: for baselines where the kinks sit near the input instead (a baseline far
-    from the data, say).
-
-    Raises:
-        TypeError, ValueError: ``n`` is not an int >= 1, or ``power`` not a number in ``(1, 8]``.
-    """
-    n, power = _check_n(n), _check_power(power)
-    return _cell_rule(1.0 - (1.0 - np.linspace(0.0, 1.0, n + 1)) ** power)
-
-
-def cosine_middle(n: int) -> Rule:
-    """Midpoint rule on the cells ``(1 - cos(pi j / n)) / 2``: nodes crowded near both ends (Gauss-Legendre's density).
-
-    ``method="cosine_middle"``.
-
-    Raises:
-        TypeError, ValueError: ``n`` is not an int >= 1.
-    """
-    n = _check_n(n)
-    return _cell_rule((1.0 - np.cos(np.pi * np.linspace(0.0, 1.0, n + 1))) / 2)
 
 
 # --------------------------------------------------------------------------- Gauss-Legendre in O(n)
@@ -329,6 +259,7 @@ _RULES: dict[str, Callable[[int], Rule]] = {
 
 if tuple(_RULES) != METHODS:  # pragma: no cover - the one list of names, kept in step at import
     raise ImportError(f"quadrature rules {tuple(_RULES)} do not match lightning_ig.vocabulary.METHODS {METHODS}")
+_NODES = {**_RULES, KINK_METHOD: riemann_middle, AUTO_METHOD: riemann_middle}  # the kink rule's nodes: the midpoint's
 
 
 def check_rule(method: str, n: int) -> None:
@@ -341,9 +272,8 @@ def check_rule(method: str, n: int) -> None:
         ValueError: an unknown method, ``riemann_trapezoid`` with ``n < 2``, or
             ``gausslegendre`` with more than :data:`MAX_GAUSS_LEGENDRE_STEPS` points.
     """
-    if method not in _RULES:
-        _warped(method)  # raises for a name that is not a warped rule either
-        return
+    if method not in _NODES:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(_NODES)}")
     if method == "riemann_trapezoid" and n < 2:
         raise ValueError(f"method='riemann_trapezoid' needs n_steps >= 2 (both ends of the path), got {n}")
     if method == "gausslegendre" and n > MAX_GAUSS_LEGENDRE_STEPS:
@@ -359,8 +289,8 @@ def quadrature(method: str, n: int) -> Rule:
     """The ``(alphas, weights)`` of ``method`` with ``n`` points.
 
     Args:
-        method: one of :data:`METHODS` (Captum's names) or of
-            :data:`~lightning_ig.vocabulary.WARPED_METHODS` (``"warped_middle:2"``, ...).
+        method: one of :data:`METHODS` (Captum's names), or ``"kink_midpoint"`` / ``"auto"`` (their nodes are
+            the midpoint rule's; :mod:`lightning_ig.attribution.kinks` weighs them per state).
         n: the number of points (``n_steps``); ``riemann_trapezoid`` needs ``n >= 2``;
             ``gausslegendre`` takes at most :data:`MAX_GAUSS_LEGENDRE_STEPS`.
 
@@ -375,22 +305,7 @@ def quadrature(method: str, n: int) -> Rule:
 
         alphas, weights = quadrature("gausslegendre", 50)
     """
-    rule = _RULES.get(method) if isinstance(method, str) else None
+    rule = _NODES.get(method) if isinstance(method, str) else None
     if rule is None:
-        family, power = _warped(method)
-        return cosine_middle(n) if power is None else _WARPED[family](n, power)
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(_NODES)}")
     return rule(n)
-
-
-_WARPED: dict[str, Callable[[int, float], Rule]] = {"warped_middle": warped_middle, "mirrored_middle": mirrored_middle}
-
-
-def _warped(method: str) -> tuple[str, float | None]:
-    """``(family, power)`` of a warped rule's name (``power`` None for ``cosine_middle``); ValueError otherwise."""
-    try:
-        canonical = check_method(method)
-    except (TypeError, ValueError):
-        names = ", ".join((*METHODS, *WARPED_METHODS))
-        raise ValueError(f"unknown method {method!r}; choose one of {names}") from None
-    family, _, power = canonical.partition(":")
-    return family, float(power) if power else None

@@ -2,10 +2,11 @@
 
 Each state of a result carries two error figures that can fail (:mod:`~lightning_ig.attribution.estimate`
 computes them on the device): ``attribution_error``, the reference-free estimate of ``||a - a_exact||_1 /
-||a_exact||_1``, and ``mass_relative_error``, ``|sum(a) - dF| / max(sum|a|, |dF|)``. A state whose attribution
-mass ``||a||_1`` is below a tenth of the batch median is *near the baseline*: every relative figure is
+||a_exact||_1``, and ``mass_relative_error``, ``|sum(a) - dF| / max(sum|a|, |dF|)``. A state whose scale
+``max(||a||_1, |dF|)`` is below a tenth of the batch median is *near the baseline*: every relative figure is
 ill-conditioned there, so it is flagged and counted (:attr:`IGResult.num_near_baseline`), never scored in the
-worst figures (:func:`worst_over_ordinary`) nor hidden.
+worst figures (:func:`worst_over_ordinary`) nor hidden. A forward whose gradient is zero where its value changes
+(a step, an argmax) has ``||a||_1 = 0`` but not ``dF``: it is scored, and its mass-relative error is 1.
 
 For completeness (``sum(a) = F(x) - F(b)``), each state of a result is exactly one of
 
@@ -103,7 +104,8 @@ class IGResult:
             of the state is NaN/Inf.
         baselines: ``(B, *feature_shape)`` as used.
         n_steps: the quadrature points used (for ``n_steps="auto"``, where it stopped).
-        method: the quadrature rule.
+        method: the rule that ran (``method="auto"`` resolved: ``"kink_midpoint"`` or ``"riemann_middle"``; for
+            ``n_steps="auto"``, its first level's).
         gradient: ``"autograd"`` or ``"finite_difference"``.
         backend: ``"cuda"`` (the kernels of ``kernels/ig.cu``) or ``"torch"``.
         target: what was attributed, the target's label
@@ -118,21 +120,19 @@ class IGResult:
             eager call and when a CUDA graph is captured (a replay reports what
             its capture found). A :class:`StochasticForwardWarning` said so.
         attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of
-            ``||a - a_exact||_1 / ||a_exact||_1`` (:func:`~lightning_ig.attribution.estimate.error_estimate`),
-            times :attr:`error_scale`. It can read low where several kinks share a stretch between two nodes
-            and cancel, where a gradient changes and changes back between them, and where kinks crowd at an end
-            of the path (inputs far off the training distribution), and high on smooth networks whose features
-            are only a few nodes wide; calibration's scale corrects a systematic bias (the module's docstring,
-            ``docs/trust.md``).
+            ``||a - a_exact||_1 / ||a_exact||_1`` (:mod:`~lightning_ig.attribution.kinks` for the kink rule,
+            :func:`~lightning_ig.attribution.estimate.error_estimate` for the others). It can read low where
+            several kinks share a stretch between two nodes and cancel, where a gradient changes and changes back
+            between them, and where kinks crowd at an end of the path (inputs far off the training
+            distribution), and high on smooth networks whose features are only a few nodes wide
+            (``docs/trust.md``).
         mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well
             conditioned where ``dF`` is tiny; a lower bound of the per-feature error (it can fail a map,
             never vouch for one: errors of opposite sign cancel in the sum).
         attribution_mass: ``(B,)`` (``(A, B)``) ``||a||_1`` per state.
-        near_baseline: bool ``(B,)`` (``(A, B)``): ``||a||_1`` below
+        near_baseline: bool ``(B,)`` (``(A, B)``): ``max(||a||_1, |dF|)`` below
             :data:`NEAR_BASELINE_FRACTION` x the batch median (or zero); computed when first read (the callback
             flags the states on the gathered batch instead, so its runs never pay for it).
-        error_scale: the factor the estimate was multiplied by: 1.0, or what
-            :meth:`~lightning_ig.attribution.IntegratedGradients.calibrate` measured.
         n_steps_per_state: ``(B,)`` int64: the points each state used with
             ``n_steps="auto"`` (it stops per state); ``None`` when every state used :attr:`n_steps`.
         target_actions: ``(B, 2)`` int64 for ``target="contrast"``: each state's greedy and runner-up
@@ -167,7 +167,6 @@ class IGResult:
     attribution_error: Tensor | None = None
     mass_relative_error: Tensor | None = None
     attribution_mass: Tensor | None = None
-    error_scale: float = 1.0
     n_steps_per_state: Tensor | None = None
     target_actions: Tensor | None = None
 
@@ -230,7 +229,9 @@ class IGResult:
     @functools.cached_property
     def near_baseline(self) -> Tensor | None:
         """Bool flags of the states near the baseline (see the class docstring); computed when first read."""
-        return None if self.attribution_mass is None else near_baseline_states(self.attribution_mass)
+        if self.attribution_mass is None:
+            return None
+        return near_baseline_states(torch.maximum(self.attribution_mass, (self.f_input - self.f_baseline).abs()))
 
     def _near(self) -> Tensor:
         return torch.zeros_like(self.degenerate) if self.near_baseline is None else self.near_baseline
@@ -314,15 +315,16 @@ def worst_over_ordinary(values: Tensor, near_baseline: Tensor, non_finite: Tenso
     return largest if largest == largest else math.inf  # a NaN figure on a finite state: never clean
 
 
-def near_baseline_states(mass: Tensor) -> Tensor:
-    """Bool flags of the states near the baseline: ``mass < NEAR_BASELINE_FRACTION x`` the median over the last dim.
+def near_baseline_states(scale: Tensor) -> Tensor:
+    """Bool flags of the states near the baseline: ``scale < NEAR_BASELINE_FRACTION x`` the median over the last dim.
 
-    ``mass`` is ``||a||_1`` per state, ``(..., B)``; the median is the lower middle value for an even count (torch's)
-    over the finite masses; a state without mass is near the baseline whatever the median. On the device, no sync.
+    ``scale`` is ``max(||a||_1, |F(x) - F(b)|)`` per state, ``(..., B)``; the median is the lower middle value for an
+    even count (torch's) over the finite scales; a state without scale is near the baseline whatever the median. On
+    the device, no sync.
     """
-    finite = torch.where(torch.isfinite(mass), mass, torch.full_like(mass, math.nan))
+    finite = torch.where(torch.isfinite(scale), scale, torch.full_like(scale, math.nan))
     median = torch.nanmedian(finite, dim=-1, keepdim=True).values
-    return (mass < NEAR_BASELINE_FRACTION * median) | (mass == 0)
+    return (scale < NEAR_BASELINE_FRACTION * median) | (scale == 0)
 
 
 class _PathFacts(Protocol):
@@ -346,7 +348,7 @@ def build_result(
     stochastic: bool,
 ) -> IGResult:
     """The :class:`IGResult` of a run's ``out`` (attributions ``(T, B, F)``, stats ``(7, T, B)``, accuracy
-    ``(3, T, B)``, optionally ``n_steps_per_state (B,)``), with views only (and the scaled estimate).
+    ``(3, T, B)``, optionally ``n_steps_per_state (B,)``), with views only.
 
     ``resolved`` is the baselines in the inputs' shape; ``run`` says how the run went (its operations' name, the
     finite-difference step, the rows per forward). The eager path and a graph's replay both end here.
@@ -360,8 +362,6 @@ def build_result(
         accuracy = accuracy.view(accuracy.shape[0], -1)  # (3, 1, B) -> (3, B)
     f_input, f_baseline, delta, relative_error = stats[:4].unbind(0)
     degenerate, non_finite = (stats[4:6] != 0).unbind(0)  # both flags in one comparison
-    scale = settings.error_scale
-    attribution_error = accuracy[0] if scale == 1.0 else accuracy[0] * scale
     return IGResult(
         attributions=attributions,
         f_input=f_input,
@@ -380,10 +380,9 @@ def build_result(
         internal_batch_size=run.chunk_rows,
         cuda_graph=graph,
         stochastic=stochastic,
-        attribution_error=attribution_error,
+        attribution_error=accuracy[0],
         mass_relative_error=accuracy[1],
         attribution_mass=accuracy[2],
-        error_scale=scale,
         n_steps_per_state=out.get("n_steps_per_state"),
         target_actions=None if run.pairs is None else run.pairs.clone(),
     )

@@ -16,8 +16,10 @@ from typing import Any, Literal
 from lightning_ig.attribution.quadrature import check_rule
 from lightning_ig.ops.ig import IGOps, check_backend
 from lightning_ig.vocabulary import (
+    AUTO_METHOD,
     BUDGET,
     GRADIENTS,
+    KINK_METHOD,
     BackendName,
     NSteps,
     check_bool,
@@ -36,11 +38,12 @@ __all__ = ["BUDGET", "DEFAULT_MAX_STEPS", "DEFAULT_METHOD", "DEFAULT_N_STEPS", "
 DEFAULT_MAX_STEPS = 512
 DEFAULT_N_STEPS = BUDGET
 """The default number of points: on ReLU networks every fixed rule is first order, so points are what buy accuracy;
-the engine spends what the device has to spare: 256 midpoint nodes where the work is small for the device, 64 where
-it is not (:mod:`lightning_ig.attribution.budget`). The number used is the result's ``n_steps`` (``docs/trust.md``)."""
-DEFAULT_METHOD = "riemann_middle"
-"""The default rule: the uniform midpoint rule (Captum's name). Gauss-Legendre's high order buys nothing where the
-integrand is a step function (a ReLU network along the path); the midpoint rule's cells are as even as can be."""
+the engine spends what the device has to spare (:mod:`lightning_ig.attribution.budget`). The number used is the
+result's ``n_steps`` (``docs/trust.md``)."""
+DEFAULT_METHOD = AUTO_METHOD
+"""The default rule, ``"auto"``: the kink rule (``"kink_midpoint"``, :mod:`lightning_ig.attribution.kinks`) where
+``n_steps`` comes to 64 points or fewer and gradients are autograd's, else the uniform midpoint rule
+(``"riemann_middle"``); the result's ``method`` says which ran (:mod:`lightning_ig.attribution.budget`)."""
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,16 @@ class IGOptions:
     changed copy, checked again).
 
     Args:
-        n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work fits the device
-            (:mod:`lightning_ig.attribution.budget`; the number used is the result's ``n_steps``); or ``"auto"``:
-            the midpoint rule refined per state until its error figures are within ``completeness_tol / 2``,
-            up to ``max_steps``.
-        method: the quadrature rule: ``"riemann_middle"`` (default), ``"riemann_left"``, ``"riemann_right"``,
-            ``"riemann_trapezoid"``, ``"gausslegendre"`` or a warped midpoint rule (``"warped_middle:2"``, ...).
+        n_steps: quadrature points; ``"budget"`` (default): the most the device's budget allows for the work (64,
+            128 or 256; the kink rule's 56 where it allows 64: :mod:`lightning_ig.attribution.budget`; the number
+            used is the result's ``n_steps``); or ``"auto"``: the default call, then the states whose error
+            figures are above ``completeness_tol / 2`` refined by tripling the midpoint nodes, up to ``max_steps``
+            (:mod:`lightning_ig.attribution.auto_steps`).
+        method: ``"auto"`` (default: ``"kink_midpoint"`` at 64 points or fewer with autograd, else
+            ``"riemann_middle"``; the result's ``method`` says which), ``"kink_midpoint"`` (the midpoint rule with
+            certified kink corrections, autograd only: :mod:`lightning_ig.attribution.kinks`), or one of Captum's:
+            ``"riemann_middle"``, ``"riemann_left"``, ``"riemann_right"``, ``"riemann_trapezoid"``,
+            ``"gausslegendre"``.
         gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards autograd cannot go through.
         backend: ``"auto"`` (default: the CUDA kernels on CUDA tensors when CuPy imports, else torch), ``"cuda"``,
             ``"torch"``, or an :class:`~lightning_ig.ops.ig.IGOps` object.
@@ -66,7 +73,6 @@ class IGOptions:
         check_finite: check inputs and baselines for NaN/Inf first (default ``True``; one host sync).
         cuda_graph: ``"auto"`` (default: capture and replay a CUDA graph on CUDA devices), ``True`` or ``False``;
             :class:`~lightning_ig.attribution.IntegratedGradients` only (one eager call never captures).
-        error_scale: the factor applied to the error estimate (default 1.0; what calibration measured).
 
     Raises:
         TypeError: a value of the wrong kind (the message names the option).
@@ -90,15 +96,14 @@ class IGOptions:
     fd_step: float | None = None
     check_finite: bool = True
     cuda_graph: bool | Literal["auto"] = "auto"
-    error_scale: float = 1.0
 
     def __post_init__(self) -> None:
         checked = object.__setattr__  # each field as checked, in its one spelling
         checked(self, "n_steps", check_n_steps(self.n_steps))
         checked(self, "method", check_method(self.method))
         checked(self, "max_steps", check_positive_int(self.max_steps, "max_steps", example=DEFAULT_MAX_STEPS))
-        _check_rule_size(self.method, self.n_steps, self.max_steps)
         checked(self, "gradient", check_choice(self.gradient, GRADIENTS, "gradient"))
+        _check_rule(self.method, self.n_steps, self.gradient)
         checked(self, "backend", check_backend(self.backend))
         checked(
             self, "internal_batch_size", check_optional_positive_int(self.internal_batch_size, "internal_batch_size")
@@ -109,7 +114,6 @@ class IGOptions:
         )
         checked(self, "check_finite", check_bool(self.check_finite, "check_finite"))
         checked(self, "cuda_graph", _check_cuda_graph(self.cuda_graph))
-        checked(self, "error_scale", check_positive_float(self.error_scale, "error_scale"))
 
     def keywords(self) -> dict[str, Any]:
         """The options as :class:`~lightning_ig.attribution.IntegratedGradients` takes them as keywords."""
@@ -132,15 +136,19 @@ def options_with(options: IGOptions, keywords: Mapping[str, Any]) -> IGOptions:
     return dataclasses.replace(options, **keywords) if keywords else options
 
 
-def _check_rule_size(method: str, n_steps: int | str, max_steps: int) -> None:
+def _check_rule(method: str, n_steps: int | str, gradient: str) -> None:
+    if method == KINK_METHOD and gradient != "autograd":
+        raise ValueError(
+            f"method={KINK_METHOD!r} checks its corrections against forward values at exact gradients' kinks, which "
+            f"finite differences smear; with gradient={gradient!r} pass method='auto' (the midpoint rule) or another"
+        )
     if isinstance(n_steps, int) or n_steps == BUDGET:
         check_rule(method, n_steps if isinstance(n_steps, int) else 64)  # trapezoid needs 2; GL has a largest n
-    elif method != DEFAULT_METHOD:
-        # "auto" triples the uniform midpoint rule (3n nodes hold the n before): no other rule nests so, and the
-        # error estimate stays calibrated only under refinement that treats every cell alike.
+    elif method not in (AUTO_METHOD, KINK_METHOD, "riemann_middle"):
+        # "auto" triples the midpoint nodes (3n nodes hold the n before): no other rule nests so
         raise ValueError(
-            f"n_steps='auto' refines the uniform midpoint rule (method={DEFAULT_METHOD!r}) by tripling it per state; "
-            f"got method={method!r}: pass method={DEFAULT_METHOD!r} with n_steps='auto', or a number of steps"
+            f"n_steps='auto' refines by tripling the midpoint nodes; got method={method!r}: pass method='auto' "
+            f"(the default), 'kink_midpoint' or 'riemann_middle' with n_steps='auto', or a number of steps"
         )
 
 

@@ -10,7 +10,6 @@
   (``target``, ``forward``), the engine tried on two states, each rank's share) and
   :mod:`~lightning_ig.callback.setup` (the units a run logs, features or groups, and their tags; the report folder).
 * :mod:`~lightning_ig.callback.reports`: the JSON report of each run in ``report_dir``;
-  :mod:`~lightning_ig.callback.calibration`: the rule and error scale chosen again every ``calibrate_every`` runs;
   :mod:`~lightning_ig.trust`: the trust checks and the run's verdict.
 
 A new option goes first into the group it belongs to (:class:`~lightning_ig.attribution.IGOptions`: how IG runs;

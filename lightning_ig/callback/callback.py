@@ -24,7 +24,7 @@ from typing_extensions import override
 from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.callback import calibration, fit, heldout, setup
+from lightning_ig.callback import fit, heldout, setup
 from lightning_ig.callback.options import Options, option_assignment, option_attribute
 from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.ensemble.members import pack_members
@@ -91,13 +91,10 @@ class IntegratedGradientsCallback(Callback):
         name: Tags under ``ig/<name>/`` and reports ``ig_report_<name>_step=...``; needed when two callbacks share a
             Trainer (default ``None``: ``ig/``).
         engine: How the engine attributes (:class:`~lightning_ig.attribution.IGOptions`: ``n_steps``, ``method``,
-            ``gradient``, ``backend``, ``internal_batch_size``, ...); default ``None``: its defaults. Calibration
-            (``calibrate_every``) may replace the rule and the error scale; the states are checked for NaN/Inf once.
+            ``gradient``, ``backend``, ``internal_batch_size``, ...); default ``None``: its defaults. The states are
+            checked for NaN/Inf once.
         views: What the runs log and draw (:class:`~lightning_ig.views.ViewOptions`: ``top_k``, histograms, the
             pictures' cadences, ``max_logged_features``, the saliency grid); default ``None``: its defaults.
-        calibrate_every: Choose the rule and the error estimate's scale again on the first 8 held-out states
-            (:mod:`lightning_ig.attribution.calibration`) at the first run and every this many runs (default 50);
-            ``None``: never. Not for ``n_steps="auto"`` or finite differences.
         checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity, deletion, and noise
             stability for NoisyNet models) due every this many runs and at the end, within 20% of the IG time
             (default 5; ``None``: none). On global rank zero, on a working copy of the model with its own generators.
@@ -141,7 +138,6 @@ class IntegratedGradientsCallback(Callback):
         name: str | None = None,
         engine: IGOptions | None = None,
         views: ViewOptions | None = None,
-        calibrate_every: int | None = 50,
         checks_every_n_runs: int | None = 5,
     ) -> None:
         super().__init__()
@@ -163,7 +159,6 @@ class IntegratedGradientsCallback(Callback):
             name=name,
             engine=engine,
             views=views,
-            calibrate_every=calibrate_every,
             checks_every_n_runs=checks_every_n_runs,
         )
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
@@ -297,10 +292,7 @@ class IntegratedGradientsCallback(Callback):
         """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order)."""
         assert self._fit is not None  # noqa: S101 - _should_run checked it
         self._finish_pending()
-        run, every = self._fit, self.options.calibrate_every
-        calibrated_ms = None  # the rule and error scale chosen again at the first run and every calibrate_every runs
-        if every is not None and len(self.history) % every == 0:
-            calibrated_ms = calibration.calibrate(run.engine, trainer, pl_module, run.held_out, self.options.baseline)
+        run = self._fit
         started = time.perf_counter()
         with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
             result = run.engine.attribute(run.states, baselines=run.baselines)
@@ -330,7 +322,6 @@ class IntegratedGradientsCallback(Callback):
             epoch=trainer.current_epoch,
             final=final,
             held_ms=(time.perf_counter() - started) * 1e3,
-            calibrated_ms=calibrated_ms,
         )
 
     def _finish_pending(self, *, landed: bool = False) -> None:
@@ -360,8 +351,6 @@ class IntegratedGradientsCallback(Callback):
             time_ms=time_ms,
             members=members,
         )
-        if pending.calibrated_ms is not None:
-            summary = calibration.noted(summary, pending.calibrated_ms)
         if run.trust is not None:  # the monitor at the runs it names; the others carry the verdict it made for them
             if pending.final or len(self.history) >= run.trust.next_run:
                 summary, trust = run.trust.step(host, summary, final=pending.final)

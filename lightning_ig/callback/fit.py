@@ -103,7 +103,6 @@ class PendingRun:
     epoch: int
     final: bool
     held_ms: float  # host time the start held the training loop
-    calibrated_ms: float | None  # the calibration made before this run, if any, and its time
 
 
 def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | None]) -> FitPlan:

@@ -60,7 +60,6 @@ class Options:
     name: str | None
     engine: IGOptions
     views: ViewOptions
-    calibrate_every: int | None
     checks_every_n_runs: int | None
 
     def __post_init__(self) -> None:
@@ -95,7 +94,6 @@ class Options:
         checked(self, "name", _check_name(self.name))
         checked(self, "engine", _check_engine(self.engine, self.completeness_tol))
         checked(self, "views", _check_group(self.views, ViewOptions, "views"))
-        checked(self, "calibrate_every", check_optional_positive_int(self.calibrate_every, "calibrate_every"))
         checked(
             self, "checks_every_n_runs", check_optional_positive_int(self.checks_every_n_runs, "checks_every_n_runs")
         )

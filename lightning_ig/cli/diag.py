@@ -9,6 +9,7 @@ are written only once every head has run (all or none).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from lightning_ig._files import (
     check_input_file,
     check_output_file,
 )
+from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS
 from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
 from lightning_ig.cli.exits import EXIT_NOT_WITHIN, EXIT_OK, PROG, NonFiniteError, UsageError
 from lightning_ig.cli.feature_groups import is_named_form
@@ -104,23 +106,39 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
 def _verdict_status(attributed: Sequence[_Attributed], args: argparse.Namespace) -> int:
     """0, or 4 with one line on stderr when a head (or an action of --target each) is not within tol."""
     for head in attributed:
-        parts = [("", head.report["completeness"])] + [
-            (f" (action {action['action']})", action["completeness"]) for action in head.report.get("actions", [])
+        parts = [("", head.report["completeness"], head.result, None)] + [
+            (f" (action {action['action']})", action["completeness"], head.per_action, action["action"])
+            for action in head.report.get("actions", [])
         ]
-        for where, completeness in parts:
+        for where, completeness, result, action in parts:
             verdict = completeness.get("verdict", {})
             if verdict.get("within") is False:
                 which = f"head {head.run.label}: " if head.run.label else ""
+                if args.num_steps == "auto":
+                    above = _states_above(result, action, args.completeness_tol)
+                    advice = (
+                        f"{above} state(s) still above tol at {result.n_steps} nodes, where --num-steps auto stops "
+                        f"(its bound: {DEFAULT_MAX_STEPS} nodes); check them with --verify N"
+                    )
+                else:
+                    advice = "try --num-steps auto (the default), or check it with --verify N"
                 print(
                     printable(
                         f"{PROG} diag: not within --completeness-tol {args.completeness_tol:g}{where}: {which}"
-                        f"{verdict['reason']}; the report {str(head.run.output)!r} is written: try more --num-steps, "
-                        "--num-steps auto or a warped --method (warped_middle:2), or check it with --verify N"
+                        f"{verdict['reason']}; the report {str(head.run.output)!r} is written: {advice}"
                     ),
                     file=sys.stderr,
                 )
                 return EXIT_NOT_WITHIN
     return EXIT_OK
+
+
+def _states_above(result: Any, action: int | None, tol: float) -> int:
+    """How many ordinary states (of ``action``'s row for --target each) have a figure above the verdict's bar."""
+    figures = torch.maximum(result.attribution_error, result.mass_relative_error)
+    ordinary = ~(result.near_baseline | result.non_finite)
+    above = (figures > math.sqrt(2) * tol) & ordinary
+    return int((above if action is None else above[action]).sum())
 
 
 def _check_flag_combinations(args: argparse.Namespace) -> None:

@@ -6,7 +6,8 @@ operation     what it computes                                            layout
 interpolate   ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)``
 fd_probes     ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)``
 fd_gradient   ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)``
-accumulate    ``(x - b) * sum_k w_k g_k``, summed in step order            ``(T, B, F)``
+accumulate    ``(x - b) * sum_k w_k g_k`` in step order; ``w (n,)`` or one  ``(T, B, F)``
+              per step and state ``(T, n, B)``
 completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`)
               repeat differs
 ============  ==========================================================  ==============================
@@ -217,18 +218,34 @@ def _fd_gradient_cuda(
 # --------------------------------------------------------------------------- (d) accumulation
 
 
+def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
+    """The weights as ``(T, n, B)``: one per step ``(n,)`` broadcast (a view), or one per step and state as given."""
+    n_targets, n_steps, batch, _ = grads.shape
+    if weights.dim() == 1:
+        return weights.view(1, n_steps, 1).expand(n_targets, n_steps, batch)
+    if weights.shape != (n_targets, n_steps, batch):
+        raise ValueError(
+            f"weights must be (n,) or (T, n, B) = {(n_targets, n_steps, batch)}, got {tuple(weights.shape)}"
+        )
+    return weights
+
+
 def _accumulate_torch(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
-    """``(T, B, F)`` attributions from ``grads (T, n, B, F)``, summed in step order."""
+    """``(T, B, F)`` attributions from ``grads (T, n, B, F)`` and ``weights (n,)`` or ``(T, n, B)``, in step order."""
+    steps = _step_weights(weights, grads).unsqueeze(-1)  # (T, n, B, 1)
     total = torch.zeros_like(grads[:, 0])  # (T, B, F)
     for k in range(grads.shape[1]):
         # Multiply, then add: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
-        total = total + weights[k] * grads[:, k]
+        total = total + steps[:, k] * grads[:, k]
     acc = grads.dtype
     return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
 
 
 def _accumulate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
     n_targets, n_steps, batch, features = grads.shape
+    steps = _step_weights(weights, grads)
+    if weights.dim() > 1:
+        steps = steps.contiguous()
     attributions = torch.empty((n_targets, batch, features), dtype=x.dtype, device=x.device)
     launch(
         "accumulate",
@@ -238,12 +255,14 @@ def _accumulate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, weights: Tensor
         [
             _cupy.pointer(x),
             _cupy.pointer(b),
-            _cupy.pointer(weights),
+            _cupy.pointer(weights if weights.dim() == 1 else steps),
             _cupy.pointer(grads),
             _cupy.pointer(attributions),
             _cupy.int32(n_steps),
             _cupy.int64(batch * features),
             _cupy.int32(n_targets),
+            _cupy.int64(max(1, features)),
+            *(_cupy.int64(stride) for stride in steps.stride()),  # (0, 1, 0) per step; (n B, B, 1) per state
         ],
     )
     return attributions
@@ -362,6 +381,7 @@ class IGOps:
         raise NotImplementedError
 
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
+        """``(T, B, F)``: ``(x - b) * sum_k w_k g_k`` with ``weights (n,)`` or one per step and state ``(T, n, B)``."""
         raise NotImplementedError
 
     def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:

@@ -95,12 +95,12 @@ class HostResult:
         group_attributions: ``(B, G)`` per-state group sums, or ``None``.
         n_steps, method, gradient, backend, target: the run's settings (``n_steps``: the most any state used).
         stochastic: the forward gave different values on the same rows (any rank).
-        attribution_error: ``(B,)`` the engine's error estimate per state (scaled; NaN where the result had none).
+        attribution_error: ``(B,)`` the engine's error estimate per state (NaN where the result had none).
         mass_relative_error: ``(B,)`` ``|sum(a) - dF| / max(sum|a|, |dF|)``.
-        near_baseline: ``(B,)`` bool: ``||a||_1`` below a tenth of the median over all gathered states.
+        near_baseline: ``(B,)`` bool: ``max(||a||_1, |F(x) - F(b)|)`` below a tenth of the median over all gathered
+            states.
         attribution_mass: ``(B,)`` ``||a||_1``.
         n_steps_per_state: ``(B,)`` the points each state used.
-        error_scale: the factor the estimate was multiplied by.
     """
 
     feature_shape: tuple[int, ...]
@@ -127,7 +127,6 @@ class HostResult:
     near_baseline: np.ndarray | None = None
     attribution_mass: np.ndarray | None = None
     n_steps_per_state: np.ndarray | None = None
-    error_scale: float = 1.0
 
     @property
     def worst_attribution_error(self) -> float:
@@ -226,7 +225,7 @@ class HostResult:
         count = packed.shape[1] - len(_COLUMNS)
         flat, layout = _reduce_rows(packed[:, :count], packed[:, count:].T, groups, keep_attributions, sample_states)
         labels = {"method": str(result.method), "gradient": str(result.gradient), "backend": str(result.backend)}
-        labels.update(target=str(getattr(result, "target", "")), error_scale=float(getattr(result, "error_scale", 1.0)))
+        labels["target"] = str(getattr(result, "target", ""))
         settings = (int(result.n_steps), labels, feature_shape, *layout, groups)
         return HostTransfer(flat, lambda host: cls._unpack(host, *settings))
 
@@ -332,7 +331,8 @@ def _reduce_rows(
     values = values.to(torch.float64)  # (B, F)
     sums = values.sum(1)  # (B,)
     mass = values.abs().sum(1)  # (B,)
-    near = near_baseline_states(mass).to(torch.float64)  # the median over all gathered states
+    change = (columns[0] - columns[1]).to(torch.float64).abs()  # |F(x) - F(b)|: pack's first two columns
+    near = near_baseline_states(torch.maximum(mass, change)).to(torch.float64)  # the median over all gathered states
     pieces = [columns.to(torch.float64).reshape(-1), sums, mass, near, Moments.rows(values).reshape(-1)]
     samples = values[: max(0, int(sample_states))]
     pieces.append(samples.reshape(-1))

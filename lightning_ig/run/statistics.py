@@ -198,9 +198,6 @@ class Completeness:
         worst_attribution_error: the worst estimated attribution error over the ordinary states.
         worst_mass_relative_error: the worst mass-relative completeness error over the ordinary states.
         num_near_baseline: states near the baseline (flagged, not scored).
-        error_scale: the factor the estimate was multiplied by (1.0, or what calibration measured).
-        calibration_ms: the wall time of the calibration that ran before this run (the callback's
-            ``calibrate_every``), in milliseconds; ``None`` when none ran.
     """
 
     worst_relative_error: float
@@ -213,8 +210,6 @@ class Completeness:
     worst_attribution_error: float = math.nan
     worst_mass_relative_error: float = math.nan
     num_near_baseline: int = 0
-    error_scale: float = 1.0
-    calibration_ms: float | None = None
 
     @property
     def num_checked(self) -> int:
@@ -261,7 +256,6 @@ def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
         worst_attribution_error=host.worst_attribution_error,
         worst_mass_relative_error=host.worst_mass_relative_error,
         num_near_baseline=host.num_near_baseline,
-        error_scale=host.error_scale,
     )
 
 

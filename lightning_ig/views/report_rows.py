@@ -122,7 +122,7 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
         ``near_baseline``) and ``degenerate_states`` (``state_idx``, ``absolute_error``).
         The accuracy figures, beside them: ``worst_attribution_error`` and
         ``worst_mass_relative_error`` (over the states away from the baseline; ``None``
-        when not finite), ``num_near_baseline``, ``error_scale`` and, with ``tolerance``,
+        when not finite), ``num_near_baseline``, ``error_scale`` (1.0) and, with ``tolerance``,
         ``verdict`` (``tolerance``, ``within`` (``true``, ``false`` or ``null``: nothing
         could be checked), ``figure``, ``value``, ``threshold``, ``reason``).
 
@@ -142,7 +142,7 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
         "worst_attribution_error": json_float(numbers.worst_attribution_error),
         "worst_mass_relative_error": json_float(numbers.worst_mass_relative_error),
         "num_near_baseline": numbers.num_near_baseline,
-        "error_scale": json_float(numbers.error_scale),
+        "error_scale": 1.0,  # the estimate is no longer scaled; the key stays for readers of schema v1
     }
     if tolerance is not None:
         verdict = accuracy_verdict(numbers.worst_attribution_error, numbers.worst_mass_relative_error, tolerance)

@@ -18,7 +18,6 @@ from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
 from lightning_ig.vocabulary import check_bool, check_int, check_optional_positive_int, check_positive_int
 
 __all__ = [
-    "CALIBRATION_TAGS",
     "CONCENTRATION_TWIN",
     "COUNT_TAGS",
     "PICTURES",
@@ -234,10 +233,6 @@ class TagNames:
                 quantity = "group/mean_abs" if self.group_labels is not None else "mean_abs"
                 tags += [f"{self.prefix}/action/{action}/{quantity}/{label}" for label in units]
         return [*tags, f"{self.prefix}/time_ms"]
-
-
-CALIBRATION_TAGS = ("completeness/calibration_ms", "completeness/error_scale")
-"""Scalars of the runs that calibrate (the first, then every ``calibrate_every`` runs): its cost and the scale."""
 
 
 def same_concentrations(num_features: int) -> bool:

@@ -202,12 +202,10 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     if numbers.num_near_baseline:
         near = "state(s)" if summary.actions is None else rows
         notes += (
-            f" {numbers.num_near_baseline} of {total} {near} are near the baseline (attribution mass below a tenth "
-            f"of the median, where every relative figure is ill-conditioned): flagged, not scored "
+            f" {numbers.num_near_baseline} of {total} {near} are near the baseline (attribution mass and |dF| below a "
+            f"tenth of the median, where every relative figure is ill-conditioned): flagged, not scored "
             f"({per_state_pointer(summary)})."
         )
-    if numbers.error_scale != 1.0:
-        notes += f" The estimate is scaled by {numbers.error_scale:.3g} (calibration)."
     notes += f" Relative completeness error |delta| / |dF|: {relative_error_text(numbers.worst_relative_error)}."
     if numbers.verdict == "pass":
         return "pass", (

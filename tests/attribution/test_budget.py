@@ -1,15 +1,18 @@
-"""n_steps="budget" (lightning_ig/attribution/budget.py): the work counted, the number of points chosen from it."""
+"""n_steps="budget" and method="auto" (lightning_ig/attribution/budget.py): the work counted, the number of points
+and the rule chosen from it."""
 
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import pytest
 import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from lightning_ig.attribution import budget as budget_module
-from lightning_ig.attribution.budget import CPU_BUDGET_FLOPS, STEP_CHOICES, budget_flops, budget_steps, row_flops
+from lightning_ig.attribution.budget import PROFILES, STEP_CHOICES, Profile, budget_steps, row_flops
+from lightning_ig.attribution.kinks import BUDGET_NODES
 from lightning_ig.models import NoisyLinear
 
 
@@ -48,13 +51,14 @@ def test_the_choice_is_the_most_points_whose_work_fits() -> None:
     mlp = _mlp(4, 32, 3)
     per_row = 2 * (4 * 32 + 32 * 3) * 2  # a forward and one backward
     row = torch.zeros(1, 4)
+    budget = PROFILES["cpu"].flops
     for n in STEP_CHOICES:
-        fits = int(CPU_BUDGET_FLOPS // (n * per_row))  # the most states whose work at n points fits
+        fits = int(budget // (n * per_row))  # the most states whose work at n points fits
         assert budget_steps(mlp, row, fits, each=False, finite_difference=False) == n
         smaller = next((m for m in STEP_CHOICES if m < n), STEP_CHOICES[-1])
         assert budget_steps(mlp, row, fits + 1, each=False, finite_difference=False) == smaller
     assert budget_steps(mlp, row, 10**9, each=False, finite_difference=False) == 64  # nothing fits: the fewest
-    few = int(CPU_BUDGET_FLOPS // (256 * per_row))
+    few = int(budget // (256 * per_row))
     # target="each": a backward per output (1 + 3 passes instead of 2); finite differences: 2 F forwards a node
     assert budget_steps(mlp, row, few, each=True, finite_difference=False) == 128
     assert budget_steps(mlp, row, few // 2, each=True, finite_difference=False) == 256
@@ -63,17 +67,31 @@ def test_the_choice_is_the_most_points_whose_work_fits() -> None:
     assert budget_steps(lambda z: (z**2).sum(-1), row, 1, each=False, finite_difference=False) == 64
 
 
+class _CudaRow:
+    """A row on a CUDA device, as far as :func:`budget_steps` looks (its work counted by a stand-in)."""
+
+    device = torch.device("cuda", 0)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.zeros(4)
+
+
 def test_a_gpu_budget_scales_with_its_multiprocessors(monkeypatch: pytest.MonkeyPatch) -> None:
+    flops = 2 * (4 * 32 + 32 * 3)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(multi_processor_count=66))
-    assert budget_flops(torch.device("cuda", 0)) == budget_module.CUDA_BUDGET_FLOPS / 2
-    assert budget_flops(torch.device("cpu")) == CPU_BUDGET_FLOPS
+    monkeypatch.setattr(budget_module, "row_flops", lambda *_: (flops, 3))
+    profile = PROFILES["cuda"]
+    fits = int(profile.flops * 66 / profile.multiprocessors // (256 * 2 * flops))  # half an H200's budget
+    row: Any = _CudaRow()
+    assert budget_steps(_mlp(), row, fits, each=False, finite_difference=False) == 256
+    assert budget_steps(_mlp(), row, fits + 1, each=False, finite_difference=False) == 128
 
 
 def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _Counted(_mlp())
     per_row = 2 * row_flops(_mlp(), torch.zeros(1, 4))[0]  # a forward and a backward (another object: not cached)
     # a CPU budget that 8 states x 256 nodes fill: 64 states do not fit even at 64 nodes
-    monkeypatch.setattr(budget_module, "CPU_BUDGET_FLOPS", 256 * 8 * per_row)
+    monkeypatch.setitem(budget_module.PROFILES, "cpu", Profile("cpu", 256 * 8 * per_row))
     few, more = torch.randn(8, 4), torch.randn(64, 4)
     before = model.calls
     result = integrated_gradients(model, few, target="mean")
@@ -86,10 +104,28 @@ def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: py
     again = model.calls
     assert integrated_gradients(model, few, target="mean").n_steps == 256
     assert model.calls - again == own  # the count is remembered per forward, feature shape, dtype and device
-    assert integrated_gradients(model, more, target="mean").n_steps == 64
+    dear = integrated_gradients(model, more, target="mean")  # 64 points: the kink rule, at its own count
+    assert (dear.n_steps, dear.method) == (BUDGET_NODES, "kink_midpoint") and result.method == "riemann_middle"
     engine = IntegratedGradients(model, target="mean")
-    assert engine.attribute(few).n_steps == 256 and engine.attribute(more).n_steps == 64
+    assert engine.attribute(few).n_steps == 256 and engine.attribute(more).n_steps == BUDGET_NODES
     assert engine.attribute(few).n_steps == 256  # one plan per shape, each with its own number
+
+
+@pytest.mark.parametrize(
+    ("options", "method", "n_steps"),
+    [
+        ({"n_steps": 64}, "kink_midpoint", 64),  # a count: the same choice, at the count given
+        ({"n_steps": 65}, "riemann_middle", 65),
+        ({"n_steps": 64, "gradient": "finite_difference"}, "riemann_middle", 64),  # the kink rule needs autograd
+        ({"method": "kink_midpoint"}, "kink_midpoint", BUDGET_NODES),
+        ({"method": "riemann_middle"}, "riemann_middle", 64),
+        ({"method": "gausslegendre", "n_steps": 20}, "gausslegendre", 20),
+    ],
+)
+def test_method_auto_picks_the_kink_rule_where_points_are_dear(options: dict, method: str, n_steps: int) -> None:
+    states = torch.randn(2048, 4)  # more than the CPU's budget holds at 128 points: 64
+    result = integrated_gradients(_mlp(), states, target="mean", **options)
+    assert (result.method, result.n_steps) == (method, n_steps)
 
 
 def test_batch_norm_in_train_mode_is_counted_without_moving_its_statistics() -> None:

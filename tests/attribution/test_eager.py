@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
+from lightning_ig.attribution.path import CPU_CHUNK_ROWS
 from lightning_ig.ops.ig import TorchIG
 from lightning_ig.vocabulary import METHODS
 from tests.support.models import DuelingMLP
@@ -139,7 +140,7 @@ def test_finite_differences_match_autograd_on_a_tanh_mlp(dtype: torch.dtype) -> 
     model = _mlp(8, 1, seed=4, dtype=dtype)
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     x = torch.randn(5, 8, dtype=dtype)
-    exact = integrated_gradients(forward, x, n_steps=20)
+    exact = integrated_gradients(forward, x, n_steps=20, method="riemann_middle")  # the rule finite differences use
     fd = integrated_gradients(forward, x, n_steps=20, gradient="finite_difference")
     error = float((fd.attributions - exact.attributions).abs().max() / exact.attributions.abs().max())
     assert error <= _fd_tolerance(dtype)
@@ -157,7 +158,9 @@ def test_finite_differences_run_forwards_autograd_cannot_go_through() -> None:
     with pytest.raises(ValueError, match="gradient='finite_difference'"):
         integrated_gradients(numpy_forward, x)
     fd = integrated_gradients(numpy_forward, x, gradient="finite_difference", n_steps=16)
-    exact = integrated_gradients(lambda z: torch.tanh(z @ torch.from_numpy(weight)), x, n_steps=16)
+    exact = integrated_gradients(
+        lambda z: torch.tanh(z @ torch.from_numpy(weight)), x, n_steps=16, method="riemann_middle"
+    )
     assert_close_scaled(fd.attributions, exact.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
 
 
@@ -166,7 +169,7 @@ def test_finite_difference_step_is_recorded_and_scales_with_the_inputs() -> None
     # and attr_i by (x_i - b_i) h_i^2, with h_i = fd_step * max(1, |x_i|, |b_i|).
     x = torch.tensor([[100.0, 0.5]], dtype=torch.float64)
     forward = lambda z: (z**3).sum(1)  # noqa: E731
-    exact = integrated_gradients(forward, x, n_steps=4)
+    exact = integrated_gradients(forward, x, n_steps=4, method="riemann_middle")
     fd = integrated_gradients(forward, x, gradient="finite_difference", fd_step=1e-2, n_steps=4)
     assert fd.fd_step == 1e-2
     error = fd.attributions - exact.attributions
@@ -180,26 +183,30 @@ def test_finite_difference_step_is_recorded_and_scales_with_the_inputs() -> None
 
 # --------------------------------------------------------------------------- targets
 
+RULE = "riemann_middle"
+
 
 def test_targets_mean_index_per_row_each_and_callable() -> None:
     model = _dueling(5, 4, seed=5)
+    # one fixed rule throughout: the kink rule corrects each target on its own, so a mean's map is not the mean of
+    # the maps (nor the finite differences' rule)
     x = torch.randn(6, 5, dtype=torch.float64)
-    each = integrated_gradients(model, x, target="each", n_steps=8)
+    each = integrated_gradients(model, x, target="each", n_steps=8, method=RULE)
     assert each.attributions.shape == (4, 6, 5) and each.f_input.shape == (4, 6) and each.target == "each"
     for action in range(4):
-        one = integrated_gradients(model, x, target=action, n_steps=8)
+        one = integrated_gradients(model, x, target=action, n_steps=8, method=RULE)
         assert_close_scaled(one.attributions, each.attributions[action], ulps=8, dtype=F64)
         assert one.target == f"action:{action}"  # vocabulary.target_label, as in the report
     rows = torch.tensor([0, 3, 1, 2, 2, 0])
-    per_row = integrated_gradients(model, x, target=rows, n_steps=8)
+    per_row = integrated_gradients(model, x, target=rows, n_steps=8, method=RULE)
     assert_close_scaled(per_row.attributions, each.attributions[rows, torch.arange(6)], ulps=8, dtype=F64)
     per_row_fd = integrated_gradients(model, x, target=rows, n_steps=8, gradient="finite_difference")
     assert_close_scaled(per_row_fd.attributions, per_row.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
-    mean = integrated_gradients(model, x, target="mean", n_steps=8)
+    mean = integrated_gradients(model, x, target="mean", n_steps=8, method=RULE)
     assert_close_scaled(mean.attributions, each.attributions.mean(0), ulps=8, dtype=F64)
-    value = integrated_gradients(target_forward(model, "mean"), x, n_steps=8)
+    value = integrated_gradients(target_forward(model, "mean"), x, n_steps=8, method=RULE)
     torch.testing.assert_close(value.attributions, mean.attributions, rtol=0, atol=0)
-    picked = integrated_gradients(model, x, target=lambda q: q.max(dim=1).values, n_steps=8)
+    picked = integrated_gradients(model, x, target=lambda q: q.max(dim=1).values, n_steps=8, method=RULE)
     assert picked.target.startswith("callable:")
     torch.testing.assert_close(picked.f_input, model(x).max(dim=1).values)
 
@@ -238,7 +245,7 @@ def test_any_feature_shape_in_both_modes() -> None:
     weight = torch.randn(2, 3, 2, dtype=torch.float64)
     forward = lambda z: torch.tanh((z * weight).sum(dim=(1, 2, 3)))  # noqa: E731
     x = torch.randn(3, 2, 3, 2, dtype=torch.float64)
-    autograd = integrated_gradients(forward, x, n_steps=12)
+    autograd = integrated_gradients(forward, x, n_steps=12, method="riemann_middle")
     fd = integrated_gradients(forward, x, n_steps=12, gradient="finite_difference")
     assert autograd.attributions.shape == x.shape and fd.attributions.shape == x.shape
     assert_close_scaled(fd.attributions, autograd.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
@@ -366,23 +373,24 @@ def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
         return model(z).squeeze(1)
 
     tol = 1e-3
-    result = integrated_gradients(forward, x, n_steps="auto", completeness_tol=tol, max_steps=864)
+    result = integrated_gradients(forward, x, n_steps="auto", completeness_tol=tol, max_steps=504)
     per_state = result.n_steps_per_state.tolist()
-    assert set(per_state) <= {32, 96, 288, 864} and result.n_steps == max(per_state)
+    assert set(per_state) <= {56, 168, 504} and result.n_steps == max(per_state) > 56
     for state, n in enumerate(per_state):
+        # the state's result is the call at its n (the kink rule at 56, the midpoint rule above: "auto"'s choice;
+        # nested: the same gradients, summed in another order)
         fixed = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n)
-        # the state's result is the fixed rule at its n (nested: the same gradients, summed in another order)
         assert_close_scaled(result.attributions[state], fixed.attributions[0], ulps=64, dtype=F64)
-        if n < 864:  # it stopped: both figures within tol / 2 at n, and not at the level before
+        if n < 504:  # it stopped: both figures within tol / 2 at n, and not at the level before
             within = max(float(fixed.attribution_error[0]), float(fixed.mass_relative_error[0])) <= tol / 2
             assert within, (state, n)
-        if n > 32:
+        if n > 56:
             coarser = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n // 3)
             assert max(float(coarser.attribution_error[0]), float(coarser.mass_relative_error[0])) > tol / 2
-    # Every gradient row once: the first level and the ends (twice: the stochastic check), then 2 n new rows per
-    # level for the states that went on.
-    going_on = [sum(1 for m in per_state if m >= n) for n in (96, 288, 864)]
-    assert sum(rows) == (32 + 4) * 6 + sum(2 * (n // 3) * count for n, count in zip((96, 288, 864), going_on))
+    # Every gradient row once: the first level and the ends (twice: the stochastic check), the kink rule's
+    # certificate (14 forward rows a state), then 2 n new rows per level for the states that went on.
+    going_on = [sum(1 for m in per_state if m >= n) for n in (168, 504)]
+    assert sum(rows) == (56 + 4 + 14) * 6 + sum(2 * (n // 3) * count for n, count in zip((168, 504), going_on))
 
 
 def test_auto_steps_respect_max_steps() -> None:
@@ -390,13 +398,13 @@ def test_auto_steps_respect_max_steps() -> None:
     x = torch.randn(3, 4, dtype=torch.float64) * 3
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     capped = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=287)
-    assert capped.n_steps_per_state.tolist() == [96, 96, 96]  # 288 would pass 287
+    assert capped.n_steps_per_state.tolist() == [168, 168, 168]  # 504 would pass 287
     tiny = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=10)
     assert tiny.n_steps == 10 and tiny.n_steps_per_state.tolist() == [10, 10, 10]
 
 
 def test_auto_steps_refuse_rules_that_do_not_triple() -> None:
-    with pytest.raises(ValueError, match="n_steps='auto' refines the uniform midpoint rule"):
+    with pytest.raises(ValueError, match="n_steps='auto' refines by tripling the midpoint nodes"):
         integrated_gradients(_forward, torch.randn(2, 3), n_steps="auto", method="gausslegendre")
 
 
@@ -596,7 +604,9 @@ def test_error_n_steps_method_and_options() -> None:
         integrated_gradients(_forward, x, n_steps=2.5)
     with pytest.raises(ValueError, match="n_steps must be an int >= 1, 'budget' or 'auto', got 'many'"):
         integrated_gradients(_forward, x, n_steps="many")
-    with pytest.raises(ValueError, match="method must be one of 'riemann_left', .*'gausslegendre', .*; got 'simpson'"):
+    with pytest.raises(
+        ValueError, match="method must be one of 'auto', 'kink_midpoint', 'riemann_left', .*; got 'simpson'"
+    ):
         integrated_gradients(_forward, x, method="simpson")
     with pytest.raises(ValueError, match="riemann_trapezoid' needs n_steps >= 2"):
         integrated_gradients(_forward, x, method="riemann_trapezoid", n_steps=1)
@@ -645,7 +655,9 @@ def test_auto_steps_with_per_row_targets_in_both_modes() -> None:
     model = _dueling(4, 3, seed=44)
     x = torch.randn(3, 4, dtype=torch.float64)
     rows = torch.tensor([2, 0, 1])
-    autograd = integrated_gradients(model, x, target=rows, n_steps="auto", completeness_tol=1e-3, max_steps=288)
+    autograd = integrated_gradients(
+        model, x, target=rows, n_steps="auto", method="riemann_middle", completeness_tol=1e-3, max_steps=288
+    )
     fd = integrated_gradients(
         model, x, target=rows, n_steps="auto", completeness_tol=1e-3, max_steps=288, gradient="finite_difference"
     )
@@ -662,12 +674,28 @@ def test_default_chunk_holds_small_work_in_one_forward() -> None:
         return z @ weight
 
     x = torch.randn(4, 5, dtype=torch.float64)
-    result = integrated_gradients(forward, x, n_steps=10)
+    result = integrated_gradients(forward, x, n_steps=10, method="riemann_middle")
     # The path and both ends, twice (the stochastic-forward check), in one forward.
     assert rows == [(10 + 4) * 4] and result.internal_batch_size == (10 + 4) * 4
     rows.clear()
     integrated_gradients(forward, x, n_steps=10, gradient="finite_difference")
     assert rows == [10 * 4 * 2 * 5 + 4 * 4]  # every probe and both ends, twice, in one forward
+
+
+def test_on_the_cpu_the_default_chunk_is_at_most_a_thousand_rows() -> None:
+    rows: list[int] = []
+    model = _mlp(5, 1, seed=45, act=torch.nn.ReLU)
+
+    def forward(z: torch.Tensor) -> torch.Tensor:
+        rows.append(z.shape[0])
+        return model(z).squeeze(1)
+
+    x = torch.randn(40, 5, dtype=torch.float64)
+    first = integrated_gradients(forward, x, n_steps=64, method="riemann_middle")
+    assert first.internal_batch_size == CPU_CHUNK_ROWS and max(rows) == CPU_CHUNK_ROWS
+    assert sum(rows) == (64 + 4) * 40
+    again = integrated_gradients(forward, x, n_steps=64, method="riemann_middle")
+    assert torch.equal(first.attributions, again.attributions)
 
 
 @pytest.mark.parametrize("entry", ["integrated_gradients", "IntegratedGradients"])

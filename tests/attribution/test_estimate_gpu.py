@@ -1,7 +1,7 @@
 """The error figures on a CUDA device: the CUDA backend's (kernels for accumulation and completeness, the estimate
 in torch beside them) against the torch twins', on ReLU and tanh networks (the kink and the curvature terms), a real
 CUDA graph's replay against eager, target="contrast" in a captured graph, n_steps="budget" resolved alike eagerly
-and in a graph, and the calibration on the device.
+and in a graph, and the kink rule (its per-state weights in the accumulation kernel, its certificate in a graph).
 
 Run with ``pytest -m gpu tests/attribution/test_estimate_gpu.py``; skipped where there is no CUDA device or CuPy.
 """
@@ -13,8 +13,9 @@ import warnings
 import pytest
 import torch
 
-from lightning_ig.attribution import IntegratedGradients, calibrate, integrated_gradients
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from lightning_ig.attribution.budget import budget_steps
+from lightning_ig.attribution.kinks import BUDGET_NODES
 from tests.support.models import DuelingMLP
 from tests.support.tolerance import assert_close_scaled
 
@@ -77,7 +78,8 @@ def test_the_budget_is_resolved_alike_eagerly_and_in_a_graph_per_shape(cuda_devi
         replayed = engine.attribute(x)  # the fast path: the plan's own number of points
         assert engine.last_mode == "graph" and replayed.n_steps == expected.n_steps
         assert_close_scaled(replayed.attributions.cpu(), expected.attributions.cpu(), ulps=16, dtype=F32)
-    assert engine.attribute(small).n_steps == 256 and engine.attribute(large).n_steps == 64
+    assert engine.attribute(small).n_steps == 256 and engine.attribute(large).n_steps == BUDGET_NODES
+    assert engine.attribute(large).method == "kink_midpoint"
 
 
 @pytest.mark.parametrize("target", ["mean", "contrast"])
@@ -99,17 +101,17 @@ def test_a_cuda_graph_replay_gives_the_eager_figures(cuda_device: torch.device, 
     assert replayed.worst_attribution_error == pytest.approx(eager.worst_attribution_error, rel=1e-4)
 
 
-def test_calibration_on_the_device_and_its_scale_on_replays(cuda_device: torch.device) -> None:
+@pytest.mark.parametrize("target", ["mean", "contrast", "each"])
+def test_the_kink_rule_on_the_device_eagerly_and_replayed(cuda_device: torch.device, target: str) -> None:
     model, x = _relu_dueling(cuda_device, 75), _states(cuda_device, 76)
-    engine = IntegratedGradients(model, target="mean")
-    engine.attribute(x)  # captured before calibration: the scale needs no new graph
-    found = engine.calibrate(x)
-    assert engine.options.method == found.method and found.num_states == 8
-    again = calibrate(model, x, target="mean")  # the same states, the same answer
-    assert again.method == found.method and again.error_scale == pytest.approx(found.error_scale, rel=1e-3)
-    result = engine.attribute(x)
-    assert result.error_scale == found.error_scale and result.method == found.method
-    plain = integrated_gradients(model, x, target="mean", method=found.method)
-    expected = plain.attribution_error.double().cpu() * found.error_scale
-    scale = float(expected.abs().max()) * int(result.n_steps)  # the estimate's rounding grows with the nodes
-    assert_close_scaled(result.attribution_error.double().cpu(), expected, ulps=256, dtype=F32, scale=scale)
+    cuda = integrated_gradients(model, x, target=target, method="kink_midpoint", backend="cuda")
+    twin = integrated_gradients(model, x, target=target, method="kink_midpoint", backend="torch")
+    assert cuda.method == twin.method == "kink_midpoint" and cuda.n_steps == BUDGET_NODES
+    assert_close_scaled(cuda.attributions.cpu(), twin.attributions.cpu(), ulps=64, dtype=F32)
+    _assert_figures_close(cuda, twin, ulps=1024)
+    engine = IntegratedGradients(model, target=target, method="kink_midpoint")
+    engine.attribute(x)
+    replayed = engine.attribute(x)
+    assert engine.last_mode == "graph" and replayed.method == "kink_midpoint"
+    assert_close_scaled(replayed.attributions.cpu(), cuda.attributions.cpu(), ulps=64, dtype=F32)
+    _assert_figures_close(replayed, cuda, ulps=1024)

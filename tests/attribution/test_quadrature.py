@@ -10,14 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from lightning_ig.attribution.quadrature import (
-    MAX_GAUSS_LEGENDRE_STEPS,
-    check_rule,
-    cosine_middle,
-    mirrored_middle,
-    quadrature,
-    warped_middle,
-)
+from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule, quadrature
 from lightning_ig.vocabulary import METHODS, check_method
 from tests.support.tolerance import eps
 
@@ -71,56 +64,15 @@ def test_gauss_legendre_is_exact_for_degree_2n_minus_1() -> None:
     assert math.isclose(float(weights @ alphas**7), 1 / 8, rel_tol=32 * EPS64)
 
 
-WARPED = ["warped_middle:2", "warped_middle:1.5", "mirrored_middle:3", "cosine_middle"]
+def test_the_kink_rule_and_auto_sample_the_midpoint_nodes() -> None:
+    assert quadrature("kink_midpoint", 7) == quadrature("auto", 7) == quadrature("riemann_middle", 7)
+    assert check_method("kink_midpoint") == "kink_midpoint" and check_method("auto") == "auto"
 
 
-@pytest.mark.parametrize("method", WARPED)
-@pytest.mark.parametrize("n", [1, 2, 5, 64])
-def test_warped_rules_are_cell_rules_summing_to_one(method: str, n: int) -> None:
-    alphas, weights = map(np.asarray, quadrature(method, n))
-    assert alphas.shape == weights.shape == (n,)
-    bounds = np.concatenate([[0.0], np.cumsum(weights)])
-    assert math.isclose(bounds[-1], 1.0, rel_tol=0, abs_tol=2 * n * EPS64)  # n roundings of numbers <= 1
-    assert np.all(weights > 0) and np.all(np.diff(alphas) > 0)
-    # every node sits at the centre of the cell its weight gives it
-    np.testing.assert_allclose(alphas, (bounds[:-1] + bounds[1:]) / 2, rtol=0, atol=4 * n * EPS64)
-
-
-def test_warped_rules_pinned_for_small_n() -> None:
-    # cells (j/2)^2 = 0, 1/4, 1: nodes 1/8 and 5/8, weights 1/4 and 3/4
-    assert warped_middle(2, 2.0) == ([0.125, 0.625], [0.25, 0.75])
-    assert mirrored_middle(2, 2.0) == ([0.375, 0.875], [0.75, 0.25])
-    alphas, weights = cosine_middle(2)
-    # cells (1 - cos(pi j / 2)) / 2 = 0, 1/2, 1; cos(pi / 2) rounds to 6e-17, not 0: one rounding of a number <= 1
-    np.testing.assert_allclose(alphas, [0.25, 0.75], rtol=0, atol=2 * EPS64)
-    np.testing.assert_allclose(weights, [0.5, 0.5], rtol=0, atol=2 * EPS64)
-
-
-def test_warps_crowd_their_nodes_where_they_say() -> None:
-    near_baseline = np.asarray(quadrature("warped_middle:3", 64)[0])
-    near_input = np.asarray(quadrature("mirrored_middle:3", 64)[0])
-    both_ends = np.asarray(quadrature("cosine_middle", 64)[0])
-    assert (near_baseline < 0.1).sum() > 64 * 0.1 * 2  # more than twice the uniform share in the first tenth
-    assert (near_input > 0.9).sum() > 64 * 0.1 * 2
-    assert (both_ends < 0.1).sum() > 64 * 0.1 and (both_ends > 0.9).sum() > 64 * 0.1
-    np.testing.assert_allclose(near_input, 1 - near_baseline[::-1], rtol=0, atol=4 * EPS64)  # mirror images
-
-
-@pytest.mark.parametrize(
-    ("given", "canonical"), [("warped_middle:2.0", "warped_middle:2"), ("mirrored_middle:1.50", "mirrored_middle:1.5")]
-)
-def test_a_warp_has_one_spelling(given: str, canonical: str) -> None:
-    assert check_method(given) == canonical
-    assert quadrature(given, 9) == quadrature(canonical, 9)
-
-
-@pytest.mark.parametrize(
-    "bad",
-    ["warped_middle", "warped_middle:1", "warped_middle:9", "warped_middle:x", "warped_middle:nan", "cosine_middle:2"],
-)
-def test_bad_warps_say_what_to_pass(bad: str) -> None:
-    with pytest.raises(ValueError, match="warped_middle|unknown method"):
-        quadrature(bad, 8)
+@pytest.mark.parametrize("bad", ["warped_middle:2", "cosine_middle", "Riemann_Middle", ""])
+def test_names_outside_the_list_say_what_to_pass(bad: str) -> None:
+    with pytest.raises(ValueError, match="kink_midpoint"):
+        check_method(bad)
     with pytest.raises(ValueError, match=re.escape(repr(bad))):  # the message shows what was given
         check_rule(bad, 8)
 

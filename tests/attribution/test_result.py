@@ -17,6 +17,7 @@ from lightning_ig.attribution import (
 )
 from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS
 from lightning_ig.ops.ig import warp_order_sum
+from lightning_ig.run.statistics import accuracy_verdict, completeness
 from tests.support.graphs import EmulatedCapture
 from tests.support.tolerance import eps
 
@@ -88,6 +89,30 @@ def test_non_finite_per_action_for_target_each() -> None:
     assert result.first_non_finite == 1 and result.num_non_finite == 1 and result.num_checked == 5
 
 
+@pytest.mark.parametrize("method", ["auto", "riemann_middle", "gausslegendre"])
+def test_a_forward_with_zero_gradient_where_its_value_changes_fails(method: str) -> None:
+    # round(4 Q) / 4: a step function of the input, its gradient zero almost everywhere. Every attribution is zero
+    # while F(x) - F(b) is not: completeness fails by 100%, the verdict says so (never "nothing could be checked").
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).eval()
+    with torch.no_grad():
+        net[2].weight.mul_(20.0)  # values that move by several quarter steps between baseline and state
+
+    def stepped(z: torch.Tensor) -> torch.Tensor:
+        return torch.round(net(z)[:, 0] * 4) / 4
+
+    states = torch.randn(16, 4)
+    result = integrated_gradients(stepped, states, n_steps=16, method=method)
+    moved = (result.f_input - result.f_baseline) != 0
+    assert bool(moved.sum() > 8) and float(result.attributions.abs().max()) == 0.0
+    assert result.near_baseline.tolist() == (~moved).tolist()  # only the states whose value did not move
+    assert result.worst_mass_relative_error == 1.0
+    verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
+    assert verdict.within is False and verdict.figure in ("attribution_error", "mass_relative_error")
+    summary = completeness(result, 0.01)  # the run's numbers (the callback's and diag's path) agree
+    assert summary.verdict == "fail" and summary.num_near_baseline == int((~moved).sum())
+
+
 def test_the_completeness_sum_is_in_a_fixed_order_whatever_the_thread_count() -> None:
     generator = torch.Generator().manual_seed(3)
     values = torch.randn(2, 3, 1000, generator=generator) * torch.logspace(-6, 6, 1000)
@@ -116,9 +141,10 @@ def test_auto_stops_at_once_on_a_non_finite_state() -> None:
         return (z * 1e38).sum(1) * 10
 
     result = integrated_gradients(forward, torch.ones(3, 4), n_steps="auto")
-    assert result.n_steps == 32 and result.worst_relative_error == math.inf
+    assert result.n_steps == 56 and result.worst_relative_error == math.inf
     assert result.worst_attribution_error == math.inf and result.worst_mass_relative_error == math.inf
-    assert calls == [(32 + 4) * 3]  # the first rule and the ends (twice: the stochastic check); no refinement
+    # the first rule and the ends (twice: the stochastic check), the kink rule's certificate; no refinement
+    assert calls == [(56 + 4) * 3, 14 * 3]
 
 
 # --------------------------------------------------------------------------- stochastic forwards
@@ -335,7 +361,7 @@ def test_too_many_gauss_legendre_steps_fail_before_any_forward() -> None:
         integrated_gradients(forward, torch.ones(2, 3), n_steps=MAX_GAUSS_LEGENDRE_STEPS + 1, **gauss)
     with pytest.raises(ValueError, match=rf"n_steps={MAX_GAUSS_LEGENDRE_STEPS + 1}"):
         IntegratedGradients(forward, n_steps=MAX_GAUSS_LEGENDRE_STEPS + 1, **gauss)
-    with pytest.raises(ValueError, match="n_steps='auto' refines the uniform midpoint rule"):
+    with pytest.raises(ValueError, match="n_steps='auto' refines by tripling the midpoint nodes"):
         IntegratedGradients(forward, n_steps="auto", method="riemann_trapezoid")
     assert calls == []
 

@@ -22,7 +22,7 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("n_steps", 2.5, TypeError, "got float"),
     ("n_steps", True, TypeError, "got bool"),
     ("method", "simpson", ValueError, "must be one of"),
-    ("method", "warped_middle:9", ValueError, r"\(1, 8\]"),
+    ("method", "warped_middle:2", ValueError, "must be one of"),
     ("method", 3, TypeError, "got int"),
     ("gradient", "numerical", ValueError, "'autograd', 'finite_difference'"),
     ("gradient", None, TypeError, "got NoneType"),
@@ -42,8 +42,6 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("check_finite", "no", TypeError, "True or False"),
     ("cuda_graph", "always", ValueError, "True, False or 'auto'"),
     ("cuda_graph", 1, TypeError, "True, False or 'auto'"),
-    ("error_scale", 0, ValueError, "> 0"),
-    ("error_scale", True, TypeError, "a number"),
 ]
 
 
@@ -61,12 +59,12 @@ def test_a_bad_option_is_refused_where_it_comes_in_naming_it(name: str, value: A
 
 
 def test_options_are_kept_in_one_spelling_and_read_only() -> None:
-    options = IGOptions(n_steps=np.int64(32), internal_batch_size=np.int32(64), method="warped_middle:2.0")
-    assert (options.n_steps, options.internal_batch_size, options.method) == (32, 64, "warped_middle:2")
+    options = IGOptions(n_steps=np.int64(32), internal_batch_size=np.int32(64), method="kink_midpoint")
+    assert (options.n_steps, options.internal_batch_size, options.method) == (32, 64, "kink_midpoint")
     assert type(options.n_steps) is int and type(options.internal_batch_size) is int
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.n_steps = 64  # type: ignore[misc]
-    with pytest.raises(ValueError, match="n_steps='auto' refines the uniform midpoint rule"):
+    with pytest.raises(ValueError, match="n_steps='auto' refines by tripling the midpoint nodes"):
         IGOptions(n_steps="auto", method="gausslegendre")
 
 

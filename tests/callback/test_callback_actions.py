@@ -42,7 +42,6 @@ def contrast_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         target="contrast",
         every_n_steps=5,
         feature_names=FEATURES,
-        calibrate_every=None,  # the midpoint rule throughout, as the direct run below
         engine=IGOptions(n_steps=N_STEPS),
         views=ViewOptions(figure_every_n_runs=1),
     )
@@ -134,7 +133,6 @@ def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
         every_n_steps=4,
         report_dir=tmp_path / "reports",
         checks_every_n_runs=None,
-        calibrate_every=None,
         engine=IGOptions(n_steps=8),
         views=ViewOptions(figure_every_n_runs=1),
     )
@@ -174,7 +172,6 @@ def each_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         action_names=ACTIONS,
         every_n_steps=5,
         feature_names=FEATURES,
-        calibrate_every=None,  # the midpoint rule throughout, as the direct run below
         report_dir=root / "reports",
         engine=IGOptions(n_steps=N_STEPS),
         views=ViewOptions(figure_every_n_runs=1),
@@ -303,7 +300,6 @@ def test_each_under_ddp_equals_one_process(tmp_path):
             every_n_steps=4,
             report_dir=folder / "reports",
             checks_every_n_runs=None,
-            calibrate_every=None,
             engine=IGOptions(n_steps=8),
             views=ViewOptions(figure_every_n_runs=1),
         )
@@ -344,7 +340,6 @@ def test_each_on_frames_logs_group_tags_per_action_and_the_saliency_of_the_mean(
         frames,
         target="each",
         every_n_steps=2,
-        calibrate_every=None,
         checks_every_n_runs=None,
         report_dir=tmp_path / "reports",
         engine=IGOptions(n_steps=8),
@@ -403,7 +398,6 @@ def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_
         target="each",
         every_n_steps=4,
         checks_every_n_runs=None,
-        calibrate_every=None,
         engine=IGOptions(n_steps=8),
     )
     make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(

@@ -25,7 +25,6 @@ from lightning_ig.views import ViewOptions
 from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
 from lightning_ig.views.pictures.saliency import _LEGEND_HEIGHT, first_distinct, mean_abs_map, saliency_grid
 from lightning_ig.views.report import load_schema
-from lightning_ig.views.tags import CALIBRATION_TAGS
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
 from tests.support.trust import checks_without_budget
@@ -89,8 +88,7 @@ def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(imag
         len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40
     )  # not one tag per pixel (1,542 scalar tags for these states)
     trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (without the budget: at the first run)
-    calibrated = {f"ig/{tag}" for tag in CALIBRATION_TAGS}  # the first run calibrates
-    expected = {*image_run["callback"]._fit.outputs.tags.scalar_tags(10), *trust, *calibrated}
+    expected = {*image_run["callback"]._fit.outputs.tags.scalar_tags(10), *trust}
     assert {tag for tag in scalars if tag.startswith("ig/")} == expected
     grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]
     assert len(grouping) == 1 and "768 features" in grouping[0] and "3 groups (channel 0, ...)" in grouping[0]

@@ -72,8 +72,6 @@ BAD: list[Bad] = [
     ("engine", IGOptions(completeness_tol=0.05), ValueError, "pass completeness_tol=0.05 to the callback"),
     ("views", {"top_k": 5}, TypeError, "ViewOptions"),
     ("views", 3, TypeError, "ViewOptions"),
-    ("calibrate_every", 0, ValueError, "int >= 1"),
-    ("calibrate_every", "50", TypeError, "got str"),
     ("checks_every_n_runs", 0, ValueError, "int >= 1"),
     ("checks_every_n_runs", 2.5, TypeError, "got float"),
 ]
@@ -83,7 +81,7 @@ PARAMETERS = inspect.signature(IntegratedGradientsCallback).parameters
 
 def test_every_argument_has_rows_and_is_a_field_of_the_options() -> None:
     assert {name for name, *_ in BAD} == set(PARAMETERS) == {field.name for field in dataclasses.fields(Options)}
-    assert len(PARAMETERS) <= 20  # 18 once calibrate_every and checks_every_n_runs become one budget option
+    assert len(PARAMETERS) <= 18
 
 
 @pytest.mark.parametrize(("name", "value", "error", "words"), BAD, ids=[f"{row[0]}-{i}" for i, row in enumerate(BAD)])
@@ -113,13 +111,15 @@ def test_options_are_kept_as_checked_numpy_integers_and_a_number_baseline_includ
         feature_names=("a", "b", "c", "d"),
         baseline=np.float32(0.5),
         target=np.int64(1),
-        calibrate_every=np.int64(7),
+        checks_every_n_runs=np.int64(7),
         report_dir="reports",
         completeness_tol=0.02,
     )
     options = callback.options
-    assert (options.every_n_steps, options.every_n_epochs, options.calibrate_every) == (2, 3, 7)
-    assert all(type(value) is int for value in (options.every_n_steps, options.every_n_epochs, options.calibrate_every))
+    assert (options.every_n_steps, options.every_n_epochs, options.checks_every_n_runs) == (2, 3, 7)
+    assert all(
+        type(value) is int for value in (options.every_n_steps, options.every_n_epochs, options.checks_every_n_runs)
+    )
     assert options.baseline == 0.5 and type(options.baseline) is float
     assert options.target.label == "action:1" and options.identity()["target"] == 1
     assert options.feature_names == ["a", "b", "c", "d"] and options.report_dir == Path("reports")

@@ -71,7 +71,6 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
         target="each",
         every_n_steps=4,
         checks_every_n_runs=1,
-        calibrate_every=None,
         engine=IGOptions(n_steps=16),
     )
     with warnings.catch_warnings(), checks_without_budget():  # every check at the one run of this short fit
@@ -101,7 +100,6 @@ def test_an_each_run_replays_its_graph_and_holds_what_an_eager_run_computes(tmp_
         target="each",
         every_n_steps=2,
         checks_every_n_runs=None,
-        calibrate_every=None,
         engine=IGOptions(n_steps=8),
     )
     with warnings.catch_warnings():

@@ -5,8 +5,8 @@ A run is traced with ``sys.setprofile``: every function called on the training t
 later) is recorded by the module it is defined in. The engine's graphs are replayed (the capture emulated on the
 CPU, as in tests/attribution/test_engine.py); what a replayed computation itself calls is not counted, since a CUDA
 graph's replay runs no Python, nor what the logging worker runs on its own thread (TensorBoard's events, the report
-text's words). Runs 1 to 4 are steady: the first run captured (and calibrated, and made the trust checks), and no
-picture, calibration or trust check is due until the run at the end of training.
+text's words). Runs 1 to 4 are steady: the first run captured (and made the trust checks), and no picture or trust
+check is due until the run at the end of training.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def test_diag_writes_a_valid_report_whose_attributions_are_the_engines(workspace
     _validate(report)
     assert report["schema_version"] == 1 and report["checkpoint"] == "q.safetensors" and report["regime_head"] is None
     assert report["num_states"] == 16 and report["state_dim"] == 4
-    assert report["forward_target"] == "mean" and report["seed"] == 42 and report["method"] == "riemann_middle"
+    assert report["forward_target"] == "mean" and report["seed"] == 42 and report["method"] == "kink_midpoint"
     assert [feature["name"] for feature in report["features"]] == FEATURES
     assert report["completeness"]["worst_relative_error"] < 0.01
     assert len(report["completeness"]["per_state"]) == 16
@@ -172,9 +172,9 @@ def test_diag_writes_a_valid_report_whose_attributions_are_the_engines(workspace
     indices = report["state_indices"]
     assert len(set(indices)) == 16 and indices == sorted(indices)
     with noise_disabled(loaded.model):
-        expected = integrated_gradients(loaded.model, loaded.states[indices], target="mean")
-    # n_steps="budget", the default: the number the engine chose for this work on this device, said in the report
-    assert report["num_steps"] == expected.n_steps and report["num_steps_requested"] == "budget"
+        expected = integrated_gradients(loaded.model, loaded.states[indices], target="mean", n_steps="auto")
+    # n_steps="auto", the default: the most points any state used, said in the report
+    assert report["num_steps"] == expected.n_steps and report["num_steps_requested"] == "auto"
     mean_abs = expected.attributions.abs().mean(dim=0).double()
     # float32 work in another process (whose thread count may differ): rounding of the size of the values
     assert_close_scaled([f["mean_abs"] for f in report["features"]], mean_abs.numpy(), ulps=64, dtype=torch.float32)
@@ -457,5 +457,5 @@ def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) ->
         "--saliency",
     ):
         assert flag in text, flag
-    for default in ("default: 16", "default: 42", "default: budget", "default: ig_report.json", "default: auto"):
+    for default in ("default: 16", "default: 42", "default: ig_report.json", "default: auto"):
         assert default in text, default

@@ -56,7 +56,7 @@ def test_verify_reports_the_true_error_against_the_exact_line(
     loaded = load_checkpoint(checkpoint)
     states = loaded.states[report["state_indices"]]
     with noise_disabled(loaded.model):
-        ours = integrated_gradients(loaded.model, states, target="mean").attributions[:4].double()
+        ours = integrated_gradients(loaded.model, states, target="mean", n_steps="auto").attributions[:4].double()
     truth = exact_line(loaded.model, states[:4], target="mean").attributions
     expected = (ours - truth).abs().sum(1) / truth.abs().sum(1)
     got = torch.tensor([row["true_error"] for row in key["per_state"]], dtype=torch.float64)
@@ -90,6 +90,29 @@ def test_the_verdict_decides_the_exit_status_and_names_the_figure(
     assert _read(loose)["completeness"]["verdict"]["within"] is True
 
 
+def test_the_default_refines_until_within_or_says_that_its_bound_is_spent(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --num-steps auto (the default): the budget's call, then the states above tol / 2 refined up to 504 nodes
+    default = tmp_path / "default.json"
+    assert _diag(checkpoint, default, "--quiet") == 0
+    report = _read(default)
+    assert report["num_steps_requested"] == "auto" and report["completeness"]["verdict"]["within"] is True
+    capsys.readouterr()
+    strict = tmp_path / "strict.json"  # a tolerance no state meets at any node count here: the bound is spent
+    assert _diag(checkpoint, strict, "--completeness-tol", "1e-6", "--quiet") == cli.EXIT_NOT_WITHIN
+    err = capsys.readouterr().err
+    completeness = _read(strict)["completeness"]
+    threshold = completeness["verdict"]["threshold"]
+    above = [
+        row
+        for row in completeness["per_state"]
+        if not row["near_baseline"] and max(row["attribution_error"], row["mass_relative_error"]) > threshold
+    ]
+    assert f"{len(above)} state(s) still above tol at 504 nodes, where --num-steps auto stops" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_target_contrast_attributes_greedy_minus_runner_up(checkpoint: Path, tmp_path: Path) -> None:
     output = tmp_path / "contrast.json"
     assert _diag(checkpoint, output, "--target", "contrast", "--completeness-tol", "0.5", "--quiet") == 0
@@ -120,7 +143,8 @@ def test_target_each_reports_every_action_beside_v(checkpoint: Path, tmp_path: P
     loaded = load_checkpoint(checkpoint)
     states = loaded.states[v["state_indices"]]
     with noise_disabled(loaded.model):
-        first = integrated_gradients(loaded.model, states, target=1).attributions.abs().mean(0).double()
+        first = integrated_gradients(loaded.model, states, target=1, n_steps="auto", completeness_tol=0.5)
+    first = first.attributions.abs().mean(0).double()
     top = per_action["actions"][1]["top_10_by_mean_abs"][0]
     assert top["mean_abs"] == pytest.approx(float(first.max()), rel=64 * EPS32)
     assert all("verdict" in a["completeness"] and "per_state" not in a["completeness"] for a in per_action["actions"])
@@ -132,7 +156,7 @@ def test_target_each_reports_every_action_beside_v(checkpoint: Path, tmp_path: P
         (["--verify", "0"], "--verify must be"),
         (["--verify", "two"], "--verify"),
         (["--target", "contrasts"], "'contrast'"),
-        (["--method", "warped_middle:9"], "--method"),
+        (["--method", "warped_middle:2"], "--method"),
     ],
 )
 def test_bad_new_flags_exit_2_with_one_line(
@@ -153,10 +177,11 @@ def test_contrast_and_each_need_several_actions() -> None:
     assert _target("contrast", torch.zeros(3, 2)).contrasts and _target("each", torch.zeros(3, 2)).every_output
 
 
-def test_warped_method_runs(checkpoint: Path, tmp_path: Path) -> None:
-    output = tmp_path / "warped.json"
-    assert _diag(checkpoint, output, "--method", "warped_middle:2", "--completeness-tol", "0.5", "--quiet") == 0
-    assert _read(output)["method"] == "warped_middle:2"
+@pytest.mark.parametrize(("flags", "method"), [([], "kink_midpoint"), (["--num-steps", "128"], "riemann_middle")])
+def test_the_report_says_which_rule_ran(checkpoint: Path, tmp_path: Path, flags: list[str], method: str) -> None:
+    output = tmp_path / "rule.json"
+    assert _diag(checkpoint, output, *flags, "--completeness-tol", "0.5", "--quiet") == 0
+    assert _read(output)["method"] == method
 
 
 @pytest.mark.parametrize("flags", [["--baseline", "mean"], ["--target", "contrast"], ["--baseline", "0.5"]])

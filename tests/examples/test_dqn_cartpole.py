@@ -281,6 +281,11 @@ def test_help_answers_before_torch_lightning_and_gymnasium_are_imported(tmp_path
     assert not imported & {"torch", "lightning", "gymnasium", "lightning_ig"}, sorted(imported)[:20]
 
 
+@pytest.mark.parametrize(("given", "parsed"), [("auto", "auto"), ("budget", "budget"), ("12", 12)])
+def test_ig_n_steps_takes_what_the_library_takes(example_module: ModuleType, given: str, parsed: int | str) -> None:
+    assert example_module.parse_args(["--ig-n-steps", given]).ig_n_steps == parsed
+
+
 def test_two_runs_started_in_the_same_second_get_a_folder_each(example_module: ModuleType, tmp_path: Path) -> None:
     name = "CartPole-v1__dqn_cartpole__1__1796119555"
     first, second = (example_module.new_run_dir(str(tmp_path / "runs"), name) for _ in range(2))

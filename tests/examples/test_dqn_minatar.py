@@ -239,6 +239,7 @@ def example_module() -> ModuleType:
         ),
         (["--buffer-size", "10", "--num-envs", "8"], "--buffer-size 10 is too small for --num-envs 8"),
         (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
+        (["--ig-n-steps", "many"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto', got 'many'"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys) -> None:
@@ -246,6 +247,11 @@ def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys
         example_module.parse_args(flags)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_ig_n_steps_takes_what_the_library_takes(example_module) -> None:
+    for given, parsed in (("auto", "auto"), ("budget", "budget"), ("12", 12)):
+        assert example_module.parse_args(["--ig-n-steps", given]).ig_n_steps == parsed
 
 
 def test_replay_n_step_returns_stop_at_the_end_of_a_game(example_module) -> None:

@@ -168,6 +168,8 @@ def test_host_built_kernels_match_their_torch_twins_bit_for_bit(host_launch: Hos
             grads = torch.randn(2, 5, batch, features, generator=generator).to(acc)
             weights = torch.rand(5, generator=generator).to(acc)
             assert torch.equal(kernels.accumulate(x, b, weights, grads), twins.accumulate(x, b, weights, grads))
+            per_state = torch.randn(2, 5, batch, generator=generator).to(acc)  # the kink rule's (T, n, B) weights
+            assert torch.equal(kernels.accumulate(x, b, per_state, grads), twins.accumulate(x, b, per_state, grads))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

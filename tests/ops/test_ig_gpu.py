@@ -117,6 +117,8 @@ def test_accumulation_kernel_matches_its_twin(
         ours = KERNELS.accumulate(x, b, weights, grads)
         twin = TWINS.accumulate(x, b, weights, grads)
         assert torch.equal(ours, twin)
+        per_state = _randn((n_targets, 9, batch), acc, cuda_device, 11)  # the kink rule's weights
+        assert torch.equal(KERNELS.accumulate(x, b, per_state, grads), TWINS.accumulate(x, b, per_state, grads))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

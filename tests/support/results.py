@@ -63,7 +63,7 @@ HOST_ARRAYS = (
     "attribution_mass",
     "n_steps_per_state",
 )
-HOST_LABELS = ("n_steps", "method", "gradient", "backend", "target", "stochastic", "error_scale", "feature_shape")
+HOST_LABELS = ("n_steps", "method", "gradient", "backend", "target", "stochastic", "feature_shape")
 
 
 def assert_same_host_results(got: Any, expected: Any) -> None:
@@ -76,11 +76,3 @@ def assert_same_host_results(got: Any, expected: Any) -> None:
     for name in ("mean_abs", "stddev", "mean_signed", "stddev_abs"):
         assert np.array_equal(getattr(got.features, name), getattr(expected.features, name)), name
     assert [getattr(got, n) for n in HOST_LABELS] == [getattr(expected, n) for n in HOST_LABELS]
-
-
-@dataclasses.dataclass(frozen=True)
-class FoundCalibration:
-    """What ``IntegratedGradients.use_calibration`` reads of a calibration: its rule and the estimate's scale."""
-
-    method: str
-    error_scale: float

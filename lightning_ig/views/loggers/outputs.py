@@ -36,7 +36,7 @@ import numpy as np
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
-from lightning_ig.views.tags import CALIBRATION_TAGS, PICTURE_TAGS, PICTURES, TagNames
+from lightning_ig.views.tags import PICTURE_TAGS, PICTURES, TagNames
 from lightning_ig.views.text import report_markdown
 
 __all__ = ["COMPANIONS", "RunOutputs", "informative_scalars", "pictures_due", "scalar_metrics"]
@@ -64,9 +64,6 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         f"{prefix}/completeness/degenerate_states": float(completeness.num_degenerate),
         f"{prefix}/completeness/near_baseline_states": float(completeness.num_near_baseline),
     }
-    if completeness.calibration_ms is not None:  # the runs that calibrated: the rule's cost and the estimate's scale
-        cost, scale = (f"{prefix}/{tag}" for tag in CALIBRATION_TAGS)
-        metrics[cost], metrics[scale] = completeness.calibration_ms, completeness.error_scale
     for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
         if units is None:
             continue

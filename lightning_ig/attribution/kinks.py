@@ -1,0 +1,195 @@
+"""``method="kink_midpoint"``: the midpoint rule with certified kink corrections, and its error estimate.
+
+Along the path a ReLU network is piecewise linear: the integrand ``t(alpha) = (x - b) * g(alpha)`` is a step
+function and the midpoint rule errs where a kink falls between two nodes. From one pass at the ``n`` midpoint
+nodes (gradients ``g_k``, values ``v_k``; per stretch in float64: the slope jump ``sigma_k``, the value residual
+``rho_k = v_k+1 - v_k - h (s_k + s_k+1) / 2``, the located kink ``o_k = clip(rho_k / sigma_k)``, the vector jump
+``J_k = t_k+1 - t_k``; one kink makes the stretch's error ``o_k J_k`` exactly):
+
+1. the certificate: one forward-only pass at the located kink of the ``ceil(n / 4)`` stretches per state with the
+   largest ``|o_k| ||J_k||_1`` (:func:`torch.topk`: a fixed shape, no host sync); with one kink there the value
+   lies on both neighbouring pieces, and its miss ``delta_k`` weighs the correction
+   ``w_k = clamp(1 - (delta_k - rounding) / |rho_k|, 0, 1) * clamp((30 - N_k) / 15, 0, 1)``,
+   ``N_k = ||J_k||_1 / |sigma_k|`` (features jumping against each other); stretches not certified stay as they are;
+2. the weights: ``h + sum_k w_k o_k (e_k+1 - e_k)`` per node and state where the path is kinked, the midpoint
+   weights corrected at the ends to degree 7 where it is smooth, blended by the roughness weight ``lam``
+   (:data:`~lightning_ig.attribution.estimate.ROUGHNESS`), summed by the backend's accumulation.
+
+The estimate keeps what was not corrected: the uncorrected kink models as one signed vector, the figures without
+a direction in quadrature (end residuals ``r_0, r_n``, what one kink leaves unexplained ``rho_k - sigma_k o_k``,
+the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
+
+    kink = ||sum_k (1 - w_k) o_k J_k||_1 + sqrt(r_0^2 + r_n^2 + sum_k left_k^2 + sum_k cert_k^2)
+    attribution_error = (max((1 - lam) smooth, lam kink) + 2 eps sum_k h ||(x - b) g_k||_1) / ||a||_1
+
+(``smooth``: the degree-7 weights against the degree-5 ones). The value sees no direction, so several kinks in a
+stretch can be misread either way, and at hundreds of nodes the remainder is below the models' own error and the
+estimate reads low: the rule is for the regime where points are dear (``docs/trust.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_ig.attribution.estimate import ROUGHNESS, slopes_and_roughness
+
+__all__ = ["BUDGET_NODES", "kink_rule"]
+
+BUDGET_NODES = 56
+"""The kink rule's nodes where ``n_steps="budget"`` gives 64 points: 56 gradient rows and the certificate's 14
+forward rows per state cost about what 64 gradient rows do."""
+
+_CERTIFIED = 0.25  # the stretches certified per state: ceil(n / 4)
+_FLOOR = 32.0  # the certificate's rounding floor, in eps x the largest |value| on the path
+_CANCELLING = (15.0, 30.0)  # N_k from which a correction fades out, and where it is off
+_SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 7
+_ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_1
+_BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
+_WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
+
+
+def kink_rule(
+    grads: Tensor, values: Tensor, ends: Tensor, diff: Tensor, alphas: Tensor, values_at: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Tensor]:
+    """The kink rule's node weights ``(T, n, B)`` and the unnormalised estimate ``(T, B)`` of its L1 error (divide by
+    ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`), both in the gradients' dtype.
+
+    Args:
+        grads: ``(T, n, B, F)`` the gradients at the ``n`` midpoint nodes, in the accumulation dtype.
+        values: ``(T, n, B)`` the forward values there.
+        ends: ``(2 c, B, T)`` ``F(x)``, ``F(b)`` (then their repeats).
+        diff: ``(B, F)`` ``x - b`` in the accumulation dtype.
+        alphas: ``(n,)`` the midpoint nodes.
+        values_at: the forward values ``(T, k, B)`` at per-state positions ``(T, k, B)`` along the path (float64;
+            forward only): the certificate.
+    """
+    n, acc, f64 = grads.shape[1], grads.dtype, torch.float64
+    h = 1.0 / n
+    slopes, roughness = slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
+    slopes, values = slopes.to(f64), values.to(f64)  # the scalar algebra in float64: T n B numbers
+    jump_l1, smooth, rounding = _passes(grads, diff, n)
+    sigma = slopes[:, 1:] - slopes[:, :-1]  # (T, n - 1, B)
+    rho = values[:, 1:] - values[:, :-1] - (slopes[:, 1:] + slopes[:, :-1]) * (h / 2)
+    kinked = sigma != 0
+    offset = torch.where(kinked, rho / torch.where(kinked, sigma, 1.0), 0.0).clamp(-h / 2, h / 2)
+    tiny = torch.finfo(f64).tiny
+    cancelling = jump_l1 / sigma.abs().clamp_min(tiny)  # N_k >= 1 where kinked
+    left_node = alphas.to(f64)[:-1].view(1, -1, 1)  # (1, n - 1, 1)
+    kappa = left_node + h / 2 - offset  # (T, n - 1, B) the located kinks
+    count = min(n - 1, math.ceil(_CERTIFIED * n))
+    top = (jump_l1 * offset.abs() * kinked).topk(count, dim=1).indices  # (T, count, B)
+    excess = torch.zeros_like(rho)
+    weight = torch.zeros_like(rho)
+    if count:
+        at = kappa.gather(1, top)
+        certified = values_at(at)  # (T, count, B)
+        start = left_node.expand_as(kappa).gather(1, top)
+        miss = torch.maximum(
+            (certified - values[:, :-1].gather(1, top) - slopes[:, :-1].gather(1, top) * (at - start)).abs(),
+            (certified - values[:, 1:].gather(1, top) + slopes[:, 1:].gather(1, top) * (start + h - at)).abs(),
+        )
+        floor = _FLOOR * torch.finfo(acc).eps * values.abs().amax(1, keepdim=True)  # (T, 1, B)
+        over = (miss - floor).clamp_min(0)
+        excess = excess.scatter(1, top, over)
+        weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min(tiny)).clamp(0, 1))
+    low, high = _CANCELLING
+    weight = weight * ((high - cancelling) / (high - low)).clamp(0, 1) * kinked
+    low, high = ROUGHNESS
+    lam = ((roughness.to(f64) - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness, dtype=f64)
+    smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)
+    weights = lam.unsqueeze(1) * (h + _node_coefficients(weight * offset)) + (1 - lam.unsqueeze(1)) * smooth_weights
+    # the estimate: the uncorrected kink models as one signed vector, the figures without a direction in quadrature
+    signed = (_contract(_node_coefficients((1 - weight) * offset), grads).to(f64) * diff.to(f64)).abs().sum(-1)
+    f_input, f_baseline = ends[0].t().to(f64), ends[1].t().to(f64)  # (T, B)
+    start = values[:, 0] - f_baseline - slopes[:, 0] * (h / 2)  # [0, c_0]: the rule uses g_0 on it
+    end = f_input - values[:, -1] - slopes[:, -1] * (h / 2)  # [c_n-1, 1]: g_n-1
+    left = rho - sigma * offset  # what one kink per stretch leaves unexplained (a jumpless stretch: its rounding)
+    leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
+    kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
+    numerator = torch.maximum((1 - lam) * smooth, lam * kink) + rounding
+    return weights.to(acc), numerator.to(acc)
+
+
+def _node_coefficients(per_stretch: Tensor) -> Tensor:
+    """``(T, n, B)``: ``sum_k c_k (g_k+1 - g_k)`` as a coefficient per node, from ``c (T, n - 1, B)``."""
+    return F.pad(per_stretch, (0, 0, 1, 0)) - F.pad(per_stretch, (0, 0, 0, 1))
+
+
+def _block(grads: Tensor) -> int:
+    return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, 3 * grads[:, :1].numel())))
+
+
+def _contract(coefficients: Tensor, grads: Tensor) -> Tensor:
+    """``(T, B, F)``: ``sum_k c_k g_k`` for ``c (T, n, B)`` (elementwise, in blocks of nodes: no TF32 matmul)."""
+    coefficients = coefficients.to(grads.dtype)
+    size, total = _block(grads), None
+    for k in range(0, grads.shape[1], size):
+        part = (coefficients[:, k : k + size].unsqueeze(-1) * grads[:, k : k + size]).sum(1)
+        total = part if total is None else total + part
+    assert total is not None  # noqa: S101 - n >= 1
+    return total
+
+
+def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One pass over the gradients in blocks of nodes: ``||J_k||_1 (T, n - 1, B)``, the smooth model's figure and
+    the rounding term ``(T, B)``, all float64."""
+    f64, size = torch.float64, _block(grads)
+    gap = _smooth_weights(n, _SMOOTH_PAIRS, grads.dtype, grads.device) - _smooth_weights(
+        n, _SMOOTH_PAIRS - 1, grads.dtype, grads.device
+    )  # (n,) the degree-7 weights against the degree-5 ones
+    reach = diff.abs()
+    jumps, smooth, size_sum = [], None, None
+    for k in range(0, n, size):
+        block = grads[:, k : k + size + 1]  # (T, m + 1, B, F): one node past the block for its last jump
+        jumps.append((block[:, 1:] - block[:, :-1]).abs_().mul_(reach).sum(-1))  # in place: one temporary
+        own = block[:, : min(size, n - k)]
+        part = (gap[k : k + size].view(1, -1, 1, 1) * own).sum(1)  # (T, B, F)
+        mass = (own.abs().sum(1) * reach).sum(-1)  # (T, B)
+        smooth = part if smooth is None else smooth + part
+        size_sum = mass if size_sum is None else size_sum + mass
+    assert smooth is not None and size_sum is not None  # noqa: S101 - n >= 1
+    jump_l1 = torch.cat(jumps, 1).to(f64)  # (T, n - 1, B)
+    smooth_figure = (smooth.to(f64) * diff.to(f64)).abs().sum(-1)
+    rounding = _ROUNDING * torch.finfo(grads.dtype).eps * size_sum.to(f64) / n
+    return jump_l1, smooth_figure, rounding
+
+
+def _smooth_weights(n: int, pairs: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``(n,)`` the midpoint weights with the first and last ``pairs`` corrected so the rule is exact for
+    polynomials of degree ``2 pairs - 1`` (the plain midpoint rule for ``pairs = 0``); cached per device."""
+    key = (n, pairs, dtype, device)
+    if key not in _WEIGHTS:
+        tensor = torch.tensor(_end_corrected(n, pairs), dtype=dtype, device=device)
+        if len(_WEIGHTS) >= 256 or (tensor.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return tensor
+        _WEIGHTS[key] = tensor
+    return _WEIGHTS[key]
+
+
+@functools.lru_cache(maxsize=64)
+def _end_corrected(n: int, pairs: int) -> tuple[float, ...]:
+    """The weights of :func:`_smooth_weights` in float64: symmetric end factors ``1 + d_j`` on the first and last
+    ``r = min(pairs, n // 2)`` nodes, chosen so the even moments ``(c - 1/2)^p``, ``p < 2 r``, integrate exactly."""
+    r = min(pairs, n // 2)
+    nodes = (np.arange(n) + 0.5) / n
+    h = 1.0 / n
+    weights = np.full(n, h)
+    if r == 0:
+        return tuple(weights.tolist())
+    system, rhs = np.zeros((r, r)), np.zeros(r)
+    for i, p in enumerate(range(0, 2 * r, 2)):
+        monomial = (nodes - 0.5) ** p
+        rhs[i] = 0.5**p / (p + 1) - h * monomial.sum()  # integral of (c - 1/2)^p over [0, 1] minus the rule's
+        for j in range(r):
+            system[i, j] = h * (monomial[j] + monomial[n - 1 - j])
+    factors = np.linalg.solve(system, rhs)
+    weights[:r] *= 1 + factors
+    weights[n - r :][::-1] *= 1 + factors
+    return tuple(weights.tolist())

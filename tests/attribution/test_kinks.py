@@ -1,0 +1,144 @@
+"""The kink rule (lightning_ig/attribution/kinks.py) on networks whose kinks and integrals are known exactly.
+
+Along the path ``alpha x`` (zero baseline) the network ``sum_i c_i relu(z_i - k_i)`` has feature ``i``'s kink at
+``alpha = k_i / x_i`` and exact attributions ``c_i (x_i - k_i)`` for ``x_i > k_i``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from lightning_ig.run.statistics import accuracy_verdict
+from tests.support.tolerance import assert_close_scaled, eps
+
+F64 = torch.float64
+
+
+def _relu_net(kinks: list[float], signs: list[float]) -> torch.nn.Module:
+    """``sum_i signs_i relu(z_i - kinks_i)`` as a two-layer ReLU network, float64."""
+    features = len(kinks)
+    net = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(), torch.nn.Linear(features, 1))
+    net = net.double()
+    with torch.no_grad():
+        net[0].weight.copy_(torch.eye(features, dtype=F64))
+        net[0].bias.copy_(-torch.tensor(kinks, dtype=F64))
+        net[2].weight.copy_(torch.tensor([signs], dtype=F64))
+        net[2].bias.zero_()
+    return net
+
+
+def _exact(x: torch.Tensor, kinks: list[float], signs: list[float]) -> torch.Tensor:
+    return torch.tensor(signs, dtype=F64) * (x - torch.tensor(kinks, dtype=F64)).clamp_min(0)
+
+
+KINKS, SIGNS = [0.23, 0.41, 0.77], [1.0, -2.0, 0.5]
+STATES = torch.tensor([[1.0] * 3, [1.1] * 3, [1.2] * 3], dtype=F64)
+
+
+def test_one_kink_per_stretch_is_corrected_to_the_exact_integral() -> None:
+    # At 12 midpoint nodes each kink sits alone between two nodes, and ceil(12 / 4) = 3 stretches are certified per
+    # state: the certificate confirms each, and the corrected rule is the exact integral; the plain midpoint rule on
+    # the same gradients is visibly off.
+    forward = _relu_net(KINKS, SIGNS)
+    result = integrated_gradients(forward, STATES, target="mean", n_steps=12)
+    plain = integrated_gradients(forward, STATES, target="mean", n_steps=12, method="riemann_middle")
+    exact = _exact(STATES, KINKS, SIGNS)
+    assert result.method == "kink_midpoint" and result.n_steps == 12
+    mass = float(exact.abs().sum(1).max())
+    assert float((plain.attributions - exact).abs().max()) > 1e-3 * mass
+    assert_close_scaled(result.attributions, exact, ulps=64, dtype=F64, scale=mass)
+    assert float(result.attribution_error.max()) <= 1e3 * eps(F64)  # nothing left: rounding only
+    assert float(result.mass_relative_error.max()) <= 1e3 * eps(F64)
+
+
+def test_two_kinks_in_one_stretch_are_partly_corrected_and_the_estimate_says_so() -> None:
+    # Kinks at 0.26 and 0.31 lie between the nodes 0.1875 and 0.3125 (n = 8): one kink explains the stretch only in
+    # part, the certificate's value misses by part of the residual, the stretch keeps the rest of its error and the
+    # estimate reads it within a factor of two.
+    kinks, signs = [0.26, 0.31, 0.7], [1.0, 1.5, 0.8]
+    x = torch.ones(1, 3, dtype=F64)
+    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps=8)
+    exact = _exact(x, kinks, signs)
+    true = float((result.attributions - exact).abs().sum() / exact.abs().sum())
+    assert true > 1e-3  # not corrected: there is an error to estimate
+    assert 0.5 * true <= float(result.attribution_error[0]) <= 2 * true
+
+
+class _Doubled(torch.autograd.Function):
+    """The identity whose backward doubles the gradient: a broken straight-through estimator."""
+
+    @staticmethod
+    def forward(ctx: object, z: torch.Tensor) -> torch.Tensor:
+        return z.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return 2 * grad
+
+
+def test_a_wrong_gradient_fails_the_verdict() -> None:
+    # The values say one thing, the gradients twice as much: whatever the certificates let through, the sum is off
+    # by about |F(x) - F(b)| and the mass-relative error fails every state.
+    net = _relu_net(KINKS, SIGNS)
+    result = integrated_gradients(lambda z: net(_Doubled.apply(z)), STATES, target="mean", n_steps=16)
+    change = (result.f_input - result.f_baseline).abs()
+    assert bool((result.mass_relative_error > 0.5 * change / result.attribution_mass).all())
+    verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
+    assert verdict.within is False
+
+
+class _Cubic(torch.nn.Module):
+    """``sum_i c_i z_i^3``: smooth; each path term is a quadratic in ``alpha``."""
+
+    def __init__(self, coefficients: list[float]) -> None:
+        super().__init__()
+        self.c = torch.nn.Parameter(torch.tensor(coefficients, dtype=F64))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return (self.c * z**3).sum(-1)
+
+
+def test_a_smooth_path_gets_the_end_corrected_weights() -> None:
+    # No kinks: the roughness reads smooth and the weights exact to degree 7 integrate the quadratic path terms
+    # exactly, where the midpoint rule is off by c x^3 / (4 n^2) per feature.
+    x = torch.tensor([[1.0, 0.8, 1.3], [0.5, 1.2, -0.7]], dtype=F64)
+    coefficients = [1.0, -2.0, 0.5]
+    result = integrated_gradients(_Cubic(coefficients), x, n_steps=16)
+    exact = torch.tensor(coefficients, dtype=F64) * x**3
+    mass = float(exact.abs().sum(1).max())
+    assert_close_scaled(result.attributions, exact, ulps=256, dtype=F64, scale=mass)
+    plain = integrated_gradients(_Cubic(coefficients), x, n_steps=16, method="riemann_middle")
+    assert float((plain.attributions - exact).abs().max()) > 1e-4 * mass
+    assert float(result.attribution_error.max()) < 1e-6
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_few_nodes_still_give_finite_figures(n: int) -> None:
+    result = integrated_gradients(_relu_net(KINKS, SIGNS), STATES, target="mean", n_steps=n, method="kink_midpoint")
+    assert result.n_steps == n and bool(torch.isfinite(result.attributions).all())
+    assert bool(torch.isfinite(result.attribution_error).all()) and float(result.attribution_error.min()) > 0
+
+
+def test_the_same_inputs_give_the_same_bits_and_each_action_is_its_own_run() -> None:
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)).eval()
+    x = torch.randn(16, 6)
+    first = integrated_gradients(net, x, target="each", n_steps=24)
+    again = IntegratedGradients(net, target="each", n_steps=24).attribute(x)
+    for name in ("attributions", "attribution_error", "mass_relative_error", "delta"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+    assert first.method == "kink_midpoint"
+    for action in range(3):  # each action's rows, certificates and sums as a run of that action alone
+        alone = integrated_gradients(net, x, target=action, n_steps=24)
+        assert torch.equal(first.attributions[action], alone.attributions)
+        assert torch.equal(first.attribution_error[action], alone.attribution_error)
+
+
+def test_finite_differences_keep_the_midpoint_rule() -> None:
+    net = _relu_net(KINKS, SIGNS)
+    result = integrated_gradients(net, STATES, target="mean", n_steps=8, gradient="finite_difference")
+    assert result.method == "riemann_middle"
+    with pytest.raises(ValueError, match="kink_midpoint.*finite"):
+        integrated_gradients(net, STATES, n_steps=8, method="kink_midpoint", gradient="finite_difference")
