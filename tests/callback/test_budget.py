@@ -1,0 +1,149 @@
+"""callback/budget.py: the callback's budget on a fake clock: kept within 1.5x, runs reduced before any is deferred,
+and a resumed fit continuing the same decisions."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import pytest
+
+from lightning_ig.callback.budget import CHECK_EVERY, Budget, Plan
+
+CHECKS = ("sanity", "deletion", "stability")
+
+
+@dataclass
+class FakeFit:
+    """A fit on a fake clock: training steps of ``step`` seconds, a run every ``every`` steps costing ``fixed +
+    per_state * states`` seconds of the training thread, each check ``check`` seconds (its first pass ``first``)."""
+
+    step: float = 0.01
+    every: int = 50
+    num_states: int = 256
+    fixed: float = 0.004
+    per_state: float = 0.0004
+    check: float = 0.002
+    first: float = 0.05
+    now: float = 0.0
+    runs: int = 0
+    plans: list[tuple[int, Plan | None]] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, budget: Budget, steps: range, total: int, *, final_at: int | None = None) -> None:
+        for step in steps:
+            self.now += self.step  # the training step
+            entered = self.now
+            if step % self.every == 0 or budget.owed:
+                plan = budget.plan(self.runs, CHECKS, progress=step / total)
+                self.plans.append((step, plan))
+                if plan is not None:
+                    self.pay(budget, plan)
+            budget.add(self.now - entered)  # the hook's time
+        if final_at is not None:
+            entered = self.now
+            plan = budget.plan(self.runs, CHECKS, progress=1.0, final=True)
+            self.plans.append((final_at, plan))
+            assert plan is not None
+            self.pay(budget, plan)
+            budget.add(self.now - entered)
+
+    def pay(self, budget: Budget, plan: Plan) -> None:
+        cost = self.fixed + self.per_state * self.num_states / plan.windows
+        self.now += cost
+        budget.ran(plan.windows, cost)
+        run, self.runs = self.runs, self.runs + 1
+        for name in plan.checks:
+            first = name not in budget.last_checks
+            seconds = self.first if first else self.check
+            self.now += seconds
+            budget.checked(name, seconds, run, first=first)
+
+
+def _fit(share: float | None, steps: int = 20_000, **sizes: float) -> tuple[Budget, FakeFit]:
+    fake = FakeFit(**sizes)
+    budget = Budget(share, clock=fake.clock)
+    budget.start()
+    fake.run(budget, range(1, steps + 1), steps, final_at=steps)
+    return budget, fake
+
+
+def test_a_fit_whose_runs_would_exceed_the_budget_keeps_within_one_and_a_half_times_it():
+    unlimited, _ = _fit(None)
+    assert unlimited.fraction() > 0.1  # every run in full: five times the budget and more
+    for share in (0.02, 0.05):
+        budget, fake = _fit(share)
+        assert budget.fraction() <= 1.5 * share, (share, budget.fraction())
+        made = [plan for _, plan in fake.plans if plan is not None]
+        assert budget.reduced > 0 and budget.deferred > 0  # it had to do both here
+        assert all(name in plan.checks for name in CHECKS for plan in made[:1])  # every check at the first run
+        assert made[-1] is fake.plans[-1][1]  # the final run ran
+
+
+def test_runs_are_reduced_before_any_is_deferred():
+    # a budget that a half or a quarter of the states fits: reduced runs, none deferred
+    budget, fake = _fit(0.12)
+    assert budget.reduced > 0 and budget.deferred == 0
+    # a tighter one: at every decision the largest share of the states the credit covers, deferred only where a
+    # quarter did not fit
+    fake = FakeFit()
+    budget = Budget(0.02, clock=fake.clock)
+    budget.start()
+    decide = budget.plan
+    seen = []
+
+    def recording(run, checks, *, progress=None, final=False, can_window=True):
+        credit, costs = budget.credit(progress), {k: budget.run_cost(k) for k in (1, 2, 4)}
+        plan = decide(run, checks, progress=progress, final=final, can_window=can_window)
+        seen.append((credit, costs, plan))
+        return plan
+
+    budget.plan = recording
+    fake.run(budget, range(1, 20_001), 20_000, final_at=20_000)
+    for credit, costs, plan in seen[1:-1]:  # the first run pays the checks' first passes; the final
+        if plan is None:
+            assert costs[4] > credit
+        else:
+            assert costs[plan.windows] <= credit and (plan.windows == 1 or costs[plan.windows // 2] > credit)
+    assert budget.reduced > 0 and budget.deferred > 0
+    windows = [plan.window for _, plan in fake.plans if plan is not None and plan.windows == 4]
+    assert set(windows) == {0, 1, 2, 3}  # the quarters rotate: every state is attributed over the runs
+    said = [plan.note(0.02) for _, plan in fake.plans if plan is not None and plan.deferred]
+    assert said and all("deferred" in note for note in said)  # never silently: the next run says so
+
+
+def test_checks_wait_for_full_runs_and_come_back_within_the_budget():
+    _, fake = _fit(0.12)
+    made = [plan for _, plan in fake.plans[:-1] if plan is not None]  # the final run makes every check it can
+    assert all(not plan.checks for plan in made if plan.windows > 1)
+    runs = [i for i, plan in enumerate(made) if "deletion" in plan.checks]
+    assert runs[0] == 0 and len(runs) > 1 and min(b - a for a, b in itertools.pairwise(runs)) >= CHECK_EVERY
+
+
+def test_a_resumed_budget_continues_the_same_decisions():
+    steps = 10_000
+    whole = FakeFit()
+    budget = Budget(0.02, clock=whole.clock)
+    budget.start()
+    whole.run(budget, range(1, steps + 1), steps)
+    halves = FakeFit()
+    first = Budget(0.02, clock=halves.clock)
+    first.start()
+    halves.run(first, range(1, steps // 2 + 1), steps)
+    state = first.state_dict()
+    halves.now += 123.0  # the resumed process starts later: its wall time counts on from where the first stopped
+    second = Budget(0.02, clock=halves.clock)
+    second.load_state_dict(state)
+    second.start()
+    halves.run(second, range(steps // 2 + 1, steps + 1), steps)
+    assert halves.plans == whole.plans
+    assert second.last_checks == budget.last_checks and second.fraction() == pytest.approx(budget.fraction())
+
+
+def test_without_a_budget_every_run_is_full_and_each_check_comes_every_few_runs():
+    _, fake = _fit(None, steps=2_000)
+    made = [plan for _, plan in fake.plans]
+    assert all(plan is not None and plan.windows == 1 for plan in made)
+    assert [i for i, plan in enumerate(made) if plan.checks] == [*range(0, len(made) - 1, CHECK_EVERY), len(made) - 1]
