@@ -13,7 +13,7 @@ when even the smallest does not fit is the run deferred: tried again at each lat
 how many were. The final run always runs. The trust checks run at full runs only, each at most every
 :data:`CHECK_EVERY` runs, when the credit left covers their last measured cost. Their first passes (the sanity
 check's re-initialised copies, the deletion plan, the noise draws) are paid at the fit's first run and amortised over
-its expected length: until then the part of them not yet earned does not count against later runs.
+its expected length, as set-up is: until then the part of them not yet earned does not count against later runs.
 
 Pure: nothing here reads torch, the trainer or a real clock but through ``clock``.
 """
@@ -75,7 +75,7 @@ class Budget:
 
     Attributes:
         spent: seconds spent on the training thread inside the callback's hooks.
-        once: the part of ``spent`` that paid the trust checks' first passes (amortised over the fit).
+        once: the part of ``spent`` paid once (set-up, the trust checks' first passes), amortised over the fit.
         reduced, deferred: runs made on a window of the states, cadence points deferred (over the fit).
         last_checks: the run at which each trust check last ran.
     """
@@ -102,9 +102,11 @@ class Budget:
         elapsed = self.elapsed()
         return self.spent / elapsed if elapsed > 0 else 0.0
 
-    def add(self, seconds: float) -> None:
-        """Book ``seconds`` the training thread spent inside a hook."""
+    def add(self, seconds: float, *, once: bool = False) -> None:
+        """Book ``seconds`` the training thread spent inside a hook (``once``: set-up, amortised over the fit)."""
         self.spent += seconds
+        if once:
+            self.once += seconds
 
     # -- what things cost
 
@@ -148,6 +150,7 @@ class Budget:
         progress: float | None = None,
         final: bool = False,
         can_window: bool = True,
+        retry: bool = False,
     ) -> Plan | None:
         """What run ``run`` does, or ``None``: deferred (counted; never the final run). The run at which no check
         has run yet is full and makes every check (their first passes, amortised over the fit).
@@ -158,6 +161,7 @@ class Budget:
             progress: the fraction of the fit done (steps over the expected steps), or ``None`` when unknown.
             final: the run when training ends.
             can_window: a run may attribute a window of the states (one process, one row per state).
+            retry: a deferred run tried again (not a new cadence point: not counted again).
         """
         due = self.due(run, checks, final=final)
         deferred, self.owed = self.owed, 0
@@ -167,7 +171,7 @@ class Budget:
         sizes = WINDOWS if can_window else WINDOWS[:1]
         windows = next((k for k in sizes if self.run_cost(k) <= credit), None)
         if windows is None and not final:
-            self.owed, self.deferred = deferred + 1, self.deferred + 1
+            self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
             return None
         windows = sizes[-1] if windows is None else windows
         credit -= self.run_cost(windows)

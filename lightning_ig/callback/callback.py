@@ -62,8 +62,8 @@ def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
             return hook(self, *args, **kwargs)
         finally:
             self._depth -= 1
-            if self._depth == 0:
-                self._budget.add(self._budget.clock() - entered)
+            if self._depth == 0:  # set-up is paid once: amortised over the fit like the checks' first passes
+                self._budget.add(self._budget.clock() - entered, once=hook.__name__ in ("setup", "on_fit_start"))
 
     return timed
 
@@ -171,26 +171,8 @@ class IntegratedGradientsCallback(Callback):
         overhead: float | None = 0.02,
     ) -> None:
         super().__init__()
-        self.options = Options(  # every argument checked once, kept as checked (callback/options.py)
-            states=states,
-            every_n_steps=every_n_steps,
-            every_n_epochs=every_n_epochs,
-            run_at_train_end=run_at_train_end,
-            feature_names=feature_names,
-            feature_groups=feature_groups,
-            group_names=group_names,
-            action_names=action_names,
-            baseline=baseline,
-            target=target,
-            forward=forward,
-            completeness_tol=completeness_tol,
-            on_non_finite=on_non_finite,
-            report_dir=report_dir,
-            name=name,
-            engine=engine,
-            views=views,
-            overhead=overhead,
-        )
+        given: dict[str, Any] = {key: value for key, value in locals().items() if key not in ("self", "__class__")}
+        self.options = Options(**given)  # every argument checked once, kept as checked (callback/options.py)
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
         self._plan: fit.FitPlan | None = None  # set at set-up: the states, the units logged, the report folder
@@ -286,7 +268,7 @@ class IntegratedGradientsCallback(Callback):
         step, every = trainer.global_step, self.options.every_n_steps
         cadence = every is not None and step > 0 and step % every == 0
         if (cadence or self._budget.owed) and self._should_run(trainer):  # owed: a run the budget deferred
-            plan = self._budget_plan(trainer, final=False)
+            plan = self._budget_plan(trainer, final=False, retry=not cadence)
             if plan is None:
                 return
             # Ended at a later batch end (the device attributes beside the next steps), or at once where a trust check
@@ -349,7 +331,7 @@ class IntegratedGradientsCallback(Callback):
         if plan is not None:
             self._finish(self._start(trainer, pl_module, plan, final=final))
 
-    def _budget_plan(self, trainer: pl.Trainer, *, final: bool) -> Plan | None:
+    def _budget_plan(self, trainer: pl.Trainer, *, final: bool, retry: bool = False) -> Plan | None:
         """What this run does within the budget (``None``: deferred to a later batch end); a run still pending ends
         first (its cost is booked, its index counted)."""
         self._finish_pending()
@@ -361,7 +343,8 @@ class IntegratedGradientsCallback(Callback):
         one_row = run.target.rows_per_state == 1 and not run.target.contrasts and run.members is None
         can_window = trainer.world_size == 1 and one_row and len(run.states) >= MIN_WINDOWED_STATES
         names = () if run.trust is None else tuple(run.trust.names)
-        return self._budget.plan(len(self.history), names, progress=progress, final=final, can_window=can_window)
+        run_index = len(self.history)
+        return self._budget.plan(run_index, names, progress=progress, final=final, can_window=can_window, retry=retry)
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: Plan, *, final: bool) -> fit.PendingRun:
         """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order)."""
@@ -387,7 +370,7 @@ class IntegratedGradientsCallback(Callback):
                 result = pair_rows(result)
             members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
-        if run.target.contrasts:  # each state's pair as the engine chose it, for the actions picture
+        if run.target.contrasts and result.target_actions is not None:  # each state's pair, for the actions picture
             riders.append(result.target_actions)  # (share, 2)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
         transfer = HostResult.begin(
@@ -440,7 +423,8 @@ class IntegratedGradientsCallback(Callback):
             time_ms=time_ms,
             members=members,
         )
-        note, scalars, checks = plan.note(budget.share), {}, 0.0
+        note, checks = plan.note(budget.share), 0.0
+        scalars: dict[str, float] = {}
         if run.trust is not None:  # the monitor at the runs that make a check; the others carry its last verdict
             if plan.checks or pending.final or not run.trust.carried:
                 before, made, checking = dict(run.trust.seconds), set(budget.last_checks), budget.clock()
@@ -458,7 +442,8 @@ class IntegratedGradientsCallback(Callback):
                     verdict = dataclasses.replace(verdict, upcoming=note)
                 summary = dataclasses.replace(summary, trust_checks=verdict)
         overhead = budget.fraction()
-        record = {"overhead": overhead, "limit": budget.share, "states": summary.num_states, "note": note}
+        record: dict[str, Any] = {"overhead": overhead, "limit": budget.share, "states": summary.num_states}
+        record.update(note=note)
         record.update(windows=plan.windows, window=plan.window, checks=list(plan.checks), waiting=list(plan.waiting))
         record.update(deferred=plan.deferred, reduced_runs=budget.reduced, deferred_runs=budget.deferred)
         tagged = {**scalars, f"{run.units.tags.prefix}/overhead": overhead}
@@ -488,7 +473,7 @@ class IntegratedGradientsCallback(Callback):
                 rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.options.name)}: {message} (warned once)")
 
 
-def _siblings(trainer: pl.Trainer) -> list[IntegratedGradientsCallback]:
+def _siblings(trainer: Any) -> list[IntegratedGradientsCallback]:
     return [callback for callback in trainer.callbacks if isinstance(callback, IntegratedGradientsCallback)]
 
 

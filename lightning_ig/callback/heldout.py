@@ -207,11 +207,11 @@ def probe_target(
         TypeError: the model returns something other than a tensor.
     """
     given = forward
-    forward = pl_module if given is None else BoundForward(pl_module, given)
+    attributed: Callable[[Tensor], Tensor] = pl_module if given is None else BoundForward(pl_module, given)
     feature_shape = tuple(sample.shape[1:])
     try:
         with attribution_mode(pl_module), torch.no_grad():
-            output = forward(sample)
+            output = attributed(sample)
     except Exception as error:
         raise ValueError(
             f"IntegratedGradientsCallback: the model failed on the held-out states (feature shape {feature_shape}, "
@@ -235,13 +235,13 @@ def probe_target(
                 f"the forward callable {callable_name(given)} must return one value per state, shape ({rows},), "
                 f"got {shape}"
             )
-        return forward, Target.of_forward(given)
+        return attributed, Target.of_forward(given)
     if len(shape) > 2:
         raise ValueError(
             f"IntegratedGradientsCallback: the model returns shape {shape} per batch; the target needs (N,) or "
             "(N, A): pass forward=callable(pl_module, x) -> (N,)"
         )
-    return forward, target.bind(shape, action_names)
+    return attributed, target.bind(shape, action_names)
 
 
 def prepare_engine(
@@ -253,7 +253,7 @@ def prepare_engine(
     baseline: Any,
     action_names: Sequence[str] | None,
     options: IGOptions,
-) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str]:
+) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str | float]:
     """The engine for ``target`` on ``pl_module`` after a two-state trial, and what its runs attribute.
 
     The trial runs eagerly before training: a target, backend or gradient mode

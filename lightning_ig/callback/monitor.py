@@ -121,7 +121,7 @@ class TrustMonitor:
         cls,
         on: bool,
         trainer: Any,
-        pl_module: torch.nn.Module,
+        pl_module: Any,
         engine: Any,
         forward: Any,
         held_out: torch.Tensor,

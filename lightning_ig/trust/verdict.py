@@ -103,24 +103,24 @@ class TrustSummary:
         if self.accuracy is not None and self.accuracy.within:  # a failed one is among the reasons
             lines.append(f"- accuracy: {self.accuracy.reason} (passed)")
         if self.randomization is not None:
-            check = self.randomization
+            sanity = self.randomization
             lines.append(
                 f"- sanity (step {steps.get('sanity', '?')}): rank correlation with a re-initialised copy "
-                f"{check.randomization_rank_correlation:.3f}, two re-initialised copies "
-                f"{check.copy_rank_correlation:.3f}, {'resolved' if check.resolved else 'unresolved'} over "
-                f"{check.num_units} units ({'passed' if check.passed else 'failed'})"
+                f"{sanity.randomization_rank_correlation:.3f}, two re-initialised copies "
+                f"{sanity.copy_rank_correlation:.3f}, {'resolved' if sanity.resolved else 'unresolved'} over "
+                f"{sanity.num_units} units ({'passed' if sanity.passed else 'failed'})"
             )
         if self.deletion is not None:
-            check = self.deletion
+            deletion = self.deletion
             lines.append(
-                f"- faithfulness (step {steps.get('deletion', '?')}): deletion AUC {check.deletion_auc:.3f}, random "
-                f"order {check.deletion_auc_random:.3f} ({'passed' if check.passed else 'failed'})"
+                f"- faithfulness (step {steps.get('deletion', '?')}): deletion AUC {deletion.deletion_auc:.3f}, "
+                f"random order {deletion.deletion_auc_random:.3f} ({'passed' if deletion.passed else 'failed'})"
             )
         if self.stability is not None and self.stability.applicable:
-            check = self.stability
+            stability = self.stability
             lines.append(
                 f"- stability (step {steps.get('stability', '?')}): rank correlation under exploration noise "
-                f"{check.noise_rank_correlation:.3f} ({'passed' if check.passed else 'failed'})"
+                f"{stability.noise_rank_correlation:.3f} ({'passed' if stability.passed else 'failed'})"
             )
         lines += [f"- note: {note}" for note in self.notes]
         lines += [] if self.upcoming is None else [f"- {self.upcoming}"]

@@ -36,8 +36,9 @@ class FakeFit:
         for step in steps:
             self.now += self.step  # the training step
             entered = self.now
-            if step % self.every == 0 or budget.owed:
-                plan = budget.plan(self.runs, CHECKS, progress=step / total)
+            cadence = step % self.every == 0
+            if cadence or budget.owed:
+                plan = budget.plan(self.runs, CHECKS, progress=step / total, retry=not cadence)
                 self.plans.append((step, plan))
                 if plan is not None:
                     self.pay(budget, plan)
@@ -94,9 +95,9 @@ def test_runs_are_reduced_before_any_is_deferred():
     decide = budget.plan
     seen = []
 
-    def recording(run, checks, *, progress=None, final=False, can_window=True):
+    def recording(run, checks, *, progress=None, final=False, can_window=True, retry=False):
         credit, costs = budget.credit(progress), {k: budget.run_cost(k) for k in (1, 2, 4)}
-        plan = decide(run, checks, progress=progress, final=final, can_window=can_window)
+        plan = decide(run, checks, progress=progress, final=final, can_window=can_window, retry=retry)
         seen.append((credit, costs, plan))
         return plan
 
@@ -110,8 +111,9 @@ def test_runs_are_reduced_before_any_is_deferred():
     assert budget.reduced > 0 and budget.deferred > 0
     windows = [plan.window for _, plan in fake.plans if plan is not None and plan.windows == 4]
     assert set(windows) == {0, 1, 2, 3}  # the quarters rotate: every state is attributed over the runs
-    said = [plan.note(0.02) for _, plan in fake.plans if plan is not None and plan.deferred]
-    assert said and all("deferred" in note for note in said)  # never silently: the next run says so
+    said = [plan for _, plan in fake.plans if plan is not None and plan.deferred]
+    assert said and all("deferred" in plan.note(0.02) for plan in said)  # never silently: the next run says so
+    assert sum(plan.deferred for plan in said) == budget.deferred  # each cadence point deferred counted once
 
 
 def test_checks_wait_for_full_runs_and_come_back_within_the_budget():
