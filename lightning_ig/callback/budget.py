@@ -1,9 +1,12 @@
 """The callback's budget: what it adds to the fit, measured online, and what each run may do to stay within it.
 
 **The measure.** The seconds the training thread spends inside the callback's hooks (the runs, the trust checks,
-waits for the logging worker, set-up) over the fit's wall time since set-up: ``ig/overhead``. Both are read from
-one clock (:class:`Budget`'s ``clock``; a test passes a fake one). A resumed fit carries both on
-(:meth:`Budget.state_dict`).
+waits for the logging worker, set-up), plus the CPU time the process's other threads (the logging worker drawing
+and encoding the pictures, the loggers' writer threads) use beyond their rate before the callback's first run, over
+the fit's wall time since set-up: ``ig/overhead``. On a machine whose cores are all busy a second of a background
+thread's CPU is a second taken from training; on one with an idle core it counts what it may not cost (the budget
+errs on the side of the fit). The times are read from the budget's ``clock`` and ``background`` (a test passes
+fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
 
 **The decision** (:meth:`Budget.plan`, at each run the cadence makes). The credit is ``overhead x wall time so far``
 less what was spent. A run's cost is predicted from the last runs of its size (a run on ``1/k`` of the held-out
@@ -15,7 +18,7 @@ how many were. The final run always runs. The trust checks run at full runs only
 check's re-initialised copies, the deletion plan, the noise draws) are paid at the fit's first run and amortised over
 its expected length, as set-up is: until then the part of them not yet earned does not count against later runs.
 
-Pure: nothing here reads torch, the trainer or a real clock but through ``clock``.
+Pure: nothing here reads torch, the trainer or a real clock but through ``clock`` and ``background``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHECK_EVERY", "WINDOWS", "Budget", "Plan", "default_clock"]
+__all__ = ["CHECK_EVERY", "WINDOWS", "Budget", "Plan", "default_background", "default_clock"]
 
 default_clock: Callable[[], float] = time.perf_counter
 """The clock of a :class:`Budget` made without one (the callback's): seconds, monotonic."""
+
+
+def _other_threads_cpu() -> float:
+    """CPU seconds of the process's threads but the calling one (the training thread, in the callback's hooks)."""
+    return time.process_time() - time.thread_time()
+
+
+default_background: Callable[[], float] | None = _other_threads_cpu
+"""The ``background`` of a :class:`Budget` made without one (the callback's)."""
 
 WINDOWS = (1, 2, 4)  # a run attributes all the held-out states, a half, or a quarter of them
 CHECK_EVERY = 5  # a trust check is due again this many runs after its last pass
@@ -72,6 +84,9 @@ class Budget:
     Args:
         share: the budget, a fraction of the fit's wall time; ``None``: measured, never acted on.
         clock: seconds, monotonic (default :data:`default_clock`, read when the budget is made).
+        background: CPU seconds the process's threads other than the training thread have used (default
+            :data:`default_background`, read when the budget is made: ``process_time() - thread_time()`` on the
+            training thread; ``None`` there: not counted).
 
     Attributes:
         spent: seconds spent on the training thread inside the callback's hooks.
@@ -80,8 +95,19 @@ class Budget:
         last_checks: the run at which each trust check last ran.
     """
 
-    def __init__(self, share: float | None, *, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        share: float | None,
+        *,
+        clock: Callable[[], float] | None = None,
+        background: Callable[[], float] | None = None,
+    ) -> None:
         self.share, self.clock = share, default_clock if clock is None else clock
+        self.background = (
+            default_background if background is None else background
+        )  # CPU seconds of the process's other threads so far; None: not counted
+        self._quiet: tuple[float, float] | None = None  # (background CPU, wall) at start: the rate before any run
+        self._rate: tuple[float, float, float] | None = None  # (rate, background CPU, wall) at the first run
         self.spent = self.once = self.earlier = 0.0  # earlier: wall seconds of the fit before a resume
         self.reduced = self.deferred = self.cycle = self.owed = 0
         self.last_checks: dict[str, int] = {}
@@ -92,6 +118,8 @@ class Budget:
     def start(self) -> None:
         """The fit starts now (set-up): its wall time counts from here (on from ``earlier`` after a resume)."""
         self.started = self.clock() - self.earlier
+        self._quiet = None if self.background is None else (self.background(), self.elapsed())
+        self._rate = None
 
     def elapsed(self) -> float:
         """The fit's wall time so far, in seconds."""
@@ -100,7 +128,24 @@ class Budget:
     def fraction(self) -> float:
         """The share of the fit's wall time so far the callback took (``ig/overhead``)."""
         elapsed = self.elapsed()
-        return self.spent / elapsed if elapsed > 0 else 0.0
+        return self.used() / elapsed if elapsed > 0 else 0.0
+
+    def used(self) -> float:
+        """Seconds the callback took so far: its hooks' time and its background threads' extra CPU."""
+        return self.spent + self.extra()
+
+    def extra(self) -> float:
+        """The other threads' CPU seconds beyond their rate before the first run (0 until the first run)."""
+        if self.background is None or self._rate is None:
+            return 0.0
+        rate, cpu, wall = self._rate
+        return max(0.0, self.background() - cpu - rate * (self.elapsed() - wall))
+
+    def _first_run(self) -> None:
+        """At the first run: the other threads' rate until now is training's own (nothing of the callback ran)."""
+        if self.background is not None and self._quiet is not None and self._rate is None:
+            cpu, wall = self.background(), self.elapsed()
+            self._rate = ((cpu - self._quiet[0]) / max(wall - self._quiet[1], 1e-9), cpu, wall)
 
     def add(self, seconds: float, *, once: bool = False) -> None:
         """Book ``seconds`` the training thread spent inside a hook (``once``: set-up, amortised over the fit)."""
@@ -140,7 +185,7 @@ class Budget:
         part not yet earned (``progress``: the fraction of the fit done) left out."""
         share = 0.0 if self.share is None else self.share
         unearned = self.once * (1.0 - min(1.0, progress)) if progress is not None and progress > 0 else self.once
-        return share * self.elapsed() - (self.spent - unearned)
+        return share * self.elapsed() - (self.used() - unearned)
 
     def plan(
         self,
@@ -163,6 +208,7 @@ class Budget:
             can_window: a run may attribute a window of the states (one process, one row per state).
             retry: a deferred run tried again (not a new cadence point: not counted again).
         """
+        self._first_run()
         due = self.due(run, checks, final=final)
         deferred, self.owed = self.owed, 0
         if self.share is None or (due and not self.last_checks):  # no budget, or the checks' first passes
@@ -193,7 +239,7 @@ class Budget:
         """What a resumed fit continues from: the measure, the counts, the rotation and the checks' schedule."""
         return {
             "elapsed": self.elapsed(),
-            "spent": self.spent,
+            "spent": self.used(),  # the background's extra folded in: a resumed fit measures its rate again
             "once": self.once,
             "reduced": self.reduced,
             "deferred": self.deferred,

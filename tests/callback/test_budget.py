@@ -149,3 +149,15 @@ def test_without_a_budget_every_run_is_full_and_each_check_comes_every_few_runs(
     made = [plan for _, plan in fake.plans]
     assert all(plan is not None and plan.windows == 1 for plan in made)
     assert [i for i, plan in enumerate(made) if plan.checks] == [*range(0, len(made) - 1, CHECK_EVERY), len(made) - 1]
+
+
+def test_the_other_threads_cpu_counts_beyond_their_rate_before_the_first_run():
+    now, cpu = [0.0], [0.0]
+    budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
+    budget.start()
+    now[0], cpu[0] = 10.0, 1.0  # before the first run: 0.1 s of other threads' CPU a second (training's own)
+    assert budget.plan(0, ()) is not None and budget.extra() == 0.0
+    now[0], cpu[0] = 20.0, 2.5  # 1.5 s in the next 10 s: 0.5 s beyond that rate is the callback's
+    assert budget.extra() == pytest.approx(0.5) and budget.fraction() == pytest.approx(0.5 / 20)
+    now[0], cpu[0] = 30.0, 3.0  # less than the rate: nothing more, never negative
+    assert budget.extra() == pytest.approx(0.0)

@@ -117,16 +117,16 @@ def frozen_clock() -> float:
 
 @contextlib.contextmanager
 def checks_without_budget() -> Iterator[None]:
-    """The callback's budget on a frozen clock: every run in full, every trust check at the first run of a fit and
-    each again every ``CHECK_EVERY`` runs, whatever the machine's speed.
+    """The callback's budget on a frozen clock, the background threads not counted: every run in full, every trust
+    check at the first run of a fit and each again every ``CHECK_EVERY`` runs, whatever the machine's speed.
 
     A fit in a test is short and tiny, so a wall-clock budget would defer and reduce its runs differently from one
     run of the suite to the next; the suite runs on this (tests/conftest.py), and the budget's decisions are tested
     on their own fake clocks (tests/callback/test_budget.py).
     """
-    saved = budget.default_clock
-    budget.default_clock = frozen_clock
+    saved = budget.default_clock, budget.default_background
+    budget.default_clock, budget.default_background = frozen_clock, None
     try:
         yield
     finally:
-        budget.default_clock = saved
+        budget.default_clock, budget.default_background = saved
