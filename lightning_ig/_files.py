@@ -465,9 +465,9 @@ def atomic_paths(
                 real = _destination(Path(target), follow_symlinks=follow_symlinks)
                 real.parent.mkdir(parents=True, exist_ok=True)
                 # The temporary name is kept short, so that a final name near the file system's limit still works.
-                descriptor, temporary = tempfile.mkstemp(prefix=f".{real.name[:64]}.", suffix=".tmp", dir=real.parent)
+                descriptor, name = tempfile.mkstemp(prefix=f".{real.name[:64]}.", suffix=".tmp", dir=real.parent)
                 os.close(descriptor)
-                temporaries.append((Path(temporary), real, _mode(real)))
+                temporaries.append((Path(name), real, _mode(real)))
             yield [temporary for temporary, _, _ in temporaries]
             with _signals_held():
                 for temporary, real, mode in temporaries:

@@ -28,7 +28,7 @@ import reprlib
 import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -91,7 +91,7 @@ TARGET_NAMES = ("mean", "each", "contrast")
 """The targets given by name, besides an output index ``N`` (also ``"action:N"``): what
 :meth:`lightning_ig.attribution.targets.Target.parse` and ``--target`` take."""
 
-BUDGET = "budget"
+BUDGET: Final = "budget"
 """``n_steps="budget"``, the default everywhere (engine, callback, command line): the number of points chosen from
 the size of the work (:mod:`lightning_ig.attribution.budget`)."""
 

@@ -19,7 +19,6 @@ PACKAGE = Path(lightning_ig.__file__).parent
 # Private names of other libraries that are public in practice, each with its reason.
 ALLOWED = {
     "_exit": "os._exit, documented by the standard library",
-    "_orig_mod": "checkpoint/writing.py unwraps torch.compile's module; to be replaced in the checkpoint wing",
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -111,9 +112,11 @@ def _row_targets(target: Any, pairs: Tensor | None, model: nn.Module, states: Te
     if checked.every_output:
         with torch.no_grad():
             count = model(states[:1]).shape[1]
-    return [
-        lambda outputs, rows, k=k: checked.select(outputs, outputs.shape[0], lambda: rows)[:, k] for k in range(count)
-    ]
+    return [functools.partial(_column, checked, k) for k in range(count)]
+
+
+def _column(target: Target, k: int, outputs: Tensor, rows: Tensor) -> Tensor:
+    return target.select(outputs, outputs.shape[0], lambda: rows)[:, k]
 
 
 def _prepared(model: nn.Module, states: Tensor, baselines: Tensor | None) -> tuple[nn.Module, Tensor, Tensor]:
@@ -135,7 +138,7 @@ def _check_walkable(model: nn.Module) -> list[nn.Module]:
     """The model's ``nn.ReLU`` modules; :class:`UnsupportedModelError` for any leaf that is not linear or ReLU."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    relus = []
+    relus: list[nn.Module] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.ReLU):
             relus.append(module)

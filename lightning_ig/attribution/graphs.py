@@ -31,6 +31,7 @@ from torch import Tensor
 from lightning_ig.attribution.inputs import Baselines, Prepared, RunningStatistics, resolve_baselines, warn_stochastic
 from lightning_ig.attribution.path import PathRun, chunk_rows, rule_tensors
 from lightning_ig.attribution.settings import IGOptions
+from lightning_ig.ops.ig import IGOps
 
 __all__ = ["Captured", "GraphCapture", "capture_attribution"]
 
@@ -115,8 +116,7 @@ def capture_attribution(
     """Run the attribution eagerly once, then capture it; ``None`` (after one warning) when capture fails."""
     x = prepared.x
     static_x = x.clone()
-    computed_baseline = not isinstance(baselines, Tensor)
-    static_b = None if computed_baseline else prepared.b.clone()
+    static_b = None if not isinstance(baselines, Tensor) else prepared.b.clone()  # None: computed from the inputs
     spec = prepared.spec
     static_rows = spec.rows.clone() if spec.rows is not None else None
     graph_spec = dataclasses.replace(spec, rows=static_rows) if static_rows is not None else spec
@@ -136,8 +136,7 @@ def capture_attribution(
 
     def compute() -> dict[str, Tensor]:
         saved = statistics.save()
-        if computed_baseline:
-            # The baseline comes from the inputs inside the graph ("zeros", "mean" or a number).
+        if static_b is None:  # the baseline comes from the inputs inside the graph ("zeros", "mean" or a number)
             run.b = resolve_baselines(baselines, static_x.view(batch, *prepared.feature_shape)).reshape(batch, -1)
         else:
             run.b = static_b
@@ -168,7 +167,7 @@ def _capture_with_fallback(
     run: PathRun, compute: _Compute, capturer: GraphCapture, device: torch.device
 ) -> tuple[Any, dict[str, Tensor]] | None:
     failures: list[str] = []
-    attempt = run.backend
+    attempt: IGOps | None = run.backend
     while attempt is not None:
         run.backend = attempt
         try:

@@ -248,7 +248,7 @@ class FeatureGroups:
     ) -> FeatureGroups:
         count = math.prod(shape)
         ids = torch.full((count,), -1, dtype=torch.int64)
-        labels = []
+        labels: list[str] = []
         for index, (name, members) in enumerate(groups.items()):
             if not isinstance(name, str):
                 raise TypeError(f"feature_groups names must be strings, got {name!r} ({type(name).__name__})")

@@ -304,17 +304,13 @@ class PathRun:
             start = stop
         self.chunk_rows = size * unit
 
-    def _autograd(self, points: Tensor, n_alphas: int) -> tuple[Tensor, Tensor | None]:
+    def _autograd(self, points: Tensor, n_alphas: int) -> PathGradients:
         path_rows = n_alphas * self.batch
         collected = _Collected()
         self._chunked(
             points.shape[0], 1, lambda start, stop: self._autograd_chunk(points, start, stop, path_rows, collected)
         )
-        grads = collected.single.unsqueeze(0) if collected.single is not None else collected.grads
-        grads = grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
-        ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
-        values = collected.values.view(-1, n_alphas, self.batch)  # (T, m, B)
-        return PathGradients(grads, ends, values)  # ends (2 c, B, T)
+        return collected.path(n_alphas, self.batch, self.features)
 
     def _autograd_chunk(self, points: Tensor, start: int, stop: int, path_rows: int, collected: _Collected) -> None:
         on_path = start < path_rows  # rows past the path are the two ends: values only
@@ -361,7 +357,7 @@ class PathRun:
                 collected.grads = torch.empty((n_targets, path_rows, self.features), dtype=self.acc, device=rows.device)
             collected.grads[t, start:path_stop] = grad
 
-    def _finite_difference(self, points: Tensor, n_alphas: int) -> tuple[Tensor, Tensor | None]:
+    def _finite_difference(self, points: Tensor, n_alphas: int) -> PathGradients:
         assert self.fd_step is not None  # noqa: S101 - set for gradient="finite_difference"
         path_points = n_alphas * self.batch
         xa, ba = self.x.to(self.acc), self.b.to(self.acc)
@@ -372,10 +368,7 @@ class PathRun:
             self._finite_difference_chunk(points, h, start, stop, path_points, points.shape[0] - path_points, collected)
 
         self._chunked(path_points, 2 * self.features, body)  # 2 F probe rows per path point
-        grads = collected.grads.view(-1, n_alphas, self.batch, self.features)  # (T, m, B, F)
-        ends = collected.ends.view(-1, self.batch, collected.ends.shape[1]) if collected.ends is not None else None
-        values = collected.values.view(-1, n_alphas, self.batch)  # (T, m, B)
-        return PathGradients(grads, ends, values)  # ends (2 c, B, T)
+        return collected.path(n_alphas, self.batch, self.features)
 
     def _finite_difference_chunk(
         self, points: Tensor, h: Tensor, start: int, stop: int, path_points: int, end_rows: int, collected: _Collected
@@ -391,7 +384,7 @@ class PathRun:
         with torch.no_grad():
             values = self._evaluate(buffer, 0, self._probe_spec()).to(self.acc)
         n_targets = values.shape[1]
-        if collected.grads is None:
+        if collected.grads is None or collected.values is None:
             collected.grads = torch.empty((n_targets, path_points, features), dtype=self.acc, device=self.x.device)
             collected.values = torch.empty((n_targets, path_points), dtype=self.acc, device=self.x.device)
         f = values[:probe_rows].view(count, 2, features, n_targets)  # (P, 2, F, T)
@@ -422,7 +415,8 @@ class PathRun:
         if rows.dim() == 2:  # contrast: the greedy column minus the runner-up's
             grads = grads - path.grads[rows[:, 1], :, states]
             values = values - path.values[rows[:, 1], :, states]
-            ends = None if ends is None else ends - path.ends[:, states, rows[:, 1]]
+            if path.ends is not None:
+                ends = path.ends[:, states, pick] - path.ends[:, states, rows[:, 1]]
         return PathGradients(
             grads.transpose(0, 1).unsqueeze(0).contiguous(),  # (1, m, B, F)
             None if ends is None else ends.unsqueeze(-1),  # (2 c, B, 1)
@@ -438,3 +432,9 @@ class _Collected:
         self.values: Tensor | None = None
         self.ends: Tensor | None = None
         self.single: Tensor | None = None  # the whole path's gradient as autograd returned it (one chunk, one target)
+
+    def path(self, n_alphas: int, batch: int, features: int) -> PathGradients:
+        grads = self.single.unsqueeze(0) if self.single is not None else self.grads
+        assert grads is not None and self.values is not None  # noqa: S101 - every pass has rows on the path
+        ends = None if self.ends is None else self.ends.view(-1, batch, self.ends.shape[1])  # (2 c, B, T)
+        return PathGradients(grads.view(-1, n_alphas, batch, features), ends, self.values.view(-1, n_alphas, batch))

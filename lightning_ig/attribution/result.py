@@ -390,23 +390,43 @@ def build_result(
 
 # One rank's result as one tensor (B, F + 10): each state's attributions, then these per-state columns in this
 # order; the tensor that one collective gathers under DDP and that HostResult.begin reduces.
-COLUMNS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "n_steps")
+COLUMNS: tuple[str, ...] = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "n_steps")
 COLUMNS += ("stochastic", "attribution_error", "mass_relative_error")
 
 
 class ResultLike(Protocol):
-    """The fields of :class:`~lightning_ig.attribution.IGResult` read here (``non_finite``, ``stochastic`` optional)."""
+    """The fields of :class:`~lightning_ig.attribution.IGResult` read here (``non_finite``, ``stochastic`` optional),
+    read-only as a frozen result's are."""
 
-    attributions: Tensor
-    f_input: Tensor
-    f_baseline: Tensor
-    delta: Tensor
-    relative_error: Tensor
-    degenerate: Tensor
-    n_steps: int
-    method: str
-    gradient: str
-    backend: str
+    @property
+    def attributions(self) -> Tensor: ...
+
+    @property
+    def f_input(self) -> Tensor: ...
+
+    @property
+    def f_baseline(self) -> Tensor: ...
+
+    @property
+    def delta(self) -> Tensor: ...
+
+    @property
+    def relative_error(self) -> Tensor: ...
+
+    @property
+    def degenerate(self) -> Tensor: ...
+
+    @property
+    def n_steps(self) -> int: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def gradient(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
 
 
 def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:

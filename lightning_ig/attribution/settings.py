@@ -36,7 +36,7 @@ from lightning_ig.vocabulary import (
 __all__ = ["BUDGET", "DEFAULT_MAX_STEPS", "DEFAULT_METHOD", "DEFAULT_N_STEPS", "IGOptions", "options_with"]
 
 DEFAULT_MAX_STEPS = 512
-DEFAULT_N_STEPS = BUDGET
+DEFAULT_N_STEPS: NSteps = BUDGET
 """The default number of points: on ReLU networks every fixed rule is first order, so points are what buy accuracy;
 the engine spends what the device has to spare (:mod:`lightning_ig.attribution.budget`). The number used is the
 result's ``n_steps`` (``docs/trust.md``)."""

@@ -30,16 +30,16 @@ def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> li
     than this version's is refused (:func:`~lightning_ig.checkpoint.layout.check_format`)."""
     check_format(metadata, path)
     if HEADS_KEY in metadata:
-        heads = json_metadata(metadata, HEADS_KEY, path)
-        if not isinstance(heads, dict):
+        listed = json_metadata(metadata, HEADS_KEY, path)
+        if not isinstance(listed, dict):
             raise CheckpointError(f"metadata {HEADS_KEY!r} of {str(path)!r} must be a JSON object of heads")
-        bad = next((head for head in heads if not _usable(head)), None)
+        bad = next((head for head in listed if not _usable(head)), None)
         if bad is not None:
             raise CheckpointError(
                 f"metadata {HEADS_KEY!r} of {str(path)!r} names the head {shown(bad)}; a head's name is printable "
                 f"text without {HEAD_SEPARATOR!r} or a path separator: rewrite the file"
             )
-        return list(heads)
+        return list(listed)
     if FORMAT_KEY in metadata:
         return []  # written by save_checkpoint: a single model
     # Files merged by other tools: every key is "<head>__<rest>" with a non-empty head.

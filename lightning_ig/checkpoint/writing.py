@@ -89,7 +89,7 @@ def save_checkpoint(
     """
     model = _unwrap(model)
     tensors = _model_tensors(model)
-    stored_states = _stored_states(states)
+    stored_states = None if states is None else _stored_states(states)
     width = None if stored_states is None else int(stored_states[0].numel())
     names = _checked_names(feature_names, width)
     architecture, model_kwargs = _architecture(model, config)
@@ -155,14 +155,14 @@ def save_merged_checkpoint(
         head_info[head] = _head_info(model, per_head_names.get(head))
         tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
         if head in per_head_states:
-            tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")  # type: ignore[assignment]
+            tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")
     meta = _user_metadata(metadata)
     meta[FORMAT_KEY] = FORMAT_VERSION
     meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
     if feature_names is not None and not isinstance(feature_names, Mapping):
         meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(feature_names, None))
     if states is not None and not isinstance(states, Mapping):
-        tensors[STATES_KEY] = _stored_states(states)  # type: ignore[assignment]
+        tensors[STATES_KEY] = _stored_states(states)
     return _atomic_save(tensors, path, meta)
 
 
@@ -229,10 +229,8 @@ def _checked_names(feature_names: Sequence[str] | None, width: int | None) -> li
     return check_feature_names(feature_names, len(feature_names) if width is None else width)
 
 
-def _stored_states(states: Tensor | None, what: str = "states") -> Tensor | None:
+def _stored_states(states: Tensor, what: str = "states") -> Tensor:
     """``states`` checked and copied as stored: float32, contiguous, on the CPU."""
-    if states is None:
-        return None
     return check_states(states, what).detach().to("cpu", torch.float32).contiguous().clone()
 
 
@@ -256,12 +254,12 @@ def _unwrap(model: nn.Module) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     while True:
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            inner = model.module
-        if not isinstance(inner, nn.Module):
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule":  # torch.compile(model): the model is its one child
+            (model,) = model.children()
+        else:
             return model
-        model = inner
 
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:

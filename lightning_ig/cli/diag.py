@@ -210,6 +210,7 @@ def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
             _report(plan, path, f"the report of head {head!r}", made_up=True, default=None if named else output)
             for head, path in zip(heads, _head_outputs(Path(output), heads))
         ]
+        targets: list[tuple[str | None, str | None, PlannedOutput]]
         targets = [(head_prefix(head), head, report) for head, report in zip(heads, reports)]
     else:
         what = "--output" if named else "the default --output"
@@ -218,10 +219,12 @@ def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
     heads_plan = []
     for prefix, label, report in targets:
         suffix = f".{label}" if args.all_heads else ""
-        names = () if pictures is None else (f"saliency{suffix}.png", f"saliency_mean_abs{suffix}.png")
-        made = tuple(
-            _checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names
-        )
+        made: tuple[PlannedOutput, ...] = ()
+        if pictures is not None:
+            names = (f"saliency{suffix}.png", f"saliency_mean_abs{suffix}.png")
+            made = tuple(
+                _checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names
+            )
         heads_plan.append(_HeadPlan(prefix, label, report, made))
     _checked(plan.make_folders)
     return heads_plan
@@ -299,6 +302,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
     from lightning_ig.attribution.result import stochastic_warnings_silenced  # noqa: PLC0415
     from lightning_ig.attribution.targets import EACH, Target  # noqa: PLC0415
+    from lightning_ig.ensemble import is_ensemble  # noqa: PLC0415
     from lightning_ig.models.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.views.report import build_report  # noqa: PLC0415
 
@@ -321,7 +325,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         # An ensemble: every member's own signal too, all members in one run, on the same states and baselines.
         members = (
             integrated_gradients(run.model.member_signals, run.states, run.baselines, target=EACH, **options)
-            if _is_ensemble(run)
+            if run.target.model_output and is_ensemble(run.model)
             else None
         )
         verified = None
@@ -390,13 +394,6 @@ def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> lis
     return actions
 
 
-def _is_ensemble(run: HeadRun) -> bool:
-    """The model is an ensemble whose aggregate (one value per state) is what the report attributes."""
-    from lightning_ig.ensemble import is_ensemble  # noqa: PLC0415
-
-    return run.target.model_output and is_ensemble(run.model)
-
-
 def _ensemble_key(run: HeadRun, result: Any, members: Any, top_k: int) -> dict[str, Any]:
     from lightning_ig.run.agreement import ensemble_summary  # noqa: PLC0415
 
@@ -438,7 +435,7 @@ def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written
     from lightning_ig.views.pictures.saliency import write_png  # noqa: PLC0415
     from lightning_ig.views.report import write_report  # noqa: PLC0415
 
-    files: list[tuple[PlannedOutput, Callable[[Path], Any]]] = []
+    files: list[tuple[PlannedOutput, Callable[..., Any]]] = []
     for head, planned in zip(attributed, plan):
         files.append((planned.report, partial(write_report, head.report)))
         if planned.pictures:

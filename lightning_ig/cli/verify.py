@@ -23,8 +23,7 @@ __all__ = ["accuracy_words", "verify_key", "verify_lines"]
 def accuracy_words(report: Mapping[str, Any]) -> str | None:
     """The verdict of a report in one phrase, or ``None`` when the report has no verdict (an older report)."""
     completeness = report.get("completeness")
-    verdict = completeness.get("verdict") if isinstance(completeness, Mapping) else None
-    if not isinstance(verdict, Mapping):
+    if not isinstance(completeness, Mapping) or not isinstance(verdict := completeness.get("verdict"), Mapping):
         return None
     tol = verdict.get("tolerance")
     near = completeness.get("num_near_baseline") or 0

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution import IGOptions, IGResult, IntegratedGradients, StochasticForwardWarning
 from lightning_ig.attribution.targets import EACH, Target
-from lightning_ig.ensemble.module import is_ensemble
+from lightning_ig.ensemble.module import _EnsembleLike, is_ensemble
 from lightning_ig.models.noise import attribution_mode
 
 __all__ = ["MemberAttribution", "MemberRun", "find_ensemble", "pack_members"]
@@ -36,7 +36,7 @@ __all__ = ["MemberAttribution", "MemberRun", "find_ensemble", "pack_members"]
 _COLUMNS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
 
 
-def find_ensemble(model: nn.Module, sample: Tensor) -> nn.Module | None:
+def find_ensemble(model: nn.Module, sample: Tensor) -> _EnsembleLike | None:
     """The ensemble whose aggregate ``model`` computes, or ``None``.
 
     ``model`` itself when it has ``member_signals`` and ``num_members``
@@ -73,7 +73,7 @@ class MemberAttribution:
         engine: the engine over ``ensemble.member_signals``.
     """
 
-    def __init__(self, ensemble: nn.Module, engine: IntegratedGradients) -> None:
+    def __init__(self, ensemble: _EnsembleLike, engine: IntegratedGradients) -> None:
         self.ensemble = ensemble
         self.engine = engine
 
@@ -105,7 +105,7 @@ class MemberAttribution:
 
     @property
     def num_members(self) -> int:
-        return int(self.ensemble.num_members)
+        return self.ensemble.num_members
 
     def weights(self) -> list[float] | None:
         """The members' weights (``ensemble.weights``) as floats, or ``None`` when the ensemble has none."""

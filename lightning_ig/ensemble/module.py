@@ -17,10 +17,11 @@ rebuilds it (members, weights and all) without the user's code.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import TypeIs
 
 from lightning_ig.attribution.checks import check_generator
 from lightning_ig.ensemble.reduce import EnsembleReduce, member_means
@@ -163,7 +164,14 @@ class Ensemble(nn.Module):
         return f"num_members={self.num_members}"
 
 
-def is_ensemble(model: Any) -> bool:
+class _EnsembleLike(Protocol):
+    @property
+    def num_members(self) -> int: ...
+
+    def member_signals(self, x: Tensor) -> Tensor: ...
+
+
+def is_ensemble(model: Any) -> TypeIs[_EnsembleLike]:
     """Whether ``model`` can be attributed per member: it has ``member_signals`` and ``num_members``.
 
     True for :class:`Ensemble` and for any module that offers the same two names

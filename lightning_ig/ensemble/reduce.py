@@ -296,6 +296,6 @@ def _check_finite_weights(weights: Tensor) -> None:
         )
 
 
-def _check_loaded_weights(module: nn.Module, incompatible_keys: Any) -> None:
+def _check_loaded_weights(module: EnsembleReduce, incompatible_keys: Any) -> None:
     # runs after load_state_dict: one host check at load time instead of one per forward
     _check_finite_weights(module.weights.detach())

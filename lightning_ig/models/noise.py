@@ -16,9 +16,9 @@ import contextlib
 import random
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -37,11 +37,13 @@ _EPSILON_NAME = re.compile(r"(^|_)(eps|epsilon|noise)(_|$|[0-9])", re.IGNORECASE
 _SIGMA_NAME = re.compile(r"(^|_)sigma(_|$|[0-9])", re.IGNORECASE)
 
 
-def _is_ours(module: nn.Module) -> bool:
-    return isinstance(module, NoisyLinear)
+class _Switchable(Protocol):
+    def disable_noise(self) -> None: ...
+
+    def enable_noise(self) -> None: ...
 
 
-def _has_switch(module: nn.Module) -> bool:
+def _has_switch(module: nn.Module) -> TypeGuard[_Switchable]:
     return callable(getattr(module, "disable_noise", None)) and callable(getattr(module, "enable_noise", None))
 
 
@@ -65,7 +67,7 @@ def is_noisy_layer(module: nn.Module) -> bool:
     Returns:
         ``True`` for a noisy layer.
     """
-    if _is_ours(module) or _has_switch(module):
+    if isinstance(module, NoisyLinear) or _has_switch(module):
         return True
     names = _direct_tensor_names(module)
     if not names:
@@ -119,7 +121,7 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
         buffers = dict(module.named_buffers(recurse=False))
         # This package's layer changes its noise only in reset_noise, which copies the buffers first (copy on write):
         # a block that does not redraw the noise copies nothing and writes nothing back.
-        lazy = _is_ours(module)
+        lazy = isinstance(module, NoisyLinear)
         buffer_values = {} if lazy else {name: value.detach().clone() for name, value in buffers.items()}
         tensor_attributes = {
             name: value
@@ -143,7 +145,7 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
     return snapshot
 
 
-def _put_back(module: nn.Module, kept: dict[str, Tensor], now: dict[str, Tensor], *, buffers: bool) -> None:
+def _put_back(module: nn.Module, kept: Mapping[str, Tensor], now: Mapping[str, Tensor], *, buffers: bool) -> None:
     """The parameters (or buffers) ``kept`` registered again as the same objects; any added since set to ``None``.
 
     ``now`` holds the tensors registered now (``named_parameters``/``named_buffers`` leave out names registered as
@@ -270,17 +272,17 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
     try:
         # Snapshot everything before changing anything: a failure half-way still restores all.
         snapshots = [_snapshot(layer) for layer in layers]
-        foreign_switches = [layer for layer in layers if _has_switch(layer) and not _is_ours(layer)]
+        foreign_switches = [layer for layer in layers if not isinstance(layer, NoisyLinear) and _has_switch(layer)]
         for layer in layers:
-            if _is_ours(layer):
+            if isinstance(layer, NoisyLinear):
                 # NoisyLinear.disable_noise() is this one assignment; made here, a run stays in this module
                 layer._noise_enabled = False
         if foreign_switches:
             with _random_state_kept():
-                for layer in foreign_switches:
-                    layer.disable_noise()
+                for switch in foreign_switches:
+                    switch.disable_noise()
         for layer in layers:
-            if not _is_ours(layer) and not _has_switch(layer):
+            if not isinstance(layer, NoisyLinear) and not _has_switch(layer):
                 layer.training = False  # this layer only: children keep their mode
                 _zero_epsilon(layer)
         yield module

@@ -125,7 +125,8 @@ class NoisyLinear(nn.Module):
         for keep in BEFORE_NOISE_WRITE.get(self, ()):
             keep()  # a noise_disabled block around this call copies the old noise now, to put it back on exit
         device, dtype = self.weight_mu.device, self.weight_mu.dtype
-        if check_generator(generator) is not None and generator.device.type != device.type:
+        generator = check_generator(generator)
+        if generator is not None and generator.device.type != device.type:
             raise ValueError(f"generator is on {generator.device} but the layer is on {device}; make one on {device}")
         noise_in = _scale_noise(torch.randn(self.in_features, generator=generator, device=device, dtype=dtype))
         noise_out = _scale_noise(torch.randn(self.out_features, generator=generator, device=device, dtype=dtype))

@@ -339,9 +339,10 @@ def _workspace(like: Tensor, index: int, doubles: int) -> tuple[Tensor, np.uint6
         scratch = like.new_zeros(doubles + 1, dtype=torch.float64)  # the counter is the low word of the last 0.0
     else:
         key = (index, _cupy.current_stream_handle(index))
-        scratch = _workspaces.get(key)
-        if scratch is None or scratch.numel() < doubles + 1:
-            scratch = _workspaces[key] = like.new_zeros(max(doubles, 4096) + 1, dtype=torch.float64)
+        cached = _workspaces.get(key)
+        if cached is None or cached.numel() < doubles + 1:
+            cached = _workspaces[key] = like.new_zeros(max(doubles, 4096) + 1, dtype=torch.float64)
+        scratch = cached
     base = scratch.data_ptr()
     return scratch, np.uint64(base), np.uint64(base + 8 * (scratch.numel() - 1))
 

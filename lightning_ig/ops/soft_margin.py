@@ -224,6 +224,7 @@ def launch_reduce(
     grid, scalars = _reduce_plan(input.numel(), reduction, index)
     scratch, workspace = _workspace(input, index, grid)
     loss = input.new_empty(())
+    pointers: tuple[np.uint64, ...]
     if with_grad:
         gradient = torch.empty_like(input)
         kernel = _kernel("soft_margin_reduce_grad", input.dtype, index)

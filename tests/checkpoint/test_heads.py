@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lightning_ig.checkpoint import save_checkpoint, save_merged_checkpoint
+from lightning_ig.checkpoint import load_checkpoint, save_checkpoint, save_merged_checkpoint
 from lightning_ig.checkpoint.heads import head_entry, heads_in, list_heads, select_prefix
 from lightning_ig.checkpoint.layout import FORMAT_KEY, HEADS_KEY, STATES_KEY, CheckpointError
 from lightning_ig.models import DuelingQNetwork
+from tests.support.models import PlainMLP
 
 
 def _net() -> DuelingQNetwork:
@@ -49,8 +50,9 @@ def test_a_head_is_chosen_whole_by_name_or_prefix() -> None:
     heads, keys = ["trending", "ranging"], ["trending__w", "ranging__w"]
     assert select_prefix("trending", heads, keys, Path("f")) == "trending__"
     assert select_prefix("ranging__", heads, keys, Path("f")) == "ranging__"
-    with pytest.raises(CheckpointError, match="no head 'tre' .* the heads in it are: trending, ranging"):
-        select_prefix("tre", heads, keys, Path("f"))  # a part of a name is not a head
+    for prefix in ("tre", "trend__", "trending_", "up__"):  # a part of a name is not a head
+        with pytest.raises(CheckpointError, match="no head .* the heads in it are: trending, ranging"):
+            select_prefix(prefix, heads, keys, Path("f"))
     with pytest.raises(CheckpointError, match="holds several heads .* --all-heads"):
         select_prefix(None, heads, keys, Path("f"))
 
@@ -62,3 +64,18 @@ def test_a_single_model_file_takes_a_raw_prefix_only_if_some_key_has_it(tmp_path
     assert select_prefix("net.", [], ["net.w"], path) == "net."
     with pytest.raises(CheckpointError, match="no tensors under prefix 'other.' .* drop the head/prefix"):
         select_prefix("other.", [], ["net.w"], path)
+
+
+def test_foreign_merged_file_heads_are_inferred_from_keys(tmp_path: Path) -> None:
+    net = PlainMLP()
+    tensors = {f"{head}__{key}": value.clone() for head in ("x", "y") for key, value in net.state_dict().items()}
+    tensors[STATES_KEY] = torch.ones(2, 3)
+    save_file(tensors, str(tmp_path / "foreign.safetensors"))
+    assert list_heads(tmp_path / "foreign.safetensors") == ["x", "y"]
+    with pytest.raises(CheckpointError, match="--model package.module:Class"):
+        load_checkpoint(tmp_path / "foreign.safetensors", head="x")
+    loaded = load_checkpoint(tmp_path / "foreign.safetensors", head="y", architecture="tests.support.models:PlainMLP")
+    torch.testing.assert_close(
+        loaded.model.layer.weight, net.layer.weight, rtol=0, atol=0
+    )  # stored and read back: exact
+    torch.testing.assert_close(loaded.states, torch.ones(2, 3), rtol=0, atol=0)

@@ -89,3 +89,16 @@ def test_a_checkpoint_larger_than_the_memory_available_is_refused(
     monkeypatch.setattr(vocabulary, "available_memory", lambda: 100)
     with pytest.raises(CheckpointError, match=r"loading the weights in .* needs about .* of memory, more than the"):
         load_checkpoint(path)
+
+
+def test_load_errors_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"this is not a safetensors file at all")
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        load_checkpoint(tmp_path / "junk.safetensors")
+    path, _ = _saved(tmp_path)
+    with pytest.raises(CheckpointError, match="do not fit DuelingQNetwork"):
+        load_checkpoint(path, config={"state_dim": 5, "num_actions": 2, "hidden_sizes": [8]})
+    with pytest.raises(CheckpointError, match="single-model file"):
+        load_checkpoint(path, head="trending")

@@ -28,6 +28,8 @@ def test_every_form_reads_the_same_states(tmp_path: Path) -> None:
         states = load_states(tmp_path / name, dtype=torch.float64)
         assert states.dtype == torch.float64 and torch.equal(states, expected), name
     assert load_states(tmp_path / "s.npy").dtype == torch.float32  # the default dtype
+    np.save(tmp_path / "big_endian.npy", np.asarray(ROWS, dtype=">f8"))
+    assert torch.equal(load_states(tmp_path / "big_endian.npy", dtype=torch.float64), expected)
 
 
 def test_a_heads_own_states_come_first_in_a_merged_file(tmp_path: Path) -> None:
@@ -46,7 +48,11 @@ def test_a_heads_own_states_come_first_in_a_merged_file(tmp_path: Path) -> None:
         ("s.json", json.dumps({"rows": ROWS}), 'has no "states" key'),
         ("s.json", json.dumps({"states": [[1.0, True]]}), r"holds True \(a JSON boolean\) among the states"),
         ("s.json", json.dumps({"states": [[1.0, "2"]]}), r"holds '2' \(a JSON str\) among the states"),
-        ("s.json", json.dumps({"states": [1.0, 2.0]}), r"have shape \(2,\): expected \(num_states, state_dim\)"),
+        (
+            "s.json",
+            json.dumps({"states": [1.0, 2.0]}),
+            r"have shape \(2,\): expected .* wrap one state as \[\[\.\.\.\]\]",
+        ),
         ("s.json", "{broken", "cannot read states from"),
         ("s.txt", "1 2 3", "must end in .json, .npy or .safetensors, not '.txt'"),
     ],

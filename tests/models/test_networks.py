@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from lightning_ig import (
     integrated_gradients,
@@ -15,12 +16,14 @@ from lightning_ig import (
 )
 from lightning_ig.models import (
     ConvDuelingQNetwork,
+    DuelingQNetwork,
     MinAtarQNetwork,
     NatureQNetwork,
     build_model,
     model_config,
     model_name,
 )
+from lightning_ig.models.noise import NoisyLinear
 from tests.support.tolerance import assert_close_scaled
 
 CASES = [
@@ -155,3 +158,22 @@ def test_checkpoint_round_trip_rebuilds_the_cnn_with_its_states(tmp_path: Path) 
 def test_bad_arguments_say_what_is_wrong(kwargs: dict, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words.replace("[", r"\[").replace("]", r"\]")):
         ConvDuelingQNetwork(**kwargs)
+
+
+def test_dueling_identity_mean_q_is_the_value_stream() -> None:
+    torch.manual_seed(0)
+    net = DuelingQNetwork(5, 3, hidden_sizes=(16, 8), activation="tanh", stream_hidden_size=4).eval()
+    x = torch.randn(7, 5)
+    q = net(x)
+    assert q.shape == (7, 3) and net.features(x).shape == (7, 8)
+    # mean over actions of V + A - mean(A) is V up to the rounding of those sums, at the size of Q
+    assert_close_scaled(
+        q.mean(dim=1, keepdim=True).detach(),
+        net.value(net.features(x)).detach(),
+        ulps=8,
+        scale=float(q.detach().abs().max()),
+    )
+    noisy_layers = [m for m in net.modules() if isinstance(m, NoisyLinear)]
+    assert len(noisy_layers) == 4 and not any(isinstance(m, NoisyLinear) for m in net.body.modules())
+    assert not any(isinstance(m, NoisyLinear) for m in DuelingQNetwork(5, 3, noisy=False).modules())
+    assert isinstance(DuelingQNetwork(2, 2, hidden_sizes=(4,), activation="softplus").body[1], nn.Softplus)

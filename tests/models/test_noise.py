@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
 
 
@@ -346,3 +347,17 @@ def test_a_switch_that_re_registers_tensors_is_undone_with_the_same_objects() ->
         assert layer.noise is None and layer.extra is not None
     assert layer.weight is weight and layer.noise is noise and _full_state(layer) == before
     assert [name for name, _ in layer.named_parameters()] == ["weight"]  # the added one is registered as None
+
+
+def test_noise_changes_q_in_training_and_not_under_noise_disabled() -> None:
+    torch.manual_seed(1)
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    x = torch.randn(3, 4)
+    first = net(x)
+    net.reset_noise()
+    assert not torch.equal(first, net(x))
+    with noise_disabled(net):
+        mean_q = net(x)
+        assert net.training and torch.equal(net(x), mean_q)
+    net.eval()
+    torch.testing.assert_close(net(x), mean_q, rtol=0, atol=0)

@@ -1,4 +1,4 @@
-"""Small models the engine tests share."""
+"""Small models the tests share."""
 
 from __future__ import annotations
 
@@ -20,3 +20,14 @@ class DuelingMLP(torch.nn.Module):
         h = self.body(x)
         a = self.advantage(h)
         return self.value(h) + a - a.mean(dim=1, keepdim=True)
+
+
+class PlainMLP(torch.nn.Module):
+    """A user architecture with no config() and no registration: named by import path."""
+
+    def __init__(self, width: int = 3, outputs: int = 2) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(width, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)

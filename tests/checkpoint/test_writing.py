@@ -1,0 +1,156 @@
+"""Writing checkpoints: one model, merged heads, files merged into one; the modes, paths and links of each write, the
+states and names checked as they are stored, and the model inside a ``torch.compile`` or DataParallel wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from lightning_ig.checkpoint import (
+    ARCHITECTURE_KEY,
+    CONFIG_KEY,
+    HEADS_KEY,
+    STATES_KEY,
+    CheckpointError,
+    list_heads,
+    load_checkpoint,
+    merge_checkpoints,
+    read_metadata,
+    save_checkpoint,
+    save_merged_checkpoint,
+)
+from lightning_ig.models import DuelingQNetwork
+
+
+def test_save_and_load_rebuild_the_same_function(tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    net = DuelingQNetwork(4, 3, hidden_sizes=(16,), activation="tanh")
+    states = torch.randn(9, 4, dtype=torch.float64)
+    path = save_checkpoint(
+        net, tmp_path / "sub" / "q.safetensors", feature_names=list("abcd"), states=states, metadata={"run": "7"}
+    )
+    assert [p.name for p in path.parent.iterdir()] == ["q.safetensors"], "no temporary file is left behind"
+    metadata = read_metadata(path)
+    assert metadata[ARCHITECTURE_KEY] == "DuelingQNetwork" and json.loads(metadata[CONFIG_KEY]) == net.config()
+    assert metadata["run"] == "7"
+    with safe_open(str(path), framework="pt") as handle:
+        assert handle.get_tensor(STATES_KEY).dtype == torch.float32
+    loaded = load_checkpoint(path)
+    assert loaded.feature_names == list("abcd") and loaded.prefix is None and list_heads(path) == []
+    assert not loaded.model.training
+    torch.testing.assert_close(loaded.states, states.float(), rtol=0, atol=0)
+    net.eval()
+    torch.testing.assert_close(loaded.model(loaded.states), net(states.float()), rtol=0, atol=0)
+
+
+def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    compiled = torch.compile(net)  # wrapping compiles nothing yet: no compiler needed
+    assert set(compiled.state_dict()) != set(net.state_dict())  # the wrapper's keys are not the model's
+    for wrapped in (compiled, nn.DataParallel(net), nn.DataParallel(compiled)):
+        path = save_checkpoint(wrapped, tmp_path / "wrapped.safetensors")
+        assert read_metadata(path)[ARCHITECTURE_KEY] == "DuelingQNetwork"
+        with safe_open(str(path), framework="pt") as handle:
+            assert set(handle.keys()) == set(net.state_dict())
+        assert load_checkpoint(path).config == net.config()
+
+
+def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    trending, ranging = DuelingQNetwork(3, 2, hidden_sizes=(8,)), DuelingQNetwork(3, 4, hidden_sizes=(6,), noisy=False)
+    shared = torch.randn(5, 3)
+    own = torch.randn(2, 3)
+    path = save_merged_checkpoint(
+        {"trending": trending, "ranging": ranging},
+        tmp_path / "heads.safetensors",
+        feature_names=["p", "q", "r"],
+        states={"ranging": own},
+    )
+    assert list_heads(path) == ["ranging", "trending"]
+    loaded = load_checkpoint(path, head="ranging")
+    assert loaded.prefix == "ranging__" and loaded.head == "ranging" and loaded.feature_names == ["p", "q", "r"]
+    torch.testing.assert_close(loaded.states, own, rtol=0, atol=0)  # stored and read back: exact
+    assert loaded.model(own).shape == (2, 4)
+    torch.testing.assert_close(loaded.model(own), ranging.eval()(own), rtol=0, atol=0)
+    assert load_checkpoint(path, prefix="trending__").states is None
+    assert load_checkpoint(path, prefix="ranging").prefix == "ranging__", "a head's bare name works as its prefix"
+
+    a = save_checkpoint(trending, tmp_path / "a.safetensors", states=shared)
+    b = save_checkpoint(ranging, tmp_path / "b.safetensors")
+    merged = merge_checkpoints({"up": a, "down": b}, tmp_path / "merged.safetensors")
+    assert json.loads(read_metadata(merged)[HEADS_KEY])["down"]["architecture"] == "DuelingQNetwork"
+    torch.testing.assert_close(load_checkpoint(merged, head="up").states, shared, rtol=0, atol=0)
+    torch.testing.assert_close(
+        load_checkpoint(merged, head="up").model(shared), trending.eval()(shared), rtol=0, atol=0
+    )
+
+    with pytest.raises(CheckpointError, match="holds several heads .*--head"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="heads in it are: .*trending"):
+        load_checkpoint(path, head="sideways")
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test and put the old one back."""
+    previous = os.umask(0o022)
+    yield os.umask
+    os.umask(previous)
+
+
+def test_checkpoints_get_the_modes_any_program_output_gets(tmp_path: Path, umask) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    umask(0o022)
+    assert stat.S_IMODE(save_checkpoint(net, tmp_path / "shared.safetensors").stat().st_mode) == 0o644
+    umask(0o077)
+    assert stat.S_IMODE(save_checkpoint(net, tmp_path / "private.safetensors").stat().st_mode) == 0o600
+    # an overwritten checkpoint keeps its mode, whatever the umask
+    (tmp_path / "shared.safetensors").chmod(0o664)
+    path = save_merged_checkpoint({"a": net}, tmp_path / "shared.safetensors")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o664 and list_heads(path) == ["a"]
+
+
+def test_checkpoint_paths_are_checked_and_links_written_through(tmp_path: Path) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    with pytest.raises(ValueError, match="is a folder"):
+        save_checkpoint(net, tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        save_checkpoint(net, fifo)
+    assert stat.S_ISFIFO(fifo.stat().st_mode), "the FIFO is still there"
+    target = save_checkpoint(net, tmp_path / "real.safetensors")
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(target.name)
+    save_checkpoint(net, link, states=torch.zeros(2, 3))
+    assert link.is_symlink() and load_checkpoint(target).states.shape == (2, 3), "the link's target was replaced"
+    a = save_checkpoint(net, tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match="also an input"):
+        merge_checkpoints({"a": a}, a)
+    assert list_heads(a) == [], "the source is intact"
+
+
+def test_saved_states_and_names_are_checked_once_with_the_shared_words(tmp_path: Path) -> None:
+    net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
+    nan_states = torch.zeros(2, 3)
+    nan_states[1, 2] = float("nan")
+    cases = [
+        ({"states": nan_states}, "NaN/Inf"),
+        ({"states": torch.zeros(0, 3)}, "num_states >= 1"),
+        ({"feature_names": ["a", " ", "c"]}, "is blank"),
+        ({"feature_names": ["a", "b\nc", "d"]}, "line break"),
+        ({"feature_names": ["a", "a", "c"]}, "repeats"),
+        ({"feature_names": ["a", "b"], "states": torch.zeros(1, 3)}, "2 names but there are 3 features"),
+        ({"metadata": {"lightning_ig.format": "2"}}, "reserved prefix"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ValueError, match=words):
+            save_checkpoint(net, tmp_path / "x.safetensors", **kwargs)
+    assert not (tmp_path / "x.safetensors").exists()
