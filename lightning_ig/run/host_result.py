@@ -174,9 +174,14 @@ class HostResult:
         """
         if isinstance(result, HostResult):
             return result
-        options = {"gather": gather, "num_states": num_states, "groups": groups}
-        options.update(keep_attributions=keep_attributions, sample_states=sample_states)
-        return cls.begin(result, **options).result()
+        return cls.begin(
+            result,
+            gather=gather,
+            num_states=num_states,
+            groups=groups,
+            keep_attributions=keep_attributions,
+            sample_states=sample_states,
+        ).result()
 
     @classmethod
     def begin(

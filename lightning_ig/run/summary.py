@@ -125,8 +125,9 @@ class RunSummary:
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (drift's reference, the charts over training, ``state_dict``):
         the units' mean ``|attr|`` and mean attr, their mass (``positive + negative``), the accuracy verdict
-        (``"pass"``, ``"fail"``, ``"unchecked"``, ``"non-finite"``) and the trust status (``None``: no checks)."""
-        units, trust = self.units, self.trust_checks
+        (``"pass"``, ``"fail"``, ``"unchecked"``, ``"non-finite"``) with the figure that decided it against its bar
+        (``accuracy``: ``figure``, ``value``, ``threshold``), and the trust status (``None``: no checks)."""
+        units, trust, accuracy = self.units, self.trust_checks, self.completeness.accuracy
         positive, negative = units.parts
         return {
             "global_step": self.step,
@@ -135,6 +136,7 @@ class RunSummary:
             "mean_signed": units.moments.mean_signed.tolist(),
             "mass": (positive + negative).tolist(),
             "verdict": self.completeness.verdict,
+            "accuracy": {"figure": accuracy.figure, "value": accuracy.value, "threshold": accuracy.threshold},
             "trust": None if trust is None else str(trust.status),
         }
 

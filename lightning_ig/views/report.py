@@ -487,6 +487,7 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
     numbers = completeness(host)
     summary: dict[str, Any] = {
         "worst_relative_error": json_float(numbers.worst_relative_error),
+        "worst_delta_over_output_change": json_float(numbers.worst_relative_error),  # the old ratio, named for it
         "mean_abs_error": json_float(numbers.mean_abs_error),
         "num_degenerate": numbers.num_degenerate,
         "num_non_finite": numbers.num_non_finite,
@@ -572,7 +573,9 @@ def _action_rows(host: HostResult, action: int, actions: int) -> HostResult:
     """One action's rows of a ``target="each"`` run, for its completeness (``features`` stays the run's; the
     near-baseline flags stay those of the run: a tenth of the median over every pair)."""
     fields = {name: getattr(host, name) for name in _ROW_FIELDS}
-    picked = {name: None if values is None else values[action::actions] for name, values in fields.items()}
+    picked: dict[str, Any] = {
+        name: None if values is None else values[action::actions] for name, values in fields.items()
+    }
     return dataclasses.replace(host, **picked)
 
 

@@ -15,17 +15,19 @@ trust status (:func:`trust_line`), what is wrong with a run (:func:`troubles`, t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from lightning_ig.run.statistics import Completeness, rank_order
+from lightning_ig.run.statistics import AccuracyVerdict, Completeness, rank_order
 from lightning_ig.run.summary import RunSummary
+from lightning_ig.views.tags import PICTURE_TAGS
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = [
     "DRIFT_WORDS",
+    "HEADLINES",
     "accuracy_line",
     "completeness_sentence",
     "format_percent",
@@ -34,6 +36,7 @@ __all__ = [
     "report_markdown",
     "troubles",
     "trust_line",
+    "verdict_words",
 ]
 
 # --------------------------------------------------------------------------- numbers
@@ -154,6 +157,41 @@ def accuracy_line(summary: RunSummary) -> tuple[str, str]:
     sign = "≤" if accuracy.within else ">"
     value, bar = relative_error_text(accuracy.value), format_value(accuracy.threshold)
     return ("pass" if accuracy.within else "fail"), f"{accuracy.words} {value} {sign} {bar}"
+
+
+HEADLINES = {
+    "pass": "✓ attributions add up",
+    "fail": "✗ attributions do NOT add up",
+    "non-finite": "✗ NaN/Inf: do not trust these",
+    "unchecked": "? accuracy not checked",
+}
+"""The accuracy verdict as the verdict card's headline and the examples' closing line say it."""
+
+
+def verdict_words(entry: Mapping[str, Any]) -> str:
+    """A run's verdict in one line, in the verdict card's words, from the callback's history entry of the run.
+
+    Args:
+        entry: a run of the callback's ``history`` (:meth:`~lightning_ig.run.summary.RunSummary.history_entry`).
+
+    Returns:
+        The headline, the figure that decided against its bar, the trust status and the step.
+
+    Example:
+        >>> entry = {"global_step": 500, "verdict": "pass", "trust": "passed",
+        ...          "accuracy": {"figure": "attribution_error", "value": 0.004, "threshold": 0.0141}}
+        >>> verdict_words(entry)
+        '✓ attributions add up (estimated attribution error 4.00e-03 ≤ 0.0141), trust checks passed, at step 500'
+    """
+    kind, figures = str(entry.get("verdict")), entry.get("accuracy")
+    words = HEADLINES.get(kind, HEADLINES["unchecked"])
+    if kind in ("pass", "fail") and figures is not None:
+        accuracy = AccuracyVerdict(kind == "pass", figures["figure"], figures["value"], figures["threshold"], "")
+        sign = "≤" if accuracy.within else ">"
+        value, bar = relative_error_text(accuracy.value), format_value(accuracy.threshold)
+        words += f" ({accuracy.words} {value} {sign} {bar})"
+    trust = entry.get("trust")
+    return f"{words}{'' if trust is None else f', trust checks {trust}'}, at step {int(entry['global_step']):,}"
 
 
 def _short(sentence: str) -> str:
@@ -315,8 +353,8 @@ def report_markdown(
         lines += [
             "",
             (
-                f"**Saliency** (`{prefix}/saliency`): colour scale ±{format_value(saliency_scale)} per cell; blue "
-                "raises the target, red lowers it."
+                f"**Saliency** (`{prefix}/{PICTURE_TAGS['saliency']}`): colour scale ±{format_value(saliency_scale)} "
+                "per cell; blue raises the target, red lowers it."
             ),
         ]
     lines += _action_lines(summary, labels, prefix)
@@ -344,9 +382,9 @@ def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: 
     return [
         "",
         (
-            f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/actions`): in how many of the "
-            f"{actions.num_states} states each action has the largest Q, what its Q(s, a) relies on most, and what "
-            "sets it apart from the mean action (+ favours it, - disfavours it):"
+            f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/{PICTURE_TAGS['actions']}`): "
+            f"in how many of the {actions.num_states} states each action has the largest Q, what its Q(s, a) relies "
+            "on most, and what sets it apart from the mean action (+ favours it, - disfavours it):"
         ),
         "",
         "```",

@@ -67,7 +67,7 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, _BreakWeights(at=3))
     events = _events(logger)
-    worst = {event.step: event.value for event in events.Scalars("ig/completeness/worst_relative_error")}
+    worst = {event.step: event.value for event in events.Scalars("ig/completeness/worst_attribution_error")}
     counts = {event.step: event.value for event in events.Scalars("ig/completeness/non_finite_states")}
     assert math.isfinite(worst[2]) and 2 not in counts  # the count's card appears with its first non-zero run
     assert worst[4] == math.inf and worst[6] == math.inf
@@ -105,12 +105,12 @@ def test_a_run_where_no_state_can_be_checked_reads_as_such(tmp_path):
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, max_steps=4)
     events = _events(logger)
-    assert all(math.isnan(event.value) for event in events.Scalars("ig/completeness/worst_relative_error"))
+    assert all(math.isnan(event.value) for event in events.Scalars("ig/completeness/worst_attribution_error"))
     assert [event.value for event in events.Scalars("ig/completeness/degenerate_states")] == [37, 37]
     messages = [str(w.message) for w in caught if "no state could be checked" in str(w.message)]
     assert len(messages) == 1
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
-    assert "Completeness not checked: in all 37 states" in text
+    assert "? Accuracy not checked: in all 37 states" in text
 
 
 def test_report_dir_that_is_a_file_or_cannot_be_made_fails_at_setup(tmp_path):

@@ -40,6 +40,11 @@ def test_a_summary_holds_the_runs_numbers_and_its_history_entry():
         "mean_signed": host.features.mean_signed.tolist(),
         "mass": host.features.mean_abs.tolist(),  # a feature's mass is its mean |attr|
         "verdict": summary.completeness.verdict,
+        "accuracy": {  # the figure that decided, for the examples' closing line
+            "figure": summary.completeness.accuracy.figure,
+            "value": summary.completeness.accuracy.value,
+            "threshold": summary.completeness.accuracy.threshold,
+        },
         "trust": None,  # no trust checks in this run
     }
     _, later = _run(step=9, history=[entry])

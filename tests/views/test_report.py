@@ -334,3 +334,46 @@ def test_completeness_summary_keeps_degenerate_states_apart(result):
         size = abs(state["sum_attributions"]) + abs(state["f_input_minus_f_baseline"])
         gap = state["sum_attributions"] - state["f_input_minus_f_baseline"]
         assert abs(gap - result.delta[i].item()) <= 4 * float(torch.finfo(torch.float32).eps) * size
+
+
+def test_a_training_runs_report_holds_its_verdict_and_trust_checks_and_validates():
+    from lightning_ig.attribution import integrated_gradients
+    from lightning_ig.attribution.targets import Target
+    from lightning_ig.run.host_result import HostResult
+    from lightning_ig.run.summary import RunSettings, summarize
+    from lightning_ig.trust.sanity import randomization_check, randomization_reference
+    from lightning_ig.trust.verdict import trust_summary
+    from lightning_ig.views.report import with_verdict
+    from lightning_ig.views.text import accuracy_line
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    states, names = torch.randn(16, 6), [f"f{i}" for i in range(6)]
+    host = HostResult.from_result(integrated_gradients(model, states, n_steps=16), keep_attributions=True)
+    settings = RunSettings(Target.parse("mean"), "zeros", 0.01, 10)
+    summary = summarize(host, feature_names=names, log_features=True, settings=settings, step=50)
+    sanity = randomization_check(host.attributions, randomization_reference(model, states, num_copies=2))
+    pending = ["faithfulness: not run yet"]
+    trust = trust_summary(
+        accuracy=summary.completeness.accuracy, randomization=sanity, steps=[("sanity", 50)], pending=pending
+    )
+    summary = dataclasses.replace(summary, trust_checks=trust)
+    document = json.loads(
+        report_to_json(with_verdict(build_report(host, feature_names=names, forward_target="mean"), summary))
+    )
+    jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert document["verdict"]["accuracy"] == accuracy_line(summary)[0]  # what the cards and the text say
+    assert document["verdict"]["trust"] == document["trust"]["status"] == str(trust.status)
+    assert (
+        document["completeness"]["verdict"]["within"]
+        == document["verdict"]["within"]
+        == (summary.completeness.accuracy.within)
+    )
+    checks = document["trust"]["checks"]
+    assert checks["sanity"]["step"] == 50 and checks["faithfulness"] is None and checks["stability"] is None
+    assert checks["sanity"]["randomization_rank_correlation"] == pytest.approx(sanity.randomization_rank_correlation)
+    ratio = document["completeness"]["worst_relative_error"]  # the old key stays; its twin says what it is
+    assert document["completeness"]["worst_delta_over_output_change"] == ratio
+    broken = dict(document, verdict={**document["verdict"], "accuracy": "fine"})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, load_schema(), cls=jsonschema.Draft202012Validator)

@@ -10,7 +10,14 @@ import pytest
 from lightning_ig.attribution.targets import Target
 from lightning_ig.run.summary import RunSettings, summarize
 from lightning_ig.views.tags import display_labels
-from lightning_ig.views.text import format_percent, format_signed, format_value, report_markdown, troubles
+from lightning_ig.views.text import (
+    accuracy_line,
+    format_percent,
+    format_signed,
+    format_value,
+    report_markdown,
+    troubles,
+)
 from tests.support.each import FEATURES, NAMES
 from tests.support.each import each_run as make_each_run
 from tests.support.summaries import make_summary
@@ -121,3 +128,18 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in words(
         make_summary(worst=math.inf, non_finite=1)
     )
+
+
+def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
+    from lightning_ig.views.text import verdict_words
+
+    summary = make_summary(estimate=0.5)  # fails: the estimate is above sqrt(2) x 0.01
+    entry = summary.history_entry(epoch=0)
+    kind, line = accuracy_line(summary)
+    words = verdict_words(entry)
+    assert kind == "fail" and words.startswith("✗ attributions do NOT add up") and f"({line})" in words
+    assert words.endswith("at step 300") and "trust" not in words
+    passing = make_summary().history_entry(epoch=0)
+    assert verdict_words({**passing, "trust": "unresolved"}).startswith("✓ attributions add up (estimated")
+    assert ", trust checks unresolved, at step 300" in verdict_words({**passing, "trust": "unresolved"})
+    assert verdict_words({"global_step": 5, "verdict": "non-finite", "trust": None}).startswith("✗ NaN/Inf")

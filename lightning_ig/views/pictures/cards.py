@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from lightning_ig.views.pictures.raster import (
     categorical_colours,
     rgb,
 )
-from lightning_ig.views.text import format_percent, format_value
+from lightning_ig.views.text import HEADLINES, format_percent, format_value
 
 __all__ = [
     "GROUND",
@@ -121,7 +122,7 @@ def _bar_rows(
     labels: Sequence[str],
     positive: np.ndarray,
     negative: np.ndarray,
-    order: Sequence[int],
+    order: Sequence[int] | np.ndarray,
     *,
     top: float,
     row: int,
@@ -202,11 +203,7 @@ def verdict_card(
     _title(canvas, title)
     kind, detail = accuracy
     state = {"pass": "pass", "unchecked": "unresolved"}.get(kind, "fail")
-    headline = {
-        "pass": "✓ attributions add up",
-        "fail": "✗ attributions do NOT add up",
-        "non-finite": "✗ NaN/Inf: do not trust these",
-    }.get(kind, "? accuracy not checked")
+    headline = HEADLINES.get(kind, HEADLINES["unchecked"])
     canvas.text((3, 18), headline, size=TITLE_SIZE, bold=True, colour=STATE_COLOURS[state])
     _line(canvas, 36, [detail], STATE_COLOURS[state])
     y = 51
@@ -499,9 +496,6 @@ def action_panels(
     return Chart(canvas.pixels, tuple(shown))
 
 
-def earlier_states(history: Sequence[Mapping[str, object]]) -> list[tuple[int, str]]:
+def earlier_states(history: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
     """``(global step, state)`` of each run of ``history`` (:func:`run_state` of its verdict and trust status)."""
-    return [
-        (int(entry["global_step"]), run_state(entry.get("verdict"), entry.get("trust")))  # type: ignore[arg-type]
-        for entry in history
-    ]
+    return [(int(entry["global_step"]), run_state(entry.get("verdict"), entry.get("trust"))) for entry in history]
