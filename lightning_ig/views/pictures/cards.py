@@ -325,12 +325,12 @@ def shares_chart(
     _title(canvas, title)
     room = max(canvas.text_width(f"100% {name}", size=SMALL_SIZE) for name in names)
     left, right = 44, CARD_WIDTH - min(int(CARD_WIDTH * 0.46), 24 + int(room))
-    top, bottom = LINE + 8 + (12 if states is not None else 0), CARD_HEIGHT - 2 * LINE - 8
+    top, bottom = LINE + 8 + (16 if states is not None else 0), CARD_HEIGHT - 2 * LINE - 8
     if states is not None:  # every run's verdict above its column: a failure is seen whatever the step slider shows
         table = np.array([rgb(STATE_COLOURS.get(state, STATE_COLOURS["unknown"])) for state in states], np.uint8)
         columns = np.minimum((np.arange(right - left) * runs) // (right - left), runs - 1)
-        canvas.paste(np.repeat(table[columns][None], 7, axis=0), left, top - 10)
-        canvas.text((left - 4, top - 7), "verdict", size=SMALL_SIZE - 2, anchor="rm", colour=MUTED)
+        canvas.paste(np.repeat(table[columns][None], 7, axis=0), left, top - 14)
+        canvas.text((left - 4, top - 11), "verdict", size=SMALL_SIZE - 2, anchor="rm", colour=MUTED)
     canvas.paste(_stacked(bands, band_colours, right - left, bottom - top), left, top)
     canvas.outline((left - 1, top - 1, right, bottom), INK)
     for value in (0.0, 0.5, 1.0):
@@ -345,15 +345,15 @@ def shares_chart(
 def _stacked(bands: np.ndarray, colours: Sequence[str], width: int, height: int) -> np.ndarray:
     """``(R, K)`` shares -> ``(height, width, 3)`` pixels: per run a column stacked bottom-up, on the dark ground."""
     runs, count = bands.shape
-    table = np.array([rgb(GROUND), *(rgb(colour) for colour in colours), (255, 255, 255)], dtype=np.uint8)
+    table = np.array([rgb(GROUND), *(rgb(colour) for colour in colours)], dtype=np.uint8)
     edges = np.cumsum(bands, axis=1)  # (R, K) the top of each band
     level = (np.arange(height)[::-1] + 0.5) / height  # (height,) the share at each pixel row, bottom = 0
     band = (level[:, None, None] >= edges[None, :, :]).sum(axis=2) + 1  # (height, R) 1..K, K+1 above all bands
     band = np.where(band > count, 0, band)  # above the stack (a run of zeros): the ground
     column_run = np.minimum((np.arange(width) * runs) // width, runs - 1)  # pixel column -> run
     index = band[:, column_run]  # (height, width)
-    if runs <= width // 6:  # few runs: bars, a white gap between them
-        index[:, np.searchsorted(column_run, np.arange(1, runs))] = count + 1
+    if runs <= width // 6:  # few runs: bars, a gap of the dark ground between them (a white band stays seen)
+        index[:, np.searchsorted(column_run, np.arange(1, runs))] = 0
     return table[index]
 
 

@@ -62,6 +62,7 @@ GRID_FRAMES = 5
 """Frames in a saliency grid: three slots across and two down at 8 px per MinAtar cell, the sixth the legend."""
 _COLUMNS, _ROWS, _TOP = 3, 2, 16  # the grid's slots, and the line above them
 _MAX_CELL = 16
+_LEGEND_LINE = 12  # the legend's lines, packed so that four channels, the scale and its change fit beside a frame
 _ROBUST_PERCENTILE = 99.5  # the colour scale's end: one extreme pixel does not wash out the rest
 _SCALE_CHANGE = 0.25  # a scale this much larger or smaller than the previous picture's is pointed out
 _PALEST = 0.6  # the palest marker colour, as a fraction of the way from white to the sign's darkest colour
@@ -310,22 +311,25 @@ def _legend(
     captions: list[str] | None,
     block: int,
 ) -> None:
-    """The legend tile: a swatch per channel (two columns past five), the squares' scale, what the numbers are."""
+    """The legend tile: a swatch per channel (two columns where the names fit them), the squares' scale, what the
+    numbers under the frames are, the scale's change; lines that would pass the card's foot are left out, from the
+    last."""
     room = CARD_WIDTH - left - 2
-    columns = 1 if len(labels) <= 5 else 2
+    fits_two = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels) <= room / 2 - 16
+    columns = 2 if len(labels) > 5 or (len(labels) > 2 and fits_two) else 1
     for index, (label, colour) in enumerate(zip(labels, colours)):
-        x, y = left + (index % columns) * room / columns, top + (index // columns) * (LINE - 1) + 7
+        x, y = left + (index % columns) * room / columns, top + (index // columns) * _LEGEND_LINE + 6
         canvas.rectangle((x, y - 6, x + 11, y + 5), tuple(int(v) for v in GROUND))
         canvas.rectangle((x + 2, y - 4, x + 9, y + 3), tuple(int(v) for v in colour))
         canvas.text((x + 14, y), canvas.fit(label, room / columns - 16, size=SMALL_SIZE), size=SMALL_SIZE, anchor="lm")
-    y = top + math.ceil(min(len(labels), 10) / columns) * (LINE - 1) + 4
+    y = top + math.ceil(min(len(labels), 10) / columns) * _LEGEND_LINE + 1
     changed = previous is not None and math.isfinite(previous) and abs(scale - previous) > _SCALE_CHANGE * previous
     lines = [f"full ■: ±{format_value(scale)}"]
-    lines += [f"(was ±{format_value(previous)})"] if changed and previous is not None else []
     lines += [f"per {block}x{block} block"] if block > 1 else []
     if captions is not None:  # the numbers under the frames
         lines += [f"below: {target if len(target) <= 7 else 'value'},", "and its change"]
-    for line in lines:
+    lines += [f"(was ±{format_value(previous)})"] if changed and previous is not None else []  # also in the text
+    for line in lines[: max(1, int((CARD_HEIGHT - y - 16) // _LEGEND_LINE) + 1)]:
         canvas.text((left, y), canvas.fit(line, room, size=SMALL_SIZE), size=SMALL_SIZE, colour=MUTED)
         y += LINE - 1
 
