@@ -75,12 +75,6 @@ SHOTS = (
     Shot("timeseries-cartpole", time_series("ig/[0-9]_", runs="cartpole")),
     # target="each": the verdict and "What favours each action"
     Shot("timeseries-actions", time_series("ig/(0_|3_)", runs="minatar_each")),
-    # the trust checks' scalars, smoothing 0 so that the table under a chart shows the logged values
-    Shot(
-        "timeseries-trust",
-        time_series("ig/(trust|sanity/rand|faithfulness/deletion_auc$|stability)", smoothing=0),
-        window=(1280, 960),
-    ),
     # the Images dashboard draws each picture 350 px wide, every run's card of a tag side by side
     Shot("images-tab", "#images&tagFilter=" + quote("ig/2_saliency$", safe=""), window=(1280, 800)),
 )

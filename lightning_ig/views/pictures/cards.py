@@ -490,7 +490,12 @@ def action_panels(
             red = blue + span * float(negative[unit]) / limit
             two_tone_bar(canvas, x0, blue, red, centre=top + row * index + row / 2, half=0.34 * row)
     bottom = top + row * len(order) + 4
-    _line(canvas, bottom, [f"mean |attribution| over {num_states} states; each panel 0 to {format_value(limit)}"])
+    end = format_value(limit)
+    _line(
+        canvas,
+        bottom,
+        [f"mean |attribution| over {num_states} states; each panel 0 to {end}", f"each panel 0 to {end}"],
+    )
     if note:
         _line(canvas, bottom + LINE, note)
     return Chart(canvas.pixels, tuple(shown))
