@@ -671,10 +671,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     if callbacks and callbacks[0].history:  # the last IG run's verdict, as its card, ig/report and the JSON say it
         print(f"IG verdict          {verdict_words(callbacks[0].history[-1])}")
-    print("attribution of V(s) per channel (sum over the channel's pixels) on the held-out frames:")
-    for channel in sorted(channels, key=lambda c: -c["mean_abs"]):
-        name, mean_abs, mean_signed = channel["name"], channel["mean_abs"], channel["mean_signed"]
-        print(f"  {name:<8} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
+    # Each cell with its own sign, then summed over the channel: cells that cancel show in both columns, as on the
+    # verdict card, where the channel's net (its group's mean signed attribution) would hide them.
+    cells = result.attributions.double().cpu().flatten(2)  # (num_held_out, C, H * W)
+    raises, lowers = cells.clamp(min=0).sum(2).mean(0), (-cells).clamp(min=0).sum(2).mean(0)  # (C,) each
+    print("attribution of V(s) per channel on the held-out frames (mass summed cell by cell, each cell's sign kept):")
+    for index in sorted(range(len(channel_names)), key=lambda c: -float(raises[c] + lowers[c])):
+        up, down = float(raises[index]), float(lowers[index])
+        print(f"  {channel_names[index]:<8} raises V(s) {up:.4f}   lowers it {down:.4f}   net {up - down:+.4f}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
     return {
         "run_dir": str(run_dir),

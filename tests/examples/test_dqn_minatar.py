@@ -86,6 +86,10 @@ def test_exits_zero_and_prints_return_against_random_and_channels(tiny_run) -> N
     start = next(i for i, line in enumerate(lines) if line.startswith("attribution of V(s) per channel"))
     printed = [line.split()[0] for line in lines[start + 1 : start + 5]]
     assert sorted(printed) == sorted(CHANNEL_NAMES)
+    for line in lines[start + 1 : start + 5]:  # both signs, cell by cell, and the net they leave
+        words = line.split()
+        up, down, net = float(words[3]), float(words[6]), float(words[8])
+        assert up >= 0 and down >= 0 and abs(up - down - net) <= 1.5e-4 + 1e-12, line  # three 4-decimal roundings
     assert _only_run_dir(runs).name.startswith("MinAtar-breakout__dqn_minatar__3__")
 
 

@@ -181,3 +181,31 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
     assert set(metrics) - {"ig/drift/spearman_prev"} - counts <= set(tags.scalar_tags(top_k=10))
     named = TagNames.build("value", None, ["a", "b", "c"], generated_features=False, generated_groups=False)
     assert scalar_metrics(make_summary(groups=True), named)["ig/value/group/mean_abs/b"] == 25.0
+
+
+def test_pictures_share_their_cadence_and_a_changed_verdict_gets_its_own_card():
+    import dataclasses
+
+    from lightning_ig.views.loggers.outputs import pictures_due
+    from tests.support.summaries import make_summary
+
+    cadences = {"verdict": 10, "shares": 10, "saliency": 10}
+    never = dict.fromkeys(cadences)
+
+    def due(index: int, **options) -> set[str]:
+        summary = dataclasses.replace(make_summary(), run_index=index, step=100 * index)
+        drawn = options.pop("drawn", never)
+        return {
+            kind
+            for kind, draw in pictures_due(options.pop("cadences", cadences), drawn, summary, **options).items()
+            if draw
+        }
+
+    assert due(0, final=False) == {"verdict", "shares", "saliency"}  # the first run draws every kind
+    on_cadence = {index: due(index, final=False) for index in range(1, 20)}
+    assert {index for index, kinds in on_cadence.items() if kinds} == {3, 6, 10, 13, 16}  # spread: 0, 3, 6 (+10)
+    assert on_cadence[3] == {"shares"} and on_cadence[6] == {"saliency"} and on_cadence[10] == {"verdict"}
+    assert due(7, final=False, verdict_changed=True) == {"verdict"}  # between cards: a changed verdict is drawn
+    assert due(7, final=True) == {"verdict", "shares", "saliency"}  # the end of training draws every kind
+    assert due(7, final=True, drawn=dict.fromkeys(cadences, 700)) == set()  # never twice at one step
+    assert due(7, final=True, verdict_changed=True, cadences={"verdict": None, "shares": 10}) == {"shares"}
