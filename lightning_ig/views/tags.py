@@ -43,8 +43,8 @@ class ViewOptions:
         top_k: entries of the top-k table and chart and of the Jaccard drift (default 10).
         log_histograms: log per-feature / per-group histograms (default ``True``).
         figure_every_n_runs: draw the charts (the verdict card, the shares over training, ``actions``) at the first
-            run, every this many runs and at the end (default 10; the verdict card also at every run whose verdict
-            differs from the last one drawn); ``None``: never.
+            run, every this many runs and at the end (default 10; the verdict card also at every run that failed
+            or whose verdict differs from the last one drawn); ``None``: never.
         max_logged_features: the most features logged one by one (default 64); beyond it, groups (``"channels"``
             for ``(C, ...)`` states, else blocks) unless the callback's ``feature_groups`` names them.
         saliency_states: held-out states in the saliency grid of spatial states (default 5, the most that fit

@@ -435,12 +435,15 @@ def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
     images = events.Tags()["images"]
     shares = [event.step for event in events.Images("ig/1_over_training")] if expected_heatmap else []
     assert shares == expected_heatmap and (expected or "ig/0_verdict" not in images)
-    # the verdict card at its cadence, and also at every run whose verdict differs from the last card's
+    # the verdict card at its cadence, and also at every run that failed or whose verdict differs from the last card's
     drawn = [event.step for event in events.Images("ig/0_verdict")] if expected else []
     states = {entry["global_step"]: (entry["verdict"], entry["trust"]) for entry in callback.history}
-    assert set(expected) <= set(drawn)
+    failed = {
+        step for step, (verdict, trust) in states.items() if verdict in ("fail", "non-finite") or trust == "failed"
+    }
+    assert set(expected) | (failed if expected else set()) <= set(drawn)
     for previous, step in itertools.pairwise(drawn):
-        assert step in expected or states[step] != states[previous], (step, states)
+        assert step in expected or step in failed or states[step] != states[previous], (step, states)
 
 
 # ---------------------------------------------------------------------- bad input

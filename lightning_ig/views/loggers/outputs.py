@@ -137,13 +137,14 @@ def pictures_due(
     summary: RunSummary,
     *,
     final: bool,
-    verdict_changed: bool = False,
+    verdict_due: bool = False,
 ) -> dict[str, bool]:
     """Which kinds of picture (of :data:`~lightning_ig.views.tags.PICTURES`) a run draws.
 
     Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at the end of
-    training (``final``), never twice at one step (``drawn_steps[kind]``); the verdict card also at a run whose
-    verdict differs from the last one drawn (``verdict_changed``), so that no failure goes unseen. Kinds that share a
+    training (``final``), never twice at one step (``drawn_steps[kind]``); the verdict card also off its cadence
+    (``verdict_due``: :class:`RunOutputs` sets it at a run that failed or whose verdict differs from the last card's),
+    so that no failure goes unseen. Kinds that share a
     cadence are spread evenly over it in :data:`~lightning_ig.views.tags.PICTURES`' order (three at 10: runs 0, 10,
     ...; 3, 13, ...; 6, 16, ...), so that a run costs about what one picture costs. Other kinds are ignored.
     """
@@ -155,7 +156,7 @@ def pictures_due(
     index = summary.run_index
     return {
         kind: every is not None
-        and (final or index == 0 or (index - offsets[kind]) % every == 0 or (kind == "verdict" and verdict_changed))
+        and (final or index == 0 or (index - offsets[kind]) % every == 0 or (kind == "verdict" and verdict_due))
         and drawn_steps.get(kind) != summary.step
         for kind, every in kinds.items()
     }
@@ -267,8 +268,10 @@ class RunOutputs:
                     logger.log_metrics(dict(metrics), step=summary.step)
         trust = summary.trust_checks
         verdict = (summary.completeness.verdict, None if trust is None else str(trust.status))
-        changed = self.drawn_verdict is not None and verdict != self.drawn_verdict
-        due = pictures_due(self.cadences, self.drawn_steps, summary, final=final, verdict_changed=changed)
+        # every failing run gets its own card, and so does the first run after a change (back to a pass, say)
+        failed = verdict[0] in ("fail", "non-finite") or verdict[1] == "failed"
+        changed = failed or (self.drawn_verdict is not None and verdict != self.drawn_verdict)
+        due = pictures_due(self.cadences, self.drawn_steps, summary, final=final, verdict_due=changed)
         due = {kind: drawn for kind, drawn in due.items() if drawn}
         if not (boards or self.sinks) or (host is None and not due):
             return

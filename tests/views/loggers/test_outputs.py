@@ -205,7 +205,7 @@ def test_pictures_share_their_cadence_and_a_changed_verdict_gets_its_own_card():
     on_cadence = {index: due(index, final=False) for index in range(1, 20)}
     assert {index for index, kinds in on_cadence.items() if kinds} == {3, 6, 10, 13, 16}  # spread: 0, 3, 6 (+10)
     assert on_cadence[3] == {"shares"} and on_cadence[6] == {"saliency"} and on_cadence[10] == {"verdict"}
-    assert due(7, final=False, verdict_changed=True) == {"verdict"}  # between cards: a changed verdict is drawn
+    assert due(7, final=False, verdict_due=True) == {"verdict"}  # between cards: a changed verdict is drawn
     assert due(7, final=True) == {"verdict", "shares", "saliency"}  # the end of training draws every kind
     assert due(7, final=True, drawn=dict.fromkeys(cadences, 700)) == set()  # never twice at one step
-    assert due(7, final=True, verdict_changed=True, cadences={"verdict": None, "shares": 10}) == {"shares"}
+    assert due(7, final=True, verdict_due=True, cadences={"verdict": None, "shares": 10}) == {"shares"}
