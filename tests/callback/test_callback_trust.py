@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -9,6 +10,7 @@ import stat
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -79,6 +81,22 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
     assert report["completeness"]["worst_relative_error"] is None
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "The model produced NaN/Inf in 37 of 37 states" in text
+    # every failing run has its own verdict card, off the cadence (10 runs), and it never says ✓
+    from PIL import Image
+
+    from lightning_ig.views.pictures.cards import STATE_COLOURS
+    from lightning_ig.views.pictures.raster import rgb
+
+    images = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    images.Reload()
+    cards = {event.step: event for event in images.Images("ig/0_verdict")}
+    assert {2, 4, 6} <= set(cards)
+    for step in (4, 6):
+        head = np.asarray(Image.open(io.BytesIO(cards[step].encoded_image_string)).convert("RGB"))[16:34]  # the verdict
+        near = {
+            state: (np.abs(head.astype(int) - rgb(STATE_COLOURS[state])).max(axis=2) <= 6) for state in STATE_COLOURS
+        }
+        assert near["fail"].sum() > 20 and not near["pass"].any(), step  # the palette PNG: a few levels off
 
 
 def test_on_non_finite_raise_stops_training(tmp_path):
