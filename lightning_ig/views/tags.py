@@ -47,8 +47,9 @@ class ViewOptions:
             or whose verdict differs from the last one drawn); ``None``: never.
         max_logged_features: the most features logged one by one (default 64); beyond it, groups (``"channels"``
             for ``(C, ...)`` states, else blocks) unless the callback's ``feature_groups`` names them.
-        saliency_states: held-out states in the saliency grid of spatial states (default 5, the most that fit
-            TensorBoard's card at 8 px per MinAtar cell; ``None``: no saliency grid).
+        saliency_states: held-out states in the saliency grid of spatial states (default 5, the most frames that fit
+            TensorBoard's card at 8 px per MinAtar cell: more are drawn only as the strips of ``(C, L)`` signals;
+            ``None``: no saliency grid).
         saliency_channel: the channel drawn under the attribution (default ``None``: the channel mean); checked
             against the states' channels at set-up.
         saliency_every_n_runs: draw the saliency grid at the first run, every this many runs and at the end
