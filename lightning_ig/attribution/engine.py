@@ -156,7 +156,7 @@ class IntegratedGradients:
             out,
             plan.zero_baselines,
             plan.run.spec,
-            settings,
+            plan.run.settings,  # the plan's settings: method="auto" and n_steps="budget" resolved for this shape
             plan.run,
             int(plan.run.settings.n_steps),  # the plan's: n_steps="budget" was resolved for this shape
             graph=True,

@@ -56,6 +56,17 @@ def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> No
     assert len(capture.graphs) == 2 and engine.last_mode == "capture"
 
 
+def test_a_replay_says_which_rule_ran_as_the_eager_call_does() -> None:
+    model = _dueling(5, 3, seed=42)
+    engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="mean")  # method="auto"
+    x = torch.randn(4, 5, dtype=torch.float64)
+    eager = integrated_gradients(model, x, target="mean")
+    captured, replayed = engine.attribute(x), engine.attribute(x)  # the second by the fast path
+    assert engine.last_mode == "graph"
+    assert eager.method != "auto" and captured.method == replayed.method == eager.method
+    assert captured.n_steps == replayed.n_steps == eager.n_steps
+
+
 @pytest.mark.parametrize("baselines", ["mean", 0.5, "tensor"])
 def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> None:
     capture = EmulatedCapture()
