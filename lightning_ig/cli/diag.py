@@ -441,7 +441,7 @@ def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written
         if planned.pictures:
             pixels = _saliency_pixels(head)
             files += [(picture, partial(write_png, image)) for picture, image in zip(planned.pictures, pixels)]
-    targets = [(planned.path, planned.follow_symlinks) for planned, _ in files]
+    targets = [(planned.path, not planned.made_up) for planned, _ in files]  # a user's path is written through a link
     done = 0
     try:
         with atomic_paths(targets, committed=written) as temporaries:
