@@ -7,39 +7,14 @@ import pytest
 import torch
 
 from lightning_ig.attribution import integrated_gradients
-from tests.support.models import DuelingMLP
+from tests.support.models import seeded_dueling, seeded_mlp
 from tests.support.tolerance import assert_close_scaled, eps
 
 F64 = torch.float64
 
 
-def _mlp(
-    features: int,
-    outputs: int,
-    *,
-    seed: int,
-    hidden: int = 16,
-    act: type[torch.nn.Module] = torch.nn.Tanh,
-    dtype: torch.dtype = torch.float64,
-) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(features, hidden),
-        act(),
-        torch.nn.Linear(hidden, hidden),
-        act(),
-        torch.nn.Linear(hidden, outputs),
-    )
-    return model.to(dtype).eval()
-
-
-def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return DuelingMLP(features, actions).double().eval()
-
-
 def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
-    model = _mlp(4, 1, seed=15, act=torch.nn.ReLU)
+    model = seeded_mlp(4, 1, seed=15, act=torch.nn.ReLU)
     x = torch.randn(6, 4, dtype=torch.float64) * 2
     rows: list[int] = []
 
@@ -69,7 +44,7 @@ def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
 
 
 def test_auto_steps_respect_max_steps() -> None:
-    model = _mlp(4, 1, seed=16, act=torch.nn.ReLU)
+    model = seeded_mlp(4, 1, seed=16, act=torch.nn.ReLU)
     x = torch.randn(3, 4, dtype=torch.float64) * 3
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     capped = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=287)
@@ -84,7 +59,7 @@ def test_auto_steps_refuse_rules_that_do_not_triple() -> None:
 
 
 def test_auto_steps_with_per_row_targets_in_both_modes() -> None:
-    model = _dueling(4, 3, seed=44)
+    model = seeded_dueling(4, 3, seed=44)
     x = torch.randn(3, 4, dtype=torch.float64)
     rows = torch.tensor([2, 0, 1])
     autograd = integrated_gradients(

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lightning_ig.attribution import IGResult, IntegratedGradients, integrated_gradients, target_forward
 from lightning_ig.ops.ig import TorchIG
 from lightning_ig.vocabulary import METHODS
-from tests.support.models import DuelingMLP
+from tests.support.models import DuelingMLP, seeded_dueling, seeded_mlp
 from tests.support.tolerance import assert_close_scaled, eps, rounding_bound
 
 ALL_METHODS = list(METHODS)
@@ -44,31 +44,6 @@ def _fd_tolerance(dtype: torch.dtype) -> float:
     """Central differences with the default step h = eps^(1/3): truncation O(h^2) and rounding O(eps / h),
     both eps^(2/3) relative to the size of the attributions (times the model's smoothness: a few units here)."""
     return 16 * eps(dtype) ** (2 / 3)
-
-
-def _mlp(
-    features: int,
-    outputs: int,
-    *,
-    seed: int,
-    hidden: int = 16,
-    act: type[torch.nn.Module] = torch.nn.Tanh,
-    dtype: torch.dtype = torch.float64,
-) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(features, hidden),
-        act(),
-        torch.nn.Linear(hidden, hidden),
-        act(),
-        torch.nn.Linear(hidden, outputs),
-    )
-    return model.to(dtype).eval()
-
-
-def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return DuelingMLP(features, actions).double().eval()
 
 
 # --------------------------------------------------------------------------- exactness
@@ -106,7 +81,7 @@ def test_quadratic_model_matches_its_closed_form(method: str) -> None:
 def test_agrees_with_captum_on_random_mlps(method: str) -> None:
     captum_ig = pytest.importorskip("captum.attr").IntegratedGradients
     for seed in range(3):
-        model = _mlp(7, 3, seed=seed)
+        model = seeded_mlp(7, 3, seed=seed)
         x = torch.randn(6, 7, dtype=torch.float64)
         b = torch.randn(6, 7, dtype=torch.float64) * 0.1
         ours = integrated_gradients(model, x, b, target=2, n_steps=24, method=method)
@@ -123,7 +98,7 @@ def test_agrees_with_captum_on_random_mlps(method: str) -> None:
 def test_trapezoid_differs_from_captum_only_by_its_weight_sum() -> None:
     # Captum's trapezoid weights sum to (n - 1)/n (see quadrature.riemann_trapezoid); ours sum to one.
     captum_ig = pytest.importorskip("captum.attr").IntegratedGradients
-    model = _mlp(5, 2, seed=3)
+    model = seeded_mlp(5, 2, seed=3)
     x = torch.randn(4, 5, dtype=torch.float64)
     n = 10
     ours = integrated_gradients(model, x, target=0, n_steps=n, method="riemann_trapezoid")
@@ -136,7 +111,7 @@ def test_trapezoid_differs_from_captum_only_by_its_weight_sum() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_finite_differences_match_autograd_on_a_tanh_mlp(dtype: torch.dtype) -> None:
-    model = _mlp(8, 1, seed=4, dtype=dtype)
+    model = seeded_mlp(8, 1, seed=4, dtype=dtype)
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     x = torch.randn(5, 8, dtype=dtype)
     exact = integrated_gradients(forward, x, n_steps=20, method="riemann_middle")  # the rule finite differences use
@@ -186,7 +161,7 @@ RULE = "riemann_middle"
 
 
 def test_targets_mean_index_per_row_each_and_callable() -> None:
-    model = _dueling(5, 4, seed=5)
+    model = seeded_dueling(5, 4, seed=5)
     # one fixed rule throughout: the kink rule corrects each target on its own, so a mean's map is not the mean of
     # the maps (nor the finite differences' rule)
     x = torch.randn(6, 5, dtype=torch.float64)
@@ -211,7 +186,7 @@ def test_targets_mean_index_per_row_each_and_callable() -> None:
 
 
 def test_mean_target_is_the_state_value_of_a_dueling_network() -> None:
-    model = _dueling(3, 2, seed=6)
+    model = seeded_dueling(3, 2, seed=6)
     x = torch.randn(4, 3, dtype=torch.float64)
     result = integrated_gradients(model, x, target="mean", n_steps=4)
     value = model.value(model.body(x)).squeeze(1)
@@ -235,7 +210,7 @@ def test_any_feature_shape_in_both_modes() -> None:
 
 @pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
 def test_repeats_are_bit_identical(gradient: str) -> None:
-    model = _mlp(6, 3, seed=9, dtype=torch.float32)
+    model = seeded_mlp(6, 3, seed=9, dtype=torch.float32)
     x = torch.randn(5, 6)
     first = integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=10)
     second = integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=10)
@@ -244,7 +219,7 @@ def test_repeats_are_bit_identical(gradient: str) -> None:
 
 
 def test_model_is_left_exactly_as_it_was() -> None:
-    model = _mlp(5, 2, seed=12, act=torch.nn.Tanh).train()
+    model = seeded_mlp(5, 2, seed=12, act=torch.nn.Tanh).train()
     model[0].weight.grad = torch.full_like(model[0].weight, 0.5)
     model[2].weight.requires_grad_(False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -271,7 +246,7 @@ def test_model_is_left_exactly_as_it_was() -> None:
 
 @pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
 def test_works_without_gradients_enabled(context: str) -> None:
-    model = _mlp(4, 1, seed=13)
+    model = seeded_mlp(4, 1, seed=13)
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     x = torch.randn(3, 4, dtype=torch.float64)
     reference = integrated_gradients(forward, x, n_steps=8)
@@ -288,7 +263,7 @@ def test_works_without_gradients_enabled(context: str) -> None:
 
 
 def test_degenerate_states_are_counted_apart() -> None:
-    model = _mlp(3, 1, seed=14)
+    model = seeded_mlp(3, 1, seed=14)
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     x = torch.randn(3, 3, dtype=torch.float64)
     b = torch.zeros_like(x)
@@ -311,7 +286,7 @@ def test_degenerate_states_are_counted_apart() -> None:
 
 
 def test_engine_runs_eagerly_on_cpu_and_matches_the_function() -> None:
-    model = _dueling(4, 3, seed=17)
+    model = seeded_dueling(4, 3, seed=17)
     x = torch.randn(5, 4, dtype=torch.float64)
     engine = IntegratedGradients(model, target="mean", n_steps=9, cuda_graph=True)
     first = engine.attribute(x)

@@ -8,18 +8,13 @@ import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from tests.support.graphs import EmulatedCapture
-from tests.support.models import DuelingMLP
+from tests.support.models import seeded_dueling
 from tests.support.tolerance import assert_close_scaled
-
-
-def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return DuelingMLP(features, actions).double().eval()
 
 
 def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> None:
     capture = EmulatedCapture()
-    model = _dueling(5, 3, seed=40)
+    model = seeded_dueling(5, 3, seed=40)
     engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=10)
     x = torch.randn(4, 5, dtype=torch.float64)
     first = engine.attribute(x)
@@ -57,7 +52,7 @@ def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> No
 @pytest.mark.parametrize("baselines", ["mean", 0.5, "tensor"])
 def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> None:
     capture = EmulatedCapture()
-    model = _dueling(5, 3, seed=41)
+    model = seeded_dueling(5, 3, seed=41)
     engine = IntegratedGradients(model, graph_capture=capture, n_steps=7)
     for seed in range(3):
         generator = torch.Generator().manual_seed(seed)
@@ -73,7 +68,7 @@ def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> No
 
 
 def test_graph_replays_check_their_inputs_for_nan_at_every_call_unless_told_not_to() -> None:
-    model = _dueling(3, 2, seed=42)
+    model = seeded_dueling(3, 2, seed=42)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target=1, n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     engine.attribute(x)
@@ -90,7 +85,7 @@ def test_graph_replays_check_their_inputs_for_nan_at_every_call_unless_told_not_
 
 
 def test_graph_cache_rejects_per_row_targets_out_of_range() -> None:
-    model = _dueling(3, 2, seed=45)
+    model = seeded_dueling(3, 2, seed=45)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     engine.attribute(x, target=torch.tensor([0, 1]))
@@ -100,7 +95,7 @@ def test_graph_cache_rejects_per_row_targets_out_of_range() -> None:
 
 def test_graph_cache_keeps_the_most_recent_plans_and_drops_the_fast_path_with_its_plan() -> None:
     capture = EmulatedCapture()
-    model = _dueling(3, 2, seed=47)
+    model = seeded_dueling(3, 2, seed=47)
     engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=4)
     first = torch.randn(1, 3, dtype=torch.float64)
     engine.attribute(first)
@@ -114,7 +109,7 @@ def test_graph_cache_keeps_the_most_recent_plans_and_drops_the_fast_path_with_it
 
 
 def test_non_finite_results_replay_as_flagged() -> None:
-    model = _dueling(3, 2, seed=48)
+    model = seeded_dueling(3, 2, seed=48)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="mean", n_steps=4)
     x = torch.randn(3, 3, dtype=torch.float64)
     assert engine.attribute(x).num_non_finite == 0

@@ -10,18 +10,13 @@ import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from tests.support.graphs import EmulatedCapture, FailingCapture, KernelsThatCannotBeCaptured
-from tests.support.models import DuelingMLP
+from tests.support.models import seeded_dueling
 from tests.support.tolerance import assert_close_scaled
-
-
-def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return DuelingMLP(features, actions).double().eval()
 
 
 def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured() -> None:
     capture = EmulatedCapture()
-    model = _dueling(3, 2, seed=46)
+    model = seeded_dueling(3, 2, seed=46)
     engine = IntegratedGradients(
         model, graph_capture=capture, backend=KernelsThatCannotBeCaptured(capture), target="mean", n_steps=4
     )
@@ -41,7 +36,7 @@ def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_
 
 def test_graph_capture_failure_falls_back_to_eager_once() -> None:
     capture = FailingCapture()
-    model = _dueling(3, 2, seed=43)
+    model = seeded_dueling(3, 2, seed=43)
     engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     with pytest.warns(RuntimeWarning, match="CUDA graph capture of the attribution failed"):

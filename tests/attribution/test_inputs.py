@@ -6,31 +6,12 @@ import pytest
 import torch
 
 from lightning_ig.attribution import integrated_gradients
-
-
-def _mlp(
-    features: int,
-    outputs: int,
-    *,
-    seed: int,
-    hidden: int = 16,
-    act: type[torch.nn.Module] = torch.nn.Tanh,
-    dtype: torch.dtype = torch.float64,
-) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(features, hidden),
-        act(),
-        torch.nn.Linear(hidden, hidden),
-        act(),
-        torch.nn.Linear(hidden, outputs),
-    )
-    return model.to(dtype).eval()
+from tests.support.models import seeded_mlp
 
 
 @pytest.mark.parametrize("form", ["none", "zeros", "mean", "scalar", "single", "per_state"])
 def test_every_baseline_form(form: str) -> None:
-    model = _mlp(3, 1, seed=7)
+    model = seeded_mlp(3, 1, seed=7)
     forward = lambda z: model(z).squeeze(1)  # noqa: E731
     x = torch.randn(4, 3, dtype=torch.float64)
     single = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)

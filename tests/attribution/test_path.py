@@ -7,35 +7,16 @@ import torch
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.path import CPU_CHUNK_ROWS
+from tests.support.models import seeded_mlp
 from tests.support.tolerance import assert_close_scaled
 
 F64 = torch.float64
 
 
-def _mlp(
-    features: int,
-    outputs: int,
-    *,
-    seed: int,
-    hidden: int = 16,
-    act: type[torch.nn.Module] = torch.nn.Tanh,
-    dtype: torch.dtype = torch.float64,
-) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(features, hidden),
-        act(),
-        torch.nn.Linear(hidden, hidden),
-        act(),
-        torch.nn.Linear(hidden, outputs),
-    )
-    return model.to(dtype).eval()
-
-
 @pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
 @pytest.mark.parametrize("chunk", [1, 7, 33])
 def test_chunked_equals_unchunked(gradient: str, chunk: int) -> None:
-    model = _mlp(4, 2, seed=10)
+    model = seeded_mlp(4, 2, seed=10)
     x = torch.randn(3, 4, dtype=torch.float64)
     whole = integrated_gradients(model, x, target="each", gradient=gradient, n_steps=6)
     chunked = integrated_gradients(model, x, target="each", gradient=gradient, n_steps=6, internal_batch_size=chunk)
@@ -49,7 +30,7 @@ def test_chunked_equals_unchunked(gradient: str, chunk: int) -> None:
 
 
 def test_out_of_memory_halves_the_chunk_and_retries_with_a_warning() -> None:
-    model = _mlp(4, 1, seed=11)
+    model = seeded_mlp(4, 1, seed=11)
     x = torch.randn(4, 4, dtype=torch.float64)
     largest = []
 
@@ -85,7 +66,7 @@ def test_default_chunk_holds_small_work_in_one_forward() -> None:
 
 def test_on_the_cpu_the_default_chunk_is_at_most_a_thousand_rows() -> None:
     rows: list[int] = []
-    model = _mlp(5, 1, seed=45, act=torch.nn.ReLU)
+    model = seeded_mlp(5, 1, seed=45, act=torch.nn.ReLU)
 
     def forward(z: torch.Tensor) -> torch.Tensor:
         rows.append(z.shape[0])

@@ -8,7 +8,6 @@ their results.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from lightning_ig.checkpoint import load_checkpoint, save_checkpoint, save_merge
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.views.report import load_schema
-from tests.support import REPO
+from tests.support import repo_env
 from tests.support.tolerance import assert_close_scaled
 
 FEATURES = ["cart_position", "cart_velocity", "pole_angle", "pole_velocity"]
@@ -40,18 +39,16 @@ class Run:
     stderr: str
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The tree first, so the tests run the code under test whether or not the package is installed.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _run(args: list[str], cwd: Path, command: list[str] | None = None) -> Run:
     command = command or [sys.executable, "-m", "lightning_ig.cli"]
     done = subprocess.run(
-        [*command, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
+        [*command, *args],
+        cwd=cwd,
+        env={**repo_env(), "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     return Run(args, done.returncode, done.stdout, done.stderr)
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lightning_ig import cli
-from tests.support import REPO
+from tests.support import repo_env
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -214,12 +214,6 @@ def test_states_take_the_models_dtype(
 # Ctrl-C in a real process
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 # ---------------------------------------------------------------------------------------------
 # stdout that cannot take what is printed: the status stays the work's
 
@@ -231,7 +225,7 @@ def test_a_full_stdout_after_the_reports_does_not_turn_success_into_a_usage_erro
             return subprocess.run(
                 [sys.executable, "-m", "lightning_ig.cli", *args],
                 cwd=workspace,
-                env=_env(),
+                env=repo_env(),
                 stdout=full,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -259,7 +253,7 @@ def test_an_ascii_only_stdout_gets_escapes_not_an_error(workspace: Path, capsys:
     done = subprocess.run(
         [sys.executable, "-m", "lightning_ig.cli", "show", "accents.json"],
         cwd=workspace,
-        env={**_env(), "PYTHONIOENCODING": "ascii"},
+        env={**repo_env(), "PYTHONIOENCODING": "ascii"},
         check=False,
         capture_output=True,
         text=True,

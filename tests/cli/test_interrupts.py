@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ig import cli
-from tests.support import REPO
+from tests.support import repo_env
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -41,12 +40,6 @@ def test_an_interrupt_while_writing_leaves_no_report_at_all(
     assert list((workspace / "out").iterdir()) == [], "all or none: no report, no temporary file"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
     # long enough to be running at every delay: 20 states x 400k steps
     command = [
@@ -68,12 +61,12 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
     # The interpreter's own start-up comes before any lightning-ig code: measure it, and
     # interrupt from twice that on (imports, loading, the IG run), never earlier on a slow or busy machine.
     started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import lightning_ig.cli"], env=_env(), check=True)
+    subprocess.run([sys.executable, "-c", "import lightning_ig.cli"], env=repo_env(), check=True)
     earliest = 2 * (time.monotonic() - started) + 0.02
     outcomes = []
     for delay in (earliest, *(max(earliest, d) for d in (0.3, 0.6, 1.0, 1.6, 2.5))):
         process = subprocess.Popen(
-            command, cwd=workspace, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, cwd=workspace, env=repo_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
@@ -86,7 +79,7 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
 
     # before any of our code runs, Python's own handling applies; it is never ignored
     process = subprocess.Popen(
-        command, cwd=workspace, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command, cwd=workspace, env=repo_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=120)
@@ -102,7 +95,7 @@ def test_ctrl_c_while_the_command_is_still_importing_is_the_same_one_line(argv0:
         "os.kill(os.getpid(), signal.SIGINT); import time; time.sleep(30); print('not interrupted')"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], check=False, env=_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stderr.strip().splitlines(), done.stdout) == (130, [cli.interrupts.INTERRUPTED], "")
 
@@ -115,7 +108,7 @@ def test_a_program_that_imports_the_cli_keeps_its_own_ctrl_c() -> None:
         "except KeyboardInterrupt:\n    print('caught')"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], check=False, env=_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout.strip()) == (0, "caught"), done.stderr
 
@@ -133,7 +126,7 @@ def test_ctrl_c_after_the_reports_are_written_says_so_to_the_end_of_the_process(
         [sys.executable, "-c", script],
         check=False,
         cwd=workspace,
-        env=_env(),
+        env=repo_env(),
         capture_output=True,
         text=True,
         timeout=300,

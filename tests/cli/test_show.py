@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightning_ig import cli
-from tests.support import REPO
+from tests.support import repo_env
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -55,19 +54,13 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 def test_show_into_a_pipe_closed_early_is_quiet_and_exits_141_as_cat_does(workspace: Path, capsys) -> None:
     assert _diag(capsys, "--output", "r.json")[0] in (0, 4)
     reports = ["r.json"] * 400  # far more than a pipe buffers
     process = subprocess.Popen(
         [sys.executable, "-m", "lightning_ig.cli", "show", *reports],
         cwd=workspace,
-        env=_env(),
+        env=repo_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
