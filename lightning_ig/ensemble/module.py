@@ -1,18 +1,5 @@
-"""An ensemble of models as one attribution target: :class:`Ensemble`.
-
-``Ensemble(members, weights)`` maps a batch of states ``(N, *feature_shape)`` to
-the aggregate signal ``(N,)``: each member maps the states to ``(N, K)`` logits
-(Q-values of bootstrapped heads, several seeds of one network, ...), and
-:func:`~lightning_ig.ensemble.ensemble_reduce` turns them into
-``sum_m w_m mean_k sigmoid(logits_m)`` in one fused launch, so an IG run on the
-ensemble goes through the fused backward. :meth:`Ensemble.member_signals` gives
-each member's own ``mean_k sigmoid`` as ``(N, M)``, so one IG run with
-``target="each"`` attributes every member at once.
-
-The class is registered as ``"Ensemble"``: its ``config()`` holds each member's
-architecture name and config and the weights, so a safetensors checkpoint
-rebuilds it (members, weights and all) without the user's code.
-"""
+"""An ensemble of models as one attribution target: :class:`Ensemble`, registered as ``"Ensemble"`` so that a
+checkpoint rebuilds it (members, weights and all) without the user's code."""
 
 from __future__ import annotations
 
@@ -115,12 +102,7 @@ class Ensemble(nn.Module):
         outputs = [member(x) for member in self.members]
         first = outputs[0]
         for index, output in enumerate(outputs):
-            if (
-                not isinstance(output, Tensor)
-                or output.dim() != 2
-                or output.shape[0] != x.shape[0]
-                or output.shape[1:] != first.shape[1:]
-            ):
+            if not isinstance(output, Tensor) or output.dim() != 2 or output.shape != (x.shape[0], *first.shape[1:]):
                 shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
                 raise ValueError(
                     f"member {index} ({type(self.members[index]).__name__}) returned {shape} for {x.shape[0]} states; "
@@ -186,11 +168,7 @@ def _build_member(index: int, member: nn.Module | Mapping[str, Any]) -> nn.Modul
         return member
     if isinstance(member, Mapping):
         name, config = member.get("name"), member.get("config")
-        if (
-            not isinstance(name, str)
-            or (config is not None and not isinstance(config, dict))
-            or set(member) - {"name", "config"}
-        ):
+        if not isinstance(name, str) or not isinstance(config, (dict, type(None))) or set(member) - {"name", "config"}:
             raise ValueError(
                 f"members[{index}] must be {{'name': <architecture>, 'config': <dict or None>}}, got "
                 f"{dict(member)!r:.120}"
