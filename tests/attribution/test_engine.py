@@ -50,7 +50,7 @@ def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> No
 
 
 def test_a_replay_says_which_rule_ran_as_the_eager_call_does() -> None:
-    model = _dueling(5, 3, seed=42)
+    model = seeded_dueling(5, 3, seed=42)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="mean")  # method="auto"
     x = torch.randn(4, 5, dtype=torch.float64)
     eager = integrated_gradients(model, x, target="mean")
