@@ -42,7 +42,7 @@ class Ensemble(nn.Module):
 
     Raises:
         TypeError: a member that is neither a module nor a ``{"name", "config"}`` dict.
-        ValueError: no members, a member dict that does not build, weights of the
+        ValueError: no members, a member dict that does not build, members of different dtypes, weights of the
             wrong length or holding NaN/Inf, or an unknown backend.
         UnregisteredModelError: a member named by an import path where imports are refused
             (see :func:`~lightning_ig.models.build_model`); a ``ValueError`` too.
@@ -76,6 +76,7 @@ class Ensemble(nn.Module):
         if len(members) == 0:
             raise ValueError("members is empty; an Ensemble needs at least one member")
         self.members = nn.ModuleList(_build_member(index, member) for index, member in enumerate(members))
+        _check_one_dtype(self.members)
         count = len(self.members)
         self.reduce = EnsembleReduce(count if weights is None else weights, backend=backend)
         if self.reduce.num_members != count:
@@ -177,3 +178,15 @@ def _build_member(index: int, member: nn.Module | Mapping[str, Any]) -> nn.Modul
     raise TypeError(
         f"members[{index}] must be an nn.Module or a {{'name', 'config'}} dict, got {type(member).__name__}"
     )
+
+
+def _check_one_dtype(members: nn.ModuleList) -> None:
+    """Members whose floating parameters differ in dtype cannot take one batch: say so now, not at the first call."""
+    dtypes = [next((p.dtype for p in member.parameters() if p.is_floating_point()), None) for member in members]
+    found = {dtype for dtype in dtypes if dtype is not None}
+    if len(found) > 1:
+        listed = ", ".join(f"member {index}: {dtype}" for index, dtype in enumerate(dtypes) if dtype is not None)
+        raise ValueError(
+            f"the members' parameters have different dtypes ({listed}); an ensemble runs one batch through every "
+            "member: convert them to one dtype first (e.g. member.to(torch.float32))"
+        )

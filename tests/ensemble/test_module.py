@@ -121,3 +121,10 @@ class _Unfused(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = torch.stack([member(x) for member in self.members], dim=1)
         return (torch.sigmoid(logits).mean(-1) * self.weights).sum(-1)
+
+
+def test_members_of_different_dtypes_are_refused_when_the_ensemble_is_made() -> None:
+    with pytest.raises(ValueError, match=r"different dtypes \(member 0: torch.float32, member 1: torch.float64\)"):
+        Ensemble([nn.Linear(4, 2), nn.Linear(4, 2).double()])
+    both = Ensemble([nn.Linear(4, 2), nn.Linear(4, 2)]).double()  # one dtype for all, converted after: fine
+    assert both(torch.randn(3, 4, dtype=torch.float64)).dtype == torch.float64
