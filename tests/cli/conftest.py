@@ -1,5 +1,5 @@
 """The command-line tests' workspace: checkpoints (named, unnamed, two heads), a states file and names, made the
-current folder."""
+current folder; and the small ReLU checkpoint the verdict tests share."""
 
 from __future__ import annotations
 
@@ -26,3 +26,14 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "out").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ReLU ``DuelingQNetwork(4, 3)`` with 24 stored states (the verdict and ``--verify`` tests)."""
+    folder = tmp_path_factory.mktemp("verdict")
+    torch.manual_seed(5)
+    model = DuelingQNetwork(4, 3, hidden_sizes=(16, 16))
+    path = folder / "q.safetensors"
+    save_checkpoint(model, path, states=torch.randn(24, 4))
+    return path

@@ -2,52 +2,28 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import jsonschema
 import pytest
 import torch
 
-from lightning_ig import cli
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.exact_line import exact_line
-from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
-from lightning_ig.models import DuelingQNetwork
+from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models.noise import noise_disabled
-from lightning_ig.views.report import load_schema
+from tests.support.diag import read_valid_report, run_diag
 
 EPS32 = torch.finfo(torch.float32).eps
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("verdict")
-    torch.manual_seed(5)
-    model = DuelingQNetwork(4, 3, hidden_sizes=(16, 16))
-    path = folder / "q.safetensors"
-    save_checkpoint(model, path, states=torch.randn(24, 4))
-    return path
-
-
-def _diag(checkpoint: Path, output: Path, *flags: str) -> int:
-    return cli.main(["diag", "--checkpoint", str(checkpoint), "--output", str(output), *flags])
-
-
-def _read(path: Path) -> dict:
-    report = json.loads(path.read_text())
-    jsonschema.validate(report, load_schema())
-    return report
 
 
 def test_verify_reports_the_true_error_against_the_exact_line(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "r.json"
-    status = _diag(checkpoint, output, "--verify", "4", "--completeness-tol", "0.5")
+    status = run_diag(checkpoint, output, "--verify", "4", "--completeness-tol", "0.5")
     out = capsys.readouterr().out
     assert status == 0
-    report = _read(output)
+    report = read_valid_report(output)
     key = report["verify"]
     assert key["reference"] == "exact_line" and key["num_states"] == 4 and len(key["per_state"]) == 4
     assert "verify: 4 states against exact_line" in out and "true error" in out
@@ -73,8 +49,8 @@ def test_verify_checks_the_run_it_follows(checkpoint: Path, tmp_path: Path, flag
     # the reference takes the run's own baselines and contrast pairs: at many steps the truth is close, where the
     # zero baseline or another pair of actions would be far off (errors of order 1)
     output = tmp_path / "v.json"
-    status = _diag(checkpoint, output, *flags, "--num-steps", "1024", "--verify", "3", "--quiet")
+    status = run_diag(checkpoint, output, *flags, "--num-steps", "1024", "--verify", "3", "--quiet")
     assert status == 0
-    key = _read(output)["verify"]
+    key = read_valid_report(output)["verify"]
     assert key["worst_true_error"] is not None and key["worst_true_error"] < 0.01
     assert all(row["true_error"] < 0.05 for row in key["per_state"])
