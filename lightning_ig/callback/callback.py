@@ -25,6 +25,7 @@ from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import fit, heldout, setup
+from lightning_ig.callback.heldout import NonFiniteAttributionError
 from lightning_ig.callback.options import Options, option_assignment, option_attribute
 from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.ensemble.members import pack_members
@@ -37,10 +38,6 @@ from lightning_ig.views.loggers.custom_scalars import trainer_layout
 from lightning_ig.views.loggers.worker import PictureWriter
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
-
-
-class NonFiniteAttributionError(RuntimeError):
-    """The model produced NaN/Inf on the held-out states and ``on_non_finite="raise"`` was asked for."""
 
 
 class IntegratedGradientsCallback(Callback):
@@ -205,7 +202,9 @@ class IntegratedGradientsCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == TrainerFn.FITTING:
             self._plan = fit.plan(self.options, trainer, pl_module, [c.options.name for c in _siblings(trainer)])
-            self._last_run_step = None  # a new fit counts steps from zero; a resume restores it
+            # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next
+            self._last_run_step, self._last, self._pairs = None, None, None
+            self.history, self._ever_non_zero, self._warned = [], set(), set()
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
