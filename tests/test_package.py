@@ -159,12 +159,7 @@ WITHOUT_OWN_TESTS = {
     "callback/fit.py",
     "callback/setup.py",
     "trust/common.py",
-    "views/loggers/custom_scalars.py",
-    "views/pictures/bars.py",
-    "views/pictures/frames.py",
-    "views/pictures/saliency_map.py",
-    "views/pictures/verdict_card.py",
-    "views/pictures/words.py",
+    "views/loggers/custom_scalars.py",  # a stub until the callback stops asking for a layout
 }
 
 
