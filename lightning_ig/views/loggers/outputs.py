@@ -362,12 +362,11 @@ class RunOutputs:
         """With the verdict card, the table of units and the JSON report (with the verdict and the trust checks) for
         the sinks, made here on the training thread: the report reads the trainer."""
         from lightning_ig.views.loggers.sinks import unit_table  # noqa: PLC0415 - only with W&B or MLflow loggers
-        from lightning_ig.views.report import with_verdict  # noqa: PLC0415
 
         table = unit_table(self.tags.labels[summary.units.kind], summary.units, summary.settings.top_k)
         if self.report is None or host is None:
             return table, None
-        return table, with_verdict(self.report(summary, host), summary)
+        return table, self.report(summary, host)
 
     def close(self) -> None:
         """Every picture in the writer's queue (the worker stopped): before the loggers close."""
