@@ -6,20 +6,17 @@ them: no "Show actual image size", no zoom, TensorBoard's own layout (Time Serie
 each view in headless Chromium driven by chromedriver (Selenium): a viewport 1280 px wide, 800 px high except
 where a view has more cards than fit (a taller window changes nothing in how big a card is drawn). It shoots a
 view once two screenshots 2 s apart are the same (TensorBoard draws its charts in a worker and fetches images one
-by one: Chromium's own ``--screenshot`` caught half-drawn charts), crops it to what matters and stores it as a
-palette PNG of at most 256 colours (small files: the repository stays lean). Every screenshot must still be
-looked at by a person before it is committed.
+by one: Chromium's own ``--screenshot`` caught half-drawn charts), uncropped, and stores it as a palette PNG of at
+most 256 colours (small files: the repository stays lean). Every screenshot must still be looked at by a person
+before it is committed.
 
-The runs (about five minutes of a 2-core CPU; the same commands are in docs/reading-tensorboard.md)::
+The runs (short, at the examples' IG defaults; the same commands are in docs/reading-tensorboard.md)::
 
     export PYTHONPATH=$PWD
-    python examples/dqn_cartpole.py --total-timesteps 6000 --ig-every-n-steps 250 --runs-dir /tmp/shots/runs
-    python examples/dqn_minatar.py --total-timesteps 200000 --ig-every-n-steps 200 --seed 1 \\
+    python examples/dqn_cartpole.py --total-timesteps 6000 --runs-dir /tmp/shots/runs
+    python examples/dqn_minatar.py --total-timesteps 90000 --seed 1 --accelerator cpu --runs-dir /tmp/shots/runs
+    python examples/dqn_minatar.py --total-timesteps 90000 --seed 3 --ig-target each --exp-name dqn_minatar_each \\
         --accelerator cpu --runs-dir /tmp/shots/runs
-    python examples/dqn_minatar.py --total-timesteps 120000 --ig-every-n-steps 200 --seed 2 \\
-        --accelerator cpu --runs-dir /tmp/shots/runs
-    python examples/dqn_minatar.py --total-timesteps 120000 --ig-every-n-steps 200 --seed 3 --ig-target each \\
-        --exp-name dqn_minatar_each --accelerator cpu --runs-dir /tmp/shots/runs
 
 Then::
 
@@ -59,8 +56,6 @@ class Shot:
     name: str
     view: str  # Time Series reads query parameters ("?tagFilter=...#timeseries"); the older dashboards the hash
     window: tuple[int, int] = (1280, 800)
-    crop: tuple[int, int, int, int] | None = None  # (left, top, right, bottom) in css pixels; None: the window
-    scroll_to: str | None = None  # scroll the page until an element of exactly this text is at the top
 
 
 def time_series(tags: str, runs: str = "", smoothing: float | None = None) -> str:
@@ -71,41 +66,17 @@ def time_series(tags: str, runs: str = "", smoothing: float | None = None) -> st
     return query + "#timeseries"
 
 
-# The settings pane of Time Series (from x = 1030) is TensorBoard's default: open. The crops leave it out.
+# Uncropped at 1280 x 800, TensorBoard's default layout (its settings pane open at the right), as a user sees it.
 SHOTS = (
-    # the first page a user sees with the documented filter: each run's verdict card first
-    Shot("timeseries-ig-landing", time_series("ig/"), crop=(0, 0, 1030, 800)),
-    # one MinAtar run, all its pictures (a taller window: six cards in three rows)
-    Shot(
-        "timeseries-minatar",
-        time_series("ig/(0_|top|saliency|heatmap)", runs="minatar__1"),
-        window=(1280, 1300),
-        crop=(0, 0, 1030, 1190),
-    ),
-    Shot(
-        "timeseries-cartpole",
-        time_series("ig/(0_|top|heatmap)", runs="cartpole"),
-        window=(1280, 960),
-        crop=(0, 0, 1030, 860),
-    ),
+    # the first page a user sees with the documented filter: each run's verdict, shares and saliency first
+    Shot("timeseries-ig-landing", time_series("ig/")),
+    # one MinAtar run's cards (a taller window: all its pictures)
+    Shot("timeseries-minatar", time_series("ig/[0-9]_", runs="minatar__1"), window=(1280, 1000)),
+    Shot("timeseries-cartpole", time_series("ig/[0-9]_", runs="cartpole")),
     # target="each": the verdict and "What favours each action"
-    Shot(
-        "timeseries-actions",
-        time_series("ig/(0_|actions)", runs="minatar_each"),
-        window=(1280, 800),
-        crop=(0, 0, 1030, 505),
-    ),
-    # the trust checks' scalars, smoothing 0 so that the table under a chart shows the logged values
-    Shot(
-        "timeseries-trust",
-        time_series("ig/(trust|sanity/rand|faithfulness/deletion_auc$|stability)", smoothing=0),
-        window=(1280, 960),
-        crop=(0, 0, 1030, 960),
-    ),
+    Shot("timeseries-actions", time_series("ig/(0_|3_)", runs="minatar_each")),
     # the Images dashboard draws each picture 350 px wide, every run's card of a tag side by side
-    Shot("images-tab", "#images&tagFilter=" + quote("ig/saliency$", safe=""), window=(1280, 800)),
-    # Custom Scalars with every run: the groups' section, one chart per group with a line per MinAtar run
-    Shot("custom-scalars", "#custom_scalars", window=(1280, 800), scroll_to="IG: groups"),
+    Shot("images-tab", "#images&tagFilter=" + quote("ig/2_saliency$", safe=""), window=(1280, 800)),
 )
 
 
@@ -129,22 +100,6 @@ def wait_for_runs(url: str, logdir: Path, timeout: float = 180.0) -> None:
             pass
         time.sleep(2)
     raise SystemExit(f"TensorBoard at {url} did not list the runs of {logdir} within {timeout:.0f} s")
-
-
-# TensorBoard's dashboards live in shadow roots: walk them for the innermost element whose text is the heading.
-SCROLL_TO = """
-const text = arguments[0];
-function find(root) {
-  for (const element of root.querySelectorAll('*')) {
-    if (element.shadowRoot) { const inner = find(element.shadowRoot); if (inner) return inner; }
-    if (element.children.length === 0 && element.textContent.trim() === text) return element;
-  }
-  return null;
-}
-const element = find(document);
-if (element) element.scrollIntoView({block: 'start'});
-return element !== null;
-"""
 
 
 def open_browser(chromium: str, chromedriver: str) -> Any:
@@ -176,19 +131,13 @@ def settled(browser: Any, timeout: float = 60.0, pause: float = 2.0) -> bytes:
 
 
 def screenshot(browser: Any, url: str, shot: Shot, output: Path) -> None:
-    """Take ``shot`` into ``output``: the window, cropped, as a palette PNG."""
+    """Take ``shot`` into ``output``: the window, as a palette PNG."""
     browser.get("about:blank")  # a fresh page each time: Time Series keeps state between views of one page
     browser.set_window_size(*shot.window)  # the outer window: grown by what the browser's frame takes
     inner = browser.execute_script("return [window.innerWidth, window.innerHeight]")
     browser.set_window_size(2 * shot.window[0] - inner[0], 2 * shot.window[1] - inner[1])
     browser.get(url + "/" + shot.view)
-    if shot.scroll_to is not None:
-        settled(browser)  # the sections are laid out once the data is in
-        if not browser.execute_script(SCROLL_TO, shot.scroll_to):
-            raise SystemExit(f"{shot.name}: no element reads {shot.scroll_to!r} at {shot.view}")
     image = Image.open(io.BytesIO(settled(browser))).convert("RGB")
-    if shot.crop is not None:
-        image = image.crop(shot.crop)
     # a UI screenshot has few colours besides anti-aliasing: 256 keep the text crisp at a third of the bytes
     image.quantize(256, method=Image.Quantize.MEDIANCUT).save(output, optimize=True)
     print(f"{output}  {image.width}x{image.height}  {output.stat().st_size // 1024} KB")

@@ -197,8 +197,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("relu", "tanh", "softplus", "silu", "gelu"),
         default="relu",
         help="the network's activation; ReLU (the default) is MinAtar's and the Nature network's own. Its kinks "
-        "make IG's worst relative completeness error (the 'IG completeness' line) larger at --ig-n-steps points "
-        "than a smooth one's (silu: 4e-06 to 2e-05 at 50 points, ReLU 0.06); the callback's checks say so",
+        "make IG's attribution error (the 'IG verdict' line) larger at --ig-n-steps points than a smooth one's; "
+        "the callback's checks say so",
     )
     add("--sigma0", type=at_least(0.0, float), default=0.5, help="NoisyNet's initial noise scale (the exploration)")
     # auxiliary head
@@ -294,6 +294,7 @@ from lightning_ig import (
 from lightning_ig.attribution import IGOptions
 from lightning_ig.models import MinAtarQNetwork
 from lightning_ig.views import ViewOptions, feature_statistics
+from lightning_ig.views.text import verdict_words
 
 
 class MinAtarVectorEnv:
@@ -696,11 +697,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"{mean_return / max(random_return, 1e-9):.1f}x"
     )
     print_overhead(trainer)
-    print(f"IG completeness     worst relative error {result.worst_relative_error:.2e} ({result.n_steps} steps)")
-    print("attribution of V(s) per channel (sum over the channel's pixels) on the held-out frames:")
-    for channel in sorted(channels, key=lambda c: -c["mean_abs"]):
-        name, mean_abs, mean_signed = channel["name"], channel["mean_abs"], channel["mean_signed"]
-        print(f"  {name:<8} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
+    if callbacks and callbacks[0].history:  # the last IG run's verdict, as its card, ig/report and the JSON say it
+        print(f"IG verdict          {verdict_words(callbacks[0].history[-1])}")
+    # Each cell with its own sign, then summed over the channel: cells that cancel show in both columns, as on the
+    # verdict card, where the channel's net (its group's mean signed attribution) would hide them.
+    cells = result.attributions.double().cpu().flatten(2)  # (num_held_out, C, H * W)
+    raises, lowers = cells.clamp(min=0).sum(2).mean(0), (-cells).clamp(min=0).sum(2).mean(0)  # (C,) each
+    print("attribution of V(s) per channel on the held-out frames (mass summed cell by cell, each cell's sign kept):")
+    for index in sorted(range(len(channel_names)), key=lambda c: -float(raises[c] + lowers[c])):
+        up, down = float(raises[index]), float(lowers[index])
+        print(f"  {channel_names[index]:<8} raises V(s) {up:.4f}   lowers it {down:.4f}   net {up - down:+.4f}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
     return {
         "run_dir": str(run_dir),

@@ -1,34 +1,16 @@
 """Reading and writing files safely: inputs that are files, outputs checked before any work and replaced atomically.
 
-Every file lightning-ig reads (checkpoints, states, baselines, names, groups, reports) is
-checked by :func:`check_input_file` (or opened by :func:`open_input`) before it is read: it
-must be a regular file, so a FIFO never blocks the reader and a link to ``/dev/zero`` never
-feeds it until memory runs out, and the message names what the path is instead ("a folder",
-"a FIFO", "a device", "a symbolic-link loop", "does not exist").
+Every file lightning-ig reads must be a regular file (:func:`check_input_file`, :func:`open_input`): a FIFO never
+blocks the reader, a link to ``/dev/zero`` never feeds it until memory runs out, and the message names what the path
+is instead. Every file it writes goes through here, so the rules hold everywhere:
 
-Every file lightning-ig writes (JSON reports, checkpoints, saliency pictures) goes
-through here, so the rules hold everywhere:
-
-* every file a command will write is checked *before* the work that produces it,
-  all together (:class:`OutputPlan`; one file: :func:`check_output_file`, a
-  folder: :func:`check_output_dir`): none may be one of the run's inputs (the
-  same path, a symbolic link to it or a hard link of it: existing files are
-  compared by device and inode), no two may be the same file, and each must be
-  a regular file or a new name in an existing (or planned), writable folder; the
-  error names the user's path and what to do;
-* a path the *user* named is written *through* a symbolic link (its target is
-  replaced, the link stays); a name the *tool* makes up inside a folder (a
-  saliency picture, a callback report, a report per head) is never written
-  through one: the check refuses an existing link there, and the write replaces
-  the name itself, never what a link planted later points to
-  (``atomic_path(..., follow_symlinks=False)``);
-* readers see the old file or the new one, never half of one, and a failed
-  write leaves nothing behind (:func:`atomic_path`); the files of one command are
-  written all or none (:func:`atomic_paths`), and SIGTERM or SIGHUP during a write
-  removes the temporary files before the process ends as the signal asks;
-* modes follow the user's umask: a new file gets ``0o666 & ~umask`` like any
-  program's output, an overwritten file keeps its permission bits, less the unsafe
-  ones: never setuid, setgid or sticky, never writable by everyone.
+* the files a command writes are checked together *before* the work (:class:`OutputPlan`, :func:`check_output_file`,
+  :func:`check_output_dir`): none may be an input of the run (by path, symbolic or hard link), no two the same file;
+* a path the *user* named is written *through* a symbolic link; a name the *tool* makes up inside a folder never is;
+* readers see the old file or the new one, never half of one; a command's files are written all or none
+  (:func:`atomic_paths`), and SIGTERM or SIGHUP during a write removes the temporary files;
+* modes follow the user's umask; an overwritten file keeps its permission bits, never setuid, setgid, sticky or
+  writable by everyone.
 """
 
 from __future__ import annotations
@@ -158,11 +140,6 @@ class PlannedOutput:
     what: str
     made_up: bool = False
 
-    @property
-    def follow_symlinks(self) -> bool:
-        """What to pass to :func:`atomic_path`: only a path the user named is written through a link."""
-        return not self.made_up
-
 
 def _resolved(path: Path) -> Path:
     """The real path behind ``path`` (links followed), whether it exists or not."""
@@ -171,9 +148,7 @@ def _resolved(path: Path) -> Path:
 
 def _destination(path: Path, *, follow_symlinks: bool) -> Path:
     """The directory entry a write replaces: a link's target for a user's path, the name itself for a made-up one."""
-    if follow_symlinks:
-        return _resolved(path)
-    return _resolved(path.parent) / path.name
+    return _resolved(path) if follow_symlinks else _resolved(path.parent) / path.name
 
 
 def _identity(path: Path, *, follow_symlinks: bool = True) -> tuple[int, int] | None:
@@ -301,22 +276,19 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
     real = _resolved(folder)
     if real.exists() and not real.is_dir():
         raise OutputPathError(f"{what} {str(folder)!r} is a file, not a folder; give a folder path")
-    if not create:
-        existing = next(parent for parent in (real, *real.parents) if parent.exists())
-        if not existing.is_dir():
+    if create:
+        try:
+            real.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
             raise OutputPathError(
-                f"{what} {str(folder)!r} cannot be created ({str(existing)!r} is a file); choose another folder"
-            )
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
-        return folder
-    try:
-        real.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
+                f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder"
+            ) from None
+    existing = next(parent for parent in (real, *real.parents) if parent.exists())  # real itself once made
+    if not existing.is_dir():
         raise OutputPathError(
-            f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder"
-        ) from None
-    if not os.access(real, os.W_OK | os.X_OK):
+            f"{what} {str(folder)!r} cannot be created ({str(existing)!r} is a file); choose another folder"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
     return folder
 
@@ -363,10 +335,7 @@ class OutputPlan:
         missing = {parent for parent in (real, *real.parents) if not parent.exists()}
         for planned, destination, _ in self._files:
             if destination in missing:
-                raise OutputPathError(
-                    f"{what} {str(folder)!r} and {planned.what} {os.fspath(planned.path)!r} are the same path: one "
-                    "would be a folder, the other a file; choose another name for one of them"
-                )
+                raise _folder_and_file(f"{what} {str(folder)!r}", f"{planned.what} {os.fspath(planned.path)!r}")
         self._folders.append((folder, what, missing | {real}))
         return folder
 
@@ -391,10 +360,7 @@ class OutputPlan:
                 )
         for folder, folder_what, made in self._folders:
             if destination in made:
-                raise OutputPathError(
-                    f"{shown} and {folder_what} {str(folder)!r} are the same path: one would be a folder, the other "
-                    "a file; choose another name for one of them"
-                )
+                raise _folder_and_file(shown, f"{folder_what} {str(folder)!r}")
         planned = PlannedOutput(target, what, made_up)
         self._files.append((planned, destination, identity))
         return planned
@@ -407,6 +373,13 @@ class OutputPlan:
         """
         for folder, what, _ in self._folders:
             check_output_dir(folder, what=what, create=True)
+
+
+def _folder_and_file(first: str, second: str) -> OutputPathError:
+    return OutputPathError(
+        f"{first} and {second} are the same path: one would be a folder, the other a file; choose another name for "
+        "one of them"
+    )
 
 
 def _umask() -> int:
@@ -426,12 +399,9 @@ def atomic_path(target: str | os.PathLike[str], *, follow_symlinks: bool = True)
             name the tool made up inside a folder): the name itself is replaced, a link there
             included, and never what it points to.
 
-    The new file's mode is the old file's permission bits (``follow_symlinks=False``: the old
-    regular file's; a link's target's mode is never read), less setuid, setgid, sticky and
-    others' write, or ``0o666 & ~umask`` for a new one. The temporary
-    file is made with ``O_EXCL`` (:func:`tempfile.mkstemp`), so it follows no link either. On
-    any exception inside the block, and on SIGTERM or SIGHUP (:func:`atomic_paths`), the
-    temporary file is removed and the old file is left as it was.
+    The new file keeps the old regular file's permission bits, less setuid, setgid, sticky and others' write
+    (``0o666 & ~umask`` for a new one). The temporary is made with ``O_EXCL``, so it follows no link either; on any
+    exception inside the block, and on SIGTERM or SIGHUP, it is removed and the old file is left as it was.
     """
     with atomic_paths([(target, follow_symlinks)]) as (temporary,):
         yield temporary
@@ -479,9 +449,9 @@ def atomic_paths(
         for temporary, _, _ in temporaries:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-        if isinstance(error, _Ended) and error.signum in ending:  # the temporaries are gone: end as asked
-            signal.signal(error.signum, signal.SIG_DFL)
-            signal.raise_signal(error.signum)
+        if isinstance(error, _Ended) and error.args[0] in ending:  # the temporaries are gone: end as asked
+            signal.signal(error.args[0], signal.SIG_DFL)
+            signal.raise_signal(error.args[0])
         raise
 
 
@@ -490,8 +460,8 @@ def _mode(real: Path) -> int:
     try:
         old = os.lstat(real)
     except FileNotFoundError:
-        return 0o666 & ~_umask()
-    if not stat.S_ISREG(old.st_mode):
+        old = None
+    if old is None or not stat.S_ISREG(old.st_mode):
         return 0o666 & ~_umask()
     return stat.S_IMODE(old.st_mode) & 0o775  # never setuid, setgid, sticky or writable by everyone
 
@@ -500,11 +470,7 @@ _ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 
 
 class _Ended(BaseException):
-    """SIGTERM or SIGHUP arrived during a write: raised there, so that the writer's cleanup runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    """SIGTERM or SIGHUP arrived during a write (``args[0]``): raised there, so that the writer's cleanup runs."""
 
 
 def _end(signum: int, frame: object) -> None:

@@ -7,9 +7,7 @@ with its launchers replaced by plain torch.
 
 from __future__ import annotations
 
-import ctypes
 import re
-import types
 import warnings
 
 import numpy as np
@@ -23,51 +21,7 @@ from lightning_ig import losses
 from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
 from lightning_ig.ops import soft_margin as launchers
 from lightning_ig.ops.soft_margin import soft_margin_torch
-from tests.support.tolerance import assert_close_scaled
-
-REDUCTIONS = ("none", "mean", "sum")
-# dtype -> roundings (ulps of the dtype) that may separate two computations of the same loss:
-# the twin's stable form and torch's, or a kernel (float32 accumulation, rounded once)
-# and a float64 reference. The half types round every intermediate in torch.
-ULPS = {torch.float64: 8, torch.float32: 8, torch.bfloat16: 3, torch.float16: 3}
-DTYPES = list(ULPS)
-
-
-def _assert_close(
-    actual: torch.Tensor | np.ndarray,
-    expected: torch.Tensor | np.ndarray,
-    dtype: torch.dtype,
-    *,
-    ulps: float | None = None,
-    scale: float | None = None,
-) -> None:
-    """``actual`` within ``ulps`` roundings of ``dtype`` of ``expected``, at the values' size (support/tolerance)."""
-
-    def as_array(values: torch.Tensor | np.ndarray) -> np.ndarray:
-        return values.detach().cpu().double().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-
-    assert_close_scaled(
-        as_array(actual), as_array(expected), ulps=ULPS[dtype] if ulps is None else ulps, dtype=dtype, scale=scale
-    )
-
-
-def _reference(x: torch.Tensor, y: torch.Tensor, reduction: str) -> tuple[np.ndarray, np.ndarray]:
-    """Loss and dL/dx in float64 numpy, independent of torch's and our formulas."""
-    x64 = x.detach().double().numpy()
-    y64 = np.broadcast_to(y.detach().double().numpy(), x64.shape)
-    z = -y64 * x64
-    loss = np.logaddexp(0.0, z)
-    sigmoid = np.exp(z - loss)  # exp(z - softplus(z)) = sigmoid(z), without overflow
-    grad = -y64 * sigmoid
-    if reduction == "mean":
-        return np.asarray(loss.mean()), grad / x64.size
-    if reduction == "sum":
-        return np.asarray(loss.sum()), grad
-    return loss, grad
-
-
-def _labels(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, 2, shape, generator=generator).float() * 2 - 1
+from tests.support.soft_margin import DTYPES, REDUCTIONS, assert_close_loss, labels, reference_loss
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -76,12 +30,12 @@ def test_twin_matches_torch(reduction: str, dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(0)
     # |x| stays below ~10: float16's exp overflows past 11, and torch computes exp(-y x) in the input's dtype
     x = (torch.randn(37, 11, generator=generator) * 2).to(dtype)
-    y = _labels((37, 11), generator).to(dtype)
+    y = labels((37, 11), generator).to(dtype)
     ours = soft_margin_loss(x, y, reduction)
     theirs = F.soft_margin_loss(x, y, reduction=reduction)
     assert ours.dtype == theirs.dtype == dtype
     assert ours.shape == theirs.shape
-    _assert_close(ours, theirs, dtype)
+    assert_close_loss(ours, theirs, dtype)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -90,7 +44,7 @@ def test_twin_gradient_matches_torch(reduction: str, dtype: torch.dtype) -> None
     generator = torch.Generator().manual_seed(1)
     x = (torch.randn(5, 7, generator=generator) * 3).to(dtype)
     x[0, 0] = 0.0  # the kink of max(z, 0): the gradient there is -y/2
-    y = _labels((5, 7), generator).to(dtype)
+    y = labels((5, 7), generator).to(dtype)
     weights = torch.rand(5, 7, generator=generator, dtype=dtype) if reduction == "none" else None
     grads = []
     for fn in (soft_margin_loss, F.soft_margin_loss):
@@ -98,11 +52,11 @@ def test_twin_gradient_matches_torch(reduction: str, dtype: torch.dtype) -> None
         loss = fn(leaf, y, reduction=reduction)
         (loss * weights).sum().backward() if weights is not None else (loss * 3.0).backward()
         grads.append(leaf.grad)
-    _assert_close(grads[0], grads[1], dtype)
+    assert_close_loss(grads[0], grads[1], dtype)
     expected_at_zero = -y[0, 0] * 0.5 * (weights[0, 0] if weights is not None else 3.0)
     if reduction == "mean":
         expected_at_zero = expected_at_zero / x.numel()
-    _assert_close(grads[0][0, 0], expected_at_zero, dtype)
+    assert_close_loss(grads[0][0, 0], expected_at_zero, dtype)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -116,7 +70,7 @@ def test_finite_and_exact_where_torch_overflows(reduction: str, dtype: torch.dty
     leaf = x.clone().requires_grad_()
     loss = soft_margin_loss(leaf, y, reduction)
     loss.sum().backward()
-    expected_loss, expected_grad = _reference(x, y, reduction)
+    expected_loss, expected_grad = reference_loss(x, y, reduction)
     assert torch.isfinite(loss).all() and torch.isfinite(leaf.grad).all()
     _assert_normal_or_flushed(loss, expected_loss, dtype)
     _assert_normal_or_flushed(leaf.grad, expected_grad, dtype)
@@ -131,7 +85,7 @@ def _assert_normal_or_flushed(actual: torch.Tensor, expected: np.ndarray, dtype:
     tiny = torch.finfo(dtype).tiny
     values, expected = actual.detach().double().numpy().reshape(-1), np.asarray(expected, dtype=np.float64).reshape(-1)
     normal = np.abs(expected) >= tiny
-    _assert_close(values[normal], expected[normal], dtype, scale=0.0)
+    assert_close_loss(values[normal], expected[normal], dtype, scale=0.0)
     assert (np.abs(values[~normal]) <= tiny).all(), values[~normal]
 
 
@@ -141,16 +95,16 @@ def test_half_types_stay_finite_at_their_largest_values(dtype: torch.dtype) -> N
     x = torch.tensor([largest, -largest, 1e3, -1e3, 0.0], dtype=dtype)
     y = torch.tensor([-1.0, 1.0, -1.0, -1.0, 1.0], dtype=dtype)
     loss = soft_margin_loss(x, y, "none")
-    expected, _ = _reference(x, y, "none")
+    expected, _ = reference_loss(x, y, "none")
     assert torch.isfinite(loss).all()
-    _assert_close(loss, expected, dtype, scale=0.0)
+    assert_close_loss(loss, expected, dtype, scale=0.0)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_gradcheck_and_gradgradcheck_in_float64(reduction: str) -> None:
     generator = torch.Generator().manual_seed(2)
     x = (torch.randn(3, 4, generator=generator, dtype=torch.float64) * 2).requires_grad_()
-    y = _labels((3, 4), generator).double()
+    y = labels((3, 4), generator).double()
     assert torch.autograd.gradcheck(lambda t: soft_margin_loss(t, y, reduction), (x,))
     assert torch.autograd.gradgradcheck(lambda t: soft_margin_loss(t, y, reduction), (x,))
 
@@ -169,7 +123,7 @@ def test_target_broadcasts_like_torch(target_shape: tuple[int, ...], reduction: 
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(3, 4, generator=generator)
     y = torch.randn(target_shape, generator=generator).sign()
-    _assert_close(soft_margin_loss(x, y, reduction), F.soft_margin_loss(x, y, reduction=reduction), torch.float32)
+    assert_close_loss(soft_margin_loss(x, y, reduction), F.soft_margin_loss(x, y, reduction=reduction), torch.float32)
 
 
 @pytest.mark.parametrize("target_shape", [(2, 4), (1, 3, 4), (5,)])
@@ -190,7 +144,7 @@ def test_target_dtype_is_handled_like_torch(target_dtype: torch.dtype) -> None:
         y = y * 2 - 1
     ours, theirs = soft_margin_loss(x, y, "none"), F.soft_margin_loss(x, y, reduction="none")
     assert ours.dtype == theirs.dtype == torch.float32
-    _assert_close(ours, theirs, torch.float32)
+    assert_close_loss(ours, theirs, torch.float32)
 
 
 def test_complex_target_fails_like_torch() -> None:
@@ -214,16 +168,18 @@ def test_a_target_requiring_grad_gets_its_gradient(reduction: str, target_shape:
     grad_output = torch.full_like(loss, 0.5)  # not the last op: grad_output != 1
     grad_x, grad_y = torch.autograd.grad(loss, (x, y), grad_output)
     x64, y64 = x.detach().numpy(), np.broadcast_to(y.detach().numpy(), x.shape)
-    expected_loss, expected_grad_x = _reference(x.detach(), y.detach(), reduction)
+    expected_loss, expected_grad_x = reference_loss(x.detach(), y.detach(), reduction)
     scale = {"mean": 1.0 / x64.size, "sum": 1.0, "none": 1.0}[reduction]
     z = -y64 * x64
     per_element = -x64 * np.exp(z - np.logaddexp(0.0, z)) * scale * 0.5  # -x sigmoid(-y x), reduced, times grad_output
     expected_grad_y = per_element if target_shape == x.shape else per_element.sum(axis=0)  # summed over the broadcast
-    _assert_close(loss, expected_loss, torch.float64)
-    _assert_close(grad_x, expected_grad_x * 0.5, torch.float64)
-    _assert_close(grad_y, expected_grad_y, torch.float64)
+    assert_close_loss(loss, expected_loss, torch.float64)
+    assert_close_loss(grad_x, expected_grad_x * 0.5, torch.float64)
+    assert_close_loss(grad_y, expected_grad_y, torch.float64)
     with torch.no_grad():  # where torch's own loss takes such a target, the values are torch's
-        _assert_close(soft_margin_loss(x, y, reduction), F.soft_margin_loss(x, y, reduction=reduction), torch.float64)
+        assert_close_loss(
+            soft_margin_loss(x, y, reduction), F.soft_margin_loss(x, y, reduction=reduction), torch.float64
+        )
 
 
 def test_a_target_gradient_through_the_module_and_the_kernels_path_choice() -> None:
@@ -243,7 +199,7 @@ def test_non_contiguous_input() -> None:
     x = torch.randn(8, 5, generator=generator).t()
     y = torch.randn(8, 5, generator=generator).sign().t()
     assert not x.is_contiguous()
-    _assert_close(soft_margin_loss(x, y, "none"), F.soft_margin_loss(x, y, reduction="none"), torch.float32)
+    assert_close_loss(soft_margin_loss(x, y, "none"), F.soft_margin_loss(x, y, reduction="none"), torch.float32)
 
 
 def test_autocast_computes_half_inputs_in_float32_like_torch() -> None:
@@ -252,7 +208,7 @@ def test_autocast_computes_half_inputs_in_float32_like_torch() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours, theirs = soft_margin_loss(x, y), F.soft_margin_loss(x, y)
     assert ours.dtype == theirs.dtype == torch.float32
-    _assert_close(ours, theirs, torch.float32)
+    assert_close_loss(ours, theirs, torch.float32)
 
 
 def test_bad_arguments_are_named() -> None:
@@ -285,10 +241,10 @@ def test_cuda_backend_without_a_gpu_never_falls_back() -> None:
 def test_module_is_a_drop_in(reduction: str) -> None:
     generator = torch.Generator().manual_seed(6)
     x = torch.randn(4, 9, generator=generator)
-    y = _labels((4, 9), generator)
+    y = labels((4, 9), generator)
     ours = SoftMarginLoss(reduction=reduction)
     assert isinstance(ours, nn.SoftMarginLoss)
-    _assert_close(ours(x, y), nn.SoftMarginLoss(reduction=reduction)(x, y), torch.float32)
+    assert_close_loss(ours(x, y), nn.SoftMarginLoss(reduction=reduction)(x, y), torch.float32)
     assert repr(ours) == f"SoftMarginLoss(reduction='{reduction}', backend='auto')"
 
 
@@ -359,7 +315,7 @@ def test_swap_soft_margin_replaces_every_torch_loss_in_a_nested_tree() -> None:
     assert swap_soft_margin(model) == 0  # nothing left to replace
 
     x, y = torch.randn(5, 3), torch.ones(5, 3)
-    _assert_close(model.by_name["aux"](x, y), F.soft_margin_loss(x, y, reduction="none"), torch.float32)
+    assert_close_loss(model.by_name["aux"](x, y), F.soft_margin_loss(x, y, reduction="none"), torch.float32)
 
 
 def test_swap_soft_margin_keeps_aliases_aliased() -> None:
@@ -437,7 +393,7 @@ def test_function_scales_its_saved_gradient_and_recomputes_for_a_retained_graph(
 ) -> None:
     generator = torch.Generator().manual_seed(7)
     x = torch.randn(6, 4, generator=generator, dtype=torch.float64)
-    y = _labels((6, 4), generator).double()
+    y = labels((6, 4), generator).double()
     leaf = x.clone().requires_grad_()
     loss = launchers.SoftMarginFunction.apply(leaf, y, reduction)
     (loss * 2.5).backward(retain_graph=True)  # not the last op: grad_output = 2.5
@@ -445,17 +401,17 @@ def test_function_scales_its_saved_gradient_and_recomputes_for_a_retained_graph(
     (loss * -1.0).backward()  # again through the retained graph
     assert torch_launchers == ["reduce(grad=True)", "scale_", "reduce(grad=True)", "scale_"]
 
-    expected_loss, expected_grad = _reference(x, y, reduction)
-    _assert_close(loss, expected_loss, torch.float64)
-    _assert_close(first, 2.5 * expected_grad, torch.float64)
-    _assert_close(leaf.grad, 1.5 * expected_grad, torch.float64)
+    expected_loss, expected_grad = reference_loss(x, y, reduction)
+    assert_close_loss(loss, expected_loss, torch.float64)
+    assert_close_loss(first, 2.5 * expected_grad, torch.float64)
+    assert_close_loss(leaf.grad, 1.5 * expected_grad, torch.float64)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_function_double_backward_goes_through_torch(torch_launchers: list[str], reduction: str) -> None:
     generator = torch.Generator().manual_seed(8)
     x = torch.randn(5, generator=generator, dtype=torch.float64)
-    y = _labels((5,), generator).double()
+    y = labels((5,), generator).double()
 
     def second_derivative(fn) -> tuple[torch.Tensor, torch.Tensor]:
         leaf = x.clone().requires_grad_()
@@ -467,7 +423,7 @@ def test_function_double_backward_goes_through_torch(torch_launchers: list[str],
     reference = second_derivative(lambda t: soft_margin_torch(t, y, reduction))
     assert "scale_" not in torch_launchers and "none_backward" not in torch_launchers
     for value, expected in zip(ours, reference):
-        _assert_close(value, expected, torch.float64)
+        assert_close_loss(value, expected, torch.float64)
 
 
 def test_function_none_backward_uses_the_elementwise_launcher(torch_launchers: list[str]) -> None:
@@ -477,171 +433,4 @@ def test_function_none_backward_uses_the_elementwise_launcher(torch_launchers: l
     weights = torch.arange(7, dtype=torch.float64)
     (launchers.SoftMarginFunction.apply(leaf, y, "none") * weights).sum().backward()
     assert torch_launchers == ["none", "none_backward"]
-    _assert_close(leaf.grad, weights.numpy() * _reference(x, y, "none")[1], torch.float64)
-
-
-# --------------------------------------------------------------------------- the launch plumbing
-#
-# The CUDA path's Python side (argument order and types, workspace layout,
-# ticket-counter reset, the scalar grad_output case) runs here on CPU tensors,
-# with the kernels emulated in numpy on the tensors' memory through their
-# data_ptr(). Only the device is pretended; everything the launchers compute is real.
-
-
-def _array(address: np.uint64, count: int, dtype: type) -> np.ndarray:
-    assert isinstance(address, np.uint64), f"pointer passed as {type(address).__name__}"
-    buffer = (ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(int(address))
-    return np.frombuffer(buffer, dtype=dtype, count=count)
-
-
-class _EmulatedKernels:
-    """The entry points of kernels/soft_margin.cu, in numpy, with their C signatures checked."""
-
-    def __init__(self, storage: type) -> None:
-        self.storage = storage
-        self.calls: list[tuple[str, int]] = []
-
-    def __call__(self, name: str, grid: int, block: int, args: tuple) -> None:
-        assert block == launchers.THREADS and 1 <= grid <= launchers.MAX_GRID
-        op = name.rsplit("_", 1)[0]
-        self.calls.append((op, grid))
-        getattr(self, op)(grid, *args)
-
-    def _losses(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        z = -y.astype(np.float64) * x
-        loss = np.logaddexp(0.0, z)
-        return loss, -y * np.exp(z - loss)
-
-    def soft_margin_reduce(self, grid: int, x, y, out, partials, counter, n, divisor, grad=None) -> None:
-        assert isinstance(n, np.int64) and isinstance(divisor, np.float64)
-        ticket = _array(counter, 1, np.uint32)
-        assert ticket[0] == 0, "the counter must be zero before a launch"
-        loss, gradient = self._losses(_array(x, int(n), self.storage), _array(y, int(n), self.storage))
-        _array(partials, grid, np.float64)[:] = [chunk.sum() for chunk in np.array_split(loss, grid)]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            _array(out, 1, self.storage)[0] = loss.sum() / divisor
-            if grad is not None:
-                _array(grad, int(n), self.storage)[:] = gradient / divisor
-        ticket[0] = 0  # what the last block does
-
-    def soft_margin_reduce_grad(self, grid: int, x, y, out, grad, partials, counter, n, divisor) -> None:
-        self.soft_margin_reduce(grid, x, y, out, partials, counter, n, divisor, grad=grad)
-
-    def soft_margin_none(self, grid: int, x, y, loss, n) -> None:
-        assert isinstance(n, np.int64)
-        values, _ = self._losses(_array(x, int(n), self.storage), _array(y, int(n), self.storage))
-        _array(loss, int(n), self.storage)[:] = values
-
-    def soft_margin_none_backward(self, grid: int, x, y, g, g_is_scalar, grad, n) -> None:
-        assert isinstance(g_is_scalar, np.int32) and isinstance(n, np.int64)
-        _, gradient = self._losses(_array(x, int(n), self.storage), _array(y, int(n), self.storage))
-        scale = _array(g, 1 if g_is_scalar else int(n), self.storage)
-        _array(grad, int(n), self.storage)[:] = scale * gradient
-
-    def soft_margin_scale(self, grid: int, grad, g, n) -> None:
-        assert isinstance(n, np.int64)
-        scale = _array(g, 1, self.storage)[0]
-        if scale != 1:
-            values = _array(grad, int(n), self.storage)
-            values[:] = values * scale
-
-
-@pytest.fixture(params=[torch.float32, torch.float16], ids=str)
-def emulated_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> _EmulatedKernels:
-    source = (launchers._cupy.kernel_dir() / "soft_margin.cu").read_text()
-    kernels = _EmulatedKernels(np.float32 if request.param == torch.float32 else np.float16)
-    kernels.dtype = request.param
-
-    def get_kernel(filename: str, name: str, device: torch.device | int, options=()) -> str:
-        assert filename == "soft_margin.cu"
-        op, suffix = name.rsplit("_", 1)
-        assert f"{op}_##SFX(" in source and f"LIG_SM_ENTRY_POINTS({suffix}," in source, name
-        return name
-
-    def launch(kernel: str, grid: int, block: int, args, *, device: torch.device | int, shared_mem: int = 0) -> None:
-        kernels(kernel, grid, block, tuple(args))
-
-    monkeypatch.setattr(launchers._cupy, "get_kernel", get_kernel)
-    monkeypatch.setattr(launchers._cupy, "launch", launch)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(launchers._cupy, "current_stream_handle", lambda device_index: 7)
-    monkeypatch.setattr(
-        torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=3)
-    )
-    for cache in ("_kernels", "_grid_limits", "_workspaces", "_plans"):
-        monkeypatch.setattr(launchers, cache, {})
-    return kernels
-
-
-@pytest.mark.parametrize("scale_by_kernel", [True, False], ids=["scale-kernel", "scale-torch"])
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_launchers_pass_what_the_kernels_expect(
-    emulated_device: _EmulatedKernels, reduction: str, scale_by_kernel: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if scale_by_kernel:
-        monkeypatch.setattr(launchers, "TORCH_SCALE_MAX_ELEMENTS", 0)
-    dtype = emulated_device.dtype
-    generator = torch.Generator().manual_seed(9)
-    x = (torch.randn(40, 70, generator=generator) * 3).to(dtype)
-    y = _labels((70,), generator).to(torch.float64)  # broadcast, and another dtype: converted
-    leaf = x.t().contiguous().t().requires_grad_()  # non-contiguous: copied for the kernels
-    loss = launchers.soft_margin_cuda(leaf, y.expand(40, 70), reduction)
-    if reduction == "none":
-        loss.sum().backward(retain_graph=True)  # an expanded scalar grad_output
-        weights = torch.rand(40, 70, generator=generator).to(dtype)
-        (loss * weights).sum().backward()  # a full one
-        expected_scale = 1 + weights.double()
-    else:
-        (loss * 2.5).backward()
-        expected_scale = 2.5
-    expected_loss, expected_grad = _reference(x, y, reduction)
-    assert loss.dtype == dtype and loss.shape == expected_loss.shape
-    _assert_close(loss, expected_loss, dtype)
-    _assert_close(leaf.grad, expected_scale * torch.from_numpy(expected_grad), dtype)
-    ops = [op for op, _ in emulated_device.calls]
-    if reduction == "none":
-        assert ops == ["soft_margin_none", "soft_margin_none_backward", "soft_margin_none_backward"]
-    else:
-        assert ops == ["soft_margin_reduce_grad"] + (["soft_margin_scale"] if scale_by_kernel else [])
-        grid = emulated_device.calls[0][1]
-        assert grid == min(3 * launchers.BLOCKS_PER_SM, -(-x.numel() // (launchers.THREADS * 4 * launchers.UNROLL)))
-        # the eager workspace (one per device and stream) is reused and its counter is back at zero
-        ((workspace, _),) = launchers._workspaces.values()
-        assert workspace.view(torch.int32)[2 * launchers.MAX_GRID].item() == 0
-        forward_only = launchers.soft_margin_cuda(x, y.expand(40, 70), reduction)
-        assert emulated_device.calls[-1][0] == "soft_margin_reduce"
-        _assert_close(forward_only, expected_loss, dtype)
-        assert len(launchers._workspaces) == 1
-
-
-def test_launchers_handle_empty_inputs(emulated_device: _EmulatedKernels) -> None:
-    empty = torch.empty(0, 5, dtype=emulated_device.dtype, requires_grad=True)
-    mean = launchers.soft_margin_cuda(empty, empty.detach(), "mean")
-    assert torch.isnan(mean)
-    mean.backward()
-    assert empty.grad.shape == (0, 5)
-    assert launchers.soft_margin_cuda(empty.detach(), empty.detach(), "sum").item() == 0.0
-    assert launchers.soft_margin_cuda(empty.detach(), empty.detach(), "none").shape == (0, 5)
-    # mean and sum still launch once (the last block writes the NaN or the 0); none launches nothing
-    assert [op for op, _ in emulated_device.calls] == ["soft_margin_reduce_grad", "soft_margin_reduce"]
-
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_torch_compile_runs_the_kernel_path_eagerly(
-    emulated_device: _EmulatedKernels, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if emulated_device.dtype != torch.float32:
-        pytest.skip("one dtype is enough to check the compile path")
-    monkeypatch.setattr(losses, "choose_backend", lambda backend, *tensors: "cuda")
-    torch._dynamo.reset()
-    linear = nn.Linear(5, 1)
-    step = torch.compile(lambda x, y: soft_margin_loss(linear(x), y, "mean"))
-    x = torch.randn(16, 5, generator=torch.Generator().manual_seed(10))
-    y = torch.ones(16, 1)
-    loss = step(x, y)
-    loss.backward()
-    reference = F.soft_margin_loss(linear(x), y)
-    _assert_close(loss, reference, torch.float32)
-    assert ("soft_margin_reduce_grad", 1) in emulated_device.calls  # the kernels ran, not a traced twin
-    (expected_grad,) = torch.autograd.grad(reference, linear.weight)
-    _assert_close(linear.weight.grad, expected_grad, torch.float32)
+    assert_close_loss(leaf.grad, weights.numpy() * reference_loss(x, y, "none")[1], torch.float64)

@@ -151,3 +151,28 @@ def test_no_import_cycles_among_the_packages_modules() -> None:
     edges = {module: graph.find_modules_directly_imported_by(module) for module in graph.modules}
     assert _cycles(edges) == []
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+# Modules without a test file of their own name yet. Being rewritten in this wave (the callback, trust, run and views
+# wings): the lead clears this list as they land.
+WITHOUT_OWN_TESTS = {
+    "callback/fit.py",
+    "callback/setup.py",
+    "trust/common.py",
+    "views/loggers/custom_scalars.py",  # a stub until the callback stops asking for a layout
+}
+
+
+def _own_test_file(module: Path) -> Path:
+    """``lightning_ig/<wing>/<name>.py`` -> ``tests/<wing>/test_<name>.py``; a private module's leading underscores
+    are dropped (``ops/_cupy.py`` -> ``tests/ops/test_cupy.py``)."""
+    relative = module.relative_to(PACKAGE)
+    return PACKAGE.parent / "tests" / relative.parent / f"test_{relative.stem.lstrip('_')}.py"
+
+
+def test_every_module_has_a_test_file_of_its_own_name() -> None:
+    modules = [path for path in sorted(PACKAGE.rglob("*.py")) if not path.name.startswith("__")]  # __init__, __main__
+    missing = {str(path.relative_to(PACKAGE)) for path in modules if not _own_test_file(path).is_file()}
+    assert missing - WITHOUT_OWN_TESTS == set(), "modules without tests/<wing>/test_<module>.py"
+    assert WITHOUT_OWN_TESTS - missing == set(), "these have their own test file now: take them off the list"
+    assert _own_test_file(PACKAGE / "ops" / "_cupy.py").name == "test_cupy.py"

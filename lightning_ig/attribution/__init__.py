@@ -39,23 +39,9 @@ The front doors are :func:`integrated_gradients` (one eager call) and
 :mod:`lightning_ig.run`'s. A new engine option goes into :mod:`~lightning_ig.attribution.settings` (and
 :func:`integrated_gradients`' signature).
 
-How far to trust a result (``docs/trust.md``)
-    Each state's ``attribution_error`` (a reference-free estimate of ``||a - a_exact||_1 / ||a_exact||_1``) and
-    ``mass_relative_error`` (``|sum(a) - dF| / max(sum|a|, |dF|)``), the states near the baseline (flagged, not
-    scored), and :func:`lightning_ig.run.statistics.accuracy_verdict`: within ``tol`` iff both worst figures are
-    ``<= sqrt(2) x tol``.
-
-Completeness and what a result says about itself
-    ``delta = sum(attributions) - (F(x) - F(b))`` (Captum's sign) and the relative
-    error ``|delta| / |F(x) - F(b)|``. A state is *degenerate* when
-    ``|F(x) - F(b)| <= sqrt(eps) * max(1, |F(x)|, |F(b)|)`` with ``eps`` the
-    machine epsilon of the accumulation dtype (float32: 3.5e-4 x scale; float64:
-    1.5e-8 x scale): its relative error is NaN and ``n_steps="auto"`` judges it
-    by ``|delta|``. A state whose ``F(x)``, ``F(b)`` or attributions hold NaN/Inf
-    is *non-finite*: relative error ``inf``, never clean. Every eager call (and
-    each graph capture) evaluates the two path ends twice, in the path's own
-    batched forward, and flags a forward whose values moved, or one that
-    normalises with batch statistics (:class:`StochasticForwardWarning`).
+What a result says about itself (its completeness, each state non-finite, degenerate or checked, the error
+figures and the states near the baseline) is :mod:`~lightning_ig.attribution.result`'s docstring; how far to trust
+it, ``docs/trust.md``.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class IntegratedGradients:
             out,
             plan.zero_baselines,
             plan.run.spec,
-            settings,
+            plan.run.settings,  # the plan's settings: method="auto" and n_steps="budget" resolved for this shape
             plan.run,
             int(plan.run.settings.n_steps),  # the plan's: n_steps="budget" was resolved for this shape
             graph=True,
@@ -258,35 +258,21 @@ class GraphPlan:
 _OUTPUTS = ("attributions", "stats", "accuracy")
 
 
-class PlanCache:
+class PlanCache(dict[tuple[Any, ...], "GraphPlan | None"]):
     """Plans by key; a key whose capture failed maps to ``None``. Keeps the most recent ``limit`` plans.
 
     Each captured graph holds its own memory pool, so old plans are dropped.
     """
 
-    def __init__(self, limit: int = 8) -> None:
-        self.limit = limit
-        self.plans: dict[tuple[Any, ...], GraphPlan | None] = {}
-
-    def __contains__(self, key: tuple[Any, ...]) -> bool:
-        return key in self.plans
-
-    def __len__(self) -> int:
-        return len(self.plans)
-
-    def get(self, key: tuple[Any, ...]) -> GraphPlan | None:
-        return self.plans.get(key)
+    limit = 8
 
     def put(self, key: tuple[Any, ...], plan: GraphPlan | None) -> GraphPlan | None:
         """Store ``plan``; return the plan evicted to make room, if any."""
         evicted = None
-        if plan is not None and len(self.plans) >= self.limit:
-            evicted = self.plans.pop(next(iter(self.plans)))
-        self.plans[key] = plan
+        if plan is not None and len(self) >= self.limit:
+            evicted = self.pop(next(iter(self)))
+        self[key] = plan
         return evicted
-
-    def clear(self) -> None:
-        self.plans.clear()
 
 
 def _check_graph_capture(capture: Any) -> GraphCapture:

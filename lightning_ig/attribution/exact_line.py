@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from lightning_ig.attribution.targets import Target, choose_contrast
 
 __all__ = [
+    "MAX_REGIONS",
     "MIN_REFERENCE_STEPS",
     "ExactLineError",
     "Reference",
@@ -47,6 +48,8 @@ __all__ = [
 
 MIN_REFERENCE_STEPS = 8192
 """The fewest midpoint steps :func:`midpoint_reference` accepts: fewer is not a reference."""
+MAX_REGIONS = 1_000_000
+"""The most activation regions one walk of :func:`exact_line` crosses before it gives up (:class:`ExactLineError`)."""
 
 # Leaf modules whose composition is piecewise linear (ReLU) or linear; containers (Sequential, the package's
 # networks) only wire them, and a container's own arithmetic is checked by completeness after the walk.
@@ -164,7 +167,6 @@ def exact_line(
     *,
     target: Any = "mean",
     pairs: Tensor | None = None,
-    max_regions: int = 1_000_000,
 ) -> Reference:
     """Exact IG of a piecewise-linear network on each state, by walking its activation regions along the line.
 
@@ -177,7 +179,6 @@ def exact_line(
             ``"contrast"``'s greedy and runner-up are ``pairs`` or chosen again in float64.
         pairs: ``(B, 2)`` the contrast's greedy and runner-up outputs (an ``IGResult.target_actions``), so the
             reference attributes the same difference as the run it checks.
-        max_regions: stop with an :class:`ExactLineError` after this many regions of one walk.
 
     Returns:
         The :class:`Reference`, ``method="exact_line"``.
@@ -186,7 +187,7 @@ def exact_line(
         TypeError: ``model`` is not a module.
         UnsupportedModelError: a leaf module that is neither linear nor ``nn.ReLU``.
         ExactLineError: the self-check by completeness failed (a non-linearity the walk cannot see), or the walk
-            passed ``max_regions``.
+            passed :data:`MAX_REGIONS`.
 
     Example::
 
@@ -197,7 +198,7 @@ def exact_line(
     double, xs, bs = _prepared(model, states, baselines)
     started = time.perf_counter()
     targets = _row_targets(target, pairs, double, xs)
-    walks = [_walk(double, _relus_of(double, model, relus), xs, bs, one, max_regions) for one in targets]
+    walks = [_walk(double, _relus_of(double, model, relus), xs, bs, one) for one in targets]
     return _stacked(walks, Target.parse(target).every_output, "exact_line", time.perf_counter() - started)
 
 
@@ -208,9 +209,7 @@ def _relus_of(double: nn.Module, model: nn.Module, relus: list[nn.Module]) -> li
     return [by_name[names[id(relu)]] for relu in relus]
 
 
-def _walk(
-    model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, target: _RowTarget, max_regions: int
-) -> dict[str, Any]:
+def _walk(model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, target: _RowTarget) -> dict[str, Any]:
     feature_shape = tuple(xs.shape[1:])
     batch = xs.shape[0]
     xf, bf = xs.reshape(batch, -1), bs.reshape(batch, -1)
@@ -229,7 +228,7 @@ def _walk(
     regions = torch.zeros(batch, dtype=torch.long, device=xf.device)
     gradients = 0
     try:
-        for _ in range(max_regions):
+        for _ in range(MAX_REGIONS):
             active = (alpha < 1.0).nonzero().squeeze(1)
             if active.numel() == 0:
                 break
@@ -260,8 +259,7 @@ def _walk(
             alpha[active] = end
         else:
             raise ExactLineError(
-                f"the exact line passed max_regions={max_regions} regions on some state; raise max_regions, or use "
-                "midpoint_reference"
+                f"the exact line passed {MAX_REGIONS} regions on some state; use midpoint_reference (or reference)"
             )
     finally:
         for handle in handles:

@@ -1,11 +1,5 @@
-"""CUDA-graph capture of a whole attribution: how one is captured, and the capture of one key.
-
-For repeated calls on the same shapes (what the training callback does),
-:class:`~lightning_ig.attribution.IntegratedGradients` captures the autograd
-computation (interpolation, batched forward, ``torch.autograd.grad``,
-accumulation, completeness, the error estimate) once per key (:func:`capture_attribution`) and keeps
-what comes back as a plan (:class:`~lightning_ig.attribution.engine.GraphPlan`);
-later calls copy the new inputs into the plan's static buffers and replay it.
+"""CUDA-graph capture of a whole attribution, once per key of :class:`~lightning_ig.attribution.IntegratedGradients`
+(:func:`capture_attribution`); the engine keeps what comes back as a plan and replays it.
 
 * The run before the capture is eager: shape and autograd errors surface as
   they would without a graph, and the path's ends ride twice in its forward

@@ -53,24 +53,9 @@ class IGOptions:
     changed copy, checked again).
 
     Args:
-        n_steps: quadrature points; ``"budget"`` (default): the most the device's budget allows for the work (64,
-            128 or 256; the kink rule's 56 where it allows 64: :mod:`lightning_ig.attribution.budget`; the number
-            used is the result's ``n_steps``); or ``"auto"``: the default call, then the states whose error
-            figures are above ``completeness_tol / 2`` refined by tripling the midpoint nodes, up to ``max_steps``
-            (:mod:`lightning_ig.attribution.auto_steps`).
-        method: ``"auto"`` (default: ``"kink_midpoint"`` at 64 points or fewer with autograd, else
-            ``"riemann_middle"``; the result's ``method`` says which), ``"kink_midpoint"`` (the midpoint rule with
-            certified kink corrections, autograd only: :mod:`lightning_ig.attribution.kinks`), or one of Captum's:
-            ``"riemann_middle"``, ``"riemann_left"``, ``"riemann_right"``, ``"riemann_trapezoid"``,
-            ``"gausslegendre"``.
-        gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards autograd cannot go through.
-        backend: ``"auto"`` (default: the CUDA kernels on CUDA tensors when CuPy imports, else torch), ``"cuda"``,
-            ``"torch"``, or an :class:`~lightning_ig.ops.ig.IGOps` object.
-        internal_batch_size: rows per forward; ``None`` (default) picks it from the free device memory.
-        completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
-        max_steps: the most points ``n_steps="auto"`` may use (default 512).
-        fd_step: the relative finite-difference step; ``None`` (default): ``eps ** (1/3)`` of the inputs' dtype.
-        check_finite: check inputs and baselines for NaN/Inf first (default ``True``; one host sync).
+        n_steps, method, gradient, backend, internal_batch_size, completeness_tol, max_steps, fd_step, check_finite:
+            the keyword options of :func:`~lightning_ig.attribution.integrated_gradients`, with the same defaults
+            and meanings (documented there).
         cuda_graph: ``"auto"`` (default: capture and replay a CUDA graph on CUDA devices), ``True`` or ``False``;
             :class:`~lightning_ig.attribution.IntegratedGradients` only (one eager call never captures).
 

@@ -28,6 +28,7 @@ from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import fit, heldout, setup
 from lightning_ig.callback.budget import Budget, Plan
+from lightning_ig.callback.heldout import NonFiniteAttributionError
 from lightning_ig.callback.options import Options, option_assignment, option_attribute
 from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.ensemble.members import pack_members
@@ -41,10 +42,6 @@ from lightning_ig.views.loggers.custom_scalars import trainer_layout
 from lightning_ig.views.loggers.worker import PictureWriter
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
-
-
-class NonFiniteAttributionError(RuntimeError):
-    """The model produced NaN/Inf on the held-out states and ``on_non_finite="raise"`` was asked for."""
 
 
 MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
@@ -233,7 +230,9 @@ class IntegratedGradientsCallback(Callback):
             self._budget = Budget(share)
             self._budget.start()
             self._plan = fit.plan(self.options, trainer, pl_module, [c.options.name for c in _siblings(trainer)])
-            self._last_run_step = None  # a new fit counts steps from zero; a resume restores it
+            # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next
+            self._last_run_step, self._last, self._pairs = None, None, None
+            self.history, self._ever_non_zero, self._warned, self._restored = [], set(), set(), None
 
     @override
     @_timed

@@ -43,7 +43,8 @@ class FitPlan:
     """What set-up decides.
 
     Attributes:
-        held_out: ``(B, *feature_shape)`` the held-out states, float32 on the CPU (the same on every rank).
+        held_out: ``(B, *feature_shape)`` the held-out states on the CPU, in their own floating dtype (the same on
+            every rank).
         units: the units a run logs one by one (features or groups) and their tags.
         saliency: the states are spatial and ``saliency_states`` is set: the saliency pictures are drawn.
         reports: the folder of the JSON report of each run, or ``None``.
@@ -134,7 +135,12 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
     )
     saliency = saliency_kind(shape) is not None and views.saliency_states is not None
     folder = setup.report_folder(
-        options.report_dir, trainer.default_root_dir, bool(trainer.loggers), options.name, options.states
+        options.report_dir,
+        trainer.default_root_dir,
+        bool(trainer.loggers),
+        options.name,
+        options.states,
+        resuming=getattr(trainer, "ckpt_path", None) is not None,
     )
     return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder)
 
@@ -175,6 +181,7 @@ def start(
             options.baseline,
             options.action_names,
             options.engine,
+            options.on_non_finite,
         )
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)

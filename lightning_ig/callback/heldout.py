@@ -6,9 +6,9 @@ done once before training so that a bad input fails before the first step:
 * :func:`resolve_states`: a tensor, a file or a callable, checked and copied to the CPU;
 * :func:`check_baseline` / :func:`baselines_for`: ``"zeros"``, ``"mean"``, a number or a tensor, per rank;
 * :func:`check_target` / :func:`probe_target`: what is attributed (the model's output through ``target``, or a
-  ``forward`` of the user's), tried on two states and bound to the model's outputs;
-* :func:`prepare_engine`: the engine for that target, tried on two states (kernels compile then),
-  and, for an ensemble, the engine of its members;
+  ``forward`` of the user's), tried on the states and bound to the model's outputs;
+* :func:`prepare_engine`: the engine for that target, tried on this rank's states (kernels compile then; NaN and
+  changed buffers caught), and, for an ensemble, the engine of its members;
 * :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
 """
 
@@ -35,6 +35,7 @@ from lightning_ig.vocabulary import callable_name, check_real, shown, shown_with
 __all__ = [
     "BoundForward",
     "ForwardOption",
+    "NonFiniteAttributionError",
     "StatesSource",
     "baseline_label",
     "baselines_for",
@@ -42,11 +43,17 @@ __all__ = [
     "check_baseline_shape",
     "check_states_source",
     "check_target",
+    "model_dtype",
     "prepare_engine",
     "probe_target",
     "rank_rows",
     "resolve_states",
 ]
+
+
+class NonFiniteAttributionError(RuntimeError):
+    """The model produced NaN/Inf on the held-out states and ``on_non_finite="raise"`` was asked for."""
+
 
 StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
 ForwardOption = Callable[[Any, Tensor], Tensor]
@@ -55,8 +62,8 @@ ForwardOption = Callable[[Any, Tensor], Tensor]
 
 def check_states_source(states: Any) -> Any:
     """A tensor (checked now), a path, or a callable ``(trainer, pl_module) -> Tensor`` (checked at set-up)."""
-    if isinstance(states, Tensor):
-        return check_states(states, "states")
+    if isinstance(states, Tensor):  # a copy: the states as they are now, whatever the caller does with its tensor
+        return check_states(states, "states").detach().to("cpu").clone(memory_format=torch.contiguous_format)
     if isinstance(states, (str, os.PathLike)):
         return check_input_file(states, "states", "give a .safetensors, .npy or .json file")  # a FIFO, a device: now
     if callable(states):
@@ -68,11 +75,12 @@ def check_states_source(states: Any) -> Any:
 
 
 def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
-    """The held-out states as a float32 CPU tensor (a normal tensor even if made under inference mode)."""
+    """The held-out states as a CPU tensor in their own floating dtype (a normal tensor even if made under inference
+    mode): float64 states stay float64, so a float64 model sees them unrounded."""
     if isinstance(source, Tensor):
         states = source
     elif isinstance(source, (str, os.PathLike)):
-        states = load_states(source)
+        states = load_states(source, dtype=model_dtype(pl_module))  # as the CLI reads them: the model's precision
     else:
         states = source(trainer, pl_module)
         if not isinstance(states, Tensor):
@@ -81,7 +89,12 @@ def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
                 f"got {type(states).__name__}"
             )
     check_states(states, "states")
-    return states.detach().to("cpu", torch.float32).clone(memory_format=torch.contiguous_format)
+    return states.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+
+
+def model_dtype(pl_module: Any) -> torch.dtype:
+    """The model's floating dtype (its first floating parameter's; float32 for a model without one)."""
+    return next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
 
 
 def check_baseline(baseline: Any) -> Any:
@@ -100,7 +113,7 @@ def check_baseline(baseline: Any) -> Any:
     if isinstance(baseline, Tensor):
         if not baseline.is_floating_point():
             raise TypeError(f"baseline must be a floating-point tensor, got dtype {baseline.dtype}")
-        return baseline
+        return baseline.detach().to("cpu").clone(memory_format=torch.contiguous_format)  # as it is now
     try:
         return check_real(baseline, "baseline")  # NaN and Inf refused (ValueError): no value of a feature
     except TypeError:
@@ -133,7 +146,7 @@ def baselines_for(
 ) -> Tensor | str | float:
     """The baselines of the held-out states ``rows``, as the engine takes them (a number as it is)."""
     if isinstance(baseline, Tensor):
-        values = baseline.detach().to("cpu", torch.float32)
+        values = baseline.detach().to("cpu")  # its own dtype: a float64 baseline is not rounded on the way
         if values.shape == states.shape:
             values = values[rows]  # one baseline per state: these rows
         return values.to(device=device, dtype=dtype).contiguous()
@@ -199,7 +212,7 @@ def probe_target(
     forward: ForwardOption | None = None,
     action_names: Sequence[str] | None = None,
 ) -> tuple[Callable[[Tensor], Tensor], Target]:
-    """Try the model on ``sample`` (two states); return the forward and the target bound to its outputs.
+    """Try the model on ``sample``; return the forward and the target bound to its outputs.
 
     Raises:
         ValueError: the model fails on the states, returns no row per state, has no output ``target``, or
@@ -213,10 +226,15 @@ def probe_target(
         with attribution_mode(pl_module), torch.no_grad():
             output = attributed(sample)
     except Exception as error:
+        who = "the model" if given is None else f"the forward callable {callable_name(given)}"
+        advice = (
+            "Pass states whose feature shape matches the model's input"
+            if given is None
+            else "Check that forward(pl_module, x) runs on a batch x of held-out states and returns one value per state"
+        )
         raise ValueError(
-            f"IntegratedGradientsCallback: the model failed on the held-out states (feature shape {feature_shape}, "
-            f"{num_states} states): {type(error).__name__}: {error}. Pass states whose feature shape matches the "
-            "model's input"
+            f"IntegratedGradientsCallback: {who} failed on the held-out states (feature shape {feature_shape}, "
+            f"{num_states} states, {len(sample)} at once): {type(error).__name__}: {error}. {advice}"
         ) from error
     if not isinstance(output, Tensor):
         raise TypeError(
@@ -253,12 +271,15 @@ def prepare_engine(
     baseline: Any,
     action_names: Sequence[str] | None,
     options: IGOptions,
+    on_non_finite: str = "warn",
 ) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str | float]:
-    """The engine for ``target`` on ``pl_module`` after a two-state trial, and what its runs attribute.
+    """The engine for ``target`` on ``pl_module`` after a trial on this rank's states, and what its runs attribute.
 
-    The trial runs eagerly before training: a target, backend or gradient mode
-    that cannot work fails now, not at the first run, and CUDA kernels compile now.
-    When what is attributed is an ensemble's aggregate
+    The trial runs eagerly before training, on every state this rank attributes (a forward that fails only on
+    bigger batches fails here): a target, backend or gradient mode that cannot work fails now, not at the first
+    run, CUDA kernels compile now, a model whose outputs are NaN/Inf on the states stops the fit now under
+    ``on_non_finite="raise"``, and a forward that changes the model's buffers (which every run would do to
+    training) is refused. When what is attributed is an ensemble's aggregate
     (:func:`~lightning_ig.ensemble.members.find_ensemble`), a second engine
     attributes every member in one batched run (tried the same way).
 
@@ -271,25 +292,68 @@ def prepare_engine(
         baseline: from :func:`check_baseline`.
         action_names: one name per output, or ``None``.
         options: the engine's options.
+        on_non_finite: the callback's ``on_non_finite``.
 
     Returns:
         The engine, the target bound to the model, the members' engine (``None`` unless an ensemble), and this
         rank's states and baselines on the model's device and in its floating dtype.
+
+    Raises:
+        NonFiniteAttributionError: NaN/Inf in the trial and ``on_non_finite="raise"``.
+        ValueError: the model fails on the states, or its forward changed a buffer of the model.
     """
-    dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
-    sample = states[:2].to(device=pl_module.device, dtype=dtype)
-    attributed, target = probe_target(pl_module, target, sample, len(states), forward, action_names)
-    # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
-    options = dataclasses.replace(options, check_finite=False)
-    engine = IntegratedGradients(attributed, target=target, **options.keywords())
-    trial = baselines_for(baseline, states, torch.arange(len(sample)), sample.device, dtype)
-    with attribution_mode(pl_module), stochastic_warnings_silenced():
-        engine.attribute(sample, baselines=trial, n_steps=2, cuda_graph=False)
-    members = MemberAttribution.prepare(pl_module, target, sample, trial, options) if forward is None else None
+    dtype = model_dtype(pl_module)
     rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
     local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
     local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)
     check_finite("states", local_states)
     if isinstance(local_baselines, Tensor):
         check_finite("baseline", local_baselines)
+    buffers = {name: buffer.clone() for name, buffer in pl_module.named_buffers()}
+    attributed, target = probe_target(pl_module, target, local_states, len(states), forward, action_names)
+    # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
+    options = dataclasses.replace(options, check_finite=False)
+    engine = IntegratedGradients(attributed, target=target, **options.keywords())
+    with attribution_mode(pl_module), stochastic_warnings_silenced():
+        trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
+    _refuse_changed_buffers(pl_module, buffers)
+    if on_non_finite == "raise" and bool(trial.non_finite.any()):
+        raise NonFiniteAttributionError(
+            f"IntegratedGradientsCallback: the model gave NaN/Inf on {int(trial.non_finite.sum())} of "
+            f"{len(local_states)} held-out states in the set-up trial, before training (on_non_finite='raise'); "
+            "check the model's weights and the states"
+        )
+    sample = local_states[:2]
+    trial_baselines = local_baselines[:2] if isinstance(local_baselines, Tensor) else local_baselines
+    members = (
+        MemberAttribution.prepare(pl_module, target, sample, trial_baselines, options) if forward is None else None
+    )
     return engine, target, members, local_states, local_baselines
+
+
+def _refuse_changed_buffers(pl_module: Any, before: dict[str, Tensor]) -> None:
+    """Put back any buffer the trial's forwards changed, and refuse the model: every run would change training."""
+    changed = [
+        name
+        for name, buffer in pl_module.named_buffers()
+        if name in before and not torch.equal(buffer, before[name]) and not _both_nan(buffer, before[name])
+    ]
+    if not changed:
+        return
+    with torch.no_grad():
+        for name, buffer in pl_module.named_buffers():
+            if name in before:
+                buffer.copy_(before[name])
+    raise ValueError(
+        f"IntegratedGradientsCallback: the model's forward changed its buffer(s) {', '.join(changed[:5])} in eval "
+        "mode with the noise off, so every IG run would change what training sees; leave buffers alone outside "
+        "training (e.g. update them only when self.training) or pass forward= that does"
+    )
+
+
+def _both_nan(a: Tensor, b: Tensor) -> bool:
+    return (
+        a.is_floating_point()
+        and torch.equal(torch.isnan(a), torch.isnan(b))
+        and torch.equal(a.nan_to_num(), b.nan_to_num())
+    )

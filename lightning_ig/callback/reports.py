@@ -17,7 +17,7 @@ from lightning_ig._files import OutputPathError, check_output_dir, check_output_
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import json_float
 from lightning_ig.run.summary import RunSummary
-from lightning_ig.views.report import build_report, each_report, write_report
+from lightning_ig.views.report import build_report, each_report, with_verdict, write_report
 
 __all__ = ["ReportFolder", "run_extra", "run_report"]
 
@@ -60,6 +60,17 @@ class ReportFolder:
     def file_name(self, step: int) -> str:
         """The report's file name for the run at global step ``step``."""
         return f"ig_report{'' if self.name is None else '_' + self.name}_step={step:08d}.json"
+
+    def existing(self) -> int:
+        """How many files in the folder have this callback's report names (an earlier fit's reports)."""
+        head, tail = self.file_name(0).split("=")[0] + "=", ".json"
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return 0
+        return sum(
+            name.startswith(head) and name.endswith(tail) and name[len(head) : -len(tail)].isdigit() for name in names
+        )
 
     def write(self, report: Mapping[str, Any], step: int) -> str | None:
         """Write the report of the run at ``step``; ``None``, or why it could not be (``"PATH (error)"``)."""
@@ -117,7 +128,8 @@ def run_report(
     epoch: int,
     world_size: int,
 ) -> dict[str, Any]:
-    """The JSON report of one callback run (the file in ``report_dir``, and what W&B and MLflow get).
+    """The JSON report of one callback run (the file in ``report_dir``, and what W&B and MLflow get), with the run's
+    verdict and trust checks (:func:`~lightning_ig.views.report.with_verdict`).
 
     A ``target="each"`` run's document speaks of the held-out states, with an ``actions`` key
     (:func:`~lightning_ig.views.report.each_report`).
@@ -125,12 +137,12 @@ def run_report(
     extra = run_extra(summary, epoch=epoch, world_size=world_size)
     top_k = summary.settings.top_k
     report = build_report(host, feature_names=feature_names, forward_target=forward_target, top_k=top_k, extra=extra)
-    if summary.actions is None:
-        return report
-    units = summary.units
-    sizes = None if units.sizes is None else units.sizes.tolist()
-    tolerance = summary.settings.tolerance
-    return each_report(report, summary.actions, host, units.names, sizes, top_k=top_k, tolerance=tolerance)
+    if summary.actions is not None:
+        units = summary.units
+        sizes = None if units.sizes is None else units.sizes.tolist()
+        tolerance = summary.settings.tolerance
+        report = each_report(report, summary.actions, host, units.names, sizes, top_k=top_k, tolerance=tolerance)
+    return with_verdict(report, summary)  # the verdict and the trust checks, in the file as in W&B and MLflow
 
 
 def run_extra(summary: RunSummary, *, epoch: int, world_size: int) -> dict[str, Any]:

@@ -119,12 +119,18 @@ def history_to_continue(history: list[dict[str, Any]], units: LoggedUnits) -> li
 
 
 def report_folder(
-    report_dir: Path | None, default_root_dir: str | os.PathLike[str], has_loggers: bool, name: str | None, states: Any
+    report_dir: Path | None,
+    default_root_dir: str | os.PathLike[str],
+    has_loggers: bool,
+    name: str | None,
+    states: Any,
+    resuming: bool = False,
 ) -> ReportFolder | None:
     """The reports' folder, checked (and ``name``: the file names must fit its file system), or ``None``.
 
     Without ``report_dir`` and without a logger, the reports go to ``<default_root_dir>/ig_reports``: a run that
-    logs nowhere still leaves its numbers somewhere.
+    logs nowhere still leaves its numbers somewhere. A new fit (not ``resuming``) into a folder that holds this
+    callback's reports of an earlier fit is warned about: its runs at the same steps replace them.
     """
     folder = report_dir
     if folder is None and not has_loggers:
@@ -133,7 +139,17 @@ def report_folder(
             "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
             f"the JSON report of each run goes to {folder}"
         )
-    return None if folder is None else ReportFolder(folder, name, inputs=[states])
+    if folder is None:
+        return None
+    reports = ReportFolder(folder, name, inputs=[states])
+    earlier = reports.existing()
+    if earlier and not resuming:
+        rank_zero_warn(
+            f"IntegratedGradientsCallback{named(name)}: report_dir {reports.folder} holds {earlier} report(s) of an "
+            "earlier fit; this fit's reports at the same steps replace them. Give each fit its own report_dir (or "
+            "name=) to keep both"
+        )
+    return reports
 
 
 def automatic_groups(

@@ -27,15 +27,8 @@ strips it, so a head loads exactly like a single-model file. A head without its
 own entry or states falls back on the file-level ones. Write merged files with
 :func:`save_merged_checkpoint` (models) or :func:`merge_checkpoints` (files).
 
-Every write goes to a temporary file in the target folder first, then is renamed
-over the target, so a reader never sees a half-written checkpoint; the file gets
-the mode any program's output gets (``0o666 & ~umask``, or the old file's).
-
-A checkpoint is data. Reading one never unpickles and never imports what the file
-names: only registered architectures are built from its metadata (an import path in
-it needs the caller's ``architecture=`` or ``trust_remote_code=True``), and its
-config may not describe a model larger than the tensors stored beside it (checked
-on the ``meta`` device before anything is allocated). See :func:`load_checkpoint`.
+Writes are atomic (:mod:`.writing`). A checkpoint is data: reading one never unpickles and never imports what the
+file names, and its config may not describe a model larger than the tensors it stores (:func:`load_checkpoint`).
 
 The parts: :mod:`.layout` (keys, :class:`CheckpointError`, :class:`LoadedCheckpoint`),
 :mod:`.writing` (save and merge), :mod:`.heads` (which heads a file holds, which one a

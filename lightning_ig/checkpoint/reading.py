@@ -218,10 +218,8 @@ def _holds(mine: torch.dtype, stored: torch.dtype) -> bool:
 
 
 def _match_dtypes(model: nn.Module, weights: dict[str, Tensor], where: str) -> None:
-    """Load the file's values as they are: a float tensor the model's dtype holds exactly (float16 into float32) is
-    loaded into it; one it does not (float64 into float32) builds the model in the wider dtype instead of rounding it;
-    a bool or integer tensor where the model has a float one, or the other way round, or an integer narrowed, is
-    refused: a cast would change what the tensor means."""
+    """Load the file's values as they are (the rule :func:`load_checkpoint`'s docstring states); an integer narrowed is
+    refused too: a cast would change what the tensor means."""
     own = model.state_dict()
     wider: torch.dtype | None = None
     for key, stored in weights.items():

@@ -1,10 +1,7 @@
 """Writing checkpoints: one model, several heads, or single-model files merged into one.
 
-Every write checks its path first (a folder, a device or a FIFO is refused), goes to
-a temporary file beside the target and is renamed over it (readers never see half
-a checkpoint), and leaves the file with the mode any program's output gets: the old
-file's mode when it is overwritten, else ``0o666 & ~umask`` (see
-:func:`lightning_ig._files.atomic_path`).
+Every write checks its path first, goes to a temporary file beside the target and is renamed over it (readers never
+see half a checkpoint), with the mode any program's output gets (:func:`lightning_ig._files.atomic_path`).
 """
 
 from __future__ import annotations
@@ -93,8 +90,7 @@ def save_checkpoint(
     width = None if stored_states is None else int(stored_states[0].numel())
     names = _checked_names(feature_names, width)
     architecture, model_kwargs = _architecture(model, config)
-    meta = _user_metadata(metadata)
-    meta[FORMAT_KEY] = FORMAT_VERSION
+    meta = _metadata(metadata)
     meta[ARCHITECTURE_KEY] = architecture
     if model_kwargs is not None:
         meta[CONFIG_KEY] = json.dumps(model_kwargs, sort_keys=True)
@@ -156,8 +152,7 @@ def save_merged_checkpoint(
         tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
         if head in per_head_states:
             tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")
-    meta = _user_metadata(metadata)
-    meta[FORMAT_KEY] = FORMAT_VERSION
+    meta = _metadata(metadata)
     meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
     if feature_names is not None and not isinstance(feature_names, Mapping):
         meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(feature_names, None))
@@ -211,14 +206,9 @@ def merge_checkpoints(
         with safe_open(os.fspath(source), framework="pt", device="cpu") as handle:
             for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict: keys() is its API
                 tensors[prefix + key] = handle.get_tensor(key)
-    meta = _user_metadata(metadata)
-    meta[FORMAT_KEY] = FORMAT_VERSION
+    meta = _metadata(metadata)
     meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
     return _atomic_save(tensors, path, meta)
-
-
-# --------------------------------------------------------------------------------------------------
-# the pieces
 
 
 def _checked_names(feature_names: Sequence[str] | None, width: int | None) -> list[str] | None:
@@ -234,9 +224,10 @@ def _stored_states(states: Tensor, what: str = "states") -> Tensor:
     return check_states(states, what).detach().to("cpu", torch.float32).contiguous().clone()
 
 
-def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+def _metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """The user's metadata, checked, with the format's version."""
     if metadata is None:
-        return {}
+        return {FORMAT_KEY: FORMAT_VERSION}
     if not isinstance(metadata, Mapping):
         raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
     for key, value in metadata.items():
@@ -246,7 +237,7 @@ def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
             )
         if key.startswith(RESERVED_PREFIX):
             raise ValueError(f"metadata key {key!r} uses the reserved prefix {RESERVED_PREFIX!r}; rename it")
-    return dict(metadata)
+    return {**metadata, FORMAT_KEY: FORMAT_VERSION}
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -281,12 +272,8 @@ def _architecture(model: nn.Module, config: Mapping[str, Any] | None) -> tuple[s
 
 def _head_info(model: nn.Module, names: Sequence[str] | None) -> dict[str, Any]:
     architecture, model_kwargs = _architecture(model, None)
-    info: dict[str, Any] = {"architecture": architecture}
-    if model_kwargs is not None:
-        info["config"] = model_kwargs
-    if names is not None:
-        info["feature_names"] = _checked_names(names, None)
-    return info
+    info = {"architecture": architecture, "config": model_kwargs, "feature_names": _checked_names(names, None)}
+    return {key: value for key, value in info.items() if value is not None}
 
 
 def _source_info(source_meta: Mapping[str, str], source: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,112 +1,30 @@
 """The ``lightning-ig`` command: Integrated Gradients reports for saved Q-networks.
 
-``lightning-ig diag`` rebuilds a model from a safetensors checkpoint (see
-:mod:`lightning_ig.checkpoint`), switches its NoisyNet noise off, runs
-Integrated Gradients on held-out states and writes the schema-version-1 JSON
-report (see :mod:`lightning_ig.views.report`). ``lightning-ig show`` prints a report
-as a table. Run ``lightning-ig diag --help`` for every flag.
+``lightning-ig diag`` rebuilds a model from a safetensors checkpoint (:mod:`lightning_ig.checkpoint`), switches its
+NoisyNet noise off, runs Integrated Gradients on held-out states and writes the schema-version-1 JSON report
+(:mod:`lightning_ig.views.report`); ``lightning-ig show`` prints a report as a table. The flags are documented by
+``lightning-ig diag --help`` (:mod:`.parser`) and the README's "The command line"; the rules every run keeps:
 
-Where the states come from: ``--states auto`` samples ``--auto-samples`` (16)
-states without replacement, with a private generator seeded by ``--seed`` (42),
-from the states stored in the checkpoint (``__states__``, or the head's own
-``<head>____states__``), else from ``<name>.states.{safetensors,npy,json}`` or
-``states.{...}`` beside it; the report records the indices drawn
-(``state_indices``). ``--states PATH`` uses every state in the file. States are
-converted to the model's dtype (float64 states for a float32 model work).
+* inputs (``--checkpoint``, ``--states``, ``--baseline``, ``--feature-names``, ``--feature-groups``) must be regular
+  files, checked before anything is read; work the user sizes must fit in the memory available, said before it is
+  allocated; what a file holds is printed as text, its control characters escaped (:mod:`.terminal`), and
+  malformed JSON of any depth or size is one line and status 2;
+* outputs are one plan, checked before anything is loaded (none may be an input, two may not be the same file), and
+  written all or none: a full disk, Ctrl-C, SIGTERM or SIGHUP before the renames leaves none of them
+  (:mod:`lightning_ig._files`);
+* a model whose forward or attributions are NaN/Inf on some states is never reported as clean: the reports are
+  written with the extra key ``non_finite_states`` and the command exits with status 3; when no state can be
+  checked the summary says "no state could be checked", never "0%"; a stochastic forward is refused (status 2).
 
-Merged files: ``--head NAME`` (or ``--prefix NAME__``) attributes one head; a
-prefix must name a whole head (the error lists the heads). ``--all-heads``
-attributes each head and writes **one report per head**, named after
-``--output`` with the head before the suffix (``ig_report.json`` ->
-``ig_report.trending.json``, ``ig_report.ranging.json``). One file per head
-keeps every report a plain schema-version-1 document (``regime_head`` names its
-head), so consumers of single reports read them unchanged. Every head is
-checked before the first IG run and all reports are written at the end: a
-mistake in any head writes none.
+Exit status (``--help`` lists them, :mod:`.exits` defines them): 0 written and finite, 1 a bug, 2 the user's mistake
+(no report), 3 NaN/Inf (reports written), 4 not within ``--completeness-tol`` (reports written), 130 Ctrl-C, 141
+stdout closed by its reader. The status is the work's: 0, 3 and 4 say the reports are written, 2 and 130 (before the
+renames) that none is; a stdout that cannot take diag's summary leaves it as it is (one line on stderr), while for
+``show`` the printing is the work (status 2).
 
-Inputs: every path (``--checkpoint``, ``--states``, ``--baseline``,
-``--feature-names``, ``--feature-groups``) must be a regular file, checked before
-anything is read; a folder, a FIFO, a device, a symbolic-link loop or a missing
-file is one line naming which. Work the user sizes (``--auto-samples``, the states
-of a file, ``--num-steps``) must fit in the memory available: said before it is
-allocated, never left to the out-of-memory killer.
-
-Images, wide vectors and ensembles: ``--feature-groups channels|features|PATH``
-adds the report's ``groups`` (a group's attribution is the sum of its members',
-so completeness holds per group too); PATH is a JSON file holding
-``{"name": [flat indices], ...}``, ``{"name": nested true/false mask, ...}`` or an
-integer mask shaped like one state (Captum's ``feature_mask``).
-``--saliency DIR`` also writes ``saliency.png`` (the report's states with their
-signed attributions blended over them) and ``saliency_mean_abs.png`` for states
-with spatial dimensions, ``(C, H, W)`` or ``(C, L)``. A checkpoint of an
-:class:`~lightning_ig.ensemble.Ensemble` is attributed as its aggregate (target
-``output``); every member's own signal is attributed too, in one batched run,
-and summarized under the report's ``ensemble`` key (agreement with the
-aggregate, per-member completeness and top features).
-
-Outputs are one plan, checked before anything is loaded: every file diag will
-write (``--output``, each ``--all-heads`` report, each ``--saliency`` picture)
-may not be the checkpoint, a states, baseline, groups or feature-names file (by
-any name: a symbolic or a hard link), two may not be the same file, none may be
-a folder (``dir/`` included), a device or a FIFO, and their folders must exist
-and be writable (the ``--saliency`` folder is made once the plan passed). A
-symbolic link named by ``--output`` is written through to its target; the names
-diag makes up (``saliency.png``, ``ig_report.<head>.json``, the default
-``ig_report.json``) are never written through a link (one found there is
-refused). Without ``--output`` an existing ``./ig_report.json`` is never
-replaced: status 2, name it with ``--output`` to replace it. The files of a run
-(every report and picture) are written all or none: each to a temporary file
-beside it, then all renamed at the end; a full disk, Ctrl-C, SIGTERM or SIGHUP
-before the renames leaves none of them and no temporary file. A new file gets
-``0o666 & ~umask``, an overwritten one its old mode less setuid, setgid, sticky
-and others' write.
-
-Trust: a model whose forward or attributions are NaN/Inf on some states is never
-reported as clean. The reports are still written (a user debugging a diverged run
-wants them): the extra key ``non_finite_states`` lists those states, beside the
-schema-v1 keys, and the command exits with status 3 and one line saying how many
-states and the first. When every state is degenerate (``|F(x) - F(b)|`` too small
-for a ratio) the summary says "no state could be checked", never "0%". A forward
-that gives different values for the same state (dropout or batch-norm in train
-mode, noise the CLI cannot switch off) is refused: status 2, one line naming the
-likely cause, no report.
-
-Hostile input: what a file holds (a report's names, a checkpoint's metadata, a
-path) is printed as text, its control characters escaped (``\x1b``, ``\u202e``;
-:mod:`.terminal`); JSON of any depth, integers of any size and values of the
-wrong kind (``true`` among the states, ``"schema_version": true``) are one line
-and status 2, like every other mistake in the inputs.
-
-Exit status:
-
-=====  ========================================================================
-0      every report written; the model's outputs and attributions were finite
-1      an unexpected failure (a bug): rerun with ``--debug`` for the traceback
-2      a mistake in the command line or its inputs, or a stochastic forward:
-       one line on stderr says what was wrong and what to do; no report written
-3      the model produced NaN/Inf on some states: reports written (with
-       ``non_finite_states``), one line on stderr
-4      not within ``--completeness-tol`` by the accuracy verdict (the worst
-       estimated attribution error or mass-relative completeness error over
-       the states away from the baseline above sqrt(2) x tol): reports written,
-       one line on stderr names the figure
-130    interrupted (Ctrl-C), at any moment: one line on stderr saying whether the
-       reports were written (all of them) or not (none)
-141    stdout was closed by its reader (``| head``): nothing said, as ``cat`` or
-       ``grep`` (128 + SIGPIPE); diag's reports are written before it prints
-=====  ========================================================================
-
-The status is the work's: 0, 3 and 4 say the reports are written, 2 and 130
-(before the renames) that none is. Printing is not diag's work: a stdout that
-cannot take the summary (a full disk) leaves the status as it is, with one line
-on stderr, and a character the stdout's encoding lacks is printed as an escape.
-For ``show`` the printing is the work: a stdout that cannot take it is status 2.
-
-The parts: :mod:`.parser` (flags and help), :mod:`.diag` (the diag command's
-steps), :mod:`.head_inputs` (one head's checked inputs), :mod:`.feature_groups`
-(``--feature-groups``), :mod:`.show` (reading
-and printing reports), :mod:`.progress`, :mod:`.interrupts` (Ctrl-C),
-:mod:`.exits` (statuses and the user-mistake error).
+The parts: :mod:`.parser` (flags and help), :mod:`.diag` (the diag command's steps), :mod:`.head_inputs` (one head's
+checked inputs), :mod:`.feature_groups`, :mod:`.show`, :mod:`.verify`, :mod:`.progress`, :mod:`.interrupts`
+(Ctrl-C), :mod:`.exits` (statuses and the user-mistake error).
 
 Example::
 

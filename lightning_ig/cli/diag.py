@@ -263,11 +263,8 @@ def _checked(check: Any, *args: Any, **kwargs: Any) -> Any:
 def _inputs(args: argparse.Namespace) -> list[str | Path]:
     """Every file this run may read; an output may be none of them."""
     inputs: list[str | Path] = [args.checkpoint]
-    if args.states == "auto":
-        beside = states_beside(args.checkpoint)
-        inputs += [beside] if beside is not None else []
-    else:
-        inputs.append(args.states)
+    beside = states_beside(args.checkpoint) if args.states == "auto" else args.states
+    inputs += [beside] if beside is not None else []
     if args.feature_names:
         inputs.append(args.feature_names)
     if baseline_path(args.baseline) is not None:
@@ -366,13 +363,14 @@ def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> lis
     from lightning_ig.views.report import build_report  # noqa: PLC0415
 
     per_state = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite")
-    optional = ("attribution_error", "mass_relative_error", "attribution_mass")
+    optional = ("attribution_error", "mass_relative_error", "attribution_mass")  # None where not computed
     actions = []
     for k in range(per_action.attributions.shape[0]):
-        fields = {name: getattr(per_action, name)[k] for name in per_state}
-        fields.update(
-            {name: getattr(per_action, name)[k] for name in optional if getattr(per_action, name) is not None}
-        )
+        fields = {
+            name: getattr(per_action, name)[k]
+            for name in (*per_state, *optional)
+            if getattr(per_action, name) is not None
+        }
         one = dataclasses.replace(per_action, attributions=per_action.attributions[k], target=f"action:{k}", **fields)
         report = build_report(
             one,
@@ -383,13 +381,9 @@ def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> lis
         )
         completeness = {key: value for key, value in report["completeness"].items() if key != "per_state"}
         completeness.pop("degenerate_states", None)
+        top = report["top_10_by_mean_abs"]
         actions.append(
-            {
-                "action": k,
-                "forward_target": f"action:{k}",
-                "top_10_by_mean_abs": report["top_10_by_mean_abs"],
-                "completeness": completeness,
-            }
+            {"action": k, "forward_target": f"action:{k}", "top_10_by_mean_abs": top, "completeness": completeness}
         )
     return actions
 
@@ -441,7 +435,7 @@ def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written
         if planned.pictures:
             pixels = _saliency_pixels(head)
             files += [(picture, partial(write_png, image)) for picture, image in zip(planned.pictures, pixels)]
-    targets = [(planned.path, planned.follow_symlinks) for planned, _ in files]
+    targets = [(planned.path, not planned.made_up) for planned, _ in files]  # a user's path is written through a link
     done = 0
     try:
         with atomic_paths(targets, committed=written) as temporaries:
@@ -476,34 +470,30 @@ def _saliency_pixels(head: _Attributed) -> list[Any]:
 
 def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:
     """Per head: the report written, the accuracy verdict (per action for --target each), --verify's lines, the
-    pictures; a warning where an ensemble member's completeness is above the tolerance.
-
-    The old ratio ``|delta| / |dF|`` no longer warns: on random-init and near-baseline states it reads 60-100% for
-    maps within 1% of the truth; the verdict (the estimate and the mass-relative error) decides, and exits 4."""
+    pictures; a warning where an ensemble member's completeness is above the tolerance."""
+    if args.quiet:
+        return
     for head in attributed:
         report = head.report
-        if not args.quiet:
-            print(
-                printable(
-                    f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
-                    f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
-                )
+        print(
+            printable(
+                f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
+                f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
             )
-            accuracy = accuracy_words(report)
-            if accuracy is not None:
-                print(printable(f"  {accuracy}"))
-            for action in report.get("actions", []):
-                words = accuracy_words(action)
-                print(printable(f"  action {action['action']}: {words}"))
-            if "verify" in report:
-                for line in verify_lines(report["verify"]):
-                    print(printable(f"  {line}"))
-            if head.saliency:
-                print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
+        )
+        accuracy = accuracy_words(report)
+        if accuracy is not None:
+            print(printable(f"  {accuracy}"))
+        for action in report.get("actions", []):
+            print(printable(f"  action {action['action']}: {accuracy_words(action)}"))
+        for line in verify_lines(report["verify"]) if "verify" in report else []:
+            print(printable(f"  {line}"))
+        if head.saliency:
+            print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
         member_worst = max(
             (m["worst_relative_error"] or 0.0 for m in report.get("ensemble", {}).get("members", [])), default=0.0
         )
-        if not args.quiet and member_worst > args.completeness_tol:
+        if member_worst > args.completeness_tol:
             print(
                 f"{PROG}: warning: an ensemble member's worst relative completeness error "
                 f"{relative_error_text(member_worst)} exceeds --completeness-tol {args.completeness_tol:g}; "

@@ -1,18 +1,10 @@
-"""``--feature-groups``: ``channels``, ``features`` or a JSON file, read into feature groups.
+"""``--feature-groups``: ``channels``, ``features`` or a JSON file, read into
+:class:`~lightning_ig.attribution.groups.FeatureGroups`.
 
-The groups are :class:`~lightning_ig.attribution.groups.FeatureGroups`.
-
-A file holds one of
-
-* an object ``{"name": [flat feature indices], ...}`` (0-based indices into the
-  flattened state; features in no group form one more group, ``other``);
-* an object ``{"name": bool mask, ...}``: each mask a nested list of
-  ``true``/``false`` shaped like one state (or broadcastable to it);
-* an integer mask: a nested list of whole numbers shaped like one state (Captum's
-  ``feature_mask``: equal ids form one group, named ``group <id>``).
-
-Each mistake is one :class:`~lightning_ig.cli.exits.UsageError` line naming the
-file, what was wrong and what to write instead.
+A file holds ``{"name": [flat feature indices], ...}`` (features in no group form one more, ``other``),
+``{"name": true/false mask shaped like one state, ...}`` or an integer mask shaped like one state (Captum's
+``feature_mask``: equal ids form one group, ``group <id>``). Each mistake is one
+:class:`~lightning_ig.cli.exits.UsageError` line naming the file, what was wrong and what to write instead.
 """
 
 from __future__ import annotations

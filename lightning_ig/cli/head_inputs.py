@@ -1,10 +1,5 @@
-"""One head's inputs for ``lightning-ig diag``, loaded and checked before any IG work starts.
-
-The model (from the checkpoint, by prefix, or a Lightning ``.ckpt``), the states
-(sampled from those stored, or a file; converted to the model's dtype), the
-feature names, the feature groups, the target and the baseline. Every mistake is a
-:class:`~lightning_ig.cli.exits.UsageError` naming the input and what to do.
-"""
+"""One head's inputs for ``lightning-ig diag`` (model, states in the model's dtype, feature names, groups, target,
+baseline), loaded and checked before any IG work; every mistake is a :class:`~lightning_ig.cli.exits.UsageError`."""
 
 from __future__ import annotations
 

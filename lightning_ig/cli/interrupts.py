@@ -1,22 +1,11 @@
 """Ctrl-C: one line on stderr and exit status 130, at any moment of a command; the line says what was written.
 
-Until the reports are being written there is nothing to clean up, so the handler
-ends the process at once (``os._exit``). Nothing can then swallow the interrupt or
-turn it into another error: not an import that catches ``BaseException`` (heavy
-libraries are imported lazily, during the command), not a thread join, not a long
-kernel (the handler runs as soon as the main thread is back in Python).
-
-While reports are written (:meth:`Interrupts.raising`) Ctrl-C raises
-``KeyboardInterrupt`` instead, so the writer removes its temporary files and the
-reports are all written or none (:func:`lightning_ig._files.atomic_paths`); ``main``
-turns it into the same one line. Once they are written (:meth:`Interrupts.written`)
-the line says so, to the end of the process: Ctrl-C while it prints or exits is
-the same one line and status 130, never "nothing was written" or a traceback.
-
-A process started with Ctrl-C ignored (a background job of a non-interactive
-shell) keeps ignoring it. The command's own imports come before ``main``: the
-package installs the handler as soon as it can (:func:`handle_from_the_start`), so
-Ctrl-C while it is still starting is the same one line, not a traceback.
+Until the reports are being written the handler ends the process at once (``os._exit``): nothing can swallow the
+interrupt (an import catching ``BaseException``, a thread join, a long kernel). While they are written
+(:meth:`Interrupts.raising`) Ctrl-C raises ``KeyboardInterrupt``, so the writer removes its temporary files (all or
+none, :func:`lightning_ig._files.atomic_paths`); once they are written (:meth:`Interrupts.written`) the line says so,
+to the end of the process. A process started with Ctrl-C ignored keeps ignoring it; the package installs the
+handler as soon as it is imported (:func:`handle_from_the_start`), so Ctrl-C while it starts is the same one line.
 """
 
 from __future__ import annotations

@@ -119,14 +119,7 @@ _count = _checked(int, check_int, "a whole number >= 0", minimum=0)
 _seed = _checked(int, check_int, "a whole number", minimum=0, maximum=2**63 - 1)
 _positive_float = _checked(float, check_positive_float, "a number > 0")
 _num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1, 'budget' or 'auto'")
-
-
-def _method(text: str) -> str:
-    """A quadrature rule: ``auto``, ``kink_midpoint`` or one of METHODS, checked by the shared check."""
-    try:
-        return check_method(text, "--method")
-    except (TypeError, ValueError) as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+_method = _checked(str, check_method, "a quadrature rule")  # auto, kink_midpoint or one of METHODS
 
 
 def _target(text: str) -> str | int:
@@ -299,7 +292,7 @@ def _add_diag(commands: Any) -> None:
     )
     ig.add_argument(
         "--method",
-        type=_method,
+        type=_method("--method"),
         default=AUTO_METHOD,
         metavar="RULE",
         help="quadrature rule: auto (default: kink_midpoint at 64 steps or fewer, else riemann_middle; the report's "

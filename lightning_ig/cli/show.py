@@ -1,16 +1,8 @@
 """``lightning-ig show``: a report as a table, and the words for its completeness that ``diag`` prints too.
 
-The table lists the top features, the feature groups (when the report has
-``groups``), completeness, the members of an ensemble (when it has ``ensemble``:
-their agreement with the aggregate and their completeness) and the states with
-the largest completeness error.
-
-A report is read tolerantly: a missing or odd part (``"completeness": null``, a
-feature without numbers) is said in the table, not fatal. Only a file that is not a
-JSON object of schema version 1 is refused (exit status 2, one line). Every string
-from the file is printed through :func:`~lightning_ig.cli.terminal.printable`: a
-name holding ``ESC`` or ``BEL`` is shown escaped, never obeyed by the terminal.
-The completeness error is a fraction, as in the report (``relative error 5.86e-07``).
+A report is read tolerantly: a missing or odd part (``"completeness": null``, a feature without numbers) is said in
+the table, not fatal; only a file that is not a JSON object of schema version 1 is refused (status 2, one line).
+Every string from the file is printed through :func:`~lightning_ig.cli.terminal.printable`.
 """
 
 from __future__ import annotations
@@ -92,10 +84,6 @@ def _number(value: Any, width: int = 11) -> str:
     if width == 0:
         return "n/a" if real is None else f"{real:.4g}"
     return "n/a".rjust(width) if real is None else f"{real:{width}.4g}"
-
-
-# --------------------------------------------------------------------------------------------------
-# the words
 
 
 def completeness_words(report: Mapping[str, Any]) -> str:

@@ -1,14 +1,8 @@
 """What the command prints is text, never terminal commands: control characters from files are escaped.
 
-A report, a checkpoint's metadata, a feature-names file or a path can hold any
-character, and a terminal obeys some of them: ``ESC ]0;...BEL`` retitles the
-window, ``ESC [2J`` clears it, a carriage return overwrites a line, a
-right-to-left override (U+202E) shows text backwards, a lone surrogate (valid
-in JSON as ``"\\udc80"``) makes ``print`` itself fail. :func:`printable` writes
-each such character as a Python-style escape (``\\x1b``, ``\\u202e``), so the
-line shows what the file holds and does nothing else. Every line the command
-prints from a file's contents goes through it: ``show``'s table, ``diag``'s
-summary, and every error line (:func:`lightning_ig.cli.exits.one_line`).
+A report, a checkpoint's metadata or a path can hold characters a terminal obeys (``ESC ]0;...BEL`` retitles the
+window, U+202E shows text backwards, a lone surrogate makes ``print`` fail): every line printed from a file's
+contents goes through :func:`printable`, which writes each as a Python-style escape.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``diag --verify N`` and the accuracy verdict in diag's words.
 
 ``--verify N`` attributes the first ``N`` states again against a high-resolution reference
-(:func:`lightning_ig.attribution.exact_line.reference`: the exact line for networks of
-Linear/Conv2d/ReLU/Flatten/NoisyLinear, else 8192 float64 midpoint steps) and puts each state's *true* error
-``||a - a_ref||_1 / ||a_ref||_1`` beside the run's estimate ``attribution_error``, in the report's ``verify``
-key and in one line per state on stdout. The worst true error is over the verified states away from the
-baseline (``||a_ref||_1`` at least a tenth of the verified states' median), the same rule the estimate's worst
-uses; near-baseline states are listed and flagged, never scored.
+(:func:`lightning_ig.attribution.exact_line.reference`) and puts each state's *true* error
+``||a - a_ref||_1 / ||a_ref||_1`` beside the run's estimate, in the report's ``verify`` key and on stdout; the worst is
+over the states away from the baseline, as for the estimate's worst.
 """
 
 from __future__ import annotations

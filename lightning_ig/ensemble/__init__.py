@@ -1,17 +1,12 @@
 """Ensembles: a fused, differentiable ensemble reduce and ensembles as attribution targets.
 
-* :func:`ensemble_reduce` / :class:`EnsembleReduce`: ``out[b] = sum_m w[m] * mean_k
-  sigmoid(logits[b, m, k])`` in one deterministic CUDA launch (one more for the
-  backward), with a torch twin (:mod:`lightning_ig.ops.ensemble_reduce`);
-  :func:`member_means`: each member's own ``mean_k sigmoid``.
-* :class:`Ensemble`: members mapping states to ``(N, K)``, whose forward is the
-  aggregate ``(N,)`` and whose ``member_signals`` is ``(N, M)``; registered as
-  ``"Ensemble"`` so checkpoints rebuild it.
-* :class:`MemberAttribution`, :class:`MemberRun`: each member attributed in one
-  batched run beside the aggregate, gathered across ranks with it (the callback).
+* :func:`ensemble_reduce` / :class:`EnsembleReduce`: ``out[b] = sum_m w[m] * mean_k sigmoid(logits[b, m, k])`` in one
+  deterministic CUDA launch (one more for the backward), with a torch twin; :func:`member_means`: each member's own.
+* :class:`Ensemble`: members mapping states to ``(N, K)``, whose forward is the aggregate ``(N,)`` and whose
+  ``member_signals`` is ``(N, M)``; registered as ``"Ensemble"`` so checkpoints rebuild it.
+* :class:`MemberAttribution`, :class:`MemberRun`: each member attributed in one batched run beside the aggregate.
 
-Whether the members rely on the same features as the aggregate is a run's number:
-:mod:`lightning_ig.run.agreement` (``ensemble_summary``, ``member_agreement``, ...).
+How far the members agree with the aggregate is a run's number (:mod:`lightning_ig.run.agreement`).
 
 Example::
 

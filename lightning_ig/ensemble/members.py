@@ -1,17 +1,10 @@
 """Every member of an ensemble attributed beside the aggregate, in one batched IG run.
 
-The training callback and ``lightning-ig diag`` attribute an ensemble's
-aggregate signal (its forward, ``(N,)``) and, beside it, each member's own
-signal: ``ensemble.member_signals`` ``(N, M)`` with ``target="each"``, one IG
-run for all ``M`` members. This module holds
-
-* :func:`find_ensemble`: the :class:`~lightning_ig.ensemble.Ensemble` (or any
-  module with ``member_signals`` and ``num_members``) behind what the callback
-  attributes, or ``None``;
-* :class:`MemberAttribution`: the engine for the members, tried once before training;
-* :func:`pack_members` / :class:`MemberRun`: the members' result packed one row
-  per state (so that it is gathered across ranks with the aggregate's, in the
-  same collective), then reduced on the device and copied to the host once.
+The training callback and ``lightning-ig diag`` attribute an ensemble's aggregate (its forward, ``(N,)``) and each
+member's own signal (``ensemble.member_signals`` ``(N, M)``, ``target="each"``): :func:`find_ensemble` finds the
+ensemble behind a model, :class:`MemberAttribution` is the members' engine, and :func:`pack_members` /
+:class:`MemberRun` pack their result one row per state (gathered across ranks with the aggregate's) and reduce it on
+the host.
 """
 
 from __future__ import annotations

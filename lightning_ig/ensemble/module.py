@@ -1,18 +1,5 @@
-"""An ensemble of models as one attribution target: :class:`Ensemble`.
-
-``Ensemble(members, weights)`` maps a batch of states ``(N, *feature_shape)`` to
-the aggregate signal ``(N,)``: each member maps the states to ``(N, K)`` logits
-(Q-values of bootstrapped heads, several seeds of one network, ...), and
-:func:`~lightning_ig.ensemble.ensemble_reduce` turns them into
-``sum_m w_m mean_k sigmoid(logits_m)`` in one fused launch, so an IG run on the
-ensemble goes through the fused backward. :meth:`Ensemble.member_signals` gives
-each member's own ``mean_k sigmoid`` as ``(N, M)``, so one IG run with
-``target="each"`` attributes every member at once.
-
-The class is registered as ``"Ensemble"``: its ``config()`` holds each member's
-architecture name and config and the weights, so a safetensors checkpoint
-rebuilds it (members, weights and all) without the user's code.
-"""
+"""An ensemble of models as one attribution target: :class:`Ensemble`, registered as ``"Ensemble"`` so that a
+checkpoint rebuilds it (members, weights and all) without the user's code."""
 
 from __future__ import annotations
 
@@ -55,7 +42,7 @@ class Ensemble(nn.Module):
 
     Raises:
         TypeError: a member that is neither a module nor a ``{"name", "config"}`` dict.
-        ValueError: no members, a member dict that does not build, weights of the
+        ValueError: no members, a member dict that does not build, members of different dtypes, weights of the
             wrong length or holding NaN/Inf, or an unknown backend.
         UnregisteredModelError: a member named by an import path where imports are refused
             (see :func:`~lightning_ig.models.build_model`); a ``ValueError`` too.
@@ -89,6 +76,7 @@ class Ensemble(nn.Module):
         if len(members) == 0:
             raise ValueError("members is empty; an Ensemble needs at least one member")
         self.members = nn.ModuleList(_build_member(index, member) for index, member in enumerate(members))
+        _check_one_dtype(self.members)
         count = len(self.members)
         self.reduce = EnsembleReduce(count if weights is None else weights, backend=backend)
         if self.reduce.num_members != count:
@@ -115,12 +103,7 @@ class Ensemble(nn.Module):
         outputs = [member(x) for member in self.members]
         first = outputs[0]
         for index, output in enumerate(outputs):
-            if (
-                not isinstance(output, Tensor)
-                or output.dim() != 2
-                or output.shape[0] != x.shape[0]
-                or output.shape[1:] != first.shape[1:]
-            ):
+            if not isinstance(output, Tensor) or output.dim() != 2 or output.shape != (x.shape[0], *first.shape[1:]):
                 shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
                 raise ValueError(
                     f"member {index} ({type(self.members[index]).__name__}) returned {shape} for {x.shape[0]} states; "
@@ -186,11 +169,7 @@ def _build_member(index: int, member: nn.Module | Mapping[str, Any]) -> nn.Modul
         return member
     if isinstance(member, Mapping):
         name, config = member.get("name"), member.get("config")
-        if (
-            not isinstance(name, str)
-            or (config is not None and not isinstance(config, dict))
-            or set(member) - {"name", "config"}
-        ):
+        if not isinstance(name, str) or not isinstance(config, (dict, type(None))) or set(member) - {"name", "config"}:
             raise ValueError(
                 f"members[{index}] must be {{'name': <architecture>, 'config': <dict or None>}}, got "
                 f"{dict(member)!r:.120}"
@@ -199,3 +178,15 @@ def _build_member(index: int, member: nn.Module | Mapping[str, Any]) -> nn.Modul
     raise TypeError(
         f"members[{index}] must be an nn.Module or a {{'name', 'config'}} dict, got {type(member).__name__}"
     )
+
+
+def _check_one_dtype(members: nn.ModuleList) -> None:
+    """Members whose floating parameters differ in dtype cannot take one batch: say so now, not at the first call."""
+    dtypes = [next((p.dtype for p in member.parameters() if p.is_floating_point()), None) for member in members]
+    found = {dtype for dtype in dtypes if dtype is not None}
+    if len(found) > 1:
+        listed = ", ".join(f"member {index}: {dtype}" for index, dtype in enumerate(dtypes) if dtype is not None)
+        raise ValueError(
+            f"the members' parameters have different dtypes ({listed}); an ensemble runs one batch through every "
+            "member: convert them to one dtype first (e.g. member.to(torch.float32))"
+        )

@@ -1,22 +1,12 @@
 """The fused ensemble reduce: ``out[b] = sum_m w[m] * mean_k sigmoid(logits[b, m, k])``.
 
-Three layers with one stem, as for the fused soft-margin loss:
+:func:`ensemble_reduce` checks its arguments and picks the backend (the kernels, their launchers, the autograd
+Function and the torch twin are :mod:`lightning_ig.ops.ensemble_reduce`'s); :class:`EnsembleReduce` owns the weights.
 
-* the kernels (``kernels/ensemble.cu``), their launchers, an
-  :class:`torch.autograd.Function` and the torch twin, in
-  :mod:`lightning_ig.ops.ensemble_reduce` (one launch forward, one backward);
-* :class:`EnsembleReduce`, a thin ``nn.Module`` that owns the weights;
-* :func:`ensemble_reduce`, the functional form, which checks its arguments
-  and picks the backend.
-
-Non-finite weights. Checking CUDA weights on every call would cost a host
-sync (and could not run inside CUDA-graph capture), so :func:`ensemble_reduce`
-checks weights on the host only where that is free, when they are CPU tensors.
-:class:`EnsembleReduce` and :class:`~lightning_ig.ensemble.Ensemble` check
-their weights when they are set (construction, ``load_state_dict``), so weights
-that reach the kernel through a module are known to be finite. A NaN or Inf
-weight that slips through makes every output row NaN or Inf (``mean >= 0``), which
-the IG engine then records as a non-finite result.
+Non-finite weights: checking CUDA weights on every call would cost a host sync (and could not run inside CUDA-graph
+capture), so :func:`ensemble_reduce` checks them only when they are CPU tensors; :class:`EnsembleReduce` checks its
+weights when they are set (construction, ``load_state_dict``). A NaN or Inf weight that slips through makes every
+output row NaN or Inf, which the IG engine records as a non-finite result.
 """
 
 from __future__ import annotations
@@ -31,17 +21,13 @@ from torch import Tensor, nn
 from lightning_ig.ops import ensemble_reduce as ops
 from lightning_ig.ops._cupy import choose_backend
 from lightning_ig.ops.dtypes import KERNEL_DTYPES
-from lightning_ig.vocabulary import BACKENDS, BackendName, check_bool, check_choice
+from lightning_ig.vocabulary import BACKENDS, BackendName, check_bool, check_choice, check_int
 
 __all__ = ["REDUCE_DIMS", "EnsembleReduce", "ensemble_reduce", "member_means"]
-
 
 REDUCE_DIMS = (-1, 2, -2, 1)
 """Allowed ``reduce_dim``: the axis of the K logits averaged per member. ``-1``/``2``:
 logits ``(B, M, K)``; ``-2``/``1``: logits ``(B, K, M)``. Dim 0 is always the rows."""
-
-
-# --------------------------------------------------------------------------- public API
 
 
 def ensemble_reduce(logits: Tensor, weights: Tensor, *, reduce_dim: int = -1, backend: BackendName = "auto") -> Tensor:
@@ -96,9 +82,8 @@ def ensemble_reduce(logits: Tensor, weights: Tensor, *, reduce_dim: int = -1, ba
         resolved = "torch"
     needs_grad = torch.is_grad_enabled() and (logits.requires_grad or weights.requires_grad)
     if resolved == "torch":
-        if needs_grad:
-            return ops.TorchReduce.apply(rows_members_logits, weights)
-        return ops.forward_torch(rows_members_logits, weights)
+        twin = ops.TorchReduce.apply if needs_grad else ops.forward_torch
+        return twin(rows_members_logits, weights)
     if torch.compiler.is_compiling():
         # raw pointers and CuPy launches cannot be traced: torch.compile runs this part eagerly
         return torch.compiler.disable(ops.reduce_cuda)(rows_members_logits, weights, needs_grad)
@@ -129,8 +114,7 @@ def member_means(logits: Tensor, *, reduce_dim: int = -1) -> Tensor:
         >>> member_means(torch.tensor([[[0.0, 0.0], [100.0, 100.0]]]))
         tensor([[0.5000, 1.0000]])
     """
-    rows_members_logits = _rows_members_logits(logits, reduce_dim)
-    return ops.member_means_torch(rows_members_logits).to(logits.dtype)
+    return ops.member_means_torch(_rows_members_logits(logits, reduce_dim)).to(logits.dtype)
 
 
 class EnsembleReduce(nn.Module):
@@ -179,7 +163,7 @@ class EnsembleReduce(nn.Module):
             self.register_buffer("weights", values)
         self.reduce_dim = reduce_dim
         self.backend = backend
-        self.register_load_state_dict_post_hook(_check_loaded_weights)
+        self.register_load_state_dict_post_hook(_check_loaded_weights)  # a named function: the module pickles
 
     @property
     def num_members(self) -> int:
@@ -195,16 +179,7 @@ class EnsembleReduce(nn.Module):
 
 
 def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
-    """Members' weights as a new 1-D float32 CPU tensor, checked: at least one, all finite.
-
-    Args:
-        weights: a sequence of numbers, a 1-D floating-point tensor, or an int ``M``
-            for ``M`` equal weights ``1 / M``.
-
-    Raises:
-        TypeError: not one of those kinds (an integer tensor included).
-        ValueError: empty, not 1-D, ``M < 1``, or holding NaN/Inf.
-    """
+    """Members' weights (numbers, a 1-D float tensor, or ``M`` for ``1 / M`` each) as a checked float32 CPU tensor."""
     if isinstance(weights, (int, np.integer)) and not isinstance(weights, bool):
         if weights < 1:
             raise ValueError(f"weights as a member count must be >= 1, got {weights}")
@@ -231,13 +206,8 @@ def _weights_tensor(weights: int | Sequence[float] | Tensor) -> Tensor:
     return values
 
 
-# --------------------------------------------------------------------------- argument checks
-
-
 def _check_reduce_dim(reduce_dim: Any) -> None:
-    if isinstance(reduce_dim, (bool, np.bool_)) or not isinstance(reduce_dim, (int, np.integer)):
-        raise TypeError(f"reduce_dim must be an int, got {type(reduce_dim).__name__} ({reduce_dim!r})")
-    if reduce_dim not in REDUCE_DIMS:
+    if check_int(reduce_dim, "reduce_dim") not in REDUCE_DIMS:
         raise ValueError(
             f"reduce_dim names the axis of the K logits averaged per member: -1 or 2 for logits (B, M, K), "
             f"-2 or 1 for logits (B, K, M) (dim 0 is always the rows); got {reduce_dim}"
@@ -297,5 +267,4 @@ def _check_finite_weights(weights: Tensor) -> None:
 
 
 def _check_loaded_weights(module: EnsembleReduce, incompatible_keys: Any) -> None:
-    # runs after load_state_dict: one host check at load time instead of one per forward
-    _check_finite_weights(module.weights.detach())
+    _check_finite_weights(module.weights.detach())  # one host check at load time instead of one per forward

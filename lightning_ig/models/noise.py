@@ -1,13 +1,9 @@
 """NoisyNet exploration noise switched off for attribution, and everything put back afterwards.
 
-:class:`NoisyLinear` (this package's factorised Gaussian layer, defined in :mod:`.noisy_linear`) is imported
-from here.
-
-Attributions of a noisy network are only meaningful with the noise off: the same state must give the same
-output at every point of the IG path. :func:`noise_disabled` makes every noisy layer inside a model
-deterministic for the length of a ``with`` block and puts back exactly what was there afterwards, for this
-package's layers and for the conventions used elsewhere. :func:`attribution_mode` adds what a run during
-training needs on top: eval mode, gradients on, and every random generator left as it was.
+The same state must give the same output at every point of the IG path: :func:`noise_disabled` makes every noisy
+layer of a model deterministic for a ``with`` block and puts back exactly what was there, for this package's
+:class:`NoisyLinear` (defined in :mod:`.noisy_linear`, imported from here) and the conventions of other libraries.
+:func:`attribution_mode` adds what a run during training needs: eval mode, gradients on, random generators kept.
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ from lightning_ig.models.noisy_linear import BEFORE_NOISE_WRITE, NoisyLinear
 __all__ = ["NoisyLinear", "attribution_mode", "is_noisy_layer", "noise_disabled"]
 
 
-# noise_disabled
-
 # Names of tensors that hold the noise sample of a noisy layer elsewhere: weight_epsilon,
 # bias_epsilon (TorchRL, Tianshou, Kaixhin's Rainbow), epsilon_weight, eps_in, eps_out, noise_w, ...
 _EPSILON_NAME = re.compile(r"(^|_)(eps|epsilon|noise)(_|$|[0-9])", re.IGNORECASE)
@@ -45,12 +39,6 @@ class _Switchable(Protocol):
 
 def _has_switch(module: nn.Module) -> TypeGuard[_Switchable]:
     return callable(getattr(module, "disable_noise", None)) and callable(getattr(module, "enable_noise", None))
-
-
-def _direct_tensor_names(module: nn.Module) -> list[str]:
-    return [name for name, _ in module.named_parameters(recurse=False)] + [
-        name for name, _ in module.named_buffers(recurse=False)
-    ]
 
 
 def is_noisy_layer(module: nn.Module) -> bool:
@@ -69,7 +57,7 @@ def is_noisy_layer(module: nn.Module) -> bool:
     """
     if isinstance(module, NoisyLinear) or _has_switch(module):
         return True
-    names = _direct_tensor_names(module)
+    names = [name for name, _ in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))]
     if not names:
         return False  # a container: its children are looked at one by one
     if "noisy" in type(module).__name__.lower():

@@ -1,11 +1,8 @@
-"""This package's NoisyNet layer: :class:`NoisyLinear`, the factorised Gaussian layer of Fortunato et al.,
-"Noisy Networks for Exploration" (ICLR 2018).
+"""This package's NoisyNet layer: :class:`NoisyLinear`, the factorised Gaussian layer of Fortunato et al., "Noisy
+Networks for Exploration" (ICLR 2018); switching its noise off for attribution is :mod:`.noise`'s job.
 
-``y = (mu_w + sigma_w * eps_w) x + (mu_b + sigma_b * eps_b)``, with ``eps_w = f(e_out) outer f(e_in)``,
-``eps_b = f(e_out)``, ``f(x) = sign(x) sqrt(|x|)`` and ``e_in``, ``e_out`` standard normal. Only ``in + out``
-random numbers are drawn per :meth:`NoisyLinear.reset_noise`, which is what "factorised" means. Switching the
-noise off for attribution, for these layers and the conventions of other libraries, is :mod:`.noise`'s job
-(which also re-exports the layer, its home for users).
+``y = (mu_w + sigma_w * eps_w) x + (mu_b + sigma_b * eps_b)``, ``eps_w = f(e_out) outer f(e_in)``, ``eps_b =
+f(e_out)``, ``f(x) = sign(x) sqrt(|x|)``: ``in + out`` standard normals per :meth:`NoisyLinear.reset_noise`.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from lightning_ig.attribution.checks import check_generator
+from lightning_ig.vocabulary import check_bool, check_positive_int
 
 __all__ = ["BEFORE_NOISE_WRITE", "NoisyLinear"]
 
@@ -69,15 +67,11 @@ class NoisyLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5, bias: bool = True) -> None:
         super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        in_features = check_positive_int(in_features, "in_features")
+        out_features = check_positive_int(out_features, "out_features")
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__} ({bias!r})")
+        check_bool(bias, "bias")
         self.in_features = in_features
         self.out_features = out_features
         self.sigma0 = float(sigma0)
@@ -173,6 +167,3 @@ class NoisyLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, sigma0={self.sigma0}, "
             f"bias={self.bias_mu is not None}, noise_enabled={self._noise_enabled}"
         )
-
-
-# --------------------------------------------------------------------------------------------------

@@ -1,20 +1,11 @@
 """The registry that names architectures in checkpoints: register a class, build one from its name and config.
 
-A checkpoint written by :func:`lightning_ig.checkpoint.save_checkpoint` records the
-architecture's *name* and its *config* (the constructor's keyword arguments as
-JSON), so that ``lightning-ig diag`` can rebuild the model without the user's
-code. A name is either one registered here with :func:`register_model`
-(``"DuelingQNetwork"``) or an import path ``"package.module:Class"`` to a class
-whose constructor takes the config as keyword arguments.
-
-Importing ``package.module`` runs that module's code, so an import path is only
-followed on the caller's say-so. :func:`resolve_model_class` and
-:func:`build_model` follow one by default (a name written in the caller's own code
-is the caller's choice); given ``allow_import=False`` they accept registered names
-only, and refuse any other with :class:`UnregisteredModelError` *before* anything is
-imported. The same rule holds for the names a class meets while it builds itself
-from ``config`` (an :class:`~lightning_ig.ensemble.Ensemble`'s members): a checkpoint
-reader passes ``allow_import=False`` for names that come from the file.
+A checkpoint records the architecture's *name* (one registered here with :func:`register_model`, or an import path
+``"package.module:Class"``) and its *config* (the constructor's keyword arguments as JSON), so that
+``lightning-ig diag`` rebuilds the model without the user's code. Importing a module runs its code, so an import path
+is followed only on the caller's say-so: given ``allow_import=False``, :func:`resolve_model_class` and
+:func:`build_model` refuse it with :class:`UnregisteredModelError` before anything is imported, and so does every
+name a class meets while it builds itself from that config (an :class:`~lightning_ig.ensemble.Ensemble`'s members).
 """
 
 from __future__ import annotations
@@ -68,12 +59,9 @@ def register_model(name: str) -> Callable[[_ModelT], _ModelT]:
     The class's constructor must accept the dict its instances return from
     ``config()`` as keyword arguments.
 
-    Registering is what lets a checkpoint name the class without the reader's opt-in
-    (``trust_remote_code``), so its constructor will be called with whatever config a
-    file holds: register classes whose constructors check their arguments. A reader
-    builds the model on the ``meta`` device first to count its size, so the
-    constructor should not read tensor values (one that does is built for real, under
-    a bound, and checked after).
+    A registered class is built from whatever config a file holds, without the reader's opt-in: register classes
+    whose constructors check their arguments, and do not read tensor values there (a reader builds the model on the
+    ``meta`` device first to count its size; one that reads values is built for real, under a bound).
 
     Args:
         name: The name written into checkpoints. Must not contain ``":"``
@@ -125,11 +113,9 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
     Args:
         name: A registered name, or ``"package.module:Class"`` (``Class`` may be
             dotted for a nested class).
-        allow_import: Whether an import path may be imported (which runs that
-            module's code). Default ``True``: a name in the caller's own code is
-            the caller's choice. Pass ``False`` for names read from a file or any
-            other source you do not control; inside :func:`build_model` with
-            imports refused for its config, ``True`` cannot widen that.
+        allow_import: Whether an import path may be imported (which runs that module's code). Default ``True``: a
+            name in the caller's own code is the caller's choice. Pass ``False`` for names read from a file; inside
+            :func:`build_model` with imports refused for its config, ``True`` cannot widen that.
 
     Returns:
         The ``torch.nn.Module`` subclass.

@@ -89,133 +89,10 @@ def _launch_with_cupy(op: str, dtype: torch.dtype, device: torch.device, total: 
     _cupy.launch(kernel, blocks, _THREADS, args, device=device)
 
 
-# --------------------------------------------------------------------------- (a) interpolation
-
-
-def _interpolate_torch(x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
-    """``(n + 2 c, B, F)`` path points from ``x, b (B, F)`` and ``alphas (n,)``, then ``c`` pairs ``x, b``."""
-    acc = alphas.dtype
-    xa, ba = x.to(acc), b.to(acc)
-    path = (ba.unsqueeze(0) + alphas.view(-1, 1, 1) * (xa - ba).unsqueeze(0)).to(x.dtype)  # (n, B, F)
-    if end_copies:
-        path = torch.cat([path, *[x.unsqueeze(0), b.unsqueeze(0)] * end_copies])  # (n + 2 c, B, F)
-    return path
-
-
-def _interpolate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
-    n_steps = alphas.shape[0]
-    batch, features = x.shape
-    points = torch.empty((n_steps + 2 * end_copies, batch, features), dtype=x.dtype, device=x.device)
-    launch(
-        "interpolate",
-        x.dtype,
-        x.device,
-        points.numel(),
-        [
-            _cupy.pointer(x),
-            _cupy.pointer(b),
-            _cupy.pointer(alphas),
-            _cupy.pointer(points),
-            _cupy.int64(n_steps),
-            _cupy.int64(batch * features),
-            _cupy.int32(end_copies),
-        ],
-    )
-    return points
-
-
-# --------------------------------------------------------------------------- (b) finite-difference probes
-
-
 def _probe_steps(points: Tensor, h: Tensor, point_offset: int) -> Tensor:
     """``h (B, F)`` of each point's state: point ``g`` (global index ``point_offset + p``) is state ``g % B``."""
     states = torch.arange(point_offset, point_offset + points.shape[0], device=points.device) % h.shape[0]
     return h[states]  # (P, F)
-
-
-def _fd_probes_torch(points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
-    """``(P, 2, F, F)`` probes ``p +/- h e_i`` of ``points (P, F)`` (into ``out``, any shape of that size)."""
-    n_points, features = points.shape
-    step = _probe_steps(points, h, point_offset)
-    values = points.to(h.dtype)
-    probes = points.view(n_points, 1, 1, features).expand(n_points, 2, features, features).clone()
-    diagonal = torch.arange(features, device=points.device)
-    probes[:, 0, diagonal, diagonal] = (values + step).to(points.dtype)
-    probes[:, 1, diagonal, diagonal] = (values - step).to(points.dtype)
-    if out is None:
-        return probes
-    out.view(probes.shape).copy_(probes)
-    return out
-
-
-def _fd_probes_cuda(
-    launch: KernelLaunch, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None
-) -> Tensor:
-    n_points, features = points.shape
-    probes = (
-        out
-        if out is not None
-        else torch.empty((n_points, 2, features, features), dtype=points.dtype, device=points.device)
-    )
-    launch(
-        "fd_probes",
-        points.dtype,
-        points.device,
-        n_points * 2 * features * features,
-        [
-            _cupy.pointer(points),
-            _cupy.pointer(h),
-            _cupy.pointer(probes),
-            _cupy.int64(n_points),
-            _cupy.int32(features),
-            _cupy.int32(h.shape[0]),
-            _cupy.int64(point_offset),
-        ],
-    )
-    return probes
-
-
-# --------------------------------------------------------------------------- (c) central-difference gradients
-
-
-def _fd_gradient_torch(points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
-    """Write ``out (T, P, F)`` from the probe values ``f (P, 2, F, T)``; the divisor is the step as stored."""
-    step = _probe_steps(points, h, point_offset)
-    values = points.to(h.dtype)
-    plus = (values + step).to(points.dtype).to(h.dtype)
-    minus = (values - step).to(points.dtype).to(h.dtype)
-    denominator = plus - minus  # (P, F)
-    difference = (f[:, 0] - f[:, 1]).permute(2, 0, 1)  # (T, P, F)
-    gradient = difference / denominator
-    out.copy_(torch.where(denominator != 0, gradient, torch.zeros_like(gradient)))  # a step that rounds away: 0
-
-
-def _fd_gradient_cuda(
-    launch: KernelLaunch, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor
-) -> None:
-    n_points, features = points.shape
-    n_targets = f.shape[-1]
-    launch(
-        "fd_gradient",
-        points.dtype,
-        points.device,
-        n_targets * n_points * features,
-        [
-            _cupy.pointer(points),
-            _cupy.pointer(h),
-            _cupy.pointer(f),
-            _cupy.pointer(out),
-            _cupy.int64(n_points),
-            _cupy.int32(features),
-            _cupy.int32(h.shape[0]),
-            _cupy.int32(n_targets),
-            _cupy.int64(point_offset),
-            _cupy.int64(out.stride(0)),
-        ],
-    )
-
-
-# --------------------------------------------------------------------------- (d) accumulation
 
 
 def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
@@ -228,47 +105,6 @@ def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
             f"weights must be (n,) or (T, n, B) = {(n_targets, n_steps, batch)}, got {tuple(weights.shape)}"
         )
     return weights
-
-
-def _accumulate_torch(x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
-    """``(T, B, F)`` attributions from ``grads (T, n, B, F)`` and ``weights (n,)`` or ``(T, n, B)``, in step order."""
-    steps = _step_weights(weights, grads).unsqueeze(-1)  # (T, n, B, 1)
-    total = torch.zeros_like(grads[:, 0])  # (T, B, F)
-    for k in range(grads.shape[1]):
-        # Multiply, then add: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
-        total = total + steps[:, k] * grads[:, k]
-    acc = grads.dtype
-    return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
-
-
-def _accumulate_cuda(launch: KernelLaunch, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
-    n_targets, n_steps, batch, features = grads.shape
-    steps = _step_weights(weights, grads)
-    if weights.dim() > 1:
-        steps = steps.contiguous()
-    attributions = torch.empty((n_targets, batch, features), dtype=x.dtype, device=x.device)
-    launch(
-        "accumulate",
-        x.dtype,
-        x.device,
-        attributions.numel(),
-        [
-            _cupy.pointer(x),
-            _cupy.pointer(b),
-            _cupy.pointer(weights if weights.dim() == 1 else steps),
-            _cupy.pointer(grads),
-            _cupy.pointer(attributions),
-            _cupy.int32(n_steps),
-            _cupy.int64(batch * features),
-            _cupy.int32(n_targets),
-            _cupy.int64(max(1, features)),
-            *(_cupy.int64(stride) for stride in steps.stride()),  # (0, 1, 0) per step; (n B, B, 1) per state
-        ],
-    )
-    return attributions
-
-
-# --------------------------------------------------------------------------- (e) completeness
 
 
 def warp_order_sum(values: Tensor) -> Tensor:
@@ -295,64 +131,13 @@ def warp_order_sum(values: Tensor) -> Tensor:
     return partial[..., 0]
 
 
-def _repeat_differs_torch(first: Tensor, again: Tensor, tolerance: float) -> Tensor:
+def _repeat_differs(first: Tensor, again: Tensor, tolerance: float) -> Tensor:
     """Twin of ``ig_repeat_differs``: NaN against a number, or ``|again - first| > tol * max(1, |first|, |again|)``.
 
     The comparison is on the values as the forward returned them (the accumulation dtype).
     """
     scale = torch.maximum(torch.maximum(first.abs(), again.abs()), torch.ones_like(first))
     return (first.isnan() != again.isnan()) | ((again - first).abs() > tolerance * scale)
-
-
-def _completeness_torch(attributions: Tensor, ends: Tensor) -> Tensor:
-    """``stats (7, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2 c, B, T)``: x, b, c times.
-
-    A state is *non-finite* when ``F(x)``, ``F(b)`` or ``delta`` is NaN/Inf (any
-    NaN/Inf attribution makes the sum, and so ``delta``, non-finite): relative
-    error ``inf``. Otherwise *degenerate* (relative error NaN) or checked.
-    """
-    acc = ends.dtype
-    f_input = ends[0].t()  # (T, B)
-    f_baseline = ends[1].t()  # (T, B)
-    difference = f_input - f_baseline
-    delta = warp_order_sum(attributions.to(acc)) - difference
-    scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
-    non_finite = ~(torch.isfinite(f_input) & torch.isfinite(f_baseline) & torch.isfinite(delta))
-    degenerate = ~non_finite & (difference.abs() <= degenerate_threshold(acc) * scale)
-    relative = torch.where(degenerate, torch.full_like(delta, math.nan), delta.abs() / difference.abs())
-    relative = torch.where(non_finite, torch.full_like(delta, math.inf), relative)
-    if ends.shape[0] == 4:
-        tolerance = repeat_threshold(attributions.dtype)
-        repeated = ends[2:].transpose(1, 2)  # (2, T, B)
-        differs = _repeat_differs_torch(f_input, repeated[0], tolerance) | _repeat_differs_torch(
-            f_baseline, repeated[1], tolerance
-        )
-    else:
-        differs = torch.zeros_like(degenerate)
-    return torch.stack([f_input, f_baseline, delta, relative, degenerate.to(acc), non_finite.to(acc), differs.to(acc)])
-
-
-def _completeness_cuda(launch: KernelLaunch, attributions: Tensor, ends: Tensor) -> Tensor:
-    n_targets, batch, features = attributions.shape
-    stats = torch.empty((len(STATS), n_targets, batch), dtype=ends.dtype, device=ends.device)
-    launch(
-        "completeness",
-        attributions.dtype,
-        attributions.device,
-        n_targets * batch * 32,  # one warp per state
-        [
-            _cupy.pointer(attributions),
-            _cupy.pointer(ends),
-            _cupy.pointer(stats),
-            _cupy.int32(batch),
-            _cupy.int64(features),
-            _cupy.int32(n_targets),
-            np.float64(degenerate_threshold(ends.dtype)),
-            _cupy.int32(ends.shape[0] // 2),
-            np.float64(repeat_threshold(attributions.dtype)),
-        ],
-    )
-    return stats
 
 
 # --------------------------------------------------------------------------- the two implementations
@@ -375,9 +160,11 @@ class IGOps:
         raise NotImplementedError
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
+        """``(P, 2, F, F)`` probes ``p +/- h e_i`` of ``points (P, F)`` (into ``out``, any shape of that size)."""
         raise NotImplementedError
 
     def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
+        """Write ``out (T, P, F)`` from the probe values ``f (P, 2, F, T)``; the divisor is the step as stored."""
         raise NotImplementedError
 
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
@@ -385,7 +172,12 @@ class IGOps:
         raise NotImplementedError
 
     def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
-        """``stats (7, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2 c, B, T)``."""
+        """``stats (7, T, B)`` (rows :data:`STATS`) from ``attributions (T, B, F)`` and ``ends (2 c, B, T)``.
+
+        ``ends`` holds ``F(x), F(b)``, ``c`` times. A state is *non-finite* when ``F(x)``, ``F(b)`` or ``delta`` is
+        NaN/Inf (any NaN/Inf attribution makes the sum, and so ``delta``, non-finite): relative error ``inf``; else
+        *degenerate* (NaN) or checked.
+        """
         raise NotImplementedError
 
 
@@ -395,19 +187,65 @@ class TorchIG(IGOps):
     name = "torch"
 
     def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
-        return _interpolate_torch(x, b, alphas, end_copies)
+        acc = alphas.dtype
+        xa, ba = x.to(acc), b.to(acc)
+        path = (ba.unsqueeze(0) + alphas.view(-1, 1, 1) * (xa - ba).unsqueeze(0)).to(x.dtype)  # (n, B, F)
+        if end_copies:
+            path = torch.cat([path, *[x.unsqueeze(0), b.unsqueeze(0)] * end_copies])  # (n + 2 c, B, F)
+        return path
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
-        return _fd_probes_torch(points, h, point_offset, out)
+        n_points, features = points.shape
+        step = _probe_steps(points, h, point_offset)
+        values = points.to(h.dtype)
+        probes = points.view(n_points, 1, 1, features).expand(n_points, 2, features, features).clone()
+        diagonal = torch.arange(features, device=points.device)
+        probes[:, 0, diagonal, diagonal] = (values + step).to(points.dtype)
+        probes[:, 1, diagonal, diagonal] = (values - step).to(points.dtype)
+        if out is None:
+            return probes
+        out.view(probes.shape).copy_(probes)
+        return out
 
     def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
-        _fd_gradient_torch(points, h, f, point_offset, out)
+        step = _probe_steps(points, h, point_offset)
+        values = points.to(h.dtype)
+        plus = (values + step).to(points.dtype).to(h.dtype)
+        minus = (values - step).to(points.dtype).to(h.dtype)
+        denominator = plus - minus  # (P, F)
+        difference = (f[:, 0] - f[:, 1]).permute(2, 0, 1)  # (T, P, F)
+        gradient = difference / denominator
+        out.copy_(torch.where(denominator != 0, gradient, torch.zeros_like(gradient)))  # a step that rounds away: 0
 
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
-        return _accumulate_torch(x, b, weights, grads)
+        steps = _step_weights(weights, grads).unsqueeze(-1)  # (T, n, B, 1)
+        total = torch.zeros_like(grads[:, 0])  # (T, B, F)
+        for k in range(grads.shape[1]):
+            # Multiply, then add: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
+            total = total + steps[:, k] * grads[:, k]
+        acc = grads.dtype
+        return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
 
     def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
-        return _completeness_torch(attributions, ends)
+        acc = ends.dtype
+        f_input = ends[0].t()  # (T, B)
+        f_baseline = ends[1].t()  # (T, B)
+        difference = f_input - f_baseline
+        delta = warp_order_sum(attributions.to(acc)) - difference
+        scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
+        non_finite = ~(torch.isfinite(f_input) & torch.isfinite(f_baseline) & torch.isfinite(delta))
+        degenerate = ~non_finite & (difference.abs() <= degenerate_threshold(acc) * scale)
+        relative = torch.where(degenerate, torch.full_like(delta, math.nan), delta.abs() / difference.abs())
+        relative = torch.where(non_finite, torch.full_like(delta, math.inf), relative)
+        differs = torch.zeros_like(degenerate)
+        if ends.shape[0] == 4:
+            tolerance = repeat_threshold(attributions.dtype)
+            repeated = ends[2:].transpose(1, 2)  # (2, T, B)
+            differs = _repeat_differs(f_input, repeated[0], tolerance) | _repeat_differs(
+                f_baseline, repeated[1], tolerance
+            )
+        flags = (degenerate.to(acc), non_finite.to(acc), differs.to(acc))
+        return torch.stack([f_input, f_baseline, delta, relative, *flags])
 
 
 class CudaIG(IGOps):
@@ -425,19 +263,60 @@ class CudaIG(IGOps):
         self.twin = TorchIG()
 
     def interpolate(self, x: Tensor, b: Tensor, alphas: Tensor, end_copies: int) -> Tensor:
-        return _interpolate_cuda(self.launch, x, b, alphas, end_copies)
+        n_steps = alphas.shape[0]
+        batch, features = x.shape
+        points = torch.empty((n_steps + 2 * end_copies, batch, features), dtype=x.dtype, device=x.device)
+        pointers = [_cupy.pointer(tensor) for tensor in (x, b, alphas, points)]
+        sizes = [_cupy.int64(n_steps), _cupy.int64(batch * features), _cupy.int32(end_copies)]
+        self.launch("interpolate", x.dtype, x.device, points.numel(), [*pointers, *sizes])
+        return points
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
-        return _fd_probes_cuda(self.launch, points, h, point_offset, out)
+        n_points, features = points.shape
+        shape = (n_points, 2, features, features)
+        probes = out if out is not None else torch.empty(shape, dtype=points.dtype, device=points.device)
+        pointers = [_cupy.pointer(tensor) for tensor in (points, h, probes)]
+        sizes = [_cupy.int64(n_points), _cupy.int32(features), _cupy.int32(h.shape[0]), _cupy.int64(point_offset)]
+        self.launch("fd_probes", points.dtype, points.device, math.prod(shape), [*pointers, *sizes])
+        return probes
 
     def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
-        _fd_gradient_cuda(self.launch, points, h, f, point_offset, out)
+        n_points, features = points.shape
+        n_targets = f.shape[-1]
+        pointers = [_cupy.pointer(tensor) for tensor in (points, h, f, out)]
+        sizes = [_cupy.int64(n_points), _cupy.int32(features), _cupy.int32(h.shape[0]), _cupy.int32(n_targets)]
+        offsets = [_cupy.int64(point_offset), _cupy.int64(out.stride(0))]
+        total = n_targets * n_points * features
+        self.launch("fd_gradient", points.dtype, points.device, total, [*pointers, *sizes, *offsets])
 
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
-        return _accumulate_cuda(self.launch, x, b, weights, grads)
+        n_targets, n_steps, batch, features = grads.shape
+        steps = _step_weights(weights, grads)
+        if weights.dim() > 1:
+            steps = steps.contiguous()
+        attributions = torch.empty((n_targets, batch, features), dtype=x.dtype, device=x.device)
+        pointers = [_cupy.pointer(tensor) for tensor in (x, b, weights if weights.dim() == 1 else steps, grads)]
+        sizes = [
+            _cupy.int32(n_steps),
+            _cupy.int64(batch * features),
+            _cupy.int32(n_targets),
+            _cupy.int64(max(1, features)),
+        ]
+        strides = [_cupy.int64(stride) for stride in steps.stride()]  # (0, 1, 0) per step; (n B, B, 1) per state
+        args = [*pointers, _cupy.pointer(attributions), *sizes, *strides]
+        self.launch("accumulate", x.dtype, x.device, attributions.numel(), args)
+        return attributions
 
     def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
-        return _completeness_cuda(self.launch, attributions, ends)
+        n_targets, batch, features = attributions.shape
+        stats = torch.empty((len(STATS), n_targets, batch), dtype=ends.dtype, device=ends.device)
+        pointers = [_cupy.pointer(tensor) for tensor in (attributions, ends, stats)]
+        sizes = [_cupy.int32(batch), _cupy.int64(features), _cupy.int32(n_targets)]
+        thresholds = [np.float64(degenerate_threshold(ends.dtype)), _cupy.int32(ends.shape[0] // 2)]
+        thresholds.append(np.float64(repeat_threshold(attributions.dtype)))
+        warps = n_targets * batch * 32  # one warp per state
+        self.launch("completeness", attributions.dtype, attributions.device, warps, [*pointers, *sizes, *thresholds])
+        return stats
 
 
 _TORCH = TorchIG()

@@ -48,24 +48,20 @@ class Moments:
         mean_abs: mean of ``|attr|``.
         stddev: population standard deviation of ``attr`` (the report's ``stddev``).
         mean_signed: mean of ``attr``.
-        stddev_abs: population standard deviation of ``|attr|``: the spread around ``mean_abs``.
     """
 
     mean_abs: np.ndarray
     stddev: np.ndarray
     mean_signed: np.ndarray
-    stddev_abs: np.ndarray
 
     @staticmethod
     def rows(values: Tensor) -> Tensor:
-        """``(4, U)`` float64: mean |v|, std v, mean v, std |v| over the rows of ``values (B, U)`` (ddof 0)."""
+        """``(3, U)`` float64: mean |v|, std v, mean v over the rows of ``values (B, U)`` (ddof 0)."""
         values = values.to(torch.float64)
-        magnitude = values.abs()
-        mean_abs, mean_signed = magnitude.mean(0), values.mean(0)
+        mean_abs, mean_signed = values.abs().mean(0), values.mean(0)
         # Two passes (deviations from the mean), written out: torch's std over dim 0 is several times slower on CPUs.
         spread = (values - mean_signed).square_().mean(0).sqrt_()
-        spread_abs = (magnitude - mean_abs).square_().mean(0).sqrt_()
-        return torch.stack([mean_abs, spread, mean_signed, spread_abs])
+        return torch.stack([mean_abs, spread, mean_signed])
 
     @classmethod
     def from_rows(cls, rows: np.ndarray) -> Moments:
@@ -178,9 +174,14 @@ class HostResult:
         """
         if isinstance(result, HostResult):
             return result
-        options = {"gather": gather, "num_states": num_states, "groups": groups}
-        options.update(keep_attributions=keep_attributions, sample_states=sample_states)
-        return cls.begin(result, **options).result()
+        return cls.begin(
+            result,
+            gather=gather,
+            num_states=num_states,
+            groups=groups,
+            keep_attributions=keep_attributions,
+            sample_states=sample_states,
+        ).result()
 
     @classmethod
     def begin(
@@ -244,7 +245,7 @@ class HostResult:
         sizes = [
             len(_COLUMNS) * rows,
             3 * rows,
-            4 * count,
+            3 * count,
             samples * count,
             0 if groups is None else rows * len(groups),
         ]
@@ -265,7 +266,7 @@ class HostResult:
             degenerate=(columns["degenerate"] != 0) & ~non_finite,
             non_finite=non_finite,
             sum_attributions=sums,
-            features=Moments.from_rows(host[offsets[2] : offsets[3]].reshape(4, count)),
+            features=Moments.from_rows(host[offsets[2] : offsets[3]].reshape(3, count)),
             attributions=kept.reshape(rows, count) if kept.size else None,
             sample_attributions=host[offsets[3] : offsets[4]].reshape(samples, *feature_shape),
             groups=groups,

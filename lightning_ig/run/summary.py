@@ -37,6 +37,9 @@ class Units:
         moments: :class:`~lightning_ig.run.host_result.Moments` over the states, ``(U,)`` each.
         values: ``(B, U)`` per-state attributions of the units (for histograms), or ``None``.
         sizes: ``(U,)`` members per group (``None`` for features).
+        positive, negative: ``(U,)`` the mean over the states of the unit's positive and negative attribution mass
+            (a magnitude), summed over its features one by one, so that a group whose cells cancel shows both
+            (a feature's are ``(mean|a| +- mean a) / 2``), or ``None``: the units' own (:attr:`parts`).
     """
 
     kind: str
@@ -44,9 +47,18 @@ class Units:
     moments: Moments
     values: np.ndarray | None = None
     sizes: np.ndarray | None = None
+    positive: np.ndarray | None = None
+    negative: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @property
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(positive, negative)`` mass per unit, ``(U,)`` each: their sum is the unit's mass (what it relies on)."""
+        if self.positive is not None and self.negative is not None:
+            return self.positive, self.negative
+        return _sign_parts(self.moments.mean_abs, self.moments.mean_signed)
 
 
 @dataclass(frozen=True)
@@ -114,13 +126,21 @@ class RunSummary:
     budget: Mapping[str, Any] = field(default_factory=dict)
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
-        """This run as the callback's history keeps it (the heatmap's rows, drift's reference, ``state_dict``)."""
-        moments = self.units.moments
+        """This run as the callback's history keeps it (drift's reference, the charts over training, ``state_dict``):
+        the units' mean ``|attr|`` and mean attr, their mass (``positive + negative``), the accuracy verdict
+        (``"pass"``, ``"fail"``, ``"unchecked"``, ``"non-finite"``) with the figure that decided it against its bar
+        (``accuracy``: ``figure``, ``value``, ``threshold``), and the trust status (``None``: no checks)."""
+        units, trust, accuracy = self.units, self.trust_checks, self.completeness.accuracy
+        positive, negative = units.parts
         return {
             "global_step": self.step,
             "epoch": int(epoch),
-            "mean_abs": moments.mean_abs.tolist(),
-            "mean_signed": moments.mean_signed.tolist(),
+            "mean_abs": units.moments.mean_abs.tolist(),
+            "mean_signed": units.moments.mean_signed.tolist(),
+            "mass": (positive + negative).tolist(),
+            "verdict": self.completeness.verdict,
+            "accuracy": {"figure": accuracy.figure, "value": accuracy.value, "threshold": accuracy.threshold},
+            "trust": None if trust is None else str(trust.status),
         }
 
     def troubles(self) -> list[str]:
@@ -156,6 +176,13 @@ class RunSummary:
         return units
 
 
+def _sign_parts(mean_abs: np.ndarray, mean_signed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``mean(max(a, 0)) = (mean|a| + mean a) / 2`` and ``mean(max(-a, 0))``, non-finite values as 0."""
+    mean_abs, mean_signed = np.nan_to_num(mean_abs, posinf=0.0), np.nan_to_num(mean_signed, posinf=0.0, neginf=0.0)
+    positive = np.clip((mean_abs + mean_signed) / 2, 0.0, None)
+    return positive, np.clip(mean_abs - positive, 0.0, None)
+
+
 def summarize(
     host: HostResult,
     *,
@@ -184,17 +211,21 @@ def summarize(
     Returns:
         The summary.
     """
+    positive, negative = _sign_parts(host.features.mean_abs, host.features.mean_signed)  # (F,) each
     logged = None
     if log_features:
-        logged = Units("features", list(feature_names), host.features, host.attributions)
+        logged = Units("features", list(feature_names), host.features, host.attributions, None, positive, negative)
     groups = None
     if host.groups is not None and host.group_attributions is not None:
+        ids, count = host.groups.ids.numpy(), len(host.groups.names)
         groups = Units(
             "groups",
             list(host.groups.names),
             Moments.of(host.group_attributions),
             host.group_attributions,
             host.groups.sizes.numpy(),
+            np.bincount(ids, weights=positive, minlength=count),  # each cell's own sign, never the group's net
+            np.bincount(ids, weights=negative, minlength=count),
         )
     units = groups if groups is not None else logged
     unit_mean_abs = units.moments.mean_abs if units is not None else host.features.mean_abs

@@ -1,8 +1,7 @@
-"""The JSON report of an Integrated Gradients run (schema version 1).
+"""The JSON report of an Integrated Gradients run (schema version 1), and its rows.
 
-The callback (one file per run) and the ``lightning-ig`` command write the same
-document. Its contract keys are fixed; the JSON Schema in
-``report_schema_v1.json`` next to this file pins them::
+The callback (one file per run, and W&B's and MLflow's copy) and the ``lightning-ig`` command write the same document.
+Its contract keys are fixed; the JSON Schema in ``report_schema_v1.json`` next to this file pins them::
 
     { "schema_version": 1, "checkpoint", "num_steps", "state_dim", "num_states",
       "forward_target", "regime_head",
@@ -12,18 +11,12 @@ document. Its contract keys are fixed; the JSON Schema in
          "per_state": [ { "state_idx", "sum_attributions",
                           "f_input_minus_f_baseline", "relative_error" } ] } }
 
-More keys sit beside them (documented in the schema): the run's settings,
-``non_finite_states`` (states whose forward or attributions were NaN/Inf),
-``num_degenerate``, ``stochastic_forward`` and, when groups are in use,
-``groups``; for an ensemble, ``ensemble`` (the members beside the aggregate,
-:func:`lightning_ig.run.agreement.member_summary`, passed in ``extra``). Strict JSON:
-a number that is not finite is written as ``null``.
-The same inputs give a byte-identical document.
-
-The rows (per feature, per group, per state) are :mod:`lightning_ig.views.report_rows`' (:func:`feature_statistics`,
-:func:`completeness_summary`); a ``target="each"`` run's document speaks of states and actions
-(:func:`each_report`); the callback's report files (one per run, in ``report_dir``) are
-:class:`lightning_ig.callback.reports.ReportFolder`'s.
+More keys sit beside them, documented in the schema and ``docs/json-report.md``: the run's settings, the accuracy
+figures and their verdict, ``non_finite_states``, ``num_degenerate``, ``stochastic_forward``, ``groups``, an
+ensemble's ``ensemble``, a ``target="each"`` run's ``actions`` (:func:`each_report`), and the run's ``verdict`` and
+``trust`` (:func:`with_verdict`). ``completeness.worst_relative_error`` is the old ratio ``|delta| / |dF|``, kept for
+the contract; it decides nothing. Strict JSON: a number that is not finite is written as ``null``; the same inputs
+give a byte-identical document.
 """
 
 from __future__ import annotations
@@ -36,14 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_ig._files import atomic_path
 from lightning_ig._version import __version__
 from lightning_ig.attribution.groups import FeatureGroups, GroupSpec, check_group_spec
 from lightning_ig.run.actions import ActionSummary
-from lightning_ig.run.host_result import HostResult
-from lightning_ig.views import report_rows as rows
+from lightning_ig.run.host_result import HostResult, Moments
+from lightning_ig.run.statistics import accuracy_verdict, completeness, json_float, json_floats, rank_order
+from lightning_ig.run.summary import RunSummary
 from lightning_ig.vocabulary import (
+    check_bool,
     check_feature_names,
     check_mapping,
     check_names,
@@ -58,9 +54,15 @@ __all__ = [
     "SCHEMA_PATH",
     "SCHEMA_VERSION",
     "build_report",
+    "completeness_summary",
     "each_report",
+    "feature_statistics",
     "load_schema",
     "report_to_json",
+    "statistics_rows",
+    "top_features",
+    "verdict_keys",
+    "with_verdict",
     "write_report",
 ]
 
@@ -168,8 +170,8 @@ def build_report(
     names = (
         default_feature_names(shape) if feature_names is None else check_feature_names(feature_names, host.num_features)
     )
-    features = rows.statistics_rows(names, host.features)
-    completeness = rows.completeness_summary(host, tolerance=tolerance)
+    features = statistics_rows(names, host.features)
+    completeness = completeness_summary(host, tolerance=tolerance)
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "checkpoint": None if checkpoint is None else str(checkpoint),
@@ -179,7 +181,7 @@ def build_report(
         "forward_target": forward_target,
         "regime_head": regime_head,
         "features": features,
-        "top_10_by_mean_abs": rows.top_features(features, top_k),
+        "top_10_by_mean_abs": top_features(features, top_k),
         "completeness": {
             "worst_relative_error": completeness.pop("worst_relative_error"),
             "per_state": completeness.pop("per_state"),
@@ -195,10 +197,101 @@ def build_report(
         "num_degenerate": int(host.degenerate.sum()),
         "stochastic_forward": host.stochastic,
     }
+    if tolerance is not None:  # the run's verdict, as the callback's reports write it; no trust checks ran here
+        within = report["completeness"]["verdict"]["within"]
+        report["verdict"] = {"accuracy": _kind(host, within), "within": within, "trust": None}
     if host.groups is not None and host.group_moments is not None:
-        report["groups"] = rows.statistics_rows(host.groups.names, host.group_moments, host.groups.sizes.tolist())
+        report["groups"] = statistics_rows(host.groups.names, host.group_moments, host.groups.sizes.tolist())
     report.update(extra or {})
     return report
+
+
+def _kind(host: HostResult, within: bool | None) -> str:
+    """The verdict's kind as the cards write it: ``non-finite``, ``unchecked``, ``pass`` or ``fail``."""
+    if bool(host.non_finite.any()):
+        return "non-finite"
+    return "unchecked" if within is None else "pass" if within else "fail"
+
+
+def verdict_keys(summary: RunSummary) -> dict[str, Any]:
+    """A callback run's verdict as its JSON report holds it, beside the contract keys.
+
+    Returns:
+        ``verdict``: ``accuracy`` (``"pass"``, ``"fail"``, ``"unchecked"`` or ``"non-finite"``: what the cards say),
+        ``within``, ``figure``, ``value``, ``threshold``, ``tolerance``, ``reason`` (the accuracy figures against
+        ``sqrt(2) x completeness_tol``) and ``trust`` (``"passed"``, ``"failed"``, ``"unresolved"``; ``None``: no
+        trust checks). With the trust checks on, ``trust``: ``status``, ``reasons``, ``notes``, and ``checks`` with
+        each check's latest result and the global step it comes from (``None``: not run yet in this fit; stability:
+        also for a model without NoisyNet layers).
+    """
+    numbers, trust = summary.completeness, summary.trust_checks
+    accuracy = numbers.accuracy
+    keys: dict[str, Any] = {
+        "verdict": {
+            "accuracy": numbers.verdict,
+            "within": accuracy.within,
+            "figure": accuracy.figure,
+            "value": json_float(accuracy.value),
+            "threshold": json_float(accuracy.threshold),
+            "tolerance": numbers.tolerance,
+            "reason": accuracy.reason,
+            "trust": None if trust is None else str(trust.status),
+        }
+    }
+    if trust is None:
+        return keys
+    steps = dict(trust.steps)
+    sanity, deletion, stability = trust.randomization, trust.deletion, trust.stability
+    checks: dict[str, Any] = {"sanity": None, "faithfulness": None, "stability": None}
+    if sanity is not None:
+        checks["sanity"] = {
+            "passed": sanity.passed,
+            "resolved": sanity.resolved,
+            "randomization_rank_correlation": json_float(sanity.randomization_rank_correlation),
+            "copy_rank_correlation": json_float(sanity.copy_rank_correlation),
+            "threshold": json_float(sanity.threshold),
+            "num_units": sanity.num_units,
+            "step": steps.get("sanity"),
+            "reason": sanity.reason or sanity.note,
+        }
+    if deletion is not None:
+        checks["faithfulness"] = {
+            "passed": deletion.passed,
+            "deletion_auc": json_float(deletion.deletion_auc),
+            "deletion_auc_random": json_float(deletion.deletion_auc_random),
+            "gap": json_float(deletion.gap),
+            "needed": json_float(deletion.needed),
+            "step": steps.get("deletion"),
+            "reason": deletion.reason,
+        }
+    if stability is not None and stability.applicable:
+        checks["stability"] = {
+            "passed": stability.passed,
+            "noise_rank_correlation": json_float(stability.noise_rank_correlation),
+            "floor": json_float(stability.floor),
+            "step": steps.get("stability"),
+            "reason": stability.reason,
+        }
+    keys["trust"] = {
+        "status": str(trust.status),
+        "reasons": list(trust.reasons),
+        "notes": list(trust.notes),
+        "checks": checks,
+    }
+    return keys
+
+
+def with_verdict(report: Mapping[str, Any], summary: RunSummary) -> dict[str, Any]:
+    """``report`` (a callback run's, from :func:`build_report`) with the run's verdict: ``completeness.verdict`` as
+    ``lightning-ig diag`` writes it, and the ``verdict`` and ``trust`` keys of :func:`verdict_keys`."""
+    keys = verdict_keys(summary)
+    verdict = keys["verdict"]
+    document = {**report, **keys}
+    document["completeness"] = {
+        **report["completeness"],
+        "verdict": {name: verdict[name] for name in ("tolerance", "within", "figure", "value", "threshold", "reason")},
+    }
+    return document
 
 
 def _host(result: Any, groups: GroupSpec | None) -> HostResult:
@@ -287,6 +380,176 @@ def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, fol
     return target
 
 
+def _flat(attributions: Any) -> np.ndarray:
+    array = (
+        attributions.detach().cpu().double().numpy()
+        if isinstance(attributions, torch.Tensor)
+        else np.asarray(attributions, dtype=np.float64)
+    )
+    if array.ndim < 2:
+        raise ValueError(
+            f"attributions must have shape (num_states, *feature_shape), got shape {tuple(array.shape)}; "
+            "add the state dimension (e.g. attributions.unsqueeze(0)) for a single state"
+        )
+    return array.reshape(array.shape[0], -1)  # (B, F): row-major
+
+
+def statistics_rows(names: Sequence[str], moments: Moments, sizes: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """One ``{name, [members,] mean_abs, stddev, mean_signed}`` dict per unit, non-finite values as ``None``."""
+    columns = (json_floats(moments.mean_abs), json_floats(moments.stddev), json_floats(moments.mean_signed))
+    rows = []
+    for index, (name, mean_abs, stddev, mean_signed) in enumerate(zip(names, *columns)):
+        row: dict[str, Any] = {"name": name}
+        if sizes is not None:
+            row["members"] = int(sizes[index])
+        row.update(mean_abs=mean_abs, stddev=stddev, mean_signed=mean_signed)
+        rows.append(row)
+    return rows
+
+
+def feature_statistics(attributions: Any, feature_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per-feature statistics of attributions over the states.
+
+    Args:
+        attributions: ``(num_states, *feature_shape)`` tensor or array;
+            multi-dimensional features are flattened in row-major order.
+        feature_names: one name per (flattened) feature; ``None`` (default)
+            names them ``x0, x1, ...`` (``x[c,i,j]`` for multi-dimensional states).
+
+    Returns:
+        One dict per feature, in feature order: ``name``, ``mean_abs`` (mean of
+        ``|attr|`` over states), ``stddev`` (population standard deviation of
+        ``attr``) and ``mean_signed`` (mean of ``attr``); non-finite values are ``None``.
+
+    Raises:
+        ValueError: ``attributions`` has no state dimension, or ``feature_names`` has the wrong length.
+        TypeError: ``feature_names`` is not a sequence of strings.
+
+    Example::
+
+        >>> feature_statistics(torch.tensor([[1.0, -2.0], [3.0, 2.0]]), ["a", "b"])[1]
+        {'name': 'b', 'mean_abs': 2.0, 'stddev': 2.0, 'mean_signed': 0.0}
+    """
+    flat = _flat(attributions)
+    shape = tuple(attributions.shape[1:])
+    names = default_feature_names(shape) if feature_names is None else check_feature_names(feature_names, flat.shape[1])
+    return statistics_rows(names, Moments.of(flat))
+
+
+def top_features(features: Sequence[Mapping[str, Any]], k: int = 10) -> list[dict[str, Any]]:
+    """The ``k`` entries with the largest ``mean_abs``, largest first (ties in order, ``None`` last).
+
+    Args:
+        features: the output of :func:`feature_statistics`.
+        k: how many to keep (default 10); fewer when there are fewer features.
+
+    Returns:
+        Copies of the dicts.
+
+    Raises:
+        ValueError: ``k`` is not a positive int.
+    """
+    check_positive_int(k, "k")
+    values = np.array([np.nan if f["mean_abs"] is None else f["mean_abs"] for f in features], dtype=np.float64)
+    return [dict(features[i]) for i in rank_order(values)[:k]]
+
+
+def completeness_summary(result: Any, *, per_state: bool = True, tolerance: float | None = None) -> dict[str, Any]:
+    """Completeness of an IG run as the report writes it.
+
+    Args:
+        result: an :class:`~lightning_ig.attribution.IGResult` with one
+            attribution per state (not ``target="each"``), or a host result.
+        per_state: include the per-state lists (default ``True``).
+        tolerance: the ``completeness_tol`` to judge the run by: adds ``verdict``
+            (:func:`~lightning_ig.run.statistics.accuracy_verdict`); ``None`` (default): no verdict.
+
+    Returns:
+        ``worst_relative_error`` (``None`` when it is not finite: a non-finite
+        state, or no state that could be checked), ``mean_abs_error``,
+        ``num_degenerate``, ``num_non_finite``, ``num_checked`` and, with
+        ``per_state``, ``per_state`` (``state_idx``, ``sum_attributions``,
+        ``f_input_minus_f_baseline``, ``relative_error``, ``absolute_error``,
+        ``degenerate``, ``non_finite``, ``attribution_error``, ``mass_relative_error``,
+        ``near_baseline``) and ``degenerate_states`` (``state_idx``, ``absolute_error``).
+        The accuracy figures, beside them: ``worst_attribution_error`` and
+        ``worst_mass_relative_error`` (over the states away from the baseline; ``None``
+        when not finite), ``num_near_baseline``, ``error_scale`` (1.0) and, with ``tolerance``,
+        ``verdict`` (``tolerance``, ``within`` (``true``, ``false`` or ``null``: nothing
+        could be checked), ``figure``, ``value``, ``threshold``, ``reason``).
+
+    Raises:
+        ValueError: the result holds one attribution set per action (``target="each"``).
+    """
+    per_state = check_bool(per_state, "per_state")
+    tolerance = None if tolerance is None else check_positive_float(tolerance, "tolerance")
+    host = HostResult.from_result(result)
+    numbers = completeness(host)
+    summary: dict[str, Any] = {
+        "worst_relative_error": json_float(numbers.worst_relative_error),
+        "worst_delta_over_output_change": json_float(numbers.worst_relative_error),  # the old ratio, named for it
+        "mean_abs_error": json_float(numbers.mean_abs_error),
+        "num_degenerate": numbers.num_degenerate,
+        "num_non_finite": numbers.num_non_finite,
+        "num_checked": numbers.num_checked,
+        "worst_attribution_error": json_float(numbers.worst_attribution_error),
+        "worst_mass_relative_error": json_float(numbers.worst_mass_relative_error),
+        "num_near_baseline": numbers.num_near_baseline,
+        "error_scale": 1.0,  # the estimate is no longer scaled; the key stays for readers of schema v1
+    }
+    if tolerance is not None:
+        verdict = accuracy_verdict(numbers.worst_attribution_error, numbers.worst_mass_relative_error, tolerance)
+        summary["verdict"] = {
+            "tolerance": float(tolerance),
+            "within": verdict.within,
+            "figure": verdict.figure,
+            "value": json_float(verdict.value),
+            "threshold": json_float(verdict.threshold),
+            "reason": verdict.reason,
+        }
+    if not per_state:
+        return summary
+    absolute = np.abs(host.delta)
+    relative = np.where(host.degenerate | host.non_finite, np.nan, host.relative_error)  # no ratio for those
+    columns = zip(
+        json_floats(host.sum_attributions),
+        json_floats(host.f_input - host.f_baseline),
+        json_floats(relative),
+        json_floats(absolute),
+        host.degenerate.tolist(),
+        host.non_finite.tolist(),
+        json_floats(_column(host.attribution_error, host.num_states)),
+        json_floats(_column(host.mass_relative_error, host.num_states)),
+        (np.zeros(host.num_states, bool) if host.near_baseline is None else host.near_baseline).tolist(),
+    )
+    summary["per_state"] = [
+        {
+            "state_idx": i,
+            "sum_attributions": total,
+            "f_input_minus_f_baseline": change,
+            "relative_error": ratio,
+            "absolute_error": error,
+            "degenerate": degenerate,
+            "non_finite": non_finite,
+            "attribution_error": estimate,
+            "mass_relative_error": mass_relative,
+            "near_baseline": bool(near),
+        }
+        for i, (total, change, ratio, error, degenerate, non_finite, estimate, mass_relative, near) in enumerate(
+            columns
+        )
+    ]
+    summary["degenerate_states"] = [
+        {"state_idx": i, "absolute_error": json_float(absolute[i])} for i in np.flatnonzero(host.degenerate).tolist()
+    ]
+    return summary
+
+
+def _column(values: np.ndarray | None, size: int) -> np.ndarray:
+    """A per-state figure, NaN (``null``) throughout where the result carried none."""
+    return np.full(size, np.nan) if values is None else values
+
+
 # The per-row numbers of a host result: a target="each" run's are its (state, action) pairs.
 _ROW_FIELDS = (
     "f_input",
@@ -310,7 +573,9 @@ def _action_rows(host: HostResult, action: int, actions: int) -> HostResult:
     """One action's rows of a ``target="each"`` run, for its completeness (``features`` stays the run's; the
     near-baseline flags stay those of the run: a tenth of the median over every pair)."""
     fields = {name: getattr(host, name) for name in _ROW_FIELDS}
-    picked = {name: None if values is None else values[action::actions] for name, values in fields.items()}
+    picked: dict[str, Any] = {
+        name: None if values is None else values[action::actions] for name, values in fields.items()
+    }
     return dataclasses.replace(host, **picked)
 
 
@@ -368,10 +633,8 @@ def each_report(
             "forward_target": f"action:{action}",
             "greedy_states": int(actions.greedy_counts[action]),
             "units": kind,
-            "top_10_by_mean_abs": rows.top_features(
-                rows.statistics_rows(unit_names, actions.moments[action], unit_sizes), top_k
-            ),
-            "completeness": rows.completeness_summary(
+            "top_10_by_mean_abs": top_features(statistics_rows(unit_names, actions.moments[action], unit_sizes), top_k),
+            "completeness": completeness_summary(
                 _action_rows(host, action, count), per_state=False, tolerance=tolerance
             ),
         }

@@ -42,16 +42,18 @@ class ViewOptions:
     Args:
         top_k: entries of the top-k table and chart and of the Jaccard drift (default 10).
         log_histograms: log per-feature / per-group histograms (default ``True``).
-        figure_every_n_runs: draw the charts (the verdict card, ``top_features``, ``heatmap``, ``actions``) at the
-            first run, every this many runs and at the end (default 10); ``None``: never.
+        figure_every_n_runs: draw the charts (the verdict card, the shares over training, ``actions``) at the first
+            run, every this many runs and at the end (default 10; the verdict card also at every run that failed
+            or whose verdict differs from the last one drawn); ``None``: never.
         max_logged_features: the most features logged one by one (default 64); beyond it, groups (``"channels"``
             for ``(C, ...)`` states, else blocks) unless the callback's ``feature_groups`` names them.
-        saliency_states: held-out states in the ``ig/saliency`` grid of spatial states (default 8; ``None``: no
-            saliency pictures).
+        saliency_states: held-out states in the saliency grid of spatial states (default 5, the most frames that fit
+            TensorBoard's card at 8 px per MinAtar cell: more are drawn only as the strips of ``(C, L)`` signals;
+            ``None``: no saliency grid).
         saliency_channel: the channel drawn under the attribution (default ``None``: the channel mean); checked
             against the states' channels at set-up.
-        saliency_every_n_runs: draw the saliency grid and the mean ``|attr|`` map at the first run, every this many
-            runs and at the end (default 10; 1: every run). Pictures that share a cadence are spread over it.
+        saliency_every_n_runs: draw the saliency grid at the first run, every this many runs and at the end
+            (default 10; 1: every run). Pictures that share a cadence are spread over it.
 
     Raises:
         TypeError: a value of the wrong kind (the message names the option).
@@ -66,7 +68,7 @@ class ViewOptions:
     log_histograms: bool = True
     figure_every_n_runs: int | None = 10
     max_logged_features: int = 64
-    saliency_states: int | None = 8
+    saliency_states: int | None = 5
     saliency_channel: int | None = None
     saliency_every_n_runs: int = 10
 
@@ -89,18 +91,15 @@ class ViewOptions:
 
 
 PICTURE_TAGS = {
-    "verdict": "0_verdict",  # the first card under ig/ (digits sort first): the verdict and the top units
-    "top_features": "top_features",  # the bar chart, each bar split by sign, with the verdict
-    "heatmap": "heatmap",  # the units' shares over training ...
-    "shares": "heatmap/shares",  # ... and the same shares stacked, the card after it
-    "saliency": "saliency",  # spatial states: the held-out frames with their attributions
-    "saliency_map": "saliency/mean_abs",  # spatial states: mean |attr| per pixel, a tile per channel
-    "actions": "actions",  # target="each" or "contrast": why this action
+    "verdict": "0_verdict",  # the first card under ig/ (Time Series sorts by tag): the verdict, what it relies on
+    "shares": "1_over_training",  # what it relies on over training, under every run's verdict
+    "saliency": "2_saliency",  # spatial states: held-out frames with the signed attribution of each cell, at 1.0x
+    "actions": "3_actions",  # target="each" or "contrast": why this action
 }
-"""Each kind of picture a run may draw and its tag under the callback's prefix (``ig/<tag>``)."""
+"""Each kind of picture a run may draw and its tag under the callback's prefix (``ig/<tag>``), in page order."""
 
 PICTURES = tuple(PICTURE_TAGS)
-"""The kinds of picture, in the order a run's pictures are spread over their cadence (``tensorboard.pictures_due``)."""
+"""The kinds of picture, in the order a run's pictures are spread over their cadence (``outputs.pictures_due``)."""
 
 COUNT_TAGS = (
     "completeness/non_finite_states",
@@ -215,7 +214,7 @@ class TagNames:
 
         The counts of :data:`COUNT_TAGS` are not among them: they appear from the first run where they are not 0.
         """
-        figures = ("worst_attribution_error", "worst_mass_relative_error", "worst_relative_error", "mean_abs_error")
+        figures = ("worst_attribution_error", "worst_mass_relative_error", "mean_abs_error")
         tags = [f"{self.prefix}/completeness/{name}" for name in figures]
         for labels, group in ((self.feature_labels, ""), (self.group_labels, "group/")):
             for quantity in ("mean_abs", "mean_signed"):

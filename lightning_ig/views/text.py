@@ -1,42 +1,42 @@
-"""How a run reads: numbers written for people, and the words of the ``<prefix>/report`` text.
+"""How a run reads: numbers written for people, the verdict in words, and the ``<prefix>/report`` text.
 
-**Numbers** (every picture and the text, so that a value reads the same in a chart, under a saliency tile and in
-the report): :func:`format_value` writes an attribution, a target value or a colour scale's end with three
-significant digits, plain decimals between 0.001 and 100000 (``1.09``, never ``1.09e+00``) and scientific notation
-outside (``3.8e-05``); :func:`format_signed` the same with its sign (``+0.85``: a change such as ``F(x) - F(b)``);
-:func:`format_percent` a share as a percentage, ``<0.01%`` for one too small to show (never ``0.00%``, which would
-read as exactly nothing). The completeness error is written as a fraction (``relative error 3.76e-03 <= 0.01``),
-as the JSON report, the scalars and ``completeness_tol`` have it
-(:func:`lightning_ig.vocabulary.relative_error_text`, the command line's too).
+**Numbers** read the same in a chart, under a saliency frame and in the text: :func:`format_value` (three
+significant digits, plain decimals between 0.001 and 100000, else ``3.8e-05``), :func:`format_signed` (with its sign:
+a change such as ``F(x) - F(b)``), :func:`format_percent` (``<0.01%`` for a share too small to show, never
+``0.00%``). The accuracy figures are fractions, as the JSON report and ``completeness_tol`` have them
+(:func:`lightning_ig.vocabulary.relative_error_text`).
 
-**Words**, beside the numbers they describe: the unit of the attributions (the target's), the completeness
-verdict of the bar chart (:func:`completeness_verdict`) and in plain words (:func:`completeness_sentence`), what is
-wrong with a run (:func:`troubles`, the callback's warnings), and the ``<prefix>/report`` markdown TensorBoard shows
-(:func:`report_markdown`), read from a
-:class:`~lightning_ig.run.summary.RunSummary`.
+**Words**: the accuracy verdict (:func:`accuracy_line` on the cards, :func:`completeness_sentence` in the text), the
+trust status (:func:`trust_line`), what is wrong with a run (:func:`troubles`, the callback's warnings) and the
+``<prefix>/report`` markdown TensorBoard shows (:func:`report_markdown`), read from a
+:class:`~lightning_ig.run.summary.RunSummary`. Every one of them states the same two figures and the same verdict.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from lightning_ig.run.statistics import Completeness, rank_order
+from lightning_ig.run.statistics import AccuracyVerdict, Completeness, rank_order
 from lightning_ig.run.summary import RunSummary
+from lightning_ig.views.tags import PICTURE_TAGS
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = [
     "DRIFT_WORDS",
+    "HEADLINES",
+    "accuracy_line",
     "completeness_sentence",
-    "completeness_verdict",
     "format_percent",
     "format_signed",
     "format_value",
-    "per_state_pointer",
     "report_markdown",
     "troubles",
+    "trust_line",
+    "verdict_words",
 ]
 
 # --------------------------------------------------------------------------- numbers
@@ -136,15 +136,7 @@ def _number(value: float, spec: str = ".4g") -> str:
     return "nan" if value != value else format(value, spec)
 
 
-def _figures_text(numbers: Completeness) -> str:
-    """The two figures the verdict rests on, as every line writes them (fractions, as ``completeness_tol``)."""
-    return (
-        f"worst attribution error {relative_error_text(numbers.worst_attribution_error)} (estimated), worst "
-        f"mass-relative completeness error {relative_error_text(numbers.worst_mass_relative_error)}"
-    )
-
-
-def per_state_pointer(summary: RunSummary) -> str:
+def _per_state_pointer(summary: RunSummary) -> str:
     """Where a run's per-state numbers are: the JSON reports' folder with ``report_dir``, else how to get them."""
     folder = summary.settings.report_dir
     if folder is not None:
@@ -152,26 +144,76 @@ def per_state_pointer(summary: RunSummary) -> str:
     return "pass report_dir= to the callback for a JSON report of every run with the per-state numbers"
 
 
-def completeness_verdict(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, one short line)`` for the bar chart: decided by
-    :func:`~lightning_ig.run.statistics.accuracy_verdict`, naming the figure that decided."""
+def accuracy_line(summary: RunSummary) -> tuple[str, str]:
+    """``(verdict, short line)`` for the cards: ``"pass"``, ``"fail"``, ``"unchecked"`` or ``"non-finite"``, and
+    the figure that decided against its bar (``estimated attribution error 1.21e-02 ≤ 0.0141``), or the count of
+    NaN/Inf states, or why nothing could be checked."""
     numbers = summary.completeness
-    tolerance, accuracy = numbers.tolerance, numbers.accuracy
-    value = relative_error_text(accuracy.value)
-    words = "estimated attribution error" if accuracy.figure == "attribution_error" else "mass-relative error"
-    line = {
-        "non-finite": f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} states: not to be trusted",
-        "unchecked": f"completeness not checked: the attributions are zero in all {numbers.num_states} states",
-        "pass": (
-            f"completeness passes: worst {words} {value} <= {relative_error_text(accuracy.threshold)} "
-            f"(sqrt 2 x tol {tolerance:g})"
-        ),
-        "fail": (
-            f"completeness FAILS: worst {words} {value} > {relative_error_text(accuracy.threshold)} "
-            f"(sqrt 2 x tol {tolerance:g}); use n_steps='auto'"
-        ),
-    }[numbers.verdict]
-    return numbers.verdict, line
+    if numbers.verdict == "non-finite":
+        return "non-finite", f"NaN/Inf in {numbers.num_non_finite} of {numbers.num_states} {_rows(summary)}"
+    accuracy = numbers.accuracy
+    if accuracy.within is None:
+        return "unchecked", accuracy.reason or f"no state away from the baseline in {numbers.num_states}"
+    sign = "≤" if accuracy.within else ">"
+    value, bar = relative_error_text(accuracy.value), format_value(accuracy.threshold)
+    return ("pass" if accuracy.within else "fail"), f"{accuracy.words} {value} {sign} {bar}"
+
+
+HEADLINES = {
+    "pass": "✓ attributions add up",
+    "fail": "✗ attributions do NOT add up",
+    "non-finite": "✗ NaN/Inf: do not trust these",
+    "unchecked": "? accuracy not checked",
+}
+"""The accuracy verdict as the verdict card's headline and the examples' closing line say it."""
+
+
+def verdict_words(entry: Mapping[str, Any]) -> str:
+    """A run's verdict in one line, in the verdict card's words, from the callback's history entry of the run.
+
+    Args:
+        entry: a run of the callback's ``history`` (:meth:`~lightning_ig.run.summary.RunSummary.history_entry`).
+
+    Returns:
+        The headline, the figure that decided against its bar, the trust status and the step.
+
+    Example:
+        >>> entry = {"global_step": 500, "verdict": "pass", "trust": "passed",
+        ...          "accuracy": {"figure": "attribution_error", "value": 0.004, "threshold": 0.0141}}
+        >>> verdict_words(entry)
+        '✓ attributions add up (estimated attribution error 4.00e-03 ≤ 0.0141), trust checks passed, at step 500'
+    """
+    kind, figures = str(entry.get("verdict")), entry.get("accuracy")
+    words = HEADLINES.get(kind, HEADLINES["unchecked"])
+    if kind in ("pass", "fail") and figures is not None:
+        accuracy = AccuracyVerdict(kind == "pass", figures["figure"], figures["value"], figures["threshold"], "")
+        sign = "≤" if accuracy.within else ">"
+        value, bar = relative_error_text(accuracy.value), format_value(accuracy.threshold)
+        words += f" ({accuracy.words} {value} {sign} {bar})"
+    trust = entry.get("trust")
+    return f"{words}{'' if trust is None else f', trust checks {trust}'}, at step {int(entry['global_step']):,}"
+
+
+def _short(sentence: str) -> str:
+    """A trust reason or note cut at its first ``,`` or ``;`` after the check's name (the text has all of it)."""
+    head, colon, rest = sentence.partition(": ")
+    if not colon:
+        head, rest = "", sentence
+    cut = min((rest.find(mark) for mark in (", ", "; ") if mark in rest), default=len(rest))
+    return f"{head}{colon}{rest[:cut]}"
+
+
+def trust_line(trust: Any) -> str:
+    """Why the trust status is what it is, short: the first failed check other than accuracy (an accuracy failure is
+    the card's headline already), the first note when unresolved, the checks judged when passed."""
+    if trust.status == "failed":
+        others = [reason for reason in trust.reasons if not reason.startswith("accuracy:")]
+        return _short(others[0]) if others else "accuracy, above"
+    if trust.status == "unresolved":
+        return _short(trust.notes[0]) if trust.notes else "nothing judged yet"
+    judged = [name for name in ("randomization", "deletion", "stability") if getattr(trust, name, None) is not None]
+    words = {"randomization": "sanity", "deletion": "faithfulness", "stability": "stability"}
+    return ", ".join(["accuracy", *(words[name] for name in judged)])
 
 
 def _rows(summary: RunSummary) -> str:
@@ -179,9 +221,17 @@ def _rows(summary: RunSummary) -> str:
     return "states" if summary.actions is None else "(state, action) pairs"
 
 
+def _figures_text(numbers: Completeness) -> str:
+    """The two figures the verdict rests on, as every line writes them (fractions, as ``completeness_tol``)."""
+    return (
+        f"worst estimated attribution error {relative_error_text(numbers.worst_attribution_error)}, worst "
+        f"mass-relative completeness error {relative_error_text(numbers.worst_mass_relative_error)}"
+    )
+
+
 def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
-    """``(verdict, sentence)`` in plain words, for the text: the accuracy verdict, the figures it rests on, the
-    states near the baseline (flagged, not scored) and the relative completeness error beside them."""
+    """``(verdict, sentence)`` in plain words, for the text: the accuracy verdict, the two figures it rests on and
+    the states near the baseline (flagged, not scored)."""
     numbers, target = summary.completeness, summary.settings.target.label
     total, rows = numbers.num_states, _rows(summary)
     if numbers.verdict == "non-finite":
@@ -190,45 +240,44 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
         if actions is not None and first is not None:  # a row s * A + a: state s, action a
             where = f"state {first // len(actions.names)}, {actions.names[first % len(actions.names)]}"
         return "non-finite", (
-            f"The model produced NaN/Inf in {numbers.num_non_finite} of {total} {rows} (first: {where}): these "
+            f"✗ The model produced NaN/Inf in {numbers.num_non_finite} of {total} {rows} (first: {where}): these "
             "attributions cannot be trusted."
         )
     if numbers.verdict == "unchecked":
         return "unchecked", (
-            f"Completeness not checked: in all {total} {rows} the attributions are zero, F(x) = F(b) along the whole "
-            f"path (mean absolute completeness error {format_value(numbers.mean_abs_error)}, target {target})."
+            f"? Accuracy not checked: in all {total} {rows} the attributions are zero, F(x) = F(b) along the whole "
+            f"path (target {target})."
         )
     notes = ""
     if numbers.num_near_baseline:
         near = "state(s)" if summary.actions is None else rows
-        notes += (
+        notes = (
             f" {numbers.num_near_baseline} of {total} {near} are near the baseline (attribution mass and |dF| below a "
             f"tenth of the median, where every relative figure is ill-conditioned): flagged, not scored "
-            f"({per_state_pointer(summary)})."
+            f"({_per_state_pointer(summary)})."
         )
-    notes += f" Relative completeness error |delta| / |dF|: {relative_error_text(numbers.worst_relative_error)}."
     if numbers.verdict == "pass":
         return "pass", (
-            f"Completeness passes: {_figures_text(numbers)}, both <= sqrt(2) x tolerance {numbers.tolerance:g} over "
-            f"{total - numbers.num_near_baseline - numbers.num_non_finite} {rows}.{notes}"
+            f"✓ The attributions add up: {_figures_text(numbers)}, both <= sqrt(2) x completeness_tol "
+            f"{numbers.tolerance:g} over {total - numbers.num_near_baseline - numbers.num_non_finite} {rows}.{notes}"
         )
     return "fail", (
-        f"Completeness FAILS: {numbers.accuracy.reason} (tolerance {numbers.tolerance:g}): the attributions may be "
-        f"off by more than the tolerance ({_figures_text(numbers)}). Use n_steps='auto' or more steps.{notes}"
+        f"✗ The attributions do NOT add up: {numbers.accuracy.reason} (completeness_tol {numbers.tolerance:g}): they "
+        f"may be off by more than the tolerance ({_figures_text(numbers)}). Use n_steps='auto' or more steps.{notes}"
     )
 
 
 def report_markdown(
     summary: RunSummary, labels: Sequence[str], prefix: str, *, saliency_scale: float | None = None
 ) -> str:
-    """The ``<prefix>/report`` text: settings, the completeness verdict, the top-k table, drift, concentration,
-    the saliency scale and an ensemble's members.
+    """The ``<prefix>/report`` text: the accuracy verdict and the trust status first, the settings, the table of what
+    the target relies on (as the verdict card ranks it, by mass, with both signs), drift, concentration, the
+    saliency scale, per action and an ensemble's members.
 
     The table is a fixed-width block: TensorBoard's markdown drops table alignment, and numbers read best
     right-aligned.
     """
-    settings = summary.settings
-    units = summary.units
+    settings, units = summary.settings, summary.units
     noun = "groups" if units.kind == "groups" else "features"
     name = "" if settings.name is None else f" ({settings.name})"
     states = f"{summary.num_states} states"
@@ -236,27 +285,16 @@ def report_markdown(
     if summary.actions is not None:
         states = f"{summary.actions.num_states} states × {len(summary.actions.names)} actions"
         averaged = ", the mean over the actions"
-    lines = [
-        f"### Integrated Gradients{name} at step {summary.step}",
+    lines = [f"### Integrated Gradients{name} at step {summary.step}", "", f"**{completeness_sentence(summary)[1]}**"]
+    lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
+    lines += [
         "",
         (
             f"{states}, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
             f"{summary.backend} backend), target `{settings.target.label}` ({settings.target.unit}), baseline "
             f"`{settings.baseline}`."
         ),
-        "",
-        f"**{completeness_sentence(summary)[1]}**",
     ]
-    numbers = summary.completeness
-    if numbers.num_non_finite == 0 and numbers.num_degenerate == 0:
-        lines += [
-            "",
-            (
-                "No state gave NaN/Inf and none was too close to the baseline to check (the cards "
-                f"`{prefix}/completeness/non_finite_states` and `degenerate_states` appear from the first run "
-                "that has one)."
-            ),
-        ]
     if summary.stochastic:
         lines += [
             "",
@@ -265,18 +303,30 @@ def report_markdown(
                 "in train mode, noise left on); the attributions are not reproducible."
             ),
         ]
-    order = rank_order(units.moments.mean_abs)[: settings.top_k]
+    positive, negative = units.parts
+    mass = positive + negative
+    whole = float(mass.sum()) or 1.0
+    order = rank_order(mass)[: settings.top_k]
     width = max([len(noun) - 1, *(len(labels[i]) for i in order)])
-    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  {'mean |attr|':>11}  {'std of attr':>11}  {'mean attr':>10}"]
+    heads = ("share", "raises", "lowers", "mean |attr|", "mean attr")
+    rows = [f"{'rank':>4}  {noun[:-1]:<{width}}  " + "  ".join(f"{head:>11}" for head in heads)]
     for rank, index in enumerate(order, start=1):
-        moments = units.moments
-        rows.append(
-            f"{rank:>4}  {labels[index]:<{width}}  {format_value(moments.mean_abs[index]):>11}  "
-            f"{format_value(moments.stddev[index]):>11}  {format_signed(moments.mean_signed[index]):>10}"
+        cells = (
+            format_percent(mass[index] / whole),
+            format_value(positive[index]),
+            format_value(negative[index]),
+            format_value(units.moments.mean_abs[index]),
+            format_signed(units.moments.mean_signed[index]),
         )
+        rows.append(f"{rank:>4}  {labels[index]:<{width}}  " + "  ".join(f"{cell:>11}" for cell in cells))
+    per_cell = " (each cell's sign counted apart; mean |attr| and mean attr of the group's sum)" * (noun == "groups")
     lines += [
         "",
-        f"Top {len(order)} {noun} by mean |attribution| (units of {settings.target.unit}{averaged}):",
+        (
+            f"What {settings.target.words} relies on: the top {len(order)} {noun} by mass, the part that raises it "
+            f"and the part that lowers it, vs {settings.baseline} (units of {settings.target.unit}{averaged}"
+            f"){per_cell}:"
+        ),
         "",
         "```",
         *rows,
@@ -303,8 +353,8 @@ def report_markdown(
         lines += [
             "",
             (
-                f"**Saliency** (`{prefix}/saliency`): colour scale ±{format_value(saliency_scale)} per cell; blue "
-                "raises the target, red lowers it."
+                f"**Saliency** (`{prefix}/{PICTURE_TAGS['saliency']}`): colour scale ±{format_value(saliency_scale)} "
+                "per cell; blue raises the target, red lowers it."
             ),
         ]
     lines += _action_lines(summary, labels, prefix)
@@ -332,9 +382,9 @@ def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: 
     return [
         "",
         (
-            f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/actions`): in how many of the "
-            f"{actions.num_states} states each action has the largest Q, what its Q(s, a) relies on most, and what "
-            "sets it apart from the mean action (+ favours it, - disfavours it):"
+            f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/{PICTURE_TAGS['actions']}`): "
+            f"in how many of the {actions.num_states} states each action has the largest Q, what its Q(s, a) relies "
+            "on most, and what sets it apart from the mean action (+ favours it, - disfavours it):"
         ),
         "",
         "```",
@@ -375,7 +425,7 @@ def troubles(summary: RunSummary) -> dict[str, str]:
     words = {
         "unchecked": lambda: (
             f"no state could be checked for accuracy at step {step}: in all {numbers.num_states} states the "
-            "attributions are (near) zero, F(x) = F(b) along the whole path (logged as nan); try baseline='mean' "
+            "attributions are (near) zero, F(x) = F(b) along the whole path; try baseline='mean' "
             "or another target"
         ),
         "fail": lambda: (
@@ -407,5 +457,5 @@ def _non_finite_words(summary: RunSummary) -> str:
         first = f"state {state}, {summary.actions.names[action]}"
     return (
         f"the model produced NaN/Inf at step {summary.step} in {numbers.num_non_finite} of {numbers.num_states} "
-        f"{rows} (first: {first}); worst_relative_error is logged as inf"
+        f"{rows} (first: {first}); the accuracy figures are logged as inf"
     )

@@ -3,25 +3,18 @@ emulated (tests/support/graphs.py) and passed in through IntegratedGradients(gra
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
-from tests.support.graphs import EmulatedCapture, FailingCapture, KernelsThatCannotBeCaptured
-from tests.support.models import DuelingMLP
+from tests.support.graphs import EmulatedCapture
+from tests.support.models import seeded_dueling
 from tests.support.tolerance import assert_close_scaled
-
-
-def _dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return DuelingMLP(features, actions).double().eval()
 
 
 def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> None:
     capture = EmulatedCapture()
-    model = _dueling(5, 3, seed=40)
+    model = seeded_dueling(5, 3, seed=40)
     engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=10)
     x = torch.randn(4, 5, dtype=torch.float64)
     first = engine.attribute(x)
@@ -56,10 +49,21 @@ def test_graph_cache_replays_with_new_inputs_and_in_place_weight_updates() -> No
     assert len(capture.graphs) == 2 and engine.last_mode == "capture"
 
 
+def test_a_replay_says_which_rule_ran_as_the_eager_call_does() -> None:
+    model = seeded_dueling(5, 3, seed=42)
+    engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="mean")  # method="auto"
+    x = torch.randn(4, 5, dtype=torch.float64)
+    eager = integrated_gradients(model, x, target="mean")
+    captured, replayed = engine.attribute(x), engine.attribute(x)  # the second by the fast path
+    assert engine.last_mode == "graph"
+    assert eager.method != "auto" and captured.method == replayed.method == eager.method
+    assert captured.n_steps == replayed.n_steps == eager.n_steps
+
+
 @pytest.mark.parametrize("baselines", ["mean", 0.5, "tensor"])
 def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> None:
     capture = EmulatedCapture()
-    model = _dueling(5, 3, seed=41)
+    model = seeded_dueling(5, 3, seed=41)
     engine = IntegratedGradients(model, graph_capture=capture, n_steps=7)
     for seed in range(3):
         generator = torch.Generator().manual_seed(seed)
@@ -75,7 +79,7 @@ def test_graph_cache_with_baselines_and_per_row_targets(baselines: object) -> No
 
 
 def test_graph_replays_check_their_inputs_for_nan_at_every_call_unless_told_not_to() -> None:
-    model = _dueling(3, 2, seed=42)
+    model = seeded_dueling(3, 2, seed=42)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target=1, n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     engine.attribute(x)
@@ -91,48 +95,8 @@ def test_graph_replays_check_their_inputs_for_nan_at_every_call_unless_told_not_
     assert not torch.isfinite(unchecked.attribute(x).f_input[0])  # flagged in the result, not raised
 
 
-def test_graph_capture_falls_back_to_the_torch_twins_when_the_kernels_cannot_be_captured() -> None:
-    capture = EmulatedCapture()
-    model = _dueling(3, 2, seed=46)
-    engine = IntegratedGradients(
-        model, graph_capture=capture, backend=KernelsThatCannotBeCaptured(capture), target="mean", n_steps=4
-    )
-    x = torch.randn(2, 3, dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match="captured the torch twins instead"):
-        result = engine.attribute(x)
-    assert capture.attempts == 2 and result.cuda_graph and result.backend == "torch"
-    again = engine.attribute(x)
-    assert engine.last_mode == "graph" and again.backend == "torch" and len(capture.graphs) == 1
-    assert_close_scaled(
-        again.attributions,
-        integrated_gradients(model, x, target="mean", n_steps=4).attributions,
-        ulps=4,
-        dtype=torch.float64,
-    )
-
-
-def test_graph_capture_failure_falls_back_to_eager_once() -> None:
-    capture = FailingCapture()
-    model = _dueling(3, 2, seed=43)
-    engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=4)
-    x = torch.randn(2, 3, dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the attribution failed"):
-        result = engine.attribute(x)
-    assert engine.last_mode == "eager" and not result.cuda_graph and capture.attempts == 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        engine.attribute(x)  # remembered: no second attempt, no second warning
-    assert capture.attempts == 1
-    assert_close_scaled(
-        result.attributions,
-        integrated_gradients(model, x, target="mean", n_steps=4).attributions,
-        ulps=4,
-        dtype=torch.float64,
-    )
-
-
 def test_graph_cache_rejects_per_row_targets_out_of_range() -> None:
-    model = _dueling(3, 2, seed=45)
+    model = seeded_dueling(3, 2, seed=45)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), n_steps=4)
     x = torch.randn(2, 3, dtype=torch.float64)
     engine.attribute(x, target=torch.tensor([0, 1]))
@@ -142,7 +106,7 @@ def test_graph_cache_rejects_per_row_targets_out_of_range() -> None:
 
 def test_graph_cache_keeps_the_most_recent_plans_and_drops_the_fast_path_with_its_plan() -> None:
     capture = EmulatedCapture()
-    model = _dueling(3, 2, seed=47)
+    model = seeded_dueling(3, 2, seed=47)
     engine = IntegratedGradients(model, graph_capture=capture, target="mean", n_steps=4)
     first = torch.randn(1, 3, dtype=torch.float64)
     engine.attribute(first)
@@ -156,7 +120,7 @@ def test_graph_cache_keeps_the_most_recent_plans_and_drops_the_fast_path_with_it
 
 
 def test_non_finite_results_replay_as_flagged() -> None:
-    model = _dueling(3, 2, seed=48)
+    model = seeded_dueling(3, 2, seed=48)
     engine = IntegratedGradients(model, graph_capture=EmulatedCapture(), target="mean", n_steps=4)
     x = torch.randn(3, 3, dtype=torch.float64)
     assert engine.attribute(x).num_non_finite == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
@@ -31,19 +32,18 @@ from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, mak
 from tests.support.tolerance import assert_close_scaled, eps
 
 SCALAR_TAGS = [
-    "ig/completeness/worst_relative_error",
+    "ig/completeness/worst_attribution_error",
+    "ig/completeness/worst_mass_relative_error",
     "ig/completeness/mean_abs_error",
     "ig/concentration/top1pct_share",
     *[f"ig/mean_abs/{name}" for name in FEATURES],
     *[f"ig/mean_signed/{name}" for name in FEATURES],
-    "ig/drift/spearman_prev",
-    "ig/drift/spearman_first",
-    "ig/drift/topk_jaccard_prev",
     "ig/time_ms",
 ]
 # Cards that carry nothing in this run (issue 20 item 7): counts never non-zero, and with 4 features the top-10%
 # concentration is the top-1% one.
 NOT_LOGGED = [
+    "ig/completeness/worst_relative_error",  # the old ratio: in the JSON report only
     "ig/completeness/non_finite_states",
     "ig/completeness/degenerate_states",
     "ig/concentration/top10pct_share",
@@ -106,44 +106,17 @@ def test_every_tag_is_in_the_event_files(logged_run):
     assert set(SCALAR_TAGS) <= set(tags["scalars"])
     assert not set(NOT_LOGGED) & set(tags["scalars"])
     assert {f"ig/attributions/{name}" for name in FEATURES} <= set(tags["histograms"])
-    assert {"ig/top_features", "ig/heatmap"} <= set(tags["images"])
-    assert "ig/saliency" not in tags["images"]  # a flat state vector has no saliency map
+    assert set(tags["images"]) == {"ig/0_verdict", "ig/1_over_training"}  # a flat state vector has no saliency
     assert "ig/report/text_summary" in tags["tensors"]  # SummaryWriter.add_text("ig/report")
-    assert "custom_scalars__config__" in tags["tensors"]
+    assert "custom_scalars__config__" not in tags["tensors"]  # Time Series, filtered to ig/, is the page
     # runs at steps 10, 20, 30 (the train-end run is skipped: step 30 already ran)
     assert [event.step for event in events.Scalars("ig/mean_abs/pole_theta")] == [10, 20, 30]
-    assert [event.step for event in events.Scalars("ig/drift/spearman_prev")] == [20, 30]
-    # figures at every run (figure_every_n_runs=1), and they are real pictures
-    assert [event.step for event in events.Images("ig/heatmap")] == [10, 20, 30]
-    top = events.Images("ig/top_features")[-1]
-    assert top.width > 300 and top.height > 150
+    # figures at every run (figure_every_n_runs=1), and they are real pictures at Time Series' size
+    assert [event.step for event in events.Images("ig/1_over_training")] == [10, 20, 30]
+    verdict = events.Images("ig/0_verdict")[-1]
+    assert (verdict.width, verdict.height) == (320, 215)
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
-    assert "rank  feature" in text and "Completeness passes" in text and "Drift" in text
-
-
-def test_custom_scalars_layout_groups_features(logged_run):
-    from tensorboard.plugins.custom_scalar import layout_pb2
-
-    event = logged_run["events"].Tensors("custom_scalars__config__")[-1]  # TensorBoard shows the last one
-    layout = layout_pb2.Layout()
-    layout.ParseFromString(event.tensor_proto.string_val[0])
-    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
-    # one quantity per chart (TensorBoard draws a run's lines in one colour): ratio and absolute error apart
-    assert all(len(tags) == 1 for tags in charts.values())
-    assert charts["completeness: worst relative error |delta| / |dF|"] == [r"^ig/completeness/worst_relative_error$"]
-    verdict = "accuracy: worst estimated attribution error (verdict)"
-    assert charts[verdict] == [r"^ig/completeness/worst_attribution_error$"]  # the verdict's figures charted too
-    assert charts["completeness: mean absolute error"] == [r"^ig/completeness/mean_abs_error$"]
-    assert any(tags == [r"^ig/drift/topk_jaccard_prev$"] for tags in charts.values())  # 4 features > top_k=3
-    # the features' charts come most important first, by the last layout's run
-    last = logged_run["callback"].history[-1]["mean_abs"]
-    ranked = [FEATURES[i] for i in np.argsort(-np.asarray(last), kind="stable")]
-    # titled by name, never by a rank that differs between runs (issue 20 item 3); charts of tags never logged left out
-    assert not any(title.startswith("#") for title in charts) and "states with NaN/Inf" not in charts
-    feature_charts = [title for title in charts if title.endswith(": mean |attribution|")]
-    assert feature_charts == [f"{name}: mean |attribution|" for name in ranked]
-    categories = [category.title for category in layout.category]
-    assert categories == ["IG: trust", "IG: features"]
+    assert "rank  feature" in text and "The attributions add up" in text and "Drift" in text
 
 
 def test_logged_values_equal_ig_on_the_checkpoint(logged_run):
@@ -159,13 +132,13 @@ def test_logged_values_equal_ig_on_the_checkpoint(logged_run):
     assert_close_scaled([event.value for event in logged_abs], attributions.abs().mean(0), ulps=16, scale=scale)
     logged_signed = [events.Scalars(f"ig/mean_signed/{name}")[-1].value for name in FEATURES]
     assert_close_scaled(logged_signed, attributions.mean(0), ulps=16, scale=scale)
-    worst = events.Scalars("ig/completeness/worst_relative_error")[-1].value
+    # the JSON report holds the same numbers at full precision
+    report = json.loads((logged_run["root"] / "reports" / "ig_report_step=00000030.json").read_text())
+    worst = report["completeness"]["worst_relative_error"]
     # the worst relative error is itself rounding-sized: compare it as delta's rounding over |F(x) - F(b)|
     difference = (result.f_input - result.f_baseline).double().abs()
     bound = 64 * eps(torch.float32) * float(((attributions.sum(1).abs() + difference) / difference).max())
     assert abs(worst - result.worst_relative_error) <= bound + eps(torch.float32) * result.worst_relative_error
-    # the JSON report holds the same numbers at full precision
-    report = json.loads((logged_run["root"] / "reports" / "ig_report_step=00000030.json").read_text())
     assert_close_scaled(
         [feature["mean_abs"] for feature in report["features"]], attributions.abs().mean(0), ulps=16, scale=scale
     )
@@ -184,11 +157,17 @@ def test_drift_scalars_match_the_history(logged_run):
     expected_prev = spearman(history[2]["mean_abs"], history[1]["mean_abs"])
     expected_first = spearman(history[2]["mean_abs"], history[0]["mean_abs"])
     expected_jaccard = topk_jaccard(history[2]["mean_abs"], history[1]["mean_abs"], 3)
-    assert events.Scalars("ig/drift/spearman_prev")[-1].value == pytest.approx(expected_prev, rel=eps(torch.float32))
-    assert events.Scalars("ig/drift/spearman_first")[-1].value == pytest.approx(expected_first, rel=eps(torch.float32))
-    assert events.Scalars("ig/drift/topk_jaccard_prev")[-1].value == pytest.approx(
-        expected_jaccard, rel=eps(torch.float32)
-    )
+    logged = set(events.Tags()["scalars"])
+    for name, expected in (("spearman_prev", expected_prev), ("spearman_first", expected_first)):
+        if f"ig/drift/{name}" in logged:
+            assert events.Scalars(f"ig/drift/{name}")[-1].value == pytest.approx(expected, rel=eps(torch.float32))
+        else:  # a ranking that never moved is a flat line at 1: no card until it moves
+            assert expected == 1.0
+    if "ig/drift/topk_jaccard_prev" in logged:
+        last = events.Scalars("ig/drift/topk_jaccard_prev")[-1].value
+        assert last == pytest.approx(expected_jaccard, rel=eps(torch.float32))
+    else:
+        assert expected_jaccard == 1.0
 
 
 def test_reports_are_schema_v1_and_csv_logger_gets_the_scalars(logged_run):
@@ -438,7 +417,7 @@ def _direct_fn(model: TinyQNet, forward, states: torch.Tensor):
 @pytest.mark.parametrize(
     ("every", "max_steps", "expected", "expected_heatmap"),
     [
-        # runs 0..6 at steps 1..7: the bar chart at runs 0, 3, 6, the heatmap half a cadence later (0, 1, 4)
+        # runs 0..6 at steps 1..7: the verdict at runs 0, 3, 6, the shares half a cadence later (0, 1, 4)
         (3, 7, [1, 4, 7], [1, 2, 5, 7]),
         (3, 6, [1, 4, 6], [1, 2, 5, 6]),  # the last run (step 6) always gets both
         (10, 7, [1, 7], [1, 6, 7]),  # the default cadence: the first run, the end (the heatmap also at run 5)
@@ -454,8 +433,17 @@ def test_figure_cadence(tmp_path, every, max_steps, expected, expected_heatmap):
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
     events.Reload()
     images = events.Tags()["images"]
-    for tag, steps in (("ig/top_features", expected), ("ig/heatmap", expected_heatmap)):
-        assert [event.step for event in events.Images(tag)] == steps if steps else tag not in images
+    shares = [event.step for event in events.Images("ig/1_over_training")] if expected_heatmap else []
+    assert shares == expected_heatmap and (expected or "ig/0_verdict" not in images)
+    # the verdict card at its cadence, and also at every run that failed or whose verdict differs from the last card's
+    drawn = [event.step for event in events.Images("ig/0_verdict")] if expected else []
+    states = {entry["global_step"]: (entry["verdict"], entry["trust"]) for entry in callback.history}
+    failed = {
+        step for step, (verdict, trust) in states.items() if verdict in ("fail", "non-finite") or trust == "failed"
+    }
+    assert set(expected) | (failed if expected else set()) <= set(drawn)
+    for previous, step in itertools.pairwise(drawn):
+        assert step in expected or step in failed or states[step] != states[previous], (step, states)
 
 
 # ---------------------------------------------------------------------- bad input
@@ -535,7 +523,7 @@ def test_states_made_under_inference_mode(tmp_path):
 
 def test_forward_callable_must_return_one_value_per_state(tmp_path):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, forward=lambda module, x: module(x))
-    with pytest.raises(ValueError, match=r"must return one value per state, shape \(2,\), got \(2, 2\)"):
+    with pytest.raises(ValueError, match=r"must return one value per state, shape \(37,\), got \(37, 2\)"):
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
 
 
@@ -558,53 +546,42 @@ def test_a_target_callable_selects_from_the_outputs_as_the_engine_does(tmp_path)
 
 
 def _bar_rows(pixels: np.ndarray) -> list[tuple[int, int]]:
-    """``(blue width, red width)`` in pixels of each bar, top to bottom, found by their colours in a drawn chart."""
-    from lightning_ig.views.pictures.charts import NEGATIVE, POSITIVE
+    """``(blue width, red width)`` in pixels of each bar, top to bottom, found by their colours in a drawn card."""
+    from lightning_ig.views.pictures.raster import NEGATIVE, POSITIVE, rgb
 
-    colours = {
-        name: np.array([int(code[i : i + 2], 16) for i in (1, 3, 5)])
-        for name, code in (("+", POSITIVE), ("-", NEGATIVE))
-    }
-    masks = {name: (pixels == rgb).all(axis=-1) for name, rgb in colours.items()}
+    masks = {name: (pixels == np.array(rgb(code))).all(axis=-1) for name, code in (("+", POSITIVE), ("-", NEGATIVE))}
     coloured = masks["+"] | masks["-"]
-    rows, bars, previous = np.flatnonzero(coloured.sum(axis=1) > 0), [], -10
+    rows, bars, previous = np.flatnonzero(coloured.sum(axis=1) > 12), [], -10  # more than a glyph's ink
     for row in rows:
-        if row > previous + 3:  # a new bar starts (its whisker crosses it at the middle): read it on its first row
+        if row > previous + 3:  # a new bar starts: read it on its first row
             bars.append((int(masks["+"][row].sum()), int(masks["-"][row].sum())))
         previous = row
-    return bars[1:]  # the first: the legend's swatches, above the bars
+    return bars[:-1]  # the last: the legend's swatches, below the bars
 
 
-def test_figures_draw_the_ranked_bars_to_scale_and_stay_readable_at_4_and_400_groups():
+def test_the_verdict_card_draws_the_ranked_mass_to_scale_at_4_and_400_groups():
     from lightning_ig.run.host_result import Moments
     from lightning_ig.run.statistics import rank_order
-    from lightning_ig.views.pictures.bars import sign_parts
-    from lightning_ig.views.pictures.charts import heatmap_chart, top_features_chart
-    from lightning_ig.views.pictures.raster import CARD_WIDTH
+    from lightning_ig.run.summary import Units
+    from lightning_ig.views.pictures.cards import verdict_card
+    from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH
 
     rng = np.random.default_rng(0)
     for units in (4, 400):
         values = rng.normal(size=(16, units)) * np.linspace(3.0, 0.1, units) + np.linspace(1.0, -1.0, units)
-        moments = Moments.of(values)
+        positive, negative = Units("groups", [str(i) for i in range(units)], Moments.of(values)).parts
         labels = [f"group {i:03d}" for i in range(units)]
-        bar = top_features_chart(labels, moments, top_k=10, verdict=("pass", "Completeness passes"))
-        order = rank_order(moments.mean_abs)[: min(units, 10)]
-        assert bar.labels == tuple(labels[i] for i in order)
-        # drawn at the size TensorBoard's Time Series card shows (issue 20 item 2)
-        assert bar.pixels.dtype == np.uint8 and bar.pixels.shape[1] == CARD_WIDTH and bar.pixels.shape[0] < 600
-        # the axis is set by the bars, never stretched by a whisker: the top bar fills most of it
-        assert moments.mean_abs.max() <= bar.axis_limit <= 1.31 * moments.mean_abs.max()
-        # one bar per unit, most important on top, long in proportion, split blue (the mean of the positive part)
-        # then red (of the negative part): a mixture of signs shows as two colours (issue 20 item 6)
-        drawn = np.array(_bar_rows(bar.pixels), dtype=float)
+        card = verdict_card(labels, positive, negative, title=["t"], accuracy=("pass", "worst error 1e-3"))
+        order = rank_order(positive + negative)[: 4 if units > 5 else units]  # four and "the other 396 groups"
+        assert card.labels == tuple(labels[i] for i in order)
+        assert card.pixels.dtype == np.uint8 and card.pixels.shape == (CARD_HEIGHT, CARD_WIDTH, 3)  # shown at 1.0x
+        # one bar per unit, the largest mass on top, long in proportion, split blue (the positive part) then red
+        # (the negative part): a mixture of signs shows as two colours
+        drawn = np.array(_bar_rows(card.pixels), dtype=float)
         assert len(drawn) == len(order)
-        pixels_per_unit = drawn[0].sum() / moments.mean_abs[order[0]]
-        positive, negative = sign_parts(moments)
+        pixels_per_unit = drawn[0].sum() / (positive + negative)[order[0]]
         np.testing.assert_allclose(drawn[:, 0], positive[order] * pixels_per_unit, atol=2.0)  # whole-pixel ends
         np.testing.assert_allclose(drawn[:, 1], negative[order] * pixels_per_unit, atol=2.0)
-        heat = heatmap_chart(labels, [1, 2, 3], np.abs(rng.normal(size=(3, units))))
-        assert len(heat.labels) == min(units, 40)
-        assert heat.pixels.shape[0] < 1200
 
 
 def test_the_counts_seen_non_zero_are_kept_across_a_resume():

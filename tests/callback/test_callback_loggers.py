@@ -6,6 +6,7 @@ import json
 import warnings
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import torch
 from PIL import Image
@@ -14,19 +15,13 @@ from torch.utils.data import DataLoader
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.views.pictures.raster import CARD_WIDTH
+from lightning_ig.views.report import load_schema
 from tests.support.loggers import logger_package, mlflow_pictures
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 
 SHAPE = (3, 8, 8)
 # What a run of two IG runs (steps 2 and 4) of a pixel agent draws at its first run: every kind it has
-FIRST_RUN = {
-    "ig/0_verdict",
-    "ig/top_features",
-    "ig/heatmap",
-    "ig/heatmap/shares",
-    "ig/saliency",
-    "ig/saliency/mean_abs",
-}
+FIRST_RUN = {"ig/0_verdict", "ig/1_over_training", "ig/2_saliency"}
 
 
 def _fit(root: Path, logger) -> IntegratedGradientsCallback:
@@ -47,20 +42,29 @@ def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, mo
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
     uri = f"file:{tmp_path / 'mlruns'}"
     logger = MLFlowLogger(experiment_name="lightning-ig", tracking_uri=uri)
-    _fit(tmp_path, logger)
+    callback = _fit(tmp_path, logger)
     client = MlflowClient(tracking_uri=uri)
     pngs = mlflow_pictures(client, logger.run_id)  # by (tag, step)
     assert {tag for tag, step in pngs if step == 2} >= FIRST_RUN, sorted(pngs)
-    saliency = client.download_artifacts(logger.run_id, pngs["ig/saliency", 2], str(tmp_path / "d"))
+    # each picture at the run's step, the last run's too; a tag's first also at step 0, where MLflow's UI opens
+    assert {step for _, step in pngs} == {0, 2, 4} and {tag for tag, step in pngs if step == 0} == FIRST_RUN
+    saliency = client.download_artifacts(logger.run_id, pngs["ig/2_saliency", 2], str(tmp_path / "d"))
     decoded = np.asarray(Image.open(saliency))
     assert decoded.ndim == 3 and decoded.shape[1] == CARD_WIDTH  # the card-sized grid
-    assert client.get_metric_history(logger.run_id, "ig/completeness/worst_relative_error")  # scalars as before
+    assert client.get_metric_history(logger.run_id, "ig/completeness/worst_attribution_error")  # scalars as before
     stored = [info.path for info in client.list_artifacts(logger.run_id, "lightning_ig/ig")]
     assert any("features" in path or "groups" in path for path in stored), stored
     reports = [path for path in stored if path.endswith(".json") and "report" in path]
     assert reports, stored
     report = json.loads(Path(client.download_artifacts(logger.run_id, reports[0], str(tmp_path / "r"))).read_text())
-    assert report["schema_version"] == 1
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)  # with the verdict and trust keys
+    entry = {run["global_step"]: run for run in callback.history}[report["global_step"]]
+    assert (report["verdict"]["accuracy"], report["verdict"]["trust"]) == (entry["verdict"], entry["trust"])
+    assert report["trust"]["status"] == report["verdict"]["trust"] and set(report["trust"]["checks"]) == {
+        "sanity",
+        "faithfulness",
+        "stability",
+    }
 
 
 def test_a_wandb_offline_run_holds_the_pictures(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -9,6 +10,7 @@ import stat
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -67,7 +69,7 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, _BreakWeights(at=3))
     events = _events(logger)
-    worst = {event.step: event.value for event in events.Scalars("ig/completeness/worst_relative_error")}
+    worst = {event.step: event.value for event in events.Scalars("ig/completeness/worst_attribution_error")}
     counts = {event.step: event.value for event in events.Scalars("ig/completeness/non_finite_states")}
     assert math.isfinite(worst[2]) and 2 not in counts  # the count's card appears with its first non-zero run
     assert worst[4] == math.inf and worst[6] == math.inf
@@ -79,6 +81,22 @@ def test_nan_weights_are_logged_as_inf_with_a_count_and_one_warning(tmp_path):
     assert report["completeness"]["worst_relative_error"] is None
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "The model produced NaN/Inf in 37 of 37 states" in text
+    # every failing run has its own verdict card, off the cadence (10 runs), and it never says ✓
+    from PIL import Image
+
+    from lightning_ig.views.pictures.cards import STATE_COLOURS
+    from lightning_ig.views.pictures.raster import rgb
+
+    images = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    images.Reload()
+    cards = {event.step: event for event in images.Images("ig/0_verdict")}
+    assert {2, 4, 6} <= set(cards)
+    for step in (4, 6):
+        head = np.asarray(Image.open(io.BytesIO(cards[step].encoded_image_string)).convert("RGB"))[16:34]  # the verdict
+        near = {
+            state: (np.abs(head.astype(int) - rgb(STATE_COLOURS[state])).max(axis=2) <= 6) for state in STATE_COLOURS
+        }
+        assert near["fail"].sum() > 20 and not near["pass"].any(), step  # the palette PNG: a few levels off
 
 
 def test_on_non_finite_raise_stops_training(tmp_path):
@@ -105,12 +123,12 @@ def test_a_run_where_no_state_can_be_checked_reads_as_such(tmp_path):
         warnings.simplefilter("always")
         logger = _fit(tmp_path, callback, max_steps=4)
     events = _events(logger)
-    assert all(math.isnan(event.value) for event in events.Scalars("ig/completeness/worst_relative_error"))
+    assert all(math.isnan(event.value) for event in events.Scalars("ig/completeness/worst_attribution_error"))
     assert [event.value for event in events.Scalars("ig/completeness/degenerate_states")] == [37, 37]
     messages = [str(w.message) for w in caught if "no state could be checked" in str(w.message)]
     assert len(messages) == 1
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
-    assert "Completeness not checked: in all 37 states" in text
+    assert "? Accuracy not checked: in all 37 states" in text
 
 
 def test_report_dir_that_is_a_file_or_cannot_be_made_fails_at_setup(tmp_path):

@@ -46,7 +46,7 @@ def test_each_replays_its_graph_and_equals_the_eager_run(tmp_path, cuda_device):
     assert not capture_failures, capture_failures
     assert [entry["global_step"] for entry in callback.history] == [2, 4, 6]
     # captured at the first run, replayed at the later ones: every action's Q in one replay
-    assert callback._fit.engine.last_mode == "graph" and callback._fit.actions is not None
+    assert callback._fit.engine.last_mode == "graph" and callback._fit.target.every_output
     report = json.loads((tmp_path / "reports" / "ig_report_step=00000006.json").read_text())
     assert report["backend"] == "cuda" and report["num_states"] == 256
 

@@ -119,3 +119,20 @@ def test_a_name_too_long_for_the_file_system_fails_at_set_up(tmp_path: Path) -> 
     steps, _ = _fit(tmp_path, _callback(tmp_path / "reports", name=name), max_steps=1)
     assert steps == 1
     assert [path.name for path in (tmp_path / "reports").iterdir()] == [f"ig_report_{name}_step=00000001.json"]
+
+
+def test_the_report_files_hold_the_verdict_and_the_trust_checks(tmp_path: Path) -> None:
+    import jsonschema
+
+    from lightning_ig.views.report import load_schema
+
+    folder = tmp_path / "reports"
+    _fit(tmp_path, _callback(folder), max_steps=2)
+    files = sorted(folder.glob("ig_report_step=*.json"))
+    assert [path.name for path in files] == ["ig_report_step=00000001.json", "ig_report_step=00000002.json"]
+    for path in files:
+        report = json.loads(path.read_text())
+        jsonschema.validate(report, load_schema())
+        assert isinstance(report["verdict"]["within"], bool)
+        assert report["completeness"]["verdict"]["figure"] == report["verdict"]["figure"]
+        assert "trust" in report and isinstance(report["trust"], dict)

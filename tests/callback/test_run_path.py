@@ -113,7 +113,7 @@ def test_a_steady_run_with_tensorboard_also_hands_its_events_to_the_worker(
     (folder,) = {path.parent for path in tmp_path.rglob("events.out.tfevents.*")}
     events = EventAccumulator(str(folder), size_guidance={"images": 0})
     events.Reload()
-    assert "ig/top_features" in events.Tags()["images"]
+    assert "ig/0_verdict" in events.Tags()["images"]
 
 
 def test_a_steady_run_with_the_trust_checks_on_enters_them_only_where_the_budget_makes_a_check(

@@ -86,9 +86,11 @@ def test_states_beside_a_checkpoint_by_its_stem_first(tmp_path: Path) -> None:
     assert states_beside(checkpoint) == tmp_path / "states.json"
     (tmp_path / "q.states.npy").write_text("")
     assert states_beside(checkpoint) == tmp_path / "q.states.npy"  # the checkpoint's own before the folder's
-    (tmp_path / "q.states.safetensors").write_text("")
-    assert states_beside(checkpoint) == tmp_path / "q.states.safetensors"  # in the order of STATE_SUFFIXES
-    assert STATE_SUFFIXES == (".safetensors", ".npy", ".json")
+    for suffix in STATE_SUFFIXES:
+        (tmp_path / f"q.states{suffix}").write_text("")
+    assert states_beside(checkpoint) == tmp_path / f"q.states{STATE_SUFFIXES[0]}"  # in the order of STATE_SUFFIXES
+    (tmp_path / f"q.states{STATE_SUFFIXES[0]}").unlink()
+    assert states_beside(checkpoint) == tmp_path / f"q.states{STATE_SUFFIXES[1]}"
 
 
 def test_booleans_are_not_states_in_any_form(tmp_path: Path) -> None:

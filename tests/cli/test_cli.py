@@ -8,7 +8,6 @@ their results.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,11 +22,10 @@ import torch
 from lightning_ig import cli
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint, save_merged_checkpoint
-from lightning_ig.cli import progress as progress_module
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.views.report import load_schema
-from tests.support import REPO
+from tests.support import repo_env
 from tests.support.tolerance import assert_close_scaled
 
 FEATURES = ["cart_position", "cart_velocity", "pole_angle", "pole_velocity"]
@@ -41,18 +39,16 @@ class Run:
     stderr: str
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The tree first, so the tests run the code under test whether or not the package is installed.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _run(args: list[str], cwd: Path, command: list[str] | None = None) -> Run:
     command = command or [sys.executable, "-m", "lightning_ig.cli"]
     done = subprocess.run(
-        [*command, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
+        [*command, *args],
+        cwd=cwd,
+        env={**repo_env(), "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     return Run(args, done.returncode, done.stdout, done.stderr)
 
@@ -390,42 +386,6 @@ def test_user_architecture_by_import_path_and_lightning_checkpoint(
     report = _report(workspace, "lightning.json")
     assert [f["name"] for f in report["features"]] == ["a", "b", "c", "d"] and report["num_states"] == 10
     _validate(report)
-
-
-def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    import io
-    import time
-
-    monkeypatch.setattr(progress_module, "PROGRESS_AFTER_S", 0.05)
-    monkeypatch.setattr(progress_module, "PROGRESS_EVERY_S", 0.05)
-    stream = io.StringIO()
-    with progress_module.Progress(stream, enabled=True) as progress:
-        progress.stage("integrated gradients on 16 states")
-        time.sleep(0.3)
-    assert "integrated gradients on 16 states ..." in stream.getvalue() and "done in" in stream.getvalue()
-    quiet = io.StringIO()
-    with progress_module.Progress(quiet, enabled=True) as progress:
-        progress.stage("quick")
-    assert quiet.getvalue() == ""
-    # in a log, a stage whose inputs may still be wrong stays silent: a failure prints one line only
-    unchecked = io.StringIO()
-    with progress_module.Progress(unchecked, enabled=True) as progress:
-        progress.stage("loading q.safetensors", checked=False)
-        time.sleep(0.3)
-    assert unchecked.getvalue() == ""
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    terminal = Terminal()
-    with pytest.raises(RuntimeError), progress_module.Progress(terminal, enabled=True) as progress:
-        progress.stage("loading q.safetensors", checked=False)
-        time.sleep(0.3)
-        raise RuntimeError("a user error follows")
-    text = terminal.getvalue()
-    assert "\rlightning-ig: loading q.safetensors ..." in text and "\n" not in text
-    assert text.endswith("\r\033[K"), "the progress line is erased before the error is printed"
 
 
 def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) -> None:

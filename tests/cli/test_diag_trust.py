@@ -173,7 +173,7 @@ def test_exit_statuses_are_documented(capsys: pytest.CaptureFixture[str]) -> Non
     for status in ("0 ", "1 ", "2 ", "3 ", "130"):
         assert f"\n  {status}" in text, status
     assert "non_finite_states" in text and "a device or a FIFO" in " ".join(text.split())
-    for words in ("status 3", "non_finite_states", "no state could be checked", "Exit status:"):
+    for words in ("status 3", "non_finite_states", "no state could be checked", "Exit status"):
         assert words in (cli.__doc__ or ""), words
 
 

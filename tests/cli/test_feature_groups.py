@@ -27,7 +27,7 @@ from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid
 from lightning_ig.views.report import load_schema
-from tests.support import REPO
+from tests.support import repo_env
 from tests.support.tolerance import assert_close_scaled, eps
 
 FRAME = (4, 10, 10)  # MinAtar Breakout's observation, channels first
@@ -44,14 +44,6 @@ def _minatar_network() -> torch.nn.Module:
     return MinAtarShaped(FRAME[0], 3)
 
 
-def _env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     if args[:1] == ["diag"] and "--completeness-tol" not in args:
         # Groups and pictures are the subject here, not accuracy: a random-init conv net's 64-step error (~5%) would
@@ -60,7 +52,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lightning_ig.cli", *args],
         cwd=cwd,
-        env=_env(),
+        env=repo_env(),
         capture_output=True,
         text=True,
         timeout=300,

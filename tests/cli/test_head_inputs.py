@@ -10,28 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from lightning_ig import cli
-from lightning_ig.checkpoint import save_checkpoint
-from lightning_ig.cli.exits import one_line
-from lightning_ig.cli.terminal import printable
-from lightning_ig.models import DuelingQNetwork
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\u202egnp.exe\u2028\udc80"
 """Retitles the window, clears it, a C1 CSI, a right-to-left override, a line separator, a lone surrogate."""
-
-
-@pytest.fixture
-def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    torch.manual_seed(0)
-    net = DuelingQNetwork(4, 3, hidden_sizes=(16,), activation="tanh")
-    states = torch.randn(20, 4, generator=torch.Generator().manual_seed(1))
-    save_checkpoint(net, tmp_path / "q.safetensors", feature_names=["a", "b", "c", "d"], states=states)
-    (tmp_path / "out").mkdir()
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -59,12 +43,6 @@ def _no_terminal_commands(text: str) -> None:
 
 
 # ------------------------------------------------------------------------------ what reaches the terminal
-
-
-def test_printable_escapes_what_a_terminal_obeys() -> None:
-    assert printable("plain é ü 漢字 ✓") == "plain é ü 漢字 ✓"
-    assert printable("a\x1b[2Jb\x07\x7f\x85\u202e\u2066\udc80") == "a\\x1b[2Jb\\x07\\x7f\\x85\\u202e\\u2066\\udc80"
-    assert one_line("line\nbreak\x1b") == "line break\\x1b"
 
 
 def test_show_prints_a_reports_strings_escaped(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,6 +87,10 @@ def test_exits_zero_and_prints_return_against_random_and_channels(tiny_run) -> N
     start = next(i for i, line in enumerate(lines) if line.startswith("attribution of V(s) per channel"))
     printed = [line.split()[0] for line in lines[start + 1 : start + 5]]
     assert sorted(printed) == sorted(CHANNEL_NAMES)
+    for line in lines[start + 1 : start + 5]:  # both signs, cell by cell, and the net they leave
+        words = line.split()
+        up, down, net = float(words[3]), float(words[6]), float(words[8])
+        assert up >= 0 and down >= 0 and abs(up - down - net) <= 1.5e-4 + 1e-12, line  # three 4-decimal roundings
     assert _only_run_dir(runs).name.startswith("MinAtar-breakout__dqn_minatar__3__")
 
 
@@ -100,7 +104,7 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run) -> None:
     tags = accumulator.Tags()
     scalars = set(tags["scalars"])
     expected = {
-        "ig/completeness/worst_relative_error",
+        "ig/completeness/worst_attribution_error",
         "ig/time_ms",
         "charts/episodic_return",
         "losses/td_loss",
@@ -112,11 +116,11 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run) -> None:
     assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
     assert not any(tag.startswith("ig/mean_abs/") for tag in scalars), "400 pixels must not get a curve each"
     # (1200 - 400) / 4 = 200 gradient steps, a run every 100
-    assert [e.step for e in accumulator.Scalars("ig/completeness/worst_relative_error")] == [100, 200]
-    saliency = accumulator.Images("ig/saliency")
+    assert [e.step for e in accumulator.Scalars("ig/completeness/worst_attribution_error")] == [100, 200]
+    saliency = accumulator.Images("ig/2_saliency")
     assert [image.step for image in saliency] == [100, 200]
     assert saliency[-1].width > 0 and saliency[-1].height > 0 and saliency[-1].encoded_image_string[:4] == b"\x89PNG"
-    assert "ig/saliency/mean_abs" in tags["images"]
+    assert "ig/completeness/worst_relative_error" not in scalars  # the old ratio: in the JSON report only
 
 
 def test_checkpoint_rebuilds_the_minatar_network_with_its_frames(tiny_run) -> None:

@@ -138,10 +138,15 @@ def _wandb_decoded(offline_run: Path) -> dict[tuple[str, int], np.ndarray]:
 
 
 def _mlflow_decoded(client, run, target: Path) -> dict[tuple[str, int], np.ndarray]:
-    return {
+    """MLflow's pictures by (tag, step): each at its run's step, and a tag's first also at step 0 (where MLflow's UI
+    opens an image card): that copy is checked here and left out."""
+    decoded = {
         key: _rgb(client.download_artifacts(run.info.run_id, path, str(target)))
         for key, path in mlflow_pictures(client, run.info.run_id).items()
     }
+    for tag in PICTURES:
+        assert np.array_equal(decoded.pop((tag, 0)), decoded[tag, PICTURE_STEPS[0]]), tag
+    return decoded
 
 
 def _check_pictures(decoded: dict[tuple[str, int], np.ndarray]) -> None:
@@ -151,14 +156,14 @@ def _check_pictures(decoded: dict[tuple[str, int], np.ndarray]) -> None:
         assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 2, f"{key} is blank"
 
 
-def _check_table(
-    columns: list[str], names: list[str], mean_abs: list[float], report: dict, decimals: int | None = None
-) -> None:
-    """The channel table: every channel once, ranked by mean |attr|, the numbers of the report's groups (exactly,
-    or as rounded to ``decimals`` places by the writer of the table)."""
-    assert columns[:3] == ["rank", "name", "mean |attr|"], columns
+def _check_table(columns: list[str], rows: list[list], report: dict, decimals: int | None = None) -> None:
+    """The channel table: every channel once, ranked by its share of the mass (the verdict card's order), split into
+    what raises and what lowers V(s), with the report's groups' mean |attr| (exactly, or as rounded to ``decimals``
+    places by the writer of the table)."""
+    assert columns[:6] == ["rank", "name", "share", "raises", "lowers", "mean |attr|"], columns
+    names, shares, mean_abs = [row[1] for row in rows], [row[2] for row in rows], [row[5] for row in rows]
     assert sorted(names) == sorted(CHANNEL_NAMES)
-    assert mean_abs == sorted(mean_abs, reverse=True)
+    assert shares == sorted(shares, reverse=True) and abs(sum(shares) - 1) <= 1e-9
     by_name = {group["name"]: group["mean_abs"] for group in report["groups"]}
     for name, value in zip(names, mean_abs):
         rounding = 0.0 if decimals is None else 0.5 * 10.0**-decimals + float(np.spacing(by_name[name]))
@@ -171,6 +176,7 @@ def _check_report(report: dict) -> None:
     assert report["schema_version"] == 1
     assert [group["name"] for group in report["groups"]] == CHANNEL_NAMES
     assert report["num_states"] == 8 and report["state_dim"] == 4 * 10 * 10
+    assert report["verdict"]["accuracy"] in ("pass", "fail", "unchecked", "non-finite") and "trust" in report
 
 
 def test_the_wandb_offline_run_holds_every_picture_at_each_picture_step(wandb_run) -> None:
@@ -193,7 +199,7 @@ def test_the_wandb_offline_run_holds_the_channel_table_the_report_and_the_scalar
     assert len(tables) == len(PICTURE_STEPS), tables  # with each bar chart, as the reports
     table = json.loads(tables[0].read_text())  # the first bar chart's
     rows = table["data"]
-    _check_table(table["columns"], [row[1] for row in rows], [row[2] for row in rows], first_report)
+    _check_table(table["columns"], rows, first_report)
     rows_by_step: dict[int, set[str]] = {}
     for row in wandb_history(next(offline_run.glob("run-*.wandb"))):
         if "trainer/global_step" in row:
@@ -222,7 +228,7 @@ def test_the_mlflow_file_store_holds_the_table_the_report_the_scalars_and_the_fl
     table = json.loads(Path(table_file).read_text())
     rows = table["data"]
     # MLflow's log_table writes through pandas' to_json, 10 decimal places (the JSON report keeps every digit)
-    _check_table(table["columns"], [row[1] for row in rows], [row[2] for row in rows], first_report, decimals=10)
+    _check_table(table["columns"], rows, first_report, decimals=10)
     for name in CHANNEL_NAMES:
         history = client.get_metric_history(run_id, f"ig/group/mean_abs/{name}")
         assert [metric.step for metric in history] == list(PICTURE_STEPS)

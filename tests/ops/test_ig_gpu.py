@@ -287,7 +287,7 @@ def test_auto_steps_on_the_gpu_match_the_torch_twin(cuda_device: torch.device) -
     assert torch.equal(cuda.n_steps_per_state.cpu(), twin.n_steps_per_state.cpu())  # the same stops, per state
     assert_close_scaled(cuda.attributions.cpu(), twin.attributions.cpu(), ulps=64, dtype=torch.float64)
     assert cuda.worst_attribution_error <= 1e-4 / 2  # it stops on the estimate, at half the tolerance
-    with pytest.raises(ValueError, match="refines the uniform midpoint rule"):
+    with pytest.raises(ValueError, match="refines by tripling the midpoint nodes"):
         integrated_gradients(model, x, backend="cuda", method="gausslegendre", **options)
 
 

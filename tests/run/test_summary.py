@@ -8,6 +8,7 @@ import math
 import torch
 
 from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.targets import Target
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSettings, summarize
@@ -37,9 +38,31 @@ def test_a_summary_holds_the_runs_numbers_and_its_history_entry():
         "epoch": 3,
         "mean_abs": host.features.mean_abs.tolist(),
         "mean_signed": host.features.mean_signed.tolist(),
+        "mass": host.features.mean_abs.tolist(),  # a feature's mass is its mean |attr|
+        "verdict": summary.completeness.verdict,
+        "accuracy": {  # the figure that decided, for the examples' closing line
+            "figure": summary.completeness.accuracy.figure,
+            "value": summary.completeness.accuracy.value,
+            "threshold": summary.completeness.accuracy.threshold,
+        },
+        "trust": None,  # no trust checks in this run
     }
     _, later = _run(step=9, history=[entry])
     assert later.run_index == 1 and later.drift["spearman_prev"] == 1.0  # the same numbers: the same order
+
+
+def test_a_groups_mass_counts_each_cells_sign_so_cells_that_cancel_show_both():
+    # two cells of one group, +1 and -1 in every state: the group's net is 0, its mass 2, half of each sign
+    attributions = torch.tensor([[1.0, -1.0, 0.5], [1.0, -1.0, -0.5]], dtype=torch.float64)
+    result = integrated_gradients(lambda x: x.sum(1), torch.ones(2, 3, dtype=torch.float64), n_steps=4)
+    result = dataclasses.replace(result, attributions=attributions)
+    groups = FeatureGroups.resolve({"pair": [0, 1], "single": [2]}, (3,))
+    host = HostResult.from_result(result, groups=groups)
+    settings = RunSettings(Target.parse(None), "zeros", 0.01, 2)
+    units = summarize(host, feature_names=["a", "b", "c"], log_features=False, settings=settings, step=1).units
+    assert units.kind == "groups" and units.moments.mean_abs.tolist() == [0.0, 0.5]  # the nets hide the pair
+    positive, negative = units.parts
+    assert positive.tolist() == [1.0, 0.25] and negative.tolist() == [1.0, 0.25]
 
 
 def test_troubles_are_kinds_in_order_and_the_views_say_them():

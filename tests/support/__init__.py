@@ -4,12 +4,21 @@ Imported as ``from tests.support.tolerance import assert_close_scaled`` (the rep
 wherever pytest runs, and a subprocess gets it through ``PYTHONPATH``); no test edits ``sys.path``.
 """
 
+import os
 from pathlib import Path
 
-__all__ = ["DATA", "REPO"]
+__all__ = ["DATA", "REPO", "repo_env"]
 
 REPO = Path(__file__).resolve().parents[2]
 """The repository's root (the folder holding ``lightning_ig/`` and ``tests/``)."""
 
 DATA = REPO / "tests" / "data"
 """Files the tests read as they are (a C++ host check of the ensemble kernels)."""
+
+
+def repo_env() -> dict[str, str]:
+    """``os.environ`` with this checkout first on ``PYTHONPATH``: a subprocess runs the code under test, installed or
+    not."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    return env

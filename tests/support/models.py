@@ -31,3 +31,30 @@ class PlainMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer(x)
+
+
+def seeded_mlp(
+    features: int,
+    outputs: int,
+    *,
+    seed: int,
+    hidden: int = 16,
+    act: type[torch.nn.Module] = torch.nn.Tanh,
+    dtype: torch.dtype = torch.float64,
+) -> torch.nn.Module:
+    """A two-hidden-layer MLP ``(N, features) -> (N, outputs)`` in eval mode, its weights drawn after ``seed``."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(features, hidden),
+        act(),
+        torch.nn.Linear(hidden, hidden),
+        act(),
+        torch.nn.Linear(hidden, outputs),
+    )
+    return model.to(dtype).eval()
+
+
+def seeded_dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module:
+    """A float64 :class:`DuelingMLP` in eval mode, its weights drawn after ``seed``."""
+    torch.manual_seed(seed)
+    return DuelingMLP(features, actions).double().eval()

@@ -1,4 +1,4 @@
-"""lightning_ig.views.report: the schema-v1 JSON document and the file (the rows: test_report_rows.py)."""
+"""lightning_ig.views.report: the schema-v1 JSON document, the file and its rows (per feature, the top features)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,16 @@ from lightning_ig.views import report as report_module
 from lightning_ig.views.report import (
     SCHEMA_VERSION,
     build_report,
+    completeness_summary,
     each_report,
+    feature_statistics,
     load_schema,
     report_to_json,
+    statistics_rows,
+    top_features,
     write_report,
 )
-from lightning_ig.views.report_rows import completeness_summary, feature_statistics, statistics_rows, top_features
+from lightning_ig.vocabulary import default_feature_names
 from tests.support.each import FEATURES, NAMES
 from tests.support.each import each_run as make_each_run
 from tests.support.results import FakeResult, make_result, sample_result
@@ -270,3 +274,106 @@ def test_group_units_are_reported_with_their_members(each_run):
     top = [row["mean_abs"] for row in first["top_10_by_mean_abs"]]
     assert_close_scaled(top, np.sort(expected.mean_abs)[::-1], ulps=4, dtype=np.float64)
     assert summary.moments[0].mean_abs.shape == (5,)  # the features' moments stay apart from the groups'
+
+
+# --------------------------------------------------------------------------- the rows
+
+
+def test_feature_statistics_match_numpy():
+    attributions = torch.tensor([[1.0, -2.0, 0.5], [3.0, 2.0, 0.5], [-1.0, 4.0, 0.5]])
+    stats = feature_statistics(attributions, ["a", "b", "c"])
+    array = attributions.double().numpy()
+    assert [s["name"] for s in stats] == ["a", "b", "c"]
+    np.testing.assert_allclose([s["mean_abs"] for s in stats], np.abs(array).mean(0))
+    np.testing.assert_allclose([s["stddev"] for s in stats], array.std(0))
+    np.testing.assert_allclose([s["mean_signed"] for s in stats], array.mean(0))
+    assert stats[2]["stddev"] == 0.0
+
+
+def test_feature_statistics_flatten_multidimensional_inputs():
+    attributions = torch.arange(2 * 2 * 3, dtype=torch.float32).reshape(2, 2, 3)
+    stats = feature_statistics(attributions)
+    assert [s["name"] for s in stats] == default_feature_names((2, 3))
+    assert stats[0]["name"] == "x[0,0]" and stats[-1]["name"] == "x[1,2]"
+    flat = attributions.reshape(2, 6).double()
+    np.testing.assert_allclose([s["mean_signed"] for s in stats], flat.mean(0).numpy())
+
+
+def test_feature_names_checked():
+    with pytest.raises(ValueError, match="feature_names has 2 names but there are 3 features"):
+        feature_statistics(torch.zeros(2, 3), ["a", "b"])
+    with pytest.raises(TypeError, match="feature_names must be a list of strings"):
+        feature_statistics(torch.zeros(2, 3), "abc")
+    with pytest.raises(ValueError, match="num_states"):
+        feature_statistics(torch.zeros(3), None)
+
+
+def test_top_features_order_and_ties():
+    stats = feature_statistics(torch.tensor([[1.0, 3.0, 3.0, 2.0]]), ["a", "b", "c", "d"])
+    assert [f["name"] for f in top_features(stats, 3)] == ["b", "c", "d"]
+    assert [f["name"] for f in top_features(stats, 10)] == ["b", "c", "d", "a"]
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
+        top_features(stats, 0)
+
+
+def test_completeness_summary_keeps_degenerate_states_apart(result):
+    summary = completeness_summary(result)
+    expected = np.array([0.01, -0.02, 0.0, 0.03, 0.0, -0.005])
+    difference = result.f_input.double().numpy()
+    regular = [i for i in range(6) if i != 2]
+    worst = max(abs(expected[i]) / abs(difference[i]) for i in regular)
+    assert summary["worst_relative_error"] == pytest.approx(worst, rel=1e-4)
+    assert summary["num_degenerate"] == 1
+    assert summary["degenerate_states"][0]["state_idx"] == 2
+    assert summary["degenerate_states"][0]["absolute_error"] == pytest.approx(abs(result.delta[2].item()))
+    assert summary["per_state"][2]["relative_error"] is None
+    assert summary["per_state"][2]["degenerate"] is True
+    assert summary["mean_abs_error"] == pytest.approx(result.delta.abs().double().mean().item())
+    for i in regular:  # delta was computed in float32 from numbers of this size
+        state = summary["per_state"][i]
+        size = abs(state["sum_attributions"]) + abs(state["f_input_minus_f_baseline"])
+        gap = state["sum_attributions"] - state["f_input_minus_f_baseline"]
+        assert abs(gap - result.delta[i].item()) <= 4 * float(torch.finfo(torch.float32).eps) * size
+
+
+def test_a_training_runs_report_holds_its_verdict_and_trust_checks_and_validates():
+    from lightning_ig.attribution import integrated_gradients
+    from lightning_ig.attribution.targets import Target
+    from lightning_ig.run.host_result import HostResult
+    from lightning_ig.run.summary import RunSettings, summarize
+    from lightning_ig.trust.sanity import randomization_check, randomization_reference
+    from lightning_ig.trust.verdict import trust_summary
+    from lightning_ig.views.report import with_verdict
+    from lightning_ig.views.text import accuracy_line
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    states, names = torch.randn(16, 6), [f"f{i}" for i in range(6)]
+    host = HostResult.from_result(integrated_gradients(model, states, n_steps=16), keep_attributions=True)
+    settings = RunSettings(Target.parse("mean"), "zeros", 0.01, 10)
+    summary = summarize(host, feature_names=names, log_features=True, settings=settings, step=50)
+    sanity = randomization_check(host.attributions, randomization_reference(model, states, num_copies=2))
+    pending = ["faithfulness: not run yet"]
+    trust = trust_summary(
+        accuracy=summary.completeness.accuracy, randomization=sanity, steps=[("sanity", 50)], pending=pending
+    )
+    summary = dataclasses.replace(summary, trust_checks=trust)
+    document = json.loads(
+        report_to_json(with_verdict(build_report(host, feature_names=names, forward_target="mean"), summary))
+    )
+    jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert document["verdict"]["accuracy"] == accuracy_line(summary)[0]  # what the cards and the text say
+    assert document["verdict"]["trust"] == document["trust"]["status"] == str(trust.status)
+    assert (
+        document["completeness"]["verdict"]["within"]
+        == document["verdict"]["within"]
+        == (summary.completeness.accuracy.within)
+    )
+    checks = document["trust"]["checks"]
+    assert checks["sanity"]["step"] == 50 and checks["faithfulness"] is None and checks["stability"] is None
+    assert checks["sanity"]["randomization_rank_correlation"] == pytest.approx(sanity.randomization_rank_correlation)
+    ratio = document["completeness"]["worst_relative_error"]  # the old key stays; its twin says what it is
+    assert document["completeness"]["worst_delta_over_output_change"] == ratio
+    broken = dict(document, verdict={**document["verdict"], "accuracy": "fine"})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, load_schema(), cls=jsonschema.Draft202012Validator)

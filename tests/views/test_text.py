@@ -10,7 +10,14 @@ import pytest
 from lightning_ig.attribution.targets import Target
 from lightning_ig.run.summary import RunSettings, summarize
 from lightning_ig.views.tags import display_labels
-from lightning_ig.views.text import format_percent, format_signed, format_value, report_markdown, troubles
+from lightning_ig.views.text import (
+    accuracy_line,
+    format_percent,
+    format_signed,
+    format_value,
+    report_markdown,
+    troubles,
+)
 from tests.support.each import FEATURES, NAMES
 from tests.support.each import each_run as make_each_run
 from tests.support.summaries import make_summary
@@ -90,27 +97,49 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     # the unit the JSON report and completeness_tol use: a fraction, never a percentage; the verdict is the accuracy
     # figures', not the ratio |delta| / |dF| (0.5 here: ill-conditioned where dF is tiny), which is shown beside them
     assert (
-        "Completeness passes: worst attribution error 4.00e-03 (estimated), worst mass-relative "
-        "completeness error 1.00e-03, both <= sqrt(2) x tolerance 0.01 over 2 states." in text
+        "✓ The attributions add up: worst estimated attribution error 4.00e-03, worst mass-relative "
+        "completeness error 1.00e-03, both <= sqrt(2) x completeness_tol 0.01 over 2 states." in text
     )
-    assert "Relative completeness error |delta| / |dF|: 5.00e-01." in text
+    assert "5.00e-01" not in text  # one figure everywhere: the ratio stays in the JSON report
+    assert "What V(s) relies on" in text and text.split("```")[1].split()[:5] == [
+        "rank",
+        "feature",
+        "share",
+        "raises",
+        "lowers",
+    ]
     table = text.split("```")[1].strip("\n").splitlines()
     assert table[0].split()[:2] == ["rank", "feature"]
     assert table[1].split()[1] == "pole∕angle"  # the most important first
     # every number column ends at the same place: right-aligned
     assert len({len(line) for line in table}) == 1
     failing = words(make_summary(worst=0.001, mass_relative=0.2, near=1))
-    assert "Completeness FAILS: the worst mass-relative completeness error 2.00e-01 > sqrt(2)" in failing
+    assert "✗ The attributions do NOT add up: the worst mass-relative completeness error 2.00e-01 > sqrt(2)" in failing
     assert "n_steps='auto'" in failing
     assert "1 of 2 state(s) are near the baseline" in failing and "flagged, not scored" in failing
     assert "too close to judge" not in failing and "kept apart" not in failing  # no degenerate state here
     edge = math.sqrt(2) * 0.01
-    assert "Completeness passes" in words(make_summary(estimate=edge * (1 - 1e-9)))
-    assert "Completeness FAILS: the worst estimated attribution error" in words(
+    assert "✓ The attributions add up" in words(make_summary(estimate=edge * (1 - 1e-9)))
+    assert "✗ The attributions do NOT add up: the worst estimated attribution error" in words(
         make_summary(estimate=edge * (1 + 1e-9))
     )
     unchecked = words(make_summary(worst=math.nan, degenerate=2, estimate=math.nan, mass_relative=math.nan))
-    assert "Completeness not checked: in all 2 states" in unchecked
+    assert "? Accuracy not checked: in all 2 states" in unchecked
     assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in words(
         make_summary(worst=math.inf, non_finite=1)
     )
+
+
+def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
+    from lightning_ig.views.text import verdict_words
+
+    summary = make_summary(estimate=0.5)  # fails: the estimate is above sqrt(2) x 0.01
+    entry = summary.history_entry(epoch=0)
+    kind, line = accuracy_line(summary)
+    words = verdict_words(entry)
+    assert kind == "fail" and words.startswith("✗ attributions do NOT add up") and f"({line})" in words
+    assert words.endswith("at step 300") and "trust" not in words
+    passing = make_summary().history_entry(epoch=0)
+    assert verdict_words({**passing, "trust": "unresolved"}).startswith("✓ attributions add up (estimated")
+    assert ", trust checks unresolved, at step 300" in verdict_words({**passing, "trust": "unresolved"})
+    assert verdict_words({"global_step": 5, "verdict": "non-finite", "trust": None}).startswith("✗ NaN/Inf")

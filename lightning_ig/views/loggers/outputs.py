@@ -1,25 +1,12 @@
 """What one IG run sends to the loggers: scalars to every logger; TensorBoard's extras; the pictures where kept.
 
-Scalars reach every Lightning logger through ``logger.log_metrics`` (CSV, MLflow, W&B and TensorBoard alike;
-:func:`scalar_metrics`, less the cards that carry nothing for this run: :func:`informative_scalars`). A
-``TensorBoardLogger`` also gets the extras through its ``SummaryWriter`` (``add_histogram``, ``add_text``,
-``add_custom_scalars``; pictures as palette PNGs, :func:`~lightning_ig.views.loggers.worker.add_picture`); a
-``WandbLogger`` and an ``MLFlowLogger`` get the pictures, the feature table and (MLflow, W&B as a file) the JSON
-report (:mod:`~lightning_ig.views.loggers.sinks`). All of it run after run, by the callback's :class:`RunOutputs`: the
-scalars, histograms and the ``<prefix>/report`` text every run, the pictures on their cadences
-(:func:`pictures_due`; drawn by :mod:`~lightning_ig.views.pictures.draw`), encoded and logged on one worker thread
-(:class:`~lightning_ig.views.loggers.worker.PictureWriter`). The tags are listed, once, in
-``docs/tensorboard-tags.md``.
-
-This module reads a :class:`~lightning_ig.run.summary.RunSummary`, never the JSON report. Names are shown the same way
-in tags, charts and text (:func:`~lightning_ig.views.tags.display_labels`): a user's names as given (a ``/`` would nest
-the tag, so it becomes ``∕``), generated names (``x[0,3,9]``, ``channel 3``) with their numbers zero-padded so that they
-sort numerically.
-
-A new logger output goes here: a scalar into :func:`scalar_metrics` (and its tag into
-:meth:`~lightning_ig.views.tags.TagNames.scalar_tags` and docs/tensorboard-tags.md), a TensorBoard extra into
-:meth:`RunOutputs.log`, a picture into :data:`~lightning_ig.views.tags.PICTURE_TAGS` and
-:mod:`~lightning_ig.views.pictures.draw`.
+Scalars reach every Lightning logger through ``logger.log_metrics`` (:func:`scalar_metrics`, less the cards that
+carry nothing for this run: :func:`informative_scalars`). A ``TensorBoardLogger`` also gets the histograms and the
+``<prefix>/report`` text (one event per run) and the pictures (palette PNGs); a ``WandbLogger`` and an
+``MLFlowLogger`` get the pictures, the table of units and the JSON report (:mod:`~lightning_ig.views.loggers.sinks`).
+The callback's :class:`RunOutputs` does it run after run: the scalars on the training thread, the rest on the logging
+worker (:class:`~lightning_ig.views.loggers.worker.PictureWriter`), the pictures when :func:`pictures_due` says so.
+Every tag is listed, once, in ``docs/tensorboard-tags.md``.
 """
 
 from __future__ import annotations
@@ -39,26 +26,19 @@ from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_ru
 from lightning_ig.views.tags import PICTURE_TAGS, PICTURES, TagNames
 from lightning_ig.views.text import report_markdown
 
-__all__ = ["COMPANIONS", "RunOutputs", "informative_scalars", "pictures_due", "scalar_metrics"]
-
-COMPANIONS = {"verdict": "top_features", "shares": "heatmap"}
-"""Kinds of picture drawn at the runs of another kind (:func:`pictures_due`), so that the documented schedule of
-``top_features`` and ``heatmap`` holds and the cards that sit beside each other show the same run."""
+__all__ = ["RunOutputs", "informative_scalars", "pictures_due", "scalar_metrics"]
 
 
 def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
-    """The scalars of one run, keyed by tag: completeness, per feature and group, concentration, drift, ensemble,
-    actions, time.
-
-    ``worst_relative_error`` is logged as it is: ``inf`` when the model produced NaN/Inf, ``nan`` when no state
-    could be checked. Every scalar is here; :func:`informative_scalars` leaves out those that carry nothing.
+    """The scalars of one run, keyed by tag: the accuracy figures, per feature and group, concentration, drift,
+    ensemble, actions, time, the trust checks'. The accuracy figures are the two the verdict rests on, never the old
+    ratio ``|delta| / |dF|`` (the JSON report's ``worst_relative_error``). Every scalar is here;
+    :func:`informative_scalars` leaves out those that carry nothing.
     """
     prefix, completeness = tags.prefix, summary.completeness
     metrics = {
-        # the two figures the verdict rests on (sqrt(2) x completeness_tol), then the old ratio beside them
         f"{prefix}/completeness/worst_attribution_error": completeness.worst_attribution_error,
         f"{prefix}/completeness/worst_mass_relative_error": completeness.worst_mass_relative_error,
-        f"{prefix}/completeness/worst_relative_error": completeness.worst_relative_error,
         f"{prefix}/completeness/mean_abs_error": completeness.mean_abs_error,
         f"{prefix}/completeness/non_finite_states": float(completeness.num_non_finite),
         f"{prefix}/completeness/degenerate_states": float(completeness.num_degenerate),
@@ -100,17 +80,17 @@ def _action_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
 def informative_scalars(
     metrics: Mapping[str, float], tags: TagNames, ever_non_zero: Iterable[str] = ()
 ) -> tuple[dict[str, float], set[str]]:
-    """The scalars of one run worth a card, and the count tags that have been non-zero so far.
+    """The scalars of one run worth a card, and the tags that have carried something so far.
 
-    Time Series shows every card of a run in one sorted list, twelve to a page: a card that carries nothing pushes the
-    ones that do down. Left out: the top-10% concentration where it equals the top-1% one (a state of at most 10
-    features), and the counts of :data:`~lightning_ig.views.tags.COUNT_TAGS` until they are first non-zero; from then on
-    they are logged every run, zeros included, so the card appears when it matters and its curve has no gaps.
+    Time Series shows the cards in one list sorted by tag: a card that carries nothing pushes those that do down.
+    Left out: the top-10% concentration where it equals the top-1% one (at most 10 features); the counts of
+    :data:`~lightning_ig.views.tags.COUNT_TAGS` until they are first non-zero; the drift measures until the ranking
+    first moves (below 1). From then on a tag is logged every run, so its curve has no gaps.
 
     Args:
         metrics: the run's scalars by tag (:func:`scalar_metrics`).
         tags: the callback's tags.
-        ever_non_zero: the count tags that were non-zero in an earlier run (the callback keeps them in its
+        ever_non_zero: the tags that carried something in an earlier run (the callback keeps them in its
             ``state_dict``, so a resumed fit goes on logging them).
 
     Returns:
@@ -122,16 +102,15 @@ def informative_scalars(
         >>> informative_scalars({"ig/completeness/non_finite_states": 0.0, "ig/time_ms": 3.0}, tags)
         ({'ig/time_ms': 3.0}, set())
     """
-    seen = set(ever_non_zero)
-    twin = tags.concentration_twin
+    seen, drift = set(ever_non_zero), f"{tags.prefix}/drift/"
     kept: dict[str, float] = {}
     for tag, value in metrics.items():
-        if tag in tags.count_tags:
-            if value != 0 and not math.isnan(value):
-                seen.add(tag)
-            if tag not in seen:
-                continue
-        if tag != twin:
+        moved = tag.startswith(drift) and value < 1.0  # a ranking that never moved is a flat line at 1
+        if (tag in tags.count_tags and value != 0 and not math.isnan(value)) or moved:
+            seen.add(tag)
+        if (tag in tags.count_tags or tag.startswith(drift)) and tag not in seen:
+            continue
+        if tag != tags.concentration_twin:
             kept[tag] = value
     return kept, seen
 
@@ -153,33 +132,34 @@ def _is_tensorboard_logger(logger: Any) -> bool:
 
 
 def pictures_due(
-    cadences: Mapping[str, int | None], drawn_steps: Mapping[str, int | None], summary: RunSummary, *, final: bool
+    cadences: Mapping[str, int | None],
+    drawn_steps: Mapping[str, int | None],
+    summary: RunSummary,
+    *,
+    final: bool,
+    verdict_due: bool = False,
 ) -> dict[str, bool]:
-    """Which kinds of picture (of :data:`PICTURES`) a run draws.
+    """Which kinds of picture (of :data:`~lightning_ig.views.tags.PICTURES`) a run draws.
 
     Each kind is drawn at the first run, then every ``cadences[kind]`` runs (``None``: never), and at the end of
-    training (``final``), but never twice at one step (``drawn_steps[kind]``). The kinds of :data:`COMPANIONS` are
-    drawn with the kind they go with (the verdict card with the bar chart, the stacked shares with the heatmap).
-    Kinds that share a cadence are spread
-    evenly over it, in the order given (five at 10: runs 0, 10, 20, ...; 2, 12, ...; 4, 14, ...; 6, ...; 8, ...), so
-    that besides the first and the last run no run draws two kinds, and a run costs about what one kind costs.
+    training (``final``), never twice at one step (``drawn_steps[kind]``); the verdict card also off its cadence
+    (``verdict_due``: :class:`RunOutputs` sets it at a run that failed or whose verdict differs from the last card's),
+    so that no failure goes unseen. Kinds that share a
+    cadence are spread evenly over it in :data:`~lightning_ig.views.tags.PICTURES`' order (three at 10: runs 0, 10,
+    ...; 3, 13, ...; 6, 16, ...), so that a run costs about what one picture costs. Other kinds are ignored.
     """
-    leads = {kind: every for kind, every in cadences.items() if kind not in COMPANIONS}
+    kinds = {kind: cadences[kind] for kind in PICTURES if kind in cadences}
     offsets: dict[str, int] = {}
-    for every in {every for every in leads.values() if every is not None}:
-        sharing = [kind for kind, other in leads.items() if other == every]
+    for every in {every for every in kinds.values() if every is not None}:
+        sharing = [kind for kind, other in kinds.items() if other == every]
         offsets.update({kind: position * every // len(sharing) for position, kind in enumerate(sharing)})
     index = summary.run_index
-    due = {
+    return {
         kind: every is not None
-        and (final or index == 0 or (index - offsets[kind]) % every == 0)
+        and (final or index == 0 or (index - offsets[kind]) % every == 0 or (kind == "verdict" and verdict_due))
         and drawn_steps.get(kind) != summary.step
-        for kind, every in leads.items()
+        for kind, every in kinds.items()
     }
-    for kind, lead in COMPANIONS.items():
-        if kind in cadences:
-            due[kind] = due.get(lead, False) and cadences[kind] is not None and drawn_steps.get(kind) != summary.step
-    return due
 
 
 # --------------------------------------------------------------------------- a callback's runs, logger by logger
@@ -191,15 +171,14 @@ class _RunJob:
 
     summary: RunSummary
     due: dict[str, bool]  # the kinds of picture drawn
-    host: HostResult | None  # the last run's host result, for the pictures
+    host: HostResult | None  # the last run's host result, for the saliency grid
     history: list[Mapping[str, Any]]
     inputs: Any
     boards: list[tuple[Any, Any]]  # each TensorBoard writer, and its logger when the worker logs its scalars
     scalars: dict[str, float]
     histograms: list[tuple[str, np.ndarray]]
     text: bool  # the report text (a run, not the pictures left at the end of training)
-    layout: Mapping[str, Any] | None
-    sinks: tuple[Any, Any] | None  # the sinks' feature table and report (with the bar chart), when there are sinks
+    sinks: tuple[Any, Any] | None  # the sinks' table and report (with the verdict card), when there are sinks
 
 
 def _same(value: Any) -> Any:
@@ -210,25 +189,24 @@ class RunOutputs:
     """What one callback's runs send to the trainer's loggers, run after run.
 
     Every run: the informative scalars (:func:`informative_scalars`) to every logger; to each ``TensorBoardLogger``
-    the attribution histograms and the ``<prefix>/report`` text, and the Custom Scalars layout at the first run and
-    with each bar chart. The pictures when :func:`pictures_due` says so, to TensorBoard and to the picture sinks
-    (``WandbLogger``, ``MLFlowLogger``: :func:`~lightning_ig.views.loggers.sinks.picture_sinks`), which also get the
-    feature table (and the JSON report, when one is given) with each bar chart. Pictures are handed to a
-    :class:`~lightning_ig.views.loggers.worker.PictureWriter`, which encodes and logs them beside the training loop
-    (the last run's are waited for before a run writes its own, so at most one run's are in flight and their errors
-    surface here).
+    the attribution histograms and the ``<prefix>/report`` text. The pictures when :func:`pictures_due` says so, to
+    TensorBoard and to the picture sinks (``WandbLogger``, ``MLFlowLogger``:
+    :func:`~lightning_ig.views.loggers.sinks.picture_sinks`), which also get the table of units and the JSON report
+    with each verdict card. All but the scalars are handed to a
+    :class:`~lightning_ig.views.loggers.worker.PictureWriter`, which draws, encodes and logs them beside the training
+    loop (a run that draws waits for the last run's pictures first: at most one run's in flight, their errors here).
 
     Args:
         tags: the callback's tags.
-        cadences: ``{kind: every this many runs, or None}`` for the kinds of :data:`PICTURES` this callback draws.
+        cadences: ``{kind: every this many runs, or None}`` for the kinds of picture this callback draws (other
+            kinds are ignored).
         histograms: write the per-feature and per-group attribution histograms.
         inputs: what the pictures need besides a run (:class:`~lightning_ig.views.pictures.draw.PictureInputs`).
-        pictures: the worker that logs the pictures.
+        pictures: the logging worker.
         sinks: the picture sinks of the trainer's other loggers (W&B, MLflow), or none.
-        ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
-        layout: makes the Custom Scalars layout, when one is written (``None``: none is).
-        report: makes a run's JSON report from its summary and host result, for the sinks (with each bar chart);
-            ``None``: none.
+        ever_non_zero: the tags that carried something in an earlier run (restored from a checkpoint).
+        layout: ignored (TensorBoard's Custom Scalars page is no longer written; Time Series answers first).
+        report: makes a run's JSON report from its summary and host result, for the sinks; ``None``: none.
     """
 
     def __init__(
@@ -241,19 +219,19 @@ class RunOutputs:
         sinks: Sequence[Any] = (),
         ever_non_zero: Iterable[str] = (),
         *,
-        layout: Callable[[], Mapping[str, Any]] | None = None,
+        layout: Any = None,
         report: Callable[[RunSummary, HostResult], Mapping[str, Any]] | None = None,
     ) -> None:
-        self.tags = tags
-        self.layout, self.report = layout, report
+        del layout
+        self.tags, self.report = tags, report
         self.cadences = dict(cadences)
         self.histograms = histograms
         self.inputs = inputs
         self.pictures = pictures
         self.sinks = list(sinks)
         self.ever_non_zero = set(ever_non_zero)
-        self.logged: set[str] = set()  # every scalar tag logged so far (the Custom Scalars page charts only these)
         self.drawn_steps: dict[str, int | None] = dict.fromkeys(PICTURES)
+        self.drawn_verdict: tuple[str, str | None] | None = None  # the last verdict card's (verdict, trust status)
         self.last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
         self.saliency_scale: float | None = None  # the last saliency grid's: a change is pointed out in the next
 
@@ -273,7 +251,7 @@ class RunOutputs:
             summary: the run.
             host: the run's host result; ``None`` at the end of training without a run: the last run's pictures
                 that were not drawn yet, no scalars and no text.
-            history: the runs so far (the heatmap's and the shares').
+            history: the runs so far, this one last.
             final: the end of training (every kind of picture is due).
         """
         loggers = list(loggers)
@@ -285,33 +263,37 @@ class RunOutputs:
             metrics, self.ever_non_zero = informative_scalars(
                 scalar_metrics(summary, self.tags), self.tags, self.ever_non_zero
             )
-            self.logged.update(metrics)
             for logger in loggers:
                 if logger not in direct:
                     logger.log_metrics(dict(metrics), step=summary.step)
-        due = pictures_due(self.cadences, self.drawn_steps, summary, final=final)
-        if not (boards or self.sinks) or (host is None and not any(due.values())):
+        trust = summary.trust_checks
+        verdict = (summary.completeness.verdict, None if trust is None else str(trust.status))
+        # every failing run gets its own card, and so does the first run after a change (back to a pass, say)
+        failed = verdict[0] in ("fail", "non-finite") or verdict[1] == "failed"
+        changed = failed or (self.drawn_verdict is not None and verdict != self.drawn_verdict)
+        due = pictures_due(self.cadences, self.drawn_steps, summary, final=final, verdict_due=changed)
+        due = {kind: drawn for kind, drawn in due.items() if drawn}
+        if not (boards or self.sinks) or (host is None and not due):
             return
-        drawing = any(due.values())
-        if drawing and self.pictures.pending:
+        if due and self.pictures.pending:
             self.pictures.wait()  # the jobs before it first: at most one run's pictures in flight, their errors here
-        layout_due = due.get("top_features") or summary.run_index == 0
         reported = host if host is not None else self.last_host  # at the end without a run: the last run's
         job = _RunJob(
             summary,
-            {kind: drawn for kind, drawn in due.items() if drawn},
+            due,
             self.last_host,
-            list(history) if drawing else [],  # the history grows after this run: the worker draws what it was
-            self._inputs_now() if drawing else self.inputs,
+            list(history) if due else [],  # the history grows after this run: the worker draws what it was
+            self._inputs_now() if due else self.inputs,
             [(logger.experiment, logger if logger in direct else None) for logger in boards],
             metrics,
             self._histograms(summary) if self.histograms and host is not None else [],
             host is not None,
-            self.layout() if layout_due and self.layout is not None else None,
-            self._sink_extras(summary, reported if due.get("top_features") else None) if self.sinks else None,
+            self._sink_extras(summary, reported) if self.sinks and "verdict" in due else None,
         )
         self.pictures.submit(self._write, job)
-        self.drawn_steps.update(dict.fromkeys(job.due, summary.step))
+        self.drawn_steps.update(dict.fromkeys(due, summary.step))
+        if "verdict" in due:
+            self.drawn_verdict = verdict
 
     def _histograms(self, summary: RunSummary) -> list[tuple[str, np.ndarray]]:
         """``(tag, the run's values of one unit)``: per feature logged one by one, per group."""
@@ -338,22 +320,29 @@ class RunOutputs:
         except Exception as error:  # noqa: BLE001 - the run's scalars and text are still written; raised after
             pictures, failed = {}, error
         summary, step = job.summary, job.summary.step
-        drawn_scale = self.saliency_scale if job.due.get("saliency") and failed is None else None
         text = None
         if job.text:  # the report text names this run's saliency grid only
+            scale = self.saliency_scale if job.due.get("saliency") and failed is None else None
             labels = self.tags.labels[summary.units.kind]
-            words = report_markdown(summary, labels, self.tags.prefix, saliency_scale=drawn_scale)
-            text = (f"{self.tags.prefix}/report", words)
+            text = (
+                f"{self.tags.prefix}/report",
+                report_markdown(summary, labels, self.tags.prefix, saliency_scale=scale),
+            )
         for writer, logger in job.boards:
             if logger is not None and job.scalars:
                 logger.log_metrics(job.scalars, step=step)
             add_run(writer, step, job.histograms, text)
-            if job.layout is not None:
-                writer.add_custom_scalars(dict(job.layout))
             for tag, pixels in pictures.items():  # last: the largest events
                 add_picture(writer, tag, pixels, step)
-        if job.sinks is not None:
-            self._to_sinks(summary, pictures, *job.sinks)
+        for sink in self.sinks:
+            for tag, pixels in pictures.items():
+                sink.picture(tag, pixels, step)
+            if job.sinks is not None:
+                table, document = job.sinks
+                noun = "groups" if summary.units.kind == "groups" else "features"
+                sink.table(f"{self.tags.prefix}/{noun}", *table, step)
+                if document is not None:
+                    sink.report(f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
         if failed is not None:
             raise failed
 
@@ -370,25 +359,14 @@ class RunOutputs:
         return {f"{self.tags.prefix}/{PICTURE_TAGS[kind]}": pixels for kind, pixels in drawn.items()}
 
     def _sink_extras(self, summary: RunSummary, host: HostResult | None) -> tuple[Any, Any]:
-        """With the bar chart (``host``: the run's), the feature table and the JSON report for the sinks (made here,
-        on the training thread: the report reads the trainer)."""
-        if host is None:
-            return None, None
-        from lightning_ig.views.loggers.sinks import feature_table  # noqa: PLC0415 - only with W&B or MLflow loggers
+        """With the verdict card, the table of units and the JSON report (with the verdict and the trust checks) for
+        the sinks, made here on the training thread: the report reads the trainer."""
+        from lightning_ig.views.loggers.sinks import unit_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
-        table = feature_table(self.tags.labels[summary.units.kind], summary.units.moments, summary.settings.top_k)
-        return table, None if self.report is None else self.report(summary, host)
-
-    def _to_sinks(self, summary: RunSummary, pictures: Mapping[str, np.ndarray], table: Any, document: Any) -> None:
-        """The pictures to every sink; with the bar chart, the feature table and the report (on the worker)."""
-        step, noun = summary.step, "groups" if summary.units.kind == "groups" else "features"
-        for sink in self.sinks:
-            for tag, pixels in pictures.items():
-                sink.picture(tag, pixels, step)
-            if table is not None:
-                sink.table(f"{self.tags.prefix}/{noun}", *table, step)
-            if document is not None:
-                sink.report(f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
+        table = unit_table(self.tags.labels[summary.units.kind], summary.units, summary.settings.top_k)
+        if self.report is None or host is None:
+            return table, None
+        return table, self.report(summary, host)
 
     def close(self) -> None:
         """Every picture in the writer's queue (the worker stopped): before the loggers close."""

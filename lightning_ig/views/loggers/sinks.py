@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["MlflowSink", "PictureSink", "WandbSink", "feature_table", "picture_sinks"]
+__all__ = ["MlflowSink", "PictureSink", "WandbSink", "picture_sinks", "unit_table"]
 
 _MLFLOW_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # what MLflow accepts in an image key; the rest becomes "_"
 _ARTIFACT_FORBIDDEN = re.compile(r"[\"',:\[\]{}]")  # what MLflow refuses in an artifact path
@@ -139,14 +139,22 @@ class MlflowSink:
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self._lock = threading.Lock()
+        self._keys: set[str] = set()
         _warn_unreadable_images()
 
     def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
-        """A time-stepped image (``images/<tag>+step+<step>+...png``), ``/`` and MLflow's other characters kept."""
+        """A time-stepped image (``images/<tag>+step+<step>+...png``), ``/`` and MLflow's other characters kept.
+
+        MLflow's client keys an image by its step in the file name, and its UI opens an image card at step 0 and
+        shows only an image logged at exactly the slider's step; so a key's first picture is logged at step 0 too
+        (the card opens on it; its title names the step it was drawn at), then each at its run's step.
+        """
+        key, client, run = _MLFLOW_KEY.sub("_", tag), self.logger.experiment, self.logger.run_id
         with self._lock:
-            self.logger.experiment.log_image(
-                self.logger.run_id, _pixels(pixels), key=_MLFLOW_KEY.sub("_", tag), step=int(step), synchronous=True
-            )
+            steps = [int(step)] if key in self._keys or int(step) == 0 else [0, int(step)]
+            self._keys.add(key)
+            for at in steps:
+                client.log_image(run, _pixels(pixels), key=key, step=at, synchronous=True)
 
     def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         """A JSON table artifact per step: ``lightning_ig/<tag>/step_<step>.json`` (MLflow's table viewer reads it)."""
@@ -190,36 +198,26 @@ def _safe_path(name: str) -> str:
     return "/".join(parts)
 
 
-def feature_table(labels: Sequence[str], moments: Any, top_k: int | None = None) -> tuple[list[str], list[list[Any]]]:
-    """The top features (or groups) as a table: the columns and one row per unit, the most important first.
+def unit_table(labels: Sequence[str], units: Any, top_k: int | None = None) -> tuple[list[str], list[list[Any]]]:
+    """The units (features or groups) as a table, ranked as the verdict card ranks them: by mass.
 
     Args:
         labels: one label per unit.
-        moments: their :class:`~lightning_ig.run.host_result.Moments`.
+        units: their :class:`~lightning_ig.run.summary.Units` (``parts``: the positive and negative mass).
         top_k: how many rows (``None``: all).
 
     Returns:
-        ``(columns, rows)``: rank, name, mean ``|attr|``, mean attr, std of attr (the JSON report's
-        ``stddev``), and the mean positive and negative parts (the bar chart's blue and red).
+        ``(columns, rows)``: rank, name, share of the mass, the part that raises the target, the part that lowers
+        it, mean ``|attr|``, mean attr, std of attr (the JSON report's ``stddev``).
     """
     from lightning_ig.run.statistics import rank_order  # noqa: PLC0415
 
-    mean_abs = np.asarray(moments.mean_abs, dtype=np.float64)
-    mean_signed = np.asarray(moments.mean_signed, dtype=np.float64)
-    stddev = np.asarray(moments.stddev, dtype=np.float64)
-    positive = np.clip((mean_abs + mean_signed) / 2, 0.0, None)
-    order = rank_order(mean_abs)[: top_k if top_k is not None else len(mean_abs)]
-    columns = ["rank", "name", "mean |attr|", "mean attr", "std of attr", "positive part", "negative part"]
-    rows = [
-        [
-            rank,
-            str(labels[i]),
-            float(mean_abs[i]),
-            float(mean_signed[i]),
-            float(stddev[i]),
-            float(positive[i]),
-            float(max(mean_abs[i] - positive[i], 0.0)),
-        ]
-        for rank, i in enumerate(order, start=1)
-    ]
+    positive, negative = units.parts
+    mass = positive + negative
+    whole = float(mass.sum()) or 1.0
+    moments = units.moments
+    order = rank_order(mass)[: top_k if top_k is not None else len(mass)]
+    columns = ["rank", "name", "share", "raises", "lowers", "mean |attr|", "mean attr", "std of attr"]
+    figures = np.stack([mass / whole, positive, negative, moments.mean_abs, moments.mean_signed, moments.stddev], 1)
+    rows = [[rank, str(labels[i]), *map(float, figures[i])] for rank, i in enumerate(order, start=1)]
     return columns, rows

@@ -52,15 +52,15 @@ def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]]
     from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
     from torch.utils.tensorboard import summary as made  # noqa: PLC0415 - as above
 
-    values = []
+    summaries: list[Any] = []
     for tag, column in histograms:
         finite = column[np.isfinite(column)]
         if finite.size:  # a histogram of nothing is an error in TensorBoard
-            values.extend(made.histogram(tag, finite, HISTOGRAM_BINS).value)
+            summaries.extend(made.histogram(tag, finite, HISTOGRAM_BINS).value)
     if text is not None:
-        values.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's
-    if values:
-        file_writer.add_summary(Summary(value=values), step)
+        summaries.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's
+    if summaries:
+        file_writer.add_summary(Summary(value=summaries), step)
 
 
 def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:

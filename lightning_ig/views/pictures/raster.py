@@ -225,7 +225,7 @@ class Canvas:
         """How wide ``text`` is in pixels."""
         return float(self.draw.textlength(text, font=font(size, bold)))
 
-    def rectangle(self, box: tuple[float, float, float, float], colour: str | tuple[int, int, int]) -> None:
+    def rectangle(self, box: tuple[float, float, float, float], colour: str | tuple[int, ...]) -> None:
         """Fill ``box`` = ``(left, top, right, bottom)``, edges included."""
         self.draw.rectangle(box, fill=colour)
 
@@ -319,7 +319,7 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _exact_palette(image: Any, colours: list[tuple[int, tuple[int, int, int]]]) -> Any:
+def _exact_palette(image: Any, colours: list[Any]) -> Any:
     """``image`` (at most 256 colours) as a palette image that holds each colour exactly."""
     from PIL import Image  # noqa: PLC0415
 

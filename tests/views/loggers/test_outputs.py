@@ -98,8 +98,8 @@ def test_pictures_drawn_before_training_fails_are_in_the_event_file(tmp_path: Pa
     logger.experiment.flush()
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
     events.Reload()
-    assert {"ig/top_features", "ig/heatmap", "ig/saliency", "ig/saliency/mean_abs"} <= set(events.Tags()["images"])
-    assert [event.step for event in events.Images("ig/saliency")] == [1]  # the first run drew every picture
+    assert {"ig/0_verdict", "ig/1_over_training", "ig/2_saliency"} <= set(events.Tags()["images"])
+    assert [event.step for event in events.Images("ig/2_saliency")] == [1]  # the first run drew every picture
     assert not _worker_threads()  # on_exception waited for the pictures and stopped the worker
 
 
@@ -173,7 +173,7 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
         None, ["cart position", "pole/angle", "x2"], None, generated_features=False, generated_groups=False
     )
     metrics = scalar_metrics(make_summary(worst=math.inf, non_finite=2), tags)
-    assert metrics["ig/completeness/worst_relative_error"] == math.inf
+    assert "ig/completeness/worst_relative_error" not in metrics  # the old ratio is never plotted
     assert metrics["ig/completeness/non_finite_states"] == 2.0
     assert metrics["ig/mean_abs/pole∕angle"] == 25.0 and metrics["ig/mean_signed/pole∕angle"] == -25.0
     assert metrics["ig/drift/spearman_prev"] == 0.5
@@ -181,3 +181,31 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
     assert set(metrics) - {"ig/drift/spearman_prev"} - counts <= set(tags.scalar_tags(top_k=10))
     named = TagNames.build("value", None, ["a", "b", "c"], generated_features=False, generated_groups=False)
     assert scalar_metrics(make_summary(groups=True), named)["ig/value/group/mean_abs/b"] == 25.0
+
+
+def test_pictures_share_their_cadence_and_a_changed_verdict_gets_its_own_card():
+    import dataclasses
+
+    from lightning_ig.views.loggers.outputs import pictures_due
+    from tests.support.summaries import make_summary
+
+    cadences = {"verdict": 10, "shares": 10, "saliency": 10}
+    never = dict.fromkeys(cadences)
+
+    def due(index: int, **options) -> set[str]:
+        summary = dataclasses.replace(make_summary(), run_index=index, step=100 * index)
+        drawn = options.pop("drawn", never)
+        return {
+            kind
+            for kind, draw in pictures_due(options.pop("cadences", cadences), drawn, summary, **options).items()
+            if draw
+        }
+
+    assert due(0, final=False) == {"verdict", "shares", "saliency"}  # the first run draws every kind
+    on_cadence = {index: due(index, final=False) for index in range(1, 20)}
+    assert {index for index, kinds in on_cadence.items() if kinds} == {3, 6, 10, 13, 16}  # spread: 0, 3, 6 (+10)
+    assert on_cadence[3] == {"shares"} and on_cadence[6] == {"saliency"} and on_cadence[10] == {"verdict"}
+    assert due(7, final=False, verdict_due=True) == {"verdict"}  # between cards: a changed verdict is drawn
+    assert due(7, final=True) == {"verdict", "shares", "saliency"}  # the end of training draws every kind
+    assert due(7, final=True, drawn=dict.fromkeys(cadences, 700)) == set()  # never twice at one step
+    assert due(7, final=True, verdict_due=True, cadences={"verdict": None, "shares": 10}) == {"shares"}

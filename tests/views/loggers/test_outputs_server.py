@@ -147,17 +147,17 @@ def test_scalar_tags(server):
     base, run, *_ = server
     tags = _get(f"{base}/data/plugin/scalars/tags")[run]
     expected = {
-        "ig/completeness/worst_relative_error",
+        "ig/completeness/worst_attribution_error",
+        "ig/completeness/worst_mass_relative_error",
         "ig/completeness/mean_abs_error",
         "ig/concentration/top1pct_share",
-        "ig/drift/spearman_prev",
-        "ig/drift/spearman_first",
         "ig/time_ms",
         *(f"ig/mean_abs/{name}" for name in FEATURES),
         *(f"ig/mean_signed/{name}" for name in FEATURES),
     }
     assert expected <= set(tags)
     assert "ig/drift/topk_jaccard_prev" not in tags  # 4 features, top_k=10: the overlap is 1 by construction
+    assert "ig/completeness/worst_relative_error" not in tags  # the old ratio: in the JSON report, never plotted
     # cards that carry nothing here: counts never non-zero; top-10% = top-1% with 4 features (issue 20 item 7)
     assert not {"ig/completeness/non_finite_states", "ig/completeness/degenerate_states"} & set(tags)
     assert "ig/concentration/top10pct_share" not in tags
@@ -170,21 +170,21 @@ def test_histogram_image_and_text_tags(server):
     histograms = _get(f"{base}/data/plugin/histograms/tags")[run]
     assert {f"ig/attributions/{name}" for name in FEATURES} <= set(histograms)
     images = _get(f"{base}/data/plugin/images/tags")[run]
-    assert {"ig/top_features", "ig/heatmap"} <= set(images)
+    assert {"ig/0_verdict", "ig/1_over_training"} <= set(images)
     text = _get(f"{base}/data/plugin/text/tags")[run]
     assert "ig/report/text_summary" in text  # SummaryWriter.add_text("ig/report")
     # the text plugin renders the markdown; the top-k table is a fixed-width block with right-aligned numbers
     rendered = _get(f"{base}/data/plugin/text/text?run={run}&tag=ig/report/text_summary")
     assert rendered[-1]["step"] == 10
     assert "<pre>" in rendered[-1]["text"] and "pole_theta" in rendered[-1]["text"]
-    assert "Completeness passes" in rendered[-1]["text"]
+    assert "✓ The attributions add up" in rendered[-1]["text"]
 
 
 def test_saliency_images_and_group_tags_of_an_image_run(server):
     base, _, run, _ = server
     images = _get(f"{base}/data/plugin/images/tags")[run]
-    assert {"ig/saliency", "ig/saliency/mean_abs"} <= set(images)
-    listed = _get(f"{base}/data/plugin/images/images?run={run}&tag=ig/saliency")
+    assert "ig/2_saliency" in images
+    listed = _get(f"{base}/data/plugin/images/images?run={run}&tag=ig/2_saliency")
     assert [entry["step"] for entry in listed] == [2]
     with urllib.request.urlopen(
         f"{base}/data/plugin/images/individualImage?{listed[-1]['query']}", timeout=5

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from lightning_ig.run.host_result import Moments
-from lightning_ig.views.loggers.sinks import MlflowSink, WandbSink, feature_table, picture_sinks
+from lightning_ig.run.summary import Units
+from lightning_ig.views.loggers.sinks import MlflowSink, WandbSink, picture_sinks, unit_table
 from tests.support.loggers import logger_package, mlflow_pictures, wandb_history
 
 
@@ -28,19 +29,23 @@ def _report() -> dict:
     }  # None for NaN: the reports' rule
 
 
-def _moments() -> Moments:
-    return Moments.of(np.array([[1.0, -2.0, 0.5], [3.0, 3.0, -0.5]]))  # mean |attr| 2, 2.5, 0.5
+def _units() -> Units:
+    values = np.array([[1.0, -2.0, 0.5], [3.0, 3.0, -0.5]])  # mean |attr| 2, 2.5, 0.5
+    return Units("features", ["paddle", "ball", "trail"], Moments.of(values))
 
 
-def test_feature_table_ranks_units_and_splits_their_sign():
-    columns, rows = feature_table(["paddle", "ball", "trail"], _moments())
-    assert columns[:3] == ["rank", "name", "mean |attr|"]
+def test_unit_table_ranks_units_by_mass_and_splits_their_sign():
+    columns, rows = unit_table(["paddle", "ball", "trail"], _units())
+    assert columns[:5] == ["rank", "name", "share", "raises", "lowers"]
     assert [row[1] for row in rows] == ["ball", "paddle", "trail"]
+    eps = np.finfo(np.float64).eps
+    assert sum(row[2] for row in rows) == pytest.approx(1.0, rel=8 * eps)
     for row in rows:
-        mean_abs, positive, negative = row[2], row[5], row[6]
-        assert positive + negative == pytest.approx(mean_abs, rel=4 * np.finfo(np.float64).eps)
+        positive, negative, mean_abs = row[3], row[4], row[5]
+        assert positive + negative == pytest.approx(mean_abs, rel=4 * eps)
     ball = rows[0]
-    assert ball[5] == pytest.approx(1.5) and ball[6] == pytest.approx(1.0)  # -2 and +3: 3/2 and 2/2 per state
+    assert ball[3] == pytest.approx(1.5) and ball[4] == pytest.approx(1.0)  # -2 and +3: 3/2 and 2/2 per state
+    assert [row[1] for row in unit_table(["paddle", "ball", "trail"], _units(), top_k=1)[1]] == ["ball"]
 
 
 def test_only_wandb_and_mlflow_get_sinks(tmp_path):
@@ -68,7 +73,7 @@ def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp
     pixels = _picture()
     sink.picture("ig/1_top_features", pixels, step=40)
     sink.picture("ig/2_saliency", _picture(20, 30), step=40)
-    columns, rows = feature_table(["paddle", "ball", "trail"], _moments())
+    columns, rows = unit_table(["paddle", "ball", "trail"], _units())
     sink.table("ig/features", columns, rows, step=40)
     sink.report("ig/report.json", _report(), step=40)
     run_dir = wandb_logger.experiment.dir  # <tmp>/wandb/offline-run-<time>-<id>/files
@@ -122,17 +127,22 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
     pixels = _picture()
     sink.picture("ig/1_top_features", pixels, step=40)
     sink.picture("ig/value/2_saliency∕frames", _picture(20, 30), step=41)  # a callback name and a display label
-    columns, rows = feature_table(["paddle", "ball", "trail"], _moments())
+    sink.picture("ig/1_top_features", pixels[::-1], step=80)
+    columns, rows = unit_table(["paddle", "ball", "trail"], _units())
     sink.table("ig/features", columns, rows, step=40)
     sink.report("ig/report_step_40.json", _report(), step=40)
 
     client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
     run_id = mlflow_logger.run_id
     images = mlflow_pictures(client, run_id)  # the PNGs by (key, step); MLflow's "/" in keys read back as "/"
-    assert set(images) == {("ig/1_top_features", 40), ("ig/value/2_saliency_frames", 41)}
+    # each picture at its run's step; a key's first also at step 0, where MLflow's UI opens the card
+    top_steps = {("ig/1_top_features", step) for step in (0, 40, 80)}
+    assert set(images) == top_steps | {("ig/value/2_saliency_frames", step) for step in (0, 41)}
     target = tmp_path / "download"
     top = np.asarray(Image.open(client.download_artifacts(run_id, images["ig/1_top_features", 40], str(target))))
     assert np.array_equal(top, pixels)
+    later = np.asarray(Image.open(client.download_artifacts(run_id, images["ig/1_top_features", 80], str(target))))
+    assert np.array_equal(later, pixels[::-1])
     frames = Image.open(client.download_artifacts(run_id, images["ig/value/2_saliency_frames", 41], str(target)))
     assert np.asarray(frames.convert("RGB")).shape == (20, 30, 3)
     table_path = client.download_artifacts(run_id, "lightning_ig/ig/features/step_00000040.json", str(target))

@@ -1,0 +1,82 @@
+"""``n_steps="auto"``: the midpoint nodes tripled per state until the estimate is within tolerance, never past
+``max_steps``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_ig.attribution import integrated_gradients
+from tests.support.models import seeded_dueling, seeded_mlp
+from tests.support.tolerance import assert_close_scaled, eps
+
+F64 = torch.float64
+
+
+def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
+    model = seeded_mlp(4, 1, seed=15, act=torch.nn.ReLU)
+    x = torch.randn(6, 4, dtype=torch.float64) * 2
+    rows: list[int] = []
+
+    def forward(z: torch.Tensor) -> torch.Tensor:
+        rows.append(z.shape[0])
+        return model(z).squeeze(1)
+
+    tol = 1e-3
+    result = integrated_gradients(forward, x, n_steps="auto", completeness_tol=tol, max_steps=504)
+    per_state = result.n_steps_per_state.tolist()
+    assert set(per_state) <= {56, 168, 504} and result.n_steps == max(per_state) > 56
+    for state, n in enumerate(per_state):
+        # the state's result is the call at its n (the kink rule at 56, the midpoint rule above: "auto"'s choice;
+        # nested: the same gradients, summed in another order)
+        fixed = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n)
+        assert_close_scaled(result.attributions[state], fixed.attributions[0], ulps=64, dtype=F64)
+        if n < 504:  # it stopped: both figures within tol / 2 at n, and not at the level before
+            within = max(float(fixed.attribution_error[0]), float(fixed.mass_relative_error[0])) <= tol / 2
+            assert within, (state, n)
+        if n > 56:
+            coarser = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n // 3)
+            assert max(float(coarser.attribution_error[0]), float(coarser.mass_relative_error[0])) > tol / 2
+    # Every gradient row once: the first level and the ends (twice: the stochastic check), the kink rule's
+    # certificate (14 forward rows a state), then 2 n new rows per level for the states that went on.
+    going_on = [sum(1 for m in per_state if m >= n) for n in (168, 504)]
+    assert sum(rows) == (56 + 4 + 14) * 6 + sum(2 * (n // 3) * count for n, count in zip((168, 504), going_on))
+
+
+def test_auto_steps_respect_max_steps() -> None:
+    model = seeded_mlp(4, 1, seed=16, act=torch.nn.ReLU)
+    x = torch.randn(3, 4, dtype=torch.float64) * 3
+    forward = lambda z: model(z).squeeze(1)  # noqa: E731
+    capped = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=287)
+    assert capped.n_steps_per_state.tolist() == [168, 168, 168]  # 504 would pass 287
+    tiny = integrated_gradients(forward, x, n_steps="auto", completeness_tol=1e-12, max_steps=10)
+    assert tiny.n_steps == 10 and tiny.n_steps_per_state.tolist() == [10, 10, 10]
+
+
+def test_auto_steps_refuse_rules_that_do_not_triple() -> None:
+    with pytest.raises(ValueError, match="n_steps='auto' refines by tripling the midpoint nodes"):
+        integrated_gradients(_forward, torch.randn(2, 3), n_steps="auto", method="gausslegendre")
+
+
+def test_auto_steps_with_per_row_targets_in_both_modes() -> None:
+    model = seeded_dueling(4, 3, seed=44)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    rows = torch.tensor([2, 0, 1])
+    autograd = integrated_gradients(
+        model, x, target=rows, n_steps="auto", method="riemann_middle", completeness_tol=1e-3, max_steps=288
+    )
+    fd = integrated_gradients(
+        model, x, target=rows, n_steps="auto", completeness_tol=1e-3, max_steps=288, gradient="finite_difference"
+    )
+    assert fd.n_steps_per_state.tolist() == autograd.n_steps_per_state.tolist() and fd.attributions.shape == (3, 4)
+    assert_close_scaled(fd.attributions, autograd.attributions, ulps=_fd_tolerance(F64) / eps(F64), dtype=F64)
+
+
+def _fd_tolerance(dtype: torch.dtype) -> float:
+    """Central differences with the default step h = eps^(1/3): truncation O(h^2) and rounding O(eps / h),
+    both eps^(2/3) relative to the size of the attributions (times the model's smoothness: a few units here)."""
+    return 16 * eps(dtype) ** (2 / 3)
+
+
+def _forward(z: torch.Tensor) -> torch.Tensor:
+    return z.reshape(z.shape[0], -1).sum(1)

@@ -1,0 +1,83 @@
+"""What a call is given: the baseline forms, and inputs, baselines and forwards refused with one clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_ig.attribution import integrated_gradients
+from tests.support.models import seeded_mlp
+
+
+@pytest.mark.parametrize("form", ["none", "zeros", "mean", "scalar", "single", "per_state"])
+def test_every_baseline_form(form: str) -> None:
+    model = seeded_mlp(3, 1, seed=7)
+    forward = lambda z: model(z).squeeze(1)  # noqa: E731
+    x = torch.randn(4, 3, dtype=torch.float64)
+    single = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    per_state = torch.randn(4, 3, dtype=torch.float64)
+    given, explicit = {
+        "none": (None, torch.zeros_like(x)),
+        "zeros": ("zeros", torch.zeros_like(x)),
+        "mean": ("mean", x.mean(0, keepdim=True).expand_as(x)),
+        "scalar": (0.25, torch.full_like(x, 0.25)),
+        "single": (single, single.expand_as(x)),
+        "per_state": (per_state, per_state),
+    }[form]
+    result = integrated_gradients(forward, x, given, n_steps=6)
+    reference = integrated_gradients(forward, x, explicit.clone(), n_steps=6)
+    torch.testing.assert_close(result.attributions, reference.attributions, rtol=0, atol=0)
+    torch.testing.assert_close(result.baselines, explicit)
+
+
+def _forward(z: torch.Tensor) -> torch.Tensor:
+    return z.reshape(z.shape[0], -1).sum(1)
+
+
+def test_error_baseline_shape_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"baselines of shape \(5,\) do not match inputs of shape \(2, 3\)"):
+        integrated_gradients(_forward, torch.randn(2, 3), torch.randn(5))
+
+
+def test_error_non_floating_inputs_and_baselines() -> None:
+    with pytest.raises(TypeError, match="inputs must be floating point.*got torch.int64.*inputs.float"):
+        integrated_gradients(_forward, torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="baselines must be floating point"):
+        integrated_gradients(_forward, torch.ones(2, 3), torch.zeros(2, 3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="inputs must be a torch.Tensor"):
+        integrated_gradients(_forward, [[1.0, 2.0]])
+
+
+def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
+    x = torch.randn(3, 4)
+    x[1, 2] = float("nan")
+    x[2, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"inputs holds 2 NaN/Inf value\(s\), the first at index \(1, 2\)"):
+        integrated_gradients(_forward, x)
+    b = torch.zeros(3, 4)
+    b[0, 3] = float("-inf")
+    with pytest.raises(ValueError, match=r"baselines holds 1 NaN/Inf value\(s\), the first at index \(0, 3\)"):
+        integrated_gradients(_forward, torch.randn(3, 4), b)
+    with pytest.raises(ValueError, match="baselines must be a finite number"):
+        integrated_gradients(_forward, torch.randn(3, 4), float("nan"))
+    # guards against: torch's "value cannot be converted to type float without overflow", a bug's exit status on the
+    # command line
+    with pytest.raises(ValueError, match=r"baselines must be a finite number of the inputs' dtype torch.float32"):
+        integrated_gradients(_forward, torch.randn(3, 4), 1e308)
+    with pytest.raises(ValueError, match="baselines must be a finite number"):
+        integrated_gradients(_forward, torch.randn(3, 4), 10**400)
+
+
+def test_error_forward_returning_the_wrong_shape() -> None:
+    with pytest.raises(
+        ValueError, match=r"forward must return one value per row, shape \(\d+,\).*got \(\d+, 3\).*target="
+    ):
+        integrated_gradients(lambda z: z, torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"with target='mean' forward must return \(N, A\)"):
+        integrated_gradients(_forward, torch.randn(2, 3), target="mean")
+    with pytest.raises(TypeError, match="forward must return a torch.Tensor, got list"):
+        integrated_gradients(lambda z: [0.0], torch.randn(2, 3))
+    with pytest.raises(ValueError, match="target=5 is out of range for a forward with 3 outputs"):
+        integrated_gradients(lambda z: z, torch.randn(2, 3), target=5)
+    with pytest.raises(ValueError, match="target holds index 3, out of range"):
+        integrated_gradients(lambda z: z, torch.randn(2, 3), target=torch.tensor([0, 3]))

@@ -1,0 +1,157 @@
+"""The held-out states at set-up: their precision kept, a copy taken, and what the set-up trial catches."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ig import IntegratedGradientsCallback, NonFiniteAttributionError
+from lightning_ig.callback import heldout
+from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
+
+
+class Linear64(pl.LightningModule):
+    """A float64 linear Q-network: IG of the mean output is exact, ``(x - b) * mean_a W[a]``."""
+
+    def __init__(self, lr: float = 0.0) -> None:
+        super().__init__()
+        self.lr = lr
+        self.layer = torch.nn.Linear(3, 2, dtype=torch.float64)
+        self.steps = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)  # (N, 2)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.steps += 1
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def timestamp_states(n: int = 24) -> torch.Tensor:
+    """A feature like a Unix time (1.7e9 + 0..100 s): float32 rounds it to multiples of 128."""
+    generator = torch.Generator().manual_seed(3)
+    states = torch.randn(n, 3, generator=generator, dtype=torch.float64)
+    states[:, 0] = 1.7e9 + torch.linspace(0, 100, n, dtype=torch.float64)
+    return states
+
+
+def loader64() -> DataLoader:
+    x = timestamp_states(32)
+    return DataLoader(TensorDataset(x, torch.zeros(32, 2, dtype=torch.float64)), batch_size=8)
+
+
+def test_float64_states_and_mean_baseline_are_not_rounded(tmp_path: Path) -> None:
+    states = timestamp_states()
+    model = Linear64()
+    callback = IntegratedGradientsCallback(states, every_n_steps=10_000, baseline="mean")
+    trainer = make_trainer(tmp_path, [callback], max_steps=2, precision="64-true")
+    trainer.fit(model, loader64())
+    weights = model.layer.weight.detach().mean(dim=0)  # (3,): d mean_a Q / dx
+    exact = ((states - states.mean(dim=0)) * weights).abs().mean(dim=0)  # (3,) mean |attribution| per feature
+    got = torch.tensor(callback.history[-1]["mean_abs"], dtype=torch.float64)
+    # Sums of ~24 products of values near 1.7e9: rounding of the inputs' size, never float32's 128-s steps.
+    tolerance = 64 * torch.finfo(torch.float64).eps * 1.7e9 * float(weights.abs().max())
+    torch.testing.assert_close(got, exact, atol=tolerance, rtol=0)
+    assert float(exact[0]) > 1.0  # the timestamp feature carries attribution that float32 would have garbled
+
+
+def test_resolve_states_keeps_the_dtype_and_copies() -> None:
+    states = timestamp_states()
+    resolved = heldout.resolve_states(states, None, None)
+    assert resolved.dtype == torch.float64
+    assert torch.equal(resolved, states)
+    assert resolved.data_ptr() != states.data_ptr()
+
+
+def test_states_are_copied_when_the_callback_is_made() -> None:
+    states = held_out_states()
+    kept = states.clone()
+    callback = IntegratedGradientsCallback(states)
+    states.mul_(0)  # the caller reuses its tensor before the fit starts
+    assert torch.equal(callback.states, kept)
+
+
+def test_a_tensor_baseline_is_copied_and_keeps_its_dtype() -> None:
+    baseline = torch.full((3,), 1.7e9 + 0.25, dtype=torch.float64)
+    checked = heldout.check_baseline(baseline)
+    baseline.zero_()
+    assert checked.dtype == torch.float64 and float(checked[0]) == 1.7e9 + 0.25
+
+
+def test_nan_seen_by_the_set_up_trial_stops_the_fit_before_training(tmp_path: Path) -> None:
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    with torch.no_grad():
+        model.body[0].weight[0, 0] = float("nan")
+    steps: list[int] = []
+
+    class Count(pl.Callback):
+        def on_train_batch_end(self, *args: object) -> None:
+            steps.append(1)
+
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, on_non_finite="raise")
+    trainer = make_trainer(tmp_path, [callback, Count()], max_steps=20)
+    with pytest.raises(NonFiniteAttributionError, match="set-up trial"):
+        trainer.fit(model, DataLoader(dataset(), batch_size=32))
+    assert steps == []
+
+
+def test_nan_in_the_set_up_trial_only_warns_by_default(tmp_path: Path) -> None:
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    with torch.no_grad():
+        model.body[0].weight[0, 0] = float("nan")
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, run_at_train_end=False)
+    make_trainer(tmp_path, [callback], max_steps=2).fit(model, DataLoader(dataset(), batch_size=32))
+
+
+class CountsCalls(TinyQNet):
+    """A forward that changes a buffer even in eval mode: every IG run would change what training sees."""
+
+    def __init__(self) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.body(x)
+
+
+def test_a_forward_that_changes_a_buffer_is_refused_at_set_up(tmp_path: Path) -> None:
+    model = CountsCalls()
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5)
+    with pytest.raises(ValueError, match="buffer.*calls"):
+        make_trainer(tmp_path, [callback], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
+    assert float(model.calls) == 0.0  # put back as it was
+
+
+def test_a_forward_that_fails_on_bigger_batches_fails_at_set_up(tmp_path: Path) -> None:
+    def forward(module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 2:
+            raise RuntimeError("out of workspace")
+        return module(x).mean(dim=1)
+
+    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=5, forward=forward)
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    with pytest.raises(ValueError, match=r"forward callable .*forward.* failed .*16 at once.*out of workspace"):
+        make_trainer(tmp_path, [callback], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
+
+
+def test_a_callback_reused_by_a_second_trainer_starts_afresh(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=4, report_dir=reports)
+    loader = DataLoader(dataset(), batch_size=32)
+    make_trainer(tmp_path, [callback], max_steps=8).fit(TinyQNet(), loader)
+    assert [entry["global_step"] for entry in callback.history] == [4, 8]  # the run at step 8 is the end's too
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=4).fit(TinyQNet(), loader)
+    assert [entry["global_step"] for entry in callback.history] == [4]  # this fit's runs only
+    assert any("earlier fit" in str(warning.message) for warning in caught)

@@ -1,0 +1,70 @@
+"""`lightning-ig show`: what it can of odd reports, one line for what is not a report, quiet into a closed pipe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_ig import cli
+from tests.support import repo_env
+
+
+def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["diag", "--checkpoint", "q.safetensors", "--quiet", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+ODD_REPORTS = {
+    "completeness_null": {"completeness": None},
+    "completeness_list": {"completeness": [1, 2]},
+    "worst_is_text": {"completeness": {"worst_relative_error": "small", "per_state": [1, {"relative_error": "x"}]}},
+    "features_null": {"features": None, "top_10_by_mean_abs": None},
+    "feature_without_numbers": {"features": [{"name": "a"}, "b", {"name": None, "mean_abs": "big"}]},
+    "missing_keys": {"num_states": None, "state_dim": None, "forward_target": None, "num_steps": None},
+}
+
+
+def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _diag(capsys, "--output", "out/good.json")[0] == 0
+    good = json.loads((workspace / "out" / "good.json").read_text())
+    for name, change in ODD_REPORTS.items():
+        (workspace / f"{name}.json").write_text(json.dumps({**good, **change}))
+        code = cli.main(["show", f"{name}.json"])
+        captured = capsys.readouterr()
+        assert code == 0 and captured.err == "", (name, captured.err)
+        assert f"{name}.json" in captured.out and "completeness:" in captured.out
+    assert (
+        "(the report holds no completeness figures)"
+        in (cli.main(["show", "completeness_null.json"]), capsys.readouterr().out)[1]
+    )
+
+    for name, text in (
+        ("list.json", "[1, 2]"),
+        ("v2.json", json.dumps({**good, "schema_version": 2})),
+        ("bad.json", "{"),
+    ):
+        (workspace / name).write_text(text)
+        code = cli.main(["show", name])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
+
+
+def test_show_into_a_pipe_closed_early_is_quiet_and_exits_141_as_cat_does(workspace: Path, capsys) -> None:
+    assert _diag(capsys, "--output", "r.json")[0] in (0, 4)
+    reports = ["r.json"] * 400  # far more than a pipe buffers
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lightning_ig.cli", "show", *reports],
+        cwd=workspace,
+        env=repo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stdout.readline()  # `| head -1`
+    process.stdout.close()
+    _, err = process.communicate(timeout=300)
+    assert (process.returncode, err) == (141, b""), err

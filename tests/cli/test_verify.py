@@ -1,0 +1,56 @@
+"""`diag --verify N`: the true error against the exact line beside the estimate, for the run it follows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.exact_line import exact_line
+from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.models.noise import noise_disabled
+from tests.support.diag import read_valid_report, run_diag
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def test_verify_reports_the_true_error_against_the_exact_line(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "r.json"
+    status = run_diag(checkpoint, output, "--verify", "4", "--completeness-tol", "0.5")
+    out = capsys.readouterr().out
+    assert status == 0
+    report = read_valid_report(output)
+    key = report["verify"]
+    assert key["reference"] == "exact_line" and key["num_states"] == 4 and len(key["per_state"]) == 4
+    assert "verify: 4 states against exact_line" in out and "true error" in out
+
+    # the same truth in-process: the engine's attributions of the report's states against the exact line
+    loaded = load_checkpoint(checkpoint)
+    states = loaded.states[report["state_indices"]]
+    with noise_disabled(loaded.model):
+        ours = integrated_gradients(loaded.model, states, target="mean", n_steps="auto").attributions[:4].double()
+    truth = exact_line(loaded.model, states[:4], target="mean").attributions
+    expected = (ours - truth).abs().sum(1) / truth.abs().sum(1)
+    got = torch.tensor([row["true_error"] for row in key["per_state"]], dtype=torch.float64)
+    # float32 attributions from another run of the same code: the error moves by their rounding only
+    assert torch.allclose(got, expected, rtol=0, atol=64 * EPS32)
+    estimates = [row["attribution_error"] for row in key["per_state"]]
+    assert estimates == [row["attribution_error"] for row in report["completeness"]["per_state"][:4]]
+    ordinary = [row["true_error"] for row in key["per_state"] if not row["near_baseline"]]
+    assert key["worst_true_error"] == max(ordinary)
+
+
+@pytest.mark.parametrize("flags", [["--baseline", "mean"], ["--target", "contrast"], ["--baseline", "0.5"]])
+def test_verify_checks_the_run_it_follows(checkpoint: Path, tmp_path: Path, flags: list[str]) -> None:
+    # the reference takes the run's own baselines and contrast pairs: at many steps the truth is close, where the
+    # zero baseline or another pair of actions would be far off (errors of order 1)
+    output = tmp_path / "v.json"
+    status = run_diag(checkpoint, output, *flags, "--num-steps", "1024", "--verify", "3", "--quiet")
+    assert status == 0
+    key = read_valid_report(output)["verify"]
+    assert key["worst_true_error"] is not None and key["worst_true_error"] < 0.01
+    assert all(row["true_error"] < 0.05 for row in key["per_state"])
