@@ -44,7 +44,7 @@ from lightning_ig.views.loggers.worker import PictureWriter
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
 
 
-MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
+_MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
 
 
 def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -340,7 +340,7 @@ class IntegratedGradientsCallback(Callback):
         total = self._total_steps
         progress = trainer.global_step / total if 0 < total < math.inf else None
         one_row = run.target.rows_per_state == 1 and not run.target.contrasts and run.members is None
-        can_window = trainer.world_size == 1 and one_row and len(run.states) >= MIN_WINDOWED_STATES
+        can_window = trainer.world_size == 1 and one_row and len(run.states) >= _MIN_WINDOWED_STATES
         names = () if run.trust is None else tuple(run.trust.names)
         run_index = len(self.history)
         return self._budget.plan(run_index, names, progress=progress, final=final, can_window=can_window, retry=retry)

@@ -48,7 +48,7 @@ from lightning_ig.trust.stability import stability_check
 from lightning_ig.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.vocabulary import shown
 
-__all__ = ["CHECKS", "TrustMonitor", "trust_scalar_tags"]
+__all__ = ["CHECKS", "COPIES", "DRAWS", "SEED", "TrustMonitor", "quarter", "trust_scalar_tags"]
 
 CHECKS = ("sanity", "deletion", "stability")
 """The checks, in the order a run makes them when they fall due together."""

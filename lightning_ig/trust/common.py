@@ -42,6 +42,7 @@ __all__ = [
     "check_model",
     "check_settings",
     "check_state_batch",
+    "generators_kept",
     "host_units",
     "moved_units",
     "pick_states",

@@ -1,14 +1,21 @@
 """callback/budget.py: the callback's budget on a fake clock: kept within 1.5x, runs reduced before any is deferred,
-and a resumed fit continuing the same decisions."""
+a resumed fit continuing the same decisions; and a reduced run in the callback."""
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass, field
 
+import lightning.pytorch as pl
 import pytest
+from torch.utils.data import DataLoader
 
+from lightning_ig.attribution import IGOptions
+from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.budget import CHECK_EVERY, Budget, Plan
+from lightning_ig.views import ViewOptions
+from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
 CHECKS = ("sanity", "deletion", "stability")
 
@@ -161,3 +168,25 @@ def test_the_other_threads_cpu_counts_beyond_their_rate_before_the_first_run():
     assert budget.extra() == pytest.approx(0.5) and budget.fraction() == pytest.approx(0.5 / 20)
     now[0], cpu[0] = 30.0, 3.0  # less than the rate: nothing more, never negative
     assert budget.extra() == pytest.approx(0.0)
+
+
+def test_a_run_the_budget_reduces_attributes_its_window_and_says_so(tmp_path):
+    decide = Budget.plan
+
+    def quarters(self, run, checks, **kwargs):  # every run after the first on a quarter of the states
+        plan = decide(self, run, checks, **kwargs)
+        return plan if run == 0 or plan is None else Plan(windows=4, window=run % 4, waiting=plan.checks)
+
+    pl.seed_everything(0)
+    states = held_out_states(32)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+    )
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch.setattr(Budget, "plan", quarters)
+        make_trainer(tmp_path, [callback], max_steps=6).fit(TinyQNet(), DataLoader(dataset(), batch_size=16))
+    summary = callback._last
+    assert summary.num_states == 8 and summary.budget["windows"] == 4 and summary.budget["window"] == 2
+    assert "window 3 of 4" in summary.budget["note"] and summary.trust_checks.upcoming == summary.budget["note"]
+    assert len(callback.history) == 3 and all("overhead" in entry for entry in callback.history)
