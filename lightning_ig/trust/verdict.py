@@ -5,8 +5,10 @@ error figures against the tolerance) and the latest result of each check (is the
 :mod:`~lightning_ig.trust.sanity`, :mod:`~lightning_ig.trust.faithfulness`,
 :mod:`~lightning_ig.trust.stability`). ``passed`` means every figure given passed and at least one was
 given; ``reasons`` says, per failure, which figure and by how much; ``status`` is ``"passed"``, ``"failed"`` or
-``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
-not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
+``"unresolved"`` (none failed, but a check has not run yet, or nothing was judged); a check that ran and could not
+decide (the sanity check on too few units) is a note, not a pass, and leaves the status to the others. A stability
+check that does not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a
+pass.
 
 The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's figures against sqrt(2) x tol). A
 check that has not run yet in this fit is a note (``pending``: when the budget lets it run), so the verdict stays
@@ -69,12 +71,15 @@ class TrustSummary:
     stability: StabilityCheck | None = None
     steps: tuple[tuple[str, int], ...] = ()
     upcoming: str | None = None
+    pending: tuple[str, ...] = ()
     status: str = field(init=False)
     headline: Callable[[], str] = field(init=False, repr=False, compare=False)
     lines: Callable[[], tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        status = "failed" if self.reasons else "passed" if self.passed and not self.notes else "unresolved"
+        # Only a check that has not run yet keeps the verdict open; a check that ran and could not decide (a sanity
+        # check on too few units) is said in the notes and judged like a check that does not apply
+        status = "failed" if self.reasons else "passed" if self.passed and not self.pending else "unresolved"
         object.__setattr__(self, "status", status)
         # functools.partial over a builtin: calling it returns the text without entering Python code
         object.__setattr__(self, "headline", functools.partial(str, self._headline()))
@@ -87,7 +92,7 @@ class TrustSummary:
     def _headline(self) -> str:
         judged = f"{self.checks} figure{'s' * (self.checks != 1)} judged"
         if self.status == "passed":
-            return f"passed ({judged})"
+            return f"passed ({judged})" if not self.notes else f"passed ({judged}; note: {self.notes[0]})"
         if self.status == "unresolved":
             why = self.notes[0] if self.notes else "nothing was judged: no accuracy figure and no check result"
             return f"unresolved ({judged}, none failed): {why}"
@@ -189,6 +194,7 @@ def trust_summary(
     checks += len(errors)
     notes += [str(line) for line in pending]
     return TrustSummary(
+        pending=tuple(str(line) for line in pending),
         passed=checks > 0 and not reasons,
         reasons=tuple(reasons),
         notes=tuple(notes),
