@@ -313,7 +313,13 @@ def prepare_engine(
     attributed, target = probe_target(pl_module, target, local_states, len(states), forward, action_names)
     # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
     options = dataclasses.replace(options, check_finite=False)
-    engine = IntegratedGradients(attributed, target=target, **options.keywords())
+    runs = options
+    refinable = options.method in ("auto", "kink_midpoint", "riemann_middle") and options.gradient == "autograd"
+    if options.n_steps == "budget" and refinable and local_states.device.type == "cpu":
+        # On a CPU the budget's 56 kink-rule nodes leave ReLU agents' worst states above the tolerance; the runs
+        # refine those states (n_steps="auto": 56, 168, 504 nodes), so the verdict a run shows is one it reached
+        runs = dataclasses.replace(options, n_steps="auto")
+    engine = IntegratedGradients(attributed, target=target, **runs.keywords())
     with attribution_mode(pl_module), stochastic_warnings_silenced():
         trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
     _refuse_changed_buffers(pl_module, buffers)
