@@ -8,11 +8,8 @@ Two parts, both printed as tables (the summary table last):
    channels of MinAtar and Nature frames): the working copy of the model, the deletion check's fixed rows, the
    capture of the copy's IG (a CUDA device only), the sanity reference (4 re-initialised copies), the sanity,
    deletion and stability checks. Medians of interleaved rounds, each over the IG time of its own round (a loaded
-   machine's drift cancels), beside what the cost model (:class:`~lightning_ig.trust.CheckCosts`) says.
-   Then fits of R runs at the default cadence (``checks_every_n_runs=5``) as the schedule decides them
-   (:class:`~lightning_ig.trust.Schedule`, from the model's costs alone), each check and piece counted at
-   its measured cost: the checks' share of the IG time at R = 10, 50, 100, 200 (the target: <= 20%), and the run
-   at which each check first runs.
+   machine's drift cancels). The callback pays the pieces made once at its first run and each check again as its
+   budget allows (``lightning_ig/callback/budget.py``): these ratios say what one pass of each costs there.
 2. **Separation.** On trained agents (``--runs``: folders with ``q_network.safetensors`` as the examples write
    them; without any, a quick deterministic supervised training of a 32-feature dueling network), the model's
    rank correlation with re-initialised copies (trained vs reinit) beside the copies' among themselves (reinit vs
@@ -44,28 +41,23 @@ from benchmarks._common import device_name, synchronize, write_output
 from lightning_ig.attribution import IGOptions, IntegratedGradients
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.settings import DEFAULT_METHOD, DEFAULT_N_STEPS
+from lightning_ig.callback.monitor import COPIES, DRAWS, SEED, quarter
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork, MinAtarQNetwork, NatureQNetwork
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.trust import (
     AttributionSettings,
-    CheckCosts,
     DeletionPlan,
     Replica,
-    Schedule,
-    TrustChecks,
     randomization_check,
     randomization_reference,
     stability_check,
 )
-from lightning_ig.trust.schedule import PIECES
 
 DEFAULT_RUNS = Path("runs")  # where examples/dqn_*.py --activation relu write their runs
 CALLBACK_IG = IGOptions(n_steps=DEFAULT_N_STEPS, method=DEFAULT_METHOD)  # the callback's defaults
 SETTINGS = AttributionSettings(target="mean", options=CALLBACK_IG)
-CADENCE = TrustChecks.every(5)  # the callback's default checks_every_n_runs=5
-FITS = (10, 50, 100, 200)
 PIECE_NAMES = ("copy", "plan", "capture", "reference", "sanity", "deletion", "stability")
 
 
@@ -116,17 +108,17 @@ def _work(family: dict[str, Any]) -> dict[str, Callable[[], object]]:
 
     host = ig()
     units = host.group_attributions if groups is not None else host.attributions  # on the host, as the monitor has
-    quarter = CADENCE.quarter(len(states))
+    quarter_states = quarter(len(states))
     sizes = {"settings": SETTINGS, "groups": groups}
     warm = Replica(model, SETTINGS)
 
     def reference(replica: Replica) -> Any:
         return randomization_reference(
-            model, states, None, num_copies=CADENCE.copies, num_states=quarter, replica=replica, **sizes
+            model, states, None, num_copies=COPIES, num_states=quarter_states, replica=replica, **sizes
         )
 
     made = reference(warm)  # captures the warm copy's graph on a GPU
-    plan = DeletionPlan(states, None, groups, seed=CADENCE.seed)
+    plan = DeletionPlan(states, None, groups, seed=SEED)
 
     def deletion() -> object:
         warm.sync()
@@ -134,14 +126,14 @@ def _work(family: dict[str, Any]) -> dict[str, Callable[[], object]]:
 
     def stability() -> object:
         return stability_check(
-            model, states, None, units, num_draws=CADENCE.draws, num_states=quarter, replica=warm, **sizes
+            model, states, None, units, num_draws=DRAWS, num_states=quarter_states, replica=warm, **sizes
         )
 
     return {
         "ig": ig,
         "copy": lambda: Replica(model, SETTINGS),
         "first": lambda: reference(Replica(model, SETTINGS)),  # copy + capture + reference
-        "plan": lambda: DeletionPlan(states, None, groups, seed=CADENCE.seed),
+        "plan": lambda: DeletionPlan(states, None, groups, seed=SEED),
         "reference": lambda: reference(warm),
         "sanity": lambda: randomization_check(units, made),
         "deletion": deletion,
@@ -157,28 +149,9 @@ def _timed(function: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def fit_shares(costs: CheckCosts, measured: dict[str, float], runs: int) -> tuple[float, float, dict[str, int], float]:
-    """A fit of ``runs`` runs as the schedule decides it: ``(measured share, modelled share, first run of each check,
-    the largest measured share after any run of the fit)``.
-
-    Each check made, and each once-per-fit piece it makes first, counts its measured cost (in IG runs)."""
-    schedule = Schedule(CADENCE, costs)
-    spent, first, worst = 0.0, {}, 0.0
-    for run in range(runs):
-        made = schedule.decide(run, final=run == runs - 1)
-        for name in made:
-            pieces = PIECES[name] - schedule.made
-            spent += measured[name] + sum(measured[piece] for piece in pieces)
-            schedule.record(run, (name,))
-            first.setdefault(name, run)
-        worst = max(worst, spent / (run + 1))
-    return spent / runs, schedule.spent / runs, first, worst
-
-
 def cost(device: torch.device, repeats: int) -> list[dict[str, Any]]:
-    replays = device.type == "cuda"
     rows = []
-    print("## Cost: each piece over one IG run's time, measured (medians of interleaved rounds) / modelled\n")
+    print("## Cost: each piece over one IG run's time (medians of interleaved rounds)\n")
     print(f"| net | states | units | IG time | {' | '.join(PIECE_NAMES)} |")
     print(f"|---|---|---|---|{'---|' * len(PIECE_NAMES)}")
     for family in (_on(family, device) for family in _families()):
@@ -194,27 +167,10 @@ def cost(device: torch.device, repeats: int) -> list[dict[str, Any]]:
         measured["capture"] = max(0.0, ratios["first"] - ratios["copy"] - ratios["reference"])
         units = 4 if family["groups"] is None else len(family["groups"])
         states = len(family["states"])
-        costs = CheckCosts.estimate(
-            CADENCE, num_states=states, num_units=units, n_steps=DEFAULT_N_STEPS, replays=replays
-        )
-        fits = {runs: fit_shares(costs, measured, runs) for runs in FITS}
-        rows.append({"name": family["name"], "measured": measured, "costs": costs, "fits": fits})
-        cells = " | ".join(f"{measured[name]:.3f} / {getattr(costs, name):.3f}" for name in PIECE_NAMES)
+        rows.append({"name": family["name"], "measured": measured})
+        cells = " | ".join(f"{measured[name]:.3f}" for name in PIECE_NAMES)
         ig_ms = 1e3 * statistics.median(times["ig"])
         print(f"| {family['name']} | {states} | {units} | {ig_ms:.1f} ms | {cells} |")
-    print("\n## The checks' share of the IG time over a fit of R runs (default cadence, the 20% budget)\n")
-    print("Measured: each check and piece the schedule makes at its measured cost; modelled: at the model's.\n")
-    longest = max(FITS)
-    print(
-        f"| net | {' | '.join(f'{runs} runs' for runs in FITS)} | worst after any run of {longest} | "
-        "first sanity / deletion / stability |"
-    )
-    print(f"|---|{'---|' * len(FITS)}---|---|")
-    for row in rows:
-        cells = " | ".join(f"{100 * row['fits'][r][0]:.1f}% ({100 * row['fits'][r][1]:.1f}%)" for r in FITS)
-        first, worst = row["fits"][longest][2], row["fits"][longest][3]
-        when = " / ".join(str(first.get(name, "-")) for name in ("sanity", "deletion", "stability"))
-        print(f"| {row['name']} | {cells} | {100 * worst:.1f}% | run {when} |")
     return rows
 
 
@@ -268,7 +224,7 @@ def separation(device: torch.device, runs: Path) -> list[dict[str, Any]]:
         baselines = torch.zeros_like(states)
         with attribution_mode(model):
             units = _units(SETTINGS.attribute(model, states, baselines), resolved_groups)
-        for count, label in ((CADENCE.quarter(len(states)), "callback's"), (None, "all")):
+        for count, label in ((quarter(len(states)), "callback's"), (None, "all")):
             reference = randomization_reference(
                 model, states, baselines, settings=SETTINGS, groups=resolved_groups, num_states=count, seed=0
             )
@@ -309,22 +265,17 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"# bench_checks on {device_name(device)} ({device}, {args.threads} thread(s)), torch {torch.__version__}"
         )
-        print(f"IG: {CALLBACK_IG}, target mean, zero baseline; cadence {CADENCE}\n")
+        print(f"IG: {CALLBACK_IG}, target mean, zero baseline; {COPIES} copies, {DRAWS} noise draws\n")
         costs = cost(device, args.repeats)
         sanity = separation(device, args.runs)
         print("\n## Summary\n")
         print("| what | value |")
         print("|---|---|")
         for row in costs:
-            for runs in FITS:
-                share = row["fits"][runs][0]
-                met = "met" if share <= 0.2 else "not met"
-                print(f"| {row['name']}: checks / IG time, {runs} runs | {100 * share:.1f}% (<= 20%: {met}) |")
-            worst = row["fits"][max(FITS)][3]
-            met = "met" if worst <= 0.2 else "not met"
-            print(f"| {row['name']}: the worst share after any run | {100 * worst:.1f}% (<= 20%: {met}) |")
-            over = [name for name in PIECE_NAMES if row["measured"][name] > getattr(row["costs"], name)]
-            print(f"| {row['name']}: pieces measured above the model | {', '.join(over) or 'none'} |")
+            first = sum(row["measured"][name] for name in ("copy", "plan", "capture", "reference"))
+            print(f"| {row['name']}: the pieces made once, in IG runs | {first:.2f} |")
+            again = sum(row["measured"][name] for name in ("sanity", "deletion", "stability"))
+            print(f"| {row['name']}: each check again, in IG runs | {again:.2f} |")
         for row in (row for row in sanity if row["label"] == "callback's"):
             verdict = "separates" if row["reinit"] - row["trained"] >= 0.10 else "does not separate"
             print(
@@ -334,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     text = printed.getvalue()
     sys.stdout.write(text)
     write_output(text.rstrip("\n"), args.output)
-    return 0 if all(math.isfinite(row["fits"][50][0]) for row in costs) else 1
+    return 0 if all(math.isfinite(value) for row in costs for value in row["measured"].values()) else 1
 
 
 if __name__ == "__main__":

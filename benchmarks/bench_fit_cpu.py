@@ -283,6 +283,9 @@ def fit_once(case: str, kind: str, steps: int | None, seed: int) -> dict[str, An
         history = getattr(callback, "history", None)
         if history is not None:
             record["runs"] = len(history)
+            budget = callback._budget  # the callback's own measure: ig/overhead at its last run, what it reduced
+            record.update(overhead=history[-1]["overhead"] if history else 0.0, reduced=budget.reduced)
+            record.update(deferred=budget.deferred, full_run_ms=1e3 * budget.run_costs.get(1, float("nan")))
             # equal digests: the same numbers in every run (mean |attr| and mean attr of every unit)
             record["history_digest"] = hashlib.sha256(json.dumps(history, sort_keys=True).encode()).hexdigest()
     return record
@@ -318,9 +321,10 @@ def table(case: str, records: list[dict[str, Any]], kinds: Sequence[str], pairs:
         (
             "| kind | runs | fit s | added to the fit, per pair | training thread's CPU added, per pair "
             "| hooks per run, ms (CPU ms) | steady run, CPU ms | hooks in all, s | process CPU s "
-            f"| weights = {kinds[0]} | other work, cores |"
+            f"| weights = {kinds[0]} | other work, cores | load (1 min) | ig/overhead | reduced / deferred "
+            "| a full run, ms |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for kind in kinds:
         mine = by_kind[kind]
@@ -338,7 +342,11 @@ def table(case: str, records: list[dict[str, Any]], kinds: Sequence[str], pairs:
             f"| {spread(per_run, digits=1)} ({spread(per_run_cpu, digits=1)}) | {spread(steady, digits=1)} "
             f"| {spread([r.get('hooks_s', 0.0) for r in mine])} | {spread([r['cpu_s'] for r in mine], digits=1)} "
             f"| {'yes' if same else 'NO'} "
-            f"| {spread([r['others_cores'] for r in mine])} |"
+            f"| {spread([r['others_cores'] for r in mine])} | {spread([r['load'] for r in mine])} "
+            f"| {percent([r['overhead'] for r in mine if 'overhead' in r])} "
+            f"| {spread([r['reduced'] for r in mine if 'reduced' in r], digits=0)} / "
+            f"{spread([r['deferred'] for r in mine if 'deferred' in r], digits=0)} "
+            f"| {spread([r['full_run_ms'] for r in mine if 'full_run_ms' in r], digits=1)} |"
         )
     fits = [r["fit_s"] for r in reference]
     busy = [r["others_cores"] for r in records]

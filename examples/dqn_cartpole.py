@@ -56,12 +56,31 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor) -> IntegratedGr
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
         action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/actions' panels, contrast's pair
         engine=IGOptions(n_steps=args.ig_n_steps),
+        overhead=args.ig_overhead,
         views=ViewOptions(top_k=len(FEATURE_NAMES)),
     )
 
 
+def print_overhead(trainer: Any) -> None:
+    """The closing line of the IG callback's cost: its share of the fit's wall time at its last run (ig/overhead)."""
+    ig = next((c for c in trainer.callbacks if isinstance(c, IntegratedGradientsCallback)), None)
+    if ig is not None and ig.history:
+        share, budget = ig.history[-1]["overhead"], "none" if ig.overhead is None else f"{ig.overhead:.0%}"
+        print(f"IG overhead         {share:.1%} of the fit's wall time (budget {budget}), {len(ig.history)} runs")
+
+
 #: The loggers --logger offers, and the package each needs.
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def overhead_arg(text: str) -> float | None:
+    """``--ig-overhead``: a share in (0, 1], or ``none``."""
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
+    return value
 
 
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
@@ -191,6 +210,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="held-out states for IG, from random rollouts, never trained on",
     )
     add("--ig-every-n-steps", type=at_least(1), default=500, help="gradient steps between IG runs")
+    add(
+        "--ig-overhead",
+        type=overhead_arg,
+        default=0.02,
+        help="the IG callback's budget, a share of the fit's wall time (default 0.02); 'none': every run in full, "
+        "no trust checks",
+    )
     add(
         "--ig-n-steps",
         type=n_steps_arg,
@@ -595,6 +621,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"eval return         mean {mean_return:.1f} over {len(returns)} episodes "
         f"(min {min(returns):.0f}, max {max(returns):.0f})"
     )
+    print_overhead(trainer)
     if callbacks and callbacks[0].history:  # the last IG run's verdict, as its card, ig/report and the JSON say it
         print(f"IG verdict          {verdict_words(callbacks[0].history[-1])}")
     print("top features by mean |attribution| of V(s) on the held-out states:")

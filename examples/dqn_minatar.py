@@ -60,6 +60,7 @@ def make_ig_callback(
         group_names=channels,
         action_names=None if args.ig_target == "mean" else actions,  # the panels of ig/actions, the pair of contrast
         engine=IGOptions(n_steps=args.ig_n_steps),
+        overhead=args.ig_overhead,
         views=ViewOptions(saliency_states=8, top_k=len(channels)),  # ig/saliency: 8 held-out frames, attribution over
     )
 
@@ -67,8 +68,27 @@ def make_ig_callback(
 #: MinAtar's action letters (its games' ``action_map``), as the pictures of ``--ig-target each|contrast`` name them.
 ACTION_NAMES = {"n": "no-op", "l": "left", "u": "up", "r": "right", "d": "down", "f": "fire"}
 
+
+def print_overhead(trainer: Any) -> None:
+    """The closing line of the IG callback's cost: its share of the fit's wall time at its last run (ig/overhead)."""
+    ig = next((c for c in trainer.callbacks if isinstance(c, IntegratedGradientsCallback)), None)
+    if ig is not None and ig.history:
+        share, budget = ig.history[-1]["overhead"], "none" if ig.overhead is None else f"{ig.overhead:.0%}"
+        print(f"IG overhead         {share:.1%} of the fit's wall time (budget {budget}), {len(ig.history)} runs")
+
+
 #: The loggers --logger offers, and the package each needs.
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def overhead_arg(text: str) -> float | None:
+    """``--ig-overhead``: a share in (0, 1], or ``none``."""
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
+    return value
 
 
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
@@ -199,6 +219,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="held-out frames for IG, from random play, never trained on",
     )
     add("--ig-every-n-steps", type=at_least(1), default=1_000, help="gradient steps between IG runs")
+    add(
+        "--ig-overhead",
+        type=overhead_arg,
+        default=0.02,
+        help="the IG callback's budget, a share of the fit's wall time (default 0.02); 'none': every run in full, "
+        "no trust checks",
+    )
     add(
         "--ig-n-steps",
         type=n_steps_arg,
@@ -669,6 +696,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(uniform)} episodes: "
         f"{mean_return / max(random_return, 1e-9):.1f}x"
     )
+    print_overhead(trainer)
     if callbacks and callbacks[0].history:  # the last IG run's verdict, as its card, ig/report and the JSON say it
         print(f"IG verdict          {verdict_words(callbacks[0].history[-1])}")
     # Each cell with its own sign, then summed over the channel: cells that cancel show in both columns, as on the

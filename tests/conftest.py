@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -39,3 +40,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def cuda_device() -> torch.device:
     """The CUDA device for `gpu` tests."""
     return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _frozen_budget_clock() -> Iterator[None]:
+    """The callback's budget reads a frozen clock in every test (see tests/support/trust.py's
+    checks_without_budget): the runs and checks of a test's fit are what its cadence says."""
+    from tests.support.trust import checks_without_budget
+
+    with checks_without_budget():
+        yield

@@ -8,6 +8,8 @@ the options (:mod:`~lightning_ig.callback.options`) and what a fit holds (:mod:`
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +27,7 @@ from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.callback import fit, heldout, setup
+from lightning_ig.callback.budget import Budget, Plan
 from lightning_ig.callback.heldout import NonFiniteAttributionError
 from lightning_ig.callback.options import Options, option_assignment, option_attribute
 from lightning_ig.callback.per_action import pair_rows
@@ -33,11 +36,33 @@ from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.gather import JointGather
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary, summarize
+from lightning_ig.trust.common import generators_kept
 from lightning_ig.views import ViewOptions, text
 from lightning_ig.views.loggers.custom_scalars import trainer_layout
 from lightning_ig.views.loggers.worker import PictureWriter
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
+
+
+_MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
+
+
+def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook whose time on the training thread is booked to the callback's budget (a hook inside another counts
+    once; set-up makes a new budget, so the time is booked to the one there when the hook leaves)."""
+
+    @functools.wraps(hook)
+    def timed(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> Any:
+        entered = self._budget.clock()
+        self._depth += 1
+        try:
+            return hook(self, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:  # set-up is paid once: amortised over the fit like the checks' first passes
+                self._budget.add(self._budget.clock() - entered, once=hook.__name__ in ("setup", "on_fit_start"))
+
+    return timed
 
 
 class IntegratedGradientsCallback(Callback):
@@ -89,12 +114,18 @@ class IntegratedGradientsCallback(Callback):
             Trainer (default ``None``: ``ig/``).
         engine: How the engine attributes (:class:`~lightning_ig.attribution.IGOptions`: ``n_steps``, ``method``,
             ``gradient``, ``backend``, ``internal_batch_size``, ...); default ``None``: its defaults. The states are
-            checked for NaN/Inf once.
+            checked for NaN/Inf once. On a CPU, ``n_steps="budget"`` (the default) runs as ``n_steps="auto"``: the
+            states whose estimated error is above half the tolerance are refined (56, 168, 504 nodes).
         views: What the runs log and draw (:class:`~lightning_ig.views.ViewOptions`: ``top_k``, histograms, the
             pictures' cadences, ``max_logged_features``, the saliency grid); default ``None``: its defaults.
-        checks_every_n_runs: The trust checks (:mod:`lightning_ig.trust`: randomisation sanity, deletion, and noise
-            stability for NoisyNet models) due every this many runs and at the end, within 20% of the IG time
-            (default 5; ``None``: none). On global rank zero, on a working copy of the model with its own generators.
+        overhead: The share of the fit's wall time the callback may add (default 0.02), measured online as its time
+            on the training thread (runs, trust checks, the logging worker's waits) over the fit's wall time so far,
+            logged as ``ig/overhead``. A run that would break it attributes a half or a quarter of the states
+            (windows that rotate through them) and leaves the trust checks for later before it is deferred to a later
+            step; the run says so (its report's ``budget``). The trust checks (:mod:`lightning_ig.trust`:
+            randomisation sanity, deletion, and noise stability for NoisyNet models) all run at the first run, then
+            as the budget allows, on global rank zero, on a working copy of the model. ``None``: no budget, every run
+            in full, no trust checks. Under DDP it is measured, never acted on.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
@@ -135,29 +166,11 @@ class IntegratedGradientsCallback(Callback):
         name: str | None = None,
         engine: IGOptions | None = None,
         views: ViewOptions | None = None,
-        checks_every_n_runs: int | None = 5,
+        overhead: float | None = 0.02,
     ) -> None:
         super().__init__()
-        self.options = Options(  # every argument checked once, kept as checked (callback/options.py)
-            states=states,
-            every_n_steps=every_n_steps,
-            every_n_epochs=every_n_epochs,
-            run_at_train_end=run_at_train_end,
-            feature_names=feature_names,
-            feature_groups=feature_groups,
-            group_names=group_names,
-            action_names=action_names,
-            baseline=baseline,
-            target=target,
-            forward=forward,
-            completeness_tol=completeness_tol,
-            on_non_finite=on_non_finite,
-            report_dir=report_dir,
-            name=name,
-            engine=engine,
-            views=views,
-            checks_every_n_runs=checks_every_n_runs,
-        )
+        given: dict[str, Any] = {key: value for key, value in locals().items() if key not in ("self", "__class__")}
+        self.options = Options(**given)  # every argument checked once, kept as checked (callback/options.py)
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
         self._plan: fit.FitPlan | None = None  # set at set-up: the states, the units logged, the report folder
@@ -168,6 +181,10 @@ class IntegratedGradientsCallback(Callback):
         self._ever_non_zero: set[str] = set()  # count tags non-zero so far: logged from then on (state_dict)
         self._pending: fit.PendingRun | None = None  # a run started at the last batch end, ended at the next
         self._pairs: Any = None  # target="contrast": (B, 2) the last run's greedy and runner-up actions
+        self._budget = Budget(None)  # made again at set-up (callback/budget.py)
+        self._restored: dict[str, Any] | None = None  # the budget's state from a checkpoint, for on_fit_start
+        self._depth = 0  # hooks entered and not left (a hook calling another is timed once)
+        self._total_steps = math.inf  # the fit's expected optimizer steps, read at fit start
 
     __getattr__ = option_attribute  # callback.every_n_steps and the other options: self.options' (as checked)
 
@@ -186,31 +203,50 @@ class IntegratedGradientsCallback(Callback):
         return f"{type(self).__qualname__}{self.options.identity()!r}"
 
     @override
+    @_timed
     def state_dict(self) -> dict[str, Any]:
         self._finish_pending()  # a checkpoint holds every run started before it
         seen = self._ever_non_zero if self._fit is None else self._fit.outputs.ever_non_zero
         history = [dict(entry) for entry in self.history]
-        return {"history": history, "last_run_step": self._last_run_step, "ever_non_zero": sorted(seen)}
+        budget = self._budget.state_dict()  # the measure, and the trust checks' schedule
+        return {
+            "history": history,
+            "last_run_step": self._last_run_step,
+            "ever_non_zero": sorted(seen),
+            "budget": budget,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [dict(entry) for entry in state_dict.get("history", [])]
         self._last_run_step = state_dict.get("last_run_step")
         self._ever_non_zero = set(state_dict.get("ever_non_zero", ()))
+        self._restored = state_dict.get("budget")
 
     @override
+    @_timed
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == TrainerFn.FITTING:
+            share = self.options.overhead if trainer.world_size == 1 else None  # ranks must make the same runs
+            self._budget = Budget(share)
+            self._budget.start()
             self._plan = fit.plan(self.options, trainer, pl_module, [c.options.name for c in _siblings(trainer)])
             # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next
             self._last_run_step, self._last, self._pairs = None, None, None
-            self.history, self._ever_non_zero, self._warned = [], set(), set()
+            self.history, self._ever_non_zero, self._warned, self._restored = [], set(), set(), None
 
     @override
+    @_timed
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._plan is None:  # setup was not called for fitting (a bare hook call)
             self.setup(trainer, pl_module, TrainerFn.FITTING)
-        assert self._plan is not None  # noqa: S101 - set by setup
+        if self._plan is None:
+            raise RuntimeError("IntegratedGradientsCallback: set-up did not run before the fit started")
+        if self._restored is not None:  # after setup: Lightning restores the callbacks in between
+            self._budget.load_state_dict(self._restored)
+            self._budget.start()
+            self._restored = None
+        self._total_steps = float(trainer.estimated_stepping_batches)
         self._fit = fit.start(
             self.options,
             self._plan,
@@ -224,23 +260,27 @@ class IntegratedGradientsCallback(Callback):
         self.history = setup.history_to_continue(self.history, self._plan.units)
 
     @override
+    @_timed
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         step, every = trainer.global_step, self.options.every_n_steps
-        if every is not None and step > 0 and step % every == 0 and self._should_run(trainer):
+        cadence = every is not None and step > 0 and step % every == 0
+        if (cadence or self._budget.owed) and self._should_run(trainer):  # owed: a run the budget deferred
+            plan = self._budget_plan(trainer, final=False, retry=not cadence)
+            if plan is None:
+                return
             # Ended at a later batch end (the device attributes beside the next steps), or at once where a trust check
-            # is due (it needs the model as attributed) and under DDP (every rank raises on NaN/Inf at one step).
-            pending = self._start(trainer, pl_module, final=False)
-            trust = pending.run.trust
-            checking = trust is not None and len(self.history) >= trust.next_run  # trust: plain data
-            if checking or trainer.world_size > 1:
+            # is made (it needs the model as attributed) and under DDP (every rank raises on NaN/Inf at one step).
+            pending = self._start(trainer, pl_module, plan, final=False)
+            if plan.checks or trainer.world_size > 1:
                 self._finish(pending)
             else:
                 self._pending = pending
 
     @override
+    @_timed
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         every = self.options.every_n_epochs
         self._finish_pending()
@@ -248,6 +288,7 @@ class IntegratedGradientsCallback(Callback):
             self._run(trainer, pl_module, final=False)
 
     @override
+    @_timed
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish_pending()
         if self.options.run_at_train_end and self._should_run(trainer):
@@ -284,28 +325,58 @@ class IntegratedGradientsCallback(Callback):
     # ------------------------------------------------------------------ a run
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> None:
-        """One run from start to end: attribute, gather, summarize, log (see :meth:`_start` and :meth:`_finish`)."""
-        self._finish(self._start(trainer, pl_module, final=final))
+        """One run from start to end, as the budget allows: attribute, gather, summarize, log (see :meth:`_start` and
+        :meth:`_finish`)."""
+        plan = self._budget_plan(trainer, final=final)
+        if plan is not None:
+            self._finish(self._start(trainer, pl_module, plan, final=final))
 
-    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> fit.PendingRun:
-        """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order)."""
-        assert self._fit is not None  # noqa: S101 - _should_run checked it
+    def _budget_plan(self, trainer: pl.Trainer, *, final: bool, retry: bool = False) -> Plan | None:
+        """What this run does within the budget (``None``: deferred to a later batch end); a run still pending ends
+        first (its cost is booked, its index counted)."""
         self._finish_pending()
         run = self._fit
-        started = time.perf_counter()
-        with attribution_mode(pl_module), stochastic_warnings_silenced():  # the callback warns once (_warn)
-            result = run.engine.attribute(run.states, baselines=run.baselines)
+        if run is None:  # pragma: no cover - _should_run checked it
+            raise RuntimeError("IntegratedGradientsCallback: a run outside a fit")
+        total = self._total_steps
+        progress = trainer.global_step / total if 0 < total < math.inf else None
+        one_row = run.target.rows_per_state == 1 and not run.target.contrasts and run.members is None
+        can_window = trainer.world_size == 1 and one_row and len(run.states) >= _MIN_WINDOWED_STATES
+        names = () if run.trust is None else tuple(run.trust.names)
+        run_index = len(self.history)
+        return self._budget.plan(run_index, names, progress=progress, final=final, can_window=can_window, retry=retry)
+
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: Plan, *, final: bool) -> fit.PendingRun:
+        """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order)."""
+        self._finish_pending()
+        run = self._fit
+        if run is None:  # pragma: no cover - _should_run checked it
+            raise RuntimeError("IntegratedGradientsCallback: a run outside a fit")
+        started, entered = time.perf_counter(), self._budget.clock()
+        states, baselines = run.states, run.baselines
+        if plan.windows > 1:  # the pictures' first rows, then this window of the others
+            rows = torch.cat(
+                [
+                    torch.arange(run.sample_states),
+                    torch.arange(run.sample_states + plan.window, len(states), plan.windows),
+                ]
+            )
+            states = states[rows.to(states.device)]
+            if isinstance(baselines, Tensor) and baselines.shape == run.states.shape:
+                baselines = baselines[rows.to(baselines.device)]
+        with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; the callback warns once
+            result = run.engine.attribute(states, baselines=baselines)
             if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major
                 result = pair_rows(result)
             members = None if run.members is None else run.members.attribute(run.states, run.baselines)
         riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
-        if run.target.contrasts:  # each state's pair as the engine chose it, for the actions picture
+        if run.target.contrasts and result.target_actions is not None:  # each state's pair, for the actions picture
             riders.append(result.target_actions)  # (share, 2)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
         transfer = HostResult.begin(
             result,
             gather=gather,
-            num_states=len(run.held_out) * run.target.rows_per_state,  # drops an uneven split's padding
+            num_states=(len(run.held_out) if plan.windows == 1 else len(states)) * run.target.rows_per_state,
             groups=run.units.groups,
             keep_attributions=run.keep_attributions,
             sample_states=run.sample_states,
@@ -321,6 +392,8 @@ class IntegratedGradientsCallback(Callback):
             epoch=trainer.current_epoch,
             final=final,
             held_ms=(time.perf_counter() - started) * 1e3,
+            plan=plan,
+            held=self._budget.clock() - entered,
         )
 
     def _finish_pending(self, *, landed: bool = False) -> None:
@@ -333,7 +406,7 @@ class IntegratedGradientsCallback(Callback):
     def _finish(self, pending: fit.PendingRun) -> None:
         """Summarize a started run; on rank zero warn, log and write the report; then check for NaN/Inf."""
         trainer, run, num_states = pending.trainer, pending.run, len(pending.run.held_out)
-        started = time.perf_counter()
+        started, entered, plan, budget = time.perf_counter(), self._budget.clock(), pending.plan, self._budget
         host = pending.transfer.result()
         members = None if run.members is None else run.members.host_run(pending.riders[0], num_states)
         if run.target.contrasts:  # the last rider: the pairs, for the actions picture
@@ -350,14 +423,32 @@ class IntegratedGradientsCallback(Callback):
             time_ms=time_ms,
             members=members,
         )
-        if run.trust is not None:  # the monitor at the runs it names; the others carry the verdict it made for them
-            if pending.final or len(self.history) >= run.trust.next_run:
-                summary, trust = run.trust.step(host, summary, final=pending.final)
+        note, checks = plan.note(budget.share), 0.0
+        scalars: dict[str, float] = {}
+        if run.trust is not None:  # the monitor at the runs that make a check; the others carry its last verdict
+            if plan.checks or pending.final or not run.trust.carried:
+                before, made, checking = dict(run.trust.seconds), set(budget.last_checks), budget.clock()
+                with generators_kept(pending.trainer.lightning_module):
+                    summary, scalars = run.trust.step(host, summary, plan.checks, final=pending.final, note=note)
+                checks = budget.clock() - checking
+                seconds = {key: value - before[key] for key, value in run.trust.seconds.items()}
+                for name in plan.checks:  # each its share of the step (the first, the working copy and reference too)
+                    pieces = (name, "replica", "reference") if name == plan.checks[0] else (name,)
+                    share = sum(seconds[piece] for piece in pieces) / max(sum(seconds.values()), 1e-9)
+                    budget.checked(name, checks * share, len(self.history), first=name not in made)
             else:
-                verdict, trust = run.trust.carried[summary.completeness.accuracy.within]
+                verdict, scalars = run.trust.carried[summary.completeness.accuracy.within]
+                if note is not None:  # what the budget did at this run, in the verdict's text
+                    verdict = dataclasses.replace(verdict, upcoming=note)
                 summary = dataclasses.replace(summary, trust_checks=verdict)
-            summary = dataclasses.replace(summary, trust_scalars=trust)
-        self.history.append(summary.history_entry(pending.epoch))
+        overhead = budget.fraction()
+        record: dict[str, Any] = {"overhead": overhead, "limit": budget.share, "states": summary.num_states}
+        record.update(note=note)
+        record.update(windows=plan.windows, window=plan.window, checks=list(plan.checks), waiting=list(plan.waiting))
+        record.update(deferred=plan.deferred, reduced_runs=budget.reduced, deferred_runs=budget.deferred)
+        tagged = {**scalars, f"{run.units.tags.prefix}/overhead": overhead}
+        summary = dataclasses.replace(summary, trust_scalars=tagged, budget=record)
+        self.history.append({**summary.history_entry(pending.epoch), "overhead": overhead})
         self._last = summary
         if trainer.is_global_zero:
             self._warn(summary)
@@ -365,6 +456,7 @@ class IntegratedGradientsCallback(Callback):
             if run.reports is not None:
                 names, label, epoch = run.units.names, run.target.label, pending.epoch
                 run.reports.write_run(summary, host, names, label, epoch, trainer.world_size)
+        budget.ran(plan.windows, pending.held + budget.clock() - entered - checks)
         if summary.completeness.num_non_finite and self.options.on_non_finite == "raise":  # on every rank: none waits
             raise NonFiniteAttributionError(
                 f"IntegratedGradientsCallback{setup.named(self.options.name)}: {text.troubles(summary)['non-finite']}; "
@@ -381,7 +473,7 @@ class IntegratedGradientsCallback(Callback):
                 rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.options.name)}: {message} (warned once)")
 
 
-def _siblings(trainer: pl.Trainer) -> list[IntegratedGradientsCallback]:
+def _siblings(trainer: Any) -> list[IntegratedGradientsCallback]:
     return [callback for callback in trainer.callbacks if isinstance(callback, IntegratedGradientsCallback)]
 
 

@@ -21,13 +21,14 @@ from torch import Tensor
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
+from lightning_ig.callback.budget import Plan
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.reports import ReportFolder
 from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
-from lightning_ig.trust.schedule import TrustChecks
+from lightning_ig.trust.common import generators_kept
 from lightning_ig.views.loggers.outputs import RunOutputs
 from lightning_ig.views.loggers.sinks import picture_sinks
 from lightning_ig.views.loggers.worker import PictureWriter
@@ -104,6 +105,8 @@ class PendingRun:
     epoch: int
     final: bool
     held_ms: float  # host time the start held the training loop
+    plan: Plan  # what the budget let it do
+    held: float  # the budget's clock over the start
 
 
 def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | None]) -> FitPlan:
@@ -168,17 +171,18 @@ def start(
         ValueError: ``action_names`` of another count than the model's outputs.
     """
     views, units = options.views, plan.units
-    engine, target, members, states, baselines = heldout.prepare_engine(
-        trainer,
-        pl_module,
-        options.target,
-        options.forward,
-        plan.held_out,
-        options.baseline,
-        options.action_names,
-        options.engine,
-        options.on_non_finite,
-    )
+    with generators_kept(pl_module):  # its trial forward draws nothing training would draw
+        engine, target, members, states, baselines = heldout.prepare_engine(
+            trainer,
+            pl_module,
+            options.target,
+            options.forward,
+            plan.held_out,
+            options.baseline,
+            options.action_names,
+            options.engine,
+            options.on_non_finite,
+        )
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
     settings = RunSettings(target, baseline, options.completeness_tol, views.top_k, options.name, report_dir=folder)
@@ -187,9 +191,8 @@ def start(
         count = len(units.groups) if units.groups is not None else len(units.names)
         logged = target.rows_per_state * count <= views.max_logged_features
         tags = dataclasses.replace(tags, action_labels=display_labels(target.actions or ()), action_units=logged)
-    checks = None if options.checks_every_n_runs is None else TrustChecks.every(options.checks_every_n_runs)
     trust = TrustMonitor.prepare(
-        checks,
+        options.overhead is not None,
         trainer,
         pl_module,
         engine,
@@ -258,7 +261,9 @@ def _picture_inputs(options: Options, plan: FitPlan, pairs: Callable[[], Any] | 
 def _cadences(views: ViewOptions, plan: FitPlan, target: Target) -> dict[str, int | None]:
     """Every how many runs each kind of picture is drawn (``None``: never)."""
     saliency = views.saliency_every_n_runs if plan.saliency else None
-    cadences = dict.fromkeys(("verdict", "top_features", "heatmap", "shares"), views.figure_every_n_runs)
+    cadences: dict[str, int | None] = dict.fromkeys(
+        ("verdict", "top_features", "heatmap", "shares"), views.figure_every_n_runs
+    )
     cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
     if target.every_output or target.contrasts:  # why this action: per action, or the greedy one against the next
         cadences["actions"] = views.figure_every_n_runs

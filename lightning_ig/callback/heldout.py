@@ -220,11 +220,11 @@ def probe_target(
         TypeError: the model returns something other than a tensor.
     """
     given = forward
-    forward = pl_module if given is None else BoundForward(pl_module, given)
+    attributed: Callable[[Tensor], Tensor] = pl_module if given is None else BoundForward(pl_module, given)
     feature_shape = tuple(sample.shape[1:])
     try:
         with attribution_mode(pl_module), torch.no_grad():
-            output = forward(sample)
+            output = attributed(sample)
     except Exception as error:
         who = "the model" if given is None else f"the forward callable {callable_name(given)}"
         advice = (
@@ -253,13 +253,13 @@ def probe_target(
                 f"the forward callable {callable_name(given)} must return one value per state, shape ({rows},), "
                 f"got {shape}"
             )
-        return forward, Target.of_forward(given)
+        return attributed, Target.of_forward(given)
     if len(shape) > 2:
         raise ValueError(
             f"IntegratedGradientsCallback: the model returns shape {shape} per batch; the target needs (N,) or "
             "(N, A): pass forward=callable(pl_module, x) -> (N,)"
         )
-    return forward, target.bind(shape, action_names)
+    return attributed, target.bind(shape, action_names)
 
 
 def prepare_engine(
@@ -272,7 +272,7 @@ def prepare_engine(
     action_names: Sequence[str] | None,
     options: IGOptions,
     on_non_finite: str = "warn",
-) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str]:
+) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str | float]:
     """The engine for ``target`` on ``pl_module`` after a trial on this rank's states, and what its runs attribute.
 
     The trial runs eagerly before training, on every state this rank attributes (a forward that fails only on
@@ -313,7 +313,13 @@ def prepare_engine(
     attributed, target = probe_target(pl_module, target, local_states, len(states), forward, action_names)
     # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
     options = dataclasses.replace(options, check_finite=False)
-    engine = IntegratedGradients(attributed, target=target, **options.keywords())
+    runs = options
+    refinable = options.method in ("auto", "kink_midpoint", "riemann_middle") and options.gradient == "autograd"
+    if options.n_steps == "budget" and refinable and local_states.device.type == "cpu":
+        # On a CPU the budget's 56 kink-rule nodes leave ReLU agents' worst states above the tolerance; the runs
+        # refine those states (n_steps="auto": 56, 168, 504 nodes), so the verdict a run shows is one it reached
+        runs = dataclasses.replace(options, n_steps="auto")
+    engine = IntegratedGradients(attributed, target=target, **runs.keywords())
     with attribution_mode(pl_module), stochastic_warnings_silenced():
         trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
     _refuse_changed_buffers(pl_module, buffers)

@@ -1,16 +1,14 @@
-"""The callback's trust checks over a fit: which run at which run (:mod:`~lightning_ig.trust.schedule`), and
-the verdict of every run.
+"""The callback's trust checks over a fit: the checks the budget lets a run make, and the verdict of every run.
 
-:class:`TrustMonitor` is made once per fit (:meth:`TrustMonitor.prepare`). The callback enters it only where it has
-work: the first run of a fit, each run at which the schedule makes a check, and the final run. Which runs those are
-is plain data, :attr:`TrustMonitor.next_run`, an int the callback compares with its run count; the runs in between
-take their verdict from :attr:`TrustMonitor.carried`, made at the last check for each outcome of the run's own
-accuracy verdict (``within`` True, False or None), so that they read a dictionary and run none of this package's
-code. At a check, :meth:`TrustMonitor.step` runs the checks the schedule makes, on the run's per-state attributions
-of the logged units (features, or groups), keeps each check's latest result, and joins them with the run's accuracy
-into the run's :class:`~lightning_ig.trust.verdict.TrustSummary`: the scalars (``ig/sanity/...``,
-``ig/faithfulness/...``, ``ig/stability/...``, ``ig/trust/...``) and the lines of the report text, which say what
-has not run yet and when it will.
+:class:`TrustMonitor` is made once per fit (:meth:`TrustMonitor.prepare`). Which checks a run makes is the budget's
+decision (:meth:`~lightning_ig.callback.budget.Budget.plan`: every check at the fit's first run, then each at most
+every few runs when the budget covers it); the callback enters the monitor only at a run that makes one, and at the
+final run. The runs in between take their verdict from :attr:`TrustMonitor.carried`, made at the last check for each
+outcome of the run's own accuracy verdict (``within`` True, False or None), so that they read a dictionary and run
+none of this package's code. At a check, :meth:`TrustMonitor.step` runs the checks asked for on the run's per-state
+attributions of the logged units (features, or groups), keeps each check's latest result, and joins them with the
+run's accuracy into the run's :class:`~lightning_ig.trust.verdict.TrustSummary`: the scalars (``ig/sanity/...``,
+``ig/faithfulness/...``, ``ig/stability/...``, ``ig/trust/...``) and the lines of the report text.
 
 **Where they compute.** On the model's working copy (:class:`~lightning_ig.trust.replica.Replica`, made by
 the first check and synced with the model before each use), never on the model: its IG replays a CUDA graph on a
@@ -20,15 +18,13 @@ sanity reference is made once.
 **Ranks.** The checks run on global rank zero alone, on the gathered result of all held-out states (which every
 rank holds after the run's one collective) and the full set of states: they make no collective call, so every
 rank makes exactly the collectives it would make without them, and only rank zero, which logs, computes what it
-logs. The schedule counts all the held-out states, so one process and several make the same checks at the same
-runs. Under a sharded strategy (FSDP, DeepSpeed, model parallel) a forward may need every rank, so the checks are
+logs. Under a sharded strategy (FSDP, DeepSpeed, model parallel) a forward may need every rank, so the checks are
 switched off there, with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any
 
@@ -48,14 +44,17 @@ from lightning_ig.trust.common import AttributionSettings
 from lightning_ig.trust.faithfulness import DeletionPlan
 from lightning_ig.trust.replica import Replica
 from lightning_ig.trust.sanity import RandomizationReference, randomization_check, randomization_reference
-from lightning_ig.trust.schedule import CHECKS, CheckCosts, Schedule, TrustChecks
 from lightning_ig.trust.stability import stability_check
 from lightning_ig.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.vocabulary import shown
 
-__all__ = ["CHECKS", "NEVER", "TrustChecks", "TrustMonitor", "trust_scalar_tags"]
+__all__ = ["CHECKS", "COPIES", "DRAWS", "SEED", "TrustMonitor", "quarter", "trust_scalar_tags"]
 
-NEVER = sys.maxsize  # next_run when no check is scheduled again
+CHECKS = ("sanity", "deletion", "stability")
+"""The checks, in the order a run makes them when they fall due together."""
+COPIES = 4  # re-initialised copies in the sanity reference
+DRAWS = 2  # exploration-noise draws of the stability check
+SEED = 0  # the copies', the random deletion order's and the noise draws' seed: private generators
 
 # The carried verdicts' words for the run's own accuracy (its numbers are in the report's completeness section).
 _CARRIED_ACCURACY = {
@@ -83,10 +82,8 @@ class TrustMonitor:
     """The trust checks of one callback over one fit, on global rank zero.
 
     Attributes:
-        options: the cadence and budget.
-        schedule: what runs when (:class:`~lightning_ig.trust.schedule.Schedule`).
-        next_run: the run (the callback's run index: its history's length) at which the callback next enters
-            :meth:`step`; 0 before the first run, :data:`NEVER` when no check is scheduled again.
+        names: the checks this fit makes (stability only for a model with NoisyLinear layers; a check that could not
+            run is dropped).
         carried: ``{accuracy within (True, False, None): (verdict, scalars)}``: the verdict and scalars of a run
             that does not enter :meth:`step`, made at the last one.
         latest: the last verdict made (``None`` before the first run).
@@ -95,7 +92,6 @@ class TrustMonitor:
 
     def __init__(
         self,
-        options: TrustChecks,
         model: torch.nn.Module,
         states: torch.Tensor,
         baselines: Any,
@@ -103,40 +99,29 @@ class TrustMonitor:
         groups: FeatureGroups | None,
         prefix: str,
         *,
-        replays: bool = False,
         rows_per_state: int = 1,
     ) -> None:
-        self.options, self.model, self.states, self.baselines = options, model, states, baselines
+        self.model, self.states, self.baselines = model, states, baselines
         self.rows_per_state = rows_per_state  # a "each" run's rows: (state, action) pairs, state-major
         self.settings, self.groups, self.prefix = settings, groups, prefix
         noisy = any(isinstance(module, NoisyLinear) for module in model.modules())
-        units = states[0].numel() if groups is None else len(groups)
-        steps = settings.options.n_steps
-        self.costs = CheckCosts.estimate(
-            options, num_states=len(states), num_units=units, n_steps=steps, replays=replays
-        )
-        self.schedule = Schedule(options, self.costs, [name for name in CHECKS if noisy or name != "stability"])
-        self.next_run = 0
+        self.names = [name for name in CHECKS if noisy or name != "stability"]
         self.carried: dict[bool | None, tuple[TrustSummary, dict[str, float]]] = {}
         self.latest: TrustSummary | None = None
         self.seconds = dict.fromkeys(("replica", "reference", *CHECKS, "verdict"), 0.0)
-        self._start: int | None = None  # the run index of this fit's first run
         self._replica: Replica | None = None
         self._reference: RandomizationReference | None = None
         self._deletion: DeletionPlan | None = None
         self._results: dict[str, Any] = {}  # each check's latest result
         self._steps: dict[str, int] = {}  # ... and its global step
         self._errors: dict[str, str] = {}  # checks that could not run (switched off for the fit)
-        # the run of the fit at which each check first runs: made at set-up, outside the runs' time (the schedule
-        # follows it run for run; made again if a check is switched off)
-        self._plan: dict[str, int] | None = self.schedule.plan(-1)
 
     @classmethod
     def prepare(
         cls,
-        options: TrustChecks | None,
+        on: bool,
         trainer: Any,
-        pl_module: torch.nn.Module,
+        pl_module: Any,
         engine: Any,
         forward: Any,
         held_out: torch.Tensor,
@@ -144,8 +129,9 @@ class TrustMonitor:
         groups: FeatureGroups | None,
         prefix: str,
     ) -> TrustMonitor | None:
-        """The monitor of this fit, or ``None``: checks off, not global rank zero, or a sharded strategy."""
-        if options is None or not trainer.is_global_zero:
+        """The monitor of this fit, or ``None``: checks off (``on`` False), not global rank zero, or a sharded
+        strategy."""
+        if not on or not trainer.is_global_zero:
             return None
         from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy  # noqa: PLC0415 - at set-up only
 
@@ -153,7 +139,7 @@ class TrustMonitor:
             rank_zero_warn(
                 f"IntegratedGradientsCallback: the trust checks run on global rank zero alone, and under "
                 f"{type(trainer.strategy).__name__} a forward may need every rank: switched off "
-                "(pass checks_every_n_runs=None to silence this)"
+                "(pass overhead=None, which makes no check, to silence this)"
             )
             return None
         dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
@@ -167,24 +153,21 @@ class TrustMonitor:
         target = engine.target
         checked = Target.parse("mean") if target.every_output else target
         settings = AttributionSettings(forward=forward, target=checked, options=engine.options)
-        replays, rows = _replays(engine, device), target.rows_per_state
-        monitor = cls(
-            options, pl_module, states, baselines, settings, groups, prefix, replays=replays, rows_per_state=rows
-        )
+        monitor = cls(pl_module, states, baselines, settings, groups, prefix, rows_per_state=target.rows_per_state)
         if not settings.target.checks_deletion:  # a contrast's pair is chosen at each state and held fixed
             monitor._switch_off(
                 "deletion",
                 "deletion: not run for target='contrast' (its greedy/runner-up pair is chosen at each state and held "
                 "fixed; a deleted state's forward cannot re-state it)",
             )
-            monitor._plan = monitor.schedule.plan(-1)  # at set-up still
         return monitor
 
     def step(
-        self, host: HostResult, summary: RunSummary, *, final: bool = False
+        self, host: HostResult, summary: RunSummary, made: tuple[str, ...], *, final: bool = False, note: str | None
     ) -> tuple[RunSummary, dict[str, float]]:
-        """The checks the schedule makes at this run, and the run's verdict: ``(summary with trust_checks set,
-        scalars)``. The scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``)."""
+        """The checks ``made`` at this run, and the run's verdict: ``(summary with trust_checks set, scalars)``. The
+        scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``); ``note``: what the
+        budget changed at this run (a line of the text)."""
         if self.rows_per_state > 1:  # "each": each state's action rows averaged (see prepare)
             host = dataclasses.replace(
                 host,
@@ -192,26 +175,19 @@ class TrustMonitor:
                 group_attributions=_state_means(host.group_attributions, self.rows_per_state),
             )
         started = time.perf_counter()
-        if self._start is None:
-            self._start = summary.run_index
-        run = summary.run_index - self._start
-        made = self.schedule.decide(run, final=final)
         spent = sum(self.seconds.values())
         scalars: dict[str, float] = {}
         for name in made:
-            result = self._timed(name, host)
+            result = self._timed(name, host) if name in self.names else None
             if result is not None:
                 self._results[name], self._steps[name] = result, summary.step
                 scalars.update(result.scalars())
-        self.schedule.record(run, made)  # booked as decided, also for a check that raised: the cost is the model's
         checks = sum(self.seconds.values()) - spent
-        following = self.schedule.next_run(run)
-        self.next_run = NEVER if following is None else self._start + following
-        words = {"pending": self._pending(run, final), "upcoming": self._upcoming(following)}  # once: every variant's
-        verdict = self._verdict(summary.completeness.accuracy, **words)
+        pending = self._pending(final)
+        verdict = self._verdict(summary.completeness.accuracy, pending, note)
         self.latest = verdict
         scalars.update(verdict.scalars())
-        self.carried = {within: self._carried(within, **words) for within in _CARRIED_ACCURACY}
+        self.carried = {within: self._carried(within, pending) for within in _CARRIED_ACCURACY}
         self.seconds["verdict"] += time.perf_counter() - started - checks
         return dataclasses.replace(summary, trust_checks=verdict), self._tagged(scalars)
 
@@ -244,28 +220,26 @@ class TrustMonitor:
         return now
 
     def _make_reference(self) -> RandomizationReference:
-        options = self.options
         return randomization_reference(
             self.model,
             self.states,
             self.baselines,
             settings=self.settings,
             groups=self.groups,
-            num_copies=options.copies,
-            num_states=options.quarter(len(self.states)),
-            seed=options.seed,
+            num_copies=COPIES,
+            num_states=quarter(len(self.states)),
+            seed=SEED,
             replica=self._replica,
         )
 
     def _check(self, name: str, units: Any) -> Any:
-        options = self.options
         if name == "sanity":
             assert self._reference is not None  # noqa: S101 - made by _timed just before
             return randomization_check(units, self._reference)
         if name == "deletion":
             assert self._replica is not None  # noqa: S101 - made by _timed just before
             if self._deletion is None:
-                self._deletion = DeletionPlan(self.states, self.baselines, self.groups, seed=options.seed)
+                self._deletion = DeletionPlan(self.states, self.baselines, self.groups, seed=SEED)
             self._replica.sync()
             return self._deletion.run(self.settings.value(self._replica.module), units)
         return stability_check(
@@ -275,20 +249,20 @@ class TrustMonitor:
             units,
             settings=self.settings,
             groups=self.groups,
-            num_draws=options.draws,
-            num_states=options.quarter(len(self.states)),
-            seed=options.seed,
+            num_draws=DRAWS,
+            num_states=quarter(len(self.states)),
+            seed=SEED,
             replica=self._replica,
         )
 
     def _switch_off(self, name: str, why: str) -> None:
         self._errors[name] = why
-        self.schedule.drop(name)
-        self._plan = None  # the others may run sooner: planned again from the run it happened at
+        if name in self.names:
+            self.names.remove(name)
 
     # -- the verdict
 
-    def _verdict(self, accuracy: AccuracyVerdict | None, pending: list[str], upcoming: str | None) -> TrustSummary:
+    def _verdict(self, accuracy: AccuracyVerdict | None, pending: list[str], note: str | None) -> TrustSummary:
         return trust_summary(
             accuracy=accuracy,
             randomization=self._results.get("sanity"),
@@ -297,57 +271,27 @@ class TrustMonitor:
             errors=list(self._errors.values()),
             steps=sorted(self._steps.items()),
             pending=pending,
-            upcoming=upcoming,
+            upcoming=note,
         )
 
-    def _carried(
-        self, within: bool | None, pending: list[str], upcoming: str | None
-    ) -> tuple[TrustSummary, dict[str, float]]:
+    def _carried(self, within: bool | None, pending: list[str]) -> tuple[TrustSummary, dict[str, float]]:
         """The verdict of a run between checks whose own accuracy verdict is ``within``, and its scalars."""
         accuracy = AccuracyVerdict(within, "none", float("nan"), float("nan"), _CARRIED_ACCURACY[within])
-        verdict = self._verdict(accuracy, pending, upcoming)
+        verdict = self._verdict(accuracy, pending, None)
         return verdict, self._tagged(verdict.scalars())
 
-    def _pending(self, run: int, final: bool) -> list[str]:
-        """A note for each check that has not run yet: what it costs and when the budget lets it run (the plan is
-        made once: the schedule follows it run for run, a check switched off or the final run aside)."""
-        waiting = [name for name in self.schedule.periods if name not in self._results]
-        if not waiting or final:
-            return [f"{name}: not run in this fit (the budget did not cover it)" for name in waiting]
-        assert self._start is not None  # noqa: S101 - set by step
-        if self._plan is None:
-            self._plan = self.schedule.plan(run)
-        planned = {name: self._start + at for name, at in self._plan.items()}
-        budget = self.options.budget
-        notes = []
-        for name in waiting:
-            cost = self.costs.of(name, self.schedule.made)
-            within = "" if budget is None else f" within the {budget:.0%} budget"
-            when = f"at run {planned[name]}" if name in planned else "not within the next 100000 runs"
-            what = " with its re-initialised copies (once)" if name == "sanity" else ""
-            notes.append(f"{name}: not run yet; it costs {cost:.2g} IG runs{what} and runs {when}{within}")
-        return notes
-
-    def _upcoming(self, following: int | None) -> str | None:
-        if following is None:
-            return None
-        assert self._start is not None  # noqa: S101 - set by step
-        names = self.schedule.decide(following)
-        return f"next check{'s' * (len(names) > 1)}: {', '.join(names)} at run {self._start + following}"
+    def _pending(self, final: bool) -> list[str]:
+        """A note for each check that has not run yet in this fit."""
+        when = "not run in this fit (the budget did not cover it)" if final else "not run yet (waiting for the budget)"
+        return [f"{name}: {when}" for name in self.names if name not in self._results]
 
     def _tagged(self, scalars: dict[str, float]) -> dict[str, float]:
         return {f"{self.prefix}/{tag}": float(value) for tag, value in scalars.items()}
 
 
-def _replays(engine: Any, device: torch.device) -> bool:
-    """Whether the callback's engine replays a CUDA graph on ``device`` (its settings allow one)."""
-    settings = engine.options
-    return (
-        settings.cuda_graph is not False
-        and settings.n_steps != "auto"
-        and settings.gradient == "autograd"
-        and engine.graph_capture.available(torch.device(device))
-    )
+def quarter(num_states: int) -> int:
+    """States the sanity reference and each noise draw attribute: a quarter of the held-out states, at least 2."""
+    return min(num_states, max(2, -(-num_states // 4)))
 
 
 def _state_means(values: np.ndarray | None, rows_per_state: int) -> np.ndarray | None:

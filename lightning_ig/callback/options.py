@@ -13,6 +13,7 @@ set-up. The callback reads its options as attributes (:func:`option_attribute`) 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class Options:
     name: str | None
     engine: IGOptions
     views: ViewOptions
-    checks_every_n_runs: int | None
+    overhead: float | None
 
     def __post_init__(self) -> None:
         """Check every field, in the order of the callback's arguments, and keep it as checked.
@@ -94,9 +95,7 @@ class Options:
         checked(self, "name", _check_name(self.name))
         checked(self, "engine", _check_engine(self.engine, self.completeness_tol))
         checked(self, "views", _check_group(self.views, ViewOptions, "views"))
-        checked(
-            self, "checks_every_n_runs", check_optional_positive_int(self.checks_every_n_runs, "checks_every_n_runs")
-        )
+        checked(self, "overhead", _check_overhead(self.overhead))
 
     def identity(self) -> dict[str, Any]:
         """What tells this callback's state apart in a checkpoint (Lightning's ``state_key``): the name, what is
@@ -158,6 +157,28 @@ def _check_cadence(value: Any, name: str) -> int | None:
         return check_optional_positive_int(value, name)
     except ValueError as error:
         raise MisconfigurationException(f"{error}; e.g. {name}=100") from None
+
+
+def _check_overhead(value: Any) -> float | None:
+    """``None`` or a fraction of the fit's wall time in ``(0, 1]``.
+
+    Raises:
+        TypeError: not ``None`` or a real number.
+        ValueError: not in ``(0, 1]`` (NaN included).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"overhead must be None or a fraction of the fit's wall time (e.g. 0.02 for 2%), got "
+            f"{shown_with_type(value)}"
+        )
+    if not 0 < float(value) <= 1:
+        raise ValueError(
+            f"overhead must be a fraction of the fit's wall time in (0, 1] (e.g. 0.02 for 2%), got {shown(value)}; "
+            "pass None for no budget (every run in full, no trust checks)"
+        )
+    return float(value)
 
 
 def _optional_names(names: Any, name: str) -> list[str] | None:

@@ -158,6 +158,8 @@ def run_extra(summary: RunSummary, *, epoch: int, world_size: int) -> dict[str, 
         "concentration": {key: json_float(value) for key, value in summary.concentration.items()},
         "timings": {"ig_ms": summary.time_ms},
     }
+    if summary.budget:
+        extra["budget"] = dict(summary.budget)
     if summary.ensemble is not None:
         extra["ensemble"] = summary.ensemble.report
     return extra

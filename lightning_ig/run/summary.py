@@ -97,7 +97,9 @@ class RunSummary:
         actions: a ``target="each"`` run per action (its rows are (state, action) pairs), or ``None``.
         trust_checks: the callback's trust verdict (``lightning_ig.trust.TrustSummary``: ``status``,
             ``reasons``, ``notes``, ``headline()``, ``lines()``, the checks' results), or ``None`` (no checks).
-        trust_scalars: the trust checks' scalars of this run, keyed by their full tags (``<prefix>/sanity/...``).
+        trust_scalars: the trust checks' scalars of this run, and ``<prefix>/overhead`` (the share of the fit's wall
+            time the callback took so far), keyed by their full tags (``<prefix>/sanity/...``).
+        budget: what the callback's budget did at this run (the JSON report's ``"budget"``; empty outside a fit).
     """
 
     step: int
@@ -121,6 +123,7 @@ class RunSummary:
     actions: ActionSummary | None = None
     trust_checks: Any = None  # typed by the callback's wing, which the views do not import
     trust_scalars: Mapping[str, float] = field(default_factory=dict)
+    budget: Mapping[str, Any] = field(default_factory=dict)
 
     def history_entry(self, epoch: int) -> dict[str, Any]:
         """This run as the callback's history keeps it (drift's reference, the charts over training, ``state_dict``):

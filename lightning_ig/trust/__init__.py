@@ -12,10 +12,9 @@ explain the model, and each fails when they do not:
   (:func:`stability_check`).
 
 :mod:`~lightning_ig.trust.verdict` joins them with the run's accuracy into one verdict, ``passed``, ``failed`` or
-``unresolved``, and why (:func:`trust_summary`). :mod:`~lightning_ig.trust.schedule` says when each runs: a cost
-model in IG runs and a budget (20% of the IG time, at every run) that accrues with the runs (:class:`TrustChecks`,
-the callback's ``checks_every_n_runs=``; :class:`Schedule`); the callback runs them
-(:class:`lightning_ig.callback.monitor.TrustMonitor`) and enters this package only at the runs the schedule names.
+``unresolved``, and why (:func:`trust_summary`). The callback runs them
+(:class:`lightning_ig.callback.monitor.TrustMonitor`) at the runs its budget allows
+(:mod:`lightning_ig.callback.budget`: all at the first run, then each at most every few runs).
 :mod:`~lightning_ig.trust.replica` is the model's working copy they compute on, and
 :mod:`~lightning_ig.trust.common` holds what they share. Each check is a function of the model, the states, the
 baselines and this run's per-state attributions of the units, draws its random numbers from private seeded
@@ -23,8 +22,8 @@ generators, reads the host once, and leaves the model as it was (parameters, buf
 random generator).
 
 A new check goes in a module of its own here: a function returning a frozen result with ``passed``, ``reason`` and
-``scalars()``, judged in :func:`trust_summary`, run by :class:`~lightning_ig.callback.monitor.TrustMonitor`, its
-cost in :class:`CheckCosts`, its tags in docs/tensorboard-tags.md.
+``scalars()``, judged in :func:`trust_summary`, run by :class:`~lightning_ig.callback.monitor.TrustMonitor`, its tags in
+docs/tensorboard-tags.md.
 """
 
 from lightning_ig.trust.common import AttributionSettings
@@ -36,21 +35,17 @@ from lightning_ig.trust.sanity import (
     randomization_check,
     randomization_reference,
 )
-from lightning_ig.trust.schedule import CheckCosts, Schedule, TrustChecks
 from lightning_ig.trust.stability import StabilityCheck, stability_check
 from lightning_ig.trust.verdict import TrustSummary, trust_summary
 
 __all__ = [
     "AttributionSettings",
-    "CheckCosts",
     "DeletionCheck",
     "DeletionPlan",
     "RandomizationCheck",
     "RandomizationReference",
     "Replica",
-    "Schedule",
     "StabilityCheck",
-    "TrustChecks",
     "TrustSummary",
     "deletion_check",
     "randomization_check",

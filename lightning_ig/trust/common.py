@@ -12,11 +12,13 @@ is undefined (fewer than two such units, a constant side, NaN/Inf) is NaN, and N
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
+import random
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,7 @@ __all__ = [
     "check_model",
     "check_settings",
     "check_state_batch",
+    "generators_kept",
     "host_units",
     "moved_units",
     "pick_states",
@@ -190,6 +193,21 @@ def moved_units(states: Tensor, baselines: Tensor, groups: FeatureGroups | None)
     """Bool ``(B, G)``: the feature (a member of the group) differs from the baseline in that state."""
     differs = (states != baselines).reshape(states.shape[0], -1)
     return differs if groups is None else groups.sum(differs.to(torch.float32)) > 0
+
+
+@contextlib.contextmanager
+def generators_kept(module: nn.Module) -> Iterator[None]:
+    """torch's global generators of the CPU and of every CUDA device ``module`` is on (:func:`torch.random.fork_rng`),
+    Python's and numpy's are put back on exit: a forward inside that samples, even in eval mode, draws nothing that
+    training would have drawn."""
+    devices = sorted({t.device.index or 0 for t in module.parameters() if t.device.type == "cuda"})
+    python, numpy = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=devices, device_type="cuda"):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
 
 
 def pick_states(count: int | None, total: int, device: torch.device | str = "cpu") -> Tensor:

@@ -71,7 +71,7 @@ class Replica:
 
     def sync(self) -> None:
         """Copy the model's parameters and buffers (but noise samples) into the copy, in place."""
-        theirs = dict(self.model.named_parameters())
+        theirs: dict[str, Tensor] = dict(self.model.named_parameters())
         theirs.update(self.model.named_buffers())
         with torch.inference_mode(False), torch.no_grad():
             for mine, name in zip(self._mine, self._names):
@@ -125,7 +125,7 @@ class Replica:
                 layer.disable_noise()
 
     def _tensors(self) -> list[Tensor]:
-        mine = dict(self.module.named_parameters())
+        mine: dict[str, Tensor] = dict(self.module.named_parameters())
         mine.update(self.module.named_buffers())
         return [mine[name] for name in self._names]
 
@@ -162,10 +162,12 @@ def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
     with torch.random.fork_rng(devices=devices, device_type="cuda"), torch.inference_mode(False), torch.no_grad():
         torch.random.default_generator.manual_seed(seed)
         for device in devices:
-            torch.cuda.default_generators[device].manual_seed(seed)
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)  # this device's generator (fork_rng puts it back)
         for layer in module.modules():
-            if callable(getattr(layer, "reset_parameters", None)):
-                layer.reset_parameters()  # the layer's own initialisation, on the seeded global generator
+            reset = getattr(layer, "reset_parameters", None)
+            if callable(reset):
+                reset()  # the layer's own initialisation, on the seeded global generator
                 covered.update(id(parameter) for parameter in layer.parameters(recurse=False))
     shuffled = kept = 0
     generator = torch.Generator().manual_seed(seed)  # private, CPU: the same shuffle on every device

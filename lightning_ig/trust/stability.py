@@ -138,9 +138,9 @@ def stability_check(
             means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
     finally:
         replica.quiet()
-    included = moved_units(x, base, resolved).any(dim=0)
-    numbers = read(torch.stack(means), included)
-    count = included.numel()
+    moved = moved_units(x, base, resolved).any(dim=0)
+    numbers = read(torch.stack(means), moved)
+    count = moved.numel()
     draws, included = numbers[:-count].reshape(num_draws, count), numbers[-count:] > 0
     correlations = tuple(rank_correlation(quiet, draw, included) for draw in draws)
     rho = float(np.mean(correlations))

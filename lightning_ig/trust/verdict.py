@@ -5,8 +5,10 @@ error figures against the tolerance) and the latest result of each check (is the
 :mod:`~lightning_ig.trust.sanity`, :mod:`~lightning_ig.trust.faithfulness`,
 :mod:`~lightning_ig.trust.stability`). ``passed`` means every figure given passed and at least one was
 given; ``reasons`` says, per failure, which figure and by how much; ``status`` is ``"passed"``, ``"failed"`` or
-``"unresolved"`` (none failed, but a check could not decide, or nothing was judged). A stability check that does
-not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a pass.
+``"unresolved"`` (none failed, but a check has not run yet, or nothing was judged); a check that ran and could not
+decide (the sanity check on too few units) is a note, not a pass, and leaves the status to the others. A stability
+check that does not apply (no NoisyNet layers) is not judged; an accuracy figure that could not be computed is not a
+pass.
 
 The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's figures against sqrt(2) x tol). A
 check that has not run yet in this fit is a note (``pending``: when the budget lets it run), so the verdict stays
@@ -69,12 +71,15 @@ class TrustSummary:
     stability: StabilityCheck | None = None
     steps: tuple[tuple[str, int], ...] = ()
     upcoming: str | None = None
+    pending: tuple[str, ...] = ()
     status: str = field(init=False)
     headline: Callable[[], str] = field(init=False, repr=False, compare=False)
     lines: Callable[[], tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        status = "failed" if self.reasons else "passed" if self.passed and not self.notes else "unresolved"
+        # Only a check that has not run yet keeps the verdict open; a check that ran and could not decide (a sanity
+        # check on too few units) is said in the notes and judged like a check that does not apply
+        status = "failed" if self.reasons else "passed" if self.passed and not self.pending else "unresolved"
         object.__setattr__(self, "status", status)
         # functools.partial over a builtin: calling it returns the text without entering Python code
         object.__setattr__(self, "headline", functools.partial(str, self._headline()))
@@ -87,7 +92,7 @@ class TrustSummary:
     def _headline(self) -> str:
         judged = f"{self.checks} figure{'s' * (self.checks != 1)} judged"
         if self.status == "passed":
-            return f"passed ({judged})"
+            return f"passed ({judged})" if not self.notes else f"passed ({judged}; note: {self.notes[0]})"
         if self.status == "unresolved":
             why = self.notes[0] if self.notes else "nothing was judged: no accuracy figure and no check result"
             return f"unresolved ({judged}, none failed): {why}"
@@ -103,24 +108,24 @@ class TrustSummary:
         if self.accuracy is not None and self.accuracy.within:  # a failed one is among the reasons
             lines.append(f"- accuracy: {self.accuracy.reason} (passed)")
         if self.randomization is not None:
-            check = self.randomization
+            sanity = self.randomization
             lines.append(
                 f"- sanity (step {steps.get('sanity', '?')}): rank correlation with a re-initialised copy "
-                f"{check.randomization_rank_correlation:.3f}, two re-initialised copies "
-                f"{check.copy_rank_correlation:.3f}, {'resolved' if check.resolved else 'unresolved'} over "
-                f"{check.num_units} units ({'passed' if check.passed else 'failed'})"
+                f"{sanity.randomization_rank_correlation:.3f}, two re-initialised copies "
+                f"{sanity.copy_rank_correlation:.3f}, {'resolved' if sanity.resolved else 'unresolved'} over "
+                f"{sanity.num_units} units ({'passed' if sanity.passed else 'failed'})"
             )
         if self.deletion is not None:
-            check = self.deletion
+            deletion = self.deletion
             lines.append(
-                f"- faithfulness (step {steps.get('deletion', '?')}): deletion AUC {check.deletion_auc:.3f}, random "
-                f"order {check.deletion_auc_random:.3f} ({'passed' if check.passed else 'failed'})"
+                f"- faithfulness (step {steps.get('deletion', '?')}): deletion AUC {deletion.deletion_auc:.3f}, "
+                f"random order {deletion.deletion_auc_random:.3f} ({'passed' if deletion.passed else 'failed'})"
             )
         if self.stability is not None and self.stability.applicable:
-            check = self.stability
+            stability = self.stability
             lines.append(
                 f"- stability (step {steps.get('stability', '?')}): rank correlation under exploration noise "
-                f"{check.noise_rank_correlation:.3f} ({'passed' if check.passed else 'failed'})"
+                f"{stability.noise_rank_correlation:.3f} ({'passed' if stability.passed else 'failed'})"
             )
         lines += [f"- note: {note}" for note in self.notes]
         lines += [] if self.upcoming is None else [f"- {self.upcoming}"]
@@ -189,6 +194,7 @@ def trust_summary(
     checks += len(errors)
     notes += [str(line) for line in pending]
     return TrustSummary(
+        pending=tuple(str(line) for line in pending),
         passed=checks > 0 and not reasons,
         reasons=tuple(reasons),
         notes=tuple(notes),

@@ -132,7 +132,7 @@ def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
         target="contrast",
         every_n_steps=4,
         report_dir=tmp_path / "reports",
-        checks_every_n_runs=None,
+        overhead=None,
         engine=IGOptions(n_steps=8),
         views=ViewOptions(figure_every_n_runs=1),
     )
@@ -300,7 +300,7 @@ def test_each_under_ddp_equals_one_process(tmp_path):
             target="each",
             every_n_steps=4,
             report_dir=folder / "reports",
-            checks_every_n_runs=None,
+            overhead=None,
             engine=IGOptions(n_steps=8),
             views=ViewOptions(figure_every_n_runs=1),
         )
@@ -341,7 +341,7 @@ def test_each_on_frames_logs_group_tags_per_action_and_the_saliency_of_the_mean(
         frames,
         target="each",
         every_n_steps=2,
-        checks_every_n_runs=None,
+        overhead=None,
         report_dir=tmp_path / "reports",
         engine=IGOptions(n_steps=8),
         views=ViewOptions(saliency_every_n_runs=1),
@@ -398,7 +398,7 @@ def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_
         held_out_states(),
         target="each",
         every_n_steps=4,
-        checks_every_n_runs=None,
+        overhead=None,
         engine=IGOptions(n_steps=8),
     )
     make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(

@@ -84,6 +84,7 @@ def test_every_ensemble_tag_is_logged_and_listed(ensemble_run):
     assert {tag for tag in scalars if tag.startswith("ig/")} == {
         *ensemble_run["callback"]._fit.outputs.tags.scalar_tags(10),
         *trust,
+        "ig/overhead",  # the budget's measure (callback/budget.py), at every run
     }
     text = ensemble_run["events"].Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "**Ensemble** (3 members" in text and "Member completeness passes" in text

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ig import IntegratedGradientsCallback, NonFiniteAttributionError
+from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import heldout
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
@@ -22,6 +23,8 @@ class Linear64(pl.LightningModule):
         super().__init__()
         self.lr = lr
         self.layer = torch.nn.Linear(3, 2, dtype=torch.float64)
+        with torch.no_grad():  # the timestamp feature weighs 0.4 in the mean output: ~10 of attribution per state
+            self.layer.weight.copy_(torch.tensor([[0.5, -0.2, 0.3], [0.3, 0.1, -0.4]], dtype=torch.float64))
         self.steps = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,3 +158,12 @@ def test_a_callback_reused_by_a_second_trainer_starts_afresh(tmp_path: Path) -> 
         make_trainer(tmp_path, [callback], max_steps=4).fit(TinyQNet(), loader)
     assert [entry["global_step"] for entry in callback.history] == [4]  # this fit's runs only
     assert any("earlier fit" in str(warning.message) for warning in caught)
+
+
+@pytest.mark.parametrize(("engine", "n_steps"), [(None, "auto"), (IGOptions(n_steps=8), 8)])
+def test_on_a_cpu_the_default_budget_runs_refine_their_worst_states(tmp_path: Path, engine, n_steps) -> None:
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, engine=engine)
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    make_trainer(tmp_path, [callback], max_steps=2).fit(model, DataLoader(dataset(), batch_size=32))
+    assert callback._fit is not None and callback._fit.engine.options.n_steps == n_steps
+    assert callback.engine.n_steps == ("budget" if engine is None else 8)  # the option as given, read back

@@ -1,12 +1,13 @@
 """callback/monitor.py: the trust checks in the callback's runs.
 
 The callback's checks must leave training alone (bit-identical weights and optimizer state, the random generators
-as they were), run where the schedule says (the callback enters the monitor only there), and log their tags and the
-verdict (ig/trust/status at every run, the report text, RunSummary.trust_checks), which says what has not run yet.
+as they were), run where the budget says (the callback enters the monitor only there), and log their tags and the
+verdict (ig/trust/status at every run, the report text, RunSummary.trust_checks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from pathlib import Path
@@ -18,42 +19,25 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
+import lightning_ig.callback.callback as callback_module
 from lightning_ig.attribution import IGOptions
-from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.callback import IntegratedGradientsCallback, budget
 from lightning_ig.callback.monitor import trust_scalar_tags
-from lightning_ig.trust import Schedule, TrustChecks
 from lightning_ig.views import ViewOptions
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
 EVERYTHING = frozenset({"sanity", "deletion", "stability"})
 
 
-# ---------------------------------------------------------------------------------------------- the option
-
-
-def test_callback_option_is_checked_and_documented():
-    for value, error in ((0, ValueError), (2.0, TypeError), (True, TypeError), ("5", TypeError)):
-        with pytest.raises(error, match="checks_every_n_runs"):
-            IntegratedGradientsCallback(held_out_states(), checks_every_n_runs=value)
-    assert "checks_every_n_runs" in IntegratedGradientsCallback.__doc__
-    assert IntegratedGradientsCallback(held_out_states(), checks_every_n_runs=None).checks_every_n_runs is None
-
-
 # ---------------------------------------------------------------------------------------------- in the callback
 
 
 def _checks_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every check at every run, no budget: the most the checks can touch."""
-    every = TrustChecks(sanity_every_n_runs=1, deletion_every_n_runs=1, stability_every_n_runs=1, budget=None)
-    monkeypatch.setattr(TrustChecks, "every", classmethod(lambda cls, runs: every))
+    """Every check at every run (the suite's frozen clock: no budget limits them): the most the checks can touch."""
+    monkeypatch.setattr(budget, "CHECK_EVERY", 1)
 
 
-def _checks_without_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default cadence without the budget: every check at the first run, the next ones five runs later."""
-    monkeypatch.setattr(TrustChecks, "every", classmethod(lambda cls, runs: TrustChecks(budget=None)))
-
-
-def _fit(tmp_path: Path, checks: int | str | None, *, logger=None) -> tuple[TinyQNet, pl.Trainer]:
+def _fit(tmp_path: Path, checks: str | None, *, logger=None) -> tuple[TinyQNet, pl.Trainer]:
     pl.seed_everything(123)
     model = TinyQNet()
     callbacks = []
@@ -62,7 +46,7 @@ def _fit(tmp_path: Path, checks: int | str | None, *, logger=None) -> tuple[Tiny
             IntegratedGradientsCallback(
                 held_out_states(),
                 every_n_steps=3,
-                checks_every_n_runs=checks,
+                overhead=None if checks is None else 0.02,
                 engine=IGOptions(n_steps=8),
                 views=ViewOptions(figure_every_n_runs=None),
             )
@@ -78,10 +62,10 @@ def test_training_is_bit_identical_with_checks_at_every_run(tmp_path, monkeypatc
     _checks_every_run(monkeypatch)
     without, trainer_without = _fit(tmp_path / "a", "no callback")
     generator_without = torch.get_rng_state()
-    with_checks, trainer_with = _fit(tmp_path / "b", 1)
+    with_checks, trainer_with = _fit(tmp_path / "b", "checks")
     assert torch.equal(generator_without, torch.get_rng_state())
     monitor = trainer_with.callbacks[0]._fit.trust
-    assert monitor.schedule.last == dict.fromkeys(EVERYTHING, 3)  # every check at each of the 4 runs
+    assert trainer_with.callbacks[0]._budget.last_checks == dict.fromkeys(EVERYTHING, 3)  # each check at all 4 runs
     assert all(monitor.seconds[name] > 0 for name in ("replica", "reference", "sanity", "deletion", "stability"))
     for (name, a), (_, b) in zip(without.state_dict().items(), with_checks.state_dict().items()):
         assert torch.equal(a, b), f"{name} differs"  # weights, BatchNorm statistics, noise buffers
@@ -93,7 +77,7 @@ def test_training_is_bit_identical_with_checks_at_every_run(tmp_path, monkeypatc
 
 def test_a_run_with_checks_under_inference_mode_leaves_the_generators(tmp_path, monkeypatch):
     _checks_every_run(monkeypatch)
-    model, trainer = _fit(tmp_path, 1)
+    model, trainer = _fit(tmp_path, "checks")
     callback = trainer.callbacks[0]
     before = (torch.get_rng_state(), {name: value.clone() for name, value in model.state_dict().items()})
     spent = sum(callback._fit.trust.seconds.values())
@@ -104,16 +88,16 @@ def test_a_run_with_checks_under_inference_mode_leaves_the_generators(tmp_path, 
     assert all(torch.equal(value, model.state_dict()[name]) for name, value in before[1].items())
 
 
-def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_text(tmp_path, monkeypatch):
-    _checks_without_budget(monkeypatch)
+def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_text(tmp_path):
     logger = TensorBoardLogger(tmp_path, name="tb")
-    _, trainer = _fit(tmp_path, 5, logger=logger)
+    _, trainer = _fit(tmp_path, "checks", logger=logger)
     callback = trainer.callbacks[0]
     verdict = callback._last.trust_checks
     assert verdict is not None and verdict.status in {"passed", "failed", "unresolved"}
     assert verdict.randomization is not None and verdict.deletion is not None and verdict.stability.applicable
     assert not verdict.randomization.resolved  # 4 features: said so, never a plain pass
-    assert verdict.status != "passed"
+    assert verdict.randomization.note in verdict.notes and verdict.status in {"passed", "failed"}  # the others decide
+    assert verdict.status == "failed" or verdict.randomization.note in verdict.headline()
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])
@@ -128,9 +112,9 @@ def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_te
     assert f"**Trust: {verdict.status}**" in text and "sanity (step 3)" in text and "deletion AUC" in text
 
 
-def test_within_the_budget_the_checks_run_where_the_schedule_says_and_the_runs_between_carry_the_verdict(tmp_path):
-    """The default budget on a 12-run fit: the first run says which checks have not run yet and when they will; a
-    check's tags appear at exactly the runs the schedule makes it; the other runs carry the last verdict."""
+def test_the_checks_run_where_the_budget_says_and_the_runs_between_carry_the_verdict(tmp_path):
+    """A 12-run fit (the suite's frozen clock: the budget never binds): every check at the first run, each again
+    CHECK_EVERY runs later; a check's tags appear at exactly those runs; the other runs carry the last verdict."""
     pl.seed_everything(123)
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=1, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
@@ -153,26 +137,16 @@ def test_within_the_budget_the_checks_run_where_the_schedule_says_and_the_runs_b
             patch.setattr(IntegratedGradientsCallback, "_finish", recording)
             trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16, shuffle=True))
     monitor = callback._fit.trust
-    replay = Schedule(TrustChecks.every(5), monitor.costs)  # the same decisions, from the costs alone
-    planned = replay.plan(-1)
-    made: dict[int, tuple[str, ...]] = {}
-    for run in range(12):
-        made[run] = replay.decide(run)
-        replay.record(run, made[run])
-    assert replay.spent <= 0.2 * 12 and replay.last == monitor.schedule.last
+    made = {run: run % budget.CHECK_EVERY == 0 for run in range(12)}
+    assert callback._budget.last_checks == dict.fromkeys(EVERYTHING, 10)
     first = verdicts[0]
-    assert first.status == "unresolved" and first.deletion is None and first.randomization is None
-    for name in ("sanity", "deletion", "stability"):  # the first run says when each will run
-        assert any(
-            note.startswith(f"{name}: not run yet") and f"at run {planned[name]}" in note for note in first.notes
-        )
+    assert first.deletion is not None and first.randomization is not None and first.stability is not None
+    assert not any("not run yet" in note for note in first.notes)  # every check decides at the first run
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
     events.Reload()
     logged = {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    assert logged["ig/trust/status"] == list(range(1, 13))  # at every run (run r at step r + 1)
-    deletions = [run + 1 for run, names in made.items() if "deletion" in names]
-    assert deletions and logged["ig/faithfulness/deletion_auc"] == deletions
-    assert "ig/sanity/randomization_rank_correlation" not in logged or planned["sanity"] < 12
+    assert logged["ig/trust/status"] == logged["ig/overhead"] == list(range(1, 13))  # at every run (run r: step r + 1)
+    assert logged["ig/faithfulness/deletion_auc"] == [run + 1 for run, made_one in made.items() if made_one]
     assert carried[0] is None  # the first run makes its verdict
     for run in range(1, 12):  # a run between checks carries the verdict made at the last, for its own accuracy
         assert (verdicts[run] is carried[run]) == (not made[run]), run
@@ -188,3 +162,60 @@ def test_no_checks_no_trust_tags(tmp_path):
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
     events.Reload()
     assert not any(tag.startswith(("ig/sanity", "ig/trust", "ig/faith")) for tag in events.Tags()["scalars"])
+
+
+class SamplingQNet(TinyQNet):
+    """A forward that samples from torch's global generator in every mode, eval included."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + 1e-3 * torch.randn(x.shape[0], 2, device=x.device)
+
+
+def test_training_is_bit_identical_when_the_forward_samples_in_eval_mode_and_not_without_the_guard(
+    tmp_path, monkeypatch
+):
+    _checks_every_run(monkeypatch)
+
+    def weights(folder: str, callback: bool) -> dict[str, torch.Tensor]:
+        pl.seed_everything(123)
+        model = SamplingQNet()
+        options = {"every_n_steps": 3, "engine": IGOptions(n_steps=8), "views": ViewOptions(figure_every_n_runs=None)}
+        callbacks = [IntegratedGradientsCallback(held_out_states(), **options)] if callback else []
+        trainer = make_trainer(tmp_path / folder, callbacks, max_steps=12)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, DataLoader(dataset(), batch_size=16, shuffle=True))
+        if callback:  # every check at every run: the working copy's forwards sampled
+            assert callbacks[0]._budget.last_checks == dict.fromkeys(EVERYTHING, 3)
+        return model.state_dict()
+
+    without, guarded = weights("none", False), weights("guarded", True)
+    assert all(torch.equal(without[name], guarded[name]) for name in without)
+    monkeypatch.setattr(callback_module, "generators_kept", lambda module: contextlib.nullcontext())
+    unguarded = weights("unguarded", True)  # the checks' forwards draw what training would have drawn
+    assert not all(torch.equal(without[name], unguarded[name]) for name in without)
+
+
+def test_a_resumed_fit_continues_the_checks_schedule_and_the_budget(tmp_path):
+    def fitted(max_steps: int, state: dict | None, checkpoint: Path | None) -> IntegratedGradientsCallback:
+        pl.seed_everything(123)
+        callback = IntegratedGradientsCallback(
+            held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+        )
+        trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16), ckpt_path=checkpoint)
+        if state is None:
+            trainer.save_checkpoint(tmp_path / "half.ckpt")
+        return callback
+
+    first = fitted(12, None, None)  # runs 0-3 at steps 3-12: every check at run 0
+    state = first.state_dict()["budget"]
+    assert state["last_checks"] == dict.fromkeys(EVERYTHING, 0) and state["elapsed"] >= 0
+    resumed = fitted(24, state, tmp_path / "half.ckpt")  # runs 4-7 at steps 15-24
+    # the schedule goes on: each check again CHECK_EVERY runs after run 0 (run 5, step 18), not at the resumed fit's
+    # first run as a new fit would make them
+    assert resumed._budget.last_checks == dict.fromkeys(EVERYTHING, 5)
+    assert resumed._fit.trust._steps == dict.fromkeys(EVERYTHING, 18)
+    assert resumed._budget.spent >= state["spent"] and len(resumed.history) == 8

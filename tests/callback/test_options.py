@@ -72,8 +72,11 @@ BAD: list[Bad] = [
     ("engine", IGOptions(completeness_tol=0.05), ValueError, "pass completeness_tol=0.05 to the callback"),
     ("views", {"top_k": 5}, TypeError, "ViewOptions"),
     ("views", 3, TypeError, "ViewOptions"),
-    ("checks_every_n_runs", 0, ValueError, "int >= 1"),
-    ("checks_every_n_runs", 2.5, TypeError, "got float"),
+    ("overhead", 0, ValueError, r"in \(0, 1\].*pass None for no budget"),
+    ("overhead", 1.5, ValueError, "got 1.5"),
+    ("overhead", float("nan"), ValueError, "fraction of the fit's wall time"),
+    ("overhead", "2%", TypeError, "e.g. 0.02 for 2%"),
+    ("overhead", True, TypeError, "got bool"),
 ]
 
 PARAMETERS = inspect.signature(IntegratedGradientsCallback).parameters
@@ -111,15 +114,14 @@ def test_options_are_kept_as_checked_numpy_integers_and_a_number_baseline_includ
         feature_names=("a", "b", "c", "d"),
         baseline=np.float32(0.5),
         target=np.int64(1),
-        checks_every_n_runs=np.int64(7),
+        overhead=np.float32(0.25),
         report_dir="reports",
         completeness_tol=0.02,
     )
     options = callback.options
-    assert (options.every_n_steps, options.every_n_epochs, options.checks_every_n_runs) == (2, 3, 7)
-    assert all(
-        type(value) is int for value in (options.every_n_steps, options.every_n_epochs, options.checks_every_n_runs)
-    )
+    assert (options.every_n_steps, options.every_n_epochs, options.overhead) == (2, 3, 0.25)
+    assert all(type(value) is int for value in (options.every_n_steps, options.every_n_epochs))
+    assert type(options.overhead) is float
     assert options.baseline == 0.5 and type(options.baseline) is float
     assert options.target.label == "action:1" and options.identity()["target"] == 1
     assert options.feature_names == ["a", "b", "c", "d"] and options.report_dir == Path("reports")

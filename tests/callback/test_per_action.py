@@ -70,7 +70,7 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
         states,
         target="each",
         every_n_steps=4,
-        checks_every_n_runs=1,
+        overhead=0.02,
         engine=IGOptions(n_steps=16),
     )
     with warnings.catch_warnings(), checks_without_budget():  # every check at the one run of this short fit
@@ -99,7 +99,7 @@ def test_an_each_run_replays_its_graph_and_holds_what_an_eager_run_computes(tmp_
         states,
         target="each",
         every_n_steps=2,
-        checks_every_n_runs=None,
+        overhead=None,
         engine=IGOptions(n_steps=8),
     )
     with warnings.catch_warnings():

@@ -33,7 +33,7 @@ def test_each_replays_its_graph_and_equals_the_eager_run(tmp_path, cuda_device):
         action_names=["left", "right"],
         every_n_steps=2,
         feature_names=FEATURES,
-        checks_every_n_runs=None,
+        overhead=None,
         run_at_train_end=False,
         report_dir=tmp_path / "reports",
         engine=IGOptions(n_steps=N_STEPS, backend="cuda"),

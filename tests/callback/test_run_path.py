@@ -26,12 +26,12 @@ from torch.utils.data import DataLoader
 import lightning_ig.attribution.engine as engine_module
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.trust import CheckCosts, Schedule, TrustChecks
 from tests.support.graphs import EmulatedCapture
 from tests.support.tiny import TinyQNet, dataset, has_tensorboard, held_out_states, make_trainer
 
 STEADY = {
     "callback/callback.py",
+    "callback/budget.py",  # the run's plan: its share of the states, its checks; its cost booked
     "models/noise.py",  # attribution_mode: eval, noise off, generators kept
     "attribution/engine.py",  # the fast path: the inputs copied in, the graph replayed (training stream)
     "run/host_result.py",
@@ -46,7 +46,7 @@ TRUST = {"callback/monitor.py", "trust/verdict.py"}  # the run that makes the ve
 
 
 def _modules_per_run(
-    tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch, checks_every_n_runs: int | None
+    tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch, overhead: float | None
 ) -> list[set[str]]:
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
     entered: dict[int, set[str]] = {}  # the run's step -> the modules its start and its end entered
@@ -78,7 +78,7 @@ def _modules_per_run(
     monkeypatch.setattr(IntegratedGradientsCallback, "_start", tracing(start, lambda args: args[0].global_step))
     monkeypatch.setattr(IntegratedGradientsCallback, "_finish", tracing(finish, lambda args: args[0].step))
     callback = IntegratedGradientsCallback(
-        held_out_states(16), every_n_steps=1, checks_every_n_runs=checks_every_n_runs, engine=IGOptions(n_steps=8)
+        held_out_states(16), every_n_steps=1, overhead=overhead, engine=IGOptions(n_steps=8)
     )
     # A steady run has nothing new to warn about (a trouble first seen in runs 1-4 would name the callback, once)
     callback._warned.update(("non-finite", "unchecked", "fail", "stochastic", "members-fail"))
@@ -91,21 +91,21 @@ def _modules_per_run(
     return [entered[step] for step in sorted(entered)]
 
 
-def test_a_steady_run_enters_eight_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
+def test_a_steady_run_enters_nine_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = _modules_per_run(tmp_path, CSVLogger(tmp_path), monkeypatch, overhead=None)
     assert {"attribution/graphs.py", "attribution/engine.py", "models/noise.py"} <= entered[0]  # the first captured
     for seen in entered[1:5]:
-        assert seen == STEADY  # 8: the graph replayed on the training stream
-    assert len(STEADY) == 8
+        assert seen == STEADY  # 9: the graph replayed on the training stream
+    assert len(STEADY) == 9
 
 
 @pytest.mark.skipif(not has_tensorboard(), reason="needs tensorboard and Pillow")
 def test_a_steady_run_with_tensorboard_also_hands_its_events_to_the_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, checks_every_n_runs=None)
+    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, overhead=None)
     for seen in entered[1:5]:
-        assert seen == STEADY | WORKER  # 9: the text's words are made on the worker thread
+        assert seen == STEADY | WORKER  # 10: the text's words are made on the worker thread
     # the end of training draws the charts, on the logging worker: the training thread hands the run over
     assert not {"views/pictures/draw.py", "views/pictures/charts.py"} & entered[-1]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -116,21 +116,13 @@ def test_a_steady_run_with_tensorboard_also_hands_its_events_to_the_worker(
     assert "ig/0_verdict" in events.Tags()["images"]
 
 
-def test_a_steady_run_with_the_trust_checks_on_enters_them_only_where_the_schedule_makes_a_check(
+def test_a_steady_run_with_the_trust_checks_on_enters_them_only_where_the_budget_makes_a_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # trust checks (issue 23): the first run makes the verdict (what runs when); a run between checks carries it.
-    # With the defaults (a TensorBoardLogger, the checks on): 9 modules at every run where no check is made.
-    default = inspect.signature(IntegratedGradientsCallback).parameters["checks_every_n_runs"].default
-    assert default == 5
-    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, checks_every_n_runs=default)
-    options = TrustChecks.every(default)  # the capture emulated: the callback's IG counts as replayed, as on a GPU
-    schedule = Schedule(options, CheckCosts.estimate(options, num_states=16, num_units=4, n_steps=8, replays=True))
-    for run, seen in enumerate(entered):
-        made = schedule.decide(run)
-        schedule.record(run, made)
-        if run == 0 or made:
-            assert seen >= TRUST, run
-        else:
-            assert seen == STEADY | WORKER, run  # 9: no module of trust/
-    assert entered[1:] == [STEADY | WORKER] * 5  # at these sizes the budget covers no check in six runs
+    # the first run makes every check and the verdict; a run between checks carries it (the suite's frozen clock:
+    # the next checks are due CHECK_EVERY = 5 runs later, at the sixth run, the end of training).
+    default = inspect.signature(IntegratedGradientsCallback).parameters["overhead"].default
+    assert default == 0.02
+    entered = _modules_per_run(tmp_path, TensorBoardLogger(tmp_path), monkeypatch, overhead=default)
+    assert entered[0] >= TRUST and entered[5] >= TRUST
+    assert entered[1:5] == [STEADY | WORKER] * 4  # 10: no module of trust/

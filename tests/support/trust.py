@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from lightning_ig.attribution import IGOptions
+from lightning_ig.callback import budget
 from lightning_ig.models import DuelingQNetwork, NoisyLinear
-from lightning_ig.trust import AttributionSettings, TrustChecks
+from lightning_ig.trust import AttributionSettings
 
 FEATURES = 32
 SCALES = torch.logspace(0.5, -0.5, FEATURES)  # feature i's input scale: what a random network's map follows
@@ -110,16 +110,23 @@ def shuffled(units: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.stack([row[torch.randperm(row.numel(), generator=generator)] for row in units])
 
 
+def frozen_clock() -> float:
+    """A clock that never moves (a module function: a spawned DDP worker unpickles it)."""
+    return 0.0
+
+
 @contextlib.contextmanager
 def checks_without_budget() -> Iterator[None]:
-    """The callback's trust checks at their cadence with no budget: every check at the first run of a fit.
+    """The callback's budget on a frozen clock, the background threads not counted: every run in full, every trust
+    check at the first run of a fit and each again every ``CHECK_EVERY`` runs, whatever the machine's speed.
 
-    For tests of a short fit that need each check's tags and numbers (what is logged and listed, DDP's agreement);
-    within the budget a 2-run fit makes none of the checks that need the re-initialised copies.
+    A fit in a test is short and tiny, so a wall-clock budget would defer and reduce its runs differently from one
+    run of the suite to the next; the suite runs on this (tests/conftest.py), and the budget's decisions are tested
+    on their own fake clocks (tests/callback/test_budget.py).
     """
-    every = TrustChecks.__dict__["every"]  # the classmethod itself, put back as it was
-    TrustChecks.every = classmethod(lambda cls, runs: dataclasses.replace(every.__func__(cls, runs), budget=None))
+    saved = budget.default_clock, budget.default_background
+    budget.default_clock, budget.default_background = frozen_clock, None
     try:
         yield
     finally:
-        TrustChecks.every = every
+        budget.default_clock, budget.default_background = saved

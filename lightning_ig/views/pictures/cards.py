@@ -37,6 +37,7 @@ from lightning_ig.views.text import HEADLINES, format_percent, format_value
 __all__ = [
     "GROUND",
     "INK",
+    "LINE",
     "MUTED",
     "STATE_COLOURS",
     "Chart",
@@ -87,13 +88,13 @@ def _line(canvas: Canvas, y: float, wordings: Sequence[str], colour: str = MUTED
     canvas.text((3, y), canvas.first_fitting(list(wordings), CARD_WIDTH - 6, size=size), size=size, colour=colour)
 
 
-def label_swatch(canvas: Canvas, left: float, centre: float, colour: str) -> None:
+def _label_swatch(canvas: Canvas, left: float, centre: float, colour: str) -> None:
     """A unit's colour (its channel's, in the frames) as a small square on the frames' dark ground."""
     canvas.rectangle((left, centre - 4, left + 8, centre + 4), GROUND)
     canvas.rectangle((left + 2, centre - 2, left + 6, centre + 2), rgb(colour))
 
 
-def two_tone_bar(canvas: Canvas, left: float, blue_end: float, red_end: float, *, centre: float, half: float) -> None:
+def _two_tone_bar(canvas: Canvas, left: float, blue_end: float, red_end: float, *, centre: float, half: float) -> None:
     """A bar from ``left``: blue up to ``blue_end``, red on to ``red_end``, on whole pixels."""
     start, middle, end = round(left), round(blue_end), round(red_end)
     top, bottom = round(centre - half), round(centre + half)
@@ -103,7 +104,7 @@ def two_tone_bar(canvas: Canvas, left: float, blue_end: float, red_end: float, *
         canvas.rectangle((middle, top, end - 1, bottom), NEGATIVE)
 
 
-def sign_legend(canvas: Canvas, y: float, wordings: Sequence[tuple[str, str]]) -> None:
+def _sign_legend(canvas: Canvas, y: float, wordings: Sequence[tuple[str, str]]) -> None:
     """The blue and the red swatch with what they mean, the first wording that fits one line."""
     for raises, lowers in wordings:
         width = 60 + canvas.text_width(raises, size=SMALL_SIZE) + canvas.text_width(lowers, size=SMALL_SIZE)
@@ -139,11 +140,11 @@ def _bar_rows(
     for index, unit in enumerate(order):
         centre = top + row * index + row / 2
         if colours is not None:
-            label_swatch(canvas, left - swatch - 4, centre, colours[unit])
+            _label_swatch(canvas, left - swatch - 4, centre, colours[unit])
         canvas.text((left - 8 - swatch, centre), shown[index], size=TEXT_SIZE, anchor="rm")
         scale = (right - 4 - left) / largest
         blue, red = left + scale * float(positive[unit]), left + scale * float(totals[unit])
-        two_tone_bar(canvas, left, blue, red, centre=centre, half=0.33 * row)
+        _two_tone_bar(canvas, left, blue, red, centre=centre, half=0.33 * row)
         canvas.text((red + 4, centre), ends[index], size=SMALL_SIZE, anchor="lm")
 
 
@@ -243,7 +244,7 @@ def verdict_card(
         rest_share = max(1.0 - float(share[order].sum()), 0.0) if whole > 0 else 0.0
         _line(canvas, y + 1, [f"the other {others} {noun}: {format_percent(rest_share)}"])
         y += LINE
-    sign_legend(
+    _sign_legend(
         canvas,
         y + 1,
         [(f"raises {target}", f"lowers it, vs {baseline}"), (f"raises {target}", "lowers it"), ("raises", "lowers")],
@@ -371,7 +372,7 @@ def _band_labels(
     shift = max(0.0, top + half[-1] - wanted[-1])
     for index, (lines, colour) in enumerate(zip(texts, colours)):
         y = min(wanted[index] + shift, bottom - half[index]) - (len(lines) - 1) * step / 2
-        label_swatch(canvas, left, y, colour)
+        _label_swatch(canvas, left, y, colour)
         for line, text in enumerate(lines):
             canvas.text((left + 13, y + line * step), text, size=SMALL_SIZE, anchor="lm")
 
@@ -407,7 +408,7 @@ def contrast_chart(
     order = rank_order(positive + negative)[: min(top_k, 8)]
     canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
     _title(canvas, [f"Why {greedy} rather than {runner_up} ({num_states} of {of_states} states)", f"Why {greedy}"])
-    sign_legend(canvas, LINE + 4, [(f"favours {greedy}", f"favours {runner_up}")])
+    _sign_legend(canvas, LINE + 4, [(f"favours {greedy}", f"favours {runner_up}")])
     ends = [format_value(float(positive[i] + negative[i])) for i in order]
     top = 2 * LINE + 8
     _bar_rows(canvas, labels, positive, negative, order, top=top, row=20, ends=ends, colours=label_colours)
@@ -458,7 +459,7 @@ def action_panels(
     row, top = 22, 4 * LINE + 4
     canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
     _title(canvas, title)
-    sign_legend(canvas, LINE + 4, [("raises its Q above the mean action's", "lowers it"), ("raises", "lowers")])
+    _sign_legend(canvas, LINE + 4, [("raises its Q above the mean action's", "lowers it"), ("raises", "lowers")])
     swatch = 12 if label_colours is not None else 0
     shown = [canvas.fit(str(labels[i]), CARD_WIDTH * 0.4 - swatch, size=TEXT_SIZE) for i in order]
     left = 8 + swatch + max(canvas.text_width(s, size=TEXT_SIZE) for s in shown)
@@ -466,7 +467,7 @@ def action_panels(
     for index, unit in enumerate(order):
         centre = top + row * index + row / 2
         if label_colours is not None:
-            label_swatch(canvas, left - swatch - 4, centre, label_colours[unit])
+            _label_swatch(canvas, left - swatch - 4, centre, label_colours[unit])
         canvas.text((left - 6 - swatch, centre), shown[index], size=TEXT_SIZE, anchor="rm")
     for panel, action in enumerate(shown_actions):
         x0, span = left + panel * width + 3, width - 8
@@ -488,7 +489,7 @@ def action_panels(
         for index, unit in enumerate(order):
             blue = x0 + span * float(positive[unit]) / limit
             red = blue + span * float(negative[unit]) / limit
-            two_tone_bar(canvas, x0, blue, red, centre=top + row * index + row / 2, half=0.34 * row)
+            _two_tone_bar(canvas, x0, blue, red, centre=top + row * index + row / 2, half=0.34 * row)
     bottom = top + row * len(order) + 4
     end = format_value(limit)
     _line(

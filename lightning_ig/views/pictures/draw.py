@@ -38,7 +38,16 @@ from lightning_ig.views.pictures.raster import card_sized, categorical_colours
 from lightning_ig.views.pictures.saliency import first_distinct, saliency_grid
 from lightning_ig.views.text import accuracy_line, trust_line
 
-__all__ = ["PictureInputs", "baseline_words", "draw", "picture_inputs"]
+__all__ = [
+    "PictureInputs",
+    "actions_picture",
+    "baseline_words",
+    "draw",
+    "picture_inputs",
+    "saliency_grid_picture",
+    "shares_picture",
+    "verdict_picture",
+]
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,18 @@ from lightning_ig.views.pictures.raster import (
 from lightning_ig.views.text import format_value
 
 __all__ = [
+    "BORDER",
     "GRID_FRAMES",
+    "GROUND",
+    "LINE",
+    "MUTED",
     "SaliencyPicture",
     "check_saliency_channel",
     "first_distinct",
     "frame_colours",
     "mean_abs_map",
     "nice_scale",
+    "robust_max",
     "saliency_grid",
     "saliency_kind",
     "write_png",
