@@ -159,7 +159,6 @@ WITHOUT_OWN_TESTS = {
     "callback/fit.py",
     "callback/setup.py",
     "trust/common.py",
-    "views/loggers/custom_scalars.py",  # a stub until the callback stops asking for a layout
 }
 
 

@@ -38,7 +38,6 @@ from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary, summarize
 from lightning_ig.trust.common import generators_kept
 from lightning_ig.views import ViewOptions, text
-from lightning_ig.views.loggers.custom_scalars import trainer_layout
 from lightning_ig.views.loggers.worker import PictureWriter
 
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
@@ -72,9 +71,8 @@ class IntegratedGradientsCallback(Callback):
     Q-network) to the input features of every held-out state and logs, under ``ig/`` (or ``ig/<name>/``; every tag
     is in ``docs/tensorboard-tags.md``): the accuracy verdict and completeness, per-feature (or per-group) mean
     ``|attr|`` and mean ``attr``, where the mass sits, drift between runs, the trust checks and the time. Scalars go
-    to every logger; a ``TensorBoardLogger`` also gets histograms, the pictures, a text report and a Custom Scalars
-    layout; W&B and MLflow get the pictures and the report. An ensemble's members are attributed too
-    (``ig/ensemble/...``).
+    to every logger; a ``TensorBoardLogger`` also gets histograms, the pictures and a text report; W&B and MLflow
+    get the pictures and the report. An ensemble's members are attributed too (``ig/ensemble/...``).
 
     Runs happen every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, and once more when
     training ends. The model, its noise, parameters and ``.grad``, the optimizer and the random generators are as
@@ -254,7 +252,6 @@ class IntegratedGradientsCallback(Callback):
             pl_module,
             pictures=self._pictures,
             ever_non_zero=self._ever_non_zero,
-            layout=lambda: _layout(trainer),
             pairs=lambda: self._pairs,
         )
         self.history = setup.history_to_continue(self.history, self._plan.units)
@@ -475,9 +472,3 @@ class IntegratedGradientsCallback(Callback):
 
 def _siblings(trainer: Any) -> list[IntegratedGradientsCallback]:
     return [callback for callback in trainer.callbacks if isinstance(callback, IntegratedGradientsCallback)]
-
-
-def _layout(trainer: pl.Trainer) -> dict[str, Any]:
-    """The Custom Scalars page of every IG callback of the trainer (made at a first run and with each bar chart)."""
-    fits = [(sibling.options.name, sibling._fit, sibling._last) for sibling in _siblings(trainer)]
-    return trainer_layout([(name, run.outputs, last) for name, run, last in fits if run is not None])

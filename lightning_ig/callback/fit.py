@@ -12,7 +12,7 @@ plain data; :class:`PendingRun` is a run between its start and its end.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +153,6 @@ def start(
     *,
     pictures: PictureWriter,
     ever_non_zero: Iterable[str],
-    layout: Callable[[], Mapping[str, Any]],
     pairs: Callable[[], Any],
 ) -> Fit:
     """The ``on_fit_start`` hook's work: the engine tried on two states, the outputs, the trust checks.
@@ -164,7 +163,6 @@ def start(
         trainer, pl_module: the fit's (the model on its training device).
         pictures: the callback's picture worker.
         ever_non_zero: the count tags non-zero in an earlier run (restored from a checkpoint).
-        layout: makes the Custom Scalars page of every IG callback of the trainer.
         pairs: the last run's ``(B, 2)`` greedy and runner-up actions, for the actions picture (``target="contrast"``).
 
     Raises:
@@ -216,7 +214,6 @@ def start(
         pictures,
         picture_sinks(trainer.loggers) if trainer.is_global_zero else [],
         ever_non_zero,
-        layout=layout,
         report=report,
     )
     picked, rows = inputs.picked, target.rows_per_state

@@ -205,7 +205,6 @@ class RunOutputs:
         pictures: the logging worker.
         sinks: the picture sinks of the trainer's other loggers (W&B, MLflow), or none.
         ever_non_zero: the tags that carried something in an earlier run (restored from a checkpoint).
-        layout: ignored (TensorBoard's Custom Scalars page is no longer written; Time Series answers first).
         report: makes a run's JSON report from its summary and host result, for the sinks; ``None``: none.
     """
 
@@ -219,10 +218,8 @@ class RunOutputs:
         sinks: Sequence[Any] = (),
         ever_non_zero: Iterable[str] = (),
         *,
-        layout: Any = None,
         report: Callable[[RunSummary, HostResult], Mapping[str, Any]] | None = None,
     ) -> None:
-        del layout
         self.tags, self.report = tags, report
         self.cadences = dict(cadences)
         self.histograms = histograms
