@@ -1,0 +1,52 @@
+"""callback/setup.py: what set-up decides once per fit: unique names, the units logged, the report folder."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_ig.callback import setup
+
+
+def test_two_callbacks_with_one_name_are_refused_and_distinct_names_pass() -> None:
+    setup.check_unique_names([None, "value", "action_1"])
+    with pytest.raises(MisconfigurationException, match="2 IntegratedGradientsCallbacks would write the same tags"):
+        setup.check_unique_names(["value", None, "value"])
+
+
+def test_features_are_logged_one_by_one_up_to_the_limit_then_in_groups() -> None:
+    few = setup.logged_units((4,), None, ["a", "b", "c", "d"], None, None, max_features=64)
+    assert few.log_features and few.groups is None and few.names == ["a", "b", "c", "d"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frames = setup.logged_units((4, 10, 10), "pix", None, None, None, max_features=64)
+    assert not frames.log_features and frames.groups is not None and len(frames.groups) == 4  # the channels
+    assert any("400 features" in str(warning.message) for warning in caught)
+
+
+def test_automatic_groups_are_channels_or_consecutive_blocks() -> None:
+    assert len(setup.automatic_groups((3, 8, 8), max_features=16)) == 3
+    blocks = setup.automatic_groups((100,), max_features=16)
+    assert len(blocks) <= 16 and sum(len(blocks.members(group)) for group in range(len(blocks))) == 100
+
+
+def test_group_names_need_groups() -> None:
+    with pytest.raises(ValueError, match="group_names needs feature_groups"):
+        setup.choose_groups(None, (4,), group_names=["a"], feature_names=None, max_features=64)
+
+
+def test_a_history_of_another_number_of_units_is_started_afresh() -> None:
+    units = setup.logged_units((4,), None, None, None, None, max_features=64)
+    kept = [{"mean_abs": [1.0, 2.0, 3.0, 4.0]}]
+    assert setup.history_to_continue(kept, units) is kept
+    with pytest.warns(UserWarning, match="starting a new history"):
+        assert setup.history_to_continue([{"mean_abs": [1.0, 2.0]}], units) == []
+
+
+def test_without_a_logger_or_report_dir_the_reports_go_to_ig_reports(tmp_path: Path) -> None:
+    folder = setup.report_folder(None, tmp_path, has_loggers=False, name=None, states=None)
+    assert folder is not None and folder.folder == tmp_path / "ig_reports"
+    assert setup.report_folder(None, tmp_path, has_loggers=True, name=None, states=None) is None

@@ -1,0 +1,75 @@
+"""trust/common.py: the pieces every check shares: generators kept, states picked, units summed, ranks compared."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.trust.common import (
+    generators_kept,
+    moved_units,
+    pick_states,
+    rank_correlation,
+    state_subset,
+    structure_copy,
+    unit_sums,
+)
+
+
+def test_generators_kept_puts_back_torch_python_and_numpy_generators() -> None:
+    model = nn.Linear(2, 2)  # made first: its initialisation draws from torch's generator
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    with generators_kept(model):
+        torch.rand(50), random.random(), np.random.rand(7)  # a forward that samples
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def test_pick_states_spreads_evenly_and_takes_all_when_asked_for_more() -> None:
+    assert pick_states(3, 9).tolist() == [0, 4, 8]
+    assert pick_states(None, 4).tolist() == [0, 1, 2, 3] == pick_states(10, 4).tolist()
+
+
+def test_unit_sums_and_moved_units_per_feature_and_per_group() -> None:
+    values = torch.arange(8.0).view(2, 4)
+    groups = FeatureGroups.resolve({"a": [0, 1], "b": [2, 3]}, (4,))
+    assert torch.equal(unit_sums(values, None), values)
+    assert unit_sums(values, groups).tolist() == [[1.0, 5.0], [9.0, 13.0]]
+    states = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    moved = moved_units(states, torch.zeros_like(states), groups)
+    assert moved.tolist() == [[True, False], [False, False]]
+
+
+def test_state_subset_with_zero_and_tensor_baselines() -> None:
+    states = torch.arange(12.0).view(3, 4)
+    subset, base, given = state_subset(states, "zeros", torch.tensor([2, 0]))
+    assert torch.equal(subset, states[[2, 0]]) and not base.any() and given is None
+    _, base, given = state_subset(states, torch.ones(4), torch.tensor([1]))
+    assert given is not None and torch.equal(base, torch.ones(1, 4))
+
+
+def test_rank_correlation_is_spearmans_over_the_included_entries() -> None:
+    first, second = np.array([1.0, 2.0, 3.0, 4.0]), np.array([10.0, 20.0, 30.0, -5.0])
+    include = np.array([True, True, True, False])
+    assert rank_correlation(first, second, include) == 1.0
+    assert np.isnan(rank_correlation(first, second, np.array([True, False, False, False])))
+
+
+def test_structure_copy_copies_the_weights_and_shares_the_rest() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    model.replay_buffer = [1, 2, 3]  # not part of the module tree: shared, never copied
+    copy = structure_copy(model)
+    assert copy.replay_buffer is model.replay_buffer
+    with torch.no_grad():
+        copy[0].weight.add_(1.0)
+    assert not torch.equal(copy[0].weight, model[0].weight)
