@@ -62,7 +62,6 @@ if [ "$PART" = b ] || [ "$PART" = all ]; then
     run bench_callback_images 110 python3 benchmarks/bench_callback_images.py --device cuda --runs 31 --completeness \
         --profile --output "$OUT/bench_callback_images.md"
     if [ $(( SUITE_S - SECONDS )) -ge 130 ]; then
-        run bench_ensemble 65 python3 benchmarks/bench_ensemble.py $QUICK --time-budget 50 --output "$OUT/bench_ensemble.md"
         run bench_soft_margin 55 python3 benchmarks/bench_soft_margin.py $QUICK --dtypes float32 --time-budget 35 \
             --output "$OUT/bench_soft_margin.md"
     fi

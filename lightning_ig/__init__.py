@@ -1,15 +1,14 @@
 """lightning-ig: training-time Integrated Gradients for PyTorch Lightning.
 
 What a user imports, nothing else: the callback, the IG engine and its result, feature groups, the dueling
-Q-network and its noise, the fused loss, ensembles, checkpoints. Every other public name lives in its wing, which
+Q-network and its noise, the fused loss, checkpoints. Every other public name lives in its wing, which
 says what it exports in its docstring:
 
 * :mod:`lightning_ig.attribution`: the engine (``IGOptions``, the callback's ``engine=``; ``StochasticForwardWarning``,
   ``target_forward``, ...);
 * :mod:`lightning_ig.models`: the other Q-networks (``ConvDuelingQNetwork``, ``MinAtarQNetwork``,
   ``NatureQNetwork``), ``register_model``, ``build_model``;
-* :mod:`lightning_ig.ensemble`: ``ensemble_reduce``, ``EnsembleReduce``; :mod:`lightning_ig.run`: a run's numbers
-  (``HostResult``, ``accuracy_verdict``, ``ensemble_summary``, ...);
+* :mod:`lightning_ig.run`: a run's numbers (``HostResult``, ``accuracy_verdict``, ...);
 * :mod:`lightning_ig.views`: ``ViewOptions`` (the callback's ``views=``), the JSON report (``build_report``,
   ``feature_statistics``, ...);
   :mod:`lightning_ig.checkpoint`: merged files and states files; :mod:`lightning_ig.trust`: the trust checks.
@@ -39,14 +38,12 @@ _EXPORTS: dict[str, str] = {
     "SoftMarginLoss": "lightning_ig.losses",
     "soft_margin_loss": "lightning_ig.losses",
     "swap_soft_margin": "lightning_ig.losses",
-    "Ensemble": "lightning_ig.ensemble",
     "save_checkpoint": "lightning_ig.checkpoint",
     "load_checkpoint": "lightning_ig.checkpoint",
 }
 
 __all__ = [
     "DuelingQNetwork",
-    "Ensemble",
     "FeatureGroups",
     "IGResult",
     "IntegratedGradients",
@@ -82,6 +79,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.attribution.groups import FeatureGroups
     from lightning_ig.callback import IntegratedGradientsCallback, NonFiniteAttributionError
     from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
-    from lightning_ig.ensemble import Ensemble
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
     from lightning_ig.models import DuelingQNetwork, NoisyLinear, noise_disabled

@@ -66,7 +66,6 @@ class Target:
         pairs_fixed: a contrast whose pairs were chosen already (a sub-batch of ``n_steps="auto"``).
         actions: one label per output once bound to a model (:meth:`bind`) for ``"each"`` and ``"contrast"``,
             and for ``"action"`` when names were given; else ``None``.
-        model_output: the forward's own value per row is attributed (nothing selected from several outputs).
         every_output: every output is attributed in one run: results ``(A, B, ...)``, a run's rows a (state, action)
             pair each.
         contrasts: per state the greedy output minus the runner-up's, the pair chosen at the state.
@@ -88,7 +87,6 @@ class Target:
     rows_max: int = 0
     pairs_fixed: bool = False
     actions: tuple[str, ...] | None = None
-    model_output: bool = field(init=False, repr=False)
     every_output: bool = field(init=False, repr=False)
     contrasts: bool = field(init=False, repr=False)
     chooses_pairs: bool = field(init=False, repr=False)
@@ -100,7 +98,6 @@ class Target:
 
     def __post_init__(self) -> None:
         kind, derived = self.kind, object.__setattr__
-        derived(self, "model_output", kind == "output")
         derived(self, "every_output", kind == "each")
         derived(self, "contrasts", kind == "contrast")
         derived(self, "chooses_pairs", kind == "contrast" and not self.pairs_fixed)

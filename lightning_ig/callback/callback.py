@@ -31,7 +31,6 @@ from lightning_ig.callback.budget import Budget, Plan
 from lightning_ig.callback.heldout import NonFiniteAttributionError
 from lightning_ig.callback.options import Options, option_assignment, option_attribute
 from lightning_ig.callback.per_action import pair_rows
-from lightning_ig.ensemble.members import pack_members
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.gather import JointGather
 from lightning_ig.run.host_result import HostResult
@@ -72,7 +71,7 @@ class IntegratedGradientsCallback(Callback):
     is in ``docs/tensorboard-tags.md``): the accuracy verdict and completeness, per-feature (or per-group) mean
     ``|attr|`` and mean ``attr``, where the mass sits, drift between runs, the trust checks and the time. Scalars go
     to every logger; a ``TensorBoardLogger`` also gets histograms, the pictures and a text report; W&B and MLflow
-    get the pictures and the report. An ensemble's members are attributed too (``ig/ensemble/...``).
+    get the pictures and the report.
 
     Runs happen every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, and once more when
     training ends. The model, its noise, parameters and ``.grad``, the optimizer and the random generators are as
@@ -337,7 +336,7 @@ class IntegratedGradientsCallback(Callback):
             raise RuntimeError("IntegratedGradientsCallback: a run outside a fit")
         total = self._total_steps
         progress = trainer.global_step / total if 0 < total < math.inf else None
-        one_row = run.target.rows_per_state == 1 and not run.target.contrasts and run.members is None
+        one_row = run.target.rows_per_state == 1 and not run.target.contrasts
         can_window = trainer.world_size == 1 and one_row and len(run.states) >= _MIN_WINDOWED_STATES
         names = () if run.trust is None else tuple(run.trust.names)
         run_index = len(self.history)
@@ -365,8 +364,7 @@ class IntegratedGradientsCallback(Callback):
             result = run.engine.attribute(states, baselines=baselines)
             if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major
                 result = pair_rows(result)
-            members = None if run.members is None else run.members.attribute(run.states, run.baselines)
-        riders = [] if members is None else [pack_members(members)]  # gathered with the result: one collective
+        riders: list[Tensor] = []  # gathered with the result: one collective
         if run.target.contrasts and result.target_actions is not None:  # each state's pair, for the actions picture
             riders.append(result.target_actions)  # (share, 2)
         gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
@@ -405,7 +403,6 @@ class IntegratedGradientsCallback(Callback):
         trainer, run, num_states = pending.trainer, pending.run, len(pending.run.held_out)
         started, entered, plan, budget = time.perf_counter(), self._budget.clock(), pending.plan, self._budget
         host = pending.transfer.result()
-        members = None if run.members is None else run.members.host_run(pending.riders[0], num_states)
         if run.target.contrasts:  # the last rider: the pairs, for the actions picture
             self._pairs = pending.riders[-1][:num_states].to("cpu", torch.int64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop
@@ -418,7 +415,6 @@ class IntegratedGradientsCallback(Callback):
             step=pending.step,
             history=self.history,
             time_ms=time_ms,
-            members=members,
         )
         note, checks = plan.note(budget.share), 0.0
         scalars: dict[str, float] = {}

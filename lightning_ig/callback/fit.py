@@ -25,7 +25,6 @@ from lightning_ig.callback.budget import Plan
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.reports import ReportFolder
-from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
 from lightning_ig.trust.common import generators_kept
@@ -64,7 +63,6 @@ class Fit:
         held_out, units, reports: set-up's (:class:`FitPlan`).
         engine: attributes this rank's share of the states (and replays its CUDA graph).
         target: what is attributed, bound to the model (its label, its actions' labels, its rows per state).
-        members: attributes an ensemble's members in one batched run, or ``None``.
         states, baselines: this rank's share, on the model's device and in its dtype.
         outputs: what the runs send to the loggers.
         trust: the trust checks, on global rank zero when they are on; else ``None``.
@@ -79,7 +77,6 @@ class Fit:
     reports: ReportFolder | None
     engine: IntegratedGradients
     target: Target
-    members: MemberAttribution | None
     states: Tensor
     baselines: Tensor | str | float
     outputs: RunOutputs
@@ -93,8 +90,8 @@ class Fit:
 class PendingRun:
     """A run started (attributed, gathered, its copy to the host queued) and not yet summarized and logged.
 
-    ``riders`` are the rows gathered with the result, ``(world * share, W)`` each: an ensemble's members' packed
-    rows, then, for ``target="contrast"``, the model's outputs at the states.
+    ``riders`` are the rows gathered with the result, ``(world * share, W)`` each: for ``target="contrast"``, each
+    state's greedy and runner-up actions.
     """
 
     run: Fit  # the fit it was started in
@@ -170,7 +167,7 @@ def start(
     """
     views, units = options.views, plan.units
     with generators_kept(pl_module):  # its trial forward draws nothing training would draw
-        engine, target, members, states, baselines = heldout.prepare_engine(
+        engine, target, states, baselines = heldout.prepare_engine(
             trainer,
             pl_module,
             options.target,
@@ -184,7 +181,7 @@ def start(
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
     settings = RunSettings(target, baseline, options.completeness_tol, views.top_k, options.name, report_dir=folder)
-    tags = dataclasses.replace(units.tags, ensemble_members=None if members is None else members.num_members)
+    tags = units.tags
     if target.every_output:  # each action's mean |attr| per unit too, while actions x units stay within the limit
         count = len(units.groups) if units.groups is not None else len(units.names)
         logged = target.rows_per_state * count <= views.max_logged_features
@@ -226,7 +223,6 @@ def start(
         reports=plan.reports,
         engine=engine,
         target=target,
-        members=members,
         states=states,
         baselines=baselines,
         outputs=outputs,

@@ -8,7 +8,7 @@ done once before training so that a bad input fails before the first step:
 * :func:`check_target` / :func:`probe_target`: what is attributed (the model's output through ``target``, or a
   ``forward`` of the user's), tried on the states and bound to the model's outputs;
 * :func:`prepare_engine`: the engine for that target, tried on this rank's states (kernels compile then; NaN and
-  changed buffers caught), and, for an ensemble, the engine of its members;
+  changed buffers caught);
 * :func:`rank_rows`: each rank's share of the states under DDP, padded to one size.
 """
 
@@ -28,7 +28,6 @@ from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import load_states
-from lightning_ig.ensemble.members import MemberAttribution
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.vocabulary import callable_name, check_real, shown, shown_with_type
 
@@ -272,16 +271,14 @@ def prepare_engine(
     action_names: Sequence[str] | None,
     options: IGOptions,
     on_non_finite: str = "warn",
-) -> tuple[IntegratedGradients, Target, MemberAttribution | None, Tensor, Tensor | str | float]:
+) -> tuple[IntegratedGradients, Target, Tensor, Tensor | str | float]:
     """The engine for ``target`` on ``pl_module`` after a trial on this rank's states, and what its runs attribute.
 
     The trial runs eagerly before training, on every state this rank attributes (a forward that fails only on
     bigger batches fails here): a target, backend or gradient mode that cannot work fails now, not at the first
     run, CUDA kernels compile now, a model whose outputs are NaN/Inf on the states stops the fit now under
     ``on_non_finite="raise"``, and a forward that changes the model's buffers (which every run would do to
-    training) is refused. When what is attributed is an ensemble's aggregate
-    (:func:`~lightning_ig.ensemble.members.find_ensemble`), a second engine
-    attributes every member in one batched run (tried the same way).
+    training) is refused.
 
     Args:
         trainer: the trainer (this rank's share of the states: :func:`rank_rows`).
@@ -295,8 +292,8 @@ def prepare_engine(
         on_non_finite: the callback's ``on_non_finite``.
 
     Returns:
-        The engine, the target bound to the model, the members' engine (``None`` unless an ensemble), and this
-        rank's states and baselines on the model's device and in its floating dtype.
+        The engine, the target bound to the model, and this rank's states and baselines on the model's device and in its
+        floating dtype.
 
     Raises:
         NonFiniteAttributionError: NaN/Inf in the trial and ``on_non_finite="raise"``.
@@ -329,12 +326,7 @@ def prepare_engine(
             f"{len(local_states)} held-out states in the set-up trial, before training (on_non_finite='raise'); "
             "check the model's weights and the states"
         )
-    sample = local_states[:2]
-    trial_baselines = local_baselines[:2] if isinstance(local_baselines, Tensor) else local_baselines
-    members = (
-        MemberAttribution.prepare(pl_module, target, sample, trial_baselines, options) if forward is None else None
-    )
-    return engine, target, members, local_states, local_baselines
+    return engine, target, local_states, local_baselines
 
 
 def _refuse_changed_buffers(pl_module: Any, before: dict[str, Tensor]) -> None:

@@ -146,7 +146,7 @@ def run_report(
 
 
 def run_extra(summary: RunSummary, *, epoch: int, world_size: int) -> dict[str, Any]:
-    """The keys a training run's JSON report holds beside the contract keys (and ``"ensemble"`` for an ensemble)."""
+    """The keys a training run's JSON report holds beside the contract keys."""
     extra: dict[str, Any] = {
         "baseline": summary.settings.baseline,
         "global_step": summary.step,
@@ -160,6 +160,4 @@ def run_extra(summary: RunSummary, *, epoch: int, world_size: int) -> dict[str, 
     }
     if summary.budget:
         extra["budget"] = dict(summary.budget)
-    if summary.ensemble is not None:
-        extra["ensemble"] = summary.ensemble.report
     return extra

@@ -5,7 +5,7 @@ could make a reader do harm, and both are checked before the model is built:
 
 * **Names.** Only registered architectures are built from a file's metadata
   (:func:`~lightning_ig.models.build_model` with ``allow_import=False``, which
-  holds for the names inside the config too, an ``Ensemble``'s members). An import
+  holds for the names inside the config too). An import
   path the file names is followed only when the caller opts in.
 * **Sizes.** The model is first built on the ``meta`` device, which allocates
   nothing, and its parameters and buffers are counted against the tensors the
@@ -42,7 +42,6 @@ from lightning_ig.checkpoint.layout import (
     few,
     open_error,
 )
-from lightning_ig.ensemble import module as _ensemble  # noqa: F401 - registers "Ensemble", which a file may name
 from lightning_ig.models.registry import UnregisteredModelError, build_model, resolve_model_class
 from lightning_ig.vocabulary import shown, size_text
 
@@ -209,7 +208,7 @@ def _refusal(recipe: Recipe, name: str, file: Path) -> str:
         )
     return (
         f"the config of {str(file)!r} (architecture {shown(recipe.architecture)}) names the architecture "
-        f"{shown(name)} inside it (an ensemble member?), {run}. If you trust the file and that module, "
+        f"{shown(name)} inside it, {run}. If you trust the file and that module, "
         f"{trust}, or give the config yourself with --model-kwargs JSON (config=)"
     )
 

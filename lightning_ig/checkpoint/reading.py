@@ -48,8 +48,7 @@ def load_checkpoint(
 
     The file is data: its tensors and metadata are read, never executed, and nothing in
     it is unpickled. Only *registered* architectures
-    (:func:`~lightning_ig.models.register_model`, the built-in networks, an ``Ensemble``
-    of registered members) are built from its metadata. An import path
+    (:func:`~lightning_ig.models.register_model`, the built-in networks) are built from its metadata. An import path
     ``"package.module:Class"`` the file names is refused with a :class:`CheckpointError`
     before anything is imported, unless you name the class yourself (``architecture=``)
     or pass ``trust_remote_code=True``. The config is bounded by the file: the model is
@@ -68,7 +67,7 @@ def load_checkpoint(
             a registered name or ``"package.module:Class"``, imported because you name it.
             Default ``None``: the file's, which must be registered.
         config: Override (or supply) the constructor's keyword arguments. Default ``None``:
-            the file's. Names inside it (an ``Ensemble``'s members) are yours, so they may be
+            the file's. Names inside it are yours, so they may be
             import paths; names inside the file's config must be registered.
         trust_remote_code: Import the import paths the *file* names (its architecture and
             those inside its config), which runs those modules' code. Only for files whose

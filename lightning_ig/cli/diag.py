@@ -39,7 +39,6 @@ from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable
 from lightning_ig.cli.verify import accuracy_words, verify_lines
-from lightning_ig.vocabulary import relative_error_text
 
 __all__ = ["DEFAULT_OUTPUT", "run_diag"]
 
@@ -54,7 +53,6 @@ class _Attributed:
     run: HeadRun
     result: Any  # IGResult
     report: dict[str, Any]
-    members: Any = None  # the IGResult of an ensemble's members (target="each"), or None
     saliency: list[Path] = field(default_factory=list)  # the PNGs written for this head
     per_action: Any = None  # --target each: the IGResult of every action, or None
 
@@ -299,7 +297,6 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
     from lightning_ig.attribution.result import stochastic_warnings_silenced  # noqa: PLC0415
     from lightning_ig.attribution.targets import EACH, Target  # noqa: PLC0415
-    from lightning_ig.ensemble import is_ensemble  # noqa: PLC0415
     from lightning_ig.models.noise import noise_disabled  # noqa: PLC0415
     from lightning_ig.views.report import build_report  # noqa: PLC0415
 
@@ -319,20 +316,12 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         per_action = (
             integrated_gradients(run.model, run.states, run.baselines, target=EACH, **options) if each else None
         )
-        # An ensemble: every member's own signal too, all members in one run, on the same states and baselines.
-        members = (
-            integrated_gradients(run.model.member_signals, run.states, run.baselines, target=EACH, **options)
-            if run.target.model_output and is_ensemble(run.model)
-            else None
-        )
         verified = None
         if args.verify is not None:
             from lightning_ig.cli.verify import verify_key  # noqa: PLC0415
 
             verified = verify_key(run.model, run.states, target, result, args.verify)
     extra = {**run.extra, "num_steps_requested": args.num_steps}
-    if members is not None:
-        extra["ensemble"] = _ensemble_key(run, result, members, args.top_k)
     if result.target_actions is not None:  # contrast: which two actions each state's difference is between
         extra["target_actions"] = [
             {"state_idx": i, "greedy": int(pair[0]), "runner_up": int(pair[1])}
@@ -353,7 +342,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         groups=run.groups,
         tolerance=args.completeness_tol,
     )
-    return _Attributed(run, result, report, members, per_action=per_action)
+    return _Attributed(run, result, report, per_action=per_action)
 
 
 def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -388,17 +377,8 @@ def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> lis
     return actions
 
 
-def _ensemble_key(run: HeadRun, result: Any, members: Any, top_k: int) -> dict[str, Any]:
-    from lightning_ig.run.agreement import ensemble_summary  # noqa: PLC0415
-
-    weights = getattr(run.model, "weights", None)
-    return ensemble_summary(result, members, weights=weights, feature_names=run.feature_names, top_k=top_k)
-
-
 def _refuse_stochastic(attributed: Sequence[_Attributed]) -> None:
-    stochastic = [
-        head for head in attributed if head.result.stochastic or (head.members is not None and head.members.stochastic)
-    ]
+    stochastic = [head for head in attributed if head.result.stochastic]
     if stochastic:
         which = f" (head {stochastic[0].run.label})" if stochastic[0].run.label else ""
         raise UsageError(
@@ -470,7 +450,7 @@ def _saliency_pixels(head: _Attributed) -> list[Any]:
 
 def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace) -> None:
     """Per head: the report written, the accuracy verdict (per action for --target each), --verify's lines, the
-    pictures; a warning where an ensemble member's completeness is above the tolerance."""
+    pictures."""
     if args.quiet:
         return
     for head in attributed:
@@ -490,13 +470,3 @@ def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace
             print(printable(f"  {line}"))
         if head.saliency:
             print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
-        member_worst = max(
-            (m["worst_relative_error"] or 0.0 for m in report.get("ensemble", {}).get("members", [])), default=0.0
-        )
-        if member_worst > args.completeness_tol:
-            print(
-                f"{PROG}: warning: an ensemble member's worst relative completeness error "
-                f"{relative_error_text(member_worst)} exceeds --completeness-tol {args.completeness_tol:g}; "
-                "try --num-steps auto or more steps",
-                file=sys.stderr,
-            )

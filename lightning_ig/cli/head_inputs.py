@@ -114,7 +114,7 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
     """The dtype the model computes in: its floating-point parameters' (else its buffers'), else float32.
 
     Raises:
-        UsageError: the parameters are of several dtypes (ensemble members of different precisions): states of one
+        UsageError: the parameters are of several dtypes (layers saved in different precisions): states of one
             dtype would fail in the other's layers.
     """
     floats = [tensor.dtype for tensor in model.parameters() if tensor.is_floating_point()]
@@ -122,8 +122,8 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
     dtypes = sorted(set(floats), key=str)
     if len(dtypes) > 1:
         raise UsageError(
-            f"the model's parameters are of {len(dtypes)} dtypes ({', '.join(map(str, dtypes))}: ensemble members "
-            "saved in different precisions?); one forward takes states of one dtype: convert the model to one "
+            f"the model's parameters are of {len(dtypes)} dtypes ({', '.join(map(str, dtypes))}: layers saved "
+            "in different precisions?); one forward takes states of one dtype: convert the model to one "
             "(model.double() or .float()) and save it again"
         )
     return dtypes[0] if dtypes else torch.float32

@@ -245,7 +245,7 @@ def _add_diag(commands: Any) -> None:
         "--trust-remote-code",
         action="store_true",
         help="let the checkpoint's metadata name an unregistered architecture by import path (package.module:Class, "
-        "its own or an ensemble member's) and import it, which runs that module's code; without it only registered "
+        "its own or one its config names) and import it, which runs that module's code; without it only registered "
         "architectures are built from a file. Only for files whose origin you trust",
     )
 

@@ -117,7 +117,6 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     accuracy = accuracy_words(report)  # reports written before the verdict have none
     if accuracy is not None:
         lines.append("  " + printable(accuracy))
-    lines += _ensemble_lines(report)
     if report.get("stochastic_forward") is True:
         lines.append(
             "  warning: the forward gave different values for the same state; these attributions are not reproducible"
@@ -171,31 +170,6 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
         lines.append(
             f"  {rank:>4}  {_text(group.get('name'), 24):<24} {_text(members):>8} {_number(group.get('mean_abs'))} "
             f"{_number(group.get('stddev'))} {_number(group.get('mean_signed'))}"
-        )
-    return lines
-
-
-def _ensemble_lines(report: Mapping[str, Any]) -> list[str]:
-    """How far the members of an ensemble agree with the aggregate, and each member's completeness."""
-    ensemble = report.get("ensemble")
-    if not isinstance(ensemble, dict):
-        return []
-    agreement, members = _mapping(ensemble.get("agreement")), _records(ensemble.get("members"))
-    lines = [
-        "",
-        (
-            f"  ensemble of {_text(ensemble.get('num_members'))} members: Spearman of each member's feature ranking "
-            f"with the aggregate's: mean {_number(agreement.get('spearman_mean'), 0)}, lowest "
-            f"{_number(agreement.get('spearman_min'), 0)}; relative spread "
-            f"{_number(agreement.get('relative_spread'), 0)}"
-        ),
-        f"  {'member':>6} {'weight':>11} {'spearman':>11} {'rel.error':>11}  top features",
-    ]
-    for member in members:
-        top = ", ".join(_text(feature.get("name"), 16) for feature in _records(member.get("top_features"))[:3])
-        lines.append(
-            f"  {_text(member.get('member'), 6):>6} {_number(member.get('weight'))} "
-            f"{_number(member.get('spearman_vs_aggregate'))} {_number(member.get('worst_relative_error'))}  {top}"
         )
     return lines
 

@@ -5,7 +5,7 @@ A checkpoint records the architecture's *name* (one registered here with :func:`
 ``lightning-ig diag`` rebuilds the model without the user's code. Importing a module runs its code, so an import path
 is followed only on the caller's say-so: given ``allow_import=False``, :func:`resolve_model_class` and
 :func:`build_model` refuse it with :class:`UnregisteredModelError` before anything is imported, and so does every
-name a class meets while it builds itself from that config (an :class:`~lightning_ig.ensemble.Ensemble`'s members).
+name a class meets while it builds itself from that config.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def build_model(
         allow_import: Whether ``name`` may be an import path, imported if so (see
             :func:`resolve_model_class`). Default ``True``: the caller wrote the name.
         allow_import_in_config: Whether the names the class meets while it builds
-            itself from ``config`` (an ``Ensemble``'s members) may be import paths.
+            itself from ``config`` may be import paths.
             Default ``None``: as ``allow_import``. ``False`` when ``config`` comes from
             a file while ``name`` is the caller's.
 

@@ -8,8 +8,6 @@
   :class:`~lightning_ig.ops.ig.CudaIG` and :class:`~lightning_ig.ops.ig.TorchIG`.
 * :mod:`~lightning_ig.ops.soft_margin`: ``kernels/soft_margin.cu``'s launchers, the torch twin and the
   ``autograd.Function`` of the fused loss (:mod:`lightning_ig.losses` is its public face).
-* :mod:`~lightning_ig.ops.ensemble_reduce`: ``kernels/ensemble.cu``'s launchers, variants, twin and autograd
-  Functions (:mod:`lightning_ig.ensemble.reduce` is the functional form and the module).
 
 A new kernel family goes here as one module: its launchers, its bit-identical torch twin and its
 ``autograd.Function``, with the ``.cu`` file in ``kernels/``. Nothing is exported from the package itself: each

@@ -11,8 +11,6 @@ The flow, top to bottom:
   contract every view reads (kinds and values; the views say them);
 * :mod:`~lightning_ig.run.actions`: a run per action (``target="each"``: :class:`~.actions.ActionSummary`;
   ``target="contrast"``: the greedy action against the runner-up);
-* :mod:`~lightning_ig.run.agreement`: whether an ensemble's members rely on the same features as the aggregate
-  (:func:`ensemble_summary`, :func:`member_agreement`).
 
 A new number of a run goes into :mod:`~lightning_ig.run.statistics` and, for the callback, into
 :class:`RunSummary`; its words go to :mod:`lightning_ig.views.text`.
@@ -24,7 +22,6 @@ Example::
     host = HostResult.from_result(result)  # float64 numpy on the host: host.features.mean_abs, ...
 """
 
-from lightning_ig.run.agreement import ensemble_summary, member_agreement
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import AccuracyVerdict, accuracy_verdict
 from lightning_ig.run.summary import RunSettings, RunSummary, summarize
@@ -35,7 +32,5 @@ __all__ = [
     "RunSettings",
     "RunSummary",
     "accuracy_verdict",
-    "ensemble_summary",
-    "member_agreement",
     "summarize",
 ]

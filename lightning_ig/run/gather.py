@@ -1,8 +1,8 @@
-"""One collective for a run's result and the rows that ride along with it (an ensemble's members, a contrast's pairs).
+"""One collective for a run's result and the rows that ride along with it (a contrast's pairs).
 
 Under DDP every rank makes the same single collective call with the same shape
 (:meth:`~lightning_ig.run.host_result.HostResult.begin` calls its ``gather`` once). A run that also
-needs other per-state rows gathered (an ensemble's members, the pairs of ``target="contrast"``) sends them in
+needs other per-state rows gathered (the pairs of ``target="contrast"``) sends them in
 that same call, beside the result's packed rows: :class:`JointGather`. In a single process nothing is gathered
 and the rows stay where they are.
 """
@@ -18,7 +18,7 @@ __all__ = ["JointGather"]
 
 
 class JointGather:
-    """One collective for a run's result and its riders (per-state rows of another result, e.g. an ensemble's members).
+    """One collective for a run's result and its riders (per-state rows beside the result, e.g. a contrast's pairs).
 
     Pass it as the ``gather`` of :meth:`HostResult.from_result`: it concatenates
     the packed result and every rider along the columns, makes the one

@@ -2,7 +2,7 @@
 
 Host-side and float64, on a :class:`~lightning_ig.run.host_result.HostResult` (an
 :class:`~lightning_ig.attribution.IGResult` is brought to the host first). The callback's summary, the JSON
-report and an ensemble's agreement all read them from here.
+report all read them from here.
 
 Completeness of a state is ``|sum(attr) - (F(x) - F(b))| / |F(x) - F(b)|``. A
 state whose ``|F(x) - F(b)|`` is too small for that ratio (*degenerate*) is
@@ -81,7 +81,7 @@ def rank_order(values: np.ndarray) -> np.ndarray:
     """Indices of ``values`` by decreasing value; ties keep feature order; NaN last.
 
     The one ordering of features and groups used everywhere: the report's
-    top-k, the Jaccard drift, the text table, the charts and an ensemble's members.
+    top-k, the Jaccard drift, the text table and the charts.
     """
     keys = np.where(np.isnan(values), -np.inf, values)
     return np.argsort(-keys, kind="stable")

@@ -10,7 +10,6 @@ numbers carry kinds and values; the words are :mod:`lightning_ig.views.text`'s.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +17,7 @@ from typing import Any
 import numpy as np
 
 from lightning_ig.attribution.targets import Target
-from lightning_ig.ensemble.members import MemberRun
 from lightning_ig.run.actions import ActionSummary
-from lightning_ig.run.agreement import EnsembleSummary
 from lightning_ig.run.host_result import HostResult, Moments
 from lightning_ig.run.statistics import Completeness, completeness, concentration, drift
 
@@ -93,7 +90,6 @@ class RunSummary:
         concentration: share of the mass held by the top features.
         stochastic: the forward gave different values on the same rows.
         time_ms: wall time of the IG computation and the gather.
-        ensemble: the members of an ensemble model, or ``None``.
         actions: a ``target="each"`` run per action (its rows are (state, action) pairs), or ``None``.
         trust_checks: the callback's trust verdict (``lightning_ig.trust.TrustSummary``: ``status``,
             ``reasons``, ``notes``, ``headline()``, ``lines()``, the checks' results), or ``None`` (no checks).
@@ -119,7 +115,6 @@ class RunSummary:
     concentration: dict[str, float] = field(default_factory=dict)
     stochastic: bool = False
     time_ms: float = 0.0
-    ensemble: EnsembleSummary | None = None
     actions: ActionSummary | None = None
     trust_checks: Any = None  # typed by the callback's wing, which the views do not import
     trust_scalars: Mapping[str, float] = field(default_factory=dict)
@@ -148,24 +143,13 @@ class RunSummary:
 
         Returns:
             In order, those that apply: ``"non-finite"`` (NaN/Inf from the model), ``"unchecked"`` (no state could
-            be checked), ``"fail"`` (not within tolerance), ``"stochastic"`` (the forward moved on the same rows),
-            ``"members-fail"`` (an ensemble member's completeness above tolerance).
+            be checked), ``"fail"`` (not within tolerance), ``"stochastic"`` (the forward moved on the same rows).
         """
         verdict = self.completeness.verdict
         kinds = [verdict] if verdict in ("non-finite", "unchecked", "fail") else []
         if self.stochastic:
             kinds.append("stochastic")
-        member_worst = self.member_worst_relative_error  # NaN/Inf are the members' non-finite states, not this
-        if math.isfinite(member_worst) and member_worst > self.completeness.tolerance:
-            kinds.append("members-fail")
         return kinds
-
-    @property
-    def member_worst_relative_error(self) -> float:
-        """The worst relative completeness error over an ensemble's members (NaN without an ensemble)."""
-        if self.ensemble is None:
-            return math.nan
-        return self.ensemble.scalars["completeness/worst_relative_error"]
 
     @property
     def units(self) -> Units:
@@ -192,7 +176,6 @@ def summarize(
     step: int,
     history: Sequence[Mapping[str, Any]] = (),
     time_ms: float = 0.0,
-    members: MemberRun | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of one run.
 
@@ -206,7 +189,6 @@ def summarize(
         history: the earlier runs, as :meth:`RunSummary.history_entry` writes them (this run's index is their
             count; drift compares this run with the previous one and the first).
         time_ms: wall time of the IG computation.
-        members: the members' numbers when the model is an ensemble, else ``None``.
 
     Returns:
         The summary.
@@ -257,14 +239,5 @@ def summarize(
         concentration=concentration(host.features.mean_abs),
         stochastic=host.stochastic,
         time_ms=float(time_ms),
-        ensemble=None
-        if members is None
-        else EnsembleSummary.of(
-            host.features.mean_abs,
-            members,
-            feature_names=feature_names,
-            feature_shape=host.feature_shape,
-            top_k=settings.top_k,
-        ),
         actions=actions,
     )

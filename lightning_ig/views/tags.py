@@ -13,7 +13,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lightning_ig.run.agreement import ensemble_scalar_names
 from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
 from lightning_ig.vocabulary import check_bool, check_int, check_optional_positive_int, check_positive_int
 
@@ -161,7 +160,6 @@ class TagNames:
         prefix: ``"ig"`` or ``"ig/<name>"``.
         feature_labels: labels of the features logged one by one (``None``: too many to log).
         group_labels: labels of the groups (``None``: no groups).
-        ensemble_members: the members of an ensemble model (``<prefix>/ensemble/...`` tags), or ``None``.
         num_features: the features of one state (the top-10% concentration is logged when there are more than 10).
         action_labels: with ``target="each"``, one label per action (``<prefix>/action/<action>/...`` tags); else
             ``None``.
@@ -177,7 +175,6 @@ class TagNames:
     prefix: str
     feature_labels: list[str] | None
     group_labels: list[str] | None
-    ensemble_members: int | None = None
     num_features: int = 0
     action_labels: list[str] | None = None
     action_units: bool = False
@@ -224,8 +221,6 @@ class TagNames:
             tags.remove(f"{self.prefix}/{CONCENTRATION_TWIN}")
         units = self.group_labels if self.group_labels is not None else self.feature_labels or []
         tags += [f"{self.prefix}/drift/{name}" for name in drift_tags(len(units), top_k)]
-        if self.ensemble_members is not None:
-            tags += [f"{self.prefix}/ensemble/{name}" for name in ensemble_scalar_names(self.ensemble_members)]
         for action in self.action_labels or []:
             tags.append(f"{self.prefix}/action/{action}/greedy_states")
             if self.action_units:

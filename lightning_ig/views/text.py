@@ -272,7 +272,7 @@ def report_markdown(
 ) -> str:
     """The ``<prefix>/report`` text: the accuracy verdict and the trust status first, the settings, the table of what
     the target relies on (as the verdict card ranks it, by mass, with both signs), drift, concentration, the
-    saliency scale, per action and an ensemble's members.
+    saliency scale and per action.
 
     The table is a fixed-width block: TensorBoard's markdown drops table alignment, and numbers read best
     right-aligned.
@@ -359,7 +359,7 @@ def report_markdown(
         ]
     lines += _action_lines(summary, labels, prefix)
     lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
-    return "\n".join(lines + _ensemble_lines(summary, prefix)) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: int = 2) -> list[str]:
@@ -393,33 +393,12 @@ def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: 
     ]
 
 
-def _ensemble_lines(summary: RunSummary, prefix: str) -> list[str]:
-    """What the members of an ensemble say: their agreement with the aggregate and their completeness."""
-    if summary.ensemble is None:
-        return []
-    scalars, count = summary.ensemble.scalars, summary.ensemble.report["num_members"]
-    worst = scalars["completeness/worst_relative_error"]
-    verdict = (
-        "passes" if worst <= summary.completeness.tolerance else "was not checked" if math.isnan(worst) else "FAILS"
-    )
-    return [
-        "",
-        (
-            f"**Ensemble** ({count} members, `{prefix}/ensemble/...`): Spearman correlation of the members' feature "
-            f"rankings with the aggregate's: mean {_number(scalars['spearman_mean'], '.3f')}, lowest "
-            f"{_number(scalars['spearman_min'], '.3f')}; relative spread of mean |attribution| across members "
-            f"{_number(scalars['relative_spread'], '.3g')}. Member completeness {verdict}: worst relative error "
-            f"{relative_error_text(worst)}."
-        ),
-    ]
-
-
 def troubles(summary: RunSummary) -> dict[str, str]:
     """What is wrong with a run, in words: the callback's warnings, one per kind of :meth:`RunSummary.troubles`.
 
     Returns:
         ``{kind: message}`` for the kinds that apply: ``"non-finite"``, ``"unchecked"``, ``"fail"``,
-        ``"stochastic"``, ``"members-fail"`` (an ensemble member's attributions do not add up).
+        ``"stochastic"``.
     """
     numbers, step = summary.completeness, summary.step
     words = {
@@ -437,11 +416,6 @@ def troubles(summary: RunSummary) -> dict[str, str]:
         "stochastic": lambda: (
             f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "
             "mode, noise drawn inside forward?): the attributions are not reproducible"
-        ),
-        "members-fail": lambda: (
-            "the worst relative completeness error of an ensemble member is "
-            f"{summary.member_worst_relative_error:.3g} at step {step}, above completeness_tol={numbers.tolerance:g} "
-            "(ig/ensemble/completeness/...); use n_steps='auto' or more steps"
         ),
         "non-finite": lambda: _non_finite_words(summary),
     }

@@ -70,7 +70,7 @@ def test_options_are_kept_in_one_spelling_and_read_only() -> None:
 
 def test_the_engine_takes_its_options_as_keywords_and_names_an_unknown_one() -> None:
     engine = IntegratedGradients(lambda x: x.sum(1), target=None, n_steps=8, method="riemann_left")
-    assert engine.options == IGOptions(n_steps=8, method="riemann_left") and engine.target.model_output
+    assert engine.options == IGOptions(n_steps=8, method="riemann_left") and engine.target.kind == "output"
     assert IntegratedGradients(lambda x: x.sum(1), **engine.options.keywords()).options == engine.options
     with pytest.raises(TypeError, match="unknown option"):
         options_with(IGOptions(), {"steps": 8})

@@ -191,7 +191,7 @@ def test_bound_to_a_model_a_target_gets_its_actions_labels_and_rows_per_state() 
     assert Target.parse(1).bind((7, 2), ["left", "right"]).words == "Q(s, right)"  # names only where given
     assert Target.parse(1).bind((7, 2)).actions is None
     for one_value in ("mean", 0):  # a model with one value per state: that value is attributed
-        assert Target.parse(one_value).bind((7,)).model_output
+        assert Target.parse(one_value).bind((7,)).kind == "output"
     with pytest.raises(ValueError, match="target='each' needs at least two outputs per state"):
         Target.parse("each").bind((7,))
     with pytest.raises(ValueError, match="--target contrast needs at least two outputs"):

@@ -237,46 +237,6 @@ def test_group_sums_on_the_gpu_equal_the_cpu_and_repeat_bit_for_bit(cuda_device)
         )
 
 
-def _ensemble_report(tmp_path: Path, backend: str) -> tuple[dict, IntegratedGradientsCallback]:
-    from tests.support.tiny import EnsembleQNet
-
-    pl.seed_everything(0)
-    model = EnsembleQNet((4,), members=4)
-    callback = IntegratedGradientsCallback(
-        held_out_states(48),
-        every_n_steps=2,
-        feature_names=FEATURES,
-        report_dir=tmp_path / "r",
-        engine=IGOptions(n_steps=32, backend=backend),
-    )
-    _trainer(tmp_path, [callback], max_steps=4).fit(model, DataLoader(dataset(64), batch_size=16))
-    return json.loads((tmp_path / "r" / "ig_report_step=00000004.json").read_text()), callback
-
-
-def test_ensemble_members_under_cuda_equal_the_torch_path_and_replay_a_graph(tmp_path, cuda_device):
-    from tests.support.tolerance import assert_close_scaled
-
-    cuda, callback = _ensemble_report(tmp_path / "cuda", "cuda")
-    torch_path, _ = _ensemble_report(tmp_path / "torch", "torch")
-    assert cuda["backend"] == "cuda" and torch_path["backend"] == "torch"
-    assert (
-        callback._fit.members is not None and callback._fit.members.engine.last_mode == "graph"
-    )  # the members' run replays
-    for member_cuda, member_torch in zip(cuda["ensemble"]["members"], torch_path["ensemble"]["members"]):
-        states_cuda, states_torch = member_cuda["per_state"], member_torch["per_state"]
-        scale = max(abs(s["sum_attributions"]) + abs(s["f_input_minus_f_baseline"]) for s in states_torch)
-        for field in ("sum_attributions", "f_input_minus_f_baseline"):
-            assert_close_scaled(
-                [s[field] for s in states_cuda], [s[field] for s in states_torch], ulps=1024, scale=scale
-            )
-        assert member_cuda["worst_relative_error"] < 1e-3 and member_torch["worst_relative_error"] < 1e-3
-    assert_close_scaled(
-        cuda["ensemble"]["agreement"]["relative_spread"],
-        torch_path["ensemble"]["agreement"]["relative_spread"],
-        ulps=1024,
-    )
-
-
 def test_a_run_ended_at_the_next_step_holds_what_a_run_ended_at_once_computes(tmp_path, cuda_device):
     """On CUDA a run's numbers travel to pinned memory behind an event and are read one step later."""
     pl.seed_everything(4)

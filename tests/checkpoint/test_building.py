@@ -34,7 +34,6 @@ from lightning_ig.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from lightning_ig.ensemble import Ensemble
 from lightning_ig.models import (
     DuelingQNetwork,
     UnregisteredModelError,
@@ -79,11 +78,26 @@ def _with_config(path: Path, target: Path, **changes: Any) -> Path:
     return target
 
 
-def _ensemble_naming(path: Path, member: str) -> Path:
-    """An Ensemble checkpoint whose one member is named ``member``, with that member's (Net's) tensors."""
-    tensors = {**_net_tensors(prefix="members.0."), "reduce.weights": torch.ones(1)}
-    config = {"members": [{"name": member, "config": {"width": 4}}], "weights": [1.0], "backend": "auto"}
-    return _file(path, tensors, "Ensemble", config)
+@register_model("Composite")
+class Composite(nn.Module):
+    """A registered model that builds its members from names in its config: the names inside a file's config."""
+
+    def __init__(self, members: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(build_model(member["name"], member.get("config")) for member in members)
+        self._config = {"members": members}
+
+    def config(self) -> dict[str, Any]:
+        return dict(self._config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.members[0](x)).mean(dim=1)  # (N,)
+
+
+def _composite_naming(path: Path, member: str) -> Path:
+    """A Composite checkpoint whose one member is named ``member``, with that member's (Net's) tensors."""
+    config = {"members": [{"name": member, "config": {"width": 4}}]}
+    return _file(path, _net_tensors(prefix="members.0."), "Composite", config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,9 +141,9 @@ def test_this_is_refused_and_prints_nothing(tmp_path: Path, capsys: pytest.Captu
     assert already or "this" not in sys.modules
 
 
-def test_an_ensemble_member_from_the_file_is_refused_unless_trusted(tmp_path: Path, marker: Path) -> None:
-    path = _ensemble_naming(tmp_path / "ensemble.safetensors", "tests.support.markermod:Net")
-    for kwargs in ({}, {"architecture": "Ensemble"}):  # naming the ensemble does not vouch for the file's members
+def test_a_member_named_inside_the_files_config_is_refused_unless_trusted(tmp_path: Path, marker: Path) -> None:
+    path = _composite_naming(tmp_path / "composite.safetensors", "tests.support.markermod:Net")
+    for kwargs in ({}, {"architecture": "Composite"}):  # naming the outer class does not vouch for its members
         with pytest.raises(CheckpointError) as refused:
             load_checkpoint(path, **kwargs)
         assert not marker.exists() and MARKER not in sys.modules
@@ -137,12 +151,14 @@ def test_an_ensemble_member_from_the_file_is_refused_unless_trusted(tmp_path: Pa
         assert "--trust-remote-code" in str(refused.value)
     states = torch.randn(3, 4)
     trusted = load_checkpoint(path, trust_remote_code=True)
-    assert marker.exists() and isinstance(trusted.model, Ensemble)
+    assert marker.exists() and isinstance(trusted.model, Composite)
     assert sys.modules[MARKER].TABLE.device.type == "cpu", "imported during the meta build, kept a meta tensor"
-    expected = torch.sigmoid(trusted.model.members[0](states)).mean(dim=1)  # one member of weight 1
+    expected = torch.sigmoid(trusted.model.members[0](states)).mean(dim=1)
     assert_close_scaled(trusted.model(states).detach(), expected.detach(), ulps=8, scale=1.0)  # means of sigmoids <= 1
-    config = {"members": [{"name": "tests.support.markermod:Net", "config": {"width": 4}}], "weights": [1.0]}
-    assert isinstance(load_checkpoint(path, config=config).model, Ensemble), "a config the caller wrote is the caller's"
+    config = {"members": [{"name": "tests.support.markermod:Net", "config": {"width": 4}}]}
+    assert isinstance(load_checkpoint(path, config=config).model, Composite), (
+        "a config the caller wrote is the caller's"
+    )
 
 
 def test_a_merged_heads_entry_naming_an_import_path_is_refused(tmp_path: Path, marker: Path) -> None:
@@ -161,10 +177,10 @@ def test_build_model_refuses_before_importing_when_told(marker: Path) -> None:
         resolve_model_class("tests.support.markermod:Net", allow_import=False)
     members = {"members": [{"name": "tests.support.markermod:Net", "config": {"width": 4}}]}
     with pytest.raises(UnregisteredModelError) as refused:  # a name inside the config, under a registered one
-        build_model("Ensemble", members, allow_import=False)
+        build_model("Composite", members, allow_import=False)
     assert refused.value.name == "tests.support.markermod:Net"
     with pytest.raises(UnregisteredModelError):
-        build_model("Ensemble", members, allow_import_in_config=False)
+        build_model("Composite", members, allow_import_in_config=False)
     assert not marker.exists() and MARKER not in sys.modules
     assert build_model("DuelingQNetwork", {"state_dim": 4, "num_actions": 2}, allow_import=False).num_actions == 2
     assert isinstance(build_model("tests.support.markermod:Net", {"width": 4}), nn.Module) and marker.exists(), (

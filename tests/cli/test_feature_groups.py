@@ -1,4 +1,4 @@
-"""`lightning-ig diag` on pixel agents and ensembles: --feature-groups, --saliency, the "ensemble" key, and `show`.
+"""`lightning-ig diag` on pixel agents: --feature-groups, --saliency, and `show`.
 
 The end-to-end runs go through subprocesses, as a user runs them (started together: each costs seconds of
 imports); the checks of every bad --feature-groups form run in-process.
@@ -22,13 +22,12 @@ from PIL import Image
 from lightning_ig import cli, models
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
-from lightning_ig.ensemble import Ensemble
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid
 from lightning_ig.views.report import load_schema
 from tests.support import repo_env
-from tests.support.tolerance import assert_close_scaled, eps
+from tests.support.tolerance import assert_close_scaled
 
 FRAME = (4, 10, 10)  # MinAtar Breakout's observation, channels first
 
@@ -67,14 +66,6 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     generator = torch.Generator().manual_seed(0)
     frames = (torch.rand(20, *FRAME, generator=generator) < 0.2).float()  # MinAtar frames are 0/1 per channel
     save_checkpoint(_minatar_network(), root / "minatar.safetensors", states=frames)
-    torch.manual_seed(1)
-    heads = [DuelingQNetwork(4, 3, hidden_sizes=(16,), noisy=True, activation="tanh") for _ in range(3)]
-    save_checkpoint(
-        Ensemble(heads, weights=[0.5, 0.3, 0.2]),
-        root / "ensemble.safetensors",
-        states=torch.randn(12, 4, generator=generator),
-        feature_names=["x", "v", "theta", "omega"],
-    )
     save_checkpoint(
         DuelingQNetwork(4, 2, hidden_sizes=(8,)),
         root / "flat.safetensors",
@@ -102,19 +93,6 @@ def runs(workspace: Path) -> dict[str, subprocess.CompletedProcess[str]]:
             "saliency",
             "--output",
             "out/minatar.json",
-        ],
-        "ensemble": [
-            "diag",
-            "--checkpoint",
-            "ensemble.safetensors",
-            "--num-steps",
-            "32",
-            "--auto-samples",
-            "10",
-            "--top-k",
-            "2",
-            "--output",
-            "out/ensemble.json",
         ],
     }
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -183,47 +161,6 @@ def test_show_prints_the_groups_table(workspace, runs, capsys):
     assert "groups by mean |attribution| (4 groups" in out
     table = out[out.index("groups by mean") :].splitlines()[2:5]
     assert len(table) == 3 and all("channel" in line and " 100 " in line for line in table)
-
-
-def test_ensemble_checkpoint_reports_the_aggregate_and_each_member(workspace, runs, capsys):
-    run = runs["ensemble"]
-    assert run.returncode == 0, run.stderr
-    report = json.loads((workspace / "out" / "ensemble.json").read_text())
-    _validate(report)
-    assert report["architecture"] == "Ensemble" and report["forward_target"] == "output"
-    ensemble = report["ensemble"]
-    assert ensemble["num_members"] == 3 and ensemble["weights"] == pytest.approx([0.5, 0.3, 0.2])
-    model, states, _ = _direct(workspace, "ensemble.safetensors", report["state_indices"], 32)
-    with noise_disabled(model):
-        members = integrated_gradients(model.member_signals, states, target="each", n_steps=32)
-    assert report["completeness"]["worst_relative_error"] < 1e-3
-    for m, member in enumerate(ensemble["members"]):
-        assert member["worst_relative_error"] < 1e-3 and member["num_non_finite"] == 0  # completeness per member
-        assert len(member["top_features"]) == 2 and member["top_features"][0]["name"] in ("x", "v", "theta", "omega")
-        sums = members.attributions[m].double().sum(1)
-        assert_close_scaled(
-            [s["sum_attributions"] for s in member["per_state"]],
-            sums,
-            ulps=64,
-            scale=float(members.attributions[m].double().abs().sum(1).max()),
-        )
-    # the aggregate is the weighted sum of the members' signals, and IG is linear in the target
-    weighted = sum(
-        w * np.array([s["sum_attributions"] for s in member["per_state"]])
-        for w, member in zip(ensemble["weights"], ensemble["members"])
-    )
-    aggregate_sums = [s["sum_attributions"] for s in report["completeness"]["per_state"]]
-    assert_close_scaled(weighted, aggregate_sums, ulps=256, scale=float(np.abs(aggregate_sums).max()))
-    assert ensemble["agreement"]["spearman_mean"] == pytest.approx(
-        np.mean(ensemble["agreement"]["spearman"]), rel=4 * eps(np.float64)
-    )
-    assert cli.main(["show", str(workspace / "out" / "ensemble.json")]) == 0
-    out = capsys.readouterr().out
-    assert "ensemble of 3 members: Spearman of each member's feature ranking with the aggregate's: mean" in out
-    assert len([line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]) >= 3
-
-
-# ---------------------------------------------------------------------------- every bad form: one line, status 2
 
 
 def _groups_file(workspace: Path, name: str, text: str) -> str:

@@ -73,4 +73,3 @@ def test_troubles_are_kinds_in_order_and_the_views_say_them():
     ]
     failing = dataclasses.replace(make_summary(estimate=0.5), stochastic=True)
     assert failing.troubles() == ["fail", "stochastic"]
-    assert math.isnan(failing.member_worst_relative_error)  # no ensemble

@@ -7,13 +7,10 @@ wherever pytest runs, and a subprocess gets it through ``PYTHONPATH``); no test 
 import os
 from pathlib import Path
 
-__all__ = ["DATA", "REPO", "repo_env"]
+__all__ = ["REPO", "repo_env"]
 
 REPO = Path(__file__).resolve().parents[2]
 """The repository's root (the folder holding ``lightning_ig/`` and ``tests/``)."""
-
-DATA = REPO / "tests" / "data"
-"""Files the tests read as they are (a C++ host check of the ensemble kernels)."""
 
 
 def repo_env() -> dict[str, str]:

@@ -73,7 +73,7 @@ class MinAtarShaped(nn.Module):
 
 
 class MixedPrecision(TinyQ):
-    """TinyQ whose output layer is float64: two precisions in one model, as an ensemble of members saved apart."""
+    """TinyQ whose output layer is float64: two precisions in one model, as layers saved apart."""
 
     def __init__(self, width: int, actions: int = 2) -> None:
         super().__init__(width, actions)

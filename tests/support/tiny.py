@@ -2,7 +2,7 @@
 
 As a script (``python -m tests.support.tiny --devices 2 --out DIR``, from the repository's root or with it
 on ``PYTHONPATH``; Lightning's DDP launcher starts rank 1 the same way) it trains a
-small ensemble on image-shaped states with the callback under ``strategy="ddp"``
+small conv net on image-shaped states with the callback under ``strategy="ddp"``
 on the CPU (gloo; ``--accelerator gpu``: NCCL and the CUDA kernels), rank r
 writing its JSON reports to ``DIR/reports_rank<r>`` and its event files to
 ``DIR/tb_rank<r>``; with ``--devices 1`` it runs the same training in one
@@ -12,7 +12,6 @@ process. tests/test_callback_ddp.py compares the two.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 
@@ -21,8 +20,6 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ig.attribution import IGOptions
-from lightning_ig.ensemble import Ensemble
-from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.views import ViewOptions
 
@@ -122,42 +119,6 @@ class NatureDuelingQNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
-class EnsembleQNet(pl.LightningModule):
-    """An ensemble of small dueling Q-networks: its forward is the ensemble's aggregate ``(N,)``.
-
-    ``input_shape`` ``(4,)`` feeds the members directly; a frame shape such as
-    ``(2, 4, 4)`` is flattened first (a saliency map needs spatial states). The
-    callback finds the ensemble (``self.ensemble``, whose output the forward is)
-    and attributes each member as well.
-    """
-
-    def __init__(
-        self, input_shape: tuple[int, ...] = (4,), members: int = 3, noisy: bool = True, lr: float = 0.05
-    ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        features = math.prod(input_shape)
-
-        def member() -> torch.nn.Module:
-            network = DuelingQNetwork(features, 2, hidden_sizes=(16,), noisy=noisy, activation="tanh")
-            return network if len(input_shape) == 1 else torch.nn.Sequential(torch.nn.Flatten(), network)
-
-        weights = torch.arange(members, 0, -1, dtype=torch.float32)
-        self.ensemble = Ensemble([member() for _ in range(members)], weights=weights / weights.sum())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ensemble(x)  # (N,)
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        if self.hparams.noisy:
-            self.ensemble.reset_noise()  # draws from the global torch generator, as NoisyNet training does
-        return torch.nn.functional.mse_loss(self(x), torch.sigmoid(y.reshape(len(y), -1)[:, 0]))
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
-
-
 def frames(n: int, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
     """``n`` random frames of ``shape`` in [0, 1] with a bright square (some structure for the saliency maps)."""
     generator = torch.Generator().manual_seed(seed)
@@ -219,10 +180,10 @@ def ddp_held_out_states() -> torch.Tensor:
 
 
 def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: str = "cpu") -> None:
-    """Train an ensemble on ``DDP_SHAPE`` frames twice, with the callback and without it, in each process.
+    """Train a conv net on ``DDP_SHAPE`` frames twice, with the callback and without it, in each process.
 
-    With the callback: per-feature and per-channel statistics, saliency images of 24 states (both ranks' shares),
-    the ensemble's members; rank r writes its reports to ``out/reports_rank<r>`` and its TensorBoard logger to
+    With the callback: per-feature and per-channel statistics, saliency images of 24 states (both ranks' shares);
+    rank r writes its reports to ``out/reports_rank<r>`` and its TensorBoard logger to
     ``out/tb_rank<r>``, so the test can see that only rank zero writes. Rank zero saves the final weights of both
     fits to ``out/weights.pt``.
     """
@@ -236,7 +197,7 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
     for with_callback in (True, False):
         pl.seed_everything(0)
         # No BatchNorm (its statistics are per rank under DDP), no noise draws (ranks would draw differently).
-        model = EnsembleQNet(DDP_SHAPE, members=3, noisy=False, lr=0.01)
+        model = ConvQNet(DDP_SHAPE, lr=0.01)
         callback = IntegratedGradientsCallback(
             ddp_held_out_states(),
             every_n_steps=2,

@@ -31,7 +31,7 @@ __all__ = ["RunOutputs", "informative_scalars", "pictures_due", "scalar_metrics"
 
 def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     """The scalars of one run, keyed by tag: the accuracy figures, per feature and group, concentration, drift,
-    ensemble, actions, time, the trust checks'. The accuracy figures are the two the verdict rests on, never the old
+    actions, time, the trust checks'. The accuracy figures are the two the verdict rests on, never the old
     ratio ``|delta| / |dF|`` (the JSON report's ``worst_relative_error``). Every scalar is here;
     :func:`informative_scalars` leaves out those that carry nothing.
     """
@@ -54,8 +54,6 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         )
     metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
-    if summary.ensemble is not None:
-        metrics.update((f"{prefix}/ensemble/{name}", value) for name, value in summary.ensemble.scalars.items())
     metrics.update(summary.trust_scalars)  # already tagged by the callback's trust checks
     if summary.actions is not None and tags.action_labels is not None:
         metrics.update(_action_metrics(summary, tags))

@@ -23,7 +23,6 @@ from lightning_ig.callback import IntegratedGradientsCallback
 from tests.support.tiny import (
     FEATURES,
     ConvQNet,
-    EnsembleQNet,
     TinyQNet,
     dataset,
     frame_dataset,
@@ -77,18 +76,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         enable_checkpointing=False,
     ).fit(ConvQNet((3, 16, 16)), DataLoader(frame_dataset(32, (3, 16, 16)), batch_size=16))
     image_run = Path(image_logger.log_dir).relative_to(root).as_posix()
-    # a third run of an ensemble: its members' agreement and completeness
-    ensemble_logger = TensorBoardLogger(root, name="ensemble")
-    pl.Trainer(
-        accelerator="cpu",
-        max_steps=2,
-        logger=ensemble_logger,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[IntegratedGradientsCallback(held_out_states(6), every_n_steps=2, engine=IGOptions(n_steps=8))],
-        enable_checkpointing=False,
-    ).fit(EnsembleQNet(), DataLoader(dataset(32), batch_size=16))
-    ensemble_run = Path(ensemble_logger.log_dir).relative_to(root).as_posix()
 
     port = _free_port()
     log = open(root / "tensorboard.log", "w")  # noqa: SIM115 - closed below, after the process
@@ -121,10 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                 raise AssertionError(f"tensorboard exited with {process.returncode}: {output}")
             try:
                 tags = _get(f"{base}/data/plugin/scalars/tags")
-                if all(
-                    name in tags and any(tag.startswith("ig/") for tag in tags[name])
-                    for name in (run, image_run, ensemble_run)
-                ):
+                if all(name in tags and any(tag.startswith("ig/") for tag in tags[name]) for name in (run, image_run)):
                     break  # up, and the runs are loaded
             except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
                 pass
@@ -132,7 +116,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                 output = (root / "tensorboard.log").read_text()[-3000:]
                 raise AssertionError(f"tensorboard did not serve the run within {STARTUP_SECONDS} s: {output}")
             time.sleep(0.5)
-        yield base, run, image_run, ensemble_run
+        yield base, run, image_run
     finally:
         process.terminate()
         try:
@@ -181,7 +165,7 @@ def test_histogram_image_and_text_tags(server):
 
 
 def test_saliency_images_and_group_tags_of_an_image_run(server):
-    base, _, run, _ = server
+    base, _, run = server
     images = _get(f"{base}/data/plugin/images/tags")[run]
     assert "ig/2_saliency" in images
     listed = _get(f"{base}/data/plugin/images/images?run={run}&tag=ig/2_saliency")
@@ -194,18 +178,3 @@ def test_saliency_images_and_group_tags_of_an_image_run(server):
     assert {f"ig/group/mean_abs/channel {c}" for c in range(3)} <= set(scalars)
     histograms = _get(f"{base}/data/plugin/histograms/tags")[run]
     assert {f"ig/group/attributions/channel {c}" for c in range(3)} <= set(histograms)
-
-
-def test_ensemble_tags_of_an_ensemble_run(server):
-    base, *_, run = server
-    scalars = set(_get(f"{base}/data/plugin/scalars/tags")[run])
-    members = [f"member_{m}" for m in range(3)]
-    assert {
-        "ig/ensemble/spearman_mean",
-        "ig/ensemble/relative_spread",
-        "ig/ensemble/completeness/worst_relative_error",
-        *(f"ig/ensemble/spearman/{m}" for m in members),
-        *(f"ig/ensemble/completeness/{m}" for m in members),
-    } <= scalars
-    values = _get(f"{base}/data/plugin/scalars/scalars?run={run}&tag=ig/ensemble/completeness/worst_relative_error")
-    assert [step for _, step, _ in values] == [2] and 0 <= values[0][2] < 1e-2
