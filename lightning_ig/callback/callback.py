@@ -357,9 +357,10 @@ class IntegratedGradientsCallback(Callback):
                     torch.arange(run.sample_states + plan.window, len(states), plan.windows),
                 ]
             )
-            states = states[rows.to(states.device)]
+            rows = rows.to(states.device)  # one copy: the states and a per-state baseline share a device
+            states = states[rows]
             if isinstance(baselines, Tensor) and baselines.shape == run.states.shape:
-                baselines = baselines[rows.to(baselines.device)]
+                baselines = baselines[rows]
         with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; the callback warns once
             result = run.engine.attribute(states, baselines=baselines)
             if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major

@@ -16,27 +16,10 @@ import torch
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.quadrature import quadrature
 from lightning_ig.run.statistics import accuracy_verdict
+from tests.support.models import kinked_relu, kinked_relu_attributions
 from tests.support.tolerance import assert_close_scaled, eps
 
 F64 = torch.float64
-
-
-def _relu_net(kinks: list[float], signs: list[float]) -> torch.nn.Module:
-    """``sum_i signs_i relu(z_i - kinks_i)`` as a two-layer ReLU network (Linear, ReLU, Linear), float64."""
-    features = len(kinks)
-    net = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(), torch.nn.Linear(features, 1))
-    net = net.double()  # before the weights are set: the kinks exactly as given, not rounded to float32
-    with torch.no_grad():
-        net[0].weight.copy_(torch.eye(features, dtype=F64))
-        net[0].bias.copy_(-torch.tensor(kinks, dtype=F64))
-        net[2].weight.copy_(torch.tensor([signs], dtype=F64))
-        net[2].bias.zero_()
-    return net
-
-
-def _exact(x: torch.Tensor, kinks: list[float], signs: list[float]) -> torch.Tensor:
-    k, c = torch.tensor(kinks, dtype=F64), torch.tensor(signs, dtype=F64)
-    return c * (x - k).clamp_min(0)
 
 
 def _rule_attributions(x: torch.Tensor, kinks: list[float], signs: list[float], method: str, n: int) -> torch.Tensor:
@@ -64,10 +47,10 @@ STATES = torch.tensor([[1.0] * 3, [1.1] * 3, [1.2] * 3], dtype=F64)
 def test_one_kink_per_stretch_the_estimate_is_the_true_error(method: str) -> None:
     n = 8
     assert _one_kink_per_stretch(STATES, KINKS, method, n)  # the case the estimate models exactly
-    result = integrated_gradients(_relu_net(KINKS, SIGNS), STATES, target="mean", n_steps=n, method=method)
+    result = integrated_gradients(kinked_relu(KINKS, SIGNS), STATES, target="mean", n_steps=n, method=method)
     expected = _rule_attributions(STATES, KINKS, SIGNS, method, n)
     assert_close_scaled(result.attributions, expected, ulps=16, dtype=F64)
-    error = (result.attributions - _exact(STATES, KINKS, SIGNS)).abs().sum(1)  # ||a - a_exact||_1
+    error = (result.attributions - kinked_relu_attributions(STATES, KINKS, SIGNS)).abs().sum(1)  # ||a - a_exact||_1
     assert float(error.min()) > 0  # the rule is off: there is something to estimate
     mass = result.attributions.abs().sum(1)
     # the relative estimate is ||e||_1 / ||a||_1 with ||e||_1 the true L1 error, to rounding of sums of n terms
@@ -80,11 +63,11 @@ def test_kinks_whose_completeness_errors_cancel_are_seen_by_the_estimate() -> No
     n = 32
     kinks, signs = [0.3, 0.3 + 1 / n], [1.0, -1.0]
     x = torch.ones(1, 2, dtype=F64)
-    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps=n, method="riemann_middle")
+    result = integrated_gradients(kinked_relu(kinks, signs), x, target="mean", n_steps=n, method="riemann_middle")
     mass = float(result.attributions.abs().sum())
     assert abs(float(result.delta[0])) <= 4 * n * eps(F64) * mass  # completeness reads (almost) exact
     assert float(result.mass_relative_error[0]) <= 4 * n * eps(F64)
-    error = float((result.attributions - _exact(x, kinks, signs)).abs().sum())
+    error = float((result.attributions - kinked_relu_attributions(x, kinks, signs)).abs().sum())
     assert error > 0.01 * mass  # yet the map is more than 1% off
     assert float(result.attribution_error[0]) * mass == pytest.approx(error, rel=16 * n * eps(F64))
     verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
@@ -98,14 +81,16 @@ def test_auto_goes_on_where_completeness_is_exact_but_the_estimate_is_not_within
     x = torch.ones(2, 2, dtype=F64)
     tol = 0.01
     result = integrated_gradients(
-        _relu_net(kinks, signs), x, target="mean", n_steps="auto", method="riemann_middle", completeness_tol=tol
+        kinked_relu(kinks, signs), x, target="mean", n_steps="auto", method="riemann_middle", completeness_tol=tol
     )
     assert result.n_steps > 56 and result.n_steps_per_state.tolist() == [result.n_steps] * 2
     assert float(result.attribution_error.max()) <= tol / 2
-    true = (result.attributions - _exact(x, kinks, signs)).abs().sum(1) / _exact(x, kinks, signs).abs().sum(1)
+    true = (result.attributions - kinked_relu_attributions(x, kinks, signs)).abs().sum(1) / kinked_relu_attributions(
+        x, kinks, signs
+    ).abs().sum(1)
     assert float(true.max()) <= tol
     coarser = integrated_gradients(
-        _relu_net(kinks, signs), x, target="mean", n_steps=result.n_steps // 3, method="riemann_middle"
+        kinked_relu(kinks, signs), x, target="mean", n_steps=result.n_steps // 3, method="riemann_middle"
     )
     assert float(coarser.attribution_error.max()) > tol / 2  # and it stopped at the first level that was within
 
@@ -183,7 +168,7 @@ def test_mass_relative_error_is_well_conditioned_where_dF_is_tiny() -> None:
     n = 32
     kinks, signs = [0.3, 0.3005], [1.0, -1.0]
     x = torch.ones(1, 2, dtype=F64)
-    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps=n, method="riemann_middle")
+    result = integrated_gradients(kinked_relu(kinks, signs), x, target="mean", n_steps=n, method="riemann_middle")
     mass = float(result.attributions.abs().sum())
     delta, change = float(result.delta[0]), float(result.f_input[0] - result.f_baseline[0])
     assert abs(change) < 0.01 * mass and float(result.relative_error[0]) > 0.5
@@ -193,7 +178,7 @@ def test_mass_relative_error_is_well_conditioned_where_dF_is_tiny() -> None:
 
 
 def test_near_baseline_states_are_flagged_and_left_out_of_the_worst() -> None:
-    forward = _relu_net(KINKS, SIGNS)
+    forward = kinked_relu(KINKS, SIGNS)
     near = torch.tensor([[0.3, 0.45, 0.78]], dtype=F64)  # just past each kink: a tiny map (x - k = 0.01-0.07)
     x = torch.cat([STATES, near])
     result = integrated_gradients(forward, x, target="mean", n_steps=8, method="riemann_middle")

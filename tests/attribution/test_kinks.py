@@ -11,26 +11,10 @@ import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from lightning_ig.run.statistics import accuracy_verdict
+from tests.support.models import kinked_relu, kinked_relu_attributions
 from tests.support.tolerance import assert_close_scaled, eps
 
 F64 = torch.float64
-
-
-def _relu_net(kinks: list[float], signs: list[float]) -> torch.nn.Module:
-    """``sum_i signs_i relu(z_i - kinks_i)`` as a two-layer ReLU network, float64."""
-    features = len(kinks)
-    net = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(), torch.nn.Linear(features, 1))
-    net = net.double()
-    with torch.no_grad():
-        net[0].weight.copy_(torch.eye(features, dtype=F64))
-        net[0].bias.copy_(-torch.tensor(kinks, dtype=F64))
-        net[2].weight.copy_(torch.tensor([signs], dtype=F64))
-        net[2].bias.zero_()
-    return net
-
-
-def _exact(x: torch.Tensor, kinks: list[float], signs: list[float]) -> torch.Tensor:
-    return torch.tensor(signs, dtype=F64) * (x - torch.tensor(kinks, dtype=F64)).clamp_min(0)
 
 
 KINKS, SIGNS = [0.23, 0.41, 0.77], [1.0, -2.0, 0.5]
@@ -41,10 +25,10 @@ def test_one_kink_per_stretch_is_corrected_to_the_exact_integral() -> None:
     # At 12 midpoint nodes each kink sits alone between two nodes, and ceil(12 / 4) = 3 stretches are certified per
     # state: the certificate confirms each, and the corrected rule is the exact integral; the plain midpoint rule on
     # the same gradients is visibly off.
-    forward = _relu_net(KINKS, SIGNS)
+    forward = kinked_relu(KINKS, SIGNS)
     result = integrated_gradients(forward, STATES, target="mean", n_steps=12)
     plain = integrated_gradients(forward, STATES, target="mean", n_steps=12, method="riemann_middle")
-    exact = _exact(STATES, KINKS, SIGNS)
+    exact = kinked_relu_attributions(STATES, KINKS, SIGNS)
     assert result.method == "kink_midpoint" and result.n_steps == 12
     mass = float(exact.abs().sum(1).max())
     assert float((plain.attributions - exact).abs().max()) > 1e-3 * mass
@@ -59,8 +43,8 @@ def test_two_kinks_in_one_stretch_are_partly_corrected_and_the_estimate_says_so(
     # estimate reads it within a factor of two.
     kinks, signs = [0.26, 0.31, 0.7], [1.0, 1.5, 0.8]
     x = torch.ones(1, 3, dtype=F64)
-    result = integrated_gradients(_relu_net(kinks, signs), x, target="mean", n_steps=8)
-    exact = _exact(x, kinks, signs)
+    result = integrated_gradients(kinked_relu(kinks, signs), x, target="mean", n_steps=8)
+    exact = kinked_relu_attributions(x, kinks, signs)
     true = float((result.attributions - exact).abs().sum() / exact.abs().sum())
     assert true > 1e-3  # not corrected: there is an error to estimate
     assert 0.5 * true <= float(result.attribution_error[0]) <= 2 * true
@@ -81,7 +65,7 @@ class _Doubled(torch.autograd.Function):
 def test_a_wrong_gradient_fails_the_verdict() -> None:
     # The values say one thing, the gradients twice as much: whatever the certificates let through, the sum is off
     # by about |F(x) - F(b)| and the mass-relative error fails every state.
-    net = _relu_net(KINKS, SIGNS)
+    net = kinked_relu(KINKS, SIGNS)
     result = integrated_gradients(lambda z: net(_Doubled.apply(z)), STATES, target="mean", n_steps=16)
     change = (result.f_input - result.f_baseline).abs()
     assert bool((result.mass_relative_error > 0.5 * change / result.attribution_mass).all())
@@ -116,7 +100,7 @@ def test_a_smooth_path_gets_the_end_corrected_weights() -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_a_few_nodes_still_give_finite_figures(n: int) -> None:
-    result = integrated_gradients(_relu_net(KINKS, SIGNS), STATES, target="mean", n_steps=n, method="kink_midpoint")
+    result = integrated_gradients(kinked_relu(KINKS, SIGNS), STATES, target="mean", n_steps=n, method="kink_midpoint")
     assert result.n_steps == n and bool(torch.isfinite(result.attributions).all())
     assert bool(torch.isfinite(result.attribution_error).all()) and float(result.attribution_error.min()) > 0
 
@@ -137,7 +121,7 @@ def test_the_same_inputs_give_the_same_bits_and_each_action_is_its_own_run() -> 
 
 
 def test_finite_differences_keep_the_midpoint_rule() -> None:
-    net = _relu_net(KINKS, SIGNS)
+    net = kinked_relu(KINKS, SIGNS)
     result = integrated_gradients(net, STATES, target="mean", n_steps=8, gradient="finite_difference")
     assert result.method == "riemann_middle"
     with pytest.raises(ValueError, match="kink_midpoint.*finite"):

@@ -58,3 +58,22 @@ def seeded_dueling(features: int, actions: int, *, seed: int) -> torch.nn.Module
     """A float64 :class:`DuelingMLP` in eval mode, its weights drawn after ``seed``."""
     torch.manual_seed(seed)
     return DuelingMLP(features, actions).double().eval()
+
+
+def kinked_relu(kinks: list[float], signs: list[float]) -> torch.nn.Module:
+    """``sum_i signs_i relu(z_i - kinks_i)`` as a two-layer ReLU network (Linear, ReLU, Linear), float64: one kink per
+    feature, exactly where given."""
+    features = len(kinks)
+    net = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(), torch.nn.Linear(features, 1))
+    net = net.double()  # before the weights are set: the kinks exactly as given, not rounded to float32
+    with torch.no_grad():
+        net[0].weight.copy_(torch.eye(features, dtype=torch.float64))
+        net[0].bias.copy_(-torch.tensor(kinks, dtype=torch.float64))
+        net[2].weight.copy_(torch.tensor([signs], dtype=torch.float64))
+        net[2].bias.zero_()
+    return net
+
+
+def kinked_relu_attributions(x: torch.Tensor, kinks: list[float], signs: list[float]) -> torch.Tensor:
+    """The exact IG attributions of :func:`kinked_relu` from the zero baseline (kinks in ``(0, x)``)."""
+    return torch.tensor(signs, dtype=torch.float64) * (x - torch.tensor(kinks, dtype=torch.float64)).clamp_min(0)
