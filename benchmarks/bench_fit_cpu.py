@@ -156,6 +156,41 @@ def time_hooks(callback: Any) -> dict[str, list[tuple[int, float, float]]]:
     return calls
 
 
+class StepClock(Callback):
+    """The training thread's CPU per optimizer step, placed first among the callbacks: ``inside`` from the batch's
+    start to its end (the forward, backward and optimizer step, and every callback's hooks Lightning calls in
+    between), ``between`` from a batch's end to the next one's start (the other callbacks' batch ends, the next
+    batch's fetch)."""
+
+    def __init__(self) -> None:
+        self.inside: list[float] = []
+        self.between: list[float] = []
+        self.steps: list[int] = []
+        self._started = self._ended = float("nan")
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        now = time.thread_time()
+        if self.steps:
+            self.between.append(now - self._ended)
+        self._started = now
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        self._ended = time.thread_time()
+        self.inside.append(self._ended - self._started)
+        self.steps.append(trainer.global_step)
+
+    def after(self, every: int, steps: int = 40, before: int = 50) -> float:
+        """Seconds of CPU the ``steps`` steps after each cadence point take beyond the median of the ``before`` steps
+        before it, averaged over the points (the steps after a run; without a callback, the fit's own periodic
+        work at those steps)."""
+        excess = []
+        for index, step in enumerate(self.steps):
+            if step % every == 0 and before + 10 <= index and index + steps < len(self.steps):
+                usual = statistics.median(self.inside[index - before - 10 : index - 10])
+                excess.append(sum(self.inside[index + 1 : index + 1 + steps]) - steps * usual)
+        return statistics.mean(excess) if excess else float("nan")
+
+
 def busy_seconds() -> float:
     """Seconds of CPU the whole machine spent busy so far (``/proc/stat``; NaN where there is none)."""
     try:
@@ -238,9 +273,9 @@ def fit_once(case: str, kind: str, steps: int | None, seed: int) -> dict[str, An
         agent = example.DQNAgent(args)
         callbacks = KINDS[kind](case, example, args, held_out, agent)
         hooks = [time_hooks(callback) for callback in callbacks]
-        clock = LoopClock()
+        clock, steps_clock = LoopClock(), StepClock()
         logger = TensorBoardLogger(save_dir=runs_dir, name="fit", version="", default_hp_metric=False)
-        trainer = example.make_trainer(args, logger, [*callbacks, clock])
+        trainer = example.make_trainer(args, logger, [steps_clock, *callbacks, clock])
         load, busy, cpu, thread = os.getloadavg()[0], busy_seconds(), own_cpu_seconds(), time.thread_time()
         started = time.perf_counter()
         trainer.fit(agent)
@@ -260,6 +295,10 @@ def fit_once(case: str, kind: str, steps: int | None, seed: int) -> dict[str, An
         "load": load,
         "digest": weights_digest(agent.q_network),
         "every": every,
+        "inside_steps_s": sum(steps_clock.inside),
+        "between_steps_s": sum(steps_clock.between),
+        "after_point_ms": 1e3 * steps_clock.after(every),
+        "step_cpu_us": 1e6 * statistics.median(steps_clock.inside),
     }
     for callback, calls in zip(callbacks, hooks):
         ends = {step: (seconds, cpu_seconds) for step, seconds, cpu_seconds in calls["on_train_batch_end"]}
@@ -347,6 +386,30 @@ def table(case: str, records: list[dict[str, Any]], kinds: Sequence[str], pairs:
             f"| {spread([r['reduced'] for r in mine if 'reduced' in r], digits=0)} / "
             f"{spread([r['deferred'] for r in mine if 'deferred' in r], digits=0)} "
             f"| {spread([r['full_run_ms'] for r in mine if 'full_run_ms' in r], digits=1)} |"
+        )
+    lines += [
+        "",
+        (
+            "Where the training thread's CPU goes (seconds added per pair; the steps' hooks Lightning calls inside "
+            "them count as the step's):"
+        ),
+        "",
+        (
+            "| kind | inside the steps, s | between the steps, s | of which the hooks (timed), s "
+            "| a step, CPU us (median) | 40 steps after a cadence point, ms beyond the 50 before |"
+        ),
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for kind in kinds:
+        mine = by_kind[kind]
+        pairs_of = list(zip(mine, reference)) if kind != kinds[0] else []
+        inside = [r["inside_steps_s"] - ref["inside_steps_s"] for r, ref in pairs_of]
+        between = [r["between_steps_s"] - ref["between_steps_s"] for r, ref in pairs_of]
+        hooks = [r.get("batch_end_cpu_s", 0.0) - ref.get("batch_end_cpu_s", 0.0) for r, ref in pairs_of]
+        lines.append(
+            f"| {kind} | {spread(inside) if inside else '-'} | {spread(between) if between else '-'} "
+            f"| {spread(hooks) if hooks else '-'} | {spread([r['step_cpu_us'] for r in mine], digits=0)} "
+            f"| {spread([r['after_point_ms'] for r in mine], digits=1)} |"
         )
     fits = [r["fit_s"] for r in reference]
     busy = [r["others_cores"] for r in records]
