@@ -88,7 +88,9 @@ def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
                 f"got {type(states).__name__}"
             )
     check_states(states, "states")
-    return states.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+    # numpy (the pictures) has no bfloat16; float32 holds every bfloat16 value exactly
+    dtype = torch.float32 if states.dtype == torch.bfloat16 else states.dtype
+    return states.detach().to("cpu", dtype).clone(memory_format=torch.contiguous_format)
 
 
 def model_dtype(pl_module: Any) -> torch.dtype:
@@ -227,7 +229,8 @@ def probe_target(
     except Exception as error:
         who = "the model" if given is None else f"the forward callable {callable_name(given)}"
         advice = (
-            "Pass states whose feature shape matches the model's input"
+            "Pass states of the feature shape and dtype the model takes, or forward=callable(pl_module, x) -> (N,) "
+            "to call it your way"
             if given is None
             else "Check that forward(pl_module, x) runs on a batch x of held-out states and returns one value per state"
         )
@@ -317,8 +320,18 @@ def prepare_engine(
         # refine those states (n_steps="auto": 56, 168, 504 nodes), so the verdict a run shows is one it reached
         runs = dataclasses.replace(options, n_steps="auto")
     engine = IntegratedGradients(attributed, target=target, **runs.keywords())
-    with attribution_mode(pl_module), stochastic_warnings_silenced():
-        trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
+    try:
+        with attribution_mode(pl_module), stochastic_warnings_silenced():
+            trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
+    except (TypeError, ValueError):
+        raise  # the engine's own checks, which name the option
+    except Exception as error:  # the model ran on the states at once: here batches are wider, and a backward runs
+        raise ValueError(
+            f"IntegratedGradientsCallback: the model ran on the {len(local_states)} held-out states but failed in "
+            "the set-up trial of IG (a gradient at points along the path, several rows per state in one batch): "
+            f"{type(error).__name__}: {error}. If it takes fewer rows at once, pass "
+            "engine=IGOptions(internal_batch_size=<rows>)"
+        ) from error
     _refuse_changed_buffers(pl_module, buffers)
     if on_non_finite == "raise" and bool(trial.non_finite.any()):
         raise NonFiniteAttributionError(
