@@ -179,25 +179,35 @@ def test_bfloat16_states_are_attributed(tmp_path: Path) -> None:
     assert [entry["verdict"] for entry in callback.history] == ["pass"]
 
 
+class _NoTraining(pl.Callback):
+    def on_train_batch_start(self, *args: object) -> None:
+        raise AssertionError("training started before the bad input was reported")
+
+
 class NarrowBatches(TinyQNet):
-    """Runs on the held-out states at once but on no wider batch (a workspace of fixed size)."""
+    """Runs on the held-out states at once but on no wider batch than ``width`` rows (a workspace of fixed size)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.width = width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > 16:
-            raise RuntimeError(f"workspace holds 16 rows, got {x.shape[0]}")
+        if x.shape[0] > self.width:
+            raise RuntimeError(f"workspace holds {self.width} rows, got {x.shape[0]}")
         return self.body(x)
 
 
-def test_a_model_that_fails_on_the_trials_wider_batches_is_told_what_to_pass(tmp_path: Path) -> None:
-    model = NarrowBatches(noisy=False, batchnorm=False, dropout=0.0)
-    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=5)
+# guards against: a model that fails on the trial's batches raised its bare exception (16 rows), and one that takes
+# the trial's few rows but not a run's wider batches passed set-up and stopped training at the first run (200 rows)
+@pytest.mark.parametrize("width", [16, 200])
+def test_a_model_that_fails_on_wider_batches_fails_at_set_up_and_is_told_what_to_pass(tmp_path: Path, width) -> None:
+    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=5, run_at_train_end=False)
     loader = DataLoader(dataset(), batch_size=16)
-    with pytest.raises(ValueError, match=r"set-up trial .*workspace holds 16 rows.*internal_batch_size"):
-        make_trainer(tmp_path, [callback], max_steps=5).fit(model, loader)
-    options = IGOptions(n_steps=8, internal_batch_size=16)  # as the message says: then it runs
+    with pytest.raises(ValueError, match=rf"set-up trial .*workspace holds {width} rows.*internal_batch_size"):
+        make_trainer(tmp_path, [callback, _NoTraining()], max_steps=5).fit(NarrowBatches(width), loader)
+    options = IGOptions(internal_batch_size=16)  # as the message says: then it runs
     callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=5, engine=options, overhead=None)
-    model = NarrowBatches(noisy=False, batchnorm=False, dropout=0.0)
-    make_trainer(tmp_path, [callback], max_steps=5).fit(model, loader)
+    make_trainer(tmp_path, [callback], max_steps=5).fit(NarrowBatches(width), loader)
     assert [entry["verdict"] for entry in callback.history] == ["pass"]
 
 
