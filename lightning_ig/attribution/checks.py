@@ -91,7 +91,11 @@ def check_states(states: Any, name: str = "states") -> Tensor:
             f"{tuple(states.shape)}; add the state dimension (states.unsqueeze(0)) for a single state"
         )
     if not states.is_floating_point():
-        raise TypeError(f"{name} must be floating point, got {states.dtype}; convert with .float()")
+        raise TypeError(
+            f"{name} must be floating point, got {states.dtype}: IG moves each feature along a line from the "
+            "baseline; convert real-valued features with .float() (indices, as an nn.Embedding takes, have no "
+            "gradient: attribute the embedded inputs, with a forward that takes them)"
+        )
     if states.layout != torch.strided or states.is_meta:
         kind = "on the meta device (shapes without values)" if states.is_meta else f"a {states.layout} tensor"
         raise ValueError(f"{name} is {kind}; pass a dense tensor with values (.to_dense(), or make it on 'cpu')")

@@ -25,6 +25,7 @@ from torch import Tensor
 from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IGOptions, IntegratedGradients
 from lightning_ig.attribution.checks import check_finite, check_states
+from lightning_ig.attribution.path import chunk_rows
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import load_states
@@ -88,7 +89,9 @@ def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
                 f"got {type(states).__name__}"
             )
     check_states(states, "states")
-    return states.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+    # numpy (the pictures) has no bfloat16; float32 holds every bfloat16 value exactly
+    dtype = torch.float32 if states.dtype == torch.bfloat16 else states.dtype
+    return states.detach().to("cpu", dtype).clone(memory_format=torch.contiguous_format)
 
 
 def model_dtype(pl_module: Any) -> torch.dtype:
@@ -227,7 +230,8 @@ def probe_target(
     except Exception as error:
         who = "the model" if given is None else f"the forward callable {callable_name(given)}"
         advice = (
-            "Pass states whose feature shape matches the model's input"
+            "Pass states of the feature shape and dtype the model takes, or forward=callable(pl_module, x) -> (N,) "
+            "to call it your way"
             if given is None
             else "Check that forward(pl_module, x) runs on a batch x of held-out states and returns one value per state"
         )
@@ -274,11 +278,11 @@ def prepare_engine(
 ) -> tuple[IntegratedGradients, Target, Tensor, Tensor | str | float]:
     """The engine for ``target`` on ``pl_module`` after a trial on this rank's states, and what its runs attribute.
 
-    The trial runs eagerly before training, on every state this rank attributes (a forward that fails only on
-    bigger batches fails here): a target, backend or gradient mode that cannot work fails now, not at the first
-    run, CUDA kernels compile now, a model whose outputs are NaN/Inf on the states stops the fit now under
-    ``on_non_finite="raise"``, and a forward that changes the model's buffers (which every run would do to
-    training) is refused.
+    The trial runs eagerly before training, on every state this rank attributes and, on a CPU, on as many rows at
+    once as a run's widest forward (a forward that fails only on bigger batches fails here): a target, backend or
+    gradient mode that cannot work fails now, not at the first run, CUDA kernels compile now, a model whose outputs
+    are NaN/Inf on the states stops the fit now under ``on_non_finite="raise"``, and a forward that changes the
+    model's buffers (which every run would do to training) is refused.
 
     Args:
         trainer: the trainer (this rank's share of the states: :func:`rank_rows`).
@@ -317,8 +321,27 @@ def prepare_engine(
         # refine those states (n_steps="auto": 56, 168, 504 nodes), so the verdict a run shows is one it reached
         runs = dataclasses.replace(options, n_steps="auto")
     engine = IntegratedGradients(attributed, target=target, **runs.keywords())
-    with attribution_mode(pl_module), stochastic_warnings_silenced():
-        trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
+    # The most rows a run's forward takes on a CPU (its n_steps, or the most nodes "budget" and "auto" reach), more
+    # than the trial's 2 nodes; on a GPU the engine halves a batch that runs out of memory
+    deepest = runs if isinstance(runs.n_steps, int) else dataclasses.replace(runs, n_steps="auto", method="auto")
+    flat = local_states.reshape(len(local_states), -1)  # (B, F)
+    widest = chunk_rows(deepest, flat) if flat.device.type == "cpu" else 0
+    try:
+        with attribution_mode(pl_module), stochastic_warnings_silenced():
+            trial = engine.attribute(local_states, baselines=local_baselines, n_steps=2, cuda_graph=False)
+            if widest > len(local_states):
+                with torch.no_grad():
+                    attributed(local_states[torch.arange(widest) % len(local_states)])  # (rows, *feature_shape)
+    except (TypeError, ValueError):
+        raise  # the engine's own checks, which name the option
+    except Exception as error:  # the model ran on the states at once: here batches are wider, and a backward runs
+        size = f"up to {widest} rows" if widest else "more rows than states"
+        raise ValueError(
+            f"IntegratedGradientsCallback: the model ran on the {len(local_states)} held-out states but failed in "
+            f"the set-up trial of IG (a gradient at points along the path, {size} in one batch, as the runs take "
+            f"them): {type(error).__name__}: {error}. If it takes fewer rows at once, pass "
+            "engine=IGOptions(internal_batch_size=<rows>)"
+        ) from error
     _refuse_changed_buffers(pl_module, buffers)
     if on_non_finite == "raise" and bool(trial.non_finite.any()):
         raise NonFiniteAttributionError(

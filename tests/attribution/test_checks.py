@@ -22,7 +22,9 @@ def test_states_are_floating_point_with_a_state_dimension_and_features() -> None
     assert check_states(torch.zeros(1, 2, 2), "frames").shape == (1, 2, 2)
     with pytest.raises(TypeError, match=r"states must be a torch.Tensor \(num_states, \*feature_shape\), got list"):
         check_states([[0.0]])
-    with pytest.raises(TypeError, match="states must be floating point, got torch.int64; convert with .float()"):
+    with pytest.raises(
+        TypeError, match=r"floating point, got torch.int64: .*real-valued features with .float\(\).*Embedding"
+    ):
         check_states(torch.zeros(2, 3, dtype=torch.int64))
     for shape in ((3,), (0, 3), (5, 0)):
         with pytest.raises(ValueError, match="must have shape .num_states >= 1, .feature_shape. with at least one"):

@@ -167,3 +167,56 @@ def test_on_a_cpu_the_default_budget_runs_refine_their_worst_states(tmp_path: Pa
     make_trainer(tmp_path, [callback], max_steps=2).fit(model, DataLoader(dataset(), batch_size=32))
     assert callback._fit is not None and callback._fit.engine.options.n_steps == n_steps
     assert callback.engine.n_steps == ("budget" if engine is None else 8)  # the option as given, read back
+
+
+def test_bfloat16_states_are_attributed(tmp_path: Path) -> None:
+    # guards against: bfloat16 states passed set-up and failed at fit start ("Got unsupported ScalarType BFloat16")
+    states = held_out_states(8).bfloat16()
+    callback = IntegratedGradientsCallback(states, every_n_steps=2, engine=IGOptions(n_steps=8), overhead=None)
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    make_trainer(tmp_path, [callback], max_steps=2).fit(model, DataLoader(dataset(), batch_size=32))
+    assert callback._fit is not None and torch.equal(callback._fit.states, states.float())  # every value exact
+    assert [entry["verdict"] for entry in callback.history] == ["pass"]
+
+
+class _NoTraining(pl.Callback):
+    def on_train_batch_start(self, *args: object) -> None:
+        raise AssertionError("training started before the bad input was reported")
+
+
+class NarrowBatches(TinyQNet):
+    """Runs on the held-out states at once but on no wider batch than ``width`` rows (a workspace of fixed size)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.width:
+            raise RuntimeError(f"workspace holds {self.width} rows, got {x.shape[0]}")
+        return self.body(x)
+
+
+# guards against: a model that fails on the trial's batches raised its bare exception (16 rows), and one that takes
+# the trial's few rows but not a run's wider batches passed set-up and stopped training at the first run (200 rows)
+@pytest.mark.parametrize("width", [16, 200])
+def test_a_model_that_fails_on_wider_batches_fails_at_set_up_and_is_told_what_to_pass(tmp_path: Path, width) -> None:
+    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=5, run_at_train_end=False)
+    loader = DataLoader(dataset(), batch_size=16)
+    with pytest.raises(ValueError, match=rf"set-up trial .*workspace holds {width} rows.*internal_batch_size"):
+        make_trainer(tmp_path, [callback, _NoTraining()], max_steps=5).fit(NarrowBatches(width), loader)
+    options = IGOptions(internal_batch_size=16)  # as the message says: then it runs
+    callback = IntegratedGradientsCallback(held_out_states(16), every_n_steps=5, engine=options, overhead=None)
+    make_trainer(tmp_path, [callback], max_steps=5).fit(NarrowBatches(width), loader)
+    assert [entry["verdict"] for entry in callback.history] == ["pass"]
+
+
+def test_a_model_that_takes_other_inputs_is_pointed_to_forward(tmp_path: Path) -> None:
+    class Indices(TinyQNet):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(torch.nn.functional.one_hot(x, 4).float().sum(1))  # integer inputs only
+
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5)
+    model = Indices(noisy=False, batchnorm=False, dropout=0.0)
+    with pytest.raises(ValueError, match=r"failed on the held-out states.*feature shape and dtype.*forward="):
+        make_trainer(tmp_path, [callback], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
