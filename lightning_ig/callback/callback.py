@@ -243,6 +243,8 @@ class IntegratedGradientsCallback(Callback):
             self._budget.load_state_dict(self._restored)
             self._budget.start()
             self._restored = None
+        if self._plan.reports is not None and trainer.ckpt_path is None:  # a resumed fit continues its reports
+            setup.warn_of_earlier_reports(self._plan.reports, self.options.name)
         self._total_steps = float(trainer.estimated_stepping_batches)
         self._fit = fit.start(
             self.options,
