@@ -85,7 +85,10 @@ def overhead_arg(text: str) -> float | None:
     """``--ig-overhead``: a share in (0, 1], or ``none``."""
     if text.lower() == "none":
         return None
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")  # not a number: the message below, not argparse's "invalid overhead_arg value"
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
     return value

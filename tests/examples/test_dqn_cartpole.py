@@ -320,6 +320,7 @@ def example_module() -> ModuleType:
             "--learning-starts must be in [0, --total-timesteps)",
         ),
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
+        (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(

@@ -245,6 +245,7 @@ def example_module() -> ModuleType:
         (["--buffer-size", "10", "--num-envs", "8"], "--buffer-size 10 is too small for --num-envs 8"),
         (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
         (["--ig-n-steps", "many"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto', got 'many'"),
+        (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys) -> None:
