@@ -18,7 +18,7 @@ Run (after the README's set-up, which installs into .venv without activating it)
     .venv/bin/python examples/dqn_cartpole.py                  # 2 CPU cores: about 70 seconds
     .venv/bin/python examples/dqn_cartpole.py --accelerator gpu
     .venv/bin/tensorboard --logdir runs
-    .venv/bin/python examples/dqn_cartpole.py --ig-target each # every action's Q too: ig/actions, ig/action/...
+    .venv/bin/python examples/dqn_cartpole.py --ig-target each # every action's Q too: ig/3_actions, ig/action/...
     WANDB_MODE=offline .venv/bin/python examples/dqn_cartpole.py --logger wandb   # W&B, on disk: `wandb sync` later
     .venv/bin/python examples/dqn_cartpole.py --logger mlflow  # MLflow: a file store in runs/<run>/mlruns
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto
@@ -54,7 +54,7 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor) -> IntegratedGr
         feature_names=FEATURE_NAMES,
         every_n_steps=args.ig_every_n_steps,
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
-        action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/actions' panels, contrast's pair
+        action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/3_actions' panels, contrast's pair
         engine=IGOptions(n_steps=args.ig_n_steps),
         overhead=args.ig_overhead,
         views=ViewOptions(top_k=len(FEATURE_NAMES)),
@@ -232,7 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("mean", "each", "contrast"),
         default="mean",
         help="what IG attributes: mean, V(s) (the mean of the Q-values); each, every action's Q(s, a) in one "
-        "batched call (adds ig/actions, 'What favours each action'); contrast, per state the greedy action's Q "
+        "batched call (adds ig/3_actions, 'What favours each action'); contrast, per state the greedy action's Q "
         "minus the other's ('Why left rather than right')",
     )
     add("--top-k", type=at_least(1), default=4, help="features printed at the end")
