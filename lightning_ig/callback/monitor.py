@@ -287,15 +287,27 @@ class TrustMonitor:
 
     def results_state(self) -> dict[str, Any]:
         """Each check's latest result and its global step, as plain values: what a resumed fit's verdict rests on
-        until the check runs again (the schedule goes on over a resume)."""
+        until the check runs again (the schedule goes on over a resume).
+
+        Returns:
+            ``{check: {"step": global step, **the result's fields}}`` for each check that has a result.
+        """
         return {name: {"step": self._steps[name], **dataclasses.asdict(self._results[name])} for name in self._results}
 
     def restore_results(self, state: dict[str, Any]) -> None:
-        """Take back :meth:`results_state` of the fit this one resumes (the checks this fit makes only)."""
+        """Take back :meth:`results_state` of the fit this one resumes (the checks this fit makes only).
+
+        Args:
+            state: :meth:`results_state` as a checkpoint kept it; an entry whose fields this version's result does not
+                take is left out (that check runs again at its turn).
+        """
         for name, entry in state.items():
             if name in self.names and name not in self._errors:
                 fields = {key: tuple(v) if isinstance(v, list) else v for key, v in entry.items() if key != "step"}
-                self._results[name], self._steps[name] = _RESULT_TYPES[name](**fields), int(entry["step"])
+                try:
+                    self._results[name], self._steps[name] = _RESULT_TYPES[name](**fields), int(entry["step"])
+                except (TypeError, KeyError, ValueError):  # another version's fields: the check runs again instead
+                    continue
 
     def _pending(self, final: bool) -> list[str]:
         """A note for each check that has not run yet in this fit."""

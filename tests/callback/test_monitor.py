@@ -217,6 +217,8 @@ def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
     assert resumed.history[4]["trust"] == first.history[3]["trust"] != "unresolved"
     assert resumed._fit is not None and resumed._fit.trust is not None
     assert resumed._fit.trust._steps == dict.fromkeys(EVERYTHING, 3)  # each result names the step it comes from
+    resumed._fit.trust.restore_results({"sanity": {"step": 1, "no_such_field": 0.5}})  # another version's fields
+    assert resumed._fit.trust._steps["sanity"] == 3  # left out: the result kept stands
 
 
 def test_a_resumed_fit_continues_the_checks_schedule_and_the_budget(tmp_path):
