@@ -569,6 +569,12 @@ def quiet_third_parties() -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
+    if args.accelerator == "gpu" and not torch.cuda.is_available():  # said before a run folder or a logger is made
+        print(
+            f"{Path(__file__).name}: error: --accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     torch.set_num_threads(args.num_threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # one process feeds the replay
