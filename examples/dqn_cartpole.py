@@ -18,7 +18,7 @@ Run (after the README's set-up, which installs into .venv without activating it)
     .venv/bin/python examples/dqn_cartpole.py                  # 2 CPU cores: about 70 seconds
     .venv/bin/python examples/dqn_cartpole.py --accelerator gpu
     .venv/bin/tensorboard --logdir runs
-    .venv/bin/python examples/dqn_cartpole.py --ig-target each # every action's Q too: ig/actions, ig/action/...
+    .venv/bin/python examples/dqn_cartpole.py --ig-target each # every action's Q too: ig/3_actions, ig/action/...
     WANDB_MODE=offline .venv/bin/python examples/dqn_cartpole.py --logger wandb   # W&B, on disk: `wandb sync` later
     .venv/bin/python examples/dqn_cartpole.py --logger mlflow  # MLflow: a file store in runs/<run>/mlruns
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto
@@ -54,7 +54,7 @@ def make_ig_callback(args: argparse.Namespace, held_out: Tensor) -> IntegratedGr
         feature_names=FEATURE_NAMES,
         every_n_steps=args.ig_every_n_steps,
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
-        action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/actions' panels, contrast's pair
+        action_names=None if args.ig_target == "mean" else ACTION_NAMES,  # ig/3_actions' panels, contrast's pair
         engine=IGOptions(n_steps=args.ig_n_steps),
         overhead=args.ig_overhead,
         views=ViewOptions(top_k=len(FEATURE_NAMES)),
@@ -77,7 +77,10 @@ def overhead_arg(text: str) -> float | None:
     """``--ig-overhead``: a share in (0, 1], or ``none``."""
     if text.lower() == "none":
         return None
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")  # not a number: the message below, not argparse's "invalid overhead_arg value"
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
     return value
@@ -229,7 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("mean", "each", "contrast"),
         default="mean",
         help="what IG attributes: mean, V(s) (the mean of the Q-values); each, every action's Q(s, a) in one "
-        "batched call (adds ig/actions, 'What favours each action'); contrast, per state the greedy action's Q "
+        "batched call (adds ig/3_actions, 'What favours each action'); contrast, per state the greedy action's Q "
         "minus the other's ('Why left rather than right')",
     )
     add("--top-k", type=at_least(1), default=4, help="features printed at the end")
@@ -566,6 +569,12 @@ def quiet_third_parties() -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
+    if args.accelerator == "gpu" and not torch.cuda.is_available():  # said before a run folder or a logger is made
+        print(
+            f"{Path(__file__).name}: error: --accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     torch.set_num_threads(args.num_threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # one process feeds the replay

@@ -24,8 +24,8 @@ Run (after the README's set-up, which installs into .venv without activating it)
 
     .venv/bin/python examples/dqn_minatar.py                  # a GPU: a few minutes; 2 CPU cores: 4-10 minutes
     .venv/bin/python examples/dqn_minatar.py --total-timesteps 8000 --accelerator cpu   # a smoke run
-    .venv/bin/tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/saliency
-    .venv/bin/python examples/dqn_minatar.py --ig-target each # every action's Q too: ig/actions, ig/action/...
+    .venv/bin/tensorboard --logdir runs                       # Scalars: filter ig/group; Images: ig/2_saliency
+    .venv/bin/python examples/dqn_minatar.py --ig-target each # every action's Q too: ig/3_actions, ig/action/...
     WANDB_MODE=offline .venv/bin/python examples/dqn_minatar.py --logger wandb   # W&B, on disk: `wandb sync` later
     .venv/bin/python examples/dqn_minatar.py --logger mlflow  # MLflow: a file store in runs/<run>/mlruns
     .venv/bin/lightning-ig diag --checkpoint runs/<run>/q_network.safetensors --states auto \
@@ -58,10 +58,10 @@ def make_ig_callback(
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
         feature_groups="channels",  # one group per object: the attributions of its pixels summed
         group_names=channels,
-        action_names=None if args.ig_target == "mean" else actions,  # the panels of ig/actions, the pair of contrast
+        action_names=None if args.ig_target == "mean" else actions,  # the panels of ig/3_actions, the pair of contrast
         engine=IGOptions(n_steps=args.ig_n_steps),
         overhead=args.ig_overhead,
-        views=ViewOptions(saliency_states=8, top_k=len(channels)),  # ig/saliency: 8 held-out frames, attribution over
+        views=ViewOptions(saliency_states=8, top_k=len(channels)),  # ig/2_saliency: 8 held-out frames, attribution over
     )
 
 
@@ -85,7 +85,10 @@ def overhead_arg(text: str) -> float | None:
     """``--ig-overhead``: a share in (0, 1], or ``none``."""
     if text.lower() == "none":
         return None
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")  # not a number: the message below, not argparse's "invalid overhead_arg value"
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
     return value
@@ -238,7 +241,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("mean", "each", "contrast"),
         default="mean",
         help="what IG attributes: mean, V(s) (the mean of the Q-values); each, every action's Q(s, a) in one "
-        "batched call (adds ig/actions, 'What favours each action'); contrast, per frame the greedy action's Q "
+        "batched call (adds ig/3_actions, 'What favours each action'); contrast, per frame the greedy action's Q "
         "minus the runner-up's ('Why right rather than no-op')",
     )
     # evaluation
@@ -620,6 +623,12 @@ def quiet_third_parties() -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
+    if args.accelerator == "gpu" and not torch.cuda.is_available():  # said before a run folder or a logger is made
+        print(
+            f"{Path(__file__).name}: error: --accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     torch.set_num_threads(args.num_threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # the replay is on the device

@@ -180,6 +180,7 @@ class IntegratedGradientsCallback(Callback):
         self._pairs: Any = None  # target="contrast": (B, 2) the last run's greedy and runner-up actions
         self._budget = Budget(None)  # made again at set-up (callback/budget.py)
         self._restored: dict[str, Any] | None = None  # the budget's state from a checkpoint, for on_fit_start
+        self._trust_results: dict[str, Any] = {}  # the trust checks' latest results from a checkpoint, likewise
         self._depth = 0  # hooks entered and not left (a hook calling another is timed once)
         self._total_steps = math.inf  # the fit's expected optimizer steps, read at fit start
 
@@ -206,11 +207,13 @@ class IntegratedGradientsCallback(Callback):
         seen = self._ever_non_zero if self._fit is None else self._fit.outputs.ever_non_zero
         history = [dict(entry) for entry in self.history]
         budget = self._budget.state_dict()  # the measure, and the trust checks' schedule
+        trust = self._fit.trust if self._fit is not None else None
         return {
             "history": history,
             "last_run_step": self._last_run_step,
             "ever_non_zero": sorted(seen),
             "budget": budget,
+            "trust_results": self._trust_results if trust is None else trust.results_state(),
         }
 
     @override
@@ -219,6 +222,7 @@ class IntegratedGradientsCallback(Callback):
         self._last_run_step = state_dict.get("last_run_step")
         self._ever_non_zero = set(state_dict.get("ever_non_zero", ()))
         self._restored = state_dict.get("budget")
+        self._trust_results = dict(state_dict.get("trust_results", {}))
 
     @override
     @_timed
@@ -231,6 +235,7 @@ class IntegratedGradientsCallback(Callback):
             # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next
             self._last_run_step, self._last, self._pairs = None, None, None
             self.history, self._ever_non_zero, self._warned, self._restored = [], set(), set(), None
+            self._trust_results = {}
 
     @override
     @_timed
@@ -243,6 +248,8 @@ class IntegratedGradientsCallback(Callback):
             self._budget.load_state_dict(self._restored)
             self._budget.start()
             self._restored = None
+        if self._plan.reports is not None and trainer.ckpt_path is None:  # a resumed fit continues its reports
+            setup.warn_of_earlier_reports(self._plan.reports, self.options.name)
         self._total_steps = float(trainer.estimated_stepping_batches)
         self._fit = fit.start(
             self.options,
@@ -254,6 +261,8 @@ class IntegratedGradientsCallback(Callback):
             pairs=lambda: self._pairs,
         )
         self.history = setup.history_to_continue(self.history, self._plan.units)
+        if self._fit.trust is not None and self.history:  # the checks' latest results stand until they run again
+            self._fit.trust.restore_results(self._trust_results)
 
     @override
     @_timed

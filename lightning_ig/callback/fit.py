@@ -137,7 +137,6 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
         bool(trainer.loggers),
         options.name,
         options.states,
-        resuming=getattr(trainer, "ckpt_path", None) is not None,
     )
     return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder)
 

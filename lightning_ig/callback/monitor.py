@@ -41,10 +41,15 @@ from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.run.summary import RunSummary
 from lightning_ig.trust.common import AttributionSettings
-from lightning_ig.trust.faithfulness import DeletionPlan
+from lightning_ig.trust.faithfulness import DeletionCheck, DeletionPlan
 from lightning_ig.trust.replica import Replica
-from lightning_ig.trust.sanity import RandomizationReference, randomization_check, randomization_reference
-from lightning_ig.trust.stability import stability_check
+from lightning_ig.trust.sanity import (
+    RandomizationCheck,
+    RandomizationReference,
+    randomization_check,
+    randomization_reference,
+)
+from lightning_ig.trust.stability import StabilityCheck, stability_check
 from lightning_ig.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.vocabulary import shown
 
@@ -280,6 +285,30 @@ class TrustMonitor:
         verdict = self._verdict(accuracy, pending, None)
         return verdict, self._tagged(verdict.scalars())
 
+    def results_state(self) -> dict[str, Any]:
+        """Each check's latest result and its global step, as plain values: what a resumed fit's verdict rests on
+        until the check runs again (the schedule goes on over a resume).
+
+        Returns:
+            ``{check: {"step": global step, **the result's fields}}`` for each check that has a result.
+        """
+        return {name: {"step": self._steps[name], **dataclasses.asdict(self._results[name])} for name in self._results}
+
+    def restore_results(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`results_state` of the fit this one resumes (the checks this fit makes only).
+
+        Args:
+            state: :meth:`results_state` as a checkpoint kept it; an entry whose fields this version's result does not
+                take is left out (that check runs again at its turn).
+        """
+        for name, entry in state.items():
+            if name in self.names and name not in self._errors:
+                fields = {key: tuple(v) if isinstance(v, list) else v for key, v in entry.items() if key != "step"}
+                try:
+                    self._results[name], self._steps[name] = _RESULT_TYPES[name](**fields), int(entry["step"])
+                except (TypeError, KeyError, ValueError):  # another version's fields: the check runs again instead
+                    continue
+
     def _pending(self, final: bool) -> list[str]:
         """A note for each check that has not run yet in this fit."""
         when = "not run in this fit (the budget did not cover it)" if final else "not run yet (waiting for the budget)"
@@ -287,6 +316,9 @@ class TrustMonitor:
 
     def _tagged(self, scalars: dict[str, float]) -> dict[str, float]:
         return {f"{self.prefix}/{tag}": float(value) for tag, value in scalars.items()}
+
+
+_RESULT_TYPES: dict[str, Any] = {"sanity": RandomizationCheck, "deletion": DeletionCheck, "stability": StabilityCheck}
 
 
 def quarter(num_states: int) -> int:

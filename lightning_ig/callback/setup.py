@@ -124,13 +124,11 @@ def report_folder(
     has_loggers: bool,
     name: str | None,
     states: Any,
-    resuming: bool = False,
 ) -> ReportFolder | None:
     """The reports' folder, checked (and ``name``: the file names must fit its file system), or ``None``.
 
     Without ``report_dir`` and without a logger, the reports go to ``<default_root_dir>/ig_reports``: a run that
-    logs nowhere still leaves its numbers somewhere. A new fit (not ``resuming``) into a folder that holds this
-    callback's reports of an earlier fit is warned about: its runs at the same steps replace them.
+    logs nowhere still leaves its numbers somewhere.
     """
     folder = report_dir
     if folder is None and not has_loggers:
@@ -141,15 +139,26 @@ def report_folder(
         )
     if folder is None:
         return None
-    reports = ReportFolder(folder, name, inputs=[states])
+    return ReportFolder(folder, name, inputs=[states])
+
+
+def warn_of_earlier_reports(reports: ReportFolder, name: str | None) -> None:
+    """Warn that a new fit's reports at the steps of an earlier fit's in the same folder replace them.
+
+    Called at the fit's start, once Lightning has restored a checkpoint (``Trainer.ckpt_path`` is set only then): a
+    resumed fit continues the reports of the fit it resumes and is not warned about.
+
+    Args:
+        reports: the fit's report folder.
+        name: the callback's ``name``.
+    """
     earlier = reports.existing()
-    if earlier and not resuming:
+    if earlier:
         rank_zero_warn(
             f"IntegratedGradientsCallback{named(name)}: report_dir {reports.folder} holds {earlier} report(s) of an "
             "earlier fit; this fit's reports at the same steps replace them. Give each fit its own report_dir (or "
             "name=) to keep both"
         )
-    return reports
 
 
 def automatic_groups(

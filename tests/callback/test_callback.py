@@ -295,6 +295,25 @@ def test_resume_keeps_the_history(tmp_path):
     assert first_drift[30] == pytest.approx(expected, rel=eps(torch.float32))
 
 
+def test_resuming_into_the_same_report_dir_does_not_warn_of_an_earlier_fit(tmp_path):
+    reports = tmp_path / "reports"
+    first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, report_dir=reports, overhead=None)
+    trainer = make_trainer(tmp_path, [first], max_steps=10)
+    trainer.fit(TinyQNet(), loader())
+    checkpoint = tmp_path / "half.ckpt"
+    trainer.save_checkpoint(checkpoint)
+
+    resumed = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, report_dir=reports, overhead=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [resumed], max_steps=20).fit(TinyQNet(), loader(), ckpt_path=checkpoint)
+    assert not [warning for warning in caught if "earlier fit" in str(warning.message)]  # the same fit, continued
+    assert sorted(path.name for path in reports.iterdir()) == [
+        "ig_report_step=00000010.json",
+        "ig_report_step=00000020.json",
+    ]
+
+
 def test_a_tensorboard_logger_prefix_is_kept_on_the_scalars(tmp_path):
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=5, engine=IGOptions(n_steps=4), views=ViewOptions(figure_every_n_runs=None)

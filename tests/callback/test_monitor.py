@@ -196,6 +196,31 @@ def test_training_is_bit_identical_when_the_forward_samples_in_eval_mode_and_not
     assert not all(torch.equal(without[name], unguarded[name]) for name in without)
 
 
+def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
+    def fitted(max_steps: int, checkpoint: Path | None) -> IntegratedGradientsCallback:
+        pl.seed_everything(123)
+        callback = IntegratedGradientsCallback(
+            held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+        )
+        trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16), ckpt_path=checkpoint)
+        if checkpoint is None:
+            trainer.save_checkpoint(tmp_path / "half.ckpt")
+        return callback
+
+    first = fitted(12, None)  # every check at run 0 (step 3); runs 1-3 carry their results
+    resumed = fitted(15, tmp_path / "half.ckpt")  # run 4 (step 15): no check due until run 5
+    assert resumed.history[4]["global_step"] == 15
+    # the results the checkpoint's fit made still stand: not "unresolved" as if no check had ever run
+    assert resumed.history[4]["trust"] == first.history[3]["trust"] != "unresolved"
+    assert resumed._fit is not None and resumed._fit.trust is not None
+    assert resumed._fit.trust._steps == dict.fromkeys(EVERYTHING, 3)  # each result names the step it comes from
+    resumed._fit.trust.restore_results({"sanity": {"step": 1, "no_such_field": 0.5}})  # another version's fields
+    assert resumed._fit.trust._steps["sanity"] == 3  # left out: the result kept stands
+
+
 def test_a_resumed_fit_continues_the_checks_schedule_and_the_budget(tmp_path):
     def fitted(max_steps: int, state: dict | None, checkpoint: Path | None) -> IntegratedGradientsCallback:
         pl.seed_everything(123)

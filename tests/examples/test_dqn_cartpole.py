@@ -320,6 +320,7 @@ def example_module() -> ModuleType:
             "--learning-starts must be in [0, --total-timesteps)",
         ),
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
+        (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(
@@ -390,3 +391,14 @@ def test_ig_target_reaches_the_callback_with_the_action_names(example_module: Mo
     assert example_module.parse_args([]).ig_target == "mean"  # V(s), as before
     with pytest.raises(SystemExit):
         example_module.parse_args(["--ig-target", "left"])
+
+
+def test_accelerator_gpu_without_a_gpu_exits_2_before_a_run_starts(
+    example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.main(["--accelerator", "gpu", "--runs-dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    assert "dqn_cartpole.py: error: --accelerator gpu, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "nothing is made before the message"

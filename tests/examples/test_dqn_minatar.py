@@ -245,6 +245,7 @@ def example_module() -> ModuleType:
         (["--buffer-size", "10", "--num-envs", "8"], "--buffer-size 10 is too small for --num-envs 8"),
         (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
         (["--ig-n-steps", "many"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto', got 'many'"),
+        (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys) -> None:
@@ -328,3 +329,14 @@ def test_a_bad_ig_target_exits_2_naming_the_choices(example_module, capsys) -> N
         example_module.parse_args(["--ig-target", "left"])
     assert exit_info.value.code == 2
     assert "argument --ig-target: invalid choice: 'left' (choose from" in capsys.readouterr().err
+
+
+def test_accelerator_gpu_without_a_gpu_exits_2_before_a_run_starts(
+    example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.main(["--accelerator", "gpu", "--runs-dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    assert "dqn_minatar.py: error: --accelerator gpu, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "nothing is made before the message"
