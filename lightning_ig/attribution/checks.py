@@ -88,7 +88,8 @@ def check_states(states: Any, name: str = "states") -> Tensor:
     if states.ndim < 2 or states.shape[0] == 0 or math.prod(states.shape[1:]) == 0:
         raise ValueError(
             f"{name} must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
-            f"{tuple(states.shape)}; add the state dimension (states.unsqueeze(0)) for a single state"
+            f"{tuple(states.shape)}"
+            + ("; add the state dimension (states.unsqueeze(0)) for a single state" if states.ndim < 2 else "")
         )
     if not states.is_floating_point():
         raise TypeError(f"{name} must be floating point, got {states.dtype}; convert with .float()")

@@ -124,7 +124,7 @@ def _check_inputs(inputs: Any) -> None:
     if inputs.dim() < 1 or inputs.shape[0] == 0 or math.prod(inputs.shape[1:]) == 0:
         raise ValueError(
             f"inputs must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
-            f"{tuple(inputs.shape)}; add the state dimension (inputs.unsqueeze(0)) for a single state"
+            f"{tuple(inputs.shape)}{'; add the state dimension (inputs.unsqueeze(0))' if inputs.dim() < 1 else ''}"
         )
 
 
