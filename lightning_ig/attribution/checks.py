@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lightning_ig.vocabulary import shown, shown_with_type
 
-__all__ = ["check_device", "check_finite", "check_float_dtype", "check_generator", "check_states"]
+__all__ = ["check_dense", "check_device", "check_finite", "check_float_dtype", "check_generator", "check_states"]
 
 
 def check_generator(value: Any, name: str = "generator") -> torch.Generator | None:
@@ -88,7 +88,8 @@ def check_states(states: Any, name: str = "states") -> Tensor:
     if states.ndim < 2 or states.shape[0] == 0 or math.prod(states.shape[1:]) == 0:
         raise ValueError(
             f"{name} must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
-            f"{tuple(states.shape)}; add the state dimension (states.unsqueeze(0)) for a single state"
+            f"{tuple(states.shape)}"
+            + ("; add the state dimension (states.unsqueeze(0)) for a single state" if states.ndim < 2 else "")
         )
     if not states.is_floating_point():
         raise TypeError(
@@ -96,8 +97,17 @@ def check_states(states: Any, name: str = "states") -> Tensor:
             "baseline; convert real-valued features with .float() (indices, as an nn.Embedding takes, have no "
             "gradient: attribute the embedded inputs, with a forward that takes them)"
         )
-    if states.layout != torch.strided or states.is_meta:
-        kind = "on the meta device (shapes without values)" if states.is_meta else f"a {states.layout} tensor"
-        raise ValueError(f"{name} is {kind}; pass a dense tensor with values (.to_dense(), or make it on 'cpu')")
+    check_dense(states, name)
     check_finite(name, states)
     return states
+
+
+def check_dense(tensor: Tensor, name: str) -> None:
+    """Refuse a sparse (or other non-strided) tensor and one on the meta device: neither has values to attribute.
+
+    Raises:
+        ValueError: ``tensor`` is not strided, or on the meta device.
+    """
+    if tensor.layout != torch.strided or tensor.is_meta:
+        kind = "on the meta device (shapes without values)" if tensor.is_meta else f"a {tensor.layout} tensor"
+        raise ValueError(f"{name} is {kind}; pass a dense tensor with values (.to_dense(), or make it on 'cpu')")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.checks import check_dense
 from lightning_ig.attribution.result import StochasticForwardWarning
 from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import Target
@@ -118,11 +119,12 @@ def _check_inputs(inputs: Any) -> None:
             f"inputs must be floating point (float16, bfloat16, float32 or float64), got {inputs.dtype}; "
             "convert them with inputs.float()"
         )
+    check_dense(inputs, "inputs")
     # vocabulary.check_states' words, for inputs that may also be (B,): one scalar feature per state
     if inputs.dim() < 1 or inputs.shape[0] == 0 or math.prod(inputs.shape[1:]) == 0:
         raise ValueError(
             f"inputs must have shape (num_states >= 1, *feature_shape) with at least one feature, got "
-            f"{tuple(inputs.shape)}; add the state dimension (inputs.unsqueeze(0)) for a single state"
+            f"{tuple(inputs.shape)}{'; add the state dimension (inputs.unsqueeze(0))' if inputs.dim() < 1 else ''}"
         )
 
 
@@ -162,6 +164,7 @@ def resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
 def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
     if not baselines.dtype.is_floating_point:
         raise TypeError(f"baselines must be floating point, got dtype {baselines.dtype}; convert them with .float()")
+    check_dense(baselines, "baselines")
     feature_shape = tuple(inputs.shape[1:])
     shape = tuple(baselines.shape)
     if shape not in ((), feature_shape, tuple(inputs.shape)):

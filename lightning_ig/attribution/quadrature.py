@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lightning_ig.vocabulary import AUTO_METHOD, KINK_METHOD, METHODS
+from lightning_ig.vocabulary import AUTO_METHOD, KINK_METHOD, METHODS, check_memory
 
 __all__ = [
     "MAX_GAUSS_LEGENDRE_STEPS",
@@ -262,6 +262,13 @@ if tuple(_RULES) != METHODS:  # pragma: no cover - the one list of names, kept i
 _NODES = {**_RULES, KINK_METHOD: riemann_middle, AUTO_METHOD: riemann_middle}  # the kink rule's nodes: the midpoint's
 
 
+# Up to this many points a rule is built without asking how much memory is free (a read of the system's figures).
+_UNCHECKED_NODES = 2**20
+# What a point costs while its rule is built and used: numpy's float64, the list's float and pointer, the weight's
+# pointer, the engine's two float64 tensors.
+_BYTES_A_NODE = 64
+
+
 def check_rule(method: str, n: int) -> None:
     """Raise where ``method`` with ``n`` points is not a rule this module builds; build nothing.
 
@@ -269,9 +276,12 @@ def check_rule(method: str, n: int) -> None:
     before any work.
 
     Raises:
-        ValueError: an unknown method, ``riemann_trapezoid`` with ``n < 2``, or
-            ``gausslegendre`` with more than :data:`MAX_GAUSS_LEGENDRE_STEPS` points.
+        ValueError: an unknown method, ``riemann_trapezoid`` with ``n < 2``,
+            ``gausslegendre`` with more than :data:`MAX_GAUSS_LEGENDRE_STEPS` points, or
+            more points than the memory available holds (said before any is built).
     """
+    if n > _UNCHECKED_NODES:  # a rule is lists and arrays of n floats: numpy's MemoryError, or an IndexError past 2**63
+        check_memory(n * _BYTES_A_NODE, f"n_steps={n}", "pass fewer steps")
     if method not in _NODES:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(_NODES)}")
     if method == "riemann_trapezoid" and n < 2:

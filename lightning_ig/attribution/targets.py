@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.checks import check_dense
 from lightning_ig.vocabulary import TARGET_NAMES, callable_name, shown
 
 __all__ = [
@@ -115,7 +116,7 @@ class Target:
 
         Raises:
             TypeError: a bool, a float or bool tensor, or an unsupported type.
-            ValueError: an unknown name or a negative index.
+            ValueError: an unknown name, a negative index, or a sparse or meta-device tensor.
         """
         if isinstance(value, Target):
             return value
@@ -132,6 +133,7 @@ class Target:
         if isinstance(value, Tensor):
             if value.dtype.is_floating_point or value.dtype == torch.bool or value.dtype.is_complex:
                 raise TypeError(f"a target tensor must hold integer action indices, got dtype {value.dtype}")
+            check_dense(value, "target")
             if value.dim() == 0:
                 return cls.parse(int(value))
             return cls("per_row", "per_row", rows=value)  # its shape is checked against the batch (on)

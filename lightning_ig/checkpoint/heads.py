@@ -97,9 +97,10 @@ def select_prefix(requested: str | None, heads: Sequence[str], keys: Sequence[st
     listing = f"the heads in it are: {', '.join(heads)}"
     if requested is None:
         if heads:
+            several = len(heads) > 1
             raise CheckpointError(
-                f"{str(path)!r} holds several heads ({', '.join(heads)}); choose one with --head NAME "
-                "(prefix=NAME__) or run each with --all-heads"
+                f"{str(path)!r} holds {'several heads' if several else 'one head'} ({', '.join(heads)}); choose "
+                f"{'one' if several else 'it'} with --head NAME (prefix=NAME__) or run each with --all-heads"
             )
         return None
     if heads:

@@ -80,7 +80,8 @@ def load_checkpoint(
 
     Returns:
         A :class:`LoadedCheckpoint`, the model in eval mode, the stored states (if any)
-        as float32 on ``device``, as they are stored; whoever uses them checks them.
+        on ``device`` in the dtype of the model's floating-point parameters (float32 unless its
+        weights were stored wider), their values otherwise as stored; whoever uses them checks them.
 
     Raises:
         CheckpointError: If the file is missing, unreadable or not safetensors; the prefix is
@@ -89,6 +90,7 @@ def load_checkpoint(
             from the file without ``trust_remote_code`` (nothing is imported); the config describes
             a model larger than the stored tensors (nothing is allocated); the weights do not fit it
             (their shapes, or a dtype that would change their meaning), or not in the memory available;
+            the stored states are booleans or complex numbers;
             or the file is in another format than this version's (``lightning_ig.format``).
         ValueError: If both ``head`` and ``prefix`` are given.
         TypeError: If ``architecture``, ``config`` or ``trust_remote_code`` has the wrong type.
@@ -117,10 +119,12 @@ def load_checkpoint(
     weights, states = _read_tensors(file, keys, prefix)
     _load_weights(model, weights, recipe, where)
     model.to(device).eval()
+    # the states in the dtype the model computes in, so that it takes them (a float64 model, float32 states)
+    dtype = next((tensor.dtype for tensor in model.parameters() if tensor.is_floating_point()), torch.float32)
     return LoadedCheckpoint(
         model=model,
         feature_names=recipe.feature_names,
-        states=None if states is None else states.to(device=device, dtype=torch.float32),
+        states=None if states is None else states.to(device=device, dtype=dtype),
         metadata=metadata,
         prefix=prefix,
         architecture=recipe.architecture,
@@ -190,6 +194,11 @@ def _read_tensors(file: Path, keys: list[str], prefix: str | None) -> tuple[dict
                 states = handle.get_tensor(STATES_KEY)  # the file-level states, shared by every head
     except Exception as error:
         raise open_error(file, error) from error
+    if states is not None and (states.dtype == torch.bool or states.is_complex()):  # a mask or complex: not states
+        raise CheckpointError(
+            f"the states in {str(file)!r} are stored as {states.dtype}; states are real numbers: store them as "
+            "floats (save_checkpoint(..., states=)) or pass --states PATH"
+        )
     return weights, states
 
 

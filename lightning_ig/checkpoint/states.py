@@ -49,7 +49,7 @@ def load_states(
 
     Raises:
         CheckpointError: If the file is missing, not a regular file, unreadable, of an unknown kind, too large
-            for the memory available, or holds no usable states.
+            for the memory available, holds no usable states, or values past the range of ``dtype``.
 
     Example::
 
@@ -64,7 +64,8 @@ def load_states(
             f"states file {str(file)!r} must end in .json, .npy or .safetensors, not {file.suffix or 'nothing'!r}"
         )
     try:
-        states = reader(file, prefix).to(dtype)
+        stored = reader(file, prefix)
+        states = stored.to(dtype)
     except CheckpointError:
         raise
     except Exception as error:  # JSON syntax, ragged lists, corrupt files
@@ -72,6 +73,13 @@ def load_states(
         raise CheckpointError(
             f"cannot read states from {str(file)!r} ({type(error).__name__}: {first_line}); check the file"
         ) from error
+    overflowed = (torch.isinf(states) & torch.isfinite(stored)).nonzero()  # finite in the file, not in ``dtype``
+    if len(overflowed):
+        where = tuple(overflowed[0].tolist())
+        raise CheckpointError(
+            f"states file {str(file)!r} holds {stored[where].item():.4g} at index {where}, past the range of {dtype} "
+            f"(at most {torch.finfo(dtype).max:.3g} in size): scale the states, or use a model of a wider dtype"
+        )
     if states.ndim == 1:
         raise CheckpointError(
             f"states in {str(file)!r} have shape {tuple(states.shape)}: expected (num_states, state_dim); wrap one "

@@ -140,6 +140,11 @@ def _states_above(result: Any, action: int | None, tol: float) -> int:
 
 
 def _check_flag_combinations(args: argparse.Namespace) -> None:
+    if args.output == "-":  # the usual spelling of stdout: a file of that name would surprise
+        raise UsageError(
+            "--output '-': diag writes its report to a file, not to stdout; give a file name and print it with "
+            "`lightning-ig show FILE`"
+        )
     if args.model_kwargs is not None and args.model is None:
         raise UsageError(
             "--model-kwargs needs --model package.module:Class; add --model, or drop --model-kwargs to use the "

@@ -59,7 +59,8 @@ def resolve_feature_groups(
         return FeatureGroups.resolve(spec, shape, names)
     except (TypeError, ValueError) as error:
         where = f"--feature-groups {text}" if is_named_form(text) else f"--feature-groups {text!r}"
-        raise UsageError(f"{where}: {error} (the states have feature shape {shape})") from None
+        said = str(shape) in str(error)  # most of FeatureGroups' errors name the shape already
+        raise UsageError(f"{where}: {error}{'' if said else f' (the states have feature shape {shape})'}") from None
 
 
 def _read(path: str) -> Any:

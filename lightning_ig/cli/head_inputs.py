@@ -239,7 +239,8 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
 
 def _read_names_file(path: str) -> Any:
     value = read_json_file(path, "--feature-names", "give a JSON file holding an array of names")
-    return value.get("feature_names") if isinstance(value, dict) else value
+    # {"feature_names": [...]} or the array itself; another object is said as one, not as its missing key's None
+    return value.get("feature_names", value) if isinstance(value, dict) else value
 
 
 def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:

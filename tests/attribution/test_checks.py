@@ -27,8 +27,11 @@ def test_states_are_floating_point_with_a_state_dimension_and_features() -> None
     ):
         check_states(torch.zeros(2, 3, dtype=torch.int64))
     for shape in ((3,), (0, 3), (5, 0)):
-        with pytest.raises(ValueError, match="must have shape .num_states >= 1, .feature_shape. with at least one"):
+        with pytest.raises(
+            ValueError, match="must have shape .num_states >= 1, .feature_shape. with at least one"
+        ) as e:
             check_states(torch.zeros(shape))
+        assert ("unsqueeze" in str(e.value)) == (len(shape) == 1), "the state dimension is advised only where missing"
 
 
 def test_non_finite_values_are_counted_and_the_first_one_named() -> None:

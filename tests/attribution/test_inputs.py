@@ -48,6 +48,25 @@ def test_error_non_floating_inputs_and_baselines() -> None:
         integrated_gradients(_forward, [[1.0, 2.0]])
 
 
+def test_error_inputs_without_states_or_features_advise_the_state_dimension_only_where_it_is_missing() -> None:
+    for shape in ((), (0, 3), (4, 0)):
+        with pytest.raises(ValueError, match=r"inputs must have shape \(num_states >= 1") as error:
+            integrated_gradients(_forward, torch.zeros(shape))
+        assert ("unsqueeze" in str(error.value)) == (shape == ()), str(error.value)
+
+
+def test_error_sparse_or_meta_inputs_and_baselines_say_what_to_pass() -> None:
+    x = torch.randn(2, 3)
+    for inputs, baselines, what in [
+        (x.to_sparse(), None, "inputs is a torch.sparse_coo tensor"),
+        (x.to("meta"), None, "inputs is on the meta device"),
+        (x, torch.zeros(2, 3).to_sparse(), "baselines is a torch.sparse_coo tensor"),
+        (x, torch.zeros(3, device="meta"), "baselines is on the meta device"),
+    ]:
+        with pytest.raises(ValueError, match=what + ".*pass a dense tensor with values"):
+            integrated_gradients(_forward, inputs, baselines)
+
+
 def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
     x = torch.randn(3, 4)
     x[1, 2] = float("nan")

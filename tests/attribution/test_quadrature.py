@@ -10,6 +10,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from lightning_ig import vocabulary
+from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS, check_rule, quadrature
 from lightning_ig.vocabulary import METHODS, check_method
 from tests.support.tolerance import eps
@@ -86,6 +88,16 @@ def test_unknown_method_names_the_choices() -> None:
 def test_n_below_one_is_rejected(n: int) -> None:
     with pytest.raises(ValueError, match=rf"n \(the number of points, n_steps\) must be >= 1, got {n}"):
         quadrature("gausslegendre", n)
+
+
+@pytest.mark.parametrize("n", [2**30, 2**63])
+def test_more_points_than_memory_holds_are_refused_before_any_is_built(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 2**30)  # 1 GiB free, on any machine
+    with pytest.raises(ValueError, match=f"n_steps={n} needs about .* more than the 1.0 GiB available here"):
+        check_rule("riemann_middle", n)
+    with pytest.raises(ValueError, match=f"n_steps={n} needs about"):  # the engine's options, before any work
+        IGOptions(n_steps=n)
+    check_rule("riemann_middle", 2**20)  # a large count that fits: built as before
 
 
 def test_trapezoid_needs_two_points() -> None:

@@ -177,6 +177,8 @@ def test_a_target_is_parsed_once_and_says_what_each_consumer_asks(
         (True, TypeError, "not a bool"),
         (torch.tensor([0.5]), TypeError, "integer action indices"),
         (2.5, TypeError, "got float"),
+        (torch.tensor([0, 1], device="meta"), ValueError, "target is on the meta device"),
+        (torch.tensor([0, 1]).to_sparse(), ValueError, "target is a torch.sparse_coo tensor"),
     ],
 )
 def test_a_bad_target_is_refused_where_it_comes_in(given, error, words) -> None:

@@ -55,6 +55,8 @@ def test_a_head_is_chosen_whole_by_name_or_prefix() -> None:
             select_prefix(prefix, heads, keys, Path("f"))
     with pytest.raises(CheckpointError, match="holds several heads .* --all-heads"):
         select_prefix(None, heads, keys, Path("f"))
+    with pytest.raises(CheckpointError, match=r"'f' holds one head \(trending\); choose it with --head NAME"):
+        select_prefix(None, heads[:1], keys[:1], Path("f"))  # a merged file of one head is not said to hold several
 
 
 def test_a_single_model_file_takes_a_raw_prefix_only_if_some_key_has_it(tmp_path: Path) -> None:

@@ -73,6 +73,32 @@ def test_bool_or_integer_weights_where_the_model_has_floats_are_refused(tmp_path
         load_checkpoint(_rewritten(path, {key: dtype}))
 
 
+def test_the_stored_states_come_in_the_models_dtype_so_the_model_takes_them(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,)).double().eval()
+    states = torch.randn(3, 4, dtype=torch.float64)
+    save_checkpoint(net, tmp_path / "f64.safetensors", states=states)  # states stored as float32
+    loaded = load_checkpoint(tmp_path / "f64.safetensors")
+    assert loaded.states is not None and loaded.states.dtype == torch.float64
+    assert torch.equal(loaded.states, states.float().double())
+    assert loaded.model(loaded.states).dtype == torch.float64  # the docstring's own example
+    tensors = load_file(str(tmp_path / "f64.safetensors"))
+    tensors["__states__"] = states  # a float64 file keeps its states' precision
+    save_file(tensors, str(tmp_path / "wide.safetensors"), metadata=read_metadata(tmp_path / "f64.safetensors"))
+    wide = load_checkpoint(tmp_path / "wide.safetensors").states
+    assert wide is not None and torch.equal(wide, states)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64])
+def test_stored_states_that_are_not_real_numbers_are_refused(tmp_path: Path, dtype: torch.dtype) -> None:
+    path, _ = _saved(tmp_path)
+    tensors = load_file(str(path))
+    tensors["__states__"] = tensors["__states__"].to(dtype)
+    save_file(tensors, str(tmp_path / "odd.safetensors"), metadata=read_metadata(path))
+    with pytest.raises(CheckpointError, match=f"states in .*odd.safetensors' are stored as {dtype}"):
+        load_checkpoint(tmp_path / "odd.safetensors")
+
+
 def test_a_device_that_cannot_hold_the_model_is_said_before_anything_is_read(tmp_path: Path) -> None:
     path, _ = _saved(tmp_path)
     with pytest.raises(ValueError, match="the meta device holds shapes, not values"):

@@ -104,6 +104,16 @@ def test_booleans_are_not_states_in_any_form(tmp_path: Path) -> None:
     assert load_states(tmp_path / "frames.safetensors").tolist() == [[1.0, 255.0]]  # integers are numbers
 
 
+def test_finite_values_past_the_dtypes_range_are_said_as_such_not_as_nan_or_inf(tmp_path: Path) -> None:
+    values = np.array([[0.0, 1e300], [2.0, 3.0]])
+    np.save(tmp_path / "wide.npy", values)
+    with pytest.raises(CheckpointError, match=r"holds 1e\+300 at index \(0, 1\), past the range of torch.float32"):
+        load_states(tmp_path / "wide.npy")
+    assert load_states(tmp_path / "wide.npy", dtype=torch.float64)[0, 1].item() == 1e300  # the file's own dtype
+    np.save(tmp_path / "inf.npy", np.array([[0.0, np.inf]]))  # a NaN/Inf in the file is left to the states' check
+    assert torch.isinf(load_states(tmp_path / "inf.npy")).any()
+
+
 def test_a_json_states_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text('{"states": [[1.0, 2.0]], "states": [[3.0, 4.0]]}')
     with pytest.raises(CheckpointError, match="an object names the key 'states' twice"):

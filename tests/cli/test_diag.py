@@ -142,6 +142,14 @@ def test_wrote_is_said_once_per_file_written(workspace: Path, capsys: Capsys) ->
     assert sorted(path.name for path in (workspace / "sal").iterdir()) == ["saliency.png", "saliency_mean_abs.png"]
 
 
+def test_an_output_of_a_dash_is_refused_rather_than_written_as_a_file_named_dash(
+    workspace: Path, capsys: Capsys
+) -> None:
+    code, out, err = _diag(capsys, "--output", "-")
+    _refused(code, err, "--output '-'", "not to stdout", "lightning-ig show")
+    assert not (workspace / "-").exists() and out == ""
+
+
 def test_without_output_an_earlier_report_is_never_replaced(workspace: Path, capsys: Capsys) -> None:
     code, out, err = _diag(capsys)
     assert code == 0 and "wrote ig_report.json" in out, err

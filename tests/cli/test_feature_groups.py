@@ -289,6 +289,19 @@ def test_good_group_files_of_every_form(workspace, capsys):
     assert [g["mean_abs"] for g in report["groups"]] == [f["mean_abs"] for f in report["features"]]
 
 
+def test_channels_on_vector_states_says_the_feature_shape_once(workspace, capsys):
+    output = workspace / "out" / "flat_channels.json"
+    args = ["diag", "--checkpoint", str(workspace / "flat.safetensors"), "--output", str(output), "--quiet"]
+    code = cli.main([*args, "--feature-groups", "channels"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--feature-groups channels" in err and err.count("(4,)") == 1, err
+    (workspace / "empty_group.json").write_text('{"a": [0], "b": []}')  # an error that does not say it gets it
+    code = cli.main([*args, "--feature-groups", str(workspace / "empty_group.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is empty" in err and "the states have feature shape (4,)" in err, err
+    assert not output.exists()
+
+
 def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, capsys):
     output = workspace / "out" / "flat.json"
     code = cli.main(

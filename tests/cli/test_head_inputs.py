@@ -235,6 +235,21 @@ def test_the_states_of_a_file_are_bounded_as_sampled_ones_are(
     _one_line_error(code, err, "the 200 states of --states 'states.json'", "more than the 293.0 KiB available")
 
 
+def test_a_feature_names_file_holding_an_object_says_what_it_holds(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workspace / "object.json").write_text('{"a": "b"}')
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--feature-names", "object.json")
+    _one_line_error(code, err, "--feature-names object.json must be a list of strings", "got dict")
+    assert "NoneType" not in err
+    (workspace / "keyed.json").write_text('{"feature_names": ["p", "q", "r", "s"]}')  # the keyed form still reads
+    code, _, err = _main(
+        capsys, "diag", "--checkpoint", "q.safetensors", "--feature-names", "keyed.json", "--output", "out/k.json"
+    )
+    assert code == 0, err
+    assert [row["name"] for row in json.loads((workspace / "out" / "k.json").read_text())["features"]] == list("pqrs")
+
+
 def test_a_model_of_two_precisions_is_one_line_naming_them(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.support.cli_models import MixedPrecision
 
