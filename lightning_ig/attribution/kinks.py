@@ -8,7 +8,9 @@ nodes (gradients ``g_k``, values ``v_k``; per stretch in float64: the slope jump
 
 1. the certificate: one forward-only pass at the located kink of the ``ceil(n / 4)`` stretches per state with the
    largest ``|o_k| ||J_k||_1`` (:func:`torch.topk`: a fixed shape, no host sync); with one kink there the value
-   lies on both neighbouring pieces, and its miss ``delta_k`` weighs the correction
+   lies on both neighbouring pieces (for the largest quarter of them a second value, halfway to the stretch's
+   farther end, must lie on that side's piece too: two kinks of opposite slope changes pass the first check), and
+   its miss ``delta_k`` weighs the correction
    ``w_k = clamp(1 - (delta_k - rounding) / |rho_k|, 0, 1) * clamp((30 - N_k) / 15, 0, 1)``,
    ``N_k = ||J_k||_1 / |sigma_k|`` (features jumping against each other); stretches not certified stay as they are;
 2. the weights: ``h + sum_k w_k o_k (e_k+1 - e_k)`` per node and state where the path is kinked, the midpoint
@@ -43,10 +45,11 @@ from lightning_ig.attribution.estimate import ROUGHNESS, slopes_and_roughness
 __all__ = ["BUDGET_NODES", "kink_rule"]
 
 BUDGET_NODES = 56
-"""The kink rule's nodes where ``n_steps="budget"`` gives 64 points: 56 gradient rows and the certificate's 14
-forward rows per state cost about what 64 gradient rows do."""
+"""The kink rule's nodes where ``n_steps="budget"`` gives 64 points: 56 gradient rows and the certificate's 18
+forward rows per state cost about what 64 gradient rows do (docs/benchmarks.md)."""
 
 _CERTIFIED = 0.25  # the stretches certified per state: ceil(n / 4)
+_PROBED = 0.25  # of those, the largest corrections' share checked at a second place too
 _FLOOR = 32.0  # the certificate's rounding floor, in eps x the largest |value| on the path
 _CANCELLING = (15.0, 30.0)  # N_k from which a correction fades out, and where it is off
 _SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 7
@@ -89,12 +92,24 @@ def kink_rule(
     weight = torch.zeros_like(rho)
     if count:
         at = kappa.gather(1, top)
-        certified = values_at(at)  # (T, count, B)
         start = left_node.expand_as(kappa).gather(1, top)
-        miss = torch.maximum(
-            (certified - values[:, :-1].gather(1, top) - slopes[:, :-1].gather(1, top) * (at - start)).abs(),
-            (certified - values[:, 1:].gather(1, top) + slopes[:, 1:].gather(1, top) * (start + h - at)).abs(),
+        # Two kinks of opposite slope changes pass the check at the located kink (there the value is on both outer
+        # lines): the largest corrections are checked once more, halfway from it to the stretch's farther end
+        probed = math.ceil(_PROBED * count)
+        kink, low, ahead = at[:, :probed], start[:, :probed], top[:, :probed]  # (T, probed, B)
+        right = low + h - kink >= kink - low
+        probe = torch.where(right, (kink + low + h) / 2, (kink + low) / 2)
+        both = values_at(torch.cat([at, probe], 1))  # (T, count + probed, B)
+        certified, seen = both[:, :count], both[:, count:]
+        left_line = values[:, :-1].gather(1, top) + slopes[:, :-1].gather(1, top) * (at - start)
+        right_line = values[:, 1:].gather(1, top) - slopes[:, 1:].gather(1, top) * (start + h - at)
+        miss = torch.maximum((certified - left_line).abs(), (certified - right_line).abs())
+        expected = torch.where(  # the probe's value on its side's line, were the kink at ``kink``
+            right,
+            values[:, 1:].gather(1, ahead) - slopes[:, 1:].gather(1, ahead) * (low + h - probe),
+            values[:, :-1].gather(1, ahead) + slopes[:, :-1].gather(1, ahead) * (probe - low),
         )
+        miss = torch.cat([torch.maximum(miss[:, :probed], (seen - expected).abs()), miss[:, probed:]], 1)
         floor = _FLOOR * torch.finfo(acc).eps * values.abs().amax(1, keepdim=True)  # (T, 1, B)
         over = (miss - floor).clamp_min(0)
         excess = excess.scatter(1, top, over)

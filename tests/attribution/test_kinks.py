@@ -50,6 +50,20 @@ def test_two_kinks_in_one_stretch_are_partly_corrected_and_the_estimate_says_so(
     assert 0.5 * true <= float(result.attribution_error[0]) <= 2 * true
 
 
+def test_two_kinks_of_opposite_slope_changes_in_one_stretch_are_not_read_as_exact() -> None:
+    # Kinks at 0.496 (slope +1) and 0.504 (slope -0.25) lie between the nodes 0.4911 and 0.5089 (n = 56); the outer
+    # lines cross at 0.4933, before both kinks, where the value lies on the left line and so on both: the check there
+    # passes and alone read the stretch as exact (7.8e-16 against a true 0.85%). The second value, halfway from
+    # there to the stretch's far end (0.5011, between the kinks), misses, and the error is kept and estimated.
+    kinks, signs = [0.496, 0.504], [1.0, -0.25]
+    x = torch.ones(1, 2, dtype=F64)
+    result = integrated_gradients(kinked_relu(kinks, signs), x, target=0, n_steps=56)
+    exact = kinked_relu_attributions(x, kinks, signs)
+    true = float((result.attributions - exact).abs().sum() / exact.abs().sum())
+    assert result.method == "kink_midpoint" and true > 1e-3
+    assert float(result.attribution_error[0]) >= 0.25 * true
+
+
 class _Doubled(torch.autograd.Function):
     """The identity whose backward doubles the gradient: a broken straight-through estimator."""
 
