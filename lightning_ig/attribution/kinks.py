@@ -96,9 +96,9 @@ def kink_rule(
         # Two kinks of opposite slope changes pass the check at the located kink (there the value is on both outer
         # lines): the largest corrections are checked once more, halfway from it to the stretch's farther end
         probed = math.ceil(_PROBED * count)
-        kink, low, ahead = at[:, :probed], start[:, :probed], top[:, :probed]  # (T, probed, B)
-        right = low + h - kink >= kink - low
-        probe = torch.where(right, (kink + low + h) / 2, (kink + low) / 2)
+        kink, edge, ahead = at[:, :probed], start[:, :probed], top[:, :probed]  # (T, probed, B)
+        right = edge + h - kink >= kink - edge
+        probe = torch.where(right, (kink + edge + h) / 2, (kink + edge) / 2)
         both = values_at(torch.cat([at, probe], 1))  # (T, count + probed, B)
         certified, seen = both[:, :count], both[:, count:]
         left_line = values[:, :-1].gather(1, top) + slopes[:, :-1].gather(1, top) * (at - start)
@@ -106,8 +106,8 @@ def kink_rule(
         miss = torch.maximum((certified - left_line).abs(), (certified - right_line).abs())
         expected = torch.where(  # the probe's value on its side's line, were the kink at ``kink``
             right,
-            values[:, 1:].gather(1, ahead) - slopes[:, 1:].gather(1, ahead) * (low + h - probe),
-            values[:, :-1].gather(1, ahead) + slopes[:, :-1].gather(1, ahead) * (probe - low),
+            values[:, 1:].gather(1, ahead) - slopes[:, 1:].gather(1, ahead) * (edge + h - probe),
+            values[:, :-1].gather(1, ahead) + slopes[:, :-1].gather(1, ahead) * (probe - edge),
         )
         miss = torch.cat([torch.maximum(miss[:, :probed], (seen - expected).abs()), miss[:, probed:]], 1)
         floor = _FLOOR * torch.finfo(acc).eps * values.abs().amax(1, keepdim=True)  # (T, 1, B)
