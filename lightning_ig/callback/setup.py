@@ -33,6 +33,7 @@ __all__ = [
     "logged_units",
     "named",
     "report_folder",
+    "warn_of_earlier_reports",
 ]
 
 

@@ -38,9 +38,10 @@ def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
             coarser = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n // 3)
             assert max(float(coarser.attribution_error[0]), float(coarser.mass_relative_error[0])) > tol / 2
     # Every gradient row once: the first level and the ends (twice: the stochastic check), the kink rule's
-    # certificate (14 forward rows a state), then 2 n new rows per level for the states that went on.
+    # certificate (14 forward rows a state and a second value for its largest 4), then 2 n new rows per level for the
+    # states that went on.
     going_on = [sum(1 for m in per_state if m >= n) for n in (168, 504)]
-    assert sum(rows) == (56 + 4 + 14) * 6 + sum(2 * (n // 3) * count for n, count in zip((168, 504), going_on))
+    assert sum(rows) == (56 + 4 + 14 + 4) * 6 + sum(2 * (n // 3) * count for n, count in zip((168, 504), going_on))
 
 
 def test_auto_steps_respect_max_steps() -> None:
