@@ -35,6 +35,7 @@ from lightning_ig.cli.exits import EXIT_NOT_WITHIN, EXIT_OK, PROG, NonFiniteErro
 from lightning_ig.cli.feature_groups import is_named_form
 from lightning_ig.cli.head_inputs import HeadRun, baseline_path, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
+from lightning_ig.cli.parser import AUTO_SAMPLES, SEED
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable
@@ -475,3 +476,12 @@ def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace
             print(printable(f"  {line}"))
         if head.saliency:
             print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
+    sampling = {
+        "--auto-samples": args.auto_samples != AUTO_SAMPLES,
+        "--replace": args.replace,
+        "--seed": args.seed != SEED,
+    }
+    unused = [flag for flag, given in sampling.items() if given]
+    if args.states != "auto" and unused:  # said, not refused: the scripts that pass them today keep working
+        used = f"--states {args.states} was used whole"
+        print(printable(f"note: {', '.join(unused)} shape only the --states auto sample; {used}"))

@@ -63,6 +63,8 @@ gets the usual mode (0666 minus the umask), an overwritten one keeps its mode (n
 setuid or writable by everyone); the files of a run are written all or none, so
 readers never see half of one."""
 
+AUTO_SAMPLES, SEED = 16, 42  # --states auto's sample: its size and seed by default
+
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows ``(default: ...)`` where there is a default worth showing (not None, not an off switch)."""
@@ -261,7 +263,7 @@ def _add_diag(commands: Any) -> None:
     data.add_argument(
         "--auto-samples",
         type=_positive_int("--auto-samples"),
-        default=16,
+        default=AUTO_SAMPLES,
         metavar="N",
         help="how many states --states auto samples",
     )
@@ -271,7 +273,7 @@ def _add_diag(commands: Any) -> None:
         help="let --states auto sample with replacement when N exceeds the stored states",
     )
     data.add_argument(
-        "--seed", type=_seed("--seed"), default=42, help="seed of the --states auto sample (a private generator)"
+        "--seed", type=_seed("--seed"), default=SEED, help="seed of the --states auto sample (a private generator)"
     )
     data.add_argument(
         "--feature-names",

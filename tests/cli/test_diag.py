@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -288,3 +289,17 @@ def test_the_saliency_pictures_name_the_channels_the_groups_name(
     code, _, err = _diag(capsys, "--feature-groups", "groups.json", "--saliency", "sal", "--output", "r.json")
     assert code == 0, err
     assert seen == {"saliency_grid": ["paddle", "ball"], "mean_abs_map": ["paddle", "ball"]}
+
+
+def test_the_sample_flags_with_a_states_file_are_said_to_be_unused(workspace: Path, capsys: Capsys) -> None:
+    states = torch.rand(4, *FRAME, generator=torch.Generator().manual_seed(2))
+    np.save(workspace / "mine.npy", states.numpy())
+    code, out, err = _diag(capsys, "--states", "mine.npy", "--seed", "7", "--replace", "--output", "a.json")
+    assert code == 0, err
+    assert json.loads((workspace / "a.json").read_text())["num_states"] == 4  # the file, whole
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: --auto-samples, --replace, --seed shape only the --states auto sample; --states mine.npy was used whole"
+    ]
+    code, out, err = _diag(capsys, "--seed", "7", "--output", "b.json")  # --states auto: they are used, no note
+    assert code == 0 and "note:" not in out, err
