@@ -96,20 +96,21 @@ def kink_rule(
         # Two kinks of opposite slope changes pass the check at the located kink (there the value is on both outer
         # lines): the largest corrections are checked once more, halfway from it to the stretch's farther end
         probed = math.ceil(_PROBED * count)
-        kink, edge, ahead = at[:, :probed], start[:, :probed], top[:, :probed]  # (T, probed, B)
+        kink, edge = at[:, :probed], start[:, :probed]  # (T, probed, B)
         right = edge + h - kink >= kink - edge
         probe = torch.where(right, (kink + edge + h) / 2, (kink + edge) / 2)
         both = values_at(torch.cat([at, probe], 1))  # (T, count + probed, B)
         certified, seen = both[:, :count], both[:, count:]
-        left_line = values[:, :-1].gather(1, top) + slopes[:, :-1].gather(1, top) * (at - start)
-        right_line = values[:, 1:].gather(1, top) - slopes[:, 1:].gather(1, top) * (start + h - at)
-        miss = torch.maximum((certified - left_line).abs(), (certified - right_line).abs())
-        expected = torch.where(  # the probe's value on its side's line, were the kink at ``kink``
+        v_left, s_left = values[:, :-1].gather(1, top), slopes[:, :-1].gather(1, top)  # the pieces either side
+        v_right, s_right = values[:, 1:].gather(1, top), slopes[:, 1:].gather(1, top)
+        on_left, on_right = v_left + s_left * (at - start), v_right - s_right * (start + h - at)  # both at ``at``
+        miss = torch.maximum((certified - on_left).abs(), (certified - on_right).abs())
+        on_side = torch.where(  # the probe's value on its side's piece, were the kink at ``kink``
             right,
-            values[:, 1:].gather(1, ahead) - slopes[:, 1:].gather(1, ahead) * (edge + h - probe),
-            values[:, :-1].gather(1, ahead) + slopes[:, :-1].gather(1, ahead) * (probe - edge),
+            v_right[:, :probed] - s_right[:, :probed] * (edge + h - probe),
+            v_left[:, :probed] + s_left[:, :probed] * (probe - edge),
         )
-        miss = torch.cat([torch.maximum(miss[:, :probed], (seen - expected).abs()), miss[:, probed:]], 1)
+        miss[:, :probed] = torch.maximum(miss[:, :probed], (seen - on_side).abs())
         floor = _FLOOR * torch.finfo(acc).eps * values.abs().amax(1, keepdim=True)  # (T, 1, B)
         over = (miss - floor).clamp_min(0)
         excess = excess.scatter(1, top, over)

@@ -196,22 +196,24 @@ def test_training_is_bit_identical_when_the_forward_samples_in_eval_mode_and_not
     assert not all(torch.equal(without[name], unguarded[name]) for name in without)
 
 
-def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
-    def fitted(max_steps: int, checkpoint: Path | None) -> IntegratedGradientsCallback:
-        pl.seed_everything(123)
-        callback = IntegratedGradientsCallback(
-            held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
-        )
-        trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16), ckpt_path=checkpoint)
-        if checkpoint is None:
-            trainer.save_checkpoint(tmp_path / "half.ckpt")
-        return callback
+def _fit_to(tmp_path: Path, max_steps: int, checkpoint: Path | None) -> IntegratedGradientsCallback:
+    """A fit with every check due at its first run; a fresh one (no ``checkpoint``) saves ``half.ckpt`` at its end."""
+    pl.seed_everything(123)
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+    )
+    trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16), ckpt_path=checkpoint)
+    if checkpoint is None:
+        trainer.save_checkpoint(tmp_path / "half.ckpt")
+    return callback
 
-    first = fitted(12, None)  # every check at run 0 (step 3); runs 1-3 carry their results
-    resumed = fitted(15, tmp_path / "half.ckpt")  # run 4 (step 15): no check due until run 5
+
+def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
+    first = _fit_to(tmp_path, 12, None)  # every check at run 0 (step 3); runs 1-3 carry their results
+    resumed = _fit_to(tmp_path, 15, tmp_path / "half.ckpt")  # run 4 (step 15): no check due until run 5
     assert resumed.history[4]["global_step"] == 15
     # the results the checkpoint's fit made still stand: not "unresolved" as if no check had ever run
     assert resumed.history[4]["trust"] == first.history[3]["trust"] != "unresolved"
@@ -222,23 +224,10 @@ def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
 
 
 def test_a_resumed_fit_continues_the_checks_schedule_and_the_budget(tmp_path):
-    def fitted(max_steps: int, state: dict | None, checkpoint: Path | None) -> IntegratedGradientsCallback:
-        pl.seed_everything(123)
-        callback = IntegratedGradientsCallback(
-            held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
-        )
-        trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16), ckpt_path=checkpoint)
-        if state is None:
-            trainer.save_checkpoint(tmp_path / "half.ckpt")
-        return callback
-
-    first = fitted(12, None, None)  # runs 0-3 at steps 3-12: every check at run 0
+    first = _fit_to(tmp_path, 12, None)  # runs 0-3 at steps 3-12: every check at run 0
     state = first.state_dict()["budget"]
     assert state["last_checks"] == dict.fromkeys(EVERYTHING, 0) and state["elapsed"] >= 0
-    resumed = fitted(24, state, tmp_path / "half.ckpt")  # runs 4-7 at steps 15-24
+    resumed = _fit_to(tmp_path, 24, tmp_path / "half.ckpt")  # runs 4-7 at steps 15-24
     # the schedule goes on: each check again CHECK_EVERY runs after run 0 (run 5, step 18), not at the resumed fit's
     # first run as a new fit would make them
     assert resumed._budget.last_checks == dict.fromkeys(EVERYTHING, 5)
