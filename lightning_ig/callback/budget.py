@@ -121,6 +121,13 @@ class Budget:
         self._quiet = None if self.background is None else (self.background(), self.elapsed())
         self._rate = None
 
+    def beside(self, cpu: Callable[[], float]) -> None:
+        """Leave out of the background CPU what ``cpu`` counts (seconds so far): a worker on a core training leaves
+        idle, which adds no time to the fit."""
+        background = self.background
+        if background is not None:
+            self.background = lambda: background() - cpu()
+
     def elapsed(self) -> float:
         """The fit's wall time so far, in seconds."""
         return 0.0 if self.started is None else max(0.0, self.clock() - self.started)

@@ -33,7 +33,7 @@ from lightning_ig.callback.options import Options, option_assignment, option_att
 from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.gather import JointGather
-from lightning_ig.run.host_result import HostResult
+from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSummary, summarize
 from lightning_ig.trust.common import generators_kept
 from lightning_ig.views import ViewOptions, text
@@ -260,6 +260,9 @@ class IntegratedGradientsCallback(Callback):
             ever_non_zero=self._ever_non_zero,
             pairs=lambda: self._pairs,
         )
+        idle = self._fit.idle
+        if idle is not None:  # the worker's CPU runs beside training: time it does not add to the fit
+            self._budget.beside(lambda: idle.cpu)
         self.history = setup.history_to_continue(self.history, self._plan.units)
         if self._fit.trust is not None and self.history:  # the checks' latest results stand until they run again
             self._fit.trust.restore_results(self._trust_results)
@@ -296,6 +299,7 @@ class IntegratedGradientsCallback(Callback):
     @_timed
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish_pending()
+        self._close_idle()
         if self.options.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
         elif self._last is not None and self._fit is not None and trainer.is_global_zero:
@@ -312,6 +316,7 @@ class IntegratedGradientsCallback(Callback):
             self._finish_pending()  # the run started before the exception is still logged
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
             rank_zero_warn(f"IntegratedGradientsCallback{named}: the last run could not be logged: {error!r}")
+        self._close_idle()
         try:
             self._pictures.close()  # the pictures drawn so far still reach TensorBoard
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
@@ -320,7 +325,13 @@ class IntegratedGradientsCallback(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._pending = None  # ended by on_train_end or on_exception; a bare teardown drops nothing logged twice
+        self._close_idle()
         self._pictures.close()
+
+    def _close_idle(self) -> None:
+        """End the runs' worker beside training, if the fit has one (its run in hand ends first)."""
+        if self._fit is not None and self._fit.idle is not None:
+            self._fit.idle.close()
 
     def _should_run(self, trainer: pl.Trainer) -> bool:
         """Fitting, not sanity checking, set up, and no run yet at this global step."""
@@ -370,24 +381,28 @@ class IntegratedGradientsCallback(Callback):
             states = states[rows]
             if isinstance(baselines, Tensor) and baselines.shape == run.states.shape:
                 baselines = baselines[rows]
-        with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; the callback warns once
-            result = run.engine.attribute(states, baselines=baselines)
-            if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major
-                result = pair_rows(result)
-        riders: list[Tensor] = []  # gathered with the result: one collective
-        if run.target.contrasts and result.target_actions is not None:  # each state's pair, for the actions picture
-            riders.append(result.target_actions)  # (share, 2)
-        gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
-        transfer = HostResult.begin(
-            result,
-            gather=gather,
+        begin = functools.partial(
+            HostResult.begin,
             num_states=(len(run.held_out) if plan.windows == 1 else len(states)) * run.target.rows_per_state,
             groups=run.units.groups,
             keep_attributions=run.keep_attributions,
             sample_states=run.sample_states,
         )
+        riders: list[Tensor] = []  # gathered with the result: one collective
+        transfer: HostTransfer | fit.ThreadTransfer
+        if run.idle is not None and not plan.checks and not final:  # a check needs the model as attributed, at once
+            transfer = run.idle.start(states, baselines, run.target.every_output, begin)
+        else:
+            with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; warned once
+                result = run.engine.attribute(states, baselines=baselines)
+                if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major
+                    result = pair_rows(result)
+            if run.target.contrasts and result.target_actions is not None:  # each state's pair, for the actions picture
+                riders.append(result.target_actions)  # (share, 2)
+            gather = JointGather(trainer.strategy.all_gather, riders) if trainer.world_size > 1 else None
+            transfer = begin(result, gather=gather)
+            riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         self._last_run_step = trainer.global_step
-        riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         return fit.PendingRun(
             run=run,
             trainer=trainer,

@@ -5,36 +5,49 @@ against the options: the units a run logs and their tags, the saliency pictures,
 :func:`start` (``on_fit_start``, the model on its device) prepares the engine on two states, this rank's share of
 the states, the run's settings, what the runs send to the loggers
 (:class:`~lightning_ig.views.loggers.outputs.RunOutputs`: the pictures' cadences and inputs, the W&B and MLflow
-sinks) and the trust checks. A run reads the :class:`Fit` as
-plain data; :class:`PendingRun` is a run between its start and its end.
+sinks), the trust checks and, on a CPU with a core to spare, the runs' worker beside training
+(:class:`IdleCore`). A run reads the :class:`Fit` as plain data; :class:`PendingRun` is a run between its start and
+its end.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import random
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
+from lightning_ig.attribution.result import IGResult, stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.budget import Plan
 from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.callback.options import Options
+from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.callback.reports import ReportFolder
+from lightning_ig.models.noise import attribution_mode
 from lightning_ig.run.host_result import HostResult, HostTransfer
 from lightning_ig.run.summary import RunSettings, RunSummary
-from lightning_ig.trust.common import generators_kept
+from lightning_ig.trust.common import AttributionSettings, generators_kept
+from lightning_ig.trust.replica import Replica
 from lightning_ig.views.loggers.outputs import RunOutputs
 from lightning_ig.views.loggers.sinks import picture_sinks
 from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.tags import ViewOptions, display_labels
 
-__all__ = ["Fit", "FitPlan", "PendingRun", "plan", "start"]
+__all__ = ["Fit", "FitPlan", "IdleCore", "PendingRun", "plan", "start"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,8 @@ class Fit:
         keep_attributions: a run keeps its ``(B, F)`` attributions (histograms, trust checks on features, the
             actions' units).
         sample_states: the saliency grid draws among a run's first this many rows.
+        idle: the runs' worker on a core training leaves idle (:class:`IdleCore`), or ``None``: the runs attribute
+            on the training thread.
     """
 
     held_out: Tensor
@@ -84,6 +99,132 @@ class Fit:
     settings: RunSettings
     keep_attributions: bool
     sample_states: int
+    idle: IdleCore | None = None
+
+
+class IdleCore:
+    """IG beside training, on a core that training leaves idle.
+
+    Where a fit trains on the CPU in one process and torch uses fewer threads than the process may run on, a run
+    need not hold the training loop: the fit's working copy of the model (:class:`~lightning_ig.trust.replica.Replica`,
+    eval mode, noise off) takes the model's weights at the run's step on the training thread (an in-place copy), and
+    one worker thread attributes the copy and reduces the result while training goes on. The run's numbers land at a
+    later batch end, as a GPU run's do; training waits only where the next run is due before they land. Training
+    never shares a tensor with the worker, so its weights are bit-identical with and without the callback.
+
+    :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
+    its forward draws from no global generator (the worker cannot put back what it would take from training's).
+
+    Attributes:
+        replica: the copy the runs attribute.
+        cpu: the worker's CPU seconds so far (the budget does not count them: they run beside training).
+    """
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.cpu = 0.0
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def start(
+        self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
+    ) -> ThreadTransfer:
+        """Take the model's weights now, then attribute ``states`` and reduce the result on the worker (``pair``:
+        ``target="each"``'s rows per (state, action))."""
+        self.replica.sync()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-run")
+        return ThreadTransfer(self._executor.submit(self._work, states, baselines, pair, begin))
+
+    def close(self) -> None:
+        """Wait for the run in hand, if any, and end the worker (a later fit starts a new one)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _work(
+        self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
+    ) -> HostResult:
+        started = time.thread_time()
+        try:
+            with torch.inference_mode(False), torch.enable_grad():  # a new thread's modes are torch's defaults
+                result = self.replica.engine.attribute(states, baselines=baselines)
+                if pair:
+                    result = pair_rows(result)
+                return begin(result).result()
+        finally:
+            with self._lock:
+                self.cpu += time.thread_time() - started
+
+
+class ThreadTransfer:
+    """A run's numbers on their way from the :class:`IdleCore` worker (the interface of
+    :class:`~lightning_ig.run.host_result.HostTransfer`)."""
+
+    def __init__(self, future: Future[HostResult]) -> None:
+        self._future = future
+
+    def ready(self) -> bool:
+        """Whether the worker is done (never waits)."""
+        return self._future.done()
+
+    def result(self) -> HostResult:
+        """The run's numbers; waits for the worker. Raises what the run raised."""
+        return self._future.result()
+
+
+def idle_core(
+    trainer: Any, pl_module: Any, engine: IntegratedGradients, forward: Any, states: Tensor, baselines: Any
+) -> IdleCore | None:
+    """The fit's :class:`IdleCore`, or ``None`` where the runs stay on the training thread: a GPU, more than one
+    process, a target that gathers riders (``"contrast"``), torch already using every core the process may run on
+    (:func:`physical_cores`), or a copy of the model whose IG differs from the model's or draws from a global
+    generator."""
+    if states.device.type != "cpu" or trainer.world_size > 1 or engine.target.contrasts:
+        return None
+    if torch.get_num_threads() >= physical_cores():
+        return None
+    settings = AttributionSettings(forward=forward, target=engine.target, options=engine.options)
+    replica = Replica(pl_module, settings)
+    replica.sync()
+    rows = min(2, len(states))
+    trial = states[:rows]
+    per_state = isinstance(baselines, Tensor) and baselines.shape == states.shape
+    trial_baselines = baselines[:rows] if per_state else baselines
+    with attribution_mode(pl_module), stochastic_warnings_silenced():
+        theirs = engine.attribute(trial, baselines=trial_baselines, n_steps=2, cuda_graph=False)
+    drawn = _generator_states()
+    with generators_kept(pl_module), stochastic_warnings_silenced():
+        mine = replica.engine.attribute(trial, baselines=trial_baselines, n_steps=2, cuda_graph=False)
+        draws = not _same_generator_states(drawn, _generator_states())
+    same = torch.equal(mine.attributions, theirs.attributions) and torch.equal(mine.f_input, theirs.f_input)
+    if draws or mine.stochastic or not same:
+        return None
+    return IdleCore(replica)
+
+
+def physical_cores() -> int:
+    """The cores the process may run on, hyper-threads of one core counted once (Linux's CPU topology; elsewhere
+    every logical CPU counts)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        try:
+            cores.add(siblings.read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
+def _generator_states() -> tuple[Any, ...]:
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _same_generator_states(one: tuple[Any, ...], other: tuple[Any, ...]) -> bool:
+    python, (_, keys, pos, *_), cpu = one
+    python_now, (_, keys_now, pos_now, *_), cpu_now = other
+    return python == python_now and pos == pos_now and np.array_equal(keys, keys_now) and torch.equal(cpu, cpu_now)
 
 
 @dataclass(frozen=True)
@@ -96,7 +237,7 @@ class PendingRun:
 
     run: Fit  # the fit it was started in
     trainer: Any
-    transfer: HostTransfer
+    transfer: HostTransfer | ThreadTransfer
     riders: list[Tensor]
     step: int
     epoch: int
@@ -229,6 +370,7 @@ def start(
         settings=settings,
         keep_attributions=(units.log_features and views.log_histograms) or features,
         sample_states=0 if picked is None or not len(picked) else (int(picked.max()) + 1) * rows,
+        idle=idle_core(trainer, pl_module, engine, options.forward, states, baselines),
     )
 
 

@@ -170,6 +170,17 @@ def test_the_other_threads_cpu_counts_beyond_their_rate_before_the_first_run():
     assert budget.extra() == pytest.approx(0.0)
 
 
+def test_a_worker_beside_training_is_left_out_of_the_other_threads_cpu():
+    now, cpu, beside = [0.0], [0.0], [0.0]
+    budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
+    budget.start()
+    budget.beside(lambda: beside[0])
+    now[0], cpu[0] = 10.0, 1.0
+    assert budget.plan(0, ()) is not None
+    now[0], cpu[0], beside[0] = 20.0, 4.5, 2.0  # 3.5 s in 10 s: 2 s the worker's, 1 s at the rate, 0.5 s extra
+    assert budget.extra() == pytest.approx(0.5)
+
+
 def test_a_run_the_budget_reduces_attributes_its_window_and_says_so(tmp_path):
     decide = Budget.plan
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,106 @@ def test_after_fit_start_the_fit_holds_the_engine_and_this_ranks_states(tmp_path
     held = callback._fit
     assert held is not None and held.states.shape == (10, 4) and held.target.label == "mean"
     assert held.trust is not None  # the default budget keeps the trust checks on
+
+
+# -- runs beside training (IdleCore)
+
+needs_a_spare_core = pytest.mark.skipif(fit.physical_cores() < 2, reason="needs a core training leaves idle")
+
+
+@pytest.fixture
+def one_thread():
+    """Training on one torch thread, as the examples train: a second core is idle."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _fit_runs(tmp_path: Path, model: torch.nn.Module, **options: object) -> IntegratedGradientsCallback:
+    torch.manual_seed(3)
+    callback = IntegratedGradientsCallback(
+        held_out_states(21), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None), **options
+    )
+    trainer = make_trainer(tmp_path, [callback], max_steps=20)
+    trainer.fit(model, DataLoader(dataset(), batch_size=16))
+    return callback
+
+
+def _reports(folder: Path) -> dict[str, dict]:
+    reports = {}
+    for path in sorted(folder.glob("*.json")):
+        report = json.loads(path.read_text())
+        report.pop("timings")  # the one figure that differs: where the time went
+        report["budget"].pop("overhead")
+        reports[path.name] = report
+    return reports
+
+
+@needs_a_spare_core
+def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path, one_thread, monkeypatch):
+    torch.manual_seed(0)
+    model = TinyQNet(batchnorm=False, dropout=0.0)
+    twin = TinyQNet(batchnorm=False, dropout=0.0)
+    twin.load_state_dict(model.state_dict())
+    beside = _fit_runs(tmp_path / "beside", model, overhead=None)
+    assert beside._fit is not None and beside._fit.idle is not None, "a spare core and the runs stayed on training's"
+    assert beside._fit.idle.cpu > 0.0  # the worker attributed
+    monkeypatch.setattr(fit, "idle_core", lambda *args: None)
+    inline = _fit_runs(tmp_path / "inline", twin, overhead=None)
+    assert inline._fit is not None and inline._fit.idle is None
+    assert len(beside.history) == len(inline.history) == 7  # steps 3, 6, ..., 18 and the end
+    got, expected = _reports(tmp_path / "beside" / "ig_reports"), _reports(tmp_path / "inline" / "ig_reports")
+    assert got.keys() == expected.keys() and got == expected  # every number of every run, bit for bit
+    for (name, a), (_, b) in zip(model.state_dict().items(), twin.state_dict().items()):
+        assert torch.equal(a, b), f"{name}: training changed with the runs beside it"
+
+
+@needs_a_spare_core
+def test_no_worker_where_torch_uses_every_core(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", fit.physical_cores)
+    callback = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
+    assert callback._fit is not None and callback._fit.idle is None and callback.history
+
+
+class _DrawingNet(TinyQNet):
+    """A deterministic forward that still draws from torch's global generator: a run beside training would take
+    draws that are training's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.rand(1)
+        return super().forward(x)
+
+
+@needs_a_spare_core
+def test_a_forward_that_draws_from_the_global_generator_runs_on_the_training_thread(tmp_path, one_thread):
+    callback = _fit_runs(tmp_path, _DrawingNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
+    assert callback._fit is not None and callback._fit.idle is None and callback.history
+
+
+class _FailingNet(TinyQNet):
+    """Its forward fails on any thread but the main one: every run beside training."""
+
+    def __init__(self) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.steps: list[int] = []  # a plain list: the working copy shares it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the forward broke mid-fit")
+        return super().forward(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.steps.append(batch_idx)
+        return super().training_step(batch, batch_idx)
+
+
+@needs_a_spare_core
+def test_a_run_that_fails_beside_training_stops_the_fit_with_its_error(tmp_path, one_thread):
+    model = _FailingNet()
+    callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=3, overhead=None)
+    trainer = make_trainer(tmp_path, [callback], max_steps=20)
+    with pytest.raises(RuntimeError, match="the forward broke mid-fit"):
+        trainer.fit(model, DataLoader(dataset(), batch_size=16))
+    assert callback._fit is not None and callback._fit.idle is not None  # it failed on the worker
+    assert len(model.steps) <= 6  # raised at a batch end after the first run (step 3), by step 6's run at the latest

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lightning_ig.attribution.engine as engine_module
+import lightning_ig.callback.fit as fit_module
 from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.monitor import TrustMonitor
@@ -94,6 +95,7 @@ def test_an_each_run_replays_its_graph_and_holds_what_an_eager_run_computes(tmp_
     """The capture emulated on the CPU (as in test_run_path.py): the runs after the first replay the graph of every
     action's Q; what they log equals an eager ``target="each"`` call on the same weights."""
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
+    monkeypatch.setattr(fit_module, "idle_core", lambda *args: None)  # a device's path: runs on the training thread
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
     callback = IntegratedGradientsCallback(
         states,

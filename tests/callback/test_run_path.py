@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 import lightning_ig.attribution.engine as engine_module
+import lightning_ig.callback.fit as fit_module
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from tests.support.graphs import EmulatedCapture
@@ -49,6 +50,7 @@ def _modules_per_run(
     tmp_path: Path, logger: Any, monkeypatch: pytest.MonkeyPatch, overhead: float | None
 ) -> list[set[str]]:
     monkeypatch.setattr(engine_module, "GraphCapture", EmulatedCapture)
+    monkeypatch.setattr(fit_module, "idle_core", lambda *args: None)  # a device's path: runs on the training thread
     entered: dict[int, set[str]] = {}  # the run's step -> the modules its start and its end entered
 
     def tracing(method: Any, step_of: Any) -> Any:
