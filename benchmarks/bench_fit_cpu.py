@@ -8,6 +8,8 @@ and held-out states), each fit in a fresh process, by kind:
 * ``ours``: :class:`~lightning_ig.IntegratedGradientsCallback` as the example makes it (its defaults, the example's
   settings: every 500 steps on 256 states for CartPole, every 1000 steps on 64 frames grouped by channel for MinAtar,
   50 points);
+* ``ours_inline`` (not run by default): ``ours`` with every run on the training thread, as where torch uses every
+  core (the A/B of the runs beside training on a spare core);
 * ``captum``: :class:`CaptumCallback`, what a user writes by hand instead: ``captum.attr.IntegratedGradients``,
   Gauss-Legendre 50 points, ``return_convergence_delta=True``, per-feature (per-channel) mean ``|attr|`` and the worst
   relative completeness error through ``trainer.logger.log_metrics``, the same cadence and states, the noise off
@@ -225,7 +227,21 @@ def _captum(case: str, example: ModuleType, args: Any, held_out: torch.Tensor, a
     return [CaptumCallback(held_out, every_n_steps=args.ig_every_n_steps, n_steps=args.ig_n_steps)]
 
 
-KINDS: dict[str, Callable[..., list]] = {"none": lambda *_: [], "ours": _ours, "captum": _captum}
+def _ours_inline(case: str, example: ModuleType, args: Any, held_out: torch.Tensor, agent: Any) -> list:
+    """``ours`` with every run on the training thread, as on a machine without a core to spare (the A/B of the runs
+    beside training)."""
+    from lightning_ig.callback import fit  # this kind alone
+
+    fit.idle_core = lambda *_: None  # this child process only
+    return _ours(case, example, args, held_out, agent)
+
+
+KINDS: dict[str, Callable[..., list]] = {
+    "none": lambda *_: [],
+    "ours": _ours,
+    "ours_inline": _ours_inline,
+    "captum": _captum,
+}
 """Each kind's callbacks: ``maker(case, example, args, held_out, agent) -> list``."""
 
 
