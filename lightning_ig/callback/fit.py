@@ -47,7 +47,7 @@ from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.tags import ViewOptions, display_labels
 
-__all__ = ["Fit", "FitPlan", "IdleCore", "PendingRun", "plan", "start"]
+__all__ = ["Fit", "FitPlan", "IdleCore", "PendingRun", "ThreadTransfer", "idle_core", "physical_cores", "plan", "start"]
 
 
 @dataclass(frozen=True)
