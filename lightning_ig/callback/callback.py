@@ -183,6 +183,9 @@ class IntegratedGradientsCallback(Callback):
         self._trust_results: dict[str, Any] = {}  # the trust checks' latest results from a checkpoint, likewise
         self._depth = 0  # hooks entered and not left (a hook calling another is timed once)
         self._total_steps = math.inf  # the fit's expected optimizer steps, read at fit start
+        # Lightning's documented form of a state key: the class's qualified name and the repr of what identifies it;
+        # made once (the options never change): Lightning reads it at every hook call of every step
+        self._state_key = f"{type(self).__qualname__}{self.options.identity()!r}"
 
     __getattr__ = option_attribute  # callback.every_n_steps and the other options: self.options' (as checked)
 
@@ -197,8 +200,7 @@ class IntegratedGradientsCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        # Lightning's documented form of a state key: the class's qualified name and the repr of what identifies it
-        return f"{type(self).__qualname__}{self.options.identity()!r}"
+        return self._state_key
 
     @override
     @_timed
