@@ -301,7 +301,6 @@ class IntegratedGradientsCallback(Callback):
     @_timed
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish_pending()
-        self._close_idle()
         if self.options.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
         elif self._last is not None and self._fit is not None and trainer.is_global_zero:
@@ -331,7 +330,8 @@ class IntegratedGradientsCallback(Callback):
         self._pictures.close()
 
     def _close_idle(self) -> None:
-        """End the runs' worker beside training, if the fit has one (its run in hand ends first)."""
+        """End the runs' worker beside training, if the fit has one (its run in hand ends first): at teardown, and on
+        an exception, after which Lightning calls no callback's teardown."""
         if self._fit is not None and self._fit.idle is not None:
             self._fit.idle.close()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -122,8 +121,7 @@ class IdleCore:
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
-        self.cpu = 0.0
-        self._lock = threading.Lock()
+        self.cpu = 0.0  # written by the one worker thread alone
         self._executor: ThreadPoolExecutor | None = None
 
     def start(
@@ -147,14 +145,10 @@ class IdleCore:
     ) -> HostResult:
         started = time.thread_time()
         try:
-            with torch.inference_mode(False), torch.enable_grad():  # a new thread's modes are torch's defaults
-                result = self.replica.engine.attribute(states, baselines=baselines)
-                if pair:
-                    result = pair_rows(result)
-                return begin(result).result()
+            result = self.replica.engine.attribute(states, baselines=baselines)  # it sets its own grad modes
+            return begin(pair_rows(result) if pair else result).result()
         finally:
-            with self._lock:
-                self.cpu += time.thread_time() - started
+            self.cpu += time.thread_time() - started
 
 
 class ThreadTransfer:

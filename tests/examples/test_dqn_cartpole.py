@@ -27,7 +27,7 @@ from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.views.report import load_schema
 from lightning_ig.views.tags import feature_tags
-from tests.support.examples import REPO, example_env, load_example
+from tests.support.examples import REPO, assert_gpu_refused_without_a_gpu, example_env, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
 
@@ -396,9 +396,4 @@ def test_ig_target_reaches_the_callback_with_the_action_names(example_module: Mo
 def test_accelerator_gpu_without_a_gpu_exits_2_before_a_run_starts(
     example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as exit_info:
-        example_module.main(["--accelerator", "gpu", "--runs-dir", str(tmp_path / "runs")])
-    assert exit_info.value.code == 2
-    assert "dqn_cartpole.py: error: --accelerator gpu, but torch sees no CUDA GPU" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists(), "nothing is made before the message"
+    assert_gpu_refused_without_a_gpu(example_module, "dqn_cartpole.py", tmp_path / "runs", monkeypatch, capsys)

@@ -26,7 +26,7 @@ pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip in
 from lightning_ig import load_checkpoint
 from lightning_ig.models import MinAtarQNetwork
 from lightning_ig.views.report import load_schema
-from tests.support.examples import REPO, load_example
+from tests.support.examples import REPO, assert_gpu_refused_without_a_gpu, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
 
@@ -334,9 +334,4 @@ def test_a_bad_ig_target_exits_2_naming_the_choices(example_module, capsys) -> N
 def test_accelerator_gpu_without_a_gpu_exits_2_before_a_run_starts(
     example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as exit_info:
-        example_module.main(["--accelerator", "gpu", "--runs-dir", str(tmp_path / "runs")])
-    assert exit_info.value.code == 2
-    assert "dqn_minatar.py: error: --accelerator gpu, but torch sees no CUDA GPU" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists(), "nothing is made before the message"
+    assert_gpu_refused_without_a_gpu(example_module, "dqn_minatar.py", tmp_path / "runs", monkeypatch, capsys)

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
 
 from tests.support import REPO
 
@@ -49,3 +53,15 @@ def load_example(path: Path, name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def assert_gpu_refused_without_a_gpu(
+    example: ModuleType, script: str, runs: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """``--accelerator gpu`` where torch sees no GPU: exit 2 with the example's one-line error, nothing made first."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--accelerator", "gpu", "--runs-dir", str(runs)])
+    assert exit_info.value.code == 2
+    assert f"{script}: error: --accelerator gpu, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not runs.exists(), "nothing is made before the message"
