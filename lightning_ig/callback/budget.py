@@ -23,6 +23,7 @@ Pure: nothing here reads torch, the trainer or a real clock but through ``clock`
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ class Budget:
         self._rate: tuple[float, float, float] | None = None  # (rate, background CPU, wall) at the first run
         self.spent = self.once = self.earlier = 0.0  # earlier: wall seconds of the fit before a resume
         self.reduced = self.deferred = self.cycle = self.owed = 0
+        self._retry_at = 0.0  # the fit's wall seconds before which a deferred run cannot be afforded
         self.last_checks: dict[str, int] = {}
         self.run_costs: dict[int, float] = {}  # windows -> seconds of the last run of that size
         self.check_costs: dict[str, float] = {}
@@ -187,6 +189,11 @@ class Budget:
 
     # -- the decision
 
+    def retry_due(self) -> bool:
+        """Whether a deferred run is owed and may be tried now: not before the credit can have grown to its cost (at
+        ``share`` a second), so the batch ends in between skip the plan."""
+        return self.owed > 0 and self.elapsed() >= self._retry_at
+
     def credit(self, progress: float | None) -> float:
         """Seconds the callback may still spend now: ``share x wall time`` less what was spent, the first passes'
         part not yet earned (``progress``: the fraction of the fit done) left out."""
@@ -225,6 +232,8 @@ class Budget:
         windows = next((k for k in sizes if self.run_cost(k) <= credit), None)
         if windows is None and not final:
             self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
+            shortfall = self.run_cost(sizes[-1]) - credit
+            self._retry_at = self.elapsed() + shortfall / self.share if self.share > 0 else math.inf
             return None
         windows = sizes[-1] if windows is None else windows
         credit -= self.run_cost(windows)
@@ -252,6 +261,7 @@ class Budget:
             "deferred": self.deferred,
             "cycle": self.cycle,
             "owed": self.owed,
+            "retry_at": self._retry_at,
             "last_checks": dict(self.last_checks),
             "run_costs": {str(k): v for k, v in self.run_costs.items()},
             "check_costs": dict(self.check_costs),
@@ -262,6 +272,7 @@ class Budget:
         self.earlier, self.spent, self.once = float(state["elapsed"]), float(state["spent"]), float(state["once"])
         self.reduced, self.deferred = int(state["reduced"]), int(state["deferred"])
         self.cycle, self.owed = int(state["cycle"]), int(state["owed"])
+        self._retry_at = float(state.get("retry_at", 0.0))  # absent from an earlier version's checkpoint: at once
         self.last_checks = {str(k): int(v) for k, v in state["last_checks"].items()}
         self.run_costs = {int(k): float(v) for k, v in state["run_costs"].items()}
         self.check_costs = {str(k): float(v) for k, v in state["check_costs"].items()}

@@ -277,7 +277,7 @@ class IntegratedGradientsCallback(Callback):
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         step, every = trainer.global_step, self.options.every_n_steps
         cadence = every is not None and step > 0 and step % every == 0
-        if (cadence or self._budget.owed) and self._should_run(trainer):  # owed: a run the budget deferred
+        if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred
             plan = self._budget_plan(trainer, final=False, retry=not cadence)
             if plan is None:
                 return

@@ -34,6 +34,7 @@ class FakeFit:
     first: float = 0.05
     now: float = 0.0
     runs: int = 0
+    skipped: int = 0
     plans: list[tuple[int, Plan | None]] = field(default_factory=list)
 
     def clock(self) -> float:
@@ -44,7 +45,10 @@ class FakeFit:
             self.now += self.step  # the training step
             entered = self.now
             cadence = step % self.every == 0
-            if cadence or budget.owed:
+            if budget.owed and not cadence and not budget.retry_due():  # skipped: the credit cannot cover a run yet
+                self.skipped += 1
+                assert budget.credit(step / total) < budget.run_cost(4)
+            if cadence or budget.retry_due():
                 plan = budget.plan(self.runs, CHECKS, progress=step / total, retry=not cadence)
                 self.plans.append((step, plan))
                 if plan is not None:
@@ -88,6 +92,8 @@ def test_a_fit_whose_runs_would_exceed_the_budget_keeps_within_one_and_a_half_ti
         assert budget.reduced > 0 and budget.deferred > 0  # it had to do both here
         assert all(name in plan.checks for name in CHECKS for plan in made[:1])  # every check at the first run
         assert made[-1] is fake.plans[-1][1]  # the final run ran
+        retries = sum(1 for step, plan in fake.plans if step % fake.every and plan is None)
+        assert fake.skipped > 10 * retries  # a deferred run is tried when it can be afforded, not at every batch end
 
 
 def test_runs_are_reduced_before_any_is_deferred():
