@@ -191,7 +191,8 @@ class Budget:
 
     def retry_due(self) -> bool:
         """Whether a deferred run is owed and may be tried now: not before the credit can have grown to its cost (at
-        ``share`` a second), so the batch ends in between skip the plan."""
+        most ``share`` a second, plus the other threads' rate while their extra CPU drains), so the batch ends in
+        between skip the plan."""
         return self.owed > 0 and self.elapsed() >= self._retry_at
 
     def credit(self, progress: float | None) -> float:
@@ -232,8 +233,10 @@ class Budget:
         windows = next((k for k in sizes if self.run_cost(k) <= credit), None)
         if windows is None and not final:
             self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
+            # the credit grows at most at share a second, plus the other threads' rate while their extra CPU drains
+            speed = self.share + (0.0 if self._rate is None else self._rate[0])
             shortfall = self.run_cost(sizes[-1]) - credit
-            self._retry_at = self.elapsed() + shortfall / self.share if self.share > 0 else math.inf
+            self._retry_at = self.elapsed() + shortfall / speed if speed > 0 else math.inf
             return None
         windows = sizes[-1] if windows is None else windows
         credit -= self.run_cost(windows)

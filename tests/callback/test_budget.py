@@ -176,6 +176,29 @@ def test_the_other_threads_cpu_counts_beyond_their_rate_before_the_first_run():
     assert budget.extra() == pytest.approx(0.0)
 
 
+def test_a_deferred_run_is_retried_no_later_than_the_credit_could_cover_it():
+    now, cpu = [0.0], [0.0]
+    budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
+    budget.start()
+    now[0], cpu[0] = 10.0, 1.0  # the other threads' rate before the first run: 0.1 s a second
+    assert budget.plan(0, ()) is not None
+    budget.ran(1, 0.05)
+    budget.ran(4, 0.02)
+    now[0], cpu[0] = 20.0, 3.0  # 1 s of their CPU beyond that rate: the credit is short of any run
+    assert budget.plan(1, ()) is None and budget.owed == 1
+    assert not budget.retry_due()
+    # the other threads go quiet: their extra drains at their rate and the credit grows faster than the share
+    affordable = None
+    for tenth in range(1, 2_000):
+        now[0] = 20.0 + tenth / 10
+        if affordable is None and budget.credit(None) >= budget.run_cost(4):
+            affordable = now[0]
+        if budget.retry_due():
+            break
+    assert affordable is not None and now[0] <= affordable  # never after the moment it could be afforded
+    assert budget.plan(1, (), retry=True) is not None and budget.owed == 0
+
+
 def test_a_worker_beside_training_is_left_out_of_the_other_threads_cpu():
     now, cpu, beside = [0.0], [0.0], [0.0]
     budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
