@@ -12,11 +12,12 @@ fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
 less what was spent. A run's cost is predicted from the last runs of its size (a run on ``1/k`` of the held-out
 states, ``k`` in :data:`WINDOWS`, costs ``1/k`` of a full one until one is measured). The run takes the largest
 share of the states the credit covers; the windows rotate so that every state is attributed over ``k`` runs. Only
-when even the smallest does not fit is the run deferred: tried again at each later batch end, and the next run says
-how many were. The final run always runs. The trust checks run at full runs only, each at most every
-:data:`CHECK_EVERY` runs, when the credit left covers their last measured cost. Their first passes (the sanity
-check's re-initialised copies, the deletion plan, the noise draws) are paid at the fit's first run and amortised over
-its expected length, as set-up is: until then the part of them not yet earned does not count against later runs.
+when even the smallest does not fit is the run deferred: tried again at the first batch end by which the credit can
+have grown to its cost (:meth:`Budget.retry_due`), and the next run says how many were. The final run always runs.
+The trust checks run at full runs only, each at most every :data:`CHECK_EVERY` runs, when the credit left covers
+their last measured cost. Their first passes (the sanity check's re-initialised copies, the deletion plan, the noise
+draws) are paid at the fit's first run and amortised over its expected length, as set-up is: until then the part of
+them not yet earned does not count against later runs.
 
 Pure: nothing here reads torch, the trainer or a real clock but through ``clock`` and ``background``.
 """
@@ -233,7 +234,6 @@ class Budget:
         windows = next((k for k in sizes if self.run_cost(k) <= credit), None)
         if windows is None and not final:
             self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
-            # the credit grows at most at share a second, plus the other threads' rate while their extra CPU drains
             speed = self.share + (0.0 if self._rate is None else self._rate[0])
             shortfall = self.run_cost(sizes[-1]) - credit
             self._retry_at = self.elapsed() + shortfall / speed if speed > 0 else math.inf

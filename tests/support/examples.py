@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 import torch
@@ -56,7 +55,11 @@ def load_example(path: Path, name: str) -> ModuleType:
 
 
 def assert_gpu_refused_without_a_gpu(
-    example: ModuleType, script: str, runs: Path, monkeypatch: Any, capsys: Any
+    example: ModuleType,
+    script: str,
+    runs: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``--accelerator gpu`` where torch sees no GPU: exit 2 with the example's one-line error, nothing made first."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
