@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.budget import CHECK_EVERY, Budget, Plan
+from lightning_ig.callback.budget import BESIDE_COST, CHECK_EVERY, Budget, Plan
 from lightning_ig.views import ViewOptions
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
@@ -199,7 +199,7 @@ def test_a_deferred_run_is_retried_no_later_than_the_credit_could_cover_it():
     assert budget.plan(1, (), retry=True) is not None and budget.owed == 0
 
 
-def test_a_worker_beside_training_is_left_out_of_the_other_threads_cpu():
+def test_a_worker_beside_training_counts_at_what_it_costs_training():
     now, cpu, beside = [0.0], [0.0], [0.0]
     budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
     budget.start()
@@ -207,7 +207,8 @@ def test_a_worker_beside_training_is_left_out_of_the_other_threads_cpu():
     now[0], cpu[0] = 10.0, 1.0
     assert budget.plan(0, ()) is not None
     now[0], cpu[0], beside[0] = 20.0, 4.5, 2.0  # 3.5 s in 10 s: 2 s the worker's, 1 s at the rate, 0.5 s extra
-    assert budget.extra() == pytest.approx(0.5)
+    assert budget.extra() == pytest.approx(0.5 + BESIDE_COST * 2.0)
+    assert 0.5 < budget.extra() < 0.5 + 2.0  # the worker's CPU neither left out nor counted whole
 
 
 def test_a_run_the_budget_reduces_attributes_its_window_and_says_so(tmp_path):
