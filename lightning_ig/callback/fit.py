@@ -116,7 +116,8 @@ class IdleCore:
 
     Attributes:
         replica: the copy the runs attribute.
-        cpu: the worker's CPU seconds so far (the budget does not count them: they run beside training).
+        cpu: the worker's CPU seconds so far (the budget counts them at
+            :data:`~lightning_ig.callback.budget.BESIDE_COST` a second: their GIL hand-offs slow training).
     """
 
     def __init__(self, replica: Replica) -> None:
