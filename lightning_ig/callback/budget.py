@@ -6,9 +6,9 @@ and encoding the pictures, the loggers' writer threads) use beyond their rate be
 the fit's wall time since set-up: ``ig/overhead``. On a machine whose cores are all busy a second of a background
 thread's CPU is a second taken from training; on one with an idle core it counts what it may not cost (the budget
 errs on the side of the fit). The run worker on the core training leaves idle counts at :data:`BESIDE_COST` a
-second of its CPU: it takes no core from training, but every hand-off of the GIL between the two threads delays
-the training thread. The times are read from the budget's ``clock`` and ``background`` (a test passes
-fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
+second of its CPU: it takes no core from training, but every hand-off of the GIL between the two threads, and its
+large allocations, delay the training thread. The times are read from the budget's ``clock`` and ``background``
+(a test passes fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
 
 **The decision** (:meth:`Budget.plan`, at each run the cadence makes). The credit is ``overhead x wall time so far``
 less what was spent. A run's cost is predicted from the last runs of its size (a run on ``1/k`` of the held-out
@@ -49,9 +49,9 @@ default_background: Callable[[], float] | None = _other_threads_cpu
 WINDOWS = (1, 2, 4)  # a run attributes all the held-out states, a half, or a quarter of them
 CHECK_EVERY = 5  # a trust check is due again this many runs after its last pass
 BESIDE_COST = 0.5
-"""What a second of CPU on the run worker beside training costs the training thread (the GIL's hand-offs): 0.34-0.51 s
-in a one-thread loop beside a worker attributing without pause, about 0.5 s in the CartPole example's steps during a
-run (docs/benchmarks.md)."""
+"""What a second of CPU on the run worker beside training costs the training thread (the GIL's hand-offs, the large
+allocations a process's threads share): 0.34-0.51 s in a one-thread loop beside a worker attributing without pause,
+about 0.5 s in the CartPole example's steps during a run (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)

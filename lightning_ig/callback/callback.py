@@ -263,7 +263,7 @@ class IntegratedGradientsCallback(Callback):
             pairs=lambda: self._pairs,
         )
         idle = self._fit.idle
-        if idle is not None:  # the worker runs on a core training leaves idle: only its GIL hand-offs cost training
+        if idle is not None:  # the worker runs on a core training leaves idle: its GIL hand-offs still cost training
             self._budget.beside(lambda: idle.cpu)
         self.history = setup.history_to_continue(self.history, self._plan.units)
         if self._fit.trust is not None and self.history:  # the checks' latest results stand until they run again
