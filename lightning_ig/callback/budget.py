@@ -50,8 +50,7 @@ WINDOWS = (1, 2, 4)  # a run attributes all the held-out states, a half, or a qu
 CHECK_EVERY = 5  # a trust check is due again this many runs after its last pass
 BESIDE_COST = 0.5
 """What a second of CPU on the run worker beside training costs the training thread (the GIL's hand-offs, the large
-allocations a process's threads share): 0.34-0.51 s in a one-thread loop beside a worker attributing without pause,
-about 0.5 s in the CartPole example's steps during a run (docs/benchmarks.md)."""
+allocations a process's threads share), as measured in docs/benchmarks.md ("What a worker beside training costs")."""
 
 
 @dataclass(frozen=True)
