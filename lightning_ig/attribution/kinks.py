@@ -52,6 +52,7 @@ _CERTIFIED = 0.25  # the stretches certified per state: ceil(n / 4)
 _PROBED = 0.25  # of those, the largest corrections' share checked at a second place too
 _FLOOR = 32.0  # the certificate's rounding floor, in eps x the largest |value| on the path
 _CANCELLING = (15.0, 30.0)  # N_k from which a correction fades out, and where it is off
+_CORRECTED = (0.85, 0.95)  # the roughness from which kinks are corrected, and where in full (ReLU states: >= 0.96)
 _SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 7
 _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_1
 _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
@@ -117,8 +118,10 @@ def kink_rule(
         weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min(tiny)).clamp(0, 1))
     low, high = _CANCELLING
     weight = weight * ((high - cancelling) / (high - low)).clamp(0, 1) * kinked
-    low, high = ROUGHNESS
-    lam = ((roughness.to(f64) - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness, dtype=f64)
+    lam = _blend(roughness.to(f64), ROUGHNESS, n)  # how far the estimate reads the path as kinked
+    # Corrections only where the path is plainly kinked: a smooth transition about a node spacing wide (a trained
+    # tanh agent's sharpest states) reads half kinked, and "corrections" there made the rule worse than the midpoint
+    weight = weight * _blend(roughness.to(f64), _CORRECTED, n).unsqueeze(1)
     smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)
     weights = lam.unsqueeze(1) * (h + _node_coefficients(weight * offset)) + (1 - lam.unsqueeze(1)) * smooth_weights
     # the estimate: the uncorrected kink models as one signed vector, the figures without a direction in quadrature
@@ -131,6 +134,12 @@ def kink_rule(
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
     numerator = torch.maximum((1 - lam) * smooth, lam * kink) + rounding
     return weights.to(acc), numerator.to(acc)
+
+
+def _blend(roughness: Tensor, window: tuple[float, float], n: int) -> Tensor:
+    """``(T, B)``: 0 below the window's low end (smooth), 1 above its high end (kinked), linear in between."""
+    low, high = window
+    return ((roughness - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness)
 
 
 def _node_coefficients(per_stretch: Tensor) -> Tensor:
