@@ -24,8 +24,9 @@ the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
     kink = ||sum_k (1 - w_k) o_k J_k||_1 + sqrt(r_0^2 + r_n^2 + sum_k left_k^2 + sum_k cert_k^2)
     attribution_error = (max((1 - lam) smooth, lam kink) + 2 eps sum_k h ||(x - b) g_k||_1) / ||a||_1
 
-(``smooth``: the degree-7 weights against the degree-5 ones). The value sees no direction, so several kinks in a
-stretch can be misread either way, and at hundreds of nodes the remainder is below the models' own error and the
+(``smooth``: the degree-7 weights against the degree-5 ones; here ``lam`` reads the path as kinked from a lower
+roughness than the weights' blend does, since a smooth path resolved only roughly reads low on ``smooth`` alone, and
+kinks are corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be misread either way, and at hundreds of nodes the remainder is below the models' own error and the
 estimate reads low: the rule is for the regime where points are dear (``docs/trust.md``).
 """
 
@@ -53,6 +54,7 @@ _PROBED = 0.25  # of those, the largest corrections' share checked at a second p
 _FLOOR = 32.0  # the certificate's rounding floor, in eps x the largest |value| on the path
 _CANCELLING = (15.0, 30.0)  # N_k from which a correction fades out, and where it is off
 _CORRECTED = (0.85, 0.95)  # the roughness from which kinks are corrected, and where in full (ReLU states: >= 0.96)
+_ESTIMATED = (0.3, 0.6)  # the roughness from which the estimate reads the kink model, and where in full
 _SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 7
 _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_1
 _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
@@ -132,7 +134,8 @@ def kink_rule(
     left = rho - sigma * offset  # what one kink per stretch leaves unexplained (a jumpless stretch: its rounding)
     leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
-    numerator = torch.maximum((1 - lam) * smooth, lam * kink) + rounding
+    read = _blend(roughness.to(f64), _ESTIMATED, n)
+    numerator = torch.maximum((1 - read) * smooth, read * kink) + rounding
     return weights.to(acc), numerator.to(acc)
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
+from lightning_ig.attribution.exact_line import midpoint_reference
 from lightning_ig.run.statistics import accuracy_verdict
 from tests.support.models import kinked_relu, kinked_relu_attributions
 from tests.support.tolerance import assert_close_scaled, eps
@@ -132,6 +133,28 @@ def test_a_sharp_smooth_path_gets_no_kink_corrections() -> None:
     assert plain_error > 1e-5  # the path is resolved only roughly at 56 nodes
     assert kink_error <= 1.05 * plain_error
     assert float(kink.attribution_error.max()) >= 0.5 * kink_error  # and the estimate does not read it low
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_saturated_tanh_network_is_not_read_low(seed: int) -> None:
+    # Weights 8x their init: tanh units switch within about a node spacing (roughness 0.4-0.7), the end-corrected
+    # weights' figure alone read the worst states at 0.24-0.36x their error (1.6-3.1%, a false "within" at tol 1%)
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2)
+    ).eval()
+    with torch.no_grad():
+        net[0].weight.mul_(8.0)
+        net[2].weight.mul_(8.0)
+    states = torch.randn(64, 4)
+    truth = midpoint_reference(net, states, target="mean").attributions
+    result = integrated_gradients(net, states, target="mean", n_steps=56, method="kink_midpoint")
+    error = (result.attributions.double() - truth).abs().sum(1) / truth.abs().sum(1)
+    worst = int(error.argmax())
+    assert float(error[worst]) > 0.01  # the case that matters: above the default tolerance
+    assert float(result.attribution_error[worst]) >= 0.5 * float(error[worst])
+    verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
+    assert verdict.within is False or float(error.max()) <= 0.02
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
