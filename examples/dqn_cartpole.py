@@ -223,9 +223,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add(
         "--ig-n-steps",
         type=n_steps_arg,
-        default=50,
-        help="quadrature points along the IG path: a number, 'budget' (from the work's size) or 'auto' (refined per "
-        "state until within the tolerance)",
+        default="budget",
+        help="quadrature points along the IG path: 'budget' (the library's default: from the work's size; on a CPU "
+        "the states above half the tolerance are refined), 'auto' (refined per state until within the tolerance) or "
+        "a number",
     )
     add(
         "--ig-target",
