@@ -26,8 +26,9 @@ the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
 
 (``smooth``: the degree-7 weights against the degree-5 ones; here ``lam`` reads the path as kinked from a lower
 roughness than the weights' blend does, since a smooth path resolved only roughly reads low on ``smooth`` alone, and
-kinks are corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be misread either way, and at hundreds of nodes the remainder is below the models' own error and the
-estimate reads low: the rule is for the regime where points are dear (``docs/trust.md``).
+kinks are corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be
+misread either way, and at hundreds of nodes the remainder is below the models' own error and the estimate reads
+low: the rule is for the regime where points are dear (``docs/trust.md``).
 """
 
 from __future__ import annotations
