@@ -121,7 +121,7 @@ def kink_rule(
         weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min(tiny)).clamp(0, 1))
     low, high = _CANCELLING
     weight = weight * ((high - cancelling) / (high - low)).clamp(0, 1) * kinked
-    lam = _blend(roughness.to(f64), ROUGHNESS, n)  # how far the estimate reads the path as kinked
+    lam = _blend(roughness.to(f64), ROUGHNESS, n)  # the weights: midpoint where kinked, end-corrected where smooth
     # Corrections only where the path is plainly kinked: a smooth transition about a node spacing wide (a trained
     # tanh agent's sharpest states) reads half kinked, and "corrections" there made the rule worse than the midpoint
     weight = weight * _blend(roughness.to(f64), _CORRECTED, n).unsqueeze(1)
@@ -135,7 +135,7 @@ def kink_rule(
     left = rho - sigma * offset  # what one kink per stretch leaves unexplained (a jumpless stretch: its rounding)
     leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
-    read = _blend(roughness.to(f64), _ESTIMATED, n)
+    read = _blend(roughness.to(f64), _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
     numerator = torch.maximum((1 - read) * smooth, read * kink) + rounding
     return weights.to(acc), numerator.to(acc)
 
