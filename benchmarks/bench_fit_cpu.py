@@ -224,8 +224,8 @@ def _ours(case: str, example: ModuleType, args: Any, held_out: torch.Tensor, age
 
 
 def _captum(case: str, example: ModuleType, args: Any, held_out: torch.Tensor, agent: Any) -> list:
-    # what a user writes by hand: Gauss-Legendre at Captum's usual 50 points (the examples' n_steps may be "budget")
-    return [CaptumCallback(held_out, every_n_steps=args.ig_every_n_steps, n_steps=CAPTUM_STEPS)]
+    # its own 50 Gauss-Legendre points, what a user writes by hand (the examples' n_steps may be "budget")
+    return [CaptumCallback(held_out, every_n_steps=args.ig_every_n_steps)]
 
 
 def _ours_inline(case: str, example: ModuleType, args: Any, held_out: torch.Tensor, agent: Any) -> list:
@@ -236,8 +236,6 @@ def _ours_inline(case: str, example: ModuleType, args: Any, held_out: torch.Tens
     fit.idle_core = lambda *_: None  # this child process only
     return _ours(case, example, args, held_out, agent)
 
-
-CAPTUM_STEPS = 50
 
 KINDS: dict[str, Callable[..., list]] = {
     "none": lambda *_: [],

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate", "slopes_and_roughness"]
+__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate", "kinked_share", "slopes_and_roughness"]
 
 ACCURACY_ROWS = ("attribution_error", "mass_relative_error", "attribution_mass")
 """The rows of :func:`accuracy_rows` ``(3, T, B)``."""
@@ -88,9 +88,14 @@ def error_estimate(
     coefficients = F.pad(offsets, (0, 0, 1, 0)) - F.pad(offsets, (0, 0, 0, 1))  # e = sum_j (o_{j-1} - o_j) t_j
     kink, smooth, rounding = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
     kink = kink + unexplained + ends
-    low, high = ROUGHNESS
-    weight = ((roughness - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness)
-    return torch.maximum(smooth, weight * kink) + rounding
+    return torch.maximum(smooth, kinked_share(roughness, ROUGHNESS, n) * kink) + rounding
+
+
+def kinked_share(roughness: Tensor, window: tuple[float, float], n: int) -> Tensor:
+    """How far a path of this roughness reads as kinked: 0 below ``window``'s low end (smooth), 1 above its high end,
+    linear in between; 1 under three nodes, where no roughness can be measured."""
+    low, high = window
+    return ((roughness - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness)
 
 
 class _RuleParts(NamedTuple):

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_ig.attribution.estimate import ROUGHNESS, slopes_and_roughness
+from lightning_ig.attribution.estimate import ROUGHNESS, kinked_share, slopes_and_roughness
 
 __all__ = ["BUDGET_NODES", "kink_rule"]
 
@@ -121,10 +121,11 @@ def kink_rule(
         weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min(tiny)).clamp(0, 1))
     low, high = _CANCELLING
     weight = weight * ((high - cancelling) / (high - low)).clamp(0, 1) * kinked
-    lam = _blend(roughness.to(f64), ROUGHNESS, n)  # the weights: midpoint where kinked, end-corrected where smooth
+    roughness = roughness.to(f64)
+    lam = kinked_share(roughness, ROUGHNESS, n)  # the weights: midpoint where kinked, end-corrected where smooth
     # Corrections only where the path is plainly kinked: a smooth transition about a node spacing wide (a trained
     # tanh agent's sharpest states) reads half kinked, and "corrections" there made the rule worse than the midpoint
-    weight = weight * _blend(roughness.to(f64), _CORRECTED, n).unsqueeze(1)
+    weight = weight * kinked_share(roughness, _CORRECTED, n).unsqueeze(1)
     smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)
     weights = lam.unsqueeze(1) * (h + _node_coefficients(weight * offset)) + (1 - lam.unsqueeze(1)) * smooth_weights
     # the estimate: the uncorrected kink models as one signed vector, the figures without a direction in quadrature
@@ -135,15 +136,9 @@ def kink_rule(
     left = rho - sigma * offset  # what one kink per stretch leaves unexplained (a jumpless stretch: its rounding)
     leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
-    read = _blend(roughness.to(f64), _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
+    read = kinked_share(roughness, _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
     numerator = torch.maximum((1 - read) * smooth, read * kink) + rounding
     return weights.to(acc), numerator.to(acc)
-
-
-def _blend(roughness: Tensor, window: tuple[float, float], n: int) -> Tensor:
-    """``(T, B)``: 0 below the window's low end (smooth), 1 above its high end (kinked), linear in between."""
-    low, high = window
-    return ((roughness - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness)
 
 
 def _node_coefficients(per_stretch: Tensor) -> Tensor:
