@@ -270,10 +270,19 @@ class IntegratedGradientsCallback(Callback):
             self._fit.trust.restore_results(self._trust_results)
 
     @override
-    @_timed
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        # Lightning calls this at every step and most have nothing to do: a few attribute reads answer them, outside
+        # the timed hook (its clock reads and bookkeeping cost more than the question).
+        every = self.options.every_n_steps
+        if self._pending is None and not self._budget.owed and (every is None or trainer.global_step % every):
+            return
+        self._batch_end(trainer, pl_module)
+
+    @_timed
+    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A batch end with something to do: end a run that has landed, start one the cadence or the budget owes."""
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         step, every = trainer.global_step, self.options.every_n_steps
         cadence = every is not None and step > 0 and step % every == 0

@@ -95,6 +95,9 @@ def _probe_steps(points: Tensor, h: Tensor, point_offset: int) -> Tensor:
     return h[states]  # (P, F)
 
 
+_STEP_BLOCK = 16  # the steps whose products one call makes (16 copies of the attributions at most)
+
+
 def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
     """The weights as ``(T, n, B)``: one per step ``(n,)`` broadcast (a view), or one per step and state as given."""
     n_targets, n_steps, batch, _ = grads.shape
@@ -219,10 +222,14 @@ class TorchIG(IGOps):
 
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
         steps = _step_weights(weights, grads).unsqueeze(-1)  # (T, n, B, 1)
-        total = torch.zeros_like(grads[:, 0])  # (T, B, F)
-        for k in range(grads.shape[1]):
-            # Multiply, then add: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
-            total = total + steps[:, k] * grads[:, k]
+        sums = torch.promote_types(steps.dtype, grads.dtype)  # the products' dtype
+        total = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
+        for first in range(0, grads.shape[1], _STEP_BLOCK):
+            # Multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
+            # A block's products in one call: a run on a worker thread holds the GIL between calls.
+            block = slice(first, first + _STEP_BLOCK)
+            for term in (steps[:, block] * grads[:, block]).unbind(1):
+                total.add_(term)
         acc = grads.dtype
         return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
 
