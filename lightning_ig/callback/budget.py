@@ -5,10 +5,12 @@ waits for the logging worker, set-up), plus the CPU time the process's other thr
 and encoding the pictures, the loggers' writer threads) use beyond their rate before the callback's first run, over
 the fit's wall time since set-up: ``ig/overhead``. On a machine whose cores are all busy a second of a background
 thread's CPU is a second taken from training; on one with an idle core it counts what it may not cost (the budget
-errs on the side of the fit). The run worker on the core training leaves idle counts at :data:`BESIDE_COST` a
-second of its CPU: it takes no core from training, but every hand-off of the GIL between the two threads, and its
-large allocations, delay the training thread. The times are read from the budget's ``clock`` and ``background``
-(a test passes fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
+errs on the side of the fit). A run that attributes beside training (the run worker on a core training leaves
+idle, a GPU) takes no time in the hooks, yet the steps it overlaps are slower (the GIL's hand-offs, shared caches and
+memory): what those steps took beyond training's own pace, measured over the steps between such runs, counts in full
+(:meth:`Budget.beside_from`, :meth:`Budget.landed`), and the worker's CPU is left out of the background's. The times
+are read from the budget's ``clock`` and ``background`` (a test passes fakes). A resumed fit carries them on
+(:meth:`Budget.state_dict`).
 
 **The decision** (:meth:`Budget.plan`, at each run the cadence makes). The credit is ``overhead x wall time so far``
 less what was spent. A run's cost is predicted from the last runs of its size (a run on ``1/k`` of the held-out
@@ -32,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BESIDE_COST", "CHECK_EVERY", "WINDOWS", "Budget", "Plan", "default_background", "default_clock"]
+__all__ = ["CHECK_EVERY", "WINDOWS", "Budget", "Plan", "default_background", "default_clock"]
 
 default_clock: Callable[[], float] = time.perf_counter
 """The clock of a :class:`Budget` made without one (the callback's): seconds, monotonic."""
@@ -48,9 +50,6 @@ default_background: Callable[[], float] | None = _other_threads_cpu
 
 WINDOWS = (1, 2, 4)  # a run attributes all the held-out states, a half, or a quarter of them
 CHECK_EVERY = 5  # a trust check is due again this many runs after its last pass
-BESIDE_COST = 0.5
-"""What a second of CPU on the run worker beside training costs the training thread (the GIL's hand-offs, the large
-allocations a process's threads share), as measured in docs/benchmarks.md ("What a worker beside training costs")."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +121,12 @@ class Budget:
         self.run_costs: dict[int, float] = {}  # windows -> seconds of the last run of that size
         self.check_costs: dict[str, float] = {}
         self.started: float | None = None
+        # Training's own pace: (clock, step, spent) where the quiet steps began; seconds a step; a run beside training
+        # since (clock, step, spent); a window measured before the pace was (wall, steps), booked once it is.
+        self._pace_from: tuple[float, int, float] | None = None
+        self._pace: float | None = None
+        self._beside: tuple[float, int, float] | None = None
+        self._unbooked: list[tuple[float, int]] = []
 
     def start(self) -> None:
         """The fit starts now (set-up): its wall time counts from here (on from ``earlier`` after a resume)."""
@@ -130,11 +135,54 @@ class Budget:
         self._rate = None
 
     def beside(self, cpu: Callable[[], float]) -> None:
-        """Count what ``cpu`` counts (seconds so far: a worker on a core training leaves idle) at
-        :data:`BESIDE_COST` a second instead of whole in the background CPU."""
+        """Leave what ``cpu`` counts (seconds so far: the run worker on a core training leaves idle) out of the
+        background CPU: what it costs training is what the steps beside it lose (:meth:`landed`)."""
         background = self.background
         if background is not None:
-            self.background = lambda: background() - (1.0 - BESIDE_COST) * cpu()
+            self.background = lambda: background() - cpu()
+
+    def beside_from(self, step: int, now: float) -> None:
+        """A run starts beside training at the batch end of ``step`` (``now``: the clock as the hook began). The
+        steps since the last run beside training (or the first batch end the callback saw) set training's pace."""
+        self.settle(step, now)
+        self._beside, self._pace_from = (now, step, self.spent), None
+
+    def landed(self, step: int, now: float) -> float:
+        """The run beside training landed by the batch end of ``step``: book, and return, what the steps since
+        :meth:`beside_from` took beyond training's pace (0 where none was in hand; booked later where the pace is
+        not measured yet). The quiet steps count from here."""
+        since, self._beside = self._beside, None
+        took = None if since is None else self._steps_took(since, step, now)
+        lost = 0.0
+        if took is not None and self._pace is None:
+            self._unbooked.append(took)
+        elif took is not None and self._pace is not None:
+            lost = max(0.0, took[0] - took[1] * self._pace)
+            self.spent += lost
+        self._pace_from = (now, step, self.spent)
+        return lost
+
+    def settle(self, step: int, now: float) -> None:
+        """Measure training's pace over the quiet steps up to the batch end of ``step`` and book what the runs
+        beside training measured before it cost (at a run beside training, and when training ends)."""
+        took = None if self._pace_from is None else self._steps_took(self._pace_from, step, now)
+        if took is not None:
+            self._pace = took[0] / took[1]
+            for wall, steps in self._unbooked:
+                self.spent += max(0.0, wall - steps * self._pace)
+            self._unbooked = []
+
+    def quiet_from(self, step: int, now: float) -> None:
+        """The steps from the batch end of ``step`` on are training's own, if nothing else set where they start."""
+        if self._pace_from is None and self._beside is None:
+            self._pace_from = (now, step, self.spent)
+
+    def _steps_took(self, since: tuple[float, int, float], step: int, now: float) -> tuple[float, int] | None:
+        """``(wall seconds, steps)`` from ``since`` to now, the callback's hooks in between left out."""
+        clock, first, spent = since
+        if step <= first:
+            return None
+        return max(0.0, now - clock - (self.spent - spent)), step - first
 
     def elapsed(self) -> float:
         """The fit's wall time so far, in seconds."""

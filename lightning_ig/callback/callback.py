@@ -263,7 +263,7 @@ class IntegratedGradientsCallback(Callback):
             pairs=lambda: self._pairs,
         )
         idle = self._fit.idle
-        if idle is not None:  # the worker runs on a core training leaves idle: its GIL hand-offs still cost training
+        if idle is not None:  # its CPU is not counted: what the steps beside its runs lose is (budget.landed)
             self._budget.beside(lambda: idle.cpu)
         self.history = setup.history_to_continue(self.history, self._plan.units)
         if self._fit.trust is not None and self.history:  # the checks' latest results stand until they run again
@@ -283,8 +283,9 @@ class IntegratedGradientsCallback(Callback):
     @_timed
     def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A batch end with something to do: end a run that has landed, start one the cadence or the budget owes."""
+        step, every, now = trainer.global_step, self.options.every_n_steps, self._budget.clock()
+        self._budget.quiet_from(step, now)  # training's own pace is measured from the first such batch end
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
-        step, every = trainer.global_step, self.options.every_n_steps
         cadence = every is not None and step > 0 and step % every == 0
         if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred
             plan = self._budget_plan(trainer, final=False, retry=not cadence)
@@ -295,7 +296,8 @@ class IntegratedGradientsCallback(Callback):
             pending = self._start(trainer, pl_module, plan, final=False)
             if plan.checks or trainer.world_size > 1:
                 self._finish(pending)
-            else:
+            else:  # beside the next steps: what they lose counts (the budget's beside_from and landed)
+                self._budget.beside_from(step, now)
                 self._pending = pending
 
     @override
@@ -310,6 +312,7 @@ class IntegratedGradientsCallback(Callback):
     @_timed
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish_pending()
+        self._budget.settle(trainer.global_step, self._budget.clock())  # a run beside training measured, unbooked
         if self.options.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
         elif self._last is not None and self._fit is not None and trainer.is_global_zero:
@@ -432,10 +435,12 @@ class IntegratedGradientsCallback(Callback):
         pending = self._pending
         if pending is not None and not (landed and not pending.transfer.ready()):
             self._pending = None
-            self._finish(pending)
+            lost = self._budget.landed(pending.trainer.global_step, self._budget.clock())
+            self._finish(pending, lost=lost)
 
-    def _finish(self, pending: fit.PendingRun) -> None:
-        """Summarize a started run; on rank zero warn, log and write the report; then check for NaN/Inf."""
+    def _finish(self, pending: fit.PendingRun, *, lost: float = 0.0) -> None:
+        """Summarize a started run; on rank zero warn, log and write the report; then check for NaN/Inf (``lost``:
+        what the steps beside the run lost, part of its cost)."""
         trainer, run, num_states = pending.trainer, pending.run, len(pending.run.held_out)
         started, entered, plan, budget = time.perf_counter(), self._budget.clock(), pending.plan, self._budget
         host = pending.transfer.result()
@@ -485,7 +490,7 @@ class IntegratedGradientsCallback(Callback):
             if run.reports is not None:
                 names, label, epoch = run.units.names, run.target.label, pending.epoch
                 run.reports.write_run(summary, host, names, label, epoch, trainer.world_size)
-        budget.ran(plan.windows, pending.held + budget.clock() - entered - checks)
+        budget.ran(plan.windows, pending.held + budget.clock() - entered - checks + lost)
         if summary.completeness.num_non_finite and self.options.on_non_finite == "raise":  # on every rank: none waits
             raise NonFiniteAttributionError(
                 f"IntegratedGradientsCallback{setup.named(self.options.name)}: {text.troubles(summary)['non-finite']}; "

@@ -116,8 +116,8 @@ class IdleCore:
 
     Attributes:
         replica: the copy the runs attribute.
-        cpu: the worker's CPU seconds so far (the budget counts them at
-            :data:`~lightning_ig.callback.budget.BESIDE_COST` a second: their GIL hand-offs slow training).
+        cpu: the worker's CPU seconds so far (the budget leaves them out: it counts what the steps beside the
+            worker's runs lose, :meth:`~lightning_ig.callback.budget.Budget.landed`).
     """
 
     def __init__(self, replica: Replica) -> None:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.budget import BESIDE_COST, CHECK_EVERY, Budget, Plan
+from lightning_ig.callback.budget import CHECK_EVERY, Budget, Plan
 from lightning_ig.views import ViewOptions
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
@@ -199,16 +199,34 @@ def test_a_deferred_run_is_retried_no_later_than_the_credit_could_cover_it():
     assert budget.plan(1, (), retry=True) is not None and budget.owed == 0
 
 
-def test_a_worker_beside_training_counts_at_what_it_costs_training():
+def test_a_worker_beside_training_counts_what_the_steps_beside_it_lose():
     now, cpu, beside = [0.0], [0.0], [0.0]
     budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
     budget.start()
     budget.beside(lambda: beside[0])
-    now[0], cpu[0] = 10.0, 1.0
-    assert budget.plan(0, ()) is not None
-    now[0], cpu[0], beside[0] = 20.0, 4.5, 2.0  # 3.5 s in 10 s: 2 s the worker's, 1 s at the rate, 0.5 s extra
-    assert budget.extra() == pytest.approx(0.5 + BESIDE_COST * 2.0)
-    assert 0.5 < budget.extra() < 0.5 + 2.0  # the worker's CPU neither left out nor counted whole
+    budget.quiet_from(0, 0.0)
+    budget.add(0.5)  # a check run's hook between: not training's pace
+    now[0] = 100 * 0.002 + 0.5  # 100 quiet steps of 2 ms
+    budget.beside_from(100, now[0])
+    now[0] += 10 * 0.003  # 10 steps beside the run, 3 ms each
+    beside[0] = cpu[0] = 0.025  # the worker's CPU: left out of the background's
+    lost = budget.landed(110, now[0])
+    assert lost == pytest.approx(10 * 0.001)  # what the steps took beyond 2 ms each
+    assert budget.used() == pytest.approx(0.5 + lost)
+    now[0] += 50 * 0.002
+    budget.beside_from(160, now[0])
+    now[0] += 5 * 0.0019  # faster than the pace: nothing lost, never a credit
+    assert budget.landed(165, now[0]) == 0.0
+
+
+def test_a_run_beside_training_before_the_pace_is_known_is_booked_once_it_is():
+    now = [0.0]
+    budget = Budget(0.02, clock=lambda: now[0], background=None)
+    budget.start()
+    budget.beside_from(10, 1.0)  # no quiet steps measured yet
+    assert budget.landed(20, 1.05) == 0.0 and budget.used() == 0.0
+    budget.settle(120, 1.05 + 100 * 0.004)  # training's pace: 4 ms a step
+    assert budget.used() == pytest.approx(0.05 - 10 * 0.004)
 
 
 def test_a_run_the_budget_reduces_attributes_its_window_and_says_so(tmp_path):

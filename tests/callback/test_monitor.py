@@ -124,10 +124,10 @@ def test_the_checks_run_where_the_budget_says_and_the_runs_between_carry_the_ver
     verdicts, carried = [], []  # each run's verdict, and what the monitor had made for it to carry
     finish = IntegratedGradientsCallback._finish
 
-    def recording(self, pending):
+    def recording(self, pending, **kwargs):
         trust = self._fit.trust if self._fit is not None else None
         before = trust.carried if trust is not None else {}
-        finish(self, pending)
+        finish(self, pending, **kwargs)
         verdicts.append(self._last.trust_checks)
         carried.append(before.get(self._last.completeness.accuracy.within, (None, None))[0])
 
