@@ -403,7 +403,7 @@ class IntegratedGradientsCallback(Callback):
             sample_states=run.sample_states,
         )
         riders: list[Tensor] = []  # gathered with the result: one collective
-        transfer: HostTransfer | fit.ThreadTransfer
+        transfer: HostTransfer | fit.ThreadTransfer | fit.ProcessTransfer
         if run.idle is not None and not plan.checks and not final:  # a check needs the model as attributed, at once
             transfer = run.idle.start(states, baselines, run.target.every_output, begin)
         else:

@@ -12,15 +12,21 @@ its end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import multiprocessing
 import os
+import pickle
 import random
+import signal
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -46,7 +52,18 @@ from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
 from lightning_ig.views.tags import ViewOptions, display_labels
 
-__all__ = ["Fit", "FitPlan", "IdleCore", "PendingRun", "ThreadTransfer", "idle_core", "physical_cores", "plan", "start"]
+__all__ = [
+    "Fit",
+    "FitPlan",
+    "IdleCore",
+    "PendingRun",
+    "ProcessTransfer",
+    "ThreadTransfer",
+    "idle_core",
+    "physical_cores",
+    "plan",
+    "start",
+]
 
 
 @dataclass(frozen=True)
@@ -107,49 +124,216 @@ class IdleCore:
     Where a fit trains on the CPU in one process and torch uses fewer threads than the process may run on, a run
     need not hold the training loop: the fit's working copy of the model (:class:`~lightning_ig.trust.replica.Replica`,
     eval mode, noise off) takes the model's weights at the run's step on the training thread (an in-place copy), and
-    one worker thread attributes the copy and reduces the result while training goes on. The run's numbers land at a
+    a worker attributes the copy and reduces the result while training goes on. The run's numbers land at a
     later batch end, as a GPU run's do; training waits only where the next run is due before they land. Training
     never shares a tensor with the worker, so its weights are bit-identical with and without the callback.
+
+    On Linux the worker is a process forked at the first run (:class:`_Forked`): a worker thread would hold the GIL
+    between its many small torch calls, and on a 2-core machine the steps beside it lost about 0.8 s for each second
+    it ran (docs/benchmarks.md). Elsewhere, or where the process cannot start or ends, it is a thread.
 
     :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
     its forward draws from no global generator (the worker cannot put back what it would take from training's).
 
     Attributes:
         replica: the copy the runs attribute.
-        cpu: the worker's CPU seconds so far (the budget leaves them out: it counts what the steps beside the
+        cpu: the worker thread's CPU seconds so far (the budget leaves them out: it counts what the steps beside the
             worker's runs lose, :meth:`~lightning_ig.callback.budget.Budget.landed`).
+        elsewhere: the worker process's CPU seconds so far.
     """
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self.cpu = 0.0  # written by the one worker thread alone
+        self.elsewhere = 0.0
         self._executor: ThreadPoolExecutor | None = None
+        self._process: _Forked | None = None
+        self._forks = sys.platform.startswith("linux")  # fork is safe for this child there (see _Forked)
 
     def start(
         self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
-    ) -> ThreadTransfer:
+    ) -> ThreadTransfer | ProcessTransfer:
         """Take the model's weights now, then attribute ``states`` and reduce the result on the worker (``pair``:
         ``target="each"``'s rows per (state, action))."""
         self.replica.sync()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-run")
-        return ThreadTransfer(self._executor.submit(self._work, states, baselines, pair, begin))
+        if self._forks and self._process is None:
+            self._process = _Forked.start(self.replica)
+            self._forks = self._process is not None
+        if self._process is not None:
+            try:
+                return self._process.send(self, states, baselines, pair, begin)
+            except OSError:  # the process ended: the runs go on a thread from here
+                self.forked_out()
+        return self._thread(states, baselines, pair, begin)
+
+    def forked_out(self) -> None:
+        """The worker process ended (or failed to answer): the runs go on a worker thread from here."""
+        if self._process is not None:
+            self._process.close()
+        self._process, self._forks = None, False
+        message = "IntegratedGradientsCallback: the runs' worker process ended; they run on a thread from here"
+        warnings.warn(message, stacklevel=2)
 
     def close(self) -> None:
         """Wait for the run in hand, if any, and end the worker (a later fit starts a new one)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._process is not None:
+            self._process.close()
+            self._process, self._forks = None, sys.platform.startswith("linux")
+
+    def _thread(
+        self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
+    ) -> ThreadTransfer:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-run")
+        return ThreadTransfer(self._executor.submit(self._work, states, baselines, pair, begin))
 
     def _work(
         self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
     ) -> HostResult:
         started = time.thread_time()
         try:
-            result = self.replica.engine.attribute(states, baselines=baselines)  # it sets its own grad modes
-            return begin(pair_rows(result) if pair else result).result()
+            return _attribute(self.replica, states, baselines, pair, begin)
         finally:
             self.cpu += time.thread_time() - started
+
+
+def _attribute(
+    replica: Replica,
+    states: Tensor,
+    baselines: Tensor | str | float,
+    pair: bool,
+    begin: Callable[[IGResult], HostTransfer],
+) -> HostResult:
+    """A run's work on a worker: attribute the copy as it is, reduce the result."""
+    result = replica.engine.attribute(states, baselines=baselines)  # it sets its own grad modes
+    return begin(pair_rows(result) if pair else result).result()
+
+
+class _Forked:
+    """The runs' worker process: a fork of the training process at its first run, holding the working copy as it
+    was; each run sends it the copy's weights at the run's step and the states, and it sends the run's numbers back.
+
+    Forked, not spawned: a spawned child would import the user's script again (its classes live there) and a pickled
+    copy drags along what the model holds (a replay buffer). The child runs torch's CPU operations and this package
+    only, as DataLoader's forked workers do, so the threads of the training process (loggers' writers) that fork
+    leaves behind are never waited for; it ignores Ctrl-C (the training process ends it) and ends with it.
+    """
+
+    def __init__(self, process: Any, connection: Any) -> None:
+        self.process, self.connection = process, connection
+
+    @classmethod
+    def start(cls, replica: Replica) -> _Forked | None:
+        """Fork the worker now (``None`` where it cannot start)."""
+        context = multiprocessing.get_context("fork")
+        mine, theirs = context.Pipe()
+        process = context.Process(
+            target=_serve, args=(theirs, mine, replica, torch.get_num_threads()), name="lightning-ig-run", daemon=True
+        )
+        try:
+            with warnings.catch_warnings():  # "this process is multi-threaded, fork() may deadlock": see above
+                warnings.simplefilter("ignore", DeprecationWarning)
+                process.start()
+        except OSError:
+            return None
+        finally:
+            theirs.close()
+        return cls(process, mine)
+
+    def send(
+        self,
+        core: IdleCore,
+        states: Tensor,
+        baselines: Tensor | str | float,
+        pair: bool,
+        begin: Callable[[IGResult], HostTransfer],
+    ) -> ProcessTransfer:
+        """Hand a run to the process (raises :class:`OSError` where it has ended)."""
+        message = pickle.dumps((core.replica.followed(), states, baselines, pair, begin), pickle.HIGHEST_PROTOCOL)
+        self.connection.send_bytes(message)
+        return ProcessTransfer(core, self.connection, lambda: core._thread(states, baselines, pair, begin))
+
+    def close(self) -> None:
+        """End the process: it finishes the run in hand, if any; one that does not answer is killed."""
+        with contextlib.suppress(OSError):
+            self.connection.send_bytes(pickle.dumps(None))
+        self.process.join(timeout=10.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.connection.close()
+
+
+def _serve(connection: Any, training_end: Any, replica: Replica, threads: int) -> None:
+    """The worker process: runs until told to stop or the training process has gone."""
+    training_end.close()  # the training process's end of the pipe: its exit is then this end's EOF
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the training process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the training process's handlers (Lightning's)
+    torch.set_num_threads(threads)
+    while True:
+        try:
+            message = pickle.loads(connection.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        weights, states, baselines, pair, begin = message
+        started = time.process_time()
+        try:
+            replica.load(weights)
+            answer: HostResult | Exception = _attribute(replica, states, baselines, pair, begin)
+        except Exception as error:  # noqa: BLE001 - the run's error is raised where its numbers are read
+            answer = error
+        try:
+            reply = pickle.dumps((answer, time.process_time() - started), pickle.HIGHEST_PROTOCOL)
+        except Exception as error:  # noqa: BLE001 - an error that does not pickle is sent as its text
+            reply = pickle.dumps((RuntimeError(repr(error)), time.process_time() - started))
+        connection.send_bytes(reply)
+
+
+class ProcessTransfer:
+    """A run's numbers on their way from the worker process (the interface of :class:`ThreadTransfer`); where the
+    process ends before they come, the run is made again on a worker thread."""
+
+    def __init__(self, core: IdleCore, connection: Any, again: Callable[[], ThreadTransfer]) -> None:
+        self._core, self._connection, self._again = core, connection, again
+        self._answer: HostResult | ThreadTransfer | BaseException | None = None
+
+    def ready(self) -> bool:
+        """Whether the numbers (or the process's end) have come (never waits)."""
+        if self._answer is not None:
+            return not isinstance(self._answer, ThreadTransfer) or self._answer.ready()
+        try:
+            if not self._connection.poll():
+                return False
+        except OSError:
+            pass
+        self._read()
+        return self.ready()
+
+    def result(self) -> HostResult:
+        """The run's numbers; waits for them. Raises what the run raised."""
+        if self._answer is None:
+            self._read()
+        answer = self._answer
+        if isinstance(answer, ThreadTransfer):
+            return answer.result()
+        if isinstance(answer, BaseException):
+            raise answer
+        return cast(HostResult, answer)
+
+    def _read(self) -> None:
+        try:
+            value, cpu = pickle.loads(self._connection.recv_bytes())
+        except (EOFError, OSError):
+            self._core.forked_out()
+            self._answer = self._again()
+            return
+        self._core.elsewhere += cpu
+        self._answer = value  # the numbers, or the run's error
 
 
 class ThreadTransfer:
@@ -232,7 +416,7 @@ class PendingRun:
 
     run: Fit  # the fit it was started in
     trainer: Any
-    transfer: HostTransfer | ThreadTransfer
+    transfer: HostTransfer | ThreadTransfer | ProcessTransfer
     riders: list[Tensor]
     step: int
     epoch: int

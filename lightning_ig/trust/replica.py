@@ -77,6 +77,16 @@ class Replica:
             for mine, name in zip(self._mine, self._names):
                 mine.copy_(theirs[name])
 
+    def followed(self) -> list[Tensor]:
+        """The copy's parameters and buffers that :meth:`sync` writes, in its order (what :meth:`load` reads)."""
+        return list(self._mine)
+
+    def load(self, tensors: Sequence[Tensor]) -> None:
+        """Write ``tensors`` (another copy's :meth:`followed`, as synced there) into the copy, in place."""
+        with torch.inference_mode(False), torch.no_grad():
+            for mine, theirs in zip(self._mine, tensors, strict=True):
+                mine.copy_(theirs)
+
     def quiet(self) -> None:
         """Noise samples to zero: the NoisyLinear layers compute with their mean weights."""
         if self._epsilons:

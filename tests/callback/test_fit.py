@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from lightning_ig import IntegratedGradientsCallback
@@ -92,7 +96,7 @@ def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path,
     twin.load_state_dict(model.state_dict())
     beside = _fit_runs(tmp_path / "beside", model, overhead=None)
     assert beside._fit is not None and beside._fit.idle is not None, "a spare core and the runs stayed on training's"
-    assert beside._fit.idle.cpu > 0.0  # the worker attributed
+    assert beside._fit.idle.cpu + beside._fit.idle.elsewhere > 0.0  # the worker attributed
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
     inline = _fit_runs(tmp_path / "inline", twin, overhead=None)
     assert inline._fit is not None and inline._fit.idle is None
@@ -125,6 +129,9 @@ def test_a_forward_that_draws_from_the_global_generator_runs_on_the_training_thr
     assert callback._fit is not None and callback._fit.idle is None and callback.history
 
 
+_TRAINING_PROCESS = os.getpid()
+
+
 class _FailingNet(TinyQNet):
     """Its forward fails on any thread but the main one: every run beside training."""
 
@@ -133,7 +140,7 @@ class _FailingNet(TinyQNet):
         self.steps: list[int] = []  # a plain list: the working copy shares it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() or os.getpid() != _TRAINING_PROCESS:
             raise RuntimeError("the forward broke mid-fit")
         return super().forward(x)
 
@@ -151,3 +158,34 @@ def test_a_run_that_fails_beside_training_stops_the_fit_with_its_error(tmp_path,
         trainer.fit(model, DataLoader(dataset(), batch_size=16))
     assert callback._fit is not None and callback._fit.idle is not None  # it failed on the worker
     assert len(model.steps) <= 6  # raised at a batch end after the first run (step 3), by step 6's run at the latest
+
+
+class _KillsTheWorker(Callback):
+    """Kills the runs' worker process once it has made a run (as the OOM killer would)."""
+
+    def __init__(self, ig: IntegratedGradientsCallback) -> None:
+        self.ig, self.killed = ig, False
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        idle = None if self.ig._fit is None else self.ig._fit.idle
+        forked = None if idle is None else idle._process
+        if forked is not None and not self.killed and idle is not None and idle.elsewhere > 0.0:
+            forked.process.kill()
+            forked.process.join()
+            self.killed = True
+
+
+@needs_a_spare_core
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker is a forked process on Linux only")
+def test_a_worker_process_that_dies_hands_its_runs_to_a_thread_and_none_is_lost(tmp_path, one_thread):
+    torch.manual_seed(3)
+    callback = IntegratedGradientsCallback(
+        held_out_states(21), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None), overhead=None
+    )
+    killer = _KillsTheWorker(callback)
+    trainer = make_trainer(tmp_path, [callback, killer], max_steps=20)
+    with pytest.warns(UserWarning, match="worker process ended"):
+        trainer.fit(TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
+    assert killer.killed
+    assert len(callback.history) == 7  # steps 3, 6, ..., 18 and the end: every run logged
+    assert callback._fit is not None and callback._fit.idle is not None and callback._fit.idle.cpu > 0.0  # a thread
