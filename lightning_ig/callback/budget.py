@@ -6,11 +6,10 @@ and encoding the pictures, the loggers' writer threads) use beyond their rate be
 the fit's wall time since set-up: ``ig/overhead``. On a machine whose cores are all busy a second of a background
 thread's CPU is a second taken from training; on one with an idle core it counts what it may not cost (the budget
 errs on the side of the fit). A run that attributes beside training (the run worker on a core training leaves
-idle, a GPU) takes no time in the hooks, yet the steps it overlaps are slower (the GIL's hand-offs, shared caches and
-memory): what those steps took beyond training's own pace, measured over the steps between such runs, counts in full
-(:meth:`Budget.beside_from`, :meth:`Budget.landed`), and the worker's CPU is left out of the background's. The times
-are read from the budget's ``clock`` and ``background`` (a test passes fakes). A resumed fit carries them on
-(:meth:`Budget.state_dict`).
+idle, a GPU) takes no time in the hooks, yet the steps it overlaps may be slower (shared caches and memory): what
+those steps took beyond training's own pace, measured over the steps between such runs, counts in full
+(:meth:`Budget.beside_from`, :meth:`Budget.landed`). The times are read from the budget's ``clock`` and
+``background`` (a test passes fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
 
 **The decision** (:meth:`Budget.plan`, at each run the cadence makes). The credit is ``overhead x wall time so far``
 less what was spent. A run's cost is predicted from the last runs of its size (a run on ``1/k`` of the held-out
@@ -133,13 +132,6 @@ class Budget:
         self.started = self.clock() - self.earlier
         self._quiet = None if self.background is None else (self.background(), self.elapsed())
         self._rate = None
-
-    def beside(self, cpu: Callable[[], float]) -> None:
-        """Leave what ``cpu`` counts (seconds so far: the run worker on a core training leaves idle) out of the
-        background CPU: what it costs training is what the steps beside it lose (:meth:`landed`)."""
-        background = self.background
-        if background is not None:
-            self.background = lambda: background() - cpu()
 
     def beside_from(self, step: int, now: float) -> None:
         """A run starts beside training at the batch end of ``step`` (``now``: the clock as the hook began). The

@@ -262,9 +262,6 @@ class IntegratedGradientsCallback(Callback):
             ever_non_zero=self._ever_non_zero,
             pairs=lambda: self._pairs,
         )
-        idle = self._fit.idle
-        if idle is not None:  # its CPU is not counted: what the steps beside its runs lose is (budget.landed)
-            self._budget.beside(lambda: idle.cpu)
         self.history = setup.history_to_continue(self.history, self._plan.units)
         if self._fit.trust is not None and self.history:  # the checks' latest results stand until they run again
             self._fit.trust.restore_results(self._trust_results)
@@ -403,8 +400,8 @@ class IntegratedGradientsCallback(Callback):
             sample_states=run.sample_states,
         )
         riders: list[Tensor] = []  # gathered with the result: one collective
-        transfer: HostTransfer | fit.ThreadTransfer | fit.ProcessTransfer
-        if run.idle is not None and not plan.checks and not final:  # a check needs the model as attributed, at once
+        transfer: HostTransfer | fit.ProcessTransfer
+        if run.idle is not None and run.idle.alive and not plan.checks and not final:  # a check: the model, at once
             transfer = run.idle.start(states, baselines, run.target.every_output, begin)
         else:
             with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; warned once

@@ -23,10 +23,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,7 +57,6 @@ __all__ = [
     "IdleCore",
     "PendingRun",
     "ProcessTransfer",
-    "ThreadTransfer",
     "idle_core",
     "physical_cores",
     "plan",
@@ -124,150 +122,91 @@ class IdleCore:
     Where a fit trains on the CPU in one process and torch uses fewer threads than the process may run on, a run
     need not hold the training loop: the fit's working copy of the model (:class:`~lightning_ig.trust.replica.Replica`,
     eval mode, noise off) takes the model's weights at the run's step on the training thread (an in-place copy), and
-    a worker attributes the copy and reduces the result while training goes on. The run's numbers land at a
-    later batch end, as a GPU run's do; training waits only where the next run is due before they land. Training
-    never shares a tensor with the worker, so its weights are bit-identical with and without the callback.
+    a worker process attributes its own copy, sent those weights and the states, and sends back the reduced result
+    while training goes on. The run's numbers land at a later batch end, as a GPU run's do; training waits only where
+    the next run is due before they land. Training never shares a tensor with the worker, so its weights are
+    bit-identical with and without the callback.
 
-    On Linux the worker is a process forked at the first run (:class:`_Forked`): a worker thread would hold the GIL
-    between its many small torch calls, and on a 2-core machine the steps beside it lost about 0.8 s for each second
-    it ran (docs/benchmarks.md). Elsewhere, or where the process cannot start or ends, it is a thread.
+    The worker is a fork of the training process at its first run (Linux only). Not a thread: it would hold the GIL
+    between its many small torch calls, and the steps beside it lost about 0.8 s for each second it ran
+    (docs/benchmarks.md). Not spawned: the child would import the user's script again, and a pickled copy drags along
+    what the model holds (a replay buffer). The child runs torch's CPU operations and this package only, as
+    DataLoader's forked workers do, ignores Ctrl-C and ends with the training process. Where it cannot start or has
+    ended, the runs go back to the training thread (the run in hand is made again there), with a warning.
 
     :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
     its forward draws from no global generator (the worker cannot put back what it would take from training's).
 
     Attributes:
         replica: the copy the runs attribute.
-        cpu: the worker thread's CPU seconds so far (the budget leaves them out: it counts what the steps beside the
-            worker's runs lose, :meth:`~lightning_ig.callback.budget.Budget.landed`).
-        elsewhere: the worker process's CPU seconds so far.
+        cpu: the worker process's CPU seconds so far.
     """
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
-        self.cpu = 0.0  # written by the one worker thread alone
-        self.elsewhere = 0.0
-        self._executor: ThreadPoolExecutor | None = None
-        self._process: _Forked | None = None
-        self._forks = sys.platform.startswith("linux")  # fork is safe for this child there (see _Forked)
+        self.cpu = 0.0
+        self._process: Any = None  # the worker process and the training end of its pipe
+        self._pipe: Any = None
+        self.alive = True  # until the process cannot start or has ended
 
     def start(
         self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
-    ) -> ThreadTransfer | ProcessTransfer:
+    ) -> ProcessTransfer:
         """Take the model's weights now, then attribute ``states`` and reduce the result on the worker (``pair``:
         ``target="each"``'s rows per (state, action))."""
         self.replica.sync()
-        if self._forks and self._process is None:
-            self._process = _Forked.start(self.replica)
-            self._forks = self._process is not None
-        if self._process is not None:
-            try:
-                return self._process.send(self, states, baselines, pair, begin)
-            except OSError:  # the process ended: the runs go on a thread from here
-                self.forked_out()
-        return self._thread(states, baselines, pair, begin)
+        job = (states, baselines, pair, begin)
+        if self._process is None:
+            self._fork()
+        try:
+            self._pipe.send_bytes(pickle.dumps((self.replica.followed(), *job), pickle.HIGHEST_PROTOCOL))
+        except (OSError, AttributeError):  # the process has ended, or never started
+            self.ended()
+        return ProcessTransfer(self, lambda: _attribute(self.replica, *job))
 
-    def forked_out(self) -> None:
-        """The worker process ended (or failed to answer): the runs go on a worker thread from here."""
-        if self._process is not None:
-            self._process.close()
-        self._process, self._forks = None, False
-        message = "IntegratedGradientsCallback: the runs' worker process ended; they run on a thread from here"
-        warnings.warn(message, stacklevel=2)
+    def ended(self) -> None:
+        """The worker process cannot start or has ended: the runs stay on the training thread from here (said)."""
+        self.close()
+        self.alive = False
+        ended = "the runs' worker process could not start or has ended; they run on the training thread"
+        warnings.warn(f"IntegratedGradientsCallback: {ended}", stacklevel=2)
 
     def close(self) -> None:
-        """Wait for the run in hand, if any, and end the worker (a later fit starts a new one)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        if self._process is not None:
-            self._process.close()
-            self._process, self._forks = None, sys.platform.startswith("linux")
+        """End the worker after the run in hand, if any (killed if it does not answer); a later fit forks anew."""
+        if self._process is None:
+            return
+        with contextlib.suppress(OSError):
+            self._pipe.send_bytes(pickle.dumps(None))
+        self._process.join(timeout=10.0)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._pipe.close()
+        self._process = self._pipe = None
 
-    def _thread(
-        self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
-    ) -> ThreadTransfer:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-ig-run")
-        return ThreadTransfer(self._executor.submit(self._work, states, baselines, pair, begin))
-
-    def _work(
-        self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
-    ) -> HostResult:
-        started = time.thread_time()
-        try:
-            return _attribute(self.replica, states, baselines, pair, begin)
-        finally:
-            self.cpu += time.thread_time() - started
-
-
-def _attribute(
-    replica: Replica,
-    states: Tensor,
-    baselines: Tensor | str | float,
-    pair: bool,
-    begin: Callable[[IGResult], HostTransfer],
-) -> HostResult:
-    """A run's work on a worker: attribute the copy as it is, reduce the result."""
-    result = replica.engine.attribute(states, baselines=baselines)  # it sets its own grad modes
-    return begin(pair_rows(result) if pair else result).result()
-
-
-class _Forked:
-    """The runs' worker process: a fork of the training process at its first run, holding the working copy as it
-    was; each run sends it the copy's weights at the run's step and the states, and it sends the run's numbers back.
-
-    Forked, not spawned: a spawned child would import the user's script again (its classes live there) and a pickled
-    copy drags along what the model holds (a replay buffer). The child runs torch's CPU operations and this package
-    only, as DataLoader's forked workers do, so the threads of the training process (loggers' writers) that fork
-    leaves behind are never waited for; it ignores Ctrl-C (the training process ends it) and ends with it.
-    """
-
-    def __init__(self, process: Any, connection: Any) -> None:
-        self.process, self.connection = process, connection
-
-    @classmethod
-    def start(cls, replica: Replica) -> _Forked | None:
-        """Fork the worker now (``None`` where it cannot start)."""
+    def _fork(self) -> None:
         context = multiprocessing.get_context("fork")
-        mine, theirs = context.Pipe()
-        process = context.Process(
-            target=_serve, args=(theirs, mine, replica, torch.get_num_threads()), name="lightning-ig-run", daemon=True
-        )
+        pipe, theirs = context.Pipe()
+        args = (theirs, pipe, self.replica, torch.get_num_threads())
+        process = context.Process(target=_serve, args=args, name="lightning-ig-run", daemon=True)
         try:
             with warnings.catch_warnings():  # "this process is multi-threaded, fork() may deadlock": see above
                 warnings.simplefilter("ignore", DeprecationWarning)
                 process.start()
+            self._process, self._pipe = process, pipe
         except OSError:
-            return None
+            pipe.close()
         finally:
             theirs.close()
-        return cls(process, mine)
-
-    def send(
-        self,
-        core: IdleCore,
-        states: Tensor,
-        baselines: Tensor | str | float,
-        pair: bool,
-        begin: Callable[[IGResult], HostTransfer],
-    ) -> ProcessTransfer:
-        """Hand a run to the process (raises :class:`OSError` where it has ended)."""
-        message = pickle.dumps((core.replica.followed(), states, baselines, pair, begin), pickle.HIGHEST_PROTOCOL)
-        self.connection.send_bytes(message)
-        return ProcessTransfer(core, self.connection, lambda: core._thread(states, baselines, pair, begin))
-
-    def close(self) -> None:
-        """End the process: it finishes the run in hand, if any; one that does not answer is killed."""
-        with contextlib.suppress(OSError):
-            self.connection.send_bytes(pickle.dumps(None))
-        self.process.join(timeout=10.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.connection.close()
 
 
-def _serve(connection: Any, training_end: Any, replica: Replica, threads: int) -> None:
+def _attribute(replica: Replica, states: Tensor, baselines: Any, pair: bool, begin: Callable[..., Any]) -> HostResult:
+    """A run's work: attribute the copy as it is, reduce the result."""
+    result = replica.engine.attribute(states, baselines=baselines)  # it sets its own grad modes
+    return begin(pair_rows(result) if pair else result).result()
+
+
+def _serve(pipe: Any, training_end: Any, replica: Replica, threads: int) -> None:
     """The worker process: runs until told to stop or the training process has gone."""
     training_end.close()  # the training process's end of the pipe: its exit is then this end's EOF
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the training process's to handle
@@ -275,91 +214,65 @@ def _serve(connection: Any, training_end: Any, replica: Replica, threads: int) -
     torch.set_num_threads(threads)
     while True:
         try:
-            message = pickle.loads(connection.recv_bytes())
+            message = pickle.loads(pipe.recv_bytes())
         except (EOFError, OSError):
             return
         if message is None:
             return
-        weights, states, baselines, pair, begin = message
         started = time.process_time()
         try:
-            replica.load(weights)
-            answer: HostResult | Exception = _attribute(replica, states, baselines, pair, begin)
+            replica.load(message[0])
+            answer: HostResult | Exception = _attribute(replica, *message[1:])
         except Exception as error:  # noqa: BLE001 - the run's error is raised where its numbers are read
             answer = error
         try:
             reply = pickle.dumps((answer, time.process_time() - started), pickle.HIGHEST_PROTOCOL)
         except Exception as error:  # noqa: BLE001 - an error that does not pickle is sent as its text
             reply = pickle.dumps((RuntimeError(repr(error)), time.process_time() - started))
-        connection.send_bytes(reply)
+        pipe.send_bytes(reply)
 
 
 class ProcessTransfer:
-    """A run's numbers on their way from the worker process (the interface of :class:`ThreadTransfer`); where the
-    process ends before they come, the run is made again on a worker thread."""
+    """A run's numbers on their way from the :class:`IdleCore` worker (the interface of
+    :class:`~lightning_ig.run.host_result.HostTransfer`); where the process has ended before they come, the run is
+    made again on the training thread (``again``)."""
 
-    def __init__(self, core: IdleCore, connection: Any, again: Callable[[], ThreadTransfer]) -> None:
-        self._core, self._connection, self._again = core, connection, again
-        self._answer: HostResult | ThreadTransfer | BaseException | None = None
+    def __init__(self, core: IdleCore, again: Callable[[], HostResult]) -> None:
+        self._core, self._pipe, self._again = core, core._pipe, again
+        self._answer: HostResult | BaseException | None = None
 
     def ready(self) -> bool:
         """Whether the numbers (or the process's end) have come (never waits)."""
-        if self._answer is not None:
-            return not isinstance(self._answer, ThreadTransfer) or self._answer.ready()
-        try:
-            if not self._connection.poll():
-                return False
-        except OSError:
-            pass
-        self._read()
-        return self.ready()
+        if self._answer is None and self._pipe is not None:
+            with contextlib.suppress(OSError):  # a closed pipe: reading finds the end
+                return self._pipe.poll()
+        return True
 
     def result(self) -> HostResult:
         """The run's numbers; waits for them. Raises what the run raised."""
         if self._answer is None:
-            self._read()
-        answer = self._answer
-        if isinstance(answer, ThreadTransfer):
-            return answer.result()
-        if isinstance(answer, BaseException):
-            raise answer
-        return cast(HostResult, answer)
-
-    def _read(self) -> None:
-        try:
-            value, cpu = pickle.loads(self._connection.recv_bytes())
-        except (EOFError, OSError):
-            self._core.forked_out()
-            self._answer = self._again()
-            return
-        self._core.elsewhere += cpu
-        self._answer = value  # the numbers, or the run's error
-
-
-class ThreadTransfer:
-    """A run's numbers on their way from the :class:`IdleCore` worker (the interface of
-    :class:`~lightning_ig.run.host_result.HostTransfer`)."""
-
-    def __init__(self, future: Future[HostResult]) -> None:
-        self._future = future
-
-    def ready(self) -> bool:
-        """Whether the worker is done (never waits)."""
-        return self._future.done()
-
-    def result(self) -> HostResult:
-        """The run's numbers; waits for the worker. Raises what the run raised."""
-        return self._future.result()
+            try:
+                self._answer, cpu = pickle.loads(self._pipe.recv_bytes())  # the numbers, or the run's error
+                self._core.cpu += cpu
+            except (EOFError, OSError, AttributeError):  # ended, or never started
+                if self._core.alive:
+                    self._core.ended()
+                self._answer = self._again()
+        if isinstance(self._answer, BaseException):
+            raise self._answer
+        return self._answer
 
 
 def idle_core(
     trainer: Any, pl_module: Any, engine: IntegratedGradients, forward: Any, states: Tensor, baselines: Any
 ) -> IdleCore | None:
-    """The fit's :class:`IdleCore`, or ``None`` where the runs stay on the training thread: a GPU, more than one
-    process, a target that gathers riders (``"contrast"``), torch already using every core the process may run on
-    (:func:`physical_cores`), or a copy of the model whose IG differs from the model's or draws from a global
+    """The fit's :class:`IdleCore`, or ``None`` where the runs stay on the training thread: not Linux, a GPU, more
+    than one process, a target that gathers riders (``"contrast"``), torch already using every core the process may
+    run on (:func:`physical_cores`), or a copy of the model whose IG differs from the model's or draws from a global
     generator."""
-    if states.device.type != "cpu" or trainer.world_size > 1 or engine.target.contrasts:
+    if not sys.platform.startswith("linux") or states.device.type != "cpu" or trainer.world_size > 1:
+        return None
+    if engine.target.contrasts:
         return None
     if torch.get_num_threads() >= physical_cores():
         return None
@@ -416,7 +329,7 @@ class PendingRun:
 
     run: Fit  # the fit it was started in
     trainer: Any
-    transfer: HostTransfer | ThreadTransfer | ProcessTransfer
+    transfer: HostTransfer | ProcessTransfer
     riders: list[Tensor]
     step: int
     epoch: int

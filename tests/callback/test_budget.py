@@ -200,16 +200,14 @@ def test_a_deferred_run_is_retried_no_later_than_the_credit_could_cover_it():
 
 
 def test_a_worker_beside_training_counts_what_the_steps_beside_it_lose():
-    now, cpu, beside = [0.0], [0.0], [0.0]
-    budget = Budget(0.02, clock=lambda: now[0], background=lambda: cpu[0])
+    now = [0.0]
+    budget = Budget(0.02, clock=lambda: now[0], background=None)
     budget.start()
-    budget.beside(lambda: beside[0])
     budget.quiet_from(0, 0.0)
     budget.add(0.5)  # a check run's hook between: not training's pace
     now[0] = 100 * 0.002 + 0.5  # 100 quiet steps of 2 ms
     budget.beside_from(100, now[0])
     now[0] += 10 * 0.003  # 10 steps beside the run, 3 ms each
-    beside[0] = cpu[0] = 0.025  # the worker's CPU: left out of the background's
     lost = budget.landed(110, now[0])
     assert lost == pytest.approx(10 * 0.001)  # what the steps took beyond 2 ms each
     assert budget.used() == pytest.approx(0.5 + lost)
