@@ -226,7 +226,7 @@ class TorchIG(IGOps):
         total = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
         for first in range(0, grads.shape[1], _STEP_BLOCK):
             # Multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
-            # A block's products in one call: a run on a worker thread holds the GIL between calls.
+            # A block's products in one call: each call costs the CPU path some microseconds of Python.
             block = slice(first, first + _STEP_BLOCK)
             for term in (steps[:, block] * grads[:, block]).unbind(1):
                 total.add_(term)
