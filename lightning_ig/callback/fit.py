@@ -162,7 +162,7 @@ class IdleCore:
             self._pipe.send_bytes(pickle.dumps((self.replica.followed(), *job), pickle.HIGHEST_PROTOCOL))
         except (OSError, AttributeError):  # the process has ended, or never started
             self.ended()
-        return ProcessTransfer(self, lambda: _attribute(self.replica, *job))
+        return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job))
 
     def ended(self) -> None:
         """The worker process cannot start or has ended: the runs stay on the training thread from here (said)."""
@@ -237,8 +237,9 @@ class ProcessTransfer:
     :class:`~lightning_ig.run.host_result.HostTransfer`); where the process has ended before they come, the run is
     made again on the training thread (``again``)."""
 
-    def __init__(self, core: IdleCore, again: Callable[[], HostResult]) -> None:
-        self._core, self._pipe, self._again = core, core._pipe, again
+    def __init__(self, core: IdleCore, pipe: Any, again: Callable[[], HostResult]) -> None:
+        self.core, self.again = core, again
+        self._pipe = pipe  # None: the process never started or has ended
         self._answer: HostResult | BaseException | None = None
 
     def ready(self) -> bool:
@@ -253,11 +254,11 @@ class ProcessTransfer:
         if self._answer is None:
             try:
                 self._answer, cpu = pickle.loads(self._pipe.recv_bytes())  # the numbers, or the run's error
-                self._core.cpu += cpu
+                self.core.cpu += cpu
             except (EOFError, OSError, AttributeError):  # ended, or never started
-                if self._core.alive:
-                    self._core.ended()
-                self._answer = self._again()
+                if self.core.alive:
+                    self.core.ended()
+                self._answer = self.again()
         if isinstance(self._answer, BaseException):
             raise self._answer
         return self._answer
