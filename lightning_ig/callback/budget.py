@@ -145,12 +145,9 @@ class Budget:
         not measured yet). The quiet steps count from here."""
         since, self._beside = self._beside, None
         took = None if since is None else self._steps_took(since, step, now)
-        lost = 0.0
-        if took is not None and self._pace is None:
+        if took is not None:
             self._unbooked.append(took)
-        elif took is not None and self._pace is not None:
-            lost = max(0.0, took[0] - took[1] * self._pace)
-            self.spent += lost
+        lost = self._book()
         self._pace_from = (now, step, self.spent)
         return lost
 
@@ -160,9 +157,15 @@ class Budget:
         took = None if self._pace_from is None else self._steps_took(self._pace_from, step, now)
         if took is not None:
             self._pace = took[0] / took[1]
-            for wall, steps in self._unbooked:
-                self.spent += max(0.0, wall - steps * self._pace)
-            self._unbooked = []
+            self._book()
+
+    def _book(self) -> float:
+        """Book the windows beside training measured so far, once training's pace is known: their seconds lost."""
+        if self._pace is None:
+            return 0.0
+        lost = sum(max(0.0, wall - steps * self._pace) for wall, steps in self._unbooked)
+        self.spent, self._unbooked = self.spent + lost, []
+        return lost
 
     def quiet_from(self, step: int, now: float) -> None:
         """The steps from the batch end of ``step`` on are training's own, if nothing else set where they start."""

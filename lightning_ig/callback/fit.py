@@ -159,17 +159,20 @@ class IdleCore:
         if self._process is None:
             self._fork()
         try:
+            if self._pipe is None:
+                raise OSError("the worker process did not start")
             self._pipe.send_bytes(pickle.dumps((self.replica.followed(), *job), pickle.HIGHEST_PROTOCOL))
-        except (OSError, AttributeError):  # the process has ended, or never started
+        except OSError:  # it never started, or has ended: the transfer makes the run on the training thread
             self.ended()
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job))
 
     def ended(self) -> None:
         """The worker process cannot start or has ended: the runs stay on the training thread from here (said)."""
         self.close()
-        self.alive = False
-        ended = "the runs' worker process could not start or has ended; they run on the training thread"
-        warnings.warn(f"IntegratedGradientsCallback: {ended}", stacklevel=2)
+        if self.alive:
+            self.alive = False
+            ended = "the runs' worker process could not start or has ended; they run on the training thread"
+            warnings.warn(f"IntegratedGradientsCallback: {ended}", stacklevel=2)
 
     def close(self) -> None:
         """End the worker after the run in hand, if any (killed if it does not answer); a later fit forks anew."""
@@ -251,14 +254,14 @@ class ProcessTransfer:
 
     def result(self) -> HostResult:
         """The run's numbers; waits for them. Raises what the run raised."""
-        if self._answer is None:
+        if self._answer is None and self._pipe is not None:
             try:
                 self._answer, cpu = pickle.loads(self._pipe.recv_bytes())  # the numbers, or the run's error
                 self.core.cpu += cpu
-            except (EOFError, OSError, AttributeError):  # ended, or never started
-                if self.core.alive:
-                    self.core.ended()
-                self._answer = self.again()
+            except (EOFError, OSError):  # the process has ended
+                self.core.ended()
+        if self._answer is None:  # no process to read: the run on the training thread
+            self._answer = self.again()
         if isinstance(self._answer, BaseException):
             raise self._answer
         return self._answer

@@ -191,3 +191,30 @@ def test_a_worker_process_that_dies_hands_its_runs_to_the_training_thread_and_no
     assert killer.killed
     assert len(callback.history) == 7  # steps 3, 6, ..., 18 and the end: every run logged
     assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
+
+
+@needs_a_spare_core
+def test_a_worker_process_that_cannot_start_leaves_the_runs_on_the_training_thread(tmp_path, one_thread, monkeypatch):
+    real = fit.multiprocessing.get_context
+
+    class _NoFork:
+        def __init__(self, method: str) -> None:
+            self.context = real(method)
+
+        def Pipe(self) -> Any:  # multiprocessing's names
+            return self.context.Pipe()
+
+        def Process(self, **kwargs: Any) -> Any:
+            process = self.context.Process(**kwargs)
+
+            def refused() -> None:
+                raise OSError("no fork here")
+
+            process.start = refused
+            return process
+
+    monkeypatch.setattr(fit.multiprocessing, "get_context", _NoFork)
+    with pytest.warns(UserWarning, match="could not start or has ended"):
+        callback = _fit_runs(tmp_path, TinyQNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
+    assert len(callback.history) == 7  # every run, on the training thread
+    assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
