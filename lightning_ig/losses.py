@@ -1,53 +1,42 @@
 """A fused, numerically stable soft-margin loss: a drop-in for ``torch.nn.SoftMarginLoss``.
 
-``loss = reduce(log(1 + exp(-y x)))`` for targets ``y`` in ``{-1, +1}``, computed as
-``max(z, 0) + log1p(exp(-|z|))`` with ``z = -y x``, so it is finite for every
-finite input (torch's own loss overflows to ``inf`` once ``-y x`` passes ~88 in
-float32, and its gradient turns into NaN there).
+``loss = reduce(log(1 + exp(-y x)))`` for targets ``y`` in ``{-1, +1}``, computed as ``max(z, 0) + log1p(exp(-|z|))``
+with ``z = -y x``, so it is finite for every finite input (torch's own loss overflows to ``inf`` once ``-y x`` passes
+~88 in float32, and its gradient turns into NaN there).
 
 Three layers with one stem, as in Liger-Kernel:
 
-* the kernels (``kernels/soft_margin.cu``), their launchers and an
-  :class:`torch.autograd.Function`, in :mod:`lightning_ig.ops.soft_margin`. For
-  ``mean``/``sum`` the forward is ONE launch that also writes ``dL/dx`` (the
-  reduction's scale folded in) when the input needs a gradient; the backward
-  only scales that by ``grad_output``, read on the device (no host sync): for
-  large inputs with a kernel that does nothing at all when ``grad_output`` is 1
-  (the usual ``loss.backward()``), for small ones with torch's ``mul_``, which is
-  cheaper to launch. ``reduction="none"`` is one elementwise launch forward and
-  one backward.
+* the kernels (``kernels/soft_margin.cu``), their launchers and an :class:`torch.autograd.Function`, in
+  :mod:`lightning_ig.ops.soft_margin`. For ``mean``/``sum`` the forward is ONE launch that also writes ``dL/dx``
+  (the reduction's scale folded in) when the input needs a gradient; the backward only scales that by
+  ``grad_output``, read on the device (no host sync): for large inputs with a kernel that does nothing at all when
+  ``grad_output`` is 1 (the usual ``loss.backward()``), for small ones with torch's ``mul_``, which is cheaper to
+  launch. ``reduction="none"`` is one elementwise launch forward and one backward.
 * :class:`SoftMarginLoss`, a thin ``nn.Module`` with torch's constructor;
-* :func:`soft_margin_loss`, the functional form, which checks the arguments and
-  picks the path;
+* :func:`soft_margin_loss`, the functional form, which checks the arguments and picks the path;
 
-plus :func:`swap_soft_margin`, which switches an existing model over in one
-line; :func:`lightning_ig.ops.soft_margin.soft_margin_torch` is the same math in plain torch: the path for
-CPU tensors and float64, and the reference in tests.
+plus :func:`swap_soft_margin`, which switches an existing model over in one line;
+:func:`lightning_ig.ops.soft_margin.soft_margin_torch` is the same math in plain torch: the path for CPU tensors and
+float64, and the reference in tests.
 
-Behaviour shared with torch: the output has the input's shape (``"none"``) and
-dtype; the target may broadcast to the input's shape (never the other way) and is
-converted to the input's dtype where torch would; the mean of an empty input is
-NaN and its sum 0; under ``torch.autocast``
-half-precision inputs are computed in float32, as torch's autocast does for this
-loss.
+Behaviour shared with torch: the output has the input's shape (``"none"``) and dtype; the target may broadcast to the
+input's shape (never the other way) and is converted to the input's dtype where torch would; the mean of an empty
+input is NaN and its sum 0; under ``torch.autocast`` half-precision inputs are computed in float32, as torch's
+autocast does for this loss.
 
-A target that requires a gradient gets one, ``dL/dy = -x sigmoid(-y x)`` (a learnt
-soft label, say), through the torch twin, which is differentiable in both
-arguments: the fused kernels compute ``dL/dx`` only. Torch's own loss refuses
-such a target ("not differentiable with respect to argument 'target'"); this
-one is a superset, with the same values where torch's are defined.
+A target that requires a gradient gets one, ``dL/dy = -x sigmoid(-y x)`` (a learnt soft label, say), through the torch
+twin, which is differentiable in both arguments: the fused kernels compute ``dL/dx`` only. Torch's own loss refuses
+such a target ("not differentiable with respect to argument 'target'"); this one is a superset, with the same values
+where torch's are defined.
 
-Second derivatives (``create_graph=True``) are supported: when autograd records
-the backward, it is computed with differentiable torch operations from the
-saved input and target, so ``torch.autograd.grad`` of a gradient is correct. A
-second ``backward`` through a retained graph recomputes the gradient.
+Second derivatives (``create_graph=True``) are supported: when autograd records the backward, it is computed with
+differentiable torch operations from the saved input and target, so ``torch.autograd.grad`` of a gradient is correct.
+A second ``backward`` through a retained graph recomputes the gradient.
 
-The CUDA path is deterministic: the same input on the same device gives
-bit-identical results (the reduction order depends only on the size). Each
-(device, stream) gets a small reduction workspace once; a launch captured into
-a CUDA graph gets its own, so a training step that uses the loss can be
-captured with ``torch.cuda.graph`` and replayed (warm it up first, as torch's
-documentation asks: the first call compiles the kernels).
+The CUDA path is deterministic: the same input on the same device gives bit-identical results (the reduction order
+depends only on the size). Each (device, stream) gets a small reduction workspace once; a launch captured into a CUDA
+graph gets its own, so a training step that uses the loss can be captured with ``torch.cuda.graph`` and replayed (warm
+it up first, as torch's documentation asks: the first call compiles the kernels).
 """
 
 from __future__ import annotations
@@ -87,37 +76,31 @@ def soft_margin_loss(
 ) -> Tensor:
     """The soft-margin loss ``log(1 + exp(-target * input))``, reduced; fused on CUDA.
 
-    Same results as :func:`torch.nn.functional.soft_margin_loss` where torch's
-    are finite, and finite where torch's overflow.
+    Same results as :func:`torch.nn.functional.soft_margin_loss` where torch's are finite, and finite where torch's
+    overflow.
 
     Args:
-        input: Scores (logits) of any shape; floating point. The kernels read a
-            contiguous buffer: a non-contiguous input is copied once (and its
-            gradient comes back through that copy).
-        target: Labels, usually ``-1``/``+1``; the input's shape or one that
-            broadcasts to it (a broadcast target is materialised for the kernels).
-            Converted to the input's dtype. A target that requires a gradient gets
-            one (computed by the torch twin, on any device).
-        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (elementwise,
-            the input's shape).
-        backend: ``"auto"`` (default) runs the CUDA kernels for float32, float16
-            and bfloat16 tensors on a CUDA device when CuPy imports, and plain
-            torch otherwise (CPU, float64). ``"cuda"`` insists on the kernels and
-            raises instead of falling back; ``"torch"`` always uses plain torch.
+        input: Scores (logits) of any shape; floating point. The kernels read a contiguous buffer: a non-contiguous
+            input is copied once (and its gradient comes back through that copy).
+        target: Labels, usually ``-1``/``+1``; the input's shape or one that broadcasts to it (a broadcast target is
+            materialised for the kernels). Converted to the input's dtype. A target that requires a gradient gets one
+            (computed by the torch twin, on any device).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (elementwise, the input's shape).
+        backend: ``"auto"`` (default) runs the CUDA kernels for float32, float16 and bfloat16 tensors on a CUDA device
+            when CuPy imports, and plain torch otherwise (CPU, float64). ``"cuda"`` insists on the kernels and raises
+            instead of falling back; ``"torch"`` always uses plain torch.
 
     Returns:
-        The loss in the input's dtype: a 0-dim tensor for ``"mean"``/``"sum"``,
-        the input's shape for ``"none"``.
+        The loss in the input's dtype: a 0-dim tensor for ``"mean"``/``"sum"``, the input's shape for ``"none"``.
 
     Raises:
-        TypeError: ``input``/``target`` is not a tensor, ``input`` is not floating
-            point, or ``backend="cuda"`` with a dtype the kernels do not take.
-        ValueError: an unknown ``reduction`` or ``backend``, or ``backend="cuda"``
-            without a CUDA device / with tensors off the GPU.
-        RuntimeError: as torch raises it: ``target`` does not broadcast to the
-            input's shape, or its dtype cannot be cast to the input's; or
-            ``backend="cuda"`` where CuPy cannot be imported, or with a target
-            that requires a gradient (the kernels compute ``dL/dx`` only).
+        TypeError: ``input``/``target`` is not a tensor, ``input`` is not floating point, or ``backend="cuda"`` with a
+            dtype the kernels do not take.
+        ValueError: an unknown ``reduction`` or ``backend``, or ``backend="cuda"`` without a CUDA device / with tensors
+            off the GPU.
+        RuntimeError: as torch raises it: ``target`` does not broadcast to the input's shape, or its dtype cannot be
+            cast to the input's; or ``backend="cuda"`` where CuPy cannot be imported, or with a target that requires a
+            gradient (the kernels compute ``dL/dx`` only).
 
     Example::
 
@@ -147,10 +130,9 @@ def soft_margin_loss(
 class SoftMarginLoss(nn.SoftMarginLoss):
     """Drop-in for :class:`torch.nn.SoftMarginLoss` that runs the fused, stable kernels.
 
-    Same constructor as torch's (the deprecated ``size_average``/``reduce`` are
-    turned into ``reduction`` by torch's own rules, with its warning) plus
-    ``backend``. It subclasses ``torch.nn.SoftMarginLoss``, so ``isinstance``
-    checks in existing code keep working.
+    Same constructor as torch's (the deprecated ``size_average``/``reduce`` are turned into ``reduction`` by torch's own
+    rules, with its warning) plus ``backend``. It subclasses ``torch.nn.SoftMarginLoss``, so ``isinstance`` checks in
+    existing code keep working.
 
     Args:
         size_average: Deprecated (see ``reduction``). Default ``None``.
@@ -159,8 +141,8 @@ class SoftMarginLoss(nn.SoftMarginLoss):
         backend: ``"auto"`` (default), ``"cuda"`` or ``"torch"``; see :func:`soft_margin_loss`.
 
     Raises:
-        TypeError: ``size_average`` or ``reduce`` is neither ``None`` nor a bool, or ``reduction``/``backend``
-            is not a string.
+        TypeError: ``size_average`` or ``reduce`` is neither ``None`` nor a bool, or ``reduction``/``backend`` is not a
+            string.
         ValueError: an unknown ``reduction`` or ``backend``.
 
     Example::
@@ -197,16 +179,13 @@ class SoftMarginLoss(nn.SoftMarginLoss):
 def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int:
     """Replace every ``torch.nn.SoftMarginLoss`` inside ``module`` with the fused one, in place.
 
-    The one-line loss option for an existing model or LightningModule: it walks
-    the whole module tree (nested modules, ``ModuleList``, ``ModuleDict``,
-    ``Sequential``), keeps each loss's ``reduction`` and training flag, and keeps
-    aliases aliased: every name of one loss (``m.criterion = m.aux = loss``, a loss
-    shared by several parents or listed twice in a container) gets the same new
-    loss. Only modules whose type is exactly
-    ``torch.nn.SoftMarginLoss`` are replaced: a user subclass may have changed
-    ``forward``, and losses already fused are left alone. Hooks registered on an
-    old loss do not move to its replacement; a loss held outside the module tree
-    (a plain list, a closure) is not seen.
+    The one-line loss option for an existing model or LightningModule: it walks the whole module tree (nested modules,
+    ``ModuleList``, ``ModuleDict``, ``Sequential``), keeps each loss's ``reduction`` and training flag, and keeps
+    aliases aliased: every name of one loss (``m.criterion = m.aux = loss``, a loss shared by several parents or listed
+    twice in a container) gets the same new loss. Only modules whose type is exactly ``torch.nn.SoftMarginLoss`` are
+    replaced: a user subclass may have changed ``forward``, and losses already fused are left alone. Hooks registered on
+    an old loss do not move to its replacement; a loss held outside the module tree (a plain list, a closure) is not
+    seen.
 
     Args:
         module: The model whose losses to replace.
@@ -217,8 +196,8 @@ def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``.
-        ValueError: ``module`` is itself a ``torch.nn.SoftMarginLoss`` (there is no
-            parent to put the new one in), or ``backend`` is unknown.
+        ValueError: ``module`` is itself a ``torch.nn.SoftMarginLoss`` (there is no parent to put the new one in), or
+            ``backend`` is unknown.
 
     Example::
 

@@ -288,10 +288,10 @@ class IntegratedGradientsCallback(Callback):
             plan = self._budget_plan(trainer, final=False, retry=not cadence)
             if plan is None:
                 return
-            # Ended at a later batch end (the device attributes beside the next steps), or at once where a trust check
-            # is made (it needs the model as attributed) and under DDP (every rank raises on NaN/Inf at one step).
+            # Ended at a later batch end (the device or the worker attributes beside the next steps), or at once where
+            # a trust check needs the model as attributed and under DDP (every rank raises on NaN/Inf at one step).
             pending = self._start(trainer, pl_module, plan, final=False)
-            if plan.checks or trainer.world_size > 1:
+            if (plan.checks and pending.weights is None) or trainer.world_size > 1:
                 self._finish(pending)
             else:  # beside the next steps: what they lose counts (the budget's beside_from and landed)
                 self._budget.beside_from(step, now)
@@ -401,8 +401,10 @@ class IntegratedGradientsCallback(Callback):
         )
         riders: list[Tensor] = []  # gathered with the result: one collective
         transfer: HostTransfer | fit.ProcessTransfer
-        if run.idle is not None and run.idle.alive and not plan.checks and not final:  # a check: the model, at once
+        weights = None
+        if run.idle is not None and run.idle.alive and not final:  # its checks read the copy the worker was sent
             transfer = run.idle.start(states, baselines, run.target.every_output, begin)
+            weights = run.idle.replica.module
         else:
             with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; warned once
                 result = run.engine.attribute(states, baselines=baselines)
@@ -425,6 +427,7 @@ class IntegratedGradientsCallback(Callback):
             held_ms=(time.perf_counter() - started) * 1e3,
             plan=plan,
             held=self._budget.clock() - entered,
+            weights=weights,
         )
 
     def _finish_pending(self, *, landed: bool = False) -> None:
@@ -460,7 +463,9 @@ class IntegratedGradientsCallback(Callback):
             if plan.checks or pending.final or not run.trust.carried:
                 before, made, checking = dict(run.trust.seconds), set(budget.last_checks), budget.clock()
                 with generators_kept(pending.trainer.lightning_module):
-                    summary, scalars = run.trust.step(host, summary, plan.checks, final=pending.final, note=note)
+                    summary, scalars = run.trust.step(
+                        host, summary, plan.checks, final=pending.final, note=note, weights=pending.weights
+                    )
                 checks = budget.clock() - checking
                 seconds = {key: value - before[key] for key, value in run.trust.seconds.items()}
                 for name in plan.checks:  # each its share of the step (the first, the working copy and reference too)

@@ -119,20 +119,15 @@ class Fit:
 class IdleCore:
     """IG beside training, on a core that training leaves idle.
 
-    Where a fit trains on the CPU in one process and torch uses fewer threads than the process may run on, a run
-    need not hold the training loop: the fit's working copy of the model (:class:`~lightning_ig.trust.replica.Replica`,
-    eval mode, noise off) takes the model's weights at the run's step on the training thread (an in-place copy), and
-    a worker process attributes its own copy, sent those weights and the states, and sends back the reduced result
-    while training goes on. The run's numbers land at a later batch end, as a GPU run's do; training waits only where
-    the next run is due before they land. Training never shares a tensor with the worker, so its weights are
-    bit-identical with and without the callback.
+    The fit's working copy of the model (:class:`~lightning_ig.trust.replica.Replica`, eval mode, noise off) takes
+    the model's weights at the run's step (an in-place copy); a worker process attributes its own copy, sent those
+    weights and the states, and sends back the reduced result while training goes on. The numbers land at a later
+    batch end, as a GPU run's do. Training never shares a tensor with the worker: its weights are bit-identical.
 
-    The worker is a fork of the training process at its first run (Linux only). Not a thread: it would hold the GIL
-    between its many small torch calls, and the steps beside it lost about 0.8 s for each second it ran
-    (docs/benchmarks.md). Not spawned: the child would import the user's script again, and a pickled copy drags along
-    what the model holds (a replay buffer). The child runs torch's CPU operations and this package only, as
-    DataLoader's forked workers do, ignores Ctrl-C and ends with the training process. Where it cannot start or has
-    ended, the runs go back to the training thread (the run in hand is made again there), with a warning.
+    The worker is a fork of the training process at its first run (Linux only; a thread would hold the GIL between
+    its torch calls, a spawned child would import the user's script again). It runs torch's CPU operations and this
+    package only, as DataLoader's forked workers do, ignores Ctrl-C and ends with the training process. Where it
+    cannot start or has ended, the runs go back to the training thread (the run in hand made again), with a warning.
 
     :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
     its forward draws from no global generator (the worker cannot put back what it would take from training's).
@@ -341,6 +336,7 @@ class PendingRun:
     held_ms: float  # host time the start held the training loop
     plan: Plan  # what the budget let it do
     held: float  # the budget's clock over the start
+    weights: torch.nn.Module | None = None  # the copy holding the weights attributed beside training (its checks')
 
 
 def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | None]) -> FitPlan:

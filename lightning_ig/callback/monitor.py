@@ -120,6 +120,7 @@ class TrustMonitor:
         self._results: dict[str, Any] = {}  # each check's latest result
         self._steps: dict[str, int] = {}  # ... and its global step
         self._errors: dict[str, str] = {}  # checks that could not run (switched off for the fit)
+        self._weights: torch.nn.Module | None = None  # the run's, where the model has moved on (step)
 
     @classmethod
     def prepare(
@@ -168,11 +169,20 @@ class TrustMonitor:
         return monitor
 
     def step(
-        self, host: HostResult, summary: RunSummary, made: tuple[str, ...], *, final: bool = False, note: str | None
+        self,
+        host: HostResult,
+        summary: RunSummary,
+        made: tuple[str, ...],
+        *,
+        final: bool = False,
+        note: str | None,
+        weights: torch.nn.Module | None = None,
     ) -> tuple[RunSummary, dict[str, float]]:
         """The checks ``made`` at this run, and the run's verdict: ``(summary with trust_checks set, scalars)``. The
         scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``); ``note``: what the
-        budget changed at this run (a line of the text)."""
+        budget changed at this run (a line of the text); ``weights``: a copy of the model that holds the weights the
+        run attributed, where the model has trained on since (``None``: the model as it is)."""
+        self._weights = weights
         if self.rows_per_state > 1:  # "each": each state's action rows averaged (see prepare)
             host = dataclasses.replace(
                 host,
@@ -208,10 +218,12 @@ class TrustMonitor:
             if self._replica is None:
                 self._replica = Replica(self.model, self.settings)  # every check computes on it, never on the model
                 started = self._book("replica", started)
-            if name == "sanity" and self._reference is None:
-                self._reference = self._make_reference()
-                started = self._book("reference", started)
-            return self._check(name, units)
+            with self._replica.following(self._weights):  # the weights the run attributed
+                if name == "sanity" and self._reference is None:
+                    self._replica.sync()  # the parameters of a layer without an initialisation are shuffled
+                    self._reference = self._make_reference()
+                    started = self._book("reference", started)
+                return self._check(name, units)
         except Exception as error:  # noqa: BLE001 - a diagnostic must not stop training: said once, then off
             self._switch_off(name, f"{name}: could not run ({type(error).__name__}: {shown(str(error), 160)})")
             rank_zero_warn(f"IntegratedGradientsCallback: the {self._errors[name]}; it is off for the rest of the fit")

@@ -48,6 +48,7 @@ class Replica:
 
     def __init__(self, model: nn.Module, settings: AttributionSettings) -> None:
         self.model = model
+        self._source: nn.Module | None = None  # where sync() copies from, when not the model (following)
         self.module = structure_copy(model).eval()
         self.noisy = [layer for layer in self.module.modules() if isinstance(layer, NoisyLinear)]
         for layer in self.noisy:
@@ -70,12 +71,24 @@ class Replica:
         self._draws: dict[tuple[int, int], list[list[Tensor]]] = {}
 
     def sync(self) -> None:
-        """Copy the model's parameters and buffers (but noise samples) into the copy, in place."""
-        theirs: dict[str, Tensor] = dict(self.model.named_parameters())
-        theirs.update(self.model.named_buffers())
+        """Copy the model's parameters and buffers (but noise samples) into the copy, in place (inside
+        :meth:`following`, another copy's)."""
+        source = self._source or self.model
+        theirs: dict[str, Tensor] = dict(source.named_parameters())
+        theirs.update(source.named_buffers())
         with torch.inference_mode(False), torch.no_grad():
             for mine, name in zip(self._mine, self._names):
                 mine.copy_(theirs[name])
+
+    @contextlib.contextmanager
+    def following(self, source: nn.Module | None) -> Iterator[None]:
+        """:meth:`sync` copies from ``source`` inside the block: another copy of the model that holds the weights of
+        an earlier step (a run attributed beside training, checked later); ``None``: the model."""
+        self._source = source
+        try:
+            yield
+        finally:
+            self._source = None
 
     def followed(self) -> list[Tensor]:
         """The copy's parameters and buffers that :meth:`sync` writes, in its order (what :meth:`load` reads)."""

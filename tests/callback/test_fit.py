@@ -92,20 +92,25 @@ def _reports(folder: Path) -> dict[str, dict]:
 
 
 @needs_a_spare_core
-def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path, one_thread, monkeypatch):
+@pytest.mark.parametrize("overhead", [None, 1.0], ids=["no-checks", "checks"])
+def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path, one_thread, monkeypatch, overhead):
     torch.manual_seed(0)
     model = TinyQNet(batchnorm=False, dropout=0.0)
     twin = TinyQNet(batchnorm=False, dropout=0.0)
     twin.load_state_dict(model.state_dict())
-    beside = _fit_runs(tmp_path / "beside", model, overhead=None)
+    beside = _fit_runs(tmp_path / "beside", model, overhead=overhead)
     assert beside._fit is not None and beside._fit.idle is not None, "a spare core and the runs stayed on training's"
     assert beside._fit.idle.cpu > 0.0  # the worker process attributed
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
-    inline = _fit_runs(tmp_path / "inline", twin, overhead=None)
+    inline = _fit_runs(tmp_path / "inline", twin, overhead=overhead)
     assert inline._fit is not None and inline._fit.idle is None
     assert len(beside.history) == len(inline.history) == 7  # steps 3, 6, ..., 18 and the end
     got, expected = _reports(tmp_path / "beside" / "ig_reports"), _reports(tmp_path / "inline" / "ig_reports")
-    assert got.keys() == expected.keys() and got == expected  # every number of every run, bit for bit
+    # every number of every run, bit for bit; with the checks on, those of the runs beside training (steps 3 and 18,
+    # ended steps later) check the weights they attributed, as the runs on the training thread check them at once
+    assert got.keys() == expected.keys() and got == expected
+    checked = [name for name, report in got.items() if report["budget"]["checks"]]
+    assert len(checked) == (0 if overhead is None else 3)
     for (name, a), (_, b) in zip(model.state_dict().items(), twin.state_dict().items()):
         assert torch.equal(a, b), f"{name}: training changed with the runs beside it"
 
