@@ -41,82 +41,66 @@ def integrated_gradients(
 ) -> IGResult:
     """Integrated Gradients of ``forward`` at ``inputs`` against ``baselines``.
 
-    The call runs eagerly (no CUDA graph); for repeated calls on the same shapes
-    use :class:`~lightning_ig.attribution.IntegratedGradients`, which captures
-    and replays the work. Works under ``torch.no_grad()`` and
-    ``torch.inference_mode()``, leaves the model as it was (parameters, their
-    ``.grad`` and ``requires_grad``, training mode, and the running statistics
-    of batch-norm layers in train mode, which its forwards would move: they are
-    put back after the call) and draws no random numbers.
-    The forward is called as it is: put the model in the mode you want
-    attributed (``eval()``, noise off) first; a forward that gives different
-    values for the same rows within the call is reported
-    (:attr:`IGResult.stochastic`, :class:`~lightning_ig.attribution.StochasticForwardWarning`).
+    The call runs eagerly (no CUDA graph); for repeated calls on the same shapes use
+    :class:`~lightning_ig.attribution.IntegratedGradients`, which captures and replays the work. Works under
+    ``torch.no_grad()`` and ``torch.inference_mode()``, leaves the model as it was (parameters, their ``.grad`` and
+    ``requires_grad``, training mode, and the running statistics of batch-norm layers in train mode, which its forwards
+    would move: they are put back after the call) and draws no random numbers. The forward is called as it is: put the
+    model in the mode you want attributed (``eval()``, noise off) first; a forward that gives different values for the
+    same rows within the call is reported (:attr:`IGResult.stochastic`,
+    :class:`~lightning_ig.attribution.StochasticForwardWarning`).
 
-    Every result says how far to trust it: :attr:`IGResult.attribution_error` (a
-    reference-free estimate of each state's ``||a - a_exact||_1 / ||a_exact||_1``),
-    :attr:`IGResult.mass_relative_error`, the states near the baseline, and their
-    worst values; :func:`~lightning_ig.run.statistics.accuracy_verdict` turns them
-    into a verdict (how they are computed and when they can be wrong: ``docs/trust.md``).
+    Every result says how far to trust it: :attr:`IGResult.attribution_error` (a reference-free estimate of each state's
+    ``||a - a_exact||_1 / ||a_exact||_1``), :attr:`IGResult.mass_relative_error`, the states near the baseline, and
+    their worst values; :func:`~lightning_ig.run.statistics.accuracy_verdict` turns them into a verdict (how they are
+    computed and when they can be wrong: ``docs/trust.md``).
 
     Args:
-        forward: maps ``(N, *feature_shape)`` to ``(N,)``, or to ``(N, A)`` with
-            ``target`` choosing what to attribute. Rows must be independent.
+        forward: maps ``(N, *feature_shape)`` to ``(N,)``, or to ``(N, A)`` with ``target`` choosing what to attribute.
+            Rows must be independent.
         inputs: ``(B, *feature_shape)`` floating-point states, at least one feature.
-        baselines: ``None`` or ``"zeros"`` (default: zeros), ``"mean"`` (the batch
-            mean), a number, one baseline ``(*feature_shape)`` or one per state
-            ``(B, *feature_shape)``.
-        target: ``None`` (forward returns ``(N,)``), ``"mean"`` (mean over ``A``:
-            ``V(s)`` under the dueling identity), an int (one column), a
-            LongTensor ``(B,)`` (one column per state), ``"each"`` (every column:
-            attributions ``(A, B, *feature_shape)``), ``"contrast"`` (per state, the
-            greedy column minus the runner-up's, both chosen from the forward at the
-            state and held fixed along the path: "why this action rather than the
-            next best"; :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
-        n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose
-            work (the forward's multiply-adds x states x nodes) fits the device's budget, the
-            kink rule's 56 where that is 64 (:mod:`lightning_ig.attribution.budget`; the number
-            used is :attr:`IGResult.n_steps`); or ``"auto"``: that call, then the states whose
-            error estimate or mass-relative error is above ``completeness_tol / 2`` refined
-            by tripling the midpoint nodes (56, 168, 504, reusing every gradient), up to
-            ``max_steps``; it stops at once on a non-finite state.
-            :attr:`IGResult.n_steps_per_state` says what each used.
-        method: ``"auto"`` (default): ``"kink_midpoint"`` where ``n_steps`` comes to 64
-            or fewer (autograd only), else ``"riemann_middle"``; :attr:`IGResult.method`
-            says which ran. ``"kink_midpoint"``: the midpoint rule with certified kink
-            corrections (:mod:`lightning_ig.attribution.kinks`, one more forward-only pass
-            of ``ceil(n / 4)`` rows per state); Captum's ``"riemann_middle"``,
-            ``"riemann_left"``, ``"riemann_right"``, ``"riemann_trapezoid"``,
-            ``"gausslegendre"`` (at most 100000 points; for smooth models).
-            ``docs/trust.md`` compares the rules.
-        gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards
-            autograd cannot go through (step: see :mod:`lightning_ig.attribution.path`).
-        internal_batch_size: rows per forward (path points for autograd, probes
-            for finite differences); ``None`` picks it from the free device memory.
-            On CUDA out-of-memory the chunk is halved and retried, with a warning.
-        backend: ``"auto"`` (the CUDA kernels when the inputs are on a CUDA
-            device and CuPy imports, else torch), ``"cuda"``, ``"torch"``, or a
-            :class:`~lightning_ig.ops.ig.IGOps` object.
+        baselines: ``None`` or ``"zeros"`` (default: zeros), ``"mean"`` (the batch mean), a number, one baseline
+            ``(*feature_shape)`` or one per state ``(B, *feature_shape)``.
+        target: ``None`` (forward returns ``(N,)``), ``"mean"`` (mean over ``A``: ``V(s)`` under the dueling identity),
+            an int (one column), a LongTensor ``(B,)`` (one column per state), ``"each"`` (every column: attributions
+            ``(A, B, *feature_shape)``), ``"contrast"`` (per state, the greedy column minus the runner-up's, both chosen
+            from the forward at the state and held fixed along the path: "why this action rather than the next best";
+            :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
+        n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work (the forward's
+            multiply-adds x states x nodes) fits the device's budget, the kink rule's 56 where that is 64
+            (:mod:`lightning_ig.attribution.budget`; the number used is :attr:`IGResult.n_steps`); or ``"auto"``: that
+            call, then the states whose error estimate or mass-relative error is above ``completeness_tol / 2`` refined
+            by tripling the midpoint nodes (56, 168, 504, reusing every gradient), up to ``max_steps``; it stops at once
+            on a non-finite state. :attr:`IGResult.n_steps_per_state` says what each used.
+        method: ``"auto"`` (default): ``"kink_midpoint"`` where ``n_steps`` comes to 64 or fewer (autograd only), else
+            ``"riemann_middle"``; :attr:`IGResult.method` says which ran. ``"kink_midpoint"``: the midpoint rule with
+            certified kink corrections (:mod:`lightning_ig.attribution.kinks`, one more forward-only pass of
+            ``ceil(n / 4)`` rows per state); Captum's ``"riemann_middle"``, ``"riemann_left"``, ``"riemann_right"``,
+            ``"riemann_trapezoid"``, ``"gausslegendre"`` (at most 100000 points; for smooth models). ``docs/trust.md``
+            compares the rules.
+        gradient: ``"autograd"`` (default) or ``"finite_difference"`` for forwards autograd cannot go through (step: see
+            :mod:`lightning_ig.attribution.path`).
+        internal_batch_size: rows per forward (path points for autograd, probes for finite differences); ``None`` picks
+            it from the free device memory. On CUDA out-of-memory the chunk is halved and retried, with a warning.
+        backend: ``"auto"`` (the CUDA kernels when the inputs are on a CUDA device and CuPy imports, else torch),
+            ``"cuda"``, ``"torch"``, or a :class:`~lightning_ig.ops.ig.IGOps` object.
         completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
         max_steps: the most points ``n_steps="auto"`` may use (default 512).
-        fd_step: relative finite-difference step; ``None`` is ``eps ** (1/3)`` of
-            the inputs' dtype. The node values the error estimate needs are the
-            mean of each node's probes (no extra forward).
-        check_finite: check inputs and baselines for NaN/Inf first (one host sync).
-            NaN/Inf *outputs* never raise: they are flagged in :attr:`IGResult.non_finite`.
+        fd_step: relative finite-difference step; ``None`` is ``eps ** (1/3)`` of the inputs' dtype. The node values the
+            error estimate needs are the mean of each node's probes (no extra forward).
+        check_finite: check inputs and baselines for NaN/Inf first (one host sync). NaN/Inf *outputs* never raise: they
+            are flagged in :attr:`IGResult.non_finite`.
 
     Returns:
         An :class:`IGResult`.
 
     Raises:
-        TypeError: a non-callable forward, non-floating inputs or baselines,
-            inputs of another dtype than the model's parameters, a bad type for
-            an option, or a forward that returns no tensor.
-        ValueError: inputs without states or features, baselines that do not
-            match the inputs, NaN/Inf inputs, ``n_steps < 1`` (or past the rule's
-            largest), an unknown method, a forward returning the wrong shape,
-            ``gradient="autograd"`` on a forward autograd cannot differentiate,
-            or ``backend="cuda"`` without a CUDA device.
+        TypeError: a non-callable forward, non-floating inputs or baselines, inputs of another dtype than the model's
+            parameters, a bad type for an option, or a forward that returns no tensor.
+        ValueError: inputs without states or features, baselines that do not match the inputs, NaN/Inf inputs,
+            ``n_steps < 1`` (or past the rule's largest), an unknown method, a forward returning the wrong shape,
+            ``gradient="autograd"`` on a forward autograd cannot differentiate, or ``backend="cuda"`` without a CUDA
+            device.
         RuntimeError: ``backend="cuda"`` where CuPy is not installed.
 
     Example::

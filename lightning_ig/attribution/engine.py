@@ -1,8 +1,8 @@
 """The reusable front door, :class:`IntegratedGradients`: default settings, and CUDA graphs for repeated shapes.
 
-The engine keeps one :class:`GraphPlan` per key (shapes, dtype, device, settings) in a :class:`PlanCache` and
-replays it; :mod:`~lightning_ig.attribution.graphs` captures them. A call on the callback's shapes with the
-default settings takes the fast path: copy the inputs in, replay, build the result (this module and
+The engine keeps one :class:`GraphPlan` per key (shapes, dtype, device, settings) in a :class:`PlanCache` and replays
+it; :mod:`~lightning_ig.attribution.graphs` captures them. A call on the callback's shapes with the default settings
+takes the fast path: copy the inputs in, replay, build the result (this module and
 :mod:`~lightning_ig.attribution.result`, nothing else).
 """
 
@@ -29,42 +29,35 @@ __all__ = ["GraphPlan", "IntegratedGradients", "PlanCache"]
 class IntegratedGradients:
     """A reusable Integrated Gradients engine for one forward.
 
-    Holds default settings and, for repeated calls on the same shapes (what the
-    training callback does), captures the whole autograd computation
-    (interpolation kernel, batched forward, ``torch.autograd.grad``,
-    accumulation kernel, completeness) in a ``torch.cuda.CUDAGraph`` on first
-    use, keyed on shapes, dtype, device and settings. Later calls copy the new
-    inputs into the graph's buffers and replay it: a handful of launches.
+    Holds default settings and, for repeated calls on the same shapes (what the training callback does), captures the
+    whole autograd computation (interpolation kernel, batched forward, ``torch.autograd.grad``, accumulation kernel,
+    completeness) in a ``torch.cuda.CUDAGraph`` on first use, keyed on shapes, dtype, device and settings. Later calls
+    copy the new inputs into the graph's buffers and replay it: a handful of launches.
 
-    The graph reads the model's parameters where they live, so in-place updates
-    (an optimizer step, ``load_state_dict``) are seen by the next replay;
-    replacing a parameter tensor object is not: call :meth:`clear` after that.
-    Finite differences, ``n_steps="auto"``, CPU tensors and forwards that cannot
-    be captured (host syncs, data-dependent shapes) run eagerly; a failed
-    capture falls back to eager with one warning per key. The forward must be
+    The graph reads the model's parameters where they live, so in-place updates (an optimizer step, ``load_state_dict``)
+    are seen by the next replay; replacing a parameter tensor object is not: call :meth:`clear` after that. Finite
+    differences, ``n_steps="auto"``, CPU tensors and forwards that cannot be captured (host syncs, data-dependent
+    shapes) run eagerly; a failed capture falls back to eager with one warning per key. The forward must be
     deterministic and free of side effects for a replay to mean the same as a
-    call: the run before a capture checks it (:attr:`IGResult.stochastic`).
-    The one side effect the engine undoes is batch-norm's in train mode: the
-    running statistics its forwards move are put back after every call (inside
-    the captured graph, so a replay puts them back too), and the result is
-    still flagged stochastic (its values depend on the batch).
+    call: the run before a capture checks it (:attr:`IGResult.stochastic`). The one side effect the engine undoes is
+    batch-norm's in train mode: the running statistics its forwards move are put back after every call (inside the
+    captured graph, so a replay puts them back too), and the result is still flagged stochastic (its values depend on
+    the batch).
 
-    The NaN/Inf check of the inputs (``check_finite``) is a host sync at every
-    call; a caller that attributes the same checked states again and again (the
-    callback) passes ``check_finite=False``.
+    The NaN/Inf check of the inputs (``check_finite``) is a host sync at every call; a caller that attributes the same
+    checked states again and again (the callback) passes ``check_finite=False``.
 
     Args:
         forward: as for :func:`~lightning_ig.attribution.integrated_gradients`.
-        graph_capture: how graphs are captured (default: a
-            :class:`~lightning_ig.attribution.graphs.GraphCapture` on
+        graph_capture: how graphs are captured (default: a :class:`~lightning_ig.attribution.graphs.GraphCapture` on
             ``torch.cuda.graph``); tests pass an emulation.
-        **defaults: ``target`` and any option of :class:`~lightning_ig.attribution.IGOptions` (the keyword options
-            of :func:`~lightning_ig.attribution.integrated_gradients`, and ``cuda_graph``: ``"auto"``, the default:
-            capture on CUDA devices; ``True``: capture, warn and fall back when it fails; ``False``: always eager).
+        **defaults: ``target`` and any option of :class:`~lightning_ig.attribution.IGOptions` (the keyword options of
+            :func:`~lightning_ig.attribution.integrated_gradients`, and ``cuda_graph``: ``"auto"``, the default: capture
+            on CUDA devices; ``True``: capture, warn and fall back when it fails; ``False``: always eager).
 
     Raises:
-        TypeError: a non-callable forward, an unknown option, an option of the wrong kind, or a
-            ``graph_capture`` without ``available`` and ``capture``.
+        TypeError: a non-callable forward, an unknown option, an option of the wrong kind, or a ``graph_capture``
+            without ``available`` and ``capture``.
         ValueError: a bad option value (checked here, not at the first call).
 
     Example::
@@ -227,8 +220,8 @@ class IntegratedGradients:
 class GraphPlan:
     """A captured attribution the engine keeps for one key: static inputs, the graph, its outputs; replayed.
 
-    When attributions and statistics share a dtype the graph also packs both
-    into one flat buffer, so a replay's results cost one copy.
+    When attributions and statistics share a dtype the graph also packs both into one flat buffer, so a replay's results
+    cost one copy.
     """
 
     def __init__(self, captured: Captured) -> None:

@@ -1,31 +1,25 @@
 """Feature groups: attribute to channels, families of features or any partition of the input.
 
-A *group* is a set of input features whose attributions are added up, so it
-reads as one feature: Captum's ``feature_mask`` semantics, where an integer
-mask of the feature shape gives each feature a group id and equal ids form one
-group. Because a group's attribution is the sum of its members', completeness
-holds per state for groups exactly as for features:
-``sum over groups = sum over features = F(x) - F(b)`` (up to rounding).
+A *group* is a set of input features whose attributions are added up, so it reads as one feature: Captum's
+``feature_mask`` semantics, where an integer mask of the feature shape gives each feature a group id and equal ids form
+one group. Because a group's attribution is the sum of its members', completeness holds per state for groups exactly as
+for features: ``sum over groups = sum over features = F(x) - F(b)`` (up to rounding).
 
-:class:`FeatureGroups` is built from any accepted form by
-:meth:`FeatureGroups.resolve`:
+:class:`FeatureGroups` is built from any accepted form by :meth:`FeatureGroups.resolve`:
 
 * ``"features"``: one group per feature (the names are the feature names);
-* ``"channels"``: one group per index of dim 0 of a ``(C, H, W)`` or ``(C, L)``
-  state, named ``channel 0``, ``channel 1``, ...;
-* an integer mask (tensor or array) of the feature shape, or broadcastable to
-  it (``(H, W)`` groups the same pixel of every channel), optionally with a
-  leading batch dimension of 1 as Captum writes them: equal ids form a group.
-  Ids must be >= 0; they need not be contiguous (``{0, 2, 7}`` gives 3 groups,
-  kept in increasing id order and named ``group 0``, ``group 2``, ``group 7``);
-* a dict ``{name: index list | bool mask}``: flat indices into the flattened
-  state, or a bool mask of (broadcastable to) the feature shape. A feature may
-  belong to one group only; features in none form one more group, ``other``.
+* ``"channels"``: one group per index of dim 0 of a ``(C, H, W)`` or ``(C, L)`` state, named ``channel 0``,
+  ``channel 1``, ...;
+* an integer mask (tensor or array) of the feature shape, or broadcastable to it (``(H, W)`` groups the same pixel of
+  every channel), optionally with a leading batch dimension of 1 as Captum writes them: equal ids form a group. Ids must
+  be >= 0; they need not be contiguous (``{0, 2, 7}`` gives 3 groups, kept in increasing id order and named ``group 0``,
+  ``group 2``, ``group 7``);
+* a dict ``{name: index list | bool mask}``: flat indices into the flattened state, or a bool mask of (broadcastable to)
+  the feature shape. A feature may belong to one group only; features in none form one more group, ``other``.
 
-Sums are deterministic: equal-sized contiguous groups (features, channels,
-blocks) are a reshape and a sum; any other partition is a permutation and a
-segmented sum. Neither uses floating-point atomics, so the same attributions
-give bit-identical group sums on the same device.
+Sums are deterministic: equal-sized contiguous groups (features, channels, blocks) are a reshape and a sum; any other
+partition is a permutation and a segmented sum. Neither uses floating-point atomics, so the same attributions give
+bit-identical group sums on the same device.
 """
 
 from __future__ import annotations
@@ -61,8 +55,7 @@ _OTHER = "other"
 class FeatureGroups:
     """A partition of the flattened features of a state into named groups.
 
-    Build one with :meth:`resolve` (any accepted form), :meth:`channels`,
-    :meth:`features` or :meth:`blocks`.
+    Build one with :meth:`resolve` (any accepted form), :meth:`channels`, :meth:`features` or :meth:`blocks`.
 
     Attributes:
         names: one name per group, ``G`` of them.
@@ -86,10 +79,10 @@ class FeatureGroups:
         """Groups from ``ids (F,)``, the group ``0..G-1`` of each flattened feature, and one name per group.
 
         Raises:
-            TypeError: ``ids`` is not an integer tensor, ``names`` not a list of strings, ``feature_shape``
-                not a sequence of ints, ``generated_names`` not a bool.
-            ValueError: ``ids`` of another size than the feature shape, a negative id, a group with no
-                feature (the ids skip a number), or ``names`` of another count than the groups.
+            TypeError: ``ids`` is not an integer tensor, ``names`` not a list of strings, ``feature_shape`` not a
+                sequence of ints, ``generated_names`` not a bool.
+            ValueError: ``ids`` of another size than the feature shape, a negative id, a group with no feature (the ids
+                skip a number), or ``names`` of another count than the groups.
         """
         self.generated_names = check_bool(generated_names, "generated_names")
         self.feature_shape = _feature_shape(feature_shape)
@@ -133,23 +126,20 @@ class FeatureGroups:
         """Build the groups of ``groups`` for states of ``feature_shape``.
 
         Args:
-            groups: a :class:`FeatureGroups` (checked against ``feature_shape``),
-                ``"features"``, ``"channels"``, an integer mask, or a dict
-                ``{name: index list | bool mask}`` (see the module docstring).
+            groups: a :class:`FeatureGroups` (checked against ``feature_shape``), ``"features"``, ``"channels"``, an
+                integer mask, or a dict ``{name: index list | bool mask}`` (see the module docstring).
             feature_shape: the shape of one state, without the batch dimension.
-            names: one name per group, replacing the default names (for
-                ``"features"``: the feature names).
+            names: one name per group, replacing the default names (for ``"features"``: the feature names).
 
         Returns:
             The groups.
 
         Raises:
-            TypeError: ``groups`` is none of the accepted forms, a mask is not
-                integer (or bool inside a dict), an index is not an int.
-            ValueError: a mask of the wrong shape, a negative id, an index out
-                of range, an empty group, a feature in two groups, ``"channels"``
-                on a state without a channel dimension, or ``names`` of the wrong
-                length, blank or repeated.
+            TypeError: ``groups`` is none of the accepted forms, a mask is not integer (or bool inside a dict), an index
+                is not an int.
+            ValueError: a mask of the wrong shape, a negative id, an index out of range, an empty group, a feature in
+                two groups, ``"channels"`` on a state without a channel dimension, or ``names`` of the wrong length,
+                blank or repeated.
 
         Example::
 
@@ -304,9 +294,8 @@ class FeatureGroups:
             attributions: ``(B, *feature_shape)`` (or ``(B, F)``), on any device.
 
         Returns:
-            ``(B, G)`` in the attributions' dtype promoted to at least float32,
-            on their device. Deterministic (no atomics): the same input gives
-            bit-identical sums.
+            ``(B, G)`` in the attributions' dtype promoted to at least float32, on their device. Deterministic (no
+            atomics): the same input gives bit-identical sums.
 
         Raises:
             TypeError: the attributions are not a tensor.

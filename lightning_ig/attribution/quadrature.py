@@ -1,31 +1,23 @@
 """Quadrature rules for the straight-line path integral of Integrated Gradients.
 
-Each rule is a pure function ``n -> (alphas, weights)``: ``alphas`` are the
-positions in ``[0, 1]`` at which the path ``b + alpha (x - b)`` is sampled and
-``weights`` the step sizes they are summed with, so that
-``integral_0^1 g(alpha) d alpha ~= sum_k weights[k] * g(alphas[k])``.
-Names and values match Captum's ``approximation_methods`` for the same ``n``
-(alphas to float32 rounding: Captum builds them with a float32 ``linspace``),
-except the trapezoid weights, where Captum's do not sum to one (see
-:func:`riemann_trapezoid`).
+Each rule is a pure function ``n -> (alphas, weights)``: ``alphas`` are the positions in ``[0, 1]`` at which the path
+``b + alpha (x - b)`` is sampled and ``weights`` the step sizes they are summed with, so that
+``integral_0^1 g(alpha) d alpha ~= sum_k weights[k] * g(alphas[k])``. Names and values match Captum's
+``approximation_methods`` for the same ``n`` (alphas to float32 rounding: Captum builds them with a float32
+``linspace``), except the trapezoid weights, where Captum's do not sum to one (see :func:`riemann_trapezoid`).
 
-Which rule, on the networks people train: along the path a ReLU network is
-piecewise linear, so the integrand is a step function of ``alpha`` and every
-fixed rule is first order: what matters is where its cells are, not its
-polynomial degree (``docs/trust.md`` compares the rules). The engine's default,
-``method="auto"``, is the midpoint rule, with certified kink corrections
-(:mod:`lightning_ig.attribution.kinks`) where points are dear; its nodes are
+Which rule, on the networks people train: along the path a ReLU network is piecewise linear, so the integrand is a step
+function of ``alpha`` and every fixed rule is first order: what matters is where its cells are, not its polynomial
+degree (``docs/trust.md`` compares the rules). The engine's default, ``method="auto"``, is the midpoint rule, with
+certified kink corrections (:mod:`lightning_ig.attribution.kinks`) where points are dear; its nodes are
 :func:`riemann_middle`'s.
 
-Gauss-Legendre for any ``n`` up to :data:`MAX_GAUSS_LEGENDRE_STEPS` is built in
-O(n) memory and O(n) time: Newton's method on ``P_n(cos theta)`` in the angle
-``theta``, from Tricomi's and Gatteschi's first guesses, with ``P_n`` evaluated by
-Stieltjes' asymptotic expansion in the interior of ``[-1, 1]`` and by the
-three-term recurrence (written in ``1 - x`` so nodes near the ends keep their
-accuracy) for the few nodes near the ends, where the expansion does not reach
-double precision. Nodes and weights agree with
-``numpy.polynomial.legendre.leggauss`` (an O(n^2)-memory eigenvalue method) to
-float64 rounding; rules are cached.
+Gauss-Legendre for any ``n`` up to :data:`MAX_GAUSS_LEGENDRE_STEPS` is built in O(n) memory and O(n) time: Newton's
+method on ``P_n(cos theta)`` in the angle ``theta``, from Tricomi's and Gatteschi's first guesses, with ``P_n``
+evaluated by Stieltjes' asymptotic expansion in the interior of ``[-1, 1]`` and by the three-term recurrence (written in
+``1 - x`` so nodes near the ends keep their accuracy) for the few nodes near the ends, where the expansion does not
+reach double precision. Nodes and weights agree with ``numpy.polynomial.legendre.leggauss`` (an O(n^2)-memory eigenvalue
+method) to float64 rounding; rules are cached.
 """
 
 from __future__ import annotations
@@ -96,11 +88,9 @@ def riemann_middle(n: int) -> Rule:
 def riemann_trapezoid(n: int) -> Rule:
     """Trapezoid rule on ``n`` points including both ends (``n >= 2``).
 
-    The weights are ``h/2, h, ..., h, h/2`` with ``h = 1/(n - 1)``, so they sum
-    to one and a linear model is integrated exactly. Captum 0.9 uses the same
-    alphas with weights ``1/2n, 1/n, ..., 1/2n``, which sum to ``(n - 1)/n``
-    and scale every attribution by that factor; this is the one rule where we
-    deliberately differ from Captum.
+    The weights are ``h/2, h, ..., h, h/2`` with ``h = 1/(n - 1)``, so they sum to one and a linear model is integrated
+    exactly. Captum 0.9 uses the same alphas with weights ``1/2n, 1/n, ..., 1/2n``, which sum to ``(n - 1)/n`` and scale
+    every attribution by that factor; this is the one rule where we deliberately differ from Captum.
     """
     n = _check_n(n, smallest=2)
     inner = 1.0 / (n - 1)
@@ -111,10 +101,9 @@ def riemann_trapezoid(n: int) -> Rule:
 def gausslegendre(n: int) -> Rule:
     """Gauss-Legendre nodes and weights mapped from ``[-1, 1]`` to ``[0, 1]``.
 
-    Exact for polynomials of degree ``2n - 1`` along the path: on smooth models
-    (tanh, SiLU) 50 points reach an error far below a Riemann rule's. On ReLU
-    networks its high order buys nothing (the integrand is a step function) and
-    the midpoint rule, the default, is more accurate at the same cost. Built in O(n) memory and time (see the module
+    Exact for polynomials of degree ``2n - 1`` along the path: on smooth models (tanh, SiLU) 50 points reach an error
+    far below a Riemann rule's. On ReLU networks its high order buys nothing (the integrand is a step function) and the
+    midpoint rule, the default, is more accurate at the same cost. Built in O(n) memory and time (see the module
     docstring) and cached; ``n`` is at most :data:`MAX_GAUSS_LEGENDRE_STEPS`.
 
     Raises:
@@ -199,10 +188,9 @@ def _legendre_angles(n: int) -> tuple[np.ndarray, np.ndarray]:
 def _legendre_recurrence(n: int, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``P_n(cos theta)`` and its ``theta``-derivative by the three-term recurrence, in ``y = 1 - cos theta``.
 
-    With ``D_k = P_k - P_{k-1}`` the recurrence reads
-    ``D_{k+1} = (k D_k - (2k + 1) y P_k) / (k + 1)``, ``P_{k+1} = P_k + D_{k+1}``:
-    no ``x P_k - P_{k-1}`` cancellation near ``x = 1``, where these nodes lie.
-    O(n) per node; used for the few nodes outside the expansion's reach.
+    With ``D_k = P_k - P_{k-1}`` the recurrence reads ``D_{k+1} = (k D_k - (2k + 1) y P_k) / (k + 1)``,
+    ``P_{k+1} = P_k + D_{k+1}``: no ``x P_k - P_{k-1}`` cancellation near ``x = 1``, where these nodes lie. O(n) per
+    node; used for the few nodes outside the expansion's reach.
     """
     if theta.size == 0:
         return theta.copy(), theta.copy()
@@ -226,8 +214,8 @@ def _legendre_stieltjes(n: int, theta: np.ndarray, scale: float) -> tuple[np.nda
     """``P_n(cos theta)`` and its ``theta``-derivative by Stieltjes' expansion (Szego, Theorem 8.21.5).
 
     ``P_n(cos theta) = C_n sum_m h_m cos(a_m) / (2 sin theta)^(m + 1/2)`` with
-    ``a_m = (n + m + 1/2) theta - (m + 1/2) pi / 2`` and
-    ``h_m = prod_{j=1..m} (j - 1/2)^2 / (j (n + j + 1/2))``: O(1) per node.
+    ``a_m = (n + m + 1/2) theta - (m + 1/2) pi / 2`` and ``h_m = prod_{j=1..m} (j - 1/2)^2 / (j (n + j + 1/2))``: O(1)
+    per node.
     """
     twice_sin = 2 * np.sin(theta)
     twice_cos = 2 * np.cos(theta)
@@ -272,13 +260,12 @@ _BYTES_A_NODE = 64
 def check_rule(method: str, n: int) -> None:
     """Raise where ``method`` with ``n`` points is not a rule this module builds; build nothing.
 
-    The engine calls this when it reads its options, so a bad ``n_steps`` fails
-    before any work.
+    The engine calls this when it reads its options, so a bad ``n_steps`` fails before any work.
 
     Raises:
-        ValueError: an unknown method, ``riemann_trapezoid`` with ``n < 2``,
-            ``gausslegendre`` with more than :data:`MAX_GAUSS_LEGENDRE_STEPS` points, or
-            more points than the memory available holds (said before any is built).
+        ValueError: an unknown method, ``riemann_trapezoid`` with ``n < 2``, ``gausslegendre`` with more than
+            :data:`MAX_GAUSS_LEGENDRE_STEPS` points, or more points than the memory available holds (said before any is
+            built).
     """
     if n > _UNCHECKED_NODES:  # a rule is lists and arrays of n floats: numpy's MemoryError, or an IndexError past 2**63
         check_memory(n * _BYTES_A_NODE, f"n_steps={n}", "pass fewer steps")
@@ -299,10 +286,10 @@ def quadrature(method: str, n: int) -> Rule:
     """The ``(alphas, weights)`` of ``method`` with ``n`` points.
 
     Args:
-        method: one of :data:`METHODS` (Captum's names), or ``"kink_midpoint"`` / ``"auto"`` (their nodes are
-            the midpoint rule's; :mod:`lightning_ig.attribution.kinks` weighs them per state).
-        n: the number of points (``n_steps``); ``riemann_trapezoid`` needs ``n >= 2``;
-            ``gausslegendre`` takes at most :data:`MAX_GAUSS_LEGENDRE_STEPS`.
+        method: one of :data:`METHODS` (Captum's names), or ``"kink_midpoint"`` / ``"auto"`` (their nodes are the
+            midpoint rule's; :mod:`lightning_ig.attribution.kinks` weighs them per state).
+        n: the number of points (``n_steps``); ``riemann_trapezoid`` needs ``n >= 2``; ``gausslegendre`` takes at most
+            :data:`MAX_GAUSS_LEGENDRE_STEPS`.
 
     Returns:
         Two lists of ``n`` floats: the positions in ``[0, 1]`` and their weights.

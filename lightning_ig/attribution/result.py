@@ -1,25 +1,24 @@
 """What an Integrated Gradients run returns: :class:`IGResult`, and the one definition of its worst errors.
 
-Each state of a result carries two error figures that can fail (:mod:`~lightning_ig.attribution.estimate`
-computes them on the device): ``attribution_error``, the reference-free estimate of ``||a - a_exact||_1 /
+Each state of a result carries two error figures that can fail (:mod:`~lightning_ig.attribution.estimate` computes them
+on the device): ``attribution_error``, the reference-free estimate of ``||a - a_exact||_1 /
 ||a_exact||_1``, and ``mass_relative_error``, ``|sum(a) - dF| / max(sum|a|, |dF|)``. A state whose scale
 ``max(||a||_1, |dF|)`` is below a tenth of the batch median is *near the baseline*: every relative figure is
-ill-conditioned there, so it is flagged and counted (:attr:`IGResult.num_near_baseline`), never scored in the
-worst figures (:func:`worst_over_ordinary`) nor hidden. A forward whose gradient is zero where its value changes
-(a step, an argmax) has ``||a||_1 = 0`` but not ``dF``: it is scored, and its mass-relative error is 1.
+ill-conditioned there, so it is flagged and counted (:attr:`IGResult.num_near_baseline`), never scored in the worst
+figures (:func:`worst_over_ordinary`) nor hidden. A forward whose gradient is zero where its value changes (a step, an
+argmax) has ``||a||_1 = 0`` but not ``dF``: it is scored, and its mass-relative error is 1.
 
 For completeness (``sum(a) = F(x) - F(b)``), each state of a result is exactly one of
 
-* *non-finite*: ``F(x)``, ``F(b)``, an attribution or their completeness sum is
-  NaN/Inf (a diverged model, an overflowing forward). Its relative error is
-  ``inf`` and it makes :attr:`IGResult.worst_relative_error` ``inf``: never clean.
-* *degenerate*: finite, but ``|F(x) - F(b)|`` is within the forward's rounding
-  noise, so the ratio ``|delta| / |F(x) - F(b)|`` means nothing. Its relative
-  error is NaN; its absolute error stays in ``delta``.
+* *non-finite*: ``F(x)``, ``F(b)``, an attribution or their completeness sum is NaN/Inf (a diverged model, an
+  overflowing forward). Its relative error is ``inf`` and it makes :attr:`IGResult.worst_relative_error` ``inf``: never
+  clean.
+* *degenerate*: finite, but ``|F(x) - F(b)|`` is within the forward's rounding noise, so the ratio
+  ``|delta| / |F(x) - F(b)|`` means nothing. Its relative error is NaN; its absolute error stays in ``delta``.
 * *checked*: everything else, with relative error ``|delta| / |F(x) - F(b)|``.
 
-The flags are computed on the device with the completeness statistics; nothing
-reaches the host until a property is read.
+The flags are computed on the device with the completeness statistics; nothing reaches the host until a property is
+read.
 """
 
 from __future__ import annotations
@@ -63,9 +62,8 @@ NEAR_BASELINE_FRACTION = 0.1
 class StochasticForwardWarning(RuntimeWarning):
     """The forward gave different values on the same rows within one call.
 
-    Dropout or batch-norm in train mode, or noise drawn inside the forward: the
-    attributions of such a forward are not reproducible and completeness does
-    not hold. Put the model in ``eval()`` mode and switch its noise off
+    Dropout or batch-norm in train mode, or noise drawn inside the forward: the attributions of such a forward are not
+    reproducible and completeness does not hold. Put the model in ``eval()`` mode and switch its noise off
     (:func:`lightning_ig.models.noise_disabled`) before attributing.
     """
 
@@ -86,57 +84,52 @@ def stochastic_warnings_silenced() -> Iterator[None]:
 class IGResult:
     """What one Integrated Gradients run produced.
 
-    Tensors stay on the inputs' device; nothing is copied to the host until a
-    property such as :attr:`worst_relative_error` is read. Each state is
-    non-finite, degenerate or checked (see the module docstring).
+    Tensors stay on the inputs' device; nothing is copied to the host until a property such as
+    :attr:`worst_relative_error` is read. Each state is non-finite, degenerate or checked (see the module docstring).
 
     Attributes:
-        attributions: ``(B, *feature_shape)``, or ``(A, B, *feature_shape)`` for
-            ``target="each"``; the inputs' dtype.
+        attributions: ``(B, *feature_shape)``, or ``(A, B, *feature_shape)`` for ``target="each"``; the inputs' dtype.
         f_input: ``(B,)`` (``(A, B)`` for ``"each"``) the target at the inputs.
         f_baseline: ``(B,)`` (``(A, B)``) the target at the baselines.
         delta: ``sum(attributions) - (f_input - f_baseline)`` per state (Captum's sign).
-        relative_error: ``|delta| / |f_input - f_baseline|`` for a checked state;
-            NaN for a degenerate state, ``inf`` for a non-finite one.
-        degenerate: bool, ``|f_input - f_baseline| <= sqrt(eps) * max(1, |f_input|, |f_baseline|)``
-            with ``eps`` that of the accumulation dtype; never set on a non-finite state.
-        non_finite: bool, ``f_input``, ``f_baseline``, ``delta`` or any attribution
-            of the state is NaN/Inf.
+        relative_error: ``|delta| / |f_input - f_baseline|`` for a checked state; NaN for a degenerate state, ``inf``
+            for a non-finite one.
+        degenerate: bool, ``|f_input - f_baseline| <= sqrt(eps) * max(1, |f_input|, |f_baseline|)`` with ``eps`` that of
+            the accumulation dtype; never set on a non-finite state.
+        non_finite: bool, ``f_input``, ``f_baseline``, ``delta`` or any attribution of the state is NaN/Inf.
         baselines: ``(B, *feature_shape)`` as used.
         n_steps: the quadrature points used (for ``n_steps="auto"``, where it stopped).
         method: the rule that ran (``method="auto"`` resolved: ``"kink_midpoint"`` or ``"riemann_middle"``; for
             ``n_steps="auto"``, its first level's).
         gradient: ``"autograd"`` or ``"finite_difference"``.
         backend: ``"cuda"`` (the kernels of ``kernels/ig.cu``) or ``"torch"``.
-        target: what was attributed, the target's label
-            (:attr:`~lightning_ig.attribution.targets.Target.label`): ``"output"``, ``"mean"``, ``"action:<k>"``,
-            ``"per_row"``, ``"each"``, ``"contrast"`` or ``"callable:<name>"``.
+        target: what was attributed, the target's label (:attr:`~lightning_ig.attribution.targets.Target.label`):
+            ``"output"``, ``"mean"``, ``"action:<k>"``, ``"per_row"``, ``"each"``, ``"contrast"`` or
+            ``"callable:<name>"``.
         fd_step: the relative finite-difference step (``None`` for autograd).
         internal_batch_size: rows per forward in the last chunk run.
         cuda_graph: whether the result came from a replayed CUDA graph.
-        stochastic: the forward gave different values to the two copies of the
-            path's ends evaluated in the same batch, or its module normalises
-            with batch statistics (batch-norm in train mode); checked on every
-            eager call and when a CUDA graph is captured (a replay reports what
-            its capture found). A :class:`StochasticForwardWarning` said so.
-        attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of
-            ``||a - a_exact||_1 / ||a_exact||_1`` (:mod:`~lightning_ig.attribution.kinks` for the kink rule,
-            :func:`~lightning_ig.attribution.estimate.error_estimate` for the others). It can read low where
-            several kinks share a stretch between two nodes and cancel, where a gradient changes and changes back
-            between them, and where kinks crowd at an end of the path (inputs far off the training
-            distribution), and high on smooth networks whose features are only a few nodes wide
-            (``docs/trust.md``).
-        mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well
-            conditioned where ``dF`` is tiny; a lower bound of the per-feature error (it can fail a map,
-            never vouch for one: errors of opposite sign cancel in the sum).
+        stochastic: the forward gave different values to the two copies of the path's ends evaluated in the same batch,
+            or its module normalises with batch statistics (batch-norm in train mode); checked on every eager call and
+            when a CUDA graph is captured (a replay reports what its capture found). A :class:`StochasticForwardWarning`
+            said so.
+        attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of ``||a - a_exact||_1 / ||a_exact||_1``
+            (:mod:`~lightning_ig.attribution.kinks` for the kink rule,
+            :func:`~lightning_ig.attribution.estimate.error_estimate` for the others). It can read low where several
+            kinks share a stretch between two nodes and cancel, where a gradient changes and changes back between them,
+            and where kinks crowd at an end of the path (inputs far off the training distribution), and high on smooth
+            networks whose features are only a few nodes wide (``docs/trust.md``).
+        mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well conditioned where ``dF``
+            is tiny; a lower bound of the per-feature error (it can fail a map, never vouch for one: errors of opposite
+            sign cancel in the sum).
         attribution_mass: ``(B,)`` (``(A, B)``) ``||a||_1`` per state.
-        near_baseline: bool ``(B,)`` (``(A, B)``): ``max(||a||_1, |dF|)`` below
-            :data:`NEAR_BASELINE_FRACTION` x the batch median (or zero); computed when first read (the callback
-            flags the states on the gathered batch instead, so its runs never pay for it).
-        n_steps_per_state: ``(B,)`` int64: the points each state used with
-            ``n_steps="auto"`` (it stops per state); ``None`` when every state used :attr:`n_steps`.
-        target_actions: ``(B, 2)`` int64 for ``target="contrast"``: each state's greedy and runner-up
-            outputs, chosen at the state and held fixed along the path; else ``None``.
+        near_baseline: bool ``(B,)`` (``(A, B)``): ``max(||a||_1, |dF|)`` below :data:`NEAR_BASELINE_FRACTION` x the
+            batch median (or zero); computed when first read (the callback flags the states on the gathered batch
+            instead, so its runs never pay for it).
+        n_steps_per_state: ``(B,)`` int64: the points each state used with ``n_steps="auto"`` (it stops per state);
+            ``None`` when every state used :attr:`n_steps`.
+        target_actions: ``(B, 2)`` int64 for ``target="contrast"``: each state's greedy and runner-up outputs, chosen at
+            the state and held fixed along the path; else ``None``.
 
     Example::
 
@@ -173,13 +166,12 @@ class IGResult:
     def grouped(self, groups: Any, names: Sequence[str] | None = None) -> Tensor:
         """The attributions summed per feature group: ``(B, G)`` (``(A, B, G)`` for ``target="each"``).
 
-        A group's attribution is the sum of its members', so completeness holds
-        per state for groups as for features.
+        A group's attribution is the sum of its members', so completeness holds per state for groups as for features.
 
         Args:
-            groups: anything :meth:`lightning_ig.attribution.groups.FeatureGroups.resolve` takes:
-                a ``FeatureGroups``, ``"features"``, ``"channels"``, an integer mask of
-                the feature shape (Captum's ``feature_mask``) or ``{name: indices | bool mask}``.
+            groups: anything :meth:`lightning_ig.attribution.groups.FeatureGroups.resolve` takes: a ``FeatureGroups``,
+                ``"features"``, ``"channels"``, an integer mask of the feature shape (Captum's ``feature_mask``) or
+                ``{name: indices | bool mask}``.
             names: group names replacing the defaults.
 
         Returns:
@@ -202,9 +194,8 @@ class IGResult:
     def worst_relative_error(self) -> float:
         """The result's completeness in one number; never ``0.0`` for "nothing was checked".
 
-        ``inf`` when any state is non-finite; NaN when no state could be checked
-        (every state degenerate); otherwise the largest relative error over the
-        checked states.
+        ``inf`` when any state is non-finite; NaN when no state could be checked (every state degenerate); otherwise the
+        largest relative error over the checked states.
         """
         return worst_relative_error(self.relative_error, self.degenerate, self.non_finite)
 
@@ -267,8 +258,8 @@ class IGResult:
 def worst_relative_error(relative_error: Tensor, degenerate: Tensor, non_finite: Tensor) -> float:
     """``inf`` if any state is non-finite, NaN if none was checked, else the largest checked relative error.
 
-    The one definition of the worst completeness error (:attr:`IGResult.worst_relative_error`);
-    the arguments are an :class:`IGResult`'s fields of the same names (any shape, any device).
+    The one definition of the worst completeness error (:attr:`IGResult.worst_relative_error`); the arguments are an
+    :class:`IGResult`'s fields of the same names (any shape, any device).
 
     Args:
         relative_error: per-state relative errors.
@@ -285,8 +276,8 @@ def worst_relative_error(relative_error: Tensor, degenerate: Tensor, non_finite:
 def worst_over_ordinary(values: Tensor, near_baseline: Tensor, non_finite: Tensor) -> float:
     """The worst of a per-state error figure over the *ordinary* states: finite and not near the baseline.
 
-    ``inf`` when any state is non-finite (as :func:`worst_relative_error`: never clean), NaN when no state is
-    ordinary, else the largest value over the ordinary states. One host read.
+    ``inf`` when any state is non-finite (as :func:`worst_relative_error`: never clean), NaN when no state is ordinary,
+    else the largest value over the ordinary states. One host read.
 
     Args:
         values: the per-state figure (``attribution_error`` or ``mass_relative_error``), any shape.
@@ -310,8 +301,8 @@ def near_baseline_states(scale: Tensor) -> Tensor:
     """Bool flags of the states near the baseline: ``scale < NEAR_BASELINE_FRACTION x`` the median over the last dim.
 
     ``scale`` is ``max(||a||_1, |F(x) - F(b)|)`` per state, ``(..., B)``; the median is the lower middle value for an
-    even count (torch's) over the finite scales; a state without scale is near the baseline whatever the median. On
-    the device, no sync.
+    even count (torch's) over the finite scales; a state without scale is near the baseline whatever the median. On the
+    device, no sync.
     """
     finite = torch.where(torch.isfinite(scale), scale, torch.full_like(scale, math.nan))
     median = torch.nanmedian(finite, dim=-1, keepdim=True).values
@@ -424,10 +415,10 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     """One rank's result as the single tensor that is gathered, and the feature shape.
 
     Returns:
-        ``(B, F + 10)`` in the attributions' dtype (at least float32): each state's flattened
-        attributions, then ``f_input``, ``f_baseline``, ``delta``, ``relative_error``,
-        ``degenerate``, ``non_finite``, ``n_steps`` (per state), ``stochastic``, ``attribution_error``,
-        ``mass_relative_error`` (NaN where the result has no such figure); and ``feature_shape``.
+        ``(B, F + 10)`` in the attributions' dtype (at least float32): each state's flattened attributions, then
+        ``f_input``, ``f_baseline``, ``delta``, ``relative_error``, ``degenerate``, ``non_finite``, ``n_steps`` (per
+        state), ``stochastic``, ``attribution_error``, ``mass_relative_error`` (NaN where the result has no such
+        figure); and ``feature_shape``.
     """
     attributions = result.attributions
     f_input = torch.as_tensor(result.f_input)

@@ -46,52 +46,46 @@ def load_checkpoint(
 ) -> LoadedCheckpoint:
     """Rebuild the model stored in a safetensors checkpoint and load its weights.
 
-    The file is data: its tensors and metadata are read, never executed, and nothing in
-    it is unpickled. Only *registered* architectures
-    (:func:`~lightning_ig.models.register_model`, the built-in networks) are built from its metadata. An import path
-    ``"package.module:Class"`` the file names is refused with a :class:`CheckpointError`
-    before anything is imported, unless you name the class yourself (``architecture=``)
-    or pass ``trust_remote_code=True``. The config is bounded by the file: the model is
-    first built on the ``meta`` device (nothing allocated) and refused when it holds more
-    than the tensors stored (twice their values plus 2**20) or when its state-dict
-    shapes differ from theirs; so the class's constructor runs twice, on ``meta`` and
-    then for real (once, for real, if it cannot run on ``meta``).
+    The file is data: its tensors and metadata are read, never executed, and nothing in it is unpickled. Only
+    *registered* architectures (:func:`~lightning_ig.models.register_model`, the built-in networks) are built from its
+    metadata. An import path ``"package.module:Class"`` the file names is refused with a :class:`CheckpointError` before
+    anything is imported, unless you name the class yourself (``architecture=``) or pass ``trust_remote_code=True``. The
+    config is bounded by the file: the model is first built on the ``meta`` device (nothing allocated) and refused when
+    it holds more than the tensors stored (twice their values plus 2**20) or when its state-dict shapes differ from
+    theirs; so the class's constructor runs twice, on ``meta`` and then for real (once, for real, if it cannot run on
+    ``meta``).
 
     Args:
         path: The checkpoint.
-        prefix: For a merged file, the key prefix of the head to load (``"trending__"``, or
-            the head's name); only those tensors are read and the prefix is stripped. Default ``None``.
+        prefix: For a merged file, the key prefix of the head to load (``"trending__"``, or the head's name); only those
+            tensors are read and the prefix is stripped. Default ``None``.
         device: Where the model and states go. Default ``"cpu"``.
         head: The head by name (``"trending"`` = ``prefix="trending__"``); not with ``prefix``.
-        architecture: Override (or supply, for files without it) the architecture:
-            a registered name or ``"package.module:Class"``, imported because you name it.
-            Default ``None``: the file's, which must be registered.
-        config: Override (or supply) the constructor's keyword arguments. Default ``None``:
-            the file's. Names inside it are yours, so they may be
-            import paths; names inside the file's config must be registered.
-        trust_remote_code: Import the import paths the *file* names (its architecture and
-            those inside its config), which runs those modules' code. Only for files whose
-            origin you trust, with the modules they name on your path. Default ``False``.
+        architecture: Override (or supply, for files without it) the architecture: a registered name or
+            ``"package.module:Class"``, imported because you name it. Default ``None``: the file's, which must be
+            registered.
+        config: Override (or supply) the constructor's keyword arguments. Default ``None``: the file's. Names inside it
+            are yours, so they may be import paths; names inside the file's config must be registered.
+        trust_remote_code: Import the import paths the *file* names (its architecture and those inside its config),
+            which runs those modules' code. Only for files whose origin you trust, with the modules they name on your
+            path. Default ``False``.
 
-    The weights are loaded as stored: a float tensor the model's dtype holds exactly
-    (float16 into float32) is loaded into it, a wider one (float64 into a float32 model)
-    builds the model in the wider dtype rather than rounding it; a bool or integer tensor
-    where the model has a float one (or the other way round) is refused.
+    The weights are loaded as stored: a float tensor the model's dtype holds exactly (float16 into float32) is loaded
+    into it, a wider one (float64 into a float32 model) builds the model in the wider dtype rather than rounding it; a
+    bool or integer tensor where the model has a float one (or the other way round) is refused.
 
     Returns:
-        A :class:`LoadedCheckpoint`, the model in eval mode, the stored states (if any)
-        on ``device`` in the dtype of the model's floating-point parameters (float32 unless its
-        weights were stored wider), their values otherwise as stored; whoever uses them checks them.
+        A :class:`LoadedCheckpoint`, the model in eval mode, the stored states (if any) on ``device`` in the dtype of
+        the model's floating-point parameters (float32 unless its weights were stored wider), their values otherwise as
+        stored; whoever uses them checks them.
 
     Raises:
-        CheckpointError: If the file is missing, unreadable or not safetensors; the prefix is
-            not a head of the file (the message lists the heads that are); the file holds
-            several heads and none was chosen; the architecture is unknown, or an import path
-            from the file without ``trust_remote_code`` (nothing is imported); the config describes
-            a model larger than the stored tensors (nothing is allocated); the weights do not fit it
-            (their shapes, or a dtype that would change their meaning), or not in the memory available;
-            the stored states are booleans or complex numbers;
-            or the file is in another format than this version's (``lightning_ig.format``).
+        CheckpointError: If the file is missing, unreadable or not safetensors; the prefix is not a head of the file
+            (the message lists the heads that are); the file holds several heads and none was chosen; the architecture
+            is unknown, or an import path from the file without ``trust_remote_code`` (nothing is imported); the config
+            describes a model larger than the stored tensors (nothing is allocated); the weights do not fit it (their
+            shapes, or a dtype that would change their meaning), or not in the memory available; the stored states are
+            booleans or complex numbers; or the file is in another format than this version's (``lightning_ig.format``).
         ValueError: If both ``head`` and ``prefix`` are given.
         TypeError: If ``architecture``, ``config`` or ``trust_remote_code`` has the wrong type.
 
@@ -255,12 +249,10 @@ def load_lightning_checkpoint(
 
     Feature names come from the module's ``hparams["feature_names"]`` when it has them.
 
-    Not for files of unknown origin: a ``.ckpt`` is a pickle, read by ``torch.load``
-    inside the module's ``load_from_checkpoint``, and unpickling can run code the file
-    holds (how much torch allows depends on its ``weights_only`` default and on the
-    module). :func:`load_checkpoint` never takes this path; only a call to this
-    function (``lightning-ig diag --lightning-module``) does. ``module_class`` is
-    imported because you name it.
+    Not for files of unknown origin: a ``.ckpt`` is a pickle, read by ``torch.load`` inside the module's
+    ``load_from_checkpoint``, and unpickling can run code the file holds (how much torch allows depends on its
+    ``weights_only`` default and on the module). :func:`load_checkpoint` never takes this path; only a call to this
+    function (``lightning-ig diag --lightning-module``) does. ``module_class`` is imported because you name it.
 
     Args:
         path: The ``.ckpt`` file.

@@ -2,10 +2,10 @@
 
 A checkpoint records the architecture's *name* (one registered here with :func:`register_model`, or an import path
 ``"package.module:Class"``) and its *config* (the constructor's keyword arguments as JSON), so that
-``lightning-ig diag`` rebuilds the model without the user's code. Importing a module runs its code, so an import path
-is followed only on the caller's say-so: given ``allow_import=False``, :func:`resolve_model_class` and
-:func:`build_model` refuse it with :class:`UnregisteredModelError` before anything is imported, and so does every
-name a class meets while it builds itself from that config.
+``lightning-ig diag`` rebuilds the model without the user's code. Importing a module runs its code, so an import path is
+followed only on the caller's say-so: given ``allow_import=False``, :func:`resolve_model_class` and :func:`build_model`
+refuse it with :class:`UnregisteredModelError` before anything is imported, and so does every name a class meets while
+it builds itself from that config.
 """
 
 from __future__ import annotations
@@ -56,16 +56,14 @@ class UnregisteredModelError(ValueError):
 def register_model(name: str) -> Callable[[_ModelT], _ModelT]:
     """Class decorator: register an architecture under ``name`` for checkpoints.
 
-    The class's constructor must accept the dict its instances return from
-    ``config()`` as keyword arguments.
+    The class's constructor must accept the dict its instances return from ``config()`` as keyword arguments.
 
-    A registered class is built from whatever config a file holds, without the reader's opt-in: register classes
-    whose constructors check their arguments, and do not read tensor values there (a reader builds the model on the
-    ``meta`` device first to count its size; one that reads values is built for real, under a bound).
+    A registered class is built from whatever config a file holds, without the reader's opt-in: register classes whose
+    constructors check their arguments, and do not read tensor values there (a reader builds the model on the ``meta``
+    device first to count its size; one that reads values is built for real, under a bound).
 
     Args:
-        name: The name written into checkpoints. Must not contain ``":"``
-            (reserved for import paths).
+        name: The name written into checkpoints. Must not contain ``":"`` (reserved for import paths).
 
     Returns:
         The decorator, which returns the class unchanged.
@@ -111,10 +109,9 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
     The name's form and the registry are checked before anything is imported.
 
     Args:
-        name: A registered name, or ``"package.module:Class"`` (``Class`` may be
-            dotted for a nested class).
-        allow_import: Whether an import path may be imported (which runs that module's code). Default ``True``: a
-            name in the caller's own code is the caller's choice. Pass ``False`` for names read from a file; inside
+        name: A registered name, or ``"package.module:Class"`` (``Class`` may be dotted for a nested class).
+        allow_import: Whether an import path may be imported (which runs that module's code). Default ``True``: a name
+            in the caller's own code is the caller's choice. Pass ``False`` for names read from a file; inside
             :func:`build_model` with imports refused for its config, ``True`` cannot widen that.
 
     Returns:
@@ -122,8 +119,8 @@ def resolve_model_class(name: str, *, allow_import: bool = True) -> type[nn.Modu
 
     Raises:
         UnregisteredModelError: If ``name`` is an unregistered import path and imports are not allowed.
-        ValueError: If the name is neither registered nor an import path, is not importable, or does not
-            name a Module class.
+        ValueError: If the name is neither registered nor an import path, is not importable, or does not name a Module
+            class.
         TypeError: If ``allow_import`` is not a bool.
     """
     _check_flag("allow_import", allow_import)
@@ -173,19 +170,18 @@ def build_model(
     Args:
         name: A registered name or ``"package.module:Class"``.
         config: The constructor's keyword arguments; default ``None`` means none.
-        allow_import: Whether ``name`` may be an import path, imported if so (see
-            :func:`resolve_model_class`). Default ``True``: the caller wrote the name.
-        allow_import_in_config: Whether the names the class meets while it builds
-            itself from ``config`` may be import paths.
-            Default ``None``: as ``allow_import``. ``False`` when ``config`` comes from
-            a file while ``name`` is the caller's.
+        allow_import: Whether ``name`` may be an import path, imported if so (see :func:`resolve_model_class`). Default
+            ``True``: the caller wrote the name.
+        allow_import_in_config: Whether the names the class meets while it builds itself from ``config`` may be import
+            paths. Default ``None``: as ``allow_import``. ``False`` when ``config`` comes from a file while ``name`` is
+            the caller's.
 
     Returns:
         The new model (in training mode, freshly initialised).
 
     Raises:
-        UnregisteredModelError: If ``name``, or a name inside ``config``, is an unregistered import path
-            where imports are not allowed; nothing is imported then.
+        UnregisteredModelError: If ``name``, or a name inside ``config``, is an unregistered import path where imports
+            are not allowed; nothing is imported then.
         ValueError: If the name cannot be resolved or the constructor rejects the config.
         TypeError: If ``config`` is not a dict, or a flag is not a bool.
 
@@ -229,8 +225,8 @@ def _dotted_identifier(text: str) -> bool:
 def _import(module_name: str) -> Any:
     """``importlib.import_module``, on the real default device even inside ``with torch.device("meta")``.
 
-    A checkpoint reader builds models on the meta device first to count their sizes; a
-    module imported then must not keep meta tensors made at import time.
+    A checkpoint reader builds models on the meta device first to count their sizes; a module imported then must not
+    keep meta tensors made at import time.
     """
     current = getattr(torch, "get_default_device", None)  # torch >= 2.3
     if current is not None and current().type == "meta":
@@ -242,8 +238,7 @@ def _import(module_name: str) -> Any:
 def model_name(model: nn.Module) -> str:
     """The name a checkpoint records for ``model``'s architecture.
 
-    The registered name when the class (exactly) is registered, else its import
-    path ``"package.module:Class"``.
+    The registered name when the class (exactly) is registered, else its import path ``"package.module:Class"``.
 
     Args:
         model: The model.

@@ -1,25 +1,22 @@
 """The engine's kernels: the five operations of ``kernels/ig.cu``, each launcher beside its plain-torch twin.
 
-============  ==========================================================  ==============================
-operation     what it computes                                            layouts
-============  ==========================================================  ==============================
-interpolate   ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)``
-fd_probes     ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)``
-fd_gradient   ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)``
-accumulate    ``(x - b) * sum_k w_k g_k`` in step order; ``w (n,)`` or one  ``(T, B, F)``
-              per step and state ``(T, n, B)``
-completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`)
-              repeat differs
+============  ==========================================================  ============================== operation
+              what it computes                                            layouts ============
+              ==========================================================  ============================== interpolate
+              ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)`` fd_probes
+              ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)`` fd_gradient
+              ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)`` accumulate
+              ``(x - b) * sum_k w_k g_k`` in step order; ``w (n,)`` or one  ``(T, B, F)`` per step and state
+              ``(T, n, B)``
+completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`) repeat differs
 ============  ==========================================================  ==============================
 
-Each twin performs the kernel's operations in the kernel's order with the same rounding
-(the kernels use explicitly rounded intrinsics, so the compiler cannot contract a multiply
-and an add into an FMA, which torch's separate ops never do), so :class:`CudaIG` and
-:class:`TorchIG` agree bit for bit. The twins are the reference in tests and the path where there is no CUDA
-device or no CuPy. A run picks its :class:`IGOps` once (:func:`ig_ops`): the
-engine's ``backend`` option names one (``"auto"``, ``"cuda"``, ``"torch"``) or
-passes an object (a test's host build of the kernels). The engine differentiates
-with autograd itself, so this family has no ``autograd.Function``.
+Each twin performs the kernel's operations in the kernel's order with the same rounding (the kernels use explicitly
+rounded intrinsics, so the compiler cannot contract a multiply and an add into an FMA, which torch's separate ops never
+do), so :class:`CudaIG` and :class:`TorchIG` agree bit for bit. The twins are the reference in tests and the path where
+there is no CUDA device or no CuPy. A run picks its :class:`IGOps` once (:func:`ig_ops`): the engine's ``backend``
+option names one (``"auto"``, ``"cuda"``, ``"torch"``) or passes an object (a test's host build of the kernels). The
+engine differentiates with autograd itself, so this family has no ``autograd.Function``.
 """
 
 from __future__ import annotations
@@ -76,9 +73,8 @@ def degenerate_threshold(dtype: torch.dtype) -> float:
 def repeat_threshold(dtype: torch.dtype) -> float:
     """How far (relative to ``max(1, |F|)``) two evaluations of one row may differ: ``sqrt(eps)`` of the inputs' dtype.
 
-    No finer than float32's: forwards often compute in float32 or coarser whatever
-    the inputs (TF32, autocast, a cast inside the model), and a GEMM may tile
-    identical rows differently. Dropout and noise move values by far more.
+    No finer than float32's: forwards often compute in float32 or coarser whatever the inputs (TF32, autocast, a cast
+    inside the model), and a GEMM may tile identical rows differently. Dropout and noise move values by far more.
     """
     return math.sqrt(max(float(torch.finfo(dtype).eps), float(torch.finfo(torch.float32).eps)))
 
@@ -113,11 +109,9 @@ def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
 def warp_order_sum(values: Tensor) -> Tensor:
     """``values (T, B, F)`` summed over ``F`` in kernel (e)'s order: 32 lane-strided partial sums, then a tree.
 
-    Lane ``l`` adds ``values[..., l], values[..., l + 32], ...`` to ``+0`` in turn;
-    the 32 partials are then added pairwise at offsets 16, 8, 4, 2, 1, as the
-    warp's shuffles do. Every addition is one exactly rounded elementwise add, so
-    the sum is bit-identical to the kernel's and does not depend on torch's
-    reduction order or thread count.
+    Lane ``l`` adds ``values[..., l], values[..., l + 32], ...`` to ``+0`` in turn; the 32 partials are then added
+    pairwise at offsets 16, 8, 4, 2, 1, as the warp's shuffles do. Every addition is one exactly rounded elementwise
+    add, so the sum is bit-identical to the kernel's and does not depend on torch's reduction order or thread count.
     """
     n_targets, batch, features = values.shape
     chunks = -(-features // 32)
@@ -151,8 +145,7 @@ class IGOps:
 
     Attributes:
         name: what :attr:`IGResult.backend` reports (``"cuda"`` or ``"torch"``).
-        twin: an implementation with the same arithmetic to fall back on (the CUDA
-            kernels' torch twins), or ``None``.
+        twin: an implementation with the same arithmetic to fall back on (the CUDA kernels' torch twins), or ``None``.
     """
 
     name = "base"
@@ -259,8 +252,8 @@ class CudaIG(IGOps):
     """The kernels of ``kernels/ig.cu`` through CuPy, on torch's current stream; torch twins as :attr:`twin`.
 
     Args:
-        launch: how a kernel runs (default: compiled with NVRTC and launched through
-            :mod:`lightning_ig.ops._cupy`); tests pass a host build of ``ig.cu``.
+        launch: how a kernel runs (default: compiled with NVRTC and launched through :mod:`lightning_ig.ops._cupy`);
+            tests pass a host build of ``ig.cu``.
     """
 
     name = "cuda"
@@ -333,8 +326,8 @@ _CUDA = CudaIG()
 def ig_ops(backend: str | IGOps, inputs: Tensor) -> IGOps:
     """The operations a run uses: an :class:`IGOps` as given, or the one ``"auto"``/``"cuda"``/``"torch"`` names.
 
-    ``"auto"`` picks the kernels when the inputs are on a CUDA device and CuPy
-    imports, else the twins; ``"cuda"`` never falls back silently.
+    ``"auto"`` picks the kernels when the inputs are on a CUDA device and CuPy imports, else the twins; ``"cuda"`` never
+    falls back silently.
 
     Raises:
         ValueError: an unknown name, or ``"cuda"`` without a CUDA device or with CPU inputs.

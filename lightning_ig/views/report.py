@@ -115,26 +115,24 @@ def build_report(
 ) -> dict[str, Any]:
     """Build the schema-version-1 JSON report of one IG run.
 
-    The contract keys come first, in the documented order; then the run's
-    settings (``feature_shape``, ``method``, ``gradient``, ``backend``, the
-    package version), ``non_finite_states``, ``num_degenerate``,
-    ``stochastic_forward``, ``groups`` (when given) and the ``extra`` keys.
+    The contract keys come first, in the documented order; then the run's settings (``feature_shape``, ``method``,
+    ``gradient``, ``backend``, the package version), ``non_finite_states``, ``num_degenerate``, ``stochastic_forward``,
+    ``groups`` (when given) and the ``extra`` keys.
 
     Args:
-        result: an :class:`~lightning_ig.attribution.IGResult` with one
-            attribution per state (for ``target="each"``, build one report per
-            action), or a :class:`~lightning_ig.run.host_result.HostResult`.
+        result: an :class:`~lightning_ig.attribution.IGResult` with one attribution per state (for ``target="each"``,
+            build one report per action), or a :class:`~lightning_ig.run.host_result.HostResult`.
         feature_names: one name per flattened feature, or ``None`` for ``x0, x1, ...``.
         checkpoint: the checkpoint the model came from (written as a string), or ``None``.
         forward_target: what the attributed scalar is, e.g. ``"mean"``, ``"action:1"``.
         regime_head: the head prefix of a merged checkpoint, or ``None``.
-        top_k: how many features ``top_10_by_mean_abs`` lists (default 10; the
-            key keeps its contract name whatever ``top_k`` is).
-        extra: more keys beside the contract keys (e.g. ``global_step``,
-            ``timings``); JSON-serialisable, not shadowing a contract key.
+        top_k: how many features ``top_10_by_mean_abs`` lists (default 10; the key keeps its contract name whatever
+            ``top_k`` is).
+        extra: more keys beside the contract keys (e.g. ``global_step``, ``timings``); JSON-serialisable, not shadowing
+            a contract key.
         groups: feature groups to report (``"channels"``, a mask, a dict or a
-            :class:`~lightning_ig.attribution.groups.FeatureGroups`); ``None`` (default): the
-            host result's groups, if any.
+            :class:`~lightning_ig.attribution.groups.FeatureGroups`); ``None`` (default): the host result's groups, if
+            any.
         tolerance: the ``completeness_tol`` the run is judged by: ``completeness.verdict`` (see
             :func:`completeness_summary`); ``None`` (default): no verdict in the report.
 
@@ -142,9 +140,9 @@ def build_report(
         A dict ready for :func:`write_report` / :func:`report_to_json`.
 
     Raises:
-        ValueError: ``feature_names`` has the wrong length, ``top_k < 1``, the
-            result has one attribution set per action, ``extra`` shadows a
-            contract key, or ``groups`` is bad (see :class:`~lightning_ig.attribution.groups.FeatureGroups`).
+        ValueError: ``feature_names`` has the wrong length, ``top_k < 1``, the result has one attribution set per
+            action, ``extra`` shadows a contract key, or ``groups`` is bad (see
+            :class:`~lightning_ig.attribution.groups.FeatureGroups`).
         TypeError: ``feature_names`` is not a sequence of strings or ``top_k`` is not an int.
 
     Example::
@@ -219,10 +217,10 @@ def verdict_keys(summary: RunSummary) -> dict[str, Any]:
     Returns:
         ``verdict``: ``accuracy`` (``"pass"``, ``"fail"``, ``"unchecked"`` or ``"non-finite"``: what the cards say),
         ``within``, ``figure``, ``value``, ``threshold``, ``tolerance``, ``reason`` (the accuracy figures against
-        ``sqrt(2) x completeness_tol``) and ``trust`` (``"passed"``, ``"failed"``, ``"unresolved"``; ``None``: no
-        trust checks). With the trust checks on, ``trust``: ``status``, ``reasons``, ``notes``, and ``checks`` with
-        each check's latest result and the global step it comes from (``None``: not run yet in this fit; stability:
-        also for a model without NoisyNet layers).
+        ``sqrt(2) x completeness_tol``) and ``trust`` (``"passed"``, ``"failed"``, ``"unresolved"``; ``None``: no trust
+        checks). With the trust checks on, ``trust``: ``status``, ``reasons``, ``notes``, and ``checks`` with each
+        check's latest result and the global step it comes from (``None``: not run yet in this fit; stability: also for
+        a model without NoisyNet layers).
     """
     numbers, trust = summary.completeness, summary.trust_checks
     accuracy = numbers.accuracy
@@ -308,9 +306,8 @@ def _host(result: Any, groups: GroupSpec | None) -> HostResult:
 def report_to_json(report: Mapping[str, Any]) -> str:
     """Serialise a report as strict, deterministic JSON (no NaN/Infinity; same report, same bytes).
 
-    Two-space indentation, except that each entry of a list of objects (a
-    feature, a group, a state) is written on one line: compact for reports of
-    tens of thousands of features, and fast (the C encoder writes each line).
+    Two-space indentation, except that each entry of a list of objects (a feature, a group, a state) is written on one
+    line: compact for reports of tens of thousands of features, and fast (the C encoder writes each line).
 
     Args:
         report: from :func:`build_report`.
@@ -351,15 +348,14 @@ def _scalar(value: Any) -> str:
 def write_report(report: Mapping[str, Any], path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> Path:
     """Write a report as JSON atomically: readers see the old file or the new one, never half of one.
 
-    The file's mode follows the umask (an existing file keeps its mode). Missing parent
-    folders are created.
+    The file's mode follows the umask (an existing file keeps its mode). Missing parent folders are created.
 
     Args:
         report: from :func:`build_report`.
         path: where to write.
-        follow_symlinks: ``True`` (default: ``path`` is the user's): a symbolic link is written
-            through to its target. ``False`` (a name the caller made up, as the callback's
-            reports): a link at ``path`` is replaced itself, its target never touched.
+        follow_symlinks: ``True`` (default: ``path`` is the user's): a symbolic link is written through to its target.
+            ``False`` (a name the caller made up, as the callback's reports): a link at ``path`` is replaced itself, its
+            target never touched.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -411,15 +407,15 @@ def feature_statistics(attributions: Any, feature_names: Sequence[str] | None = 
     """Per-feature statistics of attributions over the states.
 
     Args:
-        attributions: ``(num_states, *feature_shape)`` tensor or array;
-            multi-dimensional features are flattened in row-major order.
-        feature_names: one name per (flattened) feature; ``None`` (default)
-            names them ``x0, x1, ...`` (``x[c,i,j]`` for multi-dimensional states).
+        attributions: ``(num_states, *feature_shape)`` tensor or array; multi-dimensional features are flattened in
+            row-major order.
+        feature_names: one name per (flattened) feature; ``None`` (default) names them ``x0, x1, ...`` (``x[c,i,j]`` for
+            multi-dimensional states).
 
     Returns:
-        One dict per feature, in feature order: ``name``, ``mean_abs`` (mean of
-        ``|attr|`` over states), ``stddev`` (population standard deviation of
-        ``attr``) and ``mean_signed`` (mean of ``attr``); non-finite values are ``None``.
+        One dict per feature, in feature order: ``name``, ``mean_abs`` (mean of ``|attr|`` over states), ``stddev``
+        (population standard deviation of ``attr``) and ``mean_signed`` (mean of ``attr``); non-finite values are
+        ``None``.
 
     Raises:
         ValueError: ``attributions`` has no state dimension, or ``feature_names`` has the wrong length.
@@ -458,25 +454,22 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
     """Completeness of an IG run as the report writes it.
 
     Args:
-        result: an :class:`~lightning_ig.attribution.IGResult` with one
-            attribution per state (not ``target="each"``), or a host result.
+        result: an :class:`~lightning_ig.attribution.IGResult` with one attribution per state (not ``target="each"``),
+            or a host result.
         per_state: include the per-state lists (default ``True``).
         tolerance: the ``completeness_tol`` to judge the run by: adds ``verdict``
             (:func:`~lightning_ig.run.statistics.accuracy_verdict`); ``None`` (default): no verdict.
 
     Returns:
-        ``worst_relative_error`` (``None`` when it is not finite: a non-finite
-        state, or no state that could be checked), ``mean_abs_error``,
-        ``num_degenerate``, ``num_non_finite``, ``num_checked`` and, with
-        ``per_state``, ``per_state`` (``state_idx``, ``sum_attributions``,
-        ``f_input_minus_f_baseline``, ``relative_error``, ``absolute_error``,
-        ``degenerate``, ``non_finite``, ``attribution_error``, ``mass_relative_error``,
-        ``near_baseline``) and ``degenerate_states`` (``state_idx``, ``absolute_error``).
-        The accuracy figures, beside them: ``worst_attribution_error`` and
-        ``worst_mass_relative_error`` (over the states away from the baseline; ``None``
-        when not finite), ``num_near_baseline``, ``error_scale`` (1.0) and, with ``tolerance``,
-        ``verdict`` (``tolerance``, ``within`` (``true``, ``false`` or ``null``: nothing
-        could be checked), ``figure``, ``value``, ``threshold``, ``reason``).
+        ``worst_relative_error`` (``None`` when it is not finite: a non-finite state, or no state that could be
+        checked), ``mean_abs_error``, ``num_degenerate``, ``num_non_finite``, ``num_checked`` and, with ``per_state``,
+        ``per_state`` (``state_idx``, ``sum_attributions``, ``f_input_minus_f_baseline``, ``relative_error``,
+        ``absolute_error``, ``degenerate``, ``non_finite``, ``attribution_error``, ``mass_relative_error``,
+        ``near_baseline``) and ``degenerate_states`` (``state_idx``, ``absolute_error``). The accuracy figures, beside
+        them: ``worst_attribution_error`` and ``worst_mass_relative_error`` (over the states away from the baseline;
+        ``None`` when not finite), ``num_near_baseline``, ``error_scale`` (1.0) and, with ``tolerance``, ``verdict``
+        (``tolerance``, ``within`` (``true``, ``false`` or ``null``: nothing could be checked), ``figure``, ``value``,
+        ``threshold``, ``reason``).
 
     Raises:
         ValueError: the result holds one attribution set per action (``target="each"``).
@@ -591,14 +584,14 @@ def each_report(
 ) -> dict[str, Any]:
     """The JSON report of a ``target="each"`` run, from the document of its (state, action) rows.
 
-    :func:`~lightning_ig.views.report.build_report` writes a row per pair (row ``s * A + a``); here the document
-    speaks of the held-out states again: ``num_states`` counts them, each ``completeness.per_state`` (and
-    ``degenerate_states``) row names its ``state_idx`` and its ``action``, ``non_finite_states`` lists the states
-    with a NaN/Inf pair. The features, the groups and the completeness figures stay those of every pair (the
-    callback's ``ig/mean_abs/...`` and verdict). The ``actions`` key holds, per action, as ``lightning-ig diag
-    --target each`` writes it: ``action``, ``name``, ``forward_target`` (``action:<k>``), ``greedy_states``,
-    ``units`` (``"features"`` or ``"groups"``: what the callback logs one by one), ``top_10_by_mean_abs`` (of those
-    units, for ``Q(s, a)``) and ``completeness`` (without per-state rows).
+    :func:`~lightning_ig.views.report.build_report` writes a row per pair (row ``s * A + a``); here the document speaks
+    of the held-out states again: ``num_states`` counts them, each ``completeness.per_state`` (and
+    ``degenerate_states``) row names its ``state_idx`` and its ``action``, ``non_finite_states`` lists the states with a
+    NaN/Inf pair. The features, the groups and the completeness figures stay those of every pair (the callback's
+    ``ig/mean_abs/...`` and verdict). The ``actions`` key holds, per action, as ``lightning-ig diag --target each``
+    writes it: ``action``, ``name``, ``forward_target`` (``action:<k>``), ``greedy_states``, ``units`` (``"features"``
+    or ``"groups"``: what the callback logs one by one), ``top_10_by_mean_abs`` (of those units, for ``Q(s, a)``) and
+    ``completeness`` (without per-state rows).
 
     Args:
         report: the document of the run's rows.
