@@ -349,13 +349,18 @@ def fit_once(case: str, kind: str, steps: int | None, seed: int) -> dict[str, An
 
 def run_child(case: str, kind: str, steps: int | None, seed: int) -> dict[str, Any]:
     """One fit in a fresh process (this script, or the prototype that imported it, as ``sys.argv[0]``)."""
-    command = [sys.executable, sys.argv[0], "--child", case, kind, "--seed", str(seed)]
+    return run_children(case, [kind], steps, seed)[0]
+
+
+def run_children(case: str, kinds: Sequence[str], steps: int | None, seed: int) -> list[dict[str, Any]]:
+    """A fit of each of ``kinds``, in this order, one after the other in one fresh process."""
+    command = [sys.executable, sys.argv[0], "--child", case, ",".join(kinds), "--seed", str(seed)]
     if steps is not None:
         command += ["--steps", str(steps)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"{case}/{kind} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{case}/{kinds} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"case"')]
 
 
 def spread(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -460,14 +465,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="gradient steps per fit (default: the example's)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every fit")
     parser.add_argument("--output", type=Path, default=None, help="also write the markdown and the records here")
-    parser.add_argument("--child", nargs=2, metavar=("CASE", "KIND"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="two blocks per process, in ABBA order within it: the process's own speed (it differs by a few percent "
+        "from one process to the next here) cancels in its pairs",
+    )
+    parser.add_argument("--child", nargs=2, metavar=("CASE", "KINDS"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child is not None:
-        print(json.dumps(fit_once(*options.child, options.steps, options.seed)), flush=True)
+        case, kinds = options.child
+        for kind in kinds.split(","):
+            print(json.dumps(fit_once(case, kind, options.steps, options.seed)), flush=True)
         return
     unknown = [kind for kind in options.kinds if kind not in KINDS]
-    if unknown or options.pairs < 1:
-        parser.error(f"--kinds must be among {sorted(KINDS)} and --pairs >= 1, got {unknown} and {options.pairs}")
+    if unknown or options.pairs < 1 or (options.in_process and "ours_inline" in options.kinds):
+        parser.error(
+            f"--kinds must be among {sorted(KINDS)} (ours_inline not --in-process) and --pairs >= 1, got "
+            f"{options.kinds} and {options.pairs}"
+        )
     started = time.perf_counter()
     records: list[dict[str, Any]] = []
     for case in options.cases:
@@ -475,12 +491,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             run_child(case, kind, 600 if case == "cartpole" else 1100, options.seed)
         for block in range(options.pairs):
             order = options.kinds if block % 2 == 0 else options.kinds[::-1]
-            for kind in order:
-                record = run_child(case, kind, options.steps, options.seed)
-                record["block"] = block
+            if options.in_process and block % 2:
+                continue  # made with the block before, in its process
+            if options.in_process:  # this block and the next, reversed, in one process
+                count = len(order) * (2 if block + 1 < options.pairs else 1)
+                made = run_children(case, [*order, *order[::-1]][:count], options.steps, options.seed)
+            else:
+                made = [run_child(case, kind, options.steps, options.seed) for kind in order]
+            for index, record in enumerate(made):
+                record.update(block=block + index // len(order), process=block)
                 records.append(record)
+                kind, fit_s, loop_s = record["kind"], record["fit_s"], record["loop_s"]
                 print(
-                    f"{case} block {block} {kind:>8}: fit {record['fit_s']:.2f} s, loop {record['loop_s']:.2f} s, "
+                    f"{case} block {record['block']} {kind:>8}: fit {fit_s:.2f} s, loop {loop_s:.2f} s, "
                     f"others {record['others_cores']:.2f} cores, hooks {record.get('hooks_s', 0):.2f} s",
                     flush=True,
                 )
