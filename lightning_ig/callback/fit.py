@@ -185,7 +185,7 @@ class IdleCore:
     def _fork(self) -> None:
         context = multiprocessing.get_context("fork")
         pipe, theirs = context.Pipe()
-        args = (theirs, pipe, self.replica, torch.get_num_threads())
+        args = (theirs, pipe, self.replica, torch.get_num_threads(), _current_cpu())
         process = context.Process(target=_serve, args=args, name="lightning-ig-run", daemon=True)
         try:
             with warnings.catch_warnings():  # "this process is multi-threaded, fork() may deadlock": see above
@@ -204,12 +204,16 @@ def _attribute(replica: Replica, states: Tensor, baselines: Any, pair: bool, beg
     return begin(pair_rows(result) if pair else result).result()
 
 
-def _serve(pipe: Any, training_end: Any, replica: Replica, threads: int) -> None:
+def _serve(pipe: Any, training_end: Any, replica: Replica, threads: int, training_cpu: int | None) -> None:
     """The worker process: runs until told to stop or the training process has gone."""
     training_end.close()  # the training process's end of the pipe: its exit is then this end's EOF
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the training process's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the training process's handlers (Lightning's)
     torch.set_num_threads(threads)
+    others = os.sched_getaffinity(0) - {training_cpu}
+    if others:  # off the core training ran on at the fork: waking there, it made the scheduler move training
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, others)
     while True:
         try:
             message = pickle.loads(pipe.recv_bytes())
@@ -292,6 +296,14 @@ def idle_core(
     if draws or mine.stochastic or not same:
         return None
     return IdleCore(replica)
+
+
+def _current_cpu() -> int | None:
+    """The CPU the calling thread runs on now (Linux's ``/proc/thread-self/stat``), or ``None``."""
+    try:
+        return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def physical_cores() -> int:
