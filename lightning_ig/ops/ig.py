@@ -1,14 +1,15 @@
 """The engine's kernels: the five operations of ``kernels/ig.cu``, each launcher beside its plain-torch twin.
 
-============  ==========================================================  ============================== operation
-              what it computes                                            layouts ============
-              ==========================================================  ============================== interpolate
-              ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)`` fd_probes
-              ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)`` fd_gradient
-              ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)`` accumulate
-              ``(x - b) * sum_k w_k g_k`` in step order; ``w (n,)`` or one  ``(T, B, F)`` per step and state
-              ``(T, n, B)``
-completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`) repeat differs
+============  ==========================================================  ==============================
+operation     what it computes                                            layouts
+============  ==========================================================  ==============================
+interpolate   ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)``
+fd_probes     ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)``
+fd_gradient   ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)``
+accumulate    ``(x - b) * sum_k w_k g_k`` in step order; ``w (n,)`` or one  ``(T, B, F)``
+              per step and state ``(T, n, B)``
+completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`)
+              repeat differs
 ============  ==========================================================  ==============================
 
 Each twin performs the kernel's operations in the kernel's order with the same rounding (the kernels use explicitly
