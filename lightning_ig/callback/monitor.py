@@ -121,7 +121,6 @@ class TrustMonitor:
         self._results: dict[str, Any] = {}  # each check's latest result
         self._steps: dict[str, int] = {}  # ... and its global step
         self._errors: dict[str, str] = {}  # checks that could not run (switched off for the fit)
-        self._weights: torch.nn.Module | None = None  # the run's, where the model has moved on (step)
 
     @classmethod
     def prepare(
@@ -183,7 +182,6 @@ class TrustMonitor:
         scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``); ``note``: what the
         budget changed at this run (a line of the text); ``weights``: a copy of the model that holds the weights the
         run attributed, where the model has trained on since (``None``: the model as it is)."""
-        self._weights = weights
         if self.rows_per_state > 1:  # "each": each state's action rows averaged (see prepare)
             host = dataclasses.replace(
                 host,
@@ -194,7 +192,7 @@ class TrustMonitor:
         spent = sum(self.seconds.values())
         scalars: dict[str, float] = {}
         for name in made:
-            result = self._timed(name, host) if name in self.names else None
+            result = self._timed(name, host, weights) if name in self.names else None
             if result is not None:
                 self._results[name], self._steps[name] = result, summary.step
                 scalars.update(result.scalars())
@@ -209,7 +207,7 @@ class TrustMonitor:
 
     # -- the checks
 
-    def _timed(self, name: str, host: HostResult) -> Any:
+    def _timed(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
         """Run one check, timed into :attr:`seconds`; a check that raises is warned about once and switched off."""
         started = time.perf_counter()
         try:
@@ -219,7 +217,7 @@ class TrustMonitor:
             if self._replica is None:
                 self._replica = Replica(self.model, self.settings)  # every check computes on it, never on the model
                 started = self._book("replica", started)
-            with self._replica.following(self._weights):  # the weights the run attributed
+            with self._replica.following(weights):  # the weights the run attributed
                 if name == "sanity" and self._reference is None:
                     self._replica.sync()  # the parameters of a layer without an initialisation are shuffled
                     self._reference = self._make_reference()

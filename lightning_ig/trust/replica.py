@@ -73,7 +73,7 @@ class Replica:
     def sync(self) -> None:
         """Copy the model's parameters and buffers (but noise samples) into the copy, in place (inside
         :meth:`following`, another copy's)."""
-        source = self._source or self.model
+        source = self.model if self._source is None else self._source  # a Module with __len__ 0 is falsy
         theirs: dict[str, Tensor] = dict(source.named_parameters())
         theirs.update(source.named_buffers())
         with torch.inference_mode(False), torch.no_grad():

@@ -61,9 +61,9 @@ def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, 
     seen = []
     timed = TrustMonitor._timed
 
-    def spy(self, name, host):
+    def spy(self, name, host, *rest):
         seen.append(host)
-        return timed(self, name, host)
+        return timed(self, name, host, *rest)
 
     monkeypatch.setattr(TrustMonitor, "_timed", spy)  # what each check reads
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
