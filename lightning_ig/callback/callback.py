@@ -403,7 +403,7 @@ class IntegratedGradientsCallback(Callback):
         transfer: HostTransfer | fit.ProcessTransfer
         weights = None
         if run.idle is not None and run.idle.alive and not final:  # its checks read the copy the worker was sent
-            transfer = run.idle.start(states, baselines, run.target.every_output, begin)
+            transfer = run.idle.start(states, baselines, run.target.every_output, begin, plan.checks)
             weights = run.idle.replica.module
         else:
             with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; warned once
@@ -463,8 +463,15 @@ class IntegratedGradientsCallback(Callback):
             if plan.checks or pending.final or not run.trust.carried:
                 before, made, checking = dict(run.trust.seconds), set(budget.last_checks), budget.clock()
                 with generators_kept(pending.trainer.lightning_module):
+                    beside = pending.transfer.checks if isinstance(pending.transfer, fit.ProcessTransfer) else None
                     summary, scalars = run.trust.step(
-                        host, summary, plan.checks, final=pending.final, note=note, weights=pending.weights
+                        host,
+                        summary,
+                        plan.checks,
+                        final=pending.final,
+                        note=note,
+                        weights=pending.weights,
+                        beside=beside,
                     )
                 checks = budget.clock() - checking
                 seconds = {key: value - before[key] for key, value in run.trust.seconds.items()}

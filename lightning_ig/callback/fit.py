@@ -36,7 +36,7 @@ from lightning_ig.attribution.result import IGResult, stochastic_warnings_silenc
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback import heldout, reports, setup
 from lightning_ig.callback.budget import Plan
-from lightning_ig.callback.monitor import TrustMonitor
+from lightning_ig.callback.monitor import Beside, TrustMonitor
 from lightning_ig.callback.options import Options
 from lightning_ig.callback.per_action import pair_rows
 from lightning_ig.callback.reports import ReportFolder
@@ -121,8 +121,10 @@ class IdleCore:
 
     The fit's working copy of the model (:class:`~lightning_ig.trust.replica.Replica`, eval mode, noise off) takes
     the model's weights at the run's step (an in-place copy); a worker process attributes its own copy, sent those
-    weights and the states, and sends back the reduced result while training goes on. The numbers land at a later
-    batch end, as a GPU run's do. Training never shares a tensor with the worker: its weights are bit-identical.
+    weights and the states, makes the run's trust checks on it (its copy of the fit's
+    :class:`~lightning_ig.callback.monitor.TrustMonitor`) and sends back the reduced result and the checks' while
+    training goes on. The numbers land at a later batch end, as a GPU run's do. Training never shares a tensor with
+    the worker: its weights are bit-identical.
 
     The worker is a fork of the training process at its first run (Linux only; a thread would hold the GIL between
     its torch calls, a spawned child would import the user's script again). It runs torch's CPU operations and this
@@ -134,21 +136,27 @@ class IdleCore:
 
     Attributes:
         replica: the copy the runs attribute.
+        monitor: the fit's trust checks (``None``: off).
         cpu: the worker process's CPU seconds so far.
     """
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
+    def __init__(self, replica: Replica, monitor: TrustMonitor | None = None) -> None:
+        self.replica, self.monitor = replica, monitor
         self.cpu = 0.0
         self._process: Any = None  # the worker process and the training end of its pipe
         self._pipe: Any = None
         self.alive = True  # until the process cannot start or has ended
 
     def start(
-        self, states: Tensor, baselines: Tensor | str | float, pair: bool, begin: Callable[[IGResult], HostTransfer]
+        self,
+        states: Tensor,
+        baselines: Tensor | str | float,
+        pair: bool,
+        begin: Callable[[IGResult], HostTransfer],
+        checks: tuple[str, ...] = (),
     ) -> ProcessTransfer:
-        """Take the model's weights now, then attribute ``states`` and reduce the result on the worker (``pair``:
-        ``target="each"``'s rows per (state, action))."""
+        """Take the model's weights now, then attribute ``states``, reduce the result and make the trust ``checks``
+        on the worker (``pair``: ``target="each"``'s rows per (state, action))."""
         self.replica.sync()
         job = (states, baselines, pair, begin)
         if self._process is None:
@@ -156,7 +164,8 @@ class IdleCore:
         try:
             if self._pipe is None:
                 raise OSError("the worker process did not start")
-            self._pipe.send_bytes(pickle.dumps((self.replica.followed(), *job), pickle.HIGHEST_PROTOCOL))
+            message = (self.replica.packed(), checks, *job)
+            self._pipe.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         except OSError:  # it never started, or has ended: the transfer makes the run on the training thread
             self.ended()
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job))
@@ -185,7 +194,7 @@ class IdleCore:
     def _fork(self) -> None:
         context = multiprocessing.get_context("fork")
         pipe, theirs = context.Pipe()
-        args = (theirs, pipe, self.replica, torch.get_num_threads(), _current_cpu())
+        args = (theirs, pipe, self.replica, self.monitor, torch.get_num_threads(), _current_cpu())
         process = context.Process(target=_serve, args=args, name="lightning-ig-run", daemon=True)
         try:
             with warnings.catch_warnings():  # "this process is multi-threaded, fork() may deadlock": see above
@@ -204,7 +213,9 @@ def _attribute(replica: Replica, states: Tensor, baselines: Any, pair: bool, beg
     return begin(pair_rows(result) if pair else result).result()
 
 
-def _serve(pipe: Any, training_end: Any, replica: Replica, threads: int, training_cpu: int | None) -> None:
+def _serve(
+    pipe: Any, training_end: Any, replica: Replica, monitor: TrustMonitor | None, threads: int, training_cpu: int | None
+) -> None:
     """The worker process: runs until told to stop or the training process has gone."""
     training_end.close()  # the training process's end of the pipe: its exit is then this end's EOF
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the training process's to handle
@@ -221,17 +232,22 @@ def _serve(pipe: Any, training_end: Any, replica: Replica, threads: int, trainin
             return
         if message is None:
             return
-        started = time.process_time()
+        started, (weights, checks, *job) = time.process_time(), message
+        checked: Beside | None = None
         try:
-            replica.load(message[0])
-            answer: HostResult | Exception = _attribute(replica, *message[1:])
+            replica.unpack(weights)
+            result = _attribute(replica, *job)
+            if checks and monitor is not None:
+                checked = monitor.check_beside(result, checks, replica.module)
+            answer: HostResult | Exception = result
         except Exception as error:  # noqa: BLE001 - the run's error is raised where its numbers are read
             answer = error
-        try:
-            reply = pickle.dumps((answer, time.process_time() - started), pickle.HIGHEST_PROTOCOL)
-        except Exception as error:  # noqa: BLE001 - an error that does not pickle is sent as its text
-            reply = pickle.dumps((RuntimeError(repr(error)), time.process_time() - started))
-        pipe.send_bytes(reply)
+        cpu = time.process_time() - started
+        # what does not pickle: the checks are made again on the training thread, an error is sent as its text
+        for reply in ((answer, checked, cpu), (answer, None, cpu), (RuntimeError(repr(answer)), None, cpu)):
+            with contextlib.suppress(Exception):
+                pipe.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
+                break
 
 
 class ProcessTransfer:
@@ -243,6 +259,7 @@ class ProcessTransfer:
         self.core, self.again = core, again
         self._pipe = pipe  # None: the process never started or has ended
         self._answer: HostResult | BaseException | None = None
+        self.checks: Beside | None = None  # the trust checks the worker made (None: none, or made again here)
 
     def ready(self) -> bool:
         """Whether the numbers (or the process's end) have come (never waits)."""
@@ -255,7 +272,7 @@ class ProcessTransfer:
         """The run's numbers; waits for them. Raises what the run raised."""
         if self._answer is None and self._pipe is not None:
             try:
-                self._answer, cpu = pickle.loads(self._pipe.recv_bytes())  # the numbers, or the run's error
+                self._answer, self.checks, cpu = pickle.loads(self._pipe.recv_bytes())  # or the run's error
                 self.core.cpu += cpu
             except (EOFError, OSError):  # the process has ended
                 self.core.ended()
@@ -267,7 +284,13 @@ class ProcessTransfer:
 
 
 def idle_core(
-    trainer: Any, pl_module: Any, engine: IntegratedGradients, forward: Any, states: Tensor, baselines: Any
+    trainer: Any,
+    pl_module: Any,
+    engine: IntegratedGradients,
+    forward: Any,
+    states: Tensor,
+    baselines: Any,
+    monitor: TrustMonitor | None = None,
 ) -> IdleCore | None:
     """The fit's :class:`IdleCore`, or ``None`` where the runs stay on the training thread: not Linux, a GPU, more
     than one process, a target that gathers riders (``"contrast"``), torch already using every core the process may
@@ -295,7 +318,7 @@ def idle_core(
     same = torch.equal(mine.attributions, theirs.attributions) and torch.equal(mine.f_input, theirs.f_input)
     if draws or mine.stochastic or not same:
         return None
-    return IdleCore(replica)
+    return IdleCore(replica, monitor)
 
 
 def _current_cpu() -> int | None:
@@ -474,7 +497,7 @@ def start(
         settings=settings,
         keep_attributions=(units.log_features and views.log_histograms) or features,
         sample_states=0 if picked is None or not len(picked) else (int(picked.max()) + 1) * rows,
-        idle=idle_core(trainer, pl_module, engine, options.forward, states, baselines),
+        idle=idle_core(trainer, pl_module, engine, options.forward, states, baselines, trust),
     )
 
 

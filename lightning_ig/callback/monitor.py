@@ -54,13 +54,16 @@ from lightning_ig.trust.stability import StabilityCheck, stability_check
 from lightning_ig.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.vocabulary import shown
 
-__all__ = ["CHECKS", "COPIES", "DRAWS", "SEED", "TrustMonitor", "quarter", "trust_scalar_tags"]
+__all__ = ["CHECKS", "COPIES", "DRAWS", "SEED", "Beside", "TrustMonitor", "quarter", "trust_scalar_tags"]
 
 CHECKS = ("sanity", "deletion", "stability")
 """The checks, in the order a run makes them when they fall due together."""
 COPIES = 4  # re-initialised copies in the sanity reference
 DRAWS = 2  # exploration-noise draws of the stability check
 SEED = 0  # the copies', the random deletion order's and the noise draws' seed: private generators
+
+Beside = tuple[dict[str, Any], dict[str, float]]
+"""The checks the runs' worker made at a run: ``({check: result or the error it raised}, {piece: seconds})``."""
 
 # The carried verdicts' words for the run's own accuracy (its numbers are in the report's completeness section).
 _CARRIED_ACCURACY = {
@@ -177,25 +180,31 @@ class TrustMonitor:
         final: bool = False,
         note: str | None,
         weights: torch.nn.Module | None = None,
+        beside: Beside | None = None,
     ) -> tuple[RunSummary, dict[str, float]]:
         """The checks ``made`` at this run, and the run's verdict: ``(summary with trust_checks set, scalars)``. The
         scalars are this run's: each check that ran, and the verdict (``<prefix>/trust/...``); ``note``: what the
         budget changed at this run (a line of the text); ``weights``: a copy of the model that holds the weights the
-        run attributed, where the model has trained on since (``None``: the model as it is)."""
-        if self.rows_per_state > 1:  # "each": each state's action rows averaged (see prepare)
-            host = dataclasses.replace(
-                host,
-                attributions=_state_means(host.attributions, self.rows_per_state),
-                group_attributions=_state_means(host.group_attributions, self.rows_per_state),
-            )
+        run attributed, where the model has trained on since (``None``: the model as it is); ``beside``: the checks
+        the runs' worker made (:meth:`check_beside`), taken as they are."""
+        host = self._state_means(host)
+        results, seconds = beside if beside is not None else ({}, {})
+        for piece, taken in seconds.items():
+            self.seconds[piece] += taken
         started = time.perf_counter()
         spent = sum(self.seconds.values())
         scalars: dict[str, float] = {}
         for name in made:
-            result = self._timed(name, host, weights) if name in self.names else None
-            if result is not None:
-                self._results[name], self._steps[name] = result, summary.step
-                scalars.update(result.scalars())
+            if name not in self.names:
+                continue
+            result = results[name] if name in results else self._attempt(name, host, weights)
+            if isinstance(result, Exception):  # a diagnostic must not stop training: said once, then off
+                self._switch_off(name, f"{name}: could not run ({type(result).__name__}: {shown(str(result), 160)})")
+                why = self._errors[name]
+                rank_zero_warn(f"IntegratedGradientsCallback: the {why}; it is off for the rest of the fit")
+                continue
+            self._results[name], self._steps[name] = result, summary.step
+            scalars.update(result.scalars())
         checks = sum(self.seconds.values()) - spent
         pending = self._pending(final)
         verdict = self._verdict(summary.completeness.accuracy, pending, note)
@@ -205,10 +214,34 @@ class TrustMonitor:
         self.seconds["verdict"] += time.perf_counter() - started - checks
         return dataclasses.replace(summary, trust_checks=verdict), self._tagged(scalars)
 
+    def check_beside(self, host: HostResult, made: tuple[str, ...], weights: torch.nn.Module) -> Beside:
+        """The checks ``made`` of a run attributed by the runs' worker, made there on its copy ``weights``: each
+        check's result or the error it raised, and the seconds each piece took (what :meth:`step` takes as
+        ``beside``). The worker's monitor is a copy of this one made when it started."""
+        host, before = self._state_means(host), dict(self.seconds)
+        results = {name: self._attempt(name, host, weights) for name in made}
+        return results, {piece: self.seconds[piece] - before[piece] for piece in self.seconds}
+
     # -- the checks
 
-    def _timed(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
-        """Run one check, timed into :attr:`seconds`; a check that raises is warned about once and switched off."""
+    def _state_means(self, host: HostResult) -> HostResult:
+        if self.rows_per_state == 1:
+            return host
+        return dataclasses.replace(  # "each": each state's action rows averaged (see prepare)
+            host,
+            attributions=_state_means(host.attributions, self.rows_per_state),
+            group_attributions=_state_means(host.group_attributions, self.rows_per_state),
+        )
+
+    def _attempt(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
+        """One check's result, or the error it raised."""
+        try:
+            return self._compute(name, host, weights)
+        except Exception as error:  # noqa: BLE001 - said and switched off by step
+            return error
+
+    def _compute(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
+        """One check, timed into :attr:`seconds`, on the working copy synced from ``weights``."""
         started = time.perf_counter()
         try:
             units = host.group_attributions if self.groups is not None else host.attributions
@@ -223,10 +256,6 @@ class TrustMonitor:
                     self._reference = self._make_reference()
                     started = self._book("reference", started)
                 return self._check(name, units)
-        except Exception as error:  # noqa: BLE001 - a diagnostic must not stop training: said once, then off
-            self._switch_off(name, f"{name}: could not run ({type(error).__name__}: {shown(str(error), 160)})")
-            rank_zero_warn(f"IntegratedGradientsCallback: the {self._errors[name]}; it is off for the rest of the fit")
-            return None
         finally:
             self.seconds[name] += time.perf_counter() - started
 
@@ -250,10 +279,10 @@ class TrustMonitor:
 
     def _check(self, name: str, units: Any) -> Any:
         if name == "sanity":
-            assert self._reference is not None  # noqa: S101 - made by _timed just before
+            assert self._reference is not None  # noqa: S101 - made by _compute just before
             return randomization_check(units, self._reference)
         if name == "deletion":
-            assert self._replica is not None  # noqa: S101 - made by _timed just before
+            assert self._replica is not None  # noqa: S101 - made by _compute just before
             if self._deletion is None:
                 self._deletion = DeletionPlan(self.states, self.baselines, self.groups, seed=SEED)
             self._replica.sync()

@@ -90,15 +90,22 @@ class Replica:
         finally:
             self._source = None
 
-    def followed(self) -> list[Tensor]:
-        """The copy's parameters and buffers that :meth:`sync` writes, in its order (what :meth:`load` reads)."""
-        return list(self._mine)
+    def packed(self) -> bytes:
+        """The copy's parameters and buffers that :meth:`sync` writes, their bytes in its order (what :meth:`unpack`
+        reads; one buffer pickles ~15x faster than the tensors do)."""
+        return b"".join(tensor.detach().reshape(-1).view(torch.uint8).numpy().tobytes() for tensor in self._mine)
 
-    def load(self, tensors: Sequence[Tensor]) -> None:
-        """Write ``tensors`` (another copy's :meth:`followed`, as synced there) into the copy, in place."""
+    def unpack(self, packed: bytes) -> None:
+        """Write another copy's :meth:`packed` (as synced there) into the copy, in place."""
+        data = torch.frombuffer(bytearray(packed), dtype=torch.uint8) if packed else torch.empty(0, dtype=torch.uint8)
+        offset = 0
         with torch.inference_mode(False), torch.no_grad():
-            for mine, theirs in zip(self._mine, tensors, strict=True):
-                mine.copy_(theirs)
+            for mine in self._mine:
+                size = mine.numel() * mine.element_size()
+                mine.copy_(data[offset : offset + size].view(mine.dtype).reshape(mine.shape))
+                offset += size
+        if offset != len(data):
+            raise ValueError(f"Replica.unpack: {len(data)} bytes for a copy of {offset}")
 
     def quiet(self) -> None:
         """Noise samples to zero: the NoisyLinear layers compute with their mean weights."""

@@ -16,6 +16,8 @@ from torch.utils.data import DataLoader
 
 from lightning_ig import IntegratedGradientsCallback
 from lightning_ig.callback import fit
+from lightning_ig.callback import monitor as monitor_module
+from lightning_ig.callback.monitor import TrustMonitor
 from lightning_ig.views import ViewOptions
 from tests.support.tiny import ConvQNet, TinyQNet, dataset, frames, held_out_states, make_trainer
 
@@ -98,8 +100,21 @@ def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path,
     model = TinyQNet(batchnorm=False, dropout=0.0)
     twin = TinyQNet(batchnorm=False, dropout=0.0)
     twin.load_state_dict(model.state_dict())
+    made_beside: list[tuple[str, ...]] = []  # the checks of each checked run that the worker made
+    step = TrustMonitor.step
+
+    def spy(self, host, summary, made, **keywords):
+        if keywords.get("beside") is not None:
+            results, _ = keywords["beside"]
+            assert not any(isinstance(result, Exception) for result in results.values()), results
+            made_beside.append(tuple(results))
+        return step(self, host, summary, made, **keywords)
+
+    monkeypatch.setattr(TrustMonitor, "step", spy)
     beside = _fit_runs(tmp_path / "beside", model, overhead=overhead)
     assert beside._fit is not None and beside._fit.idle is not None, "a spare core and the runs stayed on training's"
+    # the checks of the two checked runs beside training were made by the worker (the final run's on the thread)
+    assert made_beside == ([] if overhead is None else [("sanity", "deletion", "stability")] * 2)
     assert beside._fit.idle.cpu > 0.0  # the worker process attributed
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
     inline = _fit_runs(tmp_path / "inline", twin, overhead=overhead)
@@ -166,6 +181,24 @@ def test_a_run_that_fails_beside_training_stops_the_fit_with_its_error(tmp_path,
         trainer.fit(model, DataLoader(dataset(), batch_size=16))
     assert callback._fit is not None and callback._fit.idle is not None  # it failed on the worker
     assert len(model.steps) <= 6  # raised at a batch end after the first run (step 3), by step 6's run at the latest
+
+
+@needs_a_spare_core
+def test_a_check_that_fails_on_the_worker_is_said_once_and_switched_off(tmp_path, one_thread, monkeypatch):
+    def broken(*args: object, **keywords: object) -> object:
+        if os.getpid() == _TRAINING_PROCESS:
+            pytest.fail("the stability check was made on the training process")
+        raise RuntimeError("the noise draws broke")
+
+    monkeypatch.setattr(monitor_module, "stability_check", broken)  # the forked worker inherits it
+    with pytest.warns(UserWarning, match=r"stability: could not run \(RuntimeError: .the noise draws broke") as seen:
+        callback = _fit_runs(tmp_path, TinyQNet(batchnorm=False, dropout=0.0), overhead=1.0)
+    assert sum("the noise draws broke" in str(warning.message) for warning in seen) == 1
+    assert callback._fit is not None and callback._fit.idle is not None and callback._fit.trust is not None
+    assert callback._fit.trust.names == ["sanity", "deletion"]  # the others go on
+    verdict = callback._last.trust_checks if callback._last is not None else None
+    assert verdict is not None and verdict.randomization is not None and verdict.deletion is not None
+    assert verdict.status == "failed" and any("stability: could not run" in reason for reason in verdict.reasons)
 
 
 class _KillsTheWorker(Callback):
