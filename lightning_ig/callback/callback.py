@@ -43,6 +43,17 @@ __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
 
 
 _MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
+# Hooks Lightning calls at every step (or batch) that this callback leaves as Callback's no-ops: each call costs a
+# profiler context and a formatted name, ~2.5 us, 0.5% of a CartPole step for the five training ones together
+_STEP_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+)
 
 
 def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -186,6 +197,11 @@ class IntegratedGradientsCallback(Callback):
         # Lightning's documented form of a state key: the class's qualified name and the repr of what identifies it;
         # made once (the options never change): Lightning reads it at every hook call of every step
         self._state_key = f"{type(self).__qualname__}{self.options.identity()!r}"
+        # The trainer calls a callback's hook only where it is callable: None on the instance skips the no-ops (a
+        # subclass's own hook is kept)
+        for hook in _STEP_HOOKS:
+            if getattr(type(self), hook) is getattr(Callback, hook):
+                object.__setattr__(self, hook, None)
 
     __getattr__ = option_attribute  # callback.every_n_steps and the other options: self.options' (as checked)
 

@@ -333,6 +333,23 @@ def test_state_keys_let_two_callbacks_coexist():
     assert a.state_key == f"IntegratedGradientsCallback{a.options.identity()!r}"  # Lightning's documented form
 
 
+class _CountsBatchStarts(IntegratedGradientsCallback):
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._starts = getattr(self, "_starts", 0) + 1
+
+
+def test_the_step_hooks_left_as_no_ops_are_not_callable_and_a_subclass_keeps_its_own(tmp_path):
+    # the trainer calls a callback's hook only where it is callable: the no-ops cost nothing at each step
+    plain = IntegratedGradientsCallback(held_out_states(), every_n_steps=4, overhead=None)
+    counting = _CountsBatchStarts(held_out_states(), every_n_steps=4, overhead=None, name="counting")
+    for hook in ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step"):
+        assert not callable(getattr(plain, hook)), hook
+    assert callable(plain.on_train_batch_end) and callable(counting.on_train_batch_start)
+    make_trainer(tmp_path, [plain, counting], max_steps=6).fit(TinyQNet(), DataLoader(dataset(), batch_size=16))
+    assert counting._starts == 6  # the subclass's own hook, at every step
+    assert len(plain.history) == len(counting.history) == 2  # steps 4 and the end
+
+
 def test_no_logger_still_writes_reports_and_says_so(tmp_path, caplog):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=4, engine=IGOptions(n_steps=4))
     trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=False)
