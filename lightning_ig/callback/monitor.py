@@ -12,8 +12,9 @@ run's accuracy into the run's :class:`~lightning_ig.trust.verdict.TrustSummary`:
 
 **Where they compute.** On the model's working copy (:class:`~lightning_ig.trust.replica.Replica`, made by
 the first check and synced before each use with the weights the run attributed: the model's, or for a run made
-beside training the copy that was sent, :meth:`~lightning_ig.trust.replica.Replica.following`), never on the
-model: its IG replays a CUDA graph on a GPU, the deletion check keeps its fixed rows
+beside training the worker's copy: the worker makes them there (:meth:`TrustMonitor.check_beside`), or, where it
+ended first, the training thread on the copy that was sent, :meth:`~lightning_ig.trust.replica.Replica.following`),
+never on the model: its IG replays a CUDA graph on a GPU, the deletion check keeps its fixed rows
 (:class:`~lightning_ig.trust.faithfulness.DeletionPlan`), the sanity reference is made once.
 
 **Ranks.** The checks run on global rank zero alone, on the gathered result of all held-out states (which every
