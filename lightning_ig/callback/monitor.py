@@ -235,14 +235,8 @@ class TrustMonitor:
         )
 
     def _attempt(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
-        """One check's result, or the error it raised."""
-        try:
-            return self._compute(name, host, weights)
-        except Exception as error:  # noqa: BLE001 - said and switched off by step
-            return error
-
-    def _compute(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
-        """One check, timed into :attr:`seconds`, on the working copy synced from ``weights``."""
+        """One check, timed into :attr:`seconds`, on the working copy synced from ``weights``: its result, or the
+        error it raised."""
         started = time.perf_counter()
         try:
             units = host.group_attributions if self.groups is not None else host.attributions
@@ -257,6 +251,8 @@ class TrustMonitor:
                     self._reference = self._make_reference()
                     started = self._book("reference", started)
                 return self._check(name, units)
+        except Exception as error:  # noqa: BLE001 - said and switched off by step
+            return error
         finally:
             self.seconds[name] += time.perf_counter() - started
 
@@ -280,10 +276,10 @@ class TrustMonitor:
 
     def _check(self, name: str, units: Any) -> Any:
         if name == "sanity":
-            assert self._reference is not None  # noqa: S101 - made by _compute just before
+            assert self._reference is not None  # noqa: S101 - made by _attempt just before
             return randomization_check(units, self._reference)
         if name == "deletion":
-            assert self._replica is not None  # noqa: S101 - made by _compute just before
+            assert self._replica is not None  # noqa: S101 - made by _attempt just before
             if self._deletion is None:
                 self._deletion = DeletionPlan(self.states, self.baselines, self.groups, seed=SEED)
             self._replica.sync()
