@@ -188,8 +188,9 @@ class TrustMonitor:
         budget changed at this run (a line of the text); ``weights``: a copy of the model that holds the weights the
         run attributed, where the model has trained on since (``None``: the model as it is); ``beside``: the checks
         the runs' worker made (:meth:`check_beside`), taken as they are."""
-        host = self._state_means(host)
         results, seconds = beside if beside is not None else ({}, {})
+        if any(name in self.names and name not in results for name in made):  # the worker's came averaged already
+            host = self._state_means(host)
         for piece, taken in seconds.items():
             self.seconds[piece] += taken
         started = time.perf_counter()

@@ -59,11 +59,11 @@ def test_a_result_of_another_target_is_refused():
 
 def test_the_trust_checks_of_each_attribute_the_mean_over_the_actions(tmp_path, monkeypatch):
     seen = []
-    timed = TrustMonitor._attempt
+    attempt = TrustMonitor._attempt
 
     def spy(self, name, host, *rest):
         seen.append(host)
-        return timed(self, name, host, *rest)
+        return attempt(self, name, host, *rest)
 
     monkeypatch.setattr(TrustMonitor, "_attempt", spy)  # what each check reads
     model, states = TinyQNet(lr=0.0, batchnorm=False), held_out_states()
