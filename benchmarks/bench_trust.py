@@ -1,7 +1,7 @@
 """How far the engine's attributions and its trust figures are from the truth, and what the default costs.
 
     PYTHONPATH=. python benchmarks/bench_trust.py [--quick] [--device cpu|cuda] [--runs DIR] [--threads N]
-        [--references DIR] [--output FILE]
+        [--references DIR] [--output FILE] [--only PREFIX]
 
 The agents in ``--runs`` come from ``PYTHONPATH=. python benchmarks/trust_runs.py --runs DIR`` (the examples,
 trained one after the other, and the distilled Nature-CNN; about 20 MB).
@@ -389,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--references", type=Path, default=None, help="cache the references in this folder")
     parser.add_argument("--output", type=Path, default=None, help="also write the tables to this file")
+    parser.add_argument("--only", default="", help="only the families whose names start with this (e.g. cartpole)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.threads is not None:
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.runs.is_dir():
         parser.error(f"--runs {str(args.runs)!r} is not a folder: give the folder the example agents were trained into")
     started = time.perf_counter()
-    found = families(args.runs, args.quick)
+    found = [family for family in families(args.runs, args.quick) if family.name.startswith(args.only)]
     if not found:
         parser.error(
             f"no agents under --runs {str(args.runs)!r} (CartPole-v1__dqn_cartpole__S__*/q_network.safetensors)"
