@@ -349,7 +349,8 @@ def main() -> None:
         "",
         (
             f"{options.runs} callback runs per case (run 0 left out: compilation, first figures), default options "
-            "but overhead=None (a run at every step), 50 steps; the pictures every 10 runs, spread over it: the verdict card at runs 10, 20, ... (and at a run "
+            "but overhead=None (a run at every step), 50 steps; the pictures every 10 runs, spread over it: the "
+            "verdict card at runs 10, 20, ... (and at a run "
             "whose verdict failed or changed), the shares over training at 3, 13, ..., the saliency grid at 6, 16, ... "
             "(flat states: the shares at 5, 15, ...). "
             '"- its own IG": the run\'s wall time less its own `ig/time_ms` (IG, gather, host copy). '
