@@ -20,7 +20,7 @@ from lightning_ig.attribution.targets import Target, TargetLike
 from lightning_ig.ops.ig import IGOps
 from lightning_ig.vocabulary import BackendName
 
-__all__ = ["attribute_eager", "deterministic_cudnn", "integrated_gradients"]
+__all__ = ["attribute_eager", "deterministic_float32", "integrated_gradients"]
 
 
 def integrated_gradients(
@@ -123,32 +123,32 @@ def integrated_gradients(
         cuda_graph=False,
     )
     checked = Target.parse(target)
-    with torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():
+    with torch.inference_mode(False), torch.enable_grad(), deterministic_float32():
         return attribute_eager(forward, inputs, baselines, options, checked)
 
 
 @contextlib.contextmanager
-def deterministic_cudnn() -> Iterator[None]:
-    """cuDNN held to its deterministic algorithms for the block, then as it was.
-
-    cuDNN's own choice for a convolution's backward may sum with atomics: two calls on the same inputs then differ in
-    their last bits, from call to call and from replay to replay (``docs/gpu-validation.md``). A CUDA graph captured
-    inside the block keeps the deterministic algorithms.
+def deterministic_float32() -> Iterator[None]:
+    """cuDNN's deterministic algorithms and full float32 (no TF32) for the block, then as they were: cuDNN's own pick
+    for a convolution's backward may sum with atomics (calls differ in their last bits), and its TF32, on by default
+    (matmuls' where the user asked), is noise the float32 error estimate reads as kinks. A capture inside keeps both.
     """
     cudnn = torch.backends.cudnn
-    previous = cudnn.deterministic
-    cudnn.deterministic = True
+    previous = cudnn.deterministic, cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    cudnn.deterministic, cudnn.allow_tf32 = True, False
+    torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        cudnn.deterministic = previous
+        cudnn.deterministic, cudnn.allow_tf32 = previous[:2]
+        torch.set_float32_matmul_precision(previous[2])
 
 
 def attribute_eager(
     forward: Callable[[Tensor], Tensor], inputs: Tensor, baselines: Baselines, settings: IGOptions, target: Target
 ) -> IGResult:
     """One eager attribution with checked ``settings`` and ``target`` (the work of :func:`integrated_gradients`;
-    the caller holds gradients on and cuDNN deterministic: :func:`deterministic_cudnn`)."""
+    the caller holds gradients on and float32 exact: :func:`deterministic_float32`)."""
     prepared = prepare(forward, inputs, baselines, settings, target)
     settings = resolve_budget(forward, prepared, settings)  # n_steps="budget": a number from the work's size
     x = prepared.x

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.budget import resolve_budget
 from lightning_ig.attribution.checks import check_finite
-from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
+from lightning_ig.attribution.eager import attribute_eager, deterministic_float32
 from lightning_ig.attribution.graphs import Captured, GraphCapture, capture_attribution
 from lightning_ig.attribution.inputs import Baselines, Prepared, check_forward, prepare
 from lightning_ig.attribution.result import IGResult, build_result
@@ -117,7 +117,7 @@ class IntegratedGradients:
         given = dict(overrides)
         target = Target.parse(given.pop("target")) if "target" in given else self._target
         settings = options_with(self._options, given)
-        with torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():  # a capture keeps the algorithms
+        with torch.inference_mode(False), torch.enable_grad(), deterministic_float32():  # a capture keeps the math
             if not self._graph_wanted(settings, inputs):
                 self.last_mode = "eager"
                 return attribute_eager(self.forward, inputs, baselines, settings, target)

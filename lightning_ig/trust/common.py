@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig.attribution import IGOptions, target_forward
-from lightning_ig.attribution.eager import attribute_eager, deterministic_cudnn
+from lightning_ig.attribution.eager import attribute_eager, deterministic_float32
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
@@ -106,7 +106,7 @@ class AttributionSettings:
     def attribute(self, model: nn.Module, states: Tensor, baselines: Tensor) -> Tensor:
         """IG of ``model`` as it is (put it in the mode to attribute first): ``(B, *feature_shape)`` attributions."""
         # a noisy copy is deterministic between its draws: no warning
-        with stochastic_warnings_silenced(), torch.inference_mode(False), torch.enable_grad(), deterministic_cudnn():
+        with stochastic_warnings_silenced(), torch.inference_mode(False), torch.enable_grad(), deterministic_float32():
             result = attribute_eager(self.call(model), states, baselines, self.options, self.target)
         return result.attributions
 

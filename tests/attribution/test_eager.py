@@ -474,35 +474,43 @@ def test_target_forward_rejects_what_it_cannot_express() -> None:
 
 @pytest.mark.parametrize("entry", ["integrated_gradients", "IntegratedGradients"])
 @pytest.mark.parametrize("before", [False, True])
-def test_cudnn_is_held_to_deterministic_algorithms_during_a_call_and_put_back(entry: str, before: bool) -> None:
-    # cuDNN's own pick for a convolution's backward can sum with atomics (calls then differ in their last bits)
-    seen: list[bool] = []
+def test_cuda_math_is_held_deterministic_and_float32_during_a_call_and_put_back(entry: str, before: bool) -> None:
+    # cuDNN's own pick for a convolution's backward can sum with atomics (calls then differ in their last bits), and
+    # TF32 (cuDNN's default for convolutions; matmuls where asked for) is noise the float32 estimate reads as kinks
+    seen: list[tuple[bool, bool, str]] = []
     torch.manual_seed(5)
     model = DuelingMLP(6, 3)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        seen.append(torch.backends.cudnn.deterministic)
+        cudnn = torch.backends.cudnn
+        seen.append((cudnn.deterministic, cudnn.allow_tf32, torch.get_float32_matmul_precision()))
         return model(x)
 
+    def flags() -> tuple[bool, bool, str]:
+        return torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+
     states = torch.randn(4, 6, generator=torch.Generator().manual_seed(6))
-    previous = torch.backends.cudnn.deterministic
-    torch.backends.cudnn.deterministic = before
+    previous = flags()
+    given = (before, not before, "high" if before else "medium")  # as a user might have set them
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32 = given[:2]
+    torch.set_float32_matmul_precision(given[2])
     try:
         if entry == "integrated_gradients":
             integrated_gradients(forward, states, target="mean", n_steps=8)
         else:
             IntegratedGradients(forward, target="mean", n_steps=8).attribute(states)
-        assert seen and all(seen)
-        assert torch.backends.cudnn.deterministic is before
+        assert seen and all(held == (True, False, "highest") for held in seen)
+        assert flags() == given
 
         def failing(x: torch.Tensor) -> torch.Tensor:
             raise RuntimeError("the forward failed")
 
         with pytest.raises(RuntimeError, match="the forward failed"):
             integrated_gradients(failing, states, target="mean", n_steps=8)
-        assert torch.backends.cudnn.deterministic is before
+        assert flags() == given
     finally:
-        torch.backends.cudnn.deterministic = previous
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32 = previous[:2]
+        torch.set_float32_matmul_precision(previous[2])
 
 
 def _forward(z: torch.Tensor) -> torch.Tensor:
