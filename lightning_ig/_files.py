@@ -296,11 +296,10 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
 class OutputPlan:
     """Every file one command will write, checked together before any work.
 
-    Each file is checked as :func:`check_output_file` checks one, against every input, and
-    against every file and folder planned before it: two outputs that are the same file (by
-    their path, a symbolic link or a hard link) or a file where a planned folder goes are
-    refused, naming both. Nothing is changed on disk until :meth:`make_folders`, which the
-    caller runs once the whole plan is in.
+    Each file is checked as :func:`check_output_file` checks one, against every input, and against every file and folder
+    planned before it: two outputs that are the same file (by their path, a symbolic link or a hard link) or a file
+    where a planned folder goes are refused, naming both. Nothing is changed on disk until :meth:`make_folders`, which
+    the caller runs once the whole plan is in.
 
     Args:
         inputs: the files the command reads (``None`` entries are skipped).

@@ -1,20 +1,16 @@
 """The words every part of lightning-ig shares, and the argument checks written once; no torch.
 
-The engine, the callback, the report and the command line all speak of the
-same things: a backend, a quadrature method, a number of steps, held-out
-states, feature names. Their names and their checks live here, so a user
-sees one spelling and one message for one mistake wherever it is made. Each
-layer calls these at its own boundary; so does the command line's parser,
-which is why this module imports neither torch nor anything that does
-(``lightning-ig --help`` answers without loading it). The checks on tensors
-and torch objects are :mod:`lightning_ig.attribution.checks`; the label of
+The engine, the callback, the report and the command line all speak of the same things: a backend, a quadrature method,
+a number of steps, held-out states, feature names. Their names and their checks live here, so a user sees one spelling
+and one message for one mistake wherever it is made. Each layer calls these at its own boundary; so does the command
+line's parser, which is why this module imports neither torch nor anything that does (``lightning-ig --help`` answers
+without loading it). The checks on tensors and torch objects are :mod:`lightning_ig.attribution.checks`; the label of
 what was attributed is :attr:`lightning_ig.attribution.targets.Target.label`.
 
-The completeness error is a *fraction* wherever a user reads it: the JSON
-report, the TensorBoard scalars, ``completeness_tol`` / ``--completeness-tol``
-(0.01), the callback's text, ``diag``'s and ``show``'s lines and the examples'
-output all write ``relative error 3.76e-03`` (:func:`relative_error_text`), never
-a percentage, so that two numbers that look alike are alike.
+The completeness error is a *fraction* wherever a user reads it: the JSON report, the TensorBoard scalars,
+``completeness_tol`` / ``--completeness-tol`` (0.01), the callback's text, ``diag``'s and ``show``'s lines and the
+examples' output all write ``relative error 3.76e-03`` (:func:`relative_error_text`), never a percentage, so that two
+numbers that look alike are alike.
 
 Errors say what was wrong, the value seen, and what to do:
 ``TypeError`` for a value of the wrong kind, ``ValueError`` for a bad value.

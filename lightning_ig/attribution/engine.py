@@ -38,11 +38,10 @@ class IntegratedGradients:
     are seen by the next replay; replacing a parameter tensor object is not: call :meth:`clear` after that. Finite
     differences, ``n_steps="auto"``, CPU tensors and forwards that cannot be captured (host syncs, data-dependent
     shapes) run eagerly; a failed capture falls back to eager with one warning per key. The forward must be
-    deterministic and free of side effects for a replay to mean the same as a
-    call: the run before a capture checks it (:attr:`IGResult.stochastic`). The one side effect the engine undoes is
-    batch-norm's in train mode: the running statistics its forwards move are put back after every call (inside the
-    captured graph, so a replay puts them back too), and the result is still flagged stochastic (its values depend on
-    the batch).
+    deterministic and free of side effects for a replay to mean the same as a call: the run before a capture checks it
+    (:attr:`IGResult.stochastic`). The one side effect the engine undoes is batch-norm's in train mode: the running
+    statistics its forwards move are put back after every call (inside the captured graph, so a replay puts them back
+    too), and the result is still flagged stochastic (its values depend on the batch).
 
     The NaN/Inf check of the inputs (``check_finite``) is a host sync at every call; a caller that attributes the same
     checked states again and again (the callback) passes ``check_finite=False``.

@@ -33,7 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACCURACY_ROWS", "ROUGHNESS", "accuracy_rows", "error_estimate", "kinked_share", "slopes_and_roughness"]
+__all__ = [
+    "ACCURACY_ROWS",
+    "NOISE",
+    "ROUGHNESS",
+    "accuracy_rows",
+    "error_estimate",
+    "kinked_share",
+    "slopes_and_roughness",
+]
 
 ACCURACY_ROWS = ("attribution_error", "mass_relative_error", "attribution_mass")
 """The rows of :func:`accuracy_rows` ``(3, T, B)``."""
@@ -41,6 +49,10 @@ ACCURACY_ROWS = ("attribution_error", "mass_relative_error", "attribution_mass")
 ROUGHNESS = (0.6, 0.9)
 """The roughness below which a state is read as smooth (curvature only) and above which as kinked (the kink model
 in full); linear in between. Every tanh/SiLU and every ReLU state measured falls outside it (``docs/trust.md``)."""
+
+NOISE = 4.0
+"""Float rounding, in the forward's eps: what a second difference of the path terms (measured 1-3 eps sum|u| on
+near-constant paths) and a completeness sum's ``F(x) - F(b)`` may carry without meaning anything."""
 
 # At most this many elements in a temporary the size of a block of gradients: the estimate streams over the nodes
 # in blocks, so its memory stays bounded whatever n_steps (one block in the common case).
@@ -59,6 +71,7 @@ def error_estimate(
     f_input: Tensor,
     f_baseline: Tensor,
     attributions: Tensor,
+    eps: float,
 ) -> Tensor:
     """The unnormalised estimate of the rule's L1 error (the module docstring), per target and state ``(T, B)``.
 
@@ -71,13 +84,14 @@ def error_estimate(
         f_input: ``(T, B)`` ``F(x)``.
         f_baseline: ``(T, B)`` ``F(b)``.
         attributions: ``(T, B, F)`` what the accumulation gave (its rounding is part of the error).
+        eps: the forward's rounding unit (:func:`slopes_and_roughness`).
 
     Returns:
         ``(T, B)`` in the accumulation dtype: divide by ``||a||_1`` for the relative estimate (:func:`accuracy_rows`).
     """
     n, dtype = grads.shape[1], grads.dtype
     rule = _rule_parts(alphas, weights)
-    slopes, roughness = slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
+    slopes, roughness = slopes_and_roughness(grads, diff, eps)  # (T, n, B), (T, B)
     f_input, f_baseline = f_input.to(dtype), f_baseline.to(dtype)
     ends = (values[:, 0] - f_baseline - slopes[:, 0] * rule.first).abs()  # [0, c_0]: the rule uses g_0 on it
     ends = ends + (f_input - values[:, -1] - slopes[:, -1] * rule.last).abs()  # [c_{n-1}, 1]: g_{n-1} on it
@@ -110,10 +124,9 @@ class _RuleParts(NamedTuple):
 
 
 def _rule_parts(alphas: Tensor, weights: Tensor) -> _RuleParts:
-    """:class:`_RuleParts` of a rule, remembered per rule tensor (the path's rule tensors are cached objects): about
-    40 small kernels once, instead of at every call and in every captured graph. Not remembered while a CUDA graph
-    is being captured (a tensor made then lives in the graph's memory pool); the eager run before a capture fills
-    it."""
+    """:class:`_RuleParts` of a rule, remembered per rule tensor (the path's rule tensors are cached objects): about 40
+    small kernels once, instead of at every call and in every captured graph. Not remembered while a CUDA graph is being
+    captured (a tensor made then lives in the graph's memory pool); the eager run before a capture fills it."""
     key = (id(alphas), id(weights))
     known = _RULES.get(key)
     if known is not None and known[0]() is alphas and known[1]() is weights:
@@ -177,8 +190,8 @@ def _smooth_stencil(alphas: Tensor, weights: Tensor) -> Tensor:
     m1, m2 = (above**2 - below**2) / 2, (above**3 - below**3) / 3  # the cell's moments about its node
     pairs = ((x1, x2, x0 - x1, x0 - x2), (x0, x2, x1 - x0, x1 - x2), (x0, x1, x2 - x0, x2 - x1))
     # Lagrange basis i: its derivative at the node and its (constant) second derivative
-    parts = [
-        -(((centre - a) + (centre - b)) * m1 + m2) / (da * db)  # -(L_i'(c) m1 + L_i'' m2 / 2), L_i'' = 2 / (da db)
+    parts = [  # -(L_i'(c) m1 + L_i'' m2 / 2), L_i'' = 2 / (da db); nodes the dtype merged (n ~ 1e4) give no term
+        -(((centre - a) + (centre - b)) * m1 + m2) / torch.where(da * db == 0, torch.inf, da * db)
         for a, b, da, db in pairs
     ]
     stencil = torch.zeros_like(alphas)
@@ -196,13 +209,15 @@ def _block_size(grads: Tensor, copies: int = 1) -> int:
     return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, copies * grads[:, :1].numel())))
 
 
-def slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
+def slopes_and_roughness(grads: Tensor, diff: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """``(T, n, B)`` the slopes ``sum_i (x - b)_i g_k,i`` and ``(T, B)`` the roughness, in blocks of nodes.
 
     The roughness ``sum_k ||u_{k+1} - 2 u_k + u_{k-1}||_1 / sum_k ||u_{k+1} - u_k||_1`` (about 2 for sparse kinks,
     ``h |t''| / |t'|`` for a smooth integrand) is measured on the path terms summed in :data:`_GROUPS` groups of
     features ``u_k`` (feature ``i`` in group ``i mod 8``): a kink in any feature shows in its group, at one pass
-    over the gradients instead of the four that every feature's differences would take.
+    over the gradients instead of the four that every feature's differences would take. Second differences within
+    :data:`NOISE` ``eps sum_k ||u_k||_1`` of zero are the gradients' rounding (``eps``: the forward's): a path nearly
+    constant (states close to the baseline) reads smooth, not kinked.
     """
     n, features = grads.shape[1], grads.shape[-1]
     groups = min(features, _GROUPS)
@@ -217,7 +232,7 @@ def slopes_and_roughness(grads: Tensor, diff: Tensor) -> tuple[Tensor, Tensor]:
     sums = grouped[0] if len(grouped) == 1 else torch.cat(grouped, 1)  # (T, n, B, groups)
     step = sums[:, 1:] - sums[:, :-1]
     first = step.abs().sum((1, -1))
-    second = (step[:, 1:] - step[:, :-1]).abs().sum((1, -1))
+    second = ((step[:, 1:] - step[:, :-1]).abs().sum((1, -1)) - NOISE * eps * sums.abs().sum((1, -1))).clamp_min(0)
     # no change at all (one linear piece, or one node): smooth, and both models read zero there
     roughness = torch.where(first > 0, second / first.clamp_min(torch.finfo(first.dtype).tiny), 0.0)
     return sums.sum(-1), roughness
@@ -249,23 +264,26 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
     return torch.cat([(total.to(f64) * diff64).abs().sum(-1), rounding])
 
 
-def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor) -> Tensor:
+def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor, eps: float) -> Tensor:
     """``(3, T, B)``: the relative estimate, the mass-relative completeness error, ``||a||_1``.
 
     ``mass_relative_error = |sum(a) - dF| / max(sum|a|, |dF|)``: well conditioned where ``dF`` is tiny next to
     the attribution mass (a random-init network: the ratio ``|delta| / |dF|`` then reads 60-100% for maps within
     1% of the truth), and still failing when the sum is wrong (a map that is all noise scores about 1). It is
-    ``|sum e| / mass``, a lower bound of the per-feature error: it can fail a map, never vouch for one.
+    ``|sum e| / mass``, a lower bound of the per-feature error: it can fail a map, never vouch for one. ``|delta|``
+    counts beyond the values' rounding, :data:`NOISE` ``eps (|F(x)| + |F(b)|)`` (a bound kept for states whose
+    attribution mass is that small: those close to the baseline).
 
     Args:
         attributions: ``(T, B, F)``.
         stats: ``(7, T, B)`` the completeness statistics (``f_input``, ``f_baseline``, ``delta`` first).
         numerator: ``(T, B)`` from :func:`error_estimate`.
+        eps: the forward's rounding unit.
     """
     dtype = numerator.dtype
     mass = attributions.to(dtype).abs().sum(-1)  # (T, B)
     change = (stats[0] - stats[1]).to(dtype).abs()
-    delta = stats[2].to(dtype).abs()
+    delta = (stats[2].to(dtype).abs() - NOISE * eps * (stats[0].abs() + stats[1].abs()).to(dtype)).clamp_min(0)
     scale = torch.maximum(mass, change)
     tiny = torch.finfo(dtype).tiny
     mass_relative = torch.where(scale > 0, delta / scale.clamp_min(tiny), delta * 0)  # 0/0 -> 0, NaN stays NaN

@@ -193,7 +193,7 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
 
     Raises:
         TypeError: ``forward``'s module holds floating parameters of another dtype than ``rows``.
-        ValueError: ``forward``'s module holds parameters on another device than ``rows``.
+        ValueError: ``forward``'s module holds parameters on another device than ``rows``, or on the meta device.
     """
     module = module_of(forward)
     if module is None:
@@ -201,6 +201,11 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
     if parameter is None:
         return
+    if parameter.is_meta:  # model.to('cpu') cannot give it values, nor inputs.to('meta') a result
+        raise ValueError(
+            "the model's parameters are on the meta device (shapes without values): load its weights first "
+            "(model.to_empty(device='cpu'), then model.load_state_dict(...))"
+        ) from error
     if parameter.device != rows.device:
         raise ValueError(
             f"inputs are on {rows.device} but the model's parameters are on {parameter.device}; move one to the "

@@ -60,10 +60,11 @@ _SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 
 _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_1
 _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
 _WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
+_ValuesAt = Callable[[Tensor], Tensor]
 
 
 def kink_rule(
-    grads: Tensor, values: Tensor, ends: Tensor, diff: Tensor, alphas: Tensor, values_at: Callable[[Tensor], Tensor]
+    grads: Tensor, values: Tensor, ends: Tensor, diff: Tensor, alphas: Tensor, values_at: _ValuesAt, eps: float
 ) -> tuple[Tensor, Tensor]:
     """The kink rule's node weights ``(T, n, B)`` and the unnormalised estimate ``(T, B)`` of its L1 error (divide by
     ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`), both in the gradients' dtype.
@@ -76,10 +77,11 @@ def kink_rule(
         alphas: ``(n,)`` the midpoint nodes.
         values_at: the forward values ``(T, k, B)`` at per-state positions ``(T, k, B)`` along the path (float64;
             forward only): the certificate.
+        eps: the forward's rounding unit (:func:`~lightning_ig.attribution.estimate.slopes_and_roughness`).
     """
     n, acc, f64 = grads.shape[1], grads.dtype, torch.float64
     h = 1.0 / n
-    slopes, roughness = slopes_and_roughness(grads, diff)  # (T, n, B), (T, B)
+    slopes, roughness = slopes_and_roughness(grads, diff, eps)  # (T, n, B), (T, B)
     slopes, values = slopes.to(f64), values.to(f64)  # the scalar algebra in float64: T n B numbers
     jump_l1, smooth, rounding = _passes(grads, diff, n)
     sigma = slopes[:, 1:] - slopes[:, :-1]  # (T, n - 1, B)

@@ -55,6 +55,7 @@ _SMALL_WORK_BYTES = 256 << 20
 CPU_CHUNK_ROWS = 1024
 """The most rows per forward on the CPU (``internal_batch_size=None``)."""
 _REPEAT_DIFFERS = STATS.index("repeat_differs")
+_FD_HINT = "pass gradient='finite_difference' for such forwards"
 _RULE_CACHE: dict[tuple[str, int, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
 
 
@@ -189,15 +190,17 @@ class PathRun:
         :mod:`~lightning_ig.attribution.kinks` weighs them per state (one more, forward-only pass: the certificate).
         """
         diff = self.x.to(self.acc) - self.b.to(self.acc)
+        eps = float(torch.finfo(self.x.dtype).eps)  # the forward's rounding unit, for the figures' noise floors
         if self.settings.method == KINK_METHOD if kinks is None else kinks:
-            node_weights, numerator = kink_rule(grads, values, ends, diff, alphas, self.values_at)
+            node_weights, numerator = kink_rule(grads, values, ends, diff, alphas, self.values_at, eps)
             attributions = self.backend.accumulate(self.x, self.b, node_weights, grads.contiguous())  # (T, B, F)
             stats = self._completeness(attributions, ends)
         else:
             attributions = self.backend.accumulate(self.x, self.b, weights, grads.contiguous())  # (T, B, F)
             stats = self._completeness(attributions, ends)
-            numerator = error_estimate(grads, values, diff, alphas, weights, stats[0], stats[1], attributions)
-        return {"attributions": attributions, "stats": stats, "accuracy": accuracy_rows(attributions, stats, numerator)}
+            numerator = error_estimate(grads, values, diff, alphas, weights, stats[0], stats[1], attributions, eps)
+        accuracy = accuracy_rows(attributions, stats, numerator, eps)
+        return {"attributions": attributions, "stats": stats, "accuracy": accuracy}
 
     def _completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
         stats = self.backend.completeness(attributions, ends.contiguous())
@@ -312,7 +315,7 @@ class PathRun:
             raise ValueError(
                 "gradient='autograd' needs a forward that autograd can differentiate, but its output has no "
                 "grad_fn (it was computed outside autograd: numpy, .detach(), torch.no_grad inside the forward, ...); "
-                "pass gradient='finite_difference' for such forwards"
+                f"{_FD_HINT}"
             )
         n_targets = values.shape[1]
         if stop > path_rows:
@@ -334,11 +337,18 @@ class PathRun:
     ) -> None:
         n_targets = values.shape[1]
         for t in range(n_targets):
-            (grad,) = torch.autograd.grad(values[:, t].sum(), rows, retain_graph=t + 1 < n_targets, allow_unused=True)
+            try:
+                (grad,) = torch.autograd.grad(
+                    values[:, t].sum(), rows, retain_graph=t + 1 < n_targets, allow_unused=True
+                )
+            except RuntimeError as error:  # an op without a derivative (heaviside, ...): torch's message names it
+                if "not implemented" not in str(error):
+                    raise
+                raise ValueError(f"gradient='autograd' failed: {error}; {_FD_HINT}") from error
             if grad is None:
                 raise ValueError(
                     "gradient='autograd' could not differentiate the forward's output w.r.t. its input (the input "
-                    "does not reach the output through autograd); pass gradient='finite_difference' for such forwards"
+                    f"does not reach the output through autograd); {_FD_HINT}"
                 )
             grad = grad[: path_stop - start]  # (rows on the path, F)
             if start == 0 and path_stop == path_rows and n_targets == 1 and grad.dtype == self.acc:

@@ -1,12 +1,10 @@
 """What to attribute: the one :class:`Target` every consumer reads, and how it selects the attributed values.
 
-A forward maps ``(N, *feature_shape)`` to one value per row ``(N,)``, or to
-``(N, A)`` (Q-values, say) with a *target* choosing what to attribute:
-``None`` (the forward's own ``(N,)``), ``"mean"`` (the mean over ``A``:
-``V(s)`` of a dueling network whose advantages are mean-centred), an int (one
-column), a LongTensor ``(B,)`` (one column per state), ``"each"`` (every
-column), ``"contrast"`` (per state, the greedy column minus the runner-up's:
-"why this action rather than the next best") or a callable ``(N, A) -> (N,)``.
+A forward maps ``(N, *feature_shape)`` to one value per row ``(N,)``, or to ``(N, A)`` (Q-values, say) with a *target*
+choosing what to attribute: ``None`` (the forward's own ``(N,)``), ``"mean"`` (the mean over ``A``: ``V(s)`` of a
+dueling network whose advantages are mean-centred), an int (one column), a LongTensor ``(B,)`` (one column per state),
+``"each"`` (every column), ``"contrast"`` (per state, the greedy column minus the runner-up's: "why this action rather
+than the next best") or a callable ``(N, A) -> (N,)``.
 
 :meth:`Target.parse` checks the user's value once where it comes in (the engine's call, the callback's constructor,
 the command line's flag); :meth:`Target.bind` fits it to a model's outputs (its actions' labels, the rows per
@@ -364,7 +362,10 @@ def _select_output(outputs: Tensor, n_rows: int) -> Tensor:
     hint = (
         "; it returns several columns, so pass target='mean', an int, 'each' or a callable" if len(shape) == 2 else ""
     )
-    raise ValueError(f"forward must return one value per row, shape ({n_rows},), for {n_rows} rows; got {shape}{hint}")
+    raise ValueError(
+        f"forward must return one value per row: shape ({n_rows},) for the {n_rows} rows it was given "
+        f"(points on the states' paths, in chunks), got {shape}{hint}"
+    )
 
 
 def target_forward(model: Callable[[Tensor], Tensor], target: TargetLike = "mean") -> Callable[[Tensor], Tensor]:

@@ -1,13 +1,12 @@
 """The callback's ``target="each"``: every action's ``Q(s, a)`` in one batched run, a row per (state, action).
 
 The engine's ``target="each"`` gives ``(A, B, *feature_shape)`` attributions and ``(A, B)`` per-state numbers (one
-batched call; on CUDA the callback's engine replays its graph as for any target). A run hands them on as one row
-per (state, action) pair, state-major (row ``s * A + a``: :func:`pair_rows`), so that the one gather, the
-reductions on the device and the one copy to the host are those of any run and every pair is checked for
-completeness like a state. Under DDP each rank's share is whole states, so the gathered rows are the pairs of the
-states in order and the padding of an uneven split (the last rank's repeated last state) is at the end, where the
-host result drops it. The views split the rows by action
-(:class:`~lightning_ig.run.actions.ActionSummary`).
+batched call; on CUDA the callback's engine replays its graph as for any target). A run hands them on as one row per
+(state, action) pair, state-major (row ``s * A + a``: :func:`pair_rows`), so that the one gather, the reductions on the
+device and the one copy to the host are those of any run and every pair is checked for completeness like a state. Under
+DDP each rank's share is whole states, so the gathered rows are the pairs of the states in order and the padding of an
+uneven split (the last rank's repeated last state) is at the end, where the host result drops it. The views split the
+rows by action (:class:`~lightning_ig.run.actions.ActionSummary`).
 
 The trust checks judge the mean over the actions (:meth:`~lightning_ig.callback.monitor.TrustMonitor.prepare`).
 """

@@ -25,11 +25,10 @@ __all__ = ["ReportFolder", "run_extra", "run_report"]
 class ReportFolder:
     """The folder where the callback writes one report per run, under names it makes up.
 
-    The names are ``ig_report[_<name>]_step=<step, 8+ digits>.json``. Being the tool's
-    own, they are never written through a symbolic link: a link found there is refused
-    and one planted later is replaced, never followed. A report that cannot be written
-    (a full disk, a changed permission, a refused link) does not stop training:
-    :meth:`write` says why and counts it, and :meth:`losses` sums up the losses.
+    The names are ``ig_report[_<name>]_step=<step, 8+ digits>.json``. Being the tool's own, they are never written
+    through a symbolic link: a link found there is refused and one planted later is replaced, never followed. A report
+    that cannot be written (a full disk, a changed permission, a refused link) does not stop training: :meth:`write`
+    says why and counts it, and :meth:`losses` sums up the losses.
 
     Args:
         folder: the folder (made if missing).

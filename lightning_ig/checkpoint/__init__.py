@@ -17,15 +17,13 @@ File layout (one safetensors file):
 
   plus any metadata of the user's own.
 
-A *merged* file holds several heads, each under a prefix ``<head>__`` (for example
-``trending__value.0.weight_mu`` and ``ranging__value.0.weight_mu``), the head's own
-states as ``<head>____states__`` (its prefix + ``__states__``), and per-head
-architecture, config and feature names in ``lightning_ig.heads``, a JSON object
-``{"<head>": {"architecture": ..., "config": {...}, "feature_names": [...]}}``.
-Loading with ``prefix="trending__"`` reads only the keys under that prefix and
-strips it, so a head loads exactly like a single-model file. A head without its
-own entry or states falls back on the file-level ones. Write merged files with
-:func:`save_merged_checkpoint` (models) or :func:`merge_checkpoints` (files).
+A *merged* file holds several heads, each under a prefix ``<head>__`` (for example ``trending__value.0.weight_mu`` and
+``ranging__value.0.weight_mu``), the head's own states as ``<head>____states__`` (its prefix + ``__states__``), and
+per-head architecture, config and feature names in ``lightning_ig.heads``, a JSON object ``{"<head>": {"architecture":
+..., "config": {...}, "feature_names": [...]}}``. Loading with ``prefix="trending__"`` reads only the keys under that
+prefix and strips it, so a head loads exactly like a single-model file. A head without its own entry or states falls
+back on the file-level ones. Write merged files with :func:`save_merged_checkpoint` (models) or
+:func:`merge_checkpoints` (files).
 
 Writes are atomic (:mod:`.writing`). A checkpoint is data: reading one never unpickles and never imports what the
 file names, and its config may not describe a model larger than the tensors it stores (:func:`load_checkpoint`).

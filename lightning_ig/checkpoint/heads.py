@@ -87,9 +87,8 @@ def list_heads(path: str | os.PathLike[str]) -> list[str]:
 def select_prefix(requested: str | None, heads: Sequence[str], keys: Sequence[str], path: Path) -> str | None:
     """The key prefix to load: a whole head of a merged file, or a raw prefix of a file without heads.
 
-    ``requested`` is a prefix (``"trending__"``) or a head's name (``"trending"``). In a
-    file with heads it must name one of them, so a part of a name (``"tre"``) is refused
-    with the list of heads rather than loading a fragment.
+    ``requested`` is a prefix (``"trending__"``) or a head's name (``"trending"``). In a file with heads it must name
+    one of them, so a part of a name (``"tre"``) is refused with the list of heads rather than loading a fragment.
 
     Raises:
         CheckpointError: No head chosen in a merged file, an unknown head, or a prefix no key starts with.

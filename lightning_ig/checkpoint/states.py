@@ -33,10 +33,9 @@ def load_states(
     * ``.safetensors``: the tensor ``<prefix>__states__``, else ``__states__``, else
       ``states``, else the file's only tensor.
 
-    States are numbers (floats or integers, such as ``uint8`` frames) in every form:
-    booleans (``true``, a ``bool`` array or tensor) are refused, as text and Python objects
-    are. The path must be a regular file (a FIFO or a device is refused before it is read),
-    and states that would not fit in the memory available are refused before they are read.
+    States are numbers (floats or integers, such as ``uint8`` frames) in every form: booleans (``true``, a ``bool``
+    array or tensor) are refused, as text and Python objects are. The path must be a regular file (a FIFO or a device is
+    refused before it is read), and states that would not fit in the memory available are refused before they are read.
 
     Args:
         path: The file.

@@ -45,12 +45,10 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 class DuelingQNetwork(nn.Module):
     """A dueling Q-network (Wang et al., 2016) with optional NoisyNet streams.
 
-    An MLP body ``state -> features``, then a value stream ``V(s)`` (one output)
-    and an advantage stream ``A(s, a)`` (one per action), combined as
-    ``Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)``. So the mean of the Q-values
-    over actions is ``V(s)``: a smooth scalar target for attribution, free of
-    the argmax's discontinuities. With ``noisy=True`` the streams use
-    :class:`~lightning_ig.models.noise.NoisyLinear` (NoisyNet exploration); the body is
+    An MLP body ``state -> features``, then a value stream ``V(s)`` (one output) and an advantage stream ``A(s, a)``
+    (one per action), combined as ``Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)``. So the mean of the Q-values over
+    actions is ``V(s)``: a smooth scalar target for attribution, free of the argmax's discontinuities. With
+    ``noisy=True`` the streams use :class:`~lightning_ig.models.noise.NoisyLinear` (NoisyNet exploration); the body is
     always deterministic.
 
     Args:
@@ -174,10 +172,9 @@ def _check_size(name: str, value: Any) -> None:
 class ConvDuelingQNetwork(nn.Module):
     """A convolutional dueling Q-network with NoisyNet streams, for channels-first frames ``(C, H, W)``.
 
-    Convolutions (no padding, each followed by the activation) turn a frame into
-    a flat vector that a :class:`DuelingQNetwork` head reads, so the mean of the
-    Q-values over actions is ``V(s)``, the target lightning-ig attributes by
-    default. :class:`MinAtarQNetwork` and :class:`NatureQNetwork` are its two usual shapes.
+    Convolutions (no padding, each followed by the activation) turn a frame into a flat vector that a
+    :class:`DuelingQNetwork` head reads, so the mean of the Q-values over actions is ``V(s)``, the target lightning-ig
+    attributes by default. :class:`MinAtarQNetwork` and :class:`NatureQNetwork` are its two usual shapes.
 
     Args:
         input_shape: ``(channels, height, width)`` of one frame, each ``>= 1``.
@@ -261,9 +258,8 @@ class ConvDuelingQNetwork(nn.Module):
 class MinAtarQNetwork(ConvDuelingQNetwork):
     """MinAtar's network (Young & Tian, 2019) as a dueling NoisyNet, for ``(C, 10, 10)`` frames.
 
-    16 filters 3x3 (stride 1) and a hidden layer of ``hidden_size`` units, then
-    value and advantage streams of one layer each (NoisyLinear when ``noisy``).
-    ``in_channels``: Breakout 4, Asterix 4, Freeway 7, Seaquest 10, Space Invaders 6.
+    16 filters 3x3 (stride 1) and a hidden layer of ``hidden_size`` units, then value and advantage streams of one layer
+    each (NoisyLinear when ``noisy``). ``in_channels``: Breakout 4, Asterix 4, Freeway 7, Seaquest 10, Space Invaders 6.
 
     Example::
 

@@ -221,15 +221,12 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
       not the model, is put in eval mode, and its epsilon buffers are zeroed
       so that layers which add noise in every mode are covered too.
 
-    On exit, also when the block raises, each layer's training flag, noise
-    switch, plain attributes and buffers are restored exactly (buffers bit for
-    bit, the same tensor objects). This package's :class:`NoisyLinear` changes
-    its noise only in ``reset_noise()``, so its buffers are copied only when
-    that is called inside the block (nothing is copied otherwise, and nothing
-    is written back: a training step's saved tensors stay valid); write its
-    noise inside the block only through ``reset_noise()``. Nothing else in the model is touched:
-    dropout and batch-norm layers keep their mode. No random generator (torch
-    CPU and CUDA, numpy, python) is advanced by entering or leaving, even when a
+    On exit, also when the block raises, each layer's training flag, noise switch, plain attributes and buffers are
+    restored exactly (buffers bit for bit, the same tensor objects). This package's :class:`NoisyLinear` changes its
+    noise only in ``reset_noise()``, so its buffers are copied only when that is called inside the block (nothing is
+    copied otherwise, and nothing is written back: a training step's saved tensors stay valid); write its noise inside
+    the block only through ``reset_noise()``. Nothing else in the model is touched: dropout and batch-norm layers keep
+    their mode. No random generator (torch CPU and CUDA, numpy, python) is advanced by entering or leaving, even when a
     third-party ``disable_noise()`` draws random numbers.
 
     Blocks nest: an inner block restores the state the outer one set.

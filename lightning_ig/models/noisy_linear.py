@@ -34,12 +34,10 @@ def _scale_noise(noise: Tensor) -> Tensor:
 class NoisyLinear(nn.Module):
     """A linear layer with learnt, factorised Gaussian noise on its weights and bias.
 
-    The noise is used only while the layer is in training mode **and** its
-    noise is enabled; in eval mode, or after :meth:`disable_noise`, the layer
-    computes with the mean weights ``mu`` (the NoisyNet convention for
-    evaluation). The current epsilon lives in the buffers ``weight_epsilon``
-    ``(out_features, in_features)`` and ``bias_epsilon`` ``(out_features,)``,
-    drawn again only by :meth:`reset_noise`, never by ``forward``.
+    The noise is used only while the layer is in training mode **and** its noise is enabled; in eval mode, or after
+    :meth:`disable_noise`, the layer computes with the mean weights ``mu`` (the NoisyNet convention for evaluation). The
+    current epsilon lives in the buffers ``weight_epsilon`` ``(out_features, in_features)`` and ``bias_epsilon``
+    ``(out_features,)``, drawn again only by :meth:`reset_noise`, never by ``forward``.
 
     Args:
         in_features: Size of each input sample, ``>= 1``.

@@ -117,9 +117,8 @@ def require_cupy() -> ModuleType:
 def kernel_dir() -> Path:
     """The folder holding the ``.cu`` sources.
 
-    In an installed wheel the kernels travel inside the package
-    (``lightning_ig/kernels``); in a source checkout or an editable install they
-    are the repository's top-level ``kernels/`` folder.
+    In an installed wheel the kernels travel inside the package (``lightning_ig/kernels``); in a source checkout or an
+    editable install they are the repository's top-level ``kernels/`` folder.
 
     Raises:
         FileNotFoundError: neither location holds the kernels.

@@ -1,10 +1,8 @@
 """The fused soft-margin loss's kernels: launchers, the torch twin and the autograd Function.
 
-The ops layer of :mod:`lightning_ig.losses` (Liger-Kernel's layering: the kernels'
-launchers, the plain-torch twin and an :class:`torch.autograd.Function` here; the
-module and the functional form in ``losses``). Every launch reads flat, contiguous
-buffers of one dtype and device, allocated by torch; ``losses`` checks the
-arguments first.
+The ops layer of :mod:`lightning_ig.losses` (Liger-Kernel's layering: the kernels' launchers, the plain-torch twin and
+an :class:`torch.autograd.Function` here; the module and the functional form in ``losses``). Every launch reads flat,
+contiguous buffers of one dtype and device, allocated by torch; ``losses`` checks the arguments first.
 
 * ``mean``/``sum``: ONE launch of ``soft_margin_reduce[_grad]``; the gradient (for
   ``grad_output == 1``, the reduction's scale folded in) is written in the same

@@ -20,11 +20,10 @@ __all__ = ["JointGather"]
 class JointGather:
     """One collective for a run's result and its riders (per-state rows beside the result, e.g. a contrast's pairs).
 
-    Pass it as the ``gather`` of :meth:`HostResult.from_result`: it concatenates
-    the packed result and every rider along the columns, makes the one
-    ``gather`` call (every rank the same call with the same shape), and splits
-    the gathered rows again. Afterwards :attr:`riders` holds each rider gathered,
-    ``(world * share, W_i)`` in state order, padding rows included.
+    Pass it as the ``gather`` of :meth:`HostResult.from_result`: it concatenates the packed result and every rider along
+    the columns, makes the one ``gather`` call (every rank the same call with the same shape), and splits the gathered
+    rows again. Afterwards :attr:`riders` holds each rider gathered, ``(world * share, W_i)`` in state order, padding
+    rows included.
 
     Args:
         gather: ``trainer.strategy.all_gather``, or ``None`` in a single process (nothing to gather:

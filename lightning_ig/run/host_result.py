@@ -1,8 +1,7 @@
 """An IG result brought to the host: gathered over ranks, reduced on the device, copied once.
 
-:class:`HostResult` is what the report, the statistics and the TensorBoard
-side read. :meth:`HostResult.from_result` takes an
-:class:`~lightning_ig.attribution.IGResult` (or anything with its fields) and
+:class:`HostResult` is what the report, the statistics and the TensorBoard side read. :meth:`HostResult.from_result`
+takes an :class:`~lightning_ig.attribution.IGResult` (or anything with its fields) and
 
 1. packs each state's row, its attributions and its per-state numbers
    (``f_input``, ``f_baseline``, ``delta``, ``relative_error``, ``degenerate``,
@@ -196,10 +195,9 @@ class HostResult:
     ) -> HostTransfer:
         """Gather ``result`` (when ``gather`` is given), queue its reductions and its one copy to the host.
 
-        Nothing here waits for the device: on CUDA the copy goes to pinned memory behind an event, so the
-        caller can go on queuing work (the next training step) and read the host result later
-        (:meth:`HostTransfer.result`). The collective, when there is one, is made here: every rank calls
-        ``begin`` at the same point.
+        Nothing here waits for the device: on CUDA the copy goes to pinned memory behind an event, so the caller can go
+        on queuing work (the next training step) and read the host result later (:meth:`HostTransfer.result`). The
+        collective, when there is one, is made here: every rank calls ``begin`` at the same point.
 
         Args:
             result: an :class:`~lightning_ig.attribution.IGResult` with one

@@ -4,24 +4,20 @@ Host-side and float64, on a :class:`~lightning_ig.run.host_result.HostResult` (a
 :class:`~lightning_ig.attribution.IGResult` is brought to the host first). The callback's summary, the JSON
 report all read them from here.
 
-Completeness of a state is ``|sum(attr) - (F(x) - F(b))| / |F(x) - F(b)|``. A
-state whose ``|F(x) - F(b)|`` is too small for that ratio (*degenerate*) is
-reported with its absolute error only; a state whose forward or attributions
-are NaN/Inf (*non-finite*) is never counted as clean. The worst relative error
-is ``inf`` when any state is non-finite, ``nan`` when no state could be checked
-(every state degenerate), and otherwise the largest over the checked states:
+Completeness of a state is ``|sum(attr) - (F(x) - F(b))| / |F(x) - F(b)|``. A state whose ``|F(x) - F(b)|`` is too small
+for that ratio (*degenerate*) is reported with its absolute error only; a state whose forward or attributions are
+NaN/Inf (*non-finite*) is never counted as clean. The worst relative error is ``inf`` when any state is non-finite,
+``nan`` when no state could be checked (every state degenerate), and otherwise the largest over the checked states:
 never 0.0 for "nothing checked".
 
-The verdict (:func:`accuracy_verdict`) is decided by the figures that tell the truth on the networks people
-train, not by that ratio: the worst estimated attribution error and the worst mass-relative completeness error
-over the ordinary states (not near the baseline). Both within ``sqrt(2) x tol`` is "within tol". The ratio
-``|delta| / |dF|`` stays in the report and the scalars (schema v1) but decides nothing: on a random-init ReLU
-network ``dF`` is a small fraction of the attribution mass and the ratio reads large for accurate maps
-(``docs/trust.md``).
+The verdict (:func:`accuracy_verdict`) is decided by the figures that tell the truth on the networks people train, not
+by that ratio: the worst estimated attribution error and the worst mass-relative completeness error over the ordinary
+states (not near the baseline). Both within ``sqrt(2) x tol`` is "within tol". The ratio ``|delta| / |dF|`` stays in the
+report and the scalars (schema v1) but decides nothing: on a random-init ReLU network ``dF`` is a small fraction of the
+attribution mass and the ratio reads large for accurate maps (``docs/trust.md``).
 
-Drift compares one run's importance (the mean ``|attr|`` of its *units*: the
-features, or the groups when groups are in use) with the previous run's and the
-first one's:
+Drift compares one run's importance (the mean ``|attr|`` of its *units*: the features, or the groups when groups are in
+use) with the previous run's and the first one's:
 
 * ``spearman_prev`` / ``spearman_first``: Spearman rank correlation (ties get
   average ranks), reported only with at least 3 units: with 2 it is +-1 by
@@ -266,9 +262,8 @@ CONCENTRATION_SHARES = {"top1pct_share": 0.01, "top10pct_share": 0.10}
 def concentration(mean_abs: np.ndarray) -> dict[str, float]:
     """The share of the total mean ``|attr|`` held by the top 1% / 10% of features (at least one feature each).
 
-    1.0 means one feature (or 1% of them) carries everything; an even spread
-    gives about 0.01 / 0.1. ``nan`` when the total is 0 or not finite. Costs
-    one partial sort of the ``F`` values, whatever the input size.
+    1.0 means one feature (or 1% of them) carries everything; an even spread gives about 0.01 / 0.1. ``nan`` when the
+    total is 0 or not finite. Costs one partial sort of the ``F`` values, whatever the input size.
 
     Args:
         mean_abs: ``(F,)`` mean ``|attr|`` per feature.

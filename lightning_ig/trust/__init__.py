@@ -15,11 +15,10 @@ explain the model, and each fails when they do not:
 ``unresolved``, and why (:func:`trust_summary`). The callback runs them
 (:class:`lightning_ig.callback.monitor.TrustMonitor`) at the runs its budget allows
 (:mod:`lightning_ig.callback.budget`: all at the first run, then each at most every few runs).
-:mod:`~lightning_ig.trust.replica` is the model's working copy they compute on, and
-:mod:`~lightning_ig.trust.common` holds what they share. Each check is a function of the model, the states, the
-baselines and this run's per-state attributions of the units, draws its random numbers from private seeded
-generators, reads the host once, and leaves the model as it was (parameters, buffers, modes, noise, ``.grad``, every
-random generator).
+:mod:`~lightning_ig.trust.replica` is the model's working copy they compute on, and :mod:`~lightning_ig.trust.common`
+holds what they share. Each check is a function of the model, the states, the baselines and this run's per-state
+attributions of the units, draws its random numbers from private seeded generators, reads the host once, and leaves the
+model as it was (parameters, buffers, modes, noise, ``.grad``, every random generator).
 
 A new check goes in a module of its own here: a function returning a frozen result with ``passed``, ``reason`` and
 ``scalars()``, judged in :func:`trust_summary`, run by :class:`~lightning_ig.callback.monitor.TrustMonitor`, its tags in

@@ -11,8 +11,7 @@ are ranked by ``s_b * attribution``, largest first (what moved the target away f
 count only those that differ (on sparse frames a fraction of all pixels would reward any map that puts lit pixels
 first). The curve is the ``|dF|``-weighted mean of the per-state normalised curves::
 
-    y_k = sum_b s_b (F(x_{b,k}) - F(base_b)) / sum_b |dF_b|,   y_0 = 1,  y_K = 0
-    deletion_auc = trapezoid over k / K
+    y_k = sum_b s_b (F(x_{b,k}) - F(base_b)) / sum_b |dF_b|,   y_0 = 1,  y_K = 0 deletion_auc = trapezoid over k / K
 
 The weights keep a state near its baseline (an ill-conditioned ratio) from dominating. An AUC below 0 means the
 curve overshoots past the baseline, as it does where attributions of both signs cancel (random-init networks):

@@ -1,11 +1,10 @@
 """The randomisation sanity check (Adebayo et al., "Sanity checks for saliency maps", NeurIPS 2018).
 
 The ranking of the units by mean ``|attribution|`` must differ from what re-initialised copies of the model give,
-clearly more than two such copies differ from each other. A map that is a function of the input alone
-(``x * something``) ranks the same for any weights, and fails. The copies' side is constant over a fit (fixed
-weights, fixed held-out states), so :func:`randomization_reference` attributes the copies once, with their reference
-level (two copies against each other), and each :func:`randomization_check` afterwards is a few rank correlations
-on the host.
+clearly more than two such copies differ from each other. A map that is a function of the input alone (``x *
+something``) ranks the same for any weights, and fails. The copies' side is constant over a fit (fixed weights, fixed
+held-out states), so :func:`randomization_reference` attributes the copies once, with their reference level (two copies
+against each other), and each :func:`randomization_check` afterwards is a few rank correlations on the host.
 
 **Resolved or not.** Over a handful of units (CartPole's 4 features, the 4 channels of MinAtar or of a Nature-CNN's
 frame stack) Spearman moves in steps of 0.2 and random networks rank the units very differently from each other:

@@ -451,6 +451,13 @@ def test_error_autograd_on_a_forward_autograd_cannot_differentiate() -> None:
 
     with pytest.raises(ValueError, match="pass gradient='finite_difference'"):
         integrated_gradients(detached, torch.randn(2, 3))
+    net = torch.nn.Linear(3, 1)
+
+    def stepped(z: torch.Tensor) -> torch.Tensor:  # an op whose derivative torch does not implement
+        return torch.heaviside(net(z)[:, 0], torch.tensor(0.5))
+
+    with pytest.raises(ValueError, match="heaviside is not implemented; pass gradient='finite_difference'"):
+        integrated_gradients(stepped, torch.randn(2, 3))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

@@ -3,7 +3,8 @@
 cuDNN's own choice of algorithm for a convolution's backward can sum with atomics; measured on an H200 before the
 engine held cuDNN to its deterministic algorithms, a Nature-CNN's attributions differed from call to call by up to
 6e-11 and their completeness deltas by 3e-9. The global flags are left as a user might set them for speed
-(``benchmark=True``, ``deterministic=False``).
+(``benchmark=True``, ``deterministic=False``). And states on the CPU for a model on the GPU: the error says which
+to move.
 """
 
 from __future__ import annotations
@@ -56,3 +57,9 @@ def test_replays_on_a_conv_net_are_bit_identical_and_equal_the_eager_call(cuda_d
         again = engine.attribute(states)
         assert torch.equal(again.attributions, first.attributions)
         assert torch.equal(again.delta, first.delta)
+
+
+def test_states_on_another_device_than_the_model_say_which_to_move(cuda_device: torch.device) -> None:
+    network, states = _network_and_states(cuda_device)
+    with pytest.raises(ValueError, match=r"inputs are on cpu but the model's parameters are on cuda:\d; move one"):
+        integrated_gradients(network, states[:2].cpu(), target="mean", n_steps=4)

@@ -89,7 +89,8 @@ def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
 
 def test_error_forward_returning_the_wrong_shape() -> None:
     with pytest.raises(
-        ValueError, match=r"forward must return one value per row, shape \(\d+,\).*got \(\d+, 3\).*target="
+        ValueError,
+        match=r"forward must return one value per row: shape \(\d+,\).*rows it was given.*got \(\d+, 3\).*target=",
     ):
         integrated_gradients(lambda z: z, torch.randn(2, 3))
     with pytest.raises(ValueError, match=r"with target='mean' forward must return \(N, A\)"):

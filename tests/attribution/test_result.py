@@ -106,7 +106,8 @@ def test_a_forward_with_zero_gradient_where_its_value_changes_fails(method: str)
     moved = (result.f_input - result.f_baseline) != 0
     assert bool(moved.sum() > 8) and float(result.attributions.abs().max()) == 0.0
     assert result.near_baseline.tolist() == (~moved).tolist()  # only the states whose value did not move
-    assert result.worst_mass_relative_error == 1.0
+    # 1 less the values' rounding floor (NOISE eps (|F(x)| + |F(b)|) / |dF|: values of a few units, steps of 1/4)
+    assert result.worst_mass_relative_error == pytest.approx(1.0, abs=1024 * eps())
     verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
     assert verdict.within is False and verdict.figure in ("attribution_error", "mass_relative_error")
     summary = completeness(result, 0.01)  # the run's numbers (the callback's and diag's path) agree
@@ -384,8 +385,9 @@ def test_grouped_attributions_keep_completeness_per_state() -> None:
     assert (per_action.sum(-1) - each.attributions.sum(dim=(2, 3, 4))).abs().max() <= 64 * eps(torch.float64) * size
 
 
-def test_a_model_on_another_device_says_so_not_torch() -> None:
-    # guards against: torch's own "Expected all tensors to be on the same device ..." from inside the forward
+def test_a_model_on_the_meta_device_says_to_load_its_weights_not_torch() -> None:
+    # guards against: torch's own "Expected all tensors to be on the same device ..." from inside the forward, and
+    # advice that cannot work there (model.to('cpu') gives a meta model no values; test_eager_gpu has a real move)
     model = _mlp(4, 2, seed=1).to("meta")
-    with pytest.raises(ValueError, match=r"inputs are on cpu but the model's parameters are on meta; move one"):
+    with pytest.raises(ValueError, match=r"meta device \(shapes without values\): load its weights first"):
         integrated_gradients(model, torch.randn(3, 4, dtype=torch.float64), target="mean", n_steps=4)

@@ -4,9 +4,8 @@ Every picture the callback logs (the charts of :mod:`~lightning_ig.views.picture
 :mod:`~lightning_ig.views.pictures.charts`, :mod:`~lightning_ig.views.pictures.action_charts` and
 :mod:`~lightning_ig.views.pictures.verdict_card`, the saliency pictures of :mod:`~lightning_ig.views.pictures.saliency`)
 is drawn straight into an ``(H, W, 3)`` uint8 array with numpy and Pillow. A plotting library's layout engine costs far
-more per chart (``docs/benchmarks.md``). :func:`png_bytes` stores a picture with at most
-256 colours (a palette PNG): a third of the bytes of an RGB one, which matters because TensorBoard's event writer
-checksums every byte in Python.
+more per chart (``docs/benchmarks.md``). :func:`png_bytes` stores a picture with at most 256 colours (a palette PNG): a
+third of the bytes of an RGB one, which matters because TensorBoard's event writer checksums every byte in Python.
 
 Sizes are set by where TensorBoard shows a picture (measured in headless Chromium 150, TensorBoard 2.21). Time
 Series fits an image into a box 215 px high, whatever the window's height, and as wide as the card: 324 px in a
