@@ -193,8 +193,7 @@ def check_output_file(
     Args:
         path: the file to write.
         what: how the user named it (``"--output"``, ``"report_dir"``), for the message.
-        inputs: files the same run reads; writing over one of them (by any name: a symbolic or
-            a hard link) is refused.
+        inputs: files the same run reads; writing over one of them (by any name: a symbolic or a hard link) is refused.
         made_up: the tool made the name up inside a folder (default ``False``: the user named
             ``path``, and a symbolic link there is written through to its target). A made-up
             name that exists as a symbolic link is refused: nobody asked for its target.
@@ -393,10 +392,9 @@ def atomic_path(target: str | os.PathLike[str], *, follow_symlinks: bool = True)
 
     Args:
         target: the file to write. Missing parent folders are created.
-        follow_symlinks: ``True`` (default, for a path the user named): when ``target`` is a
-            symbolic link the file it points to is replaced and the link stays. ``False`` (for a
-            name the tool made up inside a folder): the name itself is replaced, a link there
-            included, and never what it points to.
+        follow_symlinks: ``True`` (default, for a path the user named): when ``target`` is a symbolic link the file it
+            points to is replaced and the link stays. ``False`` (for a name the tool made up inside a folder): the name
+            itself is replaced, a link there included, and never what it points to.
 
     The new file keeps the old regular file's permission bits, less setuid, setgid, sticky and others' write
     (``0o666 & ~umask`` for a new one). The temporary is made with ``O_EXCL``, so it follows no link either; on any

@@ -217,9 +217,8 @@ def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int
         )
     check_choice(backend, BACKENDS, "backend")
     replacements: dict[int, SoftMarginLoss] = {}
-    # Every name of every loss, aliases included: named_children() and modules() skip a
-    # module already seen, so `m.criterion = m.aux = loss` would leave m.aux behind.
-    # A list first: the tree changes under the loop.
+    # Every name of every loss, aliases included: named_children() and modules() skip a module already seen, so
+    # `m.criterion = m.aux = loss` would leave m.aux behind. A list first: the tree changes under the loop.
     found = [
         (name, child)
         for name, child in module.named_modules(remove_duplicate=False)

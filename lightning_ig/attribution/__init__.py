@@ -13,20 +13,16 @@ with the quadrature ``(alpha_k, w_k)`` of :mod:`~lightning_ig.attribution.quadra
 
 The parts, in the order a call runs through them:
 
-* :mod:`~lightning_ig.attribution.settings` checks the keyword options once;
-  :mod:`~lightning_ig.attribution.inputs` checks and flattens the tensors
-  (with :mod:`~lightning_ig.attribution.checks`, the tensor checks every wing
-  shares); :mod:`~lightning_ig.attribution.targets` says what to attribute;
-* the five operations of ``kernels/ig.cu`` (interpolation, finite-difference
-  probes and gradients, accumulation, completeness) are
-  :mod:`lightning_ig.ops.ig`'s, each CUDA launcher beside its bit-identical torch
-  twin, chosen once per run;
-* :mod:`~lightning_ig.attribution.quadrature` gives the rule;
-  :mod:`~lightning_ig.attribution.path` runs the path: chunked batched
-  forwards, autograd or finite differences, the stochastic-forward check;
-  :mod:`~lightning_ig.attribution.estimate` computes the error figures beside
-  it, :mod:`~lightning_ig.attribution.kinks` the kink rule and its figures;
-  :mod:`~lightning_ig.attribution.budget` resolves ``n_steps="budget"`` and
+* :mod:`~lightning_ig.attribution.settings` checks the keyword options once; :mod:`~lightning_ig.attribution.inputs`
+  checks and flattens the tensors (with :mod:`~lightning_ig.attribution.checks`, the tensor checks every wing shares);
+  :mod:`~lightning_ig.attribution.targets` says what to attribute;
+* the five operations of ``kernels/ig.cu`` (interpolation, finite-difference probes and gradients, accumulation,
+  completeness) are :mod:`lightning_ig.ops.ig`'s, each CUDA launcher beside its bit-identical torch twin, chosen once
+  per run;
+* :mod:`~lightning_ig.attribution.quadrature` gives the rule; :mod:`~lightning_ig.attribution.path` runs the path:
+  chunked batched forwards, autograd or finite differences, the stochastic-forward check;
+  :mod:`~lightning_ig.attribution.estimate` computes the error figures beside it, :mod:`~lightning_ig.attribution.kinks`
+  the kink rule and its figures; :mod:`~lightning_ig.attribution.budget` resolves ``n_steps="budget"`` and
   ``method="auto"``; :mod:`~lightning_ig.attribution.auto_steps` is ``n_steps="auto"``;
 * :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
   CUDA graph; the engine (:mod:`~lightning_ig.attribution.engine`) keeps and replays the plans;

@@ -1,15 +1,12 @@
 """CUDA-graph capture of a whole attribution, once per key of :class:`~lightning_ig.attribution.IntegratedGradients`
 (:func:`capture_attribution`); the engine keeps what comes back as a plan and replays it.
 
-* The run before the capture is eager: shape and autograd errors surface as
-  they would without a graph, and the path's ends ride twice in its forward
-  there (the stochastic-forward check; a replay reports what its capture found,
-  and the captured graph evaluates them once).
-* Capture is tried with the run's backend and then with its twin (the CUDA
-  kernels, then their torch twins: same arithmetic, still faster than eager);
-  when both fail the key runs eagerly from then on, after one warning.
-* How a computation is captured is a :class:`GraphCapture`; tests pass one
-  that emulates a graph on the CPU.
+* The run before the capture is eager: shape and autograd errors surface as they would without a graph, and the path's
+  ends ride twice in its forward there (the stochastic-forward check; a replay reports what its capture found, and the
+  captured graph evaluates them once).
+* Capture is tried with the run's backend and then with its twin (the CUDA kernels, then their torch twins: same
+  arithmetic, still faster than eager); when both fail the key runs eagerly from then on, after one warning.
+* How a computation is captured is a :class:`GraphCapture`; tests pass one that emulates a graph on the CPU.
 """
 
 from __future__ import annotations

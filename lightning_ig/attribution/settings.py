@@ -61,8 +61,7 @@ class IGOptions:
 
     Raises:
         TypeError: a value of the wrong kind (the message names the option).
-        ValueError: a value out of range, or ``n_steps`` (``max_steps`` for ``"auto"``) past what the rule is built
-            for.
+        ValueError: a value out of range, or ``n_steps`` (``max_steps`` for ``"auto"``) past what the rule is built for.
 
     Example::
 

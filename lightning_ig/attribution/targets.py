@@ -373,11 +373,10 @@ def target_forward(model: Callable[[Tensor], Tensor], target: TargetLike = "mean
 
     Args:
         model: maps ``(N, *feature_shape)`` to ``(N, A)``, e.g. Q-values.
-        target: ``"mean"`` (default; the mean over the ``A`` outputs, which is
-            ``V(s)`` for a dueling network whose advantages are mean-centred),
-            an int (one output column), or a callable mapping ``(N, A)`` to ``(N,)``.
-            Per-state indices, ``"each"`` and ``"contrast"`` need the engine: pass them as
-            ``integrated_gradients(model, x, target=...)`` instead.
+        target: ``"mean"`` (default; the mean over the ``A`` outputs, which is ``V(s)`` for a dueling network whose
+            advantages are mean-centred), an int (one output column), or a callable mapping ``(N, A)`` to ``(N,)``.
+            Per-state indices, ``"each"`` and ``"contrast"`` need the engine: pass them as ``integrated_gradients(model,
+            x, target=...)`` instead.
 
     Returns:
         A callable ``(N, *feature_shape) -> (N,)``; its ``__wrapped__`` is ``model``.

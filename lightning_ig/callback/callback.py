@@ -416,12 +416,12 @@ class IntegratedGradientsCallback(Callback):
             sample_states=run.sample_states,
         )
         riders: list[Tensor] = []  # gathered with the result: one collective
-        transfer: HostTransfer | fit.ProcessTransfer
+        transfer: HostTransfer | fit.ProcessTransfer | None = None
         weights = None
         if run.idle is not None and run.idle.alive and not final:  # its checks read the copy the worker was sent
             transfer = run.idle.start(states, baselines, run.target.every_output, begin, plan.checks)
-            weights = run.idle.replica.module
-        else:
+            weights = run.idle.replica.module if transfer is not None else None
+        if transfer is None:
             with attribution_mode(pl_module), stochastic_warnings_silenced():  # generators kept; warned once
                 result = run.engine.attribute(states, baselines=baselines)
                 if run.target.every_output:  # "each": (A, share, ...) as a row per (state, action), state-major

@@ -116,6 +116,14 @@ class Fit:
     idle: IdleCore | None = None
 
 
+_ENDED = "the runs' worker process could not start or has ended; they run on the training thread"
+_STALE = (
+    "the model's forward gives other outputs at the held-out states than a copy with the same parameters and buffers "
+    "(it reads an attribute that training changes: register such state as a buffer to keep the runs beside "
+    "training); the runs stay on the training thread from here"
+)
+
+
 class IdleCore:
     """IG beside training, on a core that training leaves idle.
 
@@ -140,8 +148,8 @@ class IdleCore:
         cpu: the worker process's CPU seconds so far.
     """
 
-    def __init__(self, replica: Replica, monitor: TrustMonitor | None = None) -> None:
-        self.replica, self.monitor = replica, monitor
+    def __init__(self, replica: Replica, live: Callable[[Tensor], Tensor], monitor: TrustMonitor | None = None) -> None:
+        self.replica, self.live, self.monitor = replica, live, monitor
         self.cpu = 0.0
         self._process: Any = None  # the worker process and the training end of its pipe
         self._pipe: Any = None
@@ -154,9 +162,11 @@ class IdleCore:
         pair: bool,
         begin: Callable[[IGResult], HostTransfer],
         checks: tuple[str, ...] = (),
-    ) -> ProcessTransfer:
+    ) -> ProcessTransfer | None:
         """Take the model's weights now, then attribute ``states``, reduce the result and make the trust ``checks``
-        on the worker (``pair``: ``target="each"``'s rows per (state, action))."""
+        on the worker (``pair``: ``target="each"``'s rows per (state, action)). ``None`` where the worker's copy
+        computes other outputs at ``states`` than the model (its forward reads more than its weights, such as an
+        attribute that training changes): the run, and the runs after it, are the training thread's (said once)."""
         self.replica.sync()
         job = (states, baselines, pair, begin)
         if self._process is None:
@@ -164,19 +174,24 @@ class IdleCore:
         try:
             if self._pipe is None:
                 raise OSError("the worker process did not start")
-            message = (self.replica.packed(), checks, *job)
+            with attribution_mode(self.replica.model), stochastic_warnings_silenced(), torch.no_grad():
+                expected = self.live(states)  # one forward: what the worker's copy must compute bit for bit
+            message = (self.replica.packed(), checks, expected, *job)
             self._pipe.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-        except OSError:  # it never started, or has ended: the transfer makes the run on the training thread
+            if pickle.loads(self._pipe.recv_bytes()):  # the worker's answer, before it attributes: its copy is stale
+                self.ended(_STALE)
+                return None
+        except (OSError, EOFError):  # it never started, or has ended: the transfer makes the run on the training thread
             self.ended()
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job))
 
-    def ended(self) -> None:
-        """The worker process cannot start or has ended: the runs stay on the training thread from here (said)."""
+    def ended(self, why: str = _ENDED) -> None:
+        """The worker process cannot start, has ended or cannot follow the model: the runs stay on the training thread
+        from here (said)."""
         self.close()
         if self.alive:
             self.alive = False
-            ended = "the runs' worker process could not start or has ended; they run on the training thread"
-            warnings.warn(f"IntegratedGradientsCallback: {ended}", stacklevel=2)
+            warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
 
     def close(self) -> None:
         """End the worker after the run in hand, if any (killed if it does not answer); a later fit forks anew."""
@@ -232,16 +247,23 @@ def _serve(
             return
         if message is None:
             return
-        started, (weights, checks, *job) = time.process_time(), message
-        checked: Beside | None = None
+        started, (weights, checks, expected, *job) = time.process_time(), message
+        checked, stale = None, None
         try:
             replica.unpack(weights)
+            with torch.no_grad():
+                stale = not torch.equal(replica.forward(job[0]), expected)
+            pipe.send_bytes(pickle.dumps(stale))  # the training thread waits for it, then makes the run if stale
+            if stale:
+                continue
             result = _attribute(replica, *job)
             if checks and monitor is not None:
                 checked = monitor.check_beside(result, checks, replica.module)
             answer: HostResult | Exception = result
         except Exception as error:  # noqa: BLE001 - the run's error is raised where its numbers are read
             answer = error
+        if stale is None:  # failed before the copy could be compared: the run raises it, here
+            pipe.send_bytes(pickle.dumps(False))
         cpu = time.process_time() - started
         # what does not pickle: the checks are made again on the training thread, an error is sent as its text
         for reply in ((answer, checked, cpu), (answer, None, cpu), (RuntimeError(repr(answer)), None, cpu)):
@@ -318,7 +340,7 @@ def idle_core(
     same = torch.equal(mine.attributions, theirs.attributions) and torch.equal(mine.f_input, theirs.f_input)
     if draws or mine.stochastic or not same:
         return None
-    return IdleCore(replica, monitor)
+    return IdleCore(replica, settings.call(pl_module), monitor)
 
 
 def _current_cpu() -> int | None:

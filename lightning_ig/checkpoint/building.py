@@ -3,21 +3,17 @@
 A checkpoint's metadata is data written by whoever made the file. Two things in it
 could make a reader do harm, and both are checked before the model is built:
 
-* **Names.** Only registered architectures are built from a file's metadata
-  (:func:`~lightning_ig.models.build_model` with ``allow_import=False``, which
-  holds for the names inside the config too). An import
-  path the file names is followed only when the caller opts in.
-* **Sizes.** The model is first built on the ``meta`` device, which allocates
-  nothing, and its parameters and buffers are counted against the tensors the
-  file actually stores (their shapes are read from the header, not their data). A
-  config that asks for more than the file holds is refused with both sizes;
-  the state-dict shapes must match the file's exactly. Only then is the model built
-  for real. While any build runs, a registration hook counts the tensors made and
-  stops a build that makes far more than the file holds (a config with a hundred
-  thousand tiny layers takes no time to refuse), and stops any build, meta or
-  not, as soon as the real memory it has taken passes the same bound. A class
-  whose constructor cannot run on the meta device (it reads tensor values) is
-  built for real under that bound and checked after.
+* **Names.** Only registered architectures are built from a file's metadata (:func:`~lightning_ig.models.build_model`
+  with ``allow_import=False``, which holds for the names inside the config too). An import path the file names is
+  followed only when the caller opts in.
+* **Sizes.** The model is first built on the ``meta`` device, which allocates nothing, and its parameters and buffers
+  are counted against the tensors the file actually stores (their shapes are read from the header, not their data). A
+  config that asks for more than the file holds is refused with both sizes; the state-dict shapes must match the file's
+  exactly. Only then is the model built for real. While any build runs, a registration hook counts the tensors made and
+  stops a build that makes far more than the file holds (a config with a hundred thousand tiny layers takes no time to
+  refuse), and stops any build, meta or not, as soon as the real memory it has taken passes the same bound. A class
+  whose constructor cannot run on the meta device (it reads tensor values) is built for real under that bound and
+  checked after.
 """
 
 from __future__ import annotations

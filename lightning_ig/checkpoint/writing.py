@@ -50,11 +50,10 @@ def save_checkpoint(
     """Write ``model`` to a safetensors file that :func:`~lightning_ig.checkpoint.load_checkpoint` rebuilds alone.
 
     Args:
-        model: The model (``torch.compile`` and DDP wrappers are looked through). Its class should be
-            registered (:func:`~lightning_ig.models.register_model`) or importable as
-            ``package.module:Class``, with a ``config()`` method returning its constructor's
-            keyword arguments (or pass ``config``). A file naming an unregistered class is read back
-            only with ``load_checkpoint(..., architecture=...)`` or ``trust_remote_code=True``.
+        model: The model (``torch.compile`` and DDP wrappers are looked through). Its class should be registered
+            (:func:`~lightning_ig.models.register_model`) or importable as ``package.module:Class``, with a ``config()``
+            method returning its constructor's keyword arguments (or pass ``config``). A file naming an unregistered
+            class is read back only with ``load_checkpoint(..., architecture=...)`` or ``trust_remote_code=True``.
         path: Where to write (parents are created). Written atomically; a new file gets
             ``0o666 & ~umask``, an overwritten one keeps its mode; a symbolic link is written through.
         feature_names: One printable, distinct name per input feature, stored in the metadata. Default ``None``.
@@ -68,9 +67,8 @@ def save_checkpoint(
 
     Raises:
         TypeError: If an argument has the wrong type or the config is not JSON-serialisable.
-        ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or
-            do not match the states' width, ``metadata`` uses a reserved key, or ``path`` is a folder,
-            a device or a FIFO.
+        ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or do not match the
+            states' width, ``metadata`` uses a reserved key, or ``path`` is a folder, a device or a FIFO.
 
     Example::
 

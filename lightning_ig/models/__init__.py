@@ -5,9 +5,8 @@
 * :mod:`~lightning_ig.models.noise`: :class:`NoisyLinear`, :func:`noise_disabled` (any NoisyNet layer's noise
   off, put back after) and :func:`attribution_mode` (eval mode, noise off, random generators restored: what an
   attribution during training runs inside).
-* :mod:`~lightning_ig.models.registry`: :func:`register_model`, :func:`build_model` and
-  :func:`resolve_model_class`: the names a checkpoint records for its architecture; an import path is followed
-  only on the caller's say-so.
+* :mod:`~lightning_ig.models.registry`: :func:`register_model`, :func:`build_model` and :func:`resolve_model_class`: the
+  names a checkpoint records for its architecture; an import path is followed only on the caller's say-so.
 
 A new network goes in :mod:`~lightning_ig.models.networks`, registered under its name, with a ``config()``
 returning its constructor's keyword arguments and a constructor that checks them (a checkpoint's config is data).

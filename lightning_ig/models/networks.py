@@ -58,8 +58,7 @@ class DuelingQNetwork(nn.Module):
             ``(256, 256)``. Empty means the streams read the state directly.
         noisy: Whether the streams are NoisyLinear layers. Default ``True``.
         sigma0: NoisyLinear's initial noise scale. Default ``0.5``.
-        activation: ``"relu"`` (default), or a smooth ``"tanh"``, ``"softplus"``,
-            ``"silu"`` or ``"gelu"``.
+        activation: ``"relu"`` (default), or a smooth ``"tanh"``, ``"softplus"``, ``"silu"`` or ``"gelu"``.
         stream_hidden_size: Width of one hidden layer inside each stream, or
             ``None`` (default) for a single linear layer per stream.
 

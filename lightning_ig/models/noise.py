@@ -215,11 +215,10 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
 
     * this package's :class:`NoisyLinear`: :meth:`~NoisyLinear.disable_noise`;
     * any other module with ``disable_noise()`` / ``enable_noise()``: ``disable_noise()``;
-    * layers that gate their noise on ``self.training`` (the TorchRL, Tianshou
-      and CleanRL convention; found by a class name containing ``"Noisy"`` or
-      tensors named like ``weight_epsilon`` / ``weight_sigma``): that layer alone,
-      not the model, is put in eval mode, and its epsilon buffers are zeroed
-      so that layers which add noise in every mode are covered too.
+    * layers that gate their noise on ``self.training`` (the TorchRL, Tianshou and CleanRL convention; found by a class
+      name containing ``"Noisy"`` or tensors named like ``weight_epsilon`` / ``weight_sigma``): that layer alone, not
+      the model, is put in eval mode, and its epsilon buffers are zeroed so that layers which add noise in every mode
+      are covered too.
 
     On exit, also when the block raises, each layer's training flag, noise switch, plain attributes and buffers are
     restored exactly (buffers bit for bit, the same tensor objects). This package's :class:`NoisyLinear` changes its

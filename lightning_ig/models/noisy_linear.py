@@ -109,9 +109,8 @@ class NoisyLinear(nn.Module):
         """Draw a new epsilon: ``in_features + out_features`` standard normals.
 
         Args:
-            generator: Where the random numbers come from; default ``None`` uses
-                torch's global generator for the layer's device (as ``nn.Linear``'s
-                initialisation does). Pass your own generator to keep the global
+            generator: Where the random numbers come from; default ``None`` uses torch's global generator for the
+                layer's device (as ``nn.Linear``'s initialisation does). Pass your own generator to keep the global
                 stream untouched. It must live on the layer's device.
         """
         for keep in BEFORE_NOISE_WRITE.get(self, ()):

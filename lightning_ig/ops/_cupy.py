@@ -2,12 +2,10 @@
 
 Rules this module enforces for every kernel in ``kernels/*.cu``:
 
-* All memory is torch's. Callers allocate outputs and scratch with torch and pass
-  ``tensor.data_ptr()``; CuPy never allocates, so there is one memory pool and
-  ``torch.cuda.graph`` can capture the launches.
-* Launches go to ``torch.cuda.current_stream(device)``, looked up at every call.
-  The CuPy wrapper of a stream is cached by the stream's handle (building one
-  per launch costs host time), never without it.
+* All memory is torch's. Callers allocate outputs and scratch with torch and pass ``tensor.data_ptr()``; CuPy never
+  allocates, so there is one memory pool and ``torch.cuda.graph`` can capture the launches.
+* Launches go to ``torch.cuda.current_stream(device)``, looked up at every call. The CuPy wrapper of a stream is cached
+  by the stream's handle (building one per launch costs host time), never without it.
 * Each ``.cu`` file is compiled once per (device, options) and cached; the
   source is prefixed with ``#line 1 "<path>"`` so compiler errors name the real file.
 * Scalars are passed as numpy scalars of the kernel's exact C type.
@@ -173,9 +171,8 @@ def get_kernel(filename: str, name: str, device: torch.device | int, options: Se
 @functools.lru_cache(maxsize=64)
 def _external_stream(handle: int, device_index: int) -> Any:
     cupy = require_cupy()
-    # CuPy 14 deprecates ExternalStream in favour of Stream.from_external(), which
-    # wants an object with __cuda_stream__; a raw handle is all we keep, and the
-    # wrapper is built once per handle, so the warning is silenced here only.
+    # CuPy 14 deprecates ExternalStream in favour of Stream.from_external(), which wants an object with __cuda_stream__;
+    # a raw handle is all we keep, and the wrapper is built once per handle, so the warning is silenced here only.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return cupy.cuda.ExternalStream(handle, device_index)

@@ -4,9 +4,8 @@ The ops layer of :mod:`lightning_ig.losses` (Liger-Kernel's layering: the kernel
 an :class:`torch.autograd.Function` here; the module and the functional form in ``losses``). Every launch reads flat,
 contiguous buffers of one dtype and device, allocated by torch; ``losses`` checks the arguments first.
 
-* ``mean``/``sum``: ONE launch of ``soft_margin_reduce[_grad]``; the gradient (for
-  ``grad_output == 1``, the reduction's scale folded in) is written in the same
-  pass, and the backward only scales it by ``grad_output``, read on the device.
+* ``mean``/``sum``: ONE launch of ``soft_margin_reduce[_grad]``; the gradient (for ``grad_output == 1``, the reduction's
+  scale folded in) is written in the same pass, and the backward only scales it by ``grad_output``, read on the device.
 * ``none``: one elementwise launch forward and one backward.
 * :func:`soft_margin_torch`: the same loss in plain torch, the path for CPU tensors
   and float64 and the reference in tests.
@@ -137,9 +136,8 @@ class SoftMarginFunction(torch.autograd.Function):
         return gradient, None, None
 
 
-# Caches that keep the per-call host path short: kernels per (entry point, dtype,
-# device), grid limits per device, workspaces per (device, stream), and the grid
-# and scalar arguments per reduction size.
+# Caches that keep the per-call host path short: kernels per (entry point, dtype, device), grid limits per device,
+# workspaces per (device, stream), and the grid and scalar arguments per reduction size.
 _kernels: dict[tuple[str, torch.dtype, int], Any] = {}
 _grid_limits: dict[int, int] = {}
 _workspaces: dict[tuple[int, int], tuple[Tensor, tuple[np.uint64, np.uint64]]] = {}

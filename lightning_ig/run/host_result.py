@@ -3,19 +3,15 @@
 :class:`HostResult` is what the report, the statistics and the TensorBoard side read. :meth:`HostResult.from_result`
 takes an :class:`~lightning_ig.attribution.IGResult` (or anything with its fields) and
 
-1. packs each state's row, its attributions and its per-state numbers
-   (``f_input``, ``f_baseline``, ``delta``, ``relative_error``, ``degenerate``,
-   ``non_finite``, ``n_steps``, ``stochastic``, ``attribution_error``,
+1. packs each state's row, its attributions and its per-state numbers (``f_input``, ``f_baseline``, ``delta``,
+   ``relative_error``, ``degenerate``, ``non_finite``, ``n_steps``, ``stochastic``, ``attribution_error``,
    ``mass_relative_error``), into one tensor ``(B, F + 10)``;
-2. under DDP, passes it to ``gather`` once (``trainer.strategy.all_gather``:
-   every rank makes the same single collective call with the same shape;
-   the states are split with the last rank's share padded, and the padding
-   rows are dropped here by ``num_states``);
-3. reduces on the device, in float64: per-feature moments, per-state sums and
-   masses (the near-baseline flags from the median over *all* gathered states),
-   group sums; and copies to the host in one transfer only what is needed,
-   so the host work grows with the number of features, not with
-   states x features.
+2. under DDP, passes it to ``gather`` once (``trainer.strategy.all_gather``: every rank makes the same single collective
+   call with the same shape; the states are split with the last rank's share padded, and the padding rows are dropped
+   here by ``num_states``);
+3. reduces on the device, in float64: per-feature moments, per-state sums and masses (the near-baseline flags from the
+   median over *all* gathered states), group sums; and copies to the host in one transfer only what is needed, so the
+   host work grows with the number of features, not with states x features.
 
 Everything is float64 numpy on the host; the same result gives the same numbers.
 :meth:`HostResult.begin` queues the same work and returns a :class:`HostTransfer` without waiting for the

@@ -19,12 +19,10 @@ attribution mass and the ratio reads large for accurate maps (``docs/trust.md``)
 Drift compares one run's importance (the mean ``|attr|`` of its *units*: the features, or the groups when groups are in
 use) with the previous run's and the first one's:
 
-* ``spearman_prev`` / ``spearman_first``: Spearman rank correlation (ties get
-  average ranks), reported only with at least 3 units: with 2 it is +-1 by
-  construction;
-* ``topk_jaccard_prev``: the overlap ``|A & B| / |A | B|`` of the top-k units,
-  reported only when there are more units than ``top_k`` (with ``top_k`` or
-  fewer units both sets are all units and the overlap is 1 by construction).
+* ``spearman_prev`` / ``spearman_first``: Spearman rank correlation (ties get average ranks), reported only with at
+  least 3 units: with 2 it is +-1 by construction;
+* ``topk_jaccard_prev``: the overlap ``|A & B| / |A | B|`` of the top-k units, reported only when there are more units
+  than ``top_k`` (with ``top_k`` or fewer units both sets are all units and the overlap is 1 by construction).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ class Replica:
     Attributes:
         module: the copy.
         noisy: its :class:`~lightning_ig.models.NoisyLinear` layers.
+        forward: the run's forward on the copy (``x -> output``).
         engine: its :class:`~lightning_ig.attribution.IntegratedGradients`.
     """
 
@@ -65,8 +66,9 @@ class Replica:
         self._names = _followed_names(self.module)
         self._mine = self._tensors()
         self.quiet()
+        self.forward = settings.call(self.module)
         self.engine = IntegratedGradients(
-            settings.call(self.module), target=settings.target, **settings.options.keywords()
+            self.forward, target=settings.target, **settings.options.keywords()
         )  # no NaN/Inf check of the inputs: they are the run's states, checked when they were set up
         self._draws: dict[tuple[int, int], list[list[Tensor]]] = {}
 

@@ -158,9 +158,8 @@ def randomization_reference(
         num_copies: copies, ``>= 2`` (default 4: six pairs for the level, four copies for the model).
         num_states: states covered, spread evenly over ``states`` (default 16; ``None``: all).
         seed: the copies' seeds are ``seed, seed + 1, ...`` (default 0).
-        replica: the fit's working copy of ``model`` to draw the copies in (default: a new one); it is left with
-            the last copy's weights (:meth:`~lightning_ig.trust.replica.Replica.sync` brings the model's
-            back).
+        replica: the fit's working copy of ``model`` to draw the copies in (default: a new one); it is left with the
+            last copy's weights (:meth:`~lightning_ig.trust.replica.Replica.sync` brings the model's back).
 
     Returns:
         A :class:`RandomizationReference`.

@@ -115,9 +115,8 @@ def display_labels(names: Sequence[str], *, generated: bool = False) -> list[str
 
     Args:
         names: feature or group names (distinct).
-        generated: the names were made up by lightning-ig (``x[0,3,9]``, ``channel 3``,
-            ``x0..x7``): their numbers are zero-padded to one width so that
-            ``x[0,03,09]`` sorts before ``x[0,10,02]`` as text.
+        generated: the names were made up by lightning-ig (``x[0,3,9]``, ``channel 3``, ``x0..x7``): their numbers are
+            zero-padded to one width so that ``x[0,03,09]`` sorts before ``x[0,10,02]`` as text.
 
     Returns:
         One distinct label per name.

@@ -201,6 +201,44 @@ def test_a_check_that_fails_on_the_worker_is_said_once_and_switched_off(tmp_path
     assert verdict.status == "failed" and any("stability: could not run" in reason for reason in verdict.reasons)
 
 
+class _ScaledNet(TinyQNet):
+    """A forward that reads more than its weights: an observation scale training changes, as a plain tensor updated
+    in place (``reassign=False``) or a float set anew (``reassign=True``); neither reaches a copy that follows the
+    parameters and buffers."""
+
+    def __init__(self, reassign: bool) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.reassign, self.scale, self.factor = reassign, torch.ones(4), 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x * self.scale * self.factor)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.reassign:
+            self.factor = 1.0 + 0.5 * self.global_step
+        else:
+            self.scale.fill_(1.0 + 0.5 * self.global_step)
+        return super().training_step(batch, batch_idx)
+
+
+@needs_a_spare_core
+@pytest.mark.parametrize("reassign", [False, True], ids=["in-place", "reassigned"])
+def test_a_forward_that_reads_more_than_its_weights_keeps_its_runs_on_the_training_thread(
+    tmp_path, one_thread, monkeypatch, reassign
+):
+    # guards against: the worker's copy, frozen at the fork (or at the fit's start), attributing a stale model
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="reads an attribute that training changes") as seen:
+        beside = _fit_runs(tmp_path / "beside", _ScaledNet(reassign), overhead=None)
+    assert sum("reads an attribute" in str(warning.message) for warning in seen) == 1
+    assert beside._fit is not None and beside._fit.idle is not None and not beside._fit.idle.alive
+    monkeypatch.setattr(fit, "idle_core", lambda *args: None)
+    torch.manual_seed(0)
+    inline = _fit_runs(tmp_path / "inline", _ScaledNet(reassign), overhead=None)
+    assert len(beside.history) == len(inline.history) == 7
+    assert _reports(tmp_path / "beside" / "ig_reports") == _reports(tmp_path / "inline" / "ig_reports")
+
+
 class _KillsTheWorker(Callback):
     """Kills the runs' worker process once it has made a run (as the OOM killer would), mid-way through the next."""
 
