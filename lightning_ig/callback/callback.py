@@ -136,7 +136,8 @@ class IntegratedGradientsCallback(Callback):
             in full, no trust checks. Under DDP it is measured, never acted on.
 
     Raises:
-        MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name``.
+        MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name`` (two
+            that also attribute one target at one cadence are refused as the Trainer is made, by Lightning's state_key).
         TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is refused, never
             read as another (``run_at_train_end="no"`` is an error, not ``True``). At set-up: states that do not fit
             the model, NaN/Inf in the states, names or groups of the wrong size, a ``saliency_channel`` past the
@@ -204,6 +205,10 @@ class IntegratedGradientsCallback(Callback):
                 object.__setattr__(self, hook, None)
 
     __getattr__ = option_attribute  # callback.every_n_steps and the other options: self.options' (as checked)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle (``ddp_spawn``, ``torch.save(trainer)``) leaves out what a fit holds: the next fit sets it up."""
+        return {**vars(self), "_fit": None, "_pending": None}
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_") or name == "history":  # its own state, set by every run: no option is named so

@@ -82,7 +82,14 @@ def resolve_states(source: Any, trainer: Any, pl_module: Any) -> Tensor:
     elif isinstance(source, (str, os.PathLike)):
         states = load_states(source, dtype=model_dtype(pl_module))  # as the CLI reads them: the model's precision
     else:
-        states = source(trainer, pl_module)
+        try:
+            states = source(trainer, pl_module)
+        except Exception as error:  # the user's code: say where it ran, which is why a module attribute may be missing
+            raise RuntimeError(
+                f"the states callable {callable_name(source)} raised {type(error).__name__}: {error}; it runs at the "
+                "callback's setup, before the LightningModule's setup() and configure_model(): make what it reads "
+                "in the module's __init__, or pass the states"
+            ) from error
         if not isinstance(states, Tensor):
             raise TypeError(
                 f"the states callable {callable_name(source)} must return a tensor (num_states, *feature_shape), "

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import math
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -295,6 +296,16 @@ def test_resume_keeps_the_history(tmp_path):
     assert first_drift[30] == pytest.approx(expected, rel=eps(torch.float32))
 
 
+def test_a_callback_pickles_after_a_fit_and_fits_again(tmp_path):
+    # guards against: the fit's engine and hooks (a closure over the trainer) in the pickle (ddp_spawn, torch.save)
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))
+    make_trainer(tmp_path, [callback], max_steps=20).fit(TinyQNet(), loader())
+    again = pickle.loads(pickle.dumps(callback))
+    assert again.history == callback.history and again.every_n_steps == 10 and again._fit is None
+    make_trainer(tmp_path / "again", [again], max_steps=20).fit(TinyQNet(), loader())
+    assert again._fit is not None and [entry["global_step"] for entry in again.history] == [10, 20]  # a fit of its own
+
+
 def test_resuming_into_the_same_report_dir_does_not_warn_of_an_earlier_fit(tmp_path):
     reports = tmp_path / "reports"
     first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, report_dir=reports, overhead=None)
@@ -546,6 +557,19 @@ def test_bad_input_fails_before_training(tmp_path, states, options, match):
     callback = IntegratedGradientsCallback(states, every_n_steps=1, **options)
     trainer = make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2)
     with pytest.raises((ValueError, TypeError), match=match):
+        trainer.fit(TinyQNet(), loader())
+
+
+def test_a_states_callable_that_fails_says_when_it_runs(tmp_path):
+    # guards against: the user's bare AttributeError for a module attribute made in setup(), after the callback's
+    def states(trainer: Any, pl_module: Any) -> torch.Tensor:
+        return torch.randn(6, pl_module.encoder_width)  # made in the module's setup(): not there yet
+
+    callback = IntegratedGradientsCallback(states, every_n_steps=1)
+    trainer = make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2)
+    with pytest.raises(
+        RuntimeError, match=r"states callable .*states raised AttributeError: .*encoder_width.*before the "
+    ):
         trainer.fit(TinyQNet(), loader())
 
 
