@@ -279,7 +279,10 @@ class Target:
         values = self.fn(outputs)  # type: ignore[misc]  # set for every "callable" target
         if not isinstance(values, Tensor) or tuple(values.shape) not in ((n_rows,), (n_rows, 1)):
             seen = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-            raise ValueError(f"the target callable must map the forward's output to shape ({n_rows},), got {seen}")
+            raise ValueError(
+                f"the target callable must map the forward's output {tuple(outputs.shape)} to one value per row, "
+                f"shape ({n_rows},) (rows: points on the states' paths, in chunks), got {seen}"
+            )
         return values.reshape(n_rows, 1)
 
     def _name(self) -> str | None:

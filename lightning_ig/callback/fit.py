@@ -118,9 +118,8 @@ class Fit:
 
 _ENDED = "the runs' worker process could not start or has ended; they run on the training thread"
 _STALE = (
-    "the model's forward gives other outputs at the held-out states than a copy with the same parameters and buffers "
-    "(it reads an attribute that training changes: register such state as a buffer to keep the runs beside "
-    "training); the runs stay on the training thread from here"
+    "the model's forward gives other outputs at the held-out states than a copy with its parameters and buffers (it "
+    "reads an attribute that training changes: make it a buffer to run beside training); runs on the training thread"
 )
 
 
@@ -165,8 +164,7 @@ class IdleCore:
     ) -> ProcessTransfer | None:
         """Take the model's weights now, then attribute ``states``, reduce the result and make the trust ``checks``
         on the worker (``pair``: ``target="each"``'s rows per (state, action)). ``None`` where the worker's copy
-        computes other outputs at ``states`` than the model (its forward reads more than its weights, such as an
-        attribute that training changes): the run, and the runs after it, are the training thread's (said once)."""
+        computes other outputs at ``states`` than the model: this run and later ones stay on the training thread."""
         self.replica.sync()
         job = (states, baselines, pair, begin)
         if self._process is None:

@@ -90,6 +90,12 @@ def test_contrast_replayed_from_a_graph_chooses_the_pairs_of_the_new_states() ->
         torch.testing.assert_close(getattr(replayed, name), getattr(eager, name), rtol=0, atol=0)
 
 
+def test_a_target_callable_of_the_wrong_shape_says_what_it_got_and_what_its_rows_are() -> None:
+    net = DuelingMLP(4, 2)
+    with pytest.raises(ValueError, match=r"output \(\d+, 2\) to one value per row.*points on the states' paths.*got"):
+        integrated_gradients(net, torch.randn(3, 4), target=lambda q: q)  # (N, 2): both columns
+
+
 def test_contrast_needs_two_outputs() -> None:
     with pytest.raises(ValueError, match="target='contrast' needs a forward returning"):
         integrated_gradients(lambda z: z.sum(1, keepdim=True), _states(), target="contrast", n_steps=4)
