@@ -55,7 +55,7 @@ from lightning_ig.trust.stability import StabilityCheck, stability_check
 from lightning_ig.trust.verdict import TrustSummary, trust_summary
 from lightning_ig.vocabulary import shown
 
-__all__ = ["CHECKS", "COPIES", "DRAWS", "SEED", "Beside", "TrustMonitor", "quarter", "trust_scalar_tags"]
+__all__ = ["CHECKS", "COPIES", "DRAWS", "SEED", "Beside", "TrustMonitor", "quarter"]
 
 CHECKS = ("sanity", "deletion", "stability")
 """The checks, in the order a run makes them when they fall due together."""
@@ -72,20 +72,6 @@ _CARRIED_ACCURACY = {
     False: "not within tolerance at this run (which figure and by how much: the completeness section)",
     None: "nothing to check at this run (no state away from the baseline)",
 }
-
-
-def trust_scalar_tags(prefix: str, *, noisy: bool) -> list[str]:
-    """Every scalar tag the trust checks log under ``prefix`` (``"ig"`` or ``"ig/<name>"``): the stability check's
-    only for a model with NoisyLinear layers (``noisy``). A check's tags appear at the runs it makes."""
-    tags = [
-        "sanity/randomization_rank_correlation",
-        "sanity/copy_rank_correlation",
-        "faithfulness/deletion_auc",
-        "faithfulness/deletion_auc_random",
-        *(["stability/noise_rank_correlation"] if noisy else []),
-        "trust/status",
-    ]
-    return [f"{prefix}/{tag}" for tag in tags]
 
 
 class TrustMonitor:

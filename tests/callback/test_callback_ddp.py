@@ -190,7 +190,7 @@ def _trust_checks_agree(runs: dict[int, Path], ulps: float) -> None:
         pytest.skip("the runs log scalars only where TensorBoard is installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lightning_ig.callback.monitor import trust_scalar_tags
+    from tests.support.trust import trust_scalar_tags
 
     logged = {}
     for world, folder in runs.items():

@@ -20,14 +20,13 @@ from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
-from lightning_ig.callback.monitor import trust_scalar_tags
 from lightning_ig.views import ViewOptions
 from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
 from lightning_ig.views.pictures.saliency import GRID_FRAMES, first_distinct, saliency_grid
 from lightning_ig.views.report import load_schema
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
-from tests.support.trust import checks_without_budget
+from tests.support.trust import checks_without_budget, trust_scalar_tags
 
 ALL = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 import lightning_ig.callback.callback as callback_module
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback, budget
-from lightning_ig.callback.monitor import trust_scalar_tags
 from lightning_ig.views import ViewOptions
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
+from tests.support.trust import trust_scalar_tags
 
 EVERYTHING = frozenset({"sanity", "deletion", "stability"})
 

@@ -130,3 +130,17 @@ def checks_without_budget() -> Iterator[None]:
         yield
     finally:
         budget.default_clock, budget.default_background = saved
+
+
+def trust_scalar_tags(prefix: str, *, noisy: bool) -> list[str]:
+    """Every scalar tag the trust checks log under ``prefix`` (``"ig"`` or ``"ig/<name>"``): the stability check's
+    only for a model with NoisyLinear layers (``noisy``). A check's tags appear at the runs it makes."""
+    tags = [
+        "sanity/randomization_rank_correlation",
+        "sanity/copy_rank_correlation",
+        "faithfulness/deletion_auc",
+        "faithfulness/deletion_auc_random",
+        *(["stability/noise_rank_correlation"] if noisy else []),
+        "trust/status",
+    ]
+    return [f"{prefix}/{tag}" for tag in tags]

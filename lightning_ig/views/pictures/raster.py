@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import io
-import math
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +44,8 @@ __all__ = [
     "card_sized",
     "categorical_colours",
     "font",
-    "format_tick",
-    "nice_ticks",
     "png_bytes",
     "rgb",
-    "to_colour_index",
 ]
 
 # ColorBrewer RdBu (11 classes), negative (red) to positive (blue); viridis anchors for magnitudes.
@@ -127,11 +123,6 @@ DIVERGING_LUT = _lut(_DIVERGING)
 SEQUENTIAL_LUT = _lut(_SEQUENTIAL)
 
 
-def to_colour_index(unit: np.ndarray) -> np.ndarray:
-    """Values on ``[0, 1]`` (NaN as 0, clipped) -> indices into a 256-entry colour table."""
-    return np.round(np.clip(np.nan_to_num(unit), 0.0, 1.0) * 255.0).astype(np.intp)
-
-
 def _dejavu(bold: bool) -> Path | None:
     """DejaVu Sans from a matplotlib installation (found without importing matplotlib), if there is one."""
     spec = importlib.util.find_spec("matplotlib")
@@ -157,31 +148,6 @@ def font(size: int, bold: bool = False) -> Any:
         return ImageFont.load_default(size=size)  # Pillow >= 10.1
     except TypeError:
         return ImageFont.load_default()
-
-
-def nice_ticks(limit: float, most: int = 6) -> np.ndarray:
-    """Round tick values ``0, step, 2 step, ...`` up to ``limit`` (at most ``most`` + 1 of them).
-
-    The step is 1, 2, 2.5 or 5 times a power of ten, the smallest that keeps the count within ``most``.
-    """
-    if not math.isfinite(limit) or limit <= 0:
-        return np.array([0.0])
-    raw = limit / most
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * power >= raw * (1 - 1e-9))
-    count = math.floor(limit / step * (1 + 1e-9))
-    return np.arange(count + 1) * step
-
-
-def format_tick(value: float, step: float) -> str:
-    """A tick value with as many decimals as its step needs (``0.25``, ``1.5``, ``2e-05``)."""
-    if value == 0:
-        return "0"
-    if step >= 1e-3 and abs(value) < 1e5:
-        power = math.floor(math.log10(step) + 1e-9)
-        quarter = round(step / 10.0**power, 6) == 2.5  # 0.25, 2.5: one more decimal than the power says
-        return f"{value:.{max(0, -power + quarter)}f}"
-    return f"{value:.2g}"
 
 
 class Canvas:

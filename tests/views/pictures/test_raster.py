@@ -1,9 +1,8 @@
-"""Drawing primitives: round ticks, their labels, and palette PNGs that decode to the picture drawn."""
+"""Drawing primitives: palette PNGs that decode to the picture drawn, and card-sized canvases."""
 
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 import pytest
@@ -12,31 +11,7 @@ PIL = pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402
 
-from lightning_ig.views.pictures.raster import CARD_HEIGHT, Canvas, card_sized, format_tick, nice_ticks, png_bytes  # noqa: E402
-
-
-@pytest.mark.parametrize("limit", [1e-7, 0.013, 0.999, 1.0, 2.6, 3.08, 7.0, 260.0, 5e6])
-def test_nice_ticks_are_round_steps_from_zero_that_cover_most_of_the_axis(limit):
-    ticks = nice_ticks(limit)
-    step = ticks[1] - ticks[0]
-    mantissa = step / 10 ** math.floor(math.log10(step) + 1e-9)
-    assert ticks[0] == 0 and 2 <= len(ticks) <= 7
-    assert any(math.isclose(mantissa, m, rel_tol=1e-9) for m in (1.0, 2.0, 2.5, 5.0))
-    np.testing.assert_allclose(np.diff(ticks), step, rtol=1e-9)
-    assert ticks[-1] <= limit * (1 + 1e-9) and ticks[-1] + step > limit  # no room left for another tick
-
-
-@pytest.mark.parametrize("limit", [0.0, -1.0, float("nan"), float("inf")])
-def test_nice_ticks_of_an_empty_or_broken_axis_is_zero_alone(limit):
-    assert nice_ticks(limit).tolist() == [0.0]
-
-
-def test_tick_labels_carry_the_decimals_their_step_needs():
-    assert [format_tick(v, 0.25) for v in (0.0, 0.25, 0.5)] == ["0", "0.25", "0.50"]
-    assert [format_tick(v, 0.5) for v in (0.5, 1.0)] == ["0.5", "1.0"]
-    assert [format_tick(v, 2.5) for v in (2.5, 5.0)] == ["2.5", "5.0"]
-    assert [format_tick(v, 25.0) for v in (25.0, 50.0)] == ["25", "50"]
-    assert format_tick(2e-5, 2e-5) == "2e-05"
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, Canvas, card_sized, png_bytes  # noqa: E402
 
 
 def _decode(data: bytes) -> tuple[str, np.ndarray]:
