@@ -103,12 +103,20 @@ def _refuse_kind(file: Path, kind: str) -> None:
 def _read_json(file: Path, prefix: str | None) -> Tensor:
     with open_input(file, "states file") as handle:
         _fits(os.fstat(handle.fileno()).st_size * MEMORY_PER_BYTE, file)
-        document = parse_json(handle.read())
+        text = handle.read()
+    document = parse_json(text)
     rows = document.get("states") if isinstance(document, dict) else document
     if rows is None:
         raise CheckpointError(f'states file {str(file)!r} has no "states" key; write {{"states": [[...], ...]}}')
     _check_numbers(rows, file)
-    return torch.tensor(rows, dtype=torch.float64)  # the file's precision; load_states converts
+    stored = torch.tensor(rows, dtype=torch.float64)  # the file's precision; load_states converts
+    infinite = stored.isinf().nonzero()
+    if len(infinite) and (b"Infinity" if isinstance(text, bytes) else "Infinity") not in text:  # 1e999: json's inf
+        raise CheckpointError(
+            f"states file {str(file)!r} holds a number past float64's range at index "
+            f"{tuple(infinite[0].tolist())}; write finite values"
+        )
+    return stored
 
 
 def _check_numbers(rows: Any, file: Path) -> None:

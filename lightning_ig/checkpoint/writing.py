@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 from lightning_ig._files import atomic_path, check_output_file
 from lightning_ig.attribution.checks import check_states
@@ -32,8 +33,8 @@ from lightning_ig.checkpoint.layout import (
     json_metadata,
     read_metadata,
 )
-from lightning_ig.models import model_config, model_name
-from lightning_ig.vocabulary import check_feature_names, check_path
+from lightning_ig.models import build_model, model_config, model_name, resolve_model_class
+from lightning_ig.vocabulary import check_feature_names, check_path, shown
 
 __all__ = ["merge_checkpoints", "save_checkpoint", "save_merged_checkpoint"]
 
@@ -68,7 +69,8 @@ def save_checkpoint(
     Raises:
         TypeError: If an argument has the wrong type or the config is not JSON-serialisable.
         ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or do not match the
-            states' width, ``metadata`` uses a reserved key, or ``path`` is a folder, a device or a FIFO.
+            states' width, ``metadata`` uses a reserved key, ``path`` is a folder, a device or a FIFO, or ``config``
+            builds the model's class with other tensors than the model's (the file could not be loaded).
 
     Example::
 
@@ -88,6 +90,8 @@ def save_checkpoint(
     width = None if stored_states is None else int(stored_states[0].numel())
     names = _checked_names(feature_names, width)
     architecture, model_kwargs = _architecture(model, config)
+    if config is not None:  # the caller's words for the model, not the model's own config(): they must rebuild it
+        _check_rebuilds(architecture, dict(config), tensors)
     meta = _metadata(metadata)
     meta[ARCHITECTURE_KEY] = architecture
     if model_kwargs is not None:
@@ -256,6 +260,31 @@ def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
     return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
 
 
+def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+    """Refuse a ``config`` from which the model's class builds other tensors than the model's: the file would never
+    load. A class not found by its name now (defined in ``__main__``) or not built on the meta device is not checked."""
+    try:
+        resolve_model_class(architecture)
+    except ValueError:
+        return
+    try:
+        with torch.device("meta"):  # allocates nothing, whatever sizes the config asks for
+            built = build_model(architecture, dict(config))
+    except Exception:  # noqa: BLE001 - a constructor that cannot run on meta (it reads values): loading checks it
+        return
+    state = built.state_dict()  # a lazy tensor takes its shape from the weights: not compared
+    theirs = {key: tuple(value.shape) for key, value in state.items() if not is_lazy(value)}
+    mine = {key: tuple(value.shape) for key, value in tensors.items() if key not in state or not is_lazy(state[key])}
+    differ = sorted(set(theirs) ^ set(mine)) or [key for key in theirs if theirs[key] != mine[key]]
+    if differ:
+        key = differ[0]
+        raise ValueError(
+            f"config={shown(config)} builds a {architecture} whose tensors are not the model's ({key}: "
+            f"{theirs.get(key, 'none')} from the config, {mine.get(key, 'none')} in the model): the file could not "
+            "be loaded; pass the arguments the model was built with"
+        )
+
+
 def _architecture(model: nn.Module, config: Mapping[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
     if config is None:
         config = model_config(model)
@@ -288,6 +317,9 @@ def _source_info(source_meta: Mapping[str, str], source: str | os.PathLike[str])
 def _check_path(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """Refuse a folder, a device, a FIFO or an input before writing; missing parent folders are created later."""
     target = check_path(path, "path")
+    blocked = next((up for up in Path(os.path.abspath(target)).parents if up.exists() and not up.is_dir()), None)
+    if blocked is not None:  # the OS would say "File exists", naming the file as if it were the checkpoint
+        raise ValueError(f"checkpoint path {os.fspath(path)!r} goes through {str(blocked)!r}, a file; choose a folder")
     if Path(os.path.realpath(target)).parent.is_dir():
         check_output_file(target, what="checkpoint path", inputs=inputs)
     elif os.fspath(path).endswith(os.sep):

@@ -114,6 +114,14 @@ def test_finite_values_past_the_dtypes_range_are_said_as_such_not_as_nan_or_inf(
     assert torch.isinf(load_states(tmp_path / "inf.npy")).any()
 
 
+def test_a_json_number_past_float64_is_said_as_such_and_an_infinity_left_to_the_states_check(tmp_path: Path) -> None:
+    (tmp_path / "wide.json").write_text("[[1e999, 2.0], [3.0, 4.0]]")  # json reads it as inf, silently
+    with pytest.raises(CheckpointError, match=r"holds a number past float64's range at index \(0, 0\)"):
+        load_states(tmp_path / "wide.json")
+    (tmp_path / "inf.json").write_text("[[Infinity, 2.0], [3.0, 4.0]]")
+    assert torch.isinf(load_states(tmp_path / "inf.json")).any()
+
+
 def test_a_json_states_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text('{"states": [[1.0, 2.0]], "states": [[3.0, 4.0]]}')
     with pytest.raises(CheckpointError, match="an object names the key 'states' twice"):

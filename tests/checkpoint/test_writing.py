@@ -50,6 +50,17 @@ def test_save_and_load_rebuild_the_same_function(tmp_path: Path) -> None:
     torch.testing.assert_close(loaded.model(loaded.states), net(states.float()), rtol=0, atol=0)
 
 
+def test_a_config_that_does_not_rebuild_the_model_is_refused_at_save_not_at_load(tmp_path: Path) -> None:
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    wrong = {"state_dim": 4, "num_actions": 2, "noisy": False}  # the default hidden sizes: other shapes
+    path = tmp_path / "q.safetensors"
+    with pytest.raises(ValueError, match=r"builds a DuelingQNetwork whose tensors are not the model's .*could not be"):
+        save_checkpoint(net, path, config=wrong)
+    assert not path.exists()
+    save_checkpoint(net, path, config=net.config())  # the arguments it was built with
+    assert load_checkpoint(path).model.config() == net.config()
+
+
 def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) -> None:
     net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
     compiled = torch.compile(net)  # wrapping compiles nothing yet: no compiler needed
@@ -121,6 +132,9 @@ def test_checkpoint_paths_are_checked_and_links_written_through(tmp_path: Path) 
     net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
     with pytest.raises(ValueError, match="is a folder"):
         save_checkpoint(net, tmp_path)
+    save_checkpoint(net, tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match=r"goes through '.*a.safetensors', a file; choose a folder"):
+        save_checkpoint(net, tmp_path / "a.safetensors" / "deeper" / "b.safetensors")
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
