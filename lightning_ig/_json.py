@@ -38,6 +38,8 @@ def parse_json(text: str | bytes) -> Any:
         ValueError: not JSON (``json.JSONDecodeError`` is one), an object naming a key twice, nested deeper than
             :data:`MAX_DEPTH`, or an integer of more than :data:`MAX_INT_DIGITS` digits.
     """
+    mark = b"\xef\xbb\xbf" if isinstance(text, bytes) else "\ufeff"  # a byte-order mark (Windows editors): not JSON
+    text = text[len(mark) :] if text[: len(mark)] == mark else text
     try:
         value = json.loads(text, parse_int=_integer, object_pairs_hook=_object)
     except RecursionError:

@@ -43,3 +43,11 @@ def test_text_that_is_not_json_is_a_value_error() -> None:
     with pytest.raises(json.JSONDecodeError):  # a ValueError
         parse_json("{")
     assert issubclass(json.JSONDecodeError, ValueError)
+
+
+def test_a_byte_order_mark_is_skipped_as_windows_editors_write_it() -> None:
+    # json.loads refuses it ("Unexpected UTF-8 BOM"): a report or states file saved by Notepad would not read
+    assert parse_json(b'\xef\xbb\xbf{"states": [[1.0, 2.0]]}') == {"states": [[1.0, 2.0]]}
+    assert parse_json("\ufeff[1, 2]") == [1, 2]
+    with pytest.raises(json.JSONDecodeError, match="Expecting value"):
+        parse_json(b"\xef\xbb\xbf")  # a mark and nothing else is still not JSON
