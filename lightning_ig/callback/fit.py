@@ -147,8 +147,9 @@ class IdleCore:
         cpu: the worker process's CPU seconds so far.
     """
 
-    def __init__(self, replica: Replica, live: Callable[[Tensor], Tensor], monitor: TrustMonitor | None = None) -> None:
-        self.replica, self.live, self.monitor = replica, live, monitor
+    def __init__(self, replica: Replica, monitor: TrustMonitor | None = None) -> None:
+        self.replica, self.monitor = replica, monitor
+        self.live = replica.settings.call(replica.model)  # the run's forward on the model: what the copy must match
         self.cpu = 0.0
         self._process: Any = None  # the worker process and the training end of its pipe
         self._pipe: Any = None
@@ -338,7 +339,7 @@ def idle_core(
     same = torch.equal(mine.attributions, theirs.attributions) and torch.equal(mine.f_input, theirs.f_input)
     if draws or mine.stochastic or not same:
         return None
-    return IdleCore(replica, settings.call(pl_module), monitor)
+    return IdleCore(replica, monitor)
 
 
 def _current_cpu() -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextvars
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,8 @@ __all__ = [
     "Recipe",
     "StoredTensors",
     "build_checked",
+    "shape_mismatch",
+    "state_shapes",
     "stored_tensors",
     "weight_keys",
 ]
@@ -282,9 +284,7 @@ class _Measured:
             numel=sum(tensor.numel() for tensor in tensors),
             size=sum(tensor.numel() * tensor.element_size() for tensor in tensors),
             tensors=len(tensors),
-            state_shapes={
-                key: None if is_lazy(value) else tuple(value.shape) for key, value in model.state_dict().items()
-            },
+            state_shapes=state_shapes(model),
         )
 
     def check(self, stored: StoredTensors, recipe: Recipe, file: Path, where: str) -> None:
@@ -298,20 +298,28 @@ class _Measured:
                 "refused before allocating it: fix the config (--model-kwargs JSON, config=) or use the checkpoint "
                 "it belongs to"
             )
-        expected, fix = self.state_shapes, "check --model/--model-kwargs or the head"  # the words load_state_dict's get
-        wrong = [key for key, shape in expected.items() if shape is not None and stored.shapes.get(key, shape) != shape]
-        if wrong:
-            key = wrong[0]
+        mismatch = shape_mismatch(self.state_shapes, stored.shapes)
+        if mismatch is not None:  # the words load_state_dict's errors use
             raise CheckpointError(
-                f"{where} do not fit {recipe.described} (size mismatch for {key}: the file holds "
-                f"{stored.shapes[key]}, the model has {expected[key]}; {len(wrong)} tensor(s) differ); {fix}"
+                f"{where} do not fit {recipe.described} ({mismatch}); check --model/--model-kwargs or the head"
             )
-        missing = [key for key in expected if key not in stored.shapes]
-        unexpected = [key for key in stored.shapes if key not in expected]
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{where} do not fit {recipe.described}: missing {few(missing)}, unexpected {few(unexpected)}; {fix}"
-            )
+
+
+def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...] | None]:
+    """The shapes of ``model``'s state dict, ``None`` for a lazy tensor (shaped by the weights it is given)."""
+    return {key: None if is_lazy(value) else tuple(value.shape) for key, value in model.state_dict().items()}
+
+
+def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why weights of the ``held`` shapes do not load into a model whose state dict has the ``expected`` ones
+    (``None``: a lazy tensor, any shape), in load_state_dict's words; ``None`` where they do."""
+    wrong = [key for key, shape in expected.items() if shape is not None and held.get(key, shape) != shape]
+    if wrong:
+        key = wrong[0]
+        found = f"the file holds {held[key]}, the model has {expected[key]}"
+        return f"size mismatch for {key}: {found}; {len(wrong)} tensor(s) differ"
+    missing, unexpected = [key for key in expected if key not in held], [key for key in held if key not in expected]
+    return f"missing {few(missing)}, unexpected {few(unexpected)}" if missing or unexpected else None
 
 
 def _unique_tensors(model: nn.Module) -> list[Tensor]:

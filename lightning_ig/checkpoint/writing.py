@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parameter import is_lazy
 
 from lightning_ig._files import atomic_path, check_output_file
 from lightning_ig.attribution.checks import check_states
+from lightning_ig.checkpoint.building import shape_mismatch, state_shapes
 from lightning_ig.checkpoint.layout import (
     ARCHITECTURE_KEY,
     CONFIG_KEY,
@@ -33,7 +33,7 @@ from lightning_ig.checkpoint.layout import (
     json_metadata,
     read_metadata,
 )
-from lightning_ig.models import build_model, model_config, model_name, resolve_model_class
+from lightning_ig.models import build_model, model_config, model_name
 from lightning_ig.vocabulary import check_feature_names, check_path, shown
 
 __all__ = ["merge_checkpoints", "save_checkpoint", "save_merged_checkpoint"]
@@ -264,24 +264,15 @@ def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str
     """Refuse a ``config`` from which the model's class builds other tensors than the model's: the file would never
     load. A class not found by its name now (defined in ``__main__``) or not built on the meta device is not checked."""
     try:
-        resolve_model_class(architecture)
-    except ValueError:
-        return
-    try:
         with torch.device("meta"):  # allocates nothing, whatever sizes the config asks for
             built = build_model(architecture, dict(config))
-    except Exception:  # noqa: BLE001 - a constructor that cannot run on meta (it reads values): loading checks it
+    except Exception:  # noqa: BLE001 - no such name here, or a constructor that reads values: loading checks it
         return
-    state = built.state_dict()  # a lazy tensor takes its shape from the weights: not compared
-    theirs = {key: tuple(value.shape) for key, value in state.items() if not is_lazy(value)}
-    mine = {key: tuple(value.shape) for key, value in tensors.items() if key not in state or not is_lazy(state[key])}
-    differ = sorted(set(theirs) ^ set(mine)) or [key for key in theirs if theirs[key] != mine[key]]
-    if differ:
-        key = differ[0]
+    mismatch = shape_mismatch(state_shapes(built), {key: tuple(value.shape) for key, value in tensors.items()})
+    if mismatch is not None:
         raise ValueError(
-            f"config={shown(config)} builds a {architecture} whose tensors are not the model's ({key}: "
-            f"{theirs.get(key, 'none')} from the config, {mine.get(key, 'none')} in the model): the file could not "
-            "be loaded; pass the arguments the model was built with"
+            f"config={shown(config)} builds a {architecture} that does not take the model's tensors, which the file "
+            f"holds ({mismatch}): it could not be loaded; pass the arguments the model was built with"
         )
 
 

@@ -43,6 +43,7 @@ class Replica:
     Attributes:
         module: the copy.
         noisy: its :class:`~lightning_ig.models.NoisyLinear` layers.
+        settings: what it was made with.
         forward: the run's forward on the copy (``x -> output``).
         engine: its :class:`~lightning_ig.attribution.IntegratedGradients`.
     """
@@ -66,6 +67,7 @@ class Replica:
         self._names = _followed_names(self.module)
         self._mine = self._tensors()
         self.quiet()
+        self.settings = settings
         self.forward = settings.call(self.module)
         self.engine = IntegratedGradients(
             self.forward, target=settings.target, **settings.options.keywords()
