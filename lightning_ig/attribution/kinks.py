@@ -92,7 +92,13 @@ def kink_rule(
     cancelling = jump_l1 / sigma.abs().clamp_min(tiny)  # N_k >= 1 where kinked
     left_node = alphas.to(f64)[:-1].view(1, -1, 1)  # (1, n - 1, 1)
     kappa = left_node + h / 2 - offset  # (T, n - 1, B) the located kinks
+    roughness = roughness.to(f64)
+    # Corrections only where the path is plainly kinked: a smooth transition about a node spacing wide (a trained
+    # tanh agent's sharpest states) reads half kinked, and "corrections" there made the rule worse than the midpoint
+    corrected = kinked_share(roughness, _CORRECTED, n)  # (T, B)
     count = min(n - 1, math.ceil(_CERTIFIED * n))
+    if grads.device.type == "cpu" and not bool((corrected > 0).any()):  # a host check is free here: no state to
+        count = 0  # correct (a smooth network), so no certificate pass: the weights are the same without it
     top = (jump_l1 * offset.abs() * kinked).topk(count, dim=1).indices  # (T, count, B)
     excess = torch.zeros_like(rho)
     weight = torch.zeros_like(rho)
@@ -123,11 +129,8 @@ def kink_rule(
         weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min(tiny)).clamp(0, 1))
     low, high = _CANCELLING
     weight = weight * ((high - cancelling) / (high - low)).clamp(0, 1) * kinked
-    roughness = roughness.to(f64)
     lam = kinked_share(roughness, ROUGHNESS, n)  # the weights: midpoint where kinked, end-corrected where smooth
-    # Corrections only where the path is plainly kinked: a smooth transition about a node spacing wide (a trained
-    # tanh agent's sharpest states) reads half kinked, and "corrections" there made the rule worse than the midpoint
-    weight = weight * kinked_share(roughness, _CORRECTED, n).unsqueeze(1)
+    weight = weight * corrected.unsqueeze(1)
     smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)
     weights = lam.unsqueeze(1) * (h + _node_coefficients(weight * offset)) + (1 - lam.unsqueeze(1)) * smooth_weights
     # the estimate: the uncorrected kink models as one signed vector, the figures without a direction in quadrature
@@ -167,20 +170,21 @@ def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor
     """One pass over the gradients in blocks of nodes: ``||J_k||_1 (T, n - 1, B)``, the smooth model's figure and
     the rounding term ``(T, B)``, all float64."""
     f64, size = torch.float64, _block(grads)
-    gap = _smooth_weights(n, _SMOOTH_PAIRS, grads.dtype, grads.device) - _smooth_weights(
-        n, _SMOOTH_PAIRS - 1, grads.dtype, grads.device
-    )  # (n,) the degree-7 weights against the degree-5 ones
     reach = diff.abs()
-    jumps, smooth, size_sum = [], None, None
+    jumps, size_sum = [], None
     for k in range(0, n, size):
         block = grads[:, k : k + size + 1]  # (T, m + 1, B, F): one node past the block for its last jump
         jumps.append((block[:, 1:] - block[:, :-1]).abs_().mul_(reach).sum(-1))  # in place: one temporary
-        own = block[:, : min(size, n - k)]
-        part = (gap[k : k + size].view(1, -1, 1, 1) * own).sum(1)  # (T, B, F)
-        mass = (own.abs().sum(1) * reach).sum(-1)  # (T, B)
-        smooth = part if smooth is None else smooth + part
+        mass = (block[:, : min(size, n - k)].abs().sum(1) * reach).sum(-1)  # (T, B)
         size_sum = mass if size_sum is None else size_sum + mass
-    assert smooth is not None and size_sum is not None  # noqa: S101 - n >= 1
+    assert size_sum is not None  # noqa: S101 - n >= 1
+    # the degree-7 weights against the degree-5 ones: they differ on the first and last few nodes only
+    ends = min(_SMOOTH_PAIRS, n // 2)
+    nodes = torch.cat([torch.arange(ends), torch.arange(n - ends, n)]).to(grads.device)
+    gap = _smooth_weights(n, _SMOOTH_PAIRS, grads.dtype, grads.device) - _smooth_weights(
+        n, _SMOOTH_PAIRS - 1, grads.dtype, grads.device
+    )
+    smooth = (gap[nodes].view(1, -1, 1, 1) * grads.index_select(1, nodes)).sum(1)  # (T, B, F)
     jump_l1 = torch.cat(jumps, 1).to(f64)  # (T, n - 1, B)
     smooth_figure = (smooth.to(f64) * diff.to(f64)).abs().sum(-1)
     rounding = _ROUNDING * torch.finfo(grads.dtype).eps * size_sum.to(f64) / n
