@@ -22,9 +22,10 @@ a direction in quadrature (end residuals ``r_0, r_n``, what one kink leaves unex
 the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
 
     kink = ||sum_k (1 - w_k) o_k J_k||_1 + sqrt(r_0^2 + r_n^2 + sum_k left_k^2 + sum_k cert_k^2)
-    attribution_error = (max((1 - lam) smooth, lam kink) + 2 eps sum_k h ||(x - b) g_k||_1) / ||a||_1
+    attribution_error = (max((1 - lam) smooth, lam kink) + rounding) / ||a||_1
 
-(``smooth``: the degree-7 weights against the degree-5 ones; here ``lam`` reads the path as kinked from a lower
+(``smooth``: the degree-7 weights against the degree-5 ones; ``rounding``: the float32 sums' bound ``2 eps sum_k h
+||(x - b) g_k||_1``, measured instead on the CPU where ``lam = 0``, since a smooth state's error can be that small; here ``lam`` reads the path as kinked from a lower
 roughness than the weights' blend does, since a smooth path resolved only roughly reads low on ``smooth`` alone, and
 kinks are corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be
 misread either way, and at hundreds of nodes the remainder is below the models' own error and the estimate reads
@@ -61,13 +62,21 @@ _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_
 _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
 _WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
 _ValuesAt = Callable[[Tensor], Tensor]
+_Accumulate = Callable[[Tensor], Tensor]
 
 
 def kink_rule(
-    grads: Tensor, values: Tensor, ends: Tensor, diff: Tensor, alphas: Tensor, values_at: _ValuesAt, eps: float
+    grads: Tensor,
+    values: Tensor,
+    ends: Tensor,
+    diff: Tensor,
+    alphas: Tensor,
+    values_at: _ValuesAt,
+    accumulate: _Accumulate,
+    eps: float,
 ) -> tuple[Tensor, Tensor]:
-    """The kink rule's node weights ``(T, n, B)`` and the unnormalised estimate ``(T, B)`` of its L1 error (divide by
-    ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`), both in the gradients' dtype.
+    """The kink rule's attributions ``(T, B, F)`` and the unnormalised estimate ``(T, B)`` of their L1 error (divide
+    by ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`), in the gradients' dtype.
 
     Args:
         grads: ``(T, n, B, F)`` the gradients at the ``n`` midpoint nodes, in the accumulation dtype.
@@ -77,6 +86,7 @@ def kink_rule(
         alphas: ``(n,)`` the midpoint nodes.
         values_at: the forward values ``(T, k, B)`` at per-state positions ``(T, k, B)`` along the path (float64;
             forward only): the certificate.
+        accumulate: the attributions ``(T, B, F)`` from node weights ``(T, n, B)`` (the backend's sums).
         eps: the forward's rounding unit (:func:`~lightning_ig.attribution.estimate.slopes_and_roughness`).
     """
     n, acc, f64 = grads.shape[1], grads.dtype, torch.float64
@@ -142,8 +152,26 @@ def kink_rule(
     leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
     read = kinked_share(roughness, _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
+    attributions = accumulate(weights.to(acc))
+    if grads.device.type == "cpu" and bool((read == 0).any()):  # a host check is free here
+        rounding = _measured_rounding(rounding, read == 0, weights, grads, diff, attributions)
     numerator = torch.maximum((1 - read) * smooth, read * kink) + rounding
-    return weights.to(acc), numerator.to(acc)
+    return attributions, numerator.to(acc)
+
+
+def _measured_rounding(
+    bound: Tensor, smooth: Tensor, weights: Tensor, grads: Tensor, diff: Tensor, attributions: Tensor
+) -> Tensor:
+    """``(T, B)`` float64: for the states read smooth ``(T, B)``, whose error can be as small as the sums' rounding,
+    ``||a - (x - b) sum_k w_k g_k||_1`` with the sum in float64 (what the quadrature rules' estimate measures); the
+    bound, a few times that, elsewhere (a kinked state's error is far above it)"""
+    states = smooth.any(0).nonzero().squeeze(1)  # (S,) the states smooth for some target
+    f64 = torch.float64
+    exact = torch.einsum("tns,tnsf->tsf", weights.index_select(2, states), grads.index_select(2, states).to(f64))
+    exact = exact * diff.index_select(0, states).to(f64)
+    measured = (exact - attributions.index_select(1, states).to(f64)).abs().sum(-1)  # (T, S)
+    chosen = torch.where(smooth.index_select(1, states), measured, bound.index_select(1, states))
+    return bound.index_copy(1, states, chosen)
 
 
 def _node_coefficients(per_stretch: Tensor) -> Tensor:
