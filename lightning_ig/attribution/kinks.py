@@ -25,11 +25,12 @@ the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
     attribution_error = (max((1 - lam) smooth, lam kink) + rounding) / ||a||_1
 
 (``smooth``: the degree-7 weights against the degree-5 ones; ``rounding``: the float32 sums' bound ``2 eps sum_k h
-||(x - b) g_k||_1``, measured instead on the CPU where ``lam = 0``, since a smooth state's error can be that small; here ``lam`` reads the path as kinked from a lower
-roughness than the weights' blend does, since a smooth path resolved only roughly reads low on ``smooth`` alone, and
-kinks are corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be
-misread either way, and at hundreds of nodes the remainder is below the models' own error and the estimate reads
-low: the rule is for the regime where points are dear (``docs/trust.md``).
+||(x - b) g_k||_1``, measured instead on the CPU where ``lam = 0`` and the bound would set the figure, since a
+smooth state's error can be that small; here ``lam`` reads the path as kinked from a lower roughness than the
+weights' blend does, since a smooth path resolved only roughly reads low on ``smooth`` alone, and kinks are
+corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be misread either
+way, and at hundreds of nodes the remainder is below the models' own error and the estimate reads low: the rule is
+for the regime where points are dear (``docs/trust.md``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ _CORRECTED = (0.85, 0.95)  # the roughness from which kinks are corrected, and w
 _ESTIMATED = (0.3, 0.6)  # the roughness from which the estimate reads the kink model, and where in full
 _SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 7
 _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_1
+_MEASURED = 0.1  # the rounding is measured where its bound is above this share of the other figures (CPU)
 _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
 _WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
 _ValuesAt = Callable[[Tensor], Tensor]
@@ -153,25 +155,26 @@ def kink_rule(
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
     read = kinked_share(roughness, _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
     attributions = accumulate(weights.to(acc))
-    if grads.device.type == "cpu" and bool((read == 0).any()):  # a host check is free here
-        rounding = _measured_rounding(rounding, read == 0, weights, grads, diff, attributions)
-    numerator = torch.maximum((1 - read) * smooth, read * kink) + rounding
-    return attributions, numerator.to(acc)
+    model = torch.maximum((1 - read) * smooth, read * kink)
+    at_rounding = (read == 0) & (rounding > _MEASURED * model)  # states whose figure the rounding's bound would set
+    if grads.device.type == "cpu" and bool(at_rounding.any()):  # a host check is free here
+        rounding = _measured_rounding(rounding, at_rounding, weights, grads, diff, attributions)
+    return attributions, (model + rounding).to(acc)
 
 
 def _measured_rounding(
-    bound: Tensor, smooth: Tensor, weights: Tensor, grads: Tensor, diff: Tensor, attributions: Tensor
+    bound: Tensor, chosen: Tensor, weights: Tensor, grads: Tensor, diff: Tensor, attributions: Tensor
 ) -> Tensor:
-    """``(T, B)`` float64: for the states read smooth ``(T, B)``, whose error can be as small as the sums' rounding,
+    """``(T, B)`` float64: for the ``chosen (T, B)`` states, whose error can be as small as the sums' rounding,
     ``||a - (x - b) sum_k w_k g_k||_1`` with the sum in float64 (what the quadrature rules' estimate measures); the
-    bound, a few times that, elsewhere (a kinked state's error is far above it)"""
-    states = smooth.any(0).nonzero().squeeze(1)  # (S,) the states smooth for some target
-    f64 = torch.float64
-    exact = torch.einsum("tns,tnsf->tsf", weights.index_select(2, states), grads.index_select(2, states).to(f64))
-    exact = exact * diff.index_select(0, states).to(f64)
-    measured = (exact - attributions.index_select(1, states).to(f64)).abs().sum(-1)  # (T, S)
-    chosen = torch.where(smooth.index_select(1, states), measured, bound.index_select(1, states))
-    return bound.index_copy(1, states, chosen)
+    bound, a few times that, elsewhere"""
+    states = chosen.any(0).nonzero().squeeze(1)  # (S,)
+    grads64 = grads.index_select(2, states).to(torch.float64)  # (T, n, S, F)
+    exact = (weights.index_select(2, states).unsqueeze(-1) * grads64).sum(1) * diff.index_select(0, states)
+    measured = (exact - attributions.index_select(1, states)).abs().sum(-1)  # (T, S)
+    return bound.index_copy(
+        1, states, torch.where(chosen.index_select(1, states), measured, bound.index_select(1, states))
+    )
 
 
 def _node_coefficients(per_stretch: Tensor) -> Tensor:
