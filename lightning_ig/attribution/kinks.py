@@ -210,12 +210,13 @@ def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor
         size_sum = mass if size_sum is None else size_sum + mass
     assert size_sum is not None  # noqa: S101 - n >= 1
     # the degree-7 weights against the degree-5 ones: they differ on the first and last few nodes only
-    ends = min(_SMOOTH_PAIRS, n // 2)
-    nodes = torch.cat([torch.arange(ends), torch.arange(n - ends, n)]).to(grads.device)
     gap = _smooth_weights(n, _SMOOTH_PAIRS, grads.dtype, grads.device) - _smooth_weights(
         n, _SMOOTH_PAIRS - 1, grads.dtype, grads.device
     )
-    smooth = (gap[nodes].view(1, -1, 1, 1) * grads.index_select(1, nodes)).sum(1)  # (T, B, F)
+    first, last = slice(0, min(_SMOOTH_PAIRS, n // 2)), slice(n - min(_SMOOTH_PAIRS, n // 2), n)
+    smooth = (gap[first].view(1, -1, 1, 1) * grads[:, first]).sum(1) + (
+        gap[last].view(1, -1, 1, 1) * grads[:, last]
+    ).sum(1)
     jump_l1 = torch.cat(jumps, 1).to(f64)  # (T, n - 1, B)
     smooth_figure = (smooth.to(f64) * diff.to(f64)).abs().sum(-1)
     rounding = _ROUNDING * torch.finfo(grads.dtype).eps * size_sum.to(f64) / n
