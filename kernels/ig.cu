@@ -11,7 +11,8 @@
 // Storage types: float (f32), IEEE half (f16), bfloat16 (bf16) and double
 // (f64). Half types are loaded into float and every sum runs in float (double
 // for f64). There are no atomics: each output element is produced by one
-// thread, and sums over quadrature steps run in step order.
+// thread, and sums over quadrature steps run in step order within blocks of
+// LIG_SUM_STEPS steps, whose partial sums are then added in order.
 //
 // Layouts (row-major, all contiguous unless a stride is passed); c = end_copies, 0, 1 or 2:
 //   x, b      (B, F)                     inputs and baselines, F = features per state
@@ -146,8 +147,11 @@ __device__ __forceinline__ void ig_fd_gradient(const typename ig_traits<Tag>::T*
 }
 
 // (d) attr[t, j] = (x[j] - b[j]) * sum_k w[t, k, s] * grads[t, k, j] (s = j / features: the state), the sum
-// taken in step order k = 0, 1, ... by one thread: deterministic, no atomics. The weights are read through
-// strides: (0, 1, 0) for one weight per step, (n_steps B, B, 1) for one per step and state.
+// taken by one thread in step order within blocks of LIG_SUM_STEPS steps, then over the blocks' partial sums in
+// order: deterministic, no atomics, and the rounding grows with n / 256 + 256 steps instead of n (at 65,536 steps a
+// plain float sum was less accurate than at 4,096). The weights are read through strides: (0, 1, 0) for one weight
+// per step, (n_steps B, B, 1) for one per step and state.
+#define LIG_SUM_STEPS 256
 template <typename Tag>
 __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* __restrict__ x,
                                               const typename ig_traits<Tag>::T* __restrict__ b,
@@ -165,7 +169,12 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
         const Acc* g = grads + t * static_cast<long long>(n_steps) * row_numel + j;
         const Acc* w = weights + t * w_target + (j / features) * w_state;
         Acc sum = Acc(0);
-        for (int k = 0; k < n_steps; ++k) sum = ig_add(sum, ig_mul(w[k * w_step], g[k * row_numel]));
+        for (int first = 0; first < n_steps; first += LIG_SUM_STEPS) {
+            const int last = n_steps - first < LIG_SUM_STEPS ? n_steps : first + LIG_SUM_STEPS;
+            Acc part = Acc(0);
+            for (int k = first; k < last; ++k) part = ig_add(part, ig_mul(w[k * w_step], g[k * row_numel]));
+            sum = first == 0 ? part : ig_add(sum, part);
+        }
         attr[idx] = tr::store(ig_mul(ig_sub(tr::load(x[j]), tr::load(b[j])), sum));
     }
 }

@@ -6,8 +6,8 @@ operation     what it computes                                            layout
 interpolate   ``b + alpha_k (x - b)`` per step, then ``c`` pairs ``x, b``  ``(n + 2 c, B, F)``
 fd_probes     ``p +/- h_i e_i`` for every feature of every path point      ``(P, 2, F, F)``
 fd_gradient   ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)``          ``(T, P, F)``
-accumulate    ``(x - b) * sum_k w_k g_k`` in step order; ``w (n,)`` or one  ``(T, B, F)``
-              per step and state ``(T, n, B)``
+accumulate    ``(x - b) * sum_k w_k g_k`` in step order in blocks of 256  ``(T, B, F)``
+              steps; ``w (n,)`` or one per step and state ``(T, n, B)``
 completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7, T, B)`` (:data:`STATS`)
               repeat differs
 ============  ==========================================================  ==============================
@@ -93,6 +93,7 @@ def _probe_steps(points: Tensor, h: Tensor, point_offset: int) -> Tensor:
 
 
 _STEP_BLOCK = 16  # the steps whose products one call makes (16 copies of the attributions at most)
+_SUM_STEPS = 256  # the kernel's LIG_SUM_STEPS: the steps summed in order before their partial sum is added
 
 
 def _step_weights(weights: Tensor, grads: Tensor) -> Tensor:
@@ -217,13 +218,17 @@ class TorchIG(IGOps):
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
         steps = _step_weights(weights, grads).unsqueeze(-1)  # (T, n, B, 1)
         sums = torch.promote_types(steps.dtype, grads.dtype)  # the products' dtype
-        total = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
-        for first in range(0, grads.shape[1], _STEP_BLOCK):
-            # Multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an FMA).
-            # A block's products in one call: each call costs the CPU path some microseconds of Python.
-            block = slice(first, first + _STEP_BLOCK)
-            for term in (steps[:, block] * grads[:, block]).unbind(1):
-                total.add_(term)
+        n_steps, total = grads.shape[1], None
+        for start in range(0, n_steps, _SUM_STEPS):
+            part = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
+            for first in range(start, min(n_steps, start + _SUM_STEPS), _STEP_BLOCK):
+                # Multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an
+                # FMA). A block's products in one call: each call costs the CPU path some microseconds of Python.
+                block = slice(first, first + _STEP_BLOCK)
+                for term in (steps[:, block] * grads[:, block]).unbind(1):
+                    part.add_(term)
+            total = part if total is None else total.add_(part)
+        assert total is not None  # noqa: S101 - n_steps >= 1
         acc = grads.dtype
         return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
 

@@ -119,6 +119,11 @@ def test_accumulation_kernel_matches_its_twin(
         assert torch.equal(ours, twin)
         per_state = _randn((n_targets, 9, batch), acc, cuda_device, 11)  # the kink rule's weights
         assert torch.equal(KERNELS.accumulate(x, b, per_state, grads), TWINS.accumulate(x, b, per_state, grads))
+    grads = _randn((2, 600, batch, features), acc, cuda_device, 12)  # past one block of 256 summed steps
+    weights = torch.rand(600, generator=_generator(13, cuda_device), device=cuda_device).to(acc)
+    assert torch.equal(KERNELS.accumulate(x, b, weights, grads), TWINS.accumulate(x, b, weights, grads))
+    per_state = _randn((2, 600, batch), acc, cuda_device, 14)
+    assert torch.equal(KERNELS.accumulate(x, b, per_state, grads), TWINS.accumulate(x, b, per_state, grads))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
