@@ -11,14 +11,18 @@ values ``v_k`` and the rule's cell boundaries ``beta = [0, cumsum(w)]``:
 * *kinks*: each stretch between neighbouring nodes has the exact residual ``rho_k = v_{k+1} - v_k - s_k (beta -
   c_k) - s_{k+1} (c_{k+1} - beta)``; one kink in it makes the stretch's error ``J_k o_k`` (``J_k = t_{k+1} - t_k``,
   ``o_k = rho_k / sigma_k`` clipped to the stretch, ``sigma_k = s_{k+1} - s_k``), so
-  ``kink = ||sum_k o_k J_k||_1 + sum_k |rho_k - sigma_k o_k| + |start| + |end|``, the residuals of jumpless
-  stretches summed per run before the absolute value (their rounding telescopes; a pulse inside a run counts);
+  ``kink = ||sum_k o_k J_k||_1 + sqrt(sum_k (rho_k - sigma_k o_k)^2 + start^2 + end^2)``: the figures without a
+  direction in quadrature (independent, of unknown sign), the residuals of jumpless stretches summed per run first
+  (their rounding telescopes; a pulse inside a run counts);
 * *curvature*: each cell's ``-(t' m1_k + t'' m2_k / 2)`` from the quadratic through a node and its neighbours,
-  ``smooth = ||sum_k Gamma_k t_k||_1`` (``Gamma``: a fixed stencil of the rule);
-* the *roughness* of the path terms summed in 8 groups of features weighs the two (``lam``), and the float32
-  accumulation's rounding is measured against the same gradients summed in float64::
+  ``e = sum_k Gamma_k t_k`` (``Gamma``: a fixed stencil of the rule), the rule's error as a vector;
+* the float32 accumulation's rounding ``r = a - a_64``, measured against the same gradients summed in float64, and
+  the *roughness* of the path terms summed in 8 groups of features weighing the models (``lam``)::
 
-      attribution_error = (max(smooth, lam * kink) + ||a - a_64||_1) / ||a||_1
+      attribution_error = max(||e + r||_1, lam * kink + ||r||_1) / ||a||_1
+
+  (``e`` and ``r`` are added as vectors: where the error is at rounding level they cancel feature by feature as
+  the real ones do, and their norms added read it 2-10x high).
 
 When it can be wrong (several kinks in one stretch, a pulse, kinks crowded at an end, narrow smooth features, an
 estimate chased by refinement) and how often: ``docs/trust.md``.
@@ -93,16 +97,16 @@ def error_estimate(
     rule = _rule_parts(alphas, weights)
     slopes, roughness = slopes_and_roughness(grads, diff, eps)  # (T, n, B), (T, B)
     f_input, f_baseline = f_input.to(dtype), f_baseline.to(dtype)
-    ends = (values[:, 0] - f_baseline - slopes[:, 0] * rule.first).abs()  # [0, c_0]: the rule uses g_0 on it
-    ends = ends + (f_input - values[:, -1] - slopes[:, -1] * rule.last).abs()  # [c_{n-1}, 1]: g_{n-1} on it
+    start = values[:, 0] - f_baseline - slopes[:, 0] * rule.first  # [0, c_0]: the rule uses g_0 on it
+    end = f_input - values[:, -1] - slopes[:, -1] * rule.last  # [c_{n-1}, 1]: g_{n-1} on it
     if n == 1:
         rounding = _norms(grads, None, rule, diff, attributions)[-1]
-        return ends + rounding.to(dtype)
+        return (start.pow(2) + end.pow(2)).sqrt() + rounding.to(dtype)
     offsets, unexplained = _kinks(values, slopes, rule)
     coefficients = F.pad(offsets, (0, 0, 1, 0)) - F.pad(offsets, (0, 0, 0, 1))  # e = sum_j (o_{j-1} - o_j) t_j
-    kink, smooth, rounding = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
-    kink = kink + unexplained + ends
-    return torch.maximum(smooth, kinked_share(roughness, ROUGHNESS, n) * kink) + rounding
+    kink, rounding, smooth = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
+    kink = kink + (unexplained + start.pow(2) + end.pow(2)).sqrt()
+    return torch.maximum(smooth, kinked_share(roughness, ROUGHNESS, n) * kink + rounding)
 
 
 def kinked_share(roughness: Tensor, window: tuple[float, float], n: int) -> Tensor:
@@ -150,19 +154,20 @@ def _rule_parts(alphas: Tensor, weights: Tensor) -> _RuleParts:
 
 
 def _kinks(values: Tensor, slopes: Tensor, rule: _RuleParts) -> tuple[Tensor, Tensor]:
-    """The kink offsets ``o_k`` ``(T, n - 1, B)`` and what one kink per stretch leaves unexplained ``(T, B)``."""
+    """The kink offsets ``o_k`` ``(T, n - 1, B)`` and the sum of squares of what one kink per stretch leaves
+    unexplained ``(T, B)`` (a run of jumpless stretches counts once)."""
     residual = values[:, 1:] - values[:, :-1] - slopes[:, :-1] * rule.before - slopes[:, 1:] * rule.after
     jump = slopes[:, 1:] - slopes[:, :-1]  # (T, n - 1, B)
     kinked = jump != 0
     offset = torch.where(kinked, residual / torch.where(kinked, jump, 1.0), 0.0)
     offset = torch.minimum(torch.maximum(offset, -rule.after), rule.before)  # the kink lies inside the stretch
     left = torch.where(kinked, residual - jump * offset, 0.0)
-    return offset, left.abs().sum(1) + _runs(torch.where(kinked, 0.0, residual), kinked)
+    return offset, left.pow(2).sum(1) + _runs(torch.where(kinked, 0.0, residual), kinked)
 
 
 def _runs(residual: Tensor, kinked: Tensor) -> Tensor:
-    """``(T, B)``: ``sum over runs of stretches without a jump of |the run's summed residual|`` (``residual`` is zero
-    on the stretches with one).
+    """``(T, B)``: ``sum over runs of stretches without a jump of the run's summed residual squared`` (``residual`` is
+    zero on the stretches with one).
 
     Without atomics (a scatter-add by run would not be deterministic on CUDA): the running sum ``C`` of the
     residuals is sampled at each run's last stretch; a run's sum is ``C`` there minus ``C`` at the run before.
@@ -173,7 +178,7 @@ def _runs(residual: Tensor, kinked: Tensor) -> Tensor:
     latest = torch.cummax(torch.where(last, index, -1), 1).values  # the last run end at or before k
     before = F.pad(latest, (0, 0, 1, 0), value=-1)[:, :-1]  # ... strictly before k
     previous = torch.where(before >= 0, total.gather(1, before.clamp_min(0)), 0.0)
-    return torch.where(last, (total - previous).abs(), 0.0).sum(1)
+    return torch.where(last, (total - previous).pow(2), 0.0).sum(1)
 
 
 def _smooth_stencil(alphas: Tensor, weights: Tensor) -> Tensor:
@@ -239,10 +244,10 @@ def slopes_and_roughness(grads: Tensor, diff: Tensor, eps: float) -> tuple[Tenso
 
 
 def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: Tensor, attributions: Tensor) -> Tensor:
-    """``(3, T, B)`` float64: ``||(x - b) sum_k o_k g_k||_1`` (``o``: the kink coefficients ``(T, n, B)``),
-    ``||(x - b) sum_k Gamma_k g_k||_1`` and ``||a - (x - b) sum_k w_k g_k||_1`` (the accumulation's rounding); the
-    first two sums in the gradients' dtype (elementwise: no TF32 matmul), the last in float64; in blocks of nodes.
-    ``(1, T, B)``, the rounding only, without ``coefficients``."""
+    """``(3, T, B)`` float64: ``||(x - b) sum_k o_k g_k||_1`` (``o``: the kink coefficients ``(T, n, B)``), ``||r||_1``
+    with ``r = a - (x - b) sum_k w_k g_k`` (the accumulation's rounding) and ``||(x - b) sum_k Gamma_k g_k + r||_1``;
+    the sums with ``o`` and ``Gamma`` in the gradients' dtype (elementwise: no TF32 matmul), the rule's in float64;
+    in blocks of nodes. ``(1, T, B)``, the rounding only, without ``coefficients``."""
     n, f64 = grads.shape[1], torch.float64
     size = _block_size(grads, 5)
     total: Tensor | None = None
@@ -258,10 +263,12 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
             total = part if total is None else total + part
     assert exact is not None  # noqa: S101 - n >= 1
     diff64 = diff.to(f64)
-    rounding = (diff64 * exact - attributions.to(f64)).abs().sum(-1).unsqueeze(0)  # (1, T, B)
+    signed = attributions.to(f64) - diff64 * exact  # (T, B, F)
+    rounding = signed.abs().sum(-1).unsqueeze(0)  # (1, T, B)
     if total is None:
         return rounding
-    return torch.cat([(total.to(f64) * diff64).abs().sum(-1), rounding])
+    kink, smooth = total.to(f64) * diff64  # (T, B, F) each
+    return torch.stack([kink.abs().sum(-1), rounding[0], (smooth + signed).abs().sum(-1)])
 
 
 def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor, eps: float) -> Tensor:
