@@ -111,9 +111,10 @@ def error_estimate(
 
 def kinked_share(roughness: Tensor, window: tuple[float, float], n: int) -> Tensor:
     """How far a path of this roughness reads as kinked: 0 below ``window``'s low end (smooth), 1 above its high end,
-    linear in between; 1 under three nodes, where no roughness can be measured."""
+    linear in between; 1 under four nodes, where the smooth models are blind (three nodes hold one quadratic, which
+    Gauss-Legendre integrates exactly, and one second difference)."""
     low, high = window
-    return ((roughness - low) / (high - low)).clamp(0, 1) if n >= 3 else torch.ones_like(roughness)
+    return ((roughness - low) / (high - low)).clamp(0, 1) if n >= 4 else torch.ones_like(roughness)
 
 
 class _RuleParts(NamedTuple):

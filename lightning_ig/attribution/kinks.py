@@ -209,11 +209,13 @@ def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor
         mass = (block[:, : min(size, n - k)].abs().sum(1) * reach).sum(-1)  # (T, B)
         size_sum = mass if size_sum is None else size_sum + mass
     assert size_sum is not None  # noqa: S101 - n >= 1
-    # the degree-7 weights against the degree-5 ones: they differ on the first and last few nodes only
-    gap = _smooth_weights(n, _SMOOTH_PAIRS, grads.dtype, grads.device) - _smooth_weights(
-        n, _SMOOTH_PAIRS - 1, grads.dtype, grads.device
+    # the weights against those one degree pair lower (degree 7 against 5 from 8 nodes): they differ on the first and
+    # last few nodes only
+    pairs = min(_SMOOTH_PAIRS, n // 2)
+    gap = _smooth_weights(n, pairs, grads.dtype, grads.device) - _smooth_weights(
+        n, max(pairs - 1, 0), grads.dtype, grads.device
     )
-    first, last = slice(0, min(_SMOOTH_PAIRS, n // 2)), slice(n - min(_SMOOTH_PAIRS, n // 2), n)
+    first, last = slice(0, pairs), slice(n - pairs, n)
     smooth = (gap[first].view(1, -1, 1, 1) * grads[:, first]).sum(1) + (
         gap[last].view(1, -1, 1, 1) * grads[:, last]
     ).sum(1)

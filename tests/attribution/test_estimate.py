@@ -160,6 +160,22 @@ def test_a_smooth_network_at_rounding_level_is_read_within_2x(seed: int) -> None
     assert float(ratio[error.argmax()]) >= 0.5
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_three_gauss_legendre_nodes_are_not_read_exact(seed: int) -> None:
+    # Three nodes hold one quadratic, which Gauss-Legendre integrates exactly: the curvature model read 0 there (8e-8
+    # against a true 0.6-0.9%, a false "within" at tol 1%); under four nodes the path now reads as kinked
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+    ).eval()
+    states = torch.randn(8, 5) * 2
+    truth = midpoint_reference(net, states, target="mean").attributions
+    result = integrated_gradients(net, states, target="mean", method="gausslegendre", n_steps=3)
+    error = (result.attributions.double() - truth).abs().sum(1) / truth.abs().sum(1)
+    assert float(error.max()) > 1e-3
+    assert float(result.attribution_error[error.argmax()]) >= 0.5 * float(error.max())
+
+
 def test_a_pulse_between_two_nodes_is_seen_and_rounding_does_not_add_up_over_the_nodes() -> None:
     # Feature 0 feeds two units whose kinks, 0.3004 and 0.3010, lie between the same two nodes with opposite
     # effects (a pulse: the gradient changes and changes back, equal at every node); feature 1 has one kink at 0.6.
