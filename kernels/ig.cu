@@ -173,7 +173,7 @@ __device__ __forceinline__ void ig_accumulate(const typename ig_traits<Tag>::T* 
             const int last = n_steps - first < LIG_SUM_STEPS ? n_steps : first + LIG_SUM_STEPS;
             Acc part = Acc(0);
             for (int k = first; k < last; ++k) part = ig_add(part, ig_mul(w[k * w_step], g[k * row_numel]));
-            sum = first == 0 ? part : ig_add(sum, part);
+            sum = ig_add(sum, part);  // 0 + part is part, bit for bit: part, summed from +0, is never -0
         }
         attr[idx] = tr::store(ig_mul(ig_sub(tr::load(x[j]), tr::load(b[j])), sum));
     }

@@ -11,18 +11,15 @@ values ``v_k`` and the rule's cell boundaries ``beta = [0, cumsum(w)]``:
 * *kinks*: each stretch between neighbouring nodes has the exact residual ``rho_k = v_{k+1} - v_k - s_k (beta -
   c_k) - s_{k+1} (c_{k+1} - beta)``; one kink in it makes the stretch's error ``J_k o_k`` (``J_k = t_{k+1} - t_k``,
   ``o_k = rho_k / sigma_k`` clipped to the stretch, ``sigma_k = s_{k+1} - s_k``), so
-  ``kink = ||sum_k o_k J_k||_1 + sqrt(sum_k (rho_k - sigma_k o_k)^2 + start^2 + end^2)``: the figures without a
-  direction in quadrature (independent, of unknown sign), the residuals of jumpless stretches summed per run first
-  (their rounding telescopes; a pulse inside a run counts);
+  ``kink = ||sum_k o_k J_k||_1 + sqrt(sum_k (rho_k - sigma_k o_k)^2 + start^2 + end^2)`` (the figures without a
+  direction in quadrature; jumpless stretches summed per run first: their rounding telescopes, a pulse counts);
 * *curvature*: each cell's ``-(t' m1_k + t'' m2_k / 2)`` from the quadratic through a node and its neighbours,
   ``e = sum_k Gamma_k t_k`` (``Gamma``: a fixed stencil of the rule), the rule's error as a vector;
-* the float32 accumulation's rounding ``r = a - a_64``, measured against the same gradients summed in float64, and
-  the *roughness* of the path terms summed in 8 groups of features weighing the models (``lam``)::
+* the float32 sums' rounding ``r = a - a_64`` (``a_64``: the same gradients summed in float64), added to ``e`` as a
+  vector (at rounding level the two cancel feature by feature as the real errors do), and the *roughness* of the
+  path terms summed in 8 groups of features weighing the models (``lam``)::
 
       attribution_error = max(||e + r||_1, lam * kink + ||r||_1) / ||a||_1
-
-  (``e`` and ``r`` are added as vectors: where the error is at rounding level they cancel feature by feature as
-  the real ones do, and their norms added read it 2-10x high).
 
 When it can be wrong (several kinks in one stretch, a pulse, kinks crowded at an end, narrow smooth features, an
 estimate chased by refinement) and how often: ``docs/trust.md``.
@@ -30,6 +27,7 @@ estimate chased by refinement) and how often: ``docs/trust.md``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import NamedTuple
 
@@ -252,18 +250,16 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
     n, f64 = grads.shape[1], torch.float64
     size = _block_size(grads, 5)
     total: Tensor | None = None
-    exact: Tensor | None = None
+    wholes = []
     for k in range(0, n, size):
         block = grads[:, k : k + size]  # (T, m, B, F)
-        whole = torch.tensordot(rule.weights64[k : k + size], block.to(f64), dims=([0], [1]))  # (T, B, F)
-        exact = whole if exact is None else exact + whole
+        wholes.append(torch.tensordot(rule.weights64[k : k + size], block.to(f64), dims=([0], [1])))  # (T, B, F)
         if coefficients is not None:
             stencil = rule.stencil[k : k + size].view(1, -1, 1).expand_as(coefficients[:, k : k + size])
             both = torch.stack([coefficients[:, k : k + size], stencil])  # (2, T, m, B)
             part = (both.unsqueeze(-1) * block).sum(2)  # (2, T, B, F)
             total = part if total is None else total + part
-    assert exact is not None  # noqa: S101 - n >= 1
-    diff64 = diff.to(f64)
+    exact, diff64 = functools.reduce(torch.add, wholes), diff.to(f64)
     signed = attributions.to(f64) - diff64 * exact  # (T, B, F)
     rounding = signed.abs().sum(-1).unsqueeze(0)  # (1, T, B)
     if total is None:

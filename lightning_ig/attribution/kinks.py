@@ -24,13 +24,11 @@ the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
     kink = ||sum_k (1 - w_k) o_k J_k||_1 + sqrt(r_0^2 + r_n^2 + sum_k left_k^2 + sum_k cert_k^2)
     attribution_error = (max((1 - lam) smooth, lam kink) + rounding) / ||a||_1
 
-(``smooth``: the degree-7 weights against the degree-5 ones; ``rounding``: the float32 sums' bound ``2 eps sum_k h
-||(x - b) g_k||_1``, measured instead on the CPU where ``lam = 0`` and the bound would set the figure, since a
-smooth state's error can be that small; here ``lam`` reads the path as kinked from a lower roughness than the
-weights' blend does, since a smooth path resolved only roughly reads low on ``smooth`` alone, and kinks are
-corrected only from a higher one). The value sees no direction, so several kinks in a stretch can be misread either
-way, and at hundreds of nodes the remainder is below the models' own error and the estimate reads low: the rule is
-for the regime where points are dear (``docs/trust.md``).
+(``smooth``: the degree-7 weights against the degree-5 ones; ``rounding``: the float32 sums' bound, ``2 eps sum_k
+h ||(x - b) g_k||_1``, measured on the CPU where it would set a smooth state's figure; ``lam`` reads the path as
+kinked from a lower roughness than the weights' blend: a smooth path resolved only roughly reads low on ``smooth``).
+The value sees no direction, so several kinks in a stretch can be misread either way, and at hundreds of nodes the
+estimate reads low: the rule is for the regime where points are dear (``docs/trust.md``).
 """
 
 from __future__ import annotations
@@ -63,22 +61,15 @@ _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_
 _MEASURED = 0.1  # the rounding is measured where its bound is above this share of the other figures (CPU)
 _BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
 _WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
-_ValuesAt = Callable[[Tensor], Tensor]
-_Accumulate = Callable[[Tensor], Tensor]
+_Rows = Callable[[Tensor], Tensor]
 
 
 def kink_rule(
-    grads: Tensor,
-    values: Tensor,
-    ends: Tensor,
-    diff: Tensor,
-    alphas: Tensor,
-    values_at: _ValuesAt,
-    accumulate: _Accumulate,
-    eps: float,
-) -> tuple[Tensor, Tensor]:
-    """The kink rule's attributions ``(T, B, F)`` and the unnormalised estimate ``(T, B)`` of their L1 error (divide
-    by ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`), in the gradients' dtype.
+    grads: Tensor, values: Tensor, ends: Tensor, diff: Tensor, alphas: Tensor, values_at: _Rows, eps: float
+) -> tuple[Tensor, _Rows]:
+    """The kink rule's node weights ``(T, n, B)`` in the gradients' dtype, and the unnormalised estimate ``(T, B)`` of
+    the L1 error (divide by ``||a||_1``: :func:`~lightning_ig.attribution.estimate.accuracy_rows`) as a function of
+    the attributions the weights gave (on the CPU it measures their rounding where it can be the error).
 
     Args:
         grads: ``(T, n, B, F)`` the gradients at the ``n`` midpoint nodes, in the accumulation dtype.
@@ -88,7 +79,6 @@ def kink_rule(
         alphas: ``(n,)`` the midpoint nodes.
         values_at: the forward values ``(T, k, B)`` at per-state positions ``(T, k, B)`` along the path (float64;
             forward only): the certificate.
-        accumulate: the attributions ``(T, B, F)`` from node weights ``(T, n, B)`` (the backend's sums).
         eps: the forward's rounding unit (:func:`~lightning_ig.attribution.estimate.slopes_and_roughness`).
     """
     n, acc, f64 = grads.shape[1], grads.dtype, torch.float64
@@ -112,8 +102,7 @@ def kink_rule(
     if grads.device.type == "cpu" and not bool((corrected > 0).any()):  # a host check is free here: no state to
         count = 0  # correct (a smooth network), so no certificate pass: the weights are the same without it
     top = (jump_l1 * offset.abs() * kinked).topk(count, dim=1).indices  # (T, count, B)
-    excess = torch.zeros_like(rho)
-    weight = torch.zeros_like(rho)
+    excess, weight = torch.zeros_like(rho), torch.zeros_like(rho)
     if count:
         at = kappa.gather(1, top)
         start = left_node.expand_as(kappa).gather(1, top)
@@ -154,27 +143,28 @@ def kink_rule(
     leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
     read = kinked_share(roughness, _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
-    attributions = accumulate(weights.to(acc))
     model = torch.maximum((1 - read) * smooth, read * kink)
     at_rounding = (read == 0) & (rounding > _MEASURED * model)  # states whose figure the rounding's bound would set
-    if grads.device.type == "cpu" and bool(at_rounding.any()):  # a host check is free here
-        rounding = _measured_rounding(rounding, at_rounding, weights, grads, diff, attributions)
-    return attributions, (model + rounding).to(acc)
+
+    def numerator(attributions: Tensor) -> Tensor:
+        if grads.device.type == "cpu" and bool(at_rounding.any()):  # a host check is free here
+            return (model + _measured_rounding(rounding, at_rounding, weights, grads, diff, attributions)).to(acc)
+        return (model + rounding).to(acc)
+
+    return weights.to(acc), numerator
 
 
 def _measured_rounding(
     bound: Tensor, chosen: Tensor, weights: Tensor, grads: Tensor, diff: Tensor, attributions: Tensor
 ) -> Tensor:
-    """``(T, B)`` float64: for the ``chosen (T, B)`` states, whose error can be as small as the sums' rounding,
-    ``||a - (x - b) sum_k w_k g_k||_1`` with the sum in float64 (what the quadrature rules' estimate measures); the
-    bound, a few times that, elsewhere"""
+    """``(T, B)`` float64: ``||a - (x - b) sum_k w_k g_k||_1``, the sum in float64 (as the quadrature rules' estimate
+    has it), for the ``chosen (T, B)`` states, whose error can be as small as the sums' rounding; the bound elsewhere"""
     states = chosen.any(0).nonzero().squeeze(1)  # (S,)
     grads64 = grads.index_select(2, states).to(torch.float64)  # (T, n, S, F)
     exact = (weights.index_select(2, states).unsqueeze(-1) * grads64).sum(1) * diff.index_select(0, states)
     measured = (exact - attributions.index_select(1, states)).abs().sum(-1)  # (T, S)
-    return bound.index_copy(
-        1, states, torch.where(chosen.index_select(1, states), measured, bound.index_select(1, states))
-    )
+    kept = bound.index_select(1, states)
+    return bound.index_copy(1, states, torch.where(chosen.index_select(1, states), measured, kept))
 
 
 def _node_coefficients(per_stretch: Tensor) -> Tensor:
@@ -188,13 +178,9 @@ def _block(grads: Tensor) -> int:
 
 def _contract(coefficients: Tensor, grads: Tensor) -> Tensor:
     """``(T, B, F)``: ``sum_k c_k g_k`` for ``c (T, n, B)`` (elementwise, in blocks of nodes: no TF32 matmul)."""
-    coefficients = coefficients.to(grads.dtype)
-    size, total = _block(grads), None
-    for k in range(0, grads.shape[1], size):
-        part = (coefficients[:, k : k + size].unsqueeze(-1) * grads[:, k : k + size]).sum(1)
-        total = part if total is None else total + part
-    assert total is not None  # noqa: S101 - n >= 1
-    return total
+    coefficients, size = coefficients.to(grads.dtype), _block(grads)
+    blocks = (slice(k, k + size) for k in range(0, grads.shape[1], size))
+    return functools.reduce(torch.add, ((coefficients[:, k].unsqueeze(-1) * grads[:, k]).sum(1) for k in blocks))
 
 
 def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -202,26 +188,19 @@ def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor
     the rounding term ``(T, B)``, all float64."""
     f64, size = torch.float64, _block(grads)
     reach = diff.abs()
-    jumps, size_sum = [], None
+    jumps, masses = [], []
     for k in range(0, n, size):
         block = grads[:, k : k + size + 1]  # (T, m + 1, B, F): one node past the block for its last jump
         jumps.append((block[:, 1:] - block[:, :-1]).abs_().mul_(reach).sum(-1))  # in place: one temporary
-        mass = (block[:, : min(size, n - k)].abs().sum(1) * reach).sum(-1)  # (T, B)
-        size_sum = mass if size_sum is None else size_sum + mass
-    assert size_sum is not None  # noqa: S101 - n >= 1
-    # the weights against those one degree pair lower (degree 7 against 5 from 8 nodes): they differ on the first and
-    # last few nodes only
-    pairs = min(_SMOOTH_PAIRS, n // 2)
-    gap = _smooth_weights(n, pairs, grads.dtype, grads.device) - _smooth_weights(
-        n, max(pairs - 1, 0), grads.dtype, grads.device
-    )
-    first, last = slice(0, pairs), slice(n - pairs, n)
-    smooth = (gap[first].view(1, -1, 1, 1) * grads[:, first]).sum(1) + (
-        gap[last].view(1, -1, 1, 1) * grads[:, last]
-    ).sum(1)
+        masses.append((block[:, : min(size, n - k)].abs().sum(1) * reach).sum(-1))  # (T, B)
+    # the weights against those a degree pair lower (7 against 5 from 8 nodes) differ on the first and last nodes only
+    pairs, kind = min(_SMOOTH_PAIRS, n // 2), (grads.dtype, grads.device)
+    gap = _smooth_weights(n, pairs, *kind) - _smooth_weights(n, max(pairs - 1, 0), *kind)
+    ends = torch.cat([gap[:pairs], gap[n - pairs :]]).view(1, -1, 1, 1)
+    smooth = (ends * torch.cat([grads[:, :pairs], grads[:, n - pairs :]], 1)).sum(1)  # (T, B, F)
     jump_l1 = torch.cat(jumps, 1).to(f64)  # (T, n - 1, B)
     smooth_figure = (smooth.to(f64) * diff.to(f64)).abs().sum(-1)
-    rounding = _ROUNDING * torch.finfo(grads.dtype).eps * size_sum.to(f64) / n
+    rounding = _ROUNDING * torch.finfo(grads.dtype).eps * functools.reduce(torch.add, masses).to(f64) / n
     return jump_l1, smooth_figure, rounding
 
 

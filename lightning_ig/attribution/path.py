@@ -192,12 +192,9 @@ class PathRun:
         diff = self.x.to(self.acc) - self.b.to(self.acc)
         eps = float(torch.finfo(self.x.dtype).eps)  # the forward's rounding unit, for the figures' noise floors
         if self.settings.method == KINK_METHOD if kinks is None else kinks:
-            contiguous = grads.contiguous()
-
-            def accumulate(node_weights: Tensor) -> Tensor:  # (T, B, F)
-                return self.backend.accumulate(self.x, self.b, node_weights, contiguous)
-
-            attributions, numerator = kink_rule(grads, values, ends, diff, alphas, self.values_at, accumulate, eps)
+            node_weights, estimate = kink_rule(grads, values, ends, diff, alphas, self.values_at, eps)
+            attributions = self.backend.accumulate(self.x, self.b, node_weights, grads.contiguous())  # (T, B, F)
+            numerator = estimate(attributions)
             stats = self._completeness(attributions, ends)
         else:
             attributions = self.backend.accumulate(self.x, self.b, weights, grads.contiguous())  # (T, B, F)

@@ -218,7 +218,7 @@ class TorchIG(IGOps):
     def accumulate(self, x: Tensor, b: Tensor, weights: Tensor, grads: Tensor) -> Tensor:
         steps = _step_weights(weights, grads).unsqueeze(-1)  # (T, n, B, 1)
         sums = torch.promote_types(steps.dtype, grads.dtype)  # the products' dtype
-        n_steps, total = grads.shape[1], None
+        n_steps, total = grads.shape[1], torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
         for start in range(0, n_steps, _SUM_STEPS):
             part = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
             for first in range(start, min(n_steps, start + _SUM_STEPS), _STEP_BLOCK):
@@ -227,8 +227,7 @@ class TorchIG(IGOps):
                 block = slice(first, first + _STEP_BLOCK)
                 for term in (steps[:, block] * grads[:, block]).unbind(1):
                     part.add_(term)
-            total = part if total is None else total.add_(part)
-        assert total is not None  # noqa: S101 - n_steps >= 1
+            total.add_(part)  # 0 + part is part, bit for bit: part is never -0
         acc = grads.dtype
         return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
 

@@ -13,7 +13,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
 from lightning_ig.vocabulary import check_bool, check_int, check_optional_positive_int, check_positive_int
 
 __all__ = [
@@ -204,28 +203,6 @@ class TagNames:
         features = None if feature_names is None else display_labels(feature_names, generated=generated_features)
         groups = None if group_names is None else display_labels(group_names, generated=generated_groups)
         return cls(prefix, features, groups, num_features=int(num_features))
-
-    def scalar_tags(self, top_k: int) -> list[str]:
-        """Every scalar tag a healthy run logs from the second run on (the first has no drift).
-
-        The counts of :data:`COUNT_TAGS` are not among them: they appear from the first run where they are not 0.
-        """
-        figures = ("worst_attribution_error", "worst_mass_relative_error", "mean_abs_error")
-        tags = [f"{self.prefix}/completeness/{name}" for name in figures]
-        for labels, group in ((self.feature_labels, ""), (self.group_labels, "group/")):
-            for quantity in ("mean_abs", "mean_signed"):
-                tags += [f"{self.prefix}/{group}{quantity}/{label}" for label in labels or []]
-        tags += [f"{self.prefix}/concentration/{name}" for name in CONCENTRATION_SHARES]
-        if same_concentrations(self.num_features):
-            tags.remove(f"{self.prefix}/{CONCENTRATION_TWIN}")
-        units = self.group_labels if self.group_labels is not None else self.feature_labels or []
-        tags += [f"{self.prefix}/drift/{name}" for name in drift_tags(len(units), top_k)]
-        for action in self.action_labels or []:
-            tags.append(f"{self.prefix}/action/{action}/greedy_states")
-            if self.action_units:
-                quantity = "group/mean_abs" if self.group_labels is not None else "mean_abs"
-                tags += [f"{self.prefix}/action/{action}/{quantity}/{label}" for label in units]
-        return [*tags, f"{self.prefix}/time_ms"]
 
 
 def same_concentrations(num_features: int) -> bool:

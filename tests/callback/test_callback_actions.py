@@ -22,6 +22,7 @@ from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.views import ViewOptions
 from tests.callback.test_callback import loader
+from tests.support.tags import scalar_tags
 from tests.support.tiny import FEATURES, ConvQNet, TinyQNet, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled
 
@@ -209,8 +210,8 @@ def test_each_logs_every_actions_numbers_as_the_engine_computes_them(each_run):
     assert logged_greedy == greedy.tolist() and sum(logged_greedy) == 37
     # Every tag the callback's tags promise for a healthy run is logged, and documented.
     tags = callback._fit.outputs.tags
-    drift = {tag for tag in tags.scalar_tags(10) if tag.startswith("ig/drift/")}  # logged once the ranking moves
-    assert set(tags.scalar_tags(10)) - drift <= set(events.Tags()["scalars"])
+    drift = {tag for tag in scalar_tags(tags, 10) if tag.startswith("ig/drift/")}  # logged once the ranking moves
+    assert set(scalar_tags(tags, 10)) - drift <= set(events.Tags()["scalars"])
     documented = (REPO / "docs" / "tensorboard-tags.md").read_text()
     for pattern in ("ig/action/<action>/mean_abs/<feature>", "ig/action/<action>/greedy_states", 'target="each"'):
         assert f"`{pattern}`" in documented or pattern in documented, pattern

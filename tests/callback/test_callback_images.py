@@ -24,6 +24,7 @@ from lightning_ig.views import ViewOptions
 from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, card_sized
 from lightning_ig.views.pictures.saliency import GRID_FRAMES, first_distinct, saliency_grid
 from lightning_ig.views.report import load_schema
+from tests.support.tags import scalar_tags
 from tests.support.tiny import ConvQNet, frame_dataset, frames, make_trainer
 from tests.support.tolerance import assert_close_scaled
 from tests.support.trust import checks_without_budget, trust_scalar_tags
@@ -87,7 +88,7 @@ def test_image_states_log_channels_not_pixels_with_a_bounded_number_of_tags(imag
         len(scalars) + len(histograms) + len(images) + len(tags["tensors"]) <= 40
     )  # not one tag per pixel (1,542 scalar tags for these states)
     trust = trust_scalar_tags("ig", noisy=False)  # the trust checks' (without the budget: at the first run)
-    expected = {*image_run["callback"]._fit.outputs.tags.scalar_tags(10), *trust, "ig/overhead"}  # the budget's
+    expected = {*scalar_tags(image_run["callback"]._fit.outputs.tags, 10), *trust, "ig/overhead"}  # the budget's
     logged = {tag for tag in scalars if tag.startswith("ig/")}
     assert logged <= expected and all(tag.startswith("ig/drift/") for tag in expected - logged)  # drift once it moves
     grouping = [str(w.message) for w in image_run["warnings"] if "max_logged_features" in str(w.message)]

@@ -16,6 +16,7 @@ from lightning_ig.views.loggers.outputs import scalar_metrics
 from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.tags import COUNT_TAGS, TagNames
 from tests.support.summaries import make_summary
+from tests.support.tags import scalar_tags
 
 
 def _worker_threads() -> list[threading.Thread]:
@@ -158,7 +159,7 @@ def test_each_logs_its_actions_per_unit_only_within_the_limit():
     assert set(per_unit) == expected | {"ig/action/up/greedy_states", "ig/action/down∕left/greedy_states"}
     expected_b = result.attributions[1, :, 1].abs().double().mean()  # action 1's Q, feature b, over the 6 states
     assert_close_scaled(per_unit["ig/action/down∕left/mean_abs/b"], expected_b, ulps=4, dtype=torch.float64)
-    assert set(tags.scalar_tags(10)) - set(metrics) <= {
+    assert set(scalar_tags(tags, 10)) - set(metrics) <= {
         f"ig/drift/{name}" for name in ("spearman_prev", "spearman_first")
     }
     fewer = dataclasses.replace(tags, action_units=False)  # actions x units above max_logged_features
@@ -178,7 +179,7 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
     assert metrics["ig/mean_abs/pole∕angle"] == 25.0 and metrics["ig/mean_signed/pole∕angle"] == -25.0
     assert metrics["ig/drift/spearman_prev"] == 0.5
     counts = {f"ig/{name}" for name in COUNT_TAGS}  # logged from their first non-zero run, not in scalar_tags
-    assert set(metrics) - {"ig/drift/spearman_prev"} - counts <= set(tags.scalar_tags(top_k=10))
+    assert set(metrics) - {"ig/drift/spearman_prev"} - counts <= set(scalar_tags(tags, top_k=10))
     named = TagNames.build("value", None, ["a", "b", "c"], generated_features=False, generated_groups=False)
     assert scalar_metrics(make_summary(groups=True), named)["ig/value/group/mean_abs/b"] == 25.0
 
