@@ -18,8 +18,8 @@ from lightning_ig.attribution.estimate import NOISE
 from lightning_ig.attribution.exact_line import midpoint_reference
 from lightning_ig.attribution.quadrature import quadrature
 from lightning_ig.run.statistics import accuracy_verdict
-from tests.support.models import kinked_relu, kinked_relu_attributions
-from tests.support.tolerance import assert_close_scaled, eps
+from tests.support.models import kinked_relu, kinked_relu_attributions, seeded_mlp
+from tests.support.tolerance import assert_close_scaled, eps, state_errors
 
 F64 = torch.float64
 
@@ -146,14 +146,10 @@ def test_a_smooth_network_at_rounding_level_is_read_within_2x(seed: int) -> None
     # A tanh MLP at init on 4 features at 256 midpoint nodes (the GPU's default): the rule's error vector and the
     # sums' rounding are of one size. Their norms added read 1.1-1.3x the truth at the median and up to 6x, within 2x
     # on 81-94% of the states; the two as one vector cancel where the real ones do (98-100%)
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3)
-    ).eval()
+    net = seeded_mlp(4, 3, seed=seed, hidden=64, dtype=torch.float32)
     states = torch.randn(48, 4)
-    truth = midpoint_reference(net, states, target="mean").attributions
     result = integrated_gradients(net, states, target="mean", method="riemann_middle", n_steps=256)
-    error = (result.attributions.double() - truth).abs().sum(1) / truth.abs().sum(1)
+    error = state_errors(result.attributions, midpoint_reference(net, states, target="mean").attributions)
     assert float(error.max()) < 64 * eps(torch.float32)  # the case: rounding-level truths
     ratio = result.attribution_error.double() / error
     assert float(((ratio >= 0.5) & (ratio <= 2.0)).double().mean()) >= 0.95
@@ -164,14 +160,10 @@ def test_a_smooth_network_at_rounding_level_is_read_within_2x(seed: int) -> None
 def test_three_gauss_legendre_nodes_are_not_read_exact(seed: int) -> None:
     # Three nodes hold one quadratic, which Gauss-Legendre integrates exactly: the curvature model read 0 there (8e-8
     # against a true 0.6-0.9%, a false "within" at tol 1%); under four nodes the path now reads as kinked
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
-    ).eval()
+    net = seeded_mlp(5, 3, seed=seed, dtype=torch.float32)
     states = torch.randn(8, 5) * 2
-    truth = midpoint_reference(net, states, target="mean").attributions
     result = integrated_gradients(net, states, target="mean", method="gausslegendre", n_steps=3)
-    error = (result.attributions.double() - truth).abs().sum(1) / truth.abs().sum(1)
+    error = state_errors(result.attributions, midpoint_reference(net, states, target="mean").attributions)
     assert float(error.max()) > 1e-3
     assert float(result.attribution_error[error.argmax()]) >= 0.5 * float(error.max())
 

@@ -12,8 +12,8 @@ import torch
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from lightning_ig.attribution.exact_line import midpoint_reference
 from lightning_ig.run.statistics import accuracy_verdict
-from tests.support.models import kinked_relu, kinked_relu_attributions
-from tests.support.tolerance import assert_close_scaled, eps
+from tests.support.models import kinked_relu, kinked_relu_attributions, seeded_mlp
+from tests.support.tolerance import assert_close_scaled, eps, state_errors
 
 F64 = torch.float64
 
@@ -162,15 +162,11 @@ def test_a_smooth_network_at_rounding_level_gets_its_rounding_measured(seed: int
     # A tanh MLP at init: at 56 nodes the rule's error is the float32 sums' rounding (about 1 eps). The bound on it
     # (2 eps times the path terms' mass) read 1.8-2.1x the truth at the median, within 2x on 35-54% of the states;
     # the same sums in float64 measure it (98-100%)
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3)
-    ).eval()
+    net = seeded_mlp(16, 3, seed=seed, hidden=64, dtype=torch.float32)
     states = torch.randn(48, 16)
-    truth = midpoint_reference(net, states, target="mean").attributions
     result = integrated_gradients(net, states, target="mean")
     assert result.method == "kink_midpoint"
-    error = (result.attributions.double() - truth).abs().sum(1) / truth.abs().sum(1)
+    error = state_errors(result.attributions, midpoint_reference(net, states, target="mean").attributions)
     assert float(error.max()) < 16 * eps(torch.float32)  # the case: rounding-level truths
     ratio = result.attribution_error.double() / error
     assert float(((ratio >= 0.5) & (ratio <= 2.0)).double().mean()) >= 0.8

@@ -45,3 +45,8 @@ def assert_close_scaled(actual, expected, *, ulps: float, dtype=torch.float32, s
             f"first at flat index {index}: {actual.reshape(-1)[index]!r} vs {expected.reshape(-1)[index]!r} "
             f"(bound {bound.reshape(-1)[index]:.3g})"
         )
+
+
+def state_errors(attributions: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """``||a - a_true||_1 / ||a_true||_1`` per state (row), in float64."""
+    return (attributions.double() - truth.double()).abs().sum(1) / truth.double().abs().sum(1)
