@@ -103,6 +103,8 @@ def error_estimate(
     offsets, unexplained = _kinks(values, slopes, rule)
     coefficients = F.pad(offsets, (0, 0, 1, 0)) - F.pad(offsets, (0, 0, 0, 1))  # e = sum_j (o_{j-1} - o_j) t_j
     kink, rounding, smooth = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
+    if eps > torch.finfo(dtype).eps:  # a half-precision forward: its gradients' rounding, which no sum here measures
+        rounding = rounding + eps * (weights.view(1, -1, 1) * (grads.abs() * diff.abs()).sum(-1)).sum(1)
     kink = kink + (unexplained + start.pow(2) + end.pow(2)).sqrt()
     return torch.maximum(smooth, kinked_share(roughness, ROUGHNESS, n) * kink + rounding)
 

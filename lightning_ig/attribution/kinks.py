@@ -85,7 +85,7 @@ def kink_rule(
     h = 1.0 / n
     slopes, roughness = slopes_and_roughness(grads, diff, eps)  # (T, n, B), (T, B)
     slopes, values = slopes.to(f64), values.to(f64)  # the scalar algebra in float64: T n B numbers
-    jump_l1, smooth, rounding = _passes(grads, diff, n)
+    jump_l1, smooth, rounding = _passes(grads, diff, n, eps)
     sigma = slopes[:, 1:] - slopes[:, :-1]  # (T, n - 1, B)
     rho = values[:, 1:] - values[:, :-1] - (slopes[:, 1:] + slopes[:, :-1]) * (h / 2)
     kinked = sigma != 0
@@ -147,7 +147,7 @@ def kink_rule(
     at_rounding = (read == 0) & (rounding > _MEASURED * model)  # states whose figure the rounding's bound would set
 
     def numerator(attributions: Tensor) -> Tensor:
-        if grads.device.type == "cpu" and bool(at_rounding.any()):  # a host check is free here
+        if grads.device.type == "cpu" and eps <= torch.finfo(acc).eps and bool(at_rounding.any()):  # free here
             return (model + _measured_rounding(rounding, at_rounding, weights, grads, diff, attributions)).to(acc)
         return (model + rounding).to(acc)
 
@@ -183,9 +183,9 @@ def _contract(coefficients: Tensor, grads: Tensor) -> Tensor:
     return functools.reduce(torch.add, ((coefficients[:, k].unsqueeze(-1) * grads[:, k]).sum(1) for k in blocks))
 
 
-def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+def _passes(grads: Tensor, diff: Tensor, n: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """One pass over the gradients in blocks of nodes: ``||J_k||_1 (T, n - 1, B)``, the smooth model's figure and
-    the rounding term ``(T, B)``, all float64."""
+    the rounding term ``(T, B)`` (in a half-precision forward's eps: its gradients carry it), all float64."""
     f64, size = torch.float64, _block(grads)
     reach = diff.abs()
     jumps, masses = [], []
@@ -200,7 +200,7 @@ def _passes(grads: Tensor, diff: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor
     smooth = (ends * torch.cat([grads[:, :pairs], grads[:, n - pairs :]], 1)).sum(1)  # (T, B, F)
     jump_l1 = torch.cat(jumps, 1).to(f64)  # (T, n - 1, B)
     smooth_figure = (smooth.to(f64) * diff.to(f64)).abs().sum(-1)
-    rounding = _ROUNDING * torch.finfo(grads.dtype).eps * functools.reduce(torch.add, masses).to(f64) / n
+    rounding = max(_ROUNDING * torch.finfo(grads.dtype).eps, eps) * functools.reduce(torch.add, masses).to(f64) / n
     return jump_l1, smooth_figure, rounding
 
 

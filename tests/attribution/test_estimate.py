@@ -168,6 +168,19 @@ def test_three_gauss_legendre_nodes_are_not_read_exact(seed: int) -> None:
     assert float(result.attribution_error[error.argmax()]) >= 0.5 * float(error.max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", ["kink_midpoint", "riemann_middle"])
+def test_a_half_precision_forward_is_not_read_at_float32s_rounding(dtype: torch.dtype, method: str) -> None:
+    # The gradients of a bfloat16 forward carry its rounding (a tanh MLP: 0.24-0.4% off at 64 points), which the
+    # float32 sums' figures do not see: the kink rule read 1.6e-5 (0.00x the truth), the midpoint rule 0.43x
+    net = seeded_mlp(6, 3, seed=0, hidden=32, dtype=dtype)
+    states = torch.randn(16, 6).to(dtype)
+    result = integrated_gradients(net, states, target="mean", method=method, n_steps=64)
+    error = state_errors(result.attributions, midpoint_reference(net, states, target="mean").attributions)
+    assert float(error.max()) > 64 * eps(torch.float32)  # the case: the forward's rounding, not float32's
+    assert float((result.attribution_error.double() / error).min()) >= 0.5
+
+
 def test_a_pulse_between_two_nodes_is_seen_and_rounding_does_not_add_up_over_the_nodes() -> None:
     # Feature 0 feeds two units whose kinks, 0.3004 and 0.3010, lie between the same two nodes with opposite
     # effects (a pulse: the gradient changes and changes back, equal at every node); feature 1 has one kink at 0.6.
