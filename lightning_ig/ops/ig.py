@@ -92,7 +92,7 @@ def _probe_steps(points: Tensor, h: Tensor, point_offset: int) -> Tensor:
     return h[states]  # (P, F)
 
 
-_STEP_BLOCK = 16  # the steps whose products one call makes (16 copies of the attributions at most)
+_STEP_BLOCK = 16  # the steps whose products one call makes (a call costs the CPU path microseconds of Python)
 _SUM_STEPS = 256  # the kernel's LIG_SUM_STEPS: the steps summed in order before their partial sum is added
 
 
@@ -222,8 +222,7 @@ class TorchIG(IGOps):
         for start in range(0, n_steps, _SUM_STEPS):
             part = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
             for first in range(start, min(n_steps, start + _SUM_STEPS), _STEP_BLOCK):
-                # Multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (never an
-                # FMA). A block's products in one call: each call costs the CPU path some microseconds of Python.
+                # multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (no FMA)
                 block = slice(first, first + _STEP_BLOCK)
                 for term in (steps[:, block] * grads[:, block]).unbind(1):
                     part.add_(term)
