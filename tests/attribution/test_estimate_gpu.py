@@ -15,9 +15,10 @@ import torch
 
 from lightning_ig.attribution import IntegratedGradients, integrated_gradients
 from lightning_ig.attribution.budget import budget_steps
+from lightning_ig.attribution.exact_line import midpoint_reference
 from lightning_ig.attribution.kinks import BUDGET_NODES
-from tests.support.models import DuelingMLP
-from tests.support.tolerance import assert_close_scaled
+from tests.support.models import DuelingMLP, seeded_mlp
+from tests.support.tolerance import assert_close_scaled, state_errors
 
 pytestmark = pytest.mark.gpu
 
@@ -115,3 +116,20 @@ def test_the_kink_rule_on_the_device_eagerly_and_replayed(cuda_device: torch.dev
     assert engine.last_mode == "graph" and replayed.method == "kink_midpoint"
     assert_close_scaled(replayed.attributions.cpu(), cuda.attributions.cpu(), ulps=64, dtype=F32)
     _assert_figures_close(replayed, cuda, ulps=1024)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", ["kink_midpoint", "riemann_middle"])
+def test_a_half_precision_forward_is_read_at_its_own_rounding_on_the_device(
+    cuda_device: torch.device, dtype: torch.dtype, method: str
+) -> None:
+    # Its gradients carry the forward's rounding: the estimate adds it, in the first call and in the graph's replay
+    net = seeded_mlp(6, 3, seed=0, hidden=32, dtype=dtype)
+    states = torch.randn(16, 6).to(dtype)
+    truth = midpoint_reference(net, states, target="mean").attributions
+    engine = IntegratedGradients(net.to(cuda_device), target="mean", method=method, n_steps=64)
+    for _ in ("first call", "replay"):
+        result = engine.attribute(states.to(cuda_device))
+        error = state_errors(result.attributions.cpu(), truth)
+        assert float(error.max()) > 64 * torch.finfo(F32).eps
+        assert float((result.attribution_error.double().cpu() / error).min()) >= 0.5
