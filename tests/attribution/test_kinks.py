@@ -173,6 +173,22 @@ def test_a_smooth_network_at_rounding_level_gets_its_rounding_measured(seed: int
     assert float(ratio[error.argmax()]) >= 0.5
 
 
+def test_a_smooth_network_makes_no_certificate_pass_on_the_cpu() -> None:
+    # No state reads kinked, so no correction could be made: the certificate's forward pass is skipped and the
+    # weights are the same bits as with it (a ReLU network, whose states read kinked, still makes it)
+    rows: list[int] = []
+    for act, passes in ((torch.nn.Tanh, 1), (torch.nn.ReLU, 2)):
+        net = seeded_mlp(6, 3, seed=1, hidden=32, act=act, dtype=torch.float32)
+
+        def forward(z: torch.Tensor, net: torch.nn.Module = net) -> torch.Tensor:
+            rows.append(z.shape[0])
+            return net(z).mean(1)
+
+        rows.clear()
+        result = integrated_gradients(forward, torch.randn(8, 6), n_steps=56, method="kink_midpoint")
+        assert result.method == "kink_midpoint" and len(rows) == passes and rows[0] == (56 + 4) * 8
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_a_few_nodes_still_give_finite_figures(n: int) -> None:
     result = integrated_gradients(kinked_relu(KINKS, SIGNS), STATES, target="mean", n_steps=n, method="kink_midpoint")
