@@ -174,8 +174,8 @@ def test_a_smooth_network_at_rounding_level_gets_its_rounding_measured(seed: int
 
 
 def test_a_smooth_network_makes_no_certificate_pass_on_the_cpu() -> None:
-    # No state reads kinked, so no correction could be made: the certificate's forward pass is skipped and the
-    # weights are the same bits as with it (a ReLU network, whose states read kinked, still makes it)
+    # No state reads kinked, so no correction could be made (each is scaled by the state's kinked share, 0 here): the
+    # certificate's forward pass is skipped. A ReLU network, whose states read kinked, still makes it
     rows: list[int] = []
     for act, passes in ((torch.nn.Tanh, 1), (torch.nn.ReLU, 2)):
         net = seeded_mlp(6, 3, seed=1, hidden=32, act=act, dtype=torch.float32)
