@@ -102,9 +102,8 @@ _REALS = (int, float, np.integer, np.floating)
 def shown(value: Any, width: int = 120) -> str:
     """``repr(value)`` for a message that quotes what was given, cut to about ``width`` characters (``...``).
 
-    Containers are abbreviated as they are written (:mod:`reprlib`), so a list of
-    millions of items costs no more than a short one. Never raises: a value whose
-    repr fails (an int past Python's digit limit) is named by its type.
+    Containers are abbreviated as they are written (:mod:`reprlib`), so a list of millions of items costs no more than a
+    short one. Never raises: a value whose repr fails (an int past Python's digit limit) is named by its type.
     """
     try:
         text = _SHORT.repr(value)

@@ -60,9 +60,8 @@ def check_float_dtype(value: Any, name: str = "dtype") -> torch.dtype:
 def check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
     """Raise a ``ValueError`` naming ``name``, the count and the first index of NaN/Inf values.
 
-    One host sync; the slow path (count and first index) runs only when something is
-    wrong. ``flag`` is ``torch.isfinite(tensor).all()`` queued earlier, so that the sync
-    finds it long done.
+    One host sync; the slow path (count and first index) runs only when something is wrong. ``flag`` is
+    ``torch.isfinite(tensor).all()`` queued earlier, so that the sync finds it long done.
     """
     if bool(torch.isfinite(tensor).all() if flag is None else flag):
         return

@@ -55,11 +55,9 @@ class GraphCapture:
     def capture(self, compute: _Compute, device: torch.device) -> tuple[Any, dict[str, Tensor]]:
         """Warm ``compute`` up on a side stream, then capture it; return the graph (``replay()``) and its outputs.
 
-        The warm-up runs with torch's sync debug mode set to ``"error"``, so a
-        forward that synchronises with the host (``.item()``, ``.cpu()``,
-        data-dependent shapes) fails there, before a capture begins: a capture
-        that fails part-way leaves the CUDA generator in its capture state, and
-        every later random draw on the device raises.
+        The warm-up runs with torch's sync debug mode set to ``"error"``, so a forward that synchronises with the host
+        (``.item()``, ``.cpu()``, data-dependent shapes) fails there, before a capture begins: a capture that fails
+        part-way leaves the CUDA generator in its capture state, and every later random draw on the device raises.
         """
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))

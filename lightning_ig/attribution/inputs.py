@@ -1,9 +1,8 @@
 """The tensors of one call, checked and flattened; the model behind a forward, for messages that say what to do.
 
-Every call starts with :func:`prepare`: the forward is callable, the inputs are
-a floating tensor ``(B >= 1, *feature_shape)`` with at least one feature, the
-baselines resolve to the inputs' shape, the target and the backend are chosen.
-Inputs and baselines are flattened to ``(B, F)`` for the path.
+Every call starts with :func:`prepare`: the forward is callable, the inputs are a floating tensor ``(B >= 1,
+*feature_shape)`` with at least one feature, the baselines resolve to the inputs' shape, the target and the backend are
+chosen. Inputs and baselines are flattened to ``(B, F)`` for the path.
 """
 
 from __future__ import annotations
@@ -244,9 +243,8 @@ def warn_stochastic(forward: Any, stacklevel: int) -> None:
 def uses_batch_statistics(forward: Any) -> bool:
     """Whether ``forward``'s module normalises with the statistics of its batch (batch-norm in train mode).
 
-    Its values for a state then depend on the other rows of the batch, which a
-    repeat inside the same batch cannot see. Only a module that :func:`module_of`
-    finds is inspected.
+    Its values for a state then depend on the other rows of the batch, which a repeat inside the same batch cannot see.
+    Only a module that :func:`module_of` finds is inspected.
     """
     module = module_of(forward)
     pending = [module] if module is not None else []

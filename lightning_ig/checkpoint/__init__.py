@@ -28,10 +28,9 @@ back on the file-level ones. Write merged files with :func:`save_merged_checkpoi
 Writes are atomic (:mod:`.writing`). A checkpoint is data: reading one never unpickles and never imports what the
 file names, and its config may not describe a model larger than the tensors it stores (:func:`load_checkpoint`).
 
-The parts: :mod:`.layout` (keys, :class:`CheckpointError`, :class:`LoadedCheckpoint`),
-:mod:`.writing` (save and merge), :mod:`.heads` (which heads a file holds, which one a
-prefix selects), :mod:`.building` (the model a file describes: names, then sizes, then
-memory), :mod:`.reading` (rebuild a model), :mod:`.states` (states files).
+The parts: :mod:`.layout` (keys, :class:`CheckpointError`, :class:`LoadedCheckpoint`), :mod:`.writing` (save and merge),
+:mod:`.heads` (which heads a file holds, which one a prefix selects), :mod:`.building` (the model a file describes:
+names, then sizes, then memory), :mod:`.reading` (rebuild a model), :mod:`.states` (states files).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """``lightning-ig diag``: check every output, prepare every head, attribute, write, say how it went.
 
-The steps run in that order so that a mistake costs nothing: every file the command
-will write (each report, each saliency picture) is checked as one plan before
-anything is loaded, every head's inputs before the first IG run, and the reports
-are written only once every head has run (all or none).
+The steps run in that order so that a mistake costs nothing: every file the command will write (each report, each
+saliency picture) is checked as one plan before anything is loaded, every head's inputs before the first IG run, and the
+reports are written only once every head has run (all or none).
 """
 
 from __future__ import annotations

@@ -22,11 +22,9 @@ PROGRESS_EVERY_S = 5.0
 class Progress:
     """Says on stderr what is running once a stage takes more than a few seconds; silent otherwise.
 
-    On a terminal it is one line, rewritten in place and erased before an error
-    is printed, so a failed run still ends with exactly one line of stderr. In a
-    log (stderr not a terminal) it prints a line every few seconds, but only for
-    stages that start after every input was checked (``checked=True``), for the
-    same reason.
+    On a terminal it is one line, rewritten in place and erased before an error is printed, so a failed run still ends
+    with exactly one line of stderr. In a log (stderr not a terminal) it prints a line every few seconds, but only for
+    stages that start after every input was checked (``checked=True``), for the same reason.
     """
 
     def __init__(self, stream: TextIO, enabled: bool) -> None:

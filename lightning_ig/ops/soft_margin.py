@@ -64,9 +64,8 @@ def gradient_torch(input: Tensor, target: Tensor, grad_output: Tensor, reduction
 def soft_margin_torch(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
     """The stable soft-margin loss in plain torch: the CPU/float64 path and the reference.
 
-    ``logaddexp(z, 0)`` is ``max(z, 0) + log1p(exp(-|z|))`` exactly, and its
-    autograd formula is the stable ``sigmoid(z)`` (0.5 at ``z == 0``, where a
-    hand-written ``clamp``/``abs`` form would give a wrong subgradient).
+    ``logaddexp(z, 0)`` is ``max(z, 0) + log1p(exp(-|z|))`` exactly, and its autograd formula is the stable
+    ``sigmoid(z)`` (0.5 at ``z == 0``, where a hand-written ``clamp``/``abs`` form would give a wrong subgradient).
     ``target`` must already have the input's shape or broadcast to it.
     """
     # -y x in the input's dtype, as torch's in-place `neg(input).mul_(target)` rounds it
@@ -171,14 +170,12 @@ def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
 def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.uint64, np.uint64]]:
     """Partial sums and the ticket counter for one reduction launch.
 
-    Returns ``(the workspace tensor, (partials pointer, counter pointer))``.
-    The counter must be zero before a launch (the kernel's last block puts it
-    back to zero), and two launches that may overlap must not share it. Launches
-    on one stream never overlap, so eager calls share one zeroed workspace per
-    (device, stream), allocated once. A launch being captured into a CUDA graph
-    gets its own, zeroed from the graph's memory pool as part of the graph, so
-    replays of different graphs never share a counter either. (Whether a capture
-    is in progress is asked of the current device's current stream.)
+    Returns ``(the workspace tensor, (partials pointer, counter pointer))``. The counter must be zero before a launch
+    (the kernel's last block puts it back to zero), and two launches that may overlap must not share it. Launches on one
+    stream never overlap, so eager calls share one zeroed workspace per (device, stream), allocated once. A launch being
+    captured into a CUDA graph gets its own, zeroed from the graph's memory pool as part of the graph, so replays of
+    different graphs never share a counter either. (Whether a capture is in progress is asked of the current device's
+    current stream.)
     """
     if torch.cuda.is_current_stream_capturing():
         # float64 zeros: `grid` partial sums, then the counter (the low word of 0.0 is 0u)
@@ -277,11 +274,10 @@ def launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) -> 
 def launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
     """``gradient *= grad_output`` in place, the scalar read on the device.
 
-    Large gradients go through our kernel, which returns at once when
-    ``grad_output`` is 1 (the usual ``loss.backward()``), so the backward costs
-    no pass over memory. Small ones (where host time, not memory, is the cost)
-    take torch's ``mul_``: one full pass, but cheaper to launch than CuPy.
-    Both read the scalar on the device and round identically (x * 1 == x).
+    Large gradients go through our kernel, which returns at once when ``grad_output`` is 1 (the usual
+    ``loss.backward()``), so the backward costs no pass over memory. Small ones (where host time, not memory, is the
+    cost) take torch's ``mul_``: one full pass, but cheaper to launch than CuPy. Both read the scalar on the device and
+    round identically (x * 1 == x).
     """
     n = gradient.numel()
     if not n:

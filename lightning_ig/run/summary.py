@@ -1,11 +1,9 @@
 """The typed summary of one IG run: what every view reads.
 
-:func:`summarize` turns a :class:`~lightning_ig.run.host_result.HostResult`
-and the history of earlier runs into a :class:`RunSummary`: the settings, the
-per-feature and per-group statistics, completeness with its verdict, drift
-and concentration. Views read these fields; they never read the JSON
-report's keys, so the file format and the pictures can change apart. A run's
-numbers carry kinds and values; the words are :mod:`lightning_ig.views.text`'s.
+:func:`summarize` turns a :class:`~lightning_ig.run.host_result.HostResult` and the history of earlier runs into a
+:class:`RunSummary`: the settings, the per-feature and per-group statistics, completeness with its verdict, drift and
+concentration. Views read these fields; they never read the JSON report's keys, so the file format and the pictures can
+change apart. A run's numbers carry kinds and values; the words are :mod:`lightning_ig.views.text`'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The fit's working copy of the model, where the trust checks compute: the model itself is only ever read.
 
 :class:`Replica` is made once per fit (:func:`~lightning_ig.trust.common.structure_copy`) and follows the
-model: :meth:`Replica.sync` copies the model's parameters and buffers into it in place (a few fused launches), so
+model: :meth:`Replica.sync` copies the model's parameters and buffers into it in place and shares its plain
+attributes again (a float training sets anew), so
 that its forward is the model's as attribution sees it (eval mode, noise off) without the model being put into that
 mode and back (:func:`~lightning_ig.models.noise.attribution_mode`'s bookkeeping).
 The sanity check's re-initialised copies re-draw its parameters in place (:meth:`Replica.redraw`), and the stability
@@ -31,6 +32,8 @@ from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disable
 from lightning_ig.trust.common import AttributionSettings, structure_copy
 
 __all__ = ["Replica", "redraw"]
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))  # a module's own state (mode, hooks, parameters): never shared
 
 
 class Replica:
@@ -66,6 +69,15 @@ class Replica:
         ]
         self._names = _followed_names(self.module)
         self._mine = self._tensors()
+        # the plain attributes the copy shares with the model (a float, a tensor, a list): sync() shares them again,
+        # as training may set them anew (an observation scale); noisy layers' are the copy's own (their noise switch)
+        self._shared = [
+            (theirs, mine, name)
+            for theirs, mine in zip(model.modules(), self.module.modules(), strict=True)
+            if not is_noisy_layer(mine)
+            for name, value in vars(theirs).items()
+            if name not in _MODULE_INTERNALS and vars(mine).get(name) is value and not isinstance(value, nn.Module)
+        ]
         self.quiet()
         self.settings = settings
         self.forward = settings.call(self.module)
@@ -75,9 +87,11 @@ class Replica:
         self._draws: dict[tuple[int, int], list[list[Tensor]]] = {}
 
     def sync(self) -> None:
-        """Copy the model's parameters and buffers (but noise samples) into the copy, in place (inside
-        :meth:`following`, another copy's)."""
+        """Copy the model's parameters and buffers (but noise samples) into the copy, in place, and share its plain
+        attributes again (inside :meth:`following`, another copy's parameters and buffers only)."""
         source = self.model if self._source is None else self._source  # a Module with __len__ 0 is falsy
+        for followed, copied, name in self._shared if self._source is None else ():
+            vars(copied)[name] = vars(followed).get(name, vars(copied).get(name))
         theirs: dict[str, Tensor] = dict(source.named_parameters())
         theirs.update(source.named_buffers())
         with torch.inference_mode(False), torch.no_grad():

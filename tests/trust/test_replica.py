@@ -49,6 +49,35 @@ def test_a_synced_replica_computes_the_models_attribution_mode_forward_bit_for_b
     assert model.training  # the model's own modes were never touched
 
 
+class _Scaled(TinyQNet):
+    """A forward that reads a float and a tensor that training sets anew (an observation scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.factor, self.shift = 1.0, torch.zeros(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x * self.factor + self.shift)
+
+
+def test_a_synced_replica_follows_plain_attributes_training_sets_anew_but_not_the_models_modes():
+    model = _Scaled().train()
+    states = held_out_states(16)
+    replica = Replica(model, SETTINGS)
+    model.factor, model.shift = 3.0, torch.full((4,), 0.5)  # set anew: the copy held the old objects
+    for layer in model.modules():
+        if isinstance(layer, NoisyLinear):
+            layer.enable_noise()  # the model's noise switch set anew (on): the copy keeps its own (off)
+    replica.sync()
+    with attribution_mode(model), torch.no_grad():
+        expected = model(states)
+    with torch.no_grad():
+        got = replica.module(states)
+    assert torch.equal(got, expected)
+    assert replica.module.factor == 3.0 and not replica.module.training and model.training
+    assert all(not layer.noise_enabled for layer in replica.noisy)  # off for plain forwards, whatever the model's
+
+
 def test_redraw_is_the_layers_own_initialisation_and_sync_brings_the_model_back():
     model = TinyQNet().eval()
     states = held_out_states(8)

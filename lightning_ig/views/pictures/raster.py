@@ -263,10 +263,9 @@ def card_sized(pixels: np.ndarray) -> np.ndarray:
 def png_bytes(pixels: np.ndarray) -> bytes:
     """An ``(H, W, 3)`` uint8 picture as a PNG of at most 256 colours.
 
-    Pictures of few colours are stored exactly. A picture of more colours
-    (saliency maps, anti-aliased text) gets a palette of 256 from Pillow's fast
-    octree, and each pixel the nearest of them (a few levels of 255 off on
-    noisy saliency frames). Compared with an RGB PNG, a third of the bytes.
+    Pictures of few colours are stored exactly. A picture of more colours (saliency maps, anti-aliased text) gets a
+    palette of 256 from Pillow's fast octree, and each pixel the nearest of them (a few levels of 255 off on noisy
+    saliency frames). Compared with an RGB PNG, a third of the bytes.
     """
     from PIL import Image  # noqa: PLC0415
 
