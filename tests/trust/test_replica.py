@@ -27,6 +27,14 @@ class ForeignNoisy(nn.Module):
         return x @ (self.weight + self.weight_epsilon).T
 
 
+def _synced_forward_is_the_models(replica: Replica, model: nn.Module, states: torch.Tensor) -> bool:
+    replica.sync()
+    with attribution_mode(model), torch.no_grad():
+        expected = model(states)
+    with torch.no_grad():
+        return torch.equal(replica.module(states), expected)
+
+
 def test_a_synced_replica_computes_the_models_attribution_mode_forward_bit_for_bit():
     model = TinyQNet()  # batch-norm, dropout and a NoisyLinear head: every mode attribution switches
     model.train()
@@ -39,12 +47,7 @@ def test_a_synced_replica_computes_the_models_attribution_mode_forward_bit_for_b
             parameter.add_(0.01)
         model(states)
     before = snapshot(model)
-    replica.sync()
-    with attribution_mode(model), torch.no_grad():
-        expected = model(states)
-    with torch.no_grad():
-        got = replica.module(states)
-    assert torch.equal(got, expected)
+    assert _synced_forward_is_the_models(replica, model, states)
     assert_unchanged(model, before)
     assert model.training  # the model's own modes were never touched
 
@@ -68,12 +71,7 @@ def test_a_synced_replica_follows_plain_attributes_training_sets_anew_but_not_th
     for layer in model.modules():
         if isinstance(layer, NoisyLinear):
             layer.enable_noise()  # the model's noise switch set anew (on): the copy keeps its own (off)
-    replica.sync()
-    with attribution_mode(model), torch.no_grad():
-        expected = model(states)
-    with torch.no_grad():
-        got = replica.module(states)
-    assert torch.equal(got, expected)
+    assert _synced_forward_is_the_models(replica, model, states)
     assert replica.module.factor == 3.0 and not replica.module.training and model.training
     assert all(not layer.noise_enabled for layer in replica.noisy)  # off for plain forwards, whatever the model's
 
