@@ -144,10 +144,11 @@ def kink_rule(
     kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
     read = kinked_share(roughness, _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
     model = torch.maximum((1 - read) * smooth, read * kink)
-    at_rounding = (read == 0) & (rounding > _MEASURED * model)  # states whose figure the rounding's bound would set
 
     def numerator(attributions: Tensor) -> Tensor:
-        if grads.device.type == "cpu" and eps <= torch.finfo(acc).eps and bool(at_rounding.any()):  # free here
+        measured = grads.device.type == "cpu" and eps <= torch.finfo(acc).eps  # where a host check is free
+        at_rounding = (read == 0) & (rounding > _MEASURED * model) if measured else None  # the bound sets the figure
+        if at_rounding is not None and bool(at_rounding.any()):
             return (model + _measured_rounding(rounding, at_rounding, weights, grads, diff, attributions)).to(acc)
         return (model + rounding).to(acc)
 

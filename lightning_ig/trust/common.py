@@ -49,6 +49,7 @@ __all__ = [
     "rank_correlation",
     "read",
     "resolve_groups",
+    "shared_attributes",
     "state_subset",
     "structure_copy",
     "unit_sums",
@@ -60,6 +61,7 @@ ModelForward = Callable[[nn.Module, Tensor], Tensor]
 # Spearman over a few units takes a few exact values (0.8 and 0.9 over 4) that float arithmetic lands a few ulps
 # either side of: a correlation within this of a bound counts as on it (not below a ceiling, at a floor).
 ROUNDING = 64 * float(np.finfo(np.float64).eps)
+_MODULE_STATE = frozenset(vars(nn.Module()))  # a module's own state (mode, hooks, parameters): never shared
 
 
 @dataclass(frozen=True)
@@ -252,16 +254,25 @@ def structure_copy(model: nn.Module) -> nn.Module:
     A method of a module of the tree kept as an attribute (under DDP, Lightning sets the LightningModule's
     ``forward`` as an instance attribute) is bound to the copy's module instead: shared, the copy would call the
     original's weights."""
-    internals = set(vars(nn.Module()))
     tree = {id(module) for module in model.modules()}
     memo: dict[int, Any] = {}
     for module in model.modules():
         for name, value in vars(module).items():
             bound_here = isinstance(value, types.MethodType) and id(value.__self__) in tree
-            if name not in internals and not isinstance(value, nn.Module) and not bound_here:
+            if name not in _MODULE_STATE and not isinstance(value, nn.Module) and not bound_here:
                 memo[id(value)] = value
     with torch.inference_mode(False), torch.no_grad():  # a copy made in inference mode could not be differentiated
         clone = copy.deepcopy(model, memo)
     for parameter in clone.parameters():
         parameter.grad = None
     return clone.requires_grad_(False)
+
+
+def shared_attributes(model: nn.Module, clone: nn.Module) -> list[tuple[nn.Module, nn.Module, str]]:
+    """``(module, copy, name)`` for each plain attribute ``clone`` (:func:`structure_copy`) shares with ``model``."""
+    return [
+        (theirs, mine, name)
+        for theirs, mine in zip(model.modules(), clone.modules(), strict=True)
+        for name, value in vars(theirs).items()
+        if name not in _MODULE_STATE and vars(mine).get(name) is value and not isinstance(value, nn.Module)
+    ]

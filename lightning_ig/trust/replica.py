@@ -29,11 +29,9 @@ from torch import Tensor, nn
 from lightning_ig.attribution import IntegratedGradients
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
-from lightning_ig.trust.common import AttributionSettings, structure_copy
+from lightning_ig.trust.common import AttributionSettings, shared_attributes, structure_copy
 
 __all__ = ["Replica", "redraw"]
-
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))  # a module's own state (mode, hooks, parameters): never shared
 
 
 class Replica:
@@ -69,15 +67,8 @@ class Replica:
         ]
         self._names = _followed_names(self.module)
         self._mine = self._tensors()
-        # the plain attributes the copy shares with the model (a float, a tensor, a list): sync() shares them again,
-        # as training may set them anew (an observation scale); noisy layers' are the copy's own (their noise switch)
-        self._shared = [
-            (theirs, mine, name)
-            for theirs, mine in zip(model.modules(), self.module.modules(), strict=True)
-            if not is_noisy_layer(mine)
-            for name, value in vars(theirs).items()
-            if name not in _MODULE_INTERNALS and vars(mine).get(name) is value and not isinstance(value, nn.Module)
-        ]
+        # sync() shares them again (training may set a float anew); noisy layers' are the copy's own (noise switch)
+        self._shared = [entry for entry in shared_attributes(model, self.module) if not is_noisy_layer(entry[1])]
         self.quiet()
         self.settings = settings
         self.forward = settings.call(self.module)
