@@ -40,6 +40,7 @@ __all__ = [
     "NOISE",
     "ROUGHNESS",
     "accuracy_rows",
+    "block_size",
     "error_estimate",
     "kinked_share",
     "slopes_and_roughness",
@@ -104,7 +105,7 @@ def error_estimate(
     coefficients = F.pad(offsets, (0, 0, 1, 0)) - F.pad(offsets, (0, 0, 0, 1))  # e = sum_j (o_{j-1} - o_j) t_j
     kink, rounding, smooth = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
     if eps > torch.finfo(dtype).eps:  # a half-precision forward: its gradients' rounding, which no sum here measures
-        blocks = [slice(k, k + _block_size(grads)) for k in range(0, n, _block_size(grads))]  # no temporary of all n
+        blocks = [slice(k, k + block_size(grads)) for k in range(0, n, block_size(grads))]  # no temporary of all n
         mass = functools.reduce(torch.add, [torch.tensordot(weights[k], grads[:, k].abs(), ([0], [1])) for k in blocks])
         rounding = rounding + eps * (mass * diff.abs()).sum(-1)
     kink = kink + (unexplained + start.pow(2) + end.pow(2)).sqrt()
@@ -213,7 +214,8 @@ def _smooth_stencil(alphas: Tensor, weights: Tensor) -> Tensor:
     return stencil
 
 
-def _block_size(grads: Tensor, copies: int = 1) -> int:
+def block_size(grads: Tensor, copies: int = 1) -> int:
+    """Nodes per block: a temporary of ``copies`` blocks of gradients stays under :data:`_BLOCK_ELEMENTS` elements."""
     return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, copies * grads[:, :1].numel())))
 
 
@@ -230,7 +232,7 @@ def slopes_and_roughness(grads: Tensor, diff: Tensor, eps: float) -> tuple[Tenso
     n, features = grads.shape[1], grads.shape[-1]
     groups = min(features, _GROUPS)
     pad = -features % groups
-    size = _block_size(grads, 2)
+    size = block_size(grads, 2)
     grouped = []
     for k in range(0, n, size):
         terms = grads[:, k : k + size] * diff  # (T, m, B, F)
@@ -252,7 +254,7 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
     the sums with ``o`` and ``Gamma`` in the gradients' dtype (elementwise: no TF32 matmul), the rule's in float64;
     in blocks of nodes. ``(1, T, B)``, the rounding only, without ``coefficients``."""
     n, f64 = grads.shape[1], torch.float64
-    size = _block_size(grads, 5)
+    size = block_size(grads, 5)
     total: Tensor | None = None
     wholes = []
     for k in range(0, n, size):

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_ig.attribution.estimate import ROUGHNESS, kinked_share, slopes_and_roughness
+from lightning_ig.attribution.estimate import ROUGHNESS, block_size, kinked_share, slopes_and_roughness
 
 __all__ = ["BUDGET_NODES", "kink_rule"]
 
@@ -59,8 +59,7 @@ _ESTIMATED = (0.3, 0.6)  # the roughness from which the estimate reads the kink 
 _SMOOTH_PAIRS = 4  # end-corrected midpoint weights exact to degree 2 x 4 - 1 = 7
 _ROUNDING = 2.0  # the float32 sums' rounding, in eps x sum_k h ||(x - b) g_k||_1
 _MEASURED = 0.1  # the rounding is measured where its bound is above this share of the other figures (CPU)
-_BLOCK_ELEMENTS = 1 << 24  # the most elements of a temporary the size of a block of gradients
-_WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
+_WEIGHTS: dict[tuple[int, int, bool, torch.dtype, torch.device], Tensor] = {}
 _Rows = Callable[[Tensor], Tensor]
 
 
@@ -82,66 +81,44 @@ def kink_rule(
         eps: the forward's rounding unit (:func:`~lightning_ig.attribution.estimate.slopes_and_roughness`).
     """
     n, acc, f64 = grads.shape[1], grads.dtype, torch.float64
-    h = 1.0 / n
+    h, tiny, diff64 = 1.0 / n, torch.finfo(f64).tiny, diff.to(f64)
     slopes, roughness = slopes_and_roughness(grads, diff, eps)  # (T, n, B), (T, B)
-    slopes, values = slopes.to(f64), values.to(f64)  # the scalar algebra in float64: T n B numbers
-    jump_l1, smooth, rounding = _passes(grads, diff, n, eps)
+    slopes, values, roughness = slopes.to(f64), values.to(f64), roughness.to(f64)  # the scalar algebra in float64
+    jump_l1, smooth, rounding = _passes(grads, diff, diff64, eps)
     sigma = slopes[:, 1:] - slopes[:, :-1]  # (T, n - 1, B)
     rho = values[:, 1:] - values[:, :-1] - (slopes[:, 1:] + slopes[:, :-1]) * (h / 2)
     kinked = sigma != 0
-    offset = torch.where(kinked, rho / torch.where(kinked, sigma, 1.0), 0.0).clamp(-h / 2, h / 2)
-    tiny = torch.finfo(f64).tiny
-    cancelling = jump_l1 / sigma.abs().clamp_min(tiny)  # N_k >= 1 where kinked
-    left_node = alphas.to(f64)[:-1].view(1, -1, 1)  # (1, n - 1, 1)
-    kappa = left_node + h / 2 - offset  # (T, n - 1, B) the located kinks
-    roughness = roughness.to(f64)
+    offset = torch.where(kinked, rho / torch.where(kinked, sigma, 1.0), 0.0).clamp_(-h / 2, h / 2)  # 0 unkinked
+    cancelling = jump_l1 / sigma.abs().clamp_min_(tiny)  # N_k >= 1 where kinked
+    size = jump_l1 * offset.abs()  # ||o_k J_k||_1: the correction's size
     # Corrections only where the path is plainly kinked: a smooth transition about a node spacing wide (a trained
     # tanh agent's sharpest states) reads half kinked, and "corrections" there made the rule worse than the midpoint
     corrected = kinked_share(roughness, _CORRECTED, n)  # (T, B)
     count = min(n - 1, math.ceil(_CERTIFIED * n))
     if grads.device.type == "cpu" and not bool((corrected > 0).any()):  # a host check is free here: no state to
         count = 0  # correct (a smooth network), so no certificate pass: the weights are the same without it
-    top = (jump_l1 * offset.abs() * kinked).topk(count, dim=1).indices  # (T, count, B)
-    excess, weight = torch.zeros_like(rho), torch.zeros_like(rho)
+    weight = excess = torch.zeros_like(rho)
     if count:
-        at = kappa.gather(1, top)
-        start = left_node.expand_as(kappa).gather(1, top)
-        # Two kinks of opposite slope changes pass the check at the located kink (there the value is on both outer
-        # lines): the largest corrections are checked once more, halfway from it to the stretch's farther end
-        probed = math.ceil(_PROBED * count)
-        kink, edge = at[:, :probed], start[:, :probed]  # (T, probed, B)
-        right = edge + h - kink >= kink - edge
-        probe = torch.where(right, (kink + edge + h) / 2, (kink + edge) / 2)
-        both = values_at(torch.cat([at, probe], 1))  # (T, count + probed, B)
-        certified, seen = both[:, :count], both[:, count:]
-        v_left, s_left = values[:, :-1].gather(1, top), slopes[:, :-1].gather(1, top)  # the pieces either side
-        v_right, s_right = values[:, 1:].gather(1, top), slopes[:, 1:].gather(1, top)
-        on_left, on_right = v_left + s_left * (at - start), v_right - s_right * (start + h - at)  # both at ``at``
-        miss = torch.maximum((certified - on_left).abs(), (certified - on_right).abs())
-        on_side = torch.where(  # the probe's value on its side's piece, were the kink at ``kink``
-            right,
-            v_right[:, :probed] - s_right[:, :probed] * (edge + h - probe),
-            v_left[:, :probed] + s_left[:, :probed] * (probe - edge),
-        )
-        miss[:, :probed] = torch.maximum(miss[:, :probed], (seen - on_side).abs())
-        floor = _FLOOR * torch.finfo(acc).eps * values.abs().amax(1, keepdim=True)  # (T, 1, B)
-        over = (miss - floor).clamp_min(0)
+        top = size.topk(count, dim=1).indices  # (T, count, B)
+        floor = _FLOOR * torch.finfo(acc).eps * values.abs().amax(1, keepdim=True)  # (T, 1, B): the rounding
+        over = (_misses(values, slopes, offset, top, alphas.to(f64), values_at) - floor).clamp_min_(0)
         excess = excess.scatter(1, top, over)
-        weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min(tiny)).clamp(0, 1))
+        weight = weight.scatter(1, top, (1 - over / rho.gather(1, top).abs().clamp_min_(tiny)).clamp_(0, 1))
     low, high = _CANCELLING
-    weight = weight * ((high - cancelling) / (high - low)).clamp(0, 1) * kinked
-    lam = kinked_share(roughness, ROUGHNESS, n)  # the weights: midpoint where kinked, end-corrected where smooth
-    weight = weight * corrected.unsqueeze(1)
-    smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)
-    weights = lam.unsqueeze(1) * (h + _node_coefficients(weight * offset)) + (1 - lam.unsqueeze(1)) * smooth_weights
+    weight = weight * ((high - cancelling) / (high - low)).clamp_(0, 1) * corrected.unsqueeze(1)
+    corrections = weight * offset  # (T, n - 1, B); every figure below is 0 where no kink was located (offset 0)
+    lam = kinked_share(roughness, ROUGHNESS, n).unsqueeze(1)  # the weights: midpoint where kinked, end-corrected
+    smooth_weights = _smooth_weights(n, _SMOOTH_PAIRS, f64, grads.device).view(1, n, 1)  # where smooth
+    weights = smooth_weights + lam * (h - smooth_weights + _node_coefficients(corrections))
     # the estimate: the uncorrected kink models as one signed vector, the figures without a direction in quadrature
-    signed = (_contract(_node_coefficients((1 - weight) * offset), grads).to(f64) * diff.to(f64)).abs().sum(-1)
-    f_input, f_baseline = ends[0].t().to(f64), ends[1].t().to(f64)  # (T, B)
+    signed = (_contract(_node_coefficients(offset - corrections), grads).to(f64) * diff64).abs_().sum(-1)
+    f_input, f_baseline = ends[:2].to(f64).transpose(1, 2)  # (T, B) each
     start = values[:, 0] - f_baseline - slopes[:, 0] * (h / 2)  # [0, c_0]: the rule uses g_0 on it
     end = f_input - values[:, -1] - slopes[:, -1] * (h / 2)  # [c_n-1, 1]: g_n-1
     left = rho - sigma * offset  # what one kink per stretch leaves unexplained (a jumpless stretch: its rounding)
-    leftover = weight * torch.minimum(excess * cancelling.clamp(max=1e3), jump_l1 * offset.abs())
-    kink = signed + (start.pow(2) + end.pow(2) + left.pow(2).sum(1) + leftover.pow(2).sum(1)).sqrt()
+    leftover = weight * torch.minimum(excess * cancelling.clamp_(max=1e3), size)
+    free = torch.cat([start.unsqueeze(1), end.unsqueeze(1), left, leftover], 1)  # (T, 2 n, B)
+    kink = signed + (free * free).sum(1).sqrt_()
     read = kinked_share(roughness, _ESTIMATED, n)  # the estimate's ``lam``: the kink model from a lower roughness
     model = torch.maximum((1 - read) * smooth, read * kink)
 
@@ -153,6 +130,27 @@ def kink_rule(
         return (model + rounding).to(acc)
 
     return weights.to(acc), numerator
+
+
+def _misses(values: Tensor, slopes: Tensor, offset: Tensor, top: Tensor, alphas: Tensor, at: _Rows) -> Tensor:
+    """``(T, count, B)`` how far the value at each ``top`` stretch's located kink misses its neighbouring pieces,
+    0 where one kink explains it: the certificate (float64, as :func:`kink_rule` has them)."""
+    count, h = top.shape[1], 1.0 / values.shape[1]
+    # Two kinks of opposite slope changes pass the check at the located kink (there the value is on both outer
+    # lines): the largest corrections are checked once more, halfway from it to the stretch's farther end
+    probed = math.ceil(_PROBED * count)
+    index = torch.cat([top, top[:, :probed]], 1)  # (T, count + probed, B)
+    inside = h / 2 - offset.gather(1, index)  # the located kink, from the stretch's left node
+    right = inside[:, count:] <= h / 2  # the probe's side: the farther end
+    inside[:, count:] = inside[:, count:] / 2 + right * (h / 2)
+    found = at(alphas[index] + inside)  # (T, count + probed, B)
+    # the value's distance from the pieces either side, each extended to where it was found
+    off_left = (found - values[:, :-1].gather(1, index) - slopes[:, :-1].gather(1, index) * inside).abs_()
+    off_right = (found - values[:, 1:].gather(1, index) + slopes[:, 1:].gather(1, index) * (h - inside)).abs_()
+    miss = torch.maximum(off_left[:, :count], off_right[:, :count])  # on both pieces at the kink
+    beyond = torch.where(right, off_right[:, count:], off_left[:, count:])  # on its side's piece at the probe
+    miss[:, :probed] = torch.maximum(miss[:, :probed], beyond)
+    return miss
 
 
 def _measured_rounding(
@@ -173,21 +171,17 @@ def _node_coefficients(per_stretch: Tensor) -> Tensor:
     return F.pad(per_stretch, (0, 0, 1, 0)) - F.pad(per_stretch, (0, 0, 0, 1))
 
 
-def _block(grads: Tensor) -> int:
-    return max(1, min(grads.shape[1], _BLOCK_ELEMENTS // max(1, 3 * grads[:, :1].numel())))
-
-
 def _contract(coefficients: Tensor, grads: Tensor) -> Tensor:
     """``(T, B, F)``: ``sum_k c_k g_k`` for ``c (T, n, B)`` (elementwise, in blocks of nodes: no TF32 matmul)."""
-    coefficients, size = coefficients.to(grads.dtype), _block(grads)
+    coefficients, size = coefficients.to(grads.dtype), block_size(grads, 3)
     blocks = (slice(k, k + size) for k in range(0, grads.shape[1], size))
     return functools.reduce(torch.add, ((coefficients[:, k].unsqueeze(-1) * grads[:, k]).sum(1) for k in blocks))
 
 
-def _passes(grads: Tensor, diff: Tensor, n: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _passes(grads: Tensor, diff: Tensor, diff64: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """One pass over the gradients in blocks of nodes: ``||J_k||_1 (T, n - 1, B)``, the smooth model's figure and
     the rounding term ``(T, B)`` (in a half-precision forward's eps: its gradients carry it), all float64."""
-    f64, size = torch.float64, _block(grads)
+    n, size = grads.shape[1], block_size(grads, 3)
     reach = diff.abs()
     jumps, masses = [], []
     for k in range(0, n, size):
@@ -195,22 +189,26 @@ def _passes(grads: Tensor, diff: Tensor, n: int, eps: float) -> tuple[Tensor, Te
         jumps.append((block[:, 1:] - block[:, :-1]).abs_().mul_(reach).sum(-1))  # in place: one temporary
         masses.append((block[:, : min(size, n - k)].abs().sum(1) * reach).sum(-1))  # (T, B)
     # the weights against those a degree pair lower (7 against 5 from 8 nodes) differ on the first and last nodes only
-    pairs, kind = min(_SMOOTH_PAIRS, n // 2), (grads.dtype, grads.device)
-    gap = _smooth_weights(n, pairs, *kind) - _smooth_weights(n, max(pairs - 1, 0), *kind)
-    ends = torch.cat([gap[:pairs], gap[n - pairs :]]).view(1, -1, 1, 1)
+    pairs = min(_SMOOTH_PAIRS, n // 2)
+    ends = _smooth_weights(n, pairs, grads.dtype, grads.device, gap=True).view(1, -1, 1, 1)
     smooth = (ends * torch.cat([grads[:, :pairs], grads[:, n - pairs :]], 1)).sum(1)  # (T, B, F)
-    jump_l1 = torch.cat(jumps, 1).to(f64)  # (T, n - 1, B)
-    smooth_figure = (smooth.to(f64) * diff.to(f64)).abs().sum(-1)
-    rounding = max(_ROUNDING * torch.finfo(grads.dtype).eps, eps) * functools.reduce(torch.add, masses).to(f64) / n
-    return jump_l1, smooth_figure, rounding
+    jump_l1 = (jumps[0] if len(jumps) == 1 else torch.cat(jumps, 1)).to(torch.float64)  # (T, n - 1, B)
+    scale = max(_ROUNDING * torch.finfo(grads.dtype).eps, eps) / n
+    rounding = functools.reduce(torch.add, masses).to(torch.float64).mul_(scale)
+    return jump_l1, (smooth.to(torch.float64) * diff64).abs_().sum(-1), rounding
 
 
-def _smooth_weights(n: int, pairs: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _smooth_weights(n: int, pairs: int, dtype: torch.dtype, device: torch.device, *, gap: bool = False) -> Tensor:
     """``(n,)`` the midpoint weights with the first and last ``pairs`` corrected so the rule is exact for
-    polynomials of degree ``2 pairs - 1`` (the plain midpoint rule for ``pairs = 0``); cached per device."""
-    key = (n, pairs, dtype, device)
+    polynomials of degree ``2 pairs - 1`` (the plain midpoint rule for ``pairs = 0``); with ``gap``, the ``2 pairs``
+    end weights' difference from those a degree pair lower (the smooth figure's); cached per device."""
+    key = (n, pairs, gap, dtype, device)
     if key not in _WEIGHTS:
-        tensor = torch.tensor(_end_corrected(n, pairs), dtype=dtype, device=device)
+        values = _end_corrected(n, pairs)
+        if gap:
+            lower = np.subtract(values, _end_corrected(n, max(pairs - 1, 0)))
+            values = (*lower[:pairs], *lower[n - pairs :])
+        tensor = torch.tensor(values, dtype=dtype, device=device)
         if len(_WEIGHTS) >= 256 or (tensor.is_cuda and torch.cuda.is_current_stream_capturing()):
             return tensor
         _WEIGHTS[key] = tensor
