@@ -204,11 +204,10 @@ def _smooth_weights(n: int, pairs: int, dtype: torch.dtype, device: torch.device
     end weights' difference from those a degree pair lower (the smooth figure's); cached per device."""
     key = (n, pairs, gap, dtype, device)
     if key not in _WEIGHTS:
-        values = _end_corrected(n, pairs)
-        if gap:
-            lower = np.subtract(values, _end_corrected(n, max(pairs - 1, 0)))
-            values = (*lower[:pairs], *lower[n - pairs :])
-        tensor = torch.tensor(values, dtype=dtype, device=device)
+        tensor = torch.tensor(_end_corrected(n, pairs), dtype=dtype, device=device)
+        if gap:  # the two weights as the rule has them, rounded to the dtype: their difference is the figure's
+            tensor = tensor - torch.tensor(_end_corrected(n, max(pairs - 1, 0)), dtype=dtype, device=device)
+            tensor = torch.cat([tensor[:pairs], tensor[n - pairs :]])
         if len(_WEIGHTS) >= 256 or (tensor.is_cuda and torch.cuda.is_current_stream_capturing()):
             return tensor
         _WEIGHTS[key] = tensor
