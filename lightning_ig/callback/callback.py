@@ -137,7 +137,7 @@ class IntegratedGradientsCallback(Callback):
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name`` (two
-            that also attribute one target at one cadence are refused as the Trainer is made, by Lightning's state_key).
+            that also attribute one target are refused as the Trainer is made, by Lightning's state_key).
         TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is refused, never
             read as another (``run_at_train_end="no"`` is an error, not ``True``). At set-up: states that do not fit
             the model, NaN/Inf in the states, names or groups of the wrong size, a ``saliency_channel`` past the

@@ -98,15 +98,10 @@ class Options:
         checked(self, "overhead", _check_overhead(self.overhead))
 
     def identity(self) -> dict[str, Any]:
-        """What tells this callback's state apart in a checkpoint (Lightning's ``state_key``): the name, what is
-        attributed and the cadences."""
+        """What tells this callback's state apart in a checkpoint (Lightning's ``state_key``): the name and what is
+        attributed, not the cadences (a fit resumed at another cadence keeps its history)."""
         target = callable_name(self.forward) if self.forward is not None else self.target.as_given
-        return {
-            "name": self.name,
-            "target": target,
-            "every_n_steps": self.every_n_steps,
-            "every_n_epochs": self.every_n_epochs,
-        }
+        return {"name": self.name, "target": target}
 
 
 _OPTIONS = frozenset(field.name for field in dataclasses.fields(Options))

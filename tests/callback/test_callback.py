@@ -296,6 +296,23 @@ def test_resume_keeps_the_history(tmp_path):
     assert first_drift[30] == pytest.approx(expected, rel=eps(torch.float32))
 
 
+def test_a_resume_at_another_cadence_keeps_the_history(tmp_path):
+    # guards against: the cadence in the checkpoint's key, so that a resume with every_n_steps changed started afresh
+    pl.seed_everything(0)
+    first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))
+    trainer = make_trainer(tmp_path, [first], max_steps=20)
+    trainer.fit(TinyQNet(), loader())
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    resumed = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, engine=IGOptions(n_steps=8))
+    assert resumed.state_key == first.state_key
+    trainer = make_trainer(tmp_path, [resumed], max_steps=30)
+    trainer.fit(TinyQNet(), loader(), ckpt_path=tmp_path / "half.ckpt")
+    assert [entry["global_step"] for entry in resumed.history] == [10, 20, 25, 30]
+    assert resumed.history[:2] == first.history
+    other_target = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, target=1)
+    assert other_target.state_key != first.state_key  # drift across two targets would mean nothing
+
+
 def test_a_callback_pickles_after_a_fit_and_fits_again(tmp_path):
     # guards against: the fit's engine and hooks (a closure over the trainer) in the pickle (ddp_spawn, torch.save)
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))
