@@ -128,18 +128,30 @@ def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
     pl.seed_everything(0)
     model = TinyQNet(lr=0.0, batchnorm=False)  # fixed weights: the run saw the weights the direct run sees
     states = held_out_states()
-    callback = IntegratedGradientsCallback(
-        states,
-        target="contrast",
-        every_n_steps=4,
-        report_dir=tmp_path / "reports",
-        overhead=None,
-        engine=IGOptions(n_steps=8),
-        views=ViewOptions(figure_every_n_runs=1),
-    )
-    tensorboard = TensorBoardLogger(tmp_path, name="tb")
-    trainer = make_trainer(tmp_path, [callback], max_steps=4, logger=tensorboard, devices=2, strategy="ddp_spawn")
-    trainer.fit(model, loader())
+
+    def fit(root: Path) -> None:
+        callback = IntegratedGradientsCallback(
+            states,
+            target="contrast",
+            every_n_steps=4,
+            report_dir=root / "reports",
+            overhead=None,
+            engine=IGOptions(n_steps=8),
+            views=ViewOptions(figure_every_n_runs=1),
+        )
+        tensorboard = TensorBoardLogger(root, name="tb")
+        make_trainer(root, [callback], max_steps=4, logger=tensorboard, devices=2, strategy="ddp_spawn").fit(
+            model, loader()
+        )
+
+    try:
+        fit(tmp_path := tmp_path / "first")
+    except torch.multiprocessing.ProcessExitedException as error:
+        # A gloo rank can abort as its interpreter shuts down (pytorch/pytorch#190489: work its threads still hold
+        # is freed without the GIL), after its fit is done: about 1 run in 50 here. Once more; a second abort fails.
+        if error.signal_name != "SIGABRT":
+            raise
+        fit(tmp_path := tmp_path.parent / "second")
     report = json.loads((tmp_path / "reports" / "ig_report_step=00000004.json").read_text())
     model.eval()
     with noise_disabled(model):
