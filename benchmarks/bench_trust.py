@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="where the engine runs (references run there too)")
     parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="the trained agents (see the docstring)")
     parser.add_argument("--exact-max-features", type=int, default=1000, help="exact line up to this many features")
-    parser.add_argument("--repeats", type=int, default=7, help="timed rounds (every rule once per round)")
+    parser.add_argument("--repeats", type=int, default=21, help="timed rounds (every rule once per round)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--references", type=Path, default=None, help="cache the references in this folder")
     parser.add_argument("--output", type=Path, default=None, help="also write the tables to this file")
