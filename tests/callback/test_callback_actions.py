@@ -123,36 +123,42 @@ def test_contrast_needs_two_outputs_and_unknown_targets_are_refused(tmp_path):
         IntegratedGradientsCallback(held_out_states(), target="greedy")
 
 
-def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
-    """Two CPU ranks (gloo, ``ddp_spawn``): 37 states split unevenly, the Q-values gathered with the result."""
-    pl.seed_everything(0)
-    model = TinyQNet(lr=0.0, batchnorm=False)  # fixed weights: the run saw the weights the direct run sees
-    states = held_out_states()
+def _fit_at_step_4(folder: Path, model: pl.LightningModule, target: str, devices: int, **loader_options: Any) -> Path:
+    """A fit of 4 steps with a run and its picture at step 4, on ``devices`` CPU ranks (gloo, ``ddp_spawn``); the
+    folder it wrote. A gloo rank can abort as its interpreter shuts down, after its fit (pytorch/pytorch#190489: work
+    its threads still hold is freed without the GIL; about 1 run in 50 here): then the fit runs once more in a fresh
+    folder, and a second abort fails the test."""
 
-    def fit(root: Path) -> None:
+    def fit(root: Path) -> Path:
         callback = IntegratedGradientsCallback(
-            states,
-            target="contrast",
+            held_out_states(),
+            target=target,
             every_n_steps=4,
             report_dir=root / "reports",
             overhead=None,
             engine=IGOptions(n_steps=8),
             views=ViewOptions(figure_every_n_runs=1),
         )
-        tensorboard = TensorBoardLogger(root, name="tb")
-        make_trainer(root, [callback], max_steps=4, logger=tensorboard, devices=2, strategy="ddp_spawn").fit(
-            model, loader()
-        )
+        strategy = {"devices": 2, "strategy": "ddp_spawn"} if devices == 2 else {}
+        trainer = make_trainer(root, [callback], max_steps=4, logger=TensorBoardLogger(root, name="tb"), **strategy)
+        trainer.fit(model, loader(**loader_options))
+        return root
 
     try:
-        fit(tmp_path := tmp_path / "first")
+        return fit(folder)
     except torch.multiprocessing.ProcessExitedException as error:
-        # A gloo rank can abort as its interpreter shuts down (pytorch/pytorch#190489: work its threads still hold
-        # is freed without the GIL), after its fit is done: about 1 run in 50 here. Once more; a second abort fails.
         if error.signal_name != "SIGABRT":
             raise
-        fit(tmp_path := tmp_path.parent / "second")
-    report = json.loads((tmp_path / "reports" / "ig_report_step=00000004.json").read_text())
+    return fit(folder.with_name(folder.name + "_again"))
+
+
+def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
+    """Two CPU ranks (gloo, ``ddp_spawn``): 37 states split unevenly, the Q-values gathered with the result."""
+    pl.seed_everything(0)
+    model = TinyQNet(lr=0.0, batchnorm=False)  # fixed weights: the run saw the weights the direct run sees
+    states = held_out_states()
+    folder = _fit_at_step_4(tmp_path / "world2", model, "contrast", devices=2)
+    report = json.loads((folder / "reports" / "ig_report_step=00000004.json").read_text())
     model.eval()
     with noise_disabled(model):
         result = integrated_gradients(model, states, target="contrast", n_steps=8)
@@ -160,7 +166,7 @@ def test_contrast_under_ddp_gathers_every_state_and_draws_the_picture(tmp_path):
     differences = [state["f_input_minus_f_baseline"] for state in report["completeness"]["per_state"]]
     expected = (result.f_input - result.f_baseline).double()
     assert_close_scaled(differences, expected, ulps=16)
-    (log_dir,) = {path.parent for path in (tmp_path / "tb").rglob("events.out.tfevents.*")}  # rank zero's, spawned
+    (log_dir,) = {path.parent for path in (folder / "tb").rglob("events.out.tfevents.*")}  # rank zero's, spawned
     events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
     events.Reload()
     assert [event.step for event in events.Images("ig/3_actions")] == [4]
@@ -307,19 +313,7 @@ def test_each_under_ddp_equals_one_process(tmp_path):
     def fit(devices: int) -> dict[str, Any]:
         pl.seed_everything(0)
         model = TinyQNet(lr=0.0, batchnorm=False)  # fixed weights: every run sees the weights the other sees
-        folder = tmp_path / f"world{devices}"
-        callback = IntegratedGradientsCallback(
-            held_out_states(),
-            target="each",
-            every_n_steps=4,
-            report_dir=folder / "reports",
-            overhead=None,
-            engine=IGOptions(n_steps=8),
-            views=ViewOptions(figure_every_n_runs=1),
-        )
-        strategy = {"devices": 2, "strategy": "ddp_spawn"} if devices == 2 else {}
-        logger = TensorBoardLogger(folder, name="tb")
-        make_trainer(folder, [callback], max_steps=4, logger=logger, **strategy).fit(model, loader(shuffle=False))
+        folder = _fit_at_step_4(tmp_path / f"world{devices}", model, "each", devices, shuffle=False)
         (log_dir,) = {path.parent for path in (folder / "tb").rglob("events.out.tfevents.*")}  # rank zero's
         events = EventAccumulator(str(log_dir), size_guidance={"images": 0})
         events.Reload()
