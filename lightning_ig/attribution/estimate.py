@@ -105,7 +105,8 @@ def error_estimate(
     coefficients = F.pad(offsets, (0, 0, 1, 0)) - F.pad(offsets, (0, 0, 0, 1))  # e = sum_j (o_{j-1} - o_j) t_j
     kink, rounding, smooth = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
     if eps > torch.finfo(dtype).eps:  # a half-precision forward: its gradients' rounding, which no sum here measures
-        blocks = [slice(k, k + block_size(grads)) for k in range(0, n, block_size(grads))]  # no temporary of all n
+        size = block_size(grads)
+        blocks = [slice(k, k + size) for k in range(0, n, size)]  # no temporary of all n
         mass = functools.reduce(torch.add, [torch.tensordot(weights[k], grads[:, k].abs(), ([0], [1])) for k in blocks])
         rounding = rounding + eps * (mass * diff.abs()).sum(-1)
     kink = kink + (unexplained + start.pow(2) + end.pow(2)).sqrt()

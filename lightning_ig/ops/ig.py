@@ -220,13 +220,14 @@ class TorchIG(IGOps):
         sums = torch.promote_types(steps.dtype, grads.dtype)  # the products' dtype
         n_steps, total = grads.shape[1], torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
         for start in range(0, n_steps, _SUM_STEPS):
-            part = torch.zeros_like(grads[:, 0], dtype=sums)  # (T, B, F)
+            part = total if start == 0 else torch.zeros_like(total)  # the first block's sum is 0 + part: part itself
             for first in range(start, min(n_steps, start + _SUM_STEPS), _STEP_BLOCK):
                 # multiply, then add in step order: two roundings, like the kernel's __fmul_rn/__fadd_rn (no FMA)
                 block = slice(first, first + _STEP_BLOCK)
                 for term in (steps[:, block] * grads[:, block]).unbind(1):
                     part.add_(term)
-            total.add_(part)  # 0 + part is part, bit for bit: part is never -0
+            if start:
+                total.add_(part)
         acc = grads.dtype
         return ((x.to(acc) - b.to(acc)).unsqueeze(0) * total).to(x.dtype)
 
