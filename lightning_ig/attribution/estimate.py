@@ -107,7 +107,7 @@ def error_estimate(
     if eps > torch.finfo(dtype).eps:  # a half-precision forward: its gradients' rounding, which no sum here measures
         size = block_size(grads)
         blocks = [slice(k, k + size) for k in range(0, n, size)]  # no temporary of all n
-        mass = functools.reduce(torch.add, [torch.tensordot(weights[k], grads[:, k].abs(), ([0], [1])) for k in blocks])
+        mass = functools.reduce(torch.add, (torch.tensordot(weights[k], grads[:, k].abs(), ([0], [1])) for k in blocks))
         rounding = rounding + eps * (mass * diff.abs()).sum(-1)
     kink = kink + (unexplained + start.pow(2) + end.pow(2)).sqrt()
     return torch.maximum(smooth, kinked_share(roughness, ROUGHNESS, n) * kink + rounding)
@@ -257,16 +257,18 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
     n, f64 = grads.shape[1], torch.float64
     size = block_size(grads, 5)
     total: Tensor | None = None
-    wholes = []
+    exact: Tensor | None = None  # the rule's sum in float64, added block by block in place
     for k in range(0, n, size):
         block = grads[:, k : k + size]  # (T, m, B, F)
-        wholes.append(torch.tensordot(rule.weights64[k : k + size], block.to(f64), dims=([0], [1])))  # (T, B, F)
+        whole = torch.tensordot(rule.weights64[k : k + size], block.to(f64), dims=([0], [1]))  # (T, B, F)
+        exact = whole if exact is None else exact.add_(whole)
         if coefficients is not None:
             stencil = rule.stencil[k : k + size].view(1, -1, 1).expand_as(coefficients[:, k : k + size])
             both = torch.stack([coefficients[:, k : k + size], stencil])  # (2, T, m, B)
             part = (both.unsqueeze(-1) * block).sum(2)  # (2, T, B, F)
             total = part if total is None else total + part
-    exact, diff64 = functools.reduce(torch.add, wholes), diff.to(f64)
+    assert exact is not None  # noqa: S101 - n >= 1
+    diff64 = diff.to(f64)
     signed = attributions.to(f64) - diff64 * exact  # (T, B, F)
     rounding = signed.abs().sum(-1).unsqueeze(0)  # (1, T, B)
     if total is None:
