@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig import DuelingQNetwork, integrated_gradients
+from lightning_ig.attribution.exact_line import midpoint_reference
 from lightning_ig.run import accuracy_verdict
 
 TOL = 0.01
@@ -36,19 +37,6 @@ FAMILIES: tuple[tuple[str, Callable[[], nn.Module], float, int], ...] = (
 
 def _mlp(activation: Callable[[], nn.Module], width: int = 256) -> nn.Module:
     return nn.Sequential(nn.Linear(8, width), activation(), nn.Linear(width, width), activation(), nn.Linear(width, 4))
-
-
-def _reference(model: nn.Module, states: Tensor, n: int = 8192) -> Tensor:
-    """IG of ``model(.).mean(1)`` against zeros, ``n`` midpoint points, model and sums in float64."""
-    model64, states64 = model.double(), states.double()
-    total = torch.zeros_like(states64)
-    alphas = (torch.arange(n, dtype=torch.float64, device=states.device) + 0.5) / n
-    for chunk in alphas.split(512):
-        points = (chunk.view(-1, 1, 1) * states64).reshape(-1, states.shape[1]).requires_grad_()
-        (grad,) = torch.autograd.grad(model64(points).mean(1).sum(), points)
-        total += grad.view(len(chunk), *states.shape).sum(0) / n
-    model.float()
-    return total * states64
 
 
 def _synchronize(device: torch.device) -> None:
@@ -93,7 +81,7 @@ def main() -> None:
             model, states = build().eval(), scale * torch.randn(64, features)
             model, states = model.to(device), states.to(device)
             result = integrated_gradients(model, states, target="mean")
-            ref = _reference(model, states)
+            ref = midpoint_reference(model, states, target="mean").attributions.double()  # 8192 points
             ours = result.attributions.double()
             mass = ref.abs().sum(1)
             ordinary = mass >= 0.1 * mass.median()
