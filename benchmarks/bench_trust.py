@@ -212,7 +212,8 @@ def _reference(family: Family, exact_max_features: int, cache: Path | None) -> t
     return attributions, ref.method, time.perf_counter() - started
 
 
-def _call(family: Family, rule: tuple[str, str, int | str], device: torch.device, tol: float = TOL) -> Callable:
+def call_rule(family: Family, rule: tuple[str, str, int | str], device: torch.device, tol: float = TOL) -> Callable:
+    """The engine call of ``rule`` (one of :data:`RULES`) on ``family``, ready to run (and time)."""
     _, method, steps = rule
     model, states = family.model.to(device), family.states.to(device)
     return lambda: integrated_gradients(
@@ -220,7 +221,7 @@ def _call(family: Family, rule: tuple[str, str, int | str], device: torch.device
     )
 
 
-def _paired_ms(calls: dict[str, Callable], device: torch.device, repeats: int) -> dict[str, tuple[float, float]]:
+def paired_ms(calls: dict[str, Callable], device: torch.device, repeats: int) -> dict[str, tuple[float, float]]:
     """Per call: the median milliseconds and the median ratio to :data:`TIME_RULE`'s time in the same round."""
     order, rng = list(calls), random.Random(0)
     for name in order:  # warm-up
@@ -241,8 +242,9 @@ def _paired_ms(calls: dict[str, Callable], device: torch.device, repeats: int) -
     }
 
 
-def _measure(family: Family, ref: torch.Tensor, rule: tuple[str, str, int | str], device: torch.device) -> Row:
-    result = _call(family, rule, device)()
+def measure(family: Family, ref: torch.Tensor, rule: tuple[str, str, int | str], device: torch.device) -> Row:
+    """``rule``'s accuracy figures on ``family`` against ``ref`` (``(B, F)`` float64 on the host); no time yet."""
+    result = call_rule(family, rule, device)()
     ours = result.attributions.detach().to("cpu", torch.float64).reshape(ref.shape)
     mass = ref.abs().sum(1)
     ordinary = mass >= 0.1 * mass.median()
@@ -279,13 +281,13 @@ def _measure(family: Family, ref: torch.Tensor, rule: tuple[str, str, int | str]
 
 
 def _family_rows(family: Family, ref: torch.Tensor, device: torch.device, repeats: int) -> list[Row]:
-    rows = [_measure(family, ref, rule, device) for rule in RULES]
-    calls = {rule[0]: _call(family, rule, device) for rule in RULES}
-    timed = _paired_ms(calls, device, repeats)
+    rows = [measure(family, ref, rule, device) for rule in RULES]
+    calls = {rule[0]: call_rule(family, rule, device) for rule in RULES}
+    timed = paired_ms(calls, device, repeats)
     for row in rows:
         row.ms, row.time_ratio = timed[row.rule]
     if family.kind != "smooth" and family.states[0].numel() < 1000:  # the bound's time: CartPole and MinAtar
-        bound = _paired_ms({TIME_RULE: calls[TIME_RULE], "bound": _call(family, RULES[-1], device, 1e-9)}, device, 3)
+        bound = paired_ms({TIME_RULE: calls[TIME_RULE], "bound": call_rule(family, RULES[-1], device, 1e-9)}, device, 3)
         rows[-1].bound_ms = bound["bound"][0]
     return rows
 
