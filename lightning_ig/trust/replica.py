@@ -1,10 +1,9 @@
 """The fit's working copy of the model, where the trust checks compute: the model itself is only ever read.
 
-:class:`Replica` is made once per fit (:func:`~lightning_ig.trust.common.structure_copy`) and follows the
-model: :meth:`Replica.sync` copies the model's parameters and buffers into it in place and shares its plain
-attributes again (a float training sets anew), so
-that its forward is the model's as attribution sees it (eval mode, noise off) without the model being put into that
-mode and back (:func:`~lightning_ig.models.noise.attribution_mode`'s bookkeeping).
+:class:`Replica` is made once per fit (:func:`~lightning_ig.trust.common.structure_copy`) and follows the model:
+:meth:`Replica.sync` copies the model's parameters and buffers into it in place and shares its plain attributes again
+(a float training sets anew), so that its forward is the model's as attribution sees it (eval mode, noise off) without
+the model being put into that mode and back (:func:`~lightning_ig.models.noise.attribution_mode`'s bookkeeping).
 The sanity check's re-initialised copies re-draw its parameters in place (:meth:`Replica.redraw`), and the stability
 check's noise draws are written into its noise buffers in place; both attribute with the replica's own
 :class:`~lightning_ig.attribution.IntegratedGradients`, which on a CUDA device captures the replica's IG once and then
