@@ -234,7 +234,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=n_steps_arg,
         default="budget",
         help="quadrature points along the IG path: 'budget' (the library's default: from the work's size; on a CPU "
-        "the states above half the tolerance are refined), 'auto' (refined per state until within the tolerance) or "
+        "the states above tolerance are refined), 'auto' (refined per state until within the tolerance) or "
         "a number",
     )
     add(

@@ -123,7 +123,7 @@ class IntegratedGradientsCallback(Callback):
         engine: How the engine attributes (:class:`~lightning_ig.attribution.IGOptions`: ``n_steps``, ``method``,
             ``gradient``, ``backend``, ``internal_batch_size``, ...); default ``None``: its defaults. The states are
             checked for NaN/Inf once. On a CPU, ``n_steps="budget"`` (the default) runs as ``n_steps="auto"``: the
-            states whose estimated error is above half the tolerance are refined (56, 168, 504 nodes).
+            states whose estimated error is above half the tolerance (a quarter at 56) are refined (56, 168, 504 nodes).
         views: What the runs log and draw (:class:`~lightning_ig.views.ViewOptions`: ``top_k``, histograms, the
             pictures' cadences, ``max_logged_features``, the saliency grid); default ``None``: its defaults.
         overhead: The share of the fit's wall time the callback may add (default 0.02), measured online as its time

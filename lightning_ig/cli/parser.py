@@ -288,9 +288,9 @@ def _add_diag(commands: Any) -> None:
         default="auto",
         metavar="N|budget|auto",
         help="quadrature steps; 'auto' (default): the 'budget' call, then the states whose error figures are above "
-        "half of --completeness-tol refined by tripling the midpoint nodes, up to 512 (the report's num_steps says "
-        "the most any state used); 'budget': 256, 128 or 64, the most the device runs in about the time of its "
-        "launches (the kink rule's 56 where that is 64)",
+        "half of --completeness-tol (a quarter at the first level) refined by tripling the midpoint nodes, up to 512 "
+        "(the report's num_steps says the most any state used); 'budget': 256, 128 or 64, the most the device runs in "
+        "about the time of its launches (the kink rule's 56 where that is 64)",
     )
     ig.add_argument(
         "--method",
