@@ -64,7 +64,7 @@ TOL = 0.01
 # (label, method, n_steps); the first is the default call (method="auto", n_steps="budget": the rule and the points
 # chosen from the work's size on this device), "gausslegendre:50" is the time reference; the fixed midpoint rules
 # show what the points buy, the kink rule at 56 what the default is where points are dear; "auto" is diag's default.
-RULES = [
+RULES: list[tuple[str, str, int | str]] = [
     ("default", "auto", "budget"),
     ("gausslegendre:50", "gausslegendre", 50),
     ("riemann_middle:64", "riemann_middle", 64),
