@@ -110,6 +110,7 @@ class Row:
     ms: float
     ratios: list[float]
     n_steps: int = 0  # the points used (n_steps="budget": what the engine chose; "auto": the most any state used)
+    mean_nodes: float = math.nan  # the points a state used, on average (n_steps for a fixed count)
     chosen: str = ""  # the rule that ran (method="auto": the result's method)
     time_ratio: float = math.nan  # paired time over gausslegendre:50's
     bound_ms: float = math.nan  # n_steps="auto": every state refined to the bound (tol 1e-9)
@@ -245,6 +246,7 @@ def paired_ms(calls: dict[str, Callable], device: torch.device, repeats: int) ->
 def measure(family: Family, ref: torch.Tensor, rule: tuple[str, str, int | str], device: torch.device) -> Row:
     """``rule``'s accuracy figures on ``family`` against ``ref`` (``(B, F)`` float64 on the host); no time yet."""
     result = call_rule(family, rule, device)()
+    per_state = result.n_steps_per_state  # n_steps="auto" only
     ours = result.attributions.detach().to("cpu", torch.float64).reshape(ref.shape)
     mass = ref.abs().sum(1)
     ordinary = mass >= 0.1 * mass.median()
@@ -276,6 +278,7 @@ def measure(family: Family, ref: torch.Tensor, rule: tuple[str, str, int | str],
         ms=math.nan,
         ratios=ratios.tolist(),
         n_steps=result.n_steps,
+        mean_nodes=float(result.n_steps if per_state is None else per_state.double().mean()),
         chosen=result.method,
     )
 

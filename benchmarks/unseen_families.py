@@ -83,12 +83,10 @@ def main() -> None:
             timed = paired_ms({rule[0]: call_rule(family, rule, device) for rule in rules}, device, args.rounds)
             for rule in rules[:2]:
                 row = measure(family, ref, rule, device)
-                per_state = call_rule(family, rule, device)().n_steps_per_state  # None for a fixed count
-                nodes = row.n_steps if per_state is None else float(per_state.double().mean())
                 print(
                     f"| {family.name} | {rule[0]}: {row.chosen} | {100 * row.worst:.2f}% | {100 * row.batch:.2f}% | "
                     f"{100 * row.within_2x:.0f}% | {row.worst_ratio:.2f} | {row.within} ({row.verdict}) | "
-                    f"{nodes:.0f} | {timed[rule[0]][1]:.2f} |",
+                    f"{row.mean_nodes:.0f} | {timed[rule[0]][1]:.2f} |",
                     flush=True,
                 )
 
