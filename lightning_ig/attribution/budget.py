@@ -117,7 +117,7 @@ def _count(forward: Callable[[Tensor], Tensor], row: Tensor) -> tuple[int, int]:
             largest = max(weights, key=lambda p: p.numel())
             total += 2 * largest.numel() * (out.numel() // max(1, largest.shape[0]))
 
-    pair = row.expand(2, *row.shape[1:])  # two rows: batch-norm in train mode refuses one
+    pair = torch.cat([row, row])  # two rows (batch-norm in train mode refuses one), a copy a forward may view or change
     statistics = RunningStatistics(forward)
     saved = statistics.save()
     handle = torch.nn.modules.module.register_module_forward_hook(hook)

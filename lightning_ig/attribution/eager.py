@@ -153,7 +153,7 @@ def attribute_eager(
     prepared = prepare(forward, inputs, baselines, settings, target)
     settings = resolve_budget(forward, prepared, settings)  # n_steps="budget": a number from the work's size
     x = prepared.x
-    checks = [("inputs", x)] + ([("baselines", prepared.b)] if isinstance(baselines, Tensor) else [])
+    checks = [("inputs", x)] + ([("baselines", baselines.detach())] if isinstance(baselines, Tensor) else [])
     deferred: list[tuple[str, Tensor, Tensor]] = []
     if settings.check_finite:
         if settings.n_steps == "auto" or x.device.type != "cuda":

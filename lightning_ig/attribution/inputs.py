@@ -7,6 +7,8 @@ chosen. Inputs and baselines are flattened to ``(B, F)`` for the path.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -56,6 +58,8 @@ _BATCH_NORMS = (
     torch.nn.LazyBatchNorm3d,
     torch.nn.SyncBatchNorm,
 )
+# instance norms with track_running_stats move running statistics too, but each row is normalised on its own
+_RUNNING_NORMS = (*_BATCH_NORMS, torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d, torch.nn.InstanceNorm3d)
 _DROPOUTS = (
     torch.nn.Dropout,
     torch.nn.Dropout1d,
@@ -175,13 +179,28 @@ def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
 
 
 def module_of(forward: Any) -> torch.nn.Module | None:
-    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, or a wrapper's ``__wrapped__``."""
+    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, a wrapper's ``__wrapped__``, or the
+    modules a function or ``functools.partial`` holds (its closure, arguments and the globals it names; several are
+    gathered in one ``ModuleList`` that owns nothing: their statistics and dtypes are read, never changed)."""
     if isinstance(forward, torch.nn.Module):
         return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
-    for candidate in (getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)):
-        if isinstance(candidate, torch.nn.Module):
-            return candidate
-    return None
+    found = list({id(m): m for m in _held(forward) if isinstance(m, torch.nn.Module)}.values())
+    if len(found) > 1:
+        return torch.nn.ModuleList(found)
+    return found[0] if found else None
+
+
+def _held(forward: Any) -> list[Any]:
+    held = [getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)]
+    if isinstance(forward, functools.partial):
+        held += [forward.func, *forward.args, *forward.keywords.values()]
+    for cell in getattr(forward, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # a cell not yet filled
+            held.append(cell.cell_contents)
+    code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
+    if code is not None and isinstance(names, dict):
+        held += [names.get(name) for name in code.co_names]
+    return held
 
 
 def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) -> None:
@@ -290,7 +309,7 @@ def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
         return []
     found: list[Tensor] = []
     for child in module.modules():
-        if isinstance(child, _BATCH_NORMS) and child.training and child.track_running_stats:
+        if isinstance(child, _RUNNING_NORMS) and child.training and child.track_running_stats:
             found += [
                 buffer
                 for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)

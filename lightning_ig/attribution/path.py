@@ -254,7 +254,7 @@ class PathRun:
         assert self.pairs is not None  # noqa: S101 - set for every contrast run
         with torch.no_grad():
             try:
-                outputs = self.forward(self.x.view(self.batch, *self.feature_shape))
+                outputs = self.forward(self.x.view(self.batch, *self.feature_shape).clone())  # x may be the caller's
             except RuntimeError as error:
                 raise_if_dtype_mismatch(self.forward, self.x, error)
                 raise

@@ -253,9 +253,10 @@ class Target:
             return self._select_callable(outputs, n_rows)
         shape = tuple(outputs.shape)
         if len(shape) != 2 or shape[0] != n_rows:
+            hint = "; a forward with one output per row takes target=None" if len(shape) == 1 else ""
             raise ValueError(
-                f"with target={self.label!r} forward must return (N, A) values, one row per input row ({n_rows} "
-                f"rows); got {shape}"
+                f"with target={self.label!r} forward must return (N, A) values, one row per input row; got {shape} "
+                f"for {n_rows} rows (the path's points, in chunks){hint}"
             )
         if self.kind == "mean":
             return outputs.mean(dim=1, keepdim=True)
@@ -282,6 +283,11 @@ class Target:
             raise ValueError(
                 f"the target callable must map the forward's output {tuple(outputs.shape)} to one value per row, "
                 f"shape ({n_rows},) (rows: points on the states' paths, in chunks), got {seen}"
+            )
+        if not values.dtype.is_floating_point:
+            raise TypeError(
+                f"the target callable must return the values to attribute (floating point), got dtype {values.dtype}: "
+                "return a value (e.g. q.max(dim=1).values), not an index (q.argmax(dim=1))"
             )
         return values.reshape(n_rows, 1)
 

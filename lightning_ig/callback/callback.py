@@ -182,6 +182,7 @@ class IntegratedGradientsCallback(Callback):
         self.options = Options(**given)  # every argument checked once, kept as checked (callback/options.py)
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
+        self._cadence: int | None = None  # step // every_n_steps at the last batch end
         self._plan: fit.FitPlan | None = None  # set at set-up: the states, the units logged, the report folder
         self._fit: fit.Fit | None = None  # set at fit start: the engine, the outputs, the trust checks
         self._warned: set[str] = set()
@@ -256,7 +257,7 @@ class IntegratedGradientsCallback(Callback):
             self._budget.start()
             self._plan = fit.plan(self.options, trainer, pl_module, [c.options.name for c in _siblings(trainer)])
             # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next
-            self._last_run_step, self._last, self._pairs = None, None, None
+            self._last_run_step, self._last, self._pairs, self._cadence = None, None, None, None
             self.history, self._ever_non_zero, self._warned, self._restored = [], set(), set(), None
             self._trust_results = {}
 
@@ -294,7 +295,11 @@ class IntegratedGradientsCallback(Callback):
         # Lightning calls this at every step and most have nothing to do: a few attribute reads answer them, outside
         # the timed hook (its clock reads and bookkeeping cost more than the question).
         every = self.options.every_n_steps
-        if self._pending is None and not self._budget.owed and (every is None or trainer.global_step % every):
+        if (
+            self._pending is None
+            and not self._budget.owed
+            and (every is None or trainer.global_step // every == self._cadence)
+        ):
             return
         self._batch_end(trainer, pl_module)
 
@@ -304,7 +309,11 @@ class IntegratedGradientsCallback(Callback):
         step, every, now = trainer.global_step, self.options.every_n_steps, self._budget.clock()
         self._budget.quiet_from(step, now)  # training's own pace is measured from the first such batch end
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
-        cadence = every is not None and step > 0 and step % every == 0
+        # a multiple of every_n_steps crossed since the last batch end (a batch that steps two optimizers moves 2)
+        cadence = False
+        if every is not None:
+            cadence = step > 0 and step // every > ((step - 1) // every if self._cadence is None else self._cadence)
+            self._cadence = step // every
         if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred
             plan = self._budget_plan(trainer, final=False, retry=not cadence)
             if plan is None:

@@ -48,6 +48,7 @@ __all__ = [
     "probe_target",
     "rank_rows",
     "resolve_states",
+    "same_values",
 ]
 
 
@@ -65,7 +66,10 @@ def check_states_source(states: Any) -> Any:
     if isinstance(states, Tensor):  # a copy: the states as they are now, whatever the caller does with its tensor
         return check_states(states, "states").detach().to("cpu").clone(memory_format=torch.contiguous_format)
     if isinstance(states, (str, os.PathLike)):
-        return check_input_file(states, "states", "give a .safetensors, .npy or .json file")  # a FIFO, a device: now
+        file = check_input_file(states, "states", "give a .safetensors, .npy or .json file")  # a FIFO, a device: now
+        if file.suffix.lower() not in (".safetensors", ".npy", ".json"):
+            raise ValueError(f"states file {str(file)!r} must end in .safetensors, .npy or .json, not {file.suffix!r}")
+        return file
     if callable(states):
         return states
     raise TypeError(
@@ -251,6 +255,11 @@ def probe_target(
             f"IntegratedGradientsCallback: the model returned {type(output).__name__} on the held-out states; "
             "IG needs a tensor (N,) or (N, A), or pass forward=callable(pl_module, x) -> (N,)"
         )
+    if not output.dtype.is_floating_point:
+        raise TypeError(
+            f"IntegratedGradientsCallback: the model returned {output.dtype} values (actions?) on the held-out states; "
+            "IG attributes a value: pass forward=callable(pl_module, x) -> (N,), e.g. lambda m, x: m.q(x).mean(1)"
+        )
     rows, shape = sample.shape[0], tuple(output.shape)
     if output.ndim == 0 or shape[0] != rows:
         raise ValueError(
@@ -362,9 +371,7 @@ def prepare_engine(
 def _refuse_changed_buffers(pl_module: Any, before: dict[str, Tensor]) -> None:
     """Put back any buffer the trial's forwards changed, and refuse the model: every run would change training."""
     changed = [
-        name
-        for name, buffer in pl_module.named_buffers()
-        if name in before and not torch.equal(buffer, before[name]) and not _both_nan(buffer, before[name])
+        name for name, buffer in pl_module.named_buffers() if name in before and not same_values(buffer, before[name])
     ]
     if not changed:
         return
@@ -379,9 +386,6 @@ def _refuse_changed_buffers(pl_module: Any, before: dict[str, Tensor]) -> None:
     )
 
 
-def _both_nan(a: Tensor, b: Tensor) -> bool:
-    return (
-        a.is_floating_point()
-        and torch.equal(torch.isnan(a), torch.isnan(b))
-        and torch.equal(a.nan_to_num(), b.nan_to_num())
-    )
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """``torch.equal``, with NaN equal to NaN (weights gone NaN give NaN outputs on the model and on its copy)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.where(a.isnan(), b.isnan(), a == b).all())

@@ -71,7 +71,7 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     """Run ``diag``; the exit status (see the module docstring of :mod:`lightning_ig.cli`)."""
     _check_flag_combinations(args)
     _check_inputs(args)  # nothing opened: a FIFO would block
-    plan = _plan(args)  # every output checked before anything is loaded
+    plan, make_folders = _plan(args)  # every output checked before anything is loaded; folders made to write
     device = parse_device(args.device)
     if args.backend == "cuda" and device.type != "cuda":
         raise UsageError("--backend cuda runs on a CUDA device; add --device cuda (or use --backend auto)")
@@ -85,6 +85,7 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
         attributed.append(_attribute(run, args))
     _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
+    _checked(make_folders)
     with interrupts.raising():
         _write(attributed, plan, interrupts.written)
     try:
@@ -193,11 +194,11 @@ def _check_inputs(args: argparse.Namespace) -> None:
 # outputs, checked first
 
 
-def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
+def _plan(args: argparse.Namespace) -> tuple[list[_HeadPlan], Callable[[], None]]:
     """The heads to run and every file they write, checked as one plan: against every input and each other.
 
-    Nothing is loaded and nothing changes on disk before the whole plan passed; then the
-    ``--saliency`` folder is made.
+    Nothing is loaded and nothing changes on disk before the whole plan passed; the ``--saliency`` folder is made
+    by the callable returned beside the heads, once the reports are ready to write (a failed run leaves none).
     """
     inputs = _inputs(args)
     plan = OutputPlan(inputs=inputs)
@@ -229,8 +230,7 @@ def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
                 _checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names
             )
         heads_plan.append(_HeadPlan(prefix, label, report, made))
-    _checked(plan.make_folders)
-    return heads_plan
+    return heads_plan, plan.make_folders
 
 
 def _one_head(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -347,6 +347,10 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         groups=run.groups,
         tolerance=args.completeness_tol,
     )
+    if report["verdict"]["within"] and any(
+        a["completeness"]["verdict"]["within"] is False for a in extra.get("actions", ())
+    ):
+        report["verdict"].update(accuracy="fail", within=False)  # the run's verdict: every action's, as the exit's
     return _Attributed(run, result, report, per_action=per_action)
 
 

@@ -271,10 +271,10 @@ def _expected_width(model: nn.Module) -> int | None:
     width = getattr(model, "state_dim", None)
     if isinstance(width, int) and not isinstance(width, bool):
         return width
-    for module in model.modules():
-        in_features = getattr(module, "in_features", None)
-        if isinstance(in_features, int) and not isinstance(in_features, bool):
-            return in_features
+    for module in model.modules():  # the first module with a weight: a Linear says its width, a Conv2d none
+        if any(p.dim() >= 2 for p in module.parameters(recurse=False)):
+            in_features = getattr(module, "in_features", None)
+            return in_features if isinstance(in_features, int) and not isinstance(in_features, bool) else None
     return None
 
 
@@ -282,7 +282,8 @@ def _target(requested: str | int, probe: Tensor) -> Target:
     """What integrated_gradients attributes (``--target``), bound to the model's outputs ``(N,)`` or ``(N, A)``."""
     if probe.ndim not in (1, 2):
         raise UsageError(
-            f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A)"
+            f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A): check "
+            "that the states' feature shape is the model's"
         )
     shape = (probe.shape[0],) if probe.ndim == 2 and probe.shape[1] == 1 else tuple(probe.shape)  # (N, 1): one value
     try:

@@ -347,5 +347,6 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
     change = np.abs(columns["f_input"] - columns["f_baseline"])
     scale = np.maximum(mass, change)
     with np.errstate(invalid="ignore", divide="ignore"):
-        computed = np.where(scale > 0, np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale, 0.0)
+        error = np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale
+    computed = np.where(scale > 0, error, np.where(scale == 0, 0.0, np.nan))  # 0/0: no error; NaN stays NaN
     return np.where(missing, computed, given)

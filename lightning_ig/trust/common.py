@@ -263,6 +263,10 @@ def structure_copy(model: nn.Module) -> nn.Module:
                 memo[id(value)] = value
     with torch.inference_mode(False), torch.no_grad():  # a copy made in inference mode could not be differentiated
         clone = copy.deepcopy(model, memo)
+    for theirs, mine in zip(model.modules(), clone.modules(), strict=True):
+        for name, value in vars(theirs).items():  # what a __getstate__ left out (Lightning's: the trainer) is shared
+            if value is not None and name in vars(mine) and vars(mine)[name] is None:
+                vars(mine)[name] = value
     for parameter in clone.parameters():
         parameter.grad = None
     return clone.requires_grad_(False)
