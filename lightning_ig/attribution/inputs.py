@@ -7,8 +7,8 @@ chosen. Inputs and baselines are flattened to ``(B, F)`` for the path.
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import inspect
 import math
 import warnings
 from collections.abc import Callable
@@ -185,21 +185,15 @@ def module_of(forward: Any) -> torch.nn.Module | None:
     if isinstance(forward, torch.nn.Module):
         return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
     found = list({id(m): m for m in _held(forward) if isinstance(m, torch.nn.Module)}.values())
-    if len(found) > 1:
-        return torch.nn.ModuleList(found)
-    return found[0] if found else None
+    return None if not found else found[0] if len(found) == 1 else torch.nn.ModuleList(found)
 
 
 def _held(forward: Any) -> list[Any]:
     held = [getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)]
     if isinstance(forward, functools.partial):
         held += [forward.func, *forward.args, *forward.keywords.values()]
-    for cell in getattr(forward, "__closure__", None) or ():
-        with contextlib.suppress(ValueError):  # a cell not yet filled
-            held.append(cell.cell_contents)
-    code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
-    if code is not None and isinstance(names, dict):
-        held += [names.get(name) for name in code.co_names]
+    elif inspect.isfunction(forward):  # a lambda or a def: what it closes over and the globals it names
+        held += [value for names in inspect.getclosurevars(forward)[:2] for value in names.values()]
     return held
 
 

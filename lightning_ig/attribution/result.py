@@ -45,7 +45,6 @@ __all__ = [
     "COLUMNS",
     "NEAR_BASELINE_FRACTION",
     "IGResult",
-    "ResultLike",
     "StochasticForwardWarning",
     "build_result",
     "near_baseline_states",
@@ -374,41 +373,6 @@ def build_result(
 # order; the tensor that one collective gathers under DDP and that HostResult.begin reduces.
 COLUMNS: tuple[str, ...] = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "n_steps")
 COLUMNS += ("stochastic", "attribution_error", "mass_relative_error")
-
-
-class ResultLike(Protocol):
-    """The fields of :class:`~lightning_ig.attribution.IGResult` read here (``non_finite``, ``stochastic`` optional),
-    read-only as a frozen result's are."""
-
-    @property
-    def attributions(self) -> Tensor: ...
-
-    @property
-    def f_input(self) -> Tensor: ...
-
-    @property
-    def f_baseline(self) -> Tensor: ...
-
-    @property
-    def delta(self) -> Tensor: ...
-
-    @property
-    def relative_error(self) -> Tensor: ...
-
-    @property
-    def degenerate(self) -> Tensor: ...
-
-    @property
-    def n_steps(self) -> int: ...
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def gradient(self) -> str: ...
-
-    @property
-    def backend(self) -> str: ...
 
 
 def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:

@@ -294,12 +294,8 @@ class IntegratedGradientsCallback(Callback):
     ) -> None:
         # Lightning calls this at every step and most have nothing to do: a few attribute reads answer them, outside
         # the timed hook (its clock reads and bookkeeping cost more than the question).
-        every = self.options.every_n_steps
-        if (
-            self._pending is None
-            and not self._budget.owed
-            and (every is None or trainer.global_step // every == self._cadence)
-        ):
+        every, step = self.options.every_n_steps, trainer.global_step
+        if self._pending is None and not self._budget.owed and (every is None or step // every == self._cadence):
             return
         self._batch_end(trainer, pl_module)
 

@@ -339,9 +339,7 @@ def idle_core(
             draws = not _same_generator_states(drawn, _generator_states())
     except Exception:  # noqa: BLE001 - a forward that cannot run on a copy: the runs stay on the training thread
         return None
-    same = heldout.same_values(mine.attributions, theirs.attributions) and heldout.same_values(
-        mine.f_input, theirs.f_input
-    )
+    same = all(heldout.same_values(getattr(mine, k), getattr(theirs, k)) for k in ("attributions", "f_input"))
     if draws or mine.stochastic or not same:
         return None
     return IdleCore(replica, monitor)

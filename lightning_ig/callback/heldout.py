@@ -250,15 +250,11 @@ def probe_target(
             f"IntegratedGradientsCallback: {who} failed on the held-out states (feature shape {feature_shape}, "
             f"{num_states} states, {len(sample)} at once): {type(error).__name__}: {error}. {advice}"
         ) from error
-    if not isinstance(output, Tensor):
+    if not isinstance(output, Tensor) or not output.dtype.is_floating_point:
+        seen = f"{output.dtype} values" if isinstance(output, Tensor) else type(output).__name__
         raise TypeError(
-            f"IntegratedGradientsCallback: the model returned {type(output).__name__} on the held-out states; "
-            "IG needs a tensor (N,) or (N, A), or pass forward=callable(pl_module, x) -> (N,)"
-        )
-    if not output.dtype.is_floating_point:
-        raise TypeError(
-            f"IntegratedGradientsCallback: the model returned {output.dtype} values (actions?) on the held-out states; "
-            "IG attributes a value: pass forward=callable(pl_module, x) -> (N,), e.g. lambda m, x: m.q(x).mean(1)"
+            f"IntegratedGradientsCallback: the model returned {seen} on the held-out states; IG needs floating-point "
+            "values (N,) or (N, A), not actions: pass forward=callable(pl_module, x) -> (N,), e.g. lambda m, x: m.q(x)"
         )
     rows, shape = sample.shape[0], tuple(output.shape)
     if output.ndim == 0 or shape[0] != rows:

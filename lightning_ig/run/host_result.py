@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.result import COLUMNS as _COLUMNS
-from lightning_ig.attribution.result import ResultLike, near_baseline_states, pack, worst_over_ordinary
+from lightning_ig.attribution.result import IGResult, near_baseline_states, pack, worst_over_ordinary
 
 __all__ = ["HostResult", "HostTransfer", "Moments"]
 
@@ -155,7 +155,7 @@ class HostResult:
     @classmethod
     def from_result(
         cls,
-        result: ResultLike | HostResult,
+        result: IGResult | HostResult,
         *,
         gather: Callable[[Tensor], Tensor] | None = None,
         num_states: int | None = None,
@@ -181,7 +181,7 @@ class HostResult:
     @classmethod
     def begin(
         cls,
-        result: ResultLike,
+        result: IGResult,
         *,
         gather: Callable[[Tensor], Tensor] | None = None,
         num_states: int | None = None,
@@ -348,5 +348,4 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
     scale = np.maximum(mass, change)
     with np.errstate(invalid="ignore", divide="ignore"):
         error = np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale
-    computed = np.where(scale > 0, error, np.where(scale == 0, 0.0, np.nan))  # 0/0: no error; NaN stays NaN
-    return np.where(missing, computed, given)
+    return np.where(missing, np.where(scale > 0, error, np.where(scale == 0, 0.0, np.nan)), given)  # NaN stays NaN

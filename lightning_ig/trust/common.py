@@ -264,9 +264,9 @@ def structure_copy(model: nn.Module) -> nn.Module:
     with torch.inference_mode(False), torch.no_grad():  # a copy made in inference mode could not be differentiated
         clone = copy.deepcopy(model, memo)
     for theirs, mine in zip(model.modules(), clone.modules(), strict=True):
-        for name, value in vars(theirs).items():  # what a __getstate__ left out (Lightning's: the trainer) is shared
-            if value is not None and name in vars(mine) and vars(mine)[name] is None:
-                vars(mine)[name] = value
+        if isinstance(getattr(type(theirs), "trainer", None), property):  # a LightningModule's pickled state drops
+            with contextlib.suppress(RuntimeError, AttributeError):  # its trainer: shared through the public property
+                mine.trainer = theirs.trainer
     for parameter in clone.parameters():
         parameter.grad = None
     return clone.requires_grad_(False)
