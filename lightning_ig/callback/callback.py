@@ -295,6 +295,8 @@ class IntegratedGradientsCallback(Callback):
         # Lightning calls this at every step and most have nothing to do: a few attribute reads answer them, outside
         # the timed hook (its clock reads and bookkeeping cost more than the question).
         every, step = self.options.every_n_steps, trainer.global_step
+        if every is not None and self._cadence is None:  # the fit's first batch end: multiples crossed from here on
+            self._cadence = (step - 1) // every
         if self._pending is None and not self._budget.owed and (every is None or step // every == self._cadence):
             return
         self._batch_end(trainer, pl_module)
@@ -306,10 +308,8 @@ class IntegratedGradientsCallback(Callback):
         self._budget.quiet_from(step, now)  # training's own pace is measured from the first such batch end
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         # a multiple of every_n_steps crossed since the last batch end (a batch that steps two optimizers moves 2)
-        cadence = False
-        if every is not None:
-            cadence = step > 0 and step // every > ((step - 1) // every if self._cadence is None else self._cadence)
-            self._cadence = step // every
+        cadence = every is not None and self._cadence is not None and step > 0 and step // every > self._cadence
+        self._cadence = None if every is None else step // every
         if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred
             plan = self._budget_plan(trainer, final=False, retry=not cadence)
             if plan is None:
