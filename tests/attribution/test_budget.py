@@ -138,3 +138,34 @@ def test_batch_norm_in_train_mode_is_counted_without_moving_its_statistics() -> 
     flops, width = row_flops(model, torch.randn(1, 4))  # one state: counted on two copies (batch-norm needs two)
     assert (flops, width) == (2 * (4 * 16 + 16 * 1), 1)
     assert all(torch.equal(a, b) for a, b in zip(before, model[1].buffers()))
+
+
+class _PerStep(torch.nn.Module):
+    """A per-timestep MLP on ``(B, T, F)`` states: ``x.view(-1, F)``, then one value per state; with ``in_place``, the
+    input is first normalised in place (``x.div_(255)``), as pixel models often do."""
+
+    def __init__(self, features: int = 3, *, in_place: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.features, self.in_place = features, in_place
+        self.layer = torch.nn.Linear(features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_place:
+            x.div_(255)
+        return self.layer(x.view(-1, self.features)).view(x.shape[0], -1).sum(1)
+
+
+def test_the_budget_count_gives_a_forward_a_copy_it_may_view_or_change() -> None:
+    """n_steps="budget" (the default): a forward that views the batch as ``(-1, F)`` is counted and attributed (the
+    count's forward used to get a stride-0 expanded pair, which refuses the view), and one that normalises its input
+    in place runs and leaves the caller's states as they were (finite differences: autograd refuses an in-place
+    change of a path point)."""
+    states = torch.rand(3, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 255
+    viewing = _PerStep().double()
+    result = integrated_gradients(viewing, states)
+    explicit = integrated_gradients(viewing, states, n_steps=result.n_steps, method=result.method)
+    assert torch.equal(result.attributions, explicit.attributions)
+    kept = states.clone()
+    integrated_gradients(_PerStep(in_place=True).double(), states, gradient="finite_difference")
+    assert torch.equal(states, kept)

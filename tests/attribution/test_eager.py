@@ -460,6 +460,15 @@ def test_error_autograd_on_a_forward_autograd_cannot_differentiate() -> None:
         integrated_gradients(stepped, torch.randn(2, 3))
 
 
+def test_error_a_nan_in_a_broadcast_baseline_is_counted_once() -> None:
+    """One NaN in a ``(F,)`` baseline given for B states is one NaN/Inf value, at its own index (it used to be counted
+    once per state, on the baseline broadcast to ``(B, F)``)."""
+    baseline = torch.zeros(3)
+    baseline[1] = float("nan")
+    with pytest.raises(ValueError, match=r"baselines holds 1 NaN/Inf value\(s\), the first at index \(1,\)"):
+        integrated_gradients(_forward, torch.randn(4, 3), baseline, n_steps=4)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_error_cuda_backend_without_a_device() -> None:
     with pytest.raises(ValueError, match="backend='cuda' needs a CUDA device"):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution import StochasticForwardWarning, integrated_gradients
+from lightning_ig.attribution.inputs import module_of
 from tests.support.models import seeded_mlp
+
+F64 = torch.float64
 
 
 @pytest.mark.parametrize("form", ["none", "zeros", "mean", "scalar", "single", "per_state"])
@@ -101,3 +106,57 @@ def test_error_forward_returning_the_wrong_shape() -> None:
         integrated_gradients(lambda z: z, torch.randn(2, 3), target=5)
     with pytest.raises(ValueError, match="target holds index 3, out of range"):
         integrated_gradients(lambda z: z, torch.randn(2, 3), target=torch.tensor([0, 3]))
+
+
+_GLOBAL_NET = torch.nn.Linear(3, 1)  # a module a lambda names as a global
+
+
+def _apply(net: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
+    return net(z).squeeze(1)
+
+
+def test_module_of_finds_the_module_behind_a_lambda_a_global_or_a_partial() -> None:
+    """module_of sees through a lambda's closure, the globals a lambda names and a functools.partial's arguments
+    (it used to find only a module, a bound method's owner or a wrapper's __wrapped__)."""
+    model = seeded_mlp(3, 1, seed=8)
+    assert module_of(lambda z: model(z).squeeze(1)) is model
+    assert module_of(lambda z: _GLOBAL_NET(z).squeeze(1)) is _GLOBAL_NET
+    assert module_of(functools.partial(_apply, model)) is model
+    assert module_of(lambda z: z.sum(1)) is None
+
+
+def _norm_state(norm: torch.nn.Module) -> list[torch.Tensor]:
+    return [norm.running_mean.clone(), norm.running_var.clone(), norm.num_batches_tracked.clone()]
+
+
+def test_batch_norm_behind_a_lambda_keeps_its_statistics_and_flags_the_run() -> None:
+    """Batch-norm in train mode behind a lambda: the running statistics are put back after the call and the result
+    is flagged stochastic, the warning naming the layer (a lambda's modules used to go unseen: the statistics
+    moved)."""
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    model = model.double().train()
+    model(torch.randn(5, 3, dtype=F64))  # statistics that are not the initial ones
+    before = _norm_state(model[1])
+    with pytest.warns(StochasticForwardWarning, match="BatchNorm1d in train mode"):
+        result = integrated_gradients(lambda z: model(z).squeeze(1), torch.randn(4, 3, dtype=F64), n_steps=4)
+    assert result.stochastic
+    for kept, now in zip(before, _norm_state(model[1])):
+        assert torch.equal(kept, now)
+    assert model.training
+
+
+def test_instance_norm_in_train_mode_keeps_its_running_statistics() -> None:
+    """An InstanceNorm1d with track_running_stats in train mode moves its running statistics at every forward: a
+    call puts them back as it does batch-norm's (they used to be left moved by the engine's forwards)."""
+    torch.manual_seed(10)
+    norm = torch.nn.InstanceNorm1d(2, track_running_stats=True)
+    model = torch.nn.Sequential(norm, torch.nn.Flatten(), torch.nn.Linear(8, 1), torch.nn.Flatten(0))
+    model = model.double().train()
+    model(torch.randn(3, 2, 4, dtype=F64))  # statistics that are not the initial ones
+    before = _norm_state(norm)
+    result = integrated_gradients(model, torch.randn(4, 2, 4, dtype=F64), n_steps=4)
+    assert not result.stochastic  # each row is normalised on its own: the same rows give the same values
+    for kept, now in zip(before, _norm_state(norm)):
+        assert torch.equal(kept, now)
+    assert norm.training

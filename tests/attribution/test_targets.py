@@ -5,6 +5,8 @@ on every path the engine has: eager autograd, finite differences, n_steps="auto"
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -236,3 +238,28 @@ def test_target_forward_gives_one_value_per_row_and_refuses_what_needs_the_engin
     for given in ("each", "contrast", torch.tensor([0, 1])):
         with pytest.raises(ValueError, match="target_forward cannot express"):
             target_forward(model, given)
+
+
+@pytest.mark.parametrize("gradient", ["autograd", "finite_difference"])
+def test_contrast_leaves_the_states_of_a_forward_that_changes_its_input(gradient: str) -> None:
+    """target="contrast" chooses the pairs with a forward of its own on the states: a forward that changes its input
+    in place gets a copy, and the caller's states are as they were after the call, whether it ran (finite
+    differences) or raised (autograd refuses the in-place change of a path point); the choice used to be given the
+    caller's tensor itself."""
+    model, x = _model(), _states()
+    kept = x.clone()
+
+    def doubling(z: torch.Tensor) -> torch.Tensor:
+        z.mul_(2)
+        return model(z)
+
+    with contextlib.suppress(RuntimeError):
+        integrated_gradients(doubling, x, target="contrast", n_steps=8, gradient=gradient)
+    assert torch.equal(x, kept)
+
+
+def test_a_target_callable_returning_integers_is_told_to_return_a_value_not_an_index() -> None:
+    """A target callable returning integer values (an action's index, not its value) is refused with a TypeError that
+    says what to return instead."""
+    with pytest.raises(TypeError, match=r"got dtype torch.int64: return a value .*not an index \(q.argmax"):
+        integrated_gradients(_model(), _states(), target=lambda q: q.argmax(1), n_steps=4)

@@ -313,6 +313,39 @@ def test_a_resume_at_another_cadence_keeps_the_history(tmp_path):
     assert other_target.state_key != first.state_key  # drift across two targets would mean nothing
 
 
+class _TwoOptimizers(TinyQNet):
+    """Manual optimisation stepping two optimizers per batch (the hidden layer's and the head's, as an actor-critic
+    steps two): Lightning's global_step moves by 2 a batch."""
+
+    def __init__(self) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        for optimizer in self.optimizers():
+            optimizer.zero_grad()
+            self.manual_backward(torch.nn.functional.mse_loss(self(x), y))
+            optimizer.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [
+            torch.optim.SGD(self.body[0].parameters(), lr=0.01),
+            torch.optim.SGD(self.body[-1].parameters(), lr=0.01),
+        ]
+
+
+def test_every_n_steps_runs_at_each_multiple_crossed_when_a_batch_moves_two_steps(tmp_path):
+    """With two optimizer steps per batch (global_step 2, 4, 6, ...) and every_n_steps=5, a run lands at the first
+    batch end at or after each multiple of 5: 6, 10, 16, 20 (it used to run only where the step was a multiple, 10
+    and 20, half the runs asked for)."""
+    callback = IntegratedGradientsCallback(
+        held_out_states(8), every_n_steps=5, overhead=None, run_at_train_end=False, engine=IGOptions(n_steps=4)
+    )
+    make_trainer(tmp_path, [callback], max_steps=20).fit(_TwoOptimizers(), loader())
+    assert [entry["global_step"] for entry in callback.history] == [6, 10, 16, 20]
+
+
 def test_a_callback_pickles_after_a_fit_and_fits_again(tmp_path):
     # guards against: the fit's engine and hooks (a closure over the trainer) in the pickle (ddp_spawn, torch.save)
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))

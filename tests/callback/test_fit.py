@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +295,25 @@ def test_a_worker_process_that_cannot_start_leaves_the_runs_on_the_training_thre
         callback = _fit_runs(tmp_path, TinyQNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
     assert len(callback.history) == 7  # every run, on the training thread
     assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
+
+
+class _ReadsTheTrainer(TinyQNet):
+    """A forward that reads ``self.trainer`` (here its step count, as one reading ``self.trainer.datamodule`` would):
+    a LightningModule's pickled state leaves its trainer out, so a copy made by deepcopy has none."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * (1.0 + 0.0 * self.trainer.global_step)
+
+
+def test_a_forward_that_reads_the_trainer_fits_with_the_callback_at_its_defaults(tmp_path, one_thread):
+    """A model whose forward reads ``self.trainer`` fits with the callback at its defaults, its trust checks made: the
+    copies (the runs beside training, the checks' copy) share the trainer (a copy used to have none: the forward
+    raised, stopping the fit where a core was spare, and switching the checks off with a warning)."""
+    torch.manual_seed(0)
+    callback = IntegratedGradientsCallback(held_out_states(8))
+    model = _ReadsTheTrainer(noisy=False, batchnorm=False, dropout=0.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=4).fit(model, DataLoader(dataset(), batch_size=16))
+    assert not [str(warning.message) for warning in seen if "could not run" in str(warning.message)]
+    assert [entry["global_step"] for entry in callback.history] == [4]  # the run at the end of training

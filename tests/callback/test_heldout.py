@@ -220,3 +220,43 @@ def test_a_model_that_takes_other_inputs_is_pointed_to_forward(tmp_path: Path) -
     model = Indices(noisy=False, batchnorm=False, dropout=0.0)
     with pytest.raises(ValueError, match=r"failed on the held-out states.*feature shape and dtype.*forward="):
         make_trainer(tmp_path, [callback], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
+
+
+def test_same_values_holds_nan_equal_at_the_same_places_and_differs_on_shape_dtype_or_a_value() -> None:
+    """heldout.same_values is torch.equal with NaN equal to NaN (a model gone NaN gives NaN on its copy too: not a
+    stale copy), and tells a different shape, dtype, NaN place or value apart."""
+    values = torch.tensor([1.0, float("nan"), -2.0])
+    assert heldout.same_values(values, values.clone())
+    assert not torch.equal(values, values.clone())  # what the comparison used to be
+    assert not heldout.same_values(values, torch.tensor([1.0, -2.0, float("nan")]))  # NaN elsewhere
+    assert not heldout.same_values(values, torch.tensor([1.0, float("nan"), -2.5]))
+    assert not heldout.same_values(values, values.double())
+    assert not heldout.same_values(values, values.view(3, 1))
+    assert not heldout.same_values(values, values[:2])
+
+
+def test_a_states_path_of_another_format_is_refused_at_construction(tmp_path: Path) -> None:
+    """A states path ending in .pt (not .safetensors, .npy or .json) is refused when the callback's options are
+    checked, naming the suffix, not at set-up in the middle of a fit."""
+    path = tmp_path / "states.pt"
+    torch.save(held_out_states(), path)
+    with pytest.raises(ValueError, match=r"states\.pt' must end in \.safetensors, \.npy or \.json, not '\.pt'"):
+        heldout.check_states_source(path)
+    with pytest.raises(ValueError, match=r"not '\.pt'"):
+        IntegratedGradientsCallback(str(path))
+
+
+class Greedy(TinyQNet):
+    """Returns the greedy actions (int64), not the Q-values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).argmax(1)
+
+
+def test_a_model_returning_actions_is_told_to_pass_forward(tmp_path: Path) -> None:
+    """A model whose forward returns int64 actions is refused at set-up with a TypeError that says to pass
+    forward=, before any training."""
+    callback = IntegratedGradientsCallback(held_out_states(8), every_n_steps=5)
+    model = Greedy(noisy=False, batchnorm=False, dropout=0.0)
+    with pytest.raises(TypeError, match=r"torch\.int64 values.*forward=callable\(pl_module, x\)"):
+        make_trainer(tmp_path, [callback, _NoTraining()], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))

@@ -303,3 +303,13 @@ def test_the_sample_flags_with_a_states_file_are_said_to_be_unused(workspace: Pa
     ]
     code, out, err = _diag(capsys, "--seed", "7", "--output", "b.json")  # --states auto: they are used, no note
     assert code == 0 and "note:" not in out, err
+
+
+def test_a_conv_network_given_flat_states_is_not_told_a_linear_layers_width(workspace: Path, capsys: Capsys) -> None:
+    """Flat ``(N, F)`` states for a conv network: the error says the model rejects their shape, never "give states with
+    N columns" from the width of the Linear layer after the convolutions (a conv network takes no width)."""
+    np.save(workspace / "flat.npy", torch.rand(3, 32, generator=torch.Generator().manual_seed(3)).numpy())
+    code, _, err = _diag(capsys, "--states", "flat.npy", "--output", "r.json")
+    _refused(code, err, "the model rejects the states of shape (3, 32)")
+    assert "give states with" not in err and "features but the model takes" not in err
+    assert not (workspace / "r.json").exists()

@@ -9,7 +9,8 @@ import torch
 
 from lightning_ig import cli
 from lightning_ig.attribution import integrated_gradients
-from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
 from tests.support.diag import read_valid_report, run_diag
 
@@ -130,3 +131,36 @@ def test_the_report_says_which_rule_ran(checkpoint: Path, tmp_path: Path, flags:
     output = tmp_path / "rule.json"
     assert run_diag(checkpoint, output, *flags, "--completeness-tol", "0.5", "--quiet") == 0
     assert read_valid_report(output)["method"] == method
+
+
+def test_target_each_with_an_action_not_within_fails_the_top_level_verdict(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--target each where V(s) is within the tolerance and one action is not: the exit status is 4 and the report's
+    top-level verdict says so (within false, accuracy "fail"), as every action's verdict is the run's (it used to say
+    V's alone: within, "pass", beside exit status 4)."""
+    output = tmp_path / "each.json"
+    flags = ("--target", "each", "--num-steps", "8", "--completeness-tol", "0.05", "--quiet")
+    assert run_diag(checkpoint, output, *flags) == cli.EXIT_NOT_WITHIN == 4
+    assert "(action " in capsys.readouterr().err
+    report = read_valid_report(output)
+    assert report["completeness"]["verdict"]["within"] is True  # V(s) alone is within: an action fails the run
+    assert any(a["completeness"]["verdict"]["within"] is False for a in report["actions"])
+    assert report["verdict"]["within"] is False and report["verdict"]["accuracy"] == "fail"
+
+
+def test_non_finite_rows_have_no_mass_relative_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint with a NaN weight: every per-state row flagged non_finite has mass_relative_error null (0/0 of a
+    NaN change used to be written as 0.0, an exact attribution)."""
+    torch.manual_seed(5)
+    model = DuelingQNetwork(4, 3, hidden_sizes=(16, 16))
+    with torch.no_grad():
+        model.body[0].weight[0, 0] = float("nan")  # a diverged weight: NaN outputs on every state
+    path = tmp_path / "nan.safetensors"
+    save_checkpoint(model, path, states=torch.randn(24, 4))
+    output = tmp_path / "nan.json"
+    assert run_diag(path, output, "--num-steps", "8", "--quiet") == cli.EXIT_NON_FINITE
+    capsys.readouterr()
+    rows = read_valid_report(output)["completeness"]["per_state"]
+    flagged = [row for row in rows if row["non_finite"]]
+    assert flagged and all(row["mass_relative_error"] is None for row in flagged)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from lightning_ig import cli
@@ -270,3 +272,24 @@ def test_a_model_of_two_precisions_is_one_line_naming_them(workspace: Path, caps
         "out/r.json",
     )
     _one_line_error(code, err, "the model's parameters are of 2 dtypes (torch.float32, torch.float64")
+
+
+def test_a_failing_run_leaves_no_saliency_folder(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--saliency to a new nested folder on a run that fails (an MLP's flat states cannot be drawn) leaves no folder:
+    it is made once the reports are ready to write (it used to be made when the outputs were checked, first)."""
+    code, _, err = _main(
+        capsys, "diag", "--checkpoint", "q.safetensors", "--saliency", "pictures/nested", "--output", "out/r.json"
+    )
+    _one_line_error(code, err, "--saliency draws states with spatial dimensions")
+    assert not (workspace / "pictures").exists()
+    assert not (workspace / "out" / "r.json").exists()
+
+
+def test_states_with_an_extra_dimension_for_an_mlp_are_told_to_check_their_feature_shape(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """3-D states ``(N, 2, 4)`` for an MLP of 4 inputs: the model runs and returns ``(1, 2, A)``; the error says to
+    check that the states' feature shape is the model's, not only the shapes diag needs."""
+    np.save(workspace / "three.npy", torch.rand(3, 2, 4, generator=torch.Generator().manual_seed(3)).numpy())
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--states", "three.npy", "--quiet")
+    _one_line_error(code, err, "the model returns shape (1, 2, 3) per batch", "check that the states' feature shape")

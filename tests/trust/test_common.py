@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from lightning_ig.trust.common import (
     structure_copy,
     unit_sums,
 )
+from tests.support.tiny import TinyQNet, make_trainer
 
 
 def test_generators_kept_puts_back_torch_python_and_numpy_generators() -> None:
@@ -73,3 +75,14 @@ def test_structure_copy_copies_the_weights_and_shares_the_rest() -> None:
     with torch.no_grad():
         copy[0].weight.add_(1.0)
     assert not torch.equal(copy[0].weight, model[0].weight)
+
+
+def test_structure_copy_shares_a_lightning_modules_trainer(tmp_path: Path) -> None:
+    """A LightningModule's pickled state leaves its trainer out: the copy shares the original's trainer (it used to
+    have none, so a forward reading ``self.trainer`` raised on the copy)."""
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    trainer = make_trainer(tmp_path, [])
+    model.trainer = trainer
+    copy = structure_copy(model)
+    assert copy.trainer is trainer and model.trainer is trainer
+    assert copy.body[0].weight is not model.body[0].weight
