@@ -97,20 +97,22 @@ def head_prefix(head: str) -> str:
     text without a path separator.
 
     Raises:
-        ValueError: If ``head`` is empty, contains the separator ``"__"``, a ``/``, a line break or another
-            control character (a NUL included), or is ``.`` or ``..``.
+        ValueError: If ``head`` is empty, contains the separator ``"__"``, ends in ``"_"`` (``a_``'s keys would
+            start with ``a__``), contains a ``/``, a line break or another control character, or is ``.`` or ``..``.
     """
     if (
         not isinstance(head, str)
         or not head.strip()
         or HEAD_SEPARATOR in head
+        or head.endswith("_")
         or "/" in head
         or os.sep in head
         or head in (".", "..")
         or not head.isprintable()
     ):
         raise ValueError(
-            f"a head name must be printable text without {HEAD_SEPARATOR!r} or a path separator, got {shown(head)}"
+            f"a head name must be printable text without {HEAD_SEPARATOR!r}, a trailing '_' or a path separator, got "
+            f"{shown(head)}"
         )
     return head + HEAD_SEPARATOR
 

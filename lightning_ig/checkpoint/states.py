@@ -64,6 +64,7 @@ def load_states(
         )
     try:
         stored = reader(file, prefix)
+        stored = stored.float() if stored.is_floating_point() and stored.element_size() == 1 else stored  # float8
         states = stored.to(dtype)
     except CheckpointError:
         raise

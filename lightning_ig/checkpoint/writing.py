@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig._files import atomic_path, check_output_file
-from lightning_ig.attribution.checks import check_states
+from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.checkpoint.building import shape_mismatch, state_shapes
 from lightning_ig.checkpoint.layout import (
     ARCHITECTURE_KEY,
@@ -223,7 +223,9 @@ def _checked_names(feature_names: Sequence[str] | None, width: int | None) -> li
 
 def _stored_states(states: Tensor, what: str = "states") -> Tensor:
     """``states`` checked and copied as stored: float32, contiguous, on the CPU."""
-    return check_states(states, what).detach().to("cpu", torch.float32).contiguous().clone()
+    stored = check_states(states, what).detach().to("cpu", torch.float32).contiguous().clone()
+    check_finite(f"{what} as stored in float32", stored)  # finite float64 past float32's range would be inf
+    return stored
 
 
 def _metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
@@ -257,7 +259,10 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
     # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
-    return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
+    state = model.state_dict()
+    if any(value.is_meta for value in state.values()):
+        raise ValueError("the model's tensors are on the meta device (no values): load or initialise them first")
+    return {key: value.detach().to("cpu").contiguous().clone() for key, value in state.items()}
 
 
 def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:
@@ -311,10 +316,10 @@ def _check_path(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike
     blocked = next((up for up in Path(os.path.abspath(target)).parents if up.exists() and not up.is_dir()), None)
     if blocked is not None:  # the OS would say "File exists", naming the file as if it were the checkpoint
         raise ValueError(f"checkpoint path {os.fspath(path)!r} goes through {str(blocked)!r}, a file; choose a folder")
+    if os.fspath(path).endswith(os.sep):  # "runs/new/" names a folder, whether its parent exists or not
+        raise ValueError(f"checkpoint path {os.fspath(path)!r} names a folder; give a file name ending in .safetensors")
     if Path(os.path.realpath(target)).parent.is_dir():
         check_output_file(target, what="checkpoint path", inputs=inputs)
-    elif os.fspath(path).endswith(os.sep):
-        raise ValueError(f"checkpoint path {os.fspath(path)!r} names a folder; give a file name ending in .safetensors")
     return target
 
 

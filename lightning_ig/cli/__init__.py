@@ -46,8 +46,6 @@ from lightning_ig.cli.exits import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_NON_FINITE,
-    EXIT_NOT_WITHIN,
-    EXIT_OK,
     EXIT_USAGE,
     PROG,
     NonFiniteError,
@@ -61,18 +59,7 @@ handle_from_the_start()  # Ctrl-C during the imports below is one line and statu
 from lightning_ig.cli.parser import build_parser  # noqa: E402 - after the handler
 from lightning_ig.cli.progress import Progress  # noqa: E402 - after the handler
 
-__all__ = [
-    "EXIT_CLOSED_PIPE",
-    "EXIT_FAILURE",
-    "EXIT_INTERRUPTED",
-    "EXIT_NON_FINITE",
-    "EXIT_NOT_WITHIN",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "UsageError",
-    "build_parser",
-    "main",
-]
+__all__ = ["build_parser", "main"]  # the exit statuses and UsageError are lightning_ig.cli.exits' to export
 
 
 def main(argv: Sequence[str] | None = None) -> int:

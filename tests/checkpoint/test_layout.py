@@ -28,8 +28,9 @@ from lightning_ig.models import DuelingQNetwork
 def test_a_heads_prefix_is_its_name_and_the_separator() -> None:
     assert head_prefix("trending") == "trending" + HEAD_SEPARATOR == "trending__"
     # a head's name is part of file names (ig_report.<head>.json) and printed lines: no NUL, no separator, no break
-    for bad in ("", " ", "a__b", "__", 3, "a\x00b", "a/b", "..", "a\nb", "\x1b[2J"):
-        with pytest.raises(ValueError, match="a head name must be printable text without '__' or a path separator"):
+    # nor a trailing "_": head "a_"'s keys (a___...) would start with head "a"'s prefix, and "a" could not load
+    for bad in ("", " ", "a__b", "__", 3, "a\x00b", "a/b", "..", "a\nb", "\x1b[2J", "a_", "_"):
+        with pytest.raises(ValueError, match="a head name must be printable text without '__', a trailing '_' or a"):
             head_prefix(bad)  # type: ignore[arg-type]
 
 

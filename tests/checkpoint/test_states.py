@@ -164,3 +164,10 @@ def test_states_larger_than_the_memory_available_are_refused_before_they_are_rea
             load_states(tmp_path / name)
     monkeypatch.setattr(vocabulary, "available_memory", lambda: 10**9)
     assert load_states(tmp_path / "s.npy").shape == (1000, 4)
+
+
+def test_float8_states_are_read_as_their_values(tmp_path: Path) -> None:
+    """A float8 file reads as its values (torch's NaN/Inf checks do not take float8: it used to raise)."""
+    values = torch.tensor([[0.5, -1.0, 2.0, 0.0]], dtype=torch.float8_e4m3fn)
+    save_file({STATES_KEY: values}, str(tmp_path / "s.safetensors"))
+    assert torch.equal(load_states(tmp_path / "s.safetensors"), values.float())

@@ -171,3 +171,24 @@ def test_saved_states_and_names_are_checked_once_with_the_shared_words(tmp_path:
         with pytest.raises(ValueError, match=words):
             save_checkpoint(net, tmp_path / "x.safetensors", **kwargs)
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_path_ending_in_a_separator_names_a_folder_even_where_its_parent_exists(tmp_path: Path) -> None:
+    """``tmp/new/`` is a folder: refused, not written as a file named ``new`` (it was when ``tmp`` existed)."""
+    with pytest.raises(ValueError, match="names a folder"):
+        save_checkpoint(DuelingQNetwork(4, 2, hidden_sizes=(8,)), f"{tmp_path}/new{os.sep}")
+    assert not (tmp_path / "new").exists()
+
+
+def test_finite_float64_states_past_float32s_range_are_refused_not_stored_as_inf(tmp_path: Path) -> None:
+    states = torch.full((2, 4), 1e300, dtype=torch.float64)
+    with pytest.raises(ValueError, match="as stored in float32 holds 8 NaN/Inf"):
+        save_checkpoint(DuelingQNetwork(4, 2, hidden_sizes=(8,)), tmp_path / "q.safetensors", states=states)
+    assert not (tmp_path / "q.safetensors").exists()
+
+
+def test_a_model_on_the_meta_device_is_refused_in_words(tmp_path: Path) -> None:
+    with torch.device("meta"):
+        net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    with pytest.raises(ValueError, match="meta device"):
+        save_checkpoint(net, tmp_path / "q.safetensors")

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_ig import cli
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+from lightning_ig.cli import exits
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
 from tests.support.diag import read_valid_report, run_diag
@@ -21,7 +21,7 @@ def test_the_verdict_decides_the_exit_status_and_names_the_figure(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     coarse = tmp_path / "coarse.json"
-    assert run_diag(checkpoint, coarse, "--num-steps", "2") == cli.EXIT_NOT_WITHIN == 4
+    assert run_diag(checkpoint, coarse, "--num-steps", "2") == exits.EXIT_NOT_WITHIN == 4
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not within --completeness-tol 0.01" in err, err
     report = read_valid_report(coarse)  # written all the same
@@ -49,7 +49,7 @@ def test_the_default_refines_until_within_or_says_that_its_bound_is_spent(
     assert report["num_steps_requested"] == "auto" and report["completeness"]["verdict"]["within"] is True
     capsys.readouterr()
     strict = tmp_path / "strict.json"  # a tolerance no state meets at any node count here: the bound is spent
-    assert run_diag(checkpoint, strict, "--completeness-tol", "1e-6", "--quiet") == cli.EXIT_NOT_WITHIN
+    assert run_diag(checkpoint, strict, "--completeness-tol", "1e-6", "--quiet") == exits.EXIT_NOT_WITHIN
     err = capsys.readouterr().err
     completeness = read_valid_report(strict)["completeness"]
     threshold = completeness["verdict"]["threshold"]
@@ -121,7 +121,7 @@ def test_contrast_and_each_need_several_actions() -> None:
     from lightning_ig.cli.head_inputs import _target  # the check diag calls on the width
 
     for target in ("contrast", "each"):
-        with pytest.raises(cli.UsageError, match=f"--target {target} needs at least two outputs per state"):
+        with pytest.raises(exits.UsageError, match=f"--target {target} needs at least two outputs per state"):
             _target(target, torch.zeros(3, 1))
     assert _target("contrast", torch.zeros(3, 2)).contrasts and _target("each", torch.zeros(3, 2)).every_output
 
@@ -141,7 +141,7 @@ def test_target_each_with_an_action_not_within_fails_the_top_level_verdict(
     V's alone: within, "pass", beside exit status 4)."""
     output = tmp_path / "each.json"
     flags = ("--target", "each", "--num-steps", "8", "--completeness-tol", "0.05", "--quiet")
-    assert run_diag(checkpoint, output, *flags) == cli.EXIT_NOT_WITHIN == 4
+    assert run_diag(checkpoint, output, *flags) == exits.EXIT_NOT_WITHIN == 4
     assert "(action " in capsys.readouterr().err
     report = read_valid_report(output)
     assert report["completeness"]["verdict"]["within"] is True  # V(s) alone is within: an action fails the run
@@ -159,7 +159,7 @@ def test_non_finite_rows_have_no_mass_relative_error(tmp_path: Path, capsys: pyt
     path = tmp_path / "nan.safetensors"
     save_checkpoint(model, path, states=torch.randn(24, 4))
     output = tmp_path / "nan.json"
-    assert run_diag(path, output, "--num-steps", "8", "--quiet") == cli.EXIT_NON_FINITE
+    assert run_diag(path, output, "--num-steps", "8", "--quiet") == exits.EXIT_NON_FINITE
     capsys.readouterr()
     rows = read_valid_report(output)["completeness"]["per_state"]
     flagged = [row for row in rows if row["non_finite"]]
