@@ -31,14 +31,16 @@ import argparse
 import importlib.util
 import json
 import logging
+import math
 import os
+import shlex
 import sys
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 #: CartPole-v1's observation, in order (Gymnasium's documentation).
 FEATURE_NAMES = ["cart position", "cart velocity", "pole angle", "pole angular velocity"]
@@ -86,11 +88,25 @@ def overhead_arg(text: str) -> float | None:
     return value
 
 
+def finite_float(text: str) -> float:
+    """An argparse ``type``: a float that is a number (``nan`` and ``inf`` are refused, the message names them)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+finite_float.__name__ = "float"  # argparse names it in "invalid float value"
+
+
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
-    """An argparse ``type`` that rejects values below ``minimum`` (the message names the value)."""
+    """An argparse ``type`` that rejects values below ``minimum`` and, for floats, ``nan`` and ``inf`` (which no
+    comparison refuses: ``nan < 0`` is False); the message names the value."""
 
     def parse(text: str) -> Any:
         value = kind(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum}, got {text}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
         return value
@@ -99,13 +115,45 @@ def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str]
     return parse
 
 
+#: What ``--seed`` takes: Lightning's ``seed_everything`` and numpy take seeds in [0, 2**32 - 1].
+MAX_SEED = 2**32 - 1
+
+
+def seed_arg(text: str) -> int:
+    """``--seed``: a whole number in [0, 2**32 - 1]."""
+    value = int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_SEED}], got {text}")
+    return value
+
+
+seed_arg.__name__ = "int"  # argparse names it in "invalid int value"
+
+
+def name_arg(text: str) -> str:
+    """``--exp-name``: part of the run folder's name, so no path separator (nor a NUL, which no path holds)."""
+    if any(character in text for character in {"/", os.sep, os.altsep or "/", "\0"}):
+        raise argparse.ArgumentTypeError(f"must not contain a path separator ('/') or a NUL character, got {text!r}")
+    return text
+
+
 def n_steps_arg(text: str) -> int | str:
-    """``--ig-n-steps``: what the library's ``n_steps`` takes: a whole number >= 1, ``budget`` or ``auto``."""
+    """``--ig-n-steps``: what the library's ``n_steps`` takes: a whole number >= 1, ``budget`` or ``auto``;
+    a number as the library checks it (``IGOptions``), here rather than when the callback is built."""
     if text in ("auto", "budget"):
         return text
-    value = int(text) if text.strip().isdigit() else 0
+    try:
+        value = int(text)
+    except ValueError:  # "lots"; "²" too, which str.isdigit() calls a digit
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, 'budget' or 'auto', got {text!r}")
+    from lightning_ig.attribution import IGOptions  # noqa: PLC0415 - only for a number: --help loads no torch
+
+    try:
+        IGOptions(n_steps=value)
+    except (ValueError, TypeError) as error:  # a count past what the rule or this machine's memory takes
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 
@@ -127,8 +175,9 @@ def command(name: str) -> str | None:
 
 
 def lightning_ig_command() -> str:
-    """``lightning-ig`` as installed here, or through ``-m`` where no script was installed."""
-    return command("lightning-ig") or f"{sys.executable} -m lightning_ig.cli"
+    """``lightning-ig`` as installed here, or through ``-m`` where no script was installed; shell-quoted."""
+    script = command("lightning-ig")
+    return shlex.quote(script) if script else f"{shlex.quote(sys.executable)} -m lightning_ig.cli"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -138,9 +187,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add = parser.add_argument
-    add("--exp-name", default=Path(__file__).stem, help="the name of this experiment (part of the run folder's name)")
-    add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the environments")
-    add("--env-id", default="CartPole-v1", help="the Gymnasium environment id (4 CartPole features assumed)")
+    add(
+        "--exp-name",
+        type=name_arg,
+        default=Path(__file__).stem,
+        help="the name of this experiment (part of the run folder's name)",
+    )
+    add("--seed", type=seed_arg, default=1, help="seed of the network, the noise, replay sampling and the environments")
+    add(
+        "--env-id",
+        default="CartPole-v1",
+        help="the Gymnasium environment id: CartPole-v1 or another made by Gymnasium's CartPoleEnv (CartPole-v0); "
+        "the example reads CartPole's 4 features",
+    )
     add(
         "--accelerator",
         choices=("cpu", "gpu", "auto"),
@@ -177,14 +236,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--train-frequency", type=at_least(1), default=1, help="environment steps per gradient step")
     add("--buffer-size", type=at_least(1), default=50_000, help="replay buffer capacity (transitions)")
     add("--batch-size", type=at_least(1), default=128, help="transitions per gradient step")
-    add("--learning-rate", type=float, default=2e-3, help="Adam's initial learning rate")
+    add("--learning-rate", type=finite_float, default=2e-3, help="Adam's initial learning rate")
     add(
         "--anneal-lr", action=argparse.BooleanOptionalAction, default=True, help="decay the learning rate linearly to 0"
     )
-    add("--gamma", type=float, default=0.99, help="discount factor, in (0, 1]")
+    add("--gamma", type=finite_float, default=0.99, help="discount factor, in (0, 1]")
     add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
     add("--target-network-frequency", type=at_least(1), default=250, help="gradient steps between target updates")
-    add("--tau", type=float, default=1.0, help="target update rate, in (0, 1] (1: copy the weights)")
+    add("--tau", type=finite_float, default=1.0, help="target update rate, in (0, 1] (1: copy the weights)")
     add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
     add("--hidden-size", type=at_least(1), default=128, help="width of the Q-network's two hidden layers")
     add(
@@ -242,10 +301,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     package = LOGGER_PACKAGES[args.logger]
     if importlib.util.find_spec(package) is None:
         parser.error(f"--logger {args.logger} needs the {package} package: pip install 'lightning-ig[{package}]'")
+    if args.logger == "mlflow" and ("'" in args.exp_name or not args.exp_name):  # MLflow's search refuses them
+        parser.error(
+            f"--logger mlflow takes no empty --exp-name nor one with a single quote ('), got {args.exp_name!r}"
+        )
     if args.learning_starts >= args.total_timesteps:
         parser.error(
             f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
             f"--total-timesteps {args.total_timesteps}; lower it or train longer"
+        )
+    if args.learning_starts < args.n_step:  # fewer random steps than one n-step window: no transition to sample
+        parser.error(
+            f"--learning-starts must be at least {args.n_step} with --n-step {args.n_step} (the random steps must "
+            f"fill the replay buffer with a transition before the first gradient step), got {args.learning_starts}"
         )
     if args.total_timesteps - args.learning_starts < args.train_frequency:
         parser.error("no gradient step would run: raise --total-timesteps or lower --learning-starts/--train-frequency")
@@ -254,7 +322,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("gamma", "tau"):
         if not 0 < getattr(args, name) <= 1:
             parser.error(f"--{name} must be in (0, 1], got {getattr(args, name)}")
+    check_env_id(parser, args.env_id)
     return args
+
+
+#: The entry point of Gymnasium's CartPole (CartPole-v0, CartPole-v1): the four features the example names.
+CARTPOLE_ENTRY_POINT = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+
+
+def check_env_id(parser: argparse.ArgumentParser, env_id: str) -> None:
+    """``--env-id`` names a registered Gymnasium environment made by CartPoleEnv, or the parser exits with a line
+    that says why (before a run folder is made; gymnasium loads here, torch not yet)."""
+    import gymnasium  # noqa: PLC0415 - after the command line: --help answers without it
+
+    try:
+        spec = gymnasium.spec(env_id)
+    except gymnasium.error.Error as error:
+        parser.error(f"--env-id {env_id}: no such Gymnasium environment ({error})")
+    entry_point = spec.entry_point
+    if not isinstance(entry_point, str):  # a class or a function registered by itself
+        entry_point = f"{getattr(entry_point, '__module__', '')}:{getattr(entry_point, '__qualname__', '')}"
+    if entry_point != CARTPOLE_ENTRY_POINT:
+        cartpoles = sorted(
+            name for name, other in gymnasium.registry.items() if other.entry_point == CARTPOLE_ENTRY_POINT
+        )
+        parser.error(
+            f"--env-id {env_id} is not supported: the example reads CartPole's four state features "
+            f"({', '.join(FEATURE_NAMES)}); use one of {', '.join(cartpoles)}"
+        )
 
 
 if __name__ == "__main__":
@@ -279,6 +374,7 @@ from lightning_ig import (
     soft_margin_loss,
 )
 from lightning_ig.attribution import IGOptions
+from lightning_ig.cli.parser import AUTO_SAMPLES
 from lightning_ig.views import ViewOptions, feature_statistics
 from lightning_ig.views.text import verdict_words
 
@@ -509,19 +605,30 @@ def mlflow_tracking_uri(args: argparse.Namespace, run_dir: Path) -> str:
 
 
 def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str:
-    """Ends the logger's run; returns how to look at it."""
+    """Ends the logger's run; returns how to look at it (a command, its paths shell-quoted)."""
     logger.finalize("success")
     if isinstance(logger, WandbLogger):
         run = logger.experiment
-        where = f"{command('wandb') or 'wandb'} sync {Path(run.dir).parent}" if run.offline else str(run.url)
+        wandb_command = shlex.quote(command("wandb") or "wandb")
+        where = f"{wandb_command} sync {shlex.quote(str(Path(run.dir).parent))}" if run.offline else str(run.url)
         run.finish()  # the run's files written out (offline: the .wandb file that `wandb sync` uploads)
         return where
     if isinstance(logger, MLFlowLogger):  # `mlflow ui` is the full mlflow package's
         uri = mlflow_tracking_uri(args, run_dir)
         if not uri.startswith("file:"):
             return f"{uri} (run {logger.run_id})"
-        return f"MLFLOW_ALLOW_FILE_STORE=true {command('mlflow') or 'mlflow'} ui --backend-store-uri {uri}"
-    return f"{command('tensorboard') or 'tensorboard'} --logdir {args.runs_dir}"
+        mlflow_command = shlex.quote(command("mlflow") or "mlflow")
+        return f"MLFLOW_ALLOW_FILE_STORE=true {mlflow_command} ui --backend-store-uri {shlex.quote(uri)}"
+    return f"{shlex.quote(command('tensorboard') or 'tensorboard')} --logdir {shlex.quote(args.runs_dir)}"
+
+
+def diag_command(checkpoint: Path | str, num_states: int, output: Path | str) -> str:
+    """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored states, shell-quoted;
+    with ``--auto-samples`` where fewer are stored than diag samples unless told (it refuses to sample more)."""
+    words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
+    if num_states < AUTO_SAMPLES:
+        words += ["--auto-samples", str(num_states)]
+    return f"{lightning_ig_command()} {shlex.join([*words, '--output', str(output)])}"
 
 
 def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) -> L.Trainer:
@@ -567,21 +674,69 @@ def quiet_third_parties() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
 
+def error_exit(message: str) -> NoReturn:
+    """The example's one-line error, as argparse words its own, and exit status 2."""
+    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+#: What the summary prints for a statistic that is not finite.
+NOT_FINITE = "n/a (NaN/Inf)"
+
+
+def number(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``n/a (NaN/Inf)`` where it is not finite (``feature_statistics`` gives
+    ``None`` then: a run that diverged)."""
+    return NOT_FINITE if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def ranked_features(features: list[dict[str, Any]], top_k: int) -> list[dict[str, Any]]:
+    """The ``top_k`` features by mean |attribution|, largest first; those without a finite one (NaN/Inf) last."""
+
+    def key(feature: dict[str, Any]) -> float:
+        mean_abs = feature["mean_abs"]
+        return -mean_abs if mean_abs is not None and math.isfinite(mean_abs) else math.inf
+
+    return sorted(features, key=key)[:top_k]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():  # said before a run folder or a logger is made
-        print(
-            f"{Path(__file__).name}: error: --accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        error_exit("--accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu")
     torch.set_num_threads(args.num_threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # one process feeds the replay
     warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")  # the replay stream has no length
     quiet_third_parties()
-    run_dir = new_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    try:
+        run_dir = new_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    except OSError as error:  # --runs-dir is a file, not writable, or the name too long for the file system
+        why = "it is not a folder" if Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir() else error
+        error_exit(f"cannot make the run folder under --runs-dir {args.runs_dir}: {why}")
+    try:
+        return train_and_report(args, run_dir, started)
+    except BaseException as error:
+        if not (isinstance(error, SystemExit) and not error.code):  # a failure, or Ctrl-C (Lightning's exit 1)
+            say_the_run_failed(run_dir, error)
+        raise
+
+
+def say_the_run_failed(run_dir: Path, error: BaseException) -> None:
+    """One line on stderr where a run stopped after its folder was made: the folder is a failed run's."""
+    checkpoint = run_dir / "q_network.safetensors"
+    saved = f"; its checkpoint was saved: {checkpoint}" if checkpoint.exists() else ", no checkpoint"
+    print(
+        f"\n{Path(__file__).name}: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote "
+        f"before the error{saved}",
+        file=sys.stderr,
+    )
+
+
+def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) -> dict[str, Any]:
+    """The run in ``run_dir``: training, evaluation, the checkpoint (saved before the attributions, which a run that
+    diverged makes NaN), the summary."""
     run_name = run_dir.name
     logger = make_logger(args, run_name, run_dir)
     print(f"device              {choose_accelerator(args.accelerator, torch.cuda.is_available())[1]}")
@@ -597,11 +752,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     q_network, device = agent.q_network.eval(), agent.device
     returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 1_000, device=device)
     mean_return = float(np.mean(returns))
-    logger.log_metrics({"eval/mean_return": mean_return}, step=trainer.global_step)
-    with noise_disabled(q_network):
-        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
-    features = feature_statistics(result.attributions.cpu(), FEATURE_NAMES)
-    ranked = sorted(features, key=lambda feature: -feature["mean_abs"])[: args.top_k]
     checkpoint = save_checkpoint(
         q_network,
         run_dir / "q_network.safetensors",
@@ -615,15 +765,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "args": json.dumps(vars(args)),
         },
     )
+    logger.log_metrics({"eval/mean_return": mean_return}, step=trainer.global_step)
+    with noise_disabled(q_network):
+        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
+    features = feature_statistics(result.attributions.cpu(), FEATURE_NAMES)
+    ranked = ranked_features(features, args.top_k)
     look_with = close_logger(logger, args, run_dir)
 
     print(f"\nrun folder          {run_dir}")
     print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
-    print(
-        f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
-        f"--output {run_dir / 'ig_report.json'}"
-    )
+    print(f"diagnose it with    {diag_command(checkpoint, len(held_out), run_dir / 'ig_report.json')}")
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"auxiliary loss      {loss_name}")
     print(f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps, {fit_seconds:.1f} s")
@@ -636,8 +788,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"IG verdict          {verdict_words(callbacks[0].history[-1])}")
     print("top features by mean |attribution| of V(s) on the held-out states:")
     for rank, feature in enumerate(ranked, start=1):
-        name, mean_abs, mean_signed = feature["name"], feature["mean_abs"], feature["mean_signed"]
-        print(f"  {rank}. {name:<22} mean |attr| {mean_abs:.4f}   mean signed {mean_signed:+.4f}")
+        name, mean_abs, mean_signed = (
+            feature["name"],
+            number(feature["mean_abs"], ".4f"),
+            number(feature["mean_signed"], "+.4f"),
+        )
+        print(f"  {rank}. {name:<22} mean |attr| {mean_abs}   mean signed {mean_signed}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
     return {
         "run_dir": str(run_dir),

@@ -39,13 +39,15 @@ import argparse
 import importlib.util
 import json
 import logging
+import math
 import os
+import shlex
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 def make_ig_callback(
@@ -77,6 +79,9 @@ def print_overhead(trainer: Any) -> None:
         print(f"IG overhead         {share:.1%} of the fit's wall time (budget {budget}), {len(ig.history)} runs")
 
 
+#: Games played side by side for the held-out frames (seeded ``--seed + 2000 + i``).
+HELD_OUT_GAMES = 8
+
 #: The loggers --logger offers, and the package each needs.
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
@@ -94,11 +99,25 @@ def overhead_arg(text: str) -> float | None:
     return value
 
 
+def finite_float(text: str) -> float:
+    """An argparse ``type``: a float that is a number (``nan`` and ``inf`` are refused, the message names them)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+finite_float.__name__ = "float"  # argparse names it in "invalid float value"
+
+
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
-    """An argparse ``type`` that rejects values below ``minimum`` (the message names the value)."""
+    """An argparse ``type`` that rejects values below ``minimum`` and, for floats, ``nan`` and ``inf`` (which no
+    comparison refuses: ``nan < 0`` is False); the message names the value."""
 
     def parse(text: str) -> Any:
         value = kind(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum}, got {text}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
         return value
@@ -107,13 +126,45 @@ def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str]
     return parse
 
 
+#: What ``--seed`` takes: Lightning's ``seed_everything`` and numpy take seeds in [0, 2**32 - 1].
+MAX_SEED = 2**32 - 1
+
+
+def seed_arg(text: str) -> int:
+    """``--seed``: a whole number in [0, 2**32 - 1]."""
+    value = int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_SEED}], got {text}")
+    return value
+
+
+seed_arg.__name__ = "int"  # argparse names it in "invalid int value"
+
+
+def name_arg(text: str) -> str:
+    """``--exp-name``: part of the run folder's name, so no path separator (nor a NUL, which no path holds)."""
+    if any(character in text for character in {"/", os.sep, os.altsep or "/", "\0"}):
+        raise argparse.ArgumentTypeError(f"must not contain a path separator ('/') or a NUL character, got {text!r}")
+    return text
+
+
 def n_steps_arg(text: str) -> int | str:
-    """``--ig-n-steps``: what the library's ``n_steps`` takes: a whole number >= 1, ``budget`` or ``auto``."""
+    """``--ig-n-steps``: what the library's ``n_steps`` takes: a whole number >= 1, ``budget`` or ``auto``;
+    a number as the library checks it (``IGOptions``), here rather than when the callback is built."""
     if text in ("auto", "budget"):
         return text
-    value = int(text) if text.strip().isdigit() else 0
+    try:
+        value = int(text)
+    except ValueError:  # "lots"; "²" too, which str.isdigit() calls a digit
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, 'budget' or 'auto', got {text!r}")
+    from lightning_ig.attribution import IGOptions  # noqa: PLC0415 - only for a number: --help loads no torch
+
+    try:
+        IGOptions(n_steps=value)
+    except (ValueError, TypeError) as error:  # a count past what the rule or this machine's memory takes
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 
@@ -135,16 +186,22 @@ def command(name: str) -> str | None:
 
 
 def lightning_ig_command() -> str:
-    """``lightning-ig`` as installed here, or through ``-m`` where no script was installed."""
-    return command("lightning-ig") or f"{sys.executable} -m lightning_ig.cli"
+    """``lightning-ig`` as installed here, or through ``-m`` where no script was installed; shell-quoted."""
+    script = command("lightning-ig")
+    return shlex.quote(script) if script else f"{shlex.quote(sys.executable)} -m lightning_ig.cli"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line; a bad flag or value exits with status 2 and a message, before anything runs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add = parser.add_argument
-    add("--exp-name", default=Path(__file__).stem, help="the name of this experiment (part of the run folder's name)")
-    add("--seed", type=int, default=1, help="seed of the network, the noise, replay sampling and the games")
+    add(
+        "--exp-name",
+        type=name_arg,
+        default=Path(__file__).stem,
+        help="the name of this experiment (part of the run folder's name)",
+    )
+    add("--seed", type=seed_arg, default=1, help="seed of the network, the noise, replay sampling and the games")
     add(
         "--game",
         default="breakout",
@@ -186,11 +243,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--learning-starts", type=at_least(0), default=5_000, help="random-action environment steps before learning")
     add("--buffer-size", type=at_least(1), default=200_000, help="replay buffer capacity (environment steps)")
     add("--batch-size", type=at_least(1), default=128, help="transitions per gradient step")
-    add("--learning-rate", type=float, default=5e-4, help="Adam's initial learning rate")
+    add("--learning-rate", type=finite_float, default=5e-4, help="Adam's initial learning rate")
     add(
         "--anneal-lr", action=argparse.BooleanOptionalAction, default=True, help="decay the learning rate linearly to 0"
     )
-    add("--gamma", type=float, default=0.99, help="discount factor, in (0, 1]")
+    add("--gamma", type=finite_float, default=0.99, help="discount factor, in (0, 1]")
     add("--n-step", type=at_least(1), default=3, help="rewards summed over this many steps before bootstrapping")
     add("--target-network-frequency", type=at_least(1), default=500, help="gradient steps between target updates")
     add("--max-grad-norm", type=at_least(0.0, float), default=10.0, help="clip gradients to this norm (0: no clipping)")
@@ -258,10 +315,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     package = LOGGER_PACKAGES[args.logger]
     if importlib.util.find_spec(package) is None:
         parser.error(f"--logger {args.logger} needs the {package} package: pip install 'lightning-ig[{package}]'")
+    if args.logger == "mlflow" and ("'" in args.exp_name or not args.exp_name):  # MLflow's search refuses them
+        parser.error(
+            f"--logger mlflow takes no empty --exp-name nor one with a single quote ('), got {args.exp_name!r}"
+        )
     if args.learning_starts >= args.total_timesteps:
         parser.error(
             f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts} with "
             f"--total-timesteps {args.total_timesteps}; lower it or train longer"
+        )
+    # the warm-up's vector steps must leave a step with --n-step later ones stored: the replay's first sample
+    smallest_start = args.num_envs * args.n_step + 1
+    if args.learning_starts < smallest_start:
+        parser.error(
+            f"--learning-starts must be at least {smallest_start} with --num-envs {args.num_envs} and --n-step "
+            f"{args.n_step} (the random steps must fill the replay buffer before the first gradient step), "
+            f"got {args.learning_starts}"
+        )
+    # each game of the run, the held-out and the evaluation games get a numpy seed: --seed plus up to this
+    offset = max(
+        args.num_envs - 1, 2_000 + HELD_OUT_GAMES - 1, 1_000 + max(args.eval_episodes, args.random_episodes) - 1
+    )
+    if args.seed > MAX_SEED - offset:
+        parser.error(
+            f"--seed must be in [0, {MAX_SEED - offset}] with these settings (the games are seeded with --seed plus "
+            f"up to {offset}, and numpy takes seeds up to {MAX_SEED}), got {args.seed}"
         )
     if not args.learning_rate > 0:
         parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
@@ -296,6 +374,7 @@ from lightning_ig import (
     soft_margin_loss,
 )
 from lightning_ig.attribution import IGOptions
+from lightning_ig.cli.parser import AUTO_SAMPLES
 from lightning_ig.models import MinAtarQNetwork
 from lightning_ig.views import ViewOptions, feature_statistics
 from lightning_ig.views.text import verdict_words
@@ -344,10 +423,10 @@ def collect_held_out_states(game: str, num_states: int, seed: int) -> Tensor:
     Drawn from a pool four times larger, so that the frames (and the saliency grid) are not
     the first steps of a few games side by side.
     """
-    envs, rng = MinAtarVectorEnv(game, 8, seed), np.random.default_rng(seed)
+    envs, rng = MinAtarVectorEnv(game, HELD_OUT_GAMES, seed), np.random.default_rng(seed)
     frames = [envs.reset().copy()]
-    while len(frames) * 8 < 4 * num_states:
-        frames.append(envs.step(rng.integers(len(envs.action_set), size=8))[0].copy())  # (8, C, 10, 10)
+    while len(frames) * HELD_OUT_GAMES < 4 * num_states:
+        frames.append(envs.step(rng.integers(len(envs.action_set), size=HELD_OUT_GAMES))[0].copy())  # (8, C, 10, 10)
     pool = np.concatenate(frames)
     return torch.from_numpy(pool[rng.choice(len(pool), num_states, replace=False)]).float()
 
@@ -563,19 +642,33 @@ def mlflow_tracking_uri(args: argparse.Namespace, run_dir: Path) -> str:
 
 
 def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str:
-    """Ends the logger's run; returns how to look at it."""
+    """Ends the logger's run; returns how to look at it (a command, its paths shell-quoted)."""
     logger.finalize("success")
     if isinstance(logger, WandbLogger):
         run = logger.experiment
-        where = f"{command('wandb') or 'wandb'} sync {Path(run.dir).parent}" if run.offline else str(run.url)
+        wandb_command = shlex.quote(command("wandb") or "wandb")
+        where = f"{wandb_command} sync {shlex.quote(str(Path(run.dir).parent))}" if run.offline else str(run.url)
         run.finish()  # the run's files written out (offline: the .wandb file that `wandb sync` uploads)
         return where
     if isinstance(logger, MLFlowLogger):  # `mlflow ui` is the full mlflow package's
         uri = mlflow_tracking_uri(args, run_dir)
         if not uri.startswith("file:"):
             return f"{uri} (run {logger.run_id})"
-        return f"MLFLOW_ALLOW_FILE_STORE=true {command('mlflow') or 'mlflow'} ui --backend-store-uri {uri}"
-    return f"{command('tensorboard') or 'tensorboard'} --logdir {args.runs_dir}"
+        mlflow_command = shlex.quote(command("mlflow") or "mlflow")
+        return f"MLFLOW_ALLOW_FILE_STORE=true {mlflow_command} ui --backend-store-uri {shlex.quote(uri)}"
+    return f"{shlex.quote(command('tensorboard') or 'tensorboard')} --logdir {shlex.quote(args.runs_dir)}"
+
+
+def diag_command(
+    checkpoint: Path | str, num_states: int, groups_file: Path | str, saliency: Path | str, output: Path | str
+) -> str:
+    """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored frames, shell-quoted;
+    with ``--auto-samples`` where fewer are stored than diag samples unless told (it refuses to sample more)."""
+    words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
+    if num_states < AUTO_SAMPLES:
+        words += ["--auto-samples", str(num_states)]
+    words += ["--feature-groups", str(groups_file), "--saliency", str(saliency), "--output", str(output)]
+    return f"{lightning_ig_command()} {shlex.join(words)}"
 
 
 def make_trainer(args: argparse.Namespace, logger: Any, callbacks: list[Any]) -> L.Trainer:
@@ -621,21 +714,72 @@ def quiet_third_parties() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
 
+def error_exit(message: str) -> NoReturn:
+    """The example's one-line error, as argparse words its own, and exit status 2."""
+    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+#: What the summary prints for a statistic that is not finite.
+NOT_FINITE = "n/a (NaN/Inf)"
+
+
+def number(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``n/a (NaN/Inf)`` where it is not finite (``feature_statistics`` gives
+    ``None`` then: a run that diverged)."""
+    return NOT_FINITE if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def channel_order(mass: Tensor) -> list[int]:
+    """The channels by attribution mass, largest first; those without a finite one (NaN/Inf) last."""
+    values = [float(value) for value in mass]
+    return sorted(range(len(values)), key=lambda c: (not math.isfinite(values[c]), -values[c]))
+
+
+def ratio_to_random(mean_return: float, random_return: float) -> str:
+    """How many times the random policy's mean return the agent's is; undefined unless the random one is positive."""
+    if random_return > 0:
+        return f"{mean_return / random_return:.1f}x"
+    return f"ratio undefined (the random policy's mean return is {random_return:.2f})"
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
     if args.accelerator == "gpu" and not torch.cuda.is_available():  # said before a run folder or a logger is made
-        print(
-            f"{Path(__file__).name}: error: --accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        error_exit("--accelerator gpu, but torch sees no CUDA GPU: use --accelerator cpu")
     torch.set_num_threads(args.num_threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # the replay is on the device
     warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")  # the replay stream has no length
     quiet_third_parties()
-    run_dir = new_run_dir(args.runs_dir, f"MinAtar-{args.game}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    try:
+        run_dir = new_run_dir(args.runs_dir, f"MinAtar-{args.game}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    except OSError as error:  # --runs-dir is a file, not writable, or the name too long for the file system
+        why = "it is not a folder" if Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir() else error
+        error_exit(f"cannot make the run folder under --runs-dir {args.runs_dir}: {why}")
+    try:
+        return train_and_report(args, run_dir, started)
+    except BaseException as error:
+        if not (isinstance(error, SystemExit) and not error.code):  # a failure, or Ctrl-C (Lightning's exit 1)
+            say_the_run_failed(run_dir, error)
+        raise
+
+
+def say_the_run_failed(run_dir: Path, error: BaseException) -> None:
+    """One line on stderr where a run stopped after its folder was made: the folder is a failed run's."""
+    checkpoint = run_dir / "q_network.safetensors"
+    saved = f"; its checkpoint was saved: {checkpoint}" if checkpoint.exists() else ", no checkpoint"
+    print(
+        f"\n{Path(__file__).name}: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote "
+        f"before the error{saved}",
+        file=sys.stderr,
+    )
+
+
+def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) -> dict[str, Any]:
+    """The run in ``run_dir``: training, evaluation, the checkpoint (saved before the attributions, which a run that
+    diverged makes NaN), the summary."""
     run_name = run_dir.name
     logger = make_logger(args, run_name, run_dir)
 
@@ -655,11 +799,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     random_actions, num_actions = np.random.default_rng(args.seed + 3_000), len(agent.envs.action_set)
     uniform = evaluate(lambda x: random_actions.integers(num_actions, size=len(x)), args, args.random_episodes, device)
     mean_return, random_return = float(returns.mean()), float(uniform.mean())
-    logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, trainer.global_step)
-    with noise_disabled(q_network):
-        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
-    per_channel = result.grouped("channels").cpu()  # (num_held_out, C): completeness holds per channel too
-    channels = feature_statistics(per_channel, channel_names)
     frame = held_out.shape[2:]  # (10, 10): the features by channel and cell, as the report names them
     pixels = [
         f"{name}[{row},{column}]" for name in channel_names for row in range(frame[0]) for column in range(frame[1])
@@ -682,16 +821,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # The channels by name for `lightning-ig diag --feature-groups`: one (C, 1, 1) mask per channel (broadcast).
     groups_file = run_dir / "channel_groups.json"
     groups_file.write_text(json.dumps({name: [[[other == name]] for other in channel_names] for name in channel_names}))
+    logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, trainer.global_step)
+    with noise_disabled(q_network):
+        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
+    per_channel = result.grouped("channels").cpu()  # (num_held_out, C): completeness holds per channel too
+    channels = feature_statistics(per_channel, channel_names)
     look_with = close_logger(logger, args, run_dir)
 
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"\nrun folder          {run_dir}")
     print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
-    print(
-        f"diagnose it with    {lightning_ig_command()} diag --checkpoint {checkpoint} --states auto "
-        f"--feature-groups {groups_file} --saliency {run_dir / 'saliency'} --output {run_dir / 'ig_report.json'}"
-    )
+    diag = diag_command(checkpoint, len(held_out), groups_file, run_dir / "saliency", run_dir / "ig_report.json")
+    print(f"diagnose it with    {diag}")
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")
     print(
         f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
@@ -704,7 +846,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(
         f"eval return         mean {mean_return:.2f} over {len(returns)} episodes (min {returns.min():.0f}, "
         f"max {returns.max():.0f}); random policy {random_return:.2f} over {len(uniform)} episodes: "
-        f"{mean_return / max(random_return, 1e-9):.1f}x"
+        f"{ratio_to_random(mean_return, random_return)}"
     )
     print_overhead(trainer)
     if callbacks and callbacks[0].history:  # the last IG run's verdict, as its card, ig/report and the JSON say it
@@ -714,9 +856,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cells = result.attributions.double().cpu().flatten(2)  # (num_held_out, C, H * W)
     raises, lowers = cells.clamp(min=0).sum(2).mean(0), (-cells).clamp(min=0).sum(2).mean(0)  # (C,) each
     print("attribution of V(s) per channel on the held-out frames (mass summed cell by cell, each cell's sign kept):")
-    for index in sorted(range(len(channel_names)), key=lambda c: -float(raises[c] + lowers[c])):
+    for index in channel_order(raises + lowers):
         up, down = float(raises[index]), float(lowers[index])
-        print(f"  {channel_names[index]:<8} raises V(s) {up:.4f}   lowers it {down:.4f}   net {up - down:+.4f}")
+        up_text, down_text, net = number(up, ".4f"), number(down, ".4f"), number(up - down, "+.4f")
+        print(f"  {channel_names[index]:<8} raises V(s) {up_text}   lowers it {down_text}   net {net}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
     return {
         "run_dir": str(run_dir),

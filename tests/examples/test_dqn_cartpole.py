@@ -321,6 +321,28 @@ def example_module() -> ModuleType:
         ),
         (["--gamma", "1.5"], "--gamma must be in (0, 1], got 1.5"),
         (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
+        # fewer random steps than one n-step window leave the replay empty: it crashed at the first sample
+        (["--learning-starts", "0"], "--learning-starts must be at least 3 with --n-step 3"),
+        (["--learning-starts", "4", "--n-step", "5"], "--learning-starts must be at least 5 with --n-step 5"),
+        # seed_everything's range, said before a traceback
+        (["--seed", "-1"], "argument --seed: must be in [0, 4294967295], got -1"),
+        (["--seed", "4294967296"], "argument --seed: must be in [0, 4294967295], got 4294967296"),
+        # nan and inf pass a comparison with a bound (nan < 0 is False): refused for every float option
+        (["--sigma0", "nan"], "argument --sigma0: must be a finite number >= 0.0, got nan"),
+        (["--max-grad-norm", "inf"], "argument --max-grad-norm: must be a finite number >= 0.0, got inf"),
+        (["--aux-coef=-inf"], "argument --aux-coef: must be a finite number >= 0.0, got -inf"),
+        (["--learning-rate", "inf"], "argument --learning-rate: must be a finite number, got inf"),
+        (["--gamma", "nan"], "argument --gamma: must be a finite number, got nan"),
+        (["--tau", "NaN"], "argument --tau: must be a finite number, got NaN"),
+        (["--ig-overhead", "nan"], "argument --ig-overhead: must be in (0, 1] or 'none', got nan"),
+        # what the library refuses, in its words, before the run: not a traceback when the callback is built
+        (["--ig-n-steps", "99999999999999"], "argument --ig-n-steps: n_steps=99999999999999 needs about"),
+        (["--ig-n-steps", "\N{SUPERSCRIPT TWO}"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto'"),
+        (["--ig-n-steps", "-3"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto', got '-3'"),
+        # the example reads CartPole's four features: anything else failed after the run folder was made
+        (["--env-id", "Acrobot-v1"], "--env-id Acrobot-v1 is not supported: the example reads CartPole's four"),
+        (["--env-id", "Nope-v0"], "--env-id Nope-v0: no such Gymnasium environment"),
+        (["--exp-name", "a/b"], "argument --exp-name: must not contain a path separator ('/')"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(
@@ -330,6 +352,125 @@ def test_bad_value_exits_2_with_a_message(
         example_module.parse_args(flags)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["it's mine", ""])
+def test_an_experiment_name_mlflow_refuses_exits_2(
+    example_module: ModuleType, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: MLflow's experiment search failed on a quote (and refuses an empty name) after the run folder
+    # was made
+    from tests.support.loggers import logger_package
+
+    logger_package("mlflow")
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(["--logger", "mlflow", "--exp-name", name])
+    assert exit_info.value.code == 2
+    assert "error: --logger mlflow takes no empty --exp-name nor one with a single quote" in capsys.readouterr().err
+    assert example_module.parse_args(["--exp-name", name]).exp_name == name  # TensorBoard takes both
+
+
+def test_the_edges_of_the_ranges_are_taken(example_module: ModuleType) -> None:
+    # the smallest warm-up that fills the replay (one n-step window), seed_everything's largest seed, CartPole-v0
+    assert example_module.parse_args(["--learning-starts", "3"]).learning_starts == 3
+    assert example_module.parse_args(["--seed", "4294967295"]).seed == 2**32 - 1
+    assert example_module.parse_args(["--env-id", "CartPole-v0"]).env_id == "CartPole-v0"
+    assert example_module.parse_args(["--exp-name", "it's mine"]).exp_name == "it's mine"
+    assert example_module.parse_args(["--ig-n-steps", "64"]).ig_n_steps == 64
+
+
+def test_the_printed_commands_are_shell_quoted(example_module: ModuleType, tmp_path: Path) -> None:
+    # guards against: a --runs-dir with a space or an --exp-name with a quote broke the printed commands; a run with
+    # fewer held-out states than diag samples by default (16) printed a diag command that diag refused
+    from lightning_ig.cli.parser import build_parser
+
+    run_dir = tmp_path / "my runs" / "CartPole-v1__it's mine__1__1796119555"
+    checkpoint, output = run_dir / "q_network.safetensors", run_dir / "ig_report.json"
+    words = shlex.split(example_module.diag_command(checkpoint, 8, output))
+    assert words[words.index("--checkpoint") + 1] == str(checkpoint)
+    assert words[words.index("--auto-samples") + 1] == "8"
+    assert words[-2:] == ["--output", str(output)]
+    parsed = build_parser().parse_args(words[words.index("diag") :])  # as lightning-ig reads it
+    assert (parsed.checkpoint, parsed.auto_samples, parsed.output) == (str(checkpoint), 8, str(output))
+    # as many stored as diag samples, or more: its default, as before
+    assert "--auto-samples" not in shlex.split(example_module.diag_command(checkpoint, 16, output))
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    runs = tmp_path / "my runs"
+    args = example_module.parse_args(["--runs-dir", str(runs)])
+    logger = TensorBoardLogger(save_dir=runs, name="run", version="", default_hp_metric=False)
+    words = shlex.split(example_module.close_logger(logger, args, run_dir))
+    assert Path(words[0]).name == "tensorboard" and words[1:] == ["--logdir", str(runs)]
+
+
+def test_a_run_that_diverged_prints_its_attributions_as_not_finite(example_module: ModuleType) -> None:
+    # guards against: feature_statistics' None for a NaN attribution crashed the summary (-None)
+    from lightning_ig.views import feature_statistics
+
+    attributions = torch.tensor([[1.0, float("nan"), -2.0, 0.5], [3.0, 1.0, 2.0, -0.5]])
+    features = feature_statistics(attributions, FEATURE_NAMES)
+    ranked = example_module.ranked_features(features, 4)
+    # by mean |attribution|, ties in order; cart velocity, with no finite one, last
+    assert [feature["name"] for feature in ranked] == [
+        "cart position",
+        "pole angle",
+        "pole angular velocity",
+        "cart velocity",
+    ]
+    assert example_module.number(ranked[-1]["mean_abs"], ".4f") == "n/a (NaN/Inf)"
+    assert example_module.number(float("inf"), "+.4f") == "n/a (NaN/Inf)"
+    assert example_module.number(-0.5, "+.4f") == "-0.5000"  # a finite one as before
+
+
+def test_a_diverged_run_saves_its_checkpoint_and_says_so(tmp_path: Path) -> None:
+    # guards against: the summary crashed on the NaN attributions of a run that diverged, before the checkpoint was
+    # saved, so nothing was left to diagnose
+    flags = ["--total-timesteps", "400", "--learning-starts", "100", "--learning-rate", "1e30", "--no-anneal-lr"]
+    quick = ["--num-held-out", "8", "--ig-n-steps", "16", "--eval-episodes", "1", "--no-progress-bar", "--seed", "1"]
+    proc = _run([str(EXAMPLE), *flags, *quick, "--runs-dir", "runs"], cwd=tmp_path)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "mean |attr| n/a (NaN/Inf)   mean signed n/a (NaN/Inf)" in proc.stdout
+    assert (_only_run_dir(tmp_path / "runs") / "q_network.safetensors").is_file()
+
+
+@pytest.fixture
+def quiet_main(example_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The example with ``main``'s process-wide settings (torch's threads, the global seeds, log filters) left alone."""
+    monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
+    monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
+    return example_module
+
+
+def test_a_run_that_fails_after_its_folder_is_made_says_so(
+    quiet_main: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: a traceback and a half-written run folder that looked like a run's
+    def fail(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(quiet_main, "make_logger", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        quiet_main.main(["--runs-dir", str(tmp_path / "runs")])
+    run_dir = _only_run_dir(tmp_path / "runs")
+    assert (
+        f"dqn_cartpole.py: the run failed (RuntimeError): {run_dir} holds only what it wrote before the error, "
+        "no checkpoint"
+    ) in capsys.readouterr().err
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line(
+    quiet_main: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    runs.write_text("a file where the runs would go")
+    with pytest.raises(SystemExit) as exit_info:
+        quiet_main.main(["--runs-dir", str(runs)])
+    assert exit_info.value.code == 2
+    assert f"dqn_cartpole.py: error: cannot make the run folder under --runs-dir {runs}: it is not a folder" in (
+        capsys.readouterr().err
+    )
 
 
 def test_defaults_and_boolean_flags(example_module: ModuleType) -> None:

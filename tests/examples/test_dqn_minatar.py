@@ -11,6 +11,7 @@ bit-identical weights.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +27,7 @@ pytest.importorskip("minatar", reason="the MinAtar example needs minatar (pip in
 from lightning_ig import load_checkpoint
 from lightning_ig.models import MinAtarQNetwork
 from lightning_ig.views.report import load_schema
-from tests.support.examples import REPO, assert_gpu_refused_without_a_gpu, load_example
+from tests.support.examples import REPO, assert_gpu_refused_without_a_gpu, example_env, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
 
@@ -189,6 +190,28 @@ def test_diag_reports_the_channels_by_name_with_saliency_images(tiny_run, tmp_pa
         assert (tmp_path / "saliency" / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_printed_diag_command_runs_as_printed(tiny_run) -> None:
+    # guards against: with fewer held-out frames (8) than diag samples by default (16), the printed command failed
+    # ("--auto-samples 16 is more than the 8 states stored")
+    proc, runs = tiny_run
+    _ok(proc)
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("diagnose it with"))
+    command = line.removeprefix("diagnose it with").strip()
+    assert f"--auto-samples {NUM_HELD_OUT}" in command
+    done = subprocess.run(
+        ["bash", "-c", command],  # as a user pastes it
+        cwd=runs.parent,
+        env=example_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    _ok(done)
+    output = shlex.split(command)[-1]
+    assert json.loads((runs.parent / output).read_text())["num_states"] == NUM_HELD_OUT
+
+
 def test_same_seed_same_weights_with_or_without_the_callback(tiny_run, tmp_path: Path) -> None:
     proc, runs = tiny_run
     _ok(proc)
@@ -246,6 +269,23 @@ def example_module() -> ModuleType:
         (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
         (["--ig-n-steps", "many"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto', got 'many'"),
         (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
+        # too few random steps to store a step with --n-step later ones: it crashed at the first sample
+        (["--learning-starts", "0"], "--learning-starts must be at least 49 with --num-envs 16 and --n-step 3"),
+        (["--learning-starts", "12", "--num-envs", "4"], "--learning-starts must be at least 13 with --num-envs 4"),
+        # seed_everything's range, and numpy's for the games seeded --seed + 2000 + i
+        (["--seed", "-1"], "argument --seed: must be in [0, 4294967295], got -1"),
+        (["--seed", "4294967296"], "argument --seed: must be in [0, 4294967295], got 4294967296"),
+        (["--seed", "4294967295"], "--seed must be in [0, 4294965288] with these settings"),
+        # nan and inf pass a comparison with a bound (nan < 0 is False): refused for every float option
+        (["--sigma0", "nan"], "argument --sigma0: must be a finite number >= 0.0, got nan"),
+        (["--max-grad-norm", "inf"], "argument --max-grad-norm: must be a finite number >= 0.0, got inf"),
+        (["--aux-coef=-inf"], "argument --aux-coef: must be a finite number >= 0.0, got -inf"),
+        (["--learning-rate", "nan"], "argument --learning-rate: must be a finite number, got nan"),
+        (["--gamma", "inf"], "argument --gamma: must be a finite number, got inf"),
+        # what the library refuses, in its words, before the run: not a traceback when the callback is built
+        (["--ig-n-steps", "99999999999999"], "argument --ig-n-steps: n_steps=99999999999999 needs about"),
+        (["--ig-n-steps", "\N{SUPERSCRIPT TWO}"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto'"),
+        (["--exp-name", "a/b"], "argument --exp-name: must not contain a path separator ('/')"),
     ],
 )
 def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys) -> None:
@@ -253,6 +293,91 @@ def test_bad_value_exits_2_with_a_message(example_module, flags, message, capsys
         example_module.parse_args(flags)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["it's mine", ""])
+def test_an_experiment_name_mlflow_refuses_exits_2(
+    example_module: ModuleType, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: MLflow's experiment search failed on a quote (and refuses an empty name) after the run folder
+    # was made
+    from tests.support.loggers import logger_package
+
+    logger_package("mlflow")
+    with pytest.raises(SystemExit) as exit_info:
+        example_module.parse_args(["--logger", "mlflow", "--exp-name", name])
+    assert exit_info.value.code == 2
+    assert "error: --logger mlflow takes no empty --exp-name nor one with a single quote" in capsys.readouterr().err
+    assert example_module.parse_args(["--exp-name", name]).exp_name == name  # TensorBoard takes both
+
+
+def test_the_edges_of_the_ranges_are_taken(example_module) -> None:
+    # the smallest warm-up that fills the replay, the largest seed the games take with the defaults
+    assert example_module.parse_args(["--learning-starts", "13", "--num-envs", "4"]).learning_starts == 13
+    assert example_module.parse_args(["--seed", "4294965288"]).seed == 2**32 - 1 - 2_007
+
+
+def test_the_printed_commands_are_shell_quoted(example_module, tmp_path: Path) -> None:
+    # guards against: a --runs-dir with a space or an --exp-name with a quote broke the printed commands; a run with
+    # fewer held-out frames than diag samples by default (16) printed a diag command that diag refused
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lightning_ig.cli.parser import build_parser
+
+    run_dir = tmp_path / "my runs" / "MinAtar-breakout__it's mine__1__1796119555"
+    paths = [run_dir / name for name in ("q_network.safetensors", "channel_groups.json", "saliency", "ig_report.json")]
+    words = shlex.split(example_module.diag_command(paths[0], 8, *paths[1:]))
+    assert words[words.index("--auto-samples") + 1] == "8"
+    parsed = build_parser().parse_args(words[words.index("diag") :])  # as lightning-ig reads it
+    assert [parsed.checkpoint, parsed.feature_groups, parsed.saliency, parsed.output] == [str(p) for p in paths]
+    assert parsed.auto_samples == 8
+    assert "--auto-samples" not in shlex.split(example_module.diag_command(paths[0], 64, *paths[1:]))
+
+    runs = tmp_path / "my runs"
+    args = example_module.parse_args(["--runs-dir", str(runs)])
+    logger = TensorBoardLogger(save_dir=runs, name="run", version="", default_hp_metric=False)
+    words = shlex.split(example_module.close_logger(logger, args, run_dir))
+    assert Path(words[0]).name == "tensorboard" and words[1:] == ["--logdir", str(runs)]
+
+
+def test_the_summary_says_what_has_no_number(example_module) -> None:
+    # guards against: "1000000000.0x" the random policy's return where it scored 0; "nan" for a diverged run's channels
+    assert example_module.ratio_to_random(1.0, 0.0) == "ratio undefined (the random policy's mean return is 0.00)"
+    assert example_module.ratio_to_random(0.5, 0.25) == "2.0x"
+    mass = torch.tensor([0.5, float("nan"), 2.0, float("inf"), 0.5], dtype=torch.float64)
+    assert example_module.channel_order(mass) == [2, 0, 4, 1, 3]  # largest first, ties in order, non-finite last
+    assert example_module.number(float("nan"), "+.4f") == "n/a (NaN/Inf)"
+    assert example_module.number(0.25, ".4f") == "0.2500"
+
+
+def test_a_diverged_run_saves_its_checkpoint_and_says_so(tmp_path: Path) -> None:
+    # guards against: "nan" in the channel lines of a run that diverged, the checkpoint saved after the attributions
+    flags = ["--total-timesteps", "800", "--learning-starts", "100", "--num-envs", "4", "--learning-rate", "1e30"]
+    quick = ["--no-anneal-lr", "--eval-episodes", "1", "--random-episodes", "2", "--num-held-out", "8"]
+    quick += ["--ig-n-steps", "8", "--accelerator", "cpu", "--no-progress-bar", "--seed", "3"]
+    proc = _run([str(EXAMPLE), *flags, *quick, "--runs-dir", "runs"], cwd=tmp_path)
+    _ok(proc)
+    assert "raises V(s) n/a (NaN/Inf)   lowers it n/a (NaN/Inf)   net n/a (NaN/Inf)" in proc.stdout
+    assert (_only_run_dir(tmp_path / "runs") / "q_network.safetensors").is_file()
+
+
+def test_a_run_that_fails_after_its_folder_is_made_says_so(example_module, tmp_path, monkeypatch, capsys) -> None:
+    # guards against: a traceback and a half-written run folder that looked like a run's
+    def fail(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    # main's process-wide settings (torch's threads, the global seeds, log filters) left alone
+    monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
+    monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
+    monkeypatch.setattr(example_module, "make_logger", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        example_module.main(["--runs-dir", str(tmp_path / "runs"), "--accelerator", "cpu"])
+    run_dir = _only_run_dir(tmp_path / "runs")
+    assert (
+        f"dqn_minatar.py: the run failed (RuntimeError): {run_dir} holds only what it wrote before the error, "
+        "no checkpoint"
+    ) in capsys.readouterr().err
 
 
 def test_ig_n_steps_takes_what_the_library_takes(example_module) -> None:
