@@ -347,10 +347,9 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         groups=run.groups,
         tolerance=args.completeness_tol,
     )
-    if report["verdict"]["within"] and any(
-        a["completeness"]["verdict"]["within"] is False for a in extra.get("actions", ())
-    ):
-        report["verdict"].update(accuracy="fail", within=False)  # the run's verdict: every action's, as the exit's
+    failing = [a for a in extra.get("actions", ()) if a["completeness"]["verdict"]["within"] is False]
+    if failing and report["verdict"]["within"]:  # the run's verdict is every action's, as the exit status is
+        report["verdict"].update(accuracy="fail", within=False)
     return _Attributed(run, result, report, per_action=per_action)
 
 

@@ -48,7 +48,6 @@ __all__ = [
     "completeness",
     "concentration",
     "drift",
-    "drift_tags",
     "json_float",
     "json_floats",
     "rank_order",
@@ -393,9 +392,3 @@ def drift(
     if current.size > top_k:
         scalars["topk_jaccard_prev"] = topk_jaccard(current, previous, top_k)
     return scalars
-
-
-def drift_tags(num_units: int, top_k: int) -> list[str]:
-    """The drift scalars :func:`drift` reports from the second run on, for this many units."""
-    names = ["spearman_prev", "spearman_first"] if num_units >= _MIN_UNITS_FOR_RANKS else []
-    return names + (["topk_jaccard_prev"] if num_units > top_k else [])

@@ -15,7 +15,6 @@ from lightning_ig.run.statistics import (
     completeness,
     concentration,
     drift,
-    drift_tags,
     json_float,
     json_floats,
     rank_order,
@@ -160,5 +159,3 @@ def test_drift_reports_only_what_means_something_for_these_units() -> None:
     two = drift(np.array([1.0, 2.0]), np.array([2.0, 1.0]), np.array([2.0, 1.0]), top_k=1)
     assert set(two) == {"topk_jaccard_prev"}  # a rank correlation of 2 units is +-1 by construction
     assert drift(current, np.array([1.0, 2.0]), first, top_k=2) == {}  # another number of units before
-    assert drift_tags(3, 2) == ["spearman_prev", "spearman_first", "topk_jaccard_prev"]
-    assert drift_tags(3, 3) == ["spearman_prev", "spearman_first"] and drift_tags(2, 1) == ["topk_jaccard_prev"]

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from lightning_ig.run.statistics import CONCENTRATION_SHARES, drift_tags
+from lightning_ig.run.statistics import CONCENTRATION_SHARES
 from lightning_ig.views.tags import CONCENTRATION_TWIN, TagNames, same_concentrations
+
+
+def drift_tags(num_units: int, top_k: int) -> list[str]:
+    """The drift scalars a run reports from the second run on, for this many units: the rank correlations from 3
+    units (of 2 they are +-1 by construction), the top-k overlap where there are more units than k."""
+    names = ["spearman_prev", "spearman_first"] if num_units >= 3 else []
+    return names + (["topk_jaccard_prev"] if num_units > top_k else [])
 
 
 def scalar_tags(tags: TagNames, top_k: int) -> list[str]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
+from lightning_ig.views.loggers.sinks import logged_metrics
 from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
 from lightning_ig.views.tags import PICTURE_TAGS, PICTURES, TagNames
 from lightning_ig.views.text import report_markdown
@@ -260,7 +261,7 @@ class RunOutputs:
             )
             for logger in loggers:
                 if logger not in direct:
-                    logger.log_metrics(dict(metrics), step=summary.step)
+                    logger.log_metrics(logged_metrics(logger, metrics), step=summary.step)
         trust = summary.trust_checks
         verdict = (summary.completeness.verdict, None if trust is None else str(trust.status))
         # every failing run gets its own card, and so does the first run after a change (back to a pass, say)

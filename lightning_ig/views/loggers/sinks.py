@@ -26,13 +26,14 @@ import os
 import re
 import threading
 import warnings
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["MlflowSink", "PictureSink", "WandbSink", "picture_sinks", "unit_table"]
+__all__ = ["MlflowSink", "PictureSink", "WandbSink", "logged_metrics", "picture_sinks", "unit_table"]
 
 _MLFLOW_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # what MLflow accepts in an image key; the rest becomes "_"
 _ARTIFACT_FORBIDDEN = re.compile(r"[\"',:\[\]{}]")  # what MLflow refuses in an artifact path
@@ -75,6 +76,17 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
         elif kind == "mlflow":
             sinks.append(MlflowSink(logger))
     return sinks
+
+
+def logged_metrics(logger: Any, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` with keys ``logger`` keeps apart: Lightning's MLflow logger drops what MLflow refuses (``ig/x/速度``
+    would be ``ig/x/``, refused mid-fit); such a key gets ``_`` there and its CRC-32, the same at every step."""
+    if _kind(logger) != "mlflow":
+        return dict(metrics)
+    return {
+        (f"{_MLFLOW_KEY.sub('_', key)} {zlib.crc32(key.encode()):08x}" if _MLFLOW_KEY.search(key) else key): value
+        for key, value in metrics.items()
+    }
 
 
 def _kind(logger: Any) -> str | None:
