@@ -179,9 +179,8 @@ def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
 
 
 def module_of(forward: Any) -> torch.nn.Module | None:
-    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, a wrapper's ``__wrapped__``, or the
-    modules a function or ``functools.partial`` holds (its closure, arguments and the globals it names; several are
-    gathered in one ``ModuleList`` that owns nothing: their statistics and dtypes are read, never changed)."""
+    """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, a wrapper's ``__wrapped__``, or what a
+    function or ``functools.partial`` holds (closure, arguments, globals it names; several: one ``ModuleList``)."""
     if isinstance(forward, torch.nn.Module):
         return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
     found = list({id(m): m for m in _held(forward) if isinstance(m, torch.nn.Module)}.values())

@@ -182,7 +182,7 @@ class IntegratedGradientsCallback(Callback):
         self.options = Options(**given)  # every argument checked once, kept as checked (callback/options.py)
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
-        self._cadence: int | None = None  # step // every_n_steps at the last batch end
+        self._cadence: int | None = None  # step // every_n_steps at the last batch end: a run when it grows
         self._plan: fit.FitPlan | None = None  # set at set-up: the states, the units logged, the report folder
         self._fit: fit.Fit | None = None  # set at fit start: the engine, the outputs, the trust checks
         self._warned: set[str] = set()
@@ -307,7 +307,6 @@ class IntegratedGradientsCallback(Callback):
         step, every, now = trainer.global_step, self.options.every_n_steps, self._budget.clock()
         self._budget.quiet_from(step, now)  # training's own pace is measured from the first such batch end
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
-        # a multiple of every_n_steps crossed since the last batch end (a batch that steps two optimizers moves 2)
         cadence = every is not None and self._cadence is not None and step > 0 and step // every > self._cadence
         self._cadence = None if every is None else step // every
         if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred

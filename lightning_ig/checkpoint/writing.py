@@ -259,10 +259,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
     # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
-    state = model.state_dict()
-    if any(value.is_meta for value in state.values()):
-        raise ValueError("the model's tensors are on the meta device (no values): load or initialise them first")
-    return {key: value.detach().to("cpu").contiguous().clone() for key, value in state.items()}
+    return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
 
 
 def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:

@@ -235,17 +235,6 @@ def test_same_values_holds_nan_equal_at_the_same_places_and_differs_on_shape_dty
     assert not heldout.same_values(values, values[:2])
 
 
-def test_a_states_path_of_another_format_is_refused_at_construction(tmp_path: Path) -> None:
-    """A states path ending in .pt (not .safetensors, .npy or .json) is refused when the callback's options are
-    checked, naming the suffix, not at set-up in the middle of a fit."""
-    path = tmp_path / "states.pt"
-    torch.save(held_out_states(), path)
-    with pytest.raises(ValueError, match=r"states\.pt' must end in \.safetensors, \.npy or \.json, not '\.pt'"):
-        heldout.check_states_source(path)
-    with pytest.raises(ValueError, match=r"not '\.pt'"):
-        IntegratedGradientsCallback(str(path))
-
-
 class Greedy(TinyQNet):
     """Returns the greedy actions (int64), not the Q-values."""
 

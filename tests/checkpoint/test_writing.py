@@ -185,10 +185,3 @@ def test_finite_float64_states_past_float32s_range_are_refused_not_stored_as_inf
     with pytest.raises(ValueError, match="as stored in float32 holds 8 NaN/Inf"):
         save_checkpoint(DuelingQNetwork(4, 2, hidden_sizes=(8,)), tmp_path / "q.safetensors", states=states)
     assert not (tmp_path / "q.safetensors").exists()
-
-
-def test_a_model_on_the_meta_device_is_refused_in_words(tmp_path: Path) -> None:
-    with torch.device("meta"):
-        net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
-    with pytest.raises(ValueError, match="meta device"):
-        save_checkpoint(net, tmp_path / "q.safetensors")

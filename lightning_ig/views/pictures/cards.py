@@ -362,16 +362,22 @@ def _band_labels(
     canvas: Canvas, last: np.ndarray, names: list[str], colours: Sequence[str], *, left: int, top: int, bottom: int
 ) -> None:
     """Each band's name and last share beside the chart at the band's height, pushed apart so none overlap; a name
-    too long for the room goes on two lines, never cut mid-word."""
+    too long for the room goes on two lines, never cut mid-word, where all of them fit so (else on one, cut)."""
     step, room = LINE - 1, CARD_WIDTH - left - 16
-    texts = [_wrapped(canvas, f"{format_percent(float(s), 2)} {name}", room) for name, s in zip(names, last)]
+    labels = [f"{format_percent(float(s), 2)} {name}" for name, s in zip(names, last)]
+    texts = [_wrapped(canvas, label, room) for label in labels]
+    if sum(map(len, texts)) * step > bottom - top:  # two lines each would not fit beside the chart: one each, cut
+        texts = [[canvas.fit(label, room, size=SMALL_SIZE)] for label in labels]
     half = [(len(lines) - 1) * step / 2 + LINE / 2 for lines in texts]
     wanted = list(bottom - (bottom - top) * (np.cumsum(last) - last / 2))  # bottom band first
+    wanted[0] = min(wanted[0], bottom - half[0])  # inside the chart, and the others pushed up from there
     for index in range(1, len(wanted)):  # upwards: each label clear of the one below it
         wanted[index] = min(wanted[index], wanted[index - 1] - (len(texts[index]) + len(texts[index - 1])) * step / 2)
-    shift = max(0.0, top + half[-1] - wanted[-1])
+    wanted[-1] = max(wanted[-1], top + half[-1])
+    for index in range(len(wanted) - 2, -1, -1):  # then downwards from the top: each clear of the one above it
+        wanted[index] = max(wanted[index], wanted[index + 1] + (len(texts[index]) + len(texts[index + 1])) * step / 2)
     for index, (lines, colour) in enumerate(zip(texts, colours)):
-        y = min(wanted[index] + shift, bottom - half[index]) - (len(lines) - 1) * step / 2
+        y = wanted[index] - (len(lines) - 1) * step / 2
         _label_swatch(canvas, left, y, colour)
         for line, text in enumerate(lines):
             canvas.text((left + 13, y + line * step), text, size=SMALL_SIZE, anchor="lm")

@@ -175,3 +175,29 @@ def test_action_panels_argument_errors_and_many_actions():
         ["a", "b", "c"], [f"a{i}" for i in range(18)], many, greedy_counts=list(range(18)), num_states=9, title=["t"]
     )
     assert chart.pixels.shape == (CARD_HEIGHT, CARD_WIDTH, 3)  # the six most often greedy actions, not 18 slivers
+
+
+def test_band_labels_never_overprint_each_other_nor_leave_the_chart():
+    """Eight long names (LunarLander's observations spelled out): two lines each would overflow the chart's height,
+    so each gets one line, cut; every label's swatch stays clear of the next and inside the chart (the bottom ones
+    used to be drawn over each other)."""
+    names = [
+        "horizontal coordinate of the lander",
+        "vertical coordinate of the lander",
+        "horizontal velocity of the lander",
+        "vertical velocity of the lander",
+        "angle of the lander body",
+        "angular velocity of the lander body",
+        "left leg touching the ground",
+        "right leg touching the ground",
+    ]
+    colours = ["#e6194b", "#3cb44b", "#ffe119", "#4363d8", "#f58231", "#911eb4", "#46f0f0", "#f032e6"]
+    mass = np.array([[40.0, 25.0, 15.0, 9.0, 8.0, 7.0, 1.0, 0.5]] * 2)
+    chart = shares_chart(names, [3, 6], mass, title=["t"], colours=colours)
+    labels = chart.pixels[:, int(CARD_WIDTH * 0.54) + 3 :]  # right of the bands: the swatches and the names
+    centres = []
+    for colour in colours[:7]:  # the seven largest get a band and a label each, the eighth is "other 1"
+        rows = np.nonzero(np.all(labels == rgb(colour), axis=2).any(axis=1))[0]
+        assert rows.size and rows.max() < CARD_HEIGHT - 2 * LINE - 8 + 3, colour  # drawn, inside the chart
+        centres.append(rows.mean())
+    assert np.diff(sorted(centres)).min() >= LINE - 2  # one line apart at least: no two labels overprint
