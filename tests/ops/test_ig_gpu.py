@@ -477,5 +477,5 @@ def test_nan_and_inf_inputs_are_reported_after_the_queued_work(cuda_device: torc
         integrated_gradients(model, x, target="mean")
     baselines = torch.zeros(4, device=cuda_device)
     baselines[3] = float("-inf")
-    with pytest.raises(ValueError, match=r"baselines holds 3 NaN/Inf value\(s\)"):
+    with pytest.raises(ValueError, match=r"baselines holds 1 NaN/Inf value\(s\), the first at index \(3,\)"):
         integrated_gradients(model, x.nan_to_num(0.0, 0.0, 0.0), baselines, target="mean")
