@@ -483,11 +483,8 @@ def action_panels(
             size=TEXT_SIZE,
             bold=True,
         )
-        count = canvas.first_fitting(
-            [f"greedy {greedy_counts[action]}/{num_states}", f"greedy {greedy_counts[action]}"],
-            width - 4,
-            size=SMALL_SIZE,
-        )
+        n = greedy_counts[action]  # the count stays, bare, where a panel is too narrow for its words (18 actions)
+        count = canvas.first_fitting([f"greedy {n}/{num_states}", f"greedy {n}", str(n)], width - 4, size=SMALL_SIZE)
         canvas.text((x0, 3 * LINE + 4), count, size=SMALL_SIZE, colour=MUTED)
         canvas.line([(x0, top - 2), (x0, top + row * len(order))], INK)
         canvas.line([(x0 + span, top - 2), (x0 + span, top + row * len(order))], GRID)
