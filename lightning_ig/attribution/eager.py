@@ -61,11 +61,11 @@ def integrated_gradients(
         inputs: ``(B, *feature_shape)`` floating-point states, at least one feature.
         baselines: ``None`` or ``"zeros"`` (default: zeros), ``"mean"`` (the batch mean), a number, one baseline
             ``(*feature_shape)`` or one per state ``(B, *feature_shape)``.
-        target: ``None`` (forward returns ``(N,)``), ``"mean"`` (mean over ``A``: ``V(s)`` under the dueling identity),
-            an int (one column), a LongTensor ``(B,)`` (one column per state), ``"each"`` (every column: attributions
-            ``(A, B, *feature_shape)``), ``"contrast"`` (per state, the greedy column minus the runner-up's, both chosen
-            from the forward at the state and held fixed along the path: "why this action rather than the next best";
-            :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
+        target: ``None`` (forward returns ``(N,)``), ``"mean"`` (mean over ``A``: ``V(s)`` under the dueling identity;
+            an ``(N,)`` output is its own mean), an int (one column), a LongTensor ``(B,)`` (one column per state),
+            ``"each"`` (every column: attributions ``(A, B, *feature_shape)``), ``"contrast"`` (per state, the greedy
+            column minus the runner-up's, both chosen from the forward at the state and held fixed along the path: "why
+            this action rather than the next best"; :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
         n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work (the forward's
             multiply-adds x states x nodes) fits the device's budget, the kink rule's 56 where that is 64
             (:mod:`lightning_ig.attribution.budget`; the number used is :attr:`IGResult.n_steps`); or ``"auto"``: that

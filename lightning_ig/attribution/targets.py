@@ -252,6 +252,8 @@ class Target:
         if self.kind == "callable":
             return self._select_callable(outputs, n_rows)
         shape = tuple(outputs.shape)
+        if self.kind == "mean" and shape == (n_rows,):  # one value per row is its own mean (the callback's reading)
+            return outputs.unsqueeze(1)
         if len(shape) != 2 or shape[0] != n_rows:
             hint = "; a forward with one output per row takes target=None" if len(shape) == 1 else ""
             raise ValueError(

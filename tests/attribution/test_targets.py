@@ -263,3 +263,16 @@ def test_a_target_callable_returning_integers_is_told_to_return_a_value_not_an_i
     says what to return instead."""
     with pytest.raises(TypeError, match=r"got dtype torch.int64: return a value .*not an index \(q.argmax"):
         integrated_gradients(_model(), _states(), target=lambda q: q.argmax(1), n_steps=4)
+
+
+def test_mean_of_a_forward_with_one_value_per_state_is_that_value() -> None:
+    """A forward returning ``(N,)`` under ``target="mean"`` is attributed as with ``target=None``, as the callback reads
+    it (the engine used to refuse it)."""
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(5, 4)
+    one = integrated_gradients(lambda s: net(s).squeeze(1), x, target="mean", n_steps=16)
+    bare = integrated_gradients(lambda s: net(s).squeeze(1), x, target=None, n_steps=16)
+    assert torch.equal(one.attributions, bare.attributions) and torch.equal(one.f_input, bare.f_input)
+    with pytest.raises(ValueError, match="takes target=None"):
+        integrated_gradients(lambda s: net(s).squeeze(1), x, target=0, n_steps=16)
