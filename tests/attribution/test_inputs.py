@@ -99,7 +99,7 @@ def test_error_forward_returning_the_wrong_shape() -> None:
     ):
         integrated_gradients(lambda z: z, torch.randn(2, 3))
     with pytest.raises(ValueError, match=r"with target='mean' forward must return \(N, A\)"):
-        integrated_gradients(_forward, torch.randn(2, 3), target="mean")
+        integrated_gradients(lambda z: z.unsqueeze(1), torch.randn(2, 3), target="mean")  # (N, 1, A)
     with pytest.raises(TypeError, match="forward must return a torch.Tensor, got list"):
         integrated_gradients(lambda z: [0.0], torch.randn(2, 3))
     with pytest.raises(ValueError, match="target=5 is out of range for a forward with 3 outputs"):
