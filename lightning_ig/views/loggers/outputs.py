@@ -22,7 +22,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
-from lightning_ig.views.loggers.sinks import logged_metrics
+from lightning_ig.views.loggers.sinks import MlflowSink, logged_metrics
 from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
 from lightning_ig.views.tags import PICTURE_TAGS, PICTURES, TagNames
 from lightning_ig.views.text import report_markdown
@@ -225,6 +225,7 @@ class RunOutputs:
         self.inputs = inputs
         self.pictures = pictures
         self.sinks = list(sinks)
+        self.mlflow = {id(sink.logger) for sink in self.sinks if isinstance(sink, MlflowSink)}  # keys made safe there
         self.ever_non_zero = set(ever_non_zero)
         self.drawn_steps: dict[str, int | None] = dict.fromkeys(PICTURES)
         self.drawn_verdict: tuple[str, str | None] | None = None  # the last verdict card's (verdict, trust status)
@@ -261,7 +262,8 @@ class RunOutputs:
             )
             for logger in loggers:
                 if logger not in direct:
-                    logger.log_metrics(logged_metrics(logger, metrics), step=summary.step)
+                    safe = logged_metrics(logger, metrics) if id(logger) in self.mlflow else dict(metrics)
+                    logger.log_metrics(safe, step=summary.step)
         trust = summary.trust_checks
         verdict = (summary.completeness.verdict, None if trust is None else str(trust.status))
         # every failing run gets its own card, and so does the first run after a change (back to a pass, say)
