@@ -245,7 +245,8 @@ class DeletionPlan:
                 scores = scores.index_select(0, self.index)
             keys = torch.stack([scores, -scores])  # (2, B, G): s_b * attribution for s_b = +1 and -1
             self._write(self._feature_ranks(torch.where(self.moved, keys, self.lowest)), self.ordered)
-            values = torch.cat([value(chunk).reshape(-1) for chunk in self._chunks()])
+            orderless = ~torch.isfinite(scores).all() | (scores.amax(-1) == scores.amin(-1)).all()  # NaN, or no order
+            values = torch.cat([*(value(chunk).reshape(-1) for chunk in self._chunks()), orderless.reshape(1)])
             return self._judge(values.to(torch.float64).cpu().numpy(), margin, z)
 
     def _feature_ranks(self, keys: Tensor) -> Tensor:
@@ -276,7 +277,7 @@ class DeletionPlan:
         return self.staging.to(self.device, non_blocking=True)
 
     def _judge(self, values: np.ndarray, margin: float, z: float) -> DeletionCheck:
-        batch, steps = self.x.shape[0], self.steps
+        batch, steps, orderless, values = self.x.shape[0], self.steps, bool(values[-1]), values[:-1]
         f_input, f_baseline = values[:batch], values[batch : 2 * batch]
         inner = values[2 * batch :].reshape(2 + self.random_orders, steps - 1, batch)
         delta = f_input - f_baseline  # (B,)
@@ -292,7 +293,7 @@ class DeletionPlan:
             curves = np.pad(middle, ((0, 0), (1, 1)), constant_values=(1.0, 0.0))  # (1 + R, K + 1)
             auc, auc_random = area.sum() / weight, area_random.sum() / weight
             error = _weighted_standard_error(area_random - area, np.abs(delta), weight)
-        if not (np.isfinite(inside).all() and np.isfinite(delta).all() and weight != 0):
+        if orderless or not (np.isfinite(inside).all() and np.isfinite(delta).all() and weight != 0):
             auc = auc_random = error = math.nan
         gap = float(auc_random - auc)
         needed = max(margin, z * error) if math.isfinite(error) else math.nan
@@ -316,7 +317,8 @@ def _reason(auc: float, auc_random: float, gap: float, error: float, needed: flo
     if not (math.isfinite(gap) and math.isfinite(error)):
         return (
             f"faithfulness: the deletion curves are undefined (AUC {auc}, random {auc_random}, standard error "
-            f"{error}): NaN/Inf forward values, every state at its baseline, or fewer than two states"
+            f"{error}): NaN/Inf forward values or attributions, attributions that order no unit (all equal), every "
+            "state at its baseline, or fewer than two states"
         )
     return (
         f"faithfulness: deleting units in attribution order (AUC {auc:.3f}) beats a random order ({auc_random:.3f}) "

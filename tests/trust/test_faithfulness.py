@@ -91,3 +91,22 @@ def test_deletion_is_deterministic_leaves_the_model_and_fails_on_nan(trained):
 
     result = deletion_check(Broken(), states, None, units, settings=AttributionSettings(target=0))
     assert math.isnan(result.deletion_auc) and not result.passed and "undefined" in result.reason
+
+
+class _Ordered(nn.Module):
+    """A linear model whose features are already in order of importance: the deletion check's tie order (unit order)
+    is the right order, so only a map that orders nothing can pass there by accident."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * torch.tensor([100.0, 50, 20, 10, 5, 2, 1, 0.5, 0.2, 0.1])).sum(-1)
+
+
+def test_deletion_fails_attributions_that_are_nan_inf_or_order_nothing():
+    """NaN, inf and all-zero attributions used to pass here (the stable sort's tie order happened to be right)."""
+    torch.manual_seed(0)
+    states = torch.rand(32, 10) + 0.5
+    good = deletion_check(_Ordered(), states, None, states * torch.tensor([100.0, 50, 20, 10, 5, 2, 1, 0.5, 0.2, 0.1]))
+    assert good.passed, good
+    for value in (math.nan, math.inf, 0.0):
+        result = deletion_check(_Ordered(), states, None, torch.full((32, 10), value))
+        assert not result.passed and math.isnan(result.gap) and "order no unit" in result.reason, (value, result)

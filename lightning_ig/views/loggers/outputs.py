@@ -22,7 +22,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.summary import RunSummary
-from lightning_ig.views.loggers.sinks import MlflowSink, logged_metrics
+from lightning_ig.views.loggers.sinks import MlflowSink, mlflow_metrics
 from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
 from lightning_ig.views.tags import PICTURE_TAGS, PICTURES, TagNames
 from lightning_ig.views.text import report_markdown
@@ -262,7 +262,7 @@ class RunOutputs:
             )
             for logger in loggers:
                 if logger not in direct:
-                    safe = logged_metrics(logger, metrics) if id(logger) in self.mlflow else dict(metrics)
+                    safe = mlflow_metrics(metrics) if id(logger) in self.mlflow else dict(metrics)
                     logger.log_metrics(safe, step=summary.step)
         trust = summary.trust_checks
         verdict = (summary.completeness.verdict, None if trust is None else str(trust.status))

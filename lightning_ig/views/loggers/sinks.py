@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["MlflowSink", "PictureSink", "WandbSink", "logged_metrics", "picture_sinks", "unit_table"]
+__all__ = ["MlflowSink", "PictureSink", "WandbSink", "mlflow_metrics", "picture_sinks", "unit_table"]
 
 _MLFLOW_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # what MLflow accepts in an image key; the rest becomes "_"
 _ARTIFACT_FORBIDDEN = re.compile(r"[\"',:\[\]{}]")  # what MLflow refuses in an artifact path
@@ -78,11 +78,9 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
     return sinks
 
 
-def logged_metrics(logger: Any, metrics: Mapping[str, float]) -> dict[str, float]:
-    """``metrics`` with keys ``logger`` keeps apart: Lightning's MLflow logger drops what MLflow refuses (``ig/x/速度``
-    would be ``ig/x/``, refused mid-fit); such a key gets ``_`` there and its CRC-32, the same at every step."""
-    if _kind(logger) != "mlflow":
-        return dict(metrics)
+def mlflow_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` with keys an MLflow logger keeps apart: Lightning's drops what MLflow refuses (``ig/x/速度`` would
+    be ``ig/x/``, refused mid-fit); such a key gets ``_`` there and its CRC-32, the same at every step."""
     return {
         (f"{_MLFLOW_KEY.sub('_', key)} {zlib.crc32(key.encode()):08x}" if _MLFLOW_KEY.search(key) else key): value
         for key, value in metrics.items()
