@@ -305,7 +305,7 @@ class FeatureGroups:
         if not isinstance(attributions, Tensor):
             kind = type(attributions).__name__
             raise TypeError(f"attributions must be a torch.Tensor (B, *feature_shape), got {kind}")
-        if attributions.ndim < 1 or attributions[0].numel() != count:
+        if attributions.ndim < 1 or tuple(attributions.shape[1:]) not in (tuple(self.feature_shape), (count,)):
             raise ValueError(
                 f"attributions of shape {tuple(attributions.shape)} do not match the groups' feature shape "
                 f"{self.feature_shape} (B, *feature_shape)"

@@ -187,3 +187,12 @@ def test_an_index_past_int64_is_a_value_error(index):
     # guards against: OverflowError (a bug's exit status on the command line)
     with pytest.raises(ValueError, match=r"feature_groups\['a'\] holds an index outside the 4 features"):
         FeatureGroups.resolve({"a": [0, index]}, (4,))
+
+
+def test_sum_refuses_attributions_of_another_feature_shape_with_as_many_features():
+    """(B, 3, 2) attributions against (2, 3) groups used to be summed as if (2, 3): wrong channels, nothing said."""
+    groups = FeatureGroups.resolve("channels", (2, 3))
+    with pytest.raises(ValueError, match=r"attributions of shape \(4, 3, 2\) do not match the groups' feature shape"):
+        groups.sum(torch.ones(4, 3, 2))
+    assert torch.equal(groups.sum(torch.ones(4, 2, 3)), groups.sum(torch.ones(4, 6)))  # (B, C, L) or flat (B, F)
+    assert torch.equal(groups.sum(torch.ones(1, 6)), torch.full((1, 2), 3.0))
