@@ -319,15 +319,15 @@ def _legend(
     """The legend tile: a swatch per channel, the first 10 (two columns where the names fit them), the squares'
     scale, what the numbers under the frames are, the scale's change; lines that would pass the card's foot are left
     out, from the last."""
-    room = CARD_WIDTH - left - 2
+    room, labels = CARD_WIDTH - left - 2, labels[:10]  # the first 10 channels: the lines below are placed after them
     fits_two = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels) <= room / 2 - 16
     columns = 2 if len(labels) > 5 or (len(labels) > 2 and fits_two) else 1
-    for index, (label, colour) in enumerate(zip(labels[:10], colours)):  # the first 10: the lines below follow them
+    for index, (label, colour) in enumerate(zip(labels, colours)):
         x, y = left + (index % columns) * room / columns, top + (index // columns) * _LEGEND_LINE + 6
         canvas.rectangle((x, y - 6, x + 11, y + 5), tuple(int(v) for v in GROUND))
         canvas.rectangle((x + 2, y - 4, x + 9, y + 3), tuple(int(v) for v in colour))
         canvas.text((x + 14, y), canvas.fit(label, room / columns - 16, size=SMALL_SIZE), size=SMALL_SIZE, anchor="lm")
-    y = top + math.ceil(min(len(labels), 10) / columns) * _LEGEND_LINE + 1
+    y = top + math.ceil(len(labels) / columns) * _LEGEND_LINE + 1
     changed = previous is not None and math.isfinite(previous) and abs(scale - previous) > _SCALE_CHANGE * previous
     lines = [f"full ■: ±{format_value(scale)}"]
     lines += [f"per {block}x{block} block"] if block > 1 else []
