@@ -224,7 +224,7 @@ class FeatureGroups:
                 f"a feature_groups mask must hold integer group ids, got dtype {tensor.dtype}; for one group of "
                 "selected features pass a dict {name: bool mask}"
             )
-        ids = _broadcast(tensor, shape, "the feature_groups mask").reshape(-1)
+        ids = _broadcast(tensor.to(torch.int64), shape, "the feature_groups mask").reshape(-1)  # uint16+ has no min
         if ids.numel() and int(ids.min()) < 0:
             raise ValueError(f"feature_groups mask ids must be >= 0, got {int(ids.min())}; number the groups 0, 1, ...")
         present, ids = torch.unique(ids, sorted=True, return_inverse=True)  # renumber: ids need not be contiguous
@@ -259,7 +259,8 @@ class FeatureGroups:
         rest = ids < 0
         if bool(rest.any()):  # features in no group: one more group, so that the groups still add up
             ids[rest] = len(labels)
-            labels.append(_OTHER if _OTHER not in labels else "other features")
+            tails = ("", " features", *(f" {number}" for number in range(2, len(labels) + 3)))
+            labels.append(next(_OTHER + tail for tail in tails if _OTHER + tail not in labels))
         return cls(ids, labels if names is None else names, shape)
 
     # ------------------------------------------------------------------ using
@@ -313,8 +314,8 @@ class FeatureGroups:
         dtype = torch.promote_types(attributions.dtype, torch.float32)
         flat = attributions.reshape(attributions.shape[0], count).to(dtype)  # (B, F)
         rows = flat.shape[0]
-        if self._block is not None:
-            return flat.reshape(rows, len(self), self._block).sum(dim=2)  # (B, G)
+        if self._block is not None or not rows:  # segment_reduce refuses an empty batch
+            return flat.reshape(rows, len(self), self._block or 0).sum(dim=2)  # (B, G)
         order, sizes = self._on(flat.device)
         ordered = flat.index_select(1, order)  # (B, F): group 0's members, then group 1's, ...
         return torch.segment_reduce(ordered, "sum", lengths=sizes.expand(rows, len(self)), axis=1)  # (B, G)

@@ -122,7 +122,19 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
             "  warning: the forward gave different values for the same state; these attributions are not reproducible"
         )
     lines += _worst_state_lines(report, worst_states)
-    return "\n".join(lines)
+    return "\n".join(lines + _action_lines(report, top))
+
+
+def _action_lines(report: Mapping[str, Any], top: int) -> list[str]:
+    """A ``--target each`` report's actions: each one's top features and its own accuracy verdict."""
+    lines = []
+    for action in _records(report.get("actions")):
+        ranked = _records(action.get("top_10_by_mean_abs"))[: max(top, 0)]
+        features = ", ".join(f"{_text(unit.get('name'), 24)} {_number(unit.get('mean_abs'), 0)}" for unit in ranked)
+        name = f" ({_text(action['name'], 24)})" if action.get("name") is not None else ""
+        lines += [f"  action {_text(action.get('action'))}{name}: {features or 'no features listed'}"]
+        lines += [f"    {printable(words)}" for words in [accuracy_words(action)] if words is not None]
+    return ["", "  per action (mean |attribution|)", *lines] if lines else []
 
 
 def _header(report: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_ig.attribution.inputs import raise_if_dtype_mismatch
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.trust.common import (
     AttributionSettings,
@@ -152,7 +153,11 @@ def deletion_check(
         max_rows=max_rows,
     )
     with attribution_mode(model):
-        return plan.run(settings.value(model), units, margin=margin, z=z)
+        try:
+            return plan.run(settings.value(model), units, margin=margin, z=z)
+        except RuntimeError as error:  # float64 states for a float32 model: say which to convert
+            raise_if_dtype_mismatch(model, plan.x, error)
+            raise
 
 
 class DeletionPlan:

@@ -37,10 +37,9 @@ from lightning_ig.trust.common import (
     read,
     resolve_groups,
     state_subset,
-    structure_copy,
     unit_sums,
 )
-from lightning_ig.trust.replica import Replica, redraw
+from lightning_ig.trust.replica import Replica
 from lightning_ig.vocabulary import check_int, check_positive_int, check_real
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "RandomizationReference",
     "randomization_check",
     "randomization_reference",
-    "reinitialised_copy",
 ]
 
 # The pass rule's constants, each from the measurements in the module docstring.
@@ -140,7 +138,7 @@ def randomization_reference(
     seed: int = 0,
     replica: Replica | None = None,
 ) -> RandomizationReference:
-    """Attribute ``num_copies`` re-initialised copies of ``model`` (:func:`reinitialised_copy`), once per fit.
+    """Attribute ``num_copies`` copies of ``model`` drawn again (:func:`~lightning_ig.trust.replica.redraw`).
 
     The copies attribute the same states with the same settings, in eval mode with their noise off. Their weights
     and the states are fixed, so what they attribute never changes over training: one reference serves every check
@@ -284,17 +282,3 @@ def _note(count: int, spread: float) -> str:
         f"(spread {spread:.2f}), the check only catches maps that rank like every random network; it cannot tell "
         "a trained model from an untrained one"
     )
-
-
-def reinitialised_copy(model: nn.Module, seed: int) -> tuple[nn.Module, int, int]:
-    """A copy of ``model`` with every parameter drawn again under ``seed``: ``(copy, shuffled, kept)``.
-
-    The copy is :func:`~lightning_ig.trust.common.structure_copy`'s (what is not part of the module tree
-    is shared), drawn again by :func:`~lightning_ig.trust.replica.redraw`: each layer's own
-    ``reset_parameters()`` on seeded global generators inside :func:`torch.random.fork_rng` (the training run's are
-    left as they were), a seeded shuffle of the entries of parameters without one (``shuffled``), single numbers
-    kept (``kept``).
-    """
-    clone = structure_copy(model)
-    shuffled, kept = redraw(clone, seed)
-    return clone, shuffled, kept

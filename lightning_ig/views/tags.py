@@ -24,7 +24,6 @@ __all__ = [
     "TagNames",
     "ViewOptions",
     "display_labels",
-    "feature_tags",
     "same_concentrations",
 ]
 
@@ -137,17 +136,6 @@ def display_labels(names: Sequence[str], *, generated: bool = False) -> list[str
             labels[index] = f"{label} ({index})"
         seen.add(labels[index])
     return labels
-
-
-def feature_tags(feature_names: Sequence[str]) -> list[str]:
-    """The tag suffix of each user-named feature: ``ig/mean_abs/<suffix>`` (the names as shown everywhere).
-
-    Example::
-
-        >>> feature_tags(["cart position", "pole/angle"])
-        ['cart position', 'pole∕angle']
-    """
-    return display_labels(feature_names)
 
 
 @dataclass(frozen=True)

@@ -196,3 +196,24 @@ def test_sum_refuses_attributions_of_another_feature_shape_with_as_many_features
         groups.sum(torch.ones(4, 3, 2))
     assert torch.equal(groups.sum(torch.ones(4, 2, 3)), groups.sum(torch.ones(4, 6)))  # (B, C, L) or flat (B, F)
     assert torch.equal(groups.sum(torch.ones(1, 6)), torch.full((1, 2), 3.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64, np.uint32, np.uint64])
+def test_unsigned_integer_masks_are_group_ids(dtype):
+    # guards against: NotImplementedError "min_all" not implemented for 'UInt16' (and wider)
+    ids = [0, 3, 3, 1]
+    mask = np.array(ids, dtype=dtype) if isinstance(dtype, type) else torch.tensor(ids, dtype=dtype)
+    groups = FeatureGroups.resolve(mask, (4,))
+    assert groups.names == ["group 0", "group 1", "group 3"] and groups.ids.tolist() == [0, 2, 2, 1]
+
+
+def test_the_leftover_group_takes_a_name_no_user_group_has():
+    groups = FeatureGroups.resolve({"other": [0], "other features": [1]}, (4,))
+    assert groups.names == ["other", "other features", "other 2"] and groups.members(2).tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("groups", [{"a": [0, 2], "b": [1]}, torch.tensor([0, 1, 0, 1]), "features"])
+def test_an_empty_batch_sums_to_no_rows(groups):
+    # guards against: RuntimeError min(): Expected reduction dim to be specified (segment_reduce of 0 rows)
+    built = FeatureGroups.resolve(groups, (4,))
+    assert built.sum(torch.zeros(0, 4)).shape == (0, len(built))

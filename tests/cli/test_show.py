@@ -68,3 +68,18 @@ def test_show_into_a_pipe_closed_early_is_quiet_and_exits_141_as_cat_does(worksp
     process.stdout.close()
     _, err = process.communicate(timeout=300)
     assert (process.returncode, err) == (141, b""), err
+
+
+def test_show_prints_each_actions_features_and_verdict(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # guards against: a --target each report shown as V(s) alone, its actions' figures and verdicts not printed
+    assert _diag(capsys, "--output", "each.json", "--target", "each")[0] in (0, 4)
+    actions = json.loads((workspace / "each.json").read_text())["actions"]
+    assert cli.main(["show", "each.json", "--top", "2"]) == 0
+    shown = capsys.readouterr().out.split("per action (mean |attribution|)\n")[1].splitlines()
+    assert len(shown) == 2 * len(actions) == 6
+    for action, (features, verdict) in zip(actions, zip(shown[::2], shown[1::2])):
+        top = action["top_10_by_mean_abs"]
+        listed = ", ".join(f"{unit['name']} {unit['mean_abs']:.4g}" for unit in top[:2])
+        assert features == f"  action {action['action']}: {listed}", features
+        word = "within" if action["completeness"]["verdict"]["within"] else "NOT within"
+        assert verdict.startswith(f"    accuracy: {word} tol "), verdict

@@ -26,7 +26,7 @@ pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip instal
 from lightning_ig.checkpoint import load_checkpoint
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.views.report import load_schema
-from lightning_ig.views.tags import feature_tags
+from lightning_ig.views.tags import display_labels
 from tests.support.examples import REPO, assert_gpu_refused_without_a_gpu, example_env, load_example
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
@@ -126,12 +126,12 @@ def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.Complet
         "losses/td_loss",
         "eval/mean_return",
     }
-    for tag in feature_tags(FEATURE_NAMES):
+    for tag in display_labels(FEATURE_NAMES):
         expected |= {f"ig/mean_abs/{tag}", f"ig/mean_signed/{tag}"}
     assert expected <= scalars, f"missing scalar tags: {sorted(expected - scalars)}"
     # 300 gradient steps, a run every 100 steps (the one at the end is the run at step 300)
     assert [e.step for e in accumulator.Scalars("ig/completeness/worst_attribution_error")] == [100, 200, 300]
-    assert {f"ig/attributions/{tag}" for tag in feature_tags(FEATURE_NAMES)} <= set(tags["histograms"])
+    assert {f"ig/attributions/{tag}" for tag in display_labels(FEATURE_NAMES)} <= set(tags["histograms"])
     assert "ig/0_verdict" in tags["images"]
     assert "hyperparameters/text_summary" in tags["tensors"]
 

@@ -18,6 +18,8 @@ from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import budget
 from lightning_ig.models import DuelingQNetwork, NoisyLinear
 from lightning_ig.trust import AttributionSettings
+from lightning_ig.trust.common import structure_copy
+from lightning_ig.trust.replica import redraw
 
 FEATURES = 32
 SCALES = torch.logspace(0.5, -0.5, FEATURES)  # feature i's input scale: what a random network's map follows
@@ -144,3 +146,9 @@ def trust_scalar_tags(prefix: str, *, noisy: bool) -> list[str]:
         "trust/status",
     ]
     return [f"{prefix}/{tag}" for tag in tags]
+
+
+def reinitialised_copy(model: nn.Module, seed: int) -> tuple[nn.Module, int, int]:
+    """A copy of ``model`` with every parameter drawn again under ``seed``: ``(copy, shuffled, kept)``."""
+    clone = structure_copy(model)
+    return (clone, *redraw(clone, seed))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -110,3 +111,11 @@ def test_deletion_fails_attributions_that_are_nan_inf_or_order_nothing():
     for value in (math.nan, math.inf, 0.0):
         result = deletion_check(_Ordered(), states, None, torch.full((32, 10), value))
         assert not result.passed and math.isnan(result.gap) and "order no unit" in result.reason, (value, result)
+
+
+def test_states_of_another_dtype_than_the_model_are_told_which_to_convert():
+    # guards against: torch's "mat1 and mat2 must have the same dtype", where the other checks say it in words
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    states = torch.rand(6, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"inputs are torch.float64 but the model's parameters are torch.float32"):
+        deletion_check(model, states, None, torch.rand(6, 4))

@@ -10,9 +10,8 @@ from lightning_ig.models import NoisyLinear
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.trust import AttributionSettings, Replica
 from lightning_ig.trust.replica import redraw
-from lightning_ig.trust.sanity import reinitialised_copy
 from tests.support.tiny import TinyQNet, held_out_states
-from tests.support.trust import SETTINGS, assert_unchanged, snapshot
+from tests.support.trust import SETTINGS, assert_unchanged, reinitialised_copy, snapshot
 
 
 class ForeignNoisy(nn.Module):

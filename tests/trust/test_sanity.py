@@ -10,9 +10,18 @@ import torch
 from torch import nn
 
 from lightning_ig.trust import common, sanity
-from lightning_ig.trust.sanity import randomization_check, randomization_reference, reinitialised_copy
+from lightning_ig.trust.sanity import randomization_check, randomization_reference
 from tests.support.tolerance import rounding_bound
-from tests.support.trust import FEATURES, SCALES, SETTINGS, InputDriven, assert_unchanged, attribute, snapshot
+from tests.support.trust import (
+    FEATURES,
+    SCALES,
+    SETTINGS,
+    InputDriven,
+    assert_unchanged,
+    attribute,
+    reinitialised_copy,
+    snapshot,
+)
 
 
 def test_rank_correlation_is_spearman_with_ties_and_exclusions():
