@@ -16,7 +16,8 @@ less what was spent. A run's cost is predicted from the last runs of its size (a
 states, ``k`` in :data:`WINDOWS`, costs ``1/k`` of a full one until one is measured). The run takes the largest
 share of the states the credit covers; the windows rotate so that every state is attributed over ``k`` runs. Only
 when even the smallest does not fit is the run deferred: tried again at the first batch end by which the credit can
-have grown to its cost (:meth:`Budget.retry_due`), and the next run says how many were. The final run always runs.
+have grown to its cost (:meth:`Budget.retry_due`), and the next run says how many were. The final run, the fit's
+closing answer, always runs in full with every check due.
 The trust checks run at full runs only, each at most every :data:`CHECK_EVERY` runs, when the credit left covers
 their last measured cost. Their first passes (the sanity check's re-initialised copies, the deletion plan, the noise
 draws) are paid at the fit's first run and amortised over its expected length, as set-up is: until then the part of
@@ -69,6 +70,11 @@ class Plan:
     waiting: tuple[str, ...] = ()
     deferred: int = 0
 
+    def rows(self, first: int, count: int) -> list[int] | None:
+        """The held-out states (of ``count``) this run attributes, ``None``: all: the pictures' ``first``, then its
+        window of the others."""
+        return None if self.windows == 1 else [*range(first), *range(first + self.window, count, self.windows)]
+
     def note(self, share: float | None) -> str | None:
         """What the budget changed at this run, in one sentence (``None``: nothing)."""
         said = []
@@ -80,7 +86,8 @@ class Plan:
             said.append(f"left {', '.join(self.waiting)} for a later run")
         if not said:
             return None
-        return f"budget: this run {'; '.join(said)}, to keep the callback within overhead={share:.3g} of the fit"
+        within = "" if share is None else f", to keep the callback within overhead={share:.3g} of the fit"  # a resume
+        return f"budget: this run {'; '.join(said)}{within}"
 
 
 class Budget:
@@ -261,8 +268,8 @@ class Budget:
         can_window: bool = True,
         retry: bool = False,
     ) -> Plan | None:
-        """What run ``run`` does, or ``None``: deferred (counted; never the final run). The run at which no check
-        has run yet is full and makes every check (their first passes, amortised over the fit).
+        """What run ``run`` does, or ``None``: deferred (counted). The final run, and the run at which no check has
+        run yet, are full and make every check due (the first passes are amortised over the fit).
 
         Args:
             run: the run's index in the fit.
@@ -275,18 +282,17 @@ class Budget:
         self._first_run()
         due = self.due(run, checks, final=final)
         deferred, self.owed = self.owed, 0
-        if self.share is None or (due and not self.last_checks):  # no budget, or the checks' first passes
+        if self.share is None or final or (due and not self.last_checks):  # no budget, the fit's answer, first checks
             return Plan(checks=tuple(due), deferred=deferred)
         credit = self.credit(progress)
         sizes = WINDOWS if can_window else WINDOWS[:1]
         windows = next((k for k in sizes if self.run_cost(k) <= credit), None)
-        if windows is None and not final:
+        if windows is None:
             self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
             speed = self.share + (0.0 if self._rate is None else self._rate[0])
             shortfall = self.run_cost(sizes[-1]) - credit
             self._retry_at = self.elapsed() + shortfall / speed if speed > 0 else math.inf
             return None
-        windows = sizes[-1] if windows is None else windows
         credit -= self.run_cost(windows)
         chosen: list[str] = []
         for name in due if windows == 1 else ():

@@ -130,10 +130,10 @@ class IntegratedGradientsCallback(Callback):
             on the training thread (runs, trust checks, the logging worker's waits) over the fit's wall time so far,
             logged as ``ig/overhead``. A run that would break it attributes a half or a quarter of the states
             (windows that rotate through them) and leaves the trust checks for later before it is deferred to a later
-            step; the run says so (its report's ``budget``). The trust checks (:mod:`lightning_ig.trust`:
-            randomisation sanity, deletion, and noise stability for NoisyNet models) all run at the first run, then
-            as the budget allows, on global rank zero, on a working copy of the model. ``None``: no budget, every run
-            in full, no trust checks. Under DDP it is measured, never acted on.
+            step; the run says so (its report's ``budget``). The trust checks (:mod:`lightning_ig.trust`: randomisation
+            sanity, deletion, and noise stability for NoisyNet models) all run at the first and the final run (which
+            is full), between as the budget allows, on global rank zero, on a working copy of the model. ``None``:
+            no budget, every run in full, no trust checks. Under DDP it is measured, never acted on.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name`` (two
@@ -406,17 +406,12 @@ class IntegratedGradientsCallback(Callback):
             raise RuntimeError("IntegratedGradientsCallback: a run outside a fit")
         started, entered = time.perf_counter(), self._budget.clock()
         states, baselines = run.states, run.baselines
-        if plan.windows > 1:  # the pictures' first rows, then this window of the others
-            rows = torch.cat(
-                [
-                    torch.arange(run.sample_states),
-                    torch.arange(run.sample_states + plan.window, len(states), plan.windows),
-                ]
-            )
-            rows = rows.to(states.device)  # one copy: the states and a per-state baseline share a device
-            states = states[rows]
+        rows = plan.rows(run.sample_states, len(states))
+        if rows is not None:  # the pictures' first rows, then this window of the others
+            index = torch.tensor(rows, device=states.device)  # one copy: the states and their baselines share a device
+            states = states[index]
             if isinstance(baselines, Tensor) and baselines.shape == run.states.shape:
-                baselines = baselines[rows]
+                baselines = baselines[index]
         begin = functools.partial(
             HostResult.begin,
             num_states=(len(run.held_out) if plan.windows == 1 else len(states)) * run.target.rows_per_state,
@@ -512,7 +507,8 @@ class IntegratedGradientsCallback(Callback):
         overhead = budget.fraction()
         record: dict[str, Any] = {"overhead": overhead, "limit": budget.share, "states": summary.num_states}
         record.update(note=note)
-        record.update(windows=plan.windows, window=plan.window, checks=list(plan.checks), waiting=list(plan.waiting))
+        record.update(windows=plan.windows, window=plan.window, state_indices=plan.rows(run.sample_states, num_states))
+        record.update(checks=list(plan.checks), waiting=list(plan.waiting))
         record.update(deferred=plan.deferred, reduced_runs=budget.reduced, deferred_runs=budget.deferred)
         tagged = {**scalars, f"{run.units.tags.prefix}/overhead": overhead}
         summary = dataclasses.replace(summary, trust_scalars=tagged, budget=record)

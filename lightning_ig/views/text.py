@@ -217,8 +217,18 @@ def trust_line(trust: Any) -> str:
 
 
 def _rows(summary: RunSummary) -> str:
-    """What a run's rows are: states, or (state, action) pairs for ``target="each"``."""
-    return "states" if summary.actions is None else "(state, action) pairs"
+    """What a run's rows are: states (of a budget window), or (state, action) pairs for ``target="each"``."""
+    if summary.actions is not None:
+        return "(state, action) pairs"
+    return "states" if summary.budget.get("state_indices") is None else "states of the run's budget window"
+
+
+def _first_non_finite(summary: RunSummary) -> str:
+    """The first NaN/Inf row as the user finds it: its held-out state (a budget window's row mapped back), action."""
+    first, actions, held = summary.completeness.first_non_finite, summary.actions, summary.budget.get("state_indices")
+    if first is None or actions is None:
+        return f"state {first if first is None or held is None else held[first]}"
+    return f"state {first // len(actions.names)}, {actions.names[first % len(actions.names)]}"
 
 
 def _figures_text(numbers: Completeness) -> str:
@@ -235,13 +245,9 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     numbers, target = summary.completeness, summary.settings.target.label
     total, rows = numbers.num_states, _rows(summary)
     if numbers.verdict == "non-finite":
-        first, actions = numbers.first_non_finite, summary.actions
-        where = f"state {first}"
-        if actions is not None and first is not None:  # a row s * A + a: state s, action a
-            where = f"state {first // len(actions.names)}, {actions.names[first % len(actions.names)]}"
         return "non-finite", (
-            f"✗ The model produced NaN/Inf in {numbers.num_non_finite} of {total} {rows} (first: {where}): these "
-            "attributions cannot be trusted."
+            f"✗ The model produced NaN/Inf in {numbers.num_non_finite} of {total} {rows} (first: "
+            f"{_first_non_finite(summary)}): these attributions cannot be trusted."
         )
     if numbers.verdict == "unchecked":
         return "unchecked", (
@@ -423,13 +429,8 @@ def troubles(summary: RunSummary) -> dict[str, str]:
 
 
 def _non_finite_words(summary: RunSummary) -> str:
-    numbers = summary.completeness
-    rows, first = "held-out states", f"state {numbers.first_non_finite}"
-    if summary.actions is not None and numbers.first_non_finite is not None:  # target="each": row s * A + a
-        rows = "(state, action) pairs"
-        state, action = divmod(numbers.first_non_finite, len(summary.actions.names))
-        first = f"state {state}, {summary.actions.names[action]}"
+    numbers, rows = summary.completeness, "held-out " + _rows(summary) if summary.actions is None else _rows(summary)
     return (
         f"the model produced NaN/Inf at step {summary.step} in {numbers.num_non_finite} of {numbers.num_states} "
-        f"{rows} (first: {first}); the accuracy figures are logged as inf"
+        f"{rows} (first: {_first_non_finite(summary)}); the accuracy figures are logged as inf"
     )

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.budget import CHECK_EVERY, Budget, Plan
-from lightning_ig.views import ViewOptions
+from lightning_ig.views import ViewOptions, text
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 
 CHECKS = ("sanity", "deletion", "stability")
@@ -91,7 +92,8 @@ def test_a_fit_whose_runs_would_exceed_the_budget_keeps_within_one_and_a_half_ti
         made = [plan for _, plan in fake.plans if plan is not None]
         assert budget.reduced > 0 and budget.deferred > 0  # it had to do both here
         assert all(name in plan.checks for name in CHECKS for plan in made[:1])  # every check at the first run
-        assert made[-1] is fake.plans[-1][1]  # the final run ran
+        assert made[-1] is fake.plans[-1][1]  # the final run ran, on every state, with every check (the answer)
+        assert made[-1].windows == 1 and made[-1].checks == tuple(CHECKS) and not made[-1].waiting
         retries = sum(1 for step, plan in fake.plans if step % fake.every and plan is None)
         assert fake.skipped > 10 * retries  # a deferred run is tried when it can be afforded, not at every batch end
 
@@ -247,3 +249,51 @@ def test_a_run_the_budget_reduces_attributes_its_window_and_says_so(tmp_path):
     assert summary.num_states == 8 and summary.budget["windows"] == 4 and summary.budget["window"] == 2
     assert "window 3 of 4" in summary.budget["note"] and summary.trust_checks.upcoming == summary.budget["note"]
     assert len(callback.history) == 3 and all("overhead" in entry for entry in callback.history)
+
+
+class _NaNAtOneState(TinyQNet):
+    """NaN for the held-out state whose first feature is 99, outside training."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if self.training else out.masked_fill(x[:, :1] == 99.0, float("nan"))
+
+
+def test_a_window_names_its_rows_by_their_held_out_states(tmp_path):
+    # guards against: "NaN/Inf in 1 of 8 held-out states (first: state 3)" for held-out state 13 of 32
+    decide = Budget.plan
+
+    def window_one(self, run, checks, **kwargs):  # every run after the first on the second quarter of the states
+        plan = decide(self, run, checks, **kwargs)
+        return plan if run == 0 or plan is None else Plan(windows=4, window=1, waiting=plan.checks)
+
+    pl.seed_everything(0)
+    states = held_out_states(32)
+    states[13, 0] = 99.0  # row 3 of window 1 (states 1, 5, 9, 13, ...)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+    )
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patch.setattr(Budget, "plan", window_one)
+        make_trainer(tmp_path, [callback], max_steps=4).fit(_NaNAtOneState(), DataLoader(dataset(), batch_size=16))
+    summary = callback._last
+    assert summary.budget["state_indices"] == list(range(1, 32, 4))
+    said = [str(warning.message) for warning in caught if "NaN/Inf" in str(warning.message)]
+    assert len(said) == 1 and "in 1 of 32 held-out states (first: state 13)" in said[0], said  # the first run
+    assert (
+        "in 1 of 8 held-out states of the run's budget window (first: state 13)" in text.troubles(summary)["non-finite"]
+    )
+
+
+def test_a_resume_without_a_budget_says_what_the_earlier_fit_deferred():
+    # guards against: TypeError formatting overhead=None, at a resumed fit's first run (or under DDP, share None)
+    budget, _ = _fit(0.02, steps=2_000)
+    owed = Budget(0.02)
+    owed.load_state_dict({**budget.state_dict(), "owed": 3})
+    resumed = Budget(None)
+    resumed.load_state_dict(owed.state_dict())
+    resumed.start()
+    plan = resumed.plan(99, CHECKS, progress=0.5)
+    assert plan is not None and plan.deferred == 3 and plan.windows == 1
+    assert plan.note(resumed.share) == "budget: this run deferred 3 earlier runs to later steps"
