@@ -300,9 +300,9 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
             f"{name} must be a list of strings, one per feature, got {type(names).__name__} ({names!r:.60})"
         )
     listed = list(names)
-    bad_type = next((item for item in listed if not isinstance(item, str)), None)
-    if bad_type is not None:
-        raise TypeError(f"{name} must all be strings, got {bad_type!r} ({type(bad_type).__name__})")
+    bad = next((index for index, item in enumerate(listed) if not isinstance(item, str)), None)  # None is a value
+    if bad is not None:
+        raise TypeError(f"{name} must all be strings, got {listed[bad]!r} ({type(listed[bad]).__name__})")
     if len(listed) != num_features:
         raise ValueError(
             f"{name} has {len(listed)} names but there are {num_features} features; pass one name per feature"

@@ -71,8 +71,7 @@ class Plan:
     deferred: int = 0
 
     def rows(self, first: int, count: int) -> list[int] | None:
-        """The held-out states (of ``count``) this run attributes, ``None``: all: the pictures' ``first``, then its
-        window of the others."""
+        """The held-out states (of ``count``) this run attributes: the pictures' ``first``, then its window (or all)."""
         return None if self.windows == 1 else [*range(first), *range(first + self.window, count, self.windows)]
 
     def note(self, share: float | None) -> str | None:

@@ -80,7 +80,7 @@ class StoredTensors:
     """The shapes of a model's tensors in a file (model keys, the prefix stripped), read without their data."""
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    nbytes: int = 0  # as stored
+    nbytes: int = 0  # as stored, the states that loading reads included
 
     @property
     def count(self) -> int:
@@ -107,15 +107,19 @@ def weight_keys(keys: list[str], prefix: str | None) -> dict[str, str]:
 
 
 def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTensors:
-    """The shapes of the model's tensors in ``file``, from the header (no tensor data is read)."""
+    """The shapes of the model's tensors in ``file``, and the bytes of those and of the states that loading reads,
+    from the header (no tensor data is read)."""
     from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
 
-    stored = StoredTensors()
+    stored, weights = StoredTensors(), weight_keys(keys, prefix)
+    states = [key for key in ((prefix or "") + STATES_KEY, STATES_KEY) if key in keys][:1]  # the head's, else shared
     try:
         with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
-            for key, model_key in weight_keys(keys, prefix).items():
+            for key in [*weights, *states]:
                 header = handle.get_slice(key)
-                stored.shapes[model_key] = shape = tuple(int(size) for size in header.get_shape())
+                shape = tuple(int(size) for size in header.get_shape())
+                if key in weights:
+                    stored.shapes[weights[key]] = shape
                 bits = "".join(character for character in header.get_dtype().split("_")[0] if character.isdigit())
                 stored.nbytes += math.prod(shape) * max(1, int(bits or 8) // 8)  # "F32": 4, "BF16": 2, "BOOL": 1
     except Exception as error:

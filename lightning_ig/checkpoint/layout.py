@@ -128,6 +128,8 @@ def few(keys: Sequence[str], limit: int = 4) -> str:
 def open_error(path: Path, error: BaseException) -> CheckpointError:
     """The error for a file safetensors cannot read."""
     first_line = str(error).splitlines()[0] if str(error) else ""
+    if "Cannot allocate memory" in first_line:  # a whole file too large to map (ENOMEM): not a broken one
+        return CheckpointError(f"{str(path)!r} is too large to map into this machine's memory ({first_line})")
     return CheckpointError(
         f"{str(path)!r} is not a readable safetensors file ({type(error).__name__}: {first_line}); "
         "give a checkpoint written by lightning_ig.save_checkpoint or safetensors"

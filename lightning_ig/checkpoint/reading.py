@@ -106,7 +106,9 @@ def load_checkpoint(
     where = f"the weights in {str(file)!r}{' under ' + repr(prefix) if prefix else ''}"
     stored = stored_tensors(file, keys, prefix)
     try:  # the tensors are read, and a model as large is built: both must fit
-        check_memory(2 * stored.nbytes, f"loading {where}", "load it on a machine with more memory")
+        check_memory(
+            2 * stored.nbytes, f"loading the tensors of {str(file)!r}", "load it on a machine with more memory"
+        )
     except ValueError as error:
         raise CheckpointError(str(error)) from None
     model = build_checked(recipe, stored, trust_remote_code=trust_remote_code, file=file, where=where)

@@ -80,7 +80,7 @@ def load_states(
             f"states file {str(file)!r} holds {stored[where].item():.4g} at index {where}, past the range of {dtype} "
             f"(at most {torch.finfo(dtype).max:.3g} in size): scale the states, or use a model of a wider dtype"
         )
-    if states.ndim == 1:
+    if states.ndim == 1 and states.numel():
         raise CheckpointError(
             f"states in {str(file)!r} have shape {tuple(states.shape)}: expected (num_states, state_dim); wrap one "
             "state as [[...]]"

@@ -146,20 +146,25 @@ def save_merged_checkpoint(
         if unknown:
             raise ValueError(f"{what} names heads {sorted(unknown)} that are not in heads {sorted(heads)}")
     tensors: dict[str, Tensor] = {}
+    if states is not None and not isinstance(states, Mapping):
+        tensors[STATES_KEY] = _stored_states(states)
+    shared_names = None if isinstance(feature_names, Mapping) else feature_names
     head_info: dict[str, dict[str, Any]] = {}
     for head, given in heads.items():
         prefix = head_prefix(head)
         model = _unwrap(given)
-        head_info[head] = _head_info(model, per_head_names.get(head))
-        tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
         if head in per_head_states:
             tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")
+        own = tensors.get(
+            prefix + STATES_KEY, tensors.get(STATES_KEY)
+        )  # as loading reads them: the head's, else shared
+        _checked_names(per_head_names.get(head, shared_names), None if own is None else int(own[0].numel()))
+        head_info[head] = _head_info(model, per_head_names.get(head))
+        tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
     meta = _metadata(metadata)
     meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
-    if feature_names is not None and not isinstance(feature_names, Mapping):
-        meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(feature_names, None))
-    if states is not None and not isinstance(states, Mapping):
-        tensors[STATES_KEY] = _stored_states(states)
+    if shared_names is not None:
+        meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(shared_names, None))
     return _atomic_save(tensors, path, meta)
 
 

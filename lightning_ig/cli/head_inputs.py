@@ -313,12 +313,11 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
         if not math.isfinite(value):
             raise UsageError(f"--baseline {text!r} is not finite; give zeros, mean, a finite number or a states file")
         return value, f"constant:{value!r}"
-    baselines = load_states(text, dtype=states.dtype).to(states.device)  # a regular file: checked with every input
-    if baselines.shape[0] == 1:
-        baselines = baselines[0]
+    loaded = load_states(text, dtype=states.dtype).to(states.device)  # a regular file: checked with every input
+    baselines = loaded[0] if loaded.shape[0] == 1 else loaded
     if baselines.shape not in (states.shape, states.shape[1:]):
         raise UsageError(
-            f"--baseline {text!r} has shape {tuple(baselines.shape)}; give one baseline of shape "
+            f"--baseline {text!r} has shape {tuple(loaded.shape)}; give one baseline of shape "
             f"{tuple(states.shape[1:])} or one per state, {tuple(states.shape)}"
         )
     try:

@@ -29,7 +29,7 @@ def accuracy_words(report: Mapping[str, Any]) -> str | None:
     mass = _text(completeness.get("worst_mass_relative_error"))
     figures = f"worst estimated attribution error {estimate}, mass-relative {mass}{flagged}"
     within = verdict.get("within")
-    if within is None:
+    if not isinstance(within, bool):  # null, or a hand-edited "no": never read as within
         return f"accuracy: nothing could be checked ({verdict.get('reason')})"
     word = "within" if within else "NOT within"
     decided = "" if within else f": {verdict.get('reason')}"

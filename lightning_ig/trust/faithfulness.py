@@ -251,7 +251,8 @@ class DeletionPlan:
             keys = torch.stack([scores, -scores])  # (2, B, G): s_b * attribution for s_b = +1 and -1
             self._write(self._feature_ranks(torch.where(self.moved, keys, self.lowest)), self.ordered)
             orderless = ~torch.isfinite(scores).all() | (scores.amax(-1) == scores.amin(-1)).all()  # NaN, or no order
-            values = torch.cat([*(value(chunk).reshape(-1) for chunk in self._chunks()), orderless.reshape(1)])
+            chunks = (chunk.view(-1, *self.feature_shape) for chunk in self.rows.split(self.max_rows))
+            values = torch.cat([*(value(chunk).reshape(-1) for chunk in chunks), orderless.reshape(1)])
             return self._judge(values.to(torch.float64).cpu().numpy(), margin, z)
 
     def _feature_ranks(self, keys: Tensor) -> Tensor:
@@ -266,9 +267,6 @@ class DeletionPlan:
         the ``deleted[k, b]`` lowest-ranked features of state b by its baseline."""
         mask = ranks[:, None] < self.deleted[None, :, :, None]  # (O, K - 1, B, F)
         torch.where(mask, self.base, self.x, out=out.view(mask.shape))
-
-    def _chunks(self) -> list[Tensor]:
-        return [chunk.view(-1, *self.feature_shape) for chunk in self.rows.split(self.max_rows)]
 
     def _device_units(self, units: Any) -> Tensor:
         """The units as float64 on the plan's device: a tensor moves; host numbers go through pinned memory."""

@@ -218,9 +218,8 @@ def trust_line(trust: Any) -> str:
 
 def _rows(summary: RunSummary) -> str:
     """What a run's rows are: states (of a budget window), or (state, action) pairs for ``target="each"``."""
-    if summary.actions is not None:
-        return "(state, action) pairs"
-    return "states" if summary.budget.get("state_indices") is None else "states of the run's budget window"
+    windowed = summary.budget.get("state_indices") is not None
+    return "(state, action) pairs" if summary.actions else "states of the run's budget window" if windowed else "states"
 
 
 def _first_non_finite(summary: RunSummary) -> str:

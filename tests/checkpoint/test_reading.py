@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lightning_ig import vocabulary
-from lightning_ig.checkpoint import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
+from lightning_ig.checkpoint import CheckpointError, layout, load_checkpoint, read_metadata, save_checkpoint
 from lightning_ig.models import DuelingQNetwork
 
 
@@ -113,8 +113,25 @@ def test_a_checkpoint_larger_than_the_memory_available_is_refused(
 ) -> None:
     path, _ = _saved(tmp_path)
     monkeypatch.setattr(vocabulary, "available_memory", lambda: 100)
-    with pytest.raises(CheckpointError, match=r"loading the weights in .* needs about .* of memory, more than the"):
+    with pytest.raises(CheckpointError, match=r"loading the tensors of .* needs about .* of memory, more than the"):
         load_checkpoint(path)
+
+
+def test_stored_states_count_in_the_memory_a_load_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # guards against: 40 MB of stored states read whole where the same states from a file were refused
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    path = save_checkpoint(net, tmp_path / "big.safetensors", states=torch.zeros(250_000, 4))
+    weights = sum(tensor.numel() * 4 for tensor in net.state_dict().values())
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 4 * weights + 2**20)  # the weights fit, not the states
+    with pytest.raises(CheckpointError, match=r"loading the tensors of .* needs about 7.6 MiB of memory"):
+        load_checkpoint(path)
+    save_checkpoint(net, tmp_path / "small.safetensors", states=torch.zeros(4, 4))
+    assert load_checkpoint(tmp_path / "small.safetensors").states.shape == (4, 4)
+
+
+def test_a_file_too_large_to_map_is_said_to_be_too_large_not_unreadable(tmp_path: Path) -> None:
+    error = RuntimeError("unable to mmap 120000000352 bytes from file <x>: Cannot allocate memory (12)")
+    assert "is too large to map into this machine's memory" in str(layout.open_error(tmp_path / "x", error))
 
 
 def test_load_errors_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path) -> None:

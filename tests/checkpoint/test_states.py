@@ -53,6 +53,7 @@ def test_a_heads_own_states_come_first_in_a_merged_file(tmp_path: Path) -> None:
             json.dumps({"states": [1.0, 2.0]}),
             r"have shape \(2,\): expected .* wrap one state as \[\[\.\.\.\]\]",
         ),
+        ("s.json", json.dumps({"states": []}), r"have shape \(0,\): expected at least one state$"),
         ("s.json", "{broken", "cannot read states from"),
         ("s.txt", "1 2 3", "must end in .json, .npy or .safetensors, not '.txt'"),
     ],

@@ -76,6 +76,24 @@ def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) ->
         assert load_checkpoint(path).config == net.config()
 
 
+@pytest.mark.parametrize(
+    ("names", "states"),
+    [({"a": ["x"]}, torch.ones(2, 4)), (["x"], torch.ones(2, 4)), (["x"], {"a": torch.ones(2, 4)})],
+)
+def test_merged_feature_names_must_name_every_feature_of_the_states_as_in_save_checkpoint(tmp_path, names, states):
+    # guards against: a merged file written with 1 name for 4 features, refused only later by diag
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    with pytest.raises(ValueError, match="feature_names has 1 names but there are 4 features"):
+        save_merged_checkpoint({"a": net, "b": net}, tmp_path / "m.safetensors", feature_names=names, states=states)
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_a_null_feature_name_is_a_type_error(tmp_path: Path) -> None:
+    # guards against: AttributeError 'NoneType' object has no attribute 'strip' (exit 1 from diag's --feature-names)
+    with pytest.raises(TypeError, match=r"feature_names must all be strings, got None \(NoneType\)"):
+        save_checkpoint(DuelingQNetwork(4, 2), tmp_path / "q.safetensors", feature_names=["a", "b", "c", None])
+
+
 def test_merged_heads_load_by_prefix_and_fall_back_to_shared_states(tmp_path: Path) -> None:
     torch.manual_seed(3)
     trending, ranging = DuelingQNetwork(3, 2, hidden_sizes=(8,)), DuelingQNetwork(3, 4, hidden_sizes=(6,), noisy=False)

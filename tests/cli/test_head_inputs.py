@@ -208,6 +208,15 @@ def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
     _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")
 
 
+def test_a_baseline_file_of_the_wrong_shape_is_told_its_own_shape(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: a (1, 1, 4) file said to have shape (1, 4), a shape the flag takes
+    (workspace / "b.json").write_text(json.dumps({"states": [[[0.1, 0.1, 0.1, 0.1]]]}))
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "b.json")
+    _one_line_error(code, err, "--baseline 'b.json' has shape (1, 1, 4); give one baseline of shape (4,)")
+
+
 # ------------------------------------------------------------------------------ sizes and precisions
 
 

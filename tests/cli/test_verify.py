@@ -10,6 +10,7 @@ import torch
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.exact_line import exact_line
 from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.cli.verify import accuracy_words
 from lightning_ig.models.noise import noise_disabled
 from tests.support.diag import read_valid_report, run_diag
 
@@ -54,3 +55,14 @@ def test_verify_checks_the_run_it_follows(checkpoint: Path, tmp_path: Path, flag
     key = read_valid_report(output)["verify"]
     assert key["worst_true_error"] is not None and key["worst_true_error"] < 0.01
     assert all(row["true_error"] < 0.05 for row in key["per_state"])
+
+
+@pytest.mark.parametrize(("within", "word"), [(True, "within"), (False, "NOT within"), ("no", None), (None, None)])
+def test_a_verdict_that_is_not_a_json_boolean_is_not_read_as_within(within, word) -> None:
+    # guards against: a report edited to "within": "no" shown by lightning-ig show as "accuracy: within tol"
+    report = {"completeness": {"verdict": {"tolerance": 0.01, "within": within, "reason": "why"}}}
+    words = accuracy_words(report)
+    assert words is not None
+    assert (
+        words.startswith(f"accuracy: {word} tol 0.01") if word else words == "accuracy: nothing could be checked (why)"
+    )
