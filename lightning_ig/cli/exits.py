@@ -9,7 +9,6 @@ from typing import Any
 from lightning_ig._files import open_input
 from lightning_ig._json import MEMORY_PER_BYTE, parse_json
 from lightning_ig.cli.terminal import printable
-from lightning_ig.vocabulary import check_memory, size_text
 
 __all__ = [
     "EXIT_CLOSED_PIPE",
@@ -83,6 +82,8 @@ def read_json_file(path: str, what: str, fix: str) -> Any:
         what: how the message names it (``"--feature-names"``, ``"report"``).
         fix: what to do, ending each message (``"give a JSON array of names"``).
     """
+    from lightning_ig.vocabulary import check_memory, size_text  # noqa: PLC0415 - numpy: not before Ctrl-C's handler
+
     try:
         with open_input(path, what, fix) as handle:
             size = os.fstat(handle.fileno()).st_size

@@ -113,7 +113,11 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines = [printable(path), _header(report), ""]
     lines += _feature_lines(report, top)
     lines += _group_lines(report, top)
-    lines += ["", "  completeness: " + completeness_words(report) + _mean_abs_error(report)]
+    error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
+    lines += [
+        "",
+        f"  completeness: {completeness_words(report)}" + ("" if error is None else f", mean |delta| {error:.3g}"),
+    ]
     accuracy = accuracy_words(report)  # reports written before the verdict have none
     if accuracy is not None:
         lines.append("  " + printable(accuracy))
@@ -184,11 +188,6 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
             f"{_number(group.get('stddev'))} {_number(group.get('mean_signed'))}"
         )
     return lines
-
-
-def _mean_abs_error(report: Mapping[str, Any]) -> str:
-    error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
-    return "" if error is None else f", mean |delta| {error:.3g}"
 
 
 def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:

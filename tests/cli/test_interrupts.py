@@ -100,6 +100,22 @@ def test_ctrl_c_while_the_command_is_still_importing_is_the_same_one_line(argv0:
     assert (done.returncode, done.stderr.strip().splitlines(), done.stdout) == (130, [cli.interrupts.INTERRUPTED], "")
 
 
+def test_the_handler_is_in_place_before_the_heavy_imports() -> None:
+    # guards against: a traceback for Ctrl-C in the command's first ~170 ms, while numpy loaded before the handler
+    script = (
+        "import signal, sys; sys.argv[0] = 'lightning-ig'; import builtins; real = builtins.__import__\n"
+        "def spy(name, *args, **kwargs):\n"
+        "    if name == 'numpy' and signal.getsignal(signal.SIGINT) is signal.default_int_handler:\n"
+        "        print('numpy before the handler')\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = spy; import lightning_ig.cli; print('numpy' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout.split()) == (0, ["True"]), (done.stdout, done.stderr)
+
+
 def test_a_program_that_imports_the_cli_keeps_its_own_ctrl_c() -> None:
     script = (
         "import os, signal, sys; import lightning_ig.cli; "
