@@ -45,9 +45,9 @@ def integrated_gradients(
     :class:`~lightning_ig.attribution.IntegratedGradients`, which captures and replays the work. Works under
     ``torch.no_grad()`` and ``torch.inference_mode()``, leaves the model as it was (parameters, their ``.grad`` and
     ``requires_grad``, training mode, and the running statistics of batch-norm layers in train mode, which its forwards
-    would move: they are put back after the call) and draws no random numbers. The forward is called as it is: put the
-    model in the mode you want attributed (``eval()``, noise off) first; a forward that gives different values for the
-    same rows within the call is reported (:attr:`IGResult.stochastic`,
+    would move: they are put back after the call) and draws no random numbers of its own. The forward is called as it
+    is: put the model in the mode you want attributed (``eval()``, noise off) first; a forward that gives different
+    values for the same rows within the call (dropout, which draws them) is reported (:attr:`IGResult.stochastic`,
     :class:`~lightning_ig.attribution.StochasticForwardWarning`).
 
     Every result says how far to trust it: :attr:`IGResult.attribution_error` (a reference-free estimate of each state's

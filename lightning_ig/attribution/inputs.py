@@ -180,7 +180,8 @@ def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
 
 def module_of(forward: Any) -> torch.nn.Module | None:
     """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, a wrapper's ``__wrapped__``, or what a
-    function or ``functools.partial`` holds (closure, arguments, globals it names; several: one ``ModuleList``)."""
+    function, ``functools.partial`` or callable object holds (closure, arguments, globals it names, attributes, the
+    values of a dict among them; several: one ``ModuleList``)."""
     if isinstance(forward, torch.nn.Module):
         return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
     found = list({id(m): m for m in _held(forward) if isinstance(m, torch.nn.Module)}.values())
@@ -193,7 +194,9 @@ def _held(forward: Any) -> list[Any]:
         held += [forward.func, *forward.args, *forward.keywords.values()]
     elif inspect.isfunction(forward):  # a lambda or a def: what it closes over and the globals it names
         held += [value for names in inspect.getclosurevars(forward)[:2] for value in names.values()]
-    return held
+    elif not inspect.isroutine(forward):  # a callable object (an agent's policy): its attributes
+        held += list(getattr(forward, "__dict__", {}).values())
+    return held + [value for one in held if isinstance(one, dict) for value in one.values()]  # {"q": net}
 
 
 def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) -> None:

@@ -95,12 +95,6 @@ def chunk_rows(settings: IGOptions, x: Tensor) -> int:
     return max(1, int((free + max(cached, 0)) // 4 // per_row))
 
 
-def _is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error)
-    )
-
-
 class PathGradients(NamedTuple):
     """What one pass along the path gives: gradients, the target at the ends, the target at the nodes."""
 
@@ -284,7 +278,8 @@ class PathRun:
             try:
                 body(start, stop)
             except Exception as error:
-                if not (self.allow_oom_retry and _is_oom(error)) or size == 1:
+                oom = isinstance(error, RuntimeError) and "out of memory" in str(error)  # torch.OutOfMemoryError too
+                if not (self.allow_oom_retry and oom) or size == 1:
                     raise
                 size = max(1, size // 2)
                 warnings.warn(

@@ -244,7 +244,10 @@ class Target:
             ValueError: the output's shape does not fit the target, or an index is out of range.
         """
         if not isinstance(outputs, Tensor):
-            raise TypeError(f"forward must return a torch.Tensor, got {type(outputs).__name__}")
+            kind = type(outputs).__name__  # a tuple or dict: the caller picks the output to attribute
+            raise TypeError(
+                f"forward must return a torch.Tensor, got {kind}; pick one, e.g. forward=lambda x: model(x)[0]"
+            )
         if not outputs.dtype.is_floating_point:
             raise TypeError(f"forward must return floating-point values, got dtype {outputs.dtype}")
         if self.kind == "output":

@@ -422,14 +422,10 @@ def troubles(summary: RunSummary) -> dict[str, str]:
             f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "
             "mode, noise drawn inside forward?): the attributions are not reproducible"
         ),
-        "non-finite": lambda: _non_finite_words(summary),
+        "non-finite": lambda: (
+            f"the model produced NaN/Inf at step {step} in {numbers.num_non_finite} of {numbers.num_states} "
+            f"{'held-out ' * (summary.actions is None)}{_rows(summary)} (first: {_first_non_finite(summary)}); the "
+            "accuracy figures are logged as inf"
+        ),
     }
     return {kind: words[kind]() for kind in summary.troubles()}
-
-
-def _non_finite_words(summary: RunSummary) -> str:
-    numbers, rows = summary.completeness, "held-out " + _rows(summary) if summary.actions is None else _rows(summary)
-    return (
-        f"the model produced NaN/Inf at step {summary.step} in {numbers.num_non_finite} of {numbers.num_states} "
-        f"{rows} (first: {_first_non_finite(summary)}); the accuracy figures are logged as inf"
-    )

@@ -100,6 +100,8 @@ def test_error_forward_returning_the_wrong_shape() -> None:
         integrated_gradients(lambda z: z, torch.randn(2, 3))
     with pytest.raises(ValueError, match=r"with target='mean' forward must return \(N, A\)"):
         integrated_gradients(lambda z: z.unsqueeze(1), torch.randn(2, 3), target="mean")  # (N, 1, A)
+    with pytest.raises(TypeError, match=r"got tuple; pick one, e.g. forward=lambda x: model\(x\)\[0\]"):
+        integrated_gradients(lambda z: (z.sum(1), None), torch.randn(2, 3))
     with pytest.raises(TypeError, match="forward must return a torch.Tensor, got list"):
         integrated_gradients(lambda z: [0.0], torch.randn(2, 3))
     with pytest.raises(ValueError, match="target=5 is out of range for a forward with 3 outputs"):
@@ -123,6 +125,17 @@ def test_module_of_finds_the_module_behind_a_lambda_a_global_or_a_partial() -> N
     assert module_of(lambda z: _GLOBAL_NET(z).squeeze(1)) is _GLOBAL_NET
     assert module_of(functools.partial(_apply, model)) is model
     assert module_of(lambda z: z.sum(1)) is None
+    nets = {"q": model}
+    assert module_of(lambda z: nets["q"](z).squeeze(1)) is model  # a dict it closes over
+
+    class Policy:  # an agent's callable object that is not a module
+        def __init__(self) -> None:
+            self.net = model
+
+        def __call__(self, z: torch.Tensor) -> torch.Tensor:
+            return self.net(z).squeeze(1)
+
+    assert module_of(Policy()) is model
 
 
 def _norm_state(norm: torch.nn.Module) -> list[torch.Tensor]:

@@ -108,6 +108,8 @@ def test_a_forward_with_zero_gradient_where_its_value_changes_fails(method: str)
     assert result.near_baseline.tolist() == (~moved).tolist()  # only the states whose value did not move
     # 1 less the values' rounding floor (NOISE eps (|F(x)| + |F(b)|) / |dF|: values of a few units, steps of 1/4)
     assert result.worst_mass_relative_error == pytest.approx(1.0, abs=1024 * eps())
+    # all-zero attributions where the exact ones are not: 100% off (the estimate read 0/0 as 0), 0 at the baseline
+    assert result.attribution_error.tolist() == moved.double().tolist()
     verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
     assert verdict.within is False and verdict.figure in ("attribution_error", "mass_relative_error")
     summary = completeness(result, 0.01)  # the run's numbers (the callback's and diag's path) agree
