@@ -86,6 +86,13 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(workspace: Path) -> None:
     assert process.returncode in (130, -signal.SIGINT)
 
 
+def _python(script: str) -> subprocess.CompletedProcess[str]:
+    """``python -c script`` in a fresh process, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
+    )
+
+
 @pytest.mark.parametrize("argv0", ["lightning-ig", "-m"])
 def test_ctrl_c_while_the_command_is_still_importing_is_the_same_one_line(argv0: str) -> None:
     # the console script's argv[0], and python -m's while runpy imports the package: the handler is in place as soon
@@ -94,9 +101,7 @@ def test_ctrl_c_while_the_command_is_still_importing_is_the_same_one_line(argv0:
         f"import os, signal, sys; sys.argv[0] = {argv0!r}; import lightning_ig.cli; "
         "os.kill(os.getpid(), signal.SIGINT); import time; time.sleep(30); print('not interrupted')"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
-    )
+    done = _python(script)
     assert (done.returncode, done.stderr.strip().splitlines(), done.stdout) == (130, [cli.interrupts.INTERRUPTED], "")
 
 
@@ -110,9 +115,7 @@ def test_the_handler_is_in_place_before_the_heavy_imports() -> None:
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = spy; import lightning_ig.cli; print('numpy' in sys.modules)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
-    )
+    done = _python(script)
     assert (done.returncode, done.stdout.split()) == (0, ["True"]), (done.stdout, done.stderr)
 
 
@@ -123,9 +126,7 @@ def test_a_program_that_imports_the_cli_keeps_its_own_ctrl_c() -> None:
         "try:\n    os.kill(os.getpid(), signal.SIGINT); import time; time.sleep(30)\n"
         "except KeyboardInterrupt:\n    print('caught')"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], check=False, env=repo_env(), capture_output=True, text=True, timeout=120
-    )
+    done = _python(script)
     assert (done.returncode, done.stdout.strip()) == (0, "caught"), done.stderr
 
 
