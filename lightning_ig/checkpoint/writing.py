@@ -155,9 +155,7 @@ def save_merged_checkpoint(
         model = _unwrap(given)
         if head in per_head_states:
             tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")
-        own = tensors.get(
-            prefix + STATES_KEY, tensors.get(STATES_KEY)
-        )  # as loading reads them: the head's, else shared
+        own = tensors.get(prefix + STATES_KEY, tensors.get(STATES_KEY))  # the head's, else the shared ones
         _checked_names(per_head_names.get(head, shared_names), None if own is None else int(own[0].numel()))
         head_info[head] = _head_info(model, per_head_names.get(head))
         tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
