@@ -114,10 +114,8 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines += _feature_lines(report, top)
     lines += _group_lines(report, top)
     error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
-    lines += [
-        "",
-        f"  completeness: {completeness_words(report)}" + ("" if error is None else f", mean |delta| {error:.3g}"),
-    ]
+    mean = "" if error is None else f", mean |delta| {error:.3g}"
+    lines += ["", f"  completeness: {completeness_words(report)}{mean}"]
     accuracy = accuracy_words(report)  # reports written before the verdict have none
     if accuracy is not None:
         lines.append("  " + printable(accuracy))

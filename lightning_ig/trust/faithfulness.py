@@ -42,6 +42,7 @@ from lightning_ig.trust.common import (
     check_model,
     check_settings,
     check_state_batch,
+    generators_kept,
     host_units,
     moved_units,
     pick_states,
@@ -152,7 +153,7 @@ def deletion_check(
         seed=seed,
         max_rows=max_rows,
     )
-    with attribution_mode(model):
+    with attribution_mode(model), generators_kept(model):  # a forward that samples draws nothing of the caller's
         try:
             return plan.run(settings.value(model), units, margin=margin, z=z)
         except RuntimeError as error:  # float64 states for a float32 model: say which to convert
@@ -192,7 +193,7 @@ class DeletionPlan:
         num_fractions = check_int(num_fractions, "num_fractions", minimum=2)
         self.random_orders = check_positive_int(num_random_orders, "num_random_orders")
         num_states = None if num_states is None else check_positive_int(num_states, "num_states")
-        seed = check_int(seed, "seed", minimum=0)
+        seed = check_int(seed, "seed", minimum=0, maximum=2**64 - 1)  # torch seeds are 64-bit
         self.max_rows = check_positive_int(max_rows, "max_rows")
         self.groups = resolve_groups(groups, states)
         self.states, self.total_states, self.device = states, states.shape[0], states.device

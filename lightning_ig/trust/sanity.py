@@ -17,7 +17,6 @@ random-init agents: ``docs/trust.md``).
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from lightning_ig.trust.common import (
     check_model,
     check_settings,
     check_state_batch,
+    generators_kept,
     moved_units,
     pick_states,
     rank_correlation,
@@ -168,16 +168,17 @@ def randomization_reference(
     model, settings, states = check_model(model), check_settings(settings), check_state_batch(states)
     num_copies = check_int(num_copies, "num_copies", minimum=2)
     num_states = None if num_states is None else check_positive_int(num_states, "num_states")
-    seed = check_int(seed, "seed", minimum=0)
+    seed = check_int(seed, "seed", minimum=0, maximum=2**64 - num_copies)  # torch seeds are 64-bit
     resolved = resolve_groups(groups, states)
     replica = Replica(model, settings) if replica is None else replica
     index = pick_states(num_states, states.shape[0])
     subset, base, engine_base = state_subset(states, baselines, index)
     means, shuffled, kept = [], 0, 0
-    for copy_index in range(num_copies):
-        shuffled, kept = replica.redraw(seed + copy_index)
-        attributions = replica.attribute(subset, engine_base).detach()
-        means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
+    with generators_kept(model):  # a forward that samples even in eval mode draws nothing of the caller's
+        for copy_index in range(num_copies):
+            shuffled, kept = replica.redraw(seed + copy_index)
+            attributions = replica.attribute(subset, engine_base).detach()
+            means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
     moved = moved_units(subset, base, resolved).any(dim=0)  # (G,)
     numbers = read(torch.stack(means), moved)
     count = moved.numel()
@@ -245,7 +246,7 @@ def randomization_check(
     model_means = np.abs(values[reference.state_index].astype(np.float64)).mean(axis=0)  # (G,)
     against = tuple(rank_correlation(model_means, copy, reference.included) for copy in reference.copy_means)
     rho, level, pairs = float(np.mean(against)), reference.copy_rank_correlation, reference.pair_rank_correlations
-    spread = statistics.pstdev(pairs) if len(pairs) > 1 else math.inf
+    spread = float(np.std(pairs)) if len(pairs) > 1 else math.inf  # NaN pairs (no unit moved): NaN, unresolved
     resolved = reference.num_units >= min_units and math.isfinite(level) and spread <= margin / 2
     threshold = min(level - margin, ceiling) if resolved else ceiling
     passed = math.isfinite(rho) and rho < threshold - ROUNDING

@@ -33,6 +33,7 @@ from lightning_ig.trust.common import (
     check_model,
     check_settings,
     check_state_batch,
+    generators_kept,
     host_units,
     moved_units,
     pick_states,
@@ -120,7 +121,7 @@ def stability_check(
     num_draws = check_positive_int(num_draws, "num_draws")
     num_states = None if num_states is None else check_positive_int(num_states, "num_states")
     floor = check_real(floor, "floor", above=-1 - ROUNDING, below=1 + ROUNDING)
-    seed = check_int(seed, "seed", minimum=0)
+    seed = check_int(seed, "seed", minimum=0, maximum=2**64 - 1)  # torch seeds are 64-bit
     resolved = resolve_groups(groups, states)
     values = host_units(units, states, resolved)
     if not any(isinstance(module, NoisyLinear) for module in model.modules()):
@@ -131,13 +132,14 @@ def stability_check(
     replica = Replica(model, settings) if replica is None else replica
     replica.sync()
     means = []
-    try:
-        for draw in range(num_draws):
-            replica.noise(seed, draw, num_draws)
-            attributions = replica.attribute(x, engine_base).detach()
-            means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
-    finally:
-        replica.quiet()
+    with generators_kept(model):  # a forward that samples even in eval mode draws nothing of the caller's
+        try:
+            for draw in range(num_draws):
+                replica.noise(seed, draw, num_draws)
+                attributions = replica.attribute(x, engine_base).detach()
+                means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
+        finally:
+            replica.quiet()
     moved = moved_units(x, base, resolved).any(dim=0)
     numbers = read(torch.stack(means), moved)
     count = moved.numel()

@@ -37,8 +37,8 @@ class TrustSummary:
     """One verdict on a run's explanation.
 
     ``status`` is ``"failed"`` when a figure failed (``reasons`` says which and by how much), ``"unresolved"`` when
-    none failed but one could not decide (a sanity check over a handful of units, a check that has not run yet:
-    ``notes``) or nothing was judged, and ``"passed"`` otherwise.
+    none failed but a check has not run yet (``notes``) or nothing was judged (a check that could not decide, the
+    sanity check over a handful of units, is a note and leaves the status to the others), and ``"passed"`` otherwise.
 
     ``status``, ``headline()`` and ``lines()`` are written when the verdict is made (``headline`` and ``lines`` are
     C-level callables returning that text): reading them runs no code of this module.
@@ -159,8 +159,10 @@ def trust_summary(
         A :class:`TrustSummary`.
 
     Raises:
-        TypeError: a check of the wrong kind, or an accuracy verdict without its fields.
+        TypeError: a check of the wrong kind, an accuracy verdict without its fields, ``errors`` or ``pending`` a str.
     """
+    if isinstance(errors, str) or isinstance(pending, str):  # a str is a sequence of characters, not of sentences
+        raise TypeError("errors and pending must be lists of sentences, not one string: wrap it as [text]")
     reasons, notes, checks = [], [], 0
     if accuracy is not None:
         if not all(hasattr(accuracy, name) for name in ("within", "figure", "value", "threshold", "reason")):
@@ -183,10 +185,10 @@ def trust_summary(
             raise TypeError(f"{name} must be a {kind.__name__} or None, got {type(check).__name__}")
         if check.passed is None:  # a stability check that does not apply
             continue
-        checks += 1
+        note = getattr(check, "note", None)
+        checks += note is None or not check.passed  # one that could not decide judges nothing: the others decide
         if check.reason is not None:
             reasons.append(check.reason)
-        note = getattr(check, "note", None)
         if note is not None:
             notes.append(note)
     reasons += [str(error) for error in errors]

@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from lightning_ig.trust import common, sanity
+from lightning_ig.trust.faithfulness import deletion_check
 from lightning_ig.trust.sanity import randomization_check, randomization_reference
+from lightning_ig.trust.stability import stability_check
 from tests.support.tolerance import rounding_bound
 from tests.support.trust import (
     FEATURES,
@@ -178,3 +180,38 @@ def test_a_copy_calls_its_own_weights_when_the_forward_is_an_instance_attribute(
     x = torch.ones(1, 3)
     assert clone.forward.__self__ is clone and clone.replay is model.replay
     assert torch.equal(clone(x), clone[0](x)) and not torch.equal(clone(x), model(x))
+
+
+def test_a_reference_whose_copies_cannot_be_compared_is_unresolved_not_a_crash():
+    # guards against: AttributeError 'float' object has no attribute 'numerator' (statistics.pstdev of NaN pairs)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    states = torch.zeros(5, 4)  # every state at the baseline: no unit moves, every correlation undefined
+    check = randomization_check(torch.zeros(5, 4), randomization_reference(model, states))
+    assert not check.resolved and not check.passed and math.isnan(check.pair_spread)
+
+
+class _Sampling(torch.nn.Module):
+    """A forward that samples even in eval mode (torch's global generator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + 0.0 * torch.rand_like(x[:, :2])
+
+
+def test_the_checks_leave_the_callers_generators_as_they_were():
+    # guards against: randomization_reference and stability_check drawing from torch's global generator when called
+    # directly (only the callback kept them); a seed past 64 bits is refused by name
+    model, states, units = _Sampling(), torch.randn(6, 4), torch.rand(6, 4)
+    for check in (
+        lambda: randomization_reference(model, states, num_states=2),
+        lambda: stability_check(model, states, None, units),
+        lambda: deletion_check(model, states, None, units),
+    ):
+        before = torch.get_rng_state()
+        check()
+        assert torch.equal(before, torch.get_rng_state())
+    with pytest.raises(ValueError, match="seed"):
+        randomization_reference(model, states, seed=2**64 - 1)

@@ -72,8 +72,32 @@ def test_an_unresolved_sanity_check_is_a_note_and_the_other_checks_decide(untrai
     sanity = randomization_check(units, randomization_reference(model, states, settings=SETTINGS, groups=groups))
     assert not sanity.resolved
     verdict = trust_summary(randomization=sanity)
-    if sanity.passed:  # it ran and could not decide: said, and the status is the other figures' (none here)
-        assert verdict.status == "passed" and sanity.note in verdict.headline() and verdict.notes == (sanity.note,)
-        assert trust_summary(randomization=sanity, pending=("deletion: at the next run",)).status == "unresolved"
+    if sanity.passed:  # it ran and could not decide: said, and the status is the other figures'
+        # alone it judges nothing (it read "passed (1 figure judged)")
+        assert verdict.status == "unresolved" and sanity.note in verdict.headline() and verdict.notes == (sanity.note,)
+        accurate = accuracy_verdict(0.001, 0.001, 0.01)
+        assert trust_summary(accuracy=accurate, randomization=sanity).headline().startswith("passed (1 figure judged")
+        pending = trust_summary(accuracy=accurate, randomization=sanity, pending=("deletion: at the next run",))
+        assert pending.status == "unresolved"
     else:
         assert verdict.status == "failed"
+
+
+def test_one_string_of_errors_or_pending_is_refused_not_split_into_characters():
+    # guards against: trust_summary(errors="sanity: could not run") giving 22 one-character reasons
+    for given in ({"errors": "sanity: could not run"}, {"pending": "deletion: at the next run"}):
+        with pytest.raises(TypeError, match="not one string: wrap it as"):
+            trust_summary(**given)
+
+
+def test_a_sanity_check_that_could_not_decide_judges_nothing_alone():
+    # guards against: "passed (1 figure judged)" from an unresolved sanity check alone (4 units, CartPole's size)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    states = torch.randn(16, 4)
+    units = attribute(model, states)
+    sanity = randomization_check(units, randomization_reference(model, states, settings=SETTINGS))
+    assert not sanity.resolved and sanity.passed and sanity.note is not None
+    assert trust_summary(randomization=sanity).status == "unresolved"
+    judged = trust_summary(accuracy=accuracy_verdict(0.001, 0.001, 0.01), randomization=sanity)
+    assert judged.status == "passed" and judged.checks == 1 and judged.notes == (sanity.note,)
