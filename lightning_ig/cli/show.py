@@ -73,9 +73,9 @@ def _real(value: Any) -> float | None:
 
 
 def _text(value: Any, width: int | None = None) -> str:
-    """``value`` as printable text (control characters escaped), cut to ``width`` characters."""
-    text = "-" if value is None else printable(" ".join(str(value).split()))
-    return text if width is None else text[:width]
+    """``value`` cut to ``width`` characters, then as printable text (control characters escaped)."""
+    text = "-" if value is None else " ".join(str(value).split())
+    return printable(text if width is None else text[:width])  # cut, then escaped: never half an escape
 
 
 def _number(value: Any, width: int = 11) -> str:

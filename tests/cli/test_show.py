@@ -83,3 +83,16 @@ def test_show_prints_each_actions_features_and_verdict(workspace: Path, capsys: 
         assert features == f"  action {action['action']}: {listed}", features
         word = "within" if action["completeness"]["verdict"]["within"] else "NOT within"
         assert verdict.startswith(f"    accuracy: {word} tol "), verdict
+
+
+def test_a_name_is_cut_before_it_is_escaped_never_mid_escape(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: "aaaa...a\x" (half of the escape of ESC), cut after escaping
+    assert _diag(capsys, "--output", "good.json")[0] == 0
+    report = json.loads((workspace / "good.json").read_text())
+    report["top_10_by_mean_abs"][0]["name"] = "a" * 22 + "\x1b[2J"
+    (workspace / "odd.json").write_text(json.dumps(report))
+    assert cli.main(["show", "odd.json", "--top", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("     1  "))
+    assert row.split()[1] == "a" * 22 + "\\x1b[", row  # 24 characters: the escape whole
