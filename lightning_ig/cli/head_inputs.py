@@ -155,8 +155,8 @@ def _states(
         beside = states_beside(args.checkpoint)
         if beside is None:
             raise UsageError(
-                f"no states are stored in {what} nor beside it (<name>.states.json/.npy/.safetensors); "
-                "pass --states PATH or save the checkpoint with states="
+                f"no states are stored in {what} nor beside it (<name>.states.* or states.*: .safetensors, .npy, "
+                ".json); pass --states PATH or save the checkpoint with states="
             )
         pool, where = load_states(beside, prefix=prefix, dtype=dtype), str(beside)
     pool = _checked_states(

@@ -249,7 +249,7 @@ ERRORS_IN_PROCESS = [
     (["--checkpoint", "q.safetensors", "--states", "nowhere.json"], "does not exist"),
     (["--checkpoint", "q.safetensors", "--feature-names", "three_names.json"], "3 names but there are 4 features"),
     (["--checkpoint", "q.safetensors", "--auto-samples", "41"], "more than the 40 states"),
-    (["--checkpoint", "bare.safetensors"], "no states are stored"),
+    (["--checkpoint", "bare.safetensors"], "nor beside it (<name>.states.* or states.*: .safetensors, .npy, .json)"),
     (["--checkpoint", "q.safetensors", "--target", "3"], "--target 3 is out of range: the model returns 3 outputs"),
     (["--checkpoint", "q.safetensors", "--baseline", "banana"], "neither zeros, mean, a number"),
     (["--checkpoint", "q.safetensors", "--num-steps", "many"], "'auto'"),
