@@ -166,7 +166,7 @@ def _read_npy(file: Path, prefix: str | None) -> Tensor:
         _fits(values * (dtype.itemsize + 16), file)
         handle.seek(0)
         array = npy.read_array(handle, allow_pickle=False)
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))  # native byte order; load_states converts
+    return torch.from_numpy(np.asarray(array, dtype=np.float64, order="C"))  # native, 0-d kept; load_states converts
 
 
 def _read_safetensors(file: Path, prefix: str | None) -> Tensor:

@@ -68,6 +68,9 @@ def test_an_array_of_other_values_or_arguments_of_the_wrong_kind_are_refused(tmp
     np.save(tmp_path / "none.npy", np.zeros((0, 3)))
     with pytest.raises(CheckpointError, match=r"have shape \(0, 3\): expected at least one state"):
         load_states(tmp_path / "none.npy")
+    np.save(tmp_path / "scalar.npy", np.float32(1))  # it was called shape (1,), a shape a state can have
+    with pytest.raises(CheckpointError, match=r"have shape \(\): expected at least one state"):
+        load_states(tmp_path / "scalar.npy")
     np.save(tmp_path / "s.npy", np.asarray([["a", "b"]]))
     with pytest.raises(CheckpointError, match="holds <U1 values; states are numbers: save a float array"):
         load_states(tmp_path / "s.npy")
