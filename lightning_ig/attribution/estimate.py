@@ -302,6 +302,6 @@ def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor, eps: f
     mass_relative = torch.where(scale > 0, delta / scale.clamp_min(tiny), delta * 0)  # 0/0 -> 0, NaN stays NaN
     # A state without attribution mass: at the baseline no error where the estimate is 0 too, else infinite; away from
     # it (its change past rounding) the exact attributions are not all zero, so zero ones are 100% off
-    none = torch.where(delta > 0, torch.ones_like(numerator), numerator * 0)
+    none = (delta > 0).to(dtype)  # 1 or 0; the branch holds only numerators of 0, so no NaN to keep
     relative = torch.where(mass > 0, numerator / mass.clamp_min(tiny), torch.where(numerator == 0, none, numerator / 0))
     return torch.stack([relative, mass_relative, mass])

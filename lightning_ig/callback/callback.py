@@ -406,12 +406,11 @@ class IntegratedGradientsCallback(Callback):
             raise RuntimeError("IntegratedGradientsCallback: a run outside a fit")
         started, entered = time.perf_counter(), self._budget.clock()
         states, baselines = run.states, run.baselines
-        rows = plan.rows(run.sample_states, len(states))
-        if rows is not None:  # the pictures' first rows, then this window of the others
-            index = torch.tensor(rows, device=states.device)  # one copy: the states and their baselines share a device
-            states = states[index]
+        if plan.windows > 1:  # plan.rows: the pictures' first rows, then this window; sliced where they are (no sync)
+            first, window = run.sample_states, slice(run.sample_states + plan.window, None, plan.windows)
+            states = torch.cat([states[:first], states[window]])
             if isinstance(baselines, Tensor) and baselines.shape == run.states.shape:
-                baselines = baselines[index]
+                baselines = torch.cat([baselines[:first], baselines[window]])
         begin = functools.partial(
             HostResult.begin,
             num_states=(len(run.held_out) if plan.windows == 1 else len(states)) * run.target.rows_per_state,

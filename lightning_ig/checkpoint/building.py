@@ -49,6 +49,7 @@ __all__ = [
     "build_checked",
     "shape_mismatch",
     "state_shapes",
+    "states_key",
     "stored_tensors",
     "weight_keys",
 ]
@@ -106,16 +107,20 @@ def weight_keys(keys: list[str], prefix: str | None) -> dict[str, str]:
     }
 
 
+def states_key(keys: list[str], prefix: str | None) -> str | None:
+    """The key of the states a load reads: the head's own, else the file's shared ones (``None``: neither)."""
+    return next((key for key in ((prefix or "") + STATES_KEY, STATES_KEY) if key in keys), None)
+
+
 def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTensors:
     """The shapes of the model's tensors in ``file``, and the bytes of those and of the states that loading reads,
     from the header (no tensor data is read)."""
     from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
 
-    stored, weights = StoredTensors(), weight_keys(keys, prefix)
-    states = [key for key in ((prefix or "") + STATES_KEY, STATES_KEY) if key in keys][:1]  # the head's, else shared
+    stored, weights, states = StoredTensors(), weight_keys(keys, prefix), states_key(keys, prefix)
     try:
         with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
-            for key in [*weights, *states]:
+            for key in [*weights, *([] if states is None else [states])]:
                 header = handle.get_slice(key)
                 shape = tuple(int(size) for size in header.get_shape())
                 if key in weights:

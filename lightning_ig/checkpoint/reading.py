@@ -11,13 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ig.attribution.checks import check_device
-from lightning_ig.checkpoint.building import Recipe, build_checked, stored_tensors, weight_keys
+from lightning_ig.checkpoint.building import Recipe, build_checked, states_key, stored_tensors, weight_keys
 from lightning_ig.checkpoint.heads import head_entry, heads_in, select_prefix
 from lightning_ig.checkpoint.layout import (
     ARCHITECTURE_KEY,
     CONFIG_KEY,
     FEATURE_NAMES_KEY,
-    STATES_KEY,
     CheckpointError,
     LoadedCheckpoint,
     existing_file,
@@ -176,18 +175,15 @@ def _read_tensors(file: Path, keys: list[str], prefix: str | None) -> tuple[dict
     """The model's tensors (prefix stripped) and the states: the head's own, else the file's shared ones."""
     from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
 
-    selected = weight_keys(keys, prefix)
-    own_states_key = (prefix or "") + STATES_KEY
+    selected, stored = weight_keys(keys, prefix), states_key(keys, prefix)
     weights: dict[str, Tensor] = {}
     states: Tensor | None = None
     try:
         with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
             for key, model_key in selected.items():
                 weights[model_key] = handle.get_tensor(key)
-            if own_states_key in keys:
-                states = handle.get_tensor(own_states_key)
-            elif prefix is not None and STATES_KEY in keys:
-                states = handle.get_tensor(STATES_KEY)  # the file-level states, shared by every head
+            if stored is not None:  # the head's own, else the file-level states, shared by every head
+                states = handle.get_tensor(stored)
     except Exception as error:
         raise open_error(file, error) from error
     if states is not None and (states.dtype == torch.bool or states.is_complex()):  # a mask or complex: not states

@@ -14,6 +14,24 @@ import torch
 
 from tests.support import REPO
 
+# Bad values both examples refuse in the same words: their argument helpers are one copy in each single-file script.
+SHARED_BAD_FLAGS = [
+    (["--learning-starts", "900", "--total-timesteps", "500"], "--learning-starts must be in [0, --total-timesteps)"),
+    (["--learning-rate", "0"], "--learning-rate must be > 0, got 0.0"),
+    (["--ig-overhead", "2%"], "argument --ig-overhead: must be in (0, 1] or 'none', got 2%"),
+    # seed_everything's range, said before a traceback
+    (["--seed", "-1"], "argument --seed: must be in [0, 4294967295], got -1"),
+    (["--seed", "4294967296"], "argument --seed: must be in [0, 4294967295], got 4294967296"),
+    # nan and inf pass a comparison with a bound (nan < 0 is False): refused for every float option
+    (["--sigma0", "nan"], "argument --sigma0: must be a finite number >= 0.0, got nan"),
+    (["--max-grad-norm", "inf"], "argument --max-grad-norm: must be a finite number >= 0.0, got inf"),
+    (["--aux-coef=-inf"], "argument --aux-coef: must be a finite number >= 0.0, got -inf"),
+    # what the library refuses, in its words, before the run: not a traceback when the callback is built
+    (["--ig-n-steps", "99999999999999"], "argument --ig-n-steps: n_steps=99999999999999 needs about"),
+    (["--ig-n-steps", "\N{SUPERSCRIPT TWO}"], "--ig-n-steps: must be a whole number >= 1, 'budget' or 'auto'"),
+    (["--exp-name", "a/b"], "argument --exp-name: must not contain a path separator ('/')"),
+]
+
 
 def example_env() -> dict[str, str]:
     """The environment of an example run: headless matplotlib, the checkout first on the path."""
@@ -68,3 +86,28 @@ def assert_gpu_refused_without_a_gpu(
     assert exit_info.value.code == 2
     assert f"{script}: error: --accelerator gpu, but torch sees no CUDA GPU" in capsys.readouterr().err
     assert not runs.exists(), "nothing is made before the message"
+
+
+def assert_refused_at_parse(
+    module: ModuleType, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The example's ``parse_args(flags)`` exits 2 with ``message`` on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def assert_mlflow_refuses_exp_name(module: ModuleType, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--logger mlflow`` refuses an experiment name MLflow cannot search for (an empty one, a quote) at parse time,
+    where TensorBoard takes it (MLflow's search failed on it after the run folder was made)."""
+    from tests.support.loggers import logger_package
+
+    logger_package("mlflow")
+    assert_refused_at_parse(
+        module,
+        ["--logger", "mlflow", "--exp-name", name],
+        "error: --logger mlflow takes no empty --exp-name nor one with a single quote",
+        capsys,
+    )
+    assert module.parse_args(["--exp-name", name]).exp_name == name  # TensorBoard takes both
