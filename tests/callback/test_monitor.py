@@ -102,19 +102,21 @@ def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_te
     events.Reload()
     scalars = set(events.Tags()["scalars"])
     assert set(trust_scalar_tags("ig", noisy=True)) <= scalars
-    # runs at steps 3, 6, 9, 12 (the train-end run is skipped: step 12 ran): every check at the first run (the
-    # next turn would be run 5), the verdict at every run, resting on the latest results (carried between checks)
-    assert [event.step for event in events.Scalars("ig/sanity/randomization_rank_correlation")] == [3]
+    # runs at steps 3, 6, 9, 12 (the train-end run is skipped: step 12 ran): every check at the first run and at the
+    # last, the fit's final answer (the next turn would be run 5), the verdict at every run, resting on the latest
+    # results (carried between checks)
+    assert [event.step for event in events.Scalars("ig/sanity/randomization_rank_correlation")] == [3, 12]
     assert [event.step for event in events.Scalars("ig/trust/status")] == [3, 6, 9, 12]
     rho = events.Scalars("ig/sanity/randomization_rank_correlation")[-1].value
     assert math.isclose(rho, verdict.randomization.randomization_rank_correlation, rel_tol=1e-6)
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
-    assert f"**Trust: {verdict.status}**" in text and "sanity (step 3)" in text and "deletion AUC" in text
+    assert f"**Trust: {verdict.status}**" in text and "sanity (step 12)" in text and "deletion AUC" in text
 
 
 def test_the_checks_run_where_the_budget_says_and_the_runs_between_carry_the_verdict(tmp_path):
     """A 12-run fit (the suite's frozen clock: the budget never binds): every check at the first run, each again
-    CHECK_EVERY runs later; a check's tags appear at exactly those runs; the other runs carry the last verdict."""
+    CHECK_EVERY runs later and at the last run (at the fit's last step: the final answer); a check's tags appear at
+    exactly those runs; the other runs carry the last verdict."""
     pl.seed_everything(123)
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=1, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
@@ -137,8 +139,8 @@ def test_the_checks_run_where_the_budget_says_and_the_runs_between_carry_the_ver
             patch.setattr(IntegratedGradientsCallback, "_finish", recording)
             trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16, shuffle=True))
     monitor = callback._fit.trust
-    made = {run: run % budget.CHECK_EVERY == 0 for run in range(12)}
-    assert callback._budget.last_checks == dict.fromkeys(EVERYTHING, 10)
+    made = {run: run % budget.CHECK_EVERY == 0 or run == 11 for run in range(12)}
+    assert callback._budget.last_checks == dict.fromkeys(EVERYTHING, 11)
     first = verdicts[0]
     assert first.deletion is not None and first.randomization is not None and first.stability is not None
     assert not any("not run yet" in note for note in first.notes)  # every check decides at the first run
@@ -196,15 +198,26 @@ def test_training_is_bit_identical_when_the_forward_samples_in_eval_mode_and_not
     assert not all(torch.equal(without[name], unguarded[name]) for name in without)
 
 
-def _fit_to(tmp_path: Path, max_steps: int, checkpoint: Path | None) -> IntegratedGradientsCallback:
-    """A fit with every check due at its first run; a fresh one (no ``checkpoint``) saves ``half.ckpt`` at its end."""
+def _fit_to(
+    tmp_path: Path, max_steps: int, checkpoint: Path | None, seen: list[tuple[list[str], dict[str, int]]] | None = None
+) -> IntegratedGradientsCallback:
+    """A fit with every check due at its first run and its last; a fresh one (no ``checkpoint``) saves ``half.ckpt``
+    at its end. ``seen`` gets each run's checks and the step each check's standing result comes from."""
     pl.seed_everything(123)
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
     )
     trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
-    with warnings.catch_warnings():
+    finish = IntegratedGradientsCallback._finish
+
+    def recording(self, pending, **kwargs):
+        finish(self, pending, **kwargs)
+        if seen is not None:
+            seen.append((self._last.budget["checks"], dict(self._fit.trust._steps)))
+
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
         warnings.simplefilter("ignore")
+        patch.setattr(IntegratedGradientsCallback, "_finish", recording)
         trainer.fit(TinyQNet(), DataLoader(dataset(), batch_size=16), ckpt_path=checkpoint)
     if checkpoint is None:
         trainer.save_checkpoint(tmp_path / "half.ckpt")
@@ -212,24 +225,27 @@ def _fit_to(tmp_path: Path, max_steps: int, checkpoint: Path | None) -> Integrat
 
 
 def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
-    first = _fit_to(tmp_path, 12, None)  # every check at run 0 (step 3); runs 1-3 carry their results
-    resumed = _fit_to(tmp_path, 15, tmp_path / "half.ckpt")  # run 4 (step 15): no check due until run 5
+    first = _fit_to(tmp_path, 12, None)  # every check at run 0 (step 3) and at the last, run 3 (step 12)
+    seen: list[tuple[list[str], dict[str, int]]] = []
+    resumed = _fit_to(tmp_path, 18, tmp_path / "half.ckpt", seen)  # run 4 (step 15): no check due; run 5: the last
     assert resumed.history[4]["global_step"] == 15
     # the results the checkpoint's fit made still stand: not "unresolved" as if no check had ever run
     assert resumed.history[4]["trust"] == first.history[3]["trust"] != "unresolved"
     assert resumed._fit is not None and resumed._fit.trust is not None
-    assert resumed._fit.trust._steps == dict.fromkeys(EVERYTHING, 3)  # each result names the step it comes from
+    assert seen[0] == ([], dict.fromkeys(EVERYTHING, 12))  # each result names the step it comes from
     resumed._fit.trust.restore_results({"sanity": {"step": 1, "no_such_field": 0.5}})  # another version's fields
-    assert resumed._fit.trust._steps["sanity"] == 3  # left out: the result kept stands
+    assert resumed._fit.trust._steps["sanity"] == 18  # left out: the result kept stands (the last run's)
 
 
 def test_a_resumed_fit_continues_the_checks_schedule_and_the_budget(tmp_path):
-    first = _fit_to(tmp_path, 12, None)  # runs 0-3 at steps 3-12: every check at run 0
+    first = _fit_to(tmp_path, 12, None)  # runs 0-3 at steps 3-12: every check at run 0 and at the last, run 3
     state = first.state_dict()["budget"]
-    assert state["last_checks"] == dict.fromkeys(EVERYTHING, 0) and state["elapsed"] >= 0
-    resumed = _fit_to(tmp_path, 24, tmp_path / "half.ckpt")  # runs 4-7 at steps 15-24
-    # the schedule goes on: each check again CHECK_EVERY runs after run 0 (run 5, step 18), not at the resumed fit's
-    # first run as a new fit would make them
-    assert resumed._budget.last_checks == dict.fromkeys(EVERYTHING, 5)
-    assert resumed._fit.trust._steps == dict.fromkeys(EVERYTHING, 18)
-    assert resumed._budget.spent >= state["spent"] and len(resumed.history) == 8
+    assert state["last_checks"] == dict.fromkeys(EVERYTHING, 3) and state["elapsed"] >= 0
+    seen: list[tuple[list[str], dict[str, int]]] = []
+    resumed = _fit_to(tmp_path, 30, tmp_path / "half.ckpt", seen)  # runs 4-9 at steps 15-30
+    # the schedule goes on: each check again CHECK_EVERY runs after run 3 (run 8, step 27), not at the resumed fit's
+    # first run as a new fit would make them; and at its last run (run 9, step 30)
+    assert [set(checks) for checks, _ in seen] == [set(), set(), set(), set(), EVERYTHING, EVERYTHING]
+    assert resumed._budget.last_checks == dict.fromkeys(EVERYTHING, 9)
+    assert resumed._fit.trust._steps == dict.fromkeys(EVERYTHING, 30)
+    assert resumed._budget.spent >= state["spent"] and len(resumed.history) == 10
