@@ -310,13 +310,12 @@ class IntegratedGradientsCallback(Callback):
         cadence = every is not None and self._cadence is not None and step > 0 and step // every > self._cadence
         self._cadence = None if every is None else step // every
         if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred
-            last = step == self._total_steps  # the fit's last step: no other run follows, so this one is the final
-            plan = self._budget_plan(trainer, final=last, retry=not cadence)
+            plan = self._budget_plan(trainer, final=(last := step == self._total_steps), retry=not cadence)
             if plan is None:
                 return
             # Ended at a later batch end (the device or the worker attributes beside the next steps), or at once where
             # a trust check needs the model as attributed and under DDP (every rank raises on NaN/Inf at one step).
-            pending = self._start(trainer, pl_module, plan, final=last)
+            pending = self._start(trainer, pl_module, plan, final=last)  # the fit's last step: no run follows it
             if (plan.checks and pending.weights is None) or trainer.world_size > 1:
                 self._finish(pending)
             else:  # beside the next steps: what they lose counts (the budget's beside_from and landed)
