@@ -194,9 +194,8 @@ def check_output_file(
         path: the file to write.
         what: how the user named it (``"--output"``, ``"report_dir"``), for the message.
         inputs: files the same run reads; writing over one of them (by any name: a symbolic or a hard link) is refused.
-        made_up: the tool made the name up inside a folder (default ``False``: the user named
-            ``path``, and a symbolic link there is written through to its target). A made-up
-            name that exists as a symbolic link is refused: nobody asked for its target.
+        made_up: the tool made the name up inside a folder (default ``False``: the user named ``path``, and a
+            symbolic link there is written through to its target). A made-up name that is a link is refused.
 
     Raises:
         OutputPathError: ``path`` is one of ``inputs``, is a folder, a device, a FIFO or
@@ -210,8 +209,9 @@ def _check_file(
     target: Path, shown: str, what: str, inputs: list[Path], *, made_up: bool, folder_planned: bool = False
 ) -> Path:
     """:func:`check_output_file`; ``folder_planned``: the folder may be missing, it is made once every check passed."""
-    if shown.endswith(os.sep):
-        raise OutputPathError(f"{what} {shown!r} is a folder name (it ends with {os.sep!r}); give a file name")
+    if not shown or shown.endswith(os.sep):
+        why = f"is a folder name (it ends with {os.sep!r})" if shown else "is empty"
+        raise OutputPathError(f"{what} {shown!r} {why}; give a file name")
     named = f"{what} {shown!r}"
     destination = _destination(target, follow_symlinks=not made_up)
     size, limit = len(os.fsencode(destination.name)), file_name_limit(destination.parent)

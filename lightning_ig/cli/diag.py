@@ -117,7 +117,7 @@ def _verdict_status(attributed: Sequence[_Attributed], args: argparse.Namespace)
                     above = _states_above(result, action, args.completeness_tol)
                     advice = (
                         f"{above} state(s) still above tol at {result.n_steps} nodes, where --num-steps auto stops "
-                        f"(its bound: {DEFAULT_MAX_STEPS} nodes); check them with --verify N"
+                        f"(three times as many would pass its bound, {DEFAULT_MAX_STEPS}); check them with --verify N"
                     )
                 else:
                     advice = "try --num-steps auto (the default), or check it with --verify N"

@@ -175,8 +175,8 @@ def _states(
 
 # What a state costs beside its values: its rows in the IG result and in the report (Python objects, then JSON text).
 _BYTES_A_STATE = 2048
-# What a quadrature point costs beside the states: its node and weight, and their copies in the engine.
-_BYTES_A_STEP = 32
+# What a quadrature point costs a state (its path values, gradient sums and the rule's weights; ~100 B measured).
+_BYTES_A_STEP = 128
 
 
 def _check_work(args: argparse.Namespace, count: int, state: Tensor, what: str) -> None:
@@ -184,7 +184,7 @@ def _check_work(args: argparse.Namespace, count: int, state: Tensor, what: str) 
     kernel's out-of-memory killer ends a process without a word (``--auto-samples 1000000000 --replace``)."""
     steps = args.num_steps if isinstance(args.num_steps, int) else 0
     # The states, their baselines, attributions and path gradients: a few copies of each state, in float64 at most.
-    needed = count * (_BYTES_A_STATE + 8 * state.numel() * 8) + steps * _BYTES_A_STEP
+    needed = count * (_BYTES_A_STATE + 8 * state.numel() * 8) + count * steps * _BYTES_A_STEP
     try:
         check_memory(needed, f"{what} at --num-steps {args.num_steps}", "ask for fewer states or steps")
     except ValueError as error:

@@ -40,7 +40,7 @@ exit status:
   4    the attributions are not within --completeness-tol: the worst estimated
        attribution error or mass-relative completeness error over the states away
        from the baseline is above sqrt(2) x TOL (with --num-steps auto, the default:
-       still so where its refinement reached --num-steps auto's bound, 512 nodes); the
+       still so where its refinement stopped: 504 nodes on a CPU, within its bound, 512); the
        reports are written and one line on stderr names the figure (3 wins when both
        apply)
   130  interrupted (Ctrl-C): one line on stderr says whether the reports were written
@@ -81,6 +81,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         message = re.sub(r"^argument (--[\w-]+)(?:/[^:]*)?: \1 ", r"\1 ", message)  # the flag once (_checked)
+        message = message.replace(" one argument", " one argument (a value that starts with '-' is written --flag=-1)")
         raise UsageError(f"{self.prog}: error: {message}; see `{self.prog} --help`")
 
 
@@ -289,8 +290,8 @@ def _add_diag(commands: Any) -> None:
         metavar="N|budget|auto",
         help="quadrature steps; 'auto' (default): the 'budget' call, then the states whose error figures are above "
         "half of --completeness-tol (a quarter at the first level) refined by tripling the midpoint nodes, up to 512 "
-        "(the report's num_steps says the most any state used); 'budget': 256, 128 or 64, the most the device runs in "
-        "about the time of its launches (the kink rule's 56 where that is 64)",
+        "(56, 168, 504 on a CPU; the report's num_steps says the most any state used); 'budget': 256, 128 or 64, the "
+        "most the device runs in about the time of its launches (the kink rule's 56 where that is 64)",
     )
     ig.add_argument(
         "--method",

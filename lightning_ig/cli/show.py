@@ -196,8 +196,10 @@ def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:
         state for state in _records(completeness.get("per_state")) if _real(state.get("relative_error")) is not None
     ]
     rated.sort(key=lambda state: -_real(state["relative_error"]))  # type: ignore[operator]
-    if not rated or count <= 0:
+    if count <= 0:
         return []
+    if not rated:
+        return ["  (the report holds no per-state figures)"]
     return [f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11} {'rel.error':>11}"] + [
         f"  {_text(state.get('state_idx'), 6):>6} {_number(state.get('sum_attributions'))} "
         f"{_number(state.get('f_input_minus_f_baseline'))} {_number(state.get('relative_error'))}"

@@ -71,6 +71,7 @@ def test_folders_devices_fifos_and_missing_folders_are_refused(
     cases = [
         ("out", "is a folder"),
         ("newdir/", "is a folder name"),  # a missing folder named with its slash: no file "newdir" appears
+        ("", "is empty"),  # not the current folder
         ("missing/report.json", "does not exist; create it first"),
         ("pipe", "not a regular file"),
     ]

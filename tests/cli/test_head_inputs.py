@@ -235,6 +235,16 @@ def test_work_larger_than_the_memory_is_refused_before_it_is_allocated(
     assert not (workspace / "out" / "r.json").exists()
 
 
+def test_the_steps_count_per_state(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_ig import vocabulary
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 2**30)  # was: 32 B a step in all, then 25 GB allocated
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--num-steps", "10000000", "--quiet")
+    _one_line_error(code, err, "--auto-samples 16 at --num-steps 10000000", "more than the 1.0 GiB available")
+
+
 def test_the_states_of_a_file_are_bounded_as_sampled_ones_are(
     workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,3 +82,12 @@ def test_a_wrong_flag_value_exits_2_naming_the_flag(
     assert status == 2, err
     assert flag in err and len(err.strip().splitlines()) == 1, err
     assert len(err) < 1000  # the value is quoted cut short, not 100000 characters of it
+
+
+@pytest.mark.parametrize("value", ["-inf", "-0.5e3"])
+def test_a_value_that_looks_like_a_flag_is_told_to_use_equals(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["diag", "--checkpoint", "missing.safetensors", "--baseline", value])
+    err = capsys.readouterr().err
+    assert (
+        status == 2 and "--baseline: expected one argument (a value that starts with '-' is written --flag=-1)" in err
+    ), err

@@ -42,6 +42,8 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
         "(the report holds no completeness figures)"
         in (cli.main(["show", "completeness_null.json"]), capsys.readouterr().out)[1]
     )
+    (workspace / "no_rows.json").write_text(json.dumps({**good, "completeness": {"worst_relative_error": 0.1}}))
+    assert "(the report holds no per-state figures)" in (cli.main(["show", "no_rows.json"]), capsys.readouterr().out)[1]
 
     for name, text in (
         ("list.json", "[1, 2]"),
