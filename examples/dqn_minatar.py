@@ -76,7 +76,8 @@ def print_overhead(trainer: Any) -> None:
     ig = next((c for c in trainer.callbacks if isinstance(c, IntegratedGradientsCallback)), None)
     if ig is not None and ig.history:
         share, budget = ig.history[-1]["overhead"], "none" if ig.overhead is None else f"{ig.overhead:.0%}"
-        print(f"IG overhead         {share:.1%} of the fit's wall time (budget {budget}), {len(ig.history)} runs")
+        runs = f"{len(ig.history)} run{'s' * (len(ig.history) > 1)}"
+        print(f"IG overhead         {share:.1%} of the fit's wall time (budget {budget}), {runs}")
 
 
 #: Games played side by side for the held-out frames (seeded ``--seed + 2000 + i``).

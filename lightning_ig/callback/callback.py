@@ -113,8 +113,9 @@ class IntegratedGradientsCallback(Callback):
         forward: ``None`` (default: the model's output, through ``target``) or a callable ``(pl_module, x) -> (N,)``:
             the scalar attributed, computed your way (``target`` stays ``"mean"``).
         completeness_tol: The tolerance of the accuracy verdict and of ``n_steps="auto"`` (default 0.01).
-        on_non_finite: ``"warn"`` (default: once, logging ``worst_relative_error`` as ``inf``) or ``"raise"``
-            (:class:`NonFiniteAttributionError`, which stops training) when the model produces NaN/Inf.
+        on_non_finite: ``"warn"`` (default: once; the error figures are logged as ``inf``, with
+            ``non_finite_states``) or ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the
+            model produces NaN/Inf.
         report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a logger
             (``<default_root_dir>/ig_reports``). Checked at set-up; a report that cannot be written later is warned
             about and training goes on.
@@ -131,9 +132,10 @@ class IntegratedGradientsCallback(Callback):
             logged as ``ig/overhead``. A run that would break it attributes a half or a quarter of the states
             (windows that rotate through them) and leaves the trust checks for later before it is deferred to a later
             step; the run says so (its report's ``budget``). The trust checks (:mod:`lightning_ig.trust`: randomisation
-            sanity, deletion, and noise stability for NoisyNet models) all run at the first and the final run (which
-            is full), between as the budget allows, on global rank zero, on a working copy of the model. ``None``:
-            no budget, every run in full, no trust checks. Under DDP it is measured, never acted on.
+            sanity and deletion over two units or more, deletion not for ``"contrast"``, and noise stability for
+            NoisyNet models) all run at the first and the final run (which is full), between as the budget allows,
+            on global rank zero, on a working copy of the model. ``None``: no budget, every run in full, no trust
+            checks. Under DDP it is measured, never acted on.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name`` (two

@@ -28,7 +28,7 @@ from lightning_ig.attribution.checks import check_finite, check_states
 from lightning_ig.attribution.path import chunk_rows
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
-from lightning_ig.checkpoint import load_states
+from lightning_ig.checkpoint import STATE_SUFFIXES, load_states
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.vocabulary import callable_name, check_real, shown, shown_with_type
 
@@ -66,7 +66,10 @@ def check_states_source(states: Any) -> Any:
     if isinstance(states, Tensor):  # a copy: the states as they are now, whatever the caller does with its tensor
         return check_states(states, "states").detach().to("cpu").clone(memory_format=torch.contiguous_format)
     if isinstance(states, (str, os.PathLike)):
-        return check_input_file(states, "states", "give a .safetensors, .npy or .json file")  # a FIFO, a device: now
+        path = check_input_file(states, "states", "give a .safetensors, .npy or .json file")  # a FIFO, a device: now
+        if path.suffix.lower() not in STATE_SUFFIXES:
+            raise ValueError(f"states {shown(str(states))} must end in {'/'.join(STATE_SUFFIXES)}, or pass the tensor")
+        return path
     if callable(states):
         return states
     raise TypeError(
@@ -191,7 +194,8 @@ def check_target(target: Any, forward: Any = None) -> tuple[Target, Any]:
     try:
         checked = Target.parse(target)
     except (TypeError, ValueError) as error:
-        raise type(error)(f"{forms}, got {shown(target, 60)} ({error})") from None
+        why = "" if isinstance(target, str) else f" ({error})"  # an unknown name: the engine's words say the same
+        raise type(error)(f"{forms}, got {shown(target, 60)}{why}") from None
     if forward is not None and not callable(forward):
         raise TypeError(f"forward must be None or a callable (pl_module, x) -> (N,), got {shown_with_type(forward)}")
     if forward is not None and not (isinstance(target, str) and target == "mean"):

@@ -363,7 +363,6 @@ def report_markdown(
             ),
         ]
     lines += _action_lines(summary, labels, prefix)
-    lines += ["", *summary.trust_checks.lines()] if summary.trust_checks is not None else []
     return "\n".join(lines) + "\n"
 
 

@@ -460,6 +460,16 @@ def test_states_from_files_and_callables(tmp_path, kind):
     assert torch.equal(model_states, states)
 
 
+def test_a_states_file_the_readers_cannot_read_is_refused_when_the_callback_is_made(tmp_path):
+    source = tmp_path / "held_out_states.pt"  # was: taken here, refused inside trainer.fit
+    torch.save(held_out_states(3), source)
+    with pytest.raises(ValueError, match=r"states '.*held_out_states.pt' must end in .safetensors/.npy/.json, or pass"):
+        IntegratedGradientsCallback(source, every_n_steps=3)
+    with open(tmp_path / "upper.NPY", "wb") as file:  # the readers take a suffix in any case
+        np.save(file, held_out_states(3).numpy())
+    assert IntegratedGradientsCallback(tmp_path / "upper.NPY", every_n_steps=3).states == tmp_path / "upper.NPY"
+
+
 def test_targets_and_baselines(tmp_path):
     states = held_out_states(11)
     pl.seed_everything(3)

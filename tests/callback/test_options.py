@@ -52,7 +52,7 @@ BAD: list[Bad] = [
     ("baseline", True, TypeError, "got bool"),
     ("baseline", [0.5], TypeError, "got list"),
     ("baseline", torch.ones(4, dtype=torch.int64), TypeError, "floating-point tensor"),
-    ("target", "median", ValueError, "'mean', 'each', 'contrast'"),
+    ("target", "median", ValueError, r"^target must be 'mean', 'each', 'contrast', .*, got 'median'$"),  # once
     ("target", -1, ValueError, "non-negative action index"),
     ("target", True, TypeError, "bool"),
     ("target", 2.5, TypeError, "got float"),

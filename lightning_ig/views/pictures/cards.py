@@ -218,13 +218,14 @@ def verdict_card(
         y += LINE + 1
     failed = [step for step, state in earlier if state == "fail"]
     if earlier:
-        counted = f"{len(failed)} of {len(earlier)} earlier runs"
+        runs = f"{len(earlier)} earlier run{'s' * (len(earlier) > 1)}"
+        counted = f"{len(failed)} of {runs}"
         _line(
             canvas,
             y,
             [f"✗ failed at {counted}, the last at step {failed[-1]:,}", f"✗ failed at {counted}"]
             if failed
-            else [f"no failure in the {len(earlier)} earlier runs", f"no failure in {len(earlier)} runs"],
+            else [f"no failure in the {runs}", f"no failure in {runs.replace(' earlier', '')}"],
             STATE_COLOURS["fail"] if failed else MUTED,
         )
         y += LINE
