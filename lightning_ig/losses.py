@@ -7,11 +7,8 @@ with ``z = -y x``, so it is finite for every finite input (torch's own loss over
 Three layers with one stem, as in Liger-Kernel:
 
 * the kernels (``kernels/soft_margin.cu``), their launchers and an :class:`torch.autograd.Function`, in
-  :mod:`lightning_ig.ops.soft_margin`. For ``mean``/``sum`` the forward is ONE launch that also writes ``dL/dx``
-  (the reduction's scale folded in) when the input needs a gradient; the backward only scales that by
-  ``grad_output``, read on the device (no host sync): for large inputs with a kernel that does nothing at all when
-  ``grad_output`` is 1 (the usual ``loss.backward()``), for small ones with torch's ``mul_``, which is cheaper to
-  launch. ``reduction="none"`` is one elementwise launch forward and one backward.
+  :mod:`lightning_ig.ops.soft_margin` (for ``mean``/``sum`` ONE launch that also writes ``dL/dx``, which the backward
+  scales by ``grad_output`` on the device, without a host sync);
 * :class:`SoftMarginLoss`, a thin ``nn.Module`` with torch's constructor;
 * :func:`soft_margin_loss`, the functional form, which checks the arguments and picks the path;
 

@@ -7,11 +7,9 @@ contiguous buffers of one dtype and device, allocated by torch; ``losses`` check
 * ``mean``/``sum``: ONE launch of ``soft_margin_reduce[_grad]``; the gradient (for ``grad_output == 1``, the reduction's
   scale folded in) is written in the same pass, and the backward only scales it by ``grad_output``, read on the device.
 * ``none``: one elementwise launch forward and one backward.
-* :func:`soft_margin_torch`: the same loss in plain torch, the path for CPU tensors
-  and float64 and the reference in tests.
+* :func:`soft_margin_torch`: the same loss in plain torch, the path for CPU tensors and float64, the tests' reference.
 
-Deterministic: the grid depends only on the size and the device, so the
-reduction order, hence the result, is the same on every call.
+Deterministic: the grid depends only on the size and the device, so the reduction order, hence the result, is too.
 """
 
 from __future__ import annotations

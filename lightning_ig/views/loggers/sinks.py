@@ -80,11 +80,14 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
 
 def mlflow_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """``metrics`` with keys an MLflow logger keeps apart: Lightning's drops what MLflow refuses (``ig/x/速度`` would
-    be ``ig/x/``, refused mid-fit); such a key gets ``_`` there and its CRC-32, the same at every step."""
-    return {
-        (f"{_MLFLOW_KEY.sub('_', key)} {zlib.crc32(key.encode()):08x}" if _MLFLOW_KEY.search(key) else key): value
-        for key, value in metrics.items()
-    }
+    be ``ig/x/``, refused mid-fit) and MLflow refuses a key over 250 characters mid-fit; such a key gets ``_`` there,
+    is cut, and gets its CRC-32, the same at every step."""
+    return {_mlflow_key(key): value for key, value in metrics.items()}
+
+
+def _mlflow_key(key: str) -> str:
+    kept = _MLFLOW_KEY.sub("_", key)
+    return key if kept == key and len(key) <= 250 else f"{kept[:241]} {zlib.crc32(key.encode()):08x}"
 
 
 def _kind(logger: Any) -> str | None:
@@ -150,6 +153,7 @@ class MlflowSink:
         self.logger = logger
         self._lock = threading.Lock()
         self._keys: set[str] = set()
+        self._continued = bool(logger.experiment.list_artifacts(logger.run_id, "images"))  # a resumed fit's run
         _warn_unreadable_images()
 
     def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
@@ -157,11 +161,13 @@ class MlflowSink:
 
         MLflow's client keys an image by its step in the file name, and its UI opens an image card at step 0 and
         shows only an image logged at exactly the slider's step; so a key's first picture is logged at step 0 too
-        (the card opens on it; its title names the step it was drawn at), then each at its run's step.
+        (the card opens on it; its title names the step it was drawn at; not again in a run that has pictures), then
+        each at its run's step. Keys are as :func:`mlflow_metrics` makes them: two names that differ only in what
+        MLflow refuses stay apart.
         """
-        key, client, run = _MLFLOW_KEY.sub("_", tag), self.logger.experiment, self.logger.run_id
+        key, client, run = _mlflow_key(tag), self.logger.experiment, self.logger.run_id
         with self._lock:
-            steps = [int(step)] if key in self._keys or int(step) == 0 else [0, int(step)]
+            steps = [int(step)] if self._continued or key in self._keys or int(step) == 0 else [0, int(step)]
             self._keys.add(key)
             for at in steps:
                 client.log_image(run, _pixels(pixels), key=key, step=at, synchronous=True)

@@ -1,22 +1,14 @@
 """Drawing on pixel arrays: the card size, fonts, colour tables, text, tick values and compact PNGs.
 
-Every picture the callback logs (the charts of :mod:`~lightning_ig.views.pictures.bars`,
-:mod:`~lightning_ig.views.pictures.charts`, :mod:`~lightning_ig.views.pictures.action_charts` and
-:mod:`~lightning_ig.views.pictures.verdict_card`, the saliency pictures of :mod:`~lightning_ig.views.pictures.saliency`)
-is drawn straight into an ``(H, W, 3)`` uint8 array with numpy and Pillow. A plotting library's layout engine costs far
-more per chart (``docs/benchmarks.md``). :func:`png_bytes` stores a picture with at most 256 colours (a palette PNG): a
-third of the bytes of an RGB one, which matters because TensorBoard's event writer checksums every byte in Python.
+Every picture the callback logs (the cards and the saliency pictures) is drawn straight into an ``(H, W, 3)`` uint8
+array with numpy and Pillow: a plotting library's layout engine costs far more per chart (``docs/benchmarks.md``).
+:func:`png_bytes` stores a picture with at most 256 colours (a palette PNG): a third of the bytes of an RGB one, which
+matters because TensorBoard's event writer checksums every byte in Python.
 
-Sizes are set by where TensorBoard shows a picture (measured in headless Chromium 150, TensorBoard 2.21). Time
-Series fits an image into a box 215 px high, whatever the window's height, and as wide as the card: 324 px in a
-1280 px window with the settings pane open (TensorBoard's default), 358 to 382 px in windows of 1366 to 1920 px.
-It fits with ``object-fit: contain`` and ``image-rendering: pixelated``: a picture is scaled by the smaller of
-``box width / width`` and ``215 / height``, shrinking drops whole rows and columns, and enlarging by a fraction
-doubles some of them (uneven strokes in text). A picture :data:`CARD_HEIGHT` = 215 px high and
-:data:`CARD_WIDTH` = 320 px wide is therefore bound by its height: shown at exactly 1.0x in every window from
-1280 px up (:func:`card_sized` pads the shorter ones); a shorter one would be enlarged 1.01x to 1.19x. The
-Images dashboard draws every image 350 px wide (1.09x). Text is drawn at the size it is read (:data:`TEXT_SIZE`
-and up: a cap height of 9 px or more on screen).
+Sizes are set by where TensorBoard shows a picture: a :data:`CARD_WIDTH` x :data:`CARD_HEIGHT` picture is bound by the
+height of Time Series' image box and so shown at exactly 1.0x from a 1280 px window up (:func:`card_sized` pads shorter
+ones; the measurements: ``docs/reading-tensorboard.md``). Text is drawn at the size it is read (:data:`TEXT_SIZE` and
+up: a cap height of 9 px or more on screen).
 """
 
 from __future__ import annotations

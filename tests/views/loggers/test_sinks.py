@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -138,13 +139,14 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
     images = mlflow_pictures(client, run_id)  # the PNGs by (key, step); MLflow's "/" in keys read back as "/"
     # each picture at its run's step; a key's first also at step 0, where MLflow's UI opens the card
     top_steps = {("ig/1_top_features", step) for step in (0, 40, 80)}
-    assert set(images) == top_steps | {("ig/value/2_saliency_frames", step) for step in (0, 41)}
+    frames_key = f"ig/value/2_saliency_frames {zlib.crc32('ig/value/2_saliency∕frames'.encode()):08x}"  # kept apart
+    assert set(images) == top_steps | {(frames_key, step) for step in (0, 41)}
     target = tmp_path / "download"
     top = np.asarray(Image.open(client.download_artifacts(run_id, images["ig/1_top_features", 40], str(target))))
     assert np.array_equal(top, pixels)
     later = np.asarray(Image.open(client.download_artifacts(run_id, images["ig/1_top_features", 80], str(target))))
     assert np.array_equal(later, pixels[::-1])
-    frames = Image.open(client.download_artifacts(run_id, images["ig/value/2_saliency_frames", 41], str(target)))
+    frames = Image.open(client.download_artifacts(run_id, images[frames_key, 41], str(target)))
     assert np.asarray(frames.convert("RGB")).shape == (20, 30, 3)
     table_path = client.download_artifacts(run_id, "lightning_ig/ig/features/step_00000040.json", str(target))
     table = json.loads(Path(table_path).read_text())
@@ -152,6 +154,14 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
     report_path = client.download_artifacts(run_id, "lightning_ig/ig/report_step_40.json", str(target))
     report = json.loads(Path(report_path).read_text())
     assert report["features"][0]["name"] == "ball" and report["completeness"]["worst_relative_error"] is None
+
+    # A resumed fit logging into the same run: its pictures at their steps only (was: a second one at step 0 per key).
+    (resumed,) = picture_sinks([mlflow_logger])
+    resumed.picture("ig/1_top_features", pixels, step=120)
+    resumed.picture("ig/value/2_saliency·frames", pixels, step=120)  # was: the same key as "...∕frames" above
+    added = set(mlflow_pictures(client, run_id)) - set(images)
+    other = f"ig/value/2_saliency_frames {zlib.crc32('ig/value/2_saliency·frames'.encode()):08x}"
+    assert added == {("ig/1_top_features", 120), (other, 120)} and other != frames_key
 
 
 def test_a_picture_of_the_wrong_kind_is_refused_before_reaching_a_logger(mlflow_logger):
@@ -178,8 +188,10 @@ def test_mlflow_metric_keys_keep_apart_the_names_mlflow_refuses(mlflow_logger):
     """Lightning's MLflow logger deletes what MLflow refuses in a key: ``ig/mean_abs/速度`` became ``ig/mean_abs/``,
     which MLflow refused mid-fit, and ``x (m∕s)`` / ``x m∕s`` one key. Each gets a key of its own that MLflow takes."""
     metrics = {"ig/mean_abs/速度": 1.0, "ig/mean_abs/x (m∕s)": 2.0, "ig/mean_abs/x m∕s": 3.0, "ig/time_ms": 4.0}
+    metrics |= {f"ig/mean_signed/{'L' * 240}": 5.0, f"ig/mean_signed/{'L' * 241}": 6.0}  # was: refused mid-fit
     keys = mlflow_metrics(metrics)
-    assert sorted(keys.values()) == [1.0, 2.0, 3.0, 4.0] and keys["ig/time_ms"] == 4.0
+    assert sorted(keys.values()) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] and keys["ig/time_ms"] == 4.0
+    assert max(len(key) for key in keys) == 250
     assert all(re.fullmatch(r"[A-Za-z0-9_\-./ ]+", key) for key in keys)
     assert mlflow_metrics(metrics) == keys  # the same keys at every step
     mlflow_logger.log_metrics(keys, step=1)  # taken whole
