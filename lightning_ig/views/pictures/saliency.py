@@ -201,18 +201,18 @@ def _markers(maps: np.ndarray, scale: float, cell: int) -> tuple[np.ndarray, np.
 
 
 def _captions(f_input: np.ndarray | None, f_delta: np.ndarray | None, count: int) -> list[str] | None:
-    """``F(x) F(x)-F(b)`` per frame, each column with the decimals that give its largest two significant digits."""
-    columns = []
-    for values, sign in ((f_input, ""), (f_delta, "+")):
-        if values is None:
-            continue
-        array = np.asarray(values, dtype=np.float64).reshape(-1)
+    """``F(x) F(x)-F(b)`` per frame, both columns with the decimals that give either's largest two significant digits
+    (one count of decimals, so that the two columns subtract to one ``F(b)``)."""
+    pairs = ((f_input, ""), (f_delta, "+"))
+    given = [(np.asarray(values, dtype=np.float64).reshape(-1), sign) for values, sign in pairs if values is not None]
+    decimals = 0
+    for array, _ in given:
         if array.shape[0] != count:
             raise ValueError(f"got {array.shape[0]} values under the frames for {count} frames; give one per frame")
         finite = np.abs(array[np.isfinite(array)])
         largest = float(finite.max()) if finite.size else 0.0
-        decimals = 2 if largest == 0 else int(min(4, max(0, 1 - math.floor(math.log10(largest)))))
-        columns.append([f"{v:{sign}.{decimals}f}" if math.isfinite(v) else str(v) for v in array])
+        decimals = max(decimals, 2 if largest == 0 else int(min(4, max(0, 1 - math.floor(math.log10(largest))))))
+    columns = [[f"{v:{sign}.{decimals}f}" if math.isfinite(v) else str(v) for v in array] for array, sign in given]
     return [" ".join(words) for words in zip(*columns)] if columns else None
 
 

@@ -183,3 +183,12 @@ def test_write_png_round_trips_and_follows_the_umask(tmp_path):
         os.umask(previous)
     assert np.array_equal(np.asarray(Image.open(path)), pixels)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_the_two_captions_under_a_frame_share_their_decimals_so_they_subtract_to_one_baseline_value():
+    from lightning_ig.views.pictures.saliency import _captions
+
+    # F(b) = 1.04, 0.6 and 1.8: was "3 +2.0", "-8 -8.6", "11 +9.6", whose differences read 1, 0.6 and 1.4
+    lines = _captions(np.array([3.04, -8.0, 11.4]), np.array([2.0, -8.6, 9.6]), 3)
+    assert lines == ["3.0 +2.0", "-8.0 -8.6", "11.4 +9.6"]
+    assert _captions(np.array([250.0, np.nan]), None, 2) == ["250", "nan"]  # one column: its own two digits
