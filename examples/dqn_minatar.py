@@ -1,4 +1,4 @@
-"""Dueling NoisyNet DQN on MinAtar Breakout from pixels, on a GPU if there is one, watched by Integrated Gradients.
+"""Dueling NoisyNet DQN on a MinAtar game from pixels, on a GPU if there is one, watched by Integrated Gradients.
 
 MinAtar (Young & Tian, 2019; the `minatar` package, GPL-3.0-or-later, imported as a
 separate optional package) shows a 10x10 frame with one channel per object:
@@ -60,11 +60,17 @@ def make_ig_callback(
         target=args.ig_target,  # "mean": V(s), the mean of the dueling Q-values; "each", "contrast": per action
         feature_groups="channels",  # one group per object: the attributions of its pixels summed
         group_names=channels,
+        feature_names=pixel_names(channels, held_out.shape[2:]),  # the JSON reports name pixels as the checkpoint does
         action_names=None if args.ig_target == "mean" else actions,  # the panels of ig/3_actions, the pair of contrast
         engine=IGOptions(n_steps=args.ig_n_steps),
         overhead=args.ig_overhead,
-        views=ViewOptions(saliency_states=8, top_k=len(channels)),  # ig/2_saliency: 8 held-out frames, attribution over
+        views=ViewOptions(top_k=len(channels)),  # every channel in the text's table; ig/2_saliency: 5 held-out frames
     )
+
+
+def pixel_names(channels: Sequence[str], frame: Sequence[int]) -> list[str]:
+    """``<channel>[row,column]`` per feature, in the frames' (C, H, W) order."""
+    return [f"{name}[{row},{column}]" for name in channels for row in range(frame[0]) for column in range(frame[1])]
 
 
 #: MinAtar's action letters (its games' ``action_map``), as the pictures of ``--ig-target each|contrast`` name them.
@@ -661,13 +667,20 @@ def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str
 
 
 def diag_command(
-    checkpoint: Path | str, num_states: int, groups_file: Path | str, saliency: Path | str, output: Path | str
+    checkpoint: Path | str,
+    num_states: int,
+    groups_file: Path | str,
+    saliency: Path | str,
+    output: Path | str,
+    target: str = "mean",
 ) -> str:
     """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored frames, shell-quoted;
-    with ``--auto-samples`` where fewer are stored than diag samples unless told (it refuses to sample more)."""
+    with ``--auto-samples`` where fewer are stored than diag samples unless told (it refuses to sample more), and the
+    run's ``--ig-target`` where it is not the default."""
     words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
     if num_states < AUTO_SAMPLES:
         words += ["--auto-samples", str(num_states)]
+    words += [] if target == "mean" else ["--target", target]
     words += ["--feature-groups", str(groups_file), "--saliency", str(saliency), "--output", str(output)]
     return f"{lightning_ig_command()} {shlex.join(words)}"
 
@@ -800,10 +813,9 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     random_actions, num_actions = np.random.default_rng(args.seed + 3_000), len(agent.envs.action_set)
     uniform = evaluate(lambda x: random_actions.integers(num_actions, size=len(x)), args, args.random_episodes, device)
     mean_return, random_return = float(returns.mean()), float(uniform.mean())
-    frame = held_out.shape[2:]  # (10, 10): the features by channel and cell, as the report names them
-    pixels = [
-        f"{name}[{row},{column}]" for name in channel_names for row in range(frame[0]) for column in range(frame[1])
-    ]
+    pixels = pixel_names(
+        channel_names, held_out.shape[2:]
+    )  # (10, 10) frames: by channel and cell, as reports name them
     checkpoint = save_checkpoint(
         q_network,
         run_dir / "q_network.safetensors",
@@ -833,12 +845,14 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     print(f"\nrun folder          {run_dir}")
     print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
-    diag = diag_command(checkpoint, len(held_out), groups_file, run_dir / "saliency", run_dir / "ig_report.json")
+    diag = diag_command(
+        checkpoint, len(held_out), groups_file, run_dir / "saliency", run_dir / "ig_report.json", args.ig_target
+    )
     print(f"diagnose it with    {diag}")
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")
     print(
         f"training            {trainer.global_step} gradient steps, {agent.env_steps} env steps "
-        f"({args.num_envs} games), {train_seconds:.1f} s after the warm-up"
+        f"({args.num_envs} game{'s' * (args.num_envs > 1)}), {train_seconds:.1f} s after the warm-up"
     )
     print(
         f"speed               {env_steps_per_second:.0f} env steps/s, {gradient_steps_per_second:.1f} gradient "
@@ -860,7 +874,8 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     for index in channel_order(raises + lowers):
         up, down = float(raises[index]), float(lowers[index])
         up_text, down_text, net = number(up, ".4f"), number(down, ".4f"), number(up - down, "+.4f")
-        print(f"  {channel_names[index]:<8} raises V(s) {up_text}   lowers it {down_text}   net {net}")
+        width = max(len(name) for name in channel_names)
+        print(f"  {channel_names[index]:<{width}} raises V(s) {up_text}   lowers it {down_text}   net {net}")
     print(f"wall time           {time.perf_counter() - started:.1f} s")
     return {
         "run_dir": str(run_dir),

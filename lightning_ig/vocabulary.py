@@ -278,8 +278,7 @@ def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:
 def default_feature_names(feature_shape: Sequence[int]) -> list[str]:
     """Names of unnamed features: ``x0, x1, ...``, or ``x[c,i,j]`` for multi-dimensional states.
 
-    The one default everywhere (callback, report, command line), in row-major
-    (flattened) order.
+    The one default everywhere (callback, report, command line), in row-major (flattened) order.
     """
     shape = tuple(int(size) for size in feature_shape)
     if len(shape) <= 1:

@@ -97,8 +97,7 @@ class Reference:
     seconds: float
 
 
-# --------------------------------------------------------------------------------------------------
-# targets: (N, A) outputs of rows belonging to states `rows` -> (N,)
+# -------------------------------------------------- targets: (N, A) outputs of rows belonging to states `rows` -> (N,)
 
 _RowTarget = Callable[[Tensor, Tensor], Tensor]
 
@@ -156,8 +155,7 @@ def _check_walkable(model: nn.Module) -> list[nn.Module]:
     return relus
 
 
-# --------------------------------------------------------------------------------------------------
-# the exact line
+# ------------------------------------------------------------------------------------------------------ the exact line
 
 
 def exact_line(
@@ -308,8 +306,7 @@ def _stacked(walks: list[dict[str, Any]], each: bool, method: str, seconds: floa
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# the midpoint fallback
+# ----------------------------------------------------------------------------------------------- the midpoint fallback
 
 
 def midpoint_reference(

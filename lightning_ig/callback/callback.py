@@ -113,9 +113,8 @@ class IntegratedGradientsCallback(Callback):
         forward: ``None`` (default: the model's output, through ``target``) or a callable ``(pl_module, x) -> (N,)``:
             the scalar attributed, computed your way (``target`` stays ``"mean"``).
         completeness_tol: The tolerance of the accuracy verdict and of ``n_steps="auto"`` (default 0.01).
-        on_non_finite: ``"warn"`` (default: once; the error figures are logged as ``inf``, with
-            ``non_finite_states``) or ``"raise"`` (:class:`NonFiniteAttributionError`, which stops training) when the
-            model produces NaN/Inf.
+        on_non_finite: ``"warn"`` (default: once; the error figures logged as ``inf``) or ``"raise"``
+            (:class:`NonFiniteAttributionError`, which stops training) when the model produces NaN/Inf.
         report_dir: Folder for a JSON report per run; ``None`` (default): none, except without a logger
             (``<default_root_dir>/ig_reports``). Checked at set-up; a report that cannot be written later is warned
             about and training goes on.

@@ -231,8 +231,7 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
     Blocks nest: an inner block restores the state the outer one set.
 
     Args:
-        module: The model (or a single layer). Wrappers such as DDP or
-            ``torch.compile`` are looked through, as ``module.modules()`` does.
+        module: The model (or a single layer). Wrappers such as DDP or ``torch.compile`` are looked through.
 
     Yields:
         ``module`` itself.

@@ -376,6 +376,10 @@ def test_the_printed_commands_are_shell_quoted(example_module: ModuleType, tmp_p
     assert (parsed.checkpoint, parsed.auto_samples, parsed.output) == (str(checkpoint), 8, str(output))
     # as many stored as diag samples, or more: its default, as before
     assert "--auto-samples" not in shlex.split(example_module.diag_command(checkpoint, 16, output))
+    contrast = shlex.split(example_module.diag_command(checkpoint, 16, output, "contrast"))
+    assert (
+        build_parser().parse_args(contrast[contrast.index("diag") :]).target == "contrast" and parsed.target == "mean"
+    )
 
     from lightning.pytorch.loggers import TensorBoardLogger
 

@@ -157,13 +157,11 @@ class MlflowSink:
         _warn_unreadable_images()
 
     def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
-        """A time-stepped image (``images/<tag>+step+<step>+...png``), ``/`` and MLflow's other characters kept.
+        """A time-stepped image (``images/<key>+step+<step>+...png``, the key as :func:`mlflow_metrics` makes them).
 
         MLflow's client keys an image by its step in the file name, and its UI opens an image card at step 0 and
         shows only an image logged at exactly the slider's step; so a key's first picture is logged at step 0 too
-        (the card opens on it; its title names the step it was drawn at; not again in a run that has pictures), then
-        each at its run's step. Keys are as :func:`mlflow_metrics` makes them: two names that differ only in what
-        MLflow refuses stay apart.
+        (the card opens on it; its title names the step it was drawn at; not in a run that has pictures already).
         """
         key, client, run = _mlflow_key(tag), self.logger.experiment, self.logger.run_id
         with self._lock:

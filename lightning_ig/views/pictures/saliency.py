@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,20 +200,24 @@ def _markers(maps: np.ndarray, scale: float, cell: int) -> tuple[np.ndarray, np.
     return mask, DIVERGING_LUT[levels].repeat(cell, axis=1).repeat(cell, axis=2)
 
 
-def _captions(f_input: np.ndarray | None, f_delta: np.ndarray | None, count: int) -> list[str] | None:
-    """``F(x) F(x)-F(b)`` per frame, both columns with the decimals that give either's largest two significant digits
-    (one count of decimals, so that the two columns subtract to one ``F(b)``)."""
+def _captions(
+    f_input: np.ndarray | None, f_delta: np.ndarray | None, count: int, fits: Callable[[str], bool] = lambda line: True
+) -> list[str] | None:
+    """``F(x) F(x)-F(b)`` per frame, both columns with one count of decimals, so that they subtract to one ``F(b)``:
+    the smaller column's two significant digits where every line ``fits`` under its frame, else the larger's."""
     pairs = ((f_input, ""), (f_delta, "+"))
     given = [(np.asarray(values, dtype=np.float64).reshape(-1), sign) for values, sign in pairs if values is not None]
-    decimals = 0
     for array, _ in given:
         if array.shape[0] != count:
             raise ValueError(f"got {array.shape[0]} values under the frames for {count} frames; give one per frame")
-        finite = np.abs(array[np.isfinite(array)])
-        largest = float(finite.max()) if finite.size else 0.0
-        decimals = max(decimals, 2 if largest == 0 else int(min(4, max(0, 1 - math.floor(math.log10(largest))))))
-    columns = [[f"{v:{sign}.{decimals}f}" if math.isfinite(v) else str(v) for v in array] for array, sign in given]
-    return [" ".join(words) for words in zip(*columns)] if columns else None
+    tops = [float(np.abs(array[np.isfinite(array)]).max(initial=0.0)) for array, _ in given]
+    decimals = [2 if top == 0 else int(min(4, max(0, 1 - math.floor(math.log10(top))))) for top in tops]
+    for shared in (max(decimals, default=0), min(decimals, default=0)):
+        columns = [[f"{v:{sign}.{shared}f}" if math.isfinite(v) else str(v) for v in array] for array, sign in given]
+        lines = [" ".join(words) for words in zip(*columns)]
+        if all(fits(line) for line in lines):
+            break
+    return lines if given else None
 
 
 def saliency_grid(
@@ -259,7 +263,11 @@ def saliency_grid(
             f"saliency needs states and attributions of one shape (S, C, H, W) or (S, C, L), got "
             f"{tuple(states.shape)} and {tuple(attributions.shape)}"
         )
-    captions = _captions(f_input, f_delta, len(states))
+    slot_width, slot_height = CARD_WIDTH // _COLUMNS, (CARD_HEIGHT - _TOP) // _ROWS
+    canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
+    captions = _captions(
+        f_input, f_delta, len(states), lambda t: canvas.text_width(t, size=SMALL_SIZE) <= slot_width - 4
+    )
     if kind == "strip":
         return _strips(attributions, target_label, baseline_label)
     check_saliency_channel(channel, tuple(states.shape[1:]))
@@ -269,7 +277,9 @@ def saliency_grid(
     colours, labels = _colours(channel_colours, channel_names, images.shape[1])
     if channel is not None:
         images, colours, labels = images[:, channel : channel + 1], colours[channel : channel + 1], [labels[channel]]
-    slot_width, slot_height = CARD_WIDTH // _COLUMNS, (CARD_HEIGHT - _TOP) // _ROWS
+    widest = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels)
+    if len(labels) > 5 and widest > slot_width / 2 - 20 and count == GRID_FRAMES:  # the legend takes 2 slots, whole
+        count, images, maps = count - 1, images[:-1], maps[:-1]
     room = (slot_height - LINE - 4, slot_width - 6)  # a frame, its border and its caption in a slot
     block = max(1, math.ceil(images.shape[2] / room[0]), math.ceil(images.shape[3] / room[1]))
     images, maps = _pool(images, block, "max"), _pool(maps, block, "sum")  # objects kept; attributions add up
@@ -278,7 +288,6 @@ def saliency_grid(
     frames = frame_colours(images, colours).repeat(cell, axis=1).repeat(cell, axis=2)  # (S, H*cell, W*cell, 3)
     mask, marker = _markers(maps, scale, cell)
     tiles = np.where(mask[..., None], marker, frames).astype(np.uint8)
-    canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
     x = 3.0
     for words, colour, bold in (
         ("blue", POSITIVE, True),
@@ -419,7 +428,7 @@ def mean_abs_map(
     rows = math.ceil(count / columns)
     room = ((CARD_HEIGHT - 2 * LINE - 6) // rows - 2 * LINE - 4, CARD_WIDTH // columns - 10)
     cell = max(1, min(8, room[0] // height, room[1] // width))
-    pitch_x, pitch_y = width * cell + 10, height * cell + 2 * LINE + 4
+    pitch_x, pitch_y = max(width * cell + 10, CARD_WIDTH // columns), height * cell + 2 * LINE + 4
     canvas = Canvas(max(CARD_WIDTH, columns * pitch_x), 2 * LINE + 6 + rows * pitch_y)
     canvas.text((2, 2), f"mean |attribution| per pixel{over}", size=TEXT_SIZE)
     canvas.text((2, LINE + 3), "each tile on its own scale, 0 to max", size=SMALL_SIZE, colour=MUTED)
@@ -433,7 +442,9 @@ def mean_abs_map(
         tile = _sequential(channels[index], scales[index]).astype(np.uint8)
         canvas.outline((left, top + LINE + 1, left + width * cell + 1, top + LINE + height * cell + 2), BORDER)
         canvas.paste(tile.repeat(cell, axis=0).repeat(cell, axis=1), left + 1, top + LINE + 2)
-        canvas.text((left, top + LINE + height * cell + 4), f"max {format_value(scales[index])}", size=SMALL_SIZE)
+        words = f"max {format_value(scales[index])}" if np.nan_to_num(channels[index]).any() else "max 0"  # drawn 0-1
+        words = words if canvas.text_width(words) <= pitch_x - 6 else words.removeprefix("max ")  # the title says max
+        canvas.text((left, top + LINE + height * cell + 4), words, size=SMALL_SIZE)
     return SaliencyPicture(canvas.pixels, max(scales), tuple(scales))
 
 
