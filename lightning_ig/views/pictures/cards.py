@@ -468,9 +468,15 @@ def action_panels(
     _title(canvas, title)
     _sign_legend(canvas, LINE + 4, [("raises its Q above the mean action's", "lowers it"), ("raises", "lowers")])
     swatch = 12 if label_colours is not None else 0
-    shown = [canvas.fit(str(labels[i]), CARD_WIDTH * 0.4 - swatch, size=TEXT_SIZE) for i in order]
+    share = 0.4 if len(shown_actions) <= 3 else 0.27  # the labels leave the panels room for their names
+    shown = [canvas.fit(str(labels[i]), CARD_WIDTH * share - swatch, size=TEXT_SIZE) for i in order]
     left = 8 + swatch + max(canvas.text_width(s, size=TEXT_SIZE) for s in shown)
     width = (CARD_WIDTH - 4 - left) / len(shown_actions)
+    names = [str(action_names[action]) for action in shown_actions]  # bold where every name fits so, else small
+    bold = all(canvas.text_width(name, size=TEXT_SIZE, bold=True) <= width - 3 for name in names)
+    most = max(greedy_counts[action] for action in shown_actions)  # the widest count picks one wording for all
+    forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
+    form = next((f for f in forms if canvas.text_width(f.format(most), size=SMALL_SIZE) <= width - 4), "{}")
     for index, unit in enumerate(order):
         centre = top + row * index + row / 2
         if label_colours is not None:
@@ -478,15 +484,10 @@ def action_panels(
         canvas.text((left - 6 - swatch, centre), shown[index], size=TEXT_SIZE, anchor="rm")
     for panel, action in enumerate(shown_actions):
         x0, span = left + panel * width + 3, width - 8
-        canvas.text(
-            (x0, 2 * LINE + 4),
-            canvas.fit(str(action_names[action]), width - 4, size=TEXT_SIZE, bold=True),
-            size=TEXT_SIZE,
-            bold=True,
-        )
-        n = greedy_counts[action]  # the count stays, bare, where a panel is too narrow for its words (18 actions)
-        count = canvas.first_fitting([f"greedy {n}/{num_states}", f"greedy {n}", str(n)], width - 4, size=SMALL_SIZE)
-        canvas.text((x0, 3 * LINE + 4), count, size=SMALL_SIZE, colour=MUTED)
+        size = TEXT_SIZE if bold else SMALL_SIZE
+        canvas.text((x0, 2 * LINE + 4), canvas.fit(names[panel], width - 3, size=size, bold=bold), size=size, bold=bold)
+        count = form.format(greedy_counts[action])
+        canvas.text((x0, 3 * LINE + 4), canvas.fit(count, width - 2, size=SMALL_SIZE), size=SMALL_SIZE, colour=MUTED)
         canvas.line([(x0, top - 2), (x0, top + row * len(order))], INK)
         canvas.line([(x0 + span, top - 2), (x0 + span, top + row * len(order))], GRID)
         positive, negative = parts[action]
