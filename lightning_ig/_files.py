@@ -272,6 +272,8 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
         OutputPathError: ``path`` (or a parent) is a file, or the folder cannot be created or written.
     """
     folder = Path(path)
+    if not os.fspath(path):  # Path("") is the current folder: nobody names it so
+        raise OutputPathError(f"{what} '' is empty; give a folder path ('.' for the current folder)")
     real = _resolved(folder)
     if real.exists() and not real.is_dir():
         raise OutputPathError(f"{what} {str(folder)!r} is a file, not a folder; give a folder path")

@@ -131,10 +131,10 @@ class IntegratedGradientsCallback(Callback):
             logged as ``ig/overhead``. A run that would break it attributes a half or a quarter of the states
             (windows that rotate through them) and leaves the trust checks for later before it is deferred to a later
             step; the run says so (its report's ``budget``). The trust checks (:mod:`lightning_ig.trust`: randomisation
-            sanity and deletion over two units or more, deletion not for ``"contrast"``, and noise stability for
-            NoisyNet models) all run at the first and the final run (which is full), between as the budget allows,
-            on global rank zero, on a working copy of the model. ``None``: no budget, every run in full, no trust
-            checks. Under DDP it is measured, never acted on.
+            sanity, deletion (not for ``"contrast"``) and noise stability for NoisyNet models, each over two units or
+            more) all run at the first and the final run (which is full), between as the budget allows, on global
+            rank zero, on a working copy of the model. ``None``: no budget, every run in full, no trust checks. Under
+            DDP it is measured, never acted on.
 
     Raises:
         MisconfigurationException: No cadence or a non-positive one; at set-up, two callbacks with one ``name`` (two

@@ -78,8 +78,8 @@ class TrustMonitor:
     """The trust checks of one callback over one fit, on global rank zero.
 
     Attributes:
-        names: the checks this fit makes (stability only for a model with NoisyLinear layers, sanity and deletion
-            only over two units or more, deletion not for ``target="contrast"``; a check that could not run is dropped).
+        names: the checks this fit makes (stability only for a model with NoisyLinear layers, every check only over
+            two units or more, deletion not for ``target="contrast"``; a check that could not run is dropped).
         carried: ``{accuracy within (True, False, None): (verdict, scalars)}``: the verdict and scalars of a run
             that does not enter :meth:`step`, made at the last one.
         latest: the last verdict made (``None`` before the first run).
@@ -150,10 +150,10 @@ class TrustMonitor:
         checked = Target.parse("mean") if target.every_output else target
         settings = AttributionSettings(forward=forward, target=checked, options=engine.options)
         monitor = cls(pl_module, states, baselines, settings, groups, prefix, rows_per_state=target.rows_per_state)
-        # Checks that cannot apply judge nothing (as stability without NoisyNet): a contrast's pair is chosen at each
-        # state and held fixed, which a deleted state's forward cannot re-state; one unit has no order to rank.
+        # Checks that cannot apply judge nothing (as stability without NoisyNet): one unit has no order to rank, and
+        # a contrast's pair is chosen at each state and held fixed, which a deleted state's forward cannot re-state.
         units = states[0].numel() if groups is None else len(groups)
-        skipped = {"sanity", "deletion"} if units < 2 else set() if settings.target.checks_deletion else {"deletion"}
+        skipped = set(CHECKS) if units < 2 else set() if settings.target.checks_deletion else {"deletion"}
         monitor.names = [name for name in monitor.names if name not in skipped]
         return monitor
 

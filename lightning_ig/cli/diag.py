@@ -190,8 +190,7 @@ def _check_inputs(args: argparse.Namespace) -> None:
             _checked(check_input_file, path, flag, f"give {give}")
 
 
-# --------------------------------------------------------------------------------------------------
-# outputs, checked first
+# ---------------------------------------------------------------------------------------------- outputs, checked first
 
 
 def _plan(args: argparse.Namespace) -> tuple[list[_HeadPlan], Callable[[], None]]:
@@ -293,8 +292,7 @@ def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
     return [output.with_name(f"{stem}.{head}{suffix}") for head in heads]
 
 
-# --------------------------------------------------------------------------------------------------
-# the IG run, the writes, the words
+# ----------------------------------------------------------------------------------- the IG run, the writes, the words
 
 
 def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
@@ -446,12 +444,14 @@ def _saliency_pixels(head: _Attributed) -> list[Any]:
     channels by name where the groups name them (``--feature-groups`` with one group per channel)."""
     import numpy as np  # noqa: PLC0415
 
+    from lightning_ig.attribution.targets import Target  # noqa: PLC0415
     from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid  # noqa: PLC0415
 
     states = head.run.states.detach().to("cpu", torch.float64).numpy()
     attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()
     channel_names = head.run.groups.channel_names() if head.run.groups is not None else None
-    grid = saliency_grid(states, attributions, channel_names=channel_names)
+    words = Target.parse("mean").words if head.run.target.every_output else head.run.target.words  # as attributed
+    grid = saliency_grid(states, attributions, channel_names=channel_names, target_label=words)
     mean_abs = mean_abs_map(np.abs(attributions).mean(axis=0), len(states), channel_names)
     return [grid.pixels, mean_abs.pixels]
 

@@ -81,7 +81,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         message = re.sub(r"^argument (--[\w-]+)(?:/[^:]*)?: \1 ", r"\1 ", message)  # the flag once (_checked)
-        message = message.replace(" one argument", " one argument (a value that starts with '-' is written --flag=-1)")
+        message = re.sub(
+            r"^(argument (--[\w-]+).*: expected one argument)$", r"\1 (a value starting with '-': \2=VALUE)", message
+        )
         raise UsageError(f"{self.prog}: error: {message}; see `{self.prog} --help`")
 
 
@@ -161,8 +163,7 @@ def _import_path(text: str) -> str:
     return text
 
 
-# --------------------------------------------------------------------------------------------------
-# the parser
+# ---------------------------------------------------------------------------------------------------------- the parser
 
 
 def build_parser() -> argparse.ArgumentParser:

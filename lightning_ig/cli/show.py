@@ -49,8 +49,7 @@ def _read_report(path: str) -> dict[str, Any]:
     return report
 
 
-# --------------------------------------------------------------------------------------------------
-# tolerant access: a part of the wrong type reads as missing
+# ---------------------------------------------------------- tolerant access: a part of the wrong type reads as missing
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -192,14 +191,13 @@ def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:
     completeness = report.get("completeness")
     if not isinstance(completeness, dict):
         return ["  (the report holds no completeness figures)"]
-    rated = [
-        state for state in _records(completeness.get("per_state")) if _real(state.get("relative_error")) is not None
-    ]
+    rows = _records(completeness.get("per_state"))
+    rated = [state for state in rows if _real(state.get("relative_error")) is not None]
     rated.sort(key=lambda state: -_real(state["relative_error"]))  # type: ignore[operator]
     if count <= 0:
         return []
-    if not rated:
-        return ["  (the report holds no per-state figures)"]
+    if not rated:  # every state at the baseline or NaN/Inf has no relative error to rank
+        return [f"  (the report holds {'no per-state figures' if not rows else 'no state with a relative error'})"]
     return [f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11} {'rel.error':>11}"] + [
         f"  {_text(state.get('state_idx'), 6):>6} {_number(state.get('sum_attributions'))} "
         f"{_number(state.get('f_input_minus_f_baseline'))} {_number(state.get('relative_error'))}"

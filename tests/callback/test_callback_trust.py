@@ -183,19 +183,22 @@ def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("options", "skipped"),
+    ("options", "noisy", "skipped"),
     [
-        ({"target": "contrast"}, {"deletion"}),  # its pair is chosen at each state: a deleted state cannot re-state it
-        ({"feature_groups": {"all": [0, 1, 2, 3]}}, {"sanity", "deletion"}),  # one unit: nothing to rank or order
+        ({"target": "contrast"}, False, {"deletion"}),  # its pair, chosen at each state: not for a deleted one
+        ({"feature_groups": {"all": [0, 1, 2, 3]}}, False, {"sanity", "deletion"}),  # one unit: nothing to rank
+        ({"feature_groups": {"all": [0, 1, 2, 3]}}, True, {"sanity", "deletion", "stability"}),
     ],
 )
-def test_a_check_that_cannot_apply_is_left_out_not_failed(tmp_path, options, skipped):
+def test_a_check_that_cannot_apply_is_left_out_not_failed(tmp_path, options, noisy, skipped):
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=2, engine=IGOptions(n_steps=64), report_dir=tmp_path / "r", **options
     )
-    _fit(tmp_path, callback, max_steps=4)
+    model = TinyQNet(noisy=noisy, dropout=0.0, batchnorm=False)
+    make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(model, loader())
     trust = json.loads(sorted((tmp_path / "r").glob("*.json"))[-1].read_text())["trust"]
     assert trust["status"] == "passed", trust  # the accuracy and the checks that apply: a tanh net at 64 points
-    made = {"sanity", "faithfulness"} - {"faithfulness" if name == "deletion" else name for name in skipped}
-    assert made == {name for name in ("sanity", "faithfulness") if trust["checks"][name] is not None}, trust
+    checks = {"sanity", "faithfulness", "stability"} if noisy else {"sanity", "faithfulness"}
+    made = checks - {"faithfulness" if name == "deletion" else name for name in skipped}
+    assert made == {name for name in checks if trust["checks"][name] is not None}, trust
     assert not any(name in line for line in trust["reasons"] for name in skipped), trust

@@ -313,3 +313,19 @@ def test_a_conv_network_given_flat_states_is_not_told_a_linear_layers_width(work
     _refused(code, err, "the model rejects the states of shape (3, 32)")
     assert "give states with" not in err and "features but the model takes" not in err
     assert not (workspace / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [("mean", "V(s)"), ("each", "V(s)"), ("contrast", "Q(greedy) − Q(runner-up)"), ("1", "Q(s, 1)")],
+)
+def test_the_saliency_picture_names_what_was_attributed(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, target: str, words: str
+) -> None:
+    from lightning_ig.views.pictures import saliency
+
+    labels: list[str] = []  # was: "V(s)" whatever --target attributed
+    draw = saliency.saliency_grid
+    monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: labels.append(k["target_label"]) or draw(*a, **k))
+    assert _diag(capsys, "--target", target, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
+    assert labels == [words] and (workspace / "sal" / "saliency.png").is_file()

@@ -81,6 +81,8 @@ def test_folders_devices_fifos_and_missing_folders_are_refused(
     for output, words in cases:
         code, _, err = _diag(capsys, "--output", output)
         _one_line_error(code, err, words, f"--output {output!r}")
+    code, _, err = _diag(capsys, "--saliency", "")  # was: the pictures written into the current folder
+    _one_line_error(code, err, "--saliency '' is empty; give a folder path")
     assert not (workspace / "newdir").exists() and not (workspace / "missing").exists()
     assert stat.S_ISFIFO((workspace / "pipe").stat().st_mode)
     if os.geteuid() == 0:

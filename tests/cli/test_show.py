@@ -44,6 +44,15 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
     )
     (workspace / "no_rows.json").write_text(json.dumps({**good, "completeness": {"worst_relative_error": 0.1}}))
     assert "(the report holds no per-state figures)" in (cli.main(["show", "no_rows.json"]), capsys.readouterr().out)[1]
+    unrated = {
+        **good["completeness"],
+        "per_state": [{**row, "relative_error": None} for row in good["completeness"]["per_state"]],
+    }
+    (workspace / "unrated.json").write_text(json.dumps({**good, "completeness": unrated}))
+    assert (
+        "(the report holds no state with a relative error)"
+        in (cli.main(["show", "unrated.json"]), capsys.readouterr().out)[1]
+    )
 
     for name, text in (
         ("list.json", "[1, 2]"),

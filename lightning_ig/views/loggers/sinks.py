@@ -85,9 +85,9 @@ def mlflow_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     return {_mlflow_key(key): value for key, value in metrics.items()}
 
 
-def _mlflow_key(key: str) -> str:
+def _mlflow_key(key: str, most: int = 250) -> str:
     kept = _MLFLOW_KEY.sub("_", key)
-    return key if kept == key and len(key) <= 250 else f"{kept[:241]} {zlib.crc32(key.encode()):08x}"
+    return key if kept == key and len(key) <= most else f"{kept[: most - 9]} {zlib.crc32(key.encode()):08x}"
 
 
 def _kind(logger: Any) -> str | None:
@@ -153,7 +153,6 @@ class MlflowSink:
         self.logger = logger
         self._lock = threading.Lock()
         self._keys: set[str] = set()
-        self._continued = bool(logger.experiment.list_artifacts(logger.run_id, "images"))  # a resumed fit's run
         _warn_unreadable_images()
 
     def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
@@ -161,11 +160,12 @@ class MlflowSink:
 
         MLflow's client keys an image by its step in the file name, and its UI opens an image card at step 0 and
         shows only an image logged at exactly the slider's step; so a key's first picture is logged at step 0 too
-        (the card opens on it; its title names the step it was drawn at; not in a run that has pictures already).
+        (the card opens on it; its title names the step it was drawn at). The key leaves room in a file name of 255
+        bytes for MLflow's ``+step+...`` (about 85).
         """
-        key, client, run = _mlflow_key(tag), self.logger.experiment, self.logger.run_id
+        key, client, run = _mlflow_key(tag, 150), self.logger.experiment, self.logger.run_id
         with self._lock:
-            steps = [int(step)] if self._continued or key in self._keys or int(step) == 0 else [0, int(step)]
+            steps = [int(step)] if key in self._keys or int(step) == 0 else [0, int(step)]
             self._keys.add(key)
             for at in steps:
                 client.log_image(run, _pixels(pixels), key=key, step=at, synchronous=True)

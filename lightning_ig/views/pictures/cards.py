@@ -477,6 +477,8 @@ def action_panels(
     most = max(greedy_counts[action] for action in shown_actions)  # the widest count picks one wording for all
     forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
     form = next((f for f in forms if canvas.text_width(f.format(most), size=SMALL_SIZE) <= width - 4), "{}")
+    if form == "{}":  # the bare counts are named once, where the unit labels' column has room
+        canvas.text((left - 6, 3 * LINE + 4), f"greedy in {num_states}:", size=SMALL_SIZE, colour=MUTED, anchor="ra")
     for index, unit in enumerate(order):
         centre = top + row * index + row / 2
         if label_colours is not None:
@@ -496,12 +498,8 @@ def action_panels(
             red = blue + span * float(negative[unit]) / limit
             _two_tone_bar(canvas, x0, blue, red, centre=top + row * index + row / 2, half=0.34 * row)
     bottom = top + row * len(order) + 4
-    end = format_value(limit)
-    _line(
-        canvas,
-        bottom,
-        [f"mean |attribution| over {num_states} states; each panel 0 to {end}", f"each panel 0 to {end}"],
-    )
+    scale = f"each panel 0 to {format_value(limit)}"
+    _line(canvas, bottom, [f"mean |attribution| over {num_states} states; {scale}", scale])
     if note:
         _line(canvas, bottom + LINE, note)
     return Chart(canvas.pixels, tuple(shown))

@@ -203,8 +203,8 @@ def _markers(maps: np.ndarray, scale: float, cell: int) -> tuple[np.ndarray, np.
 def _captions(
     f_input: np.ndarray | None, f_delta: np.ndarray | None, count: int, fits: Callable[[str], bool] = lambda line: True
 ) -> list[str] | None:
-    """``F(x) F(x)-F(b)`` per frame, both columns with one count of decimals, so that they subtract to one ``F(b)``:
-    the smaller column's two significant digits where every line ``fits`` under its frame, else the larger's."""
+    """``F(x) F(x)-F(b)`` per frame: both columns with the decimals of the smaller's two significant digits (so they
+    subtract to one ``F(b)``) where every line ``fits`` under its frame, else each column with its own two."""
     pairs = ((f_input, ""), (f_delta, "+"))
     given = [(np.asarray(values, dtype=np.float64).reshape(-1), sign) for values, sign in pairs if values is not None]
     for array, _ in given:
@@ -212,8 +212,10 @@ def _captions(
             raise ValueError(f"got {array.shape[0]} values under the frames for {count} frames; give one per frame")
     tops = [float(np.abs(array[np.isfinite(array)]).max(initial=0.0)) for array, _ in given]
     decimals = [2 if top == 0 else int(min(4, max(0, 1 - math.floor(math.log10(top))))) for top in tops]
-    for shared in (max(decimals, default=0), min(decimals, default=0)):
-        columns = [[f"{v:{sign}.{shared}f}" if math.isfinite(v) else str(v) for v in array] for array, sign in given]
+    for places in ([max(decimals, default=0)] * len(given), decimals):
+        columns = [
+            [f"{v:{sign}.{d}f}" if math.isfinite(v) else str(v) for v in a] for (a, sign), d in zip(given, places)
+        ]
         lines = [" ".join(words) for words in zip(*columns)]
         if all(fits(line) for line in lines):
             break
@@ -424,12 +426,15 @@ def mean_abs_map(
     count, height, width = channels.shape
     colours, labels = _colours(channel_colours, channel_names, count)
     scales = [robust_max(np.nan_to_num(tile)) for tile in channels]
+    tops = [f"max {format_value(v)}" if np.nan_to_num(t).any() else "max 0" for v, t in zip(scales, channels)]  # 0-1
     columns = min(count, 4)
     rows = math.ceil(count / columns)
     room = ((CARD_HEIGHT - 2 * LINE - 6) // rows - 2 * LINE - 4, CARD_WIDTH // columns - 10)
     cell = max(1, min(8, room[0] // height, room[1] // width))
     pitch_x, pitch_y = max(width * cell + 10, CARD_WIDTH // columns), height * cell + 2 * LINE + 4
     canvas = Canvas(max(CARD_WIDTH, columns * pitch_x), 2 * LINE + 6 + rows * pitch_y)
+    if max(canvas.text_width(top) for top in tops) > pitch_x - 6:  # the title says what the numbers are
+        tops = [top.removeprefix("max ") for top in tops]
     canvas.text((2, 2), f"mean |attribution| per pixel{over}", size=TEXT_SIZE)
     canvas.text((2, LINE + 3), "each tile on its own scale, 0 to max", size=SMALL_SIZE, colour=MUTED)
     for index in range(count):
@@ -442,9 +447,7 @@ def mean_abs_map(
         tile = _sequential(channels[index], scales[index]).astype(np.uint8)
         canvas.outline((left, top + LINE + 1, left + width * cell + 1, top + LINE + height * cell + 2), BORDER)
         canvas.paste(tile.repeat(cell, axis=0).repeat(cell, axis=1), left + 1, top + LINE + 2)
-        words = f"max {format_value(scales[index])}" if np.nan_to_num(channels[index]).any() else "max 0"  # drawn 0-1
-        words = words if canvas.text_width(words) <= pitch_x - 6 else words.removeprefix("max ")  # the title says max
-        canvas.text((left, top + LINE + height * cell + 4), words, size=SMALL_SIZE)
+        canvas.text((left, top + LINE + height * cell + 4), tops[index], size=SMALL_SIZE)
     return SaliencyPicture(canvas.pixels, max(scales), tuple(scales))
 
 

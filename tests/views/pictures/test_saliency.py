@@ -192,6 +192,9 @@ def test_the_two_captions_under_a_frame_share_their_decimals_so_they_subtract_to
     lines = _captions(np.array([3.04, -8.0, 11.4]), np.array([2.0, -8.6, 9.6]), 3)
     assert lines == ["3.0 +2.0", "-8.0 -8.6", "11.4 +9.6"]
     assert _captions(np.array([250.0, np.nan]), None, 2) == ["250", "nan"]  # one column: its own two digits
-    # where the finer decimals do not fit under the frame, both columns take the coarser ones (still one F(b))
+    # where the shared decimals do not fit under the frame, each column keeps its own two digits (never "+0")
     assert _captions(np.array([-0.0446]), np.array([0.0031]), 1) == ["-0.0446 +0.0031"]
-    assert _captions(np.array([-0.0446]), np.array([0.0031]), 1, fits=lambda line: len(line) <= 13) == ["-0.045 +0.003"]
+    assert _captions(np.array([-0.0446]), np.array([0.0031]), 1, fits=lambda line: len(line) <= 14) == [
+        "-0.045 +0.0031"
+    ]
+    assert _captions(np.array([-123.0]), np.array([0.0012]), 1, fits=lambda line: len(line) <= 14) == ["-123 +0.0012"]
