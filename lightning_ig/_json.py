@@ -1,10 +1,10 @@
 """JSON from users' files and flags, parsed with bounds: any malformed input is a ``ValueError``, never a crash.
 
 ``json.loads`` alone takes an object that names a key twice (the last value wins, silently: ``{"states": [...],
-"states": [...]}``) and lets three kinds of input escape as something other than "not valid JSON": a nesting bomb (``[``
-x 100000) raises ``RecursionError``; an integer of thousands of digits raises ``ValueError`` on Python 3.11+ and parses
-on 3.10, to fail later as an ``OverflowError`` wherever it becomes an index or a float; and a deeply nested value that
-does parse sends later code that walks it into the recursion limit. :func:`parse_json` refuses all four with a
+"states": [...]}``) and lets three kinds of input escape as something other than "not valid JSON": a nesting bomb
+(100000 ``[``) raises ``RecursionError``; an integer of thousands of digits raises ``ValueError`` on Python 3.11+ and
+parses on 3.10, to fail later as an ``OverflowError`` wherever it becomes an index or a float; and a deeply nested value
+that does parse sends later code that walks it into the recursion limit. :func:`parse_json` refuses all four with a
 ``ValueError`` that says what was wrong, so every reader (the command line's files and ``--model-kwargs``, checkpoint
 metadata, states files) reports one kind of error for one kind of mistake.
 """

@@ -426,7 +426,7 @@ def mean_abs_map(
     count, height, width = channels.shape
     colours, labels = _colours(channel_colours, channel_names, count)
     scales = [robust_max(np.nan_to_num(tile)) for tile in channels]
-    tops = [f"max {format_value(v)}" if np.nan_to_num(t).any() else "max 0" for v, t in zip(scales, channels)]  # 0-1
+    tops = [f"max {format_value(v)}" if np.nan_to_num(t).any() else "max 0" for v, t in zip(scales, channels)]
     columns = min(count, 4)
     rows = math.ceil(count / columns)
     room = ((CARD_HEIGHT - 2 * LINE - 6) // rows - 2 * LINE - 4, CARD_WIDTH // columns - 10)
