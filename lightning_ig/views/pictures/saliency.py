@@ -279,8 +279,8 @@ def saliency_grid(
     colours, labels = _colours(channel_colours, channel_names, images.shape[1])
     if channel is not None:
         images, colours, labels = images[:, channel : channel + 1], colours[channel : channel + 1], [labels[channel]]
-    widest = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels)
-    if len(labels) > 5 and widest > slot_width / 2 - 20 and count == GRID_FRAMES:  # the legend takes 2 slots, whole
+    widest = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels[:10])  # _legend's rule, in one slot:
+    if len(labels) > 5 and widest > (slot_width - 4) / 2 - 16 and count == GRID_FRAMES:  # else it takes two
         count, images, maps = count - 1, images[:-1], maps[:-1]
     room = (slot_height - LINE - 4, slot_width - 6)  # a frame, its border and its caption in a slot
     block = max(1, math.ceil(images.shape[2] / room[0]), math.ceil(images.shape[3] / room[1]))
