@@ -7,8 +7,8 @@ multiply-adds on one state (every module the forward calls whose largest paramet
 device), times the states, times ``1 + T`` passes (a forward, a backward per target) or ``2 F`` probes for finite
 differences, per node. ``n_steps`` is the largest of :data:`STEP_CHOICES` whose work fits the device's
 :class:`Profile`, the smallest when none does or nothing could be counted. ``method="auto"`` is then the kink rule
-at :data:`KINK_LIMIT` points or fewer with autograd (with ``"budget"``: at
-:data:`~lightning_ig.attribution.kinks.BUDGET_NODES`), else the midpoint rule. The profiles: ``docs/trust.md``.
+at :data:`KINK_LIMIT` points or fewer with autograd (``"budget"``: 7/8 of the points, the certificate's rows the
+rest: :data:`~lightning_ig.attribution.kinks.BUDGET_NODES` for 64), else the midpoint rule. Profiles: ``docs/trust.md``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ __all__ = ["KINK_LIMIT", "PROFILES", "STEP_CHOICES", "Profile", "budget_steps", 
 STEP_CHOICES = (256, 128, 64)
 """The numbers of points ``n_steps="budget"`` picks from, largest first."""
 
-KINK_LIMIT = 64
-"""``method="auto"`` is the kink rule at this many points or fewer, the midpoint rule above."""
+KINK_LIMIT = 128
+"""``method="auto"`` is the kink rule at this many points or fewer, the midpoint rule (better read) above."""
 
 
 class Profile(NamedTuple):
@@ -62,7 +62,7 @@ def resolve_budget(forward: Callable[[Tensor], Tensor], prepared: Prepared, sett
         kinks = settings.gradient == "autograd" and (n_steps == "auto" or int(n_steps) <= KINK_LIMIT)
         method = KINK_METHOD if kinks else "riemann_middle"
     if settings.n_steps == BUDGET and method == KINK_METHOD:
-        n_steps = BUDGET_NODES  # the certificate's forward rows come out of the budget's 64
+        n_steps = BUDGET_NODES * int(n_steps) // STEP_CHOICES[-1]
     if (n_steps, method) == (settings.n_steps, settings.method):
         return settings
     return dataclasses.replace(settings, n_steps=n_steps, method=method)

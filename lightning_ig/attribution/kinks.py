@@ -47,8 +47,8 @@ from lightning_ig.attribution.estimate import ROUGHNESS, block_size, kinked_shar
 __all__ = ["BUDGET_NODES", "kink_rule"]
 
 BUDGET_NODES = 56
-"""The kink rule's nodes where ``n_steps="budget"`` gives 64 points: 56 gradient rows and the certificate's 18
-forward rows per state cost about what 64 gradient rows do (docs/benchmarks.md)."""
+"""The kink rule's nodes where ``n_steps="budget"`` gives 64 points (112 for 128): 56 gradient rows and the
+certificate's 18 forward rows per state cost about what 64 gradient rows do (docs/benchmarks.md)."""
 
 _CERTIFIED = 0.25  # the stretches certified per state: ceil(n / 4)
 _PROBED = 0.25  # of those, the largest corrections' share checked at a second place too

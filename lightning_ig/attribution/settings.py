@@ -42,7 +42,7 @@ the engine spends what the device has to spare (:mod:`lightning_ig.attribution.b
 result's ``n_steps`` (``docs/trust.md``)."""
 DEFAULT_METHOD = AUTO_METHOD
 """The default rule, ``"auto"``: the kink rule (``"kink_midpoint"``, :mod:`lightning_ig.attribution.kinks`) where
-``n_steps`` comes to 64 points or fewer and gradients are autograd's, else the uniform midpoint rule
+``n_steps`` comes to 128 points or fewer and gradients are autograd's, else the uniform midpoint rule
 (``"riemann_middle"``); the result's ``method`` says which ran (:mod:`lightning_ig.attribution.budget`)."""
 
 

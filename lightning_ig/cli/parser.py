@@ -292,14 +292,14 @@ def _add_diag(commands: Any) -> None:
         help="quadrature steps; 'auto' (default): the 'budget' call, then the states whose error figures are above "
         "half of --completeness-tol (a quarter at the first level) refined by tripling the midpoint nodes, up to 512 "
         "(56, 168, 504 on a CPU; the report's num_steps says the most any state used); 'budget': 256, 128 or 64, the "
-        "most the device runs in about the time of its launches (the kink rule's 56 where that is 64)",
+        "most the device runs in about the time of its launches (the kink rule's 56 or 112 where that is 64 or 128)",
     )
     ig.add_argument(
         "--method",
         type=_method("--method"),
         default=AUTO_METHOD,
         metavar="RULE",
-        help="quadrature rule: auto (default: kink_midpoint at 64 steps or fewer, else riemann_middle; the report's "
+        help="quadrature rule: auto (default: kink_midpoint at 128 steps or fewer, else riemann_middle; the report's "
         "method says which ran), kink_midpoint (the midpoint rule with certified kink corrections), or Captum's "
         "riemann_middle, riemann_left, riemann_right, riemann_trapezoid, gausslegendre",
     )

@@ -92,7 +92,7 @@ def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: py
     per_row = 2 * row_flops(_mlp(), torch.zeros(1, 4))[0]  # a forward and a backward (another object: not cached)
     # a CPU budget that 8 states x 256 nodes fill: 64 states do not fit even at 64 nodes
     monkeypatch.setitem(budget_module.PROFILES, "cpu", Profile("cpu", 256 * 8 * per_row))
-    few, more = torch.randn(8, 4), torch.randn(64, 4)
+    few, middle, more = torch.randn(8, 4), torch.randn(16, 4), torch.randn(64, 4)
     before = model.calls
     result = integrated_gradients(model, few, target="mean")
     counting = model.calls - before  # the count's one forward, and the call's own
@@ -106,6 +106,8 @@ def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: py
     assert model.calls - again == own  # the count is remembered per forward, feature shape, dtype and device
     dear = integrated_gradients(model, more, target="mean")  # 64 points: the kink rule, at its own count
     assert (dear.n_steps, dear.method) == (BUDGET_NODES, "kink_midpoint") and result.method == "riemann_middle"
+    halved = integrated_gradients(model, middle, target="mean")  # 128 points: the kink rule, at twice 56
+    assert (halved.n_steps, halved.method) == (2 * BUDGET_NODES, "kink_midpoint")
     engine = IntegratedGradients(model, target="mean")
     assert engine.attribute(few).n_steps == 256 and engine.attribute(more).n_steps == BUDGET_NODES
     assert engine.attribute(few).n_steps == 256  # one plan per shape, each with its own number
@@ -115,7 +117,8 @@ def test_the_default_call_uses_the_chosen_number_and_counts_once(monkeypatch: py
     ("options", "method", "n_steps"),
     [
         ({"n_steps": 64}, "kink_midpoint", 64),  # a count: the same choice, at the count given
-        ({"n_steps": 65}, "riemann_middle", 65),
+        ({"n_steps": 128}, "kink_midpoint", 128),
+        ({"n_steps": 129}, "riemann_middle", 129),
         ({"n_steps": 64, "gradient": "finite_difference"}, "riemann_middle", 64),  # the kink rule needs autograd
         ({"method": "kink_midpoint"}, "kink_midpoint", BUDGET_NODES),
         ({"method": "riemann_middle"}, "riemann_middle", 64),

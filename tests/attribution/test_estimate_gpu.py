@@ -73,14 +73,17 @@ def test_the_budget_is_resolved_alike_eagerly_and_in_a_graph_per_shape(cuda_devi
     model = _relu_dueling(cuda_device, 77)
     engine = IntegratedGradients(model, target="mean")
     small, large = _states(cuda_device, 78, 32), _states(cuda_device, 79, 65536)
-    for x in (small, large, small):
+    points = {2**k: budget_steps(model, small[:1], 2**k, each=False, finite_difference=False) for k in range(16)}
+    middle = _states(cuda_device, 80, min(c for c, n in points.items() if n == 128))  # 128 points: the kink rule's 112
+    for x in (small, large, middle, small):
         expected = integrated_gradients(model, x, target="mean")
         engine.attribute(x)
         replayed = engine.attribute(x)  # the fast path: the plan's own number of points
         assert engine.last_mode == "graph" and replayed.n_steps == expected.n_steps
         assert_close_scaled(replayed.attributions.cpu(), expected.attributions.cpu(), ulps=16, dtype=F32)
     assert engine.attribute(small).n_steps == 256 and engine.attribute(large).n_steps == BUDGET_NODES
-    assert engine.attribute(large).method == "kink_midpoint"
+    assert engine.attribute(large).method == engine.attribute(middle).method == "kink_midpoint"
+    assert engine.attribute(middle).n_steps == 2 * BUDGET_NODES and engine.last_mode == "graph"
 
 
 @pytest.mark.parametrize("target", ["mean", "contrast"])
@@ -107,7 +110,8 @@ def test_the_kink_rule_on_the_device_eagerly_and_replayed(cuda_device: torch.dev
     model, x = _relu_dueling(cuda_device, 75), _states(cuda_device, 76)
     cuda = integrated_gradients(model, x, target=target, method="kink_midpoint", backend="cuda")
     twin = integrated_gradients(model, x, target=target, method="kink_midpoint", backend="torch")
-    assert cuda.method == twin.method == "kink_midpoint" and cuda.n_steps == BUDGET_NODES
+    points = budget_steps(model, x[:1], x.shape[0], each=target == "each", finite_difference=False)
+    assert cuda.method == twin.method == "kink_midpoint" and cuda.n_steps == BUDGET_NODES * points // 64
     assert_close_scaled(cuda.attributions.cpu(), twin.attributions.cpu(), ulps=64, dtype=F32)
     _assert_figures_close(cuda, twin, ulps=1024)
     engine = IntegratedGradients(model, target=target, method="kink_midpoint")

@@ -126,7 +126,7 @@ def test_contrast_and_each_need_several_actions() -> None:
     assert _target("contrast", torch.zeros(3, 2)).contrasts and _target("each", torch.zeros(3, 2)).every_output
 
 
-@pytest.mark.parametrize(("flags", "method"), [([], "kink_midpoint"), (["--num-steps", "128"], "riemann_middle")])
+@pytest.mark.parametrize(("flags", "method"), [([], "kink_midpoint"), (["--num-steps", "256"], "riemann_middle")])
 def test_the_report_says_which_rule_ran(checkpoint: Path, tmp_path: Path, flags: list[str], method: str) -> None:
     output = tmp_path / "rule.json"
     assert run_diag(checkpoint, output, *flags, "--completeness-tol", "0.5", "--quiet") == 0
