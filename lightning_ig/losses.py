@@ -38,7 +38,8 @@ it up first, as torch's documentation asks: the first call compiles the kernels)
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -108,7 +109,8 @@ def soft_margin_loss(
         33.8134
         >>> loss.backward()
     """
-    _check_arguments(input, target, reduction)
+    reduction = _reduction(reduction)
+    _check_arguments(input, target)
     check_choice(backend, BACKENDS, "backend")
     resolved = choose_backend(backend, input, target)
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
@@ -162,7 +164,7 @@ class SoftMarginLoss(nn.SoftMarginLoss):
             if value is not None:
                 check_bool(value, name)  # torch reads any value as truthy: "no" would mean True
         super().__init__(size_average, reduce, reduction)
-        check_choice(self.reduction, REDUCTIONS, "reduction")
+        self.reduction = _reduction(self.reduction)
         self.backend = check_choice(backend, BACKENDS, "backend")
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
@@ -247,12 +249,19 @@ def _broadcast_target(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
         ) from None
 
 
-def _check_arguments(input: Tensor, target: Tensor, reduction: str) -> None:  # noqa: A002
+def _reduction(reduction: Any) -> Reduction:
+    """torch's losses still take its old name ``"elementwise_mean"`` for ``"mean"``, with this warning: so do these."""
+    if reduction == "elementwise_mean":
+        warnings.warn("reduction='elementwise_mean' is deprecated. Please use reduction='mean' instead.", stacklevel=3)
+        return "mean"
+    return cast(Reduction, check_choice(reduction, REDUCTIONS, "reduction"))
+
+
+def _check_arguments(input: Tensor, target: Tensor) -> None:  # noqa: A002
     if not isinstance(input, Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    check_choice(reduction, REDUCTIONS, "reduction")
     if not input.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got {input.dtype}; convert it with .float()")
 

@@ -264,6 +264,21 @@ def test_deprecated_arguments_follow_torch(size_average: bool | None, reduce: bo
     assert ours_warnings  # torch warns about the deprecation; so do we
 
 
+def test_the_deprecated_elementwise_mean_is_mean_with_torchs_warning() -> None:
+    x, y = torch.randn(5, 3), torch.randn(5, 3).sign()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = SoftMarginLoss(reduction="elementwise_mean")  # type: ignore[arg-type]
+        value = soft_margin_loss(x, y, "elementwise_mean")  # type: ignore[arg-type]
+        theirs = nn.SoftMarginLoss(reduction="elementwise_mean")(x, y)  # torch's own takes it
+    assert [str(w.message) for w in caught[:2]] == [str(caught[2].message)] * 2 and "deprecated" in str(
+        caught[0].message
+    )
+    assert module.reduction == "mean" and caught[0].filename == caught[1].filename == __file__
+    assert_close_loss(value, theirs, torch.float32)
+    assert torch.equal(module(x, y), soft_margin_loss(x, y, "mean"))
+
+
 def test_module_rejects_bad_settings_at_construction() -> None:
     with pytest.raises(ValueError, match="reduction must be one of 'none', 'mean', 'sum'; got 'max'"):
         SoftMarginLoss(reduction="max")  # type: ignore[arg-type]

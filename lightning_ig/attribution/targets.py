@@ -27,15 +27,7 @@ from torch import Tensor
 from lightning_ig.attribution.checks import check_dense
 from lightning_ig.vocabulary import TARGET_NAMES, callable_name, shown
 
-__all__ = [
-    "EACH",
-    "Target",
-    "TargetLike",
-    "action_labels",
-    "check_rows_in_range",
-    "choose_contrast",
-    "target_forward",
-]
+__all__ = ["EACH", "Target", "TargetLike", "action_labels", "check_rows_in_range", "choose_contrast", "target_forward"]
 
 TargetLike = Union[None, str, int, Tensor, Callable[[Tensor], Tensor], "Target"]
 """What ``target=`` takes: ``None``, a name of :data:`~lightning_ig.vocabulary.TARGET_NAMES`, an output index, a
@@ -411,7 +403,7 @@ def target_forward(model: Callable[[Tensor], Tensor], target: TargetLike = "mean
     checked = Target.parse(target)
     if checked.by_state or checked.every_output:
         raise ValueError(
-            f"target_forward cannot express target={'a tensor' if isinstance(target, Tensor) else repr(target)}; "
+            f"target_forward cannot express target={'a tensor' if checked.kind == 'per_row' else repr(checked.label)}; "
             "pass it to integrated_gradients(model, inputs, target=...) instead"
         )
 

@@ -19,14 +19,7 @@ from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.models.registry import register_model
 from lightning_ig.vocabulary import check_choice, shown
 
-__all__ = [
-    "ACTIVATIONS",
-    "Activation",
-    "ConvDuelingQNetwork",
-    "DuelingQNetwork",
-    "MinAtarQNetwork",
-    "NatureQNetwork",
-]
+__all__ = ["ACTIVATIONS", "Activation", "ConvDuelingQNetwork", "DuelingQNetwork", "MinAtarQNetwork", "NatureQNetwork"]
 
 Activation = Literal["relu", "tanh", "softplus", "silu", "gelu"]
 

@@ -22,13 +22,7 @@ import numpy as np
 
 from lightning_ig.run.host_result import HostResult, Moments
 
-__all__ = [
-    "ActionSummary",
-    "ContrastNumbers",
-    "action_pairs",
-    "contrast_numbers",
-    "state_rows",
-]
+__all__ = ["ActionSummary", "ContrastNumbers", "action_pairs", "contrast_numbers", "state_rows"]
 
 
 def state_rows(values: np.ndarray, rows_per_state: int) -> np.ndarray:

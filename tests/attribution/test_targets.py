@@ -235,8 +235,8 @@ def test_target_forward_gives_one_value_per_row_and_refuses_what_needs_the_engin
         outputs = model(x)
         assert torch.equal(target_forward(model, "mean")(x), outputs.mean(1))
         assert torch.equal(target_forward(model, 2)(x), outputs[:, 2])
-    for given in ("each", "contrast", torch.tensor([0, 1])):
-        with pytest.raises(ValueError, match="target_forward cannot express"):
+    for given, named in (("each", "'each'"), ("contrast", "'contrast'"), (torch.tensor([0, 1]), "a tensor")):
+        with pytest.raises(ValueError, match=f"target_forward cannot express target={named};"):
             target_forward(model, given)
 
 
