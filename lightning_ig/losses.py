@@ -49,13 +49,7 @@ from lightning_ig.ops.dtypes import KERNEL_DTYPES
 from lightning_ig.ops.soft_margin import soft_margin_cuda, soft_margin_torch
 from lightning_ig.vocabulary import BACKENDS, BackendName, check_bool, check_choice
 
-__all__ = [
-    "REDUCTIONS",
-    "Reduction",
-    "SoftMarginLoss",
-    "soft_margin_loss",
-    "swap_soft_margin",
-]
+__all__ = ["REDUCTIONS", "Reduction", "SoftMarginLoss", "soft_margin_loss", "swap_soft_margin"]
 
 Reduction = Literal["none", "mean", "sum"]
 

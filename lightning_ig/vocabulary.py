@@ -57,6 +57,7 @@ __all__ = [
     "check_real",
     "check_text",
     "default_feature_names",
+    "non_finite_words",
     "relative_error_text",
     "shown",
     "shown_with_type",
@@ -383,3 +384,13 @@ def relative_error_text(value: float) -> str:
     ``inf`` (NaN/Inf from the model) and ``nan`` (nothing could be checked) are written as such.
     """
     return f"{value:.2e}" if value == value and abs(value) != float("inf") else str(value)
+
+
+def non_finite_words(gradient_only: bool) -> tuple[str, str]:
+    """``(what, why)`` for states with NaN/Inf: the model's values, or (its values finite) only the path's gradient."""
+    if not gradient_only:
+        return "the model produced NaN/Inf", ""
+    return "the gradient along the path was NaN/Inf", (
+        "; the model's values there are finite (a branch torch.where does not take, or sqrt or log at 0, still "
+        "puts NaN into the gradient)"
+    )

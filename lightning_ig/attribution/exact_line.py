@@ -214,13 +214,13 @@ def _walk(model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, targ
     diff = xf - bf
     captured: list[tuple[Tensor, Tensor]] = []
 
-    def hook(_module: nn.Module, inputs: tuple[Tensor, ...], _output: Tensor) -> None:
+    def hook(_module: nn.Module, inputs: tuple[Tensor, ...]) -> None:  # before the ReLU: ReLU(inplace=True) clips it
         primal, tangent = torch.autograd.forward_ad.unpack_dual(inputs[0])
         rows = primal.shape[0]
         tangent = torch.zeros_like(primal) if tangent is None else tangent
-        captured.append((primal.reshape(rows, -1), tangent.reshape(rows, -1)))
+        captured.append((primal.reshape(rows, -1).clone(), tangent.reshape(rows, -1).clone()))
 
-    handles = [relu.register_forward_hook(hook) for relu in relus]
+    handles = [relu.register_forward_pre_hook(hook) for relu in relus]
     integral = torch.zeros_like(xf)
     alpha = torch.zeros(batch, dtype=torch.float64, device=xf.device)
     regions = torch.zeros(batch, dtype=torch.long, device=xf.device)

@@ -200,15 +200,21 @@ def _held(forward: Any) -> list[Any]:
 
 
 def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) -> None:
-    """Turn torch's error for inputs of another dtype, or on another device, than the model's parameters into one
-    that says what to do.
+    """Turn torch's error for inputs of another dtype, or on another device, than the model's parameters (or for a
+    forward that changes its input in place) into one that says what to do.
 
     Returns quietly when that is not the cause (the caller re-raises the original error).
 
     Raises:
+        RuntimeError: the forward changed its input in place.
         TypeError: ``forward``'s module holds floating parameters of another dtype than ``rows``.
         ValueError: ``forward``'s module holds parameters on another device than ``rows``, or on the meta device.
     """
+    if "leaf Variable that requires grad is being used in an in-place operation" in str(error):
+        raise RuntimeError(
+            "the forward changes its input in place (as x.mul_(2) or x[:, 0] = 0 do): IG takes the gradient with "
+            "respect to the input, so copy it first (x = x * 2, x = x.clone())"
+        ) from error
     module = module_of(forward)
     if module is None:
         return

@@ -251,8 +251,9 @@ class Target:
             return outputs.unsqueeze(1)
         if len(shape) != 2 or shape[0] != n_rows:
             hint = "; a forward with one output per row takes target=None" if len(shape) == 1 else ""
+            given = self.index if self.kind == "action" else "a tensor" if self.kind == "per_row" else repr(self.label)
             raise ValueError(
-                f"with target={self.label!r} forward must return (N, A) values, one row per input row; got {shape} "
+                f"with target={given} forward must return (N, A) values, one row per input row; got {shape} "
                 f"for {n_rows} rows (the path's points, in chunks){hint}"
             )
         if self.kind == "mean":

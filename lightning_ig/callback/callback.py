@@ -274,7 +274,7 @@ class IntegratedGradientsCallback(Callback):
             self._budget.start()
             self._restored = None
         if self._plan.reports is not None and trainer.ckpt_path is None:  # a resumed fit continues its reports
-            setup.warn_of_earlier_reports(self._plan.reports, self.options.name)
+            setup.warn_of_earlier_reports(self._plan.reports, self.options.name, trainer.global_step)
         self._total_steps = float(trainer.estimated_stepping_batches)
         self._fit = fit.start(
             self.options,

@@ -30,7 +30,7 @@ from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import STATE_SUFFIXES, load_states
 from lightning_ig.models.noise import attribution_mode
-from lightning_ig.vocabulary import callable_name, check_real, shown, shown_with_type
+from lightning_ig.vocabulary import callable_name, check_real, non_finite_words, shown, shown_with_type
 
 __all__ = [
     "BoundForward",
@@ -255,7 +255,8 @@ def probe_target(
         seen = f"{output.dtype} values" if isinstance(output, Tensor) else type(output).__name__
         raise TypeError(
             f"IntegratedGradientsCallback: the model returned {seen} on the held-out states; IG needs floating-point "
-            "values (N,) or (N, A), not actions: pass forward=callable(pl_module, x) -> (N,), e.g. lambda m, x: m.q(x)"
+            f"values (N,) or (N, A){', not actions' * isinstance(output, Tensor)}: pass forward=callable(pl_module, x) "
+            "-> (N,), e.g. lambda m, x: m.q(x)"
         )
     rows, shape = sample.shape[0], tuple(output.shape)
     if output.ndim == 0 or shape[0] != rows:
@@ -357,10 +358,12 @@ def prepare_engine(
         ) from error
     _refuse_changed_buffers(pl_module, buffers)
     if on_non_finite == "raise" and bool(trial.non_finite.any()):
+        ends = torch.stack([trial.f_input[trial.non_finite], trial.f_baseline[trial.non_finite]])
+        what, why = non_finite_words(bool(torch.isfinite(ends).all()))
         raise NonFiniteAttributionError(
-            f"IntegratedGradientsCallback: the model gave NaN/Inf on {int(trial.non_finite.sum())} of "
-            f"{len(local_states)} held-out states in the set-up trial, before training (on_non_finite='raise'); "
-            "check the model's weights and the states"
+            f"IntegratedGradientsCallback: {what} on {int(trial.non_finite.sum())} of {len(local_states)} held-out "
+            f"states in the set-up trial, before training (on_non_finite='raise'){why}; check the model's weights, "
+            "forward and the states"
         )
     return engine, target, local_states, local_baselines
 

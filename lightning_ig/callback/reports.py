@@ -60,16 +60,16 @@ class ReportFolder:
         """The report's file name for the run at global step ``step``."""
         return f"ig_report{'' if self.name is None else '_' + self.name}_step={step:08d}.json"
 
-    def existing(self) -> int:
-        """How many files in the folder have this callback's report names (an earlier fit's reports)."""
+    def existing(self, after: int) -> int:
+        """How many files in the folder have this callback's report names at steps past ``after`` (an earlier fit's
+        reports that this fit's runs would replace: a fit continued on its trainer starts past its own)."""
         head, tail = self.file_name(0).split("=")[0] + "=", ".json"
         try:
             names = os.listdir(self.folder)
         except OSError:
             return 0
-        return sum(
-            name.startswith(head) and name.endswith(tail) and name[len(head) : -len(tail)].isdigit() for name in names
-        )
+        steps = (name[len(head) : -len(tail)] for name in names if name.startswith(head) and name.endswith(tail))
+        return sum(step.isdigit() and int(step) > after for step in steps)
 
     def write(self, report: Mapping[str, Any], step: int) -> str | None:
         """Write the report of the run at ``step``; ``None``, or why it could not be (``"PATH (error)"``)."""

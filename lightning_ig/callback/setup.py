@@ -120,11 +120,7 @@ def history_to_continue(history: list[dict[str, Any]], units: LoggedUnits) -> li
 
 
 def report_folder(
-    report_dir: Path | None,
-    default_root_dir: str | os.PathLike[str],
-    has_loggers: bool,
-    name: str | None,
-    states: Any,
+    report_dir: Path | None, default_root_dir: str | os.PathLike[str], has_loggers: bool, name: str | None, states: Any
 ) -> ReportFolder | None:
     """The reports' folder, checked (and ``name``: the file names must fit its file system), or ``None``.
 
@@ -143,7 +139,7 @@ def report_folder(
     return ReportFolder(folder, name, inputs=[states])
 
 
-def warn_of_earlier_reports(reports: ReportFolder, name: str | None) -> None:
+def warn_of_earlier_reports(reports: ReportFolder, name: str | None, start: int) -> None:
     """Warn that a new fit's reports at the steps of an earlier fit's in the same folder replace them.
 
     Called at the fit's start, once Lightning has restored a checkpoint (``Trainer.ckpt_path`` is set only then): a
@@ -152,13 +148,14 @@ def warn_of_earlier_reports(reports: ReportFolder, name: str | None) -> None:
     Args:
         reports: the fit's report folder.
         name: the callback's ``name``.
+        start: the global step the fit starts at.
     """
-    earlier = reports.existing()
+    earlier = reports.existing(start)
     if earlier:
         rank_zero_warn(
             f"IntegratedGradientsCallback{named(name)}: report_dir {reports.folder} holds {earlier} report(s) of an "
-            "earlier fit; this fit's reports at the same steps replace them. Give each fit its own report_dir (or "
-            "name=) to keep both"
+            f"earlier fit past step {start}; this fit's reports at the same steps replace them. Give each fit its own "
+            "report_dir (or name=) to keep both"
         )
 
 

@@ -31,13 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-from lightning_ig.checkpoint.layout import (
-    HEAD_SEPARATOR,
-    STATES_KEY,
-    CheckpointError,
-    few,
-    open_error,
-)
+from lightning_ig.checkpoint.layout import HEAD_SEPARATOR, STATES_KEY, CheckpointError, few, open_error
 from lightning_ig.models.registry import UnregisteredModelError, build_model, resolve_model_class
 from lightning_ig.vocabulary import shown, size_text
 

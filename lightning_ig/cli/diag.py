@@ -39,6 +39,7 @@ from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable
 from lightning_ig.cli.verify import accuracy_words, verify_lines
+from lightning_ig.vocabulary import non_finite_words
 
 __all__ = ["DEFAULT_OUTPUT", "run_diag"]
 
@@ -402,9 +403,11 @@ def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
     head, result = broken[0], broken[0].result
     which = f"head {head.run.label}: " if head.run.label else ""
     more = f" (and {len(broken) - 1} more head(s))" if len(broken) > 1 else ""
+    ends = torch.stack([result.f_input[result.non_finite], result.f_baseline[result.non_finite]])
+    what, why = non_finite_words(bool(torch.isfinite(ends).all()))
     raise NonFiniteError(
-        f"{which}the model produced NaN/Inf on {result.num_non_finite} of {head.run.states.shape[0]} states "
-        f"(first: state_idx {result.first_non_finite}){more}; the report {str(head.run.output)!r} lists them in "
+        f"{which}{what} on {result.num_non_finite} of {head.run.states.shape[0]} states "
+        f"(first: state_idx {result.first_non_finite}){more}{why}; the report {str(head.run.output)!r} lists them in "
         "non_finite_states: check the checkpoint's weights (a diverged run?) and the states"
     )
 

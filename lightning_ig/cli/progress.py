@@ -9,11 +9,7 @@ from typing import TextIO
 from lightning_ig.cli.exits import PROG
 from lightning_ig.cli.terminal import printable
 
-__all__ = [
-    "PROGRESS_AFTER_S",
-    "PROGRESS_EVERY_S",
-    "Progress",
-]
+__all__ = ["PROGRESS_AFTER_S", "PROGRESS_EVERY_S", "Progress"]
 
 PROGRESS_AFTER_S = 3.0  # say nothing for quick runs
 PROGRESS_EVERY_S = 5.0

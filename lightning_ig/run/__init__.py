@@ -26,11 +26,4 @@ from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import AccuracyVerdict, accuracy_verdict
 from lightning_ig.run.summary import RunSettings, RunSummary, summarize
 
-__all__ = [
-    "AccuracyVerdict",
-    "HostResult",
-    "RunSettings",
-    "RunSummary",
-    "accuracy_verdict",
-    "summarize",
-]
+__all__ = ["AccuracyVerdict", "HostResult", "RunSettings", "RunSummary", "accuracy_verdict", "summarize"]

@@ -191,6 +191,7 @@ class Completeness:
         worst_attribution_error: the worst estimated attribution error over the ordinary states.
         worst_mass_relative_error: the worst mass-relative completeness error over the ordinary states.
         num_near_baseline: states near the baseline (flagged, not scored).
+        gradient_only: there are NaN/Inf states and ``F(x)``, ``F(b)`` are finite in each: only the gradient is not.
     """
 
     worst_relative_error: float
@@ -203,6 +204,7 @@ class Completeness:
     worst_attribution_error: float = math.nan
     worst_mass_relative_error: float = math.nan
     num_near_baseline: int = 0
+    gradient_only: bool = False
 
     @property
     def num_checked(self) -> int:
@@ -233,6 +235,7 @@ def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
     host = HostResult.from_result(result)
     finite = np.abs(host.delta[~host.non_finite])
     first = np.flatnonzero(host.non_finite)
+    ends = np.concatenate([host.f_input[host.non_finite], host.f_baseline[host.non_finite]])
     flags = (
         torch.from_numpy(host.relative_error),
         torch.from_numpy(host.degenerate),
@@ -249,6 +252,7 @@ def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
         worst_attribution_error=host.worst_attribution_error,
         worst_mass_relative_error=host.worst_mass_relative_error,
         num_near_baseline=host.num_near_baseline,
+        gradient_only=bool(ends.size) and bool(np.isfinite(ends).all()),  # NaN/Inf states, finite values
     )
 
 

@@ -98,11 +98,7 @@ PICTURE_TAGS = {
 PICTURES = tuple(PICTURE_TAGS)
 """The kinds of picture, in the order a run's pictures are spread over their cadence (``outputs.pictures_due``)."""
 
-COUNT_TAGS = (
-    "completeness/non_finite_states",
-    "completeness/degenerate_states",
-    "completeness/near_baseline_states",
-)
+COUNT_TAGS = ("completeness/non_finite_states", "completeness/degenerate_states", "completeness/near_baseline_states")
 """Scalars that count states: logged from the first run where they are non-zero (``informative_scalars``)."""
 CONCENTRATION_TWIN = "concentration/top10pct_share"
 """The concentration that equals the top-1% one when a state has at most 10 features (:func:`same_concentrations`)."""

@@ -23,7 +23,7 @@ import numpy as np
 from lightning_ig.run.statistics import AccuracyVerdict, Completeness, rank_order
 from lightning_ig.run.summary import RunSummary
 from lightning_ig.views.tags import PICTURE_TAGS
-from lightning_ig.vocabulary import relative_error_text
+from lightning_ig.vocabulary import non_finite_words, relative_error_text
 
 __all__ = [
     "DRIFT_WORDS",
@@ -244,9 +244,10 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
     numbers, target = summary.completeness, summary.settings.target.label
     total, rows = numbers.num_states, _rows(summary)
     if numbers.verdict == "non-finite":
+        what, why = non_finite_words(numbers.gradient_only)
         return "non-finite", (
-            f"✗ The model produced NaN/Inf in {numbers.num_non_finite} of {total} {rows} (first: "
-            f"{_first_non_finite(summary)}): these attributions cannot be trusted."
+            f"✗ {what[0].upper()}{what[1:]} in {numbers.num_non_finite} of {total} {rows} (first: "
+            f"{_first_non_finite(summary)}){why}: these attributions cannot be trusted."
         )
     if numbers.verdict == "unchecked":
         return "unchecked", (
@@ -422,9 +423,10 @@ def troubles(summary: RunSummary) -> dict[str, str]:
             "mode, noise drawn inside forward?): the attributions are not reproducible"
         ),
         "non-finite": lambda: (
-            f"the model produced NaN/Inf at step {step} in {numbers.num_non_finite} of {numbers.num_states} "
-            f"{'held-out ' * (summary.actions is None)}{_rows(summary)} (first: {_first_non_finite(summary)}); the "
-            "accuracy figures are logged as inf"
+            f"{non_finite_words(numbers.gradient_only)[0]} at step {step} in {numbers.num_non_finite} of "
+            f"{numbers.num_states} {'held-out ' * (summary.actions is None)}{_rows(summary)} (first: "
+            f"{_first_non_finite(summary)}){non_finite_words(numbers.gradient_only)[1]}; the accuracy figures are "
+            "logged as inf"
         ),
     }
     return {kind: words[kind]() for kind in summary.troubles()}

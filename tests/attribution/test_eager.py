@@ -477,6 +477,17 @@ def test_error_cuda_backend_without_a_device() -> None:
         integrated_gradients(_forward, torch.randn(2, 3), backend="triton")
 
 
+def test_a_forward_that_changes_its_input_in_place_is_told_to_copy_it() -> None:
+    """torch's own error names a leaf Variable and a view; the forward's author wrote ``x.mul_(2)``."""
+    layer = torch.nn.Linear(4, 3)
+
+    def scaled_in_place(x: torch.Tensor) -> torch.Tensor:
+        return layer(x.mul_(2.0))
+
+    with pytest.raises(RuntimeError, match=r"the forward changes its input in place .*copy it first"):
+        integrated_gradients(scaled_in_place, torch.randn(5, 4), target=0)
+
+
 def test_target_forward_rejects_what_it_cannot_express() -> None:
     with pytest.raises(ValueError, match="pass it to integrated_gradients"):
         target_forward(lambda z: z, "each")

@@ -57,6 +57,18 @@ def test_exact_line_matches_the_closed_form_of_a_one_layer_relu_net() -> None:
     assert torch.all(got.regions >= 1)
 
 
+def test_an_in_place_relu_is_walked_as_a_plain_one() -> None:
+    """ReLU(inplace=True) clips its input before a forward hook sees it: the walk read clipped pre-activations,
+    missed the kinks ahead and failed its own self-check ("a non-linearity its hooks do not see")."""
+    torch.manual_seed(0)
+    layers = (nn.Linear(4, 16), nn.Linear(16, 16), nn.Linear(16, 3))
+    plain = nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2])
+    in_place = nn.Sequential(layers[0], nn.ReLU(inplace=True), layers[1], nn.ReLU(inplace=True), layers[2])
+    x = torch.randn(5, 4)
+    expected, got = exact_line(plain, x), exact_line(in_place, x)
+    assert torch.equal(got.attributions, expected.attributions) and torch.equal(got.regions, expected.regions)
+
+
 @pytest.mark.parametrize("target", ["mean", "each", "contrast", 1])
 def test_fine_midpoint_rules_converge_to_the_exact_line(target: object) -> None:
     torch.manual_seed(1)

@@ -274,5 +274,6 @@ def test_mean_of_a_forward_with_one_value_per_state_is_that_value() -> None:
     one = integrated_gradients(lambda s: net(s).squeeze(1), x, target="mean", n_steps=16)
     bare = integrated_gradients(lambda s: net(s).squeeze(1), x, target=None, n_steps=16)
     assert torch.equal(one.attributions, bare.attributions) and torch.equal(one.f_input, bare.f_input)
-    with pytest.raises(ValueError, match="takes target=None"):
-        integrated_gradients(lambda s: net(s).squeeze(1), x, target=0, n_steps=16)
+    for given, told in ((0, "target=0 forward"), (torch.zeros(5, dtype=torch.long), "target=a tensor forward")):
+        with pytest.raises(ValueError, match=f"{told} must return \\(N, A\\) .*takes target=None"):  # as written
+            integrated_gradients(lambda s: net(s).squeeze(1), x, target=given, n_steps=16)

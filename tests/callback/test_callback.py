@@ -356,6 +356,22 @@ def test_a_callback_pickles_after_a_fit_and_fits_again(tmp_path):
     assert again._fit is not None and [entry["global_step"] for entry in again.history] == [10, 20]  # a fit of its own
 
 
+def test_a_fit_continued_on_its_trainer_is_warned_only_of_reports_it_would_replace(tmp_path):
+    reports = tmp_path / "reports"
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, report_dir=reports, overhead=None)
+    trainer = make_trainer(tmp_path, [callback], max_steps=10)
+    trainer.fit(TinyQNet(), loader())
+    trainer.fit_loop.epoch_loop.max_steps = 20  # the same trainer, trained on: its reports start past step 10
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(trainer.lightning_module, loader())
+    assert not [warning for warning in caught if "earlier fit" in str(warning.message)]
+    (reports / "ig_report_step=00000030.json").write_text("{}")  # one this fit would replace
+    trainer.fit_loop.epoch_loop.max_steps = 30
+    with pytest.warns(UserWarning, match=r"holds 1 report\(s\) of an earlier fit past step 20"):
+        trainer.fit(trainer.lightning_module, loader())
+
+
 def test_resuming_into_the_same_report_dir_does_not_warn_of_an_earlier_fit(tmp_path):
     reports = tmp_path / "reports"
     first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, report_dir=reports, overhead=None)

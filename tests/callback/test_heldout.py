@@ -107,6 +107,43 @@ def test_nan_seen_by_the_set_up_trial_stops_the_fit_before_training(tmp_path: Pa
     assert steps == []
 
 
+class _NanGradient(TinyQNet):
+    """Finite values everywhere, a NaN gradient: the square root of the branch ``torch.where`` does not take."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = x[:, :1]
+        return super().forward(x) + torch.where(first > 100, torch.sqrt(first - 100), 0.0)
+
+
+def test_a_nan_gradient_of_finite_values_is_told_as_such(tmp_path: Path) -> None:
+    """It was "the model gave NaN/Inf ...; check the model's weights and the states", all of which were finite."""
+    model = _NanGradient(noisy=False, batchnorm=False, dropout=0.0)
+    assert bool(torch.isfinite(model(held_out_states())).all())
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, on_non_finite="raise")
+    trainer = make_trainer(tmp_path, [callback], max_steps=2)
+    with pytest.raises(NonFiniteAttributionError, match=r"the gradient along the path was NaN/Inf .*torch.where"):
+        trainer.fit(model, DataLoader(dataset(), batch_size=32))
+
+
+class _Returns(TinyQNet):
+    def __init__(self, kind: str) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> object:
+        q = super().forward(x)
+        return (q, q.sum(-1)) if self.kind == "tuple" else q.argmax(-1)
+
+
+@pytest.mark.parametrize(("kind", "seen"), [("tuple", "tuple"), ("actions", "torch.int64 values")])
+def test_an_output_ig_cannot_read_is_refused_with_the_forward_to_pass(tmp_path: Path, kind: str, seen: str) -> None:
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10)
+    refused = f"the model returned {seen} on the held-out states; IG needs floating-point values \\(N,\\) or \\(N, A\\)"
+    refused += ", not actions: pass forward=" if kind == "actions" else ": pass forward="  # a tuple is no action
+    with pytest.raises(TypeError, match=refused):
+        make_trainer(tmp_path, [callback], max_steps=2).fit(_Returns(kind), DataLoader(dataset(), batch_size=32))
+
+
 def test_nan_in_the_set_up_trial_only_warns_by_default(tmp_path: Path) -> None:
     model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
     with torch.no_grad():

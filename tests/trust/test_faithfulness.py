@@ -122,7 +122,7 @@ def test_states_of_another_dtype_than_the_model_are_told_which_to_convert():
 
 
 def test_targets_the_checks_cannot_judge_are_refused_with_the_reason():
-    """"each" gives a map per action and no one value per state to check; a contrast's pair is chosen per state, so
+    """ "each" gives a map per action and no one value per state to check; a contrast's pair is chosen per state, so
     a deleted state's forward cannot re-state it: both were accepted and failed later with the target's repr."""
     model, states = nn.Linear(4, 3), torch.randn(6, 4)
     with pytest.raises(ValueError, match=r"target='each' cannot be checked.*pass target='mean'"):

@@ -128,6 +128,11 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     assert "The model produced NaN/Inf in 1 of 2 states (first: state 0)" in words(
         make_summary(worst=math.inf, non_finite=1)
     )
+    summary = make_summary(worst=math.inf, non_finite=1)
+    told = words(
+        dataclasses.replace(summary, completeness=dataclasses.replace(summary.completeness, gradient_only=True))
+    )
+    assert "The gradient along the path was NaN/Inf in 1 of 2 states (first: state 0); the model's values" in told
 
 
 def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
