@@ -424,11 +424,7 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
     )
     saliency = saliency_kind(shape) is not None and views.saliency_states is not None
     folder = setup.report_folder(
-        options.report_dir,
-        trainer.default_root_dir,
-        bool(trainer.loggers),
-        options.name,
-        options.states,
+        options.report_dir, trainer.default_root_dir, bool(trainer.loggers), options.name, options.states
     )
     return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder)
 
@@ -471,7 +467,8 @@ def start(
         )
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
-    settings = RunSettings(target, baseline, options.completeness_tol, views.top_k, options.name, report_dir=folder)
+    half = torch.finfo(states.dtype).eps if states.dtype in (torch.float16, torch.bfloat16) else 0.0
+    settings = RunSettings(target, baseline, options.completeness_tol, views.top_k, options.name, folder, half)
     tags = units.tags
     if target.every_output:  # each action's mean |attr| per unit too, while actions x units stay within the limit
         count = len(units.groups) if units.groups is not None else len(units.names)

@@ -66,6 +66,7 @@ class RunSettings:
     top_k: int
     name: str | None = None  # the callback's name= (several callbacks in one Trainer)
     report_dir: str | None = None  # where the JSON reports go (the text says where the per-state numbers are)
+    rounding: float = 0.0  # a half-precision forward's eps: an error floor that no number of points lowers
 
 
 @dataclass(frozen=True)

@@ -125,10 +125,7 @@ def check_settings(settings: Any) -> AttributionSettings:
     if not isinstance(settings, AttributionSettings):
         raise TypeError(f"settings must be an AttributionSettings or None, got {type(settings).__name__}")
     if settings.target.every_output:  # the callback checks such runs through "mean" (IG is linear in the target)
-        raise ValueError(
-            "target='each' cannot be checked: the trust checks judge one value per state; pass target='mean' "
-            "(the mean over the actions, V(s) of a dueling network: the average of the 'each' maps)"
-        )
+        raise ValueError("target='each' cannot be checked (a map per action): pass target='mean', their average")
     return settings
 
 

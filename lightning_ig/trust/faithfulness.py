@@ -143,11 +143,8 @@ def deletion_check(
         TypeError, ValueError: an argument of the wrong kind or value (the message names it).
     """
     model, settings = check_model(model), check_settings(settings)
-    if not settings.target.checks_deletion:
-        raise ValueError(
-            f"the deletion check cannot use target={settings.target.label!r}: a contrast's pair of actions is chosen "
-            "at each state, which a deleted state's forward cannot re-state; leave the check out (the callback does)"
-        )
+    if not settings.target.checks_deletion:  # a contrast's pair is chosen per state: a deleted state cannot re-state it
+        raise ValueError(f"the deletion check cannot use target={settings.target.label!r} (its pairs are per state)")
     plan = DeletionPlan(
         states,
         baselines,

@@ -135,6 +135,16 @@ def test_the_text_right_aligns_numbers_and_says_pass_or_fail_in_plain_words():
     assert "The gradient along the path was NaN/Inf in 1 of 2 states (first: state 0); the model's values" in told
 
 
+def test_a_half_precision_forward_that_fails_is_not_told_to_use_more_points():
+    """A bfloat16 model's rounding (eps 7.8e-3) sets the estimate's floor at about the tolerance: n_steps='auto' and
+    more points were the advice, which could not help."""
+    failing = make_summary(estimate=0.02)
+    bf16 = dataclasses.replace(failing, settings=dataclasses.replace(failing.settings, rounding=2.0**-7))
+    for told in (words(bf16), troubles(bf16)["fail"]):
+        assert "computes in half precision: its rounding (eps 7.8e-03)" in told and "n_steps='auto'" not in told
+    assert "n_steps='auto'" in words(failing) and "n_steps='auto'" in troubles(failing)["fail"]
+
+
 def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
     from lightning_ig.views.text import verdict_words
 

@@ -230,11 +230,7 @@ def verdict_card(
         )
         y += LINE
     _line(
-        canvas,
-        y + 2,
-        [f"What {target} relies on: share of |attribution|", f"What {target} relies on"],
-        INK,
-        TEXT_SIZE,
+        canvas, y + 2, [f"What {target} relies on: share of |attribution|", f"What {target} relies on"], INK, TEXT_SIZE
     )
     top = y + LINE + 4
     percents = [format_percent(float(share[i]), 2) for i in order]
