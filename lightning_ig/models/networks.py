@@ -8,9 +8,11 @@ Constructors check their arguments (sizes up to ``2**31 - 1``): a checkpoint's c
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -80,11 +82,10 @@ class DuelingQNetwork(nn.Module):
         stream_hidden_size: int | None = None,
     ) -> None:
         super().__init__()
-        _check_size("state_dim", state_dim)
-        _check_size("num_actions", num_actions)
+        state_dim, num_actions = _check_size("state_dim", state_dim), _check_size("num_actions", num_actions)
         self.hidden_sizes = _check_sizes("hidden_sizes", hidden_sizes)
         if stream_hidden_size is not None:
-            _check_size("stream_hidden_size", stream_hidden_size)
+            stream_hidden_size = _check_size("stream_hidden_size", stream_hidden_size)
         if not isinstance(noisy, bool):
             raise TypeError(f"noisy must be a bool, got {type(noisy).__name__} ({noisy!r})")
         check_choice(activation, tuple(ACTIVATIONS), "activation")
@@ -151,13 +152,15 @@ class DuelingQNetwork(nn.Module):
 _MAX_SIZE = 2**31 - 1
 
 
-def _check_size(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_size(name: str, value: Any) -> int:
+    """``value`` as an int in ``[1, 2**31 - 1]``; numpy's ints too (Gymnasium's ``action_space.n`` is one)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({shown(value)})")
-    if value < 1:
+    if (size := int(value)) < 1:
         raise ValueError(f"{name} must be >= 1, got {shown(value)}")
-    if value > _MAX_SIZE:
+    if size > _MAX_SIZE:
         raise ValueError(f"{name} must be <= 2**31 - 1, got {shown(value)}; check the model's sizes")
+    return size
 
 
 @register_model("ConvDuelingQNetwork")
@@ -268,8 +271,8 @@ class MinAtarQNetwork(ConvDuelingQNetwork):
         sigma0: float = 0.5,
         activation: Activation = "relu",
     ) -> None:
-        _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
-        _check_size("hidden_size", hidden_size)
+        in_channels = _check_size("in_channels", in_channels)  # named here: the parent would say input_shape[0]
+        hidden_size = _check_size("hidden_size", hidden_size)
         super().__init__((in_channels, 10, 10), num_actions, ((16, 3, 1),), (hidden_size,), noisy, sigma0, activation)
 
     def config(self) -> dict[str, Any]:
@@ -297,7 +300,7 @@ class NatureQNetwork(ConvDuelingQNetwork):
         sigma0: float = 0.5,
         activation: Activation = "relu",
     ) -> None:
-        _check_size("in_channels", in_channels)  # named here: the parent would call it input_shape[0]
+        in_channels = _check_size("in_channels", in_channels)  # named here: the parent would say input_shape[0]
         convs = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
         super().__init__((in_channels, 84, 84), num_actions, convs, (), noisy, sigma0, activation, 512)
 
@@ -310,6 +313,4 @@ def _check_sizes(name: str, value: Any, length: int | None = None) -> tuple[int,
         raise TypeError(f"{name} must be a sequence of ints, got {value!r}")
     if length is not None and len(value) != length:
         raise ValueError(f"{name} must have {length} entries, got {value!r}")
-    for index, size in enumerate(value):
-        _check_size(f"{name}[{index}]", size)
-    return tuple(int(size) for size in value)
+    return tuple(_check_size(f"{name}[{index}]", size) for index, size in enumerate(value))

@@ -69,7 +69,8 @@ def register_model(name: str) -> Callable[[_ModelT], _ModelT]:
         The decorator, which returns the class unchanged.
 
     Raises:
-        ValueError: If ``name`` is empty, contains ``":"``, or is already taken by another class.
+        ValueError: If ``name`` is blank, starts or ends with a space, contains ``":"``, or is already taken by another
+            class (another import path: a class reloaded from its module keeps its name).
 
     Example::
 
@@ -84,8 +85,8 @@ def register_model(name: str) -> Callable[[_ModelT], _ModelT]:
         >>> build_model("TinyMLP", {"width": 3}).layer.in_features
         3
     """
-    if not isinstance(name, str) or not name or ":" in name:
-        raise ValueError(f"model name must be a non-empty string without ':', got {name!r}")
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or ":" in name:
+        raise ValueError(f"model name must be a non-blank string without ':' or edge spaces, got {name!r}")
 
     def decorator(cls: _ModelT) -> _ModelT:
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -158,6 +160,18 @@ def test_checkpoint_round_trip_rebuilds_the_cnn_with_its_states(tmp_path: Path) 
 def test_bad_arguments_say_what_is_wrong(kwargs: dict, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words.replace("[", r"\[").replace("]", r"\]")):
         ConvDuelingQNetwork(**kwargs)
+
+
+def test_numpy_sizes_build_the_same_network_with_plain_ints_in_its_config() -> None:
+    """Gymnasium's ``action_space.n`` is a numpy int: ``DuelingQNetwork(obs_dim, env.action_space.n)`` was refused."""
+    for built, plain in (
+        (DuelingQNetwork(np.int64(4), np.int64(2), hidden_sizes=(np.int32(8),)), DuelingQNetwork(4, 2, (8,))),
+        (MinAtarQNetwork(np.int64(4), np.int64(3), hidden_size=np.int16(16)), MinAtarQNetwork(4, 3, 16)),
+        (NatureQNetwork(np.int64(4), np.int64(6)), NatureQNetwork(4, 6)),
+    ):
+        assert json.dumps(built.config()) == json.dumps(plain.config())  # numpy ints are no JSON: a checkpoint's
+    with pytest.raises(TypeError, match="num_actions must be an int"):
+        DuelingQNetwork(4, np.float64(2.0))
 
 
 def test_dueling_identity_mean_q_is_the_value_stream() -> None:

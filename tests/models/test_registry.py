@@ -40,8 +40,9 @@ def test_model_name_errors_say_what_to_do(name: str, config: dict, words: str) -
 def test_register_model_refuses_a_taken_name_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_model("DuelingQNetwork")(PlainMLP)
-    with pytest.raises(ValueError, match="without ':'"):
-        register_model("a:b")
+    for bad in ("a:b", "", " ", " Net"):  # a blank name would be what a checkpoint records
+        with pytest.raises(ValueError, match="non-blank string without ':' or edge spaces"):
+            register_model(bad)
     with pytest.raises(ValueError, match="hidden_sizes\\[1\\]"):
         DuelingQNetwork(4, 2, hidden_sizes=(8, 0))
     with pytest.raises(TypeError, match="state_dim"):
