@@ -113,7 +113,8 @@ def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
     try:
         with progress:
             status = _run_command(args, progress, interrupts)
-        sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+        if sys.stdout is not None:  # None: closed when the process started (diag said so; show refused)
+            sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
         return status
     except KeyboardInterrupt:  # only while writing (see interrupts), or where no handler could be installed
         print(interrupts.line, file=sys.stderr)

@@ -90,6 +90,8 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     with interrupts.raising():
         _write(attributed, plan, interrupts.written)
     try:
+        if sys.stdout is None:  # file descriptor 1 closed when the process started
+            raise OSError("stdout is closed")
         _print_summaries(attributed, args)
         sys.stdout.flush()
     except BrokenPipeError:
@@ -347,7 +349,7 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
         tolerance=args.completeness_tol,
     )
     failing = [a for a in extra.get("actions", ()) if a["completeness"]["verdict"]["within"] is False]
-    if failing and report["verdict"]["within"]:  # the run's verdict is every action's, as the exit status is
+    if failing and report["verdict"]["within"] is not False:  # the run's verdict is every action's, as the exit status
         report["verdict"].update(accuracy="fail", within=False)
     return _Attributed(run, result, report, per_action=per_action)
 

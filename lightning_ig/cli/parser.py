@@ -299,9 +299,9 @@ def _add_diag(commands: Any) -> None:
         type=_method("--method"),
         default=AUTO_METHOD,
         metavar="RULE",
-        help="quadrature rule: auto (default: kink_midpoint at 128 steps or fewer, else riemann_middle; the report's "
-        "method says which ran), kink_midpoint (the midpoint rule with certified kink corrections), or Captum's "
-        "riemann_middle, riemann_left, riemann_right, riemann_trapezoid, gausslegendre",
+        help="quadrature rule: auto (default: kink_midpoint at 128 steps or fewer, else riemann_middle, which "
+        "--num-steps auto refines with; the report's method is the first), kink_midpoint (midpoints, certified kink "
+        "corrections), or Captum's riemann_middle, riemann_left, riemann_right, riemann_trapezoid, gausslegendre",
     )
     ig.add_argument("--gradient", choices=GRADIENTS, default="autograd", help="how path gradients are computed")
     ig.add_argument(

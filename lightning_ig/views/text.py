@@ -267,18 +267,17 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
             f"✓ The attributions add up: {_figures_text(numbers)}, both <= sqrt(2) x completeness_tol "
             f"{numbers.tolerance:g} over {total - numbers.num_near_baseline - numbers.num_non_finite} {rows}.{notes}"
         )
-    fix = _rounding_floor(summary) or "Use n_steps='auto' or more steps"
     return "fail", (
         f"✗ The attributions do NOT add up: {numbers.accuracy.reason} (completeness_tol {numbers.tolerance:g}): they "
-        f"may be off by more than the tolerance ({_figures_text(numbers)}). {fix}.{notes}"
+        f"may be off by more than the tolerance ({_figures_text(numbers)}). {_fix(summary)}.{notes}"
     )
 
 
-def _rounding_floor(summary: RunSummary) -> str | None:
-    """Why more points cannot pass a failed verdict: a half-precision forward's rounding is about the tolerance."""
+def _fix(summary: RunSummary) -> str:
+    """What to do about a failed verdict: more points, unless a half-precision forward's rounding is the floor."""
     eps = summary.settings.rounding
     if eps < summary.completeness.tolerance / 4:
-        return None
+        return "Use n_steps='auto' (it refines each state until its error estimate is within tolerance) or more steps"
     return (
         f"The model computes in half precision: its rounding (eps {eps:.1e}) alone is about the tolerance, and "
         "more points do not lower it; raise completeness_tol (e.g. 0.05) or attribute a float32 model"
@@ -426,12 +425,7 @@ def troubles(summary: RunSummary) -> dict[str, str]:
         ),
         "fail": lambda: (
             f"the accuracy check (estimated attribution error, mass-relative completeness error) fails at step "
-            f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. "
-            + (
-                _rounding_floor(summary)
-                or "Use n_steps='auto' (it refines each state until its error estimate is within tolerance) or more "
-                "steps; fewer held-out states at more steps cost about the same"
-            )
+            f"{step} with completeness_tol={numbers.tolerance:g}: {numbers.accuracy.reason}. {_fix(summary)}"
         ),
         "stochastic": lambda: (
             f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "

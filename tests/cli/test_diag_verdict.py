@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
 from lightning_ig.cli import exits
 from lightning_ig.models import DuelingQNetwork
 from lightning_ig.models.noise import noise_disabled
+from tests.support.cli_models import Opposed
 from tests.support.diag import read_valid_report, run_diag
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -146,6 +149,24 @@ def test_target_each_with_an_action_not_within_fails_the_top_level_verdict(
     report = read_valid_report(output)
     assert report["completeness"]["verdict"]["within"] is True  # V(s) alone is within: an action fails the run
     assert any(a["completeness"]["verdict"]["within"] is False for a in report["actions"])
+    assert report["verdict"]["within"] is False and report["verdict"]["accuracy"] == "fail"
+
+
+def test_target_each_fails_the_top_level_verdict_where_v_could_not_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """V(s) = 0 everywhere (two opposed actions) cannot be checked, while the actions fail: the report's verdict read
+    "unchecked" beside exit status 4."""
+    torch.manual_seed(6)
+    path, output = tmp_path / "opposed.safetensors", tmp_path / "opposed.json"
+    save_file(Opposed(4).state_dict(), str(path))
+    np.save(tmp_path / "states.npy", np.random.default_rng(6).normal(size=(16, 4)).astype(np.float32))
+    flags = ("--model", "tests.support.cli_models:Opposed", "--model-kwargs", '{"width": 4}', "--states")
+    flags += (str(tmp_path / "states.npy"), "--target", "each", "--num-steps", "8", "--completeness-tol", "1e-6")
+    assert run_diag(path, output, *flags) == exits.EXIT_NOT_WITHIN
+    capsys.readouterr()
+    report = read_valid_report(output)
+    assert report["completeness"]["verdict"]["within"] is None  # V(s) alone: nothing to check
     assert report["verdict"]["within"] is False and report["verdict"]["accuracy"] == "fail"
 
 

@@ -247,6 +247,33 @@ def test_a_full_stdout_after_the_reports_does_not_turn_success_into_a_usage_erro
     )
 
 
+def test_a_stdout_closed_from_the_start_is_said_not_a_bug(workspace: Path) -> None:
+    """A daemon's or cron's process may start with file descriptor 1 closed (sys.stdout is None): diag's status was
+    1 ("unexpected AttributeError") with its reports written, and show's 1 for printing nothing."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lightning_ig.cli", *args],
+            cwd=workspace,
+            env=repo_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+            preexec_fn=lambda: os.close(1),  # the child's own stdout
+        )
+
+    done = run("diag", "--checkpoint", "q.safetensors", "--output", "r.json", "--quiet")
+    assert done.returncode in (0, 4), done.stderr
+    assert "cannot print the summary (stdout is closed); the reports are written" in done.stderr
+    assert json.loads((workspace / "r.json").read_text())["schema_version"] == 1
+    shown = run("show", "r.json")
+    assert (shown.returncode, shown.stderr.strip()) == (
+        2,
+        "lightning-ig show: error: cannot print to stdout (it is closed)",
+    )
+
+
 def test_an_ascii_only_stdout_gets_escapes_not_an_error(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _diag(capsys, "--feature-names", "names.json", "--output", "r.json")[0] in (0, 4)
     report = json.loads((workspace / "r.json").read_text())

@@ -18,6 +18,14 @@ class TinyQ(nn.Module):
         return self.out(torch.tanh(self.hidden(x)))
 
 
+class Opposed(TinyQ):
+    """Two actions ``f`` and ``-f``: their mean, V(s), is exactly 0 on every state (nothing to check), each is not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = torch.relu(self.hidden(x)).sum(1, keepdim=True)
+        return torch.cat([half, -half], 1)
+
+
 class TinyQ64(TinyQ):
     """TinyQ in float64: diag converts the (float32) states to the model's dtype."""
 
