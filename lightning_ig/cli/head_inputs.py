@@ -255,7 +255,7 @@ def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
             ) from None
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UsageError(
-            f"the model fails on the states of shape {tuple(states.shape)} ({first_line}); check their width (or it)"
+            f"the model fails on states of shape {tuple(states.shape)} ({first_line}): check their width or its forward"
         ) from None
     if not isinstance(output, Tensor):
         raise UsageError(

@@ -310,7 +310,7 @@ def test_a_conv_network_given_flat_states_is_not_told_a_linear_layers_width(work
     N columns" from the width of the Linear layer after the convolutions (a conv network takes no width)."""
     np.save(workspace / "flat.npy", torch.rand(3, 32, generator=torch.Generator().manual_seed(3)).numpy())
     code, _, err = _diag(capsys, "--states", "flat.npy", "--output", "r.json")
-    _refused(code, err, "the model fails on the states of shape (3, 32)")
+    _refused(code, err, "the model fails on states of shape (3, 32)")
     assert "give states with" not in err and "features but the model takes" not in err
     assert not (workspace / "r.json").exists()
 
