@@ -81,7 +81,7 @@ KINK_METHOD = "kink_midpoint"
 (:mod:`lightning_ig.attribution.kinks`); beside :data:`METHODS`, which keep Captum's meaning."""
 
 AUTO_METHOD = "auto"
-"""``method="auto"``, the default: :data:`KINK_METHOD` where ``n_steps`` comes to 64 points or fewer (with
+"""``method="auto"``, the default: :data:`KINK_METHOD` where ``n_steps`` comes to 128 points or fewer (with
 autograd gradients), else ``"riemann_middle"``; the result's ``method`` says which ran."""
 
 TARGET_NAMES = ("mean", "each", "contrast")
@@ -391,6 +391,6 @@ def non_finite_words(gradient_only: bool) -> tuple[str, str]:
     if not gradient_only:
         return "the model produced NaN/Inf", ""
     return "the gradient along the path was NaN/Inf", (
-        "; the model's values there are finite (a branch torch.where does not take, or sqrt or log at 0, still "
-        "puts NaN into the gradient)"
+        "; the model's values at the states and baselines are finite (a branch torch.where does not take, or sqrt "
+        "or log at 0, still puts NaN into the gradient)"
     )

@@ -211,8 +211,8 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
         ValueError: ``forward``'s module holds parameters on another device than ``rows``, or on the meta device.
     """
     if "leaf Variable that requires grad is being used in an in-place operation" in str(error):
-        message = "the forward changes its input in place (as x.mul_(2) does), whose gradient IG takes: copy it first"
-        raise RuntimeError(f"{message} (x = x * 2, x = x.clone())") from error
+        message = "the forward changes its input or a parameter in place (as x.mul_(2) or weight.clamp_() do): copy it"
+        raise RuntimeError(f"{message} first (x = x * 2, x = x.clone()); IG takes gradients through both") from error
     module = module_of(forward)
     if module is None:
         return

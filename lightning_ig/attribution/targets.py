@@ -95,7 +95,7 @@ class Target:
         derived(self, "by_state", kind in ("per_row", "contrast"))
         derived(self, "about_actions", kind in ("action", "each", "contrast"))
         derived(self, "same_each_call", kind not in ("per_row", "callable"))
-        derived(self, "checks_deletion", kind != "contrast")
+        derived(self, "checks_deletion", kind not in ("contrast", "per_row"))
         derived(self, "rows_per_state", len(self.actions) if kind == "each" and self.actions else 1)
 
     # -- made once, where the user's value comes in

@@ -410,7 +410,7 @@ def _raise_if_non_finite(attributed: Sequence[_Attributed]) -> None:
     raise NonFiniteError(
         f"{which}{what} on {result.num_non_finite} of {head.run.states.shape[0]} states "
         f"(first: state_idx {result.first_non_finite}){more}{why}; the report {str(head.run.output)!r} lists them in "
-        "non_finite_states: check the checkpoint's weights (a diverged run?) and the states"
+        "non_finite_states: check the checkpoint's weights (a diverged run?), the model's forward and the states"
     )
 
 

@@ -120,7 +120,8 @@ def verify_lines(key: Mapping[str, Any], label: str = "") -> list[str]:
     lines = [f"verify{label}: {key['num_states']} states against {key['reference']} {cost}"]
     for row in key["per_state"]:
         flag = "  (near the baseline: not scored)" if row["near_baseline"] else ""
-        ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2g}x"  # 0.002x, never "0.00x"
+        r = row["ratio"]
+        ratio = "n/a" if r is None else f"{r:.2f}x" if r >= 0.01 else f"{r:.1g}x"  # 0.002x, never "0.00x"
         lines.append(
             f"  state {row['state_idx']}: true error {_text(row['true_error'])}, estimate "
             f"{_text(row['attribution_error'])} ({ratio} the truth){flag}"

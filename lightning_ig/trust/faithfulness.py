@@ -144,7 +144,7 @@ def deletion_check(
     """
     model, settings = check_model(model), check_settings(settings)
     if not settings.target.checks_deletion:  # a contrast's pair is chosen per state: a deleted state cannot re-state it
-        raise ValueError(f"the deletion check cannot use target={settings.target.label!r} (its pairs are per state)")
+        raise ValueError(f"the deletion check cannot use target={settings.target.label!r} (it picks outputs per state)")
     plan = DeletionPlan(
         states,
         baselines,

@@ -275,8 +275,9 @@ def completeness_sentence(summary: RunSummary) -> tuple[str, str]:
 
 def _fix(summary: RunSummary) -> str:
     """What to do about a failed verdict: more points, unless a half-precision forward's rounding is the floor."""
-    eps = summary.settings.rounding
-    if eps < summary.completeness.tolerance / 4:
+    eps, numbers = summary.settings.rounding, summary.completeness
+    worst = max(numbers.worst_attribution_error, numbers.worst_mass_relative_error)  # bfloat16's floor: ~2.5 eps
+    if eps < numbers.tolerance / 4 or not worst <= 4 * eps:
         return "Use n_steps='auto' (it refines each state until its error estimate is within tolerance) or more steps"
     return (
         f"The model computes in half precision: its rounding (eps {eps:.1e}) alone is about the tolerance, and "

@@ -484,7 +484,7 @@ def test_a_forward_that_changes_its_input_in_place_is_told_to_copy_it() -> None:
     def scaled_in_place(x: torch.Tensor) -> torch.Tensor:
         return layer(x.mul_(2.0))
 
-    with pytest.raises(RuntimeError, match=r"the forward changes its input in place .*copy it first"):
+    with pytest.raises(RuntimeError, match=r"the forward changes its input or a parameter in place .*copy it first"):
         integrated_gradients(scaled_in_place, torch.randn(5, 4), target=0)
 
 

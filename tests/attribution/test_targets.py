@@ -158,7 +158,7 @@ PARSED = [
         "Q(greedy) − Q(runner-up)",
         "Q(greedy) - Q(runner-up)",
     ),
-    (torch.tensor([0, 1]), "per_row", "per_row", False, False, True, False, True, "the output", "model output"),
+    (torch.tensor([0, 1]), "per_row", "per_row", False, False, True, False, False, "the output", "model output"),
     (_double, "callable:_double", "_double", False, False, False, False, True, "_double", "_double"),
 ]
 

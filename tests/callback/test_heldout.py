@@ -115,13 +115,16 @@ class _NanGradient(TinyQNet):
         return super().forward(x) + torch.where(first > 100, torch.sqrt(first - 100), 0.0)
 
 
-def test_a_nan_gradient_of_finite_values_is_told_as_such(tmp_path: Path) -> None:
-    """It was "the model gave NaN/Inf ...; check the model's weights and the states", all of which were finite."""
-    model = _NanGradient(noisy=False, batchnorm=False, dropout=0.0)
-    assert bool(torch.isfinite(model(held_out_states())).all())
-    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, on_non_finite="raise")
+@pytest.mark.parametrize("target", ["mean", "each"])
+def test_a_nan_gradient_of_finite_values_is_told_as_such(tmp_path: Path, target: str) -> None:
+    """It was "the model gave NaN/Inf ...; check the model's weights and the states", all of which were finite (and
+    for "each", "on 74 of 37 held-out states": its (action, state) cells)."""
+    model, states = _NanGradient(noisy=False, batchnorm=False, dropout=0.0), held_out_states()
+    assert bool(torch.isfinite(model(states)).all())
+    callback = IntegratedGradientsCallback(states, every_n_steps=10_000, on_non_finite="raise", target=target)
     trainer = make_trainer(tmp_path, [callback], max_steps=2)
-    with pytest.raises(NonFiniteAttributionError, match=r"the gradient along the path was NaN/Inf .*torch.where"):
+    told = rf"the gradient along the path was NaN/Inf on {len(states)} of {len(states)} held-out states .*torch.where"
+    with pytest.raises(NonFiniteAttributionError, match=told):
         trainer.fit(model, DataLoader(dataset(), batch_size=32))
 
 

@@ -10,7 +10,7 @@ import torch
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.exact_line import exact_line
 from lightning_ig.checkpoint import load_checkpoint
-from lightning_ig.cli.verify import accuracy_words
+from lightning_ig.cli.verify import accuracy_words, verify_lines
 from lightning_ig.models.noise import noise_disabled
 from tests.support.diag import read_valid_report, run_diag
 
@@ -66,3 +66,17 @@ def test_a_verdict_that_is_not_a_json_boolean_is_not_read_as_within(within, word
     assert (
         words.startswith(f"accuracy: {word} tol 0.01") if word else words == "accuracy: nothing could be checked (why)"
     )
+
+
+def test_each_states_ratio_is_written_so_that_a_tiny_one_is_not_zero() -> None:
+    """A 0.002 ratio (the estimate 500x low) printed as "0.00x"; large ones keep two decimals."""
+    rows = [
+        {"state_idx": i, "true_error": 1e-3, "attribution_error": 1e-3 * r, "ratio": r, "near_baseline": False}
+        for i, r in enumerate((0.002, 0.5, 123.4))
+    ]
+    key = {"reference": "exact_line", "num_states": 3, "seconds": 0.1, "gradients": 9, "per_state": rows}
+    key |= {"worst_true_error": 1e-3, "worst_attribution_error": 0.12, "batch_true_error": 1e-3, "num_near_baseline": 0}
+    told = verify_lines(key)[1:4]
+    assert ["(0.002x the truth)" in told[0], "(0.50x the truth)" in told[1], "(123.40x the truth)" in told[2]] == [
+        True
+    ] * 3

@@ -127,7 +127,6 @@ def test_targets_the_checks_cannot_judge_are_refused_with_the_reason():
     model, states = nn.Linear(4, 3), torch.randn(6, 4)
     with pytest.raises(ValueError, match=r"target='each' cannot be checked.*pass target='mean'"):
         deletion_check(model, states, None, torch.randn(6, 4), settings=AttributionSettings(target="each"))
-    with pytest.raises(
-        ValueError, match=r"the deletion check cannot use target=.contrast. \(its pairs are per state\)"
-    ):
-        deletion_check(model, states, None, torch.randn(6, 4), settings=AttributionSettings(target="contrast"))
+    for target, named in (("contrast", "'contrast'"), (torch.tensor([0, 1, 2, 0, 1, 2]), "'per_row'")):
+        with pytest.raises(ValueError, match=f"deletion check cannot use target={named} \\(it picks outputs per state"):
+            deletion_check(model, states, None, torch.randn(6, 4), settings=AttributionSettings(target=target))

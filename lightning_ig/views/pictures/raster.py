@@ -75,11 +75,7 @@ CATEGORICAL = ("#e69f00", "#f0f0f0", "#8c8c8c", "#f0e442", "#009e73", "#cc79a7",
 
 
 def rgb(colour: str) -> tuple[int, int, int]:
-    """``"#rrggbb"`` -> ``(r, g, b)``.
-
-    Raises:
-        ValueError: ``colour`` is not of the form ``#rrggbb``.
-    """
+    """``"#rrggbb"`` -> ``(r, g, b)``; a ``ValueError`` for a ``colour`` not of that form."""
     text = str(colour)
     if len(text) != 7 or text[0] != "#":
         raise ValueError(f"a colour is written '#rrggbb', got {text!r}")
