@@ -155,12 +155,7 @@ def _check_cadence(value: Any, name: str) -> int | None:
 
 
 def _check_overhead(value: Any) -> float | None:
-    """``None`` or a fraction of the fit's wall time in ``(0, 1]``.
-
-    Raises:
-        TypeError: not ``None`` or a real number.
-        ValueError: not in ``(0, 1]`` (NaN included).
-    """
+    """``None`` or a fraction of the fit's wall time in ``(0, 1]`` (``TypeError`` or ``ValueError`` otherwise)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

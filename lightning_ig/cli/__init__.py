@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -80,11 +81,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     interrupts = Interrupts.install()  # first: from here on Ctrl-C is one line and status 130
+    if sys.stdout is None:  # file descriptor 1 closed when the process started (cron, a daemon): print() drops text
+        sys.stdout = _ClosedStdout()  # and the commands say what a full disk makes them say
     try:
         with _escaped_output():
             return _main(argv, interrupts)
     finally:
         interrupts.restore()
+
+
+class _ClosedStdout(io.TextIOBase):
+    def write(self, text: str) -> int:
+        raise OSError("stdout is closed")
 
 
 @contextlib.contextmanager
@@ -113,8 +121,7 @@ def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
     try:
         with progress:
             status = _run_command(args, progress, interrupts)
-        if sys.stdout is not None:  # None: closed when the process started (diag said so; show refused)
-            sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+        sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
         return status
     except KeyboardInterrupt:  # only while writing (see interrupts), or where no handler could be installed
         print(interrupts.line, file=sys.stderr)

@@ -90,8 +90,6 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     with interrupts.raising():
         _write(attributed, plan, interrupts.written)
     try:
-        if sys.stdout is None:  # file descriptor 1 closed when the process started
-            raise OSError("stdout is closed")
         _print_summaries(attributed, args)
         sys.stdout.flush()
     except BrokenPipeError:

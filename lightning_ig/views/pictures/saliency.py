@@ -279,8 +279,7 @@ def saliency_grid(
     colours, labels = _colours(channel_colours, channel_names, images.shape[1])
     if channel is not None:
         images, colours, labels = images[:, channel : channel + 1], colours[channel : channel + 1], [labels[channel]]
-    widest = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels[:10])  # _legend's rule, in one slot:
-    if len(labels) > 5 and widest > (slot_width - 4) / 2 - 16 and count == GRID_FRAMES:  # else it takes two
+    if len(labels) > 5 and not _fits_two(canvas, labels, slot_width - 4) and count == GRID_FRAMES:  # two slots
         count, images, maps = count - 1, images[:-1], maps[:-1]
     room = (slot_height - LINE - 4, slot_width - 6)  # a frame, its border and its caption in a slot
     block = max(1, math.ceil(images.shape[2] / room[0]), math.ceil(images.shape[3] / room[1]))
@@ -315,6 +314,11 @@ def saliency_grid(
     return SaliencyPicture(canvas.pixels, scale)
 
 
+def _fits_two(canvas: Canvas, labels: list[str], room: float) -> bool:
+    """Whether the legend's first 10 channel names fit two columns of swatches in ``room`` pixels."""
+    return max(canvas.text_width(label, size=SMALL_SIZE) for label in labels[:10]) <= room / 2 - 16
+
+
 def _legend(
     canvas: Canvas,
     left: float,
@@ -331,8 +335,7 @@ def _legend(
     scale, what the numbers under the frames are, the scale's change; lines that would pass the card's foot are left
     out, from the last."""
     room, labels = CARD_WIDTH - left - 2, labels[:10]  # the first 10 channels: the lines below are placed after them
-    fits_two = max(canvas.text_width(label, size=SMALL_SIZE) for label in labels) <= room / 2 - 16
-    columns = 2 if len(labels) > 5 or (len(labels) > 2 and fits_two) else 1
+    columns = 2 if len(labels) > 5 or (len(labels) > 2 and _fits_two(canvas, labels, room)) else 1
     for index, (label, colour) in enumerate(zip(labels, colours)):
         x, y = left + (index % columns) * room / columns, top + (index // columns) * _LEGEND_LINE + 6
         canvas.rectangle((x, y - 6, x + 11, y + 5), tuple(int(v) for v in GROUND))
