@@ -258,12 +258,7 @@ def check_method(value: Any, name: str = "method") -> str:
         TypeError: not a string.
         ValueError: an unknown name.
     """
-    names = (AUTO_METHOD, KINK_METHOD, *METHODS)
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be one of {', '.join(map(repr, names))}; got {shown_with_type(value)}")
-    if value not in names:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, names))}; got {shown(value)}")
-    return value
+    return check_choice(value, (AUTO_METHOD, KINK_METHOD, *METHODS), name)
 
 
 def check_n_steps(value: Any, name: str = "n_steps") -> NSteps:

@@ -47,9 +47,8 @@ Rule = tuple[list[float], list[float]]
 MAX_GAUSS_LEGENDRE_STEPS = 100_000
 """The most points a Gauss-Legendre rule is built with (about a second, once; then cached).
 
-Gauss-Legendre with ``n`` points is exact for polynomials of degree ``2n - 1``: a
-smooth model needs tens to hundreds of points, and a model with kinks (ReLU)
-gains nothing from more points than a Riemann rule would use. Past this size a
+Gauss-Legendre with ``n`` points is exact for polynomials of degree ``2n - 1``: a smooth model needs tens to hundreds of
+points, and a model with kinks (ReLU) gains nothing from more points than a Riemann rule would use. Past this size a
 Riemann rule (built in O(n), any size) is the right tool.
 """
 

@@ -529,7 +529,7 @@ class IntegratedGradientsCallback(Callback):
 
     def _warn(self, summary: RunSummary) -> None:
         """Each kind of trouble once (NaN/Inf, nothing checked, completeness above tolerance, a random forward)."""
-        if not summary.troubles():
+        if not summary.troubles():  # a steady run never enters the text module
             return
         for kind, message in text.troubles(summary).items():
             if kind not in self._warned:

@@ -319,17 +319,14 @@ def idle_core(
     generator."""
     if not sys.platform.startswith("linux") or states.device.type != "cpu" or trainer.world_size > 1:
         return None
-    if engine.target.contrasts:
-        return None
-    if torch.get_num_threads() >= physical_cores():
+    if engine.target.contrasts or torch.get_num_threads() >= physical_cores():
         return None
     settings = AttributionSettings(forward=forward, target=engine.target, options=engine.options)
     replica = Replica(pl_module, settings)
     replica.sync()
-    rows = min(2, len(states))
-    trial = states[:rows]
+    trial = states[:2]
     per_state = isinstance(baselines, Tensor) and baselines.shape == states.shape
-    trial_baselines = baselines[:rows] if per_state else baselines
+    trial_baselines = baselines[:2] if per_state else baselines
     with attribution_mode(pl_module), stochastic_warnings_silenced():
         theirs = engine.attribute(trial, baselines=trial_baselines, n_steps=2, cuda_graph=False)
     drawn = _generator_states()

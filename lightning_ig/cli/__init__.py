@@ -70,10 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: The arguments after the program name; default ``None`` reads ``sys.argv[1:]``.
 
     Returns:
-        The exit status: 0 ok, 1 an unexpected failure, 2 a user mistake or a stochastic
-        forward (one line on stderr), 3 NaN/Inf from the model (reports written, one line),
-        4 not within ``--completeness-tol`` by the accuracy verdict (reports written, one line), 130 interrupted,
-        141 stdout closed by its reader.
+        The exit status: 0 ok, 1 an unexpected failure, 2 a user mistake or a stochastic forward (one line on stderr),
+        3 NaN/Inf from the model (reports written, one line), 4 not within ``--completeness-tol`` by the accuracy
+        verdict (reports written, one line), 130 interrupted, 141 stdout closed by its reader.
 
     Example::
 

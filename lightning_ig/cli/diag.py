@@ -83,7 +83,7 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     for number, run in enumerate(runs, start=1):
         which = f" head {run.label} ({number}/{len(runs)})" if len(runs) > 1 else ""
         progress.stage(f"integrated gradients on {run.states.shape[0]} states, {args.num_steps} steps{which}")
-        attributed.append(_attribute(run, args))
+        attributed.append(_attribute(run, args, progress, which))
     _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
     _checked(make_folders)
@@ -296,7 +296,7 @@ def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
 # ----------------------------------------------------------------------------------- the IG run, the writes, the words
 
 
-def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
+def _attribute(run: HeadRun, args: argparse.Namespace, progress: Progress, which: str) -> _Attributed:
     # imported here, as the other steps that need torch: `--help` or a bad flag should not wait for it
     from lightning_ig.attribution import integrated_gradients  # noqa: PLC0415
     from lightning_ig.attribution.result import stochastic_warnings_silenced  # noqa: PLC0415
@@ -317,13 +317,14 @@ def _attribute(run: HeadRun, args: argparse.Namespace) -> _Attributed:
     target = Target.parse("mean") if each else run.target  # "each": V(s) for the contract keys, every action beside
     with noise_disabled(run.model), stochastic_warnings_silenced():
         result = integrated_gradients(run.model, run.states, run.baselines, target=target, **options)
-        per_action = (
-            integrated_gradients(run.model, run.states, run.baselines, target=EACH, **options) if each else None
-        )
-        verified = None
+        per_action = verified = None
+        if each:
+            progress.stage(f"integrated gradients of every action, {args.num_steps} steps{which}")
+            per_action = integrated_gradients(run.model, run.states, run.baselines, target=EACH, **options)
         if args.verify is not None:
             from lightning_ig.cli.verify import verify_key  # noqa: PLC0415
 
+            progress.stage(f"--verify: the reference on {min(args.verify, run.states.shape[0])} states{which}")
             verified = verify_key(run.model, run.states, target, result, args.verify)
     extra = {**run.extra, "num_steps_requested": args.num_steps}
     if result.target_actions is not None:  # contrast: which two actions each state's difference is between
@@ -465,14 +466,10 @@ def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace
     if args.quiet:
         return
     for head in attributed:
-        report = head.report
-        print(
-            printable(
-                f"wrote {head.run.output}: {report['num_states']} states, {report['state_dim']} features, "
-                f"{report['num_steps']} steps; completeness: {completeness_words(report)}"
-            )
-        )
-        accuracy = accuracy_words(report)
+        report, accuracy = head.report, accuracy_words(head.report)
+        words = completeness_words(report, ratio=accuracy is None)
+        what = f"{report['num_states']} states, {report['state_dim']} features, {report['num_steps']} steps"
+        print(printable(f"wrote {head.run.output}: {what}" + ("" if words is None else f"; completeness: {words}")))
         if accuracy is not None:
             print(printable(f"  {accuracy}"))
         for action in report.get("actions", []):

@@ -400,6 +400,6 @@ def _add_show(commands: Any) -> None:
         type=_count("--worst-states"),
         default=5,
         metavar="N",
-        help="how many states with the largest completeness error to list",
+        help="how many states with the largest estimated attribution error (the verdict's figure) to list",
     )
     show.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

@@ -85,11 +85,11 @@ def _number(value: Any, width: int = 11) -> str:
     return "n/a".rjust(width) if real is None else f"{real:{width}.4g}"
 
 
-def completeness_words(report: Mapping[str, Any]) -> str:
+def completeness_words(report: Mapping[str, Any], ratio: bool = True) -> str | None:
     """How far the report's attributions can be trusted, in one phrase.
 
     NaN/Inf outputs come first (``non_finite_states``), then "no state could be checked"
-    when every state was degenerate, else the worst relative completeness error.
+    when every state was degenerate, else the worst relative completeness error (``None`` without ``ratio``).
     """
     completeness = _mapping(report.get("completeness"))
     num_states = _real(report.get("num_states"))
@@ -101,6 +101,8 @@ def completeness_words(report: Mapping[str, Any]) -> str:
     degenerate = _real(completeness.get("num_degenerate")) or 0
     if num_states is not None and degenerate >= num_states > 0:  # whatever number a report holds as the worst
         return f"no state could be checked ({degenerate:.0f} degenerate: |F(x) - F(b)| too small for a ratio)"
+    if not ratio:  # said by the accuracy verdict, whose figures are well conditioned
+        return None
     if worst is None:
         return "worst relative error n/a"
     unchecked = f" ({degenerate:.0f} degenerate state(s) not checked)" if degenerate else ""
@@ -188,18 +190,24 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
 
 
 def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:
+    """The worst states by the estimated attribution error, the figure the verdict reads, near-baseline states (not
+    scored) last; by ``|delta| / |dF|`` in reports written before the estimate."""
     completeness = report.get("completeness")
     if not isinstance(completeness, dict):
         return ["  (the report holds no completeness figures)"]
     rows = _records(completeness.get("per_state"))
-    rated = [state for state in rows if _real(state.get("relative_error")) is not None]
-    rated.sort(key=lambda state: -_real(state["relative_error"]))  # type: ignore[operator]
+    estimated = any(_real(row.get("attribution_error")) is not None for row in rows)
+    figures = ("attribution_error", "mass_relative_error", "relative_error") if estimated else ("relative_error",)
+    rated = [state for state in rows if _real(state.get(figures[0])) is not None]
+    rated.sort(key=lambda state: (state.get("near_baseline") is True, -_real(state[figures[0]])))  # type: ignore[operator]
     if count <= 0:
         return []
     if not rated:  # every state at the baseline or NaN/Inf has no relative error to rank
         return [f"  (the report holds {'no per-state figures' if not rows else 'no state with a relative error'})"]
-    return [f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11} {'rel.error':>11}"] + [
+    names = {"attribution_error": "est.error", "mass_relative_error": "mass-rel.", "relative_error": "rel.error"}
+    header = f"  {'state':>6} {'sum(attr)':>11} {'F(x)-F(b)':>11}" + "".join(f" {names[f]:>11}" for f in figures)
+    return [*(["", "  worst states by estimated attribution error"] if estimated else []), header] + [
         f"  {_text(state.get('state_idx'), 6):>6} {_number(state.get('sum_attributions'))} "
-        f"{_number(state.get('f_input_minus_f_baseline'))} {_number(state.get('relative_error'))}"
+        f"{_number(state.get('f_input_minus_f_baseline'))}" + "".join(f" {_number(state.get(f))}" for f in figures)
         for state in rated[:count]
     ]

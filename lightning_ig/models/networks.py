@@ -230,8 +230,10 @@ class ConvDuelingQNetwork(nn.Module):
         return self.head.features(self.encoder(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Q-values: ``(N, C, H, W) -> (N, num_actions)``."""
-        return self.head(self.encoder(x))
+        """Q-values: ``(N, C, H, W) -> (N, num_actions)``; one frame ``(C, H, W) -> (num_actions,)`` as in Conv2d."""
+        one = x.dim() == len(self.input_shape)
+        q = self.head(self.encoder(x.unsqueeze(0) if one else x))
+        return q.squeeze(0) if one else q
 
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
         """Draw new noise in every NoisyLinear layer (no-op when ``noisy=False``)."""

@@ -92,8 +92,7 @@ class NoisyLinear(nn.Module):
     def reset_parameters(self) -> None:
         """Initialise as in Fortunato et al. (factorised case).
 
-        ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)``
-        for the weights and the bias alike.
+        ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)`` for the weights and the bias alike.
         """
         bound = 1.0 / math.sqrt(self.in_features)
         sigma = self.sigma0 / math.sqrt(self.in_features)

@@ -12,8 +12,7 @@ Rules this module enforces for every kernel in ``kernels/*.cu``:
 * Launches are CuPy's own (``RawKernel.__call__``): one launch path (a
   hand-prepared ``cuLaunchKernel`` one was no faster: ``docs/benchmarks.md``).
 
-CuPy is imported lazily, so the package imports and runs (on its torch path)
-where CuPy is not installed.
+CuPy is imported lazily, so the package imports and runs (on its torch path) where CuPy is not installed.
 """
 
 from __future__ import annotations
@@ -228,8 +227,7 @@ def launch(
 def current_stream_handle(device_index: int) -> int:
     """The raw ``cudaStream_t`` of torch's current stream on ``device_index``.
 
-    Looked up at every launch (never cached) so launches follow ``torch.cuda.stream``
-    contexts and CUDA-graph capture.
+    Looked up at every launch (never cached) so launches follow ``torch.cuda.stream`` contexts and CUDA-graph capture.
     """
     return torch.cuda.current_stream(device_index).cuda_stream
 

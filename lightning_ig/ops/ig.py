@@ -51,9 +51,8 @@ __all__ = [
 STATS = ("f_input", "f_baseline", "delta", "relative_error", "degenerate", "non_finite", "repeat_differs")
 """The rows of the completeness statistics ``(7, T, B)``; the flags are 0/1 in the accumulation dtype.
 
-``repeat_differs`` is the stochastic-forward check: 1 where the second evaluation
-of ``F(x)`` or ``F(b)`` (``ends`` with two copies) differs from the first (see
-:func:`repeat_threshold`); always 0 with one copy.
+``repeat_differs`` is the stochastic-forward check: 1 where the second evaluation of ``F(x)`` or ``F(b)`` (``ends`` with
+two copies) differs from the first (see :func:`repeat_threshold`); always 0 with one copy.
 """
 
 _KERNEL_FILE = "ig.cu"

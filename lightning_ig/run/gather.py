@@ -1,10 +1,9 @@
 """One collective for a run's result and the rows that ride along with it (a contrast's pairs).
 
 Under DDP every rank makes the same single collective call with the same shape
-(:meth:`~lightning_ig.run.host_result.HostResult.begin` calls its ``gather`` once). A run that also
-needs other per-state rows gathered (the pairs of ``target="contrast"``) sends them in
-that same call, beside the result's packed rows: :class:`JointGather`. In a single process nothing is gathered
-and the rows stay where they are.
+(:meth:`~lightning_ig.run.host_result.HostResult.begin` calls its ``gather`` once). A run that also needs other
+per-state rows gathered (the pairs of ``target="contrast"``) sends them in that same call, beside the result's packed
+rows: :class:`JointGather`. In a single process nothing is gathered and the rows stay where they are.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def _verdict(worst_attribution_error: float, worst_mass_relative_error: float, t
     broken = next((name for name, value in figures.items() if not math.isfinite(value)), None)
     if broken is not None:
         value = figures[broken]
-        cause = "NaN/Inf from the model" if math.isinf(value) else "missing where the other figure is not"
+        cause = "NaN/Inf in a value or gradient" if math.isinf(value) else "missing where the other figure is not"
         return AccuracyVerdict(
             False, broken, value, threshold, f"the worst {_FIGURE_WORDS[broken]} is {value} ({cause})"
         )

@@ -525,12 +525,10 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
             "degenerate": degenerate,
             "non_finite": non_finite,
             "attribution_error": estimate,
-            "mass_relative_error": mass_relative,
+            "mass_relative_error": mass_error,
             "near_baseline": bool(near),
         }
-        for i, (total, change, ratio, error, degenerate, non_finite, estimate, mass_relative, near) in enumerate(
-            columns
-        )
+        for i, (total, change, ratio, error, degenerate, non_finite, estimate, mass_error, near) in enumerate(columns)
     ]
     summary["degenerate_states"] = [
         {"state_idx": i, "absolute_error": json_float(absolute[i])} for i in np.flatnonzero(host.degenerate).tolist()

@@ -132,10 +132,6 @@ DRIFT_WORDS = {
 }
 
 
-def _number(value: float, spec: str = ".4g") -> str:
-    return "nan" if value != value else format(value, spec)
-
-
 def _per_state_pointer(summary: RunSummary) -> str:
     """Where a run's per-state numbers are: the JSON reports' folder with ``report_dir``, else how to get them."""
     folder = summary.settings.report_dir
@@ -292,8 +288,7 @@ def report_markdown(
     the target relies on (as the verdict card ranks it, by mass, with both signs), drift, concentration, the
     saliency scale and per action.
 
-    The table is a fixed-width block: TensorBoard's markdown drops table alignment, and numbers read best
-    right-aligned.
+    The table is a fixed-width block: TensorBoard's markdown drops table alignment, and numbers read best right-aligned.
     """
     settings, units = summary.settings, summary.units
     noun = "groups" if units.kind == "groups" else "features"
@@ -351,10 +346,7 @@ def report_markdown(
         "```",
     ]
     if summary.drift:
-        words = [
-            f"{DRIFT_WORDS[key].format(k=settings.top_k)} {_number(value, '.3f')}"
-            for key, value in summary.drift.items()
-        ]
+        words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
         lines += ["", f"**Drift**: {', '.join(words)}."]
     shares = summary.concentration
     if shares:
@@ -414,8 +406,7 @@ def troubles(summary: RunSummary) -> dict[str, str]:
     """What is wrong with a run, in words: the callback's warnings, one per kind of :meth:`RunSummary.troubles`.
 
     Returns:
-        ``{kind: message}`` for the kinds that apply: ``"non-finite"``, ``"unchecked"``, ``"fail"``,
-        ``"stochastic"``.
+        ``{kind: message}`` for the kinds that apply: ``"non-finite"``, ``"unchecked"``, ``"fail"``, ``"stochastic"``.
     """
     numbers, step = summary.completeness, summary.step
     words = {

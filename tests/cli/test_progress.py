@@ -41,3 +41,23 @@ def test_progress_speaks_only_for_slow_work(monkeypatch: pytest.MonkeyPatch) -> 
     text = terminal.getvalue()
     assert "\rlightning-ig: loading q.safetensors ..." in text and "\n" not in text
     assert text.endswith("\r\033[K"), "the progress line is erased before the error is printed"
+
+
+def test_diag_names_each_slow_step_as_it_starts(
+    checkpoint, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: a --verify reference (tens of seconds on a large net) or --target each's second pass shown as
+    # the first pass still running
+    from tests.support.diag import run_diag
+
+    stages: list[str] = []
+    monkeypatch.setattr(progress_module.Progress, "stage", lambda self, text, checked=True: stages.append(text))
+    flags = ("--target", "each", "--num-steps", "8", "--verify", "30")  # the auto sample: 16 states
+    assert run_diag(checkpoint, tmp_path / "r.json", *flags) in (0, 4)
+    capsys.readouterr()
+    assert stages[1:] == [
+        "integrated gradients on 16 states, 8 steps",
+        "integrated gradients of every action, 8 steps",
+        "--verify: the reference on 16 states",
+        "writing the report",
+    ], stages

@@ -46,7 +46,9 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
     assert "(the report holds no per-state figures)" in (cli.main(["show", "no_rows.json"]), capsys.readouterr().out)[1]
     unrated = {
         **good["completeness"],
-        "per_state": [{**row, "relative_error": None} for row in good["completeness"]["per_state"]],
+        "per_state": [
+            {**row, "relative_error": None, "attribution_error": None} for row in good["completeness"]["per_state"]
+        ],
     }
     (workspace / "unrated.json").write_text(json.dumps({**good, "completeness": unrated}))
     assert (
@@ -107,3 +109,29 @@ def test_a_name_is_cut_before_it_is_escaped_never_mid_escape(
     assert cli.main(["show", "odd.json", "--top", "1"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("     1  "))
     assert row.split()[1] == "a" * 22 + "\\x1b[", row  # 24 characters: the escape whole
+
+
+def test_the_worst_states_are_ranked_by_the_estimate_the_verdict_reads(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: the worst-state table ranked by |delta| / |dF| (ill conditioned where dF is small) while the
+    # verdict reads the estimate, and a near-baseline state (not scored) listed first
+    assert _diag(capsys, "--output", "good.json")[0] == 0
+    report = json.loads((workspace / "good.json").read_text())
+    base = report["completeness"]["per_state"][0]
+    figures = [(0.5, 0.9, True), (0.02, 1e-3, False), (1e-3, 0.5, False), (0.01, None, False)]
+    report["completeness"]["per_state"] = [
+        {**base, "state_idx": index, "attribution_error": estimate, "relative_error": ratio, "near_baseline": near}
+        for index, (estimate, ratio, near) in enumerate(figures)
+    ]
+
+    def ranked(report: dict) -> list[int]:
+        (workspace / "ranked.json").write_text(json.dumps(report))
+        assert cli.main(["show", "ranked.json", "--worst-states", "4"]) == 0
+        lines = capsys.readouterr().out.split("sum(attr)")[1].splitlines()[1:]
+        return [int(line.split()[0]) for line in lines]
+
+    assert ranked(report) == [1, 3, 2, 0]  # the estimate's order, the near-baseline state last
+    for row in report["completeness"]["per_state"]:  # a report written before the estimate: the old ratio
+        del row["attribution_error"], row["near_baseline"]
+    assert ranked(report) == [0, 2, 1]

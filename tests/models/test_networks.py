@@ -56,6 +56,10 @@ def test_q_values_have_one_column_per_action_and_mean_is_the_value_stream(make, 
     # V + A - mean(A), averaged over actions: a few roundings at the size of V and A
     scale = float(value.abs().max() + advantage.abs().max())
     assert_close_scaled(q_values.mean(dim=1), value, ulps=4 * num_actions, scale=scale)
+    # one frame (C, H, W), as Conv2d takes it, is one row of Q-values (it failed in the head's matmul)
+    one = net(frames[1])
+    assert one.shape == (num_actions,)
+    assert_close_scaled(one, q_values[1], ulps=64, scale=float(features[1].abs().max() + q_values[1].abs().max()))
 
 
 @pytest.mark.parametrize(("make", "frame_shape", "num_actions"), CASES)

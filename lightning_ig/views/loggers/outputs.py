@@ -362,9 +362,7 @@ class RunOutputs:
         from lightning_ig.views.loggers.sinks import unit_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
         table = unit_table(self.tags.labels[summary.units.kind], summary.units, summary.settings.top_k)
-        if self.report is None or host is None:
-            return table, None
-        return table, self.report(summary, host)
+        return table, None if self.report is None or host is None else self.report(summary, host)
 
     def close(self) -> None:
         """Every picture in the writer's queue (the worker stopped): before the loggers close."""
