@@ -427,15 +427,19 @@ class MinAtarVectorEnv:
 def collect_held_out_states(game: str, num_states: int, seed: int) -> Tensor:
     """``(num_states, C, 10, 10)`` float frames from uniformly random play in games of their own.
 
-    Drawn from a pool four times larger, so that the frames (and the saliency grid) are not
-    the first steps of a few games side by side.
+    Drawn from a pool of four times as many distinct frames, so that the frames (and the saliency grid) are not
+    the first steps of a few games side by side, nor one frame several times (every game starts from the same
+    frame, and a game's frames repeat after a reset): a repeated state would weigh the means toward it.
     """
     envs, rng = MinAtarVectorEnv(game, HELD_OUT_GAMES, seed), np.random.default_rng(seed)
     frames = [envs.reset().copy()]
-    while len(frames) * HELD_OUT_GAMES < 4 * num_states:
+    pool = np.unique(frames[0], axis=0)
+    for _ in range(64 * num_states):  # a game of few distinct frames stops here
+        if len(pool) >= 4 * num_states:
+            break
         frames.append(envs.step(rng.integers(len(envs.action_set), size=HELD_OUT_GAMES))[0].copy())  # (8, C, 10, 10)
-    pool = np.concatenate(frames)
-    return torch.from_numpy(pool[rng.choice(len(pool), num_states, replace=False)]).float()
+        pool = np.unique(np.concatenate(frames), axis=0)
+    return torch.from_numpy(pool[rng.choice(len(pool), num_states, replace=len(pool) < num_states)]).float()
 
 
 class ReplayBuffer(IterableDataset):

@@ -118,10 +118,12 @@ def _verdict_status(attributed: Sequence[_Attributed], args: argparse.Namespace)
                     above = _states_above(result, action, args.completeness_tol)
                     advice = (
                         f"{above} state(s) still above tol at {result.n_steps} nodes, where --num-steps auto stops "
-                        f"(three times as many would pass its bound, {DEFAULT_MAX_STEPS}); check them with --verify N"
+                        f"(three times as many would exceed its bound, {DEFAULT_MAX_STEPS}); pass a larger fixed "
+                        f"--num-steps (e.g. {4 * DEFAULT_MAX_STEPS}), or check them with --verify N"
                     )
-                else:
-                    advice = "try --num-steps auto (the default), or check it with --verify N"
+                else:  # auto refines only up to its bound: past it, only more fixed steps can help
+                    auto = "--num-steps auto (the default) or " if args.num_steps < DEFAULT_MAX_STEPS else ""
+                    advice = f"try {auto}a larger --num-steps, or check it with --verify N"
                 print(
                     printable(
                         f"{PROG} diag: not within --completeness-tol {args.completeness_tol:g}{where}: {which}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 from collections.abc import Callable
@@ -78,6 +79,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line is one line on stderr (with the usual exit status 2)."""
+
+    # typeshed overloads this method by its namespace's type; one signature is all the commands use
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and " " in self.prog:  # a command's flag mistyped: said with the command's help and the nearest flag
+            close = difflib.get_close_matches(extra[0].split("=")[0], re.findall(r"--[\w-]+", self.format_help()), 1)
+            self.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else ""))
+        return parsed, extra
 
     def error(self, message: str) -> NoReturn:
         message = re.sub(r"^argument (--[\w-]+)(?:/[^:]*)?: \1 ", r"\1 ", message)  # the flag once (_checked)
@@ -335,7 +344,7 @@ def _add_diag(commands: Any) -> None:
         metavar="N",
         help="attribute the first N states again against a high-resolution reference (the exact line for "
         "Linear/Conv2d/ReLU networks, else 8192 float64 midpoint steps) and report each state's true error beside "
-        "the estimate (the report's 'verify' key); costs thousands of gradients per state on a conv net",
+        "the estimate (the report's 'verify' key); costs tens to thousands of gradients per state",
     )
     ig.add_argument(
         "--internal-batch-size",

@@ -116,8 +116,10 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines += _group_lines(report, top)
     error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
     mean = "" if error is None else f", mean |delta| {error:.3g}"
-    lines += ["", f"  completeness: {completeness_words(report)}{mean}"]
     accuracy = accuracy_words(report)  # reports written before the verdict have none
+    ratio = accuracy is not None and completeness_words(report, ratio=False) is None  # the words are the ratio's
+    note = " (|delta| / |dF|: large where dF is small; the verdict reads the figures below)" if ratio else ""
+    lines += ["", f"  completeness: {completeness_words(report)}{note}{mean}"]
     if accuracy is not None:
         lines.append("  " + printable(accuracy))
     if report.get("stochastic_forward") is True:

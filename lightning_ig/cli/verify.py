@@ -27,14 +27,15 @@ def accuracy_words(report: Mapping[str, Any]) -> str | None:
     flagged = f"; {near} near-baseline state(s) flagged, not scored" if near else ""
     estimate = _text(completeness.get("worst_attribution_error"))
     mass = _text(completeness.get("worst_mass_relative_error"))
-    figures = f"worst estimated attribution error {estimate}, mass-relative {mass}{flagged}"
+    figures = f"worst estimated attribution error {estimate}, mass-relative {mass}"
     within = verdict.get("within")
     if not isinstance(within, bool):  # null, or a hand-edited "no": never read as within
         return f"accuracy: nothing could be checked ({verdict.get('reason')})"
-    word = "within" if within else "NOT within"
-    decided = "" if within else f": {verdict.get('reason')}"
     tol_text = f"{tol:g}" if isinstance(tol, (int, float)) and not isinstance(tol, bool) else repr(tol)
-    return f"accuracy: {word} tol {tol_text} ({figures}){decided}"
+    if within:  # the bar too: a figure a little above tol passes, as the verdict is judged at sqrt(2) x tol
+        bar = _text(verdict.get("threshold"))
+        return f"accuracy: within tol {tol_text} ({figures}, both <= sqrt(2) x tol = {bar}{flagged})"
+    return f"accuracy: NOT within tol {tol_text} ({figures}{flagged}): {verdict.get('reason')}"
 
 
 def _text(value: Any) -> str:

@@ -39,6 +39,7 @@ def test_the_verdict_decides_the_exit_status_and_names_the_figure(
     assert run_diag(checkpoint, loose, "--num-steps", "2", "--completeness-tol", repr(tol)) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and f"accuracy: within tol {tol:g}" in captured.out
+    assert f"both <= sqrt(2) x tol = {2**0.5 * tol:.2e})" in captured.out  # the bar a passing figure is judged by
     assert read_valid_report(loose)["completeness"]["verdict"]["within"] is True
     # the summary's first line leaves |delta| / |dF| (ill conditioned where dF is small) to `show`: the verdict's
     # figures are the ones it prints
@@ -65,7 +66,10 @@ def test_the_default_refines_until_within_or_says_that_its_bound_is_spent(
         if not row["near_baseline"] and max(row["attribution_error"], row["mass_relative_error"]) > threshold
     ]
     assert f"{len(above)} state(s) still above tol at 504 nodes, where --num-steps auto stops" in err, err
-    assert len(err.strip().splitlines()) == 1
+    assert len(err.strip().splitlines()) == 1 and "pass a larger fixed --num-steps (e.g. 2048)" in err
+    # a fixed count past auto's bound is not sent back to auto, which stops earlier
+    assert run_diag(checkpoint, strict, "--num-steps", "600", "--completeness-tol", "1e-6", "--quiet") == 4
+    assert "try a larger --num-steps, or check it with --verify N" in capsys.readouterr().err
 
 
 def test_target_contrast_attributes_greedy_minus_runner_up(checkpoint: Path, tmp_path: Path) -> None:

@@ -89,3 +89,27 @@ def test_a_value_that_looks_like_a_flag_is_told_to_use_equals(value: str, capsys
     status = main(["diag", "--checkpoint", "missing.safetensors", "--baseline", value])
     err = capsys.readouterr().err
     assert status == 2 and "--baseline: expected one argument (a value starting with '-': --baseline=VALUE)" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["diag", "--checkpoint", "q.safetensors", "--verfy", "4"],
+            "--verfy 4 (did you mean --verify?); see `lightning-ig diag --help`",
+        ),
+        (["show", "r.json", "--Top=3"], "--Top=3 (did you mean --top?); see `lightning-ig show --help`"),
+        (
+            ["diag", "--checkpoint", "q.safetensors", "extra"],
+            "unrecognized arguments: extra; see `lightning-ig diag --help`",
+        ),
+    ],
+)
+def test_a_mistyped_flag_is_told_the_nearest_flag_and_its_commands_help(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: "lightning-ig: error: unrecognized arguments: --verfy 4; see `lightning-ig --help`" (the
+    # top-level help, which lists no flag of the command)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.strip().endswith(said), err
