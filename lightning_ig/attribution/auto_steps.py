@@ -9,7 +9,8 @@ estimate, computed afresh on the level's nodes (it stays honest at any count; th
 hundreds); each state records what it used (:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`).
 
 A state goes on while its estimate or its mass-relative error is above ``completeness_tol / 2`` (``/ 4`` after the
-kink rule, whose estimate can read a third of the truth at random init; never on ``|delta| / |dF|``); a state near
+kink rule, whose estimate can read a third of the truth at random init; so do its corrections over ``tol / 4``: the
+estimate reads a wrong one the certificate passed as exact; never on ``|delta| / |dF|``); a state near
 the baseline is judged by its absolute error against a tenth of the median ``max(||a||_1, |dF|)``; a non-finite
 state stops at once. Every cell of a state is refined alike: refinement that chases the estimate makes it read low.
 """
@@ -59,8 +60,12 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
     grads, values, ends, current = path.grads, path.values, path.ends[:2], run  # ends: one copy of F(x), F(b)
     tolerance = settings.completeness_tol / 2
     first = tolerance / 2 if settings.method == KINK_METHOD else tolerance
+    moved = None  # the kink rule's corrections, ||a - a_midpoint||_1: a wrong one the certificate passed (two kinks
+    if settings.method == KINK_METHOD:  # of opposite slope changes in one stretch) is read as exact by the estimate
+        plain = run.backend.accumulate(run.x, run.b, weights, path.grads.contiguous())  # the midpoint's sums
+        moved = (out["attributions"] - plain).abs().sum(-1).to(out["accuracy"].dtype)  # (T, B)
     for n in steps[1:]:
-        going_on = _going_on(out, floor, first if n == steps[1] else tolerance)
+        going_on = _going_on(out, floor, first, moved) if n == steps[1] else _going_on(out, floor, tolerance)
         keep = going_on.nonzero().squeeze(1)  # the one host sync of this level
         if keep.numel() == 0:
             break
@@ -83,13 +88,15 @@ def _scale(out: dict[str, Tensor]) -> Tensor:
     return torch.maximum(out["accuracy"][2], (out["stats"][0] - out["stats"][1]).abs().to(out["accuracy"].dtype))
 
 
-def _going_on(out: dict[str, Tensor], floor: Tensor, tolerance: float) -> Tensor:
-    """``(B,)`` bool: the states whose estimate or mass-relative error is above ``tolerance`` (any target)."""
+def _going_on(out: dict[str, Tensor], floor: Tensor, tolerance: float, moved: Tensor | None = None) -> Tensor:
+    """``(B,)`` bool: the states with the estimate, mass-relative error or ``moved / scale`` over ``tolerance``."""
     estimate, mass_relative, mass = out["accuracy"]  # (T, B) each
     # relative to max(own scale, a tenth of the median): a near-baseline state is judged by its absolute error
     scale = _scale(out)
     judged = torch.where(scale >= floor, estimate, estimate * mass / torch.maximum(scale, floor))
     above = torch.maximum(torch.nan_to_num(judged, nan=math.inf), mass_relative) > tolerance
+    if moved is not None:
+        above |= moved / torch.maximum(scale, floor) > tolerance
     non_finite = out["stats"][5] != 0  # (T, B)
     return above.any(0) & ~non_finite.any(0)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lightning_ig.attribution import integrated_gradients
+from lightning_ig.attribution.exact_line import exact_line
 from tests.support.models import seeded_dueling, seeded_mlp
 from tests.support.tolerance import assert_close_scaled, eps
 
@@ -34,10 +35,10 @@ def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
         if n < 504:  # it stopped: both figures within tol / 2 at n (tol / 4 after the kink rule), and not before
             within = max(float(fixed.attribution_error[0]), float(fixed.mass_relative_error[0])) <= _stop(tol, n)
             assert within, (state, n)
-        if n > 56:
+        if n > 56:  # it went on: a figure above its stop, or (after the kink rule) corrections above tol / 4
             coarser = integrated_gradients(lambda z: model(z).squeeze(1), x[state : state + 1], n_steps=n // 3)
             figures = max(float(coarser.attribution_error[0]), float(coarser.mass_relative_error[0]))
-            assert figures > _stop(tol, n // 3)
+            assert figures > _stop(tol, n // 3) or (n == 168 and _corrections(model, x[state : state + 1]) > tol / 4)
     # Every gradient row once: the first level and the ends (twice: the stochastic check), the kink rule's
     # certificate (14 forward rows a state and a second value for its largest 4), then 2 n new rows per level for the
     # states that went on.
@@ -47,6 +48,40 @@ def test_auto_steps_triple_per_state_until_the_estimate_is_within() -> None:
 
 def _stop(tol: float, n: int) -> float:
     return tol / 4 if n == 56 else tol / 2
+
+
+def _corrections(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """``||a_kink - a_midpoint||_1 / max(||a||_1, |dF|)`` at 56 nodes: how far the kink rule moved the state."""
+    kink, plain = (
+        integrated_gradients(lambda z: model(z).squeeze(1), x, n_steps=56, method=method)
+        for method in ("kink_midpoint", "riemann_middle")
+    )
+    with torch.no_grad():
+        change = abs(float(model(x).sum() - model(torch.zeros_like(x)).sum()))
+    scale = max(float(kink.attributions.abs().sum()), change)
+    return float((kink.attributions - plain.attributions).abs().sum()) / scale
+
+
+def test_auto_steps_check_a_state_the_kink_rule_moved_past_a_quarter_of_tol() -> None:
+    # guards against: the certificate passing a wrong correction (two kinks of opposite slope changes in one
+    # stretch) and the estimate then reading the state as exact: state 45 here, 0.84% off at the first level, read
+    # 1.4e-5, and auto left it there; it is refined now (0.31% off, read 0.38%), as is every state moved that far
+    torch.manual_seed(107)
+    layers: list[torch.nn.Module] = []
+    for width in (6, 32, 32, 32, 32):
+        layers += [torch.nn.Linear(width, 32), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(32, 4)).eval()
+    states = torch.randn(64, 6)
+    tol = 0.01
+    result = integrated_gradients(model, states, target="mean", n_steps="auto", completeness_tol=tol)
+    reference = exact_line(model, states, None, target="mean").attributions
+    true = (result.attributions.double() - reference).abs().sum(1) / reference.abs().sum(1)
+    assert float(true[45]) < tol / 2 and int(result.n_steps_per_state[45]) > 56
+    assert float(result.attribution_error[45]) > float(true[45]) / 2  # its own figure reads it again
+    mean = lambda z: model(z).mean(1, keepdim=True)  # noqa: E731 - the target as one output, for _corrections
+    for state in range(0, 64, 8):  # every state moved past tol / 4 went on (a sample: each costs two calls)
+        if _corrections(mean, states[state : state + 1]) > tol / 4:
+            assert int(result.n_steps_per_state[state]) > 56, state
 
 
 def test_auto_steps_keep_a_margin_after_the_kink_rule() -> None:

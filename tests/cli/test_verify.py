@@ -33,7 +33,8 @@ def test_verify_reports_the_true_error_against_the_exact_line(
     loaded = load_checkpoint(checkpoint)
     states = loaded.states[report["state_indices"]]
     with noise_disabled(loaded.model):
-        ours = integrated_gradients(loaded.model, states, target="mean", n_steps="auto").attributions[:4].double()
+        ours = integrated_gradients(loaded.model, states, target="mean", n_steps="auto", completeness_tol=0.5)
+        ours = ours.attributions[:4].double()  # the run diag made: its tolerance decides which states went on
     truth = exact_line(loaded.model, states[:4], target="mean").attributions
     expected = (ours - truth).abs().sum(1) / truth.abs().sum(1)
     got = torch.tensor([row["true_error"] for row in key["per_state"]], dtype=torch.float64)
