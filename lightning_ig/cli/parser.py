@@ -299,7 +299,8 @@ def _add_diag(commands: Any) -> None:
         default="auto",
         metavar="N|budget|auto",
         help="quadrature steps; 'auto' (default): the 'budget' call, then the states whose error figures are above "
-        "half of --completeness-tol (a quarter at the first level) refined by tripling the midpoint nodes, up to 512 "
+        "half of --completeness-tol (a quarter, and the kink rule's corrections too, at the first level) refined by "
+        "tripling the midpoint nodes, up to 512 "
         "(56, 168, 504 on a CPU; the report's num_steps says the most any state used); 'budget': 256, 128 or 64, the "
         "most the device runs in about the time of its launches (the kink rule's 56 or 112 where that is 64 or 128)",
     )
