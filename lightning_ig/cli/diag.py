@@ -122,7 +122,8 @@ def _verdict_status(attributed: Sequence[_Attributed], args: argparse.Namespace)
                         f"--num-steps (e.g. {4 * DEFAULT_MAX_STEPS}), or check them with --verify N"
                     )
                 else:  # auto refines only up to its bound: past it, only more fixed steps can help
-                    auto = "--num-steps auto (the default) or " if args.num_steps < DEFAULT_MAX_STEPS else ""
+                    past = isinstance(args.num_steps, int) and args.num_steps >= DEFAULT_MAX_STEPS
+                    auto = "" if past else "--num-steps auto (the default) or "
                     advice = f"try {auto}a larger --num-steps, or check it with --verify N"
                 print(
                     printable(

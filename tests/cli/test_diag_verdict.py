@@ -70,6 +70,8 @@ def test_the_default_refines_until_within_or_says_that_its_bound_is_spent(
     # a fixed count past auto's bound is not sent back to auto, which stops earlier
     assert run_diag(checkpoint, strict, "--num-steps", "600", "--completeness-tol", "1e-6", "--quiet") == 4
     assert "try a larger --num-steps, or check it with --verify N" in capsys.readouterr().err
+    assert run_diag(checkpoint, strict, "--num-steps", "budget", "--completeness-tol", "1e-6", "--quiet") == 4
+    assert "try --num-steps auto (the default) or a larger --num-steps" in capsys.readouterr().err
 
 
 def test_target_contrast_attributes_greedy_minus_runner_up(checkpoint: Path, tmp_path: Path) -> None:
