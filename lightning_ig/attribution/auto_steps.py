@@ -61,7 +61,7 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
     tolerance = settings.completeness_tol / 2
     first = tolerance / 2 if settings.method == KINK_METHOD else tolerance
     moved = None  # the kink rule's corrections, ||a - a_midpoint||_1: a wrong one the certificate passed (two kinks
-    if settings.method == KINK_METHOD:  # of opposite slope changes in one stretch) is read as exact by the estimate
+    if settings.method == KINK_METHOD and len(steps) > 1:  # of opposite slope changes in one stretch) reads as exact
         plain = run.backend.accumulate(run.x, run.b, weights, path.grads.contiguous())  # the midpoint's sums
         moved = (out["attributions"] - plain).abs().sum(-1).to(out["accuracy"].dtype)  # (T, B)
     for n in steps[1:]:

@@ -88,8 +88,8 @@ def _number(value: Any, width: int = 11) -> str:
 def completeness_words(report: Mapping[str, Any], ratio: bool = True) -> str | None:
     """How far the report's attributions can be trusted, in one phrase.
 
-    NaN/Inf outputs come first (``non_finite_states``), then "no state could be checked"
-    when every state was degenerate, else the worst relative completeness error (``None`` without ``ratio``).
+    NaN/Inf outputs come first (``non_finite_states``), then "no state could be checked" when every state was
+    degenerate, else the worst relative completeness error (not judged beside a verdict; ``None`` without ``ratio``).
     """
     completeness = _mapping(report.get("completeness"))
     num_states = _real(report.get("num_states"))
@@ -106,7 +106,9 @@ def completeness_words(report: Mapping[str, Any], ratio: bool = True) -> str | N
     if worst is None:
         return "worst relative error n/a"
     unchecked = f" ({degenerate:.0f} degenerate state(s) not checked)" if degenerate else ""
-    return f"worst relative error {relative_error_text(worst)}{unchecked}"
+    verdict = isinstance(completeness.get("verdict"), dict)  # beside a verdict, whose figures are well conditioned
+    note = " (|delta| / |dF|: large where dF is small; the verdict reads the figures below)" if verdict else ""
+    return f"worst relative error {relative_error_text(worst)}{unchecked}{note}"
 
 
 def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: int) -> str:
@@ -116,10 +118,8 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines += _group_lines(report, top)
     error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
     mean = "" if error is None else f", mean |delta| {error:.3g}"
+    lines += ["", f"  completeness: {completeness_words(report)}{mean}"]
     accuracy = accuracy_words(report)  # reports written before the verdict have none
-    ratio = accuracy is not None and completeness_words(report, ratio=False) is None  # the words are the ratio's
-    note = " (|delta| / |dF|: large where dF is small; the verdict reads the figures below)" if ratio else ""
-    lines += ["", f"  completeness: {completeness_words(report)}{note}{mean}"]
     if accuracy is not None:
         lines.append("  " + printable(accuracy))
     if report.get("stochastic_forward") is True:

@@ -132,6 +132,8 @@ def test_the_worst_states_are_ranked_by_the_estimate_the_verdict_reads(
         return [int(line.split()[0]) for line in lines]
 
     assert ranked(report) == [1, 3, 2, 0]  # the estimate's order, the near-baseline state last
+    assert cli.main(["show", "ranked.json"]) == 0  # the old ratio beside a verdict: said as not judged
+    assert "(|delta| / |dF|: large where dF is small; the verdict reads the figures below)" in capsys.readouterr().out
     for row in report["completeness"]["per_state"]:  # a report written before the estimate: the old ratio
         del row["attribution_error"], row["near_baseline"]
     assert ranked(report) == [0, 2, 1]
