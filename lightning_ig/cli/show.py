@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
 from lightning_ig.cli.terminal import printable
-from lightning_ig.cli.verify import accuracy_words
+from lightning_ig.cli.verify import accuracy_words, verify_lines
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = ["completeness_words", "format_report", "run_show"]
@@ -127,7 +127,15 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
             "  warning: the forward gave different values for the same state; these attributions are not reproducible"
         )
     lines += _worst_state_lines(report, worst_states)
-    return "\n".join(lines + _action_lines(report, top))
+    return "\n".join(lines + _verify_lines(report.get("verify")) + _action_lines(report, top))
+
+
+def _verify_lines(key: Any) -> list[str]:
+    """``diag --verify``'s lines, as diag printed them; one line for a key that does not read as one."""
+    try:
+        return ["", *("  " + printable(line) for line in verify_lines(key))] if key is not None else []
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ["", "  verify: in the report, but not in the form diag writes"]
 
 
 def _action_lines(report: Mapping[str, Any], top: int) -> list[str]:

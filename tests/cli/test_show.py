@@ -25,6 +25,7 @@ ODD_REPORTS = {
     "worst_is_text": {"completeness": {"worst_relative_error": "small", "per_state": [1, {"relative_error": "x"}]}},
     "features_null": {"features": None, "top_10_by_mean_abs": None},
     "feature_without_numbers": {"features": [{"name": "a"}, "b", {"name": None, "mean_abs": "big"}]},
+    "verify_odd": {"verify": {"num_states": 2, "per_state": [5]}},
     "missing_keys": {"num_states": None, "state_dim": None, "forward_target": None, "num_steps": None},
 }
 
@@ -38,6 +39,10 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
         captured = capsys.readouterr()
         assert code == 0 and captured.err == "", (name, captured.err)
         assert f"{name}.json" in captured.out and "completeness:" in captured.out
+    assert (
+        "verify: in the report, but not in the form diag writes"
+        in (cli.main(["show", "verify_odd.json"]), capsys.readouterr().out)[1]
+    )
     assert (
         "(the report holds no completeness figures)"
         in (cli.main(["show", "completeness_null.json"]), capsys.readouterr().out)[1]

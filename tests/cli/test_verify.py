@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_ig import cli
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.exact_line import exact_line
 from lightning_ig.checkpoint import load_checkpoint
@@ -28,6 +29,9 @@ def test_verify_reports_the_true_error_against_the_exact_line(
     key = report["verify"]
     assert key["reference"] == "exact_line" and key["num_states"] == 4 and len(key["per_state"]) == 4
     assert "verify: 4 states against exact_line" in out and "true error" in out
+    assert cli.main(["show", str(output)]) == 0  # show prints the key as diag did
+    shown = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "\n".join(line.strip() for line in verify_lines(key)) in "\n".join(shown)
 
     # the same truth in-process: the engine's attributions of the report's states against the exact line
     loaded = load_checkpoint(checkpoint)
