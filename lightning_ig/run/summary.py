@@ -123,7 +123,7 @@ class RunSummary:
         """This run as the callback's history keeps it (drift's reference, the charts over training, ``state_dict``):
         the units' mean ``|attr|`` and mean attr, their mass (``positive + negative``), the accuracy verdict
         (``"pass"``, ``"fail"``, ``"unchecked"``, ``"non-finite"``) with the figure that decided it against its bar
-        (``accuracy``: ``figure``, ``value``, ``threshold``), and the trust status (``None``: no checks)."""
+        (``accuracy``: ``figure``, ``value``, ``threshold``), the trust status (``None``: no checks) and its reasons."""
         units, trust, accuracy = self.units, self.trust_checks, self.completeness.accuracy
         positive, negative = units.parts
         return {
@@ -135,6 +135,7 @@ class RunSummary:
             "verdict": self.completeness.verdict,
             "accuracy": {"figure": accuracy.figure, "value": accuracy.value, "threshold": accuracy.threshold},
             "trust": None if trust is None else str(trust.status),
+            "trust_reasons": [] if trust is None else [str(reason) for reason in trust.reasons],
         }
 
     def troubles(self) -> list[str]:

@@ -171,7 +171,8 @@ def verdict_words(entry: Mapping[str, Any]) -> str:
         entry: a run of the callback's ``history`` (:meth:`~lightning_ig.run.summary.RunSummary.history_entry`).
 
     Returns:
-        The headline, the figure that decided against its bar, the trust status and the step.
+        The headline, the figure that decided against its bar, the trust status (and its first failed check other
+        than accuracy) and the step.
 
     Example:
         >>> entry = {"global_step": 500, "verdict": "pass", "trust": "passed",
@@ -186,8 +187,10 @@ def verdict_words(entry: Mapping[str, Any]) -> str:
         sign = "≤" if accuracy.within else ">"
         value, bar = relative_error_text(accuracy.value), format_value(accuracy.threshold)
         words += f" ({accuracy.words} {value} {sign} {bar})"
-    trust = entry.get("trust")
-    return f"{words}{'' if trust is None else f', trust checks {trust}'}, at step {int(entry['global_step']):,}"
+    trust, reasons = entry.get("trust"), [str(reason) for reason in entry.get("trust_reasons", ())]
+    failed = [reason for reason in reasons if not reason.startswith("accuracy:")]  # accuracy: the headline's
+    why = f" ({_short(failed[0])})" if trust == "failed" and failed else ""
+    return f"{words}{'' if trust is None else f', trust checks {trust}{why}'}, at step {int(entry['global_step']):,}"
 
 
 def _short(sentence: str) -> str:

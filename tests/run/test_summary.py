@@ -46,6 +46,7 @@ def test_a_summary_holds_the_runs_numbers_and_its_history_entry():
             "threshold": summary.completeness.accuracy.threshold,
         },
         "trust": None,  # no trust checks in this run
+        "trust_reasons": [],
     }
     _, later = _run(step=9, history=[entry])
     assert later.run_index == 1 and later.drift["spearman_prev"] == 1.0  # the same numbers: the same order

@@ -161,3 +161,11 @@ def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
     assert verdict_words({**passing, "trust": "unresolved"}).startswith("✓ attributions add up (estimated")
     assert ", trust checks unresolved, at step 300" in verdict_words({**passing, "trust": "unresolved"})
     assert verdict_words({"global_step": 5, "verdict": "non-finite", "trust": None}).startswith("✗ NaN/Inf")
+    # a failed trust status names its first failed check other than accuracy (the headline says an accuracy failure)
+    sanity = "sanity: the rank correlation with a re-initialised copy is 0.950, not below 0.500 (by 0.450; two ...)"
+    failing = {**passing, "trust": "failed", "trust_reasons": ["accuracy: above tol", sanity]}
+    expected = ", trust checks failed (sanity: the rank correlation with a re-initialised copy is 0.950), at step 300"
+    assert verdict_words(failing).endswith(expected)
+    assert verdict_words({**failing, "trust_reasons": ["accuracy: above tol"]}).endswith(
+        ", trust checks failed, at step 300"
+    )
