@@ -110,7 +110,9 @@ class Replica:
         with torch.inference_mode(False), torch.no_grad():
             for mine in self._mine:
                 size = mine.numel() * mine.element_size()
-                mine.copy_(data[offset : offset + size].view(mine.dtype).reshape(mine.shape))
+                chunk = data[offset : offset + size]  # a view of dtype needs its alignment: after a bool, a copy
+                chunk = chunk if offset % mine.element_size() == 0 else chunk.clone()
+                mine.copy_(chunk.view(mine.dtype).reshape(mine.shape))
                 offset += size
         if offset != len(data):
             raise ValueError(f"Replica.unpack: {len(data)} bytes for a copy of {offset}")

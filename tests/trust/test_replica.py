@@ -139,3 +139,29 @@ def test_redraw_keeps_the_tensors_a_captured_graph_reads():
     pointers = [parameter.data_ptr() for parameter in clone.parameters()]
     redraw(clone, 1)
     assert [parameter.data_ptr() for parameter in clone.parameters()] == pointers  # in place: a replay sees it
+
+
+class _MixedBuffers(nn.Module):
+    """Buffers of every element size in an order that leaves later ones unaligned in the packed bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(5, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 2))  # int64 count
+        self.register_buffer("mask", torch.tensor([True, True, False, True, True]))  # 5 bytes
+        self.register_buffer("mu", torch.arange(5, dtype=torch.float64))  # 8-byte elements after them
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x * self.mask - self.mu.float())
+
+
+def test_packed_weights_of_mixed_element_sizes_unpack_into_another_copy_bit_for_bit():
+    torch.manual_seed(0)
+    model = _MixedBuffers().train()
+    model(torch.randn(8, 5))  # batch-norm's running statistics and count move
+    source, target = Replica(model, SETTINGS), Replica(_MixedBuffers(), SETTINGS)
+    source.sync()
+    target.unpack(source.packed())
+    theirs = source.module.state_dict()
+    for name, mine in target.module.state_dict().items():
+        assert mine.dtype == theirs[name].dtype and torch.equal(mine, theirs[name]), name
+    assert int(target.module.net[1].num_batches_tracked) == 1
