@@ -255,7 +255,7 @@ def structure_copy(model: nn.Module) -> nn.Module:
 
     A method of a module of the tree kept as an attribute (under DDP, Lightning sets the LightningModule's
     ``forward`` as an instance attribute) is bound to the copy's module instead: shared, the copy would call the
-    original's weights."""
+    original's weights; a ``forward`` wrapper of another kind (``torch.compile``'s) gives way to the class's."""
     tree = {id(module) for module in model.modules()}
     memo: dict[int, Any] = {}
     for module in model.modules():
@@ -269,6 +269,9 @@ def structure_copy(model: nn.Module) -> nn.Module:
         if isinstance(getattr(type(theirs), "trainer", None), property):  # a LightningModule's pickled state drops
             with contextlib.suppress(RuntimeError, AttributeError):  # its trainer: shared through the public property
                 mine.trainer = theirs.trainer
+        wrapper = vars(mine).get("forward")  # fit(torch.compile(model)): Lightning sets a wrapper of the original's
+        if isinstance(wrapper, types.FunctionType) and type(mine).forward is not nn.Module.forward:
+            del vars(mine)["forward"]  # bound forward, which computes with the original's weights: the class's
     for parameter in clone.parameters():
         parameter.grad = None
     return clone.requires_grad_(False)

@@ -77,6 +77,19 @@ def test_structure_copy_copies_the_weights_and_shares_the_rest() -> None:
     assert not torch.equal(copy[0].weight, model[0].weight)
 
 
+def test_a_copy_of_a_module_fit_compiled_computes_with_its_own_weights() -> None:
+    """``trainer.fit(torch.compile(model))``: Lightning sets the module's ``forward`` to a wrapper of the original's
+    bound forward; shared, every copy (the sanity check's re-initialised ones) computed with the model's weights."""
+    from lightning.pytorch.utilities.compile import from_compiled
+
+    model = from_compiled(torch.compile(TinyQNet(noisy=False, batchnorm=False, dropout=0.0), backend="eager"))
+    copy, states = structure_copy(model), torch.randn(4, 4)
+    with torch.no_grad():
+        copy.body[0].weight.add_(1.0)
+        assert torch.equal(copy(states), type(model).forward(copy, states))
+        assert not torch.equal(copy(states), model(states))
+
+
 def test_structure_copy_shares_a_lightning_modules_trainer(tmp_path: Path) -> None:
     """A LightningModule's pickled state leaves its trainer out: the copy shares the original's trainer (it used to
     have none, so a forward reading ``self.trainer`` raised on the copy)."""
