@@ -189,8 +189,7 @@ def attribute_eager(
     for (name, tensor, _), flag in zip(deferred, flags):
         check_finite(name, tensor, flag)
     stochastic = bool(flags[-1])
-    if stochastic:
-        warn_stochastic(forward, stacklevel=3)  # the caller of integrated_gradients or IntegratedGradients.attribute
+    warn_stochastic(forward, 3, stochastic)  # to the caller of integrated_gradients or IntegratedGradients.attribute
     return build_result(
         out, prepared.resolved, prepared.spec, settings, run, n_steps, graph=False, stochastic=stochastic
     )

@@ -139,8 +139,7 @@ def capture_attribution(
     try:
         compute()  # eager first: shape and autograd errors surface as they would without a graph
         stochastic = bool(run.stochastic_flag())  # the ends evaluated twice, as on every eager call
-        if stochastic:
-            warn_stochastic(forward, stacklevel=4)  # the caller of IntegratedGradients.attribute
+        warn_stochastic(forward, 4, stochastic)  # to the caller of IntegratedGradients.attribute
         run.check_stochastic = False  # not in the warm-up nor the capture: its answer needs a host read
         run.allow_oom_retry = False  # a retry cannot happen inside a capture
         captured = _capture_with_fallback(run, compute, capturer, x.device)

@@ -243,17 +243,26 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
     ) from error
 
 
-def warn_stochastic(forward: Any, stacklevel: int) -> None:
-    """Warn (:class:`StochasticForwardWarning`) that the forward is stochastic, naming the modules that likely are."""
+def warn_stochastic(forward: Any, stacklevel: int, moved: bool = True) -> None:
+    """Warn (:class:`StochasticForwardWarning`) that the forward is stochastic, naming the modules that likely are:
+    ``moved``, it gave different values for the same inputs; else only where a noisy layer computes with its noise
+    sample (fixed between its ``reset_noise()`` calls: the repeated inputs agree, the attributions are the sample's)."""
     suspects = _stochastic_modules(module_of(forward))
-    if suspects:
-        cause = ", ".join(suspects[:5]) + (" ..." if len(suspects) > 5 else "")
-    else:
-        cause = "dropout or batch-norm in train mode, or NoisyNet noise left on"
+    noisy = [suspect for suspect in suspects if suspect.endswith(": noise on)")]
+    if not moved and not noisy:
+        return
+    named = suspects if moved else noisy
+    cause = ", ".join(named[:5]) + (" ..." if len(named) > 5 else "")
+    what = (
+        "gave different values for the same inputs within one call (likely cause: "
+        f"{cause or 'dropout or batch-norm in train mode, or NoisyNet noise left on'}); its attributions are not "
+        "reproducible and completeness does not hold"
+        if moved
+        else f"computes with NoisyNet noise on ({cause}): the attributions are of one noise sample, not the mean"
+    )
     warnings.warn(
-        f"the forward gave different values for the same inputs within one call (likely cause: {cause}); its "
-        "attributions are not reproducible and completeness does not hold: call model.eval() and switch noise off "
-        "(lightning_ig.noise_disabled(model)) before attributing",
+        f"the forward {what}: call model.eval() and switch noise off (lightning_ig.noise_disabled(model)) before "
+        "attributing",
         StochasticForwardWarning,
         stacklevel=stacklevel + 1,
     )
@@ -318,6 +327,11 @@ def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
     return found
 
 
+def _noisy_leaf(module: torch.nn.Module) -> bool:
+    """No module inside ``module`` has ``reset_noise``: a layer, not a model passing the call on (its layers say)."""
+    return not any(hasattr(inner, "reset_noise") for inner in module.modules() if inner is not module)
+
+
 def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:
     if module is None:
         return []
@@ -328,6 +342,6 @@ def _stochastic_modules(module: torch.nn.Module | None) -> list[str]:
             continue
         if isinstance(child, random_in_train):
             found.append(f"{name or type(child).__name__} ({type(child).__name__} in train mode)")
-        elif hasattr(child, "reset_noise"):
+        elif hasattr(child, "reset_noise") and getattr(child, "noise_active", True) and _noisy_leaf(child):
             found.append(f"{name or type(child).__name__} ({type(child).__name__}: noise on)")
     return found

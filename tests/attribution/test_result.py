@@ -16,6 +16,7 @@ from lightning_ig.attribution import (
     target_forward,
 )
 from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS
+from lightning_ig.models import DuelingQNetwork, noise_disabled
 from lightning_ig.ops.ig import warp_order_sum
 from lightning_ig.run.statistics import accuracy_verdict, completeness
 from tests.support.graphs import EmulatedCapture
@@ -165,6 +166,23 @@ def test_dropout_in_train_mode_warns_and_flags(gradient: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=8).stochastic
+
+
+def test_noisynet_noise_left_on_is_warned_though_its_fixed_sample_repeats() -> None:
+    # a fresh NoisyNet model is in train mode: one noise sample, the same for the repeated ends (not flagged), and
+    # the attributions are that sample's (the mean weights' differ by about their own size)
+    model = DuelingQNetwork(4, 2, hidden_sizes=(16,))
+    x = torch.randn(5, 4)
+    with pytest.warns(
+        StochasticForwardWarning, match=r"NoisyNet noise on \(.*noise on\)\): the attributions are of one"
+    ):
+        noisy = integrated_gradients(model, x, target="mean", n_steps=8)
+    assert not noisy.stochastic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StochasticForwardWarning)
+        with noise_disabled(model):  # still in train mode: the noise switch alone is enough
+            mean = integrated_gradients(model, x, target="mean", n_steps=8)
+    assert not torch.allclose(noisy.attributions, mean.attributions, rtol=0.1)
 
 
 def test_batch_norm_in_train_mode_warns_and_flags() -> None:
