@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,7 +204,7 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
     """Turn torch's error for inputs of another dtype, or on another device, than the model's parameters (or for a
     forward that changes its input in place) into one that says what to do.
 
-    Returns quietly when that is not the cause (the caller re-raises the original error).
+    Returns quietly when none of these, nor a shape the model does not take, is the cause (the caller re-raises).
 
     Raises:
         RuntimeError: the forward changed its input in place.
@@ -214,11 +215,9 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
         message = "the forward changes its input or a parameter in place (as x.mul_(2) or weight.clamp_() do): copy it"
         raise RuntimeError(f"{message} first (x = x * 2, x = x.clone()); IG takes gradients through both") from error
     module = module_of(forward)
-    if module is None:
-        return
-    parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
+    parameter = None if module is None else next((p for p in module.parameters() if p.is_floating_point()), None)
     if parameter is None:
-        return
+        return _raise_if_shape(rows, error)
     if parameter.is_meta:  # model.to('cpu') cannot give it values, nor inputs.to('meta') a result
         raise ValueError(
             "the model's parameters are on the meta device (shapes without values): load its weights first "
@@ -231,7 +230,7 @@ def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) ->
         ) from error
     dtype = rows.dtype
     if parameter.dtype == dtype:
-        return
+        return _raise_if_shape(rows, error)
     fixes = [
         f"{what}.{_DTYPE_METHOD[to]}"
         for what, to in (("inputs", parameter.dtype), ("model", dtype))
@@ -325,6 +324,15 @@ def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
                 if buffer is not None
             ]
     return found
+
+
+def _raise_if_shape(rows: Tensor, error: BaseException) -> None:
+    """Torch's words for a shape the model does not take name rows the engine built: say they are the inputs'."""
+    if not isinstance(error, torch.OutOfMemoryError) and re.search(r"shape|size|channels", str(error)):
+        raise RuntimeError(
+            f"the forward failed on rows the engine built from the inputs (each of {math.prod(rows.shape[1:])} "
+            f"values; their count is not the inputs'): do the inputs have the shape the model takes? torch: {error}"
+        ) from error
 
 
 def _noisy_leaf(module: torch.nn.Module) -> bool:

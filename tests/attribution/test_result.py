@@ -411,3 +411,21 @@ def test_a_model_on_the_meta_device_says_to_load_its_weights_not_torch() -> None
     model = _mlp(4, 2, seed=1).to("meta")
     with pytest.raises(ValueError, match=r"meta device \(shapes without values\): load its weights first"):
         integrated_gradients(model, torch.randn(3, 4, dtype=torch.float64), target="mean", n_steps=4)
+
+
+@pytest.mark.parametrize("engine", ["function", "class"])
+def test_inputs_of_a_shape_the_model_does_not_take_are_named_as_the_inputs(engine: str) -> None:
+    # guards against: torch's "mat1 and mat2 shapes cannot be multiplied (2x5 and 4x16)", whose row count is a probe
+    # the engine built, read as if it were the user's batch
+    model = _mlp(4, 2, seed=1).eval()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    with pytest.raises(
+        RuntimeError, match=r"each of 5 values.*do the inputs have the shape the model takes\? torch: mat1"
+    ):
+        if engine == "function":
+            integrated_gradients(model, x, target=0, n_steps=4)
+        else:
+            IntegratedGradients(model, target=0, n_steps=4).attribute(x)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten()).double().eval()
+    with pytest.raises(RuntimeError, match=r"each of 200 values.*the shape the model takes\? torch: .*channels"):
+        integrated_gradients(conv, torch.randn(2, 2, 10, 10, dtype=torch.float64), target=0, n_steps=4)
