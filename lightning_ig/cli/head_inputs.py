@@ -308,15 +308,18 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
     except ValueError:
         value = None
     if value is not None:
-        if not math.isfinite(value):
-            raise UsageError(f"--baseline {text!r} is not finite; give zeros, mean, a finite number or a states file")
+        if not abs(value) <= torch.finfo(states.dtype).max:  # NaN, inf and 1e40 for float32 states
+            raise UsageError(
+                f"--baseline {text!r} is not a finite {states.dtype} number; give zeros, mean, a number of at most "
+                f"{torch.finfo(states.dtype).max:.3g} in size or a states file"
+            )
         return value, f"constant:{value!r}"
     loaded = load_states(text, dtype=states.dtype).to(states.device)  # a regular file: checked with every input
     baselines = loaded[0] if loaded.shape[0] == 1 else loaded
     if baselines.shape not in (states.shape, states.shape[1:]):
         raise UsageError(
-            f"--baseline {text!r} has shape {tuple(loaded.shape)}; give one baseline of shape "
-            f"{tuple(states.shape[1:])} or one per state, {tuple(states.shape)}"
+            f"--baseline {text!r} has shape {tuple(loaded.shape)}; give one baseline as a file of states, shape "
+            f"{(1, *states.shape[1:])}, or one per state, {tuple(states.shape)}"
         )
     try:
         check_finite(f"--baseline {text}", baselines)

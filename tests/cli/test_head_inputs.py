@@ -205,7 +205,7 @@ def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
 ) -> None:
     # guards against: "unexpected RuntimeError: value cannot be converted to type float without overflow"
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "1e308")
-    _one_line_error(code, err, "baselines must be a finite number of the inputs' dtype torch.float32")
+    _one_line_error(code, err, "--baseline '1e308' is not a finite torch.float32 number; give zeros, mean, a number")
 
 
 def test_a_baseline_file_of_the_wrong_shape_is_told_its_own_shape(
@@ -214,7 +214,12 @@ def test_a_baseline_file_of_the_wrong_shape_is_told_its_own_shape(
     # guards against: a (1, 1, 4) file said to have shape (1, 4), a shape the flag takes
     (workspace / "b.json").write_text(json.dumps({"states": [[[0.1, 0.1, 0.1, 0.1]]]}))
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "b.json")
-    _one_line_error(code, err, "--baseline 'b.json' has shape (1, 1, 4); give one baseline of shape (4,)")
+    _one_line_error(
+        code, err, "--baseline 'b.json' has shape (1, 1, 4); give one baseline as a file of states, shape (1, 4)"
+    )
+    (workspace / "b.json").write_text(json.dumps({"states": [[0.1, 0.1, 0.1, 0.1]]}))  # the shape it advises
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", "b.json")
+    assert code == 0, err
 
 
 # ------------------------------------------------------------------------------ sizes and precisions
