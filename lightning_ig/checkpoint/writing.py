@@ -69,7 +69,7 @@ def save_checkpoint(
     Raises:
         TypeError: If an argument has the wrong type or the config is not JSON-serialisable.
         ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or do not match the
-            states' width, ``metadata`` uses a reserved key, ``path`` is a folder, a device or a FIFO, or ``config``
+            states' width (or a network's ``state_dim``, also the states' width's bar), ``metadata`` uses a reserved key, ``path`` is a folder, a device or a FIFO, or ``config``
             builds the model's class with other tensors than the model's (the file could not be loaded).
 
     Example::
@@ -88,7 +88,11 @@ def save_checkpoint(
     tensors = _model_tensors(model)
     stored_states = None if states is None else _stored_states(states)
     width = None if stored_states is None else int(stored_states[0].numel())
-    names = _checked_names(feature_names, width)
+    takes = getattr(model, "state_dim", None)  # the package's networks say their input width; others are not asked
+    takes = takes if type(takes) is int else None
+    if takes is not None and stored_states is not None and stored_states.dim() == 2 and width != takes:
+        raise ValueError(f"states have {width} features but the model takes {takes}: pass (num_states, {takes}) states")
+    names = _checked_names(feature_names, takes if width is None else width)
     architecture, model_kwargs = _architecture(model, config)
     if config is not None:  # the caller's words for the model, not the model's own config(): they must rebuild it
         _check_rebuilds(architecture, dict(config), tensors)

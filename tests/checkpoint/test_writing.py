@@ -183,12 +183,17 @@ def test_saved_states_and_names_are_checked_once_with_the_shared_words(tmp_path:
         ({"feature_names": ["a", "b\nc", "d"]}, "line break"),
         ({"feature_names": ["a", "a", "c"]}, "repeats"),
         ({"feature_names": ["a", "b"], "states": torch.zeros(1, 3)}, "2 names but there are 3 features"),
+        ({"feature_names": ["a", "b"]}, "2 names but there are 3 features"),  # the network's state_dim: diag's width
+        ({"states": torch.zeros(2, 5)}, "states have 5 features but the model takes 3"),
         ({"metadata": {"lightning_ig.format": "2"}}, "reserved prefix"),
     ]
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words):
             save_checkpoint(net, tmp_path / "x.safetensors", **kwargs)
     assert not (tmp_path / "x.safetensors").exists()
+    # a model that does not say its width is not asked: its names and states are stored as given
+    save_checkpoint(nn.Sequential(nn.Flatten(), nn.Linear(6, 2)), tmp_path / "y.safetensors", feature_names=list("ab"))
+    assert json.loads(read_metadata(tmp_path / "y.safetensors")["lightning_ig.feature_names"]) == ["a", "b"]
 
 
 def test_a_path_ending_in_a_separator_names_a_folder_even_where_its_parent_exists(tmp_path: Path) -> None:
