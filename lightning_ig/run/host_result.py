@@ -344,8 +344,8 @@ def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.nd
     missing = np.isnan(given)
     if not missing.any():
         return given
-    change = np.abs(columns["f_input"] - columns["f_baseline"])
-    scale = np.maximum(mass, change)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf where both ends are infinite: NaN, said
+        change = np.abs(columns["f_input"] - columns["f_baseline"])
+        scale = np.maximum(mass, change)
         error = np.abs(sums - (columns["f_input"] - columns["f_baseline"])) / scale
     return np.where(missing, np.where(scale > 0, error, np.where(scale == 0, 0.0, np.nan)), given)  # NaN stays NaN

@@ -286,7 +286,8 @@ class DeletionPlan:
         batch, steps, orderless, values = self.x.shape[0], self.steps, bool(values[-1]), values[:-1]
         f_input, f_baseline = values[:batch], values[batch : 2 * batch]
         inner = values[2 * batch :].reshape(2 + self.random_orders, steps - 1, batch)
-        delta = f_input - f_baseline  # (B,)
+        with np.errstate(invalid="ignore"):  # inf - inf where both ends are infinite: NaN, judged as such below
+            delta = f_input - f_baseline  # (B,)
         sign = np.where(delta < 0, -1.0, 1.0)  # (B,)
         ordered = np.where(delta < 0, inner[1], inner[0])  # (K - 1, B): each state's own sign's order
         inside = np.concatenate([ordered[None], inner[2:]])  # (1 + R, K - 1, B)

@@ -504,9 +504,11 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
         return summary
     absolute = np.abs(host.delta)
     relative = np.where(host.degenerate | host.non_finite, np.nan, host.relative_error)  # no ratio for those
+    with np.errstate(invalid="ignore"):  # inf - inf where both ends are infinite: NaN (null), as non_finite says
+        change = host.f_input - host.f_baseline
     columns = zip(
         json_floats(host.sum_attributions),
-        json_floats(host.f_input - host.f_baseline),
+        json_floats(change),
         json_floats(relative),
         json_floats(absolute),
         host.degenerate.tolist(),

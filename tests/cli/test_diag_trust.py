@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,20 @@ def test_a_nan_weight_is_exit_3_with_the_report_written(workspace: Path, capsys:
     code = cli.main(["show", "out/nan.json"])
     shown = capsys.readouterr().out
     assert code == 0 and "completeness: NaN/Inf on 16 of 16 states (first: state 0)" in shown
+
+
+def test_infinite_outputs_at_both_ends_are_exit_3_without_numpys_warnings(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: "RuntimeWarning: invalid value encountered in subtract" (inf - inf) printed before the one line
+    net = DuelingQNetwork(4, 3, hidden_sizes=(16,), activation="tanh")
+    with torch.no_grad():
+        net.get_parameter("value.0.bias_mu").fill_(float("inf"))  # V(s) = inf at every state and the baseline
+    save_checkpoint(net, workspace / "inf.safetensors", states=torch.randn(20, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, _, err = _diag(capsys, "--checkpoint", "inf.safetensors", "--output", "out/inf.json")
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "NaN/Inf on 16 of 16 states" in err, err
 
 
 def test_an_overflowing_forward_marks_only_its_states(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
