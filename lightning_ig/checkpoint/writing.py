@@ -69,8 +69,9 @@ def save_checkpoint(
     Raises:
         TypeError: If an argument has the wrong type or the config is not JSON-serialisable.
         ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or do not match the
-            states' width (or a network's ``state_dim``, also the states' width's bar), ``metadata`` uses a reserved key, ``path`` is a folder, a device or a FIFO, or ``config``
-            builds the model's class with other tensors than the model's (the file could not be loaded).
+            states' width (or a network's ``state_dim``, which the states' width must match too), ``metadata`` uses a
+            reserved key, ``path`` is a folder, a device or a FIFO, or ``config`` builds the model's class with other
+            tensors than the model's (the file could not be loaded).
 
     Example::
 
