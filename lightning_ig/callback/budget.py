@@ -114,9 +114,8 @@ class Budget:
         background: Callable[[], float] | None = None,
     ) -> None:
         self.share, self.clock = share, default_clock if clock is None else clock
-        self.background = (
-            default_background if background is None else background
-        )  # CPU seconds of the process's other threads so far; None: not counted
+        # CPU seconds of the process's other threads so far; None: not counted
+        self.background = default_background if background is None else background
         self._quiet: tuple[float, float] | None = None  # (background CPU, wall) at start: the rate before any run
         self._rate: tuple[float, float, float] | None = None  # (rate, background CPU, wall) at the first run
         self.spent = self.once = self.earlier = 0.0  # earlier: wall seconds of the fit before a resume
@@ -181,9 +180,7 @@ class Budget:
     def _steps_took(self, since: tuple[float, int, float], step: int, now: float) -> tuple[float, int] | None:
         """``(wall seconds, steps)`` from ``since`` to now, the callback's hooks in between left out."""
         clock, first, spent = since
-        if step <= first:
-            return None
-        return max(0.0, now - clock - (self.spent - spent)), step - first
+        return None if step <= first else (max(0.0, now - clock - (self.spent - spent)), step - first)
 
     def elapsed(self) -> float:
         """The fit's wall time so far, in seconds."""
@@ -221,9 +218,7 @@ class Budget:
 
     def run_cost(self, windows: int) -> float:
         """The predicted seconds of a run on ``1/windows`` of the states (0 before any run: it is measured)."""
-        if windows in self.run_costs:
-            return self.run_costs[windows]
-        return min((cost * k / windows for k, cost in self.run_costs.items()), default=0.0)
+        return self.run_costs.get(windows, min((cost * k / windows for k, cost in self.run_costs.items()), default=0.0))
 
     def ran(self, windows: int, seconds: float) -> None:
         """A run on ``1/windows`` of the states took ``seconds`` of the training thread (its checks excluded)."""

@@ -230,14 +230,12 @@ class IntegratedGradientsCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         self._finish_pending()  # a checkpoint holds every run started before it
         seen = self._ever_non_zero if self._fit is None else self._fit.outputs.ever_non_zero
-        history = [dict(entry) for entry in self.history]
-        budget = self._budget.state_dict()  # the measure, and the trust checks' schedule
         trust = self._fit.trust if self._fit is not None else None
         return {
-            "history": history,
+            "history": [dict(entry) for entry in self.history],
             "last_run_step": self._last_run_step,
             "ever_non_zero": sorted(seen),
-            "budget": budget,
+            "budget": self._budget.state_dict(),  # the measure, and the trust checks' schedule
             "trust_results": self._trust_results if trust is None else trust.results_state(),
         }
 
@@ -455,8 +453,7 @@ class IntegratedGradientsCallback(Callback):
         pending = self._pending
         if pending is not None and not (landed and not pending.transfer.ready()):
             self._pending = None
-            lost = self._budget.landed(pending.trainer.global_step, self._budget.clock())
-            self._finish(pending, lost=lost)
+            self._finish(pending, lost=self._budget.landed(pending.trainer.global_step, self._budget.clock()))
 
     def _finish(self, pending: fit.PendingRun, *, lost: float = 0.0) -> None:
         """Summarize a started run; on rank zero warn, log and write the report; then check for NaN/Inf (``lost``:

@@ -321,8 +321,7 @@ def idle_core(
         return None
     if engine.target.contrasts or torch.get_num_threads() >= physical_cores():
         return None
-    settings = AttributionSettings(forward=forward, target=engine.target, options=engine.options)
-    replica = Replica(pl_module, settings)
+    replica = Replica(pl_module, AttributionSettings(forward=forward, target=engine.target, options=engine.options))
     replica.sync()
     trial = states[:2]
     per_state = isinstance(baselines, Tensor) and baselines.shape == states.shape
@@ -337,9 +336,7 @@ def idle_core(
     except Exception:  # noqa: BLE001 - a forward that cannot run on a copy: the runs stay on the training thread
         return None
     same = all(heldout.same_values(getattr(mine, k), getattr(theirs, k)) for k in ("attributions", "f_input"))
-    if draws or mine.stochastic or not same:
-        return None
-    return IdleCore(replica, monitor)
+    return None if draws or mine.stochastic or not same else IdleCore(replica, monitor)
 
 
 def _current_cpu() -> int | None:

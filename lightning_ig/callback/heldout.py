@@ -210,8 +210,7 @@ class BoundForward:
     """``x -> forward(pl_module, x)``: created once, so the engine's graph cache sees the same forward every run."""
 
     def __init__(self, pl_module: Any, forward: ForwardOption) -> None:
-        self.pl_module = pl_module
-        self.forward = forward
+        self.pl_module, self.forward = pl_module, forward
         self.__name__ = callable_name(forward)
 
     def __call__(self, inputs: Tensor) -> Tensor:

@@ -186,16 +186,15 @@ class TrustMonitor:
                 continue
             result = results[name] if name in results else self._attempt(name, host, weights)
             if isinstance(result, Exception):  # a diagnostic must not stop training: said once, then off
-                self._switch_off(name, f"{name}: could not run ({type(result).__name__}: {shown(str(result), 160)})")
-                why = self._errors[name]
+                why = self._errors[name] = f"{name}: could not run ({type(result).__name__}: {shown(str(result), 160)})"
+                self.names.remove(name)
                 rank_zero_warn(f"IntegratedGradientsCallback: the {why}; it is off for the rest of the fit")
                 continue
             self._results[name], self._steps[name] = result, summary.step
             scalars.update(result.scalars())
         checks = sum(self.seconds.values()) - spent
         pending = self._pending(final)
-        verdict = self._verdict(summary.completeness.accuracy, pending, note)
-        self.latest = verdict
+        self.latest = verdict = self._verdict(summary.completeness.accuracy, pending, note)
         scalars.update(verdict.scalars())
         self.carried = {within: self._carried(within, pending) for within in _CARRIED_ACCURACY}
         self.seconds["verdict"] += time.perf_counter() - started - checks
@@ -282,11 +281,6 @@ class TrustMonitor:
             seed=SEED,
             replica=self._replica,
         )
-
-    def _switch_off(self, name: str, why: str) -> None:
-        self._errors[name] = why
-        if name in self.names:
-            self.names.remove(name)
 
     # -- the verdict
 

@@ -134,9 +134,7 @@ def report_folder(
             "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
             f"the JSON report of each run goes to {folder}"
         )
-    if folder is None:
-        return None
-    return ReportFolder(folder, name, inputs=[states])
+    return None if folder is None else ReportFolder(folder, name, inputs=[states])
 
 
 def warn_of_earlier_reports(reports: ReportFolder, name: str | None, start: int) -> None:
