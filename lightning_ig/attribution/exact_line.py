@@ -290,9 +290,7 @@ def _walk(model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, targ
 def _stacked(walks: list[dict[str, Any]], each: bool, method: str, seconds: float) -> Reference:
     def field(name: str) -> Tensor | None:
         values = [walk[name] for walk in walks]
-        if values[0] is None:
-            return None
-        return (torch.stack(values) if each else values[0]).cpu()
+        return None if values[0] is None else (torch.stack(values) if each else values[0]).cpu()
 
     return Reference(
         attributions=field("attributions"),  # type: ignore[arg-type]

@@ -130,11 +130,8 @@ class PathRun:
         self.forward = forward
         self.x = x  # (B, F)
         self.b = b  # (B, F)
-        self.feature_shape = feature_shape
-        self.spec = spec
-        self.settings = settings
-        self.backend = backend
-        self.chunk_rows = rows_per_chunk
+        self.feature_shape, self.spec, self.settings = feature_shape, spec, settings
+        self.backend, self.chunk_rows = backend, rows_per_chunk
         self.acc = accumulate_dtype(x.dtype)
         self.batch, self.features = x.shape
         finite_difference = settings.gradient == "finite_difference"
@@ -227,9 +224,7 @@ class PathRun:
 
     def stochastic_flag(self) -> Tensor:
         """The 0-dim bool of the repeated-ends check (False where it did not run)."""
-        if self.stochastic is None:
-            return torch.zeros((), dtype=torch.bool, device=self.x.device)
-        return self.stochastic
+        return torch.zeros((), dtype=torch.bool, device=self.x.device) if self.stochastic is None else self.stochastic
 
     # -- gradients along the path
     def gradients(self, alphas: Tensor, with_ends: bool) -> PathGradients:
@@ -400,9 +395,7 @@ class PathRun:
     def _probe_spec(self) -> Target:
         # Per-row and contrast targets pick columns by state, but probe rows do not follow the (*, B) layout: finite
         # differences evaluate every column ("each") and keep each state's own afterwards (_own_columns).
-        if self.spec.by_state:
-            return EACH
-        return self.spec
+        return EACH if self.spec.by_state else self.spec
 
     def _own_columns(self, path: PathGradients) -> PathGradients:
         """With per-row or contrast targets under finite differences, each state's own columns of ``"each"``."""

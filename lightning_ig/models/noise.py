@@ -93,11 +93,7 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
 
 def _is_plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, tuple):
-        return all(_is_plain(item) for item in value)
-    return False
+    return isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(_is_plain(item) for item in value))
 
 
 def _snapshot(module: nn.Module) -> _LayerSnapshot:

@@ -65,9 +65,7 @@ def json_float(value: float) -> float | None:
 def json_floats(values: np.ndarray) -> list[float | None]:
     """``values.tolist()`` with non-finite entries as ``None`` (one vectorised check for the common case)."""
     listed = values.tolist()
-    if np.isfinite(values).all():
-        return listed
-    return [value if math.isfinite(value) else None for value in listed]
+    return listed if np.isfinite(values).all() else [value if math.isfinite(value) else None for value in listed]
 
 
 def rank_order(values: np.ndarray) -> np.ndarray:

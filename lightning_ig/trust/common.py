@@ -97,9 +97,7 @@ class AttributionSettings:
     def call(self, model: nn.Module) -> Callable[[Tensor], Tensor]:
         """The forward on ``model``: ``x -> output``."""
         forward = self.forward
-        if forward is None:
-            return model
-        return lambda x: forward(model, x)
+        return model if forward is None else lambda x: forward(model, x)
 
     def value(self, model: nn.Module) -> Callable[[Tensor], Tensor]:
         """The attributed scalar per state on ``model``: ``x (N, ...) -> (N,)``."""
@@ -244,9 +242,7 @@ def read(*values: Tensor) -> np.ndarray:
 def rank_correlation(first: np.ndarray, second: np.ndarray, include: np.ndarray) -> float:
     """Spearman's rho of ``first`` and ``second`` (``(G,)`` each) over the entries in ``include``; NaN if undefined."""
     a, b = first[include], second[include]
-    if a.size < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return math.nan
-    return spearman(a, b)
+    return math.nan if a.size < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()) else spearman(a, b)
 
 
 def structure_copy(model: nn.Module) -> nn.Module:

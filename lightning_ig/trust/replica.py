@@ -71,9 +71,8 @@ class Replica:
         self.quiet()
         self.settings = settings
         self.forward = settings.call(self.module)
-        self.engine = IntegratedGradients(
-            self.forward, target=settings.target, **settings.options.keywords()
-        )  # no NaN/Inf check of the inputs: they are the run's states, checked when they were set up
+        # no NaN/Inf check of the inputs: they are the run's states, checked when they were set up
+        self.engine = IntegratedGradients(self.forward, target=settings.target, **settings.options.keywords())
         self._draws: dict[tuple[int, int], list[list[Tensor]]] = {}
 
     def sync(self) -> None:
