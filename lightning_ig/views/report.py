@@ -299,8 +299,7 @@ def _host(result: Any, groups: GroupSpec | None) -> HostResult:
         if result.groups is None:
             raise ValueError("this host result was gathered without groups; pass groups= to HostResult.from_result")
         return result
-    resolved = FeatureGroups.resolve(groups, tuple(result.attributions.shape[1:]))
-    return HostResult.from_result(result, groups=resolved)
+    return HostResult.from_result(result, groups=FeatureGroups.resolve(groups, tuple(result.attributions.shape[1:])))
 
 
 def report_to_json(report: Mapping[str, Any]) -> str:

@@ -114,22 +114,6 @@ def informative_scalars(
     return kept, seen
 
 
-def _logs_on_the_worker(logger: Any) -> bool:
-    """A ``TensorBoardLogger`` whose ``log_metrics`` is Lightning's own (thread-safe: ``SummaryWriter`` calls): its
-    scalars are logged on the logging worker with the run's other events; a logger of the user's own, on the
-    training thread."""
-    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
-
-    return type(logger).log_metrics is TensorBoardLogger.log_metrics
-
-
-def _is_tensorboard_logger(logger: Any) -> bool:
-    """Whether ``logger`` is Lightning's ``TensorBoardLogger`` (which also gets histograms, pictures and text)."""
-    from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
-
-    return isinstance(logger, TensorBoardLogger)
-
-
 def pictures_due(
     cadences: Mapping[str, int | None],
     drawn_steps: Mapping[str, int | None],
@@ -221,9 +205,7 @@ class RunOutputs:
     ) -> None:
         self.tags, self.report = tags, report
         self.cadences = dict(cadences)
-        self.histograms = histograms
-        self.inputs = inputs
-        self.pictures = pictures
+        self.histograms, self.inputs, self.pictures = histograms, inputs, pictures
         self.sinks = list(sinks)
         self.mlflow = {id(sink.logger) for sink in self.sinks if isinstance(sink, MlflowSink)}  # keys made safe there
         self.ever_non_zero = set(ever_non_zero)
@@ -251,9 +233,13 @@ class RunOutputs:
             history: the runs so far, this one last.
             final: the end of training (every kind of picture is due).
         """
+        from lightning.pytorch.loggers import TensorBoardLogger  # noqa: PLC0415 - keep the import lazy
+
         loggers = list(loggers)
-        boards = [logger for logger in loggers if _is_tensorboard_logger(logger)]
-        direct = [logger for logger in boards if _logs_on_the_worker(logger)]
+        boards = [logger for logger in loggers if isinstance(logger, TensorBoardLogger)]  # histograms, pictures, text
+        # Lightning's own log_metrics (thread-safe: SummaryWriter calls): the scalars are logged on the logging worker
+        # with the run's other events; a logger of the user's own logs them on the training thread
+        direct = [logger for logger in boards if type(logger).log_metrics is TensorBoardLogger.log_metrics]
         metrics: dict[str, float] = {}
         if host is not None:
             self.last_host = host

@@ -454,8 +454,7 @@ def action_panels(
     parts = [_mass(p, n, labels, label_colours) for p, n in parts]
     shown_actions = list(range(actions))
     if actions > _MAX_PANELS:
-        counts = np.asarray(greedy_counts)
-        shown_actions = sorted(np.argsort(-counts, kind="stable")[:_MAX_PANELS].tolist())
+        shown_actions = sorted(np.argsort(-np.asarray(greedy_counts), kind="stable")[:_MAX_PANELS].tolist())
     totals = np.stack([parts[a][0] + parts[a][1] for a in shown_actions])  # (A', U)
     order = rank_order(totals.max(axis=0))[: min(top_k, 6)]
     limit = float(totals[:, order].max()) or 1.0

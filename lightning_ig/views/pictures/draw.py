@@ -161,9 +161,7 @@ def draw(
 
 def _states(summary: RunSummary) -> str:
     rows = summary.settings.target.rows_per_state
-    if rows > 1:
-        return f"{summary.num_states // rows} states × {rows} actions"
-    return f"{summary.num_states} states"
+    return f"{summary.num_states // rows} states × {rows} actions" if rows > 1 else f"{summary.num_states} states"
 
 
 def verdict_picture(

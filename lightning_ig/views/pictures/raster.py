@@ -264,9 +264,8 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     else:
         palette = _exact_palette(image, colours)
     buffer = io.BytesIO()
-    palette.save(
-        buffer, format="PNG", compress_level=1
-    )  # zlib at its fastest: a few KB more than level 6, half the time
+    # zlib at its fastest: a few KB more than level 6, half the time
+    palette.save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
 
 
