@@ -243,9 +243,7 @@ def _one_head(args: argparse.Namespace) -> tuple[str | None, str | None]:
             return head_prefix(args.head), args.head
         except ValueError as error:
             raise UsageError(f"--head {args.head!r}: {error}") from None
-    if args.prefix is not None:
-        return args.prefix, args.prefix.removesuffix("__")
-    return None, None
+    return (args.prefix, args.prefix.removesuffix("__")) if args.prefix is not None else (None, None)
 
 
 def _report(plan: OutputPlan, path: str | Path, what: str, *, made_up: bool, default: str | None) -> PlannedOutput:

@@ -67,11 +67,9 @@ def prepare_head(
     model.eval()
     model.requires_grad_(False)  # gradients are taken w.r.t. the inputs only
     what = f"head {label!r} of {args.checkpoint}" if label else args.checkpoint
-    dtype = _model_dtype(model)
-    states, extra = _states(args, loaded, prefix, device, dtype, what)
-    target = _target(
-        args.target, _probe(model, states, extra["states_from"])
-    )  # the width first: the root of most mismatches
+    states, extra = _states(args, loaded, prefix, device, _model_dtype(model), what)
+    # the width first: the root of most mismatches
+    target = _target(args.target, _probe(model, states, extra["states_from"]))
     names = _feature_names(args, loaded, states, what)
     groups = resolve_feature_groups(args.feature_groups, states.shape[1:], names)
     if args.saliency is not None and saliency_kind(tuple(states.shape[1:])) is None:
