@@ -143,9 +143,13 @@ def test_a_half_precision_forward_that_fails_is_not_told_to_use_more_points():
     for told in (words(bf16), troubles(bf16)["fail"]):
         assert "computes in half precision: its rounding (eps 7.8e-03)" in told and "n_steps='auto'" not in told
     assert "n_steps='auto'" in words(failing) and "n_steps='auto'" in troubles(failing)["fail"]
-    far = make_summary(estimate=0.05)  # 6 eps: above the rounding floor (about 2.5 eps), so points still help
+    # far above eps too: a bfloat16 MLP's estimate read 17 eps at auto's 504 points and at 512 alike (its rounding
+    # through the layers), so the advice is the same; a stochastic forward is told so, not to take more points
+    far = make_summary(estimate=0.135)
     far = dataclasses.replace(far, settings=dataclasses.replace(far.settings, rounding=2.0**-7))
-    assert "n_steps='auto'" in words(far) and "half precision" not in troubles(far)["fail"]
+    assert "n_steps='auto'" not in words(far) and "half precision" in troubles(far)["fail"]
+    moving = words(dataclasses.replace(failing, stochastic=True))
+    assert "The forward is random" in moving and "n_steps='auto'" not in moving
 
 
 def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
