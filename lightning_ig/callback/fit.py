@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightning_ig.attribution import IntegratedGradients
@@ -417,6 +418,8 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
         max_features=views.max_logged_features,
     )
     saliency = saliency_kind(shape) is not None and views.saliency_states is not None
+    if trainer.fast_dev_run and options.report_dir is None:  # Lightning's loggers write nothing there: nor does IG
+        rank_zero_info("IntegratedGradientsCallback: fast_dev_run: the runs check the set-up, their numbers go nowhere")
     folder = setup.report_folder(
         options.report_dir, trainer.default_root_dir, bool(trainer.loggers), options.name, options.states
     )

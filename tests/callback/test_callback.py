@@ -438,6 +438,20 @@ def test_no_logger_still_writes_reports_and_says_so(tmp_path, caplog):
     assert written == ["ig_report_step=00000004.json", "ig_report_step=00000006.json"]  # cadence + train end
 
 
+def test_fast_dev_run_runs_ig_and_says_its_numbers_go_nowhere(tmp_path, caplog):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, engine=IGOptions(n_steps=4))
+    trainer = make_trainer(tmp_path, [callback], max_steps=6, logger=True, fast_dev_run=True)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(TinyQNet(), loader())
+    messages = [
+        record.getMessage()
+        for record in caplog.records
+        if "IntegratedGradientsCallback: fast_dev_run" in record.getMessage()
+    ]
+    assert len(messages) == 1 and "their numbers go nowhere" in messages[0]
+    assert len(callback.history) == 1 and not list(tmp_path.rglob("*.json"))  # ran once, wrote nothing
+
+
 def test_completeness_warning_fires_once(tmp_path):
     # one left-Riemann point on a curved model: the attributions cannot add up
     callback = IntegratedGradientsCallback(
