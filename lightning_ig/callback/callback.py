@@ -339,6 +339,11 @@ class IntegratedGradientsCallback(Callback):
         elif self._last is not None and self._fit is not None and trainer.is_global_zero:
             self._fit.outputs.log(trainer.loggers, self._last, None, self.history, final=True)  # the last pictures
         self._pictures.close()  # every picture in the writer's queue before the logger closes
+        if not self.history and not self.options.run_at_train_end:  # a fit shorter than the cadence
+            rank_zero_warn(
+                f"IntegratedGradientsCallback{setup.named(self.options.name)}: no run in this fit: it "
+                f"ended at step {trainer.global_step}, before the first, and run_at_train_end is off"
+            )
         losses = None if self._plan is None or self._plan.reports is None else self._plan.reports.losses()
         if losses is not None:
             rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.options.name)}: {losses}")

@@ -452,6 +452,15 @@ def test_fast_dev_run_runs_ig_and_says_its_numbers_go_nowhere(tmp_path, caplog):
     assert len(callback.history) == 1 and not list(tmp_path.rglob("*.json"))  # ran once, wrote nothing
 
 
+def test_a_fit_shorter_than_the_cadence_without_the_final_run_says_it_made_none(tmp_path):
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, run_at_train_end=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=7).fit(TinyQNet(), loader())
+    said = [str(w.message) for w in caught if "no run in this fit" in str(w.message)]
+    assert not callback.history and len(said) == 1 and "ended at step 7" in said[0]
+
+
 def test_completeness_warning_fires_once(tmp_path):
     # one left-Riemann point on a curved model: the attributions cannot add up
     callback = IntegratedGradientsCallback(
