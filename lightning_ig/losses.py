@@ -56,9 +56,6 @@ Reduction = Literal["none", "mean", "sum"]
 REDUCTIONS = ("none", "mean", "sum")
 
 
-# --------------------------------------------------------------------------- public API
-
-
 def soft_margin_loss(
     input: Tensor,  # noqa: A002 - torch's name for it
     target: Tensor,
@@ -226,9 +223,6 @@ def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int
         parent_name, _, name = qualified_name.rpartition(".")
         setattr(module.get_submodule(parent_name), name, fused)
     return len(replacements)
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _broadcast_target(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002

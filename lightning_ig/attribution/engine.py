@@ -163,7 +163,6 @@ class IntegratedGradients:
         plan.static_x_view.copy_(inputs)
         return plan.replay()
 
-    # -- graphs
     def _graph_wanted(self, settings: IGOptions, inputs: Any) -> bool:
         return (
             settings.cuda_graph is not False

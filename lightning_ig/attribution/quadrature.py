@@ -233,9 +233,6 @@ def _legendre_stieltjes(n: int, theta: np.ndarray, scale: float) -> tuple[np.nda
     return scale * value, scale * derivative
 
 
-# --------------------------------------------------------------------------- names
-
-
 _RULES: dict[str, Callable[[int], Rule]] = {
     "riemann_left": riemann_left,
     "riemann_right": riemann_right,
