@@ -267,7 +267,7 @@ def probe_target(
         if shape != (rows,):
             raise ValueError(
                 f"the forward callable {callable_name(given)} must return one value per state, shape ({rows},), "
-                f"got {shape}"
+                f"got {shape}{'; pick it inside, e.g. q.max(-1).values or q[:, action]' if len(shape) == 2 else ''}"
             )
         return attributed, Target.of_forward(given)
     if len(shape) > 2:

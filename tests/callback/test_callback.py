@@ -682,7 +682,9 @@ def test_states_made_under_inference_mode(tmp_path):
 
 def test_forward_callable_must_return_one_value_per_state(tmp_path):
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=1, forward=lambda module, x: module(x))
-    with pytest.raises(ValueError, match=r"must return one value per state, shape \(37,\), got \(37, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"must return one value per state, shape \(37,\), got \(37, 2\); pick it inside, e.g. q.max"
+    ):
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(TinyQNet(), loader())
 
 
