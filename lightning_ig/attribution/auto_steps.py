@@ -1,4 +1,4 @@
-"""``n_steps="auto"``: the default call, then the states above tolerance refined by tripling the midpoint nodes.
+"""``n_steps="auto"``: the kink rule at 56 nodes, then the states above tolerance refined by tripling the nodes.
 
 The first level is the kink rule (:mod:`~lightning_ig.attribution.kinks`) at
 :data:`~lightning_ig.attribution.kinks.BUDGET_NODES` nodes (the midpoint rule for ``method="riemann_middle"`` and

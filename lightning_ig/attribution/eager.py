@@ -68,11 +68,11 @@ def integrated_gradients(
             this action rather than the next best"; :attr:`IGResult.target_actions`) or a callable ``(N, A) -> (N,)``.
         n_steps: quadrature points; ``"budget"`` (default): 256, 128 or 64, the most whose work (the forward's
             multiply-adds x states x nodes) fits the device's budget (the kink rule's 56 or 112 where that is 64 or 128)
-            (:mod:`lightning_ig.attribution.budget`; the number used is :attr:`IGResult.n_steps`); or ``"auto"``: that
-            call, then the states whose error estimate or mass-relative error is above ``completeness_tol / 2`` (``/ 4``
-            at the kink rule's 56) refined by tripling the midpoint nodes (56, 168, 504, reusing every gradient), up to
-            ``max_steps``; it stops at once on a non-finite state. :attr:`IGResult.n_steps_per_state` says what each
-            used.
+            (:mod:`lightning_ig.attribution.budget`; the number used is :attr:`IGResult.n_steps`); or ``"auto"``: the
+            kink rule at 56 nodes on any device (the midpoint rule for ``"riemann_middle"``), then the states whose
+            error estimate or mass-relative error is above ``completeness_tol / 2`` (``/ 4`` after the kink rule)
+            refined by tripling the midpoint nodes (168, 504, reusing every gradient), up to ``max_steps``; it stops at
+            once on a non-finite state. :attr:`IGResult.n_steps_per_state` says what each used.
         method: ``"auto"`` (default): ``"kink_midpoint"`` where ``n_steps`` comes to 128 or fewer (autograd only), else
             ``"riemann_middle"``; :attr:`IGResult.method` says which ran. ``"kink_midpoint"``: the midpoint rule with
             certified kink corrections (:mod:`lightning_ig.attribution.kinks`, one more forward-only pass of

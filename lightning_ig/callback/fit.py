@@ -540,10 +540,7 @@ def _picture_inputs(options: Options, plan: FitPlan, pairs: Callable[[], Any] | 
 def _cadences(views: ViewOptions, plan: FitPlan, target: Target) -> dict[str, int | None]:
     """Every how many runs each kind of picture is drawn (``None``: never)."""
     saliency = views.saliency_every_n_runs if plan.saliency else None
-    cadences: dict[str, int | None] = dict.fromkeys(
-        ("verdict", "top_features", "heatmap", "shares"), views.figure_every_n_runs
-    )
-    cadences.update(dict.fromkeys(("saliency", "saliency_map"), saliency))
+    cadences = {"verdict": views.figure_every_n_runs, "shares": views.figure_every_n_runs, "saliency": saliency}
     if target.every_output or target.contrasts:  # why this action: per action, or the greedy one against the next
         cadences["actions"] = views.figure_every_n_runs
     return cadences

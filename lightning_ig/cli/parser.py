@@ -41,7 +41,7 @@ exit status:
   4    the attributions are not within --completeness-tol: the worst estimated
        attribution error or mass-relative completeness error over the states away
        from the baseline is above sqrt(2) x TOL (with --num-steps auto, the default:
-       still so where its refinement stopped: 504 nodes on a CPU, within its bound, 512); the
+       still so where its refinement stopped: 504 nodes, within its bound, 512); the
        reports are written and one line on stderr names the figure (3 wins when both
        apply)
   130  interrupted (Ctrl-C): one line on stderr says whether the reports were written
@@ -298,11 +298,11 @@ def _add_diag(commands: Any) -> None:
         type=_num_steps("--num-steps"),
         default="auto",
         metavar="N|budget|auto",
-        help="quadrature steps; 'auto' (default): the 'budget' call, then the states whose error figures are above "
-        "half of --completeness-tol (a quarter, and the kink rule's corrections too, at the first level) refined by "
-        "tripling the midpoint nodes, up to 512 "
-        "(56, 168, 504 on a CPU; the report's num_steps says the most any state used); 'budget': 256, 128 or 64, the "
-        "most the device runs in about the time of its launches (the kink rule's 56 or 112 where that is 64 or 128)",
+        help="quadrature steps; 'auto' (default): the kink rule at 56 nodes, then the states whose error figures are "
+        "above half of --completeness-tol (a quarter, and the kink rule's corrections too, after the kink rule) "
+        "refined by tripling the midpoint nodes, up to 512 (56, 168, 504 on any device; the report's num_steps says "
+        "the most any state used); 'budget': 256, 128 or 64, the most the device runs in about the time of its "
+        "launches (the kink rule's 56 or 112 where that is 64 or 128)",
     )
     ig.add_argument(
         "--method",

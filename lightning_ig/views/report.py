@@ -11,12 +11,12 @@ Its contract keys are fixed; the JSON Schema in ``report_schema_v1.json`` next t
          "per_state": [ { "state_idx", "sum_attributions",
                           "f_input_minus_f_baseline", "relative_error" } ] } }
 
-More keys sit beside them, documented in the schema and ``docs/json-report.md``: the run's settings, the accuracy
-figures and their verdict, ``non_finite_states``, ``num_degenerate``, ``stochastic_forward``, ``groups``, a
-``target="each"`` run's ``actions`` (:func:`each_report`), and the run's ``verdict`` and ``trust``
-(:func:`with_verdict`). ``completeness.worst_relative_error`` is the old ratio ``|delta| / |dF|``, kept for the
-contract; it decides nothing. Strict JSON: a number that is not finite is written as ``null``; the same inputs give a
-byte-identical document.
+More keys sit beside them, documented in ``docs/json-report.md`` (the schema pins the contract keys and the ones it
+names): the run's settings, the accuracy figures and their verdict, ``non_finite_states``, ``num_degenerate``,
+``stochastic_forward``, ``groups``, a ``target="each"`` run's ``actions`` (:func:`each_report`), and the run's
+``verdict`` and ``trust`` (:func:`with_verdict`). ``completeness.worst_relative_error`` is the old ratio ``|delta| /
+|dF|``, kept for the contract; it decides nothing. Strict JSON: a number that is not finite is written as ``null``; the
+same inputs give a byte-identical document.
 """
 
 from __future__ import annotations

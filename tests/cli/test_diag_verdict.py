@@ -49,7 +49,7 @@ def test_the_verdict_decides_the_exit_status_and_names_the_figure(
 def test_the_default_refines_until_within_or_says_that_its_bound_is_spent(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # --num-steps auto (the default): the budget's call, then the states above tol / 4 (then tol / 2) refined to 504
+    # --num-steps auto (the default): the kink rule at 56, then the states above tol / 4 (then tol / 2) refined to 504
     default = tmp_path / "default.json"
     assert run_diag(checkpoint, default, "--quiet") == 0
     report = read_valid_report(default)

@@ -66,7 +66,7 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
     Example::
 
         for sink in picture_sinks(trainer.loggers):
-            sink.picture("ig/1_top_features", chart.pixels, trainer.global_step)
+            sink.picture("ig/0_verdict", card.pixels, trainer.global_step)
     """
     sinks: list[PictureSink] = []
     for logger in loggers:
