@@ -450,13 +450,15 @@ def _saliency_pixels(head: _Attributed) -> list[Any]:
     import numpy as np  # noqa: PLC0415
 
     from lightning_ig.attribution.targets import Target  # noqa: PLC0415
+    from lightning_ig.views.pictures.draw import baseline_words  # noqa: PLC0415
     from lightning_ig.views.pictures.saliency import mean_abs_map, saliency_grid  # noqa: PLC0415
 
     states = head.run.states.detach().to("cpu", torch.float64).numpy()
     attributions = head.result.attributions.detach().to("cpu", torch.float64).numpy()
     channel_names = head.run.groups.channel_names() if head.run.groups is not None else None
     words = Target.parse("mean").words if head.run.target.every_output else head.run.target.words  # as attributed
-    grid = saliency_grid(states, attributions, channel_names=channel_names, target_label=words)
+    against = baseline_words(str(head.run.extra.get("baseline")), spatial=True)  # zeros, mean, else "the baseline"
+    grid = saliency_grid(states, attributions, channel_names=channel_names, target_label=words, baseline_label=against)
     mean_abs = mean_abs_map(np.abs(attributions).mean(axis=0), len(states), channel_names)
     return [grid.pixels, mean_abs.pixels]
 

@@ -329,3 +329,18 @@ def test_the_saliency_picture_names_what_was_attributed(
     monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: labels.append(k["target_label"]) or draw(*a, **k))
     assert _diag(capsys, "--target", target, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
     assert labels == [words] and (workspace / "sal" / "saliency.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("baseline", "words"), [("zeros", "the all-zero frame"), ("mean", "the mean frame"), ("0.5", "the baseline")]
+)
+def test_the_saliency_picture_names_the_baseline_it_is_against(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, baseline: str, words: str
+) -> None:
+    from lightning_ig.views.pictures import saliency
+
+    against: list[str] = []  # was: "the all-zero frame" whatever --baseline was
+    draw = saliency.saliency_grid
+    monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: against.append(k["baseline_label"]) or draw(*a, **k))
+    assert _diag(capsys, "--baseline", baseline, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
+    assert against == [words]
