@@ -151,9 +151,10 @@ class TrustMonitor:
         settings = AttributionSettings(forward=forward, target=checked, options=engine.options)
         monitor = cls(pl_module, states, baselines, settings, groups, prefix, rows_per_state=target.rows_per_state)
         # Checks that cannot apply judge nothing (as stability without NoisyNet): one unit has no order to rank, and
-        # a contrast's pair is chosen at each state and held fixed, which a deleted state's forward cannot re-state.
-        units = states[0].numel() if groups is None else len(groups)
-        skipped = set(CHECKS) if units < 2 else set() if settings.target.checks_deletion else {"deletion"}
+        # a contrast's pair is chosen at each state and held fixed, which a deleted state's forward cannot re-state;
+        # one state gives the deletion check no standard error over states.
+        units, deletion = states[0].numel() if groups is None else len(groups), settings.target.checks_deletion
+        skipped = set(CHECKS) if units < 2 else set() if deletion and len(states) > 1 else {"deletion"}
         monitor.names = [name for name in monitor.names if name not in skipped]
         return monitor
 

@@ -194,12 +194,14 @@ def verdict_words(entry: Mapping[str, Any]) -> str:
 
 
 def _short(sentence: str) -> str:
-    """A trust reason or note cut at its first ``,`` or ``;`` after the check's name (the text has all of it)."""
+    """A trust reason or note cut at its first ``,`` or ``;`` after the check's name, never inside parentheses (the
+    text has all of it)."""
     head, colon, rest = sentence.partition(": ")
     if not colon:
         head, rest = "", sentence
     cut = min((rest.find(mark) for mark in (", ", "; ") if mark in rest), default=len(rest))
-    return f"{head}{colon}{rest[:cut]}"
+    short = rest[:cut] if rest[:cut].count("(") <= rest[:cut].count(")") else rest[:cut].rsplit("(", 1)[0].rstrip()
+    return f"{head}{colon}{short}"
 
 
 def trust_line(trust: Any) -> str:

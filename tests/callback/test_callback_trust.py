@@ -188,11 +188,14 @@ def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
         ({"target": "contrast"}, False, {"deletion"}),  # its pair, chosen at each state: not for a deleted one
         ({"feature_groups": {"all": [0, 1, 2, 3]}}, False, {"sanity", "deletion"}),  # one unit: nothing to rank
         ({"feature_groups": {"all": [0, 1, 2, 3]}}, True, {"sanity", "deletion", "stability"}),
+        ({"states": 1}, False, {"deletion"}),  # one state: no standard error over states (it read "undefined")
     ],
 )
 def test_a_check_that_cannot_apply_is_left_out_not_failed(tmp_path, options, noisy, skipped):
+    options = dict(options)  # a copy: the parameters are shared between runs of the test
+    states = held_out_states()[: options.pop("states", None)]
     callback = IntegratedGradientsCallback(
-        held_out_states(), every_n_steps=2, engine=IGOptions(n_steps=64), report_dir=tmp_path / "r", **options
+        states, every_n_steps=2, engine=IGOptions(n_steps=64), report_dir=tmp_path / "r", **options
     )
     model = TinyQNet(noisy=noisy, dropout=0.0, batchnorm=False)
     make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(model, loader())

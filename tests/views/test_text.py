@@ -173,3 +173,7 @@ def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
     assert verdict_words({**failing, "trust_reasons": ["accuracy: above tol"]}).endswith(
         ", trust checks failed, at step 300"
     )
+    undefined = "faithfulness: the deletion curves are undefined (AUC nan, random nan, standard error nan): NaN/Inf"
+    assert "trust checks failed (faithfulness: the deletion curves are undefined), at step 300" in verdict_words(
+        {**failing, "trust_reasons": [undefined]}
+    )
