@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import sys
 import time
 import warnings
@@ -363,6 +364,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -721,8 +723,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         return train_and_report(args, run_dir, started)
     except BaseException as error:
-        if not (isinstance(error, SystemExit) and not error.code):  # a failure, or Ctrl-C (Lightning's exit 1)
+        stopped = isinstance(error, SIGTERMException)  # Lightning's on SIGTERM: a SystemExit without a code, exit 0
+        if stopped or not (isinstance(error, SystemExit) and not error.code):  # a failure, Ctrl-C (Lightning's 1)
             say_the_run_failed(run_dir, error)
+        if stopped:
+            raise SystemExit(128 + signal.SIGTERM) from None  # as a shell reports a process SIGTERM ended
         raise
 
 

@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import sys
 import time
 import warnings
@@ -369,6 +370,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from minatar import Environment
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset
@@ -779,8 +781,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         return train_and_report(args, run_dir, started)
     except BaseException as error:
-        if not (isinstance(error, SystemExit) and not error.code):  # a failure, or Ctrl-C (Lightning's exit 1)
+        stopped = isinstance(error, SIGTERMException)  # Lightning's on SIGTERM: a SystemExit without a code, exit 0
+        if stopped or not (isinstance(error, SystemExit) and not error.code):  # a failure, Ctrl-C (Lightning's 1)
             say_the_run_failed(run_dir, error)
+        if stopped:
+            raise SystemExit(128 + signal.SIGTERM) from None  # as a shell reports a process SIGTERM ended
         raise
 
 

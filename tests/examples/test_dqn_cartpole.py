@@ -20,6 +20,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip install 'lightning-ig[examples]')")
 
@@ -429,20 +430,27 @@ def quiet_main(example_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> M
     return example_module
 
 
+@pytest.mark.parametrize("error", [RuntimeError("boom"), SIGTERMException()])
 def test_a_run_that_fails_after_its_folder_is_made_says_so(
-    quiet_main: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    quiet_main: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: BaseException,
 ) -> None:
-    # guards against: a traceback and a half-written run folder that looked like a run's
+    # guards against: a traceback and a half-written run folder that looked like a run's; Lightning's SIGTERM (a
+    # SystemExit without a code) exiting 0, silently, as if the run had finished
     def fail(*args: object) -> None:
-        raise RuntimeError("boom")
+        raise error
 
     monkeypatch.setattr(quiet_main, "make_logger", fail)
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(type(error) if isinstance(error, RuntimeError) else SystemExit) as raised:
         quiet_main.main(["--runs-dir", str(tmp_path / "runs")])
+    assert isinstance(error, RuntimeError) or raised.value.code == 143
     run_dir = _only_run_dir(tmp_path / "runs")
     assert (
-        f"dqn_cartpole.py: the run failed (RuntimeError): {run_dir} holds only what it wrote before the error, "
-        "no checkpoint"
+        f"dqn_cartpole.py: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote before the "
+        "error, no checkpoint"
     ) in capsys.readouterr().err
 
 

@@ -19,6 +19,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from tests.support.tolerance import rounding_bound
 
@@ -347,22 +348,27 @@ def test_a_diverged_run_saves_its_checkpoint_and_says_so(tmp_path: Path) -> None
     assert (_only_run_dir(tmp_path / "runs") / "q_network.safetensors").is_file()
 
 
-def test_a_run_that_fails_after_its_folder_is_made_says_so(example_module, tmp_path, monkeypatch, capsys) -> None:
-    # guards against: a traceback and a half-written run folder that looked like a run's
+@pytest.mark.parametrize("error", [RuntimeError("boom"), SIGTERMException()])
+def test_a_run_that_fails_after_its_folder_is_made_says_so(
+    example_module, tmp_path, monkeypatch, capsys, error
+) -> None:
+    # guards against: a traceback and a half-written run folder that looked like a run's; Lightning's SIGTERM (a
+    # SystemExit without a code) exiting 0, silently
     def fail(*args: object) -> None:
-        raise RuntimeError("boom")
+        raise error
 
     # main's process-wide settings (torch's threads, the global seeds, log filters) left alone
     monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
     monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
     monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
     monkeypatch.setattr(example_module, "make_logger", fail)
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(type(error) if isinstance(error, RuntimeError) else SystemExit) as raised:
         example_module.main(["--runs-dir", str(tmp_path / "runs"), "--accelerator", "cpu"])
+    assert isinstance(error, RuntimeError) or raised.value.code == 143
     run_dir = _only_run_dir(tmp_path / "runs")
     assert (
-        f"dqn_minatar.py: the run failed (RuntimeError): {run_dir} holds only what it wrote before the error, "
-        "no checkpoint"
+        f"dqn_minatar.py: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote before the "
+        "error, no checkpoint"
     ) in capsys.readouterr().err
 
 
