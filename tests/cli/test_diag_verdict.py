@@ -72,6 +72,10 @@ def test_the_default_refines_until_within_or_says_that_its_bound_is_spent(
     assert "try a larger --num-steps, or check it with --verify N" in capsys.readouterr().err
     assert run_diag(checkpoint, strict, "--num-steps", "budget", "--completeness-tol", "1e-6", "--quiet") == 4
     assert "try --num-steps auto (the default) or a larger --num-steps" in capsys.readouterr().err
+    # a rule auto cannot refine is not sent to it
+    flags = ("--method", "riemann_trapezoid", "--num-steps", "16", "--completeness-tol", "1e-6", "--quiet")
+    assert run_diag(checkpoint, strict, *flags) == 4
+    assert "try a larger --num-steps, or check it with --verify N" in capsys.readouterr().err
 
 
 def test_target_contrast_attributes_greedy_minus_runner_up(checkpoint: Path, tmp_path: Path) -> None:
@@ -118,6 +122,7 @@ def test_target_each_reports_every_action_beside_v(checkpoint: Path, tmp_path: P
         (["--verify", "two"], "--verify"),
         (["--target", "contrasts"], "'contrast'"),
         (["--method", "warped_middle:2"], "--method"),
+        (["--method", "riemann_trapezoid"], "--num-steps auto refines midpoint nodes; with --method riemann_trapezoid"),
     ],
 )
 def test_bad_new_flags_exit_2_with_one_line(
