@@ -137,10 +137,9 @@ class PathRun:
         finite_difference = settings.gradient == "finite_difference"
         self.fd_step = (settings.fd_step or float(torch.finfo(x.dtype).eps) ** (1 / 3)) if finite_difference else None
         if self.fd_step is not None and self.fd_step < 16 * torch.finfo(x.dtype).eps:  # x +- h rounds to x: zeros
-            eps = torch.finfo(x.dtype).eps
             raise ValueError(
-                f"fd_step {self.fd_step:.3g} is below 16 eps of the inputs' {x.dtype} ({16 * eps:.3g}); "
-                "leave it None (the default, eps ** (1/3)) or give a larger step"
+                f"fd_step {self.fd_step:.3g} is below 16 eps of {x.dtype} ({16 * torch.finfo(x.dtype).eps:.3g}), the "
+                "inputs' dtype; leave it None (the default, eps ** (1/3)) or give a larger step"
             )
         self.allow_oom_retry = True
         self.output_width = 0

@@ -284,10 +284,9 @@ def _fix(summary: RunSummary) -> str:
             "Use n_steps='auto' (it refines each state until its error estimate is within tolerance, up to "
             "max_steps) or more steps"
         )
-    eps = summary.settings.rounding
     return (
-        f"The model computes in half precision: its rounding (eps {eps:.1e}) alone is about the tolerance, and "
-        "more points do not lower it; raise completeness_tol (e.g. 0.05) or attribute a float32 model"
+        f"The model computes in half precision: its rounding (eps {summary.settings.rounding:.1e}) alone is about the "
+        "tolerance, and more points do not lower it; raise completeness_tol (e.g. 0.05) or attribute a float32 model"
     )
 
 

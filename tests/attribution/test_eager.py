@@ -155,7 +155,9 @@ def test_finite_difference_step_is_recorded_and_scales_with_the_inputs() -> None
     assert (rounding < 1e-3 * expected).all()  # the h^2 term is what is measured, not the noise
     # a step under 16 eps of the dtype: x +- h rounds to x and every gradient to 0, refused before any forward
     fine = 16 * eps(torch.float32)
-    with pytest.raises(ValueError, match=r"fd_step 1e-12 is below 16 eps of the inputs' torch.float32"):
+    with pytest.raises(
+        ValueError, match=r"fd_step 1e-12 is below 16 eps of torch.float32 \(1.91e-06\), the inputs' dtype"
+    ):
         integrated_gradients(forward, x.float(), gradient="finite_difference", fd_step=1e-12, n_steps=4)
     assert (
         integrated_gradients(forward, x, gradient="finite_difference", fd_step=fine / 2, n_steps=4).fd_step == fine / 2
