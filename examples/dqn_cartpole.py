@@ -723,11 +723,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         return train_and_report(args, run_dir, started)
     except BaseException as error:
-        stopped = isinstance(error, SIGTERMException)  # Lightning's on SIGTERM: a SystemExit without a code, exit 0
-        if stopped or not (isinstance(error, SystemExit) and not error.code):  # a failure, Ctrl-C (Lightning's 1)
+        # Lightning's SIGTERMException is a SystemExit without a code (it would exit 0); Ctrl-C is a KeyboardInterrupt
+        signalled = signal.SIGTERM if isinstance(error, SIGTERMException) else None
+        signalled = signal.SIGINT if isinstance(error, KeyboardInterrupt) else signalled
+        if signalled or not (isinstance(error, SystemExit) and not error.code):  # not a clean exit: said
             say_the_run_failed(run_dir, error)
-        if stopped:
-            raise SystemExit(128 + signal.SIGTERM) from None  # as a shell reports a process SIGTERM ended
+        if signalled:
+            raise SystemExit(128 + signalled) from None  # as a shell reports a process the signal ended
         raise
 
 
@@ -735,9 +737,10 @@ def say_the_run_failed(run_dir: Path, error: BaseException) -> None:
     """One line on stderr where a run stopped after its folder was made: the folder is a failed run's."""
     checkpoint = run_dir / "q_network.safetensors"
     saved = f"; its checkpoint was saved: {checkpoint}" if checkpoint.exists() else ", no checkpoint"
+    stopped = {KeyboardInterrupt: "was stopped (Ctrl-C)", SIGTERMException: "was stopped (SIGTERM)"}
+    how = stopped.get(type(error), f"failed ({type(error).__name__})")
     print(
-        f"\n{Path(__file__).name}: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote "
-        f"before the error{saved}",
+        f"\n{Path(__file__).name}: the run {how}: {run_dir} holds only what it wrote before the error{saved}",
         file=sys.stderr,
     )
 
@@ -754,7 +757,12 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     callbacks = [make_ig_callback(args, held_out)] if args.ig else []
     trainer = make_trainer(args, logger, callbacks)
     fit_started = time.perf_counter()
-    trainer.fit(agent)
+    try:
+        trainer.fit(agent)
+    except SystemExit as stop:  # Lightning answers Ctrl-C with exit 1 after its graceful shutdown: said as Ctrl-C
+        if stop.code == 1 and trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
     fit_seconds = time.perf_counter() - fit_started
 
     q_network, device = agent.q_network.eval(), agent.device

@@ -430,13 +430,22 @@ def quiet_main(example_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> M
     return example_module
 
 
-@pytest.mark.parametrize("error", [RuntimeError("boom"), SIGTERMException()])
+@pytest.mark.parametrize(
+    ("error", "status", "how"),
+    [
+        (RuntimeError("boom"), None, "failed (RuntimeError)"),
+        (SIGTERMException(), 143, "was stopped (SIGTERM)"),
+        (KeyboardInterrupt(), 130, "was stopped (Ctrl-C)"),
+    ],
+)
 def test_a_run_that_fails_after_its_folder_is_made_says_so(
     quiet_main: ModuleType,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     error: BaseException,
+    status: int | None,
+    how: str,
 ) -> None:
     # guards against: a traceback and a half-written run folder that looked like a run's; Lightning's SIGTERM (a
     # SystemExit without a code) exiting 0, silently, as if the run had finished
@@ -446,11 +455,10 @@ def test_a_run_that_fails_after_its_folder_is_made_says_so(
     monkeypatch.setattr(quiet_main, "make_logger", fail)
     with pytest.raises(type(error) if isinstance(error, RuntimeError) else SystemExit) as raised:
         quiet_main.main(["--runs-dir", str(tmp_path / "runs")])
-    assert isinstance(error, RuntimeError) or raised.value.code == 143
+    assert status is None or raised.value.code == status
     run_dir = _only_run_dir(tmp_path / "runs")
     assert (
-        f"dqn_cartpole.py: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote before the "
-        "error, no checkpoint"
+        f"dqn_cartpole.py: the run {how}: {run_dir} holds only what it wrote before the error, no checkpoint"
     ) in capsys.readouterr().err
 
 

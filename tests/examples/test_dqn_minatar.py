@@ -348,9 +348,16 @@ def test_a_diverged_run_saves_its_checkpoint_and_says_so(tmp_path: Path) -> None
     assert (_only_run_dir(tmp_path / "runs") / "q_network.safetensors").is_file()
 
 
-@pytest.mark.parametrize("error", [RuntimeError("boom"), SIGTERMException()])
+@pytest.mark.parametrize(
+    ("error", "status", "how"),
+    [
+        (RuntimeError("boom"), None, "failed (RuntimeError)"),
+        (SIGTERMException(), 143, "was stopped (SIGTERM)"),
+        (KeyboardInterrupt(), 130, "was stopped (Ctrl-C)"),
+    ],
+)
 def test_a_run_that_fails_after_its_folder_is_made_says_so(
-    example_module, tmp_path, monkeypatch, capsys, error
+    example_module, tmp_path, monkeypatch, capsys, error, status, how
 ) -> None:
     # guards against: a traceback and a half-written run folder that looked like a run's; Lightning's SIGTERM (a
     # SystemExit without a code) exiting 0, silently
@@ -364,11 +371,10 @@ def test_a_run_that_fails_after_its_folder_is_made_says_so(
     monkeypatch.setattr(example_module, "make_logger", fail)
     with pytest.raises(type(error) if isinstance(error, RuntimeError) else SystemExit) as raised:
         example_module.main(["--runs-dir", str(tmp_path / "runs"), "--accelerator", "cpu"])
-    assert isinstance(error, RuntimeError) or raised.value.code == 143
+    assert status is None or raised.value.code == status
     run_dir = _only_run_dir(tmp_path / "runs")
     assert (
-        f"dqn_minatar.py: the run failed ({type(error).__name__}): {run_dir} holds only what it wrote before the "
-        "error, no checkpoint"
+        f"dqn_minatar.py: the run {how}: {run_dir} holds only what it wrote before the error, no checkpoint"
     ) in capsys.readouterr().err
 
 
