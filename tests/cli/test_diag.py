@@ -316,31 +316,24 @@ def test_a_conv_network_given_flat_states_is_not_told_a_linear_layers_width(work
 
 
 @pytest.mark.parametrize(
-    ("target", "words"),
-    [("mean", "V(s)"), ("each", "V(s)"), ("contrast", "Q(greedy) − Q(runner-up)"), ("1", "Q(s, 1)")],
+    ("flag", "value", "label", "words"),
+    [
+        ("--target", "mean", "target_label", "V(s)"),  # was: "V(s)" whatever --target attributed
+        ("--target", "each", "target_label", "V(s)"),
+        ("--target", "contrast", "target_label", "Q(greedy) − Q(runner-up)"),
+        ("--target", "1", "target_label", "Q(s, 1)"),
+        ("--baseline", "zeros", "baseline_label", "the all-zero frame"),  # was: that whatever --baseline was
+        ("--baseline", "mean", "baseline_label", "the mean frame"),
+        ("--baseline", "0.5", "baseline_label", "the baseline"),
+    ],
 )
-def test_the_saliency_picture_names_what_was_attributed(
-    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, target: str, words: str
+def test_the_saliency_picture_names_what_was_attributed_against_which_baseline(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, flag: str, value: str, label: str, words: str
 ) -> None:
     from lightning_ig.views.pictures import saliency
 
-    labels: list[str] = []  # was: "V(s)" whatever --target attributed
+    labels: list[str] = []
     draw = saliency.saliency_grid
-    monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: labels.append(k["target_label"]) or draw(*a, **k))
-    assert _diag(capsys, "--target", target, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
+    monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: labels.append(k[label]) or draw(*a, **k))
+    assert _diag(capsys, flag, value, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
     assert labels == [words] and (workspace / "sal" / "saliency.png").is_file()
-
-
-@pytest.mark.parametrize(
-    ("baseline", "words"), [("zeros", "the all-zero frame"), ("mean", "the mean frame"), ("0.5", "the baseline")]
-)
-def test_the_saliency_picture_names_the_baseline_it_is_against(
-    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, baseline: str, words: str
-) -> None:
-    from lightning_ig.views.pictures import saliency
-
-    against: list[str] = []  # was: "the all-zero frame" whatever --baseline was
-    draw = saliency.saliency_grid
-    monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: against.append(k["baseline_label"]) or draw(*a, **k))
-    assert _diag(capsys, "--baseline", baseline, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
-    assert against == [words]

@@ -20,7 +20,6 @@ from types import ModuleType
 
 import pytest
 import torch
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 pytest.importorskip("gymnasium", reason="the example needs gymnasium (pip install 'lightning-ig[examples]')")
 
@@ -31,6 +30,7 @@ from lightning_ig.views.tags import display_labels
 from tests.support.examples import (
     REPO,
     SHARED_BAD_FLAGS,
+    STOPS,
     assert_gpu_refused_without_a_gpu,
     assert_mlflow_refuses_exp_name,
     assert_refused_at_parse,
@@ -430,14 +430,7 @@ def quiet_main(example_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> M
     return example_module
 
 
-@pytest.mark.parametrize(
-    ("error", "status", "how"),
-    [
-        (RuntimeError("boom"), None, "failed (RuntimeError)"),
-        (SIGTERMException(), 143, "was stopped (SIGTERM)"),
-        (KeyboardInterrupt(), 130, "was stopped (Ctrl-C)"),
-    ],
-)
+@pytest.mark.parametrize(("error", "status", "how"), STOPS)
 def test_a_run_that_fails_after_its_folder_is_made_says_so(
     quiet_main: ModuleType,
     tmp_path: Path,

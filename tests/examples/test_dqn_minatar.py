@@ -19,7 +19,6 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from tests.support.tolerance import rounding_bound
 
@@ -31,6 +30,7 @@ from lightning_ig.views.report import load_schema
 from tests.support.examples import (
     REPO,
     SHARED_BAD_FLAGS,
+    STOPS,
     assert_gpu_refused_without_a_gpu,
     assert_mlflow_refuses_exp_name,
     assert_refused_at_parse,
@@ -348,14 +348,7 @@ def test_a_diverged_run_saves_its_checkpoint_and_says_so(tmp_path: Path) -> None
     assert (_only_run_dir(tmp_path / "runs") / "q_network.safetensors").is_file()
 
 
-@pytest.mark.parametrize(
-    ("error", "status", "how"),
-    [
-        (RuntimeError("boom"), None, "failed (RuntimeError)"),
-        (SIGTERMException(), 143, "was stopped (SIGTERM)"),
-        (KeyboardInterrupt(), 130, "was stopped (Ctrl-C)"),
-    ],
-)
+@pytest.mark.parametrize(("error", "status", "how"), STOPS)
 def test_a_run_that_fails_after_its_folder_is_made_says_so(
     example_module, tmp_path, monkeypatch, capsys, error, status, how
 ) -> None:

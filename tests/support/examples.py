@@ -11,8 +11,16 @@ from types import ModuleType
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from tests.support import REPO
+
+# How a run stopped after its folder was made, the status main exits with (None: the error propagates) and its words
+STOPS = [
+    (RuntimeError("boom"), None, "failed (RuntimeError)"),
+    (SIGTERMException(), 143, "was stopped (SIGTERM)"),  # Lightning's: a SystemExit without a code, which exited 0
+    (KeyboardInterrupt(), 130, "was stopped (Ctrl-C)"),
+]
 
 # Bad values both examples refuse in the same words: their argument helpers are one copy in each single-file script.
 SHARED_BAD_FLAGS = [
