@@ -35,6 +35,7 @@ __all__ = [
     "GRADIENTS",
     "KINK_METHOD",
     "METHODS",
+    "REFINED_METHODS",
     "TARGET_NAMES",
     "BackendName",
     "NSteps",
@@ -83,6 +84,8 @@ KINK_METHOD = "kink_midpoint"
 AUTO_METHOD = "auto"
 """``method="auto"``, the default: :data:`KINK_METHOD` where ``n_steps`` comes to 128 points or fewer (with
 autograd gradients), else ``"riemann_middle"``; the result's ``method`` says which ran."""
+
+REFINED_METHODS = (AUTO_METHOD, KINK_METHOD, "riemann_middle")  # n_steps="auto" triples midpoint nodes: these nest
 
 TARGET_NAMES = ("mean", "each", "contrast")
 """The targets given by name, besides an output index ``N`` (also ``"action:N"``): what

@@ -20,6 +20,7 @@ from lightning_ig.vocabulary import (
     BUDGET,
     GRADIENTS,
     KINK_METHOD,
+    REFINED_METHODS,
     BackendName,
     NSteps,
     check_bool,
@@ -128,8 +129,7 @@ def _check_rule(method: str, n_steps: int | str, gradient: str) -> None:
         )
     if isinstance(n_steps, int) or n_steps == BUDGET:
         check_rule(method, n_steps if isinstance(n_steps, int) else 64)  # trapezoid needs 2; GL has a largest n
-    elif method not in (AUTO_METHOD, KINK_METHOD, "riemann_middle"):
-        # "auto" triples the midpoint nodes (3n nodes hold the n before): no other rule nests so
+    elif method not in REFINED_METHODS:  # "auto" triples the midpoint nodes (3n hold the n before): no other rule
         raise ValueError(
             f"n_steps='auto' refines by tripling the midpoint nodes; got method={method!r}: pass method='auto' "
             f"(the default), 'kink_midpoint' or 'riemann_middle' with n_steps='auto', or a number of steps"

@@ -39,7 +39,7 @@ from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable
 from lightning_ig.cli.verify import accuracy_words, verify_lines
-from lightning_ig.vocabulary import non_finite_words
+from lightning_ig.vocabulary import REFINED_METHODS, non_finite_words
 
 __all__ = ["DEFAULT_OUTPUT", "run_diag"]
 
@@ -66,9 +66,6 @@ class _HeadPlan:
     label: str | None
     report: PlannedOutput
     pictures: tuple[PlannedOutput, ...] = ()  # --saliency: the grid and the mean |attribution| map
-
-
-_AUTO_METHODS = ("auto", "kink_midpoint", "riemann_middle")  # the rules --num-steps auto refines
 
 
 def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
@@ -126,7 +123,7 @@ def _verdict_status(attributed: Sequence[_Attributed], args: argparse.Namespace)
                     )
                 else:  # auto refines only up to its bound: past it, only more fixed steps can help
                     past = isinstance(args.num_steps, int) and args.num_steps >= DEFAULT_MAX_STEPS
-                    auto = "" if past or args.method not in _AUTO_METHODS else "--num-steps auto (the default) or "
+                    auto = "" if past or args.method not in REFINED_METHODS else "--num-steps auto (the default) or "
                     advice = f"try {auto}a larger --num-steps, or check it with --verify N"
                 print(
                     printable(
@@ -162,7 +159,7 @@ def _check_flag_combinations(args: argparse.Namespace) -> None:
         raise UsageError(
             "--head/--prefix/--all-heads apply to merged safetensors files, not to a Lightning .ckpt; drop them"
         )
-    if args.num_steps == "auto" and args.method not in _AUTO_METHODS:  # auto triples midpoint nodes
+    if args.num_steps == "auto" and args.method not in REFINED_METHODS:  # auto triples midpoint nodes
         raise UsageError(f"--num-steps auto refines midpoint nodes; with --method {args.method} give a --num-steps N")
     if args.lightning_module and args.trust_remote_code:
         raise UsageError(
