@@ -746,8 +746,8 @@ def say_the_run_failed(run_dir: Path, error: BaseException) -> None:
 
 
 def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) -> dict[str, Any]:
-    """The run in ``run_dir``: training, evaluation, the checkpoint (saved before the attributions, which a run that
-    diverged makes NaN), the summary."""
+    """The run in ``run_dir``: training, evaluation, the checkpoint (saved also where the evaluation is stopped, and
+    before the attributions, which a run that diverged makes NaN), the summary."""
     run_name = run_dir.name
     logger = make_logger(args, run_name, run_dir)
     print(f"device              {choose_accelerator(args.accelerator, torch.cuda.is_available())[1]}")
@@ -766,21 +766,20 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     fit_seconds = time.perf_counter() - fit_started
 
     q_network, device = agent.q_network.eval(), agent.device
-    returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 1_000, device=device)
+    metadata = {"env_id": args.env_id, "run_name": run_name, "global_step": str(trainer.global_step)}
+    metadata["args"] = json.dumps(vars(args))
+    try:  # the trained network is saved whatever stops the evaluation (Ctrl-C, SIGTERM, the environment's error)
+        returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 1_000, device=device)
+        metadata["eval_mean_return"] = f"{np.mean(returns):.1f}"
+    finally:
+        checkpoint = save_checkpoint(
+            q_network,
+            run_dir / "q_network.safetensors",
+            feature_names=FEATURE_NAMES,
+            states=held_out,
+            metadata=metadata,
+        )
     mean_return = float(np.mean(returns))
-    checkpoint = save_checkpoint(
-        q_network,
-        run_dir / "q_network.safetensors",
-        feature_names=FEATURE_NAMES,
-        states=held_out,
-        metadata={
-            "env_id": args.env_id,
-            "run_name": run_name,
-            "global_step": str(trainer.global_step),
-            "eval_mean_return": f"{mean_return:.1f}",
-            "args": json.dumps(vars(args)),
-        },
-    )
     logger.log_metrics({"eval/mean_return": mean_return}, step=trainer.global_step)
     with noise_disabled(q_network):
         result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)

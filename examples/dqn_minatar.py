@@ -804,8 +804,8 @@ def say_the_run_failed(run_dir: Path, error: BaseException) -> None:
 
 
 def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) -> dict[str, Any]:
-    """The run in ``run_dir``: training, evaluation, the checkpoint (saved before the attributions, which a run that
-    diverged makes NaN), the summary."""
+    """The run in ``run_dir``: training, evaluation, the checkpoint (saved also where the evaluation is stopped, and
+    before the attributions, which a run that diverged makes NaN), the summary."""
     run_name = run_dir.name
     logger = make_logger(args, run_name, run_dir)
 
@@ -825,29 +825,24 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     gradient_steps_per_second = trainer.global_step / train_seconds
 
     q_network, device = agent.q_network.eval(), agent.device
-    with noise_disabled(q_network), torch.no_grad():
-        returns = evaluate(lambda x: q_network(x).argmax(dim=1).cpu().numpy(), args, args.eval_episodes, device)
-    random_actions, num_actions = np.random.default_rng(args.seed + 3_000), len(agent.envs.action_set)
-    uniform = evaluate(lambda x: random_actions.integers(num_actions, size=len(x)), args, args.random_episodes, device)
-    mean_return, random_return = float(returns.mean()), float(uniform.mean())
     pixels = pixel_names(
         channel_names, held_out.shape[2:]
     )  # (10, 10) frames: by channel and cell, as reports name them
-    checkpoint = save_checkpoint(
-        q_network,
-        run_dir / "q_network.safetensors",
-        feature_names=pixels,
-        states=held_out,
-        metadata={
-            "game": args.game,
-            "channel_names": json.dumps(channel_names),
-            "run_name": run_name,
-            "global_step": str(trainer.global_step),
-            "eval_mean_return": f"{mean_return:.2f}",
-            "random_mean_return": f"{random_return:.2f}",
-            "args": json.dumps(vars(args)),
-        },
-    )
+    metadata = {"game": args.game, "channel_names": json.dumps(channel_names), "run_name": run_name}
+    metadata |= {"global_step": str(trainer.global_step), "args": json.dumps(vars(args))}
+    try:  # the trained network is saved whatever stops the evaluation (Ctrl-C, SIGTERM, the environment's error)
+        with noise_disabled(q_network), torch.no_grad():
+            returns = evaluate(lambda x: q_network(x).argmax(dim=1).cpu().numpy(), args, args.eval_episodes, device)
+        random_actions, num_actions = np.random.default_rng(args.seed + 3_000), len(agent.envs.action_set)
+        uniform = evaluate(
+            lambda x: random_actions.integers(num_actions, size=len(x)), args, args.random_episodes, device
+        )
+        metadata |= {"eval_mean_return": f"{returns.mean():.2f}", "random_mean_return": f"{uniform.mean():.2f}"}
+    finally:
+        checkpoint = save_checkpoint(
+            q_network, run_dir / "q_network.safetensors", feature_names=pixels, states=held_out, metadata=metadata
+        )
+    mean_return, random_return = float(returns.mean()), float(uniform.mean())
     # The channels by name for `lightning-ig diag --feature-groups`: one (C, 1, 1) mask per channel (broadcast).
     groups_file = run_dir / "channel_groups.json"
     groups_file.write_text(json.dumps({name: [[[other == name]] for other in channel_names] for name in channel_names}))

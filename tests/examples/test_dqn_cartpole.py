@@ -455,6 +455,26 @@ def test_a_run_that_fails_after_its_folder_is_made_says_so(
     ) in capsys.readouterr().err
 
 
+def test_a_run_stopped_in_its_evaluation_keeps_its_checkpoint(
+    quiet_main: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: Ctrl-C during the closing evaluation losing the trained network (it was saved after it)
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quiet_main, "evaluate", stopped)
+    with pytest.raises(SystemExit) as raised:
+        quiet_main.main([*TINY, "--runs-dir", str(tmp_path / "runs")])
+    assert raised.value.code == 130
+    checkpoint = _only_run_dir(tmp_path / "runs") / "q_network.safetensors"
+    assert f"the run was stopped (Ctrl-C): {checkpoint.parent} holds only what it wrote before the error; its " in (
+        capsys.readouterr().err
+    )
+    loaded = load_checkpoint(checkpoint)
+    assert loaded.metadata["global_step"] == "300" and "eval_mean_return" not in loaded.metadata
+    assert loaded.states is not None and len(loaded.states) == NUM_HELD_OUT
+
+
 def test_a_run_folder_that_cannot_be_made_is_one_line(
     quiet_main: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -371,6 +371,25 @@ def test_a_run_that_fails_after_its_folder_is_made_says_so(
     ) in capsys.readouterr().err
 
 
+def test_a_run_stopped_in_its_evaluation_keeps_its_checkpoint(example_module, tmp_path, monkeypatch, capsys) -> None:
+    # guards against: Ctrl-C during the closing evaluation losing the trained network (it was saved after it)
+    def stopped(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
+    monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
+    monkeypatch.setattr(example_module, "evaluate", stopped)
+    with pytest.raises(SystemExit) as raised:
+        example_module.main([*TINY, "--runs-dir", str(tmp_path / "runs")])
+    assert raised.value.code == 130
+    checkpoint = _only_run_dir(tmp_path / "runs") / "q_network.safetensors"
+    assert f"its checkpoint was saved: {checkpoint}" in capsys.readouterr().err
+    loaded = load_checkpoint(checkpoint)
+    assert "eval_mean_return" not in loaded.metadata and loaded.metadata["game"] == "breakout"
+    assert json.loads(loaded.metadata["channel_names"]) == CHANNEL_NAMES and int(loaded.metadata["global_step"]) > 0
+
+
 def test_ig_n_steps_takes_what_the_library_takes(example_module) -> None:
     for given, parsed in (("auto", "auto"), ("budget", "budget"), ("12", 12)):
         assert example_module.parse_args(["--ig-n-steps", given]).ig_n_steps == parsed
