@@ -111,8 +111,9 @@ class TrustSummary:
             lines.append(
                 f"- sanity (step {steps.get('sanity', '?')}): rank correlation with a re-initialised copy "
                 f"{sanity.randomization_rank_correlation:.3f}, two re-initialised copies "
-                f"{sanity.copy_rank_correlation:.3f}, {'resolved' if sanity.resolved else 'unresolved'} over "
-                f"{sanity.num_units} units ({'passed' if sanity.passed else 'failed'})"
+                f"{sanity.copy_rank_correlation:.3f}, bar {sanity.threshold:.3f} over {sanity.num_units} units"
+                f"{'' if sanity.resolved else ' (a ceiling: too few to resolve)'} "
+                f"({'passed' if sanity.passed else 'failed'})"
             )
         if self.deletion is not None:
             deletion = self.deletion
@@ -189,7 +190,7 @@ def trust_summary(
         checks += note is None or not check.passed  # one that could not decide judges nothing: the others decide
         if check.reason is not None:
             reasons.append(check.reason)
-        if note is not None:
+        if note is not None and check.passed:  # what a pass cannot say: nothing to say of a failure
             notes.append(note)
     reasons += [str(error) for error in errors]
     checks += len(errors)

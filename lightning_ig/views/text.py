@@ -209,12 +209,24 @@ def trust_line(trust: Any) -> str:
     the card's headline already), the first note when unresolved, the checks judged when passed."""
     if trust.status == "failed":
         others = [reason for reason in trust.reasons if not reason.startswith("accuracy:")]
-        return _short(others[0]) if others else "accuracy, above"
+        return _figures_of(trust, others[0]) if others else "accuracy, above"
     if trust.status == "unresolved":
         return _short(trust.notes[0]) if trust.notes else "nothing judged yet"
     judged = [name for name in ("randomization", "deletion", "stability") if getattr(trust, name, None) is not None]
     words = {"randomization": "sanity", "deletion": "faithfulness", "stability": "stability"}
     return ", ".join(["accuracy", *(words[name] for name in judged)])
+
+
+def _figures_of(trust: Any, reason: str) -> str:
+    """A failed check as its figure against its bar, short enough for the card's line (the text has the sentence)."""
+    sanity, deletion, stability = trust.randomization, trust.deletion, trust.stability
+    if sanity is not None and reason == sanity.reason and math.isfinite(sanity.randomization_rank_correlation):
+        return f"sanity {sanity.randomization_rank_correlation:.2f} ≥ {sanity.threshold:.2f}"
+    if deletion is not None and reason == deletion.reason and math.isfinite(deletion.gap * deletion.needed):
+        return f"faithfulness gap {deletion.gap:.2f} < {deletion.needed:.2f}"
+    if stability is not None and reason == stability.reason and math.isfinite(stability.noise_rank_correlation):
+        return f"stability {stability.noise_rank_correlation:.2f} < {stability.floor:.2f}"
+    return _short(reason)
 
 
 def _rows(summary: RunSummary) -> str:

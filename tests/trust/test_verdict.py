@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -13,6 +14,7 @@ from lightning_ig.trust import trust_summary
 from lightning_ig.trust.faithfulness import deletion_check
 from lightning_ig.trust.sanity import randomization_check, randomization_reference
 from lightning_ig.trust.stability import stability_check
+from lightning_ig.views.text import trust_line
 from tests.support.trust import FEATURES, SETTINGS, attribute
 
 
@@ -101,3 +103,27 @@ def test_a_sanity_check_that_could_not_decide_judges_nothing_alone():
     assert trust_summary(randomization=sanity).status == "unresolved"
     judged = trust_summary(accuracy=accuracy_verdict(0.001, 0.001, 0.01), randomization=sanity)
     assert judged.status == "passed" and judged.checks == 1 and judged.notes == (sanity.note,)
+
+
+def test_a_failed_check_is_its_figure_on_the_card_and_no_note_says_it_cannot_tell(trained):
+    # guards against: the card cutting "sanity: the rank correla…" mid-word, and a failed sanity check on 4 units
+    # also noted as "it cannot tell a trained model from an untrained one" (what a pass cannot say)
+    model, states = trained
+    units = attribute(model, states)
+    groups = torch.arange(FEATURES) // (FEATURES // 4)  # 4 units: unresolved
+    four = units.view(len(states), 4, -1).sum(dim=2)
+    sanity = randomization_check(four, randomization_reference(model, states, settings=SETTINGS, groups=groups))
+    assert not sanity.resolved and sanity.note is not None
+    failed = dataclasses.replace(sanity, passed=False, reason="sanity: the rank correlation ... hardly depends")
+    verdict = trust_summary(randomization=failed)
+    assert verdict.status == "failed" and verdict.notes == () and not any("cannot tell" in x for x in verdict.lines())
+    rho, bar = failed.randomization_rank_correlation, failed.threshold
+    assert f"bar {bar:.3f} over 4 units (a ceiling: too few to resolve) (failed)" in verdict.lines()[-1]
+    assert trust_line(verdict) == f"sanity {rho:.2f} ≥ {bar:.2f}"
+
+    bad = deletion_check(model, states, None, -units, settings=SETTINGS)
+    assert not bad.passed
+    line = trust_line(trust_summary(accuracy=accuracy_verdict(0.001, 0.001, 0.01), deletion=bad))
+    assert line == f"faithfulness gap {bad.gap:.2f} < {bad.needed:.2f}"
+    off = dataclasses.replace(sanity, randomization_rank_correlation=float("nan"), passed=False, reason="sanity: x, y")
+    assert trust_line(trust_summary(randomization=off)) == "sanity: x"  # no figure: the sentence, short
