@@ -107,7 +107,7 @@ def completeness_words(report: Mapping[str, Any], ratio: bool = True) -> str | N
         return "worst relative error n/a"
     unchecked = f" ({degenerate:.0f} degenerate state(s) not checked)" if degenerate else ""
     verdict = isinstance(completeness.get("verdict"), dict)  # beside a verdict, whose figures are well conditioned
-    note = " (|delta| / |dF|: large where dF is small; the verdict reads the figures below)" if verdict else ""
+    note = " (|delta| / |dF|: large where dF is small; the verdict reads the figures above)" if verdict else ""
     return f"worst relative error {relative_error_text(worst)}{unchecked}{note}"
 
 
@@ -118,16 +118,23 @@ def format_report(report: Mapping[str, Any], path: str, top: int, worst_states: 
     lines += _group_lines(report, top)
     error = _real(_mapping(report.get("completeness")).get("mean_abs_error"))
     mean = "" if error is None else f", mean |delta| {error:.3g}"
-    lines += ["", f"  completeness: {completeness_words(report)}{mean}"]
     accuracy = accuracy_words(report)  # reports written before the verdict have none
-    if accuracy is not None:
-        lines.append("  " + printable(accuracy))
+    lines += ["", *([] if accuracy is None else ["  " + printable(accuracy)])]
+    lines += [f"  completeness: {completeness_words(report)}{mean}", *_trust_lines(report)]
     if report.get("stochastic_forward") is True:
         lines.append(
             "  warning: the forward gave different values for the same state; these attributions are not reproducible"
         )
     lines += _worst_state_lines(report, worst_states)
     return "\n".join(lines + _verify_lines(report.get("verify")) + _action_lines(report, top))
+
+
+def _trust_lines(report: Mapping[str, Any]) -> list[str]:
+    """A callback's report: its trust status and the reason of each failed check (diag's reports have none)."""
+    trust = _mapping(report.get("trust"))
+    listed = trust.get("reasons")
+    reasons = [f"    - {_text(why)}" for why in listed if isinstance(why, str)] if isinstance(listed, list) else []
+    return [] if trust.get("status") is None else [f"  trust checks: {_text(trust['status'])}", *reasons]
 
 
 def _verify_lines(key: Any) -> list[str]:
@@ -153,8 +160,9 @@ def _action_lines(report: Mapping[str, Any], top: int) -> list[str]:
 def _header(report: Mapping[str, Any]) -> str:
     method = f"   method {_text(report['method'])}" if "method" in report else ""
     head = "" if report.get("regime_head") is None else f"   head {_text(report['regime_head'])}"  # merged files only
+    step = "" if report.get("global_step") is None else f"   step {_text(report['global_step'])}"  # a callback's
     return (
-        f"  checkpoint {_text(report.get('checkpoint'))}{head}   "
+        f"  checkpoint {_text(report.get('checkpoint'))}{head}{step}   "
         f"target {_text(report.get('forward_target'))}   steps {_text(report.get('num_steps'))}   "
         f"states {_text(report.get('num_states'))}   features {_text(report.get('state_dim'))}{method}"
     )

@@ -27,6 +27,7 @@ ODD_REPORTS = {
     "feature_without_numbers": {"features": [{"name": "a"}, "b", {"name": None, "mean_abs": "big"}]},
     "verify_odd": {"verify": {"num_states": 2, "per_state": [5]}},
     "missing_keys": {"num_states": None, "state_dim": None, "forward_target": None, "num_steps": None},
+    "trust_odd": {"trust": {"status": ["x"], "reasons": "not a list"}, "global_step": {"a": 1}},
 }
 
 
@@ -70,6 +71,24 @@ def test_show_prints_what_it_can_of_odd_reports(workspace: Path, capsys: pytest.
         code = cli.main(["show", name])
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (name, err)
+
+
+def test_show_says_a_callback_reports_trust_status_and_step(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: show printing "accuracy: within" alone for a run whose trust checks failed (the card, ig/report
+    # and the closing line said "trust checks failed")
+    assert _diag(capsys, "--output", "good.json")[0] == 0
+    good = json.loads((workspace / "good.json").read_text())
+    reason = "sanity: the rank correlation with a re-initialised copy is 0.950, not below 0.900"
+    trust = {"status": "failed", "reasons": [reason], "notes": [], "checks": {}}
+    (workspace / "run.json").write_text(json.dumps({**good, "global_step": 3437, "trust": trust}))
+    assert cli.main(["show", "run.json"]) == 0
+    out = capsys.readouterr().out
+    assert "   step 3437   target " in out and f"  trust checks: failed\n    - {reason}\n" in out
+    assert out.index("accuracy: within") < out.index("completeness: ") < out.index("trust checks")
+    assert cli.main(["show", "good.json"]) == 0
+    assert "trust checks" not in capsys.readouterr().out  # diag writes no trust checks
 
 
 def test_show_into_a_pipe_closed_early_is_quiet_and_exits_141_as_cat_does(workspace: Path, capsys) -> None:
@@ -138,7 +157,7 @@ def test_the_worst_states_are_ranked_by_the_estimate_the_verdict_reads(
 
     assert ranked(report) == [1, 3, 2, 0]  # the estimate's order, the near-baseline state last
     assert cli.main(["show", "ranked.json"]) == 0  # the old ratio beside a verdict: said as not judged
-    assert "(|delta| / |dF|: large where dF is small; the verdict reads the figures below)" in capsys.readouterr().out
+    assert "(|delta| / |dF|: large where dF is small; the verdict reads the figures above)" in capsys.readouterr().out
     for row in report["completeness"]["per_state"]:  # a report written before the estimate: the old ratio
         del row["attribution_error"], row["near_baseline"]
     assert ranked(report) == [0, 2, 1]
