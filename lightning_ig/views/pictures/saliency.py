@@ -344,10 +344,10 @@ def _legend(
     y = top + math.ceil(len(labels) / columns) * _LEGEND_LINE + 1
     changed = previous is not None and math.isfinite(previous) and abs(scale - previous) > _SCALE_CHANGE * previous
     lines = [f"full ■: ±{format_value(scale)}"]
+    lines += [f"(was ±{format_value(previous)})"] if changed and previous is not None else []  # before what may go
     lines += [f"per {block}x{block} block"] if block > 1 else []
     if captions is not None:  # the numbers under the frames
         lines += [f"below: {target if len(target) <= 7 else 'value'},", "and its change"]
-    lines += [f"(was ±{format_value(previous)})"] if changed and previous is not None else []  # also in the text
     kept = lines[: max(1, int((CARD_HEIGHT - y - 16) // _LEGEND_LINE) + 1)]
     for line in kept[:-1] if kept[-1].startswith("below:") else kept:  # "below: V(s)," only with its second line
         canvas.text((left, y), canvas.fit(line, room, size=SMALL_SIZE), size=SMALL_SIZE, colour=MUTED)

@@ -108,9 +108,13 @@ def test_the_values_under_the_frames_and_a_changed_scale_are_written():
     ones = saliency_grid(frames, attributions, f_input=np.ones(8), f_delta=np.ones(8))
     twos = saliency_grid(frames, attributions, f_input=np.full(8, 2.0), f_delta=np.ones(8))
     assert not np.array_equal(ones.pixels, twos.pixels)
-    steady = saliency_grid(frames, attributions, previous_scale=ones.scale * 1.2).pixels
-    assert np.array_equal(steady, saliency_grid(frames, attributions).pixels)
-    assert not np.array_equal(steady, saliency_grid(frames, attributions, previous_scale=ones.scale * 2).pixels)
+    below = {"f_input": np.ones(8), "f_delta": np.ones(8)}  # with the values under the frames, as the callback draws
+    steady = saliency_grid(frames, attributions, previous_scale=ones.scale * 1.2, **below).pixels
+    assert np.array_equal(steady, ones.pixels)
+    # guards against: the "(was ±...)" line placed after the captions' two lines, past the card's foot, never drawn
+    assert not np.array_equal(
+        steady, saliency_grid(frames, attributions, previous_scale=ones.scale * 2, **below).pixels
+    )
     with pytest.raises(ValueError, match="got 3 values under the frames for 8 frames"):
         saliency_grid(frames, attributions, f_input=np.ones(3))
 
