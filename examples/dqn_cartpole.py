@@ -627,10 +627,11 @@ def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str
 
 def diag_command(checkpoint: Path | str, num_states: int, output: Path | str, target: str = "mean") -> str:
     """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored states, shell-quoted;
-    with ``--auto-samples`` where fewer are stored than diag samples unless told (it refuses to sample more), and the
-    run's ``--ig-target`` where it is not the default."""
+    with ``--auto-samples`` where more or fewer are stored than diag samples unless told (all of them: the report's
+    figures are then the closing lines' and the last run's), and the run's ``--ig-target`` where it is not the
+    default."""
     words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
-    if num_states < AUTO_SAMPLES:
+    if num_states != AUTO_SAMPLES:
         words += ["--auto-samples", str(num_states)]
     words += [] if target == "mean" else ["--target", target]
     return f"{lightning_ig_command()} {shlex.join([*words, '--output', str(output)])}"
@@ -782,7 +783,9 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     mean_return = float(np.mean(returns))
     logger.log_metrics({"eval/mean_return": mean_return}, step=trainer.global_step)
     with noise_disabled(q_network):
-        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
+        # as the callback's runs: on a CPU its "budget" refines the states above the tolerance ("auto")
+        n_steps = "auto" if args.ig_n_steps == "budget" and device.type == "cpu" else args.ig_n_steps
+        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=n_steps)
     features = feature_statistics(result.attributions.cpu(), FEATURE_NAMES)
     ranked = ranked_features(features, args.top_k)
     look_with = close_logger(logger, args, run_dir)

@@ -681,10 +681,11 @@ def diag_command(
     target: str = "mean",
 ) -> str:
     """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored frames, shell-quoted;
-    with ``--auto-samples`` where fewer are stored than diag samples unless told (it refuses to sample more), and the
-    run's ``--ig-target`` where it is not the default."""
+    with ``--auto-samples`` where more or fewer are stored than diag samples unless told (all of them: the report's
+    figures are then the closing lines' and the last run's), and the run's ``--ig-target`` where it is not the
+    default."""
     words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
-    if num_states < AUTO_SAMPLES:
+    if num_states != AUTO_SAMPLES:
         words += ["--auto-samples", str(num_states)]
     words += [] if target == "mean" else ["--target", target]
     words += ["--feature-groups", str(groups_file), "--saliency", str(saliency), "--output", str(output)]
@@ -848,7 +849,9 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     groups_file.write_text(json.dumps({name: [[[other == name]] for other in channel_names] for name in channel_names}))
     logger.log_metrics({"eval/mean_return": mean_return, "eval/random_mean_return": random_return}, trainer.global_step)
     with noise_disabled(q_network):
-        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=args.ig_n_steps)
+        # as the callback's runs: on a CPU its "budget" refines the states above the tolerance ("auto")
+        n_steps = "auto" if args.ig_n_steps == "budget" and device.type == "cpu" else args.ig_n_steps
+        result = integrated_gradients(q_network, held_out.to(device), target="mean", n_steps=n_steps)
     per_channel = result.grouped("channels").cpu()  # (num_held_out, C): completeness holds per channel too
     channels = feature_statistics(per_channel, channel_names)
     look_with = close_logger(logger, args, run_dir)

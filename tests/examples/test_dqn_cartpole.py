@@ -375,8 +375,9 @@ def test_the_printed_commands_are_shell_quoted(example_module: ModuleType, tmp_p
     assert words[-2:] == ["--output", str(output)]
     parsed = build_parser().parse_args(words[words.index("diag") :])  # as lightning-ig reads it
     assert (parsed.checkpoint, parsed.auto_samples, parsed.output) == (str(checkpoint), 8, str(output))
-    # as many stored as diag samples, or more: its default, as before
+    # as many stored as diag samples: its default; more: all of them, as the closing lines read them
     assert "--auto-samples" not in shlex.split(example_module.diag_command(checkpoint, 16, output))
+    assert "--auto-samples 256 " in example_module.diag_command(checkpoint, 256, output)
     contrast = shlex.split(example_module.diag_command(checkpoint, 16, output, "contrast"))
     assert (
         build_parser().parse_args(contrast[contrast.index("diag") :]).target == "contrast" and parsed.target == "mean"

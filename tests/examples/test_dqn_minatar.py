@@ -315,7 +315,8 @@ def test_the_printed_commands_are_shell_quoted(example_module, tmp_path: Path) -
     parsed = build_parser().parse_args(words[words.index("diag") :])  # as lightning-ig reads it
     assert [parsed.checkpoint, parsed.feature_groups, parsed.saliency, parsed.output] == [str(p) for p in paths]
     assert parsed.auto_samples == 8
-    assert "--auto-samples" not in shlex.split(example_module.diag_command(paths[0], 64, *paths[1:]))
+    assert "--auto-samples" not in shlex.split(example_module.diag_command(paths[0], 16, *paths[1:]))
+    assert "--auto-samples 64 " in example_module.diag_command(paths[0], 64, *paths[1:])  # all: the run's figures
     each = shlex.split(example_module.diag_command(paths[0], 64, *paths[1:], "each"))
     parsed_each = build_parser().parse_args(each[each.index("diag") :])
     assert parsed_each.target == "each" and parsed.target == "mean"  # the run's --ig-target: its report is about that
