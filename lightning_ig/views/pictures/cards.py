@@ -133,7 +133,7 @@ def _bar_rows(
     """One row per unit of ``order``: its swatch and label, a two-tone bar (the largest fills the row), ``ends``."""
     swatch = 12 if colours is not None else 0
     shown = [canvas.fit(str(labels[i]), CARD_WIDTH * 0.45 - swatch, size=TEXT_SIZE) for i in order]
-    left = 10 + swatch + max(canvas.text_width(text, size=TEXT_SIZE) for text in shown)
+    left = 11 + swatch + max(canvas.text_width(text, size=TEXT_SIZE) for text in shown)
     right = CARD_WIDTH - 8 - max(canvas.text_width(text, size=SMALL_SIZE) for text in ends)
     totals = positive + negative
     largest = float(max(totals[i] for i in order)) or 1.0

@@ -407,7 +407,8 @@ def mean_abs_map(
     *,
     channel_colours: Sequence[str] | None = None,
 ) -> SaliencyPicture:
-    """Mean ``|attribution|`` per pixel as a picture: one tile per channel, each on its own scale (its max under it).
+    """Mean ``|attribution|`` per pixel as a picture: one tile per channel, each on its own scale (under it: its full
+    colour, the 99.5th percentile, so that one extreme cell does not wash out the rest).
 
     Args:
         mean_abs: ``feature_shape`` mean ``|attr|`` per pixel over the states.
@@ -430,17 +431,17 @@ def mean_abs_map(
     count, height, width = channels.shape
     colours, labels = _colours(channel_colours, channel_names, count)
     scales = [robust_max(np.nan_to_num(tile)) for tile in channels]
-    tops = [f"max {format_value(v)}" if np.nan_to_num(t).any() else "max 0" for v, t in zip(scales, channels)]
+    tops = [f"full {format_value(v)}" if np.nan_to_num(t).any() else "full 0" for v, t in zip(scales, channels)]
     columns = min(count, 4)
     rows = math.ceil(count / columns)
     room = ((CARD_HEIGHT - 2 * LINE - 6) // rows - 2 * LINE - 4, CARD_WIDTH // columns - 10)
     cell = max(1, min(8, room[0] // height, room[1] // width))
     pitch_x, pitch_y = max(width * cell + 10, CARD_WIDTH // columns), height * cell + 2 * LINE + 4
     canvas = Canvas(max(CARD_WIDTH, columns * pitch_x), 2 * LINE + 6 + rows * pitch_y)
-    if max(canvas.text_width(top) for top in tops) > pitch_x - 6:  # the title says what the numbers are
-        tops = [top.removeprefix("max ") for top in tops]
+    if max(canvas.text_width(top) for top in tops) > pitch_x - 14:  # the title says what the numbers are
+        tops = [top.removeprefix("full ") for top in tops]
     canvas.text((2, 2), f"mean |attribution| per pixel{over}", size=TEXT_SIZE)
-    canvas.text((2, LINE + 3), "each tile on its own scale, 0 to max", size=SMALL_SIZE, colour=MUTED)
+    canvas.text((2, LINE + 3), "each tile on its own scale, 0 to full", size=SMALL_SIZE, colour=MUTED)
     for index in range(count):
         left, top = (index % columns) * pitch_x + 2, 2 * LINE + 6 + (index // columns) * pitch_y
         canvas.rectangle((left, top + 2, left + 11, top + 13), tuple(int(v) for v in GROUND))
