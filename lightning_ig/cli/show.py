@@ -192,17 +192,19 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
     groups = _records(report.get("groups"))
     if not groups:
         return []
-    ranked = sorted(groups, key=lambda group: -(_real(group.get("mean_abs")) or -math.inf))
+    key = "share" if any("share" in group for group in groups) else "mean_abs"  # older reports: no share
+    ranked = sorted(groups, key=lambda group: -(_real(group.get(key)) or -math.inf))
+    by = "share of |attribution| (as the verdict card)" if key == "share" else "mean |attribution|"
     lines = [
         "",
-        f"  groups by mean |attribution| ({len(groups)} groups; a group's attribution is the sum of its members')",
-        f"  {'rank':>4}  {'group':<24} {'members':>8} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}",
+        f"  groups by {by} ({len(groups)} groups; mean_abs etc.: of the group's attribution, the sum of its members')",
+        f"  {'rank':>4}  {'group':<24} {'members':>8} {'share':>7} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}",
     ]
     for rank, group in enumerate(ranked[:top], start=1):
-        members = group.get("members")
+        share = "n/a" if _real(group.get("share")) is None else f"{100 * _real(group['share']):.1f}%"  # type: ignore[operator]
         lines.append(
-            f"  {rank:>4}  {_text(group.get('name'), 24):<24} {_text(members):>8} {_number(group.get('mean_abs'))} "
-            f"{_number(group.get('stddev'))} {_number(group.get('mean_signed'))}"
+            f"  {rank:>4}  {_text(group.get('name'), 24):<24} {_text(group.get('members')):>8} {share:>7} "
+            f"{_number(group.get('mean_abs'))} {_number(group.get('stddev'))} {_number(group.get('mean_signed'))}"
         )
     return lines
 

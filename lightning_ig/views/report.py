@@ -200,6 +200,10 @@ def build_report(
         report["verdict"] = {"accuracy": _kind(host, within), "within": within, "trust": None}
     if host.groups is not None and host.group_moments is not None:
         report["groups"] = statistics_rows(host.groups.names, host.group_moments, host.groups.sizes.tolist())
+        # the verdict card's share: each cell's |attribution| counted on its own, so cells that cancel keep their mass
+        mass = np.bincount(host.groups.ids.numpy(), weights=host.features.mean_abs, minlength=len(host.groups.names))
+        for row, share in zip(report["groups"], json_floats(mass / mass.sum() if mass.sum() > 0 else mass * np.nan)):
+            row["share"] = share
     report.update(extra or {})
     return report
 

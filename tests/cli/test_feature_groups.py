@@ -158,9 +158,11 @@ def test_show_prints_the_groups_table(workspace, runs, capsys):
     assert runs["pixels"].returncode == 0, runs["pixels"].stderr
     assert cli.main(["show", str(workspace / "out" / "minatar.json"), "--top", "3"]) == 0
     out = capsys.readouterr().out
-    assert "groups by mean |attribution| (4 groups" in out
-    table = out[out.index("groups by mean") :].splitlines()[2:5]
+    assert "groups by share of |attribution| (as the verdict card) (4 groups" in out
+    table = out[out.index("groups by share") :].splitlines()[2:5]
     assert len(table) == 3 and all("channel" in line and " 100 " in line for line in table)
+    shares = [float(line.split()[3].rstrip("%")) for line in table]  # the largest first
+    assert shares == sorted(shares, reverse=True) and 25 <= shares[0] <= 100
 
 
 def _groups_file(workspace: Path, name: str, text: str) -> str:

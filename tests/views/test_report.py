@@ -176,6 +176,10 @@ def test_groups_and_the_new_keys_validate_against_the_schema(result):
     assert groups[0]["mean_abs"] == pytest.approx(ab.abs().mean().item(), rel=1e-12)
     assert groups[0]["mean_signed"] == pytest.approx(ab.mean().item(), rel=1e-12)
     assert groups[0]["stddev"] == pytest.approx(ab.std(unbiased=False).item(), rel=1e-12)
+    # the card's share: each feature's |attr| on its own (a group's cells that cancel keep their mass), summing to 1
+    mass = flat.abs().mean(dim=0)
+    shares = [(mass[0] + mass[1]) / mass.sum(), mass[2] / mass.sum(), mass[3] / mass.sum()]
+    assert [g["share"] for g in groups] == pytest.approx([v.item() for v in shares], rel=1e-12)
     assert report["stochastic_forward"] is False and report["non_finite_states"] == [] and report["num_degenerate"] == 1
     schema = load_schema()
     jsonschema.validate(json.loads(report_to_json(report)), schema, cls=jsonschema.Draft202012Validator)
@@ -184,6 +188,9 @@ def test_groups_and_the_new_keys_validate_against_the_schema(result):
     broken = json.loads(report_to_json(report))
     broken["groups"][0]["members"] = 0
     with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
+    broken["groups"][0] |= {"members": 2, "share": 1.5}
+    with pytest.raises(jsonschema.ValidationError, match="1.5 is greater than the maximum of 1"):
         jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
 
 
