@@ -96,7 +96,8 @@ def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_te
     assert verdict is not None and verdict.status in {"passed", "failed", "unresolved"}
     assert verdict.randomization is not None and verdict.deletion is not None and verdict.stability.applicable
     assert not verdict.randomization.resolved  # 4 features: said so, never a plain pass
-    assert verdict.randomization.note in verdict.notes and verdict.status in {"passed", "failed"}  # the others decide
+    assert verdict.status in {"passed", "failed"}  # the others decide; the note says what a pass cannot
+    assert (verdict.randomization.note in verdict.notes) == verdict.randomization.passed
     assert verdict.status == "failed" or verdict.randomization.note in verdict.headline()
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
@@ -111,6 +112,8 @@ def test_the_checks_are_logged_with_the_verdict_in_the_summary_and_the_report_te
     assert math.isclose(rho, verdict.randomization.randomization_rank_correlation, rel_tol=1e-6)
     text = events.Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert f"**Trust: {verdict.status}**" in text and "sanity (step 12)" in text and "deletion AUC" in text
+    # the status and its failures first, then what V(s) relies on (in TensorBoard's box), then every check's figures
+    assert text.index("**Trust: ") < text.index("What V(s) relies on") < text.index("sanity (step 12)")
 
 
 def test_the_checks_run_where_the_budget_says_and_the_runs_between_carry_the_verdict(tmp_path):
