@@ -262,28 +262,30 @@ def _walk(model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, targ
     finally:
         for handle in handles:
             handle.remove()
-    rows = torch.arange(batch, device=xf.device)
-    with torch.no_grad():
-        f_b = target(model(bs), rows)
-        f_x = target(model(xs), rows)
-    attributions = diff * integral
-    scale = torch.maximum(torch.maximum(f_x.abs(), f_b.abs()), torch.ones_like(f_x))
-    completeness = (attributions.sum(1) - (f_x - f_b)).abs() / scale
-    worst = float(completeness.max())
+    walked = {**_ends(model, xs, bs, target, diff * integral), "regions": regions, "gradients": gradients}
+    worst = float(walked["completeness"].max())
     if not worst <= _SELF_CHECK:  # NaN fails too
-        state = int(completeness.argmax())
+        state = int(walked["completeness"].argmax())
         raise ExactLineError(
             f"the exact line's self-check failed: its regions integrate to F(x) - F(b) only to {worst:.3g} (state "
             f"{state}; exact is ~1e-13): the network has a non-linearity its nn.ReLU hooks do not see (F.relu or "
             "another activation inside a forward); use midpoint_reference"
         )
+    return walked
+
+
+def _ends(model: nn.Module, xs: Tensor, bs: Tensor, target: _RowTarget, attributions: Tensor) -> dict[str, Any]:
+    """A walk's ``(B, F)`` attributions in the states' shape, the target at both ends, each state's completeness."""
+    rows = torch.arange(xs.shape[0], device=xs.device)
+    with torch.no_grad():
+        f_b = target(model(bs), rows)
+        f_x = target(model(xs), rows)
+    scale = torch.maximum(torch.maximum(f_x.abs(), f_b.abs()), torch.ones_like(f_x))
     return {
-        "attributions": attributions.view(-1, *feature_shape),
+        "attributions": attributions.view_as(xs),
         "f_input": f_x,
         "f_baseline": f_b,
-        "completeness": completeness,
-        "regions": regions,
-        "gradients": gradients,
+        "completeness": (attributions.sum(1) - (f_x - f_b)).abs() / scale,
     }
 
 
@@ -367,19 +369,7 @@ def _midpoint(
             out = target(model(points.view(-1, *feature_shape)), rows.repeat(len(alphas)))
             (grad,) = torch.autograd.grad(out.sum(), points)
         total += grad.view(len(alphas), batch, -1).sum(0)
-    with torch.no_grad():
-        f_b = target(model(bs), rows)
-        f_x = target(model(xs), rows)
-    attributions = diff * total / n_steps
-    scale = torch.maximum(torch.maximum(f_x.abs(), f_b.abs()), torch.ones_like(f_x))
-    return {
-        "attributions": attributions.view(-1, *feature_shape),
-        "f_input": f_x,
-        "f_baseline": f_b,
-        "completeness": (attributions.sum(1) - (f_x - f_b)).abs() / scale,
-        "regions": None,
-        "gradients": n_steps * batch,
-    }
+    return {**_ends(model, xs, bs, target, diff * total / n_steps), "regions": None, "gradients": n_steps * batch}
 
 
 def reference(
