@@ -72,7 +72,7 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
         states, grads, values, ends = states[keep], grads[:, :, keep], values[:, :, keep], ends[:, keep]
         current = current.subset(keep)
         alphas, weights = rule_tensors(_METHOD, n, run.acc, run.x.device)
-        fresh = current.gradients(_new_nodes(alphas), with_ends=False)
+        fresh = current.gradients(alphas.view(-1, 3)[:, [0, 2]].reshape(-1), with_ends=False)  # each triple's ends
         grads, values = _merged(grads, fresh.grads), _merged(values, fresh.values)
         out = current.finish(alphas, weights, grads, ends, values, kinks=False)
         final["attributions"][:, states] = out["attributions"]  # (T, B, F)
@@ -99,12 +99,6 @@ def _going_on(out: dict[str, Tensor], floor: Tensor, tolerance: float, moved: Te
         above |= moved / torch.maximum(scale, floor) > tolerance
     non_finite = out["stats"][5] != 0  # (T, B)
     return above.any(0) & ~non_finite.any(0)
-
-
-def _new_nodes(alphas: Tensor) -> Tensor:
-    """The ``2 n`` nodes of a ``3 n``-node midpoint rule that the ``n``-node rule does not hold (each triple's ends)."""
-    triples = alphas.view(-1, 3)
-    return triples[:, [0, 2]].reshape(-1)
 
 
 def _merged(old: Tensor, new: Tensor) -> Tensor:
