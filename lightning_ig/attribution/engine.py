@@ -188,7 +188,9 @@ class IntegratedGradients:
         if plan is None:
             captured = capture_attribution(self.forward, prepared, baselines, settings, self.graph_capture)
             plan = None if captured is None else GraphPlan(captured)
-            self._remember(key, plan)
+            evicted = self._plans.put(key, plan)
+            if evicted is not None and self._fast is not None and self._fast[3] is evicted:
+                self._fast = None
             if plan is None:
                 self.last_mode = "eager"
                 return attribute_eager(self.forward, inputs, baselines, settings, target)
@@ -208,11 +210,6 @@ class IntegratedGradients:
             graph=True,
             stochastic=plan.stochastic,
         )
-
-    def _remember(self, key: tuple[Any, ...], plan: GraphPlan | None) -> None:
-        evicted = self._plans.put(key, plan)
-        if evicted is not None and self._fast is not None and self._fast[3] is evicted:
-            self._fast = None
 
 
 class GraphPlan:
