@@ -382,12 +382,6 @@ def _folder_and_file(first: str, second: str) -> OutputPathError:
     )
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it; set back at once
-    os.umask(mask)
-    return mask
-
-
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str], *, follow_symlinks: bool = True) -> Iterator[Path]:
     """A temporary file beside the file ``target`` names; it replaces that file when the block succeeds.
@@ -461,7 +455,9 @@ def _mode(real: Path) -> int:
     except FileNotFoundError:
         old = None
     if old is None or not stat.S_ISREG(old.st_mode):
-        return 0o666 & ~_umask()
+        umask = os.umask(0)  # the only portable way to read it; set back at once
+        os.umask(umask)
+        return 0o666 & ~umask
     return stat.S_IMODE(old.st_mode) & 0o775  # never setuid, setgid, sticky or writable by everyone
 
 
