@@ -103,9 +103,7 @@ class FeatureGroups:
         self.names = _group_names(names, len(self.sizes), "names")
         # The members of group 0 first, then group 1, ...; in feature order within a group.
         self._order = torch.argsort(self.ids, stable=True)  # (F,)
-        uniform = bool((self.sizes == self.sizes[0]).all()) and bool(
-            torch.equal(self._order, torch.arange(self.ids.numel()))
-        )
+        uniform = bool((self.sizes == self.sizes[0]).all()) and torch.equal(self._order, torch.arange(self.ids.numel()))
         self._block = int(self.sizes[0]) if uniform else None  # contiguous groups of one size: a reshape
         self._device_cache: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -172,10 +170,8 @@ class FeatureGroups:
     def features(cls, feature_shape: Sequence[int], names: Sequence[str] | None = None) -> FeatureGroups:
         """One group per feature, named by ``names`` (default ``x0, x1, ...``)."""
         shape = _feature_shape(feature_shape)
-        count = math.prod(shape)
-        if names is None:
-            return cls(torch.arange(count), default_feature_names(shape), shape, generated_names=True)
-        return cls(torch.arange(count), names, shape)
+        named = default_feature_names(shape) if names is None else names
+        return cls(torch.arange(math.prod(shape)), named, shape, generated_names=names is None)
 
     @classmethod
     def channels(cls, feature_shape: Sequence[int]) -> FeatureGroups:
@@ -228,9 +224,8 @@ class FeatureGroups:
         if ids.numel() and int(ids.min()) < 0:
             raise ValueError(f"feature_groups mask ids must be >= 0, got {int(ids.min())}; number the groups 0, 1, ...")
         present, ids = torch.unique(ids, sorted=True, return_inverse=True)  # renumber: ids need not be contiguous
-        if names is None:
-            return cls(ids, [f"group {int(value)}" for value in present], shape, generated_names=True)
-        return cls(ids, names, shape)
+        named = [f"group {int(value)}" for value in present] if names is None else names
+        return cls(ids, named, shape, generated_names=names is None)
 
     @classmethod
     def _from_dict(
