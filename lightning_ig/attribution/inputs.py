@@ -162,10 +162,6 @@ def resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
         return torch.full_like(inputs, number)
     if not isinstance(baselines, Tensor):
         raise TypeError(f"baselines must be {_BASELINE_FORMS}, got {type(baselines).__name__}")
-    return _baseline_tensor(baselines, inputs)
-
-
-def _baseline_tensor(baselines: Tensor, inputs: Tensor) -> Tensor:
     if not baselines.dtype.is_floating_point:
         raise TypeError(f"baselines must be floating point, got dtype {baselines.dtype}; convert them with .float()")
     check_dense(baselines, "baselines")
