@@ -237,11 +237,8 @@ class PathRun:
             self._choose_pairs()
         end_copies = (2 if self.check_stochastic else 1) if with_ends else 0
         points = self.backend.interpolate(self.x, self.b, alphas, end_copies).view(-1, self.features)  # ((m + 2c) B, F)
-        if self.settings.gradient == "autograd":
-            path = self._autograd(points, alphas.shape[0])
-        else:
-            path = self._finite_difference(points, alphas.shape[0])
-        return self._own_columns(path)
+        along = self._autograd if self.settings.gradient == "autograd" else self._finite_difference
+        return self._own_columns(along(points, alphas.shape[0]))
 
     def _choose_pairs(self) -> None:
         """Fill :attr:`pairs` with each state's greedy and runner-up outputs at ``x`` (one forward of ``B`` rows)."""
@@ -378,8 +375,10 @@ class PathRun:
         self.backend.fd_probes(chunk_points, h, start, out=buffer[:probe_rows])
         if extra:
             buffer[probe_rows:] = points[path_points:]  # x then b, c times
+        # Per-row and contrast targets pick columns by state, but probe rows do not follow the (*, B) layout: finite
+        # differences evaluate every column ("each") and keep each state's own afterwards (_own_columns).
         with torch.no_grad():
-            values = self._evaluate(buffer, 0, self._probe_spec()).to(self.acc)
+            values = self._evaluate(buffer, 0, EACH if self.spec.by_state else self.spec).to(self.acc)
         n_targets = values.shape[1]
         if collected.grads is None or collected.values is None:
             collected.grads = torch.empty((n_targets, path_points, features), dtype=self.acc, device=self.x.device)
@@ -390,11 +389,6 @@ class PathRun:
         collected.values[:, start:stop] = f.mean(dim=(1, 2)).T
         if extra:
             collected.ends = values[probe_rows:].contiguous()
-
-    def _probe_spec(self) -> Target:
-        # Per-row and contrast targets pick columns by state, but probe rows do not follow the (*, B) layout: finite
-        # differences evaluate every column ("each") and keep each state's own afterwards (_own_columns).
-        return EACH if self.spec.by_state else self.spec
 
     def _own_columns(self, path: PathGradients) -> PathGradients:
         """With per-row or contrast targets under finite differences, each state's own columns of ``"each"``."""
