@@ -396,7 +396,8 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     dtype = torch.promote_types(attributions.dtype, torch.float32)
     non_finite = getattr(result, "non_finite", None)
     flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
-    missing = torch.full((share,), float("nan"), dtype=dtype, device=attributions.device)
+    full = functools.partial(torch.full, (share,), dtype=dtype, device=attributions.device)
+    missing = full(float("nan"))
     steps = getattr(result, "n_steps_per_state", None)
     columns = [
         result.f_input,
@@ -405,12 +406,8 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
         result.relative_error,
         result.degenerate,
         flags,
-        torch.full((share,), float(result.n_steps), dtype=dtype, device=attributions.device)
-        if steps is None
-        else steps,
-        torch.full(
-            (share,), float(bool(getattr(result, "stochastic", False))), dtype=dtype, device=attributions.device
-        ),
+        full(float(result.n_steps)) if steps is None else steps,
+        full(float(bool(getattr(result, "stochastic", False)))),
         *(missing if getattr(result, name, None) is None else getattr(result, name) for name in COLUMNS[-2:]),
     ]
     per_state = torch.stack(
