@@ -30,7 +30,7 @@ from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import STATE_SUFFIXES, load_states
 from lightning_ig.models.noise import attribution_mode
-from lightning_ig.vocabulary import callable_name, check_real, non_finite_words, shown, shown_with_type
+from lightning_ig.vocabulary import REFINED_METHODS, callable_name, check_real, non_finite_words, shown, shown_with_type
 
 __all__ = [
     "BoundForward",
@@ -326,9 +326,8 @@ def prepare_engine(
     buffers = {name: buffer.clone() for name, buffer in pl_module.named_buffers()}
     attributed, target = probe_target(pl_module, target, local_states, len(states), forward, action_names)
     # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
-    options = dataclasses.replace(options, check_finite=False)
-    runs = options
-    refinable = options.method in ("auto", "kink_midpoint", "riemann_middle") and options.gradient == "autograd"
+    runs = options = dataclasses.replace(options, check_finite=False)
+    refinable = options.method in REFINED_METHODS and options.gradient == "autograd"
     if options.n_steps == "budget" and refinable and local_states.device.type == "cpu":
         # On a CPU the budget's 56 kink-rule nodes leave ReLU agents' worst states above the tolerance; the runs
         # refine those states (n_steps="auto": 56, 168, 504 nodes), so the verdict a run shows is one it reached
