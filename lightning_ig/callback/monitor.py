@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.targets import Target
-from lightning_ig.callback.heldout import baselines_for
+from lightning_ig.callback.heldout import baselines_for, model_dtype
 from lightning_ig.models.noise import NoisyLinear
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.host_result import HostResult
@@ -138,8 +138,7 @@ class TrustMonitor:
                 "(pass overhead=None, which makes no check, to silence this)"
             )
             return None
-        dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
-        device = pl_module.device
+        dtype, device = model_dtype(pl_module), pl_module.device
         states = held_out.to(device=device, dtype=dtype)
         zeros = isinstance(baseline, str) and baseline == "zeros"  # the engines' fast path: no baseline tensor
         baselines = None if zeros else baselines_for(baseline, held_out, torch.arange(len(held_out)), device, dtype)
