@@ -114,7 +114,6 @@ class Budget:
         background: Callable[[], float] | None = None,
     ) -> None:
         self.share, self.clock = share, default_clock if clock is None else clock
-        # CPU seconds of the process's other threads so far; None: not counted
         self.background = default_background if background is None else background
         self._quiet: tuple[float, float] | None = None  # (background CPU, wall) at start: the rate before any run
         self._rate: tuple[float, float, float] | None = None  # (rate, background CPU, wall) at the first run
