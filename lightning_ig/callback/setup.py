@@ -195,9 +195,8 @@ def choose_groups(
         ValueError: ``group_names`` without ``groups`` or of another count than the groups, or a bad
             ``groups`` (see :meth:`FeatureGroups.resolve`).
     """
-    if groups is not None and group_names is not None:
-        built = FeatureGroups.resolve(groups, feature_shape)  # the groups first: the names are counted against them
-        return built.renamed(group_names, "group_names")
+    if groups is not None and group_names is not None:  # the groups first: the names are counted against them
+        return FeatureGroups.resolve(groups, feature_shape).renamed(group_names, "group_names")
     if groups is not None:
         names = feature_names if isinstance(groups, str) and groups == "features" else None
         return FeatureGroups.resolve(groups, feature_shape, names)
