@@ -256,9 +256,7 @@ class PlanCache(dict[tuple[Any, ...], "GraphPlan | None"]):
 
     def put(self, key: tuple[Any, ...], plan: GraphPlan | None) -> GraphPlan | None:
         """Store ``plan``; return the plan evicted to make room, if any."""
-        evicted = None
-        if plan is not None and len(self) >= self.limit:
-            evicted = self.pop(next(iter(self)))
+        evicted = self.pop(next(iter(self))) if plan is not None and len(self) >= self.limit else None
         self[key] = plan
         return evicted
 

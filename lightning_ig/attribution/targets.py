@@ -219,9 +219,7 @@ class Target:
         """What a captured graph depends on: per-row indices are copied in, not part of the key."""
         if self.kind == "per_row":
             return ("per_row", tuple(self.rows.shape) if self.rows is not None else ())
-        if self.kind == "callable":
-            return ("callable", id(self.fn))
-        return (self.kind, self.index, self.pairs_fixed)
+        return ("callable", id(self.fn)) if self.kind == "callable" else (self.kind, self.index, self.pairs_fixed)
 
     def subset(self, states: Tensor) -> Target:
         """The target of the states ``states`` (indices) only: their rows, a contrast's pairs fixed."""

@@ -348,6 +348,4 @@ def ig_ops(backend: str | IGOps, inputs: Tensor) -> IGOps:
 
 def check_backend(value: Any) -> str | IGOps:
     """Check the ``backend`` option: a name of :data:`lightning_ig.vocabulary.BACKENDS` or an :class:`IGOps`."""
-    if isinstance(value, IGOps):
-        return value
-    return check_choice(value, BACKENDS, "backend")
+    return value if isinstance(value, IGOps) else check_choice(value, BACKENDS, "backend")

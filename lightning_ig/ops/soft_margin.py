@@ -73,9 +73,7 @@ def soft_margin_torch(input: Tensor, target: Tensor, reduction: str) -> Tensor: 
     loss = torch.logaddexp(z, z.new_zeros(()))
     if reduction == "mean":
         return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
+    return loss.sum() if reduction == "sum" else loss
 
 
 def soft_margin_cuda(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002

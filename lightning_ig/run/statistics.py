@@ -223,9 +223,7 @@ class Completeness:
         if self.num_non_finite:
             return "non-finite"
         within = self.accuracy.within
-        if within is None:
-            return "unchecked"
-        return "pass" if within else "fail"
+        return "unchecked" if within is None else "pass" if within else "fail"
 
 
 def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
@@ -332,9 +330,7 @@ def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -
     rank_x = _average_ranks(x) - (x.size + 1) / 2.0
     rank_y = _average_ranks(y) - (y.size + 1) / 2.0
     denominator = math.sqrt(float(rank_x @ rank_x) * float(rank_y @ rank_y))
-    if denominator == 0.0:
-        return math.nan
-    return max(-1.0, min(1.0, float(rank_x @ rank_y) / denominator))
+    return math.nan if denominator == 0.0 else max(-1.0, min(1.0, float(rank_x @ rank_y) / denominator))
 
 
 def topk_jaccard(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, k: int) -> float:

@@ -96,9 +96,7 @@ def _kind(logger: Any) -> str | None:
 
     if isinstance(logger, WandbLogger):
         return "wandb"
-    if isinstance(logger, MLFlowLogger):
-        return "mlflow"
-    return None
+    return "mlflow" if isinstance(logger, MLFlowLogger) else None
 
 
 def _pixels(pixels: np.ndarray) -> np.ndarray:

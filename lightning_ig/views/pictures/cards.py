@@ -254,9 +254,7 @@ def format_step(step: int) -> str:
     step = int(step)
     if abs(step) < 10_000:
         return f"{step:,}"
-    if abs(step) < 1_000_000:
-        return f"{format_value(step / 1000, 3)}k"
-    return f"{format_value(step / 1_000_000, 3)}M"
+    return f"{format_value(step / 1000, 3)}k" if abs(step) < 1_000_000 else f"{format_value(step / 1_000_000, 3)}M"
 
 
 def _step_axis(canvas: Canvas, left: int, right: int, bottom: int, steps: Sequence[int]) -> None:

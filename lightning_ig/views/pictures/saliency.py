@@ -86,9 +86,7 @@ class SaliencyPicture:
 
 def saliency_kind(feature_shape: tuple[int, ...]) -> str | None:
     """``"image"`` for ``(C, H, W)`` (or more dims), ``"strip"`` for ``(C, L)``, ``None`` for flat vectors."""
-    if len(feature_shape) >= 3:
-        return "image"
-    return "strip" if len(feature_shape) == 2 else None
+    return "image" if len(feature_shape) >= 3 else "strip" if len(feature_shape) == 2 else None
 
 
 def check_saliency_channel(channel: int | None, feature_shape: tuple[int, ...]) -> None:
