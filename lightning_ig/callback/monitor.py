@@ -233,7 +233,17 @@ class TrustMonitor:
             with self._replica.following(weights):  # the weights the run attributed
                 if name == "sanity" and self._reference is None:
                     self._replica.sync()  # the parameters of a layer without an initialisation are shuffled
-                    self._reference = self._make_reference()
+                    self._reference = randomization_reference(
+                        self.model,
+                        self.states,
+                        self.baselines,
+                        settings=self.settings,
+                        groups=self.groups,
+                        num_copies=COPIES,
+                        num_states=quarter(len(self.states)),
+                        seed=SEED,
+                        replica=self._replica,
+                    )
                     started = self._book("reference", started)
                 return self._check(name, units)
         except Exception as error:  # noqa: BLE001 - said and switched off by step
@@ -245,19 +255,6 @@ class TrustMonitor:
         now = time.perf_counter()
         self.seconds[piece] += now - started
         return now
-
-    def _make_reference(self) -> RandomizationReference:
-        return randomization_reference(
-            self.model,
-            self.states,
-            self.baselines,
-            settings=self.settings,
-            groups=self.groups,
-            num_copies=COPIES,
-            num_states=quarter(len(self.states)),
-            seed=SEED,
-            replica=self._replica,
-        )
 
     def _check(self, name: str, units: Any) -> Any:
         if name == "sanity":
