@@ -1,13 +1,12 @@
 """What one fit of the callback holds, decided once: at set-up (:func:`plan`) and at fit start (:func:`start`).
 
 :func:`plan` (the ``setup`` hook, before the model is on its device) resolves the held-out states and checks them
-against the options: the units a run logs and their tags, the saliency pictures, the report folder.
-:func:`start` (``on_fit_start``, the model on its device) prepares the engine on two states, this rank's share of
-the states, the run's settings, what the runs send to the loggers
-(:class:`~lightning_ig.views.loggers.outputs.RunOutputs`: the pictures' cadences and inputs, the W&B and MLflow
-sinks), the trust checks and, on a CPU with a core to spare, the runs' worker beside training
-(:class:`IdleCore`). A run reads the :class:`Fit` as plain data; :class:`PendingRun` is a run between its start and
-its end.
+against the options: the units a run logs and their tags, the saliency pictures, the report folder. :func:`start`
+(``on_fit_start``, the model on its device) prepares the engine on two states, this rank's share of the states, the
+run's settings, what the runs send to the loggers (:class:`~lightning_ig.views.loggers.outputs.RunOutputs`: the
+pictures' cadences and inputs, the W&B and MLflow sinks), the trust checks and, on a CPU with a core to spare, the runs'
+worker beside training (:class:`IdleCore`). A run reads the :class:`Fit` as plain data; :class:`PendingRun` is a run
+between its start and its end.
 """
 
 from __future__ import annotations
