@@ -211,8 +211,7 @@ def states_beside(checkpoint: str | os.PathLike[str]) -> Path | None:
         PosixPath('runs/q.states.npy')
     """
     file = Path(checkpoint)
-    stem = file.name[: -len(file.suffix)] if file.suffix else file.name
-    for base in (f"{stem}.states", "states"):
+    for base in (f"{file.stem}.states", "states"):
         for suffix in STATE_SUFFIXES:
             candidate = file.with_name(base + suffix)
             if candidate.is_file() and candidate != file:

@@ -291,9 +291,7 @@ def _heads(checkpoint: str) -> list[str]:
 
 
 def _head_outputs(output: Path, heads: Sequence[str]) -> list[Path]:
-    suffix = output.suffix or ".json"
-    stem = output.name[: -len(output.suffix)] if output.suffix else output.name
-    return [output.with_name(f"{stem}.{head}{suffix}") for head in heads]
+    return [output.with_name(f"{output.stem}.{head}{output.suffix or '.json'}") for head in heads]
 
 
 # ----------------------------------------------------------------------------------- the IG run, the writes, the words
