@@ -63,9 +63,7 @@ def prepare_head(
 ) -> HeadRun:
     """Load and check one head's model, states, names, target and baseline."""
     loaded = _load(args, prefix, device)
-    model = loaded.model
-    model.eval()
-    model.requires_grad_(False)  # gradients are taken w.r.t. the inputs only
+    model = loaded.model.eval().requires_grad_(False)  # gradients are taken w.r.t. the inputs only
     what = f"head {label!r} of {args.checkpoint}" if label else args.checkpoint
     states, extra = _states(args, loaded, prefix, device, _model_dtype(model), what)
     # the width first: the root of most mismatches
@@ -223,20 +221,15 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
     count = int(states[0].numel())
     try:
         if args.feature_names:
-            return check_feature_names(
-                _read_names_file(args.feature_names), count, f"--feature-names {args.feature_names}"
-            )
+            value = read_json_file(args.feature_names, "--feature-names", "give a JSON file holding an array of names")
+            # {"feature_names": [...]} or the array itself; another object is said as one, not as its missing key's None
+            names = value.get("feature_names", value) if isinstance(value, dict) else value
+            return check_feature_names(names, count, f"--feature-names {args.feature_names}")
         if loaded.feature_names is not None:
             return check_feature_names(loaded.feature_names, count, f"the feature names stored in {what}")
     except (TypeError, ValueError) as error:
         raise UsageError(f"{error} (give a JSON array of names with --feature-names PATH)") from None
     return default_feature_names(states.shape[1:])
-
-
-def _read_names_file(path: str) -> Any:
-    value = read_json_file(path, "--feature-names", "give a JSON file holding an array of names")
-    # {"feature_names": [...]} or the array itself; another object is said as one, not as its missing key's None
-    return value.get("feature_names", value) if isinstance(value, dict) else value
 
 
 def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
