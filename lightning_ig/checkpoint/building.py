@@ -324,10 +324,7 @@ def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping
 
 
 def _unique_tensors(model: nn.Module) -> list[Tensor]:
-    seen: dict[int, Tensor] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        seen.setdefault(id(tensor), tensor)
-    return list(seen.values())
+    return list({id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}.values())  # tied: once
 
 
 def _first_line(error: BaseException) -> str:
