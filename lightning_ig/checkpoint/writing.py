@@ -97,8 +97,7 @@ def save_checkpoint(
     architecture, model_kwargs = _architecture(model, config)
     if config is not None:  # the caller's words for the model, not the model's own config(): they must rebuild it
         _check_rebuilds(architecture, dict(config), tensors)
-    meta = _metadata(metadata)
-    meta[ARCHITECTURE_KEY] = architecture
+    meta = {**_metadata(metadata), ARCHITECTURE_KEY: architecture}
     if model_kwargs is not None:
         meta[CONFIG_KEY] = json.dumps(model_kwargs, sort_keys=True)
     if names is not None:
@@ -164,8 +163,7 @@ def save_merged_checkpoint(
         _checked_names(per_head_names.get(head, shared_names), None if own is None else int(own[0].numel()))
         head_info[head] = _head_info(model, per_head_names.get(head))
         tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
-    meta = _metadata(metadata)
-    meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
+    meta = {**_metadata(metadata), HEADS_KEY: json.dumps(head_info, sort_keys=True)}
     if shared_names is not None:
         meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(shared_names, None))
     return _atomic_save(tensors, path, meta)
@@ -216,9 +214,7 @@ def merge_checkpoints(
         with safe_open(os.fspath(source), framework="pt", device="cpu") as handle:
             for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict: keys() is its API
                 tensors[prefix + key] = handle.get_tensor(key)
-    meta = _metadata(metadata)
-    meta[HEADS_KEY] = json.dumps(head_info, sort_keys=True)
-    return _atomic_save(tensors, path, meta)
+    return _atomic_save(tensors, path, {**_metadata(metadata), HEADS_KEY: json.dumps(head_info, sort_keys=True)})
 
 
 def _checked_names(feature_names: Sequence[str] | None, width: int | None) -> list[str] | None:
