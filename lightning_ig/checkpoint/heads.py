@@ -103,7 +103,7 @@ def select_prefix(requested: str | None, heads: Sequence[str], keys: Sequence[st
             )
         return None
     if heads:
-        name = requested[: -len(HEAD_SEPARATOR)] if requested.endswith(HEAD_SEPARATOR) else requested
+        name = requested.removesuffix(HEAD_SEPARATOR)
         if name not in heads:
             raise CheckpointError(
                 f"no head {name!r} (prefix {requested!r}) in {str(path)!r}; {listing}: give one of them"
@@ -120,7 +120,7 @@ def head_entry(metadata: Mapping[str, str], prefix: str | None, path: Path) -> d
     """A head's own entry in ``lightning_ig.heads`` (architecture, config, feature names), or ``{}``."""
     if prefix is None or HEADS_KEY not in metadata:
         return {}
-    name = prefix[: -len(HEAD_SEPARATOR)] if prefix.endswith(HEAD_SEPARATOR) else prefix
+    name = prefix.removesuffix(HEAD_SEPARATOR)
     entry = json_metadata(metadata, HEADS_KEY, path).get(name)
     if entry is not None and not isinstance(entry, dict):
         raise CheckpointError(

@@ -85,9 +85,7 @@ class LoadedCheckpoint:
     @property
     def head(self) -> str | None:
         """The head's name (the prefix without its trailing ``__``), or ``None``."""
-        if self.prefix is None:
-            return None
-        return self.prefix[: -len(HEAD_SEPARATOR)] if self.prefix.endswith(HEAD_SEPARATOR) else self.prefix
+        return None if self.prefix is None else self.prefix.removesuffix(HEAD_SEPARATOR)
 
 
 def head_prefix(head: str) -> str:
