@@ -387,15 +387,9 @@ def _strips(attributions: np.ndarray, target: str, baseline: str) -> SaliencyPic
     """``(S, C, L)`` attributions: one heat strip per state (channels down, positions across), one scale."""
     scale = robust_max(attributions)
     levels = np.round((np.clip(np.nan_to_num(attributions / scale), -1, 1) + 1.0) * 127.5).astype(np.intp)
+    strips, captions = [DIVERGING_LUT[level] for level in levels], [f"state {i}" for i in range(len(levels))]
     what = f"blue raises {target}, red lowers it vs {baseline}"
-    pixels = _strip_picture(
-        [DIVERGING_LUT[level] for level in levels],
-        [f"state {i}" for i in range(len(levels))],
-        scale,
-        signed=True,
-        what=what,
-    )
-    return SaliencyPicture(pixels, scale)
+    return SaliencyPicture(_strip_picture(strips, captions, scale, signed=True, what=what), scale)
 
 
 def mean_abs_map(
