@@ -49,10 +49,9 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         if units is None:
             continue
         labels = tags.labels[units.kind]
-        metrics.update(zip((f"{prefix}/{group}mean_abs/{label}" for label in labels), units.moments.mean_abs.tolist()))
-        metrics.update(
-            zip((f"{prefix}/{group}mean_signed/{label}" for label in labels), units.moments.mean_signed.tolist())
-        )
+        for quantity in ("mean_abs", "mean_signed"):
+            values = getattr(units.moments, quantity).tolist()
+            metrics.update(zip((f"{prefix}/{group}{quantity}/{label}" for label in labels), values))
     metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
     metrics.update(summary.trust_scalars)  # already tagged by the callback's trust checks
