@@ -227,8 +227,7 @@ def state_subset(states: Tensor, baselines: Any, index: Tensor) -> tuple[Tensor,
     the baselines as an engine takes them: ``None`` for zeros (its fast path replays without a baseline copy)."""
     on_device = index.to(states.device, non_blocking=True)
     subset = states.detach().index_select(0, on_device)
-    zeros = baselines is None or (isinstance(baselines, str) and baselines == "zeros")
-    if zeros:
+    if baselines is None or (isinstance(baselines, str) and baselines == "zeros"):
         return subset, torch.zeros_like(subset), None
     base = baselines_like(baselines, states).detach().index_select(0, on_device)
     return subset, base, base
