@@ -232,11 +232,7 @@ def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
     finite = np.abs(host.delta[~host.non_finite])
     first = np.flatnonzero(host.non_finite)
     ends = np.concatenate([host.f_input[host.non_finite], host.f_baseline[host.non_finite]])
-    flags = (
-        torch.from_numpy(host.relative_error),
-        torch.from_numpy(host.degenerate),
-        torch.from_numpy(host.non_finite),
-    )
+    flags = [torch.from_numpy(values) for values in (host.relative_error, host.degenerate, host.non_finite)]
     return Completeness(
         worst_relative_error=worst_relative_error(*flags),  # the engine's one definition, on the gathered states
         mean_abs_error=float(finite.mean()) if finite.size else math.nan,
