@@ -225,18 +225,6 @@ def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int
     return len(replacements)
 
 
-def _broadcast_target(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
-    """``target`` expanded to the input's shape, or torch's kind of error (RuntimeError)."""
-    try:
-        return target.expand(input.shape)
-    except RuntimeError:
-        raise RuntimeError(
-            f"target of shape {tuple(target.shape)} does not broadcast to the input's shape "
-            f"{tuple(input.shape)}; soft_margin_loss needs a target of the input's shape (or one that "
-            "broadcasts to it, as in torch): reshape the target"
-        ) from None
-
-
 def _reduction(reduction: Any) -> Reduction:
     """torch's losses still take its old name ``"elementwise_mean"`` for ``"mean"``, with this warning: so do these."""
     if reduction == "elementwise_mean":
@@ -255,9 +243,16 @@ def _check_arguments(input: Tensor, target: Tensor) -> None:  # noqa: A002
 
 
 def _target_like(target: Tensor, input: Tensor) -> Tensor:  # noqa: A002
-    """``target`` broadcast to the input's shape, refused where torch refuses its dtype."""
+    """``target`` broadcast to the input's shape; a shape or a dtype torch refuses is refused (a RuntimeError)."""
     if target.shape != input.shape:
-        target = _broadcast_target(target, input)
+        try:
+            target = target.expand(input.shape)
+        except RuntimeError:
+            raise RuntimeError(
+                f"target of shape {tuple(target.shape)} does not broadcast to the input's shape "
+                f"{tuple(input.shape)}; soft_margin_loss needs a target of the input's shape (or one that "
+                "broadcasts to it, as in torch): reshape the target"
+            ) from None
     if target.dtype != input.dtype and not torch.can_cast(torch.promote_types(input.dtype, target.dtype), input.dtype):
         raise RuntimeError(
             f"soft_margin_loss computes in the input's dtype {input.dtype}, and a target of dtype "
