@@ -91,12 +91,8 @@ class DuelingQNetwork(nn.Module):
         check_choice(activation, tuple(ACTIVATIONS), "activation")
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}")
-        self.state_dim = state_dim
-        self.num_actions = num_actions
-        self.noisy = noisy
-        self.sigma0 = float(sigma0)
-        self.activation = activation
-        self.stream_hidden_size = stream_hidden_size
+        self.state_dim, self.num_actions, self.noisy, self.sigma0 = state_dim, num_actions, noisy, float(sigma0)
+        self.activation, self.stream_hidden_size = activation, stream_hidden_size
 
         layers: list[nn.Module] = []
         width = state_dim
