@@ -195,8 +195,7 @@ def build_model(
         ...
         lightning_ig.models.UnregisteredModelError: model 'torch.nn:Linear' is not registered, ...
     """
-    if config is None:
-        config = {}
+    config = {} if config is None else config
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict of keyword arguments, got {type(config).__name__}")
     if allow_import_in_config is not None:
@@ -248,10 +247,7 @@ def model_name(model: nn.Module) -> str:
         The name, which :func:`build_model` resolves back to the class.
     """
     cls = type(model)
-    for name, registered in _REGISTRY.items():
-        if registered is cls:
-            return name
-    return _import_path(cls)
+    return next((name for name, registered in _REGISTRY.items() if registered is cls), _import_path(cls))
 
 
 def model_config(model: nn.Module) -> dict[str, Any] | None:
