@@ -70,9 +70,7 @@ class NoisyLinear(nn.Module):
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
         check_bool(bias, "bias")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.sigma0 = float(sigma0)
+        self.in_features, self.out_features, self.sigma0 = in_features, out_features, float(sigma0)
         self._noise_enabled = True
 
         self.weight_mu = nn.Parameter(torch.empty(out_features, in_features))
@@ -155,8 +153,7 @@ class NoisyLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., in_features) -> (..., out_features)``."""
-        weight, bias = self.effective_weight()
-        return F.linear(x, weight, bias)
+        return F.linear(x, *self.effective_weight())
 
     def extra_repr(self) -> str:
         return (
