@@ -96,7 +96,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}; see `{self.prog} --help`")
 
 
-# --------------------------------------------------------------------------------------------------
 # argument types: text parsed here, then the shared checks of lightning_ig.vocabulary; each raises
 # ArgumentTypeError, which argparse turns into one line naming the flag
 

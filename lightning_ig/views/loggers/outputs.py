@@ -144,9 +144,6 @@ def pictures_due(
     }
 
 
-# --------------------------------------------------------------------------- a callback's runs, logger by logger
-
-
 @dataclass(frozen=True)
 class _RunJob:
     """What the logging worker writes for one run (made on the training thread; nothing in it changes later)."""
