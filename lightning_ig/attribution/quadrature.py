@@ -93,8 +93,7 @@ def riemann_trapezoid(n: int) -> Rule:
     """
     n = _check_n(n, smallest=2)
     inner = 1.0 / (n - 1)
-    weights = [inner / 2] + [inner] * (n - 2) + [inner / 2]
-    return _linspace(0.0, 1.0, n), weights
+    return _linspace(0.0, 1.0, n), [inner / 2] + [inner] * (n - 2) + [inner / 2]
 
 
 def gausslegendre(n: int) -> Rule:

@@ -232,8 +232,7 @@ class TorchIG(IGOps):
 
     def completeness(self, attributions: Tensor, ends: Tensor) -> Tensor:
         acc = ends.dtype
-        f_input = ends[0].t()  # (T, B)
-        f_baseline = ends[1].t()  # (T, B)
+        f_input, f_baseline = ends[0].t(), ends[1].t()  # (T, B) each
         difference = f_input - f_baseline
         delta = warp_order_sum(attributions.to(acc)) - difference
         scale = torch.maximum(torch.maximum(f_input.abs(), f_baseline.abs()), torch.ones_like(f_input))
