@@ -81,8 +81,7 @@ class Replica:
         source = self.model if self._source is None else self._source  # a Module with __len__ 0 is falsy
         for followed, copied, name in self._shared if self._source is None else ():
             vars(copied)[name] = vars(followed).get(name, vars(copied).get(name))
-        theirs: dict[str, Tensor] = dict(source.named_parameters())
-        theirs.update(source.named_buffers())
+        theirs = {**dict(source.named_parameters()), **dict(source.named_buffers())}
         with torch.inference_mode(False), torch.no_grad():
             for mine, name in zip(self._mine, self._names):
                 mine.copy_(theirs[name])
@@ -164,8 +163,7 @@ class Replica:
                 layer.disable_noise()
 
     def _tensors(self) -> list[Tensor]:
-        mine: dict[str, Tensor] = dict(self.module.named_parameters())
-        mine.update(self.module.named_buffers())
+        mine = {**dict(self.module.named_parameters()), **dict(self.module.named_buffers())}
         return [mine[name] for name in self._names]
 
     def _switch_foreign_noise_off(self) -> None:
