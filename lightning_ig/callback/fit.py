@@ -49,7 +49,7 @@ from lightning_ig.views.loggers.outputs import RunOutputs
 from lightning_ig.views.loggers.sinks import picture_sinks
 from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.pictures.saliency import check_saliency_channel, saliency_kind
-from lightning_ig.views.tags import ViewOptions, display_labels
+from lightning_ig.views.tags import display_labels
 
 __all__ = [
     "Fit",
@@ -487,9 +487,14 @@ def start(
         return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=world)
 
     inputs = _picture_inputs(options, plan, pairs if target.contrasts else None)
+    # every how many runs each kind of picture is drawn (None: never)
+    every, saliency = views.figure_every_n_runs, views.saliency_every_n_runs if plan.saliency else None
+    cadences = {"verdict": every, "shares": every, "saliency": saliency}
+    if target.every_output or target.contrasts:  # why this action: per action, or the greedy one against the next
+        cadences["actions"] = every
     outputs = RunOutputs(
         tags,
-        _cadences(views, plan, target),
+        cadences,
         views.log_histograms,
         inputs,
         pictures,
@@ -534,12 +539,3 @@ def _picture_inputs(options: Options, plan: FitPlan, pairs: Callable[[], Any] | 
         spatial=saliency_kind(tuple(plan.held_out.shape[1:])) is not None,
         pairs=pairs,
     )
-
-
-def _cadences(views: ViewOptions, plan: FitPlan, target: Target) -> dict[str, int | None]:
-    """Every how many runs each kind of picture is drawn (``None``: never)."""
-    saliency = views.saliency_every_n_runs if plan.saliency else None
-    cadences = {"verdict": views.figure_every_n_runs, "shares": views.figure_every_n_runs, "saliency": saliency}
-    if target.every_output or target.contrasts:  # why this action: per action, or the greedy one against the next
-        cadences["actions"] = views.figure_every_n_runs
-    return cadences
