@@ -481,12 +481,8 @@ def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace
             print(printable(f"  {line}"))
         if head.saliency:
             print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
-    sampling = {
-        "--auto-samples": args.auto_samples != AUTO_SAMPLES,
-        "--replace": args.replace,
-        "--seed": args.seed != SEED,
-    }
-    unused = [flag for flag, given in sampling.items() if given]
+    asks = {"--auto-samples": args.auto_samples != AUTO_SAMPLES, "--replace": args.replace, "--seed": args.seed != SEED}
+    unused = [flag for flag, asked in asks.items() if asked]
     if args.states != "auto" and unused:  # said, not refused: the scripts that pass them today keep working
         used = f"--states {args.states} was used whole"
         print(printable(f"note: {', '.join(unused)} shape only the --states auto sample; {used}"))
