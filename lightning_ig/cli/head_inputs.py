@@ -294,11 +294,8 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
     """The baseline as integrated_gradients takes it, and its label in the report."""
     if text in ("zeros", "mean"):
         return text, text
-    try:
+    if baseline_path(text) is None:  # a number
         value = float(text)
-    except ValueError:
-        value = None
-    if value is not None:
         if not abs(value) <= torch.finfo(states.dtype).max:  # NaN, inf and 1e40 for float32 states
             raise UsageError(
                 f"--baseline {text!r} is not a finite {states.dtype} number; give zeros, mean, a number of at most "
