@@ -152,10 +152,8 @@ def draw(
     scale = None
     if host is not None and inputs.states is not None and inputs.picked is not None and due.get("saliency"):
         pictures["saliency"], scale = saliency_grid_picture(host, inputs, summary, previous_scale)
-    if due.get("actions"):
-        drawn = actions_picture(summary, labels, inputs)
-        if drawn is not None:
-            pictures["actions"] = drawn
+    if due.get("actions") and (drawn := actions_picture(summary, labels, inputs)) is not None:
+        pictures["actions"] = drawn
     return {kind: card_sized(pixels) for kind, pixels in pictures.items()}, scale
 
 
