@@ -109,10 +109,8 @@ class IntegratedGradients:
         Raises:
             The errors of :func:`~lightning_ig.attribution.integrated_gradients`.
         """
-        if not overrides and self._fast is not None:
-            result = self._attribute_fast(inputs, baselines)
-            if result is not None:
-                return result
+        if not overrides and self._fast is not None and (result := self._attribute_fast(inputs, baselines)) is not None:
+            return result
         given = dict(overrides)
         target = Target.parse(given.pop("target")) if "target" in given else self._target
         settings = options_with(self._options, given)

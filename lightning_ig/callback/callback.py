@@ -383,8 +383,7 @@ class IntegratedGradientsCallback(Callback):
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> None:
         """One run from start to end, as the budget allows: attribute, gather, summarize, log (see :meth:`_start` and
         :meth:`_finish`)."""
-        plan = self._budget_plan(trainer, final=final)
-        if plan is not None:
+        if (plan := self._budget_plan(trainer, final=final)) is not None:
             self._finish(self._start(trainer, pl_module, plan, final=final))
 
     def _budget_plan(self, trainer: pl.Trainer, *, final: bool, retry: bool = False) -> Plan | None:

@@ -125,8 +125,7 @@ def font(size: int, bold: bool = False) -> Any:
     """A Pillow font of ``size`` pixels: DejaVu Sans where matplotlib brings it, else Pillow's own scalable font."""
     from PIL import ImageFont  # noqa: PLC0415 - loaded when the first picture is drawn
 
-    path = _dejavu(bold)
-    if path is not None:
+    if (path := _dejavu(bold)) is not None:
         try:  # the basic layout: plain left-to-right labels need no shaping engine, which costs more per string
             return ImageFont.truetype(str(path), size, layout_engine=ImageFont.Layout.BASIC)
         except (OSError, ImportError):  # a Pillow built without FreeType
