@@ -115,8 +115,7 @@ def options_with(options: IGOptions, keywords: Mapping[str, Any]) -> IGOptions:
         TypeError: an unknown option, or a value of the wrong kind.
         ValueError: a value out of range.
     """
-    unknown = sorted(set(keywords) - set(_NAMES))
-    if unknown:
+    if unknown := sorted(set(keywords) - set(_NAMES)):
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; the engine takes target, {', '.join(_NAMES)}")
     return dataclasses.replace(options, **keywords) if keywords else options
 

@@ -44,8 +44,7 @@ def named(name: str | None) -> str:
 
 def check_unique_names(names: Sequence[str | None]) -> None:
     """Refuse two callbacks of one trainer with one ``name``: they would write the same tags."""
-    repeated = sorted({str(name) for name in names if names.count(name) > 1})
-    if repeated:
+    if repeated := sorted({str(name) for name in names if names.count(name) > 1}):
         raise MisconfigurationException(
             f"{sum(str(name) in repeated for name in names)} IntegratedGradientsCallbacks would write the "
             f"same tags (name={', '.join(repeated)}): give each its own name=, e.g. name='value' and name='action_1', "
@@ -148,8 +147,7 @@ def warn_of_earlier_reports(reports: ReportFolder, name: str | None, start: int)
         name: the callback's ``name``.
         start: the global step the fit starts at.
     """
-    earlier = reports.existing(start)
-    if earlier:
+    if earlier := reports.existing(start):
         rank_zero_warn(
             f"IntegratedGradientsCallback{named(name)}: report_dir {reports.folder} holds {earlier} report(s) of an "
             f"earlier fit past step {start}; this fit's reports at the same steps replace them. Give each fit its own "

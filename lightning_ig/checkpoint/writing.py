@@ -146,8 +146,7 @@ def save_merged_checkpoint(
     per_head_names = feature_names if isinstance(feature_names, Mapping) else {}
     per_head_states = states if isinstance(states, Mapping) else {}
     for mapping, what in ((per_head_names, "feature_names"), (per_head_states, "states")):
-        unknown = set(mapping) - set(heads)
-        if unknown:
+        if unknown := set(mapping) - set(heads):
             raise ValueError(f"{what} names heads {sorted(unknown)} that are not in heads {sorted(heads)}")
     tensors: dict[str, Tensor] = {}
     if states is not None and not isinstance(states, Mapping):

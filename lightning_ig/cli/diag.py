@@ -387,8 +387,7 @@ def _actions_key(run: HeadRun, per_action: Any, args: argparse.Namespace) -> lis
 
 
 def _refuse_stochastic(attributed: Sequence[_Attributed]) -> None:
-    stochastic = [head for head in attributed if head.result.stochastic]
-    if stochastic:
+    if stochastic := [head for head in attributed if head.result.stochastic]:
         which = f" (head {stochastic[0].run.label})" if stochastic[0].run.label else ""
         raise UsageError(
             f"the model's forward gives different values for the same state{which} even in eval mode with NoisyNet "

@@ -160,8 +160,7 @@ def build_report(
     extra = None if extra is None else check_mapping(extra, "extra")
     feature_names = None if feature_names is None else check_names(feature_names, "feature_names")
     groups = check_group_spec(groups, "groups")
-    shadowed = sorted(set(extra or {}) & set(_REPORT_KEYS))
-    if shadowed:
+    if shadowed := sorted(set(extra or {}) & set(_REPORT_KEYS)):
         raise ValueError(f"extra must not redefine the report's contract keys, got {shadowed}; rename those keys")
     host = _host(result, groups)
     shape = host.feature_shape
