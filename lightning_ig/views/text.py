@@ -66,8 +66,7 @@ def format_value(value: float, digits: int = 3) -> str:
         return str(value)
     if value == 0:
         return "0"
-    magnitude = abs(value)
-    if _PLAIN_LOW <= magnitude < _PLAIN_HIGH:
+    if _PLAIN_LOW <= abs(value) < _PLAIN_HIGH:
         rounded = float(f"{value:.{digits}g}")  # 3 significant digits, then as plain decimals
         if abs(rounded) >= _PLAIN_HIGH:  # 99999.7 rounds up past the plain range
             return _scientific(value, digits)
@@ -134,8 +133,7 @@ DRIFT_WORDS = {
 
 def _per_state_pointer(summary: RunSummary) -> str:
     """Where a run's per-state numbers are: the JSON reports' folder with ``report_dir``, else how to get them."""
-    folder = summary.settings.report_dir
-    if folder is not None:
+    if (folder := summary.settings.report_dir) is not None:
         return f"the per-state numbers are in the JSON reports in {folder}"
     return "pass report_dir= to the callback for a JSON report of every run with the per-state numbers"
 
@@ -373,8 +371,7 @@ def report_markdown(
     if summary.drift:
         words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
         lines += ["", f"**Drift**: {', '.join(words)}."]
-    shares = summary.concentration
-    if shares:
+    if shares := summary.concentration:
         features = int(np.prod(summary.feature_shape))
         lines += [
             "",

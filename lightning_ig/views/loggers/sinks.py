@@ -69,8 +69,7 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
     """
     sinks: list[PictureSink] = []
     for logger in loggers:
-        kind = _kind(logger)
-        if kind == "wandb":
+        if (kind := _kind(logger)) == "wandb":
             sinks.append(WandbSink(logger))
         elif kind == "mlflow":
             sinks.append(MlflowSink(logger))
