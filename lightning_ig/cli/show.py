@@ -15,6 +15,7 @@ from typing import Any
 from lightning_ig.cli.exits import EXIT_OK, UsageError, read_json_file
 from lightning_ig.cli.terminal import printable
 from lightning_ig.cli.verify import accuracy_words, verify_lines
+from lightning_ig.views.text import format_percent
 from lightning_ig.vocabulary import relative_error_text
 
 __all__ = ["completeness_words", "format_report", "run_show"]
@@ -192,8 +193,8 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
     groups = _records(report.get("groups"))
     if not groups:
         return []
-    key = "share" if any("share" in group for group in groups) else "mean_abs"  # older reports: no share
-    ranked = sorted(groups, key=lambda group: -(_real(group.get(key)) or -math.inf))
+    key = "share" if any(_real(group.get("share")) is not None for group in groups) else "mean_abs"  # older: none
+    ranked = sorted(groups, key=lambda group: (_real(group.get(key)) is None, -(_real(group.get(key)) or 0.0)))
     by = "share of |attribution| (as the verdict card)" if key == "share" else "mean |attribution|"
     lines = [
         "",
@@ -201,7 +202,7 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
         f"  {'rank':>4}  {'group':<24} {'members':>8} {'share':>7} {'mean_abs':>11} {'stddev':>11} {'mean_signed':>11}",
     ]
     for rank, group in enumerate(ranked[:top], start=1):
-        share = "n/a" if _real(group.get("share")) is None else f"{100 * _real(group['share']):.1f}%"  # type: ignore[operator]
+        share = "n/a" if (part := _real(group.get("share"))) is None else format_percent(part, 2)  # as the card
         lines.append(
             f"  {rank:>4}  {_text(group.get('name'), 24):<24} {_text(group.get('members')):>8} {share:>7} "
             f"{_number(group.get('mean_abs'))} {_number(group.get('stddev'))} {_number(group.get('mean_signed'))}"

@@ -201,7 +201,8 @@ def build_report(
         report["groups"] = statistics_rows(host.groups.names, host.group_moments, host.groups.sizes.tolist())
         # the verdict card's share: each cell's |attribution| counted on its own, so cells that cancel keep their mass
         mass = np.bincount(host.groups.ids.numpy(), weights=host.features.mean_abs, minlength=len(host.groups.names))
-        for row, share in zip(report["groups"], json_floats(mass / mass.sum() if mass.sum() > 0 else mass * np.nan)):
+        total = mass.sum()  # NaN/Inf in a feature: no share is a number (null), as no share of 0 is
+        for row, share in zip(report["groups"], json_floats(mass / total if 0 < total < np.inf else mass * np.nan)):
             row["share"] = share
     report.update(extra or {})
     return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 
 import jsonschema
 import numpy as np
@@ -180,6 +181,13 @@ def test_groups_and_the_new_keys_validate_against_the_schema(result):
     mass = flat.abs().mean(dim=0)
     shares = [(mass[0] + mass[1]) / mass.sum(), mass[2] / mass.sum(), mass[3] / mass.sum()]
     assert [g["share"] for g in groups] == pytest.approx([v.item() for v in shares], rel=1e-12)
+    for bad in (math.inf, math.nan):  # no share is a number where one feature is not (never 0 beside an Inf)
+        broken = dataclasses.replace(result, attributions=result.attributions.clone())
+        broken.attributions[0, 2] = bad
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's inf / inf said nothing to a user
+            odd = build_report(broken, feature_names=None, forward_target="mean", groups={"ab": [0, 1], "c": [2]})
+        assert [g["share"] for g in odd["groups"]] == [None, None, None]
     assert report["stochastic_forward"] is False and report["non_finite_states"] == [] and report["num_degenerate"] == 1
     schema = load_schema()
     jsonschema.validate(json.loads(report_to_json(report)), schema, cls=jsonschema.Draft202012Validator)
