@@ -320,7 +320,7 @@ def report_markdown(
     lines = [f"### Integrated Gradients{name} at step {summary.step}", "", f"**{completeness_sentence(summary)[1]}**"]
     trust = summary.trust_checks.lines() if summary.trust_checks is not None else ()
     failures = {f"- {reason}" for reason in summary.trust_checks.reasons} if summary.trust_checks is not None else set()
-    lines += ["", *(line for line in trust if line == trust[0] or line in failures)] if trust else []  # the answer
+    lines += ["", trust[0], "", *(line for line in trust if line in failures)] if trust else []  # the answer first
     lines += [
         "",
         (
@@ -367,7 +367,7 @@ def report_markdown(
         "```",
     ]
     details = [line for line in trust[1:] if line not in failures]  # the figures of every check, below the fold
-    lines += ["", "**The trust checks' figures**:", *details] if details else []
+    lines += ["", "**The trust checks' figures**:", "", *details] if details else []  # a blank line: a Markdown list
     if summary.drift:
         words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
         lines += ["", f"**Drift**: {', '.join(words)}."]
