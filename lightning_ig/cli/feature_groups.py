@@ -9,6 +9,7 @@ A file holds ``{"name": [flat feature indices], ...}`` (features in no group for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -55,12 +56,22 @@ def resolve_feature_groups(
     shape = tuple(int(size) for size in feature_shape)
     spec = text if is_named_form(text) else _read(text)
     names = list(feature_names) if text == "features" else None
+    names = _channel_names(feature_names, shape) if text == "channels" else names
     try:
         return FeatureGroups.resolve(spec, shape, names)
     except (TypeError, ValueError) as error:
         where = f"--feature-groups {text}" if is_named_form(text) else f"--feature-groups {text!r}"
         said = str(shape) in str(error)  # most of FeatureGroups' errors name the shape already
         raise UsageError(f"{where}: {error}{'' if said else f' (the states have feature shape {shape})'}") from None
+
+
+def _channel_names(feature_names: Sequence[str], shape: tuple[int, ...]) -> list[str] | None:
+    """``channels``' names where every stored name of a channel is ``<its name>[...]`` (``paddle[0,3]``, as the
+    MinAtar example writes them) and the channels' names differ; else ``None`` (``channel 0``, ...)."""
+    per = math.prod(shape[1:])
+    heads = [{name.partition("[")[0] for name in feature_names[c * per : (c + 1) * per]} for c in range(shape[0])]
+    named = [head.pop() for head in heads if len(head) == 1 and "" not in head and len(shape) > 1]
+    return named if len(named) == shape[0] and len(set(named)) == len(named) else None
 
 
 def _read(path: str) -> Any:

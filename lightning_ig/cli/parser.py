@@ -375,9 +375,9 @@ def _add_diag(commands: Any) -> None:
         "--feature-groups",
         metavar="channels|features|PATH",
         help="also report feature groups (the report's 'groups': a group's attribution is the sum of its members'): "
-        "'channels' (dim 0 of (C, H, W) or (C, L) states), 'features', or a JSON file holding {\"name\": [flat "
-        'indices], ...}, {"name": nested true/false mask shaped like a state, ...} or an integer mask shaped '
-        "like a state (equal ids form a group)",
+        "'channels' (dim 0 of (C, H, W) or (C, L) states; named by the stored names' '<name>[...]'), 'features', "
+        'or a JSON file holding {"name": [flat indices], ...}, {"name": nested true/false mask shaped like a state, '
+        "...} or an integer mask shaped like a state (equal ids form a group)",
     )
     out.add_argument(
         "--saliency",

@@ -350,3 +350,17 @@ def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, cap
     )
     err = capsys.readouterr().err
     assert code == 2 and "--feature-groups channels" in err and "needs states with a channel dimension" in err
+
+
+def test_channels_take_their_names_from_the_stored_names_where_these_name_them():
+    # guards against: "channel 0" ... for a checkpoint whose names say paddle[0,0] ... (the MinAtar example's)
+    from lightning_ig.cli.feature_groups import resolve_feature_groups
+
+    names = [f"{channel}[{row},{column}]" for channel in ("paddle", "ball") for row in range(2) for column in range(3)]
+    assert resolve_feature_groups("channels", (2, 2, 3), names).names == ["paddle", "ball"]
+    for other in (
+        [f"x[{i}]" for i in range(12)],  # one name for both channels
+        names[:6] + [f"ball{i}" for i in range(6)],  # a channel whose names differ
+        [f"[{i}]" for i in range(12)],  # no name before the bracket
+    ):
+        assert resolve_feature_groups("channels", (2, 2, 3), other).names == ["channel 0", "channel 1"]
