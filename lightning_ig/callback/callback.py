@@ -368,8 +368,8 @@ class IntegratedGradientsCallback(Callback):
         self._pictures.close()
 
     def _close_idle(self) -> None:
-        """End the runs' worker beside training, if the fit has one (its run in hand ends first): at teardown, and on
-        an exception, after which Lightning calls no callback's teardown."""
+        """End the runs' worker beside training, if the fit has one (its last run read first, where it could be): at
+        teardown, and on an exception, after which Lightning calls no callback's teardown."""
         if self._fit is not None and self._fit.idle is not None:
             self._fit.idle.close()
 

@@ -12,6 +12,7 @@ between its start and its end.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import multiprocessing
 import os
@@ -20,6 +21,7 @@ import random
 import signal
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -119,8 +121,13 @@ class Fit:
 _ENDED = "the runs' worker process could not start or has ended; they run on the training thread"
 _STALE = (
     "the model's forward gives other outputs at the held-out states than a copy with its parameters and buffers (it "
-    "reads an attribute that training changes: make it a buffer to run beside training); runs on the training thread"
+    "gained one since the fit started, or reads an attribute that training changes: make it a buffer to run beside "
+    "training); runs on the training thread"
 )
+
+_STUCK = 10.0  # seconds (and 100 forwards) past which the worker's first answer to a run is not coming
+
+_RESHAPED = "the model's parameters or buffers changed names or shapes (pruning?); runs on the training thread"
 
 
 class IdleCore:
@@ -166,17 +173,25 @@ class IdleCore:
         """Take the model's weights now, then attribute ``states``, reduce the result and make the trust ``checks``
         on the worker (``pair``: ``target="each"``'s rows per (state, action)). ``None`` where the worker's copy
         computes other outputs at ``states`` than the model: this run and later ones stay on the training thread."""
-        self.replica.sync()
+        try:
+            self.replica.sync()
+        except (KeyError, RuntimeError):  # a parameter or buffer renamed or reshaped since the fit started (pruning)
+            self.ended(_RESHAPED)
+            return None
         job = (states, baselines, pair, begin)
         if self._process is None:
             self._fork()
         try:
             if self._pipe is None:
                 raise OSError("the worker process did not start")
+            began = time.perf_counter()
             with attribution_mode(self.replica.model), stochastic_warnings_silenced(), torch.no_grad():
                 expected = self.live(states)  # one forward: what the worker's copy must compute bit for bit
             message = (self.replica.packed(), checks, expected, *job)
             self._pipe.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            # its answer needs an unpack and this forward: far longer, it is stuck (a lock held at the fork), not slow
+            if not self._pipe.poll(_STUCK + 100 * (time.perf_counter() - began)):
+                raise OSError("the worker process did not answer")
             if pickle.loads(self._pipe.recv_bytes()):  # the worker's answer, before it attributes: its copy is stale
                 self.ended(_STALE)
                 return None
@@ -193,16 +208,17 @@ class IdleCore:
             warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
 
     def close(self) -> None:
-        """End the worker after the run in hand, if any (killed if it does not answer); a later fit forks anew."""
+        """End the worker (killed if it has not ended within a second: a run it still makes is one nobody reads, as
+        after Ctrl-C); a later fit forks anew."""
         if self._process is None:
             return
         with contextlib.suppress(OSError):
             self._pipe.send_bytes(pickle.dumps(None))
-        self._process.join(timeout=10.0)
+        self._pipe.close()  # an answer it is still writing fails at once (no one reads it now): it sees the stop
+        self._process.join(timeout=1.0)  # every run that counts has been read: a busy worker's is not needed
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
-        self._pipe.close()
         self._process = self._pipe = None
 
     def _fork(self) -> None:
@@ -234,6 +250,8 @@ def _serve(
     training_end.close()  # the training process's end of the pipe: its exit is then this end's EOF
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the training process's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the training process's handlers (Lightning's)
+    with contextlib.suppress(Exception):  # PR_SET_PDEATHSIG: ends with the training process, even stuck in a run
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     torch.set_num_threads(threads)
     others = os.sched_getaffinity(0) - {training_cpu}
     if others:  # off the core training ran on at the fork: waking there, it made the scheduler move training
@@ -260,6 +278,8 @@ def _serve(
                 checked = monitor.check_beside(result, checks, replica.module)
             answer: HostResult | Exception = result
         except Exception as error:  # noqa: BLE001 - the run's error is raised where its numbers are read
+            # Python 3.11+ prints notes under the error: where the user's code failed in the worker
+            error.__notes__ = [*getattr(error, "__notes__", ()), f"in the runs' worker:\n{traceback.format_exc()}"]  # type: ignore[attr-defined]
             answer = error
         if stale is None:  # failed before the copy could be compared: the run raises it, here
             pipe.send_bytes(pickle.dumps(False))
@@ -267,7 +287,9 @@ def _serve(
         # what does not pickle: the checks are made again on the training thread, an error is sent as its text
         for reply in ((answer, checked, cpu), (answer, None, cpu), (RuntimeError(repr(answer)), None, cpu)):
             with contextlib.suppress(Exception):
-                pipe.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
+                data = pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+                pickle.loads(data)  # as the training process will (an exception's own __init__ may refuse its args)
+                pipe.send_bytes(data)
                 break
 
 

@@ -174,6 +174,7 @@ class TrustMonitor:
         run attributed, where the model has trained on since (``None``: the model as it is); ``beside``: the checks
         the runs' worker made (:meth:`check_beside`), taken as they are."""
         results, seconds = beside if beside is not None else ({}, {})
+        self._reference = self._reference or results.get("reference")  # the worker's, made at the first check
         if any(name in self.names and name not in results for name in made):  # the worker's came averaged already
             host = self._state_means(host)
         for piece, taken in seconds.items():
@@ -206,6 +207,7 @@ class TrustMonitor:
         ``beside``). The worker's monitor is a copy of this one made when it started."""
         host, before = self._state_means(host), dict(self.seconds)
         results = {name: self._attempt(name, host, weights) for name in made}
+        results["reference"] = self._reference
         return results, {piece: self.seconds[piece] - before[piece] for piece in self.seconds}
 
     # -- the checks
