@@ -387,11 +387,11 @@ def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_
 
     class KeptSink:
         def __init__(self) -> None:
-            self.pictures: list[tuple[str, int]] = []
+            self.drawn: list[tuple[str, int]] = []
             self.reports: list[dict[str, Any]] = []
 
-        def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
-            self.pictures.append((tag, step))
+        def pictures(self, pictures: dict[str, np.ndarray], step: int) -> None:
+            self.drawn.extend((tag, step) for tag in pictures)
 
         def table(self, tag: str, columns: Any, rows: Any, step: int) -> None:
             pass
@@ -411,6 +411,6 @@ def test_each_sends_the_actions_picture_and_its_report_to_the_picture_sinks(tmp_
     make_trainer(tmp_path, [callback], max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb")).fit(
         TinyQNet(), loader()
     )
-    assert ("ig/3_actions", 4) in sink.pictures
+    assert ("ig/3_actions", 4) in sink.drawn
     (report,) = sink.reports
     assert report["num_states"] == 37 and [action["name"] for action in report["actions"]] == ["action 0", "action 1"]

@@ -315,8 +315,8 @@ class RunOutputs:
             for tag, pixels in pictures.items():  # last: the largest events
                 add_picture(writer, tag, pixels, step)
         for sink in self.sinks:
-            for tag, pixels in pictures.items():
-                sink.picture(tag, pixels, step)
+            if pictures:
+                sink.pictures(pictures, step)
             if job.sinks is not None:
                 table, document = job.sinks
                 noun = "groups" if summary.units.kind == "groups" else "features"

@@ -3,7 +3,7 @@
 Scalars reach every Lightning logger through ``logger.log_metrics``. What else a run makes goes where each
 logger keeps such things, through Lightning's logger API and the tracking client it hands out:
 
-* ``WandbLogger``: pictures with ``log_image(key=tag, images=[pixels], step=step)`` (PNGs under the run's
+* ``WandbLogger``: a run's pictures in one ``log_metrics`` call of ``wandb.Image`` lists (PNGs under the run's
   ``media/images/``, a step slider in the W&B UI; the trainer's step goes with them as
   ``trainer/global_step``), the feature table with ``log_table(key, columns, data, step)``, the JSON report
   as a file in the run's folder (``files/``, kept and synced with the run);
@@ -42,8 +42,8 @@ _MLFLOW_READABLE_IMAGES = (3, 11)  # the first MLflow whose image artifacts of k
 class PictureSink(Protocol):
     """Where a run's pictures, table and report go for one logger."""
 
-    def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
-        """Store an ``(H, W, 3)`` uint8 picture under ``tag`` at ``step``."""
+    def pictures(self, pictures: Mapping[str, np.ndarray], step: int) -> None:
+        """Store a run's ``(H, W, 3)`` uint8 pictures, each under its tag, at ``step``."""
 
     def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         """Store a table (the top features) under ``tag`` at ``step``."""
@@ -65,7 +65,7 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
     Example::
 
         for sink in picture_sinks(trainer.loggers):
-            sink.picture("ig/0_verdict", card.pixels, trainer.global_step)
+            sink.pictures({"ig/0_verdict": card.pixels}, trainer.global_step)
     """
     sinks: list[PictureSink] = []
     for logger in loggers:
@@ -116,10 +116,14 @@ class WandbSink:
         self.logger = logger
         self._lock = threading.Lock()
 
-    def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
-        """``log_image``: a PNG under ``media/images/`` of the run, shown by ``tag`` with a step slider."""
+    def pictures(self, pictures: Mapping[str, np.ndarray], step: int) -> None:
+        """PNGs under ``media/images/`` of the run, shown by tag with a step slider: one ``log_metrics`` call, as
+        ``log_image`` makes it for one, so that a run's pictures share one W&B step (each call is a step of its own)."""
+        import wandb  # noqa: PLC0415 - the [wandb] extra, there when a WandbLogger is
+
         with self._lock:
-            self.logger.log_image(key=tag, images=[_pixels(pixels)], step=int(step))
+            images = {tag: [wandb.Image(_pixels(pixels))] for tag, pixels in pictures.items()}
+            self.logger.log_metrics(images, step=int(step))
 
     def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         """``log_table``: a ``wandb.Table`` under ``tag``."""
@@ -151,20 +155,21 @@ class MlflowSink:
         self._keys: set[str] = set()
         _warn_unreadable_images()
 
-    def picture(self, tag: str, pixels: np.ndarray, step: int) -> None:
-        """A time-stepped image (``images/<key>+step+<step>+...png``, the key as :func:`mlflow_metrics` makes them).
+    def pictures(self, pictures: Mapping[str, np.ndarray], step: int) -> None:
+        """A time-stepped image per tag (``images/<key>+step+<step>+...png``, keys as :func:`mlflow_metrics` makes).
 
         MLflow's client keys an image by its step in the file name, and its UI opens an image card at step 0 and
         shows only an image logged at exactly the slider's step; so a key's first picture is logged at step 0 too
         (the card opens on it; its title names the step it was drawn at). The key leaves room in a file name of 255
         bytes for MLflow's ``+step+...`` (about 85).
         """
-        key, client, run = _mlflow_key(tag, 150), self.logger.experiment, self.logger.run_id
+        client, run = self.logger.experiment, self.logger.run_id
         with self._lock:
-            steps = [int(step)] if key in self._keys or int(step) == 0 else [0, int(step)]
-            self._keys.add(key)
-            for at in steps:
-                client.log_image(run, _pixels(pixels), key=key, step=at, synchronous=True)
+            for key, pixels in ((_mlflow_key(tag, 150), pixels) for tag, pixels in pictures.items()):
+                steps = [int(step)] if key in self._keys or int(step) == 0 else [0, int(step)]
+                self._keys.add(key)
+                for at in steps:
+                    client.log_image(run, _pixels(pixels), key=key, step=at, synchronous=True)
 
     def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         """A JSON table artifact per step: ``lightning_ig/<tag>/step_<step>.json`` (MLflow's table viewer reads it)."""

@@ -73,8 +73,7 @@ def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp
     (sink,) = picture_sinks([wandb_logger])
     assert isinstance(sink, WandbSink)
     pixels = _picture()
-    sink.picture("ig/1_top_features", pixels, step=40)
-    sink.picture("ig/2_saliency", _picture(20, 30), step=40)
+    sink.pictures({"ig/1_top_features": pixels, "ig/2_saliency": _picture(20, 30)}, step=40)
     columns, rows = unit_table(["paddle", "ball", "trail"], _units())
     sink.table("ig/features", columns, rows, step=40)
     sink.report("ig/report.json", _report(), step=40)
@@ -91,6 +90,7 @@ def test_wandb_offline_run_holds_the_pictures_table_and_report(wandb_logger, tmp
         if key.endswith("/filenames")
     }
     assert set(rows) == {"ig/1_top_features", "ig/2_saliency"}
+    assert rows["ig/1_top_features"]["_step"] == rows["ig/2_saliency"]["_step"]  # a run's pictures: one W&B step
     for tag, expected in (("ig/1_top_features", pixels), ("ig/2_saliency", None)):
         row = rows[tag]
         assert row["trainer/global_step"] == 40  # the trainer's step, beside W&B's own
@@ -127,9 +127,9 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
     (sink,) = picture_sinks([mlflow_logger])
     assert isinstance(sink, MlflowSink)
     pixels = _picture()
-    sink.picture("ig/1_top_features", pixels, step=40)
-    sink.picture("ig/value/2_saliency∕frames", _picture(20, 30), step=41)  # a callback name and a display label
-    sink.picture("ig/1_top_features", pixels[::-1], step=80)
+    sink.pictures({"ig/1_top_features": pixels}, step=40)
+    sink.pictures({"ig/value/2_saliency∕frames": _picture(20, 30)}, step=41)  # a callback name and a display label
+    sink.pictures({"ig/1_top_features": pixels[::-1]}, step=80)
     columns, rows = unit_table(["paddle", "ball", "trail"], _units())
     sink.table("ig/features", columns, rows, step=40)
     sink.report("ig/report_step_40.json", _report(), step=40)
@@ -156,8 +156,8 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
     assert report["features"][0]["name"] == "ball" and report["completeness"]["worst_relative_error"] is None
 
     # Tags that differ only in what MLflow refuses keep their own keys (was: one); a long one still makes a file name.
-    sink.picture("ig/value/2_saliency·frames", pixels, step=120)  # was: the same key as "...∕frames" above
-    sink.picture(f"ig/{'n' * 240}/0_verdict", pixels, step=120)  # was: OSError, file name too long, mid-fit
+    sink.pictures({"ig/value/2_saliency·frames": pixels}, step=120)  # was: the same key as "...∕frames" above
+    sink.pictures({f"ig/{'n' * 240}/0_verdict": pixels}, step=120)  # was: OSError, file name too long, mid-fit
     added = set(mlflow_pictures(client, run_id)) - set(images)
     other = f"ig/value/2_saliency_frames {zlib.crc32('ig/value/2_saliency·frames'.encode()):08x}"
     keys = {key for key, _ in added}  # each new key's first picture at step 0 too
@@ -168,7 +168,7 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
 def test_a_picture_of_the_wrong_kind_is_refused_before_reaching_a_logger(mlflow_logger):
     (sink,) = picture_sinks([mlflow_logger])
     with pytest.raises(ValueError, match=r"\(H, W, 3\) uint8 array, got shape \(4, 4\)"):
-        sink.picture("ig/x", np.zeros((4, 4), dtype=np.uint8), step=0)
+        sink.pictures({"ig/x": np.zeros((4, 4), dtype=np.uint8)}, step=0)
     with pytest.raises(ValueError, match="names no file"):
         sink.report("../..", _report(), step=0)
 
