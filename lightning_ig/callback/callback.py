@@ -383,8 +383,8 @@ class IntegratedGradientsCallback(Callback):
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> None:
         """One run from start to end, as the budget allows: attribute, gather, summarize, log (see :meth:`_start` and
         :meth:`_finish`)."""
-        if (plan := self._budget_plan(trainer, final=final)) is not None:
-            self._finish(self._start(trainer, pl_module, plan, final=final))
+        if (plan := self._budget_plan(trainer, final=final)) is not None:  # ended at once: the worker gains nothing
+            self._finish(self._start(trainer, pl_module, plan, final=final, beside=False))
 
     def _budget_plan(self, trainer: pl.Trainer, *, final: bool, retry: bool = False) -> Plan | None:
         """What this run does within the budget (``None``: deferred to a later batch end); a run still pending ends
@@ -401,8 +401,11 @@ class IntegratedGradientsCallback(Callback):
         run_index = len(self.history)
         return self._budget.plan(run_index, names, progress=progress, final=final, can_window=can_window, retry=retry)
 
-    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: Plan, *, final: bool) -> fit.PendingRun:
-        """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order)."""
+    def _start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: Plan, *, final: bool, beside: bool = True
+    ) -> fit.PendingRun:
+        """Attribute, gather, queue the copy to the host without waiting; a run still pending ends first (in order).
+        ``beside``: on the runs' worker where the fit has one (not for a run ended at once)."""
         self._finish_pending()
         run = self._fit
         if run is None:  # pragma: no cover - _should_run checked it
@@ -424,7 +427,7 @@ class IntegratedGradientsCallback(Callback):
         riders: list[Tensor] = []  # gathered with the result: one collective
         transfer: HostTransfer | fit.ProcessTransfer | None = None
         weights = None
-        if run.idle is not None and run.idle.alive and not final:  # its checks read the copy the worker was sent
+        if run.idle is not None and run.idle.alive and beside and not final:  # its checks read the copy it was sent
             transfer = run.idle.start(states, baselines, run.target.every_output, begin, plan.checks)
             weights = run.idle.replica.module if transfer is not None else None
         if transfer is None:

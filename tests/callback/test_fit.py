@@ -382,3 +382,15 @@ def test_pruning_mid_fit_and_a_bare_parameter_leave_the_runs_as_the_training_thr
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
     _fit_runs(tmp_path / "inline", twin, overhead=1.0)
     assert _reports(tmp_path / "beside" / "ig_reports") == _reports(tmp_path / "inline" / "ig_reports")
+
+
+@needs_a_spare_core
+def test_runs_on_the_epoch_cadence_stay_on_the_training_thread(tmp_path, one_thread):
+    # guards against: an epoch's run sent to the worker and waited for at once (no overlap: the copy, the pipe and
+    # the wait on top of the run: 0.11-0.24 s a run against 0.06 s on the thread)
+    callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=None, every_n_epochs=1, overhead=None)
+    trainer = make_trainer(tmp_path, [callback], max_steps=-1, max_epochs=3)
+    trainer.fit(TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
+    assert [entry["global_step"] for entry in callback.history] == [16, 32, 48]  # each epoch's end
+    assert callback._fit is not None and callback._fit.idle is not None
+    assert callback._fit.idle.cpu == 0.0  # the worker made no run
