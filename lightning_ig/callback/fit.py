@@ -175,7 +175,7 @@ class IdleCore:
         computes other outputs at ``states`` than the model: this run and later ones stay on the training thread."""
         try:
             self.replica.sync()
-        except (KeyError, RuntimeError):  # a parameter or buffer renamed or reshaped since the fit started (pruning)
+        except RuntimeError:  # a parameter or buffer renamed or reshaped since the fit started (pruning)
             self.ended(_RESHAPED)
             return None
         job = (states, baselines, pair, begin)

@@ -83,8 +83,12 @@ class Replica:
             vars(copied)[name] = vars(followed).get(name, vars(copied).get(name))
         theirs = {**dict(source.named_parameters()), **dict(source.named_buffers())}
         with torch.inference_mode(False), torch.no_grad():
-            for mine, name in zip(self._mine, self._names):
-                mine.copy_(theirs[name])
+            try:
+                for mine, name in zip(self._mine, self._names):
+                    mine.copy_(theirs[name])
+            except (KeyError, RuntimeError) as error:  # pruning renames weight to weight_orig; a resized layer
+                why = "the model's parameters or buffers changed names or shapes since the fit started (pruning?)"
+                raise RuntimeError(f"{why}: {error}") from None
 
     @contextlib.contextmanager
     def following(self, source: nn.Module | None) -> Iterator[None]:
