@@ -349,22 +349,27 @@ def test_a_diverged_run_saves_its_checkpoint_and_says_so(tmp_path: Path) -> None
     assert (_only_run_dir(tmp_path / "runs") / "q_network.safetensors").is_file()
 
 
+@pytest.fixture
+def quiet_main(example_module, monkeypatch):
+    """The example with ``main``'s process-wide settings (torch's threads, the global seeds, log filters) left alone."""
+    monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
+    monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
+    return example_module
+
+
 @pytest.mark.parametrize(("error", "status", "how"), STOPS)
 def test_a_run_that_fails_after_its_folder_is_made_says_so(
-    example_module, tmp_path, monkeypatch, capsys, error, status, how
+    quiet_main, tmp_path, monkeypatch, capsys, error, status, how
 ) -> None:
     # guards against: a traceback and a half-written run folder that looked like a run's; Lightning's SIGTERM (a
     # SystemExit without a code) exiting 0, silently
     def fail(*args: object) -> None:
         raise error
 
-    # main's process-wide settings (torch's threads, the global seeds, log filters) left alone
-    monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
-    monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
-    monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
-    monkeypatch.setattr(example_module, "make_logger", fail)
+    monkeypatch.setattr(quiet_main, "make_logger", fail)
     with pytest.raises(type(error) if isinstance(error, RuntimeError) else SystemExit) as raised:
-        example_module.main(["--runs-dir", str(tmp_path / "runs"), "--accelerator", "cpu"])
+        quiet_main.main(["--runs-dir", str(tmp_path / "runs"), "--accelerator", "cpu"])
     assert status is None or raised.value.code == status
     run_dir = _only_run_dir(tmp_path / "runs")
     assert (
@@ -372,17 +377,14 @@ def test_a_run_that_fails_after_its_folder_is_made_says_so(
     ) in capsys.readouterr().err
 
 
-def test_a_run_stopped_in_its_evaluation_keeps_its_checkpoint(example_module, tmp_path, monkeypatch, capsys) -> None:
+def test_a_run_stopped_in_its_evaluation_keeps_its_checkpoint(quiet_main, tmp_path, monkeypatch, capsys) -> None:
     # guards against: Ctrl-C during the closing evaluation losing the trained network (it was saved after it)
     def stopped(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(example_module.torch, "set_num_threads", lambda threads: None)
-    monkeypatch.setattr(example_module.L, "seed_everything", lambda *args, **kwargs: None)
-    monkeypatch.setattr(example_module, "quiet_third_parties", lambda: None)
-    monkeypatch.setattr(example_module, "evaluate", stopped)
+    monkeypatch.setattr(quiet_main, "evaluate", stopped)
     with pytest.raises(SystemExit) as raised:
-        example_module.main([*TINY, "--runs-dir", str(tmp_path / "runs")])
+        quiet_main.main([*TINY, "--runs-dir", str(tmp_path / "runs")])
     assert raised.value.code == 130
     checkpoint = _only_run_dir(tmp_path / "runs") / "q_network.safetensors"
     assert f"its checkpoint was saved: {checkpoint}" in capsys.readouterr().err
