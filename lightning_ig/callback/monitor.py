@@ -174,7 +174,8 @@ class TrustMonitor:
         run attributed, where the model has trained on since (``None``: the model as it is); ``beside``: the checks
         the runs' worker made (:meth:`check_beside`), taken as they are."""
         results, seconds = beside if beside is not None else ({}, {})
-        self._reference = self._reference or results.get("reference")  # the worker's, made at the first check
+        if self._reference is None:  # the worker's, made at its first check: the fit's one reference
+            self._reference = results.get("reference")
         if any(name in self.names and name not in results for name in made):  # the worker's came averaged already
             host = self._state_means(host)
         for piece, taken in seconds.items():
