@@ -242,7 +242,8 @@ class Budget:
         """Whether a deferred run is owed and may be tried now: not before the credit can have grown to its cost (at
         most ``share`` a second, plus the other threads' rate while their extra CPU drains), so the batch ends in
         between skip the plan."""
-        return self.owed > 0 and self.elapsed() >= self._retry_at
+        # no budget (DDP): never, since each rank's own clock would pick its own batch end for the retry's collective
+        return self.share is not None and self.owed > 0 and self.elapsed() >= self._retry_at
 
     def credit(self, progress: float | None) -> float:
         """Seconds the callback may still spend now: ``share x wall time`` less what was spent, the first passes'

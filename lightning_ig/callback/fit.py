@@ -427,6 +427,8 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
     """
     setup.check_unique_names(names)
     states = heldout.resolve_states(options.states, trainer, pl_module)
+    if trainer.world_size > 1:  # one set of states for every rank: a callable may sample each rank's own
+        states = trainer.strategy.broadcast(states, src=0)
     shape, views = tuple(states.shape[1:]), options.views
     heldout.check_baseline_shape(options.baseline, states)
     check_saliency_channel(views.saliency_channel, shape)  # here, not at the first picture mid-training
@@ -471,18 +473,28 @@ def start(
         ValueError: ``action_names`` of another count than the model's outputs.
     """
     views, units = options.views, plan.units
-    with generators_kept(pl_module):  # its trial forward draws nothing training would draw
-        engine, target, states, baselines = heldout.prepare_engine(
-            trainer,
-            pl_module,
-            options.target,
-            options.forward,
-            plan.held_out,
-            options.baseline,
-            options.action_names,
-            options.engine,
-            options.on_non_finite,
+    failed: Exception | None = None
+    try:
+        with generators_kept(pl_module):  # its trial forward draws nothing training would draw
+            engine, target, states, baselines = heldout.prepare_engine(
+                trainer,
+                pl_module,
+                options.target,
+                options.forward,
+                plan.held_out,
+                options.baseline,
+                options.action_names,
+                options.engine,
+                options.on_non_finite,
+            )
+    except Exception as error:  # noqa: BLE001 - raised below, on every rank
+        failed = error
+    if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(failed is not None, all=False):
+        raise failed or RuntimeError(
+            "IntegratedGradientsCallback: the set-up trial failed on another rank (see its log)"
         )
+    if failed is not None:
+        raise failed
     folder = None if plan.reports is None else str(plan.reports.folder)  # the text says where they are
     baseline = heldout.baseline_label(options.baseline)
     half = torch.finfo(states.dtype).eps if states.dtype in (torch.float16, torch.bfloat16) else 0.0

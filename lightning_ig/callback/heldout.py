@@ -358,9 +358,10 @@ def prepare_engine(
     if on_non_finite == "raise" and bool(trial.non_finite.any()):
         ends = torch.stack([trial.f_input[trial.non_finite], trial.f_baseline[trial.non_finite]])
         what, why = non_finite_words(bool(torch.isfinite(ends).all()))
-        count = int(trial.non_finite.view(-1, len(local_states)).any(0).sum())  # "each": per (action, state)
+        distinct = len(torch.unique(rows))  # the padding of an uneven split repeats the last state
+        count = int(trial.non_finite.view(-1, len(local_states)).any(0)[:distinct].sum())  # "each": per (action, state)
         raise NonFiniteAttributionError(
-            f"IntegratedGradientsCallback: {what} on {count} of {len(local_states)} held-out states in the set-up "
+            f"IntegratedGradientsCallback: {what} on {count} of {distinct} held-out states in the set-up "
             f"trial, before training (on_non_finite='raise'){why}; check the model's weights, forward and the states"
         )
     return engine, target, local_states, local_baselines

@@ -159,6 +159,22 @@ def test_a_resumed_budget_continues_the_same_decisions():
     assert second.last_checks == budget.last_checks and second.fraction() == pytest.approx(budget.fraction())
 
 
+def test_a_run_owed_by_a_budgeted_fit_is_never_retried_without_a_budget():
+    # guards against: a checkpoint of a one-process fit that owed a run, resumed under DDP (no budget): each rank's
+    # own clock picked its own batch end for the retry's collective, and the fit hung
+    fake = FakeFit()
+    first = Budget(0.02, clock=fake.clock)
+    first.start()
+    fake.run(first, range(1, 20_001), 20_000)
+    assert first.owed > 0
+    state = first.state_dict()
+    resumed = Budget(None, clock=fake.clock)
+    resumed.load_state_dict(state)
+    resumed.start()
+    fake.now += 1e6  # long past any retry time
+    assert resumed.owed > 0 and not resumed.retry_due()
+
+
 def test_without_a_budget_every_run_is_full_and_each_check_comes_every_few_runs():
     _, fake = _fit(None, steps=2_000)
     made = [plan for _, plan in fake.plans]

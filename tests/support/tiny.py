@@ -199,7 +199,8 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
         # No BatchNorm (its statistics are per rank under DDP), no noise draws (ranks would draw differently).
         model = ConvQNet(DDP_SHAPE, lr=0.01)
         callback = IntegratedGradientsCallback(
-            ddp_held_out_states(),
+            # a callable that samples each rank's own states (a per-rank buffer): rank zero's are every rank's
+            lambda trainer, module: ddp_held_out_states() + trainer.global_rank,
             every_n_steps=2,
             baseline="mean",
             feature_groups="channels",
