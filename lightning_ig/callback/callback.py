@@ -296,7 +296,7 @@ class IntegratedGradientsCallback(Callback):
         every, step = self.options.every_n_steps, trainer.global_step
         if every is not None and self._cadence is None:  # the fit's first batch end: multiples crossed from here on
             self._cadence = (step - 1) // every
-        if self._pending is None and not self._budget.owed and (every is None or step // every == self._cadence):
+        if self._pending is None and not self._budget.retry_due() and (every is None or step // every == self._cadence):
             return
         self._batch_end(trainer, pl_module)
 

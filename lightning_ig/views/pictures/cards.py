@@ -323,9 +323,12 @@ def shares_chart(
     left, right = 44, CARD_WIDTH - min(int(CARD_WIDTH * 0.46), 24 + int(room))
     top, bottom = LINE + 8 + (16 if states is not None else 0), CARD_HEIGHT - 2 * LINE - 8
     if states is not None:  # every run's verdict above its column: a failure is seen whatever the step slider shows
-        table = np.array([rgb(STATE_COLOURS.get(state, STATE_COLOURS["unknown"])) for state in states], np.uint8)
+        # each pixel column the worst state of the runs it covers: one failed run of thousands still shows
+        kinds = ("unknown", "pass", "unresolved", "fail")
+        severity = np.array([kinds.index(state) if state in kinds else 0 for state in states])
         columns = np.minimum((np.arange(right - left) * runs) // (right - left), runs - 1)
-        canvas.paste(np.repeat(table[columns][None], 7, axis=0), left, top - 14)
+        table = np.array([rgb(STATE_COLOURS[kind]) for kind in kinds], np.uint8)
+        canvas.paste(np.repeat(table[np.maximum.reduceat(severity, columns)][None], 7, axis=0), left, top - 14)
         canvas.text((left - 4, top - 11), "verdict", size=SMALL_SIZE - 2, anchor="rm", colour=MUTED)
     canvas.paste(_stacked(bands, band_colours, right - left, bottom - top), left, top)
     canvas.outline((left - 1, top - 1, right, bottom), INK)
@@ -342,12 +345,11 @@ def _stacked(bands: np.ndarray, colours: Sequence[str], width: int, height: int)
     """``(R, K)`` shares -> ``(height, width, 3)`` pixels: per run a column stacked bottom-up, on the dark ground."""
     runs, count = bands.shape
     table = np.array([rgb(GROUND), *(rgb(colour) for colour in colours)], dtype=np.uint8)
-    edges = np.cumsum(bands, axis=1)  # (R, K) the top of each band
-    level = (np.arange(height)[::-1] + 0.5) / height  # (height,) the share at each pixel row, bottom = 0
-    band = (level[:, None, None] >= edges[None, :, :]).sum(axis=2) + 1  # (height, R) 1..K, K+1 above all bands
-    band = np.where(band > count, 0, band)  # above the stack (a run of zeros): the ground
     column_run = np.minimum((np.arange(width) * runs) // width, runs - 1)  # pixel column -> run
-    index = band[:, column_run]  # (height, width)
+    edges = np.cumsum(bands[column_run], axis=1)  # (width, K) the top of each band, only the runs drawn
+    level = (np.arange(height)[::-1] + 0.5) / height  # (height,) the share at each pixel row, bottom = 0
+    band = (level[:, None, None] >= edges[None, :, :]).sum(axis=2) + 1  # (height, width) 1..K, K+1 above all bands
+    index = np.where(band > count, 0, band)  # above the stack (a run of zeros): the ground
     if runs <= width // 6:  # few runs: bars, a gap of the dark ground between them (a white band stays seen)
         index[:, np.searchsorted(column_run, np.arange(1, runs))] = 0
     return table[index]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -106,6 +108,24 @@ def test_the_shares_carry_every_runs_verdict_in_a_strip():
     assert not _has(plain, STATE_COLOURS["fail"])
     with pytest.raises(ValueError, match="got 2 run states for 4 runs"):
         shares_chart(["a", "b"], [1, 2, 3, 4], history, title=["t"], states=states[:2])
+    # guards against: one pixel column per run sampled, so one failed run of thousands fell between the columns
+    for runs in (500, 3_000, 20_000):
+        for failed in (1, runs // 3 + 1, runs - 2):
+            many = ["pass"] * runs
+            many[failed] = "fail"
+            chart = shares_chart(["a", "b"], list(range(runs)), np.ones((runs, 2)), title=["t"], states=many).pixels
+            assert _has(chart, STATE_COLOURS["fail"]), (runs, failed)
+
+
+def test_drawing_the_shares_does_not_grow_with_the_runs_beyond_the_columns():
+    # guards against: every pixel row compared with every run (height x runs x bands), 0.44 s at 100,000 runs
+    runs = 200_000
+    history = np.random.default_rng(5).random((runs, 8))
+    started = tracemalloc.start() or None
+    shares_chart([f"g{i}" for i in range(8)], list(range(runs)), history, title=["t"], states=["pass"] * runs)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert started is None and peak < 10 * history.nbytes, peak  # a few copies of the history (42 of them before)
 
 
 def test_shares_sum_the_small_units_into_other():
