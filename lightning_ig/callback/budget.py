@@ -19,9 +19,11 @@ when even the smallest does not fit is the run deferred: tried again at the firs
 have grown to its cost (:meth:`Budget.retry_due`), and the next run says how many were. The final run, the fit's
 closing answer, always runs in full with every check due.
 The trust checks run at full runs only, each at most every :data:`CHECK_EVERY` runs, when the credit left covers
-their last measured cost. Their first passes (the sanity check's re-initialised copies, the deletion plan, the noise
-draws) are paid at the fit's first run and amortised over its expected length, as set-up is: until then the part of
-them not yet earned does not count against later runs.
+their last measured cost; overdue by another :data:`CHECK_EVERY` runs, the run waits for a full run with them
+(:meth:`Budget.sizes`: window after window, a fit whose budget binds made them at its first and final runs only).
+Their first passes (the sanity check's re-initialised copies, the deletion plan, the noise draws) are paid at the
+fit's first run and amortised over its expected length, as set-up is: until then the part of them not yet earned
+does not count against later runs.
 
 Pure: nothing here reads torch, the trainer or a real clock but through ``clock`` and ``background``.
 """
@@ -243,7 +245,8 @@ class Budget:
         most ``share`` a second, plus the other threads' rate while their extra CPU drains), so the batch ends in
         between skip the plan."""
         # no budget (DDP): never, since each rank's own clock would pick its own batch end for the retry's collective
-        return self.share is not None and self.owed > 0 and self.elapsed() >= self._retry_at
+        # within a nanosecond: a resumed fit's clock sums round otherwise, and a tie would be decided by the rounding
+        return self.share is not None and self.owed > 0 and self.elapsed() >= self._retry_at - 1e-9
 
     def credit(self, progress: float | None) -> float:
         """Seconds the callback may still spend now: ``share x wall time`` less what was spent, the first passes'
@@ -251,6 +254,14 @@ class Budget:
         share = 0.0 if self.share is None else self.share
         unearned = self.once * (1.0 - min(1.0, progress)) if progress is not None and progress > 0 else self.once
         return share * self.elapsed() - (self.used() - unearned)
+
+    def sizes(self, run: int, due: Sequence[str], *, can_window: bool = True) -> tuple[tuple[int, ...], float]:
+        """The windows run ``run`` may take, largest share first, and the checks' cost it saves up for: checks due
+        and overdue by another ``CHECK_EVERY`` runs want a full run with them (window after window, a fit whose
+        budget binds made them at its first and final runs only)."""
+        starved = bool(due) and run - min(self.last_checks.get(name, run) for name in due) >= 2 * CHECK_EVERY
+        need = sum(self.check_costs.get(name, 0.0) for name in due) if starved else 0.0
+        return (WINDOWS if can_window and not starved else WINDOWS[:1]), need
 
     def plan(
         self,
@@ -279,12 +290,12 @@ class Budget:
         if self.share is None or final or (due and not self.last_checks):  # no budget, the fit's answer, first checks
             return Plan(checks=tuple(due), deferred=deferred)
         credit = self.credit(progress)
-        sizes = WINDOWS if can_window else WINDOWS[:1]
-        windows = next((k for k in sizes if self.run_cost(k) <= credit), None)
+        sizes, need = self.sizes(run, due, can_window=can_window)
+        windows = next((k for k in sizes if self.run_cost(k) + need <= credit), None)
         if windows is None:
             self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
             speed = self.share + (0.0 if self._rate is None else self._rate[0])
-            shortfall = self.run_cost(sizes[-1]) - credit
+            shortfall = self.run_cost(sizes[-1]) + need - credit
             self._retry_at = self.elapsed() + shortfall / speed if speed > 0 else math.inf
             return None
         credit -= self.run_cost(windows)
