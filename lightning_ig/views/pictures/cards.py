@@ -206,7 +206,7 @@ def verdict_card(
     state = {"pass": "pass", "unchecked": "unresolved"}.get(kind, "fail")
     headline = HEADLINES.get(kind, HEADLINES["unchecked"])
     canvas.text((3, 18), headline, size=TITLE_SIZE, bold=True, colour=STATE_COLOURS[state])
-    _line(canvas, 36, [detail], STATE_COLOURS[state])
+    _line(canvas, 36, [detail, detail.replace(" completeness error", " error")], STATE_COLOURS[state])  # bar kept
     y = 51
     if trust is not None:
         status, why = trust
@@ -218,12 +218,16 @@ def verdict_card(
         y += LINE + 1
     failed = [step for step, state in earlier if state == "fail"]
     if earlier:
-        runs = f"{len(earlier)} earlier run{'s' * (len(earlier) > 1)}"
-        counted = f"{len(failed)} of {runs}"
+        runs = f"{len(earlier):,} earlier run{'s' * (len(earlier) > 1)}"
+        counted = f"{len(failed):,} of {runs}"
         _line(
             canvas,
             y,
-            [f"✗ failed at {counted}, the last at step {failed[-1]:,}", f"✗ failed at {counted}"]
+            [
+                f"✗ failed at {counted}, the last at step {failed[-1]:,}",
+                f"✗ failed at {counted}, last at {format_step(failed[-1])}",
+                f"✗ failed at {counted}",
+            ]
             if failed
             else [f"no failure in the {runs}", f"no failure in {runs.replace(' earlier', '')}"],
             STATE_COLOURS["fail"] if failed else MUTED,
@@ -254,7 +258,9 @@ def format_step(step: int) -> str:
     step = int(step)
     if abs(step) < 10_000:
         return f"{step:,}"
-    return f"{format_value(step / 1000, 3)}k" if abs(step) < 1_000_000 else f"{format_value(step / 1_000_000, 3)}M"
+    if abs(step) < 999_500:  # 999,500 rounds to "1000k": 1M
+        return f"{format_value(step / 1000, 3)}k"
+    return f"{format_value(step / 1e6, 3)}M" if abs(step) < 999_500_000 else f"{format_value(step / 1e9, 3)}G"
 
 
 def _step_axis(canvas: Canvas, left: int, right: int, bottom: int, steps: Sequence[int]) -> None:

@@ -140,6 +140,8 @@ def test_shares_sum_the_small_units_into_other():
 
 def test_steps_are_written_short():
     assert [format_step(s) for s in (250, 3437, 24000, 125000, 2_500_000)] == ["250", "3,437", "24k", "125k", "2.5M"]
+    # guards against: "1000k" for 999,500 and "12300M" past a billion (five characters at most)
+    assert [format_step(s) for s in (999_499, 999_500, 999_500_000, 12_345_678_901)] == ["999k", "1M", "1G", "12.3G"]
 
 
 def test_a_long_band_label_goes_on_two_lines_broken_at_a_space_never_cut_mid_word():
