@@ -36,6 +36,7 @@ from tests.support.examples import (
     assert_refused_at_parse,
     example_env,
     load_example,
+    stopped_in_evaluation,
 )
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
@@ -460,20 +461,8 @@ def test_a_run_stopped_in_its_evaluation_keeps_its_checkpoint(
     quiet_main: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # guards against: Ctrl-C during the closing evaluation losing the trained network (it was saved after it)
-    def stopped(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(quiet_main, "evaluate", stopped)
-    with pytest.raises(SystemExit) as raised:
-        quiet_main.main([*TINY, "--runs-dir", str(tmp_path / "runs")])
-    assert raised.value.code == 130
-    checkpoint = _only_run_dir(tmp_path / "runs") / "q_network.safetensors"
-    assert f"the run was stopped (Ctrl-C): {checkpoint.parent} holds only what it wrote before the error; its " in (
-        capsys.readouterr().err
-    )
-    loaded = load_checkpoint(checkpoint)
-    assert loaded.metadata["global_step"] == "300" and "eval_mean_return" not in loaded.metadata
-    assert loaded.states is not None and len(loaded.states) == NUM_HELD_OUT
+    metadata = stopped_in_evaluation(quiet_main, TINY, tmp_path / "runs", monkeypatch, capsys)
+    assert metadata["global_step"] == "300" and metadata["env_id"] == "CartPole-v1"
 
 
 def test_a_run_folder_that_cannot_be_made_is_one_line(

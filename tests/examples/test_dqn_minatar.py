@@ -36,6 +36,7 @@ from tests.support.examples import (
     assert_refused_at_parse,
     example_env,
     load_example,
+    stopped_in_evaluation,
 )
 from tests.support.examples import only_run_dir as _only_run_dir
 from tests.support.examples import run_python as _run
@@ -379,18 +380,8 @@ def test_a_run_that_fails_after_its_folder_is_made_says_so(
 
 def test_a_run_stopped_in_its_evaluation_keeps_its_checkpoint(quiet_main, tmp_path, monkeypatch, capsys) -> None:
     # guards against: Ctrl-C during the closing evaluation losing the trained network (it was saved after it)
-    def stopped(*args: object) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(quiet_main, "evaluate", stopped)
-    with pytest.raises(SystemExit) as raised:
-        quiet_main.main([*TINY, "--runs-dir", str(tmp_path / "runs")])
-    assert raised.value.code == 130
-    checkpoint = _only_run_dir(tmp_path / "runs") / "q_network.safetensors"
-    assert f"its checkpoint was saved: {checkpoint}" in capsys.readouterr().err
-    loaded = load_checkpoint(checkpoint)
-    assert "eval_mean_return" not in loaded.metadata and loaded.metadata["game"] == "breakout"
-    assert json.loads(loaded.metadata["channel_names"]) == CHANNEL_NAMES and int(loaded.metadata["global_step"]) > 0
+    metadata = stopped_in_evaluation(quiet_main, TINY, tmp_path / "runs", monkeypatch, capsys)
+    assert metadata["game"] == "breakout" and json.loads(metadata["channel_names"]) == CHANNEL_NAMES
 
 
 def test_ig_n_steps_takes_what_the_library_takes(example_module) -> None:

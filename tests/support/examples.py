@@ -119,3 +119,26 @@ def assert_mlflow_refuses_exp_name(module: ModuleType, name: str, capsys: pytest
         capsys,
     )
     assert module.parse_args(["--exp-name", name]).exp_name == name  # TensorBoard takes both
+
+
+def stopped_in_evaluation(
+    module: ModuleType, argv: list[str], runs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> dict[str, str]:
+    """The example run with Ctrl-C in its closing evaluation: exit 130, the one line naming the saved checkpoint, and
+    the checkpoint's metadata (without an evaluation return: none was measured)."""
+    from lightning_ig.checkpoint import load_checkpoint
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "evaluate", stopped)
+    with pytest.raises(SystemExit) as raised:
+        module.main([*argv, "--runs-dir", str(runs)])
+    assert raised.value.code == 130
+    checkpoint = only_run_dir(runs) / "q_network.safetensors"
+    assert f"the run was stopped (Ctrl-C): {checkpoint.parent} holds only what it wrote before the error; its " in (
+        capsys.readouterr().err
+    )
+    loaded = load_checkpoint(checkpoint)
+    assert "eval_mean_return" not in loaded.metadata and loaded.states is not None
+    return dict(loaded.metadata)
