@@ -296,7 +296,8 @@ class IntegratedGradientsCallback(Callback):
         every, step = self.options.every_n_steps, trainer.global_step
         if every is not None and self._cadence is None:  # the fit's first batch end: multiples crossed from here on
             self._cadence = (step - 1) // every
-        if self._pending is None and not self._budget.retry_due() and (every is None or step // every == self._cadence):
+        owed = self._budget.owed and self._budget.retry_due()  # an attribute read on the common step, no call
+        if self._pending is None and not owed and (every is None or step // every == self._cadence):
             return
         self._batch_end(trainer, pl_module)
 

@@ -288,7 +288,8 @@ def _serve(
         for reply in ((answer, checked, cpu), (answer, None, cpu), (RuntimeError(repr(answer)), None, cpu)):
             with contextlib.suppress(Exception):
                 data = pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
-                pickle.loads(data)  # as the training process will (an exception's own __init__ may refuse its args)
+                if any(isinstance(part, Exception) for part in (reply[0], *(reply[1] or ({}, {}))[0].values())):
+                    pickle.loads(data)  # as the training process will: an exception's own __init__ may refuse its args
                 pipe.send_bytes(data)
                 break
 

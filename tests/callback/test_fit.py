@@ -400,3 +400,27 @@ def test_runs_on_the_epoch_cadence_stay_on_the_training_thread(tmp_path, one_thr
     assert [entry["global_step"] for entry in callback.history] == [16, 32, 48]  # each epoch's end
     assert callback._fit is not None and callback._fit.idle is not None
     assert callback._fit.idle.cpu == 0.0  # the worker made no run
+
+
+class _SensorError(Exception):
+    """An exception whose own ``__init__`` refuses the arguments pickle gives it back (``args`` is the message only)."""
+
+    def __init__(self, message: str, sensor: int) -> None:
+        super().__init__(message)
+        self.sensor = sensor
+
+
+class _SensorNet(TinyQNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.getpid() != _TRAINING_PROCESS:
+            raise _SensorError("sensor 3 is out of range", 3)
+        return super().forward(x)
+
+
+@needs_a_spare_core
+def test_an_error_that_does_not_unpickle_reaches_the_fit_in_its_words(tmp_path, one_thread):
+    # guards against: TypeError "__init__() missing 1 required positional argument" in place of the user's error
+    callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=3, overhead=None)
+    trainer = make_trainer(tmp_path, [callback], max_steps=20)
+    with pytest.raises(RuntimeError, match="sensor 3 is out of range"):
+        trainer.fit(_SensorNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
