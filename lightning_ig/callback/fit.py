@@ -118,7 +118,7 @@ class Fit:
     idle: IdleCore | None = None
 
 
-_ENDED = "the runs' worker process could not start or has ended; they run on the training thread"
+_ENDED = "the runs' worker process {}; they run on the training thread"
 _STALE = (
     "the model's forward gives other outputs at the held-out states than a copy with its parameters and buffers (it "
     "gained one since the fit started, or reads an attribute that training changes: make it a buffer to run beside "
@@ -126,6 +126,7 @@ _STALE = (
 )
 
 _STUCK = 10.0  # seconds (and 100 forwards) past which the worker's first answer to a run is not coming
+_SLOW = 1000  # the run's answer: past _STUCK and that many times the first answer (or 10 of the longest run)
 
 _RESHAPED = "the model's parameters or buffers changed names or shapes (pruning?); runs on the training thread"
 
@@ -143,7 +144,8 @@ class IdleCore:
     The worker is a fork of the training process at its first run (Linux only; a thread would hold the GIL between
     its torch calls, a spawned child would import the user's script again). It runs torch's CPU operations and this
     package only, as DataLoader's forked workers do, ignores Ctrl-C and ends with the training process. Where it
-    cannot start or has ended, the runs go back to the training thread (the run in hand made again), with a warning.
+    cannot start, has ended or is stuck (its answer past what its earlier ones took: ended here), the runs go back to
+    the training thread (the run in hand made again), with a warning.
 
     :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
     its forward draws from no global generator (the worker cannot put back what it would take from training's).
@@ -157,7 +159,7 @@ class IdleCore:
     def __init__(self, replica: Replica, monitor: TrustMonitor | None = None) -> None:
         self.replica, self.monitor = replica, monitor
         self.live = replica.settings.call(replica.model)  # the run's forward on the model: what the copy must match
-        self.cpu = 0.0
+        self.cpu = self.longest = 0.0  # the longest: a run's seconds from its start to its answer read
         self._process: Any = None  # the worker process and the training end of its pipe
         self._pipe: Any = None
         self.alive = True  # until the process cannot start or has ended
@@ -181,28 +183,31 @@ class IdleCore:
         job = (states, baselines, pair, begin)
         if self._process is None:
             self._fork()
+        began = time.perf_counter()
         try:
             if self._pipe is None:
                 raise OSError("the worker process did not start")
-            began = time.perf_counter()
             with attribution_mode(self.replica.model), stochastic_warnings_silenced(), torch.no_grad():
                 expected = self.live(states)  # one forward: what the worker's copy must compute bit for bit
             message = (self.replica.packed(), checks, expected, *job)
             self._pipe.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
             # its answer needs an unpack and this forward: far longer, it is stuck (a lock held at the fork), not slow
-            if not self._pipe.poll(_STUCK + 100 * (time.perf_counter() - began)):
-                raise OSError("the worker process did not answer")
+            if not self._pipe.poll(limit := _STUCK + 100 * (time.perf_counter() - began)):
+                raise TimeoutError(f"did not answer a run within {limit:.0f} s (stuck?) and was ended")
             if pickle.loads(self._pipe.recv_bytes()):  # the worker's answer, before it attributes: its copy is stale
                 self.ended(_STALE)
                 return None
-        except (OSError, EOFError):  # it never started, or has ended: the transfer makes the run on the training thread
-            self.ended()
-        return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job))
+        except (OSError, EOFError) as error:  # not started, ended or stuck: the transfer makes the run here
+            self.ended(error)
+        limit = _STUCK + max(_SLOW * (time.perf_counter() - began), 10 * self.longest)
+        return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job), began, limit)
 
-    def ended(self, why: str = _ENDED) -> None:
-        """The worker process cannot start, has ended or cannot follow the model: the runs stay on the training thread
-        from here (said)."""
+    def ended(self, why: str | BaseException) -> None:
+        """The worker process cannot start, has ended, is stuck (a ``TimeoutError``: ended) or cannot follow the
+        model: the runs stay on the training thread from here (said)."""
         self.close()
+        if isinstance(why, BaseException):  # the run in hand made again on the training thread
+            why = _ENDED.format(why if isinstance(why, TimeoutError) else "could not start or has ended")
         if self.alive:
             self.alive = False
             warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
@@ -296,12 +301,11 @@ def _serve(
 
 class ProcessTransfer:
     """A run's numbers on their way from the :class:`IdleCore` worker (the interface of
-    :class:`~lightning_ig.run.host_result.HostTransfer`); where the process has ended before they come, the run is
-    made again on the training thread (``again``)."""
+    :class:`~lightning_ig.run.host_result.HostTransfer`); where the process has ended before they come, or has not
+    sent them ``limit`` seconds after ``began`` (stuck), the run is made again on the training thread (``again``)."""
 
-    def __init__(self, core: IdleCore, pipe: Any, again: Callable[[], HostResult]) -> None:
-        self.core, self.again = core, again
-        self._pipe = pipe  # None: the process never started or has ended
+    def __init__(self, core: IdleCore, pipe: Any, again: Callable[[], HostResult], began: float, limit: float) -> None:
+        self.core, self.again, self.began, self.limit, self._pipe = core, again, began, limit, pipe  # pipe None: ended
         self._answer: HostResult | BaseException | None = None
         self.checks: Beside | None = None  # the trust checks the worker made (None: none, or made again here)
 
@@ -313,13 +317,16 @@ class ProcessTransfer:
         return True
 
     def result(self) -> HostResult:
-        """The run's numbers; waits for them. Raises what the run raised."""
+        """The run's numbers; waits for them, up to its limit (then the worker is stuck). Raises what the run raised."""
         if self._answer is None and self._pipe is not None:
             try:
+                if not self._pipe.poll(max(0.0, self.began + self.limit - time.perf_counter())):
+                    raise TimeoutError(f"did not finish a run within {self.limit:.0f} s (stuck?) and was ended")
                 self._answer, self.checks, cpu = pickle.loads(self._pipe.recv_bytes())  # or the run's error
                 self.core.cpu += cpu
-            except (EOFError, OSError):  # the process has ended
-                self.core.ended()
+                self.core.longest = max(self.core.longest, time.perf_counter() - self.began)
+            except (EOFError, OSError) as error:  # the process has ended, or is stuck
+                self.core.ended(error)
         if self._answer is None:  # no process to read: the run on the training thread
             self._answer = self.again()
         if isinstance(self._answer, BaseException):

@@ -337,11 +337,59 @@ def test_a_worker_that_never_answers_hands_its_runs_to_the_training_thread_and_i
 ):
     # guards against: a fit that waited forever for the worker's first answer, and the worker left behind
     monkeypatch.setattr(fit, "_STUCK", 0.5)
-    with pytest.warns(UserWarning, match="worker process could not start or has ended"):
+    with pytest.warns(UserWarning, match=r"worker process did not answer a run within \d+ s \(stuck\?\) and was ended"):
         callback = _fit_runs(tmp_path, _StuckNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
     assert len(callback.history) == 7  # every run, on the training thread
     assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
     assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
+
+
+class _StuckMidRun(TinyQNet):
+    """Its forward never returns in the worker's attribution (grad on: after the run's first answer) from the run of
+    step 9 on (the step a buffer carries to the worker's copy): the worker answers the runs of steps 3 and 6."""
+
+    def __init__(self) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.register_buffer("step", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.getpid() != _TRAINING_PROCESS and torch.is_grad_enabled() and self.step >= 9:
+            time.sleep(3600)
+        return super().forward(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.step.fill_(self.global_step + 1)  # the step at this batch's end, where a run starts
+        return super().training_step(batch, batch_idx)
+
+
+def _kill_the_worker() -> None:
+    for child in multiprocessing.active_children():
+        if child.name == "lightning-ig-run":
+            child.kill()
+
+
+@needs_a_spare_core
+def test_a_worker_stuck_mid_run_is_ended_and_its_run_made_on_the_training_thread(tmp_path, one_thread, monkeypatch):
+    # guards against: a fit that waited forever for a run the worker had started (a deadlock, a lock held)
+    monkeypatch.setattr(fit, "_STUCK", 0.5)
+    monkeypatch.setattr(fit, "_SLOW", 10)
+    torch.manual_seed(0)
+    model, twin = _StuckMidRun(), _StuckMidRun()
+    twin.load_state_dict(model.state_dict())
+    watchdog = threading.Timer(300.0, _kill_the_worker)  # a fit that would wait for ever: its worker killed instead
+    watchdog.start()
+    try:
+        with pytest.warns(UserWarning, match=r"did not finish a run within \d+ s \(stuck\?\) and was ended; they run"):
+            beside = _fit_runs(tmp_path / "beside", model, overhead=None)
+    finally:
+        watchdog.cancel()
+    assert beside._fit is not None and beside._fit.idle is not None and not beside._fit.idle.alive
+    assert beside._fit.idle.cpu > 0.0  # it had answered runs: steps 3 and 6
+    assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
+    monkeypatch.setattr(fit, "idle_core", lambda *args: None)
+    inline = _fit_runs(tmp_path / "inline", twin, overhead=None)
+    assert len(beside.history) == len(inline.history) == 7  # the stuck run made on the training thread, none lost
+    assert _reports(tmp_path / "beside" / "ig_reports") == _reports(tmp_path / "inline" / "ig_reports")
 
 
 class _Prunes(Callback):
