@@ -468,7 +468,8 @@ class IntegratedGradientsCallback(Callback):
         what the steps beside the run lost, part of its cost)."""
         trainer, run, num_states = pending.trainer, pending.run, len(pending.run.held_out)
         started, entered, plan, budget = time.perf_counter(), self._budget.clock(), pending.plan, self._budget
-        host = pending.transfer.result()
+        if (host := pending.transfer.result()) is None:  # lost with the runs' worker as the fit ends on SIGTERM (said)
+            return
         if run.target.contrasts:  # the last rider: the pairs, for the actions picture
             self._pairs = pending.riders[-1][:num_states].to("cpu", torch.int64).numpy()
         time_ms = pending.held_ms + (time.perf_counter() - started) * 1e3  # the time the run held the training loop

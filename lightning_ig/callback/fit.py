@@ -118,7 +118,7 @@ class Fit:
     idle: IdleCore | None = None
 
 
-_ENDED = "the runs' worker process {}; they run on the training thread"
+_ENDED = "they run on the training thread", "the fit is ending on SIGTERM: the run in hand is dropped, not made again"
 _STALE = (
     "the model's forward gives other outputs at the held-out states than a copy with its parameters and buffers (it "
     "gained one since the fit started, or reads an attribute that training changes: make it a buffer to run beside "
@@ -145,7 +145,7 @@ class IdleCore:
     its torch calls, a spawned child would import the user's script again). It runs torch's CPU operations and this
     package only, as DataLoader's forked workers do, ignores Ctrl-C and ends with the training process. Where it
     cannot start, has ended or is stuck (its answer past what its earlier ones took: ended here), the runs go back to
-    the training thread (the run in hand made again), with a warning.
+    the training thread (the run in hand made again, unless the fit is ending on SIGTERM), with a warning.
 
     :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
     its forward draws from no global generator (the worker cannot put back what it would take from training's).
@@ -156,10 +156,11 @@ class IdleCore:
         cpu: the worker process's CPU seconds so far.
     """
 
-    def __init__(self, replica: Replica, monitor: TrustMonitor | None = None) -> None:
-        self.replica, self.monitor = replica, monitor
+    def __init__(self, replica: Replica, monitor: TrustMonitor | None = None, trainer: Any = None) -> None:
+        self.replica, self.monitor, self.trainer = replica, monitor, trainer
         self.live = replica.settings.call(replica.model)  # the run's forward on the model: what the copy must match
         self.cpu = self.longest = 0.0  # the longest: a run's seconds from its start to its answer read
+        self.exitcode: int | None = None  # the worker's, where it had ended before close (negative: a signal's)
         self._process: Any = None  # the worker process and the training end of its pipe
         self._pipe: Any = None
         self.alive = True  # until the process cannot start or has ended
@@ -203,11 +204,14 @@ class IdleCore:
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job), began, limit)
 
     def ended(self, why: str | BaseException) -> None:
-        """The worker process cannot start, has ended, is stuck (a ``TimeoutError``: ended) or cannot follow the
-        model: the runs stay on the training thread from here (said)."""
+        """The worker process cannot start, has ended (said from its exit code), is stuck (a ``TimeoutError``: ended)
+        or cannot follow the model: the runs stay on the training thread from here (said)."""
         self.close()
-        if isinstance(why, BaseException):  # the run in hand made again on the training thread
-            why = _ENDED.format(why if isinstance(why, TimeoutError) else "could not start or has ended")
+        if isinstance(why, BaseException):  # the run in hand made again on the training thread, unless the fit ends
+            code, ending = self.exitcode, getattr(self.trainer, "received_sigterm", False)  # Lightning: at batch end
+            how = next((f"was ended by {s.name}" for s in signal.Signals if -s == code), f"has ended (exit {code})")
+            how = str(why) if isinstance(why, TimeoutError) else how if code else "could not start or has ended"
+            why = f"the runs' worker process {how}; {_ENDED[bool(ending)]}"
         if self.alive:
             self.alive = False
             warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
@@ -221,6 +225,7 @@ class IdleCore:
             self._pipe.send_bytes(pickle.dumps(None))
         self._pipe.close()  # an answer it is still writing fails at once (no one reads it now): it sees the stop
         self._process.join(timeout=1.0)  # every run that counts has been read: a busy worker's is not needed
+        self.exitcode = self._process.exitcode
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
@@ -316,8 +321,8 @@ class ProcessTransfer:
                 return self._pipe.poll()
         return True
 
-    def result(self) -> HostResult:
-        """The run's numbers; waits for them, up to its limit (then the worker is stuck). Raises what the run raised."""
+    def result(self) -> HostResult | None:
+        """The run's numbers (waits, up to its limit). Raises what the run raised. ``None``: dropped (see ``ended``)."""
         if self._answer is None and self._pipe is not None:
             try:
                 if not self._pipe.poll(max(0.0, self.began + self.limit - time.perf_counter())):
@@ -327,7 +332,9 @@ class ProcessTransfer:
                 self.core.longest = max(self.core.longest, time.perf_counter() - self.began)
             except (EOFError, OSError) as error:  # the process has ended, or is stuck
                 self.core.ended(error)
-        if self._answer is None:  # no process to read: the run on the training thread
+        if self._answer is None:  # no process to read: the run on the training thread, unless the fit ends
+            if getattr(self.core.trainer, "received_sigterm", False):
+                return None
             self._answer = self.again()
         if isinstance(self._answer, BaseException):
             raise self._answer
@@ -366,7 +373,7 @@ def idle_core(
     except Exception:  # noqa: BLE001 - a forward that cannot run on a copy: the runs stay on the training thread
         return None
     same = all(heldout.same_values(getattr(mine, k), getattr(theirs, k)) for k in ("attributions", "f_input"))
-    return None if draws or mine.stochastic or not same else IdleCore(replica, monitor)
+    return None if draws or mine.stochastic or not same else IdleCore(replica, monitor, trainer)
 
 
 def _current_cpu() -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.nn.utils.prune
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from lightning_ig import IntegratedGradientsCallback
@@ -266,7 +268,7 @@ def test_a_worker_process_that_dies_hands_its_runs_to_the_training_thread_and_no
     )
     killer = _KillsTheWorker(callback)
     trainer = make_trainer(tmp_path, [callback, killer], max_steps=20)
-    with pytest.warns(UserWarning, match="worker process could not start or has ended"):
+    with pytest.warns(UserWarning, match="worker process was ended by SIGKILL; they run on the training thread"):
         trainer.fit(TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
     assert killer.killed
     assert len(callback.history) == 7  # steps 3, 6, ..., 18 and the end: every run logged
@@ -390,6 +392,31 @@ def test_a_worker_stuck_mid_run_is_ended_and_its_run_made_on_the_training_thread
     inline = _fit_runs(tmp_path / "inline", twin, overhead=None)
     assert len(beside.history) == len(inline.history) == 7  # the stuck run made on the training thread, none lost
     assert _reports(tmp_path / "beside" / "ig_reports") == _reports(tmp_path / "inline" / "ig_reports")
+
+
+class _Terminates(Callback):
+    """At step 10 (the worker stuck in step 9's run), SIGTERM to the worker and the training process, as a job
+    scheduler's to the process group."""
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == 10:
+            for child in multiprocessing.active_children():
+                if child.name == "lightning-ig-run":
+                    child.terminate()  # SIGTERM
+            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler: the fit ends at this batch's end
+
+
+@needs_a_spare_core
+def test_sigterm_says_the_worker_was_ended_by_it_and_drops_its_run(tmp_path, one_thread):
+    # guards against: "could not start or has ended" and the worker's run made again on the training thread while
+    # the fit shuts down on SIGTERM (time out of a scheduler's grace period, before a checkpoint's on_exception)
+    callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=3, overhead=None)
+    trainer = make_trainer(tmp_path, [callback, _Terminates()], max_steps=20)
+    said = "was ended by SIGTERM; the fit is ending on SIGTERM: the run in hand is dropped"
+    with pytest.warns(UserWarning, match=said), pytest.raises(SIGTERMException):
+        trainer.fit(_StuckMidRun(), DataLoader(dataset(), batch_size=16))
+    assert [entry["global_step"] for entry in callback.history] == [3, 6]  # step 9's run dropped, not made again
+    assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
 
 
 class _Prunes(Callback):
