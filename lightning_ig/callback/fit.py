@@ -126,7 +126,8 @@ _STALE = (
 )
 
 _STUCK = 10.0  # seconds (and 100 forwards) past which the worker's first answer to a run is not coming
-_SLOW = 1000  # the run's answer: past _STUCK and that many times the first answer (or 10 of the longest run)
+_SLOW = 10_000  # the run's answer: past _STUCK and that many times the first (a first run with every check and
+# n_steps="auto" can take some thousand forwards) or 10 times the longest run
 
 _RESHAPED = "the model's parameters or buffers changed names or shapes (pruning?); runs on the training thread"
 
