@@ -196,7 +196,9 @@ def build_report(
     }
     if tolerance is not None:  # the run's verdict, as the callback's reports write it; no trust checks ran here
         within = report["completeness"]["verdict"]["within"]
-        report["verdict"] = {"accuracy": _kind(host, within), "within": within, "trust": None}
+        non_finite = host.non_finite.any()
+        kind = "non-finite" if non_finite else "unchecked" if within is None else "pass" if within else "fail"
+        report["verdict"] = {"accuracy": kind, "within": within, "trust": None}  # the kinds the cards write
     if host.groups is not None and host.group_moments is not None:
         report["groups"] = statistics_rows(host.groups.names, host.group_moments, host.groups.sizes.tolist())
         # the verdict card's share: each cell's |attribution| counted on its own, so cells that cancel keep their mass
@@ -206,13 +208,6 @@ def build_report(
             row["share"] = share
     report.update(extra or {})
     return report
-
-
-def _kind(host: HostResult, within: bool | None) -> str:
-    """The verdict's kind as the cards write it: ``non-finite``, ``unchecked``, ``pass`` or ``fail``."""
-    if bool(host.non_finite.any()):
-        return "non-finite"
-    return "unchecked" if within is None else "pass" if within else "fail"
 
 
 def verdict_keys(summary: RunSummary) -> dict[str, Any]:
@@ -327,24 +322,20 @@ def report_to_json(report: Mapping[str, Any]) -> str:
         raise ValueError(f"the report holds a non-finite number, which strict JSON cannot carry: {error}") from error
 
 
-def _encode(value: Any, indent: str) -> str:
-    inner = indent + "  "
-    if isinstance(value, Mapping):
-        if not value:
-            return "{}"
-        items = [f"{inner}{_scalar(str(key))}: {_encode(item, inner)}" for key, item in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(value, (list, tuple)) and value and all(isinstance(item, Mapping) for item in value):
-        return "[\n" + ",\n".join(inner + _scalar(item) for item in value) + "\n" + indent + "]"
-    return _scalar(value)
-
-
 # One encoder for every line (json.dumps with options builds a new one per call). Python writes floats with
 # repr(): the shortest text that reads back to the same double.
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(", ", ": "))
 
 
-def _scalar(value: Any) -> str:
+def _encode(value: Any, indent: str) -> str:
+    inner = indent + "  "
+    if isinstance(value, Mapping):
+        if not value:
+            return "{}"
+        items = [f"{inner}{_ENCODER.encode(str(key))}: {_encode(item, inner)}" for key, item in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(item, Mapping) for item in value):
+        return "[\n" + ",\n".join(inner + _ENCODER.encode(item) for item in value) + "\n" + indent + "]"
     return _ENCODER.encode(value)
 
 
@@ -568,9 +559,8 @@ _ROW_FIELDS = (
 def _action_rows(host: HostResult, action: int, actions: int) -> HostResult:
     """One action's rows of a ``target="each"`` run, for its completeness (``features`` stays the run's; the
     near-baseline flags stay those of the run: a tenth of the median over every pair)."""
-    fields = {name: getattr(host, name) for name in _ROW_FIELDS}
     picked: dict[str, Any] = {
-        name: None if values is None else values[action::actions] for name, values in fields.items()
+        name: None if (rows := getattr(host, name)) is None else rows[action::actions] for name in _ROW_FIELDS
     }
     return dataclasses.replace(host, **picked)
 
