@@ -66,21 +66,13 @@ def format_value(value: float, digits: int = 3) -> str:
         return str(value)
     if value == 0:
         return "0"
-    if _PLAIN_LOW <= abs(value) < _PLAIN_HIGH:
-        rounded = float(f"{value:.{digits}g}")  # 3 significant digits, then as plain decimals
-        if abs(rounded) >= _PLAIN_HIGH:  # 99999.7 rounds up past the plain range
-            return _scientific(value, digits)
+    # the significant digits as plain decimals, unless they round up past the plain range (99999.7)
+    if _PLAIN_LOW <= abs(value) < _PLAIN_HIGH and abs(rounded := float(f"{value:.{digits}g}")) < _PLAIN_HIGH:
         decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
         text = f"{rounded:.{decimals}f}"
         return text.rstrip("0").rstrip(".") if "." in text else text
-    return _scientific(value, digits)
-
-
-def _scientific(value: float, digits: int) -> str:
     mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{exponent}"
+    return f"{mantissa.rstrip('0').rstrip('.') if '.' in mantissa else mantissa}e{exponent}"
 
 
 def format_signed(value: float, digits: int = 3) -> str:
@@ -210,9 +202,8 @@ def trust_line(trust: Any) -> str:
         return _figures_of(trust, others[0]) if others else "accuracy, above"
     if trust.status == "unresolved":
         return _short(trust.notes[0]) if trust.notes else "nothing judged yet"
-    judged = [name for name in ("randomization", "deletion", "stability") if getattr(trust, name, None) is not None]
     words = {"randomization": "sanity", "deletion": "faithfulness", "stability": "stability"}
-    return ", ".join(["accuracy", *(words[name] for name in judged)])
+    return ", ".join(["accuracy", *(word for name, word in words.items() if getattr(trust, name, None) is not None)])
 
 
 def _figures_of(trust: Any, reason: str) -> str:
