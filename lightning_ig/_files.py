@@ -160,14 +160,6 @@ def _identity(path: Path, *, follow_symlinks: bool = True) -> tuple[int, int] | 
     return info.st_dev, info.st_ino
 
 
-def _is_input(output: Path, destination: Path, follow_symlinks: bool, source: Path) -> bool:
-    """Writing ``output`` would replace ``source`` (or the link by which the run reads it)."""
-    if destination in (_resolved(source), _resolved(source.parent) / source.name):
-        return True
-    mine = _identity(output, follow_symlinks=follow_symlinks)
-    return mine is not None and mine == _identity(source)
-
-
 def _reason(error: OSError) -> str:
     return error.strerror or str(error)
 
@@ -220,8 +212,11 @@ def _check_file(
             f"{named}: the file name is {size} bytes, more than the {limit} its folder's file system takes; "
             "choose a shorter name"
         )
-    for source in inputs:
-        if _is_input(target, destination, not made_up, source):
+    mine = _identity(target, follow_symlinks=not made_up)  # a hard link to an input is that input
+    for source in inputs:  # writing the output would replace the input, or the link by which the run reads it
+        if destination in (_resolved(source), _resolved(source.parent) / source.name) or (
+            mine is not None and mine == _identity(source)
+        ):
             raise OutputPathError(
                 f"{named} is also an input of this run ({os.fspath(source)!r}); "
                 "writing the output there would destroy it: choose another file name"
@@ -232,8 +227,18 @@ def _check_file(
         mode = None
     except OSError as error:
         raise OutputPathError(f"{named} cannot be used ({_reason(error)}); choose another file name") from None
-    if mode is not None:
-        _check_kind(mode, destination, named, made_up=made_up)
+    if mode is not None:  # an existing entry at the destination must be a regular file (a made-up name: not a link)
+        if stat.S_ISLNK(mode) and not made_up:  # a user's path was resolved: realpath gives up only on a loop of links
+            raise OutputPathError(f"{named} is a symbolic link that leads to no file (a loop); give a plain file name")
+        if stat.S_ISLNK(mode):
+            raise OutputPathError(
+                f"{named} is a symbolic link (to {os.readlink(destination)!r}); lightning-ig makes this name "
+                "itself and never writes through a link: remove the link, or choose another folder"
+            )
+        if stat.S_ISDIR(mode):
+            raise OutputPathError(f"{named} is a folder; give a file name inside it")
+        if not stat.S_ISREG(mode):
+            raise OutputPathError(f"{named} is not a regular file (a device, FIFO or socket); give a plain file name")
     folder = destination.parent
     if folder_planned and not folder.exists():
         return target  # the plan checked the folder and makes it: nothing can be in it yet
@@ -242,21 +247,6 @@ def _check_file(
     if not os.access(folder, os.W_OK | os.X_OK) or (mode is not None and not os.access(destination, os.W_OK)):
         raise OutputPathError(f"{named} is not writable; choose a folder you can write to")
     return target
-
-
-def _check_kind(mode: int, destination: Path, named: str, *, made_up: bool) -> None:
-    """An existing entry at an output's destination must be a regular file (a made-up name: not a link)."""
-    if stat.S_ISLNK(mode) and not made_up:  # a user's path was resolved: realpath gives up only on a loop of links
-        raise OutputPathError(f"{named} is a symbolic link that leads to no file (a loop); give a plain file name")
-    if stat.S_ISLNK(mode):
-        raise OutputPathError(
-            f"{named} is a symbolic link (to {os.readlink(destination)!r}); lightning-ig makes this name "
-            "itself and never writes through a link: remove the link, or choose another folder"
-        )
-    if stat.S_ISDIR(mode):
-        raise OutputPathError(f"{named} is a folder; give a file name inside it")
-    if not stat.S_ISREG(mode):
-        raise OutputPathError(f"{named} is not a regular file (a device, FIFO or socket); give a plain file name")
 
 
 def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder", create: bool = True) -> Path:
