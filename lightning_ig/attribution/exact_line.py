@@ -196,20 +196,14 @@ def exact_line(
     double, xs, bs = _prepared(model, states, baselines)
     started = time.perf_counter()
     targets = _row_targets(target, pairs, double, xs)
-    walks = [_walk(double, _relus_of(double, model, relus), xs, bs, one) for one in targets]
+    by_name, names = dict(double.named_modules()), {id(module): name for name, module in model.named_modules()}
+    copies = [by_name[names[id(relu)]] for relu in relus]  # the float64 copy's ReLUs, in the order of the model's
+    walks = [_walk(double, copies, xs, bs, one) for one in targets]
     return _stacked(walks, Target.parse(target).every_output, "exact_line", time.perf_counter() - started)
 
 
-def _relus_of(double: nn.Module, model: nn.Module, relus: list[nn.Module]) -> list[nn.Module]:
-    """The float64 copy's ReLU modules, in the order :func:`_check_walkable` found the model's."""
-    by_name = dict(double.named_modules())
-    names = {id(module): name for name, module in model.named_modules()}
-    return [by_name[names[id(relu)]] for relu in relus]
-
-
 def _walk(model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, target: _RowTarget) -> dict[str, Any]:
-    feature_shape = tuple(xs.shape[1:])
-    batch = xs.shape[0]
+    batch, feature_shape = xs.shape[0], tuple(xs.shape[1:])
     xf, bf = xs.reshape(batch, -1), bs.reshape(batch, -1)
     diff = xf - bf
     captured: list[tuple[Tensor, Tensor]] = []
@@ -353,8 +347,7 @@ def midpoint_reference(
 def _midpoint(
     model: nn.Module, xs: Tensor, bs: Tensor, target: _RowTarget, n_steps: int, chunk_rows: int
 ) -> dict[str, Any]:
-    feature_shape = tuple(xs.shape[1:])
-    batch = xs.shape[0]
+    batch, feature_shape = xs.shape[0], tuple(xs.shape[1:])
     xf, bf = xs.reshape(batch, -1), bs.reshape(batch, -1)
     diff = xf - bf
     total = torch.zeros_like(xf)
