@@ -98,9 +98,6 @@ def load_schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
-# --------------------------------------------------------------------------- the document
-
-
 def build_report(
     result: Any,
     *,
