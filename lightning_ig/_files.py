@@ -85,8 +85,7 @@ def check_input_file(path: str | os.PathLike[str], what: str, fix: str = "give a
         raise InputPathError(f"{named} holds a NUL character, which no file name can; {fix}") from None
     except OSError as error:
         raise InputPathError(f"{named} {_unreachable(path, error)}; {fix}") from None
-    kind = next((name for test, name in _KINDS if test(info.st_mode)), None)
-    if kind is not None:
+    if (kind := next((name for test, name in _KINDS if test(info.st_mode)), None)) is not None:
         raise InputPathError(f"{named} is {kind}, not a regular file; {fix}")
     if not os.access(path, os.R_OK):
         raise InputPathError(f"{named} is not readable (permission denied); check its permissions")

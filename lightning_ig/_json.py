@@ -58,8 +58,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _integer(digits: str) -> int:
-    count = len(digits.lstrip("-"))
-    if count > MAX_INT_DIGITS:
+    if (count := len(digits.lstrip("-"))) > MAX_INT_DIGITS:
         raise ValueError(f"an integer of {count} digits ({digits[:12]}...); no count or index is that large")
     return int(digits)
 

@@ -234,8 +234,7 @@ def check_mapping(value: Any, name: str) -> dict[str, Any]:
     """``value`` as a dict with string keys."""
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a dict, got {shown_with_type(value)}")
-    bad = next((key for key in value if not isinstance(key, str)), None)
-    if bad is not None:
+    if (bad := next((key for key in value if not isinstance(key, str)), None)) is not None:
         raise TypeError(f"{name} must have string keys, got the key {shown_with_type(bad)}")
     return dict(value)
 
@@ -364,8 +363,7 @@ def check_memory(needed: int, what: str, fix: str) -> None:
     Raises:
         ValueError: ``needed`` is more than :func:`available_memory`.
     """
-    free = available_memory()
-    if free is not None and needed > free:
+    if (free := available_memory()) is not None and needed > free:
         raise ValueError(
             f"{what} needs about {size_text(needed)} of memory, more than the {size_text(free)} available here; {fix}"
         )

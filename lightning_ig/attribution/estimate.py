@@ -137,8 +137,7 @@ def _rule_parts(alphas: Tensor, weights: Tensor) -> _RuleParts:
     small kernels once, instead of at every call and in every captured graph. Not remembered while a CUDA graph is being
     captured (a tensor made then lives in the graph's memory pool); the eager run before a capture fills it."""
     key = (id(alphas), id(weights))
-    known = _RULES.get(key)
-    if known is not None and known[0]() is alphas and known[1]() is weights:
+    if (known := _RULES.get(key)) is not None and known[0]() is alphas and known[1]() is weights:
         return known[2]
     splits = torch.cumsum(weights, 0)[:-1].view(-1, 1)  # (n - 1, 1): beta_1 .. beta_{n-1}
     stencil = _smooth_stencil(alphas.to(torch.float64), weights.to(torch.float64)).to(alphas.dtype)

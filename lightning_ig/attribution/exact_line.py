@@ -257,8 +257,7 @@ def _walk(model: nn.Module, relus: list[nn.Module], xs: Tensor, bs: Tensor, targ
         for handle in handles:
             handle.remove()
     walked = {**_ends(model, xs, bs, target, diff * integral), "regions": regions, "gradients": gradients}
-    worst = float(walked["completeness"].max())
-    if not worst <= _SELF_CHECK:  # NaN fails too
+    if not (worst := float(walked["completeness"].max())) <= _SELF_CHECK:  # NaN fails too
         state = int(walked["completeness"].argmax())
         raise ExactLineError(
             f"the exact line's self-check failed: its regions integrate to F(x) - F(b) only to {worst:.3g} (state "

@@ -95,8 +95,7 @@ class FeatureGroups:
         if int(self.ids.min()) < 0:
             raise ValueError(f"ids must be group indices >= 0, got {int(self.ids.min())}")
         self.sizes = torch.bincount(self.ids)  # (G,)
-        empty = (self.sizes == 0).nonzero().reshape(-1)
-        if empty.numel():
+        if (empty := (self.sizes == 0).nonzero().reshape(-1)).numel():
             raise ValueError(
                 f"ids leave group {int(empty[0])} without a feature; number the groups 0..G-1 with every number used"
             )
@@ -240,8 +239,7 @@ class FeatureGroups:
             flat = _members(members, shape, name)
             if flat.numel() == 0:
                 raise ValueError(f"feature_groups[{name!r}] is empty; every group needs at least one feature")
-            taken = ids[flat] >= 0
-            if bool(taken.any()):
+            if bool((taken := ids[flat] >= 0).any()):
                 feature = int(flat[taken][0])
                 raise ValueError(
                     f"feature {feature} is in feature_groups[{name!r}] and in "
@@ -251,8 +249,7 @@ class FeatureGroups:
             labels.append(name)
         if not labels:
             raise ValueError("feature_groups is an empty dict; name at least one group")
-        rest = ids < 0
-        if bool(rest.any()):  # features in no group: one more group, so that the groups still add up
+        if bool((rest := ids < 0).any()):  # features in no group: one more group, so that the groups still add up
             ids[rest] = len(labels)
             tails = ("", " features", *(f" {number}" for number in range(2, len(labels) + 3)))
             labels.append(next(_OTHER + tail for tail in tails if _OTHER + tail not in labels))

@@ -337,8 +337,7 @@ def choose_contrast(outputs: Any, batch: int) -> Tensor:
     """
     if not isinstance(outputs, Tensor) or not outputs.dtype.is_floating_point:
         raise TypeError(f"forward must return a floating-point tensor, got {type(outputs).__name__}")
-    shape = tuple(outputs.shape)
-    if len(shape) != 2 or shape[0] != batch or shape[1] < 2:
+    if len(shape := tuple(outputs.shape)) != 2 or shape[0] != batch or shape[1] < 2:
         raise ValueError(
             f"target='contrast' needs a forward returning (N, A) values with A >= 2 (the greedy output and the "
             f"runner-up); got {shape} for {batch} states"

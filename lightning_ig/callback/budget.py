@@ -301,8 +301,7 @@ class Budget:
         credit -= self.run_cost(windows)
         chosen: list[str] = []
         for name in due if windows == 1 else ():
-            cost = self.check_costs.get(name, 0.0)
-            if cost <= credit:
+            if (cost := self.check_costs.get(name, 0.0)) <= credit:
                 chosen.append(name)
                 credit -= cost
         window = 0

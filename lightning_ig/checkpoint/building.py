@@ -314,8 +314,7 @@ def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...] | None]:
 def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping[str, tuple[int, ...]]) -> str | None:
     """Why weights of the ``held`` shapes do not load into a model whose state dict has the ``expected`` ones
     (``None``: a lazy tensor, any shape), in load_state_dict's words; ``None`` where they do."""
-    wrong = [key for key, shape in expected.items() if shape is not None and held.get(key, shape) != shape]
-    if wrong:
+    if wrong := [key for key, shape in expected.items() if shape is not None and held.get(key, shape) != shape]:
         key = wrong[0]
         found = f"the file holds {held[key]}, the model has {expected[key]}"
         return f"size mismatch for {key}: {found}; {len(wrong)} tensor(s) differ"

@@ -33,8 +33,7 @@ def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> li
         listed = json_metadata(metadata, HEADS_KEY, path)
         if not isinstance(listed, dict):
             raise CheckpointError(f"metadata {HEADS_KEY!r} of {str(path)!r} must be a JSON object of heads")
-        bad = next((head for head in listed if not _usable(head)), None)
-        if bad is not None:
+        if (bad := next((head for head in listed if not _usable(head)), None)) is not None:
             raise CheckpointError(
                 f"metadata {HEADS_KEY!r} of {str(path)!r} names the head {shown(bad)}; a head's name is printable "
                 f"text without {HEAD_SEPARATOR!r} or a path separator: rewrite the file"

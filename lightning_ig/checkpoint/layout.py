@@ -147,8 +147,7 @@ def existing_file(path: str | os.PathLike[str], what: str = "checkpoint") -> Pat
 
 def check_format(metadata: Mapping[str, str], path: Any) -> None:
     """Refuse a file written in a format this version does not know (``lightning_ig.format`` other than ``"1"``)."""
-    version = metadata.get(FORMAT_KEY, FORMAT_VERSION)
-    if version != FORMAT_VERSION:
+    if (version := metadata.get(FORMAT_KEY, FORMAT_VERSION)) != FORMAT_VERSION:
         raise CheckpointError(
             f"{os.fspath(path)!r} is in lightning-ig checkpoint format {shown(version)}; this version reads format "
             f"{FORMAT_VERSION}: read it with the lightning-ig that wrote it, or a newer one"

@@ -143,8 +143,7 @@ def _read_npy(file: Path, prefix: str | None) -> Tensor:
     from numpy.lib import format as npy  # noqa: PLC0415
 
     with open_input(file, "states file") as handle:
-        start = handle.read(6)
-        if start != npy.MAGIC_PREFIX:
+        if (start := handle.read(6)) != npy.MAGIC_PREFIX:
             hint = next((text for magic, text in _NOT_NPY.items() if start.startswith(magic)), "not a .npy file")
             raise CheckpointError(f"states file {str(file)!r} is {hint}; write the states with numpy.save")
         handle.seek(0)
@@ -157,8 +156,7 @@ def _read_npy(file: Path, prefix: str | None) -> Tensor:
         if dtype.hasobject or dtype.kind not in "iuf":
             _refuse_kind(file, "Python-object" if dtype.hasobject else str(dtype))
         values = math.prod(shape)
-        held = os.fstat(handle.fileno()).st_size - handle.tell()
-        if held < values * dtype.itemsize:
+        if (held := os.fstat(handle.fileno()).st_size - handle.tell()) < values * dtype.itemsize:
             raise CheckpointError(
                 f"states file {str(file)!r} is cut short: its header announces {values * dtype.itemsize:,} bytes of "
                 f"states, it holds {held:,}; write it again"
@@ -182,8 +180,7 @@ def _read_safetensors(file: Path, prefix: str | None) -> Tensor:
                 "store the states under one of those keys"
             )
         header = handle.get_slice(key)
-        kind = header.get_dtype()
-        if kind == "BOOL" or kind.startswith("C"):  # a mask or complex numbers, not states
+        if (kind := header.get_dtype()) == "BOOL" or kind.startswith("C"):  # a mask or complex numbers, not states
             _refuse_kind(file, kind.lower())
         _fits(math.prod(header.get_shape()) * 24, file)  # as stored (8 bytes a value at most), float64, the dtype
         return handle.get_tensor(key)
@@ -213,7 +210,6 @@ def states_beside(checkpoint: str | os.PathLike[str]) -> Path | None:
     file = Path(checkpoint)
     for base in (f"{file.stem}.states", "states"):
         for suffix in STATE_SUFFIXES:
-            candidate = file.with_name(base + suffix)
-            if candidate.is_file() and candidate != file:
+            if (candidate := file.with_name(base + suffix)).is_file() and candidate != file:
                 return candidate
     return None

@@ -238,8 +238,7 @@ def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
         with torch.no_grad():
             output = model(states[:1])
     except Exception as error:  # noqa: BLE001 - the model's own error (shapes, dtypes), said in the user's terms
-        width = _expected_width(model)
-        if states.ndim == 2 and width is not None and states.shape[1] != width:
+        if states.ndim == 2 and (width := _expected_width(model)) is not None and states.shape[1] != width:
             raise UsageError(
                 f"the states from {where} have {states.shape[1]} features but the model takes {width}; "
                 f"give states with {width} columns (or the matching checkpoint/head)"
@@ -257,8 +256,7 @@ def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
 
 def _expected_width(model: nn.Module) -> int | None:
     """The input width the model says it takes (``state_dim``), or its first linear layer's."""
-    width = getattr(model, "state_dim", None)
-    if isinstance(width, int) and not isinstance(width, bool):
+    if isinstance(width := getattr(model, "state_dim", None), int) and not isinstance(width, bool):
         return width
     for module in model.modules():  # the first module with a weight: a Linear says its width, a Conv2d none
         if any(p.dim() >= 2 for p in module.parameters(recurse=False)):

@@ -44,8 +44,7 @@ def _read_report(path: str) -> dict[str, Any]:
         raise UsageError(
             f"{path!r} is not a lightning-ig report (no schema_version); give a file written by lightning-ig diag"
         )
-    version = report["schema_version"]
-    if type(version) is not int or version != 1:  # true == 1 in Python, not in a schema
+    if type(version := report["schema_version"]) is not int or version != 1:  # true == 1 in Python, not in a schema
         raise UsageError(f"{path!r} has schema_version {version!r:.40}; this lightning-ig reads version 1")
     return report
 
@@ -94,8 +93,7 @@ def completeness_words(report: Mapping[str, Any], ratio: bool = True) -> str | N
     """
     completeness = _mapping(report.get("completeness"))
     num_states = _real(report.get("num_states"))
-    non_finite = report.get("non_finite_states")
-    if isinstance(non_finite, list) and non_finite:
+    if isinstance(non_finite := report.get("non_finite_states"), list) and non_finite:
         of = f" of {num_states:.0f}" if num_states is not None else ""
         return f"NaN/Inf on {len(non_finite)}{of} states (first: state {_text(non_finite[0])})"
     worst = _real(completeness.get("worst_relative_error"))

@@ -148,10 +148,8 @@ def _put_back(module: nn.Module, kept: Mapping[str, Tensor], now: Mapping[str, T
 
 def _restore(snapshot: _LayerSnapshot) -> None:
     module = snapshot.module
-    if snapshot.lazy:
-        guards = BEFORE_NOISE_WRITE.get(module, [])
-        if snapshot.copy_buffers in guards:
-            guards.remove(snapshot.copy_buffers)
+    if snapshot.lazy and snapshot.copy_buffers in (guards := BEFORE_NOISE_WRITE.get(module, [])):
+        guards.remove(snapshot.copy_buffers)
     with torch.no_grad():
         # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit.
         _put_back(module, snapshot.parameters, dict(module.named_parameters(recurse=False)), buffers=False)

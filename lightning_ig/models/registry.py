@@ -91,8 +91,7 @@ def register_model(name: str) -> Callable[[_ModelT], _ModelT]:
     def decorator(cls: _ModelT) -> _ModelT:
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise TypeError(f"register_model({name!r}) decorates torch.nn.Module subclasses, got {cls!r}")
-        taken = _REGISTRY.get(name)
-        if taken is not None and _import_path(taken) != _import_path(cls):
+        if (taken := _REGISTRY.get(name)) is not None and _import_path(taken) != _import_path(cls):
             raise ValueError(f"model name {name!r} is already registered for {_import_path(taken)}; pick another name")
         _REGISTRY[name] = cls
         return cls
@@ -252,8 +251,7 @@ def model_name(model: nn.Module) -> str:
 
 def model_config(model: nn.Module) -> dict[str, Any] | None:
     """The model's constructor config: ``model.config()`` when it has one, else ``None``."""
-    config = getattr(model, "config", None)
-    if callable(config):
+    if callable(config := getattr(model, "config", None)):
         value = config()
         if not isinstance(value, dict):
             raise TypeError(f"{type(model).__name__}.config() must return a dict, got {type(value).__name__}")

@@ -229,8 +229,7 @@ def launch_reduce(
 
 def launch_none(input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
     loss = torch.empty_like(input)
-    n = input.numel()
-    if n:
+    if n := input.numel():
         index = input.get_device()
         kernel = _kernel("soft_margin_none", input.dtype, index)
         args = (_cupy.pointer(input), _cupy.pointer(target), _cupy.pointer(loss), np.int64(n))

@@ -158,8 +158,7 @@ def _verdict(worst_attribution_error: float, worst_mass_relative_error: float, t
         return AccuracyVerdict(
             None, "none", math.nan, threshold, "no state could be checked: every state is near the baseline"
         )
-    broken = next((name for name, value in figures.items() if not math.isfinite(value)), None)
-    if broken is not None:
+    if (broken := next((name for name, value in figures.items() if not math.isfinite(value)), None)) is not None:
         value = figures[broken]
         cause = "NaN/Inf in a value or gradient" if math.isinf(value) else "missing where the other figure is not"
         return AccuracyVerdict(

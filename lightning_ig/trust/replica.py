@@ -206,8 +206,7 @@ def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
             with torch.cuda.device(device):
                 torch.cuda.manual_seed(seed)  # this device's generator (fork_rng puts it back)
         for layer in module.modules():
-            reset = getattr(layer, "reset_parameters", None)
-            if callable(reset):
+            if callable(reset := getattr(layer, "reset_parameters", None)):
                 reset()  # the layer's own initialisation, on the seeded global generator
                 covered.update(id(parameter) for parameter in layer.parameters(recurse=False))
     shuffled = kept = 0

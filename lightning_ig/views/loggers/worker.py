@@ -43,8 +43,7 @@ def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]]
     file_writer = _file_writer(writer)
     if file_writer is None:
         for tag, values in histograms:
-            finite = values[np.isfinite(values)]
-            if finite.size:
+            if (finite := values[np.isfinite(values)]).size:
                 writer.add_histogram(tag, finite, step, bins=HISTOGRAM_BINS)
         if text is not None:
             writer.add_text(text[0], text[1], step)
@@ -54,8 +53,7 @@ def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]]
 
     summaries: list[Any] = []
     for tag, column in histograms:
-        finite = column[np.isfinite(column)]
-        if finite.size:  # a histogram of nothing is an error in TensorBoard
+        if (finite := column[np.isfinite(column)]).size:  # a histogram of nothing is an error in TensorBoard
             summaries.extend(made.histogram(tag, finite, HISTOGRAM_BINS).value)
     if text is not None:
         summaries.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's

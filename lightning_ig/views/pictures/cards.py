@@ -393,8 +393,7 @@ def _wrapped(canvas: Canvas, text: str, room: float) -> list[str]:
         return [text]
     words = text.split(" ")
     for count in range(len(words) - 1, 0, -1):
-        first = " ".join(words[:count])
-        if canvas.text_width(first, size=SMALL_SIZE) <= room:
+        if canvas.text_width(first := " ".join(words[:count]), size=SMALL_SIZE) <= room:
             return [first, canvas.fit(" ".join(words[count:]), room, size=SMALL_SIZE)]
     return [canvas.fit(text, room, size=SMALL_SIZE)]
 

@@ -90,8 +90,7 @@ def categorical_colours(count: int) -> list[str]:
     colours = []
     for index in range(count):
         base = np.array(rgb(CATEGORICAL[index % len(CATEGORICAL)]), dtype=np.float64)
-        cycle = index // len(CATEGORICAL)
-        if cycle:  # alternately mixed with white and with black, further each cycle
+        if cycle := index // len(CATEGORICAL):  # alternately mixed with white and with black, further each cycle
             mix = np.array([255.0] * 3 if cycle % 2 else [0.0] * 3)
             base = base + (mix - base) * min(0.2 * ((cycle + 1) // 2), 0.6)
         colours.append("#" + "".join(f"{round(v):02x}" for v in base))
@@ -256,8 +255,7 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     from PIL import Image  # noqa: PLC0415
 
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))
-    colours = image.getcolors(256)
-    if colours is None:
+    if (colours := image.getcolors(256)) is None:
         octree = image.quantize(256, method=Image.Quantize.FASTOCTREE)
         palette = image.quantize(palette=octree, dither=Image.Dither.NONE)  # the nearest colour: half the worst error
     else:

@@ -98,8 +98,7 @@ def check_saliency_channel(channel: int | None, feature_shape: tuple[int, ...]) 
     """
     if channel is None or saliency_kind(feature_shape) != "image":
         return
-    channels = math.prod(feature_shape[:-2])
-    if not 0 <= channel < channels:
+    if not 0 <= channel < (channels := math.prod(feature_shape[:-2])):
         raise ValueError(
             f"saliency_channel={channel} is out of range for {channels} channels (feature shape {feature_shape}); "
             f"pick 0..{channels - 1}, or None for every channel in its colour"
