@@ -106,8 +106,7 @@ class TrustSummary:
         lines += [f"- {reason}" for reason in self.reasons]
         if self.accuracy is not None and self.accuracy.within:  # a failed one is among the reasons
             lines.append(f"- accuracy: {self.accuracy.reason} (passed)")
-        if self.randomization is not None:
-            sanity = self.randomization
+        if (sanity := self.randomization) is not None:
             lines.append(
                 f"- sanity (step {steps.get('sanity', '?')}): rank correlation with a re-initialised copy "
                 f"{sanity.randomization_rank_correlation:.3f}, two re-initialised copies "
@@ -115,14 +114,12 @@ class TrustSummary:
                 f"{'' if sanity.resolved else ' (a ceiling: too few to resolve)'} "
                 f"({'passed' if sanity.passed else 'failed'})"
             )
-        if self.deletion is not None:
-            deletion = self.deletion
+        if (deletion := self.deletion) is not None:
             lines.append(
                 f"- faithfulness (step {steps.get('deletion', '?')}): deletion AUC {deletion.deletion_auc:.3f}, "
                 f"random order {deletion.deletion_auc_random:.3f} ({'passed' if deletion.passed else 'failed'})"
             )
-        if self.stability is not None and self.stability.applicable:
-            stability = self.stability
+        if (stability := self.stability) is not None and stability.applicable:
             lines.append(
                 f"- stability (step {steps.get('stability', '?')}): rank correlation under exploration noise "
                 f"{stability.noise_rank_correlation:.3f} ({'passed' if stability.passed else 'failed'})"

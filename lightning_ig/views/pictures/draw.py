@@ -247,8 +247,7 @@ def actions_picture(summary: RunSummary, labels: Sequence[str], inputs: PictureI
     """Why this action: per action (``target="each"``), or the greedy action against the runner-up (``"contrast"``);
     ``None`` when the run has nothing to draw."""
     top = min(summary.settings.top_k, 6)
-    if summary.actions is not None:
-        actions = summary.actions
+    if (actions := summary.actions) is not None:
         return action_panels(
             list(labels),
             actions.names,
