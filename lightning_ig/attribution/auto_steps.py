@@ -103,8 +103,7 @@ def _going_on(out: dict[str, Tensor], floor: Tensor, tolerance: float, moved: Te
 
 def _merged(old: Tensor, new: Tensor) -> Tensor:
     """``(T, 3 n, ...)``: the old nodes at the middle of each triple, the new ones at its ends, in node order."""
-    total = old.shape[1] * 3
-    merged = torch.empty((old.shape[0], total, *old.shape[2:]), dtype=old.dtype, device=old.device)
+    merged = torch.empty((old.shape[0], old.shape[1] * 3, *old.shape[2:]), dtype=old.dtype, device=old.device)
     merged[:, 1::3] = old
     fresh = new.view(new.shape[0], -1, 2, *new.shape[2:])
     merged[:, 0::3] = fresh[:, :, 0]

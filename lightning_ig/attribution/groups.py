@@ -185,8 +185,7 @@ class FeatureGroups:
                 f"feature_groups='channels' needs states with a channel dimension, (C, H, W) or (C, L); the states "
                 f"have feature shape {shape}: use 'features', a mask or a dict"
             )
-        per_channel = math.prod(shape[1:])
-        ids = torch.arange(shape[0]).repeat_interleave(per_channel)
+        ids = torch.arange(shape[0]).repeat_interleave(math.prod(shape[1:]))
         return cls(ids, [f"channel {c}" for c in range(shape[0])], shape, generated_names=True)
 
     @classmethod
@@ -230,8 +229,7 @@ class FeatureGroups:
     def _from_dict(
         cls, groups: Mapping[Any, Any], shape: tuple[int, ...], names: Sequence[str] | None
     ) -> FeatureGroups:
-        count = math.prod(shape)
-        ids = torch.full((count,), -1, dtype=torch.int64)
+        ids = torch.full((math.prod(shape),), -1, dtype=torch.int64)
         labels: list[str] = []
         for index, (name, members) in enumerate(groups.items()):
             if not isinstance(name, str):

@@ -195,10 +195,9 @@ def _refused(recipe: Recipe, file: Path) -> Iterator[None]:
 
 
 def _refusal(recipe: Recipe, name: str, file: Path) -> str:
-    module = name.partition(":")[0]
     run = (
         f"which is not a registered architecture; lightning-ig does not import a module a file names (importing "
-        f"{shown(module)} would run its code)"
+        f"{shown(name.partition(':')[0])} would run its code)"
     )
     trust = "pass --trust-remote-code (trust_remote_code=True)"
     if name == recipe.architecture:

@@ -165,8 +165,7 @@ def _model_kwargs(text: str) -> dict[str, Any]:
 
 def _import_path(text: str) -> str:
     module, colon, name = text.partition(":")
-    dotted = (part.isidentifier() for part in [*module.split("."), *name.split(".")])
-    if not colon or not all(dotted):
+    if not colon or not all(part.isidentifier() for part in [*module.split("."), *name.split(".")]):
         raise argparse.ArgumentTypeError(f"expected package.module:Class (Python names), got {text!r}")
     return text
 

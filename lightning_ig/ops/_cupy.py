@@ -142,9 +142,8 @@ def kernel_source(filename: str) -> str:
 def _module(filename: str, device_index: int, options: tuple[str, ...]) -> Any:
     cupy = require_cupy()
     source = kernel_source(filename)
-    all_options = ("-std=c++17", f"-I{kernel_dir().as_posix()}", *options)
     with cupy.cuda.Device(device_index):
-        module = cupy.RawModule(code=source, options=all_options)
+        module = cupy.RawModule(code=source, options=("-std=c++17", f"-I{kernel_dir().as_posix()}", *options))
         module.compile()  # compile now, for this device, so errors surface here and not at launch
     return module
 
@@ -163,8 +162,7 @@ def get_kernel(filename: str, name: str, device: torch.device | int, options: Se
         device: a CUDA device (or its index).
         options: extra NVRTC options (part of the cache key).
     """
-    index = _device_index(device)
-    return _kernel(filename, name, index, tuple(options))
+    return _kernel(filename, name, _device_index(device), tuple(options))
 
 
 @functools.lru_cache(maxsize=64)

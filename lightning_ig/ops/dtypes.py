@@ -26,8 +26,7 @@ def dtype_suffix(dtype: torch.dtype, dtypes: Sequence[torch.dtype] = KERNEL_DTYP
         TypeError: the kernels have no entry point for ``dtype`` (it is not one of ``dtypes``).
     """
     if dtype not in dtypes:
-        supported = ", ".join(str(d) for d in dtypes)
-        raise TypeError(f"the CUDA kernels take {supported}; got {dtype}")
+        raise TypeError(f"the CUDA kernels take {', '.join(str(d) for d in dtypes)}; got {dtype}")
     return _SUFFIX[dtype]
 
 

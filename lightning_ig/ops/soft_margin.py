@@ -143,9 +143,7 @@ def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
     key = (op, dtype, device_index)
     kernel = _kernels.get(key)
     if kernel is None:
-        name = f"{op}_{dtype_suffix(dtype)}"
-        kernel = _cupy.get_kernel(KERNEL_FILE, name, device_index)
-        _kernels[key] = kernel
+        kernel = _kernels[key] = _cupy.get_kernel(KERNEL_FILE, f"{op}_{dtype_suffix(dtype)}", device_index)
     return kernel
 
 
@@ -159,8 +157,7 @@ def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
     if limit is None:
         sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
         limit = _grid_limits[device_index] = max(1, min(MAX_GRID, sm_count * BLOCKS_PER_SM))
-    per_block = THREADS * elements_per_thread
-    return max(1, min(limit, -(-n // per_block)))
+    return max(1, min(limit, -(-n // (THREADS * elements_per_thread))))
 
 
 def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.uint64, np.uint64]]:

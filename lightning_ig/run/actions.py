@@ -110,8 +110,7 @@ def contrast_numbers(pairs: np.ndarray, unit_values: np.ndarray) -> ContrastNumb
         )
     greedy, runner_up = chosen_pairs.T
     (pair, count), *_ = action_pairs(greedy, runner_up)
-    chosen = (greedy == pair[0]) & (runner_up == pair[1])
-    return ContrastNumbers(pair, int(count), Moments.of(values[chosen]))
+    return ContrastNumbers(pair, int(count), Moments.of(values[(greedy == pair[0]) & (runner_up == pair[1])]))
 
 
 def action_pairs(greedy: np.ndarray, runner_up: np.ndarray) -> list[tuple[tuple[int, int], int]]:

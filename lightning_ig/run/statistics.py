@@ -74,8 +74,7 @@ def rank_order(values: np.ndarray) -> np.ndarray:
     The one ordering of features and groups used everywhere: the report's
     top-k, the Jaccard drift, the text table and the charts.
     """
-    keys = np.where(np.isnan(values), -np.inf, values)
-    return np.argsort(-keys, kind="stable")
+    return np.argsort(-np.where(np.isnan(values), -np.inf, values), kind="stable")
 
 
 VERDICT_FACTOR = math.sqrt(2)
@@ -167,8 +166,7 @@ def _verdict(worst_attribution_error: float, worst_mass_relative_error: float, t
     figure = max(figures, key=figures.__getitem__)  # ties: the estimate, the figure a user reads
     value = figures[figure]
     within = value <= threshold
-    relation = "<=" if within else ">"
-    reason = f"the worst {_FIGURE_WORDS[figure]} {value:.2e} {relation} sqrt(2) x tol = {threshold:.2e}"
+    reason = f"the worst {_FIGURE_WORDS[figure]} {value:.2e} {'<=' if within else '>'} sqrt(2) x tol = {threshold:.2e}"
     return AccuracyVerdict(within, figure, value, threshold, reason)
 
 

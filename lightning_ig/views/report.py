@@ -608,14 +608,13 @@ def each_report(
             completeness[key] = [_pair_row(row, count) for row in completeness[key]]
     document["completeness"] = completeness
     document["non_finite_states"] = sorted({int(row) // count for row in report.get("non_finite_states", [])})
-    kind = "features" if unit_sizes is None else "groups"
     document["actions"] = [
         {
             "action": action,
             "name": name,
             "forward_target": f"action:{action}",
             "greedy_states": int(actions.greedy_counts[action]),
-            "units": kind,
+            "units": "features" if unit_sizes is None else "groups",
             "top_10_by_mean_abs": top_features(statistics_rows(unit_names, actions.moments[action], unit_sizes), top_k),
             "completeness": completeness_summary(
                 _action_rows(host, action, count), per_state=False, tolerance=tolerance

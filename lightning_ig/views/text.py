@@ -363,11 +363,10 @@ def report_markdown(
         words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
         lines += ["", f"**Drift**: {', '.join(words)}."]
     if shares := summary.concentration:
-        features = int(np.prod(summary.feature_shape))
         lines += [
             "",
             (
-                f"**Concentration**: the top 1% of the {features} features hold "
+                f"**Concentration**: the top 1% of the {int(np.prod(summary.feature_shape))} features hold "
                 f"{format_percent(shares['top1pct_share'])} of the mean |attribution|, the top 10% hold "
                 f"{format_percent(shares['top10pct_share'])}."
             ),

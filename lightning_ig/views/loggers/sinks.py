@@ -135,8 +135,7 @@ class WandbSink:
         from lightning_ig.views.report import report_to_json  # noqa: PLC0415 - the one strict JSON writer
 
         with self._lock:
-            folder = Path(self.logger.experiment.dir)
-            target = folder / _safe_path(name)
+            target = Path(self.logger.experiment.dir) / _safe_path(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(report_to_json(report), encoding="utf-8")
             del step  # one file per name: the latest report is the run's
