@@ -306,16 +306,11 @@ class FeatureGroups:
         rows = flat.shape[0]
         if self._block is not None or not rows:  # segment_reduce refuses an empty batch
             return flat.reshape(rows, len(self), self._block or 0).sum(dim=2)  # (B, G)
-        order, sizes = self._on(flat.device)
+        if (cached := self._device_cache.get(flat.device)) is None:  # the order and the sizes on this device, once
+            cached = self._device_cache[flat.device] = (self._order.to(flat.device), self.sizes.to(flat.device))
+        order, sizes = cached
         ordered = flat.index_select(1, order)  # (B, F): group 0's members, then group 1's, ...
         return torch.segment_reduce(ordered, "sum", lengths=sizes.expand(rows, len(self)), axis=1)  # (B, G)
-
-    def _on(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        cached = self._device_cache.get(device)
-        if cached is None:
-            cached = (self._order.to(device), self.sizes.to(device))
-            self._device_cache[device] = cached
-        return cached
 
 
 def _broadcast(tensor: Tensor, shape: tuple[int, ...], what: str) -> Tensor:
