@@ -62,8 +62,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
+    if (module_name := _EXPORTS.get(name)) is None:
         raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
     value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value  # later look-ups skip this function

@@ -215,8 +215,7 @@ def swap_soft_margin(module: nn.Module, *, backend: BackendName = "auto") -> int
         if type(child) is nn.SoftMarginLoss
     ]
     for qualified_name, child in found:
-        fused = replacements.get(id(child))
-        if fused is None:
+        if (fused := replacements.get(id(child))) is None:
             fused = SoftMarginLoss(reduction=child.reduction, backend=backend)  # type: ignore[arg-type]
             fused.train(child.training)
             replacements[id(child)] = fused

@@ -62,8 +62,7 @@ _RULE_CACHE: dict[tuple[str, int, torch.dtype, torch.device], tuple[Tensor, Tens
 def rule_tensors(method: str, n_steps: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
     """``(alphas, weights)`` as tensors on ``device``, cached: a host-to-device copy per call is a sync we skip."""
     key = (method, n_steps, dtype, device)
-    cached = _RULE_CACHE.get(key)
-    if cached is None:
+    if (cached := _RULE_CACHE.get(key)) is None:
         alphas, weights = quadrature(method, n_steps)
         cached = (torch.tensor(alphas, dtype=dtype, device=device), torch.tensor(weights, dtype=dtype, device=device))
         if len(_RULE_CACHE) < 256:

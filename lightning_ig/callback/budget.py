@@ -291,8 +291,7 @@ class Budget:
             return Plan(checks=tuple(due), deferred=deferred)
         credit = self.credit(progress)
         sizes, need = self.sizes(run, due, can_window=can_window)
-        windows = next((k for k in sizes if self.run_cost(k) + need <= credit), None)
-        if windows is None:
+        if (windows := next((k for k in sizes if self.run_cost(k) + need <= credit), None)) is None:
             self.owed, self.deferred = deferred + (not retry), self.deferred + (not retry)
             speed = self.share + (0.0 if self._rate is None else self._rate[0])
             shortfall = self.run_cost(sizes[-1]) + need - credit

@@ -119,8 +119,7 @@ def option_attribute(callback: Any, name: str) -> Any:
     Raises:
         AttributeError: ``name`` is not an option.
     """
-    options = vars(callback).get("options")
-    if options is None or name not in _OPTIONS:
+    if (options := vars(callback).get("options")) is None or name not in _OPTIONS:
         raise AttributeError(f"{type(callback).__name__!r} object has no attribute {name!r}")
     return getattr(options, name)
 

@@ -30,8 +30,7 @@ def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> li
     than this version's is refused (:func:`~lightning_ig.checkpoint.layout.check_format`)."""
     check_format(metadata, path)
     if HEADS_KEY in metadata:
-        listed = json_metadata(metadata, HEADS_KEY, path)
-        if not isinstance(listed, dict):
+        if not isinstance(listed := json_metadata(metadata, HEADS_KEY, path), dict):
             raise CheckpointError(f"metadata {HEADS_KEY!r} of {str(path)!r} must be a JSON object of heads")
         if (bad := next((head for head in listed if not _usable(head)), None)) is not None:
             raise CheckpointError(
@@ -120,8 +119,7 @@ def head_entry(metadata: Mapping[str, str], prefix: str | None, path: Path) -> d
     if prefix is None or HEADS_KEY not in metadata:
         return {}
     name = prefix.removesuffix(HEAD_SEPARATOR)
-    entry = json_metadata(metadata, HEADS_KEY, path).get(name)
-    if entry is not None and not isinstance(entry, dict):
+    if (entry := json_metadata(metadata, HEADS_KEY, path).get(name)) is not None and not isinstance(entry, dict):
         raise CheckpointError(
             f"the entry of head {name!r} in {HEADS_KEY!r} of {str(path)!r} must be a JSON object, got {entry!r}"
         )

@@ -57,8 +57,7 @@ def load_states(
     prefix = None if prefix is None else check_text(prefix, "prefix")
     dtype = check_float_dtype(dtype, "dtype")
     file = existing_file(path, "states file")
-    reader = _READERS.get(file.suffix.lower())
-    if reader is None:
+    if (reader := _READERS.get(file.suffix.lower())) is None:
         raise CheckpointError(
             f"states file {str(file)!r} must end in .json, .npy or .safetensors, not {file.suffix or 'nothing'!r}"
         )
@@ -173,8 +172,7 @@ def _read_safetensors(file: Path, prefix: str | None) -> Tensor:
     with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
         keys = list(handle.keys())
         candidates = ([prefix + STATES_KEY] if prefix else []) + [STATES_KEY, "states"]
-        key = next((k for k in candidates if k in keys), keys[0] if len(keys) == 1 else None)
-        if key is None:
+        if (key := next((k for k in candidates if k in keys), keys[0] if len(keys) == 1 else None)) is None:
             raise CheckpointError(
                 f"states file {str(file)!r} has no {STATES_KEY!r} or 'states' tensor (it has {few(keys)}); "
                 "store the states under one of those keys"

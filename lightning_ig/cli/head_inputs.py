@@ -147,8 +147,7 @@ def _states(
         return states, {"states_source": "path", "states_from": args.states}
     pool, where = loaded.states, what
     if pool is None:
-        beside = states_beside(args.checkpoint)
-        if beside is None:
+        if (beside := states_beside(args.checkpoint)) is None:
             raise UsageError(
                 f"no states are stored in {what} nor beside it (<name>.states.* or states.*: .safetensors, .npy, "
                 ".json); pass --states PATH or save the checkpoint with states="

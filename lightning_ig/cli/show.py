@@ -168,8 +168,7 @@ def _header(report: Mapping[str, Any]) -> str:
 
 
 def _feature_lines(report: Mapping[str, Any], top: int) -> list[str]:
-    features = _records(report.get("features"))
-    if not features:
+    if not (features := _records(report.get("features"))):
         return ["  features: not in the report"]
     ranked = _records(report.get("top_10_by_mean_abs"))
     if top > len(ranked):  # the report lists top_k; rank the full list when more are asked for
@@ -188,8 +187,7 @@ def _feature_lines(report: Mapping[str, Any], top: int) -> list[str]:
 
 def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
     """The groups (``--feature-groups``, or the callback's), largest mean |attribution| first; none without groups."""
-    groups = _records(report.get("groups"))
-    if not groups:
+    if not (groups := _records(report.get("groups"))):
         return []
     key = "share" if any(_real(group.get("share")) is not None for group in groups) else "mean_abs"  # older: none
     ranked = sorted(groups, key=lambda group: (_real(group.get(key)) is None, -(_real(group.get(key)) or 0.0)))
@@ -211,8 +209,7 @@ def _group_lines(report: Mapping[str, Any], top: int) -> list[str]:
 def _worst_state_lines(report: Mapping[str, Any], count: int) -> list[str]:
     """The worst states by the estimated attribution error, the figure the verdict reads, near-baseline states (not
     scored) last; by ``|delta| / |dF|`` in reports written before the estimate."""
-    completeness = report.get("completeness")
-    if not isinstance(completeness, dict):
+    if not isinstance(completeness := report.get("completeness"), dict):
         return ["  (the report holds no completeness figures)"]
     rows = _records(completeness.get("per_state"))
     estimated = any(_real(row.get("attribution_error")) is not None for row in rows)

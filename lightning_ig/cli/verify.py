@@ -28,8 +28,7 @@ def accuracy_words(report: Mapping[str, Any]) -> str | None:
     estimate = _text(completeness.get("worst_attribution_error"))
     mass = _text(completeness.get("worst_mass_relative_error"))
     figures = f"worst estimated attribution error {estimate}, mass-relative {mass}"
-    within = verdict.get("within")
-    if not isinstance(within, bool):  # null, or a hand-edited "no": never read as within
+    if not isinstance(within := verdict.get("within"), bool):  # null, or a hand-edited "no": never read as within
         return f"accuracy: nothing could be checked ({verdict.get('reason')})"
     tol_text = f"{tol:g}" if isinstance(tol, (int, float)) and not isinstance(tol, bool) else repr(tol)
     if within:  # the bar too: a figure a little above tol passes, as the verdict is judged at sqrt(2) x tol

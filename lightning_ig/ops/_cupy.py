@@ -86,8 +86,7 @@ class CupyImport:
 
     def require(self) -> ModuleType:
         """The ``cupy`` module, or a :class:`RuntimeError` that says how to install it."""
-        module = self.module()
-        if module is None:
+        if (module := self.module()) is None:
             raise RuntimeError(
                 f"the CUDA backend needs CuPy, which failed to import ({self.error!r}); {CUPY_INSTALL_HINT}"
             )

@@ -121,8 +121,7 @@ class SoftMarginFunction(torch.autograd.Function):
         if ctx.reduction == "none":
             saved_input, target = ctx.saved_tensors
             return launch_none_backward(saved_input, target, grad_output), None, None
-        gradient = ctx.gradient
-        if gradient is None:
+        if (gradient := ctx.gradient) is None:
             # a second backward through a retained graph: the first one handed the buffer out
             saved_input, target = ctx.saved_tensors
             gradient = launch_reduce(saved_input, target, ctx.reduction, with_grad=True)[1]
@@ -141,8 +140,7 @@ _plans: dict[tuple[int, str, int], tuple[int, tuple[np.int64, np.float64]]] = {}
 
 def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
     key = (op, dtype, device_index)
-    kernel = _kernels.get(key)
-    if kernel is None:
+    if (kernel := _kernels.get(key)) is None:
         kernel = _kernels[key] = _cupy.get_kernel(KERNEL_FILE, f"{op}_{dtype_suffix(dtype)}", device_index)
     return kernel
 
@@ -153,8 +151,7 @@ def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
     A fixed grid for a given ``n`` and device is what makes the reduction order,
     hence the result, the same on every call.
     """
-    limit = _grid_limits.get(device_index)
-    if limit is None:
+    if (limit := _grid_limits.get(device_index)) is None:
         sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
         limit = _grid_limits[device_index] = max(1, min(MAX_GRID, sm_count * BLOCKS_PER_SM))
     return max(1, min(limit, -(-n // (THREADS * elements_per_thread))))
@@ -176,8 +173,7 @@ def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.ui
         base = scratch.data_ptr()
         return scratch, (np.uint64(base), np.uint64(base + 8 * grid))
     key = (index, _cupy.current_stream_handle(index))
-    cached = _workspaces.get(key)
-    if cached is None:
+    if (cached := _workspaces.get(key)) is None:
         # kept for the life of the process: 32 KiB per stream that ran a reduction
         scratch = like.new_zeros(MAX_GRID + 1, dtype=torch.float64)
         base = scratch.data_ptr()
@@ -188,8 +184,7 @@ def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.ui
 def _reduce_plan(n: int, reduction: str, index: int) -> tuple[int, tuple[np.int64, np.float64]]:
     """The grid and the scalar arguments for a mean/sum of ``n`` elements (cached per size)."""
     key = (n, reduction, index)
-    plan = _plans.get(key)
-    if plan is None:
+    if (plan := _plans.get(key)) is None:
         if len(_plans) > 1024:  # many distinct sizes: start over rather than grow without bound
             _plans.clear()
         # mean of nothing is 0 / 0 = NaN in the kernel, as in torch; sum of nothing is 0
@@ -236,8 +231,7 @@ def launch_none(input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
 
 def launch_none_backward(input: Tensor, target: Tensor, grad_output: Tensor) -> Tensor:  # noqa: A002
     gradient = torch.empty_like(input)
-    n = input.numel()
-    if not n:
+    if not (n := input.numel()):
         return gradient
     if grad_output.dtype != input.dtype:
         grad_output = grad_output.to(input.dtype)
@@ -271,8 +265,7 @@ def launch_scale_(gradient: Tensor, grad_output: Tensor) -> None:
     cost) take torch's ``mul_``: one full pass, but cheaper to launch than CuPy. Both read the scalar on the device and
     round identically (x * 1 == x).
     """
-    n = gradient.numel()
-    if not n:
+    if not (n := gradient.numel()):
         return
     if grad_output.dtype != gradient.dtype:
         grad_output = grad_output.to(gradient.dtype)

@@ -341,8 +341,7 @@ def _reduce_rows(
 def _mass_relative(columns: dict[str, np.ndarray], sums: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """The engine's mass-relative errors; computed here for a result that did not carry them (NaN columns)."""
     given = columns["mass_relative_error"]
-    missing = np.isnan(given)
-    if not missing.any():
+    if not (missing := np.isnan(given)).any():
         return given
     with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf where both ends are infinite: NaN, said
         change = np.abs(columns["f_input"] - columns["f_baseline"])

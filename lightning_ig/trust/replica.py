@@ -130,8 +130,7 @@ class Replica:
         """Write noise draw ``draw`` of ``count`` into the NoisyLinear layers: each layer's
         :meth:`~lightning_ig.models.NoisyLinear.reset_noise` from private generators seeded ``seed`` (one per device),
         drawn in turn for the ``count`` draws, once per fit, and kept (the same draws at every check)."""
-        draws = self._draws.get((seed, count))
-        if draws is None:
+        if (draws := self._draws.get((seed, count))) is None:
             draws = self._draws[(seed, count)] = self._make_draws(seed, count)
         with torch.inference_mode(False), torch.no_grad():
             for epsilon, drawn in zip(self._epsilons, draws[draw]):

@@ -386,8 +386,7 @@ def report_markdown(
 def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: int = 2) -> list[str]:
     """``target="each"``: per action, in how many states it is greedy, what its Q relies on most and what sets it
     apart from the mean action (the attributions of ``Q(s, a) - mean Q``, signed: + favours the action)."""
-    actions = summary.actions
-    if actions is None:
+    if (actions := summary.actions) is None:
         return []
     relies, apart = [], []
     for own, advantage in zip(actions.moments, actions.advantage_moments):

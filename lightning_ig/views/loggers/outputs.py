@@ -287,8 +287,7 @@ class RunOutputs:
 
     def _inputs_now(self) -> Any:
         """The picture inputs with what they read of the callback (a contrast's last pairs) read now, for the worker."""
-        pairs = getattr(self.inputs, "pairs", None)
-        if pairs is None:
+        if (pairs := getattr(self.inputs, "pairs", None)) is None:
             return self.inputs
         return dataclasses.replace(self.inputs, pairs=functools.partial(_same, pairs()))
 

@@ -206,8 +206,7 @@ def _warn_unreadable_images() -> None:
 def _safe_path(name: str) -> str:
     """A relative artifact path from a tag or a file name: no characters MLflow refuses, no ``..`` or absolute part."""
     parts = _ARTIFACT_FORBIDDEN.sub("_", str(name)).replace(os.sep, "/").split("/")
-    parts = [part for part in parts if part not in ("", ".", "..")]
-    if not parts:
+    if not (parts := [part for part in parts if part not in ("", ".", "..")]):
         raise ValueError(f"{name!r} names no file; give a tag or a file name such as 'ig/report.json'")
     return "/".join(parts)
 

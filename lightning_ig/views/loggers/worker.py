@@ -40,8 +40,7 @@ def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]]
         histograms: ``(tag, values)``: a histogram of each column's finite values (none where there are none).
         text: ``(tag, the markdown)``, or ``None``.
     """
-    file_writer = _file_writer(writer)
-    if file_writer is None:
+    if (file_writer := _file_writer(writer)) is None:
         for tag, values in histograms:
             if (finite := values[np.isfinite(values)]).size:
                 writer.add_histogram(tag, finite, step, bins=HISTOGRAM_BINS)
@@ -74,8 +73,7 @@ def add_picture(writer: Any, tag: str, pixels: np.ndarray, step: int) -> None:
         pixels: ``(H, W, 3)`` uint8.
         step: the global step.
     """
-    file_writer = _file_writer(writer)
-    if file_writer is None:
+    if (file_writer := _file_writer(writer)) is None:
         writer.add_image(tag, pixels, step, dataformats="HWC")
         return
     from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it

@@ -111,8 +111,7 @@ SEQUENTIAL_LUT = _lut(_SEQUENTIAL)
 
 def _dejavu(bold: bool) -> Path | None:
     """DejaVu Sans from a matplotlib installation (found without importing matplotlib), if there is one."""
-    spec = importlib.util.find_spec("matplotlib")
-    if spec is None or not spec.submodule_search_locations:
+    if (spec := importlib.util.find_spec("matplotlib")) is None or not spec.submodule_search_locations:
         return None
     name = "DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"
     path = Path(next(iter(spec.submodule_search_locations))) / "mpl-data" / "fonts" / "ttf" / name
