@@ -465,11 +465,9 @@ def _end(signum: int, frame: object) -> None:
 def _handlers(
     handler: Callable[[int, object], None], signals: Sequence[int], only_default: bool
 ) -> Iterator[list[int]]:
-    """``handler`` for ``signals`` inside the block, the previous handlers back after it; yields the signals taken.
-
-    Only in the main thread (the only one where Python handles signals); an ignored signal is left alone, and so is
-    one someone else handles where ``only_default``.
-    """
+    """``handler`` for ``signals`` inside the block, the previous handlers back after it; yields the signals taken. Only
+    in the main thread (the only one where Python handles signals); an ignored signal is left alone, and so is one
+    someone else handles where ``only_default``."""
     main = threading.current_thread() is threading.main_thread()
     previous = {number: signal.getsignal(number) for number in signals} if main else {}
     taken = [

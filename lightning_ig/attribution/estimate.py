@@ -171,11 +171,9 @@ def _kinks(values: Tensor, slopes: Tensor, rule: _RuleParts) -> tuple[Tensor, Te
 
 def _runs(residual: Tensor, kinked: Tensor) -> Tensor:
     """``(T, B)``: ``sum over runs of stretches without a jump of the run's summed residual squared`` (``residual`` is
-    zero on the stretches with one).
-
-    Without atomics (a scatter-add by run would not be deterministic on CUDA): the running sum ``C`` of the
-    residuals is sampled at each run's last stretch; a run's sum is ``C`` there minus ``C`` at the run before.
-    """
+    zero on the stretches with one). Without atomics (a scatter-add by run would not be deterministic on CUDA): the
+    running sum ``C`` of the residuals is sampled at each run's last stretch; a run's sum is ``C`` there minus ``C`` at
+    the run before."""
     total = torch.cumsum(residual, 1)  # (T, n - 1, B)
     last = ~kinked & F.pad(kinked, (0, 0, 0, 1), value=True)[:, 1:]  # a run's last stretch
     index = torch.arange(kinked.shape[1], device=kinked.device).view(1, -1, 1)

@@ -184,12 +184,10 @@ def _legendre_angles(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _legendre_recurrence(n: int, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``P_n(cos theta)`` and its ``theta``-derivative by the three-term recurrence, in ``y = 1 - cos theta``.
-
-    With ``D_k = P_k - P_{k-1}`` the recurrence reads ``D_{k+1} = (k D_k - (2k + 1) y P_k) / (k + 1)``,
+    """``P_n(cos theta)`` and its ``theta``-derivative by the three-term recurrence, in ``y = 1 - cos theta``. With
+    ``D_k = P_k - P_{k-1}`` the recurrence reads ``D_{k+1} = (k D_k - (2k + 1) y P_k) / (k + 1)``,
     ``P_{k+1} = P_k + D_{k+1}``: no ``x P_k - P_{k-1}`` cancellation near ``x = 1``, where these nodes lie. O(n) per
-    node; used for the few nodes outside the expansion's reach.
-    """
+    node; used for the few nodes outside the expansion's reach."""
     if theta.size == 0:
         return theta.copy(), theta.copy()
     y = 2 * np.sin(theta / 2) ** 2  # 1 - cos(theta), accurate for small theta
@@ -210,11 +208,9 @@ def _stieltjes_constant(n: int) -> float:
 
 def _legendre_stieltjes(n: int, theta: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """``P_n(cos theta)`` and its ``theta``-derivative by Stieltjes' expansion (Szego, Theorem 8.21.5).
-
     ``P_n(cos theta) = C_n sum_m h_m cos(a_m) / (2 sin theta)^(m + 1/2)`` with
     ``a_m = (n + m + 1/2) theta - (m + 1/2) pi / 2`` and ``h_m = prod_{j=1..m} (j - 1/2)^2 / (j (n + j + 1/2))``: O(1)
-    per node.
-    """
+    per node."""
     twice_sin = 2 * np.sin(theta)
     twice_cos = 2 * np.cos(theta)
     power = twice_sin**-0.5  # (2 sin theta)^-(m + 1/2)

@@ -101,11 +101,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _checked(parse: Callable[[str], Any], check: Callable[..., Any], expected: str, **bounds: Any) -> Any:
-    """An argparse type for one flag: ``parse`` the text (else "expected ``expected``"), then the shared ``check``.
-
-    The check's message names the flag (``--top-k must be an int >= 1, got 0``); :meth:`_Parser.error` drops
-    argparse's own ``argument --top-k:`` before it, so the line names the flag once.
-    """
+    """An argparse type for one flag: ``parse`` the text (else "expected ``expected``"), then the shared ``check``. The
+    check's message names the flag (``--top-k must be an int >= 1, got 0``); :meth:`_Parser.error` drops argparse's own
+    ``argument --top-k:`` before it, so the line names the flag once."""
 
     def for_flag(flag: str) -> Callable[[str], Any]:
         def convert(text: str) -> Any:

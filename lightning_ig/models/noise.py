@@ -131,10 +131,8 @@ def _snapshot(module: nn.Module) -> _LayerSnapshot:
 
 def _put_back(module: nn.Module, kept: Mapping[str, Tensor], now: Mapping[str, Tensor], *, buffers: bool) -> None:
     """The parameters (or buffers) ``kept`` registered again as the same objects; any added since set to ``None``.
-
     ``now`` holds the tensors registered now (``named_parameters``/``named_buffers`` leave out names registered as
-    ``None``, so an added name stays registered, as ``None``, rather than vanishing where it had been ``None``).
-    """
+    ``None``, so an added name stays registered, as ``None``, rather than vanishing where it had been ``None``)."""
     for name in now.keys() - kept.keys():
         setattr(module, name, None)
     for name, value in kept.items():

@@ -222,11 +222,9 @@ def _dotted_identifier(text: str) -> bool:
 
 
 def _import(module_name: str) -> Any:
-    """``importlib.import_module``, on the real default device even inside ``with torch.device("meta")``.
-
-    A checkpoint reader builds models on the meta device first to count their sizes; a module imported then must not
-    keep meta tensors made at import time.
-    """
+    """``importlib.import_module``, on the real default device even inside ``with torch.device("meta")``. A checkpoint
+    reader builds models on the meta device first to count their sizes; a module imported then must not keep meta
+    tensors made at import time."""
     current = getattr(torch, "get_default_device", None)  # torch >= 2.3
     if current is not None and current().type == "meta":
         with torch.device("cpu"):

@@ -130,10 +130,8 @@ def warp_order_sum(values: Tensor) -> Tensor:
 
 
 def _repeat_differs(first: Tensor, again: Tensor, tolerance: float) -> Tensor:
-    """Twin of ``ig_repeat_differs``: NaN against a number, or ``|again - first| > tol * max(1, |first|, |again|)``.
-
-    The comparison is on the values as the forward returned them (the accumulation dtype).
-    """
+    """Twin of ``ig_repeat_differs``: NaN against a number, or ``|again - first| > tol * max(1, |first|, |again|)``. The
+    comparison is on the values as the forward returned them (the accumulation dtype)."""
     scale = torch.maximum(torch.maximum(first.abs(), again.abs()), torch.ones_like(first))
     return (first.isnan() != again.isnan()) | ((again - first).abs() > tolerance * scale)
 

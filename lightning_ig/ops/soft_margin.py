@@ -146,11 +146,8 @@ def _kernel(op: str, dtype: torch.dtype, device_index: int) -> Any:
 
 
 def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
-    """Blocks for ``n`` elements: enough to cover them, at most ``BLOCKS_PER_SM`` per SM.
-
-    A fixed grid for a given ``n`` and device is what makes the reduction order,
-    hence the result, the same on every call.
-    """
+    """Blocks for ``n`` elements: enough to cover them, at most ``BLOCKS_PER_SM`` per SM. A fixed grid for a given ``n``
+    and device is what makes the reduction order, hence the result, the same on every call."""
     if (limit := _grid_limits.get(device_index)) is None:
         sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
         limit = _grid_limits[device_index] = max(1, min(MAX_GRID, sm_count * BLOCKS_PER_SM))
@@ -158,15 +155,13 @@ def _grid(n: int, device_index: int, elements_per_thread: int) -> int:
 
 
 def _workspace(like: Tensor, index: int, grid: int) -> tuple[Tensor, tuple[np.uint64, np.uint64]]:
-    """Partial sums and the ticket counter for one reduction launch.
-
-    Returns ``(the workspace tensor, (partials pointer, counter pointer))``. The counter must be zero before a launch
-    (the kernel's last block puts it back to zero), and two launches that may overlap must not share it. Launches on one
+    """Partial sums and the ticket counter for one reduction launch. Returns
+    ``(the workspace tensor, (partials pointer, counter pointer))``. The counter must be zero before a launch (the
+    kernel's last block puts it back to zero), and two launches that may overlap must not share it. Launches on one
     stream never overlap, so eager calls share one zeroed workspace per (device, stream), allocated once. A launch being
     captured into a CUDA graph gets its own, zeroed from the graph's memory pool as part of the graph, so replays of
     different graphs never share a counter either. (Whether a capture is in progress is asked of the current device's
-    current stream.)
-    """
+    current stream.)"""
     if torch.cuda.is_current_stream_capturing():
         # float64 zeros: `grid` partial sums, then the counter (the low word of 0.0 is 0u)
         scratch = like.new_zeros(grid + 1, dtype=torch.float64)

@@ -319,10 +319,8 @@ def _reduce_rows(
     values: Tensor, columns: Tensor, groups: FeatureGroups | None, keep_attributions: bool, sample_states: int
 ) -> tuple[Tensor, tuple[int, int, int]]:
     """A run's reductions on its device, in float64, as one flat tensor and its layout ``(rows, features, samples)``.
-
     ``values (B, F)`` are the attributions, ``columns (10, B)`` the per-state numbers in :func:`pack`'s order. No host
-    sync and no shape that depends on the values, so the training loop never waits for it.
-    """
+    sync and no shape that depends on the values, so the training loop never waits for it."""
     values = values.to(torch.float64)  # (B, F)
     sums = values.sum(1)  # (B,)
     mass = values.abs().sum(1)  # (B,)

@@ -335,12 +335,10 @@ def _reason(auc: float, auc_random: float, gap: float, error: float, needed: flo
 
 
 def _weighted_standard_error(gaps: np.ndarray, weights: np.ndarray, total: float) -> float:
-    """The standard error over states of ``gap = sum_b gaps_b / total``, the ``weights``-weighted mean gap.
-
-    ``gaps_b`` are per-state areas (``weights_b`` times the state's normalised gap), so the gap is
-    ``sum_b w_b d_b`` with ``w_b = weights_b / total``; its variance over a sample of states is
-    ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state.
-    """
+    """The standard error over states of ``gap = sum_b gaps_b / total``, the ``weights``-weighted mean gap. ``gaps_b``
+    are per-state areas (``weights_b`` times the state's normalised gap), so the gap is ``sum_b w_b d_b`` with
+    ``w_b = weights_b / total``; its variance over a sample of states is
+    ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state."""
     batch = gaps.shape[0]
     gap = gaps.sum() / total
     spread = ((gaps / total - weights / total * gap) ** 2).sum()

@@ -217,9 +217,7 @@ class Canvas:
 @functools.lru_cache(maxsize=2048)
 def _text_mask(text: str, size: int, bold: bool, anchor: str) -> tuple[Any, int, int]:
     """The anti-aliased coverage of ``text`` (a Pillow "L" image, or ``None`` if empty) and its offset from the anchor.
-
-    Rendered once per string and kept: a chart's labels, ticks and captions recur from run to run.
-    """
+    Rendered once per string and kept: a chart's labels, ticks and captions recur from run to run."""
     from PIL import Image, ImageDraw  # noqa: PLC0415
 
     left, top, right, bottom = font(size, bold).getbbox(text, anchor=anchor)
