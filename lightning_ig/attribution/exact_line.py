@@ -271,8 +271,7 @@ def _ends(model: nn.Module, xs: Tensor, bs: Tensor, target: _RowTarget, attribut
     """A walk's ``(B, F)`` attributions in the states' shape, the target at both ends, each state's completeness."""
     rows = torch.arange(xs.shape[0], device=xs.device)
     with torch.no_grad():
-        f_b = target(model(bs), rows)
-        f_x = target(model(xs), rows)
+        f_b, f_x = target(model(bs), rows), target(model(xs), rows)
     scale = torch.maximum(torch.maximum(f_x.abs(), f_b.abs()), torch.ones_like(f_x))
     return {
         "attributions": attributions.view_as(xs),
@@ -349,8 +348,7 @@ def _midpoint(
     batch, feature_shape = xs.shape[0], tuple(xs.shape[1:])
     xf, bf = xs.reshape(batch, -1), bs.reshape(batch, -1)
     diff = xf - bf
-    total = torch.zeros_like(xf)
-    per_chunk = max(1, chunk_rows // batch)
+    total, per_chunk = torch.zeros_like(xf), max(1, chunk_rows // batch)
     rows = torch.arange(batch, device=xf.device)
     for first in range(0, n_steps, per_chunk):
         k = torch.arange(first, min(n_steps, first + per_chunk), dtype=torch.float64, device=xf.device)

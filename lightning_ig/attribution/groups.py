@@ -194,12 +194,10 @@ class FeatureGroups:
 
         A block is named after its first and last feature, ``x0..x7``.
         """
-        shape = _feature_shape(feature_shape)
-        size = check_positive_int(size, "size")
+        shape, size = _feature_shape(feature_shape), check_positive_int(size, "size")
         count = math.prod(shape)
         feature_names = default_feature_names(shape) if names is None else check_feature_names(names, count, "names")
-        ids = torch.arange(count) // size
-        starts = range(0, count, size)
+        ids, starts = torch.arange(count) // size, range(0, count, size)
         labels = [
             feature_names[start]
             if min(start + size, count) - start == 1

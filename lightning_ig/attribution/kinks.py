@@ -219,8 +219,7 @@ def _end_corrected(n: int, pairs: int) -> tuple[float, ...]:
     """The weights of :func:`_smooth_weights` in float64: symmetric end factors ``1 + d_j`` on the first and last
     ``r = min(pairs, n // 2)`` nodes, chosen so the even moments ``(c - 1/2)^p``, ``p < 2 r``, integrate exactly."""
     r = min(pairs, n // 2)
-    nodes = (np.arange(n) + 0.5) / n
-    h = 1.0 / n
+    nodes, h = (np.arange(n) + 0.5) / n, 1.0 / n
     weights = np.full(n, h)
     if r == 0:
         return tuple(weights.tolist())

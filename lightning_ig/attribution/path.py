@@ -291,8 +291,7 @@ class PathRun:
         self.chunk_rows = size * unit
 
     def _autograd(self, points: Tensor, n_alphas: int) -> PathGradients:
-        path_rows = n_alphas * self.batch
-        collected = _Collected()
+        path_rows, collected = n_alphas * self.batch, _Collected()
         self._chunked(
             points.shape[0], 1, lambda start, stop: self._autograd_chunk(points, start, stop, path_rows, collected)
         )

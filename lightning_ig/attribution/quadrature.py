@@ -211,12 +211,10 @@ def _legendre_stieltjes(n: int, theta: np.ndarray, scale: float) -> tuple[np.nda
     ``P_n(cos theta) = C_n sum_m h_m cos(a_m) / (2 sin theta)^(m + 1/2)`` with
     ``a_m = (n + m + 1/2) theta - (m + 1/2) pi / 2`` and ``h_m = prod_{j=1..m} (j - 1/2)^2 / (j (n + j + 1/2))``: O(1)
     per node."""
-    twice_sin = 2 * np.sin(theta)
-    twice_cos = 2 * np.cos(theta)
+    twice_sin, twice_cos = 2 * np.sin(theta), 2 * np.cos(theta)
     power = twice_sin**-0.5  # (2 sin theta)^-(m + 1/2)
     coefficient = 1.0
-    value = np.zeros_like(theta)
-    derivative = np.zeros_like(theta)
+    value, derivative = np.zeros_like(theta), np.zeros_like(theta)
     for m in range(_EXPANSION_TERMS):
         if m:
             coefficient *= (m - 0.5) ** 2 / (m * (n + m + 0.5))

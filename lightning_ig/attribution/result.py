@@ -384,16 +384,14 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
         state), ``stochastic``, ``attribution_error``, ``mass_relative_error`` (NaN where the result has no such
         figure); and ``feature_shape``.
     """
-    attributions = result.attributions
-    f_input = torch.as_tensor(result.f_input)
+    attributions, f_input = result.attributions, torch.as_tensor(result.f_input)
     if attributions.ndim < 2 or f_input.ndim != 1 or f_input.shape[0] != attributions.shape[0]:
         raise ValueError(
             f"expected one forward value per state, got f_input of shape {tuple(f_input.shape)} for attributions "
             f"of shape {tuple(attributions.shape)}; for target='each' build one report per action "
             "(index the result's tensors)"
         )
-    share = attributions.shape[0]
-    dtype = torch.promote_types(attributions.dtype, torch.float32)
+    share, dtype = attributions.shape[0], torch.promote_types(attributions.dtype, torch.float32)
     non_finite = getattr(result, "non_finite", None)
     flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
     full = functools.partial(torch.full, (share,), dtype=dtype, device=attributions.device)

@@ -154,8 +154,7 @@ def save_merged_checkpoint(
     shared_names = None if isinstance(feature_names, Mapping) else feature_names
     head_info: dict[str, dict[str, Any]] = {}
     for head, given in heads.items():
-        prefix = head_prefix(head)
-        model = _unwrap(given)
+        prefix, model = head_prefix(head), _unwrap(given)
         if head in per_head_states:
             tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")
         own = tensors.get(prefix + STATES_KEY, tensors.get(STATES_KEY))  # the head's, else the shared ones
@@ -204,8 +203,7 @@ def merge_checkpoints(
     tensors: dict[str, Tensor] = {}
     head_info: dict[str, dict[str, Any]] = {}
     for head, source in sources.items():
-        prefix = head_prefix(head)
-        source_meta = read_metadata(source)
+        prefix, source_meta = head_prefix(head), read_metadata(source)
         check_format(source_meta, source)
         if HEADS_KEY in source_meta:
             raise CheckpointError(f"{os.fspath(source)!r} is already a merged file; merge single-model checkpoints")

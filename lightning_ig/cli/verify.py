@@ -22,8 +22,7 @@ def accuracy_words(report: Mapping[str, Any]) -> str | None:
     completeness = report.get("completeness")
     if not isinstance(completeness, Mapping) or not isinstance(verdict := completeness.get("verdict"), Mapping):
         return None
-    tol = verdict.get("tolerance")
-    near = completeness.get("num_near_baseline") or 0
+    tol, near = verdict.get("tolerance"), completeness.get("num_near_baseline") or 0
     flagged = f"; {near} near-baseline state(s) flagged, not scored" if near else ""
     estimate = _text(completeness.get("worst_attribution_error"))
     mass = _text(completeness.get("worst_mass_relative_error"))

@@ -175,8 +175,7 @@ def _restore(snapshot: _LayerSnapshot) -> None:
 @contextlib.contextmanager
 def _random_state_kept() -> Iterator[None]:
     """Put every random generator back as it was: other libraries' switches may draw noise."""
-    python_state = random.getstate()
-    numpy = sys.modules.get("numpy")
+    python_state, numpy = random.getstate(), sys.modules.get("numpy")
     numpy_state = numpy.random.get_state() if numpy is not None else None
     torch_state = torch.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None

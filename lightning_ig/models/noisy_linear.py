@@ -92,8 +92,7 @@ class NoisyLinear(nn.Module):
 
         ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)`` for the weights and the bias alike.
         """
-        bound = 1.0 / math.sqrt(self.in_features)
-        sigma = self.sigma0 / math.sqrt(self.in_features)
+        bound, sigma = 1.0 / math.sqrt(self.in_features), self.sigma0 / math.sqrt(self.in_features)
         with torch.no_grad():
             self.weight_mu.uniform_(-bound, bound)
             self.weight_sigma.fill_(sigma)

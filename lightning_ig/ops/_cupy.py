@@ -139,8 +139,7 @@ def kernel_source(filename: str) -> str:
 
 @functools.cache
 def _module(filename: str, device_index: int, options: tuple[str, ...]) -> Any:
-    cupy = require_cupy()
-    source = kernel_source(filename)
+    cupy, source = require_cupy(), kernel_source(filename)
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(code=source, options=("-std=c++17", f"-I{kernel_dir().as_posix()}", *options))
         module.compile()  # compile now, for this device, so errors surface here and not at launch

@@ -191,8 +191,7 @@ class TorchIG(IGOps):
 
     def fd_probes(self, points: Tensor, h: Tensor, point_offset: int, out: Tensor | None = None) -> Tensor:
         n_points, features = points.shape
-        step = _probe_steps(points, h, point_offset)
-        values = points.to(h.dtype)
+        step, values = _probe_steps(points, h, point_offset), points.to(h.dtype)
         probes = points.view(n_points, 1, 1, features).expand(n_points, 2, features, features).clone()
         diagonal = torch.arange(features, device=points.device)
         probes[:, 0, diagonal, diagonal] = (values + step).to(points.dtype)
@@ -203,8 +202,7 @@ class TorchIG(IGOps):
         return out
 
     def fd_gradient(self, points: Tensor, h: Tensor, f: Tensor, point_offset: int, out: Tensor) -> None:
-        step = _probe_steps(points, h, point_offset)
-        values = points.to(h.dtype)
+        step, values = _probe_steps(points, h, point_offset), points.to(h.dtype)
         plus = (values + step).to(points.dtype).to(h.dtype)
         minus = (values - step).to(points.dtype).to(h.dtype)
         denominator = plus - minus  # (P, F)

@@ -226,8 +226,7 @@ class Completeness:
 def completeness(result: Any, tolerance: float = 0.01) -> Completeness:
     """The :class:`Completeness` of a result (an IGResult or a :class:`HostResult`)."""
     host = HostResult.from_result(result)
-    finite = np.abs(host.delta[~host.non_finite])
-    first = np.flatnonzero(host.non_finite)
+    finite, first = np.abs(host.delta[~host.non_finite]), np.flatnonzero(host.non_finite)
     ends = np.concatenate([host.f_input[host.non_finite], host.f_baseline[host.non_finite]])
     flags = [torch.from_numpy(values) for values in (host.relative_error, host.degenerate, host.non_finite)]
     return Completeness(
@@ -320,8 +319,7 @@ def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -
         raise ValueError(f"spearman needs two non-empty vectors of one length, got lengths {x.size} and {y.size}")
     if np.isnan(x).any() or np.isnan(y).any():
         return math.nan
-    rank_x = _average_ranks(x) - (x.size + 1) / 2.0
-    rank_y = _average_ranks(y) - (y.size + 1) / 2.0
+    rank_x, rank_y = _average_ranks(x) - (x.size + 1) / 2.0, _average_ranks(y) - (y.size + 1) / 2.0
     denominator = math.sqrt(float(rank_x @ rank_x) * float(rank_y @ rank_y))
     return math.nan if denominator == 0.0 else max(-1.0, min(1.0, float(rank_x @ rank_y) / denominator))
 
@@ -353,8 +351,7 @@ def topk_jaccard(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarra
     if x.shape != y.shape or x.size == 0:
         raise ValueError(f"topk_jaccard needs two non-empty vectors of one length, got lengths {x.size} and {y.size}")
     k = min(int(k), x.size)
-    top_a = set(rank_order(x)[:k].tolist())
-    top_b = set(rank_order(y)[:k].tolist())
+    top_a, top_b = set(rank_order(x)[:k].tolist()), set(rank_order(y)[:k].tolist())
     return len(top_a & top_b) / len(top_a | top_b)
 
 

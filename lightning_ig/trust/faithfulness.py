@@ -339,8 +339,7 @@ def _weighted_standard_error(gaps: np.ndarray, weights: np.ndarray, total: float
     are per-state areas (``weights_b`` times the state's normalised gap), so the gap is ``sum_b w_b d_b`` with
     ``w_b = weights_b / total``; its variance over a sample of states is
     ``B / (B - 1) * sum_b (gaps_b / total - w_b gap)^2``. NaN for a single state."""
-    batch = gaps.shape[0]
-    gap = gaps.sum() / total
+    batch, gap = gaps.shape[0], gaps.sum() / total
     spread = ((gaps / total - weights / total * gap) ** 2).sum()
     factor = batch / (batch - 1) if batch > 1 else math.nan
     return float(np.sqrt(spread * factor))

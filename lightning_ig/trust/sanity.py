@@ -180,8 +180,7 @@ def randomization_reference(
             attributions = replica.attribute(subset, engine_base).detach()
             means.append(unit_sums(attributions, resolved).abs().to(torch.float64).mean(dim=0))  # (G,)
     moved = moved_units(subset, base, resolved).any(dim=0)  # (G,)
-    numbers = read(torch.stack(means), moved)
-    count = moved.numel()
+    numbers, count = read(torch.stack(means), moved), moved.numel()
     copy_means, included = numbers[:-count].reshape(num_copies, count), numbers[-count:] > 0
     pairs = [
         rank_correlation(copy_means[i], copy_means[j], included)

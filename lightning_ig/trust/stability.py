@@ -141,8 +141,7 @@ def stability_check(
         finally:
             replica.quiet()
     moved = moved_units(x, base, resolved).any(dim=0)
-    numbers = read(torch.stack(means), moved)
-    count = moved.numel()
+    numbers, count = read(torch.stack(means), moved), moved.numel()
     draws, included = numbers[:-count].reshape(num_draws, count), numbers[-count:] > 0
     correlations = tuple(rank_correlation(quiet, draw, included) for draw in draws)
     rho = float(np.mean(correlations))

@@ -279,8 +279,7 @@ def with_verdict(report: Mapping[str, Any], summary: RunSummary) -> dict[str, An
     """``report`` (a callback run's, from :func:`build_report`) with the run's verdict: ``completeness.verdict`` as
     ``lightning-ig diag`` writes it, and the ``verdict`` and ``trust`` keys of :func:`verdict_keys`."""
     keys = verdict_keys(summary)
-    verdict = keys["verdict"]
-    document = {**report, **keys}
+    verdict, document = keys["verdict"], {**report, **keys}
     document["completeness"] = {
         **report["completeness"],
         "verdict": {name: verdict[name] for name in ("tolerance", "within", "figure", "value", "threshold", "reason")},

@@ -303,8 +303,7 @@ def report_markdown(
     settings, units = summary.settings, summary.units
     noun = "groups" if units.kind == "groups" else "features"
     name = "" if settings.name is None else f" ({settings.name})"
-    states = f"{summary.num_states} states"
-    averaged = ""
+    states, averaged = f"{summary.num_states} states", ""
     if summary.actions is not None:
         states = f"{summary.actions.num_states} states × {len(summary.actions.names)} actions"
         averaged = ", the mean over the actions"

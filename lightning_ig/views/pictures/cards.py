@@ -269,8 +269,7 @@ def _step_axis(canvas: Canvas, left: int, right: int, bottom: int, steps: Sequen
     candidates = np.unique(np.linspace(0, runs - 1, num=max(1, min(runs, 5))).round().astype(int))
     placed: list[tuple[float, float]] = []
     for tick in [int(candidates[0]), int(candidates[-1]), *candidates[1:-1]]:  # the ends first: they always show
-        x = left + (right - left) * (tick + 0.5) / runs
-        text = format_step(steps[tick])
+        x, text = left + (right - left) * (tick + 0.5) / runs, format_step(steps[tick])
         width = canvas.text_width(text, size=SMALL_SIZE)
         start = min(max(x - width / 2, left - 4), right + 4 - width)
         if any(start < end + 6 and start + width + 6 > begin for begin, end in placed):
@@ -497,8 +496,7 @@ def action_panels(
             blue = x0 + span * float(positive[unit]) / limit
             red = blue + span * float(negative[unit]) / limit
             _two_tone_bar(canvas, x0, blue, red, centre=top + row * index + row / 2, half=0.34 * row)
-    bottom = top + row * len(order) + 4
-    scale = f"each panel 0 to {format_value(limit)}"
+    bottom, scale = top + row * len(order) + 4, f"each panel 0 to {format_value(limit)}"
     _line(canvas, bottom, [f"mean |attribution| over {num_states} states; {scale}", scale])
     if note:
         _line(canvas, bottom + LINE, note)

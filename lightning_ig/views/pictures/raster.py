@@ -100,8 +100,7 @@ def categorical_colours(count: int) -> list[str]:
 def _lut(anchors: list[str]) -> np.ndarray:
     """A (256, 3) float32 table interpolated between the anchor colours."""
     colours = np.array([[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in anchors], dtype=np.float64)
-    positions = np.linspace(0.0, 1.0, len(anchors))
-    grid = np.linspace(0.0, 1.0, 256)
+    positions, grid = np.linspace(0.0, 1.0, len(anchors)), np.linspace(0.0, 1.0, 256)
     return np.stack([np.interp(grid, positions, colours[:, k]) for k in range(3)], axis=1).astype(np.float32)
 
 

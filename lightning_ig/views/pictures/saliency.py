@@ -153,8 +153,7 @@ def frame_colours(images: np.ndarray, colours: np.ndarray) -> np.ndarray:
     small objects are never hidden (a ball over the bricks). Channels of intensities: the channels' colours mixed by
     value, as bright as the brightest. Each channel is scaled to ``[0, 1]`` once over all frames, never per frame.
     """
-    low = images.min(axis=(0, 2, 3), keepdims=True)
-    high = images.max(axis=(0, 2, 3), keepdims=True)
+    low, high = images.min(axis=(0, 2, 3), keepdims=True), images.max(axis=(0, 2, 3), keepdims=True)
     unit = np.where(high > low, (images - low) / np.where(high > low, high - low, 1.0), 0.0)  # (S, C, H, W)
     if all(np.unique(images[:, c]).size <= 2 for c in range(images.shape[1])):
         present = unit > 0.5
