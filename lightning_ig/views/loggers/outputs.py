@@ -55,24 +55,17 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
     metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
     metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
     metrics.update(summary.trust_scalars)  # already tagged by the callback's trust checks
-    if summary.actions is not None and tags.action_labels is not None:
-        metrics.update(_action_metrics(summary, tags))
+    if (actions := summary.actions) is not None and tags.action_labels is not None:
+        # <prefix>/action/<action>/greedy_states and, when few enough, each action's mean |attr| per unit
+        labels = tags.labels[summary.units.kind]
+        quantity = "group/mean_abs" if summary.units.kind == "groups" else "mean_abs"
+        for index, action in enumerate(tags.action_labels):
+            metrics[f"{prefix}/action/{action}/greedy_states"] = float(actions.greedy_counts[index])
+            if tags.action_units:
+                means = actions.moments[index].mean_abs.tolist()
+                metrics.update(zip((f"{prefix}/action/{action}/{quantity}/{label}" for label in labels), means))
     metrics[f"{prefix}/time_ms"] = summary.time_ms
     return {tag: float(value) for tag, value in metrics.items()}
-
-
-def _action_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
-    """``<prefix>/action/<action>/greedy_states`` and, when few enough, each action's mean ``|attr|`` per unit."""
-    actions, labels = summary.actions, tags.labels[summary.units.kind]
-    assert actions is not None and tags.action_labels is not None  # noqa: S101 - checked by the caller
-    quantity = "group/mean_abs" if summary.units.kind == "groups" else "mean_abs"
-    metrics: dict[str, float] = {}
-    for index, action in enumerate(tags.action_labels):
-        metrics[f"{tags.prefix}/action/{action}/greedy_states"] = float(actions.greedy_counts[index])
-        if tags.action_units:
-            means = actions.moments[index].mean_abs.tolist()
-            metrics.update(zip((f"{tags.prefix}/action/{action}/{quantity}/{label}" for label in labels), means))
-    return metrics
 
 
 def informative_scalars(
