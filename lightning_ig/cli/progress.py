@@ -58,15 +58,6 @@ class Progress:
         with self._lock:
             self._stage, self._checked, self._stage_started = text, checked, time.monotonic()
 
-    def _say(self, text: str) -> None:
-        text = printable(text)  # a stage names the user's files: their names are shown, not obeyed
-        if self._interactive:
-            self._stream.write(f"\r{PROG}: {text}\033[K")
-            self._stream.flush()
-            self._line_open = True
-        else:
-            print(f"{PROG}: {text}", file=self._stream, flush=True)
-
     def _watch(self) -> None:
         wait = PROGRESS_AFTER_S
         while not self._done.wait(wait):
@@ -74,7 +65,13 @@ class Progress:
                 stage, checked, elapsed = self._stage, self._checked, time.monotonic() - self._stage_started
             if stage and elapsed >= PROGRESS_AFTER_S and (checked or self._interactive):
                 self._spoke = True
-                self._say(f"{stage} ... {elapsed:.0f} s")
+                text = printable(f"{stage} ... {elapsed:.0f} s")  # a stage names the user's files: shown, not obeyed
+                if self._interactive:
+                    self._stream.write(f"\r{PROG}: {text}\033[K")
+                    self._stream.flush()
+                    self._line_open = True
+                else:
+                    print(f"{PROG}: {text}", file=self._stream, flush=True)
                 wait = 1.0 if self._interactive else PROGRESS_EVERY_S
             else:
                 wait = max(0.1, PROGRESS_AFTER_S - elapsed)
