@@ -66,8 +66,7 @@ def check_finite(name: str, tensor: Tensor, flag: Tensor | None = None) -> None:
     if bool(torch.isfinite(tensor).all() if flag is None else flag):
         return
     bad = ~torch.isfinite(tensor)
-    count = int(bad.sum())
-    first = tuple(int(i) for i in bad.nonzero()[0])
+    count, first = int(bad.sum()), tuple(int(i) for i in bad.nonzero()[0])
     raise ValueError(
         f"{name} holds {count} NaN/Inf value(s), the first at index {first} (value {float(tensor[first])}); "
         f"IG needs finite {name}: clean or drop those states"

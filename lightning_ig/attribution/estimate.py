@@ -294,8 +294,7 @@ def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor, eps: f
     mass = attributions.to(dtype).abs().sum(-1)  # (T, B)
     change = (stats[0] - stats[1]).to(dtype).abs()
     delta = (stats[2].to(dtype).abs() - NOISE * eps * (stats[0].abs() + stats[1].abs()).to(dtype)).clamp_min(0)
-    scale = torch.maximum(mass, change)
-    tiny = torch.finfo(dtype).tiny
+    scale, tiny = torch.maximum(mass, change), torch.finfo(dtype).tiny
     mass_relative = torch.where(scale > 0, delta / scale.clamp_min(tiny), delta * 0)  # 0/0 -> 0, NaN stays NaN
     # A state without attribution mass: at the baseline no error where the estimate is 0 too, else infinite; away from
     # it (its change past rounding) the exact attributions are not all zero, so zero ones are 100% off

@@ -395,8 +395,7 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     non_finite = getattr(result, "non_finite", None)
     flags = torch.zeros(share, dtype=dtype, device=attributions.device) if non_finite is None else non_finite
     full = functools.partial(torch.full, (share,), dtype=dtype, device=attributions.device)
-    missing = full(float("nan"))
-    steps = getattr(result, "n_steps_per_state", None)
+    missing, steps = full(float("nan")), getattr(result, "n_steps_per_state", None)
     columns = [
         result.f_input,
         result.f_baseline,

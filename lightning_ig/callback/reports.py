@@ -133,8 +133,7 @@ def run_report(
     A ``target="each"`` run's document speaks of the held-out states, with an ``actions`` key
     (:func:`~lightning_ig.views.report.each_report`).
     """
-    extra = run_extra(summary, epoch=epoch, world_size=world_size)
-    top_k = summary.settings.top_k
+    extra, top_k = run_extra(summary, epoch=epoch, world_size=world_size), summary.settings.top_k
     report = build_report(host, feature_names=feature_names, forward_target=forward_target, top_k=top_k, extra=extra)
     if summary.actions is not None:
         units = summary.units

@@ -55,8 +55,7 @@ def load_states(
         >>> states = load_states("held_out.npy")  # doctest: +SKIP
     """
     prefix = None if prefix is None else check_text(prefix, "prefix")
-    dtype = check_float_dtype(dtype, "dtype")
-    file = existing_file(path, "states file")
+    dtype, file = check_float_dtype(dtype, "dtype"), existing_file(path, "states file")
     if (reader := _READERS.get(file.suffix.lower())) is None:
         raise CheckpointError(
             f"states file {str(file)!r} must end in .json, .npy or .safetensors, not {file.suffix or 'nothing'!r}"

@@ -91,8 +91,7 @@ def completeness_words(report: Mapping[str, Any], ratio: bool = True) -> str | N
     NaN/Inf outputs come first (``non_finite_states``), then "no state could be checked" when every state was
     degenerate, else the worst relative completeness error (not judged beside a verdict; ``None`` without ``ratio``).
     """
-    completeness = _mapping(report.get("completeness"))
-    num_states = _real(report.get("num_states"))
+    completeness, num_states = _mapping(report.get("completeness")), _real(report.get("num_states"))
     if isinstance(non_finite := report.get("non_finite_states"), list) and non_finite:
         of = f" of {num_states:.0f}" if num_states is not None else ""
         return f"NaN/Inf on {len(non_finite)}{of} states (first: state {_text(non_finite[0])})"

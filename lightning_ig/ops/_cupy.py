@@ -209,8 +209,7 @@ def launch(
     block = block if isinstance(block, tuple) else (int(block),)
     if any(g <= 0 for g in grid):
         return  # nothing to do; CUDA rejects empty grids
-    cupy = require_cupy()
-    cupy_stream = _external_stream(current_stream_handle(index), index)
+    cupy, cupy_stream = require_cupy(), _external_stream(current_stream_handle(index), index)
     # CuPy picks the kernel's per-device binary from the current device; entering
     # a Device context costs microseconds, so only do it when the device differs.
     if cupy.cuda.runtime.getDevice() == index:

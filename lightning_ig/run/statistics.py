@@ -261,8 +261,7 @@ def concentration(mean_abs: np.ndarray) -> dict[str, float]:
         ``{"top1pct_share": ..., "top10pct_share": ...}``.
     """
     values = np.asarray(mean_abs, dtype=np.float64).reshape(-1)
-    total = float(values.sum())
-    shares = {}
+    total, shares = float(values.sum()), {}
     for name, fraction in CONCENTRATION_SHARES.items():
         count = max(1, math.ceil(fraction * values.size))
         top = np.partition(values, values.size - count)[values.size - count :] if np.isfinite(total) else values

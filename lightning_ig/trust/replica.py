@@ -138,8 +138,7 @@ class Replica:
 
     def redraw(self, seed: int) -> tuple[int, int]:
         """Draw every parameter again under ``seed`` (:func:`redraw`): ``(shuffled, kept)``. :meth:`sync` undoes it."""
-        counts = redraw(self.module, seed)
-        tensors = self._tensors()
+        counts, tensors = redraw(self.module, seed), self._tensors()
         if any(mine is not now for mine, now in zip(self._mine, tensors)):  # a reset_parameters() made new tensors
             self._mine = tensors
             self.engine.clear()  # a captured graph reads the old ones

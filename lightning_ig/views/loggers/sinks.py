@@ -227,8 +227,7 @@ def unit_table(labels: Sequence[str], units: Any, top_k: int | None = None) -> t
 
     positive, negative = units.parts
     mass = positive + negative
-    whole = float(mass.sum()) or 1.0
-    moments = units.moments
+    whole, moments = float(mass.sum()) or 1.0, units.moments
     order = rank_order(mass)[: top_k if top_k is not None else len(mass)]
     columns = ["rank", "name", "share", "raises", "lowers", "mean |attr|", "mean attr", "std of attr"]
     figures = np.stack([mass / whole, positive, negative, moments.mean_abs, moments.mean_signed, moments.stddev], 1)

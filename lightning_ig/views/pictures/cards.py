@@ -236,8 +236,7 @@ def verdict_card(
     _line(
         canvas, y + 2, [f"What {target} relies on: share of |attribution|", f"What {target} relies on"], INK, TEXT_SIZE
     )
-    top = y + LINE + 4
-    percents = [format_percent(float(share[i]), 2) for i in order]
+    top, percents = y + LINE + 4, [format_percent(float(share[i]), 2) for i in order]
     _bar_rows(canvas, labels, positive, negative, order, top=top, row=_ROW, ends=percents, colours=label_colours)
     y = top + _ROW * len(order)
     if rest:

@@ -215,8 +215,7 @@ def saliency_grid_picture(
 ) -> tuple[np.ndarray, float]:
     """The ``saliency`` grid and its colour scale. For ``target="each"`` a state's attributions are the mean over
     its actions (IG is linear in the target: the attributions of the mean Q, which the legend says)."""
-    rows = summary.settings.target.rows_per_state
-    picked = np.asarray(inputs.picked, dtype=np.intp)
+    rows, picked = summary.settings.target.rows_per_state, np.asarray(inputs.picked, dtype=np.intp)
     samples, f_input, f_baseline = host.sample_attributions, host.f_input, host.f_baseline
     if rows > 1:  # (B * A, ...) state-major -> per state, the mean over its actions
         samples = state_rows(samples, rows).mean(axis=1)
