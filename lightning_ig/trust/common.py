@@ -258,6 +258,10 @@ def structure_copy(model: nn.Module) -> nn.Module:
             bound_here = isinstance(value, types.MethodType) and id(value.__self__) in tree
             if name not in _MODULE_STATE and not isinstance(value, nn.Module) and not bound_here:
                 memo[id(value)] = value
+            for hook in value.values() if name.endswith("hooks") and isinstance(value, dict) else ():
+                owner = getattr(getattr(hook, "func", hook), "__self__", None)  # a method, or a partial of one
+                if owner is not None and id(owner) not in tree:  # another object's (a profiler's): shared
+                    memo[id(owner)] = owner
     with torch.inference_mode(False), torch.no_grad():  # a copy made in inference mode could not be differentiated
         clone = copy.deepcopy(model, memo)
     for theirs, mine in zip(model.modules(), clone.modules(), strict=True):

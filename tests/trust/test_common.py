@@ -90,6 +90,21 @@ def test_a_copy_of_a_module_fit_compiled_computes_with_its_own_weights() -> None
         assert not torch.equal(copy(states), model(states))
 
 
+def test_a_copy_shares_the_hooks_another_object_holds_on_the_modules() -> None:
+    """``Trainer(profiler="pytorch")`` hooks every submodule with a method of its record functions' keeper, whose
+    records refuse a deep copy: the copy failed (the fit at its start, or every trust check), now the keeper is shared
+    and a copy's forward is recorded like the model's."""
+    from lightning.pytorch.profilers.pytorch import RegisterRecordFunction
+
+    model, states = TinyQNet(noisy=False, batchnorm=False, dropout=0.0), torch.randn(4, 4)
+    with RegisterRecordFunction(model), torch.no_grad():
+        model(states)  # its records now hold the profiler's script objects
+        copy = structure_copy(model)
+        assert torch.equal(copy(states), model(states))
+        copy.body[0].weight.add_(1.0)
+        assert not torch.equal(copy(states), model(states))
+
+
 def test_structure_copy_shares_a_lightning_modules_trainer(tmp_path: Path) -> None:
     """A LightningModule's pickled state leaves its trainer out: the copy shares the original's trainer (it used to
     have none, so a forward reading ``self.trainer`` raised on the copy)."""
