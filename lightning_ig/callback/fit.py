@@ -459,9 +459,8 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
     saliency = saliency_kind(shape) is not None and views.saliency_states is not None
     if trainer.fast_dev_run and options.report_dir is None:  # Lightning's loggers write nothing there: nor does IG
         rank_zero_info("IntegratedGradientsCallback: fast_dev_run: the runs check the set-up, their numbers go nowhere")
-    folder = setup.report_folder(
-        options.report_dir, trainer.default_root_dir, bool(trainer.loggers), options.name, options.states
-    )
+    logs = bool(trainer.loggers or trainer.fast_dev_run)  # fast_dev_run: no report in <default_root_dir> either
+    folder = setup.report_folder(options.report_dir, trainer.default_root_dir, logs, options.name, options.states)
     return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder)
 
 

@@ -39,6 +39,16 @@ def test_the_plan_holds_the_states_the_units_and_the_report_folder(tmp_path: Pat
     assert planned.reports is not None and planned.reports.folder == tmp_path / "ig_reports"  # no logger
 
 
+def test_fast_dev_run_without_a_logger_plans_no_report_folder(tmp_path: Path) -> None:
+    # guards against: the no-logger folder <default_root_dir>/ig_reports in a fast_dev_run (said to go nowhere), whose
+    # reports replaced a real fit's at the same steps
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5)
+    trainer = make_trainer(tmp_path, [callback], fast_dev_run=True)
+    assert fit.plan(callback.options, trainer, TinyQNet(), [None]).reports is None
+    given = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, report_dir=tmp_path / "mine")
+    assert fit.plan(given.options, trainer, TinyQNet(), [None]).reports is not None  # asked for: written
+
+
 def test_frames_are_planned_with_channel_groups_and_a_saliency_grid(tmp_path: Path) -> None:
     callback = IntegratedGradientsCallback(frames(6, (3, 8, 8)), every_n_steps=5, views=ViewOptions(saliency_states=2))
     planned = fit.plan(callback.options, make_trainer(tmp_path, [callback]), ConvQNet(), [None])
