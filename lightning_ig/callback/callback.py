@@ -251,6 +251,7 @@ class IntegratedGradientsCallback(Callback):
     @_timed
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == TrainerFn.FITTING:
+            continued = self.state_dict() if trainer.global_step and self._fit is not None else None  # its trainer's
             share = self.options.overhead if trainer.world_size == 1 else None  # ranks must make the same runs
             self._budget = Budget(share)
             self._budget.start()
@@ -259,6 +260,8 @@ class IntegratedGradientsCallback(Callback):
             self._last_run_step, self._last, self._pairs, self._cadence = None, None, None, None
             self.history, self._ever_non_zero, self._warned, self._restored = [], set(), set(), None
             self._trust_results = {}
+            if continued is not None:  # trainer.fit again on a trainer that has trained: as a resume from there
+                self.load_state_dict(continued)
 
     @override
     @_timed

@@ -372,6 +372,25 @@ def test_a_fit_continued_on_its_trainer_is_warned_only_of_reports_it_would_repla
         trainer.fit(trainer.lightning_module, loader())
 
 
+def test_a_fit_continued_on_its_trainer_continues_the_history(tmp_path):
+    # guards against: every trainer.fit starting a new history, so that a second call with nothing left to do emptied
+    # callback.history and a continued fit's drift and cards started again from its own first run
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=5, engine=IGOptions(n_steps=8), overhead=None
+    )
+    trainer = make_trainer(tmp_path, [callback], max_steps=10)
+    trainer.fit(TinyQNet(), loader())
+    first = [dict(entry) for entry in callback.history]
+    trainer.fit(trainer.lightning_module, loader())  # nothing left to do
+    assert callback.history == first and [entry["global_step"] for entry in first] == [5, 10]
+    trainer.fit_loop.epoch_loop.max_steps = 20
+    trainer.fit(trainer.lightning_module, loader())
+    assert callback.history[:2] == first and [entry["global_step"] for entry in callback.history] == [5, 10, 15, 20]
+    again = make_trainer(tmp_path / "again", [callback], max_steps=5)  # another trainer: a new fit, a new history
+    again.fit(TinyQNet(), loader())
+    assert [entry["global_step"] for entry in callback.history] == [5]
+
+
 def test_resuming_into_the_same_report_dir_does_not_warn_of_an_earlier_fit(tmp_path):
     reports = tmp_path / "reports"
     first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, report_dir=reports, overhead=None)
