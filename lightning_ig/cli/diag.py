@@ -34,7 +34,7 @@ from lightning_ig.cli.exits import EXIT_NOT_WITHIN, EXIT_OK, PROG, NonFiniteErro
 from lightning_ig.cli.feature_groups import is_named_form
 from lightning_ig.cli.head_inputs import HeadRun, baseline_path, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
-from lightning_ig.cli.parser import AUTO_SAMPLES, SEED
+from lightning_ig.cli.parser import SEED
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable
@@ -480,7 +480,7 @@ def _print_summaries(attributed: Sequence[_Attributed], args: argparse.Namespace
             print(printable(f"  {line}"))
         if head.saliency:
             print(printable(f"wrote {', '.join(map(str, head.saliency))}"))
-    asks = {"--auto-samples": args.auto_samples != AUTO_SAMPLES, "--replace": args.replace, "--seed": args.seed != SEED}
+    asks = {"--auto-samples": args.auto_samples is not None, "--replace": args.replace, "--seed": args.seed != SEED}
     unused = [flag for flag, asked in asks.items() if asked]
     if args.states != "auto" and unused:  # said, not refused: the scripts that pass them today keep working
         used = f"--states {args.states} was used whole"

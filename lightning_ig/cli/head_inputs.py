@@ -25,6 +25,7 @@ from lightning_ig.checkpoint import (
 )
 from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
+from lightning_ig.cli.parser import AUTO_SAMPLES
 from lightning_ig.views.pictures.saliency import saliency_kind
 from lightning_ig.vocabulary import check_feature_names, check_memory, default_feature_names
 
@@ -156,8 +157,10 @@ def _states(
     pool = _checked_states(
         pool.to(device=device, dtype=dtype), where, "save the checkpoint with states=, or pass --states PATH"
     )
-    _check_work(args, args.auto_samples, pool[0], f"--auto-samples {args.auto_samples}")
-    states, indices = _sample(pool, args.auto_samples, args.seed, args.replace, where)
+    # the default asks for no more states than are stored (--replace draws as many as ever)
+    count = args.auto_samples or (AUTO_SAMPLES if args.replace else min(AUTO_SAMPLES, pool.shape[0]))
+    _check_work(args, count, pool[0], f"--auto-samples {count}")
+    states, indices = _sample(pool, count, args.seed, args.replace, where)
     return states, {
         "states_source": "auto",
         "states_from": where,

@@ -270,9 +270,8 @@ def _add_diag(commands: Any) -> None:
     data.add_argument(
         "--auto-samples",
         type=_positive_int("--auto-samples"),
-        default=AUTO_SAMPLES,
         metavar="N",
-        help="how many states --states auto samples",
+        help=f"how many states --states auto samples (default: {AUTO_SAMPLES}, or every stored state where fewer)",
     )
     data.add_argument(
         "--replace",

@@ -317,3 +317,22 @@ def test_states_with_an_extra_dimension_for_an_mlp_are_told_to_check_their_featu
     np.save(workspace / "three.npy", torch.rand(3, 2, 4, generator=torch.Generator().manual_seed(3)).numpy())
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--states", "three.npy", "--quiet")
     _one_line_error(code, err, "the model returns shape (1, 2, 3) per batch", "check that the states' feature shape")
+
+
+def test_the_default_sample_of_a_checkpoint_with_fewer_states_takes_them_all(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint that stores 5 states: ``diag`` with no ``--auto-samples`` attributes all 5 (it stopped with exit 2,
+    "--auto-samples 16 is more than the 5 states stored", a number the user never gave); one asked for is still
+    refused."""
+    from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
+
+    loaded = load_checkpoint("q.safetensors")
+    assert loaded.states is not None
+    save_checkpoint(loaded.model, workspace / "few.safetensors", states=loaded.states[:5])
+    code, _, err = _main(capsys, "diag", "--checkpoint", "few.safetensors", "--quiet", "--output", "out/few.json")
+    assert code == 0, err
+    report = json.loads((workspace / "out" / "few.json").read_text())
+    assert (report["num_states"], report["state_indices"]) == (5, [0, 1, 2, 3, 4])
+    code, _, err = _main(capsys, "diag", "--checkpoint", "few.safetensors", "--auto-samples", "16", "--quiet")
+    _one_line_error(code, err, "--auto-samples 16 is more than the 5 states stored")
