@@ -11,6 +11,7 @@ import functools
 import inspect
 import math
 import re
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,7 +194,9 @@ def _held(forward: Any) -> list[Any]:
         held += [value for names in inspect.getclosurevars(forward)[:2] for value in names.values()]
     elif not inspect.isroutine(forward):  # a callable object (an agent's policy): its attributes
         held += list(getattr(forward, "__dict__", {}).values())
-    return held + [value for one in held if isinstance(one, dict) for value in one.values()]  # {"q": net}
+    # {"q": net}, and an agent's attributes: a bound method's owner, a global a lambda names (agent.net(x))
+    inner = [getattr(one, "__dict__", one) for one in held if not isinstance(one, (torch.nn.Module, types.ModuleType))]
+    return held + [value for one in inner if isinstance(one, dict) for value in one.values()]
 
 
 def raise_if_dtype_mismatch(forward: Any, rows: Tensor, error: BaseException) -> None:

@@ -159,6 +159,37 @@ def test_batch_norm_behind_a_lambda_keeps_its_statistics_and_flags_the_run() -> 
     assert model.training
 
 
+class _Agent:  # an RL agent that is not a module: its network is an attribute
+    def __init__(self, net: torch.nn.Module) -> None:
+        self.net = net
+
+    def q(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z).squeeze(1)
+
+
+_AGENT = _Agent(torch.nn.Linear(3, 1))  # a global a lambda names
+
+
+def test_batch_norm_behind_an_agents_method_or_attribute_keeps_its_statistics_and_flags_the_run() -> None:
+    """``forward=agent.q`` (a bound method of an object that is not a module) and ``lambda z: agent.net(z)``: the
+    batch-norm layer in train mode is found, its running statistics are put back and the run is flagged (the agent's
+    network went unseen: the statistics moved and the batch-dependent attributions passed as deterministic)."""
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    model = model.double().train()
+    model(torch.randn(5, 3, dtype=F64))  # statistics that are not the initial ones
+    agent = _Agent(model)
+    _AGENT.net = model
+    for forward in (agent.q, lambda z: _AGENT.net(z).squeeze(1)):
+        before = _norm_state(model[1])
+        with pytest.warns(StochasticForwardWarning, match="BatchNorm1d in train mode"):
+            result = integrated_gradients(forward, torch.randn(4, 3, dtype=F64), n_steps=4)
+        assert result.stochastic
+        for kept, now in zip(before, _norm_state(model[1])):
+            assert torch.equal(kept, now)
+    assert module_of(agent.q) is model
+
+
 def test_instance_norm_in_train_mode_keeps_its_running_statistics() -> None:
     """An InstanceNorm1d with track_running_stats in train mode moves its running statistics at every forward: a
     call puts them back as it does batch-norm's (they used to be left moved by the engine's forwards)."""
