@@ -88,12 +88,7 @@ def save_checkpoint(
     model = _unwrap(model)
     tensors = _model_tensors(model)
     stored_states = None if states is None else _stored_states(states)
-    width = None if stored_states is None else int(stored_states[0].numel())
-    takes = getattr(model, "state_dim", None)  # the package's networks say their input width; others are not asked
-    takes = takes if type(takes) is int else None
-    if takes is not None and stored_states is not None and stored_states.dim() == 2 and width != takes:
-        raise ValueError(f"states have {width} features but the model takes {takes}: pass (num_states, {takes}) states")
-    names = _checked_names(feature_names, takes if width is None else width)
+    names = _checked_names(feature_names, _width(model, stored_states, "states"))
     architecture, model_kwargs = _architecture(model, config)
     if config is not None:  # the caller's words for the model, not the model's own config(): they must rebuild it
         _check_rebuilds(architecture, dict(config), tensors)
@@ -158,7 +153,7 @@ def save_merged_checkpoint(
         if head in per_head_states:
             tensors[prefix + STATES_KEY] = _stored_states(per_head_states[head], f"states[{head!r}]")
         own = tensors.get(prefix + STATES_KEY, tensors.get(STATES_KEY))  # the head's, else the shared ones
-        _checked_names(per_head_names.get(head, shared_names), None if own is None else int(own[0].numel()))
+        _checked_names(per_head_names.get(head, shared_names), _width(model, own, f"the states of head {head!r}"))
         head_info[head] = _head_info(model, per_head_names.get(head))
         tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
     meta = {**_metadata(metadata), HEADS_KEY: json.dumps(head_info, sort_keys=True)}
@@ -220,6 +215,15 @@ def _checked_names(feature_names: Sequence[str] | None, width: int | None) -> li
     if isinstance(feature_names, (str, bytes)) or not isinstance(feature_names, Sequence):
         raise TypeError(f"feature_names must be a sequence of strings, got {feature_names!r}")
     return check_feature_names(feature_names, len(feature_names) if width is None else width)
+
+
+def _width(model: nn.Module, states: Tensor | None, what: str) -> int | None:
+    """The features a name per feature must match: the states', which must be a network's ``state_dim``."""
+    takes = getattr(model, "state_dim", None)  # the package's networks say their input width; others are not asked
+    width = None if states is None else int(states[0].numel())
+    if type(takes) is int and states is not None and states.dim() == 2 and width != takes:
+        raise ValueError(f"{what} have {width} features but the model takes {takes}: pass (num_states, {takes}) states")
+    return (takes if type(takes) is int else None) if width is None else width
 
 
 def _stored_states(states: Tensor, what: str = "states") -> Tensor:

@@ -88,6 +88,15 @@ def test_merged_feature_names_must_name_every_feature_of_the_states_as_in_save_c
     assert not (tmp_path / "m.safetensors").exists()
 
 
+@pytest.mark.parametrize("states", [torch.ones(2, 4), {"five": torch.ones(2, 4)}])
+def test_merged_states_must_have_each_heads_width_as_in_save_checkpoint(tmp_path, states) -> None:
+    # guards against: a file whose 4-feature states were stored for a head that takes 5, refused only later by diag
+    heads = {"four": DuelingQNetwork(4, 2, hidden_sizes=(8,)), "five": DuelingQNetwork(5, 2, hidden_sizes=(8,))}
+    with pytest.raises(ValueError, match="the states of head 'five' have 4 features but the model takes 5"):
+        save_merged_checkpoint(heads, tmp_path / "m.safetensors", states=states)
+    assert not (tmp_path / "m.safetensors").exists()
+
+
 def test_a_null_feature_name_is_a_type_error(tmp_path: Path) -> None:
     # guards against: AttributeError 'NoneType' object has no attribute 'strip' (exit 1 from diag's --feature-names)
     with pytest.raises(TypeError, match=r"feature_names must all be strings, got None \(NoneType\)"):
