@@ -235,8 +235,9 @@ class Target:
         """
         if not isinstance(outputs, Tensor):
             kind = type(outputs).__name__  # a tuple or dict: the caller picks the output to attribute
+            key = next(iter(outputs), 0) if isinstance(outputs, dict) else 0  # a dict's first key, not [0]
             raise TypeError(
-                f"forward must return a torch.Tensor, got {kind}; pick one, e.g. forward=lambda x: model(x)[0]"
+                f"forward must return a torch.Tensor, got {kind}; pick one, e.g. forward=lambda x: model(x)[{key!r}]"
             )
         if not outputs.dtype.is_floating_point:
             raise TypeError(f"forward must return floating-point values, got dtype {outputs.dtype}")

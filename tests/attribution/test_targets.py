@@ -98,6 +98,14 @@ def test_a_target_callable_of_the_wrong_shape_says_what_it_got_and_what_its_rows
         integrated_gradients(net, torch.randn(3, 4), target=lambda q: q)  # (N, 2): both columns
 
 
+def test_a_forward_returning_a_dict_is_told_to_pick_one_of_its_keys() -> None:
+    # guards against: the advice for a dict output was model(x)[0], a KeyError
+    with pytest.raises(TypeError, match=r"got dict; pick one, e.g. forward=lambda x: model\(x\)\['q'\]"):
+        integrated_gradients(lambda z: {"q": z, "v": z.sum(1)}, torch.randn(2, 3), target=0)
+    with pytest.raises(TypeError, match=r"got tuple; pick one, e.g. forward=lambda x: model\(x\)\[0\]"):
+        integrated_gradients(lambda z: (z, z.sum(1)), torch.randn(2, 3), target=0)
+
+
 def test_contrast_needs_two_outputs() -> None:
     with pytest.raises(ValueError, match="target='contrast' needs a forward returning"):
         integrated_gradients(lambda z: z.sum(1, keepdim=True), _states(), target="contrast", n_steps=4)
