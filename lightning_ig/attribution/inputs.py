@@ -280,7 +280,7 @@ def uses_batch_statistics(forward: Any) -> bool:
         if id(child) in seen:
             continue
         seen.add(id(child))
-        if isinstance(child, _BATCH_NORMS) and (child.training or child.running_mean is None):
+        if _is(child, _BATCH_NORMS) and (child.training or getattr(child, "running_mean", None) is None):
             return True
         pending.extend(child.children())
     return False
@@ -316,13 +316,21 @@ def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
         return []
     found: list[Tensor] = []
     for child in module.modules():
-        if isinstance(child, _RUNNING_NORMS) and child.training and child.track_running_stats:
+        if _is(child, _RUNNING_NORMS) and child.training and getattr(child, "track_running_stats", True):
             found += [
                 buffer
-                for buffer in (child.running_mean, child.running_var, child.num_batches_tracked)
-                if buffer is not None
+                for buffer in (
+                    getattr(child, name, None) for name in ("running_mean", "running_var", "num_batches_tracked")
+                )
+                if isinstance(buffer, Tensor)  # a traced layer has no attribute for an unregistered buffer
             ]
     return found
+
+
+def _is(module: torch.nn.Module, kinds: tuple[type[torch.nn.Module], ...]) -> bool:
+    """``isinstance``, also for a ``torch.jit`` scripted or traced layer of such a class (its ``original_name``)."""
+    scripted = isinstance(module, torch.jit.ScriptModule)
+    return isinstance(module, kinds) or (scripted and module.original_name in {kind.__name__ for kind in kinds})
 
 
 def _raise_if_shape(rows: Tensor, error: BaseException) -> None:

@@ -190,6 +190,24 @@ def test_batch_norm_behind_an_agents_method_or_attribute_keeps_its_statistics_an
     assert module_of(agent.q) is model
 
 
+def test_batch_norm_of_a_scripted_or_traced_model_keeps_its_statistics_and_flags_the_run() -> None:
+    """``torch.jit.script`` / ``torch.jit.trace`` of a model with batch-norm in train mode: its layers are script
+    modules, not ``BatchNorm1d`` instances, and went unseen (the statistics moved, the run passed as deterministic)."""
+    torch.manual_seed(12)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    model = model.double().train()
+    model(torch.randn(5, 3, dtype=F64))  # statistics that are not the initial ones
+    rows = torch.randn(4, 3, dtype=F64)
+    for compiled in (torch.jit.script(model), torch.jit.trace(model, rows)):
+        compiled.train()
+        before = [buffer.clone() for buffer in compiled.buffers()]
+        with pytest.warns(StochasticForwardWarning):
+            result = integrated_gradients(compiled, rows, target=0, n_steps=4)
+        assert result.stochastic
+        for kept, now in zip(before, compiled.buffers()):
+            assert torch.equal(kept, now)
+
+
 def test_instance_norm_in_train_mode_keeps_its_running_statistics() -> None:
     """An InstanceNorm1d with track_running_stats in train mode moves its running statistics at every forward: a
     call puts them back as it does batch-norm's (they used to be left moved by the engine's forwards)."""
