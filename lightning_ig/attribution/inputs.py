@@ -192,6 +192,7 @@ def _held(forward: Any) -> list[Any]:
         held += [forward.func, *forward.args, *forward.keywords.values()]
     elif inspect.isfunction(forward):  # a lambda or a def: what it closes over and the globals it names
         held += [value for names in inspect.getclosurevars(forward)[:2] for value in names.values()]
+        held += [*(forward.__defaults__ or ()), *(forward.__kwdefaults__ or {}).values()]  # lambda x, m=net: m(x)
     elif not inspect.isroutine(forward):  # a callable object (an agent's policy): its attributes
         held += list(getattr(forward, "__dict__", {}).values())
     # {"q": net}, and an agent's attributes: a bound method's owner, a global a lambda names (agent.net(x))

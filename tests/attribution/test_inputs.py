@@ -125,6 +125,8 @@ def test_module_of_finds_the_module_behind_a_lambda_a_global_or_a_partial() -> N
     assert module_of(lambda z: _GLOBAL_NET(z).squeeze(1)) is _GLOBAL_NET
     assert module_of(functools.partial(_apply, model)) is model
     assert module_of(lambda z: z.sum(1)) is None
+    assert module_of(lambda z, net=model: net(z).squeeze(1)) is model  # a default, as loops bind their model
+    assert module_of(lambda z, *, net=model: net(z).squeeze(1)) is model
     nets = {"q": model}
     assert module_of(lambda z: nets["q"](z).squeeze(1)) is model  # a dict it closes over
 
