@@ -281,7 +281,8 @@ def load_lightning_checkpoint(
         first_line = str(error).splitlines()[0] if str(error) else ""
         raise CheckpointError(
             f"{module_class} cannot load {str(file)!r} ({type(error).__name__}: {first_line}); "
-            "check that the file is a Lightning checkpoint of that class"
+            "check that the file is a Lightning checkpoint of that class, and that its __init__ keeps the arguments "
+            "it takes (self.save_hyperparameters()): load_from_checkpoint rebuilds it from them"
         ) from error
     module.eval()
     hparams = getattr(module, "hparams", {}) or {}

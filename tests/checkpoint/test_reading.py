@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -145,3 +146,22 @@ def test_load_errors_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path) -
         load_checkpoint(path, config={"state_dim": 5, "num_actions": 2, "hidden_sizes": [8]})
     with pytest.raises(CheckpointError, match="single-model file"):
         load_checkpoint(path, head="trending")
+
+
+class LightningWithoutHyperparameters(pl.LightningModule):
+    """Its __init__ takes an argument it does not keep (no save_hyperparameters())."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(width, 2)
+
+
+def test_a_lightning_module_that_does_not_keep_its_arguments_is_told_to_save_them(tmp_path: Path) -> None:
+    # guards against: "check that the file is a Lightning checkpoint of that class" for a file that is one, of a
+    # module whose __init__(width) Lightning could not call without the saved hyperparameters
+    from lightning_ig.checkpoint import load_lightning_checkpoint
+
+    module = LightningWithoutHyperparameters(4)
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": "2.6.6"}, tmp_path / "m.ckpt")
+    with pytest.raises(CheckpointError, match=r"missing 1 required positional argument.*save_hyperparameters\(\)"):
+        load_lightning_checkpoint(tmp_path / "m.ckpt", f"{__name__}:LightningWithoutHyperparameters")
