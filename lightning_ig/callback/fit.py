@@ -118,7 +118,8 @@ class Fit:
     idle: IdleCore | None = None
 
 
-_ENDED = "they run on the training thread", "the fit is ending on SIGTERM: the run in hand is dropped, not made again"
+_INLINE = "they run on the training thread"
+_DROPPED = "the fit is ending on SIGTERM: the run in hand is dropped, not made again"
 _STALE = (
     "the model's forward gives other outputs at the held-out states than a copy with its parameters and buffers (it "
     "gained one since the fit started, or reads an attribute that training changes: make it a buffer to run beside "
@@ -209,10 +210,15 @@ class IdleCore:
         or cannot follow the model: the runs stay on the training thread from here (said)."""
         self.close()
         if isinstance(why, BaseException):  # the run in hand made again on the training thread, unless the fit ends
-            code, ending = self.exitcode, getattr(self.trainer, "received_sigterm", False)  # Lightning: at batch end
-            how = next((f"was ended by {s.name}" for s in signal.Signals if -s == code), f"has ended (exit {code})")
-            how = str(why) if isinstance(why, TimeoutError) else how if code else "could not start or has ended"
-            why = f"the runs' worker process {how}; {_ENDED[bool(ending)]}"
+            code = self.exitcode  # negative: the signal that ended it
+            if isinstance(why, TimeoutError):  # stuck: ended by close()
+                how = str(why)
+            elif code:
+                how = next((f"was ended by {s.name}" for s in signal.Signals if -s == code), f"has ended (exit {code})")
+            else:
+                how = "could not start or has ended"
+            ending = getattr(self.trainer, "received_sigterm", False)  # set by Lightning's handler, raised at batch end
+            why = f"the runs' worker process {how}; {_DROPPED if ending else _INLINE}"
         if self.alive:
             self.alive = False
             warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
