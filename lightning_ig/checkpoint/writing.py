@@ -71,7 +71,7 @@ def save_checkpoint(
         ValueError: If ``states`` has a bad shape or NaN/Inf, ``feature_names`` are blank, repeated or do not match the
             states' width (or a network's ``state_dim``, which the states' width must match too), ``metadata`` uses a
             reserved key, ``path`` is a folder, a device or a FIFO, or ``config`` builds the model's class with other
-            tensors than the model's (the file could not be loaded).
+            tensors than the model's (the file could not be loaded), or the model's tensors are on the meta device.
 
     Example::
 
@@ -155,7 +155,7 @@ def save_merged_checkpoint(
         own = tensors.get(prefix + STATES_KEY, tensors.get(STATES_KEY))  # the head's, else the shared ones
         _checked_names(per_head_names.get(head, shared_names), _width(model, own, f"the states of head {head!r}"))
         head_info[head] = _head_info(model, per_head_names.get(head))
-        tensors.update({prefix + key: value for key, value in _model_tensors(model).items()})
+        tensors.update({prefix + key: value for key, value in _model_tensors(model, f"heads[{head!r}]").items()})
     meta = {**_metadata(metadata), HEADS_KEY: json.dumps(head_info, sort_keys=True)}
     if shared_names is not None:
         meta[FEATURE_NAMES_KEY] = json.dumps(_checked_names(shared_names, None))
@@ -262,8 +262,13 @@ def _unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
+def _model_tensors(model: nn.Module, what: str = "model") -> dict[str, Tensor]:
     # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
+    if meta := [key for key, value in model.state_dict().items() if value.is_meta]:
+        raise ValueError(
+            f"{what} has tensors on the meta device, which hold no values ({meta[0]!r} among {len(meta)}): "
+            "load or initialise its weights (model.to_empty(device='cpu'), then load_state_dict) before saving it"
+        )
     return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
 
 

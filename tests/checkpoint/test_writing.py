@@ -64,6 +64,15 @@ def test_a_config_that_does_not_rebuild_the_model_is_refused_at_save_not_at_load
     assert load_checkpoint(path).model.config() == net.config()
 
 
+def test_a_model_on_the_meta_device_is_refused_with_what_to_do_not_torchs_copy_error(tmp_path: Path) -> None:
+    """Its tensors hold no values: torch's own words were "Cannot copy out of meta tensor; no data!"."""
+    with pytest.raises(ValueError, match=r"model has tensors on the meta device.*'weight' among 2.*load_state_dict"):
+        save_checkpoint(nn.Linear(4, 2, device="meta"), tmp_path / "meta.safetensors")
+    with pytest.raises(ValueError, match=r"heads\['b'\] has tensors on the meta device"):
+        save_merged_checkpoint({"a": nn.Linear(4, 2), "b": nn.Linear(4, 2, device="meta")}, tmp_path / "m.safetensors")
+    assert not list(tmp_path.iterdir())
+
+
 def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) -> None:
     net = DuelingQNetwork(3, 2, hidden_sizes=(4,))
     compiled = torch.compile(net)  # wrapping compiles nothing yet: no compiler needed
