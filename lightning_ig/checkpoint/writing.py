@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,8 @@ def save_checkpoint(
     stored_states = None if states is None else _stored_states(states)
     names = _checked_names(feature_names, _width(model, stored_states, "states"))
     architecture, model_kwargs = _architecture(model, config)
-    if config is not None:  # the caller's words for the model, not the model's own config(): they must rebuild it
-        _check_rebuilds(architecture, dict(config), tensors)
+    if config is not None or model_kwargs is None:  # the caller's words must rebuild it; no words: warned if not
+        _check_rebuilds(architecture, dict(config or {}), tensors, warn=config is None)
     meta = {**_metadata(metadata), ARCHITECTURE_KEY: architecture}
     if model_kwargs is not None:
         meta[CONFIG_KEY] = json.dumps(model_kwargs, sort_keys=True)
@@ -272,16 +273,24 @@ def _model_tensors(model: nn.Module, what: str = "model") -> dict[str, Tensor]:
     return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
 
 
-def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str, Tensor], warn: bool = False) -> None:
     """Refuse a ``config`` from which the model's class builds other tensors than the model's: the file would never
-    load. A class not found by its name now (defined in ``__main__``) or not built on the meta device is not checked."""
+    load (``warn``: say so, for a model saved without one). A class not found by its name now (defined in
+    ``__main__``) or not built on the meta device is not checked."""
     try:
         with torch.device("meta"):  # allocates nothing, whatever sizes the config asks for
             built = build_model(architecture, dict(config))
     except Exception:  # noqa: BLE001 - no such name here, or a constructor that reads values: loading checks it
         return
     mismatch = shape_mismatch(state_shapes(built), {key: tuple(value.shape) for key, value in tensors.items()})
-    if mismatch is not None:
+    if mismatch is not None and warn:
+        warnings.warn(
+            f"{architecture} built without arguments does not take the model's tensors ({mismatch}): the file loads "
+            "only where you name a class and arguments that rebuild it, load_checkpoint(path, architecture=..., "
+            "config=...) or diag --model package.module:Class --model-kwargs JSON; or save with config=",
+            stacklevel=3,
+        )
+    elif mismatch is not None:
         raise ValueError(
             f"config={shown(config)} builds a {architecture} that does not take the model's tensors, which the file "
             f"holds ({mismatch}): it could not be loaded; pass the arguments the model was built with"

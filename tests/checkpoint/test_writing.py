@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import warnings
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,22 @@ def test_a_model_on_the_meta_device_is_refused_with_what_to_do_not_torchs_copy_e
     with pytest.raises(ValueError, match=r"heads\['b'\] has tensors on the meta device"):
         save_merged_checkpoint({"a": nn.Linear(4, 2), "b": nn.Linear(4, 2, device="meta")}, tmp_path / "m.safetensors")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_model_its_class_cannot_rebuild_without_arguments_is_saved_with_a_warning_saying_how_to_load_it(
+    tmp_path: Path,
+) -> None:
+    """An empty ``Sequential()`` takes none of the tensors: the file is written (the caller may rebuild the model) but
+    loads only with a class named at load time, which the warning says; a model that rebuilds says nothing."""
+    path = tmp_path / "seq.safetensors"
+    with pytest.warns(UserWarning, match=r"Sequential built without arguments .*unexpected.*architecture=.*--model"):
+        save_checkpoint(nn.Sequential(nn.Linear(4, 2)), path)
+    with pytest.raises(CheckpointError, match="do not fit"):
+        load_checkpoint(path, trust_remote_code=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_checkpoint(DuelingQNetwork(4, 2, hidden_sizes=(8,)), path)  # its config() rebuilds it
+        save_checkpoint(nn.Sequential(), path)  # no tensors: the empty class takes them all
 
 
 def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) -> None:
@@ -210,7 +227,9 @@ def test_saved_states_and_names_are_checked_once_with_the_shared_words(tmp_path:
             save_checkpoint(net, tmp_path / "x.safetensors", **kwargs)
     assert not (tmp_path / "x.safetensors").exists()
     # a model that does not say its width is not asked: its names and states are stored as given
-    save_checkpoint(nn.Sequential(nn.Flatten(), nn.Linear(6, 2)), tmp_path / "y.safetensors", feature_names=list("ab"))
+    sequential = nn.Sequential(nn.Flatten(), nn.Linear(6, 2))
+    with pytest.warns(UserWarning, match="built without arguments does not take"):  # it loads only with --model
+        save_checkpoint(sequential, tmp_path / "y.safetensors", feature_names=list("ab"))
     assert json.loads(read_metadata(tmp_path / "y.safetensors")["lightning_ig.feature_names"]) == ["a", "b"]
 
 
