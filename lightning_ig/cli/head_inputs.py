@@ -68,7 +68,7 @@ def prepare_head(
     what = f"head {label!r} of {args.checkpoint}" if label else args.checkpoint
     states, extra = _states(args, loaded, prefix, device, _model_dtype(model), what)
     # the width first: the root of most mismatches
-    target = _target(args.target, _probe(model, states, extra["states_from"]))
+    target = _target(args.target, _probe(model, states, extra["states_from"], what))
     names = _feature_names(args, loaded, states, what)
     groups = resolve_feature_groups(args.feature_groups, states.shape[1:], names)
     if args.saliency is not None and saliency_kind(tuple(states.shape[1:])) is None:
@@ -234,7 +234,7 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
     return default_feature_names(states.shape[1:])
 
 
-def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
+def _probe(model: nn.Module, states: Tensor, where: str, what: str) -> Tensor:
     """One forward on one state: the output's layout, and a model that rejects the states caught early."""
     try:
         with torch.no_grad():
@@ -242,12 +242,13 @@ def _probe(model: nn.Module, states: Tensor, where: str) -> Tensor:
     except Exception as error:  # noqa: BLE001 - the model's own error (shapes, dtypes), said in the user's terms
         if states.ndim == 2 and (width := _expected_width(model)) is not None and states.shape[1] != width:
             raise UsageError(
-                f"the states from {where} have {states.shape[1]} features but the model takes {width}; "
+                f"the states from {where} have {states.shape[1]} features but the model takes {width} ({what}); "
                 f"give states with {width} columns (or the matching checkpoint/head)"
             ) from None
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UsageError(
-            f"the model fails on states of shape {tuple(states.shape)} ({first_line}): check their width or its forward"
+            f"the model fails on states of shape {tuple(states.shape)} ({first_line}): check their width or the "
+            f"forward of {what}"
         ) from None
     if not isinstance(output, Tensor):
         raise UsageError(

@@ -319,6 +319,20 @@ def test_states_with_an_extra_dimension_for_an_mlp_are_told_to_check_their_featu
     _one_line_error(code, err, "the model returns shape (1, 2, 3) per batch", "check that the states' feature shape")
 
 
+def test_states_too_narrow_for_one_head_of_all_heads_name_that_head(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--all-heads with one --states file over heads of 4 and 5 inputs: the error says which head takes 5."""
+    from lightning_ig.checkpoint import save_merged_checkpoint
+    from lightning_ig.models import DuelingQNetwork
+
+    heads = {"four": DuelingQNetwork(4, 2, hidden_sizes=(8,)), "five": DuelingQNetwork(5, 2, hidden_sizes=(8,))}
+    save_merged_checkpoint(heads, workspace / "widths.safetensors")
+    args = ("diag", "--checkpoint", "widths.safetensors", "--all-heads", "--states", "held_out.json", "--quiet")
+    code, _, err = _main(capsys, *args, "--output", "out/r.json")
+    _one_line_error(code, err, "have 4 features but the model takes 5 (head 'five' of widths.safetensors)")
+
+
 def test_the_default_sample_of_a_checkpoint_with_fewer_states_takes_them_all(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
