@@ -172,19 +172,19 @@ class Target:
             ValueError: ``"each"`` or ``"contrast"`` on fewer than two outputs, an index out of range, or a number of
                 names other than the outputs'.
         """
-        said = spelt or f"target={self.as_given!r}"
+        said, mean = (spelt, f"{spelt.split()[0]} mean") if spelt else (f"target={self.as_given!r}", "target='mean'")
         outputs = 1 if len(shape) == 1 else int(shape[1])
         if self.kind in ("each", "contrast") and (len(shape) == 1 or outputs < 2):
             needs = "one per action" if self.kind == "each" else "the greedy action and the runner-up"
             raise ValueError(
-                f"{said} needs at least two outputs per state ({needs}); the model returns shape {tuple(shape)} per "
-                "batch: use target='mean' or an output index"
+                f"{said} needs at least two outputs per state ({needs}); the model returns {outputs}: use {mean} or an "
+                "output index"
             )
         if self.kind == "action" and self.index is not None and self.index >= outputs:
-            valid = "'mean' or 0" if len(shape) == 1 else f"an index in [0, {outputs - 1}]"
+            valid = f"{mean} or 0" if len(shape) == 1 else f"an index in [0, {outputs - 1}]"
             raise ValueError(
-                f"{said} is out of range: the model returns {outputs} output{'s' * (outputs > 1)} per state (shape "
-                f"{tuple(shape)}); pass {valid}"
+                f"{said} is out of range: the model returns {outputs} output{'s' * (outputs > 1)} per state; "
+                f"pass {valid}"
             )
         labels = None if names is None and self.kind not in ("each", "contrast") else action_labels(names, outputs)
         if len(shape) == 1 and self.kind in ("mean", "action"):

@@ -216,6 +216,11 @@ def test_bound_to_a_model_a_target_gets_its_actions_labels_and_rows_per_state() 
         Target.parse("contrast").bind((7, 1), spelt="--target contrast")
     with pytest.raises(ValueError, match=r"target=2 is out of range: the model returns 2 outputs per state"):
         Target.parse(2).bind((7, 2))
+    # the command line's words throughout, and one output per state said as one, not as a shape (the probe's (1,))
+    for given, words in (("each", "model returns 1: use --target mean or"), (3, "per state; pass --target mean or 0")):
+        with pytest.raises(ValueError, match=words) as raised:
+            Target.parse(given).bind((1,), spelt=f"--target {given}")
+        assert "target='mean'" not in str(raised.value) and "shape" not in str(raised.value)
     with pytest.raises(ValueError, match="action_names has 3 names but the model returns 2 actions"):
         Target.parse("each").bind((7, 2), ["a", "b", "c"])
 
