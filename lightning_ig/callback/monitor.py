@@ -15,7 +15,8 @@ the first check and synced before each use with the weights the run attributed: 
 beside training the worker's copy: the worker makes them there (:meth:`TrustMonitor.check_beside`), or, where it
 ended first, the training thread on the copy that was sent, :meth:`~lightning_ig.trust.replica.Replica.following`),
 never on the model: its IG replays a CUDA graph on a GPU, the deletion check keeps its fixed rows
-(:class:`~lightning_ig.trust.faithfulness.DeletionPlan`), the sanity reference is made once.
+(:class:`~lightning_ig.trust.faithfulness.DeletionPlan`), the sanity reference is made with the copy. Where the
+synced copy no longer computes the run's values at the states (a module swapped or added), both are made anew, said.
 
 **Ranks.** The checks run on global rank zero alone, on the gathered result of all held-out states (which every
 rank holds after the run's one collective) and the full set of states: they make no collective call, so every
@@ -34,10 +35,12 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_ig.attribution.eager import deterministic_float32
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback.heldout import baselines_for, model_dtype
 from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.ops.ig import repeat_threshold
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.host_result import HostResult
 from lightning_ig.run.statistics import AccuracyVerdict
@@ -220,6 +223,7 @@ class TrustMonitor:
             host,
             attributions=_state_means(host.attributions, self.rows_per_state),
             group_attributions=_state_means(host.group_attributions, self.rows_per_state),
+            f_input=state_rows(host.f_input, self.rows_per_state).mean(axis=1),
         )
 
     def _attempt(self, name: str, host: HostResult, weights: torch.nn.Module | None) -> Any:
@@ -230,9 +234,17 @@ class TrustMonitor:
             units = host.group_attributions if self.groups is not None else host.attributions
             if units is None:  # pragma: no cover - the callback keeps the attributions while checks are on
                 raise ValueError("the run's per-state attributions were not kept")
+            if self._replica is not None and not self._computes(self._replica, host, weights):  # the model changed
+                rank_zero_warn(
+                    "IntegratedGradientsCallback: the model no longer computes what the trust checks' copy of it "
+                    "computes (a module swapped or added since it was made?): the copy is made anew"
+                )
+                self._replica = self._reference = None  # the old network's: both made anew
             if self._replica is None:
                 self._replica = Replica(self.model, self.settings)  # every check computes on it, never on the model
                 started = self._book("replica", started)
+                if not self._computes(self._replica, host, weights):
+                    raise RuntimeError("the model's working copy does not compute the values the run attributed")
             with self._replica.following(weights):  # the weights the run attributed
                 if name == "sanity" and self._reference is None:
                     self._replica.sync()  # the parameters of a layer without an initialisation are shuffled
@@ -253,6 +265,16 @@ class TrustMonitor:
             return error
         finally:
             self.seconds[name] += time.perf_counter() - started
+
+    def _computes(self, replica: Replica, host: HostResult, weights: torch.nn.Module | None) -> bool:
+        """Whether ``replica``, synced, computes the run's values at the states, rounding apart."""
+        if host.stochastic or not self.settings.target.checks_deletion:  # moving values, or outputs picked by state
+            return True
+        with replica.following(weights), torch.no_grad(), deterministic_float32():  # the engine's float32
+            replica.sync()
+            mine = self.settings.value(replica.module)(self.states).double().cpu().numpy()
+        tolerance = repeat_threshold(self.states.dtype)  # a batch of other rows may round otherwise
+        return mine.shape == host.f_input.shape and np.allclose(mine, host.f_input, tolerance, tolerance, True)
 
     def _book(self, piece: str, started: float) -> float:
         now = time.perf_counter()

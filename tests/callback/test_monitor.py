@@ -20,8 +20,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 import lightning_ig.callback.callback as callback_module
+import lightning_ig.callback.fit as fit_module
 from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback, budget
+from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views import ViewOptions
 from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
 from tests.support.trust import trust_scalar_tags
@@ -158,6 +160,41 @@ def test_the_checks_run_where_the_budget_says_and_the_runs_between_carry_the_ver
     within = {key: verdict.status for key, (verdict, _) in monitor.carried.items()}
     assert within[False] == within[None] == "failed"  # this run's accuracy failing fails the carried verdict
     assert monitor.carried[False][1] == {"ig/trust/status": -1.0}
+
+
+class _Reshaped(TinyQNet):
+    """Gains a buffer its forward never reads at step 3, and has its activation swapped at step 6 (the names kept)."""
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        if self.global_step == 3:
+            self.register_buffer("unread", torch.zeros(1))  # changes nothing the model computes: no warning
+        if self.global_step == 6:
+            self.body[2] = torch.nn.ReLU()
+
+
+@pytest.mark.parametrize("target", ["mean", "each"])
+def test_a_model_that_changes_structure_mid_fit_has_its_checks_copy_made_anew(tmp_path, monkeypatch, target):
+    # guards against: the checks' working copy, made at the first check, judging the old network for the rest of the
+    # fit (its parameter names unchanged, so sync() took the weights) and the verdict saying passed, without a word
+    _checks_every_run(monkeypatch)
+    monkeypatch.setattr(fit_module, "idle_core", lambda *args: None)  # the training thread's path
+    pl.seed_everything(0)
+    callback = IntegratedGradientsCallback(
+        held_out_states(),
+        every_n_steps=3,
+        target=target,
+        engine=IGOptions(n_steps=8),
+        views=ViewOptions(figure_every_n_runs=None),
+    )
+    model = _Reshaped(noisy=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=12).fit(model, DataLoader(dataset(), batch_size=16))
+    assert len([w for w in caught if "made anew" in str(w.message)]) == 1  # at the first check after the swap
+    replica = callback._fit.trust._replica
+    replica.sync()
+    with torch.no_grad(), attribution_mode(model):
+        assert torch.equal(replica.module(held_out_states()), model(held_out_states()))  # the model as it is
 
 
 def test_no_checks_no_trust_tags(tmp_path):
