@@ -102,6 +102,8 @@ def soft_margin_loss(
     """
     reduction = _reduction(reduction)
     _check_arguments(input, target)
+    if target.dim() == 0 and target.device.type == "cpu" and input.device.type != "cpu":
+        target = target.to(input.device)  # torch takes a CPU scalar target with an input on any device
     check_choice(backend, BACKENDS, "backend")
     resolved = choose_backend(backend, input, target)
     if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):

@@ -157,6 +157,15 @@ def test_complex_target_fails_like_torch() -> None:
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_a_cpu_scalar_target_works_with_an_input_on_another_device_like_torch(reduction: str) -> None:
+    # torch accepts a 0-dim CPU target for an input on any device (CUDA in practice; "meta" runs without a GPU)
+    x, y = torch.randn(3, 4, device="meta"), torch.tensor(-1.0)
+    expected = F.soft_margin_loss(x, y, reduction=reduction)
+    loss = soft_margin_loss(x, y, reduction)
+    assert (loss.device, loss.shape, loss.dtype) == (expected.device, expected.shape, expected.dtype)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("target_shape", [(3, 4), (4,)])  # the input's shape, and one that broadcasts to it
 def test_a_target_requiring_grad_gets_its_gradient(reduction: str, target_shape: tuple[int, ...]) -> None:
     # guards against: refused with a RuntimeError. The loss is differentiable in the target too: dL/dy = -x sigmoid(-y
