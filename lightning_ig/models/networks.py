@@ -89,6 +89,8 @@ class DuelingQNetwork(nn.Module):
         if not isinstance(noisy, bool):
             raise TypeError(f"noisy must be a bool, got {type(noisy).__name__} ({noisy!r})")
         check_choice(activation, tuple(ACTIVATIONS), "activation")
+        if isinstance(sigma0, numbers.Real) and not isinstance(sigma0, bool):
+            sigma0 = float(sigma0)  # numpy's floats too (np.float32 is no float)
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}")
         self.state_dim, self.num_actions, self.noisy, self.sigma0 = state_dim, num_actions, noisy, float(sigma0)

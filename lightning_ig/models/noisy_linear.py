@@ -8,6 +8,7 @@ f(e_out)``, ``f(x) = sign(x) sqrt(|x|)``: ``in + out`` standard normals per :met
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 from collections.abc import Callable
 
@@ -67,6 +68,8 @@ class NoisyLinear(nn.Module):
         super().__init__()
         in_features = check_positive_int(in_features, "in_features")
         out_features = check_positive_int(out_features, "out_features")
+        if isinstance(sigma0, numbers.Real) and not isinstance(sigma0, bool):
+            sigma0 = float(sigma0)  # numpy's floats too (np.float32 is no float)
         if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
             raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
         check_bool(bias, "bias")

@@ -178,6 +178,13 @@ def test_numpy_sizes_build_the_same_network_with_plain_ints_in_its_config() -> N
         DuelingQNetwork(4, np.float64(2.0))
 
 
+def test_a_numpy_float_sigma0_is_taken_as_its_value() -> None:
+    """A sigma0 read from a config file or computed with numpy (np.float32) was refused as not ``>= 0``."""
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,), sigma0=np.float32(0.25))
+    assert json.dumps(net.config()) == json.dumps(DuelingQNetwork(4, 2, hidden_sizes=(8,), sigma0=0.25).config())
+    assert net.value[0].sigma0 == 0.25
+
+
 def test_dueling_identity_mean_q_is_the_value_stream() -> None:
     torch.manual_seed(0)
     net = DuelingQNetwork(5, 3, hidden_sizes=(16, 8), activation="tanh", stream_hidden_size=4).eval()

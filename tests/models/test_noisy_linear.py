@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -85,3 +86,8 @@ def test_forward_draws_no_random_numbers_and_gradients_reach_mu_and_sigma() -> N
 def test_bad_arguments_are_named(kwargs: dict, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words):
         NoisyLinear(**kwargs)
+
+
+def test_a_numpy_float_sigma0_is_taken_as_its_value() -> None:
+    layer = NoisyLinear(4, 2, sigma0=np.float32(0.5))  # refused as "not >= 0" before
+    assert layer.sigma0 == 0.5 and torch.all(layer.weight_sigma == 0.25)
