@@ -9,6 +9,7 @@ layer of a model deterministic for a ``with`` block and puts back exactly what w
 from __future__ import annotations
 
 import contextlib
+import enum
 import random
 import re
 import sys
@@ -86,7 +87,7 @@ class _LayerSnapshot:
                 self.buffer_values = {name: value.detach().clone() for name, value in self.buffers.items()}
 
 
-_PLAIN = (bool, int, float, str, type(None))
+_PLAIN = (bool, int, float, str, type(None), enum.Enum)  # an Enum member is a switch's state too
 # nn.Module's own bookkeeping (training flag, hook flags): never a layer's noise switch, and code in
 # the block (a hook registered by an attribution library) may change it legitimately
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))

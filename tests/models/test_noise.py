@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import random
 
 import numpy as np
@@ -270,6 +271,32 @@ def test_a_switch_that_re_registers_tensors_is_undone_with_the_same_objects() ->
         assert layer.noise is None and layer.extra is not None
     assert layer.weight is weight and layer.noise is noise and _full_state(layer) == before
     assert [name for name, _ in layer.named_parameters()] == ["weight"]  # the added one is registered as None
+
+
+class _Mode(enum.Enum):
+    ON = "on"
+    OFF = "off"
+
+
+class EnumSwitchLayer(nn.Module):
+    """A switch that keeps its state as an Enum member, not a bool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.mode = nn.Linear(3, 2), _Mode.ON
+
+    def disable_noise(self) -> None:
+        self.mode = _Mode.OFF
+
+    def enable_noise(self) -> None:
+        self.mode = _Mode.ON
+
+
+def test_a_switch_kept_as_an_enum_member_is_switched_back_on() -> None:
+    layer = EnumSwitchLayer()
+    with noise_disabled(layer):
+        assert layer.mode is _Mode.OFF
+    assert layer.mode is _Mode.ON  # was left OFF: exploration silently gone for the rest of training
 
 
 def test_noise_changes_q_in_training_and_not_under_noise_disabled() -> None:
