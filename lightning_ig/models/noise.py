@@ -282,11 +282,16 @@ def attribution_mode(module: nn.Module) -> Iterator[nn.Module]:
     Yields:
         ``module`` itself.
 
+    Raises:
+        TypeError: If ``module`` is not a ``torch.nn.Module``.
+
     Example::
 
         with attribution_mode(pl_module):
             result = integrated_gradients(pl_module, states)
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     modes = [(submodule, submodule.training) for submodule in module.modules()]
     try:
         with _random_state_kept(), noise_disabled(module), torch.inference_mode(False), torch.enable_grad():

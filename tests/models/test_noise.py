@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_ig.models import DuelingQNetwork
-from lightning_ig.models.noise import NoisyLinear, is_noisy_layer, noise_disabled
+from lightning_ig.models.noise import NoisyLinear, attribution_mode, is_noisy_layer, noise_disabled
 
 
 def _bits(tensor: torch.Tensor) -> bytes:
@@ -311,3 +311,9 @@ def test_noise_changes_q_in_training_and_not_under_noise_disabled() -> None:
         assert net.training and torch.equal(net(x), mean_q)
     net.eval()
     torch.testing.assert_close(net(x), mean_q, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("switch", [noise_disabled, attribution_mode])
+def test_a_non_module_is_refused_with_a_type_error_that_names_it(switch) -> None:
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got function"), switch(lambda x: x):
+        pass
