@@ -48,7 +48,7 @@ def is_noisy_layer(module: nn.Module) -> bool:
     It is one when it is this package's :class:`NoisyLinear`; when it has ``disable_noise()`` and
     ``enable_noise()`` methods; or when it owns parameters or buffers itself (a layer, not a container) and
     either its class name contains ``"noisy"`` or it owns a tensor named like a noise sample or scale
-    (``weight_epsilon``, ``eps_in``, ``weight_sigma``, ...).
+    (``weight_epsilon``, ``eps_in``, ``weight_sigma``, ...; a 0-dim ``eps`` is a constant, not a sample).
 
     Args:
         module: Any module.
@@ -58,12 +58,13 @@ def is_noisy_layer(module: nn.Module) -> bool:
     """
     if isinstance(module, NoisyLinear) or _has_switch(module):
         return True
-    names = [name for name, _ in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))]
-    if not names:
+    tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+    if not tensors:
         return False  # a container: its children are looked at one by one
     if "noisy" in type(module).__name__.lower():
         return True
-    return any(_EPSILON_NAME.search(name) or _SIGMA_NAME.search(name) for name in names)
+    # a 0-dim "eps" is a numerical constant (a norm layer's), never a noise sample
+    return any(_SIGMA_NAME.search(name) or (_EPSILON_NAME.search(name) and t.dim()) for name, t in tensors)
 
 
 @dataclass
@@ -195,7 +196,7 @@ def _zero_epsilon(module: nn.Module) -> None:
     # A layer that adds `sigma * eps` whatever its mode computes with its mean weights when eps = 0.
     with torch.no_grad():
         for name, buffer in module.named_buffers(recurse=False):
-            if buffer.is_floating_point() and _EPSILON_NAME.search(name):
+            if buffer.is_floating_point() and buffer.dim() and _EPSILON_NAME.search(name):
                 buffer.zero_()
 
 

@@ -317,3 +317,22 @@ def test_noise_changes_q_in_training_and_not_under_noise_disabled() -> None:
 def test_a_non_module_is_refused_with_a_type_error_that_names_it(switch) -> None:
     with pytest.raises(TypeError, match="module must be a torch.nn.Module, got function"), switch(lambda x: x):
         pass
+
+
+class EpsBufferNorm(nn.Module):
+    """An RMSNorm that keeps its numerical ``eps`` as a 0-dim buffer: no noisy layer."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(width))
+        self.register_buffer("eps", torch.tensor(1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_a_norm_layers_scalar_eps_buffer_is_no_noise_sample() -> None:
+    model = nn.Sequential(EpsBufferNorm(4), DuelingQNetwork(4, 2, hidden_sizes=(8,)))
+    assert not is_noisy_layer(model[0])
+    with noise_disabled(model):  # its eps was zeroed: NaN at the all-zero baseline of integrated gradients
+        assert model[0].eps.item() > 0 and torch.isfinite(model(torch.zeros(1, 4))).all()
