@@ -67,6 +67,7 @@ class DuelingQNetwork(nn.Module):
         >>> q = net(torch.zeros(5, 4))
         >>> q.shape
         torch.Size([5, 2])
+        >>> from lightning_ig.models import build_model, model_name
         >>> build_model(model_name(net), net.config()).config() == net.config()
         True
     """
@@ -186,6 +187,7 @@ class ConvDuelingQNetwork(nn.Module):
         >>> net = ConvDuelingQNetwork((4, 10, 10), 3)
         >>> net(torch.zeros(2, 4, 10, 10)).shape
         torch.Size([2, 3])
+        >>> from lightning_ig.models import build_model, model_name
         >>> build_model(model_name(net), net.config()).config() == net.config()
         True
     """
