@@ -55,6 +55,7 @@ class NoisyLinear(nn.Module):
 
         >>> layer = NoisyLinear(4, 2)
         >>> layer.reset_noise(torch.Generator().manual_seed(0))
+        >>> from lightning_ig import noise_disabled
         >>> with noise_disabled(layer):
         ...     y = layer(torch.ones(3, 4))  # mean weights, deterministic
         >>> y.shape
