@@ -176,17 +176,21 @@ def resolve_baselines(baselines: Baselines, inputs: Tensor) -> Tensor:
     return baselines.detach().to(device=inputs.device, dtype=inputs.dtype).expand_as(inputs).clone()
 
 
-def module_of(forward: Any) -> torch.nn.Module | None:
+def module_of(forward: Any, deep: bool = True) -> torch.nn.Module | None:
     """The ``nn.Module`` behind ``forward``: itself, a bound method's owner, a wrapper's ``__wrapped__``, or what a
     function, ``functools.partial`` or callable object holds (closure, arguments, globals it names, attributes, the
-    values of a dict among them; several: one ``ModuleList``)."""
+    values of a dict among them; several: one ``ModuleList``); ``deep``: also the attributes of the objects held
+    (an agent's networks: its target network too, which the forward may not call)."""
     if isinstance(forward, torch.nn.Module):
         return forward  # first, without asking a module for attributes it lacks (slow: Module.__getattr__ raises)
-    found = list({id(m): m for m in _held(forward) if isinstance(m, torch.nn.Module)}.values())
+    found = list({id(m): m for m in _held(forward, deep) if isinstance(m, torch.nn.Module)}.values())
     return None if not found else found[0] if len(found) == 1 else torch.nn.ModuleList(found)
 
 
-def _held(forward: Any) -> list[Any]:
+_NOT_AGENTS = (torch.nn.Module, types.ModuleType)
+
+
+def _held(forward: Any, deep: bool) -> list[Any]:
     held = [getattr(forward, "__self__", None), getattr(forward, "__wrapped__", None)]
     if isinstance(forward, functools.partial):
         held += [forward.func, *forward.args, *forward.keywords.values()]
@@ -196,7 +200,7 @@ def _held(forward: Any) -> list[Any]:
     elif not inspect.isroutine(forward):  # a callable object (an agent's policy): its attributes
         held += list(getattr(forward, "__dict__", {}).values())
     # {"q": net}, and an agent's attributes: a bound method's owner, a global a lambda names (agent.net(x))
-    inner = [getattr(one, "__dict__", one) for one in held if not isinstance(one, (torch.nn.Module, types.ModuleType))]
+    inner = [getattr(one, "__dict__", one) if deep else one for one in held if not isinstance(one, _NOT_AGENTS)]
     return held + [value for one in inner if isinstance(one, dict) for value in one.values()]
 
 
@@ -246,7 +250,7 @@ def warn_stochastic(forward: Any, stacklevel: int, moved: bool = True) -> None:
     """Warn (:class:`StochasticForwardWarning`) that the forward is stochastic, naming the modules that likely are:
     ``moved``, it gave different values for the same inputs; else only where a noisy layer computes with its noise
     sample (fixed between its ``reset_noise()`` calls: the repeated inputs agree, the attributions are the sample's)."""
-    suspects = _stochastic_modules(module_of(forward))
+    suspects = _stochastic_modules(module_of(forward, deep=moved))  # noise on in a network the forward may not call
     noisy = [suspect for suspect in suspects if suspect.endswith(": noise on)")]
     if not moved and not noisy:
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -208,6 +209,22 @@ def test_batch_norm_of_a_scripted_or_traced_model_keeps_its_statistics_and_flags
         assert result.stochastic
         for kept, now in zip(before, compiled.buffers()):
             assert torch.equal(kept, now)
+
+
+def test_an_agents_target_network_with_noise_on_is_not_blamed_for_a_forward_that_never_calls_it() -> None:
+    """``forward=agent.q`` on an agent whose online network has its noise off and whose target network (an attribute
+    the forward never calls) has it on: no "noise on" warning naming the target network's layers."""
+    from lightning_ig.models import DuelingQNetwork, noise_disabled
+
+    torch.manual_seed(5)
+    agent = _Agent(DuelingQNetwork(3, 2, noisy=True))
+    agent.target = DuelingQNetwork(3, 2, noisy=True)  # type: ignore[attr-defined]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StochasticForwardWarning)
+        with noise_disabled(agent.net):
+            result = integrated_gradients(lambda z: agent.net(z).mean(1), torch.randn(4, 3), n_steps=4)
+            agent_result = integrated_gradients(agent.q, torch.randn(4, 3), n_steps=4, target="mean")
+    assert not result.stochastic and not agent_result.stochastic
 
 
 def test_instance_norm_in_train_mode_keeps_its_running_statistics() -> None:
