@@ -240,9 +240,14 @@ def probe_target(
             output = attributed(sample)
     except Exception as error:
         who = "the model" if given is None else f"the forward callable {callable_name(given)}"
+        missing = isinstance(error, NotImplementedError) and "forward" in str(error)  # nn.Module's: no forward
+        first = (
+            "Give the LightningModule a forward that returns the Q-values"
+            if missing
+            else "Pass states of the feature shape and dtype the model takes"
+        )
         advice = (
-            "Pass states of the feature shape and dtype the model takes, or forward=callable(pl_module, x) -> (N,) "
-            "to call it your way"
+            f"{first}, or forward=callable(pl_module, x) -> (N,) to call it your way"
             if given is None
             else "Check that forward(pl_module, x) runs on a batch x of held-out states and returns one value per state"
         )

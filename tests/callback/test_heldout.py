@@ -262,6 +262,17 @@ def test_a_model_that_takes_other_inputs_is_pointed_to_forward(tmp_path: Path) -
         make_trainer(tmp_path, [callback], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
 
 
+def test_a_module_without_forward_is_told_to_give_one_not_other_states(tmp_path: Path) -> None:
+    class OnlyTrains(TinyQNet):  # an RL module whose Q-network is an attribute: nn.Module's forward, unimplemented
+        forward = torch.nn.Module.forward
+
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=5)
+    model = OnlyTrains(noisy=False, batchnorm=False, dropout=0.0)
+    with pytest.raises(ValueError, match=r"NotImplementedError.*Give the LightningModule a forward.*or forward=") as e:
+        make_trainer(tmp_path, [callback], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
+    assert "feature shape and dtype" not in str(e.value)
+
+
 def test_same_values_holds_nan_equal_at_the_same_places_and_differs_on_shape_dtype_or_a_value() -> None:
     """heldout.same_values is torch.equal with NaN equal to NaN (a model gone NaN gives NaN on its copy too: not a
     stale copy), and tells a different shape, dtype, NaN place or value apart."""
