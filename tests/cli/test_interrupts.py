@@ -6,12 +6,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lightning_ig import cli
 from tests.support import repo_env
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_reaches_the_children() -> Iterator[None]:
+    """A background job of a script (`cmd &`) starts with SIGINT ignored, and so would every child: not here."""
+    kept = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, kept)
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
