@@ -1,15 +1,15 @@
 """The callback's budget: what it adds to the fit, measured online, and what each run may do to stay within it.
 
-**The measure.** The seconds the training thread spends inside the callback's hooks (the runs, the trust checks,
-waits for the logging worker, set-up), plus the CPU time the process's other threads (the logging worker drawing
-and encoding the pictures, the loggers' writer threads) use beyond their rate before the callback's first run, over
-the fit's wall time since set-up: ``ig/overhead``. On a machine whose cores are all busy a second of a background
-thread's CPU is a second taken from training; on one with an idle core it counts what it may not cost (the budget
-errs on the side of the fit). A run that attributes beside training (the run worker on a core training leaves
-idle, a GPU) takes no time in the hooks, yet the steps it overlaps may be slower (shared caches and memory): what
+**The measure.** The seconds the training thread spends inside the callback's hooks (the runs, the trust checks, waits
+for the logging worker, set-up), plus the CPU time of ``background`` (the callback's: the logging worker's thread
+drawing and encoding the pictures; not training's own threads, autograd's on a GPU) beyond its rate before the
+callback's first run, over the fit's wall time since set-up: ``ig/overhead``. On a machine whose cores are all busy a
+second of a background thread's CPU is a second taken from training; on one with an idle core it counts what it may not
+cost (the budget errs on the side of the fit). A run that attributes beside training (the run worker on a core training
+leaves idle, a GPU) takes no time in the hooks, yet the steps it overlaps may be slower (shared caches and memory): what
 those steps took beyond training's own pace, measured over the steps between such runs, counts in full
-(:meth:`Budget.beside_from`, :meth:`Budget.landed`). The times are read from the budget's ``clock`` and
-``background`` (a test passes fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
+(:meth:`Budget.beside_from`, :meth:`Budget.landed`). The times are read from the budget's ``clock`` and ``background``
+(a test passes fakes). A resumed fit carries them on (:meth:`Budget.state_dict`).
 
 **The decision** (:meth:`Budget.plan`, at each run the cadence makes). The credit is ``overhead x wall time so far``
 less what was spent. A run's cost is predicted from the last runs of its size (a run on ``1/k`` of the held-out
@@ -48,7 +48,8 @@ def _other_threads_cpu() -> float:
 
 
 default_background: Callable[[], float] | None = _other_threads_cpu
-"""The ``background`` of a :class:`Budget` made without one (the callback's)."""
+"""The ``background`` of a :class:`Budget` made without one; where it is ``None`` (the tests' fits) the callback counts
+no background either, else its pictures thread's CPU."""
 
 WINDOWS = (1, 2, 4)  # a run attributes all the held-out states, a half, or a quarter of them
 CHECK_EVERY = 5  # a trust check is due again this many runs after its last pass

@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import IGOptions, integrated_gradients
-from lightning_ig.callback import IntegratedGradientsCallback
+from lightning_ig.callback import IntegratedGradientsCallback, budget
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.run.statistics import spearman, topk_jaccard
 from lightning_ig.views import ViewOptions
@@ -773,3 +773,33 @@ def test_the_counts_seen_non_zero_are_kept_across_a_resume():
     )
     assert callback.state_dict()["ever_non_zero"] == ["ig/completeness/degenerate_states"]
     assert IntegratedGradientsCallback(held_out_states()).load_state_dict({"history": []}) is None  # old checkpoints
+
+
+class _BusyThreadQNet(TinyQNet):
+    """Training with a thread of its own that works after the callback's first run (as autograd's device thread runs
+    a GPU backward, or a data thread fills a replay buffer)."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step == 4:
+            import threading
+            import time
+
+            def spin() -> None:
+                until = time.thread_time() + 1.0
+                while time.thread_time() < until:
+                    pass
+
+            worker = threading.Thread(target=spin)
+            worker.start()
+            worker.join()
+
+
+def test_the_budget_counts_the_pictures_thread_not_trainings_own_threads(tmp_path: Path, monkeypatch) -> None:
+    # guards against: every other thread's CPU beyond its rate before the first run booked to the callback, so that
+    # on a GPU training's own backward (autograd's device thread) spent the budget and every run was deferred
+    monkeypatch.setattr(budget, "default_background", budget._other_threads_cpu)  # counted, as outside the tests
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None, saliency_states=None)
+    )
+    make_trainer(tmp_path, [callback], max_steps=9).fit(_BusyThreadQNet(), DataLoader(dataset(), batch_size=16))
+    assert callback._budget.extra() == 0.0  # no pictures drawn: nothing beside the hooks is the callback's

@@ -10,6 +10,7 @@ does the end of training, before the loggers close.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -98,6 +99,7 @@ class PictureWriter:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self.cpu = 0.0  # the worker thread's CPU seconds in its jobs: what the callback's budget counts beside hooks
 
     def submit(self, job: Callable[..., None], *args: Any) -> None:
         """Run ``job(*args)`` on the worker thread, after the jobs submitted before it.
@@ -115,7 +117,18 @@ class PictureWriter:
             self._pending = [future for future in self._pending if not future.done() or future.exception()]
             if len(self._pending) >= _BACKLOG:
                 self.wait()
-        self._pending.append(self._pool.submit(job, *args))
+        self._pending.append(self._pool.submit(self._timed, job, *args))
+
+    def _timed(self, job: Callable[..., None], *args: Any) -> None:
+        started = time.thread_time()
+        try:
+            job(*args)
+        finally:
+            self.cpu += time.thread_time() - started
+
+    def cpu_seconds(self) -> float:
+        """The worker thread's CPU seconds in its jobs so far (the budget's ``background``)."""
+        return self.cpu
 
     @property
     def pending(self) -> bool:
