@@ -34,13 +34,16 @@ class ReportFolder:
         folder: the folder (made if missing).
         name: the callback's ``name`` (``None``: none), part of every file name.
         inputs: files the run reads (the held-out states file); a report never replaces one.
+        what: how the folder is named in errors (``report_dir``, or where the reports go without one).
 
     Raises:
         OutputPathError: ``folder`` is a file, or cannot be made or written.
         ValueError: ``name`` makes file names longer than the folder's file system takes.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], name: str | None, *, inputs: Sequence[Any] = ()) -> None:
+    def __init__(
+        self, folder: str | os.PathLike[str], name: str | None, *, inputs: Sequence[Any] = (), what: str = "report_dir"
+    ) -> None:
         self.name = name
         self._inputs = [path for path in inputs if isinstance(path, (str, os.PathLike))]
         longest = self.file_name(2**63 - 1)  # the last step a run can have (a 64-bit step counter)
@@ -48,10 +51,10 @@ class ReportFolder:
         if size > limit:  # before the folder is made: a refused set-up leaves nothing behind
             raise ValueError(
                 f"name={_cut(name)!r} makes report file names of up to {size} bytes ({_cut(longest)!r}), more than the "
-                f"{limit} the file system of report_dir {os.fspath(folder)!r} takes: choose a name at least "
+                f"{limit} the file system of {what} {os.fspath(folder)!r} takes: choose a name at least "
                 f"{size - limit} bytes shorter"
             )
-        self.folder = check_output_dir(folder, what="report_dir")
+        self.folder = check_output_dir(folder, what=what)
         self.attempted = 0
         self.lost = 0
         self.first_loss: str | None = None

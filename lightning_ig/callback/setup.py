@@ -133,7 +133,8 @@ def report_folder(
             "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
             f"the JSON report of each run goes to {folder}"
         )
-    return None if folder is None else ReportFolder(folder, name, inputs=[states])
+    what = "report_dir" if report_dir is not None else "the reports' folder (no logger and no report_dir)"
+    return None if folder is None else ReportFolder(folder, name, inputs=[states], what=what)
 
 
 def warn_of_earlier_reports(reports: ReportFolder, name: str | None, start: int) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lightning_ig._files import OutputPathError
 from lightning_ig.callback import setup
 
 
@@ -50,3 +51,15 @@ def test_without_a_logger_or_report_dir_the_reports_go_to_ig_reports(tmp_path: P
     folder = setup.report_folder(None, tmp_path, has_loggers=False, name=None, states=None)
     assert folder is not None and folder.folder == tmp_path / "ig_reports"
     assert setup.report_folder(None, tmp_path, has_loggers=True, name=None, states=None) is None
+
+
+def test_a_reports_folder_the_user_never_named_is_not_blamed_on_report_dir(tmp_path: Path) -> None:
+    # guards against: "report_dir '<root>/ig_reports' cannot be created" for a fit given no report_dir (no logger, a
+    # default_root_dir that cannot hold a folder)
+    root = tmp_path / "a_file"
+    root.write_text("")
+    with pytest.raises(OutputPathError, match=r"the reports' folder \(no logger and no report_dir\) .*cannot be") as e:
+        setup.report_folder(None, root, has_loggers=False, name=None, states=None)
+    assert not str(e.value).startswith("report_dir")
+    with pytest.raises(OutputPathError, match="^report_dir "):
+        setup.report_folder(root / "given", tmp_path, has_loggers=False, name=None, states=None)
