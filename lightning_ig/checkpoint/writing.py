@@ -280,9 +280,12 @@ def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str
     try:
         with torch.device("meta"):  # allocates nothing, whatever sizes the config asks for
             built = build_model(architecture, dict(config))
-    except Exception:  # noqa: BLE001 - no such name here, or a constructor that reads values: loading checks it
-        return
-    mismatch = shape_mismatch(state_shapes(built), {key: tuple(value.shape) for key, value in tensors.items()})
+    except Exception as error:  # noqa: BLE001 - no such name here, or a constructor that reads values: loading checks it
+        if not (warn and isinstance(error.__cause__, TypeError)):  # a class that takes arguments: warned below
+            return
+        mismatch: str | None = f"it cannot be built without them: {error.__cause__}"
+    else:
+        mismatch = shape_mismatch(state_shapes(built), {key: tuple(value.shape) for key, value in tensors.items()})
     if mismatch is not None and warn:
         warnings.warn(
             f"{architecture} built without arguments does not take the model's tensors ({mismatch}): the file loads "

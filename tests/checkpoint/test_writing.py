@@ -88,6 +88,10 @@ def test_a_model_its_class_cannot_rebuild_without_arguments_is_saved_with_a_warn
         warnings.simplefilter("error")
         save_checkpoint(DuelingQNetwork(4, 2, hidden_sizes=(8,)), path)  # its config() rebuilds it
         save_checkpoint(nn.Sequential(), path)  # no tensors: the empty class takes them all
+        save_checkpoint(nn.Linear(4, 2), path, config={"in_features": 4, "out_features": 2})  # the arguments given
+    # a class that cannot be built without arguments at all: as unloadable as the Sequential, said the same way
+    with pytest.warns(UserWarning, match=r"Linear built without arguments .*missing 2 required.*--model"):
+        save_checkpoint(nn.Linear(4, 2), path)
 
 
 def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) -> None:
