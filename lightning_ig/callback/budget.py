@@ -36,20 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHECK_EVERY", "WINDOWS", "Budget", "Plan", "default_background", "default_clock"]
+__all__ = ["CHECK_EVERY", "WINDOWS", "Budget", "Plan", "default_clock"]
 
 default_clock: Callable[[], float] = time.perf_counter
 """The clock of a :class:`Budget` made without one (the callback's): seconds, monotonic."""
-
-
-def _other_threads_cpu() -> float:
-    """CPU seconds of the process's threads but the calling one (the training thread, in the callback's hooks)."""
-    return time.process_time() - time.thread_time()
-
-
-default_background: Callable[[], float] | None = _other_threads_cpu
-"""The ``background`` of a :class:`Budget` made without one; where it is ``None`` (the tests' fits) the callback counts
-no background either, else its pictures thread's CPU."""
 
 WINDOWS = (1, 2, 4)  # a run attributes all the held-out states, a half, or a quarter of them
 CHECK_EVERY = 5  # a trust check is due again this many runs after its last pass
@@ -98,9 +88,8 @@ class Budget:
     Args:
         share: the budget, a fraction of the fit's wall time; ``None``: measured, never acted on.
         clock: seconds, monotonic (default :data:`default_clock`, read when the budget is made).
-        background: CPU seconds the process's threads other than the training thread have used (default
-            :data:`default_background`, read when the budget is made: ``process_time() - thread_time()`` on the
-            training thread; ``None`` there: not counted).
+        background: CPU seconds the callback's own threads have used (the callback's: its pictures thread's);
+            ``None``: not counted.
 
     Attributes:
         spent: seconds spent on the training thread inside the callback's hooks.
@@ -117,7 +106,7 @@ class Budget:
         background: Callable[[], float] | None = None,
     ) -> None:
         self.share, self.clock = share, default_clock if clock is None else clock
-        self.background = default_background if background is None else background
+        self.background = background
         self._quiet: tuple[float, float] | None = None  # (background CPU, wall) at start: the rate before any run
         self._rate: tuple[float, float, float] | None = None  # (rate, background CPU, wall) at the first run
         self.spent = self.once = self.earlier = 0.0  # earlier: wall seconds of the fit before a resume

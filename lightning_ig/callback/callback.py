@@ -26,7 +26,7 @@ from typing_extensions import override
 from lightning_ig.attribution import IGOptions
 from lightning_ig.attribution.groups import GroupSpec
 from lightning_ig.attribution.result import stochastic_warnings_silenced
-from lightning_ig.callback import budget, fit, heldout, setup
+from lightning_ig.callback import fit, heldout, setup
 from lightning_ig.callback.budget import Budget, Plan
 from lightning_ig.callback.heldout import NonFiniteAttributionError
 from lightning_ig.callback.options import Options, option_assignment, option_attribute
@@ -254,8 +254,7 @@ class IntegratedGradientsCallback(Callback):
             continued = self.state_dict() if trainer.global_step and self._fit is not None else None  # its trainer's
             share = self.options.overhead if trainer.world_size == 1 else None  # ranks must make the same runs
             # background: the pictures' thread alone (training's own threads, autograd's on a GPU, are not IG's)
-            counted = self._pictures.cpu_seconds if budget.default_background is not None else None  # tests: None
-            self._budget = Budget(share, background=counted)
+            self._budget = Budget(share, background=self._pictures.cpu_seconds)
             self._budget.start()
             self._plan = fit.plan(self.options, trainer, pl_module, [c.options.name for c in _siblings(trainer)])
             # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next

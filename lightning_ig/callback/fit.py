@@ -205,6 +205,11 @@ class IdleCore:
         limit = _STUCK + max(_SLOW * (time.perf_counter() - began), 10 * self.longest)
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job), began, limit)
 
+    @property
+    def ending(self) -> bool:
+        """Whether the fit is ending on SIGTERM (set by Lightning's handler; the fit stops at the batch end)."""
+        return bool(getattr(self.trainer, "received_sigterm", False))
+
     def ended(self, why: str | BaseException) -> None:
         """The worker process cannot start, has ended (said from its exit code), is stuck (a ``TimeoutError``: ended)
         or cannot follow the model: the runs stay on the training thread from here (said)."""
@@ -217,8 +222,7 @@ class IdleCore:
                 how = next((f"was ended by {s.name}" for s in signal.Signals if -s == code), f"has ended (exit {code})")
             else:
                 how = "could not start or has ended"
-            ending = getattr(self.trainer, "received_sigterm", False)  # set by Lightning's handler, raised at batch end
-            why = f"the runs' worker process {how}; {_DROPPED if ending else _INLINE}"
+            why = f"the runs' worker process {how}; {_DROPPED if self.ending else _INLINE}"
         if self.alive:
             self.alive = False
             warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
@@ -340,7 +344,7 @@ class ProcessTransfer:
             except (EOFError, OSError) as error:  # the process has ended, or is stuck
                 self.core.ended(error)
         if self._answer is None:  # no process to read: the run on the training thread, unless the fit ends
-            if getattr(self.core.trainer, "received_sigterm", False):
+            if self.core.ending:
                 return None
             self._answer = self.again()
         if isinstance(self._answer, BaseException):

@@ -110,6 +110,7 @@ class TrustMonitor:
         self.seconds = dict.fromkeys(("replica", "reference", *CHECKS, "verdict"), 0.0)
         self._replica: Replica | None = None
         self._reference: RandomizationReference | None = None
+        self._compared: HostResult | None = None  # the run whose values the copy was last compared with: once a run
         self._deletion: DeletionPlan | None = None
         self._results: dict[str, Any] = {}  # each check's latest result
         self._steps: dict[str, int] = {}  # ... and its global step
@@ -234,7 +235,9 @@ class TrustMonitor:
             units = host.group_attributions if self.groups is not None else host.attributions
             if units is None:  # pragma: no cover - the callback keeps the attributions while checks are on
                 raise ValueError("the run's per-state attributions were not kept")
-            if self._replica is not None and not self._computes(self._replica, host, weights):  # the model changed
+            compare = host is not self._compared  # one forward a run, not one per check
+            self._compared = host
+            if self._replica is not None and compare and not self._computes(self._replica, host, weights):
                 rank_zero_warn(
                     "IntegratedGradientsCallback: the model no longer computes what the trust checks' copy of it "
                     "computes (a module swapped or added since it was made?): the copy is made anew"

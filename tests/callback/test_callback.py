@@ -24,13 +24,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 from lightning_ig.attribution import IGOptions, integrated_gradients
-from lightning_ig.callback import IntegratedGradientsCallback, budget
+from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
 from lightning_ig.run.statistics import spearman, topk_jaccard
 from lightning_ig.views import ViewOptions
+from lightning_ig.views.loggers.worker import PictureWriter
 from lightning_ig.views.report import load_schema
 from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
 from tests.support.tolerance import assert_close_scaled, eps
+from tests.support.trust import REAL_CPU_SECONDS
 
 SCALAR_TAGS = [
     "ig/completeness/worst_attribution_error",
@@ -797,7 +799,7 @@ class _BusyThreadQNet(TinyQNet):
 def test_the_budget_counts_the_pictures_thread_not_trainings_own_threads(tmp_path: Path, monkeypatch) -> None:
     # guards against: every other thread's CPU beyond its rate before the first run booked to the callback, so that
     # on a GPU training's own backward (autograd's device thread) spent the budget and every run was deferred
-    monkeypatch.setattr(budget, "default_background", budget._other_threads_cpu)  # counted, as outside the tests
+    monkeypatch.setattr(PictureWriter, "cpu_seconds", REAL_CPU_SECONDS)  # counted, as outside the tests
     callback = IntegratedGradientsCallback(
         held_out_states(), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None, saliency_states=None)
     )

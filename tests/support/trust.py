@@ -20,6 +20,7 @@ from lightning_ig.models import DuelingQNetwork, NoisyLinear
 from lightning_ig.trust import AttributionSettings
 from lightning_ig.trust.common import structure_copy
 from lightning_ig.trust.replica import redraw
+from lightning_ig.views.loggers.worker import PictureWriter
 
 FEATURES = 32
 SCALES = torch.logspace(0.5, -0.5, FEATURES)  # feature i's input scale: what a random network's map follows
@@ -117,6 +118,14 @@ def frozen_clock() -> float:
     return 0.0
 
 
+def cpu_seconds(_writer: PictureWriter) -> float:
+    """``PictureWriter.cpu_seconds``, not counted (its name: a pickled bound method is looked up by it)."""
+    return 0.0
+
+
+REAL_CPU_SECONDS = PictureWriter.cpu_seconds  # the callback's background, for a test that counts it
+
+
 @contextlib.contextmanager
 def checks_without_budget() -> Iterator[None]:
     """The callback's budget on a frozen clock, the background threads not counted: every run in full, every trust
@@ -126,12 +135,12 @@ def checks_without_budget() -> Iterator[None]:
     run of the suite to the next; the suite runs on this (tests/conftest.py), and the budget's decisions are tested
     on their own fake clocks (tests/callback/test_budget.py).
     """
-    saved = budget.default_clock, budget.default_background
-    budget.default_clock, budget.default_background = frozen_clock, None
+    saved = budget.default_clock, PictureWriter.cpu_seconds
+    budget.default_clock, PictureWriter.cpu_seconds = frozen_clock, cpu_seconds  # type: ignore[method-assign]
     try:
         yield
     finally:
-        budget.default_clock, budget.default_background = saved
+        budget.default_clock, PictureWriter.cpu_seconds = saved  # type: ignore[method-assign]
 
 
 def trust_scalar_tags(prefix: str, *, noisy: bool) -> list[str]:
