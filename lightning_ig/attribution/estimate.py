@@ -100,7 +100,7 @@ def error_estimate(
     end = f_input - values[:, -1] - slopes[:, -1] * rule.last  # [c_{n-1}, 1]: g_{n-1} on it
     if n == 1:
         rounding = _norms(grads, None, rule, diff, attributions)[-1]
-        return (start.pow(2) + end.pow(2)).sqrt() + rounding.to(dtype)
+        return (_squared(start) + _squared(end)).sqrt().to(dtype) + rounding.to(dtype)
     offsets, unexplained = _kinks(values, slopes, rule)
     coefficients = F.pad(offsets, (0, 0, 1, 0)) - F.pad(offsets, (0, 0, 0, 1))  # e = sum_j (o_{j-1} - o_j) t_j
     kink, rounding, smooth = _norms(grads, coefficients, rule, diff, attributions).to(dtype)
@@ -109,7 +109,7 @@ def error_estimate(
         blocks = [slice(k, k + size) for k in range(0, n, size)]  # no temporary of all n
         mass = functools.reduce(torch.add, (torch.tensordot(weights[k], grads[:, k].abs(), ([0], [1])) for k in blocks))
         rounding = rounding + eps * (mass * diff.abs()).sum(-1)
-    kink = kink + (unexplained + start.pow(2) + end.pow(2)).sqrt()
+    kink = kink + (unexplained + _squared(start) + _squared(end)).sqrt().to(dtype)
     return torch.maximum(smooth, kinked_share(roughness, ROUGHNESS, n) * kink + rounding)
 
 
@@ -166,7 +166,7 @@ def _kinks(values: Tensor, slopes: Tensor, rule: _RuleParts) -> tuple[Tensor, Te
     offset = torch.where(kinked, residual / torch.where(kinked, jump, 1.0), 0.0)
     offset = torch.minimum(torch.maximum(offset, -rule.after), rule.before)  # the kink lies inside the stretch
     left = torch.where(kinked, residual - jump * offset, 0.0)
-    return offset, left.pow(2).sum(1) + _runs(torch.where(kinked, 0.0, residual), kinked)
+    return offset, _squared(left).sum(1) + _runs(torch.where(kinked, 0.0, residual), kinked)
 
 
 def _runs(residual: Tensor, kinked: Tensor) -> Tensor:
@@ -180,7 +180,12 @@ def _runs(residual: Tensor, kinked: Tensor) -> Tensor:
     latest = torch.cummax(torch.where(last, index, -1), 1).values  # the last run end at or before k
     before = F.pad(latest, (0, 0, 1, 0), value=-1)[:, :-1]  # ... strictly before k
     previous = torch.where(before >= 0, total.gather(1, before.clamp_min(0)), 0.0)
-    return torch.where(last, (total - previous).pow(2), 0.0).sum(1)
+    return torch.where(last, _squared(total - previous), 0.0).sum(1)
+
+
+def _squared(values: Tensor) -> Tensor:
+    """``values ** 2`` in float64: float32 outputs past about 1e19 would overflow their squares to ``inf``."""
+    return values.to(torch.float64).square()
 
 
 def _smooth_stencil(alphas: Tensor, weights: Tensor) -> Tensor:

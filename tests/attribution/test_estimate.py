@@ -286,3 +286,20 @@ def test_gauss_legendre_where_float32_merges_nodes_keeps_a_finite_estimate() -> 
     result = integrated_gradients(net, torch.randn(2, 6), target="mean", method="gausslegendre", n_steps=15000)
     assert torch.isfinite(result.attribution_error).all() and result.num_non_finite == 0
     assert 0 < result.worst_attribution_error < 0.01
+
+
+@pytest.mark.parametrize("method", ["auto", "kink_midpoint", "riemann_middle", "gausslegendre"])
+def test_float32_outputs_past_1e19_keep_a_finite_estimate(method: str) -> None:
+    # The figures' squares overflowed float32 to inf past about 1e19 (every output finite). Outputs scaled by a power
+    # of two scale every node exactly, so the relative estimate is the unscaled one to rounding.
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).eval()
+    states = torch.randn(16, 4)
+    plain = integrated_gradients(net, states, target=0, method=method, n_steps=64)
+    with torch.no_grad():
+        net[2].weight.mul_(2.0**90)  # about 1.2e27
+        net[2].bias.mul_(2.0**90)
+    scaled = integrated_gradients(net, states, target=0, method=method, n_steps=64)
+    assert float(scaled.f_input.abs().max()) > 1e26 and scaled.num_non_finite == 0
+    assert torch.isfinite(scaled.attribution_error).all()
+    torch.testing.assert_close(scaled.attribution_error, plain.attribution_error, rtol=64 * eps(), atol=0)
