@@ -592,6 +592,13 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
         uri = mlflow_tracking_uri(args, run_dir)
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (databases need nothing)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow import MlflowClient  # noqa: PLC0415 - only for --logger mlflow
+
+        # Lightning's logger makes a missing experiment itself, with a warning that it was "not found" (a fresh store
+        # is every run's here): made beforehand, the run starts without it
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(args.exp_name) is None:
+            client.create_experiment(args.exp_name)
         logger = MLFlowLogger(experiment_name=args.exp_name, run_name=run_name, tracking_uri=uri)
     else:
         logger = TensorBoardLogger(save_dir=run_dir.parent, name=run_name, version="", default_hp_metric=False)

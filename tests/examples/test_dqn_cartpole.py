@@ -32,6 +32,7 @@ from tests.support.examples import (
     SHARED_BAD_FLAGS,
     STOPS,
     assert_gpu_refused_without_a_gpu,
+    assert_mlflow_logger_starts_quietly,
     assert_mlflow_refuses_exp_name,
     assert_refused_at_parse,
     example_env,
@@ -543,3 +544,9 @@ def test_accelerator_gpu_without_a_gpu_exits_2_before_a_run_starts(
     example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert_gpu_refused_without_a_gpu(example_module, "dqn_cartpole.py", tmp_path / "runs", monkeypatch, capsys)
+
+
+def test_an_mlflow_run_starts_without_lightnings_experiment_not_found_warning(
+    example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert_mlflow_logger_starts_quietly(example_module, tmp_path / "runs", monkeypatch)

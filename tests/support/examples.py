@@ -121,6 +121,29 @@ def assert_mlflow_refuses_exp_name(module: ModuleType, name: str, capsys: pytest
     assert module.parse_args(["--exp-name", name]).exp_name == name  # TensorBoard takes both
 
 
+def assert_mlflow_logger_starts_quietly(module: ModuleType, runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--logger mlflow`` on a fresh store (every run's default) makes its experiment without Lightning's warning
+    "Experiment with name ... not found. Creating it." (the first line such a run printed)."""
+    import logging
+
+    from tests.support.loggers import logger_package
+
+    logger_package("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # what the example sets for its file store, undone after
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = said.append  # type: ignore[method-assign]
+    lightning_log = logging.getLogger("lightning.pytorch.loggers.mlflow")
+    lightning_log.addHandler(handler)
+    try:
+        args = module.parse_args(["--logger", "mlflow", "--runs-dir", str(runs)])
+        logger = module.make_logger(args, "run", runs / "run")
+    finally:
+        lightning_log.removeHandler(handler)
+    assert [record.getMessage() for record in said] == []
+    assert logger.experiment.get_experiment(logger.experiment_id).name == args.exp_name
+
+
 def stopped_in_evaluation(
     module: ModuleType, argv: list[str], runs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> dict[str, str]:
