@@ -67,6 +67,31 @@ def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, mo
     }
 
 
+def test_an_mlflow_store_that_refuses_the_report_is_said_once_and_training_goes_on(tmp_path, monkeypatch):
+    # A remote artifact store that refuses a write (or a full disk) ended the fit with the logger's error
+    logger_package("mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+    from mlflow import MlflowClient
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setattr(MlflowClient, "log_text", refuse)
+    uri = f"file:{tmp_path / 'mlruns'}"
+    logger = MLFlowLogger(experiment_name="lightning-ig", tracking_uri=uri)
+    callback = IntegratedGradientsCallback(frames(6, SHAPE, seed=2), every_n_steps=1, engine=IGOptions(n_steps=8))
+    data = DataLoader(frame_dataset(32, SHAPE), batch_size=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=4, logger=logger).fit(ConvQNet(SHAPE), data)
+    refused = [str(w.message) for w in caught if "refused" in str(w.message)]
+    assert len(refused) == 1 and "MLFlowLogger" in refused[0] and "No space left" in refused[0], refused
+    assert [run["global_step"] for run in callback.history] == [1, 2, 3, 4]  # every run made and kept
+    pngs = mlflow_pictures(MlflowClient(tracking_uri=uri), logger.run_id)
+    assert {step for _, step in pngs} >= {1, 4}  # the pictures of the run that failed, and of the last one
+
+
 def test_a_wandb_offline_run_holds_the_pictures(tmp_path, monkeypatch):
     wandb = logger_package("wandb")  # the [wandb] extra, in the dev extra
     from lightning.pytorch.loggers import WandbLogger

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,6 +203,7 @@ class RunOutputs:
         self.drawn_verdict: tuple[str, str | None] | None = None  # the last verdict card's (verdict, trust status)
         self.last_host: HostResult | None = None  # the last run's, for the pictures drawn at the end of training
         self.saliency_scale: float | None = None  # the last saliency grid's: a change is pointed out in the next
+        self.refused: set[int] = set()  # the sinks whose failure was said
 
     def log(
         self,
@@ -307,16 +309,33 @@ class RunOutputs:
             for tag, pixels in pictures.items():  # last: the largest events
                 add_picture(writer, tag, pixels, step)
         for sink in self.sinks:
+            self._to_sink(sink, job, pictures)
+        if failed is not None:
+            raise failed
+
+    def _to_sink(self, sink: Any, job: _RunJob, pictures: Mapping[str, np.ndarray]) -> None:
+        """A run's pictures, and with a verdict card its table of units and JSON report, to one W&B or MLflow sink; a
+        store that refuses them (a remote one down, a full disk) is said once and training goes on."""
+        step = job.summary.step
+        try:
             if pictures:
                 sink.pictures(pictures, step)
             if job.sinks is not None:
                 table, document = job.sinks
-                noun = "groups" if summary.units.kind == "groups" else "features"
+                noun = "groups" if job.summary.units.kind == "groups" else "features"
                 sink.table(f"{self.tags.prefix}/{noun}", *table, step)
                 if document is not None:
                     sink.report(f"{self.tags.prefix}/report_step={step:08d}.json", document, step)
-        if failed is not None:
-            raise failed
+        except Exception as error:  # noqa: BLE001 - not the end of training
+            if id(sink) not in self.refused:
+                self.refused.add(id(sink))
+                warnings.warn(
+                    f"IntegratedGradientsCallback: {type(sink.logger).__name__} refused the run's pictures, table "
+                    f"or report at step {step}: {type(error).__name__}: {error}; training goes on, later runs "
+                    "try again (this is said once)",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
 
     def _draw(self, job: _RunJob) -> dict[str, np.ndarray]:
         """The pictures due, by tag; the saliency grid's scale kept for the text and the next grid."""

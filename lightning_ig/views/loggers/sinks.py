@@ -138,7 +138,7 @@ class WandbSink:
             target = Path(self.logger.experiment.dir) / _safe_path(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(report_to_json(report), encoding="utf-8")
-            del step  # one file per name: the latest report is the run's
+            del step  # the name carries it
 
 
 class MlflowSink:
