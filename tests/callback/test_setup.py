@@ -58,7 +58,8 @@ def test_a_reports_folder_the_user_never_named_is_not_blamed_on_report_dir(tmp_p
     # default_root_dir that cannot hold a folder)
     root = tmp_path / "a_file"
     root.write_text("")
-    with pytest.raises(OutputPathError, match=r"the reports' folder \(no logger and no report_dir\) .*cannot be") as e:
+    told = r"the reports' folder \(no logger and no report_dir: give the callback a report_dir, the Trainer a logger"
+    with pytest.raises(OutputPathError, match=told + r".*\) .*cannot be") as e:
         setup.report_folder(None, root, has_loggers=False, name=None, states=None)
     assert not str(e.value).startswith("report_dir")
     with pytest.raises(OutputPathError, match="^report_dir "):
