@@ -269,7 +269,7 @@ class Budget:
         Args:
             run: the run's index in the fit.
             checks: the trust checks this fit makes.
-            progress: the fraction of the fit done (steps over the expected steps), or ``None`` when unknown.
+            progress: the fraction of the fit done (by ``max_steps`` or ``max_epochs``), or ``None`` when unknown.
             final: the run when training ends.
             can_window: a run may attribute a window of the states (one process, one row per state).
             retry: a deferred run tried again (not a new cadence point: not counted again).

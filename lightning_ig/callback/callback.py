@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -196,7 +195,6 @@ class IntegratedGradientsCallback(Callback):
         self._restored: dict[str, Any] | None = None  # the budget's state from a checkpoint, for on_fit_start
         self._trust_results: dict[str, Any] = {}  # the trust checks' latest results from a checkpoint, likewise
         self._depth = 0  # hooks entered and not left (a hook calling another is timed once)
-        self._total_steps = math.inf  # the fit's expected optimizer steps, read at fit start
         # Lightning's documented form of a state key: the class's qualified name and the repr of what identifies it;
         # made once (the options never change): Lightning reads it at every hook call of every step
         self._state_key = f"{type(self).__qualname__}{self.options.identity()!r}"
@@ -277,7 +275,6 @@ class IntegratedGradientsCallback(Callback):
             self._restored = None
         if self._plan.reports is not None and trainer.ckpt_path is None:  # a resumed fit continues its reports
             setup.warn_of_earlier_reports(self._plan.reports, self.options.name, trainer.global_step)
-        self._total_steps = float(trainer.estimated_stepping_batches)
         self._fit = fit.start(
             self.options,
             self._plan,
@@ -303,18 +300,20 @@ class IntegratedGradientsCallback(Callback):
         owed = self._budget.owed and self._budget.retry_due()  # an attribute read on the common step, no call
         if self._pending is None and not owed and (every is None or step // every == self._cadence):
             return
-        self._batch_end(trainer, pl_module)
+        self._batch_end(trainer, pl_module, (batch_idx + 1) / trainer.num_training_batches)
 
     @_timed
-    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A batch end with something to do: end a run that has landed, start one the cadence or the budget owes."""
+    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch_done: float) -> None:
+        """A batch end with something to do: end a run that has landed, start one the cadence or the budget owes
+        (``epoch_done``: the share of the epoch's batches done)."""
         step, every, now = trainer.global_step, self.options.every_n_steps, self._budget.clock()
         self._budget.quiet_from(step, now)  # training's own pace is measured from the first such batch end
         self._finish_pending(landed=True)  # a run started steps ago whose numbers have landed (never waits)
         cadence = every is not None and self._cadence is not None and step > 0 and step // every > self._cadence
         self._cadence = None if every is None else step // every
         if (cadence or self._budget.retry_due()) and self._should_run(trainer):  # a run the budget deferred
-            plan = self._budget_plan(trainer, final=(last := step == self._total_steps), retry=not cadence)
+            progress = _progress(trainer, epoch_done)
+            plan = self._budget_plan(trainer, progress, final=(last := (progress or 0.0) >= 1.0), retry=not cadence)
             if plan is None:
                 return
             # Ended at a later batch end (the device or the worker attributes beside the next steps), or at once where
@@ -388,18 +387,19 @@ class IntegratedGradientsCallback(Callback):
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, final: bool) -> None:
         """One run from start to end, as the budget allows: attribute, gather, summarize, log (see :meth:`_start` and
         :meth:`_finish`)."""
-        if (plan := self._budget_plan(trainer, final=final)) is not None:  # ended at once: the worker gains nothing
+        plan = self._budget_plan(trainer, _progress(trainer, 1.0), final=final)  # at an epoch's end, or training's
+        if plan is not None:  # ended at once: the worker gains nothing
             self._finish(self._start(trainer, pl_module, plan, final=final, beside=False))
 
-    def _budget_plan(self, trainer: pl.Trainer, *, final: bool, retry: bool = False) -> Plan | None:
-        """What this run does within the budget (``None``: deferred to a later batch end); a run still pending ends
-        first (its cost is booked, its index counted)."""
+    def _budget_plan(
+        self, trainer: pl.Trainer, progress: float | None, *, final: bool, retry: bool = False
+    ) -> Plan | None:
+        """What this run does within the budget (``None``: deferred to a later batch end; ``progress``: see
+        :func:`_progress`); a run still pending ends first (its cost is booked, its index counted)."""
         self._finish_pending()
         run = self._fit
         if run is None:  # pragma: no cover - _should_run checked it
             raise RuntimeError("IntegratedGradientsCallback: a run outside a fit")
-        total = self._total_steps
-        progress = trainer.global_step / total if 0 < total < math.inf else None
         one_row = run.target.rows_per_state == 1 and not run.target.contrasts
         can_window = trainer.world_size == 1 and one_row and len(run.states) >= _MIN_WINDOWED_STATES
         names = () if run.trust is None else tuple(run.trust.names)
@@ -545,6 +545,16 @@ class IntegratedGradientsCallback(Callback):
             if kind not in self._warned:
                 self._warned.add(kind)
                 rank_zero_warn(f"IntegratedGradientsCallback{setup.named(self.options.name)}: {message} (warned once)")
+
+
+def _progress(trainer: pl.Trainer, epoch_done: float) -> float | None:
+    """The share of the fit done, ``epoch_done`` of the current epoch's batches done, by the bound that ends it first
+    (1.0 or more at its last batch): ``max_steps``, in optimizer steps as ``global_step`` counts them (under manual
+    optimisation each optimizer's, none on a batch that steps none), or ``max_epochs``; ``None``: neither bounds it."""
+    done = [trainer.global_step / trainer.max_steps] if trainer.max_steps > 0 else []
+    if (epochs := trainer.max_epochs or 0) > 0:
+        done.append((trainer.current_epoch + epoch_done) / epochs)
+    return max(done, default=None)
 
 
 def _siblings(trainer: Any) -> list[IntegratedGradientsCallback]:

@@ -348,6 +348,50 @@ def test_every_n_steps_runs_at_each_multiple_crossed_when_a_batch_moves_two_step
     assert [entry["global_step"] for entry in callback.history] == [6, 10, 16, 20]
 
 
+class _ManualSteps(TinyQNet):
+    """Manual optimisation with ``max(steps)`` optimizers, ``steps[batch_idx % len(steps)]`` of them stepped at a
+    batch (0: none, as a GAN's generator skips batches): Lightning's global_step moves by that many."""
+
+    def __init__(self, steps: tuple[int, ...]) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.automatic_optimization = False
+        self.steps = steps
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y, optimizers = *batch, self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]  # one comes alone
+        for optimizer in optimizers[: self.steps[batch_idx % len(self.steps)]]:
+            optimizer.zero_grad()
+            self.manual_backward(torch.nn.functional.mse_loss(self(x), y))
+            optimizer.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.SGD(self.parameters(), lr=0.01) for _ in range(max(self.steps))]
+
+
+@pytest.mark.parametrize("steps", [(1,), (2,), (3,), (0, 3)])
+def test_under_manual_optimisation_the_fits_last_run_is_its_final_one(tmp_path, steps):
+    """Under manual optimisation global_step counts every optimizer's steps while Lightning's estimated stepping
+    batches count batches: the callback took the run at the step that estimate names (the midpoint with two
+    optimizers) as the final one, and with three (or steps skipped) made none. Only the last run is final."""
+    callback = IntegratedGradientsCallback(held_out_states(8), every_n_steps=8, engine=IGOptions(n_steps=4))
+    runs: list[tuple[int, bool]] = []
+    finish = IntegratedGradientsCallback._finish
+
+    def recording(self, pending, **kwargs):
+        runs.append((pending.step, pending.final))
+        finish(self, pending, **kwargs)
+
+    trainer = make_trainer(tmp_path, [callback], max_steps=-1, max_epochs=2)
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("ignore")
+        patch.setattr(IntegratedGradientsCallback, "_finish", recording)
+        trainer.fit(_ManualSteps(steps), loader())
+    assert trainer.global_step == 2 * len(loader()) * sum(steps) // len(steps)
+    assert len(runs) == trainer.global_step // 8 and runs[-1] == (trainer.global_step, True)  # a run a multiple
+    assert not any(final for _, final in runs[:-1])
+
+
 def test_a_callback_pickles_after_a_fit_and_fits_again(tmp_path):
     # guards against: the fit's engine and hooks (a closure over the trainer) in the pickle (ddp_spawn, torch.save)
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))
