@@ -331,7 +331,7 @@ class IntegratedGradientsCallback(Callback):
         every = self.options.every_n_epochs
         self._finish_pending()
         if every is not None and (trainer.current_epoch + 1) % every == 0 and self._should_run(trainer):
-            self._run(trainer, pl_module, final=False)
+            self._run(trainer, pl_module, final=(_progress(trainer, 1.0) or 0.0) >= 1.0)  # the last epoch's: final
 
     @override
     @_timed
