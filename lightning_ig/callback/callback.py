@@ -182,7 +182,7 @@ class IntegratedGradientsCallback(Callback):
         self.options = Options(**given)  # every argument checked once, kept as checked (callback/options.py)
         self.history: list[dict[str, Any]] = []  # one entry per run, kept across a resume (state_dict)
         self._last_run_step: int | None = None
-        self._cadence: int | None = None  # step // every_n_steps at the last batch end: a run when it grows
+        self._cadence: int | None = None  # step // every_n_steps at train start and each batch end: a run as it grows
         self._plan: fit.FitPlan | None = None  # set at set-up: the states, the units logged, the report folder
         self._fit: fit.Fit | None = None  # set at fit start: the engine, the outputs, the trust checks
         self._warned: set[str] = set()
@@ -289,14 +289,17 @@ class IntegratedGradientsCallback(Callback):
             self._fit.trust.restore_results(self._trust_results)
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        every = self.options.every_n_steps  # multiples crossed from the step training starts at (a resume's) on: a
+        self._cadence = None if every is None else trainer.global_step // every  # first batch may step several times
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # Lightning calls this at every step and most have nothing to do: a few attribute reads answer them, outside
         # the timed hook (its clock reads and bookkeeping cost more than the question).
         every, step = self.options.every_n_steps, trainer.global_step
-        if every is not None and self._cadence is None:  # the fit's first batch end: multiples crossed from here on
-            self._cadence = (step - 1) // every
         owed = self._budget.owed and self._budget.retry_due()  # an attribute read on the common step, no call
         if self._pending is None and not owed and (every is None or step // every == self._cadence):
             return

@@ -398,6 +398,16 @@ def test_under_manual_optimisation_the_fits_last_run_is_its_final_one(tmp_path, 
     assert not any(final for _, final in runs[:-1])
 
 
+def test_a_multiple_crossed_by_the_fits_first_batch_gets_its_run(tmp_path):
+    """Three optimizer steps a batch (global_step 3, 6, 9) and every_n_steps=2: the first batch crosses 2 and runs (the
+    cadence used to start from the step before the first batch end, as if every batch stepped once: no run at 3)."""
+    callback = IntegratedGradientsCallback(
+        held_out_states(8), every_n_steps=2, overhead=None, run_at_train_end=False, engine=IGOptions(n_steps=4)
+    )
+    make_trainer(tmp_path, [callback], max_steps=9).fit(_ManualSteps((3,)), loader())
+    assert [entry["global_step"] for entry in callback.history] == [3, 6, 9]
+
+
 def test_the_run_at_the_last_epochs_end_is_the_final_one(tmp_path):
     """every_n_epochs: the run at the last epoch's end is the fit's last (the train-end run at its step is skipped);
     it was made as any other, not full, with the checks the budget left for later still waiting."""
