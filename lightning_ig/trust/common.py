@@ -250,10 +250,14 @@ def structure_copy(model: nn.Module) -> nn.Module:
 
     A method of a module of the tree kept as an attribute (under DDP, Lightning sets the LightningModule's
     ``forward`` as an instance attribute) is bound to the copy's module instead: shared, the copy would call the
-    original's weights; a ``forward`` wrapper of another kind (``torch.compile``'s) gives way to the class's."""
+    original's weights; a ``forward`` wrapper of another kind (``torch.compile``'s) gives way to the class's. A
+    TorchScript module (``torch.jit.script``, ``torch.jit.trace``) holds its weights in its C++ module: copied whole,
+    never shared (shared, the copy's ``requires_grad_(False)`` would freeze the model's own weights)."""
     tree = {id(module) for module in model.modules()}
     memo: dict[int, Any] = {}
     for module in model.modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            continue  # its state is its C++ module (``_c``), which its own ``__deepcopy__`` copies
         for name, value in vars(module).items():
             bound_here = isinstance(value, types.MethodType) and id(value.__self__) in tree
             if name not in _MODULE_STATE and not isinstance(value, nn.Module) and not bound_here:

@@ -77,6 +77,20 @@ def test_structure_copy_copies_the_weights_and_shares_the_rest() -> None:
     assert not torch.equal(copy[0].weight, model[0].weight)
 
 
+def test_a_copy_of_a_model_with_a_torchscript_part_leaves_the_models_weights_alone() -> None:
+    """A ``torch.jit.script`` (or traced) submodule keeps its weights in its C++ module: shared with the copy, the
+    copy's ``requires_grad_(False)`` froze them in the model (training stopped updating them) and a re-initialised
+    copy's draws overwrote them."""
+    model = nn.Sequential(torch.jit.script(nn.Sequential(nn.Linear(2, 3), nn.ReLU())), nn.Linear(3, 1))
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    copy = structure_copy(model)
+    assert all(parameter.requires_grad for parameter in model.parameters())
+    with torch.no_grad():
+        for parameter in copy.parameters():
+            parameter.add_(1.0)
+    assert all(torch.equal(now, then) for now, then in zip(model.parameters(), before))
+
+
 def test_a_copy_of_a_module_fit_compiled_computes_with_its_own_weights() -> None:
     """``trainer.fit(torch.compile(model))``: Lightning sets the module's ``forward`` to a wrapper of the original's
     bound forward; shared, every copy (the sanity check's re-initialised ones) computed with the model's weights."""
