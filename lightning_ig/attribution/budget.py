@@ -74,8 +74,8 @@ def budget_steps(
     """The ``n_steps`` of ``n_steps="budget"`` for ``batch`` states like ``row``.
 
     Args:
-        forward: the model (called once on two copies of ``row`` the first time, under ``no_grad``; the running
-            statistics of batch-norm layers in train mode are put back).
+        forward: the model (called once on two copies of ``row`` the first time, under ``no_grad``; the buffers of
+            layers in train mode, batch-norm's running statistics among them, are put back).
         row: ``(1, *feature_shape)`` one state, on the device and in the dtype of the run.
         batch: how many states the call attributes.
         each: ``target="each"`` (one backward per output).

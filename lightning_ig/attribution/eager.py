@@ -44,11 +44,11 @@ def integrated_gradients(
     The call runs eagerly (no CUDA graph); for repeated calls on the same shapes use
     :class:`~lightning_ig.attribution.IntegratedGradients`, which captures and replays the work. Works under
     ``torch.no_grad()`` and ``torch.inference_mode()``, leaves the model as it was (parameters, their ``.grad`` and
-    ``requires_grad``, training mode, and the running statistics of batch-norm layers in train mode, which its forwards
-    would move: they are put back after the call) and draws no random numbers of its own. The forward is called as it
-    is: put the model in the mode you want attributed (``eval()``, noise off) first; a forward that gives different
-    values for the same rows within the call (dropout, which draws them) is reported (:attr:`IGResult.stochastic`,
-    :class:`~lightning_ig.attribution.StochasticForwardWarning`).
+    ``requires_grad``, training mode, and the buffers of layers in train mode, which its forwards would move, as
+    batch-norm's running statistics and spectral norm's vectors: they are put back after the call) and draws no random
+    numbers of its own. The forward is called as it is: put the model in the mode you want attributed (``eval()``,
+    noise off) first; a forward that gives different values for the same rows within the call (dropout, which draws
+    them) is reported (:attr:`IGResult.stochastic`, :class:`~lightning_ig.attribution.StochasticForwardWarning`).
 
     Every result says how far to trust it: :attr:`IGResult.attribution_error` (a reference-free estimate of each state's
     ``||a - a_exact||_1 / ||a_exact||_1``), :attr:`IGResult.mass_relative_error`, the states near the baseline, and

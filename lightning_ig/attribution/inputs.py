@@ -60,8 +60,6 @@ _BATCH_NORMS = (
     torch.nn.LazyBatchNorm3d,
     torch.nn.SyncBatchNorm,
 )
-# instance norms with track_running_stats move running statistics too, but each row is normalised on its own
-_RUNNING_NORMS = (*_BATCH_NORMS, torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d, torch.nn.InstanceNorm3d)
 _DROPOUTS = (
     torch.nn.Dropout,
     torch.nn.Dropout1d,
@@ -292,21 +290,22 @@ def uses_batch_statistics(forward: Any) -> bool:
 
 
 class RunningStatistics:
-    """The running statistics that ``forward``'s batch-norm layers in train mode update, and a way to put them back.
+    """The buffers that ``forward``'s layers in train mode update, and a way to put them back.
 
     A batch-norm layer in train mode with ``track_running_stats`` moves ``running_mean`` and ``running_var`` and
-    counts ``num_batches_tracked`` on every forward; the engine's forwards of path points are not the user's
-    batches, so the values from before the attribution are put back after it. The layers are found once (host-side
-    module inspection, no sync) in the module :func:`module_of` finds; with none, :meth:`save` and
-    :meth:`restore` do nothing. Saving is a clone and restoring a copy on the device: no host sync, and both can
-    be captured in a CUDA graph (the engine captures them with the path, so a replay restores too).
+    counts ``num_batches_tracked`` on every forward, spectral normalisation advances its power iteration's vectors;
+    the engine's forwards of path points are not the user's batches, so every buffer of a layer in train mode is put
+    back after the attribution as it was before. The layers are found once (host-side module inspection, no sync) in
+    the module :func:`module_of` finds; with none in train mode, :meth:`save` and :meth:`restore` do nothing. Saving
+    is a clone and restoring a copy on the device: no host sync, and both can be captured in a CUDA graph (the engine
+    captures them with the path, so a replay restores too).
     """
 
     def __init__(self, forward: Any) -> None:
         self.buffers = _running_statistics(module_of(forward))
 
     def save(self) -> list[Tensor]:
-        """Copies of the statistics as they are now."""
+        """Copies of the buffers as they are now."""
         return [buffer.clone() for buffer in self.buffers]
 
     def restore(self, saved: list[Tensor]) -> None:
@@ -319,17 +318,9 @@ class RunningStatistics:
 def _running_statistics(module: torch.nn.Module | None) -> list[Tensor]:
     if module is None:
         return []
-    found: list[Tensor] = []
-    for child in module.modules():
-        if _is(child, _RUNNING_NORMS) and child.training and getattr(child, "track_running_stats", True):
-            found += [
-                buffer
-                for buffer in (
-                    getattr(child, name, None) for name in ("running_mean", "running_var", "num_batches_tracked")
-                )
-                if isinstance(buffer, Tensor)  # a traced layer has no attribute for an unregistered buffer
-            ]
-    return found
+    # each layer's own buffers (a batch-norm's statistics, a spectral norm's vectors), a shared one once
+    found = {id(buffer): buffer for child in module.modules() if child.training for buffer in child.buffers(False)}
+    return list(found.values())
 
 
 def _is(module: torch.nn.Module, kinds: tuple[type[torch.nn.Module], ...]) -> bool:

@@ -241,3 +241,19 @@ def test_instance_norm_in_train_mode_keeps_its_running_statistics() -> None:
     for kept, now in zip(before, _norm_state(norm)):
         assert torch.equal(kept, now)
     assert norm.training
+
+
+def test_spectral_norm_in_train_mode_keeps_its_power_iteration_vectors() -> None:
+    """Spectral normalisation in train mode advances its power iteration (its ``_u`` and ``_v`` buffers) at every
+    forward: a call puts them back as it does batch-norm's statistics (they were left moved by the engine's
+    forwards, so the model computed other values after the call)."""
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    torch.nn.utils.parametrizations.spectral_norm(model[0], n_power_iterations=1)
+    old_style = torch.nn.utils.spectral_norm(model[2])  # torch's deprecated form: weight_u, weight_v on the layer
+    model = model.double().train()
+    before = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    integrated_gradients(model, torch.randn(4, 3, dtype=F64), target="mean", n_steps=8)
+    assert before.keys() == dict(model.named_buffers()).keys() and old_style.training
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, before[name]), name
