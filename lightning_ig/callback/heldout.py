@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -299,8 +300,8 @@ def prepare_engine(
     The trial runs eagerly before training, on every state this rank attributes and, on a CPU, on as many rows at
     once as a run's widest forward (a forward that fails only on bigger batches fails here): a target, backend or
     gradient mode that cannot work fails now, not at the first run, CUDA kernels compile now, a model whose outputs
-    are NaN/Inf on the states stops the fit now under ``on_non_finite="raise"``, and a forward that changes the
-    model's buffers (which every run would do to training) is refused.
+    are NaN/Inf on the states stops the fit now under ``on_non_finite="raise"``, a forward that changes the
+    model's buffers (which every run would do to training) is refused, and lazy parameters it initialises are warned of.
 
     Args:
         trainer: the trainer (this rank's share of the states: :func:`rank_rows`).
@@ -328,6 +329,7 @@ def prepare_engine(
     check_finite("states", local_states)
     if isinstance(local_baselines, Tensor):
         check_finite("baseline", local_baselines)
+    _warn_if_lazy(pl_module)
     buffers = {name: buffer.clone() for name, buffer in pl_module.named_buffers()}
     attributed, target = probe_target(pl_module, target, local_states, len(states), forward, action_names)
     # The states and baselines are checked here once (in the model's dtype), not by every run: one host sync less
@@ -370,6 +372,20 @@ def prepare_engine(
             f"trial, before training (on_non_finite='raise'){why}; check the model's weights, forward and the states"
         )
     return engine, target, local_states, local_baselines
+
+
+def _warn_if_lazy(pl_module: Any) -> None:
+    """Warn that the set-up trial's forward initialises the model's lazy parameters (``nn.LazyLinear``, ...): from the
+    random generators as they are before training's first step, not as training's own first forward would."""
+    lazy = [name for name, parameter in pl_module.named_parameters() if torch.nn.parameter.is_lazy(parameter)]
+    if lazy:
+        warnings.warn(
+            f"IntegratedGradientsCallback: the model's lazy parameters {', '.join(lazy[:3])}{' ...' * (len(lazy) > 3)} "
+            "are not initialised yet; the set-up trial's forward initialises them before training's first step, from "
+            "another state of the random generators, so training will not be the same as without the callback. "
+            "Run one forward on a batch of inputs before trainer.fit to initialise them",
+            stacklevel=2,
+        )
 
 
 def _refuse_changed_buffers(pl_module: Any, before: dict[str, Tensor]) -> None:

@@ -175,6 +175,37 @@ def test_a_forward_that_changes_a_buffer_is_refused_at_set_up(tmp_path: Path) ->
     assert float(model.calls) == 0.0  # put back as it was
 
 
+class LazyQNet(TinyQNet):
+    """TinyQNet whose first layer is an ``nn.LazyLinear``: its weights are drawn at the first forward."""
+
+    def __init__(self) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.body[0] = torch.nn.LazyLinear(16)
+
+
+def test_lazy_parameters_the_set_up_trial_would_initialise_are_warned_of(tmp_path: Path) -> None:
+    """The set-up trial's forward drew a lazy layer's weights before training's first step, from other generator
+    states: training was silently not the same as without the callback. It is said, with what keeps it the same."""
+
+    def fit(model: TinyQNet, callbacks: list) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))  # each fit its own reports
+        make_trainer(folder, callbacks, max_steps=2).fit(model, DataLoader(dataset(), batch_size=32))
+        return model.state_dict()
+
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, overhead=None)
+    with pytest.warns(UserWarning, match=r"lazy parameters body\.0\.weight, body\.0\.bias .*one forward"):
+        fit(LazyQNet(), [callback])
+    initialised = LazyQNet()
+    initialised(torch.zeros(1, 4))  # the advice: one forward before fit
+    alone = LazyQNet()
+    alone.load_state_dict(initialised.state_dict())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "IntegratedGradientsCallback: the model's lazy")
+        beside = fit(initialised, [IntegratedGradientsCallback(held_out_states(), every_n_steps=10, overhead=None)])
+    assert all(torch.equal(value, beside[name]) for name, value in fit(alone, []).items())
+
+
 def test_a_forward_that_fails_on_bigger_batches_fails_at_set_up(tmp_path: Path) -> None:
     def forward(module: TinyQNet, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > 2:
