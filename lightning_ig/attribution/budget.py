@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
+from torch.nn.utils import parametrize
 
 from lightning_ig.attribution.inputs import Prepared, RunningStatistics, raise_if_dtype_mismatch
 from lightning_ig.attribution.kinks import BUDGET_NODES
@@ -111,7 +112,12 @@ def _count(forward: Callable[[Tensor], Tensor], row: Tensor) -> tuple[int, int]:
 
     def hook(module: torch.nn.Module, _args: Any, output: Any) -> None:
         nonlocal total
+        if isinstance(module, parametrize.ParametrizationList):  # makes a weight (weight_norm's), not a layer's output
+            return
         weights = [p for p in module.parameters(recurse=False) if p.dim() >= 2]
+        if parametrize.is_parametrized(module):  # its weight is made by a parametrization: counted as the layer's
+            names = cast(torch.nn.ModuleDict, module.parametrizations)
+            weights += [value for name in names if (value := getattr(module, name)).dim() >= 2]
         out = output[0] if isinstance(output, (tuple, list)) else output
         if weights and isinstance(out, Tensor):
             largest = max(weights, key=lambda p: p.numel())

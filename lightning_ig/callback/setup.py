@@ -133,14 +133,8 @@ def report_folder(
             "IntegratedGradientsCallback: the trainer has no logger, so nothing is logged; "
             f"the JSON report of each run goes to {folder}"
         )
-    what = (
-        "report_dir"
-        if report_dir is not None
-        else (
-            "the reports' folder (no logger and no report_dir: give the callback a report_dir, the Trainer a logger or a "
-            "default_root_dir you can write)"
-        )
-    )
+    unnamed = "no logger and no report_dir: give the callback a report_dir, the Trainer a logger or a default_root_dir"
+    what = "report_dir" if report_dir is not None else f"the reports' folder ({unnamed} you can write)"
     return None if folder is None else ReportFolder(folder, name, inputs=[states], what=what)
 
 

@@ -45,6 +45,13 @@ def test_a_forward_row_counts_two_flops_per_weight_use() -> None:
     noisy = NoisyLinear(6, 5).eval()  # two weight matrices (mean and noise scale): one product is counted
     assert row_flops(noisy, torch.zeros(1, 6)) == (2 * 6 * 5, 5)
     assert row_flops(lambda z: (z**2).sum(-1), torch.zeros(1, 3)) == (0, 1)  # no module: nothing to count
+    # a weight made by a parametrization (weight_norm, spectral_norm) is the layer's: counted once, for the layer
+    normed = torch.nn.Sequential(
+        torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 32)),
+        torch.nn.ReLU(),
+        torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(32, 3)),
+    ).eval()
+    assert row_flops(normed, torch.zeros(1, 4)) == row_flops(mlp, torch.zeros(1, 4))
 
 
 def test_the_choice_is_the_most_points_whose_work_fits() -> None:
