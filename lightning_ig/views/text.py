@@ -308,25 +308,23 @@ def report_markdown(
         states = f"{summary.actions.num_states} states × {len(summary.actions.names)} actions"
         averaged = ", the mean over the actions"
     lines = [f"### Integrated Gradients{name} at step {summary.step}", "", f"**{completeness_sentence(summary)[1]}**"]
+
+    def paragraph(text: str) -> None:
+        lines.extend(("", text))
+
     trust = summary.trust_checks.lines() if summary.trust_checks is not None else ()
     failures = {f"- {reason}" for reason in summary.trust_checks.reasons} if summary.trust_checks is not None else set()
     lines += ["", trust[0], "", *(line for line in trust if line in failures)] if trust else []  # the answer first
-    lines += [
-        "",
-        (
-            f"{states}, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
-            f"{summary.backend} backend), target `{settings.target.label}` ({settings.target.unit}), baseline "
-            f"`{settings.baseline}`."
-        ),
-    ]
+    paragraph(
+        f"{states}, {summary.n_steps} steps ({summary.method}, {summary.gradient} gradients, "
+        f"{summary.backend} backend), target `{settings.target.label}` ({settings.target.unit}), baseline "
+        f"`{settings.baseline}`."
+    )
     if summary.stochastic:
-        lines += [
-            "",
-            (
-                "**The forward is random**: it gave different values on the same rows (dropout or batch-norm "
-                "in train mode, noise left on); the attributions are not reproducible."
-            ),
-        ]
+        paragraph(
+            "**The forward is random**: it gave different values on the same rows (dropout or batch-norm "
+            "in train mode, noise left on); the attributions are not reproducible."
+        )
     positive, negative = units.parts
     mass = positive + negative
     whole = float(mass.sum()) or 1.0
@@ -344,40 +342,28 @@ def report_markdown(
         )
         rows.append(f"{rank:>4}  {labels[index]:<{width}}  " + "  ".join(f"{cell:>11}" for cell in cells))
     per_cell = " (each cell's sign counted apart; mean |attr| and mean attr of the group's sum)" * (noun == "groups")
-    lines += [
-        "",
-        (
-            f"What {settings.target.words} relies on: the top {len(order)} {noun} by mass, the part that raises it "
-            f"and the part that lowers it, vs {settings.baseline} (units of {settings.target.unit}{averaged}"
-            f"){per_cell}:"
-        ),
-        "",
-        "```",
-        *rows,
-        "```",
-    ]
+    paragraph(
+        f"What {settings.target.words} relies on: the top {len(order)} {noun} by mass, the part that raises it "
+        f"and the part that lowers it, vs {settings.baseline} (units of {settings.target.unit}{averaged}"
+        f"){per_cell}:"
+    )
+    lines += ["", "```", *rows, "```"]
     details = [line for line in trust[1:] if line not in failures]  # the figures of every check, below the fold
     lines += ["", "**The trust checks' figures**:", "", *details] if details else []  # a blank line: a Markdown list
     if summary.drift:
         words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in summary.drift.items()]
-        lines += ["", f"**Drift**: {', '.join(words)}."]
+        paragraph(f"**Drift**: {', '.join(words)}.")
     if shares := summary.concentration:
-        lines += [
-            "",
-            (
-                f"**Concentration**: the top 1% of the {int(np.prod(summary.feature_shape))} features hold "
-                f"{format_percent(shares['top1pct_share'])} of the mean |attribution|, the top 10% hold "
-                f"{format_percent(shares['top10pct_share'])}."
-            ),
-        ]
+        paragraph(
+            f"**Concentration**: the top 1% of the {int(np.prod(summary.feature_shape))} features hold "
+            f"{format_percent(shares['top1pct_share'])} of the mean |attribution|, the top 10% hold "
+            f"{format_percent(shares['top10pct_share'])}."
+        )
     if saliency_scale is not None:
-        lines += [
-            "",
-            (
-                f"**Saliency** (`{prefix}/{PICTURE_TAGS['saliency']}`): colour scale ±{format_value(saliency_scale)} "
-                "per cell; blue raises the target, red lowers it."
-            ),
-        ]
+        paragraph(
+            f"**Saliency** (`{prefix}/{PICTURE_TAGS['saliency']}`): colour scale ±{format_value(saliency_scale)} "
+            "per cell; blue raises the target, red lowers it."
+        )
     lines += _action_lines(summary, labels, prefix)
     return "\n".join(lines) + "\n"
 
@@ -398,18 +384,12 @@ def _action_lines(summary: RunSummary, labels: Sequence[str], prefix: str, top: 
     widths = [max(len(head), *(len(cell) for cell in cells)) for head, cells in zip(heads, columns)]
     table = [heads, *zip(*columns)]
     rows = ["  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths)).rstrip() for row in table]
-    return [
-        "",
-        (
-            f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/{PICTURE_TAGS['actions']}`): "
-            f"in how many of the {actions.num_states} states each action has the largest Q, what its Q(s, a) relies "
-            "on most, and what sets it apart from the mean action (+ favours it, - disfavours it):"
-        ),
-        "",
-        "```",
-        *rows,
-        "```",
-    ]
+    intro = (
+        f"**Per action** (`{prefix}/action/<action>/...`, the picture `{prefix}/{PICTURE_TAGS['actions']}`): "
+        f"in how many of the {actions.num_states} states each action has the largest Q, what its Q(s, a) relies "
+        "on most, and what sets it apart from the mean action (+ favours it, - disfavours it):"
+    )
+    return ["", intro, "", "```", *rows, "```"]
 
 
 def troubles(summary: RunSummary) -> dict[str, str]:
