@@ -385,11 +385,8 @@ def statistics_rows(names: Sequence[str], moments: Moments, sizes: Sequence[int]
     columns = (json_floats(moments.mean_abs), json_floats(moments.stddev), json_floats(moments.mean_signed))
     rows = []
     for index, (name, mean_abs, stddev, mean_signed) in enumerate(zip(names, *columns)):
-        row: dict[str, Any] = {"name": name}
-        if sizes is not None:
-            row["members"] = int(sizes[index])
-        row.update(mean_abs=mean_abs, stddev=stddev, mean_signed=mean_signed)
-        rows.append(row)
+        members = {} if sizes is None else {"members": int(sizes[index])}
+        rows.append({"name": name, **members, "mean_abs": mean_abs, "stddev": stddev, "mean_signed": mean_signed})
     return rows
 
 
@@ -496,32 +493,20 @@ def completeness_summary(result: Any, *, per_state: bool = True, tolerance: floa
     relative = np.where(host.degenerate | host.non_finite, np.nan, host.relative_error)  # no ratio for those
     with np.errstate(invalid="ignore"):  # inf - inf where both ends are infinite: NaN (null), as non_finite says
         change = host.f_input - host.f_baseline
-    columns = zip(
-        json_floats(host.sum_attributions),
-        json_floats(change),
-        json_floats(relative),
-        json_floats(absolute),
-        host.degenerate.tolist(),
-        host.non_finite.tolist(),
-        json_floats(_column(host.attribution_error, host.num_states)),
-        json_floats(_column(host.mass_relative_error, host.num_states)),
-        (np.zeros(host.num_states, bool) if host.near_baseline is None else host.near_baseline).tolist(),
-    )
-    summary["per_state"] = [
-        {
-            "state_idx": i,
-            "sum_attributions": total,
-            "f_input_minus_f_baseline": change,
-            "relative_error": ratio,
-            "absolute_error": error,
-            "degenerate": degenerate,
-            "non_finite": non_finite,
-            "attribution_error": estimate,
-            "mass_relative_error": mass_error,
-            "near_baseline": bool(near),
-        }
-        for i, (total, change, ratio, error, degenerate, non_finite, estimate, mass_error, near) in enumerate(columns)
-    ]
+    near = np.zeros(host.num_states, bool) if host.near_baseline is None else host.near_baseline
+    columns = {
+        "sum_attributions": json_floats(host.sum_attributions),
+        "f_input_minus_f_baseline": json_floats(change),
+        "relative_error": json_floats(relative),
+        "absolute_error": json_floats(absolute),
+        "degenerate": host.degenerate.tolist(),
+        "non_finite": host.non_finite.tolist(),
+        "attribution_error": json_floats(_column(host.attribution_error, host.num_states)),
+        "mass_relative_error": json_floats(_column(host.mass_relative_error, host.num_states)),
+        "near_baseline": [bool(flag) for flag in near.tolist()],
+    }
+    rows = zip(*columns.values())
+    summary["per_state"] = [{"state_idx": i, **dict(zip(columns, row))} for i, row in enumerate(rows)]
     summary["degenerate_states"] = [
         {"state_idx": i, "absolute_error": json_float(absolute[i])} for i in np.flatnonzero(host.degenerate).tolist()
     ]
