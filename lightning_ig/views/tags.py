@@ -70,21 +70,20 @@ class ViewOptions:
     saliency_every_n_runs: int = 10
 
     def __post_init__(self) -> None:
-        checked, channel = object.__setattr__, self.saliency_channel  # each field as checked
-        checked(self, "top_k", check_positive_int(self.top_k, "top_k", example=10))
-        checked(self, "log_histograms", check_bool(self.log_histograms, "log_histograms"))
-        checked(
-            self, "figure_every_n_runs", check_optional_positive_int(self.figure_every_n_runs, "figure_every_n_runs")
-        )
-        checked(
-            self, "max_logged_features", check_positive_int(self.max_logged_features, "max_logged_features", example=64)
-        )
-        checked(self, "saliency_states", check_optional_positive_int(self.saliency_states, "saliency_states"))
-        checked(
-            self, "saliency_channel", None if channel is None else check_int(channel, "saliency_channel", minimum=0)
-        )
-        every = check_positive_int(self.saliency_every_n_runs, "saliency_every_n_runs", example=10)
-        checked(self, "saliency_every_n_runs", every)
+        channel = self.saliency_channel
+        checked = {
+            "top_k": check_positive_int(self.top_k, "top_k", example=10),
+            "log_histograms": check_bool(self.log_histograms, "log_histograms"),
+            "figure_every_n_runs": check_optional_positive_int(self.figure_every_n_runs, "figure_every_n_runs"),
+            "max_logged_features": check_positive_int(self.max_logged_features, "max_logged_features", example=64),
+            "saliency_states": check_optional_positive_int(self.saliency_states, "saliency_states"),
+            "saliency_channel": None if channel is None else check_int(channel, "saliency_channel", minimum=0),
+            "saliency_every_n_runs": check_positive_int(
+                self.saliency_every_n_runs, "saliency_every_n_runs", example=10
+            ),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # a frozen dataclass: each field as checked
 
 
 PICTURE_TAGS = {
