@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextvars
 import math
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-from lightning_ig.checkpoint.layout import HEAD_SEPARATOR, STATES_KEY, CheckpointError, few, open_error
+from lightning_ig.checkpoint.layout import HEAD_SEPARATOR, STATES_KEY, CheckpointError, few, open_safetensors
 from lightning_ig.models.registry import UnregisteredModelError, build_model, resolve_model_class
 from lightning_ig.vocabulary import shown, size_text
 
@@ -109,20 +108,15 @@ def states_key(keys: list[str], prefix: str | None) -> str | None:
 def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTensors:
     """The shapes of the model's tensors in ``file``, and the bytes of those and of the states that loading reads,
     from the header (no tensor data is read)."""
-    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
-
     stored, weights, states = StoredTensors(), weight_keys(keys, prefix), states_key(keys, prefix)
-    try:
-        with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
-            for key in [*weights, *([] if states is None else [states])]:
-                header = handle.get_slice(key)
-                shape = tuple(int(size) for size in header.get_shape())
-                if key in weights:
-                    stored.shapes[weights[key]] = shape
-                bits = "".join(character for character in header.get_dtype().split("_")[0] if character.isdigit())
-                stored.nbytes += math.prod(shape) * max(1, int(bits or 8) // 8)  # "F32": 4, "BF16": 2, "BOOL": 1
-    except Exception as error:
-        raise open_error(file, error) from error
+    with open_safetensors(file) as handle:
+        for key in [*weights, *([] if states is None else [states])]:
+            header = handle.get_slice(key)
+            shape = tuple(int(size) for size in header.get_shape())
+            if key in weights:
+                stored.shapes[weights[key]] = shape
+            bits = "".join(character for character in header.get_dtype().split("_")[0] if character.isdigit())
+            stored.nbytes += math.prod(shape) * max(1, int(bits or 8) // 8)  # "F32": 4, "BF16": 2, "BOOL": 1
     return stored
 
 

@@ -7,7 +7,8 @@ Shared by :mod:`.writing`, :mod:`.heads`, :mod:`.reading` and :mod:`.states`; se
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "head_prefix",
     "json_metadata",
     "open_error",
+    "open_safetensors",
     "read_metadata",
     "tensor_keys",
 ]
@@ -154,31 +156,32 @@ def check_format(metadata: Mapping[str, str], path: Any) -> None:
         )
 
 
+@contextmanager
+def open_safetensors(path: Path) -> Iterator[Any]:
+    """The safetensors file ``path`` open on the CPU; what fails to read it, in the block too, is :func:`open_error`."""
+    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
+
+    try:
+        with safe_open(os.fspath(path), framework="pt", device="cpu") as handle:
+            yield handle
+    except Exception as error:  # safetensors raises its own SafetensorError, or OSError
+        raise open_error(path, error) from error
+
+
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     """The metadata of a safetensors file (``{}`` when it has none).
 
     Raises:
         CheckpointError: If the file is missing, unreadable or not safetensors.
     """
-    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
-
-    file = existing_file(path)
-    try:
-        with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
-            return dict(handle.metadata() or {})
-    except Exception as error:  # safetensors raises its own SafetensorError, or OSError
-        raise open_error(file, error) from error
+    with open_safetensors(existing_file(path)) as handle:
+        return dict(handle.metadata() or {})
 
 
 def tensor_keys(path: Path) -> list[str]:
     """The tensor names in a safetensors file, in the file's order."""
-    from safetensors import safe_open  # noqa: PLC0415
-
-    try:
-        with safe_open(os.fspath(path), framework="pt", device="cpu") as handle:
-            return list(handle.keys())
-    except Exception as error:
-        raise open_error(path, error) from error
+    with open_safetensors(path) as handle:
+        return list(handle.keys())
 
 
 def json_metadata(metadata: Mapping[str, str], key: str, path: Any) -> Any:

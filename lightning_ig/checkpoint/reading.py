@@ -23,7 +23,7 @@ from lightning_ig.checkpoint.layout import (
     few,
     head_prefix,
     json_metadata,
-    open_error,
+    open_safetensors,
     read_metadata,
     tensor_keys,
 )
@@ -173,19 +173,14 @@ def _file_value(metadata: Mapping[str, str], key: str, file: Path, *, default: A
 
 def _read_tensors(file: Path, keys: list[str], prefix: str | None) -> tuple[dict[str, Tensor], Tensor | None]:
     """The model's tensors (prefix stripped) and the states: the head's own, else the file's shared ones."""
-    from safetensors import safe_open  # noqa: PLC0415 - keeps `import lightning_ig` light
-
     selected, stored = weight_keys(keys, prefix), states_key(keys, prefix)
     weights: dict[str, Tensor] = {}
     states: Tensor | None = None
-    try:
-        with safe_open(os.fspath(file), framework="pt", device="cpu") as handle:
-            for key, model_key in selected.items():
-                weights[model_key] = handle.get_tensor(key)
-            if stored is not None:  # the head's own, else the file-level states, shared by every head
-                states = handle.get_tensor(stored)
-    except Exception as error:
-        raise open_error(file, error) from error
+    with open_safetensors(file) as handle:
+        for key, model_key in selected.items():
+            weights[model_key] = handle.get_tensor(key)
+        if stored is not None:  # the head's own, else the file-level states, shared by every head
+            states = handle.get_tensor(stored)
     if states is not None and (states.dtype == torch.bool or states.is_complex()):  # a mask or complex: not states
         raise CheckpointError(
             f"the states in {str(file)!r} are stored as {states.dtype}; states are real numbers: store them as "
