@@ -1,12 +1,7 @@
 """What one IG run sends to the loggers: scalars to every logger; TensorBoard's extras; the pictures where kept.
 
-Scalars reach every Lightning logger through ``logger.log_metrics`` (:func:`scalar_metrics`, less the cards that
-carry nothing for this run: :func:`informative_scalars`). A ``TensorBoardLogger`` also gets the histograms and the
-``<prefix>/report`` text (one event per run) and the pictures (palette PNGs); a ``WandbLogger`` and an
-``MLFlowLogger`` get the pictures, the table of units and the JSON report (:mod:`~lightning_ig.views.loggers.sinks`).
-The callback's :class:`RunOutputs` does it run after run: the scalars on the training thread, the rest on the logging
-worker (:class:`~lightning_ig.views.loggers.worker.PictureWriter`), the pictures when :func:`pictures_due` says so.
-Every tag is listed, once, in ``docs/tensorboard-tags.md``.
+The callback's :class:`RunOutputs` does it run after run (its docstring says what goes to which logger, on which
+thread). Every tag is listed, once, in ``docs/tensorboard-tags.md``.
 """
 
 from __future__ import annotations
