@@ -7,7 +7,6 @@ thread). Every tag is listed, once, in ``docs/tensorboard-tags.md``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -149,10 +148,6 @@ class _RunJob:
     sinks: tuple[Any, Any] | None  # the sinks' table and report (with the verdict card), when there are sinks
 
 
-def _same(value: Any) -> Any:
-    return value
-
-
 class RunOutputs:
     """What one callback's runs send to the trainer's loggers, run after run.
 
@@ -279,7 +274,8 @@ class RunOutputs:
         """The picture inputs with what they read of the callback (a contrast's last pairs) read now, for the worker."""
         if (pairs := getattr(self.inputs, "pairs", None)) is None:
             return self.inputs
-        return dataclasses.replace(self.inputs, pairs=functools.partial(_same, pairs()))
+        chosen = pairs()
+        return dataclasses.replace(self.inputs, pairs=lambda: chosen)
 
     def _write(self, job: _RunJob) -> None:
         """On the worker: the pictures drawn, then every TensorBoard event of the run, then the sinks' part."""
