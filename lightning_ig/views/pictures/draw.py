@@ -1,17 +1,8 @@
 """The pictures a run draws, from its summary, its host result, the history and what the callback decided per fit.
 
-The kinds (:data:`~lightning_ig.views.tags.PICTURE_TAGS`), in the order Time Series shows them:
-
-* ``verdict``: the accuracy verdict and the trust status, the failures of earlier runs, what the target relies on
-  with both signs (:func:`~lightning_ig.views.pictures.cards.verdict_card`);
-* ``shares``: each unit's share of the attribution mass over training, under every run's verdict
-  (:func:`~lightning_ig.views.pictures.cards.shares_chart`);
-* ``saliency``: held-out frames with the signed attribution of each game cell, at 1.0x
-  (:func:`~lightning_ig.views.pictures.saliency.saliency_grid`);
-* ``actions``: why this action, for ``target="each"`` or ``"contrast"``.
-
-Which ones a run draws is :func:`~lightning_ig.views.loggers.outputs.pictures_due`'s decision; this module is reached
-only when one is due. Every picture names the target once, in the target's own words
+The kinds, their tags and their order: :data:`~lightning_ig.views.tags.PICTURE_TAGS`; each is drawn by a
+``*_picture`` function here. Which ones a run draws is :func:`~lightning_ig.views.loggers.outputs.pictures_due`'s
+decision; this module is reached only when one is due. Every picture names the target once, in the target's own words
 (:attr:`~lightning_ig.attribution.targets.Target.words`): a ``target="each"`` run's are ``Q(s, a)`` throughout.
 """
 
