@@ -1,11 +1,7 @@
 """The logging worker: a run's TensorBoard events and pictures made and logged on one thread beside training, in order.
 
-Every run hands its TensorBoard events here (:class:`PictureWriter`, :func:`add_run`: the histograms and the
-report text as one summary, the text written there) and goes on training; a run that draws hands its
-pictures too, which the worker encodes as palette PNGs and logs (:func:`add_picture` for TensorBoard; the W&B and
-MLflow sinks of :mod:`~lightning_ig.views.loggers.sinks` for those loggers). The next run that draws waits for the jobs
-before it first, so at most one run's pictures are in flight and their errors surface in the training thread; so
-does the end of training, before the loggers close.
+Every run hands its TensorBoard events here (:class:`PictureWriter`; :func:`add_run`, :func:`add_picture`) and goes on
+training; when a run waits for the worker, and why: :class:`~lightning_ig.views.loggers.outputs.RunOutputs`.
 """
 
 from __future__ import annotations
