@@ -1,16 +1,9 @@
 """The pictures, the feature table and the JSON report for the loggers besides TensorBoard: W&B and MLflow.
 
 Scalars reach every Lightning logger through ``logger.log_metrics``. What else a run makes goes where each
-logger keeps such things, through Lightning's logger API and the tracking client it hands out:
-
-* ``WandbLogger``: a run's pictures in one ``log_metrics`` call of ``wandb.Image`` lists (PNGs under the run's
-  ``media/images/``, a step slider in the W&B UI; the trainer's step goes with them as
-  ``trainer/global_step``), the feature table with ``log_table(key, columns, data, step)``, the JSON report
-  as a file in the run's folder (``files/``, kept and synced with the run);
-* ``MLFlowLogger``: pictures with ``experiment.log_image(run_id, pixels, key=tag, step=step)`` (the run's
-  ``images/`` artifacts, a step slider in the MLflow UI), the table with ``experiment.log_table`` (one JSON
-  artifact per step), the report with ``experiment.log_text`` (``lightning_ig/<name>``);
-* any other logger: nothing here. TensorBoard has its own writer; CSV and the rest keep scalars.
+logger keeps such things, through Lightning's logger API and the tracking client it hands out: a ``WandbLogger``'s
+(:class:`WandbSink`) and an ``MLFlowLogger``'s (:class:`MlflowSink`), each method saying where; any other logger:
+nothing here. TensorBoard has its own writer; CSV and the rest keep scalars.
 
 :func:`picture_sinks` picks a sink per logger; the callback calls them on global rank zero, where it writes
 TensorBoard's pictures, and may call them from its picture thread (each sink holds its own lock). MLflow 3 refuses its
@@ -118,7 +111,8 @@ class WandbSink:
 
     def pictures(self, pictures: Mapping[str, np.ndarray], step: int) -> None:
         """PNGs under ``media/images/`` of the run, shown by tag with a step slider: one ``log_metrics`` call, as
-        ``log_image`` makes it for one, so that a run's pictures share one W&B step (each call is a step of its own)."""
+        ``log_image`` makes it for one, so that a run's pictures share one W&B step (each call is a step of its own);
+        the trainer's step goes with them as ``trainer/global_step``."""
         import wandb  # noqa: PLC0415 - the [wandb] extra, there when a WandbLogger is
 
         with self._lock:
