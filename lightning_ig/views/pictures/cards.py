@@ -219,19 +219,12 @@ def verdict_card(
     failed = [step for step, state in earlier if state == "fail"]
     if earlier:
         runs = f"{len(earlier):,} earlier run{'s' * (len(earlier) > 1)}"
-        counted = f"{len(failed):,} of {runs}"
-        _line(
-            canvas,
-            y,
-            [
-                f"✗ failed at {counted}, the last at step {failed[-1]:,}",
-                f"✗ failed at {counted}, last at {format_step(failed[-1])}",
-                f"✗ failed at {counted}",
-            ]
-            if failed
-            else [f"no failure in the {runs}", f"no failure in {runs.replace(' earlier', '')}"],
-            STATE_COLOURS["fail"] if failed else MUTED,
-        )
+        if failed:
+            counted = f"✗ failed at {len(failed):,} of {runs}"
+            last = [f"{counted}, the last at step {failed[-1]:,}", f"{counted}, last at {format_step(failed[-1])}"]
+            _line(canvas, y, [*last, counted], STATE_COLOURS["fail"])
+        else:
+            _line(canvas, y, [f"no failure in the {runs}", f"no failure in {runs.replace(' earlier', '')}"])
         y += LINE
     _line(
         canvas, y + 2, [f"What {target} relies on: share of |attribution|", f"What {target} relies on"], INK, TEXT_SIZE
