@@ -158,14 +158,10 @@ def verdict_picture(
 ) -> np.ndarray:
     """The ``verdict`` card of this run (the earlier runs of ``history`` counted: its last entry is this run's)."""
     name = "" if summary.settings.name is None else f" '{summary.settings.name}'"
-    target, noun = summary.settings.target.words, summary.units.kind
-    positive, negative = summary.units.parts
-    earlier = earlier_states(history[:-1] if history and history[-1]["global_step"] == summary.step else history)
-    trust = summary.trust_checks
+    target, trust = summary.settings.target.words, summary.trust_checks
     return verdict_card(
         list(labels),
-        positive,
-        negative,
+        *summary.units.parts,
         title=[
             f"IG{name} at step {summary.step:,}: {target}, {_states(summary)}",
             f"Step {summary.step:,}: {target}, {_states(summary)}",
@@ -173,10 +169,10 @@ def verdict_picture(
         ],
         accuracy=accuracy_line(summary),
         trust=None if trust is None else (str(trust.status), trust_line(trust)),
-        earlier=earlier,
+        earlier=earlier_states(history[:-1] if history and history[-1]["global_step"] == summary.step else history),
         target=target,
         baseline=inputs.baseline,
-        noun=noun,
+        noun=summary.units.kind,
         label_colours=inputs.unit_colours,
     ).pixels
 
