@@ -202,10 +202,6 @@ class Canvas:
         """A polyline through ``points``."""
         self.draw.line(points, fill=colour, width=width)
 
-    def polygon(self, points: list[tuple[float, float]], colour: str) -> None:
-        """A filled polygon."""
-        self.draw.polygon(points, fill=colour)
-
     def paste(self, pixels: np.ndarray, left: int, top: int) -> None:
         """Copy an ``(h, w, 3)`` uint8 array onto the picture at ``(left, top)``."""
         from PIL import Image  # noqa: PLC0415
