@@ -1,10 +1,8 @@
 """How a run reads: numbers written for people, the verdict in words, and the ``<prefix>/report`` text.
 
-**Numbers** read the same in a chart, under a saliency frame and in the text: :func:`format_value` (three
-significant digits, plain decimals between 0.001 and 100000, else ``3.8e-05``), :func:`format_signed` (with its sign:
-a change such as ``F(x) - F(b)``), :func:`format_percent` (``<0.01%`` for a share too small to show, never
-``0.00%``). The accuracy figures are fractions, as the JSON report and ``completeness_tol`` have them
-(:func:`lightning_ig.vocabulary.relative_error_text`).
+**Numbers** read the same in a chart, under a saliency frame and in the text (:func:`format_value`,
+:func:`format_signed`, :func:`format_percent`: their docstrings say how). The accuracy figures are fractions, as the
+JSON report and ``completeness_tol`` have them (:func:`lightning_ig.vocabulary.relative_error_text`).
 
 **Words**: the accuracy verdict (:func:`accuracy_line` on the cards, :func:`completeness_sentence` in the text), the
 trust status (:func:`trust_line`), what is wrong with a run (:func:`troubles`, the callback's warnings) and the
