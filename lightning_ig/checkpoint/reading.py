@@ -287,8 +287,6 @@ def load_lightning_checkpoint(
         feature_names=list(names) if names is not None else None,
         states=None,
         metadata={},
-        prefix=None,
         architecture=module_class,
-        config={},
         path=file,
     )
