@@ -60,13 +60,7 @@ def picture_sinks(loggers: Iterable[Any]) -> list[PictureSink]:
         for sink in picture_sinks(trainer.loggers):
             sink.pictures({"ig/0_verdict": card.pixels}, trainer.global_step)
     """
-    sinks: list[PictureSink] = []
-    for logger in loggers:
-        if (kind := _kind(logger)) == "wandb":
-            sinks.append(WandbSink(logger))
-        elif kind == "mlflow":
-            sinks.append(MlflowSink(logger))
-    return sinks
+    return [sink_class(logger) for logger in loggers if (sink_class := _sink_class(logger)) is not None]
 
 
 def mlflow_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -81,13 +75,14 @@ def _mlflow_key(key: str, most: int = 250) -> str:
     return key if kept == key and len(key) <= most else f"{kept[: most - 9]} {zlib.crc32(key.encode()):08x}"
 
 
-def _kind(logger: Any) -> str | None:
-    """``"wandb"``, ``"mlflow"`` or ``None``, by Lightning's classes (importing them imports neither package)."""
+def _sink_class(logger: Any) -> type[WandbSink] | type[MlflowSink] | None:
+    """:class:`WandbSink`, :class:`MlflowSink` or ``None``, by Lightning's classes (importing them imports neither
+    package)."""
     from lightning.pytorch.loggers import MLFlowLogger, WandbLogger  # noqa: PLC0415 - only when there are loggers
 
     if isinstance(logger, WandbLogger):
-        return "wandb"
-    return "mlflow" if isinstance(logger, MLFlowLogger) else None
+        return WandbSink
+    return MlflowSink if isinstance(logger, MLFlowLogger) else None
 
 
 def _pixels(pixels: np.ndarray) -> np.ndarray:
