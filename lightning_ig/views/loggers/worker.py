@@ -37,20 +37,18 @@ def add_run(writer: Any, step: int, histograms: Sequence[tuple[str, np.ndarray]]
         histograms: ``(tag, values)``: a histogram of each column's finite values (none where there are none).
         text: ``(tag, the markdown)``, or ``None``.
     """
+    # a histogram of nothing is an error in TensorBoard
+    finite = [(tag, kept) for tag, values in histograms if (kept := values[np.isfinite(values)]).size]
     if (file_writer := _file_writer(writer)) is None:
-        for tag, values in histograms:
-            if (finite := values[np.isfinite(values)]).size:
-                writer.add_histogram(tag, finite, step, bins=HISTOGRAM_BINS)
+        for tag, values in finite:
+            writer.add_histogram(tag, values, step, bins=HISTOGRAM_BINS)
         if text is not None:
             writer.add_text(text[0], text[1], step)
         return
     from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - TensorBoard only when logging to it
     from torch.utils.tensorboard import summary as made  # noqa: PLC0415 - as above
 
-    summaries: list[Any] = []
-    for tag, column in histograms:
-        if (finite := column[np.isfinite(column)]).size:  # a histogram of nothing is an error in TensorBoard
-            summaries.extend(made.histogram(tag, finite, HISTOGRAM_BINS).value)
+    summaries = [value for tag, values in finite for value in made.histogram(tag, values, HISTOGRAM_BINS).value]
     if text is not None:
         summaries.extend(made.text(text[0], text[1]).value)  # listed as <tag>/text_summary, as add_text's
     if summaries:
