@@ -263,23 +263,19 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
     folder = Path(path)
     if not os.fspath(path):  # Path("") is the current folder: nobody names it so
         raise OutputPathError(f"{what} '' is empty; give a folder path ('.' for the current folder)")
-    real = _resolved(folder)
+    real, named = _resolved(folder), f"{what} {str(folder)!r}"
     if real.exists() and not real.is_dir():
-        raise OutputPathError(f"{what} {str(folder)!r} is a file, not a folder; give a folder path")
+        raise OutputPathError(f"{named} is a file, not a folder; give a folder path")
     if create:
         try:
             real.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise OutputPathError(
-                f"{what} {str(folder)!r} cannot be created ({error.strerror}); choose another folder"
-            ) from None
+            raise OutputPathError(f"{named} cannot be created ({error.strerror}); choose another folder") from None
     existing = next(parent for parent in (real, *real.parents) if parent.exists())  # real itself once made
     if not existing.is_dir():
-        raise OutputPathError(
-            f"{what} {str(folder)!r} cannot be created ({str(existing)!r} is a file); choose another folder"
-        )
+        raise OutputPathError(f"{named} cannot be created ({str(existing)!r} is a file); choose another folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{what} {str(folder)!r} is not writable; choose a folder you can write to")
+        raise OutputPathError(f"{named} is not writable; choose a folder you can write to")
     return folder
 
 
