@@ -98,11 +98,10 @@ def picture_inputs(
         pairs: ``(B, 2)`` each state's greedy and runner-up actions, for ``target="contrast"``; ``None`` otherwise.
     """
     array = np.asarray(states, dtype=np.float32)
-    picked = first_distinct(array, saliency_states) if spatial and saliency_states > 0 else None
     colours = categorical_colours(array.shape[1]) if spatial and array.ndim == 4 else None
     return PictureInputs(
         states=array if spatial else None,
-        picked=picked,
+        picked=first_distinct(array, saliency_states) if spatial and saliency_states > 0 else None,
         channel=channel,
         channel_names=None if channel_names is None else list(channel_names),
         channel_colours=colours,
