@@ -56,8 +56,6 @@ _DIVERGING = [
 ]
 _SEQUENTIAL = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 
-
-# The picture size Time Series shows at 1.0x from a 1280 px window up: bound by its image box's height (see above).
 CARD_WIDTH = 320
 CARD_HEIGHT = 215
 # DejaVu Sans: cap heights 9 px (12 and 13 px), 11 px (15 px).
