@@ -41,16 +41,10 @@ def heads_in(metadata: Mapping[str, str], keys: Sequence[str], path: Path) -> li
     if FORMAT_KEY in metadata:
         return []  # written by save_checkpoint: a single model
     # Files merged by other tools: every key is "<head>__<rest>" with a non-empty head.
-    heads: list[str] = []
-    for key in keys:
-        if key == STATES_KEY:
-            continue
-        head, separator, rest = key.partition(HEAD_SEPARATOR)
-        if not separator or not rest or not _usable(head):
-            return []
-        if head not in heads:
-            heads.append(head)
-    return heads
+    split = [key.partition(HEAD_SEPARATOR) for key in keys if key != STATES_KEY]
+    if not all(separator and rest and _usable(head) for head, separator, rest in split):
+        return []
+    return list(dict.fromkeys(head for head, _, _ in split))  # each head once, in the file's order
 
 
 def _usable(head: str) -> bool:
