@@ -205,8 +205,5 @@ def states_beside(checkpoint: str | os.PathLike[str]) -> Path | None:
         PosixPath('runs/q.states.npy')
     """
     file = Path(checkpoint)
-    for base in (f"{file.stem}.states", "states"):
-        for suffix in STATE_SUFFIXES:
-            if (candidate := file.with_name(base + suffix)).is_file() and candidate != file:
-                return candidate
-    return None
+    names = [base + suffix for base in (f"{file.stem}.states", "states") for suffix in STATE_SUFFIXES]
+    return next((found for name in names if (found := file.with_name(name)).is_file() and found != file), None)
