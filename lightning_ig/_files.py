@@ -63,10 +63,7 @@ _KINDS = (
 
 def check_input_file(path: str | os.PathLike[str], what: str, fix: str = "give a regular file") -> Path:
     """``path`` as a :class:`Path` when it names a regular file this process may read (symbolic links followed, a
-    leading ``~`` expanded).
-
-    Nothing is opened: a FIFO would block its reader forever, a device (a link to ``/dev/zero``) feed it until
-    memory runs out.
+    leading ``~`` expanded). Nothing is opened: a FIFO or a device (``/dev/zero``) cannot hang the check.
 
     Args:
         path: the file.
