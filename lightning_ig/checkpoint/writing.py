@@ -322,10 +322,9 @@ def _source_info(source_meta: Mapping[str, str], source: str | os.PathLike[str])
     info: dict[str, Any] = {}
     if ARCHITECTURE_KEY in source_meta:
         info["architecture"] = source_meta[ARCHITECTURE_KEY]
-    if CONFIG_KEY in source_meta:
-        info["config"] = json_metadata(source_meta, CONFIG_KEY, source)
-    if FEATURE_NAMES_KEY in source_meta:
-        info["feature_names"] = json_metadata(source_meta, FEATURE_NAMES_KEY, source)
+    for name, key in (("config", CONFIG_KEY), ("feature_names", FEATURE_NAMES_KEY)):  # JSON in the metadata
+        if key in source_meta:
+            info[name] = json_metadata(source_meta, key, source)
     return info
 
 
