@@ -242,7 +242,6 @@ class RunOutputs:
             return
         if due and self.pictures.pending:
             self.pictures.wait()  # the jobs before it first: at most one run's pictures in flight, their errors here
-        reported = host if host is not None else self.last_host  # at the end without a run: the last run's
         job = _RunJob(
             summary,
             due,
@@ -253,7 +252,7 @@ class RunOutputs:
             metrics,
             self._histograms(summary) if self.histograms and host is not None else [],
             host is not None,
-            self._sink_extras(summary, reported) if self.sinks and "verdict" in due else None,
+            self._sink_extras(summary, self.last_host) if self.sinks and "verdict" in due else None,
         )
         self.pictures.submit(self._write, job)
         self.drawn_steps.update(dict.fromkeys(due, summary.step))
