@@ -9,8 +9,7 @@ For states with spatial dimensions, ``(C, H, W)`` (more leading dimensions are r
   larger and darker where it is larger, on one scale for the card. Under each frame the target's value ``F(x)``
   and its change from the baseline ``F(x) - F(b)``, which the squares add up to. Frames too large for a tile
   (Atari's 84 x 84) are pooled by whole blocks: the objects by their maximum, the attributions by their sum;
-* :func:`mean_abs_map`: the mean ``|attribution|`` per pixel, one tile per channel, each on its own scale
-  (``lightning-ig diag --saliency``).
+* :func:`mean_abs_map`: the mean ``|attribution|`` per pixel, a tile per channel (``lightning-ig diag --saliency``).
 
 ``(C, L)`` states (1-d signals with channels) are heat strips: channels down, positions across.
 """
