@@ -287,10 +287,9 @@ class RunOutputs:
         text = None
         if job.text:  # the report text names this run's saliency grid only
             scale = self.saliency_scale if job.due.get("saliency") and failed is None else None
-            labels = self.tags.labels[summary.units.kind]
             text = (
                 f"{self.tags.prefix}/report",
-                report_markdown(summary, labels, self.tags.prefix, saliency_scale=scale),
+                report_markdown(summary, self.tags.labels[summary.units.kind], self.tags.prefix, saliency_scale=scale),
             )
         for writer, logger in job.boards:
             if logger is not None and job.scalars:
