@@ -341,6 +341,11 @@ class IntegratedGradientsCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish_pending()
         self._budget.settle(trainer.global_step, self._budget.clock())  # a run beside training measured, unbooked
+        record = {} if self._last is None else self._last.budget or {}
+        shortened = record.get("windows", 1) > 1 or bool(record.get("waiting"))
+        if self.options.run_at_train_end and self._last_run_step == trainer.global_step and shortened:
+            self.history.pop()  # ended unannounced (early stopping, max_time) at a run the budget shortened: the
+            self._last_run_step = None  # closing answer is made again, in full
         if self.options.run_at_train_end and self._should_run(trainer):
             self._run(trainer, pl_module, final=True)
         elif self._last is not None and self._fit is not None and trainer.is_global_zero:

@@ -275,6 +275,37 @@ def test_a_run_the_budget_reduces_attributes_its_window_and_says_so(tmp_path):
     assert len(callback.history) == 3 and all("overhead" in entry for entry in callback.history)
 
 
+class _StopsAtStep4(TinyQNet):
+    """Ends the fit at step 4 as early stopping or ``max_time`` would: unannounced, the bounds farther."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.trainer.should_stop = self.trainer.global_step >= 4
+
+
+def test_a_fit_ended_unannounced_at_a_shortened_run_ends_on_a_full_one(tmp_path):
+    # guards against: the fit's closing answer a quarter of the states with the checks left waiting (the run at the
+    # last step was not known to be the last, and the end of training skipped its step)
+    decide = Budget.plan
+
+    def quarters(self, run, checks, **kwargs):  # every run but the first and the final on a quarter of the states
+        plan = decide(self, run, checks, **kwargs)
+        short = run == 0 or plan is None or kwargs["final"]
+        return plan if short else Plan(windows=4, window=run % 4, waiting=plan.checks)
+
+    pl.seed_everything(0)
+    callback = IntegratedGradientsCallback(
+        held_out_states(32), every_n_steps=2, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+    )
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch.setattr(Budget, "plan", quarters)
+        trainer = make_trainer(tmp_path, [callback], max_steps=20)
+        trainer.fit(_StopsAtStep4(), DataLoader(dataset(), batch_size=16))
+    assert trainer.global_step == 4 and [entry["global_step"] for entry in callback.history] == [2, 4]
+    summary = callback._last
+    assert summary.num_states == 32 and summary.budget["windows"] == 1 and not summary.budget["waiting"]
+
+
 class _NaNAtOneState(TinyQNet):
     """NaN for the held-out state whose first feature is 99, outside training."""
 
