@@ -153,6 +153,15 @@ def test_no_worker_where_torch_uses_every_core(tmp_path, monkeypatch):
     assert callback._fit is not None and callback._fit.idle is None and callback.history
 
 
+def test_no_worker_where_torch_trains_on_several_threads(tmp_path, monkeypatch):
+    # guards against: a worker forked from training on 2 threads of 4 cores, whose own OpenMP threads hung at its
+    # first run (the parent's thread pool is not in the fork) until it was ended as stuck, 12 s on, with a warning
+    monkeypatch.setattr(fit, "physical_cores", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    callback = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
+    assert callback._fit is not None and callback._fit.idle is None and callback.history
+
+
 class _DrawingNet(TinyQNet):
     """A deterministic forward that still draws from torch's global generator: a run beside training would take
     draws that are training's."""
