@@ -362,12 +362,15 @@ def idle_core(
     monitor: TrustMonitor | None = None,
 ) -> IdleCore | None:
     """The fit's :class:`IdleCore`, or ``None`` where the runs stay on the training thread: not Linux, a GPU, more
-    than one process, a target that gathers riders (``"contrast"``), one core the process may run on
-    (:func:`physical_cores`), torch on more than one thread (a fork's OpenMP threads hang once the parent's pool has
-    run: training's), or a copy of the model whose IG differs from the model's or draws from a global generator."""
+    than one process, a daemonic process (a ``multiprocessing.Pool``'s worker: it may not start one), a target that
+    gathers riders (``"contrast"``), one core the process may run on (:func:`physical_cores`), torch on more than one
+    thread (a fork's OpenMP threads hang once the parent's pool has run: training's), or a copy of the model whose IG
+    differs from the model's or draws from a global generator."""
     if not sys.platform.startswith("linux") or states.device.type != "cpu" or trainer.world_size > 1:
         return None
-    if engine.target.contrasts or torch.get_num_threads() > 1 or physical_cores() < 2:
+    if multiprocessing.current_process().daemon or engine.target.contrasts:
+        return None
+    if torch.get_num_threads() > 1 or physical_cores() < 2:
         return None
     replica = Replica(pl_module, AttributionSettings(forward=forward, target=engine.target, options=engine.options))
     replica.sync()

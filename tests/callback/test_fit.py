@@ -162,6 +162,15 @@ def test_no_worker_where_torch_trains_on_several_threads(tmp_path, monkeypatch):
     assert callback._fit is not None and callback._fit.idle is None and callback.history
 
 
+@needs_a_spare_core
+def test_a_fit_in_a_daemonic_process_keeps_its_runs_on_the_training_thread(tmp_path, one_thread, monkeypatch):
+    # guards against: "AssertionError: daemonic processes are not allowed to have children" at the first run of a fit
+    # in a multiprocessing.Pool's worker (daemonic), which fits without the callback
+    monkeypatch.setattr(multiprocessing.current_process(), "daemon", True)
+    callback = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
+    assert callback._fit is not None and callback._fit.idle is None and len(callback.history) == 7
+
+
 class _DrawingNet(TinyQNet):
     """A deterministic forward that still draws from torch's global generator: a run beside training would take
     draws that are training's."""
