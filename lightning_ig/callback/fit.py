@@ -176,8 +176,9 @@ class IdleCore:
         checks: tuple[str, ...] = (),
     ) -> ProcessTransfer | None:
         """Take the model's weights now, then attribute ``states``, reduce the result and make the trust ``checks``
-        on the worker (``pair``: ``target="each"``'s rows per (state, action)). ``None`` where the worker's copy
-        computes other outputs at ``states`` than the model: this run and later ones stay on the training thread."""
+        on the worker (``pair``: ``target="each"``'s rows per (state, action)). ``None`` where the worker cannot start
+        or its copy computes other outputs at ``states`` than the model: this run and later ones stay on the training
+        thread."""
         try:
             self.replica.sync()
         except RuntimeError:  # a parameter or buffer renamed or reshaped since the fit started (pruning)
@@ -185,11 +186,13 @@ class IdleCore:
             return None
         job = (states, baselines, pair, begin)
         if self._process is None:
-            self._fork()
+            try:
+                self._fork()
+            except OSError as error:  # said with its cause: a container's limit on processes (EAGAIN), memory
+                self.ended(f"the runs' worker process could not start ({type(error).__name__}: {error}); {_INLINE}")
+                return None
         began = time.perf_counter()
         try:
-            if self._pipe is None:
-                raise OSError("the worker process did not start")
             with attribution_mode(self.replica.model), stochastic_warnings_silenced(), torch.no_grad():
                 expected = self.live(states)  # one forward: what the worker's copy must compute bit for bit
             message = (self.replica.packed(), checks, expected, *job)
@@ -200,7 +203,7 @@ class IdleCore:
             if pickle.loads(self._pipe.recv_bytes()):  # the worker's answer, before it attributes: its copy is stale
                 self.ended(_STALE)
                 return None
-        except (OSError, EOFError) as error:  # not started, ended or stuck: the transfer makes the run here
+        except (OSError, EOFError) as error:  # ended or stuck: the transfer makes the run here
             self.ended(error)
         limit = _STUCK + max(_SLOW * (time.perf_counter() - began), 10 * self.longest)
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job), began, limit)
@@ -221,7 +224,7 @@ class IdleCore:
             elif code:
                 how = next((f"was ended by {s.name}" for s in signal.Signals if -s == code), f"has ended (exit {code})")
             else:
-                how = "could not start or has ended"
+                how = "has ended"
             why = f"the runs' worker process {how}; {_DROPPED if self.ending else _INLINE}"
         if self.alive:
             self.alive = False
@@ -254,6 +257,7 @@ class IdleCore:
             self._process, self._pipe = process, pipe
         except OSError:
             pipe.close()
+            raise
         finally:
             theirs.close()
 

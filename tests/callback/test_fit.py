@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -304,27 +306,39 @@ def test_a_worker_process_that_dies_hands_its_runs_to_the_training_thread_and_no
 
 
 @needs_a_spare_core
-def test_a_worker_process_that_cannot_start_leaves_the_runs_on_the_training_thread(tmp_path, one_thread, monkeypatch):
+@pytest.mark.parametrize(
+    ("refused", "error"),
+    [
+        ("Pipe", OSError(errno.EMFILE, os.strerror(errno.EMFILE))),  # its pipe past the limit on open files
+        ("start", BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))),  # fork past a container's pids.max
+    ],
+)
+def test_a_worker_process_that_cannot_start_leaves_the_runs_on_the_training_thread(
+    tmp_path, one_thread, monkeypatch, refused, error
+):
+    # guards against: the pipe's OSError stopping the fit at its first run, and "could not start or has ended" with
+    # the fork's error (what to look at) left unsaid
     real = fit.multiprocessing.get_context
+
+    def refuse(*args: Any) -> Any:
+        raise error
 
     class _NoFork:
         def __init__(self, method: str) -> None:
             self.context = real(method)
 
         def Pipe(self) -> Any:  # multiprocessing's names
-            return self.context.Pipe()
+            return refuse() if refused == "Pipe" else self.context.Pipe()
 
         def Process(self, **kwargs: Any) -> Any:
             process = self.context.Process(**kwargs)
-
-            def refused() -> None:
-                raise OSError("no fork here")
-
-            process.start = refused
+            if refused == "start":
+                process.start = refuse
             return process
 
     monkeypatch.setattr(fit.multiprocessing, "get_context", _NoFork)
-    with pytest.warns(UserWarning, match="could not start or has ended"):
+    said = f"could not start ({type(error).__name__}: {error}); they run on the training thread"
+    with pytest.warns(UserWarning, match=re.escape(said)):
         callback = _fit_runs(tmp_path, TinyQNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
     assert len(callback.history) == 7  # every run, on the training thread
     assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
