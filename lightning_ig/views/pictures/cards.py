@@ -462,14 +462,17 @@ def action_panels(
     share = 0.4 if len(shown_actions) <= 3 else 0.27  # the labels leave the panels room for their names
     shown = [canvas.fit(str(labels[i]), CARD_WIDTH * share - swatch, size=TEXT_SIZE) for i in order]
     left = 8 + swatch + max(canvas.text_width(s, size=TEXT_SIZE) for s in shown)
+    most = max(greedy_counts[action] for action in shown_actions)  # the widest count picks one wording for all
+    forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
+    room = (CARD_WIDTH - 4 - left) / len(shown_actions) - 4
+    form = next((f for f in forms if canvas.text_width(f.format(most), size=SMALL_SIZE) <= room), "{}")
+    if form == "{}":  # the bare counts are named once, in the unit labels' column, widened to hold the words
+        bare = f"greedy in {num_states}:"
+        left = max(left, canvas.text_width(bare, size=SMALL_SIZE) + 8)
+        canvas.text((left - 6, 3 * LINE + 4), bare, size=SMALL_SIZE, colour=MUTED, anchor="ra")
     width = (CARD_WIDTH - 4 - left) / len(shown_actions)
     names = [str(action_names[action]) for action in shown_actions]  # bold where every name fits so, else small
     bold = all(canvas.text_width(name, size=TEXT_SIZE, bold=True) <= width - 3 for name in names)
-    most = max(greedy_counts[action] for action in shown_actions)  # the widest count picks one wording for all
-    forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
-    form = next((f for f in forms if canvas.text_width(f.format(most), size=SMALL_SIZE) <= width - 4), "{}")
-    if form == "{}":  # the bare counts are named once, where the unit labels' column has room
-        canvas.text((left - 6, 3 * LINE + 4), f"greedy in {num_states}:", size=SMALL_SIZE, colour=MUTED, anchor="ra")
     for index, unit in enumerate(order):
         centre = top + row * index + row / 2
         if label_colours is not None:

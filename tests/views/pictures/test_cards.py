@@ -223,3 +223,22 @@ def test_band_labels_never_overprint_each_other_nor_leave_the_chart():
         assert rows.size and rows.max() < CARD_HEIGHT - 2 * LINE - 8 + 3, colour  # drawn, inside the chart
         centres.append(rows.mean())
     assert np.diff(sorted(centres)).min() >= LINE - 2  # one line apart at least: no two labels overprint
+
+
+def test_action_panels_write_every_text_inside_the_card(monkeypatch):
+    """Six panels under one-letter unit labels: the bare counts' words, 'greedy in 16:', right of the card's edge
+    (the labels' column was as narrow as 'x2', so the words began left of the card and read '16:')."""
+    drawn = []
+    text = Canvas.text
+
+    def spy(self, xy, words, *, size=12, anchor="la", bold=False, **rest):
+        drawn.append((xy[0], words, self.text_width(words, size=size, bold=bold), anchor))
+        text(self, xy, words, size=size, anchor=anchor, bold=bold, **rest)
+
+    monkeypatch.setattr(Canvas, "text", spy)
+    parts = [(np.array([1.0, 0.5]), np.zeros(2))] * 6
+    action_panels(["x0", "x1"], list("abcdef"), parts, greedy_counts=[16, 0, 0, 0, 0, 0], num_states=16, title=["t"])
+    assert any(words == "greedy in 16:" for _, words, _, _ in drawn)
+    for x, words, width, anchor in drawn:
+        start = x - width if anchor[0] == "r" else x - width / 2 if anchor[0] == "m" else x
+        assert start >= 0 and start + width <= CARD_WIDTH, words
