@@ -448,30 +448,31 @@ def action_panels(
     if len(parts) != actions or len(greedy_counts) != actions or not actions:
         raise ValueError(f"got {len(parts)} parts and {len(greedy_counts)} counts for {actions} actions")
     parts = [_mass(p, n, labels, label_colours) for p, n in parts]
-    shown_actions = list(range(actions))
-    if actions > _MAX_PANELS:
-        shown_actions = sorted(np.argsort(-np.asarray(greedy_counts), kind="stable")[:_MAX_PANELS].tolist())
-    totals = np.stack([parts[a][0] + parts[a][1] for a in shown_actions])  # (A', U)
-    order = rank_order(totals.max(axis=0))[: min(top_k, 6)]
-    limit = float(totals[:, order].max()) or 1.0
     row, top = 22, 4 * LINE + 4
     canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
     _title(canvas, title)
     _sign_legend(canvas, LINE + 4, [("raises its Q above the mean action's", "lowers it"), ("raises", "lowers")])
     swatch = 12 if label_colours is not None else 0
-    share = 0.4 if len(shown_actions) <= 3 else 0.27  # the labels leave the panels room for their names
-    shown = [canvas.fit(str(labels[i]), CARD_WIDTH * share - swatch, size=TEXT_SIZE) for i in order]
-    left = 8 + swatch + max(canvas.text_width(s, size=TEXT_SIZE) for s in shown)
-    most = max(greedy_counts[action] for action in shown_actions)  # the widest count picks one wording for all
     forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
-    room = (CARD_WIDTH - 4 - left) / len(shown_actions) - 4
-    form = next((f for f in forms if canvas.text_width(f.format(most), size=SMALL_SIZE) <= room), "{}")
-    if form == "{}":  # the bare counts are named once, in the unit labels' column, widened to hold the words
-        bare = f"greedy in {num_states}:"
-        left = max(left, canvas.text_width(bare, size=SMALL_SIZE) + 8)
-        canvas.text((left - 6, 3 * LINE + 4), bare, size=SMALL_SIZE, colour=MUTED, anchor="ra")
-    width = (CARD_WIDTH - 4 - left) / len(shown_actions)
-    names = [str(action_names[action]) for action in shown_actions]  # bold where every name fits so, else small
+    ranked = np.argsort(-np.asarray(greedy_counts), kind="stable").tolist()  # the most often greedy first
+    for columns in range(min(actions, _MAX_PANELS), 0, -1):  # fewer panels, down to four, where a name would be cut
+        shown_actions = sorted(ranked[:columns])
+        totals = np.stack([parts[a][0] + parts[a][1] for a in shown_actions])  # (A', U)
+        order = rank_order(totals.max(axis=0))[: min(top_k, 6)]
+        share = 0.4 if columns <= 3 else 0.27  # the labels leave the panels room for their names
+        shown = [canvas.fit(str(labels[i]), CARD_WIDTH * share - swatch, size=TEXT_SIZE) for i in order]
+        left = 8 + swatch + max(canvas.text_width(s, size=TEXT_SIZE) for s in shown)
+        most = max(greedy_counts[action] for action in shown_actions)  # the widest count picks one wording for all
+        room = (CARD_WIDTH - 4 - left) / columns - 4
+        form = next((f for f in forms if canvas.text_width(f.format(most), size=SMALL_SIZE) <= room), "{}")
+        bare = f"greedy in {num_states}:" if form == "{}" else ""  # the bare counts named once, in the labels' column
+        left = max(left, canvas.text_width(bare, size=SMALL_SIZE) + 8)  # widened to hold the words
+        width = (CARD_WIDTH - 4 - left) / columns
+        names = [str(action_names[action]) for action in shown_actions]  # bold where every name fits so, else small
+        if columns <= 4 or all(canvas.text_width(name, size=SMALL_SIZE) <= width - 3 for name in names):
+            break
+    limit = float(totals[:, order].max()) or 1.0
+    canvas.text((left - 6, 3 * LINE + 4), bare, size=SMALL_SIZE, colour=MUTED, anchor="ra")
     bold = all(canvas.text_width(name, size=TEXT_SIZE, bold=True) <= width - 3 for name in names)
     for index, unit in enumerate(order):
         centre = top + row * index + row / 2

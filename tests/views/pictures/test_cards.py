@@ -242,3 +242,21 @@ def test_action_panels_write_every_text_inside_the_card(monkeypatch):
     for x, words, width, anchor in drawn:
         start = x - width if anchor[0] == "r" else x - width / 2 if anchor[0] == "m" else x
         assert start >= 0 and start + width <= CARD_WIDTH, words
+
+
+@pytest.mark.parametrize("actions", [6, 18, 100])
+def test_action_panels_name_every_panel_whole(monkeypatch, actions):
+    """Six panels of 'action 12' (the default names) each read 'actio…': fewer panels, down to four, keep every
+    name whole, the most often greedy first."""
+    drawn = []
+    text = Canvas.text
+    monkeypatch.setattr(
+        Canvas, "text", lambda self, xy, words, **rest: drawn.append(words) or text(self, xy, words, **rest)
+    )
+    names = [f"action {i}" for i in range(actions)]
+    parts = [(np.array([1.0, 0.5]), np.zeros(2))] * actions
+    counts = [0] * actions
+    counts[actions - 1] = 9
+    action_panels(["x0", "x1"], names, parts, greedy_counts=counts, num_states=9, title=["t"])
+    panels = [words for words in drawn if words.startswith("ac")]
+    assert len(panels) >= 4 and set(panels) <= set(names) and names[-1] in panels
