@@ -406,13 +406,16 @@ def contrast_chart(
     positive, negative = _mass(positive, negative, labels, label_colours)
     order = rank_order(positive + negative)[: min(top_k, 8)]
     canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
-    _title(canvas, [f"Why {greedy} rather than {runner_up} ({num_states} of {of_states} states)", f"Why {greedy}"])
+    _title(canvas, [f"Why {greedy} rather than {runner_up}", f"Why {greedy}"])
     _sign_legend(canvas, LINE + 4, [(f"favours {greedy}", f"favours {runner_up}")])
     ends = [format_value(float(positive[i] + negative[i])) for i in order]
     top = 2 * LINE + 8
     _bar_rows(canvas, labels, positive, negative, order, top=top, row=20, ends=ends, colours=label_colours)
     difference = f"Q(s, {greedy}) − Q(s, {runner_up})"
-    _line(canvas, top + 20 * len(order) + 4, [f"mean |attribution| of {difference}", "mean |attribution|"])
+    over = f"over {num_states} of {of_states} states"  # the pair's states: the title has no room for them
+    _line(
+        canvas, top + 20 * len(order) + 4, [f"mean |attribution| of {difference} {over}", f"mean |attribution| {over}"]
+    )
     return Chart(canvas.pixels, tuple(str(labels[i]) for i in order))
 
 

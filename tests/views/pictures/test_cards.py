@@ -260,3 +260,18 @@ def test_action_panels_name_every_panel_whole(monkeypatch, actions):
     action_panels(["x0", "x1"], names, parts, greedy_counts=counts, num_states=9, title=["t"])
     panels = [words for words in drawn if words.startswith("ac")]
     assert len(panels) >= 4 and set(panels) <= set(names) and names[-1] in panels
+
+
+def test_contrast_chart_says_over_how_many_states(monkeypatch):
+    """The commonest pair may be a few of the states (an 18-action agent's): the card says how many. The title that
+    said it fit only the shortest names and counts ('Why right rather than left (12 of 64 states)' read 'Why right')."""
+    drawn = []
+    text = Canvas.text
+    monkeypatch.setattr(
+        Canvas, "text", lambda self, xy, words, **rest: drawn.append(words) or text(self, xy, words, **rest)
+    )
+    contrast_chart(
+        ["x0", "x1"], np.array([1.0, 0.5]), np.zeros(2), greedy="right", runner_up="left", num_states=12, of_states=64
+    )
+    assert "Why right rather than left" in drawn
+    assert any("12 of 64 states" in words for words in drawn)
