@@ -265,6 +265,8 @@ def saliency_grid(
     captions = _captions(
         f_input, f_delta, len(states), lambda t: canvas.text_width(t, size=SMALL_SIZE) <= slot_width - 4
     )
+    if kind == "image" and 1 in states.shape[-2:]:  # a frame one cell high or wide is a 1-d signal: its strips
+        kind, attributions = "strip", attributions.reshape(len(states), -1, math.prod(states.shape[-2:]))
     if kind == "strip":
         return _strips(attributions, target_label, baseline_label)
     check_saliency_channel(channel, tuple(states.shape[1:]))

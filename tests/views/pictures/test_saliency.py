@@ -158,6 +158,16 @@ def test_signals_are_heat_strips():
     assert grid.pixels.shape[1] == CARD_WIDTH and grid.pixels.dtype == np.uint8
 
 
+@pytest.mark.parametrize("shape", [(2, 1, 30), (2, 30, 1)])
+def test_frames_one_cell_high_or_wide_are_the_strips_of_their_signal(shape):
+    """A (C, 1, W) or (C, H, 1) frame is a 1-d signal: drawn as its (C, L) heat strips, not as frames of 3-pixel cells
+    with 1-pixel squares."""
+    rng = np.random.default_rng(2)
+    states, attributions = rng.random((5, 2, 30)), rng.normal(size=(5, 2, 30))
+    strips = saliency_grid(states, attributions).pixels
+    assert np.array_equal(saliency_grid(states.reshape(5, *shape), attributions.reshape(5, *shape)).pixels, strips)
+
+
 def test_first_distinct_skips_repeated_frames():
     frames = breakout_frames(5)
     repeated = np.concatenate([frames[:2], frames[:1], frames[2:]])  # state 2 repeats state 0
