@@ -114,7 +114,8 @@ class FeatureGroups:
         Raises:
             TypeError, ValueError: not one distinct, printable, non-blank string per group.
         """
-        return FeatureGroups(self.ids, _group_names(names, len(self), check_text(what, "what")), self.feature_shape)
+        renamed = _group_names(names, len(self), check_text(what, "what"), self.names)
+        return FeatureGroups(self.ids, renamed, self.feature_shape)
 
     @classmethod
     def resolve(
@@ -362,12 +363,14 @@ def _feature_shape(feature_shape: Any) -> tuple[int, ...]:
     return tuple(check_int_sequence(feature_shape, "feature_shape", minimum=1))
 
 
-def _group_names(names: Any, count: int, what: str) -> list[str]:
-    """One printable, distinct name per group; more or fewer names than groups is a mistake, not a padding."""
+def _group_names(names: Any, count: int, what: str, groups: Sequence[str] = ()) -> list[str]:
+    """One printable, distinct name per group; more or fewer names than groups is a mistake, not a padding (the
+    message lists the ``groups`` as named now: a dict's features in no group are one more, ``other``)."""
     listed = check_names(names, what)
     if len(listed) != count:
+        now = f" {shown(list(groups), 80)}" if groups else ""
         raise ValueError(
-            f"{what} has {len(listed)} names but there are {count} groups; pass one name per group "
+            f"{what} has {len(listed)} names but there are {count} groups{now}; pass one name per group "
             f"(got {shown(listed, 80)})"
         )
     return listed

@@ -217,3 +217,11 @@ def test_an_empty_batch_sums_to_no_rows(groups):
     # guards against: RuntimeError min(): Expected reduction dim to be specified (segment_reduce of 0 rows)
     built = FeatureGroups.resolve(groups, (4,))
     assert built.sum(torch.zeros(0, 4)).shape == (0, len(built))
+
+
+def test_names_of_another_count_than_the_groups_list_the_groups():
+    """A dict that leaves a feature out has one group more, ``other``: the count's message names the groups, so that
+    group_names=['A', 'B'] for {'a': ..., 'b': ...} is not told '3 groups' without which."""
+    groups = FeatureGroups.resolve({"a": [0, 1], "b": [2]}, (4,))
+    with pytest.raises(ValueError, match=r"2 names but there are 3 groups \['a', 'b', 'other'\]"):
+        groups.renamed(["A", "B"], "group_names")
