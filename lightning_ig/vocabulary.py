@@ -306,7 +306,7 @@ def check_feature_names(names: Any, num_features: int, name: str = "feature_name
         )
     for index, item in enumerate(listed):
         if not item.strip():
-            raise ValueError(f"{name}[{index}] is blank ({item!r}); give every feature a visible name")
+            raise ValueError(f"{name}[{index}] is blank ({item!r}); give each one a visible name")
         if any(not character.isprintable() for character in item):
             raise ValueError(f"{name}[{index}] = {item!r} holds a line break or control character; use plain text")
     # Two spellings of one text (NFC "\u00e9", NFD "e\u0301") look alike everywhere they are shown: one name.

@@ -199,3 +199,10 @@ def test_numpy_integers_are_counts_as_python_ints_are() -> None:
     assert check_positive_int(np.int64(2), "every_n_steps") == 2 and type(check_positive_int(np.int64(2), "n")) is int
     assert check_int(np.uint8(3), "k", minimum=0) == 3 and check_n_steps(np.int32(16)) == 16
     assert check_int_sequence([np.int64(1), 2], "indices") == [1, 2]
+
+
+def test_a_blank_action_or_group_name_is_not_called_a_feature():
+    """check_names checks action_names and group_names too: the blank one is told as what it names."""
+    with pytest.raises(ValueError, match=r"action_names\[1\] is blank") as error:
+        check_names(["left", ""], "action_names")
+    assert "feature" not in str(error.value)
