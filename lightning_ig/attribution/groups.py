@@ -344,8 +344,8 @@ def _members(members: Any, shape: tuple[int, ...], name: str) -> Tensor:
             indices = None  # not numbers at all: said below
     if indices is None or (indices.numel() and (indices.is_floating_point() or indices.dtype == torch.bool)):
         raise TypeError(
-            f"feature_groups[{name!r}] must be a list of flat feature indices or a bool mask of the feature shape, "
-            f"got {members!r:.80}"
+            f"feature_groups[{name!r}] must be a list of flat feature indices or a bool mask of the feature shape, a "
+            f"tensor or array (torch.tensor of a list of bools), got {members!r:.80}"
         )
     indices = indices.to(torch.int64)
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= count):

@@ -225,3 +225,12 @@ def test_names_of_another_count_than_the_groups_list_the_groups():
     groups = FeatureGroups.resolve({"a": [0, 1], "b": [2]}, (4,))
     with pytest.raises(ValueError, match=r"2 names but there are 3 groups \['a', 'b', 'other'\]"):
         groups.renamed(["A", "B"], "group_names")
+
+
+def test_a_list_of_bools_is_told_to_become_a_mask():
+    """A dict's bool mask must be a tensor or array; a list of bools is refused (it is no index list either), and the
+    message says how to make it one (it read 'must be ... a bool mask ..., got [True, False, True, False]')."""
+    with pytest.raises(
+        TypeError, match=r"a bool mask of the feature shape, a tensor or array \(torch.tensor of a list of bools\)"
+    ):
+        FeatureGroups.resolve({"a": [True, False, True, False]}, (4,))
