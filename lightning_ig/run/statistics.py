@@ -19,10 +19,11 @@ attribution mass and the ratio reads large for accurate maps (``docs/trust.md``)
 Drift compares one run's importance (the mean ``|attr|`` of its *units*: the features, or the groups when groups are in
 use) with the previous run's and the first one's:
 
-* ``spearman_prev`` / ``spearman_first``: Spearman rank correlation (ties get average ranks), reported only with at
-  least 3 units: with 2 it is +-1 by construction;
-* ``topk_jaccard_prev``: the overlap ``|A & B| / |A | B|`` of the top-k units, reported only when there are more units
-  than ``top_k`` (with ``top_k`` or fewer units both sets are all units and the overlap is 1 by construction).
+* ``spearman_prev`` / ``spearman_first``: Spearman rank correlation (ties get average ranks; +-1 by construction
+  with 2 units, NaN with 1);
+* ``topk_jaccard_prev``: the overlap ``|A & B| / |A | B|`` of the top-k units (1 by construction with ``top_k`` or
+  fewer units). All three from the second run on, as schema-v1 reports have always held them; the pictures leave
+  out a drift tag until it first moves below 1.
 """
 
 from __future__ import annotations
@@ -271,8 +272,6 @@ def concentration(mean_abs: np.ndarray) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- drift between runs
 
-_MIN_UNITS_FOR_RANKS = 3
-
 
 def _vector(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
     try:
@@ -357,7 +356,7 @@ def topk_jaccard(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarra
 def drift(
     current: np.ndarray, previous: np.ndarray | None, first: np.ndarray | None, *, top_k: int
 ) -> dict[str, float]:
-    """The drift scalars that mean something for these vectors (see the module docstring).
+    """The drift scalars of these vectors (see the module docstring).
 
     Args:
         current: this run's mean ``|attr|`` per unit.
@@ -366,16 +365,14 @@ def drift(
         top_k: the size of the top set for the Jaccard overlap.
 
     Returns:
-        Any of ``spearman_prev``, ``spearman_first``, ``topk_jaccard_prev``; empty
+        ``spearman_prev``, ``spearman_first`` and ``topk_jaccard_prev``; empty
         on the first run or when the previous run had another number of units.
     """
     current = _vector(current, "current")
     if previous is None or first is None or len(previous) != current.size or len(first) != current.size:
         return {}
-    scalars: dict[str, float] = {}
-    if current.size >= _MIN_UNITS_FOR_RANKS:
-        scalars["spearman_prev"] = spearman(current, previous)
-        scalars["spearman_first"] = spearman(current, first)
-    if current.size > top_k:
-        scalars["topk_jaccard_prev"] = topk_jaccard(current, previous, top_k)
-    return scalars
+    return {
+        "spearman_prev": spearman(current, previous),
+        "spearman_first": spearman(current, first),
+        "topk_jaccard_prev": topk_jaccard(current, previous, top_k),
+    }

@@ -136,3 +136,15 @@ def test_the_report_files_hold_the_verdict_and_the_trust_checks(tmp_path: Path) 
         assert isinstance(report["verdict"]["within"], bool)
         assert report["completeness"]["verdict"]["figure"] == report["verdict"]["figure"]
         assert "trust" in report and isinstance(report["trust"], dict)
+
+
+def test_the_report_files_keep_every_drift_key_of_schema_v1(tmp_path: Path) -> None:
+    # Schema-v1 reports held spearman_prev, spearman_first and topk_jaccard_prev from the second run on, whatever the
+    # number of units: 4 features under top_k=10 (the overlap 1 by construction) and 2 groups must keep all three.
+    for name, options in (("features", {}), ("groups", {"feature_groups": {"cart": [0, 1], "pole": [2, 3]}})):
+        folder = tmp_path / name
+        _fit(tmp_path, _callback(folder, **options), max_steps=2)
+        first, second = (json.loads(path.read_text()) for path in sorted(folder.glob("ig_report_step=*.json")))
+        assert first["drift"] == {}
+        assert set(second["drift"]) == {"spearman_prev", "spearman_first", "topk_jaccard_prev"}, name
+        assert second["drift"]["topk_jaccard_prev"] == 1.0

@@ -149,13 +149,13 @@ def test_topk_jaccard():
         topk_jaccard([1.0], [1.0], 0)
 
 
-def test_drift_reports_only_what_means_something_for_these_units() -> None:
+def test_drift_reports_every_key_from_the_second_run_on() -> None:
     current, previous, first = np.array([3.0, 2.0, 1.0]), np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0])
     assert drift(current, None, None, top_k=2) == {}  # the first run
     three = drift(current, previous, first, top_k=2)
     assert three["spearman_prev"] == pytest.approx(-1.0) and three["spearman_first"] == pytest.approx(1.0)
     assert three["topk_jaccard_prev"] == pytest.approx(1 / 3) and len(three) == 3  # top 2: {0, 1} and {2, 1}
-    assert set(drift(current, previous, first, top_k=3)) == {"spearman_prev", "spearman_first"}  # top 3 of 3: always 1
+    assert drift(current, previous, first, top_k=3)["topk_jaccard_prev"] == 1.0  # top 3 of 3: 1 by construction
     two = drift(np.array([1.0, 2.0]), np.array([2.0, 1.0]), np.array([2.0, 1.0]), top_k=1)
-    assert set(two) == {"topk_jaccard_prev"}  # a rank correlation of 2 units is +-1 by construction
+    assert two == {"spearman_prev": -1.0, "spearman_first": -1.0, "topk_jaccard_prev": 0.0}  # schema v1's keys
     assert drift(current, np.array([1.0, 2.0]), first, top_k=2) == {}  # another number of units before
