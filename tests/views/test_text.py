@@ -177,3 +177,11 @@ def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
     assert "trust checks failed (faithfulness: the deletion curves are undefined), at step 300" in verdict_words(
         {**failing, "trust_reasons": [undefined]}
     )
+
+
+def test_drift_figures_fixed_by_construction_are_left_out_of_the_text():
+    # 3 units, top_k 10: the top-10 overlap is 1 whatever the runs (the JSON report keeps it; the text says nothing)
+    drift = {"spearman_prev": 0.5, "spearman_first": -0.5, "topk_jaccard_prev": 1.0}
+    text = words(dataclasses.replace(make_summary(), drift=drift))
+    assert "Spearman rank correlation with the previous run 0.500, with the first run -0.500." in text
+    assert "overlap" not in text
