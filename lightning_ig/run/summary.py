@@ -152,6 +152,14 @@ class RunSummary:
         return kinds
 
     @property
+    def moving_drift(self) -> dict[str, float]:
+        """The drift figures that can move: the JSON report keeps every one, the text and the scalars leave out the
+        top-k overlap with ``top_k`` or fewer units and the rank correlations with fewer than 3 (fixed by
+        construction)."""
+        count = len(self.units.moments.mean_abs)
+        return {key: value for key, value in self.drift.items() if count > (2, self.settings.top_k)["jaccard" in key]}
+
+    @property
     def units(self) -> Units:
         """What the charts, the text and drift are about: the groups when in use, else the features."""
         units = self.groups if self.groups is not None else self.logged_features

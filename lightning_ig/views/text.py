@@ -348,9 +348,7 @@ def report_markdown(
     lines += ["", "```", *rows, "```"]
     details = [line for line in trust[1:] if line not in failures]  # the figures of every check, below the fold
     lines += ["", "**The trust checks' figures**:", "", *details] if details else []  # a blank line: a Markdown list
-    count = len(summary.units.moments.mean_abs)  # fewer: the figure is fixed by construction (the JSON keeps it)
-    drift = {key: value for key, value in summary.drift.items() if count > (2, settings.top_k)["jaccard" in key]}
-    if drift:
+    if drift := summary.moving_drift:
         words = [f"{DRIFT_WORDS[key].format(k=settings.top_k)} {value:.3f}" for key, value in drift.items()]
         paragraph(f"**Drift**: {', '.join(words)}.")
     if shares := summary.concentration:

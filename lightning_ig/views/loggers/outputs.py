@@ -48,7 +48,7 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
             values = getattr(units.moments, quantity).tolist()
             metrics.update(zip((f"{prefix}/{group}{quantity}/{label}" for label in labels), values))
     metrics.update((f"{prefix}/concentration/{name}", value) for name, value in summary.concentration.items())
-    metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.drift.items())
+    metrics.update((f"{prefix}/drift/{name}", value) for name, value in summary.moving_drift.items())
     metrics.update(summary.trust_scalars)  # already tagged by the callback's trust checks
     if (actions := summary.actions) is not None and tags.action_labels is not None:
         # <prefix>/action/<action>/greedy_states and, when few enough, each action's mean |attr| per unit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import threading
 import time
@@ -178,6 +179,8 @@ def test_scalars_say_inf_for_non_finite_and_nan_for_unchecked():
     assert metrics["ig/completeness/non_finite_states"] == 2.0
     assert metrics["ig/mean_abs/pole∕angle"] == 25.0 and metrics["ig/mean_signed/pole∕angle"] == -25.0
     assert metrics["ig/drift/spearman_prev"] == 0.5
+    fixed = dataclasses.replace(make_summary(), drift={"spearman_prev": 0.5, "topk_jaccard_prev": 1.0})
+    assert "ig/drift/topk_jaccard_prev" not in scalar_metrics(fixed, tags)  # 3 units, top_k 10: 1 by construction
     counts = {f"ig/{name}" for name in COUNT_TAGS}  # logged from their first non-zero run, not in scalar_tags
     assert set(metrics) - {"ig/drift/spearman_prev"} - counts <= set(scalar_tags(tags, top_k=10))
     named = TagNames.build("value", None, ["a", "b", "c"], generated_features=False, generated_groups=False)
