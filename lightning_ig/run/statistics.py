@@ -374,5 +374,5 @@ def drift(
     return {
         "spearman_prev": spearman(current, previous),
         "spearman_first": spearman(current, first),
-        "topk_jaccard_prev": topk_jaccard(current, previous, top_k),
+        "topk_jaccard_prev": topk_jaccard(current, previous, top_k) if current.size > top_k else 1.0,  # all units
     }
