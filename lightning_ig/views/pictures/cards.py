@@ -453,7 +453,6 @@ def action_panels(
     parts = [_mass(p, n, labels, label_colours) for p, n in parts]
     row, top = 22, 4 * LINE + 4
     canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
-    _title(canvas, title)
     _sign_legend(canvas, LINE + 4, [("raises its Q above the mean action's", "lowers it"), ("raises", "lowers")])
     swatch = 12 if label_colours is not None else 0
     forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
@@ -474,6 +473,11 @@ def action_panels(
         names = [str(action_names[action]) for action in shown_actions]  # bold where every name fits so, else small
         if columns <= 4 or all(canvas.text_width(name, size=SMALL_SIZE) <= width - 3 for name in names):
             break
+    if columns < actions:  # the card says it shows some of the actions, and which
+        which = f"the {columns} of {actions} most often greedy"
+        shown_of = [f"{wording}: {part}" for part in (which, f"{columns} of {actions}") for wording in title]
+        title = [*shown_of, which.capitalize()]
+    _title(canvas, title)
     limit = float(totals[:, order].max()) or 1.0
     canvas.text((left - 6, 3 * LINE + 4), bare, size=SMALL_SIZE, colour=MUTED, anchor="ra")
     bold = all(canvas.text_width(name, size=TEXT_SIZE, bold=True) <= width - 3 for name in names)

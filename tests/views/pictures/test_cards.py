@@ -260,6 +260,7 @@ def test_action_panels_name_every_panel_whole(monkeypatch, actions):
     action_panels(["x0", "x1"], names, parts, greedy_counts=counts, num_states=9, title=["t"])
     panels = [words for words in drawn if words.startswith("ac")]
     assert len(panels) >= 4 and set(panels) <= set(names) and names[-1] in panels
+    assert f"t: the {len(panels)} of {actions} most often greedy" in drawn  # the title says the card shows some
 
 
 def test_contrast_chart_says_over_how_many_states(monkeypatch):
