@@ -246,6 +246,13 @@ class IntegratedGradientsCallback(Callback):
         self._trust_results = dict(state_dict.get("trust_results", {}))
 
     @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # before load_state_dict: the state under an earlier version's key is moved to this one's
+        setup.take_earlier_state(checkpoint.get("callbacks") or {}, self.state_key, self.options.identity())
+
+    @override
     @_timed
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == TrainerFn.FITTING:

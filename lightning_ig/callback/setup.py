@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "logged_units",
     "named",
     "report_folder",
+    "take_earlier_state",
     "warn_of_earlier_reports",
 ]
 
@@ -116,6 +118,24 @@ def history_to_continue(history: list[dict[str, Any]], units: LoggedUnits) -> li
         )
         return []
     return history
+
+
+def take_earlier_state(states: dict[Any, Any], key: str, identity: dict[str, Any]) -> None:
+    """Move to ``key`` (in place) the state a checkpoint of an earlier version keeps under that version's
+    ``state_key``, which also named the cadences (and, before the ``name`` option, not the name): one whose name and
+    target are ``identity``'s is this callback's (a resume at another cadence keeps the history)."""
+    kind = key[: key.index("{")]
+    for earlier in [found for found in states if isinstance(found, str) and found.startswith(kind + "{")]:
+        try:
+            fields = ast.literal_eval(earlier[len(kind) :])
+        except (ValueError, SyntaxError):  # not a key this callback made
+            continue
+        if key not in states and isinstance(fields, dict) and {k: fields.get(k) for k in identity} == identity:
+            states[key] = states.pop(earlier)
+            rank_zero_info(
+                f"IntegratedGradientsCallback{named(identity['name'])}: the checkpoint keeps its state under an "
+                f"earlier version's key {earlier}; restored (Lightning's warning to add that callback is moot)"
+            )
 
 
 def report_folder(

@@ -418,6 +418,28 @@ def test_the_run_at_the_last_epochs_end_is_the_final_one(tmp_path):
     assert runs == [(16, False), (32, True)]
 
 
+@pytest.mark.parametrize("earlier", ["{'name': None, 'target': 'mean', ", "{'target': 'mean', "])
+def test_a_resume_from_an_earlier_versions_checkpoint_keeps_the_history(tmp_path, earlier):
+    # guards against: the state kept under an earlier version's state_key (the cadences in it, once no name) never
+    # restored: an upgrade mid-training started the history afresh, with only Lightning's "add the callbacks" warning
+    first = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))
+    trainer = make_trainer(tmp_path, [first], max_steps=20)
+    trainer.fit(TinyQNet(), loader())
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    checkpoint = torch.load(tmp_path / "half.ckpt", weights_only=False)
+    state = checkpoint["callbacks"].pop(first.state_key)
+    cadences = "'every_n_steps': 10, 'every_n_epochs': None}"
+    other = f"IntegratedGradientsCallback{{'name': 'other', 'target': 'mean', {cadences}"
+    checkpoint["callbacks"][other] = {**state, "history": []}  # another callback's: not taken
+    checkpoint["callbacks"][f"IntegratedGradientsCallback{earlier}{cadences}"] = state
+    torch.save(checkpoint, tmp_path / "earlier.ckpt")
+    resumed = IntegratedGradientsCallback(held_out_states(), every_n_steps=5, engine=IGOptions(n_steps=8))
+    trainer = make_trainer(tmp_path, [resumed], max_steps=30)
+    trainer.fit(TinyQNet(), loader(), ckpt_path=tmp_path / "earlier.ckpt")
+    assert [entry["global_step"] for entry in resumed.history] == [10, 20, 25, 30]
+    assert resumed.history[:2] == first.history
+
+
 def test_a_callback_pickles_after_a_fit_and_fits_again(tmp_path):
     # guards against: the fit's engine and hooks (a closure over the trainer) in the pickle (ddp_spawn, torch.save)
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, engine=IGOptions(n_steps=8))
