@@ -273,11 +273,21 @@ def load_lightning_checkpoint(
     try:
         module = loader(os.fspath(file), map_location=torch.device(device))
     except Exception as error:  # pickle, key mismatches, the user's __init__
-        first_line = str(error).splitlines()[0] if str(error) else ""
+        # torch.load's weights-only unpickler (its default) gives its reason after a preamble on weights_only=False,
+        # which diag never passes: the reason alone is said, its first sentence
+        reason = str(error).partition("WeightsUnpickler error:")[2].strip() or str(error)
+        first_line = reason.splitlines()[0].split(". ")[0] if reason else ""
+        refused = "WeightsUnpickler" in str(error)
         raise CheckpointError(
             f"{module_class} cannot load {str(file)!r} ({type(error).__name__}: {first_line}); "
-            "check that the file is a Lightning checkpoint of that class, and that its __init__ keeps the arguments "
-            "it takes (self.save_hyperparameters()): load_from_checkpoint rebuilds it from them"
+            + (
+                "it is read with torch.load(weights_only=True), which takes tensors and plain values only: check "
+                "that the file is a Lightning checkpoint, and save its hyperparameters as plain values (vars(args), "
+                "str(path))"
+                if refused
+                else "check that the file is a Lightning checkpoint of that class, and that its __init__ keeps the "
+                "arguments it takes (self.save_hyperparameters()): load_from_checkpoint rebuilds it from them"
+            )
         ) from error
     module.eval()
     hparams = getattr(module, "hparams", {}) or {}

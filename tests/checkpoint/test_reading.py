@@ -6,6 +6,7 @@ narrower one loads exactly, a bool or an integer where the model has a float is 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -165,3 +166,29 @@ def test_a_lightning_module_that_does_not_keep_its_arguments_is_told_to_save_the
     torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": "2.6.6"}, tmp_path / "m.ckpt")
     with pytest.raises(CheckpointError, match=r"missing 1 required positional argument.*save_hyperparameters\(\)"):
         load_lightning_checkpoint(tmp_path / "m.ckpt", f"{__name__}:LightningWithoutHyperparameters")
+
+
+class LightningWithPathHyperparameters(pl.LightningModule):
+    """Keeps a pathlib.Path among its hyperparameters: torch.load's weights-only unpickler refuses it."""
+
+    def __init__(self, data_dir: Path | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Linear(4, 2)
+
+
+def test_a_lightning_checkpoint_the_weights_only_unpickler_refuses_is_told_why(tmp_path: Path) -> None:
+    # guards against: torch's preamble as the reason ("Weights only load failed. ... you have two options, " with its
+    # terminal escapes, cut there), which diag cannot follow, and advice on __init__'s arguments that did not apply
+    from lightning_ig.checkpoint import load_lightning_checkpoint
+
+    module = LightningWithPathHyperparameters(tmp_path)
+    checkpoint = {"state_dict": module.state_dict(), "pytorch-lightning_version": "2.6.6"}
+    torch.save({**checkpoint, "hyper_parameters": dict(module.hparams)}, tmp_path / "m.ckpt")
+    with pytest.raises(CheckpointError) as refused:
+        load_lightning_checkpoint(tmp_path / "m.ckpt", f"{__name__}:LightningWithPathHyperparameters")
+    assert re.search(r"GLOBAL pathlib\.\w*Path was not an allowed global.*plain values", str(refused.value))
+    assert "\x1b" not in str(refused.value) and "__init__" not in str(refused.value)
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint at all\n")
+    with pytest.raises(CheckpointError, match=r"\(UnpicklingError: Unsupported operand \d+\).*Lightning checkpoint"):
+        load_lightning_checkpoint(tmp_path / "junk.ckpt", f"{__name__}:LightningWithPathHyperparameters")
