@@ -189,10 +189,11 @@ def build_model(
 
         >>> build_model("DuelingQNetwork", {"state_dim": 4, "num_actions": 2}, allow_import=False).num_actions
         2
-        >>> build_model("torch.nn:Linear", {"in_features": 2, "out_features": 1}, allow_import=False)
+        >>> linear = {"in_features": 2, "out_features": 1}
+        >>> build_model("torch.nn:Linear", linear, allow_import=False)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        lightning_ig.models.UnregisteredModelError: model 'torch.nn:Linear' is not registered, ...
+        lightning_ig.models.registry.UnregisteredModelError: model 'torch.nn:Linear' is not registered, ...
     """
     config = {} if config is None else config
     if not isinstance(config, dict):
