@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_ig._files import check_input_file
@@ -379,12 +379,11 @@ def _warn_if_lazy(pl_module: Any) -> None:
     random generators as they are before training's first step, not as training's own first forward would."""
     lazy = [name for name, parameter in pl_module.named_parameters() if torch.nn.parameter.is_lazy(parameter)]
     if lazy:
-        warnings.warn(
+        rank_zero_warn(
             f"IntegratedGradientsCallback: the model's lazy parameters {', '.join(lazy[:3])}{' ...' * (len(lazy) > 3)} "
             "are not initialised yet; the set-up trial's forward initialises them before training's first step, from "
             "another state of the random generators, so training will not be the same as without the callback. "
-            "Run one forward on a batch of inputs before trainer.fit to initialise them",
-            stacklevel=2,
+            "Run one forward on a batch of inputs before trainer.fit to initialise them"
         )
 
 

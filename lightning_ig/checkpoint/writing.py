@@ -265,12 +265,13 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _model_tensors(model: nn.Module, what: str = "model") -> dict[str, Tensor]:
     # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
-    if meta := [key for key, value in model.state_dict().items() if value.is_meta]:
+    state = model.state_dict()
+    if meta := [key for key, value in state.items() if value.is_meta]:
         raise ValueError(
             f"{what} has tensors on the meta device, which hold no values ({meta[0]!r} among {len(meta)}): "
             "load or initialise its weights (model.to_empty(device='cpu'), then load_state_dict) before saving it"
         )
-    return {key: value.detach().to("cpu").contiguous().clone() for key, value in model.state_dict().items()}
+    return {key: value.detach().to("cpu").contiguous().clone() for key, value in state.items()}
 
 
 def _check_rebuilds(architecture: str, config: dict[str, Any], tensors: dict[str, Tensor], warn: bool = False) -> None:

@@ -7,7 +7,6 @@ Constructors check their arguments (sizes up to ``2**31 - 1``): a checkpoint's c
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from torch import Tensor, nn
 
 from lightning_ig.attribution.checks import check_generator
 from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.models.noisy_linear import check_sigma0
 from lightning_ig.models.registry import register_model
 from lightning_ig.vocabulary import check_choice, shown
 
@@ -90,11 +90,8 @@ class DuelingQNetwork(nn.Module):
         if not isinstance(noisy, bool):
             raise TypeError(f"noisy must be a bool, got {type(noisy).__name__} ({noisy!r})")
         check_choice(activation, tuple(ACTIVATIONS), "activation")
-        if isinstance(sigma0, numbers.Real) and not isinstance(sigma0, bool):
-            sigma0 = float(sigma0)  # numpy's floats too (np.float32 is no float)
-        if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
-            raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}")
-        self.state_dim, self.num_actions, self.noisy, self.sigma0 = state_dim, num_actions, noisy, float(sigma0)
+        self.state_dim, self.num_actions, self.noisy = state_dim, num_actions, noisy
+        self.sigma0 = check_sigma0(sigma0)
         self.activation, self.stream_hidden_size = activation, stream_hidden_size
 
         layers: list[nn.Module] = []

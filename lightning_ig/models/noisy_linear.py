@@ -11,6 +11,7 @@ import math
 import numbers
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +20,7 @@ from torch.nn import functional as F
 from lightning_ig.attribution.checks import check_generator
 from lightning_ig.vocabulary import check_bool, check_positive_int
 
-__all__ = ["BEFORE_NOISE_WRITE", "NoisyLinear"]
+__all__ = ["BEFORE_NOISE_WRITE", "NoisyLinear", "check_sigma0"]
 
 # NoisyLinear -> the copy-once callbacks of the noise_disabled blocks open around it (innermost last). This package's
 # layers change their noise only in reset_noise, so a block copies their buffers only when that is called: nothing
@@ -30,6 +31,18 @@ BEFORE_NOISE_WRITE: weakref.WeakKeyDictionary[nn.Module, list[Callable[[], None]
 def _scale_noise(noise: Tensor) -> Tensor:
     """``f(x) = sign(x) sqrt(|x|)``, the factorised-noise transform."""
     return noise.sign() * noise.abs().sqrt()
+
+
+def check_sigma0(sigma0: Any) -> float:
+    """``sigma0`` as a float: a finite real number >= 0 (numpy's too: ``np.float32`` is no ``float``).
+
+    Raises:
+        ValueError: anything else (a bool, a string, NaN, a negative number).
+    """
+    value = float(sigma0) if isinstance(sigma0, numbers.Real) and not isinstance(sigma0, bool) else math.nan
+    if math.isfinite(value) and value >= 0:
+        return value
+    raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
 
 
 class NoisyLinear(nn.Module):
@@ -69,12 +82,9 @@ class NoisyLinear(nn.Module):
         super().__init__()
         in_features = check_positive_int(in_features, "in_features")
         out_features = check_positive_int(out_features, "out_features")
-        if isinstance(sigma0, numbers.Real) and not isinstance(sigma0, bool):
-            sigma0 = float(sigma0)  # numpy's floats too (np.float32 is no float)
-        if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not math.isfinite(sigma0) or sigma0 < 0:
-            raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0!r}; Fortunato et al. use 0.5")
+        sigma0 = check_sigma0(sigma0)
         check_bool(bias, "bias")
-        self.in_features, self.out_features, self.sigma0 = in_features, out_features, float(sigma0)
+        self.in_features, self.out_features, self.sigma0 = in_features, out_features, sigma0
         self._noise_enabled = True
 
         self.weight_mu = nn.Parameter(torch.empty(out_features, in_features))

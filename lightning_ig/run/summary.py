@@ -156,8 +156,9 @@ class RunSummary:
         """The drift figures that can move: the JSON report keeps every one, the text and the scalars leave out the
         top-k overlap with ``top_k`` or fewer units and the rank correlations with fewer than 3 (fixed by
         construction)."""
+        fewest = {"topk_jaccard_prev": self.settings.top_k + 1}  # the rank correlations: 3
         count = len(self.units.moments.mean_abs)
-        return {key: value for key, value in self.drift.items() if count > (2, self.settings.top_k)["jaccard" in key]}
+        return {key: value for key, value in self.drift.items() if count >= fewest.get(key, 3)}
 
     @property
     def units(self) -> Units:
