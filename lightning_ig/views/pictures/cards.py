@@ -457,10 +457,11 @@ def action_panels(
     swatch = 12 if label_colours is not None else 0
     forms = [f"greedy {{}}/{num_states}", "greedy {}", "{}"]
     ranked = np.argsort(-np.asarray(greedy_counts), kind="stable").tolist()  # the most often greedy first
-    for columns in range(min(actions, _MAX_PANELS), 0, -1):  # fewer panels, down to four, where a name would be cut
+    fits = (CARD_HEIGHT - top - 4 - (1 + bool(note)) * LINE) // row  # rows above the scale's line and the note
+    for columns in range(min(actions, _MAX_PANELS), 0, -1):  # fewer panels, down to two, where a name would be cut
         shown_actions = sorted(ranked[:columns])
         totals = np.stack([parts[a][0] + parts[a][1] for a in shown_actions])  # (A', U)
-        order = rank_order(totals.max(axis=0))[: min(top_k, 6)]
+        order = rank_order(totals.max(axis=0))[: min(top_k, fits)]
         share = 0.4 if columns <= 3 else 0.27  # the labels leave the panels room for their names
         shown = [canvas.fit(str(labels[i]), CARD_WIDTH * share - swatch, size=TEXT_SIZE) for i in order]
         left = 8 + swatch + max(canvas.text_width(s, size=TEXT_SIZE) for s in shown)
@@ -471,7 +472,7 @@ def action_panels(
         left = max(left, canvas.text_width(bare, size=SMALL_SIZE) + 8)  # widened to hold the words
         width = (CARD_WIDTH - 4 - left) / columns
         names = [str(action_names[action]) for action in shown_actions]  # bold where every name fits so, else small
-        if columns <= 4 or all(canvas.text_width(name, size=SMALL_SIZE) <= width - 3 for name in names):
+        if columns <= 2 or all(canvas.text_width(name, size=SMALL_SIZE) <= width - 3 for name in names):
             break
     if columns < actions:  # the card says it shows some of the actions, and which
         which = f"the {columns} of {actions} most often greedy"

@@ -246,7 +246,7 @@ def test_action_panels_write_every_text_inside_the_card(monkeypatch):
 
 @pytest.mark.parametrize("actions", [6, 18, 100])
 def test_action_panels_name_every_panel_whole(monkeypatch, actions):
-    """Six panels of 'action 12' (the default names) each read 'actio…': fewer panels, down to four, keep every
+    """Six panels of 'action 12' (the default names) each read 'actio…': fewer panels, down to two, keep every
     name whole, the most often greedy first."""
     drawn = []
     text = Canvas.text
@@ -261,6 +261,28 @@ def test_action_panels_name_every_panel_whole(monkeypatch, actions):
     panels = [words for words in drawn if words.startswith("ac")]
     assert len(panels) >= 4 and set(panels) <= set(names) and names[-1] in panels
     assert f"t: the {len(panels)} of {actions} most often greedy" in drawn  # the title says the card shows some
+
+
+def test_action_panels_name_atari_actions_whole_and_keep_the_note_in_the_card(monkeypatch):
+    """Four panels still cut Atari's names ('DOWNRI…' is DOWNRIGHT or DOWNRIGHTFIRE), and six units pushed the note
+    under the panels (what A(s, a) is) below the card's edge."""
+    drawn = []
+    text = Canvas.text
+    monkeypatch.setattr(
+        Canvas, "text", lambda self, xy, words, **rest: drawn.append((xy, words)) or text(self, xy, words, **rest)
+    )
+    atari = ["NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN", "UPRIGHT", "UPLEFT", "DOWNRIGHT", "DOWNLEFT", "UPFIRE"]
+    atari += ["RIGHTFIRE", "LEFTFIRE", "DOWNFIRE", "UPRIGHTFIRE", "UPLEFTFIRE", "DOWNRIGHTFIRE", "DOWNLEFTFIRE"]
+    counts = [0, 1, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 3, 12]
+    parts = [(np.linspace(1.0, 0.5, 6), np.full(6, 0.1))] * len(atari)
+    labels = [f"x{i}" for i in range(6)]
+    note = ["bars: A(s, a) = Q(s, a) − the mean Q over the actions", "A(s, a) = Q(s, a) − mean Q"]
+    action_panels(labels, atari, parts, greedy_counts=counts, num_states=32, title=["t"], note=note)
+    words = [said for _, said in drawn]
+    panels = [said for said in words if said.isupper()]
+    assert len(panels) >= 2 and set(panels) <= set(atari) and "DOWNLEFTFIRE" in panels  # every name whole
+    ((y, line),) = [(xy[1], said) for xy, said in drawn if said in note]
+    assert y + LINE <= CARD_HEIGHT, line  # the note inside the card
 
 
 def test_contrast_chart_says_over_how_many_states(monkeypatch):
