@@ -99,12 +99,12 @@ class NoisyLinear(nn.Module):
             self.register_parameter("bias_sigma", None)
             self.register_buffer("bias_epsilon", None)
         self.reset_parameters()
-        self.reset_noise()
 
     def reset_parameters(self) -> None:
-        """Initialise as in Fortunato et al. (factorised case).
+        """Initialise as in Fortunato et al. (factorised case), then draw the noise (:meth:`reset_noise`).
 
-        ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)`` for the weights and the bias alike.
+        ``mu ~ U(-1/sqrt(in), 1/sqrt(in))`` and ``sigma = sigma0 / sqrt(in)`` for the weights and the bias alike. The
+        epsilon buffers are drawn too, as torch asks of ``reset_parameters`` (``to_empty`` leaves them uninitialised).
         """
         bound, sigma = 1.0 / math.sqrt(self.in_features), self.sigma0 / math.sqrt(self.in_features)
         with torch.no_grad():
@@ -113,6 +113,7 @@ class NoisyLinear(nn.Module):
             if self.bias_mu is not None and self.bias_sigma is not None:
                 self.bias_mu.uniform_(-bound, bound)
                 self.bias_sigma.fill_(sigma)
+        self.reset_noise()
 
     @torch.no_grad()
     def reset_noise(self, generator: torch.Generator | None = None) -> None:

@@ -91,3 +91,22 @@ def test_bad_arguments_are_named(kwargs: dict, error: type[Exception], words: st
 def test_a_numpy_float_sigma0_is_taken_as_its_value() -> None:
     layer = NoisyLinear(4, 2, sigma0=np.float32(0.5))  # refused as "not >= 0" before
     assert layer.sigma0 == 0.5 and torch.all(layer.weight_sigma == 0.25)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_meta_build_then_to_empty_and_reset_parameters_initialises_the_noise_too(bias: bool) -> None:
+    # torch's deferred initialisation (FSDP's default, skip_init): build on meta, to_empty, then reset_parameters().
+    # to_empty leaves the epsilon buffers as uninitialised memory, which the training-mode forward would add.
+    torch.manual_seed(3)
+    eager = NoisyLinear(5, 3, bias=bias)
+    with torch.device("meta"):
+        deferred = NoisyLinear(5, 3, bias=bias)
+    deferred.to_empty(device="cpu")
+    for buffer in deferred.buffers():
+        buffer.fill_(float("nan"))  # what uninitialised memory may hold
+    torch.manual_seed(3)
+    deferred.reset_parameters()
+    for key, value in eager.state_dict().items():
+        assert torch.equal(deferred.state_dict()[key], value), key
+    x = torch.randn(2, 5)
+    assert torch.equal(deferred(x), eager(x))
