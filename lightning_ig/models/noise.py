@@ -151,6 +151,11 @@ def _restore(snapshot: _LayerSnapshot) -> None:
     if snapshot.lazy and snapshot.copy_buffers in (guards := BEFORE_NOISE_WRITE.get(module, [])):
         guards.remove(snapshot.copy_buffers)
     with torch.no_grad():
+        # The model moved or cast in the block (model.to(device), .double()) stays so: its noise comes back converted.
+        for name, now in module.named_buffers(recurse=False):
+            kept = snapshot.buffers.get(name)
+            if kept is not None and (kept.dtype, kept.device) != (now.dtype, now.device):
+                snapshot.buffers[name] = kept.to(now.device, now.dtype)
         # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit.
         _put_back(module, snapshot.parameters, dict(module.named_parameters(recurse=False)), buffers=False)
         _put_back(module, snapshot.buffers, dict(module.named_buffers(recurse=False)), buffers=True)
@@ -214,10 +219,11 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
       are covered too.
 
     On exit, also when the block raises, each layer's training flag, noise switch, plain attributes and buffers are
-    restored exactly (buffers bit for bit, the same tensor objects). This package's :class:`NoisyLinear` changes its
-    noise only in ``reset_noise()``, so its buffers are copied only when that is called inside the block (nothing is
-    copied otherwise, and nothing is written back: a training step's saved tensors stay valid); write its noise inside
-    the block only through ``reset_noise()``. Nothing else in the model is touched: dropout and batch-norm layers keep
+    restored exactly (buffers bit for bit, the same tensor objects; converted if the block moved or cast the model,
+    ``model.to(...)``, which stays so). This package's :class:`NoisyLinear` changes its noise only in ``reset_noise()``,
+    so its buffers are copied only when that is called inside the block (nothing is copied otherwise, and nothing is
+    written back: a training step's saved tensors stay valid); write its noise inside the block only through
+    ``reset_noise()``. Nothing else in the model is touched: dropout and batch-norm layers keep
     their mode. No random generator (torch CPU and CUDA, numpy, python) is advanced by entering or leaving, even when a
     third-party ``disable_noise()`` draws random numbers.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import random
 
@@ -336,3 +337,20 @@ def test_a_norm_layers_scalar_eps_buffer_is_no_noise_sample() -> None:
     assert not is_noisy_layer(model[0])
     with noise_disabled(model):  # its eps was zeroed: NaN at the all-zero baseline of integrated gradients
         assert model[0].eps.item() > 0 and torch.isfinite(model(torch.zeros(1, 4))).all()
+
+
+def test_a_model_cast_inside_the_block_keeps_its_dtype_and_its_noise_after() -> None:
+    # `with noise_disabled(model): model.double()` (or .to(device)): the buffers went back to the old tensors, in the
+    # old dtype and device, beside the converted parameters; a .half() model then failed its next training forward.
+    torch.manual_seed(4)
+    for cast in (torch.float64, torch.float16):
+        model = NoisyDuelingNet()
+        expected = copy.deepcopy(model).to(cast)
+        with noise_disabled(model):
+            model.to(cast)
+            model.ours.reset_noise()  # new noise drawn in the block is undone all the same
+        for (name, value), (_, wanted) in zip(model.state_dict().items(), expected.state_dict().items(), strict=True):
+            assert value.dtype == wanted.dtype and _bits(value) == _bits(wanted), name
+        assert model.ours.weight_epsilon is model.ours.get_buffer("weight_epsilon")
+        model.norm.eval()  # batch norm has no float16 kernel on every CPU build: its statistics are not the point
+        model(torch.randn(3, 4, dtype=cast))
