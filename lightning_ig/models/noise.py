@@ -156,8 +156,10 @@ def _restore(snapshot: _LayerSnapshot) -> None:
             kept = snapshot.buffers.get(name)
             if kept is not None and (kept.dtype, kept.device) != (now.dtype, now.device):
                 snapshot.buffers[name] = kept.to(now.device, now.dtype)
-        # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit.
-        _put_back(module, snapshot.parameters, dict(module.named_parameters(recurse=False)), buffers=False)
+        # Identity first (a switch may have re-assigned a tensor), then the values, bit for bit. Only a foreign switch
+        # rebinds parameters: others assigned in the block (load_state_dict(..., assign=True)) are the user's and stay.
+        if not snapshot.lazy and _has_switch(snapshot.module):
+            _put_back(module, snapshot.parameters, dict(module.named_parameters(recurse=False)), buffers=False)
         _put_back(module, snapshot.buffers, dict(module.named_buffers(recurse=False)), buffers=True)
         for name, value in snapshot.buffer_values.items():
             snapshot.buffers[name].copy_(value)

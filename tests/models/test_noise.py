@@ -354,3 +354,17 @@ def test_a_model_cast_inside_the_block_keeps_its_dtype_and_its_noise_after() -> 
         assert model.ours.weight_epsilon is model.ours.get_buffer("weight_epsilon")
         model.norm.eval()  # batch norm has no float16 kernel on every CPU build: its statistics are not the point
         model(torch.randn(3, 4, dtype=cast))
+
+
+def test_weights_loaded_with_assign_inside_the_block_stay_and_only_the_noise_comes_back() -> None:
+    # load_state_dict(assign=True) registers the loaded tensors themselves: every noisy layer's parameters went back to
+    # the objects held before the block, the old weights, beside the loaded ones of every other layer.
+    torch.manual_seed(5)
+    model, trained = NoisyDuelingNet(), NoisyDuelingNet()
+    noise = {name: _bits(buffer) for name, buffer in model.named_buffers() if not name.startswith("norm.")}
+    with noise_disabled(model):
+        model.load_state_dict(trained.state_dict(), assign=True)
+    for name, parameter in model.named_parameters():
+        assert _bits(parameter) == _bits(trained.get_parameter(name)), name
+    for name, buffer in model.named_buffers():  # the noise is put back, as the block promises; the rest is loaded
+        assert _bits(buffer) == noise.get(name, _bits(trained.get_buffer(name))), name
