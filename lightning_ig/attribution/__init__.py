@@ -1,6 +1,8 @@
 """The attribution wing: the IG engine, and what every consumer computes from its results.
 
-The engine: :func:`integrated_gradients`, :class:`IntegratedGradients`, :class:`IGResult`.
+The engine: :func:`integrated_gradients`, :class:`IntegratedGradients`, :class:`IGResult`; its options,
+:class:`IGOptions` (the callback's ``engine=``); :class:`StochasticForwardWarning`, :func:`target_forward` and
+:func:`worst_relative_error`.
 
 Integrated Gradients (Sundararajan et al., 2017) attributes ``F(x) - F(b)`` to
 the input features by integrating the gradient of ``F`` along the straight
@@ -26,7 +28,8 @@ The parts, in the order a call runs through them:
   ``method="auto"``; :mod:`~lightning_ig.attribution.auto_steps` is ``n_steps="auto"``;
 * :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
   CUDA graph; the engine (:mod:`~lightning_ig.attribution.engine`) keeps and replays the plans;
-* :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`).
+* :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`);
+  :mod:`~lightning_ig.attribution.exact_line` the references to check it against.
 
 The front doors are :func:`integrated_gradients` (one eager call) and
 :class:`IntegratedGradients` (defaults, and graph replay for repeated shapes).
