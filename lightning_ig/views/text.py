@@ -278,10 +278,11 @@ def _fix(summary: RunSummary) -> str:
     rounding is about the tolerance (bfloat16 at 0.01: its errors stay near 10x eps at any number of points)."""
     if summary.stochastic:
         return "The forward is random (said on its own), so completeness cannot hold at any number of points"
-    if summary.settings.rounding < summary.completeness.tolerance / 4:
+    if summary.settings.rounding < summary.completeness.tolerance / 4:  # where "auto" ran (a CPU's default): its bound
         return (
-            "Use n_steps='auto' (it refines each state until its error estimate is within tolerance, up to "
-            "max_steps) or more steps"
+            "More points help: n_steps='auto' (the default on a CPU) refines each state until its error estimate is "
+            "within tolerance, up to max_steps (512; where auto already ran, raise it: "
+            "engine=IGOptions(n_steps='auto', max_steps=1512)), or a larger n_steps"
         )
     return (
         f"The model computes in half precision: its rounding (eps {summary.settings.rounding:.1e}) alone is about the "

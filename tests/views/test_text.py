@@ -152,6 +152,24 @@ def test_a_half_precision_forward_that_fails_is_not_told_to_use_more_points():
     assert "The forward is random" in moving and "n_steps='auto'" not in moving
 
 
+def test_a_failing_run_is_told_how_to_go_past_auto_where_auto_already_ran():
+    """On a CPU the callback's default n_steps="budget" runs as "auto": a run that fails there stopped at auto's bound
+    (504 points), and the advice was "Use n_steps='auto'", what had just run. The advice names the bound and a valid
+    way past it, for the callback's engine= as the user writes it."""
+    import re
+
+    from lightning_ig.attribution import IGOptions
+    from lightning_ig.attribution.auto_steps import levels
+
+    failing = make_summary(estimate=0.02)
+    for told in (words(failing), troubles(failing)["fail"]):
+        assert "n_steps='auto' (the default on a CPU)" in told and f"up to max_steps ({IGOptions().max_steps};" in told
+        spelled = re.search(r"engine=IGOptions\(n_steps='auto', max_steps=(\d+)\)", told)
+        assert spelled is not None
+        options = IGOptions(n_steps="auto", max_steps=int(spelled.group(1)))  # what the text says, checked
+        assert max(levels(options.max_steps)) > max(levels(IGOptions().max_steps))  # one more level than auto's
+
+
 def test_the_closing_line_says_the_last_runs_verdict_as_its_card_does():
     from lightning_ig.views.text import verdict_words
 
