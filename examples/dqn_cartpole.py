@@ -278,8 +278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ig-overhead",
         type=overhead_arg,
         default=0.02,
-        help="the IG callback's budget, a share of the fit's wall time (default 0.02); 'none': every run in full, "
-        "no trust checks",
+        help="the IG callback's budget, a share of the fit's wall time; 'none': every run in full, no trust checks",
     )
     add(
         "--ig-n-steps",

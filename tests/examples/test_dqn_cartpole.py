@@ -286,6 +286,8 @@ def test_help_shows_each_flag_with_its_help_and_default(tmp_path: Path) -> None:
     ) in text
     assert "--accelerator {cpu,gpu,auto}" in text
     assert "(default: None)" not in text  # a flag without a default shows none
+    # each default said once, by the formatter: --ig-overhead's help also wrote "(default 0.02)" before it
+    assert "(default 0.02)" not in text and "(default: 0.02)" in text
     assert "1e-4" not in text  # the activation's help says what is measured, not a number the run does not print
 
 

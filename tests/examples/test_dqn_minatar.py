@@ -246,6 +246,8 @@ def test_help_lists_the_flags(tmp_path: Path) -> None:
     assert "{breakout,asterix,freeway,seaquest,space_invaders}" in text
     assert "on the GPU" not in text  # guards against: said of a run that trains on the CPU where there is no GPU
     assert "(default: None)" not in text
+    # each default said once, by the formatter: --ig-overhead's help also wrote "(default 0.02)" before it
+    assert "(default 0.02)" not in text and "(default: 0.02)" in text
 
 
 def test_help_answers_before_torch_lightning_and_minatar_are_imported(tmp_path: Path) -> None:
