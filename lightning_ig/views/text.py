@@ -281,7 +281,7 @@ def _fix(summary: RunSummary) -> str:
     if summary.settings.rounding < summary.completeness.tolerance / 4:  # where "auto" ran (a CPU's default): its bound
         return (
             "More points help: n_steps='auto' (the default on a CPU) refines each state until its error estimate is "
-            "within tolerance, up to max_steps (512; where auto already ran, raise it: "
+            "within tolerance, up to max_steps (512 by default; where auto already ran, raise it: "
             "engine=IGOptions(n_steps='auto', max_steps=1512)), or a larger n_steps"
         )
     return (
