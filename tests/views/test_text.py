@@ -163,7 +163,10 @@ def test_a_failing_run_is_told_how_to_go_past_auto_where_auto_already_ran():
 
     failing = make_summary(estimate=0.02)
     for told in (words(failing), troubles(failing)["fail"]):
-        assert "n_steps='auto' (the default on a CPU)" in told and f"up to max_steps ({IGOptions().max_steps} by default;" in told
+        assert (
+            "n_steps='auto' (the default on a CPU)" in told
+            and f"up to max_steps ({IGOptions().max_steps} by default;" in told
+        )
         spelled = re.search(r"engine=IGOptions\(n_steps='auto', max_steps=(\d+)\)", told)
         assert spelled is not None
         options = IGOptions(n_steps="auto", max_steps=int(spelled.group(1)))  # what the text says, checked
