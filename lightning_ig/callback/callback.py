@@ -235,11 +235,14 @@ class IntegratedGradientsCallback(Callback):
             "ever_non_zero": sorted(seen),
             "budget": self._budget.state_dict(),  # the measure, and the trust checks' schedule
             "trust_results": self._trust_results if trust is None else trust.results_state(),
+            "held_out": None if self._plan is None else self._plan.identity(),  # what the history is about
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [dict(entry) for entry in state_dict.get("history", [])]
+        if self._plan is not None:  # a fit's callbacks are restored after its set-up: what a history is about is known
+            self.history = setup.history_to_continue(self.history, self._plan.identity(), state_dict, self.options.name)
         self._last_run_step = state_dict.get("last_run_step")
         self._ever_non_zero = set(state_dict.get("ever_non_zero", ()))
         self._restored = state_dict.get("budget")
@@ -291,7 +294,6 @@ class IntegratedGradientsCallback(Callback):
             ever_non_zero=self._ever_non_zero,
             pairs=lambda: self._pairs,
         )
-        self.history = setup.history_to_continue(self.history, self._plan.units)
         if self._fit.trust is not None and self.history:  # the checks' latest results stand until they run again
             self._fit.trust.restore_results(self._trust_results)
 

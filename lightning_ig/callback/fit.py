@@ -23,6 +23,7 @@ import sys
 import time
 import traceback
 import warnings
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,11 @@ class FitPlan:
     units: setup.LoggedUnits
     saliency: bool
     reports: ReportFolder | None
+
+    def identity(self) -> dict[str, Any]:
+        """What a run's history is about (kept in a checkpoint): its units, the states' shape and their CRC-32."""
+        names, values = list((self.units.groups or self.units).names), self.held_out.float().contiguous().numpy()
+        return {"units": len(names), "names": names, "shape": [*self.held_out.shape], "values": zlib.crc32(values.data)}
 
 
 @dataclass(frozen=True)

@@ -108,13 +108,13 @@ def logged_units(
     return LoggedUnits(names, groups, log_features, tags)
 
 
-def history_to_continue(history: list[dict[str, Any]], units: LoggedUnits) -> list[dict[str, Any]]:
-    """A restored history (a resumed fit), or a new one when it was kept for another number of units."""
-    count = len(units.groups) if units.groups is not None else len(units.names)
-    if history and len(history[0]["mean_abs"]) != count:
+def history_to_continue(history: list[Any], now: dict[str, Any], state: dict[str, Any], name: str | None) -> list[Any]:
+    """The ``history`` a ``state`` restores, or a new one (said) where it was of other units or held-out states."""
+    was = {"units": len(history[0]["mean_abs"]) if history else 0, **(state.get("held_out") or {})}  # FitPlan.identity
+    if history and (other := [key for key in now if key in was and was[key] != now[key]]):
         rank_zero_warn(
-            f"IntegratedGradientsCallback: the restored history has {len(history[0]['mean_abs'])} "
-            f"features or groups, this run logs {count}; starting a new history"
+            f"IntegratedGradientsCallback{named(name)}: the restored history is of other units or held-out states "
+            f"(their {' and '.join(other)} differ); starting a new history: drift compares runs on the same ones"
         )
         return []
     return history

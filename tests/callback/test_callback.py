@@ -315,6 +315,38 @@ def test_a_resume_at_another_cadence_keeps_the_history(tmp_path):
     assert other_target.state_key != first.state_key  # drift across two targets would mean nothing
 
 
+@pytest.mark.parametrize(
+    ("changed", "differ"),
+    [
+        ({"feature_names": FEATURES[::-1]}, "names"),
+        ({"states": held_out_states(seed=7)}, "values"),
+        ({"states": held_out_states(n=20)}, "shape and values"),
+    ],
+)
+def test_a_resume_on_other_features_or_states_starts_a_new_history(tmp_path, changed, differ):
+    # guards against: the history kept across a resume with other feature names or held-out states of the same count,
+    # so that the first run's drift compared unlike features (or states) by position, silently
+    pl.seed_everything(0)
+    options: dict[str, Any] = {"every_n_steps": 10, "feature_names": FEATURES, "engine": IGOptions(n_steps=8)}
+    first = IntegratedGradientsCallback(held_out_states(), **options)
+    trainer = make_trainer(tmp_path, [first], max_steps=20)
+    trainer.fit(TinyQNet(), loader())
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    resumed = IntegratedGradientsCallback(**{"states": held_out_states(), **options, **changed})
+    logger = TensorBoardLogger(tmp_path, name="resumed")
+    trainer = make_trainer(tmp_path, [resumed], max_steps=40, logger=logger)
+    with pytest.warns(UserWarning, match=rf"the restored history is of other .* \(their {differ} differ") as seen:
+        trainer.fit(TinyQNet(), loader(), ckpt_path=tmp_path / "half.ckpt")
+    assert sum("restored history" in str(warning.message) for warning in seen) == 1
+    assert [entry["global_step"] for entry in resumed.history] == [30, 40]
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    first_drift = {event.step: event.value for event in events.Scalars("ig/drift/spearman_first")}
+    assert sorted(first_drift) == [40]  # the first run after resuming has none: it is the new history's first
+    expected = spearman(resumed.history[1]["mean_abs"], resumed.history[0]["mean_abs"])
+    assert first_drift[40] == pytest.approx(expected, rel=eps(torch.float32))
+
+
 class _TwoOptimizers(TinyQNet):
     """Manual optimisation stepping two optimizers per batch (the hidden layer's and the head's, as an actor-critic
     steps two): Lightning's global_step moves by 2 a batch."""

@@ -239,13 +239,20 @@ def test_training_is_bit_identical_when_the_forward_samples_in_eval_mode_and_not
 
 
 def _fit_to(
-    tmp_path: Path, max_steps: int, checkpoint: Path | None, seen: list[tuple[list[str], dict[str, int]]] | None = None
+    tmp_path: Path,
+    max_steps: int,
+    checkpoint: Path | None,
+    seen: list[tuple[list[str], dict[str, int]]] | None = None,
+    states: torch.Tensor | None = None,
 ) -> IntegratedGradientsCallback:
     """A fit with every check due at its first run and its last; a fresh one (no ``checkpoint``) saves ``half.ckpt``
     at its end. ``seen`` gets each run's checks and the step each check's standing result comes from."""
     pl.seed_everything(123)
     callback = IntegratedGradientsCallback(
-        held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8), views=ViewOptions(figure_every_n_runs=None)
+        held_out_states() if states is None else states,
+        every_n_steps=3,
+        engine=IGOptions(n_steps=8),
+        views=ViewOptions(figure_every_n_runs=None),
     )
     trainer = make_trainer(tmp_path, [callback], max_steps=max_steps)
     finish = IntegratedGradientsCallback._finish
@@ -275,6 +282,17 @@ def test_a_resumed_fit_keeps_the_checks_results_until_they_run_again(tmp_path):
     assert seen[0] == ([], dict.fromkeys(EVERYTHING, 12))  # each result names the step it comes from
     resumed._fit.trust.restore_results({"sanity": {"step": 1, "no_such_field": 0.5}})  # another version's fields
     assert resumed._fit.trust._steps["sanity"] == 18  # left out: the result kept stands (the last run's)
+
+
+def test_a_fit_resumed_on_other_states_makes_the_checks_from_its_first_run(tmp_path):
+    # guards against: a new history (other held-out states) kept the checks' schedule of the one it replaced, whose
+    # run indices are past its own: no check due for CHECK_EVERY runs and more, the earlier states' results dropped
+    _fit_to(tmp_path, 12, None)  # runs 0-3: every check at run 0 and at run 3
+    seen: list[tuple[list[str], dict[str, int]]] = []
+    resumed = _fit_to(tmp_path, 18, tmp_path / "half.ckpt", seen, held_out_states(seed=7))
+    assert [entry["global_step"] for entry in resumed.history] == [15, 18]
+    assert [set(checks) for checks, _ in seen] == [EVERYTHING, EVERYTHING]  # as a new fit's first run and its last
+    assert seen[0][1] == dict.fromkeys(EVERYTHING, 15) and resumed._budget.last_checks == dict.fromkeys(EVERYTHING, 1)
 
 
 def test_a_resumed_fit_continues_the_checks_schedule_and_the_budget(tmp_path):

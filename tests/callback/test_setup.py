@@ -39,12 +39,26 @@ def test_group_names_need_groups() -> None:
         setup.choose_groups(None, (4,), group_names=["a"], feature_names=None, max_features=64)
 
 
-def test_a_history_of_another_number_of_units_is_started_afresh() -> None:
-    units = setup.logged_units((4,), None, None, None, None, max_features=64)
+def test_a_history_of_other_units_or_states_is_started_afresh() -> None:
+    # guards against: a resume with other feature names or held-out states (of the same count) continuing the history,
+    # so that drift compared unlike units by position
+    now = {"units": 4, "names": ["a", "b", "c", "d"], "shape": [37, 4], "values": 12345}  # FitPlan.identity's
     kept = [{"mean_abs": [1.0, 2.0, 3.0, 4.0]}]
-    assert setup.history_to_continue(kept, units) is kept
-    with pytest.warns(UserWarning, match="starting a new history"):
-        assert setup.history_to_continue([{"mean_abs": [1.0, 2.0]}], units) == []
+    assert setup.history_to_continue(kept, now, {"held_out": dict(now)}, None) is kept
+    assert setup.history_to_continue(kept, now, {}, None) is kept  # an earlier version's checkpoint: counted only
+    assert setup.history_to_continue([], now, {"held_out": {**now, "values": 1}}, None) == []  # nothing to say
+    for was, differ in [
+        (None, "units"),  # an earlier version's checkpoint of another count
+        ({**now, "names": ["d", "c", "b", "a"]}, "names"),
+        ({**now, "values": 54321}, "values"),
+        ({**now, "shape": [20, 4], "values": 1}, "shape and values"),
+    ]:
+        history = kept if was else [{"mean_abs": [1.0, 2.0]}]
+        with pytest.warns(
+            UserWarning, match=rf"'v': .* held-out states \(their {differ} differ\); starting a new"
+        ) as seen:
+            assert setup.history_to_continue(history, now, {"held_out": was}, "v") == []
+        assert len(seen) == 1
 
 
 def test_without_a_logger_or_report_dir_the_reports_go_to_ig_reports(tmp_path: Path) -> None:
