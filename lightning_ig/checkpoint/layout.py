@@ -130,6 +130,8 @@ def open_error(path: Path, error: BaseException) -> CheckpointError:
     first_line = str(error).splitlines()[0] if str(error) else ""
     if "Cannot allocate memory" in first_line:  # a whole file too large to map (ENOMEM): not a broken one
         return CheckpointError(f"{str(path)!r} is too large to map into this machine's memory ({first_line})")
+    if any(text in first_line for text in ("not fully covered", "invalid header length", "header too small")):
+        return CheckpointError(f"{str(path)!r} looks truncated or corrupt ({path.stat().st_size} bytes): save it again")
     return CheckpointError(
         f"{str(path)!r} is not a readable safetensors file ({type(error).__name__}: {first_line}); "
         "give a checkpoint written by lightning_ig.save_checkpoint or safetensors"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,10 @@ def load_lightning_checkpoint(
     loader = getattr(cls, "load_from_checkpoint", None)
     if not callable(loader):
         raise CheckpointError(f"{module_class!r} has no load_from_checkpoint(); name a LightningModule class")
+    with file.open("rb") as handle:  # torch.save writes a zip archive, its directory last: torch says "Errno 22"
+        cut = handle.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(handle)
+    if cut:
+        raise CheckpointError(f"{str(file)!r} looks truncated or corrupt ({file.stat().st_size} bytes): save it again")
     try:
         module = loader(os.fspath(file), map_location=torch.device(device))
     except Exception as error:  # pickle, key mismatches, the user's __init__
@@ -277,14 +282,13 @@ def load_lightning_checkpoint(
         # which diag never passes: the reason alone is said, its first sentence
         reason = str(error).partition("WeightsUnpickler error:")[2].strip() or str(error)
         first_line = reason.splitlines()[0].split(". ")[0] if reason else ""
-        refused = "WeightsUnpickler" in str(error)
         raise CheckpointError(
             f"{module_class} cannot load {str(file)!r} ({type(error).__name__}: {first_line}); "
             + (
                 "it is read with torch.load(weights_only=True), which takes tensors and plain values only: check "
                 "that the file is a Lightning checkpoint, and save its hyperparameters as plain values (vars(args), "
                 "str(path))"
-                if refused
+                if "WeightsUnpickler" in str(error)
                 else "check that the file is a Lightning checkpoint of that class, and that its __init__ keeps the "
                 "arguments it takes (self.save_hyperparameters()): load_from_checkpoint rebuilds it from them"
             )

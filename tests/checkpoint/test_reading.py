@@ -192,3 +192,32 @@ def test_a_lightning_checkpoint_the_weights_only_unpickler_refuses_is_told_why(t
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint at all\n")
     with pytest.raises(CheckpointError, match=r"\(UnpicklingError: Unsupported operand \d+\).*Lightning checkpoint"):
         load_lightning_checkpoint(tmp_path / "junk.ckpt", f"{__name__}:LightningWithPathHyperparameters")
+
+
+def test_a_checkpoint_cut_short_is_said_to_be_so_with_its_size(tmp_path: Path) -> None:
+    # guards against: a Lightning .ckpt cut short said "(OSError: [Errno 22] Invalid argument)" or "failed finding
+    # central directory" and to check the module's class; a safetensors one safetensors' "incomplete metadata, file
+    # not fully covered" and to give a file written by save_checkpoint (it was one)
+    from lightning_ig.checkpoint import load_lightning_checkpoint
+
+    module = LightningWithPathHyperparameters()
+    checkpoint = {"state_dict": module.state_dict(), "pytorch-lightning_version": "2.6.6"}
+    torch.save({**checkpoint, "hyper_parameters": dict(module.hparams)}, tmp_path / "m.ckpt")
+    whole = (tmp_path / "m.ckpt").read_bytes()
+    assert load_lightning_checkpoint(tmp_path / "m.ckpt", f"{__name__}:LightningWithPathHyperparameters") is not None
+    path, _ = _saved(tmp_path)
+    stored = path.read_bytes()
+    for name, data in [
+        ("cut.ckpt", whole[: len(whole) // 2]),
+        ("head.ckpt", whole[:100]),
+        ("cut.safetensors", stored[: len(stored) // 2]),  # in the tensors
+        ("header.safetensors", stored[:20]),  # in the header
+        ("tiny.safetensors", stored[:5]),  # before the header's length
+        ("longer.safetensors", stored + b"\0" * 8),  # not what the header says either
+    ]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError, match=rf"looks truncated or corrupt \({len(data)} bytes\): save it again"):
+            if name.endswith(".ckpt"):
+                load_lightning_checkpoint(tmp_path / name, f"{__name__}:LightningWithPathHyperparameters")
+            else:
+                load_checkpoint(tmp_path / name)

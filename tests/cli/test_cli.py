@@ -386,6 +386,13 @@ def test_user_architecture_by_import_path_and_lightning_checkpoint(
     report = _report(workspace, "lightning.json")
     assert [f["name"] for f in report["features"]] == ["a", "b", "c", "d"] and report["num_states"] == 10
     _validate(report)
+    # guards against: a copy cut short said "(OSError: [Errno 22] Invalid argument)" and to check the module's class
+    whole = Path("dqn.ckpt").read_bytes()
+    Path("cut.ckpt").write_bytes(whole[: len(whole) // 2])
+    args = ["diag", "--checkpoint", "cut.ckpt", "--lightning-module", "tests.support.cli_lightning_module:TinyDQN"]
+    assert cli.main([*args, "--states", "tiny.states.npy", "--quiet", "--output", "out/cut.json"]) == 2
+    error = capsys.readouterr().err
+    assert f"'cut.ckpt' looks truncated or corrupt ({len(whole) // 2} bytes): save it again" in error, error
 
 
 def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) -> None:
