@@ -140,16 +140,17 @@ class MlflowSink:
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self._lock = threading.Lock()
-        self._keys: set[str] = set()
+        images = logger.experiment.list_artifacts(logger.run_id, "images")  # a run resumed: its keys have step 0's
+        self._keys = {info.path.rsplit("/", 1)[-1].split("+step+")[0].replace("~", "/") for info in images}
         _warn_unreadable_images()
 
     def pictures(self, pictures: Mapping[str, np.ndarray], step: int) -> None:
         """A time-stepped image per tag (``images/<key>+step+<step>+...png``, keys as :func:`mlflow_metrics` makes).
 
         MLflow's client keys an image by its step in the file name, and its UI opens an image card at step 0 and
-        shows only an image logged at exactly the slider's step; so a key's first picture is logged at step 0 too
-        (the card opens on it; its title names the step it was drawn at). The key leaves room in a file name of 255
-        bytes for MLflow's ``+step+...`` (about 85).
+        shows only an image logged at exactly the slider's step; so a key's first picture in the run (a resumed one
+        has some) is logged at step 0 too (the card opens on it; its title names the step it was drawn at). The key
+        leaves room in a file name of 255 bytes for MLflow's ``+step+...`` (about 85).
         """
         client, run = self.logger.experiment, self.logger.run_id
         with self._lock:

@@ -165,6 +165,32 @@ def test_mlflow_file_store_holds_the_pictures_table_and_report(mlflow_logger, tm
     assert added == {(key, step) for key in keys for step in (0, 120)}
 
 
+def test_a_resumed_mlflow_run_gets_no_second_step_0_picture(mlflow_logger, tmp_path):
+    # guards against: a fit resumed into the same MLflow run (MLFlowLogger(run_id=...), ckpt_path=) made a new sink that
+    # logged each key's first picture at step 0 again: two step-0 pictures per tag in the run
+    from lightning.pytorch.loggers import MLFlowLogger
+    from mlflow import MlflowClient
+
+    (first,) = picture_sinks([mlflow_logger])
+    first.pictures({"ig/0_verdict": _picture()}, step=40)
+    uri = f"file:{tmp_path / 'mlruns'}"
+    resumed = MLFlowLogger(experiment_name="lightning-ig-test", tracking_uri=uri, run_id=mlflow_logger.run_id)
+    (again,) = picture_sinks([resumed])
+    again.pictures({"ig/0_verdict": _picture(), "ig/1_top_features": _picture()}, step=80)  # one tag new to the run
+    client = MlflowClient(tracking_uri=uri)
+    pngs = [info.path for info in client.list_artifacts(mlflow_logger.run_id, "images") if info.path.endswith(".png")]
+    steps = sorted(
+        (path.split("/")[-1].split("+step+")[0], int(path.split("+step+")[1].split("+")[0])) for path in pngs
+    )
+    assert steps == [
+        ("ig~0_verdict", 0),
+        ("ig~0_verdict", 40),
+        ("ig~0_verdict", 80),
+        ("ig~1_top_features", 0),
+        ("ig~1_top_features", 80),
+    ]
+
+
 def test_a_picture_of_the_wrong_kind_is_refused_before_reaching_a_logger(mlflow_logger):
     (sink,) = picture_sinks([mlflow_logger])
     with pytest.raises(ValueError, match=r"\(H, W, 3\) uint8 array, got shape \(4, 4\)"):
