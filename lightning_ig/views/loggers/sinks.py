@@ -140,8 +140,7 @@ class MlflowSink:
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self._lock = threading.Lock()
-        images = logger.experiment.list_artifacts(logger.run_id, "images")  # a run resumed: its keys have step 0's
-        self._keys = {info.path.rsplit("/", 1)[-1].split("+step+")[0].replace("~", "/") for info in images}
+        self._keys: set[str] | None = None  # read at the first pictures (a store down then is a refused write)
         _warn_unreadable_images()
 
     def pictures(self, pictures: Mapping[str, np.ndarray], step: int) -> None:
@@ -154,6 +153,9 @@ class MlflowSink:
         """
         client, run = self.logger.experiment, self.logger.run_id
         with self._lock:
+            if self._keys is None:  # a run resumed: its keys have their step-0 pictures
+                images = client.list_artifacts(run, "images")
+                self._keys = {info.path.rsplit("/", 1)[-1].split("+step+")[0].replace("~", "/") for info in images}
             for key, pixels in ((_mlflow_key(tag, 150), pixels) for tag, pixels in pictures.items()):
                 steps = [int(step)] if key in self._keys or int(step) == 0 else [0, int(step)]
                 self._keys.add(key)

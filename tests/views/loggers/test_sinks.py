@@ -191,6 +191,20 @@ def test_a_resumed_mlflow_run_gets_no_second_step_0_picture(mlflow_logger, tmp_p
     ]
 
 
+def test_an_mlflow_store_down_at_fit_start_is_a_refused_write_not_a_failed_set_up(mlflow_logger, monkeypatch):
+    # guards against: the resumed run's keys read when the sink was made, so a store that could not list them ended
+    # the fit's set-up, where a refused write is said once and training goes on (RunOutputs._to_sink)
+    from mlflow import MlflowClient
+
+    def down(*args, **kwargs):
+        raise ConnectionError("store down")
+
+    monkeypatch.setattr(MlflowClient, "list_artifacts", down)
+    (sink,) = picture_sinks([mlflow_logger])  # made without a call to the store
+    with pytest.raises(ConnectionError, match="store down"):
+        sink.pictures({"ig/0_verdict": _picture()}, step=40)
+
+
 def test_a_picture_of_the_wrong_kind_is_refused_before_reaching_a_logger(mlflow_logger):
     (sink,) = picture_sinks([mlflow_logger])
     with pytest.raises(ValueError, match=r"\(H, W, 3\) uint8 array, got shape \(4, 4\)"):
