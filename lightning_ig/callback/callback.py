@@ -85,9 +85,10 @@ class IntegratedGradientsCallback(Callback):
 
     Runs happen every ``every_n_steps`` optimizer steps and/or every ``every_n_epochs`` epochs, and once more when
     training ends. The model, its noise, parameters and ``.grad``, the optimizer and the random generators are as
-    they were after each run. Under DDP the states are split across ranks and gathered with one collective call;
-    only global rank zero logs and writes files. The options are fixed when the callback is made: assigning one
-    raises ``AttributeError`` (make a new callback; ``dataclasses.replace`` the ``engine`` or ``views`` object).
+    they were after each run. Under DDP rank zero's states (and tensor baseline) are split across ranks and gathered
+    with one collective call; only global rank zero logs and writes files. The options are fixed when the callback is
+    made: assigning one raises ``AttributeError`` (make a new callback; ``dataclasses.replace`` the ``engine`` or
+    ``views`` object).
 
     Args:
         states: ``(num_states, *feature_shape)``: a tensor, a ``.safetensors``/``.npy``/``.json`` file, or a

@@ -77,12 +77,14 @@ class FitPlan:
         units: the units a run logs one by one (features or groups) and their tags.
         saliency: the states are spatial and ``saliency_states`` is set: the saliency pictures are drawn.
         reports: the folder of the JSON report of each run, or ``None``.
+        baseline: the callback's ``baseline`` (a tensor: rank zero's, as the states).
     """
 
     held_out: Tensor
     units: setup.LoggedUnits
     saliency: bool
     reports: ReportFolder | None
+    baseline: Any
 
     def identity(self) -> dict[str, Any]:
         """What a run's history is about (kept in a checkpoint): its units, the states' shape and their CRC-32."""
@@ -465,11 +467,11 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
         MisconfigurationException, TypeError, ValueError: see the callback's ``Raises``.
     """
     setup.check_unique_names(names)
-    states = heldout.resolve_states(options.states, trainer, pl_module)
-    if trainer.world_size > 1:  # one set of states for every rank: a callable may sample each rank's own
-        states = trainer.strategy.broadcast(states, src=0)
+    states, baseline = heldout.resolve_states(options.states, trainer, pl_module), options.baseline
+    if trainer.world_size > 1:  # rank zero's states on every rank (a callable may sample each rank's own), and its
+        states, baseline = trainer.strategy.broadcast((states, baseline), src=0)  # baseline: they pair up by row
     shape, views = tuple(states.shape[1:]), options.views
-    heldout.check_baseline_shape(options.baseline, states)
+    heldout.check_baseline_shape(baseline, states)
     check_saliency_channel(views.saliency_channel, shape)  # here, not at the first picture mid-training
     units = setup.logged_units(
         shape,
@@ -484,7 +486,7 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
         rank_zero_info("IntegratedGradientsCallback: fast_dev_run: the runs check the set-up, their numbers go nowhere")
     logs = bool(trainer.loggers or trainer.fast_dev_run)  # fast_dev_run: no report in <default_root_dir> either
     folder = setup.report_folder(options.report_dir, trainer.default_root_dir, logs, options.name, options.states)
-    return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder)
+    return FitPlan(held_out=states, units=units, saliency=saliency, reports=folder, baseline=baseline)
 
 
 def start(
@@ -520,7 +522,7 @@ def start(
                 options.target,
                 options.forward,
                 plan.held_out,
-                options.baseline,
+                plan.baseline,
                 options.action_names,
                 options.engine,
                 options.on_non_finite,
@@ -549,7 +551,7 @@ def start(
         engine,
         options.forward,
         plan.held_out,
-        options.baseline,
+        plan.baseline,
         units.groups,
         tags.prefix,
     )

@@ -37,7 +37,7 @@ _CPU_ULPS = 64
 _GPU_ULPS = 256
 
 
-def _run(devices: int, out: Path, accelerator: str) -> None:
+def _run(devices: int, out: Path, accelerator: str, *extra: str) -> None:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environment.get("PYTHONPATH")]))
     environment.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"})
@@ -58,6 +58,7 @@ def _run(devices: int, out: Path, accelerator: str) -> None:
             "16",
             "--accelerator",
             accelerator,
+            *extra,
         ],
         cwd=out,
         env=environment,
@@ -240,3 +241,20 @@ def test_two_processes_equal_one(runs: dict[int, Path], check: Callable[[dict[in
 def test_two_gpus_equal_one(gpu_runs: dict[int, Path], check: Callable[[dict[int, Path], float], None]) -> None:
     check(gpu_runs, _GPU_ULPS)
     assert all(report["backend"] == "cuda" for report in _reports(gpu_runs[2]).values())
+
+
+def test_a_tensor_baseline_is_rank_zeros(tmp_path: Path) -> None:
+    """Each rank draws its own per-state baseline (as an unseeded draw would): every rank attributes its share of rank
+    zero's states from rank zero's baselines, so each state's F(x) - F(b) is that of its own baseline."""
+    from tests.support.tiny import TinyQNet, held_out_states
+
+    _run(2, tmp_path, "cpu", "--rank-baselines")
+    (report,) = [json.loads(path.read_text()) for path in (tmp_path / "reports").glob("*.json")]
+    assert report["world_size"] == 2 and report["global_step"] == 2
+    model = TinyQNet(noisy=False, dropout=0.0, batchnorm=False)
+    model.load_state_dict(torch.load(tmp_path / "weights.pt"))
+    with torch.no_grad():
+        f_input, f_baseline = model(held_out_states()).mean(1), model(held_out_states(seed=2) * 0.5).mean(1)
+    deltas = [state["f_input_minus_f_baseline"] for state in report["completeness"]["per_state"]]
+    scale = float(torch.cat([f_input, f_baseline]).abs().max())  # the outputs the difference is taken of
+    assert_close_scaled(deltas, (f_input - f_baseline).tolist(), ulps=16, scale=scale)

@@ -6,7 +6,8 @@ small conv net on image-shaped states with the callback under ``strategy="ddp"``
 on the CPU (gloo; ``--accelerator gpu``: NCCL and the CUDA kernels), rank r
 writing its JSON reports to ``DIR/reports_rank<r>`` and its event files to
 ``DIR/tb_rank<r>``; with ``--devices 1`` it runs the same training in one
-process. tests/test_callback_ddp.py compares the two.
+process. tests/test_callback_ddp.py compares the two. With ``--rank-baselines`` it makes
+:func:`run_rank_baselines`' one run instead (each rank its own tensor baseline).
 """
 
 from __future__ import annotations
@@ -233,11 +234,39 @@ def run_ddp_comparison(devices: int, out: Path, batch_size: int, accelerator: st
         torch.save(weights, out / "weights.pt")
 
 
+def run_rank_baselines(devices: int, out: Path) -> None:
+    """One run at step 2 of a tensor ``baseline`` (one per state) that each rank draws differently: rank zero's pairs
+    with rank zero's states on every rank. Rank zero saves the weights attributed to ``out/weights.pt`` and writes
+    the report to ``out/reports``."""
+    from lightning_ig.callback import IntegratedGradientsCallback
+
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    pl.seed_everything(0)
+    model = TinyQNet(noisy=False, dropout=0.0, batchnorm=False)
+    states = held_out_states()
+    callback = IntegratedGradientsCallback(
+        states,
+        every_n_steps=2,
+        baseline=held_out_states(seed=2 + rank) * 0.5,  # what an unseeded draw gives: another tensor on each rank
+        report_dir=out / "reports" if rank == 0 else out / f"reports_rank{rank}",
+        engine=IGOptions(n_steps=16),
+        overhead=None,
+    )
+    trainer = make_trainer(out, [callback], max_steps=2, devices=devices, strategy="ddp" if devices > 1 else "auto")
+    trainer.fit(model, DataLoader(dataset(64), batch_size=16))
+    if rank == 0:
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, out / "weights.pt")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--accelerator", default="cpu", help="cpu (gloo) or gpu (NCCL, the CUDA kernels)")
+    parser.add_argument("--rank-baselines", action="store_true", help="run_rank_baselines instead")
     arguments = parser.parse_args()
-    run_ddp_comparison(arguments.devices, arguments.out, arguments.batch_size, arguments.accelerator)
+    if arguments.rank_baselines:
+        run_rank_baselines(arguments.devices, arguments.out)
+    else:
+        run_ddp_comparison(arguments.devices, arguments.out, arguments.batch_size, arguments.accelerator)
