@@ -153,7 +153,10 @@ def attribute_eager(
     prepared = prepare(forward, inputs, baselines, settings, target)
     settings = resolve_budget(forward, prepared, settings)  # n_steps="budget": a number from the work's size
     x = prepared.x
-    checks = [("inputs", x)] + ([("baselines", baselines.detach())] if isinstance(baselines, Tensor) else [])
+    checks = [("inputs", x)]
+    if isinstance(baselines, Tensor):  # in the inputs' dtype, as the path uses them: float32's 1e5 is inf in float16
+        cast = "" if baselines.dtype == x.dtype else f" as {x.dtype}"
+        checks.append((f"baselines{cast}", baselines.detach().to(x.dtype)))
     deferred: list[tuple[str, Tensor, Tensor]] = []
     if settings.check_finite:
         if settings.n_steps == "auto" or x.device.type != "cuda":

@@ -93,6 +93,20 @@ def test_error_nan_and_inf_name_the_count_and_first_index() -> None:
         integrated_gradients(_forward, torch.randn(3, 4), 10**400)
 
 
+def test_error_a_baseline_tensor_past_the_inputs_dtype_range() -> None:
+    """A finite float32 baseline past float16's range is inf once cast to float16 inputs' dtype: refused as the
+    number form is (it used to be checked before the cast, and the call returned NaN attributions without a word)."""
+    baseline = torch.tensor([0.0, 1e5, 0.0])
+    with pytest.raises(
+        ValueError, match=r"baselines as torch.float16 holds 1 NaN/Inf value\(s\), the first at index \(1,\)"
+    ):
+        integrated_gradients(_forward, torch.randn(4, 3, dtype=torch.float16), baseline, n_steps=4)
+    with pytest.raises(ValueError, match=r"baselines as torch.float32 holds 3 NaN/Inf"):
+        integrated_gradients(_forward, torch.randn(4, 3), torch.full((3,), 1e39, dtype=F64), n_steps=4)
+    result = integrated_gradients(_forward, torch.randn(4, 3, dtype=torch.float16), baseline / 2, n_steps=4)
+    assert not bool(result.non_finite.any())  # 5e4 is a float16
+
+
 def test_error_forward_returning_the_wrong_shape() -> None:
     with pytest.raises(
         ValueError,
