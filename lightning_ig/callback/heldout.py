@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IGOptions, IntegratedGradients
-from lightning_ig.attribution.checks import check_finite, check_states
+from lightning_ig.attribution.checks import check_states
 from lightning_ig.attribution.path import chunk_rows
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
@@ -326,9 +326,12 @@ def prepare_engine(
     rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
     local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
     local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)
-    check_finite("states", local_states)
-    if isinstance(local_baselines, Tensor):
-        check_finite("baseline", local_baselines)
+    for name, values in (("states", local_states), ("baseline", local_baselines)):  # finite as given: checked before
+        if isinstance(values, Tensor) and not bool(torch.isfinite(values).all()):
+            raise ValueError(
+                f"IntegratedGradientsCallback: the {name} hold values past the range of the model's dtype {dtype} "
+                f"(at most {torch.finfo(dtype).max:.3g} in size), inf once converted: scale them or use a wider dtype"
+            )
     _warn_if_lazy(pl_module)
     buffers = {name: buffer.clone() for name, buffer in pl_module.named_buffers()}
     attributed, target = probe_target(pl_module, target, local_states, len(states), forward, action_names)

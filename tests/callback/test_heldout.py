@@ -255,6 +255,21 @@ class _NoTraining(pl.Callback):
         raise AssertionError("training started before the bad input was reported")
 
 
+@pytest.mark.parametrize("given", ["states", "baseline"])
+def test_states_past_the_model_dtype_range_are_refused_for_what_they_are(tmp_path: Path, given: str) -> None:
+    # guards against: finite float32 states (or baseline) of 1e5 for a float16 model were refused as "states holds 4
+    # NaN/Inf value(s) ...: clean or drop those states", though the states held none: the conversion made them inf
+    states = held_out_states(4)
+    big = states.clone()
+    big[:, 2] = 1e5
+    options = {"states": {"states": big}, "baseline": {"states": states, "baseline": big[0]}}[given]
+    callback = IntegratedGradientsCallback(**options, every_n_steps=10_000)  # type: ignore[arg-type]
+    trainer = make_trainer(tmp_path, [callback, _NoTraining()], max_steps=1, precision="16-true")
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    with pytest.raises(ValueError, match=rf"the {given} hold values past the range of the model's dtype torch.float16"):
+        trainer.fit(model, DataLoader(dataset(), batch_size=32))
+
+
 class NarrowBatches(TinyQNet):
     """Runs on the held-out states at once but on no wider batch than ``width`` rows (a workspace of fixed size)."""
 
