@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IGOptions, IntegratedGradients
-from lightning_ig.attribution.checks import check_states
+from lightning_ig.attribution.checks import check_dense, check_states
 from lightning_ig.attribution.path import chunk_rows
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
@@ -117,7 +117,7 @@ def check_baseline(baseline: Any) -> Any:
 
     Raises:
         TypeError: a tensor of integers or bools, a bool, or a value of another kind.
-        ValueError: another name, or a number that is NaN or infinite.
+        ValueError: another name, a number that is NaN or infinite, or a sparse or meta tensor.
     """
     forms = "'zeros', 'mean', a finite number or a floating-point tensor"
     if isinstance(baseline, str) and baseline not in ("zeros", "mean"):
@@ -127,6 +127,7 @@ def check_baseline(baseline: Any) -> Any:
     if isinstance(baseline, Tensor):
         if not baseline.is_floating_point():
             raise TypeError(f"baseline must be a floating-point tensor, got dtype {baseline.dtype}")
+        check_dense(baseline, "baseline")  # a sparse or meta tensor has no values to copy
         return baseline.detach().to("cpu").clone(memory_format=torch.contiguous_format)  # as it is now
     try:
         return check_real(baseline, "baseline")  # NaN and Inf refused (ValueError): no value of a feature

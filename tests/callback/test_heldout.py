@@ -90,6 +90,18 @@ def test_a_tensor_baseline_is_copied_and_keeps_its_dtype() -> None:
     assert checked.dtype == torch.float64 and float(checked[0]) == 1.7e9 + 0.25
 
 
+@pytest.mark.parametrize(
+    ("baseline", "kind"), [(torch.zeros(4, device="meta"), "on the meta device"), (torch.eye(4).to_sparse(), "sparse")]
+)
+def test_a_baseline_without_dense_values_is_refused_when_the_callback_is_made(
+    baseline: torch.Tensor, kind: str
+) -> None:
+    # guards against: torch's "Cannot copy out of meta tensor; no data!" (NotImplementedError) and "unsupported memory
+    # format option Contiguous" from inside the baseline's copy, as the states are refused
+    with pytest.raises(ValueError, match=f"baseline is (a torch.)?{kind}.*pass a dense tensor with values"):
+        IntegratedGradientsCallback(held_out_states(), baseline=baseline)
+
+
 def test_nan_seen_by_the_set_up_trial_stops_the_fit_before_training(tmp_path: Path) -> None:
     model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
     with torch.no_grad():
