@@ -237,11 +237,11 @@ def probe_target(
     given = forward
     attributed: Callable[[Tensor], Tensor] = pl_module if given is None else BoundForward(pl_module, given)
     feature_shape = tuple(sample.shape[1:])
+    who = "the model" if given is None else f"the forward callable {callable_name(given)}"  # what the messages blame
     try:
         with attribution_mode(pl_module), torch.no_grad():
             output = attributed(sample)
     except Exception as error:
-        who = "the model" if given is None else f"the forward callable {callable_name(given)}"
         missing = isinstance(error, NotImplementedError) and "forward" in str(error)  # nn.Module's: no forward
         first = (
             "Give the LightningModule a forward that returns the Q-values"
@@ -259,16 +259,18 @@ def probe_target(
         ) from error
     if not isinstance(output, Tensor) or not output.dtype.is_floating_point:
         seen = f"{output.dtype} values" if isinstance(output, Tensor) else type(output).__name__
+        fix = "pass forward=callable(pl_module, x) -> (N,), e.g. lambda m, x: m.q(x)"
+        fix = fix if given is None else "make it return one value per state, e.g. q.max(-1).values (not q.argmax(-1))"
         raise TypeError(
-            f"IntegratedGradientsCallback: the model returned {seen} on the held-out states; IG needs floating-point "
-            f"values (N,) or (N, A){', not actions' * isinstance(output, Tensor)}: pass forward=callable(pl_module, x) "
-            "-> (N,), e.g. lambda m, x: m.q(x)"
+            f"IntegratedGradientsCallback: {who} returned {seen} on the held-out states; IG needs floating-point "
+            f"values (N,) or (N, A){', not actions' * isinstance(output, Tensor)}: {fix}"
         )
     rows, shape = sample.shape[0], tuple(output.shape)
     if output.ndim == 0 or shape[0] != rows:
+        kept = "" if given is None else " and that it keeps one value per state (no sum or mean over the batch)"
         raise ValueError(
-            f"IntegratedGradientsCallback: on {rows} states of feature shape {feature_shape} the model returned "
-            f"shape {shape}, not one row per state; check the states' feature shape"
+            f"IntegratedGradientsCallback: on {rows} states of feature shape {feature_shape} {who} returned "
+            f"shape {shape}, not one row per state; check the states' feature shape{kept}"
         )
     if given is not None:
         if shape != (rows,):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -157,6 +158,30 @@ def test_an_output_ig_cannot_read_is_refused_with_the_forward_to_pass(tmp_path: 
     refused += ", not actions: pass forward=" if kind == "actions" else ": pass forward="  # a tuple is no action
     with pytest.raises(TypeError, match=refused):
         make_trainer(tmp_path, [callback], max_steps=2).fit(_Returns(kind), DataLoader(dataset(), batch_size=32))
+
+
+@pytest.mark.parametrize(
+    ("forward", "refused"),
+    [
+        (
+            lambda m, x: m(x).argmax(-1),
+            "returned torch.int64 values .*, not actions: make it return one value per state",
+        ),
+        (lambda m, x: (m(x)[:, 0],), "returned tuple .*: make it return one value per state, e.g. q.max"),
+        (
+            lambda m, x: m(x)[:, 0].sum(),
+            r"returned shape \(\), not one row per state; .* \(no sum or mean over the batch\)",
+        ),
+    ],
+)
+def test_an_output_of_the_forward_callable_is_refused_as_its_own(tmp_path: Path, forward: Any, refused: str) -> None:
+    # guards against: "the model returned torch.int64 values ...: pass forward=callable(pl_module, x)", which blamed
+    # the model and asked for the forward= the user had passed
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10, forward=forward)
+    with pytest.raises((TypeError, ValueError), match="the forward callable <lambda> " + refused):
+        make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(
+            TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=32)
+        )
 
 
 def test_nan_in_the_set_up_trial_only_warns_by_default(tmp_path: Path) -> None:
