@@ -264,9 +264,10 @@ class FeatureGroups:
     def channel_names(self) -> list[str] | None:
         """The group names, one per channel, when the groups are exactly the channels (dim 0) in order; else ``None``.
 
-        Pictures with one tile per channel label their tiles with these (``paddle``, ``ball``, ...).
+        Pictures with one tile per channel label their tiles with these (``paddle``, ``ball``, ...). States of more
+        dimensions have none: the pictures fold their leading dimensions into channels (``(T, C, H, W)``: ``T * C``).
         """
-        if len(self.feature_shape) < 2 or len(self) != self.feature_shape[0]:
+        if len(self.feature_shape) not in (2, 3) or len(self) != self.feature_shape[0]:
             return None
         channel_of_feature = torch.arange(self.feature_shape[0]).repeat_interleave(self.ids.numel() // len(self))
         return list(self.names) if torch.equal(self.ids, channel_of_feature) else None

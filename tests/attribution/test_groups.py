@@ -161,6 +161,8 @@ def test_channel_names_only_when_the_groups_are_the_channels() -> None:
     assert swapped.channel_names() is None  # group 0 is channel 1: tiles would be mislabelled
     assert FeatureGroups.resolve("features", (2, 2, 2)).channel_names() is None
     assert FeatureGroups.resolve("features", (4,)).channel_names() is None  # a flat vector has no channels
+    # (T, C, H, W): the pictures' channels are the T * C frames, not the T groups of dim 0
+    assert FeatureGroups.resolve("channels", (2, 3, 4, 5)).channel_names() is None
 
 
 @pytest.mark.parametrize(

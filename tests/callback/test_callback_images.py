@@ -252,6 +252,34 @@ def test_one_dimensional_signals_get_heat_strips(tmp_path):
     assert np.nonzero((pixels < 200).any(axis=(1, 2)))[0].max() < 200  # ink (the PNG has 256 colours: near-white)
 
 
+class _Stacked(ConvQNet):
+    """Stacks of RGB frames, ``(T, C, H, W)`` states (frame stacking of colour frames), flattened into a linear head."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__((int(np.prod(shape)),))
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.reshape(len(x), -1))
+
+
+def test_stacked_frames_are_drawn_with_their_frames_as_channels(tmp_path):
+    # guards against: the automatic groups of (T, C, H, W) states are dim 0's T channels, whose T names the saliency
+    # grid, which draws T * C channels, refused in the pictures' thread ("got 6 channel colours and 2 channel names
+    # for 6 channels"): the fit stopped at the first run's end
+    shape = (2, 3, 4, 5)
+    states = frames(6, shape, seed=4)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, engine=IGOptions(n_steps=8), views=ViewOptions(saliency_states=3)
+    )
+    torch.manual_seed(0)
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    data = DataLoader(frame_dataset(64, shape), batch_size=16)
+    make_trainer(tmp_path, [callback], max_steps=4, logger=logger).fit(_Stacked(shape), data)
+    assert [entry["global_step"] for entry in callback.history] == [2, 4]
+    assert "ig/2_saliency" in _events(logger).Tags()["images"]
+
+
 def test_two_named_callbacks_write_apart(tmp_path):
     states = frames(6, (3, 16, 16), seed=4)
     value = IntegratedGradientsCallback(
