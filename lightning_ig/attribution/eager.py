@@ -154,9 +154,9 @@ def attribute_eager(
     settings = resolve_budget(forward, prepared, settings)  # n_steps="budget": a number from the work's size
     x = prepared.x
     checks = [("inputs", x)]
-    if isinstance(baselines, Tensor):  # in the inputs' dtype, as the path uses them: float32's 1e5 is inf in float16
+    if isinstance(baselines, Tensor):  # as the path uses them: float32's 1e5 is inf in float16; a CPU one on the GPU
         cast = "" if baselines.dtype == x.dtype else f" as {x.dtype}"
-        checks.append((f"baselines{cast}", baselines.detach().to(x.dtype)))
+        checks.append((f"baselines{cast}", baselines.detach().to(x.device, x.dtype)))
     deferred: list[tuple[str, Tensor, Tensor]] = []
     if settings.check_finite:
         if settings.n_steps == "auto" or x.device.type != "cuda":

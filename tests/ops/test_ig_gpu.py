@@ -467,6 +467,20 @@ def test_cuda_backend_errors(cuda_device: torch.device) -> None:
     assert auto.backend == "cuda"
 
 
+def test_a_cpu_baseline_tensor_with_gpu_inputs(cuda_device: torch.device) -> None:
+    # guards against: the queued finite check of a CPU baseline was a CPU flag, stacked with the GPU's flags: torch's
+    # "Expected all tensors to be on the same device" from a call that takes the baseline to the inputs' device
+    model = _dueling(4, 2, cuda_device, seed=42)
+    x = _randn((3, 4), torch.float32, cuda_device, 43)
+    on_gpu = integrated_gradients(model, x, torch.zeros(4, device=cuda_device), target="mean")
+    for baseline in (torch.zeros(4), torch.zeros(3, 4, dtype=torch.float64)):
+        result = integrated_gradients(model, x, baseline, target="mean")
+        assert result.attributions.device == x.device
+        torch.testing.assert_close(result.attributions, on_gpu.attributions, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"baselines as torch.float32 holds 4 NaN/Inf value\(s\)"):
+        integrated_gradients(model, x, torch.full((4,), 1e39, dtype=torch.float64), target="mean")
+
+
 def test_nan_and_inf_inputs_are_reported_after_the_queued_work(cuda_device: torch.device) -> None:
     # On CUDA the finite check is queued with the work and read at the end: the error is the same.
     model = _dueling(4, 2, cuda_device, seed=40)
