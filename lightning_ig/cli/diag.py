@@ -89,6 +89,7 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     _checked(make_folders)
     with interrupts.raising():
         _write(attributed, plan, interrupts.written)
+    progress.finish()  # the summary starts its own line, not the end of the progress line's
     try:
         _print_summaries(attributed, args)
         sys.stdout.flush()

@@ -44,14 +44,19 @@ class Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.finish()
+        if self._spoke and exc[0] is None:
+            print(f"{PROG}: done in {time.monotonic() - self._started:.0f} s", file=self._stream, flush=True)
+
+    def finish(self) -> None:
+        """Stop and erase the progress line: before the command prints to stdout, which a terminal shows on it."""
         self._done.set()
         if self._thread is not None:
             self._thread.join()
         if self._line_open:
-            self._stream.write("\r\033[K")  # erase the progress line
+            self._stream.write("\r\033[K")
             self._stream.flush()
-        if self._spoke and exc[0] is None:
-            print(f"{PROG}: done in {time.monotonic() - self._started:.0f} s", file=self._stream, flush=True)
+            self._line_open = False
 
     def stage(self, text: str, *, checked: bool = True) -> None:
         """Start a stage; ``checked=False`` while user input may still be found wrong."""

@@ -61,3 +61,28 @@ def test_diag_names_each_slow_step_as_it_starts(
         "--verify: the reference on 16 states",
         "writing the report",
     ], stages
+
+
+def test_diag_summary_starts_its_own_line_on_a_terminal(checkpoint, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # guards against: on a terminal, where stdout and stderr are one screen, a slow run's summary was printed at the
+    # end of the progress line, still open ("... 17 swrote r.json: ..."), and that line erased only after it
+    import io
+    import sys
+
+    from tests.support.diag import run_diag
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def stage(self: progress_module.Progress, text: str, checked: bool = True) -> None:
+        self._stream.write(f"\rlightning-ig: {text} ... 4 s\033[K")  # as the watcher draws a slow stage, at once
+        self._line_open = True
+
+    screen = Terminal()
+    monkeypatch.setattr(progress_module.Progress, "stage", stage)
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert run_diag(checkpoint, tmp_path / "r.json", "--num-steps", "64") in (0, 4)
+    text = screen.getvalue()
+    assert f"\r\033[Kwrote {tmp_path / 'r.json'}: " in text, text
