@@ -219,8 +219,8 @@ def _check_file(
             )
     try:
         mode: int | None = os.lstat(destination).st_mode
-    except FileNotFoundError:
-        mode = None
+    except FileNotFoundError:  # or a link to what has no path (/dev/stdout on a pipe, >(cmd)): realpath names no file
+        mode = os.stat(target).st_mode if not made_up and os.path.exists(target) else None
     except OSError as error:
         raise OutputPathError(f"{named} cannot be used ({_reason(error)}); choose another file name") from None
     if mode is not None:  # an existing entry at the destination must be a regular file (a made-up name: not a link)

@@ -334,3 +334,17 @@ def test_every_reader_refuses_a_fifo_at_once_instead_of_blocking_on_it(tmp_path:
     for read, error in readers:
         with pytest.raises(error, match=r"is a FIFO \(a named pipe\), not a regular file"):
             read()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc's file-descriptor links")
+def test_a_named_link_to_a_pipe_is_refused_before_the_work(tmp_path: Path) -> None:
+    # guards against: `diag --output /dev/stdout | jq` or `--output >(cat)`: realpath of such a link names no file
+    # ("/proc/<pid>/fd/pipe:[...]"), so the check passed and the write failed after the whole run with
+    # "No such file or directory"
+    reader, writer = os.pipe()
+    try:
+        with pytest.raises(OutputPathError, match="not a regular file"):
+            check_output_file(f"/proc/self/fd/{writer}", what="--output")
+    finally:
+        os.close(reader)
+        os.close(writer)
