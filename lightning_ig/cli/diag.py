@@ -70,6 +70,9 @@ class _HeadPlan:
 
 def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupts) -> int:
     """Run ``diag``; the exit status (see the module docstring of :mod:`lightning_ig.cli`)."""
+    for flag in ("checkpoint", "states", "feature_names", "feature_groups", "baseline", "output", "saliency"):
+        # the shell leaves "~" in "--output=~/r.json": read as a shell would, so outputs and inputs compare alike
+        setattr(args, flag, None if (value := getattr(args, flag)) is None else os.path.expanduser(value))
     _check_flag_combinations(args)
     _check_inputs(args)  # nothing opened: a FIFO would block
     plan, make_folders = _plan(args)  # every output checked before anything is loaded; folders made to write

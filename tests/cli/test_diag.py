@@ -337,3 +337,25 @@ def test_the_saliency_picture_names_what_was_attributed_against_which_baseline(
     monkeypatch.setattr(saliency, "saliency_grid", lambda *a, **k: labels.append(k[label]) or draw(*a, **k))
     assert _diag(capsys, flag, value, "--saliency", "sal", "--output", "r.json")[0] in (0, 4)
     assert labels == [words] and (workspace / "sal" / "saliency.png").is_file()
+
+
+def test_a_path_flag_written_with_an_equals_sign_and_a_tilde_is_in_the_home_folder(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # guards against: the shell leaves "~" in "--checkpoint=~/c.safetensors"; inputs were read from the home folder
+    # but compared with the outputs unexpanded, so "--output $HOME/c.safetensors" replaced the checkpoint with the
+    # report (exit 0), "--output=~/r.json" looked for a folder "./~" and "--saliency=~/sal" made one
+    home = workspace / "home"
+    home.mkdir()
+    (workspace / "c.safetensors").rename(home / "c.safetensors")
+    (workspace / "work").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(workspace / "work")
+    before = _tree(workspace)
+    code, _, err = _diag(capsys, "--checkpoint=~/c.safetensors", "--output", str(home / "c.safetensors"))
+    _refused(code, err, "is also an input of this run")
+    assert _tree(workspace) == before
+    code, _, err = _diag(capsys, "--checkpoint=~/c.safetensors", "--output=~/r.json", "--saliency=~/sal")
+    assert code in (0, 4), err
+    assert (home / "r.json").is_file() and (home / "sal" / "saliency.png").is_file()
+    assert list((workspace / "work").iterdir()) == [], "no folder named ~"
