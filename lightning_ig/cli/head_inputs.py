@@ -12,8 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_ig.attribution.budget import STEP_CHOICES
 from lightning_ig.attribution.checks import check_device, check_finite, check_states
 from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import (
     CheckpointError,
@@ -179,7 +181,8 @@ _BYTES_A_STEP = 128
 def _check_work(args: argparse.Namespace, count: int, state: Tensor, what: str) -> None:
     """``count`` states like ``state`` at ``--num-steps`` must fit in memory before any is drawn or attributed: the
     kernel's out-of-memory killer ends a process without a word (``--auto-samples 1000000000 --replace``)."""
-    steps = args.num_steps if isinstance(args.num_steps, int) else 0
+    # auto may refine every state up to its bound, budget takes at most the largest budget: sized as the most they take
+    steps = {"auto": DEFAULT_MAX_STEPS, "budget": max(STEP_CHOICES)}.get(args.num_steps, args.num_steps)
     # The states, their baselines, attributions and path gradients: a few copies of each state, in float64 at most.
     needed = count * (_BYTES_A_STATE + 8 * state.numel() * 8) + count * steps * (_BYTES_A_STEP + 8 * state.numel())
     try:

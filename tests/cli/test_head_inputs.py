@@ -250,6 +250,19 @@ def test_the_steps_count_per_state(
     _one_line_error(code, err, "--auto-samples 16 at --num-steps 10000000", "more than the 1.0 GiB available")
 
 
+@pytest.mark.parametrize("steps", ["auto", "budget"])
+def test_the_default_steps_are_sized_as_the_most_they_take(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, steps: str
+) -> None:
+    # guards against: --num-steps auto (the default) and budget were sized as no step at all, so a sample whose path
+    # gradients (up to 512 or 256 steps a state) do not fit passed the check and met the out-of-memory killer
+    from lightning_ig import vocabulary
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 500_000)  # 16 states fit, their 256 steps do not
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--num-steps", steps, "--quiet")
+    _one_line_error(code, err, f"--auto-samples 16 at --num-steps {steps}", "more than the 488.3 KiB available")
+
+
 def test_the_states_of_a_file_are_bounded_as_sampled_ones_are(
     workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
