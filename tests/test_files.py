@@ -282,6 +282,7 @@ _SIGNAL_DURING_A_WRITE = """
 import os, signal, sys, time
 from lightning_ig._files import atomic_path, atomic_paths
 folder = sys.argv[1]
+signal.signal(getattr(signal, sys.argv[2]), signal.SIG_DFL)  # as a terminal leaves it (nohup's SIGHUP is ignored)
 with atomic_paths([(folder + "/a.bin", True), (folder + "/b.bin", True)]) as temporaries:
     for temporary in temporaries:
         temporary.write_bytes(b"x" * 1_000_000)
