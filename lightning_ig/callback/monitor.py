@@ -39,7 +39,7 @@ from lightning_ig.attribution.eager import deterministic_float32
 from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.attribution.targets import Target
 from lightning_ig.callback.heldout import baselines_for, model_dtype
-from lightning_ig.models.noise import NoisyLinear
+from lightning_ig.models.noise import NoisyLinear, is_noisy_layer
 from lightning_ig.ops.ig import repeat_threshold
 from lightning_ig.run.actions import state_rows
 from lightning_ig.run.host_result import HostResult
@@ -103,7 +103,13 @@ class TrustMonitor:
         self.model, self.states, self.baselines = model, states, baselines
         self.rows_per_state = rows_per_state  # a "each" run's rows: (state, action) pairs, state-major
         self.settings, self.groups, self.prefix = settings, groups, prefix
-        noisy = any(isinstance(module, NoisyLinear) for module in model.modules())
+        layers = [module for module in model.modules() if is_noisy_layer(module)]
+        noisy = any(isinstance(module, NoisyLinear) for module in layers)
+        if foreign := sorted({type(m).__name__ for m in layers if not isinstance(m, NoisyLinear)}):  # no seeded draw
+            rank_zero_warn(  # said: else a verdict would pass with the agent's noise never checked
+                f"IntegratedGradientsCallback: the stability check draws the exploration noise of lightning_ig's "
+                f"NoisyLinear only: the model's noisy layers {', '.join(foreign)} go unchecked (make them NoisyLinear)"
+            )
         self.names = [name for name in CHECKS if noisy or name != "stability"]
         self.carried: dict[bool | None, tuple[TrustSummary, dict[str, float]]] = {}
         self.latest: TrustSummary | None = None
