@@ -267,7 +267,7 @@ def _reason(rho: float, level: float, threshold: float) -> str:
     if not math.isfinite(rho):
         return (
             f"sanity: the rank correlation with a re-initialised copy is undefined ({rho}): the attributions are "
-            "constant, NaN/Inf, or cover fewer than two units"
+            "constant or NaN/Inf, or cover fewer than two units"
         )
     return (
         f"sanity: the rank correlation with a re-initialised copy is {rho:.3f}, not below {threshold:.3f} (by "

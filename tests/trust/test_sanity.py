@@ -13,6 +13,7 @@ from lightning_ig.trust import common, sanity
 from lightning_ig.trust.faithfulness import deletion_check
 from lightning_ig.trust.sanity import randomization_check, randomization_reference
 from lightning_ig.trust.stability import stability_check
+from lightning_ig.views.text import verdict_words
 from tests.support.tolerance import rounding_bound
 from tests.support.trust import (
     FEATURES,
@@ -98,6 +99,9 @@ def test_sanity_fails_on_constant_or_non_finite_attributions(trained):
         result = randomization_check(units, reference)
         assert math.isnan(result.randomization_rank_correlation)
         assert not result.passed and "undefined" in result.reason
+        # the closing line's short form (the reason cut at its first comma) must not call NaN attributions constant
+        entry = {"global_step": 1, "verdict": "pass", "trust": "failed", "trust_reasons": [result.reason]}
+        assert "constant or NaN/Inf)" in verdict_words(entry)
 
 
 def test_sanity_reference_is_deterministic_and_leaves_everything_as_it_was(trained):
