@@ -329,7 +329,7 @@ def _reason(auc: float, auc_random: float, gap: float, error: float, needed: flo
         )
     return (
         f"faithfulness: deleting units in attribution order (AUC {auc:.3f}) beats a random order ({auc_random:.3f}) "
-        f"by {gap:.3f}, {needed - gap:.3f} short of the {needed:.3f} needed (margin {margin:.2f}, {z:g} standard "
+        f"by {gap:.3f} of the {needed:.3f} needed ({needed - gap:.3f} short; margin {margin:.2f}, {z:g} standard "
         f"errors of {error:.3f})"
     )
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from lightning_ig.trust import AttributionSettings, faithfulness
 from lightning_ig.trust.faithfulness import deletion_check
+from lightning_ig.views.text import verdict_words
 from tests.support.tolerance import rounding_bound
 from tests.support.trust import SETTINGS, assert_unchanged, attribute, shuffled, snapshot
 
@@ -30,6 +31,13 @@ def test_deletion_passes_for_ig_and_fails_for_shuffled_or_reversed_orders(traine
     backwards = deletion_check(model, states, None, -units, settings=SETTINGS)
     assert not backwards.passed and backwards.deletion_auc > backwards.deletion_auc_random
     assert set(result.scalars()) >= {"faithfulness/deletion_auc", "faithfulness/deletion_auc_random"}
+
+    # a gap short of the bar: the closing line's short form (the reason cut at its first comma or semicolon) says
+    # the bar, not only that the attribution order "beats a random order by" a positive gap
+    short = deletion_check(model, states, None, units, settings=SETTINGS, margin=min(result.gap * 2, 0.99))
+    entry = {"global_step": 1, "verdict": "pass", "trust": "failed", "trust_reasons": [short.reason]}
+    assert not short.passed and short.gap > 0
+    assert f"by {short.gap:.3f} of the {short.needed:.3f} needed), at step 1" in verdict_words(entry)
 
 
 def test_deletion_curve_of_a_linear_model_is_its_attributions_removed():
