@@ -25,7 +25,7 @@ from lightning_ig.attribution import IGOptions
 from lightning_ig.callback import IntegratedGradientsCallback, budget
 from lightning_ig.models.noise import attribution_mode
 from lightning_ig.views import ViewOptions
-from tests.support.tiny import TinyQNet, dataset, held_out_states, make_trainer
+from tests.support.tiny import ConvQNet, TinyQNet, dataset, frame_dataset, frames, held_out_states, make_trainer
 from tests.support.trust import trust_scalar_tags
 
 EVERYTHING = frozenset({"sanity", "deletion", "stability"})
@@ -338,3 +338,19 @@ def test_noisy_layers_the_stability_check_cannot_draw_are_said_once(tmp_path, ou
     said = [str(w.message) for w in caught if "go unchecked" in str(w.message)]
     assert len(said) == theirs and all("noisy layers RainbowNoisyLinear go unchecked" in line for line in said)
     assert ("stability" in callback._fit.trust.names) is ours  # ours are still checked
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_one_channel_frames_that_make_one_group_are_told_no_check_runs(tmp_path, channels):
+    # (1, 10, 10) frames: 100 features, more than max_logged_features, grouped by channel into a single unit, which
+    # no check can rank: without a word the trust status read "passed" on the accuracy alone
+    shape = (channels, 10, 10)
+    callback = IntegratedGradientsCallback(frames(16, shape, seed=1), views=ViewOptions(figure_every_n_runs=None))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=2).fit(
+            ConvQNet(shape), DataLoader(frame_dataset(32, shape), batch_size=8)
+        )
+    said = [str(w.message) for w in caught if "no check runs in this fit" in str(w.message)]
+    assert len(said) == (channels == 1) and all("the states make one (channel 0)" in line for line in said)
+    assert callback._fit.trust.names == ([] if channels == 1 else ["sanity", "deletion"])
