@@ -544,6 +544,7 @@ def start(
         count = len(units.groups) if units.groups is not None else len(units.names)
         logged = target.rows_per_state * count <= views.max_logged_features
         tags = dataclasses.replace(tags, action_labels=display_labels(target.actions or ()), action_units=logged)
+    ranked = units.groups if units.groups is None or len(units.groups) > 1 else None  # one group: rank the features
     trust = TrustMonitor.prepare(
         options.overhead is not None,
         trainer,
@@ -552,7 +553,7 @@ def start(
         options.forward,
         plan.held_out,
         plan.baseline,
-        units.groups,
+        ranked,
         tags.prefix,
     )
 
@@ -577,9 +578,9 @@ def start(
         report=report,
     )
     picked, rows = inputs.picked, target.rows_per_state
-    # the (B, F) attributions for the histograms of features logged one by one, for the trust checks when they read
-    # features (with groups they read the group sums, which every run keeps) and for "each"'s actions' units
-    features = units.groups is None and (trust is not None or target.every_output)
+    # the (B, F) attributions for the histograms of features logged one by one, for the trust checks when they rank
+    # features (two or more groups: the group sums, which every run keeps) and for "each"'s actions' units
+    features = (ranked is None and trust is not None) or (units.groups is None and target.every_output)
     return Fit(
         held_out=plan.held_out,
         units=units,

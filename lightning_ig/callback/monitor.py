@@ -164,11 +164,6 @@ class TrustMonitor:
         # one state gives the deletion check no standard error over states.
         units, deletion = states[0].numel() if groups is None else len(groups), settings.target.checks_deletion
         skipped = set(CHECKS) if units < 2 else set() if deletion and len(states) > 1 else {"deletion"}
-        if groups is not None and units < 2:  # one-channel frames are one group: said, else "passed" unchecked
-            rank_zero_warn(
-                f"IntegratedGradientsCallback: the trust checks rank groups, and the states make one "
-                f"({groups.names[0]}): no check runs in this fit; pass feature_groups= that make two or more"
-            )
         monitor.names = [name for name in monitor.names if name not in skipped]
         return monitor
 

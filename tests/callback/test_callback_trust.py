@@ -186,8 +186,7 @@ def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
     ("options", "noisy", "skipped"),
     [
         ({"target": "contrast"}, False, {"deletion"}),  # its pair, chosen at each state: not for a deleted one
-        ({"feature_groups": {"all": [0, 1, 2, 3]}}, False, {"sanity", "deletion"}),  # one unit: nothing to rank
-        ({"feature_groups": {"all": [0, 1, 2, 3]}}, True, {"sanity", "deletion", "stability"}),
+        ({"feature_groups": {"all": [0, 1, 2, 3]}}, False, set()),  # one group: the checks rank the features
         ({"states": 1}, False, {"deletion"}),  # one state: no standard error over states (it read "undefined")
     ],
 )

@@ -341,16 +341,17 @@ def test_noisy_layers_the_stability_check_cannot_draw_are_said_once(tmp_path, ou
 
 
 @pytest.mark.parametrize("channels", [1, 2])
-def test_one_channel_frames_that_make_one_group_are_told_no_check_runs(tmp_path, channels):
+def test_one_channel_frames_that_make_one_group_are_checked_on_their_features(tmp_path, channels):
     # (1, 10, 10) frames: 100 features, more than max_logged_features, grouped by channel into a single unit, which
-    # no check can rank: without a word the trust status read "passed" on the accuracy alone
+    # no check can rank: every check was left out and the trust status read "passed" on the accuracy alone
     shape = (channels, 10, 10)
     callback = IntegratedGradientsCallback(frames(16, shape, seed=1), views=ViewOptions(figure_every_n_runs=None))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        make_trainer(tmp_path, [callback], max_steps=2).fit(
-            ConvQNet(shape), DataLoader(frame_dataset(32, shape), batch_size=8)
-        )
-    said = [str(w.message) for w in caught if "no check runs in this fit" in str(w.message)]
-    assert len(said) == (channels == 1) and all("the states make one (channel 0)" in line for line in said)
-    assert callback._fit.trust.names == ([] if channels == 1 else ["sanity", "deletion"])
+    make_trainer(tmp_path, [callback], max_steps=2).fit(
+        ConvQNet(shape), DataLoader(frame_dataset(32, shape), batch_size=8)
+    )
+    trust = callback._fit.trust
+    assert trust.names == ["sanity", "deletion"]  # both made at the first run (no NoisyNet: no stability)
+    assert (trust.groups is None) == (channels == 1)  # one group: the checks rank the 100 features
+    made = trust.latest
+    assert made.randomization is not None and made.deletion is not None  # judged: ranks over the units
+    assert made.randomization.num_units == (100 if channels == 1 else 2)
