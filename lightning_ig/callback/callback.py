@@ -508,7 +508,7 @@ class IntegratedGradientsCallback(Callback):
         note, checks = plan.note(budget.share), 0.0
         scalars: dict[str, float] = {}
         if run.trust is not None:  # the monitor at the runs that make a check; the others carry its last verdict
-            if plan.checks or pending.final or not run.trust.carried:
+            if plan.checks or pending.final or not run.trust.carried or summary.stochastic:  # a random forward fails
                 before, made, checking = dict(run.trust.seconds), set(budget.last_checks), budget.clock()
                 with generators_kept(pending.trainer.lightning_module):
                     beside = pending.transfer.checks if isinstance(pending.transfer, fit.ProcessTransfer) else None

@@ -69,6 +69,8 @@ SEED = 0  # the copies', the random deletion order's and the noise draws' seed: 
 Beside = tuple[dict[str, Any], dict[str, float]]
 """The checks the runs' worker made at a run: ``({check: result or the error it raised}, {piece: seconds})``."""
 
+# A random forward's attributions change from call to call: a reason of the verdict (the checks cannot vouch for them)
+_RANDOM = "reproducibility: the forward gave different values on the same states in eval mode"
 # The carried verdicts' words for the run's own accuracy (its numbers are in the report's completeness section).
 _CARRIED_ACCURACY = {
     True: "within tolerance at this run (its figures: the completeness section)",
@@ -206,7 +208,7 @@ class TrustMonitor:
             scalars.update(result.scalars())
         checks = sum(self.seconds.values()) - spent
         pending = self._pending(final)
-        self.latest = verdict = self._verdict(summary.completeness.accuracy, pending, note)
+        self.latest = verdict = self._verdict(summary.completeness.accuracy, pending, note, summary.stochastic)
         scalars.update(verdict.scalars())
         self.carried = {within: self._carried(within, pending) for within in _CARRIED_ACCURACY}
         self.seconds["verdict"] += time.perf_counter() - started - checks
@@ -315,13 +317,15 @@ class TrustMonitor:
 
     # -- the verdict
 
-    def _verdict(self, accuracy: AccuracyVerdict | None, pending: list[str], note: str | None) -> TrustSummary:
+    def _verdict(
+        self, accuracy: AccuracyVerdict | None, pending: list[str], note: str | None, stochastic: bool = False
+    ) -> TrustSummary:
         return trust_summary(
             accuracy=accuracy,
             randomization=self._results.get("sanity"),
             deletion=self._results.get("deletion"),
             stability=self._results.get("stability"),
-            errors=list(self._errors.values()),
+            errors=list(self._errors.values()) + [_RANDOM] * stochastic,
             steps=sorted(self._steps.items()),
             pending=pending,
             upcoming=note,
