@@ -403,3 +403,19 @@ def test_help_says_what_trust_remote_code_does(capsys: pytest.CaptureFixture[str
     text = " ".join(capsys.readouterr().out.split())
     assert "--trust-remote-code" in text and "runs that module's code" in text
     assert "only registered architectures are built from its metadata" in text
+
+
+def test_a_plain_state_dict_named_without_its_arguments_is_told_how_to_give_them(tmp_path: Path) -> None:
+    # guards against: "missing 2 required positional arguments" said alone, not how the file's reader passes them
+    from safetensors.torch import save_file
+
+    from lightning_ig import DuelingQNetwork, load_checkpoint
+
+    path = tmp_path / "plain.safetensors"
+    save_file({k: v.contiguous() for k, v in DuelingQNetwork(4, 2).state_dict().items()}, str(path))
+    with pytest.raises(CheckpointError, match=r"missing 2 required .*give its arguments: diag's --model-kwargs JSON"):
+        load_checkpoint(path, architecture="lightning_ig.models:DuelingQNetwork")
+    loaded = load_checkpoint(
+        path, architecture="lightning_ig.models:DuelingQNetwork", config={"state_dim": 4, "num_actions": 2}
+    )
+    assert sum(p.numel() for p in loaded.model.parameters()) > 0
