@@ -224,9 +224,9 @@ class Budget:
             self.check_costs[name] = seconds
 
     def due(self, run: int, names: Sequence[str], *, final: bool = False) -> list[str]:
-        """The checks among ``names`` due at run ``run``: never made, made ``CHECK_EVERY`` runs ago or at a later run
-        (a resumed fit's history started afresh on other states), all at the final run."""
-        return [n for n in names if final or not 0 <= run - self.last_checks.get(n, run - CHECK_EVERY) < CHECK_EVERY]
+        """The checks among ``names`` due at run ``run``: never made, or made ``CHECK_EVERY`` runs ago (all at the
+        final run)."""
+        return [n for n in names if final or n not in self.last_checks or run - self.last_checks[n] >= CHECK_EVERY]
 
     # -- the decision
 

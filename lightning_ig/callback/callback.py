@@ -242,11 +242,13 @@ class IntegratedGradientsCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [dict(entry) for entry in state_dict.get("history", [])]
-        if self._plan is not None:  # a fit's callbacks are restored after its set-up: what a history is about is known
+        self._restored = state_dict.get("budget")
+        if self._plan is not None and self.history:  # restored after the fit's set-up: what a history is about is known
             self.history = setup.history_to_continue(self.history, self._plan.identity(), state_dict, self.options.name)
+            if not self.history and self._restored is not None:  # a new history: its checks start afresh, as a fit's
+                self._restored = {**self._restored, "last_checks": {}}
         self._last_run_step = state_dict.get("last_run_step")
         self._ever_non_zero = set(state_dict.get("ever_non_zero", ()))
-        self._restored = state_dict.get("budget")
         self._trust_results = dict(state_dict.get("trust_results", {}))
 
     @override

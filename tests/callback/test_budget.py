@@ -183,16 +183,6 @@ def test_a_run_owed_by_a_budgeted_fit_is_never_retried_without_a_budget():
     assert resumed.owed > 0 and not resumed.retry_due()
 
 
-def test_a_check_last_made_at_a_later_run_is_due():
-    # a resumed fit whose history started afresh (other held-out states): its run indices start again below the ones
-    # the checkpoint's schedule names, and its checks are due from its first run, not CHECK_EVERY runs past those
-    budget = Budget(None)
-    budget.last_checks = {"sanity": 7, "deletion": 0}
-    assert budget.due(0, ["sanity", "deletion", "stability"]) == ["sanity", "stability"]
-    assert budget.due(CHECK_EVERY, ["sanity", "deletion"]) == ["sanity", "deletion"]
-    assert budget.due(7 + CHECK_EVERY - 1, ["sanity"]) == [] and budget.due(7 + CHECK_EVERY, ["sanity"]) == ["sanity"]
-
-
 def test_without_a_budget_every_run_is_full_and_each_check_comes_every_few_runs():
     _, fake = _fit(None, steps=2_000)
     made = [plan for _, plan in fake.plans]

@@ -347,6 +347,29 @@ def test_a_resume_on_other_features_or_states_starts_a_new_history(tmp_path, cha
     assert first_drift[40] == pytest.approx(expected, rel=eps(torch.float32))
 
 
+def test_a_new_history_on_resume_starts_its_trust_check_schedule_afresh(tmp_path):
+    # guards against: the checkpoint's check schedule (run indices of the replaced history) kept for the new one, so
+    # that its first run was not a first run: under a budget that binds it was deferred or made without the checks
+    # (a fit's first run makes them all), and the budget's starved rule, counted from the old indices, never stepped in
+    pl.seed_everything(0)
+    options: dict[str, Any] = {"every_n_steps": 2, "engine": IGOptions(n_steps=8), "overhead": 1.0}
+    first = IntegratedGradientsCallback(held_out_states(), **options)
+    trainer = make_trainer(tmp_path, [first], max_steps=20)
+    trainer.fit(TinyQNet(), loader())
+    saved = first.state_dict()
+    assert saved["budget"]["last_checks"] == dict.fromkeys(["sanity", "deletion", "stability"], 9)
+    for states, kept in ((held_out_states(), True), (held_out_states(seed=7), False)):
+        resumed = IntegratedGradientsCallback(states, **options)
+        resumed.setup(trainer, TinyQNet(), "fit")  # as Lightning: set-up, then the checkpoint's callback state
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            resumed.load_state_dict(saved)
+        assert any("restored history is of other" in str(w.message) for w in seen) != kept
+        assert len(resumed.history) == (10 if kept else 0)
+        assert resumed._restored["last_checks"] == (saved["budget"]["last_checks"] if kept else {})
+        assert resumed._restored["check_costs"] == saved["budget"]["check_costs"]  # the measure stays
+
+
 class _TwoOptimizers(TinyQNet):
     """Manual optimisation stepping two optimizers per batch (the hidden layer's and the head's, as an actor-critic
     steps two): Lightning's global_step moves by 2 a batch."""
