@@ -329,8 +329,9 @@ def prepare_engine(
     rows = rank_rows(len(states), trainer.world_size, trainer.global_rank)
     local_states = states[rows].to(device=pl_module.device, dtype=dtype).contiguous()
     local_baselines = baselines_for(baseline, states, rows, pl_module.device, dtype)
-    for name, values in (("states", local_states), ("baseline", local_baselines)):  # finite as given: checked before
-        if isinstance(values, Tensor) and not bool(torch.isfinite(values).all()):
+    every = (states.to(dtype), baselines_for(baseline, states, torch.arange(len(states)), torch.device("cpu"), dtype))
+    for name, values in zip(("states", "baseline"), every):  # all rows on every rank: one rank alone must not stop
+        if isinstance(values, Tensor) and not bool(torch.isfinite(values).all()):  # (finite as given: checked before)
             raise ValueError(
                 f"IntegratedGradientsCallback: the {name} hold values past the range of the model's dtype {dtype} "
                 f"(at most {torch.finfo(dtype).max:.3g} in size), inf once converted: scale them or use a wider dtype"

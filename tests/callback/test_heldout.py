@@ -383,3 +383,20 @@ def test_a_model_returning_actions_is_told_to_pass_forward(tmp_path: Path) -> No
     model = Greedy(noisy=False, batchnorm=False, dropout=0.0)
     with pytest.raises(TypeError, match=r"torch\.int64 values.*forward=callable\(pl_module, x\)"):
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=5).fit(model, DataLoader(dataset(), batch_size=32))
+
+
+def test_a_state_past_the_dtype_range_in_another_ranks_share_stops_this_rank_too() -> None:
+    # guards against: each rank checked its own share only, so under DDP the rank holding the bad state raised while
+    # the others went on to the first collective call and waited there for it
+    from types import SimpleNamespace
+
+    from lightning_ig.attribution import IGOptions
+    from lightning_ig.attribution.targets import Target
+    from lightning_ig.callback.heldout import prepare_engine
+
+    states = held_out_states(4)
+    states[0, 2] = 1e5  # rank zero's share: rows 0-1 of 2 ranks
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0).half()
+    rank_one = SimpleNamespace(world_size=2, global_rank=1)
+    with pytest.raises(ValueError, match=r"the states hold values past the range of the model's dtype torch.float16"):
+        prepare_engine(rank_one, model, Target.parse("mean"), None, states, "zeros", None, IGOptions(n_steps=8))
