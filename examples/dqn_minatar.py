@@ -685,15 +685,17 @@ def diag_command(
     saliency: Path | str,
     output: Path | str,
     target: str = "mean",
+    n_steps: int | str = "auto",
 ) -> str:
     """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored frames, shell-quoted;
     with ``--auto-samples`` where more or fewer are stored than diag samples unless told (all of them: the report's
-    figures are then the closing lines' and the last run's), and the run's ``--ig-target`` where it is not the
-    default."""
+    figures are then the closing lines' and the last run's), and the run's ``--ig-target`` and the closing lines'
+    ``n_steps`` (``--num-steps``) where they are not diag's defaults."""
     words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
     if num_states != AUTO_SAMPLES:
         words += ["--auto-samples", str(num_states)]
     words += [] if target == "mean" else ["--target", target]
+    words += [] if n_steps == "auto" else ["--num-steps", str(n_steps)]  # --ig-n-steps 8: the report's figures at 8
     words += ["--feature-groups", str(groups_file), "--saliency", str(saliency), "--output", str(output)]
     return f"{lightning_ig_command()} {shlex.join(words)}"
 
@@ -867,7 +869,13 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
     diag = diag_command(
-        checkpoint, len(held_out), groups_file, run_dir / "saliency", run_dir / "ig_report.json", args.ig_target
+        checkpoint,
+        len(held_out),
+        groups_file,
+        run_dir / "saliency",
+        run_dir / "ig_report.json",
+        args.ig_target,
+        n_steps,
     )
     print(f"diagnose it with    {diag}")
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")

@@ -117,7 +117,9 @@ def test_the_printed_diag_command_runs_as_printed(
             check=False,
         )
         assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((tiny_run[1].parent / command[-1]).read_text())["num_states"] == 4
+    report = json.loads((tiny_run[1].parent / command[-1]).read_text())
+    # the run's --ig-n-steps 16, not diag's default 'auto': its figures are the closing lines'
+    assert (report["num_states"], report["num_steps"]) == (4, 16)
 
 
 def test_tensorboard_folder_holds_the_ig_tags(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
