@@ -49,6 +49,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlparse
 
 
 def make_ig_callback(
@@ -656,8 +657,12 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
 
 
 def mlflow_tracking_uri(args: argparse.Namespace, run_dir: Path) -> str:
-    """``--mlflow-tracking-uri``, or a file store in the run folder."""
-    return args.mlflow_tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+    """``--mlflow-tracking-uri``, or a file store in the run folder; a plain path (``./mlruns``) as the file URI
+    MLflow reads it as, so that it is opened as a file store (``MLFLOW_ALLOW_FILE_STORE``) and named in full."""
+    uri = args.mlflow_tracking_uri
+    if uri and not urlparse(uri).scheme and not uri.startswith("databricks"):  # "databricks": its workspace
+        return Path(uri).resolve().as_uri()
+    return uri or (run_dir / "mlruns").resolve().as_uri()
 
 
 def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str:

@@ -34,6 +34,7 @@ from tests.support.examples import (
     assert_gpu_refused_without_a_gpu,
     assert_mlflow_logger_starts_quietly,
     assert_mlflow_refuses_exp_name,
+    assert_mlflow_takes_a_plain_path,
     assert_refused_at_parse,
     example_env,
     load_example,
@@ -554,3 +555,11 @@ def test_an_mlflow_run_starts_without_lightnings_experiment_not_found_warning(
     example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert_mlflow_logger_starts_quietly(example_module, tmp_path / "runs", monkeypatch)
+
+
+def test_an_mlflow_tracking_uri_that_is_a_plain_path_is_a_file_store(
+    example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # guards against: --mlflow-tracking-uri ./mlruns ended in MLflow's raw MlflowException ("The filesystem tracking
+    # backend ... is in maintenance mode"): only a file: URI got the file-store switch
+    assert_mlflow_takes_a_plain_path(example_module, tmp_path, monkeypatch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,25 @@ def assert_mlflow_logger_starts_quietly(module: ModuleType, runs: Path, monkeypa
         lightning_log.removeHandler(handler)
     assert [record.getMessage() for record in said] == []
     assert logger.experiment.get_experiment(logger.experiment_id).name == args.exp_name
+
+
+def assert_mlflow_takes_a_plain_path(module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--mlflow-tracking-uri my store`` (a path, as MLflow's own examples write ``./mlruns``) is the file store
+    there: the run starts (MLflow 3 refused it, a traceback, without the file-store switch the example sets for
+    ``file:`` URIs) and the closing ``mlflow ui`` line names it in full."""
+    from tests.support.loggers import logger_package
+
+    logger_package("mlflow")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded, so that what the example sets is undone after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    args = module.parse_args(["--logger", "mlflow", "--mlflow-tracking-uri", "my store"])
+    run_dir = tmp_path / "runs" / "run"
+    logger = module.make_logger(args, "run", run_dir)
+    assert logger.experiment.get_experiment(logger.experiment_id).name == args.exp_name
+    assert (tmp_path / "my store").is_dir()
+    words = shlex.split(module.close_logger(logger, args, run_dir))
+    assert words[-2:] == ["--backend-store-uri", (tmp_path / "my store").as_uri()]
 
 
 def stopped_in_evaluation(
