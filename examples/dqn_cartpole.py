@@ -588,6 +588,13 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
         # user's concern. Its warnings are off for this script's run (its errors still show).
         wandb.setup(settings=wandb.Settings(show_warnings=False))
         logger = WandbLogger(project=args.wandb_project, name=run_name, save_dir=str(run_dir))
+        try:  # the W&B run starts here: without `wandb login` (or the network) wandb's error, a traceback, was all
+            logger.experiment  # noqa: B018 - the property starts the run
+        except wandb.errors.Error as error:
+            error_exit(
+                f"--logger wandb cannot start the W&B run ({error}); run `wandb login` first, or set "
+                f"WANDB_MODE=offline to keep the run on disk in {run_dir / 'wandb'} for a later `wandb sync`"
+            )
     elif args.logger == "mlflow":
         uri = mlflow_tracking_uri(args, run_dir)
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (databases need nothing)

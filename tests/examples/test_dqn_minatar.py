@@ -36,6 +36,7 @@ from tests.support.examples import (
     assert_mlflow_refuses_exp_name,
     assert_mlflow_takes_a_plain_path,
     assert_refused_at_parse,
+    assert_wandb_without_login_says_what_to_do,
     example_env,
     load_example,
     stopped_in_evaluation,
@@ -486,3 +487,8 @@ def test_an_mlflow_tracking_uri_that_is_a_plain_path_is_a_file_store(
     # guards against: --mlflow-tracking-uri ./mlruns ended in MLflow's raw MlflowException ("The filesystem tracking
     # backend ... is in maintenance mode"): only a file: URI got the file-store switch
     assert_mlflow_takes_a_plain_path(example_module, tmp_path, monkeypatch)
+
+
+def test_wandb_without_a_login_says_what_to_do(tmp_path: Path) -> None:
+    # guards against: --logger wandb without `wandb login` nor WANDB_MODE=offline ended in wandb's UsageError traceback
+    assert_wandb_without_login_says_what_to_do(EXAMPLE, tmp_path)

@@ -164,6 +164,35 @@ def assert_mlflow_takes_a_plain_path(module: ModuleType, tmp_path: Path, monkeyp
     assert words[-2:] == ["--backend-store-uri", (tmp_path / "my store").as_uri()]
 
 
+def assert_wandb_without_login_says_what_to_do(example: Path, tmp_path: Path) -> None:
+    """``--logger wandb`` with no W&B key and no ``WANDB_MODE=offline``: the example's one-line error naming the flag,
+    ``wandb login`` and ``WANDB_MODE=offline``, exit 2, not wandb's ``UsageError`` traceback."""
+    from tests.support.loggers import logger_package
+
+    logger_package("wandb")
+    env = example_env()
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        env.pop(name, None)
+    empty = tmp_path / "home"  # no ~/.netrc, no W&B settings: a user who never ran `wandb login`
+    env.update(HOME=str(empty), NETRC=str(empty / ".netrc"), WANDB_CONFIG_DIR=str(empty / "wandb"))
+    env.update(WANDB_CACHE_DIR=str(empty / "cache"), WANDB_DATA_DIR=str(empty / "data"), WANDB_SILENT="true")
+    argv = ["--logger", "wandb", "--total-timesteps", "300", "--learning-starts", "200", "--runs-dir", "runs"]
+    done = subprocess.run(
+        [sys.executable, str(example), *argv],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,  # no terminal: wandb cannot ask for a key
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"{example.name}: error: --logger wandb cannot start the W&B run" in done.stderr
+    assert "`wandb login`" in done.stderr and "WANDB_MODE=offline" in done.stderr
+
+
 def stopped_in_evaluation(
     module: ModuleType, argv: list[str], runs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> dict[str, str]:
