@@ -70,7 +70,7 @@ Beside = tuple[dict[str, Any], dict[str, float]]
 """The checks the runs' worker made at a run: ``({check: result or the error it raised}, {piece: seconds})``."""
 
 # A random forward's attributions change from call to call: a reason of the verdict (the checks cannot vouch for them)
-_RANDOM = "reproducibility: the forward gave different values on the same states in eval mode"
+_RANDOM = "random forward: different values on the same states in eval mode"
 # The carried verdicts' words for the run's own accuracy (its numbers are in the report's completeness section).
 _CARRIED_ACCURACY = {
     True: "within tolerance at this run (its figures: the completeness section)",

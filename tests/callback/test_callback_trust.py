@@ -180,7 +180,9 @@ def test_a_stochastic_forward_warns_once_and_is_reported(tmp_path):
     assert report["stochastic_forward"] is True
     # not a trusted explanation, at every run (between checks too): the status fails and says why
     assert [entry["trust"] for entry in callback.history] == ["failed", "failed"]
-    assert report["trust"]["status"] == "failed" and any("reproducibility" in r for r in report["trust"]["reasons"])
+    assert report["trust"]["status"] == "failed" and any(
+        r.startswith("random forward: different values") for r in report["trust"]["reasons"]
+    )
     text = _events(logger).Tensors("ig/report/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "**The forward is random**" in text
 
