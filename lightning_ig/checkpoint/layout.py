@@ -29,6 +29,7 @@ __all__ = [
     "HEAD_SEPARATOR",
     "RESERVED_PREFIX",
     "STATES_KEY",
+    "TRUNCATED",
     "CheckpointError",
     "LoadedCheckpoint",
     "check_format",
@@ -125,12 +126,16 @@ def few(keys: Sequence[str], limit: int = 4) -> str:
     return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)})"
 
 
+TRUNCATED = ("not fully covered", "invalid header length", "header too small")
+"""safetensors' words for a file whose size is not its header's: a save or a copy cut short."""
+
+
 def open_error(path: Path, error: BaseException) -> CheckpointError:
     """The error for a file safetensors cannot read."""
     first_line = str(error).splitlines()[0] if str(error) else ""
     if "Cannot allocate memory" in first_line:  # a whole file too large to map (ENOMEM): not a broken one
         return CheckpointError(f"{str(path)!r} is too large to map into this machine's memory ({first_line})")
-    if any(text in first_line for text in ("not fully covered", "invalid header length", "header too small")):
+    if any(text in first_line for text in TRUNCATED):
         return CheckpointError(f"{str(path)!r} looks truncated or corrupt ({path.stat().st_size} bytes): save it again")
     return CheckpointError(
         f"{str(path)!r} is not a readable safetensors file ({type(error).__name__}: {first_line}); "

@@ -175,3 +175,14 @@ def test_float8_states_are_read_as_their_values(tmp_path: Path) -> None:
     values = torch.tensor([[0.5, -1.0, 2.0, 0.0]], dtype=torch.float8_e4m3fn)
     save_file({STATES_KEY: values}, str(tmp_path / "s.safetensors"))
     assert torch.equal(load_states(tmp_path / "s.safetensors"), values.float())
+
+
+def test_a_states_file_cut_short_is_said_to_be_so_with_its_size(tmp_path: Path) -> None:
+    # guards against: a .safetensors states file cut short said safetensors' "incomplete metadata, file not fully
+    # covered; check the file", where a checkpoint cut short says it looks truncated and to save it again
+    save_file({"__states__": torch.rand(64, 4)}, str(tmp_path / "s.safetensors"))
+    whole = (tmp_path / "s.safetensors").read_bytes()
+    for name, data in [("cut.safetensors", whole[: len(whole) // 2]), ("header.safetensors", whole[:40])]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError, match=rf"'.*{name}' looks truncated or corrupt \({len(data)} bytes\)"):
+            load_states(tmp_path / name)
