@@ -153,12 +153,12 @@ def attribute_eager(
     prepared = prepare(forward, inputs, baselines, settings, target)
     settings = resolve_budget(forward, prepared, settings)  # n_steps="budget": a number from the work's size
     x = prepared.x
-    checks = [("inputs", x)]
-    if isinstance(baselines, Tensor):  # as the path uses them: float32's 1e5 is inf in float16; a CPU one on the GPU
-        cast = "" if baselines.dtype == x.dtype else f" as {x.dtype}"
-        checks.append((f"baselines{cast}", baselines.detach().to(x.device, x.dtype)))
     deferred: list[tuple[str, Tensor, Tensor]] = []
     if settings.check_finite:
+        checks = [("inputs", x)]
+        if isinstance(baselines, Tensor):  # as the path uses them: float32's 1e5 is inf in float16; a CPU one on a GPU
+            cast = "" if baselines.dtype == x.dtype else f" as {x.dtype}"
+            checks.append((f"baselines{cast}", baselines.detach().to(x.device, x.dtype)))
         if settings.n_steps == "auto" or x.device.type != "cuda":
             for name, tensor in checks:  # "auto" reads figures on the host as it goes: check first
                 check_finite(name, tensor)

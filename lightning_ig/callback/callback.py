@@ -236,7 +236,7 @@ class IntegratedGradientsCallback(Callback):
             "ever_non_zero": sorted(seen),
             "budget": self._budget.state_dict(),  # the measure, and the trust checks' schedule
             "trust_results": self._trust_results if trust is None else trust.results_state(),
-            "held_out": None if self._plan is None else self._plan.identity(),  # what the history is about
+            "held_out": None if self._plan is None else self._plan.identity,  # what the history is about
         }
 
     @override
@@ -244,7 +244,7 @@ class IntegratedGradientsCallback(Callback):
         self.history = [dict(entry) for entry in state_dict.get("history", [])]
         self._restored = state_dict.get("budget")
         if self._plan is not None and self.history:  # restored after the fit's set-up: what a history is about is known
-            self.history = setup.history_to_continue(self.history, self._plan.identity(), state_dict, self.options.name)
+            self.history = setup.history_to_continue(self.history, self._plan.identity, state_dict, self.options.name)
             if not self.history and self._restored is not None:  # a new history: its checks start afresh, as a fit's
                 self._restored = {**self._restored, "last_checks": {}}
         self._last_run_step = state_dict.get("last_run_step")

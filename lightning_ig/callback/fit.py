@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import multiprocessing
 import os
 import pickle
@@ -86,8 +87,10 @@ class FitPlan:
     reports: ReportFolder | None
     baseline: Any
 
+    @functools.cached_property
     def identity(self) -> dict[str, Any]:
-        """What a run's history is about (kept in a checkpoint): its units, the states' shape and their CRC-32."""
+        """What a run's history is about (kept in a checkpoint): its units, the states' shape and their CRC-32 (made
+        once: a checkpoint's save reads it)."""
         names, values = list((self.units.groups or self.units).names), self.held_out.float().contiguous().numpy()
         return {"units": len(names), "names": names, "shape": [*self.held_out.shape], "values": zlib.crc32(values.data)}
 

@@ -33,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "LoadedCheckpoint",
     "check_format",
+    "cut_short",
     "existing_file",
     "few",
     "head_prefix",
@@ -130,13 +131,20 @@ TRUNCATED = ("not fully covered", "invalid header length", "header too small")
 """safetensors' words for a file whose size is not its header's: a save or a copy cut short."""
 
 
+def cut_short(path: Path, what: str = "") -> CheckpointError:
+    """The error for a file cut short (``what``: how the message names it, e.g. ``"states file "``)."""
+    return CheckpointError(
+        f"{what}{str(path)!r} looks truncated or corrupt ({path.stat().st_size} bytes): save it again"
+    )
+
+
 def open_error(path: Path, error: BaseException) -> CheckpointError:
     """The error for a file safetensors cannot read."""
     first_line = str(error).splitlines()[0] if str(error) else ""
     if "Cannot allocate memory" in first_line:  # a whole file too large to map (ENOMEM): not a broken one
         return CheckpointError(f"{str(path)!r} is too large to map into this machine's memory ({first_line})")
     if any(text in first_line for text in TRUNCATED):
-        return CheckpointError(f"{str(path)!r} looks truncated or corrupt ({path.stat().st_size} bytes): save it again")
+        return cut_short(path)
     return CheckpointError(
         f"{str(path)!r} is not a readable safetensors file ({type(error).__name__}: {first_line}); "
         "give a checkpoint written by lightning_ig.save_checkpoint or safetensors"

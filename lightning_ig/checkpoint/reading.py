@@ -20,6 +20,7 @@ from lightning_ig.checkpoint.layout import (
     FEATURE_NAMES_KEY,
     CheckpointError,
     LoadedCheckpoint,
+    cut_short,
     existing_file,
     few,
     head_prefix,
@@ -274,7 +275,7 @@ def load_lightning_checkpoint(
     with file.open("rb") as handle:  # torch.save writes a zip archive, its directory last: torch says "Errno 22"
         cut = handle.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(handle)
     if cut:
-        raise CheckpointError(f"{str(file)!r} looks truncated or corrupt ({file.stat().st_size} bytes): save it again")
+        raise cut_short(file)
     try:
         module = loader(os.fspath(file), map_location=torch.device(device))
     except Exception as error:  # pickle, key mismatches, the user's __init__

@@ -14,7 +14,7 @@ from torch import Tensor
 from lightning_ig._files import open_input
 from lightning_ig._json import MEMORY_PER_BYTE, parse_json
 from lightning_ig.attribution.checks import check_float_dtype
-from lightning_ig.checkpoint.layout import STATES_KEY, TRUNCATED, CheckpointError, existing_file, few
+from lightning_ig.checkpoint.layout import STATES_KEY, TRUNCATED, CheckpointError, cut_short, existing_file, few
 from lightning_ig.vocabulary import check_memory, check_text
 
 __all__ = ["STATE_SUFFIXES", "load_states", "states_beside"]
@@ -69,10 +69,7 @@ def load_states(
     except Exception as error:  # JSON syntax, ragged lists, corrupt files
         first_line = str(error).splitlines()[0] if str(error) else ""
         if any(text in first_line for text in TRUNCATED):
-            size = f"{file.stat().st_size} bytes"
-            raise CheckpointError(
-                f"states file {str(file)!r} looks truncated or corrupt ({size}): save it again"
-            ) from error
+            raise cut_short(file, "states file ") from error
         raise CheckpointError(
             f"cannot read states from {str(file)!r} ({type(error).__name__}: {first_line}); check the file"
         ) from error
