@@ -200,11 +200,11 @@ def trust_line(trust: Any) -> str:
         return _figures_of(trust, others[0]) if others else "accuracy, above"
     if trust.status == "unresolved":
         return _short(trust.notes[0]) if trust.notes else "nothing judged yet"
-    named = ["accuracy"]
+    passed, undecided = ["accuracy"], []  # the passed first: a card cuts the line at its width
     for name, word in {"randomization": "sanity", "deletion": "faithfulness", "stability": "stability"}.items():
         if (check := getattr(trust, name, None)) is not None and check.passed:  # not applicable: passed is None
-            named.append(word if getattr(check, "note", None) is None else f"{word} unresolved")  # judged nothing
-    return ", ".join(named)
+            (passed if getattr(check, "note", None) is None else undecided).append(word)  # a note: judged nothing
+    return ", ".join(passed + [f"{word} unresolved" for word in undecided])
 
 
 def _figures_of(trust: Any, reason: str) -> str:

@@ -130,4 +130,6 @@ def test_a_failed_check_is_its_figure_on_the_card_and_no_note_says_it_cannot_tel
     # a pass that could not decide judged nothing: the card's line does not list it among the checks that passed
     good = deletion_check(model, states, None, units, settings=SETTINGS)
     passing = trust_summary(accuracy=accuracy_verdict(0.001, 0.001, 0.01), randomization=sanity, deletion=good)
-    assert passing.status == "passed" and trust_line(passing) == "accuracy, sanity unresolved, faithfulness"
+    assert (
+        passing.status == "passed" and trust_line(passing) == "accuracy, faithfulness, sanity unresolved"
+    )  # passed first
