@@ -200,7 +200,7 @@ def trust_line(trust: Any) -> str:
         return _figures_of(trust, others[0]) if others else "accuracy, above"
     if trust.status == "unresolved":
         return _short(trust.notes[0]) if trust.notes else "nothing judged yet"
-    passed, undecided = ["accuracy"], []  # the passed first: a card cuts the line at its width
+    passed, undecided = ["accuracy"], list[str]()  # the passed first: a card cuts the line at its width
     for name, word in {"randomization": "sanity", "deletion": "faithfulness", "stability": "stability"}.items():
         if (check := getattr(trust, name, None)) is not None and check.passed:  # not applicable: passed is None
             (passed if getattr(check, "note", None) is None else undecided).append(word)  # a note: judged nothing
