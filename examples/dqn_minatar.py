@@ -647,12 +647,21 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (databases need nothing)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient  # noqa: PLC0415 - only for --logger mlflow
+        from mlflow.exceptions import MlflowException  # noqa: PLC0415
 
+        if not uri.startswith("file:"):  # MLflow retries a server that does not answer for minutes, without a word
+            print(f"connecting to the MLflow tracking server {uri} ...", file=sys.stderr, flush=True)
         # Lightning's logger makes a missing experiment itself, with a warning that it was "not found" (a fresh store
         # is every run's here): made beforehand, the run starts without it
         client = MlflowClient(tracking_uri=uri)
-        if client.get_experiment_by_name(args.exp_name) is None:
-            client.create_experiment(args.exp_name)
+        try:
+            if client.get_experiment_by_name(args.exp_name) is None:
+                client.create_experiment(args.exp_name)
+        except MlflowException as error:
+            error_exit(
+                f"--mlflow-tracking-uri {uri}: MLflow cannot reach it ({error}); start the server or name a reachable "
+                "one (MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 fails at once instead of retrying)"
+            )
         logger = MLFlowLogger(experiment_name=args.exp_name, run_name=run_name, tracking_uri=uri)
     else:
         logger = TensorBoardLogger(save_dir=run_dir.parent, name=run_name, version="", default_hp_metric=False)

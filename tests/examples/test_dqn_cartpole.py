@@ -35,6 +35,7 @@ from tests.support.examples import (
     assert_mlflow_logger_starts_quietly,
     assert_mlflow_refuses_exp_name,
     assert_mlflow_takes_a_plain_path,
+    assert_mlflow_unreachable_says_so,
     assert_refused_at_parse,
     assert_wandb_without_login_says_what_to_do,
     example_env,
@@ -564,6 +565,14 @@ def test_an_mlflow_tracking_uri_that_is_a_plain_path_is_a_file_store(
     # guards against: --mlflow-tracking-uri ./mlruns ended in MLflow's raw MlflowException ("The filesystem tracking
     # backend ... is in maintenance mode"): only a file: URI got the file-store switch
     assert_mlflow_takes_a_plain_path(example_module, tmp_path, monkeypatch)
+
+
+def test_an_mlflow_server_that_does_not_answer_is_said(
+    example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: --mlflow-tracking-uri http://... with no server waited about 4 minutes in MLflow's retries
+    # without a word, then ended in MLflow's raw MlflowException traceback
+    assert_mlflow_unreachable_says_so(example_module, tmp_path, monkeypatch, capsys)
 
 
 def test_wandb_without_a_login_says_what_to_do(tmp_path: Path) -> None:

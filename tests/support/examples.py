@@ -164,6 +164,30 @@ def assert_mlflow_takes_a_plain_path(module: ModuleType, tmp_path: Path, monkeyp
     assert words[-2:] == ["--backend-store-uri", (tmp_path / "my store").as_uri()]
 
 
+def assert_mlflow_unreachable_says_so(
+    module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--mlflow-tracking-uri http://...`` where nothing answers: a line says the example is connecting before MLflow
+    retries, then the example's one-line error naming the flag and the URI, exit 2 (not MLflow's traceback)."""
+    import socket
+
+    from tests.support.loggers import logger_package
+
+    logger_package("mlflow")
+    with socket.socket() as free:  # a port bound then released: nothing listens there
+        free.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{free.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries would take minutes
+    args = module.parse_args(["--logger", "mlflow", "--mlflow-tracking-uri", uri])
+    with pytest.raises(SystemExit) as stop:
+        module.make_logger(args, "run", tmp_path / "runs" / "run")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"connecting to the MLflow tracking server {uri}" in err
+    assert f"error: --mlflow-tracking-uri {uri}: MLflow cannot reach it" in err
+    assert "Traceback" not in err
+
+
 def assert_wandb_without_login_says_what_to_do(example: Path, tmp_path: Path) -> None:
     """``--logger wandb`` with no W&B key and no ``WANDB_MODE=offline``: the example's one-line error naming the flag,
     ``wandb login`` and ``WANDB_MODE=offline``, exit 2, not wandb's ``UsageError`` traceback."""
