@@ -13,30 +13,9 @@ path ``b + alpha (x - b)``, ``alpha`` in ``[0, 1]``::
 
 with the quadrature ``(alpha_k, w_k)`` of :mod:`~lightning_ig.attribution.quadrature`.
 
-The parts, in the order a call runs through them:
-
-* :mod:`~lightning_ig.attribution.settings` checks the keyword options once; :mod:`~lightning_ig.attribution.inputs`
-  checks and flattens the tensors (with :mod:`~lightning_ig.attribution.checks`, the tensor checks every wing shares);
-  :mod:`~lightning_ig.attribution.targets` says what to attribute;
-* the five operations of ``kernels/ig.cu`` (interpolation, finite-difference probes and gradients, accumulation,
-  completeness) are :mod:`lightning_ig.ops.ig`'s, each CUDA launcher beside its bit-identical torch twin, chosen once
-  per run;
-* :mod:`~lightning_ig.attribution.quadrature` gives the rule; :mod:`~lightning_ig.attribution.path` runs the path:
-  chunked batched forwards, autograd or finite differences, the stochastic-forward check;
-  :mod:`~lightning_ig.attribution.estimate` computes the error figures beside it, :mod:`~lightning_ig.attribution.kinks`
-  the kink rule and its figures; :mod:`~lightning_ig.attribution.budget` resolves ``n_steps="budget"`` and
-  ``method="auto"``; :mod:`~lightning_ig.attribution.auto_steps` is ``n_steps="auto"``;
-* :mod:`~lightning_ig.attribution.graphs` captures a whole attribution in a
-  CUDA graph; the engine (:mod:`~lightning_ig.attribution.engine`) keeps and replays the plans;
-* :mod:`~lightning_ig.attribution.result` is what comes back (:class:`IGResult`);
-  :mod:`~lightning_ig.attribution.exact_line` the references to check it against.
-
 The front doors are :func:`integrated_gradients` (one eager call) and
-:class:`IntegratedGradients` (defaults, and graph replay for repeated shapes).
-
-:mod:`~lightning_ig.attribution.groups` sums attributions per feature group; a run's numbers are
-:mod:`lightning_ig.run`'s. A new engine option goes into :mod:`~lightning_ig.attribution.settings` (and
-:func:`integrated_gradients`' signature).
+:class:`IntegratedGradients` (defaults, and graph replay for repeated shapes). The modules, in the order a call runs
+through them, and where a new engine option goes: ``docs/ARCHITECTURE.md`` (the wings; the engine).
 
 What a result says about itself (its completeness, each state non-finite, degenerate or checked, the error
 figures and the states near the baseline) is :mod:`~lightning_ig.attribution.result`'s docstring; how far to trust

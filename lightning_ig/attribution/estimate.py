@@ -5,24 +5,10 @@ the quadrature rules (the kink rule has its own: :mod:`~lightning_ig.attribution
 puts it beside the mass-relative completeness error and the attribution mass. Torch operations only: no host
 sync, no data-dependent shapes, no atomics, so they run inside a CUDA-graph capture, with either backend.
 
-With the path terms ``t_k = (x - b) g_k`` at the nodes, their sums ``s_k`` (the slope ``dF/dalpha``), the forward
-values ``v_k`` and the rule's cell boundaries ``beta = [0, cumsum(w)]``:
-
-* *kinks*: each stretch between neighbouring nodes has the exact residual ``rho_k = v_{k+1} - v_k - s_k (beta -
-  c_k) - s_{k+1} (c_{k+1} - beta)``; one kink in it makes the stretch's error ``J_k o_k`` (``J_k = t_{k+1} - t_k``,
-  ``o_k = rho_k / sigma_k`` clipped to the stretch, ``sigma_k = s_{k+1} - s_k``), so
-  ``kink = ||sum_k o_k J_k||_1 + sqrt(sum_k (rho_k - sigma_k o_k)^2 + start^2 + end^2)`` (the figures without a
-  direction in quadrature; jumpless stretches summed per run first: their rounding telescopes, a pulse counts);
-* *curvature*: each cell's ``-(t' m1_k + t'' m2_k / 2)`` from the quadratic through a node and its neighbours,
-  ``e = sum_k Gamma_k t_k`` (``Gamma``: a fixed stencil of the rule), the rule's error as a vector;
-* the float32 sums' rounding ``r = a - a_64`` (``a_64``: the same gradients summed in float64), added to ``e`` as a
-  vector (at rounding level the two cancel feature by feature as the real errors do), and the *roughness* of the
-  path terms summed in 8 groups of features weighing the models (``lam``)::
-
-      attribution_error = max(||e + r||_1, lam * kink + ||r||_1) / ||a||_1
-
-When it can be wrong (several kinks in one stretch, a pulse, kinks crowded at an end, narrow smooth features, an
-estimate chased by refinement) and how often: ``docs/trust.md``.
+From the path terms ``t_k = (x - b) g_k`` at the nodes and the forward values there it models each stretch's kink
+and each cell's curvature, adds the float32 sums' rounding as a vector, and weighs the models by the roughness of
+the path terms. The formulas, and when and how often the estimate is wrong: ``docs/trust.md`` (the midpoint
+estimate).
 """
 
 from __future__ import annotations
@@ -282,12 +268,9 @@ def _norms(grads: Tensor, coefficients: Tensor | None, rule: _RuleParts, diff: T
 def accuracy_rows(attributions: Tensor, stats: Tensor, numerator: Tensor, eps: float) -> Tensor:
     """``(3, T, B)``: the relative estimate, the mass-relative completeness error, ``||a||_1``.
 
-    ``mass_relative_error = |sum(a) - dF| / max(sum|a|, |dF|)``: well conditioned where ``dF`` is tiny next to
-    the attribution mass (a random-init network: the ratio ``|delta| / |dF|`` then reads 60-100% for maps within
-    1% of the truth), and still failing when the sum is wrong (a map that is all noise scores about 1). It is
-    ``|sum e| / mass``, a lower bound of the per-feature error: it can fail a map, never vouch for one. ``|delta|``
-    counts beyond the values' rounding, :data:`NOISE` ``eps (|F(x)| + |F(b)|)`` (a bound kept for states whose
-    attribution mass is that small: those close to the baseline).
+    ``mass_relative_error = |sum(a) - dF| / max(sum|a|, |dF|)``, ``|delta|`` counted beyond :data:`NOISE` ``eps
+    (|F(x)| + |F(b)|)``: a lower bound of the per-feature error, well conditioned where ``dF`` is tiny; it can fail
+    a map, never vouch for one (``docs/trust.md``).
 
     Args:
         attributions: ``(T, B, F)``.

@@ -1,34 +1,11 @@
 """``method="kink_midpoint"``: the midpoint rule with certified kink corrections, and its error estimate.
 
-Along the path a ReLU network is piecewise linear: the integrand ``t(alpha) = (x - b) * g(alpha)`` is a step
-function and the midpoint rule errs where a kink falls between two nodes. From one pass at the ``n`` midpoint
-nodes (gradients ``g_k``, values ``v_k``; per stretch in float64: the slope jump ``sigma_k``, the value residual
-``rho_k = v_k+1 - v_k - h (s_k + s_k+1) / 2``, the located kink ``o_k = clip(rho_k / sigma_k)``, the vector jump
-``J_k = t_k+1 - t_k``; one kink makes the stretch's error ``o_k J_k`` exactly):
-
-1. the certificate: one forward-only pass at the located kink of the ``ceil(n / 4)`` stretches per state with the
-   largest ``|o_k| ||J_k||_1`` (:func:`torch.topk`: a fixed shape, no host sync); with one kink there the value
-   lies on both neighbouring pieces (for the largest quarter of them a second value, halfway to the stretch's
-   farther end, must lie on that side's piece too: two kinks of opposite slope changes pass the first check), and
-   its miss ``delta_k`` weighs the correction
-   ``w_k = clamp(1 - (delta_k - rounding) / |rho_k|, 0, 1) * clamp((30 - N_k) / 15, 0, 1)``,
-   ``N_k = ||J_k||_1 / |sigma_k|`` (features jumping against each other); stretches not certified stay as they are;
-2. the weights: ``h + sum_k w_k o_k (e_k+1 - e_k)`` per node and state where the path is kinked, the midpoint
-   weights corrected at the ends to degree 7 where it is smooth, blended by the roughness weight ``lam``
-   (:data:`~lightning_ig.attribution.estimate.ROUGHNESS`), summed by the backend's accumulation.
-
-The estimate keeps what was not corrected: the uncorrected kink models as one signed vector, the figures without
-a direction in quadrature (end residuals ``r_0, r_n``, what one kink leaves unexplained ``rho_k - sigma_k o_k``,
-the certificates' leftovers ``w_k min(delta_k N_k, ||o_k J_k||_1)``)::
-
-    kink = ||sum_k (1 - w_k) o_k J_k||_1 + sqrt(r_0^2 + r_n^2 + sum_k left_k^2 + sum_k cert_k^2)
-    attribution_error = (max((1 - lam) smooth, lam kink) + rounding) / ||a||_1
-
-(``smooth``: the degree-7 weights against the degree-5 ones; ``rounding``: the float32 sums' bound, ``2 eps sum_k
-h ||(x - b) g_k||_1``, measured on the CPU where it would set a smooth state's figure; ``lam`` reads the path as
-kinked from a lower roughness than the weights' blend: a smooth path resolved only roughly reads low on ``smooth``).
-The value sees no direction, so several kinks in a stretch can be misread either way, and at hundreds of nodes the
-estimate reads low: the rule is for the regime where points are dear (``docs/trust.md``).
+Along the path a ReLU network is piecewise linear, and the midpoint rule errs where a kink falls between two nodes.
+From the one pass at the ``n`` midpoint nodes (gradients and forward values) each stretch's kink is located; one
+forward-only pass checks the largest ``ceil(n / 4)`` of them (the certificate: :func:`torch.topk`, a fixed shape, no
+host sync), and the certified corrections become per-node, per-state weights, blended with end-corrected midpoint
+weights by the path's roughness and summed by the backend's accumulation. The estimate keeps what was not corrected.
+The formulas, the thresholds and when the estimate reads wrong: ``docs/trust.md`` (the default rule and its estimate).
 """
 
 from __future__ import annotations

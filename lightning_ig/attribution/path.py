@@ -1,30 +1,13 @@
 """The path integral: interpolation, chunked forwards, gradients (autograd or finite differences), refinement.
 
-A :class:`PathRun` holds one attribution problem with its states flattened to ``(B, F)``. The same code runs eagerly and
-under CUDA-graph capture:
-
-* all ``n_steps x B`` path points, plus the two ends ``x`` and ``b`` (twice: the stochastic-forward check), come from
-  one interpolation and are evaluated in batched forwards of at most ``chunk_rows`` rows, so ``F(x)`` and ``F(b)`` for
-  completeness and their repeat cost no extra pass; a CUDA out-of-memory halves the chunk and retries (eager runs only);
-* ``gradient="autograd"``: one ``torch.autograd.grad`` per chunk and target w.r.t. the path points only; never
-  ``.backward()``, never a parameter's ``.grad``;
-* ``gradient="finite_difference"``: central differences ``(F(p + h e_i) - F(p - h e_i)) / (p_i^+ - p_i^-)`` for every
-  feature of every path point, all probes of a chunk built by one backend call and evaluated in one forward;
-  ``h_i = fd_step * max(1, |x_i|, |b_i|)`` with ``fd_step = eps ** (1/3)`` of the inputs' dtype by default (truncation
-  ``O(h^2)`` against rounding ``O(eps/h)``), and the divisor is the step as stored in the inputs' dtype;
-* the forward values at the nodes are kept ``(T, n, B)`` (autograd computes them anyway; with finite differences they
-  are the mean of each node's probes), for the error estimate (:mod:`~lightning_ig.attribution.estimate`), which
-  :meth:`PathRun.finish` computes on the device beside the completeness statistics;
-* ``target="contrast"`` chooses each state's greedy and runner-up outputs from one forward at ``x`` before the path
-  (inside a captured graph too, so a replay chooses them for its own inputs) and holds them fixed along the path;
-* ``attributions = (x - b) * sum_k w_k g_k`` (one weight per node, or per node and state for the kink rule:
-  :mod:`~lightning_ig.attribution.kinks`, whose certificate is one more forward-only pass, :meth:`PathRun.values_at`)
-  and the completeness statistics, both by the backend; the completeness operation also compares the two copies of the
-  ends (the stochastic-forward check, a flag on the device that the caller reads where it syncs anyway; skipped inside a
-  capture, where its answer could not be read). Identical rows of one batch agree even under batch-norm in train mode,
-  so batch statistics are found by looking at the forward's module
-  (:func:`~lightning_ig.attribution.inputs.uses_batch_statistics`); the running statistics those forwards move are put
-  back by the callers (:class:`~lightning_ig.attribution.inputs.RunningStatistics`).
+A :class:`PathRun` holds one attribution problem with its states flattened to ``(B, F)``; the same code runs eagerly and
+under CUDA-graph capture. All ``n_steps x B`` path points and the two ends (twice: the stochastic-forward check) come
+from one interpolation and are evaluated in batched forwards of at most ``chunk_rows`` rows (halved on a CUDA
+out-of-memory, eager runs only). Gradients are one ``torch.autograd.grad`` per chunk and target w.r.t. the points
+(never ``.backward()``, never a parameter's ``.grad``), or central differences with ``h_i = fd_step * max(1, |x_i|,
+|b_i|)``. The node values are kept for the error estimate (:mod:`~lightning_ig.attribution.estimate`);
+``target="contrast"`` chooses its pairs from one forward at ``x`` before the path; the backend sums the attributions
+and their completeness. Each step and why: ``docs/ARCHITECTURE.md`` (the engine).
 
 ``n_steps="auto"`` is :mod:`~lightning_ig.attribution.auto_steps`' (sub-batches of this class).
 """
