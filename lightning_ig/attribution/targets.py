@@ -6,11 +6,9 @@ dueling network whose advantages are mean-centred), an int (one column), a LongT
 ``"each"`` (every column), ``"contrast"`` (per state, the greedy column minus the runner-up's: "why this action rather
 than the next best") or a callable ``(N, A) -> (N,)``.
 
-:meth:`Target.parse` checks the user's value once where it comes in (the engine's call, the callback's constructor,
-the command line's flag); :meth:`Target.bind` fits it to a model's outputs (its actions' labels, the rows per
-state). Every consumer asks the :class:`Target` (its label, rows per state, whether pairs are chosen, whether the
-deletion check applies, its words) instead of testing the user's value. The engine runs the forward on rows laid
-out ``(*, B)``: row ``r`` belongs to state ``r % B``.
+:meth:`Target.parse` checks the user's value once where it comes in, :meth:`Target.bind` fits it to a model's outputs;
+every consumer asks the :class:`Target` instead of testing the user's value (``docs/ARCHITECTURE.md``, contracts).
+The engine runs the forward on rows laid out ``(*, B)``: row ``r`` belongs to state ``r % B``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The CuPy loader, the one module that imports CuPy: find, compile and cache kernels, launch them on torch's stream.
 
-Rules this module enforces for every kernel in ``kernels/*.cu``:
-
-* All memory is torch's. Callers allocate outputs and scratch with torch and pass ``tensor.data_ptr()``; CuPy never
-  allocates, so there is one memory pool and ``torch.cuda.graph`` can capture the launches.
-* Launches go to ``torch.cuda.current_stream(device)``, looked up at every call. The CuPy wrapper of a stream is cached
-  by the stream's handle (building one per launch costs host time), never without it.
-* Each ``.cu`` file is compiled once per (device, options) and cached; the
-  source is prefixed with ``#line 1 "<path>"`` so compiler errors name the real file.
-* Scalars are passed as numpy scalars of the kernel's exact C type.
-* Launches are CuPy's own (``RawKernel.__call__``): one launch path (a
-  hand-prepared ``cuLaunchKernel`` one was no faster: ``docs/benchmarks.md``).
-
-CuPy is imported lazily, so the package imports and runs (on its torch path) where CuPy is not installed.
+It enforces the kernels' contract (``docs/ARCHITECTURE.md``): all memory is torch's (CuPy never allocates, so
+``torch.cuda.graph`` can capture the launches); launches go to ``torch.cuda.current_stream(device)``, looked up at every
+call (CuPy's wrapper of a stream cached by its handle); each ``.cu`` is compiled once per (device, options), prefixed
+with ``#line 1 "<path>"`` so compiler errors name the real file; scalars are numpy scalars of the kernel's C type;
+launches are CuPy's own (a hand-prepared ``cuLaunchKernel`` was no faster: ``docs/benchmarks.md``). CuPy is imported
+lazily, so the package imports and runs (on its torch path) where CuPy is not installed.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The fit's working copy of the model, where the trust checks compute: the model itself is only ever read.
 
-:class:`Replica` is made once per fit (:func:`~lightning_ig.trust.common.structure_copy`) and follows the model:
-:meth:`Replica.sync` copies the model's parameters and buffers into it in place and shares its plain attributes again
-(a float training sets anew), so that its forward is the model's as attribution sees it (eval mode, noise off) without
-the model being put into that mode and back (:func:`~lightning_ig.models.noise.attribution_mode`'s bookkeeping).
-The sanity check's re-initialised copies re-draw its parameters in place (:meth:`Replica.redraw`), and the stability
-check's noise draws are written into its noise buffers in place; both attribute with the replica's own
-:class:`~lightning_ig.attribution.IntegratedGradients`, which on a CUDA device captures the replica's IG once and then
-replays it: a replay reads whatever the parameters and buffers hold at that moment.
-
-Its IG runs with its :class:`~lightning_ig.models.NoisyLinear` layers computing ``mu + sigma * epsilon`` (noise on,
-those layers in training mode, the rest in eval mode; :meth:`Replica.noise_on`), with ``epsilon = 0`` between draws:
-the mean weights exactly, on the one code path a captured graph holds, for the re-initialised copies and the noisy
-draws alike. Its plain forwards (the deletion check's) use the mean weights with the noise off. Other libraries'
-noisy layers are switched off for good (:func:`~lightning_ig.models.noise.noise_disabled`), and no noisy layer's
-buffers (its noise sample) are copied from the model.
+:class:`Replica` is made once per fit and follows the model (:meth:`Replica.sync`: parameters and buffers copied in
+place, plain attributes shared again), so its forward is the model's as attribution sees it without the model being
+put into that mode and back. The sanity check's copies re-draw its parameters in place (:meth:`Replica.redraw`), the
+stability check's draws are written into its noise buffers (:meth:`Replica.noise`); both attribute with its own engine,
+which on a CUDA device captures its IG once and replays it. That IG runs with the NoisyLinear layers' noise on and
+``epsilon = 0`` between draws: the mean weights, on the one code path a graph holds. Other libraries' noisy layers are
+off for good. Why and what it costs: ``docs/trust.md`` (the trust checks).
 """
 
 from __future__ import annotations

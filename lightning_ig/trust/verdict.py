@@ -1,19 +1,12 @@
 """One verdict on a run's explanation: the accuracy of its numbers and the checks that can fail, and why not.
 
-:func:`trust_summary` judges what it is given: the run's accuracy verdict (is IG's arithmetic right: the engine's error
-figures against the tolerance) and the latest result of each check (is the explanation worth reading:
-:mod:`~lightning_ig.trust.sanity`, :mod:`~lightning_ig.trust.faithfulness`, :mod:`~lightning_ig.trust.stability`).
-``passed`` means every figure given passed and at least one was given; ``reasons`` says, per failure, which figure and
-by how much; ``status`` is ``"passed"``, ``"failed"`` or ``"unresolved"`` (none failed, but a check has not run yet, or
-nothing was judged); a check that ran and could not decide (the sanity check on too few units) is a note, not a pass,
-and leaves the status to the others. A stability check that does not apply (no NoisyNet layers) is not judged; an
-accuracy figure that could not be computed is not a pass.
-
-The accuracy verdict is the run's own (``Completeness.accuracy``: the engine's figures against sqrt(2) x tol). A
-check that has not run yet in this fit is a note (``pending``: when the budget lets it run), so the verdict stays
-``"unresolved"`` until every check has spoken once. The text (:attr:`TrustSummary.status`, ``headline()``,
-``lines()``) is written once, when the verdict is made: a run that carries the verdict of the last run that checked
-(:attr:`~lightning_ig.callback.monitor.TrustMonitor.carried`) reads it without running this module's code.
+:func:`trust_summary` judges what it is given: the run's accuracy verdict (``Completeness.accuracy``: the engine's
+figures against sqrt(2) x tol; one that could not be computed is not a pass) and the latest result of each check
+(:mod:`~lightning_ig.trust.sanity`, :mod:`~lightning_ig.trust.faithfulness`, :mod:`~lightning_ig.trust.stability`;
+one that does not apply is not judged). How the status follows is :class:`TrustSummary`'s. A check that has not run
+yet in this fit is a note (``pending``), so the verdict stays ``"unresolved"`` until every check has spoken once. A
+run that carries the verdict of the last run that checked (:attr:`~lightning_ig.callback.monitor.TrustMonitor.carried`)
+reads its text without running this module's code.
 """
 
 from __future__ import annotations
