@@ -1,22 +1,16 @@
 """High-resolution references to check the engine against: :func:`exact_line` and :func:`midpoint_reference`.
 
-Along the IG line ``b + alpha (x - b)`` a network made of ``Linear``/``Conv2d``/``ReLU``/``Flatten`` (and the
-package's dueling heads, ``NoisyLinear`` in eval mode) is piecewise linear: its gradient is constant between the
-places where some ReLU's pre-activation crosses zero. :func:`exact_line` (ExactLine, Sotoudeh & Thakur 2019) walks
-each state's line region by region: at the start of a region one forward-mode pass gives every ReLU's
-pre-activation ``z`` and ``dz/dalpha``; each is affine inside the region, so the region ends at the first zero
-ahead, and one gradient inside the region is the region's gradient. The integral is then exact up to float64
-rounding. It costs two passes per region for every state still walking, which is thousands of gradients per state
-on a conv net: a ground truth for ``lightning-ig diag --verify``, never a default.
+Along the IG line ``b + alpha (x - b)`` a network of ``Linear``/``Conv2d``/``ReLU``/``Flatten`` (and the package's
+dueling heads, ``NoisyLinear`` in eval mode) is piecewise linear. :func:`exact_line` (ExactLine, Sotoudeh & Thakur
+2019) walks each state's line region by region: one forward-mode pass at a region's start gives every ReLU's
+pre-activation ``z`` and ``dz/dalpha``, affine inside the region, so the region ends at the first zero ahead, and one
+gradient inside it is the region's. The integral is exact up to float64 rounding, at two passes per region (thousands
+of gradients per state on a conv net): a ground truth for ``lightning-ig diag --verify``, never a default. Its
+self-check is completeness: a non-linearity its hooks cannot see (``F.relu`` inside a ``forward``) leaves kinks inside
+"regions", and it raises :class:`ExactLineError` rather than return a wrong "truth".
 
-The self-check: exact regions integrate to ``F(x) - F(b)``. A ReLU the hooks cannot see (``F.relu`` inside a
-``forward``) or another non-linearity leaves kinks inside "regions"; the completeness of the result then fails
-and :func:`exact_line` raises :class:`ExactLineError` rather than return a wrong "truth". A leaf module of a type
-not listed above is refused before anything runs (:class:`UnsupportedModelError`).
-
-:func:`midpoint_reference` is the fallback for every other network: ``>= 8192`` midpoint steps with the model
-and the sums in float64 (how far it is from the exact line: ``docs/trust.md``).
-:func:`reference` picks the exact line where it applies and the midpoint rule otherwise.
+:func:`midpoint_reference` (``>= 8192`` float64 midpoint steps; how far from the exact line: ``docs/trust.md``) is the
+fallback for every other network; :func:`reference` picks the exact line where it applies.
 """
 
 from __future__ import annotations

@@ -52,9 +52,8 @@ __all__ = [
     "randomization_reference",
 ]
 
-# The pass rule's constants, each from the measurements in the module docstring.
-SANITY_MARGIN = 0.10  # the model's correlation with a copy must be this far below two copies' correlation: above
-# every random-init twin's gap (<= 0.071), below a trained Nature-CNN's (+0.12)
+# The pass rule's constants, each from the measurements in docs/trust.md.
+SANITY_MARGIN = 0.10  # the model's correlation with a copy must be this far below two copies' correlation
 SANITY_CEILING = 0.90  # ... and below this in any case: a map this close to a random network's is not the model's
 SANITY_MIN_UNITS = 8  # with fewer units only the ceiling applies (Spearman over 4 values moves in steps of 0.2)
 

@@ -6,10 +6,8 @@ logger keeps such things, through Lightning's logger API and the tracking client
 nothing here. TensorBoard has its own writer; CSV and the rest keep scalars.
 
 :func:`picture_sinks` picks a sink per logger; the callback calls them on global rank zero, where it writes
-TensorBoard's pictures, and may call them from its picture thread (each sink holds its own lock). MLflow 3 refuses its
-file store (``file:`` URIs) unless ``MLFLOW_ALLOW_FILE_STORE=true``; its database stores need nothing more. MLflow
-before 3.11 stores an image whose key holds a ``/`` (every picture's tag) under a name that neither its client nor its
-UI reads back (mlflow/mlflow#22165): :class:`MlflowSink` warns, and the ``[mlflow]`` extra asks for 3.11 or later.
+TensorBoard's pictures, and may call them from its picture thread (each sink holds its own lock). MLflow's versions
+and stores: the README.
 """
 
 from __future__ import annotations
