@@ -62,7 +62,7 @@ def error_estimate(
     attributions: Tensor,
     eps: float,
 ) -> Tensor:
-    """The unnormalised estimate of the rule's L1 error (the module docstring), per target and state ``(T, B)``.
+    """The unnormalised estimate of the rule's L1 error (``docs/trust.md``), per target and state ``(T, B)``.
 
     Args:
         grads: ``(T, n, B, F)`` the gradients at the nodes, in the accumulation dtype.

@@ -1,29 +1,11 @@
 """Safetensors checkpoints that rebuild their own model: architecture, config, feature names, held-out states.
 
-File layout (one safetensors file):
-
-* tensors: the model's ``state_dict()`` under its own keys, plus the held-out
-  states, if any, as the float32 tensor ``__states__`` ``(num_states, *feature_shape)``;
-* metadata (safetensors allows only ``str -> str``):
-
-  ========================== ==========================================================
-  ``lightning_ig.format``    ``"1"``
-  ``lightning_ig.architecture`` a registered model name (``"DuelingQNetwork"``) or an
-                             import path ``"package.module:Class"`` (followed only on
-                             the reader's say-so)
-  ``lightning_ig.config``    the constructor's keyword arguments, JSON
-  ``lightning_ig.feature_names`` JSON array of names, one per input feature (optional)
-  ========================== ==========================================================
-
-  plus any metadata of the user's own.
-
-A *merged* file holds several heads, each under a prefix ``<head>__`` (for example ``trending__value.0.weight_mu`` and
-``ranging__value.0.weight_mu``), the head's own states as ``<head>____states__`` (its prefix + ``__states__``), and
-per-head architecture, config and feature names in ``lightning_ig.heads``, a JSON object ``{"<head>": {"architecture":
-..., "config": {...}, "feature_names": [...]}}``. Loading with ``prefix="trending__"`` reads only the keys under that
-prefix and strips it, so a head loads exactly like a single-model file. A head without its own entry or states falls
-back on the file-level ones. Write merged files with :func:`save_merged_checkpoint` (models) or
-:func:`merge_checkpoints` (files).
+One safetensors file: the model's ``state_dict()`` under its own keys, the held-out states (float32) as
+``__states__``, and in the metadata (``str -> str``) the format's version, the architecture's registered name (or an
+import path, followed only on the reader's say-so), its config as JSON and the feature names (:mod:`.layout`'s keys),
+beside any metadata of the user's own. A *merged* file holds several heads, each under the prefix ``<head>__``
+(:func:`save_merged_checkpoint`, :func:`merge_checkpoints`); ``prefix="trending__"`` loads one head exactly like a
+single-model file. The layout in full: ``docs/ARCHITECTURE.md`` (contracts).
 
 Writes are atomic (:mod:`.writing`). A checkpoint is data: reading one never unpickles and never imports what the
 file names, and its config may not describe a model larger than the tensors it stores (:func:`load_checkpoint`).

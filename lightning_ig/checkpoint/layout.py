@@ -1,7 +1,7 @@
 """The checkpoint file's layout: metadata keys, the error type, what a load returns, and reading a file's header.
 
-Shared by :mod:`.writing`, :mod:`.heads`, :mod:`.reading` and :mod:`.states`; see
-:mod:`lightning_ig.checkpoint` for the layout itself.
+Shared by :mod:`.writing`, :mod:`.heads`, :mod:`.reading` and :mod:`.states`; the layout itself:
+``docs/ARCHITECTURE.md`` (contracts).
 """
 
 from __future__ import annotations
