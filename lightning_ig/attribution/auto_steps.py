@@ -5,14 +5,9 @@ The first level is the kink rule (:mod:`~lightning_ig.attribution.kinks`) at
 finite differences). The ``3 n`` midpoint nodes hold the ``n`` before, so a state that goes on costs ``2 n`` new
 gradients per level: ``56, 168, 504``, never past ``max_steps``. Each later level runs the states still above
 tolerance as a sub-batch (:meth:`~lightning_ig.attribution.path.PathRun.subset`) with the midpoint rule and its
-estimate, computed afresh on the level's nodes (it stays honest at any count; the kink rule's reads low at
-hundreds); each state records what it used (:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`).
-
-A state goes on while its estimate or its mass-relative error is above ``completeness_tol / 2`` (``/ 4`` after the
-kink rule, whose estimate can read a third of the truth at random init; so do its corrections over ``tol / 4``: the
-estimate reads a wrong one the certificate passed as exact; never on ``|delta| / |dF|``); a state near
-the baseline is judged by its absolute error against a tenth of the median ``max(||a||_1, |dF|)``; a non-finite
-state stops at once. Every cell of a state is refined alike: refinement that chases the estimate makes it read low.
+estimate, computed afresh on the level's nodes; each state records what it used
+(:attr:`~lightning_ig.attribution.IGResult.n_steps_per_state`). A state goes on while a figure is above
+``completeness_tol / 2`` (``/ 4`` after the kink rule); which figures, and why: ``docs/trust.md``.
 """
 
 from __future__ import annotations

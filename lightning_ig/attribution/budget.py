@@ -1,14 +1,12 @@
 """The defaults resolved for a call: ``n_steps="budget"`` (points from the size of the work) and ``method="auto"``.
 
-Points buy accuracy on a ReLU network, and their cost depends on the device: a GPU runs a small network's path at
-the cost of its launches, a CPU pays per row. So the engine counts the work, never times it: the forward's
-multiply-adds on one state (every module the forward calls whose largest parameter has two or more dimensions adds
-``2 x that parameter's elements x its output positions``; counted once per forward, feature shape, dtype and
-device), times the states, times ``1 + T`` passes (a forward, a backward per target) or ``2 F`` probes for finite
-differences, per node. ``n_steps`` is the largest of :data:`STEP_CHOICES` whose work fits the device's
-:class:`Profile`, the smallest when none does or nothing could be counted. ``method="auto"`` is then the kink rule
-at :data:`KINK_LIMIT` points or fewer with autograd (``"budget"``: 7/8 of the points, the certificate's rows the
-rest: :data:`~lightning_ig.attribution.kinks.BUDGET_NODES` for 64), else the midpoint rule. Profiles: ``docs/trust.md``.
+Points buy accuracy on a ReLU network, and their cost depends on the device, so the engine counts the work, never
+times it: the forward's multiply-adds on one state (counted once per forward, feature shape, dtype and device), times
+the states, times the passes per node. ``n_steps`` is the largest of :data:`STEP_CHOICES` whose work fits the
+device's :class:`Profile`, the smallest when none does or nothing could be counted. ``method="auto"`` is then the kink
+rule at :data:`KINK_LIMIT` points or fewer with autograd (``"budget"``: 7/8 of the points, the certificate's rows the
+rest: :data:`~lightning_ig.attribution.kinks.BUDGET_NODES` for 64), else the midpoint rule. How the work is counted,
+and the profiles: ``docs/trust.md``.
 """
 
 from __future__ import annotations
