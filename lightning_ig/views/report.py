@@ -1,22 +1,15 @@
 """The JSON report of an Integrated Gradients run (schema version 1), and its rows.
 
 The callback (one file per run, and W&B's and MLflow's copy) and the ``lightning-ig`` command write the same document.
-Its contract keys are fixed; the JSON Schema in ``report_schema_v1.json`` next to this file pins them::
-
-    { "schema_version": 1, "checkpoint", "num_steps", "state_dim", "num_states",
-      "forward_target", "regime_head",
-      "features": [ { "name", "mean_abs", "stddev", "mean_signed" } ],
-      "top_10_by_mean_abs": [ ... ],
-      "completeness": { "worst_relative_error",
-         "per_state": [ { "state_idx", "sum_attributions",
-                          "f_input_minus_f_baseline", "relative_error" } ] } }
-
-More keys sit beside them, documented in ``docs/json-report.md`` (the schema pins the contract keys and the ones it
-names): the run's settings, the accuracy figures and their verdict, ``non_finite_states``, ``num_degenerate``,
-``stochastic_forward``, ``groups``, a ``target="each"`` run's ``actions`` (:func:`each_report`), and the run's
-``verdict`` and ``trust`` (:func:`with_verdict`). ``completeness.worst_relative_error`` is the old ratio ``|delta| /
-|dF|``, kept for the contract; it decides nothing. Strict JSON: a number that is not finite is written as ``null``; the
-same inputs give a byte-identical document.
+Its contract keys are fixed (``schema_version``, ``checkpoint``, ``num_steps``, ``state_dim``, ``num_states``,
+``forward_target``, ``regime_head``, ``features`` (rows of :func:`feature_statistics`), ``top_10_by_mean_abs``,
+``completeness`` (:func:`completeness_summary`)): the JSON Schema in ``report_schema_v1.json`` next to this file pins
+them and the ones it names. More keys sit beside them, documented in ``docs/json-report.md``: the run's settings, the
+accuracy figures and their verdict, ``non_finite_states``, ``num_degenerate``, ``stochastic_forward``, ``groups``, a
+``target="each"`` run's ``actions`` (:func:`each_report`), and the run's ``verdict`` and ``trust``
+(:func:`with_verdict`). ``completeness.worst_relative_error`` is the old ratio ``|delta| / |dF|``, kept for the
+contract; it decides nothing. Strict JSON: a number that is not finite is written as ``null``; the same inputs give a
+byte-identical document.
 """
 
 from __future__ import annotations
