@@ -397,11 +397,7 @@ def pack(result: Any) -> tuple[Tensor, tuple[int, ...]]:
     full = functools.partial(torch.full, (share,), dtype=dtype, device=attributions.device)
     missing, steps = full(float("nan")), getattr(result, "n_steps_per_state", None)
     columns = [
-        result.f_input,
-        result.f_baseline,
-        result.delta,
-        result.relative_error,
-        result.degenerate,
+        *(getattr(result, name) for name in COLUMNS[:5]),  # f_input, f_baseline, delta, relative_error, degenerate
         flags,
         full(float(result.n_steps)) if steps is None else steps,
         full(float(bool(getattr(result, "stochastic", False)))),
