@@ -166,16 +166,8 @@ def attribute_eager(
             # Queue the checks now and read them after the work is queued: the host waits for
             # nothing, and nothing the work does depends on them (no state changes, no side effects).
             deferred = [(name, tensor, torch.isfinite(tensor).all()) for name, tensor in checks]
-    run = PathRun(
-        forward,
-        x,
-        prepared.b,
-        prepared.feature_shape,
-        prepared.spec,
-        settings,
-        prepared.backend,
-        chunk_rows(settings, x),
-    )
+    chunk = chunk_rows(settings, x)
+    run = PathRun(forward, x, prepared.b, prepared.feature_shape, prepared.spec, settings, prepared.backend, chunk)
     statistics = RunningStatistics(forward)
     saved = statistics.save()
     try:

@@ -109,16 +109,8 @@ def capture_attribution(
     spec = prepared.spec
     static_rows = spec.rows.clone() if spec.rows is not None else None
     graph_spec = dataclasses.replace(spec, rows=static_rows) if static_rows is not None else spec
-    run = PathRun(
-        forward,
-        static_x,
-        prepared.b,
-        prepared.feature_shape,
-        graph_spec,
-        settings,
-        prepared.backend,
-        chunk_rows(settings, x),
-    )
+    chunk = chunk_rows(settings, x)
+    run = PathRun(forward, static_x, prepared.b, prepared.feature_shape, graph_spec, settings, prepared.backend, chunk)
     alphas, weights = rule_tensors(settings.method, int(settings.n_steps), run.acc, x.device)
     batch = x.shape[0]
     statistics = RunningStatistics(forward)  # found once; saved and restored inside the graph, so replays do it too
