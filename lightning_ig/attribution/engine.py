@@ -142,16 +142,8 @@ class IntegratedGradients:
         self.last_mode = "graph"
         if plan.zero_baselines is None:
             plan.zero_baselines = torch.zeros((1,) * inputs.dim(), dtype=dtype, device=device).expand(shape)
-        return build_result(
-            out,
-            plan.zero_baselines,
-            plan.run.spec,
-            plan.run.settings,  # the plan's settings: method="auto" and n_steps="budget" resolved for this shape
-            plan.run,
-            int(plan.run.settings.n_steps),  # the plan's: n_steps="budget" was resolved for this shape
-            graph=True,
-            stochastic=plan.stochastic,
-        )
+        # the plan's settings: method="auto" and n_steps="budget" resolved for this shape
+        return plan.result(out, plan.zero_baselines, plan.run.spec, plan.run.settings)
 
     def _replay_fast(self, plan: GraphPlan, inputs: Tensor, check_inputs: bool) -> dict[str, Tensor]:
         if check_inputs:
@@ -198,16 +190,7 @@ class IntegratedGradients:
         out = _replay(plan, prepared)
         if defaults and key[3] == ("zeros",) and prepared.spec.same_each_call:
             self._fast = (inputs.shape, inputs.dtype, inputs.device, plan)
-        return build_result(
-            out,
-            prepared.resolved,
-            prepared.spec,
-            settings,
-            plan.run,
-            int(settings.n_steps),
-            graph=True,
-            stochastic=plan.stochastic,
-        )
+        return plan.result(out, prepared.resolved, prepared.spec, settings)
 
 
 class GraphPlan:
@@ -239,6 +222,12 @@ class GraphPlan:
             return {name: self.outputs[name].clone() for name in _OUTPUTS}
         pieces = packed.clone().split(self.split_sizes)
         return {name: piece.view(self.shapes[name]) for name, piece in zip(_OUTPUTS, pieces)}
+
+    def result(self, out: dict[str, Tensor], baselines: Tensor, spec: Target, settings: IGOptions) -> IGResult:
+        """The :class:`IGResult` of a replay's ``out``; ``settings.n_steps`` is a number (resolved for the shape)."""
+        return build_result(
+            out, baselines, spec, settings, self.run, int(settings.n_steps), graph=True, stochastic=self.stochastic
+        )
 
 
 _OUTPUTS = ("attributions", "stats", "accuracy")
