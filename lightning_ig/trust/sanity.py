@@ -139,11 +139,10 @@ def randomization_reference(
 ) -> RandomizationReference:
     """Attribute ``num_copies`` copies of ``model`` drawn again (:func:`~lightning_ig.trust.replica.redraw`).
 
-    The copies attribute the same states with the same settings, in eval mode with their noise off. Their weights
-    and the states are fixed, so what they attribute never changes over training: one reference serves every check
-    of a fit. It costs ``num_copies`` IG passes on ``num_states`` states, through one working copy of the model whose
-    parameters are drawn again in place for each (:class:`~lightning_ig.trust.replica.Replica`: on a CUDA
-    device its IG is captured once and replayed).
+    The copies attribute the same states with the same settings, in eval mode with their noise off: one reference
+    serves every check of a fit. It costs ``num_copies`` IG passes on ``num_states`` states, through one working copy
+    of the model whose parameters are drawn again in place for each (:class:`~lightning_ig.trust.replica.Replica`: on
+    a CUDA device its IG is captured once and replayed).
 
     Args:
         model: the model the run attributes (not changed).
@@ -207,12 +206,8 @@ def randomization_check(
     ceiling: float = SANITY_CEILING,
     min_units: int = SANITY_MIN_UNITS,
 ) -> RandomizationCheck:
-    """This run's attributions against the re-initialised copies' (rank correlations on the host, no attribution).
-
-    Pass rule: the model's rank correlation with the copies (per-unit mean ``|attribution|`` over the reference's
-    states, averaged over the copies) must be finite and below ``min(copy_rank_correlation - margin, ceiling)``
-    when the reference is resolved (``min_units`` units or more, and pairs of copies that agree consistently:
-    the standard deviation of their correlations at most ``margin / 2``), else below ``ceiling``.
+    """This run's attributions against the re-initialised copies' (rank correlations on the host, no attribution);
+    the pass rule is :class:`RandomizationCheck`'s ``resolved``, ``threshold`` and ``passed``.
 
     Args:
         units: ``(B, G)`` this run's per-state attributions of the units, all held-out states (a tensor on any
