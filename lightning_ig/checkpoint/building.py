@@ -154,10 +154,9 @@ def build_checked(
             recipe.architecture, dict(recipe.config), allow_import=allow_import, allow_import_in_config=allow_in_config
         )
 
-    measured: _Measured | None = None
     try:
         with _refused(recipe, file), _budget(stored, recipe, file), torch.device("meta"):
-            measured = _Measured.of(build())
+            measured: _Measured | None = _Measured.of(build())
     except CheckpointError:
         raise
     except Exception:  # noqa: BLE001 - a constructor that reads tensor values cannot run on meta: built for real below
@@ -275,7 +274,8 @@ class _Measured:
 
     @classmethod
     def of(cls, model: nn.Module) -> _Measured:
-        tensors = [tensor for tensor in _unique_tensors(model) if not is_lazy(tensor)]
+        unique = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}  # tied: once
+        tensors = [tensor for tensor in unique.values() if not is_lazy(tensor)]
         return cls(
             numel=sum(tensor.numel() for tensor in tensors),
             size=sum(tensor.numel() * tensor.element_size() for tensor in tensors),
@@ -315,10 +315,6 @@ def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping
         return f"size mismatch for {key}: {found}; {len(wrong)} tensor(s) differ"
     missing, unexpected = [key for key in expected if key not in held], [key for key in held if key not in expected]
     return f"missing {few(missing)}, unexpected {few(unexpected)}" if missing or unexpected else None
-
-
-def _unique_tensors(model: nn.Module) -> list[Tensor]:
-    return list({id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}.values())  # tied: once
 
 
 def _first_line(error: BaseException) -> str:
