@@ -199,14 +199,6 @@ def _random_state_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-def _zero_epsilon(module: nn.Module) -> None:
-    # A layer that adds `sigma * eps` whatever its mode computes with its mean weights when eps = 0.
-    with torch.no_grad():
-        for name, buffer in module.named_buffers(recurse=False):
-            if buffer.is_floating_point() and buffer.dim() and _EPSILON_NAME.search(name):
-                buffer.zero_()
-
-
 @contextlib.contextmanager
 def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
     """Make every noisy layer inside ``module`` deterministic; put everything back on exit.
@@ -268,7 +260,10 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
         for layer in layers:
             if not isinstance(layer, NoisyLinear) and not _has_switch(layer):
                 layer.training = False  # this layer only: children keep their mode
-                _zero_epsilon(layer)
+                with torch.no_grad():  # eps = 0: a layer that adds `sigma * eps` in any mode computes with its means
+                    for name, buffer in layer.named_buffers(recurse=False):
+                        if buffer.is_floating_point() and buffer.dim() and _EPSILON_NAME.search(name):
+                            buffer.zero_()
         yield module
     finally:
         # Reverse order, so that a layer reached twice ends as it first was.
