@@ -88,7 +88,6 @@ def integrated_gradients(
         completeness_tol: the target of ``n_steps="auto"`` (default 0.01).
         max_steps: the most points ``n_steps="auto"`` may use (default 512).
         fd_step: relative finite-difference step, at least 16 eps of the inputs' dtype; ``None`` is ``eps ** (1/3)``.
-            The node values the error estimate needs are the mean of each node's probes (no extra forward).
         check_finite: check inputs and baselines for NaN/Inf first (one host sync). NaN/Inf *outputs* never raise: they
             are flagged in :attr:`IGResult.non_finite`.
 

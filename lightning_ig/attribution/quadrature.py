@@ -6,11 +6,8 @@ Each rule is a pure function ``n -> (alphas, weights)``: ``alphas`` are the posi
 ``approximation_methods`` for the same ``n`` (alphas to float32 rounding: Captum builds them with a float32
 ``linspace``), except the trapezoid weights, where Captum's do not sum to one (see :func:`riemann_trapezoid`).
 
-Which rule, on the networks people train: along the path a ReLU network is piecewise linear, so the integrand is a step
-function of ``alpha`` and every fixed rule is first order: what matters is where its cells are, not its polynomial
-degree (``docs/trust.md`` compares the rules). The engine's default, ``method="auto"``, is the midpoint rule, with
-certified kink corrections (:mod:`lightning_ig.attribution.kinks`) where points are dear; its nodes are
-:func:`riemann_middle`'s.
+On a ReLU network every fixed rule is first order (``docs/trust.md`` compares the rules); the engine's default,
+``method="auto"``, takes :func:`riemann_middle`'s nodes (:mod:`lightning_ig.attribution.kinks` weighs them per state).
 
 Gauss-Legendre for any ``n`` up to :data:`MAX_GAUSS_LEGENDRE_STEPS` is built in O(n) memory and O(n) time: Newton's
 method on ``P_n(cos theta)`` in the angle ``theta``, from Tricomi's and Gatteschi's first guesses, with ``P_n``
@@ -45,12 +42,8 @@ __all__ = [
 Rule = tuple[list[float], list[float]]
 
 MAX_GAUSS_LEGENDRE_STEPS = 100_000
-"""The most points a Gauss-Legendre rule is built with (about a second, once; then cached).
-
-Gauss-Legendre with ``n`` points is exact for polynomials of degree ``2n - 1``: a smooth model needs tens to hundreds of
-points, and a model with kinks (ReLU) gains nothing from more points than a Riemann rule would use. Past this size a
-Riemann rule (built in O(n), any size) is the right tool.
-"""
+"""The most points a Gauss-Legendre rule is built with (about a second, once; then cached): a smooth model needs tens
+to hundreds, a model with kinks (ReLU) gains nothing from more; past this size a Riemann rule (any size) is the tool."""
 
 
 def _check_n(n: int, smallest: int = 1) -> int:

@@ -17,8 +17,7 @@ For completeness (``sum(a) = F(x) - F(b)``), each state of a result is exactly o
   ``|delta| / |F(x) - F(b)|`` means nothing. Its relative error is NaN; its absolute error stays in ``delta``.
 * *checked*: everything else, with relative error ``|delta| / |F(x) - F(b)|``.
 
-The flags are computed on the device with the completeness statistics; nothing reaches the host until a property is
-read.
+The flags are computed on the device (nothing reaches the host until a property is read).
 """
 
 from __future__ import annotations
@@ -114,10 +113,8 @@ class IGResult:
             said so.
         attribution_error: ``(B,)`` (``(A, B)``) the reference-free estimate of ``||a - a_exact||_1 / ||a_exact||_1``
             (:mod:`~lightning_ig.attribution.kinks` for the kink rule,
-            :func:`~lightning_ig.attribution.estimate.error_estimate` for the others). It can read low where several
-            kinks share a stretch between two nodes and cancel, where a gradient changes and changes back between them,
-            and where kinks crowd at an end of the path (inputs far off the training distribution), and high on smooth
-            networks whose features are only a few nodes wide (``docs/trust.md``).
+            :func:`~lightning_ig.attribution.estimate.error_estimate` for the others); where it reads low (kinks that
+            share a stretch and cancel, kinks crowded at an end of the path) or high: ``docs/trust.md``.
         mass_relative_error: ``(B,)`` (``(A, B)``) ``|sum(a) - dF| / max(sum|a|, |dF|)``: well conditioned where ``dF``
             is tiny; a lower bound of the per-feature error (it can fail a map, never vouch for one: errors of opposite
             sign cancel in the sum).

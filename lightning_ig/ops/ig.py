@@ -12,12 +12,10 @@ completeness  F(x), F(b), delta, relative error, degenerate, non-finite,   ``(7,
               repeat differs
 ============  ==========================================================  ==============================
 
-Each twin performs the kernel's operations in the kernel's order with the same rounding (the kernels use explicitly
-rounded intrinsics, so the compiler cannot contract a multiply and an add into an FMA, which torch's separate ops never
-do), so :class:`CudaIG` and :class:`TorchIG` agree bit for bit. The twins are the reference in tests and the path where
-there is no CUDA device or no CuPy. A run picks its :class:`IGOps` once (:func:`ig_ops`): the engine's ``backend``
-option names one (``"auto"``, ``"cuda"``, ``"torch"``) or passes an object (a test's host build of the kernels). The
-engine differentiates with autograd itself, so this family has no ``autograd.Function``.
+Each twin performs the kernel's operations in the kernel's order with the same rounding (the kernels' explicitly
+rounded intrinsics forbid the FMA contraction torch's separate ops never make), so :class:`CudaIG` and :class:`TorchIG`
+agree bit for bit. A run picks its :class:`IGOps` once (:func:`ig_ops`, from the engine's ``backend``: ``"auto"``,
+``"cuda"``, ``"torch"`` or an object). The engine differentiates with autograd itself: no ``autograd.Function`` here.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ explain the model, and each fails when they do not:
 
 :mod:`~lightning_ig.trust.verdict` joins them with the run's accuracy into one verdict, ``passed``, ``failed`` or
 ``unresolved``, and why (:func:`trust_summary`). The callback runs them
-(:class:`lightning_ig.callback.monitor.TrustMonitor`) at the runs its budget allows
-(:mod:`lightning_ig.callback.budget`: all at the first run, then each at most every few runs).
+(:class:`lightning_ig.callback.monitor.TrustMonitor`) at the runs the callback's budget allows (``docs/trust.md``).
 :mod:`~lightning_ig.trust.replica` is the model's working copy they compute on, and :mod:`~lightning_ig.trust.common`
 holds what they share. Each check is a function of the model, the states, the baselines and this run's per-state
 attributions of the units, draws its random numbers from private seeded generators, reads the host once, and leaves the

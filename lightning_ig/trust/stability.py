@@ -4,12 +4,10 @@ NoiseGrad (Bykov et al. 2022, arXiv 2106.10185) perturbs weights the same way. T
 noise-off network; a NoisyNet agent acts with ``mu + sigma * epsilon``. If the ranking of the units changes when
 the exploration noise is on, the noise-off explanation does not describe the networks the agent acts with.
 
-Per draw, the model's working copy (:class:`~lightning_ig.trust.replica.Replica`, synced with the model
-first; the model itself is never touched) gets a fresh epsilon in every :class:`~lightning_ig.models.NoisyLinear`
-layer from a private generator, those layers compute with their noise (training mode, noise on; the rest of the
-copy in eval mode), and the states are attributed with the run's settings. The draws are seeded afresh at each
-check (the same draws every time: the check follows the model, not the dice); on a CUDA device the copy's IG is a
-replayed graph. Not applicable without NoisyLinear layers (other libraries' noisy layers have no generator-taking draw).
+Per draw, the model's working copy (:class:`~lightning_ig.trust.replica.Replica`; the model is never touched)
+computes with a fresh epsilon in every :class:`~lightning_ig.models.NoisyLinear` layer, the same seeded draws at every
+check (the check follows the model, not the dice), and attributes the states with the run's settings. Not applicable
+without NoisyLinear layers (other libraries' noisy layers have no generator-taking draw).
 
 **Pass:** ``noise_rank_correlation >= STABILITY_FLOOR`` (0.80): trained agents read close to 1 at their own noise;
 random-init NoisyNets, whose sigma is about ``|mu|``, read lower, since there the noise decides the map, and the
