@@ -170,3 +170,9 @@ def test_every_module_has_a_test_file_of_its_own_name() -> None:
     assert missing - WITHOUT_OWN_TESTS == set(), "modules without tests/<wing>/test_<module>.py"
     assert WITHOUT_OWN_TESTS - missing == set(), "these have their own test file now: take them off the list"
     assert _own_test_file(PACKAGE / "ops" / "_cupy.py").name == "test_cupy.py"
+
+
+def test_the_package_is_marked_typed() -> None:
+    # PEP 561: without the marker a user's type checker skips the installed package ("missing library stubs or
+    # py.typed marker") and every name from it is Any; .ci/run checks that the wheel carries it
+    assert (PACKAGE / "py.typed").is_file()
