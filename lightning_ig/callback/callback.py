@@ -12,7 +12,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -73,7 +73,16 @@ def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
-class IntegratedGradientsCallback(Callback):
+if TYPE_CHECKING:  # the options read through __getattr__ (ig.overhead), which type checkers skip: read-only fields
+
+    class _OptionAttributes(Options):
+        def __init__(self) -> None: ...  # super().__init__() in the callback is Callback's, which takes nothing
+
+else:
+    _OptionAttributes = object
+
+
+class IntegratedGradientsCallback(Callback, _OptionAttributes):
     r"""Run Integrated Gradients on held-out states during training and log what the model relies on.
 
     Each run attributes a scalar of the model (by default the mean of its outputs, ``V(s)`` for a dueling
