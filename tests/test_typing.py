@@ -27,8 +27,9 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_ig import IntegratedGradientsCallback
+from lightning_ig import IntegratedGradientsCallback, integrated_gradients
 from lightning_ig.attribution import IGOptions
+from lightning_ig.run import accuracy_verdict
 from lightning_ig.views import ViewOptions
 
 
@@ -50,6 +51,17 @@ def callback(held_out: Tensor, agent: L.LightningModule) -> float:
     print(engine, every, names, ig.views.top_k, ig.history)
     ig.every_n_steps = 1  # the one error: an option is fixed when the callback is made
     return budget
+
+
+def engine(q_network: torch.nn.Module, states: Tensor) -> str:
+    q_network.eval()
+    result = integrated_gradients(q_network, states, target="mean")
+    # every result has its per-state figures (B,): no None to rule out first
+    per_state: Tensor = torch.maximum(result.attribution_error, result.mass_relative_error)
+    flagged: Tensor = result.near_baseline & (result.attribution_mass > 0)
+    verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
+    print(per_state, flagged, result.grouped("channels").shape)
+    return verdict.reason
 """
 
 

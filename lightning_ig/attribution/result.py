@@ -27,7 +27,7 @@ import functools
 import math
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -153,9 +153,9 @@ class IGResult:
     internal_batch_size: int | None = None
     cuda_graph: bool = False
     stochastic: bool = False
-    attribution_error: Tensor | None = None
-    mass_relative_error: Tensor | None = None
-    attribution_mass: Tensor | None = None
+    attribution_error: Tensor = field(kw_only=True)  # the engine's every result has these three: never None
+    mass_relative_error: Tensor = field(kw_only=True)
+    attribution_mass: Tensor = field(kw_only=True)
     n_steps_per_state: Tensor | None = None
     target_actions: Tensor | None = None
 
@@ -198,30 +198,22 @@ class IGResult:
     @property
     def worst_attribution_error(self) -> float:
         """The largest :attr:`attribution_error` over the ordinary states (see :func:`worst_over_ordinary`)."""
-        return worst_over_ordinary(self._figure(self.attribution_error), self._near(), self.non_finite)
+        return worst_over_ordinary(self.attribution_error, self.near_baseline, self.non_finite)
 
     @property
     def worst_mass_relative_error(self) -> float:
         """The largest :attr:`mass_relative_error` over the ordinary states (see :func:`worst_over_ordinary`)."""
-        return worst_over_ordinary(self._figure(self.mass_relative_error), self._near(), self.non_finite)
+        return worst_over_ordinary(self.mass_relative_error, self.near_baseline, self.non_finite)
 
     @property
     def num_near_baseline(self) -> int:
         """How many states are near the baseline (per action for ``"each"``): flagged, not scored."""
-        return int(self._near().sum())
-
-    def _figure(self, values: Tensor | None) -> Tensor:
-        return torch.full_like(self.delta, math.nan) if values is None else values
+        return int(self.near_baseline.sum())
 
     @functools.cached_property
-    def near_baseline(self) -> Tensor | None:
+    def near_baseline(self) -> Tensor:
         """Bool flags of the states near the baseline (see the class docstring); computed when first read."""
-        if self.attribution_mass is None:
-            return None
         return near_baseline_states(torch.maximum(self.attribution_mass, (self.f_input - self.f_baseline).abs()))
-
-    def _near(self) -> Tensor:
-        return torch.zeros_like(self.degenerate) if self.near_baseline is None else self.near_baseline
 
     @property
     def mean_abs_error(self) -> float:
