@@ -27,8 +27,9 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_ig import IntegratedGradientsCallback, integrated_gradients
+from lightning_ig import DuelingQNetwork, IntegratedGradientsCallback, integrated_gradients, noise_disabled
 from lightning_ig.attribution import IGOptions
+from lightning_ig.models import attribution_mode
 from lightning_ig.run import accuracy_verdict
 from lightning_ig.views import ViewOptions
 
@@ -62,6 +63,12 @@ def engine(q_network: torch.nn.Module, states: Tensor) -> str:
     verdict = accuracy_verdict(result.worst_attribution_error, result.worst_mass_relative_error, 0.01)
     print(per_state, flagged, result.grouped("channels").shape)
     return verdict.reason
+
+
+def models() -> int:
+    net = DuelingQNetwork(4, 2)
+    with attribution_mode(net) as same, noise_disabled(same) as quiet:  # the model given, typed as given
+        return same.num_actions + quiet.num_actions
 """
 
 

@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from lightning_ig.models.noisy_linear import BEFORE_NOISE_WRITE, NoisyLinear
 
 __all__ = ["NoisyLinear", "attribution_mode", "is_noisy_layer", "noise_disabled"]
+
+_ModuleT = TypeVar("_ModuleT", bound=nn.Module)  # the blocks yield the module given, typed as given
 
 
 # Names of tensors that hold the noise sample of a noisy layer elsewhere: weight_epsilon,
@@ -200,7 +202,7 @@ def _random_state_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
+def noise_disabled(module: _ModuleT) -> Iterator[_ModuleT]:
     """Make every noisy layer inside ``module`` deterministic; put everything back on exit.
 
     Inside the block each noisy layer computes with its mean weights:
@@ -272,7 +274,7 @@ def noise_disabled(module: nn.Module) -> Iterator[nn.Module]:
 
 
 @contextlib.contextmanager
-def attribution_mode(module: nn.Module) -> Iterator[nn.Module]:
+def attribution_mode(module: _ModuleT) -> Iterator[_ModuleT]:
     """The model as attribution needs it, and training's state untouched: everything put back on exit.
 
     Inside the block: every submodule in eval mode, noise off (:func:`noise_disabled`), gradients on even under
