@@ -22,6 +22,7 @@ USER_SCRIPT = """\
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import lightning as L
 import torch
@@ -49,7 +50,8 @@ def callback(held_out: Tensor, agent: L.LightningModule) -> float:
     every: int | None = ig.every_n_steps
     names: list[str] | None = ig.feature_names
     budget: float = 0.0 if ig.overhead is None else ig.overhead
-    print(engine, every, names, ig.views.top_k, ig.history)
+    on_nan: Literal["warn", "raise"] = ig.on_non_finite
+    print(engine, every, names, on_nan, ig.views.top_k, ig.history)
     ig.every_n_steps = 1  # the one error: an option is fixed when the callback is made
     return budget
 

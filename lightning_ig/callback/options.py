@@ -16,7 +16,7 @@ import dataclasses
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -56,7 +56,7 @@ class Options:
     target: Target
     forward: Any
     completeness_tol: float
-    on_non_finite: str
+    on_non_finite: Literal["warn", "raise"]
     report_dir: Path | None
     name: str | None
     engine: IGOptions
