@@ -61,14 +61,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if (module_name := _EXPORTS.get(name)) is None:
-        raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
 def __dir__() -> list[str]:
     return sorted(__all__)
 
@@ -80,3 +72,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs, which do not run __getattr__
     from lightning_ig.checkpoint import load_checkpoint, save_checkpoint
     from lightning_ig.losses import SoftMarginLoss, soft_margin_loss, swap_soft_margin
     from lightning_ig.models import DuelingQNetwork, NoisyLinear, noise_disabled
+else:  # a module __getattr__ that type checkers saw would type any other name as Any: a misspelt import passed
+
+    def __getattr__(name: str) -> Any:
+        if (module_name := _EXPORTS.get(name)) is None:
+            raise AttributeError(f"module 'lightning_ig' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
