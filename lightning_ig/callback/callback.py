@@ -101,7 +101,7 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
 
     Args:
         states: ``(num_states, *feature_shape)``: a tensor, a ``.safetensors``/``.npy``/``.json`` file, or a
-            callable ``(trainer, pl_module) -> Tensor`` called at set-up.
+            callable ``(trainer, pl_module) -> Tensor`` called at set-up (the random generators put back after it).
         every_n_steps: Run every this many optimizer steps (default 100); ``None``: no step cadence.
         every_n_epochs: Run every this many epochs (default ``None``).
         run_at_train_end: Run once more when training ends (default ``True``).

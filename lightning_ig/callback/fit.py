@@ -470,7 +470,8 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
         MisconfigurationException, TypeError, ValueError: see the callback's ``Raises``.
     """
     setup.check_unique_names(names)
-    states, baseline = heldout.resolve_states(options.states, trainer, pl_module), options.baseline
+    with generators_kept(pl_module):  # a states callable that samples (a replay buffer) draws none of training's
+        states, baseline = heldout.resolve_states(options.states, trainer, pl_module), options.baseline
     if trainer.world_size > 1:  # rank zero's states on every rank (a callable may sample each rank's own), and its
         states, baseline = trainer.strategy.broadcast((states, baseline), src=0)  # baseline: they pair up by row
     shape, views = tuple(states.shape[1:]), options.views

@@ -251,6 +251,29 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
     assert before.modes == after.modes and all(all(mode) for mode in after.modes)
 
 
+def test_a_states_callable_that_samples_leaves_training_bit_identical(tmp_path):
+    # guards against: the states callable called at set-up outside the kept generators, so one that samples (a
+    # replay buffer's rows, with torch, numpy or random) shifted the shuffle and the noise draws of all training
+    import random
+
+    def sampled(trainer, pl_module):
+        rows = torch.randint(0, 256, (9,)).tolist() + list(np.random.randint(0, 256, 2)) + [random.randrange(256)]
+        return dataset().tensors[0][rows]
+
+    weights, generators = [], []
+    for callbacks in ([], [IntegratedGradientsCallback(sampled, every_n_steps=3, engine=IGOptions(n_steps=8))]):
+        pl.seed_everything(123)
+        model = TinyQNet()  # dropout and a NoisyLinear draw from torch's generator in every step
+        make_trainer(tmp_path, callbacks, max_steps=6).fit(model, loader(shuffle=True))
+        weights.append(model.state_dict())
+        generators.append((torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()))
+    assert callbacks[0].history, "the callback never ran"
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), f"{name} differs"
+    (torch_a, numpy_a, python_a), (torch_b, numpy_b, python_b) = generators
+    assert torch.equal(torch_a, torch_b) and np.array_equal(numpy_a, numpy_b) and python_a == python_b
+
+
 def test_run_leaves_random_generators_and_works_under_inference_mode(tmp_path):
     import random
 
