@@ -245,8 +245,9 @@ def rank_correlation(first: np.ndarray, second: np.ndarray, include: np.ndarray)
 
 
 def structure_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of the module tree: parameters, buffers and submodules copied; every other attribute (a replay
-    buffer, an environment, the trainer) shared, never copied. No gradients: IG differentiates the inputs only.
+    """A deep copy of the module tree: parameters, buffers, submodules and a module's own ``torch.Generator`` (with its
+    state) copied; every other attribute (a replay buffer, an environment, the trainer) shared, never copied. No
+    gradients: IG differentiates the inputs only.
 
     A method of a module of the tree kept as an attribute (under DDP, Lightning sets the LightningModule's
     ``forward`` as an instance attribute) is bound to the copy's module instead: shared, the copy would call the
@@ -260,7 +261,9 @@ def structure_copy(model: nn.Module) -> nn.Module:
             continue  # its state is its C++ module (``_c``), which its own ``__deepcopy__`` copies
         for name, value in vars(module).items():
             bound_here = isinstance(value, types.MethodType) and id(value.__self__) in tree
-            if name not in _MODULE_STATE and not isinstance(value, nn.Module) and not bound_here:
+            if isinstance(value, torch.Generator):  # a layer's own draws (its reset_parameters'): the copy's own
+                memo[id(value)] = torch.Generator(value.device).set_state(value.get_state())
+            elif name not in _MODULE_STATE and not isinstance(value, nn.Module) and not bound_here:
                 memo[id(value)] = value
             for hook in value.values() if name.endswith("hooks") and isinstance(value, dict) else ():
                 owner = getattr(getattr(hook, "func", hook), "__self__", None)  # a method, or a partial of one

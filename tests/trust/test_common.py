@@ -19,6 +19,7 @@ from lightning_ig.trust.common import (
     structure_copy,
     unit_sums,
 )
+from lightning_ig.trust.replica import redraw
 from tests.support.tiny import TinyQNet, make_trainer
 
 
@@ -75,6 +76,37 @@ def test_structure_copy_copies_the_weights_and_shares_the_rest() -> None:
     with torch.no_grad():
         copy[0].weight.add_(1.0)
     assert not torch.equal(copy[0].weight, model[0].weight)
+
+
+class _OwnGeneratorNoisy(nn.Module):
+    """A noisy layer of another library that draws its noise from a generator of its own, in reset_parameters too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(2, 2))
+        self.register_buffer("weight_epsilon", torch.zeros(2, 2))
+        self.generator = torch.Generator().manual_seed(5)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        self.reset_noise()
+
+    def reset_noise(self) -> None:
+        self.weight_epsilon.copy_(torch.randn(2, 2, generator=self.generator))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.weight + self.weight_epsilon).T
+
+
+def test_a_copy_redrawn_leaves_a_layers_own_generator_as_training_left_it() -> None:
+    # guards against: the generator shared with the copy, so the sanity check's re-initialised copies (redraw calls
+    # every reset_parameters) advanced the layer's noise generator: training's next noise draws, and weights, changed
+    model = nn.Sequential(nn.Linear(2, 2), _OwnGeneratorNoisy())
+    state = model[1].generator.get_state()
+    copy = structure_copy(model)
+    redraw(copy, seed=3)
+    assert torch.equal(model[1].generator.get_state(), state)
+    assert not torch.equal(copy[1].generator.get_state(), state)  # the copy drew from its own
 
 
 def test_a_copy_of_a_model_with_a_torchscript_part_leaves_the_models_weights_alone() -> None:
