@@ -251,3 +251,32 @@ def test_a_run_ended_at_the_next_step_holds_what_a_run_ended_at_once_computes(tm
     deferred = callback.history[-1]["mean_abs"]
     callback._run(trainer, model, final=False)  # started and ended at once, same weights and states
     assert callback.history[-1]["mean_abs"] == deferred
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [IGOptions(), IGOptions(n_steps="auto"), IGOptions(backend="torch", n_steps="auto"), IGOptions(backend="torch")],
+    ids=["defaults", "auto", "torch-auto", "torch"],
+)
+def test_a_deterministic_fit_on_the_gpu_runs_the_callback(tmp_path, cuda_device, engine):
+    # Trainer(deterministic=True) turns on torch.use_deterministic_algorithms, under which some CUDA ops (a median
+    # with indices, a cumulative sum) raise where only a nondeterministic kernel exists: the callback's runs, their
+    # estimate and their trust checks must run there, and give the numbers they give without it
+    reports = []
+    for deterministic in (True, False):
+        pl.seed_everything(0)
+        callback = IntegratedGradientsCallback(
+            held_out_states(64), every_n_steps=5, feature_names=FEATURES, engine=engine, overhead=None
+        )
+        try:
+            _trainer(tmp_path / str(deterministic), [callback], max_steps=10, deterministic=deterministic).fit(
+                TinyQNet(), DataLoader(dataset(), batch_size=32)
+            )
+        finally:
+            torch.use_deterministic_algorithms(False)
+        assert [entry["global_step"] for entry in callback.history] == [5, 10]
+        reports.append(callback.history[-1])
+    on, off = reports
+    for key in ("mean_abs", "mean_signed", "mass"):
+        assert torch.allclose(torch.tensor(on[key]), torch.tensor(off[key]), rtol=1e-4, atol=1e-6), key
+    assert on["verdict"] == off["verdict"]
