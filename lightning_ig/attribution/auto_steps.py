@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lightning_ig.attribution.kinks import BUDGET_NODES
 from lightning_ig.attribution.path import PathRun, rule_tensors
-from lightning_ig.attribution.result import NEAR_BASELINE_FRACTION
+from lightning_ig.attribution.result import NEAR_BASELINE_FRACTION, lower_median
 from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.vocabulary import KINK_METHOD
 
@@ -50,7 +50,7 @@ def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:
     final = {name: out[name].clone() for name in ("attributions", "stats", "accuracy")}
     per_state = torch.full((run.batch,), steps[0], dtype=torch.int64, device=run.x.device)
     # near-baseline states are judged against a tenth of the median scale over all states, fixed at the first level
-    floor = NEAR_BASELINE_FRACTION * torch.nanmedian(_scale(out), dim=-1, keepdim=True).values  # (T, 1)
+    floor = NEAR_BASELINE_FRACTION * lower_median(_scale(out))  # (T, 1)
     states = torch.arange(run.batch, device=run.x.device)
     grads, values, ends, current = path.grads, path.values, path.ends[:2], run  # ends: one copy of F(x), F(b)
     tolerance = settings.completeness_tol / 2

@@ -293,8 +293,14 @@ def near_baseline_states(scale: Tensor) -> Tensor:
     device, no sync.
     """
     finite = torch.where(torch.isfinite(scale), scale, torch.full_like(scale, math.nan))
-    median = torch.nanmedian(finite, dim=-1, keepdim=True).values
-    return (scale < NEAR_BASELINE_FRACTION * median) | (scale == 0)
+    return (scale < NEAR_BASELINE_FRACTION * lower_median(finite)) | (scale == 0)
+
+
+def lower_median(values: Tensor) -> Tensor:
+    """``torch.nanmedian(values, dim=-1, keepdim=True).values``, as a quantile: CUDA has no deterministic median with a
+    dim, so that one raised under ``torch.use_deterministic_algorithms`` (``Trainer(deterministic=True)``)."""
+    wide = values.to(torch.promote_types(values.dtype, torch.float32))  # a quantile takes float32 or float64 only
+    return torch.nanquantile(wide, 0.5, dim=-1, keepdim=True, interpolation="lower").to(values.dtype)
 
 
 class _PathFacts(Protocol):

@@ -429,3 +429,20 @@ def test_inputs_of_a_shape_the_model_does_not_take_are_named_as_the_inputs(engin
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten()).double().eval()
     with pytest.raises(RuntimeError, match=r"each of 200 values.*the shape the model takes\? torch: .*channels"):
         integrated_gradients(conv, torch.randn(2, 2, 10, 10, dtype=torch.float64), target=0, n_steps=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_lower_median_is_torchs_nanmedian_over_the_last_dim(dtype: torch.dtype) -> None:
+    # the near-baseline median is taken as a quantile (CUDA's median with a dim has no deterministic kernel, so it
+    # raised under Trainer(deterministic=True)): the same values as torch.nanmedian, NaN rows and ties included
+    from lightning_ig.attribution.result import lower_median
+
+    generator = torch.Generator().manual_seed(0)
+    for batch in range(1, 10):
+        values = torch.randn(3, batch, generator=generator).abs().round(decimals=1).to(dtype)
+        values[torch.rand(3, batch, generator=generator) < 0.3] = math.nan
+        values[0] = math.nan  # no finite scale at all: NaN, as nanmedian gives
+        expected = torch.nanmedian(values, dim=-1, keepdim=True).values
+        got = lower_median(values)
+        assert got.dtype == dtype and got.shape == (3, 1)
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(-1), expected.nan_to_num(-1))
