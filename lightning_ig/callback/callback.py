@@ -384,6 +384,8 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         named = setup.named(self.options.name)
+        if isinstance(exception, KeyboardInterrupt) and self._fit is not None and self._fit.idle is not None:
+            self._fit.idle.interrupted = "Ctrl-C"  # a run the worker still makes: waited for a second at most
         try:
             self._finish_pending()  # the run started before the exception is still logged
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see

@@ -130,7 +130,7 @@ class Fit:
 
 
 _INLINE = "they run on the training thread"
-_DROPPED = "the fit is ending on SIGTERM: the run in hand is dropped, not made again"
+_DROPPED = "the fit is ending on {}: the run in hand is dropped, not made again"
 _STALE = (
     "the model's forward gives other outputs at the held-out states than a copy with its parameters and buffers (it "
     "gained one since the fit started, or reads an attribute that training changes: make it a buffer to run beside "
@@ -158,7 +158,8 @@ class IdleCore:
     its torch calls, a spawned child would import the user's script again). It runs torch's CPU operations and this
     package only, as DataLoader's forked workers do, ignores Ctrl-C and ends with the training process. Where it
     cannot start, has ended or is stuck (its answer past what its earlier ones took: ended here), the runs go back to
-    the training thread (the run in hand made again, unless the fit is ending on SIGTERM), with a warning.
+    the training thread (the run in hand made again, unless the fit is ending on SIGTERM or Ctrl-C: then dropped where
+    it has not come within a second), with a warning.
 
     :func:`idle_core` sets one up only where the copy's IG equals the model's bit for bit on the held-out states and
     its forward draws from no global generator (the worker cannot put back what it would take from training's).
@@ -177,6 +178,7 @@ class IdleCore:
         self._process: Any = None  # the worker process and the training end of its pipe
         self._pipe: Any = None
         self.alive = True  # until the process cannot start or has ended
+        self.interrupted: str | None = None  # "Ctrl-C" where the fit ends on it (on_exception says so)
 
     def start(
         self,
@@ -220,23 +222,24 @@ class IdleCore:
         return ProcessTransfer(self, self._pipe, lambda: _attribute(self.replica, *job), began, limit)
 
     @property
-    def ending(self) -> bool:
-        """Whether the fit is ending on SIGTERM (set by Lightning's handler; the fit stops at the batch end)."""
-        return bool(getattr(self.trainer, "received_sigterm", False))
+    def ending(self) -> str | None:
+        """What the fit is ending on: ``"SIGTERM"`` (set by Lightning's handler; the fit stops at the batch end),
+        ``"Ctrl-C"`` (:attr:`interrupted`), or ``None``: it goes on."""
+        return "SIGTERM" if getattr(self.trainer, "received_sigterm", False) else self.interrupted
 
     def ended(self, why: str | BaseException) -> None:
         """The worker process cannot start, has ended (said from its exit code), is stuck (a ``TimeoutError``: ended)
         or cannot follow the model: the runs stay on the training thread from here (said)."""
         self.close()
         if isinstance(why, BaseException):  # the run in hand made again on the training thread, unless the fit ends
-            code = self.exitcode  # negative: the signal that ended it
-            if isinstance(why, TimeoutError):  # stuck: ended by close()
-                how = str(why)
-            elif code:
+            code = self.exitcode  # negative: the signal that ended it (None: ended by close(), stuck or not waited for)
+            if code:
                 how = next((f"was ended by {s.name}" for s in signal.Signals if -s == code), f"has ended (exit {code})")
+            elif isinstance(why, TimeoutError):
+                how = str(why)
             else:
                 how = "has ended"
-            why = f"the runs' worker process {how}; {_DROPPED if self.ending else _INLINE}"
+            why = f"the runs' worker process {how}; {_DROPPED.format(self.ending) if self.ending else _INLINE}"
         if self.alive:
             self.alive = False
             warnings.warn(f"IntegratedGradientsCallback: {why}", stacklevel=2)
@@ -348,11 +351,14 @@ class ProcessTransfer:
         return True
 
     def result(self) -> HostResult | None:
-        """The run's numbers (waits, up to its limit). Raises what the run raised. ``None``: dropped (see ``ended``)."""
+        """The run's numbers (waits, up to its limit; a second at most as the fit ends: see ``ending``). Raises what the
+        run raised. ``None``: dropped (see ``ended``)."""
         if self._answer is None and self._pipe is not None:
             try:
-                if not self._pipe.poll(max(0.0, self.began + self.limit - time.perf_counter())):
-                    raise TimeoutError(f"did not finish a run within {self.limit:.0f} s (stuck?) and was ended")
+                ending, wait = self.core.ending, max(0.0, self.began + self.limit - time.perf_counter())
+                if not self._pipe.poll(min(wait, 1.0) if ending else wait):  # ending: a second (a grace period)
+                    stuck = f"did not finish a run within {self.limit:.0f} s (stuck?)"
+                    raise TimeoutError(f"{'was still making a run' if ending else stuck} and was ended")
                 self._answer, self.checks, cpu = pickle.loads(self._pipe.recv_bytes())  # or the run's error
                 self.core.cpu += cpu
                 self.core.longest = max(self.core.longest, time.perf_counter() - self.began)

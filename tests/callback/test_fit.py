@@ -461,6 +461,46 @@ def test_sigterm_says_the_worker_was_ended_by_it_and_drops_its_run(tmp_path, one
     assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
 
 
+class _Interrupts(Callback):
+    """At step 10 (the worker stuck in step 9's run), Ctrl-C, or SIGTERM to the training process alone (``docker
+    stop``'s and Kubernetes' reach a container's first process only): the worker goes on."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == 10:
+            if self.how == "Ctrl-C":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler: the fit ends at this batch's end
+
+
+@needs_a_spare_core
+@pytest.mark.parametrize(("how", "raised"), [("Ctrl-C", SystemExit), ("SIGTERM", SIGTERMException)])
+def test_a_fit_ending_on_ctrl_c_or_sigterm_drops_the_run_its_stuck_worker_still_makes_without_waiting_for_it(
+    tmp_path, one_thread, how, raised
+):
+    # guards against: the ending fit waiting for the worker's run up to its limit (124 s and 32 s here: past a
+    # scheduler's grace period, before a checkpoint's on_exception; after Ctrl-C, with Lightning ignoring a second
+    # one), then, after Ctrl-C, making that run again on the training thread. It waits a second at most.
+    callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=3, overhead=None)
+    trainer = make_trainer(tmp_path, [callback, _Interrupts(how)], max_steps=20)
+    said = (
+        f"worker process was still making a run and was ended; the fit is ending on {how}: the run in hand is dropped"
+    )
+    sigint = signal.getsignal(signal.SIGINT)
+    watchdog = threading.Timer(300.0, _kill_the_worker)  # a fit that would wait for ever: its worker killed instead
+    watchdog.start()
+    try:
+        with pytest.warns(UserWarning, match=said), pytest.raises(raised):  # Ctrl-C: Lightning's sys.exit(1)
+            trainer.fit(_StuckMidRun(), DataLoader(dataset(), batch_size=16))
+    finally:
+        watchdog.cancel()
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores Ctrl-C from its first on
+    assert [entry["global_step"] for entry in callback.history] == [3, 6]  # step 9's run dropped, not made again
+    assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
+
+
 class _Prunes(Callback):
     """Prunes the first layer at step 7 (as Lightning's ModelPruning does: ``weight`` becomes ``weight_orig``)."""
 
