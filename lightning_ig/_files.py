@@ -281,8 +281,8 @@ class OutputPlan:
 
     Each file is checked as :func:`check_output_file` checks one, against every input, and against every file and folder
     planned before it: two outputs that are the same file (by their path, a symbolic link or a hard link) or a file
-    where a planned folder goes are refused, naming both. Nothing is changed on disk until :meth:`make_folders`, which
-    the caller runs once the whole plan is in.
+    where a planned folder goes are refused, naming both. Nothing is changed on disk: a planned folder is made by
+    :func:`atomic_paths` as it writes the files in it (and removed again if the write fails).
 
     Args:
         inputs: the files the command reads (``None`` entries are skipped).
@@ -293,7 +293,6 @@ class OutputPlan:
         pictures = plan.add_folder("saliency", what="--saliency")
         report = plan.add_file("r.json", what="--output")
         picture = plan.add_file(pictures / "saliency.png", what="--saliency picture", made_up=True)
-        plan.make_folders()
     """
 
     def __init__(self, inputs: _Paths = ()) -> None:
@@ -307,7 +306,7 @@ class OutputPlan:
         return [planned for planned, _, _ in self._files]
 
     def add_folder(self, path: str | os.PathLike[str], *, what: str) -> Path:
-        """Plan a folder (made, with its missing parents, by :meth:`make_folders`); return it as a :class:`Path`.
+        """Plan a folder (made, with its missing parents, as its files are written); return it as a :class:`Path`.
 
         Raises:
             OutputPathError: as :func:`check_output_dir`, or a planned file is where the folder goes.
@@ -347,15 +346,6 @@ class OutputPlan:
         self._files.append((planned, destination, identity))
         return planned
 
-    def make_folders(self) -> None:
-        """Make the planned folders; call it once every output is planned (the checks all passed).
-
-        Raises:
-            OutputPathError: a folder cannot be made after all (the disk changed since the check).
-        """
-        for folder, what, _ in self._folders:
-            check_output_dir(folder, what=what, create=True)
-
 
 def _folder_and_file(first: str, second: str) -> OutputPathError:
     return OutputPathError(
@@ -369,7 +359,7 @@ def atomic_path(target: str | os.PathLike[str], *, follow_symlinks: bool = True)
     """A temporary file beside the file ``target`` names; it replaces that file when the block succeeds.
 
     Args:
-        target: the file to write. Missing parent folders are created.
+        target: the file to write. Missing parent folders are created (and removed if the block fails).
         follow_symlinks: ``True`` (default, for a path the user named): when ``target`` is a symbolic link the file it
             points to is replaced and the link stays. ``False`` (for a name the tool made up inside a folder): the name
             itself is replaced, a link there included, and never what it points to.
@@ -390,10 +380,10 @@ def atomic_paths(
 
     All or none: the files are written to their temporaries inside the block, and only once every one is written are
     they renamed over their targets, with SIGINT, SIGTERM and SIGHUP held until the last rename (a rename cannot
-    run out of space). An exception inside the block removes every temporary and leaves every old file as it was.
-    SIGTERM and SIGHUP inside the block, where nobody handles them, are turned into an exception there, so that the
-    temporaries are removed; then the process ends by the signal, as it would have (in the main thread only: only
-    there can Python handle a signal).
+    run out of space). An exception inside the block removes every temporary and every folder made for them, and
+    leaves every old file as it was. SIGTERM and SIGHUP inside the block, where nobody handles them, are turned into an
+    exception there, so that the temporaries are removed; then the process ends by the signal, as it would have (in
+    the main thread only: only there can Python handle a signal).
 
     Args:
         targets: ``(path, follow_symlinks)`` per file, as :func:`atomic_path` takes them.
@@ -403,11 +393,13 @@ def atomic_paths(
         The temporary files, in the order of ``targets``.
     """
     temporaries: list[tuple[Path, Path, int]] = []  # temporary, destination, mode
+    made: list[Path] = []  # the folders this writer made, outermost first: a failed write leaves none of them
     ending: list[int] = []  # the signals this writer turned into _Ended (none in a nested one: the outer did)
     try:
         with _handlers(_end, _ENDING, only_default=True) as ending:
             for target, follow_symlinks in targets:
                 real = _destination(Path(target), follow_symlinks=follow_symlinks)
+                made += reversed([folder for folder in (real.parent, *real.parent.parents) if not folder.exists()])
                 real.parent.mkdir(parents=True, exist_ok=True)
                 # The temporary name is kept short, so that a final name near the file system's limit still works.
                 descriptor, name = tempfile.mkstemp(prefix=f".{real.name[:64]}.", suffix=".tmp", dir=real.parent)
@@ -424,6 +416,9 @@ def atomic_paths(
         for temporary, _, _ in temporaries:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # one that holds another's files since is not empty: it stays
+                folder.rmdir()
         if isinstance(error, _Ended) and error.args[0] in ending:  # the temporaries are gone: end as asked
             signal.signal(error.args[0], signal.SIG_DFL)
             signal.raise_signal(error.args[0])

@@ -184,7 +184,7 @@ def test_a_plan_refuses_two_outputs_that_are_one_file_naming_both(tmp_path: Path
     assert [planned.path.name for planned in plan.files] == ["a.json"]
 
 
-def test_a_plan_changes_nothing_on_disk_until_its_folders_are_made(tmp_path: Path) -> None:
+def test_a_plan_changes_nothing_on_disk(tmp_path: Path) -> None:
     plan = OutputPlan(inputs=[tmp_path / "in.json", None])
     pictures = plan.add_folder(tmp_path / "new" / "pictures", what="--saliency")
     picture = plan.add_file(pictures / "saliency.png", what="--saliency picture", made_up=True)
@@ -193,8 +193,7 @@ def test_a_plan_changes_nothing_on_disk_until_its_folders_are_made(tmp_path: Pat
         plan.add_file(tmp_path / "new", what="--output")  # a file where a folder the plan makes goes
     with pytest.raises(OutputPathError, match="also an input"):
         plan.add_file(tmp_path / "in.json", what="--output")
-    plan.make_folders()
-    assert pictures.is_dir() and [planned.path for planned in plan.files] == [pictures / "saliency.png"]
+    assert [planned.path for planned in plan.files] == [pictures / "saliency.png"] and not (tmp_path / "new").exists()
     (tmp_path / "a_file").write_text("")
     with pytest.raises(OutputPathError, match="cannot be created"):
         OutputPlan().add_folder(tmp_path / "a_file" / "below", what="--saliency")
@@ -276,6 +275,21 @@ def test_the_files_of_one_write_are_all_written_or_none(tmp_path: Path) -> None:
         b.write_text("new b")
         assert not committed and (tmp_path / "a.json").read_text() == "old a", "nothing replaced before the end"
     assert committed == [1] and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
+def test_a_failed_write_removes_the_folders_it_made_and_only_those(tmp_path: Path) -> None:
+    """A write into a new nested folder that fails (a full disk) leaves no empty folder behind (it left
+    ``new/pictures``); a folder that was there before stays, and one made for a write that succeeds is kept."""
+    (tmp_path / "old").mkdir()
+    targets = [(tmp_path / "old" / "a.json", True), (tmp_path / "new" / "pictures" / "b.png", False)]
+    with pytest.raises(OSError, match="No space left"), atomic_paths(targets) as (a, b):
+        a.write_text("a")
+        raise OSError(28, "No space left on device")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["old"]
+    with atomic_paths(targets) as (a, b):
+        a.write_text("a")
+        b.write_text("b")
+    assert (tmp_path / "new" / "pictures" / "b.png").read_text() == "b"
 
 
 _SIGNAL_DURING_A_WRITE = """

@@ -75,7 +75,7 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
         setattr(args, flag, None if (value := getattr(args, flag)) is None else os.path.expanduser(value))
     _check_flag_combinations(args)
     _check_inputs(args)  # nothing opened: a FIFO would block
-    plan, make_folders = _plan(args)  # every output checked before anything is loaded; folders made to write
+    plan = _plan(args)  # every output checked before anything is loaded; --saliency made as it is written
     device = parse_device(args.device)
     if args.backend == "cuda" and device.type != "cuda":
         raise UsageError("--backend cuda runs on a CUDA device; add --device cuda (or use --backend auto)")
@@ -89,7 +89,6 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
         attributed.append(_attribute(run, args, progress, which))
     _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
-    _checked(make_folders)
     with interrupts.raising():
         _write(attributed, plan, interrupts.written)
     progress.finish()  # the summary starts its own line, not the end of the progress line's
@@ -203,11 +202,11 @@ def _check_inputs(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------- outputs, checked first
 
 
-def _plan(args: argparse.Namespace) -> tuple[list[_HeadPlan], Callable[[], None]]:
+def _plan(args: argparse.Namespace) -> list[_HeadPlan]:
     """The heads to run and every file they write, checked as one plan: against every input and each other.
 
     Nothing is loaded and nothing changes on disk before the whole plan passed; the ``--saliency`` folder is made
-    by the callable returned beside the heads, once the reports are ready to write (a failed run leaves none).
+    as the reports are written, all or none (:func:`_write`: a failed run leaves none).
     """
     inputs = _inputs(args)
     plan = OutputPlan(inputs=inputs)
@@ -239,7 +238,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[_HeadPlan], Callable[[], None]
                 _checked(plan.add_file, pictures / name, what="--saliency picture", made_up=True) for name in names
             )
         heads_plan.append(_HeadPlan(prefix, label, report, made))
-    return heads_plan, plan.make_folders
+    return heads_plan
 
 
 def _one_head(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -425,10 +424,10 @@ def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written
 
     files: list[tuple[PlannedOutput, Callable[..., Any]]] = []
     for head, planned in zip(attributed, plan):
-        files.append((planned.report, partial(write_report, head.report)))
-        if planned.pictures:
+        if planned.pictures:  # first: a folder made to write (one that cannot be) is the pictures', never the report's
             pixels = _saliency_pixels(head)
             files += [(picture, partial(write_png, image)) for picture, image in zip(planned.pictures, pixels)]
+        files.append((planned.report, partial(write_report, head.report)))
     targets = [(planned.path, not planned.made_up) for planned, _ in files]  # a user's path is written through a link
     done = 0
     try:

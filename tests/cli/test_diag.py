@@ -265,9 +265,29 @@ def test_a_full_disk_while_writing_the_reports_leaves_none_of_them(
     assert list((workspace / "out").iterdir()) == [] and out == "", "--all-heads: all or none"
     monkeypatch.setattr(lightning_ig.views.report, "write_report", written)
     monkeypatch.setattr(lightning_ig.views.pictures.saliency, "write_png", full_disk)
+    code, out, err = _diag(capsys, "--saliency", "sal/deep", "--output", "out/r.json")
+    _refused(code, err, "cannot write --saliency picture 'sal/deep/saliency.png' (No space left on device)")
+    assert list((workspace / "out").iterdir()) == [], "the report too"
+    assert not (workspace / "sal").exists(), "nor the --saliency folder it made (an empty one was left)"
+
+
+def test_a_saliency_folder_that_cannot_be_made_is_named(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The --saliency folder is made as the files are written; one that cannot be made then (the disk filled since the
+    check) is named as the picture's, not blamed on --output, whose folder was there all along."""
+    made = Path.mkdir
+
+    def full_disk(self: Path, *args: object, **options: object) -> None:
+        if self.name == "sal":
+            raise OSError(28, "No space left on device", str(self))
+        made(self, *args, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", full_disk)
+    (workspace / "out").mkdir()
     code, out, err = _diag(capsys, "--saliency", "sal", "--output", "out/r.json")
     _refused(code, err, "cannot write --saliency picture 'sal/saliency.png' (No space left on device)")
-    assert list((workspace / "out").iterdir()) == [] and list((workspace / "sal").iterdir()) == [], "the report too"
+    assert list((workspace / "out").iterdir()) == [] and not (workspace / "sal").exists() and out == ""
 
 
 def test_the_saliency_pictures_name_the_channels_the_groups_name(
