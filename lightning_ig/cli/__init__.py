@@ -41,6 +41,7 @@ import io
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from lightning_ig.cli.exits import (
     EXIT_CLOSED_PIPE,
@@ -82,16 +83,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupts = Interrupts.install()  # first: from here on Ctrl-C is one line and status 130
     if sys.stdout is None:  # file descriptor 1 closed when the process started (cron, a daemon): print() drops text
         sys.stdout = _ClosedStdout()  # and the commands say what a full disk makes them say
+    stderr, sys.stderr = sys.stderr, _Stderr(sys.stderr)
     try:
         with _escaped_output():
             return _main(argv, interrupts)
     finally:
+        sys.stderr = stderr
         interrupts.restore()
 
 
 class _ClosedStdout(io.TextIOBase):
     def write(self, text: str) -> int:
         raise OSError("stdout is closed")
+
+
+class _Stderr(io.TextIOBase):
+    """stderr that cannot fail: a line it cannot take (closed by ``2>&-``, a full disk) is dropped; it never changes
+    the status (a failed print made 2 or 4 a 1) nor goes to stdout (where ``print(file=None)`` writes)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: closed at the start (None)
+            self.stream.write(text)
+            self.stream.flush()
+        return len(text)
+
+    def isatty(self) -> bool:  # the progress line is rewritten in place on a terminal
+        return bool(self.stream is not None and self.stream.isatty())
 
 
 @contextlib.contextmanager

@@ -37,8 +37,9 @@ _said = {"line": INTERRUPTED}  # what the handler says: the phase of the command
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
-    erase = "\r\033[K" if _is_terminal(sys.stderr) else ""  # a progress line may be open
-    os.write(2, f"{erase}{_said['line']}\n".encode())
+    erase = "\r\033[K" if os.isatty(2) else ""  # a progress line may be open (False for a closed fd 2)
+    with contextlib.suppress(OSError):  # stderr closed or full: Ctrl-C still ends the run, only unsaid
+        os.write(2, f"{erase}{_said['line']}\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -56,13 +57,6 @@ def handle_from_the_start() -> None:
         and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     ):
         signal.signal(signal.SIGINT, _exit_now)
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
 
 
 class Interrupts:

@@ -276,6 +276,59 @@ def test_a_stdout_closed_from_the_start_is_said_not_a_bug(workspace: Path) -> No
     )
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device that is always full")
+def test_a_closed_or_full_stderr_keeps_the_status_and_never_reaches_stdout(workspace: Path) -> None:
+    """stderr closed (``2>&-``) or full: the status is the work's and stdout holds only what it always holds. With
+    ``2>&-`` the error line went to stdout (``print(file=None)`` writes there); with a full stderr the status was 1,
+    for a mistake (2) or a verdict not within tol (4), as the line failed; Ctrl-C was lost (the run went on)."""
+
+    def run(*args: str, stderr: object) -> subprocess.CompletedProcess[str]:
+        closed = stderr is None
+        return subprocess.run(
+            [sys.executable, "-m", "lightning_ig.cli", *args],
+            cwd=workspace,
+            env=repo_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if closed else stderr,
+            text=True,
+            timeout=300,
+            check=False,
+            preexec_fn=(lambda: os.close(2)) if closed else None,  # the child's own stderr
+        )
+
+    with open("/dev/full", "w") as full:
+        for stderr in (None, full):
+            missing = run("diag", "--checkpoint", "missing.safetensors", stderr=stderr)
+            assert (missing.returncode, missing.stdout) == (2, ""), (stderr, missing)
+            bad_flag = run("diag", "--num-steps", "0", stderr=stderr)
+            assert (bad_flag.returncode, bad_flag.stdout) == (2, ""), (stderr, bad_flag)
+            strict = run(
+                "diag",
+                "--checkpoint",
+                "q.safetensors",
+                "--output",
+                "r.json",
+                "--completeness-tol",
+                "1e-12",
+                stderr=stderr,
+            )
+            assert strict.returncode == 4 and strict.stdout.startswith("wrote r.json"), (stderr, strict)
+            assert "not within" not in strict.stdout, strict.stdout
+    ctrl_c = """
+import os, signal, time
+from lightning_ig.cli.interrupts import Interrupts
+os.close(2)
+Interrupts.install()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(30)
+print("not ended")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", ctrl_c], env=repo_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (done.returncode, done.stdout) == (130, ""), done
+
+
 def test_an_ascii_only_stdout_gets_escapes_not_an_error(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _diag(capsys, "--feature-names", "names.json", "--output", "r.json")[0] in (0, 4)
     report = json.loads((workspace / "r.json").read_text())
