@@ -258,7 +258,7 @@ def check_rule(method: str, n: int) -> None:
     if method == "gausslegendre" and n > MAX_GAUSS_LEGENDRE_STEPS:
         raise ValueError(
             f"n_steps={n} is more than the {MAX_GAUSS_LEGENDRE_STEPS} points a Gauss-Legendre rule is built with: "
-            f"it is exact for polynomials of degree 2 n_steps - 1, so a smooth model needs far fewer (50-500); "
+            f"with n of them it is exact for polynomials of degree 2n - 1, so a smooth model needs far fewer (50-500); "
             f"for a model with kinks (ReLU) that needs a fine grid use method='riemann_trapezoid' or 'riemann_middle', "
             f"which take any n_steps"
         )

@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -169,11 +170,16 @@ def _run_command(args: argparse.Namespace, progress: Progress, interrupts: Inter
 
 
 _ALLOCATION_FAILED = "can't allocate memory"
+# The engine's option with its value (method='kink_midpoint' is diag's --method kink_midpoint), or n_steps alone.
+_OPTION = re.compile(r"\b(n_steps|(?:method|gradient|backend|internal_batch_size)(?==))(?:=('?)([\w.]+)\2)?")
+_FLAGS = {"n_steps": "--num-steps", "internal_batch_size": "--internal-batch-size"}  # else --NAME
 
 
 def _failure(error: Exception, command: str) -> tuple[int, str]:
     """The exit status and the one line for a failure."""
     message = one_line(error) or type(error).__name__
+    if command == "diag" and not isinstance(error, UsageError):  # the engine's errors name its options: as flags
+        message = _OPTION.sub(lambda m: _FLAGS.get(m[1], f"--{m[1]}") + (f" {m[3]}" if m[3] else ""), message)
     prefix = f"{PROG} {command}"
     if isinstance(error, NonFiniteError):
         return EXIT_NON_FINITE, f"{prefix}: error: {message}"

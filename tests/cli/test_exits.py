@@ -329,6 +329,27 @@ print("not ended")
     assert (done.returncode, done.stdout) == (130, ""), done
 
 
+def test_the_engines_checks_of_the_flags_name_the_flags(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A combination of flags the engine refuses is said with the flags as typed: it read "method='riemann_trapezoid'
+    needs n_steps >= 2", Python's argument names, which no diag user typed."""
+    cases = [
+        (["--num-steps", "1", "--method", "riemann_trapezoid"], "--method riemann_trapezoid needs --num-steps >= 2"),
+        (
+            ["--num-steps", "8", "--method", "kink_midpoint", "--gradient", "finite_difference"],
+            "with --gradient finite_difference pass --method auto",
+        ),
+        (["--num-steps", "100001", "--method", "gausslegendre"], "--num-steps 100001 is more than the 100000 points"),
+    ]
+    for args, words in cases:
+        code, out, err = _diag(capsys, *args, "--output", "r.json")
+        _one_line_error(code, err, words)
+        assert not any(name in err for name in ("n_steps", "method=", "gradient=")) and out == "", err
+    assert not (workspace / "r.json").exists()
+    sweep = "runs/method=kink_midpoint,n_steps=64/q.safetensors"  # a sweep's folder: the user's path is kept as typed
+    code, _, err = _diag(capsys, "--checkpoint", sweep, "--output", "r.json")
+    _one_line_error(code, err, f"--checkpoint {sweep!r} does not exist")
+
+
 def test_an_ascii_only_stdout_gets_escapes_not_an_error(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _diag(capsys, "--feature-names", "names.json", "--output", "r.json")[0] in (0, 4)
     report = json.loads((workspace / "r.json").read_text())
