@@ -18,15 +18,15 @@ Errors say what was wrong, the value seen, and what to do:
 
 from __future__ import annotations
 
+import itertools
 import math
+import numbers
 import os
 import reprlib
 import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
-
-import numpy as np
 
 __all__ = [
     "AUTO_METHOD",
@@ -99,8 +99,7 @@ NSteps = int | Literal["auto", "budget"]
 """The type of an ``n_steps=`` option: a number of quadrature points, ``"auto"`` (refined per state) or ``"budget"``
 (chosen from the work size: :mod:`lightning_ig.attribution.budget`)."""
 
-_INTEGERS = (int, np.integer)
-_REALS = (int, float, np.integer, np.floating)
+_INTEGERS, _REALS = numbers.Integral, numbers.Real  # numpy's integers and floats too (it registers them)
 
 
 def shown(value: Any, width: int = 120) -> str:
@@ -144,6 +143,8 @@ def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
 
 def check_bool(value: Any, name: str) -> bool:
     """``value`` if it is ``True`` or ``False``: a string (``"no"``) or a number is refused, never read as truthy."""
+    import numpy as np  # noqa: PLC0415 - not at the top: `lightning-ig --help` answers without loading numpy
+
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {shown_with_type(value)}")
@@ -156,7 +157,7 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
         TypeError: not an int (a float, a string, a bool, ...).
         ValueError: outside the range.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGERS):
+    if isinstance(value, bool) or not isinstance(value, _INTEGERS):
         raise TypeError(f"{name} must be an int, got {shown_with_type(value)}")
     number = int(value)
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
@@ -168,7 +169,7 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
 
 def check_positive_int(value: Any, name: str, *, example: int | None = None) -> int:
     """``value`` as an int >= 1 (bools are refused: ``True`` is not a count)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGERS):
+    if isinstance(value, bool) or not isinstance(value, _INTEGERS):
         raise TypeError(f"{name} must be an int >= 1, got {shown_with_type(value)}")
     if value < 1:
         hint = f"; e.g. {name}={example}" if example is not None else ""
@@ -188,7 +189,7 @@ def check_real(value: Any, name: str, *, above: float | None = None, below: floa
         TypeError: not a real number (a string, a bool, a tensor, ...).
         ValueError: NaN, infinite, or outside the range.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REALS):
+    if isinstance(value, bool) or not isinstance(value, _REALS):
         raise TypeError(f"{name} must be a number, got {shown_with_type(value)}")
     try:
         number = float(value)
@@ -281,7 +282,7 @@ def default_feature_names(feature_shape: Sequence[int]) -> list[str]:
     shape = tuple(int(size) for size in feature_shape)
     if len(shape) <= 1:
         return [f"x{i}" for i in range(shape[0] if shape else 1)]
-    return ["x[" + ",".join(str(i) for i in index) + "]" for index in np.ndindex(*shape)]
+    return ["x[" + ",".join(str(i) for i in index) + "]" for index in itertools.product(*map(range, shape))]
 
 
 def check_feature_names(names: Any, num_features: int, name: str = "feature_names") -> list[str]:

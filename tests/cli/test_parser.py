@@ -113,3 +113,22 @@ def test_a_mistyped_flag_is_told_the_nearest_flag_and_its_commands_help(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.strip().endswith(said), err
+
+
+def test_the_help_screens_and_a_wrong_flag_load_neither_numpy_nor_torch() -> None:
+    """`lightning-ig --help`, `diag --help` and a wrong flag answer at once: the parser's checks imported numpy
+    (through lightning_ig.vocabulary), about two thirds of the help screen's 0.2 s."""
+    import subprocess
+    import sys
+
+    code = (
+        "import contextlib, io, sys\n"
+        "from lightning_ig.cli import main\n"
+        "for argv in (['--help'], ['diag', '--help'], ['show', '--help'], ['diag', '--num-steps', '0']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        with contextlib.suppress(SystemExit):\n"
+        "            main(argv)\n"
+        "print(sorted(name for name in ('numpy', 'torch') if name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "[]", done
