@@ -152,7 +152,7 @@ def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
         return EXIT_CLOSED_PIPE
     except Exception as error:
         status, line = _failure(error, args.command)
-        if args.debug and not isinstance(error, (UsageError, NonFiniteError)):
+        if args.debug and status == EXIT_FAILURE:  # a bug's traceback; a mistake (2) or NaN/Inf (3) keeps its status
             raise
         print(line, file=sys.stderr)
         return status

@@ -350,6 +350,25 @@ def test_the_engines_checks_of_the_flags_name_the_flags(workspace: Path, capsys:
     _one_line_error(code, err, f"--checkpoint {sweep!r} does not exist")
 
 
+def test_debug_keeps_a_mistakes_status_and_line(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--debug shows the traceback of an unexpected failure (status 1) only: a mistake a library check found (a
+    ValueError: status 2) raised its traceback and ended with status 1 instead, so a script passing --debug read
+    every such mistake as a bug."""
+    code, _, err = _diag(capsys, "--num-steps", "1", "--method", "riemann_trapezoid", "--output", "r.json", "--debug")
+    _one_line_error(code, err, "--method riemann_trapezoid needs --num-steps >= 2")
+    import lightning_ig.cli.diag
+
+    def bug(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(lightning_ig.cli.diag, "_refuse_stochastic", bug)
+    with pytest.raises(RuntimeError, match="a bug"):  # a bug's traceback, as before
+        _diag(capsys, "--output", "r.json", "--debug")
+    assert not (workspace / "r.json").exists()
+
+
 def test_an_ascii_only_stdout_gets_escapes_not_an_error(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _diag(capsys, "--feature-names", "names.json", "--output", "r.json")[0] in (0, 4)
     report = json.loads((workspace / "r.json").read_text())
