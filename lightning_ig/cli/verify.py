@@ -74,11 +74,7 @@ def verify_key(model: Any, states: Any, target: Any, result: Any, count: int) ->
     mass = ref.abs().sum(1)
     true_error = (ours - ref).abs().sum(1) / mass.clamp_min(torch.finfo(torch.float64).tiny)
     near = (mass < NEAR_BASELINE_FRACTION * mass.median()) | (mass == 0)
-    estimate = (
-        torch.full((count,), math.nan, dtype=torch.float64)
-        if result.attribution_error is None
-        else result.attribution_error[:count].detach().to("cpu", torch.float64)
-    )
+    estimate = result.attribution_error[:count].detach().to("cpu", torch.float64)
     ordinary = ~near
     regions = None if truth.regions is None else truth.regions.tolist()
     rows = []
