@@ -46,6 +46,7 @@ __all__ = [
     "IGResult",
     "StochasticForwardWarning",
     "build_result",
+    "lower_median",
     "near_baseline_states",
     "pack",
     "stochastic_warnings_silenced",
