@@ -178,7 +178,9 @@ _FLAGS = {"n_steps": "--num-steps", "internal_batch_size": "--internal-batch-siz
 def _failure(error: Exception, command: str) -> tuple[int, str]:
     """The exit status and the one line for a failure."""
     message = one_line(error) or type(error).__name__
-    if command == "diag" and not isinstance(error, UsageError):  # the engine's errors name its options: as flags
+    # The engine's errors name its options: said as diag's flags. diag's own name its flags already, and the user's
+    # paths, which stay as typed (a sweep's folder "n_steps=64")
+    if command == "diag" and not isinstance(error, (UsageError, NonFiniteError)):
         message = _OPTION.sub(lambda m: _FLAGS.get(m[1], f"--{m[1]}") + (f" {m[3]}" if m[3] else ""), message)
     prefix = f"{PROG} {command}"
     if isinstance(error, NonFiniteError):

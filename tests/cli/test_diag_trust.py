@@ -75,6 +75,15 @@ def test_a_nan_weight_is_exit_3_with_the_report_written(workspace: Path, capsys:
     assert code == 0 and "completeness: NaN/Inf on 16 of 16 states (first: state 0)" in shown
 
 
+def test_the_nan_line_names_the_report_as_typed(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # guards against: the rewriting of the engine's option names into diag's flags reaching this line's path, so
+    # a sweep's folder read "the report 'runs/--method riemann_middle,--num-steps 64/r.json'"
+    output = "runs/method=riemann_middle,n_steps=64/r.json"
+    (workspace / output).parent.mkdir(parents=True)
+    code, _, err = _diag(capsys, "--checkpoint", "nan.safetensors", "--output", output)
+    assert code == 3 and f"the report {output!r} lists them" in err, err
+
+
 def test_infinite_outputs_at_both_ends_are_exit_3_without_numpys_warnings(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
