@@ -600,7 +600,7 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch (databases need nothing)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient  # noqa: PLC0415 - only for --logger mlflow
-        from mlflow.exceptions import MlflowException  # noqa: PLC0415
+        from mlflow.exceptions import MlflowException, RestException  # noqa: PLC0415
 
         if not uri.startswith("file:"):  # MLflow retries a server that does not answer for minutes, without a word
             print(f"connecting to the MLflow tracking server {uri} ...", file=sys.stderr, flush=True)
@@ -611,6 +611,9 @@ def make_logger(args: argparse.Namespace, run_name: str, run_dir: Path) -> Logge
             if client.get_experiment_by_name(args.exp_name) is None:
                 client.create_experiment(args.exp_name)
         except MlflowException as error:
+            # a server that answered (a login, a permission: not "start the server"), or a store on this machine
+            if isinstance(error, RestException) or not uri.startswith(("http:", "https:")):
+                error_exit(f"--mlflow-tracking-uri {uri}: MLflow refused ({error})")
             error_exit(
                 f"--mlflow-tracking-uri {uri}: MLflow cannot reach it ({error}); start the server or name a reachable "
                 "one (MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 fails at once instead of retrying)"

@@ -34,6 +34,7 @@ from tests.support.examples import (
     assert_gpu_refused_without_a_gpu,
     assert_mlflow_logger_starts_quietly,
     assert_mlflow_refuses_exp_name,
+    assert_mlflow_refusing_is_not_unreachable,
     assert_mlflow_takes_a_plain_path,
     assert_mlflow_unreachable_says_so,
     assert_refused_at_parse,
@@ -496,6 +497,13 @@ def test_an_mlflow_server_that_does_not_answer_is_said(
     # guards against: --mlflow-tracking-uri http://... with no server waited about 4 minutes in MLflow's retries
     # without a word, then ended in MLflow's raw MlflowException traceback
     assert_mlflow_unreachable_says_so(example_module, tmp_path, monkeypatch, capsys)
+
+
+def test_an_mlflow_server_that_refuses_is_not_said_unreachable(
+    example_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: a server that answered 401 (a login it needs) said "MLflow cannot reach it ...; start the server"
+    assert_mlflow_refusing_is_not_unreachable(example_module, tmp_path, monkeypatch, capsys)
 
 
 def test_wandb_without_a_login_says_what_to_do(tmp_path: Path) -> None:

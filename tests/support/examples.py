@@ -188,6 +188,45 @@ def assert_mlflow_unreachable_says_so(
     assert "Traceback" not in err
 
 
+def assert_mlflow_refusing_is_not_unreachable(
+    module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tracking server that answers but refuses (401: a login it needs) is said with its own words, not as one that
+    cannot be reached, to be started."""
+    import http.server
+    import threading
+
+    from tests.support.loggers import logger_package
+
+    class Refuses(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error_code": "UNAUTHENTICATED", "message": "You must be logged in"}')
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    logger_package("mlflow")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with http.server.HTTPServer(("127.0.0.1", 0), Refuses) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        uri = f"http://127.0.0.1:{server.server_port}"
+        args = module.parse_args(["--logger", "mlflow", "--mlflow-tracking-uri", uri])
+        try:
+            with pytest.raises(SystemExit) as stop:
+                module.make_logger(args, "run", tmp_path / "runs" / "run")
+        finally:
+            server.shutdown()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --mlflow-tracking-uri {uri}: MLflow refused (UNAUTHENTICATED: You must be logged in)" in err, err
+    assert "cannot reach" not in err and "start the server" not in err and "Traceback" not in err
+
+
 def assert_wandb_without_login_says_what_to_do(example: Path, tmp_path: Path) -> None:
     """``--logger wandb`` with no W&B key and no ``WANDB_MODE=offline``: the example's one-line error naming the flag,
     ``wandb login`` and ``WANDB_MODE=offline``, exit 2, not wandb's ``UsageError`` traceback."""
