@@ -280,3 +280,20 @@ def test_a_deterministic_fit_on_the_gpu_runs_the_callback(tmp_path, cuda_device,
     for key in ("mean_abs", "mean_signed", "mass"):
         assert torch.allclose(torch.tensor(on[key]), torch.tensor(off[key]), rtol=1e-4, atol=1e-6), key
     assert on["verdict"] == off["verdict"]
+
+
+def test_a_states_callable_that_samples_on_the_gpu_leaves_trainings_cuda_draws(tmp_path, cuda_device):
+    # guards against: the states callable run at set-up with the generators of the model's devices kept, while the
+    # model is still on the CPU (Lightning moves it after set-up): one that samples on the GPU (a replay buffer kept
+    # there) moved the CUDA generator that training's dropout and noise draw from
+    def sampled(trainer, pl_module):
+        rows = torch.randint(0, 256, (9,), device=cuda_device)
+        return dataset().tensors[0][rows.cpu()]
+
+    after = []
+    for callbacks in ([], [IntegratedGradientsCallback(sampled, every_n_steps=3, engine=IGOptions(n_steps=8))]):
+        pl.seed_everything(123)
+        _trainer(tmp_path, callbacks, max_steps=6).fit(TinyQNet(), DataLoader(dataset(), batch_size=32))
+        after.append(torch.cuda.get_rng_state(cuda_device))
+    assert callbacks[0].history, "the callback never ran"
+    assert torch.equal(after[0], after[1]), "the CUDA generator moved"
