@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from lightning_ig import cli
 from lightning_ig.attribution import integrated_gradients
 from lightning_ig.attribution.exact_line import exact_line
 from lightning_ig.checkpoint import load_checkpoint
+from lightning_ig.cli.exits import EXIT_USAGE
 from lightning_ig.cli.verify import accuracy_words, verify_lines
 from lightning_ig.models.noise import noise_disabled
+from tests.support.cli_models import TinyQ
 from tests.support.diag import read_valid_report, run_diag
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -85,3 +89,22 @@ def test_each_states_ratio_is_written_so_that_a_tiny_one_is_not_zero() -> None:
     assert ["(0.002x the truth)" in told[0], "(0.50x the truth)" in told[1], "(123.40x the truth)" in told[2]] == [
         True
     ] * 3
+
+
+@pytest.mark.parametrize("model", ["Detached", "Stepped"])
+def test_verify_of_a_forward_autograd_cannot_take_is_a_mistake_not_a_bug(
+    model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--gradient finite_difference attributes a forward autograd cannot differentiate (.detach(), a step); --verify's
+    reference differentiates it all the same: that failed as "unexpected RuntimeError" (NotImplementedError from
+    forward AD for the step), status 1, as a bug. It is said as the flag's limit, status 2, and no report is written."""
+    torch.manual_seed(0)
+    path, output = tmp_path / "q.safetensors", tmp_path / "r.json"
+    save_file(TinyQ(4).state_dict(), str(path))
+    np.save(tmp_path / "states.npy", np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+    flags = ["--model", f"tests.support.cli_models:{model}", "--model-kwargs", '{"width": 4}', "--num-steps", "16"]
+    flags += ["--states", str(tmp_path / "states.npy"), "--gradient", "finite_difference", "--verify", "2"]
+    assert run_diag(path, output, *flags, "--quiet") == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-ig diag: error: --verify's float64 autograd reference fails on the model")
+    assert err.endswith("; drop --verify\n") and err.count("\n") == 1 and not output.exists(), err

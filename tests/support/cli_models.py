@@ -86,3 +86,18 @@ class MixedPrecision(TinyQ):
     def __init__(self, width: int, actions: int = 2) -> None:
         super().__init__(width, actions)
         self.out.double()
+
+
+class Detached(TinyQ):
+    """TinyQ computed outside autograd (as a forward through numpy would be): only finite differences take it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).detach()
+
+
+class Stepped(TinyQ):
+    """TinyQ plus a step, whose derivative autograd does not implement: only finite differences take it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = super().forward(x)
+        return q + torch.heaviside(q, torch.zeros((), dtype=q.dtype))
