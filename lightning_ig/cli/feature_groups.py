@@ -10,6 +10,7 @@ A file holds ``{"name": [flat feature indices], ...}`` (features in no group for
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,6 +28,14 @@ _FIX = (
     'write {"name": [flat indices], ...}, {"name": nested true/false mask, ...} or an integer mask shaped like one '
     "state (nested lists)"
 )
+# FeatureGroups' words for Python's argument, as the flag's (regular expressions): feature_groups['b'] is group 'b'
+_SAID = {
+    "feature_groups='channels' needs": "it needs",
+    "'features', a mask or a dict": "'features' or a JSON file of groups",
+    "feature_groups is an empty dict": "the file names no group",
+    "feature_groups mask": "group mask",
+}
+_PYTHON = re.compile("|".join(_SAID) + r"|feature_groups\[('.*?'|\".*?\")\]")
 
 
 def is_named_form(text: str | None) -> bool:
@@ -61,8 +70,9 @@ def resolve_feature_groups(
         return FeatureGroups.resolve(spec, shape, names)
     except (TypeError, ValueError) as error:
         where = f"--feature-groups {text}" if is_named_form(text) else f"--feature-groups {text!r}"
-        said = str(shape) in str(error)  # most of FeatureGroups' errors name the shape already
-        raise UsageError(f"{where}: {error}{'' if said else f' (the states have feature shape {shape})'}") from None
+        message = _PYTHON.sub(lambda match: _SAID.get(match[0], f"group {match[1]}"), str(error))
+        said = str(shape) in message  # most of FeatureGroups' errors name the shape already
+        raise UsageError(f"{where}: {message}{'' if said else f' (the states have feature shape {shape})'}") from None
 
 
 def _channel_names(feature_names: Sequence[str], shape: tuple[int, ...]) -> list[str] | None:

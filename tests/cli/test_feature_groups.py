@@ -192,16 +192,16 @@ BAD_GROUPS = [
         "does not fit the feature shape (4, 10, 10)",
     ),
     ("negative.json", json.dumps(np.full(FRAME, -1).tolist()), "ids must be >= 0, got -1"),
-    ("empty_group.json", '{"a": [0], "b": []}', "feature_groups['b'] is empty"),
+    ("empty_group.json", '{"a": [0], "b": []}', "group 'b' is empty"),
     ("repeated.json", '{"a": [0], "a": [1]}', "names the key 'a' twice"),
-    ("overlap.json", '{"a": [0, 1], "b": [1]}', "feature 1 is in feature_groups['b'] and in feature_groups['a']"),
+    ("overlap.json", '{"a": [0, 1], "b": [1]}', "feature 1 is in group 'b' and in group 'a'"),
     ("out_of_range.json", '{"a": [400]}', "holds index 400, outside the 400 features"),
     (
         "mask_shape.json",
         json.dumps({"a": np.ones((4, 3), dtype=bool).tolist()}),
         "does not fit the feature shape (4, 10, 10)",
     ),
-    ("empty.json", "{}", "empty dict"),
+    ("empty.json", "{}", "the file names no group"),
 ]
 
 
@@ -226,6 +226,7 @@ def test_every_bad_feature_groups_file_is_one_line_and_status_2(workspace, capsy
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert words in err and "--feature-groups" in err, err
+    assert "feature_groups" not in err and "dict" not in err, err  # the engine's Python words, said as the flag's
     assert not output.exists()
 
 
@@ -350,6 +351,8 @@ def test_saliency_needs_spatial_states_and_a_folder_checked_first(workspace, cap
     )
     err = capsys.readouterr().err
     assert code == 2 and "--feature-groups channels" in err and "needs states with a channel dimension" in err
+    # what the flag takes, not Python's "feature_groups='channels' ... use 'features', a mask or a dict"
+    assert err.endswith(": use 'features' or a JSON file of groups\n") and "feature_groups" not in err, err
 
 
 def test_channels_take_their_names_from_the_stored_names_where_these_name_them():
