@@ -399,3 +399,18 @@ def test_a_json_input_too_large_for_the_memory_is_refused_before_it_is_read(
         read_json_file("names.json", "--feature-names", "give a JSON array of names")
     monkeypatch.setattr(vocabulary, "available_memory", lambda: 1000)
     assert read_json_file("names.json", "--feature-names", "give a JSON array of names") == ["w", "x", "y", "z"]
+
+
+def test_the_checkpoints_hints_name_the_flags(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The checkpoint reader's hints are for Python too: diag said "choose one with --head NAME (prefix=NAME__)"
+    and "drop the head/prefix", which name no flag a diag user could give."""
+    cases = [
+        (["--checkpoint", "heads.safetensors"], "choose one with --head NAME or run each with --all-heads"),
+        (["--head", "trending"], "it is a single-model file: drop --head/--prefix"),
+        (["--prefix", "trending__"], "it is a single-model file: drop --head/--prefix"),
+    ]
+    for args, words in cases:
+        code, out, err = _diag(capsys, *args, "--output", "r.json")
+        _one_line_error(code, err, words)
+        assert "prefix=" not in err and "the head/prefix" not in err and out == "", err
+    assert not (workspace / "r.json").exists()
