@@ -55,7 +55,7 @@ def parse_device(text: str) -> torch.device:
     try:
         device = check_device(text, "--device")
     except ValueError as error:
-        raise UsageError(f"{error} (--device cpu, cuda or cuda:N)") from None
+        raise UsageError(f"{str(error).replace('--device=', '--device ')} (--device cpu, cuda or cuda:N)") from None
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {text}: only cpu and cuda devices are supported")
     return device

@@ -414,3 +414,14 @@ def test_the_checkpoints_hints_name_the_flags(workspace: Path, capsys: pytest.Ca
         _one_line_error(code, err, words)
         assert "prefix=" not in err and "the head/prefix" not in err and out == "", err
     assert not (workspace / "r.json").exists()
+
+
+def test_a_device_that_is_not_here_is_said_as_the_flag(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--device cuda without a CUDA device said "--device='cuda': torch sees no CUDA device here", the Python
+    keyword's spelling: the line names the flag as typed, --device 'cuda'."""
+    missing = "cuda:99" if torch.cuda.is_available() else "cuda"  # a CUDA device this machine lacks
+    for device, words in [("meta", "the meta device holds shapes"), (missing, "CUDA device")]:
+        code, out, err = _diag(capsys, "--device", device, "--output", "r.json")
+        _one_line_error(code, err, f"--device {device!r}: ", words, "(--device cpu, cuda or cuda:N)")
+        assert "--device=" not in err and out == "", err
+    assert not (workspace / "r.json").exists()
