@@ -171,7 +171,7 @@ def _run_command(args: argparse.Namespace, progress: Progress, interrupts: Inter
 
 _ALLOCATION_FAILED = "can't allocate memory"
 # The engine's option with its value (method='kink_midpoint' is diag's --method kink_midpoint), or n_steps alone.
-_OPTION = re.compile(r"\b(n_steps|(?:method|gradient|backend|internal_batch_size)(?==))(?:=('?)([\w.]+)\2)?")
+_OPTION = re.compile(r"\b(n_steps|(?:method|gradient|backend|internal_batch_size|target)(?==))(?:=('?)([\w.]+)\2)?")
 _FLAGS = {"n_steps": "--num-steps", "internal_batch_size": "--internal-batch-size"}  # else --NAME
 
 

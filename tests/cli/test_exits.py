@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from lightning_ig import cli
 from tests.support import repo_env
+from tests.support.cli_models import FirstRowOnly
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -425,3 +426,18 @@ def test_a_device_that_is_not_here_is_said_as_the_flag(workspace: Path, capsys: 
         _one_line_error(code, err, f"--device {device!r}: ", words, "(--device cpu, cuda or cuda:N)")
         assert "--device=" not in err and out == "", err
     assert not (workspace / "r.json").exists()
+
+
+def test_the_engines_target_checks_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A forward that returns one row whatever the batch passes diag's one-state probe and is refused while IG runs,
+    in the engine's words: "with target='mean' forward must return (N, A) values", Python's keyword for --target."""
+    save_file(FirstRowOnly(4, 3).state_dict(), str(tmp_path / "q.safetensors"))
+    np.save(tmp_path / "states.npy", np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+    flags = ["--model", "tests.support.cli_models:FirstRowOnly", "--model-kwargs", '{"width": 4, "actions": 3}']
+    flags += ["--states", str(tmp_path / "states.npy"), "--output", str(tmp_path / "r.json"), "--quiet"]
+    for target, words in [("mean", "with --target mean forward must"), ("contrast", "--target contrast needs a")]:
+        code = cli.main(["diag", "--checkpoint", str(tmp_path / "q.safetensors"), *flags, "--target", target])
+        captured = capsys.readouterr()
+        _one_line_error(code, captured.err, words)
+        assert "target=" not in captured.err and captured.out == "", captured.err
+    assert not (tmp_path / "r.json").exists()

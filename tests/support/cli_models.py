@@ -101,3 +101,10 @@ class Stepped(TinyQ):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = super().forward(x)
         return q + torch.heaviside(q, torch.zeros((), dtype=q.dtype))
+
+
+class FirstRowOnly(TinyQ):
+    """TinyQ that returns the first row's Q-values whatever the batch: fine on one state, wrong on the path's rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)[:1]
