@@ -238,10 +238,10 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
 
 
 def _probe(model: nn.Module, states: Tensor, where: str, what: str) -> Tensor:
-    """One forward on one state: the output's layout, and a model that rejects the states caught early."""
+    """A forward on two copies of the first state, a batch as IG runs: the output's layout; a failing model caught."""
     try:
         with torch.no_grad():
-            output = model(states[:1])
+            output = model(states[[0, 0]])
     except Exception as error:  # noqa: BLE001 - the model's own error (shapes, dtypes), said in the user's terms
         if states.ndim == 2 and (width := _expected_width(model)) is not None and states.shape[1] != width:
             raise UsageError(

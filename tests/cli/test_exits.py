@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from lightning_ig import cli
 from tests.support import repo_env
-from tests.support.cli_models import FirstRowOnly
+from tests.support.cli_models import FirstRowOnly, OneRowAtATime
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -441,3 +441,19 @@ def test_the_engines_target_checks_name_the_flag(tmp_path: Path, capsys: pytest.
         _one_line_error(code, captured.err, words)
         assert "target=" not in captured.err and captured.out == "", captured.err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_forward_that_takes_one_row_at_a_time_is_refused_before_ig(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """diag's probe ran one state, so a forward that takes one row at a time passed it and failed on the path's
+    batches: "unexpected RuntimeError: the forward failed on rows the engine built ... (rerun with --debug)", status 1,
+    as a bug of diag's. The probe is a batch (the first state twice): the model's mistake is one line, status 2."""
+    save_file(OneRowAtATime(4, 3).state_dict(), str(tmp_path / "q.safetensors"))
+    np.save(tmp_path / "states.npy", np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+    flags = ["--model", "tests.support.cli_models:OneRowAtATime", "--model-kwargs", '{"width": 4, "actions": 3}']
+    flags += ["--states", str(tmp_path / "states.npy"), "--output", str(tmp_path / "r.json"), "--quiet"]
+    code = cli.main(["diag", "--checkpoint", str(tmp_path / "q.safetensors"), *flags])
+    captured = capsys.readouterr()
+    _one_line_error(code, captured.err, "the model fails on states of shape (4, 4)", "check their width or the forward")
+    assert not (tmp_path / "r.json").exists() and captured.out == ""

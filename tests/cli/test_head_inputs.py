@@ -325,11 +325,11 @@ def test_a_failing_run_leaves_no_saliency_folder(workspace: Path, capsys: pytest
 def test_states_with_an_extra_dimension_for_an_mlp_are_told_to_check_their_feature_shape(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """3-D states ``(N, 2, 4)`` for an MLP of 4 inputs: the model runs and returns ``(1, 2, A)``; the error says to
-    check that the states' feature shape is the model's, not only the shapes diag needs."""
+    """3-D states ``(N, 2, 4)`` for an MLP of 4 inputs: the model runs and returns ``(2, 2, A)`` on diag's probe of two
+    states; the error says to check that the states' feature shape is the model's, not only the shapes diag needs."""
     np.save(workspace / "three.npy", torch.rand(3, 2, 4, generator=torch.Generator().manual_seed(3)).numpy())
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--states", "three.npy", "--quiet")
-    _one_line_error(code, err, "the model returns shape (1, 2, 3) per batch", "check that the states' feature shape")
+    _one_line_error(code, err, "the model returns shape (2, 2, 3) per batch", "check that the states' feature shape")
 
 
 def test_states_too_narrow_for_one_head_of_all_heads_name_that_head(

@@ -108,3 +108,10 @@ class FirstRowOnly(TinyQ):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)[:1]
+
+
+class OneRowAtATime(TinyQ):
+    """TinyQ that reshapes its input to one row: fine on one state, fails on any batch of more."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.reshape(1, -1))
