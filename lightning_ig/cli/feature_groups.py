@@ -64,8 +64,7 @@ def resolve_feature_groups(
         return None
     shape = tuple(int(size) for size in feature_shape)
     spec = text if is_named_form(text) else _read(text)
-    names = list(feature_names) if text == "features" else None
-    names = _channel_names(feature_names, shape) if text == "channels" else names
+    names = {"features": list(feature_names), "channels": _channel_names(feature_names, shape)}.get(text)
     try:
         return FeatureGroups.resolve(spec, shape, names)
     except (TypeError, ValueError) as error:

@@ -306,7 +306,10 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
                 f"{torch.finfo(states.dtype).max:.3g} in size or a states file"
             )
         return value, f"constant:{value!r}"
-    loaded = load_states(text, dtype=states.dtype).to(states.device)  # a regular file: checked with every input
+    try:  # a regular file: checked with every input
+        loaded = load_states(text, dtype=states.dtype).to(states.device)
+    except CheckpointError as error:  # "states file 'b.json' ..." alone did not say it was the baseline
+        raise UsageError(f"--baseline: {error}") from None
     baselines = loaded[0] if loaded.shape[0] == 1 else loaded
     if baselines.shape not in (states.shape, states.shape[1:]):
         raise UsageError(

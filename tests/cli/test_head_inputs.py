@@ -222,6 +222,24 @@ def test_a_baseline_file_of_the_wrong_shape_is_told_its_own_shape(
     assert code == 0, err
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("b.json", '{"baseline": [[0, 0, 0, 0]]}', "states file 'b.json' has no \"states\" key"),
+        ("b.json", "{not json", "cannot read states from 'b.json' (JSONDecodeError"),
+        ("b.npy", "not numpy", "states file 'b.npy' is not a .npy file"),
+    ],
+)
+def test_a_baseline_file_that_cannot_be_read_is_named_by_its_flag(
+    workspace: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, words: str
+) -> None:
+    """A --baseline file is a states file, and the reader's words said only that ("states file 'b.json' has no
+    "states" key"), so beside --states the line did not say which flag's file it was: it starts with --baseline."""
+    (workspace / name).write_text(text)
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", name)
+    _one_line_error(code, err, f"lightning-ig diag: error: --baseline: {words}")
+
+
 # ------------------------------------------------------------------------------ sizes and precisions
 
 
