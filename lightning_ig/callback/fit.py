@@ -476,11 +476,8 @@ def plan(options: Options, trainer: Any, pl_module: Any, names: Sequence[str | N
         MisconfigurationException, TypeError, ValueError: see the callback's ``Raises``.
     """
     setup.check_unique_names(names)
-    # A states callable that samples (a replay buffer) draws none of training's: on the CPU, nor on the GPU the model
-    # is moved to after set-up (still on the CPU here, it names none)
-    root = trainer.strategy.root_device
-    cuda = [root.index or 0] if root.type == "cuda" else []
-    with generators_kept(pl_module), torch.random.fork_rng(cuda, device_type="cuda"):
+    # a states callable that samples (a replay buffer) draws none of training's, on the device training runs on too
+    with generators_kept(pl_module, trainer.strategy.root_device):
         states, baseline = heldout.resolve_states(options.states, trainer, pl_module), options.baseline
     if trainer.world_size > 1:  # rank zero's states on every rank (a callable may sample each rank's own), and its
         states, baseline = trainer.strategy.broadcast((states, baseline), src=0)  # baseline: they pair up by row

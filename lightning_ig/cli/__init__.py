@@ -112,7 +112,9 @@ class _Stderr(io.TextIOBase):
         return len(text)
 
     def isatty(self) -> bool:  # the progress line is rewritten in place on a terminal
-        return bool(self.stream is not None and self.stream.isatty())
+        with contextlib.suppress(ValueError, AttributeError):  # closed (ValueError) or None at the start
+            return bool(self.stream.isatty())
+        return False
 
 
 @contextlib.contextmanager

@@ -198,11 +198,12 @@ def moved_units(states: Tensor, baselines: Tensor, groups: FeatureGroups | None)
 
 
 @contextlib.contextmanager
-def generators_kept(module: nn.Module) -> Iterator[None]:
-    """torch's global generators of the CPU and of every CUDA device ``module`` is on (:func:`torch.random.fork_rng`),
-    Python's and numpy's are put back on exit: a forward inside that samples, even in eval mode, draws nothing that
-    training would have drawn."""
-    devices = sorted({t.device.index or 0 for t in module.parameters() if t.device.type == "cuda"})
+def generators_kept(module: nn.Module, device: torch.device | None = None) -> Iterator[None]:
+    """torch's global generators of the CPU and of every CUDA device ``module`` is on (and ``device``, where training
+    will run: at set-up the model is still on the CPU) (:func:`torch.random.fork_rng`), Python's and numpy's are put
+    back on exit: a forward inside that samples, even in eval mode, draws nothing that training would have drawn."""
+    on = [t.device for t in module.parameters()] + ([device] if device is not None else [])
+    devices = sorted({d.index or 0 for d in on if d.type == "cuda"})
     python, numpy = random.getstate(), np.random.get_state()
     try:
         with torch.random.fork_rng(devices=devices, device_type="cuda"):

@@ -17,6 +17,7 @@ from lightning_ig.attribution import IGOptions, integrated_gradients
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.models.noise import noise_disabled
 from tests.support.tiny import FEATURES, TinyQNet, dataset, held_out_states, make_trainer
+from tests.support.tolerance import assert_close_scaled
 
 pytestmark = pytest.mark.gpu
 
@@ -72,7 +73,6 @@ def test_cuda_backend_logs_what_the_torch_reference_computes(tmp_path, cuda_devi
     reference = _direct(model, states, cuda_device, target="mean", n_steps=50, backend="torch")
     attributions = reference.attributions.double().cpu()
     # The kernels and their torch twins differ by float32 rounding of sums over 50 steps and 4 features at most.
-    from tests.support.tolerance import assert_close_scaled
 
     scale = float(attributions.abs().sum(1).max())
     assert_close_scaled(
@@ -185,7 +185,6 @@ def _atari_report(tmp_path: Path, backend: str, states: torch.Tensor) -> tuple[d
 
 def test_atari_states_under_cuda_equal_the_torch_path(tmp_path, cuda_device):
     from tests.support.tiny import frames
-    from tests.support.tolerance import assert_close_scaled
 
     states = frames(32, (4, 84, 84))
     cuda, cuda_logger = _atari_report(tmp_path / "cuda", "cuda", states)
@@ -221,7 +220,6 @@ def test_atari_states_under_cuda_equal_the_torch_path(tmp_path, cuda_device):
 
 def test_group_sums_on_the_gpu_equal_the_cpu_and_repeat_bit_for_bit(cuda_device):
     from lightning_ig.attribution.groups import FeatureGroups
-    from tests.support.tolerance import assert_close_scaled
 
     generator = torch.Generator().manual_seed(3)
     for shape, spec in (((4, 84, 84), "channels"), ((3, 17, 9), torch.randint(0, 7, (3, 17, 9), generator=generator))):

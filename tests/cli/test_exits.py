@@ -457,3 +457,16 @@ def test_a_forward_that_takes_one_row_at_a_time_is_refused_before_ig(
     captured = capsys.readouterr()
     _one_line_error(code, captured.err, "the model fails on states of shape (4, 4)", "check their width or the forward")
     assert not (tmp_path / "r.json").exists() and captured.out == ""
+
+
+def test_the_stderr_wrapper_reads_a_closed_stream_as_no_terminal() -> None:
+    # guards against: isatty() of a stream closed since (ValueError) raised from the progress line's terminal check
+    import io
+
+    from lightning_ig.cli import _Stderr
+
+    closed = io.StringIO()
+    closed.close()
+    wrapped = _Stderr(closed)
+    assert wrapped.isatty() is False
+    assert wrapped.write("dropped\n") == len("dropped\n")  # and a line it cannot take is dropped, never raised
