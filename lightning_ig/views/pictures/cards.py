@@ -214,6 +214,8 @@ def verdict_card(
         words = f"{_MARKS[trust_state]} trust checks {status}"
         canvas.text((3, y), words, size=TEXT_SIZE, bold=True, colour=STATE_COLOURS[trust_state])
         x = 10 + canvas.text_width(words, size=TEXT_SIZE, bold=True)
+        if canvas.text_width(why, size=SMALL_SIZE) > CARD_WIDTH - x - 3:  # its own line, not cut: the card has room
+            x, y = 14, y + LINE
         canvas.text((x, y + 1), canvas.fit(why, CARD_WIDTH - x - 3, size=SMALL_SIZE), size=SMALL_SIZE, colour=MUTED)
         y += LINE + 1
     failed = [step for step, state in earlier if state == "fail"]

@@ -19,7 +19,7 @@ from lightning_ig.views.pictures.cards import (
     shares_chart,
     verdict_card,
 )
-from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, Canvas, rgb
+from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, SMALL_SIZE, Canvas, rgb
 
 
 def _has(pixels: np.ndarray, colour: str) -> bool:
@@ -298,3 +298,29 @@ def test_contrast_chart_says_over_how_many_states(monkeypatch):
     )
     assert "Why right rather than left" in drawn
     assert any("12 of 64 states" in words for words in drawn)
+
+
+def test_a_long_trust_line_gets_its_own_line_and_the_fullest_card_still_holds_its_legend(monkeypatch):
+    """The checks a run passed were cut at the status words ('accuracy, faithfulnes…'), the unresolved ones last."""
+    drawn: list[tuple[tuple[float, float], str]] = []
+    original = Canvas.text
+
+    def recording(self, xy, text, **kwargs):
+        drawn.append((xy, text))
+        return original(self, xy, text, **kwargs)
+
+    monkeypatch.setattr(Canvas, "text", recording)
+    why = "accuracy, faithfulness, sanity unresolved"
+    units = [f"unit {i}" for i in range(7)]  # the most rows: five bars and the line for the rest
+    verdict_card(
+        units,
+        np.arange(1.0, 8.0),
+        np.zeros(7),
+        title=["t"],
+        accuracy=("pass", "estimated attribution error 4.07e-03 ≤ 0.0141"),
+        trust=("passed", why),
+        earlier=[(10, "fail")],
+    )
+    assert why in [text for _, text in drawn]  # whole
+    legend = max(y for (_, y), _ in drawn)
+    assert legend + SMALL_SIZE / 2 + 2 <= CARD_HEIGHT  # its glyphs inside the card
