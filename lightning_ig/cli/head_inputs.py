@@ -142,7 +142,7 @@ def _states(
     """The states to attribute, and what the report says about where they came from."""
     if args.states != "auto":  # a regular file: checked with every input before anything was loaded
         states = _checked_states(
-            load_states(args.states, prefix=prefix, dtype=dtype).to(device),
+            _load_states("--states", args.states, prefix=prefix, dtype=dtype).to(device),
             args.states,
             "write at least one state of at least one feature",
         )
@@ -201,6 +201,14 @@ def _checked_states(states: Tensor, where: str, fix: str) -> Tensor:
         return check_states(states, f"states of {where}")
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
+
+
+def _load_states(flag: str, path: str, **options: Any) -> Tensor:
+    try:
+        return load_states(path, **options)
+    except CheckpointError as error:  # said as typed, "--states 'x.json'" as every flag, not "states file 'x.json'"
+        file = repr(str(Path(path)))  # the reader's spelling of the path
+        raise UsageError(str(error).replace(f"states file {file}", file).replace(file, f"{flag} {path!r}")) from None
 
 
 def _sample(pool: Tensor, count: int, seed: int, replace: bool, where: str) -> tuple[Tensor, list[int]]:
@@ -306,10 +314,7 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
                 f"{torch.finfo(states.dtype).max:.3g} in size or a states file"
             )
         return value, f"constant:{value!r}"
-    try:  # a regular file: checked with every input
-        loaded = load_states(text, dtype=states.dtype).to(states.device)
-    except CheckpointError as error:  # "states file 'b.json' ..." alone did not say it was the baseline
-        raise UsageError(f"--baseline: {error}") from None
+    loaded = _load_states("--baseline", text, dtype=states.dtype).to(states.device)  # a regular file: checked
     baselines = loaded[0] if loaded.shape[0] == 1 else loaded
     if baselines.shape not in (states.shape, states.shape[1:]):
         raise UsageError(

@@ -222,22 +222,30 @@ def test_a_baseline_file_of_the_wrong_shape_is_told_its_own_shape(
     assert code == 0, err
 
 
+@pytest.mark.parametrize("flag", ["--states", "--baseline"])
 @pytest.mark.parametrize(
     ("name", "text", "words"),
     [
-        ("b.json", '{"baseline": [[0, 0, 0, 0]]}', "states file 'b.json' has no \"states\" key"),
-        ("b.json", "{not json", "cannot read states from 'b.json' (JSONDecodeError"),
-        ("b.npy", "not numpy", "states file 'b.npy' is not a .npy file"),
+        ("b.json", '{"baseline": [[0, 0, 0, 0]]}', "error: {flag} 'b.json' has no \"states\" key"),
+        ("./b.json", '{"baseline": [[0, 0, 0, 0]]}', "error: {flag} './b.json' has no \"states\" key"),
+        ("n_steps=64/b.json", "{}", "error: {flag} 'n_steps=64/b.json' has no \"states\" key"),
+        ("b.json", "{not json", "error: cannot read states from {flag} 'b.json' (JSONDecodeError"),
+        ("b.json", "[1, 2, 3, 4]", "error: states in {flag} 'b.json' have shape (4,)"),
+        ("b.npy", "not numpy", "error: {flag} 'b.npy' is not a .npy file"),
+        ("b.txt", "1 2 3 4", "error: {flag} 'b.txt' must end in .json, .npy or .safetensors"),
     ],
 )
-def test_a_baseline_file_that_cannot_be_read_is_named_by_its_flag(
-    workspace: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, words: str
+def test_a_states_or_baseline_file_that_cannot_be_read_is_named_by_its_flag(
+    workspace: Path, capsys: pytest.CaptureFixture[str], flag: str, name: str, text: str, words: str
 ) -> None:
-    """A --baseline file is a states file, and the reader's words said only that ("states file 'b.json' has no
-    "states" key"), so beside --states the line did not say which flag's file it was: it starts with --baseline."""
+    """The reader's words name a states file as such ("states file 'b.json' has no "states" key"): the line names the
+    flag with the path as typed (--states 'b.json'), as every other flag's does, and the path stays as typed (a
+    folder "n_steps=64" was read as the engine's option and said "--num-steps 64/b.json")."""
+    (workspace / name).parent.mkdir(exist_ok=True)
     (workspace / name).write_text(text)
-    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--baseline", name)
-    _one_line_error(code, err, f"lightning-ig diag: error: --baseline: {words}")
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", flag, name)
+    _one_line_error(code, err, words.format(flag=flag))
+    assert "states file" not in err, err
 
 
 # ------------------------------------------------------------------------------ sizes and precisions
