@@ -335,7 +335,8 @@ def choose_contrast(outputs: Any, batch: int) -> Tensor:
         ValueError: not ``(B, A)`` with ``A >= 2`` (a contrast needs two outputs).
     """
     if not isinstance(outputs, Tensor) or not outputs.dtype.is_floating_point:
-        raise TypeError(f"forward must return a floating-point tensor, got {type(outputs).__name__}")
+        seen = f"dtype {outputs.dtype}" if isinstance(outputs, Tensor) else type(outputs).__name__
+        raise TypeError(f"forward must return a floating-point tensor, got {seen}")
     if len(shape := tuple(outputs.shape)) != 2 or shape[0] != batch or shape[1] < 2:
         raise ValueError(
             f"target='contrast' needs a forward returning (N, A) values with A >= 2 (the greedy output and the "

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from lightning_ig import cli
 from tests.support import repo_env
-from tests.support.cli_models import FirstRowOnly, OneRowAtATime
+from tests.support.cli_models import FirstRowOnly, OneRowAtATime, Rounded
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -440,6 +440,21 @@ def test_the_engines_target_checks_name_the_flag(tmp_path: Path, capsys: pytest.
         captured = capsys.readouterr()
         _one_line_error(code, captured.err, words)
         assert "target=" not in captured.err and captured.out == "", captured.err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_forward_of_integers_is_told_its_dtype_whatever_the_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Q-values rounded to int64: --target mean said "got dtype torch.int64", --target contrast only "got Tensor"."""
+    save_file(Rounded(4, 3).state_dict(), str(tmp_path / "q.safetensors"))
+    np.save(tmp_path / "states.npy", np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+    flags = ["--model", "tests.support.cli_models:Rounded", "--model-kwargs", '{"width": 4, "actions": 3}']
+    flags += ["--states", str(tmp_path / "states.npy"), "--output", str(tmp_path / "r.json"), "--quiet"]
+    for target in ("mean", "contrast", "each", "1"):
+        code = cli.main(["diag", "--checkpoint", str(tmp_path / "q.safetensors"), *flags, "--target", target])
+        captured = capsys.readouterr()
+        _one_line_error(code, captured.err, "floating-point", "got dtype torch.int64")
     assert not (tmp_path / "r.json").exists()
 
 

@@ -115,3 +115,10 @@ class OneRowAtATime(TinyQ):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.reshape(1, -1))
+
+
+class Rounded(TinyQ):
+    """TinyQ whose Q-values are rounded to integers (int64): no gradient to attribute."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).round().long()
