@@ -435,7 +435,9 @@ def test_the_engines_target_checks_name_the_flag(tmp_path: Path, capsys: pytest.
     np.save(tmp_path / "states.npy", np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
     flags = ["--model", "tests.support.cli_models:FirstRowOnly", "--model-kwargs", '{"width": 4, "actions": 3}']
     flags += ["--states", str(tmp_path / "states.npy"), "--output", str(tmp_path / "r.json"), "--quiet"]
-    for target, words in [("mean", "with --target mean forward must"), ("contrast", "--target contrast needs a")]:
+    cases = [("mean", "with --target mean forward must"), ("contrast", "--target contrast needs a")]
+    # each attributes V(s) first, under the mean's name: the line said "with --target mean" to a user of each
+    for target, words in [*cases, ("each", "with --target each forward must")]:
         code = cli.main(["diag", "--checkpoint", str(tmp_path / "q.safetensors"), *flags, "--target", target])
         captured = capsys.readouterr()
         _one_line_error(code, captured.err, words)
