@@ -185,6 +185,7 @@ def _failure(error: Exception, command: str, target: object = None) -> tuple[int
     if command == "diag" and not isinstance(error, (UsageError, NonFiniteError)):
         if target == "each":  # diag attributes V(s) first, as target='mean': the user typed --target each
             message = message.replace("target='mean'", "target='each'")
+        message = message.replace("; a forward with one output per row takes target=None", "")  # not a flag value
         message = _OPTION.sub(lambda m: _FLAGS.get(m[1], f"--{m[1]}") + (f" {m[3]}" if m[3] else ""), message)
     prefix = f"{PROG} {command}"
     if isinstance(error, NonFiniteError):

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from lightning_ig import cli
 from tests.support import repo_env
-from tests.support.cli_models import FirstRowOnly, OneRowAtATime, Rounded
+from tests.support.cli_models import FirstRowOnly, OneRowAtATime, Rounded, Squeezed
 
 
 def _diag(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -442,6 +442,25 @@ def test_the_engines_target_checks_name_the_flag(tmp_path: Path, capsys: pytest.
         captured = capsys.readouterr()
         _one_line_error(code, captured.err, words)
         assert "target=" not in captured.err and captured.out == "", captured.err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_forward_that_drops_the_batch_of_one_row_is_not_told_a_flag_value_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A forward that squeezes (A,) out of one row passes diag's probe and fails on a chunk of one row, with the
+    engine's hint "a forward with one output per row takes target=None", said as "--target None": no such value.
+    diag binds a model of one output per row itself, so the line ends at what the forward returned."""
+    save_file(Squeezed(4, 3).state_dict(), str(tmp_path / "q.safetensors"))
+    np.save(tmp_path / "states.npy", np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+    flags = ["--model", "tests.support.cli_models:Squeezed", "--model-kwargs", '{"width": 4, "actions": 3}']
+    flags += ["--states", str(tmp_path / "states.npy"), "--output", str(tmp_path / "r.json"), "--quiet"]
+    flags += ["--internal-batch-size", "1", "--num-steps", "4", "--method", "riemann_middle"]  # chunks of one row
+    for target in ("mean", "1"):
+        code = cli.main(["diag", "--checkpoint", str(tmp_path / "q.safetensors"), *flags, "--target", target])
+        captured = capsys.readouterr()
+        _one_line_error(code, captured.err, f"with --target {target} forward must", "got (3,) for 1 rows")
+        assert "None" not in captured.err and captured.err.rstrip().endswith("in chunks)"), captured.err
     assert not (tmp_path / "r.json").exists()
 
 

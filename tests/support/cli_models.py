@@ -122,3 +122,10 @@ class Rounded(TinyQ):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x).round().long()
+
+
+class Squeezed(TinyQ):
+    """TinyQ that squeezes its output: (N, A) on a batch, (A,) on one row (a chunk of one path point)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).squeeze()
