@@ -319,7 +319,7 @@ def _add_diag(commands: Any) -> None:
         "--target",
         type=_target,
         default="mean",
-        metavar="mean|N|each|contrast",
+        metavar="mean|N|action:N|each|contrast",
         help="the scalar attributed: mean Q over actions (V(s) for a dueling network), action N, 'each' (every "
         "action's Q in one batched run: the report's 'actions' key, beside V(s)'s contract keys) or 'contrast' "
         "(per state, the greedy action's Q minus the runner-up's, both chosen at the state: 'why this action')",

@@ -115,6 +115,19 @@ def test_a_mistyped_flag_is_told_the_nearest_flag_and_its_commands_help(
     assert len(err.strip().splitlines()) == 1 and err.strip().endswith(said), err
 
 
+def test_the_help_names_every_spelling_that_target_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--target takes action:N (the report's forward_target spelling, as its own error message lists) beside N, but
+    --help showed only mean|N|each|contrast: each spelling the help names parses, and action:N is among them."""
+    with pytest.raises(SystemExit):
+        main(["diag", "--help"])
+    metavar = re.search(r"^ +--target (\S+)$", capsys.readouterr().out, re.MULTILINE)  # the flag's own help
+    assert metavar is not None and "action:N" in metavar[1].split("|"), metavar
+    parser = build_parser()
+    for spelling in metavar[1].split("|"):
+        args = parser.parse_args(["diag", "--checkpoint", "q.safetensors", "--target", spelling.replace("N", "2")])
+        assert args.target == (2 if "N" in spelling else spelling), spelling
+
+
 def test_the_help_screens_and_a_wrong_flag_load_neither_numpy_nor_torch() -> None:
     """`lightning-ig --help`, `diag --help` and a wrong flag answer at once: the parser's checks imported numpy
     (through lightning_ig.vocabulary), about two thirds of the help screen's 0.2 s."""
