@@ -429,14 +429,18 @@ def _write(attributed: Sequence[_Attributed], plan: Sequence[_HeadPlan], written
             files += [(picture, partial(write_png, image)) for picture, image in zip(planned.pictures, pixels)]
         files.append((planned.report, partial(write_report, head.report)))
     targets = [(planned.path, not planned.made_up) for planned, _ in files]  # a user's path is written through a link
-    done = 0
+    done = -1  # -1: making the folders and temporaries, then the file being written, len(files): the renames
     try:
         with atomic_paths(targets, committed=written) as temporaries:
             for (_, write), temporary in zip(files, temporaries):
-                write(temporary, follow_symlinks=False)  # the temporary is a plain file of this run's own
                 done += 1
+                write(temporary, follow_symlinks=False)  # the temporary is a plain file of this run's own
+            done = len(files)
     except OSError as error:  # checked before the run; the disk or the folder changed since
-        failed = files[min(done, len(files) - 1)][0]
+        at = Path(str(error.filename or os.sep))  # outside a write: the folder, temporary or rename that failed
+        folders = [Path(os.path.realpath(planned.path)).parent for planned, _ in files]
+        there = [i for i, folder in enumerate(folders) if folder == at.parent or folder.is_relative_to(at)]
+        failed = files[done if 0 <= done < len(files) else (there or [0])[0]][0]
         what = "--output" if failed.what.startswith("the ") else failed.what
         raise UsageError(
             f"cannot write {what} {str(failed.path)!r} ({error.strerror or error}); check the folder's space and "

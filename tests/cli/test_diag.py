@@ -290,6 +290,45 @@ def test_a_saliency_folder_that_cannot_be_made_is_named(
     assert list((workspace / "out").iterdir()) == [] and not (workspace / "sal").exists() and out == ""
 
 
+@pytest.mark.parametrize(
+    ("step", "folder", "named"),
+    [
+        ("temporary", "out", "--output 'out/r.json'"),  # before any write: the first picture was blamed
+        ("rename", "sal", "--saliency picture 'sal/saliency.png'"),  # after every write: the last file, the report
+    ],
+)
+def test_a_folder_that_fails_at_the_write_is_named_by_its_own_file(
+    workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, step: str, folder: str, named: str
+) -> None:
+    """A folder refusing files after the check (made read-only, a full file system) failed making a temporary,
+    before any file was written, or a rename, after all were, and the line blamed the first planned file or the last:
+    "cannot write --saliency picture 'sal/saliency.png'" where --output's folder failed. It names the file in the
+    folder the error names."""
+    import os
+    import tempfile
+
+    (workspace / "out").mkdir()
+    failing = (workspace / folder).resolve()
+    made, renamed = tempfile.mkstemp, os.replace
+
+    def temporary(*args: object, dir: str, prefix: str, suffix: str) -> tuple[int, str]:  # noqa: A002 - its name
+        if Path(dir) == failing and step == "temporary":
+            raise PermissionError(13, "Permission denied", os.path.join(dir, f"{prefix}abc{suffix}"))
+        return made(*args, dir=dir, prefix=prefix, suffix=suffix)  # type: ignore[call-overload]
+
+    def rename(source: str, target: str) -> None:
+        final = not Path(target).name.startswith(".")  # not a writer's own rename into its temporary
+        if Path(target).parent == failing and final and step == "rename":
+            raise PermissionError(13, "Permission denied", str(source))
+        renamed(source, target)
+
+    monkeypatch.setattr(tempfile, "mkstemp", temporary)
+    monkeypatch.setattr(os, "replace", rename)
+    code, out, err = _diag(capsys, "--saliency", "sal", "--output", "out/r.json")
+    _refused(code, err, f"cannot write {named} (Permission denied)", "none of the 3 file(s)")
+    assert list((workspace / "out").iterdir()) == [] and not (workspace / "sal").exists() and out == ""
+
+
 def test_the_saliency_pictures_name_the_channels_the_groups_name(
     workspace: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
