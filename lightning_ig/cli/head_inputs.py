@@ -155,7 +155,7 @@ def _states(
                 f"no states are stored in {what} nor beside it (<name>.states.* or states.*: .safetensors, .npy, "
                 ".json); pass --states PATH or save the checkpoint with states="
             )
-        pool, where = load_states(beside, prefix=prefix, dtype=dtype), str(beside)
+        pool, where = _load_states("states file", str(beside), prefix=prefix, dtype=dtype), str(beside)
     pool = _checked_states(
         pool.to(device=device, dtype=dtype), where, "save the checkpoint with states=, or pass --states PATH"
     )
@@ -203,12 +203,12 @@ def _checked_states(states: Tensor, where: str, fix: str) -> Tensor:
         raise UsageError(str(error)) from None
 
 
-def _load_states(flag: str, path: str, **options: Any) -> Tensor:
+def _load_states(what: str, path: str, **options: Any) -> Tensor:
     try:
         return load_states(path, **options)
-    except CheckpointError as error:  # said as typed, "--states 'x.json'" as every flag, not "states file 'x.json'"
+    except CheckpointError as error:  # a usage error, the path as typed: "--states 'x.json'", not "states file"
         file = repr(str(Path(path)))  # the reader's spelling of the path
-        raise UsageError(str(error).replace(f"states file {file}", file).replace(file, f"{flag} {path!r}")) from None
+        raise UsageError(str(error).replace(f"states file {file}", file).replace(file, f"{what} {path!r}")) from None
 
 
 def _sample(pool: Tensor, count: int, seed: int, replace: bool, where: str) -> tuple[Tensor, list[int]]:

@@ -248,6 +248,22 @@ def test_a_states_or_baseline_file_that_cannot_be_read_is_named_by_its_flag(
     assert "states file" not in err, err
 
 
+def test_a_states_file_found_beside_the_checkpoint_keeps_its_path_as_typed(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--states auto reading <name>.states.json beside a checkpoint in a sweep's folder "n_steps=64": the reader's
+    error went through the rewrite of the engine's option names: "states file '--num-steps 64/q.states.json'"."""
+    from lightning_ig.checkpoint import save_checkpoint
+    from lightning_ig.models import DuelingQNetwork
+
+    (workspace / "n_steps=64").mkdir()
+    save_checkpoint(DuelingQNetwork(4, 3, hidden_sizes=(8,)), workspace / "n_steps=64" / "q.safetensors")
+    (workspace / "n_steps=64" / "q.states.json").write_text("{}")
+    code, _, err = _main(capsys, "diag", "--checkpoint", "n_steps=64/q.safetensors", "--quiet")
+    _one_line_error(code, err, "error: states file 'n_steps=64/q.states.json' has no \"states\" key")
+    assert "--num-steps" not in err, err
+
+
 # ------------------------------------------------------------------------------ sizes and precisions
 
 
