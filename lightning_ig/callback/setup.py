@@ -102,7 +102,7 @@ def logged_units(
     if feature_groups is None and groups is not None:
         rank_zero_warn(
             f"IntegratedGradientsCallback{named(name)}: the states have {count} features, more than "
-            f"max_logged_features={max_features}: logging {len(groups)} groups ({groups.names[0]}, ...) under "
+            f"max_logged_features={max_features}: logging {len(groups)} groups ({tags.labels['groups'][0]}, ...) under "
             f"{tags.prefix}/group/ instead; choose them with feature_groups="
         )
     return LoggedUnits(names, groups, log_features, tags)

@@ -28,6 +28,17 @@ def test_features_are_logged_one_by_one_up_to_the_limit_then_in_groups() -> None
     assert any("400 features" in str(warning.message) for warning in caught)
 
 
+def test_the_warning_names_the_first_automatic_group_as_its_tag_does() -> None:
+    # guards against: the set-up warning naming a generated group unpadded ('x0..x1') while its tags, the charts and
+    # the text read 'x00..x01' (docs/tensorboard-tags.md: names appear the same everywhere), so the name it gave was
+    # not found in TensorBoard
+    for shape, first in [((70,), "x00..x01"), ((12, 2, 3), "channel 00")]:
+        with pytest.warns(UserWarning, match="more than max_logged_features") as caught:
+            units = setup.logged_units(shape, None, None, None, None, max_features=64)
+        assert units.tags.labels["groups"][0] == first
+        assert f"groups ({first}, ...) under ig/group/" in str(caught[0].message)
+
+
 def test_automatic_groups_are_channels_or_consecutive_blocks() -> None:
     assert len(setup.automatic_groups((3, 8, 8), max_features=16)) == 3
     blocks = setup.automatic_groups((100,), max_features=16)
