@@ -47,8 +47,8 @@ class ViewOptions:
         saliency_states: held-out states in the saliency grid of spatial states (default 5, the most frames that fit
             TensorBoard's card at 8 px per MinAtar cell: more are drawn only as the strips of ``(C, L)`` signals;
             ``None``: no saliency grid).
-        saliency_channel: the channel drawn under the attribution (default ``None``: the channel mean); checked
-            against the states' channels at set-up.
+        saliency_channel: the one channel drawn under the attribution's squares (default ``None``: every channel
+            in its colour); checked against the states' channels at set-up.
         saliency_every_n_runs: draw the saliency grid at the first run, every this many runs and at the end
             (default 10; 1: every run). Pictures that share a cadence are spread over it.
 
