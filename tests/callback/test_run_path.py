@@ -109,7 +109,7 @@ def test_a_steady_run_with_tensorboard_also_hands_its_events_to_the_worker(
     for seen in entered[1:5]:
         assert seen == STEADY | WORKER  # 10: the text's words are made on the worker thread
     # the end of training draws the charts, on the logging worker: the training thread hands the run over
-    assert not {"views/pictures/draw.py", "views/pictures/charts.py"} & entered[-1]
+    assert not {"views/pictures/draw.py", "views/pictures/cards.py"} & entered[-1]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (folder,) = {path.parent for path in tmp_path.rglob("events.out.tfevents.*")}
