@@ -199,7 +199,10 @@ def _check_name(name: Any) -> str | None:
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be None or a short label (a string), got {shown_with_type(name)}")
     if name is not None and (not name.strip() or not name.isprintable() or any(c in name for c in "/\\")):
-        raise ValueError(f"name must be a short label without '/' (tags go under ig/<name>/), got {shown(name)}")
+        raise ValueError(  # say which rule: blank and unprintable names were told only "without '/'"
+            f"name must be a short printable label, not blank and without '/' or '\\' (tags go under ig/<name>/), "
+            f"e.g. name='value'; got {shown(name)}"
+        )
     return name
 
 

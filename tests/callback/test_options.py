@@ -67,6 +67,8 @@ BAD: list[Bad] = [
     ("report_dir", 3, TypeError, r"a path \(str or os.PathLike\), got int"),
     ("report_dir", "", ValueError, "non-empty"),
     ("name", "a/b", ValueError, "without '/'"),
+    ("name", "  ", ValueError, "not blank"),  # the message says what is wrong: it said only "without '/'"
+    ("name", "value\n", ValueError, "printable"),
     ("name", 3, TypeError, "a short label"),
     ("engine", {"n_steps": 8}, TypeError, "IGOptions"),
     ("engine", IGOptions(completeness_tol=0.05), ValueError, "pass completeness_tol=0.05 to the callback"),
