@@ -123,7 +123,7 @@ _BESSEL_J0_ZEROS = (
     30.63460646843198,
 )
 # Stieltjes' expansion with this many terms is within float64 rounding where (n + 1/2) sin(theta) >= this bound
-# (checked against the recurrence and 50-digit mpmath values in tests/test_quadrature.py).
+# (checked against the recurrence and 50-digit mpmath values in tests/attribution/test_quadrature.py).
 _EXPANSION_TERMS = 30
 _EXPANSION_FROM = 20.0
 _NEWTON_ITERATIONS = 8

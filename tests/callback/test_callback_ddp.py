@@ -9,7 +9,7 @@ Both runs train on the same batches (every rank sees the one-process run's batch
 gradients is that gradient exactly), so their weights agree bit for bit and every difference left comes from the
 IG runs on the ranks' shares and the gather. The GPU variant runs the same checks:
 
-    NCCL_NVLS_ENABLE=0 PYTHONPATH=. python -m pytest -m gpu tests/test_callback_ddp.py
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=. python -m pytest -m gpu tests/callback/test_callback_ddp.py
 """
 
 from __future__ import annotations

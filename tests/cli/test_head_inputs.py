@@ -1,7 +1,7 @@
 """Hostile inputs to `lightning-ig diag` / `show`: what a file holds is printed as text, and malformed JSON of any
 depth, integers of any size and values of the wrong kind are one line and exit status 2, never a traceback.
 
-In-process through `cli.main`, as tests/test_cli_safety.py runs the command.
+In-process through `cli.main`, as tests/cli/test_diag.py runs the command.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the non-finite flags, both gradient modes, half precision, determinism, n_steps="auto", the CUDA-graph path of
 IntegratedGradients (stochastic forwards caught at capture), kernels on torch's current stream, and backend errors.
 
-Run with ``pytest -m gpu tests/test_attribution_gpu.py``; skipped where there is no CUDA device or no CuPy.
+Run with ``pytest -m gpu tests/ops/test_ig_gpu.py``; skipped where there is no CUDA device or no CuPy.
 """
 
 from __future__ import annotations

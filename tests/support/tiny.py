@@ -6,7 +6,7 @@ small conv net on image-shaped states with the callback under ``strategy="ddp"``
 on the CPU (gloo; ``--accelerator gpu``: NCCL and the CUDA kernels), rank r
 writing its JSON reports to ``DIR/reports_rank<r>`` and its event files to
 ``DIR/tb_rank<r>``; with ``--devices 1`` it runs the same training in one
-process. tests/test_callback_ddp.py compares the two. With ``--rank-baselines`` it makes
+process. tests/callback/test_callback_ddp.py compares the two. With ``--rank-baselines`` it makes
 :func:`run_rank_baselines`' one run instead (each rank its own tensor baseline).
 """
 
