@@ -656,17 +656,23 @@ def close_logger(logger: Logger, args: argparse.Namespace, run_dir: Path) -> str
 
 
 def diag_command(
-    checkpoint: Path | str, num_states: int, output: Path | str, target: str = "mean", n_steps: int | str = "auto"
+    checkpoint: Path | str,
+    num_states: int,
+    output: Path | str,
+    target: str = "mean",
+    n_steps: int | str = "auto",
+    device: str = "cpu",
 ) -> str:
     """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored states, shell-quoted;
     with ``--auto-samples`` where more or fewer are stored than diag samples unless told (all of them: the report's
     figures are then the closing lines' and the last run's), and the run's ``--ig-target`` and the closing lines'
-    ``n_steps`` (``--num-steps``) where they are not diag's defaults."""
+    ``n_steps`` (``--num-steps``) and CUDA ``device`` (``--device``) where they are not diag's defaults."""
     words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
     if num_states != AUTO_SAMPLES:
         words += ["--auto-samples", str(num_states)]
     words += [] if target == "mean" else ["--target", target]
     words += [] if n_steps == "auto" else ["--num-steps", str(n_steps)]  # --ig-n-steps 8: the report's figures at 8
+    words += ["--device", device] if device.startswith("cuda") else []  # "budget": the GPU's points, not the CPU's
     return f"{lightning_ig_command()} {shlex.join([*words, '--output', str(output)])}"
 
 
@@ -826,7 +832,7 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
     print(f"\nrun folder          {run_dir}")
     print(f"{args.logger:<20}{look_with}")  # how to look at the run in its logger
     print(f"checkpoint          {checkpoint}")
-    diag = diag_command(checkpoint, len(held_out), run_dir / "ig_report.json", args.ig_target, n_steps)
+    diag = diag_command(checkpoint, len(held_out), run_dir / "ig_report.json", args.ig_target, n_steps, str(device))
     print(f"diagnose it with    {diag}")
     loss_name = "lightning-ig fused soft-margin" if agent.use_fused_loss else "torch F.soft_margin_loss"
     print(f"auxiliary loss      {loss_name}")

@@ -710,16 +710,18 @@ def diag_command(
     output: Path | str,
     target: str = "mean",
     n_steps: int | str = "auto",
+    device: str = "cpu",
 ) -> str:
     """The ``lightning-ig diag`` line that reads the checkpoint and its ``num_states`` stored frames, shell-quoted;
     with ``--auto-samples`` where more or fewer are stored than diag samples unless told (all of them: the report's
     figures are then the closing lines' and the last run's), and the run's ``--ig-target`` and the closing lines'
-    ``n_steps`` (``--num-steps``) where they are not diag's defaults."""
+    ``n_steps`` (``--num-steps``) and CUDA ``device`` (``--device``) where they are not diag's defaults."""
     words = ["diag", "--checkpoint", str(checkpoint), "--states", "auto"]
     if num_states != AUTO_SAMPLES:
         words += ["--auto-samples", str(num_states)]
     words += [] if target == "mean" else ["--target", target]
     words += [] if n_steps == "auto" else ["--num-steps", str(n_steps)]  # --ig-n-steps 8: the report's figures at 8
+    words += ["--device", device] if device.startswith("cuda") else []  # "budget": the GPU's points, not the CPU's
     words += ["--feature-groups", str(groups_file), "--saliency", str(saliency), "--output", str(output)]
     return f"{lightning_ig_command()} {shlex.join(words)}"
 
@@ -900,6 +902,7 @@ def train_and_report(args: argparse.Namespace, run_dir: Path, started: float) ->
         run_dir / "ig_report.json",
         args.ig_target,
         n_steps,
+        str(device),
     )
     print(f"diagnose it with    {diag}")
     print(f"device              trained on {agent.trained_on}, evaluated on {device}; auxiliary loss {loss_name}")

@@ -392,6 +392,12 @@ def test_the_printed_commands_are_shell_quoted(example_module: ModuleType, tmp_p
     assert (
         build_parser().parse_args(contrast[contrast.index("diag") :]).target == "contrast" and parsed.target == "mean"
     )
+    # guards against: a run on a GPU printing a line that runs diag on the CPU (its default --device), whose
+    # n_steps="budget" picks the CPU's points and rule, so the report's figures were not the closing lines'
+    on_gpu = shlex.split(example_module.diag_command(checkpoint, 256, output, "mean", "budget", "cuda:0"))
+    parsed_gpu = build_parser().parse_args(on_gpu[on_gpu.index("diag") :])
+    assert (parsed_gpu.device, parsed_gpu.num_steps, parsed.device) == ("cuda:0", "budget", "cpu")
+    assert "--device" not in example_module.diag_command(checkpoint, 256, output, "mean", "auto", "cpu")
 
     from lightning.pytorch.loggers import TensorBoardLogger
 

@@ -332,6 +332,11 @@ def test_the_printed_commands_are_shell_quoted(example_module, tmp_path: Path) -
     each = shlex.split(example_module.diag_command(paths[0], 64, *paths[1:], "each"))
     parsed_each = build_parser().parse_args(each[each.index("diag") :])
     assert parsed_each.target == "each" and parsed.target == "mean"  # the run's --ig-target: its report is about that
+    # a run on a GPU (the example's default where there is one): diag there too, its "budget" the GPU's points
+    on_gpu = shlex.split(example_module.diag_command(paths[0], 64, *paths[1:], "mean", "budget", "cuda:0"))
+    parsed_gpu = build_parser().parse_args(on_gpu[on_gpu.index("diag") :])
+    assert (parsed_gpu.device, parsed_gpu.num_steps, parsed.device) == ("cuda:0", "budget", "cpu")
+    assert "--device" not in example_module.diag_command(paths[0], 64, *paths[1:], "mean", "auto", "cpu")
 
     runs = tmp_path / "my runs"
     args = example_module.parse_args(["--runs-dir", str(runs)])
