@@ -71,6 +71,8 @@ def prepare_head(
     states, extra = _states(args, loaded, prefix, device, _model_dtype(model), what)
     # the width first: the root of most mismatches
     target = _target(args.target, _probe(model, states, extra["states_from"], what))
+    if (actions := target.rows_per_state) > 1:  # --target each keeps a path gradient per action, all at once
+        _check_work(args, len(states) * actions, states[0], f"--target each ({actions} actions)")
     names = _feature_names(args, loaded, states, what)
     groups = resolve_feature_groups(args.feature_groups, states.shape[1:], names)
     if args.saliency is not None and saliency_kind(tuple(states.shape[1:])) is None:

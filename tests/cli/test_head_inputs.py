@@ -405,3 +405,17 @@ def test_the_default_sample_of_a_checkpoint_with_fewer_states_takes_them_all(
     assert (report["num_states"], report["state_indices"]) == (5, [0, 1, 2, 3, 4])
     code, _, err = _main(capsys, "diag", "--checkpoint", "few.safetensors", "--auto-samples", "16", "--quiet")
     _one_line_error(code, err, "--auto-samples 16 is more than the 5 states stored")
+
+
+def test_target_each_is_sized_for_every_actions_path_gradients(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # guards against: --target each keeps a path gradient per action (the model's 3 here, 18 on Atari) but was sized
+    # as one, so 100 states of 10,000 features passed the check and were killed by the kernel at 24 GB, a minute in
+    from lightning_ig import vocabulary
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 2_000_000)  # 16 states' V(s) fit, their 3 actions not
+    assert _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", "--output", "out/r.json")[0] == 0
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--target", "each", "--output", "out/e.json")
+    _one_line_error(code, err, "--target each (3 actions) at --num-steps auto", "more than the 1.9 MiB")
+    assert not (workspace / "out" / "e.json").exists()
