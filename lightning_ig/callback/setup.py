@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -99,6 +100,12 @@ def logged_units(
         generated_groups=groups is not None and groups.generated_names,
         num_features=count,  # the top-10% concentration is logged only where it differs from the top-1% one
     )
+    if groups is not None and len(groups) > max_features:  # two scalars and a histogram each, every run: unreadable
+        tags = dataclasses.replace(tags, group_units=False)
+        rank_zero_warn(
+            f"IntegratedGradientsCallback{named(name)}: {len(groups)} feature_groups, more than max_logged_features="
+            f"{max_features}: not logged one by one under {tags.prefix}/group/ (the cards, text and reports rank them)"
+        )
     if feature_groups is None and groups is not None:
         rank_zero_warn(
             f"IntegratedGradientsCallback{named(name)}: the states have {count} features, more than "

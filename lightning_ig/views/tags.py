@@ -43,7 +43,8 @@ class ViewOptions:
             run, every this many runs and at the end (default 10; the verdict card also at every run that failed
             or whose verdict differs from the last one drawn); ``None``: never.
         max_logged_features: the most features logged one by one (default 64); beyond it, groups (``"channels"``
-            for ``(C, ...)`` states, else blocks) unless the callback's ``feature_groups`` names them.
+            for ``(C, ...)`` states, else blocks) unless the callback's ``feature_groups`` names them. More
+            ``feature_groups`` than this are not logged one by one either (the cards, text and reports rank them).
         saliency_states: held-out states in the saliency grid of spatial states (default 5, the most frames that fit
             TensorBoard's card at 8 px per MinAtar cell: more are drawn only as the strips of ``(C, L)`` signals;
             ``None``: no saliency grid).
@@ -145,6 +146,7 @@ class TagNames:
         action_labels: with ``target="each"``, one label per action (``<prefix>/action/<action>/...`` tags); else
             ``None``.
         action_units: with ``target="each"``, log each action's mean ``|attr|`` per unit too (few enough).
+        group_units: log each group's scalars and histogram (at most ``max_logged_features`` groups).
         labels: the labels of each kind of unit that has them, by :attr:`~lightning_ig.run.summary.Units.kind`
             (``"features"``, ``"groups"``). Set here, with the two below, when the tags are made (at fit start), so
             that a run reads its tags as plain data.
@@ -159,6 +161,7 @@ class TagNames:
     num_features: int = 0
     action_labels: list[str] | None = None
     action_units: bool = False
+    group_units: bool = True
     labels: Mapping[str, list[str]] = field(init=False, repr=False, compare=False)
     count_tags: frozenset[str] = field(init=False, repr=False, compare=False)
     concentration_twin: str | None = field(init=False, repr=False, compare=False)

@@ -238,6 +238,24 @@ def test_wide_vectors_log_blocks_and_named_groups(tmp_path):
     )
 
 
+def test_more_groups_than_max_logged_features_are_not_logged_one_by_one(tmp_path):
+    # guards against: feature_groups="features" on 30,000 features logged 90,000 scalar and histogram tags a run
+    # (21 MB of events a run), beyond the limit that bounds the features' and the actions' tags
+    states = frames(12, (256,), seed=2)
+    callback = IntegratedGradientsCallback(
+        states, every_n_steps=2, feature_groups="features", engine=IGOptions(n_steps=8), report_dir=tmp_path / "r"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, logger = _fit(tmp_path / "features", (256,), [callback])
+    tags = _events(logger).Tags()
+    assert not [tag for tag in tags["scalars"] + tags["histograms"] if tag.startswith("ig/group/")]
+    assert "ig/drift/spearman_prev" in tags["scalars"] and "ig/0_verdict" in tags["images"]  # ranked over the groups
+    assert any("256 feature_groups, more than max_logged_features=64" in str(w.message) for w in caught)
+    report = json.loads(sorted((tmp_path / "r").glob("*.json"))[-1].read_text())
+    assert len(report["groups"]) == 256  # the report keeps every group
+
+
 def test_one_dimensional_signals_get_heat_strips(tmp_path):
     states = frames(6, (2, 40), seed=3)
     callback = IntegratedGradientsCallback(

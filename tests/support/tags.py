@@ -21,7 +21,7 @@ def scalar_tags(tags: TagNames, top_k: int) -> list[str]:
     prefix = tags.prefix
     figures = ("worst_attribution_error", "worst_mass_relative_error", "mean_abs_error")
     names = [f"{prefix}/completeness/{name}" for name in figures]
-    for labels, group in ((tags.feature_labels, ""), (tags.group_labels, "group/")):
+    for labels, group in ((tags.feature_labels, ""), (tags.group_labels if tags.group_units else None, "group/")):
         for quantity in ("mean_abs", "mean_signed"):
             names += [f"{prefix}/{group}{quantity}/{label}" for label in labels or []]
     names += [f"{prefix}/concentration/{name}" for name in CONCENTRATION_SHARES]

@@ -40,7 +40,7 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         f"{prefix}/completeness/degenerate_states": float(completeness.num_degenerate),
         f"{prefix}/completeness/near_baseline_states": float(completeness.num_near_baseline),
     }
-    for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
+    for units, group in ((summary.logged_features, ""), (summary.groups if tags.group_units else None, "group/")):
         if units is None:
             continue
         labels = tags.labels[units.kind]
@@ -262,7 +262,7 @@ class RunOutputs:
     def _histograms(self, summary: RunSummary) -> list[tuple[str, np.ndarray]]:
         """``(tag, the run's values of one unit)``: per feature logged one by one, per group."""
         tags, columns = self.tags, []
-        for units, group in ((summary.logged_features, ""), (summary.groups, "group/")):
+        for units, group in ((summary.logged_features, ""), (summary.groups if tags.group_units else None, "group/")):
             if units is not None and units.values is not None:
                 labels = tags.labels[units.kind]
                 prefix = f"{tags.prefix}/{group}attributions"
