@@ -150,8 +150,8 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
             that also attribute one target are refused as the Trainer is made, by Lightning's state_key).
         TypeError, ValueError: A bad argument (the message names it): a value of the wrong kind is refused, never
             read as another (``run_at_train_end="no"`` is an error, not ``True``). At set-up: states that do not fit
-            the model, NaN/Inf in the states, names or groups of the wrong size, a ``saliency_channel`` past the
-            states' channels, a bad ``baseline``, ``target``, ``forward`` or ``report_dir``.
+            the model or (on a CPU) the memory, NaN/Inf in them, names or groups of the wrong size, a
+            ``saliency_channel`` past the states' channels, a bad ``baseline``, ``target``, ``forward``, ``report_dir``.
         AttributeError: An option assigned after the callback is made.
 
     Example::

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IGOptions, IntegratedGradients
+from lightning_ig.attribution.auto_steps import check_work
 from lightning_ig.attribution.checks import check_dense, check_states
 from lightning_ig.attribution.path import chunk_rows
 from lightning_ig.attribution.result import stochastic_warnings_silenced
@@ -346,6 +347,15 @@ def prepare_engine(
         # On a CPU the budget's 56 kink-rule nodes leave ReLU agents' worst states above the tolerance; the runs
         # refine those states (n_steps="auto": 56, 168, 504 nodes), so the verdict a run shows is one it reached
         runs = dataclasses.replace(options, n_steps="auto")
+    if local_states.device.type == "cpu":  # said now, not by the out-of-memory killer minutes into training
+        units, width, n = len(local_states) * target.rows_per_state, local_states[0].numel(), runs.n_steps
+        told = f"IntegratedGradientsCallback: IG of {len(local_states):,} states of {width:,} features at n_steps={n!r}"
+        fix = "pass fewer held-out states or fewer nodes a state: engine=IGOptions(n_steps=32) (auto: max_steps=168)"
+        check_work(units, width, n, told, fix, runs.max_steps, fewest=True)  # the nodes every run takes
+        try:  # "auto" takes its most nodes only at states it refines (training changes which): a warning
+            check_work(units, width, n, f"{told}, every state refined,", fix, runs.max_steps)
+        except ValueError as error:
+            rank_zero_warn(str(error))
     engine = IntegratedGradients(attributed, target=target, **runs.keywords())
     # The most rows a run's forward takes on a CPU (its n_steps, or the most nodes "budget" and "auto" reach), more
     # than the trial's 2 nodes; on a GPU the engine halves a batch that runs out of memory

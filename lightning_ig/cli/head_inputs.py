@@ -12,10 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.attribution.budget import STEP_CHOICES
+from lightning_ig.attribution.auto_steps import check_work
 from lightning_ig.attribution.checks import check_device, check_finite, check_states
 from lightning_ig.attribution.groups import FeatureGroups
-from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import (
     CheckpointError,
@@ -29,7 +28,7 @@ from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
 from lightning_ig.cli.parser import AUTO_SAMPLES
 from lightning_ig.views.pictures.saliency import saliency_kind
-from lightning_ig.vocabulary import check_feature_names, check_memory, default_feature_names
+from lightning_ig.vocabulary import check_feature_names, default_feature_names
 
 __all__ = ["HeadRun", "baseline_path", "parse_device", "prepare_head"]
 
@@ -174,21 +173,12 @@ def _states(
     }
 
 
-# What a state costs beside its values: its rows in the IG result and in the report (Python objects, then JSON text).
-_BYTES_A_STATE = 2048
-# A quadrature point's cost to a state beside its features' 8 B each (measured: 110 B at 4 features, 15 KB at 2,000).
-_BYTES_A_STEP = 128
-
-
 def _check_work(args: argparse.Namespace, count: int, state: Tensor, what: str) -> None:
     """``count`` states like ``state`` at ``--num-steps`` must fit in memory before any is drawn or attributed: the
     kernel's out-of-memory killer ends a process without a word (``--auto-samples 1000000000 --replace``)."""
-    # auto may refine every state up to its bound, budget takes at most the largest budget: sized as the most they take
-    steps = {"auto": DEFAULT_MAX_STEPS, "budget": max(STEP_CHOICES)}.get(args.num_steps, args.num_steps)
-    # The states, their baselines, attributions and path gradients: a few copies of each state, in float64 at most.
-    needed = count * (_BYTES_A_STATE + 8 * state.numel() * 8) + count * steps * (_BYTES_A_STEP + 8 * state.numel())
+    fix = "ask for fewer states or steps"
     try:
-        check_memory(needed, f"{what} at --num-steps {args.num_steps}", "ask for fewer states or steps")
+        check_work(count, state.numel(), args.num_steps, f"{what} at --num-steps {args.num_steps}", fix)
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -400,3 +400,62 @@ def test_a_state_past_the_dtype_range_in_another_ranks_share_stops_this_rank_too
     rank_one = SimpleNamespace(world_size=2, global_rank=1)
     with pytest.raises(ValueError, match=r"the states hold values past the range of the model's dtype torch.float16"):
         prepare_engine(rank_one, model, Target.parse("mean"), None, states, "zeros", None, IGOptions(n_steps=8))
+
+
+def _fit_counting_steps(tmp_path: Path, callback: IntegratedGradientsCallback, steps: list[int]) -> list[int]:
+    class Count(pl.Callback):
+        def on_train_batch_end(self, *args: object) -> None:
+            steps.append(1)
+
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0)
+    make_trainer(tmp_path, [callback, Count()], max_steps=2).fit(model, DataLoader(dataset(), batch_size=32))
+    return steps
+
+
+def test_held_out_states_whose_runs_cannot_fit_in_memory_stop_the_fit_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_ig import vocabulary
+
+    # 37 states of 4 features at n_steps="auto": 0.4 MB at its fewest 56 nodes, 3.1 MB at 512 (was: an allocator's
+    # RuntimeError or the out-of-memory killer at the first run, minutes into training)
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 100_000)
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000)
+    with pytest.raises(
+        ValueError,
+        match=r"37 states of 4 features at n_steps='auto' needs about 407\.0 KiB of memory, "
+        r"more than the 97\.7 KiB available here; pass fewer held-out states or fewer nodes a state: "
+        r"engine=IGOptions\(n_steps=32\)",
+    ):
+        _fit_counting_steps(tmp_path, callback, steps := [])
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, engine=IGOptions(n_steps=64))
+    with pytest.raises(ValueError, match="at n_steps=64 needs about"):  # a fixed count: every run takes all of them
+        _fit_counting_steps(tmp_path, callback, steps)
+    assert steps == []  # refused before training
+
+
+def test_held_out_states_whose_refined_runs_may_not_fit_are_warned_of_and_trained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_ig import vocabulary
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 1_000_000)  # the 56 nodes fit, 512 for every state not
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000)
+    with pytest.warns(UserWarning, match=r"at n_steps='auto', every state refined, needs about 3\.0 MiB of memory"):
+        assert len(_fit_counting_steps(tmp_path, callback, [])) == 2
+    assert [entry["global_step"] for entry in callback.history] == [2]
+
+
+@pytest.mark.parametrize(("states", "features", "target_rows"), [(256, 4, 1), (256, 4, 2), (64, 400, 1), (64, 1000, 1)])
+def test_the_examples_default_held_out_states_fit_in_a_gibibyte(
+    monkeypatch: pytest.MonkeyPatch, states: int, features: int, target_rows: int
+) -> None:
+    from lightning_ig import vocabulary
+    from lightning_ig.attribution.auto_steps import check_work
+
+    # CartPole's 256 states ("mean" and "each"), MinAtar's 64 frames (breakout's 4 channels, seaquest's 10) as "mean":
+    # measured peaks over the process at set-up 16-23 MB, 79-143 MB (400 features); none is warned of
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 2**30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_work(states * target_rows, features, "auto", "IG", "fix", 512)
