@@ -22,6 +22,7 @@ import itertools
 import math
 import numbers
 import os
+import re
 import reprlib
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -330,23 +331,24 @@ def size_text(count: int) -> str:
 
 def available_memory() -> int | None:
     """The bytes of memory this process can still take: the system's available memory, less where a cgroup limits
-    it (a container); ``None`` where the system does not say (not Linux)."""
-    meminfo = _read_text("/proc/meminfo") or ""
-    available = [int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")]
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2 ("max": no limit)
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),  # v1
-    ):
-        most, used = _read_text(limit), _read_text(usage)
-        if most is not None and used is not None and most.strip().isdigit() and used.strip().isdigit():
-            available.append(int(most) - int(used))
-    return max(0, min(available)) if available else None
+    it (a container) or ``ulimit -v`` its address space; ``None`` where the system does not say (not Linux)."""
+    v1, this = "/sys/fs/cgroup/memory/memory.", "/proc/self/"
+    figures = [  # (the most, what is taken of it): a file that is missing or says no number ("max") bounds nothing
+        (_figure("/proc/meminfo", r"^MemAvailable:\s+(\d+) kB", 1024), 0),
+        (_figure("/sys/fs/cgroup/memory.max"), _figure("/sys/fs/cgroup/memory.current")),  # cgroup v2
+        (_figure(v1 + "limit_in_bytes"), _figure(v1 + "usage_in_bytes")),  # cgroup v1
+        # ulimit -v: every mapping counts, resident or not (torch's allocator fails there, before the OOM killer)
+        (_figure(this + "limits", r"^Max address space\s+(\d+)"), _figure(this + "status", r"^VmSize:\s+(\d+)", 1024)),
+    ]
+    left = [most - used for most, used in figures if most is not None and used is not None]
+    return max(0, min(left)) if left else None
 
 
-def _read_text(path: str) -> str | None:
+def _figure(path: str, pattern: str = r"\A(\d+)\s*\Z", unit: int = 1) -> int | None:  # a whole file's, or a line's
     try:
         with open(path, encoding="ascii") as file:
-            return file.read()
+            found = re.search(pattern, file.read(), re.MULTILINE)
+        return None if found is None else int(found[1]) * unit
     except (OSError, ValueError):
         return None
 

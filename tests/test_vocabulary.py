@@ -177,6 +177,30 @@ def test_the_memory_available_is_a_positive_figure_here() -> None:
     assert available is None or available > 0
 
 
+_UNDER_ULIMIT = """
+import resource
+from pathlib import Path
+from lightning_ig.vocabulary import available_memory
+free = available_memory()
+mapped = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+              if line.startswith("VmSize:"))
+cap = mapped + free // 4  # ulimit -v: a quarter of what is free beyond what this process has mapped
+resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+print(free, cap, available_memory())
+"""
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/limits").exists(), reason="Linux's /proc: where the address space's cap is read"
+)
+def test_the_memory_available_is_bounded_by_ulimit_v() -> None:
+    # was: the system's available memory under any ulimit -v, so a check passed and torch's allocator failed later
+    # (a RuntimeError minutes into a fit) at memory the cap refused
+    found = subprocess.run([sys.executable, "-c", _UNDER_ULIMIT], capture_output=True, text=True, check=True)
+    free, cap, available = map(int, found.stdout.split())
+    assert 0 < available <= free // 4 < cap
+
+
 def test_names_that_look_alike_are_one_name() -> None:
     nfc, nfd = "caf\u00e9", "cafe\u0301"  # the same text, composed and decomposed
     assert nfc != nfd
