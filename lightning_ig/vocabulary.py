@@ -332,15 +332,17 @@ def size_text(count: int) -> str:
 def available_memory() -> int | None:
     """The bytes of memory this process can still take: the system's available memory, less where a cgroup limits
     it (a container) or ``ulimit -v`` its address space; ``None`` where the system does not say (not Linux)."""
-    v1, this = "/sys/fs/cgroup/memory/memory.", "/proc/self/"
-    figures = [  # (the most, what is taken of it): a file that is missing or says no number ("max") bounds nothing
+    v2, v1, this = "/sys/fs/cgroup/memory.", "/sys/fs/cgroup/memory/memory.", "/proc/self/"
+    idle = r"^inactive_file (\d+)"  # a cgroup's usage counts its page cache (full once a data set was read), of which
+    # the kernel reclaims the inactive files' before it refuses a page (docker stats leaves it out too)
+    caps = [  # (the most, what is taken of it, what of that is idle): a file missing or saying no number bounds nothing
         (_figure("/proc/meminfo", r"^MemAvailable:\s+(\d+) kB", 1024), 0),
-        (_figure("/sys/fs/cgroup/memory.max"), _figure("/sys/fs/cgroup/memory.current")),  # cgroup v2
-        (_figure(v1 + "limit_in_bytes"), _figure(v1 + "usage_in_bytes")),  # cgroup v1
+        (_figure(v2 + "max"), _figure(v2 + "current"), _figure(v2 + "stat", idle)),  # cgroup v2
+        (_figure(v1 + "limit_in_bytes"), _figure(v1 + "usage_in_bytes"), _figure(v1 + "stat", idle)),  # cgroup v1
         # ulimit -v: every mapping counts, resident or not (torch's allocator fails there, before the OOM killer)
         (_figure(this + "limits", r"^Max address space\s+(\d+)"), _figure(this + "status", r"^VmSize:\s+(\d+)", 1024)),
     ]
-    left = [most - used for most, used in figures if most is not None and used is not None]
+    left = [cap - used + sum(filter(None, cache)) for cap, used, *cache in caps if cap is not None and used is not None]
     return max(0, min(left)) if left else None
 
 
