@@ -424,8 +424,8 @@ def test_held_out_states_whose_runs_cannot_fit_in_memory_stop_the_fit_before_tra
     with pytest.raises(
         ValueError,
         match=r"37 states of 4 features at n_steps='auto' needs about 407\.0 KiB of memory, "
-        r"more than the 97\.7 KiB available here; pass fewer held-out states or fewer nodes a state: "
-        r"engine=IGOptions\(n_steps=32\)",
+        r"more than the 97\.7 KiB available here; pass fewer held-out states, or a smaller fixed number of nodes a "
+        r"state: engine=IGOptions\(n_steps=N\)",
     ):
         _fit_counting_steps(tmp_path, callback, steps := [])
     callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, engine=IGOptions(n_steps=64))
@@ -444,6 +444,33 @@ def test_held_out_states_whose_refined_runs_may_not_fit_are_warned_of_and_traine
     with pytest.warns(UserWarning, match=r"at n_steps='auto', every state refined, needs about 3\.0 MiB of memory"):
         assert len(_fit_counting_steps(tmp_path, callback, [])) == 2
     assert [entry["global_step"] for entry in callback.history] == [2]
+
+
+@pytest.mark.parametrize(
+    ("options", "available", "said", "not_said"),
+    [  # was: every message offered "engine=IGOptions(n_steps=32) (auto: max_steps=168)" and named no actions
+        ({"engine": IGOptions(n_steps=16)}, 30_000, "n_steps=16 needs about", ["n_steps=32", "max_steps"]),
+        ({}, 300_000, "at n_steps='auto' needs about", ["n_steps=32", "max_steps"]),  # auto's fewest: 56 nodes
+        ({}, 1_000_000, "or a lower engine=IGOptions(max_steps=N)", ["n_steps=N"]),  # the warning
+        ({"target": "each"}, 1_000_000, "37 states of 4 features for each of 2 actions at n_steps='auto'", []),
+    ],
+)
+def test_the_memory_checks_fix_is_one_that_helps_and_names_the_actions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict, available: int, said: str, not_said: list[str]
+) -> None:
+    from lightning_ig import vocabulary
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: available)
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=10_000, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _fit_counting_steps(tmp_path, callback, [])
+            told = [str(warning.message) for warning in caught if "of memory" in str(warning.message)]
+        except ValueError as error:
+            told = [str(error)]
+    assert len(told) == 1 and said in told[0], told
+    assert not any(words in told[0] for words in not_said), told[0]
 
 
 @pytest.mark.parametrize(("states", "features", "target_rows"), [(256, 4, 1), (256, 4, 2), (64, 400, 1), (64, 1000, 1)])
