@@ -17,14 +17,13 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_ig.attribution.budget import STEP_CHOICES
 from lightning_ig.attribution.kinks import BUDGET_NODES
 from lightning_ig.attribution.path import PathRun, rule_tensors
 from lightning_ig.attribution.result import NEAR_BASELINE_FRACTION, lower_median
-from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS, IGOptions
-from lightning_ig.vocabulary import KINK_METHOD, check_memory
+from lightning_ig.attribution.settings import IGOptions
+from lightning_ig.vocabulary import KINK_METHOD
 
-__all__ = ["attribute_auto", "check_work", "levels"]
+__all__ = ["attribute_auto", "levels"]
 
 _METHOD = "riemann_middle"
 
@@ -36,18 +35,6 @@ def levels(max_steps: int) -> list[int]:
     while found[-1] * 3 <= max_steps:
         found.append(found[-1] * 3)
     return found
-
-
-def check_work(
-    rows: int, size: int, n_steps: int | str, what: str, fix: str, most: int = DEFAULT_MAX_STEPS, fewest: bool = False
-) -> None:
-    """Refuse IG of ``rows`` rows of ``size`` features each that needs more memory than is available (``ValueError``:
-    ``what`` needs..., ``fix``): ``"auto"`` (up to ``most`` nodes), ``"budget"`` at their most nodes or ``fewest``."""
-    steps = {"auto": (min(BUDGET_NODES, most), most), "budget": (min(STEP_CHOICES), max(STEP_CHOICES))}
-    nodes = steps[n_steps][not fewest] if isinstance(n_steps, str) else n_steps
-    # A few copies of a state; 2 KB a state (its result's and report's rows), 128 B a node beside its 8 B a feature
-    # (110 B at 4 features, 15 KB at 2,000). A fit's peak, every state refined: 1.0-1.4 times this (trust checks).
-    check_memory(rows * (2048 + 64 * size + nodes * (128 + 8 * size)), what, fix)
 
 
 def attribute_auto(run: PathRun, settings: IGOptions) -> dict[str, Tensor]:

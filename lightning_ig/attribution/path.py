@@ -22,17 +22,18 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lightning_ig.attribution.budget import STEP_CHOICES
 from lightning_ig.attribution.estimate import accuracy_rows, error_estimate
 from lightning_ig.attribution.inputs import raise_if_dtype_mismatch, uses_batch_statistics
-from lightning_ig.attribution.kinks import kink_rule
+from lightning_ig.attribution.kinks import BUDGET_NODES, kink_rule
 from lightning_ig.attribution.quadrature import quadrature
-from lightning_ig.attribution.settings import IGOptions
+from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS, IGOptions
 from lightning_ig.attribution.targets import EACH, Target, choose_contrast
 from lightning_ig.ops.dtypes import accumulate_dtype
 from lightning_ig.ops.ig import STATS, IGOps
-from lightning_ig.vocabulary import KINK_METHOD
+from lightning_ig.vocabulary import KINK_METHOD, check_memory
 
-__all__ = ["CPU_CHUNK_ROWS", "PathGradients", "PathRun", "chunk_rows", "rule_tensors"]
+__all__ = ["CPU_CHUNK_ROWS", "PathGradients", "PathRun", "check_run_memory", "chunk_rows", "rule_tensors"]
 
 _SMALL_WORK_BYTES = 256 << 20
 CPU_CHUNK_ROWS = 1024
@@ -75,6 +76,24 @@ def chunk_rows(settings: IGOptions, x: Tensor) -> int:
     free, _ = torch.cuda.mem_get_info(x.device)
     cached = torch.cuda.memory_reserved(x.device) - torch.cuda.memory_allocated(x.device)
     return max(1, int((free + max(cached, 0)) // 4 // per_row))
+
+
+def check_run_memory(
+    rows: int,
+    width: int,
+    n_steps: int | str,
+    what: str,
+    fix: str,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    fewest: bool = False,
+) -> None:
+    """Refuse IG of ``rows`` rows of ``width`` features whose path needs more memory than is available (``ValueError``:
+    ``what`` needs..., ``fix``) at ``"auto"``'s (to ``max_steps``) or ``"budget"``'s most nodes, or ``fewest``."""
+    steps = {"auto": (min(BUDGET_NODES, max_steps), max_steps), "budget": (min(STEP_CHOICES), max(STEP_CHOICES))}
+    nodes = steps[n_steps][not fewest] if isinstance(n_steps, str) else n_steps
+    # A few copies of a state; 2 KB a state (its result's and report's rows), 128 B a node beside its 8 B a feature
+    # (110 B at 4 features, 15 KB at 2,000). A fit's peak, every state refined: 1.0-1.4 times this (trust checks).
+    check_memory(rows * (2048 + 64 * width + nodes * (128 + 8 * width)), what, fix)
 
 
 class PathGradients(NamedTuple):

@@ -25,9 +25,8 @@ from torch import Tensor
 
 from lightning_ig._files import check_input_file
 from lightning_ig.attribution import IGOptions, IntegratedGradients
-from lightning_ig.attribution.auto_steps import check_work
 from lightning_ig.attribution.checks import check_dense, check_states
-from lightning_ig.attribution.path import chunk_rows
+from lightning_ig.attribution.path import check_run_memory, chunk_rows
 from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import STATE_SUFFIXES, load_states
@@ -353,10 +352,10 @@ def prepare_engine(
             f" for each of {target.rows_per_state} actions" * (target.rows_per_state > 1) + f" at n_steps={n!r}"
         )  # each check says a fix that helps it (n_steps=32 was offered to n_steps=16, max_steps to auto's 56 nodes)
         fix = "pass fewer held-out states, or a smaller fixed number of nodes a state: engine=IGOptions(n_steps=N)"
-        check_work(units, width, n, told, fix, runs.max_steps, fewest=True)  # the nodes every run takes
+        check_run_memory(units, width, n, told, fix, runs.max_steps, fewest=True)  # the nodes every run takes
         try:  # "auto" takes its most nodes only at states it refines (training changes which): a warning
             fix = "pass fewer held-out states" + " or a lower engine=IGOptions(max_steps=N)" * (n == "auto")
-            check_work(units, width, n, f"{told}, every state refined,", fix, runs.max_steps)
+            check_run_memory(units, width, n, f"{told}, every state refined,", fix, runs.max_steps)
         except ValueError as error:
             rank_zero_warn(str(error))
     engine = IntegratedGradients(attributed, target=target, **runs.keywords())

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_ig.attribution.auto_steps import check_work
 from lightning_ig.attribution.checks import check_device, check_finite, check_states
 from lightning_ig.attribution.groups import FeatureGroups
+from lightning_ig.attribution.path import check_run_memory
 from lightning_ig.attribution.targets import Target
 from lightning_ig.checkpoint import (
     CheckpointError,
@@ -178,7 +178,7 @@ def _check_work(args: argparse.Namespace, count: int, state: Tensor, what: str) 
     kernel's out-of-memory killer ends a process without a word (``--auto-samples 1000000000 --replace``)."""
     fix = "ask for fewer states or steps"
     try:
-        check_work(count, state.numel(), args.num_steps, f"{what} at --num-steps {args.num_steps}", fix)
+        check_run_memory(count, state.numel(), args.num_steps, f"{what} at --num-steps {args.num_steps}", fix)
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -471,18 +471,3 @@ def test_the_memory_checks_fix_is_one_that_helps_and_names_the_actions(
             told = [str(error)]
     assert len(told) == 1 and said in told[0], told
     assert not any(words in told[0] for words in not_said), told[0]
-
-
-@pytest.mark.parametrize(("states", "features", "target_rows"), [(256, 4, 1), (256, 4, 2), (64, 400, 1), (64, 1000, 1)])
-def test_the_examples_default_held_out_states_fit_in_a_gibibyte(
-    monkeypatch: pytest.MonkeyPatch, states: int, features: int, target_rows: int
-) -> None:
-    from lightning_ig import vocabulary
-    from lightning_ig.attribution.auto_steps import check_work
-
-    # CartPole's 256 states ("mean" and "each"), MinAtar's 64 frames (breakout's 4 channels, seaquest's 10) as "mean":
-    # measured peaks over the process at set-up 16-23 MB, 79-143 MB (400 features); none is warned of
-    monkeypatch.setattr(vocabulary, "available_memory", lambda: 2**30)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        check_work(states * target_rows, features, "auto", "IG", "fix", 512)
