@@ -348,9 +348,10 @@ def prepare_engine(
         runs = dataclasses.replace(options, n_steps="auto")
     if local_states.device.type == "cpu":  # said now, not by the out-of-memory killer minutes into training
         units, width, n = len(local_states) * target.rows_per_state, local_states[0].numel(), runs.n_steps
-        told = f"IntegratedGradientsCallback: IG of {len(local_states):,} states of {width:,} features" + (
-            f" for each of {target.rows_per_state} actions" * (target.rows_per_state > 1) + f" at n_steps={n!r}"
-        )  # each check says a fix that helps it (n_steps=32 was offered to n_steps=16, max_steps to auto's 56 nodes)
+        each = f" for each of {target.rows_per_state} actions" if target.rows_per_state > 1 else ""
+        told = f"IntegratedGradientsCallback: IG of {len(local_states):,} states of {width:,} features{each}"
+        told += f" at n_steps={n!r}"
+        # each check says a fix that helps it (n_steps=32 was offered to n_steps=16, max_steps to auto's 56 nodes)
         fix = "pass fewer held-out states, or a smaller fixed number of nodes a state: engine=IGOptions(n_steps=N)"
         check_run_memory(units, width, n, told, fix, runs.max_steps, fewest=True)  # the nodes every run takes
         try:  # "auto" takes its most nodes only at states it refines (training changes which): a warning

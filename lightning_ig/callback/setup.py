@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -99,9 +98,9 @@ def logged_units(
         generated_features=feature_names is None,
         generated_groups=groups is not None and groups.generated_names,
         num_features=count,  # the top-10% concentration is logged only where it differs from the top-1% one
+        group_units=groups is None or len(groups) <= max_features,  # two scalars and a histogram each, every run
     )
-    if groups is not None and len(groups) > max_features:  # two scalars and a histogram each, every run: unreadable
-        tags = dataclasses.replace(tags, group_units=False)
+    if groups is not None and not tags.group_units:
         rank_zero_warn(
             f"IntegratedGradientsCallback{named(name)}: {len(groups)} feature_groups, more than max_logged_features="
             f"{max_features}: not logged one by one under {tags.prefix}/group/ (the cards, text and reports rank them)"

@@ -200,7 +200,9 @@ def _load_states(what: str, path: str, **options: Any) -> Tensor:
         return load_states(path, **options)
     except CheckpointError as error:  # a usage error, the path as typed: "--states 'x.json'", not "states file"
         file = repr(str(Path(path)))  # the reader's spelling of the path
-        raise UsageError(str(error).replace(f"states file {file}", file).replace(file, f"{what} {path!r}")) from None
+        raise UsageError(
+            str(error).replace(f"states file {file}", file, 1).replace(file, f"{what} {path!r}", 1)
+        ) from None
 
 
 def _sample(pool: Tensor, count: int, seed: int, replace: bool, where: str) -> tuple[Tensor, list[int]]:

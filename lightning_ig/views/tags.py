@@ -184,11 +184,12 @@ class TagNames:
         generated_features: bool,
         generated_groups: bool,
         num_features: int = 0,
+        group_units: bool = True,
     ) -> TagNames:
         prefix = TAG_ROOT if name is None else f"{TAG_ROOT}/{display_labels([name])[0]}"
         features = None if feature_names is None else display_labels(feature_names, generated=generated_features)
         groups = None if group_names is None else display_labels(group_names, generated=generated_groups)
-        return cls(prefix, features, groups, num_features=int(num_features))
+        return cls(prefix, features, groups, num_features=int(num_features), group_units=group_units)
 
 
 def same_concentrations(num_features: int) -> bool:
