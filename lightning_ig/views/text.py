@@ -204,7 +204,7 @@ def trust_line(trust: Any) -> str:
     for name, word in {"randomization": "sanity", "deletion": "faithfulness", "stability": "stability"}.items():
         if (check := getattr(trust, name, None)) is not None and check.passed:  # not applicable: passed is None
             (passed if getattr(check, "note", None) is None else undecided).append(word)  # a note: judged nothing
-    return ", ".join(passed + [f"{word} unresolved" for word in undecided])
+    return ", ".join(passed) + (f"; {', '.join(undecided)} unresolved" if undecided else "")  # fits the card with 3
 
 
 def _figures_of(trust: Any, reason: str) -> str:

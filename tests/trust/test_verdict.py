@@ -131,5 +131,5 @@ def test_a_failed_check_is_its_figure_on_the_card_and_no_note_says_it_cannot_tel
     good = deletion_check(model, states, None, units, settings=SETTINGS)
     passing = trust_summary(accuracy=accuracy_verdict(0.001, 0.001, 0.01), randomization=sanity, deletion=good)
     assert (
-        passing.status == "passed" and trust_line(passing) == "accuracy, faithfulness, sanity unresolved"
+        passing.status == "passed" and trust_line(passing) == "accuracy, faithfulness; sanity unresolved"
     )  # passed first

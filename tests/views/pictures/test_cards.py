@@ -310,7 +310,7 @@ def test_a_long_trust_line_gets_its_own_line_and_the_fullest_card_still_holds_it
         return original(self, xy, text, **kwargs)
 
     monkeypatch.setattr(Canvas, "text", recording)
-    why = "accuracy, faithfulness, sanity unresolved"
+    why = "accuracy; sanity, faithfulness, stability unresolved"  # the longest a passed status reads
     units = [f"unit {i}" for i in range(7)]  # the most rows: five bars and the line for the rest
     verdict_card(
         units,
