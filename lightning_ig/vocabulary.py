@@ -332,12 +332,15 @@ def size_text(count: int) -> str:
 def available_memory() -> int | None:
     """The bytes of memory this process can still take: the system's available memory, less where a cgroup limits
     it (a container) or ``ulimit -v`` its address space; ``None`` where the system does not say (not Linux)."""
-    v2, v1, this = "/sys/fs/cgroup/memory.", "/sys/fs/cgroup/memory/memory.", "/proc/self/"
+    v1, this = "/sys/fs/cgroup/memory/memory.", "/proc/self/"
     idle = r"^inactive_file (\d+)"  # a cgroup's usage counts its page cache (full once a data set was read), of which
     # the kernel reclaims the inactive files' before it refuses a page (docker stats leaves it out too)
+    # cgroup v2: this process's own cgroup ("0::/a/b" in /proc/self/cgroup: a systemd slice) and each one above it
+    own = "".join(re.findall(r"^0::/(.*)$", _text(this + "cgroup"), re.MULTILINE))
+    v2 = itertools.accumulate((f"{name}/" for name in own.split("/") if name), initial="/sys/fs/cgroup/")
     caps = [  # (the most, what is taken of it, what of that is idle): a file missing or saying no number bounds nothing
         (_figure("/proc/meminfo", r"^MemAvailable:\s+(\d+) kB", 1024), 0),
-        (_figure(v2 + "max"), _figure(v2 + "current"), _figure(v2 + "stat", idle)),  # cgroup v2
+        *((_figure(at + "memory.max"), _figure(at + "memory.current"), _figure(at + "memory.stat", idle)) for at in v2),
         (_figure(v1 + "limit_in_bytes"), _figure(v1 + "usage_in_bytes"), _figure(v1 + "stat", idle)),  # cgroup v1
         # ulimit -v: every mapping counts, resident or not (torch's allocator fails there, before the OOM killer)
         (_figure(this + "limits", r"^Max address space\s+(\d+)"), _figure(this + "status", r"^VmSize:\s+(\d+)", 1024)),
@@ -346,13 +349,16 @@ def available_memory() -> int | None:
     return max(0, min(left)) if left else None
 
 
-def _figure(path: str, pattern: str = r"\A(\d+)\s*\Z", unit: int = 1) -> int | None:  # a whole file's, or a line's
+def _text(path: str) -> str:  # a file's text; "" where it cannot be read
     try:
         with open(path, encoding="ascii") as file:
-            found = re.search(pattern, file.read(), re.MULTILINE)
-        return None if found is None else int(found[1]) * unit
+            return file.read()
     except (OSError, ValueError):
-        return None
+        return ""
+
+
+def _figure(path: str, pattern: str = r"\A(\d+)\s*\Z", unit: int = 1) -> int | None:  # a whole file's, or a line's
+    return next((int(found) * unit for found in re.findall(pattern, _text(path), re.MULTILINE)), None)
 
 
 def check_memory(needed: int, what: str, fix: str) -> None:

@@ -237,6 +237,33 @@ def test_a_containers_page_cache_is_memory_available(
     assert vocabulary.available_memory() == gib // 10
 
 
+def test_the_cgroup_v2_limits_are_read_where_this_process_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: only /sys/fs/cgroup/memory.max, the root's, was read; a process in a systemd slice or a nested container
+    # (its cgroup named in /proc/self/cgroup) saw its host's 48 GiB, passed the check and was ended by the OOM killer
+    gib, slice_ = 2**30, "/sys/fs/cgroup/user.slice/"
+    files = {
+        "/proc/meminfo": f"MemTotal: {64 * gib // 1024} kB\nMemAvailable: {48 * gib // 1024} kB\n",
+        "/proc/self/cgroup": "0::/user.slice/run.scope\n",
+        slice_ + "memory.max": f"{4 * gib}\n",  # the slice: 4 GiB for all below it, 3 GiB taken, 1 GiB of it idle files
+        slice_ + "memory.current": f"{3 * gib}\n",
+        slice_ + "memory.stat": f"anon {2 * gib}\nfile {gib}\nactive_file 0\ninactive_file {gib}\n",
+        slice_ + "run.scope/memory.max": "max\n",  # this process's own: no limit of its own
+        slice_ + "run.scope/memory.current": f"{gib}\n",
+    }
+
+    def read(path: str, encoding: str) -> io.StringIO:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(vocabulary, "open", read, raising=False)
+    assert vocabulary.available_memory() == 2 * gib  # the slice's 4 GiB less its 2 GiB in use
+    files[slice_ + "run.scope/memory.max"] = f"{gib + gib // 2}\n"  # a tighter limit below: the least left is taken
+    assert vocabulary.available_memory() == gib // 2
+    files["/proc/self/cgroup"] = "0::/\n"  # a container's own cgroup namespace: its root's files, none here
+    assert vocabulary.available_memory() == 48 * gib
+
+
 def test_names_that_look_alike_are_one_name() -> None:
     nfc, nfd = "caf\u00e9", "cafe\u0301"  # the same text, composed and decomposed
     assert nfc != nfd
