@@ -471,3 +471,24 @@ def test_the_memory_checks_fix_is_one_that_helps_and_names_the_actions(
             told = [str(error)]
     assert len(told) == 1 and said in told[0], told
     assert not any(words in told[0] for words in not_said), told[0]
+
+
+def test_the_memory_check_counts_every_process_of_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: under CPU DDP each rank checked its own share against all the memory available, so 2 ranks on one machine
+    # passed with 19 and 18 states where only one share fits, and the out-of-memory killer ended the fit
+    from types import SimpleNamespace
+
+    from lightning_ig import vocabulary
+    from lightning_ig.attribution.targets import Target
+    from lightning_ig.callback.heldout import prepare_engine
+
+    monkeypatch.setattr(vocabulary, "available_memory", lambda: 300_000)  # 19 states' 56 nodes: 214,016 bytes
+    model, states, fixed = TinyQNet(noisy=False, batchnorm=False, dropout=0.0), held_out_states(), IGOptions(n_steps=56)
+    trainer = SimpleNamespace(world_size=2, global_rank=0, num_devices=1)  # 2 machines of one process each: it fits
+    prepare_engine(trainer, model, Target.parse("mean"), None, states, "zeros", None, fixed)
+    trainer = SimpleNamespace(world_size=2, global_rank=0, num_devices=2)  # 2 processes on this machine
+    with pytest.raises(
+        ValueError,
+        match=r"IG of 19 states of 4 features at n_steps=56 times this machine's 2 processes needs about 418\.0 KiB",
+    ):
+        prepare_engine(trainer, model, Target.parse("mean"), None, states, "zeros", None, fixed)
