@@ -351,7 +351,7 @@ def prepare_engine(
         units, width, n = len(local_states) * target.rows_per_state * processes, local_states[0].numel(), runs.n_steps
         each = f" for each of {target.rows_per_state} actions" if target.rows_per_state > 1 else ""
         told = f"IntegratedGradientsCallback: IG of {len(local_states):,} states of {width:,} features{each}"
-        told += f" at n_steps={n!r}" + f" times this machine's {processes} processes" * (processes > 1)
+        told += f" at n_steps={n!r}" + (f" times this machine's {processes} processes" if processes > 1 else "")
         # each check says a fix that helps it (n_steps=32 was offered to n_steps=16, max_steps to auto's 56 nodes)
         fix = "pass fewer held-out states, or a smaller fixed number of nodes a state: engine=IGOptions(n_steps=N)"
         check_run_memory(units, width, n, told, fix, runs.max_steps, fewest=True)  # the nodes every run takes
