@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.checks import check_dense
-from lightning_ig.vocabulary import TARGET_NAMES, callable_name, shown
+from lightning_ig.vocabulary import TARGET_NAMES, callable_name, shown, shown_with_type
 
 __all__ = ["EACH", "Target", "TargetLike", "action_labels", "check_rows_in_range", "choose_contrast", "target_forward"]
 
@@ -31,7 +31,9 @@ TargetLike = Union[None, str, int, Tensor, Callable[[Tensor], Tensor], "Target"]
 """What ``target=`` takes: ``None``, a name of :data:`~lightning_ig.vocabulary.TARGET_NAMES`, an output index, a
 LongTensor of one index per state, a callable ``(N, A) -> (N,)``, or a :class:`Target`."""
 
-_FORMS = "None, 'mean', 'each', 'contrast', an int, a LongTensor of shape (B,) or a callable"
+_FORMS = (
+    "None, 'mean', 'each', 'contrast', an int, 'action:N' (N in digits 0-9), a LongTensor of shape (B,) or a callable"
+)
 _Kind = Literal["output", "mean", "action", "per_row", "each", "contrast", "callable"]
 
 
@@ -127,7 +129,7 @@ class Target:
             return cls("per_row", "per_row", rows=value)  # its shape is checked against the batch (on)
         if callable(value):
             return cls("callable", f"callable:{callable_name(value)}", fn=value)
-        raise TypeError(f"target must be {_FORMS}, got {type(value).__name__}")
+        raise TypeError(f"target must be {_FORMS}, got {shown_with_type(value)}")
 
     @classmethod
     def of_forward(cls, forward: Any) -> Target:
@@ -300,8 +302,8 @@ _UNITS = {"mean": "mean output = V(s)", "each": "Q(s, a) of every action", "cont
 def _named(text: str) -> Target:
     if text in TARGET_NAMES:
         return Target(text, text)  # type: ignore[arg-type]  # one of the kinds
-    body = text[len("action:") :]
-    if text.startswith("action:") and body.isdigit():
+    body = text.removeprefix("action:")  # N in digits 0-9 as documented (int() reads other scripts' digits too)
+    if text.startswith("action:") and body.isascii() and body.isdigit() and len(body) < 19:  # 19 digits: no index
         return Target.parse(int(body))
     raise ValueError(
         f"target must be {_FORMS}, got {shown(text, 60)}; use 'mean' for V(s) of a dueling network or an int for one "

@@ -189,7 +189,8 @@ def check_target(target: Any, forward: Any = None) -> tuple[Target, Any]:
         ValueError: an unknown target, a negative index, or a ``forward`` with a target other than ``"mean"``.
     """
     forms = (
-        "target must be 'mean', 'each', 'contrast', an output index (int >= 0) or a callable (outputs (N, A)) -> (N,)"
+        "target must be 'mean', 'each', 'contrast', an output index (int >= 0, or 'action:N' in digits 0-9) or a "
+        "callable (outputs (N, A)) -> (N,)"
     )
     if target is None or isinstance(target, Tensor):
         raise TypeError(f"{forms}, got {shown_with_type(target)}; to attribute a scalar of your own, pass forward=")

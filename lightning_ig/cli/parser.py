@@ -121,32 +121,33 @@ def _checked(parse: Callable[[str], Any], check: Callable[..., Any], expected: s
     return for_flag
 
 
+def _whole(text: str) -> int:
+    """A whole number as typed: digits 0-9 after an optional '-'; not int()'s " 3", "+3", "1_0" or other scripts'."""
+    if not (text.isascii() and text.removeprefix("-").isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 def _int_or_auto(text: str) -> int | str:
-    return text if text in ("auto", "budget") else int(text)
+    return text if text in ("auto", "budget") else _whole(text)
 
 
-_positive_int = _checked(int, check_positive_int, "a whole number >= 1")
-_count = _checked(int, check_int, "a whole number >= 0", minimum=0)
-_seed = _checked(int, check_int, "a whole number", minimum=0, maximum=2**63 - 1)
+_positive_int = _checked(_whole, check_positive_int, "a whole number >= 1")
+_count = _checked(_whole, check_int, "a whole number >= 0", minimum=0)
+_seed = _checked(_whole, check_int, "a whole number", minimum=0, maximum=2**63 - 1)
 _positive_float = _checked(float, check_positive_float, "a number > 0")
 _num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1, 'budget' or 'auto'")
 _method = _checked(str, check_method, "a quadrature rule")  # auto, kink_midpoint or one of METHODS
 
 
 def _target(text: str) -> str | int:
-    if text in TARGET_NAMES:
-        return text
-    body = text[len("action:") :] if text.startswith("action:") else text
-    try:
-        index = int(body)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'mean', 'each', 'contrast', an action index N or 'action:N', got {text!r}"
-        ) from None
-    try:
-        return check_int(index, "an action index", minimum=0)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    body = text.removeprefix("action:")  # N as Target.parse reads "action:N": 18 digits 0-9 at most, no sign
+    if text in TARGET_NAMES or (body.isascii() and body.isdigit() and len(body) < 19):
+        return text if text in TARGET_NAMES else int(body)
+    raise argparse.ArgumentTypeError(
+        f"expected 'mean', 'each', 'contrast', an action index N or 'action:N' (N = 0, 1, 2, ... in digits 0-9), "
+        f"got {text!r}"
+    )
 
 
 def _model_kwargs(text: str) -> dict[str, Any]:

@@ -192,7 +192,11 @@ def test_a_target_is_parsed_once_and_says_what_each_consumer_asks(
         (-1, ValueError, "non-negative action index, got -1"),
         (True, TypeError, "not a bool"),
         (torch.tensor([0.5]), TypeError, "integer action indices"),
-        (2.5, TypeError, "got float"),
+        (2.5, TypeError, r"got float \(2.5\)"),  # the value too, not only its type
+        # "action:N" as documented, N in digits 0-9: int() read Arabic digits as an index, "²" with its own words
+        ("action:\u0663", ValueError, r"'action:N' \(N in digits 0-9\).*got 'action:\u0663'"),
+        ("action:\u00b2", ValueError, "got 'action:\u00b2'"),
+        ("action:" + "9" * 5000, ValueError, "^target must be"),  # not Python's "Exceeds the limit (4300 digits)"
         (torch.tensor([0, 1], device="meta"), ValueError, "target is on the meta device"),
         (torch.tensor([0, 1]).to_sparse(), ValueError, "target is a torch.sparse_coo tensor"),
     ],

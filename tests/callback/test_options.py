@@ -56,6 +56,7 @@ BAD: list[Bad] = [
     ("target", -1, ValueError, "non-negative action index"),
     ("target", True, TypeError, "bool"),
     ("target", 2.5, TypeError, "got float"),
+    ("target", "action:\u0663", ValueError, r"or 'action:N' in digits 0-9\) .*, got 'action:\u0663'$"),  # Arabic 3
     ("target", None, TypeError, "forward="),
     ("target", torch.tensor([0, 1]), TypeError, "an output index"),
     ("forward", 3, TypeError, "callable"),

@@ -15,11 +15,13 @@ from lightning_ig.cli.parser import build_parser
 from lightning_ig.vocabulary import TARGET_NAMES
 
 _WRONG_TEXT = ["abc", "", "1.5", "-5", "nan", "inf", "1e400", "9" * 5000, "[" * 100000, '{"a": ' * 50000]
+# int() reads these as 10, 3, 3 and 3 (--target 1_0 was action 10): a whole number is typed in digits 0-9
+_WRONG_TEXT += ["1_0", " 3", "+3", "\u0663"]
 
 
 def _whole(text: str, low: int) -> bool:
     """A whole number >= ``low`` that a count or an index can be (up to 2**63 - 1)."""
-    return text.isdigit() and len(text) < 19 and int(text) >= low
+    return text.isascii() and text.isdigit() and len(text) < 19 and int(text) >= low
 
 
 def _positive_real(text: str) -> bool:
@@ -82,6 +84,18 @@ def test_a_wrong_flag_value_exits_2_naming_the_flag(
     assert status == 2, err
     assert flag in err and len(err.strip().splitlines()) == 1, err
     assert len(err) < 1000  # the value is quoted cut short, not 100000 characters of it
+
+
+@pytest.mark.parametrize("value", ["-1", "action:-1", "1_0", "\u0663"])
+def test_a_target_that_is_no_action_index_is_told_every_form_it_takes(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: --target=-1 said "an action index must be an int >= 0, got -1", naming neither the flag's other
+    # forms nor how an index is written; --target 1_0 and Arabic digits were read as actions 10 and 3 by int()
+    status = main(["diag", "--checkpoint", "missing.safetensors", f"--target={value}"])
+    err = capsys.readouterr().err
+    forms = "expected 'mean', 'each', 'contrast', an action index N or 'action:N' (N = 0, 1, 2, ... in digits 0-9)"
+    assert status == 2 and f"--target: {forms}, got {value!r};" in err, err
 
 
 @pytest.mark.parametrize("value", ["-inf", "-0.5e3"])
