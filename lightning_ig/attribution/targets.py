@@ -249,7 +249,7 @@ class Target:
         if self.kind == "mean" and shape == (n_rows,):  # one value per row is its own mean (the callback's reading)
             return outputs.unsqueeze(1)
         if len(shape) != 2 or shape[0] != n_rows:
-            hint = "; a forward with one output per row takes target=None" if len(shape) == 1 else ""
+            hint = "; a forward with one output per row takes target=None" if shape == (n_rows,) else ""
             given = self.index if self.kind == "action" else "a tensor" if self.kind == "per_row" else repr(self.label)
             raise ValueError(
                 f"with target={given} forward must return (N, A) values, one row per input row; got {shape} "

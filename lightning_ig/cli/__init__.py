@@ -153,7 +153,7 @@ def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
     except Exception as error:
-        status, line = _failure(error, args.command, getattr(args, "target", None))
+        status, line = _failure(error, args.command)
         if args.debug and status == EXIT_FAILURE:  # a bug's traceback; a mistake (2) or NaN/Inf (3) keeps its status
             raise
         print(line, file=sys.stderr)
@@ -177,15 +177,12 @@ _OPTION = re.compile(r"\b(n_steps|(?:method|gradient|backend|internal_batch_size
 _FLAGS = {"n_steps": "--num-steps", "internal_batch_size": "--internal-batch-size"}  # else --NAME
 
 
-def _failure(error: Exception, command: str, target: object = None) -> tuple[int, str]:
-    """The exit status and the one line for a failure (``target``: diag's ``--target``)."""
+def _failure(error: Exception, command: str) -> tuple[int, str]:
+    """The exit status and the one line for a failure."""
     message = one_line(error) or type(error).__name__
     # The engine's errors name its options: said as diag's flags. diag's own name its flags already, and the user's
     # paths, which stay as typed (a sweep's folder "n_steps=64")
     if command == "diag" and not isinstance(error, (UsageError, NonFiniteError)):
-        if target == "each":  # diag attributes V(s) first, as target='mean': the user typed --target each
-            message = message.replace("target='mean'", "target='each'")
-        message = message.replace("; a forward with one output per row takes target=None", "")  # not a flag value
         message = _OPTION.sub(lambda m: _FLAGS.get(m[1], f"--{m[1]}") + (f" {m[3]}" if m[3] else ""), message)
     prefix = f"{PROG} {command}"
     if isinstance(error, NonFiniteError):

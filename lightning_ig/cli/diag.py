@@ -85,7 +85,6 @@ def run_diag(args: argparse.Namespace, progress: Progress, interrupts: Interrupt
     attributed = []
     for number, run in enumerate(runs, start=1):
         which = f" head {run.label} ({number}/{len(runs)})" if len(runs) > 1 else ""
-        progress.stage(f"integrated gradients on {run.states.shape[0]} states, {args.num_steps} steps{which}")
         attributed.append(_attribute(run, args, progress, which))
     _refuse_stochastic(attributed)  # before writing: such attributions are not worth a report
     progress.stage("writing the report")
@@ -320,11 +319,12 @@ def _attribute(run: HeadRun, args: argparse.Namespace, progress: Progress, which
     each = run.target.every_output
     target = Target.parse("mean") if each else run.target  # "each": V(s) for the contract keys, every action beside
     with noise_disabled(run.model), stochastic_warnings_silenced():
-        result = integrated_gradients(run.model, run.states, run.baselines, target=target, **options)
         per_action = verified = None
-        if each:
+        if each:  # first: a forward the engine refuses is refused as target='each', the flag the user typed
             progress.stage(f"integrated gradients of every action, {args.num_steps} steps{which}")
             per_action = integrated_gradients(run.model, run.states, run.baselines, target=EACH, **options)
+        progress.stage(f"integrated gradients on {run.states.shape[0]} states, {args.num_steps} steps{which}")
+        result = integrated_gradients(run.model, run.states, run.baselines, target=target, **options)
         if args.verify is not None:
             from lightning_ig.cli.verify import verify_key  # noqa: PLC0415
 

@@ -206,6 +206,15 @@ def test_a_bad_target_is_refused_where_it_comes_in(given, error, words) -> None:
         Target.parse(given)
 
 
+def test_a_forward_that_loses_its_rows_is_not_told_to_take_target_none() -> None:
+    """A forward that returns (A,) whatever the batch (it indexes the batch away) was told "a forward with one output
+    per row takes target=None": it returns no value per row, and target=None would fail too."""
+    model = _model()
+    with pytest.raises(ValueError, match=r"with target=1 forward must return \(N, A\)") as caught:
+        integrated_gradients(lambda s: model(s)[0], _states(), target=1, n_steps=4)
+    assert "target=None" not in str(caught.value)
+
+
 def test_bound_to_a_model_a_target_gets_its_actions_labels_and_rows_per_state() -> None:
     each = Target.parse("each").bind((7, 3))
     assert each.actions == ("action 0", "action 1", "action 2") and each.rows_per_state == 3

@@ -55,9 +55,9 @@ def test_diag_names_each_slow_step_as_it_starts(
     flags = ("--target", "each", "--num-steps", "8", "--verify", "30")  # the auto sample: 16 states
     assert run_diag(checkpoint, tmp_path / "r.json", *flags) in (0, 4)
     capsys.readouterr()
-    assert stages[1:] == [
-        "integrated gradients on 16 states, 8 steps",
+    assert stages[1:] == [  # every action first: a forward the engine refuses is said as --target each
         "integrated gradients of every action, 8 steps",
+        "integrated gradients on 16 states, 8 steps",
         "--verify: the reference on 16 states",
         "writing the report",
     ], stages
