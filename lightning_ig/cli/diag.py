@@ -288,7 +288,7 @@ def _heads(checkpoint: str) -> list[str]:
     except CheckpointError as error:
         raise UsageError(str(error)) from None
     if not heads:
-        raise UsageError(f"{checkpoint} holds a single model, not several heads; drop --all-heads")
+        raise UsageError(f"--checkpoint {checkpoint!r} holds a single model, not several heads; drop --all-heads")
     return heads
 
 

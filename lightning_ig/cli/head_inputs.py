@@ -56,7 +56,7 @@ def parse_device(text: str) -> torch.device:
     except ValueError as error:
         raise UsageError(f"{str(error).replace('--device=', '--device ')} (--device cpu, cuda or cuda:N)") from None
     if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {text}: only cpu and cuda devices are supported")
+        raise UsageError(f"--device {text!r}: only cpu and cuda devices are supported")
     return device
 
 
@@ -144,7 +144,7 @@ def _states(
     if args.states != "auto":  # a regular file: checked with every input before anything was loaded
         states = _checked_states(
             _load_states("--states", args.states, prefix=prefix, dtype=dtype).to(device),
-            args.states,
+            f"--states {args.states!r}",
             "write at least one state of at least one feature",
         )
         _check_work(args, states.shape[0], states[0], f"the {states.shape[0]:,} states of --states {args.states!r}")
@@ -231,7 +231,7 @@ def _feature_names(args: argparse.Namespace, loaded: LoadedCheckpoint, states: T
             value = read_json_file(args.feature_names, "--feature-names", "give a JSON file holding an array of names")
             # {"feature_names": [...]} or the array itself; another object is said as one, not as its missing key's None
             names = value.get("feature_names", value) if isinstance(value, dict) else value
-            return check_feature_names(names, count, f"--feature-names {args.feature_names}")
+            return check_feature_names(names, count, f"--feature-names {args.feature_names!r}")
         if loaded.feature_names is not None:
             return check_feature_names(loaded.feature_names, count, f"the feature names stored in {what}")
     except (TypeError, ValueError) as error:
@@ -316,7 +316,7 @@ def _baseline(text: str, states: Tensor) -> tuple[Any, str]:
             f"{(1, *states.shape[1:])}, or one per state, {tuple(states.shape)}"
         )
     try:
-        check_finite(f"--baseline {text}", baselines)
+        check_finite(f"--baseline {text!r}", baselines)
     except ValueError as error:
         raise UsageError(str(error)) from None
     return baselines, f"file:{text}"

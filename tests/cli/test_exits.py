@@ -168,9 +168,10 @@ def test_empty_stored_states_are_one_clear_line(workspace: Path, capsys: pytest.
 def test_feature_names_that_would_break_a_table_are_refused(
     workspace: Path, capsys: pytest.CaptureFixture[str], names: list, words: str
 ) -> None:
-    (workspace / "bad_names.json").write_text(json.dumps(names))
-    code, _, err = _diag(capsys, "--feature-names", "bad_names.json", "--output", "out/r.json")
-    _one_line_error(code, err, "--feature-names bad_names.json", words)
+    # the path quoted as typed, as every other flag's file errors ("--feature-names bad names.json has 3 names")
+    (workspace / "bad names.json").write_text(json.dumps(names))
+    code, _, err = _diag(capsys, "--feature-names", "bad names.json", "--output", "out/r.json")
+    _one_line_error(code, err, "--feature-names 'bad names.json'", words)
 
 
 def test_unnamed_features_are_x0_x1_as_in_callback_reports(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -417,6 +418,31 @@ def test_the_checkpoints_hints_name_the_flags(workspace: Path, capsys: pytest.Ca
     assert not (workspace / "r.json").exists()
 
 
+def test_all_heads_of_a_single_model_file_quotes_the_file_as_typed(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: "my q.safetensors holds a single model, ...": the path unquoted, read as part of the sentence
+    (workspace / "my q.safetensors").write_bytes((workspace / "q.safetensors").read_bytes())
+    code = cli.main(["diag", "--checkpoint", "my q.safetensors", "--all-heads", "--output", "r.json", "--quiet"])
+    err = capsys.readouterr().err
+    _one_line_error(code, err, "--checkpoint 'my q.safetensors' holds a single model, not several heads")
+    assert not (workspace / "r.my.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--states", "--baseline"])
+def test_a_file_of_nan_is_named_by_its_flag_and_quoted_path(
+    flag: str, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: "states of bad states.npy holds 1 NaN/Inf value(s)", "--baseline bad states.npy holds ...": the
+    # path unquoted, read as part of the sentence, where the flags' other file errors quote it
+    values = np.zeros((1, 4), dtype=np.float32)  # one state: a baseline for every state
+    values[0, 2] = np.nan
+    np.save(workspace / "bad states.npy", values)
+    code, _, err = _diag(capsys, flag, "bad states.npy", "--output", "r.json")
+    _one_line_error(code, err, f"{flag} 'bad states.npy' holds 1 NaN/Inf value(s), the first at index")
+    assert not (workspace / "r.json").exists()
+
+
 def test_a_device_that_is_not_here_is_said_as_the_flag(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--device cuda without a CUDA device said "--device='cuda': torch sees no CUDA device here", the Python
     keyword's spelling: the line names the flag as typed, --device 'cuda'."""
@@ -425,6 +451,8 @@ def test_a_device_that_is_not_here_is_said_as_the_flag(workspace: Path, capsys: 
         code, out, err = _diag(capsys, "--device", device, "--output", "r.json")
         _one_line_error(code, err, f"--device {device!r}: ", words, "(--device cpu, cuda or cuda:N)")
         assert "--device=" not in err and out == "", err
+    code, out, err = _diag(capsys, "--device", "mps", "--output", "r.json")  # a torch device diag does not run on
+    _one_line_error(code, err, "--device 'mps': only cpu and cuda devices are supported")  # quoted as the others
     assert not (workspace / "r.json").exists()
 
 

@@ -321,7 +321,7 @@ def test_a_feature_names_file_holding_an_object_says_what_it_holds(
 ) -> None:
     (workspace / "object.json").write_text('{"a": "b"}')
     code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--feature-names", "object.json")
-    _one_line_error(code, err, "--feature-names object.json must be a list of strings", "got dict")
+    _one_line_error(code, err, "--feature-names 'object.json' must be a list of strings", "got dict")
     assert "NoneType" not in err
     (workspace / "keyed.json").write_text('{"feature_names": ["p", "q", "r", "s"]}')  # the keyed form still reads
     code, _, err = _main(
