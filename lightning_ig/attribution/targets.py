@@ -181,13 +181,13 @@ class Target:
                 "output index"
             )
         if self.kind == "action" and self.index is not None and self.index >= outputs:
-            valid = f"{mean} or 0" if len(shape) == 1 else f"an index in [0, {outputs - 1}]"
+            valid = f"{mean} or 0" if outputs == 1 else f"an index in [0, {outputs - 1}]"
             raise ValueError(
                 f"{said} is out of range: the model returns {outputs} output{'s' * (outputs > 1)} per state; "
                 f"pass {valid}"
             )
         labels = None if names is None and self.kind not in ("each", "contrast") else action_labels(names, outputs)
-        if len(shape) == 1 and self.kind in ("mean", "action"):
+        if outputs == 1 and self.kind in ("mean", "action"):  # (N,) or (N, 1): one value per state
             return Target("output", "output")
         return self if labels is None or not self.about_actions else dataclasses.replace(self, actions=tuple(labels))
 

@@ -119,8 +119,8 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
             checks judge the mean over the actions), ``"contrast"`` (``Q(greedy) - Q(runner-up)``, the pair chosen at
             each state; no deletion check) or a callable ``(N, A) -> (N,)``, as for
             :func:`~lightning_ig.attribution.integrated_gradients`.
-        forward: ``None`` (default: the model's output, through ``target``) or a callable ``(pl_module, x) -> (N,)``:
-            the scalar attributed, computed your way (``target`` stays ``"mean"``).
+        forward: ``None`` (default: the model's output, through ``target``) or a callable ``(pl_module, x) -> (N,)``
+            (or ``(N, 1)``): the scalar attributed, computed your way (``target`` stays ``"mean"``).
         completeness_tol: The tolerance of the accuracy verdict and of ``n_steps="auto"`` (default 0.01).
         on_non_finite: ``"warn"`` (default: once; the error figures logged as ``inf``) or ``"raise"``
             (:class:`NonFiniteAttributionError`, which stops training) when the model produces NaN/Inf.

@@ -274,7 +274,7 @@ def probe_target(
             f"shape {shape}, not one row per state; check the states' feature shape{kept}"
         )
     if given is not None:
-        if shape != (rows,):
+        if shape not in ((rows,), (rows, 1)):
             raise ValueError(
                 f"the forward callable {callable_name(given)} must return one value per state, shape ({rows},), "
                 f"got {shape}{'; pick it inside, e.g. q.max(-1).values or q[:, action]' if len(shape) == 2 else ''}"

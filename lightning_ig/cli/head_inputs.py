@@ -280,9 +280,8 @@ def _target(requested: str | int, probe: Tensor) -> Target:
             f"the model returns shape {tuple(probe.shape)} per batch; lightning-ig diag needs (N,) or (N, A): check "
             "that the states' feature shape is the model's"
         )
-    shape = (probe.shape[0],) if probe.ndim == 2 and probe.shape[1] == 1 else tuple(probe.shape)  # (N, 1): one value
     try:
-        return Target.parse(requested).bind(shape, spelt=f"--target {requested}")
+        return Target.parse(requested).bind(tuple(probe.shape), spelt=f"--target {requested}")
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -238,6 +238,18 @@ def test_bound_to_a_model_a_target_gets_its_actions_labels_and_rows_per_state() 
         Target.parse("each").bind((7, 2), ["a", "b", "c"])
 
 
+def test_one_value_per_state_as_a_column_is_that_value_in_its_words() -> None:
+    # guards against: a regression model's (N, 1) output bound as "mean" (words V(s), units "mean output = V(s)")
+    # where its (N,) twin, and diag on the same model, said "the output"
+    for one_value in ("mean", 0):
+        bound = Target.parse(one_value).bind((7, 1))
+        assert (bound.kind, bound.label, bound.words, bound.unit) == ("output", "output", "the output", "model output")
+    with pytest.raises(
+        ValueError, match=r"target=1 is out of range: .* returns 1 output per state; pass target='mean'"
+    ):
+        Target.parse(1).bind((7, 1))
+
+
 def test_per_state_indices_are_checked_against_the_batch_and_moved() -> None:
     target = Target.parse(torch.tensor([0, 2, 1], dtype=torch.int32)).on(3, torch.device("cpu"))
     assert target.rows.dtype == torch.int64 and target.rows_max == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,39 @@ def test_an_output_of_the_forward_callable_is_refused_as_its_own(tmp_path: Path,
         make_trainer(tmp_path, [callback, _NoTraining()], max_steps=2).fit(
             TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=32)
         )
+
+
+class _ValueHead(pl.LightningModule):
+    """A regression model: one value per state as ``nn.Linear(hidden, 1)`` gives it, ``(N, 1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)  # (N, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x)[:, 0], y[:, 0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_one_value_per_state_as_a_column_is_attributed_as_that_value(tmp_path: Path) -> None:
+    # guards against: a (N, 1) output reported as target "mean" (V(s)) where diag, and a (N,) output, said "output";
+    # and forward=lambda m, x: m.value(x) with an (N, 1) head refused with "pick it inside, e.g. q.max(-1).values"
+    reports = {}
+    for name, forward in (("model", None), ("column", lambda m, x: m(x)), ("flat", lambda m, x: m(x)[:, 0])):
+        callback = IntegratedGradientsCallback(
+            held_out_states(), every_n_steps=100, forward=forward, report_dir=tmp_path / name, overhead=None
+        )
+        pl.seed_everything(0)
+        make_trainer(tmp_path, [callback], max_steps=2).fit(_ValueHead(), DataLoader(dataset(), batch_size=32))
+        reports[name] = json.loads(next((tmp_path / name).glob("*.json")).read_text())
+    assert reports["model"]["forward_target"] == "output"
+    assert reports["column"]["features"] == reports["flat"]["features"] == reports["model"]["features"]
 
 
 def test_nan_in_the_set_up_trial_only_warns_by_default(tmp_path: Path) -> None:
