@@ -288,8 +288,9 @@ class Target:
             )
         return values.reshape(n_rows, 1)
 
-    def _name(self) -> str | None:
-        return self.label.partition(":")[2] if self.label.startswith("callable:") else None
+    def _name(self) -> str | None:  # a lambda's name says nothing: "the output" instead of "<lambda>"
+        name = self.label.partition(":")[2] if self.label.startswith("callable:") else ""
+        return None if name.endswith("<lambda>") else name or None
 
 
 EACH = Target("each", "each")

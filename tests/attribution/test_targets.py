@@ -250,6 +250,17 @@ def test_one_value_per_state_as_a_column_is_that_value_in_its_words() -> None:
         Target.parse(1).bind((7, 1))
 
 
+def test_a_lambda_forward_is_said_as_the_output_not_as_its_name() -> None:
+    # guards against: the verdict card titled "IG at step 150: <lambda>" and "What <lambda> relies on" for
+    # forward=lambda m, x: m(x)[1], a way to attribute a value head
+    def value_of_state(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1)
+
+    anonymous = Target.of_forward(lambda x: x.sum(-1))
+    assert anonymous.label.endswith("<lambda>") and (anonymous.words, anonymous.unit) == ("the output", "model output")
+    assert Target.of_forward(value_of_state).words.endswith("value_of_state")  # a name the user gave is kept
+
+
 def test_per_state_indices_are_checked_against_the_batch_and_moved() -> None:
     target = Target.parse(torch.tensor([0, 2, 1], dtype=torch.int32)).on(3, torch.device("cpu"))
     assert target.rows.dtype == torch.int64 and target.rows_max == 2
