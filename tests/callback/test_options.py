@@ -27,7 +27,14 @@ Bad = tuple[str, Any, type[Exception], str]  # argument, value, error, words the
 # True, list("abc") is three names) and out of range. The grouped knobs' own rows are their classes' tests
 # (tests/attribution/test_settings.py, tests/views/test_tags.py); here, that the groups take only their class.
 BAD: list[Bad] = [
-    ("states", 3, TypeError, "a tensor"),
+    ("states", 3, TypeError, r"a tensor \(num_states, .*; got int$"),
+    ("states", {"a": torch.zeros(2, 3)}, TypeError, "got dict; for a model of several inputs, concatenate them"),
+    (
+        "states",
+        (torch.zeros(2, 3),),
+        TypeError,
+        r"got tuple; .* split it again inside forward=callable\(pl_module, x\)",
+    ),
     ("states", torch.zeros(3, 2, dtype=torch.int64), TypeError, "floating"),
     ("states", torch.tensor([[0.0, math.nan]]), ValueError, "NaN"),
     ("every_n_steps", 0, MisconfigurationException, "int >= 1"),
