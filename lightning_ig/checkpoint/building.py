@@ -195,6 +195,12 @@ def _refusal(recipe: Recipe, name: str, file: Path) -> str:
         f"{shown(name.partition(':')[0])} would run its code)"
     )
     trust = "pass --trust-remote-code (trust_remote_code=True)"
+    if name == recipe.architecture and name.startswith("__main__:"):  # saved by a script: no other process has it
+        return (
+            f"{str(file)!r} names the architecture {shown(name)}: the model's class was defined in a script run as "
+            "__main__, which no other process can import; define the class in a module, import it from there and "
+            f"save the model again, or name that module's class with --model module:{name[9:]} (architecture=...)"
+        )
     if name == recipe.architecture:
         return (
             f"{str(file)!r} names the architecture {shown(name)}, {run}. If you trust the file and that "

@@ -141,6 +141,17 @@ def test_this_is_refused_and_prints_nothing(tmp_path: Path, capsys: pytest.Captu
     assert already or "this" not in sys.modules
 
 
+def test_a_class_saved_from_a_script_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    # guards against: "names the architecture '__main__:Net' ... name the class yourself with --model __main__:Net",
+    # advice that fails in any other process ("module '__main__' has no attribute 'Net'")
+    path = _file(tmp_path / "script.safetensors", _net_tensors(), "__main__:Net", {"width": 4})
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    message = str(refused.value)
+    assert "class was defined in a script run as __main__" in message and "--model module:Net" in message
+    assert "--model __main__:Net" not in message and "--trust-remote-code" not in message
+
+
 def test_a_member_named_inside_the_files_config_is_refused_unless_trusted(tmp_path: Path, marker: Path) -> None:
     path = _composite_naming(tmp_path / "composite.safetensors", "tests.support.markermod:Net")
     for kwargs in ({}, {"architecture": "Composite"}):  # naming the outer class does not vouch for its members
