@@ -413,7 +413,8 @@ def troubles(summary: RunSummary) -> dict[str, str]:
         ),
         "stochastic": lambda: (
             f"the forward gave different values on the same rows at step {step} (dropout or batch-norm in train "
-            "mode, noise drawn inside forward?): the attributions are not reproducible"
+            "mode, batch-norm without running statistics, noise drawn inside forward?): the attributions are not "
+            "reproducible"
         ),
         "non-finite": lambda: (
             f"{non_finite_words(numbers.gradient_only)[0]} at step {step} in {numbers.num_non_finite} of "

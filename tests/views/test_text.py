@@ -150,6 +150,11 @@ def test_a_half_precision_forward_that_fails_is_not_told_to_use_more_points():
     assert "n_steps='auto'" not in words(far) and "half precision" in troubles(far)["fail"]
     moving = words(dataclasses.replace(failing, stochastic=True))
     assert "The forward is random" in moving and "n_steps='auto'" not in moving
+    # guards against: a model in eval mode whose BatchNorm1d(track_running_stats=False) normalises by the batch told
+    # only "dropout or batch-norm in train mode", which the callback had just switched off
+    assert (
+        "batch-norm without running statistics" in troubles(dataclasses.replace(failing, stochastic=True))["stochastic"]
+    )
 
 
 def test_a_failing_run_is_told_how_to_go_past_auto_where_auto_already_ran():
