@@ -212,7 +212,7 @@ class Target:
     def unit(self) -> str:
         """The unit of the attributions, for the text: they add up to a change of this."""
         if self.kind == "action":
-            return f"Q(s, {self.index})"
+            return self.words  # named as the header names it: Q(s, <name>) where action_names are given
         return _UNITS.get(self.kind) or self._name() or "model output"
 
     def key(self) -> tuple[Any, ...]:

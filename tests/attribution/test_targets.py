@@ -220,6 +220,8 @@ def test_bound_to_a_model_a_target_gets_its_actions_labels_and_rows_per_state() 
     assert each.actions == ("action 0", "action 1", "action 2") and each.rows_per_state == 3
     assert Target.parse("contrast").bind((7, 2), ["left", "right"]).actions == ("left", "right")
     assert Target.parse(1).bind((7, 2), ["left", "right"]).words == "Q(s, right)"  # names only where given
+    assert Target.parse(1).bind((7, 2), ["left", "right"]).unit == "Q(s, right)"  # the text's units as its header
+    assert Target.parse(1).bind((7, 2)).unit == "Q(s, 1)"
     assert Target.parse(1).bind((7, 2)).actions is None
     for one_value in ("mean", 0):  # a model with one value per state: that value is attributed
         assert Target.parse(one_value).bind((7,)).kind == "output"
