@@ -277,7 +277,7 @@ def _step_axis(canvas: Canvas, left: int, right: int, bottom: int, steps: Sequen
 def shares_chart(
     labels: Sequence[str],
     steps: Sequence[int],
-    mass: np.ndarray,
+    mass: np.ndarray | Sequence[Sequence[float]],
     *,
     title: Sequence[str],
     states: Sequence[str] | None = None,
@@ -291,7 +291,8 @@ def shares_chart(
     Args:
         labels: one label per unit.
         steps: the global step of each run.
-        mass: ``(runs, U)`` each run's mass per unit (negative values and NaN count as 0).
+        mass: ``(runs, U)`` each run's mass per unit (negative values and NaN count as 0); only the last run and one
+            run a pixel column are read (the history's rows as they are: a long fit's are not all converted).
         title: wordings of the title, the longest first.
         states: each run's state (:func:`run_state`), drawn as a strip over the columns; ``None``: no strip.
         colours: one ``"#rrggbb"`` per unit (default: the frames' channel colours).
@@ -299,37 +300,37 @@ def shares_chart(
     Raises:
         ValueError: labels, colours, steps or states that do not match ``mass``.
     """
-    values = np.clip(np.nan_to_num(np.asarray(mass, dtype=np.float64), posinf=0.0), 0.0, None)
-    if values.ndim != 2 or not values.shape[0]:
-        raise ValueError(f"mass must be (runs, units) with at least one run, got shape {values.shape}")
-    runs, units = values.shape
+    runs, last = len(mass), _shares(mass[len(mass) - 1 :])  # the last run's: the bands' order and labels
+    units = last.shape[1]
     if len(labels) != units or (colours is not None and len(colours) != units) or len(steps) != runs:
         raise ValueError(f"got {len(labels)} labels and {len(steps)} steps for {runs} runs of {units} units")
     if states is not None and len(states) != runs:
         raise ValueError(f"got {len(states)} run states for {runs} runs")
-    totals = values.sum(axis=1, keepdims=True)
-    shares = values / np.where(totals > 0, totals, 1.0)
     palette = list(colours) if colours is not None else categorical_colours(units)
-    order = rank_order(shares[-1])
+    order = rank_order(last[0])
     keep, rest = order[:_MAX_BANDS], order[_MAX_BANDS:]
-    bands, names, band_colours = shares[:, keep], [str(labels[i]) for i in keep], [palette[i] for i in keep]
+    names, band_colours = [str(labels[i]) for i in keep], [palette[i] for i in keep]
     if rest.size:
-        bands = np.concatenate([bands, shares[:, rest].sum(axis=1, keepdims=True)], axis=1)
         names, band_colours = [*names, f"other {rest.size}"], [*band_colours, "#5a5a5a"]
     canvas = Canvas(CARD_WIDTH, CARD_HEIGHT)
     _title(canvas, title)
     room = max(canvas.text_width(f"100% {name}", size=SMALL_SIZE) for name in names)
     left, right = 44, CARD_WIDTH - min(int(CARD_WIDTH * 0.46), 24 + int(room))
     top, bottom = LINE + 8 + (16 if states is not None else 0), CARD_HEIGHT - 2 * LINE - 8
+    columns = np.minimum((np.arange(right - left) * runs) // (right - left), runs - 1)  # pixel column -> run
+    drawn = np.unique(np.append(columns, runs - 1))  # the runs read: at most one a column, and the last
+    shares = _shares([mass[i] for i in drawn])
+    bands = shares[:, keep]
+    if rest.size:
+        bands = np.concatenate([bands, shares[:, rest].sum(axis=1, keepdims=True)], axis=1)
     if states is not None:  # every run's verdict above its column: a failure is seen whatever the step slider shows
         # each pixel column the worst state of the runs it covers: one failed run of thousands still shows
         kinds = ("unknown", "pass", "unresolved", "fail")
         severity = np.array([kinds.index(state) if state in kinds else 0 for state in states])
-        columns = np.minimum((np.arange(right - left) * runs) // (right - left), runs - 1)
         table = np.array([rgb(STATE_COLOURS[kind]) for kind in kinds], np.uint8)
         canvas.paste(np.repeat(table[np.maximum.reduceat(severity, columns)][None], 7, axis=0), left, top - 14)
         canvas.text((left - 4, top - 11), "verdict", size=SMALL_SIZE - 2, anchor="rm", colour=MUTED)
-    canvas.paste(_stacked(bands, band_colours, right - left, bottom - top), left, top)
+    canvas.paste(_stacked(bands[np.searchsorted(drawn, columns)], band_colours, bottom - top, columns, runs), left, top)
     canvas.outline((left - 1, top - 1, right, bottom), INK)
     for value in (0.0, 0.5, 1.0):
         y = bottom - (bottom - top) * value
@@ -340,12 +341,21 @@ def shares_chart(
     return Chart(canvas.pixels, tuple(names))
 
 
-def _stacked(bands: np.ndarray, colours: Sequence[str], width: int, height: int) -> np.ndarray:
-    """``(R, K)`` shares -> ``(height, width, 3)`` pixels: per run a column stacked bottom-up, on the dark ground."""
-    runs, count = bands.shape
+def _shares(rows: Any) -> np.ndarray:
+    """``(R, U)`` masses -> each run's share of its own mass (a run's shares read that run alone)."""
+    values = np.clip(np.nan_to_num(np.asarray(rows, dtype=np.float64), posinf=0.0), 0.0, None)
+    if values.ndim != 2 or not values.shape[0]:
+        raise ValueError(f"mass must be (runs, units) with at least one run, got shape {values.shape}")
+    totals = values.sum(axis=1, keepdims=True)
+    return values / np.where(totals > 0, totals, 1.0)
+
+
+def _stacked(bands: np.ndarray, colours: Sequence[str], height: int, column_run: np.ndarray, runs: int) -> np.ndarray:
+    """``(width, K)`` the shares of each pixel column's run (``column_run``, of ``runs``) -> ``(height, width, 3)``
+    pixels: per run a column stacked bottom-up, on the dark ground."""
+    width, count = bands.shape
     table = np.array([rgb(GROUND), *(rgb(colour) for colour in colours)], dtype=np.uint8)
-    column_run = np.minimum((np.arange(width) * runs) // width, runs - 1)  # pixel column -> run
-    edges = np.cumsum(bands[column_run], axis=1)  # (width, K) the top of each band, only the runs drawn
+    edges = np.cumsum(bands, axis=1)  # (width, K) the top of each band, only the runs drawn
     level = (np.arange(height)[::-1] + 0.5) / height  # (height,) the share at each pixel row, bottom = 0
     band = (level[:, None, None] >= edges[None, :, :]).sum(axis=2) + 1  # (height, width) 1..K, K+1 above all bands
     index = np.where(band > count, 0, band)  # above the stack (a run of zeros): the ground

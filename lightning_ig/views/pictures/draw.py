@@ -185,7 +185,7 @@ def shares_picture(
     return shares_chart(
         list(labels),
         [entry["global_step"] for entry in history],
-        np.asarray([entry["mass"] if "mass" in entry else entry["mean_abs"] for entry in history], np.float64),
+        [entry["mass"] if "mass" in entry else entry["mean_abs"] for entry in history],  # rows read: one a column
         title=[
             f"What {target} relies on over training{name}",
             f"{target} relies on, over training{name}",

@@ -10,7 +10,7 @@ import numpy as np
 from lightning_ig.run.statistics import AccuracyVerdict
 from lightning_ig.trust.verdict import trust_summary
 from lightning_ig.views.pictures.cards import STATE_COLOURS
-from lightning_ig.views.pictures.draw import PictureInputs, draw, verdict_picture
+from lightning_ig.views.pictures.draw import PictureInputs, draw, shares_picture, verdict_picture
 from lightning_ig.views.pictures.raster import CARD_HEIGHT, CARD_WIDTH, NEGATIVE, POSITIVE, rgb
 from lightning_ig.views.text import accuracy_line, format_value, trust_line
 from tests.support.summaries import make_summary as _summary
@@ -106,3 +106,27 @@ def test_every_picture_drawn_is_as_high_as_time_series_box_so_it_is_shown_at_1x(
     assert set(pictures) == set(due) and scale is None
     for kind, pixels in pictures.items():
         assert pixels.shape == (CARD_HEIGHT, CARD_WIDTH, 3), kind
+
+
+def test_the_shares_over_training_read_one_run_a_pixel_column_not_the_whole_history():
+    # guards against: the whole history made into an array at every chart (every 10 runs by default), so that the
+    # logging worker's time per chart grew with the fit's runs (64 units: 0.27 s at 100,000 runs) and the budget
+    # deferred runs to pay for it
+    read: set[int] = set()
+
+    class Row:  # a run's mass per unit that notes when its numbers are read
+        def __init__(self, run: int) -> None:
+            self.run = run
+
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, unit: int) -> float:
+            read.add(self.run)
+            return [1.0 + self.run % 7, 2.0, 3.0][unit]
+
+    runs = 20_000
+    history = [{"global_step": 10 * k, "mass": Row(k), "verdict": "pass", "trust": None} for k in range(runs)]
+    pixels = shares_picture(_summary(), ["a", "b", "c"], history, PictureInputs())
+    assert pixels.shape[1] == CARD_WIDTH
+    assert runs - 1 in read and 0 < len(read) <= CARD_WIDTH + 1, len(read)  # the last run, and one a pixel column
