@@ -286,12 +286,14 @@ def saliency_grid(
     frames = frame_colours(images, colours).repeat(cell, axis=1).repeat(cell, axis=2)  # (S, H*cell, W*cell, 3)
     mask, marker = _markers(maps, scale, cell)
     tiles = np.where(mask[..., None], marker, frames).astype(np.uint8)
-    x = 3.0
+    x, tail = 3.0, f" lowers it, vs {baseline_label}"
+    if canvas.text_width(f"blue raises {target_label}, red{tail}", size=SMALL_SIZE) > CARD_WIDTH - 6:
+        tail = " lowers it"  # whole words, not cut: the verdict card's legend names the baseline too
     for words, colour, bold in (
         ("blue", POSITIVE, True),
         (f" raises {target_label}, ", "#222222", False),
         ("red", NEGATIVE, True),
-        (f" lowers it, vs {baseline_label}", "#222222", False),
+        (tail, "#222222", False),
     ):
         text = canvas.fit(words, CARD_WIDTH - x - 2, size=SMALL_SIZE, bold=bold)
         canvas.text((x, 1), text, size=SMALL_SIZE, colour=colour, bold=bold)

@@ -119,6 +119,26 @@ def test_the_values_under_the_frames_and_a_changed_scale_are_written():
         saliency_grid(frames, attributions, f_input=np.ones(3))
 
 
+def test_the_title_keeps_whole_words_where_the_baseline_does_not_fit(monkeypatch):
+    # guards against: target="each"'s grid titled "blue raises Q(s, a) (mean over a), red lowers it, v..." (cut)
+    from lightning_ig.views.pictures.raster import Canvas
+
+    drawn: list[str] = []
+    original = Canvas.text
+
+    def recording(self, xy, text, **kwargs):
+        drawn.append(text)
+        return original(self, xy, text, **kwargs)
+
+    monkeypatch.setattr(Canvas, "text", recording)
+    frames = breakout_frames()
+    saliency_grid(frames, frames * 0.3, target_label="Q(s, a) (mean over a)", baseline_label="the all-zero frame")
+    assert " lowers it" in drawn and not any(text.endswith("…") for text in drawn[:4])
+    drawn.clear()
+    saliency_grid(frames, frames * 0.3, target_label="V(s)", baseline_label="the all-zero frame")
+    assert " lowers it, vs the all-zero frame" in drawn  # where it fits, the baseline is said
+
+
 def test_scales_round_up_to_a_few_steps_per_decade():
     assert [nice_scale(v) for v in (0.445, 0.4, 0.0123, 7.0, 9.1)] == pytest.approx([0.5, 0.4, 0.015, 8.0, 10.0])
     assert nice_scale(0.0) == 1.0 and nice_scale(float("nan")) == 1.0
