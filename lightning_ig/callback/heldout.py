@@ -73,11 +73,16 @@ def check_states_source(states: Any) -> Any:
         return path
     if callable(states):
         return states
+    several = isinstance(states, (dict, tuple, list))
     raise TypeError(
         "states must be a tensor (num_states, *feature_shape), a path to a .safetensors/.npy/.json file, "
         f"or a callable (trainer, pl_module) -> Tensor; got {type(states).__name__}"
-        + "; for a model of several inputs, concatenate them into one (N, F) tensor and split it again inside "
-        "forward=callable(pl_module, x)" * isinstance(states, (dict, tuple, list))
+        + (
+            "; for a model of several inputs, concatenate them into one (N, F) tensor and split it again inside "
+            "forward=callable(pl_module, x)"
+            if several
+            else ""
+        )
     )
 
 
