@@ -377,7 +377,7 @@ def check_memory(needed: int, what: str, fix: str) -> None:
     if (free := available_memory()) is not None and needed > free:
         raise ValueError(
             f"{what} needs about {size_text(needed)} of memory, more than the {size_text(free)} available here (swap "
-            f"not counted: work that spills into it is slowed, and so is the training beside it); {fix}"
+            f"not counted: work that spills into it is slowed, and so is whatever runs beside it); {fix}"
         )
 
 
