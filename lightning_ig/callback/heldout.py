@@ -73,7 +73,8 @@ def check_states_source(states: Any) -> Any:
         return path
     if callable(states):
         return states
-    several = isinstance(states, (dict, tuple, list))
+    parts = list(states.values()) if isinstance(states, dict) else states if isinstance(states, (tuple, list)) else ()
+    several = bool(parts) and all(isinstance(part, Tensor) for part in parts)  # not a list of numbers: one input
     raise TypeError(
         "states must be a tensor (num_states, *feature_shape), a path to a .safetensors/.npy/.json file, "
         f"or a callable (trainer, pl_module) -> Tensor; got {type(states).__name__}"

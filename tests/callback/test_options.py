@@ -28,6 +28,7 @@ Bad = tuple[str, Any, type[Exception], str]  # argument, value, error, words the
 # (tests/attribution/test_settings.py, tests/views/test_tags.py); here, that the groups take only their class.
 BAD: list[Bad] = [
     ("states", 3, TypeError, r"a tensor \(num_states, .*; got int$"),
+    ("states", [[0.0, 1.0, 2.0]], TypeError, r"got list$"),  # was told "for a model of several inputs, concatenate"
     ("states", {"a": torch.zeros(2, 3)}, TypeError, "got dict; for a model of several inputs, concatenate them"),
     (
         "states",
