@@ -198,8 +198,9 @@ def _refusal(recipe: Recipe, name: str, file: Path) -> str:
     if name == recipe.architecture and name.startswith("__main__:"):  # saved by a script: no other process has it
         return (
             f"{str(file)!r} names the architecture {shown(name)}: the model's class was defined in a script run as "
-            "__main__, which no other process can import; define the class in a module, import it from there and "
-            f"save the model again, or name that module's class with --model module:{name[9:]} (architecture=...)"
+            f"__main__ (or a notebook), which only that process loads (architecture={name!r}); elsewhere, define the "
+            "class in a module, import it from there and save the model again, or name that module's class with "
+            f"--model module:{name[9:]} (architecture=...)"
         )
     if name == recipe.architecture:
         return (

@@ -141,7 +141,9 @@ def test_this_is_refused_and_prints_nothing(tmp_path: Path, capsys: pytest.Captu
     assert already or "this" not in sys.modules
 
 
-def test_a_class_saved_from_a_script_is_refused_with_what_to_do(tmp_path: Path) -> None:
+def test_a_class_saved_from_a_script_is_refused_with_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # guards against: "names the architecture '__main__:Net' ... name the class yourself with --model __main__:Net",
     # advice that fails in any other process ("module '__main__' has no attribute 'Net'")
     path = _file(tmp_path / "script.safetensors", _net_tensors(), "__main__:Net", {"width": 4})
@@ -150,6 +152,17 @@ def test_a_class_saved_from_a_script_is_refused_with_what_to_do(tmp_path: Path) 
     message = str(refused.value)
     assert "class was defined in a script run as __main__" in message and "--model module:Net" in message
     assert "--model __main__:Net" not in message and "--trust-remote-code" not in message
+    # guards against: the process that defined the class (a notebook, which saves and loads in one kernel) told only to
+    # move the class to a module and save again, where architecture='__main__:Net' loads it there, as said
+    assert "which only that process loads (architecture='__main__:Net')" in message
+
+    class Net(nn.Module):  # the class as the notebook's __main__ holds it
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.layer = nn.Linear(width, 2)
+
+    monkeypatch.setattr(sys.modules["__main__"], "Net", Net, raising=False)
+    assert isinstance(load_checkpoint(path, architecture="__main__:Net").model, Net)
 
 
 def test_a_member_named_inside_the_files_config_is_refused_unless_trusted(tmp_path: Path, marker: Path) -> None:
