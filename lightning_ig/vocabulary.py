@@ -25,7 +25,7 @@ import os
 import re
 import reprlib
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -332,21 +332,26 @@ def size_text(count: int) -> str:
 def available_memory() -> int | None:
     """The bytes of memory this process can still take: the system's available memory, less where a cgroup limits
     it (a container) or ``ulimit -v`` its address space; ``None`` where the system does not say (not Linux)."""
-    v1, this = "/sys/fs/cgroup/memory/memory.", "/proc/self/"
-    idle = r"^inactive_file (\d+)"  # a cgroup's usage counts its page cache (full once a data set was read), of which
-    # the kernel reclaims the inactive files' before it refuses a page (docker stats leaves it out too)
-    # cgroup v2: this process's own cgroup ("0::/a/b" in /proc/self/cgroup: a systemd slice) and each one above it
-    own = "".join(re.findall(r"^0::/(.*)$", _text(this + "cgroup"), re.MULTILINE))
-    v2 = itertools.accumulate((f"{name}/" for name in own.split("/") if name), initial="/sys/fs/cgroup/")
+    this, idle = "/proc/self/", r"^inactive_file (\d+)"  # a cgroup's usage counts its page cache (full once a data
+    # set was read), of which the kernel reclaims the inactive files' before it refuses a page (docker stats too)
+    # this process's cgroups: "0::/a/b" (v2), "4:memory:/a/b" (v1's memory controller: a SLURM job on RHEL 8)
+    own = dict(re.findall(r"^\d+:(memory|):/(.*)$", _text(this + "cgroup"), re.MULTILINE))  # {"": v2's, "memory": v1's}
     caps = [  # (the most, what is taken of it, what of that is idle): a file missing or saying no number bounds nothing
         (_figure("/proc/meminfo", r"^MemAvailable:\s+(\d+) kB", 1024), 0),
-        *((_figure(at + "memory.max"), _figure(at + "memory.current"), _figure(at + "memory.stat", idle)) for at in v2),
-        (_figure(v1 + "limit_in_bytes"), _figure(v1 + "usage_in_bytes"), _figure(v1 + "stat", idle)),  # cgroup v1
+        *(  # in each hierarchy, every cgroup from its root down to this process's (a container, a slice, a job)
+            (_figure(f"{at}memory.{most}"), _figure(f"{at}memory.{used}"), _figure(f"{at}memory.stat", idle))
+            for key, most, used in (("", "max", "current"), ("memory", "limit_in_bytes", "usage_in_bytes"))
+            for at in _folders(f"{key}/{own.get(key, '')}")
+        ),
         # ulimit -v: every mapping counts, resident or not (torch's allocator fails there, before the OOM killer)
         (_figure(this + "limits", r"^Max address space\s+(\d+)"), _figure(this + "status", r"^VmSize:\s+(\d+)", 1024)),
     ]
     left = [cap - used + sum(filter(None, cache)) for cap, used, *cache in caps if cap is not None and used is not None]
     return max(0, min(left)) if left else None
+
+
+def _folders(path: str) -> Iterator[str]:  # /sys/fs/cgroup/ and each folder down to /sys/fs/cgroup/<path>/
+    return itertools.accumulate((f"{name}/" for name in path.split("/") if name), initial="/sys/fs/cgroup/")
 
 
 def _text(path: str) -> str:  # a file's text; "" where it cannot be read

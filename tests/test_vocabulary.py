@@ -268,6 +268,34 @@ def test_the_cgroup_v2_limits_are_read_where_this_process_is(monkeypatch: pytest
     assert vocabulary.available_memory() == 48 * gib
 
 
+def test_the_cgroup_v1_limits_are_read_where_this_process_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: under cgroup v1 (RHEL 8's default) only /sys/fs/cgroup/memory/memory.limit_in_bytes, the root's, was read:
+    # a SLURM job given 8 GiB of a 256 GiB node (its memory cgroup in /proc/self/cgroup) passed every memory check and
+    # was ended by the out-of-memory killer, where the README says this process's cgroup and those above it count
+    gib, job = 2**30, "/sys/fs/cgroup/memory/slurm/uid_1000/job_7/"
+    files = {
+        "/proc/meminfo": f"MemTotal: {256 * gib // 1024} kB\nMemAvailable: {200 * gib // 1024} kB\n",
+        "/proc/self/cgroup": "5:cpu,cpuacct:/slurm/uid_1000/job_7\n4:memory:/slurm/uid_1000/job_7/step_0\n0::/\n",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",  # the root: no limit
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes": f"{56 * gib}\n",
+        job + "memory.limit_in_bytes": f"{8 * gib}\n",  # the job: 8 GiB, 5 GiB of it taken, 1 GiB of that idle files
+        job + "memory.usage_in_bytes": f"{5 * gib}\n",
+        job + "memory.stat": f"cache {gib}\nrss {4 * gib}\ninactive_file {gib}\n",
+        job + "step_0/memory.limit_in_bytes": "9223372036854771712\n",  # the step, where this process is: no limit
+        job + "step_0/memory.usage_in_bytes": f"{4 * gib}\n",
+    }
+
+    def read(path: str, encoding: str) -> io.StringIO:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(vocabulary, "open", read, raising=False)
+    assert vocabulary.available_memory() == 4 * gib  # the job's 8 GiB less its 4 GiB in use
+    files["/proc/self/cgroup"] = "4:memory:/\n0::/\n"  # a container's own memory cgroup, mounted as the root
+    assert vocabulary.available_memory() == 200 * gib
+
+
 def test_names_that_look_alike_are_one_name() -> None:
     nfc, nfd = "caf\u00e9", "cafe\u0301"  # the same text, composed and decomposed
     assert nfc != nfd
