@@ -288,8 +288,8 @@ class Target:
             )
         return values.reshape(n_rows, 1)
 
-    def _name(self) -> str | None:  # a lambda's name says nothing: "the output" instead of "<lambda>"
-        name = self.label.partition(":")[2] if self.label.startswith("callable:") else ""
+    def _name(self) -> str | None:  # "the output" for a lambda ("<lambda>" says nothing); "f", not "main.<locals>.f"
+        name = self.label.partition(":")[2].rpartition(".")[2] if self.label.startswith("callable:") else ""
         return None if name.endswith("<lambda>") else name or None
 
 

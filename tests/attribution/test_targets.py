@@ -260,7 +260,10 @@ def test_a_lambda_forward_is_said_as_the_output_not_as_its_name() -> None:
 
     anonymous = Target.of_forward(lambda x: x.sum(-1))
     assert anonymous.label.endswith("<lambda>") and (anonymous.words, anonymous.unit) == ("the output", "model output")
-    assert Target.of_forward(value_of_state).words.endswith("value_of_state")  # a name the user gave is kept
+    # a name the user gave is kept, without where it was defined: the card said "What test_a_lambda_forward_is_said_as_
+    # the_output_not_as_its_name.<locals>.value_of_state relies on" for a function defined in a function (a main())
+    assert (Target.of_forward(value_of_state).words, Target.of_forward(value_of_state).unit) == ("value_of_state",) * 2
+    assert Target.of_forward(value_of_state).as_given.endswith("<locals>.value_of_state")  # its state key as before
 
 
 def test_per_state_indices_are_checked_against_the_batch_and_moved() -> None:
