@@ -332,15 +332,23 @@ def size_text(count: int) -> str:
 def available_memory() -> int | None:
     """The bytes of memory this process can still take: the system's available memory, less where a cgroup limits
     it (a container) or ``ulimit -v`` its address space; ``None`` where the system does not say (not Linux)."""
-    this, idle = "/proc/self/", r"^inactive_file (\d+)"  # a cgroup's usage counts its page cache (full once a data
-    # set was read), of which the kernel reclaims the inactive files' before it refuses a page (docker stats too)
+    this = "/proc/self/"  # a cgroup's usage counts its page cache (full once a data set was read), of which the kernel
+    # reclaims the inactive files' before it refuses a page (docker stats too); v1's own, without "total_", leaves
+    # out its children's
     # this process's cgroups: "0::/a/b" (v2), "4:memory:/a/b" (v1's memory controller: a SLURM job on RHEL 8)
     own = dict(re.findall(r"^\d+:(memory|):/(.*)$", _text(this + "cgroup"), re.MULTILINE))  # {"": v2's, "memory": v1's}
     caps = [  # (the most, what is taken of it, what of that is idle): a file missing or saying no number bounds nothing
         (_figure("/proc/meminfo", r"^MemAvailable:\s+(\d+) kB", 1024), 0),
         *(  # in each hierarchy, every cgroup from its root down to this process's (a container, a slice, a job)
-            (_figure(f"{at}memory.{most}"), _figure(f"{at}memory.{used}"), _figure(f"{at}memory.stat", idle))
-            for key, most, used in (("", "max", "current"), ("memory", "limit_in_bytes", "usage_in_bytes"))
+            (
+                _figure(f"{at}memory.{most}"),
+                _figure(f"{at}memory.{used}"),
+                _figure(f"{at}memory.stat", rf"^{idle} (\d+)"),
+            )
+            for key, most, used, idle in (
+                ("", "max", "current", "inactive_file"),
+                ("memory", "limit_in_bytes", "usage_in_bytes", "total_inactive_file"),
+            )
             for at in _folders(f"{key}/{own.get(key, '')}")
         ),
         # ulimit -v: every mapping counts, resident or not (torch's allocator fails there, before the OOM killer)

@@ -227,7 +227,8 @@ def test_a_containers_page_cache_is_memory_available(
         "/proc/meminfo": f"MemTotal: {64 * gib // 1024} kB\nMemAvailable: {48 * gib // 1024} kB\n",
         limit: f"{4 * gib}\n",
         usage: f"{4 * gib - gib // 10}\n",
-        stat: f"anon {gib - gib // 10}\nfile {3 * gib}\nactive_file 0\ninactive_file {3 * gib}\n",
+        stat: f"anon {gib - gib // 10}\nfile {3 * gib}\nactive_file 0\ninactive_file {3 * gib}\n"
+        f"total_inactive_file {3 * gib}\n",  # v1's figure for this cgroup and those below it (a leaf: the same)
     }
 
     def read(path: str, encoding: str) -> io.StringIO:
@@ -280,7 +281,8 @@ def test_the_cgroup_v1_limits_are_read_where_this_process_is(monkeypatch: pytest
         "/sys/fs/cgroup/memory/memory.usage_in_bytes": f"{56 * gib}\n",
         job + "memory.limit_in_bytes": f"{8 * gib}\n",  # the job: 8 GiB, 5 GiB of it taken, 1 GiB of that idle files
         job + "memory.usage_in_bytes": f"{5 * gib}\n",
-        job + "memory.stat": f"cache {gib}\nrss {4 * gib}\ninactive_file {gib}\n",
+        # v1's inactive_file is the job's own pages' (its step's are charged to the step); total_ counts them all
+        job + "memory.stat": f"cache {gib}\nrss {4 * gib}\ninactive_file 0\ntotal_inactive_file {gib}\n",
         job + "step_0/memory.limit_in_bytes": "9223372036854771712\n",  # the step, where this process is: no limit
         job + "step_0/memory.usage_in_bytes": f"{4 * gib}\n",
     }
