@@ -390,7 +390,7 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
             self._finish_pending()  # the run started before the exception is still logged
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
             rank_zero_warn(f"IntegratedGradientsCallback{named}: the last run could not be logged: {error!r}")
-        self._close_idle()
+        self._release_fit()
         try:
             self._pictures.close()  # the pictures drawn so far still reach TensorBoard
         except Exception as error:  # noqa: BLE001 - the training's own exception is the one to see
@@ -399,14 +399,18 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._pending = None  # ended by on_train_end or on_exception; a bare teardown drops nothing logged twice
-        self._close_idle()
+        self._release_fit()
         self._pictures.close()
 
-    def _close_idle(self) -> None:
-        """End the runs' worker beside training, if the fit has one (its last run read first, where it could be): at
-        teardown, and on an exception, after which Lightning calls no callback's teardown."""
-        if self._fit is not None and self._fit.idle is not None:
-            self._fit.idle.close()
+    def _release_fit(self) -> None:
+        """At teardown, and on an exception (no teardown follows): end the runs' worker (its last run read first, where
+        it could be) and let go of what only runs use: the copies of the model, the worker's trainer, the graphs."""
+        if self._fit is not None:  # what state_dict, the history and a later fit read stays
+            for held in (self._fit.idle, self._fit.trust):  # the worker ended, the copies of the model let go
+                if held is not None:
+                    held.close()
+            self._fit.engine.clear()  # its captured graphs and their memory
+            self._fit = dataclasses.replace(self._fit, idle=None)  # the worker's trainer, the training thread's runs
 
     def _should_run(self, trainer: pl.Trainer) -> bool:
         """Fitting, not sanity checking, set up, and no run yet at this global step."""

@@ -111,7 +111,7 @@ class Fit:
             actions' units).
         sample_states: the saliency grid draws among a run's first this many rows.
         idle: the runs' worker on a core training leaves idle (:class:`IdleCore`), or ``None``: the runs attribute
-            on the training thread.
+            on the training thread (and after the fit: its end lets go of the worker, its model copy and trainer).
     """
 
     held_out: Tensor

@@ -337,6 +337,10 @@ class TrustMonitor:
         verdict = self._verdict(accuracy, pending, None)
         return verdict, self._tagged(verdict.scalars())
 
+    def close(self) -> None:
+        """As the fit ends: let go of the working copy and the deletion rows (a later check makes them again)."""
+        self._replica = self._deletion = None
+
     def results_state(self) -> dict[str, Any]:
         """Each check's latest result and its global step, as plain values: what a resumed fit's verdict rests on
         until the check runs again (the schedule goes on over a resume).

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import json
 import multiprocessing
 import os
@@ -12,6 +14,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +94,29 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _fit_runs(tmp_path: Path, model: torch.nn.Module, **options: object) -> IntegratedGradientsCallback:
+class _Worker(Callback):
+    """Keeps the IG callback's runs' worker in this fit (``None``: none) as training starts, to read what it did after
+    the fit: the fit's end ends it and lets go of it (test_a_callback_kept_after_its_fit_keeps_no_copy_of_the_model)."""
+
+    def __init__(self, ig: IntegratedGradientsCallback) -> None:
+        self.ig, self.idle = ig, None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.idle = None if self.ig._fit is None else self.ig._fit.idle
+
+
+def _fit_runs(
+    tmp_path: Path, model: torch.nn.Module, **options: object
+) -> tuple[IntegratedGradientsCallback, fit.IdleCore | None]:
+    """The callback after a fit of 20 steps with a run every 3, and its runs' worker in that fit (``None``: none)."""
     torch.manual_seed(3)
     callback = IntegratedGradientsCallback(
         held_out_states(21), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None), **options
     )
-    trainer = make_trainer(tmp_path, [callback], max_steps=20)
+    worker = _Worker(callback)
+    trainer = make_trainer(tmp_path, [callback, worker], max_steps=20)
     trainer.fit(model, DataLoader(dataset(), batch_size=16))
-    return callback
+    return callback, worker.idle
 
 
 def _reports(folder: Path) -> dict[str, dict]:
@@ -129,14 +147,14 @@ def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path,
         return step(self, host, summary, made, **keywords)
 
     monkeypatch.setattr(TrustMonitor, "step", spy)
-    beside = _fit_runs(tmp_path / "beside", model, overhead=overhead)
-    assert beside._fit is not None and beside._fit.idle is not None, "a spare core and the runs stayed on training's"
+    beside, idle = _fit_runs(tmp_path / "beside", model, overhead=overhead)
+    assert beside._fit is not None and idle is not None, "a spare core and the runs stayed on training's"
     # the checks of the two checked runs beside training were made by the worker (the final run's on the thread)
     assert made_beside == ([] if overhead is None else [("sanity", "deletion", "stability")] * 2)
-    assert beside._fit.idle.cpu > 0.0  # the worker process attributed
+    assert idle.cpu > 0.0  # the worker process attributed
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
-    inline = _fit_runs(tmp_path / "inline", twin, overhead=overhead)
-    assert inline._fit is not None and inline._fit.idle is None
+    inline, none = _fit_runs(tmp_path / "inline", twin, overhead=overhead)
+    assert inline._fit is not None and none is None
     assert len(beside.history) == len(inline.history) == 7  # steps 3, 6, ..., 18 and the end
     got, expected = _reports(tmp_path / "beside" / "ig_reports"), _reports(tmp_path / "inline" / "ig_reports")
     # every number of every run, bit for bit; with the checks on, those of the runs beside training (steps 3 and 18,
@@ -151,8 +169,8 @@ def test_runs_beside_training_log_what_runs_on_the_training_thread_log(tmp_path,
 @needs_a_spare_core
 def test_no_worker_where_torch_uses_every_core(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", fit.physical_cores)
-    callback = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
-    assert callback._fit is not None and callback._fit.idle is None and callback.history
+    callback, idle = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
+    assert callback._fit is not None and idle is None and callback.history
 
 
 def test_no_worker_where_torch_trains_on_several_threads(tmp_path, monkeypatch):
@@ -160,8 +178,8 @@ def test_no_worker_where_torch_trains_on_several_threads(tmp_path, monkeypatch):
     # first run (the parent's thread pool is not in the fork) until it was ended as stuck, 12 s on, with a warning
     monkeypatch.setattr(fit, "physical_cores", lambda: 4)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    callback = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
-    assert callback._fit is not None and callback._fit.idle is None and callback.history
+    callback, idle = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
+    assert callback._fit is not None and idle is None and callback.history
 
 
 @needs_a_spare_core
@@ -169,8 +187,8 @@ def test_a_fit_in_a_daemonic_process_keeps_its_runs_on_the_training_thread(tmp_p
     # guards against: "AssertionError: daemonic processes are not allowed to have children" at the first run of a fit
     # in a multiprocessing.Pool's worker (daemonic), which fits without the callback
     monkeypatch.setattr(multiprocessing.current_process(), "daemon", True)
-    callback = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
-    assert callback._fit is not None and callback._fit.idle is None and len(callback.history) == 7
+    callback, idle = _fit_runs(tmp_path, TinyQNet(noisy=False), overhead=None)
+    assert callback._fit is not None and idle is None and len(callback.history) == 7
 
 
 class _DrawingNet(TinyQNet):
@@ -184,8 +202,8 @@ class _DrawingNet(TinyQNet):
 
 @needs_a_spare_core
 def test_a_forward_that_draws_from_the_global_generator_runs_on_the_training_thread(tmp_path, one_thread):
-    callback = _fit_runs(tmp_path, _DrawingNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
-    assert callback._fit is not None and callback._fit.idle is None and callback.history
+    callback, idle = _fit_runs(tmp_path, _DrawingNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
+    assert callback._fit is not None and idle is None and callback.history
 
 
 _TRAINING_PROCESS = os.getpid()
@@ -212,10 +230,11 @@ class _FailingNet(TinyQNet):
 def test_a_run_that_fails_beside_training_stops_the_fit_with_its_error(tmp_path, one_thread):
     model = _FailingNet()
     callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=3, overhead=None)
-    trainer = make_trainer(tmp_path, [callback], max_steps=20)
+    worker = _Worker(callback)
+    trainer = make_trainer(tmp_path, [callback, worker], max_steps=20)
     with pytest.raises(RuntimeError, match="the forward broke mid-fit"):
         trainer.fit(model, DataLoader(dataset(), batch_size=16))
-    assert callback._fit is not None and callback._fit.idle is not None  # it failed on the worker
+    assert callback._fit is not None and worker.idle is not None  # it failed on the worker
     assert len(model.steps) <= 6  # raised at a batch end after the first run (step 3), by step 6's run at the latest
 
 
@@ -228,9 +247,9 @@ def test_a_check_that_fails_on_the_worker_is_said_once_and_switched_off(tmp_path
 
     monkeypatch.setattr(monitor_module, "stability_check", broken)  # the forked worker inherits it
     with pytest.warns(UserWarning, match=r"stability: could not run \(RuntimeError: .the noise draws broke") as seen:
-        callback = _fit_runs(tmp_path, TinyQNet(batchnorm=False, dropout=0.0), overhead=1.0)
+        callback, idle = _fit_runs(tmp_path, TinyQNet(batchnorm=False, dropout=0.0), overhead=1.0)
     assert sum("the noise draws broke" in str(warning.message) for warning in seen) == 1
-    assert callback._fit is not None and callback._fit.idle is not None and callback._fit.trust is not None
+    assert callback._fit is not None and idle is not None and callback._fit.trust is not None
     assert callback._fit.trust.names == ["sanity", "deletion"]  # the others go on
     verdict = callback._last.trust_checks if callback._last is not None else None
     assert verdict is not None and verdict.randomization is not None and verdict.deletion is not None
@@ -265,12 +284,12 @@ def test_a_forward_that_reads_more_than_its_weights_keeps_its_runs_on_the_traini
     # guards against: the worker's copy, frozen at the fork (or at the fit's start), attributing a stale model
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="reads an attribute that training changes") as seen:
-        beside = _fit_runs(tmp_path / "beside", _ScaledNet(reassign), overhead=None)
+        beside, idle = _fit_runs(tmp_path / "beside", _ScaledNet(reassign), overhead=None)
     assert sum("reads an attribute" in str(warning.message) for warning in seen) == 1
-    assert beside._fit is not None and beside._fit.idle is not None and not beside._fit.idle.alive
+    assert beside._fit is not None and idle is not None and not idle.alive
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
     torch.manual_seed(0)
-    inline = _fit_runs(tmp_path / "inline", _ScaledNet(reassign), overhead=None)
+    inline, _ = _fit_runs(tmp_path / "inline", _ScaledNet(reassign), overhead=None)
     assert len(beside.history) == len(inline.history) == 7
     assert _reports(tmp_path / "beside" / "ig_reports") == _reports(tmp_path / "inline" / "ig_reports")
 
@@ -296,13 +315,13 @@ def test_a_worker_process_that_dies_hands_its_runs_to_the_training_thread_and_no
     callback = IntegratedGradientsCallback(
         held_out_states(21), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None), overhead=None
     )
-    killer = _KillsTheWorker(callback)
-    trainer = make_trainer(tmp_path, [callback, killer], max_steps=20)
+    killer, worker = _KillsTheWorker(callback), _Worker(callback)
+    trainer = make_trainer(tmp_path, [callback, killer, worker], max_steps=20)
     with pytest.warns(UserWarning, match="worker process was ended by SIGKILL; they run on the training thread"):
         trainer.fit(TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
     assert killer.killed
     assert len(callback.history) == 7  # steps 3, 6, ..., 18 and the end: every run logged
-    assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
+    assert callback._fit is not None and worker.idle is not None and not worker.idle.alive
 
 
 @needs_a_spare_core
@@ -339,9 +358,9 @@ def test_a_worker_process_that_cannot_start_leaves_the_runs_on_the_training_thre
     monkeypatch.setattr(fit.multiprocessing, "get_context", _NoFork)
     said = f"could not start ({type(error).__name__}: {error}); they run on the training thread"
     with pytest.warns(UserWarning, match=re.escape(said)):
-        callback = _fit_runs(tmp_path, TinyQNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
+        callback, idle = _fit_runs(tmp_path, TinyQNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
     assert len(callback.history) == 7  # every run, on the training thread
-    assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
+    assert callback._fit is not None and idle is not None and not idle.alive
 
 
 class _ReadsTheTrainer(TinyQNet):
@@ -382,9 +401,9 @@ def test_a_worker_that_never_answers_hands_its_runs_to_the_training_thread_and_i
     # guards against: a fit that waited forever for the worker's first answer, and the worker left behind
     monkeypatch.setattr(fit, "_STUCK", 0.5)
     with pytest.warns(UserWarning, match=r"worker process did not answer a run within \d+ s \(stuck\?\) and was ended"):
-        callback = _fit_runs(tmp_path, _StuckNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
+        callback, idle = _fit_runs(tmp_path, _StuckNet(noisy=False, batchnorm=False, dropout=0.0), overhead=None)
     assert len(callback.history) == 7  # every run, on the training thread
-    assert callback._fit is not None and callback._fit.idle is not None and not callback._fit.idle.alive
+    assert callback._fit is not None and idle is not None and not idle.alive
     assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
 
 
@@ -424,14 +443,14 @@ def test_a_worker_stuck_mid_run_is_ended_and_its_run_made_on_the_training_thread
     watchdog.start()
     try:
         with pytest.warns(UserWarning, match=r"did not finish a run within \d+ s \(stuck\?\) and was ended; they run"):
-            beside = _fit_runs(tmp_path / "beside", model, overhead=None)
+            beside, idle = _fit_runs(tmp_path / "beside", model, overhead=None)
     finally:
         watchdog.cancel()
-    assert beside._fit is not None and beside._fit.idle is not None and not beside._fit.idle.alive
-    assert beside._fit.idle.cpu > 0.0  # it had answered runs: steps 3 and 6
+    assert beside._fit is not None and idle is not None and not idle.alive
+    assert idle.cpu > 0.0  # it had answered runs: steps 3 and 6
     assert not [child for child in multiprocessing.active_children() if child.name == "lightning-ig-run"]
     monkeypatch.setattr(fit, "idle_core", lambda *args: None)
-    inline = _fit_runs(tmp_path / "inline", twin, overhead=None)
+    inline, _ = _fit_runs(tmp_path / "inline", twin, overhead=None)
     assert len(beside.history) == len(inline.history) == 7  # the stuck run made on the training thread, none lost
     assert _reports(tmp_path / "beside" / "ig_reports") == _reports(tmp_path / "inline" / "ig_reports")
 
@@ -552,11 +571,12 @@ def test_runs_on_the_epoch_cadence_stay_on_the_training_thread(tmp_path, one_thr
     # guards against: an epoch's run sent to the worker and waited for at once (no overlap: the copy, the pipe and
     # the wait on top of the run: 0.11-0.24 s a run against 0.06 s on the thread)
     callback = IntegratedGradientsCallback(held_out_states(21), every_n_steps=None, every_n_epochs=1, overhead=None)
-    trainer = make_trainer(tmp_path, [callback], max_steps=-1, max_epochs=3)
+    worker = _Worker(callback)
+    trainer = make_trainer(tmp_path, [callback, worker], max_steps=-1, max_epochs=3)
     trainer.fit(TinyQNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
     assert [entry["global_step"] for entry in callback.history] == [16, 32, 48]  # each epoch's end
-    assert callback._fit is not None and callback._fit.idle is not None
-    assert callback._fit.idle.cpu == 0.0  # the worker made no run
+    assert callback._fit is not None and worker.idle is not None
+    assert worker.idle.cpu == 0.0  # the worker made no run
 
 
 class _SensorError(Exception):
@@ -581,3 +601,71 @@ def test_an_error_that_does_not_unpickle_reaches_the_fit_in_its_words(tmp_path, 
     trainer = make_trainer(tmp_path, [callback], max_steps=20)
     with pytest.raises(RuntimeError, match="sensor 3 is out of range"):
         trainer.fit(_SensorNet(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16))
+
+
+# -- what a callback kept after its fit holds
+
+
+class _Counted(TinyQNet):
+    """A model class of its own (its live instances: the model and every copy made of it); training fails at step
+    ``fails_at``."""
+
+    def __init__(self, fails_at: int | None = None) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.fails_at = fails_at
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.fails_at:
+            raise RuntimeError("training broke")
+        return super().training_step(batch, batch_idx)
+
+
+def _instances(kind: type) -> list[Any]:
+    gc.collect()
+    return [item for item in gc.get_objects() if type(item) is kind]
+
+
+class _Copies(Callback):
+    """Listed before the IG callback: counts the model's live instances mid-fit, and keeps the IG callback's
+    ``state_dict`` as the fit ends (before the IG callback's own end of the fit)."""
+
+    def __init__(self, ig: IntegratedGradientsCallback) -> None:
+        self.ig, self.during, self.state = ig, 0, {}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == 13:  # after the runs of steps 3 to 12: the copies made by then
+            self.during = len(_instances(_Counted))
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self.state = self.ig.state_dict()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.state = self.ig.state_dict()
+
+
+@pytest.mark.parametrize("ending", ["end", "exception"])
+def test_a_callback_kept_after_its_fit_keeps_no_copy_of_the_model(tmp_path, one_thread, ending):
+    # guards against: each callback kept after its fit (a sweep in a notebook, its history read later) holding the
+    # runs' worker's and the trust checks' working copies of the model (with the worker's trainer, and the engines'
+    # captured graphs on a GPU): two model sizes of memory each, after the fit ended or an exception ended it
+    def fitted() -> tuple[IntegratedGradientsCallback, _Copies, weakref.ref[_Counted]]:
+        torch.manual_seed(0)
+        model = _Counted(fails_at=14 if ending == "exception" else None)
+        callback = IntegratedGradientsCallback(
+            held_out_states(21), every_n_steps=3, views=ViewOptions(figure_every_n_runs=None), overhead=1.0
+        )
+        copies = _Copies(callback)
+        trainer = make_trainer(tmp_path, [copies, callback], max_steps=20)
+        with pytest.raises(RuntimeError, match="training broke") if ending == "exception" else contextlib.nullcontext():
+            trainer.fit(model, DataLoader(dataset(), batch_size=16))
+        return callback, copies, weakref.ref(model)
+
+    callback, copies, model = fitted()
+    assert copies.during > 1  # the model and the working copies of it while the fit ran
+    alive = _instances(_Counted)  # the model alone, which Lightning keeps (the callback's log): no copy of it
+    assert len(alive) == 1 and alive[0] is model(), f"{len(alive) - 1} copies of the model kept after the fit"
+    assert copies.state["trust_results"] and callback.history  # the checks' results, what a checkpoint keeps ...
+    after = callback.state_dict()
+    assert {key: value for key, value in after.items() if key != "budget"} == {  # ... and the rest, as they were
+        key: value for key, value in copies.state.items() if key != "budget"
+    }

@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
@@ -172,6 +173,16 @@ class _Reshaped(TinyQNet):
             self.body[2] = torch.nn.ReLU()
 
 
+class _Copy(Callback):
+    """Keeps the trust checks' working copy of the model as training ends (the fit's end lets go of it)."""
+
+    def __init__(self, ig: IntegratedGradientsCallback) -> None:
+        self.ig, self.replica = ig, None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.replica = None if self.ig._fit is None or self.ig._fit.trust is None else self.ig._fit.trust._replica
+
+
 @pytest.mark.parametrize("target", ["mean", "each"])
 def test_a_model_that_changes_structure_mid_fit_has_its_checks_copy_made_anew(tmp_path, monkeypatch, target):
     # guards against: the checks' working copy, made at the first check, judging the old network for the rest of the
@@ -186,12 +197,13 @@ def test_a_model_that_changes_structure_mid_fit_has_its_checks_copy_made_anew(tm
         engine=IGOptions(n_steps=8),
         views=ViewOptions(figure_every_n_runs=None),
     )
-    model = _Reshaped(noisy=False)
+    model, copy = _Reshaped(noisy=False), _Copy(callback)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        make_trainer(tmp_path, [callback], max_steps=12).fit(model, DataLoader(dataset(), batch_size=16))
+        make_trainer(tmp_path, [callback, copy], max_steps=12).fit(model, DataLoader(dataset(), batch_size=16))
     assert len([w for w in caught if "made anew" in str(w.message)]) == 1  # at the first check after the swap
-    replica = callback._fit.trust._replica
+    replica = copy.replica  # the last check's (the final run's), listed after the callback: its train end first
+    assert replica is not None
     replica.sync()
     with torch.no_grad(), attribution_mode(model):
         assert torch.equal(replica.module(held_out_states()), model(held_out_states()))  # the model as it is
