@@ -273,7 +273,7 @@ def _expected_width(model: nn.Module) -> int | None:
     return None
 
 
-def _target(requested: str | int, probe: Tensor) -> Target:
+def _target(requested: str, probe: Tensor) -> Target:
     """What integrated_gradients attributes (``--target``), bound to the model's outputs ``(N,)`` or ``(N, A)``."""
     if probe.ndim not in (1, 2):
         raise UsageError(
@@ -281,7 +281,8 @@ def _target(requested: str | int, probe: Tensor) -> Target:
             "that the states' feature shape is the model's"
         )
     try:
-        return Target.parse(requested).bind(tuple(probe.shape), spelt=f"--target {requested}")
+        named = f"action:{requested}" if requested.isdigit() else requested  # N as action:N (the parser's digits)
+        return Target.parse(named).bind(tuple(probe.shape), spelt=f"--target {requested}")
     except ValueError as error:
         raise UsageError(str(error)) from None
 

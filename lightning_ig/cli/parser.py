@@ -140,10 +140,10 @@ _num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1, 'budget
 _method = _checked(str, check_method, "a quadrature rule")  # auto, kink_midpoint or one of METHODS
 
 
-def _target(text: str) -> str | int:
+def _target(text: str) -> str:
     body = text.removeprefix("action:")  # N as Target.parse reads "action:N": 18 digits 0-9 at most, no sign
     if text in TARGET_NAMES or (body.isascii() and body.isdigit() and len(body) < 19):
-        return text if text in TARGET_NAMES else int(body)
+        return text  # as typed, for the messages (--target 007, not --target 7)
     raise argparse.ArgumentTypeError(
         f"expected 'mean', 'each', 'contrast', an action index N or 'action:N' (N = 0, 1, 2, ... in digits 0-9), "
         f"got {text!r}"

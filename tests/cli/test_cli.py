@@ -251,6 +251,9 @@ ERRORS_IN_PROCESS = [
     (["--checkpoint", "q.safetensors", "--auto-samples", "41"], "more than the 40 states"),
     (["--checkpoint", "bare.safetensors"], "nor beside it (<name>.states.* or states.*: .safetensors, .npy, .json)"),
     (["--checkpoint", "q.safetensors", "--target", "3"], "--target 3 is out of range: the model returns 3 outputs"),
+    # the values as typed: these were said as "--target 5" and "--target 7" (the parser's number)
+    (["--checkpoint", "q.safetensors", "--target", "action:5"], "--target action:5 is out of range"),
+    (["--checkpoint", "q.safetensors", "--target", "007"], "--target 007 is out of range"),
     (["--checkpoint", "q.safetensors", "--baseline", "banana"], "neither zeros, mean, a number"),
     (["--checkpoint", "q.safetensors", "--num-steps", "many"], "'auto'"),
     (["--checkpoint", "q.safetensors", "--model-kwargs", "{not json"], "not valid JSON"),
