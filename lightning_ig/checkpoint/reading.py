@@ -268,12 +268,12 @@ def load_lightning_checkpoint(
     try:
         cls = resolve_model_class(module_class, allow_import=True)  # the caller's own words
     except ValueError as error:
-        raise CheckpointError(str(error)) from error
+        raise CheckpointError(str(error).replace("a model class", "a LightningModule class")) from error
     loader = getattr(cls, "load_from_checkpoint", None)
     if not callable(loader):
         raise CheckpointError(f"{module_class!r} has no load_from_checkpoint(); name a LightningModule class")
     with file.open("rb") as handle:  # torch.save writes a zip archive, its directory last: torch says "Errno 22"
-        cut = handle.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(handle)
+        cut = handle.read(4) in (b"", b"PK\x03\x04") and not zipfile.is_zipfile(handle)  # empty: "(EOFError: )"
     if cut:
         raise cut_short(file)
     try:

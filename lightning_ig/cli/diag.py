@@ -247,6 +247,8 @@ def _one_head(args: argparse.Namespace) -> tuple[str | None, str | None]:
             return head_prefix(args.head), args.head
         except ValueError as error:
             raise UsageError(f"--head {args.head!r}: {error}") from None
+    if args.prefix == "":  # the library's check names its keyword, prefix
+        raise UsageError("--prefix '' names no head; give a head's key prefix such as 'trending__', or --head NAME")
     return (args.prefix, args.prefix.removesuffix("__")) if args.prefix is not None else (None, None)
 
 

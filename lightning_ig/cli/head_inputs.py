@@ -103,8 +103,9 @@ def _load(args: argparse.Namespace, prefix: str | None, device: torch.device) ->
             config=args.model_kwargs,
             trust_remote_code=args.trust_remote_code,
         )
-    except CheckpointError as error:  # the library's hints for Python, as diag's flags
+    except CheckpointError as error:  # the library's hints for Python, as diag's flags; the path as typed
         message = str(error).replace(" (prefix=NAME__)", "").replace("the head/prefix", "--head/--prefix")
+        message = message.replace(repr(str(Path(args.checkpoint))), f"--checkpoint {args.checkpoint!r}", 1)
         if Path(args.checkpoint).suffix == ".ckpt" and not args.lightning_module and "safetensors" in message:
             message += "; for a Lightning .ckpt pass --lightning-module package.module:Class"
         raise UsageError(message) from None

@@ -254,6 +254,9 @@ ERRORS_IN_PROCESS = [
     # the values as typed: these were said as "--target 5" and "--target 7" (the parser's number)
     (["--checkpoint", "q.safetensors", "--target", "action:5"], "--target action:5 is out of range"),
     (["--checkpoint", "q.safetensors", "--target", "007"], "--target 007 is out of range"),
+    # was "prefix must be a non-empty string" (the library's keyword) and "name a model class"
+    (["--checkpoint", "heads.safetensors", "--prefix", ""], "--prefix '' names no head"),
+    (["--checkpoint", "q.safetensors", "--lightning-module", "os:path"], "; name a LightningModule class"),
     (["--checkpoint", "q.safetensors", "--baseline", "banana"], "neither zeros, mean, a number"),
     (["--checkpoint", "q.safetensors", "--num-steps", "many"], "'auto'"),
     (["--checkpoint", "q.safetensors", "--model-kwargs", "{not json"], "not valid JSON"),
@@ -396,6 +399,12 @@ def test_user_architecture_by_import_path_and_lightning_checkpoint(
     assert cli.main([*args, "--states", "tiny.states.npy", "--quiet", "--output", "out/cut.json"]) == 2
     error = capsys.readouterr().err
     assert f"'cut.ckpt' looks truncated or corrupt ({len(whole) // 2} bytes): save it again" in error, error
+    # guards against: an empty file said "(EOFError: )" (pickle's message, empty), naming neither flag nor size
+    Path("empty.ckpt").write_bytes(b"")
+    args[2] = "./empty.ckpt"
+    assert cli.main([*args, "--states", "tiny.states.npy", "--quiet", "--output", "out/empty.json"]) == 2
+    error = capsys.readouterr().err
+    assert "--checkpoint './empty.ckpt' looks truncated or corrupt (0 bytes): save it again" in error, error
 
 
 def test_help_lists_every_documented_flag(capsys: pytest.CaptureFixture[str]) -> None:
