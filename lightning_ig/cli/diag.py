@@ -32,9 +32,9 @@ from lightning_ig.attribution.settings import DEFAULT_MAX_STEPS
 from lightning_ig.checkpoint import CheckpointError, head_prefix, list_heads, states_beside
 from lightning_ig.cli.exits import EXIT_NOT_WITHIN, EXIT_OK, PROG, NonFiniteError, UsageError
 from lightning_ig.cli.feature_groups import is_named_form
-from lightning_ig.cli.head_inputs import HeadRun, baseline_path, parse_device, prepare_head
+from lightning_ig.cli.head_inputs import HeadRun, parse_device, prepare_head
 from lightning_ig.cli.interrupts import Interrupts
-from lightning_ig.cli.parser import SEED
+from lightning_ig.cli.parser import SEED, baseline_path
 from lightning_ig.cli.progress import Progress
 from lightning_ig.cli.show import completeness_words
 from lightning_ig.cli.terminal import printable

@@ -26,11 +26,11 @@ from lightning_ig.checkpoint import (
 )
 from lightning_ig.cli.exits import UsageError, read_json_file
 from lightning_ig.cli.feature_groups import resolve_feature_groups
-from lightning_ig.cli.parser import AUTO_SAMPLES
+from lightning_ig.cli.parser import AUTO_SAMPLES, baseline_path
 from lightning_ig.views.pictures.saliency import saliency_kind
 from lightning_ig.vocabulary import check_feature_names, default_feature_names
 
-__all__ = ["HeadRun", "baseline_path", "parse_device", "prepare_head"]
+__all__ = ["HeadRun", "parse_device", "prepare_head"]
 
 
 @dataclass
@@ -286,15 +286,6 @@ def _target(requested: str, probe: Tensor) -> Target:
         return Target.parse(named).bind(tuple(probe.shape), spelt=f"--target {requested}")
     except ValueError as error:
         raise UsageError(str(error)) from None
-
-
-def baseline_path(text: str) -> str | None:
-    """``--baseline`` when it names a file: neither ``zeros``, ``mean`` nor a number."""
-    try:
-        float(text)
-    except ValueError:
-        return None if text in ("zeros", "mean") else text
-    return None
 
 
 def _baseline(text: str, states: Tensor) -> tuple[Any, str]:

@@ -24,7 +24,7 @@ from lightning_ig.vocabulary import (  # torch-free: --help answers without load
     check_positive_int,
 )
 
-__all__ = ["EXIT_STATUS_HELP", "build_parser"]
+__all__ = ["EXIT_STATUS_HELP", "baseline_path", "build_parser"]
 
 EXIT_STATUS_HELP = """\
 exit status:
@@ -65,6 +65,7 @@ setuid or writable by everyone); the files of a run are written all or none, so
 readers never see half of one."""
 
 AUTO_SAMPLES, SEED = 16, 42  # --states auto's sample: its size and seed by default
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|[-+]?(nan|inf|infinity)", re.ASCII | re.IGNORECASE)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -128,6 +129,18 @@ def _whole(text: str) -> int:
     return int(text)
 
 
+def _number(text: str) -> float:
+    """A number as typed: [-]digits[.digits][e[+-]digits] in 0-9, nan or inf; not float()'s " 3", "+3" or "1_0"."""
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(text)
+    return float(text)
+
+
+def baseline_path(text: str) -> str | None:
+    """``--baseline`` when it names a file: neither ``zeros``, ``mean`` nor a number (:func:`_number`)."""
+    return None if text in ("zeros", "mean") or _NUMBER.fullmatch(text) else text
+
+
 def _int_or_auto(text: str) -> int | str:
     return text if text in ("auto", "budget") else _whole(text)
 
@@ -135,7 +148,7 @@ def _int_or_auto(text: str) -> int | str:
 _positive_int = _checked(_whole, check_positive_int, "a whole number >= 1")
 _count = _checked(_whole, check_int, "a whole number >= 0", minimum=0)
 _seed = _checked(_whole, check_int, "a whole number", minimum=0, maximum=2**63 - 1)
-_positive_float = _checked(float, check_positive_float, "a number > 0")
+_positive_float = _checked(_number, check_positive_float, "a number > 0")
 _num_steps = _checked(_int_or_auto, check_n_steps, "a whole number >= 1, 'budget' or 'auto'")
 _method = _checked(str, check_method, "a quadrature rule")  # auto, kink_midpoint or one of METHODS
 

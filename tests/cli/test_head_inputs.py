@@ -208,6 +208,19 @@ def test_a_constant_baseline_past_the_models_dtype_is_exit_2(
     _one_line_error(code, err, "--baseline '1e308' is not a finite torch.float32 number; give zeros, mean, a number")
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(text, "is neither zeros, mean, a number nor an existing file") for text in ("1_0", " 3", "+3", "\u0663")]
+    + [(text, "is not a finite torch.float32 number") for text in ("nan", "-inf", "Infinity")],
+)
+def test_a_constant_baseline_is_a_number_as_typed(
+    value: str, said: str, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: float() read "1_0", " 3", "+3" and Arabic digits as numbers; nan and inf are said as before
+    code, _, err = _main(capsys, "diag", "--checkpoint", "q.safetensors", "--quiet", f"--baseline={value}")
+    _one_line_error(code, err, f"--baseline {value!r} {said}")
+
+
 def test_a_baseline_file_of_the_wrong_shape_is_told_its_own_shape(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

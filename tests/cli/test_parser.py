@@ -15,7 +15,7 @@ from lightning_ig.cli.parser import build_parser
 from lightning_ig.vocabulary import TARGET_NAMES
 
 _WRONG_TEXT = ["abc", "", "1.5", "-5", "nan", "inf", "1e400", "9" * 5000, "[" * 100000, '{"a": ' * 50000]
-# int() reads these as 10, 3, 3 and 3 (--target 1_0 was action 10): a whole number is typed in digits 0-9
+# int() and float() read these as 10, 3, 3 and 3 (--target 1_0 was action 10): a number is typed in digits 0-9
 _WRONG_TEXT += ["1_0", " 3", "+3", "\u0663"]
 
 
@@ -25,10 +25,9 @@ def _whole(text: str, low: int) -> bool:
 
 
 def _positive_real(text: str) -> bool:
-    try:
-        return math.isfinite(float(text)) and float(text) > 0
-    except ValueError:
-        return False
+    """A finite number > 0 as typed: digits 0-9, a point, an exponent (not float()'s " 3", "+3", "1_0" or Arabic)."""
+    plain = re.fullmatch(r"(\d+\.?\d*|\.\d+)(e[-+]?\d+)?", text, re.ASCII | re.IGNORECASE)
+    return plain is not None and math.isfinite(float(text)) and float(text) > 0
 
 
 # What each typed flag takes; a new typed flag needs a line here (the first test says so).
