@@ -100,9 +100,9 @@ def format_percent(fraction: float, digits: int = 3) -> str:
         >>> [format_percent(v) for v in (0.31416, 0.0025, 3e-07, 0.0, 1.0)]
         ['31.4%', '0.25%', '<0.01%', '0%', '100%']
     """
-    if not math.isfinite(fraction):
-        return f"{fraction}%"
-    percent = 100.0 * fraction
+    percent = 100.0 * fraction  # 1e308 is inf% (a share read from a file): no log10 of inf below
+    if not math.isfinite(percent):
+        return f"{percent}%"
     if percent == 0:
         return "0%"
     if 0 < abs(percent) < _SMALLEST_PERCENT:

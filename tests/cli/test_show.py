@@ -28,6 +28,8 @@ ODD_REPORTS = {
     "verify_odd": {"verify": {"num_states": 2, "per_state": [5]}},
     "missing_keys": {"num_states": None, "state_dim": None, "forward_target": None, "num_steps": None},
     "trust_odd": {"trust": {"status": ["x"], "reasons": "not a list"}, "global_step": {"a": 1}},
+    # was exit 1, "unexpected OverflowError": a share finite in the file, its percent not (format_percent's log10)
+    "group_share_huge": {"groups": [{"name": "g", "members": 1, "share": 1e308}, {"name": "h", "share": -1e308}]},
 }
 
 

@@ -68,6 +68,9 @@ def test_signed_values_always_carry_their_sign():
         (9.99e-05, "<0.01%"),
         (1e-04, "0.01%"),
         (-3e-07, ">-0.01%"),
+        (float("nan"), "nan%"),
+        (1e308, "inf%"),  # was OverflowError: a finite share whose percent is not (a report's, in show)
+        (-1e308, "-inf%"),
     ],
 )
 def test_shares_are_percentages_and_tiny_ones_are_not_zero(fraction, text):
