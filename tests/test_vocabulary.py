@@ -206,6 +206,17 @@ def test_the_memory_available_is_bounded_by_ulimit_v() -> None:
     assert 0 < available <= free // 4 < cap
 
 
+def _read_only(monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> None:
+    """``vocabulary`` reads ``files`` (a path's text; the dict may change later) and nothing else."""
+
+    def read(path: str, encoding: str) -> io.StringIO:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(vocabulary, "open", read, raising=False)
+
+
 @pytest.mark.parametrize(
     ("limit", "usage", "stat"),
     [
@@ -230,13 +241,7 @@ def test_a_containers_page_cache_is_memory_available(
         stat: f"anon {gib - gib // 10}\nfile {3 * gib}\nactive_file 0\ninactive_file {3 * gib}\n"
         f"total_inactive_file {3 * gib}\n",  # v1's figure for this cgroup and those below it (a leaf: the same)
     }
-
-    def read(path: str, encoding: str) -> io.StringIO:
-        if path not in files:
-            raise FileNotFoundError(2, "No such file or directory", path)
-        return io.StringIO(files[path])
-
-    monkeypatch.setattr(vocabulary, "open", read, raising=False)  # this container's /proc and /sys, on any machine
+    _read_only(monkeypatch, files)  # this container's /proc and /sys, on any machine
     assert vocabulary.available_memory() == 3 * gib + gib // 10
     del files[stat]  # a kernel that does not say: only what is free of the limit
     assert vocabulary.available_memory() == gib // 10
@@ -255,13 +260,7 @@ def test_the_cgroup_v2_limits_are_read_where_this_process_is(monkeypatch: pytest
         slice_ + "run.scope/memory.max": "max\n",  # this process's own: no limit of its own
         slice_ + "run.scope/memory.current": f"{gib}\n",
     }
-
-    def read(path: str, encoding: str) -> io.StringIO:
-        if path not in files:
-            raise FileNotFoundError(2, "No such file or directory", path)
-        return io.StringIO(files[path])
-
-    monkeypatch.setattr(vocabulary, "open", read, raising=False)
+    _read_only(monkeypatch, files)
     assert vocabulary.available_memory() == 2 * gib  # the slice's 4 GiB less its 2 GiB in use
     files[slice_ + "run.scope/memory.max"] = f"{gib + gib // 2}\n"  # a tighter limit below: the least left is taken
     assert vocabulary.available_memory() == gib // 2
@@ -286,13 +285,7 @@ def test_the_cgroup_v1_limits_are_read_where_this_process_is(monkeypatch: pytest
         job + "step_0/memory.limit_in_bytes": "9223372036854771712\n",  # the step, where this process is: no limit
         job + "step_0/memory.usage_in_bytes": f"{4 * gib}\n",
     }
-
-    def read(path: str, encoding: str) -> io.StringIO:
-        if path not in files:
-            raise FileNotFoundError(2, "No such file or directory", path)
-        return io.StringIO(files[path])
-
-    monkeypatch.setattr(vocabulary, "open", read, raising=False)
+    _read_only(monkeypatch, files)
     assert vocabulary.available_memory() == 4 * gib  # the job's 8 GiB less its 4 GiB in use
     files["/proc/self/cgroup"] = "4:memory:/\n0::/\n"  # a container's own memory cgroup, mounted as the root
     assert vocabulary.available_memory() == 200 * gib
