@@ -40,6 +40,7 @@ __all__ = [
     "TARGET_NAMES",
     "BackendName",
     "NSteps",
+    "action_index",
     "available_memory",
     "callable_name",
     "check_bool",
@@ -91,6 +92,14 @@ REFINED_METHODS = (AUTO_METHOD, KINK_METHOD, "riemann_middle")  # n_steps="auto"
 TARGET_NAMES = ("mean", "each", "contrast")
 """The targets given by name, besides an output index ``N`` (also ``"action:N"``): what
 :meth:`lightning_ig.attribution.targets.Target.parse` and ``--target`` take."""
+
+
+def action_index(text: str) -> int | None:
+    """``N`` of a target ``"action:N"``, or of a bare ``"N"``: digits 0-9, at most 18 (not int()'s " 3", "+3", "1_0"
+    or other scripts' digits); ``None`` where ``text`` is no such index."""
+    body = text.removeprefix("action:")
+    return int(body) if body.isascii() and body.isdigit() and len(body) < 19 else None
+
 
 BUDGET: Final = "budget"
 """``n_steps="budget"``, the default everywhere (engine, callback, command line): the number of points chosen from

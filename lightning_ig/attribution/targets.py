@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.checks import check_dense
-from lightning_ig.vocabulary import TARGET_NAMES, callable_name, shown, shown_with_type
+from lightning_ig.vocabulary import TARGET_NAMES, action_index, callable_name, shown, shown_with_type
 
 __all__ = ["EACH", "Target", "TargetLike", "action_labels", "check_rows_in_range", "choose_contrast", "target_forward"]
 
@@ -303,9 +303,8 @@ _UNITS = {"mean": "mean output = V(s)", "each": "Q(s, a) of every action", "cont
 def _named(text: str) -> Target:
     if text in TARGET_NAMES:
         return Target(text, text)  # type: ignore[arg-type]  # one of the kinds
-    body = text.removeprefix("action:")  # N in digits 0-9 as documented (int() reads other scripts' digits too)
-    if text.startswith("action:") and body.isascii() and body.isdigit() and len(body) < 19:  # 19 digits: no index
-        return Target.parse(int(body))
+    if text.startswith("action:") and (index := action_index(text)) is not None:  # digits 0-9, as documented
+        return Target.parse(index)
     raise ValueError(
         f"target must be {_FORMS}, got {shown(text, 60)}; use 'mean' for V(s) of a dueling network or an int for one "
         "action"

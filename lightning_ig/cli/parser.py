@@ -17,6 +17,7 @@ from lightning_ig.vocabulary import (  # torch-free: --help answers without load
     BACKENDS,
     GRADIENTS,
     TARGET_NAMES,
+    action_index,
     check_int,
     check_method,
     check_n_steps,
@@ -154,8 +155,7 @@ _method = _checked(str, check_method, "a quadrature rule")  # auto, kink_midpoin
 
 
 def _target(text: str) -> str:
-    body = text.removeprefix("action:")  # N as Target.parse reads "action:N": 18 digits 0-9 at most, no sign
-    if text in TARGET_NAMES or (body.isascii() and body.isdigit() and len(body) < 19):
+    if text in TARGET_NAMES or action_index(text) is not None:  # N or action:N as Target.parse reads it
         return text  # as typed, for the messages (--target 007, not --target 7)
     raise argparse.ArgumentTypeError(
         f"expected 'mean', 'each', 'contrast', an action index N or 'action:N' (N = 0, 1, 2, ... in digits 0-9), "

@@ -16,13 +16,19 @@ from typing import Any
 import numpy as np
 
 from lightning_ig.run.host_result import HostResult
-from lightning_ig.run.summary import RunSummary
+from lightning_ig.run.summary import RunSummary, Units
 from lightning_ig.views.loggers.sinks import MlflowSink, mlflow_metrics
 from lightning_ig.views.loggers.worker import PictureWriter, add_picture, add_run
 from lightning_ig.views.tags import PICTURE_TAGS, PICTURES, TagNames
 from lightning_ig.views.text import report_markdown
 
 __all__ = ["RunOutputs", "informative_scalars", "pictures_due", "scalar_metrics"]
+
+
+def _one_by_one(summary: RunSummary, tags: TagNames) -> list[tuple[Units, str]]:
+    """The units logged one by one, with their tags' part: the logged features, the groups where few enough."""
+    both = ((summary.logged_features, ""), (summary.groups if tags.group_units else None, "group/"))
+    return [(units, group) for units, group in both if units is not None]
 
 
 def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
@@ -40,9 +46,7 @@ def scalar_metrics(summary: RunSummary, tags: TagNames) -> dict[str, float]:
         f"{prefix}/completeness/degenerate_states": float(completeness.num_degenerate),
         f"{prefix}/completeness/near_baseline_states": float(completeness.num_near_baseline),
     }
-    for units, group in ((summary.logged_features, ""), (summary.groups if tags.group_units else None, "group/")):
-        if units is None:
-            continue
+    for units, group in _one_by_one(summary, tags):
         labels = tags.labels[units.kind]
         for quantity in ("mean_abs", "mean_signed"):
             values = getattr(units.moments, quantity).tolist()
@@ -262,8 +266,8 @@ class RunOutputs:
     def _histograms(self, summary: RunSummary) -> list[tuple[str, np.ndarray]]:
         """``(tag, the run's values of one unit)``: per feature logged one by one, per group."""
         tags, columns = self.tags, []
-        for units, group in ((summary.logged_features, ""), (summary.groups if tags.group_units else None, "group/")):
-            if units is not None and units.values is not None:
+        for units, group in _one_by_one(summary, tags):
+            if units.values is not None:
                 labels = tags.labels[units.kind]
                 prefix = f"{tags.prefix}/{group}attributions"
                 columns += [(f"{prefix}/{label}", column) for label, column in zip(labels, units.values.T)]
