@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,9 +45,6 @@ from lightning_ig.vocabulary import (
 )
 
 __all__ = ["FeatureGroups", "GroupSpec", "check_group_spec"]
-
-GroupSpec = Union["FeatureGroups", str, Tensor, np.ndarray, Mapping[str, Any]]
-"""What :meth:`FeatureGroups.resolve` accepts."""
 
 _OTHER = "other"
 
@@ -311,6 +308,10 @@ class FeatureGroups:
         order, sizes = cached
         ordered = flat.index_select(1, order)  # (B, F): group 0's members, then group 1's, ...
         return torch.segment_reduce(ordered, "sum", lengths=sizes.expand(rows, len(self)), axis=1)  # (B, G)
+
+
+GroupSpec = FeatureGroups | str | Tensor | np.ndarray | Mapping[str, Any]  # the class, not its name: resolvable
+"""What :meth:`FeatureGroups.resolve` accepts."""
 
 
 def _broadcast(tensor: Tensor, shape: tuple[int, ...], what: str) -> Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -57,7 +57,7 @@ class NonFiniteAttributionError(RuntimeError):
     """The model produced NaN/Inf on the held-out states and ``on_non_finite="raise"`` was asked for."""
 
 
-StatesSource = Union[Tensor, str, "os.PathLike[str]", Callable[[Any, Any], Tensor]]
+StatesSource = Tensor | str | os.PathLike[str] | Callable[[Any, Any], Tensor]
 ForwardOption = Callable[[Any, Tensor], Tensor]
 """The callback's ``forward``: ``(pl_module, x) -> (N,)``, the scalar attributed in place of the model's output."""
 

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,13 @@ def test_the_grouped_options_are_changed_by_replace_into_a_new_callback() -> Non
     assert (first.engine.n_steps, second.engine.n_steps) == (32, 64)
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.engine.n_steps = 64  # type: ignore[misc]
+
+
+def test_every_argument_has_a_type_a_config_file_parser_reads() -> None:
+    """LightningCLI (jsonargparse) builds the callback, and its ``engine=`` and ``views=`` from nested mappings, from
+    the types of the signature: each argument annotated, every annotation resolvable at run time (not only for a type
+    checker), none a bare ``Any`` that would let any value through unchecked."""
+    for made in (IntegratedGradientsCallback.__init__, IGOptions, ViewOptions):
+        hints = typing.get_type_hints(made)
+        parameters = [name for name in inspect.signature(made).parameters if name != "self"]
+        assert parameters and all(name in hints and hints[name] is not Any for name in parameters), made
