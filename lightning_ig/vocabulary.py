@@ -110,6 +110,7 @@ NSteps = int | Literal["auto", "budget"]
 (chosen from the work size: :mod:`lightning_ig.attribution.budget`)."""
 
 _INTEGERS, _REALS = numbers.Integral, numbers.Real  # numpy's integers and floats too (it registers them)
+_NUMBER_TEXT = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # "0.01", "1e-3": a number as text
 
 
 def shown(value: Any, width: int = 120) -> str:
@@ -200,7 +201,9 @@ def check_real(value: Any, name: str, *, above: float | None = None, below: floa
         ValueError: NaN, infinite, or outside the range.
     """
     if isinstance(value, bool) or not isinstance(value, _REALS):
-        raise TypeError(f"{name} must be a number, got {shown_with_type(value)}")
+        text = isinstance(value, str) and _NUMBER_TEXT.fullmatch(value)  # a YAML 1.1 loader (PyYAML) reads 1e-3 so
+        hint = ": a number written as text (quoted, or YAML 1.1's 1e-3, read as text: write 1.0e-3)" if text else ""
+        raise TypeError(f"{name} must be a number, got {shown_with_type(value)}{hint}")
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float

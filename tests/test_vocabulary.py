@@ -99,6 +99,17 @@ def test_reals_are_finite_numbers_within_open_bounds() -> None:
         check_real(True, "x")
 
 
+def test_a_number_read_as_text_is_refused_saying_so() -> None:
+    """A YAML 1.1 loader (PyYAML's ``safe_load``) reads ``tol: 1e-3`` as the text '1e-3' (it wants ``1.0e-3``): the
+    error said only "must be a number, got str ('1e-3')", of what reads as a number."""
+    for text in ("1e-3", "0.01", " -2.5E+4 ", ".5"):
+        with pytest.raises(TypeError, match=r"^x must be a number, got str \(.*\): a number written as text .*1\.0e-3"):
+            check_real(text, "x")
+    for text in ("abc", "1e", "0.01%", "nan"):
+        with pytest.raises(TypeError, match=r"^x must be a number, got str \('[^']*'\)$"):
+            check_real(text, "x")
+
+
 def test_choices_and_steps() -> None:
     assert check_choice("torch", BACKENDS, "backend") == "torch"
     with pytest.raises(ValueError, match="backend must be one of 'auto', 'cuda', 'torch'; got 'triton'"):

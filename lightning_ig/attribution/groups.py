@@ -159,8 +159,8 @@ class FeatureGroups:
         if isinstance(groups, Mapping):
             return cls._from_dict(groups, shape, names)
         raise TypeError(
-            "groups must be 'features', 'channels', an integer mask of the feature shape or a dict "
-            f"{{name: indices or bool mask}}, got {type(groups).__name__}"
+            "groups must be 'features', 'channels', an integer mask of the feature shape (a tensor or array) or a "
+            f"dict {{name: indices or bool mask}}, got {type(groups).__name__}"
         )
 
     @classmethod
@@ -385,6 +385,6 @@ def check_group_spec(groups: Any, name: str = "feature_groups") -> Any:
     if isinstance(groups, str) and groups in ("features", "channels"):
         return groups
     raise (ValueError if isinstance(groups, str) else TypeError)(
-        f"{name} must be None, 'features', 'channels', an integer mask of the feature shape or a dict "
-        f"{{name: indices or bool mask}}, got {shown(groups)}"
+        f"{name} must be None, 'features', 'channels', an integer mask of the feature shape (a tensor or array: "
+        f"torch.tensor of a list) or a dict {{name: indices or bool mask}}, got {shown(groups)}"
     )

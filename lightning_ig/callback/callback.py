@@ -106,9 +106,9 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
         every_n_epochs: Run every this many epochs (default ``None``).
         run_at_train_end: Run once more when training ends (default ``True``).
         feature_names: One name per flattened feature; default ``x0, x1, ...`` (``x[c,i,j]``).
-        feature_groups: ``"channels"``, ``"features"``, an integer mask or a dict ``{name: indices | bool mask}``
-            (:class:`~lightning_ig.attribution.groups.FeatureGroups`); ``None`` (default): groups only beyond
-            ``views.max_logged_features`` features (``"channels"`` for ``(C, ...)`` states, else blocks).
+        feature_groups: ``"channels"``, ``"features"``, an integer mask (a tensor or array) or a dict
+            ``{name: indices | bool mask}`` (:class:`~lightning_ig.FeatureGroups`); ``None`` (default): none up to
+            ``views.max_logged_features`` features, beyond them ``"channels"`` for ``(C, ...)`` states, else blocks.
         group_names: Names for the groups (default ``channel 0``, ..., ``group <id>`` or the dict's keys).
         action_names: One name per output, for a target about actions (``"each"``, ``"contrast"``, an output index;
             default ``action 0``, ``action 1``, ...); counted against the model at fit start.

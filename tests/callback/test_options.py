@@ -52,6 +52,8 @@ BAD: list[Bad] = [
     ("feature_names", [1, 2], TypeError, ""),
     ("feature_groups", "pixels", ValueError, "'features', 'channels'"),
     ("feature_groups", 3, TypeError, "None"),
+    # an integer mask as a list (a config file's): refused as not "an integer mask", which it is; say which kinds
+    ("feature_groups", [0, 0, 1, 1], TypeError, r"integer mask of the feature shape \(a tensor or array"),
     ("group_names", "abc", TypeError, r"a list of strings, got str \('abc'\)"),
     ("action_names", "left", TypeError, "a list of strings"),
     ("action_names", ["left", "right"], ValueError, "no action is attributed"),  # target="mean"
@@ -72,6 +74,7 @@ BAD: list[Bad] = [
     ("completeness_tol", 0, ValueError, "> 0"),
     ("completeness_tol", math.nan, ValueError, "finite"),
     ("completeness_tol", "0.01", TypeError, "a number"),
+    ("completeness_tol", "1e-3", TypeError, r"a number written as text .*write 1\.0e-3"),  # YAML 1.1 reads it so
     ("on_non_finite", "ignore", ValueError, "'warn', 'raise'"),
     ("on_non_finite", 1, TypeError, ""),
     ("report_dir", 3, TypeError, r"a path \(str or os.PathLike\), got int"),
