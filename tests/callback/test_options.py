@@ -8,6 +8,7 @@ import inspect
 import math
 import re
 import typing
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,12 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_ig.attribution import IGOptions
+from lightning_ig.attribution.groups import FeatureGroups
 from lightning_ig.callback import IntegratedGradientsCallback
 from lightning_ig.callback.options import Options
 from lightning_ig.views import ViewOptions
-from tests.support.tiny import held_out_states
+from tests.support import REPO
+from tests.support.tiny import TinyQNet, held_out_states
 
 Bad = tuple[str, Any, type[Exception], str]  # argument, value, error, words the message holds beside the name
 
@@ -191,3 +194,123 @@ def test_every_argument_has_a_type_a_config_file_parser_reads() -> None:
         hints = typing.get_type_hints(made)
         parameters = [name for name in inspect.signature(made).parameters if name != "self"]
         assert parameters and all(name in hints and hints[name] is not Any for name in parameters), made
+
+
+class _ListConfig(Sequence[Any]):  # a config library's list (OmegaConf's ListConfig): a Sequence, not a list
+    def __init__(self, *items: Any) -> None:
+        self._items = list(items)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _DictConfig(Mapping[str, Any]):  # and its dict (DictConfig): a Mapping, not a dict
+    def __init__(self, **items: Any) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def test_a_config_file_s_plain_values_make_the_callback_python_code_makes(tmp_path: Path) -> None:
+    """Every argument a config file can give, as a YAML loader reads it (strings, ints, floats, lists, dicts, null;
+    the engine's and views' options as dicts) or as a config library hands it on (its own list and dict types), makes
+    the callback the same Python code makes (README, "From a config file")."""
+    np.save(tmp_path / "states.npy", held_out_states().numpy())
+    config = {
+        "states": str(tmp_path / "states.npy"),
+        "every_n_steps": 500,
+        "every_n_epochs": None,
+        "run_at_train_end": False,
+        "feature_names": ["cart x", "cart v", "pole angle", "pole v"],
+        "feature_groups": {"cart": [0, 1], "pole": [2, 3]},
+        "group_names": ["the cart", "the pole"],
+        "action_names": ["left", "right"],
+        "baseline": 0,
+        "target": "action:1",
+        "completeness_tol": 0.02,
+        "on_non_finite": "raise",
+        "report_dir": "reports",
+        "name": "value",
+        "engine": {"n_steps": "auto", "max_steps": 168},
+        "views": {"top_k": 3, "saliency_states": None},
+        "overhead": None,
+    }
+    code = IntegratedGradientsCallback(
+        tmp_path / "states.npy",
+        every_n_steps=500,
+        every_n_epochs=None,
+        run_at_train_end=False,
+        feature_names=("cart x", "cart v", "pole angle", "pole v"),
+        feature_groups={"cart": torch.tensor([0, 1]), "pole": torch.tensor([2, 3])},
+        group_names=("the cart", "the pole"),
+        action_names=("left", "right"),
+        baseline=0.0,
+        target=1,
+        completeness_tol=0.02,
+        on_non_finite="raise",
+        report_dir=Path("reports"),
+        name="value",
+        engine=IGOptions(n_steps="auto", max_steps=168),
+        views=ViewOptions(top_k=3, saliency_states=None),
+        overhead=None,
+    ).options
+    library = {
+        name: _ListConfig(*value)
+        if isinstance(value, list)
+        else _DictConfig(**value)
+        if name == "feature_groups"
+        else value
+        for name, value in config.items()
+    }
+    library["feature_groups"] = _DictConfig(cart=_ListConfig(0, 1), pole=_ListConfig(2, 3))
+    for given in (config, library):
+        grouped = {"engine": IGOptions(**given["engine"]), "views": ViewOptions(**given["views"])}
+        options = IntegratedGradientsCallback(**{**given, **grouped}).options
+        for field in dataclasses.fields(Options):
+            if field.name not in ("target", "feature_groups"):
+                assert getattr(options, field.name) == getattr(code, field.name), field.name
+        assert options.target.label == code.target.label and options.identity() == code.identity()
+        made = FeatureGroups.resolve(options.feature_groups, (4,), options.group_names)
+        assert torch.equal(made.ids, FeatureGroups.resolve(code.feature_groups, (4,), code.group_names).ids)
+        assert made.names == ["the cart", "the pole"]
+
+
+def test_the_readme_s_lightning_cli_config_makes_the_callback_python_code_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's ``LightningCLI`` config, parsed by LightningCLI itself (its jsonargparse: not a dependency, so
+    skipped without it), makes the callback its Python code makes."""
+    pytest.importorskip("jsonargparse")
+    yaml = pytest.importorskip("yaml")
+    from lightning.pytorch.cli import LightningCLI  # its parser needs jsonargparse
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("**From a config file.**") :].split("```yaml\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    np.save("held_out_states.npy", held_out_states().numpy())
+    config = {"trainer": {"logger": False, "enable_checkpointing": False, **yaml.safe_load(block)["trainer"]}}
+    cli = LightningCLI(TinyQNet, run=False, args=config, save_config_callback=None)
+    made = next(c for c in cli.trainer.callbacks if isinstance(c, IntegratedGradientsCallback)).options
+    code = IntegratedGradientsCallback(
+        "held_out_states.npy",
+        every_n_steps=500,
+        feature_names=["cart position", "cart velocity", "pole angle", "pole angular velocity"],
+        feature_groups={"cart": [0, 1], "pole": [2, 3]},
+        target=1,
+        engine=IGOptions(n_steps="auto"),
+        views=ViewOptions(top_k=5),
+    ).options
+    for field in dataclasses.fields(Options):
+        if field.name != "target":
+            assert getattr(made, field.name) == getattr(code, field.name), field.name
+    assert made.target.label == code.target.label == "action:1" and made.identity() == code.identity()
