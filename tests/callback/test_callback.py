@@ -274,6 +274,50 @@ def test_a_states_callable_that_samples_leaves_training_bit_identical(tmp_path):
     assert torch.equal(torch_a, torch_b) and np.array_equal(numpy_a, numpy_b) and python_a == python_b
 
 
+class _Body(torch.nn.Module):  # its own forward: dynamo's cache of it is this test's alone
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class _CompiledQNet(TinyQNet):
+    def __init__(self, backend: Any) -> None:
+        super().__init__(noisy=False)
+        self.body = torch.compile(_Body(), backend=backend)  # what training and the runs call
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="torch < 2.6 has no compiler stances")
+def test_a_compiled_model_is_attributed_eagerly_and_its_compiled_graphs_are_trainings_alone(tmp_path):
+    # guards against: a torch.compile'd model called by IG as it was, so the runs' forwards (eval mode, without
+    # gradients, other batch sizes) recompiled it, up to torch's limit of 8 graphs, after which the fit's own new
+    # graphs (validation, the last short batch) ran uncompiled; and each compile (seconds on a CPU) was the run's cost
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    counts = []
+    for callbacks in (
+        [],
+        [IntegratedGradientsCallback(held_out_states(), every_n_steps=2, engine=IGOptions(n_steps=8))],
+    ):
+        torch.compiler.reset()
+        graphs.clear()
+        pl.seed_everything(0)
+        make_trainer(tmp_path, callbacks, max_steps=4).fit(_CompiledQNet(backend), loader(shuffle=False))
+        counts.append(len(graphs))
+    torch.compiler.reset()
+    assert callbacks[0].history, "the callback never ran"
+    assert counts[1] == counts[0] >= 1  # training's graphs only
+
+
 def test_run_leaves_random_generators_and_works_under_inference_mode(tmp_path):
     import random
 
