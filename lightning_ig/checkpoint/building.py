@@ -321,7 +321,9 @@ def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping
         found = f"the file holds {held[key]}, the model has {expected[key]}"
         return f"size mismatch for {key}: {found}; {len(wrong)} tensor(s) differ"
     missing, unexpected = [key for key in expected if key not in held], [key for key in held if key not in expected]
-    return f"missing {few(missing)}, unexpected {few(unexpected)}" if missing or unexpected else None
+    stem = next((key[: -len(missing[0])] for key in unexpected if missing and key.endswith("." + missing[0])), "")
+    hint = f"; i.e. the model keys after {stem}: pass --prefix {stem}" * ({stem + k for k in missing} == {*unexpected})
+    return f"missing {few(missing)}, unexpected {few(unexpected)}{hint}" if missing or unexpected else None
 
 
 def _first_line(error: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -443,3 +444,34 @@ def test_a_plain_state_dict_named_without_its_arguments_is_told_how_to_give_them
         path, architecture="lightning_ig.models:DuelingQNetwork", config={"state_dim": 4, "num_actions": 2}
     )
     assert sum(p.numel() for p in loaded.model.parameters()) > 0
+
+
+@pytest.mark.parametrize(("wrap", "stem"), [("compiled", "_orig_mod."), ("wrapped", "agent.net.")])
+def test_a_state_dict_saved_under_a_prefix_is_told_the_prefix_that_loads_it(
+    tmp_path: Path, wrap: str, stem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # guards against: torch.compile(model).state_dict() (every key under '_orig_mod.') saved with save_file, said
+    # only as 14 missing and 14 unexpected keys, not that --prefix _orig_mod. (prefix=) loads the file as it is
+    from lightning_ig import DuelingQNetwork, load_checkpoint
+
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    holder = torch.compile(net) if wrap == "compiled" else nn.ModuleDict({"agent": nn.ModuleDict({"net": net})})
+    path = tmp_path / "state_dict.safetensors"
+    save_file({k: v.contiguous() for k, v in holder.state_dict().items()}, str(path))
+    named: dict[str, Any] = {"architecture": "lightning_ig.models:DuelingQNetwork", "config": net.config()}
+    escaped = re.escape(stem)
+    said = rf"unexpected \[{escaped}.*\] \(14\); i.e. the model keys after {escaped}: pass --prefix {escaped}\)"
+    with pytest.raises(CheckpointError, match=said):
+        load_checkpoint(path, **named)
+    model = ["--model", named["architecture"], "--model-kwargs", json.dumps(named["config"])]
+    assert cli.main(["diag", "--checkpoint", str(path), *model, "--output", str(tmp_path / "r.json")]) == 2
+    said_whole = (
+        f"(14); i.e. the model keys after {stem}: pass --prefix {stem}); check --model/--model-kwargs or the head"
+    )
+    assert capsys.readouterr().err.strip().endswith(said_whole)  # one line, nothing of it cut short
+    loaded = load_checkpoint(path, prefix=stem, **named)
+    for key, value in net.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+    save_file({"x": torch.zeros(1)}, str(path))  # keys that are not the model's under any prefix: none said
+    with pytest.raises(CheckpointError, match=r"unexpected \[x\] \(1\)\); check"):
+        load_checkpoint(path, **named)
