@@ -322,7 +322,8 @@ def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping
         return f"size mismatch for {key}: {found}; {len(wrong)} tensor(s) differ"
     missing, unexpected = [key for key in expected if key not in held], [key for key in held if key not in expected]
     stem = next((key[: -len(missing[0])] for key in unexpected if missing and key.endswith("." + missing[0])), "")
-    hint = f"; i.e. the model keys after {stem}: pass --prefix {stem}" * ({stem + k for k in missing} == {*unexpected})
+    moved = {stem + key for key in missing} == {*unexpected}  # every key under one prefix: a wrapper's state dict
+    hint = f"; i.e. the model keys after {stem}: pass --prefix {stem} (prefix=)" if moved else ""
     return f"missing {few(missing)}, unexpected {few(unexpected)}{hint}" if missing or unexpected else None
 
 
