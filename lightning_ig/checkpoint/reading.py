@@ -282,7 +282,8 @@ def load_lightning_checkpoint(
         # torch.load's weights-only unpickler (its default) gives its reason after a preamble on weights_only=False,
         # which diag never passes: the reason alone is said, its first sentence
         reason = str(error).partition("WeightsUnpickler error:")[2].strip() or str(error)
-        first_line = reason.splitlines()[0].split(". ")[0] if reason else ""
+        lines = [line.strip() for line in reason.splitlines() if line.strip()] or [""]  # load_state_dict's header
+        first_line = " ".join(lines[:2] if lines[0].endswith(":") else lines[:1]).split(". ")[0]  # and its first list
         raise CheckpointError(
             f"{module_class} cannot load {str(file)!r} ({type(error).__name__}: {first_line}); "
             + (
@@ -290,8 +291,9 @@ def load_lightning_checkpoint(
                 "that the file is a Lightning checkpoint, and save its hyperparameters as plain values (vars(args), "
                 "str(path))"
                 if "WeightsUnpickler" in str(error)
-                else "check that the file is a Lightning checkpoint of that class, and that its __init__ keeps the "
-                "arguments it takes (self.save_hyperparameters()): load_from_checkpoint rebuilds it from them"
+                else "check that the file is a Lightning checkpoint of that class (its modules wrapped or compiled as "
+                "when saved), and that its __init__ keeps the arguments it takes (self.save_hyperparameters()): "
+                "load_from_checkpoint rebuilds it from them"
             )
         ) from error
     module.eval()

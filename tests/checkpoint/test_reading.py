@@ -168,6 +168,18 @@ def test_a_lightning_module_that_does_not_keep_its_arguments_is_told_to_save_the
         load_lightning_checkpoint(tmp_path / "m.ckpt", f"{__name__}:LightningWithoutHyperparameters")
 
 
+def test_a_lightning_checkpoint_whose_keys_differ_from_the_class_says_which(tmp_path: Path) -> None:
+    # guards against: "(RuntimeError: Error(s) in loading state_dict for ...:)", load_state_dict's header alone, for
+    # a module saved with a compiled (or wrapped) submodule and read through a class that does not compile it
+    from lightning_ig.checkpoint import load_lightning_checkpoint
+
+    saved = {f"net._orig_mod.{key}": value for key, value in torch.nn.Linear(4, 2).state_dict().items()}
+    torch.save({"state_dict": saved, "pytorch-lightning_version": "2.6.6", "hyper_parameters": {}}, tmp_path / "m.ckpt")
+    said = r'for LightningWithPathHyperparameters: Missing key\(s\) in state_dict: "net.weight", "net.bias".*compiled'
+    with pytest.raises(CheckpointError, match=said):
+        load_lightning_checkpoint(tmp_path / "m.ckpt", f"{__name__}:LightningWithPathHyperparameters")
+
+
 class LightningWithPathHyperparameters(pl.LightningModule):
     """Keeps a pathlib.Path among its hyperparameters: torch.load's weights-only unpickler refuses it."""
 
