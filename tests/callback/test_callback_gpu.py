@@ -247,6 +247,7 @@ def test_a_run_ended_at_the_next_step_holds_what_a_run_ended_at_once_computes(tm
     assert [entry["global_step"] for entry in callback.history] == [2, 4]
     assert callback._pending is None  # the run of step 4 ended at step 5's batch end or at the end of training
     deferred = callback.history[-1]["mean_abs"]
+    model.to(cuda_device)  # Lightning's teardown moved it to the CPU, and the callback let go of its worker and copies
     callback._run(trainer, model, final=False)  # started and ended at once, same weights and states
     assert callback.history[-1]["mean_abs"] == deferred
 
