@@ -337,13 +337,12 @@ def _members(members: Any, shape: tuple[int, ...], name: str) -> Tensor:
     if not isinstance(members, (str, bytes)):
         try:
             indices = torch.as_tensor(members).reshape(-1)
-        except (OverflowError, ValueError):  # an int past int64: no feature has that index
-            raise ValueError(
-                f"feature_groups[{name!r}] holds an index outside the {count} features of shape {shape} "
-                f"({shown(members, 80)}; flat indices, 0-based)"
-            ) from None
-        except (TypeError, RuntimeError):
-            indices = None  # not numbers at all: said below
+        except (OverflowError, ValueError, TypeError, RuntimeError) as error:  # not numbers at all: said below
+            if not isinstance(error, (TypeError, RuntimeError)) or "Overflow" in str(error):  # an int past int64
+                raise ValueError(  # no feature has that index (torch 2.8 and older raise a RuntimeError there)
+                    f"feature_groups[{name!r}] holds an index outside the {count} features of shape {shape} "
+                    f"({shown(members, 80)}; flat indices, 0-based)"
+                ) from None
     if indices is None or (indices.numel() and (indices.is_floating_point() or indices.dtype == torch.bool)):
         raise TypeError(
             f"feature_groups[{name!r}] must be a list of flat feature indices or a bool mask of the feature shape, a "

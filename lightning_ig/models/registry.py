@@ -226,8 +226,7 @@ def _import(module_name: str) -> Any:
     """``importlib.import_module``, on the real default device even inside ``with torch.device("meta")``. A checkpoint
     reader builds models on the meta device first to count their sizes; a module imported then must not keep meta
     tensors made at import time."""
-    current = getattr(torch, "get_default_device", None)  # torch >= 2.3
-    if current is not None and current().type == "meta":
+    if torch.empty(0).device.type == "meta":  # torch.get_default_device() says "cpu" there up to torch 2.6
         with torch.device("cpu"):
             return importlib.import_module(module_name)
     return importlib.import_module(module_name)
