@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import tokenize
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,7 @@ def _read_npy(file: Path, prefix: str | None) -> Tensor:
             major, _ = npy.read_magic(handle)
             read_header = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
             shape, _, dtype = read_header(handle)
-        except ValueError as error:  # numpy's words, without its advice to unpickle
+        except (ValueError, tokenize.TokenError) as error:  # numpy's words (Python 3.12+: a TokenError), not its advice
             raise CheckpointError(f"states file {str(file)!r} is a damaged .npy file ({error})") from None
         if dtype.hasobject or dtype.kind not in "iuf":
             _refuse_kind(file, "Python-object" if dtype.hasobject else str(dtype))
