@@ -73,7 +73,7 @@ class Replica:
         source = self.model if self._source is None else self._source  # a Module with __len__ 0 is falsy
         for followed, copied, name in self._shared if self._source is None else ():
             vars(copied)[name] = vars(followed).get(name, vars(copied).get(name))
-        theirs = {**dict(source.named_parameters()), **dict(source.named_buffers())}
+        theirs = dict([*source.named_parameters(remove_duplicate=False), *source.named_buffers(remove_duplicate=False)])
         with torch.inference_mode(False), torch.no_grad():
             try:
                 for mine, name in zip(self._mine, self._names):

@@ -75,6 +75,32 @@ def test_a_synced_replica_follows_plain_attributes_training_sets_anew_but_not_th
     assert all(not layer.noise_enabled for layer in replica.noisy)  # off for plain forwards, whatever the model's
 
 
+class _WithScriptedTwin(nn.Module):
+    """A net and its ``torch.jit.script`` twin, which shares the net's parameters: the model lists them once, under
+    the net's names; the copy's twin holds copies of its own, listed under the twin's names too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        self.scripted = torch.jit.script(self.net)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scripted(x)
+
+
+def test_a_replica_of_a_model_with_shared_parameters_follows_them_under_every_name():
+    model = _WithScriptedTwin().eval()
+    model.inp, model.out = nn.Linear(4, 4), nn.Linear(4, 4)
+    model.out.weight = model.inp.weight  # tied: one parameter under two names
+    states = held_out_states(8)
+    replica = Replica(model, SETTINGS)
+    with torch.no_grad():
+        for parameter in model.parameters():  # an optimizer step after the copy was made
+            parameter.add_(0.01)
+    assert _synced_forward_is_the_models(replica, model, states)  # refused as renamed (pruning?) before
+    assert replica.module.out.weight is replica.module.inp.weight
+
+
 def test_redraw_is_the_layers_own_initialisation_and_sync_brings_the_model_back():
     model = TinyQNet().eval()
     states = held_out_states(8)
