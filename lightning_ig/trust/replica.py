@@ -130,6 +130,9 @@ class Replica:
 
     def redraw(self, seed: int) -> tuple[int, int]:
         """Draw every parameter again under ``seed`` (:func:`redraw`): ``(shuffled, kept)``. :meth:`sync` undoes it."""
+        for _, copied, name in self._shared:  # a weight a hook derives (pruning's, spectral_norm's): an init writes it
+            if isinstance(value := vars(copied)[name], Tensor) and hasattr(copied, "reset_parameters"):
+                vars(copied)[name] = value.clone()  # the copy's own, never the model's
         counts, tensors = redraw(self.module, seed), self._tensors()
         if any(mine is not now for mine, now in zip(self._mine, tensors)):  # a reset_parameters() made new tensors
             self._mine = tensors

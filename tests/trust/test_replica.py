@@ -117,6 +117,24 @@ def test_redraw_is_the_layers_own_initialisation_and_sync_brings_the_model_back(
         assert torch.equal(replica.module(states), model(states))
 
 
+def test_redraw_never_writes_a_weight_the_models_hooks_derive():
+    # guards against: the copy sharing a pruned (or torch.nn.utils.spectral_norm'd) layer's ``weight``, a plain tensor
+    # its forward pre-hook derives, so that the layer's reset_parameters() re-drew the model's own ``weight`` in place
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0).eval()
+    torch.nn.utils.prune.l1_unstructured(model.body[0], "weight", amount=0.5)
+    torch.nn.utils.spectral_norm(model.body[-1])
+    states = held_out_states(8)
+    with torch.no_grad():
+        model(states)  # the hooks set each ``weight``
+    derived = [vars(model.body[i])["weight"].clone() for i in (0, -1)]
+    replica = Replica(model, SETTINGS)
+    for seed in (3, 4):
+        replica.sync()
+        replica.redraw(seed)
+    assert all(torch.equal(vars(model.body[i])["weight"], d) for i, d in zip((0, -1), derived))
+    assert _synced_forward_is_the_models(replica, model, states)
+
+
 def test_noise_draws_are_the_layers_own_from_a_private_generator_and_quiet_is_the_mean():
     model = TinyQNet().eval()
     states = held_out_states(8)
