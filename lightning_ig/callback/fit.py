@@ -194,7 +194,7 @@ class IdleCore:
         thread."""
         try:
             self.replica.sync()
-        except RuntimeError:  # a parameter or buffer renamed or reshaped since the fit started (pruning)
+        except (KeyError, RuntimeError):  # a parameter or buffer renamed or reshaped since the fit started (pruning)
             self.ended(_RESHAPED)
             return None
         job = (states, baselines, pair, begin)

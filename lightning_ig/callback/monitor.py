@@ -248,7 +248,7 @@ class TrustMonitor:
             if self._replica is not None and compare and not self._computes(self._replica, host, weights):
                 rank_zero_warn(
                     "IntegratedGradientsCallback: the model no longer computes what the trust checks' copy of it "
-                    "computes (a module swapped or added since it was made?): the copy is made anew"
+                    "computes (a module swapped, added or pruned since it was made?): the copy is made anew"
                 )
                 self._replica = self._reference = None  # the old network's: both made anew
             if self._replica is None:
@@ -281,9 +281,12 @@ class TrustMonitor:
         """Whether ``replica``, synced, computes the run's values at the states, rounding apart."""
         if host.stochastic or not self.settings.target.checks_deletion:  # moving values, or outputs picked by state
             return True
-        with replica.following(weights), torch.no_grad(), deterministic_float32():  # the engine's float32
-            replica.sync()
-            mine = self.settings.value(replica.module)(self.states).double().cpu().numpy()
+        try:
+            with replica.following(weights), torch.no_grad(), deterministic_float32():  # the engine's float32
+                replica.sync()
+                mine = self.settings.value(replica.module)(self.states).double().cpu().numpy()
+        except (KeyError, RuntimeError):  # a weight renamed or resized since the copy was made (pruning)
+            return False
         tolerance = repeat_threshold(self.states.dtype)  # a batch of other rows may round otherwise
         return mine.shape == host.f_input.shape and np.allclose(mine, host.f_input, tolerance, tolerance, True)
 

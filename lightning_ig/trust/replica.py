@@ -69,18 +69,15 @@ class Replica:
 
     def sync(self) -> None:
         """Copy the model's parameters and buffers (but noise samples) into the copy, in place, and share its plain
-        attributes again (inside :meth:`following`, another copy's parameters and buffers only)."""
+        attributes again (inside :meth:`following`, another copy's parameters and buffers only). A tensor renamed or
+        resized since the copy was made (pruning renames ``weight`` ``weight_orig``) raises KeyError or RuntimeError."""
         source = self.model if self._source is None else self._source  # a Module with __len__ 0 is falsy
         for followed, copied, name in self._shared if self._source is None else ():
             vars(copied)[name] = vars(followed).get(name, vars(copied).get(name))
         theirs = dict([*source.named_parameters(remove_duplicate=False), *source.named_buffers(remove_duplicate=False)])
         with torch.inference_mode(False), torch.no_grad():
-            try:
-                for mine, name in zip(self._mine, self._names):
-                    mine.copy_(theirs[name])
-            except (KeyError, RuntimeError) as error:  # pruning renames weight to weight_orig; a resized layer
-                why = "the model's parameters or buffers changed names or shapes since the fit started (pruning?)"
-                raise RuntimeError(f"{why}: {error}") from None
+            for mine, name in zip(self._mine, self._names):
+                mine.copy_(theirs[name])
 
     @contextlib.contextmanager
     def following(self, source: nn.Module | None) -> Iterator[None]:
