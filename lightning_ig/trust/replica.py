@@ -184,9 +184,9 @@ def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
     """Draw every parameter of ``module`` again under ``seed``, in place: ``(shuffled, kept)``.
 
     Every module with ``reset_parameters()`` calls it (the layer's own initialisation) with torch's global generators
-    seeded ``seed`` inside :func:`torch.random.fork_rng`, so the training run's generators are as they were;
-    parameters of modules without one are shuffled by a seeded permutation of their entries (same scale, structure
-    gone: ``shuffled`` counts them); single numbers are kept (``kept``).
+    seeded ``seed`` inside :func:`torch.random.fork_rng`, so the training run's generators are as they were; the
+    parameters of modules without one, or whose weight a hook derives (pruning's), are shuffled by a seeded
+    permutation of their entries (same scale, no structure: ``shuffled`` counts them); single numbers are kept.
     """
     devices = sorted({tensor.device.index or 0 for tensor in module.parameters() if tensor.device.type == "cuda"})
     covered: set[int] = set()
@@ -198,7 +198,8 @@ def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
         for layer in module.modules():
             if callable(reset := getattr(layer, "reset_parameters", None)):
                 reset()  # the layer's own initialisation, on the seeded global generator
-                covered.update(id(parameter) for parameter in layer.parameters(recurse=False))
+                if not any(isinstance(value, Tensor) for value in vars(layer).values()):  # else it drew a hook's weight
+                    covered.update(id(parameter) for parameter in layer.parameters(recurse=False))
     shuffled = kept = 0
     generator = torch.Generator().manual_seed(seed)  # private, CPU: the same shuffle on every device
     with torch.inference_mode(False), torch.no_grad():

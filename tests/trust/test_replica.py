@@ -135,6 +135,20 @@ def test_redraw_never_writes_a_weight_the_models_hooks_derive():
     assert _synced_forward_is_the_models(replica, model, states)
 
 
+def test_redraw_draws_anew_the_weights_a_hook_derives_from():
+    # guards against: a pruned layer's (or a torch.nn.utils.spectral_norm'd one's) weight_orig counted as re-drawn by
+    # its reset_parameters(), which draws only the hook's derived ``weight``: the sanity check's copies kept the
+    # trained weights and failed it ("the ranking hardly depends on what the weights learnt") for a sound model
+    model = TinyQNet(noisy=False, batchnorm=False, dropout=0.0).eval()
+    torch.nn.utils.prune.l1_unstructured(model.body[0], "weight", amount=0.5)
+    torch.nn.utils.spectral_norm(model.body[-1])
+    replica = Replica(model, SETTINGS)
+    replica.sync()
+    replica.redraw(3)
+    for index in (0, -1):
+        assert not torch.equal(replica.module.body[index].weight_orig, model.body[index].weight_orig), index
+
+
 def test_noise_draws_are_the_layers_own_from_a_private_generator_and_quiet_is_the_mean():
     model = TinyQNet().eval()
     states = held_out_states(8)
