@@ -211,7 +211,8 @@ def _check_group(value: Any, cls: type, name: str) -> Any:
     if value is None:
         return cls()
     if not isinstance(value, cls):
-        raise TypeError(f"{name} must be None or a {cls.__name__}(...), got {shown_with_type(value)}")
+        fix = f" (a dict's fields: {cls.__name__}(**fields))" if isinstance(value, dict) else ""  # a config file's
+        raise TypeError(f"{name} must be None or {cls.__name__}(...){fix}, got {shown_with_type(value)}")
     return value
 
 

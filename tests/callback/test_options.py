@@ -86,10 +86,10 @@ BAD: list[Bad] = [
     ("name", "  ", ValueError, "not blank"),  # the message says what is wrong: it said only "without '/'"
     ("name", "value\n", ValueError, "printable"),
     ("name", 3, TypeError, "a short label"),
-    ("engine", {"n_steps": 8}, TypeError, "IGOptions"),
+    ("engine", {"n_steps": 8}, TypeError, r"None or IGOptions\(\.\.\.\) \(a dict's fields: IGOptions\(\*\*fields\)\)"),
     ("engine", IGOptions(completeness_tol=0.05), ValueError, "pass completeness_tol=0.05 to the callback"),
     ("views", {"top_k": 5}, TypeError, "ViewOptions"),
-    ("views", 3, TypeError, "ViewOptions"),
+    ("views", 3, TypeError, r"must be None or ViewOptions\(\.\.\.\), got int"),
     ("overhead", 0, ValueError, r"in \(0, 1\].*pass None for no budget"),
     ("overhead", 1.5, ValueError, "got 1.5"),
     ("overhead", float("nan"), ValueError, "fraction of the fit's wall time"),
