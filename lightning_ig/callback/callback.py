@@ -41,7 +41,7 @@ from lightning_ig.views.loggers.worker import PictureWriter
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
 
 
-_EAGER = getattr(torch.compiler, "set_stance", lambda stance: lambda hook: hook)  # torch < 2.6: no stances
+_EAGER = getattr(torch.compiler, "set_stance", lambda _: lambda hook: hook)  # torch < 2.6: no stances
 _MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
 # Hooks Lightning calls at every step (or batch) that this callback leaves as Callback's no-ops: each call costs a
 # profiler context and a formatted name, ~2.5 us, 0.5% of a CartPole step for the five training ones together
