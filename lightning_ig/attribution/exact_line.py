@@ -280,16 +280,9 @@ def _stacked(walks: list[dict[str, Any]], each: bool, method: str, seconds: floa
         values = [walk[name] for walk in walks]
         return None if values[0] is None else (torch.stack(values) if each else values[0]).cpu()
 
-    return Reference(
-        attributions=field("attributions"),  # type: ignore[arg-type]
-        f_input=field("f_input"),  # type: ignore[arg-type]
-        f_baseline=field("f_baseline"),  # type: ignore[arg-type]
-        method=method,
-        completeness=field("completeness"),  # type: ignore[arg-type]
-        regions=field("regions"),
-        gradients=sum(walk["gradients"] for walk in walks),
-        seconds=seconds,
-    )
+    tensors = {name: field(name) for name in ("attributions", "f_input", "f_baseline", "completeness", "regions")}
+    gradients = sum(walk["gradients"] for walk in walks)
+    return Reference(**tensors, method=method, gradients=gradients, seconds=seconds)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------- the midpoint fallback
