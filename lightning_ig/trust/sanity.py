@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -180,11 +181,7 @@ def randomization_reference(
     moved = moved_units(subset, base, resolved).any(dim=0)  # (G,)
     numbers, count = read(torch.stack(means), moved), moved.numel()
     copy_means, included = numbers[:-count].reshape(num_copies, count), numbers[-count:] > 0
-    pairs = [
-        rank_correlation(copy_means[i], copy_means[j], included)
-        for i in range(num_copies)
-        for j in range(i + 1, num_copies)
-    ]
+    pairs = [rank_correlation(copy_means[i], copy_means[j], included) for i, j in combinations(range(num_copies), 2)]
     return RandomizationReference(
         copy_means=copy_means,
         included=included,
