@@ -239,11 +239,8 @@ def verdict_card(
         rest_share = max(1.0 - float(share[order].sum()), 0.0) if whole > 0 else 0.0
         _line(canvas, y + 1, [f"the other {others} {noun}: {format_percent(rest_share)}"])
         y += LINE
-    _sign_legend(
-        canvas,
-        y + 1,
-        [(f"raises {target}", f"lowers it, vs {baseline}"), (f"raises {target}", "lowers it"), ("raises", "lowers")],
-    )
+    raises = f"raises {target}"
+    _sign_legend(canvas, y + 1, [(raises, f"lowers it, vs {baseline}"), (raises, "lowers it"), ("raises", "lowers")])
     return Chart(canvas.pixels, tuple(str(labels[i]) for i in order))
 
 
