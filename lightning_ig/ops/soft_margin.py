@@ -71,9 +71,7 @@ def soft_margin_torch(input: Tensor, target: Tensor, reduction: str) -> Tensor: 
     if z.dtype != input.dtype:
         z = z.to(input.dtype)
     loss = torch.logaddexp(z, z.new_zeros(()))
-    if reduction == "mean":
-        return loss.mean()
-    return loss.sum() if reduction == "sum" else loss
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
 def soft_margin_cuda(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
