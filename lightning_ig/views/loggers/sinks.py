@@ -78,9 +78,7 @@ def _sink_class(logger: Any) -> type[WandbSink] | type[MlflowSink] | None:
     package)."""
     from lightning.pytorch.loggers import MLFlowLogger, WandbLogger  # noqa: PLC0415 - only when there are loggers
 
-    if isinstance(logger, WandbLogger):
-        return WandbSink
-    return MlflowSink if isinstance(logger, MLFlowLogger) else None
+    return WandbSink if isinstance(logger, WandbLogger) else MlflowSink if isinstance(logger, MLFlowLogger) else None
 
 
 def _pixels(pixels: np.ndarray) -> np.ndarray:
