@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import prune
 
 from lightning_ig._files import atomic_path, check_output_file
 from lightning_ig.attribution.checks import check_finite, check_states
@@ -266,6 +267,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def _model_tensors(model: nn.Module, what: str = "model") -> dict[str, Tensor]:
     # Copies on the CPU: safetensors refuses tensors that share storage (tied weights).
     state = model.state_dict()
+    pruned = prune.is_pruned(model)  # torch.nn.utils.prune keeps weight_orig and weight_mask where the class has weight
+    for key in [key for key in state if pruned and key.endswith("_orig") and f"{key[:-5]}_mask" in state]:
+        state[key[:-5]] = state.pop(key) * state.pop(f"{key[:-5]}_mask")  # the weight it computes (prune.remove's)
     if meta := [key for key, value in state.items() if value.is_meta]:
         raise ValueError(
             f"{what} has tensors on the meta device, which hold no values ({meta[0]!r} among {len(meta)}): "

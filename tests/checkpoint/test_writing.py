@@ -106,6 +106,19 @@ def test_compiled_and_wrapped_models_save_as_the_model_inside(tmp_path: Path) ->
         assert load_checkpoint(path).config == net.config()
 
 
+def test_a_pruned_model_saves_the_weights_it_computes_which_its_class_loads(tmp_path: Path) -> None:
+    # guards against: torch.nn.utils.prune's weight_orig and weight_mask saved where the class has weight: the file
+    # saved without a word and never loaded ("missing [body.0.weight], unexpected [body.0.weight_mask, ...]")
+    from torch.nn.utils import prune
+
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,), noisy=False)
+    prune.l1_unstructured(net.body[0], "weight", amount=0.5)
+    loaded = load_checkpoint(save_checkpoint(net, tmp_path / "q.safetensors")).model.eval()
+    x = torch.randn(5, 4)
+    assert torch.equal(loaded(x), net.eval()(x))
+    assert prune.is_pruned(net) and "body.0.weight_orig" in net.state_dict()  # the user's model left as it was
+
+
 @pytest.mark.parametrize(
     ("names", "states"),
     [({"a": ["x"]}, torch.ones(2, 4)), (["x"], torch.ones(2, 4)), (["x"], {"a": torch.ones(2, 4)})],
