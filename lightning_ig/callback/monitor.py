@@ -281,12 +281,12 @@ class TrustMonitor:
         """Whether ``replica``, synced, computes the run's values at the states, rounding apart."""
         if host.stochastic or not self.settings.target.checks_deletion:  # moving values, or outputs picked by state
             return True
-        try:
-            with replica.following(weights), torch.no_grad(), deterministic_float32():  # the engine's float32
+        with replica.following(weights), torch.no_grad(), deterministic_float32():  # the engine's float32
+            try:
                 replica.sync()
-                mine = self.settings.value(replica.module)(self.states).double().cpu().numpy()
-        except (KeyError, RuntimeError):  # a weight renamed or resized since the copy was made (pruning)
-            return False
+            except (KeyError, RuntimeError):  # a weight renamed or resized since the copy was made (pruning)
+                return False  # the forward's own errors are the check's to say (out of memory)
+            mine = self.settings.value(replica.module)(self.states).double().cpu().numpy()
         tolerance = repeat_threshold(self.states.dtype)  # a batch of other rows may round otherwise
         return mine.shape == host.f_input.shape and np.allclose(mine, host.f_input, tolerance, tolerance, True)
 

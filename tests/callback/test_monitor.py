@@ -214,6 +214,32 @@ def test_a_model_that_changes_structure_mid_fit_has_its_checks_copy_made_anew(tm
         assert torch.equal(replica.module(held_out_states()), model(held_out_states()))  # the model as it is
 
 
+class _CopyOutOfMemory(TinyQNet):
+    """Its forward runs out of memory on the checks' copy (no gradients: the copy's weights) from step 6 on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.body[0].weight.requires_grad and self.global_step >= 6:  # a GPU full with training's tensors
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(x)
+
+
+def test_a_copy_whose_forward_fails_is_said_with_its_error_and_not_made_anew(tmp_path, monkeypatch):
+    # guards against: an error of the copy's forward taken for a model changed since the copy was made: the copy made
+    # anew (more memory, on an out-of-memory), "a module swapped, added or pruned" said, then the checks switched off
+    # as "the model's working copy does not compute the values the run attributed", the error itself never said
+    _checks_every_run(monkeypatch)
+    monkeypatch.setattr(fit_module, "idle_core", lambda *args: None)  # the training thread's path
+    pl.seed_everything(0)
+    callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=3, engine=IGOptions(n_steps=8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=9).fit(
+            _CopyOutOfMemory(noisy=False, batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16)
+        )
+    said = [str(w.message) for w in caught if "could not run" in str(w.message) or "made anew" in str(w.message)]
+    assert said and all("could not run (OutOfMemoryError: 'CUDA out of memory" in message for message in said), said
+
+
 def test_no_checks_no_trust_tags(tmp_path):
     logger = TensorBoardLogger(tmp_path, name="tb")
     _, trainer = _fit(tmp_path, None, logger=logger)
