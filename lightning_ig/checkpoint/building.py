@@ -74,6 +74,7 @@ class StoredTensors:
     """The shapes of a model's tensors in a file (model keys, the prefix stripped), read without their data."""
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    prefix: str = ""  # stripped from the file's keys
     nbytes: int = 0  # as stored, the states that loading reads included
 
     @property
@@ -108,7 +109,7 @@ def states_key(keys: list[str], prefix: str | None) -> str | None:
 def stored_tensors(file: Path, keys: list[str], prefix: str | None) -> StoredTensors:
     """The shapes of the model's tensors in ``file``, and the bytes of those and of the states that loading reads,
     from the header (no tensor data is read)."""
-    stored, weights, states = StoredTensors(), weight_keys(keys, prefix), states_key(keys, prefix)
+    stored, weights, states = StoredTensors(prefix=prefix or ""), weight_keys(keys, prefix), states_key(keys, prefix)
     with open_safetensors(file) as handle:
         for key in [*weights, *([] if states is None else [states])]:
             header = handle.get_slice(key)
@@ -301,7 +302,7 @@ class _Measured:
                 "refused before allocating it: fix the config (--model-kwargs JSON, config=) or use the checkpoint "
                 "it belongs to"
             )
-        mismatch = shape_mismatch(self.state_shapes, stored.shapes)
+        mismatch = shape_mismatch(self.state_shapes, stored.shapes, stored.prefix)
         if mismatch is not None:  # the words load_state_dict's errors use
             raise CheckpointError(
                 f"{where} do not fit {recipe.described} ({mismatch}); check --model/--model-kwargs or the head"
@@ -313,9 +314,11 @@ def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...] | None]:
     return {key: None if is_lazy(value) else tuple(value.shape) for key, value in model.state_dict().items()}
 
 
-def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why weights of the ``held`` shapes do not load into a model whose state dict has the ``expected`` ones
-    (``None``: a lazy tensor, any shape), in load_state_dict's words; ``None`` where they do."""
+def shape_mismatch(
+    expected: Mapping[str, tuple[int, ...] | None], held: Mapping[str, tuple[int, ...]], prefix: str = ""
+) -> str | None:
+    """Why weights of the ``held`` shapes (read under ``prefix``) do not load into a model whose state dict has the
+    ``expected`` ones (``None``: a lazy tensor, any shape), in load_state_dict's words; ``None`` where they do."""
     if wrong := [key for key, shape in expected.items() if shape is not None and held.get(key, shape) != shape]:
         key = wrong[0]
         found = f"the file holds {held[key]}, the model has {expected[key]}"
@@ -323,7 +326,7 @@ def shape_mismatch(expected: Mapping[str, tuple[int, ...] | None], held: Mapping
     missing, unexpected = [key for key in expected if key not in held], [key for key in held if key not in expected]
     stem = next((key[: -len(missing[0])] for key in unexpected if missing and key.endswith("." + missing[0])), "")
     moved = {stem + key for key in missing} == {*unexpected}  # every key under one prefix: a wrapper's state dict
-    hint = f"; i.e. the model keys after {stem}: pass --prefix {stem} (prefix=)" if moved else ""
+    hint = f"; each key is the model's under {stem}: pass --prefix {prefix}{stem} (prefix=)" if moved else ""
     return f"missing {few(missing)}, unexpected {few(unexpected)}{hint}" if missing or unexpected else None
 
 

@@ -460,7 +460,7 @@ def test_a_state_dict_saved_under_a_prefix_is_told_the_prefix_that_loads_it(
     save_file({k: v.contiguous() for k, v in holder.state_dict().items()}, str(path))
     named: dict[str, Any] = {"architecture": "lightning_ig.models:DuelingQNetwork", "config": net.config()}
     escaped = re.escape(stem)
-    said = rf"unexpected \[{escaped}.*\] \(14\); i.e. the model keys after {escaped}: pass --prefix {escaped} \(prefix="
+    said = rf"unexpected \[{escaped}.*\] \(14\); each key is the model's under {escaped}: pass --prefix {escaped} \("
     with pytest.raises(CheckpointError, match=said):
         load_checkpoint(path, **named)
     model = ["--model", named["architecture"], "--model-kwargs", json.dumps(named["config"])]
@@ -473,3 +473,18 @@ def test_a_state_dict_saved_under_a_prefix_is_told_the_prefix_that_loads_it(
     save_file({"x": torch.zeros(1)}, str(path))  # keys that are not the model's under any prefix: none said
     with pytest.raises(CheckpointError, match=r"unexpected \[x\] \(1\)\); check"):
         load_checkpoint(path, **named)
+
+
+def test_the_prefix_told_for_a_state_dict_under_one_is_the_whole_one(tmp_path: Path) -> None:
+    # guards against: a compiled submodule's keys read under the prefix given (--prefix agent.), told to pass
+    # --prefix _orig_mod., which selects no key of the file: the prefix that loads it is agent._orig_mod.
+    from lightning_ig import DuelingQNetwork, load_checkpoint
+
+    net = DuelingQNetwork(4, 2, hidden_sizes=(8,))
+    path = tmp_path / "state_dict.safetensors"
+    save_file({f"agent._orig_mod.{key}": value.contiguous() for key, value in net.state_dict().items()}, str(path))
+    named: dict[str, Any] = {"architecture": "lightning_ig.models:DuelingQNetwork", "config": net.config()}
+    with pytest.raises(CheckpointError, match=r"under _orig_mod\.: pass --prefix agent\._orig_mod\. \(prefix=\)"):
+        load_checkpoint(path, prefix="agent.", **named)
+    loaded = load_checkpoint(path, prefix="agent._orig_mod.", **named)
+    assert all(torch.equal(loaded.model.state_dict()[key], value) for key, value in net.state_dict().items())
