@@ -41,7 +41,6 @@ from lightning_ig.views.loggers.worker import PictureWriter
 __all__ = ["IntegratedGradientsCallback", "NonFiniteAttributionError"]
 
 
-_EAGER = getattr(torch.compiler, "set_stance", lambda _: lambda hook: hook)  # torch < 2.6: no stances
 _MIN_WINDOWED_STATES = 16  # fewer held-out states are always attributed together
 # Hooks Lightning calls at every step (or batch) that this callback leaves as Callback's no-ops: each call costs a
 # profiler context and a formatted name, ~2.5 us, 0.5% of a CartPole step for the five training ones together
@@ -59,7 +58,7 @@ _STEP_HOOKS = (
 def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
     """A hook whose time on the training thread is booked to the callback's budget (a hook inside another counts
     once; set-up makes a new budget, so the time is booked to the one there when the hook leaves)."""
-    hook = _EAGER("force_eager")(hook)  # a torch.compile'd model runs eagerly: IG's forwards would recompile it
+    hook = getattr(torch.compiler, "set_stance", lambda _: lambda hook: hook)("force_eager")(hook)  # no recompiles
 
     @functools.wraps(hook)
     def timed(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> Any:
