@@ -337,9 +337,9 @@ def _members(members: Any, shape: tuple[int, ...], name: str) -> Tensor:
     if not isinstance(members, (str, bytes)):
         try:
             indices = torch.as_tensor(members).reshape(-1)
-        except (OverflowError, ValueError, TypeError, RuntimeError) as error:  # not numbers at all: said below
-            if not isinstance(error, (TypeError, RuntimeError)) or "Overflow" in str(error):  # an int past int64
-                raise ValueError(  # no feature has that index (torch 2.8 and older raise a RuntimeError there)
+        except (OverflowError, ValueError, TypeError, RuntimeError) as error:  # else not numbers at all: said below
+            if isinstance(error, OverflowError) or "Overflow" in str(error):  # an int past int64: no such feature
+                raise ValueError(  # (torch says so with a ValueError, with a RuntimeError up to torch 2.8)
                     f"feature_groups[{name!r}] holds an index outside the {count} features of shape {shape} "
                     f"({shown(members, 80)}; flat indices, 0-based)"
                 ) from None

@@ -117,6 +117,9 @@ def test_completeness_holds_per_group():
         ({"a": [0, 1], "b": [1, 2]}, ValueError, r"feature 1 is in feature_groups\['b'\] and in feature_groups\['a'\]"),
         ({"a": [0, 6]}, ValueError, "holds index 6, outside the 6 features"),
         ({"a": [0.5]}, TypeError, "list of flat feature indices or a bool mask"),
+        # a config file's quoted indices, a nested list: not numbers, not an index outside (said so before)
+        ({"a": ["0", "1"]}, TypeError, r"list of flat feature indices or a bool mask.*got \['0', '1'\]"),
+        ({"a": [[0, 1], [2]]}, TypeError, r"list of flat feature indices or a bool mask.*got \[\[0, 1\], \[2\]\]"),
         ({1: [0]}, TypeError, "names must be strings"),
         ({}, ValueError, "empty dict"),
         ("pixels", ValueError, "must be 'features', 'channels', an integer mask or a dict, got 'pixels'"),
