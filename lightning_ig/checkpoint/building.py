@@ -171,7 +171,7 @@ def build_checked(
         raise
     except Exception as error:  # the class rejects the config (ValueError), or torch does (sizes it cannot make)
         called = isinstance(error.__cause__ or error, TypeError)  # the arguments it was called with (build_model's)
-        fix = "; give its arguments: diag's --model-kwargs JSON, load_checkpoint's config=" * called
+        fix = "; give its arguments: diag's --model-kwargs JSON, load_checkpoint's config=" if called else ""
         raise CheckpointError(f"cannot rebuild the model of {str(file)!r}: {_first_line(error)}{fix}") from error
     if measured is None:
         _Measured.of(model).check(stored, recipe, file, where)
