@@ -279,13 +279,13 @@ class TrustMonitor:
 
     def _computes(self, replica: Replica, host: HostResult, weights: torch.nn.Module | None) -> bool:
         """Whether ``replica``, synced, computes the run's values at the states, rounding apart."""
-        if host.stochastic or not self.settings.target.checks_deletion:  # moving values, or outputs picked by state
-            return True
         with replica.following(weights), torch.no_grad(), deterministic_float32():  # the engine's float32
             try:
                 replica.sync()
             except (KeyError, RuntimeError):  # a weight renamed or resized since the copy was made (pruning)
                 return False  # the forward's own errors are the check's to say (out of memory)
+            if host.stochastic or not self.settings.target.checks_deletion:  # moving values, outputs picked by state
+                return True
             mine = self.settings.value(replica.module)(self.states).double().cpu().numpy()
         tolerance = repeat_threshold(self.states.dtype)  # a batch of other rows may round otherwise
         return mine.shape == host.f_input.shape and np.allclose(mine, host.f_input, tolerance, tolerance, True)

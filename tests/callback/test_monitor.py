@@ -214,6 +214,32 @@ def test_a_model_that_changes_structure_mid_fit_has_its_checks_copy_made_anew(tm
         assert torch.equal(replica.module(held_out_states()), model(held_out_states()))  # the model as it is
 
 
+class _PrunedAtStep4(TinyQNet):
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        if self.global_step == 4:
+            torch.nn.utils.prune.l1_unstructured(self.body[0], "weight", amount=0.5)
+
+
+def test_a_layer_pruned_mid_fit_has_the_copy_made_anew_where_the_values_are_not_compared(tmp_path, monkeypatch):
+    # guards against: a NoisyNet model attributed with target="contrast" (a stochastic run, outputs picked by state:
+    # the copy's values are not compared), pruned mid-fit: the copy never synced before the checks, so the stability
+    # check could not run ("KeyError: 'body.0.weight'", the key alone) and was off for the rest of the fit
+    _checks_every_run(monkeypatch)
+    monkeypatch.setattr(fit_module, "idle_core", lambda *args: None)  # the training thread's path
+    pl.seed_everything(0)
+    callback = IntegratedGradientsCallback(
+        held_out_states(), every_n_steps=3, target="contrast", engine=IGOptions(n_steps=8)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [callback], max_steps=12).fit(
+            _PrunedAtStep4(batchnorm=False, dropout=0.0), DataLoader(dataset(), batch_size=16)
+        )
+    assert not [w for w in caught if "could not run" in str(w.message)]
+    assert len([w for w in caught if "made anew" in str(w.message)]) == 1
+    assert callback.history[-1]["trust"] == "passed"
+
+
 class _CopyOutOfMemory(TinyQNet):
     """Its forward runs out of memory on the checks' copy (no gradients: the copy's weights) from step 6 on."""
 
