@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,8 @@ from lightning_ig.models import resolve_model_class
 from lightning_ig.vocabulary import check_bool, check_mapping, check_memory, check_text, shown
 
 __all__ = ["load_checkpoint", "load_lightning_checkpoint"]
+
+_QUOTED = r'"([^"]+)"'  # a key in load_state_dict's lists
 
 
 def load_checkpoint(
@@ -282,8 +285,10 @@ def load_lightning_checkpoint(
         # torch.load's weights-only unpickler (its default) gives its reason after a preamble on weights_only=False,
         # which diag never passes: the reason alone is said, its first sentence
         reason = str(error).partition("WeightsUnpickler error:")[2].strip() or str(error)
-        lines = [line.strip() for line in reason.splitlines() if line.strip()] or [""]  # load_state_dict's header
-        first_line = " ".join(lines[:2] if lines[0].endswith(":") else lines[:1]).split(". ")[0]  # and its first list
+        lists = re.findall(r"(Missing|Unexpected) key\(s\) in state_dict: (.*)", reason)  # load_state_dict's: every key
+        named = ", ".join(f"{kind.lower()} {few(re.findall(_QUOTED, listed))}" for kind, listed in lists)
+        lines = [line.strip() for line in reason.splitlines() if line.strip()] or [""]  # else its header and first line
+        first_line = named or " ".join(lines[:2] if lines[0].endswith(":") else lines[:1]).split(". ")[0]
         raise CheckpointError(
             f"{module_class} cannot load {str(file)!r} ({type(error).__name__}: {first_line}); "
             + (
