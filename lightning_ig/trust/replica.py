@@ -128,8 +128,8 @@ class Replica:
     def redraw(self, seed: int) -> tuple[int, int]:
         """Draw every parameter again under ``seed`` (:func:`redraw`): ``(shuffled, kept)``. :meth:`sync` undoes it."""
         for _, copied, name in self._shared:  # a weight a hook derives (pruning's, spectral_norm's): an init writes it
-            if isinstance(value := vars(copied)[name], Tensor) and hasattr(copied, "reset_parameters"):
-                vars(copied)[name] = value.clone()  # the copy's own, never the model's
+            if _derived(copied, name) and hasattr(copied, "reset_parameters"):
+                vars(copied)[name] = vars(copied)[name].clone()  # the copy's own, never the model's
         counts, tensors = redraw(self.module, seed), self._tensors()
         if any(mine is not now for mine, now in zip(self._mine, tensors)):  # a reset_parameters() made new tensors
             self._mine = tensors
@@ -198,7 +198,7 @@ def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
         for layer in module.modules():
             if callable(reset := getattr(layer, "reset_parameters", None)):
                 reset()  # the layer's own initialisation, on the seeded global generator
-                if not any(isinstance(value, Tensor) for value in vars(layer).values()):  # else it drew a hook's weight
+                if not any(_derived(layer, name) for name in vars(layer)):  # else it drew a hook's weight
                     covered.update(id(parameter) for parameter in layer.parameters(recurse=False))
     shuffled = kept = 0
     generator = torch.Generator().manual_seed(seed)  # private, CPU: the same shuffle on every device
@@ -213,6 +213,12 @@ def redraw(module: nn.Module, seed: int) -> tuple[int, int]:
             parameter.copy_(parameter.reshape(-1)[order].reshape(parameter.shape))
             shuffled += 1
     return shuffled, kept
+
+
+def _derived(layer: nn.Module, name: str) -> bool:
+    """Whether ``layer.name`` is a plain tensor a hook computes from parameters named after it (``weight_orig``)."""
+    own = (parameter for parameter, _ in layer.named_parameters(recurse=False))
+    return isinstance(vars(layer).get(name), Tensor) and any(parameter.startswith(f"{name}_") for parameter in own)
 
 
 def _followed_names(module: nn.Module) -> Sequence[str]:

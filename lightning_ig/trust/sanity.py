@@ -72,8 +72,8 @@ class RandomizationReference:
         pair_rank_correlations: each pair's.
         num_units: ``G``.
         total_states: ``B``, the held-out states the reference's states were picked from.
-        shuffled_parameters: parameters of modules without ``reset_parameters()``, re-drawn by a seeded shuffle of
-            their entries; ``kept_parameters``: single numbers, left as they were.
+        shuffled_parameters: parameters of modules without ``reset_parameters()`` (or whose weight a hook computes
+            from them: pruning's), re-drawn by a seeded shuffle of their entries; ``kept_parameters``: single numbers.
     """
 
     copy_means: np.ndarray

@@ -149,6 +149,28 @@ def test_redraw_draws_anew_the_weights_a_hook_derives_from():
         assert not torch.equal(replica.module.body[index].weight_orig, model.body[index].weight_orig), index
 
 
+class _Gated(nn.Linear):
+    """A layer with its own initialisation (the identity) and a plain tensor constant that no hook computes."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(width, width)
+        self.gate = torch.ones(width)
+
+    def reset_parameters(self) -> None:
+        nn.init.eye_(self.weight)
+        nn.init.zeros_(self.bias)
+
+
+def test_redraw_leaves_a_plain_tensor_no_hook_computes_to_the_layers_own_initialisation():
+    # guards against: any plain tensor attribute taken for a hook's weight, the layer's parameters shuffled after its
+    # own initialisation (the identity shuffled into rows of zeros), and the tensor cloned for every sanity copy
+    layer = _Gated(4)
+    with torch.no_grad():
+        layer.weight.fill_(0.5)
+    assert redraw(nn.Sequential(layer), 3) == (0, 0)
+    assert torch.equal(layer.weight, torch.eye(4))
+
+
 def test_noise_draws_are_the_layers_own_from_a_private_generator_and_quiet_is_the_mean():
     model = TinyQNet().eval()
     states = held_out_states(8)
