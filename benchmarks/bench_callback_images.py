@@ -337,6 +337,8 @@ def main() -> None:
         help="print cProfile's top 15 (cumulative) of the atari case's runs 1, 3, 6 and 10 after the IG",
     )
     options = parser.parse_args()
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {options.device}: torch sees no CUDA device here; use --device cpu")
     warnings.filterwarnings("ignore")
     device = torch.device(options.device)
     rows = [

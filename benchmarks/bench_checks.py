@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: less noise)")
     parser.add_argument("--output", type=Path, default=None, help="also write everything printed here")
     args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     printed = io.StringIO()

@@ -131,6 +131,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: the Nature-CNN at the GPU's 128")
     parser.add_argument("--output", type=Path, default=None, help="also write the tables to this file")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     if args.device != "cpu":
         lines = _nature_on_the_device(min(args.seeds, 6), torch.device(args.device))
         write_output("\n".join(lines), args.output)

@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
     parser.add_argument("--rounds", type=int, default=21, help="paired rounds per family for the time (default 21)")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} thread(s)"
