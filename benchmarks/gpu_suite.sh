@@ -10,6 +10,10 @@
 #       -d .whl captum==0.9.0
 # (gymnasium, minatar and jsonschema travel the same way for the tests and examples that use them.)
 set -uo pipefail
+python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' || {
+    echo "gpu_suite.sh: python3's torch sees no CUDA device here; run it on a CUDA machine" >&2
+    exit 2
+}
 QUICK=${1:-}
 OUT=${OUT:-benchmarks/results}
 SUITE_S=${SUITE_S:-570}  # the whole suite's seconds: a 10-minute call less the machine's start and the summary
