@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", type=Path, required=True, help="bench_trust.py's cached references")
     parser.add_argument("--only", default="", help="only the families whose names start with this")
     args = parser.parse_args(argv)
+    if not args.runs.is_dir():
+        parser.error(f"--runs {str(args.runs)!r} is not a folder: give the folder the example agents were trained into")
     torch.set_num_threads(1)
     lines = [
         (
@@ -120,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(lines[-2], file=sys.stderr, flush=True)
     print("\n".join(lines))
+    if len(lines) == 2:
+        print(f"no family with a reference in {args.references}: run bench_trust.py --references DIR without --quick")
+        return 1
     return 0
 
 
