@@ -68,7 +68,7 @@ echo "|---|---|"
 echo "| MinAtar defaults, GPU, seed 1: training | $(field minatar_gpu training) |"
 echo "| MinAtar: speed | $(field minatar_gpu speed) |"
 echo "| MinAtar: eval return | $(field minatar_gpu 'eval return') |"
-echo "| MinAtar: per channel | $(grep -a -A4 '^attribution of V' "$OUT/minatar_gpu.log" | tail -4 | awk '{print $1, $4}' | paste -sd ' ') |"
+echo "| MinAtar: per channel | $(grep -a -A4 '^attribution of V' "$OUT/minatar_gpu.log" | tail -4 | awk '{$1 = $1; print}' | paste -sd ';' | sed 's/;/; /g') |"
 echo "| MinAtar: whole script | $(tail -1 "$OUT/minatar_gpu.log") |"
 for accelerator in "$ACCELERATOR" cpu; do
     echo "| CartPole $CARTPOLE_STEPS steps, $accelerator: device | $(field "cartpole_$accelerator" device) |"
