@@ -70,13 +70,11 @@ class Interrupts:
 
     @classmethod
     def install(cls) -> Interrupts:
-        """Handle Ctrl-C from now on (only in the main thread, and not where it is ignored)."""
+        """Handle Ctrl-C from now on, in the command only (its handler is in place: :func:`handle_from_the_start`); a
+        program calling ``main`` (a notebook's kernel) keeps its own: Ctrl-C raises there, ``main`` returns 130."""
         interrupts = cls()
         _said["line"] = INTERRUPTED
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
-        ):
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _exit_now:
             interrupts._previous = signal.signal(signal.SIGINT, _exit_now)
             interrupts._installed = True
         return interrupts

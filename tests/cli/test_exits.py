@@ -317,7 +317,8 @@ def test_a_closed_or_full_stderr_keeps_the_status_and_never_reaches_stdout(works
             assert strict.returncode == 4 and strict.stdout.startswith("wrote r.json"), (stderr, strict)
             assert "not within" not in strict.stdout, strict.stdout
     ctrl_c = """
-import os, signal, time
+import os, signal, sys, time
+sys.argv[0] = "lightning-ig"
 from lightning_ig.cli.interrupts import Interrupts
 os.close(2)
 Interrupts.install()

@@ -140,6 +140,22 @@ def test_a_program_that_imports_the_cli_keeps_its_own_ctrl_c() -> None:
     assert (done.returncode, done.stdout.strip()) == (0, "caught"), done.stderr
 
 
+def test_a_program_that_calls_main_keeps_its_process_on_ctrl_c(workspace: Path) -> None:
+    # a notebook calling cli.main: Ctrl-C (the kernel's interrupt) mid-run ended the whole process with os._exit(130)
+    # ("Kernel died"); it is the caller's KeyboardInterrupt there, which main turns into its one line and 130
+    script = (
+        "import os, signal, lightning_ig.cli as cli, lightning_ig.cli.diag as diag; real = diag._attribute\n"
+        "diag._attribute = lambda *a: (os.kill(os.getpid(), signal.SIGINT), real(*a))[1]\n"
+        "status = cli.main(['diag', '--checkpoint', 'q.safetensors', '--output', 'out/r.json', '--quiet'])\n"
+        "print('status', status, signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, cwd=workspace, env=repo_env(), capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout.split()) == (0, ["status", "130", "True"]), done
+    assert done.stderr.strip().splitlines() == [cli.interrupts.INTERRUPTED] and not any((workspace / "out").iterdir())
+
+
 def test_ctrl_c_after_the_reports_are_written_says_so_to_the_end_of_the_process(workspace: Path) -> None:
     # Ctrl-C while the summary prints, or while the interpreter exits (its atexit finalizers), is one line and 130:
     # never "nothing was written", a -2 or a KeyboardInterrupt traceback
