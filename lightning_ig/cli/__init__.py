@@ -90,7 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _main(argv, interrupts)
     finally:
         sys.stderr = stderr
-        interrupts.restore()
 
 
 class _ClosedStdout(io.TextIOBase):

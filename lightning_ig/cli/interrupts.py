@@ -17,7 +17,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
 
 from lightning_ig.cli.exits import EXIT_INTERRUPTED, PROG
 
@@ -60,23 +59,21 @@ def handle_from_the_start() -> None:
 
 
 class Interrupts:
-    """The SIGINT handler of one command run; :meth:`restore` puts the previous one back."""
+    """Ctrl-C in one command run: what it means at each phase, and a raising handler while the reports are written."""
 
     def __init__(self) -> None:
-        self._previous: Any = None
-        self._installed = False
+        self._command = False  # the command's handler is in place (handle_from_the_start): raising() swaps it
         self.writing = False  # inside raising(): a KeyboardInterrupt then means "while writing"
         self.done = False  # every report is written: a KeyboardInterrupt then means "after writing"
 
     @classmethod
     def install(cls) -> Interrupts:
-        """Handle Ctrl-C from now on, in the command only (its handler is in place: :func:`handle_from_the_start`); a
+        """A run's Ctrl-C: in the command, the start-up handler (:func:`handle_from_the_start`) says the run's phase; a
         program calling ``main`` (a notebook's kernel) keeps its own: Ctrl-C raises there, ``main`` returns 130."""
         interrupts = cls()
         _said["line"] = INTERRUPTED
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _exit_now:
-            interrupts._previous = signal.signal(signal.SIGINT, _exit_now)
-            interrupts._installed = True
+        in_main = threading.current_thread() is threading.main_thread()
+        interrupts._command = in_main and signal.getsignal(signal.SIGINT) is _exit_now
         return interrupts
 
     @property
@@ -85,26 +82,19 @@ class Interrupts:
         return INTERRUPTED_AFTER_WRITING if self.done else INTERRUPTED_WHILE_WRITING if self.writing else INTERRUPTED
 
     def written(self) -> None:
-        """Every report is in place: from now on Ctrl-C says so (also after :meth:`restore`, in the command)."""
+        """Every report is in place: from now on Ctrl-C says so (in the command, to the end of the process)."""
         self.done = True
         _said["line"] = INTERRUPTED_AFTER_WRITING
-
-    def restore(self) -> None:
-        """Put back the handler that was there before :meth:`install` (in the command: the start-up one, whose line
-        now says what the run wrote, to the end of the process)."""
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
-            self._installed = False
 
     @contextlib.contextmanager
     def raising(self) -> Iterator[None]:
         """Inside the block Ctrl-C raises ``KeyboardInterrupt``, so that writers can clean up."""
         self.writing = True
-        if self._installed:
+        if self._command:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             yield
         finally:
-            if self._installed:
+            if self._command:  # the start-up handler again: its line says what the run wrote, to the process's end
                 signal.signal(signal.SIGINT, _exit_now)
         self.writing = False  # not reached when the block raised: main still knows it was writing
