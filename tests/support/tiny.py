@@ -270,3 +270,7 @@ if __name__ == "__main__":
         run_rank_baselines(arguments.devices, arguments.out)
     else:
         run_ddp_comparison(arguments.devices, arguments.out, arguments.batch_size, arguments.accelerator)
+    # Lightning destroys NCCL's process group at exit, not gloo's: a gloo thread still freeing DDP's last allreduce
+    # while the interpreter shuts down aborts the process ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
