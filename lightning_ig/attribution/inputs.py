@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from lightning_ig.attribution.checks import check_dense
-from lightning_ig.attribution.result import StochasticForwardWarning
+from lightning_ig.attribution.result import SILENCED, StochasticForwardWarning
 from lightning_ig.attribution.settings import IGOptions
 from lightning_ig.attribution.targets import Target
 from lightning_ig.ops.dtypes import accumulate_dtype
@@ -248,6 +248,8 @@ def warn_stochastic(forward: Any, stacklevel: int, moved: bool = True) -> None:
     """Warn (:class:`StochasticForwardWarning`) that the forward is stochastic, naming the modules that likely are:
     ``moved``, it gave different values for the same inputs; else only where a noisy layer computes with its noise
     sample (fixed between its ``reset_noise()`` calls: the repeated inputs agree, the attributions are the sample's)."""
+    if SILENCED.depth:
+        return
     suspects = _stochastic_modules(module_of(forward, deep=moved))  # noise on in a network the forward may not call
     noisy = [suspect for suspect in suspects if suspect.endswith(": noise on)")]
     if not moved and not noisy:

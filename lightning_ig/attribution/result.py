@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import warnings
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the parts of a run, read here, import this module
 __all__ = [
     "COLUMNS",
     "NEAR_BASELINE_FRACTION",
+    "SILENCED",
     "IGResult",
     "StochasticForwardWarning",
     "build_result",
@@ -67,6 +68,13 @@ class StochasticForwardWarning(RuntimeWarning):
     """
 
 
+class _Silenced(threading.local):
+    depth = 0  # stochastic_warnings_silenced blocks open on this thread (the engine's warning is not given in one)
+
+
+SILENCED = _Silenced()
+
+
 @contextlib.contextmanager
 def stochastic_warnings_silenced() -> Iterator[None]:
     """Quiet :class:`StochasticForwardWarning` inside the block: for callers that say it once, in their own words.
@@ -74,9 +82,13 @@ def stochastic_warnings_silenced() -> Iterator[None]:
     The engine warns at every call whose forward was stochastic; the callback warns once per kind of trouble, and
     ``lightning-ig diag`` refuses such a model (exit 2) instead.
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StochasticForwardWarning)
+    # A counter, not warnings.catch_warnings: leaving that resets Python's once-per-place memory, so every warning of
+    # the user's own forward came again at every run.
+    SILENCED.depth += 1
+    try:
         yield
+    finally:
+        SILENCED.depth -= 1
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from lightning_ig.attribution import (
     target_forward,
 )
 from lightning_ig.attribution.quadrature import MAX_GAUSS_LEGENDRE_STEPS
+from lightning_ig.attribution.result import stochastic_warnings_silenced
 from lightning_ig.models import DuelingQNetwork, noise_disabled
 from lightning_ig.ops.ig import warp_order_sum
 from lightning_ig.run.statistics import accuracy_verdict, completeness
@@ -166,6 +167,26 @@ def test_dropout_in_train_mode_warns_and_flags(gradient: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not integrated_gradients(model, x, target="mean", gradient=gradient, n_steps=8).stochastic
+
+
+class _WarnsOnce(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        warnings.warn("the user's own warning", UserWarning, stacklevel=1)  # shown once at this place
+        return x.sum(dim=1)
+
+
+def test_silenced_runs_keep_the_once_per_place_memory_of_the_users_warnings() -> None:
+    model, x = _WarnsOnce(), torch.randn(3, 4, dtype=torch.float64)
+    dropout = _mlp(5, 3, seed=4, extra=[torch.nn.Dropout(0.5)]).train()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # once per place, as Python's default filters show a UserWarning
+        for _ in range(3):  # as the callback's runs do, each in its own silenced block
+            with stochastic_warnings_silenced():
+                integrated_gradients(model, x, n_steps=4)
+                assert integrated_gradients(
+                    dropout, torch.randn(4, 5, dtype=torch.float64), target=0, n_steps=4
+                ).stochastic
+    assert [str(w.message) for w in seen] == ["the user's own warning"]
 
 
 def test_noisynet_noise_left_on_is_warned_though_its_fixed_sample_repeats() -> None:
