@@ -264,15 +264,15 @@ class IdleCore:
         pipe, theirs = context.Pipe()
         args = (theirs, pipe, self.replica, self.monitor, torch.get_num_threads(), _current_cpu())
         process = context.Process(target=_serve, args=args, name="lightning-ig-run", daemon=True)
-        try:
-            with warnings.catch_warnings():  # "this process is multi-threaded, fork() may deadlock": see above
-                warnings.simplefilter("ignore", DeprecationWarning)
-                process.start()
+        say, warnings.showwarning = warnings.showwarning, lambda *a: None if a[1] is DeprecationWarning else say(*a)
+        try:  # "this process is multi-threaded, fork() may deadlock" (see above) unsaid, and every other warning said
+            process.start()
             self._process, self._pipe = process, pipe
         except OSError:
             pipe.close()
             raise
-        finally:
+        finally:  # not by catch_warnings: leaving it resets Python's once-per-place memory (the user's said every fit)
+            warnings.showwarning = say
             theirs.close()
 
 

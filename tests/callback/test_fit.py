@@ -209,6 +209,37 @@ def test_a_forward_that_draws_from_the_global_generator_runs_on_the_training_thr
 _TRAINING_PROCESS = os.getpid()
 
 
+class _WarningNet(TinyQNet):
+    """Its forward gives the user's own warning, as a deprecated path of a library it calls would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        warnings.warn("the user's own warning", UserWarning, stacklevel=1)  # Python shows it once at this place
+        return super().forward(x)
+
+
+@needs_a_spare_core
+def test_the_users_warnings_are_shown_once_over_fits_whose_runs_go_to_a_worker(tmp_path, one_thread, monkeypatch):
+    # guards against: the worker's fork silenced Python 3.12's "this process is multi-threaded, use of fork() may lead
+    # to deadlocks" with warnings.catch_warnings, whose exit resets Python's once-per-place memory of every warning: a
+    # sweep of fits in one process showed the user's (and Lightning's) warnings again at every fit, twice in the first
+    fork = os.fork
+
+    def warning_fork() -> int:  # as Python 3.12 and later warn in a process with threads (this one has none to warn)
+        warnings.warn("This process is multi-threaded, use of fork() may lead to deadlocks", DeprecationWarning, 2)
+        return fork()
+
+    monkeypatch.setattr(os, "fork", warning_fork)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # Python's default for a UserWarning: once per place; DeprecationWarning shown
+        for trial in range(2):  # a hyperparameter sweep: a new model, callback and Trainer each
+            callback, idle = _fit_runs(tmp_path / str(trial), _WarningNet(noisy=False, batchnorm=False, dropout=0.0))
+            assert idle is not None and callback.history  # the runs went to the worker, forked in each fit
+    messages = [str(warning.message) for warning in seen]
+    assert messages.count("the user's own warning") == 1 and not [
+        message for message in messages if "fork()" in message
+    ]
+
+
 class _FailingNet(TinyQNet):
     """Its forward fails on any thread but the main one: every run beside training."""
 
