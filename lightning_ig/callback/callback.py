@@ -281,6 +281,7 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
             # A new fit starts afresh (a callback reused by a second Trainer too); a resume restores all of it next
             self._last_run_step, self._last, self._pairs, self._cadence = None, None, None, None
             self.history, self._ever_non_zero, self._warned, self._restored = [], set(), set(), None
+            globals().pop("__warningregistry__", None)  # a fit says its own: Python says a text once at a place
             self._trust_results = {}
             if continued is not None:  # trainer.fit again on a trainer that has trained: as a resume from there
                 self.load_state_dict(continued)

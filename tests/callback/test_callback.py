@@ -710,6 +710,22 @@ def test_completeness_warning_fires_once(tmp_path):
     assert len(completeness) == 1 and "completeness_tol=1e-06" in str(completeness[0].message)
 
 
+def test_each_fit_of_a_sweep_says_its_trouble_though_an_earlier_fit_said_the_same_words(tmp_path):
+    # guards against: a sweep's trials (a new callback and Trainer each, in one process) whose trouble read word for
+    # word as an earlier trial's (a random forward "at step 2") said it in the first trial only: Python shows a
+    # warning's text once per place, and the callback's every warning came from the one place
+    def forward(pl_module: TinyQNet, x: torch.Tensor) -> torch.Tensor:  # random even in eval mode
+        return torch.nn.functional.dropout(pl_module(x), 0.5, training=True).mean(1)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's default for a UserWarning: once per text and place
+        for trial in range(3):
+            callback = IntegratedGradientsCallback(held_out_states(), every_n_steps=2, forward=forward, overhead=None)
+            make_trainer(tmp_path / str(trial), [callback], max_steps=2).fit(TinyQNet(), loader())
+    said = [str(w.message) for w in caught if "the forward gave different values on the same rows" in str(w.message)]
+    assert len(said) == 3 and len(set(said)) == 1  # the same words, said in each fit
+
+
 @pytest.mark.parametrize("kind", ["npy", "json", "safetensors", "callable"])
 def test_states_from_files_and_callables(tmp_path, kind):
     states = held_out_states(9)
