@@ -64,8 +64,9 @@ def _timed(hook: Callable[..., Any]) -> Callable[..., Any]:
     def timed(self: IntegratedGradientsCallback, *args: Any, **kwargs: Any) -> Any:
         entered = self._budget.clock()
         self._depth += 1
-        try:
-            return hook(self, *args, **kwargs)
+        try:  # anomaly mode (Trainer(detect_anomaly=True)) is training's: off for the runs, whose dropped rows may NaN
+            with torch.autograd.set_detect_anomaly(False):
+                return hook(self, *args, **kwargs)
         finally:
             self._depth -= 1
             if self._depth == 0:  # set-up is paid once: amortised over the fit like the checks' first passes

@@ -338,6 +338,36 @@ def test_run_leaves_random_generators_and_works_under_inference_mode(tmp_path):
     assert callback.history[-1]["mean_abs"] == callback.history[-2]["mean_abs"]  # same weights, same IG
 
 
+class _SignedSqrtQNet(TinyQNet):
+    """Signed square-root feature scaling: its gradient is NaN at a zero feature, as at the zeros baseline."""
+
+    def __init__(self) -> None:
+        super().__init__(noisy=False, batchnorm=False, dropout=0.0)
+        self.anomaly_mode: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(torch.sign(x) * x.abs().sqrt())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.anomaly_mode.append(torch.is_anomaly_enabled())
+        return super().training_step(batch, batch_idx)
+
+
+def test_anomaly_detection_is_trainings_and_a_nan_gradient_at_the_baseline_does_not_stop_the_fit(tmp_path):
+    """Trainer(detect_anomaly=True): the runs' backward passes were made in training's anomaly mode, so a model whose
+    gradient is NaN at the zeros baseline (a path end, whose gradient IG drops) stopped the fit with "Function
+    'SqrtBackward0' returned nan values" at the first run, though training alone and IG's numbers are finite."""
+    pl.seed_everything(0)
+    model = _SignedSqrtQNet()
+    callback = IntegratedGradientsCallback(
+        held_out_states(8), every_n_steps=4, overhead=None, engine=IGOptions(n_steps=4)
+    )
+    make_trainer(tmp_path, [callback], max_steps=8, detect_anomaly=True).fit(model, loader())
+    assert [entry["global_step"] for entry in callback.history] == [4, 8]
+    assert all(math.isfinite(value) for entry in callback.history for value in entry["mean_abs"])
+    assert model.anomaly_mode == [True] * 8 and not torch.is_anomaly_enabled()  # training's own, as it set it
+
+
 def test_resume_keeps_the_history(tmp_path):
     pl.seed_everything(0)
     first = IntegratedGradientsCallback(
