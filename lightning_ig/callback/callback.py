@@ -490,7 +490,7 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
             transfer=transfer,
             riders=riders,
             step=trainer.global_step,
-            epoch=trainer.current_epoch,
+            epoch=trainer.fit_loop.epoch_progress.current.ready - 1,  # at train end current_epoch is one past it
             final=final,
             held_ms=(time.perf_counter() - started) * 1e3,
             plan=plan,

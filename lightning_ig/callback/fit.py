@@ -569,7 +569,7 @@ def start(
     )
 
     def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
-        epoch, world = trainer.current_epoch, trainer.world_size
+        epoch, world = trainer.fit_loop.epoch_progress.current.ready - 1, trainer.world_size  # as the run's
         return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=world)
 
     inputs = _picture_inputs(options, plan, pairs if target.contrasts else None)

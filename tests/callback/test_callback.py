@@ -570,6 +570,21 @@ def test_the_run_at_the_last_epochs_end_is_the_final_one(tmp_path):
     assert runs == [(16, False), (32, True)]
 
 
+def test_the_train_end_run_is_dated_by_the_epoch_it_trained_in_not_the_one_after(tmp_path):
+    """A fit of 10 steps inside its first epoch (16 batches): the run at training's end said epoch 1 (Lightning's
+    current_epoch counts the ended epoch by then), its checkpoint epoch=0-step=10, and a run at the same step made at
+    the batch end (every_n_steps=5) epoch 0."""
+    runs = {}
+    for every in (3, 5):
+        callback = IntegratedGradientsCallback(
+            held_out_states(8), every_n_steps=every, overhead=None, report_dir=tmp_path / f"every{every}"
+        )
+        make_trainer(tmp_path, [callback], max_steps=10).fit(TinyQNet(), loader())
+        report = json.loads((tmp_path / f"every{every}" / "ig_report_step=00000010.json").read_text())
+        runs[every] = [(entry["global_step"], entry["epoch"]) for entry in callback.history], report["epoch"]
+    assert runs == {3: ([(3, 0), (6, 0), (9, 0), (10, 0)], 0), 5: ([(5, 0), (10, 0)], 0)}
+
+
 @pytest.mark.parametrize("earlier", ["{'name': None, 'target': 'mean', ", "{'target': 'mean', "])
 def test_a_resume_from_an_earlier_versions_checkpoint_keeps_the_history(tmp_path, earlier):
     # guards against: the state kept under an earlier version's state_key (the cadences in it, once no name) never
