@@ -82,8 +82,7 @@ def stochastic_warnings_silenced() -> Iterator[None]:
     The engine warns at every call whose forward was stochastic; the callback warns once per kind of trouble, and
     ``lightning-ig diag`` refuses such a model (exit 2) instead.
     """
-    # A counter, not warnings.catch_warnings: leaving that resets Python's once-per-place memory, so every warning of
-    # the user's own forward came again at every run.
+    # not warnings.catch_warnings: its exit resets Python's once-per-place memory (the user's warnings said every run)
     SILENCED.depth += 1
     try:
         yield

@@ -569,8 +569,9 @@ def start(
     )
 
     def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
-        epoch, world = trainer.fit_loop.epoch_progress.current.ready - 1, trainer.world_size  # as the run's
-        return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=world)
+        e, b = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+        epoch = trainer.current_epoch - (e.processed + b.ready == e.completed + b.completed)  # as callback.py's
+        return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=trainer.world_size)
 
     inputs = _picture_inputs(options, plan, pairs if target.contrasts else None)
     # every how many runs each kind of picture is drawn (None: never)

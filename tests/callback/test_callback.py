@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from safetensors.torch import save_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -583,6 +583,20 @@ def test_the_train_end_run_is_dated_by_the_epoch_it_trained_in_not_the_one_after
         report = json.loads((tmp_path / f"every{every}" / "ig_report_step=00000010.json").read_text())
         runs[every] = [(entry["global_step"], entry["epoch"]) for entry in callback.history], report["epoch"]
     assert runs == {3: ([(3, 0), (6, 0), (9, 0), (10, 0)], 0), 5: ([(5, 0), (10, 0)], 0)}
+
+
+def test_runs_after_a_resume_from_an_epochs_last_batch_are_dated_by_the_epoch_they_trained_in(tmp_path):
+    """A checkpoint saved at epoch 0's last batch end (step 16 of 16): resumed, Lightning's epoch counter `ready`
+    stayed a count behind, so the runs in epoch 1 (steps 20 and 22, the latter at training's end) said epoch 0."""
+    pl.seed_everything(0)
+    saver = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=16)
+    first = IntegratedGradientsCallback(held_out_states(8), every_n_steps=5, overhead=None)
+    make_trainer(tmp_path, [first, saver], max_steps=16, enable_checkpointing=True).fit(TinyQNet(), loader())
+    resumed = IntegratedGradientsCallback(held_out_states(8), every_n_steps=5, overhead=None)
+    checkpoint = tmp_path / "checkpoints" / "epoch=0-step=16.ckpt"
+    make_trainer(tmp_path, [resumed], max_steps=22).fit(TinyQNet(), loader(), ckpt_path=checkpoint)
+    runs = [(entry["global_step"], entry["epoch"]) for entry in resumed.history]
+    assert runs == [(5, 0), (10, 0), (15, 0), (20, 1), (22, 1)]
 
 
 @pytest.mark.parametrize("earlier", ["{'name': None, 'target': 'mean', ", "{'target': 'mean', "])
