@@ -484,15 +484,16 @@ class IntegratedGradientsCallback(Callback, _OptionAttributes):
             transfer = begin(result, gather=gather)
             riders = riders if gather is None else gather.riders  # (world * share, W) each, padding rows included
         self._last_run_step = trainer.global_step
-        # one past the weights' epoch at training's end, the one hook with both completed (`ready` lags after resumes)
-        e, b = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+        # current_epoch is one past the weights' at training's end: the only hook where both counts are complete
+        epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+        ended = (epochs.processed, batches.ready) == (epochs.completed, batches.completed)  # type: ignore[attr-defined]
         return fit.PendingRun(
             run=run,
             trainer=trainer,
             transfer=transfer,
             riders=riders,
             step=trainer.global_step,
-            epoch=trainer.current_epoch - (e.processed + b.ready == e.completed + b.completed),  # type: ignore[attr-defined]
+            epoch=trainer.current_epoch - ended,  # (Lightning's `ready` count of epochs lags after a resume)
             final=final,
             held_ms=(time.perf_counter() - started) * 1e3,
             plan=plan,

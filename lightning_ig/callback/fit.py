@@ -568,9 +568,7 @@ def start(
         tags.prefix,
     )
 
-    def report(summary: RunSummary, host: HostResult) -> dict[str, Any]:  # the JSON report, for W&B and MLflow
-        e, b = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
-        epoch = trainer.current_epoch - (e.processed + b.ready == e.completed + b.completed)  # as callback.py's
+    def report(summary: RunSummary, host: HostResult, epoch: int) -> dict[str, Any]:  # the JSON one, W&B's, MLflow's
         return reports.run_report(summary, host, units.names, target.label, epoch=epoch, world_size=trainer.world_size)
 
     inputs = _picture_inputs(options, plan, pairs if target.contrasts else None)

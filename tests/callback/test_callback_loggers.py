@@ -60,6 +60,7 @@ def test_an_mlflow_run_holds_every_picture_the_table_and_the_report(tmp_path, mo
     jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)  # with the verdict and trust keys
     entry = {run["global_step"]: run for run in callback.history}[report["global_step"]]
     assert (report["verdict"]["accuracy"], report["verdict"]["trust"]) == (entry["verdict"], entry["trust"])
+    assert report["epoch"] == entry["epoch"]  # the epoch its weights trained in, as the history and report_dir say
     assert report["trust"]["status"] == report["verdict"]["trust"] and set(report["trust"]["checks"]) == {
         "sanity",
         "faithfulness",

@@ -172,7 +172,7 @@ class RunOutputs:
         pictures: the logging worker.
         sinks: the picture sinks of the trainer's other loggers (W&B, MLflow), or none.
         ever_non_zero: the tags that carried something in an earlier run (restored from a checkpoint).
-        report: makes a run's JSON report from its summary and host result, for the sinks; ``None``: none.
+        report: makes a run's JSON report from its summary, host result and epoch, for the sinks; ``None``: none.
     """
 
     def __init__(
@@ -185,7 +185,7 @@ class RunOutputs:
         sinks: Sequence[Any] = (),
         ever_non_zero: Iterable[str] = (),
         *,
-        report: Callable[[RunSummary, HostResult], Mapping[str, Any]] | None = None,
+        report: Callable[[RunSummary, HostResult, int], Mapping[str, Any]] | None = None,
     ) -> None:
         self.tags, self.report = tags, report
         self.cadences = dict(cadences)
@@ -256,7 +256,7 @@ class RunOutputs:
             metrics,
             self._histograms(summary) if self.histograms and host is not None else [],
             host is not None,
-            self._sink_extras(summary, self.last_host) if self.sinks and "verdict" in due else None,
+            self._sink_extras(summary, history[-1]["epoch"]) if self.sinks and "verdict" in due else None,
         )
         self.pictures.submit(self._write, job)
         self.drawn_steps.update(dict.fromkeys(due, summary.step))
@@ -342,13 +342,14 @@ class RunOutputs:
             self.saliency_scale = scale
         return {f"{self.tags.prefix}/{PICTURE_TAGS[kind]}": pixels for kind, pixels in drawn.items()}
 
-    def _sink_extras(self, summary: RunSummary, host: HostResult | None) -> tuple[Any, Any]:
+    def _sink_extras(self, summary: RunSummary, epoch: int) -> tuple[Any, Any]:
         """With the verdict card, the table of units and the JSON report (with the verdict and the trust checks) for
-        the sinks, made here on the training thread: the report reads the trainer."""
+        the sinks, made here on the training thread: the report reads the trainer (its world size)."""
         from lightning_ig.views.loggers.sinks import unit_table  # noqa: PLC0415 - only with W&B or MLflow loggers
 
         table = unit_table(self.tags.labels[summary.units.kind], summary.units, summary.settings.top_k)
-        return table, None if self.report is None or host is None else self.report(summary, host)
+        host = self.last_host  # the run's: at the end of training without a run, the last run's
+        return table, None if self.report is None or host is None else self.report(summary, host, epoch)
 
     def close(self) -> None:
         """Every picture in the writer's queue (the worker stopped): before the loggers close."""
